@@ -1,0 +1,144 @@
+# gpupool: one non-recursive Makefile for the daemon, the client library, the CLI and the tests.
+#
+#   make                      build/gpupoold, build/gpupoolctl, build/libgpupool.so.1, build/libgpupool.a
+#   make run                  install missing packages, build, run gpupoold in the foreground
+#   make test                 build and run the Check suites (unit and integration)
+#   make test SANITIZER=address,undefined
+#   make STATIC=1             link libuv, protobuf-c, jansson and Check statically
+#   make V=1                  show the commands
+#   make deps                 install the Debian/Ubuntu packages the build needs
+
+VERSION    := 0.1.0
+CC         ?= cc
+PKG_CONFIG ?= pkg-config
+
+comma := ,
+ifneq ($(SANITIZER),)
+B := build/san-$(subst $(comma),-,$(SANITIZER))
+else
+B := build
+endif
+
+ifeq ($(V),1)
+Q :=
+else
+Q := @
+endif
+
+WERROR ?= $(if $(CI),-Werror,)
+CFLAGS ?= -O2 -g
+CFLAGS += -std=gnu11 -Wall -Wextra -Wshadow -Wstrict-prototypes -Wno-unused-parameter $(WERROR) \
+          -fPIC -fvisibility=hidden -MMD -MP -DGPUPOOL_VERSION='"$(VERSION)"' \
+          -Iinclude -Icommon -Idaemon -Itests -I$(B)/proto
+LDFLAGS ?=
+ifneq ($(SANITIZER),)
+CFLAGS  += -fsanitize=$(SANITIZER) -fno-sanitize-recover=all -fno-omit-frame-pointer -O1
+LDFLAGS += -fsanitize=$(SANITIZER)
+endif
+
+ifeq ($(STATIC),1)
+LIBS_UV       := -l:libuv_a.a -lpthread -ldl -lrt
+LIBS_PROTOBUF := -l:libprotobuf-c.a
+LIBS_JANSSON  := -l:libjansson.a
+LIBS_CHECK    := -l:libcheck.a -l:libsubunit.a -lm -lrt -lpthread
+else
+LIBS_UV       := $(shell $(PKG_CONFIG) --libs libuv 2>/dev/null || echo -luv)
+LIBS_PROTOBUF := $(shell $(PKG_CONFIG) --libs libprotobuf-c 2>/dev/null || echo -lprotobuf-c)
+LIBS_JANSSON  := $(shell $(PKG_CONFIG) --libs jansson 2>/dev/null || echo -ljansson)
+LIBS_CHECK    := $(shell $(PKG_CONFIG) --libs check 2>/dev/null || echo -lcheck -lsubunit -lm -lrt -lpthread)
+endif
+
+PROTO_C   := $(B)/proto/gpupool.pb-c.c
+PROTO_H   := $(B)/proto/gpupool.pb-c.h
+COMMON    := common/rbtree.c common/size.c common/wire.c
+DAEMON    := $(filter-out daemon/main.c,$(wildcard daemon/*.c))
+CLIENT    := client/client.c
+CLI       := $(wildcard cli/*.c)
+TESTS     := $(wildcard tests/unit/*.c tests/integration/*.c) tests/check_main.c tests/testlib.c
+
+obj = $(patsubst %.c,$(B)/obj/%.o,$(1))
+COMMON_O  := $(call obj,$(COMMON)) $(B)/obj/proto/gpupool.pb-c.o
+DAEMON_O  := $(call obj,$(DAEMON))
+CLIENT_O  := $(call obj,$(CLIENT))
+CLI_O     := $(call obj,$(CLI))
+TESTS_O   := $(call obj,$(sort $(TESTS)))
+
+DAEMON_BIN := $(B)/gpupoold
+CLI_BIN    := $(B)/gpupoolctl
+LIB_SO     := $(B)/libgpupool.so.1
+LIB_A      := $(B)/libgpupool.a
+TEST_BIN   := $(B)/tests/check_gpupool
+
+all: $(DAEMON_BIN) $(CLI_BIN) $(LIB_SO) $(B)/libgpupool.so $(LIB_A)
+
+$(PROTO_C) $(PROTO_H): proto/gpupool.proto
+	@mkdir -p $(B)/proto
+	@echo "  PROTOC  $<"
+	$(Q)protoc-c --c_out=$(B)/proto -Iproto $<
+
+$(B)/obj/proto/gpupool.pb-c.o: $(PROTO_C)
+	@mkdir -p $(dir $@)
+	@echo "  CC      $<"
+	$(Q)$(CC) $(CFLAGS) -c -o $@ $<
+
+# Every object may include the generated header.
+$(B)/obj/%.o: %.c $(PROTO_H)
+	@mkdir -p $(dir $@)
+	@echo "  CC      $<"
+	$(Q)$(CC) $(CFLAGS) -c -o $@ $<
+
+$(DAEMON_BIN): $(DAEMON_O) $(B)/obj/daemon/main.o $(COMMON_O)
+	@echo "  LD      $@"
+	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LIBS_UV) $(LIBS_PROTOBUF)
+
+$(CLI_BIN): $(CLI_O) $(COMMON_O)
+	@echo "  LD      $@"
+	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LIBS_PROTOBUF) $(LIBS_JANSSON)
+
+$(LIB_SO): $(CLIENT_O) $(COMMON_O) client/libgpupool.map
+	@echo "  LD      $@"
+	$(Q)$(CC) $(LDFLAGS) -shared -Wl,-soname,libgpupool.so.1 -Wl,--version-script=client/libgpupool.map \
+		-Wl,--no-undefined -o $@ $(CLIENT_O) $(COMMON_O) $(LIBS_PROTOBUF) -lpthread
+
+$(B)/libgpupool.so: $(LIB_SO)
+	$(Q)ln -sf libgpupool.so.1 $@
+
+$(LIB_A): $(CLIENT_O) $(COMMON_O)
+	@echo "  AR      $@"
+	$(Q)rm -f $@ && ar rcs $@ $^
+
+$(TEST_BIN): $(TESTS_O) $(DAEMON_O) $(CLIENT_O) $(COMMON_O)
+	@mkdir -p $(dir $@)
+	@echo "  LD      $@"
+	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LIBS_CHECK) $(LIBS_UV) $(LIBS_PROTOBUF) $(LIBS_JANSSON) -lpthread
+
+# The integration suites run the real daemon and CLI from $(B).
+test: all $(TEST_BIN)
+	$(Q)GPUPOOL_BUILD_DIR=$(B) $(TEST_BIN)
+
+DEBS := gcc make pkg-config libuv1-dev libprotobuf-c-dev protobuf-c-compiler check libsubunit-dev libjansson-dev
+
+deps:
+	@missing=""; for p in $(DEBS); do \
+		dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'ok installed' || missing="$$missing $$p"; \
+	done; \
+	if [ -n "$$missing" ]; then \
+		command -v apt-get >/dev/null || { echo "missing packages:$$missing (install them, then run make again)"; exit 1; }; \
+		sudo=""; [ "$$(id -u)" = 0 ] || sudo=sudo; \
+		echo "installing:$$missing"; \
+		$$sudo apt-get update -qq && $$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; \
+	fi
+
+RUN_SOCKET ?= $(CURDIR)/build/gpupool.sock
+
+run: deps
+	$(Q)$(MAKE) --no-print-directory all
+	@echo "gpupoold: socket $(RUN_SOCKET)  (export GPUPOOL_SOCKET=$(RUN_SOCKET); Ctrl-C stops it)"
+	$(Q)$(B)/gpupoold --socket $(RUN_SOCKET) --backend auto
+
+clean:
+	rm -rf build
+
+.PHONY: all test deps run clean
+
+-include $(shell find $(B)/obj -name '*.d' 2>/dev/null)

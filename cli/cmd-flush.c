@@ -1,0 +1,51 @@
+/*
+ * cmd-flush.c: "gpupoolctl flush": give every cached (wholly free) segment back to the
+ * backend, on every device, and say what was released.
+ */
+#include <inttypes.h>
+#include <jansson.h>
+#include <stdio.h>
+
+#include "cli.h"
+#include "size.h"
+
+static int run(struct cli *cli, int argc, char **argv) {
+        Gpupool__Envelope req = GPUPOOL__ENVELOPE__INIT, *rep;
+        Gpupool__FlushRequest fr = GPUPOOL__FLUSH_REQUEST__INIT;
+        const Gpupool__FlushReply *f;
+        char size[GP_SIZE_FORMAT_MAX];
+
+        (void) argc, (void) argv;
+        req.body_case = GPUPOOL__ENVELOPE__BODY_FLUSH;
+        req.flush = &fr;
+        if (cli_call(cli, &req, GPUPOOL__ENVELOPE__BODY_FLUSH_REPLY, &rep) < 0)
+                return 1;
+        f = rep->flush_reply;
+        if (cli->json) {
+                json_t *root = json_object(), *devices = json_array();
+
+                for (size_t i = 0; i < f->n_devices; i++)
+                        json_array_append_new(devices, json_pack("{s:I, s:I, s:I}",
+                                "index", (json_int_t) f->devices[i]->index,
+                                "released_segments", (json_int_t) f->devices[i]->segments,
+                                "released_bytes", (json_int_t) f->devices[i]->bytes));
+                json_object_set_new(root, "version", json_integer(1));
+                json_object_set_new(root, "devices", devices);
+                json_dumpf(root, stdout, JSON_INDENT(2) | JSON_SORT_KEYS);
+                fputc('\n', stdout);
+                json_decref(root);
+        } else {
+                for (size_t i = 0; i < f->n_devices; i++)
+                        printf("device %u: released %" PRIu64 " cached segments, %s\n", f->devices[i]->index,
+                               f->devices[i]->segments, gp_size_format(f->devices[i]->bytes, size, sizeof(size)));
+        }
+        gpupool__envelope__free_unpacked(rep, NULL);
+        return 0;
+}
+
+const struct cli_command cli_cmd_flush = {
+        .name = "flush",
+        .usage = "flush [--json]",
+        .summary = "release every cached segment to the backend",
+        .run = run,
+};

@@ -1,0 +1,97 @@
+/*
+ * size.c: parsing and printing byte sizes.
+ *
+ * Parsing uses integer arithmetic only, so "1.5GiB" is exactly 1610612736 and no size near
+ * 2^64 is silently rounded through a double.
+ */
+#include "size.h"
+
+#include <errno.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <string.h>
+#include <strings.h>
+
+static int unit_shift(const char *unit, unsigned *ret_shift) {
+        static const struct {
+                char letter;
+                unsigned shift;
+        } units[] = {
+                { 'k', 10 }, { 'm', 20 }, { 'g', 30 }, { 't', 40 }, { 'p', 50 },
+        };
+
+        if (*unit == '\0' || strcasecmp(unit, "b") == 0) {
+                *ret_shift = 0;
+                return 0;
+        }
+        for (size_t i = 0; i < sizeof(units) / sizeof(units[0]); i++) {
+                if ((unit[0] | 0x20) != units[i].letter)
+                        continue;
+                if (unit[1] == '\0' || strcasecmp(unit + 1, "b") == 0 ||
+                    strcasecmp(unit + 1, "ib") == 0) {
+                        *ret_shift = units[i].shift;
+                        return 0;
+                }
+        }
+        return -EINVAL;
+}
+
+int gp_size_parse(const char *text, uint64_t *ret_bytes) {
+        uint64_t whole = 0, frac = 0, frac_scale = 1, bytes;
+        const char *p = text;
+        unsigned shift;
+        bool digits = false;
+
+        if (!text)
+                return -EINVAL;
+        for (; *p >= '0' && *p <= '9'; p++) {
+                uint64_t digit = (uint64_t) (*p - '0');
+
+                if (whole > UINT64_MAX / 10 || (whole == UINT64_MAX / 10 && digit > UINT64_MAX % 10))
+                        return -ERANGE;
+                whole = whole * 10 + digit;
+                digits = true;
+        }
+        if (*p == '.') {
+                p++;
+                /* Eighteen fractional digits are more than any unit can resolve. */
+                for (; *p >= '0' && *p <= '9'; p++) {
+                        if (frac_scale < 1000000000000000000ULL) {
+                                frac = frac * 10 + (uint64_t) (*p - '0');
+                                frac_scale *= 10;
+                        }
+                        digits = true;
+                }
+        }
+        if (!digits || unit_shift(p, &shift) < 0)
+                return -EINVAL;
+        if (shift && whole > (UINT64_MAX >> shift))
+                return -ERANGE;
+        bytes = whole << shift;
+        if (frac) {
+                /* frac / frac_scale of one unit, computed without overflow. */
+                unsigned __int128 part = ((unsigned __int128) frac << shift) / frac_scale;
+
+                if (bytes > UINT64_MAX - (uint64_t) part)
+                        return -ERANGE;
+                bytes += (uint64_t) part;
+        }
+        *ret_bytes = bytes;
+        return 0;
+}
+
+char *gp_size_format(uint64_t bytes, char *buf, size_t size) {
+        static const char *const names[] = { "B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB" };
+        unsigned i = 0;
+        uint64_t scale = 1;
+
+        while (i + 1 < sizeof(names) / sizeof(names[0]) && bytes / scale >= 1024) {
+                scale <<= 10;
+                i++;
+        }
+        if (i == 0)
+                snprintf(buf, size, "%llu B", (unsigned long long) bytes);
+        else
+                snprintf(buf, size, "%.1f %s", (double) bytes / (double) scale, names[i]);
+        return buf;
+}

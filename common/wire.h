@@ -1,0 +1,64 @@
+/*
+ * wire.h: packets of the gpupool protocol on an AF_UNIX SOCK_SEQPACKET socket.
+ *
+ * One packet is one packed Envelope, optionally carrying one file descriptor. The daemon,
+ * the client library and the CLI all frame through here, so the limits below are enforced
+ * the same way on both ends. See docs/protocol.md.
+ */
+#ifndef GP_WIRE_H
+#define GP_WIRE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "gpupool.pb-c.h"
+
+#define GP_PROTOCOL_VERSION 1
+
+/* A request larger than this is a protocol violation: the daemon disconnects its sender. */
+#define GP_MAX_REQUEST_BYTES 4096
+/* The largest reply (a status of every client). Below the default SO_SNDBUF of AF_UNIX. */
+#define GP_MAX_REPLY_BYTES (160 * 1024)
+/* A client's declared name, bytes, not counting the NUL. */
+#define GP_MAX_NAME_BYTES 63
+
+#define GP_DEFAULT_SOCKET "/run/gpupool/gpupool.sock"
+
+/* Packs env into buf. Returns the length, or -EMSGSIZE when it does not fit in size bytes. */
+int gp_wire_pack(const Gpupool__Envelope *env, uint8_t *buf, size_t size);
+
+/*
+ * Sends one packet, with pass_fd attached when it is >= 0. Returns 0, -EAGAIN on a full
+ * non-blocking socket, or another negative errno. Never raises SIGPIPE.
+ */
+int gp_wire_send_packet(int sock, const uint8_t *buf, size_t len, int pass_fd);
+
+/*
+ * Receives one packet into buf. Returns its length (> 0), 0 when the peer has closed, or a
+ * negative errno: -EMSGSIZE for a packet larger than size (consumed and dropped), -EBADMSG
+ * for an empty packet or one carrying descriptors that ret_fd is NULL to refuse (they are
+ * closed). With ret_fd non-NULL, *ret_fd is the descriptor that came with the packet or -1.
+ */
+int gp_wire_recv_packet(int sock, uint8_t *buf, size_t size, int *ret_fd);
+
+/*
+ * Unpacks a packet and checks the envelope's version (an error reply has no body, so whether
+ * a body must be set is the caller's to check). Returns 0 and the
+ * envelope (free with gpupool__envelope__free_unpacked(env, NULL)), -EBADMSG for bytes that do
+ * not parse, or -EPROTONOSUPPORT for another version.
+ */
+int gp_wire_unpack(const uint8_t *buf, size_t len, Gpupool__Envelope **ret_env);
+
+/* Connects a blocking, close-on-exec SEQPACKET socket to path. Returns 0 or a negative errno. */
+int gp_wire_connect(const char *path, int *ret_sock);
+
+/* The socket path a client uses: path if given, else $GPUPOOL_SOCKET, else the default. */
+const char *gp_wire_socket_path(const char *path);
+
+/* The negative errno a Status stands for (STATUS_OK is 0). */
+int gp_status_to_errno(Gpupool__Status status);
+
+/* The Status for a negative errno from the daemon's layers. */
+Gpupool__Status gp_errno_to_status(int err);
+
+#endif

@@ -1,0 +1,57 @@
+/*
+ * backend.h: the seam between the pool and the memory it hands out.
+ *
+ * A backend owns devices and makes, zeroes and destroys segments of memory on them; the pool
+ * never touches memory itself. "host" makes memfd segments exported as file descriptors;
+ * "cuda" (not built yet) will make cuMemAlloc_v2 segments exported as IPC handles. Tests
+ * plug in a counting backend of their own.
+ */
+#ifndef GP_BACKEND_H
+#define GP_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define BACKEND_MAX_DEVICES 64
+#define BACKEND_IPC_HANDLE_BYTES 64
+
+/* One segment of backend memory, as the backend made it. */
+struct backend_mem {
+        int fd;                 /* host: memfd passed to clients; -1 otherwise */
+        uint64_t addr;          /* cuda: device pointer; 0 otherwise */
+        uint8_t ipc_handle[BACKEND_IPC_HANDLE_BYTES];   /* cuda: exported handle */
+        size_t ipc_handle_len;  /* 0 when the backend exports a file descriptor */
+};
+
+struct backend_device_info {
+        uint64_t total_bytes;   /* what the pool may reserve on this device */
+        uint8_t uuid[16];
+        int has_uuid;
+};
+
+struct backend;
+
+struct backend_ops {
+        /* Describes one device. Returns 0 or a negative errno. */
+        int (*device_info)(struct backend *b, unsigned device, struct backend_device_info *ret);
+        /* Makes a segment of size bytes. Returns 0, -ENOMEM when the device is full, or another negative errno. */
+        int (*mem_create)(struct backend *b, unsigned device, uint64_t size, struct backend_mem *ret);
+        /* Gives a segment back. Cannot fail from the pool's point of view; errors are the backend's to log. */
+        void (*mem_destroy)(struct backend *b, unsigned device, struct backend_mem *mem, uint64_t size);
+        /* Zeroes a segment before it changes tenant. Returns 0 or a negative errno. */
+        int (*mem_zero)(struct backend *b, unsigned device, struct backend_mem *mem, uint64_t size);
+        /* Frees the backend. Every segment has been destroyed by then. */
+        void (*close)(struct backend *b);
+};
+
+struct backend {
+        const struct backend_ops *ops;
+        const char *name;       /* "host", "cuda": shown by status */
+        unsigned device_count;
+        void *data;
+};
+
+/* The host backend: one device of capacity_bytes of memfd memory. Returns 0 or a negative errno. */
+int backend_host_open(uint64_t capacity_bytes, struct backend **ret);
+
+#endif

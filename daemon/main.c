@@ -1,0 +1,85 @@
+/*
+ * main.c: gpupoold, the node's GPU memory-pool daemon. Parses the command line, opens the
+ * backend, runs the loop until SIGINT or SIGTERM, and checks that everything was closed.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <uv.h>
+
+#include "backend.h"
+#include "log.h"
+#include "options.h"
+#include "server.h"
+#include "size.h"
+
+#ifndef GPUPOOL_VERSION
+#define GPUPOOL_VERSION "0.1.0"
+#endif
+
+static int open_backend(const struct options *o, struct backend **ret) {
+        char cap[GP_SIZE_FORMAT_MAX];
+
+        switch (o->backend) {
+        case BACKEND_CUDA:
+                log_err("--backend cuda: the CUDA backend is not built yet; use --backend host");
+                return -ENOTSUP;
+        case BACKEND_AUTO:
+                log_info("backend auto: no GPU backend is built yet; using the host backend");
+                break;
+        case BACKEND_HOST:
+                break;
+        }
+        log_info("host backend: %s of shared memory", gp_size_format(o->host_capacity_bytes, cap, sizeof(cap)));
+        return backend_host_open(o->host_capacity_bytes, ret);
+}
+
+int main(int argc, char **argv) {
+        static struct server server;
+        struct backend *backend;
+        struct options o;
+        uv_loop_t loop;
+        char err[256];
+        int r;
+
+        if (options_parse(argc, argv, &o, err, sizeof(err)) < 0) {
+                fprintf(stderr, "gpupoold: %s\nTry 'gpupoold --help'.\n", err);
+                return 2;
+        }
+        if (o.action == OPTIONS_HELP) {
+                fputs(options_usage, stdout);
+                return 0;
+        }
+        if (o.action == OPTIONS_VERSION) {
+                printf("gpupoold %s\n", GPUPOOL_VERSION);
+                return 0;
+        }
+        log_open(o.log_level);
+
+        r = open_backend(&o, &backend);
+        if (r < 0)
+                return 1;
+        r = uv_loop_init(&loop);
+        if (r < 0) {
+                log_err("cannot start the event loop: %s", uv_strerror(r));
+                backend->ops->close(backend);
+                return 1;
+        }
+        r = server_start(&server, &loop, &o, backend);
+        if (r < 0) {
+                server_stop(&server);
+                uv_run(&loop, UV_RUN_DEFAULT);
+                uv_loop_close(&loop);
+                return 1;
+        }
+        log_info("gpupoold %s listening on %s", GPUPOOL_VERSION, o.socket_path);
+        uv_run(&loop, UV_RUN_DEFAULT);
+        r = uv_loop_close(&loop);
+        if (r < 0) {
+                log_err("event loop closed with handles still open: %s", uv_strerror(r));
+                return 1;
+        }
+        log_info("stopped");
+        return 0;
+}

@@ -1,0 +1,135 @@
+/*
+ * pool.h: the allocator core for one device. No I/O: memory comes from a struct backend, and
+ * who may have how much is decided by the caller (policy) and passed in as headroom.
+ *
+ * Segments come from the backend in classes: requests of at most 1 MiB share 2 MiB segments,
+ * up to 10 MiB share 20 MiB segments, larger ones get a segment of their own rounded up to
+ * 2 MiB. Blocks are rounded to 512 bytes, found best-fit in a size-ordered index (O(log n)),
+ * split on allocation and merged with free neighbours on free.
+ *
+ * Each segment is leased to one owner (a client) at a time, because a handle to a segment
+ * opens all of it. When an owner's segment holds no live block, it is marked releasing: the
+ * owner is told to unmap it and confirm with pool_release(), after which the segment goes to
+ * the pool's cache (LRU) and any owner may lease it. A segment that changes tenant is zeroed
+ * by the backend first.
+ *
+ * Byte accounting (checked by pool_check()): reserved = in use + free in owners' segments +
+ * cached, and each owner's reserved is the sum of its segments.
+ */
+#ifndef GP_POOL_H
+#define GP_POOL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "backend.h"
+#include "rbtree.h"
+
+#define POOL_BLOCK_ALIGN 512ULL
+#define POOL_SMALL_REQUEST (1ULL << 20)
+#define POOL_SMALL_SEGMENT (2ULL << 20)
+#define POOL_MEDIUM_REQUEST (10ULL << 20)
+#define POOL_MEDIUM_SEGMENT (20ULL << 20)
+#define POOL_SEGMENT_ALIGN (2ULL << 20)
+/* The largest single request: larger ones are refused as invalid, before any arithmetic. */
+#define POOL_MAX_REQUEST (1ULL << 46)
+
+enum pool_class {
+        POOL_CLASS_SMALL,       /* blocks of at most 1 MiB, in 2 MiB segments */
+        POOL_CLASS_LARGE,       /* everything else */
+        POOL_CLASS_COUNT,
+};
+
+struct pool;
+
+/* One client's part of one pool. Embedded in the session; fields above the line are read-only. */
+struct pool_owner {
+        uint64_t reserved_bytes;        /* sum of the sizes of its segments */
+        uint64_t in_use_bytes;          /* sum of its live blocks (rounded sizes) */
+        uint64_t blocks;                /* live blocks */
+        uint64_t segments;
+        uint32_t tenant;                /* segments changing tenant are zeroed */
+        /* ---- private to pool.c ---- */
+        struct pool *pool;
+        struct gp_rb_tree segments_by_id;
+        struct gp_rb_tree free_index[POOL_CLASS_COUNT];
+        struct pool_owner *prev, *next;
+};
+
+/* What pool_alloc() handed out. */
+struct pool_lease {
+        uint64_t segment_id;
+        uint64_t segment_size;
+        uint64_t offset;
+        uint64_t size;                  /* the block's rounded size */
+        bool new_segment;               /* leased to the owner by this call: export its handle */
+        const struct backend_mem *mem;  /* the segment's memory, for exporting */
+};
+
+struct pool_stats {
+        uint64_t total_bytes;           /* capacity */
+        uint64_t reserved_bytes;        /* held from the backend */
+        uint64_t in_use_bytes;
+        uint64_t cached_bytes;          /* wholly free segments in the cache */
+        uint64_t segments;
+        uint64_t cached_segments;
+};
+
+/* Makes a pool for one device of backend, of capacity_bytes. Returns 0 or -ENOMEM. */
+int pool_new(struct backend *backend, unsigned device, uint64_t capacity_bytes, struct pool **ret);
+
+/* Gives every segment back to the backend and frees the pool. Owners must be detached first. NULL is fine. */
+void pool_free(struct pool *pool);
+
+/* Attaches an owner (zeroed by the caller or not) to pool. */
+void pool_owner_attach(struct pool *pool, struct pool_owner *owner, uint32_t tenant);
+
+/*
+ * Returns everything the owner holds to the cache, frees its blocks and detaches it. Call
+ * only when the owner can no longer touch the memory (it unmapped it, or its process has
+ * exited). Returns the bytes that went back to the cache.
+ */
+uint64_t pool_owner_detach(struct pool_owner *owner);
+
+/*
+ * Allocates size bytes for owner. headroom_bytes is how many more bytes the owner may reserve
+ * (UINT64_MAX: no limit); a new segment is leased only within it. Returns 0 and fills *ret,
+ * -EINVAL for a size of 0 or over POOL_MAX_REQUEST, -EDQUOT when the smallest segment that
+ * would serve exceeds headroom_bytes, -ENOMEM when the device is full after releasing the
+ * cache, or the backend's error.
+ */
+int pool_alloc(struct pool *pool, struct pool_owner *owner, uint64_t size, uint64_t headroom_bytes,
+               struct pool_lease *ret);
+
+/*
+ * Frees the owner's block at offset in segment_id. Returns 0, or -ENOENT when the owner has
+ * no live block starting there. *ret_release is set when the segment holds no live block any
+ * more and the owner must unmap it and call pool_release().
+ */
+int pool_free_block(struct pool *pool, struct pool_owner *owner, uint64_t segment_id, uint64_t offset,
+                    bool *ret_release);
+
+/*
+ * The owner has unmapped a segment that pool_free_block() told it to release: it goes to the
+ * cache. Returns 0, -ENOENT for a segment the owner does not hold, -EBUSY for one that still
+ * has live blocks.
+ */
+int pool_release(struct pool *pool, struct pool_owner *owner, uint64_t segment_id);
+
+/* Gives every cached segment back to the backend. Sets the count and bytes released. */
+void pool_flush(struct pool *pool, uint64_t *ret_segments, uint64_t *ret_bytes);
+
+void pool_get_stats(const struct pool *pool, struct pool_stats *ret);
+
+/* The smallest segment a request of size bytes can be served from (for error messages). */
+uint64_t pool_min_segment_bytes(uint64_t size);
+
+/*
+ * Checks every invariant: blocks tile their segments without overlap, no two free
+ * neighbours, the indices hold exactly the free blocks, and the byte accounting sums per
+ * owner and per device. Returns 0, or -EUCLEAN with what is wrong in why.
+ */
+int pool_check(const struct pool *pool, char *why, size_t why_size);
+
+#endif

@@ -1,0 +1,28 @@
+/*
+ * request.h: what the daemon does with each request: one handler per message kind, each
+ * turning a checked request into a packed reply.
+ */
+#ifndef GP_REQUEST_H
+#define GP_REQUEST_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "wire.h"
+
+struct session;
+
+struct reply {
+        size_t len;             /* packed reply in server->send_buf */
+        int fd;                 /* descriptor to pass with it, or -1 */
+        bool disconnect;        /* drop the client after sending */
+};
+
+/* Handles one request of session; fills *ret. A reply is always produced. */
+void request_handle(struct session *session, const Gpupool__Envelope *req, struct reply *ret);
+
+/* Packs an error reply for request id (0 when unknown) into the send buffer. */
+void request_error_reply(struct session *session, uint64_t id, int err, bool disconnect,
+                         const char *message, struct reply *ret);
+
+#endif

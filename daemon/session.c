@@ -1,0 +1,317 @@
+/*
+ * session.c: one client connection: reading requests, writing replies with back-pressure,
+ * and the end of the session: at once after a goodbye, else once the process has exited.
+ */
+#define _GNU_SOURCE
+#include "session.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "log.h"
+#include "request.h"
+#include "server.h"
+
+#ifndef SO_PEERPIDFD
+#define SO_PEERPIDFD 77
+#endif
+
+/* Requests read in one wake-up before other clients get their turn. */
+#define SESSION_BATCH 32
+
+static void on_readable(uv_poll_t *handle, int status, int events);
+static void on_process_exit(uv_poll_t *handle, int status, int events);
+
+/*
+ * A pidfd for the peer: SO_PEERPIDFD (Linux 6.5) names exactly the process that connected;
+ * pidfd_open(pid) is the fallback. -1 when neither works (the process is gone, or the kernel
+ * is older than 5.3): then the session's memory is released when the socket closes.
+ */
+static int peer_pidfd(int fd, pid_t pid) {
+        socklen_t len = sizeof(int);
+        int pidfd = -1;
+
+        if (getsockopt(fd, SOL_SOCKET, SO_PEERPIDFD, &pidfd, &len) == 0 && pidfd >= 0)
+                return pidfd;
+        pidfd = (int) syscall(SYS_pidfd_open, pid, 0);
+        return pidfd >= 0 ? pidfd : -1;
+}
+
+int session_start(struct server *server, int fd) {
+        struct ucred cred;
+        socklen_t len = sizeof(cred);
+        struct session *s;
+        int r;
+
+        if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) < 0) {
+                r = -errno;
+                close(fd);
+                return r;
+        }
+        s = calloc(1, sizeof(*s));
+        if (s)
+                s->owners = calloc(server->device_count, sizeof(*s->owners));
+        if (!s || !s->owners) {
+                free(s);
+                close(fd);
+                return -ENOMEM;
+        }
+        s->server = server;
+        s->id = server->next_client_id++;
+        s->state = SESSION_NEW;
+        s->pid = cred.pid;
+        s->uid = cred.uid;
+        s->gid = cred.gid;
+        strcpy(s->name, "client");
+        s->fd = fd;
+        s->pending_fd = -1;
+        s->pidfd = peer_pidfd(fd, cred.pid);
+        for (unsigned d = 0; d < server->device_count; d++)
+                pool_owner_attach(server->pools[d], &s->owners[d], (uint32_t) cred.uid);
+
+        r = uv_poll_init(server->loop, &s->poll, fd);
+        if (r < 0) {
+                session_release_all(s);
+                if (s->pidfd >= 0)
+                        close(s->pidfd);
+                free(s->owners);
+                free(s);
+                close(fd);
+                return r;
+        }
+        s->poll.data = s;
+        s->poll_open = true;
+        uv_poll_start(&s->poll, UV_READABLE, on_readable);
+
+        s->next = server->sessions;
+        if (server->sessions)
+                server->sessions->prev = s;
+        server->sessions = s;
+        server->connected++;
+        log_debug("client %llu connected: pid %d, uid %u", (unsigned long long) s->id, (int) s->pid, (unsigned) s->uid);
+        return 0;
+}
+
+void session_totals(const struct session *s, uint64_t *ret_reserved, uint64_t *ret_in_use, uint64_t *ret_blocks) {
+        uint64_t reserved = 0, in_use = 0, blocks = 0;
+
+        for (unsigned d = 0; d < s->server->device_count; d++) {
+                reserved += s->owners[d].reserved_bytes;
+                in_use += s->owners[d].in_use_bytes;
+                blocks += s->owners[d].blocks;
+        }
+        *ret_reserved = reserved;
+        *ret_in_use = in_use;
+        *ret_blocks = blocks;
+}
+
+void session_release_all(struct session *s) {
+        for (unsigned d = 0; d < s->server->device_count; d++)
+                pool_owner_detach(&s->owners[d]);
+}
+
+static void session_free(struct session *s) {
+        free(s->pending);
+        if (s->pending_fd >= 0)
+                close(s->pending_fd);
+        free(s->owners);
+        free(s);
+}
+
+/* A session is freed once it is closed and libuv has let go of both its handles. */
+static void on_handle_closed(uv_handle_t *handle) {
+        struct session *s = handle->data;
+
+        if (handle == (uv_handle_t *) &s->poll)
+                s->poll_open = false;
+        else
+                s->pid_poll_open = false;
+        if (s->state == SESSION_CLOSED && !s->poll_open && !s->pid_poll_open)
+                session_free(s);
+}
+
+/* Stops watching the socket and closes it. */
+static void close_socket(struct session *s) {
+        if (s->fd < 0)
+                return;
+        s->server->connected--;
+        uv_close((uv_handle_t *) &s->poll, on_handle_closed);
+        close(s->fd);
+        s->fd = -1;
+}
+
+void session_destroy(struct session *s) {
+        struct server *server = s->server;
+
+        if (s->state == SESSION_CLOSED)
+                return;
+        s->state = SESSION_CLOSED;
+        session_release_all(s);
+        if (s->prev)
+                s->prev->next = s->next;
+        else
+                server->sessions = s->next;
+        if (s->next)
+                s->next->prev = s->prev;
+        s->prev = s->next = NULL;
+
+        if (s->pid_poll_open && !uv_is_closing((uv_handle_t *) &s->pid_poll))
+                uv_close((uv_handle_t *) &s->pid_poll, on_handle_closed);
+        if (s->pidfd >= 0)
+                close(s->pidfd);
+        s->pidfd = -1;
+        if (s->fd >= 0)
+                close_socket(s);
+        if (!s->poll_open && !s->pid_poll_open)
+                session_free(s);
+}
+
+/*
+ * The socket is gone. After a goodbye, or with nothing held, the session ends now. Otherwise
+ * its memory waits for the process to exit; without a pidfd there is nothing to wait on, and
+ * the memory goes back now (logged, since the process may still be running).
+ */
+static void session_disconnect(struct session *s, const char *why) {
+        uint64_t reserved, in_use, blocks;
+
+        session_totals(s, &reserved, &in_use, &blocks);
+        log_debug("client %llu (%s, pid %d) disconnected: %s", (unsigned long long) s->id, s->name, (int) s->pid, why);
+        if (s->said_bye || reserved == 0 || s->pidfd < 0) {
+                if (!s->said_bye && reserved && s->pidfd < 0)
+                        log_warn("client %llu (pid %d): no pidfd to wait on; releasing its memory at disconnect",
+                                 (unsigned long long) s->id, (int) s->pid);
+                session_destroy(s);
+                return;
+        }
+        close_socket(s);
+        s->state = SESSION_EXITING;
+        if (uv_poll_init(s->server->loop, &s->pid_poll, s->pidfd) < 0) {
+                log_warn("client %llu: cannot watch its pidfd; releasing its memory now", (unsigned long long) s->id);
+                session_destroy(s);
+                return;
+        }
+        s->pid_poll.data = s;
+        s->pid_poll_open = true;
+        uv_poll_start(&s->pid_poll, UV_READABLE, on_process_exit);
+}
+
+static void on_process_exit(uv_poll_t *handle, int status, int events) {
+        struct session *s = handle->data;
+        struct server *server = s->server;
+        uint64_t reserved, in_use, blocks;
+
+        (void) status, (void) events;
+        session_totals(s, &reserved, &in_use, &blocks);
+        log_info("client %llu (%s, pid %d) exited holding %llu blocks; %llu bytes return to the cache",
+                 (unsigned long long) s->id, s->name, (int) s->pid, (unsigned long long) blocks,
+                 (unsigned long long) reserved);
+        session_destroy(s);
+        server_check_invariants(server);
+}
+
+/* Sends a reply, or keeps it and waits for the socket to drain. Returns false if the session ended. */
+static bool send_reply(struct session *s, const struct reply *rep) {
+        int r = gp_wire_send_packet(s->fd, s->server->send_buf, rep->len, rep->fd);
+
+        if (r == -EAGAIN) {
+                s->pending = malloc(rep->len);
+                if (!s->pending) {
+                        session_disconnect(s, "out of memory for a reply");
+                        return false;
+                }
+                memcpy(s->pending, s->server->send_buf, rep->len);
+                s->pending_len = rep->len;
+                s->pending_fd = rep->fd >= 0 ? dup(rep->fd) : -1;
+                if (rep->fd >= 0 && s->pending_fd < 0) {
+                        session_disconnect(s, "cannot keep a descriptor for a reply");
+                        return false;
+                }
+                /* Stop reading until the client reads: one pending reply per client at most. */
+                uv_poll_start(&s->poll, UV_WRITABLE, on_readable);
+                return true;
+        }
+        if (r < 0) {
+                session_disconnect(s, strerror(-r));
+                return false;
+        }
+        if (rep->disconnect) {
+                session_disconnect(s, "protocol error");
+                return false;
+        }
+        return true;
+}
+
+static void flush_pending(struct session *s) {
+        int r = gp_wire_send_packet(s->fd, s->pending, s->pending_len, s->pending_fd);
+
+        if (r == -EAGAIN)
+                return;
+        free(s->pending);
+        s->pending = NULL;
+        if (s->pending_fd >= 0)
+                close(s->pending_fd);
+        s->pending_fd = -1;
+        if (r < 0) {
+                session_disconnect(s, strerror(-r));
+                return;
+        }
+        uv_poll_start(&s->poll, UV_READABLE, on_readable);
+}
+
+static void on_readable(uv_poll_t *handle, int status, int events) {
+        struct session *s = handle->data;
+        struct server *server = s->server;
+
+        if (status < 0) {
+                session_disconnect(s, uv_strerror(status));
+                return;
+        }
+        if (s->pending) {
+                if (events & UV_WRITABLE)
+                        flush_pending(s);
+                return;
+        }
+        for (int i = 0; i < SESSION_BATCH && !s->pending; i++) {
+                Gpupool__Envelope *req = NULL;
+                struct reply rep;
+                bool alive;
+                int n, r;
+
+                n = gp_wire_recv_packet(s->fd, server->recv_buf, sizeof(server->recv_buf), NULL);
+                if (n == -EAGAIN)
+                        return;
+                if (n == 0) {
+                        session_disconnect(s, "closed its socket");
+                        return;
+                }
+                if (n < 0) {
+                        log_warn("client %llu (pid %d): %s; disconnecting it", (unsigned long long) s->id, (int) s->pid,
+                                 n == -EMSGSIZE ? "packet over the request size limit" :
+                                 n == -EBADMSG ? "malformed packet (empty, or carrying descriptors)" : strerror(-n));
+                        session_disconnect(s, "bad packet");
+                        return;
+                }
+                r = gp_wire_unpack(server->recv_buf, (size_t) n, &req);
+                if (r == -EPROTONOSUPPORT) {
+                        request_error_reply(s, 0, r, true, "this daemon speaks protocol version 1 only", &rep);
+                        send_reply(s, &rep);
+                        return;
+                }
+                if (r < 0) {
+                        log_warn("client %llu (pid %d): message does not parse; disconnecting it",
+                                 (unsigned long long) s->id, (int) s->pid);
+                        session_disconnect(s, "unparsable message");
+                        return;
+                }
+                request_handle(s, req, &rep);
+                gpupool__envelope__free_unpacked(req, NULL);
+                server_check_invariants(server);
+                alive = send_reply(s, &rep);
+                if (!alive)
+                        return;
+        }
+}

@@ -1,0 +1,60 @@
+/*
+ * session.h: one connected client: its identity (SO_PEERCRED), its declared name, its part of
+ * each device's pool, and its socket. When the socket closes without a goodbye, the session
+ * lives on, holding the client's memory, until the client's process has exited (pidfd): a
+ * dying process's GPU work may still write its blocks until then.
+ */
+#ifndef GP_SESSION_H
+#define GP_SESSION_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+#include <uv.h>
+
+#include "pool.h"
+#include "wire.h"
+
+struct server;
+
+enum session_state {
+        SESSION_NEW,            /* connected, no hello yet */
+        SESSION_READY,          /* hello done */
+        SESSION_EXITING,        /* socket closed; waiting for the process to exit */
+        SESSION_CLOSED,         /* everything released; handles closing */
+};
+
+struct session {
+        struct server *server;
+        uint64_t id;
+        enum session_state state;
+        pid_t pid;
+        uid_t uid;
+        gid_t gid;
+        char name[GP_MAX_NAME_BYTES + 1];
+        int fd;
+        int pidfd;              /* -1 when the kernel gave none */
+        uv_poll_t poll;
+        uv_poll_t pid_poll;
+        bool poll_open, pid_poll_open;
+        bool said_bye;
+        uint8_t *pending;       /* a reply the socket had no room for */
+        size_t pending_len;
+        int pending_fd;
+        struct pool_owner *owners;      /* one per device */
+        struct session *prev, *next;
+};
+
+/* Takes an accepted socket. Returns 0 or a negative errno (the socket is closed then). */
+int session_start(struct server *server, int fd);
+
+/* Ends a session now, whatever its state: its memory is released. For shutdown. */
+void session_destroy(struct session *session);
+
+/* Sums of a session's parts over all devices. */
+void session_totals(const struct session *session, uint64_t *ret_reserved, uint64_t *ret_in_use, uint64_t *ret_blocks);
+
+/* Releases everything the client holds (it unmapped all, or its process is gone). */
+void session_release_all(struct session *session);
+
+#endif

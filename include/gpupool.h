@@ -1,0 +1,84 @@
+/*
+ * gpupool.h: the client library of gpupool, the node's GPU memory-pool daemon.
+ *
+ * A process connects to gpupoold once and then allocates and frees blocks of device memory
+ * through it; the daemon keeps one cache for the whole node and enforces limits. Every
+ * function returns 0 or a negative errno:
+ *
+ *   -EINVAL        a bad argument (size 0, a negative device, a bad client name)
+ *   -ENODEV        no such device on this daemon
+ *   -EDQUOT        over a limit (the client's reserved bytes, its number of blocks, clients)
+ *   -ENOMEM        the device is full even after the daemon released its cache
+ *   -ENOENT        a pointer this client does not hold (freed twice, never allocated)
+ *   -EPROTO        the daemon answered something this library does not understand
+ *   -ECONNRESET    the daemon is gone; the handle is unusable except for gpupool_disconnect()
+ *   others         from connect(2): -ENOENT no socket, -ECONNREFUSED no daemon, -EACCES
+ *
+ * gpupool_last_error() gives the daemon's sentence about the latest failure, which names the
+ * limit or state that refused it. Handles are thread-safe; the library never logs and keeps
+ * no global state.
+ */
+#ifndef GPUPOOL_H
+#define GPUPOOL_H
+
+#include <stddef.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(__GNUC__)
+#define GPUPOOL_EXPORT __attribute__((visibility("default")))
+#else
+#define GPUPOOL_EXPORT
+#endif
+
+#define GPUPOOL_VERSION_MAJOR 0
+#define GPUPOOL_VERSION_MINOR 1
+
+/* Where the daemon listens unless $GPUPOOL_SOCKET or an explicit path says otherwise. */
+#define GPUPOOL_DEFAULT_SOCKET "/run/gpupool/gpupool.sock"
+
+typedef struct gpupool_client gpupool_client;
+
+/*
+ * Connects to the daemon at socket_path (NULL: $GPUPOOL_SOCKET, else the default) as
+ * client_name (NULL: the program's name; at most 63 bytes, no control characters), and sets
+ * *ret_client. *ret_client is untouched on failure.
+ */
+GPUPOOL_EXPORT int gpupool_connect(const char *socket_path, const char *client_name, gpupool_client **ret_client);
+
+/*
+ * Unmaps every segment, tells the daemon so (it reuses the memory at once) and frees the
+ * handle. Every pointer from this handle is invalid afterwards. NULL is fine.
+ */
+GPUPOOL_EXPORT void gpupool_disconnect(gpupool_client *client);
+
+/*
+ * Allocates size bytes on device (an index of the daemon's devices; the host backend has
+ * device 0) and sets *ret_ptr. Blocks are 512-byte aligned. On the host backend the memory is
+ * readable and writable by the caller. *ret_ptr is untouched on failure.
+ */
+GPUPOOL_EXPORT int gpupool_alloc(gpupool_client *client, int device, size_t size, void **ret_ptr);
+
+/*
+ * Frees a block from gpupool_alloc(). The caller guarantees that nothing (no queued device
+ * work) still uses it. -ENOENT for a pointer that is not the start of a live block of this
+ * client.
+ */
+GPUPOOL_EXPORT int gpupool_free(gpupool_client *client, void *ptr);
+
+/*
+ * Copies the daemon's message about this handle's latest failed call into buf (always
+ * NUL-terminated when size > 0); "" when there is none. Returns the message's length.
+ */
+GPUPOOL_EXPORT size_t gpupool_last_error(gpupool_client *client, char *buf, size_t size);
+
+/* A static description of one of the negative errnos above. */
+GPUPOOL_EXPORT const char *gpupool_strerror(int err);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,23 @@
+/*
+ * check_main.c: runs every suite in one runner, so that "make test" ends with one Check
+ * summary line. CK_RUN_SUITE=name runs one suite.
+ */
+#include <stdlib.h>
+
+#include "suites.h"
+
+int main(void) {
+        SRunner *sr = srunner_create(suite_rbtree());
+        int failed;
+
+        srunner_add_suite(sr, suite_size());
+        srunner_add_suite(sr, suite_wire());
+        srunner_add_suite(sr, suite_options());
+        srunner_add_suite(sr, suite_pool());
+        srunner_add_suite(sr, suite_daemon());
+        srunner_add_suite(sr, suite_hostile());
+        srunner_run_all(sr, CK_NORMAL);
+        failed = srunner_ntests_failed(sr);
+        srunner_free(sr);
+        return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}

@@ -1,0 +1,524 @@
+/*
+ * check_daemon.c: gpupoold end to end with real client processes on the host backend:
+ * concurrent clients never overlap, killed clients' memory returns (only after they exit),
+ * limits, flush, goodbye, bad frees, refusals, threads, restarts and the CLI.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "gpupool.h"
+#include "suites.h"
+#include "testlib.h"
+
+#define MiB (1ULL << 20)
+
+static double now_s(void) {
+        struct timespec ts;
+
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        return (double) ts.tv_sec + (double) ts.tv_nsec / 1e9;
+}
+
+/* Fills a block with a pattern only its owner and step produce. */
+static void fill(void *p, size_t size, unsigned tag) {
+        uint32_t *w = p;
+
+        for (size_t i = 0; i < size / 4; i++)
+                w[i] = tag * 2654435761u + (uint32_t) i;
+}
+
+static bool intact(const void *p, size_t size, unsigned tag) {
+        const uint32_t *w = p;
+
+        for (size_t i = 0; i < size / 4; i++)
+                if (w[i] != tag * 2654435761u + (uint32_t) i)
+                        return false;
+        return true;
+}
+
+struct churn {
+        int index;
+        int steps;
+};
+
+/* A client that allocates, writes, checks and frees in random order. Exit 0 when all held. */
+static int churn_client(struct testd *d, void *arg) {
+        enum { LIVE = 24 };
+        struct churn *c = arg;
+        struct { void *p; size_t size; unsigned tag; } live[LIVE] = { 0 };
+        unsigned seed = (unsigned) c->index * 7919u + 1;
+        gpupool_client *client;
+        char name[32];
+
+        snprintf(name, sizeof(name), "churn-%d", c->index);
+        if (gpupool_connect(d->sock, name, &client) < 0)
+                return 10;
+        for (int step = 0; step < c->steps; step++) {
+                int s = (int) (rand_r(&seed) % LIVE);
+
+                if (live[s].p) {
+                        if (!intact(live[s].p, live[s].size, live[s].tag))
+                                return 11;
+                        if (gpupool_free(client, live[s].p) < 0)
+                                return 12;
+                        live[s].p = NULL;
+                } else {
+                        size_t size = rand_r(&seed) % 4 == 0 ? 1 + (size_t) rand_r(&seed) % (3 * MiB) : 4 + (size_t) rand_r(&seed) % 65536;
+
+                        size &= ~(size_t) 3;
+                        if (size == 0)
+                                size = 4;
+                        if (gpupool_alloc(client, 0, size, &live[s].p) < 0)
+                                return 13;
+                        live[s].size = size;
+                        live[s].tag = (unsigned) (c->index << 20) + (unsigned) step;
+                        fill(live[s].p, size, live[s].tag);
+                }
+        }
+        for (int s = 0; s < LIVE; s++)
+                if (live[s].p && !intact(live[s].p, live[s].size, live[s].tag))
+                        return 14;
+        gpupool_disconnect(client);
+        return 0;
+}
+
+START_TEST(test_concurrent_clients_never_overlap) {
+        enum { CLIENTS = 6 };
+        struct churn args[CLIENTS];
+        pid_t pids[CLIENTS];
+        struct testd d;
+        json_t *st;
+
+        testd_start(&d, NULL);
+        for (int i = 0; i < CLIENTS; i++) {
+                args[i] = (struct churn) { .index = i, .steps = 600 };
+                pids[i] = spawn(churn_client, &d, &args[i]);
+        }
+        for (int i = 0; i < CLIENTS; i++)
+                ck_assert_msg(reap(pids[i]) == 0, "client %d found its memory changed or failed", i);
+        ck_assert(testd_alive(&d));
+        st = testd_ctl(&d, "status");
+        ck_assert_int_eq(json_array_size(json_object_get(st, "clients")), 0);
+        ck_assert_int_eq(status_device(st, "in_use_bytes"), 0);
+        ck_assert_int_eq(status_device(st, "reserved_bytes"), status_device(st, "cached_bytes"));
+        json_decref(st);
+        ck_assert_int_eq(testd_stop(&d), 0);
+}
+END_TEST
+
+/* Holds 4 MiB and more, says so on the pipe, then waits to be killed. */
+static int holder_client(struct testd *d, void *arg) {
+        int *fds = arg;
+        gpupool_client *client;
+        void *p, *q;
+
+        if (gpupool_connect(d->sock, "holder", &client) < 0 || gpupool_alloc(client, 0, 4 * MiB, &p) < 0 ||
+            gpupool_alloc(client, 0, 1000, &q) < 0)
+                return 1;
+        fill(p, 4 * MiB, 1);
+        if (write(fds[1], "x", 1) != 1)
+                return 2;
+        for (;;)
+                pause();
+}
+
+START_TEST(test_kill9_memory_returns) {
+        struct testd d;
+        json_t *st, *c;
+        int fds[2];
+        char ch;
+        pid_t pid;
+        double t0;
+        bool freed = false;
+
+        testd_start(&d, NULL);
+        ck_assert_int_eq(pipe(fds), 0);
+        pid = spawn(holder_client, &d, fds);
+        ck_assert_int_eq(read(fds[0], &ch, 1), 1);
+        st = testd_ctl(&d, "status");
+        c = status_client_by_pid(st, pid);
+        ck_assert_ptr_nonnull(c);
+        ck_assert_str_eq(json_string_value(json_object_get(c, "name")), "holder");
+        ck_assert_int_ge(json_integer_value(json_object_get(c, "in_use_bytes")), 4 * MiB);
+        ck_assert_int_eq(json_integer_value(json_object_get(c, "blocks")), 2);
+        json_decref(st);
+
+        kill(pid, SIGKILL);
+        ck_assert_int_eq(reap(pid), 128 + SIGKILL);
+        t0 = now_s();
+        while (now_s() - t0 < 1.0 && !freed) {
+                st = testd_ctl(&d, "status");
+                freed = !status_client_by_pid(st, pid) && status_device(st, "in_use_bytes") == 0;
+                json_decref(st);
+        }
+        ck_assert_msg(freed, "the killed client's memory was not free within a second of its exit");
+        ck_assert_int_eq(testd_stop(&d), 0);
+}
+END_TEST
+
+/* Allocates over raw protocol, closes its socket, and stays alive until told to go. */
+static int closer_client(struct testd *d, void *arg) {
+        Gpupool__Envelope env = GPUPOOL__ENVELOPE__INIT, *rep;
+        Gpupool__AllocRequest a = GPUPOOL__ALLOC_REQUEST__INIT;
+        int *fds = arg, sock = raw_hello(d, "closer");
+        char ch;
+
+        a.size = 3 * MiB;
+        env.id = 2;
+        env.body_case = GPUPOOL__ENVELOPE__BODY_ALLOC;
+        env.alloc = &a;
+        raw_send(sock, &env);
+        rep = raw_recv(sock);
+        if (!rep || rep->status != GPUPOOL__STATUS__STATUS_OK)
+                return 1;
+        gpupool__envelope__free_unpacked(rep, NULL);
+        close(sock);
+        if (write(fds[1], "x", 1) != 1 || read(fds[2], &ch, 1) != 1)
+                return 2;
+        return 0;
+}
+
+START_TEST(test_memory_held_until_process_exits) {
+        struct testd d;
+        int fds[4], go[2];
+        json_t *st, *c;
+        pid_t pid;
+        char ch;
+        double t0;
+        bool freed = false;
+
+        testd_start(&d, NULL);
+        ck_assert_int_eq(pipe(fds), 0);
+        ck_assert_int_eq(pipe(go), 0);
+        fds[2] = go[0];
+        fds[3] = go[1];
+        pid = spawn(closer_client, &d, fds);
+        ck_assert_int_eq(read(fds[0], &ch, 1), 1);
+        /* The socket is closed but the process lives: its memory must stay out of reach. */
+        st = testd_ctl(&d, "status");
+        c = status_client_by_pid(st, pid);
+        ck_assert_ptr_nonnull(c);
+        ck_assert_int_ge(json_integer_value(json_object_get(c, "reserved_bytes")), 3 * MiB);
+        ck_assert_int_eq(status_device(st, "cached_bytes"), 0);
+        json_decref(st);
+        ck_assert_int_eq(write(go[1], "x", 1), 1);
+        ck_assert_int_eq(reap(pid), 0);
+        t0 = now_s();
+        while (now_s() - t0 < 1.0 && !freed) {
+                st = testd_ctl(&d, "status");
+                freed = !status_client_by_pid(st, pid) && status_device(st, "in_use_bytes") == 0 &&
+                        status_device(st, "cached_bytes") == status_device(st, "reserved_bytes");
+                json_decref(st);
+        }
+        ck_assert(freed);
+        ck_assert_int_eq(testd_stop(&d), 0);
+}
+END_TEST
+
+START_TEST(test_client_limit) {
+        gpupool_client *c;
+        void *p[3];
+        char msg[512];
+        struct testd d;
+        json_t *st, *cl;
+
+        testd_start(&d, "--client-limit", "16M", NULL);
+        ck_assert_int_eq(gpupool_connect(d.sock, "limited", &c), 0);
+        ck_assert_int_eq(gpupool_alloc(c, 0, 6 * MiB, &p[0]), 0);
+        ck_assert_int_eq(gpupool_alloc(c, 0, 6 * MiB, &p[1]), 0);
+        ck_assert_int_eq(gpupool_alloc(c, 0, 6 * MiB, &p[2]), -EDQUOT);
+        gpupool_last_error(c, msg, sizeof(msg));
+        ck_assert_msg(strstr(msg, "limit of 16.0 MiB") && strstr(msg, "--client-limit"), "message: %s", msg);
+        /* Within the segments it has, the client still allocates. */
+        ck_assert_int_eq(gpupool_free(c, p[1]), 0);
+        ck_assert_int_eq(gpupool_alloc(c, 0, 6 * MiB, &p[1]), 0);
+        st = testd_ctl(&d, "status");
+        cl = status_client_by_pid(st, getpid());
+        ck_assert_ptr_nonnull(cl);
+        ck_assert_int_eq(json_integer_value(json_object_get(cl, "limit_bytes")), 16 * MiB);
+        ck_assert_int_le(json_integer_value(json_object_get(cl, "reserved_bytes")), 16 * MiB);
+        json_decref(st);
+        gpupool_disconnect(c);
+        ck_assert_int_eq(testd_stop(&d), 0);
+}
+END_TEST
+
+START_TEST(test_flush_and_bye) {
+        gpupool_client *c;
+        void *p[5];
+        struct testd d;
+        json_t *st, *fl, *dev;
+        long long cached;
+
+        testd_start(&d, NULL);
+        ck_assert_int_eq(gpupool_connect(d.sock, "flusher", &c), 0);
+        for (int i = 0; i < 5; i++)
+                ck_assert_int_eq(gpupool_alloc(c, 0, (size_t) (i + 1) * 3 * MiB, &p[i]), 0);
+        for (int i = 0; i < 4; i++)
+                ck_assert_int_eq(gpupool_free(c, p[i]), 0);
+        /* Goodbye hands everything back at once, while this process lives on. */
+        gpupool_disconnect(c);
+        st = testd_ctl(&d, "status");
+        ck_assert_int_eq(json_array_size(json_object_get(st, "clients")), 0);
+        ck_assert_int_eq(status_device(st, "in_use_bytes"), 0);
+        cached = status_device(st, "cached_bytes");
+        ck_assert_int_gt(cached, 0);
+        ck_assert_int_eq(cached, status_device(st, "reserved_bytes"));
+        json_decref(st);
+
+        fl = testd_ctl(&d, "flush");
+        dev = json_array_get(json_object_get(fl, "devices"), 0);
+        ck_assert_int_eq(json_integer_value(json_object_get(dev, "released_bytes")), cached);
+        ck_assert_int_gt(json_integer_value(json_object_get(dev, "released_segments")), 0);
+        json_decref(fl);
+        st = testd_ctl(&d, "status");
+        ck_assert_int_eq(status_device(st, "reserved_bytes"), 0);
+        ck_assert_int_eq(status_device(st, "cached_bytes"), 0);
+        json_decref(st);
+        ck_assert_int_eq(testd_stop(&d), 0);
+}
+END_TEST
+
+START_TEST(test_bad_frees) {
+        gpupool_client *c;
+        void *p, *q, *heap = malloc(64);
+        struct testd d;
+
+        testd_start(&d, NULL);
+        ck_assert_int_eq(gpupool_connect(d.sock, NULL, &c), 0);
+        ck_assert_int_eq(gpupool_alloc(c, 0, 4096, &p), 0);
+        ck_assert_int_eq(gpupool_alloc(c, 0, 4096, &q), 0);
+        ck_assert_int_eq(gpupool_free(c, (char *) p + 512), -ENOENT);   /* interior: the daemon refuses */
+        ck_assert_int_eq(gpupool_free(c, heap), -ENOENT);               /* never allocated */
+        ck_assert_int_eq(gpupool_free(c, NULL), -ENOENT);
+        ck_assert_int_eq(gpupool_free(c, p), 0);
+        ck_assert_int_eq(gpupool_free(c, p), -ENOENT);                  /* twice */
+        /* q is intact and still freeable after all that. */
+        memset(q, 7, 4096);
+        ck_assert_int_eq(gpupool_free(c, q), 0);
+        ck_assert_int_eq(gpupool_free(c, q), -ENOENT);
+        gpupool_disconnect(c);
+        free(heap);
+        ck_assert(testd_alive(&d));
+        ck_assert_int_eq(testd_stop(&d), 0);
+}
+END_TEST
+
+START_TEST(test_refusals) {
+        gpupool_client *c, *c2, *c3;
+        struct testd d;
+        void *p;
+        char msg[256];
+
+        testd_start(&d, "--max-clients", "2", "--max-blocks", "10", NULL);
+        ck_assert_int_eq(gpupool_connect(d.dir, "x", &c), -ECONNREFUSED);      /* a directory, no daemon */
+        ck_assert_int_eq(gpupool_connect("/nonexistent/gp.sock", "x", &c), -ENOENT);
+        ck_assert_int_eq(gpupool_connect(d.sock, "bad\nname", &c), -EINVAL);
+        ck_assert_int_eq(gpupool_connect(d.sock, "", &c), -EINVAL);
+        ck_assert_int_eq(gpupool_connect(d.sock, "a", &c), 0);
+        ck_assert_int_eq(gpupool_alloc(c, 0, 0, &p), -EINVAL);
+        ck_assert_int_eq(gpupool_alloc(c, -1, 64, &p), -EINVAL);
+        ck_assert_int_eq(gpupool_alloc(c, 1, 64, &p), -ENODEV);
+        ck_assert_int_eq(gpupool_alloc(c, 0, (size_t) 1 << 47, &p), -EINVAL);
+        ck_assert_int_eq(gpupool_alloc(c, 0, 600 * MiB, &p), -ENOMEM);         /* capacity is 512M */
+        gpupool_last_error(c, msg, sizeof(msg));
+        ck_assert_msg(strstr(msg, "device 0 is full"), "message: %s", msg);
+        for (int i = 0; i < 10; i++)
+                ck_assert_int_eq(gpupool_alloc(c, 0, 64, &p), 0);
+        ck_assert_int_eq(gpupool_alloc(c, 0, 64, &p), -EDQUOT);
+        gpupool_last_error(c, msg, sizeof(msg));
+        ck_assert_msg(strstr(msg, "--max-blocks"), "message: %s", msg);
+        ck_assert_int_eq(gpupool_connect(d.sock, "b", &c2), 0);
+        ck_assert_int_eq(gpupool_connect(d.sock, "c", &c3), -EDQUOT);         /* --max-clients 2 */
+        gpupool_disconnect(c2);
+        /* The daemon frees the slot when c2's socket closes; retry briefly until it has. */
+        for (int i = 0; i < 200 && gpupool_connect(d.sock, "c", &c3) == -EDQUOT; i++)
+                usleep(5000);
+        ck_assert_int_eq(gpupool_connect(d.sock, "d", &c2), -EDQUOT);
+        gpupool_disconnect(c3);
+        gpupool_disconnect(c);
+        ck_assert_int_eq(testd_stop(&d), 0);
+}
+END_TEST
+
+struct thread_arg {
+        gpupool_client *client;
+        int index;
+        int failures;
+};
+
+static void *thread_churn(void *arg) {
+        struct thread_arg *t = arg;
+        void *p[16] = { 0 };
+
+        for (int round = 0; round < 200; round++) {
+                int s = round % 16;
+
+                if (p[s]) {
+                        if (!intact(p[s], 8192, (unsigned) (t->index * 1000 + s)) || gpupool_free(t->client, p[s]) < 0)
+                                t->failures++;
+                        p[s] = NULL;
+                } else if (gpupool_alloc(t->client, 0, 8192, &p[s]) == 0) {
+                        fill(p[s], 8192, (unsigned) (t->index * 1000 + s));
+                } else {
+                        t->failures++;
+                }
+        }
+        for (int s = 0; s < 16; s++)
+                if (p[s] && gpupool_free(t->client, p[s]) < 0)
+                        t->failures++;
+        return NULL;
+}
+
+START_TEST(test_threads_share_a_handle) {
+        struct thread_arg args[4];
+        pthread_t th[4];
+        gpupool_client *c;
+        struct testd d;
+        json_t *st;
+
+        testd_start(&d, NULL);
+        ck_assert_int_eq(gpupool_connect(d.sock, "threads", &c), 0);
+        for (int i = 0; i < 4; i++) {
+                args[i] = (struct thread_arg) { .client = c, .index = i };
+                ck_assert_int_eq(pthread_create(&th[i], NULL, thread_churn, &args[i]), 0);
+        }
+        for (int i = 0; i < 4; i++) {
+                pthread_join(th[i], NULL);
+                ck_assert_int_eq(args[i].failures, 0);
+        }
+        st = testd_ctl(&d, "status");
+        ck_assert_int_eq(json_integer_value(json_object_get(status_client_by_pid(st, getpid()), "blocks")), 0);
+        json_decref(st);
+        gpupool_disconnect(c);
+        ck_assert_int_eq(testd_stop(&d), 0);
+}
+END_TEST
+
+START_TEST(test_daemon_gone) {
+        gpupool_client *c;
+        struct testd d;
+        void *p;
+
+        testd_start(&d, NULL);
+        ck_assert_int_eq(gpupool_connect(d.sock, "orphan", &c), 0);
+        ck_assert_int_eq(gpupool_alloc(c, 0, 4096, &p), 0);
+        ck_assert_int_eq(testd_stop(&d), 0);
+        /* Mapped host memory stays readable; every call now says the daemon is gone. */
+        memset(p, 1, 4096);
+        ck_assert_int_eq(gpupool_alloc(c, 0, 4096, &p), -ECONNRESET);
+        ck_assert_int_eq(gpupool_free(c, p), -ECONNRESET);
+        gpupool_disconnect(c);
+}
+END_TEST
+
+START_TEST(test_stale_socket_and_second_daemon) {
+        char cmd[512];
+        struct testd d;
+        int status;
+
+        testd_start(&d, NULL);
+        /* A second daemon on a live socket refuses to start. */
+        snprintf(cmd, sizeof(cmd), "%s/gpupoold --socket %s --backend host 2>/dev/null",
+                 getenv("GPUPOOL_BUILD_DIR") ? getenv("GPUPOOL_BUILD_DIR") : "build", d.sock);
+        status = system(cmd);
+        ck_assert(WIFEXITED(status) && WEXITSTATUS(status) == 1);
+        ck_assert(testd_alive(&d));
+        /* A crash leaves the socket file behind; the next daemon replaces it. */
+        kill(d.pid, SIGKILL);
+        waitpid(d.pid, NULL, 0);
+        ck_assert_int_eq(access(d.sock, F_OK), 0);
+        {
+                struct testd d2;
+
+                testd_start(&d2, NULL);
+                ck_assert_int_eq(testd_stop(&d2), 0);
+        }
+        rmdir(d.dir);
+}
+END_TEST
+
+static int run_capture(const char *cmd, char *out, size_t size) {
+        FILE *p = popen(cmd, "r");
+        size_t n;
+        int status;
+
+        ck_assert_ptr_nonnull(p);
+        n = fread(out, 1, size - 1, p);
+        out[n] = '\0';
+        status = pclose(p);
+        return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+START_TEST(test_cli) {
+        const char *b = getenv("GPUPOOL_BUILD_DIR") ? getenv("GPUPOOL_BUILD_DIR") : "build";
+        char cmd[512], out[4096];
+        gpupool_client *c;
+        struct testd d;
+        void *p;
+
+        testd_start(&d, "--client-limit", "1G", NULL);
+        ck_assert_int_eq(gpupool_connect(d.sock, "table-row", &c), 0);
+        ck_assert_int_eq(gpupool_alloc(c, 0, 3 * MiB, &p), 0);
+        snprintf(cmd, sizeof(cmd), "GPUPOOL_SOCKET=%s %s/gpupoolctl status", d.sock, b);
+        ck_assert_int_eq(run_capture(cmd, out, sizeof(out)), 0);
+        ck_assert_msg(strstr(out, "DEVICE") && strstr(out, "host") && strstr(out, "512.0 MiB") &&
+                      strstr(out, "table-row") && strstr(out, "1.0 GiB") && strstr(out, "20.0 MiB"), "%s", out);
+        snprintf(cmd, sizeof(cmd), "%s/gpupoolctl --socket %s/none status 2>&1", b, d.dir);
+        ck_assert_int_eq(run_capture(cmd, out, sizeof(out)), 1);
+        ck_assert_msg(strstr(out, "cannot connect") && strstr(out, "is gpupoold running?"), "%s", out);
+        snprintf(cmd, sizeof(cmd), "%s/gpupoolctl --socket %s frobnicate 2>&1", b, d.sock);
+        ck_assert_int_eq(run_capture(cmd, out, sizeof(out)), 2);
+        ck_assert_msg(strstr(out, "unknown command 'frobnicate'"), "%s", out);
+        snprintf(cmd, sizeof(cmd), "%s/gpupoolctl --socket %s flush", b, d.sock);
+        ck_assert_int_eq(run_capture(cmd, out, sizeof(out)), 0);
+        ck_assert_msg(strstr(out, "device 0: released 0 cached segments"), "%s", out);
+        gpupool_disconnect(c);
+        ck_assert_int_eq(testd_stop(&d), 0);
+}
+END_TEST
+
+START_TEST(test_daemon_command_line_errors) {
+        const char *b = getenv("GPUPOOL_BUILD_DIR") ? getenv("GPUPOOL_BUILD_DIR") : "build";
+        char cmd[512], out[4096];
+
+        snprintf(cmd, sizeof(cmd), "%s/gpupoold --host-capacity lots 2>&1", b);
+        ck_assert_int_eq(run_capture(cmd, out, sizeof(out)), 2);
+        ck_assert_msg(strstr(out, "--host-capacity: 'lots' is not a size"), "%s", out);
+        snprintf(cmd, sizeof(cmd), "%s/gpupoold --backend cuda --socket /tmp/gp-never.sock 2>&1", b);
+        ck_assert_int_eq(run_capture(cmd, out, sizeof(out)), 1);
+        ck_assert_msg(strstr(out, "CUDA backend is not built yet"), "%s", out);
+        snprintf(cmd, sizeof(cmd), "%s/gpupoold --help", b);
+        ck_assert_int_eq(run_capture(cmd, out, sizeof(out)), 0);
+        ck_assert_msg(strstr(out, "--client-limit SIZE"), "%s", out);
+}
+END_TEST
+
+Suite *suite_daemon(void) {
+        Suite *s = suite_create("daemon");
+        TCase *tc = tcase_create("host");
+
+        tcase_add_test(tc, test_concurrent_clients_never_overlap);
+        tcase_add_test(tc, test_kill9_memory_returns);
+        tcase_add_test(tc, test_memory_held_until_process_exits);
+        tcase_add_test(tc, test_client_limit);
+        tcase_add_test(tc, test_flush_and_bye);
+        tcase_add_test(tc, test_bad_frees);
+        tcase_add_test(tc, test_refusals);
+        tcase_add_test(tc, test_threads_share_a_handle);
+        tcase_add_test(tc, test_daemon_gone);
+        tcase_add_test(tc, test_stale_socket_and_second_daemon);
+        tcase_add_test(tc, test_cli);
+        tcase_add_test(tc, test_daemon_command_line_errors);
+        tcase_set_timeout(tc, 120);
+        suite_add_tcase(s, tc);
+        return s;
+}

@@ -1,0 +1,290 @@
+/*
+ * check_hostile.c: what a malicious or broken client can send, and that none of it harms the
+ * daemon or another client: random bytes, oversized packets, descriptors, messages out of
+ * order, replies sent as requests, another client's blocks, and a client that never reads.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "gpupool.h"
+#include "suites.h"
+#include "testlib.h"
+
+#define MiB (1ULL << 20)
+
+/* Sends one packet and reports whether the daemon closed the connection (reading to EOF). */
+static bool closed_after(int sock) {
+        uint8_t buf[GP_MAX_REPLY_BYTES];
+        int n;
+
+        while ((n = gp_wire_recv_packet(sock, buf, sizeof(buf), NULL)) > 0)
+                ;
+        return n == 0 || n == -ECONNRESET;
+}
+
+/* Expects one error reply with status, then the connection closed. */
+static void expect_error_then_close(int sock, Gpupool__Status status) {
+        Gpupool__Envelope *rep = raw_recv(sock);
+
+        ck_assert_ptr_nonnull(rep);
+        ck_assert_int_eq(rep->status, status);
+        ck_assert_ptr_nonnull(rep->error);
+        gpupool__envelope__free_unpacked(rep, NULL);
+        ck_assert(closed_after(sock));
+        close(sock);
+}
+
+static void send_raw_bytes(int sock, const uint8_t *buf, size_t len) {
+        (void) send(sock, buf, len, MSG_NOSIGNAL);
+}
+
+START_TEST(test_two_hundred_hostile_connections) {
+        static uint8_t junk[9000];
+        unsigned seed = 4242;
+        gpupool_client *good;
+        struct testd d;
+        void *p;
+        json_t *st;
+
+        testd_start(&d, NULL);
+        ck_assert_int_eq(gpupool_connect(d.sock, "bystander", &good), 0);
+        ck_assert_int_eq(gpupool_alloc(good, 0, MiB, &p), 0);
+        memset(p, 0x5a, MiB);
+        for (int i = 0; i < 200; i++) {
+                int sock = raw_connect(&d);
+                size_t len;
+
+                for (size_t j = 0; j < sizeof(junk); j++)
+                        junk[j] = (uint8_t) rand_r(&seed);
+                switch (i % 5) {
+                case 0: /* random bytes as a first message */
+                        len = 1 + rand_r(&seed) % 2000;
+                        send_raw_bytes(sock, junk, len);
+                        break;
+                case 1: /* a packet over the request limit */
+                        send_raw_bytes(sock, junk, GP_MAX_REQUEST_BYTES + 1 + rand_r(&seed) % 4000);
+                        break;
+                case 2: /* a valid hello, then random bytes */
+                        close(sock);
+                        sock = raw_hello(&d, "hostile");
+                        send_raw_bytes(sock, junk, 1 + rand_r(&seed) % 3000);
+                        break;
+                case 3: /* an empty packet */
+                        send_raw_bytes(sock, junk, 0);
+                        break;
+                case 4: /* a descriptor the daemon never asked for */
+                        ck_assert_int_eq(gp_wire_send_packet(sock, junk, 16, 0), 0);
+                        break;
+                }
+                ck_assert_msg(closed_after(sock), "connection %d was not dropped", i);
+                close(sock);
+                if (i % 40 == 0) {
+                        void *q;
+
+                        ck_assert_int_eq(gpupool_alloc(good, 0, 4096, &q), 0);
+                        ck_assert_int_eq(gpupool_free(good, q), 0);
+                }
+        }
+        ck_assert(testd_alive(&d));
+        for (size_t j = 0; j < MiB; j++)
+                ck_assert_int_eq(((uint8_t *) p)[j], 0x5a);
+        st = testd_ctl(&d, "status");
+        ck_assert_int_eq(json_array_size(json_object_get(st, "clients")), 1);   /* only the bystander */
+        json_decref(st);
+        ck_assert_int_eq(gpupool_free(good, p), 0);
+        gpupool_disconnect(good);
+        ck_assert_int_eq(testd_stop(&d), 0);
+}
+END_TEST
+
+START_TEST(test_protocol_violations) {
+        Gpupool__Envelope env = GPUPOOL__ENVELOPE__INIT;
+        Gpupool__StatusRequest sr = GPUPOOL__STATUS_REQUEST__INIT;
+        Gpupool__Hello hello = GPUPOOL__HELLO__INIT;
+        Gpupool__FreeReply fr = GPUPOOL__FREE_REPLY__INIT;
+        struct testd d;
+        int sock;
+
+        testd_start(&d, NULL);
+        /* Another protocol version: told so, then dropped. */
+        sock = raw_connect(&d);
+        env.version = 7;
+        env.id = 1;
+        env.body_case = GPUPOOL__ENVELOPE__BODY_HELLO;
+        env.hello = &hello;
+        raw_send(sock, &env);
+        expect_error_then_close(sock, GPUPOOL__STATUS__STATUS_VERSION);
+
+        /* A request before hello. */
+        sock = raw_connect(&d);
+        gpupool__envelope__init(&env);
+        env.id = 1;
+        env.body_case = GPUPOOL__ENVELOPE__BODY_STATUS_REQUEST;
+        env.status_request = &sr;
+        raw_send(sock, &env);
+        expect_error_then_close(sock, GPUPOOL__STATUS__STATUS_PROTOCOL);
+
+        /* Hello twice. */
+        sock = raw_hello(&d, "twice");
+        gpupool__envelope__init(&env);
+        env.id = 2;
+        env.body_case = GPUPOOL__ENVELOPE__BODY_HELLO;
+        env.hello = &hello;
+        raw_send(sock, &env);
+        expect_error_then_close(sock, GPUPOOL__STATUS__STATUS_PROTOCOL);
+
+        /* A name with control characters. */
+        sock = raw_connect(&d);
+        hello.name = (char *) "evil\033[2J";
+        gpupool__envelope__init(&env);
+        env.id = 1;
+        env.body_case = GPUPOOL__ENVELOPE__BODY_HELLO;
+        env.hello = &hello;
+        raw_send(sock, &env);
+        expect_error_then_close(sock, GPUPOOL__STATUS__STATUS_INVALID);
+
+        /* A reply sent as a request. */
+        sock = raw_hello(&d, "replier");
+        gpupool__envelope__init(&env);
+        env.id = 2;
+        env.body_case = GPUPOOL__ENVELOPE__BODY_FREE_REPLY;
+        env.free_reply = &fr;
+        raw_send(sock, &env);
+        expect_error_then_close(sock, GPUPOOL__STATUS__STATUS_PROTOCOL);
+
+        /* An envelope with no body. */
+        sock = raw_hello(&d, "empty");
+        gpupool__envelope__init(&env);
+        env.id = 2;
+        raw_send(sock, &env);
+        expect_error_then_close(sock, GPUPOOL__STATUS__STATUS_PROTOCOL);
+
+        ck_assert(testd_alive(&d));
+        ck_assert_int_eq(testd_stop(&d), 0);
+}
+END_TEST
+
+static Gpupool__Envelope *raw_alloc(int sock, uint64_t id, uint64_t size) {
+        Gpupool__Envelope env = GPUPOOL__ENVELOPE__INIT;
+        Gpupool__AllocRequest a = GPUPOOL__ALLOC_REQUEST__INIT;
+
+        a.size = size;
+        env.id = id;
+        env.body_case = GPUPOOL__ENVELOPE__BODY_ALLOC;
+        env.alloc = &a;
+        raw_send(sock, &env);
+        return raw_recv(sock);
+}
+
+START_TEST(test_other_clients_blocks) {
+        Gpupool__Envelope env = GPUPOOL__ENVELOPE__INIT, *a, *rep;
+        Gpupool__FreeRequest f = GPUPOOL__FREE_REQUEST__INIT;
+        Gpupool__ReleaseRequest r = GPUPOOL__RELEASE_REQUEST__INIT;
+        struct testd d;
+        int victim, thief;
+        json_t *st;
+
+        testd_start(&d, NULL);
+        victim = raw_hello(&d, "victim");
+        thief = raw_hello(&d, "thief");
+        a = raw_alloc(victim, 2, 8192);
+        ck_assert_ptr_nonnull(a);
+        ck_assert_int_eq(a->status, GPUPOOL__STATUS__STATUS_OK);
+
+        /* The thief frees and releases the victim's block and segment: refused, nothing changes. */
+        f.segment_id = a->alloc_reply->segment_id;
+        f.offset = a->alloc_reply->offset;
+        env.id = 2;
+        env.body_case = GPUPOOL__ENVELOPE__BODY_FREE;
+        env.free = &f;
+        raw_send(thief, &env);
+        rep = raw_recv(thief);
+        ck_assert_int_eq(rep->status, GPUPOOL__STATUS__STATUS_NOT_FOUND);
+        gpupool__envelope__free_unpacked(rep, NULL);
+        r.segment_id = a->alloc_reply->segment_id;
+        gpupool__envelope__init(&env);
+        env.id = 3;
+        env.body_case = GPUPOOL__ENVELOPE__BODY_RELEASE;
+        env.release = &r;
+        raw_send(thief, &env);
+        rep = raw_recv(thief);
+        ck_assert_int_eq(rep->status, GPUPOOL__STATUS__STATUS_NOT_FOUND);
+        gpupool__envelope__free_unpacked(rep, NULL);
+        /* Releasing a segment with a live block is refused for its owner too. */
+        env.id = 3;
+        raw_send(victim, &env);
+        rep = raw_recv(victim);
+        ck_assert_int_eq(rep->status, GPUPOOL__STATUS__STATUS_INVALID);
+        gpupool__envelope__free_unpacked(rep, NULL);
+
+        st = testd_ctl(&d, "status");
+        ck_assert_int_eq(status_device(st, "in_use_bytes"), 8192);
+        json_decref(st);
+        /* The victim frees its own block and is told to release the segment. */
+        gpupool__envelope__init(&env);
+        env.id = 4;
+        env.body_case = GPUPOOL__ENVELOPE__BODY_FREE;
+        env.free = &f;
+        raw_send(victim, &env);
+        rep = raw_recv(victim);
+        ck_assert_int_eq(rep->status, GPUPOOL__STATUS__STATUS_OK);
+        ck_assert(rep->free_reply->release_segment);
+        gpupool__envelope__free_unpacked(rep, NULL);
+        gpupool__envelope__free_unpacked(a, NULL);
+        close(victim);
+        close(thief);
+        ck_assert_int_eq(testd_stop(&d), 0);
+}
+END_TEST
+
+START_TEST(test_client_that_never_reads) {
+        Gpupool__Envelope env = GPUPOOL__ENVELOPE__INIT;
+        Gpupool__StatusRequest sr = GPUPOOL__STATUS_REQUEST__INIT;
+        uint8_t buf[GP_MAX_REQUEST_BYTES];
+        gpupool_client *good;
+        struct testd d;
+        int sock, n, sent = 0;
+        void *p;
+
+        testd_start(&d, NULL);
+        sock = raw_hello(&d, "deaf");
+        fcntl(sock, F_SETFL, O_NONBLOCK);
+        env.version = GP_PROTOCOL_VERSION;
+        env.body_case = GPUPOOL__ENVELOPE__BODY_STATUS_REQUEST;
+        env.status_request = &sr;
+        /* Queue requests until the socket pushes back: the daemon must stop reading, not block. */
+        for (int i = 0; i < 100000; i++) {
+                env.id = (uint64_t) i + 2;
+                n = gp_wire_pack(&env, buf, sizeof(buf));
+                if (gp_wire_send_packet(sock, buf, (size_t) n, -1) < 0)
+                        break;
+                sent++;
+        }
+        ck_assert_int_gt(sent, 10);
+        ck_assert_int_eq(gpupool_connect(d.sock, "patient", &good), 0);
+        ck_assert_int_eq(gpupool_alloc(good, 0, 4096, &p), 0);
+        ck_assert_int_eq(gpupool_free(good, p), 0);
+        gpupool_disconnect(good);
+        close(sock);
+        ck_assert(testd_alive(&d));
+        ck_assert_int_eq(testd_stop(&d), 0);
+}
+END_TEST
+
+Suite *suite_hostile(void) {
+        Suite *s = suite_create("hostile");
+        TCase *tc = tcase_create("host");
+
+        tcase_add_test(tc, test_two_hundred_hostile_connections);
+        tcase_add_test(tc, test_protocol_violations);
+        tcase_add_test(tc, test_other_clients_blocks);
+        tcase_add_test(tc, test_client_that_never_reads);
+        tcase_set_timeout(tc, 120);
+        suite_add_tcase(s, tc);
+        return s;
+}

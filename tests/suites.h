@@ -1,0 +1,15 @@
+/* suites.h: every Check suite of the project, run together by check_main.c. */
+#ifndef GP_SUITES_H
+#define GP_SUITES_H
+
+#include <check.h>
+
+Suite *suite_rbtree(void);
+Suite *suite_size(void);
+Suite *suite_wire(void);
+Suite *suite_options(void);
+Suite *suite_pool(void);
+Suite *suite_daemon(void);
+Suite *suite_hostile(void);
+
+#endif

@@ -1,0 +1,207 @@
+/* testlib.c: see testlib.h. */
+#define _GNU_SOURCE
+#include "testlib.h"
+
+#include <check.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+static const char *build_dir(void) {
+        const char *b = getenv("GPUPOOL_BUILD_DIR");
+
+        return b && *b ? b : "build";
+}
+
+static void nap_ms(long ms) {
+        struct timespec ts = { .tv_sec = ms / 1000, .tv_nsec = (ms % 1000) * 1000000L };
+
+        nanosleep(&ts, NULL);
+}
+
+static void dump_log(const struct testd *d) {
+        char line[512];
+        FILE *f = fopen(d->log, "r");
+
+        if (!f)
+                return;
+        fprintf(stderr, "---- gpupoold log %s ----\n", d->log);
+        while (fgets(line, sizeof(line), f))
+                fputs(line, stderr);
+        fclose(f);
+}
+
+void testd_start(struct testd *d, ...) {
+        char *argv[32], path[256];
+        int argc = 0;
+        va_list ap;
+
+        memset(d, 0, sizeof(*d));
+        strcpy(d->dir, "/tmp/gpupool-test-XXXXXX");
+        ck_assert_ptr_nonnull(mkdtemp(d->dir));
+        snprintf(d->sock, sizeof(d->sock), "%s/gpupool.sock", d->dir);
+        snprintf(d->log, sizeof(d->log), "%s/gpupoold.log", d->dir);
+        snprintf(path, sizeof(path), "%s/gpupoold", build_dir());
+        argv[argc++] = path;
+        argv[argc++] = "--socket";
+        argv[argc++] = d->sock;
+        argv[argc++] = "--backend";
+        argv[argc++] = "host";
+        argv[argc++] = "--host-capacity";
+        argv[argc++] = "512M";
+        argv[argc++] = "--check-invariants";
+        argv[argc++] = "--log-level";
+        argv[argc++] = "debug";
+        va_start(ap, d);
+        for (char *a; (a = va_arg(ap, char *)) && argc < 30;)
+                argv[argc++] = a;
+        va_end(ap);
+        argv[argc] = NULL;
+
+        d->pid = fork();
+        ck_assert_int_ge(d->pid, 0);
+        if (d->pid == 0) {
+                int fd = open(d->log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+
+                dup2(fd, 2);
+                execv(path, argv);
+                fprintf(stderr, "exec %s: %s\n", path, strerror(errno));
+                _exit(127);
+        }
+        /* Ready once it accepts a connection: bind and listen happen before the loop runs. */
+        for (int i = 0; i < 2000; i++) {
+                int sock, status;
+
+                if (gp_wire_connect(d->sock, &sock) == 0) {
+                        close(sock);
+                        return;
+                }
+                if (waitpid(d->pid, &status, WNOHANG) == d->pid) {
+                        dump_log(d);
+                        ck_abort_msg("gpupoold exited at start (status %d)", status);
+                }
+                nap_ms(5);
+        }
+        dump_log(d);
+        ck_abort_msg("gpupoold did not listen on %s within 10 s", d->sock);
+}
+
+bool testd_alive(struct testd *d) {
+        return kill(d->pid, 0) == 0 && waitpid(d->pid, NULL, WNOHANG) == 0;
+}
+
+int testd_stop(struct testd *d) {
+        int status;
+
+        kill(d->pid, SIGTERM);
+        ck_assert_int_eq(waitpid(d->pid, &status, 0), d->pid);
+        if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+                dump_log(d);
+        unlink(d->log);
+        unlink(d->sock);
+        rmdir(d->dir);
+        return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+json_t *testd_ctl(struct testd *d, const char *cmd) {
+        char command[512];
+        json_error_t err;
+        json_t *j;
+        FILE *p;
+
+        snprintf(command, sizeof(command), "%s/gpupoolctl --socket %s --json %s", build_dir(), d->sock, cmd);
+        p = popen(command, "r");
+        ck_assert_ptr_nonnull(p);
+        j = json_loadf(p, 0, &err);
+        ck_assert_int_eq(pclose(p), 0);
+        return j;
+}
+
+long long status_device(json_t *status, const char *key) {
+        json_t *dev = json_array_get(json_object_get(status, "devices"), 0);
+
+        return dev ? json_integer_value(json_object_get(dev, key)) : -1;
+}
+
+json_t *status_client_by_pid(json_t *status, pid_t pid) {
+        json_t *clients = json_object_get(status, "clients"), *c;
+        size_t i;
+
+        json_array_foreach(clients, i, c)
+                if (json_integer_value(json_object_get(c, "pid")) == pid)
+                        return c;
+        return NULL;
+}
+
+int raw_connect(struct testd *d) {
+        int sock;
+
+        ck_assert_int_eq(gp_wire_connect(d->sock, &sock), 0);
+        return sock;
+}
+
+void raw_send(int sock, Gpupool__Envelope *env) {
+        uint8_t buf[GP_MAX_REQUEST_BYTES];
+        int n;
+
+        if (!env->version)
+                env->version = GP_PROTOCOL_VERSION;
+        n = gp_wire_pack(env, buf, sizeof(buf));
+        ck_assert_int_gt(n, 0);
+        ck_assert_int_eq(gp_wire_send_packet(sock, buf, (size_t) n, -1), 0);
+}
+
+Gpupool__Envelope *raw_recv(int sock) {
+        static uint8_t buf[GP_MAX_REPLY_BYTES];
+        Gpupool__Envelope *env;
+        int fd = -1, n;
+
+        n = gp_wire_recv_packet(sock, buf, sizeof(buf), &fd);
+        if (fd >= 0)
+                close(fd);
+        if (n <= 0)
+                return NULL;
+        ck_assert_int_eq(gp_wire_unpack(buf, (size_t) n, &env), 0);
+        return env;
+}
+
+int raw_hello(struct testd *d, const char *name) {
+        Gpupool__Envelope env = GPUPOOL__ENVELOPE__INIT, *rep;
+        Gpupool__Hello hello = GPUPOOL__HELLO__INIT;
+        int sock = raw_connect(d);
+
+        hello.name = (char *) name;
+        env.id = 1;
+        env.body_case = GPUPOOL__ENVELOPE__BODY_HELLO;
+        env.hello = &hello;
+        raw_send(sock, &env);
+        rep = raw_recv(sock);
+        ck_assert_ptr_nonnull(rep);
+        ck_assert_int_eq(rep->status, GPUPOOL__STATUS__STATUS_OK);
+        gpupool__envelope__free_unpacked(rep, NULL);
+        return sock;
+}
+
+pid_t spawn(int (*fn)(struct testd *d, void *arg), struct testd *d, void *arg) {
+        pid_t pid = fork();
+
+        ck_assert_int_ge(pid, 0);
+        if (pid == 0)
+                _exit(fn(d, arg));
+        return pid;
+}
+
+int reap(pid_t pid) {
+        int status;
+
+        ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+        return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}

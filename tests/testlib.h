@@ -1,0 +1,49 @@
+/*
+ * testlib.h: helpers for the integration suites: a real gpupoold on a socket in a private
+ * temp dir, the real gpupoolctl, and raw protocol access for hostile clients.
+ */
+#ifndef GP_TESTLIB_H
+#define GP_TESTLIB_H
+
+#include <jansson.h>
+#include <stdbool.h>
+#include <sys/types.h>
+
+#include "wire.h"
+
+struct testd {
+        pid_t pid;
+        char dir[64];
+        char sock[128];
+        char log[128];
+};
+
+/* Starts gpupoold (host backend, --check-invariants) with extra arguments (NULL-ended). */
+void testd_start(struct testd *d, ...);
+
+/* SIGTERM; returns the daemon's exit status (0 after a clean stop), -1 if it was killed. */
+int testd_stop(struct testd *d);
+
+/* Whether the daemon is still running. */
+bool testd_alive(struct testd *d);
+
+/* Runs "gpupoolctl --socket S --json CMD" and returns its parsed output (NULL on failure). */
+json_t *testd_ctl(struct testd *d, const char *cmd);
+
+/* A device's or the first client's field from a status, or -1. */
+long long status_device(json_t *status, const char *key);
+json_t *status_client_by_pid(json_t *status, pid_t pid);
+
+/* Raw protocol: connect, send an envelope, read one reply (NULL when the daemon closed). */
+int raw_connect(struct testd *d);
+void raw_send(int sock, Gpupool__Envelope *env);
+Gpupool__Envelope *raw_recv(int sock);
+/* Connect and say hello. */
+int raw_hello(struct testd *d, const char *name);
+
+/* Forks a child running fn(arg); returns its pid. The child exits with fn's return value. */
+pid_t spawn(int (*fn)(struct testd *d, void *arg), struct testd *d, void *arg);
+/* Waits for pid; returns its exit status, or 128 + signal. */
+int reap(pid_t pid);
+
+#endif

@@ -1,0 +1,449 @@
+/*
+ * check_pool.c: the allocator core through pool.h, on a counting fake backend: classes and
+ * rounding, best fit, split and merge, leases and the cache, tenants, headroom, capacity and
+ * the release ladder, refusals, and a random run checked by pool_check() and an overlap test.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "pool.h"
+#include "suites.h"
+
+#define MiB (1ULL << 20)
+
+struct fake {
+        struct backend base;
+        uint64_t capacity;
+        int live, created, destroyed, zeroed;
+        uint64_t live_bytes;
+        int fail_create;        /* the next create fails with this */
+};
+
+static int fake_info(struct backend *b, unsigned d, struct backend_device_info *ret) {
+        memset(ret, 0, sizeof(*ret));
+        ret->total_bytes = ((struct fake *) b)->capacity;
+        return d == 0 ? 0 : -ENODEV;
+}
+
+static int fake_create(struct backend *b, unsigned d, uint64_t size, struct backend_mem *ret) {
+        struct fake *f = (struct fake *) b;
+
+        (void) d;
+        if (f->fail_create) {
+                int r = f->fail_create;
+
+                f->fail_create = 0;
+                return r;
+        }
+        memset(ret, 0, sizeof(*ret));
+        ret->fd = -1;
+        ret->addr = 0x100000000ULL + (uint64_t) f->created * (1ULL << 32);
+        f->live++;
+        f->created++;
+        f->live_bytes += size;
+        return 0;
+}
+
+static void fake_destroy(struct backend *b, unsigned d, struct backend_mem *mem, uint64_t size) {
+        struct fake *f = (struct fake *) b;
+
+        (void) d, (void) mem;
+        f->live--;
+        f->destroyed++;
+        f->live_bytes -= size;
+}
+
+static int fake_zero(struct backend *b, unsigned d, struct backend_mem *mem, uint64_t size) {
+        (void) d, (void) mem, (void) size;
+        ((struct fake *) b)->zeroed++;
+        return 0;
+}
+
+static const struct backend_ops fake_ops = {
+        .device_info = fake_info, .mem_create = fake_create, .mem_destroy = fake_destroy, .mem_zero = fake_zero,
+};
+
+static struct fake fake;
+static struct pool *pool;
+
+static void setup_capacity(uint64_t capacity) {
+        memset(&fake, 0, sizeof(fake));
+        fake.base.ops = &fake_ops;
+        fake.base.name = "fake";
+        fake.base.device_count = 1;
+        fake.capacity = capacity;
+        ck_assert_int_eq(pool_new(&fake.base, 0, capacity, &pool), 0);
+}
+
+static void check(void) {
+        char why[256] = "";
+
+        ck_assert_msg(pool_check(pool, why, sizeof(why)) == 0, "pool_check: %s", why);
+}
+
+static struct pool_lease alloc_ok(struct pool_owner *o, uint64_t size) {
+        struct pool_lease l;
+
+        ck_assert_int_eq(pool_alloc(pool, o, size, UINT64_MAX, &l), 0);
+        check();
+        return l;
+}
+
+static bool free_ok(struct pool_owner *o, const struct pool_lease *l) {
+        bool release = false;
+
+        ck_assert_int_eq(pool_free_block(pool, o, l->segment_id, l->offset, &release), 0);
+        check();
+        return release;
+}
+
+static void teardown(void) {
+        pool_free(pool);
+        pool = NULL;
+        ck_assert_int_eq(fake.live, 0);         /* every segment went back to the backend */
+}
+
+START_TEST(test_classes_and_rounding) {
+        static const struct {
+                uint64_t size, block, segment;
+        } cases[] = {
+                { 1, 512, 2 * MiB },
+                { 512, 512, 2 * MiB },
+                { 513, 1024, 2 * MiB },
+                { 1 * MiB, 1 * MiB, 2 * MiB },
+                { 1 * MiB + 1, 1 * MiB + 512, 20 * MiB },
+                { 10 * MiB, 10 * MiB, 20 * MiB },
+                { 10 * MiB + 1, 10 * MiB + 512, 12 * MiB },
+                { 64 * MiB, 64 * MiB, 64 * MiB },
+        };
+
+        setup_capacity(1ULL << 30);
+        for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+                struct pool_owner o;
+                struct pool_lease l;
+
+                pool_owner_attach(pool, &o, 1);
+                l = alloc_ok(&o, cases[i].size);
+                ck_assert_msg(l.size == cases[i].block, "size %llu: block %llu", (unsigned long long) cases[i].size,
+                              (unsigned long long) l.size);
+                ck_assert_msg(l.segment_size == cases[i].segment, "size %llu: segment %llu",
+                              (unsigned long long) cases[i].size, (unsigned long long) l.segment_size);
+                ck_assert(l.new_segment);
+                ck_assert_uint_eq(l.offset, 0);
+                pool_owner_detach(&o);
+                pool_flush(pool, NULL, NULL);
+                check();
+        }
+        teardown();
+}
+END_TEST
+
+START_TEST(test_best_fit_split_merge) {
+        struct pool_lease a, b, c, d, e, x, y;
+        struct pool_owner o;
+
+        setup_capacity(1ULL << 30);
+        pool_owner_attach(pool, &o, 1);
+        a = alloc_ok(&o, 4096);
+        b = alloc_ok(&o, 8192);
+        c = alloc_ok(&o, 4096);
+        d = alloc_ok(&o, 16384);
+        e = alloc_ok(&o, 4096);
+        ck_assert(!b.new_segment && b.segment_id == a.segment_id);
+        ck_assert_uint_eq(b.offset, 4096);
+        ck_assert_uint_eq(e.offset, 4096 + 8192 + 4096 + 16384);
+        ck_assert(!free_ok(&o, &b));
+        ck_assert(!free_ok(&o, &d));
+        /* Holes of 8K and 16K and the segment's tail: 6K fits best in the 8K hole. */
+        x = alloc_ok(&o, 6000);
+        ck_assert_uint_eq(x.offset, b.offset);
+        y = alloc_ok(&o, 12 * 1024);
+        ck_assert_uint_eq(y.offset, d.offset);
+        ck_assert_uint_eq(o.blocks, 5);
+        ck_assert_uint_eq(o.in_use_bytes, 4096 + 6144 + 4096 + 12288 + 4096);
+        /* Free in an order that merges left, right and both ways. */
+        ck_assert(!free_ok(&o, &x));
+        ck_assert(!free_ok(&o, &c));
+        ck_assert(!free_ok(&o, &a));
+        ck_assert(!free_ok(&o, &e));
+        ck_assert(free_ok(&o, &y));     /* last block: the segment must be released */
+        ck_assert_uint_eq(o.in_use_bytes, 0);
+        ck_assert_uint_eq(o.reserved_bytes, 2 * MiB);   /* still ours until released */
+        ck_assert_int_eq(pool_release(pool, &o, a.segment_id), 0);
+        check();
+        ck_assert_uint_eq(o.reserved_bytes, 0);
+        pool_owner_detach(&o);
+        teardown();
+}
+END_TEST
+
+START_TEST(test_cache_and_tenants) {
+        struct pool_owner a, b, c;
+        struct pool_lease l, m, n;
+        struct pool_stats st;
+
+        setup_capacity(1ULL << 30);
+        pool_owner_attach(pool, &a, 1000);
+        pool_owner_attach(pool, &b, 1000);
+        pool_owner_attach(pool, &c, 2000);
+        l = alloc_ok(&a, 100);
+        ck_assert(free_ok(&a, &l));
+        ck_assert_int_eq(pool_release(pool, &a, l.segment_id), 0);
+        pool_get_stats(pool, &st);
+        ck_assert_uint_eq(st.cached_bytes, 2 * MiB);
+        ck_assert_uint_eq(st.reserved_bytes, 2 * MiB);
+
+        /* Same tenant: the cached segment is reused as it is. */
+        m = alloc_ok(&b, 100);
+        ck_assert_uint_eq(m.segment_id, l.segment_id);
+        ck_assert(m.new_segment);
+        ck_assert_int_eq(fake.created, 1);
+        ck_assert_int_eq(fake.zeroed, 0);
+        ck_assert(free_ok(&b, &m));
+        ck_assert_int_eq(pool_release(pool, &b, m.segment_id), 0);
+
+        /* Another tenant: reused, but zeroed first. */
+        n = alloc_ok(&c, 100);
+        ck_assert_uint_eq(n.segment_id, l.segment_id);
+        ck_assert_int_eq(fake.zeroed, 1);
+        ck_assert_int_eq(fake.created, 1);
+
+        /* A segment of another class is not taken from the cache for a small request. */
+        pool_owner_detach(&c);
+        l = alloc_ok(&a, 5 * MiB);
+        ck_assert_uint_eq(l.segment_size, 20 * MiB);
+        ck_assert_int_eq(fake.created, 2);
+        pool_owner_detach(&a);
+        pool_owner_detach(&b);
+        pool_get_stats(pool, &st);
+        ck_assert_uint_eq(st.cached_bytes, 22 * MiB);
+        ck_assert_uint_eq(st.in_use_bytes, 0);
+        {
+                uint64_t segs, bytes;
+
+                pool_flush(pool, &segs, &bytes);
+                ck_assert_uint_eq(segs, 2);
+                ck_assert_uint_eq(bytes, 22 * MiB);
+        }
+        ck_assert_int_eq(fake.live, 0);
+        teardown();
+}
+END_TEST
+
+START_TEST(test_headroom) {
+        struct pool_owner o;
+        struct pool_lease l;
+
+        setup_capacity(1ULL << 30);
+        pool_owner_attach(pool, &o, 1);
+        /* 4 MiB would take a 20 MiB segment; with 8 MiB of headroom it gets one of its own. */
+        ck_assert_int_eq(pool_alloc(pool, &o, 4 * MiB, 8 * MiB, &l), 0);
+        ck_assert_uint_eq(l.segment_size, 4 * MiB);
+        ck_assert_int_eq(pool_alloc(pool, &o, 4 * MiB, 4 * MiB, &l), 0);
+        ck_assert_int_eq(pool_alloc(pool, &o, 3 * MiB, 2 * MiB, &l), -EDQUOT);
+        ck_assert_int_eq(pool_alloc(pool, &o, 1, 0, &l), -EDQUOT);
+        check();
+        ck_assert_uint_eq(o.reserved_bytes, 8 * MiB);
+        pool_owner_detach(&o);
+        teardown();
+}
+END_TEST
+
+START_TEST(test_capacity_and_ladder) {
+        struct pool_owner a, b;
+        struct pool_lease l[8], x;
+        struct pool_stats st;
+
+        setup_capacity(8 * MiB);
+        pool_owner_attach(pool, &a, 1);
+        pool_owner_attach(pool, &b, 2);
+        for (int i = 0; i < 4; i++)
+                l[i] = alloc_ok(&a, 2 * MiB);
+        ck_assert_int_eq(pool_alloc(pool, &b, 512, UINT64_MAX, &x), -ENOMEM);
+        check();
+        /* a frees two: those segments are cached, and b's request releases one and reuses... */
+        for (int i = 0; i < 2; i++) {
+                ck_assert(free_ok(&a, &l[i]));
+                ck_assert_int_eq(pool_release(pool, &a, l[i].segment_id), 0);
+        }
+        /* ...a cached 2 MiB segment directly (it fits the small class). */
+        x = alloc_ok(&b, 512);
+        ck_assert_uint_eq(x.segment_id, l[1].segment_id);       /* most recently cached first */
+        ck_assert_int_eq(fake.zeroed, 1);
+        /* A 4 MiB request does not fit: the last cached segment is released to make room... */
+        ck_assert_int_eq(pool_alloc(pool, &b, 4 * MiB, UINT64_MAX, &x), -ENOMEM);
+        check();
+        pool_get_stats(pool, &st);
+        ck_assert_uint_eq(st.cached_bytes, 0);
+        ck_assert_uint_eq(st.reserved_bytes, 6 * MiB);
+        /* ...and a 2 MiB one then fits in what it freed. */
+        x = alloc_ok(&b, 2 * MiB);
+        ck_assert_uint_eq(x.segment_size, 2 * MiB);
+        pool_owner_detach(&a);
+        pool_owner_detach(&b);
+        teardown();
+}
+END_TEST
+
+START_TEST(test_backend_full_releases_cache) {
+        struct pool_owner o;
+        struct pool_lease l;
+
+        setup_capacity(1ULL << 30);
+        pool_owner_attach(pool, &o, 1);
+        l = alloc_ok(&o, 100);
+        ck_assert(free_ok(&o, &l));
+        ck_assert_int_eq(pool_release(pool, &o, l.segment_id), 0);
+        /* The device is fuller than the pool knows: the cache goes, and the retry succeeds. */
+        fake.fail_create = -ENOMEM;
+        l = alloc_ok(&o, 8 * MiB);
+        ck_assert_int_eq(fake.destroyed, 1);
+        /* A failure with nothing cached is reported as it is. */
+        fake.fail_create = -ENOMEM;
+        ck_assert_int_eq(pool_alloc(pool, &o, 30 * MiB, UINT64_MAX, &l), -ENOMEM);
+        fake.fail_create = -EIO;
+        ck_assert_int_eq(pool_alloc(pool, &o, 30 * MiB, UINT64_MAX, &l), -EIO);
+        check();
+        pool_owner_detach(&o);
+        teardown();
+}
+END_TEST
+
+START_TEST(test_refusals) {
+        struct pool_owner a, b;
+        struct pool_lease l, m;
+        bool release;
+
+        setup_capacity(1ULL << 30);
+        pool_owner_attach(pool, &a, 1);
+        pool_owner_attach(pool, &b, 1);
+        ck_assert_int_eq(pool_alloc(pool, &a, 0, UINT64_MAX, &l), -EINVAL);
+        ck_assert_int_eq(pool_alloc(pool, &a, POOL_MAX_REQUEST + 1, UINT64_MAX, &l), -EINVAL);
+        ck_assert_int_eq(pool_alloc(pool, &a, UINT64_MAX, UINT64_MAX, &l), -EINVAL);
+        l = alloc_ok(&a, 4096);
+        m = alloc_ok(&a, 4096);
+        ck_assert_int_eq(pool_free_block(pool, &b, l.segment_id, l.offset, &release), -ENOENT);     /* not b's */
+        ck_assert_int_eq(pool_free_block(pool, &a, l.segment_id, l.offset + 512, &release), -ENOENT); /* interior */
+        ck_assert_int_eq(pool_free_block(pool, &a, l.segment_id + 100, 0, &release), -ENOENT);     /* no segment */
+        ck_assert_int_eq(pool_release(pool, &a, l.segment_id), -EBUSY);
+        ck_assert_int_eq(pool_release(pool, &b, l.segment_id), -ENOENT);
+        ck_assert(!free_ok(&a, &l));
+        ck_assert_int_eq(pool_free_block(pool, &a, l.segment_id, l.offset, &release), -ENOENT);     /* twice */
+        ck_assert(free_ok(&a, &m));
+        ck_assert_int_eq(pool_free_block(pool, &a, m.segment_id, m.offset, &release), -ENOENT);     /* releasing */
+        ck_assert_int_eq(pool_release(pool, &a, m.segment_id), 0);
+        ck_assert_int_eq(pool_release(pool, &a, m.segment_id), -ENOENT);                            /* cached now */
+        check();
+        pool_owner_detach(&a);
+        pool_owner_detach(&b);
+        teardown();
+}
+END_TEST
+
+START_TEST(test_detach_with_live_blocks) {
+        struct pool_owner o;
+        struct pool_stats st;
+
+        setup_capacity(1ULL << 30);
+        pool_owner_attach(pool, &o, 1);
+        for (int i = 0; i < 50; i++)
+                alloc_ok(&o, (uint64_t) (i + 1) * 100000);
+        ck_assert_uint_eq(pool_owner_detach(&o), fake.live_bytes);
+        check();
+        pool_get_stats(pool, &st);
+        ck_assert_uint_eq(st.in_use_bytes, 0);
+        ck_assert_uint_eq(st.cached_bytes, st.reserved_bytes);
+        teardown();
+}
+END_TEST
+
+struct live {
+        uint64_t segment_id, offset, size;
+        int owner;
+};
+
+static int cmp_live(const void *x, const void *y) {
+        const struct live *a = x, *b = y;
+
+        if (a->segment_id != b->segment_id)
+                return a->segment_id < b->segment_id ? -1 : 1;
+        return a->offset < b->offset ? -1 : a->offset > b->offset;
+}
+
+START_TEST(test_random_no_overlap) {
+        enum { OWNERS = 3, SLOTS = 300 };
+        static struct live slots[OWNERS][SLOTS], all[OWNERS * SLOTS];
+        struct pool_owner owners[OWNERS];
+        unsigned seed = 777;
+        char why[256];
+
+        setup_capacity(2ULL << 30);
+        for (int i = 0; i < OWNERS; i++)
+                pool_owner_attach(pool, &owners[i], (uint32_t) i % 2);
+        for (int step = 0; step < 30000; step++) {
+                int o = (int) (rand_r(&seed) % OWNERS), s = (int) (rand_r(&seed) % SLOTS);
+                struct live *lv = &slots[o][s];
+
+                if (lv->size) {
+                        bool release;
+
+                        ck_assert_int_eq(pool_free_block(pool, &owners[o], lv->segment_id, lv->offset, &release), 0);
+                        if (release)
+                                ck_assert_int_eq(pool_release(pool, &owners[o], lv->segment_id), 0);
+                        lv->size = 0;
+                } else {
+                        /* Mostly small, some medium, a few large. */
+                        unsigned kind = rand_r(&seed) % 100;
+                        uint64_t r = (uint64_t) rand_r(&seed), size = kind < 80 ? 1 + r % (256 * 1024) :
+                                        kind < 97 ? 1 + r % (8 * MiB) : 11 * MiB + r % (16 * MiB);
+                        struct pool_lease l;
+
+                        ck_assert_int_eq(pool_alloc(pool, &owners[o], size, UINT64_MAX, &l), 0);
+                        ck_assert_uint_ge(l.size, size);
+                        *lv = (struct live) { l.segment_id, l.offset, l.size, o };
+                }
+                if (step % 1000 == 0)
+                        ck_assert_msg(pool_check(pool, why, sizeof(why)) == 0, "step %d: %s", step, why);
+        }
+        /* No two live blocks overlap, and a segment's blocks all belong to one owner. */
+        {
+                size_t n = 0;
+
+                for (int o = 0; o < OWNERS; o++)
+                        for (int s = 0; s < SLOTS; s++)
+                                if (slots[o][s].size)
+                                        all[n++] = slots[o][s];
+                qsort(all, n, sizeof(all[0]), cmp_live);
+                for (size_t i = 1; i < n; i++) {
+                        if (all[i].segment_id != all[i - 1].segment_id)
+                                continue;
+                        ck_assert_uint_ge(all[i].offset, all[i - 1].offset + all[i - 1].size);
+                        ck_assert_int_eq(all[i].owner, all[i - 1].owner);
+                }
+        }
+        ck_assert_msg(pool_check(pool, why, sizeof(why)) == 0, "%s", why);
+        for (int i = 0; i < OWNERS; i++)
+                pool_owner_detach(&owners[i]);
+        check();
+        teardown();
+}
+END_TEST
+
+Suite *suite_pool(void) {
+        Suite *s = suite_create("pool");
+        TCase *tc = tcase_create("core");
+
+        tcase_add_test(tc, test_classes_and_rounding);
+        tcase_add_test(tc, test_best_fit_split_merge);
+        tcase_add_test(tc, test_cache_and_tenants);
+        tcase_add_test(tc, test_headroom);
+        tcase_add_test(tc, test_capacity_and_ladder);
+        tcase_add_test(tc, test_backend_full_releases_cache);
+        tcase_add_test(tc, test_refusals);
+        tcase_add_test(tc, test_detach_with_live_blocks);
+        tcase_add_test(tc, test_random_no_overlap);
+        tcase_set_timeout(tc, 120);
+        suite_add_tcase(s, tc);
+        return s;
+}

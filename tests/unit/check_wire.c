@@ -1,0 +1,138 @@
+/* check_wire.c: packets on a SEQPACKET socket pair: framing, descriptors, limits. */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "suites.h"
+#include "wire.h"
+
+static void pair(int sv[2]) {
+        ck_assert_int_eq(socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv), 0);
+}
+
+START_TEST(test_roundtrip) {
+        Gpupool__Envelope env = GPUPOOL__ENVELOPE__INIT, *got;
+        Gpupool__AllocRequest a = GPUPOOL__ALLOC_REQUEST__INIT;
+        uint8_t buf[GP_MAX_REQUEST_BYTES];
+        int sv[2], n, fd = 99;
+
+        pair(sv);
+        env.version = GP_PROTOCOL_VERSION;
+        env.id = 42;
+        env.body_case = GPUPOOL__ENVELOPE__BODY_ALLOC;
+        env.alloc = &a;
+        a.device = 3;
+        a.size = 1ULL << 40;
+        n = gp_wire_pack(&env, buf, sizeof(buf));
+        ck_assert_int_gt(n, 0);
+        ck_assert_int_eq(gp_wire_send_packet(sv[0], buf, (size_t) n, -1), 0);
+        memset(buf, 0, sizeof(buf));
+        ck_assert_int_eq(gp_wire_recv_packet(sv[1], buf, sizeof(buf), &fd), n);
+        ck_assert_int_eq(fd, -1);
+        ck_assert_int_eq(gp_wire_unpack(buf, (size_t) n, &got), 0);
+        ck_assert_uint_eq(got->id, 42);
+        ck_assert_int_eq(got->body_case, GPUPOOL__ENVELOPE__BODY_ALLOC);
+        ck_assert_uint_eq(got->alloc->device, 3);
+        ck_assert_uint_eq(got->alloc->size, 1ULL << 40);
+        gpupool__envelope__free_unpacked(got, NULL);
+        close(sv[0]);
+        ck_assert_int_eq(gp_wire_recv_packet(sv[1], buf, sizeof(buf), NULL), 0);   /* peer closed */
+        close(sv[1]);
+}
+END_TEST
+
+START_TEST(test_fd_passing) {
+        uint8_t buf[16] = "x", got[16];
+        int sv[2], p[2], fd = -1;
+
+        pair(sv);
+        ck_assert_int_eq(pipe(p), 0);
+        ck_assert_int_eq(gp_wire_send_packet(sv[0], buf, 1, p[1]), 0);
+        ck_assert_int_eq(gp_wire_recv_packet(sv[1], got, sizeof(got), &fd), 1);
+        ck_assert_int_ge(fd, 0);
+        ck_assert_int_eq(fcntl(fd, F_GETFD) & FD_CLOEXEC, FD_CLOEXEC);
+        ck_assert_int_eq(write(fd, "y", 1), 1);
+        ck_assert_int_eq(read(p[0], got, 1), 1);
+        ck_assert_int_eq(got[0], 'y');
+        close(fd);
+
+        /* A receiver that takes no descriptors refuses the packet, and the descriptor is closed. */
+        ck_assert_int_eq(gp_wire_send_packet(sv[0], buf, 1, p[1]), 0);
+        close(p[1]);
+        ck_assert_int_eq(gp_wire_recv_packet(sv[1], got, sizeof(got), NULL), -EBADMSG);
+        ck_assert_int_eq(read(p[0], got, 1), 0);        /* every write end is closed: EOF */
+        close(p[0]);
+        close(sv[0]);
+        close(sv[1]);
+}
+END_TEST
+
+START_TEST(test_oversized_and_empty) {
+        static uint8_t big[GP_MAX_REQUEST_BYTES + 100];
+        uint8_t buf[GP_MAX_REQUEST_BYTES], small[4] = "ok";
+        int sv[2];
+
+        pair(sv);
+        ck_assert_int_eq(gp_wire_send_packet(sv[0], big, sizeof(big), -1), 0);
+        ck_assert_int_eq(gp_wire_send_packet(sv[0], small, 2, -1), 0);
+        ck_assert_int_eq(gp_wire_recv_packet(sv[1], buf, sizeof(buf), NULL), -EMSGSIZE);
+        /* The oversized packet is consumed whole; the next one arrives intact. */
+        ck_assert_int_eq(gp_wire_recv_packet(sv[1], buf, sizeof(buf), NULL), 2);
+        ck_assert_int_eq(memcmp(buf, "ok", 2), 0);
+        close(sv[0]);
+        close(sv[1]);
+}
+END_TEST
+
+START_TEST(test_unpack_bad) {
+        Gpupool__Envelope env = GPUPOOL__ENVELOPE__INIT, *got = NULL;
+        uint8_t junk[] = { 0xff, 0xff, 0xff, 0xff, 0xff, 0x01 }, buf[64];
+        int n;
+
+        ck_assert_int_eq(gp_wire_unpack(junk, sizeof(junk), &got), -EBADMSG);
+        ck_assert_int_eq(gp_wire_unpack(junk, 0, &got), -EBADMSG);      /* required fields missing */
+        env.version = 2;
+        env.id = 1;
+        n = gp_wire_pack(&env, buf, sizeof(buf));
+        ck_assert_int_gt(n, 0);
+        ck_assert_int_eq(gp_wire_unpack(buf, (size_t) n, &got), -EPROTONOSUPPORT);
+        ck_assert_int_eq(gp_wire_pack(&env, buf, 2), -EMSGSIZE);
+        ck_assert_ptr_null(got);
+}
+END_TEST
+
+START_TEST(test_status_errno) {
+        ck_assert_int_eq(gp_status_to_errno(GPUPOOL__STATUS__STATUS_OK), 0);
+        ck_assert_int_eq(gp_status_to_errno(GPUPOOL__STATUS__STATUS_QUOTA), -EDQUOT);
+        ck_assert_int_eq(gp_status_to_errno((Gpupool__Status) 999), -EPROTO);
+        ck_assert_int_eq(gp_errno_to_status(-ENOENT), GPUPOOL__STATUS__STATUS_NOT_FOUND);
+        ck_assert_int_eq(gp_errno_to_status(-EXDEV), GPUPOOL__STATUS__STATUS_INTERNAL);
+}
+END_TEST
+
+START_TEST(test_socket_path) {
+        unsetenv("GPUPOOL_SOCKET");
+        ck_assert_str_eq(gp_wire_socket_path(NULL), GP_DEFAULT_SOCKET);
+        setenv("GPUPOOL_SOCKET", "/tmp/x.sock", 1);
+        ck_assert_str_eq(gp_wire_socket_path(NULL), "/tmp/x.sock");
+        ck_assert_str_eq(gp_wire_socket_path("/a"), "/a");
+        unsetenv("GPUPOOL_SOCKET");
+}
+END_TEST
+
+Suite *suite_wire(void) {
+        Suite *s = suite_create("wire");
+        TCase *tc = tcase_create("core");
+
+        tcase_add_test(tc, test_roundtrip);
+        tcase_add_test(tc, test_fd_passing);
+        tcase_add_test(tc, test_oversized_and_empty);
+        tcase_add_test(tc, test_unpack_bad);
+        tcase_add_test(tc, test_status_errno);
+        tcase_add_test(tc, test_socket_path);
+        suite_add_tcase(s, tc);
+        return s;
+}
