@@ -429,7 +429,7 @@ GPUPOOL_EXPORT const char *gpupool_strerror(int err) {
         case -ENOMEM:
                 return "device memory exhausted";
         case -ENOENT:
-                return "not a block held by this client";
+                return "not found (no such block of this client, or no gpupoold socket)";
         case -EPROTO:
                 return "gpupool protocol error";
         case -EPROTONOSUPPORT:
