@@ -59,11 +59,12 @@ static void set_error(gpupool_client *c, const char *message) {
 }
 
 /*
- * Sends req and waits for its reply. Returns 0 with the reply (and the descriptor it carried,
- * or -1, when ret_fd is given), or a negative errno with last_error set. A broken connection
- * makes the handle unusable.
+ * Sends req and waits for its reply, which must carry body want (NOT_SET: a status only).
+ * Returns 0 with the reply (and the descriptor it carried, or -1, when ret_fd is given), or a
+ * negative errno with last_error set. A broken connection makes the handle unusable.
  */
-static int call(gpupool_client *c, Gpupool__Envelope *req, Gpupool__Envelope **ret_reply, int *ret_fd) {
+static int call(gpupool_client *c, Gpupool__Envelope *req, Gpupool__Envelope__BodyCase want,
+                Gpupool__Envelope **ret_reply, int *ret_fd) {
         Gpupool__Envelope *rep = NULL;
         int n, r, sent, fd = -1;
         bool stray;
@@ -134,6 +135,14 @@ static int call(gpupool_client *c, Gpupool__Envelope *req, Gpupool__Envelope **r
                         close(fd);
                 return r;
         }
+        if (rep->body_case != want) {
+                gpupool__envelope__free_unpacked(rep, NULL);
+                if (fd >= 0)
+                        close(fd);
+                set_error(c, "gpupoold answered with the wrong kind of message");
+                c->broken = true;
+                return -EPROTO;
+        }
         if (ret_fd)
                 *ret_fd = fd;
         else if (fd >= 0)
@@ -151,27 +160,6 @@ broken:
         return r == -EPROTO ? -EPROTO : -ECONNRESET;
 }
 
-/* Checks that a reply carries the body the request expects. */
-static int expect(gpupool_client *c, Gpupool__Envelope *rep, Gpupool__Envelope__BodyCase body) {
-        if (rep->body_case == body)
-                return 0;
-        gpupool__envelope__free_unpacked(rep, NULL);
-        set_error(c, "gpupoold answered with the wrong kind of message");
-        c->broken = true;
-        return -EPROTO;
-}
-
-static bool name_is_valid(const char *name) {
-        size_t len = strlen(name);
-
-        if (len == 0 || len > GP_MAX_NAME_BYTES)
-                return false;
-        for (const unsigned char *p = (const unsigned char *) name; *p; p++)
-                if (*p < 0x20 || *p == 0x7f)
-                        return false;
-        return true;
-}
-
 GPUPOOL_EXPORT int gpupool_connect(const char *socket_path, const char *client_name, gpupool_client **ret_client) {
         Gpupool__Envelope req = GPUPOOL__ENVELOPE__INIT, *rep;
         Gpupool__Hello hello = GPUPOOL__HELLO__INIT;
@@ -181,10 +169,10 @@ GPUPOOL_EXPORT int gpupool_connect(const char *socket_path, const char *client_n
 
         if (!ret_client)
                 return -EINVAL;
-        if (client_name && !name_is_valid(client_name))
+        if (client_name && !gp_wire_name_is_valid(client_name))
                 return -EINVAL;
         snprintf(name, sizeof(name), "%s", client_name ? client_name : program_invocation_short_name);
-        if (!name_is_valid(name))
+        if (!gp_wire_name_is_valid(name))
                 strcpy(name, "client");
 
         c = calloc(1, sizeof(*c));
@@ -203,9 +191,7 @@ GPUPOOL_EXPORT int gpupool_connect(const char *socket_path, const char *client_n
         hello.name = name;
         req.body_case = GPUPOOL__ENVELOPE__BODY_HELLO;
         req.hello = &hello;
-        r = call(c, &req, &rep, NULL);
-        if (r == 0)
-                r = expect(c, rep, GPUPOOL__ENVELOPE__BODY_HELLO_REPLY);
+        r = call(c, &req, GPUPOOL__ENVELOPE__BODY_HELLO_REPLY, &rep, NULL);
         if (r < 0) {
                 close(c->sock);
                 pthread_mutex_destroy(&c->lock);
@@ -238,7 +224,7 @@ GPUPOOL_EXPORT void gpupool_disconnect(gpupool_client *c) {
         /* Every mapping is gone: the daemon may hand our memory to others right away. */
         req.body_case = GPUPOOL__ENVELOPE__BODY_BYE;
         req.bye = &bye;
-        if (!c->broken && call(c, &req, &rep, NULL) == 0)
+        if (!c->broken && call(c, &req, GPUPOOL__ENVELOPE__BODY__NOT_SET, &rep, NULL) == 0)
                 gpupool__envelope__free_unpacked(rep, NULL);
         close(c->sock);
         pthread_mutex_unlock(&c->lock);
@@ -304,9 +290,7 @@ static int free_block(gpupool_client *c, struct mapping *m, uint64_t segment_id,
         fr.offset = offset;
         req.body_case = GPUPOOL__ENVELOPE__BODY_FREE;
         req.free = &fr;
-        r = call(c, &req, &rep, NULL);
-        if (r == 0)
-                r = expect(c, rep, GPUPOOL__ENVELOPE__BODY_FREE_REPLY);
+        r = call(c, &req, GPUPOOL__ENVELOPE__BODY_FREE_REPLY, &rep, NULL);
         if (r < 0)
                 return r;
         release = rep->free_reply->has_release_segment && rep->free_reply->release_segment;
@@ -321,7 +305,7 @@ static int free_block(gpupool_client *c, struct mapping *m, uint64_t segment_id,
         req.body_case = GPUPOOL__ENVELOPE__BODY_RELEASE;
         req.release = &rr;
         /* The block is freed either way; a failed release only keeps the segment ours. */
-        if (call(c, &req, &rep, NULL) == 0)
+        if (call(c, &req, GPUPOOL__ENVELOPE__BODY__NOT_SET, &rep, NULL) == 0)
                 gpupool__envelope__free_unpacked(rep, NULL);
         return 0;
 }
@@ -340,9 +324,7 @@ GPUPOOL_EXPORT int gpupool_alloc(gpupool_client *c, int device, size_t size, voi
         ar.size = size;
         req.body_case = GPUPOOL__ENVELOPE__BODY_ALLOC;
         req.alloc = &ar;
-        r = call(c, &req, &rep, &fd);
-        if (r == 0)
-                r = expect(c, rep, GPUPOOL__ENVELOPE__BODY_ALLOC_REPLY);
+        r = call(c, &req, GPUPOOL__ENVELOPE__BODY_ALLOC_REPLY, &rep, &fd);
         if (r < 0) {
                 if (fd >= 0)
                         close(fd);

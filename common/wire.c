@@ -146,6 +146,18 @@ const char *gp_wire_socket_path(const char *path) {
         return env && *env ? env : GP_DEFAULT_SOCKET;
 }
 
+bool gp_wire_name_is_valid(const char *name) {
+        size_t len = name ? strlen(name) : 0;
+
+        if (len == 0 || len > GP_MAX_NAME_BYTES)
+                return false;
+        /* No control characters: names end up in logs and in gpupoolctl's table. */
+        for (const unsigned char *p = (const unsigned char *) name; *p; p++)
+                if (*p < 0x20 || *p == 0x7f)
+                        return false;
+        return true;
+}
+
 static const struct {
         Gpupool__Status status;
         int err;

@@ -8,6 +8,7 @@
 #ifndef GP_WIRE_H
 #define GP_WIRE_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -54,6 +55,9 @@ int gp_wire_connect(const char *path, int *ret_sock);
 
 /* The socket path a client uses: path if given, else $GPUPOOL_SOCKET, else the default. */
 const char *gp_wire_socket_path(const char *path);
+
+/* Whether name is a valid client name: 1 to 63 bytes, no control characters. */
+bool gp_wire_name_is_valid(const char *name);
 
 /* The negative errno a Status stands for (STATUS_OK is 0). */
 int gp_status_to_errno(Gpupool__Status status);

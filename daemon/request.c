@@ -57,18 +57,6 @@ static void ok_envelope(Gpupool__Envelope *env, uint64_t id) {
         env->status = GPUPOOL__STATUS__STATUS_OK;
 }
 
-/* A name is 1 to 63 bytes of printable ASCII or UTF-8: no control characters. */
-static bool name_is_valid(const char *name) {
-        size_t len = strlen(name);
-
-        if (len == 0 || len > GP_MAX_NAME_BYTES)
-                return false;
-        for (const unsigned char *p = (const unsigned char *) name; *p; p++)
-                if (*p < 0x20 || *p == 0x7f)
-                        return false;
-        return true;
-}
-
 static void handle_hello(struct session *s, const Gpupool__Envelope *req, struct reply *ret) {
         struct server *server = s->server;
         Gpupool__DeviceInfo infos[BACKEND_MAX_DEVICES], *info_ptrs[BACKEND_MAX_DEVICES];
@@ -80,7 +68,7 @@ static void handle_hello(struct session *s, const Gpupool__Envelope *req, struct
                 request_error_reply(s, req->id, -EPROTO, true, "hello sent twice", ret);
                 return;
         }
-        if (name && !name_is_valid(name)) {
+        if (name && !gp_wire_name_is_valid(name)) {
                 request_error_reply(s, req->id, -EINVAL, true,
                                     "the client name must be 1 to 63 bytes with no control characters", ret);
                 return;

@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -446,6 +447,54 @@ START_TEST(test_stale_socket_and_second_daemon) {
 }
 END_TEST
 
+/* As another uid, allocates what the parent just released and reports whether it is all zero. */
+static int other_uid_client(struct testd *d, void *arg) {
+        const unsigned char *p;
+        gpupool_client *c;
+        void *ptr;
+
+        (void) arg;
+        if (setgid(65534) < 0 || setuid(65534) < 0)
+                return 20;
+        if (gpupool_connect(d->sock, "nobody", &c) < 0 || gpupool_alloc(c, 0, 64 * 1024, &ptr) < 0)
+                return 21;
+        p = ptr;
+        for (size_t i = 0; i < 64 * 1024; i++)
+                if (p[i])
+                        return 22;
+        gpupool_disconnect(c);
+        return 0;
+}
+
+START_TEST(test_segment_zeroed_across_uids) {
+        gpupool_client *c;
+        struct testd d;
+        json_t *st;
+        void *p;
+
+        if (geteuid() != 0) {
+                /* Switching uid needs root; CI runs as root, so this runs there. */
+                fprintf(stderr, "test_segment_zeroed_across_uids: not root, nothing to check\n");
+                return;
+        }
+        testd_start(&d, NULL);
+        ck_assert_int_eq(chmod(d.dir, 0755), 0);        /* let the other uid reach the socket */
+        ck_assert_int_eq(gpupool_connect(d.sock, "root", &c), 0);
+        ck_assert_int_eq(gpupool_alloc(c, 0, 64 * 1024, &p), 0);
+        memset(p, 0xee, 64 * 1024);
+        ck_assert_int_eq(gpupool_free(c, p), 0);
+        st = testd_ctl(&d, "status");
+        ck_assert_int_eq(status_device(st, "cached_bytes"), 2 * MiB);  /* the segment waits in the cache */
+        json_decref(st);
+        ck_assert_int_eq(reap(spawn(other_uid_client, &d, NULL)), 0);
+        st = testd_ctl(&d, "status");
+        ck_assert_int_eq(status_device(st, "reserved_bytes"), 2 * MiB); /* it was that segment, reused */
+        json_decref(st);
+        gpupool_disconnect(c);
+        ck_assert_int_eq(testd_stop(&d), 0);
+}
+END_TEST
+
 static int run_capture(const char *cmd, char *out, size_t size) {
         FILE *p = popen(cmd, "r");
         size_t n;
@@ -516,6 +565,7 @@ Suite *suite_daemon(void) {
         tcase_add_test(tc, test_threads_share_a_handle);
         tcase_add_test(tc, test_daemon_gone);
         tcase_add_test(tc, test_stale_socket_and_second_daemon);
+        tcase_add_test(tc, test_segment_zeroed_across_uids);
         tcase_add_test(tc, test_cli);
         tcase_add_test(tc, test_daemon_command_line_errors);
         tcase_set_timeout(tc, 120);

@@ -123,6 +123,23 @@ START_TEST(test_socket_path) {
 }
 END_TEST
 
+START_TEST(test_names) {
+        char long_name[GP_MAX_NAME_BYTES + 2];
+
+        ck_assert(gp_wire_name_is_valid("trainer-0"));
+        ck_assert(gp_wire_name_is_valid("g\xc3\xa9nial"));     /* UTF-8 is fine */
+        ck_assert(!gp_wire_name_is_valid(""));
+        ck_assert(!gp_wire_name_is_valid(NULL));
+        ck_assert(!gp_wire_name_is_valid("tab\there"));
+        ck_assert(!gp_wire_name_is_valid("del\x7f"));
+        memset(long_name, 'a', sizeof(long_name) - 1);
+        long_name[sizeof(long_name) - 1] = '\0';
+        ck_assert(!gp_wire_name_is_valid(long_name));            /* 64 bytes */
+        long_name[GP_MAX_NAME_BYTES] = '\0';
+        ck_assert(gp_wire_name_is_valid(long_name));             /* 63 bytes */
+}
+END_TEST
+
 Suite *suite_wire(void) {
         Suite *s = suite_create("wire");
         TCase *tc = tcase_create("core");
@@ -133,6 +150,7 @@ Suite *suite_wire(void) {
         tcase_add_test(tc, test_unpack_bad);
         tcase_add_test(tc, test_status_errno);
         tcase_add_test(tc, test_socket_path);
+        tcase_add_test(tc, test_names);
         suite_add_tcase(s, tc);
         return s;
 }
