@@ -4,6 +4,7 @@
 #   make run                  install missing packages, build, run gpupoold in the foreground
 #   make test                 build and run the Check suites (unit and integration)
 #   make test SANITIZER=address,undefined
+#   make valgrind             the suites, and the daemons they start, under valgrind
 #   make STATIC=1             link libuv, protobuf-c, jansson and Check statically
 #   make V=1                  show the commands
 #   make deps                 install the Debian/Ubuntu packages the build needs
@@ -116,6 +117,11 @@ $(TEST_BIN): $(TESTS_O) $(DAEMON_O) $(CLIENT_O) $(COMMON_O)
 test: all $(TEST_BIN)
 	$(Q)GPUPOOL_BUILD_DIR=$(B) $(TEST_BIN)
 
+# The suites under valgrind, the daemons they start too. Slow (minutes); not part of "make test".
+VALGRIND := valgrind -q --error-exitcode=99 --leak-check=full --errors-for-leak-kinds=definite
+valgrind: all $(TEST_BIN)
+	$(Q)GPUPOOL_BUILD_DIR=$(B) GPUPOOL_DAEMON_WRAPPER="$(VALGRIND)" CK_DEFAULT_TIMEOUT=600 $(VALGRIND) $(TEST_BIN)
+
 DEBS := gcc make pkg-config libuv1-dev libprotobuf-c-dev protobuf-c-compiler check libsubunit-dev libjansson-dev
 
 deps:
@@ -139,6 +145,6 @@ run: deps
 clean:
 	rm -rf build
 
-.PHONY: all test deps run clean
+.PHONY: all test valgrind deps run clean
 
 -include $(shell find $(B)/obj -name '*.d' 2>/dev/null)

@@ -137,6 +137,19 @@ int server_start(struct server *server, uv_loop_t *loop, const struct options *o
                 if (r < 0)
                         return r;
         }
+        /*
+         * Signals first: once the socket is live a client (or a test) may ask for a stop at
+         * once, and a SIGTERM before the handler exists would kill the daemon uncleanly.
+         */
+        uv_signal_init(loop, &server->sigint);
+        uv_signal_init(loop, &server->sigterm);
+        server->sigint.data = server->sigterm.data = server;
+        uv_signal_start(&server->sigint, on_signal, SIGINT);
+        uv_signal_start(&server->sigterm, on_signal, SIGTERM);
+        server->signals_open = true;
+        /* A client that vanishes mid-send must not kill the daemon (sends also use MSG_NOSIGNAL). */
+        signal(SIGPIPE, SIG_IGN);
+
         r = listen_on(options->socket_path, &server->listen_fd);
         if (r < 0) {
                 log_err("cannot listen on %s: %s", options->socket_path, strerror(-r));
@@ -145,13 +158,6 @@ int server_start(struct server *server, uv_loop_t *loop, const struct options *o
         uv_poll_init(loop, &server->listen_poll, server->listen_fd);
         server->listen_poll.data = server;
         uv_poll_start(&server->listen_poll, UV_READABLE, on_connection);
-        uv_signal_init(loop, &server->sigint);
-        uv_signal_init(loop, &server->sigterm);
-        server->sigint.data = server->sigterm.data = server;
-        uv_signal_start(&server->sigint, on_signal, SIGINT);
-        uv_signal_start(&server->sigterm, on_signal, SIGTERM);
-        /* A client that vanishes mid-send must not kill the daemon (sends also use MSG_NOSIGNAL). */
-        signal(SIGPIPE, SIG_IGN);
         return 0;
 }
 
@@ -169,13 +175,16 @@ void server_stop(struct server *server) {
         if (server->stopping)
                 return;
         server->stopping = true;
+        if (server->signals_open) {
+                uv_close((uv_handle_t *) &server->sigint, NULL);
+                uv_close((uv_handle_t *) &server->sigterm, NULL);
+                server->signals_open = false;
+        }
         if (server->listen_fd >= 0) {
                 uv_close((uv_handle_t *) &server->listen_poll, NULL);
                 close(server->listen_fd);
                 server->listen_fd = -1;
                 unlink(server->options->socket_path);
-                uv_close((uv_handle_t *) &server->sigint, NULL);
-                uv_close((uv_handle_t *) &server->sigterm, NULL);
         }
         while (server->sessions)
                 session_destroy(server->sessions);

@@ -27,6 +27,7 @@ struct server {
         int listen_fd;
         uv_poll_t listen_poll;
         uv_signal_t sigint, sigterm;
+        bool signals_open;
         struct session *sessions;       /* connected and exiting clients */
         unsigned connected;             /* sessions with an open socket */
         uint64_t next_client_id;

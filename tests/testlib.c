@@ -40,7 +40,8 @@ static void dump_log(const struct testd *d) {
 }
 
 void testd_start(struct testd *d, ...) {
-        char *argv[32], path[256];
+        static char wrapper[256];
+        char *argv[40], path[256];
         int argc = 0;
         va_list ap;
 
@@ -50,6 +51,12 @@ void testd_start(struct testd *d, ...) {
         snprintf(d->sock, sizeof(d->sock), "%s/gpupool.sock", d->dir);
         snprintf(d->log, sizeof(d->log), "%s/gpupoold.log", d->dir);
         snprintf(path, sizeof(path), "%s/gpupoold", build_dir());
+        /* $GPUPOOL_DAEMON_WRAPPER (e.g. "valgrind -q --error-exitcode=99") runs the daemon under a tool. */
+        if (getenv("GPUPOOL_DAEMON_WRAPPER")) {
+                snprintf(wrapper, sizeof(wrapper), "%s", getenv("GPUPOOL_DAEMON_WRAPPER"));
+                for (char *save = NULL, *w = strtok_r(wrapper, " ", &save); w && argc < 8; w = strtok_r(NULL, " ", &save))
+                        argv[argc++] = w;
+        }
         argv[argc++] = path;
         argv[argc++] = "--socket";
         argv[argc++] = d->sock;
@@ -61,7 +68,7 @@ void testd_start(struct testd *d, ...) {
         argv[argc++] = "--log-level";
         argv[argc++] = "debug";
         va_start(ap, d);
-        for (char *a; (a = va_arg(ap, char *)) && argc < 30;)
+        for (char *a; (a = va_arg(ap, char *)) && argc < 38;)
                 argv[argc++] = a;
         va_end(ap);
         argv[argc] = NULL;
@@ -72,12 +79,12 @@ void testd_start(struct testd *d, ...) {
                 int fd = open(d->log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
 
                 dup2(fd, 2);
-                execv(path, argv);
-                fprintf(stderr, "exec %s: %s\n", path, strerror(errno));
+                execvp(argv[0], argv);
+                fprintf(stderr, "exec %s: %s\n", argv[0], strerror(errno));
                 _exit(127);
         }
         /* Ready once it accepts a connection: bind and listen happen before the loop runs. */
-        for (int i = 0; i < 2000; i++) {
+        for (int i = 0; i < 6000; i++) {
                 int sock, status;
 
                 if (gp_wire_connect(d->sock, &sock) == 0) {
@@ -91,7 +98,7 @@ void testd_start(struct testd *d, ...) {
                 nap_ms(5);
         }
         dump_log(d);
-        ck_abort_msg("gpupoold did not listen on %s within 10 s", d->sock);
+        ck_abort_msg("gpupoold did not listen on %s within 30 s", d->sock);
 }
 
 bool testd_alive(struct testd *d) {
