@@ -51,7 +51,7 @@ endif
 
 PROTO_C   := $(B)/proto/gpupool.pb-c.c
 PROTO_H   := $(B)/proto/gpupool.pb-c.h
-COMMON    := common/rbtree.c common/size.c common/wire.c
+COMMON    := common/conn.c common/rbtree.c common/size.c common/wire.c
 DAEMON    := $(filter-out daemon/main.c,$(wildcard daemon/*.c))
 CLIENT    := client/client.c
 CLI       := $(wildcard cli/*.c)

@@ -7,13 +7,12 @@
 
 #include <stdbool.h>
 
-#include "wire.h"
+#include "conn.h"
 
 struct cli {
         const char *socket_path;
         bool json;
-        int sock;
-        uint64_t next_id;
+        struct gp_conn conn;
 };
 
 struct cli_command {
@@ -28,8 +27,8 @@ extern const struct cli_command cli_cmd_status;
 extern const struct cli_command cli_cmd_flush;
 
 /*
- * Sends a request with body (its case set by the caller) and waits for the reply; prints the
- * daemon's error and returns a negative errno when the status is not OK. Free the reply with
+ * Sends a request (its body set by the caller) and waits for the reply carrying body want;
+ * prints why and returns a negative errno on failure. Free the reply with
  * gpupool__envelope__free_unpacked().
  */
 int cli_call(struct cli *cli, Gpupool__Envelope *req, Gpupool__Envelope__BodyCase want, Gpupool__Envelope **ret_reply);

@@ -11,10 +11,6 @@
 
 #include "cli.h"
 
-#ifndef GPUPOOL_VERSION
-#define GPUPOOL_VERSION "0.1.0"
-#endif
-
 static const struct cli_command *const commands[] = {
         &cli_cmd_status,
         &cli_cmd_flush,
@@ -34,66 +30,20 @@ static void usage(FILE *f) {
 }
 
 int cli_call(struct cli *cli, Gpupool__Envelope *req, Gpupool__Envelope__BodyCase want, Gpupool__Envelope **ret_reply) {
-        static uint8_t buf[GP_MAX_REPLY_BYTES];
-        Gpupool__Envelope *rep;
-        int n, r;
+        int r = gp_conn_call(&cli->conn, req, want, ret_reply, NULL);
 
-        req->version = GP_PROTOCOL_VERSION;
-        req->id = cli->next_id++;
-        n = gp_wire_pack(req, buf, GP_MAX_REQUEST_BYTES);
-        if (n < 0)
-                return n;
-        r = gp_wire_send_packet(cli->sock, buf, (size_t) n, -1);
-        if (r < 0) {
-                fprintf(stderr, "gpupoolctl: sending to gpupoold: %s\n", strerror(-r));
-                return r;
-        }
-        n = gp_wire_recv_packet(cli->sock, buf, sizeof(buf), NULL);
-        if (n <= 0) {
-                fprintf(stderr, "gpupoolctl: gpupoold closed the connection%s%s\n", n < 0 ? ": " : "",
-                        n < 0 ? strerror(-n) : "");
-                return n < 0 ? n : -ECONNRESET;
-        }
-        r = gp_wire_unpack(buf, (size_t) n, &rep);
-        if (r < 0) {
-                fprintf(stderr, "gpupoolctl: gpupoold sent a message this version cannot read\n");
-                return -EPROTO;
-        }
-        if (rep->has_status && rep->status != GPUPOOL__STATUS__STATUS_OK) {
-                r = gp_status_to_errno(rep->status);
-                fprintf(stderr, "gpupoolctl: %s\n", rep->error ? rep->error : strerror(-r));
-                gpupool__envelope__free_unpacked(rep, NULL);
-                return r;
-        }
-        if (rep->id != req->id || (want != GPUPOOL__ENVELOPE__BODY__NOT_SET && rep->body_case != want)) {
-                fprintf(stderr, "gpupoolctl: gpupoold answered with the wrong message\n");
-                gpupool__envelope__free_unpacked(rep, NULL);
-                return -EPROTO;
-        }
-        *ret_reply = rep;
-        return 0;
+        if (r < 0)
+                fprintf(stderr, "gpupoolctl: %s\n", cli->conn.error);
+        return r;
 }
 
 static int cli_connect(struct cli *cli) {
-        Gpupool__Envelope req = GPUPOOL__ENVELOPE__INIT, *rep;
-        Gpupool__Hello hello = GPUPOOL__HELLO__INIT;
-        const char *path = gp_wire_socket_path(cli->socket_path);
-        int r;
+        int r = gp_conn_open(&cli->conn, cli->socket_path, "gpupoolctl", NULL);
 
-        r = gp_wire_connect(path, &cli->sock);
-        if (r < 0) {
-                fprintf(stderr, "gpupoolctl: cannot connect to %s: %s%s\n", path, strerror(-r),
-                        r == -ENOENT || r == -ECONNREFUSED ? " (is gpupoold running?)" : "");
-                return r;
-        }
-        hello.name = (char *) "gpupoolctl";
-        req.body_case = GPUPOOL__ENVELOPE__BODY_HELLO;
-        req.hello = &hello;
-        r = cli_call(cli, &req, GPUPOOL__ENVELOPE__BODY_HELLO_REPLY, &rep);
         if (r < 0)
-                return r;
-        gpupool__envelope__free_unpacked(rep, NULL);
-        return 0;
+                fprintf(stderr, "gpupoolctl: %s%s\n", cli->conn.error,
+                        r == -ENOENT || r == -ECONNREFUSED ? " (is gpupoold running?)" : "");
+        return r;
 }
 
 int main(int argc, char **argv) {
@@ -104,7 +54,7 @@ int main(int argc, char **argv) {
                 { "version", no_argument, NULL, 'V' },
                 { 0 },
         };
-        struct cli cli = { .sock = -1, .next_id = 1 };
+        static struct cli cli;  /* static: the connection holds a reply buffer */
         const struct cli_command *cmd = NULL;
         int c, r;
 
@@ -153,6 +103,6 @@ int main(int argc, char **argv) {
         if (cli_connect(&cli) < 0)
                 return 1;
         r = cmd->run(&cli, argc - optind, argv + optind);
-        close(cli.sock);
+        gp_conn_close(&cli.conn);
         return r;
 }

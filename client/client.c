@@ -20,8 +20,8 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "conn.h"
 #include "rbtree.h"
-#include "wire.h"
 
 struct mapping {
         uint64_t segment_id;
@@ -32,15 +32,11 @@ struct mapping {
 };
 
 struct gpupool_client {
-        pthread_mutex_t lock;
-        int sock;
-        bool broken;            /* the daemon is gone or spoke nonsense */
-        uint64_t next_id;
+        pthread_mutex_t lock;   /* one request at a time on the connection */
+        struct gp_conn conn;
         unsigned device_count;
         struct gp_rb_tree by_addr;
         struct gp_rb_tree by_id;
-        char last_error[256];
-        uint8_t buf[GP_MAX_REPLY_BYTES];
 };
 
 #define CMP(a, b) ((a) < (b) ? -1 : (a) > (b))
@@ -55,115 +51,12 @@ static int cmp_id(const struct gp_rb_node *x, const struct gp_rb_node *y) {
 }
 
 static void set_error(gpupool_client *c, const char *message) {
-        snprintf(c->last_error, sizeof(c->last_error), "%s", message ? message : "");
-}
-
-/*
- * Sends req and waits for its reply, which must carry body want (NOT_SET: a status only).
- * Returns 0 with the reply (and the descriptor it carried, or -1, when ret_fd is given), or a
- * negative errno with last_error set. A broken connection makes the handle unusable.
- */
-static int call(gpupool_client *c, Gpupool__Envelope *req, Gpupool__Envelope__BodyCase want,
-                Gpupool__Envelope **ret_reply, int *ret_fd) {
-        Gpupool__Envelope *rep = NULL;
-        int n, r, sent, fd = -1;
-        bool stray;
-
-        if (c->broken) {
-                set_error(c, "the connection to gpupoold is gone");
-                return -ECONNRESET;
-        }
-        req->version = GP_PROTOCOL_VERSION;
-        req->id = c->next_id++;
-        n = gp_wire_pack(req, c->buf, GP_MAX_REQUEST_BYTES);
-        if (n < 0)
-                return n;
-        /*
-         * A daemon that refuses the connection sends why, then closes: the send may fail, or
-         * the first read report the reset, with the reason still queued. Read on once for it.
-         */
-        sent = gp_wire_send_packet(c->sock, c->buf, (size_t) n, -1);
-        if (sent < 0 && sent != -EPIPE && sent != -ECONNRESET) {
-                r = sent;
-                goto broken;
-        }
-        for (bool retried = false;;) {
-                n = gp_wire_recv_packet(c->sock, c->buf, sizeof(c->buf), &fd);
-                if (n == -ECONNRESET && !retried) {
-                        retried = true;
-                        continue;
-                }
-                if (n <= 0) {
-                        r = sent < 0 ? sent : n;
-                        goto broken;
-                }
-                r = gp_wire_unpack(c->buf, (size_t) n, &rep);
-                if (r < 0) {
-                        if (fd >= 0)
-                                close(fd);
-                        r = -EPROTO;
-                        goto broken;
-                }
-                if (rep->id == req->id)
-                        break;
-                if (rep->id == 0 && rep->has_status && rep->status != GPUPOOL__STATUS__STATUS_OK) {
-                        /* The daemon refused this connection, and says why. */
-                        set_error(c, rep->error);
-                        r = gp_status_to_errno(rep->status);
-                        gpupool__envelope__free_unpacked(rep, NULL);
-                        if (fd >= 0)
-                                close(fd);
-                        c->broken = true;
-                        return r;
-                }
-                /* A pushed message this version does not act on, or a stray reply. */
-                stray = rep->id != 0;
-                gpupool__envelope__free_unpacked(rep, NULL);
-                if (fd >= 0)
-                        close(fd);
-                fd = -1;
-                if (stray) {
-                        r = -EPROTO;
-                        goto broken;
-                }
-        }
-        if (rep->has_status && rep->status != GPUPOOL__STATUS__STATUS_OK) {
-                set_error(c, rep->error);
-                r = gp_status_to_errno(rep->status);
-                gpupool__envelope__free_unpacked(rep, NULL);
-                if (fd >= 0)
-                        close(fd);
-                return r;
-        }
-        if (rep->body_case != want) {
-                gpupool__envelope__free_unpacked(rep, NULL);
-                if (fd >= 0)
-                        close(fd);
-                set_error(c, "gpupoold answered with the wrong kind of message");
-                c->broken = true;
-                return -EPROTO;
-        }
-        if (ret_fd)
-                *ret_fd = fd;
-        else if (fd >= 0)
-                close(fd);
-        *ret_reply = rep;
-        return 0;
-
-broken:
-        c->broken = true;
-        if (r == 0 || r == -EPIPE || r == -ECONNRESET || r == -ENOTCONN) {
-                set_error(c, "gpupoold closed the connection");
-                return -ECONNRESET;
-        }
-        set_error(c, r == -EPROTO ? "gpupoold sent a message this library cannot read" : strerror(-r));
-        return r == -EPROTO ? -EPROTO : -ECONNRESET;
+        snprintf(c->conn.error, sizeof(c->conn.error), "%s", message);
 }
 
 GPUPOOL_EXPORT int gpupool_connect(const char *socket_path, const char *client_name, gpupool_client **ret_client) {
-        Gpupool__Envelope req = GPUPOOL__ENVELOPE__INIT, *rep;
-        Gpupool__Hello hello = GPUPOOL__HELLO__INIT;
         char name[GP_MAX_NAME_BYTES + 1];
+        Gpupool__Envelope *hello;
         gpupool_client *c;
         int r;
 
@@ -178,28 +71,16 @@ GPUPOOL_EXPORT int gpupool_connect(const char *socket_path, const char *client_n
         c = calloc(1, sizeof(*c));
         if (!c)
                 return -ENOMEM;
+        r = gp_conn_open(&c->conn, socket_path, name, &hello);
+        if (r < 0) {
+                free(c);
+                return r;
+        }
         pthread_mutex_init(&c->lock, NULL);
         gp_rb_init(&c->by_addr, cmp_addr);
         gp_rb_init(&c->by_id, cmp_id);
-        c->next_id = 1;
-        r = gp_wire_connect(gp_wire_socket_path(socket_path), &c->sock);
-        if (r < 0) {
-                pthread_mutex_destroy(&c->lock);
-                free(c);
-                return r;
-        }
-        hello.name = name;
-        req.body_case = GPUPOOL__ENVELOPE__BODY_HELLO;
-        req.hello = &hello;
-        r = call(c, &req, GPUPOOL__ENVELOPE__BODY_HELLO_REPLY, &rep, NULL);
-        if (r < 0) {
-                close(c->sock);
-                pthread_mutex_destroy(&c->lock);
-                free(c);
-                return r;
-        }
-        c->device_count = (unsigned) rep->hello_reply->n_devices;
-        gpupool__envelope__free_unpacked(rep, NULL);
+        c->device_count = (unsigned) hello->hello_reply->n_devices;
+        gpupool__envelope__free_unpacked(hello, NULL);
         *ret_client = c;
         return 0;
 }
@@ -224,9 +105,9 @@ GPUPOOL_EXPORT void gpupool_disconnect(gpupool_client *c) {
         /* Every mapping is gone: the daemon may hand our memory to others right away. */
         req.body_case = GPUPOOL__ENVELOPE__BODY_BYE;
         req.bye = &bye;
-        if (!c->broken && call(c, &req, GPUPOOL__ENVELOPE__BODY__NOT_SET, &rep, NULL) == 0)
+        if (!c->conn.broken && gp_conn_call(&c->conn, &req, GPUPOOL__ENVELOPE__BODY__NOT_SET, &rep, NULL) == 0)
                 gpupool__envelope__free_unpacked(rep, NULL);
-        close(c->sock);
+        gp_conn_close(&c->conn);
         pthread_mutex_unlock(&c->lock);
         pthread_mutex_destroy(&c->lock);
         free(c);
@@ -290,7 +171,7 @@ static int free_block(gpupool_client *c, struct mapping *m, uint64_t segment_id,
         fr.offset = offset;
         req.body_case = GPUPOOL__ENVELOPE__BODY_FREE;
         req.free = &fr;
-        r = call(c, &req, GPUPOOL__ENVELOPE__BODY_FREE_REPLY, &rep, NULL);
+        r = gp_conn_call(&c->conn, &req, GPUPOOL__ENVELOPE__BODY_FREE_REPLY, &rep, NULL);
         if (r < 0)
                 return r;
         release = rep->free_reply->has_release_segment && rep->free_reply->release_segment;
@@ -305,7 +186,7 @@ static int free_block(gpupool_client *c, struct mapping *m, uint64_t segment_id,
         req.body_case = GPUPOOL__ENVELOPE__BODY_RELEASE;
         req.release = &rr;
         /* The block is freed either way; a failed release only keeps the segment ours. */
-        if (call(c, &req, GPUPOOL__ENVELOPE__BODY__NOT_SET, &rep, NULL) == 0)
+        if (gp_conn_call(&c->conn, &req, GPUPOOL__ENVELOPE__BODY__NOT_SET, &rep, NULL) == 0)
                 gpupool__envelope__free_unpacked(rep, NULL);
         return 0;
 }
@@ -316,6 +197,7 @@ GPUPOOL_EXPORT int gpupool_alloc(gpupool_client *c, int device, size_t size, voi
         const Gpupool__AllocReply *a;
         struct mapping *m;
         int r, fd = -1;
+        bool is_new;
 
         if (!c || !ret_ptr || device < 0 || size == 0)
                 return -EINVAL;
@@ -324,12 +206,9 @@ GPUPOOL_EXPORT int gpupool_alloc(gpupool_client *c, int device, size_t size, voi
         ar.size = size;
         req.body_case = GPUPOOL__ENVELOPE__BODY_ALLOC;
         req.alloc = &ar;
-        r = call(c, &req, GPUPOOL__ENVELOPE__BODY_ALLOC_REPLY, &rep, &fd);
-        if (r < 0) {
-                if (fd >= 0)
-                        close(fd);
+        r = gp_conn_call(&c->conn, &req, GPUPOOL__ENVELOPE__BODY_ALLOC_REPLY, &rep, &fd);
+        if (r < 0)
                 goto out;
-        }
         a = rep->alloc_reply;
         if (a->offset > a->segment_size || a->size > a->segment_size - a->offset || a->size < size) {
                 r = -EPROTO;
@@ -338,22 +217,24 @@ GPUPOOL_EXPORT int gpupool_alloc(gpupool_client *c, int device, size_t size, voi
                         close(fd);
                 goto out_reply;
         }
-        if (a->has_new_segment && a->new_segment) {
-                m = mapping_by_id(c, a->segment_id);
-                if (m)          /* the daemon never hands a mapped segment again: be safe anyway */
-                        mapping_drop(c, m);
-                r = mapping_add(c, a->segment_id, a->segment_size, fd, &m);
+        is_new = a->has_new_segment && a->new_segment;
+        m = mapping_by_id(c, a->segment_id);
+        if (is_new && !m) {
+                r = mapping_add(c, a->segment_id, a->segment_size, fd, &m);     /* takes fd */
                 fd = -1;
         } else {
-                m = mapping_by_id(c, a->segment_id);
-                r = m ? 0 : -EPROTO;
+                /*
+                 * A "new" segment we already map, or an old one we never got: the daemon and we
+                 * disagree. Never replace a mapping: live blocks of ours may be in it.
+                 */
+                r = !is_new && m ? 0 : -EPROTO;
         }
         if (fd >= 0)
                 close(fd);
         if (r < 0) {
                 /* We hold a block we cannot reach: give it back before failing. */
                 set_error(c, r == -ENOMEM ? "cannot map the segment into this process" :
-                                            "gpupoold named a segment this process never received");
+                                            "gpupoold's reply does not match the segments this process maps");
                 (void) free_block(c, NULL, a->segment_id, a->offset);
                 goto out_reply;
         }
@@ -391,9 +272,9 @@ GPUPOOL_EXPORT size_t gpupool_last_error(gpupool_client *c, char *buf, size_t si
         if (!c)
                 return 0;
         pthread_mutex_lock(&c->lock);
-        len = strlen(c->last_error);
+        len = strlen(c->conn.error);
         if (size)
-                snprintf(buf, size, "%s", c->last_error);
+                snprintf(buf, size, "%s", c->conn.error);
         pthread_mutex_unlock(&c->lock);
         return len;
 }

@@ -16,6 +16,11 @@
 
 #define GP_PROTOCOL_VERSION 1
 
+/* The release, set by the Makefile from its VERSION. */
+#ifndef GPUPOOL_VERSION
+#define GPUPOOL_VERSION "0.1.0"
+#endif
+
 /* A request larger than this is a protocol violation: the daemon disconnects its sender. */
 #define GP_MAX_REQUEST_BYTES 4096
 /* The largest reply (a status of every client). Below the default SO_SNDBUF of AF_UNIX. */

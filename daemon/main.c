@@ -14,10 +14,6 @@
 #include "server.h"
 #include "size.h"
 
-#ifndef GPUPOOL_VERSION
-#define GPUPOOL_VERSION "0.1.0"
-#endif
-
 static int open_backend(const struct options *o, struct backend **ret) {
         char cap[GP_SIZE_FORMAT_MAX];
 

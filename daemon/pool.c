@@ -401,9 +401,11 @@ static void block_carve(struct pool *p, struct pool_owner *o, struct block *b, u
 
 int pool_alloc(struct pool *p, struct pool_owner *o, uint64_t size, uint64_t headroom_bytes,
                struct pool_lease *ret) {
+        /* Sorts before every real block of the same size: segment ids start at 1. */
+        static const struct segment key_segment = { .id = 0 };
+        struct block key = { .segment = (struct segment *) &key_segment }, *b;
         enum pool_class class;
-        struct segment zero = { .id = 0 }, *s;
-        struct block key = { .segment = &zero }, *b;
+        struct segment *s;
         struct gp_rb_node *n;
         bool new_segment = false;
         uint64_t rsize;
@@ -440,11 +442,10 @@ int pool_alloc(struct pool *p, struct pool_owner *o, uint64_t size, uint64_t hea
         return 0;
 }
 
-/* Joins free block b with its free successor. */
-static void block_merge_next(struct pool_owner *o, struct block *b) {
+/* Joins b's successor into b. The caller has taken the successor out of the free index. */
+static void block_absorb_next(struct block *b) {
         struct block *n = b->next;
 
-        gp_rb_remove(&o->free_index[b->segment->class], &n->node);
         b->size += n->size;
         b->next = n->next;
         if (n->next)
@@ -471,18 +472,14 @@ int pool_free_block(struct pool *p, struct pool_owner *o, uint64_t segment_id, u
         p->in_use_bytes -= b->size;
         b->free = true;
 
-        if (b->next && b->next->free)
-                block_merge_next(o, b);
+        if (b->next && b->next->free) {
+                gp_rb_remove(&o->free_index[s->class], &b->next->node);
+                block_absorb_next(b);
+        }
         if (b->prev && b->prev->free) {
-                struct block *prev = b->prev;
-
-                gp_rb_remove(&o->free_index[s->class], &prev->node);
-                prev->size += b->size;
-                prev->next = b->next;
-                if (b->next)
-                        b->next->prev = prev;
-                free(b);
-                b = prev;
+                b = b->prev;
+                gp_rb_remove(&o->free_index[s->class], &b->node);
+                block_absorb_next(b);
         }
         if (s->live_blocks == 0) {
                 /* b is the whole segment now; the owner must unmap before anyone else gets it. */

@@ -19,10 +19,6 @@
 #include "session.h"
 #include "size.h"
 
-#ifndef GPUPOOL_VERSION
-#define GPUPOOL_VERSION "0.1.0"
-#endif
-
 static void pack_reply(struct session *s, Gpupool__Envelope *env, int fd, bool disconnect, struct reply *ret) {
         int n = gp_wire_pack(env, s->server->send_buf, sizeof(s->server->send_buf));
 

@@ -535,6 +535,29 @@ START_TEST(test_cli) {
 }
 END_TEST
 
+START_TEST(test_cli_refused_over_max_clients) {
+        const char *b = getenv("GPUPOOL_BUILD_DIR") ? getenv("GPUPOOL_BUILD_DIR") : "build";
+        char cmd[512], out[4096];
+        gpupool_client *c;
+        struct testd d;
+        int r;
+
+        testd_start(&d, "--max-clients", "1", NULL);
+        /* The start-up probe holds the one slot until the daemon has seen it close. */
+        for (int i = 0; i < 200 && (r = gpupool_connect(d.sock, "only", &c)) == -EDQUOT; i++)
+                usleep(5000);
+        ck_assert_int_eq(r, 0);
+        /* The daemon's reason reaches the operator, not a bare reset. */
+        snprintf(cmd, sizeof(cmd), "%s/gpupoolctl --socket %s status 2>&1", b, d.sock);
+        for (int i = 0; i < 20; i++) {
+                ck_assert_int_eq(run_capture(cmd, out, sizeof(out)), 1);
+                ck_assert_msg(strstr(out, "--max-clients"), "%s", out);
+        }
+        gpupool_disconnect(c);
+        ck_assert_int_eq(testd_stop(&d), 0);
+}
+END_TEST
+
 START_TEST(test_daemon_command_line_errors) {
         const char *b = getenv("GPUPOOL_BUILD_DIR") ? getenv("GPUPOOL_BUILD_DIR") : "build";
         char cmd[512], out[4096];
@@ -567,6 +590,7 @@ Suite *suite_daemon(void) {
         tcase_add_test(tc, test_stale_socket_and_second_daemon);
         tcase_add_test(tc, test_segment_zeroed_across_uids);
         tcase_add_test(tc, test_cli);
+        tcase_add_test(tc, test_cli_refused_over_max_clients);
         tcase_add_test(tc, test_daemon_command_line_errors);
         tcase_set_timeout(tc, 120);
         suite_add_tcase(s, tc);

@@ -1,0 +1,142 @@
+/*
+ * conn.c: request and reply over a blocking SEQPACKET socket, for gpupool's clients.
+ */
+#include "conn.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+static void set_error(struct gp_conn *c, const char *message) {
+        snprintf(c->error, sizeof(c->error), "%s", message ? message : "");
+}
+
+static void drop(Gpupool__Envelope *rep, int fd) {
+        gpupool__envelope__free_unpacked(rep, NULL);
+        if (fd >= 0)
+                close(fd);
+}
+
+/* The connection is unusable from now on; returns the errno the caller reports. */
+static int broken(struct gp_conn *c, int r) {
+        c->broken = true;
+        if (r == 0 || r == -EPIPE || r == -ECONNRESET || r == -ENOTCONN) {
+                set_error(c, "gpupoold closed the connection");
+                return -ECONNRESET;
+        }
+        if (r == -EPROTO) {
+                set_error(c, "gpupoold sent a message this version cannot read");
+                return -EPROTO;
+        }
+        set_error(c, strerror(-r));
+        return -ECONNRESET;
+}
+
+int gp_conn_call(struct gp_conn *c, Gpupool__Envelope *req, Gpupool__Envelope__BodyCase want,
+                 Gpupool__Envelope **ret_reply, int *ret_fd) {
+        Gpupool__Envelope *rep = NULL;
+        int n, r, sent, fd = -1;
+
+        if (c->broken) {
+                set_error(c, "the connection to gpupoold is gone");
+                return -ECONNRESET;
+        }
+        req->version = GP_PROTOCOL_VERSION;
+        req->id = c->next_id++;
+        n = gp_wire_pack(req, c->buf, GP_MAX_REQUEST_BYTES);
+        if (n < 0)
+                return n;
+        /*
+         * A daemon that refuses the connection sends why, then closes: the send may fail, or
+         * the first read report the reset, with the reason still queued. Read on once for it.
+         */
+        sent = gp_wire_send_packet(c->sock, c->buf, (size_t) n, -1);
+        if (sent < 0 && sent != -EPIPE && sent != -ECONNRESET)
+                return broken(c, sent);
+        for (bool retried = false;;) {
+                n = gp_wire_recv_packet(c->sock, c->buf, sizeof(c->buf), &fd);
+                if (n == -ECONNRESET && !retried) {
+                        retried = true;
+                        continue;
+                }
+                if (n <= 0)
+                        return broken(c, sent < 0 ? sent : n);
+                if (gp_wire_unpack(c->buf, (size_t) n, &rep) < 0) {
+                        if (fd >= 0)
+                                close(fd);
+                        return broken(c, -EPROTO);
+                }
+                if (rep->id == req->id)
+                        break;
+                if (rep->id != 0) {
+                        drop(rep, fd);
+                        return broken(c, -EPROTO);
+                }
+                if (rep->has_status && rep->status != GPUPOOL__STATUS__STATUS_OK) {
+                        /* Pushed with id 0 and an error: the daemon refused this connection. */
+                        set_error(c, rep->error);
+                        r = gp_status_to_errno(rep->status);
+                        drop(rep, fd);
+                        c->broken = true;
+                        return r;
+                }
+                /* A pushed message this version does not act on. */
+                drop(rep, fd);
+                fd = -1;
+        }
+        if (rep->has_status && rep->status != GPUPOOL__STATUS__STATUS_OK) {
+                set_error(c, rep->error);
+                r = gp_status_to_errno(rep->status);
+                drop(rep, fd);
+                return r;
+        }
+        if (rep->body_case != want) {
+                drop(rep, fd);
+                r = broken(c, -EPROTO);
+                set_error(c, "gpupoold answered with the wrong kind of message");
+                return r;
+        }
+        if (ret_fd)
+                *ret_fd = fd;
+        else if (fd >= 0)
+                close(fd);
+        *ret_reply = rep;
+        return 0;
+}
+
+int gp_conn_open(struct gp_conn *c, const char *path, const char *name, Gpupool__Envelope **ret_hello) {
+        Gpupool__Envelope req = GPUPOOL__ENVELOPE__INIT, *rep;
+        Gpupool__Hello hello = GPUPOOL__HELLO__INIT;
+        int r;
+
+        c->sock = -1;
+        c->broken = false;
+        c->next_id = 1;
+        c->error[0] = '\0';
+        path = gp_wire_socket_path(path);
+        r = gp_wire_connect(path, &c->sock);
+        if (r < 0) {
+                snprintf(c->error, sizeof(c->error), "cannot connect to %s: %s", path, strerror(-r));
+                return r;
+        }
+        hello.name = (char *) name;
+        req.body_case = GPUPOOL__ENVELOPE__BODY_HELLO;
+        req.hello = &hello;
+        r = gp_conn_call(c, &req, GPUPOOL__ENVELOPE__BODY_HELLO_REPLY, &rep, NULL);
+        if (r < 0) {
+                gp_conn_close(c);
+                return r;
+        }
+        if (ret_hello)
+                *ret_hello = rep;
+        else
+                gpupool__envelope__free_unpacked(rep, NULL);
+        return 0;
+}
+
+void gp_conn_close(struct gp_conn *c) {
+        if (c->sock >= 0)
+                close(c->sock);
+        c->sock = -1;
+}

@@ -1,0 +1,42 @@
+/*
+ * conn.h: a client's connection to gpupoold: connect and hello, then one request and its
+ * reply at a time on a blocking socket. Both libgpupool and gpupoolctl talk through this, so
+ * refusals, resets and malformed replies are handled the same way in both.
+ */
+#ifndef GP_CONN_H
+#define GP_CONN_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "wire.h"
+
+struct gp_conn {
+        int sock;                       /* -1 when not connected */
+        bool broken;                    /* the daemon is gone or spoke nonsense */
+        uint64_t next_id;
+        char error[256];                /* why the latest call failed */
+        uint8_t buf[GP_MAX_REPLY_BYTES];
+};
+
+/*
+ * Connects to path (see gp_wire_socket_path()) and says hello as name. Returns 0 with the
+ * hello reply in *ret_hello (NULL to drop it), or a negative errno with error set: connect(2)'s
+ * error, or the daemon's refusal (-EDQUOT over --max-clients). c is closed on failure.
+ */
+int gp_conn_open(struct gp_conn *c, const char *path, const char *name, Gpupool__Envelope **ret_hello);
+
+/*
+ * Sends req and waits for its reply, which must carry body want (NOT_SET: a status only).
+ * Returns 0 with the reply (free it with gpupool__envelope__free_unpacked()) and, when ret_fd
+ * is given, the descriptor it carried or -1. On failure returns the errno of the daemon's
+ * status, -EPROTO for a reply that cannot be read, or -ECONNRESET when the daemon is gone;
+ * error says why. The last two make the connection unusable.
+ */
+int gp_conn_call(struct gp_conn *c, Gpupool__Envelope *req, Gpupool__Envelope__BodyCase want,
+                 Gpupool__Envelope **ret_reply, int *ret_fd);
+
+/* Closes the socket. Safe to call twice. */
+void gp_conn_close(struct gp_conn *c);
+
+#endif
