@@ -5,6 +5,7 @@
 #   make test                 build and run the Check suites (unit and integration)
 #   make test SANITIZER=address,undefined
 #   make valgrind             the suites, and the daemons they start, under valgrind
+#   make check-gpu            the cuda backend's tests on this machine's GPU (skipped without one)
 #   make STATIC=1             link libuv, protobuf-c, jansson and Check statically
 #   make V=1                  show the commands
 #   make deps                 install the Debian/Ubuntu packages the build needs
@@ -51,9 +52,9 @@ endif
 
 PROTO_C   := $(B)/proto/gpupool.pb-c.c
 PROTO_H   := $(B)/proto/gpupool.pb-c.h
-COMMON    := common/conn.c common/rbtree.c common/size.c common/wire.c
+COMMON    := common/conn.c common/cudadrv.c common/rbtree.c common/size.c common/wire.c
 DAEMON    := $(filter-out daemon/main.c,$(wildcard daemon/*.c))
-CLIENT    := client/client.c
+CLIENT    := client/client.c client/client_cuda.c
 CLI       := $(wildcard cli/*.c)
 TESTS     := $(wildcard tests/unit/*.c tests/integration/*.c) tests/check_main.c tests/testlib.c
 
@@ -69,6 +70,8 @@ CLI_BIN    := $(B)/gpupoolctl
 LIB_SO     := $(B)/libgpupool.so.1
 LIB_A      := $(B)/libgpupool.a
 TEST_BIN   := $(B)/tests/check_gpupool
+GPU_TEST_BIN := $(B)/tests/check_gpu
+FAKECUDA   := $(B)/tests/libfakecuda.so
 
 all: $(DAEMON_BIN) $(CLI_BIN) $(LIB_SO) $(B)/libgpupool.so $(LIB_A)
 
@@ -90,7 +93,7 @@ $(B)/obj/%.o: %.c $(PROTO_H)
 
 $(DAEMON_BIN): $(DAEMON_O) $(B)/obj/daemon/main.o $(COMMON_O)
 	@echo "  LD      $@"
-	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LIBS_UV) $(LIBS_PROTOBUF)
+	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LIBS_UV) $(LIBS_PROTOBUF) -ldl
 
 $(CLI_BIN): $(CLI_O) $(COMMON_O)
 	@echo "  LD      $@"
@@ -99,7 +102,7 @@ $(CLI_BIN): $(CLI_O) $(COMMON_O)
 $(LIB_SO): $(CLIENT_O) $(COMMON_O) client/libgpupool.map
 	@echo "  LD      $@"
 	$(Q)$(CC) $(LDFLAGS) -shared -Wl,-soname,libgpupool.so.1 -Wl,--version-script=client/libgpupool.map \
-		-Wl,--no-undefined -o $@ $(CLIENT_O) $(COMMON_O) $(LIBS_PROTOBUF) -lpthread
+		-Wl,--no-undefined -o $@ $(CLIENT_O) $(COMMON_O) $(LIBS_PROTOBUF) -lpthread -ldl
 
 $(B)/libgpupool.so: $(LIB_SO)
 	$(Q)ln -sf libgpupool.so.1 $@
@@ -111,15 +114,42 @@ $(LIB_A): $(CLIENT_O) $(COMMON_O)
 $(TEST_BIN): $(TESTS_O) $(DAEMON_O) $(CLIENT_O) $(COMMON_O)
 	@mkdir -p $(dir $@)
 	@echo "  LD      $@"
-	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LIBS_CHECK) $(LIBS_UV) $(LIBS_PROTOBUF) $(LIBS_JANSSON) -lpthread
+	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LIBS_CHECK) $(LIBS_UV) $(LIBS_PROTOBUF) $(LIBS_JANSSON) -lpthread -ldl
+
+# The cuda backend's tests on a real GPU: everything of the test binary but its main.
+$(GPU_TEST_BIN): $(B)/obj/tests/gpu/check_gpu_main.o $(filter-out $(B)/obj/tests/check_main.o,$(TESTS_O)) $(DAEMON_O) $(CLIENT_O) $(COMMON_O)
+	@mkdir -p $(dir $@)
+	@echo "  LD      $@"
+	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LIBS_CHECK) $(LIBS_UV) $(LIBS_PROTOBUF) $(LIBS_JANSSON) -lpthread -ldl
+
+# The fake CUDA driver the cuda backend's tests load through $GPUPOOL_LIBCUDA.
+$(FAKECUDA): $(B)/obj/tests/fakecuda/fakecuda.o
+	@mkdir -p $(dir $@)
+	@echo "  LD      $@"
+	$(Q)$(CC) $(LDFLAGS) -shared -Wl,--no-undefined -o $@ $^ -lpthread
+
+# Where the CUDA toolkit is installed, check common/cudadrv.h against its cuda.h.
+CUDA_INCLUDE ?= /usr/local/cuda/include
+ifneq ($(wildcard $(CUDA_INCLUDE)/cuda.h),)
+CUDA_ABI_OK := $(B)/tests/cuda_abi.ok
+endif
+
+$(B)/tests/cuda_abi.ok: tests/cuda_abi.c common/cudadrv.h
+	@mkdir -p $(dir $@)
+	@echo "  CHECK   $< against $(CUDA_INCLUDE)/cuda.h"
+	$(Q)$(CC) -std=gnu11 -fsyntax-only -Icommon -I$(CUDA_INCLUDE) $< && touch $@
 
 # The integration suites run the real daemon and CLI from $(B).
-test: all $(TEST_BIN)
+test: all $(TEST_BIN) $(FAKECUDA) $(CUDA_ABI_OK)
 	$(Q)GPUPOOL_BUILD_DIR=$(B) $(TEST_BIN)
+
+# On a GPU machine: the cuda backend's tests on the real driver (skipped, saying why, without one).
+check-gpu: all $(GPU_TEST_BIN)
+	$(Q)GPUPOOL_BUILD_DIR=$(B) $(GPU_TEST_BIN)
 
 # The suites under valgrind, the daemons they start too. Slow (minutes); not part of "make test".
 VALGRIND := valgrind -q --error-exitcode=99 --leak-check=full --errors-for-leak-kinds=definite
-valgrind: all $(TEST_BIN)
+valgrind: all $(TEST_BIN) $(FAKECUDA)
 	$(Q)GPUPOOL_BUILD_DIR=$(B) GPUPOOL_DAEMON_WRAPPER="$(VALGRIND)" CK_DEFAULT_TIMEOUT=600 $(VALGRIND) $(TEST_BIN)
 
 DEBS := gcc make pkg-config libuv1-dev libprotobuf-c-dev protobuf-c-compiler check libsubunit-dev libjansson-dev
@@ -145,6 +175,6 @@ run: deps
 clean:
 	rm -rf build
 
-.PHONY: all test valgrind deps run clean
+.PHONY: all test check-gpu valgrind deps run clean
 
 -include $(shell find $(B)/obj -name '*.d' 2>/dev/null)

@@ -2,42 +2,23 @@
  * client.c: libgpupool, the thin client of gpupoold.
  *
  * Every call is one request and its reply on the handle's socket, under the handle's lock.
- * The library maps each segment the daemon hands it once (the host backend passes a memfd),
- * keeps the mappings in two trees (by address for free(), by segment id for alloc replies),
- * and unmaps a segment as soon as the daemon says it holds no live block, before telling the
- * daemon it may give the segment to someone else.
+ * The library maps each segment the daemon hands it once (host backend: an mmap of the memfd
+ * that came with the reply; cuda backend: cuIpcOpenMemHandle of the handle in it, see
+ * client_cuda.c), keeps the mappings in trees (by address, by segment id for alloc replies,
+ * by IPC handle), keeps the live blocks it handed out in a tree of its own, and unmaps a
+ * segment as soon as the daemon says it holds no live block, before telling the daemon it may
+ * give the segment to someone else.
  */
 #define _GNU_SOURCE
-#include "gpupool.h"
+#include "client.h"
 
 #include <errno.h>
-#include <pthread.h>
-#include <stdbool.h>
-#include <stdint.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
-
-#include "conn.h"
-#include "rbtree.h"
-
-struct mapping {
-        uint64_t segment_id;
-        uint64_t size;
-        uint8_t *base;
-        struct gp_rb_node by_addr;
-        struct gp_rb_node by_id;
-};
-
-struct gpupool_client {
-        pthread_mutex_t lock;   /* one request at a time on the connection */
-        struct gp_conn conn;
-        unsigned device_count;
-        struct gp_rb_tree by_addr;
-        struct gp_rb_tree by_id;
-};
 
 #define CMP(a, b) ((a) < (b) ? -1 : (a) > (b))
 
@@ -50,8 +31,21 @@ static int cmp_id(const struct gp_rb_node *x, const struct gp_rb_node *y) {
         return CMP(gp_rb_entry(x, struct mapping, by_id)->segment_id, gp_rb_entry(y, struct mapping, by_id)->segment_id);
 }
 
-static void set_error(gpupool_client *c, const char *message) {
-        snprintf(c->conn.error, sizeof(c->conn.error), "%s", message);
+static int cmp_handle(const struct gp_rb_node *x, const struct gp_rb_node *y) {
+        return memcmp(gp_rb_entry(x, struct mapping, by_handle)->handle, gp_rb_entry(y, struct mapping, by_handle)->handle,
+                      GP_CU_IPC_HANDLE_SIZE);
+}
+
+static int cmp_block(const struct gp_rb_node *x, const struct gp_rb_node *y) {
+        return CMP((uintptr_t) gp_rb_entry(x, struct block, node)->ptr, (uintptr_t) gp_rb_entry(y, struct block, node)->ptr);
+}
+
+void client_set_error(gpupool_client *c, const char *fmt, ...) {
+        va_list ap;
+
+        va_start(ap, fmt);
+        vsnprintf(c->conn.error, sizeof(c->conn.error), fmt, ap);
+        va_end(ap);
 }
 
 GPUPOOL_EXPORT int gpupool_connect(const char *socket_path, const char *client_name, gpupool_client **ret_client) {
@@ -77,10 +71,27 @@ GPUPOOL_EXPORT int gpupool_connect(const char *socket_path, const char *client_n
                 return r;
         }
         pthread_mutex_init(&c->lock, NULL);
+        pthread_cond_init(&c->deferred_cond, NULL);
         gp_rb_init(&c->by_addr, cmp_addr);
         gp_rb_init(&c->by_id, cmp_id);
+        gp_rb_init(&c->by_handle, cmp_handle);
+        gp_rb_init(&c->blocks, cmp_block);
         c->device_count = (unsigned) hello->hello_reply->n_devices;
+        if (c->device_count > CLIENT_MAX_DEVICES)
+                c->device_count = CLIENT_MAX_DEVICES;
+        for (unsigned d = 0; d < c->device_count; d++)
+                if (strcmp(hello->hello_reply->devices[d]->backend, "cuda") == 0)
+                        c->cuda = true;
+        r = c->cuda ? client_cuda_setup(c, hello->hello_reply) : 0;
         gpupool__envelope__free_unpacked(hello, NULL);
+        if (r < 0) {
+                /* No handle to read the message from: the caller gets the errno alone. */
+                gp_conn_close(&c->conn);
+                pthread_cond_destroy(&c->deferred_cond);
+                pthread_mutex_destroy(&c->lock);
+                free(c);
+                return r;
+        }
         *ret_client = c;
         return 0;
 }
@@ -88,7 +99,12 @@ GPUPOOL_EXPORT int gpupool_connect(const char *socket_path, const char *client_n
 static void mapping_drop(gpupool_client *c, struct mapping *m) {
         gp_rb_remove(&c->by_addr, &m->by_addr);
         gp_rb_remove(&c->by_id, &m->by_id);
-        munmap(m->base, m->size);
+        if (m->ipc) {
+                gp_rb_remove(&c->by_handle, &m->by_handle);
+                client_cuda_close(c, m);
+        } else {
+                munmap(m->base, m->size);
+        }
         free(m);
 }
 
@@ -100,8 +116,17 @@ GPUPOOL_EXPORT void gpupool_disconnect(gpupool_client *c) {
         if (!c)
                 return;
         pthread_mutex_lock(&c->lock);
+        /* Blocks freed with a stream: their device work must end before the memory goes back. */
+        if (c->cuda)
+                client_cuda_reap(c, true);
+        while ((n = gp_rb_first(&c->blocks))) {
+                gp_rb_remove(&c->blocks, n);
+                free(gp_rb_entry(n, struct block, node));
+        }
         while ((n = gp_rb_first(&c->by_addr)))
                 mapping_drop(c, gp_rb_entry(n, struct mapping, by_addr));
+        if (c->cuda)
+                client_cuda_teardown(c);
         /* Every mapping is gone: the daemon may hand our memory to others right away. */
         req.body_case = GPUPOOL__ENVELOPE__BODY_BYE;
         req.bye = &bye;
@@ -109,33 +134,65 @@ GPUPOOL_EXPORT void gpupool_disconnect(gpupool_client *c) {
                 gpupool__envelope__free_unpacked(rep, NULL);
         gp_conn_close(&c->conn);
         pthread_mutex_unlock(&c->lock);
+        pthread_cond_destroy(&c->deferred_cond);
         pthread_mutex_destroy(&c->lock);
         free(c);
 }
 
-/* Maps a segment handed over with fd. Returns 0 or a negative errno; fd is closed. */
-static int mapping_add(gpupool_client *c, uint64_t segment_id, uint64_t size, int fd, struct mapping **ret) {
-        struct mapping *m;
-        void *base;
+/* Maps a new segment: fd (host; taken) or the reply's IPC handle (cuda). */
+static int mapping_add(gpupool_client *c, unsigned device, const Gpupool__AllocReply *a, int fd, struct mapping **ret) {
+        struct mapping *m = calloc(1, sizeof(*m));
+        int r;
 
-        if (fd < 0)
-                return -EPROTO;
-        m = calloc(1, sizeof(*m));
         if (!m) {
+                if (fd >= 0)
+                        close(fd);
+                return -ENOMEM;
+        }
+        m->segment_id = a->segment_id;
+        m->size = a->segment_size;
+        m->device = device;
+        if (c->cuda) {
+                if (fd >= 0)
+                        close(fd);
+                if (!a->has_ipc_handle || a->ipc_handle.len != GP_CU_IPC_HANDLE_SIZE) {
+                        free(m);
+                        client_set_error(c, "gpupoold sent a CUDA segment without its IPC handle");
+                        return -EPROTO;
+                }
+                m->ipc = true;
+                memcpy(m->handle, a->ipc_handle.data, GP_CU_IPC_HANDLE_SIZE);
+                /* One open per allocation per process: a handle we hold already means we disagree with the daemon. */
+                if (gp_rb_find(&c->by_handle, &m->by_handle)) {
+                        free(m);
+                        client_set_error(c, "gpupoold handed over a segment this process already has open");
+                        return -EPROTO;
+                }
+                r = client_cuda_open(c, m);
+                if (r < 0) {
+                        free(m);
+                        return r;
+                }
+                gp_rb_insert(&c->by_handle, &m->by_handle);
+        } else {
+                void *base;
+
+                if (fd < 0) {
+                        free(m);
+                        client_set_error(c, "gpupoold sent a new segment without its file descriptor");
+                        return -EPROTO;
+                }
+                base = mmap(NULL, m->size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
                 close(fd);
-                return -ENOMEM;
+                if (base == MAP_FAILED) {
+                        free(m);
+                        client_set_error(c, "cannot map the segment into this process");
+                        return -ENOMEM;
+                }
+                /* A forked child must not keep this memory: it may be another client's tomorrow. */
+                (void) madvise(base, m->size, MADV_DONTFORK);
+                m->base = base;
         }
-        base = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-        close(fd);
-        if (base == MAP_FAILED) {
-                free(m);
-                return -ENOMEM;
-        }
-        /* A forked child must not keep this memory: it may be another client's tomorrow. */
-        (void) madvise(base, size, MADV_DONTFORK);
-        m->segment_id = segment_id;
-        m->size = size;
-        m->base = base;
         gp_rb_insert(&c->by_addr, &m->by_addr);
         gp_rb_insert(&c->by_id, &m->by_id);
         *ret = m;
@@ -149,18 +206,15 @@ static struct mapping *mapping_by_id(gpupool_client *c, uint64_t segment_id) {
         return n ? gp_rb_entry(n, struct mapping, by_id) : NULL;
 }
 
-static struct mapping *mapping_by_addr(gpupool_client *c, const void *ptr) {
-        struct mapping key = { .base = (uint8_t *) ptr };
-        struct gp_rb_node *n = gp_rb_floor(&c->by_addr, &key.by_addr);
-        struct mapping *m = n ? gp_rb_entry(n, struct mapping, by_addr) : NULL;
+static struct block *block_by_ptr(gpupool_client *c, const void *ptr) {
+        struct block key = { .ptr = (uint8_t *) ptr };
+        struct gp_rb_node *n = gp_rb_find(&c->blocks, &key.node);
 
-        if (!m || (const uint8_t *) ptr >= m->base + m->size)
-                return NULL;
-        return m;
+        return n ? gp_rb_entry(n, struct block, node) : NULL;
 }
 
-/* Frees (segment, offset) at the daemon; unmaps and releases the segment when told to. */
-static int free_block(gpupool_client *c, struct mapping *m, uint64_t segment_id, uint64_t offset) {
+/* Frees (segment, offset) at the daemon; unmaps and releases the segment when told to. m may be NULL. */
+static int free_at_daemon(gpupool_client *c, struct mapping *m, uint64_t segment_id, uint64_t offset) {
         Gpupool__Envelope req = GPUPOOL__ENVELOPE__INIT, *rep;
         Gpupool__FreeRequest fr = GPUPOOL__FREE_REQUEST__INIT;
         Gpupool__ReleaseRequest rr = GPUPOOL__RELEASE_REQUEST__INIT;
@@ -191,18 +245,53 @@ static int free_block(gpupool_client *c, struct mapping *m, uint64_t segment_id,
         return 0;
 }
 
+int client_free_block(gpupool_client *c, struct block *b) {
+        struct mapping *m = b->mapping;
+        int r;
+
+        gp_rb_remove(&c->blocks, &b->node);
+        r = free_at_daemon(c, m, m->segment_id, (uint64_t) (b->ptr - m->base));
+        free(b);
+        return r;
+}
+
+/* The daemon's index for the caller's device number (its own CUDA ordinal on the cuda backend), or -1. */
+static int daemon_device(gpupool_client *c, int device) {
+        if (!c->cuda)
+                return (unsigned) device < c->device_count ? device : -1;
+        return device < c->local_count ? c->local_to_daemon[device] : -1;
+}
+
 GPUPOOL_EXPORT int gpupool_alloc(gpupool_client *c, int device, size_t size, void **ret_ptr) {
         Gpupool__Envelope req = GPUPOOL__ENVELOPE__INIT, *rep;
         Gpupool__AllocRequest ar = GPUPOOL__ALLOC_REQUEST__INIT;
         const Gpupool__AllocReply *a;
+        struct block *b = NULL;
         struct mapping *m;
-        int r, fd = -1;
+        int r, fd = -1, d;
         bool is_new;
 
         if (!c || !ret_ptr || device < 0 || size == 0)
                 return -EINVAL;
         pthread_mutex_lock(&c->lock);
-        ar.device = (uint32_t) device;
+        if (c->cuda)
+                client_cuda_reap(c, false);
+        d = daemon_device(c, device);
+        if (d < 0) {
+                r = -ENODEV;
+                if (c->cuda)
+                        client_set_error(c, "CUDA device %d of this process is not one gpupoold serves "
+                                            "(no GPU of the daemon has its UUID)", device);
+                else
+                        client_set_error(c, "no device %d: gpupoold has %u", device, c->device_count);
+                goto out;
+        }
+        b = calloc(1, sizeof(*b));
+        if (!b) {
+                r = -ENOMEM;
+                goto out;
+        }
+        ar.device = (uint32_t) d;
         ar.size = size;
         req.body_case = GPUPOOL__ENVELOPE__BODY_ALLOC;
         req.alloc = &ar;
@@ -212,7 +301,7 @@ GPUPOOL_EXPORT int gpupool_alloc(gpupool_client *c, int device, size_t size, voi
         a = rep->alloc_reply;
         if (a->offset > a->segment_size || a->size > a->segment_size - a->offset || a->size < size) {
                 r = -EPROTO;
-                set_error(c, "gpupoold handed out a block outside its segment");
+                client_set_error(c, "gpupoold handed out a block outside its segment");
                 if (fd >= 0)
                         close(fd);
                 goto out_reply;
@@ -220,7 +309,7 @@ GPUPOOL_EXPORT int gpupool_alloc(gpupool_client *c, int device, size_t size, voi
         is_new = a->has_new_segment && a->new_segment;
         m = mapping_by_id(c, a->segment_id);
         if (is_new && !m) {
-                r = mapping_add(c, a->segment_id, a->segment_size, fd, &m);     /* takes fd */
+                r = mapping_add(c, (unsigned) d, a, fd, &m);    /* takes fd */
                 fd = -1;
         } else {
                 /*
@@ -228,39 +317,80 @@ GPUPOOL_EXPORT int gpupool_alloc(gpupool_client *c, int device, size_t size, voi
                  * disagree. Never replace a mapping: live blocks of ours may be in it.
                  */
                 r = !is_new && m ? 0 : -EPROTO;
+                if (r < 0)
+                        client_set_error(c, "gpupoold's reply does not match the segments this process maps");
         }
         if (fd >= 0)
                 close(fd);
         if (r < 0) {
                 /* We hold a block we cannot reach: give it back before failing. */
-                set_error(c, r == -ENOMEM ? "cannot map the segment into this process" :
-                                            "gpupoold's reply does not match the segments this process maps");
-                (void) free_block(c, NULL, a->segment_id, a->offset);
+                (void) free_at_daemon(c, NULL, a->segment_id, a->offset);
                 goto out_reply;
         }
-        *ret_ptr = m->base + a->offset;
+        b->ptr = m->base + a->offset;
+        b->mapping = m;
+        if (gp_rb_insert(&c->blocks, &b->node)) {
+                r = -EPROTO;
+                client_set_error(c, "gpupoold handed out a block this process already holds");
+                (void) free_at_daemon(c, m, a->segment_id, a->offset);
+                goto out_reply;
+        }
+        *ret_ptr = b->ptr;
+        b = NULL;
 out_reply:
         gpupool__envelope__free_unpacked(rep, NULL);
 out:
+        free(b);
         pthread_mutex_unlock(&c->lock);
         return r;
 }
 
+/* The live block at ptr, not already being freed, or NULL with the error set. Locked. */
+static struct block *block_to_free(gpupool_client *c, void *ptr) {
+        struct block *b = ptr ? block_by_ptr(c, ptr) : NULL;
+
+        if (!b || b->freeing) {
+                client_set_error(c, "%p is not a live block of this client (freed already, never allocated, or "
+                                    "not the start of a block)", ptr);
+                return NULL;
+        }
+        return b;
+}
+
 GPUPOOL_EXPORT int gpupool_free(gpupool_client *c, void *ptr) {
-        struct mapping *m;
+        struct block *b;
         int r;
 
         if (!c)
                 return -EINVAL;
-        if (!ptr)
-                return -ENOENT;
         pthread_mutex_lock(&c->lock);
-        m = mapping_by_addr(c, ptr);
-        if (!m) {
-                set_error(c, "the pointer is in no segment this client holds");
+        b = block_to_free(c, ptr);
+        r = b ? client_free_block(c, b) : -ENOENT;
+        pthread_mutex_unlock(&c->lock);
+        return r;
+}
+
+GPUPOOL_EXPORT int gpupool_free_async(gpupool_client *c, void *ptr, void *stream) {
+        struct block *b;
+        int r;
+
+        if (!c)
+                return -EINVAL;
+        pthread_mutex_lock(&c->lock);
+        b = block_to_free(c, ptr);
+        if (!b) {
                 r = -ENOENT;
+        } else if (!b->mapping->ipc) {
+                /* Host memory: no device queues work on it, so there is nothing to wait for. */
+                if (stream) {
+                        client_set_error(c, "a stream was given for a block of host memory");
+                        r = -EINVAL;
+                } else {
+                        r = client_free_block(c, b);
+                }
         } else {
-                r = free_block(c, m, m->segment_id, (uint64_t) ((uint8_t *) ptr - m->base));
+                client_cuda_reap(c, false);
+                r = client_cuda_defer_free(c, b, stream);
         }
         pthread_mutex_unlock(&c->lock);
         return r;
@@ -304,7 +434,9 @@ GPUPOOL_EXPORT const char *gpupool_strerror(int err) {
         case -EACCES:
                 return "permission denied on the gpupool socket";
         case -EIO:
-                return "gpupoold failed";
+                return "gpupoold or the CUDA driver failed";
+        case -ENOSYS:
+                return "the CUDA driver is missing or too old";
         default:
                 return "unknown error";
         }

@@ -3,8 +3,8 @@
  *
  * A backend owns devices and makes, zeroes and destroys segments of memory on them; the pool
  * never touches memory itself. "host" makes memfd segments exported as file descriptors;
- * "cuda" (not built yet) will make cuMemAlloc_v2 segments exported as IPC handles. Tests
- * plug in a counting backend of their own.
+ * "cuda" makes cuMemAlloc_v2 segments exported as 64-byte IPC handles. Tests plug in a
+ * counting backend of their own.
  */
 #ifndef GP_BACKEND_H
 #define GP_BACKEND_H
@@ -53,5 +53,12 @@ struct backend {
 
 /* The host backend: one device of capacity_bytes of memfd memory. Returns 0 or a negative errno. */
 int backend_host_open(uint64_t capacity_bytes, struct backend **ret);
+
+/*
+ * The cuda backend: every GPU of the node, each of its total memory less headroom_bytes.
+ * Returns 0, or a negative errno with a sentence in err: -ENOENT no driver, -ENODEV no GPU,
+ * -ENOSYS a driver too old, -EIO or -EINVAL otherwise.
+ */
+int backend_cuda_open(uint64_t headroom_bytes, struct backend **ret, char *err, size_t err_size);
 
 #endif

@@ -15,17 +15,23 @@
 #include "size.h"
 
 static int open_backend(const struct options *o, struct backend **ret) {
-        char cap[GP_SIZE_FORMAT_MAX];
+        char cap[GP_SIZE_FORMAT_MAX], err[512];
+        int r;
 
-        switch (o->backend) {
-        case BACKEND_CUDA:
-                log_err("--backend cuda: the CUDA backend is not built yet; use --backend host");
-                return -ENOTSUP;
-        case BACKEND_AUTO:
-                log_info("backend auto: no GPU backend is built yet; using the host backend");
-                break;
-        case BACKEND_HOST:
-                break;
+        if (o->backend != BACKEND_HOST) {
+                r = backend_cuda_open(o->headroom_bytes, ret, err, sizeof(err));
+                if (r == 0)
+                        return 0;
+                if (o->backend == BACKEND_CUDA) {
+                        log_err("--backend cuda: %s", err);
+                        return r;
+                }
+                /* No driver or no GPU: a CPU-only node. A GPU node whose driver fails must not pass for one. */
+                if (r != -ENOENT && r != -ENODEV) {
+                        log_err("--backend auto: %s (--backend host serves host memory regardless)", err);
+                        return r;
+                }
+                log_info("backend auto: %s; using the host backend", err);
         }
         log_info("host backend: %s of shared memory", gp_size_format(o->host_capacity_bytes, cap, sizeof(cap)));
         return backend_host_open(o->host_capacity_bytes, ret);

@@ -22,6 +22,8 @@ const char options_usage[] =
         "  --backend NAME         host, cuda or auto (default auto: cuda when a GPU\n"
         "                         backend is available, else host)\n"
         "  --host-capacity SIZE   bytes the host backend may hand out (default 1G)\n"
+        "  --headroom SIZE        device memory the cuda backend leaves to the driver\n"
+        "                         and other users, per GPU (default 512M)\n"
         "  --client-limit SIZE    most bytes one client may reserve (default: no limit)\n"
         "  --max-clients N        most connected clients, 1 to 1024 (default 1024)\n"
         "  --max-blocks N         most live blocks one client may hold (default 1048576)\n"
@@ -37,6 +39,7 @@ enum {
         OPT_SOCKET = 256,
         OPT_BACKEND,
         OPT_HOST_CAPACITY,
+        OPT_HEADROOM,
         OPT_CLIENT_LIMIT,
         OPT_MAX_CLIENTS,
         OPT_MAX_BLOCKS,
@@ -50,6 +53,7 @@ static const struct option long_options[] = {
         { "socket", required_argument, NULL, OPT_SOCKET },
         { "backend", required_argument, NULL, OPT_BACKEND },
         { "host-capacity", required_argument, NULL, OPT_HOST_CAPACITY },
+        { "headroom", required_argument, NULL, OPT_HEADROOM },
         { "client-limit", required_argument, NULL, OPT_CLIENT_LIMIT },
         { "max-clients", required_argument, NULL, OPT_MAX_CLIENTS },
         { "max-blocks", required_argument, NULL, OPT_MAX_BLOCKS },
@@ -80,6 +84,7 @@ int options_parse(int argc, char **argv, struct options *ret, char *err, size_t 
                 .socket_path = GP_DEFAULT_SOCKET,
                 .backend = BACKEND_AUTO,
                 .host_capacity_bytes = OPTIONS_DEFAULT_HOST_CAPACITY,
+                .headroom_bytes = OPTIONS_DEFAULT_HEADROOM,
                 .log_level = LOG_LEVEL_INFO,
                 .max_clients = OPTIONS_DEFAULT_MAX_CLIENTS,
                 .max_blocks = OPTIONS_DEFAULT_MAX_BLOCKS,
@@ -114,8 +119,10 @@ int options_parse(int argc, char **argv, struct options *ret, char *err, size_t 
                         }
                         break;
                 case OPT_HOST_CAPACITY:
+                case OPT_HEADROOM:
                 case OPT_CLIENT_LIMIT: {
-                        const char *name = c == OPT_HOST_CAPACITY ? "--host-capacity" : "--client-limit";
+                        const char *name = c == OPT_HOST_CAPACITY ? "--host-capacity" :
+                                           c == OPT_HEADROOM      ? "--headroom" : "--client-limit";
                         uint64_t bytes;
 
                         r = gp_size_parse(optarg, &bytes);
@@ -130,6 +137,8 @@ int options_parse(int argc, char **argv, struct options *ret, char *err, size_t 
                                         return -EINVAL;
                                 }
                                 o.host_capacity_bytes = bytes;
+                        } else if (c == OPT_HEADROOM) {
+                                o.headroom_bytes = bytes;
                         } else {
                                 o.client_limit_bytes = bytes;
                         }

@@ -24,6 +24,7 @@ enum options_action {
 };
 
 #define OPTIONS_DEFAULT_HOST_CAPACITY (1ULL << 30)
+#define OPTIONS_DEFAULT_HEADROOM (512ULL << 20)
 #define OPTIONS_DEFAULT_MAX_CLIENTS 1024
 #define OPTIONS_DEFAULT_MAX_BLOCKS (1U << 20)
 
@@ -32,6 +33,7 @@ struct options {
         const char *socket_path;        /* points into argv or at the default */
         enum backend_choice backend;
         uint64_t host_capacity_bytes;
+        uint64_t headroom_bytes;        /* cuda: device memory left to others, per GPU */
         uint64_t client_limit_bytes;    /* 0: no per-client limit */
         enum log_level log_level;
         unsigned max_clients;

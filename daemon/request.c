@@ -81,6 +81,12 @@ static void handle_hello(struct session *s, const Gpupool__Envelope *req, struct
                 infos[d].index = d;
                 infos[d].backend = (char *) server->backend->name;
                 infos[d].total_bytes = st.total_bytes;
+                if (server->devices[d].has_uuid) {
+                        /* Clients find their own ordinal for this GPU by its UUID. */
+                        infos[d].has_uuid = 1;
+                        infos[d].uuid.len = sizeof(server->devices[d].uuid);
+                        infos[d].uuid.data = server->devices[d].uuid;
+                }
                 info_ptrs[d] = &infos[d];
         }
         hr.client_id = s->id;

@@ -133,6 +133,7 @@ int server_start(struct server *server, uv_loop_t *loop, const struct options *o
                         log_err("device %u: %s", d, strerror(-r));
                         return r;
                 }
+                server->devices[d] = info;
                 r = pool_new(backend, d, info.total_bytes, &server->pools[d]);
                 if (r < 0)
                         return r;

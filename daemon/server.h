@@ -23,6 +23,7 @@ struct server {
         struct policy policy;
         struct backend *backend;
         struct pool *pools[BACKEND_MAX_DEVICES];
+        struct backend_device_info devices[BACKEND_MAX_DEVICES];   /* as the backend described them */
         unsigned device_count;
         int listen_fd;
         uv_poll_t listen_poll;

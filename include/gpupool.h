@@ -12,7 +12,13 @@
  *   -ENOENT        a pointer this client does not hold (freed twice, never allocated)
  *   -EPROTO        the daemon answered something this library does not understand
  *   -ECONNRESET    the daemon is gone; the handle is unusable except for gpupool_disconnect()
+ *   -EIO           the daemon's backend or this process's CUDA driver failed
  *   others         from connect(2): -ENOENT no socket, -ECONNREFUSED no daemon, -EACCES
+ *
+ * On a daemon with the cuda backend, the library loads the CUDA driver (libcuda.so.1, or
+ * $GPUPOOL_LIBCUDA) at connect and works in each GPU's primary context, the one the CUDA
+ * runtime uses. Pointers are device pointers (CUdeviceptr values) in this process's address
+ * space, usable by kernels and cuMemcpy, not by the CPU.
  *
  * gpupool_last_error() gives the daemon's sentence about the latest failure, which names the
  * limit or state that refused it. Handles are thread-safe; the library never logs and keeps
@@ -49,15 +55,18 @@ typedef struct gpupool_client gpupool_client;
 GPUPOOL_EXPORT int gpupool_connect(const char *socket_path, const char *client_name, gpupool_client **ret_client);
 
 /*
- * Unmaps every segment, tells the daemon so (it reuses the memory at once) and frees the
- * handle. Every pointer from this handle is invalid afterwards. NULL is fine.
+ * Waits for the work behind pending gpupool_free_async() calls, unmaps every segment, tells
+ * the daemon so (it reuses the memory at once) and frees the handle. Every pointer from this
+ * handle is invalid afterwards. NULL is fine.
  */
 GPUPOOL_EXPORT void gpupool_disconnect(gpupool_client *client);
 
 /*
- * Allocates size bytes on device (an index of the daemon's devices; the host backend has
- * device 0) and sets *ret_ptr. Blocks are 512-byte aligned. On the host backend the memory is
- * readable and writable by the caller. *ret_ptr is untouched on failure.
+ * Allocates size bytes on device and sets *ret_ptr. device is this process's CUDA device
+ * ordinal on the cuda backend (as cudaSetDevice() takes it, after $CUDA_VISIBLE_DEVICES; the
+ * library finds the daemon's GPU by UUID), and 0 on the host backend. Blocks are 512-byte
+ * aligned. On the host backend the memory is readable and writable by the caller; on the cuda
+ * backend it is device memory. *ret_ptr is untouched on failure.
  */
 GPUPOOL_EXPORT int gpupool_alloc(gpupool_client *client, int device, size_t size, void **ret_ptr);
 
@@ -67,6 +76,18 @@ GPUPOOL_EXPORT int gpupool_alloc(gpupool_client *client, int device, size_t size
  * client.
  */
 GPUPOOL_EXPORT int gpupool_free(gpupool_client *client, void *ptr);
+
+/*
+ * Frees a block from gpupool_alloc() once the work queued on stream (a CUstream or
+ * cudaStream_t of the block's GPU's primary context; NULL for the legacy default stream)
+ * before this call has completed. Returns at once: the library records an event on stream
+ * and hands the block back to the daemon when the event has completed; until then nobody,
+ * this process included, can be given the block again. On the host backend stream must be
+ * NULL and the block is freed at once. -ENOENT as gpupool_free(); -EINVAL when no event can
+ * be recorded on stream (a stream of another context), and the block stays allocated.
+ * gpupool_disconnect() waits for such pending frees.
+ */
+GPUPOOL_EXPORT int gpupool_free_async(gpupool_client *client, void *ptr, void *stream);
 
 /*
  * Copies the daemon's message about this handle's latest failed call into buf (always

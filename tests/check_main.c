@@ -16,6 +16,7 @@ int main(void) {
         srunner_add_suite(sr, suite_pool());
         srunner_add_suite(sr, suite_daemon());
         srunner_add_suite(sr, suite_hostile());
+        srunner_add_suite(sr, suite_cuda_fake());
         srunner_run_all(sr, CK_NORMAL);
         failed = srunner_ntests_failed(sr);
         srunner_free(sr);

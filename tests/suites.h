@@ -11,5 +11,7 @@ Suite *suite_options(void);
 Suite *suite_pool(void);
 Suite *suite_daemon(void);
 Suite *suite_hostile(void);
+Suite *suite_cuda_fake(void);
+Suite *suite_cuda_gpu(void);
 
 #endif

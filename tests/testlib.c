@@ -15,10 +15,29 @@
 #include <time.h>
 #include <unistd.h>
 
-static const char *build_dir(void) {
+const char *build_dir(void) {
         const char *b = getenv("GPUPOOL_BUILD_DIR");
 
         return b && *b ? b : "build";
+}
+
+double now_s(void) {
+        struct timespec ts;
+
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        return (double) ts.tv_sec + (double) ts.tv_nsec / 1e9;
+}
+
+int run_capture(const char *cmd, char *out, size_t size) {
+        FILE *p = popen(cmd, "r");
+        size_t n;
+        int status;
+
+        ck_assert_ptr_nonnull(p);
+        n = fread(out, 1, size - 1, p);
+        out[n] = '\0';
+        status = pclose(p);
+        return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
 static void nap_ms(long ms) {

@@ -18,6 +18,15 @@ struct testd {
         char log[128];
 };
 
+/* $GPUPOOL_BUILD_DIR, where the binaries under test are, else "build". */
+const char *build_dir(void);
+
+/* Seconds on the monotonic clock. */
+double now_s(void);
+
+/* Runs a shell command, puts its stdout (NUL-terminated, truncated to size) in out, returns its exit status. */
+int run_capture(const char *cmd, char *out, size_t size);
+
 /* Starts gpupoold (host backend, --check-invariants) with extra arguments (NULL-ended). */
 void testd_start(struct testd *d, ...);
 

@@ -21,13 +21,6 @@
 
 #define MiB (1ULL << 20)
 
-static double now_s(void) {
-        struct timespec ts;
-
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        return (double) ts.tv_sec + (double) ts.tv_nsec / 1e9;
-}
-
 /* Fills a block with a pattern only its owner and step produce. */
 static void fill(void *p, size_t size, unsigned tag) {
         uint32_t *w = p;
@@ -429,7 +422,7 @@ START_TEST(test_stale_socket_and_second_daemon) {
         testd_start(&d, NULL);
         /* A second daemon on a live socket refuses to start. */
         snprintf(cmd, sizeof(cmd), "%s/gpupoold --socket %s --backend host 2>/dev/null",
-                 getenv("GPUPOOL_BUILD_DIR") ? getenv("GPUPOOL_BUILD_DIR") : "build", d.sock);
+                 build_dir(), d.sock);
         status = system(cmd);
         ck_assert(WIFEXITED(status) && WEXITSTATUS(status) == 1);
         ck_assert(testd_alive(&d));
@@ -495,20 +488,8 @@ START_TEST(test_segment_zeroed_across_uids) {
 }
 END_TEST
 
-static int run_capture(const char *cmd, char *out, size_t size) {
-        FILE *p = popen(cmd, "r");
-        size_t n;
-        int status;
-
-        ck_assert_ptr_nonnull(p);
-        n = fread(out, 1, size - 1, p);
-        out[n] = '\0';
-        status = pclose(p);
-        return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
-
 START_TEST(test_cli) {
-        const char *b = getenv("GPUPOOL_BUILD_DIR") ? getenv("GPUPOOL_BUILD_DIR") : "build";
+        const char *b = build_dir();
         char cmd[512], out[4096];
         gpupool_client *c;
         struct testd d;
@@ -536,7 +517,7 @@ START_TEST(test_cli) {
 END_TEST
 
 START_TEST(test_cli_refused_over_max_clients) {
-        const char *b = getenv("GPUPOOL_BUILD_DIR") ? getenv("GPUPOOL_BUILD_DIR") : "build";
+        const char *b = build_dir();
         char cmd[512], out[4096];
         gpupool_client *c;
         struct testd d;
@@ -559,15 +540,12 @@ START_TEST(test_cli_refused_over_max_clients) {
 END_TEST
 
 START_TEST(test_daemon_command_line_errors) {
-        const char *b = getenv("GPUPOOL_BUILD_DIR") ? getenv("GPUPOOL_BUILD_DIR") : "build";
+        const char *b = build_dir();
         char cmd[512], out[4096];
 
         snprintf(cmd, sizeof(cmd), "%s/gpupoold --host-capacity lots 2>&1", b);
         ck_assert_int_eq(run_capture(cmd, out, sizeof(out)), 2);
         ck_assert_msg(strstr(out, "--host-capacity: 'lots' is not a size"), "%s", out);
-        snprintf(cmd, sizeof(cmd), "%s/gpupoold --backend cuda --socket /tmp/gp-never.sock 2>&1", b);
-        ck_assert_int_eq(run_capture(cmd, out, sizeof(out)), 1);
-        ck_assert_msg(strstr(out, "CUDA backend is not built yet"), "%s", out);
         snprintf(cmd, sizeof(cmd), "%s/gpupoold --help", b);
         ck_assert_int_eq(run_capture(cmd, out, sizeof(out)), 0);
         ck_assert_msg(strstr(out, "--client-limit SIZE"), "%s", out);

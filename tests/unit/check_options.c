@@ -28,6 +28,7 @@ START_TEST(test_defaults) {
         ck_assert_int_eq(o.backend, BACKEND_AUTO);
         ck_assert_uint_eq(o.host_capacity_bytes, 1ULL << 30);
         ck_assert_uint_eq(o.client_limit_bytes, 0);
+        ck_assert_uint_eq(o.headroom_bytes, 512ULL << 20);
         ck_assert_uint_eq(o.max_clients, 1024);
         ck_assert_int_eq(o.action, OPTIONS_RUN);
         ck_assert(!o.check_invariants);
@@ -49,9 +50,12 @@ START_TEST(test_all_options) {
         ck_assert_uint_eq(o.max_clients, 7);
         ck_assert_uint_eq(o.max_blocks, 9);
         ck_assert(o.check_invariants);
-        ck_assert_int_eq(parse(&o, err, "--socket=/tmp/t", "--backend=cuda", NULL), 0);
+        ck_assert_int_eq(parse(&o, err, "--socket=/tmp/t", "--backend=cuda", "--headroom", "2G", NULL), 0);
         ck_assert_str_eq(o.socket_path, "/tmp/t");
         ck_assert_int_eq(o.backend, BACKEND_CUDA);
+        ck_assert_uint_eq(o.headroom_bytes, 2ULL << 30);
+        ck_assert_int_eq(parse(&o, err, "--headroom", "0", NULL), 0);
+        ck_assert_uint_eq(o.headroom_bytes, 0);
         ck_assert_int_eq(parse(&o, err, "--help", NULL), 0);
         ck_assert_int_eq(o.action, OPTIONS_HELP);
         ck_assert_int_eq(parse(&o, err, "--version", NULL), 0);
@@ -66,6 +70,8 @@ START_TEST(test_refusals) {
         } cases[] = {
                 { { "--host-capacity", "lots" }, "--host-capacity" },
                 { { "--host-capacity", "1M" }, "--host-capacity" },
+                { { "--headroom", "a little" }, "--headroom: 'a little' is not a size" },
+                { { "--headroom", "-1G" }, "--headroom" },
                 { { "--host-capacity", "99999999999999999999" }, "too large" },
                 { { "--client-limit", "4Q" }, "--client-limit" },
                 { { "--backend", "opencl" }, "--backend" },

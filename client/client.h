@@ -1,0 +1,99 @@
+/*
+ * client.h: libgpupool's insides, shared by client.c (the protocol, segments and blocks) and
+ * client_cuda.c (the CUDA driver: device UUIDs, IPC handles, stream-ordered frees).
+ */
+#ifndef GP_CLIENT_H
+#define GP_CLIENT_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "conn.h"
+#include "cudadrv.h"
+#include "gpupool.h"
+#include "rbtree.h"
+
+#define CLIENT_MAX_DEVICES 64
+
+/* One segment this process maps: an mmap of a memfd (host) or an opened IPC handle (cuda). */
+struct mapping {
+        uint64_t segment_id;
+        uint64_t size;
+        uint8_t *base;                  /* host: the mmap; cuda: the CUdeviceptr */
+        unsigned device;                /* the daemon's index */
+        bool ipc;
+        uint8_t handle[GP_CU_IPC_HANDLE_SIZE];
+        struct gp_rb_node by_addr;
+        struct gp_rb_node by_id;
+        struct gp_rb_node by_handle;    /* ipc only */
+};
+
+/* One live block handed to the application. */
+struct block {
+        uint8_t *ptr;
+        struct mapping *mapping;
+        bool freeing;                   /* gpupool_free_async() queued it */
+        struct gp_rb_node node;
+};
+
+/* A block whose free waits for the device work queued before it (gpupool_free_async). */
+struct deferred {
+        struct deferred *next;
+        struct block *block;
+        gp_cu_event event;
+};
+
+/* A daemon device as this process sees it. */
+struct client_device {
+        bool visible;                   /* the GPU with this UUID is visible here */
+        gp_cu_device dev;               /* this process's handle for it */
+        gp_cu_context ctx;              /* its primary context, retained on first use */
+        gp_cu_event *spare_events;      /* recorded-and-done events kept for reuse */
+        unsigned spare_count, spare_cap;
+};
+
+struct gpupool_client {
+        pthread_mutex_t lock;           /* everything below; one request at a time */
+        struct gp_conn conn;
+        unsigned device_count;
+        bool cuda;                      /* the daemon serves CUDA devices */
+        struct gp_cuda cu;
+        struct client_device devices[CLIENT_MAX_DEVICES];
+        int local_to_daemon[CLIENT_MAX_DEVICES];        /* this process's CUDA ordinal -> daemon index, or -1 */
+        int local_count;
+        struct gp_rb_tree by_addr, by_id, by_handle;
+        struct gp_rb_tree blocks;
+        /* Stream-ordered frees, oldest first, and the thread that completes them. */
+        struct deferred *deferred_head, *deferred_tail;
+        pthread_cond_t deferred_cond;
+        pthread_t reaper;
+        bool reaper_started, stopping;
+};
+
+void client_set_error(gpupool_client *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* Frees a block at the daemon now (the caller knows the device is done with it). Locked. */
+int client_free_block(gpupool_client *c, struct block *b);
+
+/* client_cuda.c, all called locked. */
+
+/* Loads the driver and matches the daemon's GPUs (hello's devices) to this process's by UUID. */
+int client_cuda_setup(gpupool_client *c, const Gpupool__HelloReply *hello);
+
+/* Opens a segment's IPC handle in the device's primary context; sets m->base. */
+int client_cuda_open(gpupool_client *c, struct mapping *m);
+
+/* Closes what client_cuda_open() opened. */
+void client_cuda_close(gpupool_client *c, struct mapping *m);
+
+/* Records an event on stream after the work queued so far and queues b's free behind it. */
+int client_cuda_defer_free(gpupool_client *c, struct block *b, void *stream);
+
+/* Frees the deferred blocks whose work is done; with wait, waits for all of them first. */
+void client_cuda_reap(gpupool_client *c, bool wait);
+
+/* Once every mapping is closed: stops the reaper thread (unlocking while joining it), destroys the events and releases the contexts. */
+void client_cuda_teardown(gpupool_client *c);
+
+#endif

@@ -1,0 +1,115 @@
+/*
+ * cudadrv.h: the CUDA driver API, loaded at run time.
+ *
+ * Neither the daemon nor the library links libcuda: one binary runs on GPU and CPU-only
+ * machines, and tests swap in a fake driver through $GPUPOOL_LIBCUDA. gp_cuda_load() opens
+ * the driver with dlopen() and resolves every entry point through cuGetProcAddress_v2 with an
+ * explicit ABI version, never by its unversioned name: "cuMemAlloc" is the 32-bit ABI of
+ * CUDA 2.0 (cuda.h maps the name to cuMemAlloc_v2 at compile time, dlsym() does not).
+ *
+ * The types below mirror cuda.h's under our own names, so that this builds where the CUDA
+ * toolkit is not installed; tests/cuda_abi.c checks them against cuda.h where it is.
+ */
+#ifndef GP_CUDADRV_H
+#define GP_CUDADRV_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef int gp_cu_result;                       /* CUresult */
+typedef int gp_cu_device;                       /* CUdevice */
+typedef unsigned long long gp_cu_deviceptr;     /* CUdeviceptr (the 64-bit _v2 one) */
+typedef struct gp_cu_ctx_st *gp_cu_context;     /* CUcontext */
+typedef struct gp_cu_stream_st *gp_cu_stream;   /* CUstream */
+typedef struct gp_cu_event_st *gp_cu_event;     /* CUevent */
+typedef struct gp_cu_mempool_st *gp_cu_mempool; /* CUmemoryPool */
+
+#define GP_CU_IPC_HANDLE_SIZE 64
+typedef struct { char reserved[GP_CU_IPC_HANDLE_SIZE]; } gp_cu_ipc_mem_handle;  /* CUipcMemHandle */
+typedef struct { char bytes[16]; } gp_cu_uuid;                                  /* CUuuid */
+
+/* Result codes, as in cuda.h. */
+#define GP_CUDA_SUCCESS 0
+#define GP_CUDA_ERROR_INVALID_VALUE 1
+#define GP_CUDA_ERROR_OUT_OF_MEMORY 2
+#define GP_CUDA_ERROR_NOT_INITIALIZED 3
+#define GP_CUDA_ERROR_DEINITIALIZED 4
+#define GP_CUDA_ERROR_NO_DEVICE 100
+#define GP_CUDA_ERROR_INVALID_DEVICE 101
+#define GP_CUDA_ERROR_INVALID_CONTEXT 201
+#define GP_CUDA_ERROR_MAP_FAILED 205
+#define GP_CUDA_ERROR_ALREADY_MAPPED 208
+#define GP_CUDA_ERROR_INVALID_HANDLE 400
+#define GP_CUDA_ERROR_NOT_FOUND 500
+#define GP_CUDA_ERROR_NOT_READY 600
+#define GP_CUDA_ERROR_NOT_PERMITTED 800
+#define GP_CUDA_ERROR_NOT_SUPPORTED 801
+#define GP_CUDA_ERROR_UNKNOWN 999
+
+/* Flags and enum values, as in cuda.h. */
+#define GP_CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS 0x1
+#define GP_CU_EVENT_DISABLE_TIMING 0x2
+#define GP_CU_STREAM_NON_BLOCKING 0x1
+#define GP_CU_GET_PROC_ADDRESS_DEFAULT 0
+#define GP_CU_GET_PROC_ADDRESS_SUCCESS 0
+#define GP_CU_MEMPOOL_ATTR_RELEASE_THRESHOLD 4
+
+/* Every entry point gpupool uses, with the ABI version it is resolved at. */
+#define GP_CUDA_ENTRY_POINTS(X) \
+        X(cuInit, 2000, gp_cu_result, (unsigned flags)) \
+        X(cuDriverGetVersion, 2020, gp_cu_result, (int *version)) \
+        X(cuGetErrorName, 6000, gp_cu_result, (gp_cu_result r, const char **name)) \
+        X(cuDeviceGetCount, 2000, gp_cu_result, (int *count)) \
+        X(cuDeviceGet, 2000, gp_cu_result, (gp_cu_device *dev, int ordinal)) \
+        X(cuDeviceGetName, 2000, gp_cu_result, (char *name, int len, gp_cu_device dev)) \
+        X(cuDeviceGetUuid, 11040, gp_cu_result, (gp_cu_uuid *uuid, gp_cu_device dev)) \
+        X(cuDevicePrimaryCtxRetain, 7000, gp_cu_result, (gp_cu_context *ctx, gp_cu_device dev)) \
+        X(cuDevicePrimaryCtxRelease, 11000, gp_cu_result, (gp_cu_device dev)) \
+        X(cuCtxPushCurrent, 4000, gp_cu_result, (gp_cu_context ctx)) \
+        X(cuCtxPopCurrent, 4000, gp_cu_result, (gp_cu_context *ctx)) \
+        X(cuMemGetInfo, 3020, gp_cu_result, (size_t *free_bytes, size_t *total_bytes)) \
+        X(cuMemAlloc, 3020, gp_cu_result, (gp_cu_deviceptr *dptr, size_t size)) \
+        X(cuMemFree, 3020, gp_cu_result, (gp_cu_deviceptr dptr)) \
+        X(cuMemGetAddressRange, 3020, gp_cu_result, (gp_cu_deviceptr *base, size_t *size, gp_cu_deviceptr dptr)) \
+        X(cuMemsetD8Async, 3020, gp_cu_result, (gp_cu_deviceptr dptr, unsigned char value, size_t n, gp_cu_stream s)) \
+        X(cuIpcGetMemHandle, 4010, gp_cu_result, (gp_cu_ipc_mem_handle *handle, gp_cu_deviceptr dptr)) \
+        X(cuIpcOpenMemHandle, 11000, gp_cu_result, (gp_cu_deviceptr *dptr, gp_cu_ipc_mem_handle handle, unsigned flags)) \
+        X(cuIpcCloseMemHandle, 4010, gp_cu_result, (gp_cu_deviceptr dptr)) \
+        X(cuStreamCreate, 2000, gp_cu_result, (gp_cu_stream *s, unsigned flags)) \
+        X(cuStreamSynchronize, 2000, gp_cu_result, (gp_cu_stream s)) \
+        X(cuStreamDestroy, 4000, gp_cu_result, (gp_cu_stream s)) \
+        X(cuEventCreate, 2000, gp_cu_result, (gp_cu_event *e, unsigned flags)) \
+        X(cuEventRecord, 2000, gp_cu_result, (gp_cu_event e, gp_cu_stream s)) \
+        X(cuEventQuery, 2000, gp_cu_result, (gp_cu_event e)) \
+        X(cuEventSynchronize, 2000, gp_cu_result, (gp_cu_event e)) \
+        X(cuEventDestroy, 4000, gp_cu_result, (gp_cu_event e))
+
+#define GP_CUDA_DECLARE(name, version, ret, args) ret (*name) args;
+
+/* The loaded driver. All function pointers are set once gp_cuda_load() succeeds. */
+struct gp_cuda {
+        void *lib;
+        int driver_version;             /* 1000 * major + 10 * minor */
+        gp_cu_result (*cuGetProcAddress)(const char *symbol, void **pfn, int version, uint64_t flags, int *status);
+        GP_CUDA_ENTRY_POINTS(GP_CUDA_DECLARE)
+};
+
+/*
+ * Opens the driver ($GPUPOOL_LIBCUDA, else libcuda.so.1), resolves the entry points and calls
+ * cuInit(0). Returns 0, or with a sentence in err: -ENOENT when there is no driver to load,
+ * -ENODEV when it finds no GPU, -ENOSYS when it is too old (an entry point is missing), -EIO
+ * when it fails otherwise. The driver stays loaded (as with the CUDA runtime): unloading
+ * libcuda under a process that may still use it is not safe.
+ */
+int gp_cuda_load(struct gp_cuda *cu, char *err, size_t err_size);
+
+/* Resolves one more entry point at version (tests, benchmarks). NULL when the driver lacks it. */
+void *gp_cuda_symbol(const struct gp_cuda *cu, const char *name, int version);
+
+/* The driver's name for r ("CUDA_ERROR_OUT_OF_MEMORY"), or "CUDA error N". Not thread-safe for unknown codes. */
+const char *gp_cuda_error_name(const struct gp_cuda *cu, gp_cu_result r);
+
+/* A negative errno for a driver result: -ENOMEM for out of memory, -EINVAL, -ENODEV, else -EIO. */
+int gp_cuda_errno(gp_cu_result r);
+
+#endif

@@ -1,0 +1,270 @@
+/*
+ * backend_cuda.c: GPU memory through the CUDA driver API, loaded at run time (cudadrv.h).
+ *
+ * Every GPU of the node is a device of the pool. The daemon works in each GPU's primary
+ * context, the one the CUDA runtime and every framework in the clients use too. A segment is
+ * one cuMemAlloc_v2 allocation, exported with cuIpcGetMemHandle: a legacy IPC handle opens the
+ * whole allocation, which is why the pool leases whole segments to one client at a time and
+ * never sub-allocates across clients. Segments are 2 MiB multiples, as NVIDIA recommends for
+ * memory shared over IPC.
+ *
+ * A device's capacity is its total memory (cuMemGetInfo_v2) less --headroom, left to the
+ * driver and to processes that do not use gpupool; cuMemAlloc_v2 failing for lack of memory
+ * is reported to the pool as -ENOMEM, which releases its cache and tries again.
+ *
+ * Zeroing (a segment changing tenant) runs cuMemsetD8Async on a stream of the daemon's and
+ * waits for it: the next tenant's work runs in another process's context, which nothing would
+ * order after ours.
+ */
+#include "backend.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cudadrv.h"
+#include "log.h"
+#include "size.h"
+
+struct cuda_device {
+        gp_cu_device dev;
+        gp_cu_context ctx;              /* the primary context, retained */
+        gp_cu_stream stream;            /* for zeroing */
+        uint64_t capacity_bytes;
+        gp_cu_uuid uuid;
+        char name[96];
+};
+
+struct cuda_backend {
+        struct backend base;
+        struct gp_cuda cu;
+        struct cuda_device devs[BACKEND_MAX_DEVICES];
+};
+
+static struct cuda_backend *cuda_of(struct backend *b) {
+        return (struct cuda_backend *) b;
+}
+
+/* Makes the device's primary context current for a driver call; pair with pop(). */
+static int push(struct cuda_backend *c, struct cuda_device *d) {
+        gp_cu_result r = c->cu.cuCtxPushCurrent(d->ctx);
+
+        if (r != GP_CUDA_SUCCESS) {
+                log_err("cuda: %s: cuCtxPushCurrent: %s", d->name, gp_cuda_error_name(&c->cu, r));
+                return -EIO;
+        }
+        return 0;
+}
+
+static void pop(struct cuda_backend *c) {
+        gp_cu_context ctx;
+
+        (void) c->cu.cuCtxPopCurrent(&ctx);
+}
+
+static int cuda_device_info(struct backend *b, unsigned device, struct backend_device_info *ret) {
+        struct cuda_backend *c = cuda_of(b);
+
+        if (device >= b->device_count)
+                return -ENODEV;
+        memset(ret, 0, sizeof(*ret));
+        ret->total_bytes = c->devs[device].capacity_bytes;
+        memcpy(ret->uuid, c->devs[device].uuid.bytes, sizeof(ret->uuid));
+        ret->has_uuid = 1;
+        return 0;
+}
+
+static int cuda_mem_create(struct backend *b, unsigned device, uint64_t size, struct backend_mem *ret) {
+        struct cuda_backend *c = cuda_of(b);
+        struct cuda_device *d = &c->devs[device];
+        gp_cu_ipc_mem_handle handle;
+        gp_cu_deviceptr dptr = 0;
+        gp_cu_result r;
+        int err;
+
+        if (device >= b->device_count)
+                return -ENODEV;
+        err = push(c, d);
+        if (err < 0)
+                return err;
+        r = c->cu.cuMemAlloc(&dptr, size);
+        if (r != GP_CUDA_SUCCESS) {
+                pop(c);
+                if (r == GP_CUDA_ERROR_OUT_OF_MEMORY) {
+                        log_debug("cuda: %s: cuMemAlloc_v2 of %llu bytes: out of memory", d->name,
+                                  (unsigned long long) size);
+                        return -ENOMEM;
+                }
+                log_err("cuda: %s: cuMemAlloc_v2 of %llu bytes: %s", d->name, (unsigned long long) size,
+                        gp_cuda_error_name(&c->cu, r));
+                return -EIO;
+        }
+        r = c->cu.cuIpcGetMemHandle(&handle, dptr);
+        if (r != GP_CUDA_SUCCESS) {
+                log_err("cuda: %s: cuIpcGetMemHandle: %s", d->name, gp_cuda_error_name(&c->cu, r));
+                (void) c->cu.cuMemFree(dptr);
+                pop(c);
+                return -EIO;
+        }
+        pop(c);
+        memset(ret, 0, sizeof(*ret));
+        ret->fd = -1;
+        ret->addr = dptr;
+        memcpy(ret->ipc_handle, handle.reserved, sizeof(handle.reserved));
+        ret->ipc_handle_len = sizeof(handle.reserved);
+        return 0;
+}
+
+static void cuda_mem_destroy(struct backend *b, unsigned device, struct backend_mem *mem, uint64_t size) {
+        struct cuda_backend *c = cuda_of(b);
+        struct cuda_device *d = &c->devs[device];
+        gp_cu_result r;
+
+        if (!mem->addr || push(c, d) < 0)
+                return;
+        r = c->cu.cuMemFree(mem->addr);
+        pop(c);
+        if (r != GP_CUDA_SUCCESS)
+                log_err("cuda: %s: cuMemFree_v2 of a %llu-byte segment: %s", d->name, (unsigned long long) size,
+                        gp_cuda_error_name(&c->cu, r));
+        mem->addr = 0;
+}
+
+static int cuda_mem_zero(struct backend *b, unsigned device, struct backend_mem *mem, uint64_t size) {
+        struct cuda_backend *c = cuda_of(b);
+        struct cuda_device *d = &c->devs[device];
+        gp_cu_result r;
+        int err = push(c, d);
+
+        if (err < 0)
+                return err;
+        r = c->cu.cuMemsetD8Async(mem->addr, 0, size, d->stream);
+        if (r == GP_CUDA_SUCCESS)
+                r = c->cu.cuStreamSynchronize(d->stream);
+        pop(c);
+        if (r != GP_CUDA_SUCCESS) {
+                log_err("cuda: %s: zeroing a %llu-byte segment: %s", d->name, (unsigned long long) size,
+                        gp_cuda_error_name(&c->cu, r));
+                return -EIO;
+        }
+        return 0;
+}
+
+static void cuda_close(struct backend *b) {
+        struct cuda_backend *c = cuda_of(b);
+
+        for (unsigned i = 0; i < b->device_count; i++) {
+                struct cuda_device *d = &c->devs[i];
+
+                if (d->stream && push(c, d) == 0) {
+                        (void) c->cu.cuStreamDestroy(d->stream);
+                        pop(c);
+                }
+                if (d->ctx)
+                        (void) c->cu.cuDevicePrimaryCtxRelease(d->dev);
+        }
+        free(c);
+}
+
+static const struct backend_ops cuda_ops = {
+        .device_info = cuda_device_info,
+        .mem_create = cuda_mem_create,
+        .mem_destroy = cuda_mem_destroy,
+        .mem_zero = cuda_mem_zero,
+        .close = cuda_close,
+};
+
+/* Opens GPU ordinal i as device i of the pool. */
+static int open_device(struct cuda_backend *c, int ordinal, uint64_t headroom_bytes, char *err, size_t err_size) {
+        struct cuda_device *d = &c->devs[ordinal];
+        char total_s[GP_SIZE_FORMAT_MAX], free_s[GP_SIZE_FORMAT_MAX], cap_s[GP_SIZE_FORMAT_MAX];
+        size_t free_bytes = 0, total_bytes = 0;
+        const char *what;
+        gp_cu_result r;
+
+        what = "cuDeviceGet";
+        r = c->cu.cuDeviceGet(&d->dev, ordinal);
+        if (r == GP_CUDA_SUCCESS) {
+                what = "cuDeviceGetName";
+                r = c->cu.cuDeviceGetName(d->name, (int) sizeof(d->name), d->dev);
+        }
+        if (r == GP_CUDA_SUCCESS) {
+                what = "cuDeviceGetUuid_v2";
+                r = c->cu.cuDeviceGetUuid(&d->uuid, d->dev);
+        }
+        if (r == GP_CUDA_SUCCESS) {
+                what = "cuDevicePrimaryCtxRetain";
+                r = c->cu.cuDevicePrimaryCtxRetain(&d->ctx, d->dev);
+        }
+        if (r != GP_CUDA_SUCCESS) {
+                d->ctx = NULL;
+                snprintf(err, err_size, "GPU %d: %s: %s", ordinal, what, gp_cuda_error_name(&c->cu, r));
+                return -EIO;
+        }
+        d->name[sizeof(d->name) - 1] = '\0';
+        if (push(c, d) < 0) {
+                snprintf(err, err_size, "GPU %d (%s): cannot make its primary context current", ordinal, d->name);
+                return -EIO;
+        }
+        what = "cuMemGetInfo_v2";
+        r = c->cu.cuMemGetInfo(&free_bytes, &total_bytes);
+        if (r == GP_CUDA_SUCCESS) {
+                what = "cuStreamCreate";
+                r = c->cu.cuStreamCreate(&d->stream, GP_CU_STREAM_NON_BLOCKING);
+        }
+        pop(c);
+        if (r != GP_CUDA_SUCCESS) {
+                d->stream = NULL;
+                snprintf(err, err_size, "GPU %d (%s): %s: %s", ordinal, d->name, what, gp_cuda_error_name(&c->cu, r));
+                return -EIO;
+        }
+        /* Whole 2 MiB segments only: the pool never asks for less. */
+        d->capacity_bytes = total_bytes > headroom_bytes ? (total_bytes - headroom_bytes) & ~((2ULL << 20) - 1) : 0;
+        if (d->capacity_bytes == 0) {
+                snprintf(err, err_size, "GPU %d (%s): --headroom %s leaves nothing of its %s", ordinal, d->name,
+                         gp_size_format(headroom_bytes, cap_s, sizeof(cap_s)),
+                         gp_size_format(total_bytes, total_s, sizeof(total_s)));
+                return -EINVAL;
+        }
+        log_info("cuda: device %d: %s, %s total, %s free now, pool capacity %s", ordinal, d->name,
+                 gp_size_format(total_bytes, total_s, sizeof(total_s)), gp_size_format(free_bytes, free_s, sizeof(free_s)),
+                 gp_size_format(d->capacity_bytes, cap_s, sizeof(cap_s)));
+        return 0;
+}
+
+int backend_cuda_open(uint64_t headroom_bytes, struct backend **ret, char *err, size_t err_size) {
+        struct cuda_backend *c = calloc(1, sizeof(*c));
+        int count = 0, r;
+
+        if (!c) {
+                snprintf(err, err_size, "out of memory");
+                return -ENOMEM;
+        }
+        c->base.ops = &cuda_ops;
+        c->base.name = "cuda";
+        c->base.data = c;
+        r = gp_cuda_load(&c->cu, err, err_size);
+        if (r < 0) {
+                free(c);
+                return r;
+        }
+        (void) c->cu.cuDeviceGetCount(&count);
+        if (count > BACKEND_MAX_DEVICES) {
+                log_warn("cuda: the node has %d GPUs; gpupoold serves the first %d", count, BACKEND_MAX_DEVICES);
+                count = BACKEND_MAX_DEVICES;
+        }
+        log_info("cuda: driver %d.%d, %d GPU%s", c->cu.driver_version / 1000, c->cu.driver_version % 1000 / 10, count,
+                 count == 1 ? "" : "s");
+        for (int i = 0; i < count; i++) {
+                /* Count it first: cuda_close() releases what a half-opened device retained. */
+                c->base.device_count = (unsigned) i + 1;
+                r = open_device(c, i, headroom_bytes, err, err_size);
+                if (r < 0) {
+                        cuda_close(&c->base);
+                        return r;
+                }
+        }
+        *ret = &c->base;
+        return 0;
+}

@@ -1,0 +1,1101 @@
+/*
+ * fakecuda.c: a CUDA driver for machines without a GPU, loaded through $GPUPOOL_LIBCUDA.
+ *
+ * It implements the entry points gpupool, its tests and its benchmark use, and enforces the
+ * documented rules that bite a GPU memory service, so that breaking one fails in CI rather
+ * than on a customer's GPU:
+ *
+ *   - entry points are found through cuGetProcAddress_v2 by base name and ABI version; the
+ *     unversioned exports (cuMemAlloc, cuMemFree, cuMemGetInfo) are the 32-bit ABI of CUDA
+ *     2.0, as in the real libcuda, and truncate 64-bit pointers and sizes;
+ *   - device memory is not host memory: a CUdeviceptr points at an inaccessible (PROT_NONE)
+ *     reservation, so dereferencing one faults; cuMemcpy and cuMemset reach the bytes;
+ *   - cuIpcGetMemHandle wants the base of an allocation (an interior pointer is refused);
+ *     a handle opens the whole allocation; opening it in the exporting process fails with
+ *     CUDA_ERROR_INVALID_CONTEXT; a second open in one process returns the same pointer
+ *     (refcounted) and cuIpcCloseMemHandle undoes one open;
+ *   - freeing memory another process still has open is undefined behaviour in CUDA: here it
+ *     aborts the freeing process, with a message;
+ *   - a process forked after cuInit cannot use the driver (CUDA_ERROR_NOT_INITIALIZED);
+ *   - calls that need a context fail without a current one (CUDA_ERROR_INVALID_CONTEXT);
+ *   - $CUDA_VISIBLE_DEVICES selects and renumbers the GPUs, whose UUIDs stay fixed.
+ *
+ * "Device memory" is a file per allocation in $FAKECUDA_DIR (default /dev/shm), which every
+ * process of the test can open; an IPC handle names it. Importers hold a shared flock() on
+ * it, which is how a free by the exporter sees that someone still has it open. Streams are
+ * worker threads running their operations in order; an event is a point in a stream's
+ * sequence. fakecuda_stream_hold() stops a stream's worker, so tests can keep device work
+ * pending for as long as they need instead of sleeping.
+ *
+ * Knobs: $FAKECUDA_DEVICES (GPUs on the node, default 1; 0 = none), $FAKECUDA_MEM (bytes per
+ * GPU, default 1 GiB; K/M/G suffixes).
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "cudadrv.h"
+
+#define EXPORT __attribute__((visibility("default")))
+#define FAKE_DRIVER_VERSION 12080
+#define MAX_GPUS 8
+#define HANDLE_MAGIC 0x55434b46u        /* "FKCU" */
+
+typedef gp_cu_result CUresult;
+typedef gp_cu_deviceptr CUdeviceptr;
+
+struct ctx {
+        int gpu;                        /* physical index */
+        int retained;
+};
+
+struct alloc {
+        struct alloc *next;
+        uint64_t id;
+        int gpu;
+        CUdeviceptr dptr;               /* PROT_NONE reservation: the "device address" */
+        size_t size;
+        uint8_t *host;                  /* the bytes, mapped for cuMemcpy/cuMemset */
+        int fd;
+        bool imported;
+        int opens;                      /* imported: cuIpcOpenMemHandle count */
+        pid_t exporter;
+};
+
+struct wire_handle {                    /* what a CUipcMemHandle holds here */
+        uint32_t magic;
+        int32_t gpu;
+        int32_t pid;
+        uint32_t pad;
+        uint64_t id;
+        uint64_t size;
+};
+
+enum op_kind { OP_MEMSET8, OP_MEMSET32 };
+
+struct op {
+        struct op *next;
+        enum op_kind kind;
+        uint8_t *dst;
+        uint32_t value;
+        size_t n;
+};
+
+struct stream {
+        struct stream *next;
+        pthread_t worker;
+        struct op *head, *tail;
+        uint64_t submitted, done;
+        bool held, closing;
+};
+
+struct event {
+        struct event *next;
+        struct stream *stream;          /* NULL: complete */
+        uint64_t seq;
+};
+
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t cond = PTHREAD_COND_INITIALIZER;
+static pid_t init_pid;                  /* 0 before cuInit */
+static int gpus;                        /* physical GPUs */
+static int visible[MAX_GPUS], nvisible; /* ordinal -> physical */
+static uint64_t capacity;
+static uint64_t used[MAX_GPUS];
+static struct ctx ctxs[MAX_GPUS];
+static struct alloc *allocs;
+static struct stream *streams;
+static struct event *events;
+static uint64_t next_id = 1;
+static __thread struct ctx *ctx_stack[16];
+static __thread int ctx_depth;
+
+static void fatal(const char *fmt, ...) {
+        va_list ap;
+
+        va_start(ap, fmt);
+        fputs("fakecuda: ", stderr);
+        vfprintf(stderr, fmt, ap);
+        fputc('\n', stderr);
+        va_end(ap);
+        abort();
+}
+
+static uint64_t parse_bytes(const char *s, uint64_t dflt) {
+        char *end;
+        unsigned long long v;
+
+        if (!s || !*s)
+                return dflt;
+        v = strtoull(s, &end, 10);
+        switch (*end) {
+        case 'K': case 'k': v <<= 10; break;
+        case 'M': case 'm': v <<= 20; break;
+        case 'G': case 'g': v <<= 30; break;
+        default: break;
+        }
+        return v;
+}
+
+static const char *mem_dir(void) {
+        const char *d = getenv("FAKECUDA_DIR");
+
+        return d && *d ? d : "/dev/shm";
+}
+
+static void mem_path(char *buf, size_t size, pid_t pid, uint64_t id) {
+        snprintf(buf, size, "%s/fakecuda-%d-%llu", mem_dir(), (int) pid, (unsigned long long) id);
+}
+
+/* Every call but cuInit and the pure lookups starts here. */
+static CUresult ready(void) {
+        if (!init_pid || init_pid != getpid())
+                return GP_CUDA_ERROR_NOT_INITIALIZED;
+        return GP_CUDA_SUCCESS;
+}
+
+static struct ctx *current(void) {
+        return ctx_depth ? ctx_stack[ctx_depth - 1] : NULL;
+}
+
+#define NEED_CTX()                                              \
+        do {                                                    \
+                CUresult r_ = ready();                          \
+                if (r_)                                         \
+                        return r_;                              \
+                if (!current())                                 \
+                        return GP_CUDA_ERROR_INVALID_CONTEXT;   \
+        } while (0)
+
+/* ---- initialization and devices ---- */
+
+static CUresult fk_Init(unsigned flags) {
+        const char *cvd = getenv("CUDA_VISIBLE_DEVICES");
+
+        if (flags)
+                return GP_CUDA_ERROR_INVALID_VALUE;
+        pthread_mutex_lock(&lock);
+        if (init_pid && init_pid != getpid()) {
+                pthread_mutex_unlock(&lock);
+                return GP_CUDA_ERROR_NOT_INITIALIZED;  /* forked after cuInit: unusable, as in CUDA */
+        }
+        if (!init_pid) {
+                gpus = (int) parse_bytes(getenv("FAKECUDA_DEVICES"), 1);
+                if (gpus > MAX_GPUS)
+                        gpus = MAX_GPUS;
+                capacity = parse_bytes(getenv("FAKECUDA_MEM"), 1ULL << 30);
+                nvisible = 0;
+                if (cvd) {
+                        /* As CUDA: a list of ordinals; the first invalid entry ends it. */
+                        for (char *s = (char *) cvd, *end; *s && nvisible < MAX_GPUS; s = end + (*end == ',')) {
+                                long v = strtol(s, &end, 10);
+
+                                if (end == s || v < 0 || v >= gpus || (*end && *end != ','))
+                                        break;
+                                visible[nvisible++] = (int) v;
+                        }
+                } else {
+                        for (int i = 0; i < gpus; i++)
+                                visible[nvisible++] = i;
+                }
+                for (int i = 0; i < MAX_GPUS; i++)
+                        ctxs[i].gpu = i;
+                init_pid = getpid();
+        }
+        pthread_mutex_unlock(&lock);
+        return nvisible ? GP_CUDA_SUCCESS : GP_CUDA_ERROR_NO_DEVICE;
+}
+
+static CUresult fk_DriverGetVersion(int *v) {
+        if (!v)
+                return GP_CUDA_ERROR_INVALID_VALUE;
+        *v = FAKE_DRIVER_VERSION;
+        return GP_CUDA_SUCCESS;
+}
+
+static CUresult fk_DeviceGetCount(int *n) {
+        CUresult r = ready();
+
+        if (r)
+                return r;
+        *n = nvisible;
+        return GP_CUDA_SUCCESS;
+}
+
+static CUresult fk_DeviceGet(gp_cu_device *d, int ordinal) {
+        CUresult r = ready();
+
+        if (r)
+                return r;
+        if (ordinal < 0 || ordinal >= nvisible)
+                return GP_CUDA_ERROR_INVALID_DEVICE;
+        *d = ordinal;
+        return GP_CUDA_SUCCESS;
+}
+
+static CUresult fk_DeviceGetName(char *name, int len, gp_cu_device d) {
+        CUresult r = ready();
+
+        if (r)
+                return r;
+        if (d < 0 || d >= nvisible || len <= 0)
+                return GP_CUDA_ERROR_INVALID_VALUE;
+        snprintf(name, (size_t) len, "Fake GPU %d", visible[d]);
+        return GP_CUDA_SUCCESS;
+}
+
+static CUresult fk_DeviceGetUuid(gp_cu_uuid *uuid, gp_cu_device d) {
+        CUresult r = ready();
+
+        if (r)
+                return r;
+        if (d < 0 || d >= nvisible)
+                return GP_CUDA_ERROR_INVALID_DEVICE;
+        /* Fixed per physical GPU, whatever CUDA_VISIBLE_DEVICES says. */
+        for (int i = 0; i < 16; i++)
+                uuid->bytes[i] = (char) (0xf0 + visible[d] + i * 17);
+        return GP_CUDA_SUCCESS;
+}
+
+static CUresult fk_DevicePrimaryCtxRetain(gp_cu_context *c, gp_cu_device d) {
+        CUresult r = ready();
+
+        if (r)
+                return r;
+        if (d < 0 || d >= nvisible)
+                return GP_CUDA_ERROR_INVALID_DEVICE;
+        pthread_mutex_lock(&lock);
+        ctxs[visible[d]].retained++;
+        pthread_mutex_unlock(&lock);
+        *c = (gp_cu_context) &ctxs[visible[d]];
+        return GP_CUDA_SUCCESS;
+}
+
+static CUresult fk_DevicePrimaryCtxRelease(gp_cu_device d) {
+        CUresult r = ready();
+
+        if (r)
+                return r;
+        if (d < 0 || d >= nvisible || ctxs[visible[d]].retained == 0)
+                return GP_CUDA_ERROR_INVALID_CONTEXT;
+        pthread_mutex_lock(&lock);
+        ctxs[visible[d]].retained--;
+        pthread_mutex_unlock(&lock);
+        return GP_CUDA_SUCCESS;
+}
+
+static bool valid_ctx(gp_cu_context c) {
+        struct ctx *x = (struct ctx *) c;
+
+        return x >= ctxs && x < ctxs + MAX_GPUS && x->retained > 0;
+}
+
+static CUresult fk_CtxPushCurrent(gp_cu_context c) {
+        CUresult r = ready();
+
+        if (r)
+                return r;
+        if (!valid_ctx(c) || ctx_depth == 16)
+                return GP_CUDA_ERROR_INVALID_CONTEXT;
+        ctx_stack[ctx_depth++] = (struct ctx *) c;
+        return GP_CUDA_SUCCESS;
+}
+
+static CUresult fk_CtxPopCurrent(gp_cu_context *c) {
+        CUresult r = ready();
+
+        if (r)
+                return r;
+        if (!ctx_depth)
+                return GP_CUDA_ERROR_INVALID_CONTEXT;
+        ctx_depth--;
+        if (c)
+                *c = (gp_cu_context) ctx_stack[ctx_depth];
+        return GP_CUDA_SUCCESS;
+}
+
+static CUresult fk_CtxSetCurrent(gp_cu_context c) {
+        CUresult r = ready();
+
+        if (r)
+                return r;
+        if (!c) {
+                if (ctx_depth)
+                        ctx_depth--;
+                return GP_CUDA_SUCCESS;
+        }
+        if (!valid_ctx(c))
+                return GP_CUDA_ERROR_INVALID_CONTEXT;
+        if (ctx_depth)
+                ctx_stack[ctx_depth - 1] = (struct ctx *) c;
+        else
+                ctx_stack[ctx_depth++] = (struct ctx *) c;
+        return GP_CUDA_SUCCESS;
+}
+
+static CUresult fk_CtxSynchronize(void) {
+        NEED_CTX();
+        pthread_mutex_lock(&lock);
+        for (struct stream *s = streams; s; s = s->next)
+                while (s->done < s->submitted)
+                        pthread_cond_wait(&cond, &lock);
+        pthread_mutex_unlock(&lock);
+        return GP_CUDA_SUCCESS;
+}
+
+/* ---- memory ---- */
+
+/* The allocation containing [p, p + n), or NULL. Call locked. */
+static struct alloc *find(CUdeviceptr p, size_t n) {
+        for (struct alloc *a = allocs; a; a = a->next)
+                if (p >= a->dptr && p < a->dptr + a->size && n <= a->size - (p - a->dptr))
+                        return a;
+        return NULL;
+}
+
+static struct alloc *find_base(CUdeviceptr p) {
+        for (struct alloc *a = allocs; a; a = a->next)
+                if (a->dptr == p)
+                        return a;
+        return NULL;
+}
+
+static void unlink_alloc(struct alloc *a) {
+        for (struct alloc **pp = &allocs; *pp; pp = &(*pp)->next)
+                if (*pp == a) {
+                        *pp = a->next;
+                        return;
+                }
+}
+
+/* Maps the bytes of fd and reserves a device address for them. Call locked. */
+static CUresult map_alloc(struct alloc *a) {
+        void *dev, *host;
+
+        host = mmap(NULL, a->size, PROT_READ | PROT_WRITE, MAP_SHARED, a->fd, 0);
+        if (host == MAP_FAILED)
+                return GP_CUDA_ERROR_OUT_OF_MEMORY;
+        dev = mmap(NULL, a->size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (dev == MAP_FAILED) {
+                munmap(host, a->size);
+                return GP_CUDA_ERROR_OUT_OF_MEMORY;
+        }
+        a->host = host;
+        a->dptr = (CUdeviceptr) (uintptr_t) dev;
+        return GP_CUDA_SUCCESS;
+}
+
+static void unmap_alloc(struct alloc *a) {
+        munmap(a->host, a->size);
+        munmap((void *) (uintptr_t) a->dptr, a->size);
+        close(a->fd);
+}
+
+static CUresult fk_MemAlloc_v2(CUdeviceptr *dptr, size_t size) {
+        struct alloc *a;
+        char path[256];
+        CUresult r;
+        int gpu;
+
+        NEED_CTX();
+        if (!dptr || size == 0)
+                return GP_CUDA_ERROR_INVALID_VALUE;
+        gpu = current()->gpu;
+        size = (size + 4095) & ~(size_t) 4095;
+        pthread_mutex_lock(&lock);
+        if (size > capacity - used[gpu]) {
+                pthread_mutex_unlock(&lock);
+                return GP_CUDA_ERROR_OUT_OF_MEMORY;
+        }
+        a = calloc(1, sizeof(*a));
+        if (!a) {
+                pthread_mutex_unlock(&lock);
+                return GP_CUDA_ERROR_OUT_OF_MEMORY;
+        }
+        a->id = next_id++;
+        a->gpu = gpu;
+        a->size = size;
+        a->exporter = getpid();
+        mem_path(path, sizeof(path), a->exporter, a->id);
+        a->fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+        if (a->fd < 0)
+                fatal("cannot create %s: %s", path, strerror(errno));
+        (void) fchmod(a->fd, 0666);     /* importers may run as another uid */
+        if (ftruncate(a->fd, (off_t) size) < 0)
+                fatal("cannot size %s: %s", path, strerror(errno));
+        r = map_alloc(a);
+        if (r) {
+                close(a->fd);
+                unlink(path);
+                free(a);
+                pthread_mutex_unlock(&lock);
+                return r;
+        }
+        used[gpu] += size;
+        a->next = allocs;
+        allocs = a;
+        pthread_mutex_unlock(&lock);
+        *dptr = a->dptr;
+        return GP_CUDA_SUCCESS;
+}
+
+static CUresult fk_MemFree_v2(CUdeviceptr dptr) {
+        struct alloc *a;
+        char path[256];
+
+        NEED_CTX();
+        pthread_mutex_lock(&lock);
+        a = find_base(dptr);
+        if (!a || a->imported) {
+                pthread_mutex_unlock(&lock);
+                return GP_CUDA_ERROR_INVALID_VALUE;    /* not an allocation of ours (or an IPC mapping) */
+        }
+        mem_path(path, sizeof(path), a->exporter, a->id);
+        if (flock(a->fd, LOCK_EX | LOCK_NB) < 0)
+                fatal("cuMemFree of a %zu-byte allocation that another process still has open through "
+                      "cuIpcOpenMemHandle: undefined behaviour in CUDA", a->size);
+        unlink_alloc(a);
+        used[a->gpu] -= a->size;
+        unlink(path);
+        unmap_alloc(a);
+        free(a);
+        pthread_mutex_unlock(&lock);
+        return GP_CUDA_SUCCESS;
+}
+
+static CUresult fk_MemGetInfo_v2(size_t *free_bytes, size_t *total_bytes) {
+        NEED_CTX();
+        pthread_mutex_lock(&lock);
+        *free_bytes = capacity - used[current()->gpu];
+        *total_bytes = capacity;
+        pthread_mutex_unlock(&lock);
+        return GP_CUDA_SUCCESS;
+}
+
+static CUresult fk_MemGetAddressRange_v2(CUdeviceptr *base, size_t *size, CUdeviceptr dptr) {
+        struct alloc *a;
+
+        NEED_CTX();
+        pthread_mutex_lock(&lock);
+        a = find(dptr, 1);
+        if (a) {
+                if (base)
+                        *base = a->dptr;
+                if (size)
+                        *size = a->size;
+        }
+        pthread_mutex_unlock(&lock);
+        return a ? GP_CUDA_SUCCESS : GP_CUDA_ERROR_NOT_FOUND;
+}
+
+/* The 32-bit ABI of CUDA 2.0, which the unversioned names still export. */
+static CUresult fk_MemAlloc_v1(unsigned *dptr, unsigned size) {
+        CUdeviceptr p;
+        CUresult r = fk_MemAlloc_v2(&p, size);
+
+        if (r == GP_CUDA_SUCCESS)
+                *dptr = (unsigned) p;          /* the top half of the address is lost */
+        return r;
+}
+
+static CUresult fk_MemFree_v1(unsigned dptr) {
+        return fk_MemFree_v2(dptr);
+}
+
+static CUresult fk_MemGetInfo_v1(unsigned *free_bytes, unsigned *total_bytes) {
+        size_t f, t;
+        CUresult r = fk_MemGetInfo_v2(&f, &t);
+
+        if (r == GP_CUDA_SUCCESS) {
+                *free_bytes = (unsigned) f;
+                *total_bytes = (unsigned) t;
+        }
+        return r;
+}
+
+/* The host bytes behind [p, p + n), or NULL. */
+static uint8_t *bytes_at(CUdeviceptr p, size_t n) {
+        struct alloc *a;
+        uint8_t *host = NULL;
+
+        pthread_mutex_lock(&lock);
+        a = find(p, n);
+        if (a)
+                host = a->host + (p - a->dptr);
+        pthread_mutex_unlock(&lock);
+        return host;
+}
+
+static CUresult fk_MemsetD8_v2(CUdeviceptr p, unsigned char v, size_t n) {
+        uint8_t *h;
+
+        NEED_CTX();
+        h = bytes_at(p, n);
+        if (!h)
+                return GP_CUDA_ERROR_INVALID_VALUE;
+        memset(h, v, n);
+        return GP_CUDA_SUCCESS;
+}
+
+static CUresult fk_MemsetD32_v2(CUdeviceptr p, unsigned v, size_t n) {
+        uint32_t *h;
+
+        NEED_CTX();
+        if (p % 4 || n > SIZE_MAX / 4)
+                return GP_CUDA_ERROR_INVALID_VALUE;
+        h = (uint32_t *) bytes_at(p, n * 4);
+        if (!h)
+                return GP_CUDA_ERROR_INVALID_VALUE;
+        for (size_t i = 0; i < n; i++)
+                h[i] = v;
+        return GP_CUDA_SUCCESS;
+}
+
+static CUresult fk_MemcpyHtoD_v2(CUdeviceptr dst, const void *src, size_t n) {
+        uint8_t *h;
+
+        NEED_CTX();
+        h = bytes_at(dst, n);
+        if (!h)
+                return GP_CUDA_ERROR_INVALID_VALUE;
+        memcpy(h, src, n);
+        return GP_CUDA_SUCCESS;
+}
+
+static CUresult fk_MemcpyDtoH_v2(void *dst, CUdeviceptr src, size_t n) {
+        uint8_t *h;
+
+        NEED_CTX();
+        h = bytes_at(src, n);
+        if (!h)
+                return GP_CUDA_ERROR_INVALID_VALUE;
+        memcpy(dst, h, n);
+        return GP_CUDA_SUCCESS;
+}
+
+/* ---- IPC ---- */
+
+static CUresult fk_IpcGetMemHandle(gp_cu_ipc_mem_handle *handle, CUdeviceptr dptr) {
+        struct wire_handle w = { .magic = HANDLE_MAGIC };
+        struct alloc *a;
+
+        NEED_CTX();
+        pthread_mutex_lock(&lock);
+        a = find_base(dptr);
+        if (!a || a->imported) {
+                /* The documented contract: the base of a cuMemAlloc allocation, nothing else. */
+                pthread_mutex_unlock(&lock);
+                return GP_CUDA_ERROR_INVALID_VALUE;
+        }
+        w.gpu = a->gpu;
+        w.pid = (int32_t) a->exporter;
+        w.id = a->id;
+        w.size = a->size;
+        pthread_mutex_unlock(&lock);
+        memset(handle, 0, sizeof(*handle));
+        memcpy(handle->reserved, &w, sizeof(w));
+        return GP_CUDA_SUCCESS;
+}
+
+static CUresult fk_IpcOpenMemHandle_v2(CUdeviceptr *dptr, gp_cu_ipc_mem_handle handle, unsigned flags) {
+        struct wire_handle w;
+        struct alloc *a;
+        struct stat st;
+        char path[256];
+        CUresult r;
+
+        NEED_CTX();
+        memcpy(&w, handle.reserved, sizeof(w));
+        if (!dptr || flags != GP_CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS)
+                return GP_CUDA_ERROR_INVALID_VALUE;
+        if (w.magic != HANDLE_MAGIC || w.gpu < 0 || w.gpu >= gpus)
+                return GP_CUDA_ERROR_INVALID_HANDLE;
+        if (w.pid == getpid())
+                return GP_CUDA_ERROR_INVALID_CONTEXT;  /* as CUDA: not in the exporting process */
+        pthread_mutex_lock(&lock);
+        for (a = allocs; a; a = a->next)
+                if (a->imported && a->exporter == w.pid && a->id == w.id) {
+                        a->opens++;
+                        *dptr = a->dptr;
+                        pthread_mutex_unlock(&lock);
+                        return GP_CUDA_SUCCESS;
+                }
+        a = calloc(1, sizeof(*a));
+        if (!a) {
+                pthread_mutex_unlock(&lock);
+                return GP_CUDA_ERROR_OUT_OF_MEMORY;
+        }
+        mem_path(path, sizeof(path), w.pid, w.id);
+        a->fd = open(path, O_RDWR | O_CLOEXEC);
+        if (a->fd < 0 || fstat(a->fd, &st) < 0 || (uint64_t) st.st_size != w.size) {
+                /* The exporter freed it (or never made it): a stale or forged handle. */
+                if (a->fd >= 0)
+                        close(a->fd);
+                free(a);
+                pthread_mutex_unlock(&lock);
+                return GP_CUDA_ERROR_INVALID_HANDLE;
+        }
+        (void) flock(a->fd, LOCK_SH);
+        a->id = w.id;
+        a->gpu = w.gpu;
+        a->size = w.size;
+        a->imported = true;
+        a->opens = 1;
+        a->exporter = w.pid;
+        r = map_alloc(a);
+        if (r) {
+                close(a->fd);
+                free(a);
+                pthread_mutex_unlock(&lock);
+                return GP_CUDA_ERROR_MAP_FAILED;
+        }
+        a->next = allocs;
+        allocs = a;
+        *dptr = a->dptr;
+        pthread_mutex_unlock(&lock);
+        return GP_CUDA_SUCCESS;
+}
+
+static CUresult fk_IpcCloseMemHandle(CUdeviceptr dptr) {
+        struct alloc *a;
+
+        NEED_CTX();
+        pthread_mutex_lock(&lock);
+        a = find_base(dptr);
+        if (!a || !a->imported) {
+                pthread_mutex_unlock(&lock);
+                return GP_CUDA_ERROR_INVALID_VALUE;
+        }
+        if (--a->opens == 0) {
+                unlink_alloc(a);
+                unmap_alloc(a);
+                free(a);
+        }
+        pthread_mutex_unlock(&lock);
+        return GP_CUDA_SUCCESS;
+}
+
+/* ---- streams and events ---- */
+
+static void *stream_worker(void *arg) {
+        struct stream *s = arg;
+
+        pthread_mutex_lock(&lock);
+        for (;;) {
+                struct op *op;
+
+                while (!s->closing && (s->held || !s->head))
+                        pthread_cond_wait(&cond, &lock);
+                if (!s->head && s->closing)
+                        break;
+                if (s->held && !s->closing)
+                        continue;
+                op = s->head;
+                pthread_mutex_unlock(&lock);
+                if (op->kind == OP_MEMSET8) {
+                        memset(op->dst, (int) op->value, op->n);
+                } else {
+                        for (size_t i = 0; i < op->n; i++)
+                                ((uint32_t *) op->dst)[i] = op->value;
+                }
+                pthread_mutex_lock(&lock);
+                s->head = op->next;
+                if (!s->head)
+                        s->tail = NULL;
+                s->done++;
+                free(op);
+                pthread_cond_broadcast(&cond);
+        }
+        pthread_mutex_unlock(&lock);
+        return NULL;
+}
+
+static bool valid_stream(struct stream *s) {
+        for (struct stream *x = streams; x; x = x->next)
+                if (x == s)
+                        return true;
+        return false;
+}
+
+static CUresult fk_StreamCreate(gp_cu_stream *ret, unsigned flags) {
+        struct stream *s;
+
+        NEED_CTX();
+        if (flags > GP_CU_STREAM_NON_BLOCKING)
+                return GP_CUDA_ERROR_INVALID_VALUE;
+        s = calloc(1, sizeof(*s));
+        if (!s)
+                return GP_CUDA_ERROR_OUT_OF_MEMORY;
+        if (pthread_create(&s->worker, NULL, stream_worker, s) != 0) {
+                free(s);
+                return GP_CUDA_ERROR_OUT_OF_MEMORY;
+        }
+        pthread_mutex_lock(&lock);
+        s->next = streams;
+        streams = s;
+        pthread_mutex_unlock(&lock);
+        *ret = (gp_cu_stream) s;
+        return GP_CUDA_SUCCESS;
+}
+
+/* Runs its queued work first (the real driver returns at once and finishes it in the background). */
+static CUresult fk_StreamDestroy_v2(gp_cu_stream hs) {
+        struct stream *s = (struct stream *) hs;
+
+        NEED_CTX();
+        pthread_mutex_lock(&lock);
+        if (!valid_stream(s)) {
+                pthread_mutex_unlock(&lock);
+                return GP_CUDA_ERROR_INVALID_HANDLE;
+        }
+        s->closing = true;
+        pthread_cond_broadcast(&cond);
+        pthread_mutex_unlock(&lock);
+        pthread_join(s->worker, NULL);
+        pthread_mutex_lock(&lock);
+        for (struct stream **pp = &streams; *pp; pp = &(*pp)->next)
+                if (*pp == s) {
+                        *pp = s->next;
+                        break;
+                }
+        for (struct event *e = events; e; e = e->next)
+                if (e->stream == s)
+                        e->stream = NULL;
+        pthread_mutex_unlock(&lock);
+        free(s);
+        return GP_CUDA_SUCCESS;
+}
+
+static CUresult fk_StreamSynchronize(gp_cu_stream hs) {
+        struct stream *s = (struct stream *) hs;
+        CUresult r = ready();
+
+        if (r)
+                return r;
+        if (!s)
+                return GP_CUDA_SUCCESS;         /* the NULL stream runs synchronously here */
+        pthread_mutex_lock(&lock);
+        if (!valid_stream(s)) {
+                pthread_mutex_unlock(&lock);
+                return GP_CUDA_ERROR_INVALID_HANDLE;
+        }
+        while (s->done < s->submitted)
+                pthread_cond_wait(&cond, &lock);
+        pthread_mutex_unlock(&lock);
+        return GP_CUDA_SUCCESS;
+}
+
+static CUresult enqueue(gp_cu_stream hs, enum op_kind kind, CUdeviceptr p, uint32_t value, size_t n, size_t bytes) {
+        struct stream *s = (struct stream *) hs;
+        struct op *op;
+        uint8_t *h;
+
+        NEED_CTX();
+        h = bytes_at(p, bytes);
+        if (!h)
+                return GP_CUDA_ERROR_INVALID_VALUE;
+        if (!s) {
+                if (kind == OP_MEMSET8)
+                        memset(h, (int) value, n);
+                else
+                        for (size_t i = 0; i < n; i++)
+                                ((uint32_t *) h)[i] = value;
+                return GP_CUDA_SUCCESS;
+        }
+        op = calloc(1, sizeof(*op));
+        if (!op)
+                return GP_CUDA_ERROR_OUT_OF_MEMORY;
+        *op = (struct op) { .kind = kind, .dst = h, .value = value, .n = n };
+        pthread_mutex_lock(&lock);
+        if (!valid_stream(s)) {
+                pthread_mutex_unlock(&lock);
+                free(op);
+                return GP_CUDA_ERROR_INVALID_HANDLE;
+        }
+        if (s->tail)
+                s->tail->next = op;
+        else
+                s->head = op;
+        s->tail = op;
+        s->submitted++;
+        pthread_cond_broadcast(&cond);
+        pthread_mutex_unlock(&lock);
+        return GP_CUDA_SUCCESS;
+}
+
+static CUresult fk_MemsetD8Async(CUdeviceptr p, unsigned char v, size_t n, gp_cu_stream s) {
+        return enqueue(s, OP_MEMSET8, p, v, n, n);
+}
+
+static CUresult fk_MemsetD32Async(CUdeviceptr p, unsigned v, size_t n, gp_cu_stream s) {
+        if (p % 4 || n > SIZE_MAX / 4)
+                return GP_CUDA_ERROR_INVALID_VALUE;
+        return enqueue(s, OP_MEMSET32, p, v, n, n * 4);
+}
+
+static bool valid_event(struct event *e) {
+        for (struct event *x = events; x; x = x->next)
+                if (x == e)
+                        return true;
+        return false;
+}
+
+static CUresult fk_EventCreate(gp_cu_event *ret, unsigned flags) {
+        struct event *e;
+
+        NEED_CTX();
+        if (flags & ~0xfu)
+                return GP_CUDA_ERROR_INVALID_VALUE;
+        e = calloc(1, sizeof(*e));
+        if (!e)
+                return GP_CUDA_ERROR_OUT_OF_MEMORY;
+        pthread_mutex_lock(&lock);
+        e->next = events;
+        events = e;
+        pthread_mutex_unlock(&lock);
+        *ret = (gp_cu_event) e;
+        return GP_CUDA_SUCCESS;
+}
+
+static CUresult fk_EventRecord(gp_cu_event he, gp_cu_stream hs) {
+        struct event *e = (struct event *) he;
+        struct stream *s = (struct stream *) hs;
+        CUresult r = ready();
+
+        if (r)
+                return r;
+        pthread_mutex_lock(&lock);
+        if (!valid_event(e) || (s && !valid_stream(s))) {
+                pthread_mutex_unlock(&lock);
+                return GP_CUDA_ERROR_INVALID_HANDLE;
+        }
+        /* The event completes when everything queued on s so far has run. */
+        e->stream = s;
+        e->seq = s ? s->submitted : 0;
+        pthread_mutex_unlock(&lock);
+        return GP_CUDA_SUCCESS;
+}
+
+static bool event_done(const struct event *e) {
+        return !e->stream || e->stream->done >= e->seq;
+}
+
+static CUresult fk_EventQuery(gp_cu_event he) {
+        struct event *e = (struct event *) he;
+        CUresult r = ready();
+
+        if (r)
+                return r;
+        pthread_mutex_lock(&lock);
+        if (!valid_event(e))
+                r = GP_CUDA_ERROR_INVALID_HANDLE;
+        else
+                r = event_done(e) ? GP_CUDA_SUCCESS : GP_CUDA_ERROR_NOT_READY;
+        pthread_mutex_unlock(&lock);
+        return r;
+}
+
+static CUresult fk_EventSynchronize(gp_cu_event he) {
+        struct event *e = (struct event *) he;
+        CUresult r = ready();
+
+        if (r)
+                return r;
+        pthread_mutex_lock(&lock);
+        if (!valid_event(e)) {
+                pthread_mutex_unlock(&lock);
+                return GP_CUDA_ERROR_INVALID_HANDLE;
+        }
+        while (!event_done(e))
+                pthread_cond_wait(&cond, &lock);
+        pthread_mutex_unlock(&lock);
+        return GP_CUDA_SUCCESS;
+}
+
+static CUresult fk_EventDestroy_v2(gp_cu_event he) {
+        struct event *e = (struct event *) he;
+        CUresult r = ready();
+
+        if (r)
+                return r;
+        pthread_mutex_lock(&lock);
+        for (struct event **pp = &events; *pp; pp = &(*pp)->next)
+                if (*pp == e) {
+                        *pp = e->next;
+                        pthread_mutex_unlock(&lock);
+                        free(e);
+                        return GP_CUDA_SUCCESS;
+                }
+        pthread_mutex_unlock(&lock);
+        return GP_CUDA_ERROR_INVALID_HANDLE;
+}
+
+/* ---- stream-ordered allocation, for the benchmark's baseline ---- */
+
+static CUresult fk_MemAllocAsync(CUdeviceptr *dptr, size_t size, gp_cu_stream s) {
+        (void) s;
+        return fk_MemAlloc_v2(dptr, size);
+}
+
+static CUresult fk_MemFreeAsync(CUdeviceptr dptr, gp_cu_stream s) {
+        (void) s;
+        return fk_MemFree_v2(dptr);
+}
+
+static CUresult fk_DeviceGetDefaultMemPool(gp_cu_mempool *pool, gp_cu_device d) {
+        CUresult r = ready();
+
+        if (r)
+                return r;
+        if (d < 0 || d >= nvisible)
+                return GP_CUDA_ERROR_INVALID_DEVICE;
+        *pool = (gp_cu_mempool) &ctxs[visible[d]];
+        return GP_CUDA_SUCCESS;
+}
+
+static CUresult fk_MemPoolSetAttribute(gp_cu_mempool pool, int attr, void *value) {
+        (void) pool, (void) attr;
+        return value ? GP_CUDA_SUCCESS : GP_CUDA_ERROR_INVALID_VALUE;
+}
+
+/* ---- errors and entry points ---- */
+
+static CUresult fk_GetErrorName(CUresult r, const char **name) {
+        static const struct { CUresult r; const char *name; } names[] = {
+                { GP_CUDA_SUCCESS, "CUDA_SUCCESS" },
+                { GP_CUDA_ERROR_INVALID_VALUE, "CUDA_ERROR_INVALID_VALUE" },
+                { GP_CUDA_ERROR_OUT_OF_MEMORY, "CUDA_ERROR_OUT_OF_MEMORY" },
+                { GP_CUDA_ERROR_NOT_INITIALIZED, "CUDA_ERROR_NOT_INITIALIZED" },
+                { GP_CUDA_ERROR_NO_DEVICE, "CUDA_ERROR_NO_DEVICE" },
+                { GP_CUDA_ERROR_INVALID_DEVICE, "CUDA_ERROR_INVALID_DEVICE" },
+                { GP_CUDA_ERROR_INVALID_CONTEXT, "CUDA_ERROR_INVALID_CONTEXT" },
+                { GP_CUDA_ERROR_MAP_FAILED, "CUDA_ERROR_MAP_FAILED" },
+                { GP_CUDA_ERROR_INVALID_HANDLE, "CUDA_ERROR_INVALID_HANDLE" },
+                { GP_CUDA_ERROR_NOT_FOUND, "CUDA_ERROR_NOT_FOUND" },
+                { GP_CUDA_ERROR_NOT_READY, "CUDA_ERROR_NOT_READY" },
+        };
+
+        for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
+                if (names[i].r == r) {
+                        *name = names[i].name;
+                        return GP_CUDA_SUCCESS;
+                }
+        *name = NULL;
+        return GP_CUDA_ERROR_INVALID_VALUE;
+}
+
+struct symbol {
+        const char *name;
+        int version;                    /* the lowest cudaVersion that gets this ABI */
+        void *fn;
+};
+
+#define SYM(name, version, fn) { name, version, (void *) fn }
+static const struct symbol symbols[] = {
+        SYM("cuInit", 2000, fk_Init),
+        SYM("cuDriverGetVersion", 2020, fk_DriverGetVersion),
+        SYM("cuGetErrorName", 6000, fk_GetErrorName),
+        SYM("cuDeviceGetCount", 2000, fk_DeviceGetCount),
+        SYM("cuDeviceGet", 2000, fk_DeviceGet),
+        SYM("cuDeviceGetName", 2000, fk_DeviceGetName),
+        SYM("cuDeviceGetUuid", 9020, fk_DeviceGetUuid),
+        SYM("cuDeviceGetUuid", 11040, fk_DeviceGetUuid),
+        SYM("cuDevicePrimaryCtxRetain", 7000, fk_DevicePrimaryCtxRetain),
+        SYM("cuDevicePrimaryCtxRelease", 11000, fk_DevicePrimaryCtxRelease),
+        SYM("cuCtxPushCurrent", 4000, fk_CtxPushCurrent),
+        SYM("cuCtxPopCurrent", 4000, fk_CtxPopCurrent),
+        SYM("cuCtxSetCurrent", 4000, fk_CtxSetCurrent),
+        SYM("cuCtxSynchronize", 2000, fk_CtxSynchronize),
+        SYM("cuMemAlloc", 2000, fk_MemAlloc_v1),
+        SYM("cuMemAlloc", 3020, fk_MemAlloc_v2),
+        SYM("cuMemFree", 2000, fk_MemFree_v1),
+        SYM("cuMemFree", 3020, fk_MemFree_v2),
+        SYM("cuMemGetInfo", 2000, fk_MemGetInfo_v1),
+        SYM("cuMemGetInfo", 3020, fk_MemGetInfo_v2),
+        SYM("cuMemGetAddressRange", 3020, fk_MemGetAddressRange_v2),
+        SYM("cuMemsetD8", 3020, fk_MemsetD8_v2),
+        SYM("cuMemsetD32", 3020, fk_MemsetD32_v2),
+        SYM("cuMemsetD8Async", 3020, fk_MemsetD8Async),
+        SYM("cuMemsetD32Async", 3020, fk_MemsetD32Async),
+        SYM("cuMemcpyHtoD", 3020, fk_MemcpyHtoD_v2),
+        SYM("cuMemcpyDtoH", 3020, fk_MemcpyDtoH_v2),
+        SYM("cuIpcGetMemHandle", 4010, fk_IpcGetMemHandle),
+        SYM("cuIpcOpenMemHandle", 11000, fk_IpcOpenMemHandle_v2),
+        SYM("cuIpcCloseMemHandle", 4010, fk_IpcCloseMemHandle),
+        SYM("cuStreamCreate", 2000, fk_StreamCreate),
+        SYM("cuStreamDestroy", 4000, fk_StreamDestroy_v2),
+        SYM("cuStreamSynchronize", 2000, fk_StreamSynchronize),
+        SYM("cuEventCreate", 2000, fk_EventCreate),
+        SYM("cuEventRecord", 2000, fk_EventRecord),
+        SYM("cuEventQuery", 2000, fk_EventQuery),
+        SYM("cuEventSynchronize", 2000, fk_EventSynchronize),
+        SYM("cuEventDestroy", 4000, fk_EventDestroy_v2),
+        SYM("cuMemAllocAsync", 11020, fk_MemAllocAsync),
+        SYM("cuMemFreeAsync", 11020, fk_MemFreeAsync),
+        SYM("cuDeviceGetDefaultMemPool", 11020, fk_DeviceGetDefaultMemPool),
+        SYM("cuMemPoolSetAttribute", 11020, fk_MemPoolSetAttribute),
+};
+
+EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int version, uint64_t flags, int *status) {
+        const struct symbol *best = NULL;
+        bool named = false;
+
+        if (!symbol || !pfn || version > FAKE_DRIVER_VERSION || flags > 2)
+                return GP_CUDA_ERROR_INVALID_VALUE;
+        for (size_t i = 0; i < sizeof(symbols) / sizeof(symbols[0]); i++) {
+                if (strcmp(symbols[i].name, symbol) != 0)
+                        continue;
+                named = true;
+                if (symbols[i].version <= version && (!best || symbols[i].version > best->version))
+                        best = &symbols[i];
+        }
+        *pfn = best ? best->fn : NULL;
+        if (status)
+                *status = best ? 0 : named ? 2 : 1;    /* SUCCESS, VERSION_NOT_SUFFICIENT, SYMBOL_NOT_FOUND */
+        return GP_CUDA_SUCCESS;
+}
+
+/* The unversioned names, exported as the real driver exports them: the 32-bit ABI. */
+EXPORT CUresult cuInit(unsigned flags) { return fk_Init(flags); }
+EXPORT CUresult cuMemAlloc(unsigned *dptr, unsigned size) { return fk_MemAlloc_v1(dptr, size); }
+EXPORT CUresult cuMemFree(unsigned dptr) { return fk_MemFree_v1(dptr); }
+EXPORT CUresult cuMemGetInfo(unsigned *free_bytes, unsigned *total_bytes) { return fk_MemGetInfo_v1(free_bytes, total_bytes); }
+
+/* ---- test hooks (not CUDA) ---- */
+
+/* Stops (hold != 0) or restarts a stream's worker: its queued work waits until released. */
+EXPORT int fakecuda_stream_hold(gp_cu_stream hs, int hold) {
+        struct stream *s = (struct stream *) hs;
+        int r = -1;
+
+        pthread_mutex_lock(&lock);
+        if (valid_stream(s)) {
+                s->held = hold != 0;
+                pthread_cond_broadcast(&cond);
+                r = 0;
+        }
+        pthread_mutex_unlock(&lock);
+        return r;
+}
+
+/* How many IPC mappings this process has open. */
+EXPORT int fakecuda_open_handles(void) {
+        int n = 0;
+
+        pthread_mutex_lock(&lock);
+        for (struct alloc *a = allocs; a; a = a->next)
+                n += a->imported;
+        pthread_mutex_unlock(&lock);
+        return n;
+}

@@ -1,0 +1,722 @@
+/*
+ * check_cuda.c: gpupoold's cuda backend end to end, with real client processes that write
+ * and read device memory through the driver API.
+ *
+ * The same tests run on two drivers. "make test" runs them on the fake driver
+ * (tests/fakecuda, through $GPUPOOL_LIBCUDA), together with tests of things only the fake
+ * can arrange: several GPUs renumbered by CUDA_VISIBLE_DEVICES, streams held still, the
+ * driver's rules enforced. "make check-gpu" runs them on the real libcuda.so.1 of a GPU
+ * machine (tests/check_gpu_main.c), where a long chain of device work stands in for a held
+ * stream.
+ *
+ * Only the client processes a test spawns touch CUDA: a process forked after cuInit cannot
+ * use the driver, on a real GPU as on the fake.
+ */
+#define _GNU_SOURCE
+#include <check.h>
+#include <dlfcn.h>
+#include <errno.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cudadrv.h"
+#include "gpupool.h"
+#include "suites.h"
+#include "testlib.h"
+
+#define MiB (1ULL << 20)
+
+static bool on_gpu;                     /* the real driver (make check-gpu) */
+static char fake_dir[64];
+
+/* What a client process needs of the driver beyond what libgpupool uses. */
+struct gpu {
+        struct gp_cuda cu;
+        gp_cu_context ctx;
+        gp_cu_result (*memset_d32)(gp_cu_deviceptr p, unsigned v, size_t n);
+        gp_cu_result (*memset_d8_async)(gp_cu_deviceptr p, unsigned char v, size_t n, gp_cu_stream s);
+        gp_cu_result (*htod)(gp_cu_deviceptr dst, const void *src, size_t n);
+        gp_cu_result (*dtoh)(void *dst, gp_cu_deviceptr src, size_t n);
+        int (*hold)(gp_cu_stream s, int hold);  /* fake only */
+        int (*open_handles)(void);              /* fake only */
+};
+
+/* In a client process: the driver, and device 0's primary context made current. */
+static int gpu_open(struct gpu *g) {
+        char err[256];
+        gp_cu_device dev;
+
+        if (gp_cuda_load(&g->cu, err, sizeof(err)) < 0) {
+                fprintf(stderr, "client: %s\n", err);
+                return -1;
+        }
+        *(void **) &g->memset_d32 = gp_cuda_symbol(&g->cu, "cuMemsetD32", 3020);
+        *(void **) &g->memset_d8_async = gp_cuda_symbol(&g->cu, "cuMemsetD8Async", 3020);
+        *(void **) &g->htod = gp_cuda_symbol(&g->cu, "cuMemcpyHtoD", 3020);
+        *(void **) &g->dtoh = gp_cuda_symbol(&g->cu, "cuMemcpyDtoH", 3020);
+        if (!on_gpu) {
+                *(void **) &g->hold = dlsym(g->cu.lib, "fakecuda_stream_hold");
+                *(void **) &g->open_handles = dlsym(g->cu.lib, "fakecuda_open_handles");
+        }
+        if (!g->memset_d32 || !g->memset_d8_async || !g->htod || !g->dtoh ||
+            g->cu.cuDeviceGet(&dev, 0) != GP_CUDA_SUCCESS || g->cu.cuDevicePrimaryCtxRetain(&g->ctx, dev) != GP_CUDA_SUCCESS ||
+            g->cu.cuCtxPushCurrent(g->ctx) != GP_CUDA_SUCCESS)
+                return -1;
+        return 0;
+}
+
+static gp_cu_deviceptr dptr(void *p) {
+        return (gp_cu_deviceptr) (uintptr_t) p;
+}
+
+/* Writes a pattern only (tag, size) produce, half by cuMemsetD32 and half by cuMemcpyHtoD. */
+static int write_pattern(struct gpu *g, void *p, size_t size, unsigned tag) {
+        size_t words = size / 4, half = words / 2;
+        uint32_t *buf;
+        int r = 0;
+
+        if (g->memset_d32(dptr(p), 0x9e3779b9u * tag, half) != GP_CUDA_SUCCESS)
+                return -1;
+        buf = malloc((words - half) * 4 + 4);
+        for (size_t i = 0; i < words - half; i++)
+                buf[i] = tag * 2654435761u + (uint32_t) i;
+        if (g->htod(dptr(p) + half * 4, buf, (words - half) * 4) != GP_CUDA_SUCCESS)
+                r = -1;
+        free(buf);
+        return r;
+}
+
+static bool pattern_intact(struct gpu *g, void *p, size_t size, unsigned tag) {
+        size_t words = size / 4, half = words / 2;
+        uint32_t *buf = malloc(words * 4 + 4);
+        bool ok = g->dtoh(buf, dptr(p), words * 4) == GP_CUDA_SUCCESS;
+
+        for (size_t i = 0; ok && i < half; i++)
+                ok = buf[i] == 0x9e3779b9u * tag;
+        for (size_t i = half; ok && i < words; i++)
+                ok = buf[i] == tag * 2654435761u + (uint32_t) (i - half);
+        free(buf);
+        return ok;
+}
+
+/* Starts a cuda daemon (and, on the fake, a fresh directory of "device memory"). */
+static void cuda_start(struct testd *d, const char *extra1, const char *extra2) {
+        if (!on_gpu) {
+                strcpy(fake_dir, "/tmp/gpupool-fakecuda-XXXXXX");
+                ck_assert_ptr_nonnull(mkdtemp(fake_dir));
+                ck_assert_int_eq(chmod(fake_dir, 0777), 0);
+                setenv("FAKECUDA_DIR", fake_dir, 1);
+        }
+        testd_start(d, "--backend", "cuda", extra1, extra2, NULL);
+}
+
+/* Stops it; on the fake, every allocation must have been freed by then. */
+static void cuda_stop(struct testd *d) {
+        ck_assert_int_eq(testd_stop(d), 0);
+        if (!on_gpu)
+                ck_assert_msg(rmdir(fake_dir) == 0, "device memory left allocated after the daemon stopped (%s: %s)",
+                              fake_dir, strerror(errno));
+}
+
+static long long device_field(struct testd *d, unsigned index, const char *key) {
+        json_t *st = testd_ctl(d, "status");
+        json_t *dev = json_array_get(json_object_get(st, "devices"), index);
+        long long v = dev ? json_integer_value(json_object_get(dev, key)) : -1;
+
+        json_decref(st);
+        return v;
+}
+
+/* Waits (up to 10 s) for a device's field to reach want; returns whether it did. */
+static bool device_field_becomes(struct testd *d, unsigned index, const char *key, long long want) {
+        double t0 = now_s();
+
+        while (now_s() - t0 < 10.0)
+                if (device_field(d, index, key) == want)
+                        return true;
+        return false;
+}
+
+/* ---- several clients' data ---- */
+
+struct worker {
+        int index;
+        int rounds;
+};
+
+static int data_client(struct testd *d, void *arg) {
+        enum { LIVE = 12 };
+        static const size_t sizes[] = { 512, 4096, 100000, 1 * MiB, 3 * MiB, 12 * MiB, 30 * MiB };
+        struct worker *w = arg;
+        struct { void *p; size_t size; unsigned tag; } live[LIVE] = { 0 };
+        unsigned seed = (unsigned) w->index * 7919u + 3, tag = (unsigned) w->index << 16;
+        gpupool_client *c;
+        struct gpu g;
+        char name[32];
+
+        if (gpu_open(&g) < 0)
+                return 10;
+        snprintf(name, sizeof(name), "gpu-worker-%d", w->index);
+        if (gpupool_connect(d->sock, name, &c) < 0)
+                return 11;
+        for (int step = 0; step < w->rounds * LIVE; step++) {
+                int s = (int) (rand_r(&seed) % LIVE);
+
+                if (live[s].p) {
+                        if (!pattern_intact(&g, live[s].p, live[s].size, live[s].tag))
+                                return 12;
+                        if (gpupool_free(c, live[s].p) < 0)
+                                return 13;
+                        live[s].p = NULL;
+                } else {
+                        live[s].size = sizes[rand_r(&seed) % (sizeof(sizes) / sizeof(sizes[0]))];
+                        live[s].tag = ++tag;
+                        if (gpupool_alloc(c, 0, live[s].size, &live[s].p) < 0)
+                                return 14;
+                        if (write_pattern(&g, live[s].p, live[s].size, live[s].tag) < 0)
+                                return 15;
+                }
+        }
+        for (int s = 0; s < LIVE; s++)
+                if (live[s].p && !pattern_intact(&g, live[s].p, live[s].size, live[s].tag))
+                        return 16;
+        gpupool_disconnect(c);
+        return 0;
+}
+
+START_TEST(test_cuda_clients_data_intact) {
+        enum { N = 4 };
+        struct worker w[N];
+        pid_t pids[N];
+        struct testd d;
+
+        cuda_start(&d, NULL, NULL);
+        for (int i = 0; i < N; i++) {
+                w[i] = (struct worker) { .index = i, .rounds = 8 };
+                pids[i] = spawn(data_client, &d, &w[i]);
+        }
+        for (int i = 0; i < N; i++)
+                ck_assert_msg(reap(pids[i]) == 0, "client %d found its data damaged or failed", i);
+        ck_assert_int_eq(device_field(&d, 0, "in_use_bytes"), 0);
+        cuda_stop(&d);
+}
+END_TEST
+
+/* ---- a killed client ---- */
+
+static int gpu_holder(struct testd *d, void *arg) {
+        int *fds = arg;
+        gpupool_client *c;
+        struct gpu g;
+        void *p;
+
+        if (gpu_open(&g) < 0 || gpupool_connect(d->sock, "gpu-holder", &c) < 0 ||
+            gpupool_alloc(c, 0, 24 * MiB, &p) < 0 || write_pattern(&g, p, 24 * MiB, 7) < 0)
+                return 1;
+        if (write(fds[1], "x", 1) != 1)
+                return 2;
+        for (;;)
+                pause();
+}
+
+START_TEST(test_cuda_killed_client_memory_returns) {
+        struct testd d;
+        int fds[2];
+        char ch;
+        pid_t pid;
+
+        cuda_start(&d, NULL, NULL);
+        ck_assert_int_eq(pipe(fds), 0);
+        pid = spawn(gpu_holder, &d, fds);
+        ck_assert_int_eq(read(fds[0], &ch, 1), 1);
+        ck_assert_int_ge(device_field(&d, 0, "in_use_bytes"), 24 * MiB);
+        kill(pid, SIGKILL);
+        ck_assert_int_eq(reap(pid), 128 + SIGKILL);
+        ck_assert_msg(device_field_becomes(&d, 0, "in_use_bytes", 0), "the killed client's memory did not return");
+        /* Its segment is cached, and a new client can have it (the daemon frees it at stop: see cuda_stop). */
+        ck_assert_int_eq(device_field(&d, 0, "cached_bytes"), device_field(&d, 0, "reserved_bytes"));
+        cuda_stop(&d);
+}
+END_TEST
+
+/* ---- limits ---- */
+
+static int limit_client(struct testd *d, void *arg) {
+        gpupool_client *c;
+        char msg[512];
+        void *a, *b;
+
+        (void) arg;
+        if (gpupool_connect(d->sock, "limited", &c) < 0)
+                return 1;
+        if (gpupool_alloc(c, 0, 40 * MiB, &a) < 0)
+                return 2;
+        if (gpupool_alloc(c, 0, 40 * MiB, &b) != -EDQUOT)
+                return 3;
+        gpupool_last_error(c, msg, sizeof(msg));
+        if (!strstr(msg, "--client-limit"))
+                return 4;
+        if (gpupool_free(c, a) < 0)
+                return 5;
+        gpupool_disconnect(c);
+        return 0;
+}
+
+static int oversize_client(struct testd *d, void *arg) {
+        long long total = *(long long *) arg;
+        gpupool_client *c;
+        char msg[512];
+        void *a, *b;
+
+        /* More than the device holds is no quota matter: -ENOMEM, said so, and nothing is lost. */
+        if (gpupool_connect(d->sock, "greedy", &c) < 0 || gpupool_alloc(c, 0, 4096, &a) < 0)
+                return 1;
+        if (gpupool_alloc(c, 0, (size_t) total + 2 * MiB, &b) != -ENOMEM)
+                return 2;
+        gpupool_last_error(c, msg, sizeof(msg));
+        if (!strstr(msg, "is full"))
+                return 3;
+        if (gpupool_free(c, a) < 0)
+                return 4;
+        gpupool_disconnect(c);
+        return 0;
+}
+
+START_TEST(test_cuda_limits_hold) {
+        struct testd d;
+        long long total;
+
+        cuda_start(&d, "--client-limit", "64M");
+        total = device_field(&d, 0, "total_bytes");
+        ck_assert_int_gt(total, 0);
+        ck_assert_int_eq(reap(spawn(limit_client, &d, &total)), 0);
+        ck_assert_int_eq(device_field(&d, 0, "in_use_bytes"), 0);
+        cuda_stop(&d);
+        cuda_start(&d, NULL, NULL);
+        ck_assert_int_eq(reap(spawn(oversize_client, &d, &total)), 0);
+        ck_assert_int_eq(device_field(&d, 0, "in_use_bytes"), 0);
+        cuda_stop(&d);
+}
+END_TEST
+
+/* ---- stream-ordered free ---- */
+
+/*
+ * Queues a long run of device work on s writing block p: on the fake, the stream is held
+ * still until release_work(); on a GPU, a chain of cuMemsetD8Async of the whole block, of
+ * length *chain (doubled by the caller when it proves too short).
+ */
+static int queue_work(struct gpu *g, gp_cu_stream s, void *p, size_t size, int chain) {
+        if (!on_gpu && g->hold(s, 1) < 0)
+                return -1;
+        for (int i = 0; i < (on_gpu ? chain : 1); i++)
+                if (g->memset_d8_async(dptr(p), (unsigned char) (0xa0 + i % 16), size, s) != GP_CUDA_SUCCESS)
+                        return -1;
+        return 0;
+}
+
+static void release_work(struct gpu *g, gp_cu_stream s) {
+        if (!on_gpu)
+                g->hold(s, 0);
+}
+
+/*
+ * Frees a block with gpupool_free_async() behind long device work and checks that the call
+ * returns at once, that the block is not handed out again (to this process or, by the
+ * daemon, to anyone) while the work runs, and that it returns once the work is done.
+ */
+static int free_async_client(struct testd *d, void *arg) {
+        const size_t size = 64 * MiB;
+        long long *fail_line = arg;
+        gpupool_client *c;
+        gp_cu_stream s;
+        gp_cu_event done;
+        struct gpu g;
+        void *a, *b;
+        int chain = 64;
+
+#define FAIL() do { *fail_line = __LINE__; return 1; } while (0)
+        if (gpu_open(&g) < 0 || gpupool_connect(d->sock, "async", &c) < 0)
+                FAIL();
+        if (g.cu.cuStreamCreate(&s, GP_CU_STREAM_NON_BLOCKING) != GP_CUDA_SUCCESS ||
+            g.cu.cuEventCreate(&done, GP_CU_EVENT_DISABLE_TIMING) != GP_CUDA_SUCCESS)
+                FAIL();
+        for (int attempt = 0; attempt < 8; attempt++, chain *= 2) {
+                bool still_running;
+
+                if (gpupool_alloc(c, 0, size, &a) < 0 || queue_work(&g, s, a, size, chain) < 0 ||
+                    g.cu.cuEventRecord(done, s) != GP_CUDA_SUCCESS)
+                        FAIL();
+                if (gpupool_free_async(c, a, s) < 0)
+                        FAIL();
+                /* The call returned while the work still runs: it did not wait for it. */
+                still_running = g.cu.cuEventQuery(done) == GP_CUDA_ERROR_NOT_READY;
+                if (gpupool_alloc(c, 0, size, &b) < 0)
+                        FAIL();
+                if (b == a && g.cu.cuEventQuery(done) == GP_CUDA_ERROR_NOT_READY)
+                        FAIL();         /* handed out again under running work */
+                /* The daemon still counts the block as in use: nobody else can get it either. */
+                if (still_running) {
+                        long long in_use = device_field(d, 0, "in_use_bytes");
+
+                        if (g.cu.cuEventQuery(done) == GP_CUDA_ERROR_NOT_READY && in_use < (long long) (2 * size))
+                                FAIL();
+                }
+                release_work(&g, s);
+                if (g.cu.cuStreamSynchronize(s) != GP_CUDA_SUCCESS)
+                        FAIL();
+                /* Once the work is done the block goes back without another call of ours. */
+                if (!device_field_becomes(d, 0, "in_use_bytes", (long long) size))
+                        FAIL();
+                if (gpupool_free(c, b) < 0)
+                        FAIL();
+                if (still_running)
+                        break;
+                if (!on_gpu || attempt == 7)
+                        FAIL();         /* the work ended before we could look: make it longer */
+        }
+        /* Bad frees are refused at once, with nothing queued. */
+        if (gpupool_free_async(c, a, s) != -ENOENT || gpupool_free_async(c, NULL, s) != -ENOENT)
+                FAIL();
+        gpupool_disconnect(c);
+        return 0;
+#undef FAIL
+}
+
+START_TEST(test_cuda_free_async_waits_for_stream) {
+        struct testd d;
+        long long *line = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+
+        cuda_start(&d, NULL, NULL);
+        ck_assert_msg(reap(spawn(free_async_client, &d, line)) == 0, "free_async_client failed at line %lld", *line);
+        ck_assert_int_eq(device_field(&d, 0, "in_use_bytes"), 0);
+        cuda_stop(&d);
+        munmap(line, 4096);
+}
+END_TEST
+
+struct releaser {
+        struct gpu *g;
+        gp_cu_stream s;
+};
+
+static void *release_later(void *arg) {
+        struct releaser *r = arg;
+        struct timespec ts = { 0, 200 * 1000000L };
+
+        /* Not a wait for something to happen: the test holds whatever the timing. */
+        nanosleep(&ts, NULL);
+        release_work(r->g, r->s);
+        return NULL;
+}
+
+static int disconnect_client(struct testd *d, void *arg) {
+        gpupool_client *c;
+        gp_cu_stream s;
+        gp_cu_event done;
+        struct releaser rel;
+        pthread_t t;
+        struct gpu g;
+        void *a;
+
+        (void) arg;
+        if (gpu_open(&g) < 0 || gpupool_connect(d->sock, "leaver", &c) < 0 ||
+            g.cu.cuStreamCreate(&s, GP_CU_STREAM_NON_BLOCKING) != GP_CUDA_SUCCESS ||
+            g.cu.cuEventCreate(&done, GP_CU_EVENT_DISABLE_TIMING) != GP_CUDA_SUCCESS)
+                return 1;
+        if (gpupool_alloc(c, 0, 64 * MiB, &a) < 0 || queue_work(&g, s, a, 64 * MiB, 256) < 0 ||
+            g.cu.cuEventRecord(done, s) != GP_CUDA_SUCCESS || gpupool_free_async(c, a, s) < 0)
+                return 2;
+        rel = (struct releaser) { &g, s };
+        pthread_create(&t, NULL, release_later, &rel);
+        gpupool_disconnect(c);
+        /* Disconnect gave the memory back: the work on it must have ended first. */
+        if (g.cu.cuEventQuery(done) != GP_CUDA_SUCCESS)
+                return 3;
+        pthread_join(t, NULL);
+        return 0;
+}
+
+START_TEST(test_cuda_disconnect_waits_for_pending_frees) {
+        struct testd d;
+
+        cuda_start(&d, NULL, NULL);
+        ck_assert_int_eq(reap(spawn(disconnect_client, &d, NULL)), 0);
+        ck_assert_int_eq(device_field(&d, 0, "in_use_bytes"), 0);
+        cuda_stop(&d);
+}
+END_TEST
+
+/* ---- tenants ---- */
+
+static int dirty_client(struct testd *d, void *arg) {
+        gpupool_client *c;
+        struct gpu g;
+        void *p;
+
+        (void) arg;
+        if (gpu_open(&g) < 0 || gpupool_connect(d->sock, "root", &c) < 0 || gpupool_alloc(c, 0, 64 * 1024, &p) < 0 ||
+            write_pattern(&g, p, 64 * 1024, 99) < 0 || gpupool_free(c, p) < 0)
+                return 1;
+        gpupool_disconnect(c);
+        return 0;
+}
+
+static int nobody_client(struct testd *d, void *arg) {
+        uint8_t buf[64 * 1024];
+        gpupool_client *c;
+        struct gpu g;
+        void *p;
+
+        (void) arg;
+        if (setgid(65534) < 0 || setuid(65534) < 0)
+                return 20;
+        if (gpu_open(&g) < 0 || gpupool_connect(d->sock, "nobody", &c) < 0 || gpupool_alloc(c, 0, sizeof(buf), &p) < 0)
+                return 21;
+        if (g.dtoh(buf, dptr(p), sizeof(buf)) != GP_CUDA_SUCCESS)
+                return 22;
+        for (size_t i = 0; i < sizeof(buf); i++)
+                if (buf[i])
+                        return 23;
+        gpupool_disconnect(c);
+        return 0;
+}
+
+START_TEST(test_cuda_segment_zeroed_across_uids) {
+        struct testd d;
+
+        if (geteuid() != 0) {
+                fprintf(stderr, "test_cuda_segment_zeroed_across_uids: not root, nothing to check\n");
+                return;
+        }
+        cuda_start(&d, NULL, NULL);
+        ck_assert_int_eq(chmod(d.dir, 0755), 0);
+        ck_assert_int_eq(reap(spawn(dirty_client, &d, NULL)), 0);
+        ck_assert_int_eq(device_field(&d, 0, "cached_bytes"), 2 * MiB);
+        ck_assert_int_eq(reap(spawn(nobody_client, &d, NULL)), 0);
+        ck_assert_int_eq(device_field(&d, 0, "reserved_bytes"), 2 * MiB);     /* the same segment, zeroed */
+        cuda_stop(&d);
+}
+END_TEST
+
+/* ---- fake driver only ---- */
+
+struct visible {
+        const char *cvd;
+        unsigned expect_daemon_device;
+};
+
+static int visible_client(struct testd *d, void *arg) {
+        struct visible *v = arg;
+        gpupool_client *c;
+        struct gpu g;
+        void *p;
+
+        setenv("CUDA_VISIBLE_DEVICES", v->cvd, 1);
+        if (gpu_open(&g) < 0 || gpupool_connect(d->sock, "renumbered", &c) < 0)
+                return 1;
+        if (gpupool_alloc(c, 0, 6 * MiB, &p) < 0 || write_pattern(&g, p, 6 * MiB, 5) < 0 || !pattern_intact(&g, p, 6 * MiB, 5))
+                return 2;
+        /* Our device 0 is the daemon's device expect_daemon_device: only that one holds memory. */
+        if (device_field(d, v->expect_daemon_device, "in_use_bytes") != (long long) (6 * MiB) ||
+            device_field(d, 1 - v->expect_daemon_device, "in_use_bytes") != 0)
+                return 3;
+        if (gpupool_alloc(c, 1, 4096, &p) != -ENODEV)
+                return 4;       /* this process sees one GPU */
+        gpupool_disconnect(c);
+        return 0;
+}
+
+START_TEST(test_fake_visible_devices_renumbered) {
+        struct visible second = { "1", 1 }, first = { "0", 0 };
+        struct testd d;
+
+        setenv("FAKECUDA_DEVICES", "2", 1);
+        cuda_start(&d, NULL, NULL);
+        ck_assert_int_eq(device_field(&d, 1, "total_bytes"), device_field(&d, 0, "total_bytes"));
+        ck_assert_int_eq(reap(spawn(visible_client, &d, &second)), 0);
+        ck_assert_int_eq(reap(spawn(visible_client, &d, &first)), 0);
+        cuda_stop(&d);
+        unsetenv("FAKECUDA_DEVICES");
+}
+END_TEST
+
+static int open_once_client(struct testd *d, void *arg) {
+        gpupool_client *c;
+        struct gpu g;
+        void *a, *b;
+
+        (void) arg;
+        if (gpu_open(&g) < 0 || gpupool_connect(d->sock, "opener", &c) < 0)
+                return 1;
+        if (gpupool_alloc(c, 0, 4096, &a) < 0 || gpupool_alloc(c, 0, 8192, &b) < 0)
+                return 2;
+        if (g.open_handles() != 1)
+                return 3;       /* two blocks of one segment: one open handle */
+        if (gpupool_free(c, a) < 0 || g.open_handles() != 1 || gpupool_free(c, b) < 0)
+                return 4;
+        if (g.open_handles() != 0)
+                return 5;       /* the segment went back: its handle is closed */
+        gpupool_disconnect(c);
+        return 0;
+}
+
+START_TEST(test_fake_handle_opened_once_and_closed) {
+        struct testd d;
+
+        cuda_start(&d, NULL, NULL);
+        ck_assert_int_eq(reap(spawn(open_once_client, &d, NULL)), 0);
+        cuda_stop(&d);
+}
+END_TEST
+
+/* The driver's rules, as the fake enforces them: if these pass, the tests above are honest. */
+static int rules_client(struct testd *d, void *arg) {
+        gp_cu_result (*mem_alloc_v1)(unsigned *p, unsigned size);
+        gp_cu_deviceptr p = 0, base = 0;
+        gp_cu_ipc_mem_handle h;
+        size_t size = 0;
+        struct gpu g;
+
+        (void) d, (void) arg;
+        if (gpu_open(&g) < 0)
+                return 1;
+        /* cuMemAlloc at version 2000 is the 32-bit ABI; gp_cuda_load() got the 64-bit one. */
+        *(void **) &mem_alloc_v1 = gp_cuda_symbol(&g.cu, "cuMemAlloc", 2000);
+        if (!mem_alloc_v1 || (void *) mem_alloc_v1 == (void *) g.cu.cuMemAlloc || dlsym(g.cu.lib, "cuMemAlloc") == NULL)
+                return 2;
+        if (g.cu.cuMemAlloc(&p, 5ULL << 30) != GP_CUDA_SUCCESS || g.cu.cuMemGetAddressRange(&base, &size, p) != GP_CUDA_SUCCESS ||
+            size != 5ULL << 30)
+                return 3;       /* a size over 4 GiB survives the call */
+        if (g.cu.cuIpcGetMemHandle(&h, p + 4096) != GP_CUDA_ERROR_INVALID_VALUE)
+                return 4;       /* interior pointers are not exportable */
+        if (g.cu.cuIpcGetMemHandle(&h, p) != GP_CUDA_SUCCESS)
+                return 5;
+        if (g.cu.cuIpcOpenMemHandle(&base, h, GP_CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS) != GP_CUDA_ERROR_INVALID_CONTEXT)
+                return 6;       /* not in the exporting process */
+        if (g.cu.cuMemFree(p) != GP_CUDA_SUCCESS)
+                return 7;
+        return 0;
+}
+
+static void on_segv(int sig) {
+        (void) sig;
+        _exit(77);
+}
+
+static int deref_client(struct testd *d, void *arg) {
+        struct sigaction sa = { .sa_handler = on_segv };
+        gpupool_client *c;
+        struct gpu g;
+        void *p;
+
+        (void) arg;
+        if (gpu_open(&g) < 0 || gpupool_connect(d->sock, "deref", &c) < 0 || gpupool_alloc(c, 0, 4096, &p) < 0)
+                return 1;
+        /* Our own handler, so that a sanitizer's does not report the fault we want. */
+        sigaction(SIGSEGV, &sa, NULL);
+        return *(volatile unsigned char *) p;   /* device memory: this must fault */
+}
+
+START_TEST(test_fake_driver_rules) {
+        struct testd d;
+
+        setenv("FAKECUDA_MEM", "8G", 1);
+        cuda_start(&d, NULL, NULL);
+        ck_assert_int_eq(reap(spawn(rules_client, &d, NULL)), 0);
+        ck_assert_int_eq(reap(spawn(deref_client, &d, NULL)), 77);
+        ck_assert_msg(device_field_becomes(&d, 0, "in_use_bytes", 0), "the faulted client's memory did not return");
+        cuda_stop(&d);
+        unsetenv("FAKECUDA_MEM");
+}
+END_TEST
+
+START_TEST(test_fake_start_without_driver_or_gpu) {
+        const char *b = build_dir();
+        char cmd[768], out[4096];
+        const char *lib = getenv("GPUPOOL_LIBCUDA");
+        struct testd d;
+
+        snprintf(cmd, sizeof(cmd), "GPUPOOL_LIBCUDA=/nonexistent/libcuda.so.1 %s/gpupoold --backend cuda --socket /tmp/gp-never.sock 2>&1", b);
+        ck_assert_int_eq(run_capture(cmd, out, sizeof(out)), 1);
+        ck_assert_msg(strstr(out, "--backend cuda: no CUDA driver: cannot load /nonexistent/libcuda.so.1"), "%s", out);
+        snprintf(cmd, sizeof(cmd), "GPUPOOL_LIBCUDA=%s FAKECUDA_DEVICES=0 %s/gpupoold --backend cuda --socket /tmp/gp-never.sock 2>&1", lib, b);
+        ck_assert_int_eq(run_capture(cmd, out, sizeof(out)), 1);
+        ck_assert_msg(strstr(out, "finds no GPU"), "%s", out);
+        snprintf(cmd, sizeof(cmd), "GPUPOOL_LIBCUDA=%s %s/gpupoold --backend cuda --headroom 4G --socket /tmp/gp-never.sock 2>&1", lib, b);
+        ck_assert_int_eq(run_capture(cmd, out, sizeof(out)), 1);
+        ck_assert_msg(strstr(out, "--headroom 4.0 GiB leaves nothing"), "%s", out);
+
+        /* auto: no GPU means the host backend, said in the log. */
+        setenv("FAKECUDA_DEVICES", "0", 1);
+        testd_start(&d, "--backend", "auto", NULL);
+        unsetenv("FAKECUDA_DEVICES");
+        {
+                json_t *st = testd_ctl(&d, "status");
+                json_t *dev = json_array_get(json_object_get(st, "devices"), 0);
+
+                ck_assert_str_eq(json_string_value(json_object_get(dev, "backend")), "host");
+                json_decref(st);
+        }
+        snprintf(cmd, sizeof(cmd), "grep -c 'finds no GPU; using the host backend' %s", d.log);
+        ck_assert_int_eq(run_capture(cmd, out, sizeof(out)), 0);
+        ck_assert_int_eq(testd_stop(&d), 0);
+}
+END_TEST
+
+static void add_common(TCase *tc) {
+        tcase_add_test(tc, test_cuda_clients_data_intact);
+        tcase_add_test(tc, test_cuda_killed_client_memory_returns);
+        tcase_add_test(tc, test_cuda_limits_hold);
+        tcase_add_test(tc, test_cuda_free_async_waits_for_stream);
+        tcase_add_test(tc, test_cuda_disconnect_waits_for_pending_frees);
+        tcase_add_test(tc, test_cuda_segment_zeroed_across_uids);
+}
+
+Suite *suite_cuda_fake(void) {
+        Suite *s = suite_create("cuda-fake");
+        TCase *tc = tcase_create("fake driver");
+        static char lib[512];
+
+        on_gpu = false;
+        /* Every daemon and client of this suite loads the fake driver. */
+        snprintf(lib, sizeof(lib), "%s/tests/libfakecuda.so",
+                 build_dir());
+        if (lib[0] != '/') {
+                /* Clients may run elsewhere than here: make the path absolute. */
+                char *abs = realpath(lib, NULL);
+
+                if (abs) {
+                        snprintf(lib, sizeof(lib), "%s", abs);
+                        free(abs);
+                }
+        }
+        setenv("GPUPOOL_LIBCUDA", lib, 1);
+        add_common(tc);
+        tcase_add_test(tc, test_fake_visible_devices_renumbered);
+        tcase_add_test(tc, test_fake_handle_opened_once_and_closed);
+        tcase_add_test(tc, test_fake_driver_rules);
+        tcase_add_test(tc, test_fake_start_without_driver_or_gpu);
+        tcase_set_timeout(tc, 120);
+        suite_add_tcase(s, tc);
+        return s;
+}
+
+Suite *suite_cuda_gpu(void) {
+        Suite *s = suite_create("cuda-gpu");
+        TCase *tc = tcase_create("real GPU");
+
+        on_gpu = true;
+        add_common(tc);
+        tcase_set_timeout(tc, 300);
+        suite_add_tcase(s, tc);
+        return s;
+}
