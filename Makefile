@@ -6,6 +6,7 @@
 #   make test SANITIZER=address,undefined
 #   make valgrind             the suites, and the daemons they start, under valgrind
 #   make check-gpu            the cuda backend's tests on this machine's GPU (skipped without one)
+#   make bench-gpu            allocation latency: driver, driver pool, gpupool (needs a GPU)
 #   make STATIC=1             link libuv, protobuf-c, jansson and Check statically
 #   make V=1                  show the commands
 #   make deps                 install the Debian/Ubuntu packages the build needs
@@ -71,6 +72,7 @@ LIB_SO     := $(B)/libgpupool.so.1
 LIB_A      := $(B)/libgpupool.a
 TEST_BIN   := $(B)/tests/check_gpupool
 GPU_TEST_BIN := $(B)/tests/check_gpu
+BENCH_GPU  := $(B)/bench/bench_gpu
 FAKECUDA   := $(B)/tests/libfakecuda.so
 
 all: $(DAEMON_BIN) $(CLI_BIN) $(LIB_SO) $(B)/libgpupool.so $(LIB_A)
@@ -147,6 +149,16 @@ test: all $(TEST_BIN) $(FAKECUDA) $(CUDA_ABI_OK)
 check-gpu: all $(GPU_TEST_BIN)
 	$(Q)GPUPOOL_BUILD_DIR=$(B) $(GPU_TEST_BIN)
 
+$(BENCH_GPU): $(B)/obj/bench/bench_gpu.o $(CLIENT_O) $(COMMON_O)
+	@mkdir -p $(dir $@)
+	@echo "  LD      $@"
+	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LIBS_PROTOBUF) -lpthread -ldl -lm
+
+# On a GPU machine: allocation latency of the driver, its stream-ordered pool and gpupool,
+# and the cost of importing a segment (bench/bench_gpu.c). BENCH_ARGS="--ops 100000" etc.
+bench-gpu: all $(BENCH_GPU)
+	$(Q)sh bench/bench-gpu.sh $(B) $(BENCH_ARGS)
+
 # The suites under valgrind, the daemons they start too. Slow (minutes); not part of "make test".
 VALGRIND := valgrind -q --error-exitcode=99 --leak-check=full --errors-for-leak-kinds=definite
 valgrind: all $(TEST_BIN) $(FAKECUDA)
@@ -175,6 +187,6 @@ run: deps
 clean:
 	rm -rf build
 
-.PHONY: all test check-gpu valgrind deps run clean
+.PHONY: all test check-gpu bench-gpu valgrind deps run clean
 
 -include $(shell find $(B)/obj -name '*.d' 2>/dev/null)

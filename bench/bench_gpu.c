@@ -1,0 +1,404 @@
+/*
+ * bench_gpu.c: what an allocation costs, with and without gpupool (make bench-gpu).
+ *
+ * One workload, replayed identically by three allocators:
+ *   a. cuMemAlloc_v2 + cuMemFree_v2, the driver directly;
+ *   b. cuMemAllocAsync + cuMemFreeAsync on the device's default pool, which keeps what it
+ *      frees (release threshold: everything), on one stream;
+ *   c. gpupool_alloc + gpupool_free through a running gpupoold.
+ * The workload is the seed shape: --ops allocations (default one million) of mixed sizes
+ * from 512 B to 64 MiB (log-uniform within three bands: 70% up to 64 KiB, 25% up to 4 MiB,
+ * 5% up to 64 MiB), with frees interleaved so that about --live blocks stay allocated, freed
+ * in random order. Each call is timed on the host clock; the report gives the median, p99 and
+ * mean of allocations and of frees, and the wall time of the whole replay.
+ *
+ * Then the first import of a segment: a second process exports cuMemAlloc_v2 allocations of
+ * 2 MiB to 1 GiB (--import-reps of each) and this one times cuIpcOpenMemHandle_v2 (and
+ * cuIpcCloseMemHandle) on each, as a client does on its first block of a new segment.
+ *
+ * Usage: bench_gpu --socket PATH [--ops N] [--live N] [--import-reps N] [--skip-direct]
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <getopt.h>
+#include <math.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cudadrv.h"
+#include "gpupool.h"
+
+#define MiB (1ULL << 20)
+
+struct step {
+        int slot;               /* which live slot */
+        size_t size;            /* 0: free the slot */
+};
+
+struct stats {
+        double *alloc_us, *free_us;
+        size_t nalloc, nfree;
+        double wall_s;
+        unsigned long long failed;
+};
+
+static double now_us(void) {
+        struct timespec ts;
+
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        return (double) ts.tv_sec * 1e6 + (double) ts.tv_nsec / 1e3;
+}
+
+static uint64_t rng_state = 0x9e3779b97f4a7c15ULL;
+
+static uint64_t rng(void) {
+        rng_state ^= rng_state << 13;
+        rng_state ^= rng_state >> 7;
+        rng_state ^= rng_state << 17;
+        return rng_state;
+}
+
+static double uniform(void) {
+        return (double) (rng() >> 11) / 9007199254740992.0;
+}
+
+static size_t log_uniform(double lo, double hi) {
+        return (size_t) (lo * pow(hi / lo, uniform()));
+}
+
+static size_t pick_size(void) {
+        double u = uniform();
+
+        if (u < 0.70)
+                return log_uniform(512, 64 * 1024);
+        if (u < 0.95)
+                return log_uniform(64 * 1024, 4 * MiB);
+        return log_uniform(4 * MiB, 64 * MiB);
+}
+
+/* The workload: ops allocations, frees interleaved, about live blocks held, then all freed. */
+static struct step *make_workload(size_t ops, int live, size_t *ret_n) {
+        struct step *w = malloc((2 * ops + (size_t) live) * sizeof(*w));
+        int *used = calloc((size_t) live, sizeof(int)), nused = 0;
+        int *slots = malloc((size_t) live * sizeof(int));
+        size_t n = 0, allocs = 0;
+
+        for (int i = 0; i < live; i++)
+                slots[i] = i;
+        while (allocs < ops) {
+                bool alloc = nused == 0 || (nused < live && uniform() < 0.5 + 0.5 * (1.0 - (double) nused / live));
+
+                if (alloc) {
+                        /* Take a free slot: slots[nused..] are free. */
+                        int k = nused + (int) (rng() % (uint64_t) (live - nused)), s = slots[k];
+
+                        slots[k] = slots[nused];
+                        slots[nused++] = s;
+                        used[s] = 1;
+                        w[n++] = (struct step) { s, pick_size() };
+                        allocs++;
+                } else {
+                        int k = (int) (rng() % (uint64_t) nused), s = slots[k];
+
+                        slots[k] = slots[--nused];
+                        slots[nused] = s;
+                        used[s] = 0;
+                        w[n++] = (struct step) { s, 0 };
+                }
+        }
+        for (int i = 0; i < live; i++)
+                if (used[i])
+                        w[n++] = (struct step) { i, 0 };
+        free(used);
+        free(slots);
+        *ret_n = n;
+        return w;
+}
+
+static int cmp_double(const void *a, const void *b) {
+        double x = *(const double *) a, y = *(const double *) b;
+
+        return x < y ? -1 : x > y;
+}
+
+static void report(const char *name, const char *what, double *v, size_t n) {
+        double sum = 0;
+
+        if (!n) {
+                printf("%-34s %-6s       (none)\n", name, what);
+                return;
+        }
+        qsort(v, n, sizeof(*v), cmp_double);
+        for (size_t i = 0; i < n; i++)
+                sum += v[i];
+        printf("%-34s %-6s %10zu %12.2f %12.2f %12.2f\n", name, what, n, v[n / 2], v[(size_t) ((double) n * 0.99)],
+               sum / (double) n);
+}
+
+static void report_all(const char *name, struct stats *st) {
+        report(name, "alloc", st->alloc_us, st->nalloc);
+        report(name, "free", st->free_us, st->nfree);
+        printf("%-34s wall %.3f s, %llu failed allocations\n", name, st->wall_s, st->failed);
+}
+
+/* The three allocators behind one pair of calls. */
+struct allocator {
+        const char *name;
+        int (*alloc)(struct allocator *a, size_t size, void **p);
+        int (*free)(struct allocator *a, void *p);
+        void (*finish)(struct allocator *a);
+        struct gp_cuda *cu;
+        gp_cu_stream stream;
+        gp_cu_result (*alloc_async)(gp_cu_deviceptr *p, size_t size, gp_cu_stream s);
+        gp_cu_result (*free_async)(gp_cu_deviceptr p, gp_cu_stream s);
+        gp_cu_result (*ctx_sync)(void);
+        gpupool_client *client;
+};
+
+static int direct_alloc(struct allocator *a, size_t size, void **p) {
+        gp_cu_deviceptr d;
+        int r = a->cu->cuMemAlloc(&d, size);
+
+        *p = (void *) (uintptr_t) d;
+        return r ? -ENOMEM : 0;
+}
+
+static int direct_free(struct allocator *a, void *p) {
+        return a->cu->cuMemFree((gp_cu_deviceptr) (uintptr_t) p) ? -EIO : 0;
+}
+
+static int pool_alloc(struct allocator *a, size_t size, void **p) {
+        gp_cu_deviceptr d;
+        int r = a->alloc_async(&d, size, a->stream);
+
+        *p = (void *) (uintptr_t) d;
+        return r ? -ENOMEM : 0;
+}
+
+static int pool_free(struct allocator *a, void *p) {
+        return a->free_async((gp_cu_deviceptr) (uintptr_t) p, a->stream) ? -EIO : 0;
+}
+
+static void pool_finish(struct allocator *a) {
+        (void) a->cu->cuStreamSynchronize(a->stream);
+}
+
+static int gpupool_alloc_fn(struct allocator *a, size_t size, void **p) {
+        return gpupool_alloc(a->client, 0, size, p);
+}
+
+static int gpupool_free_fn(struct allocator *a, void *p) {
+        return gpupool_free(a->client, p);
+}
+
+static void replay(struct allocator *a, const struct step *w, size_t n, int live, struct stats *st) {
+        void **slot = calloc((size_t) live, sizeof(void *));
+        double t0 = now_us();
+
+        st->nalloc = st->nfree = 0;
+        st->failed = 0;
+        for (size_t i = 0; i < n; i++) {
+                double t = now_us();
+
+                if (w[i].size) {
+                        int r = a->alloc(a, w[i].size, &slot[w[i].slot]);
+
+                        st->alloc_us[st->nalloc++] = now_us() - t;
+                        if (r < 0) {
+                                slot[w[i].slot] = NULL;
+                                st->failed++;
+                        }
+                } else if (slot[w[i].slot]) {
+                        if (a->free(a, slot[w[i].slot]) < 0) {
+                                fprintf(stderr, "%s: free failed\n", a->name);
+                                exit(1);
+                        }
+                        st->free_us[st->nfree++] = now_us() - t;
+                        slot[w[i].slot] = NULL;
+                }
+        }
+        if (a->finish)
+                a->finish(a);
+        st->wall_s = (now_us() - t0) / 1e6;
+        free(slot);
+}
+
+/* ---- first import ---- */
+
+static const size_t import_sizes[] = { 2 * MiB, 20 * MiB, 64 * MiB, 256 * MiB, 1024 * MiB };
+#define NSIZES (sizeof(import_sizes) / sizeof(import_sizes[0]))
+
+/* The exporting process: allocates, writes the handles to out, waits for a byte on in. */
+static int exporter(int reps, int out, int in) {
+        struct gp_cuda cu;
+        gp_cu_context ctx;
+        gp_cu_device dev;
+        gp_cu_deviceptr *p = calloc(NSIZES * (size_t) reps, sizeof(*p));
+        char err[256], ch;
+
+        if (gp_cuda_load(&cu, err, sizeof(err)) < 0 || cu.cuDeviceGet(&dev, 0) || cu.cuDevicePrimaryCtxRetain(&ctx, dev) ||
+            cu.cuCtxPushCurrent(ctx))
+                return 1;
+        for (size_t s = 0; s < NSIZES; s++)
+                for (int r = 0; r < reps; r++) {
+                        gp_cu_ipc_mem_handle h;
+
+                        if (cu.cuMemAlloc(&p[s * (size_t) reps + (size_t) r], import_sizes[s]) ||
+                            cu.cuIpcGetMemHandle(&h, p[s * (size_t) reps + (size_t) r]))
+                                memset(&h, 0, sizeof(h));      /* the importer reports it */
+                        if (write(out, &h, sizeof(h)) != sizeof(h))
+                                return 2;
+                }
+        if (read(in, &ch, 1) < 0)
+                return 3;
+        for (size_t i = 0; i < NSIZES * (size_t) reps; i++)
+                if (p[i])
+                        (void) cu.cuMemFree(p[i]);
+        return 0;
+}
+
+static void bench_import(struct gp_cuda *cu, int reps, pid_t child, int in, int out) {
+        double *open_us = calloc((size_t) reps, sizeof(double)), *close_us = calloc((size_t) reps, sizeof(double));
+
+        printf("\n%-34s %-6s %10s %12s %12s %12s\n", "first import of a segment", "call", "n", "median_us", "p99_us", "mean_us");
+        for (size_t s = 0; s < NSIZES; s++) {
+                char name[64];
+                int n = 0;
+
+                for (int r = 0; r < reps; r++) {
+                        gp_cu_ipc_mem_handle h, zero = { 0 };
+                        gp_cu_deviceptr p;
+                        double t;
+
+                        if (read(in, &h, sizeof(h)) != sizeof(h))
+                                return;
+                        if (memcmp(&h, &zero, sizeof(h)) == 0)
+                                continue;       /* the exporter could not allocate this one */
+                        t = now_us();
+                        if (cu->cuIpcOpenMemHandle(&p, h, GP_CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS))
+                                continue;
+                        open_us[n] = now_us() - t;
+                        t = now_us();
+                        (void) cu->cuIpcCloseMemHandle(p);
+                        close_us[n++] = now_us() - t;
+                }
+                snprintf(name, sizeof(name), "segment of %zu MiB", (size_t) (import_sizes[s] / MiB));
+                report(name, "open", open_us, (size_t) n);
+                report(name, "close", close_us, (size_t) n);
+        }
+        if (write(out, "x", 1) < 0)
+                perror("bench_gpu");
+        waitpid(child, NULL, 0);
+        free(open_us);
+        free(close_us);
+}
+
+int main(int argc, char **argv) {
+        static const struct option opts[] = {
+                { "socket", required_argument, NULL, 's' }, { "ops", required_argument, NULL, 'n' },
+                { "live", required_argument, NULL, 'l' },   { "import-reps", required_argument, NULL, 'r' },
+                { "skip-direct", no_argument, NULL, 'd' },   { 0 },
+        };
+        const char *socket_path = NULL;
+        size_t ops = 1000000, n;
+        int live = 1024, reps = 10, c, to_child[2], from_child[2];
+        bool skip_direct = false;
+        struct allocator a;
+        struct stats st;
+        struct step *w;
+        struct gp_cuda cu;
+        gp_cu_context ctx;
+        gp_cu_device dev;
+        gp_cu_mempool mempool;
+        gp_cu_result (*get_pool)(gp_cu_mempool *pool, gp_cu_device d);
+        gp_cu_result (*set_attr)(gp_cu_mempool pool, int attr, void *value);
+        uint64_t threshold = UINT64_MAX;
+        char err[256];
+        pid_t child;
+
+        while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+                switch (c) {
+                case 's': socket_path = optarg; break;
+                case 'n': ops = strtoull(optarg, NULL, 10); break;
+                case 'l': live = atoi(optarg); break;
+                case 'r': reps = atoi(optarg); break;
+                case 'd': skip_direct = true; break;
+                default:
+                        fprintf(stderr, "usage: bench_gpu --socket PATH [--ops N] [--live N] [--import-reps N] [--skip-direct]\n");
+                        return 2;
+                }
+        }
+        if (!socket_path || ops == 0 || live <= 0 || reps <= 0) {
+                fprintf(stderr, "bench_gpu: --socket is required; --ops, --live and --import-reps must be positive\n");
+                return 2;
+        }
+        /* The exporter is forked before this process touches CUDA. */
+        if (pipe(to_child) < 0 || pipe(from_child) < 0)
+                return 1;
+        child = fork();
+        if (child == 0)
+                _exit(exporter(reps, from_child[1], to_child[0]));
+
+        if (gp_cuda_load(&cu, err, sizeof(err)) < 0) {
+                fprintf(stderr, "bench_gpu: %s\n", err);
+                return 1;
+        }
+        if (cu.cuDeviceGet(&dev, 0) || cu.cuDevicePrimaryCtxRetain(&ctx, dev) || cu.cuCtxPushCurrent(ctx)) {
+                fprintf(stderr, "bench_gpu: cannot use GPU 0\n");
+                return 1;
+        }
+        {
+                char name[128] = "";
+
+                cu.cuDeviceGetName(name, sizeof(name), dev);
+                printf("device: %s, driver %d.%d\n", name, cu.driver_version / 1000, cu.driver_version % 1000 / 10);
+        }
+        w = make_workload(ops, live, &n);
+        st.alloc_us = malloc(ops * sizeof(double));
+        st.free_us = malloc(ops * sizeof(double));
+        printf("workload: %zu allocations of 512 B to 64 MiB, about %d live, %zu calls\n\n", ops, live, n);
+        printf("%-34s %-6s %10s %12s %12s %12s\n", "allocator", "call", "n", "median_us", "p99_us", "mean_us");
+
+        if (!skip_direct) {
+                a = (struct allocator) { .name = "a. cuMemAlloc_v2/cuMemFree_v2", .alloc = direct_alloc, .free = direct_free, .cu = &cu };
+                replay(&a, w, n, live, &st);
+                report_all(a.name, &st);
+        }
+
+        *(void **) &a.alloc_async = gp_cuda_symbol(&cu, "cuMemAllocAsync", 11020);
+        *(void **) &get_pool = gp_cuda_symbol(&cu, "cuDeviceGetDefaultMemPool", 11020);
+        *(void **) &set_attr = gp_cuda_symbol(&cu, "cuMemPoolSetAttribute", 11020);
+        a = (struct allocator) { .name = "b. cuMemAllocAsync/cuMemFreeAsync", .alloc = pool_alloc, .free = pool_free,
+                                 .finish = pool_finish, .cu = &cu, .alloc_async = a.alloc_async };
+        *(void **) &a.free_async = gp_cuda_symbol(&cu, "cuMemFreeAsync", 11020);
+        if (!a.alloc_async || !a.free_async || !get_pool || !set_attr || get_pool(&mempool, dev) ||
+            set_attr(mempool, GP_CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &threshold) ||
+            cu.cuStreamCreate(&a.stream, GP_CU_STREAM_NON_BLOCKING)) {
+                printf("%-34s not available on this driver\n", a.name);
+        } else {
+                replay(&a, w, n, live, &st);
+                report_all(a.name, &st);
+                (void) cu.cuStreamDestroy(a.stream);
+        }
+
+        a = (struct allocator) { .name = "c. gpupool_alloc/gpupool_free", .alloc = gpupool_alloc_fn, .free = gpupool_free_fn };
+        c = gpupool_connect(socket_path, "bench_gpu", &a.client);
+        if (c < 0) {
+                fprintf(stderr, "bench_gpu: cannot connect to gpupoold at %s: %s\n", socket_path, gpupool_strerror(c));
+                return 1;
+        }
+        replay(&a, w, n, live, &st);
+        report_all(a.name, &st);
+        gpupool_disconnect(a.client);
+
+        bench_import(&cu, reps, child, from_child[0], to_child[1]);
+        free(w);
+        free(st.alloc_us);
+        free(st.free_us);
+        return 0;
+}
