@@ -632,7 +632,13 @@ START_TEST(test_fake_driver_rules) {
         setenv("FAKECUDA_MEM", "8G", 1);
         cuda_start(&d, NULL, NULL);
         ck_assert_int_eq(reap(spawn(rules_client, &d, NULL)), 0);
-        ck_assert_int_eq(reap(spawn(deref_client, &d, NULL)), 77);
+        {
+                int status = reap(spawn(deref_client, &d, NULL));
+
+                /* Under make valgrind, valgrind reports the read as invalid first (exit 99): as good a proof. */
+                ck_assert_msg(status == 77 || (status == 99 && getenv("GPUPOOL_DAEMON_WRAPPER")),
+                              "reading device memory from the CPU did not fault (exit %d)", status);
+        }
         ck_assert_msg(device_field_becomes(&d, 0, "in_use_bytes", 0), "the faulted client's memory did not return");
         cuda_stop(&d);
         unsetenv("FAKECUDA_MEM");
