@@ -7,7 +7,7 @@
 #   make valgrind             the suites, and the daemons they start, under valgrind
 #   make check-gpu            the cuda backend's tests on this machine's GPU (skipped without one)
 #   make bench-gpu            allocation latency: driver, driver pool, gpupool (needs a GPU)
-#   make STATIC=1             link libuv, protobuf-c, jansson and Check statically
+#   make STATIC=1             link libuv, protobuf-c, jansson, inih and Check statically
 #   make V=1                  show the commands
 #   make deps                 install the Debian/Ubuntu packages the build needs
 
@@ -44,11 +44,13 @@ LIBS_UV       := -l:libuv_a.a -lpthread -ldl -lrt
 LIBS_PROTOBUF := -l:libprotobuf-c.a
 LIBS_JANSSON  := -l:libjansson.a
 LIBS_CHECK    := -l:libcheck.a -l:libsubunit.a -lm -lrt -lpthread
+LIBS_INIH     := -l:libinih.a
 else
 LIBS_UV       := $(shell $(PKG_CONFIG) --libs libuv 2>/dev/null || echo -luv)
 LIBS_PROTOBUF := $(shell $(PKG_CONFIG) --libs libprotobuf-c 2>/dev/null || echo -lprotobuf-c)
 LIBS_JANSSON  := $(shell $(PKG_CONFIG) --libs jansson 2>/dev/null || echo -ljansson)
 LIBS_CHECK    := $(shell $(PKG_CONFIG) --libs check 2>/dev/null || echo -lcheck -lsubunit -lm -lrt -lpthread)
+LIBS_INIH     := $(shell $(PKG_CONFIG) --libs inih 2>/dev/null || echo -linih)
 endif
 
 PROTO_C   := $(B)/proto/gpupool.pb-c.c
@@ -95,7 +97,7 @@ $(B)/obj/%.o: %.c $(PROTO_H)
 
 $(DAEMON_BIN): $(DAEMON_O) $(B)/obj/daemon/main.o $(COMMON_O)
 	@echo "  LD      $@"
-	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LIBS_UV) $(LIBS_PROTOBUF) -ldl
+	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LIBS_UV) $(LIBS_PROTOBUF) $(LIBS_INIH) -ldl
 
 $(CLI_BIN): $(CLI_O) $(COMMON_O)
 	@echo "  LD      $@"
@@ -116,13 +118,13 @@ $(LIB_A): $(CLIENT_O) $(COMMON_O)
 $(TEST_BIN): $(TESTS_O) $(DAEMON_O) $(CLIENT_O) $(COMMON_O)
 	@mkdir -p $(dir $@)
 	@echo "  LD      $@"
-	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LIBS_CHECK) $(LIBS_UV) $(LIBS_PROTOBUF) $(LIBS_JANSSON) -lpthread -ldl
+	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LIBS_CHECK) $(LIBS_UV) $(LIBS_PROTOBUF) $(LIBS_JANSSON) $(LIBS_INIH) -lpthread -ldl
 
 # The cuda backend's tests on a real GPU: everything of the test binary but its main.
 $(GPU_TEST_BIN): $(B)/obj/tests/gpu/check_gpu_main.o $(filter-out $(B)/obj/tests/check_main.o,$(TESTS_O)) $(DAEMON_O) $(CLIENT_O) $(COMMON_O)
 	@mkdir -p $(dir $@)
 	@echo "  LD      $@"
-	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LIBS_CHECK) $(LIBS_UV) $(LIBS_PROTOBUF) $(LIBS_JANSSON) -lpthread -ldl
+	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LIBS_CHECK) $(LIBS_UV) $(LIBS_PROTOBUF) $(LIBS_JANSSON) $(LIBS_INIH) -lpthread -ldl
 
 # The fake CUDA driver the cuda backend's tests load through $GPUPOOL_LIBCUDA.
 $(FAKECUDA): $(B)/obj/tests/fakecuda/fakecuda.o
@@ -164,7 +166,7 @@ VALGRIND := valgrind -q --error-exitcode=99 --leak-check=full --errors-for-leak-
 valgrind: all $(TEST_BIN) $(FAKECUDA)
 	$(Q)GPUPOOL_BUILD_DIR=$(B) GPUPOOL_DAEMON_WRAPPER="$(VALGRIND)" CK_DEFAULT_TIMEOUT=600 $(VALGRIND) $(TEST_BIN)
 
-DEBS := gcc make pkg-config libuv1-dev libprotobuf-c-dev protobuf-c-compiler check libsubunit-dev libjansson-dev
+DEBS := gcc make pkg-config libuv1-dev libprotobuf-c-dev protobuf-c-compiler check libsubunit-dev libjansson-dev libinih-dev
 
 deps:
 	@missing=""; for p in $(DEBS); do \

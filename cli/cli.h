@@ -19,11 +19,14 @@ struct cli_command {
         const char *name;
         const char *usage;
         const char *summary;
+        bool takes_args;                /* else anything after the name but --json is refused */
         /* Runs the command; returns the process exit code. */
         int (*run)(struct cli *cli, int argc, char **argv);
 };
 
 extern const struct cli_command cli_cmd_status;
+extern const struct cli_command cli_cmd_limits;
+extern const struct cli_command cli_cmd_set_limit;
 extern const struct cli_command cli_cmd_flush;
 
 /*
@@ -32,5 +35,17 @@ extern const struct cli_command cli_cmd_flush;
  * gpupool__envelope__free_unpacked().
  */
 int cli_call(struct cli *cli, Gpupool__Envelope *req, Gpupool__Envelope__BodyCase want, Gpupool__Envelope **ret_reply);
+
+struct json_t;
+
+/* Prints a command's JSON answer (adding "version": 1, keys sorted) and frees it. */
+void cli_print_json(struct json_t *root);
+
+/* Asks for the daemon's status (cmd-status.c). As cli_call(). */
+int cli_status(struct cli *cli, Gpupool__Envelope **ret_reply);
+
+/* The tenants of a status as a table (with their match rules if asked) or as JSON. */
+void cli_print_tenants(const Gpupool__StatusReply *sr, bool with_rules);
+struct json_t *cli_tenants_json(const Gpupool__StatusReply *sr);
 
 #endif

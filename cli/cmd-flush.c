@@ -1,10 +1,12 @@
 /*
- * cmd-flush.c: "gpupoolctl flush": give every cached (wholly free) segment back to the
- * backend, on every device, and say what was released.
+ * cmd-flush.c: "gpupoolctl flush [--device N]": give every cached (wholly free) segment back
+ * to the backend, on every device or on one, and say what was released.
  */
 #include <inttypes.h>
 #include <jansson.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "cli.h"
 #include "size.h"
@@ -15,7 +17,22 @@ static int run(struct cli *cli, int argc, char **argv) {
         const Gpupool__FlushReply *f;
         char size[GP_SIZE_FORMAT_MAX];
 
-        (void) argc, (void) argv;
+        for (int i = 1; i < argc; i++) {
+                char *end;
+                long d;
+
+                if (strcmp(argv[i], "--device") != 0 || i + 1 >= argc) {
+                        fprintf(stderr, "gpupoolctl flush: unexpected '%s'\nUsage: gpupoolctl %s\n", argv[i], cli_cmd_flush.usage);
+                        return 2;
+                }
+                d = strtol(argv[++i], &end, 10);
+                if (*end || d < 0 || d > 255) {
+                        fprintf(stderr, "gpupoolctl flush: '%s' is not a device index\n", argv[i]);
+                        return 2;
+                }
+                fr.has_device = 1;
+                fr.device = (uint32_t) d;
+        }
         req.body_case = GPUPOOL__ENVELOPE__BODY_FLUSH;
         req.flush = &fr;
         if (cli_call(cli, &req, GPUPOOL__ENVELOPE__BODY_FLUSH_REPLY, &rep) < 0)
@@ -29,11 +46,8 @@ static int run(struct cli *cli, int argc, char **argv) {
                                 "index", (json_int_t) f->devices[i]->index,
                                 "released_segments", (json_int_t) f->devices[i]->segments,
                                 "released_bytes", (json_int_t) f->devices[i]->bytes));
-                json_object_set_new(root, "version", json_integer(1));
-                json_object_set_new(root, "devices", devices);
-                json_dumpf(root, stdout, JSON_INDENT(2) | JSON_SORT_KEYS);
-                fputc('\n', stdout);
-                json_decref(root);
+                                json_object_set_new(root, "devices", devices);
+                cli_print_json(root);
         } else {
                 for (size_t i = 0; i < f->n_devices; i++)
                         printf("device %u: released %" PRIu64 " cached segments, %s\n", f->devices[i]->index,
@@ -45,7 +59,8 @@ static int run(struct cli *cli, int argc, char **argv) {
 
 const struct cli_command cli_cmd_flush = {
         .name = "flush",
-        .usage = "flush [--json]",
-        .summary = "release every cached segment to the backend",
+        .usage = "flush [--device N]",
+        .summary = "release cached segments to the backend (all devices, or N)",
+        .takes_args = true,
         .run = run,
 };

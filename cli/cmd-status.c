@@ -9,72 +9,138 @@
 #include "cli.h"
 #include "size.h"
 
+static json_t *per_device(const uint64_t *v, size_t n) {
+        json_t *a = json_array();
+
+        for (size_t i = 0; i < n; i++)
+                json_array_append_new(a, json_integer((json_int_t) v[i]));
+        return a;
+}
+
+json_t *cli_tenants_json(const Gpupool__StatusReply *sr) {
+        json_t *tenants = json_array();
+
+        for (size_t i = 0; i < sr->n_tenants; i++) {
+                const Gpupool__TenantStatus *t = sr->tenants[i];
+
+                json_array_append_new(tenants, json_pack("{s:s, s:s, s:I, s:I, s:I, s:I, s:b, s:o, s:o}",
+                        "name", t->name, "rules", t->rules, "clients", (json_int_t) t->clients,
+                        "max_bytes", (json_int_t) t->max_bytes, "guarantee_bytes", (json_int_t) t->guarantee_bytes,
+                        "client_max_bytes", (json_int_t) t->client_max_bytes, "overridden", t->has_overridden && t->overridden,
+                        "reserved_bytes", per_device(t->reserved_bytes, t->n_reserved_bytes),
+                        "in_use_bytes", per_device(t->in_use_bytes, t->n_in_use_bytes)));
+        }
+        return tenants;
+}
+
 static int print_json(const Gpupool__StatusReply *sr) {
         json_t *root = json_object(), *devices = json_array(), *clients = json_array();
 
         for (size_t i = 0; i < sr->n_devices; i++) {
                 const Gpupool__DeviceStatus *d = sr->devices[i];
 
-                json_array_append_new(devices, json_pack("{s:I, s:s, s:I, s:I, s:I, s:I}",
+                json_array_append_new(devices, json_pack("{s:I, s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}",
                         "index", (json_int_t) d->index, "backend", d->backend,
                         "total_bytes", (json_int_t) d->total_bytes, "reserved_bytes", (json_int_t) d->reserved_bytes,
-                        "in_use_bytes", (json_int_t) d->in_use_bytes, "cached_bytes", (json_int_t) d->cached_bytes));
+                        "in_use_bytes", (json_int_t) d->in_use_bytes, "cached_bytes", (json_int_t) d->cached_bytes,
+                        "max_cached_bytes", (json_int_t) d->max_cached_bytes,
+                        "evictions_total", (json_int_t) d->evictions_total, "reclaims_total", (json_int_t) d->reclaims_total,
+                        "decay_releases_total", (json_int_t) d->decay_releases_total,
+                        "watermark_releases_total", (json_int_t) d->watermark_releases_total));
         }
         for (size_t i = 0; i < sr->n_clients; i++) {
                 const Gpupool__ClientStatus *c = sr->clients[i];
 
-                json_array_append_new(clients, json_pack("{s:I, s:I, s:s, s:I, s:I, s:I, s:I}",
+                json_array_append_new(clients, json_pack("{s:I, s:I, s:s, s:s, s:I, s:I, s:I, s:I, s:b}",
                         "pid", (json_int_t) c->pid, "uid", (json_int_t) c->uid, "name", c->name,
+                        "tenant", c->tenant ? c->tenant : "",
                         "reserved_bytes", (json_int_t) c->reserved_bytes, "in_use_bytes", (json_int_t) c->in_use_bytes,
-                        "blocks", (json_int_t) c->blocks, "limit_bytes", (json_int_t) c->limit_bytes));
+                        "blocks", (json_int_t) c->blocks, "limit_bytes", (json_int_t) c->limit_bytes,
+                        "exiting", c->has_exiting && c->exiting));
         }
-        json_object_set_new(root, "version", json_integer(1));
-        json_object_set_new(root, "devices", devices);
+                json_object_set_new(root, "devices", devices);
         json_object_set_new(root, "clients", clients);
-        json_dumpf(root, stdout, JSON_INDENT(2) | JSON_SORT_KEYS);
-        fputc('\n', stdout);
-        json_decref(root);
+        json_object_set_new(root, "tenants", cli_tenants_json(sr));
+        cli_print_json(root);
         return 0;
 }
 
 #define SZ(v, buf) gp_size_format((v), (buf), sizeof(buf))
 
+static uint64_t sum(const uint64_t *v, size_t n) {
+        uint64_t s = 0;
+
+        for (size_t i = 0; i < n; i++)
+                s += v[i];
+        return s;
+}
+
+void cli_print_tenants(const Gpupool__StatusReply *sr, bool with_rules) {
+        char a[GP_SIZE_FORMAT_MAX], b[GP_SIZE_FORMAT_MAX], c[GP_SIZE_FORMAT_MAX], d[GP_SIZE_FORMAT_MAX],
+                e[GP_SIZE_FORMAT_MAX];
+
+        printf("%-16s %7s %12s %12s %12s %12s %12s%s\n", "TENANT", "CLIENTS", "RESERVED", "IN USE", "MAX", "GUARANTEE",
+               "CLIENT MAX", with_rules ? "  RULES" : "");
+        for (size_t i = 0; i < sr->n_tenants; i++) {
+                const Gpupool__TenantStatus *t = sr->tenants[i];
+
+                printf("%-16.16s %7u %12s %12s %12s %12s %12s%s%s%s\n", t->name, t->clients,
+                       SZ(sum(t->reserved_bytes, t->n_reserved_bytes), a), SZ(sum(t->in_use_bytes, t->n_in_use_bytes), b),
+                       t->max_bytes ? SZ(t->max_bytes, c) : "-", SZ(t->guarantee_bytes, d),
+                       t->client_max_bytes ? SZ(t->client_max_bytes, e) : "-", with_rules ? "  " : "",
+                       with_rules ? (*t->rules ? t->rules : "(everyone else)") : "",
+                       t->has_overridden && t->overridden ? "  (set-limit)" : "");
+        }
+}
+
 static int print_table(const Gpupool__StatusReply *sr) {
         char a[GP_SIZE_FORMAT_MAX], b[GP_SIZE_FORMAT_MAX], c[GP_SIZE_FORMAT_MAX], d[GP_SIZE_FORMAT_MAX];
 
-        printf("%-6s %-8s %12s %12s %12s %12s\n", "DEVICE", "BACKEND", "TOTAL", "RESERVED", "IN USE", "CACHED");
+        printf("%-6s %-8s %12s %12s %12s %12s %10s %10s %10s\n", "DEVICE", "BACKEND", "TOTAL", "RESERVED", "IN USE",
+               "CACHED", "EVICTIONS", "DECAYED", "WATERMARK");
         for (size_t i = 0; i < sr->n_devices; i++) {
                 const Gpupool__DeviceStatus *dev = sr->devices[i];
 
-                printf("%-6u %-8s %12s %12s %12s %12s\n", dev->index, dev->backend, SZ(dev->total_bytes, a),
-                       SZ(dev->reserved_bytes, b), SZ(dev->in_use_bytes, c), SZ(dev->cached_bytes, d));
+                printf("%-6u %-8s %12s %12s %12s %12s %10" PRIu64 " %10" PRIu64 " %10" PRIu64 "\n", dev->index, dev->backend,
+                       SZ(dev->total_bytes, a), SZ(dev->reserved_bytes, b), SZ(dev->in_use_bytes, c),
+                       SZ(dev->cached_bytes, d), dev->evictions_total, dev->decay_releases_total,
+                       dev->watermark_releases_total);
         }
+        printf("\n");
+        cli_print_tenants(sr, false);
         printf("\n");
         if (sr->n_clients == 0) {
                 printf("no clients\n");
                 return 0;
         }
-        printf("%-8s %-6s %-20s %12s %12s %8s %12s\n", "PID", "UID", "NAME", "RESERVED", "IN USE", "BLOCKS", "LIMIT");
+        printf("%-8s %-6s %-20s %-12s %12s %12s %8s %12s\n", "PID", "UID", "NAME", "TENANT", "RESERVED", "IN USE", "BLOCKS",
+               "LIMIT");
         for (size_t i = 0; i < sr->n_clients; i++) {
                 const Gpupool__ClientStatus *cl = sr->clients[i];
 
-                printf("%-8d %-6u %-20.20s %12s %12s %8" PRIu64 " %12s%s\n", cl->pid, cl->uid, cl->name,
-                       SZ(cl->reserved_bytes, a), SZ(cl->in_use_bytes, b), cl->blocks,
+                printf("%-8d %-6u %-20.20s %-12.12s %12s %12s %8" PRIu64 " %12s%s\n", cl->pid, cl->uid, cl->name,
+                       cl->tenant ? cl->tenant : "-", SZ(cl->reserved_bytes, a), SZ(cl->in_use_bytes, b), cl->blocks,
                        cl->limit_bytes ? SZ(cl->limit_bytes, c) : "-",
                        cl->has_exiting && cl->exiting ? "  (exiting)" : "");
         }
         return 0;
 }
 
-static int run(struct cli *cli, int argc, char **argv) {
-        Gpupool__Envelope req = GPUPOOL__ENVELOPE__INIT, *rep;
+int cli_status(struct cli *cli, Gpupool__Envelope **ret_reply) {
+        Gpupool__Envelope req = GPUPOOL__ENVELOPE__INIT;
         Gpupool__StatusRequest sr = GPUPOOL__STATUS_REQUEST__INIT;
+
+        req.body_case = GPUPOOL__ENVELOPE__BODY_STATUS_REQUEST;
+        req.status_request = &sr;
+        return cli_call(cli, &req, GPUPOOL__ENVELOPE__BODY_STATUS_REPLY, ret_reply);
+}
+
+static int run(struct cli *cli, int argc, char **argv) {
+        Gpupool__Envelope *rep;
         int r;
 
         (void) argc, (void) argv;
-        req.body_case = GPUPOOL__ENVELOPE__BODY_STATUS_REQUEST;
-        req.status_request = &sr;
-        if (cli_call(cli, &req, GPUPOOL__ENVELOPE__BODY_STATUS_REPLY, &rep) < 0)
+        if (cli_status(cli, &rep) < 0)
                 return 1;
         r = cli->json ? print_json(rep->status_reply) : print_table(rep->status_reply);
         gpupool__envelope__free_unpacked(rep, NULL);
@@ -84,6 +150,6 @@ static int run(struct cli *cli, int argc, char **argv) {
 const struct cli_command cli_cmd_status = {
         .name = "status",
         .usage = "status [--json]",
-        .summary = "show devices, pools and clients",
+        .summary = "show devices, pools, tenants and clients",
         .run = run,
 };

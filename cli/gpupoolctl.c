@@ -4,6 +4,7 @@
  */
 #include <errno.h>
 #include <getopt.h>
+#include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,6 +14,8 @@
 
 static const struct cli_command *const commands[] = {
         &cli_cmd_status,
+        &cli_cmd_limits,
+        &cli_cmd_set_limit,
         &cli_cmd_flush,
 };
 
@@ -27,6 +30,13 @@ static void usage(FILE *f) {
                    "  --json          print JSON instead of a table\n"
                    "  --help          show this text\n"
                    "  --version       show the version\n", GP_DEFAULT_SOCKET);
+}
+
+void cli_print_json(json_t *root) {
+        json_object_set_new(root, "version", json_integer(1));
+        json_dumpf(root, stdout, JSON_INDENT(2) | JSON_SORT_KEYS);
+        fputc('\n', stdout);
+        json_decref(root);
 }
 
 int cli_call(struct cli *cli, Gpupool__Envelope *req, Gpupool__Envelope__BodyCase want, Gpupool__Envelope **ret_reply) {
@@ -90,15 +100,22 @@ int main(int argc, char **argv) {
                 usage(stderr);
                 return 2;
         }
-        /* Commands take --json after their name too: "gpupoolctl status --json". */
-        for (int i = optind + 1; i < argc; i++) {
-                if (strcmp(argv[i], "--json") == 0) {
-                        cli.json = true;
-                } else {
-                        fprintf(stderr, "gpupoolctl %s: unexpected argument '%s'\nUsage: gpupoolctl %s\n", cmd->name,
-                                argv[i], cmd->usage);
-                        return 2;
+        /* Commands take --json after their name too: "gpupoolctl status --json"; the rest is theirs. */
+        {
+                int n = 0;
+
+                for (int i = optind; i < argc; i++) {
+                        if (i > optind && strcmp(argv[i], "--json") == 0)
+                                cli.json = true;
+                        else
+                                argv[optind + n++] = argv[i];
                 }
+                argc = optind + n;
+        }
+        if (!cmd->takes_args && argc - optind > 1) {
+                fprintf(stderr, "gpupoolctl %s: unexpected argument '%s'\nUsage: gpupoolctl %s\n", cmd->name,
+                        argv[optind + 1], cmd->usage);
+                return 2;
         }
         if (cli_connect(&cli) < 0)
                 return 1;

@@ -95,3 +95,48 @@ char *gp_size_format(uint64_t bytes, char *buf, size_t size) {
                 snprintf(buf, size, "%.1f %s", (double) bytes / (double) scale, names[i]);
         return buf;
 }
+
+static const struct {
+        const char *name;
+        uint64_t ms;
+} duration_units[] = {
+        { "d", 86400000 }, { "h", 3600000 }, { "min", 60000 }, { "s", 1000 }, { "ms", 1 },
+};
+
+int gp_duration_parse(const char *text, uint64_t *ret_ms) {
+        uint64_t n = 0;
+        const char *p = text;
+
+        if (!text || !(*p >= '0' && *p <= '9'))
+                return -EINVAL;
+        for (; *p >= '0' && *p <= '9'; p++) {
+                if (n > (UINT64_MAX - 9) / 10)
+                        return -ERANGE;
+                n = n * 10 + (uint64_t) (*p - '0');
+        }
+        if (*p == '\0') {
+                if (n != 0)
+                        return -EINVAL;         /* "30" is ambiguous: seconds? milliseconds? */
+                *ret_ms = 0;
+                return 0;
+        }
+        for (size_t i = 0; i < sizeof(duration_units) / sizeof(duration_units[0]); i++)
+                if (strcmp(p, duration_units[i].name) == 0) {
+                        if (n > UINT64_MAX / duration_units[i].ms)
+                                return -ERANGE;
+                        *ret_ms = n * duration_units[i].ms;
+                        return 0;
+                }
+        return -EINVAL;
+}
+
+char *gp_duration_format(uint64_t ms, char *buf, size_t size) {
+        for (size_t i = 0; i < sizeof(duration_units) / sizeof(duration_units[0]); i++)
+                if (ms && ms % duration_units[i].ms == 0) {
+                        snprintf(buf, size, "%llu%s", (unsigned long long) (ms / duration_units[i].ms),
+                                 duration_units[i].name);
+                        return buf;
+                }
+        snprintf(buf, size, "0");
+        return buf;
+}

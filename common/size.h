@@ -21,4 +21,14 @@ char *gp_size_format(uint64_t bytes, char *buf, size_t size);
 
 #define GP_SIZE_FORMAT_MAX 24
 
+/*
+ * Parses a duration: whole digits and a unit ms, s, min, h or d ("0" alone is zero), e.g.
+ * "100ms", "30s", "5min", "2h". Returns 0 and sets *ret_ms, or -EINVAL (no unit, a bad unit,
+ * not a number) or -ERANGE; *ret_ms is untouched on failure.
+ */
+int gp_duration_parse(const char *text, uint64_t *ret_ms);
+
+/* Writes ms as "100ms", "30s", "5min", "2h" (the largest unit that divides it) into buf. */
+char *gp_duration_format(uint64_t ms, char *buf, size_t size);
+
 #endif

@@ -171,6 +171,7 @@ static const struct {
         { GPUPOOL__STATUS__STATUS_VERSION, -EPROTONOSUPPORT },
         { GPUPOOL__STATUS__STATUS_NO_DEVICE, -ENODEV },
         { GPUPOOL__STATUS__STATUS_INTERNAL, -EIO },
+        { GPUPOOL__STATUS__STATUS_DENIED, -EACCES },
 };
 
 int gp_status_to_errno(Gpupool__Status status) {

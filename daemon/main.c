@@ -9,6 +9,7 @@
 #include <uv.h>
 
 #include "backend.h"
+#include "config.h"
 #include "log.h"
 #include "options.h"
 #include "server.h"
@@ -39,27 +40,44 @@ static int open_backend(const struct options *o, struct backend **ret) {
 
 int main(int argc, char **argv) {
         static struct server server;
+        static struct config config;
         struct backend *backend;
-        struct options o;
+        struct options cmd;
         uv_loop_t loop;
-        char err[256];
+        char err[600];
         int r;
 
-        if (options_parse(argc, argv, &o, err, sizeof(err)) < 0) {
+        /* The command line first, for --config, --help and its own mistakes; then the file under it. */
+        if (options_parse(argc, argv, &cmd, err, sizeof(err)) < 0) {
                 fprintf(stderr, "gpupoold: %s\nTry 'gpupoold --help'.\n", err);
                 return 2;
         }
-        if (o.action == OPTIONS_HELP) {
+        if (cmd.action == OPTIONS_HELP) {
                 fputs(options_usage, stdout);
                 return 0;
         }
-        if (o.action == OPTIONS_VERSION) {
+        if (cmd.action == OPTIONS_VERSION) {
                 printf("gpupoold %s\n", GPUPOOL_VERSION);
                 return 0;
         }
-        log_open(o.log_level);
+        r = config_load(cmd.config_path, cmd.config_given, &config, err, sizeof(err));
+        if (r == 0)
+                r = options_parse_over(argc, argv, &config.options, &config.options, err, sizeof(err));
+        if (r < 0) {
+                fprintf(stderr, "gpupoold: %s\n", err);
+                return 1;
+        }
+        if (cmd.action == OPTIONS_CHECK_CONFIG) {
+                printf("%s: good (%u file%s, %u tenant%s)\n", config.options.config_path, config.file_count,
+                       config.file_count == 1 ? "" : "s", config.tenant_count, config.tenant_count == 1 ? "" : "s");
+                return 0;
+        }
+        log_open(config.options.log_level);
+        if (config.file_count)
+                log_info("config: %s (%u file%s, %u tenant%s)", config.options.config_path, config.file_count,
+                         config.file_count == 1 ? "" : "s", config.tenant_count, config.tenant_count == 1 ? "" : "s");
 
-        r = open_backend(&o, &backend);
+        r = open_backend(&config.options, &backend);
         if (r < 0)
                 return 1;
         r = uv_loop_init(&loop);
@@ -68,14 +86,14 @@ int main(int argc, char **argv) {
                 backend->ops->close(backend);
                 return 1;
         }
-        r = server_start(&server, &loop, &o, backend);
+        r = server_start(&server, &loop, &config, argc, argv, backend);
         if (r < 0) {
                 server_stop(&server);
                 uv_run(&loop, UV_RUN_DEFAULT);
                 uv_loop_close(&loop);
                 return 1;
         }
-        log_info("gpupoold %s listening on %s", GPUPOOL_VERSION, o.socket_path);
+        log_info("gpupoold %s listening on %s", GPUPOOL_VERSION, server.options->socket_path);
         uv_run(&loop, UV_RUN_DEFAULT);
         r = uv_loop_close(&loop);
         if (r < 0) {

@@ -1,5 +1,6 @@
 /*
- * options.c: parsing gpupoold's command line.
+ * options.c: gpupoold's settings: one table, read by the command-line parser and by the
+ * config file's loader alike.
  */
 #include "options.h"
 
@@ -9,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "size.h"
 #include "wire.h"
@@ -18,6 +20,9 @@ const char options_usage[] =
         "\n"
         "Serve pooled GPU (or shared host) memory to the processes of this node.\n"
         "\n"
+        "  --config FILE          read settings and tenants from FILE and FILE.d/*.conf\n"
+        "                         (default " OPTIONS_DEFAULT_CONFIG ", if it exists)\n"
+        "  --check-config         check the config and exit: 0 when good, 1 saying why\n"
         "  --socket PATH          listen on PATH (default " GP_DEFAULT_SOCKET ")\n"
         "  --backend NAME         host, cuda or auto (default auto: cuda when a GPU\n"
         "                         backend is available, else host)\n"
@@ -25,6 +30,11 @@ const char options_usage[] =
         "  --headroom SIZE        device memory the cuda backend leaves to the driver\n"
         "                         and other users, per GPU (default 512M)\n"
         "  --client-limit SIZE    most bytes one client may reserve (default: no limit)\n"
+        "  --idle-release TIME    give cached memory idle this long back (default 5min;\n"
+        "                         0: never)\n"
+        "  --max-cached SIZE|N%   most memory the cache may hold (default 25%)\n"
+        "  --reclaim-timeout TIME how long an allocation waits for clients to give memory\n"
+        "                         back (default 100ms)\n"
         "  --max-clients N        most connected clients, 1 to 1024 (default 1024)\n"
         "  --max-blocks N         most live blocks one client may hold (default 1048576)\n"
         "  --log-level LEVEL      err, warn, info or debug (default info)\n"
@@ -33,36 +43,64 @@ const char options_usage[] =
         "  --version              show the version\n"
         "\n"
         "SIZE is bytes, or a number with K, M, G, T (powers of 1024; \"KiB\" and \"KB\" too),\n"
-        "e.g. 512M, 4G, 1.5GiB.\n";
+        "e.g. 512M, 4G, 1.5GiB. TIME is a number with ms, s, min, h or d, e.g. 30s, 5min.\n"
+        "A config file has a key for every option but --config and --check-config;\n"
+        "options given here win over the file.\n";
 
-enum {
-        OPT_SOCKET = 256,
-        OPT_BACKEND,
-        OPT_HOST_CAPACITY,
-        OPT_HEADROOM,
-        OPT_CLIENT_LIMIT,
-        OPT_MAX_CLIENTS,
-        OPT_MAX_BLOCKS,
-        OPT_LOG_LEVEL,
-        OPT_CHECK_INVARIANTS,
-        OPT_HELP,
-        OPT_VERSION,
+enum kind {
+        K_PATH,
+        K_BACKEND,
+        K_SIZE,
+        K_CAPACITY,             /* a size of at least one 2 MiB segment */
+        K_DURATION,
+        K_SIZE_OR_PERCENT,
+        K_CLIENTS,
+        K_COUNT,
+        K_LEVEL,
+        K_BOOL,
 };
 
-static const struct option long_options[] = {
-        { "socket", required_argument, NULL, OPT_SOCKET },
-        { "backend", required_argument, NULL, OPT_BACKEND },
-        { "host-capacity", required_argument, NULL, OPT_HOST_CAPACITY },
-        { "headroom", required_argument, NULL, OPT_HEADROOM },
-        { "client-limit", required_argument, NULL, OPT_CLIENT_LIMIT },
-        { "max-clients", required_argument, NULL, OPT_MAX_CLIENTS },
-        { "max-blocks", required_argument, NULL, OPT_MAX_BLOCKS },
-        { "log-level", required_argument, NULL, OPT_LOG_LEVEL },
-        { "check-invariants", no_argument, NULL, OPT_CHECK_INVARIANTS },
-        { "help", no_argument, NULL, OPT_HELP },
-        { "version", no_argument, NULL, OPT_VERSION },
-        { 0 },
+/* One setting: its option, its config key, and where its value goes. */
+struct setting {
+        const char *option;
+        const char *section;
+        const char *key;
+        enum kind kind;
+        size_t offset;
 };
+
+#define AT(field) offsetof(struct options, field)
+static const struct setting settings[] = {
+        { "socket", "daemon", "socket", K_PATH, AT(socket_path) },
+        { "backend", "daemon", "backend", K_BACKEND, AT(backend) },
+        { "host-capacity", "daemon", "host_capacity", K_CAPACITY, AT(host_capacity_bytes) },
+        { "log-level", "daemon", "log_level", K_LEVEL, AT(log_level) },
+        { "max-clients", "daemon", "max_clients", K_CLIENTS, AT(max_clients) },
+        { "check-invariants", "daemon", "check_invariants", K_BOOL, AT(check_invariants) },
+        { "headroom", "pool", "headroom", K_SIZE, AT(headroom_bytes) },
+        { "idle-release", "pool", "idle_release", K_DURATION, AT(idle_release_ms) },
+        { "max-cached", "pool", "max_cached", K_SIZE_OR_PERCENT, AT(max_cached_bytes) },
+        { "reclaim-timeout", "pool", "reclaim_timeout", K_DURATION, AT(reclaim_timeout_ms) },
+        { "client-limit", "limits", "client_max", K_SIZE, AT(client_limit_bytes) },
+        { "max-blocks", "limits", "max_blocks", K_COUNT, AT(max_blocks) },
+};
+#define NSETTINGS (sizeof(settings) / sizeof(settings[0]))
+
+void options_defaults(struct options *o) {
+        memset(o, 0, sizeof(*o));
+        o->action = OPTIONS_RUN;
+        snprintf(o->socket_path, sizeof(o->socket_path), "%s", GP_DEFAULT_SOCKET);
+        snprintf(o->config_path, sizeof(o->config_path), "%s", OPTIONS_DEFAULT_CONFIG);
+        o->backend = BACKEND_AUTO;
+        o->host_capacity_bytes = OPTIONS_DEFAULT_HOST_CAPACITY;
+        o->headroom_bytes = OPTIONS_DEFAULT_HEADROOM;
+        o->idle_release_ms = OPTIONS_DEFAULT_IDLE_RELEASE_MS;
+        o->max_cached_percent = OPTIONS_DEFAULT_MAX_CACHED_PERCENT;
+        o->reclaim_timeout_ms = OPTIONS_DEFAULT_RECLAIM_TIMEOUT_MS;
+        o->log_level = LOG_LEVEL_INFO;
+        o->max_clients = OPTIONS_DEFAULT_MAX_CLIENTS;
+        o->max_blocks = OPTIONS_DEFAULT_MAX_BLOCKS;
+}
 
 static int parse_count(const char *text, unsigned min, unsigned max, unsigned *ret) {
         unsigned long v;
@@ -78,92 +116,172 @@ static int parse_count(const char *text, unsigned min, unsigned max, unsigned *r
         return 0;
 }
 
-int options_parse(int argc, char **argv, struct options *ret, char *err, size_t err_size) {
-        struct options o = {
-                .action = OPTIONS_RUN,
-                .socket_path = GP_DEFAULT_SOCKET,
-                .backend = BACKEND_AUTO,
-                .host_capacity_bytes = OPTIONS_DEFAULT_HOST_CAPACITY,
-                .headroom_bytes = OPTIONS_DEFAULT_HEADROOM,
-                .log_level = LOG_LEVEL_INFO,
-                .max_clients = OPTIONS_DEFAULT_MAX_CLIENTS,
-                .max_blocks = OPTIONS_DEFAULT_MAX_BLOCKS,
-        };
-        int c, r;
+/* Sets one setting from text; on failure err says why (after the name, which the caller adds). */
+static int set(struct options *o, const struct setting *s, const char *v, char *err, size_t err_size) {
+        void *field = (char *) o + s->offset;
+        uint64_t bytes;
+        unsigned n;
+        int r;
 
-        optind = 0;     /* glibc: start over, so that tests can parse many command lines */
+        switch (s->kind) {
+        case K_PATH:
+                if (!*v) {
+                        snprintf(err, err_size, "the path is empty");
+                        return -EINVAL;
+                }
+                if (strlen(v) >= sizeof(o->socket_path)) {
+                        snprintf(err, err_size, "path longer than %zu bytes: %s", sizeof(o->socket_path) - 1, v);
+                        return -EINVAL;
+                }
+                snprintf(o->socket_path, sizeof(o->socket_path), "%s", v);
+                return 0;
+        case K_BACKEND:
+                if (strcmp(v, "auto") == 0)
+                        o->backend = BACKEND_AUTO;
+                else if (strcmp(v, "host") == 0)
+                        o->backend = BACKEND_HOST;
+                else if (strcmp(v, "cuda") == 0)
+                        o->backend = BACKEND_CUDA;
+                else {
+                        snprintf(err, err_size, "unknown backend '%s' (host, cuda or auto)", v);
+                        return -EINVAL;
+                }
+                return 0;
+        case K_SIZE:
+        case K_CAPACITY:
+                r = gp_size_parse(v, &bytes);
+                if (r < 0) {
+                        snprintf(err, err_size, "'%s' is not a size%s", v, r == -ERANGE ? " (too large)" : " (e.g. 512M, 4G, 1.5GiB)");
+                        return -EINVAL;
+                }
+                if (s->kind == K_CAPACITY && bytes < (2ULL << 20)) {
+                        snprintf(err, err_size, "'%s' is less than one 2 MiB segment", v);
+                        return -EINVAL;
+                }
+                *(uint64_t *) field = bytes;
+                return 0;
+        case K_DURATION:
+                if (gp_duration_parse(v, &bytes) < 0) {
+                        snprintf(err, err_size, "'%s' is not a duration (e.g. 100ms, 30s, 5min, 2h; 0 for none)", v);
+                        return -EINVAL;
+                }
+                *(uint64_t *) field = bytes;
+                return 0;
+        case K_SIZE_OR_PERCENT: {
+                size_t len = strlen(v);
+
+                if (len > 1 && v[len - 1] == '%') {
+                        char num[16];
+
+                        snprintf(num, sizeof(num), "%.*s", (int) (len - 1), v);
+                        if (len - 1 >= sizeof(num) || parse_count(num, 0, 100, &n) < 0) {
+                                snprintf(err, err_size, "'%s' is not a percentage from 0%% to 100%%", v);
+                                return -EINVAL;
+                        }
+                        o->max_cached_percent = n;
+                        o->max_cached_bytes = 0;
+                        /* 0% is "nothing cached": a byte count of 0 says the same. */
+                        return 0;
+                }
+                if (gp_size_parse(v, &bytes) < 0) {
+                        snprintf(err, err_size, "'%s' is neither a size nor a percentage (e.g. 4G, 25%%)", v);
+                        return -EINVAL;
+                }
+                o->max_cached_bytes = bytes;
+                o->max_cached_percent = 0;
+                return 0;
+        }
+        case K_CLIENTS:
+                if (parse_count(v, 1, 1024, &n) < 0) {
+                        snprintf(err, err_size, "'%s' is not a number from 1 to 1024", v);
+                        return -EINVAL;
+                }
+                *(unsigned *) field = n;
+                return 0;
+        case K_COUNT:
+                if (parse_count(v, 1, UINT_MAX, &n) < 0) {
+                        snprintf(err, err_size, "'%s' is not a positive number", v);
+                        return -EINVAL;
+                }
+                *(unsigned *) field = n;
+                return 0;
+        case K_LEVEL:
+                if (log_level_parse(v, &o->log_level) < 0) {
+                        snprintf(err, err_size, "unknown level '%s' (err, warn, info or debug)", v);
+                        return -EINVAL;
+                }
+                return 0;
+        case K_BOOL:
+                if (!strcasecmp(v, "yes") || !strcasecmp(v, "true") || !strcmp(v, "1") || !strcasecmp(v, "on"))
+                        *(bool *) field = true;
+                else if (!strcasecmp(v, "no") || !strcasecmp(v, "false") || !strcmp(v, "0") || !strcasecmp(v, "off"))
+                        *(bool *) field = false;
+                else {
+                        snprintf(err, err_size, "'%s' is not yes or no", v);
+                        return -EINVAL;
+                }
+                return 0;
+        }
+        return -EINVAL;
+}
+
+int options_set_key(struct options *o, const char *section, const char *key, const char *value, char *err,
+                    size_t err_size) {
+        for (size_t i = 0; i < NSETTINGS; i++)
+                if (strcmp(settings[i].section, section) == 0 && strcmp(settings[i].key, key) == 0)
+                        return set(o, &settings[i], value, err, err_size);
+        return -ENOENT;
+}
+
+enum {
+        OPT_CONFIG = 256,
+        OPT_CHECK_CONFIG,
+        OPT_HELP,
+        OPT_VERSION,
+        OPT_SETTING,            /* OPT_SETTING + i: settings[i] */
+};
+
+int options_parse_over(int argc, char **argv, const struct options *base, struct options *ret, char *err,
+                       size_t err_size) {
+        struct option long_options[NSETTINGS + 5];
+        struct options o = *base;
+        char why[256];
+        size_t n = 0;
+        int c;
+
+        for (size_t i = 0; i < NSETTINGS; i++)
+                long_options[n++] = (struct option) { settings[i].option,
+                                                      settings[i].kind == K_BOOL ? no_argument : required_argument, NULL,
+                                                      OPT_SETTING + (int) i };
+        long_options[n++] = (struct option) { "config", required_argument, NULL, OPT_CONFIG };
+        long_options[n++] = (struct option) { "check-config", no_argument, NULL, OPT_CHECK_CONFIG };
+        long_options[n++] = (struct option) { "help", no_argument, NULL, OPT_HELP };
+        long_options[n++] = (struct option) { "version", no_argument, NULL, OPT_VERSION };
+        long_options[n] = (struct option) { 0 };
+
+        optind = 0;     /* glibc: start over, so that tests (and reloads) can parse many command lines */
         opterr = 0;
         while ((c = getopt_long(argc, argv, ":", long_options, NULL)) != -1) {
-                switch (c) {
-                case OPT_SOCKET:
-                        if (!*optarg) {
-                                snprintf(err, err_size, "--socket: the path is empty");
-                                return -EINVAL;
-                        }
-                        if (strlen(optarg) >= 108) {
-                                snprintf(err, err_size, "--socket: path longer than 107 bytes: %s", optarg);
-                                return -EINVAL;
-                        }
-                        o.socket_path = optarg;
-                        break;
-                case OPT_BACKEND:
-                        if (strcmp(optarg, "auto") == 0)
-                                o.backend = BACKEND_AUTO;
-                        else if (strcmp(optarg, "host") == 0)
-                                o.backend = BACKEND_HOST;
-                        else if (strcmp(optarg, "cuda") == 0)
-                                o.backend = BACKEND_CUDA;
-                        else {
-                                snprintf(err, err_size, "--backend: unknown backend '%s' (host, cuda or auto)", optarg);
-                                return -EINVAL;
-                        }
-                        break;
-                case OPT_HOST_CAPACITY:
-                case OPT_HEADROOM:
-                case OPT_CLIENT_LIMIT: {
-                        const char *name = c == OPT_HOST_CAPACITY ? "--host-capacity" :
-                                           c == OPT_HEADROOM      ? "--headroom" : "--client-limit";
-                        uint64_t bytes;
+                if (c >= OPT_SETTING && c < OPT_SETTING + (int) NSETTINGS) {
+                        const struct setting *s = &settings[c - OPT_SETTING];
 
-                        r = gp_size_parse(optarg, &bytes);
-                        if (r < 0) {
-                                snprintf(err, err_size, "%s: '%s' is not a size%s", name, optarg,
-                                         r == -ERANGE ? " (too large)" : " (e.g. 512M, 4G, 1.5GiB)");
+                        if (set(&o, s, s->kind == K_BOOL ? "yes" : optarg, why, sizeof(why)) < 0) {
+                                snprintf(err, err_size, "--%s: %s", s->option, why);
                                 return -EINVAL;
                         }
-                        if (c == OPT_HOST_CAPACITY) {
-                                if (bytes < (2ULL << 20)) {
-                                        snprintf(err, err_size, "--host-capacity: '%s' is less than one 2 MiB segment", optarg);
-                                        return -EINVAL;
-                                }
-                                o.host_capacity_bytes = bytes;
-                        } else if (c == OPT_HEADROOM) {
-                                o.headroom_bytes = bytes;
-                        } else {
-                                o.client_limit_bytes = bytes;
-                        }
-                        break;
+                        continue;
                 }
-                case OPT_MAX_CLIENTS:
-                        if (parse_count(optarg, 1, 1024, &o.max_clients) < 0) {
-                                snprintf(err, err_size, "--max-clients: '%s' is not a number from 1 to 1024", optarg);
+                switch (c) {
+                case OPT_CONFIG:
+                        if (!*optarg || strlen(optarg) >= sizeof(o.config_path)) {
+                                snprintf(err, err_size, "--config: the path is empty or too long");
                                 return -EINVAL;
                         }
+                        snprintf(o.config_path, sizeof(o.config_path), "%s", optarg);
+                        o.config_given = true;
                         break;
-                case OPT_MAX_BLOCKS:
-                        if (parse_count(optarg, 1, UINT_MAX, &o.max_blocks) < 0) {
-                                snprintf(err, err_size, "--max-blocks: '%s' is not a positive number", optarg);
-                                return -EINVAL;
-                        }
-                        break;
-                case OPT_LOG_LEVEL:
-                        if (log_level_parse(optarg, &o.log_level) < 0) {
-                                snprintf(err, err_size, "--log-level: unknown level '%s' (err, warn, info or debug)", optarg);
-                                return -EINVAL;
-                        }
-                        break;
-                case OPT_CHECK_INVARIANTS:
-                        o.check_invariants = true;
+                case OPT_CHECK_CONFIG:
+                        o.action = OPTIONS_CHECK_CONFIG;
                         break;
                 case OPT_HELP:
                         o.action = OPTIONS_HELP;
@@ -188,4 +306,11 @@ int options_parse(int argc, char **argv, struct options *ret, char *err, size_t 
         }
         *ret = o;
         return 0;
+}
+
+int options_parse(int argc, char **argv, struct options *ret, char *err, size_t err_size) {
+        struct options base;
+
+        options_defaults(&base);
+        return options_parse_over(argc, argv, &base, ret, err, err_size);
 }

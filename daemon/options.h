@@ -1,6 +1,8 @@
 /*
- * options.h: gpupoold's command line, parsed into one struct with defaults. Kept apart from
- * main() so that every accepted and refused option has a unit test.
+ * options.h: gpupoold's settings, from defaults, the config file (config.h) and the command
+ * line, in that order: the command line wins. One table of settings serves both sources, so
+ * a value is checked the same way wherever it comes from, and every setting of one has a name
+ * in the other. Kept apart from main() so that every accepted and refused value has a test.
  */
 #ifndef GP_OPTIONS_H
 #define GP_OPTIONS_H
@@ -21,31 +23,57 @@ enum options_action {
         OPTIONS_RUN,
         OPTIONS_HELP,
         OPTIONS_VERSION,
+        OPTIONS_CHECK_CONFIG,   /* load and check the config, then exit */
 };
 
+#define OPTIONS_DEFAULT_CONFIG "/etc/gpupool/gpupoold.conf"
 #define OPTIONS_DEFAULT_HOST_CAPACITY (1ULL << 30)
 #define OPTIONS_DEFAULT_HEADROOM (512ULL << 20)
 #define OPTIONS_DEFAULT_MAX_CLIENTS 1024
 #define OPTIONS_DEFAULT_MAX_BLOCKS (1U << 20)
+#define OPTIONS_DEFAULT_IDLE_RELEASE_MS (5ULL * 60 * 1000)
+#define OPTIONS_DEFAULT_MAX_CACHED_PERCENT 25
+#define OPTIONS_DEFAULT_RECLAIM_TIMEOUT_MS 100
+#define OPTIONS_PATH_MAX 4096
 
 struct options {
         enum options_action action;
-        const char *socket_path;        /* points into argv or at the default */
+        char socket_path[108];
+        char config_path[OPTIONS_PATH_MAX];
+        bool config_given;              /* --config: the file must exist */
         enum backend_choice backend;
         uint64_t host_capacity_bytes;
         uint64_t headroom_bytes;        /* cuda: device memory left to others, per GPU */
-        uint64_t client_limit_bytes;    /* 0: no per-client limit */
+        uint64_t client_limit_bytes;    /* default per-client limit; 0: none */
+        uint64_t idle_release_ms;       /* cached memory idle this long goes back; 0: never */
+        uint64_t max_cached_bytes;      /* cache watermark in bytes, when max_cached_percent is 0 ... */
+        unsigned max_cached_percent;    /* ... else in percent of the device (1 to 100) */
+        uint64_t reclaim_timeout_ms;    /* how long an allocation waits for clients to give memory back */
         enum log_level log_level;
         unsigned max_clients;
         unsigned max_blocks;            /* live blocks per client */
         bool check_invariants;          /* run pool_check() after every request */
 };
 
+/* The defaults. */
+void options_defaults(struct options *ret);
+
 /*
- * Parses argv. Returns 0 and fills *ret (defaults for what is not given), or -EINVAL with a
- * one-line message naming the option in err. *ret is untouched on failure.
+ * Parses argv over the defaults. Returns 0 and fills *ret, or -EINVAL with a one-line
+ * message naming the option in err; *ret is untouched on failure.
  */
 int options_parse(int argc, char **argv, struct options *ret, char *err, size_t err_size);
+
+/* Parses argv over base (the config file's values): the command line wins. As options_parse(). */
+int options_parse_over(int argc, char **argv, const struct options *base, struct options *ret, char *err,
+                       size_t err_size);
+
+/*
+ * Sets the config file's key in section ("daemon", "pool", "limits") to value. Returns 0,
+ * -ENOENT for a key no setting has, or -EINVAL with a message (without the key) in err.
+ */
+int options_set_key(struct options *o, const char *section, const char *key, const char *value, char *err,
+                    size_t err_size);
 
 /* The --help text. */
 extern const char options_usage[];

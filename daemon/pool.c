@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 enum segment_state {
         SEGMENT_LEASED,         /* owner holds live blocks in it */
@@ -43,6 +44,7 @@ struct segment {
         bool has_tenant;
         uint64_t live_blocks;
         uint64_t cache_seq;
+        uint64_t cached_at_ms;          /* when it entered the cache */
         struct block *first;
         struct gp_rb_tree live;
         struct backend_mem mem;
@@ -60,6 +62,9 @@ struct pool {
         uint64_t cached_bytes;
         uint64_t next_id;
         uint64_t cache_seq;
+        uint64_t evictions, decay_releases, watermark_releases;
+        uint64_t (*clock_ms)(void *ctx);
+        void *clock_ctx;
         struct gp_rb_tree segments_by_id;
         struct gp_rb_tree cache_by_size;
         struct gp_rb_tree cache_by_age;
@@ -123,6 +128,19 @@ uint64_t pool_min_segment_bytes(uint64_t size) {
         return round_up(round_up(size, POOL_BLOCK_ALIGN), POOL_SEGMENT_ALIGN);
 }
 
+static uint64_t monotonic_ms(void *ctx) {
+        struct timespec ts;
+
+        (void) ctx;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        return (uint64_t) ts.tv_sec * 1000 + (uint64_t) ts.tv_nsec / 1000000;
+}
+
+void pool_set_clock(struct pool *p, uint64_t (*clock_ms)(void *ctx), void *ctx) {
+        p->clock_ms = clock_ms;
+        p->clock_ctx = ctx;
+}
+
 int pool_new(struct backend *backend, unsigned device, uint64_t capacity_bytes, struct pool **ret) {
         struct pool *p = calloc(1, sizeof(*p));
 
@@ -131,6 +149,7 @@ int pool_new(struct backend *backend, unsigned device, uint64_t capacity_bytes, 
         p->backend = backend;
         p->device = device;
         p->capacity_bytes = capacity_bytes;
+        p->clock_ms = monotonic_ms;
         /* The device sits in the top byte, so segment ids are unique across the daemon. */
         p->next_id = ((uint64_t) device << 56) | 1;
         gp_rb_init(&p->segments_by_id, cmp_segment_id);
@@ -218,6 +237,7 @@ static void segment_to_cache(struct pool *p, struct segment *s) {
         s->has_tenant = true;
         s->state = SEGMENT_CACHED;
         s->cache_seq = ++p->cache_seq;
+        s->cached_at_ms = p->clock_ms(p->clock_ctx);
         gp_rb_insert(&p->cache_by_size, &s->owner_node);
         gp_rb_insert(&p->cache_by_age, &s->age_node);
         p->cached_bytes += s->size;
@@ -324,14 +344,16 @@ static int segment_obtain(struct pool *p, uint64_t rsize, uint64_t headroom, str
         }
         if (p->reserved_bytes + want > p->capacity_bytes)
                 want = min;
-        while (p->reserved_bytes + want > p->capacity_bytes)
+        while (p->reserved_bytes + want > p->capacity_bytes) {
                 if (!cache_release_oldest(p))
                         return -ENOMEM;
+                p->evictions++;
+        }
         r = segment_create(p, want, ret);
         if (r == -ENOMEM && p->cached_bytes) {
                 /* The backend is fuller than our count says (other users): make room and retry. */
                 while (cache_release_oldest(p))
-                        ;
+                        p->evictions++;
                 r = segment_create(p, want, ret);
         }
         return r;
@@ -513,7 +535,54 @@ void pool_get_stats(const struct pool *p, struct pool_stats *ret) {
                 .cached_bytes = p->cached_bytes,
                 .segments = p->segments_by_id.count,
                 .cached_segments = p->cache_by_age.count,
+                .evictions_total = p->evictions,
+                .decay_releases_total = p->decay_releases,
+                .watermark_releases_total = p->watermark_releases,
         };
+}
+
+uint64_t pool_release_idle(struct pool *p, uint64_t idle_ms, uint64_t *ret_next_ms) {
+        uint64_t now = p->clock_ms(p->clock_ctx), bytes = 0;
+        struct gp_rb_node *n;
+
+        /* Oldest first: stop at the first segment that has not been idle long enough. */
+        while ((n = gp_rb_first(&p->cache_by_age))) {
+                struct segment *s = gp_rb_entry(n, struct segment, age_node);
+
+                if (now - s->cached_at_ms < idle_ms) {
+                        if (ret_next_ms)
+                                *ret_next_ms = s->cached_at_ms + idle_ms - now;
+                        return bytes;
+                }
+                bytes += s->size;
+                cache_release_oldest(p);
+                p->decay_releases++;
+        }
+        if (ret_next_ms)
+                *ret_next_ms = UINT64_MAX;
+        return bytes;
+}
+
+uint64_t pool_idle_due_ms(const struct pool *p, uint64_t idle_ms) {
+        struct gp_rb_node *n = gp_rb_first(&p->cache_by_age);
+        uint64_t now, at;
+
+        if (!n)
+                return UINT64_MAX;
+        now = p->clock_ms(p->clock_ctx);
+        at = gp_rb_entry(n, struct segment, age_node)->cached_at_ms + idle_ms;
+        return at > now ? at - now : 0;
+}
+
+uint64_t pool_trim_cache(struct pool *p, uint64_t max_cached_bytes) {
+        uint64_t bytes = 0;
+
+        while (p->cached_bytes > max_cached_bytes) {
+                bytes += gp_rb_entry(gp_rb_first(&p->cache_by_age), struct segment, age_node)->size;
+                cache_release_oldest(p);
+                p->watermark_releases++;
+        }
+        return bytes;
 }
 
 #define FAIL(...)                                       \

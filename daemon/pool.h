@@ -74,10 +74,29 @@ struct pool_stats {
         uint64_t cached_bytes;          /* wholly free segments in the cache */
         uint64_t segments;
         uint64_t cached_segments;
+        uint64_t evictions_total;               /* cached segments released to make room */
+        uint64_t decay_releases_total;          /* cached segments idle too long */
+        uint64_t watermark_releases_total;      /* cached segments over the watermark */
 };
 
 /* Makes a pool for one device of backend, of capacity_bytes. Returns 0 or -ENOMEM. */
 int pool_new(struct backend *backend, unsigned device, uint64_t capacity_bytes, struct pool **ret);
+
+/* The clock (milliseconds, monotonic) the cache's ages are read on; tests set their own. */
+void pool_set_clock(struct pool *pool, uint64_t (*clock_ms)(void *ctx), void *ctx);
+
+/*
+ * Gives back to the backend every cached segment idle for idle_ms or more, oldest first.
+ * Returns the bytes released; *ret_next_ms (if given) is how long until the next one is due,
+ * or UINT64_MAX when the cache is empty.
+ */
+uint64_t pool_release_idle(struct pool *pool, uint64_t idle_ms, uint64_t *ret_next_ms);
+
+/* How long until the oldest cached segment has been idle idle_ms (0: it has), or UINT64_MAX with none cached. */
+uint64_t pool_idle_due_ms(const struct pool *pool, uint64_t idle_ms);
+
+/* Releases the oldest cached segments until at most max_cached_bytes are cached. Returns the bytes released. */
+uint64_t pool_trim_cache(struct pool *pool, uint64_t max_cached_bytes);
 
 /* Gives every segment back to the backend and frees the pool. Owners must be detached first. NULL is fine. */
 void pool_free(struct pool *pool);

@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "log.h"
 #include "server.h"
@@ -72,6 +73,7 @@ static void handle_hello(struct session *s, const Gpupool__Envelope *req, struct
         if (name)
                 strcpy(s->name, name);
         s->state = SESSION_READY;
+        session_set_tenant(s, policy_tenant_for(&server->policy, s->uid, s->gid, s->name));
 
         for (unsigned d = 0; d < server->device_count; d++) {
                 struct pool_stats st;
@@ -94,13 +96,60 @@ static void handle_hello(struct session *s, const Gpupool__Envelope *req, struct
         hr.n_devices = server->device_count;
         hr.devices = info_ptrs;
         hr.has_limit_bytes = 1;
-        hr.limit_bytes = server->policy.client_limit_bytes;
+        hr.limit_bytes = policy_client_limit(&server->policy, s->tenant, s->limit_override_bytes);
         ok_envelope(&env, req->id);
         env.body_case = GPUPOOL__ENVELOPE__BODY_HELLO_REPLY;
         env.hello_reply = &hr;
-        log_info("client %llu hello: '%s', pid %d, uid %u", (unsigned long long) s->id, s->name, (int) s->pid,
-                 (unsigned) s->uid);
+        log_info("client %llu hello: '%s', pid %d, uid %u, tenant %s", (unsigned long long) s->id, s->name, (int) s->pid,
+                 (unsigned) s->uid, s->tenant->conf.name);
         pack_reply(s, &env, -1, false, ret);
+}
+
+/* Says which limit refused an allocation, with the request and the use that it met. */
+static void quota_message(struct session *s, unsigned d, uint64_t size, uint64_t client_limit, enum policy_bound bound,
+                          char *why, size_t why_size) {
+        struct server *server = s->server;
+        const struct tenant *t = s->tenant;
+        const struct pool_owner *owner = &s->owners[d];
+        uint64_t seg = pool_min_segment_bytes(size);
+        char b1[GP_SIZE_FORMAT_MAX], b2[GP_SIZE_FORMAT_MAX], b3[GP_SIZE_FORMAT_MAX], b4[GP_SIZE_FORMAT_MAX];
+        int n;
+
+        n = snprintf(why, why_size, "allocating %" PRIu64 " bytes on device %u needs a %s segment, which ", size, d,
+                     gp_size_format(seg, b1, sizeof(b1)));
+        if (n < 0 || (size_t) n >= why_size)
+                return;
+        why += n, why_size -= (size_t) n;
+        switch (bound) {
+        case POLICY_CLIENT:
+                snprintf(why, why_size, "would take client '%s' (pid %d, tenant %s) to %s reserved, over its limit of %s (%s)",
+                         s->name, (int) s->pid, t->conf.name, gp_size_format(owner->reserved_bytes + seg, b2, sizeof(b2)),
+                         gp_size_format(client_limit, b3, sizeof(b3)),
+                         s->limit_override_bytes ? "set-limit --pid" :
+                         t->conf.client_max_set  ? "its tenant's client_max" : "client_max, --client-limit");
+                return;
+        case POLICY_TENANT:
+                snprintf(why, why_size, "would take tenant %s (%u client%s) to %s reserved, over its max of %s%s", t->conf.name,
+                         t->clients, t->clients == 1 ? "" : "s", gp_size_format(t->reserved_bytes[d] + seg, b2, sizeof(b2)),
+                         gp_size_format(t->max_bytes, b3, sizeof(b3)), t->overridden ? " (set-limit)" : "");
+                return;
+        case POLICY_GUARANTEES: {
+                struct pool_stats st;
+
+                pool_get_stats(server->pools[d], &st);
+                snprintf(why, why_size,
+                         "does not fit: of the device's %s, clients hold %s and %s is held back for other tenants' unused "
+                         "guarantees (tenant %s holds %s)",
+                         gp_size_format(st.total_bytes, b2, sizeof(b2)),
+                         gp_size_format(st.reserved_bytes - st.cached_bytes, b3, sizeof(b3)),
+                         gp_size_format(policy_held_for_others(&server->policy, t, d), b4, sizeof(b4)), t->conf.name,
+                         gp_size_format(t->reserved_bytes[d], b1, sizeof(b1)));
+                return;
+        }
+        case POLICY_UNBOUND:
+                break;
+        }
+        snprintf(why, why_size, "no limit allows");
 }
 
 static void handle_alloc(struct session *s, const Gpupool__Envelope *req, struct reply *ret) {
@@ -108,10 +157,12 @@ static void handle_alloc(struct session *s, const Gpupool__Envelope *req, struct
         const Gpupool__AllocRequest *a = req->alloc;
         Gpupool__AllocReply ar = GPUPOOL__ALLOC_REPLY__INIT;
         char why[512], b1[GP_SIZE_FORMAT_MAX], b2[GP_SIZE_FORMAT_MAX], b3[GP_SIZE_FORMAT_MAX];
+        uint64_t headroom, client_limit, before;
         struct pool_owner *owner;
         struct pool_lease lease;
+        enum policy_bound bound;
+        struct pool_stats st;
         Gpupool__Envelope env;
-        uint64_t headroom;
         int r, fd = -1;
 
         if (a->device >= server->device_count) {
@@ -130,22 +181,18 @@ static void handle_alloc(struct session *s, const Gpupool__Envelope *req, struct
                 request_error_reply(s, req->id, r, false, why, ret);
                 return;
         }
-        headroom = policy_headroom(&server->policy, owner);
+        pool_get_stats(server->pools[a->device], &st);
+        client_limit = policy_client_limit(&server->policy, s->tenant, s->limit_override_bytes);
+        headroom = policy_headroom(&server->policy, s->tenant, client_limit, owner, a->device, &st, &bound);
+        before = owner->reserved_bytes;
         r = pool_alloc(server->pools[a->device], owner, a->size, headroom, &lease);
+        policy_account(&server->policy, s->tenant, a->device, before, owner->reserved_bytes);
         if (r == -EDQUOT) {
-                snprintf(why, sizeof(why),
-                         "allocating %" PRIu64 " bytes on device %u needs a %s segment, which would take client '%s' "
-                         "(pid %d) to %s reserved, over its limit of %s (--client-limit)",
-                         a->size, a->device, gp_size_format(pool_min_segment_bytes(a->size), b1, sizeof(b1)), s->name,
-                         (int) s->pid,
-                         gp_size_format(owner->reserved_bytes + pool_min_segment_bytes(a->size), b2, sizeof(b2)),
-                         gp_size_format(server->policy.client_limit_bytes, b3, sizeof(b3)));
+                quota_message(s, a->device, a->size, client_limit, bound, why, sizeof(why));
                 request_error_reply(s, req->id, r, false, why, ret);
                 return;
         }
         if (r == -ENOMEM) {
-                struct pool_stats st;
-
                 pool_get_stats(server->pools[a->device], &st);
                 snprintf(why, sizeof(why),
                          "device %u is full: %" PRIu64 " bytes asked, %s of %s reserved and %s in use after "
@@ -224,8 +271,12 @@ static void handle_release(struct session *s, const Gpupool__Envelope *req, stru
         Gpupool__Envelope env;
         char why[256];
 
-        if (d >= 0)
+        if (d >= 0) {
+                uint64_t before = s->owners[d].reserved_bytes;
+
                 r = pool_release(server->pools[d], &s->owners[d], id);
+                policy_account(&server->policy, s->tenant, (unsigned) d, before, s->owners[d].reserved_bytes);
+        }
         if (r == -EBUSY) {
                 snprintf(why, sizeof(why), "segment %" PRIu64 " still holds live blocks of this client", id);
                 request_error_reply(s, req->id, -EINVAL, false, why, ret);
@@ -240,11 +291,64 @@ static void handle_release(struct session *s, const Gpupool__Envelope *req, stru
         pack_reply(s, &env, -1, false, ret);
 }
 
+/* Describes a tenant's match rules: "uid=1000 gid=50 name=train-*"; "" for default. */
+static void rules_text(const struct tenant_conf *t, char *buf, size_t size) {
+        int n = 0;
+
+        buf[0] = '\0';
+        if (t->match_uid_set)
+                n += snprintf(buf + n, size - (size_t) n, "uid=%u ", t->match_uid);
+        if (t->match_gid_set && (size_t) n < size)
+                n += snprintf(buf + n, size - (size_t) n, "gid=%u ", t->match_gid);
+        if (t->match_name_set && (size_t) n < size)
+                n += snprintf(buf + n, size - (size_t) n, "name=%s ", t->match_name);
+        if (n > 0 && (size_t) n <= size)
+                buf[n - 1] = '\0';
+}
+
+/* Fills the status reply's tenants (the arrays are the caller's, sized for every tenant). */
+static void tenants_status(struct session *s, Gpupool__StatusReply *sr, Gpupool__TenantStatus *tenants,
+                           Gpupool__TenantStatus **ptrs, char rules[][160], uint64_t in_use[][BACKEND_MAX_DEVICES]) {
+        struct server *server = s->server;
+        struct policy *p = &server->policy;
+
+        for (unsigned i = 0; i < p->tenant_count; i++) {
+                struct tenant *t = &p->tenants[i];
+                Gpupool__TenantStatus *ts = &tenants[i];
+
+                gpupool__tenant_status__init(ts);
+                rules_text(&t->conf, rules[i], sizeof(rules[i]));
+                memset(in_use[i], 0, sizeof(in_use[i]));
+                for (struct session *c = server->sessions; c; c = c->next)
+                        if (c->tenant == t)
+                                for (unsigned d = 0; d < server->device_count; d++)
+                                        in_use[i][d] += c->owners[d].in_use_bytes;
+                ts->name = t->conf.name;
+                ts->rules = rules[i];
+                ts->clients = t->clients - (s->tenant == t);   /* not the one asking */
+                ts->max_bytes = t->max_bytes;
+                ts->guarantee_bytes = t->guarantee_bytes;
+                ts->client_max_bytes = policy_client_limit(p, t, 0);
+                ts->has_overridden = t->overridden;
+                ts->overridden = t->overridden;
+                ts->n_reserved_bytes = server->device_count;
+                ts->reserved_bytes = t->reserved_bytes;
+                ts->n_in_use_bytes = server->device_count;
+                ts->in_use_bytes = in_use[i];
+                ptrs[i] = ts;
+        }
+        sr->n_tenants = p->tenant_count;
+        sr->tenants = ptrs;
+}
+
 static void handle_status(struct session *s, const Gpupool__Envelope *req, struct reply *ret) {
         struct server *server = s->server;
         Gpupool__DeviceStatus devs[BACKEND_MAX_DEVICES], *dev_ptrs[BACKEND_MAX_DEVICES];
         Gpupool__StatusReply sr = GPUPOOL__STATUS_REPLY__INIT;
         Gpupool__ClientStatus *clients = NULL, **client_ptrs = NULL;
+        static Gpupool__TenantStatus tenants[CONFIG_MAX_TENANTS], *tenant_ptrs[CONFIG_MAX_TENANTS];
+        static char rules[CONFIG_MAX_TENANTS][160];
+        static uint64_t in_use[CONFIG_MAX_TENANTS][BACKEND_MAX_DEVICES];
         Gpupool__Envelope env;
         size_t n = 0, count = 0;
 
@@ -272,6 +376,13 @@ static void handle_status(struct session *s, const Gpupool__Envelope *req, struc
                 devs[d].in_use_bytes = st.in_use_bytes;
                 devs[d].cached_bytes = st.cached_bytes;
                 devs[d].segments = st.segments;
+                devs[d].has_max_cached_bytes = devs[d].has_evictions_total = devs[d].has_reclaims_total = 1;
+                devs[d].has_decay_releases_total = devs[d].has_watermark_releases_total = 1;
+                devs[d].max_cached_bytes = server_max_cached(server, d);
+                devs[d].evictions_total = st.evictions_total;
+                devs[d].reclaims_total = 0;     /* ladder step 3 is not built yet */
+                devs[d].decay_releases_total = st.decay_releases_total;
+                devs[d].watermark_releases_total = st.watermark_releases_total;
                 dev_ptrs[d] = &devs[d];
         }
         /* Every client but the one asking (the CLI has nothing to show). */
@@ -286,7 +397,10 @@ static void handle_status(struct session *s, const Gpupool__Envelope *req, struc
                 cs->uid = c->uid;
                 cs->name = c->name;
                 session_totals(c, &cs->reserved_bytes, &cs->in_use_bytes, &cs->blocks);
-                cs->limit_bytes = server->policy.client_limit_bytes;
+                cs->limit_bytes = c->tenant ? policy_client_limit(&server->policy, c->tenant, c->limit_override_bytes) :
+                                              server->policy.client_limit_bytes;
+                if (c->tenant)
+                        cs->tenant = c->tenant->conf.name;
                 if (c->state == SESSION_EXITING) {
                         cs->has_exiting = 1;
                         cs->exiting = 1;
@@ -297,6 +411,7 @@ static void handle_status(struct session *s, const Gpupool__Envelope *req, struc
         sr.devices = dev_ptrs;
         sr.n_clients = n;
         sr.clients = client_ptrs;
+        tenants_status(s, &sr, tenants, tenant_ptrs, rules, in_use);
         ok_envelope(&env, req->id);
         env.body_case = GPUPOOL__ENVELOPE__BODY_STATUS_REPLY;
         env.status_reply = &sr;
@@ -311,20 +426,99 @@ static void handle_flush(struct session *s, const Gpupool__Envelope *req, struct
         Gpupool__FlushReply fr = GPUPOOL__FLUSH_REPLY__INIT;
         Gpupool__Envelope env;
 
-        for (unsigned d = 0; d < server->device_count; d++) {
-                gpupool__flushed_device__init(&devs[d]);
-                devs[d].index = d;
-                pool_flush(server->pools[d], &devs[d].segments, &devs[d].bytes);
-                dev_ptrs[d] = &devs[d];
-                if (devs[d].segments)
-                        log_info("flush by client %llu (pid %d): device %u released %" PRIu64 " segments, %" PRIu64 " bytes",
-                                 (unsigned long long) s->id, (int) s->pid, d, devs[d].segments, devs[d].bytes);
+        const Gpupool__FlushRequest *f = req->flush;
+        unsigned n = 0;
+
+        if (f->has_device && f->device >= server->device_count) {
+                char why[128];
+
+                snprintf(why, sizeof(why), "no device %u: this daemon has %u", f->device, server->device_count);
+                request_error_reply(s, req->id, -ENODEV, false, why, ret);
+                return;
         }
-        fr.n_devices = server->device_count;
+        for (unsigned d = 0; d < server->device_count; d++) {
+                if (f->has_device && d != f->device)
+                        continue;
+                gpupool__flushed_device__init(&devs[n]);
+                devs[n].index = d;
+                pool_flush(server->pools[d], &devs[n].segments, &devs[n].bytes);
+                dev_ptrs[n] = &devs[n];
+                if (devs[n].segments)
+                        log_info("flush by client %llu (pid %d): device %u released %" PRIu64 " segments, %" PRIu64 " bytes",
+                                 (unsigned long long) s->id, (int) s->pid, d, devs[n].segments, devs[n].bytes);
+                n++;
+        }
+        fr.n_devices = n;
         fr.devices = dev_ptrs;
         ok_envelope(&env, req->id);
         env.body_case = GPUPOOL__ENVELOPE__BODY_FLUSH_REPLY;
         env.flush_reply = &fr;
+        pack_reply(s, &env, -1, false, ret);
+}
+
+static void handle_set_limit(struct session *s, const Gpupool__Envelope *req, struct reply *ret) {
+        const Gpupool__SetLimitRequest *l = req->set_limit;
+        struct server *server = s->server;
+        char why[256], b1[GP_SIZE_FORMAT_MAX], b2[GP_SIZE_FORMAT_MAX];
+        Gpupool__Envelope env;
+
+        if (s->uid != 0 && s->uid != geteuid()) {
+                /* Limits are the operator's: a client raising its own would make them mean nothing. */
+                request_error_reply(s, req->id, -EACCES, false, "set-limit is for root or the daemon's own user", ret);
+                return;
+        }
+        if (!!l->tenant == l->has_pid || (!l->has_max_bytes && !l->has_guarantee_bytes)) {
+                request_error_reply(s, req->id, -EINVAL, false,
+                                    "set-limit takes a tenant or a pid, and max, guarantee or both", ret);
+                return;
+        }
+        if (l->has_pid) {
+                struct session *c = server->sessions;
+
+                while (c && !(c->pid == l->pid && c->tenant))
+                        c = c->next;
+                if (!c || l->has_guarantee_bytes) {
+                        snprintf(why, sizeof(why), c ? "a guarantee belongs to a tenant, not to one client (pid %d)" :
+                                                       "no client of pid %d is connected", (int) l->pid);
+                        request_error_reply(s, req->id, c ? -EINVAL : -ENOENT, false, why, ret);
+                        return;
+                }
+                /* Every session of that process: a process may hold several handles. */
+                for (c = server->sessions; c; c = c->next)
+                        if (c->pid == l->pid)
+                                c->limit_override_bytes = l->max_bytes;
+                log_info("set-limit by pid %d: clients of pid %d may reserve %s per device until the next reload",
+                         (int) s->pid, (int) l->pid, l->max_bytes ? gp_size_format(l->max_bytes, b1, sizeof(b1)) : "their tenant's limit");
+        } else {
+                struct tenant *t = policy_tenant_by_name(&server->policy, l->tenant);
+                uint64_t max = l->has_max_bytes ? l->max_bytes : t ? t->max_bytes : 0;
+                uint64_t guarantee = l->has_guarantee_bytes ? l->guarantee_bytes : t ? t->guarantee_bytes : 0;
+                uint64_t old_guarantee;
+
+                if (!t) {
+                        snprintf(why, sizeof(why), "no tenant '%.64s' (see gpupoolctl limits)", l->tenant);
+                        request_error_reply(s, req->id, -ENOENT, false, why, ret);
+                        return;
+                }
+                if (max && guarantee > max) {
+                        snprintf(why, sizeof(why), "tenant %s: a guarantee of %s is more than its max of %s", t->conf.name,
+                                 gp_size_format(guarantee, b1, sizeof(b1)), gp_size_format(max, b2, sizeof(b2)));
+                        request_error_reply(s, req->id, -EINVAL, false, why, ret);
+                        return;
+                }
+                old_guarantee = t->guarantee_bytes;
+                t->guarantee_bytes = guarantee;
+                if (policy_check_guarantees(&server->policy, why, sizeof(why)) < 0) {
+                        t->guarantee_bytes = old_guarantee;
+                        request_error_reply(s, req->id, -EINVAL, false, why, ret);
+                        return;
+                }
+                t->max_bytes = max;
+                t->overridden = true;
+                log_info("set-limit by pid %d: tenant %s max %s, guarantee %s until the next reload", (int) s->pid, t->conf.name,
+                         max ? gp_size_format(max, b1, sizeof(b1)) : "none", gp_size_format(guarantee, b2, sizeof(b2)));
+        }
+        ok_envelope(&env, req->id);
         pack_reply(s, &env, -1, false, ret);
 }
 
@@ -368,6 +562,9 @@ void request_handle(struct session *s, const Gpupool__Envelope *req, struct repl
                 return;
         case GPUPOOL__ENVELOPE__BODY_BYE:
                 handle_bye(s, req, ret);
+                return;
+        case GPUPOOL__ENVELOPE__BODY_SET_LIMIT:
+                handle_set_limit(s, req, ret);
                 return;
         case GPUPOOL__ENVELOPE__BODY__NOT_SET:
                 request_error_reply(s, req->id, -EPROTO, true, "the request has no body", ret);

@@ -16,6 +16,7 @@
 #include "log.h"
 #include "request.h"
 #include "session.h"
+#include "size.h"
 
 /*
  * Refuses a connection over --max-clients with one packet saying why, so the client reports
@@ -113,18 +114,49 @@ static int listen_on(const char *path, int *ret_fd) {
         return 0;
 }
 
-int server_start(struct server *server, uv_loop_t *loop, const struct options *options, struct backend *backend) {
+/* Maps every client to its tenant under the current policy, carrying its reserved bytes. */
+static void map_clients(struct server *server) {
+        for (struct session *c = server->sessions; c; c = c->next) {
+                c->tenant = NULL;       /* the old tenants are gone: no accounting against them */
+                if (c->state == SESSION_READY || c->state == SESSION_EXITING)
+                        session_set_tenant(c, policy_tenant_for(&server->policy, c->uid, c->gid, c->name));
+        }
+}
+
+static void on_decay_timer(uv_timer_t *timer) {
+        struct server *server = timer->data;
+        char b[GP_SIZE_FORMAT_MAX];
+
+        for (unsigned d = 0; d < server->device_count; d++) {
+                uint64_t bytes = pool_release_idle(server->pools[d], server->options->idle_release_ms, NULL);
+
+                if (bytes)
+                        log_info("device %u: released %s of cache idle for idle_release", d, gp_size_format(bytes, b, sizeof(b)));
+        }
+        server_after_change(server);
+}
+
+static void on_sighup(uv_signal_t *handle, int signum) {
+        (void) signum;
+        (void) server_reload(handle->data);
+}
+
+int server_start(struct server *server, uv_loop_t *loop, const struct config *config, int argc, char **argv,
+                 struct backend *backend) {
+        char why[256];
         int r;
 
         server->loop = loop;
-        server->options = options;
-        server->policy.client_limit_bytes = options->client_limit_bytes;
-        server->policy.max_blocks = options->max_blocks;
+        server->config = *config;
+        server->options = &server->config.options;
+        server->argc = argc;
+        server->argv = argv;
         server->backend = backend;
         server->device_count = backend->device_count;
         server->next_client_id = 1;
         server->listen_fd = -1;
 
+        server->policy.device_count = server->device_count;
         for (unsigned d = 0; d < server->device_count; d++) {
                 struct backend_device_info info;
 
@@ -134,9 +166,16 @@ int server_start(struct server *server, uv_loop_t *loop, const struct options *o
                         return r;
                 }
                 server->devices[d] = info;
+                server->policy.capacity_bytes[d] = info.total_bytes;
                 r = pool_new(backend, d, info.total_bytes, &server->pools[d]);
                 if (r < 0)
                         return r;
+        }
+        policy_configure(&server->policy, &server->config);
+        r = policy_check_guarantees(&server->policy, why, sizeof(why));
+        if (r < 0) {
+                log_err("%s", why);
+                return r;
         }
         /*
          * Signals first: once the socket is live a client (or a test) may ask for a stop at
@@ -144,22 +183,85 @@ int server_start(struct server *server, uv_loop_t *loop, const struct options *o
          */
         uv_signal_init(loop, &server->sigint);
         uv_signal_init(loop, &server->sigterm);
-        server->sigint.data = server->sigterm.data = server;
+        uv_signal_init(loop, &server->sighup);
+        server->sigint.data = server->sigterm.data = server->sighup.data = server;
         uv_signal_start(&server->sigint, on_signal, SIGINT);
         uv_signal_start(&server->sigterm, on_signal, SIGTERM);
+        uv_signal_start(&server->sighup, on_sighup, SIGHUP);
         server->signals_open = true;
+        uv_timer_init(loop, &server->decay_timer);
+        server->decay_timer.data = server;
+        server->decay_timer_open = true;
         /* A client that vanishes mid-send must not kill the daemon (sends also use MSG_NOSIGNAL). */
         signal(SIGPIPE, SIG_IGN);
 
-        r = listen_on(options->socket_path, &server->listen_fd);
+        r = listen_on(server->options->socket_path, &server->listen_fd);
         if (r < 0) {
-                log_err("cannot listen on %s: %s", options->socket_path, strerror(-r));
+                log_err("cannot listen on %s: %s", server->options->socket_path, strerror(-r));
                 return r;
         }
         uv_poll_init(loop, &server->listen_poll, server->listen_fd);
         server->listen_poll.data = server;
         uv_poll_start(&server->listen_poll, UV_READABLE, on_connection);
         return 0;
+}
+
+/* Settings a reload cannot change in a running daemon: it says so and keeps the old. */
+static void keep_fixed(const struct options *old, struct options *o) {
+        if (strcmp(old->socket_path, o->socket_path) || old->backend != o->backend ||
+            old->host_capacity_bytes != o->host_capacity_bytes || old->headroom_bytes != o->headroom_bytes)
+                log_warn("reload: socket, backend, host_capacity and headroom take effect at the next start");
+        snprintf(o->socket_path, sizeof(o->socket_path), "%s", old->socket_path);
+        o->backend = old->backend;
+        o->host_capacity_bytes = old->host_capacity_bytes;
+        o->headroom_bytes = old->headroom_bytes;
+        o->check_invariants = old->check_invariants;
+}
+
+int server_reload(struct server *server) {
+        static struct config next;     /* large; reloads run one at a time on the loop */
+        struct policy saved;
+        char err[600];
+        int r;
+
+        r = config_load(server->options->config_path, server->options->config_given, &next, err, sizeof(err));
+        if (r == 0)
+                r = options_parse_over(server->argc, server->argv, &next.options, &next.options, err, sizeof(err));
+        if (r < 0) {
+                log_err("reload refused, the running config stays: %s", err);
+                return r;
+        }
+        keep_fixed(server->options, &next.options);
+        saved = server->policy;
+        policy_configure(&server->policy, &next);
+        r = policy_check_guarantees(&server->policy, err, sizeof(err));
+        if (r < 0) {
+                server->policy = saved;
+                map_clients(server);
+                log_err("reload refused, the running config stays: %s", err);
+                return r;
+        }
+        next.options.config_path[0] = '\0';
+        snprintf(next.options.config_path, sizeof(next.options.config_path), "%s", server->options->config_path);
+        next.options.config_given = server->options->config_given;
+        server->config = next;
+        server->options = &server->config.options;
+        for (struct session *c = server->sessions; c; c = c->next)
+                c->limit_override_bytes = 0;    /* set-limit --pid lasts until a reload too */
+        log_open(server->options->log_level);
+        map_clients(server);
+        log_info("reloaded %s: %u file%s, %u tenant%s", server->options->config_path, next.file_count,
+                 next.file_count == 1 ? "" : "s", next.tenant_count, next.tenant_count == 1 ? "" : "s");
+        server_after_change(server);
+        return 0;
+}
+
+uint64_t server_max_cached(const struct server *server, unsigned d) {
+        const struct options *o = server->options;
+
+        if (o->max_cached_percent)
+                return server->policy.capacity_bytes[d] / 100 * o->max_cached_percent;
+        return o->max_cached_bytes;
 }
 
 static void free_pools(struct server *server) {
@@ -179,7 +281,12 @@ void server_stop(struct server *server) {
         if (server->signals_open) {
                 uv_close((uv_handle_t *) &server->sigint, NULL);
                 uv_close((uv_handle_t *) &server->sigterm, NULL);
+                uv_close((uv_handle_t *) &server->sighup, NULL);
                 server->signals_open = false;
+        }
+        if (server->decay_timer_open) {
+                uv_close((uv_handle_t *) &server->decay_timer, NULL);
+                server->decay_timer_open = false;
         }
         if (server->listen_fd >= 0) {
                 uv_close((uv_handle_t *) &server->listen_poll, NULL);
@@ -192,9 +299,53 @@ void server_stop(struct server *server) {
         free_pools(server);
 }
 
-void server_check_invariants(struct server *server) {
+/* Invariant 4's bookkeeping: each tenant's sums are its clients' reserved bytes. */
+static void check_tenants(struct server *server) {
+        for (unsigned i = 0; i < server->policy.tenant_count; i++) {
+                struct tenant *t = &server->policy.tenants[i];
+                unsigned clients = 0;
+
+                for (struct session *c = server->sessions; c; c = c->next)
+                        clients += c->tenant == t;
+                if (clients != t->clients) {
+                        log_err("invariant broken: tenant %s counts %u clients, has %u", t->conf.name, t->clients, clients);
+                        abort();
+                }
+                for (unsigned d = 0; d < server->device_count; d++) {
+                        uint64_t sum = 0;
+
+                        for (struct session *c = server->sessions; c; c = c->next)
+                                if (c->tenant == t)
+                                        sum += c->owners[d].reserved_bytes;
+                        if (sum != t->reserved_bytes[d]) {
+                                log_err("invariant broken: tenant %s counts %llu bytes on device %u, its clients hold %llu",
+                                        t->conf.name, (unsigned long long) t->reserved_bytes[d], d, (unsigned long long) sum);
+                                abort();
+                        }
+                }
+        }
+}
+
+void server_after_change(struct server *server) {
+        uint64_t due = UINT64_MAX;
         char why[256];
 
+        if (server->stopping)
+                return;
+        for (unsigned d = 0; d < server->device_count; d++) {
+                uint64_t next;
+
+                (void) pool_trim_cache(server->pools[d], server_max_cached(server, d));
+                next = pool_idle_due_ms(server->pools[d], server->options->idle_release_ms);
+                if (next < due)
+                        due = next;
+        }
+        if (server->decay_timer_open) {
+                if (server->options->idle_release_ms && due != UINT64_MAX)
+                        uv_timer_start(&server->decay_timer, on_decay_timer, due, 0);
+                else
+                        uv_timer_stop(&server->decay_timer);
+        }
         if (!server->options->check_invariants)
                 return;
         for (unsigned d = 0; d < server->device_count; d++) {
@@ -203,4 +354,5 @@ void server_check_invariants(struct server *server) {
                         abort();
                 }
         }
+        check_tenants(server);
 }

@@ -10,6 +10,7 @@
 #include <uv.h>
 
 #include "backend.h"
+#include "config.h"
 #include "options.h"
 #include "policy.h"
 #include "pool.h"
@@ -19,7 +20,10 @@ struct session;
 
 struct server {
         uv_loop_t *loop;
-        const struct options *options;
+        const struct options *options; /* &config.options */
+        struct config config;           /* as loaded, with the command line over it */
+        int argc;                       /* the command line, to read again on reload */
+        char **argv;
         struct policy policy;
         struct backend *backend;
         struct pool *pools[BACKEND_MAX_DEVICES];
@@ -27,8 +31,10 @@ struct server {
         unsigned device_count;
         int listen_fd;
         uv_poll_t listen_poll;
-        uv_signal_t sigint, sigterm;
+        uv_signal_t sigint, sigterm, sighup;
         bool signals_open;
+        uv_timer_t decay_timer;         /* fires when the oldest cached segment has idled idle_release */
+        bool decay_timer_open;
         struct session *sessions;       /* connected and exiting clients */
         unsigned connected;             /* sessions with an open socket */
         uint64_t next_client_id;
@@ -38,16 +44,32 @@ struct server {
 };
 
 /*
- * Sets the server up on loop with backend (taken over: the server closes it): a pool per
- * device, the listening socket (a stale socket file is replaced; a live one is an error) and
- * the signal handlers. Returns 0 or a negative errno, logged.
+ * Sets the server up on loop with config (copied; argv is kept for reloads) and backend
+ * (taken over: the server closes it): a pool per device, the listening socket (a stale socket
+ * file is replaced; a live one is an error) and the signal handlers. Returns 0 or a negative
+ * errno, logged.
  */
-int server_start(struct server *server, uv_loop_t *loop, const struct options *options, struct backend *backend);
+int server_start(struct server *server, uv_loop_t *loop, const struct config *config, int argc, char **argv,
+                 struct backend *backend);
+
+/*
+ * Reads the config file again (SIGHUP) and applies it to every client without disconnecting
+ * anyone; set-limit overrides are dropped. A config that does not load or does not fit the
+ * devices is refused and the old one stays. Returns 0 or a negative errno, logged.
+ */
+int server_reload(struct server *server);
+
+/* The cache watermark of device d, in bytes. */
+uint64_t server_max_cached(const struct server *server, unsigned d);
 
 /* Begins an orderly stop: closes every handle, so that uv_run() returns. */
 void server_stop(struct server *server);
 
-/* With --check-invariants: checks every pool and aborts on a broken invariant. */
-void server_check_invariants(struct server *server);
+/*
+ * After anything that may have changed a pool: holds the cache to its watermark, arms the
+ * idle-release timer, and with --check-invariants checks every pool and the tenants' sums
+ * (aborting on a broken invariant).
+ */
+void server_after_change(struct server *server);
 
 #endif

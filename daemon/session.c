@@ -110,8 +110,29 @@ void session_totals(const struct session *s, uint64_t *ret_reserved, uint64_t *r
 }
 
 void session_release_all(struct session *s) {
-        for (unsigned d = 0; d < s->server->device_count; d++)
+        for (unsigned d = 0; d < s->server->device_count; d++) {
+                uint64_t before = s->owners[d].reserved_bytes;
+
                 pool_owner_detach(&s->owners[d]);
+                if (s->tenant)
+                        policy_account(&s->server->policy, s->tenant, d, before, s->owners[d].reserved_bytes);
+        }
+}
+
+void session_set_tenant(struct session *s, struct tenant *t) {
+        struct policy *p = &s->server->policy;
+
+        if (s->tenant) {
+                for (unsigned d = 0; d < s->server->device_count; d++)
+                        policy_account(p, s->tenant, d, s->owners[d].reserved_bytes, 0);
+                s->tenant->clients--;
+        }
+        s->tenant = t;
+        if (t) {
+                for (unsigned d = 0; d < s->server->device_count; d++)
+                        policy_account(p, t, d, 0, s->owners[d].reserved_bytes);
+                t->clients++;
+        }
 }
 
 static void session_free(struct session *s) {
@@ -151,6 +172,7 @@ void session_destroy(struct session *s) {
                 return;
         s->state = SESSION_CLOSED;
         session_release_all(s);
+        session_set_tenant(s, NULL);
         if (s->prev)
                 s->prev->next = s->next;
         else
@@ -210,7 +232,7 @@ static void on_process_exit(uv_poll_t *handle, int status, int events) {
                  (unsigned long long) s->id, s->name, (int) s->pid, (unsigned long long) blocks,
                  (unsigned long long) reserved);
         session_destroy(s);
-        server_check_invariants(server);
+        server_after_change(server);
 }
 
 /* Sends a reply, or keeps it and waits for the socket to drain. Returns false if the session ended. */
@@ -309,7 +331,7 @@ static void on_readable(uv_poll_t *handle, int status, int events) {
                 }
                 request_handle(s, req, &rep);
                 gpupool__envelope__free_unpacked(req, NULL);
-                server_check_invariants(server);
+                server_after_change(server);
                 alive = send_reply(s, &rep);
                 if (!alive)
                         return;

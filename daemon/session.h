@@ -12,6 +12,7 @@
 #include <sys/types.h>
 #include <uv.h>
 
+#include "policy.h"
 #include "pool.h"
 #include "wire.h"
 
@@ -32,6 +33,8 @@ struct session {
         uid_t uid;
         gid_t gid;
         char name[GP_MAX_NAME_BYTES + 1];
+        struct tenant *tenant;          /* from hello on; NULL before */
+        uint64_t limit_override_bytes;  /* gpupoolctl set-limit --pid; 0: none */
         int fd;
         int pidfd;              /* -1 when the kernel gave none */
         uv_poll_t poll;
@@ -56,5 +59,8 @@ void session_totals(const struct session *session, uint64_t *ret_reserved, uint6
 
 /* Releases everything the client holds (it unmapped all, or its process is gone). */
 void session_release_all(struct session *session);
+
+/* Moves the client to tenant t (NULL: none), carrying its reserved bytes along. */
+void session_set_tenant(struct session *session, struct tenant *t);
 
 #endif

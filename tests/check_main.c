@@ -13,9 +13,11 @@ int main(void) {
         srunner_add_suite(sr, suite_size());
         srunner_add_suite(sr, suite_wire());
         srunner_add_suite(sr, suite_options());
+        srunner_add_suite(sr, suite_config());
         srunner_add_suite(sr, suite_pool());
         srunner_add_suite(sr, suite_daemon());
         srunner_add_suite(sr, suite_hostile());
+        srunner_add_suite(sr, suite_tenants());
         srunner_add_suite(sr, suite_cuda_fake());
         srunner_run_all(sr, CK_NORMAL);
         failed = srunner_ntests_failed(sr);

@@ -8,9 +8,11 @@ Suite *suite_rbtree(void);
 Suite *suite_size(void);
 Suite *suite_wire(void);
 Suite *suite_options(void);
+Suite *suite_config(void);
 Suite *suite_pool(void);
 Suite *suite_daemon(void);
 Suite *suite_hostile(void);
+Suite *suite_tenants(void);
 Suite *suite_cuda_fake(void);
 Suite *suite_cuda_gpu(void);
 

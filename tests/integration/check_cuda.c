@@ -687,25 +687,27 @@ static void add_common(TCase *tc) {
         tcase_add_test(tc, test_cuda_segment_zeroed_across_uids);
 }
 
+/* Every daemon and client of the fake suite loads the fake driver; the other suites must not. */
+static void use_fake_driver(void) {
+        char lib[512], *abs;
+
+        snprintf(lib, sizeof(lib), "%s/tests/libfakecuda.so", build_dir());
+        /* Clients may run elsewhere than here: make the path absolute. */
+        abs = realpath(lib, NULL);
+        setenv("GPUPOOL_LIBCUDA", abs ? abs : lib, 1);
+        free(abs);
+}
+
+static void stop_using_fake_driver(void) {
+        unsetenv("GPUPOOL_LIBCUDA");
+}
+
 Suite *suite_cuda_fake(void) {
         Suite *s = suite_create("cuda-fake");
         TCase *tc = tcase_create("fake driver");
-        static char lib[512];
 
         on_gpu = false;
-        /* Every daemon and client of this suite loads the fake driver. */
-        snprintf(lib, sizeof(lib), "%s/tests/libfakecuda.so",
-                 build_dir());
-        if (lib[0] != '/') {
-                /* Clients may run elsewhere than here: make the path absolute. */
-                char *abs = realpath(lib, NULL);
-
-                if (abs) {
-                        snprintf(lib, sizeof(lib), "%s", abs);
-                        free(abs);
-                }
-        }
-        setenv("GPUPOOL_LIBCUDA", lib, 1);
+        tcase_add_unchecked_fixture(tc, use_fake_driver, stop_using_fake_driver);
         add_common(tc);
         tcase_add_test(tc, test_fake_visible_devices_renumbered);
         tcase_add_test(tc, test_fake_handle_opened_once_and_closed);

@@ -430,6 +430,79 @@ START_TEST(test_random_no_overlap) {
 }
 END_TEST
 
+static uint64_t fake_now_ms;
+
+static uint64_t fake_clock(void *ctx) {
+        (void) ctx;
+        return fake_now_ms;
+}
+
+/* Frees an owner's one block of size, so its segment goes to the cache. */
+static void cache_one(struct pool_owner *o, uint64_t size) {
+        struct pool_lease l = alloc_ok(o, size);
+
+        ck_assert(free_ok(o, &l));
+        ck_assert_int_eq(pool_release(pool, o, l.segment_id), 0);
+        check();
+}
+
+START_TEST(test_idle_release_by_age) {
+        struct pool_owner o;
+        struct pool_stats st;
+        uint64_t next = 0;
+
+        setup_capacity(1ULL << 30);
+        pool_set_clock(pool, fake_clock, NULL);
+        fake_now_ms = 1000;
+        pool_owner_attach(pool, &o, 1);
+        ck_assert_uint_eq(pool_idle_due_ms(pool, 5000), UINT64_MAX);   /* nothing cached: nothing due */
+        cache_one(&o, 12 * MiB);
+        fake_now_ms = 3000;
+        cache_one(&o, 14 * MiB);
+        ck_assert_uint_eq(pool_idle_due_ms(pool, 5000), 3000);          /* the first is due at 6000 */
+        fake_now_ms = 5999;
+        ck_assert_uint_eq(pool_release_idle(pool, 5000, &next), 0);
+        ck_assert_uint_eq(next, 1);
+        fake_now_ms = 6000;
+        ck_assert_uint_eq(pool_release_idle(pool, 5000, &next), 12 * MiB);     /* the oldest only */
+        ck_assert_uint_eq(next, 2000);
+        check();
+        fake_now_ms = 9000;
+        ck_assert_uint_eq(pool_release_idle(pool, 5000, &next), 14 * MiB);
+        ck_assert_uint_eq(next, UINT64_MAX);
+        pool_get_stats(pool, &st);
+        ck_assert_uint_eq(st.decay_releases_total, 2);
+        ck_assert_uint_eq(st.cached_bytes, 0);
+        ck_assert_uint_eq(st.evictions_total + st.watermark_releases_total, 0);
+        ck_assert_int_eq(fake.live, 0);
+        pool_owner_detach(&o);
+        teardown();
+}
+END_TEST
+
+START_TEST(test_watermark_and_evictions) {
+        struct pool_owner o;
+        struct pool_stats st;
+
+        setup_capacity(40 * MiB);
+        pool_owner_attach(pool, &o, 1);
+        cache_one(&o, 12 * MiB);
+        cache_one(&o, 16 * MiB);
+        ck_assert_uint_eq(pool_trim_cache(pool, 20 * MiB), 12 * MiB);  /* the oldest goes first */
+        check();
+        pool_get_stats(pool, &st);
+        ck_assert_uint_eq(st.cached_bytes, 16 * MiB);
+        ck_assert_uint_eq(st.watermark_releases_total, 1);
+        /* 30 MiB does not fit beside the cached 16 MiB in 40: the cache makes room, counted as an eviction. */
+        alloc_ok(&o, 30 * MiB);
+        pool_get_stats(pool, &st);
+        ck_assert_uint_eq(st.evictions_total, 1);
+        ck_assert_uint_eq(st.cached_bytes, 0);
+        pool_owner_detach(&o);
+        teardown();
+}
+END_TEST
+
 Suite *suite_pool(void) {
         Suite *s = suite_create("pool");
         TCase *tc = tcase_create("core");
@@ -443,6 +516,8 @@ Suite *suite_pool(void) {
         tcase_add_test(tc, test_refusals);
         tcase_add_test(tc, test_detach_with_live_blocks);
         tcase_add_test(tc, test_random_no_overlap);
+        tcase_add_test(tc, test_idle_release_by_age);
+        tcase_add_test(tc, test_watermark_and_evictions);
         tcase_set_timeout(tc, 120);
         suite_add_tcase(s, tc);
         return s;

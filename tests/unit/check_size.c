@@ -50,12 +50,40 @@ START_TEST(test_format) {
 }
 END_TEST
 
+START_TEST(test_durations) {
+        static const struct {
+                const char *text;
+                uint64_t ms;
+        } good[] = {
+                { "0", 0 }, { "100ms", 100 }, { "30s", 30000 }, { "5min", 300000 }, { "2h", 7200000 },
+                { "1d", 86400000 }, { "0s", 0 },
+        };
+        static const char *const bad[] = { "", "30", "5m", "5 min", "-1s", "1.5s", "s", "10sec", "99999999999999999999d" };
+        char buf[32];
+
+        for (size_t i = 0; i < sizeof(good) / sizeof(good[0]); i++) {
+                uint64_t v = 7;
+
+                ck_assert_msg(gp_duration_parse(good[i].text, &v) == 0 && v == good[i].ms, "'%s'", good[i].text);
+        }
+        for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+                uint64_t v = 7;
+
+                ck_assert_msg(gp_duration_parse(bad[i], &v) < 0 && v == 7, "'%s' should not parse", bad[i]);
+        }
+        ck_assert_str_eq(gp_duration_format(300000, buf, sizeof(buf)), "5min");
+        ck_assert_str_eq(gp_duration_format(1500, buf, sizeof(buf)), "1500ms");
+        ck_assert_str_eq(gp_duration_format(0, buf, sizeof(buf)), "0");
+}
+END_TEST
+
 Suite *suite_size(void) {
         Suite *s = suite_create("size");
         TCase *tc = tcase_create("core");
 
         tcase_add_test(tc, test_parse_good);
         tcase_add_test(tc, test_parse_bad);
+        tcase_add_test(tc, test_durations);
         tcase_add_test(tc, test_format);
         suite_add_tcase(s, tc);
         return s;

@@ -1,0 +1,58 @@
+/*
+ * config.h: gpupoold's config file: /etc/gpupool/gpupoold.conf (INI, parsed with inih), then
+ * the drop-ins gpupoold.conf.d/NAME.conf in name order, each overriding what came before.
+ *
+ *   [daemon]       socket, backend, host_capacity, log_level, max_clients, check_invariants
+ *   [pool]         headroom, idle_release, max_cached, reclaim_timeout
+ *   [limits]       client_max, max_blocks
+ *   [tenant:NAME]  match_uid, match_gid, match_name (a glob over the client's declared name),
+ *                  max, guarantee, client_max
+ *
+ * A client belongs to the first tenant (in the order of first appearance) all of whose match
+ * rules hold, else to "default", whose limits a [tenant:default] section may set. Every
+ * mistake is an error naming file:line: unknown sections and keys, bad values, a tenant with
+ * no rule, a tenant no client could ever reach because an earlier one matches all it would
+ * match, a guarantee above the tenant's max.
+ */
+#ifndef GP_CONFIG_H
+#define GP_CONFIG_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "options.h"
+
+#define CONFIG_MAX_TENANTS 64
+#define CONFIG_NAME_MAX 63
+#define CONFIG_DEFAULT_TENANT "default"
+
+struct tenant_conf {
+        char name[CONFIG_NAME_MAX + 1];
+        char where[128];                /* "file:line" of its first key, for messages */
+        bool match_uid_set, match_gid_set, match_name_set;
+        uint32_t match_uid, match_gid;
+        char match_name[CONFIG_NAME_MAX + 1];
+        uint64_t max_bytes;             /* all its clients together, per device; 0: none */
+        uint64_t guarantee_bytes;       /* per device */
+        uint64_t client_max_bytes;      /* per client and device; 0: none */
+        bool client_max_set;            /* else [limits] client_max applies */
+};
+
+struct config {
+        struct options options;         /* the defaults, then the files' keys */
+        unsigned file_count;            /* files read */
+        unsigned tenant_count;          /* tenants[0] is "default" */
+        struct tenant_conf tenants[CONFIG_MAX_TENANTS];
+};
+
+/*
+ * Loads path, then the *.conf files in path.d, over the defaults. A missing path is no error unless
+ * required (--config was given). Returns 0, or a negative errno with "file:line: what" in
+ * err.
+ */
+int config_load(const char *path, bool required, struct config *ret, char *err, size_t err_size);
+
+/* Whether a client of uid, gid and declared name meets every match rule of t. */
+bool tenant_conf_matches(const struct tenant_conf *t, uint32_t uid, uint32_t gid, const char *name);
+
+#endif

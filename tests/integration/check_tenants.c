@@ -1,0 +1,365 @@
+/*
+ * check_tenants.c: tenants, quotas and the cache's limits end to end, on the host backend:
+ * a tenant's max across several processes, a guarantee holding another tenant off, the
+ * ladder's counters, idle release, the watermark, reload, runtime limits and bad configs.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "gpupool.h"
+#include "suites.h"
+#include "testlib.h"
+
+#define MiB (1ULL << 20)
+
+static char conf_dir[64], conf_path[128];
+
+static void write_conf(const char *text) {
+        FILE *f;
+
+        if (!conf_dir[0]) {
+                strcpy(conf_dir, "/tmp/gpupool-conf-XXXXXX");
+                ck_assert_ptr_nonnull(mkdtemp(conf_dir));
+                ck_assert_int_eq(chmod(conf_dir, 0755), 0);
+                snprintf(conf_path, sizeof(conf_path), "%s/gpupoold.conf", conf_dir);
+        }
+        f = fopen(conf_path, "w");
+        ck_assert_ptr_nonnull(f);
+        fputs(text, f);
+        fclose(f);
+}
+
+static void start(struct testd *d, const char *conf, const char *capacity) {
+        conf_dir[0] = '\0';
+        write_conf(conf);
+        testd_start(d, "--config", conf_path, "--host-capacity", capacity, NULL);
+}
+
+static void stop(struct testd *d) {
+        ck_assert_int_eq(testd_stop(d), 0);
+        unlink(conf_path);
+        rmdir(conf_dir);
+}
+
+static long long dev(struct testd *d, const char *key) {
+        json_t *st = testd_ctl(d, "status");
+        long long v = status_device(st, key);
+
+        json_decref(st);
+        return v;
+}
+
+/* A tenant's field from "limits --json" (reserved_bytes: device 0's). */
+static long long tenant_field(struct testd *d, const char *tenant, const char *key) {
+        json_t *j = testd_ctl(d, "limits"), *t;
+        long long v = -1;
+        size_t i;
+
+        json_array_foreach(json_object_get(j, "tenants"), i, t) {
+                if (strcmp(json_string_value(json_object_get(t, "name")), tenant) != 0)
+                        continue;
+                if (json_is_array(json_object_get(t, key)))
+                        v = json_integer_value(json_array_get(json_object_get(t, key), 0));
+                else
+                        v = json_integer_value(json_object_get(t, key));
+        }
+        json_decref(j);
+        return v;
+}
+
+/* One process of a tenant: allocates size bytes as name, reports, and holds until told to go. */
+struct holder {
+        const char *name;
+        size_t size;
+        int ready[2], go[2];
+};
+
+static int holder_main(struct testd *d, void *arg) {
+        struct holder *h = arg;
+        gpupool_client *c;
+        char ch = 'x';
+        void *p;
+        int r;
+
+        if (gpupool_connect(d->sock, h->name, &c) < 0)
+                return 1;
+        r = gpupool_alloc(c, 0, h->size, &p);
+        ch = r == 0 ? 'y' : r == -EDQUOT ? 'q' : 'n';
+        if (write(h->ready[1], &ch, 1) != 1 || read(h->go[0], &ch, 1) != 1)
+                return 2;
+        gpupool_disconnect(c);
+        return 0;
+}
+
+static pid_t hold(struct testd *d, struct holder *h, const char *name, size_t size, char *ret_result) {
+        pid_t pid;
+
+        h->name = name;
+        h->size = size;
+        ck_assert_int_eq(pipe(h->ready), 0);
+        ck_assert_int_eq(pipe(h->go), 0);
+        pid = spawn(holder_main, d, h);
+        ck_assert_int_eq(read(h->ready[0], ret_result, 1), 1);
+        return pid;
+}
+
+static void release(struct holder *h, pid_t pid) {
+        ck_assert_int_eq(write(h->go[1], "g", 1), 1);
+        ck_assert_int_eq(reap(pid), 0);
+        close(h->ready[0]), close(h->ready[1]), close(h->go[0]), close(h->go[1]);
+}
+
+START_TEST(test_tenant_max_across_processes) {
+        struct holder a, b;
+        gpupool_client *c;
+        char ra, rb, msg[512];
+        struct testd d;
+        pid_t pa, pb;
+        void *p;
+
+        start(&d, "[tenant:jobs]\nmatch_name = job-*\nmax = 24M\n", "256M");
+        /* Two processes of one tenant: 12 MiB each fills its 24 MiB. */
+        pa = hold(&d, &a, "job-a", 12 * MiB, &ra);
+        pb = hold(&d, &b, "job-b", 12 * MiB, &rb);
+        ck_assert_int_eq(ra, 'y');
+        ck_assert_int_eq(rb, 'y');
+        ck_assert_int_eq(tenant_field(&d, "jobs", "reserved_bytes"), 24 * MiB);
+        ck_assert_int_eq(tenant_field(&d, "jobs", "clients"), 2);
+        /* A third is refused, and told by whom and why. */
+        ck_assert_int_eq(gpupool_connect(d.sock, "job-c", &c), 0);
+        ck_assert_int_eq(gpupool_alloc(c, 0, 4 * MiB, &p), -EDQUOT);
+        gpupool_last_error(c, msg, sizeof(msg));
+        ck_assert_msg(strstr(msg, "tenant jobs (3 clients) to 28.0 MiB reserved, over its max of 24.0 MiB"), "%s", msg);
+        /* Another tenant is not held back by it. */
+        {
+                gpupool_client *other;
+
+                ck_assert_int_eq(gpupool_connect(d.sock, "web", &other), 0);
+                ck_assert_int_eq(gpupool_alloc(other, 0, 40 * MiB, &p), 0);
+                gpupool_disconnect(other);
+        }
+        /* When one of the tenant leaves, the third gets its share. */
+        release(&a, pa);
+        ck_assert_int_eq(gpupool_alloc(c, 0, 4 * MiB, &p), 0);
+        gpupool_disconnect(c);
+        release(&b, pb);
+        ck_assert_int_eq(tenant_field(&d, "jobs", "reserved_bytes"), 0);
+        stop(&d);
+}
+END_TEST
+
+START_TEST(test_guarantee_holds_others_off) {
+        gpupool_client *greedy, *serve;
+        struct testd d;
+        char msg[512];
+        void *p, *q;
+
+        start(&d, "[tenant:serve]\nmatch_name = serve\nguarantee = 32M\n", "64M");
+        ck_assert_int_eq(gpupool_connect(d.sock, "greedy", &greedy), 0);
+        ck_assert_int_eq(gpupool_alloc(greedy, 0, 40 * MiB, &p), -EDQUOT);
+        gpupool_last_error(greedy, msg, sizeof(msg));
+        ck_assert_msg(strstr(msg, "held back for other tenants' unused guarantees"), "%s", msg);
+        ck_assert_int_eq(gpupool_alloc(greedy, 0, 30 * MiB, &p), 0);
+        /* The guaranteed tenant gets its 32 MiB although the device is half taken. */
+        ck_assert_int_eq(gpupool_connect(d.sock, "serve", &serve), 0);
+        ck_assert_int_eq(gpupool_alloc(serve, 0, 32 * MiB, &q), 0);
+        ck_assert_int_eq(gpupool_free(serve, q), 0);
+        gpupool_disconnect(serve);
+        gpupool_disconnect(greedy);
+        stop(&d);
+}
+END_TEST
+
+START_TEST(test_cache_counters_decay_and_watermark) {
+        gpupool_client *c;
+        struct testd d;
+        void *p[3];
+        double t0;
+
+        start(&d, "[pool]\nidle_release = 1s\nmax_cached = 16M\n", "40M");
+        ck_assert_int_eq(gpupool_connect(d.sock, "cacher", &c), 0);
+        /* Two 12 MiB segments freed: 24 MiB over the 16 MiB watermark, so the older goes at once. */
+        ck_assert_int_eq(gpupool_alloc(c, 0, 12 * MiB, &p[0]), 0);
+        ck_assert_int_eq(gpupool_alloc(c, 0, 12 * MiB, &p[1]), 0);
+        ck_assert_int_eq(gpupool_free(c, p[0]), 0);
+        ck_assert_int_eq(gpupool_free(c, p[1]), 0);
+        ck_assert_int_eq(dev(&d, "watermark_releases_total"), 1);
+        ck_assert_int_eq(dev(&d, "cached_bytes"), 12 * MiB);
+        /* 30 MiB beside the cached 12 in 40: the cache makes room (ladder step 2), counted. */
+        ck_assert_int_eq(gpupool_alloc(c, 0, 30 * MiB, &p[2]), 0);
+        ck_assert_int_eq(dev(&d, "evictions_total"), 1);
+        ck_assert_int_eq(dev(&d, "cached_bytes"), 0);
+        /* Freed, the 30 MiB segment alone is over the watermark: it is not kept. */
+        ck_assert_int_eq(gpupool_free(c, p[2]), 0);
+        ck_assert_int_eq(dev(&d, "watermark_releases_total"), 2);
+        ck_assert_int_eq(dev(&d, "cached_bytes"), 0);
+        /* Idle a second in the cache, a segment goes back to the backend on the timer, with no request. */
+        ck_assert_int_eq(gpupool_alloc(c, 0, 12 * MiB, &p[0]), 0);
+        ck_assert_int_eq(gpupool_free(c, p[0]), 0);
+        ck_assert_int_eq(dev(&d, "cached_bytes"), 12 * MiB);
+        t0 = now_s();
+        while (now_s() - t0 < 10 && dev(&d, "decay_releases_total") < 1)
+                ;
+        ck_assert_int_eq(dev(&d, "decay_releases_total"), 1);
+        ck_assert_int_eq(dev(&d, "cached_bytes"), 0);
+        ck_assert_msg(now_s() - t0 > 0.5, "released before it was idle for a second");
+        ck_assert_int_eq(dev(&d, "reserved_bytes"), 0);
+        gpupool_disconnect(c);
+        stop(&d);
+}
+END_TEST
+
+START_TEST(test_reload_and_runtime_limits) {
+        gpupool_client *c;
+        struct testd d;
+        char cmd[512], out[4096];
+        void *p, *q;
+
+        start(&d, "[tenant:jobs]\nmatch_name = job\nmax = 8M\n", "256M");
+        ck_assert_int_eq(gpupool_connect(d.sock, "job", &c), 0);
+        ck_assert_int_eq(gpupool_alloc(c, 0, 6 * MiB, &p), 0);
+        ck_assert_int_eq(gpupool_alloc(c, 0, 6 * MiB, &q), -EDQUOT);
+
+        /* Runtime: raise the tenant's max; the same client may now have more. */
+        snprintf(cmd, sizeof(cmd), "%s/gpupoolctl --socket %s set-limit --tenant jobs max=16M 2>&1", build_dir(), d.sock);
+        ck_assert_int_eq(run_capture(cmd, out, sizeof(out)), 0);
+        ck_assert_int_eq(tenant_field(&d, "jobs", "max_bytes"), 16 * MiB);
+        ck_assert_int_eq(gpupool_alloc(c, 0, 6 * MiB, &q), 0);
+        ck_assert_int_eq(gpupool_free(c, q), 0);
+        /* A client's own limit, by pid. */
+        snprintf(cmd, sizeof(cmd), "%s/gpupoolctl --socket %s set-limit --pid %d max=8M 2>&1", build_dir(), d.sock,
+                 (int) getpid());
+        ck_assert_int_eq(run_capture(cmd, out, sizeof(out)), 0);
+        ck_assert_int_eq(gpupool_alloc(c, 0, 6 * MiB, &q), -EDQUOT);
+        /* Refusals: no such tenant, a guarantee for a pid, nothing to set. */
+        snprintf(cmd, sizeof(cmd), "%s/gpupoolctl --socket %s set-limit --tenant nope max=1G 2>&1", build_dir(), d.sock);
+        ck_assert_int_eq(run_capture(cmd, out, sizeof(out)), 1);
+        ck_assert_msg(strstr(out, "no tenant 'nope'"), "%s", out);
+        snprintf(cmd, sizeof(cmd), "%s/gpupoolctl --socket %s set-limit --pid %d guarantee=1G 2>&1", build_dir(), d.sock,
+                 (int) getpid());
+        ck_assert_int_eq(run_capture(cmd, out, sizeof(out)), 1);
+        ck_assert_msg(strstr(out, "a guarantee belongs to a tenant"), "%s", out);
+        snprintf(cmd, sizeof(cmd), "%s/gpupoolctl --socket %s set-limit --tenant jobs 2>&1", build_dir(), d.sock);
+        ck_assert_int_eq(run_capture(cmd, out, sizeof(out)), 2);
+
+        /* Reload: the file's values come back, runtime ones go, and nobody is disconnected. */
+        write_conf("[tenant:jobs]\nmatch_name = job\nmax = 32M\n");
+        kill(d.pid, SIGHUP);
+        {
+                double t0 = now_s();
+
+                while (now_s() - t0 < 10 && tenant_field(&d, "jobs", "max_bytes") != 32 * MiB)
+                        ;
+        }
+        ck_assert_int_eq(tenant_field(&d, "jobs", "max_bytes"), 32 * MiB);
+        ck_assert_int_eq(tenant_field(&d, "jobs", "reserved_bytes"), 6 * MiB);  /* the client is still counted */
+        ck_assert_int_eq(gpupool_alloc(c, 0, 6 * MiB, &q), 0);                 /* and its pid limit is gone */
+
+        /* A config that does not load is refused; the running one stays. */
+        write_conf("[tenant:jobs]\nmatch_name = job\nmax = lots\n");
+        kill(d.pid, SIGHUP);
+        {
+                double t0 = now_s();
+
+                snprintf(cmd, sizeof(cmd), "grep -c 'reload refused' %s", d.log);
+                while (now_s() - t0 < 10 && run_capture(cmd, out, sizeof(out)) != 0)
+                        ;
+                ck_assert_int_eq(run_capture(cmd, out, sizeof(out)), 0);
+        }
+        ck_assert_int_eq(tenant_field(&d, "jobs", "max_bytes"), 32 * MiB);
+        gpupool_disconnect(c);
+        stop(&d);
+}
+END_TEST
+
+/* As another uid: set-limit is refused. */
+static int nobody_sets_limit(struct testd *d, void *arg) {
+        char cmd[512], out[1024];
+
+        (void) arg;
+        if (setgid(65534) < 0 || setuid(65534) < 0)
+                return 20;
+        snprintf(cmd, sizeof(cmd), "%s/gpupoolctl --socket %s set-limit --tenant default max=1T 2>&1", build_dir(), d->sock);
+        if (run_capture(cmd, out, sizeof(out)) != 1 || !strstr(out, "set-limit is for root"))
+                return 21;
+        return 0;
+}
+
+START_TEST(test_set_limit_needs_root) {
+        struct testd d;
+
+        if (geteuid() != 0) {
+                fprintf(stderr, "test_set_limit_needs_root: not root, nothing to check\n");
+                return;
+        }
+        start(&d, "", "64M");
+        ck_assert_int_eq(chmod(d.dir, 0755), 0);
+        ck_assert_int_eq(reap(spawn(nobody_sets_limit, &d, NULL)), 0);
+        stop(&d);
+}
+END_TEST
+
+START_TEST(test_status_and_check_config) {
+        char cmd[512], out[4096];
+        gpupool_client *c;
+        struct testd d;
+        json_t *st, *cl;
+        void *p;
+
+        start(&d, "[tenant:jobs]\nmatch_name = job-*\nmax = 1G\nguarantee = 8M\n", "64M");
+        ck_assert_int_eq(gpupool_connect(d.sock, "job-1", &c), 0);
+        ck_assert_int_eq(gpupool_alloc(c, 0, 3 * MiB, &p), 0);
+        st = testd_ctl(&d, "status");
+        cl = status_client_by_pid(st, getpid());
+        ck_assert_ptr_nonnull(cl);
+        ck_assert_str_eq(json_string_value(json_object_get(cl, "tenant")), "jobs");
+        ck_assert_int_eq(json_array_size(json_object_get(st, "tenants")), 2);
+        json_decref(st);
+        snprintf(cmd, sizeof(cmd), "%s/gpupoolctl --socket %s limits", build_dir(), d.sock);
+        ck_assert_int_eq(run_capture(cmd, out, sizeof(out)), 0);
+        ck_assert_msg(strstr(out, "name=job-*") && strstr(out, "(everyone else)"), "%s", out);
+        gpupool_disconnect(c);
+        stop(&d);
+
+        /* --check-config: good, bad with file:line, missing. */
+        conf_dir[0] = '\0';
+        write_conf("[pool]\nidle_release = 10min\n");
+        snprintf(cmd, sizeof(cmd), "%s/gpupoold --config %s --check-config 2>&1", build_dir(), conf_path);
+        ck_assert_int_eq(run_capture(cmd, out, sizeof(out)), 0);
+        ck_assert_msg(strstr(out, "good (1 file, 1 tenant)"), "%s", out);
+        write_conf("[pool]\nidle_release = 10 minutes\n");
+        ck_assert_int_eq(run_capture(cmd, out, sizeof(out)), 1);
+        ck_assert_msg(strstr(out, "gpupoold.conf:2: idle_release: '10 minutes' is not a duration"), "%s", out);
+        write_conf("[tenant:a]\nmatch_uid = 0\nguarantee = 1G\n");
+        snprintf(cmd, sizeof(cmd), "%s/gpupoold --config %s --backend host --host-capacity 64M --socket %s/s.sock 2>&1", build_dir(),
+                 conf_path, conf_dir);
+        ck_assert_int_eq(run_capture(cmd, out, sizeof(out)), 1);
+        ck_assert_msg(strstr(out, "guarantees add up to 1.0 GiB, more than device 0's capacity of 64.0 MiB"), "%s", out);
+        unlink(conf_path);
+        snprintf(cmd, sizeof(cmd), "%s/gpupoold --config %s --check-config 2>&1", build_dir(), conf_path);
+        ck_assert_int_eq(run_capture(cmd, out, sizeof(out)), 1);
+        ck_assert_msg(strstr(out, "No such file"), "%s", out);
+        rmdir(conf_dir);
+}
+END_TEST
+
+Suite *suite_tenants(void) {
+        Suite *s = suite_create("tenants");
+        TCase *tc = tcase_create("host");
+
+        tcase_add_test(tc, test_tenant_max_across_processes);
+        tcase_add_test(tc, test_guarantee_holds_others_off);
+        tcase_add_test(tc, test_cache_counters_decay_and_watermark);
+        tcase_add_test(tc, test_reload_and_runtime_limits);
+        tcase_add_test(tc, test_set_limit_needs_root);
+        tcase_add_test(tc, test_status_and_check_config);
+        tcase_set_timeout(tc, 120);
+        suite_add_tcase(s, tc);
+        return s;
+}

@@ -1,0 +1,245 @@
+/*
+ * check_config.c: the config file (daemon/config.c) and the limits it feeds (daemon/policy.c):
+ * every key, drop-ins, the command line over the file, every refusal with its file:line,
+ * tenant matching, and the headroom each limit leaves.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "config.h"
+#include "policy.h"
+#include "suites.h"
+
+#define MiB (1ULL << 20)
+#define GiB (1ULL << 30)
+
+static char dir[64], path[128];
+
+static void setup(void) {
+        strcpy(dir, "/tmp/gpupool-config-XXXXXX");
+        ck_assert_ptr_nonnull(mkdtemp(dir));
+        snprintf(path, sizeof(path), "%s/gpupoold.conf", dir);
+}
+
+static void teardown(void) {
+        char cmd[160];
+
+        snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
+        ck_assert_int_eq(system(cmd), 0);
+}
+
+static void write_file(const char *file, const char *text) {
+        FILE *f = fopen(file, "w");
+
+        ck_assert_ptr_nonnull(f);
+        fputs(text, f);
+        fclose(f);
+}
+
+static struct config conf;
+
+START_TEST(test_every_key) {
+        char err[600] = "";
+
+        write_file(path, "# every key\n"
+                         "[daemon]\nsocket = /tmp/x.sock\nbackend = host\nhost_capacity = 2G\nlog_level = debug\n"
+                         "max_clients = 7\ncheck_invariants = yes\n"
+                         "[pool]\nheadroom = 1G\nidle_release = 30s\nmax_cached = 10%\nreclaim_timeout = 250ms\n"
+                         "[limits]\nclient_max = 8G ; inline comment\nmax_blocks = 99\n"
+                         "[tenant:training]\nmatch_uid = 1000\nmatch_gid = 0\nmatch_name = train-*\nmax = 40G\n"
+                         "guarantee = 10G\nclient_max = 4G\n"
+                         "[tenant:default]\nmax = 20G\n");
+        ck_assert_msg(config_load(path, true, &conf, err, sizeof(err)) == 0, "%s", err);
+        ck_assert_str_eq(conf.options.socket_path, "/tmp/x.sock");
+        ck_assert_int_eq(conf.options.backend, BACKEND_HOST);
+        ck_assert_uint_eq(conf.options.host_capacity_bytes, 2 * GiB);
+        ck_assert_int_eq(conf.options.log_level, LOG_LEVEL_DEBUG);
+        ck_assert_uint_eq(conf.options.max_clients, 7);
+        ck_assert(conf.options.check_invariants);
+        ck_assert_uint_eq(conf.options.headroom_bytes, 1 * GiB);
+        ck_assert_uint_eq(conf.options.idle_release_ms, 30000);
+        ck_assert_uint_eq(conf.options.max_cached_percent, 10);
+        ck_assert_uint_eq(conf.options.reclaim_timeout_ms, 250);
+        ck_assert_uint_eq(conf.options.client_limit_bytes, 8 * GiB);
+        ck_assert_uint_eq(conf.options.max_blocks, 99);
+        ck_assert_uint_eq(conf.tenant_count, 2);
+        ck_assert_str_eq(conf.tenants[0].name, "default");
+        ck_assert_uint_eq(conf.tenants[0].max_bytes, 20 * GiB);
+        ck_assert_str_eq(conf.tenants[1].name, "training");
+        ck_assert(conf.tenants[1].match_uid_set && conf.tenants[1].match_uid == 1000);
+        ck_assert(conf.tenants[1].match_gid_set && conf.tenants[1].match_gid == 0);
+        ck_assert_str_eq(conf.tenants[1].match_name, "train-*");
+        ck_assert_uint_eq(conf.tenants[1].max_bytes, 40 * GiB);
+        ck_assert_uint_eq(conf.tenants[1].guarantee_bytes, 10 * GiB);
+        ck_assert(conf.tenants[1].client_max_set && conf.tenants[1].client_max_bytes == 4 * GiB);
+        ck_assert_uint_eq(conf.file_count, 1);
+}
+END_TEST
+
+START_TEST(test_dropins_and_command_line) {
+        char err[600] = "", dropins[160], file[200];
+        char *argv[] = { "gpupoold", "--client-limit", "1G", NULL };
+        struct options o;
+
+        write_file(path, "[limits]\nclient_max = 8G\nmax_blocks = 5\n[tenant:a]\nmatch_uid = 1\nmax = 1G\n");
+        snprintf(dropins, sizeof(dropins), "%s.d", path);
+        ck_assert_int_eq(mkdir(dropins, 0755), 0);
+        /* Name order: 10- before 20-, whatever order they were written in; other names are ignored. */
+        snprintf(file, sizeof(file), "%s/20-late.conf", dropins);
+        write_file(file, "[limits]\nmax_blocks = 20\n");
+        snprintf(file, sizeof(file), "%s/10-early.conf", dropins);
+        write_file(file, "[limits]\nmax_blocks = 10\n[tenant:a]\nmax = 2G\n[tenant:b]\nmatch_uid = 2\n");
+        snprintf(file, sizeof(file), "%s/30-off.conf.disabled", dropins);
+        write_file(file, "[limits]\nmax_blocks = 30\n");
+        ck_assert_msg(config_load(path, true, &conf, err, sizeof(err)) == 0, "%s", err);
+        ck_assert_uint_eq(conf.file_count, 3);
+        ck_assert_uint_eq(conf.options.max_blocks, 20);
+        ck_assert_uint_eq(conf.tenant_count, 3);
+        ck_assert_uint_eq(conf.tenants[1].max_bytes, 2 * GiB);
+        /* The command line wins over the files. */
+        ck_assert_int_eq(options_parse_over(3, argv, &conf.options, &o, err, sizeof(err)), 0);
+        ck_assert_uint_eq(o.client_limit_bytes, 1 * GiB);
+        ck_assert_uint_eq(o.max_blocks, 20);
+}
+END_TEST
+
+START_TEST(test_missing_files) {
+        char err[600] = "";
+
+        /* The default file may be absent; a file named with --config may not. */
+        ck_assert_int_eq(config_load(path, false, &conf, err, sizeof(err)), 0);
+        ck_assert_uint_eq(conf.file_count, 0);
+        ck_assert_uint_eq(conf.tenant_count, 1);
+        ck_assert_uint_eq(conf.options.idle_release_ms, 5 * 60 * 1000);
+        ck_assert_int_eq(config_load(path, true, &conf, err, sizeof(err)), -ENOENT);
+        ck_assert_msg(strstr(err, "gpupoold.conf: No such file"), "%s", err);
+}
+END_TEST
+
+START_TEST(test_refusals_name_file_and_line) {
+        static const struct {
+                const char *text;
+                const char *must_say;
+        } cases[] = {
+                { "[daemon]\nsocket = /s\n[nonsense]\nx = 1\n", ":4: unknown section [nonsense]" },
+                { "[pool]\nidle_release = 5min\nidel_release = 1s\n", ":3: unknown key 'idel_release' in [pool]" },
+                { "[daemon]\nhost_capacity = lots\n", ":2: host_capacity: 'lots' is not a size" },
+                { "[daemon]\nhost_capacity = 1M\n", ":2: host_capacity: '1M' is less than one 2 MiB segment" },
+                { "[pool]\nidle_release = 5\n", ":2: idle_release: '5' is not a duration" },
+                { "[pool]\nmax_cached = 120%\n", ":2: max_cached: '120%' is not a percentage" },
+                { "[pool]\nmax_cached = lots\n", ":2: max_cached: 'lots' is neither a size nor a percentage" },
+                { "[daemon]\nbackend = opencl\n", ":2: backend: unknown backend 'opencl'" },
+                { "[daemon]\ncheck_invariants = maybe\n", ":2: check_invariants: 'maybe' is not yes or no" },
+                { "[daemon]\nmax_clients = 0\n", ":2: max_clients: '0' is not a number from 1 to 1024" },
+                { "socket = /s\n", ":1: 'socket' is outside any section" },
+                { "[pool]\nidle_release = 5min\n  max_cached = 25%\n", ":3: an indented line continues the previous value" },
+                { "[pool\n", ":1: not a [section] or a key = value line" },
+                { "[daemon]\nthis line has no equals sign\n", ":2: not a [section] or a key = value line" },
+                { "[tenant:a]\nmax = 1G\n", ":2: [tenant:a] has no match_uid, match_gid or match_name" },
+                { "[tenant:a b]\nmatch_uid = 1\n", ":2: [tenant:a b]: a tenant name is 1 to 63 letters" },
+                { "[tenant:a]\nmatch_uid = nosuchuser-gpupool\n", ":2: match_uid: 'nosuchuser-gpupool' is not a user" },
+                { "[tenant:a]\nmatch_gid = -1\n", ":2: match_gid: '-1' is not a group" },
+                { "[tenant:a]\nmatch_name = x\nfavourite = 1\n", ":3: unknown key 'favourite' in [tenant:a]" },
+                { "[tenant:a]\nmatch_name = x\nmax = big\n", ":3: max: 'big' is not a size" },
+                { "[tenant:a]\nmatch_name = x\nmax = 1G\nguarantee = 2G\n", ":2: [tenant:a] guarantees more than its max" },
+                { "[tenant:default]\nmatch_uid = 1\n", ":2: [tenant:default] takes no match rule" },
+                { "[tenant:a]\nmatch_uid = 1000\n[tenant:b]\nmatch_uid = 1000\nmatch_name = x*\n",
+                  ":4: [tenant:b] overlaps [tenant:a]" },
+                { "[tenant:a]\nmatch_name = job-*\n[tenant:b]\nmatch_name = job-*\n", ":4: [tenant:b] overlaps [tenant:a]" },
+        };
+        char err[600];
+
+        for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+                char want[256];
+
+                write_file(path, cases[i].text);
+                err[0] = '\0';
+                ck_assert_msg(config_load(path, true, &conf, err, sizeof(err)) < 0, "case %zu loaded", i);
+                snprintf(want, sizeof(want), "gpupoold.conf%s", cases[i].must_say);
+                ck_assert_msg(strstr(err, want), "case %zu: '%s' does not say '%s'", i, err, want);
+        }
+}
+END_TEST
+
+START_TEST(test_matching) {
+        struct tenant_conf t = { .match_uid_set = true, .match_uid = 1000, .match_name_set = true };
+        struct tenant_conf none = { 0 };
+
+        strcpy(t.match_name, "train-*");
+        ck_assert(tenant_conf_matches(&t, 1000, 5, "train-resnet"));
+        ck_assert(!tenant_conf_matches(&t, 1001, 5, "train-resnet"));     /* every rule must hold */
+        ck_assert(!tenant_conf_matches(&t, 1000, 5, "serve"));
+        ck_assert(!tenant_conf_matches(&none, 0, 0, "x"));                /* no rule matches nobody */
+}
+END_TEST
+
+START_TEST(test_policy_headroom) {
+        static struct policy p;
+        struct pool_stats st = { .total_bytes = 80 * GiB };
+        struct pool_owner owner = { .reserved_bytes = 2 * GiB };
+        enum policy_bound bound;
+        struct tenant *train, *serve;
+        char err[600] = "", why[256];
+
+        write_file(path, "[limits]\nclient_max = 8G\n"
+                         "[tenant:train]\nmatch_name = train-*\nmax = 40G\nclient_max = 30G\n"
+                         "[tenant:serve]\nmatch_name = serve-*\nguarantee = 20G\n");
+        ck_assert_msg(config_load(path, true, &conf, err, sizeof(err)) == 0, "%s", err);
+        p.device_count = 1;
+        p.capacity_bytes[0] = 80 * GiB;
+        policy_configure(&p, &conf);
+        ck_assert_int_eq(policy_check_guarantees(&p, why, sizeof(why)), 0);
+        train = policy_tenant_for(&p, 1000, 1000, "train-a");
+        serve = policy_tenant_for(&p, 1000, 1000, "serve-b");
+        ck_assert_str_eq(train->conf.name, "train");
+        ck_assert_str_eq(serve->conf.name, "serve");
+        ck_assert_str_eq(policy_tenant_for(&p, 0, 0, "other")->conf.name, "default");
+        ck_assert_uint_eq(policy_client_limit(&p, train, 0), 30 * GiB);
+        ck_assert_uint_eq(policy_client_limit(&p, &p.tenants[0], 0), 8 * GiB);
+        ck_assert_uint_eq(policy_client_limit(&p, train, 1 * GiB), 1 * GiB);
+
+        /* The client's limit binds first: 30G less its 2G. */
+        policy_account(&p, train, 0, 0, 2 * GiB);
+        st.reserved_bytes = 2 * GiB;
+        ck_assert_uint_eq(policy_headroom(&p, train, 30 * GiB, &owner, 0, &st, &bound), 28 * GiB);
+        ck_assert_int_eq(bound, POLICY_CLIENT);
+        /* Then the tenant's max, over all its clients. */
+        policy_account(&p, train, 0, 2 * GiB, 35 * GiB);
+        st.reserved_bytes = 35 * GiB;
+        ck_assert_uint_eq(policy_headroom(&p, train, 30 * GiB, &owner, 0, &st, &bound), 5 * GiB);
+        ck_assert_int_eq(bound, POLICY_TENANT);
+        /* Then serve's unused 20G guarantee: default may not eat into it. */
+        owner.reserved_bytes = 0;
+        st.reserved_bytes = 55 * GiB;
+        st.cached_bytes = 2 * GiB;      /* the cache can be released: it does not count */
+        ck_assert_uint_eq(policy_headroom(&p, &p.tenants[0], 0, &owner, 0, &st, &bound), 80 * GiB - 53 * GiB - 20 * GiB);
+        ck_assert_int_eq(bound, POLICY_GUARANTEES);
+        /* ... while nothing of policy's holds serve back: the device's free memory is the limit. */
+        ck_assert_uint_eq(policy_headroom(&p, serve, 0, &owner, 0, &st, &bound), UINT64_MAX);
+        ck_assert_int_eq(bound, POLICY_UNBOUND);
+        /* Guarantees beyond a device are refused. */
+        serve->guarantee_bytes = 81 * GiB;
+        ck_assert_int_eq(policy_check_guarantees(&p, why, sizeof(why)), -EINVAL);
+        ck_assert_msg(strstr(why, "more than device 0's capacity"), "%s", why);
+}
+END_TEST
+
+Suite *suite_config(void) {
+        Suite *s = suite_create("config");
+        TCase *tc = tcase_create("config");
+
+        tcase_add_checked_fixture(tc, setup, teardown);
+        tcase_add_test(tc, test_every_key);
+        tcase_add_test(tc, test_dropins_and_command_line);
+        tcase_add_test(tc, test_missing_files);
+        tcase_add_test(tc, test_refusals_name_file_and_line);
+        tcase_add_test(tc, test_matching);
+        tcase_add_test(tc, test_policy_headroom);
+        suite_add_tcase(s, tc);
+        return s;
+}
