@@ -21,6 +21,11 @@ static int run(struct cli *cli, int argc, char **argv) {
                 char *end;
                 long d;
 
+                if (strcmp(argv[i], "--tenant") == 0) {
+                        fprintf(stderr, "gpupoolctl flush: --tenant is not built yet; 'gpupoolctl trim --tenant NAME' asks "
+                                        "a tenant's clients for their free segments, then 'gpupoolctl flush' releases the cache\n");
+                        return 2;
+                }
                 if (strcmp(argv[i], "--device") != 0 || i + 1 >= argc) {
                         fprintf(stderr, "gpupoolctl flush: unexpected '%s'\nUsage: gpupoolctl %s\n", argv[i], cli_cmd_flush.usage);
                         return 2;

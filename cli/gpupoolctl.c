@@ -17,6 +17,7 @@ static const struct cli_command *const commands[] = {
         &cli_cmd_limits,
         &cli_cmd_set_limit,
         &cli_cmd_flush,
+        &cli_cmd_trim,
 };
 
 static void usage(FILE *f) {
@@ -48,8 +49,11 @@ int cli_call(struct cli *cli, Gpupool__Envelope *req, Gpupool__Envelope__BodyCas
 }
 
 static int cli_connect(struct cli *cli) {
-        int r = gp_conn_open(&cli->conn, cli->socket_path, "gpupoolctl", NULL);
+        Gpupool__Hello hello = GPUPOOL__HELLO__INIT;
+        int r;
 
+        hello.name = "gpupoolctl";
+        r = gp_conn_open(&cli->conn, cli->socket_path, &hello, NULL);
         if (r < 0)
                 fprintf(stderr, "gpupoolctl: %s%s\n", cli->conn.error,
                         r == -ENOENT || r == -ECONNREFUSED ? " (is gpupoold running?)" : "");

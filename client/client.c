@@ -18,7 +18,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <unistd.h>
+
+#include "size.h"
 
 #define CMP(a, b) ((a) < (b) ? -1 : (a) > (b))
 
@@ -48,9 +51,96 @@ void client_set_error(gpupool_client *c, const char *fmt, ...) {
         va_end(ap);
 }
 
+static struct mapping *mapping_by_id(gpupool_client *c, uint64_t segment_id);
+static void mapping_drop(gpupool_client *c, struct mapping *m);
+
+/*
+ * The control thread: waits for the daemon's reclaim requests on the control channel and
+ * answers each at once, whatever the application is doing: it unmaps the segments named (they
+ * hold no live block of ours) and says which it did.
+ */
+static void *control_main(void *arg) {
+        gpupool_client *c = arg;
+        uint8_t buf[GP_MAX_REPLY_BYTES];
+
+        for (;;) {
+                Gpupool__Envelope *push, answer = GPUPOOL__ENVELOPE__INIT;
+                Gpupool__ReclaimReply rr = GPUPOOL__RECLAIM_REPLY__INIT;
+                uint64_t ids[256];
+                uint8_t out[GP_MAX_REQUEST_BYTES];
+                int n = gp_wire_recv_packet(c->control->sock, buf, sizeof(buf), NULL);
+
+                if (n <= 0 || gp_wire_unpack(buf, (size_t) n, &push) < 0)
+                        return NULL;    /* disconnect shut the channel, or the daemon is gone */
+                if (push->body_case != GPUPOOL__ENVELOPE__BODY_RECLAIM) {
+                        gpupool__envelope__free_unpacked(push, NULL);
+                        continue;
+                }
+                pthread_mutex_lock(&c->lock);
+                for (size_t i = 0; i < push->reclaim->n_segment_ids && rr.n_segment_ids < 256; i++) {
+                        struct mapping *m = mapping_by_id(c, push->reclaim->segment_ids[i]);
+
+                        if (m && m->live == 0) {
+                                ids[rr.n_segment_ids++] = m->segment_id;
+                                mapping_drop(c, m);
+                        }
+                }
+                pthread_mutex_unlock(&c->lock);
+                gpupool__envelope__free_unpacked(push, NULL);
+                rr.segment_ids = ids;
+                answer.version = GP_PROTOCOL_VERSION;
+                answer.body_case = GPUPOOL__ENVELOPE__BODY_RECLAIM_REPLY;
+                answer.reclaim_reply = &rr;
+                n = gp_wire_pack(&answer, out, sizeof(out));
+                if (n < 0 || gp_wire_send_packet(c->control->sock, out, (size_t) n, -1) < 0)
+                        return NULL;
+        }
+}
+
+/* Opens the control channel of client id and starts its thread. Returns 0 or a negative errno. */
+static int control_open(gpupool_client *c, const char *socket_path, const char *name, uint64_t id) {
+        Gpupool__Hello hello = GPUPOOL__HELLO__INIT;
+        int r;
+
+        c->control = calloc(1, sizeof(*c->control));
+        if (!c->control)
+                return -ENOMEM;
+        hello.name = (char *) name;
+        hello.has_control_for = 1;
+        hello.control_for = id;
+        r = gp_conn_open(c->control, socket_path, &hello, NULL);
+        if (r == 0 && pthread_create(&c->control_thread, NULL, control_main, c) != 0) {
+                gp_conn_close(c->control);
+                r = -EAGAIN;
+        }
+        if (r < 0) {
+                client_set_error(c, "%s", c->control->error[0] ? c->control->error : "cannot start the control thread");
+                free(c->control);
+                c->control = NULL;
+                return r;
+        }
+        c->control_started = true;
+        return 0;
+}
+
+/* Stops the control thread and closes its channel. Call unlocked. */
+static void control_close(gpupool_client *c) {
+        if (!c->control)
+                return;
+        shutdown(c->control->sock, SHUT_RDWR);
+        if (c->control_started)
+                pthread_join(c->control_thread, NULL);
+        gp_conn_close(c->control);
+        free(c->control);
+        c->control = NULL;
+}
+
 GPUPOOL_EXPORT int gpupool_connect(const char *socket_path, const char *client_name, gpupool_client **ret_client) {
         char name[GP_MAX_NAME_BYTES + 1];
+        Gpupool__Hello hello_req = GPUPOOL__HELLO__INIT;
+        const char *keep = getenv("GPUPOOL_KEEP_FREE");
         Gpupool__Envelope *hello;
+        uint64_t client_id, keep_bytes = 0;
         gpupool_client *c;
         int r;
 
@@ -62,10 +152,17 @@ GPUPOOL_EXPORT int gpupool_connect(const char *socket_path, const char *client_n
         if (!gp_wire_name_is_valid(name))
                 strcpy(name, "client");
 
+        if (keep && *keep && gp_size_parse(keep, &keep_bytes) < 0)
+                return -EINVAL;         /* $GPUPOOL_KEEP_FREE is not a size */
         c = calloc(1, sizeof(*c));
         if (!c)
                 return -ENOMEM;
-        r = gp_conn_open(&c->conn, socket_path, name, &hello);
+        hello_req.name = name;
+        if (keep_bytes) {
+                hello_req.has_keep_free_bytes = 1;
+                hello_req.keep_free_bytes = keep_bytes;
+        }
+        r = gp_conn_open(&c->conn, socket_path, &hello_req, &hello);
         if (r < 0) {
                 free(c);
                 return r;
@@ -82,8 +179,13 @@ GPUPOOL_EXPORT int gpupool_connect(const char *socket_path, const char *client_n
         for (unsigned d = 0; d < c->device_count; d++)
                 if (strcmp(hello->hello_reply->devices[d]->backend, "cuda") == 0)
                         c->cuda = true;
+        client_id = hello->hello_reply->client_id;
         r = c->cuda ? client_cuda_setup(c, hello->hello_reply) : 0;
         gpupool__envelope__free_unpacked(hello, NULL);
+        /* Keeping free segments means being asked for them back: that needs the control channel. */
+        c->keep_free_bytes = keep_bytes;
+        if (r == 0 && keep_bytes)
+                r = control_open(c, socket_path, name, client_id);
         if (r < 0) {
                 /* No handle to read the message from: the caller gets the errno alone. */
                 gp_conn_close(&c->conn);
@@ -115,6 +217,8 @@ GPUPOOL_EXPORT void gpupool_disconnect(gpupool_client *c) {
 
         if (!c)
                 return;
+        /* The control thread takes the lock: stop it before taking it here. */
+        control_close(c);
         pthread_mutex_lock(&c->lock);
         /* Blocks freed with a stream: their device work must end before the memory goes back. */
         if (c->cuda)
@@ -250,6 +354,7 @@ int client_free_block(gpupool_client *c, struct block *b) {
         int r;
 
         gp_rb_remove(&c->blocks, &b->node);
+        m->live--;
         r = free_at_daemon(c, m, m->segment_id, (uint64_t) (b->ptr - m->base));
         free(b);
         return r;
@@ -335,6 +440,7 @@ GPUPOOL_EXPORT int gpupool_alloc(gpupool_client *c, int device, size_t size, voi
                 (void) free_at_daemon(c, m, a->segment_id, a->offset);
                 goto out_reply;
         }
+        m->live++;
         *ret_ptr = b->ptr;
         b = NULL;
 out_reply:

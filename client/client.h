@@ -21,6 +21,7 @@ struct mapping {
         uint64_t segment_id;
         uint64_t size;
         uint8_t *base;                  /* host: the mmap; cuda: the CUdeviceptr */
+        uint64_t live;                  /* live blocks of ours in it */
         unsigned device;                /* the daemon's index */
         bool ipc;
         uint8_t handle[GP_CU_IPC_HANDLE_SIZE];
@@ -64,6 +65,11 @@ struct gpupool_client {
         int local_count;
         struct gp_rb_tree by_addr, by_id, by_handle;
         struct gp_rb_tree blocks;
+        /* The control channel: the daemon's reclaim requests, answered by the control thread. */
+        uint64_t keep_free_bytes;       /* $GPUPOOL_KEEP_FREE: free segments we may keep mapped */
+        struct gp_conn *control;
+        pthread_t control_thread;
+        bool control_started;
         /* Stream-ordered frees, oldest first, and the thread that completes them. */
         struct deferred *deferred_head, *deferred_tail;
         pthread_cond_t deferred_cond;

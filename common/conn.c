@@ -105,9 +105,9 @@ int gp_conn_call(struct gp_conn *c, Gpupool__Envelope *req, Gpupool__Envelope__B
         return 0;
 }
 
-int gp_conn_open(struct gp_conn *c, const char *path, const char *name, Gpupool__Envelope **ret_hello) {
+int gp_conn_open(struct gp_conn *c, const char *path, const Gpupool__Hello *hello, Gpupool__Envelope **ret_hello) {
         Gpupool__Envelope req = GPUPOOL__ENVELOPE__INIT, *rep;
-        Gpupool__Hello hello = GPUPOOL__HELLO__INIT;
+        Gpupool__Hello h = *hello;
         int r;
 
         c->sock = -1;
@@ -120,9 +120,8 @@ int gp_conn_open(struct gp_conn *c, const char *path, const char *name, Gpupool_
                 snprintf(c->error, sizeof(c->error), "cannot connect to %s: %s", path, strerror(-r));
                 return r;
         }
-        hello.name = (char *) name;
         req.body_case = GPUPOOL__ENVELOPE__BODY_HELLO;
-        req.hello = &hello;
+        req.hello = &h;
         r = gp_conn_call(c, &req, GPUPOOL__ENVELOPE__BODY_HELLO_REPLY, &rep, NULL);
         if (r < 0) {
                 gp_conn_close(c);

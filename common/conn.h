@@ -20,11 +20,12 @@ struct gp_conn {
 };
 
 /*
- * Connects to path (see gp_wire_socket_path()) and says hello as name. Returns 0 with the
+ * Connects to path (see gp_wire_socket_path()) and says hello (its name, and what else the
+ * caller set). Returns 0 with the
  * hello reply in *ret_hello (NULL to drop it), or a negative errno with error set: connect(2)'s
  * error, or the daemon's refusal (-EDQUOT over --max-clients). c is closed on failure.
  */
-int gp_conn_open(struct gp_conn *c, const char *path, const char *name, Gpupool__Envelope **ret_hello);
+int gp_conn_open(struct gp_conn *c, const char *path, const Gpupool__Hello *hello, Gpupool__Envelope **ret_hello);
 
 /*
  * Sends req and waits for its reply, which must carry body want (NOT_SET: a status only).

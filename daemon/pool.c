@@ -43,6 +43,7 @@ struct segment {
         uint32_t last_tenant;
         bool has_tenant;
         uint64_t live_blocks;
+        bool kept;                      /* leased, no live block, kept mapped by its owner */
         uint64_t cache_seq;
         uint64_t cached_at_ms;          /* when it entered the cache */
         struct block *first;
@@ -415,6 +416,10 @@ static void block_carve(struct pool *p, struct pool_owner *o, struct block *b, u
         }
         b->free = false;
         gp_rb_insert(&s->live, &b->node);
+        if (s->kept) {
+                s->kept = false;
+                o->kept_bytes -= s->size;
+        }
         s->live_blocks++;
         o->in_use_bytes += b->size;
         o->blocks++;
@@ -503,6 +508,14 @@ int pool_free_block(struct pool *p, struct pool_owner *o, uint64_t segment_id, u
                 gp_rb_remove(&o->free_index[s->class], &b->node);
                 block_absorb_next(b);
         }
+        if (s->live_blocks == 0 && o->kept_bytes + s->size <= o->keep_bytes) {
+                /* The owner keeps it mapped for its next allocations; it may be asked for it back. */
+                s->kept = true;
+                o->kept_bytes += s->size;
+                gp_rb_insert(&o->free_index[s->class], &b->node);
+                *ret_release = false;
+                return 0;
+        }
         if (s->live_blocks == 0) {
                 /* b is the whole segment now; the owner must unmap before anyone else gets it. */
                 free(b);
@@ -514,6 +527,53 @@ int pool_free_block(struct pool *p, struct pool_owner *o, uint64_t segment_id, u
         gp_rb_insert(&o->free_index[s->class], &b->node);
         *ret_release = false;
         return 0;
+}
+
+size_t pool_reclaim(struct pool *p, struct pool_owner *o, uint64_t want_bytes, uint64_t *ret_ids, size_t max_ids,
+                    uint64_t *ret_bytes) {
+        uint64_t bytes = 0;
+        size_t n = 0;
+
+        (void) p;
+        for (struct gp_rb_node *x = gp_rb_first(&o->segments_by_id); x && n < max_ids && bytes < want_bytes;
+             x = gp_rb_next(x)) {
+                struct segment *s = gp_rb_entry(x, struct segment, owner_node);
+
+                if (!s->kept)
+                        continue;
+                /* Its one free block leaves the index: nothing of the owner's lands there any more. */
+                gp_rb_remove(&o->free_index[s->class], &s->first->node);
+                free(s->first);
+                s->first = NULL;
+                s->kept = false;
+                s->state = SEGMENT_RELEASING;
+                o->kept_bytes -= s->size;
+                bytes += s->size;
+                ret_ids[n++] = s->id;
+        }
+        *ret_bytes = bytes;
+        return n;
+}
+
+void pool_unreclaim(struct pool *p, struct pool_owner *o, const uint64_t *ids, size_t n) {
+        for (size_t i = 0; i < n; i++) {
+                struct segment *s = segment_find(p, ids[i]);
+                struct block *b;
+
+                if (!s || s->owner != o || s->state != SEGMENT_RELEASING || s->first || o->kept_bytes + s->size > o->keep_bytes)
+                        continue;
+                b = calloc(1, sizeof(*b));
+                if (!b)
+                        continue;       /* it stays releasing: the owner's exit returns it */
+                b->segment = s;
+                b->size = s->size;
+                b->free = true;
+                s->first = b;
+                s->state = SEGMENT_LEASED;
+                s->kept = true;
+                o->kept_bytes += s->size;
+                gp_rb_insert(&o->free_index[s->class], &b->node);
+        }
 }
 
 int pool_release(struct pool *p, struct pool_owner *o, uint64_t segment_id) {
@@ -597,6 +657,8 @@ static int check_segment_blocks(const struct segment *s, uint64_t *in_use, uint6
         const struct pool_owner *o = s->owner;
         uint64_t offset = 0, live = 0;
 
+        if (s->kept && (s->state != SEGMENT_LEASED || s->live_blocks || !s->first || s->first->next || !s->first->free))
+                FAIL("segment %" PRIu64 " is kept but not one whole free block", s->id);
         if (s->state == SEGMENT_RELEASING) {
                 if (s->first || s->live_blocks || s->live.count)
                         FAIL("segment %" PRIu64 " is releasing but holds blocks", s->id);
@@ -624,7 +686,7 @@ static int check_segment_blocks(const struct segment *s, uint64_t *in_use, uint6
         }
         if (offset != s->size)
                 FAIL("segment %" PRIu64 ": blocks cover %" PRIu64 " of %" PRIu64 " bytes", s->id, offset, s->size);
-        if (live != s->live_blocks || live != s->live.count || live == 0)
+        if (live != s->live_blocks || live != s->live.count || (live == 0 && !s->kept))
                 FAIL("segment %" PRIu64 ": %" PRIu64 " live blocks, counted %" PRIu64, s->id, live, s->live_blocks);
         *blocks += live;
         return 0;
@@ -661,7 +723,7 @@ int pool_check(const struct pool *p, char *why, size_t why_size) {
                 FAIL("device %u: reserved %" PRIu64 " over capacity %" PRIu64, p->device, p->reserved_bytes, p->capacity_bytes);
 
         for (const struct pool_owner *o = p->owners; o; o = o->next) {
-                uint64_t o_reserved = 0, o_in_use = 0, o_blocks = 0, free_blocks = 0, indexed = 0;
+                uint64_t o_reserved = 0, o_in_use = 0, o_blocks = 0, free_blocks = 0, indexed = 0, kept = 0;
                 int r;
 
                 if (gp_rb_verify(&o->segments_by_id))
@@ -672,6 +734,7 @@ int pool_check(const struct pool *p, char *why, size_t why_size) {
                         if (s->owner != o)
                                 FAIL("segment %" PRIu64 " is in an owner's index but not its", s->id);
                         o_reserved += s->size;
+                        kept += s->kept ? s->size : 0;
                         r = check_segment_blocks(s, &o_in_use, &o_blocks, &free_blocks, why, why_size);
                         if (r < 0)
                                 return r;
@@ -688,6 +751,9 @@ int pool_check(const struct pool *p, char *why, size_t why_size) {
                              o_reserved, o->reserved_bytes, o_in_use, o->in_use_bytes, o_blocks, o->blocks);
                 if (indexed != free_blocks)
                         FAIL("owner: %" PRIu64 " blocks indexed free, %" PRIu64 " free", indexed, free_blocks);
+                if (kept != o->kept_bytes || kept > o->keep_bytes)
+                        FAIL("owner: keeps %" PRIu64 " bytes free, counted %" PRIu64 ", may keep %" PRIu64, kept, o->kept_bytes,
+                             o->keep_bytes);
                 in_use += o_in_use;
         }
         if (owned != 0)

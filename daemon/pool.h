@@ -50,6 +50,8 @@ struct pool_owner {
         uint64_t blocks;                /* live blocks */
         uint64_t segments;
         uint32_t tenant;                /* segments changing tenant are zeroed */
+        uint64_t keep_bytes;            /* it keeps up to this much of segments with no live block */
+        uint64_t kept_bytes;            /* ... and keeps this much now */
         /* ---- private to pool.c ---- */
         struct pool *pool;
         struct gp_rb_tree segments_by_id;
@@ -135,6 +137,18 @@ int pool_free_block(struct pool *pool, struct pool_owner *owner, uint64_t segmen
  * has live blocks.
  */
 int pool_release(struct pool *pool, struct pool_owner *owner, uint64_t segment_id);
+
+/*
+ * Takes back segments owner keeps with no live block (see keep_bytes), until want_bytes:
+ * they become releasing (the owner is to unmap them and call pool_release()), and nothing of
+ * the owner's is placed in them any more. Fills ret_ids (at most max_ids), sets *ret_bytes,
+ * returns how many.
+ */
+size_t pool_reclaim(struct pool *pool, struct pool_owner *owner, uint64_t want_bytes, uint64_t *ret_ids, size_t max_ids,
+                    uint64_t *ret_bytes);
+
+/* Undoes pool_reclaim() for segments the owner could not be told about: it keeps them again. */
+void pool_unreclaim(struct pool *pool, struct pool_owner *owner, const uint64_t *ids, size_t n);
 
 /* Gives every cached segment back to the backend. Sets the count and bytes released. */
 void pool_flush(struct pool *pool, uint64_t *ret_segments, uint64_t *ret_bytes);

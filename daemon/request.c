@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "log.h"
+#include "reclaim.h"
 #include "server.h"
 #include "session.h"
 #include "size.h"
@@ -70,10 +71,29 @@ static void handle_hello(struct session *s, const Gpupool__Envelope *req, struct
                                     "the client name must be 1 to 63 bytes with no control characters", ret);
                 return;
         }
+        if (req->hello->has_control_for) {
+                struct session *c = server->sessions;
+
+                while (c && c->id != req->hello->control_for)
+                        c = c->next;
+                /* Only the client's own process may listen for its reclaim requests. */
+                if (!c || c == s || c->state != SESSION_READY || c->pid != s->pid || c->control || c->control_of) {
+                        request_error_reply(s, req->id, -EINVAL, true,
+                                            "control_for names no connected client of this process without a control channel",
+                                            ret);
+                        return;
+                }
+                c->control = s;
+                s->control_of = c;
+        }
         if (name)
                 strcpy(s->name, name);
         s->state = SESSION_READY;
-        session_set_tenant(s, policy_tenant_for(&server->policy, s->uid, s->gid, s->name));
+        if (!s->control_of) {
+                session_set_tenant(s, policy_tenant_for(&server->policy, s->uid, s->gid, s->name));
+                for (unsigned d = 0; d < server->device_count; d++)
+                        s->owners[d].keep_bytes = req->hello->has_keep_free_bytes ? req->hello->keep_free_bytes : 0;
+        }
 
         for (unsigned d = 0; d < server->device_count; d++) {
                 struct pool_stats st;
@@ -96,12 +116,16 @@ static void handle_hello(struct session *s, const Gpupool__Envelope *req, struct
         hr.n_devices = server->device_count;
         hr.devices = info_ptrs;
         hr.has_limit_bytes = 1;
-        hr.limit_bytes = policy_client_limit(&server->policy, s->tenant, s->limit_override_bytes);
+        hr.limit_bytes = s->tenant ? policy_client_limit(&server->policy, s->tenant, s->limit_override_bytes) : 0;
         ok_envelope(&env, req->id);
         env.body_case = GPUPOOL__ENVELOPE__BODY_HELLO_REPLY;
         env.hello_reply = &hr;
-        log_info("client %llu hello: '%s', pid %d, uid %u, tenant %s", (unsigned long long) s->id, s->name, (int) s->pid,
-                 (unsigned) s->uid, s->tenant->conf.name);
+        if (s->control_of)
+                log_debug("client %llu: control channel of client %llu", (unsigned long long) s->id,
+                          (unsigned long long) s->control_of->id);
+        else
+                log_info("client %llu hello: '%s', pid %d, uid %u, tenant %s", (unsigned long long) s->id, s->name,
+                         (int) s->pid, (unsigned) s->uid, s->tenant->conf.name);
         pack_reply(s, &env, -1, false, ret);
 }
 
@@ -152,61 +176,89 @@ static void quota_message(struct session *s, unsigned d, uint64_t size, uint64_t
         snprintf(why, why_size, "no limit allows");
 }
 
-static void handle_alloc(struct session *s, const Gpupool__Envelope *req, struct reply *ret) {
+enum attempt {
+        ATTEMPT_FIRST,          /* a new request: may park to ask others for memory */
+        ATTEMPT_RETRY,          /* parked: memory came back; keep waiting if it still does not fit */
+        ATTEMPT_FINAL,          /* parked, and its time is up */
+};
+
+/*
+ * One try at an allocation, of request id. Fills *ret with the reply and returns true, or
+ * returns false when the request waits (parked) for other clients to give memory back.
+ */
+static bool alloc_attempt(struct session *s, uint64_t id, uint32_t device, uint64_t size, enum attempt attempt,
+                          struct reply *ret) {
         struct server *server = s->server;
-        const Gpupool__AllocRequest *a = req->alloc;
         Gpupool__AllocReply ar = GPUPOOL__ALLOC_REPLY__INIT;
-        char why[512], b1[GP_SIZE_FORMAT_MAX], b2[GP_SIZE_FORMAT_MAX], b3[GP_SIZE_FORMAT_MAX];
+        char why[640], b1[GP_SIZE_FORMAT_MAX], b2[GP_SIZE_FORMAT_MAX], b3[GP_SIZE_FORMAT_MAX];
+        char tried[256] = "";
         uint64_t headroom, client_limit, before;
-        struct pool_owner *owner;
+        struct pool_owner *owner = &s->owners[device];
         struct pool_lease lease;
         enum policy_bound bound;
         struct pool_stats st;
         Gpupool__Envelope env;
         int r, fd = -1;
 
-        if (a->device >= server->device_count) {
-                snprintf(why, sizeof(why), "no device %u: this daemon has %u", a->device, server->device_count);
-                request_error_reply(s, req->id, -ENODEV, false, why, ret);
-                return;
-        }
-        if (a->size == 0 || a->size > POOL_MAX_REQUEST) {
-                snprintf(why, sizeof(why), "cannot allocate %" PRIu64 " bytes: a request is 1 byte to 64 TiB", a->size);
-                request_error_reply(s, req->id, -EINVAL, false, why, ret);
-                return;
-        }
-        owner = &s->owners[a->device];
-        r = policy_admit(&server->policy, owner, a->size, why, sizeof(why));
+        r = policy_admit(&server->policy, owner, size, why, sizeof(why));
         if (r < 0) {
-                request_error_reply(s, req->id, r, false, why, ret);
-                return;
+                request_error_reply(s, id, r, false, why, ret);
+                return true;
         }
-        pool_get_stats(server->pools[a->device], &st);
+        pool_get_stats(server->pools[device], &st);
         client_limit = policy_client_limit(&server->policy, s->tenant, s->limit_override_bytes);
-        headroom = policy_headroom(&server->policy, s->tenant, client_limit, owner, a->device, &st, &bound);
+        headroom = policy_headroom(&server->policy, s->tenant, client_limit, owner, device, &st, &bound);
         before = owner->reserved_bytes;
-        r = pool_alloc(server->pools[a->device], owner, a->size, headroom, &lease);
-        policy_account(&server->policy, s->tenant, a->device, before, owner->reserved_bytes);
+        r = pool_alloc(server->pools[device], owner, size, headroom, &lease);
+        policy_account(&server->policy, s->tenant, device, before, owner->reserved_bytes);
         if (r == -EDQUOT) {
-                quota_message(s, a->device, a->size, client_limit, bound, why, sizeof(why));
-                request_error_reply(s, req->id, r, false, why, ret);
-                return;
+                quota_message(s, device, size, client_limit, bound, why, sizeof(why));
+                request_error_reply(s, id, r, false, why, ret);
+                return true;
         }
+        if (r == -ENOMEM && attempt == ATTEMPT_FIRST) {
+                /* Ladder step 3: clients over their guarantee give back segments they keep free. */
+                unsigned clients = 0;
+                uint64_t asked = reclaim_ask(server, s, device, pool_min_segment_bytes(size), &clients);
+
+                if (asked) {
+                        s->parked_id = id;
+                        s->parked_device = device;
+                        s->parked_size = size;
+                        s->parked_asked_bytes = asked;
+                        s->parked_asked_clients = clients;
+                        s->parked_cached_before = st.cached_bytes;
+                        s->parked_deadline_ms = uv_now(server->loop) + server->options->reclaim_timeout_ms;
+                        *ret = (struct reply) { .fd = -1, .parked = true };
+                        return false;
+                }
+        }
+        if (r == -ENOMEM && attempt == ATTEMPT_RETRY)
+                return false;
         if (r == -ENOMEM) {
-                pool_get_stats(server->pools[a->device], &st);
+                if (attempt == ATTEMPT_FINAL)
+                        snprintf(tried, sizeof(tried), "; asked %u client%s over their guarantee for %s they kept free, "
+                                 "and not enough came back within %llu ms (reclaim_timeout)",
+                                 s->parked_asked_clients, s->parked_asked_clients == 1 ? "" : "s",
+                                 gp_size_format(s->parked_asked_bytes, b1, sizeof(b1)),
+                                 (unsigned long long) server->options->reclaim_timeout_ms);
+                else
+                        snprintf(tried, sizeof(tried), "; no client over its guarantee keeps free segments to give back");
+                pool_get_stats(server->pools[device], &st);
                 snprintf(why, sizeof(why),
                          "device %u is full: %" PRIu64 " bytes asked, %s of %s reserved and %s in use after "
-                         "releasing the cache",
-                         a->device, a->size, gp_size_format(st.reserved_bytes, b1, sizeof(b1)),
-                         gp_size_format(st.total_bytes, b2, sizeof(b2)), gp_size_format(st.in_use_bytes, b3, sizeof(b3)));
-                request_error_reply(s, req->id, r, false, why, ret);
-                return;
+                         "releasing the cache%s",
+                         device, size, gp_size_format(st.reserved_bytes, b1, sizeof(b1)),
+                         gp_size_format(st.total_bytes, b2, sizeof(b2)), gp_size_format(st.in_use_bytes, b3, sizeof(b3)),
+                         tried);
+                request_error_reply(s, id, r, false, why, ret);
+                return true;
         }
         if (r < 0) {
                 snprintf(why, sizeof(why), "the %s backend failed: %s", server->backend->name, strerror(-r));
-                log_err("client %llu: allocating %" PRIu64 " bytes: %s", (unsigned long long) s->id, a->size, why);
-                request_error_reply(s, req->id, -EIO, false, why, ret);
-                return;
+                log_err("client %llu: allocating %" PRIu64 " bytes: %s", (unsigned long long) s->id, size, why);
+                request_error_reply(s, id, -EIO, false, why, ret);
+                return true;
         }
         ar.segment_id = lease.segment_id;
         ar.segment_size = lease.segment_size;
@@ -223,10 +275,61 @@ static void handle_alloc(struct session *s, const Gpupool__Envelope *req, struct
                         fd = lease.mem->fd;
                 }
         }
-        ok_envelope(&env, req->id);
+        ok_envelope(&env, id);
         env.body_case = GPUPOOL__ENVELOPE__BODY_ALLOC_REPLY;
         env.alloc_reply = &ar;
         pack_reply(s, &env, fd, false, ret);
+        return true;
+}
+
+static void handle_alloc(struct session *s, const Gpupool__Envelope *req, struct reply *ret) {
+        struct server *server = s->server;
+        const Gpupool__AllocRequest *a = req->alloc;
+        char why[128];
+
+        if (s->control_of) {
+                request_error_reply(s, req->id, -EPROTO, true, "a control channel allocates nothing", ret);
+                return;
+        }
+        if (a->device >= server->device_count) {
+                snprintf(why, sizeof(why), "no device %u: this daemon has %u", a->device, server->device_count);
+                request_error_reply(s, req->id, -ENODEV, false, why, ret);
+                return;
+        }
+        if (a->size == 0 || a->size > POOL_MAX_REQUEST) {
+                snprintf(why, sizeof(why), "cannot allocate %" PRIu64 " bytes: a request is 1 byte to 64 TiB", a->size);
+                request_error_reply(s, req->id, -EINVAL, false, why, ret);
+                return;
+        }
+        (void) alloc_attempt(s, req->id, a->device, a->size, ATTEMPT_FIRST, ret);
+}
+
+uint64_t request_retry_parked(struct server *server, uint64_t now_ms) {
+        static struct session *parked[1024];
+        uint64_t next = UINT64_MAX;
+        size_t n = 0;
+
+        /*
+         * Collected first: answering one may end its session, and with it that session's
+         * control channel, which is never parked itself.
+         */
+        for (struct session *c = server->sessions; c && n < sizeof(parked) / sizeof(parked[0]); c = c->next)
+                if (c->parked)
+                        parked[n++] = c;
+        for (size_t i = 0; i < n; i++) {
+                struct session *c = parked[i];
+                struct reply rep = { .fd = -1 };
+                bool final = now_ms >= c->parked_deadline_ms;
+
+                if (alloc_attempt(c, c->parked_id, c->parked_device, c->parked_size, final ? ATTEMPT_FINAL : ATTEMPT_RETRY,
+                                  &rep)) {
+                        session_unpark(c);
+                        (void) session_send(c, &rep);
+                } else if (c->parked_deadline_ms < next) {
+                        next = c->parked_deadline_ms;
+                }
+        }
+        return next;
 }
 
 /* The device a segment id belongs to (its top byte), or -1. */
@@ -380,7 +483,7 @@ static void handle_status(struct session *s, const Gpupool__Envelope *req, struc
                 devs[d].has_decay_releases_total = devs[d].has_watermark_releases_total = 1;
                 devs[d].max_cached_bytes = server_max_cached(server, d);
                 devs[d].evictions_total = st.evictions_total;
-                devs[d].reclaims_total = 0;     /* ladder step 3 is not built yet */
+                devs[d].reclaims_total = server->reclaims_total[d];
                 devs[d].decay_releases_total = st.decay_releases_total;
                 devs[d].watermark_releases_total = st.watermark_releases_total;
                 dev_ptrs[d] = &devs[d];
@@ -389,8 +492,8 @@ static void handle_status(struct session *s, const Gpupool__Envelope *req, struc
         for (struct session *c = server->sessions; c; c = c->next) {
                 Gpupool__ClientStatus *cs = &clients[n];
 
-                if (c == s)
-                        continue;
+                if (c == s || c->control_of)
+                        continue;       /* not the one asking, and control channels are part of their client */
                 gpupool__client_status__init(cs);
                 cs->client_id = c->id;
                 cs->pid = c->pid;
@@ -522,6 +625,52 @@ static void handle_set_limit(struct session *s, const Gpupool__Envelope *req, st
         pack_reply(s, &env, -1, false, ret);
 }
 
+static void handle_reclaim_reply(struct session *s, const Gpupool__Envelope *req, struct reply *ret) {
+        if (!s->control_of) {
+                request_error_reply(s, req->id, -EPROTO, true, "a reclaim answer belongs on a control channel", ret);
+                return;
+        }
+        reclaim_answered(s, req->reclaim_reply);
+        *ret = (struct reply) { .fd = -1, .none = true };
+}
+
+static void handle_trim(struct session *s, const Gpupool__Envelope *req, struct reply *ret) {
+        const Gpupool__TrimRequest *t = req->trim;
+        struct server *server = s->server;
+        Gpupool__TrimReply tr = GPUPOOL__TRIM_REPLY__INIT;
+        struct tenant *tenant = NULL;
+        Gpupool__Envelope env;
+        char why[160];
+
+        if (s->uid != 0 && s->uid != geteuid()) {
+                request_error_reply(s, req->id, -EACCES, false, "trim is for root or the daemon's own user", ret);
+                return;
+        }
+        if (!!t->tenant == t->has_pid) {
+                request_error_reply(s, req->id, -EINVAL, false, "trim takes a pid or a tenant", ret);
+                return;
+        }
+        if (t->tenant && !(tenant = policy_tenant_by_name(&server->policy, t->tenant))) {
+                snprintf(why, sizeof(why), "no tenant '%.64s' (see gpupoolctl limits)", t->tenant);
+                request_error_reply(s, req->id, -ENOENT, false, why, ret);
+                return;
+        }
+        for (struct session *c = server->sessions; c; c = c->next) {
+                bool chosen = t->has_pid ? c->pid == t->pid : c->tenant == tenant;
+                uint64_t segments;
+
+                if (!chosen || c->control_of || c == s || !c->tenant)
+                        continue;
+                segments = reclaim_all(server, c, &tr.bytes);
+                tr.segments += segments;
+                tr.clients += segments ? 1 : 0;
+        }
+        ok_envelope(&env, req->id);
+        env.body_case = GPUPOOL__ENVELOPE__BODY_TRIM_REPLY;
+        env.trim_reply = &tr;
+        pack_reply(s, &env, -1, false, ret);
+}
+
 static void handle_bye(struct session *s, const Gpupool__Envelope *req, struct reply *ret) {
         Gpupool__Envelope env;
 
@@ -565,6 +714,12 @@ void request_handle(struct session *s, const Gpupool__Envelope *req, struct repl
                 return;
         case GPUPOOL__ENVELOPE__BODY_SET_LIMIT:
                 handle_set_limit(s, req, ret);
+                return;
+        case GPUPOOL__ENVELOPE__BODY_RECLAIM_REPLY:
+                handle_reclaim_reply(s, req, ret);
+                return;
+        case GPUPOOL__ENVELOPE__BODY_TRIM:
+                handle_trim(s, req, ret);
                 return;
         case GPUPOOL__ENVELOPE__BODY__NOT_SET:
                 request_error_reply(s, req->id, -EPROTO, true, "the request has no body", ret);

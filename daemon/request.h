@@ -16,10 +16,21 @@ struct reply {
         size_t len;             /* packed reply in server->send_buf */
         int fd;                 /* descriptor to pass with it, or -1 */
         bool disconnect;        /* drop the client after sending */
+        bool none;              /* nothing to send: the message was an answer, not a request */
+        bool parked;            /* no reply yet: the request waits (session_park()) */
 };
 
-/* Handles one request of session; fills *ret. A reply is always produced. */
+struct server;
+
+/* Handles one request of session; fills *ret: a reply, or none, or parked. */
 void request_handle(struct session *session, const Gpupool__Envelope *req, struct reply *ret);
+
+/*
+ * Tries the parked allocations again (memory came back, or their time is up: then they fail
+ * for good, saying what was tried). Returns the earliest deadline left (loop clock, ms), or
+ * UINT64_MAX with none parked.
+ */
+uint64_t request_retry_parked(struct server *server, uint64_t now_ms);
 
 /* Packs an error reply for request id (0 when unknown) into the send buffer. */
 void request_error_reply(struct session *session, uint64_t id, int err, bool disconnect,

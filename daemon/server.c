@@ -136,6 +136,10 @@ static void on_decay_timer(uv_timer_t *timer) {
         server_after_change(server);
 }
 
+static void on_reclaim_timer(uv_timer_t *timer) {
+        server_after_change(timer->data);
+}
+
 static void on_sighup(uv_signal_t *handle, int signum) {
         (void) signum;
         (void) server_reload(handle->data);
@@ -192,6 +196,9 @@ int server_start(struct server *server, uv_loop_t *loop, const struct config *co
         uv_timer_init(loop, &server->decay_timer);
         server->decay_timer.data = server;
         server->decay_timer_open = true;
+        uv_timer_init(loop, &server->reclaim_timer);
+        server->reclaim_timer.data = server;
+        server->reclaim_timer_open = true;
         /* A client that vanishes mid-send must not kill the daemon (sends also use MSG_NOSIGNAL). */
         signal(SIGPIPE, SIG_IGN);
 
@@ -288,6 +295,10 @@ void server_stop(struct server *server) {
                 uv_close((uv_handle_t *) &server->decay_timer, NULL);
                 server->decay_timer_open = false;
         }
+        if (server->reclaim_timer_open) {
+                uv_close((uv_handle_t *) &server->reclaim_timer, NULL);
+                server->reclaim_timer_open = false;
+        }
         if (server->listen_fd >= 0) {
                 uv_close((uv_handle_t *) &server->listen_poll, NULL);
                 close(server->listen_fd);
@@ -332,6 +343,15 @@ void server_after_change(struct server *server) {
 
         if (server->stopping)
                 return;
+        /* Allocations waiting for memory to come back: try them, and wake when the first times out. */
+        {
+                uint64_t now = uv_now(server->loop), deadline = request_retry_parked(server, now);
+
+                if (deadline != UINT64_MAX)
+                        uv_timer_start(&server->reclaim_timer, on_reclaim_timer, deadline > now ? deadline - now : 0, 0);
+                else
+                        uv_timer_stop(&server->reclaim_timer);
+        }
         for (unsigned d = 0; d < server->device_count; d++) {
                 uint64_t next;
 

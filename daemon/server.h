@@ -28,6 +28,9 @@ struct server {
         struct backend *backend;
         struct pool *pools[BACKEND_MAX_DEVICES];
         struct backend_device_info devices[BACKEND_MAX_DEVICES];   /* as the backend described them */
+        uint64_t reclaims_total[BACKEND_MAX_DEVICES];   /* segments clients gave back when asked */
+        uv_timer_t reclaim_timer;       /* the earliest parked allocation's deadline */
+        bool reclaim_timer_open;
         unsigned device_count;
         int listen_fd;
         uv_poll_t listen_poll;

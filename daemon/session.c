@@ -173,6 +173,11 @@ void session_destroy(struct session *s) {
         s->state = SESSION_CLOSED;
         session_release_all(s);
         session_set_tenant(s, NULL);
+        if (s->control_of)
+                s->control_of->control = NULL;
+        s->control_of = NULL;
+        if (s->control)
+                session_destroy(s->control);    /* a control channel serves one client only */
         if (s->prev)
                 s->prev->next = s->next;
         else
@@ -235,9 +240,12 @@ static void on_process_exit(uv_poll_t *handle, int status, int events) {
         server_after_change(server);
 }
 
-/* Sends a reply, or keeps it and waits for the socket to drain. Returns false if the session ended. */
-static bool send_reply(struct session *s, const struct reply *rep) {
-        int r = gp_wire_send_packet(s->fd, s->server->send_buf, rep->len, rep->fd);
+bool session_send(struct session *s, const struct reply *rep) {
+        int r;
+
+        if (rep->none)
+                return true;
+        r = gp_wire_send_packet(s->fd, s->server->send_buf, rep->len, rep->fd);
 
         if (r == -EAGAIN) {
                 s->pending = malloc(rep->len);
@@ -265,6 +273,31 @@ static bool send_reply(struct session *s, const struct reply *rep) {
                 return false;
         }
         return true;
+}
+
+void session_park(struct session *s) {
+        s->parked = true;
+        uv_poll_stop(&s->poll);
+}
+
+void session_unpark(struct session *s) {
+        s->parked = false;
+        if (s->fd >= 0 && !s->pending)
+                uv_poll_start(&s->poll, UV_READABLE, on_readable);
+}
+
+int session_push(struct session *s, Gpupool__Envelope *env) {
+        uint8_t buf[GP_MAX_REQUEST_BYTES];
+        int n;
+
+        if (s->fd < 0 || s->pending)
+                return -EAGAIN;
+        env->version = GP_PROTOCOL_VERSION;
+        env->id = 0;
+        n = gp_wire_pack(env, buf, sizeof(buf));
+        if (n < 0)
+                return n;
+        return gp_wire_send_packet(s->fd, buf, (size_t) n, -1);
 }
 
 static void flush_pending(struct session *s) {
@@ -297,9 +330,9 @@ static void on_readable(uv_poll_t *handle, int status, int events) {
                         flush_pending(s);
                 return;
         }
-        for (int i = 0; i < SESSION_BATCH && !s->pending; i++) {
+        for (int i = 0; i < SESSION_BATCH && !s->pending && !s->parked; i++) {
                 Gpupool__Envelope *req = NULL;
-                struct reply rep;
+                struct reply rep = { .fd = -1 };
                 bool alive;
                 int n, r;
 
@@ -320,7 +353,7 @@ static void on_readable(uv_poll_t *handle, int status, int events) {
                 r = gp_wire_unpack(server->recv_buf, (size_t) n, &req);
                 if (r == -EPROTONOSUPPORT) {
                         request_error_reply(s, 0, r, true, "this daemon speaks protocol version 1 only", &rep);
-                        send_reply(s, &rep);
+                        session_send(s, &rep);
                         return;
                 }
                 if (r < 0) {
@@ -331,8 +364,13 @@ static void on_readable(uv_poll_t *handle, int status, int events) {
                 }
                 request_handle(s, req, &rep);
                 gpupool__envelope__free_unpacked(req, NULL);
+                if (rep.parked) {
+                        session_park(s);
+                        server_after_change(server);
+                        return;
+                }
                 server_after_change(server);
-                alive = send_reply(s, &rep);
+                alive = session_send(s, &rep);
                 if (!alive)
                         return;
         }

@@ -14,6 +14,7 @@
 
 #include "policy.h"
 #include "pool.h"
+#include "request.h"
 #include "wire.h"
 
 struct server;
@@ -33,7 +34,18 @@ struct session {
         uid_t uid;
         gid_t gid;
         char name[GP_MAX_NAME_BYTES + 1];
-        struct tenant *tenant;          /* from hello on; NULL before */
+        struct tenant *tenant;          /* from hello on; NULL before, and for a control channel */
+        struct session *control;        /* its control channel (reclaim requests), or NULL */
+        struct session *control_of;     /* for a control channel: the client it serves */
+        /* An allocation waiting for other clients to give memory back (ladder step 3). */
+        bool parked;
+        uint64_t parked_id;
+        uint32_t parked_device;
+        uint64_t parked_size;
+        uint64_t parked_deadline_ms;    /* on the loop's clock */
+        uint64_t parked_asked_bytes;
+        unsigned parked_asked_clients;
+        uint64_t parked_cached_before;  /* the device's cached bytes when it parked */
         uint64_t limit_override_bytes;  /* gpupoolctl set-limit --pid; 0: none */
         int fd;
         int pidfd;              /* -1 when the kernel gave none */
@@ -59,6 +71,16 @@ void session_totals(const struct session *session, uint64_t *ret_reserved, uint6
 
 /* Releases everything the client holds (it unmapped all, or its process is gone). */
 void session_release_all(struct session *session);
+
+/* Sends a reply (or keeps it until the socket drains). Returns false if the session ended. */
+bool session_send(struct session *session, const struct reply *rep);
+
+/* Parks the session's current request: nothing more is read from it until session_unpark(). */
+void session_park(struct session *session);
+void session_unpark(struct session *session);
+
+/* Sends a message the daemon pushes (id 0) without blocking. Returns 0 or a negative errno. */
+int session_push(struct session *session, Gpupool__Envelope *env);
 
 /* Moves the client to tenant t (NULL: none), carrying its reserved bytes along. */
 void session_set_tenant(struct session *session, struct tenant *t);

@@ -5,7 +5,8 @@
  * through it; the daemon keeps one cache for the whole node and enforces limits. Every
  * function returns 0 or a negative errno:
  *
- *   -EINVAL        a bad argument (size 0, a negative device, a bad client name)
+ *   -EINVAL        a bad argument (size 0, a negative device, a bad client name, a
+ *                  $GPUPOOL_KEEP_FREE that is not a size)
  *   -ENODEV        no such device on this daemon
  *   -EDQUOT        over a limit (the client's reserved bytes, its number of blocks, clients)
  *   -ENOMEM        the device is full even after the daemon released its cache
@@ -21,7 +22,11 @@
  * space, usable by kernels and cuMemcpy, not by the CPU.
  *
  * gpupool_last_error() gives the daemon's sentence about the latest failure, which names the
- * limit or state that refused it. Handles are thread-safe; the library never logs and keeps
+ * limit or state that refused it.
+ *
+ * With $GPUPOOL_KEEP_FREE set to a size at connect, the handle keeps up to that much of
+ * segments whose blocks it has all freed mapped, for its next allocations, and a thread of its
+ * own gives them back at once when the daemon asks (a full device, or gpupoolctl trim). Handles are thread-safe; the library never logs and keeps
  * no global state.
  */
 #ifndef GPUPOOL_H

@@ -199,21 +199,35 @@ Gpupool__Envelope *raw_recv(int sock) {
         return env;
 }
 
-int raw_hello(struct testd *d, const char *name) {
-        Gpupool__Envelope env = GPUPOOL__ENVELOPE__INIT, *rep;
-        Gpupool__Hello hello = GPUPOOL__HELLO__INIT;
-        int sock = raw_connect(d);
+Gpupool__Envelope *raw_call(int sock, Gpupool__Envelope *env) {
+        Gpupool__Envelope *rep;
 
-        hello.name = (char *) name;
-        env.id = 1;
-        env.body_case = GPUPOOL__ENVELOPE__BODY_HELLO;
-        env.hello = &hello;
-        raw_send(sock, &env);
+        raw_send(sock, env);
         rep = raw_recv(sock);
         ck_assert_ptr_nonnull(rep);
+        return rep;
+}
+
+int raw_hello_with(struct testd *d, Gpupool__Hello *hello, uint64_t *ret_client_id) {
+        Gpupool__Envelope env = GPUPOOL__ENVELOPE__INIT, *rep;
+        int sock = raw_connect(d);
+
+        env.id = 1;
+        env.body_case = GPUPOOL__ENVELOPE__BODY_HELLO;
+        env.hello = hello;
+        rep = raw_call(sock, &env);
         ck_assert_int_eq(rep->status, GPUPOOL__STATUS__STATUS_OK);
+        if (ret_client_id)
+                *ret_client_id = rep->hello_reply->client_id;
         gpupool__envelope__free_unpacked(rep, NULL);
         return sock;
+}
+
+int raw_hello(struct testd *d, const char *name) {
+        Gpupool__Hello hello = GPUPOOL__HELLO__INIT;
+
+        hello.name = (char *) name;
+        return raw_hello_with(d, &hello, NULL);
 }
 
 pid_t spawn(int (*fn)(struct testd *d, void *arg), struct testd *d, void *arg) {

@@ -47,8 +47,11 @@ json_t *status_client_by_pid(json_t *status, pid_t pid);
 int raw_connect(struct testd *d);
 void raw_send(int sock, Gpupool__Envelope *env);
 Gpupool__Envelope *raw_recv(int sock);
-/* Connect and say hello. */
+/* Sends env and returns its reply (which must come). */
+Gpupool__Envelope *raw_call(int sock, Gpupool__Envelope *env);
+/* Connect and say hello (as name; or with the caller's Hello, setting its client id). */
 int raw_hello(struct testd *d, const char *name);
+int raw_hello_with(struct testd *d, Gpupool__Hello *hello, uint64_t *ret_client_id);
 
 /* Forks a child running fn(arg); returns its pid. The child exits with fn's return value. */
 pid_t spawn(int (*fn)(struct testd *d, void *arg), struct testd *d, void *arg);

@@ -349,6 +349,193 @@ START_TEST(test_status_and_check_config) {
 }
 END_TEST
 
+/* A client that keeps what it frees ($GPUPOOL_KEEP_FREE), then makes no call at all. */
+struct keeper {
+        size_t size;
+        int ready[2], go[2];
+};
+
+static int keeper_main(struct testd *d, void *arg) {
+        struct keeper *k = arg;
+        gpupool_client *c;
+        char ch;
+        void *p;
+
+        setenv("GPUPOOL_KEEP_FREE", "64M", 1);
+        if (gpupool_connect(d->sock, "keeper", &c) < 0 || gpupool_alloc(c, 0, k->size, &p) < 0 || gpupool_free(c, p) < 0)
+                return 1;
+        if (write(k->ready[1], "r", 1) != 1 || read(k->go[0], &ch, 1) != 1)
+                return 2;
+        gpupool_disconnect(c);
+        return 0;
+}
+
+static pid_t keep(struct testd *d, struct keeper *k, size_t size) {
+        pid_t pid;
+        char ch;
+
+        k->size = size;
+        ck_assert_int_eq(pipe(k->ready), 0);
+        ck_assert_int_eq(pipe(k->go), 0);
+        pid = spawn(keeper_main, d, k);
+        ck_assert_int_eq(read(k->ready[0], &ch, 1), 1);
+        return pid;
+}
+
+static void unkeep(struct keeper *k, pid_t pid) {
+        ck_assert_int_eq(write(k->go[1], "g", 1), 1);
+        ck_assert_int_eq(reap(pid), 0);
+        close(k->ready[0]), close(k->ready[1]), close(k->go[0]), close(k->go[1]);
+}
+
+static long long client_field(struct testd *d, pid_t pid, const char *key) {
+        json_t *st = testd_ctl(d, "status"), *c = status_client_by_pid(st, pid);
+        long long v = c ? json_integer_value(json_object_get(c, key)) : -1;
+
+        json_decref(st);
+        return v;
+}
+
+START_TEST(test_reclaim_from_a_client_that_makes_no_call) {
+        struct keeper k;
+        gpupool_client *c;
+        struct testd d;
+        double t0;
+        pid_t pid;
+        void *p;
+
+        /* reclaim_timeout is the default, 100 ms: the keeper's library must answer within it. */
+        start(&d, "[pool]\nreclaim_timeout = 100ms\n", "64M");
+        pid = keep(&d, &k, 40 * MiB);
+        ck_assert_int_eq(client_field(&d, pid, "reserved_bytes"), 40 * MiB);   /* kept, not cached */
+        ck_assert_int_eq(client_field(&d, pid, "in_use_bytes"), 0);
+        ck_assert_int_eq(dev(&d, "cached_bytes"), 0);
+        ck_assert_int_eq(gpupool_connect(d.sock, "needy", &c), 0);
+        t0 = now_s();
+        ck_assert_int_eq(gpupool_alloc(c, 0, 40 * MiB, &p), 0);
+        ck_assert_msg(now_s() - t0 < 0.1 + 0.5, "the allocation waited %.3f s", now_s() - t0);
+        ck_assert_int_eq(dev(&d, "reclaims_total"), 1);
+        ck_assert_int_eq(client_field(&d, pid, "reserved_bytes"), 0);
+        gpupool_disconnect(c);
+        unkeep(&k, pid);
+        stop(&d);
+}
+END_TEST
+
+/* Raw protocol: a client that keeps a segment, and a control channel that never answers. */
+static int silent_keeper(struct testd *d, uint64_t size, int *ret_control) {
+        Gpupool__Envelope env = GPUPOOL__ENVELOPE__INIT, *rep;
+        Gpupool__Hello hello = GPUPOOL__HELLO__INIT;
+        Gpupool__AllocRequest ar = GPUPOOL__ALLOC_REQUEST__INIT;
+        Gpupool__FreeRequest fr = GPUPOOL__FREE_REQUEST__INIT;
+        uint64_t client_id;
+        int sock;
+
+        hello.name = "silent";
+        hello.has_keep_free_bytes = 1;
+        hello.keep_free_bytes = 64 * MiB;
+        sock = raw_hello_with(d, &hello, &client_id);
+        ar.size = size;
+        env.id = 2;
+        env.body_case = GPUPOOL__ENVELOPE__BODY_ALLOC;
+        env.alloc = &ar;
+        rep = raw_call(sock, &env);
+        ck_assert_int_eq(rep->status, GPUPOOL__STATUS__STATUS_OK);
+        fr.segment_id = rep->alloc_reply->segment_id;
+        fr.offset = rep->alloc_reply->offset;
+        gpupool__envelope__free_unpacked(rep, NULL);
+        env.id = 3;
+        env.body_case = GPUPOOL__ENVELOPE__BODY_FREE;
+        env.free = &fr;
+        rep = raw_call(sock, &env);
+        ck_assert(!rep->free_reply->has_release_segment || !rep->free_reply->release_segment);       /* kept */
+        gpupool__envelope__free_unpacked(rep, NULL);
+        /* Its control channel: said hello to, never read again. */
+        hello.has_keep_free_bytes = 0;
+        hello.has_control_for = 1;
+        hello.control_for = client_id;
+        *ret_control = raw_hello_with(d, &hello, NULL);
+        return sock;
+}
+
+START_TEST(test_reclaim_times_out_and_says_so) {
+        gpupool_client *c;
+        struct testd d;
+        char msg[640];
+        int sock, control;
+        double t0, waited;
+        void *p;
+
+        start(&d, "[pool]\nreclaim_timeout = 300ms\n", "64M");
+        sock = silent_keeper(&d, 40 * MiB, &control);
+        ck_assert_int_eq(gpupool_connect(d.sock, "needy", &c), 0);
+        t0 = now_s();
+        ck_assert_int_eq(gpupool_alloc(c, 0, 40 * MiB, &p), -ENOMEM);
+        waited = now_s() - t0;
+        ck_assert_msg(waited >= 0.3 && waited < 5, "waited %.3f s for a 300 ms reclaim_timeout", waited);
+        gpupool_last_error(c, msg, sizeof(msg));
+        ck_assert_msg(strstr(msg, "asked 1 client over their guarantee for 40.0 MiB they kept free, and not enough came "
+                                  "back within 300 ms (reclaim_timeout)"), "%s", msg);
+        /* Other clients were served meanwhile: parking one request does not stop the daemon. */
+        ck_assert_int_eq(dev(&d, "reclaims_total"), 0);
+        /* A control channel may only answer reclaims; and it must name a client of its own process. */
+        {
+                Gpupool__Envelope env = GPUPOOL__ENVELOPE__INIT, *rep;
+                Gpupool__Hello hello = GPUPOOL__HELLO__INIT;
+                int other = raw_connect(&d);
+
+                hello.has_control_for = 1;
+                hello.control_for = 999;
+                env.id = 1;
+                env.body_case = GPUPOOL__ENVELOPE__BODY_HELLO;
+                env.hello = &hello;
+                rep = raw_call(other, &env);
+                ck_assert_int_eq(rep->status, GPUPOOL__STATUS__STATUS_INVALID);
+                gpupool__envelope__free_unpacked(rep, NULL);
+                close(other);
+        }
+        gpupool_disconnect(c);
+        close(control);
+        close(sock);
+        stop(&d);
+}
+END_TEST
+
+START_TEST(test_trim_and_flush_tenant) {
+        char cmd[512], out[1024];
+        struct keeper k;
+        struct testd d;
+        double t0;
+        pid_t pid;
+
+        start(&d, "", "64M");
+        pid = keep(&d, &k, 12 * MiB);
+        snprintf(cmd, sizeof(cmd), "%s/gpupoolctl --socket %s trim --pid %d 2>&1", build_dir(), d.sock, (int) pid);
+        ck_assert_int_eq(run_capture(cmd, out, sizeof(out)), 0);
+        ck_assert_msg(strstr(out, "asked 1 client for 1 segment kept free, 12.0 MiB"), "%s", out);
+        t0 = now_s();
+        while (now_s() - t0 < 10 && dev(&d, "cached_bytes") != 12 * MiB)
+                ;
+        ck_assert_int_eq(dev(&d, "cached_bytes"), 12 * MiB);
+        ck_assert_int_eq(client_field(&d, pid, "reserved_bytes"), 0);
+        snprintf(cmd, sizeof(cmd), "%s/gpupoolctl --socket %s trim --tenant nope 2>&1", build_dir(), d.sock);
+        ck_assert_int_eq(run_capture(cmd, out, sizeof(out)), 1);
+        snprintf(cmd, sizeof(cmd), "%s/gpupoolctl --socket %s flush --tenant default 2>&1", build_dir(), d.sock);
+        ck_assert_int_eq(run_capture(cmd, out, sizeof(out)), 2);
+        ck_assert_msg(strstr(out, "--tenant is not built yet"), "%s", out);
+        {
+                gpupool_client *c = NULL;
+
+                setenv("GPUPOOL_KEEP_FREE", "plenty", 1);
+                ck_assert_int_eq(gpupool_connect(d.sock, "bad-env", &c), -EINVAL);
+                unsetenv("GPUPOOL_KEEP_FREE");
+                ck_assert_ptr_null(c);
+        }
+        unkeep(&k, pid);
+        stop(&d);
+}
+END_TEST
+
 Suite *suite_tenants(void) {
         Suite *s = suite_create("tenants");
         TCase *tc = tcase_create("host");
@@ -359,6 +546,9 @@ Suite *suite_tenants(void) {
         tcase_add_test(tc, test_reload_and_runtime_limits);
         tcase_add_test(tc, test_set_limit_needs_root);
         tcase_add_test(tc, test_status_and_check_config);
+        tcase_add_test(tc, test_reclaim_from_a_client_that_makes_no_call);
+        tcase_add_test(tc, test_reclaim_times_out_and_says_so);
+        tcase_add_test(tc, test_trim_and_flush_tenant);
         tcase_set_timeout(tc, 120);
         suite_add_tcase(s, tc);
         return s;

@@ -1,0 +1,65 @@
+/*
+ * cmd-trim.c: "gpupoolctl trim --pid PID | --tenant NAME": asks clients to give back every
+ * segment they keep mapped with no live block (libgpupool with $GPUPOOL_KEEP_FREE). Their
+ * library answers on its own thread; the segments go to the daemon's cache, from which
+ * "gpupoolctl flush" or idle_release returns them to the driver.
+ */
+#include <inttypes.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+#include "size.h"
+
+static int usage_error(const char *what) {
+        fprintf(stderr, "gpupoolctl trim: %s\nUsage: gpupoolctl %s\n", what, cli_cmd_trim.usage);
+        return 2;
+}
+
+static int run(struct cli *cli, int argc, char **argv) {
+        Gpupool__Envelope req = GPUPOOL__ENVELOPE__INIT, *rep;
+        Gpupool__TrimRequest tr = GPUPOOL__TRIM_REQUEST__INIT;
+        const Gpupool__TrimReply *t;
+        char size[GP_SIZE_FORMAT_MAX];
+
+        for (int i = 1; i < argc; i++) {
+                if (strcmp(argv[i], "--pid") == 0 && i + 1 < argc) {
+                        char *end;
+                        long pid = strtol(argv[++i], &end, 10);
+
+                        if (*end || pid <= 0 || pid > INT32_MAX)
+                                return usage_error("--pid takes a process id");
+                        tr.has_pid = 1;
+                        tr.pid = (int32_t) pid;
+                } else if (strcmp(argv[i], "--tenant") == 0 && i + 1 < argc) {
+                        tr.tenant = argv[++i];
+                } else {
+                        return usage_error("unexpected argument");
+                }
+        }
+        if (!tr.tenant == !tr.has_pid)
+                return usage_error("name one process (--pid) or one tenant (--tenant)");
+        req.body_case = GPUPOOL__ENVELOPE__BODY_TRIM;
+        req.trim = &tr;
+        if (cli_call(cli, &req, GPUPOOL__ENVELOPE__BODY_TRIM_REPLY, &rep) < 0)
+                return 1;
+        t = rep->trim_reply;
+        if (cli->json)
+                cli_print_json(json_pack("{s:I, s:I, s:I}", "clients", (json_int_t) t->clients, "segments",
+                                         (json_int_t) t->segments, "bytes", (json_int_t) t->bytes));
+        else
+                printf("asked %u client%s for %" PRIu64 " segment%s kept free, %s\n", t->clients, t->clients == 1 ? "" : "s",
+                       t->segments, t->segments == 1 ? "" : "s", gp_size_format(t->bytes, size, sizeof(size)));
+        gpupool__envelope__free_unpacked(rep, NULL);
+        return 0;
+}
+
+const struct cli_command cli_cmd_trim = {
+        .name = "trim",
+        .usage = "trim --pid PID|--tenant NAME",
+        .summary = "ask clients to give back the segments they keep free",
+        .takes_args = true,
+        .run = run,
+};

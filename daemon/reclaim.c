@@ -1,0 +1,111 @@
+/* reclaim.c: asking clients for the segments they keep free (see reclaim.h). */
+#include "reclaim.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "log.h"
+#include "server.h"
+#include "session.h"
+#include "size.h"
+
+/* How far a client's tenant is over its guarantee on device (0: not over). */
+static uint64_t excess(const struct session *c, unsigned device) {
+        const struct tenant *t = c->tenant;
+
+        return t->reserved_bytes[device] > t->guarantee_bytes ? t->reserved_bytes[device] - t->guarantee_bytes : 0;
+}
+
+/* Takes back up to want bytes of c's kept segments on device and tells c. Returns the bytes asked; adds the segments to *segments. */
+static uint64_t ask(struct server *server, struct session *c, unsigned device, uint64_t want, uint64_t *segments) {
+        Gpupool__Envelope env = GPUPOOL__ENVELOPE__INIT;
+        Gpupool__ReclaimRequest rr = GPUPOOL__RECLAIM_REQUEST__INIT;
+        uint64_t ids[RECLAIM_MAX_SEGMENTS], bytes = 0;
+        size_t n;
+        int r;
+
+        n = pool_reclaim(server->pools[device], &c->owners[device], want, ids, RECLAIM_MAX_SEGMENTS, &bytes);
+        if (!n)
+                return 0;
+        rr.n_segment_ids = n;
+        rr.segment_ids = ids;
+        env.body_case = GPUPOOL__ENVELOPE__BODY_RECLAIM;
+        env.reclaim = &rr;
+        r = session_push(c->control, &env);
+        if (r < 0) {
+                /* It will not hear of it: the segments stay its own, kept as before. */
+                pool_unreclaim(server->pools[device], &c->owners[device], ids, n);
+                log_warn("client %llu (pid %d): cannot ask for its free segments: %s", (unsigned long long) c->id,
+                         (int) c->pid, strerror(-r));
+                return 0;
+        }
+        log_debug("asked client %llu (pid %d) for %zu segments on device %u", (unsigned long long) c->id, (int) c->pid, n,
+                  device);
+        *segments += n;
+        return bytes;
+}
+
+static unsigned reclaim_device;
+
+static int by_excess(const void *a, const void *b) {
+        uint64_t x = excess(*(struct session *const *) a, reclaim_device);
+        uint64_t y = excess(*(struct session *const *) b, reclaim_device);
+
+        return x < y ? 1 : x > y ? -1 : 0;
+}
+
+uint64_t reclaim_ask(struct server *server, struct session *requester, unsigned device, uint64_t want_bytes,
+                     unsigned *ret_clients) {
+        static struct session *candidates[1024];
+        uint64_t asked = 0;
+        size_t n = 0;
+
+        *ret_clients = 0;
+        for (struct session *c = server->sessions; c && n < sizeof(candidates) / sizeof(candidates[0]); c = c->next)
+                if (c != requester && c->control && c->tenant && c->state == SESSION_READY && c->owners[device].kept_bytes &&
+                    excess(c, device))
+                        candidates[n++] = c;
+        reclaim_device = device;
+        qsort(candidates, n, sizeof(candidates[0]), by_excess);
+        for (size_t i = 0; i < n && asked < want_bytes; i++) {
+                uint64_t segments = 0, got = ask(server, candidates[i], device, want_bytes - asked, &segments);
+
+                if (got) {
+                        asked += got;
+                        (*ret_clients)++;
+                }
+        }
+        return asked;
+}
+
+uint64_t reclaim_all(struct server *server, struct session *c, uint64_t *bytes) {
+        uint64_t segments = 0;
+
+        if (!c->control || c->state != SESSION_READY)
+                return 0;
+        for (unsigned d = 0; d < server->device_count; d++)
+                if (c->owners[d].kept_bytes)
+                        *bytes += ask(server, c, d, UINT64_MAX, &segments);
+        return segments;
+}
+
+void reclaim_answered(struct session *control, const Gpupool__ReclaimReply *reply) {
+        struct session *c = control->control_of;
+        struct server *server = control->server;
+
+        if (!c)
+                return;
+        for (size_t i = 0; i < reply->n_segment_ids; i++) {
+                uint64_t id = reply->segment_ids[i], before;
+                unsigned d = (unsigned) (id >> 56);
+
+                if (d >= server->device_count)
+                        continue;
+                before = c->owners[d].reserved_bytes;
+                if (pool_release(server->pools[d], &c->owners[d], id) == 0) {
+                        policy_account(&server->policy, c->tenant, d, before, c->owners[d].reserved_bytes);
+                        server->reclaims_total[d]++;
+                }
+        }
+}

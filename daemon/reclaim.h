@@ -1,0 +1,37 @@
+/*
+ * reclaim.h: step 3 of the eviction ladder. Clients may keep segments with no live block
+ * mapped (Hello.keep_free_bytes), so that their next allocations need no new mapping. When a
+ * device is full, the daemon asks clients whose tenant holds more than its guarantee to give
+ * such segments back, largest excess first, on each client's control channel; the library
+ * answers on a helper thread. The allocation that ran short waits a bounded time
+ * (reclaim_timeout) for the segments to come back. gpupoolctl trim asks the same of chosen
+ * clients.
+ */
+#ifndef GP_RECLAIM_H
+#define GP_RECLAIM_H
+
+#include <stdint.h>
+
+#include "wire.h"
+
+struct server;
+struct session;
+
+/* The most segments one ReclaimRequest names (it must fit a request packet of the client's). */
+#define RECLAIM_MAX_SEGMENTS 256
+
+/*
+ * Asks clients other than requester, over their tenant's guarantee on device, for kept
+ * segments worth at least want_bytes. Returns the bytes asked for (0: nobody had any), and the
+ * number of clients asked in *ret_clients.
+ */
+uint64_t reclaim_ask(struct server *server, struct session *requester, unsigned device, uint64_t want_bytes,
+                     unsigned *ret_clients);
+
+/* Asks client for every segment it keeps, on every device. Returns the segments asked; adds the bytes to *bytes. */
+uint64_t reclaim_all(struct server *server, struct session *client, uint64_t *bytes);
+
+/* A control channel's answer: the client unmapped these segments; they go to the cache. */
+void reclaim_answered(struct session *control, const Gpupool__ReclaimReply *reply);
+
+#endif
