@@ -1,6 +1,8 @@
 /*
- * cmd-flush.c: "gpupoolctl flush [--device N]": give every cached (wholly free) segment back
- * to the backend, on every device or on one, and say what was released.
+ * cmd-flush.c: "gpupoolctl flush [--device N] [--tenant NAME]": give every cached (wholly
+ * free) segment back to the backend, on every device or on one, and say what was released;
+ * with a tenant, ask its clients for the segments they keep free, which go to the backend
+ * as they come back.
  */
 #include <inttypes.h>
 #include <jansson.h>
@@ -21,10 +23,9 @@ static int run(struct cli *cli, int argc, char **argv) {
                 char *end;
                 long d;
 
-                if (strcmp(argv[i], "--tenant") == 0) {
-                        fprintf(stderr, "gpupoolctl flush: --tenant is not built yet; 'gpupoolctl trim --tenant NAME' asks "
-                                        "a tenant's clients for their free segments, then 'gpupoolctl flush' releases the cache\n");
-                        return 2;
+                if (strcmp(argv[i], "--tenant") == 0 && i + 1 < argc) {
+                        fr.tenant = argv[++i];
+                        continue;
                 }
                 if (strcmp(argv[i], "--device") != 0 || i + 1 >= argc) {
                         fprintf(stderr, "gpupoolctl flush: unexpected '%s'\nUsage: gpupoolctl %s\n", argv[i], cli_cmd_flush.usage);
@@ -43,7 +44,17 @@ static int run(struct cli *cli, int argc, char **argv) {
         if (cli_call(cli, &req, GPUPOOL__ENVELOPE__BODY_FLUSH_REPLY, &rep) < 0)
                 return 1;
         f = rep->flush_reply;
-        if (cli->json) {
+        if (fr.tenant) {
+                if (cli->json)
+                        cli_print_json(json_pack("{s:I, s:I, s:I}", "clients_asked", (json_int_t) f->clients_asked,
+                                                 "segments_asked", (json_int_t) f->segments_asked, "bytes_asked",
+                                                 (json_int_t) f->bytes_asked));
+                else
+                        printf("asked %u client%s of tenant %s for %" PRIu64 " segment%s kept free, %s; they go back to "
+                               "the backend as the clients return them\n", f->clients_asked, f->clients_asked == 1 ? "" : "s",
+                               fr.tenant, f->segments_asked, f->segments_asked == 1 ? "" : "s",
+                               gp_size_format(f->bytes_asked, size, sizeof(size)));
+        } else if (cli->json) {
                 json_t *root = json_object(), *devices = json_array();
 
                 for (size_t i = 0; i < f->n_devices; i++)
@@ -64,8 +75,8 @@ static int run(struct cli *cli, int argc, char **argv) {
 
 const struct cli_command cli_cmd_flush = {
         .name = "flush",
-        .usage = "flush [--device N]",
-        .summary = "release cached segments to the backend (all devices, or N)",
+        .usage = "flush [--device N] [--tenant NAME]",
+        .summary = "release cached segments (or a tenant's kept ones) to the backend",
         .takes_args = true,
         .run = run,
 };

@@ -44,6 +44,7 @@ struct segment {
         bool has_tenant;
         uint64_t live_blocks;
         bool kept;                      /* leased, no live block, kept mapped by its owner */
+        bool to_backend;                /* reclaimed by a flush: straight back to the backend once released */
         uint64_t cache_seq;
         uint64_t cached_at_ms;          /* when it entered the cache */
         struct block *first;
@@ -234,6 +235,10 @@ static void segment_to_cache(struct pool *p, struct segment *s) {
         o->reserved_bytes -= s->size;
         o->segments--;
         s->owner = NULL;
+        if (s->to_backend) {
+                segment_destroy(p, s);
+                return;
+        }
         s->last_tenant = o->tenant;
         s->has_tenant = true;
         s->state = SEGMENT_CACHED;
@@ -529,8 +534,8 @@ int pool_free_block(struct pool *p, struct pool_owner *o, uint64_t segment_id, u
         return 0;
 }
 
-size_t pool_reclaim(struct pool *p, struct pool_owner *o, uint64_t want_bytes, uint64_t *ret_ids, size_t max_ids,
-                    uint64_t *ret_bytes) {
+size_t pool_reclaim(struct pool *p, struct pool_owner *o, uint64_t want_bytes, bool to_backend, uint64_t *ret_ids,
+                    size_t max_ids, uint64_t *ret_bytes) {
         uint64_t bytes = 0;
         size_t n = 0;
 
@@ -546,6 +551,7 @@ size_t pool_reclaim(struct pool *p, struct pool_owner *o, uint64_t want_bytes, u
                 free(s->first);
                 s->first = NULL;
                 s->kept = false;
+                s->to_backend = to_backend;
                 s->state = SEGMENT_RELEASING;
                 o->kept_bytes -= s->size;
                 bytes += s->size;
@@ -571,6 +577,7 @@ void pool_unreclaim(struct pool *p, struct pool_owner *o, const uint64_t *ids, s
                 s->first = b;
                 s->state = SEGMENT_LEASED;
                 s->kept = true;
+                s->to_backend = false;
                 o->kept_bytes += s->size;
                 gp_rb_insert(&o->free_index[s->class], &b->node);
         }

@@ -141,11 +141,12 @@ int pool_release(struct pool *pool, struct pool_owner *owner, uint64_t segment_i
 /*
  * Takes back segments owner keeps with no live block (see keep_bytes), until want_bytes:
  * they become releasing (the owner is to unmap them and call pool_release()), and nothing of
- * the owner's is placed in them any more. Fills ret_ids (at most max_ids), sets *ret_bytes,
- * returns how many.
+ * the owner's is placed in them any more. With to_backend, pool_release() gives them to the
+ * backend instead of the cache. Fills ret_ids (at most max_ids), sets *ret_bytes, returns how
+ * many.
  */
-size_t pool_reclaim(struct pool *pool, struct pool_owner *owner, uint64_t want_bytes, uint64_t *ret_ids, size_t max_ids,
-                    uint64_t *ret_bytes);
+size_t pool_reclaim(struct pool *pool, struct pool_owner *owner, uint64_t want_bytes, bool to_backend, uint64_t *ret_ids,
+                    size_t max_ids, uint64_t *ret_bytes);
 
 /* Undoes pool_reclaim() for segments the owner could not be told about: it keeps them again. */
 void pool_unreclaim(struct pool *pool, struct pool_owner *owner, const uint64_t *ids, size_t n);

@@ -18,14 +18,15 @@ static uint64_t excess(const struct session *c, unsigned device) {
 }
 
 /* Takes back up to want bytes of c's kept segments on device and tells c. Returns the bytes asked; adds the segments to *segments. */
-static uint64_t ask(struct server *server, struct session *c, unsigned device, uint64_t want, uint64_t *segments) {
+static uint64_t ask(struct server *server, struct session *c, unsigned device, uint64_t want, bool to_backend,
+                    uint64_t *segments) {
         Gpupool__Envelope env = GPUPOOL__ENVELOPE__INIT;
         Gpupool__ReclaimRequest rr = GPUPOOL__RECLAIM_REQUEST__INIT;
         uint64_t ids[RECLAIM_MAX_SEGMENTS], bytes = 0;
         size_t n;
         int r;
 
-        n = pool_reclaim(server->pools[device], &c->owners[device], want, ids, RECLAIM_MAX_SEGMENTS, &bytes);
+        n = pool_reclaim(server->pools[device], &c->owners[device], want, to_backend, ids, RECLAIM_MAX_SEGMENTS, &bytes);
         if (!n)
                 return 0;
         rr.n_segment_ids = n;
@@ -69,7 +70,7 @@ uint64_t reclaim_ask(struct server *server, struct session *requester, unsigned 
         reclaim_device = device;
         qsort(candidates, n, sizeof(candidates[0]), by_excess);
         for (size_t i = 0; i < n && asked < want_bytes; i++) {
-                uint64_t segments = 0, got = ask(server, candidates[i], device, want_bytes - asked, &segments);
+                uint64_t segments = 0, got = ask(server, candidates[i], device, want_bytes - asked, false, &segments);
 
                 if (got) {
                         asked += got;
@@ -79,14 +80,14 @@ uint64_t reclaim_ask(struct server *server, struct session *requester, unsigned 
         return asked;
 }
 
-uint64_t reclaim_all(struct server *server, struct session *c, uint64_t *bytes) {
+uint64_t reclaim_all(struct server *server, struct session *c, int device, bool to_backend, uint64_t *bytes) {
         uint64_t segments = 0;
 
         if (!c->control || c->state != SESSION_READY)
                 return 0;
         for (unsigned d = 0; d < server->device_count; d++)
-                if (c->owners[d].kept_bytes)
-                        *bytes += ask(server, c, d, UINT64_MAX, &segments);
+                if ((device < 0 || (unsigned) device == d) && c->owners[d].kept_bytes)
+                        *bytes += ask(server, c, d, UINT64_MAX, to_backend, &segments);
         return segments;
 }
 

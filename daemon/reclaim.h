@@ -10,6 +10,7 @@
 #ifndef GP_RECLAIM_H
 #define GP_RECLAIM_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "wire.h"
@@ -28,8 +29,12 @@ struct session;
 uint64_t reclaim_ask(struct server *server, struct session *requester, unsigned device, uint64_t want_bytes,
                      unsigned *ret_clients);
 
-/* Asks client for every segment it keeps, on every device. Returns the segments asked; adds the bytes to *bytes. */
-uint64_t reclaim_all(struct server *server, struct session *client, uint64_t *bytes);
+/*
+ * Asks client for every segment it keeps, on device (-1: every device); with to_backend they
+ * go to the backend when they come back, not to the cache. Returns the segments asked; adds
+ * the bytes to *bytes.
+ */
+uint64_t reclaim_all(struct server *server, struct session *client, int device, bool to_backend, uint64_t *bytes);
 
 /* A control channel's answer: the client unmapped these segments; they go to the cache. */
 void reclaim_answered(struct session *control, const Gpupool__ReclaimReply *reply);

@@ -539,6 +539,38 @@ static void handle_flush(struct session *s, const Gpupool__Envelope *req, struct
                 request_error_reply(s, req->id, -ENODEV, false, why, ret);
                 return;
         }
+        if (f->tenant) {
+                struct tenant *t = policy_tenant_by_name(&server->policy, f->tenant);
+
+                if (s->uid != 0 && s->uid != geteuid()) {
+                        request_error_reply(s, req->id, -EACCES, false, "flush --tenant is for root or the daemon's own user", ret);
+                        return;
+                }
+                if (!t) {
+                        char why[160];
+
+                        snprintf(why, sizeof(why), "no tenant '%.64s' (see gpupoolctl limits)", f->tenant);
+                        request_error_reply(s, req->id, -ENOENT, false, why, ret);
+                        return;
+                }
+                fr.has_clients_asked = fr.has_segments_asked = fr.has_bytes_asked = 1;
+                for (struct session *c = server->sessions; c; c = c->next) {
+                        uint64_t segments;
+
+                        if (c->tenant != t || c == s)
+                                continue;
+                        segments = reclaim_all(server, c, f->has_device ? (int) f->device : -1, true, &fr.bytes_asked);
+                        fr.segments_asked += segments;
+                        fr.clients_asked += segments ? 1 : 0;
+                }
+                log_info("flush by client %llu (pid %d): asked %u clients of tenant %s for %" PRIu64 " segments",
+                         (unsigned long long) s->id, (int) s->pid, fr.clients_asked, t->conf.name, fr.segments_asked);
+                ok_envelope(&env, req->id);
+                env.body_case = GPUPOOL__ENVELOPE__BODY_FLUSH_REPLY;
+                env.flush_reply = &fr;
+                pack_reply(s, &env, -1, false, ret);
+                return;
+        }
         for (unsigned d = 0; d < server->device_count; d++) {
                 if (f->has_device && d != f->device)
                         continue;
@@ -661,7 +693,7 @@ static void handle_trim(struct session *s, const Gpupool__Envelope *req, struct 
 
                 if (!chosen || c->control_of || c == s || !c->tenant)
                         continue;
-                segments = reclaim_all(server, c, &tr.bytes);
+                segments = reclaim_all(server, c, -1, false, &tr.bytes);
                 tr.segments += segments;
                 tr.clients += segments ? 1 : 0;
         }

@@ -508,7 +508,8 @@ START_TEST(test_trim_and_flush_tenant) {
         double t0;
         pid_t pid;
 
-        start(&d, "", "64M");
+        start(&d, "[tenant:keepers]\nmatch_name = keeper\n", "64M");
+        /* trim: the kept segment comes back to the cache. */
         pid = keep(&d, &k, 12 * MiB);
         snprintf(cmd, sizeof(cmd), "%s/gpupoolctl --socket %s trim --pid %d 2>&1", build_dir(), d.sock, (int) pid);
         ck_assert_int_eq(run_capture(cmd, out, sizeof(out)), 0);
@@ -518,11 +519,25 @@ START_TEST(test_trim_and_flush_tenant) {
                 ;
         ck_assert_int_eq(dev(&d, "cached_bytes"), 12 * MiB);
         ck_assert_int_eq(client_field(&d, pid, "reserved_bytes"), 0);
+        ck_assert_int_eq(dev(&d, "reclaims_total"), 1);
+        unkeep(&k, pid);
+
+        /* flush --tenant: kept segments go straight back to the backend; the cache is left alone. */
+        pid = keep(&d, &k, 20 * MiB);
+        ck_assert_int_eq(dev(&d, "reserved_bytes"), 32 * MiB);         /* 20 kept, 12 cached */
+        snprintf(cmd, sizeof(cmd), "%s/gpupoolctl --socket %s flush --tenant keepers 2>&1", build_dir(), d.sock);
+        ck_assert_int_eq(run_capture(cmd, out, sizeof(out)), 0);
+        ck_assert_msg(strstr(out, "asked 1 client of tenant keepers for 1 segment kept free, 20.0 MiB"), "%s", out);
+        t0 = now_s();
+        while (now_s() - t0 < 10 && dev(&d, "reserved_bytes") != 12 * MiB)
+                ;
+        ck_assert_int_eq(dev(&d, "reserved_bytes"), 12 * MiB);
+        ck_assert_int_eq(dev(&d, "cached_bytes"), 12 * MiB);
         snprintf(cmd, sizeof(cmd), "%s/gpupoolctl --socket %s trim --tenant nope 2>&1", build_dir(), d.sock);
         ck_assert_int_eq(run_capture(cmd, out, sizeof(out)), 1);
-        snprintf(cmd, sizeof(cmd), "%s/gpupoolctl --socket %s flush --tenant default 2>&1", build_dir(), d.sock);
-        ck_assert_int_eq(run_capture(cmd, out, sizeof(out)), 2);
-        ck_assert_msg(strstr(out, "--tenant is not built yet"), "%s", out);
+        snprintf(cmd, sizeof(cmd), "%s/gpupoolctl --socket %s flush --tenant nope 2>&1", build_dir(), d.sock);
+        ck_assert_int_eq(run_capture(cmd, out, sizeof(out)), 1);
+        ck_assert_msg(strstr(out, "no tenant 'nope'"), "%s", out);
         {
                 gpupool_client *c = NULL;
 

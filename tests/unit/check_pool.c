@@ -527,7 +527,7 @@ START_TEST(test_keep_and_reclaim) {
         ck_assert(!a.new_segment);
         ck_assert_uint_eq(o.kept_bytes, 14 * MiB);
         /* Reclaim takes the kept ones (not the one in use), and they wait for pool_release(). */
-        ck_assert_uint_eq(pool_reclaim(pool, &o, UINT64_MAX, ids, 4, &bytes), 1);
+        ck_assert_uint_eq(pool_reclaim(pool, &o, UINT64_MAX, false, ids, 4, &bytes), 1);
         ck_assert_uint_eq(ids[0], b.segment_id);
         ck_assert_uint_eq(bytes, 14 * MiB);
         ck_assert_uint_eq(o.kept_bytes, 0);
@@ -539,7 +539,7 @@ START_TEST(test_keep_and_reclaim) {
         pool_unreclaim(pool, &o, ids, 1);
         ck_assert_uint_eq(o.kept_bytes, 14 * MiB);
         check();
-        ck_assert_uint_eq(pool_reclaim(pool, &o, 1, ids, 4, &bytes), 1);
+        ck_assert_uint_eq(pool_reclaim(pool, &o, 1, false, ids, 4, &bytes), 1);
         ck_assert_int_eq(pool_release(pool, &o, ids[0]), 0);
         check();
         pool_get_stats(pool, &st);
