@@ -135,47 +135,27 @@ static void control_close(gpupool_client *c) {
         c->control = NULL;
 }
 
-GPUPOOL_EXPORT int gpupool_connect(const char *socket_path, const char *client_name, gpupool_client **ret_client) {
-        char name[GP_MAX_NAME_BYTES + 1];
+/* Says hello on c->conn (closed first if open) and sets up devices and the control channel. Locked or private. */
+static int session_open(gpupool_client *c) {
         Gpupool__Hello hello_req = GPUPOOL__HELLO__INIT;
-        const char *keep = getenv("GPUPOOL_KEEP_FREE");
+        const char *path = c->socket_path[0] ? c->socket_path : NULL;
         Gpupool__Envelope *hello;
-        uint64_t client_id, keep_bytes = 0;
-        gpupool_client *c;
+        uint64_t client_id;
         int r;
 
-        if (!ret_client)
-                return -EINVAL;
-        if (client_name && !gp_wire_name_is_valid(client_name))
-                return -EINVAL;
-        snprintf(name, sizeof(name), "%s", client_name ? client_name : program_invocation_short_name);
-        if (!gp_wire_name_is_valid(name))
-                strcpy(name, "client");
-
-        if (keep && *keep && gp_size_parse(keep, &keep_bytes) < 0)
-                return -EINVAL;         /* $GPUPOOL_KEEP_FREE is not a size */
-        c = calloc(1, sizeof(*c));
-        if (!c)
-                return -ENOMEM;
-        hello_req.name = name;
-        if (keep_bytes) {
+        gp_conn_close(&c->conn);
+        hello_req.name = c->name;
+        if (c->keep_free_bytes) {
                 hello_req.has_keep_free_bytes = 1;
-                hello_req.keep_free_bytes = keep_bytes;
+                hello_req.keep_free_bytes = c->keep_free_bytes;
         }
-        r = gp_conn_open(&c->conn, socket_path, &hello_req, &hello);
-        if (r < 0) {
-                free(c);
+        r = gp_conn_open(&c->conn, path, &hello_req, &hello);
+        if (r < 0)
                 return r;
-        }
-        pthread_mutex_init(&c->lock, NULL);
-        pthread_cond_init(&c->deferred_cond, NULL);
-        gp_rb_init(&c->by_addr, cmp_addr);
-        gp_rb_init(&c->by_id, cmp_id);
-        gp_rb_init(&c->by_handle, cmp_handle);
-        gp_rb_init(&c->blocks, cmp_block);
         c->device_count = (unsigned) hello->hello_reply->n_devices;
         if (c->device_count > CLIENT_MAX_DEVICES)
                 c->device_count = CLIENT_MAX_DEVICES;
+        c->cuda = false;
         for (unsigned d = 0; d < c->device_count; d++)
                 if (strcmp(hello->hello_reply->devices[d]->backend, "cuda") == 0)
                         c->cuda = true;
@@ -183,12 +163,45 @@ GPUPOOL_EXPORT int gpupool_connect(const char *socket_path, const char *client_n
         r = c->cuda ? client_cuda_setup(c, hello->hello_reply) : 0;
         gpupool__envelope__free_unpacked(hello, NULL);
         /* Keeping free segments means being asked for them back: that needs the control channel. */
+        if (r == 0 && c->keep_free_bytes)
+                r = control_open(c, path, c->name, client_id);
+        if (r < 0)
+                gp_conn_close(&c->conn);
+        return r;
+}
+
+GPUPOOL_EXPORT int gpupool_connect(const char *socket_path, const char *client_name, gpupool_client **ret_client) {
+        const char *keep = getenv("GPUPOOL_KEEP_FREE");
+        uint64_t keep_bytes = 0;
+        gpupool_client *c;
+        int r;
+
+        if (!ret_client)
+                return -EINVAL;
+        if (client_name && !gp_wire_name_is_valid(client_name))
+                return -EINVAL;
+        if (socket_path && strlen(socket_path) >= sizeof(c->socket_path))
+                return -ENAMETOOLONG;
+        if (keep && *keep && gp_size_parse(keep, &keep_bytes) < 0)
+                return -EINVAL;         /* $GPUPOOL_KEEP_FREE is not a size */
+        c = calloc(1, sizeof(*c));
+        if (!c)
+                return -ENOMEM;
+        c->conn.sock = -1;
+        snprintf(c->name, sizeof(c->name), "%s", client_name ? client_name : program_invocation_short_name);
+        if (!gp_wire_name_is_valid(c->name))
+                strcpy(c->name, "client");
+        snprintf(c->socket_path, sizeof(c->socket_path), "%s", socket_path ? socket_path : "");
         c->keep_free_bytes = keep_bytes;
-        if (r == 0 && keep_bytes)
-                r = control_open(c, socket_path, name, client_id);
+        pthread_mutex_init(&c->lock, NULL);
+        pthread_cond_init(&c->deferred_cond, NULL);
+        gp_rb_init(&c->by_addr, cmp_addr);
+        gp_rb_init(&c->by_id, cmp_id);
+        gp_rb_init(&c->by_handle, cmp_handle);
+        gp_rb_init(&c->blocks, cmp_block);
+        r = session_open(c);
         if (r < 0) {
                 /* No handle to read the message from: the caller gets the errno alone. */
-                gp_conn_close(&c->conn);
                 pthread_cond_destroy(&c->deferred_cond);
                 pthread_mutex_destroy(&c->lock);
                 free(c);
@@ -241,6 +254,32 @@ GPUPOOL_EXPORT void gpupool_disconnect(gpupool_client *c) {
         pthread_cond_destroy(&c->deferred_cond);
         pthread_mutex_destroy(&c->lock);
         free(c);
+}
+
+GPUPOOL_EXPORT int gpupool_reconnect(gpupool_client *c) {
+        struct gp_rb_node *n;
+        int r;
+
+        if (!c)
+                return -EINVAL;
+        control_close(c);
+        pthread_mutex_lock(&c->lock);
+        /* The old daemon's memory is gone with it: forget every block and mapping, wait for no event. */
+        if (c->cuda)
+                client_cuda_forget_deferred(c);
+        while ((n = gp_rb_first(&c->blocks))) {
+                gp_rb_remove(&c->blocks, n);
+                free(gp_rb_entry(n, struct block, node));
+        }
+        while ((n = gp_rb_first(&c->by_addr)))
+                mapping_drop(c, gp_rb_entry(n, struct mapping, by_addr));
+        if (c->cuda)
+                client_cuda_teardown(c);
+        r = session_open(c);
+        if (r < 0)
+                client_set_error(c, "%s", c->conn.error[0] ? c->conn.error : "cannot reconnect to gpupoold");
+        pthread_mutex_unlock(&c->lock);
+        return r;
 }
 
 /* Maps a new segment: fd (host; taken) or the reply's IPC handle (cuda). */

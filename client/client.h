@@ -57,6 +57,8 @@ struct client_device {
 struct gpupool_client {
         pthread_mutex_t lock;           /* everything below; one request at a time */
         struct gp_conn conn;
+        char socket_path[108];          /* as given to connect, for reconnect ("" = the default) */
+        char name[64];
         unsigned device_count;
         bool cuda;                      /* the daemon serves CUDA devices */
         struct gp_cuda cu;
@@ -98,6 +100,9 @@ int client_cuda_defer_free(gpupool_client *c, struct block *b, void *stream);
 
 /* Frees the deferred blocks whose work is done; with wait, waits for all of them first. */
 void client_cuda_reap(gpupool_client *c, bool wait);
+
+/* The daemon is gone: drops the pending stream-ordered frees without waiting (their blocks went with it). */
+void client_cuda_forget_deferred(gpupool_client *c);
 
 /* Once every mapping is closed: stops the reaper thread (unlocking while joining it), destroys the events and releases the contexts. */
 void client_cuda_teardown(gpupool_client *c);

@@ -47,6 +47,7 @@ int client_cuda_setup(gpupool_client *c, const Gpupool__HelloReply *hello) {
 
         for (int i = 0; i < CLIENT_MAX_DEVICES; i++)
                 c->local_to_daemon[i] = -1;
+        memset(c->devices, 0, sizeof(c->devices));
         r = gp_cuda_load(&c->cu, err, sizeof(err));
         if (r < 0) {
                 client_set_error(c, "%s", err);
@@ -268,6 +269,17 @@ static void *reaper_main(void *arg) {
         }
         pthread_mutex_unlock(&c->lock);
         return NULL;
+}
+
+void client_cuda_forget_deferred(gpupool_client *c) {
+        struct deferred *q;
+
+        while ((q = c->deferred_head)) {
+                c->deferred_head = q->next;
+                spare_event(c, &c->devices[q->block->mapping->device], q->event);
+                free(q);
+        }
+        c->deferred_tail = NULL;
 }
 
 void client_cuda_teardown(gpupool_client *c) {

@@ -67,6 +67,15 @@ GPUPOOL_EXPORT int gpupool_connect(const char *socket_path, const char *client_n
 GPUPOOL_EXPORT void gpupool_disconnect(gpupool_client *client);
 
 /*
+ * After -ECONNRESET (gpupoold stopped or crashed, and was started again): forgets every block
+ * and mapping of the old daemon, which are invalid from now on (on the cuda backend the memory
+ * died with the process that owned it), and connects again with the same socket and name.
+ * Returns 0, or connect's errors (-ECONNREFUSED while no daemon listens: call again later);
+ * the handle stays usable for gpupool_reconnect() and gpupool_disconnect() either way.
+ */
+GPUPOOL_EXPORT int gpupool_reconnect(gpupool_client *client);
+
+/*
  * Allocates size bytes on device and sets *ret_ptr. device is this process's CUDA device
  * ordinal on the cuda backend (as cudaSetDevice() takes it, after $CUDA_VISIBLE_DEVICES; the
  * library finds the daemon's GPU by UUID), and 0 on the host backend. Blocks are 512-byte

@@ -58,48 +58,16 @@ static void dump_log(const struct testd *d) {
         fclose(f);
 }
 
-void testd_start(struct testd *d, ...) {
-        static char wrapper[256];
-        char *argv[40], path[256];
-        int argc = 0;
-        va_list ap;
-
-        memset(d, 0, sizeof(*d));
-        strcpy(d->dir, "/tmp/gpupool-test-XXXXXX");
-        ck_assert_ptr_nonnull(mkdtemp(d->dir));
-        snprintf(d->sock, sizeof(d->sock), "%s/gpupool.sock", d->dir);
-        snprintf(d->log, sizeof(d->log), "%s/gpupoold.log", d->dir);
-        snprintf(path, sizeof(path), "%s/gpupoold", build_dir());
-        /* $GPUPOOL_DAEMON_WRAPPER (e.g. "valgrind -q --error-exitcode=99") runs the daemon under a tool. */
-        if (getenv("GPUPOOL_DAEMON_WRAPPER")) {
-                snprintf(wrapper, sizeof(wrapper), "%s", getenv("GPUPOOL_DAEMON_WRAPPER"));
-                for (char *save = NULL, *w = strtok_r(wrapper, " ", &save); w && argc < 8; w = strtok_r(NULL, " ", &save))
-                        argv[argc++] = w;
-        }
-        argv[argc++] = path;
-        argv[argc++] = "--socket";
-        argv[argc++] = d->sock;
-        argv[argc++] = "--backend";
-        argv[argc++] = "host";
-        argv[argc++] = "--host-capacity";
-        argv[argc++] = "512M";
-        argv[argc++] = "--check-invariants";
-        argv[argc++] = "--log-level";
-        argv[argc++] = "debug";
-        va_start(ap, d);
-        for (char *a; (a = va_arg(ap, char *)) && argc < 38;)
-                argv[argc++] = a;
-        va_end(ap);
-        argv[argc] = NULL;
-
+/* Forks and execs the daemon of d (its argv is d->argv) and waits until it listens. */
+static void launch(struct testd *d) {
         d->pid = fork();
         ck_assert_int_ge(d->pid, 0);
         if (d->pid == 0) {
-                int fd = open(d->log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+                int fd = open(d->log, O_WRONLY | O_CREAT | O_APPEND, 0644);
 
                 dup2(fd, 2);
-                execvp(argv[0], argv);
-                fprintf(stderr, "exec %s: %s\n", argv[0], strerror(errno));
+                execvp(d->argv[0], d->argv);
+                fprintf(stderr, "exec %s: %s\n", d->argv[0], strerror(errno));
                 _exit(127);
         }
         /* Ready once it accepts a connection: bind and listen happen before the loop runs. */
@@ -118,6 +86,49 @@ void testd_start(struct testd *d, ...) {
         }
         dump_log(d);
         ck_abort_msg("gpupoold did not listen on %s within 30 s", d->sock);
+}
+
+void testd_start(struct testd *d, ...) {
+        char *wrapper;
+        int argc = 0;
+        va_list ap;
+
+        memset(d, 0, sizeof(*d));
+        strcpy(d->dir, "/tmp/gpupool-test-XXXXXX");
+        ck_assert_ptr_nonnull(mkdtemp(d->dir));
+        snprintf(d->sock, sizeof(d->sock), "%s/gpupool.sock", d->dir);
+        snprintf(d->log, sizeof(d->log), "%s/gpupoold.log", d->dir);
+        snprintf(d->path, sizeof(d->path), "%s/gpupoold", build_dir());
+        /* $GPUPOOL_DAEMON_WRAPPER (e.g. "valgrind -q --error-exitcode=99") runs the daemon under a tool. */
+        if (getenv("GPUPOOL_DAEMON_WRAPPER")) {
+                snprintf(d->wrapper, sizeof(d->wrapper), "%s", getenv("GPUPOOL_DAEMON_WRAPPER"));
+                wrapper = d->wrapper;
+                for (char *save = NULL, *w = strtok_r(wrapper, " ", &save); w && argc < 8; w = strtok_r(NULL, " ", &save))
+                        d->argv[argc++] = w;
+        }
+        d->argv[argc++] = d->path;
+        d->argv[argc++] = "--socket";
+        d->argv[argc++] = d->sock;
+        d->argv[argc++] = "--backend";
+        d->argv[argc++] = "host";
+        d->argv[argc++] = "--host-capacity";
+        d->argv[argc++] = "512M";
+        d->argv[argc++] = "--check-invariants";
+        d->argv[argc++] = "--log-level";
+        d->argv[argc++] = "debug";
+        va_start(ap, d);
+        for (char *a; (a = va_arg(ap, char *)) && argc < 38;)
+                d->argv[argc++] = a;
+        va_end(ap);
+        d->argv[argc] = NULL;
+        launch(d);
+}
+
+void testd_crash_and_restart(struct testd *d) {
+        kill(d->pid, SIGKILL);
+        ck_assert_int_eq(waitpid(d->pid, NULL, 0), d->pid);
+        /* The stale socket file stays, as after a real crash: the new daemon replaces it. */
+        launch(d);
 }
 
 bool testd_alive(struct testd *d) {

@@ -16,6 +16,9 @@ struct testd {
         char dir[64];
         char sock[128];
         char log[128];
+        char path[256];
+        char wrapper[256];
+        char *argv[40];         /* points into the above and at the caller's strings */
 };
 
 /* $GPUPOOL_BUILD_DIR, where the binaries under test are, else "build". */
@@ -29,6 +32,9 @@ int run_capture(const char *cmd, char *out, size_t size);
 
 /* Starts gpupoold (host backend, --check-invariants) with extra arguments (NULL-ended). */
 void testd_start(struct testd *d, ...);
+
+/* Kills the daemon with SIGKILL and starts it again on the same socket, with the same arguments. */
+void testd_crash_and_restart(struct testd *d);
 
 /* SIGTERM; returns the daemon's exit status (0 after a clean stop), -1 if it was killed. */
 int testd_stop(struct testd *d);

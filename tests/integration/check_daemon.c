@@ -410,7 +410,36 @@ START_TEST(test_daemon_gone) {
         memset(p, 1, 4096);
         ck_assert_int_eq(gpupool_alloc(c, 0, 4096, &p), -ECONNRESET);
         ck_assert_int_eq(gpupool_free(c, p), -ECONNRESET);
+        /* No daemon yet: reconnect says so, and may be called again. */
+        ck_assert_int_eq(gpupool_reconnect(c), -ENOENT);
+        ck_assert_int_eq(gpupool_alloc(c, 0, 4096, &p), -ECONNRESET);
         gpupool_disconnect(c);
+}
+END_TEST
+
+START_TEST(test_daemon_crash_and_reconnect) {
+        gpupool_client *c;
+        struct testd d;
+        json_t *st;
+        void *p, *q;
+
+        testd_start(&d, NULL);
+        ck_assert_int_eq(gpupool_connect(d.sock, "survivor", &c), 0);
+        ck_assert_int_eq(gpupool_alloc(c, 0, 4096, &p), 0);
+        testd_crash_and_restart(&d);
+        /* The next call says the daemon is gone: no hang, no crash. */
+        ck_assert_int_eq(gpupool_alloc(c, 0, 4096, &q), -ECONNRESET);
+        ck_assert_int_eq(gpupool_reconnect(c), 0);
+        /* The old block belonged to the dead daemon: unknown now, not freed twice. */
+        ck_assert_int_eq(gpupool_free(c, p), -ENOENT);
+        ck_assert_int_eq(gpupool_alloc(c, 0, 4096, &q), 0);
+        memset(q, 7, 4096);
+        st = testd_ctl(&d, "status");
+        ck_assert_int_eq(status_device(st, "in_use_bytes"), 4096);
+        json_decref(st);
+        ck_assert_int_eq(gpupool_free(c, q), 0);
+        gpupool_disconnect(c);
+        ck_assert_int_eq(testd_stop(&d), 0);
 }
 END_TEST
 
@@ -565,6 +594,7 @@ Suite *suite_daemon(void) {
         tcase_add_test(tc, test_refusals);
         tcase_add_test(tc, test_threads_share_a_handle);
         tcase_add_test(tc, test_daemon_gone);
+        tcase_add_test(tc, test_daemon_crash_and_reconnect);
         tcase_add_test(tc, test_stale_socket_and_second_daemon);
         tcase_add_test(tc, test_segment_zeroed_across_uids);
         tcase_add_test(tc, test_cli);
