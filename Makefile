@@ -5,6 +5,8 @@
 #   make test                 build and run the Check suites (unit and integration)
 #   make test SANITIZER=address,undefined
 #   make valgrind             the suites, and the daemons they start, under valgrind
+#   make stress               32 clients for 60 s with kills, hostile peers and injected faults
+#                             (STRESS_CLIENTS=N STRESS_SECONDS=S)
 #   make check-gpu            the cuda backend's tests on this machine's GPU (skipped without one)
 #   make bench-gpu            allocation latency: driver, driver pool, gpupool (needs a GPU)
 #   make STATIC=1             link libuv, protobuf-c, jansson, inih and Check statically
@@ -75,6 +77,7 @@ LIB_A      := $(B)/libgpupool.a
 TEST_BIN   := $(B)/tests/check_gpupool
 GPU_TEST_BIN := $(B)/tests/check_gpu
 BENCH_GPU  := $(B)/bench/bench_gpu
+STRESS_BIN := $(B)/tests/stress
 FAKECUDA   := $(B)/tests/libfakecuda.so
 
 all: $(DAEMON_BIN) $(CLI_BIN) $(LIB_SO) $(B)/libgpupool.so $(LIB_A)
@@ -161,6 +164,18 @@ $(BENCH_GPU): $(B)/obj/bench/bench_gpu.o $(CLIENT_O) $(COMMON_O)
 bench-gpu: all $(BENCH_GPU)
 	$(Q)sh bench/bench-gpu.sh $(B) $(BENCH_ARGS)
 
+$(STRESS_BIN): $(B)/obj/tests/stress/stress.o $(CLIENT_O) $(COMMON_O)
+	@mkdir -p $(dir $@)
+	@echo "  LD      $@"
+	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LIBS_PROTOBUF) -lpthread -ldl
+
+# Many clients, SIGKILLs, hostile peers and injected backend faults against one daemon, with
+# its invariants checked throughout and every byte accounted for at the end (tests/stress).
+STRESS_CLIENTS ?= 32
+STRESS_SECONDS ?= 60
+stress: all $(STRESS_BIN)
+	$(Q)$(STRESS_BIN) --build $(B) --clients $(STRESS_CLIENTS) --seconds $(STRESS_SECONDS)
+
 # The suites under valgrind, the daemons they start too. Slow (minutes); not part of "make test".
 VALGRIND := valgrind -q --error-exitcode=99 --leak-check=full --errors-for-leak-kinds=definite
 valgrind: all $(TEST_BIN) $(FAKECUDA)
@@ -189,6 +204,6 @@ run: deps
 clean:
 	rm -rf build
 
-.PHONY: all test check-gpu bench-gpu valgrind deps run clean
+.PHONY: all test check-gpu bench-gpu stress valgrind deps run clean
 
 -include $(shell find $(B)/obj -name '*.d' 2>/dev/null)

@@ -29,6 +29,7 @@ extern const struct cli_command cli_cmd_limits;
 extern const struct cli_command cli_cmd_set_limit;
 extern const struct cli_command cli_cmd_flush;
 extern const struct cli_command cli_cmd_trim;
+extern const struct cli_command cli_cmd_check;
 
 /*
  * Sends a request (its body set by the caller) and waits for the reply carrying body want;

@@ -18,6 +18,7 @@ static const struct cli_command *const commands[] = {
         &cli_cmd_set_limit,
         &cli_cmd_flush,
         &cli_cmd_trim,
+        &cli_cmd_check,
 };
 
 static void usage(FILE *f) {

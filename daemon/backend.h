@@ -9,6 +9,7 @@
 #ifndef GP_BACKEND_H
 #define GP_BACKEND_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -49,6 +50,7 @@ struct backend {
         const char *name;       /* "host", "cuda": shown by status */
         unsigned device_count;
         void *data;
+        uint64_t faults_injected;       /* by the test-only fault wrapper; 0 otherwise */
 };
 
 /* The host backend: one device of capacity_bytes of memfd memory. Returns 0 or a negative errno. */
@@ -60,5 +62,12 @@ int backend_host_open(uint64_t capacity_bytes, struct backend **ret);
  * -ENOSYS a driver too old, -EIO or -EINVAL otherwise.
  */
 int backend_cuda_open(uint64_t headroom_bytes, struct backend **ret, char *err, size_t err_size);
+
+/*
+ * TEST ONLY: wraps inner (taken over) so that segment creations, exports and zeroings fail at
+ * the rates spec gives ("create=0.05,export=0.02,zero=0.1,seed=7"). Returns 0, or -EINVAL
+ * with a sentence in err (inner is then still the caller's).
+ */
+int backend_fault_wrap(struct backend *inner, const char *spec, struct backend **ret, char *err, size_t err_size);
 
 #endif

@@ -80,6 +80,16 @@ int main(int argc, char **argv) {
         r = open_backend(&config.options, &backend);
         if (r < 0)
                 return 1;
+        if (getenv("GPUPOOL_TEST_FAULTS") && *getenv("GPUPOOL_TEST_FAULTS")) {
+                struct backend *faulty;
+
+                if (backend_fault_wrap(backend, getenv("GPUPOOL_TEST_FAULTS"), &faulty, err, sizeof(err)) < 0) {
+                        log_err("%s", err);
+                        backend->ops->close(backend);
+                        return 1;
+                }
+                backend = faulty;
+        }
         r = uv_loop_init(&loop);
         if (r < 0) {
                 log_err("cannot start the event loop: %s", uv_strerror(r));

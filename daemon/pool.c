@@ -235,6 +235,11 @@ static void segment_to_cache(struct pool *p, struct segment *s) {
         o->reserved_bytes -= s->size;
         o->segments--;
         s->owner = NULL;
+        if (s->kept) {
+                /* Kept by the owner that is letting go of it (it left): nobody keeps it now. */
+                s->kept = false;
+                o->kept_bytes -= s->size;
+        }
         if (s->to_backend) {
                 segment_destroy(p, s);
                 return;

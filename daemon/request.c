@@ -703,6 +703,33 @@ static void handle_trim(struct session *s, const Gpupool__Envelope *req, struct 
         pack_reply(s, &env, -1, false, ret);
 }
 
+static void handle_check(struct session *s, const Gpupool__Envelope *req, struct reply *ret) {
+        struct server *server = s->server;
+        Gpupool__CheckReply cr = GPUPOOL__CHECK_REPLY__INIT;
+        Gpupool__Envelope env;
+        char why[256];
+
+        if (s->uid != 0 && s->uid != geteuid()) {
+                request_error_reply(s, req->id, -EACCES, false, "check is for root or the daemon's own user", ret);
+                return;
+        }
+        if (server_check(server, why, sizeof(why)) < 0) {
+                char msg[300];
+
+                log_err("check by pid %d: invariant broken: %s", (int) s->pid, why);
+                snprintf(msg, sizeof(msg), "invariant broken: %s", why);
+                request_error_reply(s, req->id, -EIO, false, msg, ret);
+                return;
+        }
+        cr.pools = server->device_count;
+        cr.checks_total = server->checks_total;
+        cr.faults_injected = server->backend->faults_injected;
+        ok_envelope(&env, req->id);
+        env.body_case = GPUPOOL__ENVELOPE__BODY_CHECK_REPLY;
+        env.check_reply = &cr;
+        pack_reply(s, &env, -1, false, ret);
+}
+
 static void handle_bye(struct session *s, const Gpupool__Envelope *req, struct reply *ret) {
         Gpupool__Envelope env;
 
@@ -752,6 +779,9 @@ void request_handle(struct session *s, const Gpupool__Envelope *req, struct repl
                 return;
         case GPUPOOL__ENVELOPE__BODY_TRIM:
                 handle_trim(s, req, ret);
+                return;
+        case GPUPOOL__ENVELOPE__BODY_CHECK:
+                handle_check(s, req, ret);
                 return;
         case GPUPOOL__ENVELOPE__BODY__NOT_SET:
                 request_error_reply(s, req->id, -EPROTO, true, "the request has no body", ret);

@@ -311,7 +311,7 @@ void server_stop(struct server *server) {
 }
 
 /* Invariant 4's bookkeeping: each tenant's sums are its clients' reserved bytes. */
-static void check_tenants(struct server *server) {
+static int check_tenants(struct server *server, char *why, size_t why_size) {
         for (unsigned i = 0; i < server->policy.tenant_count; i++) {
                 struct tenant *t = &server->policy.tenants[i];
                 unsigned clients = 0;
@@ -319,8 +319,8 @@ static void check_tenants(struct server *server) {
                 for (struct session *c = server->sessions; c; c = c->next)
                         clients += c->tenant == t;
                 if (clients != t->clients) {
-                        log_err("invariant broken: tenant %s counts %u clients, has %u", t->conf.name, t->clients, clients);
-                        abort();
+                        snprintf(why, why_size, "tenant %s counts %u clients, has %u", t->conf.name, t->clients, clients);
+                        return -EUCLEAN;
                 }
                 for (unsigned d = 0; d < server->device_count; d++) {
                         uint64_t sum = 0;
@@ -329,12 +329,21 @@ static void check_tenants(struct server *server) {
                                 if (c->tenant == t)
                                         sum += c->owners[d].reserved_bytes;
                         if (sum != t->reserved_bytes[d]) {
-                                log_err("invariant broken: tenant %s counts %llu bytes on device %u, its clients hold %llu",
-                                        t->conf.name, (unsigned long long) t->reserved_bytes[d], d, (unsigned long long) sum);
-                                abort();
+                                snprintf(why, why_size, "tenant %s counts %llu bytes on device %u, its clients hold %llu",
+                                         t->conf.name, (unsigned long long) t->reserved_bytes[d], d, (unsigned long long) sum);
+                                return -EUCLEAN;
                         }
                 }
         }
+        return 0;
+}
+
+int server_check(struct server *server, char *why, size_t why_size) {
+        server->checks_total++;
+        for (unsigned d = 0; d < server->device_count; d++)
+                if (server->pools[d] && pool_check(server->pools[d], why, why_size) < 0)
+                        return -EUCLEAN;
+        return check_tenants(server, why, why_size);
 }
 
 void server_after_change(struct server *server) {
@@ -366,13 +375,8 @@ void server_after_change(struct server *server) {
                 else
                         uv_timer_stop(&server->decay_timer);
         }
-        if (!server->options->check_invariants)
-                return;
-        for (unsigned d = 0; d < server->device_count; d++) {
-                if (server->pools[d] && pool_check(server->pools[d], why, sizeof(why)) < 0) {
-                        log_err("invariant broken: %s", why);
-                        abort();
-                }
+        if (server->options->check_invariants && server_check(server, why, sizeof(why)) < 0) {
+                log_err("invariant broken: %s", why);
+                abort();
         }
-        check_tenants(server);
 }

@@ -28,7 +28,8 @@ struct server {
         struct backend *backend;
         struct pool *pools[BACKEND_MAX_DEVICES];
         struct backend_device_info devices[BACKEND_MAX_DEVICES];   /* as the backend described them */
-        uint64_t reclaims_total[BACKEND_MAX_DEVICES];   /* segments clients gave back when asked */
+        uint64_t reclaims_total[BACKEND_MAX_DEVICES];
+        uint64_t checks_total;          /* server_check() runs */   /* segments clients gave back when asked */
         uv_timer_t reclaim_timer;       /* the earliest parked allocation's deadline */
         bool reclaim_timer_open;
         unsigned device_count;
@@ -67,6 +68,9 @@ uint64_t server_max_cached(const struct server *server, unsigned d);
 
 /* Begins an orderly stop: closes every handle, so that uv_run() returns. */
 void server_stop(struct server *server);
+
+/* Checks every pool and the tenants' sums. Returns 0, or -EUCLEAN with what is wrong in why. */
+int server_check(struct server *server, char *why, size_t why_size);
 
 /*
  * After anything that may have changed a pool: holds the cache to its watermark, arms the

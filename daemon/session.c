@@ -369,8 +369,12 @@ static void on_readable(uv_poll_t *handle, int status, int events) {
                         server_after_change(server);
                         return;
                 }
-                server_after_change(server);
+                /*
+                 * Send before anything else runs: the reply is in the server's one send buffer,
+                 * which answering a parked allocation (server_after_change) reuses.
+                 */
                 alive = session_send(s, &rep);
+                server_after_change(server);
                 if (!alive)
                         return;
         }

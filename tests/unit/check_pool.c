@@ -544,7 +544,19 @@ START_TEST(test_keep_and_reclaim) {
         check();
         pool_get_stats(pool, &st);
         ck_assert_uint_eq(st.cached_bytes, 14 * MiB);    /* c's 16 MiB served b's 14 from the cache */
+        /* An owner leaving with a kept segment: it goes to the cache kept by nobody (found by make stress). */
+        ck_assert(!free_ok(&o, &a));
+        ck_assert_uint_eq(o.kept_bytes, 12 * MiB);
         pool_owner_detach(&o);
+        check();
+        {
+                struct pool_owner o2;
+
+                pool_owner_attach(pool, &o2, 1);
+                a = alloc_ok(&o2, 12 * MiB);    /* the formerly kept segment, from the cache */
+                ck_assert_uint_eq(o2.kept_bytes, 0);
+                pool_owner_detach(&o2);
+        }
         teardown();
 }
 END_TEST

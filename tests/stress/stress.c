@@ -1,0 +1,510 @@
+/*
+ * stress.c: "make stress": gpupoold under load, abuse and injected faults, checked throughout.
+ *
+ * It starts a daemon (host backend, --check-invariants, two tenants, a short idle_release and
+ * a small watermark so that every cache path runs, and TEST-ONLY fault injection of segment
+ * creations, exports and zeroings), then for --seconds runs --clients worker processes doing
+ * random allocations, writes, checks, frees, flushes and status requests (some keeping free
+ * segments, so reclaims happen), while the parent SIGKILLs a random worker every few hundred
+ * milliseconds and starts another, and hostile peers connect: clients that never read their
+ * replies, clients that say nothing, clients that send garbage. The parent asks the daemon to
+ * check itself (CheckRequest) at sampled points. At the end every worker is gone and the
+ * daemon must hold no byte beyond its cache, give all of that back on a flush, still answer,
+ * have an RSS under --max-rss, and stop cleanly. Exit 0 and a summary line, or 1 saying what
+ * failed.
+ *
+ * Usage: stress --build DIR [--clients N] [--seconds S] [--max-rss MiB] [--faults SPEC]
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "conn.h"
+#include "gpupool.h"
+
+#define MiB (1ULL << 20)
+#define MAX_CLIENTS 256
+
+static char dir[64], sock_path[128], log_path[128], conf_path[128];
+static pid_t daemon_pid;
+
+static double now_s(void) {
+        struct timespec ts;
+
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        return (double) ts.tv_sec + (double) ts.tv_nsec / 1e9;
+}
+
+static void nap_ms(long ms) {
+        struct timespec ts = { ms / 1000, (ms % 1000) * 1000000L };
+
+        nanosleep(&ts, NULL);
+}
+
+static void fail(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
+static void fail(const char *fmt, ...) {
+        va_list ap;
+
+        fputs("stress: FAILED: ", stderr);
+        va_start(ap, fmt);
+        vfprintf(stderr, fmt, ap);
+        va_end(ap);
+        fprintf(stderr, "\n(daemon log: %s)\n", log_path);
+        if (daemon_pid > 0)
+                kill(daemon_pid, SIGKILL);
+        exit(1);
+}
+
+/* ---- the daemon ---- */
+
+static void start_daemon(const char *build, const char *faults) {
+        char path[256];
+        FILE *f;
+
+        strcpy(dir, "/tmp/gpupool-stress-XXXXXX");
+        if (!mkdtemp(dir))
+                fail("mkdtemp: %s", strerror(errno));
+        snprintf(sock_path, sizeof(sock_path), "%s/gpupool.sock", dir);
+        snprintf(log_path, sizeof(log_path), "%s/gpupoold.log", dir);
+        snprintf(conf_path, sizeof(conf_path), "%s/gpupoold.conf", dir);
+        f = fopen(conf_path, "w");
+        if (!f)
+                fail("cannot write %s", conf_path);
+        fputs("[pool]\nidle_release = 1s\nmax_cached = 16M\nreclaim_timeout = 100ms\n"
+              "[limits]\nclient_max = 48M\n"
+              "[tenant:even]\nmatch_name = worker-even-*\nmax = 160M\nguarantee = 32M\n", f);
+        fclose(f);
+        snprintf(path, sizeof(path), "%s/gpupoold", build);
+        daemon_pid = fork();
+        if (daemon_pid == 0) {
+                int fd = open(log_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+
+                dup2(fd, 2);
+                if (faults && *faults)
+                        setenv("GPUPOOL_TEST_FAULTS", faults, 1);
+                execl(path, path, "--config", conf_path, "--socket", sock_path, "--backend", "host", "--host-capacity",
+                      "256M", "--check-invariants", "--log-level", "info", (char *) NULL);
+                _exit(127);
+        }
+        for (int i = 0; i < 2000; i++) {
+                int s;
+
+                if (gp_wire_connect(sock_path, &s) == 0) {
+                        close(s);
+                        return;
+                }
+                if (waitpid(daemon_pid, NULL, WNOHANG) == daemon_pid)
+                        fail("gpupoold exited at start");
+                nap_ms(5);
+        }
+        fail("gpupoold did not listen");
+}
+
+static void daemon_alive(void) {
+        int status;
+
+        if (waitpid(daemon_pid, &status, WNOHANG) == daemon_pid) {
+                daemon_pid = -1;
+                fail("gpupoold died (%s %d)", WIFSIGNALED(status) ? "signal" : "exit status",
+                     WIFSIGNALED(status) ? WTERMSIG(status) : WEXITSTATUS(status));
+        }
+}
+
+/* One request on a fresh control connection of the parent's. */
+static Gpupool__Envelope *ask(Gpupool__Envelope *req, Gpupool__Envelope__BodyCase want, int *ret_err, char *why,
+                              size_t why_size) {
+        static struct gp_conn conn;
+        Gpupool__Hello hello = GPUPOOL__HELLO__INIT;
+        Gpupool__Envelope *rep = NULL;
+        int r;
+
+        hello.name = "stress-parent";
+        r = gp_conn_open(&conn, sock_path, &hello, NULL);
+        if (r == 0)
+                r = gp_conn_call(&conn, req, want, &rep, NULL);
+        if (r < 0)
+                snprintf(why, why_size, "%s", conn.error);
+        gp_conn_close(&conn);
+        *ret_err = r;
+        return rep;
+}
+
+struct totals {
+        uint64_t reserved, in_use, cached, total;
+        size_t clients;
+};
+
+static int get_status(struct totals *t, char *why, size_t why_size) {
+        Gpupool__Envelope req = GPUPOOL__ENVELOPE__INIT, *rep;
+        Gpupool__StatusRequest sr = GPUPOOL__STATUS_REQUEST__INIT;
+        const Gpupool__DeviceStatus *d;
+        int r;
+
+        req.body_case = GPUPOOL__ENVELOPE__BODY_STATUS_REQUEST;
+        req.status_request = &sr;
+        rep = ask(&req, GPUPOOL__ENVELOPE__BODY_STATUS_REPLY, &r, why, why_size);
+        if (r < 0)
+                return r;
+        d = rep->status_reply->devices[0];
+        *t = (struct totals) { d->reserved_bytes, d->in_use_bytes, d->cached_bytes, d->total_bytes,
+                               rep->status_reply->n_clients };
+        gpupool__envelope__free_unpacked(rep, NULL);
+        return 0;
+}
+
+static uint64_t checks, faults_injected;
+
+/* The daemon checks itself; the parent checks what status shows. */
+static void check(const char *when) {
+        Gpupool__Envelope req = GPUPOOL__ENVELOPE__INIT, *rep;
+        Gpupool__CheckRequest cr = GPUPOOL__CHECK_REQUEST__INIT;
+        struct totals t;
+        char why[300];
+        int r;
+
+        daemon_alive();
+        req.body_case = GPUPOOL__ENVELOPE__BODY_CHECK;
+        req.check = &cr;
+        rep = ask(&req, GPUPOOL__ENVELOPE__BODY_CHECK_REPLY, &r, why, sizeof(why));
+        if (r < 0)
+                fail("%s: the daemon's check: %s", when, why);
+        checks = rep->check_reply->checks_total;
+        faults_injected = rep->check_reply->faults_injected;
+        gpupool__envelope__free_unpacked(rep, NULL);
+        if (get_status(&t, why, sizeof(why)) < 0)
+                fail("%s: status: %s", when, why);
+        if (t.reserved > t.total || t.in_use + t.cached > t.reserved)
+                fail("%s: reserved %llu, in use %llu, cached %llu of %llu", when, (unsigned long long) t.reserved,
+                     (unsigned long long) t.in_use, (unsigned long long) t.cached, (unsigned long long) t.total);
+}
+
+/* ---- workers ---- */
+
+static void fill(uint8_t *p, size_t n, uint32_t tag) {
+        for (size_t i = 0; i + 4 <= n; i += 4)
+                memcpy(p + i, &(uint32_t) { tag ^ (uint32_t) i }, 4);
+}
+
+static int intact(const uint8_t *p, size_t n, uint32_t tag) {
+        for (size_t i = 0; i + 4 <= n; i += 4) {
+                uint32_t v;
+
+                memcpy(&v, p + i, 4);
+                if (v != (tag ^ (uint32_t) i))
+                        return 0;
+        }
+        return 1;
+}
+
+static int worker(int index, double deadline) {
+        enum { LIVE = 32 };
+        struct { uint8_t *p; size_t size; uint32_t tag; } live[LIVE] = { 0 };
+        unsigned seed = (unsigned) getpid() * 2654435761u;
+        gpupool_client *c = NULL;
+        char name[40];
+        uint32_t tag = (uint32_t) getpid() << 12;
+
+        snprintf(name, sizeof(name), "worker-%s-%d", index % 2 ? "odd" : "even", index);
+        if (index % 4 == 1)
+                setenv("GPUPOOL_KEEP_FREE", "24M", 1);
+        if (gpupool_connect(sock_path, name, &c) < 0)
+                return 10;
+        while (now_s() < deadline) {
+                int s = (int) (rand_r(&seed) % LIVE), r, op = (int) (rand_r(&seed) % 100);
+
+                if (op == 0) {
+                        /* Now and then: leave, with blocks held, and come back. */
+                        gpupool_disconnect(c);
+                        memset(live, 0, sizeof(live));
+                        if (gpupool_connect(sock_path, name, &c) < 0)
+                                return 11;
+                        continue;
+                }
+                if (live[s].p) {
+                        if (!intact(live[s].p, live[s].size, live[s].tag))
+                                return 12;      /* someone wrote into our block */
+                        r = gpupool_free(c, live[s].p);
+                        if (r < 0) {
+                                fprintf(stderr, "stress: worker %d: free: %s\n", index, gpupool_strerror(r));
+                                return 13;
+                        }
+                        live[s].p = NULL;
+                        continue;
+                }
+                live[s].size = 1 + (size_t) rand_r(&seed) % (rand_r(&seed) % 8 == 0 ? 12 * MiB : 256 * 1024);
+                r = gpupool_alloc(c, 0, live[s].size, (void **) &live[s].p);
+                if (r == -ENOMEM || r == -EDQUOT || r == -EIO) {
+                        if (getenv("STRESS_VERBOSE")) {
+                                char msg[300];
+
+                                gpupool_last_error(c, msg, sizeof(msg));
+                                fprintf(stderr, "stress: worker %d: alloc of %zu: %s: %s\n", index, live[s].size,
+                                        gpupool_strerror(r), msg);
+                        }
+                        live[s].p = NULL;       /* full, over a limit, or an injected fault: all allowed */
+                        continue;
+                }
+                if (r < 0) {
+                        char msg[300];
+
+                        gpupool_last_error(c, msg, sizeof(msg));
+                        fprintf(stderr, "stress: worker %d: alloc of %zu: %s: %s\n", index, live[s].size, gpupool_strerror(r), msg);
+                        return 14;
+                }
+                live[s].tag = ++tag;
+                fill(live[s].p, live[s].size, live[s].tag);
+        }
+        for (int s = 0; s < LIVE; s++)
+                if (live[s].p && !intact(live[s].p, live[s].size, live[s].tag))
+                        return 12;
+        gpupool_disconnect(c);
+        return 0;
+}
+
+/* ---- hostile peers ---- */
+
+/* Sends requests and never reads a reply, then lingers. */
+static int deaf_peer(void) {
+        Gpupool__Envelope env = GPUPOOL__ENVELOPE__INIT;
+        Gpupool__StatusRequest sr = GPUPOOL__STATUS_REQUEST__INIT;
+        Gpupool__Hello hello = GPUPOOL__HELLO__INIT;
+        uint8_t buf[GP_MAX_REQUEST_BYTES];
+        int s, n;
+
+        if (gp_wire_connect(sock_path, &s) < 0)
+                return 0;
+        hello.name = "deaf";
+        env.version = GP_PROTOCOL_VERSION;
+        env.id = 1;
+        env.body_case = GPUPOOL__ENVELOPE__BODY_HELLO;
+        env.hello = &hello;
+        n = gp_wire_pack(&env, buf, sizeof(buf));
+        (void) gp_wire_send_packet(s, buf, (size_t) n, -1);
+        env.body_case = GPUPOOL__ENVELOPE__BODY_STATUS_REQUEST;
+        env.status_request = &sr;
+        for (int i = 0; i < 2000; i++) {
+                env.id = (uint64_t) i + 2;
+                n = gp_wire_pack(&env, buf, sizeof(buf));
+                if (send(s, buf, (size_t) n, MSG_DONTWAIT | MSG_NOSIGNAL) < 0)
+                        break;          /* the daemon stopped reading us: as it should */
+        }
+        nap_ms(500);
+        return 0;
+}
+
+/* Connects and says nothing. */
+static int silent_peer(void) {
+        int s;
+
+        if (gp_wire_connect(sock_path, &s) == 0)
+                nap_ms(700);
+        return 0;
+}
+
+/* Sends random packets, some with a descriptor. */
+static int garbage_peer(unsigned seed) {
+        uint8_t buf[600];
+        int s;
+
+        if (gp_wire_connect(sock_path, &s) < 0)
+                return 0;
+        for (int i = 0; i < 50; i++) {
+                size_t n = 1 + rand_r(&seed) % sizeof(buf);
+
+                for (size_t k = 0; k < n; k++)
+                        buf[k] = (uint8_t) rand_r(&seed);
+                if (gp_wire_send_packet(s, buf, n, rand_r(&seed) % 5 == 0 ? 0 : -1) < 0)
+                        break;          /* disconnected, as it should be */
+        }
+        return 0;
+}
+
+/* ---- the run ---- */
+
+static long rss_kib(pid_t pid) {
+        char path[64], line[256];
+        long kib = -1;
+        FILE *f;
+
+        snprintf(path, sizeof(path), "/proc/%d/status", (int) pid);
+        f = fopen(path, "r");
+        if (!f)
+                return -1;
+        while (fgets(line, sizeof(line), f))
+                if (sscanf(line, "VmRSS: %ld kB", &kib) == 1)
+                        break;
+        fclose(f);
+        return kib;
+}
+
+static pid_t spawn_worker(int index, double deadline) {
+        pid_t pid = fork();
+
+        if (pid == 0)
+                _exit(worker(index, deadline));
+        return pid;
+}
+
+static pid_t spawn_fn(int (*fn)(void)) {
+        pid_t pid = fork();
+
+        if (pid == 0)
+                _exit(fn());
+        return pid;
+}
+
+int main(int argc, char **argv) {
+        static const struct option opts[] = {
+                { "build", required_argument, NULL, 'b' }, { "clients", required_argument, NULL, 'c' },
+                { "seconds", required_argument, NULL, 's' }, { "max-rss", required_argument, NULL, 'r' },
+                { "faults", required_argument, NULL, 'f' }, { 0 },
+        };
+        const char *build = "build", *faults = "create=0.05,export=0.02,zero=0.05,seed=1";
+        int clients = 32, o;
+        double seconds = 30, deadline, next_kill, next_hostile, next_check, t0;
+        long max_rss_mib = 64, rss;
+        pid_t pids[MAX_CLIENTS];
+        static pid_t hostile_pids[8192];
+        size_t nhostile = 0;
+        unsigned seed = 12345;
+        unsigned long kills = 0, spawned = 0, hostile = 0;
+        struct totals t;
+        char why[300];
+        int status;
+
+        while ((o = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+                switch (o) {
+                case 'b': build = optarg; break;
+                case 'c': clients = atoi(optarg); break;
+                case 's': seconds = atof(optarg); break;
+                case 'r': max_rss_mib = atol(optarg); break;
+                case 'f': faults = optarg; break;
+                default:
+                        fprintf(stderr, "usage: stress --build DIR [--clients N] [--seconds S] [--max-rss MiB] [--faults SPEC]\n");
+                        return 2;
+                }
+        }
+        if (clients < 1 || clients > MAX_CLIENTS || seconds <= 0) {
+                fprintf(stderr, "stress: --clients is 1 to %d, --seconds positive\n", MAX_CLIENTS);
+                return 2;
+        }
+        signal(SIGPIPE, SIG_IGN);
+        start_daemon(build, faults);
+        t0 = now_s();
+        deadline = t0 + seconds;
+        for (int i = 0; i < clients; i++, spawned++)
+                pids[i] = spawn_worker(i, deadline);
+        next_kill = next_hostile = next_check = t0;
+        while (now_s() < deadline) {
+                pid_t done;
+
+                /* Workers that ended on their own: any exit but 0 is a failure they saw. */
+                daemon_alive();
+                for (int i = 0; i < clients; i++) {
+                        done = waitpid(pids[i], &status, WNOHANG);
+                        if (done != pids[i])
+                                continue;
+                        if (WIFEXITED(status) && WEXITSTATUS(status) != 0)
+                                fail("worker %d (pid %d) failed with %d (12: its data was damaged)", i, (int) done,
+                                     WEXITSTATUS(status));
+                        if (now_s() < deadline) {
+                                pids[i] = spawn_worker(i, deadline);
+                                spawned++;
+                        }
+                }
+                if (now_s() >= next_kill) {
+                        int i = (int) (rand_r(&seed) % (unsigned) clients);
+
+                        if (kill(pids[i], SIGKILL) == 0) {
+                                waitpid(pids[i], NULL, 0);
+                                kills++;
+                                pids[i] = spawn_worker(i, deadline);
+                                spawned++;
+                        }
+                        next_kill = now_s() + 0.1 + (rand_r(&seed) % 300) / 1000.0;
+                }
+                if (now_s() >= next_hostile && nhostile < sizeof(hostile_pids) / sizeof(hostile_pids[0])) {
+                        unsigned g = rand_r(&seed);
+                        pid_t p;
+
+                        switch (g % 3) {
+                        case 0: p = spawn_fn(deaf_peer); break;
+                        case 1: p = spawn_fn(silent_peer); break;
+                        default:
+                                p = fork();
+                                if (p == 0)
+                                        _exit(garbage_peer(g));
+                                break;
+                        }
+                        hostile_pids[nhostile++] = p;
+                        hostile++;
+                        next_hostile = now_s() + 0.25;
+                }
+                if (now_s() >= next_check) {
+                        check("during the run");
+                        next_check = now_s() + 0.5;
+                }
+                nap_ms(10);
+        }
+        /* Everyone leaves: workers at their deadline, hostile peers after their naps. */
+        for (int i = 0; i < clients; i++)
+                if (waitpid(pids[i], &status, 0) == pids[i] && WIFEXITED(status) && WEXITSTATUS(status) != 0)
+                        fail("worker %d failed with %d at the end", i, WEXITSTATUS(status));
+        for (size_t i = 0; i < nhostile; i++)
+                waitpid(hostile_pids[i], NULL, 0);
+        {
+                double t1 = now_s();
+
+                for (;;) {
+                        if (get_status(&t, why, sizeof(why)) < 0)
+                                fail("status after the run: %s", why);
+                        if ((!t.clients && !t.in_use && t.reserved == t.cached) || now_s() - t1 > 10)
+                                break;
+                        nap_ms(50);
+                }
+        }
+        check("after the run");
+        if (t.clients || t.in_use || t.reserved != t.cached)
+                fail("after every client left: %zu clients, %llu bytes in use, %llu reserved, %llu cached", t.clients,
+                     (unsigned long long) t.in_use, (unsigned long long) t.reserved, (unsigned long long) t.cached);
+        {
+                Gpupool__Envelope req = GPUPOOL__ENVELOPE__INIT, *rep;
+                Gpupool__FlushRequest fr = GPUPOOL__FLUSH_REQUEST__INIT;
+                int r;
+
+                req.body_case = GPUPOOL__ENVELOPE__BODY_FLUSH;
+                req.flush = &fr;
+                rep = ask(&req, GPUPOOL__ENVELOPE__BODY_FLUSH_REPLY, &r, why, sizeof(why));
+                if (r < 0)
+                        fail("flush: %s", why);
+                gpupool__envelope__free_unpacked(rep, NULL);
+        }
+        if (get_status(&t, why, sizeof(why)) < 0 || t.reserved != 0)
+                fail("after a flush the daemon still holds %llu bytes", (unsigned long long) t.reserved);
+        rss = rss_kib(daemon_pid);
+        if (rss < 0 || rss > max_rss_mib * 1024)
+                fail("the daemon's RSS is %ld KiB, over the bound of %ld MiB", rss, max_rss_mib);
+        kill(daemon_pid, SIGTERM);
+        if (waitpid(daemon_pid, &status, 0) != daemon_pid || !WIFEXITED(status) || WEXITSTATUS(status) != 0)
+                fail("gpupoold did not stop cleanly");
+        daemon_pid = -1;
+        printf("stress: OK: %d clients x %.0f s, %lu worker processes, %lu killed with SIGKILL, %lu hostile peers, "
+               "%llu faults injected, %llu invariant checks, 0 bytes lost, daemon RSS %ld KiB (bound %ld MiB)\n",
+               clients, seconds, spawned, kills, hostile, (unsigned long long) faults_injected, (unsigned long long) checks, rss,
+               max_rss_mib);
+        unlink(conf_path);
+        unlink(log_path);
+        rmdir(dir);
+        return 0;
+}
