@@ -5,6 +5,7 @@
 #   make test                 build and run the Check suites (unit and integration)
 #   make test SANITIZER=address,undefined
 #   make valgrind             the suites, and the daemons they start, under valgrind
+#   make fuzz                 the libFuzzer targets, FUZZ_SECONDS (60) each (needs clang)
 #   make stress               32 clients for 60 s with kills, hostile peers and injected faults
 #                             (STRESS_CLIENTS=N STRESS_SECONDS=S)
 #   make check-gpu            the cuda backend's tests on this machine's GPU (skipped without one)
@@ -14,6 +15,7 @@
 #   make deps                 install the Debian/Ubuntu packages the build needs
 
 VERSION    := 0.1.0
+SHELL      := /bin/bash
 CC         ?= cc
 PKG_CONFIG ?= pkg-config
 
@@ -176,6 +178,49 @@ STRESS_SECONDS ?= 60
 stress: all $(STRESS_BIN)
 	$(Q)$(STRESS_BIN) --build $(B) --clients $(STRESS_CLIENTS) --seconds $(STRESS_SECONDS)
 
+# Fuzzing (libFuzzer, clang, with ASan and UBSan): the protocol as one client's packets reach
+# the daemon, and the allocator core against a reference model. Each target runs for
+# FUZZ_SECONDS from the seed corpus in tests/fuzz/corpus (copied: new finds stay in build/).
+FUZZ_CC      ?= clang
+FUZZ_SECONDS ?= 60
+FB           := build/fuzz
+FUZZ_FLAGS   := -g -O1 -std=gnu11 -fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=all \
+                -DGPUPOOL_VERSION='"$(VERSION)"' -Iinclude -Icommon -Idaemon -Itests -I$(B)/proto
+FUZZ_SRC     := $(DAEMON) $(COMMON) $(PROTO_C)
+FUZZ_TARGETS := $(FB)/fuzz_protocol $(FB)/fuzz_pool
+
+$(FB)/obj/%.o: %.c $(PROTO_H)
+	@mkdir -p $(dir $@)
+	@echo "  FUZZCC  $<"
+	$(Q)$(FUZZ_CC) $(FUZZ_FLAGS) -c -o $@ $<
+
+$(FB)/obj/proto/gpupool.pb-c.o: $(PROTO_C)
+	@mkdir -p $(dir $@)
+	@echo "  FUZZCC  $<"
+	$(Q)$(FUZZ_CC) $(FUZZ_FLAGS) -c -o $@ $<
+
+$(FB)/fuzz_%: $(FB)/obj/tests/fuzz/fuzz_%.o $(patsubst %.c,$(FB)/obj/%.o,$(DAEMON) $(COMMON)) $(FB)/obj/proto/gpupool.pb-c.o
+	@echo "  LD      $@"
+	$(Q)$(FUZZ_CC) -fsanitize=fuzzer,address,undefined -o $@ $^ $(LIBS_UV) $(LIBS_PROTOBUF) $(LIBS_INIH) -ldl -lpthread
+
+fuzz: $(FUZZ_TARGETS)
+	$(Q)for t in protocol pool; do \
+		mkdir -p $(FB)/corpus/$$t && cp -n tests/fuzz/corpus/$$t/* $(FB)/corpus/$$t/ 2>/dev/null; \
+		echo "fuzz_$$t: $(FUZZ_SECONDS) s"; \
+		$(FB)/fuzz_$$t -max_total_time=$(FUZZ_SECONDS) -max_len=8192 -print_final_stats=1 \
+			-artifact_prefix=$(FB)/crash-$$t- $(FB)/corpus/$$t 2>&1 | \
+			grep -E "^(#[0-9]+ +DONE|Done|stat::number_of_executed_units|stat::average_exec_per_sec|==[0-9]+==ERROR|SUMMARY|fuzz_pool:|INFO: seed corpus)" ; \
+		test $${PIPESTATUS[0]} -eq 0 || exit 1; \
+	done
+
+# Writes the protocol fuzzer's seed corpus (committed; run again when the protocol grows).
+fuzz-seeds: $(B)/tests/make_seeds
+	$(Q)$(B)/tests/make_seeds tests/fuzz/corpus/protocol
+
+$(B)/tests/make_seeds: $(B)/obj/tests/fuzz/make_seeds.o $(COMMON_O)
+	@mkdir -p $(dir $@)
+	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LIBS_PROTOBUF) -ldl
+
 # The suites under valgrind, the daemons they start too. Slow (minutes); not part of "make test".
 VALGRIND := valgrind -q --error-exitcode=99 --leak-check=full --errors-for-leak-kinds=definite
 valgrind: all $(TEST_BIN) $(FAKECUDA)
@@ -194,6 +239,12 @@ deps:
 		$$sudo apt-get update -qq && $$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; \
 	fi
 
+# What "make fuzz" needs beyond the build (Debian 12's clang is 14).
+FUZZ_DEBS := clang libclang-rt-14-dev
+
+deps-fuzz:
+	$(Q)$(MAKE) --no-print-directory deps DEBS="$(FUZZ_DEBS)"
+
 RUN_SOCKET ?= $(CURDIR)/build/gpupool.sock
 
 run: deps
@@ -204,6 +255,8 @@ run: deps
 clean:
 	rm -rf build
 
-.PHONY: all test check-gpu bench-gpu stress valgrind deps run clean
+.PHONY: all test check-gpu bench-gpu stress fuzz fuzz-seeds valgrind deps deps-fuzz run clean
+
+.SECONDARY:
 
 -include $(shell find $(B)/obj -name '*.d' 2>/dev/null)

@@ -36,6 +36,8 @@ const char options_usage[] =
         "  --reclaim-timeout TIME how long an allocation waits for clients to give memory\n"
         "                         back (default 100ms)\n"
         "  --max-clients N        most connected clients, 1 to 1024 (default 1024)\n"
+        "  --send-timeout TIME    disconnect a client that leaves a reply unread this long\n"
+        "                         (default 10s)\n"
         "  --max-blocks N         most live blocks one client may hold (default 1048576)\n"
         "  --log-level LEVEL      err, warn, info or debug (default info)\n"
         "  --check-invariants     check the pools after every request (slow; for tests)\n"
@@ -76,6 +78,7 @@ static const struct setting settings[] = {
         { "host-capacity", "daemon", "host_capacity", K_CAPACITY, AT(host_capacity_bytes) },
         { "log-level", "daemon", "log_level", K_LEVEL, AT(log_level) },
         { "max-clients", "daemon", "max_clients", K_CLIENTS, AT(max_clients) },
+        { "send-timeout", "daemon", "send_timeout", K_DURATION, AT(send_timeout_ms) },
         { "check-invariants", "daemon", "check_invariants", K_BOOL, AT(check_invariants) },
         { "headroom", "pool", "headroom", K_SIZE, AT(headroom_bytes) },
         { "idle-release", "pool", "idle_release", K_DURATION, AT(idle_release_ms) },
@@ -97,6 +100,7 @@ void options_defaults(struct options *o) {
         o->idle_release_ms = OPTIONS_DEFAULT_IDLE_RELEASE_MS;
         o->max_cached_percent = OPTIONS_DEFAULT_MAX_CACHED_PERCENT;
         o->reclaim_timeout_ms = OPTIONS_DEFAULT_RECLAIM_TIMEOUT_MS;
+        o->send_timeout_ms = OPTIONS_DEFAULT_SEND_TIMEOUT_MS;
         o->log_level = LOG_LEVEL_INFO;
         o->max_clients = OPTIONS_DEFAULT_MAX_CLIENTS;
         o->max_blocks = OPTIONS_DEFAULT_MAX_BLOCKS;

@@ -34,6 +34,7 @@ enum options_action {
 #define OPTIONS_DEFAULT_IDLE_RELEASE_MS (5ULL * 60 * 1000)
 #define OPTIONS_DEFAULT_MAX_CACHED_PERCENT 25
 #define OPTIONS_DEFAULT_RECLAIM_TIMEOUT_MS 100
+#define OPTIONS_DEFAULT_SEND_TIMEOUT_MS 10000
 #define OPTIONS_PATH_MAX 4096
 
 struct options {
@@ -49,6 +50,7 @@ struct options {
         uint64_t max_cached_bytes;      /* cache watermark in bytes, when max_cached_percent is 0 ... */
         unsigned max_cached_percent;    /* ... else in percent of the device (1 to 100) */
         uint64_t reclaim_timeout_ms;    /* how long an allocation waits for clients to give memory back */
+        uint64_t send_timeout_ms;       /* how long a reply may wait for its client to read it */
         enum log_level log_level;
         unsigned max_clients;
         unsigned max_blocks;            /* live blocks per client */

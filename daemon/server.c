@@ -136,6 +136,10 @@ static void on_decay_timer(uv_timer_t *timer) {
         server_after_change(server);
 }
 
+static void on_stuck_timer(uv_timer_t *timer) {
+        session_expire_stuck(timer->data);
+}
+
 static void on_reclaim_timer(uv_timer_t *timer) {
         server_after_change(timer->data);
 }
@@ -145,8 +149,8 @@ static void on_sighup(uv_signal_t *handle, int signum) {
         (void) server_reload(handle->data);
 }
 
-int server_start(struct server *server, uv_loop_t *loop, const struct config *config, int argc, char **argv,
-                 struct backend *backend) {
+int server_init(struct server *server, uv_loop_t *loop, const struct config *config, int argc, char **argv,
+                struct backend *backend) {
         char why[256];
         int r;
 
@@ -181,6 +185,27 @@ int server_start(struct server *server, uv_loop_t *loop, const struct config *co
                 log_err("%s", why);
                 return r;
         }
+        uv_timer_init(loop, &server->decay_timer);
+        server->decay_timer.data = server;
+        server->decay_timer_open = true;
+        uv_timer_init(loop, &server->reclaim_timer);
+        server->reclaim_timer.data = server;
+        server->reclaim_timer_open = true;
+        uv_timer_init(loop, &server->stuck_timer);
+        server->stuck_timer.data = server;
+        server->stuck_timer_open = true;
+        uv_timer_start(&server->stuck_timer, on_stuck_timer, 1000, 1000);
+        /* A check once a second never keeps the loop alive by itself. */
+        uv_unref((uv_handle_t *) &server->stuck_timer);
+        return 0;
+}
+
+int server_start(struct server *server, uv_loop_t *loop, const struct config *config, int argc, char **argv,
+                 struct backend *backend) {
+        int r = server_init(server, loop, config, argc, argv, backend);
+
+        if (r < 0)
+                return r;
         /*
          * Signals first: once the socket is live a client (or a test) may ask for a stop at
          * once, and a SIGTERM before the handler exists would kill the daemon uncleanly.
@@ -193,12 +218,6 @@ int server_start(struct server *server, uv_loop_t *loop, const struct config *co
         uv_signal_start(&server->sigterm, on_signal, SIGTERM);
         uv_signal_start(&server->sighup, on_sighup, SIGHUP);
         server->signals_open = true;
-        uv_timer_init(loop, &server->decay_timer);
-        server->decay_timer.data = server;
-        server->decay_timer_open = true;
-        uv_timer_init(loop, &server->reclaim_timer);
-        server->reclaim_timer.data = server;
-        server->reclaim_timer_open = true;
         /* A client that vanishes mid-send must not kill the daemon (sends also use MSG_NOSIGNAL). */
         signal(SIGPIPE, SIG_IGN);
 
@@ -298,6 +317,10 @@ void server_stop(struct server *server) {
         if (server->reclaim_timer_open) {
                 uv_close((uv_handle_t *) &server->reclaim_timer, NULL);
                 server->reclaim_timer_open = false;
+        }
+        if (server->stuck_timer_open) {
+                uv_close((uv_handle_t *) &server->stuck_timer, NULL);
+                server->stuck_timer_open = false;
         }
         if (server->listen_fd >= 0) {
                 uv_close((uv_handle_t *) &server->listen_poll, NULL);

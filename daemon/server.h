@@ -32,6 +32,8 @@ struct server {
         uint64_t checks_total;          /* server_check() runs */   /* segments clients gave back when asked */
         uv_timer_t reclaim_timer;       /* the earliest parked allocation's deadline */
         bool reclaim_timer_open;
+        uv_timer_t stuck_timer;         /* every second: clients that do not read their replies */
+        bool stuck_timer_open;
         unsigned device_count;
         int listen_fd;
         uv_poll_t listen_poll;
@@ -55,6 +57,10 @@ struct server {
  */
 int server_start(struct server *server, uv_loop_t *loop, const struct config *config, int argc, char **argv,
                  struct backend *backend);
+
+/* server_start() without the socket and the signals: for the protocol fuzzer, which brings its own sessions. */
+int server_init(struct server *server, uv_loop_t *loop, const struct config *config, int argc, char **argv,
+                struct backend *backend);
 
 /*
  * Reads the config file again (SIGHUP) and applies it to every client without disconnecting

@@ -255,6 +255,9 @@ bool session_send(struct session *s, const struct reply *rep) {
                 }
                 memcpy(s->pending, s->server->send_buf, rep->len);
                 s->pending_len = rep->len;
+                s->pending_since_ms = uv_now(s->server->loop);
+                log_debug("client %llu (pid %d): its socket is full; holding a reply until it reads",
+                          (unsigned long long) s->id, (int) s->pid);
                 s->pending_fd = rep->fd >= 0 ? dup(rep->fd) : -1;
                 if (rep->fd >= 0 && s->pending_fd < 0) {
                         session_disconnect(s, "cannot keep a descriptor for a reply");
@@ -273,6 +276,25 @@ bool session_send(struct session *s, const struct reply *rep) {
                 return false;
         }
         return true;
+}
+
+void session_expire_stuck(struct server *server) {
+        uint64_t now = uv_now(server->loop), limit = server->options->send_timeout_ms;
+        struct session *s = server->sessions;
+
+        while (s) {
+                struct session *next = s->next;
+
+                /* The next one may be this one's control channel, which ends with it: skip past it. */
+                if (next && next == s->control)
+                        next = next->next;
+                if (s->pending && limit && now - s->pending_since_ms >= limit) {
+                        log_warn("client %llu (%s, pid %d) has not read a reply for %llu ms; disconnecting it",
+                                 (unsigned long long) s->id, s->name, (int) s->pid, (unsigned long long) (now - s->pending_since_ms));
+                        session_disconnect(s, "did not read its replies");
+                }
+                s = next;
+        }
 }
 
 void session_park(struct session *s) {

@@ -54,6 +54,7 @@ struct session {
         bool poll_open, pid_poll_open;
         bool said_bye;
         uint8_t *pending;       /* a reply the socket had no room for */
+        uint64_t pending_since_ms;      /* loop clock */
         size_t pending_len;
         int pending_fd;
         struct pool_owner *owners;      /* one per device */
@@ -71,6 +72,9 @@ void session_totals(const struct session *session, uint64_t *ret_reserved, uint6
 
 /* Releases everything the client holds (it unmapped all, or its process is gone). */
 void session_release_all(struct session *session);
+
+/* Disconnects sessions whose pending reply has waited longer than the send timeout. */
+void session_expire_stuck(struct server *server);
 
 /* Sends a reply (or keeps it until the socket drains). Returns false if the session ended. */
 bool session_send(struct session *session, const struct reply *rep);

@@ -251,25 +251,83 @@ START_TEST(test_client_that_never_reads) {
         int sock, n, sent = 0;
         void *p;
 
-        testd_start(&d, NULL);
+        testd_start(&d, "--send-timeout", "1s", NULL);
         sock = raw_hello(&d, "deaf");
         fcntl(sock, F_SETFL, O_NONBLOCK);
         env.version = GP_PROTOCOL_VERSION;
         env.body_case = GPUPOOL__ENVELOPE__BODY_STATUS_REQUEST;
         env.status_request = &sr;
-        /* Queue requests until the socket pushes back: the daemon must stop reading, not block. */
-        for (int i = 0; i < 100000; i++) {
+        /*
+         * Queue requests until the daemon stops taking them for good (half a second without
+         * room): its replies fill our socket, and it must stop reading us, not block.
+         */
+        for (int i = 0, idle = 0; i < 100000 && idle < 50; i++) {
                 env.id = (uint64_t) i + 2;
                 n = gp_wire_pack(&env, buf, sizeof(buf));
-                if (gp_wire_send_packet(sock, buf, (size_t) n, -1) < 0)
-                        break;
+                if (gp_wire_send_packet(sock, buf, (size_t) n, -1) < 0) {
+                        usleep(10000);
+                        idle++;
+                        continue;
+                }
+                idle = 0;
                 sent++;
         }
         ck_assert_int_gt(sent, 10);
         ck_assert_int_eq(gpupool_connect(d.sock, "patient", &good), 0);
         ck_assert_int_eq(gpupool_alloc(good, 0, 4096, &p), 0);
         ck_assert_int_eq(gpupool_free(good, p), 0);
+        /* Past --send-timeout with a reply unread, the deaf client is dropped; the patient one stays. */
+        {
+                double t0 = now_s();
+                bool gone = false;
+
+                while (!gone && now_s() - t0 < 10) {
+                        json_t *st = testd_ctl(&d, "status"), *c;
+                        size_t i;
+
+                        gone = true;
+                        json_array_foreach(json_object_get(st, "clients"), i, c)
+                                if (strcmp(json_string_value(json_object_get(c, "name")), "deaf") == 0)
+                                        gone = false;
+                        json_decref(st);
+                }
+                ck_assert_msg(gone, "a client that never reads was not disconnected");
+                ck_assert_msg(now_s() - t0 < 5, "it took %.1f s", now_s() - t0);
+        }
+        ck_assert_int_eq(gpupool_alloc(good, 0, 4096, &p), 0);
         gpupool_disconnect(good);
+        close(sock);
+        ck_assert(testd_alive(&d));
+        ck_assert_int_eq(testd_stop(&d), 0);
+}
+END_TEST
+
+/* Sends a hello-less packet carrying two descriptors. */
+static bool send_two_fds(int sock) {
+        char ctl[CMSG_SPACE(2 * sizeof(int))] = { 0 };
+        char byte = 'x';
+        struct iovec iov = { &byte, 1 };
+        struct msghdr msg = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl, .msg_controllen = sizeof(ctl) };
+        struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
+        int fds[2] = { 0, 1 };
+
+        c->cmsg_level = SOL_SOCKET;
+        c->cmsg_type = SCM_RIGHTS;
+        c->cmsg_len = CMSG_LEN(sizeof(fds));
+        memcpy(CMSG_DATA(c), fds, sizeof(fds));
+        return sendmsg(sock, &msg, MSG_NOSIGNAL) == 1;
+}
+
+START_TEST(test_too_many_descriptors) {
+        struct testd d;
+        char buf[64];
+        int sock;
+
+        testd_start(&d, NULL);
+        sock = raw_hello(&d, "fdflood");
+        ck_assert(send_two_fds(sock));
+        /* Dropped: the connection reads to EOF, and the daemon serves on. */
+        ck_assert_int_eq(recv(sock, buf, sizeof(buf), 0), 0);
         close(sock);
         ck_assert(testd_alive(&d));
         ck_assert_int_eq(testd_stop(&d), 0);
@@ -284,6 +342,7 @@ Suite *suite_hostile(void) {
         tcase_add_test(tc, test_protocol_violations);
         tcase_add_test(tc, test_other_clients_blocks);
         tcase_add_test(tc, test_client_that_never_reads);
+        tcase_add_test(tc, test_too_many_descriptors);
         tcase_set_timeout(tc, 120);
         suite_add_tcase(s, tc);
         return s;

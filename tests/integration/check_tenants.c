@@ -288,6 +288,20 @@ static int nobody_sets_limit(struct testd *d, void *arg) {
         snprintf(cmd, sizeof(cmd), "%s/gpupoolctl --socket %s set-limit --tenant default max=1T 2>&1", build_dir(), d->sock);
         if (run_capture(cmd, out, sizeof(out)) != 1 || !strstr(out, "set-limit is for root"))
                 return 21;
+        /* The other requests that reach other clients' memory or the daemon's insides too. */
+        snprintf(cmd, sizeof(cmd), "%s/gpupoolctl --socket %s trim --tenant default 2>&1", build_dir(), d->sock);
+        if (run_capture(cmd, out, sizeof(out)) != 1 || !strstr(out, "trim is for root"))
+                return 22;
+        snprintf(cmd, sizeof(cmd), "%s/gpupoolctl --socket %s flush --tenant default 2>&1", build_dir(), d->sock);
+        if (run_capture(cmd, out, sizeof(out)) != 1 || !strstr(out, "is for root"))
+                return 23;
+        snprintf(cmd, sizeof(cmd), "%s/gpupoolctl --socket %s check 2>&1", build_dir(), d->sock);
+        if (run_capture(cmd, out, sizeof(out)) != 1 || !strstr(out, "check is for root"))
+                return 24;
+        /* A plain flush returns only memory nobody holds: open to all. */
+        snprintf(cmd, sizeof(cmd), "%s/gpupoolctl --socket %s flush 2>&1", build_dir(), d->sock);
+        if (run_capture(cmd, out, sizeof(out)) != 0)
+                return 25;
         return 0;
 }
 
