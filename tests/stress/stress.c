@@ -223,6 +223,36 @@ static int worker(int index, double deadline) {
         while (now_s() < deadline) {
                 int s = (int) (rand_r(&seed) % LIVE), r, op = (int) (rand_r(&seed) % 100);
 
+                if (op == 1 || op == 2) {
+                        /* Now and then: a status or a flush of the cache, as an operator's tool would. */
+                        Gpupool__Envelope req = GPUPOOL__ENVELOPE__INIT, *rep;
+                        Gpupool__StatusRequest sr = GPUPOOL__STATUS_REQUEST__INIT;
+                        Gpupool__FlushRequest fr = GPUPOOL__FLUSH_REQUEST__INIT;
+                        Gpupool__Hello hello = GPUPOOL__HELLO__INIT;
+                        struct gp_conn *ctl = calloc(1, sizeof(*ctl));
+
+                        hello.name = "worker-tool";
+                        if (op == 1) {
+                                req.body_case = GPUPOOL__ENVELOPE__BODY_STATUS_REQUEST;
+                                req.status_request = &sr;
+                        } else {
+                                req.body_case = GPUPOOL__ENVELOPE__BODY_FLUSH;
+                                req.flush = &fr;
+                        }
+                        if (!ctl || gp_conn_open(ctl, sock_path, &hello, NULL) < 0 ||
+                            gp_conn_call(ctl, &req, op == 1 ? GPUPOOL__ENVELOPE__BODY_STATUS_REPLY :
+                                                              GPUPOOL__ENVELOPE__BODY_FLUSH_REPLY, &rep, NULL) < 0) {
+                                /* Over --max-clients is allowed; anything else is not. */
+                                if (!ctl || strstr(ctl->error, "--max-clients") == NULL)
+                                        return 15;
+                        } else {
+                                gpupool__envelope__free_unpacked(rep, NULL);
+                        }
+                        if (ctl)
+                                gp_conn_close(ctl);
+                        free(ctl);
+                        continue;
+                }
                 if (op == 0) {
                         /* Now and then: leave, with blocks held, and come back. */
                         gpupool_disconnect(c);
