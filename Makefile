@@ -175,8 +175,10 @@ $(STRESS_BIN): $(B)/obj/tests/stress/stress.o $(CLIENT_O) $(COMMON_O)
 # its invariants checked throughout and every byte accounted for at the end (tests/stress).
 STRESS_CLIENTS ?= 32
 STRESS_SECONDS ?= 60
+# The daemon's RSS bound in MiB; ASan's shadow memory and quarantine need more.
+STRESS_MAX_RSS ?= $(if $(SANITIZER),256,64)
 stress: all $(STRESS_BIN)
-	$(Q)$(STRESS_BIN) --build $(B) --clients $(STRESS_CLIENTS) --seconds $(STRESS_SECONDS)
+	$(Q)$(STRESS_BIN) --build $(B) --clients $(STRESS_CLIENTS) --seconds $(STRESS_SECONDS) --max-rss $(STRESS_MAX_RSS)
 
 # Fuzzing (libFuzzer, clang, with ASan and UBSan): the protocol as one client's packets reach
 # the daemon, and the allocator core against a reference model. Each target runs for
