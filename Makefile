@@ -9,6 +9,7 @@
 #   make stress               32 clients for 60 s with kills, hostile peers and injected faults
 #                             (STRESS_CLIENTS=N STRESS_SECONDS=S)
 #   make check-gpu            the cuda backend's tests on this machine's GPU (skipped without one)
+#   make bench                CPU benchmarks on the host backend (table + bench/results/*.json)
 #   make bench-gpu            allocation latency: driver, driver pool, gpupool (needs a GPU)
 #   make STATIC=1             link libuv, protobuf-c, jansson, inih and Check statically
 #   make V=1                  show the commands
@@ -80,6 +81,7 @@ TEST_BIN   := $(B)/tests/check_gpupool
 GPU_TEST_BIN := $(B)/tests/check_gpu
 BENCH_GPU  := $(B)/bench/bench_gpu
 STRESS_BIN := $(B)/tests/stress
+BENCH_HOST := $(B)/bench/bench_host
 FAKECUDA   := $(B)/tests/libfakecuda.so
 
 all: $(DAEMON_BIN) $(CLI_BIN) $(LIB_SO) $(B)/libgpupool.so $(LIB_A)
@@ -160,6 +162,19 @@ $(BENCH_GPU): $(B)/obj/bench/bench_gpu.o $(CLIENT_O) $(COMMON_O)
 	@mkdir -p $(dir $@)
 	@echo "  LD      $@"
 	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LIBS_PROTOBUF) -lpthread -ldl -lm
+
+$(BENCH_HOST): $(B)/obj/bench/bench_host.o $(DAEMON_O) $(CLIENT_O) $(COMMON_O)
+	@mkdir -p $(dir $@)
+	@echo "  LD      $@"
+	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LIBS_UV) $(LIBS_PROTOBUF) $(LIBS_INIH) -lpthread -ldl
+
+# CPU benchmarks on the host backend (bench/bench_host.c): the daemon's round trip next to a
+# bare SEQPACKET echo, 8 concurrent clients, the allocator core. Prints a table and writes
+# JSON to bench/results/. Never part of "make test".
+BENCH_ARGS_HOST ?=
+bench: all $(BENCH_HOST)
+	@mkdir -p bench/results
+	$(Q)$(BENCH_HOST) --build $(B) --json bench/results/host-$$(date -u +%Y-%m-%d).json $(BENCH_ARGS_HOST)
 
 # On a GPU machine: allocation latency of the driver, its stream-ordered pool and gpupool,
 # and the cost of importing a segment (bench/bench_gpu.c). BENCH_ARGS="--ops 100000" etc.
@@ -257,7 +272,7 @@ run: deps
 clean:
 	rm -rf build
 
-.PHONY: all test check-gpu bench-gpu stress fuzz fuzz-seeds valgrind deps deps-fuzz run clean
+.PHONY: all test check-gpu bench-gpu stress fuzz fuzz-seeds bench valgrind deps deps-fuzz run clean
 
 .SECONDARY:
 

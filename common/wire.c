@@ -102,17 +102,45 @@ int gp_wire_recv_packet(int sock, uint8_t *buf, size_t size, int *ret_fd) {
         return (int) n;
 }
 
-int gp_wire_unpack(const uint8_t *buf, size_t len, Gpupool__Envelope **ret_env) {
-        Gpupool__Envelope *env = gpupool__envelope__unpack(NULL, len, buf);
+int gp_wire_unpack_with(const uint8_t *buf, size_t len, ProtobufCAllocator *allocator, Gpupool__Envelope **ret_env) {
+        Gpupool__Envelope *env = gpupool__envelope__unpack(allocator, len, buf);
 
         if (!env)
                 return -EBADMSG;
         if (env->version != GP_PROTOCOL_VERSION) {
-                gpupool__envelope__free_unpacked(env, NULL);
+                gpupool__envelope__free_unpacked(env, allocator);
                 return -EPROTONOSUPPORT;
         }
         *ret_env = env;
         return 0;
+}
+
+int gp_wire_unpack(const uint8_t *buf, size_t len, Gpupool__Envelope **ret_env) {
+        return gp_wire_unpack_with(buf, len, NULL, ret_env);
+}
+
+/* The arena: bump allocation in a buffer, malloc() beyond it; freeing inside it is a no-op. */
+static void *arena_alloc(void *data, size_t size) {
+        struct gp_wire_arena *a = data;
+        size_t at = (a->used + 15) & ~(size_t) 15;
+
+        if (size <= sizeof(a->buf) && at <= sizeof(a->buf) - size) {
+                a->used = at + size;
+                return a->buf + at;
+        }
+        return malloc(size);
+}
+
+static void arena_free(void *data, void *p) {
+        struct gp_wire_arena *a = data;
+
+        if ((uint8_t *) p < a->buf || (uint8_t *) p >= a->buf + sizeof(a->buf))
+                free(p);
+}
+
+void gp_wire_arena_init(struct gp_wire_arena *a) {
+        a->used = 0;
+        a->allocator = (ProtobufCAllocator) { .alloc = arena_alloc, .free = arena_free, .allocator_data = a };
 }
 
 int gp_wire_connect(const char *path, int *ret_sock) {

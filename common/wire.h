@@ -70,4 +70,20 @@ int gp_status_to_errno(Gpupool__Status status);
 /* The Status for a negative errno from the daemon's layers. */
 Gpupool__Status gp_errno_to_status(int err);
 
+/*
+ * Unpacking without malloc(): a request's decoded structures go into a fixed buffer (bump
+ * allocation; larger ones fall back to malloc()), reset before each request. The daemon
+ * decodes every request this way.
+ */
+struct gp_wire_arena {
+        ProtobufCAllocator allocator;
+        size_t used;
+        uint8_t buf[32768] __attribute__((aligned(16)));
+};
+
+void gp_wire_arena_init(struct gp_wire_arena *arena);
+
+/* gp_wire_unpack() with an allocator (free the envelope with the same one). */
+int gp_wire_unpack_with(const uint8_t *buf, size_t len, ProtobufCAllocator *allocator, Gpupool__Envelope **ret_env);
+
 #endif

@@ -163,6 +163,7 @@ int server_init(struct server *server, uv_loop_t *loop, const struct config *con
         server->device_count = backend->device_count;
         server->next_client_id = 1;
         server->listen_fd = -1;
+        gp_wire_arena_init(&server->arena);
 
         server->policy.device_count = server->device_count;
         for (unsigned d = 0; d < server->device_count; d++) {
@@ -376,13 +377,15 @@ void server_after_change(struct server *server) {
         if (server->stopping)
                 return;
         /* Allocations waiting for memory to come back: try them, and wake when the first times out. */
-        {
+        if (server->parked) {
                 uint64_t now = uv_now(server->loop), deadline = request_retry_parked(server, now);
 
                 if (deadline != UINT64_MAX)
                         uv_timer_start(&server->reclaim_timer, on_reclaim_timer, deadline > now ? deadline - now : 0, 0);
                 else
                         uv_timer_stop(&server->reclaim_timer);
+        } else if (server->reclaim_timer_open) {
+                uv_timer_stop(&server->reclaim_timer);
         }
         for (unsigned d = 0; d < server->device_count; d++) {
                 uint64_t next;

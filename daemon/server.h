@@ -46,6 +46,8 @@ struct server {
         uint64_t next_client_id;
         bool stopping;
         uint8_t recv_buf[GP_MAX_REQUEST_BYTES];
+        struct gp_wire_arena arena;     /* the current request's decoded structures */
+        unsigned parked;                /* sessions with a parked allocation */
         uint8_t send_buf[GP_MAX_REPLY_BYTES];
 };
 

@@ -171,6 +171,10 @@ void session_destroy(struct session *s) {
         if (s->state == SESSION_CLOSED)
                 return;
         s->state = SESSION_CLOSED;
+        if (s->parked) {
+                s->parked = false;
+                server->parked--;
+        }
         session_release_all(s);
         session_set_tenant(s, NULL);
         if (s->control_of)
@@ -299,11 +303,13 @@ void session_expire_stuck(struct server *server) {
 
 void session_park(struct session *s) {
         s->parked = true;
+        s->server->parked++;
         uv_poll_stop(&s->poll);
 }
 
 void session_unpark(struct session *s) {
         s->parked = false;
+        s->server->parked--;
         if (s->fd >= 0 && !s->pending)
                 uv_poll_start(&s->poll, UV_READABLE, on_readable);
 }
@@ -372,7 +378,8 @@ static void on_readable(uv_poll_t *handle, int status, int events) {
                         session_disconnect(s, "bad packet");
                         return;
                 }
-                r = gp_wire_unpack(server->recv_buf, (size_t) n, &req);
+                server->arena.used = 0;
+                r = gp_wire_unpack_with(server->recv_buf, (size_t) n, &server->arena.allocator, &req);
                 if (r == -EPROTONOSUPPORT) {
                         request_error_reply(s, 0, r, true, "this daemon speaks protocol version 1 only", &rep);
                         session_send(s, &rep);
@@ -385,7 +392,7 @@ static void on_readable(uv_poll_t *handle, int status, int events) {
                         return;
                 }
                 request_handle(s, req, &rep);
-                gpupool__envelope__free_unpacked(req, NULL);
+                gpupool__envelope__free_unpacked(req, &server->arena.allocator);
                 if (rep.parked) {
                         session_park(s);
                         server_after_change(server);

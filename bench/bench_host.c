@@ -1,0 +1,424 @@
+/*
+ * bench_host.c: "make bench": what gpupool costs on the CPU, on the host backend, next to
+ * baselines measured in the same run.
+ *
+ *   echo     a bare SOCK_SEQPACKET round trip to a server process that is one poll loop (as
+ *            gpupoold is one loop), with packets of the sizes of an allocation request and
+ *            its reply: the floor any daemon round trip stands on;
+ *   daemon   gpupool_alloc and gpupool_free of 4 KiB blocks against a running gpupoold (one
+ *            block stays allocated, so frees never empty the segment: the steady state);
+ *   clients  8 processes allocating and freeing at once for --seconds: operations per second,
+ *            next to 8 processes doing echo round trips;
+ *   pool     the allocator core alone (daemon/pool.c): ns per alloc+free pair with 1 thousand,
+ *            100 thousand and 1 million free blocks in the owner's index.
+ *
+ * Latencies are medians and p99 of --ops single operations timed with CLOCK_MONOTONIC. It
+ * prints one table and writes the same as JSON to --json FILE.
+ *
+ * Usage: bench_host --build DIR [--ops N] [--seconds S] [--json FILE]
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "gpupool.h"
+#include "pool.h"
+#include "wire.h"
+
+#define MiB (1ULL << 20)
+
+static double now_ns(void) {
+        struct timespec ts;
+
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        return (double) ts.tv_sec * 1e9 + (double) ts.tv_nsec;
+}
+
+static int cmp_double(const void *a, const void *b) {
+        double x = *(const double *) a, y = *(const double *) b;
+
+        return x < y ? -1 : x > y;
+}
+
+struct dist {
+        double median, p99;
+};
+
+static struct dist summarize(double *v, size_t n) {
+        qsort(v, n, sizeof(*v), cmp_double);
+        return (struct dist) { v[n / 2], v[(size_t) ((double) n * 0.99)] };
+}
+
+/* ---- the packets of an allocation and its reply, as the wire carries them ---- */
+
+static size_t request_bytes, reply_bytes;
+
+static void packet_sizes(void) {
+        Gpupool__Envelope env = GPUPOOL__ENVELOPE__INIT;
+        Gpupool__AllocRequest a = GPUPOOL__ALLOC_REQUEST__INIT;
+        Gpupool__AllocReply r = GPUPOOL__ALLOC_REPLY__INIT;
+        uint8_t buf[256];
+
+        env.version = 1;
+        env.id = 1000;
+        a.size = 4096;
+        env.body_case = GPUPOOL__ENVELOPE__BODY_ALLOC;
+        env.alloc = &a;
+        request_bytes = (size_t) gp_wire_pack(&env, buf, sizeof(buf));
+        env.has_status = 1;
+        r.segment_id = 1;
+        r.segment_size = 2 * MiB;
+        r.offset = 8192;
+        r.size = 4096;
+        env.body_case = GPUPOOL__ENVELOPE__BODY_ALLOC_REPLY;
+        env.alloc_reply = &r;
+        reply_bytes = (size_t) gp_wire_pack(&env, buf, sizeof(buf));
+}
+
+/* ---- echo ---- */
+
+static char echo_path[108];
+
+/*
+ * The echo server: one process, one poll loop over every connection (as gpupoold is one loop),
+ * answering each packet with a reply-sized one.
+ */
+static pid_t echo_server(void) {
+        int l = socket(AF_UNIX, SOCK_SEQPACKET, 0);
+        struct sockaddr_un_ { sa_family_t f; char p[108]; } addr = { AF_UNIX, "" };
+        pid_t pid;
+
+        memcpy(addr.p, echo_path, sizeof(addr.p));
+        unlink(echo_path);
+        if (l < 0 || bind(l, (struct sockaddr *) &addr, sizeof(addr)) < 0 || listen(l, 64) < 0) {
+                perror("bench_host: echo server");
+                exit(1);
+        }
+        pid = fork();
+        if (pid == 0) {
+                struct pollfd fds[64] = { { .fd = l, .events = POLLIN } };
+                nfds_t n = 1;
+                uint8_t buf[256] = { 0 };
+
+                for (;;) {
+                        if (poll(fds, n, -1) < 0)
+                                continue;
+                        for (nfds_t i = 1; i < n; i++) {
+                                if (!(fds[i].revents & (POLLIN | POLLHUP)))
+                                        continue;
+                                if (recv(fds[i].fd, buf, sizeof(buf), MSG_DONTWAIT) <= 0 ||
+                                    send(fds[i].fd, buf, reply_bytes, 0) < 0) {
+                                        close(fds[i].fd);
+                                        fds[i--] = fds[--n];
+                                }
+                        }
+                        if ((fds[0].revents & POLLIN) && n < 64) {
+                                int c = accept(l, NULL, NULL);
+
+                                if (c >= 0)
+                                        fds[n++] = (struct pollfd) { .fd = c, .events = POLLIN };
+                        }
+                }
+        }
+        close(l);
+        return pid;
+}
+
+static int echo_connect(void) {
+        int s;
+
+        if (gp_wire_connect(echo_path, &s) < 0) {
+                fprintf(stderr, "bench_host: cannot reach the echo server\n");
+                exit(1);
+        }
+        return s;
+}
+
+static struct dist echo_latency(size_t ops, double *t) {
+        uint8_t buf[256] = { 0 };
+        int s = echo_connect();
+
+        for (size_t i = 0; i < ops; i++) {
+                double t0 = now_ns();
+
+                if (send(s, buf, request_bytes, 0) < 0 || recv(s, buf, sizeof(buf), 0) <= 0)
+                        exit(1);
+                t[i] = now_ns() - t0;
+        }
+        close(s);
+        return summarize(t, ops);
+}
+
+/* ---- the daemon ---- */
+
+static char sock_path[128], dir[64];
+
+static pid_t start_daemon(const char *build) {
+        char path[256], log[160], conf[160];
+        pid_t pid;
+
+        snprintf(path, sizeof(path), "%s/gpupoold", build);
+        snprintf(log, sizeof(log), "%s/gpupoold.log", dir);
+        /* An empty config: the node's own /etc/gpupool must not change what is measured. */
+        snprintf(conf, sizeof(conf), "%s/empty.conf", dir);
+        close(open(conf, O_WRONLY | O_CREAT | O_TRUNC, 0644));
+        pid = fork();
+        if (pid == 0) {
+                int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+
+                dup2(fd, 2);
+                execl(path, path, "--socket", sock_path, "--backend", "host", "--host-capacity", "2G", "--log-level", "err",
+                      "--config", conf, (char *) NULL);
+                _exit(127);
+        }
+        for (int i = 0; i < 2000; i++) {
+                int s;
+
+                if (gp_wire_connect(sock_path, &s) == 0) {
+                        close(s);
+                        return pid;
+                }
+                usleep(5000);
+        }
+        fprintf(stderr, "bench_host: gpupoold did not start (see %s)\n", log);
+        exit(1);
+}
+
+static void daemon_latency(size_t ops, double *ta, double *tf, struct dist *ret_alloc, struct dist *ret_free) {
+        gpupool_client *c;
+        void *keep, *p;
+
+        if (gpupool_connect(sock_path, "bench", &c) < 0 || gpupool_alloc(c, 0, 4096, &keep) < 0)
+                exit(1);
+        for (size_t i = 0; i < ops; i++) {
+                double t0 = now_ns(), t1;
+
+                if (gpupool_alloc(c, 0, 4096, &p) < 0)
+                        exit(1);
+                t1 = now_ns();
+                if (gpupool_free(c, p) < 0)
+                        exit(1);
+                ta[i] = t1 - t0;
+                tf[i] = now_ns() - t1;
+        }
+        gpupool_free(c, keep);
+        gpupool_disconnect(c);
+        *ret_alloc = summarize(ta, ops);
+        *ret_free = summarize(tf, ops);
+}
+
+/* N processes for seconds; each counts its operations (round trips) in shared memory. */
+static double concurrent(int n, double seconds, bool use_daemon) {
+        uint64_t *counts = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+        double start, elapsed;
+        uint64_t total = 0;
+
+        memset(counts, 0, 4096);
+        start = now_ns();
+        for (int k = 0; k < n; k++) {
+                if (fork() != 0)
+                        continue;
+                double end = now_ns() + seconds * 1e9;
+                uint64_t ops = 0;
+
+                if (use_daemon) {
+                        gpupool_client *c;
+                        void *keep, *p;
+
+                        if (gpupool_connect(sock_path, "bench", &c) < 0 || gpupool_alloc(c, 0, 4096, &keep) < 0)
+                                _exit(1);
+                        while (now_ns() < end) {
+                                if (gpupool_alloc(c, 0, 4096, &p) < 0 || gpupool_free(c, p) < 0)
+                                        _exit(1);
+                                ops += 2;
+                        }
+                        gpupool_disconnect(c);
+                } else {
+                        uint8_t buf[256] = { 0 };
+                        int s = echo_connect();
+
+                        while (now_ns() < end) {
+                                if (send(s, buf, request_bytes, 0) < 0 || recv(s, buf, sizeof(buf), 0) <= 0)
+                                        _exit(1);
+                                ops++;
+                        }
+                }
+                counts[k] = ops;
+                _exit(0);
+        }
+        for (int k = 0; k < n; k++) {
+                int status;
+
+                wait(&status);
+                if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+                        fprintf(stderr, "bench_host: a concurrent client failed\n");
+                        exit(1);
+                }
+        }
+        elapsed = (now_ns() - start) / 1e9;
+        for (int k = 0; k < n; k++)
+                total += counts[k];
+        munmap(counts, 4096);
+        return (double) total / elapsed;
+}
+
+/* ---- the allocator core alone ---- */
+
+static int nb_info(struct backend *b, unsigned d, struct backend_device_info *ret) {
+        (void) b, (void) d;
+        memset(ret, 0, sizeof(*ret));
+        return 0;
+}
+
+static int nb_create(struct backend *b, unsigned d, uint64_t size, struct backend_mem *ret) {
+        (void) b, (void) d, (void) size;
+        memset(ret, 0, sizeof(*ret));
+        ret->fd = -1;
+        return 0;
+}
+
+static void nb_destroy(struct backend *b, unsigned d, struct backend_mem *m, uint64_t size) {
+        (void) b, (void) d, (void) m, (void) size;
+}
+
+static int nb_zero(struct backend *b, unsigned d, struct backend_mem *m, uint64_t size) {
+        (void) b, (void) d, (void) m, (void) size;
+        return 0;
+}
+
+static const struct backend_ops null_ops = { nb_info, nb_create, nb_destroy, nb_zero, NULL };
+
+/* ns per alloc+free pair with free_blocks fragments in the owner's free index. */
+static struct dist pool_core(size_t free_blocks, size_t ops, double *t) {
+        struct backend b = { .ops = &null_ops, .name = "null", .device_count = 1 };
+        struct pool_lease *held = malloc(2 * free_blocks * sizeof(*held)), l;
+        struct pool_owner o;
+        struct pool *p;
+        bool release;
+
+        if (!held || pool_new(&b, 0, 1ULL << 46, &p) < 0)
+                exit(1);
+        pool_owner_attach(p, &o, 1);
+        /* Alternate held and freed 512-byte blocks: every freed one is its own fragment. */
+        for (size_t i = 0; i < 2 * free_blocks; i++)
+                if (pool_alloc(p, &o, 512, UINT64_MAX, &held[i]) < 0)
+                        exit(1);
+        for (size_t i = 0; i < 2 * free_blocks; i += 2)
+                (void) pool_free_block(p, &o, held[i].segment_id, held[i].offset, &release);
+        for (size_t i = 0; i < ops; i++) {
+                double t0 = now_ns();
+
+                (void) pool_alloc(p, &o, 512, UINT64_MAX, &l);
+                (void) pool_free_block(p, &o, l.segment_id, l.offset, &release);
+                t[i] = now_ns() - t0;
+        }
+        pool_owner_detach(&o);
+        pool_free(p);
+        free(held);
+        return summarize(t, ops);
+}
+
+int main(int argc, char **argv) {
+        static const struct option opts[] = {
+                { "build", required_argument, NULL, 'b' }, { "ops", required_argument, NULL, 'n' },
+                { "seconds", required_argument, NULL, 's' }, { "json", required_argument, NULL, 'j' }, { 0 },
+        };
+        const char *build = "build", *json = NULL;
+        size_t ops = 100000;
+        double seconds = 3, echo8, daemon8, *t1, *t2;
+        struct dist echo, alloc, freed, core[3];
+        static const size_t core_sizes[3] = { 1000, 100000, 1000000 };
+        pid_t echo_pid, daemon_pid;
+        int o;
+        FILE *f;
+
+        while ((o = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+                switch (o) {
+                case 'b': build = optarg; break;
+                case 'n': ops = strtoull(optarg, NULL, 10); break;
+                case 's': seconds = atof(optarg); break;
+                case 'j': json = optarg; break;
+                default:
+                        fprintf(stderr, "usage: bench_host --build DIR [--ops N] [--seconds S] [--json FILE]\n");
+                        return 2;
+                }
+        }
+        if (ops < 100 || seconds <= 0) {
+                fprintf(stderr, "bench_host: --ops at least 100, --seconds positive\n");
+                return 2;
+        }
+        t1 = malloc(ops * sizeof(double));
+        t2 = malloc(ops * sizeof(double));
+        strcpy(dir, "/tmp/gpupool-bench-XXXXXX");
+        if (!t1 || !t2 || !mkdtemp(dir))
+                return 1;
+        snprintf(sock_path, sizeof(sock_path), "%s/gpupool.sock", dir);
+        snprintf(echo_path, sizeof(echo_path), "%s/echo.sock", dir);
+        packet_sizes();
+        echo_pid = echo_server();
+        daemon_pid = start_daemon(build);
+
+        /* Warm both up, then measure each right after the other. */
+        (void) echo_latency(ops / 10, t1);
+        daemon_latency(ops / 10, t1, t2, &alloc, &freed);
+        echo = echo_latency(ops, t1);
+        daemon_latency(ops, t1, t2, &alloc, &freed);
+        echo8 = concurrent(8, seconds, false);
+        daemon8 = concurrent(8, seconds, true);
+        for (int i = 0; i < 3; i++)
+                core[i] = pool_core(core_sizes[i], ops, t1);
+
+        kill(daemon_pid, SIGTERM);
+        waitpid(daemon_pid, NULL, 0);
+        kill(echo_pid, SIGKILL);
+        waitpid(echo_pid, NULL, 0);
+
+        printf("gpupool bench (host backend, client cache off); request %zu B, reply %zu B; %zu operations each\n\n",
+               request_bytes, reply_bytes, ops);
+        printf("%-44s %12s %12s %10s\n", "round trip (1 client)", "median ns", "p99 ns", "x echo");
+        printf("%-44s %12.0f %12.0f %10s\n", "echo, bare SEQPACKET (baseline)", echo.median, echo.p99, "1.00");
+        printf("%-44s %12.0f %12.0f %10.2f\n", "gpupool_alloc 4 KiB", alloc.median, alloc.p99, alloc.median / echo.median);
+        printf("%-44s %12.0f %12.0f %10.2f\n", "gpupool_free", freed.median, freed.p99, freed.median / echo.median);
+        printf("\n%-44s %12s %10s\n", "8 concurrent clients", "ops/s", "x echo");
+        printf("%-44s %12.0f %10s\n", "echo round trips (baseline)", echo8, "1.00");
+        printf("%-44s %12.0f %10.2f\n", "gpupool alloc and free round trips", daemon8, daemon8 / echo8);
+        printf("\n%-44s %12s %12s\n", "allocator core alone, alloc+free pair", "median ns", "p99 ns");
+        for (int i = 0; i < 3; i++) {
+                char name[64];
+
+                snprintf(name, sizeof(name), "%zu free blocks in the index", core_sizes[i]);
+                printf("%-44s %12.0f %12.0f\n", name, core[i].median, core[i].p99);
+        }
+        if (json) {
+                f = fopen(json, "w");
+                if (!f) {
+                        perror(json);
+                        return 1;
+                }
+                fprintf(f, "{\n  \"ops\": %zu, \"seconds\": %.1f, \"request_bytes\": %zu, \"reply_bytes\": %zu,\n", ops, seconds,
+                        request_bytes, reply_bytes);
+                fprintf(f, "  \"echo_ns\": {\"median\": %.0f, \"p99\": %.0f},\n", echo.median, echo.p99);
+                fprintf(f, "  \"alloc_ns\": {\"median\": %.0f, \"p99\": %.0f},\n", alloc.median, alloc.p99);
+                fprintf(f, "  \"free_ns\": {\"median\": %.0f, \"p99\": %.0f},\n", freed.median, freed.p99);
+                fprintf(f, "  \"echo_8_clients_ops_per_s\": %.0f, \"gpupool_8_clients_ops_per_s\": %.0f,\n", echo8, daemon8);
+                fprintf(f, "  \"pool_core_ns\": [");
+                for (int i = 0; i < 3; i++)
+                        fprintf(f, "%s{\"free_blocks\": %zu, \"median\": %.0f, \"p99\": %.0f}", i ? ", " : "", core_sizes[i],
+                                core[i].median, core[i].p99);
+                fprintf(f, "]\n}\n");
+                fclose(f);
+        }
+        unlink(echo_path);
+        return 0;
+}
