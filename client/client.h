@@ -15,6 +15,8 @@
 #include "rbtree.h"
 
 #define CLIENT_MAX_DEVICES 64
+#define CLIENT_MAX_SCOPES 16
+#define CLIENT_BATCH 128        /* frees per FreeBatchRequest: well inside a request packet */
 
 /* One segment this process maps: an mmap of a memfd (host) or an opened IPC handle (cuda). */
 struct mapping {
@@ -35,6 +37,7 @@ struct block {
         uint8_t *ptr;
         struct mapping *mapping;
         bool freeing;                   /* gpupool_free_async() queued it */
+        uint32_t scope;                 /* the scope it was allocated in, 0: none */
         struct gp_rb_node node;
 };
 
@@ -67,6 +70,10 @@ struct gpupool_client {
         int local_count;
         struct gp_rb_tree by_addr, by_id, by_handle;
         struct gp_rb_tree blocks;
+        /* Open scopes, innermost last (gpupool_scope_begin/end). */
+        uint32_t scopes[CLIENT_MAX_SCOPES];
+        unsigned scope_depth;
+        uint32_t next_scope;
         /* The control channel: the daemon's reclaim requests, answered by the control thread. */
         uint64_t keep_free_bytes;       /* $GPUPOOL_KEEP_FREE: free segments we may keep mapped */
         struct gp_conn *control;

@@ -367,6 +367,57 @@ static void handle_free(struct session *s, const Gpupool__Envelope *req, struct 
         pack_reply(s, &env, -1, false, ret);
 }
 
+#define BATCH_MAX 256
+
+static void handle_free_batch(struct session *s, const Gpupool__Envelope *req, struct reply *ret) {
+        const Gpupool__FreeBatchRequest *b = req->free_batch;
+        struct server *server = s->server;
+        Gpupool__FreeBatchReply fr = GPUPOOL__FREE_BATCH_REPLY__INIT;
+        uint64_t release[BATCH_MAX];
+        size_t nrelease = 0;
+        Gpupool__Envelope env;
+
+        if (b->n_frees > BATCH_MAX || b->n_release_segment_ids > BATCH_MAX) {
+                request_error_reply(s, req->id, -EINVAL, false, "a batch frees at most 256 blocks", ret);
+                return;
+        }
+        for (size_t i = 0; i < b->n_frees; i++) {
+                const Gpupool__FreeRequest *f = b->frees[i];
+                int d = segment_device(server, f->segment_id);
+                bool rel = false, pre = false;
+
+                if (d < 0 || pool_free_block(server->pools[d], &s->owners[d], f->segment_id, f->offset, &rel) < 0) {
+                        fr.not_found++;
+                        continue;
+                }
+                fr.freed++;
+                for (size_t k = 0; k < b->n_release_segment_ids; k++)
+                        pre |= b->release_segment_ids[k] == f->segment_id;
+                if (rel && !pre)
+                        release[nrelease++] = f->segment_id;
+        }
+        /* Segments the client unmapped already: released now, if they are empty as it said. */
+        for (size_t k = 0; k < b->n_release_segment_ids; k++) {
+                uint64_t id = b->release_segment_ids[k], before;
+                int d = segment_device(server, id);
+
+                if (d < 0)
+                        continue;
+                before = s->owners[d].reserved_bytes;
+                if (pool_release(server->pools[d], &s->owners[d], id) == 0)
+                        policy_account(&server->policy, s->tenant, (unsigned) d, before, s->owners[d].reserved_bytes);
+                else
+                        log_warn("client %llu (pid %d): released segment %" PRIu64 " it does not hold empty",
+                                 (unsigned long long) s->id, (int) s->pid, id);
+        }
+        fr.n_release_segment_ids = nrelease;
+        fr.release_segment_ids = release;
+        ok_envelope(&env, req->id);
+        env.body_case = GPUPOOL__ENVELOPE__BODY_FREE_BATCH_REPLY;
+        env.free_batch_reply = &fr;
+        pack_reply(s, &env, -1, false, ret);
+}
+
 static void handle_release(struct session *s, const Gpupool__Envelope *req, struct reply *ret) {
         struct server *server = s->server;
         uint64_t id = req->release->segment_id;
@@ -782,6 +833,9 @@ void request_handle(struct session *s, const Gpupool__Envelope *req, struct repl
                 return;
         case GPUPOOL__ENVELOPE__BODY_CHECK:
                 handle_check(s, req, ret);
+                return;
+        case GPUPOOL__ENVELOPE__BODY_FREE_BATCH:
+                handle_free_batch(s, req, ret);
                 return;
         case GPUPOOL__ENVELOPE__BODY__NOT_SET:
                 request_error_reply(s, req->id, -EPROTO, true, "the request has no body", ret);

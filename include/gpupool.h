@@ -104,6 +104,31 @@ GPUPOOL_EXPORT int gpupool_free(gpupool_client *client, void *ptr);
 GPUPOOL_EXPORT int gpupool_free_async(gpupool_client *client, void *ptr, void *stream);
 
 /*
+ * Scopes: every block allocated through this handle between gpupool_scope_begin() and the
+ * matching gpupool_scope_end(), and not freed by then, is freed at the end, 128 blocks per
+ * request. Scopes nest (16 deep) and belong to the handle, not to a thread: allocations of any
+ * thread of the handle in between belong to the innermost open scope. The caller guarantees,
+ * as for gpupool_free(), that no device work still uses the blocks; blocks already given to
+ * gpupool_free_async() are left to it. -EINVAL for an end without a begin or past the depth.
+ */
+GPUPOOL_EXPORT int gpupool_scope_begin(gpupool_client *client);
+GPUPOOL_EXPORT int gpupool_scope_end(gpupool_client *client);
+
+/*
+ * Arenas: one block of bytes from the daemon, handed out by bumping an offset, for one
+ * pipeline run; gpupool_arena_reset() makes all of it free again at once. Allocations are
+ * aligned to align (a power of two; 0 means 256) on the pointer's value. An arena never grows:
+ * an allocation that does not fit is -ENOSPC, and gpupool_last_error() says how much was left.
+ * Not thread-safe: one thread at a time per arena. gpupool_arena_destroy() frees the block.
+ */
+typedef struct gpupool_arena gpupool_arena;
+GPUPOOL_EXPORT int gpupool_arena_create(gpupool_client *client, int device, size_t bytes, gpupool_arena **ret_arena);
+GPUPOOL_EXPORT int gpupool_arena_alloc(gpupool_arena *arena, size_t size, size_t align, void **ret_ptr);
+GPUPOOL_EXPORT void gpupool_arena_reset(gpupool_arena *arena);
+GPUPOOL_EXPORT size_t gpupool_arena_used(const gpupool_arena *arena);
+GPUPOOL_EXPORT int gpupool_arena_destroy(gpupool_arena *arena);
+
+/*
  * Copies the daemon's message about this handle's latest failed call into buf (always
  * NUL-terminated when size > 0); "" when there is none. Returns the message's length.
  */

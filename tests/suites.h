@@ -13,6 +13,7 @@ Suite *suite_pool(void);
 Suite *suite_daemon(void);
 Suite *suite_hostile(void);
 Suite *suite_tenants(void);
+Suite *suite_scopes(void);
 Suite *suite_cuda_fake(void);
 Suite *suite_cuda_gpu(void);
 

@@ -144,6 +144,29 @@ int main(int argc, char **argv) {
         }
         fclose(out);
 
+        begin(dir, "free-batch");
+        hello(0, 0);
+        alloc(2, 4096);
+        alloc(3, 8192);
+        {
+                Gpupool__Envelope env = GPUPOOL__ENVELOPE__INIT;
+                Gpupool__FreeBatchRequest fb = GPUPOOL__FREE_BATCH_REQUEST__INIT;
+                Gpupool__FreeRequest f1 = GPUPOOL__FREE_REQUEST__INIT, f2 = GPUPOOL__FREE_REQUEST__INIT;
+                Gpupool__FreeRequest *fs[2] = { &f1, &f2 };
+
+                f1.segment_id = f2.segment_id = seg;
+                f2.offset = 4096;
+                fb.n_frees = 2;
+                fb.frees = fs;
+                fb.n_release_segment_ids = 1;
+                fb.release_segment_ids = ids;
+                env.id = 4;
+                env.body_case = GPUPOOL__ENVELOPE__BODY_FREE_BATCH;
+                env.free_batch = &fb;
+                packet(0, &env);
+        }
+        fclose(out);
+
         begin(dir, "out-of-order");
         alloc(1, 4096);         /* before hello */
         fclose(out);

@@ -1,0 +1,149 @@
+/*
+ * check_scopes.c: scopes (every block of a scope freed at its end, in batches) and arenas
+ * (bump allocation in one block), end to end on the host backend.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gpupool.h"
+#include "suites.h"
+#include "testlib.h"
+
+#define MiB (1ULL << 20)
+
+static long long dev(struct testd *d, const char *key) {
+        json_t *st = testd_ctl(d, "status");
+        long long v = status_device(st, key);
+
+        json_decref(st);
+        return v;
+}
+
+START_TEST(test_scope_frees_what_is_left) {
+        enum { N = 300 };
+        static void *p[N];
+        gpupool_client *c;
+        struct testd d;
+        void *kept, *inner;
+
+        testd_start(&d, NULL);
+        ck_assert_int_eq(gpupool_connect(d.sock, "scoped", &c), 0);
+        ck_assert_int_eq(gpupool_alloc(c, 0, 4096, &kept), 0);        /* outside any scope */
+        ck_assert_int_eq(gpupool_scope_begin(c), 0);
+        for (int i = 0; i < N; i++)
+                ck_assert_int_eq(gpupool_alloc(c, 0, i % 10 == 0 ? 3 * MiB : 1000 + (size_t) i * 100, &p[i]), 0);
+        for (int i = 0; i < N; i += 7)
+                ck_assert_int_eq(gpupool_free(c, p[i]), 0);             /* some freed by hand */
+        /* A nested scope ends first and takes only its own. */
+        ck_assert_int_eq(gpupool_scope_begin(c), 0);
+        ck_assert_int_eq(gpupool_alloc(c, 0, 8192, &inner), 0);
+        ck_assert_int_eq(gpupool_scope_end(c), 0);
+        ck_assert_int_eq(gpupool_free(c, inner), -ENOENT);
+        ck_assert_int_eq(gpupool_free(c, p[1]), 0);                     /* the outer scope's are alive */
+        ck_assert_int_eq(gpupool_scope_end(c), 0);                      /* 3 batches of at most 128 */
+        for (int i = 2; i < N; i++)
+                if (i % 7)
+                        ck_assert_int_eq(gpupool_free(c, p[i]), -ENOENT);
+        /* Only the block from outside the scope is left; emptied segments went back. */
+        ck_assert_int_eq(dev(&d, "in_use_bytes"), 4096);
+        ck_assert_int_eq(dev(&d, "reserved_bytes") - dev(&d, "cached_bytes"), 2 * MiB);
+        memset(kept, 1, 4096);
+        ck_assert_int_eq(gpupool_scope_end(c), -EINVAL);                /* no scope open */
+        for (int i = 0; i < 16; i++)
+                ck_assert_int_eq(gpupool_scope_begin(c), 0);
+        ck_assert_int_eq(gpupool_scope_begin(c), -EINVAL);              /* 16 deep at most */
+        for (int i = 0; i < 16; i++)
+                ck_assert_int_eq(gpupool_scope_end(c), 0);
+        ck_assert_int_eq(gpupool_free(c, kept), 0);
+        gpupool_disconnect(c);
+        ck_assert_int_eq(testd_stop(&d), 0);
+}
+END_TEST
+
+START_TEST(test_scope_with_kept_segments) {
+        gpupool_client *c;
+        struct testd d;
+        void *p[20];
+
+        testd_start(&d, NULL);
+        setenv("GPUPOOL_KEEP_FREE", "64M", 1);
+        ck_assert_int_eq(gpupool_connect(d.sock, "keeping", &c), 0);
+        unsetenv("GPUPOOL_KEEP_FREE");
+        ck_assert_int_eq(gpupool_scope_begin(c), 0);
+        for (int i = 0; i < 20; i++)
+                ck_assert_int_eq(gpupool_alloc(c, 0, 2 * MiB, &p[i]), 0);
+        ck_assert_int_eq(gpupool_scope_end(c), 0);
+        /* 40 MiB kept by the client (under its 64 MiB), nothing in use, nothing cached. */
+        ck_assert_int_eq(dev(&d, "in_use_bytes"), 0);
+        ck_assert_int_eq(dev(&d, "reserved_bytes"), 40 * MiB);
+        ck_assert_int_eq(dev(&d, "cached_bytes"), 0);
+        /* The kept segments serve the next scope without new ones. */
+        ck_assert_int_eq(gpupool_scope_begin(c), 0);
+        for (int i = 0; i < 20; i++)
+                ck_assert_int_eq(gpupool_alloc(c, 0, 2 * MiB, &p[i]), 0);
+        ck_assert_int_eq(dev(&d, "reserved_bytes"), 40 * MiB);
+        ck_assert_int_eq(gpupool_scope_end(c), 0);
+        gpupool_disconnect(c);
+        ck_assert_int_eq(dev(&d, "reserved_bytes"), dev(&d, "cached_bytes"));
+        ck_assert_int_eq(testd_stop(&d), 0);
+}
+END_TEST
+
+START_TEST(test_arena) {
+        gpupool_client *c;
+        gpupool_arena *a;
+        struct testd d;
+        char msg[300];
+        void *p, *q, *first;
+        int n = 0;
+
+        testd_start(&d, NULL);
+        ck_assert_int_eq(gpupool_connect(d.sock, "pipeline", &c), 0);
+        ck_assert_int_eq(gpupool_arena_create(c, 0, 1 * MiB, &a), 0);
+        ck_assert_int_eq(dev(&d, "in_use_bytes"), 1 * MiB);            /* one block from the daemon */
+        ck_assert_int_eq(gpupool_arena_alloc(a, 10, 1, &first), 0);
+        ck_assert_int_eq(gpupool_arena_alloc(a, 100, 0, &p), 0);
+        ck_assert_int_eq((uintptr_t) p % 256, 0);                       /* default alignment */
+        ck_assert_int_eq(gpupool_arena_alloc(a, 100, 4096, &q), 0);
+        ck_assert_int_eq((uintptr_t) q % 4096, 0);
+        ck_assert((uintptr_t) q > (uintptr_t) p);
+        memset(q, 7, 100);
+        ck_assert_int_eq(gpupool_arena_alloc(a, 100, 3, &p), -EINVAL);  /* not a power of two */
+        ck_assert_int_eq(gpupool_arena_alloc(a, 0, 0, &p), -EINVAL);
+        /* Fill it: the overflow is reported, never grown into. */
+        while (gpupool_arena_alloc(a, 64 * 1024, 0, &p) == 0)
+                n++;
+        ck_assert_int_ge(n, 14);
+        ck_assert_int_eq(gpupool_arena_alloc(a, 64 * 1024, 0, &p), -ENOSPC);
+        gpupool_last_error(c, msg, sizeof(msg));
+        ck_assert_msg(strstr(msg, "the arena of 1048576 bytes has"), "%s", msg);
+        ck_assert_int_le(gpupool_arena_used(a), 1 * MiB);
+        ck_assert_int_eq(dev(&d, "in_use_bytes"), 1 * MiB);
+        /* Reset: it starts over from the beginning. */
+        gpupool_arena_reset(a);
+        ck_assert_int_eq(gpupool_arena_used(a), 0);
+        ck_assert_int_eq(gpupool_arena_alloc(a, 10, 1, &p), 0);
+        ck_assert_ptr_eq(p, first);
+        ck_assert_int_eq(gpupool_arena_destroy(a), 0);
+        ck_assert_int_eq(dev(&d, "in_use_bytes"), 0);
+        ck_assert_int_eq(gpupool_arena_create(c, 0, 0, &a), -EINVAL);
+        gpupool_disconnect(c);
+        ck_assert_int_eq(testd_stop(&d), 0);
+}
+END_TEST
+
+Suite *suite_scopes(void) {
+        Suite *s = suite_create("scopes");
+        TCase *tc = tcase_create("host");
+
+        tcase_add_test(tc, test_scope_frees_what_is_left);
+        tcase_add_test(tc, test_scope_with_kept_segments);
+        tcase_add_test(tc, test_arena);
+        tcase_set_timeout(tc, 60);
+        suite_add_tcase(s, tc);
+        return s;
+}
