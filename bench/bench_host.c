@@ -6,7 +6,8 @@
  *            gpupoold is one loop), with packets of the sizes of an allocation request and
  *            its reply: the floor any daemon round trip stands on;
  *   daemon   gpupool_alloc and gpupool_free of 4 KiB blocks against a running gpupoold (one
- *            block stays allocated, so frees never empty the segment: the steady state);
+ *            block stays allocated, so frees never empty the segment: the steady state), with
+ *            the client cache off (every call a round trip) and on (the default);
  *   clients  8 processes allocating and freeing at once for --seconds: operations per second,
  *            next to 8 processes doing echo round trips;
  *   pool     the allocator core alone (daemon/pool.c): ns per alloc+free pair with 1 thousand,
@@ -337,7 +338,8 @@ int main(int argc, char **argv) {
         const char *build = "build", *json = NULL;
         size_t ops = 100000;
         double seconds = 3, echo8, daemon8, *t1, *t2;
-        struct dist echo, alloc, freed, core[3];
+        struct dist echo, alloc, freed, alloc_c, freed_c, core[3];
+        double daemon8_c;
         static const size_t core_sizes[3] = { 1000, 100000, 1000000 };
         pid_t echo_pid, daemon_pid;
         int o;
@@ -369,13 +371,17 @@ int main(int argc, char **argv) {
         echo_pid = echo_server();
         daemon_pid = start_daemon(build);
 
-        /* Warm both up, then measure each right after the other. */
+        /* Warm both up, then measure each right after the other; the client cache off, then on. */
+        setenv("GPUPOOL_CLIENT_CACHE", "0", 1);
         (void) echo_latency(ops / 10, t1);
         daemon_latency(ops / 10, t1, t2, &alloc, &freed);
         echo = echo_latency(ops, t1);
         daemon_latency(ops, t1, t2, &alloc, &freed);
         echo8 = concurrent(8, seconds, false);
         daemon8 = concurrent(8, seconds, true);
+        unsetenv("GPUPOOL_CLIENT_CACHE");      /* the default cache */
+        daemon_latency(ops, t1, t2, &alloc_c, &freed_c);
+        daemon8_c = concurrent(8, seconds, true);
         for (int i = 0; i < 3; i++)
                 core[i] = pool_core(core_sizes[i], ops, t1);
 
@@ -384,15 +390,20 @@ int main(int argc, char **argv) {
         kill(echo_pid, SIGKILL);
         waitpid(echo_pid, NULL, 0);
 
-        printf("gpupool bench (host backend, client cache off); request %zu B, reply %zu B; %zu operations each\n\n",
+        printf("gpupool bench (host backend); request %zu B, reply %zu B; %zu operations each\n\n",
                request_bytes, reply_bytes, ops);
         printf("%-44s %12s %12s %10s\n", "round trip (1 client)", "median ns", "p99 ns", "x echo");
         printf("%-44s %12.0f %12.0f %10s\n", "echo, bare SEQPACKET (baseline)", echo.median, echo.p99, "1.00");
         printf("%-44s %12.0f %12.0f %10.2f\n", "gpupool_alloc 4 KiB", alloc.median, alloc.p99, alloc.median / echo.median);
         printf("%-44s %12.0f %12.0f %10.2f\n", "gpupool_free", freed.median, freed.p99, freed.median / echo.median);
+        printf("%-44s %12.0f %12.0f %10.2f\n", "gpupool_alloc 4 KiB, client cache on", alloc_c.median, alloc_c.p99,
+               alloc_c.median / echo.median);
+        printf("%-44s %12.0f %12.0f %10.2f\n", "gpupool_free, client cache on", freed_c.median, freed_c.p99,
+               freed_c.median / echo.median);
         printf("\n%-44s %12s %10s\n", "8 concurrent clients", "ops/s", "x echo");
         printf("%-44s %12.0f %10s\n", "echo round trips (baseline)", echo8, "1.00");
-        printf("%-44s %12.0f %10.2f\n", "gpupool alloc and free round trips", daemon8, daemon8 / echo8);
+        printf("%-44s %12.0f %10.2f\n", "gpupool alloc and free (cache off)", daemon8, daemon8 / echo8);
+        printf("%-44s %12.0f %10.2f\n", "gpupool alloc and free (client cache on)", daemon8_c, daemon8_c / echo8);
         printf("\n%-44s %12s %12s\n", "allocator core alone, alloc+free pair", "median ns", "p99 ns");
         for (int i = 0; i < 3; i++) {
                 char name[64];
@@ -411,6 +422,9 @@ int main(int argc, char **argv) {
                 fprintf(f, "  \"echo_ns\": {\"median\": %.0f, \"p99\": %.0f},\n", echo.median, echo.p99);
                 fprintf(f, "  \"alloc_ns\": {\"median\": %.0f, \"p99\": %.0f},\n", alloc.median, alloc.p99);
                 fprintf(f, "  \"free_ns\": {\"median\": %.0f, \"p99\": %.0f},\n", freed.median, freed.p99);
+                fprintf(f, "  \"alloc_cached_ns\": {\"median\": %.0f, \"p99\": %.0f},\n", alloc_c.median, alloc_c.p99);
+                fprintf(f, "  \"free_cached_ns\": {\"median\": %.0f, \"p99\": %.0f},\n", freed_c.median, freed_c.p99);
+                fprintf(f, "  \"gpupool_8_clients_cached_ops_per_s\": %.0f,\n", daemon8_c);
                 fprintf(f, "  \"echo_8_clients_ops_per_s\": %.0f, \"gpupool_8_clients_ops_per_s\": %.0f,\n", echo8, daemon8);
                 fprintf(f, "  \"pool_core_ns\": [");
                 for (int i = 0; i < 3; i++)

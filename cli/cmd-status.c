@@ -51,9 +51,10 @@ static int print_json(const Gpupool__StatusReply *sr) {
         for (size_t i = 0; i < sr->n_clients; i++) {
                 const Gpupool__ClientStatus *c = sr->clients[i];
 
-                json_array_append_new(clients, json_pack("{s:I, s:I, s:s, s:s, s:I, s:I, s:I, s:I, s:b}",
+                json_array_append_new(clients, json_pack("{s:I, s:I, s:s, s:s, s:I, s:I, s:I, s:I, s:I, s:b}",
                         "pid", (json_int_t) c->pid, "uid", (json_int_t) c->uid, "name", c->name,
                         "tenant", c->tenant ? c->tenant : "",
+                        "cached_in_client_bytes", (json_int_t) c->cached_in_client_bytes,
                         "reserved_bytes", (json_int_t) c->reserved_bytes, "in_use_bytes", (json_int_t) c->in_use_bytes,
                         "blocks", (json_int_t) c->blocks, "limit_bytes", (json_int_t) c->limit_bytes,
                         "exiting", c->has_exiting && c->exiting));
@@ -113,13 +114,14 @@ static int print_table(const Gpupool__StatusReply *sr) {
                 printf("no clients\n");
                 return 0;
         }
-        printf("%-8s %-6s %-20s %-12s %12s %12s %8s %12s\n", "PID", "UID", "NAME", "TENANT", "RESERVED", "IN USE", "BLOCKS",
-               "LIMIT");
+        printf("%-8s %-6s %-20s %-12s %12s %12s %12s %8s %12s\n", "PID", "UID", "NAME", "TENANT", "RESERVED", "IN USE",
+               "CLIENT CACHE", "BLOCKS", "LIMIT");
         for (size_t i = 0; i < sr->n_clients; i++) {
                 const Gpupool__ClientStatus *cl = sr->clients[i];
 
-                printf("%-8d %-6u %-20.20s %-12.12s %12s %12s %8" PRIu64 " %12s%s\n", cl->pid, cl->uid, cl->name,
-                       cl->tenant ? cl->tenant : "-", SZ(cl->reserved_bytes, a), SZ(cl->in_use_bytes, b), cl->blocks,
+                printf("%-8d %-6u %-20.20s %-12.12s %12s %12s %12s %8" PRIu64 " %12s%s\n", cl->pid, cl->uid, cl->name,
+                       cl->tenant ? cl->tenant : "-", SZ(cl->reserved_bytes, a), SZ(cl->in_use_bytes, b),
+                       SZ(cl->cached_in_client_bytes, d), cl->blocks,
                        cl->limit_bytes ? SZ(cl->limit_bytes, c) : "-",
                        cl->has_exiting && cl->exiting ? "  (exiting)" : "");
         }

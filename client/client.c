@@ -43,6 +43,17 @@ static int cmp_block(const struct gp_rb_node *x, const struct gp_rb_node *y) {
         return CMP((uintptr_t) gp_rb_entry(x, struct block, node)->ptr, (uintptr_t) gp_rb_entry(y, struct block, node)->ptr);
 }
 
+/* The cache's order: device, then size, then address (a key with address 0 finds the first of a size). */
+static int cmp_cached(const struct gp_rb_node *x, const struct gp_rb_node *y) {
+        const struct block *a = gp_rb_entry(x, struct block, node), *b = gp_rb_entry(y, struct block, node);
+
+        if (a->device != b->device)
+                return CMP(a->device, b->device);
+        if (a->size != b->size)
+                return CMP(a->size, b->size);
+        return CMP((uintptr_t) a->ptr, (uintptr_t) b->ptr);
+}
+
 void client_set_error(gpupool_client *c, const char *fmt, ...) {
         va_list ap;
 
@@ -171,8 +182,8 @@ static int session_open(gpupool_client *c) {
 }
 
 GPUPOOL_EXPORT int gpupool_connect(const char *socket_path, const char *client_name, gpupool_client **ret_client) {
-        const char *keep = getenv("GPUPOOL_KEEP_FREE");
-        uint64_t keep_bytes = 0;
+        const char *keep = getenv("GPUPOOL_KEEP_FREE"), *cache = getenv("GPUPOOL_CLIENT_CACHE");
+        uint64_t keep_bytes = 0, cache_bytes = GPUPOOL_DEFAULT_CLIENT_CACHE;
         gpupool_client *c;
         int r;
 
@@ -184,6 +195,8 @@ GPUPOOL_EXPORT int gpupool_connect(const char *socket_path, const char *client_n
                 return -ENAMETOOLONG;
         if (keep && *keep && gp_size_parse(keep, &keep_bytes) < 0)
                 return -EINVAL;         /* $GPUPOOL_KEEP_FREE is not a size */
+        if (cache && *cache && gp_size_parse(cache, &cache_bytes) < 0)
+                return -EINVAL;         /* $GPUPOOL_CLIENT_CACHE is not a size */
         c = calloc(1, sizeof(*c));
         if (!c)
                 return -ENOMEM;
@@ -199,6 +212,9 @@ GPUPOOL_EXPORT int gpupool_connect(const char *socket_path, const char *client_n
         gp_rb_init(&c->by_id, cmp_id);
         gp_rb_init(&c->by_handle, cmp_handle);
         gp_rb_init(&c->blocks, cmp_block);
+        gp_rb_init(&c->cache, cmp_cached);
+        c->cache_limit = cache_bytes;
+        c->conn.report_cached = &c->cache_bytes;
         r = session_open(c);
         if (r < 0) {
                 /* No handle to read the message from: the caller gets the errno alone. */
@@ -223,6 +239,18 @@ static void mapping_drop(gpupool_client *c, struct mapping *m) {
         free(m);
 }
 
+/* Drops the cache's records without telling the daemon (it is leaving, or gone). Locked. */
+static void cache_forget(gpupool_client *c) {
+        struct gp_rb_node *n;
+
+        while ((n = gp_rb_first(&c->cache))) {
+                gp_rb_remove(&c->cache, n);
+                free(gp_rb_entry(n, struct block, node));
+        }
+        c->lru_head = c->lru_tail = NULL;
+        c->cache_bytes = 0;
+}
+
 GPUPOOL_EXPORT void gpupool_disconnect(gpupool_client *c) {
         Gpupool__Envelope req = GPUPOOL__ENVELOPE__INIT, *rep;
         Gpupool__ByeRequest bye = GPUPOOL__BYE_REQUEST__INIT;
@@ -236,6 +264,7 @@ GPUPOOL_EXPORT void gpupool_disconnect(gpupool_client *c) {
         /* Blocks freed with a stream: their device work must end before the memory goes back. */
         if (c->cuda)
                 client_cuda_reap(c, true);
+        cache_forget(c);
         while ((n = gp_rb_first(&c->blocks))) {
                 gp_rb_remove(&c->blocks, n);
                 free(gp_rb_entry(n, struct block, node));
@@ -267,6 +296,7 @@ GPUPOOL_EXPORT int gpupool_reconnect(gpupool_client *c) {
         /* The old daemon's memory is gone with it: forget every block and mapping, wait for no event. */
         if (c->cuda)
                 client_cuda_forget_deferred(c);
+        cache_forget(c);
         while ((n = gp_rb_first(&c->blocks))) {
                 gp_rb_remove(&c->blocks, n);
                 free(gp_rb_entry(n, struct block, node));
@@ -388,15 +418,98 @@ static int free_at_daemon(gpupool_client *c, struct mapping *m, uint64_t segment
         return 0;
 }
 
-int client_free_block(gpupool_client *c, struct block *b) {
+static void lru_unlink(gpupool_client *c, struct block *b) {
+        if (b->lru_prev)
+                b->lru_prev->lru_next = b->lru_next;
+        else
+                c->lru_head = b->lru_next;
+        if (b->lru_next)
+                b->lru_next->lru_prev = b->lru_prev;
+        else
+                c->lru_tail = b->lru_prev;
+        b->lru_prev = b->lru_next = NULL;
+}
+
+/* Takes a block out of the cache (it is still allocated at the daemon). Locked. */
+static void cache_take(gpupool_client *c, struct block *b) {
+        gp_rb_remove(&c->cache, &b->node);
+        lru_unlink(c, b);
+        c->cache_bytes -= b->size;
+}
+
+/* Frees a block (not in any tree) at the daemon. Locked. */
+static int block_release(gpupool_client *c, struct block *b) {
         struct mapping *m = b->mapping;
         int r;
 
-        gp_rb_remove(&c->blocks, &b->node);
         m->live--;
         r = free_at_daemon(c, m, m->segment_id, (uint64_t) (b->ptr - m->base));
         free(b);
         return r;
+}
+
+/* Gives the daemon back what the cache holds, least recently freed first, until it holds at most keep bytes. Locked. */
+static int cache_shrink(gpupool_client *c, uint64_t keep) {
+        int r = 0;
+
+        while (c->cache_bytes > keep && c->lru_head) {
+                struct block *b = c->lru_head;
+                int e;
+
+                cache_take(c, b);
+                e = block_release(c, b);
+                if (e < 0 && r == 0)
+                        r = e;
+        }
+        return r;
+}
+
+int client_free_block(gpupool_client *c, struct block *b) {
+        gp_rb_remove(&c->blocks, &b->node);
+        if (b->size > c->cache_limit || c->conn.broken)
+                return block_release(c, b);
+        /* Kept for this process's next allocation of the size: no round trip now or then. */
+        gp_rb_insert(&c->cache, &b->node);
+        b->lru_prev = c->lru_tail;
+        b->lru_next = NULL;
+        if (c->lru_tail)
+                c->lru_tail->lru_next = b;
+        else
+                c->lru_head = b;
+        c->lru_tail = b;
+        c->cache_bytes += b->size;
+        return cache_shrink(c, c->cache_limit);
+}
+
+/* A cached block of exactly this device and rounded size, or NULL. Locked. */
+static struct block *cache_find(gpupool_client *c, unsigned device, uint64_t rsize) {
+        struct block key = { .device = device, .size = rsize, .ptr = NULL };
+        struct gp_rb_node *n = gp_rb_lower_bound(&c->cache, &key.node);
+        struct block *b = n ? gp_rb_entry(n, struct block, node) : NULL;
+
+        return b && b->device == device && b->size == rsize ? b : NULL;
+}
+
+GPUPOOL_EXPORT int gpupool_trim(gpupool_client *c) {
+        int r;
+
+        if (!c)
+                return -EINVAL;
+        pthread_mutex_lock(&c->lock);
+        r = cache_shrink(c, 0);
+        pthread_mutex_unlock(&c->lock);
+        return r;
+}
+
+GPUPOOL_EXPORT size_t gpupool_cached_bytes(gpupool_client *c) {
+        size_t n;
+
+        if (!c)
+                return 0;
+        pthread_mutex_lock(&c->lock);
+        n = c->cache_bytes;
+        pthread_mutex_unlock(&c->lock);
+        return n;
 }
 
 /* The daemon's index for the caller's device number (its own CUDA ordinal on the cuda backend), or -1. */
@@ -430,6 +543,18 @@ GPUPOOL_EXPORT int gpupool_alloc(gpupool_client *c, int device, size_t size, voi
                         client_set_error(c, "no device %d: gpupoold has %u", device, c->device_count);
                 goto out;
         }
+        if (c->cache_bytes) {
+                struct block *hit = cache_find(c, (unsigned) d, (size + 511) & ~(uint64_t) 511);
+
+                if (hit) {
+                        cache_take(c, hit);
+                        hit->scope = c->scope_depth ? c->scopes[c->scope_depth - 1] : 0;
+                        gp_rb_insert(&c->blocks, &hit->node);
+                        *ret_ptr = hit->ptr;
+                        r = 0;
+                        goto out;
+                }
+        }
         b = calloc(1, sizeof(*b));
         if (!b) {
                 r = -ENOMEM;
@@ -440,6 +565,11 @@ GPUPOOL_EXPORT int gpupool_alloc(gpupool_client *c, int device, size_t size, voi
         req.body_case = GPUPOOL__ENVELOPE__BODY_ALLOC;
         req.alloc = &ar;
         r = gp_conn_call(&c->conn, &req, GPUPOOL__ENVELOPE__BODY_ALLOC_REPLY, &rep, &fd);
+        if ((r == -EDQUOT || r == -ENOMEM) && c->cache_bytes) {
+                /* What this process keeps cached may be what stands in the way: give it back and ask again. */
+                (void) cache_shrink(c, 0);
+                r = gp_conn_call(&c->conn, &req, GPUPOOL__ENVELOPE__BODY_ALLOC_REPLY, &rep, &fd);
+        }
         if (r < 0)
                 goto out;
         a = rep->alloc_reply;
@@ -472,6 +602,8 @@ GPUPOOL_EXPORT int gpupool_alloc(gpupool_client *c, int device, size_t size, voi
                 goto out_reply;
         }
         b->ptr = m->base + a->offset;
+        b->size = a->size;
+        b->device = (unsigned) d;
         b->mapping = m;
         if (gp_rb_insert(&c->blocks, &b->node)) {
                 r = -EPROTO;

@@ -35,7 +35,10 @@ struct mapping {
 /* One live block handed to the application. */
 struct block {
         uint8_t *ptr;
+        uint64_t size;                  /* as the daemon rounded it */
+        unsigned device;                /* the daemon's index */
         struct mapping *mapping;
+        struct block *lru_prev, *lru_next;      /* in the client cache only */
         bool freeing;                   /* gpupool_free_async() queued it */
         uint32_t scope;                 /* the scope it was allocated in, 0: none */
         struct gp_rb_node node;
@@ -69,7 +72,15 @@ struct gpupool_client {
         int local_to_daemon[CLIENT_MAX_DEVICES];        /* this process's CUDA ordinal -> daemon index, or -1 */
         int local_count;
         struct gp_rb_tree by_addr, by_id, by_handle;
-        struct gp_rb_tree blocks;
+        struct gp_rb_tree blocks;       /* live blocks the application holds */
+        /*
+         * The client cache: blocks the application freed, still allocated at the daemon,
+         * kept for reuse by (device, size) up to cache_limit bytes, least recently freed
+         * evicted first ($GPUPOOL_CLIENT_CACHE).
+         */
+        struct gp_rb_tree cache;
+        struct block *lru_head, *lru_tail;
+        uint64_t cache_bytes, cache_limit;
         /* Open scopes, innermost last (gpupool_scope_begin/end). */
         uint32_t scopes[CLIENT_MAX_SCOPES];
         unsigned scope_depth;

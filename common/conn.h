@@ -16,6 +16,7 @@ struct gp_conn {
         bool broken;                    /* the daemon is gone or spoke nonsense */
         uint64_t next_id;
         char error[256];                /* why the latest call failed */
+        const uint64_t *report_cached;  /* if set: reported with each request (client_cached_bytes) */
         uint8_t buf[GP_MAX_REPLY_BYTES];
 };
 

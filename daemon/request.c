@@ -555,6 +555,8 @@ static void handle_status(struct session *s, const Gpupool__Envelope *req, struc
                                               server->policy.client_limit_bytes;
                 if (c->tenant)
                         cs->tenant = c->tenant->conf.name;
+                cs->has_cached_in_client_bytes = 1;
+                cs->cached_in_client_bytes = c->client_cached_bytes;
                 if (c->state == SESSION_EXITING) {
                         cs->has_exiting = 1;
                         cs->exiting = 1;
@@ -792,6 +794,8 @@ static void handle_bye(struct session *s, const Gpupool__Envelope *req, struct r
 }
 
 void request_handle(struct session *s, const Gpupool__Envelope *req, struct reply *ret) {
+        if (req->has_client_cached_bytes)
+                s->client_cached_bytes = req->client_cached_bytes;
         if (s->said_bye) {
                 request_error_reply(s, req->id, -EPROTO, true, "request after goodbye", ret);
                 return;

@@ -134,6 +134,19 @@ GPUPOOL_EXPORT int gpupool_arena_destroy(gpupool_arena *arena);
  */
 GPUPOOL_EXPORT size_t gpupool_last_error(gpupool_client *client, char *buf, size_t size);
 
+/*
+ * The client cache. gpupool_free() keeps the block in the process for the next allocation of
+ * the same (rounded) size on the same device, which then needs no round trip, up to
+ * $GPUPOOL_CLIENT_CACHE bytes (a size; default GPUPOOL_DEFAULT_CLIENT_CACHE; 0 turns it off),
+ * least recently freed given back first. Cached blocks stay allocated at the daemon and count
+ * against this client's limits; when an allocation is refused for a limit or a full device,
+ * the cache is given back and the allocation asked again. gpupool_trim() gives back everything
+ * cached now; gpupool_cached_bytes() says how much that is.
+ */
+#define GPUPOOL_DEFAULT_CLIENT_CACHE (64ULL << 20)
+GPUPOOL_EXPORT int gpupool_trim(gpupool_client *client);
+GPUPOOL_EXPORT size_t gpupool_cached_bytes(gpupool_client *client);
+
 /* A static description of one of the negative errnos above. */
 GPUPOOL_EXPORT const char *gpupool_strerror(int err);
 

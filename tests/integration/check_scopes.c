@@ -1,6 +1,7 @@
 /*
- * check_scopes.c: scopes (every block of a scope freed at its end, in batches) and arenas
- * (bump allocation in one block), end to end on the host backend.
+ * check_scopes.c: the client library's own layers, end to end on the host backend: the client
+ * cache (freed blocks reused without a round trip, bounded, given back), scopes (every block
+ * of a scope freed at its end, in batches) and arenas (bump allocation in one block).
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -8,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "gpupool.h"
 #include "suites.h"
@@ -136,6 +138,76 @@ START_TEST(test_arena) {
 }
 END_TEST
 
+static long long client_cached(struct testd *d) {
+        json_t *st = testd_ctl(d, "status"), *c = status_client_by_pid(st, getpid());
+        long long v = c ? json_integer_value(json_object_get(c, "cached_in_client_bytes")) : -1;
+
+        json_decref(st);
+        return v;
+}
+
+START_TEST(test_client_cache) {
+        gpupool_client *c;
+        struct testd d;
+        void *p, *q, *big, *r[8];
+
+        testd_start(&d, "--client-limit", "32M", NULL);
+        setenv("GPUPOOL_CLIENT_CACHE", "8M", 1);
+        ck_assert_int_eq(gpupool_connect(d.sock, "cached", &c), 0);
+        unsetenv("GPUPOOL_CLIENT_CACHE");
+        ck_assert_int_eq(gpupool_alloc(c, 0, 100000, &p), 0);
+        memset(p, 5, 100000);
+        ck_assert_int_eq(gpupool_free(c, p), 0);
+        /*
+         * Freed into the process's cache: the daemon still counts it in use, and learns how much
+         * the client caches with the client's next request (here, an allocation of another size).
+         */
+        ck_assert_int_eq(gpupool_cached_bytes(c), 100352);
+        ck_assert_int_eq(dev(&d, "in_use_bytes"), 100352);
+        ck_assert_int_eq(gpupool_alloc(c, 0, 512, &q), 0);
+        ck_assert_int_eq(client_cached(&d), 100352);
+        ck_assert_int_eq(gpupool_free(c, q), 0);
+        /* The same rounded size comes back from the cache: the same block, no round trip. */
+        ck_assert_int_eq(gpupool_alloc(c, 0, 100300, &q), 0);
+        ck_assert_ptr_eq(q, p);
+        ck_assert_int_eq(gpupool_cached_bytes(c), 512);                /* the 512-byte block stays cached */
+        ck_assert_int_eq(gpupool_free(c, q), 0);
+        ck_assert_int_eq(gpupool_free(c, q), -ENOENT);                 /* a double free is still caught */
+        /* Bounded: over 8 MiB the least recently freed go back to the daemon. */
+        for (int i = 0; i < 8; i++)
+                ck_assert_int_eq(gpupool_alloc(c, 0, 1 * MiB + 4096 * (size_t) i, &r[i]), 0);
+        for (int i = 0; i < 8; i++)
+                ck_assert_int_eq(gpupool_free(c, r[i]), 0);
+        ck_assert_int_le(gpupool_cached_bytes(c), 8 * MiB);
+        /* Blocks larger than the whole cache are never cached. */
+        ck_assert_int_eq(gpupool_alloc(c, 0, 9 * MiB, &big), 0);
+        ck_assert_int_eq(gpupool_free(c, big), 0);
+        ck_assert_int_le(gpupool_cached_bytes(c), 8 * MiB);
+        /* A limit that would refuse: the cache is given back first, and the allocation succeeds. */
+        ck_assert_int_gt(gpupool_cached_bytes(c), 0);
+        ck_assert_int_eq(gpupool_alloc(c, 0, 28 * MiB, &big), 0);
+        ck_assert_int_eq(gpupool_cached_bytes(c), 0);
+        ck_assert_int_eq(gpupool_free(c, big), 0);
+        /* Trim gives everything back. */
+        ck_assert_int_eq(gpupool_trim(c), 0);
+        ck_assert_int_eq(gpupool_cached_bytes(c), 0);
+        ck_assert_int_eq(dev(&d, "in_use_bytes"), 0);
+        gpupool_disconnect(c);
+        /* Off: every free goes to the daemon at once. */
+        setenv("GPUPOOL_CLIENT_CACHE", "0", 1);
+        ck_assert_int_eq(gpupool_connect(d.sock, "uncached", &c), 0);
+        ck_assert_int_eq(gpupool_alloc(c, 0, 4096, &p), 0);
+        ck_assert_int_eq(gpupool_free(c, p), 0);
+        ck_assert_int_eq(gpupool_cached_bytes(c), 0);
+        ck_assert_int_eq(dev(&d, "in_use_bytes"), 0);
+        gpupool_disconnect(c);
+        setenv("GPUPOOL_CLIENT_CACHE", "lots", 1);
+        ck_assert_int_eq(gpupool_connect(d.sock, "bad", &c), -EINVAL);
+        setenv("GPUPOOL_CLIENT_CACHE", "0", 1);
+        ck_assert_int_eq(testd_stop(&d), 0);
+}
+END_TEST
+
 Suite *suite_scopes(void) {
         Suite *s = suite_create("scopes");
         TCase *tc = tcase_create("host");
@@ -143,6 +215,7 @@ Suite *suite_scopes(void) {
         tcase_add_test(tc, test_scope_frees_what_is_left);
         tcase_add_test(tc, test_scope_with_kept_segments);
         tcase_add_test(tc, test_arena);
+        tcase_add_test(tc, test_client_cache);
         tcase_set_timeout(tc, 60);
         suite_add_tcase(s, tc);
         return s;
