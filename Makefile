@@ -10,6 +10,7 @@
 #                             (STRESS_CLIENTS=N STRESS_SECONDS=S)
 #   make check-gpu            the cuda backend's tests on this machine's GPU (skipped without one)
 #   make bench                CPU benchmarks on the host backend (table + bench/results/*.json)
+#   make bench-frag           fragmentation of gpupool, PyTorch-, CuPy- and no-cache policies on traces
 #   make bench-gpu            allocation latency: driver, driver pool, gpupool (needs a GPU)
 #   make STATIC=1             link libuv, protobuf-c, jansson, inih and Check statically
 #   make V=1                  show the commands
@@ -82,6 +83,7 @@ GPU_TEST_BIN := $(B)/tests/check_gpu
 BENCH_GPU  := $(B)/bench/bench_gpu
 STRESS_BIN := $(B)/tests/stress
 BENCH_HOST := $(B)/bench/bench_host
+BENCH_FRAG := $(B)/bench/frag
 FAKECUDA   := $(B)/tests/libfakecuda.so
 
 all: $(DAEMON_BIN) $(CLI_BIN) $(LIB_SO) $(B)/libgpupool.so $(LIB_A)
@@ -175,6 +177,17 @@ BENCH_ARGS_HOST ?=
 bench: all $(BENCH_HOST)
 	@mkdir -p bench/results
 	$(Q)$(BENCH_HOST) --build $(B) --json bench/results/host-$$(date -u +%Y-%m-%d).json $(BENCH_ARGS_HOST)
+
+$(BENCH_FRAG): $(B)/obj/bench/frag.o $(B)/obj/daemon/pool.o $(B)/obj/common/rbtree.o
+	@mkdir -p $(dir $@)
+	@echo "  LD      $@"
+	$(Q)$(CC) $(LDFLAGS) -o $@ $^
+
+# Fragmentation: peak reserved / peak in use of gpupool's pool and of re-implemented PyTorch,
+# CuPy and no-cache policies over the traces in bench/traces (bench/frag.c).
+bench-frag: $(BENCH_FRAG)
+	@mkdir -p bench/results
+	$(Q)$(BENCH_FRAG) bench/traces/*.csv | tee bench/results/frag-$$(date -u +%Y-%m-%d).txt
 
 # On a GPU machine: allocation latency of the driver, its stream-ordered pool and gpupool,
 # and the cost of importing a segment (bench/bench_gpu.c). BENCH_ARGS="--ops 100000" etc.
@@ -272,7 +285,7 @@ run: deps
 clean:
 	rm -rf build
 
-.PHONY: all test check-gpu bench-gpu stress fuzz fuzz-seeds bench valgrind deps deps-fuzz run clean
+.PHONY: all test check-gpu bench-gpu stress fuzz fuzz-seeds bench bench-frag valgrind deps deps-fuzz run clean
 
 .SECONDARY:
 

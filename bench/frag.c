@@ -1,0 +1,367 @@
+/*
+ * frag.c: "make bench-frag": how much memory each allocator policy holds to serve a trace.
+ *
+ * Replays allocation traces (the CSV files in bench/traces: time, op, id, size, stream) through four
+ * policies and reports, for each, the peak of memory reserved from the device and the peak of
+ * memory in use (the sizes asked, rounded to 512 B), and their ratio: 1.00 would be no
+ * overhead at all. The policies:
+ *
+ *   gpupool  daemon/pool.c itself, one client: 2/20 MiB segment classes and own segments,
+ *            512 B best fit with split and merge; emptied segments go to its cache, which
+ *            counts as reserved (no watermark, no decay: the worst case);
+ *   pytorch  a re-implementation of PyTorch's CUDACachingAllocator defaults (from its source,
+ *            see docs/performance.md): small (<= 1 MiB) and large pools, 2 MiB segments for
+ *            small requests, 20 MiB for 1-10 MiB, larger rounded to 2 MiB; best fit; split a
+ *            small block when 512 B or more remain, a large one when more than 1 MiB remains;
+ *            merge with free neighbours; never give a segment back;
+ *   cupy     a re-implementation of CuPy's MemoryPool: a segment of exactly the rounded size
+ *            on a miss, best fit over all free chunks, split and merge, never given back;
+ *   none     no cache: every allocation is its own rounded segment, freed at once.
+ *
+ * Usage: frag TRACE.csv...
+ */
+#include <errno.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "pool.h"
+#include "rbtree.h"
+
+#define MiB (1ULL << 20)
+
+struct op {
+        bool alloc;
+        uint64_t id, size;
+};
+
+static uint64_t round512(uint64_t n) {
+        return (n + 511) & ~511ULL;
+}
+
+/* ---- a generic segment allocator: the pytorch and cupy policies ---- */
+
+struct seg;
+
+struct blk {
+        struct seg *seg;
+        uint64_t off, size;
+        bool free;
+        struct blk *prev, *next;
+        struct gp_rb_node node;         /* in its pool's free index while free */
+};
+
+struct seg {
+        int pool;
+};
+
+struct policy {
+        int (*pool_of)(uint64_t rsize);
+        uint64_t (*segment_size)(uint64_t rsize);
+        bool (*should_split)(int pool, uint64_t remaining);
+};
+
+struct segalloc {
+        const struct policy *p;
+        struct gp_rb_tree free_index[2];
+        uint64_t reserved, in_use;
+};
+
+#define CMP(a, b) ((a) < (b) ? -1 : (a) > (b))
+
+static int cmp_free(const struct gp_rb_node *x, const struct gp_rb_node *y) {
+        const struct blk *a = gp_rb_entry(x, struct blk, node), *b = gp_rb_entry(y, struct blk, node);
+
+        if (a->size != b->size)
+                return CMP(a->size, b->size);
+        if (a->seg != b->seg)
+                return CMP((uintptr_t) a->seg, (uintptr_t) b->seg);
+        return CMP(a->off, b->off);
+}
+
+static void sa_init(struct segalloc *s, const struct policy *p) {
+        memset(s, 0, sizeof(*s));
+        s->p = p;
+        gp_rb_init(&s->free_index[0], cmp_free);
+        gp_rb_init(&s->free_index[1], cmp_free);
+}
+
+static struct blk *sa_alloc(struct segalloc *s, uint64_t size) {
+        uint64_t rsize = round512(size);
+        int pool = s->p->pool_of(rsize);
+        struct blk key = { .seg = NULL, .off = 0, .size = rsize }, *b;
+        struct gp_rb_node *n = gp_rb_lower_bound(&s->free_index[pool], &key.node);
+
+        if (n) {
+                b = gp_rb_entry(n, struct blk, node);
+                gp_rb_remove(&s->free_index[pool], &b->node);
+        } else {
+                struct seg *g = calloc(1, sizeof(*g));
+
+                b = calloc(1, sizeof(*b));
+                g->pool = pool;
+                b->seg = g;
+                b->size = s->p->segment_size(rsize);
+                s->reserved += b->size;
+        }
+        if (b->size > rsize && s->p->should_split(pool, b->size - rsize)) {
+                struct blk *rest = calloc(1, sizeof(*rest));
+
+                *rest = (struct blk) { .seg = b->seg, .off = b->off + rsize, .size = b->size - rsize, .free = true,
+                                       .prev = b, .next = b->next };
+                if (b->next)
+                        b->next->prev = rest;
+                b->next = rest;
+                b->size = rsize;
+                gp_rb_insert(&s->free_index[pool], &rest->node);
+        }
+        b->free = false;
+        s->in_use += rsize;
+        return b;
+}
+
+static void sa_free(struct segalloc *s, struct blk *b, uint64_t size) {
+        int pool = b->seg->pool;
+
+        s->in_use -= round512(size);
+        b->free = true;
+        if (b->next && b->next->free) {
+                struct blk *n = b->next;
+
+                gp_rb_remove(&s->free_index[pool], &n->node);
+                b->size += n->size;
+                b->next = n->next;
+                if (n->next)
+                        n->next->prev = b;
+                free(n);
+        }
+        if (b->prev && b->prev->free) {
+                struct blk *p = b->prev;
+
+                gp_rb_remove(&s->free_index[pool], &p->node);
+                p->size += b->size;
+                p->next = b->next;
+                if (b->next)
+                        b->next->prev = p;
+                free(b);
+                b = p;
+        }
+        gp_rb_insert(&s->free_index[pool], &b->node);
+}
+
+static int pt_pool(uint64_t r) {
+        return r <= MiB ? 0 : 1;
+}
+
+static uint64_t pt_segment(uint64_t r) {
+        if (r <= MiB)
+                return 2 * MiB;
+        if (r < 10 * MiB)
+                return 20 * MiB;
+        return (r + 2 * MiB - 1) & ~(2 * MiB - 1);
+}
+
+static bool pt_split(int pool, uint64_t remaining) {
+        return pool == 0 ? remaining >= 512 : remaining > MiB;
+}
+
+static const struct policy pytorch = { pt_pool, pt_segment, pt_split };
+
+static int cp_pool(uint64_t r) {
+        (void) r;
+        return 0;
+}
+
+static uint64_t cp_segment(uint64_t r) {
+        return r;
+}
+
+static bool cp_split(int pool, uint64_t remaining) {
+        (void) pool;
+        return remaining >= 512;
+}
+
+static const struct policy cupy = { cp_pool, cp_segment, cp_split };
+
+/* ---- gpupool's own pool ---- */
+
+static int nb_info(struct backend *b, unsigned d, struct backend_device_info *ret) {
+        (void) b, (void) d;
+        memset(ret, 0, sizeof(*ret));
+        return 0;
+}
+
+static int nb_create(struct backend *b, unsigned d, uint64_t size, struct backend_mem *ret) {
+        (void) b, (void) d, (void) size;
+        memset(ret, 0, sizeof(*ret));
+        ret->fd = -1;
+        return 0;
+}
+
+static void nb_destroy(struct backend *b, unsigned d, struct backend_mem *m, uint64_t size) {
+        (void) b, (void) d, (void) m, (void) size;
+}
+
+static int nb_zero(struct backend *b, unsigned d, struct backend_mem *m, uint64_t size) {
+        (void) b, (void) d, (void) m, (void) size;
+        return 0;
+}
+
+static const struct backend_ops null_ops = { nb_info, nb_create, nb_destroy, nb_zero, NULL };
+
+/* ---- replay ---- */
+
+struct result {
+        uint64_t peak_reserved, peak_in_use;
+};
+
+static struct op *load(const char *path, size_t *ret_n, uint64_t *ret_max_id) {
+        FILE *f = fopen(path, "r");
+        char line[256];
+        size_t n = 0, cap = 1024;
+        struct op *ops = malloc(cap * sizeof(*ops));
+        uint64_t max_id = 0;
+
+        if (!f || !ops) {
+                fprintf(stderr, "frag: cannot read %s\n", path);
+                exit(1);
+        }
+        if (!fgets(line, sizeof(line), f))
+                exit(1);        /* the header */
+        while (fgets(line, sizeof(line), f)) {
+                unsigned long long t, id, size;
+                unsigned stream;
+                char op;
+
+                if (sscanf(line, "%llu,%c,%llu,%llu,%u", &t, &op, &id, &size, &stream) != 5 || (op != 'a' && op != 'f')) {
+                        fprintf(stderr, "frag: %s: bad line: %s", path, line);
+                        exit(1);
+                }
+                if (n == cap)
+                        ops = realloc(ops, (cap *= 2) * sizeof(*ops));
+                ops[n++] = (struct op) { op == 'a', id, size };
+                if (id > max_id)
+                        max_id = id;
+        }
+        fclose(f);
+        *ret_n = n;
+        *ret_max_id = max_id;
+        return ops;
+}
+
+static struct result run_segalloc(const struct policy *p, const struct op *ops, size_t n, uint64_t max_id) {
+        struct blk **live = calloc(max_id + 1, sizeof(*live));
+        uint64_t *sizes = calloc(max_id + 1, sizeof(*sizes));
+        struct result r = { 0 };
+        struct segalloc s;
+
+        sa_init(&s, p);
+        for (size_t i = 0; i < n; i++) {
+                if (ops[i].alloc) {
+                        live[ops[i].id] = sa_alloc(&s, ops[i].size);
+                        sizes[ops[i].id] = ops[i].size;
+                } else if (live[ops[i].id]) {
+                        sa_free(&s, live[ops[i].id], sizes[ops[i].id]);
+                        live[ops[i].id] = NULL;
+                }
+                if (s.reserved > r.peak_reserved)
+                        r.peak_reserved = s.reserved;
+                if (s.in_use > r.peak_in_use)
+                        r.peak_in_use = s.in_use;
+        }
+        free(live);
+        free(sizes);
+        return r;      /* the blocks and segments are left to the process's exit */
+}
+
+static struct result run_gpupool(const struct op *ops, size_t n, uint64_t max_id) {
+        struct backend b = { .ops = &null_ops, .name = "null", .device_count = 1 };
+        struct pool_lease *live = calloc(max_id + 1, sizeof(*live));
+        bool *held = calloc(max_id + 1, sizeof(*held));
+        struct result r = { 0 };
+        struct pool_owner o;
+        struct pool_stats st;
+        uint64_t in_use = 0;
+        struct pool *p;
+
+        if (pool_new(&b, 0, 1ULL << 46, &p) < 0)
+                exit(1);
+        pool_owner_attach(p, &o, 1);
+        for (size_t i = 0; i < n; i++) {
+                if (ops[i].alloc) {
+                        if (pool_alloc(p, &o, ops[i].size, UINT64_MAX, &live[ops[i].id]) < 0)
+                                exit(1);
+                        held[ops[i].id] = true;
+                        in_use += round512(ops[i].size);
+                } else if (held[ops[i].id]) {
+                        bool release = false;
+
+                        (void) pool_free_block(p, &o, live[ops[i].id].segment_id, live[ops[i].id].offset, &release);
+                        if (release)
+                                (void) pool_release(p, &o, live[ops[i].id].segment_id);
+                        held[ops[i].id] = false;
+                        in_use -= round512(live[ops[i].id].size);
+                }
+                pool_get_stats(p, &st);
+                if (st.reserved_bytes > r.peak_reserved)
+                        r.peak_reserved = st.reserved_bytes;
+                if (in_use > r.peak_in_use)
+                        r.peak_in_use = in_use;
+        }
+        pool_owner_detach(&o);
+        pool_free(p);
+        free(live);
+        free(held);
+        return r;
+}
+
+static struct result run_none(const struct op *ops, size_t n, uint64_t max_id) {
+        uint64_t *sizes = calloc(max_id + 1, sizeof(*sizes)), in_use = 0;
+        struct result r = { 0 };
+
+        for (size_t i = 0; i < n; i++) {
+                if (ops[i].alloc) {
+                        sizes[ops[i].id] = round512(ops[i].size);
+                        in_use += sizes[ops[i].id];
+                } else {
+                        in_use -= sizes[ops[i].id];
+                        sizes[ops[i].id] = 0;
+                }
+                if (in_use > r.peak_in_use)
+                        r.peak_in_use = in_use;
+                r.peak_reserved = r.peak_in_use;        /* no cache: it holds exactly what is in use */
+        }
+        free(sizes);
+        return r;
+}
+
+static void row(const char *trace, const char *name, struct result r) {
+        printf("%-12s %-8s %14.1f %14.1f %8.3f\n", trace, name, (double) r.peak_reserved / MiB, (double) r.peak_in_use / MiB,
+               (double) r.peak_reserved / (double) r.peak_in_use);
+}
+
+int main(int argc, char **argv) {
+        if (argc < 2) {
+                fprintf(stderr, "usage: frag TRACE.csv...\n");
+                return 2;
+        }
+        printf("%-12s %-8s %14s %14s %8s\n", "trace", "policy", "peak reserved", "peak in use", "ratio");
+        printf("%-12s %-8s %14s %14s %8s\n", "", "", "MiB", "MiB", "");
+        for (int i = 1; i < argc; i++) {
+                const char *base = strrchr(argv[i], '/') ? strrchr(argv[i], '/') + 1 : argv[i];
+                char name[64];
+                uint64_t max_id;
+                size_t n;
+                struct op *ops = load(argv[i], &n, &max_id);
+
+                snprintf(name, sizeof(name), "%.*s", (int) (strcspn(base, ".")), base);
+                row(name, "gpupool", run_gpupool(ops, n, max_id));
+                row(name, "pytorch", run_segalloc(&pytorch, ops, n, max_id));
+                row(name, "cupy", run_segalloc(&cupy, ops, n, max_id));
+                row(name, "none", run_none(ops, n, max_id));
+                free(ops);
+        }
+        return 0;
+}
