@@ -16,7 +16,11 @@
  * Latencies are medians and p99 of --ops single operations timed with CLOCK_MONOTONIC. It
  * prints one table and writes the same as JSON to --json FILE.
  *
+ * "make bench-instructions" runs the allocator core under callgrind (--core-only N) and
+ * reports instructions per alloc+free pair, which unlike nanoseconds repeat exactly.
+ *
  * Usage: bench_host --build DIR [--ops N] [--seconds S] [--json FILE]
+ *        bench_host --ops N --core-only FREE_BLOCKS
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -300,10 +304,25 @@ static int nb_zero(struct backend *b, unsigned d, struct backend_mem *m, uint64_
 
 static const struct backend_ops null_ops = { nb_info, nb_create, nb_destroy, nb_zero, NULL };
 
-/* ns per alloc+free pair with free_blocks fragments in the owner's free index. */
+/* The measured loop, alone in a function so that callgrind can count just it (--toggle-collect). */
+__attribute__((noinline)) void core_loop(struct pool *p, struct pool_owner *o, size_t ops, double *t) {
+        struct pool_lease l;
+        bool release;
+
+        for (size_t i = 0; i < ops; i++) {
+                double t0 = t ? now_ns() : 0;
+
+                (void) pool_alloc(p, o, 512, UINT64_MAX, &l);
+                (void) pool_free_block(p, o, l.segment_id, l.offset, &release);
+                if (t)
+                        t[i] = now_ns() - t0;
+        }
+}
+
+/* ns per alloc+free pair with free_blocks fragments in the owner's free index (t NULL: untimed, for callgrind). */
 static struct dist pool_core(size_t free_blocks, size_t ops, double *t) {
         struct backend b = { .ops = &null_ops, .name = "null", .device_count = 1 };
-        struct pool_lease *held = malloc(2 * free_blocks * sizeof(*held)), l;
+        struct pool_lease *held = malloc(2 * free_blocks * sizeof(*held));
         struct pool_owner o;
         struct pool *p;
         bool release;
@@ -317,23 +336,18 @@ static struct dist pool_core(size_t free_blocks, size_t ops, double *t) {
                         exit(1);
         for (size_t i = 0; i < 2 * free_blocks; i += 2)
                 (void) pool_free_block(p, &o, held[i].segment_id, held[i].offset, &release);
-        for (size_t i = 0; i < ops; i++) {
-                double t0 = now_ns();
-
-                (void) pool_alloc(p, &o, 512, UINT64_MAX, &l);
-                (void) pool_free_block(p, &o, l.segment_id, l.offset, &release);
-                t[i] = now_ns() - t0;
-        }
+        core_loop(p, &o, ops, t);
         pool_owner_detach(&o);
         pool_free(p);
         free(held);
-        return summarize(t, ops);
+        return t ? summarize(t, ops) : (struct dist) { 0, 0 };
 }
 
 int main(int argc, char **argv) {
         static const struct option opts[] = {
                 { "build", required_argument, NULL, 'b' }, { "ops", required_argument, NULL, 'n' },
-                { "seconds", required_argument, NULL, 's' }, { "json", required_argument, NULL, 'j' }, { 0 },
+                { "seconds", required_argument, NULL, 's' }, { "json", required_argument, NULL, 'j' },
+                { "core-only", required_argument, NULL, 'c' }, { 0 },
         };
         const char *build = "build", *json = NULL;
         size_t ops = 100000;
@@ -351,6 +365,10 @@ int main(int argc, char **argv) {
                 case 'n': ops = strtoull(optarg, NULL, 10); break;
                 case 's': seconds = atof(optarg); break;
                 case 'j': json = optarg; break;
+                case 'c':
+                        /* Only the core loop, untimed, with this many free blocks: for callgrind. */
+                        (void) pool_core(strtoull(optarg, NULL, 10), ops, NULL);
+                        return 0;
                 default:
                         fprintf(stderr, "usage: bench_host --build DIR [--ops N] [--seconds S] [--json FILE]\n");
                         return 2;
