@@ -19,6 +19,8 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/time.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "size.h"
@@ -64,16 +66,27 @@ void client_set_error(gpupool_client *c, const char *fmt, ...) {
 
 static struct mapping *mapping_by_id(gpupool_client *c, uint64_t segment_id);
 static void mapping_drop(gpupool_client *c, struct mapping *m);
+static int cache_shrink(gpupool_client *c, uint64_t keep);
+
+static uint64_t now_ms(void) {
+        struct timespec ts;
+
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        return (uint64_t) ts.tv_sec * 1000 + (uint64_t) ts.tv_nsec / 1000000;
+}
 
 /*
  * The control thread: waits for the daemon's reclaim requests on the control channel and
- * answers each at once, whatever the application is doing: it unmaps the segments named (they
- * hold no live block of ours) and says which it did.
+ * answers each at once, whatever the application is doing: it gives back its cache if asked,
+ * unmaps the segments named (they hold no live block of ours) and says which it did. Once a
+ * second it also gives the cache back if nothing used it for the cache's idle time.
  */
 static void *control_main(void *arg) {
         gpupool_client *c = arg;
         uint8_t buf[GP_MAX_REPLY_BYTES];
+        struct timeval tick = { 1, 0 };
 
+        (void) setsockopt(c->control->sock, SOL_SOCKET, SO_RCVTIMEO, &tick, sizeof(tick));
         for (;;) {
                 Gpupool__Envelope *push, answer = GPUPOOL__ENVELOPE__INIT;
                 Gpupool__ReclaimReply rr = GPUPOOL__RECLAIM_REPLY__INIT;
@@ -81,6 +94,13 @@ static void *control_main(void *arg) {
                 uint8_t out[GP_MAX_REQUEST_BYTES];
                 int n = gp_wire_recv_packet(c->control->sock, buf, sizeof(buf), NULL);
 
+                if (n == -EAGAIN || n == -EWOULDBLOCK) {
+                        pthread_mutex_lock(&c->lock);
+                        if (c->cache_bytes && c->cache_idle_ms && now_ms() - c->cache_used_ms >= c->cache_idle_ms)
+                                (void) cache_shrink(c, 0);
+                        pthread_mutex_unlock(&c->lock);
+                        continue;
+                }
                 if (n <= 0 || gp_wire_unpack(buf, (size_t) n, &push) < 0)
                         return NULL;    /* disconnect shut the channel, or the daemon is gone */
                 if (push->body_case != GPUPOOL__ENVELOPE__BODY_RECLAIM) {
@@ -88,6 +108,8 @@ static void *control_main(void *arg) {
                         continue;
                 }
                 pthread_mutex_lock(&c->lock);
+                if (push->reclaim->has_trim_cache && push->reclaim->trim_cache)
+                        (void) cache_shrink(c, 0);
                 for (size_t i = 0; i < push->reclaim->n_segment_ids && rr.n_segment_ids < 256; i++) {
                         struct mapping *m = mapping_by_id(c, push->reclaim->segment_ids[i]);
 
@@ -174,7 +196,8 @@ static int session_open(gpupool_client *c) {
         r = c->cuda ? client_cuda_setup(c, hello->hello_reply) : 0;
         gpupool__envelope__free_unpacked(hello, NULL);
         /* Keeping free segments means being asked for them back: that needs the control channel. */
-        if (r == 0 && c->keep_free_bytes)
+        /* The daemon asks for kept segments and cached blocks back on it; the cache's idle timer runs on its thread. */
+        if (r == 0 && (c->keep_free_bytes || c->cache_limit))
                 r = control_open(c, path, c->name, client_id);
         if (r < 0)
                 gp_conn_close(&c->conn);
@@ -183,7 +206,8 @@ static int session_open(gpupool_client *c) {
 
 GPUPOOL_EXPORT int gpupool_connect(const char *socket_path, const char *client_name, gpupool_client **ret_client) {
         const char *keep = getenv("GPUPOOL_KEEP_FREE"), *cache = getenv("GPUPOOL_CLIENT_CACHE");
-        uint64_t keep_bytes = 0, cache_bytes = GPUPOOL_DEFAULT_CLIENT_CACHE;
+        const char *idle = getenv("GPUPOOL_CLIENT_CACHE_IDLE");
+        uint64_t keep_bytes = 0, cache_bytes = GPUPOOL_DEFAULT_CLIENT_CACHE, idle_ms = GPUPOOL_DEFAULT_CLIENT_CACHE_IDLE_MS;
         gpupool_client *c;
         int r;
 
@@ -197,6 +221,8 @@ GPUPOOL_EXPORT int gpupool_connect(const char *socket_path, const char *client_n
                 return -EINVAL;         /* $GPUPOOL_KEEP_FREE is not a size */
         if (cache && *cache && gp_size_parse(cache, &cache_bytes) < 0)
                 return -EINVAL;         /* $GPUPOOL_CLIENT_CACHE is not a size */
+        if (idle && *idle && gp_duration_parse(idle, &idle_ms) < 0)
+                return -EINVAL;         /* $GPUPOOL_CLIENT_CACHE_IDLE is not a duration */
         c = calloc(1, sizeof(*c));
         if (!c)
                 return -ENOMEM;
@@ -214,6 +240,7 @@ GPUPOOL_EXPORT int gpupool_connect(const char *socket_path, const char *client_n
         gp_rb_init(&c->blocks, cmp_block);
         gp_rb_init(&c->cache, cmp_cached);
         c->cache_limit = cache_bytes;
+        c->cache_idle_ms = idle_ms;
         c->conn.report_cached = &c->cache_bytes;
         r = session_open(c);
         if (r < 0) {
@@ -469,6 +496,7 @@ int client_free_block(gpupool_client *c, struct block *b) {
         if (b->size > c->cache_limit || c->conn.broken)
                 return block_release(c, b);
         /* Kept for this process's next allocation of the size: no round trip now or then. */
+        c->cache_used_ms = now_ms();
         gp_rb_insert(&c->cache, &b->node);
         b->lru_prev = c->lru_tail;
         b->lru_next = NULL;
@@ -547,6 +575,7 @@ GPUPOOL_EXPORT int gpupool_alloc(gpupool_client *c, int device, size_t size, voi
                 struct block *hit = cache_find(c, (unsigned) d, (size + 511) & ~(uint64_t) 511);
 
                 if (hit) {
+                        c->cache_used_ms = now_ms();
                         cache_take(c, hit);
                         hit->scope = c->scope_depth ? c->scopes[c->scope_depth - 1] : 0;
                         gp_rb_insert(&c->blocks, &hit->node);

@@ -81,6 +81,8 @@ struct gpupool_client {
         struct gp_rb_tree cache;
         struct block *lru_head, *lru_tail;
         uint64_t cache_bytes, cache_limit;
+        uint64_t cache_idle_ms;         /* give the cache back after this long unused ($GPUPOOL_CLIENT_CACHE_IDLE) */
+        uint64_t cache_used_ms;         /* when the cache last served or took a block */
         /* Open scopes, innermost last (gpupool_scope_begin/end). */
         uint32_t scopes[CLIENT_MAX_SCOPES];
         unsigned scope_depth;

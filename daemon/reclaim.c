@@ -17,9 +17,13 @@ static uint64_t excess(const struct session *c, unsigned device) {
         return t->reserved_bytes[device] > t->guarantee_bytes ? t->reserved_bytes[device] - t->guarantee_bytes : 0;
 }
 
-/* Takes back up to want bytes of c's kept segments on device and tells c. Returns the bytes asked; adds the segments to *segments. */
+/*
+ * Takes back up to want bytes of c's kept segments on device and tells c, asking it with
+ * trim_cache to give back its own cache too. Returns the bytes asked; adds the segments to
+ * *segments.
+ */
 static uint64_t ask(struct server *server, struct session *c, unsigned device, uint64_t want, bool to_backend,
-                    uint64_t *segments) {
+                    bool trim_cache, uint64_t *segments, bool *ret_asked) {
         Gpupool__Envelope env = GPUPOOL__ENVELOPE__INIT;
         Gpupool__ReclaimRequest rr = GPUPOOL__RECLAIM_REQUEST__INIT;
         uint64_t ids[RECLAIM_MAX_SEGMENTS], bytes = 0;
@@ -27,10 +31,16 @@ static uint64_t ask(struct server *server, struct session *c, unsigned device, u
         int r;
 
         n = pool_reclaim(server->pools[device], &c->owners[device], want, to_backend, ids, RECLAIM_MAX_SEGMENTS, &bytes);
-        if (!n)
+        /*
+         * What a client caches is known only as of its latest request (cache hits and frees
+         * make none), so its cache is asked for whenever asked for at all.
+         */
+        if (!n && !trim_cache)
                 return 0;
         rr.n_segment_ids = n;
         rr.segment_ids = ids;
+        rr.has_trim_cache = trim_cache;
+        rr.trim_cache = trim_cache;
         env.body_case = GPUPOOL__ENVELOPE__BODY_RECLAIM;
         env.reclaim = &rr;
         r = session_push(c->control, &env);
@@ -44,7 +54,10 @@ static uint64_t ask(struct server *server, struct session *c, unsigned device, u
         log_debug("asked client %llu (pid %d) for %zu segments on device %u", (unsigned long long) c->id, (int) c->pid, n,
                   device);
         *segments += n;
-        return bytes;
+        *ret_asked = true;
+        c->reclaim_outstanding++;
+        server->reclaim_outstanding++;
+        return bytes + (trim_cache ? c->client_cached_bytes : 0);
 }
 
 static unsigned reclaim_device;
@@ -64,30 +77,30 @@ uint64_t reclaim_ask(struct server *server, struct session *requester, unsigned 
 
         *ret_clients = 0;
         for (struct session *c = server->sessions; c && n < sizeof(candidates) / sizeof(candidates[0]); c = c->next)
-                if (c != requester && c->control && c->tenant && c->state == SESSION_READY && c->owners[device].kept_bytes &&
-                    excess(c, device))
+                if (c != requester && c->control && c->tenant && c->state == SESSION_READY && excess(c, device))
                         candidates[n++] = c;
         reclaim_device = device;
         qsort(candidates, n, sizeof(candidates[0]), by_excess);
         for (size_t i = 0; i < n && asked < want_bytes; i++) {
-                uint64_t segments = 0, got = ask(server, candidates[i], device, want_bytes - asked, false, &segments);
+                uint64_t segments = 0;
+                bool pushed = false;
 
-                if (got) {
-                        asked += got;
-                        (*ret_clients)++;
-                }
+                asked += ask(server, candidates[i], device, want_bytes - asked, false, true, &segments, &pushed);
+                *ret_clients += pushed;
         }
         return asked;
 }
 
-uint64_t reclaim_all(struct server *server, struct session *c, int device, bool to_backend, uint64_t *bytes) {
+uint64_t reclaim_all(struct server *server, struct session *c, int device, bool to_backend, uint64_t *bytes, bool *asked) {
         uint64_t segments = 0;
 
         if (!c->control || c->state != SESSION_READY)
                 return 0;
         for (unsigned d = 0; d < server->device_count; d++)
-                if ((device < 0 || (unsigned) device == d) && c->owners[d].kept_bytes)
-                        *bytes += ask(server, c, d, UINT64_MAX, to_backend, &segments);
+                if (device < 0 || (unsigned) device == d)
+                        /* The client's cache is one for all devices: asked for once, with the first device's segments. */
+                        *bytes += ask(server, c, d, UINT64_MAX, to_backend, d == (device < 0 ? 0u : (unsigned) device),
+                                      &segments, asked);
         return segments;
 }
 
@@ -97,6 +110,10 @@ void reclaim_answered(struct session *control, const Gpupool__ReclaimReply *repl
 
         if (!c)
                 return;
+        if (c->reclaim_outstanding) {
+                c->reclaim_outstanding--;
+                server->reclaim_outstanding--;
+        }
         for (size_t i = 0; i < reply->n_segment_ids; i++) {
                 uint64_t id = reply->segment_ids[i], before;
                 unsigned d = (unsigned) (id >> 56);

@@ -23,18 +23,21 @@ struct session;
 
 /*
  * Asks clients other than requester, over their tenant's guarantee on device, for kept
- * segments worth at least want_bytes. Returns the bytes asked for (0: nobody had any), and the
- * number of clients asked in *ret_clients.
+ * segments worth at least want_bytes and for their own caches. Returns the bytes asked for as
+ * far as known (a cache's size is known as of its client's latest request), and the number
+ * of clients asked in *ret_clients.
  */
 uint64_t reclaim_ask(struct server *server, struct session *requester, unsigned device, uint64_t want_bytes,
                      unsigned *ret_clients);
 
 /*
- * Asks client for every segment it keeps, on device (-1: every device); with to_backend they
- * go to the backend when they come back, not to the cache. Returns the segments asked; adds
- * the bytes to *bytes.
+ * Asks client for every segment it keeps, on device (-1: every device), and for the blocks in
+ * its own cache; with to_backend the segments go to the backend when they come back, not to
+ * the cache. Returns the segments asked; adds the bytes to *bytes; sets *asked when the client
+ * was asked anything.
  */
-uint64_t reclaim_all(struct server *server, struct session *client, int device, bool to_backend, uint64_t *bytes);
+uint64_t reclaim_all(struct server *server, struct session *client, int device, bool to_backend, uint64_t *bytes,
+                     bool *asked);
 
 /* A control channel's answer: the client unmapped these segments; they go to the cache. */
 void reclaim_answered(struct session *control, const Gpupool__ReclaimReply *reply);

@@ -85,6 +85,9 @@ static void handle_hello(struct session *s, const Gpupool__Envelope *req, struct
                 }
                 c->control = s;
                 s->control_of = c;
+                /* Part of its client: --max-clients counts clients, not their channels. */
+                s->uncounted = true;
+                server->connected--;
         }
         if (name)
                 strcpy(s->name, name);
@@ -221,7 +224,7 @@ static bool alloc_attempt(struct session *s, uint64_t id, uint32_t device, uint6
                 unsigned clients = 0;
                 uint64_t asked = reclaim_ask(server, s, device, pool_min_segment_bytes(size), &clients);
 
-                if (asked) {
+                if (clients) {
                         s->parked_id = id;
                         s->parked_device = device;
                         s->parked_size = size;
@@ -319,7 +322,8 @@ uint64_t request_retry_parked(struct server *server, uint64_t now_ms) {
         for (size_t i = 0; i < n; i++) {
                 struct session *c = parked[i];
                 struct reply rep = { .fd = -1 };
-                bool final = now_ms >= c->parked_deadline_ms;
+                /* Final at the deadline, or once every client asked has answered and it still does not fit. */
+                bool final = now_ms >= c->parked_deadline_ms || server->reclaim_outstanding == 0;
 
                 if (alloc_attempt(c, c->parked_id, c->parked_device, c->parked_size, final ? ATTEMPT_FINAL : ATTEMPT_RETRY,
                                   &rep)) {
@@ -612,9 +616,11 @@ static void handle_flush(struct session *s, const Gpupool__Envelope *req, struct
 
                         if (c->tenant != t || c == s)
                                 continue;
-                        segments = reclaim_all(server, c, f->has_device ? (int) f->device : -1, true, &fr.bytes_asked);
+                        bool asked = false;
+
+                        segments = reclaim_all(server, c, f->has_device ? (int) f->device : -1, true, &fr.bytes_asked, &asked);
                         fr.segments_asked += segments;
-                        fr.clients_asked += segments ? 1 : 0;
+                        fr.clients_asked += asked;
                 }
                 log_info("flush by client %llu (pid %d): asked %u clients of tenant %s for %" PRIu64 " segments",
                          (unsigned long long) s->id, (int) s->pid, fr.clients_asked, t->conf.name, fr.segments_asked);
@@ -746,9 +752,13 @@ static void handle_trim(struct session *s, const Gpupool__Envelope *req, struct 
 
                 if (!chosen || c->control_of || c == s || !c->tenant)
                         continue;
-                segments = reclaim_all(server, c, -1, false, &tr.bytes);
-                tr.segments += segments;
-                tr.clients += segments ? 1 : 0;
+                {
+                        bool asked = false;
+
+                        segments = reclaim_all(server, c, -1, false, &tr.bytes, &asked);
+                        tr.segments += segments;
+                        tr.clients += asked;
+                }
         }
         ok_envelope(&env, req->id);
         env.body_case = GPUPOOL__ENVELOPE__BODY_TRIM_REPLY;

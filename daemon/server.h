@@ -48,6 +48,7 @@ struct server {
         uint8_t recv_buf[GP_MAX_REQUEST_BYTES];
         struct gp_wire_arena arena;     /* the current request's decoded structures */
         unsigned parked;                /* sessions with a parked allocation */
+        unsigned reclaim_outstanding;   /* reclaim requests no client has answered yet */
         uint8_t send_buf[GP_MAX_REPLY_BYTES];
 };
 

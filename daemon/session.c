@@ -159,7 +159,8 @@ static void on_handle_closed(uv_handle_t *handle) {
 static void close_socket(struct session *s) {
         if (s->fd < 0)
                 return;
-        s->server->connected--;
+        if (!s->uncounted)
+                s->server->connected--;
         uv_close((uv_handle_t *) &s->poll, on_handle_closed);
         close(s->fd);
         s->fd = -1;
@@ -175,6 +176,8 @@ void session_destroy(struct session *s) {
                 s->parked = false;
                 server->parked--;
         }
+        server->reclaim_outstanding -= s->reclaim_outstanding;     /* it will not answer now */
+        s->reclaim_outstanding = 0;
         session_release_all(s);
         session_set_tenant(s, NULL);
         if (s->control_of)

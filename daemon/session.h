@@ -37,6 +37,8 @@ struct session {
         struct tenant *tenant;          /* from hello on; NULL before, and for a control channel */
         struct session *control;        /* its control channel (reclaim requests), or NULL */
         struct session *control_of;     /* for a control channel: the client it serves */
+        bool uncounted;                 /* a control channel: not one of --max-clients */
+        unsigned reclaim_outstanding;   /* reclaim requests it has not answered yet */
         /* An allocation waiting for other clients to give memory back (ladder step 3). */
         bool parked;
         uint64_t parked_id;

@@ -140,10 +140,14 @@ GPUPOOL_EXPORT size_t gpupool_last_error(gpupool_client *client, char *buf, size
  * $GPUPOOL_CLIENT_CACHE bytes (a size; default GPUPOOL_DEFAULT_CLIENT_CACHE; 0 turns it off),
  * least recently freed given back first. Cached blocks stay allocated at the daemon and count
  * against this client's limits; when an allocation is refused for a limit or a full device,
- * the cache is given back and the allocation asked again. gpupool_trim() gives back everything
- * cached now; gpupool_cached_bytes() says how much that is.
+ * the cache is given back and the allocation asked again. It is also given back when unused
+ * for $GPUPOOL_CLIENT_CACHE_IDLE (a duration; default 10s; 0: never), and when the daemon asks
+ * (a full device, gpupoolctl trim): a handle with a cache keeps a second connection to the
+ * daemon and a thread for that. gpupool_trim() gives back everything cached now;
+ * gpupool_cached_bytes() says how much that is.
  */
 #define GPUPOOL_DEFAULT_CLIENT_CACHE (64ULL << 20)
+#define GPUPOOL_DEFAULT_CLIENT_CACHE_IDLE_MS 10000
 GPUPOOL_EXPORT int gpupool_trim(gpupool_client *client);
 GPUPOOL_EXPORT size_t gpupool_cached_bytes(gpupool_client *client);
 

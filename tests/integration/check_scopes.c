@@ -208,6 +208,102 @@ START_TEST(test_client_cache) {
 }
 END_TEST
 
+/* A client that fills its cache and then makes no call until told to go. */
+struct cacher {
+        size_t block;
+        int n;
+        const char *idle;
+        int ready[2], go[2];
+};
+
+static int cacher_main(struct testd *d, void *arg) {
+        struct cacher *k = arg;
+        gpupool_client *c;
+        void *p[64];
+        char ch;
+
+        setenv("GPUPOOL_CLIENT_CACHE", "64M", 1);
+        setenv("GPUPOOL_CLIENT_CACHE_IDLE", k->idle, 1);
+        if (gpupool_connect(d->sock, "cacher", &c) < 0)
+                return 1;
+        for (int i = 0; i < k->n; i++)
+                if (gpupool_alloc(c, 0, k->block, &p[i]) < 0)
+                        return 2;
+        for (int i = 0; i < k->n; i++)
+                if (gpupool_free(c, p[i]) < 0)
+                        return 3;
+        if (write(k->ready[1], "r", 1) != 1 || read(k->go[0], &ch, 1) != 1)
+                return 4;
+        gpupool_disconnect(c);
+        return 0;
+}
+
+static pid_t start_cacher(struct testd *d, struct cacher *k) {
+        pid_t pid;
+        char ch;
+
+        ck_assert_int_eq(pipe(k->ready), 0);
+        ck_assert_int_eq(pipe(k->go), 0);
+        pid = spawn(cacher_main, d, k);
+        ck_assert_int_eq(read(k->ready[0], &ch, 1), 1);
+        return pid;
+}
+
+static void stop_cacher(struct cacher *k, pid_t pid) {
+        ck_assert_int_eq(write(k->go[1], "g", 1), 1);
+        ck_assert_int_eq(reap(pid), 0);
+        close(k->ready[0]), close(k->ready[1]), close(k->go[0]), close(k->go[1]);
+}
+
+static bool in_use_becomes(struct testd *d, long long want) {
+        double t0 = now_s();
+
+        while (now_s() - t0 < 10)
+                if (dev(d, "in_use_bytes") == want)
+                        return true;
+        return false;
+}
+
+START_TEST(test_client_cache_given_back) {
+        struct cacher k = { .block = 4 * MiB, .n = 10, .idle = "0" };
+        char cmd[512], out[512];
+        gpupool_client *c;
+        struct testd d;
+        double t0;
+        pid_t pid;
+        void *p;
+
+        testd_start(&d, "--host-capacity", "48M", NULL);
+        /* On trim: the cache comes back without the client making a call. */
+        pid = start_cacher(&d, &k);
+        ck_assert_int_eq(dev(&d, "in_use_bytes"), 40 * MiB);           /* all of it in its cache */
+        snprintf(cmd, sizeof(cmd), "%s/gpupoolctl --socket %s trim --pid %d 2>&1", build_dir(), d.sock, (int) pid);
+        ck_assert_int_eq(run_capture(cmd, out, sizeof(out)), 0);
+        ck_assert_msg(strstr(out, "asked 1 client"), "%s", out);
+        ck_assert_msg(in_use_becomes(&d, 0), "the trimmed cache did not come back");
+        stop_cacher(&k, pid);
+
+        /* On a full device: another client's allocation gets what the cache held. */
+        pid = start_cacher(&d, &k);
+        ck_assert_int_eq(gpupool_connect(d.sock, "needy", &c), 0);
+        t0 = now_s();
+        ck_assert_int_eq(gpupool_alloc(c, 0, 30 * MiB, &p), 0);
+        ck_assert_msg(now_s() - t0 < 0.1 + 0.5, "the allocation waited %.3f s", now_s() - t0);
+        ck_assert_int_eq(gpupool_free(c, p), 0);
+        gpupool_disconnect(c);
+        stop_cacher(&k, pid);
+
+        /* When idle: back after its idle time, again with no call. */
+        k.idle = "1s";
+        pid = start_cacher(&d, &k);
+        t0 = now_s();
+        ck_assert_msg(in_use_becomes(&d, 0), "the idle cache did not come back");
+        ck_assert_msg(now_s() - t0 > 0.5, "given back before it was idle for a second");
+        stop_cacher(&k, pid);
+        ck_assert_int_eq(testd_stop(&d), 0);
+}
+END_TEST
+
 Suite *suite_scopes(void) {
         Suite *s = suite_create("scopes");
         TCase *tc = tcase_create("host");
@@ -216,6 +312,7 @@ Suite *suite_scopes(void) {
         tcase_add_test(tc, test_scope_with_kept_segments);
         tcase_add_test(tc, test_arena);
         tcase_add_test(tc, test_client_cache);
+        tcase_add_test(tc, test_client_cache_given_back);
         tcase_set_timeout(tc, 60);
         suite_add_tcase(s, tc);
         return s;
