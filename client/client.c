@@ -460,6 +460,13 @@ static void lru_unlink(gpupool_client *c, struct block *b) {
 /* Takes a block out of the cache (it is still allocated at the daemon). Locked. */
 static void cache_take(gpupool_client *c, struct block *b) {
         gp_rb_remove(&c->cache, &b->node);
+        if (b->pending) {
+                /* Reused on its own stream before its work ended: the stream orders it; forget the event. */
+                b->pending->block = NULL;
+                b->pending = NULL;
+                b->stream = NULL;
+                return;
+        }
         lru_unlink(c, b);
         c->cache_bytes -= b->size;
 }
@@ -491,13 +498,8 @@ static int cache_shrink(gpupool_client *c, uint64_t keep) {
         return r;
 }
 
-int client_free_block(gpupool_client *c, struct block *b) {
-        gp_rb_remove(&c->blocks, &b->node);
-        if (b->size > c->cache_limit || c->conn.broken)
-                return block_release(c, b);
-        /* Kept for this process's next allocation of the size: no round trip now or then. */
-        c->cache_used_ms = now_ms();
-        gp_rb_insert(&c->cache, &b->node);
+/* Makes a cached block available to any allocation, least recently freed last. Locked. */
+static int cache_ready(gpupool_client *c, struct block *b) {
         b->lru_prev = c->lru_tail;
         b->lru_next = NULL;
         if (c->lru_tail)
@@ -509,13 +511,50 @@ int client_free_block(gpupool_client *c, struct block *b) {
         return cache_shrink(c, c->cache_limit);
 }
 
-/* A cached block of exactly this device and rounded size, or NULL. Locked. */
-static struct block *cache_find(gpupool_client *c, unsigned device, uint64_t rsize) {
-        struct block key = { .device = device, .size = rsize, .ptr = NULL };
-        struct gp_rb_node *n = gp_rb_lower_bound(&c->cache, &key.node);
-        struct block *b = n ? gp_rb_entry(n, struct block, node) : NULL;
+int client_free_block(gpupool_client *c, struct block *b) {
+        gp_rb_remove(&c->blocks, &b->node);
+        if (b->size > c->cache_limit || c->conn.broken)
+                return block_release(c, b);
+        /* Kept for this process's next allocation of the size: no round trip now or then. */
+        c->cache_used_ms = now_ms();
+        gp_rb_insert(&c->cache, &b->node);
+        return cache_ready(c, b);
+}
 
-        return b && b->device == device && b->size == rsize ? b : NULL;
+bool client_cache_pending(gpupool_client *c, struct block *b, void *stream, struct deferred *q) {
+        if (b->size > c->cache_limit || c->conn.broken)
+                return false;
+        gp_rb_remove(&c->blocks, &b->node);
+        b->stream = stream;
+        b->pending = q;
+        c->cache_used_ms = now_ms();
+        gp_rb_insert(&c->cache, &b->node);
+        return true;
+}
+
+void client_cache_ready(gpupool_client *c, struct block *b) {
+        b->pending = NULL;
+        b->stream = NULL;
+        (void) cache_ready(c, b);
+}
+
+/*
+ * A cached block of exactly this device and rounded size whose work is done, or, for an
+ * allocation on stream, one freed on that same stream (its order makes waiting needless); or
+ * NULL. Locked.
+ */
+static struct block *cache_find(gpupool_client *c, unsigned device, uint64_t rsize, void *stream, bool on_stream) {
+        struct block key = { .device = device, .size = rsize, .ptr = NULL };
+
+        for (struct gp_rb_node *n = gp_rb_lower_bound(&c->cache, &key.node); n; n = gp_rb_next(n)) {
+                struct block *b = gp_rb_entry(n, struct block, node);
+
+                if (b->device != device || b->size != rsize)
+                        return NULL;
+                if (!b->pending || (on_stream && b->stream == stream))
+                        return b;
+        }
+        return NULL;
 }
 
 GPUPOOL_EXPORT int gpupool_trim(gpupool_client *c) {
@@ -547,7 +586,17 @@ static int daemon_device(gpupool_client *c, int device) {
         return device < c->local_count ? c->local_to_daemon[device] : -1;
 }
 
+static int alloc_on(gpupool_client *c, int device, size_t size, void *stream, bool on_stream, void **ret_ptr);
+
 GPUPOOL_EXPORT int gpupool_alloc(gpupool_client *c, int device, size_t size, void **ret_ptr) {
+        return alloc_on(c, device, size, NULL, false, ret_ptr);
+}
+
+GPUPOOL_EXPORT int gpupool_alloc_async(gpupool_client *c, int device, size_t size, void *stream, void **ret_ptr) {
+        return alloc_on(c, device, size, stream, true, ret_ptr);
+}
+
+static int alloc_on(gpupool_client *c, int device, size_t size, void *stream, bool on_stream, void **ret_ptr) {
         Gpupool__Envelope req = GPUPOOL__ENVELOPE__INIT, *rep;
         Gpupool__AllocRequest ar = GPUPOOL__ALLOC_REQUEST__INIT;
         const Gpupool__AllocReply *a;
@@ -571,8 +620,8 @@ GPUPOOL_EXPORT int gpupool_alloc(gpupool_client *c, int device, size_t size, voi
                         client_set_error(c, "no device %d: gpupoold has %u", device, c->device_count);
                 goto out;
         }
-        if (c->cache_bytes) {
-                struct block *hit = cache_find(c, (unsigned) d, (size + 511) & ~(uint64_t) 511);
+        if (c->cache.count) {
+                struct block *hit = cache_find(c, (unsigned) d, (size + 511) & ~(uint64_t) 511, stream, on_stream);
 
                 if (hit) {
                         c->cache_used_ms = now_ms();

@@ -38,7 +38,10 @@ struct block {
         uint64_t size;                  /* as the daemon rounded it */
         unsigned device;                /* the daemon's index */
         struct mapping *mapping;
-        struct block *lru_prev, *lru_next;      /* in the client cache only */
+        struct block *lru_prev, *lru_next;      /* in the client cache only, once its work is done */
+        /* In the cache while work queued on stream before its free may still run: reusable on that stream only. */
+        void *stream;
+        struct deferred *pending;
         bool freeing;                   /* gpupool_free_async() queued it */
         uint32_t scope;                 /* the scope it was allocated in, 0: none */
         struct gp_rb_node node;
@@ -47,7 +50,8 @@ struct block {
 /* A block whose free waits for the device work queued before it (gpupool_free_async). */
 struct deferred {
         struct deferred *next;
-        struct block *block;
+        struct block *block;            /* NULL once reused on its stream before the work ended */
+        unsigned device;
         gp_cu_event event;
 };
 
@@ -101,8 +105,17 @@ struct gpupool_client {
 
 void client_set_error(gpupool_client *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
-/* Frees a block at the daemon now (the caller knows the device is done with it). Locked. */
+/* Frees a block at the daemon now (the caller knows the device is done with it), or caches it. Locked. */
 int client_free_block(gpupool_client *c, struct block *b);
+
+/*
+ * Takes a block freed with a stream into the cache at once, reusable on that stream only
+ * until its work is done (client_cache_ready()). Returns false when the cache does not take it. Locked.
+ */
+bool client_cache_pending(gpupool_client *c, struct block *b, void *stream, struct deferred *q);
+
+/* The work before a pending cached block's free is done: any allocation may have it now. Locked. */
+void client_cache_ready(gpupool_client *c, struct block *b);
 
 /* client_cuda.c, all called locked. */
 

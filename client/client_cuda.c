@@ -190,9 +190,12 @@ int client_cuda_defer_free(gpupool_client *c, struct block *b, void *stream) {
                                  gp_cuda_error_name(&c->cu, r));
                 return r == GP_CUDA_ERROR_INVALID_HANDLE || r == GP_CUDA_ERROR_INVALID_CONTEXT ? -EINVAL : -EIO;
         }
-        b->freeing = true;
         q->block = b;
         q->event = e;
+        q->device = b->mapping->device;
+        /* Into the cache now, for this stream's next allocations; for anyone once the event completes. */
+        if (!client_cache_pending(c, b, stream, q))
+                b->freeing = true;
         if (c->deferred_tail)
                 c->deferred_tail->next = q;
         else
@@ -207,10 +210,11 @@ int client_cuda_defer_free(gpupool_client *c, struct block *b, void *stream) {
 
 /* Returns q's block to the daemon and recycles its event. Locked. */
 static void complete(gpupool_client *c, struct deferred *q) {
-        struct client_device *d = &c->devices[q->block->mapping->device];
-
-        spare_event(c, d, q->event);
-        (void) client_free_block(c, q->block);
+        spare_event(c, &c->devices[q->device], q->event);
+        if (q->block && q->block->pending == q)
+                client_cache_ready(c, q->block);
+        else if (q->block)
+                (void) client_free_block(c, q->block);
         free(q);
 }
 
@@ -218,7 +222,7 @@ void client_cuda_reap(gpupool_client *c, bool wait) {
         struct deferred **pp = &c->deferred_head, *q;
 
         while ((q = *pp)) {
-                struct client_device *d = &c->devices[q->block->mapping->device];
+                struct client_device *d = &c->devices[q->device];
                 gp_cu_result r = GP_CUDA_ERROR_NOT_READY;
 
                 if (push(c, d) == 0) {
@@ -252,7 +256,7 @@ static void *reaper_main(void *arg) {
                 if (c->stopping)
                         break;
                 oldest = c->deferred_head;
-                d = &c->devices[oldest->block->mapping->device];
+                d = &c->devices[oldest->device];
                 e = oldest->event;
                 /*
                  * Wait without the lock, so the application's calls go on meanwhile. Another
@@ -276,7 +280,9 @@ void client_cuda_forget_deferred(gpupool_client *c) {
 
         while ((q = c->deferred_head)) {
                 c->deferred_head = q->next;
-                spare_event(c, &c->devices[q->block->mapping->device], q->event);
+                spare_event(c, &c->devices[q->device], q->event);
+                if (q->block && q->block->pending == q)
+                        q->block->pending = NULL;       /* the cache's record goes with cache_forget() */
                 free(q);
         }
         c->deferred_tail = NULL;

@@ -92,14 +92,22 @@ GPUPOOL_EXPORT int gpupool_alloc(gpupool_client *client, int device, size_t size
 GPUPOOL_EXPORT int gpupool_free(gpupool_client *client, void *ptr);
 
 /*
+ * gpupool_alloc() for use on stream: it may also be given a block freed with
+ * gpupool_free_async() on the same stream whose work has not ended yet, since the stream runs
+ * the new work after the old. Other allocations get such a block only once that work is done.
+ */
+GPUPOOL_EXPORT int gpupool_alloc_async(gpupool_client *client, int device, size_t size, void *stream, void **ret_ptr);
+
+/*
  * Frees a block from gpupool_alloc() once the work queued on stream (a CUstream or
  * cudaStream_t of the block's GPU's primary context; NULL for the legacy default stream)
- * before this call has completed. Returns at once: the library records an event on stream
- * and hands the block back to the daemon when the event has completed; until then nobody,
- * this process included, can be given the block again. On the host backend stream must be
- * NULL and the block is freed at once. -ENOENT as gpupool_free(); -EINVAL when no event can
- * be recorded on stream (a stream of another context), and the block stays allocated.
- * gpupool_disconnect() waits for such pending frees.
+ * before this call has completed. Returns at once: the library records an event on stream.
+ * Until the event has completed nobody can be given the block except gpupool_alloc_async() on
+ * the same stream, which the stream orders after that work; then it goes to the client cache
+ * (or, with the cache off or for a block larger than it, back to the daemon). On the host
+ * backend stream must be NULL and the block is freed at once. -ENOENT as gpupool_free();
+ * -EINVAL when no event can be recorded on stream (a stream of another context), and the block
+ * stays allocated. gpupool_disconnect() waits for such pending frees.
  */
 GPUPOOL_EXPORT int gpupool_free_async(gpupool_client *client, void *ptr, void *stream);
 

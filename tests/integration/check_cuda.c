@@ -579,6 +579,54 @@ START_TEST(test_fake_handle_opened_once_and_closed) {
 END_TEST
 
 /* The driver's rules, as the fake enforces them: if these pass, the tests above are honest. */
+/* With the client cache on: a block freed on a stream is reused on that stream at once, by nobody else until its work ends. */
+static int stream_cache_client(struct testd *d, void *arg) {
+        gpupool_client *c;
+        gp_cu_stream s, other;
+        gp_cu_event done;
+        struct gpu g;
+        void *a, *b;
+
+        (void) arg;
+        setenv("GPUPOOL_CLIENT_CACHE", "64M", 1);
+        if (gpu_open(&g) < 0 || gpupool_connect(d->sock, "stream-cache", &c) < 0 ||
+            g.cu.cuStreamCreate(&s, GP_CU_STREAM_NON_BLOCKING) != GP_CUDA_SUCCESS ||
+            g.cu.cuStreamCreate(&other, GP_CU_STREAM_NON_BLOCKING) != GP_CUDA_SUCCESS ||
+            g.cu.cuEventCreate(&done, GP_CU_EVENT_DISABLE_TIMING) != GP_CUDA_SUCCESS)
+                return 1;
+        if (gpupool_alloc(c, 0, 1 << 20, &a) < 0 || queue_work(&g, s, a, 1 << 20, 1) < 0 ||
+            g.cu.cuEventRecord(done, s) != GP_CUDA_SUCCESS || gpupool_free_async(c, a, s) < 0)
+                return 2;
+        /* Not for a plain allocation, nor for another stream, while the work runs. */
+        if (gpupool_alloc(c, 0, 1 << 20, &b) < 0 || b == a || gpupool_free(c, b) < 0)
+                return 3;
+        if (gpupool_alloc_async(c, 0, 1 << 20, other, &b) < 0 || b == a || gpupool_free(c, b) < 0)
+                return 4;
+        /* On its own stream: at once, with the work still queued. */
+        if (gpupool_alloc_async(c, 0, 1 << 20, s, &b) < 0 || b != a)
+                return 5;
+        if (g.cu.cuEventQuery(done) != GP_CUDA_ERROR_NOT_READY)
+                return 6;
+        release_work(&g, s);
+        if (g.cu.cuStreamSynchronize(s) != GP_CUDA_SUCCESS || gpupool_free(c, b) < 0)
+                return 7;
+        /* Freed plainly now: the next plain allocation of the size takes it from the cache. */
+        if (gpupool_alloc(c, 0, 1 << 20, &b) < 0 || b != a || gpupool_free(c, b) < 0)
+                return 8;
+        gpupool_disconnect(c);
+        return 0;
+}
+
+START_TEST(test_fake_stream_aware_cache) {
+        struct testd d;
+
+        cuda_start(&d, NULL, NULL);
+        ck_assert_int_eq(reap(spawn(stream_cache_client, &d, NULL)), 0);
+        ck_assert_int_eq(device_field(&d, 0, "in_use_bytes"), 0);
+        cuda_stop(&d);
+}
+END_TEST
+
 static int rules_client(struct testd *d, void *arg) {
         gp_cu_result (*mem_alloc_v1)(unsigned *p, unsigned size);
         gp_cu_deviceptr p = 0, base = 0;
@@ -711,6 +759,7 @@ Suite *suite_cuda_fake(void) {
         add_common(tc);
         tcase_add_test(tc, test_fake_visible_devices_renumbered);
         tcase_add_test(tc, test_fake_handle_opened_once_and_closed);
+        tcase_add_test(tc, test_fake_stream_aware_cache);
         tcase_add_test(tc, test_fake_driver_rules);
         tcase_add_test(tc, test_fake_start_without_driver_or_gpu);
         tcase_set_timeout(tc, 120);
