@@ -64,7 +64,7 @@ PROTO_C   := $(B)/proto/gpupool.pb-c.c
 PROTO_H   := $(B)/proto/gpupool.pb-c.h
 COMMON    := common/conn.c common/cudadrv.c common/rbtree.c common/size.c common/wire.c
 DAEMON    := $(filter-out daemon/main.c,$(wildcard daemon/*.c))
-CLIENT    := client/client.c client/client_cuda.c
+CLIENT    := client/client.c client/client_cache.c client/client_cuda.c client/client_scope.c
 CLI       := $(wildcard cli/*.c)
 TESTS     := $(wildcard tests/unit/*.c tests/integration/*.c) tests/check_main.c tests/testlib.c
 

@@ -38,6 +38,7 @@
 #include <unistd.h>
 
 #include "gpupool.h"
+#include "null_backend.h"
 #include "pool.h"
 #include "wire.h"
 
@@ -280,30 +281,6 @@ static double concurrent(int n, double seconds, bool use_daemon) {
 
 /* ---- the allocator core alone ---- */
 
-static int nb_info(struct backend *b, unsigned d, struct backend_device_info *ret) {
-        (void) b, (void) d;
-        memset(ret, 0, sizeof(*ret));
-        return 0;
-}
-
-static int nb_create(struct backend *b, unsigned d, uint64_t size, struct backend_mem *ret) {
-        (void) b, (void) d, (void) size;
-        memset(ret, 0, sizeof(*ret));
-        ret->fd = -1;
-        return 0;
-}
-
-static void nb_destroy(struct backend *b, unsigned d, struct backend_mem *m, uint64_t size) {
-        (void) b, (void) d, (void) m, (void) size;
-}
-
-static int nb_zero(struct backend *b, unsigned d, struct backend_mem *m, uint64_t size) {
-        (void) b, (void) d, (void) m, (void) size;
-        return 0;
-}
-
-static const struct backend_ops null_ops = { nb_info, nb_create, nb_destroy, nb_zero, NULL };
-
 /* The measured loop, alone in a function so that callgrind can count just it (--toggle-collect). */
 __attribute__((noinline)) void core_loop(struct pool *p, struct pool_owner *o, size_t ops, double *t) {
         struct pool_lease l;
@@ -321,7 +298,7 @@ __attribute__((noinline)) void core_loop(struct pool *p, struct pool_owner *o, s
 
 /* ns per alloc+free pair with free_blocks fragments in the owner's free index (t NULL: untimed, for callgrind). */
 static struct dist pool_core(size_t free_blocks, size_t ops, double *t) {
-        struct backend b = { .ops = &null_ops, .name = "null", .device_count = 1 };
+        struct backend b = null_backend();
         struct pool_lease *held = malloc(2 * free_blocks * sizeof(*held));
         struct pool_owner o;
         struct pool *p;

@@ -27,6 +27,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "null_backend.h"
 #include "pool.h"
 #include "rbtree.h"
 
@@ -185,32 +186,6 @@ static bool cp_split(int pool, uint64_t remaining) {
 
 static const struct policy cupy = { cp_pool, cp_segment, cp_split };
 
-/* ---- gpupool's own pool ---- */
-
-static int nb_info(struct backend *b, unsigned d, struct backend_device_info *ret) {
-        (void) b, (void) d;
-        memset(ret, 0, sizeof(*ret));
-        return 0;
-}
-
-static int nb_create(struct backend *b, unsigned d, uint64_t size, struct backend_mem *ret) {
-        (void) b, (void) d, (void) size;
-        memset(ret, 0, sizeof(*ret));
-        ret->fd = -1;
-        return 0;
-}
-
-static void nb_destroy(struct backend *b, unsigned d, struct backend_mem *m, uint64_t size) {
-        (void) b, (void) d, (void) m, (void) size;
-}
-
-static int nb_zero(struct backend *b, unsigned d, struct backend_mem *m, uint64_t size) {
-        (void) b, (void) d, (void) m, (void) size;
-        return 0;
-}
-
-static const struct backend_ops null_ops = { nb_info, nb_create, nb_destroy, nb_zero, NULL };
-
 /* ---- replay ---- */
 
 struct result {
@@ -277,7 +252,7 @@ static struct result run_segalloc(const struct policy *p, const struct op *ops, 
 }
 
 static struct result run_gpupool(const struct op *ops, size_t n, uint64_t max_id) {
-        struct backend b = { .ops = &null_ops, .name = "null", .device_count = 1 };
+        struct backend b = null_backend();
         struct pool_lease *live = calloc(max_id + 1, sizeof(*live));
         bool *held = calloc(max_id + 1, sizeof(*held));
         struct result r = { 0 };

@@ -45,17 +45,6 @@ static int cmp_block(const struct gp_rb_node *x, const struct gp_rb_node *y) {
         return CMP((uintptr_t) gp_rb_entry(x, struct block, node)->ptr, (uintptr_t) gp_rb_entry(y, struct block, node)->ptr);
 }
 
-/* The cache's order: device, then size, then address (a key with address 0 finds the first of a size). */
-static int cmp_cached(const struct gp_rb_node *x, const struct gp_rb_node *y) {
-        const struct block *a = gp_rb_entry(x, struct block, node), *b = gp_rb_entry(y, struct block, node);
-
-        if (a->device != b->device)
-                return CMP(a->device, b->device);
-        if (a->size != b->size)
-                return CMP(a->size, b->size);
-        return CMP((uintptr_t) a->ptr, (uintptr_t) b->ptr);
-}
-
 void client_set_error(gpupool_client *c, const char *fmt, ...) {
         va_list ap;
 
@@ -64,9 +53,6 @@ void client_set_error(gpupool_client *c, const char *fmt, ...) {
         va_end(ap);
 }
 
-static struct mapping *mapping_by_id(gpupool_client *c, uint64_t segment_id);
-static void mapping_drop(gpupool_client *c, struct mapping *m);
-static int cache_shrink(gpupool_client *c, uint64_t keep);
 
 static uint64_t now_ms(void) {
         struct timespec ts;
@@ -96,8 +82,7 @@ static void *control_main(void *arg) {
 
                 if (n == -EAGAIN || n == -EWOULDBLOCK) {
                         pthread_mutex_lock(&c->lock);
-                        if (c->cache_bytes && c->cache_idle_ms && now_ms() - c->cache_used_ms >= c->cache_idle_ms)
-                                (void) cache_shrink(c, 0);
+                        client_cache_tick(c, now_ms());
                         pthread_mutex_unlock(&c->lock);
                         continue;
                 }
@@ -109,13 +94,13 @@ static void *control_main(void *arg) {
                 }
                 pthread_mutex_lock(&c->lock);
                 if (push->reclaim->has_trim_cache && push->reclaim->trim_cache)
-                        (void) cache_shrink(c, 0);
+                        (void) client_cache_shrink(c, 0);
                 for (size_t i = 0; i < push->reclaim->n_segment_ids && rr.n_segment_ids < 256; i++) {
-                        struct mapping *m = mapping_by_id(c, push->reclaim->segment_ids[i]);
+                        struct mapping *m = client_mapping_by_id(c, push->reclaim->segment_ids[i]);
 
                         if (m && m->live == 0) {
                                 ids[rr.n_segment_ids++] = m->segment_id;
-                                mapping_drop(c, m);
+                                client_mapping_drop(c, m);
                         }
                 }
                 pthread_mutex_unlock(&c->lock);
@@ -238,9 +223,7 @@ GPUPOOL_EXPORT int gpupool_connect(const char *socket_path, const char *client_n
         gp_rb_init(&c->by_id, cmp_id);
         gp_rb_init(&c->by_handle, cmp_handle);
         gp_rb_init(&c->blocks, cmp_block);
-        gp_rb_init(&c->cache, cmp_cached);
-        c->cache_limit = cache_bytes;
-        c->cache_idle_ms = idle_ms;
+        client_cache_init(c, cache_bytes, idle_ms);
         c->conn.report_cached = &c->cache_bytes;
         r = session_open(c);
         if (r < 0) {
@@ -254,7 +237,7 @@ GPUPOOL_EXPORT int gpupool_connect(const char *socket_path, const char *client_n
         return 0;
 }
 
-static void mapping_drop(gpupool_client *c, struct mapping *m) {
+void client_mapping_drop(gpupool_client *c, struct mapping *m) {
         gp_rb_remove(&c->by_addr, &m->by_addr);
         gp_rb_remove(&c->by_id, &m->by_id);
         if (m->ipc) {
@@ -266,22 +249,24 @@ static void mapping_drop(gpupool_client *c, struct mapping *m) {
         free(m);
 }
 
-/* Drops the cache's records without telling the daemon (it is leaving, or gone). Locked. */
-static void cache_forget(gpupool_client *c) {
+/* Forgets every block, cached block and mapping (unmapping), and the CUDA state. Locked. */
+static void drop_everything(gpupool_client *c) {
         struct gp_rb_node *n;
 
-        while ((n = gp_rb_first(&c->cache))) {
-                gp_rb_remove(&c->cache, n);
+        client_cache_forget(c);
+        while ((n = gp_rb_first(&c->blocks))) {
+                gp_rb_remove(&c->blocks, n);
                 free(gp_rb_entry(n, struct block, node));
         }
-        c->lru_head = c->lru_tail = NULL;
-        c->cache_bytes = 0;
+        while ((n = gp_rb_first(&c->by_addr)))
+                client_mapping_drop(c, gp_rb_entry(n, struct mapping, by_addr));
+        if (c->cuda)
+                client_cuda_teardown(c);
 }
 
 GPUPOOL_EXPORT void gpupool_disconnect(gpupool_client *c) {
         Gpupool__Envelope req = GPUPOOL__ENVELOPE__INIT, *rep;
         Gpupool__ByeRequest bye = GPUPOOL__BYE_REQUEST__INIT;
-        struct gp_rb_node *n;
 
         if (!c)
                 return;
@@ -291,15 +276,7 @@ GPUPOOL_EXPORT void gpupool_disconnect(gpupool_client *c) {
         /* Blocks freed with a stream: their device work must end before the memory goes back. */
         if (c->cuda)
                 client_cuda_reap(c, true);
-        cache_forget(c);
-        while ((n = gp_rb_first(&c->blocks))) {
-                gp_rb_remove(&c->blocks, n);
-                free(gp_rb_entry(n, struct block, node));
-        }
-        while ((n = gp_rb_first(&c->by_addr)))
-                mapping_drop(c, gp_rb_entry(n, struct mapping, by_addr));
-        if (c->cuda)
-                client_cuda_teardown(c);
+        drop_everything(c);
         /* Every mapping is gone: the daemon may hand our memory to others right away. */
         req.body_case = GPUPOOL__ENVELOPE__BODY_BYE;
         req.bye = &bye;
@@ -313,7 +290,6 @@ GPUPOOL_EXPORT void gpupool_disconnect(gpupool_client *c) {
 }
 
 GPUPOOL_EXPORT int gpupool_reconnect(gpupool_client *c) {
-        struct gp_rb_node *n;
         int r;
 
         if (!c)
@@ -323,15 +299,7 @@ GPUPOOL_EXPORT int gpupool_reconnect(gpupool_client *c) {
         /* The old daemon's memory is gone with it: forget every block and mapping, wait for no event. */
         if (c->cuda)
                 client_cuda_forget_deferred(c);
-        cache_forget(c);
-        while ((n = gp_rb_first(&c->blocks))) {
-                gp_rb_remove(&c->blocks, n);
-                free(gp_rb_entry(n, struct block, node));
-        }
-        while ((n = gp_rb_first(&c->by_addr)))
-                mapping_drop(c, gp_rb_entry(n, struct mapping, by_addr));
-        if (c->cuda)
-                client_cuda_teardown(c);
+        drop_everything(c);
         r = session_open(c);
         if (r < 0)
                 client_set_error(c, "%s", c->conn.error[0] ? c->conn.error : "cannot reconnect to gpupoold");
@@ -399,7 +367,7 @@ static int mapping_add(gpupool_client *c, unsigned device, const Gpupool__AllocR
         return 0;
 }
 
-static struct mapping *mapping_by_id(gpupool_client *c, uint64_t segment_id) {
+struct mapping *client_mapping_by_id(gpupool_client *c, uint64_t segment_id) {
         struct mapping key = { .segment_id = segment_id };
         struct gp_rb_node *n = gp_rb_find(&c->by_id, &key.by_id);
 
@@ -417,7 +385,6 @@ static struct block *block_by_ptr(gpupool_client *c, const void *ptr) {
 static int free_at_daemon(gpupool_client *c, struct mapping *m, uint64_t segment_id, uint64_t offset) {
         Gpupool__Envelope req = GPUPOOL__ENVELOPE__INIT, *rep;
         Gpupool__FreeRequest fr = GPUPOOL__FREE_REQUEST__INIT;
-        Gpupool__ReleaseRequest rr = GPUPOOL__RELEASE_REQUEST__INIT;
         bool release;
         int r;
 
@@ -433,46 +400,26 @@ static int free_at_daemon(gpupool_client *c, struct mapping *m, uint64_t segment
         if (!release)
                 return 0;
 
+        client_release_segment(c, m, segment_id);
+        return 0;
+}
+
+void client_release_segment(gpupool_client *c, struct mapping *m, uint64_t segment_id) {
+        Gpupool__Envelope req = GPUPOOL__ENVELOPE__INIT, *rep;
+        Gpupool__ReleaseRequest rr = GPUPOOL__RELEASE_REQUEST__INIT;
+
         if (m)
-                mapping_drop(c, m);
-        gpupool__envelope__init(&req);
+                client_mapping_drop(c, m);
         rr.segment_id = segment_id;
         req.body_case = GPUPOOL__ENVELOPE__BODY_RELEASE;
         req.release = &rr;
         /* The block is freed either way; a failed release only keeps the segment ours. */
         if (gp_conn_call(&c->conn, &req, GPUPOOL__ENVELOPE__BODY__NOT_SET, &rep, NULL) == 0)
                 gpupool__envelope__free_unpacked(rep, NULL);
-        return 0;
-}
-
-static void lru_unlink(gpupool_client *c, struct block *b) {
-        if (b->lru_prev)
-                b->lru_prev->lru_next = b->lru_next;
-        else
-                c->lru_head = b->lru_next;
-        if (b->lru_next)
-                b->lru_next->lru_prev = b->lru_prev;
-        else
-                c->lru_tail = b->lru_prev;
-        b->lru_prev = b->lru_next = NULL;
-}
-
-/* Takes a block out of the cache (it is still allocated at the daemon). Locked. */
-static void cache_take(gpupool_client *c, struct block *b) {
-        gp_rb_remove(&c->cache, &b->node);
-        if (b->pending) {
-                /* Reused on its own stream before its work ended: the stream orders it; forget the event. */
-                b->pending->block = NULL;
-                b->pending = NULL;
-                b->stream = NULL;
-                return;
-        }
-        lru_unlink(c, b);
-        c->cache_bytes -= b->size;
 }
 
 /* Frees a block (not in any tree) at the daemon. Locked. */
-static int block_release(gpupool_client *c, struct block *b) {
+int client_block_release(gpupool_client *c, struct block *b) {
         struct mapping *m = b->mapping;
         int r;
 
@@ -482,102 +429,7 @@ static int block_release(gpupool_client *c, struct block *b) {
         return r;
 }
 
-/* Gives the daemon back what the cache holds, least recently freed first, until it holds at most keep bytes. Locked. */
-static int cache_shrink(gpupool_client *c, uint64_t keep) {
-        int r = 0;
 
-        while (c->cache_bytes > keep && c->lru_head) {
-                struct block *b = c->lru_head;
-                int e;
-
-                cache_take(c, b);
-                e = block_release(c, b);
-                if (e < 0 && r == 0)
-                        r = e;
-        }
-        return r;
-}
-
-/* Makes a cached block available to any allocation, least recently freed last. Locked. */
-static int cache_ready(gpupool_client *c, struct block *b) {
-        b->lru_prev = c->lru_tail;
-        b->lru_next = NULL;
-        if (c->lru_tail)
-                c->lru_tail->lru_next = b;
-        else
-                c->lru_head = b;
-        c->lru_tail = b;
-        c->cache_bytes += b->size;
-        return cache_shrink(c, c->cache_limit);
-}
-
-int client_free_block(gpupool_client *c, struct block *b) {
-        gp_rb_remove(&c->blocks, &b->node);
-        if (b->size > c->cache_limit || c->conn.broken)
-                return block_release(c, b);
-        /* Kept for this process's next allocation of the size: no round trip now or then. */
-        c->cache_used_ms = now_ms();
-        gp_rb_insert(&c->cache, &b->node);
-        return cache_ready(c, b);
-}
-
-bool client_cache_pending(gpupool_client *c, struct block *b, void *stream, struct deferred *q) {
-        if (b->size > c->cache_limit || c->conn.broken)
-                return false;
-        gp_rb_remove(&c->blocks, &b->node);
-        b->stream = stream;
-        b->pending = q;
-        c->cache_used_ms = now_ms();
-        gp_rb_insert(&c->cache, &b->node);
-        return true;
-}
-
-void client_cache_ready(gpupool_client *c, struct block *b) {
-        b->pending = NULL;
-        b->stream = NULL;
-        (void) cache_ready(c, b);
-}
-
-/*
- * A cached block of exactly this device and rounded size whose work is done, or, for an
- * allocation on stream, one freed on that same stream (its order makes waiting needless); or
- * NULL. Locked.
- */
-static struct block *cache_find(gpupool_client *c, unsigned device, uint64_t rsize, void *stream, bool on_stream) {
-        struct block key = { .device = device, .size = rsize, .ptr = NULL };
-
-        for (struct gp_rb_node *n = gp_rb_lower_bound(&c->cache, &key.node); n; n = gp_rb_next(n)) {
-                struct block *b = gp_rb_entry(n, struct block, node);
-
-                if (b->device != device || b->size != rsize)
-                        return NULL;
-                if (!b->pending || (on_stream && b->stream == stream))
-                        return b;
-        }
-        return NULL;
-}
-
-GPUPOOL_EXPORT int gpupool_trim(gpupool_client *c) {
-        int r;
-
-        if (!c)
-                return -EINVAL;
-        pthread_mutex_lock(&c->lock);
-        r = cache_shrink(c, 0);
-        pthread_mutex_unlock(&c->lock);
-        return r;
-}
-
-GPUPOOL_EXPORT size_t gpupool_cached_bytes(gpupool_client *c) {
-        size_t n;
-
-        if (!c)
-                return 0;
-        pthread_mutex_lock(&c->lock);
-        n = c->cache_bytes;
-        pthread_mutex_unlock(&c->lock);
-        return n;
-}
 
 /* The daemon's index for the caller's device number (its own CUDA ordinal on the cuda backend), or -1. */
 static int daemon_device(gpupool_client *c, int device) {
@@ -621,11 +473,11 @@ static int alloc_on(gpupool_client *c, int device, size_t size, void *stream, bo
                 goto out;
         }
         if (c->cache.count) {
-                struct block *hit = cache_find(c, (unsigned) d, (size + 511) & ~(uint64_t) 511, stream, on_stream);
+                struct block *hit = client_cache_find(c, (unsigned) d, (size + 511) & ~(uint64_t) 511, stream, on_stream);
 
                 if (hit) {
-                        c->cache_used_ms = now_ms();
-                        cache_take(c, hit);
+                        c->cache_uses++;
+                        client_cache_take(c, hit);
                         hit->scope = c->scope_depth ? c->scopes[c->scope_depth - 1] : 0;
                         gp_rb_insert(&c->blocks, &hit->node);
                         *ret_ptr = hit->ptr;
@@ -645,7 +497,7 @@ static int alloc_on(gpupool_client *c, int device, size_t size, void *stream, bo
         r = gp_conn_call(&c->conn, &req, GPUPOOL__ENVELOPE__BODY_ALLOC_REPLY, &rep, &fd);
         if ((r == -EDQUOT || r == -ENOMEM) && c->cache_bytes) {
                 /* What this process keeps cached may be what stands in the way: give it back and ask again. */
-                (void) cache_shrink(c, 0);
+                (void) client_cache_shrink(c, 0);
                 r = gp_conn_call(&c->conn, &req, GPUPOOL__ENVELOPE__BODY_ALLOC_REPLY, &rep, &fd);
         }
         if (r < 0)
@@ -659,7 +511,7 @@ static int alloc_on(gpupool_client *c, int device, size_t size, void *stream, bo
                 goto out_reply;
         }
         is_new = a->has_new_segment && a->new_segment;
-        m = mapping_by_id(c, a->segment_id);
+        m = client_mapping_by_id(c, a->segment_id);
         if (is_new && !m) {
                 r = mapping_add(c, (unsigned) d, a, fd, &m);    /* takes fd */
                 fd = -1;
@@ -681,7 +533,6 @@ static int alloc_on(gpupool_client *c, int device, size_t size, void *stream, bo
         }
         b->ptr = m->base + a->offset;
         b->size = a->size;
-        b->device = (unsigned) d;
         b->mapping = m;
         if (gp_rb_insert(&c->blocks, &b->node)) {
                 r = -EPROTO;
@@ -749,181 +600,6 @@ GPUPOOL_EXPORT int gpupool_free_async(gpupool_client *c, void *ptr, void *stream
                 r = client_cuda_defer_free(c, b, stream);
         }
         pthread_mutex_unlock(&c->lock);
-        return r;
-}
-
-GPUPOOL_EXPORT int gpupool_scope_begin(gpupool_client *c) {
-        int r = 0;
-
-        if (!c)
-                return -EINVAL;
-        pthread_mutex_lock(&c->lock);
-        if (c->scope_depth == CLIENT_MAX_SCOPES) {
-                client_set_error(c, "scopes nest at most %d deep", CLIENT_MAX_SCOPES);
-                r = -EINVAL;
-        } else {
-                c->scopes[c->scope_depth++] = ++c->next_scope;
-        }
-        pthread_mutex_unlock(&c->lock);
-        return r;
-}
-
-/*
- * Frees up to CLIENT_BATCH blocks in one request. Segments left without a live block are
- * unmapped first and released in the same request, unless this handle keeps free segments
- * (then the daemon decides, and says which to release). Locked.
- */
-static int free_batch(gpupool_client *c, struct block **blocks, size_t n) {
-        Gpupool__Envelope req = GPUPOOL__ENVELOPE__INIT, *rep;
-        Gpupool__FreeBatchRequest fb = GPUPOOL__FREE_BATCH_REQUEST__INIT;
-        Gpupool__FreeRequest frees[CLIENT_BATCH], *free_ptrs[CLIENT_BATCH];
-        uint64_t release[CLIENT_BATCH];
-        size_t nrelease = 0;
-        int r;
-
-        for (size_t i = 0; i < n; i++) {
-                struct mapping *m = blocks[i]->mapping;
-
-                gpupool__free_request__init(&frees[i]);
-                frees[i].segment_id = m->segment_id;
-                frees[i].offset = (uint64_t) (blocks[i]->ptr - m->base);
-                free_ptrs[i] = &frees[i];
-                gp_rb_remove(&c->blocks, &blocks[i]->node);
-                free(blocks[i]);
-                if (--m->live == 0 && !c->keep_free_bytes) {
-                        release[nrelease++] = m->segment_id;
-                        mapping_drop(c, m);
-                }
-        }
-        fb.n_frees = n;
-        fb.frees = free_ptrs;
-        fb.n_release_segment_ids = nrelease;
-        fb.release_segment_ids = release;
-        req.body_case = GPUPOOL__ENVELOPE__BODY_FREE_BATCH;
-        req.free_batch = &fb;
-        r = gp_conn_call(&c->conn, &req, GPUPOOL__ENVELOPE__BODY_FREE_BATCH_REPLY, &rep, NULL);
-        if (r < 0)
-                return r;
-        /* Segments the daemon wants back that we did not release already (this handle keeps some). */
-        for (size_t i = 0; i < rep->free_batch_reply->n_release_segment_ids; i++) {
-                uint64_t id = rep->free_batch_reply->release_segment_ids[i];
-                Gpupool__Envelope rq = GPUPOOL__ENVELOPE__INIT, *rr;
-                Gpupool__ReleaseRequest rel = GPUPOOL__RELEASE_REQUEST__INIT;
-                struct mapping *m = mapping_by_id(c, id);
-
-                if (m)
-                        mapping_drop(c, m);
-                rel.segment_id = id;
-                rq.body_case = GPUPOOL__ENVELOPE__BODY_RELEASE;
-                rq.release = &rel;
-                if (gp_conn_call(&c->conn, &rq, GPUPOOL__ENVELOPE__BODY__NOT_SET, &rr, NULL) == 0)
-                        gpupool__envelope__free_unpacked(rr, NULL);
-        }
-        r = rep->free_batch_reply->not_found ? -ENOENT : 0;
-        if (r < 0)
-                client_set_error(c, "gpupoold knew %u of the scope's blocks as freed already",
-                                 rep->free_batch_reply->not_found);
-        gpupool__envelope__free_unpacked(rep, NULL);
-        return r;
-}
-
-GPUPOOL_EXPORT int gpupool_scope_end(gpupool_client *c) {
-        struct block *batch[CLIENT_BATCH];
-        uint32_t scope;
-        int r = 0;
-
-        if (!c)
-                return -EINVAL;
-        pthread_mutex_lock(&c->lock);
-        if (!c->scope_depth) {
-                client_set_error(c, "gpupool_scope_end without gpupool_scope_begin");
-                pthread_mutex_unlock(&c->lock);
-                return -EINVAL;
-        }
-        scope = c->scopes[--c->scope_depth];
-        for (;;) {
-                size_t n = 0;
-
-                /* Blocks freed with a stream are the reaper's; the scope leaves them be. */
-                for (struct gp_rb_node *x = gp_rb_first(&c->blocks); x && n < CLIENT_BATCH; x = gp_rb_next(x)) {
-                        struct block *b = gp_rb_entry(x, struct block, node);
-
-                        if (b->scope == scope && !b->freeing)
-                                batch[n++] = b;
-                }
-                if (!n)
-                        break;
-                r = free_batch(c, batch, n);
-                if (r < 0 && r != -ENOENT)
-                        break;
-        }
-        pthread_mutex_unlock(&c->lock);
-        return r;
-}
-
-struct gpupool_arena {
-        gpupool_client *client;
-        uint8_t *base;
-        size_t size, used;
-};
-
-GPUPOOL_EXPORT int gpupool_arena_create(gpupool_client *c, int device, size_t bytes, gpupool_arena **ret_arena) {
-        gpupool_arena *a;
-        int r;
-
-        if (!c || !ret_arena || bytes == 0)
-                return -EINVAL;
-        a = calloc(1, sizeof(*a));
-        if (!a)
-                return -ENOMEM;
-        r = gpupool_alloc(c, device, bytes, (void **) &a->base);
-        if (r < 0) {
-                free(a);
-                return r;
-        }
-        a->client = c;
-        a->size = bytes;
-        *ret_arena = a;
-        return 0;
-}
-
-GPUPOOL_EXPORT int gpupool_arena_alloc(gpupool_arena *a, size_t size, size_t align, void **ret_ptr) {
-        uintptr_t at, end;
-
-        if (!a || !ret_ptr || size == 0 || (align & (align - 1)))
-                return -EINVAL;
-        if (!align)
-                align = 256;
-        at = ((uintptr_t) a->base + a->used + align - 1) & ~(uintptr_t) (align - 1);
-        end = (uintptr_t) a->base + a->size;
-        if (at < (uintptr_t) a->base || at > end || size > end - at) {
-                pthread_mutex_lock(&a->client->lock);
-                client_set_error(a->client, "the arena of %zu bytes has %zu left, less than the %zu asked (aligned to %zu)",
-                                 a->size, a->size - a->used, size, align);
-                pthread_mutex_unlock(&a->client->lock);
-                return -ENOSPC;
-        }
-        a->used = at + size - (uintptr_t) a->base;
-        *ret_ptr = (void *) at;
-        return 0;
-}
-
-GPUPOOL_EXPORT void gpupool_arena_reset(gpupool_arena *a) {
-        if (a)
-                a->used = 0;
-}
-
-GPUPOOL_EXPORT size_t gpupool_arena_used(const gpupool_arena *a) {
-        return a ? a->used : 0;
-}
-
-GPUPOOL_EXPORT int gpupool_arena_destroy(gpupool_arena *a) {
-        int r;
-
-        if (!a)
-                return 0;
-        r = gpupool_free(a->client, a->base);
-        free(a);
         return r;
 }
 

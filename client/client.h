@@ -36,8 +36,7 @@ struct mapping {
 struct block {
         uint8_t *ptr;
         uint64_t size;                  /* as the daemon rounded it */
-        unsigned device;                /* the daemon's index */
-        struct mapping *mapping;
+        struct mapping *mapping;        /* its segment, and through it its device */
         struct block *lru_prev, *lru_next;      /* in the client cache only, once its work is done */
         /* In the cache while work queued on stream before its free may still run: reusable on that stream only. */
         void *stream;
@@ -86,7 +85,8 @@ struct gpupool_client {
         struct block *lru_head, *lru_tail;
         uint64_t cache_bytes, cache_limit;
         uint64_t cache_idle_ms;         /* give the cache back after this long unused ($GPUPOOL_CLIENT_CACHE_IDLE) */
-        uint64_t cache_used_ms;         /* when the cache last served or took a block */
+        uint64_t cache_uses;            /* blocks the cache served or took: counted, not timed, on the hot path */
+        uint64_t cache_uses_seen, cache_quiet_since_ms;         /* the control thread's idle watch */
         /* Open scopes, innermost last (gpupool_scope_begin/end). */
         uint32_t scopes[CLIENT_MAX_SCOPES];
         unsigned scope_depth;
@@ -105,8 +105,39 @@ struct gpupool_client {
 
 void client_set_error(gpupool_client *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
-/* Frees a block at the daemon now (the caller knows the device is done with it), or caches it. Locked. */
+/* client.c, all called locked. */
+
+/* The mapping of a segment, or NULL; and unmapping one. */
+struct mapping *client_mapping_by_id(gpupool_client *c, uint64_t segment_id);
+void client_mapping_drop(gpupool_client *c, struct mapping *m);
+
+/* Unmaps m (if given) and tells the daemon segment_id is released. */
+void client_release_segment(gpupool_client *c, struct mapping *m, uint64_t segment_id);
+
+/* Frees a block that is in no tree at the daemon, now. */
+int client_block_release(gpupool_client *c, struct block *b);
+
+/* client_cache.c, all called locked but init. */
+
+void client_cache_init(gpupool_client *c, uint64_t limit_bytes, uint64_t idle_ms);
+
+/* Frees a block the application gave up (the device is done with it): into the cache, or to the daemon. */
 int client_free_block(gpupool_client *c, struct block *b);
+
+/* A usable cached block of (device, rounded size), also one pending on stream when on_stream; or NULL. */
+struct block *client_cache_find(gpupool_client *c, unsigned device, uint64_t rsize, void *stream, bool on_stream);
+
+/* Takes a found block out of the cache, for the application. */
+void client_cache_take(gpupool_client *c, struct block *b);
+
+/* Gives the daemon back cached blocks, least recently freed first, until at most keep bytes are cached. */
+int client_cache_shrink(gpupool_client *c, uint64_t keep);
+
+/* Drops the cache's records without telling the daemon (it is leaving, or gone). */
+void client_cache_forget(gpupool_client *c);
+
+/* Once a second from the control thread: gives the cache back once it has been unused for its idle time. */
+void client_cache_tick(gpupool_client *c, uint64_t now_ms);
 
 /*
  * Takes a block freed with a stream into the cache at once, reusable on that stream only

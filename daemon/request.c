@@ -21,7 +21,7 @@
 #include "session.h"
 #include "size.h"
 
-static void pack_reply(struct session *s, Gpupool__Envelope *env, int fd, bool disconnect, struct reply *ret) {
+void request_pack(struct session *s, Gpupool__Envelope *env, int fd, bool disconnect, struct reply *ret) {
         int n = gp_wire_pack(env, s->server->send_buf, sizeof(s->server->send_buf));
 
         if (n < 0) {
@@ -47,7 +47,7 @@ void request_error_reply(struct session *s, uint64_t id, int err, bool disconnec
         *ret = (struct reply) { .len = n > 0 ? (size_t) n : 0, .fd = -1, .disconnect = disconnect };
 }
 
-static void ok_envelope(Gpupool__Envelope *env, uint64_t id) {
+void request_ok(Gpupool__Envelope *env, uint64_t id) {
         gpupool__envelope__init(env);
         env->version = GP_PROTOCOL_VERSION;
         env->id = id;
@@ -120,7 +120,7 @@ static void handle_hello(struct session *s, const Gpupool__Envelope *req, struct
         hr.devices = info_ptrs;
         hr.has_limit_bytes = 1;
         hr.limit_bytes = s->tenant ? policy_client_limit(&server->policy, s->tenant, s->limit_override_bytes) : 0;
-        ok_envelope(&env, req->id);
+        request_ok(&env, req->id);
         env.body_case = GPUPOOL__ENVELOPE__BODY_HELLO_REPLY;
         env.hello_reply = &hr;
         if (s->control_of)
@@ -129,7 +129,7 @@ static void handle_hello(struct session *s, const Gpupool__Envelope *req, struct
         else
                 log_info("client %llu hello: '%s', pid %d, uid %u, tenant %s", (unsigned long long) s->id, s->name,
                          (int) s->pid, (unsigned) s->uid, s->tenant->conf.name);
-        pack_reply(s, &env, -1, false, ret);
+        request_pack(s, &env, -1, false, ret);
 }
 
 /* Says which limit refused an allocation, with the request and the use that it met. */
@@ -278,10 +278,10 @@ static bool alloc_attempt(struct session *s, uint64_t id, uint32_t device, uint6
                         fd = lease.mem->fd;
                 }
         }
-        ok_envelope(&env, id);
+        request_ok(&env, id);
         env.body_case = GPUPOOL__ENVELOPE__BODY_ALLOC_REPLY;
         env.alloc_reply = &ar;
-        pack_reply(s, &env, fd, false, ret);
+        request_pack(s, &env, fd, false, ret);
         return true;
 }
 
@@ -365,10 +365,10 @@ static void handle_free(struct session *s, const Gpupool__Envelope *req, struct 
                 fr.has_release_segment = 1;
                 fr.release_segment = 1;
         }
-        ok_envelope(&env, req->id);
+        request_ok(&env, req->id);
         env.body_case = GPUPOOL__ENVELOPE__BODY_FREE_REPLY;
         env.free_reply = &fr;
-        pack_reply(s, &env, -1, false, ret);
+        request_pack(s, &env, -1, false, ret);
 }
 
 #define BATCH_MAX 256
@@ -416,10 +416,10 @@ static void handle_free_batch(struct session *s, const Gpupool__Envelope *req, s
         }
         fr.n_release_segment_ids = nrelease;
         fr.release_segment_ids = release;
-        ok_envelope(&env, req->id);
+        request_ok(&env, req->id);
         env.body_case = GPUPOOL__ENVELOPE__BODY_FREE_BATCH_REPLY;
         env.free_batch_reply = &fr;
-        pack_reply(s, &env, -1, false, ret);
+        request_pack(s, &env, -1, false, ret);
 }
 
 static void handle_release(struct session *s, const Gpupool__Envelope *req, struct reply *ret) {
@@ -445,275 +445,8 @@ static void handle_release(struct session *s, const Gpupool__Envelope *req, stru
                 request_error_reply(s, req->id, r, false, why, ret);
                 return;
         }
-        ok_envelope(&env, req->id);
-        pack_reply(s, &env, -1, false, ret);
-}
-
-/* Describes a tenant's match rules: "uid=1000 gid=50 name=train-*"; "" for default. */
-static void rules_text(const struct tenant_conf *t, char *buf, size_t size) {
-        int n = 0;
-
-        buf[0] = '\0';
-        if (t->match_uid_set)
-                n += snprintf(buf + n, size - (size_t) n, "uid=%u ", t->match_uid);
-        if (t->match_gid_set && (size_t) n < size)
-                n += snprintf(buf + n, size - (size_t) n, "gid=%u ", t->match_gid);
-        if (t->match_name_set && (size_t) n < size)
-                n += snprintf(buf + n, size - (size_t) n, "name=%s ", t->match_name);
-        if (n > 0 && (size_t) n <= size)
-                buf[n - 1] = '\0';
-}
-
-/* Fills the status reply's tenants (the arrays are the caller's, sized for every tenant). */
-static void tenants_status(struct session *s, Gpupool__StatusReply *sr, Gpupool__TenantStatus *tenants,
-                           Gpupool__TenantStatus **ptrs, char rules[][160], uint64_t in_use[][BACKEND_MAX_DEVICES]) {
-        struct server *server = s->server;
-        struct policy *p = &server->policy;
-
-        for (unsigned i = 0; i < p->tenant_count; i++) {
-                struct tenant *t = &p->tenants[i];
-                Gpupool__TenantStatus *ts = &tenants[i];
-
-                gpupool__tenant_status__init(ts);
-                rules_text(&t->conf, rules[i], sizeof(rules[i]));
-                memset(in_use[i], 0, sizeof(in_use[i]));
-                for (struct session *c = server->sessions; c; c = c->next)
-                        if (c->tenant == t)
-                                for (unsigned d = 0; d < server->device_count; d++)
-                                        in_use[i][d] += c->owners[d].in_use_bytes;
-                ts->name = t->conf.name;
-                ts->rules = rules[i];
-                ts->clients = t->clients - (s->tenant == t);   /* not the one asking */
-                ts->max_bytes = t->max_bytes;
-                ts->guarantee_bytes = t->guarantee_bytes;
-                ts->client_max_bytes = policy_client_limit(p, t, 0);
-                ts->has_overridden = t->overridden;
-                ts->overridden = t->overridden;
-                ts->n_reserved_bytes = server->device_count;
-                ts->reserved_bytes = t->reserved_bytes;
-                ts->n_in_use_bytes = server->device_count;
-                ts->in_use_bytes = in_use[i];
-                ptrs[i] = ts;
-        }
-        sr->n_tenants = p->tenant_count;
-        sr->tenants = ptrs;
-}
-
-static void handle_status(struct session *s, const Gpupool__Envelope *req, struct reply *ret) {
-        struct server *server = s->server;
-        Gpupool__DeviceStatus devs[BACKEND_MAX_DEVICES], *dev_ptrs[BACKEND_MAX_DEVICES];
-        Gpupool__StatusReply sr = GPUPOOL__STATUS_REPLY__INIT;
-        Gpupool__ClientStatus *clients = NULL, **client_ptrs = NULL;
-        static Gpupool__TenantStatus tenants[CONFIG_MAX_TENANTS], *tenant_ptrs[CONFIG_MAX_TENANTS];
-        static char rules[CONFIG_MAX_TENANTS][160];
-        static uint64_t in_use[CONFIG_MAX_TENANTS][BACKEND_MAX_DEVICES];
-        Gpupool__Envelope env;
-        size_t n = 0, count = 0;
-
-        for (struct session *c = server->sessions; c; c = c->next)
-                count++;
-        if (count) {
-                clients = calloc(count, sizeof(*clients));
-                client_ptrs = calloc(count, sizeof(*client_ptrs));
-                if (!clients || !client_ptrs) {
-                        free(clients);
-                        free(client_ptrs);
-                        request_error_reply(s, req->id, -EIO, false, "out of memory building the status", ret);
-                        return;
-                }
-        }
-        for (unsigned d = 0; d < server->device_count; d++) {
-                struct pool_stats st;
-
-                pool_get_stats(server->pools[d], &st);
-                gpupool__device_status__init(&devs[d]);
-                devs[d].index = d;
-                devs[d].backend = (char *) server->backend->name;
-                devs[d].total_bytes = st.total_bytes;
-                devs[d].reserved_bytes = st.reserved_bytes;
-                devs[d].in_use_bytes = st.in_use_bytes;
-                devs[d].cached_bytes = st.cached_bytes;
-                devs[d].segments = st.segments;
-                devs[d].has_max_cached_bytes = devs[d].has_evictions_total = devs[d].has_reclaims_total = 1;
-                devs[d].has_decay_releases_total = devs[d].has_watermark_releases_total = 1;
-                devs[d].max_cached_bytes = server_max_cached(server, d);
-                devs[d].evictions_total = st.evictions_total;
-                devs[d].reclaims_total = server->reclaims_total[d];
-                devs[d].decay_releases_total = st.decay_releases_total;
-                devs[d].watermark_releases_total = st.watermark_releases_total;
-                dev_ptrs[d] = &devs[d];
-        }
-        /* Every client but the one asking (the CLI has nothing to show). */
-        for (struct session *c = server->sessions; c; c = c->next) {
-                Gpupool__ClientStatus *cs = &clients[n];
-
-                if (c == s || c->control_of)
-                        continue;       /* not the one asking, and control channels are part of their client */
-                gpupool__client_status__init(cs);
-                cs->client_id = c->id;
-                cs->pid = c->pid;
-                cs->uid = c->uid;
-                cs->name = c->name;
-                session_totals(c, &cs->reserved_bytes, &cs->in_use_bytes, &cs->blocks);
-                cs->limit_bytes = c->tenant ? policy_client_limit(&server->policy, c->tenant, c->limit_override_bytes) :
-                                              server->policy.client_limit_bytes;
-                if (c->tenant)
-                        cs->tenant = c->tenant->conf.name;
-                cs->has_cached_in_client_bytes = 1;
-                cs->cached_in_client_bytes = c->client_cached_bytes;
-                if (c->state == SESSION_EXITING) {
-                        cs->has_exiting = 1;
-                        cs->exiting = 1;
-                }
-                client_ptrs[n++] = cs;
-        }
-        sr.n_devices = server->device_count;
-        sr.devices = dev_ptrs;
-        sr.n_clients = n;
-        sr.clients = client_ptrs;
-        tenants_status(s, &sr, tenants, tenant_ptrs, rules, in_use);
-        ok_envelope(&env, req->id);
-        env.body_case = GPUPOOL__ENVELOPE__BODY_STATUS_REPLY;
-        env.status_reply = &sr;
-        pack_reply(s, &env, -1, false, ret);
-        free(clients);
-        free(client_ptrs);
-}
-
-static void handle_flush(struct session *s, const Gpupool__Envelope *req, struct reply *ret) {
-        struct server *server = s->server;
-        Gpupool__FlushedDevice devs[BACKEND_MAX_DEVICES], *dev_ptrs[BACKEND_MAX_DEVICES];
-        Gpupool__FlushReply fr = GPUPOOL__FLUSH_REPLY__INIT;
-        Gpupool__Envelope env;
-
-        const Gpupool__FlushRequest *f = req->flush;
-        unsigned n = 0;
-
-        if (f->has_device && f->device >= server->device_count) {
-                char why[128];
-
-                snprintf(why, sizeof(why), "no device %u: this daemon has %u", f->device, server->device_count);
-                request_error_reply(s, req->id, -ENODEV, false, why, ret);
-                return;
-        }
-        if (f->tenant) {
-                struct tenant *t = policy_tenant_by_name(&server->policy, f->tenant);
-
-                if (s->uid != 0 && s->uid != geteuid()) {
-                        request_error_reply(s, req->id, -EACCES, false, "flush --tenant is for root or the daemon's own user", ret);
-                        return;
-                }
-                if (!t) {
-                        char why[160];
-
-                        snprintf(why, sizeof(why), "no tenant '%.64s' (see gpupoolctl limits)", f->tenant);
-                        request_error_reply(s, req->id, -ENOENT, false, why, ret);
-                        return;
-                }
-                fr.has_clients_asked = fr.has_segments_asked = fr.has_bytes_asked = 1;
-                for (struct session *c = server->sessions; c; c = c->next) {
-                        uint64_t segments;
-
-                        if (c->tenant != t || c == s)
-                                continue;
-                        bool asked = false;
-
-                        segments = reclaim_all(server, c, f->has_device ? (int) f->device : -1, true, &fr.bytes_asked, &asked);
-                        fr.segments_asked += segments;
-                        fr.clients_asked += asked;
-                }
-                log_info("flush by client %llu (pid %d): asked %u clients of tenant %s for %" PRIu64 " segments",
-                         (unsigned long long) s->id, (int) s->pid, fr.clients_asked, t->conf.name, fr.segments_asked);
-                ok_envelope(&env, req->id);
-                env.body_case = GPUPOOL__ENVELOPE__BODY_FLUSH_REPLY;
-                env.flush_reply = &fr;
-                pack_reply(s, &env, -1, false, ret);
-                return;
-        }
-        for (unsigned d = 0; d < server->device_count; d++) {
-                if (f->has_device && d != f->device)
-                        continue;
-                gpupool__flushed_device__init(&devs[n]);
-                devs[n].index = d;
-                pool_flush(server->pools[d], &devs[n].segments, &devs[n].bytes);
-                dev_ptrs[n] = &devs[n];
-                if (devs[n].segments)
-                        log_info("flush by client %llu (pid %d): device %u released %" PRIu64 " segments, %" PRIu64 " bytes",
-                                 (unsigned long long) s->id, (int) s->pid, d, devs[n].segments, devs[n].bytes);
-                n++;
-        }
-        fr.n_devices = n;
-        fr.devices = dev_ptrs;
-        ok_envelope(&env, req->id);
-        env.body_case = GPUPOOL__ENVELOPE__BODY_FLUSH_REPLY;
-        env.flush_reply = &fr;
-        pack_reply(s, &env, -1, false, ret);
-}
-
-static void handle_set_limit(struct session *s, const Gpupool__Envelope *req, struct reply *ret) {
-        const Gpupool__SetLimitRequest *l = req->set_limit;
-        struct server *server = s->server;
-        char why[256], b1[GP_SIZE_FORMAT_MAX], b2[GP_SIZE_FORMAT_MAX];
-        Gpupool__Envelope env;
-
-        if (s->uid != 0 && s->uid != geteuid()) {
-                /* Limits are the operator's: a client raising its own would make them mean nothing. */
-                request_error_reply(s, req->id, -EACCES, false, "set-limit is for root or the daemon's own user", ret);
-                return;
-        }
-        if (!!l->tenant == l->has_pid || (!l->has_max_bytes && !l->has_guarantee_bytes)) {
-                request_error_reply(s, req->id, -EINVAL, false,
-                                    "set-limit takes a tenant or a pid, and max, guarantee or both", ret);
-                return;
-        }
-        if (l->has_pid) {
-                struct session *c = server->sessions;
-
-                while (c && !(c->pid == l->pid && c->tenant))
-                        c = c->next;
-                if (!c || l->has_guarantee_bytes) {
-                        snprintf(why, sizeof(why), c ? "a guarantee belongs to a tenant, not to one client (pid %d)" :
-                                                       "no client of pid %d is connected", (int) l->pid);
-                        request_error_reply(s, req->id, c ? -EINVAL : -ENOENT, false, why, ret);
-                        return;
-                }
-                /* Every session of that process: a process may hold several handles. */
-                for (c = server->sessions; c; c = c->next)
-                        if (c->pid == l->pid)
-                                c->limit_override_bytes = l->max_bytes;
-                log_info("set-limit by pid %d: clients of pid %d may reserve %s per device until the next reload",
-                         (int) s->pid, (int) l->pid, l->max_bytes ? gp_size_format(l->max_bytes, b1, sizeof(b1)) : "their tenant's limit");
-        } else {
-                struct tenant *t = policy_tenant_by_name(&server->policy, l->tenant);
-                uint64_t max = l->has_max_bytes ? l->max_bytes : t ? t->max_bytes : 0;
-                uint64_t guarantee = l->has_guarantee_bytes ? l->guarantee_bytes : t ? t->guarantee_bytes : 0;
-                uint64_t old_guarantee;
-
-                if (!t) {
-                        snprintf(why, sizeof(why), "no tenant '%.64s' (see gpupoolctl limits)", l->tenant);
-                        request_error_reply(s, req->id, -ENOENT, false, why, ret);
-                        return;
-                }
-                if (max && guarantee > max) {
-                        snprintf(why, sizeof(why), "tenant %s: a guarantee of %s is more than its max of %s", t->conf.name,
-                                 gp_size_format(guarantee, b1, sizeof(b1)), gp_size_format(max, b2, sizeof(b2)));
-                        request_error_reply(s, req->id, -EINVAL, false, why, ret);
-                        return;
-                }
-                old_guarantee = t->guarantee_bytes;
-                t->guarantee_bytes = guarantee;
-                if (policy_check_guarantees(&server->policy, why, sizeof(why)) < 0) {
-                        t->guarantee_bytes = old_guarantee;
-                        request_error_reply(s, req->id, -EINVAL, false, why, ret);
-                        return;
-                }
-                t->max_bytes = max;
-                t->overridden = true;
-                log_info("set-limit by pid %d: tenant %s max %s, guarantee %s until the next reload", (int) s->pid, t->conf.name,
-                         max ? gp_size_format(max, b1, sizeof(b1)) : "none", gp_size_format(guarantee, b2, sizeof(b2)));
-        }
-        ok_envelope(&env, req->id);
-        pack_reply(s, &env, -1, false, ret);
+        request_ok(&env, req->id);
+        request_pack(s, &env, -1, false, ret);
 }
 
 static void handle_reclaim_reply(struct session *s, const Gpupool__Envelope *req, struct reply *ret) {
@@ -725,82 +458,14 @@ static void handle_reclaim_reply(struct session *s, const Gpupool__Envelope *req
         *ret = (struct reply) { .fd = -1, .none = true };
 }
 
-static void handle_trim(struct session *s, const Gpupool__Envelope *req, struct reply *ret) {
-        const Gpupool__TrimRequest *t = req->trim;
-        struct server *server = s->server;
-        Gpupool__TrimReply tr = GPUPOOL__TRIM_REPLY__INIT;
-        struct tenant *tenant = NULL;
-        Gpupool__Envelope env;
-        char why[160];
-
-        if (s->uid != 0 && s->uid != geteuid()) {
-                request_error_reply(s, req->id, -EACCES, false, "trim is for root or the daemon's own user", ret);
-                return;
-        }
-        if (!!t->tenant == t->has_pid) {
-                request_error_reply(s, req->id, -EINVAL, false, "trim takes a pid or a tenant", ret);
-                return;
-        }
-        if (t->tenant && !(tenant = policy_tenant_by_name(&server->policy, t->tenant))) {
-                snprintf(why, sizeof(why), "no tenant '%.64s' (see gpupoolctl limits)", t->tenant);
-                request_error_reply(s, req->id, -ENOENT, false, why, ret);
-                return;
-        }
-        for (struct session *c = server->sessions; c; c = c->next) {
-                bool chosen = t->has_pid ? c->pid == t->pid : c->tenant == tenant;
-                uint64_t segments;
-
-                if (!chosen || c->control_of || c == s || !c->tenant)
-                        continue;
-                {
-                        bool asked = false;
-
-                        segments = reclaim_all(server, c, -1, false, &tr.bytes, &asked);
-                        tr.segments += segments;
-                        tr.clients += asked;
-                }
-        }
-        ok_envelope(&env, req->id);
-        env.body_case = GPUPOOL__ENVELOPE__BODY_TRIM_REPLY;
-        env.trim_reply = &tr;
-        pack_reply(s, &env, -1, false, ret);
-}
-
-static void handle_check(struct session *s, const Gpupool__Envelope *req, struct reply *ret) {
-        struct server *server = s->server;
-        Gpupool__CheckReply cr = GPUPOOL__CHECK_REPLY__INIT;
-        Gpupool__Envelope env;
-        char why[256];
-
-        if (s->uid != 0 && s->uid != geteuid()) {
-                request_error_reply(s, req->id, -EACCES, false, "check is for root or the daemon's own user", ret);
-                return;
-        }
-        if (server_check(server, why, sizeof(why)) < 0) {
-                char msg[300];
-
-                log_err("check by pid %d: invariant broken: %s", (int) s->pid, why);
-                snprintf(msg, sizeof(msg), "invariant broken: %s", why);
-                request_error_reply(s, req->id, -EIO, false, msg, ret);
-                return;
-        }
-        cr.pools = server->device_count;
-        cr.checks_total = server->checks_total;
-        cr.faults_injected = server->backend->faults_injected;
-        ok_envelope(&env, req->id);
-        env.body_case = GPUPOOL__ENVELOPE__BODY_CHECK_REPLY;
-        env.check_reply = &cr;
-        pack_reply(s, &env, -1, false, ret);
-}
-
 static void handle_bye(struct session *s, const Gpupool__Envelope *req, struct reply *ret) {
         Gpupool__Envelope env;
 
         /* The client unmapped everything: its memory can serve others now. */
         s->said_bye = true;
         session_release_all(s);
-        ok_envelope(&env, req->id);
-        pack_reply(s, &env, -1, false, ret);
+        request_ok(&env, req->id);
+        request_pack(s, &env, -1, false, ret);
 }
 
 void request_handle(struct session *s, const Gpupool__Envelope *req, struct reply *ret) {
@@ -828,25 +493,25 @@ void request_handle(struct session *s, const Gpupool__Envelope *req, struct repl
                 handle_release(s, req, ret);
                 return;
         case GPUPOOL__ENVELOPE__BODY_STATUS_REQUEST:
-                handle_status(s, req, ret);
+                request_status(s, req, ret);
                 return;
         case GPUPOOL__ENVELOPE__BODY_FLUSH:
-                handle_flush(s, req, ret);
+                request_flush(s, req, ret);
                 return;
         case GPUPOOL__ENVELOPE__BODY_BYE:
                 handle_bye(s, req, ret);
                 return;
         case GPUPOOL__ENVELOPE__BODY_SET_LIMIT:
-                handle_set_limit(s, req, ret);
+                request_set_limit(s, req, ret);
                 return;
         case GPUPOOL__ENVELOPE__BODY_RECLAIM_REPLY:
                 handle_reclaim_reply(s, req, ret);
                 return;
         case GPUPOOL__ENVELOPE__BODY_TRIM:
-                handle_trim(s, req, ret);
+                request_trim(s, req, ret);
                 return;
         case GPUPOOL__ENVELOPE__BODY_CHECK:
-                handle_check(s, req, ret);
+                request_check(s, req, ret);
                 return;
         case GPUPOOL__ENVELOPE__BODY_FREE_BATCH:
                 handle_free_batch(s, req, ret);

@@ -32,6 +32,19 @@ void request_handle(struct session *session, const Gpupool__Envelope *req, struc
  */
 uint64_t request_retry_parked(struct server *server, uint64_t now_ms);
 
+/* Packs env as the reply (with fd, or -1) into the send buffer. */
+void request_pack(struct session *session, Gpupool__Envelope *env, int fd, bool disconnect, struct reply *ret);
+
+/* Initializes env as a successful reply to request id. */
+void request_ok(Gpupool__Envelope *env, uint64_t id);
+
+/* The operators' requests (request_admin.c). */
+void request_status(struct session *session, const Gpupool__Envelope *req, struct reply *ret);
+void request_flush(struct session *session, const Gpupool__Envelope *req, struct reply *ret);
+void request_set_limit(struct session *session, const Gpupool__Envelope *req, struct reply *ret);
+void request_trim(struct session *session, const Gpupool__Envelope *req, struct reply *ret);
+void request_check(struct session *session, const Gpupool__Envelope *req, struct reply *ret);
+
 /* Packs an error reply for request id (0 when unknown) into the send buffer. */
 void request_error_reply(struct session *session, uint64_t id, int err, bool disconnect,
                          const char *message, struct reply *ret);

@@ -168,6 +168,24 @@ long long status_device(json_t *status, const char *key) {
         return dev ? json_integer_value(json_object_get(dev, key)) : -1;
 }
 
+long long testd_device(struct testd *d, unsigned index, const char *key) {
+        json_t *st = testd_ctl(d, "status");
+        json_t *dev = json_array_get(json_object_get(st, "devices"), index);
+        long long v = dev ? json_integer_value(json_object_get(dev, key)) : -1;
+
+        json_decref(st);
+        return v;
+}
+
+bool testd_device_becomes(struct testd *d, unsigned index, const char *key, long long want) {
+        double t0 = now_s();
+
+        while (now_s() - t0 < 10.0)
+                if (testd_device(d, index, key) == want)
+                        return true;
+        return false;
+}
+
 json_t *status_client_by_pid(json_t *status, pid_t pid) {
         json_t *clients = json_object_get(status, "clients"), *c;
         size_t i;

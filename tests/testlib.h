@@ -49,6 +49,12 @@ json_t *testd_ctl(struct testd *d, const char *cmd);
 long long status_device(json_t *status, const char *key);
 json_t *status_client_by_pid(json_t *status, pid_t pid);
 
+/* A device's field from a fresh "status", or -1. */
+long long testd_device(struct testd *d, unsigned index, const char *key);
+
+/* Waits (up to 10 s, polling status) for a device's field to reach want; returns whether it did. */
+bool testd_device_becomes(struct testd *d, unsigned index, const char *key, long long want);
+
 /* Raw protocol: connect, send an envelope, read one reply (NULL when the daemon closed). */
 int raw_connect(struct testd *d);
 void raw_send(int sock, Gpupool__Envelope *env);

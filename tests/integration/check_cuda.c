@@ -126,25 +126,6 @@ static void cuda_stop(struct testd *d) {
                               fake_dir, strerror(errno));
 }
 
-static long long device_field(struct testd *d, unsigned index, const char *key) {
-        json_t *st = testd_ctl(d, "status");
-        json_t *dev = json_array_get(json_object_get(st, "devices"), index);
-        long long v = dev ? json_integer_value(json_object_get(dev, key)) : -1;
-
-        json_decref(st);
-        return v;
-}
-
-/* Waits (up to 10 s) for a device's field to reach want; returns whether it did. */
-static bool device_field_becomes(struct testd *d, unsigned index, const char *key, long long want) {
-        double t0 = now_s();
-
-        while (now_s() - t0 < 10.0)
-                if (device_field(d, index, key) == want)
-                        return true;
-        return false;
-}
-
 /* ---- several clients' data ---- */
 
 struct worker {
@@ -205,7 +186,7 @@ START_TEST(test_cuda_clients_data_intact) {
         }
         for (int i = 0; i < N; i++)
                 ck_assert_msg(reap(pids[i]) == 0, "client %d found its data damaged or failed", i);
-        ck_assert_int_eq(device_field(&d, 0, "in_use_bytes"), 0);
+        ck_assert_int_eq(testd_device(&d, 0, "in_use_bytes"), 0);
         cuda_stop(&d);
 }
 END_TEST
@@ -237,12 +218,12 @@ START_TEST(test_cuda_killed_client_memory_returns) {
         ck_assert_int_eq(pipe(fds), 0);
         pid = spawn(gpu_holder, &d, fds);
         ck_assert_int_eq(read(fds[0], &ch, 1), 1);
-        ck_assert_int_ge(device_field(&d, 0, "in_use_bytes"), 24 * MiB);
+        ck_assert_int_ge(testd_device(&d, 0, "in_use_bytes"), 24 * MiB);
         kill(pid, SIGKILL);
         ck_assert_int_eq(reap(pid), 128 + SIGKILL);
-        ck_assert_msg(device_field_becomes(&d, 0, "in_use_bytes", 0), "the killed client's memory did not return");
+        ck_assert_msg(testd_device_becomes(&d, 0, "in_use_bytes", 0), "the killed client's memory did not return");
         /* Its segment is cached, and a new client can have it (the daemon frees it at stop: see cuda_stop). */
-        ck_assert_int_eq(device_field(&d, 0, "cached_bytes"), device_field(&d, 0, "reserved_bytes"));
+        ck_assert_int_eq(testd_device(&d, 0, "cached_bytes"), testd_device(&d, 0, "reserved_bytes"));
         cuda_stop(&d);
 }
 END_TEST
@@ -295,14 +276,14 @@ START_TEST(test_cuda_limits_hold) {
         long long total;
 
         cuda_start(&d, "--client-limit", "64M");
-        total = device_field(&d, 0, "total_bytes");
+        total = testd_device(&d, 0, "total_bytes");
         ck_assert_int_gt(total, 0);
         ck_assert_int_eq(reap(spawn(limit_client, &d, &total)), 0);
-        ck_assert_int_eq(device_field(&d, 0, "in_use_bytes"), 0);
+        ck_assert_int_eq(testd_device(&d, 0, "in_use_bytes"), 0);
         cuda_stop(&d);
         cuda_start(&d, NULL, NULL);
         ck_assert_int_eq(reap(spawn(oversize_client, &d, &total)), 0);
-        ck_assert_int_eq(device_field(&d, 0, "in_use_bytes"), 0);
+        ck_assert_int_eq(testd_device(&d, 0, "in_use_bytes"), 0);
         cuda_stop(&d);
 }
 END_TEST
@@ -365,7 +346,7 @@ static int free_async_client(struct testd *d, void *arg) {
                         FAIL();         /* handed out again under running work */
                 /* The daemon still counts the block as in use: nobody else can get it either. */
                 if (still_running) {
-                        long long in_use = device_field(d, 0, "in_use_bytes");
+                        long long in_use = testd_device(d, 0, "in_use_bytes");
 
                         if (g.cu.cuEventQuery(done) == GP_CUDA_ERROR_NOT_READY && in_use < (long long) (2 * size))
                                 FAIL();
@@ -374,7 +355,7 @@ static int free_async_client(struct testd *d, void *arg) {
                 if (g.cu.cuStreamSynchronize(s) != GP_CUDA_SUCCESS)
                         FAIL();
                 /* Once the work is done the block goes back without another call of ours. */
-                if (!device_field_becomes(d, 0, "in_use_bytes", (long long) size))
+                if (!testd_device_becomes(d, 0, "in_use_bytes", (long long) size))
                         FAIL();
                 if (gpupool_free(c, b) < 0)
                         FAIL();
@@ -397,7 +378,7 @@ START_TEST(test_cuda_free_async_waits_for_stream) {
 
         cuda_start(&d, NULL, NULL);
         ck_assert_msg(reap(spawn(free_async_client, &d, line)) == 0, "free_async_client failed at line %lld", *line);
-        ck_assert_int_eq(device_field(&d, 0, "in_use_bytes"), 0);
+        ck_assert_int_eq(testd_device(&d, 0, "in_use_bytes"), 0);
         cuda_stop(&d);
         munmap(line, 4096);
 }
@@ -450,7 +431,7 @@ START_TEST(test_cuda_disconnect_waits_for_pending_frees) {
 
         cuda_start(&d, NULL, NULL);
         ck_assert_int_eq(reap(spawn(disconnect_client, &d, NULL)), 0);
-        ck_assert_int_eq(device_field(&d, 0, "in_use_bytes"), 0);
+        ck_assert_int_eq(testd_device(&d, 0, "in_use_bytes"), 0);
         cuda_stop(&d);
 }
 END_TEST
@@ -500,9 +481,9 @@ START_TEST(test_cuda_segment_zeroed_across_uids) {
         cuda_start(&d, NULL, NULL);
         ck_assert_int_eq(chmod(d.dir, 0755), 0);
         ck_assert_int_eq(reap(spawn(dirty_client, &d, NULL)), 0);
-        ck_assert_int_eq(device_field(&d, 0, "cached_bytes"), 2 * MiB);
+        ck_assert_int_eq(testd_device(&d, 0, "cached_bytes"), 2 * MiB);
         ck_assert_int_eq(reap(spawn(nobody_client, &d, NULL)), 0);
-        ck_assert_int_eq(device_field(&d, 0, "reserved_bytes"), 2 * MiB);     /* the same segment, zeroed */
+        ck_assert_int_eq(testd_device(&d, 0, "reserved_bytes"), 2 * MiB);     /* the same segment, zeroed */
         cuda_stop(&d);
 }
 END_TEST
@@ -526,8 +507,8 @@ static int visible_client(struct testd *d, void *arg) {
         if (gpupool_alloc(c, 0, 6 * MiB, &p) < 0 || write_pattern(&g, p, 6 * MiB, 5) < 0 || !pattern_intact(&g, p, 6 * MiB, 5))
                 return 2;
         /* Our device 0 is the daemon's device expect_daemon_device: only that one holds memory. */
-        if (device_field(d, v->expect_daemon_device, "in_use_bytes") != (long long) (6 * MiB) ||
-            device_field(d, 1 - v->expect_daemon_device, "in_use_bytes") != 0)
+        if (testd_device(d, v->expect_daemon_device, "in_use_bytes") != (long long) (6 * MiB) ||
+            testd_device(d, 1 - v->expect_daemon_device, "in_use_bytes") != 0)
                 return 3;
         if (gpupool_alloc(c, 1, 4096, &p) != -ENODEV)
                 return 4;       /* this process sees one GPU */
@@ -541,7 +522,7 @@ START_TEST(test_fake_visible_devices_renumbered) {
 
         setenv("FAKECUDA_DEVICES", "2", 1);
         cuda_start(&d, NULL, NULL);
-        ck_assert_int_eq(device_field(&d, 1, "total_bytes"), device_field(&d, 0, "total_bytes"));
+        ck_assert_int_eq(testd_device(&d, 1, "total_bytes"), testd_device(&d, 0, "total_bytes"));
         ck_assert_int_eq(reap(spawn(visible_client, &d, &second)), 0);
         ck_assert_int_eq(reap(spawn(visible_client, &d, &first)), 0);
         cuda_stop(&d);
@@ -622,7 +603,7 @@ START_TEST(test_fake_stream_aware_cache) {
 
         cuda_start(&d, NULL, NULL);
         ck_assert_int_eq(reap(spawn(stream_cache_client, &d, NULL)), 0);
-        ck_assert_int_eq(device_field(&d, 0, "in_use_bytes"), 0);
+        ck_assert_int_eq(testd_device(&d, 0, "in_use_bytes"), 0);
         cuda_stop(&d);
 }
 END_TEST
@@ -687,7 +668,7 @@ START_TEST(test_fake_driver_rules) {
                 ck_assert_msg(status == 77 || (status == 99 && getenv("GPUPOOL_DAEMON_WRAPPER")),
                               "reading device memory from the CPU did not fault (exit %d)", status);
         }
-        ck_assert_msg(device_field_becomes(&d, 0, "in_use_bytes", 0), "the faulted client's memory did not return");
+        ck_assert_msg(testd_device_becomes(&d, 0, "in_use_bytes", 0), "the faulted client's memory did not return");
         cuda_stop(&d);
         unsetenv("FAKECUDA_MEM");
 }

@@ -17,14 +17,6 @@
 
 #define MiB (1ULL << 20)
 
-static long long dev(struct testd *d, const char *key) {
-        json_t *st = testd_ctl(d, "status");
-        long long v = status_device(st, key);
-
-        json_decref(st);
-        return v;
-}
-
 START_TEST(test_scope_frees_what_is_left) {
         enum { N = 300 };
         static void *p[N];
@@ -51,8 +43,8 @@ START_TEST(test_scope_frees_what_is_left) {
                 if (i % 7)
                         ck_assert_int_eq(gpupool_free(c, p[i]), -ENOENT);
         /* Only the block from outside the scope is left; emptied segments went back. */
-        ck_assert_int_eq(dev(&d, "in_use_bytes"), 4096);
-        ck_assert_int_eq(dev(&d, "reserved_bytes") - dev(&d, "cached_bytes"), 2 * MiB);
+        ck_assert_int_eq(testd_device(&d, 0, "in_use_bytes"), 4096);
+        ck_assert_int_eq(testd_device(&d, 0, "reserved_bytes") - testd_device(&d, 0, "cached_bytes"), 2 * MiB);
         memset(kept, 1, 4096);
         ck_assert_int_eq(gpupool_scope_end(c), -EINVAL);                /* no scope open */
         for (int i = 0; i < 16; i++)
@@ -80,17 +72,17 @@ START_TEST(test_scope_with_kept_segments) {
                 ck_assert_int_eq(gpupool_alloc(c, 0, 2 * MiB, &p[i]), 0);
         ck_assert_int_eq(gpupool_scope_end(c), 0);
         /* 40 MiB kept by the client (under its 64 MiB), nothing in use, nothing cached. */
-        ck_assert_int_eq(dev(&d, "in_use_bytes"), 0);
-        ck_assert_int_eq(dev(&d, "reserved_bytes"), 40 * MiB);
-        ck_assert_int_eq(dev(&d, "cached_bytes"), 0);
+        ck_assert_int_eq(testd_device(&d, 0, "in_use_bytes"), 0);
+        ck_assert_int_eq(testd_device(&d, 0, "reserved_bytes"), 40 * MiB);
+        ck_assert_int_eq(testd_device(&d, 0, "cached_bytes"), 0);
         /* The kept segments serve the next scope without new ones. */
         ck_assert_int_eq(gpupool_scope_begin(c), 0);
         for (int i = 0; i < 20; i++)
                 ck_assert_int_eq(gpupool_alloc(c, 0, 2 * MiB, &p[i]), 0);
-        ck_assert_int_eq(dev(&d, "reserved_bytes"), 40 * MiB);
+        ck_assert_int_eq(testd_device(&d, 0, "reserved_bytes"), 40 * MiB);
         ck_assert_int_eq(gpupool_scope_end(c), 0);
         gpupool_disconnect(c);
-        ck_assert_int_eq(dev(&d, "reserved_bytes"), dev(&d, "cached_bytes"));
+        ck_assert_int_eq(testd_device(&d, 0, "reserved_bytes"), testd_device(&d, 0, "cached_bytes"));
         ck_assert_int_eq(testd_stop(&d), 0);
 }
 END_TEST
@@ -106,7 +98,7 @@ START_TEST(test_arena) {
         testd_start(&d, NULL);
         ck_assert_int_eq(gpupool_connect(d.sock, "pipeline", &c), 0);
         ck_assert_int_eq(gpupool_arena_create(c, 0, 1 * MiB, &a), 0);
-        ck_assert_int_eq(dev(&d, "in_use_bytes"), 1 * MiB);            /* one block from the daemon */
+        ck_assert_int_eq(testd_device(&d, 0, "in_use_bytes"), 1 * MiB);            /* one block from the daemon */
         ck_assert_int_eq(gpupool_arena_alloc(a, 10, 1, &first), 0);
         ck_assert_int_eq(gpupool_arena_alloc(a, 100, 0, &p), 0);
         ck_assert_int_eq((uintptr_t) p % 256, 0);                       /* default alignment */
@@ -124,14 +116,14 @@ START_TEST(test_arena) {
         gpupool_last_error(c, msg, sizeof(msg));
         ck_assert_msg(strstr(msg, "the arena of 1048576 bytes has"), "%s", msg);
         ck_assert_int_le(gpupool_arena_used(a), 1 * MiB);
-        ck_assert_int_eq(dev(&d, "in_use_bytes"), 1 * MiB);
+        ck_assert_int_eq(testd_device(&d, 0, "in_use_bytes"), 1 * MiB);
         /* Reset: it starts over from the beginning. */
         gpupool_arena_reset(a);
         ck_assert_int_eq(gpupool_arena_used(a), 0);
         ck_assert_int_eq(gpupool_arena_alloc(a, 10, 1, &p), 0);
         ck_assert_ptr_eq(p, first);
         ck_assert_int_eq(gpupool_arena_destroy(a), 0);
-        ck_assert_int_eq(dev(&d, "in_use_bytes"), 0);
+        ck_assert_int_eq(testd_device(&d, 0, "in_use_bytes"), 0);
         ck_assert_int_eq(gpupool_arena_create(c, 0, 0, &a), -EINVAL);
         gpupool_disconnect(c);
         ck_assert_int_eq(testd_stop(&d), 0);
@@ -163,7 +155,7 @@ START_TEST(test_client_cache) {
          * the client caches with the client's next request (here, an allocation of another size).
          */
         ck_assert_int_eq(gpupool_cached_bytes(c), 100352);
-        ck_assert_int_eq(dev(&d, "in_use_bytes"), 100352);
+        ck_assert_int_eq(testd_device(&d, 0, "in_use_bytes"), 100352);
         ck_assert_int_eq(gpupool_alloc(c, 0, 512, &q), 0);
         ck_assert_int_eq(client_cached(&d), 100352);
         ck_assert_int_eq(gpupool_free(c, q), 0);
@@ -191,7 +183,7 @@ START_TEST(test_client_cache) {
         /* Trim gives everything back. */
         ck_assert_int_eq(gpupool_trim(c), 0);
         ck_assert_int_eq(gpupool_cached_bytes(c), 0);
-        ck_assert_int_eq(dev(&d, "in_use_bytes"), 0);
+        ck_assert_int_eq(testd_device(&d, 0, "in_use_bytes"), 0);
         gpupool_disconnect(c);
         /* Off: every free goes to the daemon at once. */
         setenv("GPUPOOL_CLIENT_CACHE", "0", 1);
@@ -199,7 +191,7 @@ START_TEST(test_client_cache) {
         ck_assert_int_eq(gpupool_alloc(c, 0, 4096, &p), 0);
         ck_assert_int_eq(gpupool_free(c, p), 0);
         ck_assert_int_eq(gpupool_cached_bytes(c), 0);
-        ck_assert_int_eq(dev(&d, "in_use_bytes"), 0);
+        ck_assert_int_eq(testd_device(&d, 0, "in_use_bytes"), 0);
         gpupool_disconnect(c);
         setenv("GPUPOOL_CLIENT_CACHE", "lots", 1);
         ck_assert_int_eq(gpupool_connect(d.sock, "bad", &c), -EINVAL);
@@ -255,15 +247,6 @@ static void stop_cacher(struct cacher *k, pid_t pid) {
         close(k->ready[0]), close(k->ready[1]), close(k->go[0]), close(k->go[1]);
 }
 
-static bool in_use_becomes(struct testd *d, long long want) {
-        double t0 = now_s();
-
-        while (now_s() - t0 < 10)
-                if (dev(d, "in_use_bytes") == want)
-                        return true;
-        return false;
-}
-
 START_TEST(test_client_cache_given_back) {
         struct cacher k = { .block = 4 * MiB, .n = 10, .idle = "0" };
         char cmd[512], out[512];
@@ -276,11 +259,11 @@ START_TEST(test_client_cache_given_back) {
         testd_start(&d, "--host-capacity", "48M", NULL);
         /* On trim: the cache comes back without the client making a call. */
         pid = start_cacher(&d, &k);
-        ck_assert_int_eq(dev(&d, "in_use_bytes"), 40 * MiB);           /* all of it in its cache */
+        ck_assert_int_eq(testd_device(&d, 0, "in_use_bytes"), 40 * MiB);           /* all of it in its cache */
         snprintf(cmd, sizeof(cmd), "%s/gpupoolctl --socket %s trim --pid %d 2>&1", build_dir(), d.sock, (int) pid);
         ck_assert_int_eq(run_capture(cmd, out, sizeof(out)), 0);
         ck_assert_msg(strstr(out, "asked 1 client"), "%s", out);
-        ck_assert_msg(in_use_becomes(&d, 0), "the trimmed cache did not come back");
+        ck_assert_msg(testd_device_becomes(&d, 0, "in_use_bytes", 0), "the trimmed cache did not come back");
         stop_cacher(&k, pid);
 
         /* On a full device: another client's allocation gets what the cache held. */
@@ -297,7 +280,7 @@ START_TEST(test_client_cache_given_back) {
         k.idle = "1s";
         pid = start_cacher(&d, &k);
         t0 = now_s();
-        ck_assert_msg(in_use_becomes(&d, 0), "the idle cache did not come back");
+        ck_assert_msg(testd_device_becomes(&d, 0, "in_use_bytes", 0), "the idle cache did not come back");
         ck_assert_msg(now_s() - t0 > 0.5, "given back before it was idle for a second");
         stop_cacher(&k, pid);
         ck_assert_int_eq(testd_stop(&d), 0);

@@ -47,14 +47,6 @@ static void stop(struct testd *d) {
         rmdir(conf_dir);
 }
 
-static long long dev(struct testd *d, const char *key) {
-        json_t *st = testd_ctl(d, "status");
-        long long v = status_device(st, key);
-
-        json_decref(st);
-        return v;
-}
-
 /* A tenant's field from "limits --json" (reserved_bytes: device 0's). */
 static long long tenant_field(struct testd *d, const char *tenant, const char *key) {
         json_t *j = testd_ctl(d, "limits"), *t;
@@ -189,27 +181,27 @@ START_TEST(test_cache_counters_decay_and_watermark) {
         ck_assert_int_eq(gpupool_alloc(c, 0, 12 * MiB, &p[1]), 0);
         ck_assert_int_eq(gpupool_free(c, p[0]), 0);
         ck_assert_int_eq(gpupool_free(c, p[1]), 0);
-        ck_assert_int_eq(dev(&d, "watermark_releases_total"), 1);
-        ck_assert_int_eq(dev(&d, "cached_bytes"), 12 * MiB);
+        ck_assert_int_eq(testd_device(&d, 0, "watermark_releases_total"), 1);
+        ck_assert_int_eq(testd_device(&d, 0, "cached_bytes"), 12 * MiB);
         /* 30 MiB beside the cached 12 in 40: the cache makes room (ladder step 2), counted. */
         ck_assert_int_eq(gpupool_alloc(c, 0, 30 * MiB, &p[2]), 0);
-        ck_assert_int_eq(dev(&d, "evictions_total"), 1);
-        ck_assert_int_eq(dev(&d, "cached_bytes"), 0);
+        ck_assert_int_eq(testd_device(&d, 0, "evictions_total"), 1);
+        ck_assert_int_eq(testd_device(&d, 0, "cached_bytes"), 0);
         /* Freed, the 30 MiB segment alone is over the watermark: it is not kept. */
         ck_assert_int_eq(gpupool_free(c, p[2]), 0);
-        ck_assert_int_eq(dev(&d, "watermark_releases_total"), 2);
-        ck_assert_int_eq(dev(&d, "cached_bytes"), 0);
+        ck_assert_int_eq(testd_device(&d, 0, "watermark_releases_total"), 2);
+        ck_assert_int_eq(testd_device(&d, 0, "cached_bytes"), 0);
         /* Idle a second in the cache, a segment goes back to the backend on the timer, with no request. */
         ck_assert_int_eq(gpupool_alloc(c, 0, 12 * MiB, &p[0]), 0);
         ck_assert_int_eq(gpupool_free(c, p[0]), 0);
-        ck_assert_int_eq(dev(&d, "cached_bytes"), 12 * MiB);
+        ck_assert_int_eq(testd_device(&d, 0, "cached_bytes"), 12 * MiB);
         t0 = now_s();
-        while (now_s() - t0 < 10 && dev(&d, "decay_releases_total") < 1)
+        while (now_s() - t0 < 10 && testd_device(&d, 0, "decay_releases_total") < 1)
                 ;
-        ck_assert_int_eq(dev(&d, "decay_releases_total"), 1);
-        ck_assert_int_eq(dev(&d, "cached_bytes"), 0);
+        ck_assert_int_eq(testd_device(&d, 0, "decay_releases_total"), 1);
+        ck_assert_int_eq(testd_device(&d, 0, "cached_bytes"), 0);
         ck_assert_msg(now_s() - t0 > 0.5, "released before it was idle for a second");
-        ck_assert_int_eq(dev(&d, "reserved_bytes"), 0);
+        ck_assert_int_eq(testd_device(&d, 0, "reserved_bytes"), 0);
         gpupool_disconnect(c);
         stop(&d);
 }
@@ -423,12 +415,12 @@ START_TEST(test_reclaim_from_a_client_that_makes_no_call) {
         pid = keep(&d, &k, 40 * MiB);
         ck_assert_int_eq(client_field(&d, pid, "reserved_bytes"), 40 * MiB);   /* kept, not cached */
         ck_assert_int_eq(client_field(&d, pid, "in_use_bytes"), 0);
-        ck_assert_int_eq(dev(&d, "cached_bytes"), 0);
+        ck_assert_int_eq(testd_device(&d, 0, "cached_bytes"), 0);
         ck_assert_int_eq(gpupool_connect(d.sock, "needy", &c), 0);
         t0 = now_s();
         ck_assert_int_eq(gpupool_alloc(c, 0, 40 * MiB, &p), 0);
         ck_assert_msg(now_s() - t0 < 0.1 + 0.5, "the allocation waited %.3f s", now_s() - t0);
-        ck_assert_int_eq(dev(&d, "reclaims_total"), 1);
+        ck_assert_int_eq(testd_device(&d, 0, "reclaims_total"), 1);
         ck_assert_int_eq(client_field(&d, pid, "reserved_bytes"), 0);
         gpupool_disconnect(c);
         unkeep(&k, pid);
@@ -491,7 +483,7 @@ START_TEST(test_reclaim_times_out_and_says_so) {
         ck_assert_msg(strstr(msg, "asked 1 client over their guarantee for 40.0 MiB they kept free, and not enough came "
                                   "back within 300 ms (reclaim_timeout)"), "%s", msg);
         /* Other clients were served meanwhile: parking one request does not stop the daemon. */
-        ck_assert_int_eq(dev(&d, "reclaims_total"), 0);
+        ck_assert_int_eq(testd_device(&d, 0, "reclaims_total"), 0);
         /* A control channel may only answer reclaims; and it must name a client of its own process. */
         {
                 Gpupool__Envelope env = GPUPOOL__ENVELOPE__INIT, *rep;
@@ -529,24 +521,24 @@ START_TEST(test_trim_and_flush_tenant) {
         ck_assert_int_eq(run_capture(cmd, out, sizeof(out)), 0);
         ck_assert_msg(strstr(out, "asked 1 client for 1 segment kept free, 12.0 MiB"), "%s", out);
         t0 = now_s();
-        while (now_s() - t0 < 10 && dev(&d, "cached_bytes") != 12 * MiB)
+        while (now_s() - t0 < 10 && testd_device(&d, 0, "cached_bytes") != 12 * MiB)
                 ;
-        ck_assert_int_eq(dev(&d, "cached_bytes"), 12 * MiB);
+        ck_assert_int_eq(testd_device(&d, 0, "cached_bytes"), 12 * MiB);
         ck_assert_int_eq(client_field(&d, pid, "reserved_bytes"), 0);
-        ck_assert_int_eq(dev(&d, "reclaims_total"), 1);
+        ck_assert_int_eq(testd_device(&d, 0, "reclaims_total"), 1);
         unkeep(&k, pid);
 
         /* flush --tenant: kept segments go straight back to the backend; the cache is left alone. */
         pid = keep(&d, &k, 20 * MiB);
-        ck_assert_int_eq(dev(&d, "reserved_bytes"), 32 * MiB);         /* 20 kept, 12 cached */
+        ck_assert_int_eq(testd_device(&d, 0, "reserved_bytes"), 32 * MiB);         /* 20 kept, 12 cached */
         snprintf(cmd, sizeof(cmd), "%s/gpupoolctl --socket %s flush --tenant keepers 2>&1", build_dir(), d.sock);
         ck_assert_int_eq(run_capture(cmd, out, sizeof(out)), 0);
         ck_assert_msg(strstr(out, "asked 1 client of tenant keepers for 1 segment kept free, 20.0 MiB"), "%s", out);
         t0 = now_s();
-        while (now_s() - t0 < 10 && dev(&d, "reserved_bytes") != 12 * MiB)
+        while (now_s() - t0 < 10 && testd_device(&d, 0, "reserved_bytes") != 12 * MiB)
                 ;
-        ck_assert_int_eq(dev(&d, "reserved_bytes"), 12 * MiB);
-        ck_assert_int_eq(dev(&d, "cached_bytes"), 12 * MiB);
+        ck_assert_int_eq(testd_device(&d, 0, "reserved_bytes"), 12 * MiB);
+        ck_assert_int_eq(testd_device(&d, 0, "cached_bytes"), 12 * MiB);
         snprintf(cmd, sizeof(cmd), "%s/gpupoolctl --socket %s trim --tenant nope 2>&1", build_dir(), d.sock);
         ck_assert_int_eq(run_capture(cmd, out, sizeof(out)), 1);
         snprintf(cmd, sizeof(cmd), "%s/gpupoolctl --socket %s flush --tenant nope 2>&1", build_dir(), d.sock);
