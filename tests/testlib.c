@@ -168,6 +168,16 @@ long long status_device(json_t *status, const char *key) {
         return dev ? json_integer_value(json_object_get(dev, key)) : -1;
 }
 
+const char *testd_copy_for_others(struct testd *d, const char *path, char *buf, size_t size) {
+        const char *base = strrchr(path, '/') ? strrchr(path, '/') + 1 : path;
+        char cmd[1024];
+
+        snprintf(buf, size, "%s/%s", d->dir, base);
+        snprintf(cmd, sizeof(cmd), "cp '%s' '%s' && chmod 0755 '%s'", path, buf, buf);
+        ck_assert_int_eq(system(cmd), 0);
+        return buf;
+}
+
 long long testd_device(struct testd *d, unsigned index, const char *key) {
         json_t *st = testd_ctl(d, "status");
         json_t *dev = json_array_get(json_object_get(st, "devices"), index);

@@ -49,6 +49,13 @@ json_t *testd_ctl(struct testd *d, const char *cmd);
 long long status_device(json_t *status, const char *key);
 json_t *status_client_by_pid(json_t *status, pid_t pid);
 
+/*
+ * Copies the file at path into the daemon's directory (mode 0755) and returns the copy's path
+ * in buf: for tests that drop to another uid, which may not reach the build directory (a
+ * checkout in a private home or a mktemp -d directory).
+ */
+const char *testd_copy_for_others(struct testd *d, const char *path, char *buf, size_t size);
+
 /* A device's field from a fresh "status", or -1. */
 long long testd_device(struct testd *d, unsigned index, const char *key);
 

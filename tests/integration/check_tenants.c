@@ -272,32 +272,33 @@ END_TEST
 
 /* As another uid: set-limit is refused. */
 static int nobody_sets_limit(struct testd *d, void *arg) {
+        const char *ctl = arg;
         char cmd[512], out[1024];
 
-        (void) arg;
         if (setgid(65534) < 0 || setuid(65534) < 0)
                 return 20;
-        snprintf(cmd, sizeof(cmd), "%s/gpupoolctl --socket %s set-limit --tenant default max=1T 2>&1", build_dir(), d->sock);
+        snprintf(cmd, sizeof(cmd), "%s --socket %s set-limit --tenant default max=1T 2>&1", ctl, d->sock);
         if (run_capture(cmd, out, sizeof(out)) != 1 || !strstr(out, "set-limit is for root"))
                 return 21;
         /* The other requests that reach other clients' memory or the daemon's insides too. */
-        snprintf(cmd, sizeof(cmd), "%s/gpupoolctl --socket %s trim --tenant default 2>&1", build_dir(), d->sock);
+        snprintf(cmd, sizeof(cmd), "%s --socket %s trim --tenant default 2>&1", ctl, d->sock);
         if (run_capture(cmd, out, sizeof(out)) != 1 || !strstr(out, "trim is for root"))
                 return 22;
-        snprintf(cmd, sizeof(cmd), "%s/gpupoolctl --socket %s flush --tenant default 2>&1", build_dir(), d->sock);
+        snprintf(cmd, sizeof(cmd), "%s --socket %s flush --tenant default 2>&1", ctl, d->sock);
         if (run_capture(cmd, out, sizeof(out)) != 1 || !strstr(out, "is for root"))
                 return 23;
-        snprintf(cmd, sizeof(cmd), "%s/gpupoolctl --socket %s check 2>&1", build_dir(), d->sock);
+        snprintf(cmd, sizeof(cmd), "%s --socket %s check 2>&1", ctl, d->sock);
         if (run_capture(cmd, out, sizeof(out)) != 1 || !strstr(out, "check is for root"))
                 return 24;
         /* A plain flush returns only memory nobody holds: open to all. */
-        snprintf(cmd, sizeof(cmd), "%s/gpupoolctl --socket %s flush 2>&1", build_dir(), d->sock);
+        snprintf(cmd, sizeof(cmd), "%s --socket %s flush 2>&1", ctl, d->sock);
         if (run_capture(cmd, out, sizeof(out)) != 0)
                 return 25;
         return 0;
 }
 
 START_TEST(test_set_limit_needs_root) {
+        char src[512], ctl[256];
         struct testd d;
 
         if (geteuid() != 0) {
@@ -306,7 +307,10 @@ START_TEST(test_set_limit_needs_root) {
         }
         start(&d, "", "64M");
         ck_assert_int_eq(chmod(d.dir, 0755), 0);
-        ck_assert_int_eq(reap(spawn(nobody_sets_limit, &d, NULL)), 0);
+        snprintf(src, sizeof(src), "%s/gpupoolctl", build_dir());
+        testd_copy_for_others(&d, src, ctl, sizeof(ctl));
+        ck_assert_int_eq(reap(spawn(nobody_sets_limit, &d, ctl)), 0);
+        unlink(ctl);
         stop(&d);
 }
 END_TEST
