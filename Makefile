@@ -64,7 +64,7 @@ PROTO_C   := $(B)/proto/gpupool.pb-c.c
 PROTO_H   := $(B)/proto/gpupool.pb-c.h
 COMMON    := common/conn.c common/cudadrv.c common/rbtree.c common/size.c common/wire.c
 DAEMON    := $(filter-out daemon/main.c,$(wildcard daemon/*.c))
-CLIENT    := client/client.c client/client_cache.c client/client_cuda.c client/client_scope.c
+CLIENT    := client/client.c client/client_cache.c client/client_cuda.c client/client_magazine.c client/client_scope.c
 CLI       := $(wildcard cli/*.c)
 TESTS     := $(wildcard tests/unit/*.c tests/integration/*.c) tests/check_main.c tests/testlib.c
 
@@ -116,7 +116,7 @@ $(CLI_BIN): $(CLI_O) $(COMMON_O)
 $(LIB_SO): $(CLIENT_O) $(COMMON_O) client/libgpupool.map
 	@echo "  LD      $@"
 	$(Q)$(CC) $(LDFLAGS) -shared -Wl,-soname,libgpupool.so.1 -Wl,--version-script=client/libgpupool.map \
-		-Wl,--no-undefined -o $@ $(CLIENT_O) $(COMMON_O) $(LIBS_PROTOBUF) -lpthread -ldl
+		-Wl,--no-undefined -Wl,-z,nodelete -o $@ $(CLIENT_O) $(COMMON_O) $(LIBS_PROTOBUF) -lpthread -ldl
 
 $(B)/libgpupool.so: $(LIB_SO)
 	$(Q)ln -sf libgpupool.so.1 $@
@@ -140,7 +140,7 @@ $(GPU_TEST_BIN): $(B)/obj/tests/gpu/check_gpu_main.o $(filter-out $(B)/obj/tests
 $(FAKECUDA): $(B)/obj/tests/fakecuda/fakecuda.o
 	@mkdir -p $(dir $@)
 	@echo "  LD      $@"
-	$(Q)$(CC) $(LDFLAGS) -shared -Wl,--no-undefined -o $@ $^ -lpthread
+	$(Q)$(CC) $(LDFLAGS) -shared -Wl,--no-undefined -Wl,-z,nodelete -o $@ $^ -lpthread
 
 # Where the CUDA toolkit is installed, check common/cudadrv.h against its cuda.h.
 CUDA_INCLUDE ?= /usr/local/cuda/include

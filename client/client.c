@@ -1,13 +1,14 @@
 /*
  * client.c: libgpupool, the thin client of gpupoold.
  *
- * Every call is one request and its reply on the handle's socket, under the handle's lock.
- * The library maps each segment the daemon hands it once (host backend: an mmap of the memfd
- * that came with the reply; cuda backend: cuIpcOpenMemHandle of the handle in it, see
- * client_cuda.c), keeps the mappings in trees (by address, by segment id for alloc replies,
- * by IPC handle), keeps the live blocks it handed out in a tree of its own, and unmaps a
- * segment as soon as the daemon says it holds no live block, before telling the daemon it may
- * give the segment to someone else.
+ * Every call that talks to the daemon is one request and its reply on the handle's socket,
+ * under the handle's lock; a hit in the calling thread's magazine (client_magazine.c) takes
+ * neither. The library maps each segment the daemon hands it once (host backend: an mmap of
+ * the memfd that came with the reply; cuda backend: cuIpcOpenMemHandle of the handle in it,
+ * see client_cuda.c), keeps the mappings in trees (by address, by segment id for alloc
+ * replies, by IPC handle), keeps the live blocks it handed out in a table of its own sharded
+ * by address, and unmaps a segment as soon as the daemon says it holds no live block, before
+ * telling the daemon it may give the segment to someone else.
  */
 #define _GNU_SOURCE
 #include "client.h"
@@ -43,6 +44,52 @@ static int cmp_handle(const struct gp_rb_node *x, const struct gp_rb_node *y) {
 
 static int cmp_block(const struct gp_rb_node *x, const struct gp_rb_node *y) {
         return CMP((uintptr_t) gp_rb_entry(x, struct block, node)->ptr, (uintptr_t) gp_rb_entry(y, struct block, node)->ptr);
+}
+
+static struct live_shard *shard_of(gpupool_client *c, const void *ptr) {
+        /* Blocks are 512-byte aligned: hash the bits above, Fibonacci-style, into the top bits. */
+        uint64_t h = ((uint64_t) (uintptr_t) ptr >> 9) * 0x9E3779B97F4A7C15ULL;
+
+        return &c->live[h >> (64 - 5)];
+}
+_Static_assert(CLIENT_SHARDS == 1 << 5, "shard_of() hashes into 5 bits");
+
+int client_live_insert(gpupool_client *c, struct block *b) {
+        struct live_shard *s = shard_of(c, b->ptr);
+        struct gp_rb_node *dup;
+
+        pthread_mutex_lock(&s->lock);
+        /* Checked under the shard's lock: drop_everything() bumps the epoch before it empties the shards. */
+        if (b->epoch != __atomic_load_n(&c->epoch, __ATOMIC_ACQUIRE)) {
+                pthread_mutex_unlock(&s->lock);
+                return -ESTALE;
+        }
+        dup = gp_rb_insert(&s->blocks, &b->node);
+        pthread_mutex_unlock(&s->lock);
+        return dup ? -EEXIST : 0;
+}
+
+void client_live_remove(gpupool_client *c, struct block *b) {
+        struct live_shard *s = shard_of(c, b->ptr);
+
+        pthread_mutex_lock(&s->lock);
+        gp_rb_remove(&s->blocks, &b->node);
+        pthread_mutex_unlock(&s->lock);
+}
+
+struct block *client_live_take(gpupool_client *c, const void *ptr) {
+        struct live_shard *s = shard_of(c, ptr);
+        struct block key = { .ptr = (uint8_t *) ptr }, *b = NULL;
+        struct gp_rb_node *n;
+
+        pthread_mutex_lock(&s->lock);
+        n = gp_rb_find(&s->blocks, &key.node);
+        if (n && !gp_rb_entry(n, struct block, node)->freeing) {
+                b = gp_rb_entry(n, struct block, node);
+                gp_rb_remove(&s->blocks, n);
+        }
+        pthread_mutex_unlock(&s->lock);
+        return b;
 }
 
 void client_set_error(gpupool_client *c, const char *fmt, ...) {
@@ -191,7 +238,8 @@ static int session_open(gpupool_client *c) {
 
 GPUPOOL_EXPORT int gpupool_connect(const char *socket_path, const char *client_name, gpupool_client **ret_client) {
         const char *keep = getenv("GPUPOOL_KEEP_FREE"), *cache = getenv("GPUPOOL_CLIENT_CACHE");
-        const char *idle = getenv("GPUPOOL_CLIENT_CACHE_IDLE");
+        const char *idle = getenv("GPUPOOL_CLIENT_CACHE_IDLE"), *per_thread = getenv("GPUPOOL_THREAD_CACHE");
+        static uint64_t serials;
         uint64_t keep_bytes = 0, cache_bytes = GPUPOOL_DEFAULT_CLIENT_CACHE, idle_ms = GPUPOOL_DEFAULT_CLIENT_CACHE_IDLE_MS;
         gpupool_client *c;
         int r;
@@ -208,6 +256,8 @@ GPUPOOL_EXPORT int gpupool_connect(const char *socket_path, const char *client_n
                 return -EINVAL;         /* $GPUPOOL_CLIENT_CACHE is not a size */
         if (idle && *idle && gp_duration_parse(idle, &idle_ms) < 0)
                 return -EINVAL;         /* $GPUPOOL_CLIENT_CACHE_IDLE is not a duration */
+        if (per_thread && *per_thread && strcmp(per_thread, "0") != 0 && strcmp(per_thread, "1") != 0)
+                return -EINVAL;         /* $GPUPOOL_THREAD_CACHE is neither 0 nor 1 */
         c = calloc(1, sizeof(*c));
         if (!c)
                 return -ENOMEM;
@@ -222,12 +272,20 @@ GPUPOOL_EXPORT int gpupool_connect(const char *socket_path, const char *client_n
         gp_rb_init(&c->by_addr, cmp_addr);
         gp_rb_init(&c->by_id, cmp_id);
         gp_rb_init(&c->by_handle, cmp_handle);
-        gp_rb_init(&c->blocks, cmp_block);
+        for (unsigned i = 0; i < CLIENT_SHARDS; i++) {
+                pthread_mutex_init(&c->live[i].lock, NULL);
+                gp_rb_init(&c->live[i].blocks, cmp_block);
+        }
+        c->serial = __atomic_add_fetch(&serials, 1, __ATOMIC_RELAXED);
+        c->epoch = 1;
         client_cache_init(c, cache_bytes, idle_ms);
-        c->conn.report_cached = &c->cache_bytes;
+        c->thread_cache = cache_bytes && !(per_thread && strcmp(per_thread, "0") == 0);
+        c->conn.report_cached = &c->cached_total;
         r = session_open(c);
         if (r < 0) {
                 /* No handle to read the message from: the caller gets the errno alone. */
+                for (unsigned i = 0; i < CLIENT_SHARDS; i++)
+                        pthread_mutex_destroy(&c->live[i].lock);
                 pthread_cond_destroy(&c->deferred_cond);
                 pthread_mutex_destroy(&c->lock);
                 free(c);
@@ -249,14 +307,23 @@ void client_mapping_drop(gpupool_client *c, struct mapping *m) {
         free(m);
 }
 
-/* Forgets every block, cached block and mapping (unmapping), and the CUDA state. Locked. */
+/*
+ * Forgets every block, cached block and mapping (unmapping), and the CUDA state. Locked. The
+ * epoch goes first: a block another thread has in hand (between the live table and a
+ * magazine) is then seen as stale wherever it lands, and freed there.
+ */
 static void drop_everything(gpupool_client *c) {
         struct gp_rb_node *n;
 
+        __atomic_add_fetch(&c->epoch, 1, __ATOMIC_SEQ_CST);
         client_cache_forget(c);
-        while ((n = gp_rb_first(&c->blocks))) {
-                gp_rb_remove(&c->blocks, n);
-                free(gp_rb_entry(n, struct block, node));
+        for (unsigned i = 0; i < CLIENT_SHARDS; i++) {
+                pthread_mutex_lock(&c->live[i].lock);
+                while ((n = gp_rb_first(&c->live[i].blocks))) {
+                        gp_rb_remove(&c->live[i].blocks, n);
+                        free(gp_rb_entry(n, struct block, node));
+                }
+                pthread_mutex_unlock(&c->live[i].lock);
         }
         while ((n = gp_rb_first(&c->by_addr)))
                 client_mapping_drop(c, gp_rb_entry(n, struct mapping, by_addr));
@@ -283,7 +350,10 @@ GPUPOOL_EXPORT void gpupool_disconnect(gpupool_client *c) {
         if (!c->conn.broken && gp_conn_call(&c->conn, &req, GPUPOOL__ENVELOPE__BODY__NOT_SET, &rep, NULL) == 0)
                 gpupool__envelope__free_unpacked(rep, NULL);
         gp_conn_close(&c->conn);
+        client_magazines_forget(c, true);
         pthread_mutex_unlock(&c->lock);
+        for (unsigned i = 0; i < CLIENT_SHARDS; i++)
+                pthread_mutex_destroy(&c->live[i].lock);
         pthread_cond_destroy(&c->deferred_cond);
         pthread_mutex_destroy(&c->lock);
         free(c);
@@ -374,13 +444,6 @@ struct mapping *client_mapping_by_id(gpupool_client *c, uint64_t segment_id) {
         return n ? gp_rb_entry(n, struct mapping, by_id) : NULL;
 }
 
-static struct block *block_by_ptr(gpupool_client *c, const void *ptr) {
-        struct block key = { .ptr = (uint8_t *) ptr };
-        struct gp_rb_node *n = gp_rb_find(&c->blocks, &key.node);
-
-        return n ? gp_rb_entry(n, struct block, node) : NULL;
-}
-
 /* Frees (segment, offset) at the daemon; unmaps and releases the segment when told to. m may be NULL. */
 static int free_at_daemon(gpupool_client *c, struct mapping *m, uint64_t segment_id, uint64_t offset) {
         Gpupool__Envelope req = GPUPOOL__ENVELOPE__INIT, *rep;
@@ -459,6 +522,8 @@ static int alloc_on(gpupool_client *c, int device, size_t size, void *stream, bo
 
         if (!c || !ret_ptr || device < 0 || size == 0)
                 return -EINVAL;
+        if (size <= UINT64_MAX - 511 && client_magazine_alloc(c, device, (size + 511) & ~(uint64_t) 511, ret_ptr))
+                return 0;
         pthread_mutex_lock(&c->lock);
         if (c->cuda)
                 client_cuda_reap(c, false);
@@ -479,7 +544,8 @@ static int alloc_on(gpupool_client *c, int device, size_t size, void *stream, bo
                         c->cache_uses++;
                         client_cache_take(c, hit);
                         hit->scope = c->scope_depth ? c->scopes[c->scope_depth - 1] : 0;
-                        gp_rb_insert(&c->blocks, &hit->node);
+                        hit->local_device = device;
+                        (void) client_live_insert(c, hit);
                         *ret_ptr = hit->ptr;
                         r = 0;
                         goto out;
@@ -534,14 +600,16 @@ static int alloc_on(gpupool_client *c, int device, size_t size, void *stream, bo
         b->ptr = m->base + a->offset;
         b->size = a->size;
         b->mapping = m;
-        if (gp_rb_insert(&c->blocks, &b->node)) {
+        b->local_device = device;
+        b->epoch = c->epoch;
+        b->scope = c->scope_depth ? c->scopes[c->scope_depth - 1] : 0;
+        if (client_live_insert(c, b) < 0) {
                 r = -EPROTO;
                 client_set_error(c, "gpupoold handed out a block this process already holds");
                 (void) free_at_daemon(c, m, a->segment_id, a->offset);
                 goto out_reply;
         }
         m->live++;
-        b->scope = c->scope_depth ? c->scopes[c->scope_depth - 1] : 0;
         *ret_ptr = b->ptr;
         b = NULL;
 out_reply:
@@ -552,16 +620,11 @@ out:
         return r;
 }
 
-/* The live block at ptr, not already being freed, or NULL with the error set. Locked. */
-static struct block *block_to_free(gpupool_client *c, void *ptr) {
-        struct block *b = ptr ? block_by_ptr(c, ptr) : NULL;
-
-        if (!b || b->freeing) {
-                client_set_error(c, "%p is not a live block of this client (freed already, never allocated, or "
-                                    "not the start of a block)", ptr);
-                return NULL;
-        }
-        return b;
+/* Says that ptr is no block to free. Locked. */
+static int not_a_block(gpupool_client *c, void *ptr) {
+        client_set_error(c, "%p is not a live block of this client (freed already, never allocated, or "
+                            "not the start of a block)", ptr);
+        return -ENOENT;
 }
 
 GPUPOOL_EXPORT int gpupool_free(gpupool_client *c, void *ptr) {
@@ -570,9 +633,11 @@ GPUPOOL_EXPORT int gpupool_free(gpupool_client *c, void *ptr) {
 
         if (!c)
                 return -EINVAL;
+        b = client_live_take(c, ptr);
+        if (b && client_magazine_free(c, b))
+                return 0;
         pthread_mutex_lock(&c->lock);
-        b = block_to_free(c, ptr);
-        r = b ? client_free_block(c, b) : -ENOENT;
+        r = b ? client_free_unlinked(c, b) : not_a_block(c, ptr);
         pthread_mutex_unlock(&c->lock);
         return r;
 }
@@ -584,16 +649,17 @@ GPUPOOL_EXPORT int gpupool_free_async(gpupool_client *c, void *ptr, void *stream
         if (!c)
                 return -EINVAL;
         pthread_mutex_lock(&c->lock);
-        b = block_to_free(c, ptr);
+        b = client_live_take(c, ptr);
         if (!b) {
-                r = -ENOENT;
+                r = not_a_block(c, ptr);
         } else if (!b->mapping->ipc) {
                 /* Host memory: no device queues work on it, so there is nothing to wait for. */
                 if (stream) {
+                        (void) client_live_insert(c, b);
                         client_set_error(c, "a stream was given for a block of host memory");
                         r = -EINVAL;
                 } else {
-                        r = client_free_block(c, b);
+                        r = client_free_unlinked(c, b);
                 }
         } else {
                 client_cuda_reap(c, false);

@@ -17,6 +17,8 @@
 #define CLIENT_MAX_DEVICES 64
 #define CLIENT_MAX_SCOPES 16
 #define CLIENT_BATCH 128        /* frees per FreeBatchRequest: well inside a request packet */
+#define CLIENT_SHARDS 32        /* live-block table shards: threads freeing different blocks rarely meet */
+#define MAGAZINE_ENTRIES 32     /* cached blocks a thread keeps for itself */
 
 /* One segment this process maps: an mmap of a memfd (host) or an opened IPC handle (cuda). */
 struct mapping {
@@ -43,7 +45,35 @@ struct block {
         struct deferred *pending;
         bool freeing;                   /* gpupool_free_async() queued it */
         uint32_t scope;                 /* the scope it was allocated in, 0: none */
-        struct gp_rb_node node;
+        int local_device;               /* the device number the application asked for */
+        uint64_t epoch;                 /* the handle's session it belongs to (gpupool_reconnect() starts a new one) */
+        struct gp_rb_node node;         /* in a live shard or in the shared cache */
+};
+
+/* A shard of the live blocks, by address: its own lock, on its own cache line. */
+struct live_shard {
+        pthread_mutex_t lock;
+        struct gp_rb_tree blocks;
+} __attribute__((aligned(64)));
+
+/*
+ * A thread's own part of the client cache, for one handle: the blocks it freed last, which its
+ * next allocations of the same (device, size) take back under its own lock, which no other
+ * thread takes but to give the cache back (client_magazine.c).
+ */
+struct magazine {
+        pthread_mutex_t lock;
+        struct magazine *next;          /* in the handle's list (the handle's lock) */
+        unsigned refs;                  /* atomic: one for the thread, one for the handle */
+        bool orphan;                    /* atomic: its thread let go of it (exited, or needed the slot) */
+        unsigned n;
+        uint64_t bytes;
+        uint64_t uses;                  /* blocks it served or took, for the idle watch */
+        struct {
+                uint64_t size;
+                int device;             /* the application's device number */
+                struct block *block;
+        } e[MAGAZINE_ENTRIES];
 };
 
 /* A block whose free waits for the device work queued before it (gpupool_free_async). */
@@ -75,7 +105,10 @@ struct gpupool_client {
         int local_to_daemon[CLIENT_MAX_DEVICES];        /* this process's CUDA ordinal -> daemon index, or -1 */
         int local_count;
         struct gp_rb_tree by_addr, by_id, by_handle;
-        struct gp_rb_tree blocks;       /* live blocks the application holds */
+        /* Live blocks the application holds, by address; a shard's lock nests inside the handle's. */
+        struct live_shard live[CLIENT_SHARDS];
+        uint64_t serial;                /* unique to this handle in the process: what threads find their magazine by */
+        uint64_t epoch;                 /* atomic; written locked: bumped when every block is forgotten */
         /*
          * The client cache: blocks the application freed, still allocated at the daemon,
          * kept for reuse by (device, size) up to cache_limit bytes, least recently freed
@@ -83,13 +116,19 @@ struct gpupool_client {
          */
         struct gp_rb_tree cache;
         struct block *lru_head, *lru_tail;
-        uint64_t cache_bytes, cache_limit;
+        uint64_t cache_bytes;           /* in the shared part */
+        uint64_t cached_total;          /* atomic: the shared part and every magazine; at most cache_limit but briefly */
+        uint64_t cache_limit;
+        /* Per-thread magazines ($GPUPOOL_THREAD_CACHE), for blocks up to magazine_max bytes. */
+        bool thread_cache;
+        uint64_t magazine_max;
+        struct magazine *magazines;
         uint64_t cache_idle_ms;         /* give the cache back after this long unused ($GPUPOOL_CLIENT_CACHE_IDLE) */
-        uint64_t cache_uses;            /* blocks the cache served or took: counted, not timed, on the hot path */
+        uint64_t cache_uses;            /* blocks the shared cache served or took: counted, not timed, on the hot path */
         uint64_t cache_uses_seen, cache_quiet_since_ms;         /* the control thread's idle watch */
         /* Open scopes, innermost last (gpupool_scope_begin/end). */
         uint32_t scopes[CLIENT_MAX_SCOPES];
-        unsigned scope_depth;
+        unsigned scope_depth;           /* written locked, read atomically by the fast path (no magazine inside a scope) */
         uint32_t next_scope;
         /* The control channel: the daemon's reclaim requests, answered by the control thread. */
         uint64_t keep_free_bytes;       /* $GPUPOOL_KEEP_FREE: free segments we may keep mapped */
@@ -105,7 +144,13 @@ struct gpupool_client {
 
 void client_set_error(gpupool_client *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
-/* client.c, all called locked. */
+/* client.c, all called locked but the live table's. */
+
+/* The live-block table. Each takes the block's shard lock; callable with or without the handle's. */
+int client_live_insert(gpupool_client *c, struct block *b);            /* -EEXIST: its address is live already */
+void client_live_remove(gpupool_client *c, struct block *b);
+/* Takes the live block at ptr out of the table for freeing; NULL if none (or being freed already). */
+struct block *client_live_take(gpupool_client *c, const void *ptr);
 
 /* The mapping of a segment, or NULL; and unmapping one. */
 struct mapping *client_mapping_by_id(gpupool_client *c, uint64_t segment_id);
@@ -124,8 +169,14 @@ void client_cache_init(gpupool_client *c, uint64_t limit_bytes, uint64_t idle_ms
 /* Frees a block the application gave up (the device is done with it): into the cache, or to the daemon. */
 int client_free_block(gpupool_client *c, struct block *b);
 
+/* The same for a block already out of the live table (client_live_take()). */
+int client_free_unlinked(gpupool_client *c, struct block *b);
+
 /* A usable cached block of (device, rounded size), also one pending on stream when on_stream; or NULL. */
 struct block *client_cache_find(gpupool_client *c, unsigned device, uint64_t rsize, void *stream, bool on_stream);
+
+/* Takes a block out of a magazine into the shared part (it stays counted in cached_total). */
+void client_cache_adopt(gpupool_client *c, struct block *b);
 
 /* Takes a found block out of the cache, for the application. */
 void client_cache_take(gpupool_client *c, struct block *b);
@@ -133,7 +184,7 @@ void client_cache_take(gpupool_client *c, struct block *b);
 /* Gives the daemon back cached blocks, least recently freed first, until at most keep bytes are cached. */
 int client_cache_shrink(gpupool_client *c, uint64_t keep);
 
-/* Drops the cache's records without telling the daemon (it is leaving, or gone). */
+/* Drops the cache's records, the magazines' too, without telling the daemon (it is leaving, or gone). */
 void client_cache_forget(gpupool_client *c);
 
 /* Once a second from the control thread: gives the cache back once it has been unused for its idle time. */
@@ -148,6 +199,26 @@ bool client_cache_pending(gpupool_client *c, struct block *b, void *stream, stru
 /* The work before a pending cached block's free is done: any allocation may have it now. Locked. */
 void client_cache_ready(gpupool_client *c, struct block *b);
 
+/* client_magazine.c: the per-thread fast path, called unlocked, and the handle's side of it, locked. */
+
+/* A hit in the calling thread's magazine: the block, live again, at *ret_ptr. False: take the locked path. */
+bool client_magazine_alloc(gpupool_client *c, int device, uint64_t rsize, void **ret_ptr);
+
+/* Puts a block taken out of the live table into the calling thread's magazine; false if it does not fit. */
+bool client_magazine_free(gpupool_client *c, struct block *b);
+
+/* Moves every magazine's blocks to the shared cache, and frees the magazines of threads that let go. Locked. */
+void client_magazines_drain(gpupool_client *c);
+
+/* Drops every magazine's blocks (client_cache_forget()); with detach, lets go of the magazines too. Locked. */
+void client_magazines_forget(gpupool_client *c, bool detach);
+
+/*
+ * Frees the magazines of threads that let go (their blocks move to the shared cache) and
+ * returns how many blocks the others served or took so far, for the idle watch. Locked.
+ */
+uint64_t client_magazines_collect(gpupool_client *c);
+
 /* client_cuda.c, all called locked. */
 
 /* Loads the driver and matches the daemon's GPUs (hello's devices) to this process's by UUID. */
@@ -159,7 +230,11 @@ int client_cuda_open(gpupool_client *c, struct mapping *m);
 /* Closes what client_cuda_open() opened. */
 void client_cuda_close(gpupool_client *c, struct mapping *m);
 
-/* Records an event on stream after the work queued so far and queues b's free behind it. */
+/*
+ * Records an event on stream after the work queued so far and queues b's free behind it. b is
+ * out of the live table; it goes back there (marked freeing, or live on error) unless the
+ * cache takes it at once.
+ */
 int client_cuda_defer_free(gpupool_client *c, struct block *b, void *stream);
 
 /* Frees the deferred blocks whose work is done; with wait, waits for all of them first. */

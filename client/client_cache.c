@@ -4,6 +4,10 @@
  * that size takes it back with no round trip; past the bound the least recently freed go back
  * to the daemon. A block freed with a stream waits in the cache, reusable on that stream only,
  * until the stream's work before the free is done (client_cuda.c says when).
+ *
+ * This is the shared part, under the handle's lock. In front of it each thread keeps a few
+ * blocks of its own (client_magazine.c); the bound counts both (cached_total), and giving the
+ * cache back empties the magazines too once the shared part alone is not enough.
  */
 #include "client.h"
 
@@ -26,6 +30,8 @@ static int cmp_cached(const struct gp_rb_node *x, const struct gp_rb_node *y) {
 void client_cache_init(gpupool_client *c, uint64_t limit_bytes, uint64_t idle_ms) {
         gp_rb_init(&c->cache, cmp_cached);
         c->cache_limit = limit_bytes;
+        /* A thread keeps blocks up to an eighth of the bound for itself; bigger ones are rare enough to share. */
+        c->magazine_max = limit_bytes / 8;
         c->cache_idle_ms = idle_ms;
 }
 
@@ -53,16 +59,32 @@ void client_cache_take(gpupool_client *c, struct block *b) {
         }
         lru_unlink(c, b);
         c->cache_bytes -= b->size;
+        __atomic_sub_fetch(&c->cached_total, b->size, __ATOMIC_RELAXED);
 }
 
-/* Gives the daemon back what the cache holds, least recently freed first, until it holds at most keep bytes. Locked. */
+static uint64_t cached_total(gpupool_client *c) {
+        return __atomic_load_n(&c->cached_total, __ATOMIC_RELAXED);
+}
+
+/*
+ * Gives the daemon back what the cache holds, least recently freed first, until it holds at
+ * most keep bytes: the shared part first, then what the magazines hold, moved to it. Locked.
+ */
 int client_cache_shrink(gpupool_client *c, uint64_t keep) {
+        bool drained = false;
         int r = 0;
 
-        while (c->cache_bytes > keep && c->lru_head) {
+        while (cached_total(c) > keep) {
                 struct block *b = c->lru_head;
                 int e;
 
+                if (!b) {
+                        if (drained)
+                                break;
+                        client_magazines_drain(c);
+                        drained = true;
+                        continue;
+                }
                 client_cache_take(c, b);
                 e = client_block_release(c, b);
                 if (e < 0 && r == 0)
@@ -71,8 +93,7 @@ int client_cache_shrink(gpupool_client *c, uint64_t keep) {
         return r;
 }
 
-/* Makes a cached block available to any allocation, least recently freed last. Locked. */
-static int cache_ready(gpupool_client *c, struct block *b) {
+static void lru_append(gpupool_client *c, struct block *b) {
         b->lru_prev = c->lru_tail;
         b->lru_next = NULL;
         if (c->lru_tail)
@@ -81,16 +102,37 @@ static int cache_ready(gpupool_client *c, struct block *b) {
                 c->lru_head = b;
         c->lru_tail = b;
         c->cache_bytes += b->size;
+}
+
+/* Makes a cached block available to any allocation, least recently freed last. Locked. */
+static int cache_ready(gpupool_client *c, struct block *b) {
+        lru_append(c, b);
+        __atomic_add_fetch(&c->cached_total, b->size, __ATOMIC_RELAXED);
         return client_cache_shrink(c, c->cache_limit);
 }
 
+void client_cache_adopt(gpupool_client *c, struct block *b) {
+        /* Counted in cached_total already, in its magazine. */
+        gp_rb_insert(&c->cache, &b->node);
+        lru_append(c, b);
+}
+
 /* Whether the cache takes b: it fits in the cache at all, and there is a daemon to give it back to. */
-static bool cache_accepts(const gpupool_client *c, const struct block *b) {
-        return b->size <= c->cache_limit && !c->conn.broken;
+static bool cache_accepts(gpupool_client *c, const struct block *b) {
+        return b->size <= c->cache_limit && !__atomic_load_n(&c->conn.broken, __ATOMIC_RELAXED);
 }
 
 int client_free_block(gpupool_client *c, struct block *b) {
-        gp_rb_remove(&c->blocks, &b->node);
+        client_live_remove(c, b);
+        return client_free_unlinked(c, b);
+}
+
+int client_free_unlinked(gpupool_client *c, struct block *b) {
+        if (b->epoch != c->epoch) {
+                /* Taken out by a thread while gpupool_reconnect() forgot the session it came from. */
+                free(b);
+                return 0;
+        }
         if (!cache_accepts(c, b))
                 return client_block_release(c, b);
         /* Kept for this process's next allocation of the size: no round trip now or then. */
@@ -102,7 +144,6 @@ int client_free_block(gpupool_client *c, struct block *b) {
 bool client_cache_pending(gpupool_client *c, struct block *b, void *stream, struct deferred *q) {
         if (!cache_accepts(c, b))
                 return false;
-        gp_rb_remove(&c->blocks, &b->node);
         b->stream = stream;
         b->pending = q;
         c->cache_uses++;
@@ -152,9 +193,7 @@ GPUPOOL_EXPORT size_t gpupool_cached_bytes(gpupool_client *c) {
 
         if (!c)
                 return 0;
-        pthread_mutex_lock(&c->lock);
-        n = c->cache_bytes;
-        pthread_mutex_unlock(&c->lock);
+        n = cached_total(c);
         return n;
 }
 
@@ -167,17 +206,21 @@ void client_cache_forget(gpupool_client *c) {
                 free(gp_rb_entry(n, struct block, node));
         }
         c->lru_head = c->lru_tail = NULL;
+        __atomic_sub_fetch(&c->cached_total, c->cache_bytes, __ATOMIC_RELAXED);
         c->cache_bytes = 0;
+        client_magazines_forget(c, false);
 }
 
 
 void client_cache_tick(gpupool_client *c, uint64_t now_ms) {
         /* Idle means no use since the previous tick for idle_ms: the hot path only counts. */
-        if (c->cache_uses != c->cache_uses_seen) {
-                c->cache_uses_seen = c->cache_uses;
+        uint64_t uses = c->cache_uses + client_magazines_collect(c);
+
+        if (uses != c->cache_uses_seen) {
+                c->cache_uses_seen = uses;
                 c->cache_quiet_since_ms = now_ms;
                 return;
         }
-        if (c->cache_bytes && c->cache_idle_ms && now_ms - c->cache_quiet_since_ms >= c->cache_idle_ms)
+        if (cached_total(c) && c->cache_idle_ms && now_ms - c->cache_quiet_since_ms >= c->cache_idle_ms)
                 (void) client_cache_shrink(c, 0);
 }

@@ -164,10 +164,13 @@ int client_cuda_defer_free(gpupool_client *c, struct block *b, void *stream) {
         gp_cu_result r;
         int err;
 
-        if (!q)
+        if (!q) {
+                (void) client_live_insert(c, b);
                 return -ENOMEM;
+        }
         err = push(c, d);
         if (err < 0) {
+                (void) client_live_insert(c, b);
                 free(q);
                 return err;
         }
@@ -184,6 +187,7 @@ int client_cuda_defer_free(gpupool_client *c, struct block *b, void *stream) {
         }
         pop(c);
         if (r != GP_CUDA_SUCCESS) {
+                (void) client_live_insert(c, b);
                 free(q);
                 /* Typically a stream of another context than the GPU's primary one. */
                 client_set_error(c, "cannot record an event on the stream: %s (the block stays allocated)",
@@ -194,8 +198,11 @@ int client_cuda_defer_free(gpupool_client *c, struct block *b, void *stream) {
         q->event = e;
         q->device = b->mapping->device;
         /* Into the cache now, for this stream's next allocations; for anyone once the event completes. */
-        if (!client_cache_pending(c, b, stream, q))
+        if (!client_cache_pending(c, b, stream, q)) {
+                /* Live until its work ends, but nobody's to free again, nor the scope's. */
                 b->freeing = true;
+                (void) client_live_insert(c, b);
+        }
         if (c->deferred_tail)
                 c->deferred_tail->next = q;
         else

@@ -19,16 +19,17 @@ GPUPOOL_EXPORT int gpupool_scope_begin(gpupool_client *c) {
                 client_set_error(c, "scopes nest at most %d deep", CLIENT_MAX_SCOPES);
                 r = -EINVAL;
         } else {
-                c->scopes[c->scope_depth++] = ++c->next_scope;
+                c->scopes[c->scope_depth] = ++c->next_scope;
+                __atomic_store_n(&c->scope_depth, c->scope_depth + 1, __ATOMIC_RELAXED);
         }
         pthread_mutex_unlock(&c->lock);
         return r;
 }
 
 /*
- * Frees up to CLIENT_BATCH blocks in one request. Segments left without a live block are
- * unmapped first and released in the same request, unless this handle keeps free segments
- * (then the daemon decides, and says which to release). Locked.
+ * Frees up to CLIENT_BATCH blocks, out of the live table already, in one request. Segments
+ * left without a live block are unmapped first and released in the same request, unless this
+ * handle keeps free segments (then the daemon decides, and says which to release). Locked.
  */
 static int free_batch(gpupool_client *c, struct block **blocks, size_t n) {
         Gpupool__Envelope req = GPUPOOL__ENVELOPE__INIT, *rep;
@@ -45,7 +46,6 @@ static int free_batch(gpupool_client *c, struct block **blocks, size_t n) {
                 frees[i].segment_id = m->segment_id;
                 frees[i].offset = (uint64_t) (blocks[i]->ptr - m->base);
                 free_ptrs[i] = &frees[i];
-                gp_rb_remove(&c->blocks, &blocks[i]->node);
                 free(blocks[i]);
                 if (--m->live == 0 && !c->keep_free_bytes) {
                         release[nrelease++] = m->segment_id;
@@ -88,16 +88,27 @@ GPUPOOL_EXPORT int gpupool_scope_end(gpupool_client *c) {
                 pthread_mutex_unlock(&c->lock);
                 return -EINVAL;
         }
-        scope = c->scopes[--c->scope_depth];
+        scope = c->scopes[c->scope_depth - 1];
+        __atomic_store_n(&c->scope_depth, c->scope_depth - 1, __ATOMIC_RELAXED);
         for (;;) {
                 size_t n = 0;
 
                 /* Blocks freed with a stream are the reaper's; the scope leaves them be. */
-                for (struct gp_rb_node *x = gp_rb_first(&c->blocks); x && n < CLIENT_BATCH; x = gp_rb_next(x)) {
-                        struct block *b = gp_rb_entry(x, struct block, node);
+                for (unsigned i = 0; i < CLIENT_SHARDS && n < CLIENT_BATCH; i++) {
+                        struct live_shard *s = &c->live[i];
+                        struct gp_rb_node *x, *next;
 
-                        if (b->scope == scope && !b->freeing)
-                                batch[n++] = b;
+                        pthread_mutex_lock(&s->lock);
+                        for (x = gp_rb_first(&s->blocks); x && n < CLIENT_BATCH; x = next) {
+                                struct block *b = gp_rb_entry(x, struct block, node);
+
+                                next = gp_rb_next(x);
+                                if (b->scope == scope && !b->freeing) {
+                                        gp_rb_remove(&s->blocks, x);
+                                        batch[n++] = b;
+                                }
+                        }
+                        pthread_mutex_unlock(&s->lock);
                 }
                 if (!n)
                         break;

@@ -20,7 +20,7 @@ static void drop(Gpupool__Envelope *rep, int fd) {
 
 /* The connection is unusable from now on; returns the errno the caller reports. */
 static int broken(struct gp_conn *c, int r) {
-        c->broken = true;
+        __atomic_store_n(&c->broken, true, __ATOMIC_RELAXED);   /* read unlocked by the client's fast path */
         if (r == 0 || r == -EPIPE || r == -ECONNRESET || r == -ENOTCONN) {
                 set_error(c, "gpupoold closed the connection");
                 return -ECONNRESET;
@@ -46,7 +46,7 @@ int gp_conn_call(struct gp_conn *c, Gpupool__Envelope *req, Gpupool__Envelope__B
         req->id = c->next_id++;
         if (c->report_cached) {
                 req->has_client_cached_bytes = 1;
-                req->client_cached_bytes = *c->report_cached;
+                req->client_cached_bytes = __atomic_load_n(c->report_cached, __ATOMIC_RELAXED);
         }
         n = gp_wire_pack(req, c->buf, GP_MAX_REQUEST_BYTES);
         if (n < 0)
@@ -82,7 +82,7 @@ int gp_conn_call(struct gp_conn *c, Gpupool__Envelope *req, Gpupool__Envelope__B
                         set_error(c, rep->error);
                         r = gp_status_to_errno(rep->status);
                         drop(rep, fd);
-                        c->broken = true;
+                        __atomic_store_n(&c->broken, true, __ATOMIC_RELAXED);
                         return r;
                 }
                 /* A pushed message this version does not act on. */
@@ -115,7 +115,7 @@ int gp_conn_open(struct gp_conn *c, const char *path, const Gpupool__Hello *hell
         int r;
 
         c->sock = -1;
-        c->broken = false;
+        __atomic_store_n(&c->broken, false, __ATOMIC_RELAXED);
         c->next_id = 1;
         c->error[0] = '\0';
         path = gp_wire_socket_path(path);

@@ -13,7 +13,7 @@
 
 struct gp_conn {
         int sock;                       /* -1 when not connected */
-        bool broken;                    /* the daemon is gone or spoke nonsense */
+        bool broken;                    /* the daemon is gone or spoke nonsense; written atomically (read unlocked) */
         uint64_t next_id;
         char error[256];                /* why the latest call failed */
         const uint64_t *report_cached;  /* if set: reported with each request (client_cached_bytes) */

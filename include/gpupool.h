@@ -153,6 +153,11 @@ GPUPOOL_EXPORT size_t gpupool_last_error(gpupool_client *client, char *buf, size
  * (a full device, gpupoolctl trim): a handle with a cache keeps a second connection to the
  * daemon and a thread for that. gpupool_trim() gives back everything cached now;
  * gpupool_cached_bytes() says how much that is.
+ *
+ * Each thread keeps the blocks it freed last (up to 32, each at most an eighth of the bound)
+ * for its own next allocations, so that threads of one handle do not wait for each other on a
+ * cache hit; $GPUPOOL_THREAD_CACHE=0 turns that off (1, the default, on). Any other value makes
+ * gpupool_connect() fail with -EINVAL. Allocations inside a scope take the handle's lock.
  */
 #define GPUPOOL_DEFAULT_CLIENT_CACHE (64ULL << 20)
 #define GPUPOOL_DEFAULT_CLIENT_CACHE_IDLE_MS 10000

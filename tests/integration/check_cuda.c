@@ -576,7 +576,7 @@ static int stream_cache_client(struct testd *d, void *arg) {
         gp_cu_stream s, other;
         gp_cu_event done;
         struct gpu g;
-        void *a, *b;
+        void *a, *b, *plain, *other_stream;
 
         (void) arg;
         setenv("GPUPOOL_CLIENT_CACHE", "64M", 1);
@@ -588,13 +588,17 @@ static int stream_cache_client(struct testd *d, void *arg) {
         if (gpupool_alloc(c, 0, 1 << 20, &a) < 0 || queue_work(&g, s, a, 1 << 20, 1) < 0 ||
             g.cu.cuEventRecord(done, s) != GP_CUDA_SUCCESS || gpupool_free_async(c, a, s) < 0)
                 return 2;
-        /* Not for a plain allocation, nor for another stream, while the work runs. */
-        if (gpupool_alloc(c, 0, 1 << 20, &b) < 0 || b == a || gpupool_free(c, b) < 0)
+        /*
+         * Not for a plain allocation, nor for another stream, while the work runs. (Both stay
+         * live until the next step: a block in the cache that is ready would do for it too.)
+         */
+        if (gpupool_alloc(c, 0, 1 << 20, &plain) < 0 || plain == a)
                 return 3;
-        if (gpupool_alloc_async(c, 0, 1 << 20, other, &b) < 0 || b == a || gpupool_free(c, b) < 0)
+        if (gpupool_alloc_async(c, 0, 1 << 20, other, &other_stream) < 0 || other_stream == a)
                 return 4;
         /* On its own stream: at once, with the work still queued. */
-        if (gpupool_alloc_async(c, 0, 1 << 20, s, &b) < 0 || b != a)
+        if (gpupool_alloc_async(c, 0, 1 << 20, s, &b) < 0 || b != a || gpupool_free(c, plain) < 0 ||
+            gpupool_free(c, other_stream) < 0)
                 return 5;
         if (g.cu.cuEventQuery(done) != GP_CUDA_ERROR_NOT_READY)
                 return 6;

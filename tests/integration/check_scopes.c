@@ -1,10 +1,12 @@
 /*
  * check_scopes.c: the client library's own layers, end to end on the host backend: the client
- * cache (freed blocks reused without a round trip, bounded, given back), scopes (every block
+ * cache (freed blocks reused without a round trip, bounded, given back; its per-thread
+ * magazines under threads that race, exit and reconnect), scopes (every block
  * of a scope freed at its end, in batches) and arenas (bump allocation in one block).
  */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -287,6 +289,197 @@ START_TEST(test_client_cache_given_back) {
 }
 END_TEST
 
+/* Threads of one handle allocating, writing, checking and freeing, some blocks freed by another thread. */
+struct racer_shared {
+        gpupool_client *c;
+        pthread_mutex_t lock;
+        void *handoff[16];              /* blocks one thread allocated for another to free */
+        size_t handoff_size[16];
+        uint64_t limit;
+        bool stop;
+        int failures;
+};
+
+struct racer {
+        struct racer_shared *sh;
+        unsigned id;
+};
+
+static void racer_failed(struct racer_shared *sh) {
+        __atomic_add_fetch(&sh->failures, 1, __ATOMIC_RELAXED);
+}
+
+/* Marks a block as ours (its first and last 8 bytes), and checks the mark before freeing it. */
+static void mark(void *p, size_t size, uint64_t tag) {
+        memcpy(p, &tag, 8);
+        memcpy((char *) p + size - 8, &tag, 8);
+}
+
+static bool marked(const void *p, size_t size, uint64_t tag) {
+        uint64_t a, b;
+
+        memcpy(&a, p, 8);
+        memcpy(&b, (const char *) p + size - 8, 8);
+        return a == tag && b == tag;
+}
+
+static void *racer_main(void *arg) {
+        static const size_t sizes[] = { 512, 4096, 65536, 1000 };
+        struct racer *r = arg;
+        struct racer_shared *sh = r->sh;
+        void *live[8] = { 0 };
+        size_t live_size[8] = { 0 };
+        unsigned seed = r->id;
+
+        for (unsigned i = 0; i < 3000; i++) {
+                unsigned k = (unsigned) rand_r(&seed) % 8;
+                size_t size = sizes[(unsigned) rand_r(&seed) % 4];
+                uint64_t tag;
+
+                if (live[k]) {
+                        tag = (uint64_t) (uintptr_t) live[k] ^ r->id;
+                        if (!marked(live[k], live_size[k], tag) || gpupool_free(sh->c, live[k]) < 0)
+                                racer_failed(sh);
+                        live[k] = NULL;
+                }
+                if (gpupool_alloc(sh->c, 0, size, &live[k]) < 0) {
+                        racer_failed(sh);
+                        continue;
+                }
+                live_size[k] = size;
+                mark(live[k], size, (uint64_t) (uintptr_t) live[k] ^ r->id);
+                if (gpupool_cached_bytes(sh->c) > sh->limit)
+                        racer_failed(sh);
+                if (i % 7 == 0) {
+                        /* Hand a block over: another thread frees it, into its own magazine. */
+                        unsigned h = (unsigned) rand_r(&seed) % 16;
+                        void *theirs;
+                        size_t their_size;
+
+                        pthread_mutex_lock(&sh->lock);
+                        theirs = sh->handoff[h];
+                        their_size = sh->handoff_size[h];
+                        sh->handoff[h] = live[k];
+                        sh->handoff_size[h] = size;
+                        pthread_mutex_unlock(&sh->lock);
+                        live[k] = NULL;
+                        if (theirs && gpupool_free(sh->c, theirs) < 0)
+                                racer_failed(sh);
+                        (void) their_size;
+                }
+        }
+        for (unsigned k = 0; k < 8; k++)
+                if (live[k] && gpupool_free(sh->c, live[k]) < 0)
+                        racer_failed(sh);
+        return NULL;
+}
+
+static void *trimmer_main(void *arg) {
+        struct racer_shared *sh = arg;
+
+        while (!__atomic_load_n(&sh->stop, __ATOMIC_RELAXED)) {
+                if (gpupool_trim(sh->c) < 0)
+                        racer_failed(sh);
+                usleep(2000);
+        }
+        return NULL;
+}
+
+static void *free_and_exit(void *arg) {
+        gpupool_client *c = arg;
+        void *p[10];
+
+        for (int i = 0; i < 10; i++)
+                if (gpupool_alloc(c, 0, 8192, &p[i]) < 0)
+                        return (void *) 1;
+        for (int i = 0; i < 10; i++)
+                if (gpupool_free(c, p[i]) < 0)
+                        return (void *) 2;
+        return NULL;
+}
+
+START_TEST(test_thread_cache) {
+        struct racer_shared sh = { .limit = 2 * MiB };
+        struct racer r[4];
+        pthread_t t[4], trimmer;
+        void *p, *q, *ret;
+        struct testd d;
+
+        testd_start(&d, NULL);
+        setenv("GPUPOOL_CLIENT_CACHE", "2M", 1);
+        ck_assert_int_eq(gpupool_connect(d.sock, "threads", &sh.c), 0);
+        pthread_mutex_init(&sh.lock, NULL);
+        /* Four threads racing (and a fifth trimming): no block is handed out twice, the bound holds. */
+        ck_assert_int_eq(pthread_create(&trimmer, NULL, trimmer_main, &sh), 0);
+        for (unsigned i = 0; i < 4; i++) {
+                r[i] = (struct racer) { .sh = &sh, .id = i + 1 };
+                ck_assert_int_eq(pthread_create(&t[i], NULL, racer_main, &r[i]), 0);
+        }
+        for (unsigned i = 0; i < 4; i++)
+                ck_assert_int_eq(pthread_join(t[i], NULL), 0);
+        __atomic_store_n(&sh.stop, true, __ATOMIC_RELAXED);
+        ck_assert_int_eq(pthread_join(trimmer, NULL), 0);
+        ck_assert_int_eq(sh.failures, 0);
+        for (unsigned h = 0; h < 16; h++)
+                if (sh.handoff[h])
+                        ck_assert_int_eq(gpupool_free(sh.c, sh.handoff[h]), 0);
+        ck_assert_int_le(gpupool_cached_bytes(sh.c), sh.limit);
+        ck_assert_int_eq(gpupool_trim(sh.c), 0);
+        ck_assert_int_eq(gpupool_cached_bytes(sh.c), 0);
+        ck_assert_int_eq(testd_device(&d, 0, "in_use_bytes"), 0);
+
+        /* A thread that exits with blocks in its magazine: they stay cached, and trim gives them back. */
+        ck_assert_int_eq(pthread_create(&t[0], NULL, free_and_exit, sh.c), 0);
+        ck_assert_int_eq(pthread_join(t[0], &ret), 0);
+        ck_assert_ptr_null(ret);
+        ck_assert_int_eq(gpupool_cached_bytes(sh.c), 10 * 8192);
+        ck_assert_int_eq(testd_device(&d, 0, "in_use_bytes"), 10 * 8192);
+        ck_assert_int_eq(gpupool_trim(sh.c), 0);
+        ck_assert_int_eq(gpupool_cached_bytes(sh.c), 0);
+        ck_assert_int_eq(testd_device(&d, 0, "in_use_bytes"), 0);
+
+        /* This thread's magazine: the same block back; a double free is caught on the fast path too. */
+        ck_assert_int_eq(gpupool_alloc(sh.c, 0, 4096, &p), 0);
+        ck_assert_int_eq(gpupool_free(sh.c, p), 0);
+        ck_assert_int_eq(gpupool_free(sh.c, p), -ENOENT);
+        ck_assert_int_eq(gpupool_alloc(sh.c, 0, 4000, &q), 0);
+        ck_assert_ptr_eq(q, p);
+        /* Inside a scope the allocation takes the locked path and belongs to the scope. */
+        ck_assert_int_eq(gpupool_free(sh.c, q), 0);
+        ck_assert_int_eq(gpupool_scope_begin(sh.c), 0);
+        ck_assert_int_eq(gpupool_alloc(sh.c, 0, 4096, &q), 0);
+        ck_assert_int_eq(gpupool_scope_end(sh.c), 0);
+        ck_assert_int_eq(gpupool_free(sh.c, q), -ENOENT);
+        ck_assert_int_eq(gpupool_cached_bytes(sh.c), 4096);             /* the magazine's block, still there */
+
+        /* A restarted daemon: what the magazine held is forgotten with the old session. */
+        testd_crash_and_restart(&d);
+        ck_assert_int_eq(gpupool_reconnect(sh.c), 0);
+        ck_assert_int_eq(gpupool_cached_bytes(sh.c), 0);
+        ck_assert_int_eq(gpupool_alloc(sh.c, 0, 4096, &q), 0);
+        mark(q, 4096, 42);
+        ck_assert_int_eq(gpupool_free(sh.c, q), 0);
+        gpupool_disconnect(sh.c);
+        pthread_mutex_destroy(&sh.lock);
+
+        /* Off, and a value that is neither 0 nor 1. */
+        setenv("GPUPOOL_THREAD_CACHE", "0", 1);
+        ck_assert_int_eq(gpupool_connect(d.sock, "shared-only", &sh.c), 0);
+        ck_assert_int_eq(gpupool_alloc(sh.c, 0, 4096, &p), 0);
+        ck_assert_int_eq(gpupool_free(sh.c, p), 0);
+        ck_assert_int_eq(gpupool_alloc(sh.c, 0, 4096, &q), 0);
+        ck_assert_ptr_eq(q, p);                                         /* from the shared cache */
+        ck_assert_int_eq(gpupool_free(sh.c, q), 0);
+        gpupool_disconnect(sh.c);
+        setenv("GPUPOOL_THREAD_CACHE", "yes", 1);
+        ck_assert_int_eq(gpupool_connect(d.sock, "bad", &sh.c), -EINVAL);
+        unsetenv("GPUPOOL_THREAD_CACHE");
+        setenv("GPUPOOL_CLIENT_CACHE", "0", 1);
+        ck_assert_int_eq(testd_device(&d, 0, "in_use_bytes"), 0);
+        ck_assert_int_eq(testd_stop(&d), 0);
+}
+END_TEST
+
 Suite *suite_scopes(void) {
         Suite *s = suite_create("scopes");
         TCase *tc = tcase_create("host");
@@ -296,6 +489,7 @@ Suite *suite_scopes(void) {
         tcase_add_test(tc, test_arena);
         tcase_add_test(tc, test_client_cache);
         tcase_add_test(tc, test_client_cache_given_back);
+        tcase_add_test(tc, test_thread_cache);
         tcase_set_timeout(tc, 60);
         suite_add_tcase(s, tc);
         return s;
