@@ -11,12 +11,33 @@
 #include <sys/un.h>
 #include <unistd.h>
 
-int gp_wire_pack(const Gpupool__Envelope *env, uint8_t *buf, size_t size) {
-        size_t len = gpupool__envelope__get_packed_size(env);
+/* A ProtobufCBuffer over a fixed buffer that notes, rather than makes, an overflow. */
+struct bounded {
+        ProtobufCBuffer base;
+        uint8_t *buf;
+        size_t size, len;
+        bool overflow;
+};
 
-        if (len > size || len > INT32_MAX)
+static void bounded_append(ProtobufCBuffer *b, size_t len, const uint8_t *data) {
+        struct bounded *o = (struct bounded *) b;
+
+        if (o->overflow || len > o->size - o->len) {
+                o->overflow = true;
+                return;
+        }
+        memcpy(o->buf + o->len, data, len);
+        o->len += len;
+}
+
+int gp_wire_pack(const Gpupool__Envelope *env, uint8_t *buf, size_t size) {
+        /* One pass: sizing the envelope first would walk it twice (this is every reply's path). */
+        struct bounded out = { .base.append = bounded_append, .buf = buf, .size = size };
+
+        (void) gpupool__envelope__pack_to_buffer(env, &out.base);
+        if (out.overflow || out.len > INT32_MAX)
                 return -EMSGSIZE;
-        return (int) gpupool__envelope__pack(env, buf);
+        return (int) out.len;
 }
 
 int gp_wire_send_packet(int sock, const uint8_t *buf, size_t len, int pass_fd) {
@@ -128,6 +149,7 @@ static void *arena_alloc(void *data, size_t size) {
                 a->used = at + size;
                 return a->buf + at;
         }
+        a->spilled = true;
         return malloc(size);
 }
 
@@ -138,8 +160,16 @@ static void arena_free(void *data, void *p) {
                 free(p);
 }
 
+void gp_wire_arena_release(struct gp_wire_arena *a, Gpupool__Envelope *env) {
+        if (a->spilled)
+                gpupool__envelope__free_unpacked(env, &a->allocator);
+        a->used = 0;
+        a->spilled = false;
+}
+
 void gp_wire_arena_init(struct gp_wire_arena *a) {
         a->used = 0;
+        a->spilled = false;
         a->allocator = (ProtobufCAllocator) { .alloc = arena_alloc, .free = arena_free, .allocator_data = a };
 }
 

@@ -78,10 +78,14 @@ Gpupool__Status gp_errno_to_status(int err);
 struct gp_wire_arena {
         ProtobufCAllocator allocator;
         size_t used;
+        bool spilled;                   /* something went to malloc(): the envelope must be freed field by field */
         uint8_t buf[32768] __attribute__((aligned(16)));
 };
 
 void gp_wire_arena_init(struct gp_wire_arena *arena);
+
+/* Frees an envelope unpacked into the arena and empties it: no walk over the message unless it spilled. */
+void gp_wire_arena_release(struct gp_wire_arena *arena, Gpupool__Envelope *env);
 
 /* gp_wire_unpack() with an allocator (free the envelope with the same one). */
 int gp_wire_unpack_with(const uint8_t *buf, size_t len, ProtobufCAllocator *allocator, Gpupool__Envelope **ret_env);

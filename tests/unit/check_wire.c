@@ -104,6 +104,47 @@ START_TEST(test_unpack_bad) {
 }
 END_TEST
 
+/* The arena: a small request stays in it; a large one spills to malloc() and is freed (ASan's leak check sees it). */
+START_TEST(test_arena) {
+        static struct gp_wire_arena arena;
+        static uint8_t buf[1 << 20];
+        Gpupool__Envelope env = GPUPOOL__ENVELOPE__INIT, *got;
+        Gpupool__FreeBatchRequest fb = GPUPOOL__FREE_BATCH_REQUEST__INIT;
+        Gpupool__FreeRequest one = GPUPOOL__FREE_REQUEST__INIT, **frees;
+        size_t n_frees = 4000;
+        int n;
+
+        gp_wire_arena_init(&arena);
+        frees = calloc(n_frees, sizeof(*frees));
+        ck_assert_ptr_nonnull(frees);
+        env.version = GP_PROTOCOL_VERSION;
+        env.id = 7;
+        env.body_case = GPUPOOL__ENVELOPE__BODY_FREE_BATCH;
+        env.free_batch = &fb;
+        one.segment_id = 1;
+        one.offset = 512;
+        for (size_t i = 0; i < n_frees; i++)
+                frees[i] = &one;
+        for (int round = 0; round < 2; round++) {
+                fb.n_frees = round == 0 ? 1 : n_frees;
+                fb.frees = frees;
+                n = gp_wire_pack(&env, buf, sizeof(buf));
+                ck_assert_int_gt(n, 0);
+                /* Exactly the room it needs is enough; a byte less is not. */
+                ck_assert_int_eq(gp_wire_pack(&env, buf, (size_t) n), n);
+                ck_assert_int_eq(gp_wire_pack(&env, buf, (size_t) n - 1), -EMSGSIZE);
+                ck_assert_int_eq(gp_wire_unpack_with(buf, (size_t) n, &arena.allocator, &got), 0);
+                ck_assert_uint_eq(got->free_batch->n_frees, fb.n_frees);
+                ck_assert_uint_eq(got->free_batch->frees[fb.n_frees - 1]->offset, 512);
+                ck_assert(arena.spilled == (round == 1));
+                gp_wire_arena_release(&arena, got);
+                ck_assert_uint_eq(arena.used, 0);
+                ck_assert(!arena.spilled);
+        }
+        free(frees);
+}
+END_TEST
+
 START_TEST(test_status_errno) {
         ck_assert_int_eq(gp_status_to_errno(GPUPOOL__STATUS__STATUS_OK), 0);
         ck_assert_int_eq(gp_status_to_errno(GPUPOOL__STATUS__STATUS_QUOTA), -EDQUOT);
@@ -148,6 +189,7 @@ Suite *suite_wire(void) {
         tcase_add_test(tc, test_fd_passing);
         tcase_add_test(tc, test_oversized_and_empty);
         tcase_add_test(tc, test_unpack_bad);
+        tcase_add_test(tc, test_arena);
         tcase_add_test(tc, test_status_errno);
         tcase_add_test(tc, test_socket_path);
         tcase_add_test(tc, test_names);
