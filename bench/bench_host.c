@@ -10,10 +10,21 @@
  *            the client cache off (every call a round trip) and on (the default);
  *   clients  8 processes allocating and freeing at once for --seconds: operations per second,
  *            next to 8 processes doing echo round trips;
+ *   threads  1, 2 and 4 threads of one process sharing one handle, allocating and freeing
+ *            4 KiB blocks that the client cache serves: alloc+free pairs per second with the
+ *            per-thread magazines ($GPUPOOL_THREAD_CACHE=1, the default) and with the shared
+ *            cache alone (=0, one lock for the handle), the median of 5 alternating rounds;
  *   pool     the allocator core alone (daemon/pool.c): ns per alloc+free pair with 1 thousand,
  *            100 thousand and 1 million free blocks in the owner's index.
  *
- * Latencies are medians and p99 of --ops single operations timed with CLOCK_MONOTONIC. It
+ * Latencies are medians and p99 of --ops single operations timed with CLOCK_MONOTONIC (echo
+ * and the daemon with the cache off in 10 alternating rounds, so drifts of the machine fall
+ * on both alike). Where the server runs matters more than anything it does: waking a process
+ * on another, idle CPU costs far more than switching to it on the caller's, on virtual
+ * machines most of all, and the scheduler chooses differently from one process to the next.
+ * So the single-client round trips are measured twice, with the client and both servers
+ * pinned to one CPU (the software's cost), and with the servers pinned to another CPU than
+ * the client (the cost of a wakeup across CPUs added); the concurrent parts run unpinned. It
  * prints one table and writes the same as JSON to --json FILE.
  *
  * "make bench-instructions" runs the allocator core under callgrind (--core-only N) and
@@ -27,6 +38,8 @@
 #include <fcntl.h>
 #include <getopt.h>
 #include <poll.h>
+#include <sched.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -151,7 +164,8 @@ static int echo_connect(void) {
         return s;
 }
 
-static struct dist echo_latency(size_t ops, double *t) {
+/* Times ops echo round trips into t. */
+static void echo_latency(size_t ops, double *t) {
         uint8_t buf[256] = { 0 };
         int s = echo_connect();
 
@@ -163,7 +177,6 @@ static struct dist echo_latency(size_t ops, double *t) {
                 t[i] = now_ns() - t0;
         }
         close(s);
-        return summarize(t, ops);
 }
 
 /* ---- the daemon ---- */
@@ -201,7 +214,34 @@ static pid_t start_daemon(const char *build) {
         exit(1);
 }
 
-static void daemon_latency(size_t ops, double *ta, double *tf, struct dist *ret_alloc, struct dist *ret_free) {
+/* ---- where processes run ---- */
+
+static cpu_set_t all_cpus;
+
+/* Pins pid (0: this thread) to cpu, or lets it run anywhere it could at start (cpu < 0). */
+static void place(pid_t pid, int cpu) {
+        cpu_set_t set = all_cpus;
+
+        if (cpu >= 0) {
+                CPU_ZERO(&set);
+                CPU_SET(cpu, &set);
+        }
+        if (sched_setaffinity(pid, sizeof(set), &set) < 0) {
+                perror("bench_host: sched_setaffinity");
+                exit(1);
+        }
+}
+
+/* The n-th CPU this process may run on, or -1. */
+static int allowed_cpu(int n) {
+        for (int c = 0; c < CPU_SETSIZE; c++)
+                if (CPU_ISSET(c, &all_cpus) && n-- == 0)
+                        return c;
+        return -1;
+}
+
+/* Times ops allocations and their frees into ta and tf. */
+static void daemon_latency(size_t ops, double *ta, double *tf) {
         gpupool_client *c;
         void *keep, *p;
 
@@ -220,11 +260,88 @@ static void daemon_latency(size_t ops, double *ta, double *tf, struct dist *ret_
         }
         gpupool_free(c, keep);
         gpupool_disconnect(c);
-        *ret_alloc = summarize(ta, ops);
-        *ret_free = summarize(tf, ops);
 }
 
 /* N processes for seconds; each counts its operations (round trips) in shared memory. */
+/* ---- threads of one handle on the client cache ---- */
+
+struct spinner {
+        gpupool_client *c;
+        const bool *stop;
+        uint64_t pairs;
+        bool failed;
+};
+
+static void *spin_main(void *arg) {
+        struct spinner *s = arg;
+        void *p;
+
+        while (!__atomic_load_n(s->stop, __ATOMIC_RELAXED)) {
+                for (int i = 0; i < 64; i++) {
+                        if (gpupool_alloc(s->c, 0, 4096, &p) < 0 || gpupool_free(s->c, p) < 0) {
+                                s->failed = true;
+                                return NULL;
+                        }
+                }
+                s->pairs += 64;
+        }
+        return NULL;
+}
+
+/* Alloc+free pairs per second of n threads sharing one handle for seconds, magazines on or off. */
+static double threaded(int n, double seconds, bool magazines) {
+        struct spinner s[8];
+        pthread_t t[8];
+        gpupool_client *c;
+        bool stop = false;
+        uint64_t pairs = 0;
+        double t0;
+        void *p;
+
+        setenv("GPUPOOL_THREAD_CACHE", magazines ? "1" : "0", 1);
+        if (gpupool_connect(sock_path, "bench-threads", &c) < 0) {
+                fprintf(stderr, "bench_host: cannot connect to the daemon\n");
+                exit(1);
+        }
+        unsetenv("GPUPOOL_THREAD_CACHE");
+        /* The first block of the size comes from the daemon; from then on the cache serves. */
+        if (gpupool_alloc(c, 0, 4096, &p) < 0 || gpupool_free(c, p) < 0)
+                exit(1);
+        t0 = now_ns();
+        for (int i = 0; i < n; i++) {
+                s[i] = (struct spinner) { .c = c, .stop = &stop };
+                if (pthread_create(&t[i], NULL, spin_main, &s[i]) != 0)
+                        exit(1);
+        }
+        usleep((useconds_t) (seconds * 1e6));
+        __atomic_store_n(&stop, true, __ATOMIC_RELAXED);
+        for (int i = 0; i < n; i++) {
+                pthread_join(t[i], NULL);
+                if (s[i].failed) {
+                        fprintf(stderr, "bench_host: an allocation failed in a thread\n");
+                        exit(1);
+                }
+                pairs += s[i].pairs;
+        }
+        t0 = now_ns() - t0;
+        gpupool_disconnect(c);
+        return (double) pairs / (t0 / 1e9);
+}
+
+/* The median of 5 rounds of each, alternating, for n threads: [0] the shared cache alone, [1] magazines. */
+static void threaded_pair(int n, double seconds, double ret[2]) {
+        double rounds[2][5];
+
+        for (int r = 0; r < 5; r++) {
+                rounds[0][r] = threaded(n, seconds / 5, false);
+                rounds[1][r] = threaded(n, seconds / 5, true);
+        }
+        for (int k = 0; k < 2; k++) {
+                qsort(rounds[k], 5, sizeof(double), cmp_double);
+                ret[k] = rounds[k][2];
+        }
+}
+
 static double concurrent(int n, double seconds, bool use_daemon) {
         uint64_t *counts = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
         double start, elapsed;
@@ -328,11 +445,13 @@ int main(int argc, char **argv) {
         };
         const char *build = "build", *json = NULL;
         size_t ops = 100000;
-        double seconds = 3, echo8, daemon8, *t1, *t2;
-        struct dist echo, alloc, freed, alloc_c, freed_c, core[3];
-        double daemon8_c;
+        double seconds = 3, echo8, daemon8, *t1, *t2, *t3;
+        struct dist echo[2], alloc[2], freed[2], alloc_c, freed_c, core[3];
+        double daemon8_c, threads[3][2];
+        static const int thread_counts[3] = { 1, 2, 4 };
         static const size_t core_sizes[3] = { 1000, 100000, 1000000 };
         pid_t echo_pid, daemon_pid;
+        bool apart;
         int o;
         FILE *f;
 
@@ -355,10 +474,13 @@ int main(int argc, char **argv) {
                 fprintf(stderr, "bench_host: --ops at least 100, --seconds positive\n");
                 return 2;
         }
+        if (sched_getaffinity(0, sizeof(all_cpus), &all_cpus) < 0)
+                return 1;
         t1 = malloc(ops * sizeof(double));
         t2 = malloc(ops * sizeof(double));
+        t3 = malloc(ops * sizeof(double));
         strcpy(dir, "/tmp/gpupool-bench-XXXXXX");
-        if (!t1 || !t2 || !mkdtemp(dir))
+        if (!t1 || !t2 || !t3 || !mkdtemp(dir))
                 return 1;
         snprintf(sock_path, sizeof(sock_path), "%s/gpupool.sock", dir);
         snprintf(echo_path, sizeof(echo_path), "%s/echo.sock", dir);
@@ -366,17 +488,41 @@ int main(int argc, char **argv) {
         echo_pid = echo_server();
         daemon_pid = start_daemon(build);
 
-        /* Warm both up, then measure each right after the other; the client cache off, then on. */
+        /*
+         * Warm both up, then measure them in 10 alternating rounds, so that the machine's
+         * drifts fall on both alike: everything on one CPU, then the servers on another; the
+         * client cache off.
+         */
         setenv("GPUPOOL_CLIENT_CACHE", "0", 1);
-        (void) echo_latency(ops / 10, t1);
-        daemon_latency(ops / 10, t1, t2, &alloc, &freed);
-        echo = echo_latency(ops, t1);
-        daemon_latency(ops, t1, t2, &alloc, &freed);
+        apart = allowed_cpu(1) >= 0;
+        for (int placement = 0; placement < (apart ? 2 : 1); placement++) {
+                place(0, allowed_cpu(0));
+                place(echo_pid, allowed_cpu(placement));
+                place(daemon_pid, allowed_cpu(placement));
+                echo_latency(ops / 10, t1);
+                daemon_latency(ops / 10, t1, t2);
+                for (size_t r = 0, k = ops / 10; r < 10; r++) {
+                        size_t n = r < 9 ? k : ops - 9 * k;
+
+                        echo_latency(n, t3 + r * k);
+                        daemon_latency(n, t1 + r * k, t2 + r * k);
+                }
+                echo[placement] = summarize(t3, ops);
+                alloc[placement] = summarize(t1, ops);
+                freed[placement] = summarize(t2, ops);
+        }
+        place(0, -1);
+        place(echo_pid, -1);
+        place(daemon_pid, -1);
         echo8 = concurrent(8, seconds, false);
         daemon8 = concurrent(8, seconds, true);
         unsetenv("GPUPOOL_CLIENT_CACHE");      /* the default cache */
-        daemon_latency(ops, t1, t2, &alloc_c, &freed_c);
+        daemon_latency(ops, t1, t2);
+        alloc_c = summarize(t1, ops);
+        freed_c = summarize(t2, ops);
         daemon8_c = concurrent(8, seconds, true);
+        for (int i = 0; i < 3; i++)
+                threaded_pair(thread_counts[i], seconds, threads[i]);
         for (int i = 0; i < 3; i++)
                 core[i] = pool_core(core_sizes[i], ops, t1);
 
@@ -387,18 +533,31 @@ int main(int argc, char **argv) {
 
         printf("gpupool bench (host backend); request %zu B, reply %zu B; %zu operations each\n\n",
                request_bytes, reply_bytes, ops);
-        printf("%-44s %12s %12s %10s\n", "round trip (1 client)", "median ns", "p99 ns", "x echo");
-        printf("%-44s %12.0f %12.0f %10s\n", "echo, bare SEQPACKET (baseline)", echo.median, echo.p99, "1.00");
-        printf("%-44s %12.0f %12.0f %10.2f\n", "gpupool_alloc 4 KiB", alloc.median, alloc.p99, alloc.median / echo.median);
-        printf("%-44s %12.0f %12.0f %10.2f\n", "gpupool_free", freed.median, freed.p99, freed.median / echo.median);
-        printf("%-44s %12.0f %12.0f %10.2f\n", "gpupool_alloc 4 KiB, client cache on", alloc_c.median, alloc_c.p99,
-               alloc_c.median / echo.median);
-        printf("%-44s %12.0f %12.0f %10.2f\n", "gpupool_free, client cache on", freed_c.median, freed_c.p99,
-               freed_c.median / echo.median);
+        for (int placement = 0; placement < (apart ? 2 : 1); placement++) {
+                printf("%-44s %12s %12s %10s\n", placement ? "round trip (1 client), servers on another CPU"
+                                                           : "round trip (1 client), all on one CPU",
+                       "median ns", "p99 ns", "x echo");
+                printf("%-44s %12.0f %12.0f %10s\n", "echo, bare SEQPACKET (baseline)", echo[placement].median,
+                       echo[placement].p99, "1.00");
+                printf("%-44s %12.0f %12.0f %10.2f\n", "gpupool_alloc 4 KiB", alloc[placement].median, alloc[placement].p99,
+                       alloc[placement].median / echo[placement].median);
+                printf("%-44s %12.0f %12.0f %10.2f\n\n", "gpupool_free", freed[placement].median, freed[placement].p99,
+                       freed[placement].median / echo[placement].median);
+        }
+        printf("%-44s %12s %12s\n", "client cache on (hits; unpinned)", "median ns", "p99 ns");
+        printf("%-44s %12.0f %12.0f\n", "gpupool_alloc 4 KiB", alloc_c.median, alloc_c.p99);
+        printf("%-44s %12.0f %12.0f\n", "gpupool_free", freed_c.median, freed_c.p99);
         printf("\n%-44s %12s %10s\n", "8 concurrent clients", "ops/s", "x echo");
         printf("%-44s %12.0f %10s\n", "echo round trips (baseline)", echo8, "1.00");
         printf("%-44s %12.0f %10.2f\n", "gpupool alloc and free (cache off)", daemon8, daemon8 / echo8);
         printf("%-44s %12.0f %10.2f\n", "gpupool alloc and free (client cache on)", daemon8_c, daemon8_c / echo8);
+        printf("\n%-44s %12s %12s %10s\n", "threads of one handle, cache hits", "shared pairs/s", "magazines", "x shared");
+        for (int i = 0; i < 3; i++) {
+                char name[64];
+
+                snprintf(name, sizeof(name), "%d thread%s, 4 KiB alloc+free", thread_counts[i], thread_counts[i] > 1 ? "s" : "");
+                printf("%-44s %12.0f %12.0f %10.2f\n", name, threads[i][0], threads[i][1], threads[i][1] / threads[i][0]);
+        }
         printf("\n%-44s %12s %12s\n", "allocator core alone, alloc+free pair", "median ns", "p99 ns");
         for (int i = 0; i < 3; i++) {
                 char name[64];
@@ -414,13 +573,25 @@ int main(int argc, char **argv) {
                 }
                 fprintf(f, "{\n  \"ops\": %zu, \"seconds\": %.1f, \"request_bytes\": %zu, \"reply_bytes\": %zu,\n", ops, seconds,
                         request_bytes, reply_bytes);
-                fprintf(f, "  \"echo_ns\": {\"median\": %.0f, \"p99\": %.0f},\n", echo.median, echo.p99);
-                fprintf(f, "  \"alloc_ns\": {\"median\": %.0f, \"p99\": %.0f},\n", alloc.median, alloc.p99);
-                fprintf(f, "  \"free_ns\": {\"median\": %.0f, \"p99\": %.0f},\n", freed.median, freed.p99);
+                for (int placement = 0; placement < (apart ? 2 : 1); placement++) {
+                        const char *where = placement ? "apart" : "one_cpu";
+
+                        fprintf(f, "  \"echo_ns_%s\": {\"median\": %.0f, \"p99\": %.0f},\n", where, echo[placement].median,
+                                echo[placement].p99);
+                        fprintf(f, "  \"alloc_ns_%s\": {\"median\": %.0f, \"p99\": %.0f},\n", where, alloc[placement].median,
+                                alloc[placement].p99);
+                        fprintf(f, "  \"free_ns_%s\": {\"median\": %.0f, \"p99\": %.0f},\n", where, freed[placement].median,
+                                freed[placement].p99);
+                }
                 fprintf(f, "  \"alloc_cached_ns\": {\"median\": %.0f, \"p99\": %.0f},\n", alloc_c.median, alloc_c.p99);
                 fprintf(f, "  \"free_cached_ns\": {\"median\": %.0f, \"p99\": %.0f},\n", freed_c.median, freed_c.p99);
                 fprintf(f, "  \"gpupool_8_clients_cached_ops_per_s\": %.0f,\n", daemon8_c);
                 fprintf(f, "  \"echo_8_clients_ops_per_s\": %.0f, \"gpupool_8_clients_ops_per_s\": %.0f,\n", echo8, daemon8);
+                fprintf(f, "  \"threads_pairs_per_s\": [");
+                for (int i = 0; i < 3; i++)
+                        fprintf(f, "%s{\"threads\": %d, \"shared\": %.0f, \"magazines\": %.0f}", i ? ", " : "",
+                                thread_counts[i], threads[i][0], threads[i][1]);
+                fprintf(f, "],\n");
                 fprintf(f, "  \"pool_core_ns\": [");
                 for (int i = 0; i < 3; i++)
                         fprintf(f, "%s{\"free_blocks\": %zu, \"median\": %.0f, \"p99\": %.0f}", i ? ", " : "", core_sizes[i],

@@ -1,14 +1,18 @@
 /*
  * frag.c: "make bench-frag": how much memory each allocator policy holds to serve a trace.
  *
- * Replays allocation traces (the CSV files in bench/traces: time, op, id, size, stream) through four
- * policies and reports, for each, the peak of memory reserved from the device and the peak of
- * memory in use (the sizes asked, rounded to 512 B), and their ratio: 1.00 would be no
- * overhead at all. The policies:
+ * Replays allocation traces (the CSV files in bench/traces: time, op, id, size, stream) through
+ * the policies below and reports, for each, the peak of memory reserved from the device, the
+ * peak the client holds (reserved, less gpupool's node-wide cache, which any process may have
+ * at once), the peak of memory in use (the sizes asked, rounded to 512 B), and the ratio of
+ * reserved to in use: 1.00 would be no overhead at all. The policies:
  *
  *   gpupool  daemon/pool.c itself, one client: 2/20 MiB segment classes and own segments,
- *            512 B best fit with split and merge; emptied segments go to its cache, which
- *            counts as reserved (no watermark, no decay: the worst case);
+ *            512 B best fit with split and merge; emptied segments go to the daemon's cache,
+ *            which counts as reserved (no watermark, no decay, endless capacity: the worst
+ *            case), and are reused whole for requests of their size up to a quarter less;
+ *   gpupool+keep  the same, the client keeping its emptied segments for its own next
+ *            allocations (GPUPOOL_KEEP_FREE, here unbounded), as a process-local cache does;
  *   pytorch  a re-implementation of PyTorch's CUDACachingAllocator defaults (from its source,
  *            see docs/performance.md): small (<= 1 MiB) and large pools, 2 MiB segments for
  *            small requests, 20 MiB for 1-10 MiB, larger rounded to 2 MiB; best fit; split a
@@ -56,6 +60,7 @@ struct blk {
 
 struct seg {
         int pool;
+        uint64_t id;                    /* creation order: ties in the free index break on it, the same every run */
 };
 
 struct policy {
@@ -67,7 +72,7 @@ struct policy {
 struct segalloc {
         const struct policy *p;
         struct gp_rb_tree free_index[2];
-        uint64_t reserved, in_use;
+        uint64_t reserved, in_use, next_seg;
 };
 
 #define CMP(a, b) ((a) < (b) ? -1 : (a) > (b))
@@ -78,7 +83,7 @@ static int cmp_free(const struct gp_rb_node *x, const struct gp_rb_node *y) {
         if (a->size != b->size)
                 return CMP(a->size, b->size);
         if (a->seg != b->seg)
-                return CMP((uintptr_t) a->seg, (uintptr_t) b->seg);
+                return CMP(a->seg->id, b->seg->id);
         return CMP(a->off, b->off);
 }
 
@@ -92,7 +97,8 @@ static void sa_init(struct segalloc *s, const struct policy *p) {
 static struct blk *sa_alloc(struct segalloc *s, uint64_t size) {
         uint64_t rsize = round512(size);
         int pool = s->p->pool_of(rsize);
-        struct blk key = { .seg = NULL, .off = 0, .size = rsize }, *b;
+        static struct seg first = { .id = 0 };
+        struct blk key = { .seg = &first, .off = 0, .size = rsize }, *b;
         struct gp_rb_node *n = gp_rb_lower_bound(&s->free_index[pool], &key.node);
 
         if (n) {
@@ -103,6 +109,7 @@ static struct blk *sa_alloc(struct segalloc *s, uint64_t size) {
 
                 b = calloc(1, sizeof(*b));
                 g->pool = pool;
+                g->id = ++s->next_seg;
                 b->seg = g;
                 b->size = s->p->segment_size(rsize);
                 s->reserved += b->size;
@@ -189,7 +196,7 @@ static const struct policy cupy = { cp_pool, cp_segment, cp_split };
 /* ---- replay ---- */
 
 struct result {
-        uint64_t peak_reserved, peak_in_use;
+        uint64_t peak_reserved, peak_held, peak_in_use;
 };
 
 static struct op *load(const char *path, size_t *ret_n, uint64_t *ret_max_id) {
@@ -242,7 +249,7 @@ static struct result run_segalloc(const struct policy *p, const struct op *ops, 
                         live[ops[i].id] = NULL;
                 }
                 if (s.reserved > r.peak_reserved)
-                        r.peak_reserved = s.reserved;
+                        r.peak_reserved = r.peak_held = s.reserved;
                 if (s.in_use > r.peak_in_use)
                         r.peak_in_use = s.in_use;
         }
@@ -251,7 +258,7 @@ static struct result run_segalloc(const struct policy *p, const struct op *ops, 
         return r;      /* the blocks and segments are left to the process's exit */
 }
 
-static struct result run_gpupool(const struct op *ops, size_t n, uint64_t max_id) {
+static struct result run_gpupool(const struct op *ops, size_t n, uint64_t max_id, bool keep) {
         struct backend b = null_backend();
         struct pool_lease *live = calloc(max_id + 1, sizeof(*live));
         bool *held = calloc(max_id + 1, sizeof(*held));
@@ -264,6 +271,8 @@ static struct result run_gpupool(const struct op *ops, size_t n, uint64_t max_id
         if (pool_new(&b, 0, 1ULL << 46, &p) < 0)
                 exit(1);
         pool_owner_attach(p, &o, 1);
+        if (keep)
+                o.keep_bytes = UINT64_MAX / 4;
         for (size_t i = 0; i < n; i++) {
                 if (ops[i].alloc) {
                         if (pool_alloc(p, &o, ops[i].size, UINT64_MAX, &live[ops[i].id]) < 0)
@@ -282,6 +291,8 @@ static struct result run_gpupool(const struct op *ops, size_t n, uint64_t max_id
                 pool_get_stats(p, &st);
                 if (st.reserved_bytes > r.peak_reserved)
                         r.peak_reserved = st.reserved_bytes;
+                if (st.reserved_bytes - st.cached_bytes > r.peak_held)
+                        r.peak_held = st.reserved_bytes - st.cached_bytes;
                 if (in_use > r.peak_in_use)
                         r.peak_in_use = in_use;
         }
@@ -306,15 +317,15 @@ static struct result run_none(const struct op *ops, size_t n, uint64_t max_id) {
                 }
                 if (in_use > r.peak_in_use)
                         r.peak_in_use = in_use;
-                r.peak_reserved = r.peak_in_use;        /* no cache: it holds exactly what is in use */
+                r.peak_reserved = r.peak_held = r.peak_in_use;  /* no cache: it holds exactly what is in use */
         }
         free(sizes);
         return r;
 }
 
 static void row(const char *trace, const char *name, struct result r) {
-        printf("%-12s %-8s %14.1f %14.1f %8.3f\n", trace, name, (double) r.peak_reserved / MiB, (double) r.peak_in_use / MiB,
-               (double) r.peak_reserved / (double) r.peak_in_use);
+        printf("%-12s %-13s %14.1f %14.1f %14.1f %8.3f\n", trace, name, (double) r.peak_reserved / MiB,
+               (double) r.peak_held / MiB, (double) r.peak_in_use / MiB, (double) r.peak_reserved / (double) r.peak_in_use);
 }
 
 int main(int argc, char **argv) {
@@ -322,8 +333,8 @@ int main(int argc, char **argv) {
                 fprintf(stderr, "usage: frag TRACE.csv...\n");
                 return 2;
         }
-        printf("%-12s %-8s %14s %14s %8s\n", "trace", "policy", "peak reserved", "peak in use", "ratio");
-        printf("%-12s %-8s %14s %14s %8s\n", "", "", "MiB", "MiB", "");
+        printf("%-12s %-13s %14s %14s %14s %8s\n", "trace", "policy", "peak reserved", "peak held", "peak in use", "ratio");
+        printf("%-12s %-13s %14s %14s %14s %8s\n", "", "", "MiB", "MiB", "MiB", "");
         for (int i = 1; i < argc; i++) {
                 const char *base = strrchr(argv[i], '/') ? strrchr(argv[i], '/') + 1 : argv[i];
                 char name[64];
@@ -332,7 +343,8 @@ int main(int argc, char **argv) {
                 struct op *ops = load(argv[i], &n, &max_id);
 
                 snprintf(name, sizeof(name), "%.*s", (int) (strcspn(base, ".")), base);
-                row(name, "gpupool", run_gpupool(ops, n, max_id));
+                row(name, "gpupool", run_gpupool(ops, n, max_id, false));
+                row(name, "gpupool+keep", run_gpupool(ops, n, max_id, true));
                 row(name, "pytorch", run_segalloc(&pytorch, ops, n, max_id));
                 row(name, "cupy", run_segalloc(&cupy, ops, n, max_id));
                 row(name, "none", run_none(ops, n, max_id));
