@@ -16,6 +16,9 @@
 #   make STATIC=1             link libuv, protobuf-c, jansson, inih and Check statically
 #   make V=1                  show the commands
 #   make deps                 install the Debian/Ubuntu packages the build needs
+#   make install              PREFIX (/usr/local), DESTDIR, BINDIR, SBINDIR, LIBDIR, INCLUDEDIR,
+#                             SYSCONFDIR (/etc), MANDIR, SYSTEMDUNITDIR (from systemd.pc), ...
+#   make uninstall            removes what make install put there
 
 VERSION    := 0.1.0
 SHELL      := /bin/bash
@@ -35,10 +38,25 @@ else
 Q := @
 endif
 
+# Where "make install" puts things; SYSCONFDIR is also where gpupoold looks for its config.
+PREFIX      ?= /usr/local
+BINDIR      ?= $(PREFIX)/bin
+SBINDIR     ?= $(PREFIX)/sbin
+LIBDIR      ?= $(PREFIX)/lib
+INCLUDEDIR  ?= $(PREFIX)/include
+DATADIR     ?= $(PREFIX)/share
+MANDIR      ?= $(DATADIR)/man
+PKGCONFIGDIR ?= $(LIBDIR)/pkgconfig
+SYSCONFDIR  ?= /etc
+systemd_var = $(or $(shell $(PKG_CONFIG) --variable=$(1) systemd 2>/dev/null),$(2))
+SYSTEMDUNITDIR ?= $(call systemd_var,systemdsystemunitdir,$(PREFIX)/lib/systemd/system)
+TMPFILESDIR    ?= $(call systemd_var,tmpfilesdir,$(PREFIX)/lib/tmpfiles.d)
+SYSUSERSDIR    ?= $(call systemd_var,sysusersdir,$(PREFIX)/lib/sysusers.d)
+
 WERROR ?= $(if $(CI),-Werror,)
 CFLAGS ?= -O2 -g
 CFLAGS += -std=gnu11 -Wall -Wextra -Wshadow -Wstrict-prototypes -Wno-unused-parameter $(WERROR) \
-          -fPIC -fvisibility=hidden -MMD -MP -DGPUPOOL_VERSION='"$(VERSION)"' \
+          -fPIC -fvisibility=hidden -MMD -MP -DGPUPOOL_VERSION='"$(VERSION)"' -DGP_SYSCONFDIR='"$(SYSCONFDIR)"' \
           -Iinclude -Icommon -Idaemon -Itests -I$(B)/proto
 LDFLAGS ?=
 ifneq ($(SANITIZER),)
@@ -87,7 +105,33 @@ BENCH_HOST := $(B)/bench/bench_host
 BENCH_FRAG := $(B)/bench/frag
 FAKECUDA   := $(B)/tests/libfakecuda.so
 
-all: $(DAEMON_BIN) $(CLI_BIN) $(LIB_SO) $(B)/libgpupool.so $(LIB_A)
+GENERATED := $(B)/systemd/gpupoold.service $(B)/gpupool.pc
+MAN_SRC   := $(wildcard docs/man/*.scd)
+MAN_PAGES := $(patsubst docs/man/%.scd,$(B)/man/%,$(MAN_SRC))
+
+all: $(DAEMON_BIN) $(CLI_BIN) $(LIB_SO) $(B)/libgpupool.so $(LIB_A) $(GENERATED) $(MAN_PAGES)
+
+# Files that hold install paths are remade when the paths change (a stamp rewritten only then).
+stamp = @mkdir -p $(B); echo '$(1)' | cmp -s - $@ || echo '$(1)' > $@
+$(B)/paths.stamp: FORCE
+	$(call stamp,$(PREFIX) $(SBINDIR) $(LIBDIR) $(INCLUDEDIR) $(VERSION))
+$(B)/sysconfdir.stamp: FORCE
+	$(call stamp,$(SYSCONFDIR))
+$(B)/obj/daemon/options.o: $(B)/sysconfdir.stamp
+
+$(B)/systemd/gpupoold.service: systemd/gpupoold.service.in $(B)/paths.stamp
+	@mkdir -p $(dir $@)
+	$(Q)sed -e 's|@SBINDIR@|$(SBINDIR)|g' $< > $@
+
+$(B)/gpupool.pc: client/gpupool.pc.in $(B)/paths.stamp
+	@mkdir -p $(dir $@)
+	$(Q)sed -e 's|@PREFIX@|$(PREFIX)|g; s|@LIBDIR@|$(LIBDIR)|g; s|@INCLUDEDIR@|$(INCLUDEDIR)|g; s|@VERSION@|$(VERSION)|g' $< > $@
+
+# Man pages: scdoc(5) sources in docs/man, e.g. gpupoold.8.scd -> gpupoold.8.
+$(B)/man/%: docs/man/%.scd
+	@mkdir -p $(dir $@)
+	@echo "  SCDOC   $<"
+	$(Q)scdoc < $< > $@
 
 $(PROTO_C) $(PROTO_H): proto/gpupool.proto
 	@mkdir -p $(B)/proto
@@ -154,7 +198,13 @@ $(B)/tests/cuda_abi.ok: tests/cuda_abi.c common/cudadrv.h
 	$(Q)$(CC) -std=gnu11 -fsyntax-only -Icommon -I$(CUDA_INCLUDE) $< && touch $@
 
 # The integration suites run the real daemon and CLI from $(B).
+# The units (systemd-analyze verify), install into a temporary DESTDIR (a program built against
+# it with pkg-config) and the man pages against the programs' options come first; the Check
+# suites last, so that their summary ends the output.
 test: all $(TEST_BIN) $(FAKECUDA) $(CUDA_ABI_OK)
+	$(Q)B=$(B) tests/check-units.sh
+	$(Q)B=$(B) MAKE="$(MAKE)" MAKEFLAGS= tests/check-install.sh "SANITIZER=$(SANITIZER)" "STATIC=$(STATIC)"
+	$(Q)B=$(B) tests/check-man.sh
 	$(Q)GPUPOOL_BUILD_DIR=$(B) $(TEST_BIN)
 
 # On a GPU machine: the cuda backend's tests on the real driver (skipped, saying why, without one).
@@ -269,7 +319,8 @@ VALGRIND := valgrind -q --error-exitcode=99 --leak-check=full --errors-for-leak-
 valgrind: all $(TEST_BIN) $(FAKECUDA)
 	$(Q)GPUPOOL_BUILD_DIR=$(B) GPUPOOL_DAEMON_WRAPPER="$(VALGRIND)" CK_DEFAULT_TIMEOUT=600 $(VALGRIND) $(TEST_BIN)
 
-DEBS := gcc make pkg-config libuv1-dev libprotobuf-c-dev protobuf-c-compiler check libsubunit-dev libjansson-dev libinih-dev
+DEBS := gcc make pkg-config libuv1-dev libprotobuf-c-dev protobuf-c-compiler check libsubunit-dev libjansson-dev libinih-dev \
+        scdoc systemd
 
 deps:
 	@missing=""; for p in $(DEBS); do \
@@ -295,10 +346,45 @@ run: deps
 	@echo "gpupoold: socket $(RUN_SOCKET)  (export GPUPOOL_SOCKET=$(RUN_SOCKET); Ctrl-C stops it)"
 	$(Q)$(B)/gpupoold --socket $(RUN_SOCKET) --backend auto
 
+INSTALL ?= install
+
+install: all
+	$(INSTALL) -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(SBINDIR) $(DESTDIR)$(LIBDIR) $(DESTDIR)$(INCLUDEDIR) \
+		$(DESTDIR)$(PKGCONFIGDIR) $(DESTDIR)$(SYSTEMDUNITDIR) $(DESTDIR)$(TMPFILESDIR) $(DESTDIR)$(SYSUSERSDIR) \
+		$(DESTDIR)$(SYSCONFDIR)/gpupool $(DESTDIR)$(MANDIR)/man1 $(DESTDIR)$(MANDIR)/man3 \
+		$(DESTDIR)$(MANDIR)/man5 $(DESTDIR)$(MANDIR)/man8
+	$(INSTALL) -m 0755 $(DAEMON_BIN) $(DESTDIR)$(SBINDIR)/gpupoold
+	$(INSTALL) -m 0755 $(CLI_BIN) $(DESTDIR)$(BINDIR)/gpupoolctl
+	$(INSTALL) -m 0755 $(LIB_SO) $(DESTDIR)$(LIBDIR)/libgpupool.so.$(VERSION)
+	ln -sf libgpupool.so.$(VERSION) $(DESTDIR)$(LIBDIR)/libgpupool.so.1
+	ln -sf libgpupool.so.1 $(DESTDIR)$(LIBDIR)/libgpupool.so
+	$(INSTALL) -m 0644 $(LIB_A) $(DESTDIR)$(LIBDIR)/libgpupool.a
+	$(INSTALL) -m 0644 include/gpupool.h $(DESTDIR)$(INCLUDEDIR)/gpupool.h
+	$(INSTALL) -m 0644 $(B)/gpupool.pc $(DESTDIR)$(PKGCONFIGDIR)/gpupool.pc
+	$(INSTALL) -m 0644 $(B)/systemd/gpupoold.service systemd/gpupoold.socket $(DESTDIR)$(SYSTEMDUNITDIR)/
+	$(INSTALL) -m 0644 systemd/gpupool.tmpfiles $(DESTDIR)$(TMPFILESDIR)/gpupool.conf
+	$(INSTALL) -m 0644 systemd/gpupool.sysusers $(DESTDIR)$(SYSUSERSDIR)/gpupool.conf
+	$(INSTALL) -m 0644 systemd/gpupoold.conf.example $(DESTDIR)$(SYSCONFDIR)/gpupool/gpupoold.conf.example
+	for m in $(MAN_PAGES); do \
+		$(INSTALL) -m 0644 $$m $(DESTDIR)$(MANDIR)/man$${m##*.}/ || exit 1; \
+	done
+
+uninstall:
+	rm -f $(DESTDIR)$(SBINDIR)/gpupoold $(DESTDIR)$(BINDIR)/gpupoolctl \
+		$(DESTDIR)$(LIBDIR)/libgpupool.so.$(VERSION) $(DESTDIR)$(LIBDIR)/libgpupool.so.1 \
+		$(DESTDIR)$(LIBDIR)/libgpupool.so $(DESTDIR)$(LIBDIR)/libgpupool.a $(DESTDIR)$(INCLUDEDIR)/gpupool.h \
+		$(DESTDIR)$(PKGCONFIGDIR)/gpupool.pc $(DESTDIR)$(SYSTEMDUNITDIR)/gpupoold.service \
+		$(DESTDIR)$(SYSTEMDUNITDIR)/gpupoold.socket $(DESTDIR)$(TMPFILESDIR)/gpupool.conf \
+		$(DESTDIR)$(SYSUSERSDIR)/gpupool.conf $(DESTDIR)$(SYSCONFDIR)/gpupool/gpupoold.conf.example
+	for m in $(MAN_PAGES); do p=$${m##*/}; rm -f $(DESTDIR)$(MANDIR)/man$${p##*.}/$$p; done
+	-rmdir $(DESTDIR)$(SYSCONFDIR)/gpupool 2>/dev/null
+
 clean:
 	rm -rf build
 
-.PHONY: all test check-gpu bench-gpu stress fuzz fuzz-seeds bench bench-frag bench-instructions valgrind deps deps-fuzz run clean
+FORCE:
+
+.PHONY: FORCE all install uninstall test check-gpu bench-gpu stress fuzz fuzz-seeds bench bench-frag bench-instructions valgrind deps deps-fuzz run clean
 
 .SECONDARY:
 

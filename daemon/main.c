@@ -11,6 +11,7 @@
 #include "backend.h"
 #include "config.h"
 #include "log.h"
+#include "notify.h"
 #include "options.h"
 #include "server.h"
 #include "size.h"
@@ -103,7 +104,11 @@ int main(int argc, char **argv) {
                 uv_loop_close(&loop);
                 return 1;
         }
-        log_info("gpupoold %s listening on %s", GPUPOOL_VERSION, server.options->socket_path);
+        log_info("gpupoold %s %s %s", GPUPOOL_VERSION, server.listen_inherited ? "serving systemd's socket" : "listening on",
+                 server.options->socket_path);
+        /* Every device's pool exists and the socket is live: ready, for Type=notify. */
+        (void) notify_send("READY=1");
+        server_notify_status(&server);
         uv_run(&loop, UV_RUN_DEFAULT);
         r = uv_loop_close(&loop);
         if (r < 0) {

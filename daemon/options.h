@@ -26,7 +26,10 @@ enum options_action {
         OPTIONS_CHECK_CONFIG,   /* load and check the config, then exit */
 };
 
-#define OPTIONS_DEFAULT_CONFIG "/etc/gpupool/gpupoold.conf"
+#ifndef GP_SYSCONFDIR
+#define GP_SYSCONFDIR "/etc"            /* make SYSCONFDIR=... */
+#endif
+#define OPTIONS_DEFAULT_CONFIG GP_SYSCONFDIR "/gpupool/gpupoold.conf"
 #define OPTIONS_DEFAULT_HOST_CAPACITY (1ULL << 30)
 #define OPTIONS_DEFAULT_HEADROOM (512ULL << 20)
 #define OPTIONS_DEFAULT_MAX_CLIENTS 1024

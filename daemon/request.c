@@ -132,6 +132,15 @@ static void handle_hello(struct session *s, const Gpupool__Envelope *req, struct
         request_pack(s, &env, -1, false, ret);
 }
 
+/* Refuses an allocation: the reason goes to the client and, at info, to the log. */
+static void refuse(struct session *s, uint64_t id, int err, unsigned device, uint64_t size, const char *why,
+                   struct reply *ret) {
+        log_info("client %llu ('%s', pid %d, tenant %s): %" PRIu64 " bytes on device %u refused: %s",
+                 (unsigned long long) s->id, s->name, (int) s->pid, s->tenant ? s->tenant->conf.name : "-", size, device,
+                 why);
+        request_error_reply(s, id, err, false, why, ret);
+}
+
 /* Says which limit refused an allocation, with the request and the use that it met. */
 static void quota_message(struct session *s, unsigned d, uint64_t size, uint64_t client_limit, enum policy_bound bound,
                           char *why, size_t why_size) {
@@ -205,7 +214,7 @@ static bool alloc_attempt(struct session *s, uint64_t id, uint32_t device, uint6
 
         r = policy_admit(&server->policy, owner, size, why, sizeof(why));
         if (r < 0) {
-                request_error_reply(s, id, r, false, why, ret);
+                refuse(s, id, r, device, size, why, ret);
                 return true;
         }
         pool_get_stats(server->pools[device], &st);
@@ -216,7 +225,7 @@ static bool alloc_attempt(struct session *s, uint64_t id, uint32_t device, uint6
         policy_account(&server->policy, s->tenant, device, before, owner->reserved_bytes);
         if (r == -EDQUOT) {
                 quota_message(s, device, size, client_limit, bound, why, sizeof(why));
-                request_error_reply(s, id, r, false, why, ret);
+                refuse(s, id, r, device, size, why, ret);
                 return true;
         }
         if (r == -ENOMEM && attempt == ATTEMPT_FIRST) {
@@ -254,7 +263,7 @@ static bool alloc_attempt(struct session *s, uint64_t id, uint32_t device, uint6
                          device, size, gp_size_format(st.reserved_bytes, b1, sizeof(b1)),
                          gp_size_format(st.total_bytes, b2, sizeof(b2)), gp_size_format(st.in_use_bytes, b3, sizeof(b3)),
                          tried);
-                request_error_reply(s, id, r, false, why, ret);
+                refuse(s, id, r, device, size, why, ret);
                 return true;
         }
         if (r < 0) {

@@ -11,9 +11,11 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "log.h"
+#include "notify.h"
 #include "request.h"
 #include "session.h"
 #include "size.h"
@@ -67,6 +69,7 @@ static void on_signal(uv_signal_t *handle, int signum) {
         struct server *server = handle->data;
 
         log_info("%s: shutting down", strsignal(signum));
+        (void) notify_send("STOPPING=1");
         server_stop(server);
 }
 
@@ -138,6 +141,32 @@ static void on_decay_timer(uv_timer_t *timer) {
 
 static void on_stuck_timer(uv_timer_t *timer) {
         session_expire_stuck(timer->data);
+        server_notify_status(timer->data);
+}
+
+static void on_watchdog_timer(uv_timer_t *timer) {
+        (void) timer;
+        (void) notify_send("WATCHDOG=1");
+}
+
+void server_notify_status(struct server *server) {
+        char line[sizeof(server->status)], state[sizeof(line) + 16], used[32], total[32];
+        uint64_t in_use = 0, capacity = 0;
+        struct pool_stats st;
+
+        for (unsigned d = 0; d < server->device_count; d++) {
+                pool_get_stats(server->pools[d], &st);
+                in_use += st.in_use_bytes;
+                capacity += st.total_bytes;
+        }
+        snprintf(line, sizeof(line), "%u client%s, %s of %s in use on %u device%s", server->connected,
+                 server->connected == 1 ? "" : "s", gp_size_format(in_use, used, sizeof(used)),
+                 gp_size_format(capacity, total, sizeof(total)), server->device_count, server->device_count == 1 ? "" : "s");
+        if (strcmp(line, server->status) == 0)
+                return;
+        snprintf(server->status, sizeof(server->status), "%s", line);
+        snprintf(state, sizeof(state), "STATUS=%s", line);
+        (void) notify_send(state);
 }
 
 static void on_reclaim_timer(uv_timer_t *timer) {
@@ -145,8 +174,20 @@ static void on_reclaim_timer(uv_timer_t *timer) {
 }
 
 static void on_sighup(uv_signal_t *handle, int signum) {
+        struct server *server = handle->data;
+        struct timespec now;
+        char state[96];
+
         (void) signum;
-        (void) server_reload(handle->data);
+        /* systemd's reload protocol: RELOADING=1 with the time, then READY=1 once done (or refused). */
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        snprintf(state, sizeof(state), "RELOADING=1\nMONOTONIC_USEC=%llu",
+                 (unsigned long long) now.tv_sec * 1000000ULL + (unsigned long long) now.tv_nsec / 1000);
+        (void) notify_send(state);
+        (void) server_reload(server);
+        server->status[0] = '\0';
+        (void) notify_send("READY=1");
+        server_notify_status(server);
 }
 
 int server_init(struct server *server, uv_loop_t *loop, const struct config *config, int argc, char **argv,
@@ -204,6 +245,8 @@ int server_init(struct server *server, uv_loop_t *loop, const struct config *con
 int server_start(struct server *server, uv_loop_t *loop, const struct config *config, int argc, char **argv,
                  struct backend *backend) {
         int r = server_init(server, loop, config, argc, argv, backend);
+        uint64_t watchdog_usec;
+        char why[256];
 
         if (r < 0)
                 return r;
@@ -222,10 +265,25 @@ int server_start(struct server *server, uv_loop_t *loop, const struct config *co
         /* A client that vanishes mid-send must not kill the daemon (sends also use MSG_NOSIGNAL). */
         signal(SIGPIPE, SIG_IGN);
 
-        r = listen_on(server->options->socket_path, &server->listen_fd);
+        r = notify_listen_fd(&server->listen_fd, why, sizeof(why));
+        if (r < 0) {
+                log_err("%s", why);
+                return r;
+        }
+        server->listen_inherited = r > 0;
+        if (!server->listen_inherited)
+                r = listen_on(server->options->socket_path, &server->listen_fd);
         if (r < 0) {
                 log_err("cannot listen on %s: %s", server->options->socket_path, strerror(-r));
                 return r;
+        }
+        watchdog_usec = notify_watchdog_usec();
+        if (watchdog_usec) {
+                /* Twice per interval, as sd_watchdog_enabled(3) advises; never what keeps the loop alive. */
+                uv_timer_init(loop, &server->watchdog_timer);
+                server->watchdog_timer_open = true;
+                uv_timer_start(&server->watchdog_timer, on_watchdog_timer, 0, watchdog_usec / 2000 ? watchdog_usec / 2000 : 1);
+                uv_unref((uv_handle_t *) &server->watchdog_timer);
         }
         uv_poll_init(loop, &server->listen_poll, server->listen_fd);
         server->listen_poll.data = server;
@@ -323,11 +381,16 @@ void server_stop(struct server *server) {
                 uv_close((uv_handle_t *) &server->stuck_timer, NULL);
                 server->stuck_timer_open = false;
         }
+        if (server->watchdog_timer_open) {
+                uv_close((uv_handle_t *) &server->watchdog_timer, NULL);
+                server->watchdog_timer_open = false;
+        }
         if (server->listen_fd >= 0) {
                 uv_close((uv_handle_t *) &server->listen_poll, NULL);
                 close(server->listen_fd);
                 server->listen_fd = -1;
-                unlink(server->options->socket_path);
+                if (!server->listen_inherited)
+                        unlink(server->options->socket_path);
         }
         while (server->sessions)
                 session_destroy(server->sessions);

@@ -36,7 +36,11 @@ struct server {
         bool stuck_timer_open;
         unsigned device_count;
         int listen_fd;
+        bool listen_inherited;          /* systemd's socket ($LISTEN_FDS): the path is its to remove */
         uv_poll_t listen_poll;
+        uv_timer_t watchdog_timer;      /* WATCHDOG=1 at half of $WATCHDOG_USEC */
+        bool watchdog_timer_open;
+        char status[256];               /* the latest STATUS= sent to systemd */
         uv_signal_t sigint, sigterm, sighup;
         bool signals_open;
         uv_timer_t decay_timer;         /* fires when the oldest cached segment has idled idle_release */
@@ -60,6 +64,9 @@ struct server {
  */
 int server_start(struct server *server, uv_loop_t *loop, const struct config *config, int argc, char **argv,
                  struct backend *backend);
+
+/* Tells systemd (if it listens) the daemon's state in one line: clients and bytes in use. Sent only when it changed. */
+void server_notify_status(struct server *server);
 
 /* server_start() without the socket and the signals: for the protocol fuzzer, which brings its own sessions. */
 int server_init(struct server *server, uv_loop_t *loop, const struct config *config, int argc, char **argv,

@@ -217,7 +217,11 @@ static void session_disconnect(struct session *s, const char *why) {
         uint64_t reserved, in_use, blocks;
 
         session_totals(s, &reserved, &in_use, &blocks);
-        log_debug("client %llu (%s, pid %d) disconnected: %s", (unsigned long long) s->id, s->name, (int) s->pid, why);
+        if (s->control_of)
+                log_debug("client %llu: control channel closed: %s", (unsigned long long) s->id, why);
+        else
+                log_info("client %llu ('%s', pid %d, uid %u, tenant %s) disconnected: %s", (unsigned long long) s->id, s->name,
+                         (int) s->pid, (unsigned) s->uid, s->tenant ? s->tenant->conf.name : "-", why);
         if (s->said_bye || reserved == 0 || s->pidfd < 0) {
                 if (!s->said_bye && reserved && s->pidfd < 0)
                         log_warn("client %llu (pid %d): no pidfd to wait on; releasing its memory at disconnect",

@@ -5,12 +5,16 @@
  */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <poll.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -241,6 +245,18 @@ START_TEST(test_client_limit) {
         ck_assert_int_le(json_integer_value(json_object_get(cl, "reserved_bytes")), 16 * MiB);
         json_decref(st);
         gpupool_disconnect(c);
+        /* The refusal and the disconnect each made one line, at info, with who and why. */
+        {
+                char log[8192] = "";
+                FILE *f = fopen(d.log, "r");
+                size_t n = f ? fread(log, 1, sizeof(log) - 1, f) : 0;
+
+                log[n] = '\0';
+                if (f)
+                        fclose(f);
+                ck_assert_msg(strstr(log, "('limited', pid ") && strstr(log, "6291456 bytes on device 0 refused: ") &&
+                              strstr(log, "tenant default) disconnected: "), "%s", log);
+        }
         ck_assert_int_eq(testd_stop(&d), 0);
 }
 END_TEST
@@ -581,6 +597,147 @@ START_TEST(test_daemon_command_line_errors) {
 }
 END_TEST
 
+/* A datagram socket standing in for systemd's $NOTIFY_SOCKET. */
+static int notify_listener(const char *path) {
+        struct sockaddr_un addr = { .sun_family = AF_UNIX };
+        int fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+
+        ck_assert_int_ge(fd, 0);
+        snprintf(addr.sun_path, sizeof(addr.sun_path), "%s", path);
+        ck_assert_int_eq(bind(fd, (struct sockaddr *) &addr, sizeof(addr)), 0);
+        return fd;
+}
+
+/* Waits up to timeout_s for a notification containing want; everything else read is dropped. */
+static bool notified(int fd, const char *want, double timeout_s) {
+        double end = now_s() + timeout_s;
+        char buf[512];
+
+        while (now_s() < end) {
+                struct pollfd p = { .fd = fd, .events = POLLIN };
+                ssize_t n;
+
+                if (poll(&p, 1, 50) <= 0)
+                        continue;
+                n = recv(fd, buf, sizeof(buf) - 1, 0);
+                if (n <= 0)
+                        continue;
+                buf[n] = '\0';
+                if (strstr(buf, want))
+                        return true;
+        }
+        return false;
+}
+
+START_TEST(test_systemd_notify) {
+        char path[100];
+        struct testd d;
+        int fd;
+
+        snprintf(path, sizeof(path), "/tmp/gpupool-notify-%d", (int) getpid());
+        unlink(path);
+        fd = notify_listener(path);
+        setenv("NOTIFY_SOCKET", path, 1);
+        setenv("WATCHDOG_USEC", "200000", 1);
+        testd_start(&d, NULL);
+        unsetenv("NOTIFY_SOCKET");
+        unsetenv("WATCHDOG_USEC");
+        /* READY=1 once the pools exist and the socket listens; then a status line. */
+        ck_assert(notified(fd, "READY=1", 5));
+        ck_assert(notified(fd, "STATUS=0 clients", 5));
+        /* The watchdog at half the interval: several within a second. */
+        for (int i = 0; i < 3; i++)
+                ck_assert(notified(fd, "WATCHDOG=1", 1));
+        /* A reload: RELOADING=1 with the time, then READY=1 again. */
+        kill(d.pid, SIGHUP);
+        ck_assert(notified(fd, "RELOADING=1\nMONOTONIC_USEC=", 5));
+        ck_assert(notified(fd, "READY=1", 5));
+        ck_assert(testd_alive(&d));
+        kill(d.pid, SIGTERM);
+        ck_assert(notified(fd, "STOPPING=1", 5));
+        ck_assert_int_eq(testd_stop(&d), 0);
+        close(fd);
+        unlink(path);
+}
+END_TEST
+
+/* Starts gpupoold as systemd would with one passed socket (fd 3, $LISTEN_FDS, $LISTEN_PID). */
+static pid_t start_activated(int listen_fd, const char *sock, const char *log, const char *fds) {
+        pid_t pid = fork();
+        char exe[256], me[32];
+
+        ck_assert_int_ge(pid, 0);
+        if (pid == 0) {
+                int err = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+
+                dup2(err, 2);
+                dup2(listen_fd, 3);
+                snprintf(me, sizeof(me), "%d", (int) getpid());
+                setenv("LISTEN_PID", me, 1);
+                setenv("LISTEN_FDS", fds, 1);
+                snprintf(exe, sizeof(exe), "%s/gpupoold", build_dir());
+                execl(exe, exe, "--socket", sock, "--backend", "host", "--host-capacity", "64M", (char *) NULL);
+                _exit(127);
+        }
+        return pid;
+}
+
+START_TEST(test_socket_activation) {
+        struct sockaddr_un addr = { .sun_family = AF_UNIX };
+        char dir[] = "/tmp/gpupool-act-XXXXXX", sock[100], log[128], out[4096];
+        gpupool_client *c;
+        int lfd, status;
+        pid_t pid;
+        void *p;
+        FILE *f;
+        size_t n;
+
+        ck_assert_ptr_nonnull(mkdtemp(dir));
+        snprintf(sock, sizeof(sock), "%s/gpupool.sock", dir);
+        snprintf(log, sizeof(log), "%s/gpupoold.log", dir);
+        /* The socket as systemd makes it from ListenSequentialPacket=. */
+        lfd = socket(AF_UNIX, SOCK_SEQPACKET, 0);
+        snprintf(addr.sun_path, sizeof(addr.sun_path), "%s", sock);
+        ck_assert_int_eq(bind(lfd, (struct sockaddr *) &addr, sizeof(addr)), 0);
+        ck_assert_int_eq(listen(lfd, 16), 0);
+        pid = start_activated(lfd, sock, log, "1");
+        /* Clients reach it through the socket systemd holds; no bind of its own. */
+        ck_assert_int_eq(gpupool_connect(sock, "activated", &c), 0);
+        ck_assert_int_eq(gpupool_alloc(c, 0, 4096, &p), 0);
+        ck_assert_int_eq(gpupool_free(c, p), 0);
+        gpupool_disconnect(c);
+        kill(pid, SIGTERM);
+        ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+        ck_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+        /* The socket file is systemd's: it stays, and still accepts (queued for the next start). */
+        ck_assert_int_eq(access(sock, F_OK), 0);
+        f = fopen(log, "r");
+        n = fread(out, 1, sizeof(out) - 1, f);
+        out[n] = '\0';
+        fclose(f);
+        ck_assert_msg(strstr(out, "serving systemd's socket"), "%s", out);
+
+        /* Two sockets, or one that is not a listening SEQPACKET socket: a clear error, exit 1. */
+        pid = start_activated(lfd, sock, log, "2");
+        ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+        ck_assert(WIFEXITED(status) && WEXITSTATUS(status) == 1);
+        close(lfd);
+        lfd = socket(AF_UNIX, SOCK_DGRAM, 0);
+        pid = start_activated(lfd, sock, log, "1");
+        ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+        ck_assert(WIFEXITED(status) && WEXITSTATUS(status) == 1);
+        f = fopen(log, "r");
+        n = fread(out, 1, sizeof(out) - 1, f);
+        out[n] = '\0';
+        fclose(f);
+        ck_assert_msg(strstr(out, "not a listening AF_UNIX SOCK_SEQPACKET socket"), "%s", out);
+        close(lfd);
+        unlink(sock);
+        unlink(log);
+        rmdir(dir);
+}
+END_TEST
+
 Suite *suite_daemon(void) {
         Suite *s = suite_create("daemon");
         TCase *tc = tcase_create("host");
@@ -591,6 +748,8 @@ Suite *suite_daemon(void) {
         tcase_add_test(tc, test_client_limit);
         tcase_add_test(tc, test_flush_and_bye);
         tcase_add_test(tc, test_bad_frees);
+        tcase_add_test(tc, test_systemd_notify);
+        tcase_add_test(tc, test_socket_activation);
         tcase_add_test(tc, test_refusals);
         tcase_add_test(tc, test_threads_share_a_handle);
         tcase_add_test(tc, test_daemon_gone);
