@@ -278,8 +278,7 @@ GPUPOOL_EXPORT int gpupool_connect(const char *socket_path, const char *client_n
         }
         c->serial = __atomic_add_fetch(&serials, 1, __ATOMIC_RELAXED);
         c->epoch = 1;
-        client_cache_init(c, cache_bytes, idle_ms);
-        c->thread_cache = cache_bytes && !(per_thread && strcmp(per_thread, "0") == 0);
+        client_cache_init(c, cache_bytes, idle_ms, !(per_thread && strcmp(per_thread, "0") == 0));
         c->conn.report_cached = &c->cached_total;
         r = session_open(c);
         if (r < 0) {
@@ -517,12 +516,14 @@ static int alloc_on(gpupool_client *c, int device, size_t size, void *stream, bo
         const Gpupool__AllocReply *a;
         struct block *b = NULL;
         struct mapping *m;
+        /* The size as the daemon rounds it, which is what the cache is indexed by (0: too large to round). */
+        uint64_t rsize = size <= UINT64_MAX - 511 ? (size + 511) & ~(uint64_t) 511 : 0;
         int r, fd = -1, d;
         bool is_new;
 
         if (!c || !ret_ptr || device < 0 || size == 0)
                 return -EINVAL;
-        if (size <= UINT64_MAX - 511 && client_magazine_alloc(c, device, (size + 511) & ~(uint64_t) 511, ret_ptr))
+        if (rsize && client_magazine_alloc(c, device, rsize, ret_ptr))
                 return 0;
         pthread_mutex_lock(&c->lock);
         if (c->cuda)
@@ -538,7 +539,7 @@ static int alloc_on(gpupool_client *c, int device, size_t size, void *stream, bo
                 goto out;
         }
         if (c->cache.count) {
-                struct block *hit = client_cache_find(c, (unsigned) d, (size + 511) & ~(uint64_t) 511, stream, on_stream);
+                struct block *hit = client_cache_find(c, (unsigned) d, rsize, stream, on_stream);
 
                 if (hit) {
                         c->cache_uses++;
@@ -652,18 +653,19 @@ GPUPOOL_EXPORT int gpupool_free_async(gpupool_client *c, void *ptr, void *stream
         b = client_live_take(c, ptr);
         if (!b) {
                 r = not_a_block(c, ptr);
-        } else if (!b->mapping->ipc) {
+        } else if (!b->mapping->ipc && !stream) {
                 /* Host memory: no device queues work on it, so there is nothing to wait for. */
-                if (stream) {
-                        (void) client_live_insert(c, b);
+                r = client_free_unlinked(c, b);
+        } else {
+                if (!b->mapping->ipc) {
                         client_set_error(c, "a stream was given for a block of host memory");
                         r = -EINVAL;
                 } else {
-                        r = client_free_unlinked(c, b);
+                        client_cuda_reap(c, false);
+                        r = client_cuda_defer_free(c, b, stream);
                 }
-        } else {
-                client_cuda_reap(c, false);
-                r = client_cuda_defer_free(c, b, stream);
+                if (r < 0)
+                        (void) client_live_insert(c, b);        /* not freed: still the application's */
         }
         pthread_mutex_unlock(&c->lock);
         return r;

@@ -119,9 +119,7 @@ struct gpupool_client {
         uint64_t cache_bytes;           /* in the shared part */
         uint64_t cached_total;          /* atomic: the shared part and every magazine; at most cache_limit but briefly */
         uint64_t cache_limit;
-        /* Per-thread magazines ($GPUPOOL_THREAD_CACHE), for blocks up to magazine_max bytes. */
-        bool thread_cache;
-        uint64_t magazine_max;
+        uint64_t magazine_max;          /* per-thread magazines take blocks up to this; 0: none ($GPUPOOL_THREAD_CACHE=0) */
         struct magazine *magazines;
         uint64_t cache_idle_ms;         /* give the cache back after this long unused ($GPUPOOL_CLIENT_CACHE_IDLE) */
         uint64_t cache_uses;            /* blocks the shared cache served or took: counted, not timed, on the hot path */
@@ -164,7 +162,10 @@ int client_block_release(gpupool_client *c, struct block *b);
 
 /* client_cache.c, all called locked but init. */
 
-void client_cache_init(gpupool_client *c, uint64_t limit_bytes, uint64_t idle_ms);
+void client_cache_init(gpupool_client *c, uint64_t limit_bytes, uint64_t idle_ms, bool magazines);
+
+/* Whether the cache takes b: it fits in the cache at all, and there is a daemon to give it back to. Unlocked too. */
+bool client_cache_accepts(gpupool_client *c, const struct block *b);
 
 /* Frees a block the application gave up (the device is done with it): into the cache, or to the daemon. */
 int client_free_block(gpupool_client *c, struct block *b);
@@ -232,8 +233,8 @@ void client_cuda_close(gpupool_client *c, struct mapping *m);
 
 /*
  * Records an event on stream after the work queued so far and queues b's free behind it. b is
- * out of the live table; it goes back there (marked freeing, or live on error) unless the
- * cache takes it at once.
+ * out of the live table; it goes back there marked freeing unless the cache takes it at once.
+ * On error b is untouched (the caller puts it back).
  */
 int client_cuda_defer_free(gpupool_client *c, struct block *b, void *stream);
 

@@ -27,11 +27,11 @@ static int cmp_cached(const struct gp_rb_node *x, const struct gp_rb_node *y) {
         return CMP((uintptr_t) a->ptr, (uintptr_t) b->ptr);
 }
 
-void client_cache_init(gpupool_client *c, uint64_t limit_bytes, uint64_t idle_ms) {
+void client_cache_init(gpupool_client *c, uint64_t limit_bytes, uint64_t idle_ms, bool magazines) {
         gp_rb_init(&c->cache, cmp_cached);
         c->cache_limit = limit_bytes;
         /* A thread keeps blocks up to an eighth of the bound for itself; bigger ones are rare enough to share. */
-        c->magazine_max = limit_bytes / 8;
+        c->magazine_max = magazines ? limit_bytes / 8 : 0;
         c->cache_idle_ms = idle_ms;
 }
 
@@ -117,8 +117,7 @@ void client_cache_adopt(gpupool_client *c, struct block *b) {
         lru_append(c, b);
 }
 
-/* Whether the cache takes b: it fits in the cache at all, and there is a daemon to give it back to. */
-static bool cache_accepts(gpupool_client *c, const struct block *b) {
+bool client_cache_accepts(gpupool_client *c, const struct block *b) {
         return b->size <= c->cache_limit && !__atomic_load_n(&c->conn.broken, __ATOMIC_RELAXED);
 }
 
@@ -133,7 +132,7 @@ int client_free_unlinked(gpupool_client *c, struct block *b) {
                 free(b);
                 return 0;
         }
-        if (!cache_accepts(c, b))
+        if (!client_cache_accepts(c, b))
                 return client_block_release(c, b);
         /* Kept for this process's next allocation of the size: no round trip now or then. */
         c->cache_uses++;
@@ -142,7 +141,7 @@ int client_free_unlinked(gpupool_client *c, struct block *b) {
 }
 
 bool client_cache_pending(gpupool_client *c, struct block *b, void *stream, struct deferred *q) {
-        if (!cache_accepts(c, b))
+        if (!client_cache_accepts(c, b))
                 return false;
         b->stream = stream;
         b->pending = q;
@@ -189,12 +188,7 @@ GPUPOOL_EXPORT int gpupool_trim(gpupool_client *c) {
 }
 
 GPUPOOL_EXPORT size_t gpupool_cached_bytes(gpupool_client *c) {
-        size_t n;
-
-        if (!c)
-                return 0;
-        n = cached_total(c);
-        return n;
+        return c ? cached_total(c) : 0;
 }
 
 /* Drops the cache's records without telling the daemon (it is leaving, or gone). Locked. */

@@ -164,13 +164,10 @@ int client_cuda_defer_free(gpupool_client *c, struct block *b, void *stream) {
         gp_cu_result r;
         int err;
 
-        if (!q) {
-                (void) client_live_insert(c, b);
+        if (!q)
                 return -ENOMEM;
-        }
         err = push(c, d);
         if (err < 0) {
-                (void) client_live_insert(c, b);
                 free(q);
                 return err;
         }
@@ -187,7 +184,6 @@ int client_cuda_defer_free(gpupool_client *c, struct block *b, void *stream) {
         }
         pop(c);
         if (r != GP_CUDA_SUCCESS) {
-                (void) client_live_insert(c, b);
                 free(q);
                 /* Typically a stream of another context than the GPU's primary one. */
                 client_set_error(c, "cannot record an event on the stream: %s (the block stays allocated)",

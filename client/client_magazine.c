@@ -113,7 +113,7 @@ bool client_magazine_alloc(gpupool_client *c, int device, uint64_t rsize, void *
         struct block *b = NULL;
         void *ptr;
 
-        if (!c->thread_cache || __atomic_load_n(&c->scope_depth, __ATOMIC_RELAXED))
+        if (!c->magazine_max || __atomic_load_n(&c->scope_depth, __ATOMIC_RELAXED))
                 return false;   /* inside a scope the block must carry the scope: the locked path */
         m = find(c);
         if (!m)
@@ -147,7 +147,7 @@ bool client_magazine_free(gpupool_client *c, struct block *b) {
         struct magazine *m;
         bool ok;
 
-        if (!c->thread_cache || b->size > c->magazine_max || __atomic_load_n(&c->conn.broken, __ATOMIC_RELAXED))
+        if (b->size > c->magazine_max || !client_cache_accepts(c, b))
                 return false;
         m = magazine_of(c);
         if (!m)

@@ -82,7 +82,6 @@ int notify_listen_fd(int *ret_fd, char *err, size_t err_size) {
                 snprintf(err, err_size, "systemd passed %ld sockets; gpupoold takes one (ListenSequentialPacket= once)", n);
                 return -EINVAL;
         }
-        len = sizeof(int);
         if (getsockopt(LISTEN_FDS_START, SOL_SOCKET, SO_DOMAIN, &domain, &len) < 0 ||
             getsockopt(LISTEN_FDS_START, SOL_SOCKET, SO_TYPE, &type, &len) < 0 ||
             getsockopt(LISTEN_FDS_START, SOL_SOCKET, SO_ACCEPTCONN, &listening, &len) < 0) {

@@ -185,7 +185,6 @@ static void on_sighup(uv_signal_t *handle, int signum) {
                  (unsigned long long) now.tv_sec * 1000000ULL + (unsigned long long) now.tv_nsec / 1000);
         (void) notify_send(state);
         (void) server_reload(server);
-        server->status[0] = '\0';
         (void) notify_send("READY=1");
         server_notify_status(server);
 }

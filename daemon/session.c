@@ -20,13 +20,6 @@
 #define SO_PEERPIDFD 77
 #endif
 
-/*
- * Requests read in one wake-up before other clients get their turn. Clients wait for each
- * reply, so a wake-up finds one request: reading on until EAGAIN would cost a system call per
- * request for nothing. A client that sends several at once is served one per turn of the loop.
- */
-#define SESSION_BATCH 1
-
 static void on_readable(uv_poll_t *handle, int status, int events);
 static void on_process_exit(uv_poll_t *handle, int status, int events);
 
@@ -359,6 +352,9 @@ static void flush_pending(struct session *s) {
 static void on_readable(uv_poll_t *handle, int status, int events) {
         struct session *s = handle->data;
         struct server *server = s->server;
+        Gpupool__Envelope *req = NULL;
+        struct reply rep = { .fd = -1 };
+        int n, r;
 
         if (status < 0) {
                 session_disconnect(s, uv_strerror(status));
@@ -369,53 +365,52 @@ static void on_readable(uv_poll_t *handle, int status, int events) {
                         flush_pending(s);
                 return;
         }
-        for (int i = 0; i < SESSION_BATCH && !s->pending && !s->parked; i++) {
-                Gpupool__Envelope *req = NULL;
-                struct reply rep = { .fd = -1 };
-                bool alive;
-                int n, r;
-
-                n = gp_wire_recv_packet(s->fd, server->recv_buf, sizeof(server->recv_buf), NULL);
-                if (n == -EAGAIN)
-                        return;
-                if (n == 0) {
-                        session_disconnect(s, "closed its socket");
-                        return;
-                }
-                if (n < 0) {
-                        log_warn("client %llu (pid %d): %s; disconnecting it", (unsigned long long) s->id, (int) s->pid,
-                                 n == -EMSGSIZE ? "packet over the request size limit" :
-                                 n == -EBADMSG ? "malformed packet (empty, or carrying descriptors)" : strerror(-n));
-                        session_disconnect(s, "bad packet");
-                        return;
-                }
-                server->arena.used = 0;
-                r = gp_wire_unpack_with(server->recv_buf, (size_t) n, &server->arena.allocator, &req);
-                if (r == -EPROTONOSUPPORT) {
-                        request_error_reply(s, 0, r, true, "this daemon speaks protocol version 1 only", &rep);
-                        session_send(s, &rep);
-                        return;
-                }
-                if (r < 0) {
-                        log_warn("client %llu (pid %d): message does not parse; disconnecting it",
-                                 (unsigned long long) s->id, (int) s->pid);
-                        session_disconnect(s, "unparsable message");
-                        return;
-                }
-                request_handle(s, req, &rep);
-                gp_wire_arena_release(&server->arena, req);
-                if (rep.parked) {
-                        session_park(s);
-                        server_after_change(server);
-                        return;
-                }
-                /*
-                 * Send before anything else runs: the reply is in the server's one send buffer,
-                 * which answering a parked allocation (server_after_change) reuses.
-                 */
-                alive = session_send(s, &rep);
-                server_after_change(server);
-                if (!alive)
-                        return;
+        /* A parked allocation is this client's one request in flight: nothing to read until it is answered. */
+        if (s->parked)
+                return;
+        /*
+         * One request per wake-up. Clients wait for each reply, so a wake-up finds one: reading
+         * on until EAGAIN would cost a system call per request for nothing. A client that sends
+         * several at once is served one per turn of the loop (the poll is level-triggered).
+         */
+        n = gp_wire_recv_packet(s->fd, server->recv_buf, sizeof(server->recv_buf), NULL);
+        if (n == -EAGAIN)
+                return;
+        if (n == 0) {
+                session_disconnect(s, "closed its socket");
+                return;
         }
+        if (n < 0) {
+                log_warn("client %llu (pid %d): %s; disconnecting it", (unsigned long long) s->id, (int) s->pid,
+                         n == -EMSGSIZE ? "packet over the request size limit" :
+                         n == -EBADMSG ? "malformed packet (empty, or carrying descriptors)" : strerror(-n));
+                session_disconnect(s, "bad packet");
+                return;
+        }
+        server->arena.used = 0;
+        r = gp_wire_unpack_with(server->recv_buf, (size_t) n, &server->arena.allocator, &req);
+        if (r == -EPROTONOSUPPORT) {
+                request_error_reply(s, 0, r, true, "this daemon speaks protocol version 1 only", &rep);
+                session_send(s, &rep);
+                return;
+        }
+        if (r < 0) {
+                log_warn("client %llu (pid %d): message does not parse; disconnecting it",
+                         (unsigned long long) s->id, (int) s->pid);
+                session_disconnect(s, "unparsable message");
+                return;
+        }
+        request_handle(s, req, &rep);
+        gp_wire_arena_release(&server->arena, req);
+        if (rep.parked) {
+                session_park(s);
+                server_after_change(server);
+                return;
+        }
+        /*
+         * Send before anything else runs: the reply is in the server's one send buffer,
+         * which answering a parked allocation (server_after_change) reuses.
+         */
+        (void) session_send(s, &rep);  /* which may end the session */
+        server_after_change(server);
 }

@@ -46,6 +46,16 @@ static void nap_ms(long ms) {
         nanosleep(&ts, NULL);
 }
 
+const char *read_text(const char *path, char *buf, size_t size) {
+        FILE *f = fopen(path, "r");
+        size_t n = f ? fread(buf, 1, size - 1, f) : 0;
+
+        buf[n] = '\0';
+        if (f)
+                fclose(f);
+        return buf;
+}
+
 static void dump_log(const struct testd *d) {
         char line[512];
         FILE *f = fopen(d->log, "r");

@@ -30,6 +30,9 @@ double now_s(void);
 /* Runs a shell command, puts its stdout (NUL-terminated, truncated to size) in out, returns its exit status. */
 int run_capture(const char *cmd, char *out, size_t size);
 
+/* Reads a text file into buf (NUL-terminated, truncated to size); "" if it cannot be read. Returns buf. */
+const char *read_text(const char *path, char *buf, size_t size);
+
 /* Starts gpupoold (host backend, --check-invariants) with extra arguments (NULL-ended). */
 void testd_start(struct testd *d, ...);
 

@@ -222,6 +222,7 @@ START_TEST(test_memory_held_until_process_exits) {
 END_TEST
 
 START_TEST(test_client_limit) {
+        static char log[8192];
         gpupool_client *c;
         void *p[3];
         char msg[512];
@@ -246,17 +247,9 @@ START_TEST(test_client_limit) {
         json_decref(st);
         gpupool_disconnect(c);
         /* The refusal and the disconnect each made one line, at info, with who and why. */
-        {
-                char log[8192] = "";
-                FILE *f = fopen(d.log, "r");
-                size_t n = f ? fread(log, 1, sizeof(log) - 1, f) : 0;
-
-                log[n] = '\0';
-                if (f)
-                        fclose(f);
-                ck_assert_msg(strstr(log, "('limited', pid ") && strstr(log, "6291456 bytes on device 0 refused: ") &&
-                              strstr(log, "tenant default) disconnected: "), "%s", log);
-        }
+        read_text(d.log, log, sizeof(log));
+        ck_assert_msg(strstr(log, "('limited', pid ") && strstr(log, "6291456 bytes on device 0 refused: ") &&
+                      strstr(log, "tenant default) disconnected: "), "%s", log);
         ck_assert_int_eq(testd_stop(&d), 0);
 }
 END_TEST
@@ -689,8 +682,6 @@ START_TEST(test_socket_activation) {
         int lfd, status;
         pid_t pid;
         void *p;
-        FILE *f;
-        size_t n;
 
         ck_assert_ptr_nonnull(mkdtemp(dir));
         snprintf(sock, sizeof(sock), "%s/gpupool.sock", dir);
@@ -711,10 +702,7 @@ START_TEST(test_socket_activation) {
         ck_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0);
         /* The socket file is systemd's: it stays, and still accepts (queued for the next start). */
         ck_assert_int_eq(access(sock, F_OK), 0);
-        f = fopen(log, "r");
-        n = fread(out, 1, sizeof(out) - 1, f);
-        out[n] = '\0';
-        fclose(f);
+        read_text(log, out, sizeof(out));
         ck_assert_msg(strstr(out, "serving systemd's socket"), "%s", out);
 
         /* Two sockets, or one that is not a listening SEQPACKET socket: a clear error, exit 1. */
@@ -726,10 +714,7 @@ START_TEST(test_socket_activation) {
         pid = start_activated(lfd, sock, log, "1");
         ck_assert_int_eq(waitpid(pid, &status, 0), pid);
         ck_assert(WIFEXITED(status) && WEXITSTATUS(status) == 1);
-        f = fopen(log, "r");
-        n = fread(out, 1, sizeof(out) - 1, f);
-        out[n] = '\0';
-        fclose(f);
+        read_text(log, out, sizeof(out));
         ck_assert_msg(strstr(out, "not a listening AF_UNIX SOCK_SEQPACKET socket"), "%s", out);
         close(lfd);
         unlink(sock);

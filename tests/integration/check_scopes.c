@@ -294,7 +294,6 @@ struct racer_shared {
         gpupool_client *c;
         pthread_mutex_t lock;
         void *handoff[16];              /* blocks one thread allocated for another to free */
-        size_t handoff_size[16];
         uint64_t limit;
         bool stop;
         int failures;
@@ -354,18 +353,14 @@ static void *racer_main(void *arg) {
                         /* Hand a block over: another thread frees it, into its own magazine. */
                         unsigned h = (unsigned) rand_r(&seed) % 16;
                         void *theirs;
-                        size_t their_size;
 
                         pthread_mutex_lock(&sh->lock);
                         theirs = sh->handoff[h];
-                        their_size = sh->handoff_size[h];
                         sh->handoff[h] = live[k];
-                        sh->handoff_size[h] = size;
                         pthread_mutex_unlock(&sh->lock);
                         live[k] = NULL;
                         if (theirs && gpupool_free(sh->c, theirs) < 0)
                                 racer_failed(sh);
-                        (void) their_size;
                 }
         }
         for (unsigned k = 0; k < 8; k++)
