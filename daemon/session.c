@@ -210,11 +210,12 @@ static void session_disconnect(struct session *s, const char *why) {
         uint64_t reserved, in_use, blocks;
 
         session_totals(s, &reserved, &in_use, &blocks);
-        if (s->control_of)
-                log_debug("client %llu: control channel closed: %s", (unsigned long long) s->id, why);
+        /* At info only for a client whose hello was logged at info: the pair of lines. */
+        if (s->control_of || !s->tenant)
+                log_debug("client %llu (pid %d) closed: %s", (unsigned long long) s->id, (int) s->pid, why);
         else
                 log_info("client %llu ('%s', pid %d, uid %u, tenant %s) disconnected: %s", (unsigned long long) s->id, s->name,
-                         (int) s->pid, (unsigned) s->uid, s->tenant ? s->tenant->conf.name : "-", why);
+                         (int) s->pid, (unsigned) s->uid, s->tenant->conf.name, why);
         if (s->said_bye || reserved == 0 || s->pidfd < 0) {
                 if (!s->said_bye && reserved && s->pidfd < 0)
                         log_warn("client %llu (pid %d): no pidfd to wait on; releasing its memory at disconnect",
