@@ -30,6 +30,7 @@ extern const struct cli_command cli_cmd_set_limit;
 extern const struct cli_command cli_cmd_flush;
 extern const struct cli_command cli_cmd_trim;
 extern const struct cli_command cli_cmd_check;
+extern const struct cli_command cli_cmd_metrics;
 
 /*
  * Sends a request (its body set by the caller) and waits for the reply carrying body want;

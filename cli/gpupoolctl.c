@@ -19,6 +19,7 @@ static const struct cli_command *const commands[] = {
         &cli_cmd_flush,
         &cli_cmd_trim,
         &cli_cmd_check,
+        &cli_cmd_metrics,
 };
 
 static void usage(FILE *f) {

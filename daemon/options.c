@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <uv.h>
 
 #include "size.h"
 #include "wire.h"
@@ -40,6 +41,8 @@ const char options_usage[] =
         "                         (default 10s)\n"
         "  --max-blocks N         most live blocks one client may hold (default 1048576)\n"
         "  --log-level LEVEL      err, warn, info or debug (default info)\n"
+        "  --metrics-listen ADDR  serve Prometheus metrics at http://ADDR/metrics: IP:PORT,\n"
+        "                         [IPV6]:PORT or PORT alone for 127.0.0.1 (default: off)\n"
         "  --check-invariants     check the pools after every request (slow; for tests)\n"
         "  --help                 show this text\n"
         "  --version              show the version\n"
@@ -60,6 +63,7 @@ enum kind {
         K_COUNT,
         K_LEVEL,
         K_BOOL,
+        K_LISTEN,
 };
 
 /* One setting: its option, its config key, and where its value goes. */
@@ -80,6 +84,7 @@ static const struct setting settings[] = {
         { "max-clients", "daemon", "max_clients", K_CLIENTS, AT(max_clients) },
         { "send-timeout", "daemon", "send_timeout", K_DURATION, AT(send_timeout_ms) },
         { "check-invariants", "daemon", "check_invariants", K_BOOL, AT(check_invariants) },
+        { "metrics-listen", "daemon", "metrics_listen", K_LISTEN, AT(metrics_addr) },
         { "headroom", "pool", "headroom", K_SIZE, AT(headroom_bytes) },
         { "idle-release", "pool", "idle_release", K_DURATION, AT(idle_release_ms) },
         { "max-cached", "pool", "max_cached", K_SIZE_OR_PERCENT, AT(max_cached_bytes) },
@@ -225,8 +230,52 @@ static int set(struct options *o, const struct setting *s, const char *v, char *
                         return -EINVAL;
                 }
                 return 0;
+        case K_LISTEN:
+                if (options_parse_listen(v, field) < 0) {
+                        snprintf(err, err_size, "'%s' is not an address to listen on (127.0.0.1:9464, [::1]:9464, 9464 or off)", v);
+                        return -EINVAL;
+                }
+                return 0;
         }
         return -EINVAL;
+}
+
+int options_parse_listen(const char *text, struct sockaddr_storage *ret) {
+        struct sockaddr_storage addr = { .ss_family = AF_UNSPEC };
+        char host[INET6_ADDRSTRLEN + 2];
+        const char *port_text = text, *colon;
+        unsigned port;
+
+        if (!*text || strcmp(text, "off") == 0) {
+                *ret = addr;
+                return 0;
+        }
+        colon = strrchr(text, ':');
+        if (colon) {
+                if ((size_t) (colon - text) >= sizeof(host))
+                        return -EINVAL;
+                snprintf(host, sizeof(host), "%.*s", (int) (colon - text), text);
+                port_text = colon + 1;
+        } else {
+                snprintf(host, sizeof(host), "127.0.0.1");      /* a port alone: loopback */
+        }
+        if (parse_count(port_text, 0, 65535, &port) < 0)
+                return -EINVAL;
+        if (strcmp(host, "localhost") == 0)
+                snprintf(host, sizeof(host), "127.0.0.1");
+        if (host[0] == '[') {
+                size_t len = strlen(host);
+
+                if (len < 3 || host[len - 1] != ']')
+                        return -EINVAL;
+                host[len - 1] = '\0';
+                if (uv_ip6_addr(host + 1, (int) port, (struct sockaddr_in6 *) &addr) < 0)
+                        return -EINVAL;
+        } else if (uv_ip4_addr(host, (int) port, (struct sockaddr_in *) &addr) < 0 || strchr(host, ':')) {
+                return -EINVAL;
+        }
+        *ret = addr;
+        return 0;
 }
 
 int options_set_key(struct options *o, const char *section, const char *key, const char *value, char *err,

@@ -10,6 +10,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/socket.h>
 
 #include "log.h"
 
@@ -58,6 +59,7 @@ struct options {
         unsigned max_clients;
         unsigned max_blocks;            /* live blocks per client */
         bool check_invariants;          /* run pool_check() after every request */
+        struct sockaddr_storage metrics_addr;   /* GET /metrics here; ss_family AF_UNSPEC: not served */
 };
 
 /* The defaults. */
@@ -79,6 +81,13 @@ int options_parse_over(int argc, char **argv, const struct options *base, struct
  */
 int options_set_key(struct options *o, const char *section, const char *key, const char *value, char *err,
                     size_t err_size);
+
+/*
+ * Parses a metrics_listen address: "IPV4:PORT", "[IPV6]:PORT", "localhost:PORT", or "PORT"
+ * alone for 127.0.0.1 (loopback unless an address says otherwise); "" or "off" for none
+ * (ss_family AF_UNSPEC). Port 0 takes any free port (the log says which). Returns 0 or -EINVAL.
+ */
+int options_parse_listen(const char *text, struct sockaddr_storage *ret);
 
 /* The --help text. */
 extern const char options_usage[];

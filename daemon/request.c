@@ -133,8 +133,9 @@ static void handle_hello(struct session *s, const Gpupool__Envelope *req, struct
 }
 
 /* Refuses an allocation: the reason goes to the client and, at info, to the log. */
-static void refuse(struct session *s, uint64_t id, int err, unsigned device, uint64_t size, const char *why,
-                   struct reply *ret) {
+static void refuse(struct session *s, uint64_t id, int err, enum metrics_refusal reason, unsigned device, uint64_t size,
+                   const char *why, struct reply *ret) {
+        s->server->refusals_total[reason]++;
         log_info("client %llu ('%s', pid %d, tenant %s): %" PRIu64 " bytes on device %u refused: %s",
                  (unsigned long long) s->id, s->name, (int) s->pid, s->tenant ? s->tenant->conf.name : "-", size, device,
                  why);
@@ -214,7 +215,7 @@ static bool alloc_attempt(struct session *s, uint64_t id, uint32_t device, uint6
 
         r = policy_admit(&server->policy, owner, size, why, sizeof(why));
         if (r < 0) {
-                refuse(s, id, r, device, size, why, ret);
+                refuse(s, id, r, METRICS_REFUSED_MAX_BLOCKS, device, size, why, ret);
                 return true;
         }
         pool_get_stats(server->pools[device], &st);
@@ -225,7 +226,9 @@ static bool alloc_attempt(struct session *s, uint64_t id, uint32_t device, uint6
         policy_account(&server->policy, s->tenant, device, before, owner->reserved_bytes);
         if (r == -EDQUOT) {
                 quota_message(s, device, size, client_limit, bound, why, sizeof(why));
-                refuse(s, id, r, device, size, why, ret);
+                refuse(s, id, r, bound == POLICY_TENANT ? METRICS_REFUSED_TENANT_LIMIT :
+                                 bound == POLICY_GUARANTEES ? METRICS_REFUSED_GUARANTEES : METRICS_REFUSED_CLIENT_LIMIT,
+                       device, size, why, ret);
                 return true;
         }
         if (r == -ENOMEM && attempt == ATTEMPT_FIRST) {
@@ -263,15 +266,17 @@ static bool alloc_attempt(struct session *s, uint64_t id, uint32_t device, uint6
                          device, size, gp_size_format(st.reserved_bytes, b1, sizeof(b1)),
                          gp_size_format(st.total_bytes, b2, sizeof(b2)), gp_size_format(st.in_use_bytes, b3, sizeof(b3)),
                          tried);
-                refuse(s, id, r, device, size, why, ret);
+                refuse(s, id, r, METRICS_REFUSED_DEVICE_FULL, device, size, why, ret);
                 return true;
         }
         if (r < 0) {
                 snprintf(why, sizeof(why), "the %s backend failed: %s", server->backend->name, strerror(-r));
                 log_err("client %llu: allocating %" PRIu64 " bytes: %s", (unsigned long long) s->id, size, why);
+                server->refusals_total[METRICS_REFUSED_BACKEND_ERROR]++;
                 request_error_reply(s, id, -EIO, false, why, ret);
                 return true;
         }
+        server->allocations_total[device]++;
         ar.segment_id = lease.segment_id;
         ar.segment_size = lease.segment_size;
         ar.offset = lease.offset;
@@ -524,6 +529,9 @@ void request_handle(struct session *s, const Gpupool__Envelope *req, struct repl
                 return;
         case GPUPOOL__ENVELOPE__BODY_FREE_BATCH:
                 handle_free_batch(s, req, ret);
+                return;
+        case GPUPOOL__ENVELOPE__BODY_METRICS:
+                request_metrics(s, req, ret);
                 return;
         case GPUPOOL__ENVELOPE__BODY__NOT_SET:
                 request_error_reply(s, req->id, -EPROTO, true, "the request has no body", ret);

@@ -1,6 +1,6 @@
 /*
  * request_admin.c: the requests of operators and their tools rather than of allocating
- * clients: status, flush, set-limit, trim and check. Those that reach other clients' memory or
+ * clients: status, metrics, flush, set-limit, trim and check. Those that reach other clients' memory or
  * the daemon's insides are for root and the daemon's own user only.
  */
 #include "request.h"
@@ -356,3 +356,20 @@ void request_check(struct session *s, const Gpupool__Envelope *req, struct reply
         request_pack(s, &env, -1, false, ret);
 }
 
+
+void request_metrics(struct session *s, const Gpupool__Envelope *req, struct reply *ret) {
+        static char text[METRICS_TEXT_MAX];     /* one request at a time on the loop */
+        Gpupool__MetricsReply mr = GPUPOOL__METRICS_REPLY__INIT;
+        Gpupool__Envelope env;
+
+        if (metrics_format(s->server, s, text, sizeof(text)) < 0) {
+                log_err("metrics: the text does not fit %d bytes", METRICS_TEXT_MAX);
+                request_error_reply(s, req->id, -EIO, false, "the metrics do not fit the daemon's buffer", ret);
+                return;
+        }
+        mr.text = text;
+        request_ok(&env, req->id);
+        env.body_case = GPUPOOL__ENVELOPE__BODY_METRICS_REPLY;
+        env.metrics_reply = &mr;
+        request_pack(s, &env, -1, false, ret);
+}

@@ -264,6 +264,13 @@ int server_start(struct server *server, uv_loop_t *loop, const struct config *co
         /* A client that vanishes mid-send must not kill the daemon (sends also use MSG_NOSIGNAL). */
         signal(SIGPIPE, SIG_IGN);
 
+        /* Before the socket: once clients can connect, a scrape can too, and the log says where. */
+        if (server->options->metrics_addr.ss_family != AF_UNSPEC) {
+                r = metrics_http_start(server, loop, (const struct sockaddr *) &server->options->metrics_addr,
+                                       &server->metrics_http);
+                if (r < 0)
+                        return r;
+        }
         r = notify_listen_fd(&server->listen_fd, why, sizeof(why));
         if (r < 0) {
                 log_err("%s", why);
@@ -293,13 +300,15 @@ int server_start(struct server *server, uv_loop_t *loop, const struct config *co
 /* Settings a reload cannot change in a running daemon: it says so and keeps the old. */
 static void keep_fixed(const struct options *old, struct options *o) {
         if (strcmp(old->socket_path, o->socket_path) || old->backend != o->backend ||
-            old->host_capacity_bytes != o->host_capacity_bytes || old->headroom_bytes != o->headroom_bytes)
-                log_warn("reload: socket, backend, host_capacity and headroom take effect at the next start");
+            old->host_capacity_bytes != o->host_capacity_bytes || old->headroom_bytes != o->headroom_bytes ||
+            memcmp(&old->metrics_addr, &o->metrics_addr, sizeof(o->metrics_addr)))
+                log_warn("reload: socket, backend, host_capacity, headroom and metrics_listen take effect at the next start");
         snprintf(o->socket_path, sizeof(o->socket_path), "%s", old->socket_path);
         o->backend = old->backend;
         o->host_capacity_bytes = old->host_capacity_bytes;
         o->headroom_bytes = old->headroom_bytes;
         o->check_invariants = old->check_invariants;
+        o->metrics_addr = old->metrics_addr;
 }
 
 int server_reload(struct server *server) {
@@ -384,6 +393,8 @@ void server_stop(struct server *server) {
                 uv_close((uv_handle_t *) &server->watchdog_timer, NULL);
                 server->watchdog_timer_open = false;
         }
+        metrics_http_stop(server->metrics_http);
+        server->metrics_http = NULL;
         if (server->listen_fd >= 0) {
                 uv_close((uv_handle_t *) &server->listen_poll, NULL);
                 close(server->listen_fd);

@@ -11,6 +11,7 @@
 
 #include "backend.h"
 #include "config.h"
+#include "metrics.h"
 #include "options.h"
 #include "policy.h"
 #include "pool.h"
@@ -28,8 +29,10 @@ struct server {
         struct backend *backend;
         struct pool *pools[BACKEND_MAX_DEVICES];
         struct backend_device_info devices[BACKEND_MAX_DEVICES];   /* as the backend described them */
-        uint64_t reclaims_total[BACKEND_MAX_DEVICES];
-        uint64_t checks_total;          /* server_check() runs */   /* segments clients gave back when asked */
+        uint64_t reclaims_total[BACKEND_MAX_DEVICES];   /* segments clients gave back when asked */
+        uint64_t allocations_total[BACKEND_MAX_DEVICES];        /* allocations served */
+        uint64_t refusals_total[METRICS_REFUSAL_COUNT];         /* allocations refused, by reason */
+        uint64_t checks_total;          /* server_check() runs */
         uv_timer_t reclaim_timer;       /* the earliest parked allocation's deadline */
         bool reclaim_timer_open;
         uv_timer_t stuck_timer;         /* every second: clients that do not read their replies */
@@ -41,6 +44,7 @@ struct server {
         uv_timer_t watchdog_timer;      /* WATCHDOG=1 at half of $WATCHDOG_USEC */
         bool watchdog_timer_open;
         char status[256];               /* the latest STATUS= sent to systemd */
+        struct metrics_http *metrics_http;      /* GET /metrics (metrics_listen), or NULL */
         uv_signal_t sigint, sigterm, sighup;
         bool signals_open;
         uv_timer_t decay_timer;         /* fires when the oldest cached segment has idled idle_release */

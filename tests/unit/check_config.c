@@ -48,7 +48,7 @@ START_TEST(test_every_key) {
 
         write_file(path, "# every key\n"
                          "[daemon]\nsocket = /tmp/x.sock\nbackend = host\nhost_capacity = 2G\nlog_level = debug\n"
-                         "max_clients = 7\ncheck_invariants = yes\n"
+                         "max_clients = 7\ncheck_invariants = yes\nmetrics_listen = 127.0.0.1:9464\n"
                          "[pool]\nheadroom = 1G\nidle_release = 30s\nmax_cached = 10%\nreclaim_timeout = 250ms\n"
                          "[limits]\nclient_max = 8G ; inline comment\nmax_blocks = 99\n"
                          "[tenant:training]\nmatch_uid = 1000\nmatch_gid = 0\nmatch_name = train-*\nmax = 40G\n"
@@ -61,6 +61,7 @@ START_TEST(test_every_key) {
         ck_assert_int_eq(conf.options.log_level, LOG_LEVEL_DEBUG);
         ck_assert_uint_eq(conf.options.max_clients, 7);
         ck_assert(conf.options.check_invariants);
+        ck_assert_int_eq(conf.options.metrics_addr.ss_family, AF_INET);
         ck_assert_uint_eq(conf.options.headroom_bytes, 1 * GiB);
         ck_assert_uint_eq(conf.options.idle_release_ms, 30000);
         ck_assert_uint_eq(conf.options.max_cached_percent, 10);
@@ -136,6 +137,7 @@ START_TEST(test_refusals_name_file_and_line) {
                 { "[daemon]\nbackend = opencl\n", ":2: backend: unknown backend 'opencl'" },
                 { "[daemon]\ncheck_invariants = maybe\n", ":2: check_invariants: 'maybe' is not yes or no" },
                 { "[daemon]\nmax_clients = 0\n", ":2: max_clients: '0' is not a number from 1 to 1024" },
+                { "[daemon]\nmetrics_listen = 0.0.0.0\n", ":2: metrics_listen: '0.0.0.0' is not an address to listen on" },
                 { "socket = /s\n", ":1: 'socket' is outside any section" },
                 { "[pool]\nidle_release = 5min\n  max_cached = 25%\n", ":3: an indented line continues the previous value" },
                 { "[pool\n", ":1: not a [section] or a key = value line" },

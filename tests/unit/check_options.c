@@ -1,5 +1,7 @@
 /* check_options.c: gpupoold's command line: defaults, every option, every refusal. */
+#include <arpa/inet.h>
 #include <errno.h>
+#include <netinet/in.h>
 #include <stdarg.h>
 #include <string.h>
 
@@ -85,6 +87,8 @@ START_TEST(test_refusals) {
                 { { "-x" }, "-x" },
                 { { "stray" }, "stray" },
                 { { "--socket" }, "--socket" },
+                { { "--metrics-listen", "127.0.0.1" }, "--metrics-listen: '127.0.0.1' is not an address" },
+                { { "--metrics-listen", "example.org:80" }, "--metrics-listen" },
         };
         struct options o = { .max_clients = 5 };
         char err[256];
@@ -98,6 +102,49 @@ START_TEST(test_refusals) {
 }
 END_TEST
 
+/* metrics_listen: loopback for a port alone, literal addresses only, and a clear no to anything else. */
+START_TEST(test_metrics_listen) {
+        static const char *const bad[] = {
+                "127.0.0.1", "127.0.0.1:", ":9464", "127.0.0.1:65536", "127.0.0.1:-1", "127.0.0.1:94x", "example.org:80",
+                "[::1]", "::1:9464", "[::1:9464", "[]:9464", "256.0.0.1:9464", "9464 ", " 9464", "on",
+        };
+        struct sockaddr_storage a = { .ss_family = AF_INET6 };
+        const struct sockaddr_in *in = (const struct sockaddr_in *) &a;
+        const struct sockaddr_in6 *in6 = (const struct sockaddr_in6 *) &a;
+        struct options o;
+        char err[256];
+
+        ck_assert_int_eq(parse(&o, err, NULL), 0);
+        ck_assert_int_eq(o.metrics_addr.ss_family, AF_UNSPEC);         /* off unless asked */
+        ck_assert_int_eq(options_parse_listen("127.0.0.1:9464", &a), 0);
+        ck_assert_int_eq(a.ss_family, AF_INET);
+        ck_assert_uint_eq(ntohs(in->sin_port), 9464);
+        ck_assert_uint_eq(ntohl(in->sin_addr.s_addr), INADDR_LOOPBACK);
+        ck_assert_int_eq(options_parse_listen("9100", &a), 0);          /* a port alone: loopback */
+        ck_assert_uint_eq(ntohl(in->sin_addr.s_addr), INADDR_LOOPBACK);
+        ck_assert_uint_eq(ntohs(in->sin_port), 9100);
+        ck_assert_int_eq(options_parse_listen("localhost:0", &a), 0);
+        ck_assert_uint_eq(ntohl(in->sin_addr.s_addr), INADDR_LOOPBACK);
+        ck_assert_int_eq(options_parse_listen("0.0.0.0:9464", &a), 0);  /* any address, when said so */
+        ck_assert_uint_eq(in->sin_addr.s_addr, 0);
+        ck_assert_int_eq(options_parse_listen("[::1]:9464", &a), 0);
+        ck_assert_int_eq(a.ss_family, AF_INET6);
+        ck_assert_uint_eq(ntohs(in6->sin6_port), 9464);
+        ck_assert(IN6_IS_ADDR_LOOPBACK(&in6->sin6_addr));
+        ck_assert_int_eq(options_parse_listen("off", &a), 0);
+        ck_assert_int_eq(a.ss_family, AF_UNSPEC);
+        ck_assert_int_eq(options_parse_listen("", &a), 0);
+        ck_assert_int_eq(a.ss_family, AF_UNSPEC);
+        for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+                a.ss_family = AF_INET6;
+                ck_assert_msg(options_parse_listen(bad[i], &a) == -EINVAL, "'%s' accepted", bad[i]);
+                ck_assert_int_eq(a.ss_family, AF_INET6);                /* untouched */
+        }
+        ck_assert_int_eq(parse(&o, err, "--metrics-listen", "[::1]:1", NULL), 0);
+        ck_assert_int_eq(o.metrics_addr.ss_family, AF_INET6);
+}
+END_TEST
+
 Suite *suite_options(void) {
         Suite *s = suite_create("options");
         TCase *tc = tcase_create("core");
@@ -105,6 +152,7 @@ Suite *suite_options(void) {
         tcase_add_test(tc, test_defaults);
         tcase_add_test(tc, test_all_options);
         tcase_add_test(tc, test_refusals);
+        tcase_add_test(tc, test_metrics_listen);
         suite_add_tcase(s, tc);
         return s;
 }

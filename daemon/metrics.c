@@ -1,0 +1,204 @@
+/*
+ * metrics.c: the daemon's state in the Prometheus text format. Names follow the Prometheus
+ * conventions: a gpupool_ prefix, base units (bytes), counters ending in _total; devices are
+ * labelled by index and UUID, tenants by name, and nothing by pid, so that the number of
+ * series stays bounded whatever the clients do.
+ */
+#include "metrics.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "server.h"
+#include "session.h"
+
+/* Every family prints at most this many series, each line at most METRICS_LINE_MAX bytes. */
+#define METRICS_LINE_MAX 128
+#define METRICS_DEVICE_FAMILIES 10
+#define METRICS_TENANT_FAMILIES 3
+#define METRICS_FAMILIES 20
+#define METRICS_HEADER_MAX 320          /* a family's HELP and TYPE lines */
+_Static_assert((METRICS_DEVICE_FAMILIES * BACKEND_MAX_DEVICES + METRICS_TENANT_FAMILIES * CONFIG_MAX_TENANTS +
+                METRICS_REFUSAL_COUNT + 3) * METRICS_LINE_MAX + METRICS_FAMILIES * METRICS_HEADER_MAX <=
+                       METRICS_TEXT_MAX,
+               "the metrics of every device and tenant fit METRICS_TEXT_MAX");
+_Static_assert(METRICS_TEXT_MAX + 1024 <= GP_MAX_REPLY_BYTES, "a MetricsReply holds METRICS_TEXT_MAX");
+
+static const char *const refusal_reasons[METRICS_REFUSAL_COUNT] = {
+        [METRICS_REFUSED_MAX_BLOCKS] = "max_blocks",
+        [METRICS_REFUSED_CLIENT_LIMIT] = "client_limit",
+        [METRICS_REFUSED_TENANT_LIMIT] = "tenant_limit",
+        [METRICS_REFUSED_GUARANTEES] = "guarantees",
+        [METRICS_REFUSED_DEVICE_FULL] = "device_full",
+        [METRICS_REFUSED_BACKEND_ERROR] = "backend_error",
+};
+
+struct writer {
+        char *buf;
+        size_t size, len;
+        bool full;
+};
+
+static void emit(struct writer *w, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void emit(struct writer *w, const char *fmt, ...) {
+        va_list ap;
+        int n;
+
+        if (w->full)
+                return;
+        va_start(ap, fmt);
+        n = vsnprintf(w->buf + w->len, w->size - w->len, fmt, ap);
+        va_end(ap);
+        if (n < 0 || (size_t) n >= w->size - w->len) {
+                w->full = true;
+                return;
+        }
+        w->len += (size_t) n;
+}
+
+static void family(struct writer *w, const char *name, const char *type, const char *help) {
+        emit(w, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+}
+
+/* A device's labels: its index and, where the backend has one, its UUID as nvidia-smi writes it. */
+static void device_labels(const struct server *server, unsigned d, char *buf, size_t size) {
+        const struct backend_device_info *info = &server->devices[d];
+        const uint8_t *u = info->uuid;
+
+        if (!info->has_uuid) {
+                snprintf(buf, size, "device=\"%u\",uuid=\"\"", d);
+                return;
+        }
+        snprintf(buf, size,
+                 "device=\"%u\",uuid=\"GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x\"", d, u[0],
+                 u[1], u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13], u[14], u[15]);
+}
+
+/* One family with a series per device; field picks the value from the pool's stats or the server. */
+enum device_field {
+        F_TOTAL,
+        F_RESERVED,
+        F_IN_USE,
+        F_CACHED,
+        F_MAX_CACHED,
+        F_ALLOCATIONS,
+        F_EVICTIONS,
+        F_RECLAIMS,
+        F_IDLE_RELEASES,
+        F_WATERMARK_RELEASES,
+};
+
+static const struct {
+        const char *name, *type, *help;
+} device_families[METRICS_DEVICE_FAMILIES] = {
+        [F_TOTAL] = { "gpupool_device_total_bytes", "gauge", "Bytes of the device the pool may hand out." },
+        [F_RESERVED] = { "gpupool_device_reserved_bytes", "gauge", "Bytes the pool holds from the device." },
+        [F_IN_USE] = { "gpupool_device_in_use_bytes", "gauge", "Bytes in blocks clients hold." },
+        [F_CACHED] = { "gpupool_device_cached_bytes", "gauge", "Bytes in free segments the node-wide cache keeps." },
+        [F_MAX_CACHED] = { "gpupool_device_max_cached_bytes", "gauge", "The cache's watermark (max_cached)." },
+        [F_ALLOCATIONS] = { "gpupool_allocations_total", "counter",
+                            "Allocations the daemon served (not hits of a client's own cache)." },
+        [F_EVICTIONS] = { "gpupool_evictions_total", "counter", "Cached segments released to make room for an allocation." },
+        [F_RECLAIMS] = { "gpupool_reclaims_total", "counter", "Segments clients gave back when the daemon asked." },
+        [F_IDLE_RELEASES] = { "gpupool_idle_releases_total", "counter", "Cached segments released after idle_release." },
+        [F_WATERMARK_RELEASES] = { "gpupool_watermark_releases_total", "counter",
+                                   "Cached segments released to stay under max_cached." },
+};
+
+static uint64_t device_value(const struct server *server, unsigned d, const struct pool_stats *st, enum device_field f) {
+        switch (f) {
+        case F_TOTAL:
+                return st->total_bytes;
+        case F_RESERVED:
+                return st->reserved_bytes;
+        case F_IN_USE:
+                return st->in_use_bytes;
+        case F_CACHED:
+                return st->cached_bytes;
+        case F_MAX_CACHED:
+                return server_max_cached(server, d);
+        case F_ALLOCATIONS:
+                return server->allocations_total[d];
+        case F_EVICTIONS:
+                return st->evictions_total;
+        case F_RECLAIMS:
+                return server->reclaims_total[d];
+        case F_IDLE_RELEASES:
+                return st->decay_releases_total;
+        case F_WATERMARK_RELEASES:
+                return st->watermark_releases_total;
+        }
+        return 0;
+}
+
+static void devices(struct writer *w, const struct server *server) {
+        static struct pool_stats stats[BACKEND_MAX_DEVICES];
+        static char labels[BACKEND_MAX_DEVICES][96];
+
+        for (unsigned d = 0; d < server->device_count; d++) {
+                pool_get_stats(server->pools[d], &stats[d]);
+                device_labels(server, d, labels[d], sizeof(labels[d]));
+        }
+        for (unsigned f = 0; f < METRICS_DEVICE_FAMILIES; f++) {
+                family(w, device_families[f].name, device_families[f].type, device_families[f].help);
+                for (unsigned d = 0; d < server->device_count; d++)
+                        emit(w, "%s{%s} %" PRIu64 "\n", device_families[f].name, labels[d],
+                             device_value(server, d, &stats[d], (enum device_field) f));
+        }
+}
+
+static void tenants(struct writer *w, const struct server *server, const struct session *asking) {
+        const struct policy *p = &server->policy;
+        uint64_t reserved, in_use;
+
+        family(w, "gpupool_tenant_clients", "gauge", "Clients of the tenant, connected or exiting.");
+        for (unsigned i = 0; i < p->tenant_count; i++)
+                emit(w, "gpupool_tenant_clients{tenant=\"%s\"} %u\n", p->tenants[i].conf.name,
+                     p->tenants[i].clients - (asking && asking->tenant == &p->tenants[i]));
+        family(w, "gpupool_tenant_reserved_bytes", "gauge", "Bytes the tenant's clients hold, on all devices.");
+        for (unsigned i = 0; i < p->tenant_count; i++) {
+                reserved = 0;
+                for (unsigned d = 0; d < server->device_count; d++)
+                        reserved += p->tenants[i].reserved_bytes[d];
+                emit(w, "gpupool_tenant_reserved_bytes{tenant=\"%s\"} %" PRIu64 "\n", p->tenants[i].conf.name, reserved);
+        }
+        family(w, "gpupool_tenant_in_use_bytes", "gauge", "Bytes in blocks the tenant's clients hold, on all devices.");
+        for (unsigned i = 0; i < p->tenant_count; i++) {
+                in_use = 0;
+                for (const struct session *c = server->sessions; c; c = c->next)
+                        if (c->tenant == &p->tenants[i])
+                                for (unsigned d = 0; d < server->device_count; d++)
+                                        in_use += c->owners[d].in_use_bytes;
+                emit(w, "gpupool_tenant_in_use_bytes{tenant=\"%s\"} %" PRIu64 "\n", p->tenants[i].conf.name, in_use);
+        }
+}
+
+int metrics_format(const struct server *server, const struct session *asking, char *buf, size_t size) {
+        struct writer w = { .buf = buf, .size = size };
+        unsigned connected = 0, exiting = 0;
+
+        if (!size)
+                return -ENOBUFS;
+        buf[0] = '\0';
+        /* Clients as status counts them: not control channels, and not the one asking. */
+        for (const struct session *c = server->sessions; c; c = c->next) {
+                if (c == asking || c->control_of || c->state == SESSION_NEW || c->state == SESSION_CLOSED)
+                        continue;
+                connected += c->state == SESSION_READY;
+                exiting += c->state == SESSION_EXITING;
+        }
+        family(&w, "gpupool_build_info", "gauge", "The daemon's version and backend; always 1.");
+        emit(&w, "gpupool_build_info{version=\"%s\",backend=\"%s\"} 1\n", GPUPOOL_VERSION, server->backend->name);
+        family(&w, "gpupool_clients", "gauge",
+               "Clients connected, and clients gone whose process still runs (their memory is held until it exits).");
+        emit(&w, "gpupool_clients{state=\"connected\"} %u\ngpupool_clients{state=\"exiting\"} %u\n", connected, exiting);
+        devices(&w, server);
+        family(&w, "gpupool_refusals_total", "counter", "Allocations refused, by reason.");
+        for (unsigned r = 0; r < METRICS_REFUSAL_COUNT; r++)
+                emit(&w, "gpupool_refusals_total{reason=\"%s\"} %" PRIu64 "\n", refusal_reasons[r], server->refusals_total[r]);
+        tenants(&w, server, asking);
+        return w.full ? -ENOBUFS : (int) w.len;
+}

@@ -1,0 +1,57 @@
+/*
+ * metrics.h: the daemon's state as Prometheus metrics (text exposition format 0.0.4), and the
+ * small HTTP endpoint that serves them (metrics_listen). "gpupoolctl metrics" asks for the same
+ * text over the daemon's socket.
+ */
+#ifndef GP_METRICS_H
+#define GP_METRICS_H
+
+#include <stddef.h>
+#include <uv.h>
+
+struct server;
+struct session;
+
+/* Why an allocation was refused: the label values of gpupool_refusals_total. */
+enum metrics_refusal {
+        METRICS_REFUSED_MAX_BLOCKS,     /* "max_blocks": the client holds max_blocks live blocks */
+        METRICS_REFUSED_CLIENT_LIMIT,   /* "client_limit": over the client's limit */
+        METRICS_REFUSED_TENANT_LIMIT,   /* "tenant_limit": over its tenant's max */
+        METRICS_REFUSED_GUARANTEES,     /* "guarantees": held back for other tenants' guarantees */
+        METRICS_REFUSED_DEVICE_FULL,    /* "device_full": no memory left after the eviction ladder */
+        METRICS_REFUSED_BACKEND_ERROR,  /* "backend_error": the backend failed */
+        METRICS_REFUSAL_COUNT,
+};
+
+/*
+ * The most bytes the metrics text takes: every device, tenant and reason at the longest
+ * label and value. A protocol reply holds it (checked at build time in metrics.c).
+ */
+#define METRICS_TEXT_MAX (128 * 1024)
+
+/*
+ * Writes the metrics of server into buf, NUL-terminated. asking is the session that asked
+ * (not counted as a client), or NULL. Returns the length, or -ENOBUFS when size is too small.
+ */
+int metrics_format(const struct server *server, const struct session *asking, char *buf, size_t size);
+
+/* Most HTTP connections open at once; more are closed as they come. */
+#define METRICS_HTTP_MAX_CONNECTIONS 8
+/* Most bytes of an HTTP request (its line and headers); a longer one gets 431. */
+#define METRICS_HTTP_MAX_REQUEST 4096
+
+struct metrics_http;
+
+/*
+ * Serves GET /metrics on addr (options' metrics_listen) from loop: one request per
+ * connection, which is closed after the answer or after send_timeout_ms without progress.
+ * Every other path is 404, every other method 405. Returns 0 and *ret, or a negative errno
+ * (logged).
+ */
+int metrics_http_start(struct server *server, uv_loop_t *loop, const struct sockaddr *addr,
+                       struct metrics_http **ret);
+
+/* Closes the listener and every connection; the memory goes when their handles have closed. NULL is fine. */
+void metrics_http_stop(struct metrics_http *http);
+
+#endif
