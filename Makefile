@@ -82,7 +82,8 @@ PROTO_C   := $(B)/proto/gpupool.pb-c.c
 PROTO_H   := $(B)/proto/gpupool.pb-c.h
 COMMON    := common/conn.c common/cudadrv.c common/rbtree.c common/size.c common/wire.c
 DAEMON    := $(filter-out daemon/main.c,$(wildcard daemon/*.c))
-CLIENT    := client/client.c client/client_cache.c client/client_cuda.c client/client_magazine.c client/client_scope.c
+CLIENT    := client/client.c client/client_cache.c client/client_cuda.c client/client_hooks.c client/client_magazine.c \
+             client/client_scope.c
 CLI       := $(wildcard cli/*.c)
 TESTS     := $(wildcard tests/unit/*.c tests/integration/*.c) tests/check_main.c tests/testlib.c
 
@@ -143,6 +144,9 @@ $(B)/obj/proto/gpupool.pb-c.o: $(PROTO_C)
 	@echo "  CC      $<"
 	$(Q)$(CC) $(CFLAGS) -c -o $@ $<
 
+# The framework hooks may throw a C++ exception through their own frames (gpupool_torch_set_throw).
+$(B)/obj/client/client_hooks.o: CFLAGS += -fexceptions
+
 # Every object may include the generated header.
 $(B)/obj/%.o: %.c $(PROTO_H)
 	@mkdir -p $(dir $@)
@@ -197,11 +201,20 @@ $(B)/tests/cuda_abi.ok: tests/cuda_abi.c common/cudadrv.h
 	@echo "  CHECK   $< against $(CUDA_INCLUDE)/cuda.h"
 	$(Q)$(CC) -std=gnu11 -fsyntax-only -Icommon -I$(CUDA_INCLUDE) $< && touch $@
 
+# A C++ caller of the PyTorch hook, as PyTorch is (check_hooks.c runs it).
+HOOKS_THROW := $(B)/tests/hooks_throw
+CXX ?= c++
+$(HOOKS_THROW): tests/hooks_throw.cc include/gpupool.h $(LIB_SO)
+	@mkdir -p $(dir $@)
+	@echo "  CXX     $@"
+	$(Q)$(CXX) -std=c++17 -O1 -g -Wall -Wextra $(WERROR) $(if $(SANITIZER),-fsanitize=$(SANITIZER)) -Iinclude \
+		-o $@ $< $(LDFLAGS) -L$(B) -l:libgpupool.so.1 -Wl,-rpath,$(abspath $(B))
+
 # The integration suites run the real daemon and CLI from $(B).
 # The units (systemd-analyze verify), install into a temporary DESTDIR (a program built against
 # it with pkg-config) and the man pages against the programs' options come first; the Check
 # suites last, so that their summary ends the output.
-test: all $(TEST_BIN) $(FAKECUDA) $(CUDA_ABI_OK)
+test: all $(TEST_BIN) $(FAKECUDA) $(HOOKS_THROW) $(CUDA_ABI_OK)
 	$(Q)B=$(B) tests/check-units.sh
 	$(Q)B=$(B) MAKE="$(MAKE)" MAKEFLAGS= tests/check-install.sh "SANITIZER=$(SANITIZER)" "STATIC=$(STATIC)"
 	$(Q)B=$(B) tests/check-man.sh
@@ -319,7 +332,7 @@ VALGRIND := valgrind -q --error-exitcode=99 --leak-check=full --errors-for-leak-
 valgrind: all $(TEST_BIN) $(FAKECUDA)
 	$(Q)GPUPOOL_BUILD_DIR=$(B) GPUPOOL_DAEMON_WRAPPER="$(VALGRIND)" CK_DEFAULT_TIMEOUT=600 $(VALGRIND) $(TEST_BIN)
 
-DEBS := gcc make pkg-config libuv1-dev libprotobuf-c-dev protobuf-c-compiler check libsubunit-dev libjansson-dev libinih-dev \
+DEBS := gcc g++ make pkg-config libuv1-dev libprotobuf-c-dev protobuf-c-compiler check libsubunit-dev libjansson-dev libinih-dev \
         scdoc systemd
 
 deps:

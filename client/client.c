@@ -671,6 +671,31 @@ GPUPOOL_EXPORT int gpupool_free_async(gpupool_client *c, void *ptr, void *stream
         return r;
 }
 
+GPUPOOL_EXPORT int gpupool_stats(gpupool_client *c, struct gpupool_stats *ret) {
+        struct gpupool_stats st = { 0 };
+
+        if (!c || !ret)
+                return -EINVAL;
+        /* Counted now rather than on every allocation: the fast path stays without shared counters. */
+        pthread_mutex_lock(&c->lock);
+        for (struct gp_rb_node *n = gp_rb_first(&c->by_id); n; n = gp_rb_next(n)) {
+                st.mapped_segments++;
+                st.mapped_bytes += gp_rb_entry(n, struct mapping, by_id)->size;
+        }
+        for (unsigned i = 0; i < CLIENT_SHARDS; i++) {
+                pthread_mutex_lock(&c->live[i].lock);
+                for (struct gp_rb_node *n = gp_rb_first(&c->live[i].blocks); n; n = gp_rb_next(n)) {
+                        st.live_blocks++;
+                        st.live_bytes += gp_rb_entry(n, struct block, node)->size;
+                }
+                pthread_mutex_unlock(&c->live[i].lock);
+        }
+        pthread_mutex_unlock(&c->lock);
+        st.cached_bytes = __atomic_load_n(&c->cached_total, __ATOMIC_RELAXED);
+        *ret = st;
+        return 0;
+}
+
 GPUPOOL_EXPORT size_t gpupool_last_error(gpupool_client *c, char *buf, size_t size) {
         size_t len;
 

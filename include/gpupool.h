@@ -27,12 +27,14 @@
  * With $GPUPOOL_KEEP_FREE set to a size at connect, the handle keeps up to that much of
  * segments whose blocks it has all freed mapped, for its next allocations, and a thread of its
  * own gives them back at once when the daemon asks (a full device, or gpupoolctl trim). Handles are thread-safe; the library never logs and keeps
- * no global state.
+ * no global state but the framework hooks' shared handle.
  */
 #ifndef GPUPOOL_H
 #define GPUPOOL_H
 
 #include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -163,6 +165,67 @@ GPUPOOL_EXPORT size_t gpupool_last_error(gpupool_client *client, char *buf, size
 #define GPUPOOL_DEFAULT_CLIENT_CACHE_IDLE_MS 10000
 GPUPOOL_EXPORT int gpupool_trim(gpupool_client *client);
 GPUPOOL_EXPORT size_t gpupool_cached_bytes(gpupool_client *client);
+
+/*
+ * What this handle holds now, counted when asked: live_blocks and live_bytes are the blocks
+ * the application holds (rounded sizes; a gpupool_free_async() counts as freed at once),
+ * cached_bytes those in the client cache, and mapped_segments and mapped_bytes the segments
+ * mapped in this process, which is what the daemon counts as this client's reserved bytes.
+ */
+struct gpupool_stats {
+        uint64_t live_blocks;
+        uint64_t live_bytes;
+        uint64_t cached_bytes;
+        uint64_t mapped_segments;
+        uint64_t mapped_bytes;
+};
+GPUPOOL_EXPORT int gpupool_stats(gpupool_client *client, struct gpupool_stats *ret);
+
+/*
+ * Framework hooks: functions with exactly the signatures PyTorch's CUDAPluggableAllocator and
+ * CuPy's CFunctionAllocator call, so that either takes its memory from gpupool with no code of
+ * the application's (the Python package gpupool installs them: docs/frameworks.md).
+ *
+ * They share one handle per process, connected at the first call: the socket is
+ * $GPUPOOL_SOCKET (else the default), the client name $GPUPOOL_CLIENT_NAME (else the program's
+ * name). A failed connect is tried again at the next call. A forked child starts without it
+ * and connects on its own. A size of 0 gives NULL, which is success, and freeing NULL does
+ * nothing. On any failure the allocation returns NULL (a failed free returns nothing) and
+ * gpupool_hook_last_error() gives the calling thread the reason.
+ *
+ * gpupool_torch_alloc() is gpupool_alloc_async() on stream, and gpupool_torch_free() frees
+ * stream-ordered on the stream PyTorch gives it (the allocation's). struct CUstream_st * is
+ * what cudaStream_t and CUstream are.
+ *
+ * gpupool_cupy_malloc() and gpupool_cupy_free() take param as a handle from
+ * gpupool_connect(), or NULL for the shared one. The free is ordered after the work queued on
+ * the legacy default stream, which waits for every blocking stream of the device; work on a
+ * non-blocking stream (cudaStreamNonBlocking) must be synchronized by the application first.
+ */
+struct CUstream_st;
+GPUPOOL_EXPORT void *gpupool_torch_alloc(ssize_t size, int device, struct CUstream_st *stream);
+GPUPOOL_EXPORT void gpupool_torch_free(void *ptr, ssize_t size, int device, struct CUstream_st *stream);
+GPUPOOL_EXPORT void *gpupool_cupy_malloc(void *param, size_t size, int device);
+GPUPOOL_EXPORT void gpupool_cupy_free(void *param, void *ptr, int device);
+
+/*
+ * The negative errno of the calling thread's latest failed hook call (0: none since the last
+ * success) and, in buf, a sentence saying what was asked and why it failed, gpupoold's reason
+ * included (always NUL-terminated when size > 0).
+ */
+GPUPOOL_EXPORT int gpupool_hook_last_error(char *buf, size_t size);
+
+/* The hooks' shared handle, connecting it if need be, for gpupool_stats() and gpupool_trim(). As gpupool_connect(). */
+GPUPOOL_EXPORT int gpupool_hook_client(gpupool_client **ret_client);
+
+/*
+ * PyTorch does not check its allocator's result: a NULL would become a tensor whose first use
+ * faults. With on set, a refused gpupool_torch_alloc() throws a C++ std::runtime_error instead
+ * ("CUDA out of memory. Tried to allocate ...: gpupool's reason"), which PyTorch raises in
+ * Python as a RuntimeError. The C++ runtime (libstdc++.so.6) must already be loaded, as it is
+ * in any PyTorch process: -ENOENT otherwise, and nothing changes. Off by default.
+ */
+GPUPOOL_EXPORT int gpupool_torch_set_throw(int on);
 
 /* A static description of one of the negative errnos above. */
 GPUPOOL_EXPORT const char *gpupool_strerror(int err);

@@ -27,6 +27,7 @@ int main(void) {
         srunner_add_suite(sr, suite_tenants());
         srunner_add_suite(sr, suite_scopes());
         srunner_add_suite(sr, suite_metrics());
+        srunner_add_suite(sr, suite_hooks());
         srunner_add_suite(sr, suite_cuda_fake());
         srunner_run_all(sr, CK_NORMAL);
         failed = srunner_ntests_failed(sr);

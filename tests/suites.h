@@ -15,6 +15,7 @@ Suite *suite_hostile(void);
 Suite *suite_tenants(void);
 Suite *suite_scopes(void);
 Suite *suite_metrics(void);
+Suite *suite_hooks(void);
 Suite *suite_cuda_fake(void);
 Suite *suite_cuda_gpu(void);
 

@@ -372,15 +372,78 @@ static int free_async_client(struct testd *d, void *arg) {
 #undef FAIL
 }
 
-START_TEST(test_cuda_free_async_waits_for_stream) {
+/* Runs client (which reports the line it failed at) against a fresh cuda daemon; nothing may stay in use. */
+static void run_line_client(int (*client)(struct testd *d, void *arg), const char *name) {
         struct testd d;
         long long *line = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
 
         cuda_start(&d, NULL, NULL);
-        ck_assert_msg(reap(spawn(free_async_client, &d, line)) == 0, "free_async_client failed at line %lld", *line);
+        ck_assert_msg(reap(spawn(client, &d, line)) == 0, "%s failed at line %lld", name, *line);
         ck_assert_int_eq(testd_device(&d, 0, "in_use_bytes"), 0);
         cuda_stop(&d);
         munmap(line, 4096);
+}
+
+START_TEST(test_cuda_free_async_waits_for_stream) {
+        run_line_client(free_async_client, "free_async_client");
+}
+END_TEST
+
+/*
+ * The framework hooks on the CUDA side: PyTorch's free is ordered on the stream it names, so
+ * the block is not handed to another allocation (CuPy's here) while the work queued before
+ * the free runs; the hooks connect by $GPUPOOL_SOCKET and take the process's device ordinal.
+ */
+static int hooks_client(struct testd *d, void *arg) {
+        const size_t size = 64 * MiB;
+        long long *fail_line = arg;
+        gp_cu_stream s;
+        gp_cu_event done;
+        struct gpu g;
+        void *a, *b;
+        int chain = 64;
+
+#define FAIL() do { *fail_line = __LINE__; return 1; } while (0)
+        setenv("GPUPOOL_SOCKET", d->sock, 1);
+        setenv("GPUPOOL_CLIENT_NAME", "torch-hooked", 1);
+        if (gpu_open(&g) < 0 || g.cu.cuStreamCreate(&s, GP_CU_STREAM_NON_BLOCKING) != GP_CUDA_SUCCESS ||
+            g.cu.cuEventCreate(&done, GP_CU_EVENT_DISABLE_TIMING) != GP_CUDA_SUCCESS)
+                FAIL();
+        for (int attempt = 0; attempt < 8; attempt++, chain *= 2) {
+                bool still_running;
+
+                a = gpupool_torch_alloc((ssize_t) size, 0, (struct CUstream_st *) s);
+                if (!a || queue_work(&g, s, a, size, chain) < 0 || g.cu.cuEventRecord(done, s) != GP_CUDA_SUCCESS)
+                        FAIL();
+                gpupool_torch_free(a, (ssize_t) size, 0, (struct CUstream_st *) s);
+                if (gpupool_hook_last_error(NULL, 0) != 0)
+                        FAIL();
+                still_running = g.cu.cuEventQuery(done) == GP_CUDA_ERROR_NOT_READY;
+                b = gpupool_cupy_malloc(NULL, size, 0);
+                if (!b)
+                        FAIL();
+                if (b == a && g.cu.cuEventQuery(done) == GP_CUDA_ERROR_NOT_READY)
+                        FAIL();         /* handed out again under running work */
+                release_work(&g, s);
+                if (g.cu.cuStreamSynchronize(s) != GP_CUDA_SUCCESS)
+                        FAIL();
+                gpupool_cupy_free(NULL, b, 0);
+                if (gpupool_hook_last_error(NULL, 0) != 0)
+                        FAIL();
+                if (still_running)
+                        break;
+                if (!on_gpu || attempt == 7)
+                        FAIL();         /* the work ended before we could look: make it longer */
+        }
+        /* Everything goes back without another call of ours. */
+        if (!testd_device_becomes(d, 0, "in_use_bytes", 0))
+                FAIL();
+        return 0;
+#undef FAIL
+}
+
+START_TEST(test_cuda_framework_hooks_stream_ordered) {
+        run_line_client(hooks_client, "hooks_client");
 }
 END_TEST
 
@@ -727,6 +790,7 @@ static void add_common(TCase *tc) {
         tcase_add_test(tc, test_cuda_limits_hold);
         tcase_add_test(tc, test_cuda_free_async_waits_for_stream);
         tcase_add_test(tc, test_cuda_disconnect_waits_for_pending_frees);
+        tcase_add_test(tc, test_cuda_framework_hooks_stream_ordered);
         tcase_add_test(tc, test_cuda_segment_zeroed_across_uids);
 }
 
