@@ -212,12 +212,13 @@ $(HOOKS_THROW): tests/hooks_throw.cc include/gpupool.h $(LIB_SO)
 
 # The integration suites run the real daemon and CLI from $(B).
 # The units (systemd-analyze verify), install into a temporary DESTDIR (a program built against
-# it with pkg-config) and the man pages against the programs' options come first; the Check
-# suites last, so that their summary ends the output.
+# it with pkg-config), the man pages against the programs' options and the Python package come
+# first; the Check suites last, so that their summary ends the output.
 test: all $(TEST_BIN) $(FAKECUDA) $(HOOKS_THROW) $(CUDA_ABI_OK)
 	$(Q)B=$(B) tests/check-units.sh
 	$(Q)B=$(B) MAKE="$(MAKE)" MAKEFLAGS= tests/check-install.sh "SANITIZER=$(SANITIZER)" "STATIC=$(STATIC)"
 	$(Q)B=$(B) tests/check-man.sh
+	$(Q)B=$(B) SANITIZER=$(SANITIZER) CC=$(CC) tests/check-python.sh
 	$(Q)GPUPOOL_BUILD_DIR=$(B) $(TEST_BIN)
 
 # On a GPU machine: the cuda backend's tests on the real driver (skipped, saying why, without one).

@@ -1,0 +1,169 @@
+"""gpupool: GPU memory from the node's gpupoold, for Python, PyTorch and CuPy.
+
+Two lines make a framework take its device memory from gpupool (before its first CUDA
+allocation)::
+
+    import gpupool
+    gpupool.use_with_torch()        # or gpupool.use_with_cupy()
+
+For plain use, gpupool.Client allocates and frees blocks itself; gpupool.status() is what
+"gpupoolctl status" shows. The socket is $GPUPOOL_SOCKET (else /run/gpupool/gpupool.sock),
+the client's name $GPUPOOL_CLIENT_NAME (else the script's name). docs/frameworks.md in the
+gpupool tree has the details and the limits.
+"""
+import ctypes
+import errno
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+from ._lib import GpupoolError, OutOfMemoryError, Stats, error, hook_last_error, lib, library_path
+from ._frameworks import use_with_cupy, use_with_torch
+
+__version__ = "0.1.0"
+__all__ = [
+    "Client",
+    "GpupoolError",
+    "OutOfMemoryError",
+    "last_error",
+    "library_path",
+    "stats",
+    "status",
+    "trim",
+    "use_with_cupy",
+    "use_with_torch",
+]
+
+
+def default_client_name():
+    """$GPUPOOL_CLIENT_NAME, else the script's name (not "python3"), made a valid name."""
+    name = os.environ.get("GPUPOOL_CLIENT_NAME")
+    if name:
+        return name
+    argv0 = sys.argv[0] if sys.argv and sys.argv[0] not in ("", "-c", "-m") else ""
+    base = os.path.basename(argv0) or "python"
+    base = re.sub(r"\.py$", "", base)
+    return re.sub(r"[^\x21-\x7e]", "_", base)[:63] or "python"
+
+
+class Client:
+    """A connection to gpupoold of its own (one per process is usual), with its own cache.
+
+    Pointers are integers: host memory on the host backend, device pointers (CUdeviceptr) in
+    this process's CUDA primary context on the cuda backend. Raises GpupoolError (an OSError)
+    on failure, OutOfMemoryError for a limit or a full device, always with gpupoold's reason.
+    """
+
+    def __init__(self, socket=None, name=None):
+        handle = ctypes.c_void_p()
+        r = lib.gpupool_connect(
+            socket.encode() if socket else None, (name or default_client_name()).encode(), ctypes.byref(handle)
+        )
+        if r < 0:
+            where = socket or os.environ.get("GPUPOOL_SOCKET") or "/run/gpupool/gpupool.sock"
+            raise error(r, f"cannot connect to gpupoold at {where}: {lib.gpupool_strerror(r).decode()}")
+        self._handle = handle.value
+        self._owned = True
+
+    @classmethod
+    def _shared(cls):
+        """The framework hooks' handle of this process (not closed by close())."""
+        handle = ctypes.c_void_p()
+        r = lib.gpupool_hook_client(ctypes.byref(handle))
+        if r < 0:
+            raise error(r, hook_last_error()[1])
+        self = cls.__new__(cls)
+        self._handle = handle.value
+        self._owned = False
+        return self
+
+    def _live(self):
+        if not self._handle:
+            raise ValueError("gpupool.Client: closed")
+        return self._handle
+
+    def last_error(self):
+        """gpupoold's sentence about this handle's latest failure ("" when none)."""
+        buf = ctypes.create_string_buffer(1024)
+        lib.gpupool_last_error(self._live(), buf, len(buf))
+        return buf.value.decode(errors="replace")
+
+    def _check(self, r):
+        if r < 0:
+            raise error(r, self.last_error())
+
+    def alloc(self, size, device=0):
+        """Allocates size bytes (at least 1) on device; returns the pointer as an int."""
+        if size <= 0:
+            raise ValueError(f"gpupool.Client.alloc: size {size}: a block is at least 1 byte")
+        ptr = ctypes.c_void_p()
+        self._check(lib.gpupool_alloc(self._live(), device, size, ctypes.byref(ptr)))
+        return ptr.value
+
+    def free(self, ptr):
+        """Frees a block from alloc(); nothing (no device work) may still use it."""
+        self._check(lib.gpupool_free(self._live(), ptr))
+
+    def stats(self):
+        """What this handle holds: live_blocks, live_bytes, cached_bytes, mapped_segments, mapped_bytes."""
+        st = Stats()
+        self._check(lib.gpupool_stats(self._live(), ctypes.byref(st)))
+        return st.as_dict()
+
+    def trim(self):
+        """Gives every block of the client cache back to the daemon."""
+        self._check(lib.gpupool_trim(self._live()))
+
+    def close(self):
+        """Gives everything back (every pointer is invalid afterwards). Idempotent."""
+        if self._handle and self._owned:
+            lib.gpupool_disconnect(self._handle)
+        self._handle = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        if getattr(self, "_handle", None) and getattr(self, "_owned", False) and lib is not None:
+            self.close()
+
+
+def stats():
+    """Stats of the handle PyTorch's and CuPy's hooks share in this process (connecting it)."""
+    return Client._shared().stats()
+
+
+def trim():
+    """Gives the hooks' client cache back to the daemon (what torch.cuda.empty_cache() cannot)."""
+    Client._shared().trim()
+
+
+def last_error():
+    """(errno, sentence) of this thread's latest failed hook call; (0, "") if the latest worked."""
+    err, msg = hook_last_error()
+    return -err, msg
+
+
+def _gpupoolctl():
+    found = os.environ.get("GPUPOOL_CTL") or shutil.which("gpupoolctl")
+    if not found:
+        raise FileNotFoundError("gpupool.status(): gpupoolctl is not on PATH (install gpupool, or set $GPUPOOL_CTL)")
+    return found
+
+
+def status(socket=None):
+    """The daemon's state, as "gpupoolctl --json status" prints it: devices, tenants, clients."""
+    cmd = [_gpupoolctl(), "--json"]
+    if socket:
+        cmd += ["--socket", socket]
+    cmd.append("status")
+    run = subprocess.run(cmd, capture_output=True, text=True)
+    if run.returncode != 0:
+        raise GpupoolError(errno.EIO, f"gpupoolctl status: {run.stderr.strip() or 'exit status %d' % run.returncode}")
+    return json.loads(run.stdout)

@@ -1,0 +1,89 @@
+"""Installing gpupool as PyTorch's and CuPy's allocator."""
+import os
+import warnings
+
+from ._lib import function_address, hook_last_error, lib, library_path
+
+
+def _name_the_client():
+    # The hooks connect with $GPUPOOL_CLIENT_NAME; without it they would all be "python3".
+    from . import default_client_name
+
+    os.environ.setdefault("GPUPOOL_CLIENT_NAME", default_client_name())
+
+
+def use_with_torch():
+    """Makes PyTorch take all its CUDA memory from gpupool. Call it before the first CUDA
+    tensor (PyTorch cannot swap an allocator it has used). Returns the allocator object.
+
+    A refused allocation raises RuntimeError("CUDA out of memory. gpupool refused ...") with
+    gpupoold's reason. torch.cuda.memory_stats() and friends do not work with a pluggable
+    allocator: use gpupool.stats() for this process and gpupool.status() (gpupoolctl) for the
+    node; gpupool.trim() does what torch.cuda.empty_cache() does for PyTorch's own cache.
+    """
+    try:
+        import torch
+    except ImportError as e:
+        raise ImportError("gpupool.use_with_torch(): PyTorch is not installed") from e
+    _name_the_client()
+    # Refusals as C++ exceptions: PyTorch does not check its allocator for NULL.
+    if lib.gpupool_torch_set_throw(1) < 0:
+        warnings.warn(
+            "gpupool: the C++ runtime is not loaded, so a refused allocation cannot raise; "
+            "PyTorch would get a NULL pointer",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+    allocator = torch.cuda.memory.CUDAPluggableAllocator(library_path(), "gpupool_torch_alloc", "gpupool_torch_free")
+    try:
+        torch.cuda.memory.change_current_allocator(allocator)
+    except RuntimeError as e:
+        raise RuntimeError(
+            f"gpupool.use_with_torch(): {e}: call it before anything allocates CUDA memory "
+            "(the first .cuda() or torch.cuda call that allocates)"
+        ) from e
+    return allocator
+
+
+def _cupy_out_of_memory(cupy, size, reason):
+    base = cupy.cuda.memory.OutOfMemoryError
+
+    class GpupoolCupyOutOfMemoryError(base):
+        def __init__(self):
+            MemoryError.__init__(self, f"Out of memory allocating {size:,} bytes: gpupool refused {reason}")
+            self._size, self._total, self._limit = size, -1, 0
+
+    return GpupoolCupyOutOfMemoryError()
+
+
+def use_with_cupy(client=None):
+    """Makes CuPy take its device memory from gpupool (through the shared handle, or client,
+    a gpupool.Client). CuPy's own memory pool is bypassed: every allocation and free goes to
+    gpupool, whose client cache keeps repeats cheap. A refusal raises
+    cupy.cuda.memory.OutOfMemoryError with gpupoold's reason. Frees are ordered after the work
+    on the legacy default stream; synchronize non-blocking streams before dropping arrays used
+    on them. Returns the allocating function given to cupy.cuda.set_allocator().
+    """
+    try:
+        import cupy
+    except ImportError as e:
+        raise ImportError("gpupool.use_with_cupy(): CuPy is not installed") from e
+    if client is None:
+        _name_the_client()
+    param = client._live() if client is not None else 0
+    c_allocator = cupy.cuda.memory.CFunctionAllocator(
+        param,
+        function_address("gpupool_cupy_malloc"),
+        function_address("gpupool_cupy_free"),
+        client if client is not None else lib,
+    )
+
+    def malloc(size):
+        mem = c_allocator.malloc(size)
+        if size and not mem.ptr:
+            err, reason = hook_last_error()
+            raise _cupy_out_of_memory(cupy, size, reason or "the allocation")
+        return mem
+
+    cupy.cuda.set_allocator(malloc)
+    return malloc

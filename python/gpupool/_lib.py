@@ -1,0 +1,95 @@
+"""libgpupool through ctypes: loading it, the prototypes, and errors as exceptions."""
+import ctypes
+import errno
+import os
+
+LIBRARY_ENV = "GPUPOOL_LIBRARY"
+SONAME = "libgpupool.so.1"
+
+
+class GpupoolError(OSError):
+    """A failed libgpupool call: errno is the (positive) error number, strerror gpupoold's
+    sentence about it (which limit or state refused it), or the library's description."""
+
+
+class OutOfMemoryError(GpupoolError, MemoryError):
+    """An allocation refused for a limit (EDQUOT) or a full device (ENOMEM)."""
+
+
+class Stats(ctypes.Structure):
+    _fields_ = [
+        ("live_blocks", ctypes.c_uint64),
+        ("live_bytes", ctypes.c_uint64),
+        ("cached_bytes", ctypes.c_uint64),
+        ("mapped_segments", ctypes.c_uint64),
+        ("mapped_bytes", ctypes.c_uint64),
+    ]
+
+    def as_dict(self):
+        return {name: getattr(self, name) for name, _ in self._fields_}
+
+
+def library_path():
+    """What to load: $GPUPOOL_LIBRARY, else the soname (found where "make install" put it)."""
+    return os.environ.get(LIBRARY_ENV) or SONAME
+
+
+def _load():
+    path = library_path()
+    try:
+        lib = ctypes.CDLL(path)
+    except OSError as e:
+        raise ImportError(
+            f"gpupool: cannot load {path}: {e}. Install libgpupool (make install, then ldconfig), "
+            f"or set ${LIBRARY_ENV} to the path of libgpupool.so.1"
+        ) from e
+    p, i, sz = ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t
+    protos = {
+        "gpupool_connect": (i, [ctypes.c_char_p, ctypes.c_char_p, ctypes.POINTER(p)]),
+        "gpupool_disconnect": (None, [p]),
+        "gpupool_alloc": (i, [p, i, sz, ctypes.POINTER(p)]),
+        "gpupool_free": (i, [p, p]),
+        "gpupool_trim": (i, [p]),
+        "gpupool_cached_bytes": (sz, [p]),
+        "gpupool_stats": (i, [p, ctypes.POINTER(Stats)]),
+        "gpupool_last_error": (sz, [p, ctypes.c_char_p, sz]),
+        "gpupool_strerror": (ctypes.c_char_p, [i]),
+        "gpupool_hook_client": (i, [ctypes.POINTER(p)]),
+        "gpupool_hook_last_error": (i, [ctypes.c_char_p, sz]),
+        "gpupool_torch_set_throw": (i, [i]),
+        "gpupool_torch_alloc": (p, [ctypes.c_ssize_t, i, p]),
+        "gpupool_torch_free": (None, [p, ctypes.c_ssize_t, i, p]),
+        "gpupool_cupy_malloc": (p, [p, sz, i]),
+        "gpupool_cupy_free": (None, [p, p, i]),
+    }
+    for name, (restype, argtypes) in protos.items():
+        try:
+            fn = getattr(lib, name)
+        except AttributeError:
+            raise ImportError(f"gpupool: {path} has no {name}: it is older than this package") from None
+        fn.restype = restype
+        fn.argtypes = argtypes
+    return lib
+
+
+lib = _load()
+
+
+def error(err, message=""):
+    """The exception for a negative errno err from the library, with gpupoold's message."""
+    code = -err
+    text = message or lib.gpupool_strerror(err).decode()
+    cls = OutOfMemoryError if code in (errno.EDQUOT, errno.ENOMEM) else GpupoolError
+    return cls(code, text)
+
+
+def hook_last_error():
+    """(negative errno, sentence) of this thread's latest failed hook call; (0, "") if none."""
+    buf = ctypes.create_string_buffer(1024)
+    err = lib.gpupool_hook_last_error(buf, len(buf))
+    return err, buf.value.decode(errors="replace")
+
+
+def function_address(name):
+    """The address of one of the library's functions, for frameworks that take C pointers."""
+    return ctypes.cast(getattr(lib, name), ctypes.c_void_p).value

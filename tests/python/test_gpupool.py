@@ -1,0 +1,277 @@
+"""The gpupool Python package on the host backend: Client, status(), the framework glue (with
+stand-ins for PyTorch and CuPy in tests/python/fakes: their real selves need a GPU), errors
+with gpupoold's reasons, and pip install. Run by tests/check-python.sh from "make test".
+
+Each scenario that uses the framework hooks runs in a fresh interpreter: the hooks keep one
+handle per process.
+"""
+import ctypes
+import errno
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+TREE = os.path.dirname(os.path.dirname(HERE))
+BUILD = os.path.abspath(os.environ.get("GPUPOOL_BUILD_DIR", os.path.join(TREE, "build")))
+os.environ["GPUPOOL_LIBRARY"] = os.path.join(BUILD, "libgpupool.so.1")
+os.environ["GPUPOOL_CTL"] = os.path.join(BUILD, "gpupoolctl")
+sys.path.insert(0, os.path.join(TREE, "python"))
+
+import gpupool  # noqa: E402
+
+MiB = 1 << 20
+
+
+class Daemon:
+    """A gpupoold of the build on a socket in a temp dir, host backend."""
+
+    def __init__(self, *args):
+        self.dir = tempfile.TemporaryDirectory(prefix="gpupool-py-")
+        self.sock = os.path.join(self.dir.name, "gpupool.sock")
+        self.log = open(os.path.join(self.dir.name, "log"), "w+")
+        self.proc = subprocess.Popen(
+            [os.path.join(BUILD, "gpupoold"), "--backend", "host", "--socket", self.sock, "--check-invariants", *args],
+            stderr=self.log,
+        )
+        deadline = time.monotonic() + 10
+        while True:
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            try:
+                s.connect(self.sock)
+                break
+            except OSError:
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError("gpupoold did not start: " + self.read_log())
+                time.sleep(0.01)
+            finally:
+                s.close()
+
+    def read_log(self):
+        self.log.seek(0)
+        return self.log.read()
+
+    def stop(self):
+        self.proc.terminate()
+        rc = self.proc.wait(10)
+        self.log.close()
+        self.dir.cleanup()
+        return rc
+
+
+def run_python(code, sock, **env):
+    """Runs code in a fresh interpreter with the package and the stand-ins importable."""
+    full = dict(os.environ, GPUPOOL_SOCKET=sock, PYTHONPATH=os.pathsep.join([os.path.join(TREE, "python"),
+                                                                           os.path.join(HERE, "fakes")]))
+    full.update(env)
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, env=full)
+
+
+class TestClient(unittest.TestCase):
+    def setUp(self):
+        self.d = Daemon("--client-limit", "8M")
+
+    def tearDown(self):
+        self.assertEqual(self.d.stop(), 0)
+
+    def test_alloc_free_stats_trim(self):
+        with gpupool.Client(self.d.sock, name="py-plain") as c:
+            p = c.alloc(1000)
+            ctypes.memset(p, 0x5A, 1000)         # host memory: the caller's to write
+            self.assertEqual(ctypes.string_at(p + 999, 1), b"\x5a")
+            st = c.stats()
+            self.assertEqual((st["live_blocks"], st["live_bytes"], st["mapped_segments"]), (1, 1024, 1))
+            self.assertEqual(st["mapped_bytes"], 2 * MiB)
+            c.free(p)
+            self.assertEqual(c.stats()["cached_bytes"], 1024)     # kept for the next allocation of its size
+            c.trim()
+            self.assertEqual(c.stats()["cached_bytes"], 0)
+            with self.assertRaises(gpupool.GpupoolError) as e:
+                c.free(p)
+            self.assertEqual(e.exception.errno, errno.ENOENT)
+            with self.assertRaises(ValueError):
+                c.alloc(0)
+            with self.assertRaises(gpupool.GpupoolError) as e:
+                c.alloc(4096, device=2)
+            self.assertEqual(e.exception.errno, errno.ENODEV)
+            self.assertIn("no device 2", e.exception.strerror)
+            names = [cl["name"] for cl in gpupool.status(self.d.sock)["clients"]]
+            self.assertIn("py-plain", names)
+        with self.assertRaises(ValueError):
+            c.alloc(1)                          # closed
+        c.close()                               # twice is fine
+
+    def test_refusal_is_out_of_memory_with_reason(self):
+        c = gpupool.Client(self.d.sock, name="py-limited")
+        with self.assertRaises(gpupool.OutOfMemoryError) as e:
+            c.alloc(12 * MiB)
+        self.assertIsInstance(e.exception, MemoryError)
+        self.assertEqual(e.exception.errno, errno.EDQUOT)
+        self.assertIn("over its limit of 8.0 MiB", e.exception.strerror)
+        c.close()
+
+    def test_connect_failure_says_where(self):
+        with self.assertRaises(gpupool.GpupoolError) as e:
+            gpupool.Client(os.path.join(self.d.dir.name, "absent.sock"))
+        self.assertEqual(e.exception.errno, errno.ENOENT)
+        self.assertIn("cannot connect to gpupoold at", e.exception.strerror)
+
+    def test_status(self):
+        st = gpupool.status(self.d.sock)
+        self.assertEqual(st["devices"][0]["backend"], "host")
+        self.assertEqual(st["version"], 1)
+        with self.assertRaises(gpupool.GpupoolError) as e:
+            gpupool.status(os.path.join(self.d.dir.name, "absent.sock"))
+        self.assertIn("gpupoolctl status:", e.exception.strerror)
+
+
+class TestFrameworks(unittest.TestCase):
+    def setUp(self):
+        self.d = Daemon("--client-limit", "8M")
+
+    def tearDown(self):
+        self.assertEqual(self.d.stop(), 0)
+
+    def check(self, run):
+        self.assertEqual(run.returncode, 0, run.stdout + run.stderr)
+        return run.stdout
+
+    def test_cupy(self):
+        out = self.check(run_python("""
+            import ctypes, json, gpupool, cupy
+            gpupool.use_with_cupy()
+            alloc = cupy.cuda.get_allocator()
+            m = alloc(1 << 20)
+            ctypes.memset(m.ptr, 1, 1 << 20)
+            print("live", gpupool.stats()["live_blocks"])
+            del m
+            print("after del", gpupool.stats()["live_blocks"])
+            try:
+                alloc(12 << 20)
+            except cupy.cuda.memory.OutOfMemoryError as e:
+                print("oom:", e)
+            print("zero", alloc(0).ptr)
+            names = [c["name"] for c in gpupool.status()["clients"]]
+            print("names", json.dumps(names))
+        """, self.d.sock, GPUPOOL_CLIENT_CACHE="0"))
+        self.assertIn("live 1\n", out)
+        self.assertIn("after del 0\n", out)
+        self.assertIn("oom: Out of memory allocating 12,582,912 bytes: gpupool refused allocating 12.0 MiB", out)
+        self.assertIn("over its limit of 8.0 MiB", out)
+        self.assertIn("zero 0\n", out)
+        self.assertIn('names ["python"]', out)          # "-c": no script name; see test_client_name
+
+    def test_cupy_with_own_client(self):
+        out = self.check(run_python("""
+            import gpupool, cupy
+            c = gpupool.Client(name="own")
+            gpupool.use_with_cupy(c)
+            m = cupy.cuda.get_allocator()(4096)
+            print("own", c.stats()["live_blocks"])
+            print("clients", len(gpupool.status()["clients"]))
+        """, self.d.sock))
+        self.assertIn("own 1\n", out)
+        self.assertIn("clients 1\n", out)           # the shared handle was never made
+
+    def test_torch(self):
+        out = self.check(run_python("""
+            import ctypes, os, warnings, gpupool, torch
+            try:
+                ctypes.CDLL("libstdc++.so.6", mode=os.RTLD_NOLOAD)
+                cxx = True
+            except OSError:
+                cxx = False
+            with warnings.catch_warnings(record=True) as w:
+                warnings.simplefilter("always")
+                a = gpupool.use_with_torch()
+            print("names", a.names, "path", a.path == gpupool.library_path())
+            print("warned", bool(w) != cxx, [str(x.message) for x in w])
+            p = a.alloc(4096, 0, None)
+            print("live", gpupool.stats()["live_bytes"])
+            a.free(p, 4096, 0, None)
+            print("after free", gpupool.stats()["live_bytes"])
+            # Python cannot catch a C++ exception (tests/hooks_throw.cc checks that path): NULL here.
+            gpupool._lib.lib.gpupool_torch_set_throw(0)
+            print("refused", a.alloc(12 << 20, 0, None), gpupool.last_error())
+            torch.initialized = True
+            try:
+                gpupool.use_with_torch()
+            except RuntimeError as e:
+                print("late:", e)
+        """, self.d.sock, GPUPOOL_CLIENT_CACHE="0"))
+        self.assertIn("names ('gpupool_torch_alloc', 'gpupool_torch_free') path True", out)
+        # Without a C++ runtime in the process (the stand-in loads none) it says so; with one, it throws.
+        self.assertIn("warned True", out)
+        self.assertIn("live 4096\n", out)
+        self.assertIn("after free 0\n", out)
+        self.assertIn('refused None (122, "allocating 12.0 MiB', out)
+        self.assertIn("late: gpupool.use_with_torch(): Can't swap an already initialized allocator: call it before", out)
+
+    def test_missing_frameworks(self):
+        out = self.check(run_python("""
+            import gpupool
+            for f in (gpupool.use_with_torch, gpupool.use_with_cupy):
+                try:
+                    f()
+                except ImportError as e:
+                    print(e)
+        """, self.d.sock, PYTHONPATH=os.path.join(TREE, "python")))
+        self.assertIn("gpupool.use_with_torch(): PyTorch is not installed", out)
+        self.assertIn("gpupool.use_with_cupy(): CuPy is not installed", out)
+
+    def test_client_name(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            script = os.path.join(tmp, "train_resnet.py")
+            with open(script, "w") as f:
+                f.write("import gpupool, cupy\ngpupool.use_with_cupy()\nm = cupy.cuda.get_allocator()(512)\n"
+                        "print([c['name'] for c in gpupool.status()['clients']])\n")
+            env = dict(os.environ, GPUPOOL_SOCKET=self.d.sock,
+                       PYTHONPATH=os.pathsep.join([os.path.join(TREE, "python"), os.path.join(HERE, "fakes")]))
+            run = subprocess.run([sys.executable, script], capture_output=True, text=True, env=env)
+            self.assertIn("['train_resnet']", run.stdout, run.stderr)
+            env["GPUPOOL_CLIENT_NAME"] = "job-42"
+            run = subprocess.run([sys.executable, script], capture_output=True, text=True, env=env)
+            self.assertIn("['job-42']", run.stdout, run.stderr)
+
+    def test_no_daemon(self):
+        out = self.check(run_python("""
+            import gpupool, cupy
+            gpupool.use_with_cupy()
+            try:
+                cupy.cuda.get_allocator()(4096)
+            except MemoryError as e:
+                print("refused:", e)
+        """, os.path.join(self.d.dir.name, "absent.sock")))
+        self.assertIn("gpupool refused cannot connect to gpupoold at", out)
+        self.assertIn("is gpupoold running?", out)
+
+
+class TestPackage(unittest.TestCase):
+    def test_version_matches_the_daemon(self):
+        run = subprocess.run([os.path.join(BUILD, "gpupoold"), "--version"], capture_output=True, text=True)
+        self.assertIn(gpupool.__version__, run.stdout)
+
+    def test_pip_install_offline(self):
+        if subprocess.run([sys.executable, "-m", "pip", "--version"], capture_output=True).returncode != 0:
+            self.skipTest("no pip for " + sys.executable)
+        with tempfile.TemporaryDirectory() as tmp:
+            target = os.path.join(tmp, "site")
+            run = subprocess.run([sys.executable, "-m", "pip", "install", "--no-index", "--quiet", "--target", target,
+                                  os.path.join(TREE, "python")], capture_output=True, text=True)
+            self.assertEqual(run.returncode, 0, run.stdout + run.stderr)
+            run = subprocess.run([sys.executable, "-c", "import gpupool; print(gpupool.__file__, gpupool.__version__)"],
+                                 capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=target), cwd=tmp)
+            self.assertEqual(run.returncode, 0, run.stderr)
+            self.assertTrue(run.stdout.startswith(target), run.stdout)
+            self.assertIn(gpupool.__version__, run.stdout)
+            self.assertTrue(os.path.isdir(os.path.join(target, f"gpupool-{gpupool.__version__}.dist-info")))
+
+
+if __name__ == "__main__":
+    unittest.main()
