@@ -164,7 +164,7 @@ static void answer_metrics(struct http_conn *c, bool head_only) {
 
 /* The request line and headers are all in: "METHOD TARGET HTTP/1.x". Headers are not needed. */
 static void handle_request(struct http_conn *c, size_t line_len) {
-        char line[METRICS_HTTP_MAX_REQUEST], method[16], target[256], version[16], extra;
+        char line[METRICS_HTTP_MAX_REQUEST + 1], method[16], target[256], version[16], extra;
         size_t path_len;
 
         memcpy(line, c->request, line_len);
