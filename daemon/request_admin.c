@@ -56,11 +56,7 @@ static void tenants_status(struct session *s, Gpupool__StatusReply *sr, Gpupool_
 
                 gpupool__tenant_status__init(ts);
                 rules_text(&t->conf, rules[i], sizeof(rules[i]));
-                memset(in_use[i], 0, sizeof(in_use[i]));
-                for (struct session *c = server->sessions; c; c = c->next)
-                        if (c->tenant == t)
-                                for (unsigned d = 0; d < server->device_count; d++)
-                                        in_use[i][d] += c->owners[d].in_use_bytes;
+                server_tenant_in_use(server, t, in_use[i]);
                 ts->name = t->conf.name;
                 ts->rules = rules[i];
                 ts->clients = t->clients - (s->tenant == t);   /* not the one asking */

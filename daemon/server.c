@@ -349,6 +349,14 @@ int server_reload(struct server *server) {
         return 0;
 }
 
+void server_tenant_in_use(const struct server *server, const struct tenant *t, uint64_t *ret) {
+        memset(ret, 0, server->device_count * sizeof(*ret));
+        for (const struct session *c = server->sessions; c; c = c->next)
+                if (c->tenant == t)
+                        for (unsigned d = 0; d < server->device_count; d++)
+                                ret[d] += c->owners[d].in_use_bytes;
+}
+
 uint64_t server_max_cached(const struct server *server, unsigned d) {
         const struct options *o = server->options;
 

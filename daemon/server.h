@@ -83,6 +83,9 @@ int server_init(struct server *server, uv_loop_t *loop, const struct config *con
  */
 int server_reload(struct server *server);
 
+/* Bytes in the live blocks of tenant t's clients, per device, into ret (device_count entries). */
+void server_tenant_in_use(const struct server *server, const struct tenant *t, uint64_t *ret);
+
 /* The cache watermark of device d, in bytes. */
 uint64_t server_max_cached(const struct server *server, unsigned d);
 

@@ -216,6 +216,16 @@ json_t *status_client_by_pid(json_t *status, pid_t pid) {
         return NULL;
 }
 
+json_t *status_client_by_name(json_t *status, const char *name) {
+        json_t *clients = json_object_get(status, "clients"), *c;
+        size_t i;
+
+        json_array_foreach(clients, i, c)
+                if (strcmp(json_string_value(json_object_get(c, "name")), name) == 0)
+                        return c;
+        return NULL;
+}
+
 int raw_connect(struct testd *d) {
         int sock;
 

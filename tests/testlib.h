@@ -51,6 +51,7 @@ json_t *testd_ctl(struct testd *d, const char *cmd);
 /* A device's or the first client's field from a status, or -1. */
 long long status_device(json_t *status, const char *key);
 json_t *status_client_by_pid(json_t *status, pid_t pid);
+json_t *status_client_by_name(json_t *status, const char *name);
 
 /*
  * Copies the file at path into the daemon's directory (mode 0755) and returns the copy's path

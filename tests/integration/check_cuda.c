@@ -372,20 +372,25 @@ static int free_async_client(struct testd *d, void *arg) {
 #undef FAIL
 }
 
-/* Runs client (which reports the line it failed at) against a fresh cuda daemon; nothing may stay in use. */
-static void run_line_client(int (*client)(struct testd *d, void *arg), const char *name) {
+/*
+ * Runs client in a process of its own against a fresh cuda daemon; it must exit 0 and leave
+ * nothing in use. Its argument is a shared word where it may put the line it failed at.
+ */
+static void run_client(int (*client)(struct testd *d, void *arg), const char *name) {
         struct testd d;
         long long *line = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+        int status;
 
         cuda_start(&d, NULL, NULL);
-        ck_assert_msg(reap(spawn(client, &d, line)) == 0, "%s failed at line %lld", name, *line);
+        status = reap(spawn(client, &d, line));
+        ck_assert_msg(status == 0, "%s failed: exit %d (line %lld)", name, status, *line);
         ck_assert_int_eq(testd_device(&d, 0, "in_use_bytes"), 0);
         cuda_stop(&d);
         munmap(line, 4096);
 }
 
 START_TEST(test_cuda_free_async_waits_for_stream) {
-        run_line_client(free_async_client, "free_async_client");
+        run_client(free_async_client, "free_async_client");
 }
 END_TEST
 
@@ -443,7 +448,7 @@ static int hooks_client(struct testd *d, void *arg) {
 }
 
 START_TEST(test_cuda_framework_hooks_stream_ordered) {
-        run_line_client(hooks_client, "hooks_client");
+        run_client(hooks_client, "hooks_client");
 }
 END_TEST
 
@@ -490,12 +495,7 @@ static int disconnect_client(struct testd *d, void *arg) {
 }
 
 START_TEST(test_cuda_disconnect_waits_for_pending_frees) {
-        struct testd d;
-
-        cuda_start(&d, NULL, NULL);
-        ck_assert_int_eq(reap(spawn(disconnect_client, &d, NULL)), 0);
-        ck_assert_int_eq(testd_device(&d, 0, "in_use_bytes"), 0);
-        cuda_stop(&d);
+        run_client(disconnect_client, "disconnect_client");
 }
 END_TEST
 
@@ -676,12 +676,7 @@ static int stream_cache_client(struct testd *d, void *arg) {
 }
 
 START_TEST(test_fake_stream_aware_cache) {
-        struct testd d;
-
-        cuda_start(&d, NULL, NULL);
-        ck_assert_int_eq(reap(spawn(stream_cache_client, &d, NULL)), 0);
-        ck_assert_int_eq(testd_device(&d, 0, "in_use_bytes"), 0);
-        cuda_stop(&d);
+        run_client(stream_cache_client, "stream_cache_client");
 }
 END_TEST
 

@@ -22,16 +22,6 @@
 #define KiB (1ULL << 10)
 #define MiB (1ULL << 20)
 
-static json_t *client_named(json_t *status, const char *name) {
-        json_t *c;
-        size_t i;
-
-        json_array_foreach(json_object_get(status, "clients"), i, c)
-                if (strcmp(json_string_value(json_object_get(c, "name")), name) == 0)
-                        return c;
-        return NULL;
-}
-
 START_TEST(test_hooks_connect_lazily_by_environment) {
         char why[512];
         struct testd d;
@@ -55,7 +45,7 @@ START_TEST(test_hooks_connect_lazily_by_environment) {
         /* One handle for both frameworks, named by the environment. */
         st = testd_ctl(&d, "status");
         ck_assert_uint_eq(json_array_size(json_object_get(st, "clients")), 1);
-        cl = client_named(st, "hooked-job");
+        cl = status_client_by_name(st, "hooked-job");
         ck_assert_ptr_nonnull(cl);
         ck_assert_int_eq(json_integer_value(json_object_get(cl, "in_use_bytes")), 1 * MiB + 3 * KiB);
         json_decref(st);
