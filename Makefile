@@ -221,9 +221,14 @@ test: all $(TEST_BIN) $(FAKECUDA) $(HOOKS_THROW) $(CUDA_ABI_OK)
 	$(Q)B=$(B) SANITIZER=$(SANITIZER) CC=$(CC) tests/check-python.sh
 	$(Q)GPUPOOL_BUILD_DIR=$(B) $(TEST_BIN)
 
-# On a GPU machine: the cuda backend's tests on the real driver (skipped, saying why, without one).
+# On a GPU machine: the cuda backend's tests on the real driver, then the framework hooks with
+# the real PyTorch and CuPy (tests/gpu/test_frameworks_gpu.py); each skipped, saying why,
+# without a GPU or the framework.
 check-gpu: all $(GPU_TEST_BIN)
 	$(Q)GPUPOOL_BUILD_DIR=$(B) $(GPU_TEST_BIN)
+	$(Q)if command -v python3 >/dev/null 2>&1; then \
+		GPUPOOL_BUILD_DIR=$(B) python3 -m unittest discover -v -s tests/gpu; \
+	else echo "check-gpu: the framework tests skipped: no python3"; fi
 
 $(BENCH_GPU): $(B)/obj/bench/bench_gpu.o $(CLIENT_O) $(COMMON_O)
 	@mkdir -p $(dir $@)
@@ -270,6 +275,20 @@ bench-frag: $(BENCH_FRAG)
 # and the cost of importing a segment (bench/bench_gpu.c). BENCH_ARGS="--ops 100000" etc.
 bench-gpu: all $(BENCH_GPU)
 	$(Q)sh bench/bench-gpu.sh $(B) $(BENCH_ARGS)
+
+# On a GPU machine with PyTorch: training throughput of two processes at once with PyTorch's
+# allocator and with gpupool, then elasticity (two processes whose peaks together exceed the
+# GPU), against a gpupoold with the cuda backend (bench/frameworks). The log goes to
+# bench/results/. BENCH_ARGS_TORCH="--reps 3 --models transformer" etc.
+BENCH_ARGS_TORCH ?=
+BENCH_ARGS_ELASTIC ?=
+bench-frameworks: all
+	@mkdir -p bench/results
+	$(Q)log=bench/results/frameworks-$$(date -u +%Y-%m-%d).txt; \
+	{ sh bench/with-gpupoold.sh $(B) python3 bench/frameworks/torch_throughput.py $(BENCH_ARGS_TORCH) && \
+	  sh bench/with-gpupoold.sh $(B) python3 bench/frameworks/torch_elastic.py $(BENCH_ARGS_ELASTIC); \
+	  echo $$? > $$log.rc; } 2>&1 | tee $$log; \
+	rc=$$(cat $$log.rc); rm -f $$log.rc; echo "bench-frameworks: the log is $$log"; exit $$rc
 
 $(STRESS_BIN): $(B)/obj/tests/stress/stress.o $(CLIENT_O) $(COMMON_O)
 	@mkdir -p $(dir $@)
@@ -398,7 +417,7 @@ clean:
 
 FORCE:
 
-.PHONY: FORCE all install uninstall test check-gpu bench-gpu stress fuzz fuzz-seeds bench bench-frag bench-instructions valgrind deps deps-fuzz run clean
+.PHONY: FORCE all install uninstall test check-gpu bench-gpu bench-frameworks stress fuzz fuzz-seeds bench bench-frag bench-instructions valgrind deps deps-fuzz run clean
 
 .SECONDARY:
 

@@ -7,6 +7,10 @@ if ! command -v python3 >/dev/null 2>&1; then
         echo "check-python: skipped: no python3 on this machine"
         exit 0
 fi
+# The scripts that run only on a GPU machine (the framework benchmarks and tests) parse.
+python3 -c 'import ast, sys
+for f in sys.argv[1:]:
+    ast.parse(open(f).read(), f)' bench/frameworks/*.py tests/gpu/*.py
 # A sanitizer build's library needs its runtimes loaded first into an uninstrumented python3;
 # Python's own allocations are not ours to check for leaks.
 preload=""

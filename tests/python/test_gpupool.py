@@ -30,14 +30,14 @@ MiB = 1 << 20
 
 
 class Daemon:
-    """A gpupoold of the build on a socket in a temp dir, host backend."""
+    """A gpupoold of the build on a socket in a temp dir, the host backend unless told."""
 
-    def __init__(self, *args):
+    def __init__(self, *args, backend="host"):
         self.dir = tempfile.TemporaryDirectory(prefix="gpupool-py-")
         self.sock = os.path.join(self.dir.name, "gpupool.sock")
         self.log = open(os.path.join(self.dir.name, "log"), "w+")
         self.proc = subprocess.Popen(
-            [os.path.join(BUILD, "gpupoold"), "--backend", "host", "--socket", self.sock, "--check-invariants", *args],
+            [os.path.join(BUILD, "gpupoold"), "--backend", backend, "--socket", self.sock, "--check-invariants", *args],
             stderr=self.log,
         )
         deadline = time.monotonic() + 10
@@ -65,10 +65,11 @@ class Daemon:
         return rc
 
 
-def run_python(code, sock, **env):
-    """Runs code in a fresh interpreter with the package and the stand-ins importable."""
-    full = dict(os.environ, GPUPOOL_SOCKET=sock, PYTHONPATH=os.pathsep.join([os.path.join(TREE, "python"),
-                                                                           os.path.join(HERE, "fakes")]))
+def run_python(code, sock, fakes=True, **env):
+    """Runs code in a fresh interpreter with the package and (unless fakes=False, for the real
+    frameworks on a GPU) the stand-ins importable."""
+    path = [os.path.join(TREE, "python")] + ([os.path.join(HERE, "fakes")] if fakes else [])
+    full = dict(os.environ, GPUPOOL_SOCKET=sock, PYTHONPATH=os.pathsep.join(path))
     full.update(env)
     return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, env=full)
 

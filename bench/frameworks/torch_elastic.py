@@ -1,0 +1,170 @@
+"""Elasticity: two PyTorch processes whose peaks together exceed the GPU, at different times
+(docs/performance.md, "PyTorch and CuPy on a GPU").
+
+Each process, when told, reaches a peak of --peak times the GPU's memory in tensors of mixed
+sizes, works on them, drops them and says so; the driver then tells the other. The peaks
+alternate for --rounds rounds, so that they never overlap and only one fits at a time.
+
+With PyTorch's own caching allocator, the first process keeps what it dropped reserved in its
+cache, and the second runs out of memory. With gpupool, what one process drops goes back to
+gpupoold (or waits in its client cache, which gpupoold asks for back), and the other
+process's allocation gets it. Each mode runs in fresh processes; the output says, for each
+process, how many peaks it reached and the error that stopped it, if any.
+
+Run it under bench/with-gpupoold.sh (make bench-frameworks does). The exit status is 1 when a
+gpupool process failed its peak, whatever PyTorch's allocator did.
+"""
+import argparse
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import time
+
+GiB = 1 << 30
+MiB = 1 << 20
+CHUNKS = (1 * GiB, 256 * MiB, 64 * MiB, 512 * MiB, 16 * MiB)     # a peak's tensors, in turn
+
+
+def worker(a):
+    gpupool = None
+    if a.allocator == "gpupool":
+        import gpupool
+
+        gpupool.use_with_torch()
+    import torch
+
+    if not torch.cuda.is_available():
+        sys.exit("torch_elastic.py: PyTorch sees no CUDA device")
+    total = torch.cuda.get_device_properties(0).total_memory
+    peak = int(total * a.peak) // MiB * MiB        # whole float32 tensors
+    print(f"ready {total}", flush=True)
+    for line in sys.stdin:
+        if line.strip() == "quit":
+            return
+        held, tensors, t0, i = 0, [], time.perf_counter(), 0
+        try:
+            while held < peak:
+                n = min(CHUNKS[i % len(CHUNKS)], peak - held)
+                i += 1
+                t = torch.empty(n // 4, dtype=torch.float32, device="cuda")
+                t.fill_(float(i))           # touch every page: the memory is really there
+                tensors.append(t)
+                held += t.numel() * 4
+            check = sum(float(t[-1]) for t in tensors[-4:])
+            reply = {"ok": True, "peak_bytes": held, "tensors": len(tensors), "check": check}
+        except RuntimeError as e:          # torch.OutOfMemoryError, or gpupool's refusal
+            if "out of memory" not in str(e).lower():
+                raise
+            reply = {"ok": False, "held_bytes": held, "error": str(e).strip().splitlines()[0][:400]}
+        del tensors
+        torch.cuda.synchronize()
+        reply["seconds"] = round(time.perf_counter() - t0, 3)
+        if gpupool is None:
+            reply["torch_reserved_after_bytes"] = torch.cuda.memory_reserved()
+        else:
+            s = gpupool.stats()
+            reply["gpupool_cached_after_bytes"] = s["cached_bytes"]
+            reply["gpupool_mapped_after_bytes"] = s["mapped_bytes"]
+        print(json.dumps(reply), flush=True)
+
+
+def counters():
+    """gpupoold's reclaim and release counters (gpupoolctl metrics), to show where memory came from."""
+    ctl = os.environ.get("GPUPOOL_CTL", "gpupoolctl")
+    out = subprocess.run([ctl, "metrics"], capture_output=True, text=True)
+    if out.returncode != 0:
+        return {"error": out.stderr.strip()}
+    keep = ("gpupool_reclaims_total", "gpupool_evictions_total", "gpupool_watermark_releases_total",
+            "gpupool_allocations_total", "gpupool_refusals_total")
+    found = {}
+    for line in out.stdout.splitlines():
+        if line.startswith(keep):
+            name, _, value = line.rpartition(" ")
+            if float(value):
+                found[name] = int(float(value))
+    return found
+
+
+def run_mode(a, allocator):
+    procs = []
+    for name in ("A", "B"):
+        env = dict(os.environ, GPUPOOL_CLIENT_NAME=f"elastic-{name}")
+        cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--allocator", allocator, "--peak", str(a.peak)]
+        procs.append((name, subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)))
+    reached = {name: 0 for name, _ in procs}
+    failed = {}
+    try:
+        for name, p in procs:
+            line = p.stdout.readline().split()
+            if not line or line[0] != "ready":
+                raise RuntimeError(f"{allocator}: process {name} did not start (exit status {p.wait()})")
+            total = int(line[1])
+        print(f"{allocator}: GPU memory {total / GiB:.1f} GiB; each process peaks at {a.peak:.2f} of it "
+              f"({a.peak * total / GiB:.1f} GiB), {2 * a.peak:.2f} of the GPU together", flush=True)
+        for rnd in range(1, a.rounds + 1):
+            for name, p in procs:
+                if name in failed:
+                    continue
+                p.stdin.write("peak\n")
+                p.stdin.flush()
+                line = p.stdout.readline()
+                if not line:
+                    raise RuntimeError(f"{allocator}: process {name} died (exit status {p.wait()})")
+                r = json.loads(line)
+                print(f"{allocator}: round {rnd} process {name}: {json.dumps(r)}", flush=True)
+                if r["ok"]:
+                    reached[name] += 1
+                else:
+                    failed[name] = f"round {rnd}: {r['error']}"
+        for _, p in procs:
+            p.stdin.write("quit\n")
+            p.stdin.flush()
+            p.wait()
+    finally:
+        for _, p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    return reached, failed
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--allocator", choices=("torch", "gpupool"), default="torch", help=argparse.SUPPRESS)
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--peak", type=float, default=0.6, help="each process's peak, a fraction of the GPU (default 0.6)")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--modes", default="torch,gpupool")
+    a = p.parse_args()
+    if a.worker:
+        return worker(a)
+    if importlib.util.find_spec("torch") is None:
+        sys.exit("torch_elastic.py: PyTorch is not installed (python3 -c 'import torch' fails)")
+    if not 0.5 < a.peak < 1:
+        sys.exit("torch_elastic.py: --peak must be over 0.5 (the two peaks exceed the GPU) and under 1")
+    if not os.environ.get("GPUPOOL_SOCKET"):
+        sys.exit("torch_elastic.py: GPUPOOL_SOCKET is not set; run it under bench/with-gpupoold.sh")
+    status = 0
+    summary = []
+    for allocator in a.modes.split(","):
+        before = counters()
+        reached, failed = run_mode(a, allocator)
+        after = counters()
+        for name in ("A", "B"):
+            line = f"| {allocator} | {name} | {reached[name]} of {a.rounds} | {failed.get(name, 'finished')} |"
+            summary.append(line)
+        if allocator == "gpupool":
+            moved = {k: v - before.get(k, 0) for k, v in after.items() if v != before.get(k, 0)}
+            print(f"gpupool: gpupoold's counters during the run: {json.dumps(moved)}")
+            if failed:
+                status = 1
+    print("\n| allocator | process | peaks reached | outcome |")
+    print("|---|---|---|---|")
+    print("\n".join(summary))
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

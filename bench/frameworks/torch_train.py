@@ -1,0 +1,178 @@
+"""One PyTorch training process for bench/frameworks/torch_throughput.py: a small GPT-like
+transformer or a ResNet-18 (written out here, so that torchvision is not needed) trained with
+AdamW on random data, its memory from PyTorch's own caching allocator or from gpupool.
+
+It talks to the driver on stdin/stdout, one line each way, so that the processes of a run
+measure at the same time: after the warm-up steps it prints "ready" and waits for "go", then
+times --chunks chunks of --chunk-steps steps (synchronizing at the end of each) and prints one
+JSON line with the samples per second of each chunk and their median.
+
+Run alone (python3 bench/frameworks/torch_train.py --allocator gpupool) it does not wait.
+--device cpu runs the same steps on the CPU with PyTorch's allocator: a check of the script on
+a machine without a GPU, not a measurement.
+"""
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--allocator", choices=("torch", "gpupool"), default="torch")
+    p.add_argument("--model", choices=("transformer", "resnet18"), default="transformer")
+    p.add_argument("--batch", type=int, default=0, help="samples per step (default: 32 transformer, 64 resnet18)")
+    p.add_argument("--warmup", type=int, default=10, help="steps before the timing")
+    p.add_argument("--chunks", type=int, default=10)
+    p.add_argument("--chunk-steps", type=int, default=5)
+    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    p.add_argument("--wait", action="store_true", help="print ready, wait for go on stdin (the driver)")
+    p.add_argument("--small", action="store_true", help="a model small enough for --device cpu")
+    a = p.parse_args(argv)
+    if a.device == "cpu" and a.allocator != "torch":
+        p.error("--device cpu runs with --allocator torch only: gpupool gives device memory")
+    if not a.batch:
+        a.batch = 32 if a.model == "transformer" else 64
+    return a
+
+
+def build(torch, a):
+    nn = torch.nn
+    small = a.small
+
+    class Transformer(nn.Module):
+        # GPT-like: token and position embeddings, pre-norm encoder layers under a causal mask.
+        def __init__(self, vocab=8192 if small else 32000, d=128 if small else 512, layers=2 if small else 6,
+                     heads=4 if small else 8, seq=64 if small else 256):
+            super().__init__()
+            self.vocab, self.seq = vocab, seq
+            self.emb = nn.Embedding(vocab, d)
+            self.pos = nn.Parameter(torch.zeros(seq, d))
+            layer = nn.TransformerEncoderLayer(d, heads, 4 * d, dropout=0.0, batch_first=True, norm_first=True)
+            self.enc = nn.TransformerEncoder(layer, layers)
+            self.head = nn.Linear(d, vocab)
+            self.register_buffer("mask", torch.triu(torch.full((seq, seq), float("-inf")), diagonal=1))
+
+        def forward(self, x):
+            return self.head(self.enc(self.emb(x) + self.pos, mask=self.mask))
+
+        def batch(self, n, device):
+            x = torch.randint(0, self.vocab, (n, self.seq), device=device)
+            return x, torch.roll(x, -1, 1)
+
+        def loss(self, out, y):
+            return nn.functional.cross_entropy(out.reshape(-1, self.vocab), y.reshape(-1))
+
+    class Block(nn.Module):
+        def __init__(self, cin, cout, stride):
+            super().__init__()
+            self.c1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+            self.b1 = nn.BatchNorm2d(cout)
+            self.c2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+            self.b2 = nn.BatchNorm2d(cout)
+            self.down = None
+            if stride != 1 or cin != cout:
+                self.down = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+
+        def forward(self, x):
+            y = torch.relu(self.b1(self.c1(x)))
+            y = self.b2(self.c2(y))
+            return torch.relu(y + (x if self.down is None else self.down(x)))
+
+    class ResNet18(nn.Module):
+        def __init__(self, classes=1000, side=64 if small else 224):
+            super().__init__()
+            self.classes, self.side = classes, side
+            self.stem = nn.Sequential(nn.Conv2d(3, 64, 7, 2, 3, bias=False), nn.BatchNorm2d(64), nn.ReLU(),
+                                      nn.MaxPool2d(3, 2, 1))
+            blocks, cin = [], 64
+            for cout, stride in ((64, 1), (128, 2), (256, 2), (512, 2)):
+                blocks += [Block(cin, cout, stride), Block(cout, cout, 1)]
+                cin = cout
+            self.blocks = nn.Sequential(*blocks)
+            self.fc = nn.Linear(512, classes)
+
+        def forward(self, x):
+            return self.fc(torch.flatten(nn.functional.adaptive_avg_pool2d(self.blocks(self.stem(x)), 1), 1))
+
+        def batch(self, n, device):
+            return (torch.randn(n, 3, self.side, self.side, device=device),
+                    torch.randint(0, self.classes, (n,), device=device))
+
+        def loss(self, out, y):
+            return nn.functional.cross_entropy(out, y)
+
+    return Transformer() if a.model == "transformer" else ResNet18()
+
+
+def memory(torch, gpupool, a):
+    """What this process holds now, as each allocator can say it."""
+    if a.device != "cuda":
+        return {}
+    if gpupool is not None:
+        s = gpupool.stats()
+        return {"gpupool_" + k: s[k] for k in ("live_bytes", "cached_bytes", "mapped_bytes")}
+    return {"torch_max_reserved_bytes": torch.cuda.max_memory_reserved(),
+            "torch_max_allocated_bytes": torch.cuda.max_memory_allocated()}
+
+
+def main(argv=None):
+    a = parse_args(argv)
+    gpupool = None
+    if a.allocator == "gpupool":
+        import gpupool
+
+        gpupool.use_with_torch()        # before torch touches the GPU
+    import torch
+
+    if a.device == "cuda" and not torch.cuda.is_available():
+        sys.exit("torch_train.py: PyTorch sees no CUDA device (--device cpu checks the script without one)")
+    torch.manual_seed(0)
+    if a.device == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+        torch.backends.cudnn.benchmark = True
+    model = build(torch, a).to(a.device)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+    def sync():
+        if a.device == "cuda":
+            torch.cuda.synchronize()
+
+    def step():
+        # New inputs each step, as a data loader gives: the allocator serves them too.
+        x, y = model.batch(a.batch, a.device)
+        loss = model.loss(model(x), y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        return loss
+
+    for _ in range(a.warmup):
+        loss = step()
+    sync()
+    if a.wait:
+        print("ready", flush=True)
+        line = sys.stdin.readline().strip()
+        if line != "go":
+            sys.exit(f"torch_train.py: expected 'go' from the driver, got {line!r}")
+    rates = []
+    for _ in range(a.chunks):
+        t0 = time.perf_counter()
+        for _ in range(a.chunk_steps):
+            loss = step()
+        sync()
+        rates.append(a.batch * a.chunk_steps / (time.perf_counter() - t0))
+    result = {
+        "pid": os.getpid(), "allocator": a.allocator, "model": a.model, "batch": a.batch,
+        "samples_per_s": statistics.median(rates), "chunks": [round(r, 2) for r in rates],
+        "loss": float(loss), "torch": torch.__version__,
+    }
+    result.update(memory(torch, gpupool, a))
+    print(json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,188 @@
+"""The framework hooks with the real PyTorch and CuPy on a GPU, against a gpupoold with the cuda
+backend (make check-gpu runs it after check_gpu). Each scenario runs in a fresh interpreter
+(the hooks keep one handle per process); a framework that is not installed, or a machine
+without a GPU, skips its tests and says why.
+
+What they check is what the frameworks' own tests of a custom allocator check: allocations go
+through it, the results computed in that memory are right, freed memory comes back, and a
+refusal is the framework's out-of-memory error. Here the refusal must also carry gpupoold's
+reason, and for PyTorch it crosses PyTorch's C++ as an exception (the hook's throw path).
+"""
+import os
+import subprocess
+import sys
+import unittest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "python"))
+
+from test_gpupool import BUILD, Daemon, run_python  # noqa: E402
+
+MiB = 1 << 20
+
+
+def _missing(module):
+    """Why module cannot be tested here, or None."""
+    r = subprocess.run([sys.executable, "-c", f"import {module}"], capture_output=True, text=True)
+    if r.returncode != 0:
+        return f"{module} is not installed"
+    return None
+
+
+def _no_gpu():
+    try:
+        r = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True)
+    except OSError:
+        return "no nvidia-smi: no GPU on this machine"
+    return None if r.returncode == 0 and "GPU" in r.stdout else "nvidia-smi lists no GPU"
+
+
+NO_GPU = _no_gpu()
+
+
+class GpuCase(unittest.TestCase):
+    module = None
+
+    def setUp(self):
+        why = NO_GPU or _missing(self.module)
+        if why:
+            self.skipTest(why)
+        # 64 MiB per client: the refusal tests ask for more.
+        self.d = Daemon("--client-limit", "64M", backend="cuda")
+        self.addCleanup(lambda: self.assertEqual(self.d.stop(), 0))
+
+    def run_ok(self, code, **env):
+        r = run_python(code, self.d.sock, fakes=False, **env)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr + "\ngpupoold:\n" + self.d.read_log())
+        return r.stdout
+
+
+class TestCupy(GpuCase):
+    module = "cupy"
+
+    def test_arrays_live_in_gpupool_memory(self):
+        out = self.run_ok("""
+            import json, numpy, gpupool, cupy
+            gpupool.use_with_cupy()
+            float(cupy.ones(4).sum())                     # what CuPy keeps after its first kernel
+            base = gpupool.stats()["live_blocks"]
+            a = cupy.arange(1 << 20, dtype=cupy.float32)
+            b = cupy.sin(a) @ cupy.cos(a)                 # an elementwise kernel and cuBLAS
+            want = numpy.sin(numpy.arange(1 << 20, dtype=numpy.float32)) @ numpy.cos(numpy.arange(1 << 20, dtype=numpy.float32))
+            print("close", bool(abs(float(b) - float(want)) <= 1e-3 * abs(float(want)) + 1e-2))
+            st = gpupool.stats()
+            print("live", st["live_blocks"] > 0, st["live_bytes"] >= 4 << 20)
+            me = [c for c in gpupool.status()["clients"] if c["name"] == "python"]
+            print("seen", len(me))
+            del a, b
+            cupy.cuda.Device().synchronize()
+            print("after", gpupool.stats()["live_blocks"] - base)
+        """, GPUPOOL_CLIENT_CACHE="0")
+        self.assertIn("close True\n", out)
+        self.assertIn("live True True\n", out)
+        self.assertIn("seen 1\n", out)
+        self.assertIn("after 0\n", out)
+
+    def test_refusal_is_cupy_out_of_memory_with_reason(self):
+        out = self.run_ok("""
+            import gpupool, cupy
+            gpupool.use_with_cupy()
+            try:
+                cupy.empty(128 << 20, dtype=cupy.uint8)
+            except cupy.cuda.memory.OutOfMemoryError as e:
+                print("oom:", e, isinstance(e, MemoryError))
+            x = cupy.ones(1 << 20, dtype=cupy.float32)      # still usable after a refusal
+            print("sum", float(x.sum()))
+        """)
+        self.assertIn("oom: Out of memory allocating 134,217,728 bytes: gpupool refused allocating 128.0 MiB", out)
+        self.assertIn("over its limit of 64.0 MiB", out)
+        self.assertIn(" True\n", out)
+        self.assertIn("sum 1048576.0\n", out)
+
+    def test_many_sizes_and_reuse(self):
+        out = self.run_ok("""
+            import gpupool, cupy
+            gpupool.use_with_cupy()
+            float(cupy.ones(4).sum())
+            base = gpupool.stats()["live_blocks"]
+            total = 0.0
+            for i in range(2000):
+                n = 1 + (i * 7919) % (1 << 18)
+                total += float(cupy.full(n, 1, dtype=cupy.float32).sum())
+            print("total", int(total) == sum(1 + (i * 7919) % (1 << 18) for i in range(2000)))
+            cupy.cuda.Device().synchronize()
+            print("live", gpupool.stats()["live_blocks"] - base)
+        """)
+        self.assertIn("total True\n", out)
+        self.assertIn("live 0\n", out)
+
+
+class TestTorch(GpuCase):
+    module = "torch"
+
+    def test_tensors_live_in_gpupool_memory(self):
+        out = self.run_ok("""
+            import gpupool
+            gpupool.use_with_torch()
+            import torch
+            float(torch.ones(4, device="cuda").sum())     # what PyTorch keeps after its first kernel
+            base = gpupool.stats()["live_blocks"]
+            x = torch.arange(1 << 20, dtype=torch.float32, device="cuda")
+            y = (x * 2).sum()
+            print("sum", int(y.item()) == (1 << 20) * ((1 << 20) - 1))
+            st = gpupool.stats()
+            print("live", st["live_blocks"] > 0, st["live_bytes"] >= 4 << 20)
+            s = torch.cuda.Stream()
+            with torch.cuda.stream(s):                  # a block freed on a side stream
+                z = torch.ones(1 << 20, device="cuda")
+                w = float(z.sum())
+                del z
+            s.synchronize()
+            del x, y
+            torch.cuda.synchronize()
+            gpupool.trim()
+            print("after", gpupool.stats()["live_blocks"] - base, w)
+        """, GPUPOOL_CLIENT_CACHE="0")
+        self.assertIn("sum True\n", out)
+        self.assertIn("live True True\n", out)
+        self.assertIn("after 0 1048576.0\n", out)
+
+    def test_refusal_raises_through_pytorch_with_reason(self):
+        out = self.run_ok("""
+            import gpupool
+            gpupool.use_with_torch()
+            import torch
+            try:
+                torch.empty(128 << 20, dtype=torch.uint8, device="cuda")
+            except RuntimeError as e:
+                print("oom:", str(e).splitlines()[0])
+            x = torch.ones(1 << 20, device="cuda")        # still usable after a refusal
+            print("sum", float(x.sum()))
+        """)
+        self.assertIn("oom: CUDA out of memory. gpupool refused allocating 128.0 MiB", out)
+        self.assertIn("over its limit of 64.0 MiB", out)
+        self.assertIn("sum 1048576.0\n", out)
+
+    def test_training_steps(self):
+        out = self.run_ok("""
+            import gpupool
+            gpupool.use_with_torch()
+            import torch
+            torch.manual_seed(0)
+            m = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 10)).cuda()
+            opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
+            x, y = torch.randn(512, 256, device="cuda"), torch.randint(0, 10, (512,), device="cuda")
+            first = None
+            for _ in range(200):
+                loss = torch.nn.functional.cross_entropy(m(x), y)
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                opt.step()
+                first = first if first is not None else float(loss)
+            print("learned", float(loss) < first / 2)
+        """)
+        self.assertIn("learned True\n", out)
+
+
+if __name__ == "__main__":
+    print(f"gpupool framework tests on a GPU, build {BUILD}")
+    unittest.main()
