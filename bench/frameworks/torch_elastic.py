@@ -27,6 +27,25 @@ MiB = 1 << 20
 CHUNKS = (1 * GiB, 256 * MiB, 64 * MiB, 512 * MiB, 16 * MiB)     # a peak's tensors, in turn
 
 
+def reach_peak(torch, peak):
+    """Holds peak bytes in tensors, works on them and drops them all (they are this frame's
+    only references: returning frees them, an exception's traceback included)."""
+    held, tensors, i = 0, [], 0
+    try:
+        while held < peak:
+            n = min(CHUNKS[i % len(CHUNKS)], peak - held)
+            i += 1
+            tensors.append(torch.empty(n // 4, dtype=torch.float32, device="cuda"))
+            tensors[-1].fill_(float(i))     # touch every page: the memory is really there
+            held += n
+        return {"ok": True, "peak_bytes": held, "tensors": len(tensors),
+                "check": sum(float(t[-1]) for t in tensors[-4:])}
+    except RuntimeError as e:              # torch.OutOfMemoryError, or gpupool's refusal
+        if "out of memory" not in str(e).lower():
+            raise
+        return {"ok": False, "held_bytes": held, "error": str(e).strip().splitlines()[0][:400]}
+
+
 def worker(a):
     gpupool = None
     if a.allocator == "gpupool":
@@ -43,22 +62,8 @@ def worker(a):
     for line in sys.stdin:
         if line.strip() == "quit":
             return
-        held, tensors, t0, i = 0, [], time.perf_counter(), 0
-        try:
-            while held < peak:
-                n = min(CHUNKS[i % len(CHUNKS)], peak - held)
-                i += 1
-                t = torch.empty(n // 4, dtype=torch.float32, device="cuda")
-                t.fill_(float(i))           # touch every page: the memory is really there
-                tensors.append(t)
-                held += t.numel() * 4
-            check = sum(float(t[-1]) for t in tensors[-4:])
-            reply = {"ok": True, "peak_bytes": held, "tensors": len(tensors), "check": check}
-        except RuntimeError as e:          # torch.OutOfMemoryError, or gpupool's refusal
-            if "out of memory" not in str(e).lower():
-                raise
-            reply = {"ok": False, "held_bytes": held, "error": str(e).strip().splitlines()[0][:400]}
-        del tensors
+        t0 = time.perf_counter()
+        reply = reach_peak(torch, peak)
         torch.cuda.synchronize()
         reply["seconds"] = round(time.perf_counter() - t0, 3)
         if gpupool is None:

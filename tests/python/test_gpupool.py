@@ -253,6 +253,36 @@ class TestFrameworks(unittest.TestCase):
         self.assertIn("is gpupoold running?", out)
 
 
+class TestElasticity(unittest.TestCase):
+    """bench/frameworks/torch_elastic.py's gpupool mode on the host backend (1 GiB), through the
+    PyTorch hooks and the stand-in's tensors: two processes whose peaks are 0.6 of the device
+    each, in turns, both finish, the memory one drops going to the other."""
+
+    def run_elastic(self, *daemon_args):
+        d = Daemon(*daemon_args)
+        try:
+            env = dict(os.environ, GPUPOOL_SOCKET=d.sock,
+                       PYTHONPATH=os.pathsep.join([os.path.join(TREE, "python"), os.path.join(HERE, "fakes")]))
+            run = subprocess.run([sys.executable, "-W", "ignore", os.path.join(TREE, "bench", "frameworks", "torch_elastic.py"),
+                                  "--modes", "gpupool", "--peak", "0.6", "--rounds", "2"],
+                                 capture_output=True, text=True, env=env, timeout=300)
+        finally:
+            self.assertEqual(d.stop(), 0)
+        return run
+
+    def test_both_peaks_fit_in_turns(self):
+        run = self.run_elastic()
+        self.assertEqual(run.returncode, 0, run.stdout + run.stderr)
+        self.assertIn("| gpupool | A | 2 of 2 | finished |", run.stdout)
+        self.assertIn("| gpupool | B | 2 of 2 | finished |", run.stdout)
+
+    def test_a_refused_peak_fails_the_run_with_the_reason(self):
+        run = self.run_elastic("--client-limit", "256M")
+        self.assertEqual(run.returncode, 1, run.stdout + run.stderr)
+        self.assertIn("| gpupool | A | 0 of 2 | round 1: CUDA out of memory. gpupool refused allocating", run.stdout)
+        self.assertIn("over its limit of 256.0 MiB", run.stdout)
+
+
 class TestPackage(unittest.TestCase):
     def test_version_matches_the_daemon(self):
         run = subprocess.run([os.path.join(BUILD, "gpupoold"), "--version"], capture_output=True, text=True)
