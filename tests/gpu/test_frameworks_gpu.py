@@ -82,6 +82,32 @@ class TestCupy(GpuCase):
         self.assertIn("seen 1\n", out)
         self.assertIn("after 0\n", out)
 
+    def test_allocator_contract(self):
+        # What CuPy's own tests of set_allocator check (tests/cupy_tests/cuda_tests/test_memory.py):
+        # the array's memory is the allocator's, of the size asked; another thread allocates
+        # through it too; set_allocator() takes it out again (CuPy then calls cudaMalloc itself,
+        # its pool unused too).
+        out = self.run_ok("""
+            import threading, gpupool, cupy
+            gpupool.use_with_cupy()
+            arr = cupy.arange(128, dtype=cupy.int64)
+            print("size", arr.data.mem.size, gpupool.stats()["live_bytes"] >= 1024)
+            seen = []
+            t = threading.Thread(target=lambda: seen.append(int(cupy.arange(16).sum())))
+            t.start()
+            t.join()
+            print("thread", seen)
+            live = gpupool.stats()["live_blocks"]
+            cupy.cuda.set_allocator()
+            pool = cupy.get_default_memory_pool()
+            used = pool.used_bytes()
+            other = cupy.arange(128, dtype=cupy.int64)
+            print("restored", pool.used_bytes() - used, gpupool.stats()["live_blocks"] - live)
+        """)
+        self.assertIn("size 1024 True\n", out)
+        self.assertIn("thread [120]\n", out)
+        self.assertIn("restored 0 0\n", out)
+
     def test_refusal_is_cupy_out_of_memory_with_reason(self):
         out = self.run_ok("""
             import gpupool, cupy
