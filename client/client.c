@@ -517,7 +517,7 @@ static int alloc_on(gpupool_client *c, int device, size_t size, void *stream, bo
         struct block *b = NULL;
         struct mapping *m;
         /* The size as the daemon rounds it, which is what the cache is indexed by (0: too large to round). */
-        uint64_t rsize = size <= UINT64_MAX - 511 ? (size + 511) & ~(uint64_t) 511 : 0;
+        uint64_t rsize = size <= UINT64_MAX - GP_BLOCK_ALIGN ? (size + GP_BLOCK_ALIGN - 1) & ~(GP_BLOCK_ALIGN - 1) : 0;
         int r, fd = -1, d;
         bool is_new;
 

@@ -63,15 +63,17 @@ static void register_fork(void) {
 
 GPUPOOL_EXPORT int gpupool_hook_client(gpupool_client **ret_client) {
         gpupool_client *c = __atomic_load_n(&hook_handle, __ATOMIC_ACQUIRE);
-        const char *name = getenv("GPUPOOL_CLIENT_NAME"), *path = getenv("GPUPOOL_SOCKET");
+        const char *name, *path;
         int r = 0;
 
         if (!ret_client)
                 return -EINVAL;
         if (c) {
-                *ret_client = c;
+                *ret_client = c;        /* every hooked allocation comes here: nothing more on this path */
                 return 0;
         }
+        name = getenv("GPUPOOL_CLIENT_NAME");
+        path = getenv("GPUPOOL_SOCKET");
         pthread_once(&hook_fork_once, register_fork);
         pthread_mutex_lock(&hook_lock);
         if (!hook_handle) {

@@ -25,6 +25,8 @@
 #define GP_MAX_REQUEST_BYTES 4096
 /* The largest reply (a status of every client). Below the default SO_SNDBUF of AF_UNIX. */
 #define GP_MAX_REPLY_BYTES (160 * 1024)
+/* Every block's size is rounded up to this (AllocRequest); the client's cache is keyed on it. */
+#define GP_BLOCK_ALIGN 512ULL
 /* A client's declared name, bytes, not counting the NUL. */
 #define GP_MAX_NAME_BYTES 63
 

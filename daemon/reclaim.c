@@ -91,17 +91,18 @@ uint64_t reclaim_ask(struct server *server, struct session *requester, unsigned 
         return asked;
 }
 
-uint64_t reclaim_all(struct server *server, struct session *c, int device, bool to_backend, uint64_t *bytes, bool *asked) {
-        uint64_t segments = 0;
+void reclaim_all(struct server *server, struct session *c, int device, bool to_backend, uint32_t *clients,
+                 uint64_t *segments, uint64_t *bytes) {
+        bool asked = false;
 
         if (!c->control || c->state != SESSION_READY)
-                return 0;
+                return;
         for (unsigned d = 0; d < server->device_count; d++)
                 if (device < 0 || (unsigned) device == d)
                         /* The client's cache is one for all devices: asked for once, with the first device's segments. */
                         *bytes += ask(server, c, d, UINT64_MAX, to_backend, d == (device < 0 ? 0u : (unsigned) device),
-                                      &segments, asked);
-        return segments;
+                                      segments, &asked);
+        *clients += asked;
 }
 
 void reclaim_answered(struct session *control, const Gpupool__ReclaimReply *reply) {

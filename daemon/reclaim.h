@@ -33,11 +33,11 @@ uint64_t reclaim_ask(struct server *server, struct session *requester, unsigned 
 /*
  * Asks client for every segment it keeps, on device (-1: every device), and for the blocks in
  * its own cache; with to_backend the segments go to the backend when they come back, not to
- * the cache. Returns the segments asked; adds the bytes to *bytes; sets *asked when the client
+ * the cache. Adds what it asked for to *segments and *bytes, and 1 to *clients when the client
  * was asked anything.
  */
-uint64_t reclaim_all(struct server *server, struct session *client, int device, bool to_backend, uint64_t *bytes,
-                     bool *asked);
+void reclaim_all(struct server *server, struct session *client, int device, bool to_backend, uint32_t *clients,
+                 uint64_t *segments, uint64_t *bytes);
 
 /* A control channel's answer: the client unmapped these segments; they go to the cache. */
 void reclaim_answered(struct session *control, const Gpupool__ReclaimReply *reply);

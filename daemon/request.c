@@ -18,6 +18,8 @@
 #include "log.h"
 #include "reclaim.h"
 #include "server.h"
+
+_Static_assert(POOL_BLOCK_ALIGN == GP_BLOCK_ALIGN, "the pool rounds blocks as the protocol says");
 #include "session.h"
 #include "size.h"
 

@@ -185,17 +185,10 @@ void request_flush(struct session *s, const Gpupool__Envelope *req, struct reply
                         return;
                 }
                 fr.has_clients_asked = fr.has_segments_asked = fr.has_bytes_asked = 1;
-                for (struct session *c = server->sessions; c; c = c->next) {
-                        uint64_t segments;
-
-                        if (c->tenant != t || c == s)
-                                continue;
-                        bool asked = false;
-
-                        segments = reclaim_all(server, c, f->has_device ? (int) f->device : -1, true, &fr.bytes_asked, &asked);
-                        fr.segments_asked += segments;
-                        fr.clients_asked += asked;
-                }
+                for (struct session *c = server->sessions; c; c = c->next)
+                        if (c->tenant == t && c != s)
+                                reclaim_all(server, c, f->has_device ? (int) f->device : -1, true, &fr.clients_asked,
+                                            &fr.segments_asked, &fr.bytes_asked);
                 log_info("flush by client %llu (pid %d): asked %u clients of tenant %s for %" PRIu64 " segments",
                          (unsigned long long) s->id, (int) s->pid, fr.clients_asked, t->conf.name, fr.segments_asked);
                 request_ok(&env, req->id);
@@ -309,17 +302,9 @@ void request_trim(struct session *s, const Gpupool__Envelope *req, struct reply 
         }
         for (struct session *c = server->sessions; c; c = c->next) {
                 bool chosen = t->has_pid ? c->pid == t->pid : c->tenant == tenant;
-                uint64_t segments;
 
-                if (!chosen || c->control_of || c == s || !c->tenant)
-                        continue;
-                {
-                        bool asked = false;
-
-                        segments = reclaim_all(server, c, -1, false, &tr.bytes, &asked);
-                        tr.segments += segments;
-                        tr.clients += asked;
-                }
+                if (chosen && !c->control_of && c != s && c->tenant)
+                        reclaim_all(server, c, -1, false, &tr.clients, &tr.segments, &tr.bytes);
         }
         request_ok(&env, req->id);
         env.body_case = GPUPOOL__ENVELOPE__BODY_TRIM_REPLY;

@@ -22,6 +22,8 @@ import subprocess
 import sys
 import time
 
+from workers import workers
+
 GiB = 1 << 30
 MiB = 1 << 20
 CHUNKS = (1 * GiB, 256 * MiB, 64 * MiB, 512 * MiB, 16 * MiB)     # a peak's tensors, in turn
@@ -93,45 +95,26 @@ def counters():
 
 
 def run_mode(a, allocator):
-    procs = []
-    for name in ("A", "B"):
-        env = dict(os.environ, GPUPOOL_CLIENT_NAME=f"elastic-{name}")
-        cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--allocator", allocator, "--peak", str(a.peak)]
-        procs.append((name, subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)))
-    reached = {name: 0 for name, _ in procs}
-    failed = {}
-    try:
-        for name, p in procs:
-            line = p.stdout.readline().split()
-            if not line or line[0] != "ready":
-                raise RuntimeError(f"{allocator}: process {name} did not start (exit status {p.wait()})")
-            total = int(line[1])
+    argv = [os.path.abspath(__file__), "--worker", "--allocator", allocator, "--peak", str(a.peak)]
+    reached, failed = {"A": 0, "B": 0}, {}
+    with workers((f"elastic-{name}", argv) for name in reached) as ws:
+        total = max(int(w.ready()[0]) for w in ws)
         print(f"{allocator}: GPU memory {total / GiB:.1f} GiB; each process peaks at {a.peak:.2f} of it "
               f"({a.peak * total / GiB:.1f} GiB), {2 * a.peak:.2f} of the GPU together", flush=True)
         for rnd in range(1, a.rounds + 1):
-            for name, p in procs:
+            for name, w in zip(reached, ws):
                 if name in failed:
                     continue
-                p.stdin.write("peak\n")
-                p.stdin.flush()
-                line = p.stdout.readline()
-                if not line:
-                    raise RuntimeError(f"{allocator}: process {name} died (exit status {p.wait()})")
-                r = json.loads(line)
+                w.send("peak")
+                r = json.loads(w.read())
                 print(f"{allocator}: round {rnd} process {name}: {json.dumps(r)}", flush=True)
                 if r["ok"]:
                     reached[name] += 1
                 else:
                     failed[name] = f"round {rnd}: {r['error']}"
-        for _, p in procs:
-            p.stdin.write("quit\n")
-            p.stdin.flush()
-            p.wait()
-    finally:
-        for _, p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+        for w in ws:
+            w.send("quit")
+            w.finish()
     return reached, failed
 
 

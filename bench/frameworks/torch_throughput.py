@@ -16,39 +16,24 @@ import importlib.util
 import json
 import os
 import statistics
-import subprocess
 import sys
+
+from workers import workers
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def run_pair(a, allocator, model, rep, extra):
-    procs = []
-    for i in range(a.procs):
-        env = dict(os.environ, GPUPOOL_CLIENT_NAME=f"train-{model}-{i}")
-        cmd = [sys.executable, os.path.join(HERE, "torch_train.py"), "--wait", "--allocator", allocator,
-               "--model", model, "--device", a.device] + extra
-        procs.append(subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env))
-    try:
-        for p in procs:
-            line = p.stdout.readline().strip()
-            if line != "ready":
-                raise RuntimeError(f"{allocator}/{model}: a process did not get ready (it printed {line!r}; "
-                                   f"exit status {p.wait()})")
-        for p in procs:                     # all warmed up: they time the same interval
-            p.stdin.write("go\n")
-            p.stdin.flush()
-        results = []
-        for p in procs:
-            line = p.stdout.readline()
-            if p.wait() != 0 or not line:
-                raise RuntimeError(f"{allocator}/{model}: a process failed (exit status {p.returncode})")
-            results.append(json.loads(line))
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+    argv = [os.path.join(HERE, "torch_train.py"), "--wait", "--allocator", allocator, "--model", model,
+            "--device", a.device] + extra
+    with workers((f"train-{model}-{i}", argv) for i in range(a.procs)) as ws:
+        for w in ws:
+            w.ready()
+        for w in ws:                        # all warmed up: they time the same interval
+            w.send("go")
+        results = [json.loads(w.read()) for w in ws]
+        for w in ws:
+            w.finish()
     total = sum(r["samples_per_s"] for r in results)
     print(f"rep {rep} {model:<11} {allocator:<8} " + " + ".join(f"{r['samples_per_s']:.1f}" for r in results)
           + f" = {total:.1f} samples/s  " + json.dumps(results), flush=True)

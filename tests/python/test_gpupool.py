@@ -65,13 +65,19 @@ class Daemon:
         return rc
 
 
-def run_python(code, sock, fakes=True, **env):
-    """Runs code in a fresh interpreter with the package and (unless fakes=False, for the real
-    frameworks on a GPU) the stand-ins importable."""
+def python_env(sock, fakes=True, **env):
+    """An environment for a fresh interpreter on sock with the package and (unless fakes=False,
+    for the real frameworks on a GPU) the stand-ins importable."""
     path = [os.path.join(TREE, "python")] + ([os.path.join(HERE, "fakes")] if fakes else [])
     full = dict(os.environ, GPUPOOL_SOCKET=sock, PYTHONPATH=os.pathsep.join(path))
     full.update(env)
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, env=full)
+    return full
+
+
+def run_python(code, sock, fakes=True, **env):
+    """Runs code in a fresh interpreter (python_env)."""
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+                          env=python_env(sock, fakes, **env))
 
 
 class TestClient(unittest.TestCase):
@@ -232,8 +238,7 @@ class TestFrameworks(unittest.TestCase):
             with open(script, "w") as f:
                 f.write("import gpupool, cupy\ngpupool.use_with_cupy()\nm = cupy.cuda.get_allocator()(512)\n"
                         "print([c['name'] for c in gpupool.status()['clients']])\n")
-            env = dict(os.environ, GPUPOOL_SOCKET=self.d.sock,
-                       PYTHONPATH=os.pathsep.join([os.path.join(TREE, "python"), os.path.join(HERE, "fakes")]))
+            env = python_env(self.d.sock)
             run = subprocess.run([sys.executable, script], capture_output=True, text=True, env=env)
             self.assertIn("['train_resnet']", run.stdout, run.stderr)
             env["GPUPOOL_CLIENT_NAME"] = "job-42"
@@ -261,11 +266,9 @@ class TestElasticity(unittest.TestCase):
     def run_elastic(self, *daemon_args):
         d = Daemon(*daemon_args)
         try:
-            env = dict(os.environ, GPUPOOL_SOCKET=d.sock,
-                       PYTHONPATH=os.pathsep.join([os.path.join(TREE, "python"), os.path.join(HERE, "fakes")]))
             run = subprocess.run([sys.executable, "-W", "ignore", os.path.join(TREE, "bench", "frameworks", "torch_elastic.py"),
                                   "--modes", "gpupool", "--peak", "0.6", "--rounds", "2"],
-                                 capture_output=True, text=True, env=env, timeout=300)
+                                 capture_output=True, text=True, env=python_env(d.sock), timeout=300)
         finally:
             self.assertEqual(d.stop(), 0)
         return run
