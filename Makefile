@@ -115,14 +115,14 @@ all: $(DAEMON_BIN) $(CLI_BIN) $(LIB_SO) $(B)/libgpupool.so $(LIB_A) $(GENERATED)
 # Files that hold install paths are remade when the paths change (a stamp rewritten only then).
 stamp = @mkdir -p $(B); echo '$(1)' | cmp -s - $@ || echo '$(1)' > $@
 $(B)/paths.stamp: FORCE
-	$(call stamp,$(PREFIX) $(SBINDIR) $(LIBDIR) $(INCLUDEDIR) $(VERSION))
+	$(call stamp,$(PREFIX) $(BINDIR) $(SBINDIR) $(LIBDIR) $(INCLUDEDIR) $(VERSION))
 $(B)/sysconfdir.stamp: FORCE
 	$(call stamp,$(SYSCONFDIR))
 $(B)/obj/daemon/options.o: $(B)/sysconfdir.stamp
 
 $(B)/systemd/gpupoold.service: systemd/gpupoold.service.in $(B)/paths.stamp
 	@mkdir -p $(dir $@)
-	$(Q)sed -e 's|@SBINDIR@|$(SBINDIR)|g' $< > $@
+	$(Q)sed -e 's|@SBINDIR@|$(SBINDIR)|g; s|@BINDIR@|$(BINDIR)|g' $< > $@
 
 $(B)/gpupool.pc: client/gpupool.pc.in $(B)/paths.stamp
 	@mkdir -p $(dir $@)

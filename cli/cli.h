@@ -31,6 +31,7 @@ extern const struct cli_command cli_cmd_flush;
 extern const struct cli_command cli_cmd_trim;
 extern const struct cli_command cli_cmd_check;
 extern const struct cli_command cli_cmd_metrics;
+extern const struct cli_command cli_cmd_reload;
 
 /*
  * Sends a request (its body set by the caller) and waits for the reply carrying body want;

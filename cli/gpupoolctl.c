@@ -20,6 +20,7 @@ static const struct cli_command *const commands[] = {
         &cli_cmd_trim,
         &cli_cmd_check,
         &cli_cmd_metrics,
+        &cli_cmd_reload,
 };
 
 static void usage(FILE *f) {

@@ -69,10 +69,10 @@ int gp_wire_send_packet(int sock, const uint8_t *buf, size_t len, int pass_fd) {
         return (size_t) n == len ? 0 : -EIO;
 }
 
-int gp_wire_recv_packet(int sock, uint8_t *buf, size_t size, int *ret_fd) {
+int gp_wire_recv_packet_fds(int sock, uint8_t *buf, size_t size, int *fds, size_t *ret_nfds) {
         union {
-                /* Room for a few descriptors, so that extra ones are seen and closed. */
-                char buf[CMSG_SPACE(4 * sizeof(int))];
+                /* Room for every descriptor a packet can carry, and credentials besides. */
+                char buf[CMSG_SPACE(GP_WIRE_MAX_FDS * sizeof(int)) + CMSG_SPACE(64)];
                 struct cmsghdr align;
         } control;
         struct iovec iov = { .iov_base = buf, .iov_len = size };
@@ -80,9 +80,10 @@ int gp_wire_recv_packet(int sock, uint8_t *buf, size_t size, int *ret_fd) {
                 .msg_iov = &iov, .msg_iovlen = 1,
                 .msg_control = control.buf, .msg_controllen = sizeof(control.buf),
         };
-        int got_fd = -1, extra = 0;
+        size_t nfds = 0;
         ssize_t n;
 
+        *ret_nfds = 0;
         do
                 n = recvmsg(sock, &msg, MSG_CMSG_CLOEXEC);
         while (n < 0 && errno == EINTR);
@@ -90,37 +91,38 @@ int gp_wire_recv_packet(int sock, uint8_t *buf, size_t size, int *ret_fd) {
                 return errno == EWOULDBLOCK ? -EAGAIN : -errno;
 
         for (struct cmsghdr *c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c)) {
-                size_t nfds;
-
                 if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
                         continue;
-                nfds = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-                for (size_t i = 0; i < nfds; i++) {
-                        int fd;
-
-                        memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
-                        if (got_fd < 0 && ret_fd) {
-                                got_fd = fd;
-                        } else {
-                                close(fd);
-                                extra++;
-                        }
-                }
+                for (size_t i = 0; i < (c->cmsg_len - CMSG_LEN(0)) / sizeof(int) && nfds < GP_WIRE_MAX_FDS; i++)
+                        memcpy(&fds[nfds++], CMSG_DATA(c) + i * sizeof(int), sizeof(int));
         }
-        if (msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC) || extra) {
-                if (got_fd >= 0)
-                        close(got_fd);
-                return msg.msg_flags & MSG_TRUNC ? -EMSGSIZE : -EBADMSG;
-        }
-        if (n == 0 && got_fd < 0)
-                return 0;       /* SEQPACKET: a zero-length read is the peer's close. */
-        if (n == 0) {
-                close(got_fd);
+        *ret_nfds = nfds;
+        if (msg.msg_flags & MSG_TRUNC)
+                return -EMSGSIZE;
+        if (msg.msg_flags & MSG_CTRUNC)
                 return -EBADMSG;
+        if (n == 0 && nfds == 0)
+                return 0;       /* SEQPACKET: a zero-length read is the peer's close. */
+        return n == 0 ? -EBADMSG : (int) n;
+}
+
+int gp_wire_recv_packet(int sock, uint8_t *buf, size_t size, int *ret_fd) {
+        int fds[GP_WIRE_MAX_FDS];
+        size_t nfds;
+        int n = gp_wire_recv_packet_fds(sock, buf, size, fds, &nfds);
+
+        /* One descriptor where the caller takes one; any other is a malformed packet. */
+        if (n > 0 && ret_fd && nfds <= 1) {
+                *ret_fd = nfds ? fds[0] : -1;
+                return n;
         }
-        if (ret_fd)
-                *ret_fd = got_fd;
-        return (int) n;
+        for (size_t i = 0; i < nfds; i++)
+                close(fds[i]);
+        if (n > 0 && nfds)
+                return -EBADMSG;
+        if (n > 0 && ret_fd)
+                *ret_fd = -1;
+        return n;
 }
 
 int gp_wire_unpack_with(const uint8_t *buf, size_t len, ProtobufCAllocator *allocator, Gpupool__Envelope **ret_env) {
@@ -204,16 +206,51 @@ const char *gp_wire_socket_path(const char *path) {
         return env && *env ? env : GP_DEFAULT_SOCKET;
 }
 
+/*
+ * The code point of the UTF-8 sequence at p (of at most left bytes) into *ret, returning its
+ * length, or 0 when it is not well-formed (RFC 3629: no overlong forms, no surrogates, nothing
+ * past U+10FFFF).
+ */
+static size_t utf8_decode(const unsigned char *p, size_t left, uint32_t *ret) {
+        static const uint32_t min[] = { 0, 0, 0x80, 0x800, 0x10000 };
+        size_t len = p[0] < 0x80 ? 1 : (p[0] & 0xe0) == 0xc0 ? 2 : (p[0] & 0xf0) == 0xe0 ? 3 : (p[0] & 0xf8) == 0xf0 ? 4 : 0;
+        uint32_t cp;
+
+        if (len == 0 || len > left)
+                return 0;
+        cp = len == 1 ? p[0] : p[0] & (0x7f >> len);
+        for (size_t i = 1; i < len; i++) {
+                if ((p[i] & 0xc0) != 0x80)
+                        return 0;
+                cp = cp << 6 | (p[i] & 0x3f);
+        }
+        if (cp < min[len] || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff))
+                return 0;
+        *ret = cp;
+        return len;
+}
+
+bool gp_wire_text_is_valid(const char *text) {
+        const unsigned char *p = (const unsigned char *) text;
+        size_t left = strlen(text);
+
+        /* No control characters (C0, DEL, C1): text ends up in logs and in gpupoolctl's table. */
+        while (left) {
+                uint32_t cp;
+                size_t n = utf8_decode(p, left, &cp);
+
+                if (n == 0 || cp < 0x20 || (cp >= 0x7f && cp < 0xa0))
+                        return false;
+                p += n;
+                left -= n;
+        }
+        return true;
+}
+
 bool gp_wire_name_is_valid(const char *name) {
         size_t len = name ? strlen(name) : 0;
 
-        if (len == 0 || len > GP_MAX_NAME_BYTES)
-                return false;
-        /* No control characters: names end up in logs and in gpupoolctl's table. */
-        for (const unsigned char *p = (const unsigned char *) name; *p; p++)
-                if (*p < 0x20 || *p == 0x7f)
-                        return false;
-        return true;
+        return len > 0 && len <= GP_MAX_NAME_BYTES && gp_wire_text_is_valid(name);
 }
 
 static const struct {

@@ -41,6 +41,18 @@ int gp_wire_pack(const Gpupool__Envelope *env, uint8_t *buf, size_t size);
  */
 int gp_wire_send_packet(int sock, const uint8_t *buf, size_t len, int pass_fd);
 
+/* The most descriptors one packet can carry (the kernel's SCM_MAX_FD). */
+#define GP_WIRE_MAX_FDS 253
+
+/*
+ * Receives one packet into buf, with every descriptor that came with it into fds (room for
+ * GP_WIRE_MAX_FDS; *ret_nfds says how many), whatever the result: none is closed here, so that
+ * the caller decides where (a peer's descriptor may block close(2): daemon/closer.h). The
+ * control buffer has room for all, so the kernel never drops one itself (it would close it in
+ * this thread). Returns as gp_wire_recv_packet(), with -EBADMSG for an empty packet.
+ */
+int gp_wire_recv_packet_fds(int sock, uint8_t *buf, size_t size, int *fds, size_t *ret_nfds);
+
 /*
  * Receives one packet into buf. Returns its length (> 0), 0 when the peer has closed, or a
  * negative errno: -EMSGSIZE for a packet larger than size (consumed and dropped), -EBADMSG
@@ -63,7 +75,13 @@ int gp_wire_connect(const char *path, int *ret_sock);
 /* The socket path a client uses: path if given, else $GPUPOOL_SOCKET, else the default. */
 const char *gp_wire_socket_path(const char *path);
 
-/* Whether name is a valid client name: 1 to 63 bytes, no control characters. */
+/*
+ * Whether text is well-formed UTF-8 without control characters: what the daemon shows of a
+ * peer must print in a table and in JSON alike, so that nobody can hide from either.
+ */
+bool gp_wire_text_is_valid(const char *text);
+
+/* Whether name is a valid client name: 1 to 63 bytes of valid text (gp_wire_text_is_valid()). */
 bool gp_wire_name_is_valid(const char *name);
 
 /* The negative errno a Status stands for (STATUS_OK is 0). */

@@ -21,6 +21,7 @@
 #include <string.h>
 
 #include "size.h"
+#include "wire.h"
 
 struct load {
         struct config *c;
@@ -141,8 +142,8 @@ static void tenant_key(struct load *l, struct tenant_conf *t, const char *key, c
                 return;
         }
         if (strcmp(key, "match_name") == 0) {
-                if (!*value || strlen(value) > CONFIG_NAME_MAX) {
-                        fail(l, "match_name: a glob of 1 to %d bytes", CONFIG_NAME_MAX);
+                if (!*value || strlen(value) > CONFIG_NAME_MAX || !gp_wire_text_is_valid(value)) {
+                        fail(l, "match_name: a glob of 1 to %d bytes of UTF-8 with no control characters", CONFIG_NAME_MAX);
                         return;
                 }
                 snprintf(t->match_name, sizeof(t->match_name), "%s", value);
@@ -301,6 +302,37 @@ int config_load(const char *path, bool required, struct config *c, char *err, si
         if (r < 0)
                 return r;
         return validate(c, err, err_size);
+}
+
+size_t config_warnings(const struct config *c, char *buf, size_t size) {
+        size_t count = 0, used = 0;
+
+        if (size)
+                buf[0] = '\0';
+        for (unsigned i = 1; i < c->tenant_count; i++) {
+                const struct tenant_conf *t = &c->tenants[i];
+
+                if (t->match_uid_set || t->match_gid_set)
+                        continue;
+                /* A name is the client's own claim: a uid's process can pick one that lands it here first. */
+                for (unsigned j = i + 1; j < c->tenant_count; j++) {
+                        const struct tenant_conf *later = &c->tenants[j];
+                        int n;
+
+                        if (!later->match_uid_set && !later->match_gid_set)
+                                continue;
+                        count++;
+                        n = snprintf(buf + used, size - used,
+                                     "%s: [tenant:%s] matches by client name only and comes before [tenant:%s] (%s), "
+                                     "which matches by %s: a process of that %s can leave its tenant by calling itself "
+                                     "'%s'; put [tenant:%s] first, or give [tenant:%s] a match_uid or match_gid\n",
+                                     t->where, t->name, later->name, later->where, later->match_uid_set ? "uid" : "gid",
+                                     later->match_uid_set ? "uid" : "gid", t->match_name, later->name, t->name);
+                        if (n > 0 && (size_t) n < size - used)
+                                used += (size_t) n;
+                }
+        }
+        return count;
 }
 
 bool tenant_conf_matches(const struct tenant_conf *t, uint32_t uid, uint32_t gid, const char *name) {

@@ -52,6 +52,14 @@ struct config {
  */
 int config_load(const char *path, bool required, struct config *ret, char *err, size_t err_size);
 
+/*
+ * What a loaded config allows but an operator likely did not mean, one line each into buf
+ * (NUL-terminated; lines that do not fit are dropped): a tenant matched only by client name
+ * before one matched by uid or gid, which a process of that uid could leave by its name.
+ * Returns how many there are.
+ */
+size_t config_warnings(const struct config *c, char *buf, size_t size);
+
 /* Whether a client of uid, gid and declared name meets every match rule of t. */
 bool tenant_conf_matches(const struct tenant_conf *t, uint32_t uid, uint32_t gid, const char *name);
 

@@ -83,3 +83,8 @@ void log_write(enum log_level level, const char *fmt, ...) {
         }
         errno = saved_errno;
 }
+
+void log_lines(enum log_level level, const char *text) {
+        for (const char *nl; level <= log_max_level && (nl = strchr(text, '\n')); text = nl + 1)
+                log_write(level, "%.*s", (int) (nl - text), text);
+}

@@ -23,6 +23,9 @@ int log_level_parse(const char *text, enum log_level *ret_level);
 
 void log_write(enum log_level level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
+/* Logs each line of text (lines end with '\n') as a message of its own at level. */
+void log_lines(enum log_level level, const char *text);
+
 #define log_at(level, ...)                                      \
         do {                                                    \
                 if ((level) <= log_max_level)                   \

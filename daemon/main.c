@@ -9,6 +9,7 @@
 #include <uv.h>
 
 #include "backend.h"
+#include "closer.h"
 #include "config.h"
 #include "log.h"
 #include "notify.h"
@@ -45,12 +46,16 @@ int main(int argc, char **argv) {
         struct backend *backend;
         struct options cmd;
         uv_loop_t loop;
+        static char warning_text[4096];
         char err[600];
         int r;
 
+        /* Until the config says otherwise: errors at start carry their priority to the journal too. */
+        log_open(LOG_LEVEL_INFO);
         /* The command line first, for --config, --help and its own mistakes; then the file under it. */
         if (options_parse(argc, argv, &cmd, err, sizeof(err)) < 0) {
-                fprintf(stderr, "gpupoold: %s\nTry 'gpupoold --help'.\n", err);
+                log_err("%s", err);
+                fprintf(stderr, "Try 'gpupoold --help'.\n");
                 return 2;
         }
         if (cmd.action == OPTIONS_HELP) {
@@ -65,15 +70,20 @@ int main(int argc, char **argv) {
         if (r == 0)
                 r = options_parse_over(argc, argv, &config.options, &config.options, err, sizeof(err));
         if (r < 0) {
-                fprintf(stderr, "gpupoold: %s\n", err);
+                log_err("%s", err);
                 return 1;
         }
+        (void) config_warnings(&config, warning_text, sizeof(warning_text));
         if (cmd.action == OPTIONS_CHECK_CONFIG) {
+                /* Warnings do not fail the check: the config works, if not as its author likely meant. */
+                for (char *line = warning_text, *nl; (nl = strchr(line, '\n')); line = nl + 1)
+                        fprintf(stderr, "warning: %.*s\n", (int) (nl - line), line);
                 printf("%s: good (%u file%s, %u tenant%s)\n", config.options.config_path, config.file_count,
                        config.file_count == 1 ? "" : "s", config.tenant_count, config.tenant_count == 1 ? "" : "s");
                 return 0;
         }
         log_open(config.options.log_level);
+        log_lines(LOG_LEVEL_WARN, warning_text);
         if (config.file_count)
                 log_info("config: %s (%u file%s, %u tenant%s)", config.options.config_path, config.file_count,
                          config.file_count == 1 ? "" : "s", config.tenant_count, config.tenant_count == 1 ? "" : "s");
@@ -110,6 +120,8 @@ int main(int argc, char **argv) {
         (void) notify_send("READY=1");
         server_notify_status(&server);
         uv_run(&loop, UV_RUN_DEFAULT);
+        if (closer_stop(1000))
+                log_warn("stopping with descriptors from clients still closing (a peer's socket lingers)");
         r = uv_loop_close(&loop);
         if (r < 0) {
                 log_err("event loop closed with handles still open: %s", uv_strerror(r));

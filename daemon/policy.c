@@ -54,7 +54,7 @@ struct tenant *policy_tenant_by_name(struct policy *p, const char *name) {
 }
 
 uint64_t policy_client_limit(const struct policy *p, const struct tenant *t, uint64_t override_bytes) {
-        if (override_bytes)
+        if (override_bytes != POLICY_NO_OVERRIDE)
                 return override_bytes;
         if (t->conf.client_max_set)
                 return t->conf.client_max_bytes;

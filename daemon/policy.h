@@ -59,7 +59,13 @@ struct tenant *policy_tenant_for(struct policy *p, uint32_t uid, uint32_t gid, c
 /* The tenant called name, or NULL. */
 struct tenant *policy_tenant_by_name(struct policy *p, const char *name);
 
-/* A client's limit on each device: its runtime override, else its tenant's client_max, else the default. 0: none. */
+/* No runtime override of a client's limit (set-limit --pid sets one; its 0 is "no limit"). */
+#define POLICY_NO_OVERRIDE UINT64_MAX
+
+/*
+ * A client's limit on each device: its runtime override (POLICY_NO_OVERRIDE for none), else
+ * its tenant's client_max, else the default. 0: none.
+ */
 uint64_t policy_client_limit(const struct policy *p, const struct tenant *t, uint64_t override_bytes);
 
 /*

@@ -70,7 +70,7 @@ static void handle_hello(struct session *s, const Gpupool__Envelope *req, struct
         }
         if (name && !gp_wire_name_is_valid(name)) {
                 request_error_reply(s, req->id, -EINVAL, true,
-                                    "the client name must be 1 to 63 bytes with no control characters", ret);
+                                    "the client name must be 1 to 63 bytes of UTF-8 with no control characters", ret);
                 return;
         }
         if (req->hello->has_control_for) {
@@ -164,7 +164,7 @@ static void quota_message(struct session *s, unsigned d, uint64_t size, uint64_t
                 snprintf(why, why_size, "would take client '%s' (pid %d, tenant %s) to %s reserved, over its limit of %s (%s)",
                          s->name, (int) s->pid, t->conf.name, gp_size_format(owner->reserved_bytes + seg, b2, sizeof(b2)),
                          gp_size_format(client_limit, b3, sizeof(b3)),
-                         s->limit_override_bytes ? "set-limit --pid" :
+                         s->limit_override_bytes != POLICY_NO_OVERRIDE ? "set-limit --pid" :
                          t->conf.client_max_set  ? "its tenant's client_max" : "client_max, --client-limit");
                 return;
         case POLICY_TENANT:
@@ -534,6 +534,9 @@ void request_handle(struct session *s, const Gpupool__Envelope *req, struct repl
                 return;
         case GPUPOOL__ENVELOPE__BODY_METRICS:
                 request_metrics(s, req, ret);
+                return;
+        case GPUPOOL__ENVELOPE__BODY_RELOAD:
+                request_reload(s, req, ret);
                 return;
         case GPUPOOL__ENVELOPE__BODY__NOT_SET:
                 request_error_reply(s, req->id, -EPROTO, true, "the request has no body", ret);

@@ -45,6 +45,7 @@ void request_set_limit(struct session *session, const Gpupool__Envelope *req, st
 void request_trim(struct session *session, const Gpupool__Envelope *req, struct reply *ret);
 void request_check(struct session *session, const Gpupool__Envelope *req, struct reply *ret);
 void request_metrics(struct session *session, const Gpupool__Envelope *req, struct reply *ret);
+void request_reload(struct session *session, const Gpupool__Envelope *req, struct reply *ret);
 
 /* Packs an error reply for request id (0 when unknown) into the send buffer. */
 void request_error_reply(struct session *session, uint64_t id, int err, bool disconnect,

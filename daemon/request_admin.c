@@ -1,6 +1,6 @@
 /*
  * request_admin.c: the requests of operators and their tools rather than of allocating
- * clients: status, metrics, flush, set-limit, trim and check. Those that reach other clients' memory or
+ * clients: status, metrics, flush, set-limit, trim, check and reload. Those that reach other clients' memory or
  * the daemon's insides are for root and the daemon's own user only.
  */
 #include "request.h"
@@ -62,7 +62,7 @@ static void tenants_status(struct session *s, Gpupool__StatusReply *sr, Gpupool_
                 ts->clients = t->clients - (s->tenant == t);   /* not the one asking */
                 ts->max_bytes = t->max_bytes;
                 ts->guarantee_bytes = t->guarantee_bytes;
-                ts->client_max_bytes = policy_client_limit(p, t, 0);
+                ts->client_max_bytes = policy_client_limit(p, t, POLICY_NO_OVERRIDE);
                 ts->has_overridden = t->overridden;
                 ts->overridden = t->overridden;
                 ts->n_reserved_bytes = server->device_count;
@@ -222,6 +222,7 @@ void request_set_limit(struct session *s, const Gpupool__Envelope *req, struct r
         struct server *server = s->server;
         char why[256], b1[GP_SIZE_FORMAT_MAX], b2[GP_SIZE_FORMAT_MAX];
         Gpupool__Envelope env;
+        int r;
 
         /* Limits are the operator's: a client raising its own would make them mean nothing. */
         if (!operator_only(s, req->id, "set-limit", ret))
@@ -242,12 +243,19 @@ void request_set_limit(struct session *s, const Gpupool__Envelope *req, struct r
                         request_error_reply(s, req->id, c ? -EINVAL : -ENOENT, false, why, ret);
                         return;
                 }
-                /* Every session of that process: a process may hold several handles. */
-                for (c = server->sessions; c; c = c->next)
-                        if (c->pid == l->pid)
-                                c->limit_override_bytes = l->max_bytes;
+                /* Every session of that process, and those it opens later: a process may hold several handles. */
+                r = server_set_pid_limit(server, l->pid, l->max_bytes);
+                if (r < 0) {
+                        if (r == -ENOSPC)
+                                snprintf(why, sizeof(why), "%d processes have a set-limit already, the most at once "
+                                         "(a reload ends them)", SERVER_MAX_PID_LIMITS);
+                        else
+                                snprintf(why, sizeof(why), "process %d cannot be watched: %s", (int) l->pid, strerror(-r));
+                        request_error_reply(s, req->id, r == -ENOSPC ? -EINVAL : -ENOENT, false, why, ret);
+                        return;
+                }
                 log_info("set-limit by pid %d: clients of pid %d may reserve %s per device until the next reload",
-                         (int) s->pid, (int) l->pid, l->max_bytes ? gp_size_format(l->max_bytes, b1, sizeof(b1)) : "their tenant's limit");
+                         (int) s->pid, (int) l->pid, l->max_bytes ? gp_size_format(l->max_bytes, b1, sizeof(b1)) : "any amount (no limit)");
         } else {
                 struct tenant *t = policy_tenant_by_name(&server->policy, l->tenant);
                 uint64_t max = l->has_max_bytes ? l->max_bytes : t ? t->max_bytes : 0;
@@ -337,7 +345,6 @@ void request_check(struct session *s, const Gpupool__Envelope *req, struct reply
         request_pack(s, &env, -1, false, ret);
 }
 
-
 void request_metrics(struct session *s, const Gpupool__Envelope *req, struct reply *ret) {
         static char text[METRICS_TEXT_MAX];     /* one request at a time on the loop */
         Gpupool__MetricsReply mr = GPUPOOL__METRICS_REPLY__INIT;
@@ -352,5 +359,29 @@ void request_metrics(struct session *s, const Gpupool__Envelope *req, struct rep
         request_ok(&env, req->id);
         env.body_case = GPUPOOL__ENVELOPE__BODY_METRICS_REPLY;
         env.metrics_reply = &mr;
+        request_pack(s, &env, -1, false, ret);
+}
+
+void request_reload(struct session *s, const Gpupool__Envelope *req, struct reply *ret) {
+        Gpupool__ReloadReply rr = GPUPOOL__RELOAD_REPLY__INIT;
+        Gpupool__Envelope env;
+        char outcome[640];
+        int r;
+
+        if (!operator_only(s, req->id, "reload", ret))
+                return;
+        log_info("reload asked by client %llu (pid %d)", (unsigned long long) s->id, (int) s->pid);
+        r = server_reload(s->server, outcome, sizeof(outcome));
+        if (r < 0) {
+                char why[700];
+
+                snprintf(why, sizeof(why), "reload refused, the running config stays: %s", outcome);
+                request_error_reply(s, req->id, -EINVAL, false, why, ret);
+                return;
+        }
+        rr.outcome = outcome;
+        request_ok(&env, req->id);
+        env.body_case = GPUPOOL__ENVELOPE__BODY_RELOAD_REPLY;
+        env.reload_reply = &rr;
         request_pack(s, &env, -1, false, ret);
 }

@@ -5,15 +5,18 @@
 #include "server.h"
 
 #include <errno.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
 
+#include "closer.h"
 #include "log.h"
 #include "notify.h"
 #include "request.h"
@@ -33,7 +36,7 @@ static void refuse_client(struct server *server, int fd) {
                  server->options->max_clients);
         request_error_reply(&fake, 0, -EDQUOT, true, why, &rep);
         (void) gp_wire_send_packet(fd, server->send_buf, rep.len, -1);
-        close(fd);
+        closer_close(fd);       /* what it queued before being refused may carry descriptors */
 }
 
 static void on_connection(uv_poll_t *handle, int status, int events) {
@@ -117,11 +120,14 @@ static int listen_on(const char *path, int *ret_fd) {
         return 0;
 }
 
-/* Maps every client to its tenant under the current policy, carrying its reserved bytes. */
+/*
+ * Maps every client to its tenant under a freshly configured policy (whose sums are zero),
+ * carrying its reserved bytes. A control channel is part of its client and in no tenant.
+ */
 static void map_clients(struct server *server) {
         for (struct session *c = server->sessions; c; c = c->next) {
                 c->tenant = NULL;       /* the old tenants are gone: no accounting against them */
-                if (c->state == SESSION_READY || c->state == SESSION_EXITING)
+                if ((c->state == SESSION_READY || c->state == SESSION_EXITING) && !c->control_of)
                         session_set_tenant(c, policy_tenant_for(&server->policy, c->uid, c->gid, c->name));
         }
 }
@@ -174,19 +180,10 @@ static void on_reclaim_timer(uv_timer_t *timer) {
 }
 
 static void on_sighup(uv_signal_t *handle, int signum) {
-        struct server *server = handle->data;
-        struct timespec now;
-        char state[96];
+        char why[600];
 
         (void) signum;
-        /* systemd's reload protocol: RELOADING=1 with the time, then READY=1 once done (or refused). */
-        clock_gettime(CLOCK_MONOTONIC, &now);
-        snprintf(state, sizeof(state), "RELOADING=1\nMONOTONIC_USEC=%llu",
-                 (unsigned long long) now.tv_sec * 1000000ULL + (unsigned long long) now.tv_nsec / 1000);
-        (void) notify_send(state);
-        (void) server_reload(server);
-        (void) notify_send("READY=1");
-        server_notify_status(server);
+        (void) server_reload(handle->data, why, sizeof(why));
 }
 
 int server_init(struct server *server, uv_loop_t *loop, const struct config *config, int argc, char **argv,
@@ -297,6 +294,62 @@ int server_start(struct server *server, uv_loop_t *loop, const struct config *co
         return 0;
 }
 
+/* Whether the process behind a pidfd has exited (its pidfd is readable then). */
+static bool pidfd_exited(int pidfd) {
+        struct pollfd p = { .fd = pidfd, .events = POLLIN };
+
+        return poll(&p, 1, 0) != 0;
+}
+
+/* Forgets set-limits of processes that have exited, or every one (a reload). */
+static void prune_pid_limits(struct server *server, bool all) {
+        unsigned kept = 0;
+
+        for (unsigned i = 0; i < server->pid_limit_count; i++) {
+                struct pid_limit *l = &server->pid_limits[i];
+
+                if (!all && !pidfd_exited(l->pidfd))
+                        server->pid_limits[kept++] = *l;
+                else
+                        close(l->pidfd);
+        }
+        server->pid_limit_count = kept;
+}
+
+int server_set_pid_limit(struct server *server, pid_t pid, uint64_t max_bytes) {
+        struct pid_limit *l = NULL;
+        int pidfd;
+
+        prune_pid_limits(server, false);
+        for (unsigned i = 0; i < server->pid_limit_count; i++)
+                if (server->pid_limits[i].pid == pid)
+                        l = &server->pid_limits[i];
+        if (!l) {
+                if (server->pid_limit_count == SERVER_MAX_PID_LIMITS)
+                        return -ENOSPC;
+                pidfd = (int) syscall(SYS_pidfd_open, pid, 0);
+                if (pidfd < 0)
+                        return errno == ESRCH ? -ESRCH : -errno;
+                l = &server->pid_limits[server->pid_limit_count++];
+                *l = (struct pid_limit) { .pid = pid, .pidfd = pidfd };
+        }
+        l->max_bytes = max_bytes;
+        for (struct session *c = server->sessions; c; c = c->next)
+                if (c->pid == pid)
+                        c->limit_override_bytes = max_bytes;
+        return 0;
+}
+
+uint64_t server_pid_limit(struct server *server, pid_t pid) {
+        for (unsigned i = 0; i < server->pid_limit_count; i++) {
+                struct pid_limit *l = &server->pid_limits[i];
+
+                if (l->pid == pid && !pidfd_exited(l->pidfd))
+                        return l->max_bytes;
+        }
+        return POLICY_NO_OVERRIDE;
+}
+
 /* Settings a reload cannot change in a running daemon: it says so and keeps the old. */
 static void keep_fixed(const struct options *old, struct options *o) {
         if (strcmp(old->socket_path, o->socket_path) || old->backend != o->backend ||
@@ -311,42 +364,67 @@ static void keep_fixed(const struct options *old, struct options *o) {
         o->metrics_addr = old->metrics_addr;
 }
 
-int server_reload(struct server *server) {
+/* systemd's reload protocol: RELOADING=1 with the time, then READY=1 once done (or refused). */
+static void notify_reloading(void) {
+        struct timespec now;
+        char state[96];
+
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        snprintf(state, sizeof(state), "RELOADING=1\nMONOTONIC_USEC=%llu",
+                 (unsigned long long) now.tv_sec * 1000000ULL + (unsigned long long) now.tv_nsec / 1000);
+        (void) notify_send(state);
+}
+
+static int reload(struct server *server, char *why, size_t why_size) {
         static struct config next;     /* large; reloads run one at a time on the loop */
-        struct policy saved;
+        static struct policy policy;
+        static char warnings[4096];
         char err[600];
         int r;
 
         r = config_load(server->options->config_path, server->options->config_given, &next, err, sizeof(err));
         if (r == 0)
                 r = options_parse_over(server->argc, server->argv, &next.options, &next.options, err, sizeof(err));
+        if (r == 0) {
+                /* Checked apart: a refused reload leaves the running policy, and its sums, untouched. */
+                keep_fixed(server->options, &next.options);
+                policy = server->policy;
+                policy_configure(&policy, &next);
+                r = policy_check_guarantees(&policy, err, sizeof(err));
+        }
         if (r < 0) {
                 log_err("reload refused, the running config stays: %s", err);
+                snprintf(why, why_size, "%s", err);
                 return r;
         }
-        keep_fixed(server->options, &next.options);
-        saved = server->policy;
-        policy_configure(&server->policy, &next);
-        r = policy_check_guarantees(&server->policy, err, sizeof(err));
-        if (r < 0) {
-                server->policy = saved;
-                map_clients(server);
-                log_err("reload refused, the running config stays: %s", err);
-                return r;
-        }
+        server->policy = policy;
         next.options.config_path[0] = '\0';
         snprintf(next.options.config_path, sizeof(next.options.config_path), "%s", server->options->config_path);
         next.options.config_given = server->options->config_given;
         server->config = next;
         server->options = &server->config.options;
+        prune_pid_limits(server, true);         /* set-limit --pid lasts until a reload too */
         for (struct session *c = server->sessions; c; c = c->next)
-                c->limit_override_bytes = 0;    /* set-limit --pid lasts until a reload too */
+                c->limit_override_bytes = POLICY_NO_OVERRIDE;
         log_open(server->options->log_level);
         map_clients(server);
-        log_info("reloaded %s: %u file%s, %u tenant%s", server->options->config_path, next.file_count,
+        snprintf(why, why_size, "reloaded %s: %u file%s, %u tenant%s", server->options->config_path, next.file_count,
                  next.file_count == 1 ? "" : "s", next.tenant_count, next.tenant_count == 1 ? "" : "s");
+        log_info("%s", why);
+        (void) config_warnings(&next, warnings, sizeof(warnings));
+        log_lines(LOG_LEVEL_WARN, warnings);
         server_after_change(server);
         return 0;
+}
+
+int server_reload(struct server *server, char *why, size_t why_size) {
+        int r;
+
+        notify_reloading();
+        r = reload(server, why, why_size);
+        (void) notify_send("READY=1");
+        server_notify_status(server);
+        return r;
 }
 
 void server_tenant_in_use(const struct server *server, const struct tenant *t, uint64_t *ret) {
@@ -412,6 +490,7 @@ void server_stop(struct server *server) {
         }
         while (server->sessions)
                 session_destroy(server->sessions);
+        prune_pid_limits(server, true);
         free_pools(server);
 }
 

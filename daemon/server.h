@@ -19,6 +19,16 @@
 
 struct session;
 
+/* Processes with a set-limit --pid at once (each holds a pidfd). */
+#define SERVER_MAX_PID_LIMITS 64
+
+/* A set-limit --pid: the process (its pidfd tells a reused pid apart) and its limit. */
+struct pid_limit {
+        pid_t pid;
+        int pidfd;
+        uint64_t max_bytes;             /* per device; 0: no limit */
+};
+
 struct server {
         uv_loop_t *loop;
         const struct options *options; /* &config.options */
@@ -52,6 +62,8 @@ struct server {
         struct session *sessions;       /* connected and exiting clients */
         unsigned connected;             /* sessions with an open socket */
         uint64_t next_client_id;
+        struct pid_limit pid_limits[SERVER_MAX_PID_LIMITS];     /* set-limit --pid, until a reload */
+        unsigned pid_limit_count;
         bool stopping;
         uint8_t recv_buf[GP_MAX_REQUEST_BYTES];
         struct gp_wire_arena arena;     /* the current request's decoded structures */
@@ -77,11 +89,22 @@ int server_init(struct server *server, uv_loop_t *loop, const struct config *con
                 struct backend *backend);
 
 /*
- * Reads the config file again (SIGHUP) and applies it to every client without disconnecting
- * anyone; set-limit overrides are dropped. A config that does not load or does not fit the
- * devices is refused and the old one stays. Returns 0 or a negative errno, logged.
+ * Reads the config file again (SIGHUP, gpupoolctl reload) and applies it to every client
+ * without disconnecting anyone; set-limit overrides are dropped. A config that does not load
+ * or does not fit the devices is refused and the old one stays, untouched. Returns 0 or a
+ * negative errno, logged; why says what was loaded, or why it was refused.
  */
-int server_reload(struct server *server);
+int server_reload(struct server *server, char *why, size_t why_size);
+
+/*
+ * set-limit --pid: every connection of pid, now and later ones of the same process, may
+ * reserve max_bytes per device (0: no limit) until the next reload. Returns 0, -ESRCH when
+ * no such process runs, or -ENOSPC when SERVER_MAX_PID_LIMITS processes have one already.
+ */
+int server_set_pid_limit(struct server *server, pid_t pid, uint64_t max_bytes);
+
+/* The set-limit of a new connection of pid: POLICY_NO_OVERRIDE when its process has none. */
+uint64_t server_pid_limit(struct server *server, pid_t pid);
 
 /* Bytes in the live blocks of tenant t's clients, per device, into ret (device_count entries). */
 void server_tenant_in_use(const struct server *server, const struct tenant *t, uint64_t *ret);

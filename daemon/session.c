@@ -12,6 +12,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include "closer.h"
 #include "log.h"
 #include "request.h"
 #include "server.h"
@@ -46,7 +47,7 @@ int session_start(struct server *server, int fd) {
 
         if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) < 0) {
                 r = -errno;
-                close(fd);
+                closer_close(fd);
                 return r;
         }
         s = calloc(1, sizeof(*s));
@@ -54,7 +55,7 @@ int session_start(struct server *server, int fd) {
                 s->owners = calloc(server->device_count, sizeof(*s->owners));
         if (!s || !s->owners) {
                 free(s);
-                close(fd);
+                closer_close(fd);
                 return -ENOMEM;
         }
         s->server = server;
@@ -67,6 +68,7 @@ int session_start(struct server *server, int fd) {
         s->fd = fd;
         s->pending_fd = -1;
         s->pidfd = peer_pidfd(fd, cred.pid);
+        s->limit_override_bytes = server_pid_limit(server, cred.pid);
         for (unsigned d = 0; d < server->device_count; d++)
                 pool_owner_attach(server->pools[d], &s->owners[d], (uint32_t) cred.uid);
 
@@ -77,7 +79,7 @@ int session_start(struct server *server, int fd) {
                         close(s->pidfd);
                 free(s->owners);
                 free(s);
-                close(fd);
+                closer_close(fd);
                 return r;
         }
         s->poll.data = s;
@@ -159,7 +161,7 @@ static void close_socket(struct session *s) {
         if (!s->uncounted)
                 s->server->connected--;
         uv_close((uv_handle_t *) &s->poll, on_handle_closed);
-        close(s->fd);
+        closer_close(s->fd);    /* its queue may hold descriptors in flight, dropped with it */
         s->fd = -1;
 }
 
@@ -355,6 +357,8 @@ static void on_readable(uv_poll_t *handle, int status, int events) {
         struct server *server = s->server;
         Gpupool__Envelope *req = NULL;
         struct reply rep = { .fd = -1 };
+        int fds[GP_WIRE_MAX_FDS];
+        size_t nfds;
         int n, r;
 
         if (status < 0) {
@@ -374,7 +378,12 @@ static void on_readable(uv_poll_t *handle, int status, int events) {
          * on until EAGAIN would cost a system call per request for nothing. A client that sends
          * several at once is served one per turn of the loop (the poll is level-triggered).
          */
-        n = gp_wire_recv_packet(s->fd, server->recv_buf, sizeof(server->recv_buf), NULL);
+        n = gp_wire_recv_packet_fds(s->fd, server->recv_buf, sizeof(server->recv_buf), fds, &nfds);
+        /* No request carries a descriptor: any that came goes to the closer, never to close(2) here. */
+        for (size_t i = 0; i < nfds; i++)
+                closer_close(fds[i]);
+        if (n > 0 && nfds)
+                n = -EBADMSG;
         if (n == -EAGAIN)
                 return;
         if (n == 0) {

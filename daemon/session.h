@@ -48,7 +48,7 @@ struct session {
         uint64_t parked_asked_bytes;
         unsigned parked_asked_clients;
         uint64_t parked_cached_before;  /* the device's cached bytes when it parked */
-        uint64_t limit_override_bytes;  /* gpupoolctl set-limit --pid; 0: none */
+        uint64_t limit_override_bytes;  /* gpupoolctl set-limit --pid (0: no limit); POLICY_NO_OVERRIDE: none */
         uint64_t client_cached_bytes;   /* what it said it keeps in its own cache */
         int fd;
         int pidfd;              /* -1 when the kernel gave none */

@@ -9,8 +9,8 @@ if ! command -v systemd-analyze >/dev/null; then
 fi
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
-# verify needs ExecStart= to exist: the copy points at the daemon just built.
-sed -e "s|@SBINDIR@|$PWD/$B|g" systemd/gpupoold.service.in > "$dir/gpupoold.service"
+# verify needs ExecStart= and ExecReload= to exist: the copy points at the programs just built.
+sed -e "s|@SBINDIR@|$PWD/$B|g; s|@BINDIR@|$PWD/$B|g" systemd/gpupoold.service.in > "$dir/gpupoold.service"
 cp systemd/gpupoold.socket "$dir/"
 out=$(cd "$dir" && systemd-analyze verify --man=no --recursive-errors=no gpupoold.service gpupoold.socket 2>&1) || {
         echo "check-units: systemd-analyze verify failed:" >&2

@@ -12,6 +12,7 @@ Suite *suite_config(void);
 Suite *suite_pool(void);
 Suite *suite_daemon(void);
 Suite *suite_hostile(void);
+Suite *suite_hardening(void);
 Suite *suite_tenants(void);
 Suite *suite_scopes(void);
 Suite *suite_metrics(void);

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -156,6 +157,30 @@ int testd_stop(struct testd *d) {
         unlink(d->sock);
         rmdir(d->dir);
         return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+static char conf_dir[64], conf_path[128];
+
+void conf_write(const char *text) {
+        FILE *f = fopen(conf_path, "w");
+
+        ck_assert_ptr_nonnull(f);
+        fputs(text, f);
+        fclose(f);
+}
+
+const char *conf_new(const char *text) {
+        strcpy(conf_dir, "/tmp/gpupool-conf-XXXXXX");
+        ck_assert_ptr_nonnull(mkdtemp(conf_dir));
+        ck_assert_int_eq(chmod(conf_dir, 0755), 0);
+        snprintf(conf_path, sizeof(conf_path), "%s/gpupoold.conf", conf_dir);
+        conf_write(text);
+        return conf_path;
+}
+
+void conf_remove(void) {
+        unlink(conf_path);
+        rmdir(conf_dir);
 }
 
 json_t *testd_ctl(struct testd *d, const char *cmd) {

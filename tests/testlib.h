@@ -45,6 +45,15 @@ int testd_stop(struct testd *d);
 /* Whether the daemon is still running. */
 bool testd_alive(struct testd *d);
 
+/*
+ * A config file in a fresh private directory (mode 0755, for tests that drop to another
+ * uid) holding text; returns its path. conf_write() rewrites it (before a reload);
+ * conf_remove() removes both.
+ */
+const char *conf_new(const char *text);
+void conf_write(const char *text);
+void conf_remove(void);
+
 /* Runs "gpupoolctl --socket S --json CMD" and returns its parsed output (NULL on failure). */
 json_t *testd_ctl(struct testd *d, const char *cmd);
 

@@ -148,6 +148,17 @@ START_TEST(test_protocol_violations) {
         raw_send(sock, &env);
         expect_error_then_close(sock, GPUPOOL__STATUS__STATUS_INVALID);
 
+        /* A name that is not UTF-8 (jansson would drop it from --json, hiding the client). */
+        sock = raw_connect(&d);
+        hello.name = (char *) "hidden-\xff\xfe";
+        gpupool__envelope__init(&env);
+        env.id = 1;
+        env.body_case = GPUPOOL__ENVELOPE__BODY_HELLO;
+        env.hello = &hello;
+        raw_send(sock, &env);
+        expect_error_then_close(sock, GPUPOOL__STATUS__STATUS_INVALID);
+        hello.name = NULL;
+
         /* A reply sent as a request. */
         sock = raw_hello(&d, "replier");
         gpupool__envelope__init(&env);

@@ -18,33 +18,15 @@
 
 #define MiB (1ULL << 20)
 
-static char conf_dir[64], conf_path[128];
-
-static void write_conf(const char *text) {
-        FILE *f;
-
-        if (!conf_dir[0]) {
-                strcpy(conf_dir, "/tmp/gpupool-conf-XXXXXX");
-                ck_assert_ptr_nonnull(mkdtemp(conf_dir));
-                ck_assert_int_eq(chmod(conf_dir, 0755), 0);
-                snprintf(conf_path, sizeof(conf_path), "%s/gpupoold.conf", conf_dir);
-        }
-        f = fopen(conf_path, "w");
-        ck_assert_ptr_nonnull(f);
-        fputs(text, f);
-        fclose(f);
-}
+#define write_conf conf_write
 
 static void start(struct testd *d, const char *conf, const char *capacity) {
-        conf_dir[0] = '\0';
-        write_conf(conf);
-        testd_start(d, "--config", conf_path, "--host-capacity", capacity, NULL);
+        testd_start(d, "--config", conf_new(conf), "--host-capacity", capacity, NULL);
 }
 
 static void stop(struct testd *d) {
         ck_assert_int_eq(testd_stop(d), 0);
-        unlink(conf_path);
-        rmdir(conf_dir);
+        conf_remove();
 }
 
 /* A tenant's field from "limits --json" (reserved_bytes: device 0's). */
@@ -290,6 +272,9 @@ static int nobody_sets_limit(struct testd *d, void *arg) {
         snprintf(cmd, sizeof(cmd), "%s --socket %s check 2>&1", ctl, d->sock);
         if (run_capture(cmd, out, sizeof(out)) != 1 || !strstr(out, "check is for root"))
                 return 24;
+        snprintf(cmd, sizeof(cmd), "%s --socket %s reload 2>&1", ctl, d->sock);
+        if (run_capture(cmd, out, sizeof(out)) != 1 || !strstr(out, "reload is for root"))
+                return 26;
         /* A plain flush returns only memory nobody holds: open to all. */
         snprintf(cmd, sizeof(cmd), "%s --socket %s flush 2>&1", ctl, d->sock);
         if (run_capture(cmd, out, sizeof(out)) != 0)
@@ -316,7 +301,8 @@ START_TEST(test_set_limit_needs_root) {
 END_TEST
 
 START_TEST(test_status_and_check_config) {
-        char cmd[512], out[4096];
+        char cmd[512], out[4096], dir[128];
+        const char *path;
         gpupool_client *c;
         struct testd d;
         json_t *st, *cl;
@@ -338,9 +324,9 @@ START_TEST(test_status_and_check_config) {
         stop(&d);
 
         /* --check-config: good, bad with file:line, missing. */
-        conf_dir[0] = '\0';
-        write_conf("[pool]\nidle_release = 10min\n");
-        snprintf(cmd, sizeof(cmd), "%s/gpupoold --config %s --check-config 2>&1", build_dir(), conf_path);
+        path = conf_new("[pool]\nidle_release = 10min\n");
+        snprintf(dir, sizeof(dir), "%.*s", (int) (strrchr(path, '/') - path), path);
+        snprintf(cmd, sizeof(cmd), "%s/gpupoold --config %s --check-config 2>&1", build_dir(), path);
         ck_assert_int_eq(run_capture(cmd, out, sizeof(out)), 0);
         ck_assert_msg(strstr(out, "good (1 file, 1 tenant)"), "%s", out);
         write_conf("[pool]\nidle_release = 10 minutes\n");
@@ -348,14 +334,14 @@ START_TEST(test_status_and_check_config) {
         ck_assert_msg(strstr(out, "gpupoold.conf:2: idle_release: '10 minutes' is not a duration"), "%s", out);
         write_conf("[tenant:a]\nmatch_uid = 0\nguarantee = 1G\n");
         snprintf(cmd, sizeof(cmd), "%s/gpupoold --config %s --backend host --host-capacity 64M --socket %s/s.sock 2>&1", build_dir(),
-                 conf_path, conf_dir);
+                 path, dir);
         ck_assert_int_eq(run_capture(cmd, out, sizeof(out)), 1);
         ck_assert_msg(strstr(out, "guarantees add up to 1.0 GiB, more than device 0's capacity of 64.0 MiB"), "%s", out);
-        unlink(conf_path);
-        snprintf(cmd, sizeof(cmd), "%s/gpupoold --config %s --check-config 2>&1", build_dir(), conf_path);
+        unlink(path);
+        snprintf(cmd, sizeof(cmd), "%s/gpupoold --config %s --check-config 2>&1", build_dir(), path);
         ck_assert_int_eq(run_capture(cmd, out, sizeof(out)), 1);
         ck_assert_msg(strstr(out, "No such file"), "%s", out);
-        rmdir(conf_dir);
+        conf_remove();
 }
 END_TEST
 

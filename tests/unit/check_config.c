@@ -201,8 +201,8 @@ START_TEST(test_policy_headroom) {
         ck_assert_str_eq(train->conf.name, "train");
         ck_assert_str_eq(serve->conf.name, "serve");
         ck_assert_str_eq(policy_tenant_for(&p, 0, 0, "other")->conf.name, "default");
-        ck_assert_uint_eq(policy_client_limit(&p, train, 0), 30 * GiB);
-        ck_assert_uint_eq(policy_client_limit(&p, &p.tenants[0], 0), 8 * GiB);
+        ck_assert_uint_eq(policy_client_limit(&p, train, POLICY_NO_OVERRIDE), 30 * GiB);
+        ck_assert_uint_eq(policy_client_limit(&p, &p.tenants[0], POLICY_NO_OVERRIDE), 8 * GiB);
         ck_assert_uint_eq(policy_client_limit(&p, train, 1 * GiB), 1 * GiB);
 
         /* The client's limit binds first: 30G less its 2G. */

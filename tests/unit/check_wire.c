@@ -173,6 +173,16 @@ START_TEST(test_names) {
         ck_assert(!gp_wire_name_is_valid(NULL));
         ck_assert(!gp_wire_name_is_valid("tab\there"));
         ck_assert(!gp_wire_name_is_valid("del\x7f"));
+        /* Not UTF-8: jansson refuses such strings, so a client could hide from gpupoolctl --json. */
+        ck_assert(!gp_wire_name_is_valid("latin1-\xe9t\xe9"));        /* a lone lead byte */
+        ck_assert(!gp_wire_name_is_valid("cut-\xc3"));                /* a sequence cut short */
+        ck_assert(!gp_wire_name_is_valid("\xc0\xaf"));                /* overlong '/' */
+        ck_assert(!gp_wire_name_is_valid("\xed\xa0\x80"));            /* a UTF-16 surrogate */
+        ck_assert(!gp_wire_name_is_valid("\xf4\x90\x80\x80"));        /* past U+10FFFF */
+        ck_assert(!gp_wire_name_is_valid("c1-\xc2\x85"));             /* U+0085, a C1 control */
+        ck_assert(!gp_wire_name_is_valid("\x80"));                    /* a continuation byte alone */
+        ck_assert(gp_wire_name_is_valid("\xe6\x97\xa5\xe6\x9c\xac"));    /* CJK, 3-byte */
+        ck_assert(gp_wire_name_is_valid("\xf0\x9f\x9a\x80 job"));      /* 4-byte */
         memset(long_name, 'a', sizeof(long_name) - 1);
         long_name[sizeof(long_name) - 1] = '\0';
         ck_assert(!gp_wire_name_is_valid(long_name));            /* 64 bytes */
