@@ -42,7 +42,7 @@ static int host_mem_create(struct backend *b, unsigned device, uint64_t size, st
                 return -ENODEV;
         fd = memfd_create("gpupool-segment", MFD_CLOEXEC | MFD_ALLOW_SEALING);
         if (fd < 0)
-                return errno == EMFILE || errno == ENFILE ? -ENOMEM : -errno;
+                return -errno;  /* EMFILE and ENFILE too: out of descriptors is not a full device */
         if (ftruncate(fd, (off_t) size) < 0 ||
             fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) < 0) {
                 r = -errno;

@@ -91,6 +91,11 @@ int main(int argc, char **argv) {
         r = open_backend(&config.options, &backend);
         if (r < 0)
                 return 1;
+        if (server_fit_fd_limit(&config.options, backend, err, sizeof(err)) < 0) {
+                log_err("%s", err);
+                backend->ops->close(backend);
+                return 1;
+        }
         if (getenv("GPUPOOL_TEST_FAULTS") && *getenv("GPUPOOL_TEST_FAULTS")) {
                 struct backend *faulty;
 
@@ -116,6 +121,9 @@ int main(int argc, char **argv) {
         }
         log_info("gpupoold %s %s %s", GPUPOOL_VERSION, server.listen_inherited ? "serving systemd's socket" : "listening on",
                  server.options->socket_path);
+        r = log_start_writer();
+        if (r < 0)
+                log_warn("cannot start the log's writer thread (%s): a log nobody reads may stall the daemon", strerror(-r));
         /* Every device's pool exists and the socket is live: ready, for Type=notify. */
         (void) notify_send("READY=1");
         server_notify_status(&server);
@@ -125,8 +133,10 @@ int main(int argc, char **argv) {
         r = uv_loop_close(&loop);
         if (r < 0) {
                 log_err("event loop closed with handles still open: %s", uv_strerror(r));
+                log_stop_writer(1000);
                 return 1;
         }
         log_info("stopped");
+        log_stop_writer(1000);
         return 0;
 }

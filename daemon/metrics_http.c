@@ -2,7 +2,9 @@
  * metrics_http.c: GET /metrics for a Prometheus scraper, on the daemon's own libuv loop. It
  * is just enough HTTP/1.x for that: one request per connection, answered and closed. Every
  * resource a peer can hold is bounded: connections (METRICS_HTTP_MAX_CONNECTIONS), request
- * bytes (METRICS_HTTP_MAX_REQUEST) and time (send_timeout without progress).
+ * bytes (METRICS_HTTP_MAX_REQUEST) and time: send_timeout from accept to close, however
+ * slowly the peer trickles its bytes. With every connection taken, a new one displaces the
+ * oldest that has not finished its request, so that slow peers cannot keep scrapes out.
  */
 #include "metrics.h"
 
@@ -37,6 +39,7 @@ struct metrics_http {
         bool listener_open;
         struct http_conn *conns;
         unsigned count;
+        unsigned closing;               /* of count, those closing */
         bool stopping;
 };
 
@@ -51,6 +54,7 @@ static void on_conn_closed(uv_handle_t *handle) {
 
         if (--c->handles)
                 return;
+        http->closing--;
         if (c->prev)
                 c->prev->next = c->next;
         else
@@ -67,6 +71,7 @@ static void conn_close(struct http_conn *c) {
         if (c->closing)
                 return;
         c->closing = true;
+        c->http->closing++;
         uv_close((uv_handle_t *) &c->tcp, on_conn_closed);
         uv_close((uv_handle_t *) &c->timer, on_conn_closed);
 }
@@ -75,8 +80,8 @@ static void on_timeout(uv_timer_t *timer) {
         conn_close(timer->data);
 }
 
-/* Gives the peer send_timeout (from now) for its next step; 0 is never, as for clients. */
-static void conn_touch(struct http_conn *c) {
+/* A connection's whole life, request and answer, is send_timeout from accept; 0 is never, as for clients. */
+static void conn_deadline(struct http_conn *c) {
         uint64_t ms = c->http->server->options->send_timeout_ms;
 
         if (ms)
@@ -100,7 +105,6 @@ static void on_written(uv_write_t *req, int status) {
                 conn_close(c);
                 return;
         }
-        conn_touch(c);
 }
 
 /* Sends one answer (status line, headers, body unless head_only) and closes our half after it. */
@@ -130,11 +134,8 @@ static void answer(struct http_conn *c, const char *status, const char *extra_he
                 memcpy(c->reply + n, body, body_len);
         buf = uv_buf_init(c->reply, (unsigned) n + (head_only ? 0 : (unsigned) body_len));
         c->write.data = c->shutdown.data = c;
-        if (uv_write(&c->write, (uv_stream_t *) &c->tcp, &buf, 1, on_written) < 0) {
+        if (uv_write(&c->write, (uv_stream_t *) &c->tcp, &buf, 1, on_written) < 0)
                 conn_close(c);
-                return;
-        }
-        conn_touch(c);
 }
 
 static void answer_error(struct http_conn *c, const char *status, const char *extra_headers, const char *why) {
@@ -212,7 +213,6 @@ static void on_read(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf) {
         if (nread == 0 || c->answered)
                 return;
         c->len += (size_t) nread;
-        conn_touch(c);
         /* The headers end at an empty line. */
         for (const char *p = c->request; (nl = memchr(p, '\n', c->len - (size_t) (p - c->request))); p = nl + 1) {
                 const char *next = nl + 1;
@@ -263,16 +263,24 @@ static void on_connection(uv_stream_t *listener, int status) {
                 conn_close(c);
                 return;
         }
-        if (http->count > METRICS_HTTP_MAX_CONNECTIONS) {
-                log_debug("metrics: %u scrapes open, the limit; closing a new one", METRICS_HTTP_MAX_CONNECTIONS);
-                conn_close(c);
-                return;
+        if (http->count - http->closing > METRICS_HTTP_MAX_CONNECTIONS) {
+                /* The oldest still asking goes (connections are listed newest first); if all are answered, this one. */
+                struct http_conn *oldest = NULL;
+
+                for (struct http_conn *o = c->next; o; o = o->next)
+                        if (!o->answered && !o->closing)
+                                oldest = o;
+                log_debug("metrics: %u scrapes open, the limit; closing %s", METRICS_HTTP_MAX_CONNECTIONS,
+                          oldest ? "the oldest that has not finished its request" : "the new one");
+                conn_close(oldest ? oldest : c);
+                if (!oldest)
+                        return;
         }
         if (uv_read_start((uv_stream_t *) &c->tcp, on_alloc, on_read) < 0) {
                 conn_close(c);
                 return;
         }
-        conn_touch(c);
+        conn_deadline(c);
 }
 
 int metrics_http_start(struct server *server, uv_loop_t *loop, const struct sockaddr *addr, struct metrics_http **ret) {

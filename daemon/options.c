@@ -278,6 +278,14 @@ int options_parse_listen(const char *text, struct sockaddr_storage *ret) {
         return 0;
 }
 
+uint64_t options_fds_needed(const struct options *o, bool host_backend) {
+        uint64_t need = OPTIONS_FDS_FIXED + (uint64_t) o->max_clients * OPTIONS_FDS_PER_CLIENT;
+
+        if (host_backend)
+                need += o->host_capacity_bytes / (2ULL << 20);
+        return need;
+}
+
 int options_set_key(struct options *o, const char *section, const char *key, const char *value, char *err,
                     size_t err_size) {
         for (size_t i = 0; i < NSETTINGS; i++)

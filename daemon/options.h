@@ -41,6 +41,18 @@ enum options_action {
 #define OPTIONS_DEFAULT_SEND_TIMEOUT_MS 10000
 #define OPTIONS_PATH_MAX 4096
 
+/*
+ * Descriptors one client can make the daemon hold: its socket and pidfd, its control
+ * channel's socket and pidfd, and a reply's descriptor waiting for the socket to drain.
+ */
+#define OPTIONS_FDS_PER_CLIENT 5
+/*
+ * Descriptors held whatever the clients: stdio, the loop and its signals, the listening
+ * sockets, metrics scrapes, set-limit pidfds, the operators' connections beyond
+ * --max-clients, and room for those the closer thread has not closed yet.
+ */
+#define OPTIONS_FDS_FIXED 192
+
 struct options {
         enum options_action action;
         char socket_path[108];
@@ -88,6 +100,12 @@ int options_set_key(struct options *o, const char *section, const char *key, con
  * (ss_family AF_UNSPEC). Port 0 takes any free port (the log says which). Returns 0 or -EINVAL.
  */
 int options_parse_listen(const char *text, struct sockaddr_storage *ret);
+
+/*
+ * The file descriptors the daemon needs at most with these settings: OPTIONS_FDS_FIXED, each
+ * of --max-clients, and with the host backend one per segment (a memfd each, at least 2 MiB).
+ */
+uint64_t options_fds_needed(const struct options *o, bool host_backend);
 
 /* The --help text. */
 extern const char options_usage[];

@@ -361,8 +361,11 @@ static int segment_obtain(struct pool *p, uint64_t rsize, uint64_t headroom, str
                 p->evictions++;
         }
         r = segment_create(p, want, ret);
-        if (r == -ENOMEM && p->cached_bytes) {
-                /* The backend is fuller than our count says (other users): make room and retry. */
+        if ((r == -ENOMEM || r == -EMFILE || r == -ENFILE) && p->cached_bytes) {
+                /*
+                 * The backend is fuller than our count says (other users), or out of
+                 * descriptors (a host segment is one): make room and retry.
+                 */
                 while (cache_release_oldest(p))
                         p->evictions++;
                 r = segment_create(p, want, ret);

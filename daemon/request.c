@@ -126,10 +126,10 @@ static void handle_hello(struct session *s, const Gpupool__Envelope *req, struct
         env.body_case = GPUPOOL__ENVELOPE__BODY_HELLO_REPLY;
         env.hello_reply = &hr;
         if (s->control_of)
-                log_debug("client %llu: control channel of client %llu", (unsigned long long) s->id,
+                session_log(s, LOG_LEVEL_DEBUG, "client %llu: control channel of client %llu", (unsigned long long) s->id,
                           (unsigned long long) s->control_of->id);
         else
-                log_info("client %llu hello: '%s', pid %d, uid %u, tenant %s", (unsigned long long) s->id, s->name,
+                session_log(s, LOG_LEVEL_INFO, "client %llu hello: '%s', pid %d, uid %u, tenant %s", (unsigned long long) s->id, s->name,
                          (int) s->pid, (unsigned) s->uid, s->tenant->conf.name);
         request_pack(s, &env, -1, false, ret);
 }
@@ -138,7 +138,7 @@ static void handle_hello(struct session *s, const Gpupool__Envelope *req, struct
 static void refuse(struct session *s, uint64_t id, int err, enum metrics_refusal reason, unsigned device, uint64_t size,
                    const char *why, struct reply *ret) {
         s->server->refusals_total[reason]++;
-        log_info("client %llu ('%s', pid %d, tenant %s): %" PRIu64 " bytes on device %u refused: %s",
+        session_log(s, LOG_LEVEL_INFO, "client %llu ('%s', pid %d, tenant %s): %" PRIu64 " bytes on device %u refused: %s",
                  (unsigned long long) s->id, s->name, (int) s->pid, s->tenant ? s->tenant->conf.name : "-", size, device,
                  why);
         request_error_reply(s, id, err, false, why, ret);
@@ -272,8 +272,13 @@ static bool alloc_attempt(struct session *s, uint64_t id, uint32_t device, uint6
                 return true;
         }
         if (r < 0) {
-                snprintf(why, sizeof(why), "the %s backend failed: %s", server->backend->name, strerror(-r));
-                log_err("client %llu: allocating %" PRIu64 " bytes: %s", (unsigned long long) s->id, size, why);
+                if (r == -EMFILE || r == -ENFILE)
+                        snprintf(why, sizeof(why), "the %s backend cannot make a segment: the daemon is out of file "
+                                 "descriptors (%s; see LimitNOFILE= in docs/operations.md)", server->backend->name,
+                                 strerror(-r));
+                else
+                        snprintf(why, sizeof(why), "the %s backend failed: %s", server->backend->name, strerror(-r));
+                session_log(s, LOG_LEVEL_ERR, "client %llu: allocating %" PRIu64 " bytes: %s", (unsigned long long) s->id, size, why);
                 server->refusals_total[METRICS_REFUSED_BACKEND_ERROR]++;
                 request_error_reply(s, id, -EIO, false, why, ret);
                 return true;
@@ -427,7 +432,7 @@ static void handle_free_batch(struct session *s, const Gpupool__Envelope *req, s
                 if (pool_release(server->pools[d], &s->owners[d], id) == 0)
                         policy_account(&server->policy, s->tenant, (unsigned) d, before, s->owners[d].reserved_bytes);
                 else
-                        log_warn("client %llu (pid %d): released segment %" PRIu64 " it does not hold empty",
+                        session_log(s, LOG_LEVEL_WARN, "client %llu (pid %d): released segment %" PRIu64 " it does not hold empty",
                                  (unsigned long long) s->id, (int) s->pid, id);
         }
         fr.n_release_segment_ids = nrelease;

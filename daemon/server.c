@@ -5,10 +5,13 @@
 #include "server.h"
 
 #include <errno.h>
+#include <fcntl.h>
+#include <stdarg.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -23,20 +26,54 @@
 #include "session.h"
 #include "size.h"
 
+static void on_connection(uv_poll_t *handle, int status, int events);
+
 /*
- * Refuses a connection over --max-clients with one packet saying why, so the client reports
- * it instead of a bare reset. The packet is id 0: the client has not asked anything yet.
+ * Refuses a connection with one packet saying why, so the client reports it instead of a bare
+ * reset. The packet is id 0: the client has not asked anything yet.
  */
-static void refuse_client(struct server *server, int fd) {
+static void refuse_client(struct server *server, int fd, int err, const char *why) {
         struct session fake = { .server = server };
         struct reply rep;
-        char why[128];
 
-        snprintf(why, sizeof(why), "the daemon already serves %u clients, its limit (--max-clients)",
-                 server->options->max_clients);
-        request_error_reply(&fake, 0, -EDQUOT, true, why, &rep);
+        request_error_reply(&fake, 0, err, true, why, &rep);
         (void) gp_wire_send_packet(fd, server->send_buf, rep.len, -1);
         closer_close(fd);       /* what it queued before being refused may carry descriptors */
+}
+
+/* Accepting again, once the spare is back: without it the next refusal could not be made. */
+static void on_accept_timer(uv_timer_t *timer) {
+        struct server *server = timer->data;
+
+        if (server->spare_fd < 0)
+                server->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+        if (server->spare_fd < 0)
+                uv_timer_start(&server->accept_timer, on_accept_timer, 100, 0);
+        else if (server->listen_fd >= 0)
+                uv_poll_start(&server->listen_poll, UV_READABLE, on_connection);
+}
+
+/*
+ * Out of descriptors, accept4() leaves the connection queued and the socket readable: the loop
+ * would spin on it. As libuv does, the spare descriptor is given up to accept the connection
+ * and refuse it saying why; then accepting pauses for a moment (and the spare comes back).
+ */
+static void out_of_fds(struct server *server, int err) {
+        char why[160];
+        int fd;
+
+        snprintf(why, sizeof(why), "the daemon is out of file descriptors (%s); try again later", strerror(err));
+        server_log(server, LOG_LEVEL_ERR, "cannot accept a client: out of file descriptors (%s); refusing new ones "
+                   "for a moment (see LimitNOFILE= in docs/operations.md)", strerror(err));
+        if (server->spare_fd >= 0) {
+                close(server->spare_fd);
+                server->spare_fd = -1;
+                fd = accept4(server->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+                if (fd >= 0)
+                        refuse_client(server, fd, -EIO, why);
+        }
+        uv_poll_stop(&server->listen_poll);
+        uv_timer_start(&server->accept_timer, on_accept_timer, 100, 0);
 }
 
 static void on_connection(uv_poll_t *handle, int status, int events) {
@@ -52,20 +89,45 @@ static void on_connection(uv_poll_t *handle, int status, int events) {
                 int fd = accept4(server->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
                 int r;
 
+                if (fd < 0 && (errno == EMFILE || errno == ENFILE)) {
+                        out_of_fds(server, errno);
+                        return;
+                }
                 if (fd < 0) {
                         if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR && errno != ECONNABORTED)
-                                log_warn("accept: %s", strerror(errno));
+                                server_log(server, LOG_LEVEL_WARN, "accept: %s", strerror(errno));
                         return;
                 }
                 if (server->connected >= server->options->max_clients) {
-                        log_warn("refusing a client: %u connected, the limit (--max-clients)", server->connected);
-                        refuse_client(server, fd);
+                        char why[128];
+
+                        snprintf(why, sizeof(why), "the daemon already serves %u clients, its limit (--max-clients)",
+                                 server->options->max_clients);
+                        server_log(server, LOG_LEVEL_WARN, "refusing a client: %u connected, the limit (--max-clients)",
+                                   server->connected);
+                        refuse_client(server, fd, -EDQUOT, why);
                         continue;
                 }
                 r = session_start(server, fd);
                 if (r < 0)
-                        log_warn("cannot start a session: %s", strerror(-r));
+                        server_log(server, LOG_LEVEL_WARN, "cannot start a session: %s", strerror(-r));
         }
+}
+
+void server_log_write(struct server *server, enum log_level level, const char *fmt, ...) {
+        unsigned suppressed;
+        char line[1024];
+        va_list ap;
+
+        if (!log_ratelimit_pass(&server->peer_log, &suppressed))
+                return;
+        if (suppressed)
+                log_write(LOG_LEVEL_WARN, "%u messages about clients suppressed in the last %u s (rate limit)", suppressed,
+                          server->peer_log.interval_ms / 1000);
+        va_start(ap, fmt);
+        vsnprintf(line, sizeof(line), fmt, ap);
+        va_end(ap);
+        log_write(level, "%s", line);
 }
 
 static void on_signal(uv_signal_t *handle, int signum) {
@@ -200,6 +262,8 @@ int server_init(struct server *server, uv_loop_t *loop, const struct config *con
         server->device_count = backend->device_count;
         server->next_client_id = 1;
         server->listen_fd = -1;
+        server->spare_fd = -1;
+        server->peer_log = (struct log_ratelimit) LOG_RATELIMIT_CLIENTS;
         gp_wire_arena_init(&server->arena);
 
         server->policy.device_count = server->device_count;
@@ -288,6 +352,10 @@ int server_start(struct server *server, uv_loop_t *loop, const struct config *co
                 uv_timer_start(&server->watchdog_timer, on_watchdog_timer, 0, watchdog_usec / 2000 ? watchdog_usec / 2000 : 1);
                 uv_unref((uv_handle_t *) &server->watchdog_timer);
         }
+        server->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+        uv_timer_init(loop, &server->accept_timer);
+        server->accept_timer.data = server;
+        server->accept_timer_open = true;
         uv_poll_init(loop, &server->listen_poll, server->listen_fd);
         server->listen_poll.data = server;
         uv_poll_start(&server->listen_poll, UV_READABLE, on_connection);
@@ -350,6 +418,33 @@ uint64_t server_pid_limit(struct server *server, pid_t pid) {
         return POLICY_NO_OVERRIDE;
 }
 
+int server_fit_fd_limit(const struct options *o, const struct backend *backend, char *why, size_t why_size) {
+        bool host = strcmp(backend->name, "host") == 0;
+        uint64_t need = options_fds_needed(o, host);
+        char cap[GP_SIZE_FORMAT_MAX];
+        struct rlimit rl;
+
+        if (getrlimit(RLIMIT_NOFILE, &rl) < 0)
+                return -errno;
+        if (rl.rlim_cur == RLIM_INFINITY || rl.rlim_cur >= need)
+                return 0;
+        if (rl.rlim_max != RLIM_INFINITY && rl.rlim_max < need) {
+                snprintf(why, why_size, "max_clients %u%s%s needs %llu file descriptors, more than the hard limit of %llu: "
+                         "raise it (LimitNOFILE= in the unit, ulimit -Hn) or lower max_clients", o->max_clients,
+                         host ? " with a host capacity of " : "", host ? gp_size_format(o->host_capacity_bytes, cap, sizeof(cap)) : "",
+                         (unsigned long long) need, (unsigned long long) rl.rlim_max);
+                return -EMFILE;
+        }
+        rl.rlim_cur = need;
+        if (setrlimit(RLIMIT_NOFILE, &rl) < 0) {
+                snprintf(why, why_size, "cannot raise the file descriptor limit to %llu: %s", (unsigned long long) need,
+                         strerror(errno));
+                return -errno;
+        }
+        log_info("file descriptor limit raised to %llu for max_clients %u", (unsigned long long) need, o->max_clients);
+        return 0;
+}
+
 /* Settings a reload cannot change in a running daemon: it says so and keeps the old. */
 static void keep_fixed(const struct options *old, struct options *o) {
         if (strcmp(old->socket_path, o->socket_path) || old->backend != o->backend ||
@@ -392,6 +487,8 @@ static int reload(struct server *server, char *why, size_t why_size) {
                 policy_configure(&policy, &next);
                 r = policy_check_guarantees(&policy, err, sizeof(err));
         }
+        if (r == 0)
+                r = server_fit_fd_limit(&next.options, server->backend, err, sizeof(err));
         if (r < 0) {
                 log_err("reload refused, the running config stays: %s", err);
                 snprintf(why, why_size, "%s", err);
@@ -475,6 +572,13 @@ void server_stop(struct server *server) {
                 uv_close((uv_handle_t *) &server->stuck_timer, NULL);
                 server->stuck_timer_open = false;
         }
+        if (server->accept_timer_open) {
+                uv_close((uv_handle_t *) &server->accept_timer, NULL);
+                server->accept_timer_open = false;
+        }
+        if (server->spare_fd >= 0)
+                close(server->spare_fd);
+        server->spare_fd = -1;
         if (server->watchdog_timer_open) {
                 uv_close((uv_handle_t *) &server->watchdog_timer, NULL);
                 server->watchdog_timer_open = false;

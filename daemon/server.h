@@ -10,6 +10,7 @@
 #include <uv.h>
 
 #include "backend.h"
+#include "log.h"
 #include "config.h"
 #include "metrics.h"
 #include "options.h"
@@ -43,6 +44,10 @@ struct server {
         uint64_t allocations_total[BACKEND_MAX_DEVICES];        /* allocations served */
         uint64_t refusals_total[METRICS_REFUSAL_COUNT];         /* allocations refused, by reason */
         uint64_t checks_total;          /* server_check() runs */
+        struct log_ratelimit peer_log;  /* what all clients together may make it log */
+        int spare_fd;                   /* given up to accept and refuse a client when out of descriptors */
+        uv_timer_t accept_timer;        /* accepting again after running out of descriptors */
+        bool accept_timer_open;
         uv_timer_t reclaim_timer;       /* the earliest parked allocation's deadline */
         bool reclaim_timer_open;
         uv_timer_t stuck_timer;         /* every second: clients that do not read their replies */
@@ -111,6 +116,25 @@ void server_tenant_in_use(const struct server *server, const struct tenant *t, u
 
 /* The cache watermark of device d, in bytes. */
 uint64_t server_max_cached(const struct server *server, unsigned d);
+
+/*
+ * Makes room for every descriptor the settings o can need with backend
+ * (options_fds_needed()): raises the soft limit up to the hard one. Returns 0, or a negative
+ * errno with why (a hard limit too low says what to raise or lower).
+ */
+int server_fit_fd_limit(const struct options *o, const struct backend *backend, char *why, size_t why_size);
+
+/*
+ * Logs a message that a client's doing caused (its connection, refusals, bad input), under
+ * the rate limit for all clients together; session_log() adds the client's own limit.
+ */
+#define server_log(server, level, ...)                                          \
+        do {                                                                    \
+                if ((level) <= log_max_level)                                   \
+                        server_log_write((server), (level), __VA_ARGS__);       \
+        } while (0)
+void server_log_write(struct server *server, enum log_level level, const char *fmt, ...)
+        __attribute__((format(printf, 3, 4)));
 
 /* Begins an orderly stop: closes every handle, so that uv_run() returns. */
 void server_stop(struct server *server);

@@ -6,6 +6,8 @@
 #include "session.h"
 
 #include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -39,6 +41,22 @@ static int peer_pidfd(int fd, pid_t pid) {
         return pidfd >= 0 ? pidfd : -1;
 }
 
+void session_log_write(struct session *s, enum log_level level, const char *fmt, ...) {
+        unsigned suppressed;
+        char line[1024];
+        va_list ap;
+
+        if (!log_ratelimit_pass(&s->log, &suppressed))
+                return;
+        if (suppressed)
+                server_log(s->server, LOG_LEVEL_WARN, "client %llu (pid %d): %u messages suppressed (rate limit)",
+                           (unsigned long long) s->id, (int) s->pid, suppressed);
+        va_start(ap, fmt);
+        vsnprintf(line, sizeof(line), fmt, ap);
+        va_end(ap);
+        server_log(s->server, level, "%s", line);
+}
+
 int session_start(struct server *server, int fd) {
         struct ucred cred;
         socklen_t len = sizeof(cred);
@@ -69,6 +87,7 @@ int session_start(struct server *server, int fd) {
         s->pending_fd = -1;
         s->pidfd = peer_pidfd(fd, cred.pid);
         s->limit_override_bytes = server_pid_limit(server, cred.pid);
+        s->log = (struct log_ratelimit) LOG_RATELIMIT_CLIENT;
         for (unsigned d = 0; d < server->device_count; d++)
                 pool_owner_attach(server->pools[d], &s->owners[d], (uint32_t) cred.uid);
 
@@ -91,7 +110,7 @@ int session_start(struct server *server, int fd) {
                 server->sessions->prev = s;
         server->sessions = s;
         server->connected++;
-        log_debug("client %llu connected: pid %d, uid %u", (unsigned long long) s->id, (int) s->pid, (unsigned) s->uid);
+        session_log(s, LOG_LEVEL_DEBUG, "client %llu connected: pid %d, uid %u", (unsigned long long) s->id, (int) s->pid, (unsigned) s->uid);
         return 0;
 }
 
@@ -171,6 +190,9 @@ void session_destroy(struct session *s) {
         if (s->state == SESSION_CLOSED)
                 return;
         s->state = SESSION_CLOSED;
+        if (s->log.suppressed)
+                server_log(server, LOG_LEVEL_WARN, "client %llu (pid %d): %u messages suppressed (rate limit)",
+                           (unsigned long long) s->id, (int) s->pid, s->log.suppressed);
         if (s->parked) {
                 s->parked = false;
                 server->parked--;
@@ -214,13 +236,13 @@ static void session_disconnect(struct session *s, const char *why) {
         session_totals(s, &reserved, &in_use, &blocks);
         /* At info only for a client whose hello was logged at info: the pair of lines. */
         if (s->control_of || !s->tenant)
-                log_debug("client %llu (pid %d) closed: %s", (unsigned long long) s->id, (int) s->pid, why);
+                session_log(s, LOG_LEVEL_DEBUG, "client %llu (pid %d) closed: %s", (unsigned long long) s->id, (int) s->pid, why);
         else
-                log_info("client %llu ('%s', pid %d, uid %u, tenant %s) disconnected: %s", (unsigned long long) s->id, s->name,
+                session_log(s, LOG_LEVEL_INFO, "client %llu ('%s', pid %d, uid %u, tenant %s) disconnected: %s", (unsigned long long) s->id, s->name,
                          (int) s->pid, (unsigned) s->uid, s->tenant->conf.name, why);
         if (s->said_bye || reserved == 0 || s->pidfd < 0) {
                 if (!s->said_bye && reserved && s->pidfd < 0)
-                        log_warn("client %llu (pid %d): no pidfd to wait on; releasing its memory at disconnect",
+                        session_log(s, LOG_LEVEL_WARN, "client %llu (pid %d): no pidfd to wait on; releasing its memory at disconnect",
                                  (unsigned long long) s->id, (int) s->pid);
                 session_destroy(s);
                 return;
@@ -228,7 +250,7 @@ static void session_disconnect(struct session *s, const char *why) {
         close_socket(s);
         s->state = SESSION_EXITING;
         if (uv_poll_init(s->server->loop, &s->pid_poll, s->pidfd) < 0) {
-                log_warn("client %llu: cannot watch its pidfd; releasing its memory now", (unsigned long long) s->id);
+                session_log(s, LOG_LEVEL_WARN, "client %llu: cannot watch its pidfd; releasing its memory now", (unsigned long long) s->id);
                 session_destroy(s);
                 return;
         }
@@ -244,7 +266,7 @@ static void on_process_exit(uv_poll_t *handle, int status, int events) {
 
         (void) status, (void) events;
         session_totals(s, &reserved, &in_use, &blocks);
-        log_info("client %llu (%s, pid %d) exited holding %llu blocks; %llu bytes return to the cache",
+        session_log(s, LOG_LEVEL_INFO, "client %llu (%s, pid %d) exited holding %llu blocks; %llu bytes return to the cache",
                  (unsigned long long) s->id, s->name, (int) s->pid, (unsigned long long) blocks,
                  (unsigned long long) reserved);
         session_destroy(s);
@@ -267,7 +289,7 @@ bool session_send(struct session *s, const struct reply *rep) {
                 memcpy(s->pending, s->server->send_buf, rep->len);
                 s->pending_len = rep->len;
                 s->pending_since_ms = uv_now(s->server->loop);
-                log_debug("client %llu (pid %d): its socket is full; holding a reply until it reads",
+                session_log(s, LOG_LEVEL_DEBUG, "client %llu (pid %d): its socket is full; holding a reply until it reads",
                           (unsigned long long) s->id, (int) s->pid);
                 s->pending_fd = rep->fd >= 0 ? dup(rep->fd) : -1;
                 if (rep->fd >= 0 && s->pending_fd < 0) {
@@ -300,7 +322,7 @@ void session_expire_stuck(struct server *server) {
                 if (next && next == s->control)
                         next = next->next;
                 if (s->pending && limit && now - s->pending_since_ms >= limit) {
-                        log_warn("client %llu (%s, pid %d) has not read a reply for %llu ms; disconnecting it",
+                        session_log(s, LOG_LEVEL_WARN, "client %llu (%s, pid %d) has not read a reply for %llu ms; disconnecting it",
                                  (unsigned long long) s->id, s->name, (int) s->pid, (unsigned long long) (now - s->pending_since_ms));
                         session_disconnect(s, "did not read its replies");
                 }
@@ -391,7 +413,7 @@ static void on_readable(uv_poll_t *handle, int status, int events) {
                 return;
         }
         if (n < 0) {
-                log_warn("client %llu (pid %d): %s; disconnecting it", (unsigned long long) s->id, (int) s->pid,
+                session_log(s, LOG_LEVEL_WARN, "client %llu (pid %d): %s; disconnecting it", (unsigned long long) s->id, (int) s->pid,
                          n == -EMSGSIZE ? "packet over the request size limit" :
                          n == -EBADMSG ? "malformed packet (empty, or carrying descriptors)" : strerror(-n));
                 session_disconnect(s, "bad packet");
@@ -405,7 +427,7 @@ static void on_readable(uv_poll_t *handle, int status, int events) {
                 return;
         }
         if (r < 0) {
-                log_warn("client %llu (pid %d): message does not parse; disconnecting it",
+                session_log(s, LOG_LEVEL_WARN, "client %llu (pid %d): message does not parse; disconnecting it",
                          (unsigned long long) s->id, (int) s->pid);
                 session_disconnect(s, "unparsable message");
                 return;

@@ -12,6 +12,7 @@
 #include <sys/types.h>
 #include <uv.h>
 
+#include "log.h"
 #include "policy.h"
 #include "pool.h"
 #include "request.h"
@@ -61,8 +62,21 @@ struct session {
         size_t pending_len;
         int pending_fd;
         struct pool_owner *owners;      /* one per device */
+        struct log_ratelimit log;       /* what this client may make the daemon log */
         struct session *prev, *next;
 };
+
+/*
+ * Logs a message the client caused (bad input, refusals, its coming and going) under its own
+ * rate limit and then the one for all clients (server_log()): no client can flood the log.
+ */
+#define session_log(session, level, ...)                                        \
+        do {                                                                    \
+                if ((level) <= log_max_level)                                   \
+                        session_log_write((session), (level), __VA_ARGS__);     \
+        } while (0)
+void session_log_write(struct session *session, enum log_level level, const char *fmt, ...)
+        __attribute__((format(printf, 3, 4)));
 
 /* Takes an accepted socket. Returns 0 or a negative errno (the socket is closed then). */
 int session_start(struct server *server, int fd);

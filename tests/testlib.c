@@ -74,7 +74,7 @@ static void launch(struct testd *d) {
         d->pid = fork();
         ck_assert_int_ge(d->pid, 0);
         if (d->pid == 0) {
-                int fd = open(d->log, O_WRONLY | O_CREAT | O_APPEND, 0644);
+                int fd = d->stderr_fd >= 0 ? d->stderr_fd : open(d->log, O_WRONLY | O_CREAT | O_APPEND, 0644);
 
                 dup2(fd, 2);
                 execvp(d->argv[0], d->argv);
@@ -99,12 +99,12 @@ static void launch(struct testd *d) {
         ck_abort_msg("gpupoold did not listen on %s within 30 s", d->sock);
 }
 
-void testd_start(struct testd *d, ...) {
+static void testd_startv(struct testd *d, int stderr_fd, va_list ap) {
         char *wrapper;
         int argc = 0;
-        va_list ap;
 
         memset(d, 0, sizeof(*d));
+        d->stderr_fd = stderr_fd;
         strcpy(d->dir, "/tmp/gpupool-test-XXXXXX");
         ck_assert_ptr_nonnull(mkdtemp(d->dir));
         snprintf(d->sock, sizeof(d->sock), "%s/gpupool.sock", d->dir);
@@ -127,12 +127,26 @@ void testd_start(struct testd *d, ...) {
         d->argv[argc++] = "--check-invariants";
         d->argv[argc++] = "--log-level";
         d->argv[argc++] = "debug";
-        va_start(ap, d);
         for (char *a; (a = va_arg(ap, char *)) && argc < 38;)
                 d->argv[argc++] = a;
-        va_end(ap);
         d->argv[argc] = NULL;
         launch(d);
+}
+
+void testd_start(struct testd *d, ...) {
+        va_list ap;
+
+        va_start(ap, d);
+        testd_startv(d, -1, ap);
+        va_end(ap);
+}
+
+void testd_start_stderr(struct testd *d, int fd, ...) {
+        va_list ap;
+
+        va_start(ap, fd);
+        testd_startv(d, fd, ap);
+        va_end(ap);
 }
 
 void testd_crash_and_restart(struct testd *d) {

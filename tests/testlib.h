@@ -19,6 +19,7 @@ struct testd {
         char path[256];
         char wrapper[256];
         char *argv[40];         /* points into the above and at the caller's strings */
+        int stderr_fd;          /* the daemon's stderr when >= 0 (testd_start_stderr), else the log file */
 };
 
 /* $GPUPOOL_BUILD_DIR, where the binaries under test are, else "build". */
@@ -35,6 +36,9 @@ const char *read_text(const char *path, char *buf, size_t size);
 
 /* Starts gpupoold (host backend, --check-invariants) with extra arguments (NULL-ended). */
 void testd_start(struct testd *d, ...);
+
+/* testd_start() with the daemon's stderr on fd (a pipe, say) instead of the log file. */
+void testd_start_stderr(struct testd *d, int fd, ...);
 
 /* Kills the daemon with SIGKILL and starts it again on the same socket, with the same arguments. */
 void testd_crash_and_restart(struct testd *d);

@@ -14,8 +14,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/time.h>
 #include <unistd.h>
 
 #include "gpupool.h"
@@ -324,11 +326,235 @@ START_TEST(test_descriptor_that_blocks_on_close) {
 }
 END_TEST
 
+/* CPU seconds process pid has used (user and system). */
+static double cpu_seconds(pid_t pid) {
+        char path[64], buf[1024], *p;
+        unsigned long long utime, stime;
+
+        snprintf(path, sizeof(path), "/proc/%d/stat", (int) pid);
+        read_text(path, buf, sizeof(buf));
+        p = strrchr(buf, ')');
+        ck_assert_ptr_nonnull(p);
+        /* After "pid (comm)": state is field 3; utime and stime are fields 14 and 15. */
+        ck_assert_int_eq(sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", &utime, &stime), 2);
+        return (double) (utime + stime) / (double) sysconf(_SC_CLK_TCK);
+}
+
+/* Lines of the daemon's log that contain text. */
+static int log_count(struct testd *d, const char *text) {
+        char cmd[512], out[64];
+
+        snprintf(cmd, sizeof(cmd), "grep -c -- '%s' %s", text, d->log);
+        run_capture(cmd, out, sizeof(out));
+        return atoi(out);
+}
+
+/* Connects and says hello, waiting at most 3 s for the answer: 1 served, 0 refused saying why, -1 no answer. */
+static int try_hello(struct testd *d, int *ret_sock, char *why, size_t why_size) {
+        Gpupool__Envelope env = GPUPOOL__ENVELOPE__INIT, *rep;
+        Gpupool__Hello hello = GPUPOOL__HELLO__INIT;
+        struct timeval tv = { .tv_sec = 3 };
+        int sock = raw_connect(d), r;
+
+        ck_assert_int_eq(setsockopt(sock, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)), 0);
+        hello.name = "many";
+        env.id = 1;
+        env.body_case = GPUPOOL__ENVELOPE__BODY_HELLO;
+        env.hello = &hello;
+        raw_send(sock, &env);
+        rep = raw_recv(sock);
+        if (!rep) {
+                close(sock);
+                return -1;
+        }
+        r = rep->status == GPUPOOL__STATUS__STATUS_OK;
+        snprintf(why, why_size, "%s", rep->error ? rep->error : "");
+        gpupool__envelope__free_unpacked(rep, NULL);
+        if (r)
+                *ret_sock = sock;
+        else
+                close(sock);
+        return r;
+}
+
+/* Out of descriptors, the daemon refuses new clients saying why, without spinning or flooding the log. */
+START_TEST(test_out_of_descriptors) {
+        int socks[64], n = 0, refused = 0, waiting;
+        char why[256] = "";
+        struct rlimit rl;
+        struct testd d;
+        double cpu;
+
+        testd_start(&d, "--max-clients", "64", NULL);
+        rl.rlim_cur = rl.rlim_max = (rlim_t) settled_fds(d.pid) + 6;
+        ck_assert_int_eq(prlimit(d.pid, RLIMIT_NOFILE, &rl, NULL), 0);
+        for (int i = 0; i < 20 && refused < 3; i++) {
+                int r = try_hello(&d, &socks[n], why, sizeof(why));
+
+                ck_assert_msg(r >= 0, "connection %d got no answer: it hangs in the backlog", i);
+                if (r == 1)
+                        n++;
+                else
+                        refused++;
+        }
+        ck_assert_int_ge(refused, 1);
+        ck_assert_msg(strstr(why, "out of file descriptors"), "%s", why);
+        /* A connection waiting in the backlog while the daemon has no descriptor: no spinning. */
+        waiting = raw_connect(&d);
+        cpu = cpu_seconds(d.pid);
+        usleep(1500000);
+        cpu = cpu_seconds(d.pid) - cpu;
+        ck_assert_msg(cpu < 0.5, "the daemon used %.2f s of CPU in 1.5 s while out of descriptors", cpu);
+        ck_assert_int_le(log_count(&d, "out of file descriptors"), 200 + 1);
+        close(waiting);
+        /* Once clients leave, new ones are served again. */
+        while (n > 0)
+                close(socks[--n]);
+        {
+                double t0 = now_s();
+                int r = 0, sock;
+
+                while (now_s() - t0 < 10 && (r = try_hello(&d, &sock, why, sizeof(why))) != 1)
+                        usleep(100000);
+                ck_assert_int_eq(r, 1);
+                close(sock);
+        }
+        ck_assert(testd_alive(&d));
+        ck_assert_int_eq(testd_stop(&d), 0);
+}
+END_TEST
+
+/* At start: the soft limit is raised for --max-clients, and a hard limit too low is an error saying so. */
+START_TEST(test_descriptor_limit_fits_max_clients) {
+        char cmd[1024], out[2048], path[64];
+        struct rlimit rl;
+        struct testd d;
+        unsigned long long soft = 0;
+
+        ck_assert_int_eq(getrlimit(RLIMIT_NOFILE, &rl), 0);
+        if (rl.rlim_max != RLIM_INFINITY && rl.rlim_max < 6000)
+                return;         /* nothing to raise to here */
+        rl.rlim_cur = 256;
+        ck_assert_int_eq(setrlimit(RLIMIT_NOFILE, &rl), 0);
+        testd_start(&d, "--max-clients", "1000", NULL);
+        snprintf(path, sizeof(path), "/proc/%d/limits", (int) d.pid);
+        read_text(path, out, sizeof(out));
+        ck_assert_int_eq(sscanf(strstr(out, "Max open files"), "Max open files %llu", &soft), 1);
+        /* 192 fixed, 5 per client, one per 2 MiB segment of 512 MiB. */
+        ck_assert_uint_eq(soft, 192 + 1000 * 5 + 256);
+        ck_assert_int_eq(testd_stop(&d), 0);
+
+        snprintf(cmd, sizeof(cmd), "ulimit -Hn 300 && %s/gpupoold --socket /tmp/gpupool-fdlimit-%d.sock --backend host "
+                 "--host-capacity 64M 2>&1; echo \"exit $?\"", build_dir(), (int) getpid());
+        run_capture(cmd, out, sizeof(out));
+        ck_assert_msg(strstr(out, "max_clients 1024 with a host capacity of 64.0 MiB needs 5344 file descriptors, more than "
+                              "the hard limit of 300") && strstr(out, "exit 1"), "%s", out);
+}
+END_TEST
+
+/* One request naming 256 segments it does not hold: a handful of lines, then one saying how many were left out. */
+START_TEST(test_log_rate_limit_per_client) {
+        Gpupool__Envelope env = GPUPOOL__ENVELOPE__INIT, *rep;
+        Gpupool__FreeBatchRequest b = GPUPOOL__FREE_BATCH_REQUEST__INIT;
+        uint64_t ids[256];
+        struct testd d;
+        int sock;
+
+        testd_start(&d, NULL);
+        sock = raw_hello(&d, "noisy");
+        for (unsigned i = 0; i < 256; i++)
+                ids[i] = 1000 + i;
+        b.n_release_segment_ids = 256;
+        b.release_segment_ids = ids;
+        env.id = 2;
+        env.body_case = GPUPOOL__ENVELOPE__BODY_FREE_BATCH;
+        env.free_batch = &b;
+        rep = raw_call(sock, &env);
+        ck_assert_int_eq(rep->status, GPUPOOL__STATUS__STATUS_OK);
+        gpupool__envelope__free_unpacked(rep, NULL);
+        ck_assert_int_le(log_count(&d, "it does not hold empty"), 10);
+        close(sock);
+        {
+                double t0 = now_s();
+
+                while (now_s() - t0 < 10 && log_count(&d, "messages suppressed (rate limit)") == 0)
+                        usleep(50000);
+        }
+        ck_assert_int_eq(log_count(&d, "messages suppressed (rate limit)"), 1);
+        ck_assert_int_eq(testd_stop(&d), 0);
+}
+END_TEST
+
+/* stderr on a pipe nobody reads: the daemon serves on, and says what it dropped once the pipe drains. */
+START_TEST(test_stuck_log_never_stops_serving) {
+        Gpupool__Envelope env = GPUPOOL__ENVELOPE__INIT, *rep;
+        Gpupool__SetLimitRequest l = GPUPOOL__SET_LIMIT_REQUEST__INIT;
+        static char buf[1 << 20];
+        size_t got = 0;
+        struct testd d;
+        int p[2], op;
+        double t0;
+
+        ck_assert_int_eq(pipe(p), 0);
+        testd_start_stderr(&d, p[1], NULL);
+        close(p[1]);
+        /* An operator's set-limit logs a line each (not a client's doing: no rate limit): 4000 fill any buffer. */
+        op = raw_hello(&d, "operator");
+        l.tenant = "default";
+        l.has_max_bytes = 1;
+        l.max_bytes = 1ULL << 30;
+        env.body_case = GPUPOOL__ENVELOPE__BODY_SET_LIMIT;
+        env.set_limit = &l;
+        t0 = now_s();
+        for (int i = 0; i < 4000; i++) {
+                env.id = (uint64_t) i + 2;
+                rep = raw_call(op, &env);
+                ck_assert_int_eq(rep->status, GPUPOOL__STATUS__STATUS_OK);
+                gpupool__envelope__free_unpacked(rep, NULL);
+                if (i % 500 == 0) {
+                        char why[128];
+                        int sock, r = try_hello(&d, &sock, why, sizeof(why));
+
+                        ck_assert_msg(r == 1, "a client was not served with the log stuck (%d)", r);
+                        close(sock);
+                }
+        }
+        ck_assert_msg(now_s() - t0 < 30, "4000 requests took %.1f s", now_s() - t0);
+        /* Drain the pipe, then one more line: the writer says how many it dropped. */
+        fcntl(p[0], F_SETFL, O_NONBLOCK);
+        t0 = now_s();
+        while (now_s() - t0 < 10) {
+                ssize_t n = read(p[0], buf + got, sizeof(buf) - 1 - got);
+
+                if (n > 0) {
+                        got += (size_t) n;
+                        buf[got] = '\0';
+                        if (strstr(buf, "log messages dropped: stderr was not being read"))
+                                break;
+                        if (got > sizeof(buf) / 2)
+                                got = 0;        /* keep reading; only the notice matters */
+                        continue;
+                }
+                env.id++;
+                gpupool__envelope__free_unpacked(raw_call(op, &env), NULL);
+                usleep(20000);
+        }
+        ck_assert_msg(strstr(buf, "log messages dropped: stderr was not being read"), "no notice of dropped lines");
+        close(op);
+        ck_assert_int_eq(testd_stop(&d), 0);
+        close(p[0]);
+}
+END_TEST
+
 Suite *suite_hardening(void) {
         Suite *s = suite_create("hardening");
         TCase *tc = tcase_create("host");
 
         tcase_add_test(tc, test_descriptor_that_blocks_on_close);
+        tcase_add_test(tc, test_out_of_descriptors);
+        tcase_add_test(tc, test_descriptor_limit_fits_max_clients);
+        tcase_add_test(tc, test_log_rate_limit_per_client);
+        tcase_add_test(tc, test_stuck_log_never_stops_serving);
         tcase_add_test(tc, test_refused_reload_keeps_tenant_sums);
         tcase_add_test(tc, test_reload_leaves_control_channels_out_of_tenants);
         tcase_add_test(tc, test_set_limit_pid_binds_later_connections);

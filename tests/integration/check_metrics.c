@@ -349,7 +349,7 @@ START_TEST(test_metrics_http_refusals) {
 }
 END_TEST
 
-/* Peers that connect and say nothing hold at most METRICS_HTTP_MAX_CONNECTIONS, each for send_timeout. */
+/* Peers that connect and say nothing hold at most METRICS_HTTP_MAX_CONNECTIONS, each for send_timeout at most. */
 START_TEST(test_metrics_http_bounded) {
         static char answer[METRICS_TEXT_MAX + 1024];
         int idle[METRICS_HTTP_MAX_CONNECTIONS], extra, port;
@@ -360,17 +360,21 @@ START_TEST(test_metrics_http_bounded) {
         port = metrics_port(&d);
         for (int i = 0; i < METRICS_HTTP_MAX_CONNECTIONS; i++)
                 idle[i] = tcp_connect(port);
-        /* One more is closed at once, unanswered. */
+        /* One more displaces the oldest that has not asked (silent peers cannot keep scrapes out), and is served. */
         extra = tcp_connect(port);
-        ck_assert_uint_eq(read_to_end(extra, answer, sizeof(answer)), 0);
-        close(extra);
-        /* The idle ones are still served when they ask. */
-        ck_assert_int_eq(send(idle[0], "GET /metrics HTTP/1.1\r\n\r\n", 25, MSG_NOSIGNAL), 25);
-        read_to_end(idle[0], answer, sizeof(answer));
-        ck_assert_msg(strncmp(answer, "HTTP/1.1 200 OK\r\n", 17) == 0, "%s", answer);
+        ck_assert_uint_eq(read_to_end(idle[0], answer, sizeof(answer)), 0);
         close(idle[0]);
+        ck_assert_int_eq(send(extra, "GET /metrics HTTP/1.1\r\n\r\n", 25, MSG_NOSIGNAL), 25);
+        read_to_end(extra, answer, sizeof(answer));
+        ck_assert_msg(strncmp(answer, "HTTP/1.1 200 OK\r\n", 17) == 0, "%s", answer);
+        close(extra);
+        /* The idle ones left are still served when they ask. */
+        ck_assert_int_eq(send(idle[1], "GET /metrics HTTP/1.1\r\n\r\n", 25, MSG_NOSIGNAL), 25);
+        read_to_end(idle[1], answer, sizeof(answer));
+        ck_assert_msg(strncmp(answer, "HTTP/1.1 200 OK\r\n", 17) == 0, "%s", answer);
+        close(idle[1]);
         /* Once the others have gone (the daemon closed its side), a new scrape is served. */
-        for (int i = 1; i < METRICS_HTTP_MAX_CONNECTIONS; i++) {
+        for (int i = 2; i < METRICS_HTTP_MAX_CONNECTIONS; i++) {
                 ck_assert_int_eq(shutdown(idle[i], SHUT_WR), 0);
                 read_to_end(idle[i], answer, sizeof(answer));
                 close(idle[i]);
@@ -394,6 +398,58 @@ START_TEST(test_metrics_http_bounded) {
         ck_assert_msg(now_s() - t0 >= 0.29, "closed after %.3f s, before send_timeout", now_s() - t0);
         close(idle[0]);
         close(idle[1]);
+        ck_assert_int_eq(testd_stop(&d), 0);
+}
+END_TEST
+
+/*
+ * Slowloris: every connection taken by peers that send a byte now and then. Scrapes are served
+ * all the same, and no trickling peer lasts past send_timeout from its accept.
+ */
+START_TEST(test_metrics_http_slow_peers) {
+        static char answer[METRICS_TEXT_MAX + 1024];
+        int slow[METRICS_HTTP_MAX_CONNECTIONS], port, served = 0;
+        const char *request = "GET /metrics HTTP/1.1\r\nX-Slow: ";
+        struct testd d;
+        double t0;
+
+        testd_start(&d, "--metrics-listen", "127.0.0.1:0", "--send-timeout", "2s", NULL);
+        port = metrics_port(&d);
+        t0 = now_s();
+        for (int i = 0; i < METRICS_HTTP_MAX_CONNECTIONS; i++)
+                slow[i] = tcp_connect(port);
+        for (size_t k = 0; k < 30; k++) {
+                for (int i = 0; i < METRICS_HTTP_MAX_CONNECTIONS; i++)
+                        (void) send(slow[i], &request[k % strlen(request)], 1, MSG_NOSIGNAL);
+                if (k % 10 == 9) {
+                        /* Each scrape displaces the oldest trickler; they come back, as an attacker would. */
+                        http(port, "GET /metrics HTTP/1.1\r\n\r\n", answer, sizeof(answer));
+                        served += strncmp(answer, "HTTP/1.1 200 OK\r\n", 17) == 0;
+                        for (int i = 0; i < METRICS_HTTP_MAX_CONNECTIONS; i++) {
+                                char b;
+
+                                if (recv(slow[i], &b, 1, MSG_DONTWAIT) == 0) {
+                                        close(slow[i]);
+                                        slow[i] = tcp_connect(port);
+                                }
+                        }
+                }
+                usleep(50000);
+        }
+        ck_assert_int_eq(served, 3);
+        /* Trickling or not, a connection ends send_timeout after its accept. */
+        t0 = now_s();
+        slow[0] = (close(slow[0]), tcp_connect(port));
+        for (int n = 0; now_s() - t0 < 5; n++) {
+                char b;
+
+                if (send(slow[0], "x", 1, MSG_NOSIGNAL) < 0 || recv(slow[0], &b, 1, MSG_DONTWAIT) == 0)
+                        break;
+                usleep(100000);
+        }
+        ck_assert_msg(now_s() - t0 < 3.0, "a trickling peer lasted %.1f s with send_timeout 2s", now_s() - t0);
+        for (int i = 0; i < METRICS_HTTP_MAX_CONNECTIONS; i++)
+                close(slow[i]);
         ck_assert_int_eq(testd_stop(&d), 0);
 }
 END_TEST
@@ -429,6 +485,7 @@ Suite *suite_metrics(void) {
         tcase_add_test(tc, test_metrics_tenants_and_reasons);
         tcase_add_test(tc, test_metrics_http_refusals);
         tcase_add_test(tc, test_metrics_http_bounded);
+        tcase_add_test(tc, test_metrics_http_slow_peers);
         tcase_add_test(tc, test_metrics_listen_taken);
         tcase_set_timeout(tc, 60);
         suite_add_tcase(s, tc);
