@@ -729,6 +729,8 @@ GPUPOOL_EXPORT const char *gpupool_strerror(int err) {
                 return "gpupool protocol version not supported";
         case -ECONNRESET:
                 return "gpupoold is gone";
+        case -ETIMEDOUT:
+                return "gpupoold did not answer in time ($GPUPOOL_TIMEOUT)";
         case -ECONNREFUSED:
                 return "gpupoold is not running";
         case -EACCES:

@@ -21,6 +21,7 @@
 
 static pthread_mutex_t hook_lock = PTHREAD_MUTEX_INITIALIZER;
 static gpupool_client *hook_handle;     /* atomic; set once under hook_lock, dropped in a forked child */
+static gpupool_client *volatile hook_inherited;        /* in a forked child: the parent's handle, kept, never freed */
 static pthread_once_t hook_fork_once = PTHREAD_ONCE_INIT;
 
 static __thread int hook_errno;
@@ -51,9 +52,13 @@ static void hook_ok(void) {
         hook_error[0] = '\0';
 }
 
-/* In a forked child the handle's sockets and threads are the parent's: forget it (not free it). */
+/*
+ * In a forked child the handle's sockets and threads are the parent's: forget it, not free it
+ * (its locks may be held by threads that do not exist here). It stays referenced, as memory the
+ * child inherited and keeps, rather than lost to leak checkers.
+ */
 static void forget_in_child(void) {
-        __atomic_store_n(&hook_handle, NULL, __ATOMIC_RELEASE);
+        hook_inherited = __atomic_exchange_n(&hook_handle, NULL, __ATOMIC_ACQ_REL);
         pthread_mutex_init(&hook_lock, NULL);
 }
 

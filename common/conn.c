@@ -5,8 +5,11 @@
 
 #include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+
+#include "size.h"
 
 static void set_error(struct gp_conn *c, const char *message) {
         snprintf(c->error, sizeof(c->error), "%s", message ? message : "");
@@ -28,6 +31,11 @@ static int broken(struct gp_conn *c, int r) {
         if (r == -EPROTO) {
                 set_error(c, "gpupoold sent a message this version cannot read");
                 return -EPROTO;
+        }
+        if (r == -EAGAIN || r == -ETIMEDOUT) {
+                snprintf(c->error, sizeof(c->error), "gpupoold did not answer within %llu ms ($GPUPOOL_TIMEOUT): it is "
+                         "stopped or hung; this connection is given up", (unsigned long long) c->timeout_ms);
+                return -ETIMEDOUT;
         }
         set_error(c, strerror(-r));
         return -ECONNRESET;
@@ -114,12 +122,20 @@ int gp_conn_open(struct gp_conn *c, const char *path, const Gpupool__Hello *hell
         Gpupool__Hello h = *hello;
         int r;
 
+        const char *timeout = getenv("GPUPOOL_TIMEOUT");
+
         c->sock = -1;
         __atomic_store_n(&c->broken, false, __ATOMIC_RELAXED);
         c->next_id = 1;
         c->error[0] = '\0';
+        c->timeout_ms = GP_CONN_DEFAULT_TIMEOUT_MS;
+        if (timeout && *timeout && gp_duration_parse(timeout, &c->timeout_ms) < 0) {
+                snprintf(c->error, sizeof(c->error), "$GPUPOOL_TIMEOUT: '%.64s' is not a duration (e.g. 30s, 2min; 0 for none)",
+                         timeout);
+                return -EINVAL;
+        }
         path = gp_wire_socket_path(path);
-        r = gp_wire_connect(path, &c->sock);
+        r = gp_wire_connect_timeout(path, c->timeout_ms, &c->sock);
         if (r < 0) {
                 snprintf(c->error, sizeof(c->error), "cannot connect to %s: %s", path, strerror(-r));
                 return r;

@@ -11,8 +11,12 @@
 
 #include "wire.h"
 
+/* How long a request waits for its reply by default ($GPUPOOL_TIMEOUT overrides; 0: forever). */
+#define GP_CONN_DEFAULT_TIMEOUT_MS 30000
+
 struct gp_conn {
         int sock;                       /* -1 when not connected */
+        uint64_t timeout_ms;            /* per send and per reply; 0: none */
         bool broken;                    /* the daemon is gone or spoke nonsense; written atomically (read unlocked) */
         uint64_t next_id;
         char error[256];                /* why the latest call failed */
@@ -22,9 +26,11 @@ struct gp_conn {
 
 /*
  * Connects to path (see gp_wire_socket_path()) and says hello (its name, and what else the
- * caller set). Returns 0 with the
- * hello reply in *ret_hello (NULL to drop it), or a negative errno with error set: connect(2)'s
- * error, or the daemon's refusal (-EDQUOT over --max-clients). c is closed on failure.
+ * caller set). Every later send and reply waits at most $GPUPOOL_TIMEOUT (a duration; default
+ * 30s; 0: forever). Returns 0 with the hello reply in *ret_hello (NULL to drop it), or a
+ * negative errno with error set: connect(2)'s error, -ETIMEDOUT, -EINVAL for a
+ * $GPUPOOL_TIMEOUT that is not a duration, or the daemon's refusal (-EDQUOT over
+ * --max-clients). c is closed on failure.
  */
 int gp_conn_open(struct gp_conn *c, const char *path, const Gpupool__Hello *hello, Gpupool__Envelope **ret_hello);
 
@@ -32,8 +38,9 @@ int gp_conn_open(struct gp_conn *c, const char *path, const Gpupool__Hello *hell
  * Sends req and waits for its reply, which must carry body want (NOT_SET: a status only).
  * Returns 0 with the reply (free it with gpupool__envelope__free_unpacked()) and, when ret_fd
  * is given, the descriptor it carried or -1. On failure returns the errno of the daemon's
- * status, -EPROTO for a reply that cannot be read, or -ECONNRESET when the daemon is gone;
- * error says why. The last two make the connection unusable.
+ * status, -EPROTO for a reply that cannot be read, -ETIMEDOUT when the daemon did not answer
+ * within the timeout (stopped, or hung), or -ECONNRESET when it is gone; error says why. The
+ * last three make the connection unusable: a late reply could otherwise answer a later request.
  */
 int gp_conn_call(struct gp_conn *c, Gpupool__Envelope *req, Gpupool__Envelope__BodyCase want,
                  Gpupool__Envelope **ret_reply, int *ret_fd);

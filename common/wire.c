@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -175,8 +176,9 @@ void gp_wire_arena_init(struct gp_wire_arena *a) {
         a->allocator = (ProtobufCAllocator) { .alloc = arena_alloc, .free = arena_free, .allocator_data = a };
 }
 
-int gp_wire_connect(const char *path, int *ret_sock) {
+int gp_wire_connect_timeout(const char *path, uint64_t timeout_ms, int *ret_sock) {
         struct sockaddr_un addr = { .sun_family = AF_UNIX };
+        struct timeval tv = { .tv_sec = (time_t) (timeout_ms / 1000), .tv_usec = (suseconds_t) (timeout_ms % 1000) * 1000 };
         int sock, r;
 
         if (!path || strlen(path) >= sizeof(addr.sun_path))
@@ -185,16 +187,27 @@ int gp_wire_connect(const char *path, int *ret_sock) {
         sock = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
         if (sock < 0)
                 return -errno;
+        /* SO_SNDTIMEO bounds connect(2) too, when the daemon's backlog is full. */
+        if (timeout_ms && (setsockopt(sock, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv)) < 0 ||
+                           setsockopt(sock, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)) < 0)) {
+                r = -errno;
+                close(sock);
+                return r;
+        }
         do
                 r = connect(sock, (struct sockaddr *) &addr, sizeof(addr));
         while (r < 0 && errno == EINTR);
         if (r < 0) {
-                r = -errno;
+                r = errno == EAGAIN || errno == EINPROGRESS ? -ETIMEDOUT : -errno;
                 close(sock);
                 return r;
         }
         *ret_sock = sock;
         return 0;
+}
+
+int gp_wire_connect(const char *path, int *ret_sock) {
+        return gp_wire_connect_timeout(path, 0, ret_sock);
 }
 
 const char *gp_wire_socket_path(const char *path) {

@@ -72,6 +72,12 @@ int gp_wire_unpack(const uint8_t *buf, size_t len, Gpupool__Envelope **ret_env);
 /* Connects a blocking, close-on-exec SEQPACKET socket to path. Returns 0 or a negative errno. */
 int gp_wire_connect(const char *path, int *ret_sock);
 
+/*
+ * gp_wire_connect() whose connect, sends and receives each give up after timeout_ms (0: never):
+ * -ETIMEDOUT from connect, -EAGAIN from gp_wire_send_packet() and gp_wire_recv_packet().
+ */
+int gp_wire_connect_timeout(const char *path, uint64_t timeout_ms, int *ret_sock);
+
 /* The socket path a client uses: path if given, else $GPUPOOL_SOCKET, else the default. */
 const char *gp_wire_socket_path(const char *path);
 

@@ -39,6 +39,11 @@ const char options_usage[] =
         "  --max-clients N        most connected clients, 1 to 1024 (default 1024)\n"
         "  --send-timeout TIME    disconnect a client that leaves a reply unread this long\n"
         "                         (default 10s)\n"
+        "  --hello-timeout TIME   disconnect a connection that has not said hello after\n"
+        "                         this long (default 10s; 0: never)\n"
+        "  --max-clients-per-uid N  most connections of one uid, 1 to 1024 (default 256);\n"
+        "                         root and the daemon's user may exceed it and\n"
+        "                         --max-clients by 8 for administrative requests\n"
         "  --max-blocks N         most live blocks one client may hold (default 1048576)\n"
         "  --log-level LEVEL      err, warn, info or debug (default info)\n"
         "  --metrics-listen ADDR  serve Prometheus metrics at http://ADDR/metrics: IP:PORT,\n"
@@ -83,6 +88,8 @@ static const struct setting settings[] = {
         { "log-level", "daemon", "log_level", K_LEVEL, AT(log_level) },
         { "max-clients", "daemon", "max_clients", K_CLIENTS, AT(max_clients) },
         { "send-timeout", "daemon", "send_timeout", K_DURATION, AT(send_timeout_ms) },
+        { "hello-timeout", "daemon", "hello_timeout", K_DURATION, AT(hello_timeout_ms) },
+        { "max-clients-per-uid", "daemon", "max_clients_per_uid", K_CLIENTS, AT(max_clients_per_uid) },
         { "check-invariants", "daemon", "check_invariants", K_BOOL, AT(check_invariants) },
         { "metrics-listen", "daemon", "metrics_listen", K_LISTEN, AT(metrics_addr) },
         { "headroom", "pool", "headroom", K_SIZE, AT(headroom_bytes) },
@@ -106,6 +113,8 @@ void options_defaults(struct options *o) {
         o->max_cached_percent = OPTIONS_DEFAULT_MAX_CACHED_PERCENT;
         o->reclaim_timeout_ms = OPTIONS_DEFAULT_RECLAIM_TIMEOUT_MS;
         o->send_timeout_ms = OPTIONS_DEFAULT_SEND_TIMEOUT_MS;
+        o->hello_timeout_ms = OPTIONS_DEFAULT_HELLO_TIMEOUT_MS;
+        o->max_clients_per_uid = OPTIONS_DEFAULT_MAX_CLIENTS_PER_UID;
         o->log_level = LOG_LEVEL_INFO;
         o->max_clients = OPTIONS_DEFAULT_MAX_CLIENTS;
         o->max_blocks = OPTIONS_DEFAULT_MAX_BLOCKS;

@@ -39,6 +39,8 @@ enum options_action {
 #define OPTIONS_DEFAULT_MAX_CACHED_PERCENT 25
 #define OPTIONS_DEFAULT_RECLAIM_TIMEOUT_MS 100
 #define OPTIONS_DEFAULT_SEND_TIMEOUT_MS 10000
+#define OPTIONS_DEFAULT_HELLO_TIMEOUT_MS 10000
+#define OPTIONS_DEFAULT_MAX_CLIENTS_PER_UID 256
 #define OPTIONS_PATH_MAX 4096
 
 /*
@@ -67,6 +69,8 @@ struct options {
         unsigned max_cached_percent;    /* ... else in percent of the device (1 to 100) */
         uint64_t reclaim_timeout_ms;    /* how long an allocation waits for clients to give memory back */
         uint64_t send_timeout_ms;       /* how long a reply may wait for its client to read it */
+        uint64_t hello_timeout_ms;      /* how long a new connection may take to say hello; 0: forever */
+        unsigned max_clients_per_uid;   /* connections one uid may hold (operators may go past, for admin requests) */
         enum log_level log_level;
         unsigned max_clients;
         unsigned max_blocks;            /* live blocks per client */

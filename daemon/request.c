@@ -489,6 +489,25 @@ static void handle_bye(struct session *s, const Gpupool__Envelope *req, struct r
         request_pack(s, &env, -1, false, ret);
 }
 
+/* What an operator's connection past the limits may ask: nothing that holds memory or serves a client. */
+static bool admin_request(const Gpupool__Envelope *req) {
+        switch (req->body_case) {
+        case GPUPOOL__ENVELOPE__BODY_HELLO:
+                return !req->hello->has_control_for;
+        case GPUPOOL__ENVELOPE__BODY_STATUS_REQUEST:
+        case GPUPOOL__ENVELOPE__BODY_FLUSH:
+        case GPUPOOL__ENVELOPE__BODY_BYE:
+        case GPUPOOL__ENVELOPE__BODY_SET_LIMIT:
+        case GPUPOOL__ENVELOPE__BODY_TRIM:
+        case GPUPOOL__ENVELOPE__BODY_CHECK:
+        case GPUPOOL__ENVELOPE__BODY_METRICS:
+        case GPUPOOL__ENVELOPE__BODY_RELOAD:
+                return true;
+        default:
+                return false;
+        }
+}
+
 void request_handle(struct session *s, const Gpupool__Envelope *req, struct reply *ret) {
         if (req->has_client_cached_bytes)
                 s->client_cached_bytes = req->client_cached_bytes;
@@ -498,6 +517,19 @@ void request_handle(struct session *s, const Gpupool__Envelope *req, struct repl
         }
         if (s->state == SESSION_NEW && req->body_case != GPUPOOL__ENVELOPE__BODY_HELLO) {
                 request_error_reply(s, req->id, -EPROTO, true, "the first message must be hello", ret);
+                return;
+        }
+        if (s->admin_only && req->body_case == GPUPOOL__ENVELOPE__BODY_HELLO && !req->hello->admin) {
+                /* Past the limits only a connection that says it is an operator's tool gets in. */
+                char why[160];
+
+                server_limit_text(s->server, s->past_uid_cap, s->uid, why, sizeof(why));
+                request_error_reply(s, req->id, -EDQUOT, true, why, ret);
+                return;
+        }
+        if (s->admin_only && !admin_request(req)) {
+                request_error_reply(s, req->id, -EDQUOT, false, "the daemon is at its client limits: this connection of an "
+                                    "operator was let in past them for administrative requests only", ret);
                 return;
         }
         switch (req->body_case) {

@@ -76,6 +76,55 @@ static void out_of_fds(struct server *server, int err) {
         uv_timer_start(&server->accept_timer, on_accept_timer, 100, 0);
 }
 
+/* Open connections of uid that count against the limits. */
+static unsigned uid_connections(const struct server *server, uid_t uid) {
+        unsigned n = 0;
+
+        for (const struct session *c = server->sessions; c; c = c->next)
+                n += c->uid == uid && c->fd >= 0 && !c->uncounted;
+        return n;
+}
+
+/*
+ * Whether a new connection fits --max-clients and max_clients_per_uid: 0 yes, 1 only as an
+ * operator's administrative connection (root and the daemon's user, within
+ * SERVER_OPERATOR_ROOM; *ret_per_uid says which limit it is past), or -1 refused (the socket
+ * is answered and closed).
+ */
+void server_limit_text(const struct server *server, bool per_uid, uid_t uid, char *buf, size_t size) {
+        if (per_uid)
+                snprintf(buf, size, "uid %u already has %u connections, the most one uid may have (max_clients_per_uid)",
+                         (unsigned) uid, server->options->max_clients_per_uid);
+        else
+                snprintf(buf, size, "the daemon already serves %u clients, its limit (--max-clients)",
+                         server->options->max_clients);
+}
+
+static int admit(struct server *server, int fd, bool *ret_per_uid) {
+        const struct options *o = server->options;
+        struct ucred cred;
+        socklen_t len = sizeof(cred);
+        char why[160];
+
+        if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) < 0) {
+                closer_close(fd);
+                return -1;
+        }
+        *ret_per_uid = false;
+        if (server->connected < o->max_clients) {
+                *ret_per_uid = uid_connections(server, cred.uid) >= o->max_clients_per_uid;
+                if (!*ret_per_uid)
+                        return 0;
+        }
+        /* Root's and the daemon's own: in, but its hello must say it is an operator's tool. */
+        if ((cred.uid == 0 || cred.uid == geteuid()) && server->admin_connected < SERVER_OPERATOR_ROOM)
+                return 1;
+        server_limit_text(server, *ret_per_uid, cred.uid, why, sizeof(why));
+        server_log(server, LOG_LEVEL_WARN, "refusing a client (pid %d, uid %u): %s", (int) cred.pid, (unsigned) cred.uid, why);
+        refuse_client(server, fd, -EDQUOT, why);
+        return -1;
+}
+
 static void on_connection(uv_poll_t *handle, int status, int events) {
         struct server *server = handle->data;
 
@@ -87,6 +136,7 @@ static void on_connection(uv_poll_t *handle, int status, int events) {
         /* Accept what is queued, a bounded number at a time. */
         for (int i = 0; i < 64; i++) {
                 int fd = accept4(server->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+                bool per_uid;
                 int r;
 
                 if (fd < 0 && (errno == EMFILE || errno == ENFILE)) {
@@ -98,17 +148,10 @@ static void on_connection(uv_poll_t *handle, int status, int events) {
                                 server_log(server, LOG_LEVEL_WARN, "accept: %s", strerror(errno));
                         return;
                 }
-                if (server->connected >= server->options->max_clients) {
-                        char why[128];
-
-                        snprintf(why, sizeof(why), "the daemon already serves %u clients, its limit (--max-clients)",
-                                 server->options->max_clients);
-                        server_log(server, LOG_LEVEL_WARN, "refusing a client: %u connected, the limit (--max-clients)",
-                                   server->connected);
-                        refuse_client(server, fd, -EDQUOT, why);
+                r = admit(server, fd, &per_uid);
+                if (r < 0)
                         continue;
-                }
-                r = session_start(server, fd);
+                r = session_start(server, fd, r > 0, per_uid);
                 if (r < 0)
                         server_log(server, LOG_LEVEL_WARN, "cannot start a session: %s", strerror(-r));
         }

@@ -20,6 +20,12 @@
 
 struct session;
 
+/*
+ * Connections of root and the daemon's user let in past --max-clients and max_clients_per_uid,
+ * for administrative requests: silent peers filling the limits cannot lock the operator out.
+ */
+#define SERVER_OPERATOR_ROOM 8
+
 /* Processes with a set-limit --pid at once (each holds a pidfd). */
 #define SERVER_MAX_PID_LIMITS 64
 
@@ -65,7 +71,8 @@ struct server {
         uv_timer_t decay_timer;         /* fires when the oldest cached segment has idled idle_release */
         bool decay_timer_open;
         struct session *sessions;       /* connected and exiting clients */
-        unsigned connected;             /* sessions with an open socket */
+        unsigned connected;             /* sessions with an open socket, of --max-clients */
+        unsigned admin_connected;       /* operators' sessions let in past the limits */
         uint64_t next_client_id;
         struct pid_limit pid_limits[SERVER_MAX_PID_LIMITS];     /* set-limit --pid, until a reload */
         unsigned pid_limit_count;
@@ -135,6 +142,9 @@ int server_fit_fd_limit(const struct options *o, const struct backend *backend, 
         } while (0)
 void server_log_write(struct server *server, enum log_level level, const char *fmt, ...)
         __attribute__((format(printf, 3, 4)));
+
+/* Why a connection is over --max-clients, or (per_uid) over max_clients_per_uid for uid. */
+void server_limit_text(const struct server *server, bool per_uid, uid_t uid, char *buf, size_t size);
 
 /* Begins an orderly stop: closes every handle, so that uv_run() returns. */
 void server_stop(struct server *server);

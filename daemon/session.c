@@ -57,7 +57,7 @@ void session_log_write(struct session *s, enum log_level level, const char *fmt,
         server_log(s->server, level, "%s", line);
 }
 
-int session_start(struct server *server, int fd) {
+int session_start(struct server *server, int fd, bool admin_only, bool past_uid_cap) {
         struct ucred cred;
         socklen_t len = sizeof(cred);
         struct session *s;
@@ -88,6 +88,10 @@ int session_start(struct server *server, int fd) {
         s->pidfd = peer_pidfd(fd, cred.pid);
         s->limit_override_bytes = server_pid_limit(server, cred.pid);
         s->log = (struct log_ratelimit) LOG_RATELIMIT_CLIENT;
+        s->admin_only = admin_only;
+        s->past_uid_cap = past_uid_cap;
+        s->uncounted = admin_only;      /* not one of --max-clients: room beyond them */
+        s->connected_ms = uv_now(server->loop);
         for (unsigned d = 0; d < server->device_count; d++)
                 pool_owner_attach(server->pools[d], &s->owners[d], (uint32_t) cred.uid);
 
@@ -109,7 +113,10 @@ int session_start(struct server *server, int fd) {
         if (server->sessions)
                 server->sessions->prev = s;
         server->sessions = s;
-        server->connected++;
+        if (admin_only)
+                server->admin_connected++;
+        else
+                server->connected++;
         session_log(s, LOG_LEVEL_DEBUG, "client %llu connected: pid %d, uid %u", (unsigned long long) s->id, (int) s->pid, (unsigned) s->uid);
         return 0;
 }
@@ -177,7 +184,9 @@ static void on_handle_closed(uv_handle_t *handle) {
 static void close_socket(struct session *s) {
         if (s->fd < 0)
                 return;
-        if (!s->uncounted)
+        if (s->admin_only)
+                s->server->admin_connected--;
+        else if (!s->uncounted)
                 s->server->connected--;
         uv_close((uv_handle_t *) &s->poll, on_handle_closed);
         closer_close(s->fd);    /* its queue may hold descriptors in flight, dropped with it */
@@ -312,7 +321,7 @@ bool session_send(struct session *s, const struct reply *rep) {
 }
 
 void session_expire_stuck(struct server *server) {
-        uint64_t now = uv_now(server->loop), limit = server->options->send_timeout_ms;
+        uint64_t now = uv_now(server->loop), limit = server->options->send_timeout_ms, hello = server->options->hello_timeout_ms;
         struct session *s = server->sessions;
 
         while (s) {
@@ -321,7 +330,12 @@ void session_expire_stuck(struct server *server) {
                 /* The next one may be this one's control channel, which ends with it: skip past it. */
                 if (next && next == s->control)
                         next = next->next;
-                if (s->pending && limit && now - s->pending_since_ms >= limit) {
+                if (s->state == SESSION_NEW && hello && now - s->connected_ms >= hello) {
+                        session_log(s, LOG_LEVEL_WARN, "client %llu (pid %d, uid %u) said no hello in %llu ms (hello_timeout); "
+                                    "disconnecting it", (unsigned long long) s->id, (int) s->pid, (unsigned) s->uid,
+                                    (unsigned long long) (now - s->connected_ms));
+                        session_disconnect(s, "no hello in time");
+                } else if (s->pending && limit && now - s->pending_since_ms >= limit) {
                         session_log(s, LOG_LEVEL_WARN, "client %llu (%s, pid %d) has not read a reply for %llu ms; disconnecting it",
                                  (unsigned long long) s->id, s->name, (int) s->pid, (unsigned long long) (now - s->pending_since_ms));
                         session_disconnect(s, "did not read its replies");

@@ -39,6 +39,9 @@ struct session {
         struct session *control;        /* its control channel (reclaim requests), or NULL */
         struct session *control_of;     /* for a control channel: the client it serves */
         bool uncounted;                 /* a control channel: not one of --max-clients */
+        bool admin_only;                /* an operator's let in past the limits: administrative requests only */
+        bool past_uid_cap;              /* for admin_only: past max_clients_per_uid, else past --max-clients */
+        uint64_t connected_ms;          /* when it connected (loop clock), for the hello deadline */
         unsigned reclaim_outstanding;   /* reclaim requests it has not answered yet */
         /* An allocation waiting for other clients to give memory back (ladder step 3). */
         bool parked;
@@ -78,8 +81,13 @@ struct session {
 void session_log_write(struct session *session, enum log_level level, const char *fmt, ...)
         __attribute__((format(printf, 3, 4)));
 
-/* Takes an accepted socket. Returns 0 or a negative errno (the socket is closed then). */
-int session_start(struct server *server, int fd);
+/*
+ * Takes an accepted socket; admin_only for an operator's let in past --max-clients or (with
+ * past_uid_cap) max_clients_per_uid (SERVER_OPERATOR_ROOM): its hello must say admin, and it
+ * may make administrative requests only.
+ * Returns 0 or a negative errno (the socket is closed then).
+ */
+int session_start(struct server *server, int fd, bool admin_only, bool past_uid_cap);
 
 /* Ends a session now, whatever its state: its memory is released. For shutdown. */
 void session_destroy(struct session *session);

@@ -12,7 +12,12 @@
  *   -ENOMEM        the device is full even after the daemon released its cache
  *   -ENOENT        a pointer this client does not hold (freed twice, never allocated)
  *   -EPROTO        the daemon answered something this library does not understand
- *   -ECONNRESET    the daemon is gone; the handle is unusable except for gpupool_disconnect()
+ *   -ECONNRESET    the daemon is gone; the handle is unusable except for gpupool_reconnect()
+ *                  and gpupool_disconnect()
+ *   -ETIMEDOUT     the daemon did not answer within $GPUPOOL_TIMEOUT (default 30s; a
+ *                  duration, 0 for no limit): it is stopped or hung. The handle is given up as
+ *                  after -ECONNRESET (later calls return -ECONNRESET); blocks it holds stay
+ *                  mapped and counted to this process until it exits or gpupool_reconnect()
  *   -EIO           the daemon's backend or this process's CUDA driver failed
  *   others         from connect(2): -ENOENT no socket, -ECONNREFUSED no daemon, -EACCES
  *

@@ -29,9 +29,19 @@ class Stats(ctypes.Structure):
         return {name: getattr(self, name) for name, _ in self._fields_}
 
 
+def checkout_library():
+    """The libgpupool.so.1 that "make" builds in the source checkout this package sits in
+    (python/gpupool/ beside build/), whether it exists or not."""
+    package = os.path.dirname(os.path.abspath(__file__))
+    return os.path.join(os.path.dirname(os.path.dirname(package)), "build", SONAME)
+
+
 def library_path():
-    """What to load: $GPUPOOL_LIBRARY, else the soname (found where "make install" put it)."""
-    return os.environ.get(LIBRARY_ENV) or SONAME
+    """What to load: $GPUPOOL_LIBRARY, else the library built in this package's source checkout
+    when there is one, else the soname (found where "make install" put it)."""
+    if os.environ.get(LIBRARY_ENV):
+        return os.environ[LIBRARY_ENV]
+    return checkout_library() if os.path.isfile(checkout_library()) else SONAME
 
 
 def _load():
@@ -39,9 +49,11 @@ def _load():
     try:
         lib = ctypes.CDLL(path)
     except OSError as e:
+        tried = (f"${LIBRARY_ENV}={path}" if os.environ.get(LIBRARY_ENV) else
+                 f"${LIBRARY_ENV} (unset), {checkout_library()} (not built) and {SONAME} through the dynamic loader")
         raise ImportError(
-            f"gpupool: cannot load {path}: {e}. Install libgpupool (make install, then ldconfig), "
-            f"or set ${LIBRARY_ENV} to the path of libgpupool.so.1"
+            f"gpupool: cannot load libgpupool: tried {tried}: {e}. Build it (make), install it (make install, "
+            f"then ldconfig), or set ${LIBRARY_ENV} to the path of libgpupool.so.1"
         ) from e
     p, i, sz = ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t
     protos = {

@@ -167,6 +167,28 @@ int main(int argc, char **argv) {
         }
         fclose(out);
 
+        /* An operator's tool: reload, metrics, and a name that is not UTF-8 on a second client. */
+        begin(dir, "reload-metrics-names");
+        {
+                Gpupool__Envelope env = GPUPOOL__ENVELOPE__INIT;
+                Gpupool__Hello h = GPUPOOL__HELLO__INIT;
+                Gpupool__ReloadRequest rl = GPUPOOL__RELOAD_REQUEST__INIT;
+                Gpupool__MetricsRequest mr = GPUPOOL__METRICS_REQUEST__INIT;
+
+                h.name = "gpupoolctl";
+                h.has_admin = h.admin = 1;
+                env.id = 1;
+                env.body_case = GPUPOOL__ENVELOPE__BODY_HELLO;
+                env.hello = &h;
+                packet(0, &env);
+                simple(2, GPUPOOL__ENVELOPE__BODY_RELOAD, &rl);
+                simple(3, GPUPOOL__ENVELOPE__BODY_METRICS, &mr);
+                h.name = "bad-\xff";
+                h.has_admin = h.admin = 0;
+                packet(2, &env);
+        }
+        fclose(out);
+
         begin(dir, "out-of-order");
         alloc(1, 4096);         /* before hello */
         fclose(out);

@@ -354,7 +354,8 @@ static int try_hello(struct testd *d, int *ret_sock, char *why, size_t why_size)
         Gpupool__Envelope env = GPUPOOL__ENVELOPE__INIT, *rep;
         Gpupool__Hello hello = GPUPOOL__HELLO__INIT;
         struct timeval tv = { .tv_sec = 3 };
-        int sock = raw_connect(d), r;
+        static uint8_t buf[GP_MAX_REPLY_BYTES];
+        int sock = raw_connect(d), r, n;
 
         ck_assert_int_eq(setsockopt(sock, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)), 0);
         hello.name = "many";
@@ -362,11 +363,15 @@ static int try_hello(struct testd *d, int *ret_sock, char *why, size_t why_size)
         env.body_case = GPUPOOL__ENVELOPE__BODY_HELLO;
         env.hello = &hello;
         raw_send(sock, &env);
-        rep = raw_recv(sock);
-        if (!rep) {
+        /* A refusal may read as a reset first, with the reason still queued: read on once, as the library does. */
+        n = gp_wire_recv_packet(sock, buf, sizeof(buf), NULL);
+        if (n == -ECONNRESET)
+                n = gp_wire_recv_packet(sock, buf, sizeof(buf), NULL);
+        if (n <= 0) {
                 close(sock);
                 return -1;
         }
+        ck_assert_int_eq(gp_wire_unpack(buf, (size_t) n, &rep), 0);
         r = rep->status == GPUPOOL__STATUS__STATUS_OK;
         snprintf(why, why_size, "%s", rep->error ? rep->error : "");
         gpupool__envelope__free_unpacked(rep, NULL);
@@ -546,6 +551,107 @@ START_TEST(test_stuck_log_never_stops_serving) {
 }
 END_TEST
 
+/* A stopped daemon: a call gives up after $GPUPOOL_TIMEOUT with -ETIMEDOUT; the handle is then given up, and comes back with reconnect. */
+START_TEST(test_stopped_daemon_times_out) {
+        gpupool_client *c;
+        struct testd d;
+        char why[256];
+        double t0, took;
+        void *p;
+
+        testd_start(&d, NULL);
+        setenv("GPUPOOL_TIMEOUT", "soon", 1);
+        ck_assert_int_eq(gpupool_connect(d.sock, "patient", &c), -EINVAL);
+        setenv("GPUPOOL_TIMEOUT", "700ms", 1);
+        ck_assert_int_eq(gpupool_connect(d.sock, "patient", &c), 0);
+        ck_assert_int_eq(kill(d.pid, SIGSTOP), 0);
+        t0 = now_s();
+        ck_assert_int_eq(gpupool_alloc(c, 0, 1 << 20, &p), -ETIMEDOUT);
+        took = now_s() - t0;
+        ck_assert_msg(took >= 0.6 && took < 3, "gave up after %.2f s", took);
+        gpupool_last_error(c, why, sizeof(why));
+        ck_assert_msg(strstr(why, "did not answer within 700 ms"), "%s", why);
+        /* Given up: a late reply cannot answer a later request. */
+        ck_assert_int_eq(gpupool_alloc(c, 0, 1 << 20, &p), -ECONNRESET);
+        ck_assert_int_eq(kill(d.pid, SIGCONT), 0);
+        ck_assert_int_eq(gpupool_reconnect(c), 0);
+        ck_assert_int_eq(gpupool_alloc(c, 0, 1 << 20, &p), 0);
+        ck_assert_int_eq(gpupool_free(c, p), 0);
+        gpupool_disconnect(c);
+        unsetenv("GPUPOOL_TIMEOUT");
+        ck_assert_int_eq(testd_stop(&d), 0);
+}
+END_TEST
+
+/* As uid 65534: fills its per-uid cap with silent connections; one more is refused saying why. */
+static int nobody_fills_its_cap(struct testd *d, void *arg) {
+        struct peer *p = arg;
+        char why[256] = "";
+        int socks[4], sock;
+
+        if (setgid(65534) < 0 || setuid(65534) < 0)
+                return 20;
+        for (int i = 0; i < 4; i++)
+                socks[i] = raw_connect(d);
+        if (try_hello(d, &sock, why, sizeof(why)) != 0 || !strstr(why, "max_clients_per_uid"))
+                return 21;
+        (void) socks;
+        return peer_ready_then_wait(p);
+}
+
+/*
+ * Silent connections: a per-uid cap stops one uid filling --max-clients, a hello deadline
+ * drops them, and root still gets in past the limits for administrative requests.
+ */
+START_TEST(test_silent_connections_cannot_lock_out_the_operator) {
+        Gpupool__Envelope env = GPUPOOL__ENVELOPE__INIT, *rep;
+        Gpupool__Hello hello = GPUPOOL__HELLO__INIT;
+        Gpupool__AllocRequest alloc = GPUPOOL__ALLOC_REQUEST__INIT;
+        struct peer p = { 0 };
+        char out[4096], why[256];
+        gpupool_client *c;
+        int mine[2], sock;
+        struct testd d;
+        double t0;
+        pid_t pid;
+
+        testd_start(&d, "--max-clients", "6", "--max-clients-per-uid", "4", "--hello-timeout", "2s", NULL);
+        ck_assert_int_eq(chmod(d.dir, 0755), 0);
+        peer_pipes(&p);
+        pid = spawn(nobody_fills_its_cap, &d, &p);
+        peer_wait_ready(&p);
+        /* Root fills the rest of --max-clients with silent connections of its own. */
+        mine[0] = raw_connect(&d);
+        mine[1] = raw_connect(&d);
+        /* Even root's clients are refused at the limit (saying which)... */
+        ck_assert_int_eq(try_hello(&d, &sock, why, sizeof(why)), 0);
+        ck_assert_msg(strstr(why, "--max-clients"), "%s", why);
+        ck_assert_int_eq(gpupool_connect(d.sock, "past-the-limit", &c), -EDQUOT);
+        /* ...but the operator's tools get in, for administrative requests only. */
+        ck_assert_int_eq(ctl(&d, out, sizeof(out), "status"), 0);
+        hello.name = "operator";
+        hello.has_admin = hello.admin = 1;
+        sock = raw_hello_with(&d, &hello, NULL);
+        alloc.size = 4096;
+        env.id = 2;
+        env.body_case = GPUPOOL__ENVELOPE__BODY_ALLOC;
+        env.alloc = &alloc;
+        rep = raw_call(sock, &env);
+        ck_assert_int_eq(rep->status, GPUPOOL__STATUS__STATUS_QUOTA);
+        ck_assert_msg(strstr(rep->error, "administrative requests only"), "%s", rep->error);
+        gpupool__envelope__free_unpacked(rep, NULL);
+        close(sock);
+        /* Silent connections are dropped after hello_timeout. */
+        t0 = now_s();
+        ck_assert_int_eq(recv(mine[0], out, sizeof(out), 0), 0);
+        ck_assert_msg(now_s() - t0 < 4, "a silent connection lasted %.1f s more", now_s() - t0);
+        close(mine[0]);
+        close(mine[1]);
+        ck_assert_int_eq(peer_finish(&p, pid), 0);
+        ck_assert_int_eq(testd_stop(&d), 0);
+}
+END_TEST
+
 Suite *suite_hardening(void) {
         Suite *s = suite_create("hardening");
         TCase *tc = tcase_create("host");
@@ -555,6 +661,8 @@ Suite *suite_hardening(void) {
         tcase_add_test(tc, test_descriptor_limit_fits_max_clients);
         tcase_add_test(tc, test_log_rate_limit_per_client);
         tcase_add_test(tc, test_stuck_log_never_stops_serving);
+        tcase_add_test(tc, test_stopped_daemon_times_out);
+        tcase_add_test(tc, test_silent_connections_cannot_lock_out_the_operator);
         tcase_add_test(tc, test_refused_reload_keeps_tenant_sums);
         tcase_add_test(tc, test_reload_leaves_control_channels_out_of_tenants);
         tcase_add_test(tc, test_set_limit_pid_binds_later_connections);

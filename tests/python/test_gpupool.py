@@ -80,6 +80,34 @@ def run_python(code, sock, fakes=True, **env):
                           env=python_env(sock, fakes, **env))
 
 
+class TestLibraryLookup(unittest.TestCase):
+    """From a source checkout, "import gpupool" finds the checkout's build/libgpupool.so.1."""
+
+    def _run(self, root):
+        env = {k: v for k, v in os.environ.items() if k not in ("GPUPOOL_LIBRARY", "LD_LIBRARY_PATH")}
+        env["PYTHONPATH"] = os.path.join(root, "python")
+        return subprocess.run([sys.executable, "-c", "import gpupool; print(gpupool.library_path())"],
+                              capture_output=True, text=True, env=env, cwd="/")
+
+    def test_checkout_build_is_found(self):
+        with tempfile.TemporaryDirectory() as root:
+            # A checkout elsewhere: python/gpupool and build/libgpupool.so.1 side by side.
+            subprocess.run(["cp", "-r", os.path.join(TREE, "python"), root], check=True)
+            os.mkdir(os.path.join(root, "build"))
+            subprocess.run(["cp", os.path.join(BUILD, "libgpupool.so.1"), os.path.join(root, "build")], check=True)
+            r = self._run(root)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            self.assertEqual(r.stdout.strip(), os.path.join(os.path.realpath(root), "build", "libgpupool.so.1"))
+            # Not built (and not installed): the error says what was looked for.
+            os.unlink(os.path.join(root, "build", "libgpupool.so.1"))
+            r = self._run(root)
+            if r.returncode == 0:
+                self.skipTest("libgpupool.so.1 is installed on this machine")
+            self.assertIn("ImportError", r.stderr)
+            self.assertIn(os.path.join("build", "libgpupool.so.1") + " (not built)", r.stderr)
+            self.assertIn("$GPUPOOL_LIBRARY (unset)", r.stderr)
+
+
 class TestClient(unittest.TestCase):
     def setUp(self):
         self.d = Daemon("--client-limit", "8M")
