@@ -350,7 +350,8 @@ $(B)/tests/make_seeds: $(B)/obj/tests/fuzz/make_seeds.o $(COMMON_O)
 # The suites under valgrind, the daemons they start too. Slow (minutes); not part of "make test".
 VALGRIND := valgrind -q --error-exitcode=99 --leak-check=full --errors-for-leak-kinds=definite
 valgrind: all $(TEST_BIN) $(FAKECUDA) $(HOOKS_THROW)
-	$(Q)GPUPOOL_BUILD_DIR=$(B) GPUPOOL_DAEMON_WRAPPER="$(VALGRIND)" CK_DEFAULT_TIMEOUT=600 $(VALGRIND) $(TEST_BIN)
+	$(Q)GPUPOOL_BUILD_DIR=$(B) GPUPOOL_DAEMON_WRAPPER="$(VALGRIND)" CK_DEFAULT_TIMEOUT=600 CK_TIMEOUT_MULTIPLIER=5 \
+		$(VALGRIND) $(TEST_BIN)
 
 DEBS := gcc g++ make pkg-config libuv1-dev libprotobuf-c-dev protobuf-c-compiler check libsubunit-dev libjansson-dev libinih-dev \
         scdoc systemd

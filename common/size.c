@@ -140,3 +140,13 @@ char *gp_duration_format(uint64_t ms, char *buf, size_t size) {
         snprintf(buf, size, "0");
         return buf;
 }
+
+void gp_deadline_after_ms(uint64_t ms, struct timespec *ret) {
+        clock_gettime(CLOCK_REALTIME, ret);
+        ret->tv_sec += (time_t) (ms / 1000);
+        ret->tv_nsec += (long) (ms % 1000) * 1000000L;
+        if (ret->tv_nsec >= 1000000000L) {
+                ret->tv_sec++;
+                ret->tv_nsec -= 1000000000L;
+        }
+}

@@ -7,6 +7,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <time.h>
 
 /*
  * Parses a size: digits, an optional fraction, an optional unit K, M, G, T or P (any case,
@@ -27,6 +28,9 @@ char *gp_size_format(uint64_t bytes, char *buf, size_t size);
  * not a number) or -ERANGE; *ret_ms is untouched on failure.
  */
 int gp_duration_parse(const char *text, uint64_t *ret_ms);
+
+/* The CLOCK_REALTIME time ms from now, as pthread_cond_timedwait() takes it. */
+void gp_deadline_after_ms(uint64_t ms, struct timespec *ret);
 
 /* Writes ms as "100ms", "30s", "5min", "2h" (the largest unit that divides it) into buf. */
 char *gp_duration_format(uint64_t ms, char *buf, size_t size);

@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "log.h"
+#include "size.h"
 
 static struct {
         pthread_mutex_t lock;
@@ -116,13 +117,7 @@ unsigned closer_stop(unsigned wait_ms) {
         struct timespec deadline;
         unsigned left;
 
-        clock_gettime(CLOCK_REALTIME, &deadline);
-        deadline.tv_sec += wait_ms / 1000;
-        deadline.tv_nsec += (long) (wait_ms % 1000) * 1000000L;
-        if (deadline.tv_nsec >= 1000000000L) {
-                deadline.tv_sec++;
-                deadline.tv_nsec -= 1000000000L;
-        }
+        gp_deadline_after_ms(wait_ms, &deadline);
         pthread_mutex_lock(&closer.lock);
         while (closer.started && (closer.count || closer.closing) &&
                pthread_cond_timedwait(&closer.idle, &closer.lock, &deadline) != ETIMEDOUT)

@@ -4,6 +4,8 @@
  */
 #include "log.h"
 
+#include "size.h"
+
 #include <errno.h>
 #include <pthread.h>
 #include <signal.h>
@@ -183,13 +185,7 @@ void log_stop_writer(unsigned wait_ms) {
 
         if (!writer.running)
                 return;
-        clock_gettime(CLOCK_REALTIME, &deadline);
-        deadline.tv_sec += wait_ms / 1000;
-        deadline.tv_nsec += (long) (wait_ms % 1000) * 1000000L;
-        if (deadline.tv_nsec >= 1000000000L) {
-                deadline.tv_sec++;
-                deadline.tv_nsec -= 1000000000L;
-        }
+        gp_deadline_after_ms(wait_ms, &deadline);
         pthread_mutex_lock(&writer.lock);
         while ((writer.head != writer.tail || writer.writing) &&
                pthread_cond_timedwait(&writer.drained, &writer.lock, &deadline) != ETIMEDOUT)

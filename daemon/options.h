@@ -50,7 +50,7 @@ enum options_action {
 #define OPTIONS_FDS_PER_CLIENT 5
 /*
  * Descriptors held whatever the clients: stdio, the loop and its signals, the listening
- * sockets, metrics scrapes, set-limit pidfds, the operators' connections beyond
+ * sockets, metrics scrapes, the operators' connections beyond
  * --max-clients, and room for those the closer thread has not closed yet.
  */
 #define OPTIONS_FDS_FIXED 192

@@ -47,12 +47,14 @@ static uint64_t ask(struct server *server, struct session *c, unsigned device, u
         if (r < 0) {
                 /* It will not hear of it: the segments stay its own, kept as before. */
                 pool_unreclaim(server->pools[device], &c->owners[device], ids, n);
-                session_log(c, LOG_LEVEL_WARN, "client %llu (pid %d): cannot ask for its free segments: %s", (unsigned long long) c->id,
-                         (int) c->pid, strerror(-r));
+                session_log(c, LOG_LEVEL_WARN, "client %llu (pid %d): cannot ask for its free segments: %s",
+                            (unsigned long long) c->id,
+                            (int) c->pid, strerror(-r));
                 return 0;
         }
-        session_log(c, LOG_LEVEL_DEBUG, "asked client %llu (pid %d) for %zu segments on device %u", (unsigned long long) c->id, (int) c->pid, n,
-                  device);
+        session_log(c, LOG_LEVEL_DEBUG, "asked client %llu (pid %d) for %zu segments on device %u",
+                    (unsigned long long) c->id, (int) c->pid, n,
+                    device);
         *segments += n;
         *ret_asked = true;
         c->reclaim_outstanding++;

@@ -127,10 +127,11 @@ static void handle_hello(struct session *s, const Gpupool__Envelope *req, struct
         env.hello_reply = &hr;
         if (s->control_of)
                 session_log(s, LOG_LEVEL_DEBUG, "client %llu: control channel of client %llu", (unsigned long long) s->id,
-                          (unsigned long long) s->control_of->id);
+                            (unsigned long long) s->control_of->id);
         else
-                session_log(s, LOG_LEVEL_INFO, "client %llu hello: '%s', pid %d, uid %u, tenant %s", (unsigned long long) s->id, s->name,
-                         (int) s->pid, (unsigned) s->uid, s->tenant->conf.name);
+                session_log(s, LOG_LEVEL_INFO, "client %llu hello: '%s', pid %d, uid %u, tenant %s",
+                            (unsigned long long) s->id, s->name,
+                            (int) s->pid, (unsigned) s->uid, s->tenant->conf.name);
         request_pack(s, &env, -1, false, ret);
 }
 
@@ -139,8 +140,8 @@ static void refuse(struct session *s, uint64_t id, int err, enum metrics_refusal
                    const char *why, struct reply *ret) {
         s->server->refusals_total[reason]++;
         session_log(s, LOG_LEVEL_INFO, "client %llu ('%s', pid %d, tenant %s): %" PRIu64 " bytes on device %u refused: %s",
-                 (unsigned long long) s->id, s->name, (int) s->pid, s->tenant ? s->tenant->conf.name : "-", size, device,
-                 why);
+                    (unsigned long long) s->id, s->name, (int) s->pid, s->tenant ? s->tenant->conf.name : "-", size, device,
+                    why);
         request_error_reply(s, id, err, false, why, ret);
 }
 
@@ -278,7 +279,8 @@ static bool alloc_attempt(struct session *s, uint64_t id, uint32_t device, uint6
                                  strerror(-r));
                 else
                         snprintf(why, sizeof(why), "the %s backend failed: %s", server->backend->name, strerror(-r));
-                session_log(s, LOG_LEVEL_ERR, "client %llu: allocating %" PRIu64 " bytes: %s", (unsigned long long) s->id, size, why);
+                session_log(s, LOG_LEVEL_ERR, "client %llu: allocating %" PRIu64 " bytes: %s",
+                            (unsigned long long) s->id, size, why);
                 server->refusals_total[METRICS_REFUSED_BACKEND_ERROR]++;
                 request_error_reply(s, id, -EIO, false, why, ret);
                 return true;
@@ -432,8 +434,9 @@ static void handle_free_batch(struct session *s, const Gpupool__Envelope *req, s
                 if (pool_release(server->pools[d], &s->owners[d], id) == 0)
                         policy_account(&server->policy, s->tenant, (unsigned) d, before, s->owners[d].reserved_bytes);
                 else
-                        session_log(s, LOG_LEVEL_WARN, "client %llu (pid %d): released segment %" PRIu64 " it does not hold empty",
-                                 (unsigned long long) s->id, (int) s->pid, id);
+                        session_log(s, LOG_LEVEL_WARN,
+                                    "client %llu (pid %d): released segment %" PRIu64 " it does not hold empty",
+                                    (unsigned long long) s->id, (int) s->pid, id);
         }
         fr.n_release_segment_ids = nrelease;
         fr.release_segment_ids = release;

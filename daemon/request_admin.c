@@ -250,7 +250,7 @@ void request_set_limit(struct session *s, const Gpupool__Envelope *req, struct r
                                 snprintf(why, sizeof(why), "%d processes have a set-limit already, the most at once "
                                          "(a reload ends them)", SERVER_MAX_PID_LIMITS);
                         else
-                                snprintf(why, sizeof(why), "process %d cannot be watched: %s", (int) l->pid, strerror(-r));
+                                snprintf(why, sizeof(why), "no process %d is running", (int) l->pid);
                         request_error_reply(s, req->id, r == -ENOSPC ? -EINVAL : -ENOENT, false, why, ret);
                         return;
                 }

@@ -7,14 +7,13 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <stdarg.h>
-#include <poll.h>
 #include <signal.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
-#include <sys/syscall.h>
 #include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
@@ -405,32 +404,53 @@ int server_start(struct server *server, uv_loop_t *loop, const struct config *co
         return 0;
 }
 
-/* Whether the process behind a pidfd has exited (its pidfd is readable then). */
-static bool pidfd_exited(int pidfd) {
-        struct pollfd p = { .fd = pidfd, .events = POLLIN };
+/*
+ * The start time of process pid (field 22 of /proc/PID/stat): with the pid it names one process
+ * for good, where a pid alone may be reused. Returns 0, or -ESRCH when no such process runs.
+ */
+static int process_start_time(pid_t pid, unsigned long long *ret) {
+        char path[64], buf[1024], *p;
+        FILE *f;
+        size_t n;
 
-        return poll(&p, 1, 0) != 0;
+        snprintf(path, sizeof(path), "/proc/%d/stat", (int) pid);
+        f = fopen(path, "re");
+        if (!f)
+                return -ESRCH;
+        n = fread(buf, 1, sizeof(buf) - 1, f);
+        fclose(f);
+        buf[n] = '\0';
+        /* The name in parentheses may hold anything: the fields count from its last ')'. */
+        p = strrchr(buf, ')');
+        if (!p || sscanf(p + 1, " %*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %*u %*u %*d %*d %*d %*d %*d %*d %llu",
+                         ret) != 1)
+                return -ESRCH;
+        return 0;
+}
+
+/* Whether the set-limit l still names a running process. */
+static bool pid_limit_alive(const struct pid_limit *l) {
+        unsigned long long start;
+
+        return process_start_time(l->pid, &start) == 0 && start == l->start_time;
 }
 
 /* Forgets set-limits of processes that have exited, or every one (a reload). */
 static void prune_pid_limits(struct server *server, bool all) {
         unsigned kept = 0;
 
-        for (unsigned i = 0; i < server->pid_limit_count; i++) {
-                struct pid_limit *l = &server->pid_limits[i];
-
-                if (!all && !pidfd_exited(l->pidfd))
-                        server->pid_limits[kept++] = *l;
-                else
-                        close(l->pidfd);
-        }
+        for (unsigned i = 0; i < server->pid_limit_count; i++)
+                if (!all && pid_limit_alive(&server->pid_limits[i]))
+                        server->pid_limits[kept++] = server->pid_limits[i];
         server->pid_limit_count = kept;
 }
 
 int server_set_pid_limit(struct server *server, pid_t pid, uint64_t max_bytes) {
         struct pid_limit *l = NULL;
-        int pidfd;
+        unsigned long long start;
 
+        if (process_start_time(pid, &start) < 0)
+                return -ESRCH;
         prune_pid_limits(server, false);
         for (unsigned i = 0; i < server->pid_limit_count; i++)
                 if (server->pid_limits[i].pid == pid)
@@ -438,11 +458,8 @@ int server_set_pid_limit(struct server *server, pid_t pid, uint64_t max_bytes) {
         if (!l) {
                 if (server->pid_limit_count == SERVER_MAX_PID_LIMITS)
                         return -ENOSPC;
-                pidfd = (int) syscall(SYS_pidfd_open, pid, 0);
-                if (pidfd < 0)
-                        return errno == ESRCH ? -ESRCH : -errno;
                 l = &server->pid_limits[server->pid_limit_count++];
-                *l = (struct pid_limit) { .pid = pid, .pidfd = pidfd };
+                *l = (struct pid_limit) { .pid = pid, .start_time = start };
         }
         l->max_bytes = max_bytes;
         for (struct session *c = server->sessions; c; c = c->next)
@@ -455,7 +472,7 @@ uint64_t server_pid_limit(struct server *server, pid_t pid) {
         for (unsigned i = 0; i < server->pid_limit_count; i++) {
                 struct pid_limit *l = &server->pid_limits[i];
 
-                if (l->pid == pid && !pidfd_exited(l->pidfd))
+                if (l->pid == pid && pid_limit_alive(l))
                         return l->max_bytes;
         }
         return POLICY_NO_OVERRIDE;

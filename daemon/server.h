@@ -26,13 +26,13 @@ struct session;
  */
 #define SERVER_OPERATOR_ROOM 8
 
-/* Processes with a set-limit --pid at once (each holds a pidfd). */
+/* Processes with a set-limit --pid at once. */
 #define SERVER_MAX_PID_LIMITS 64
 
-/* A set-limit --pid: the process (its pidfd tells a reused pid apart) and its limit. */
+/* A set-limit --pid: the process (its start time tells a reused pid apart) and its limit. */
 struct pid_limit {
         pid_t pid;
-        int pidfd;
+        unsigned long long start_time;  /* /proc/PID/stat's starttime, in clock ticks after boot */
         uint64_t max_bytes;             /* per device; 0: no limit */
 };
 
@@ -109,9 +109,10 @@ int server_init(struct server *server, uv_loop_t *loop, const struct config *con
 int server_reload(struct server *server, char *why, size_t why_size);
 
 /*
- * set-limit --pid: every connection of pid, now and later ones of the same process, may
- * reserve max_bytes per device (0: no limit) until the next reload. Returns 0, -ESRCH when
- * no such process runs, or -ENOSPC when SERVER_MAX_PID_LIMITS processes have one already.
+ * set-limit --pid: every connection of pid, now and later ones of the same process (not of a
+ * later process that reuses the pid), may reserve max_bytes per device (0: no limit) until
+ * the next reload. Returns 0, -ESRCH when no such process runs, or -ENOSPC when
+ * SERVER_MAX_PID_LIMITS processes have one already.
  */
 int server_set_pid_limit(struct server *server, pid_t pid, uint64_t max_bytes);
 

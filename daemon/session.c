@@ -117,7 +117,8 @@ int session_start(struct server *server, int fd, bool admin_only, bool past_uid_
                 server->admin_connected++;
         else
                 server->connected++;
-        session_log(s, LOG_LEVEL_DEBUG, "client %llu connected: pid %d, uid %u", (unsigned long long) s->id, (int) s->pid, (unsigned) s->uid);
+        session_log(s, LOG_LEVEL_DEBUG, "client %llu connected: pid %d, uid %u",
+                    (unsigned long long) s->id, (int) s->pid, (unsigned) s->uid);
         return 0;
 }
 
@@ -245,21 +246,25 @@ static void session_disconnect(struct session *s, const char *why) {
         session_totals(s, &reserved, &in_use, &blocks);
         /* At info only for a client whose hello was logged at info: the pair of lines. */
         if (s->control_of || !s->tenant)
-                session_log(s, LOG_LEVEL_DEBUG, "client %llu (pid %d) closed: %s", (unsigned long long) s->id, (int) s->pid, why);
+                session_log(s, LOG_LEVEL_DEBUG, "client %llu (pid %d) closed: %s",
+                            (unsigned long long) s->id, (int) s->pid, why);
         else
-                session_log(s, LOG_LEVEL_INFO, "client %llu ('%s', pid %d, uid %u, tenant %s) disconnected: %s", (unsigned long long) s->id, s->name,
-                         (int) s->pid, (unsigned) s->uid, s->tenant->conf.name, why);
+                session_log(s, LOG_LEVEL_INFO, "client %llu ('%s', pid %d, uid %u, tenant %s) disconnected: %s",
+                            (unsigned long long) s->id, s->name,
+                            (int) s->pid, (unsigned) s->uid, s->tenant->conf.name, why);
         if (s->said_bye || reserved == 0 || s->pidfd < 0) {
                 if (!s->said_bye && reserved && s->pidfd < 0)
-                        session_log(s, LOG_LEVEL_WARN, "client %llu (pid %d): no pidfd to wait on; releasing its memory at disconnect",
-                                 (unsigned long long) s->id, (int) s->pid);
+                        session_log(s, LOG_LEVEL_WARN,
+                                    "client %llu (pid %d): no pidfd to wait on; releasing its memory at disconnect",
+                                    (unsigned long long) s->id, (int) s->pid);
                 session_destroy(s);
                 return;
         }
         close_socket(s);
         s->state = SESSION_EXITING;
         if (uv_poll_init(s->server->loop, &s->pid_poll, s->pidfd) < 0) {
-                session_log(s, LOG_LEVEL_WARN, "client %llu: cannot watch its pidfd; releasing its memory now", (unsigned long long) s->id);
+                session_log(s, LOG_LEVEL_WARN, "client %llu: cannot watch its pidfd; releasing its memory now",
+                            (unsigned long long) s->id);
                 session_destroy(s);
                 return;
         }
@@ -276,8 +281,8 @@ static void on_process_exit(uv_poll_t *handle, int status, int events) {
         (void) status, (void) events;
         session_totals(s, &reserved, &in_use, &blocks);
         session_log(s, LOG_LEVEL_INFO, "client %llu (%s, pid %d) exited holding %llu blocks; %llu bytes return to the cache",
-                 (unsigned long long) s->id, s->name, (int) s->pid, (unsigned long long) blocks,
-                 (unsigned long long) reserved);
+                    (unsigned long long) s->id, s->name, (int) s->pid, (unsigned long long) blocks,
+                    (unsigned long long) reserved);
         session_destroy(s);
         server_after_change(server);
 }
@@ -299,7 +304,7 @@ bool session_send(struct session *s, const struct reply *rep) {
                 s->pending_len = rep->len;
                 s->pending_since_ms = uv_now(s->server->loop);
                 session_log(s, LOG_LEVEL_DEBUG, "client %llu (pid %d): its socket is full; holding a reply until it reads",
-                          (unsigned long long) s->id, (int) s->pid);
+                            (unsigned long long) s->id, (int) s->pid);
                 s->pending_fd = rep->fd >= 0 ? dup(rep->fd) : -1;
                 if (rep->fd >= 0 && s->pending_fd < 0) {
                         session_disconnect(s, "cannot keep a descriptor for a reply");
@@ -321,7 +326,8 @@ bool session_send(struct session *s, const struct reply *rep) {
 }
 
 void session_expire_stuck(struct server *server) {
-        uint64_t now = uv_now(server->loop), limit = server->options->send_timeout_ms, hello = server->options->hello_timeout_ms;
+        uint64_t now = uv_now(server->loop), limit = server->options->send_timeout_ms;
+        uint64_t hello = server->options->hello_timeout_ms;
         struct session *s = server->sessions;
 
         while (s) {
@@ -331,13 +337,16 @@ void session_expire_stuck(struct server *server) {
                 if (next && next == s->control)
                         next = next->next;
                 if (s->state == SESSION_NEW && hello && now - s->connected_ms >= hello) {
-                        session_log(s, LOG_LEVEL_WARN, "client %llu (pid %d, uid %u) said no hello in %llu ms (hello_timeout); "
+                        session_log(s, LOG_LEVEL_WARN,
+                                    "client %llu (pid %d, uid %u) said no hello in %llu ms (hello_timeout); "
                                     "disconnecting it", (unsigned long long) s->id, (int) s->pid, (unsigned) s->uid,
                                     (unsigned long long) (now - s->connected_ms));
                         session_disconnect(s, "no hello in time");
                 } else if (s->pending && limit && now - s->pending_since_ms >= limit) {
-                        session_log(s, LOG_LEVEL_WARN, "client %llu (%s, pid %d) has not read a reply for %llu ms; disconnecting it",
-                                 (unsigned long long) s->id, s->name, (int) s->pid, (unsigned long long) (now - s->pending_since_ms));
+                        session_log(s, LOG_LEVEL_WARN,
+                                    "client %llu (%s, pid %d) has not read a reply for %llu ms; disconnecting it",
+                                    (unsigned long long) s->id, s->name, (int) s->pid,
+                                    (unsigned long long) (now - s->pending_since_ms));
                         session_disconnect(s, "did not read its replies");
                 }
                 s = next;
@@ -427,9 +436,10 @@ static void on_readable(uv_poll_t *handle, int status, int events) {
                 return;
         }
         if (n < 0) {
-                session_log(s, LOG_LEVEL_WARN, "client %llu (pid %d): %s; disconnecting it", (unsigned long long) s->id, (int) s->pid,
-                         n == -EMSGSIZE ? "packet over the request size limit" :
-                         n == -EBADMSG ? "malformed packet (empty, or carrying descriptors)" : strerror(-n));
+                session_log(s, LOG_LEVEL_WARN, "client %llu (pid %d): %s; disconnecting it",
+                            (unsigned long long) s->id, (int) s->pid,
+                            n == -EMSGSIZE ? "packet over the request size limit" :
+                            n == -EBADMSG ? "malformed packet (empty, or carrying descriptors)" : strerror(-n));
                 session_disconnect(s, "bad packet");
                 return;
         }
@@ -442,7 +452,7 @@ static void on_readable(uv_poll_t *handle, int status, int events) {
         }
         if (r < 0) {
                 session_log(s, LOG_LEVEL_WARN, "client %llu (pid %d): message does not parse; disconnecting it",
-                         (unsigned long long) s->id, (int) s->pid);
+                            (unsigned long long) s->id, (int) s->pid);
                 session_disconnect(s, "unparsable message");
                 return;
         }

@@ -252,7 +252,10 @@ static int peer_ready_then_wait(struct peer *p) {
 static void peer_wait_ready(struct peer *p) {
         char ch;
 
-        ck_assert_int_eq(read(p->ready[0], &ch, 1), 1);
+        /* Only the peer writes: if it dies first, the read ends at once instead of waiting for the timeout. */
+        close(p->ready[1]);
+        p->ready[1] = -1;
+        ck_assert_msg(read(p->ready[0], &ch, 1) == 1, "the peer process failed before it was ready");
 }
 
 static int peer_finish(struct peer *p, pid_t pid) {
@@ -362,7 +365,11 @@ static int try_hello(struct testd *d, int *ret_sock, char *why, size_t why_size)
         env.id = 1;
         env.body_case = GPUPOOL__ENVELOPE__BODY_HELLO;
         env.hello = &hello;
-        raw_send(sock, &env);
+        env.version = GP_PROTOCOL_VERSION;
+        n = gp_wire_pack(&env, buf, sizeof(buf));
+        ck_assert_int_gt(n, 0);
+        /* A refused connection may be closed before the hello goes out: the refusal is still there to read. */
+        (void) gp_wire_send_packet(sock, buf, (size_t) n, -1);
         /* A refusal may read as a reset first, with the reason still queued: read on once, as the library does. */
         n = gp_wire_recv_packet(sock, buf, sizeof(buf), NULL);
         if (n == -ECONNRESET)
@@ -431,10 +438,9 @@ END_TEST
 
 /* At start: the soft limit is raised for --max-clients, and a hard limit too low is an error saying so. */
 START_TEST(test_descriptor_limit_fits_max_clients) {
-        char cmd[1024], out[2048], path[64];
+        char cmd[1024], out[2048];
         struct rlimit rl;
         struct testd d;
-        unsigned long long soft = 0;
 
         ck_assert_int_eq(getrlimit(RLIMIT_NOFILE, &rl), 0);
         if (rl.rlim_max != RLIM_INFINITY && rl.rlim_max < 6000)
@@ -442,11 +448,8 @@ START_TEST(test_descriptor_limit_fits_max_clients) {
         rl.rlim_cur = 256;
         ck_assert_int_eq(setrlimit(RLIMIT_NOFILE, &rl), 0);
         testd_start(&d, "--max-clients", "1000", NULL);
-        snprintf(path, sizeof(path), "/proc/%d/limits", (int) d.pid);
-        read_text(path, out, sizeof(out));
-        ck_assert_int_eq(sscanf(strstr(out, "Max open files"), "Max open files %llu", &soft), 1);
-        /* 192 fixed, 5 per client, one per 2 MiB segment of 512 MiB. */
-        ck_assert_uint_eq(soft, 192 + 1000 * 5 + 256);
+        /* 192 fixed, 5 per client, one per 2 MiB segment of 512 MiB: as the daemon says (valgrind keeps its own limit). */
+        ck_assert_int_eq(log_count(&d, "file descriptor limit raised to 5448 for max_clients 1000"), 1);
         ck_assert_int_eq(testd_stop(&d), 0);
 
         snprintf(cmd, sizeof(cmd), "ulimit -Hn 300 && %s/gpupoold --socket /tmp/gpupool-fdlimit-%d.sock --backend host "
@@ -615,12 +618,13 @@ START_TEST(test_silent_connections_cannot_lock_out_the_operator) {
         double t0;
         pid_t pid;
 
-        testd_start(&d, "--max-clients", "6", "--max-clients-per-uid", "4", "--hello-timeout", "2s", NULL);
+        testd_start(&d, "--max-clients", "6", "--max-clients-per-uid", "4", "--hello-timeout", "8s", NULL);
         ck_assert_int_eq(chmod(d.dir, 0755), 0);
         peer_pipes(&p);
         pid = spawn(nobody_fills_its_cap, &d, &p);
         peer_wait_ready(&p);
         /* Root fills the rest of --max-clients with silent connections of its own. */
+        t0 = now_s();
         mine[0] = raw_connect(&d);
         mine[1] = raw_connect(&d);
         /* Even root's clients are refused at the limit (saying which)... */
@@ -642,9 +646,8 @@ START_TEST(test_silent_connections_cannot_lock_out_the_operator) {
         gpupool__envelope__free_unpacked(rep, NULL);
         close(sock);
         /* Silent connections are dropped after hello_timeout. */
-        t0 = now_s();
         ck_assert_int_eq(recv(mine[0], out, sizeof(out), 0), 0);
-        ck_assert_msg(now_s() - t0 < 4, "a silent connection lasted %.1f s more", now_s() - t0);
+        ck_assert_msg(now_s() - t0 >= 7 && now_s() - t0 < 12, "a silent connection lasted %.1f s", now_s() - t0);
         close(mine[0]);
         close(mine[1]);
         ck_assert_int_eq(peer_finish(&p, pid), 0);
