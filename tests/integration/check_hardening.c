@@ -26,6 +26,15 @@
 
 #define MiB (1ULL << 20)
 
+/*
+ * Whether the daemon runs under a tool ($GPUPOOL_DAEMON_WRAPPER: make valgrind), which keeps its
+ * own descriptor limit, runs one thread at a time and is tens of times slower: what a test
+ * times is scaled or left to the plain and sanitizer runs.
+ */
+static bool under_tool(void) {
+        return getenv("GPUPOOL_DAEMON_WRAPPER") != NULL;
+}
+
 /* Runs "gpupoolctl --socket S ARGS" (stderr too) into out; returns its exit status. */
 static int ctl(struct testd *d, char *out, size_t size, const char *args) {
         char cmd[512];
@@ -448,11 +457,12 @@ START_TEST(test_descriptor_limit_fits_max_clients) {
         rl.rlim_cur = 256;
         ck_assert_int_eq(setrlimit(RLIMIT_NOFILE, &rl), 0);
         testd_start(&d, "--max-clients", "1000", NULL);
-        /* 192 fixed, 5 per client, one per 2 MiB segment of 512 MiB: as the daemon says (valgrind keeps its own limit). */
-        ck_assert_int_eq(log_count(&d, "file descriptor limit raised to 5448 for max_clients 1000"), 1);
+        /* 192 fixed, 5 per client, one per 2 MiB segment of 512 MiB, as the daemon says (valgrind keeps its own limit). */
+        if (!under_tool())
+                ck_assert_int_eq(log_count(&d, "file descriptor limit raised to 5448 for max_clients 1000"), 1);
         ck_assert_int_eq(testd_stop(&d), 0);
 
-        snprintf(cmd, sizeof(cmd), "ulimit -Hn 300 && %s/gpupoold --socket /tmp/gpupool-fdlimit-%d.sock --backend host "
+        snprintf(cmd, sizeof(cmd), "ulimit -n 300 && %s/gpupoold --socket /tmp/gpupool-fdlimit-%d.sock --backend host "
                  "--host-capacity 64M 2>&1; echo \"exit $?\"", build_dir(), (int) getpid());
         run_capture(cmd, out, sizeof(out));
         ck_assert_msg(strstr(out, "max_clients 1024 with a host capacity of 64.0 MiB needs 5344 file descriptors, more than "
@@ -503,6 +513,8 @@ START_TEST(test_stuck_log_never_stops_serving) {
         int p[2], op;
         double t0;
 
+        if (under_tool())
+                return;         /* 4000 requests through a daemon under valgrind outlast any timeout */
         ck_assert_int_eq(pipe(p), 0);
         testd_start_stderr(&d, p[1], NULL);
         close(p[1]);
@@ -586,6 +598,16 @@ START_TEST(test_stopped_daemon_times_out) {
 }
 END_TEST
 
+/* Waits (10 s at most) until the daemon has no client: the start-up probe's close has been seen. */
+static void wait_no_clients(struct testd *d) {
+        char out[65536];
+
+        for (double t0 = now_s(); now_s() - t0 < 10; usleep(50000))
+                if (ctl(d, out, sizeof(out), "metrics") == 0 && strstr(out, "gpupool_clients{state=\"connected\"} 0\n"))
+                        return;
+        ck_abort_msg("the daemon still counts a client: %s", out);
+}
+
 /* As uid 65534: fills its per-uid cap with silent connections; one more is refused saying why. */
 static int nobody_fills_its_cap(struct testd *d, void *arg) {
         struct peer *p = arg;
@@ -614,12 +636,15 @@ START_TEST(test_silent_connections_cannot_lock_out_the_operator) {
         char out[4096], why[256];
         gpupool_client *c;
         int mine[2], sock;
+        const double hello_s = under_tool() ? 60 : 8;
         struct testd d;
         double t0;
         pid_t pid;
 
-        testd_start(&d, "--max-clients", "6", "--max-clients-per-uid", "4", "--hello-timeout", "8s", NULL);
+        testd_start(&d, "--max-clients", "6", "--max-clients-per-uid", "4", "--hello-timeout", under_tool() ? "60s" : "8s",
+                    NULL);
         ck_assert_int_eq(chmod(d.dir, 0755), 0);
+        wait_no_clients(&d);
         peer_pipes(&p);
         pid = spawn(nobody_fills_its_cap, &d, &p);
         peer_wait_ready(&p);
@@ -647,7 +672,8 @@ START_TEST(test_silent_connections_cannot_lock_out_the_operator) {
         close(sock);
         /* Silent connections are dropped after hello_timeout. */
         ck_assert_int_eq(recv(mine[0], out, sizeof(out), 0), 0);
-        ck_assert_msg(now_s() - t0 >= 7 && now_s() - t0 < 12, "a silent connection lasted %.1f s", now_s() - t0);
+        ck_assert_msg(now_s() - t0 >= hello_s - 1 && now_s() - t0 < hello_s * 1.5, "a silent connection lasted %.1f s",
+                      now_s() - t0);
         close(mine[0]);
         close(mine[1]);
         ck_assert_int_eq(peer_finish(&p, pid), 0);
