@@ -104,15 +104,6 @@ now:
         (void) close(fd);
 }
 
-unsigned closer_pending(void) {
-        unsigned n;
-
-        pthread_mutex_lock(&closer.lock);
-        n = closer.count + closer.closing;
-        pthread_mutex_unlock(&closer.lock);
-        return n;
-}
-
 unsigned closer_stop(unsigned wait_ms) {
         struct timespec deadline;
         unsigned left;

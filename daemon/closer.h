@@ -18,9 +18,6 @@
  */
 void closer_close(int fd);
 
-/* Descriptors handed over and not closed yet. */
-unsigned closer_pending(void);
-
 /*
  * Waits up to wait_ms for every handed-over descriptor to be closed, then stops the thread.
  * One still blocked then is left to the process's exit. Returns how many were left.

@@ -202,14 +202,19 @@ void log_stop_writer(unsigned wait_ms) {
 }
 
 void log_write(enum log_level level, const char *fmt, ...) {
-        char text[1024], line[1200];
-        int saved_errno = errno;
-        size_t len, at, first;
         va_list ap;
 
         va_start(ap, fmt);
-        vsnprintf(text, sizeof(text), fmt, ap);
+        log_writev(level, fmt, ap);
         va_end(ap);
+}
+
+void log_writev(enum log_level level, const char *fmt, va_list ap) {
+        char text[1024], line[1200];
+        int saved_errno = errno;
+        size_t len, at, first;
+
+        vsnprintf(text, sizeof(text), fmt, ap);
         /* One message is one line: the journal splits on newlines. */
         for (char *p = text; *p; p++)
                 if (*p == '\n')

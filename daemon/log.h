@@ -6,6 +6,7 @@
 #ifndef GP_LOG_H
 #define GP_LOG_H
 
+#include <stdarg.h>
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -25,6 +26,7 @@ void log_open(enum log_level level);
 int log_level_parse(const char *text, enum log_level *ret_level);
 
 void log_write(enum log_level level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void log_writev(enum log_level level, const char *fmt, va_list ap) __attribute__((format(printf, 2, 0)));
 
 /*
  * From here on lines go to stderr through a writer thread, so that a log nobody reads never

@@ -156,20 +156,23 @@ static void on_connection(uv_poll_t *handle, int status, int events) {
         }
 }
 
-void server_log_write(struct server *server, enum log_level level, const char *fmt, ...) {
+void server_log_writev(struct server *server, enum log_level level, const char *fmt, va_list ap) {
         unsigned suppressed;
-        char line[1024];
-        va_list ap;
 
         if (!log_ratelimit_pass(&server->peer_log, &suppressed))
                 return;
         if (suppressed)
                 log_write(LOG_LEVEL_WARN, "%u messages about clients suppressed in the last %u s (rate limit)", suppressed,
                           server->peer_log.interval_ms / 1000);
+        log_writev(level, fmt, ap);
+}
+
+void server_log_write(struct server *server, enum log_level level, const char *fmt, ...) {
+        va_list ap;
+
         va_start(ap, fmt);
-        vsnprintf(line, sizeof(line), fmt, ap);
+        server_log_writev(server, level, fmt, ap);
         va_end(ap);
-        log_write(level, "%s", line);
 }
 
 static void on_signal(uv_signal_t *handle, int signum) {

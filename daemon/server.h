@@ -143,6 +143,8 @@ int server_fit_fd_limit(const struct options *o, const struct backend *backend, 
         } while (0)
 void server_log_write(struct server *server, enum log_level level, const char *fmt, ...)
         __attribute__((format(printf, 3, 4)));
+void server_log_writev(struct server *server, enum log_level level, const char *fmt, va_list ap)
+        __attribute__((format(printf, 3, 0)));
 
 /* Why a connection is over --max-clients, or (per_uid) over max_clients_per_uid for uid. */
 void server_limit_text(const struct server *server, bool per_uid, uid_t uid, char *buf, size_t size);

@@ -41,20 +41,23 @@ static int peer_pidfd(int fd, pid_t pid) {
         return pidfd >= 0 ? pidfd : -1;
 }
 
+/* Says how many of a client's lines its rate limit held back. */
+static void say_suppressed(struct session *s, unsigned suppressed) {
+        server_log(s->server, LOG_LEVEL_WARN, "client %llu (pid %d): %u messages suppressed (rate limit)",
+                   (unsigned long long) s->id, (int) s->pid, suppressed);
+}
+
 void session_log_write(struct session *s, enum log_level level, const char *fmt, ...) {
         unsigned suppressed;
-        char line[1024];
         va_list ap;
 
         if (!log_ratelimit_pass(&s->log, &suppressed))
                 return;
         if (suppressed)
-                server_log(s->server, LOG_LEVEL_WARN, "client %llu (pid %d): %u messages suppressed (rate limit)",
-                           (unsigned long long) s->id, (int) s->pid, suppressed);
+                say_suppressed(s, suppressed);
         va_start(ap, fmt);
-        vsnprintf(line, sizeof(line), fmt, ap);
+        server_log_writev(s->server, level, fmt, ap);
         va_end(ap);
-        server_log(s->server, level, "%s", line);
 }
 
 int session_start(struct server *server, int fd, bool admin_only, bool past_uid_cap) {
@@ -201,8 +204,7 @@ void session_destroy(struct session *s) {
                 return;
         s->state = SESSION_CLOSED;
         if (s->log.suppressed)
-                server_log(server, LOG_LEVEL_WARN, "client %llu (pid %d): %u messages suppressed (rate limit)",
-                           (unsigned long long) s->id, (int) s->pid, s->log.suppressed);
+                say_suppressed(s, s->log.suppressed);
         if (s->parked) {
                 s->parked = false;
                 server->parked--;
