@@ -156,6 +156,15 @@ void testd_crash_and_restart(struct testd *d) {
         launch(d);
 }
 
+bool testd_log_wait(struct testd *d, const char *text) {
+        static char log[1 << 20];
+
+        for (double t0 = now_s(); now_s() - t0 < 10; nap_ms(20))
+                if (strstr(read_text(d->log, log, sizeof(log)), text))
+                        return true;
+        return false;
+}
+
 bool testd_alive(struct testd *d) {
         return kill(d->pid, 0) == 0 && waitpid(d->pid, NULL, WNOHANG) == 0;
 }

@@ -40,6 +40,12 @@ void testd_start(struct testd *d, ...);
 /* testd_start() with the daemon's stderr on fd (a pipe, say) instead of the log file. */
 void testd_start_stderr(struct testd *d, int fd, ...);
 
+/*
+ * Waits (up to 10 s) for text to appear in the daemon's log: lines written while it serves go
+ * through its writer thread, after the request that caused them. Returns whether it did.
+ */
+bool testd_log_wait(struct testd *d, const char *text);
+
 /* Kills the daemon with SIGKILL and starts it again on the same socket, with the same arguments. */
 void testd_crash_and_restart(struct testd *d);
 

@@ -247,6 +247,7 @@ START_TEST(test_client_limit) {
         json_decref(st);
         gpupool_disconnect(c);
         /* The refusal and the disconnect each made one line, at info, with who and why. */
+        ck_assert(testd_log_wait(&d, "tenant default) disconnected: "));
         read_text(d.log, log, sizeof(log));
         ck_assert_msg(strstr(log, "('limited', pid ") && strstr(log, "6291456 bytes on device 0 refused: ") &&
                       strstr(log, "tenant default) disconnected: "), "%s", log);
