@@ -80,7 +80,7 @@ endif
 
 PROTO_C   := $(B)/proto/gpupool.pb-c.c
 PROTO_H   := $(B)/proto/gpupool.pb-c.h
-COMMON    := common/conn.c common/cudadrv.c common/rbtree.c common/size.c common/wire.c
+COMMON    := common/conn.c common/cudadrv.c common/heap.c common/rbtree.c common/size.c common/wire.c
 DAEMON    := $(filter-out daemon/main.c,$(wildcard daemon/*.c))
 CLIENT    := client/client.c client/client_cache.c client/client_cuda.c client/client_hooks.c client/client_magazine.c \
              client/client_scope.c
@@ -248,7 +248,7 @@ bench: all $(BENCH_HOST)
 	@mkdir -p bench/results
 	$(Q)$(BENCH_HOST) --build $(B) --json bench/results/host-$$(date -u +%Y-%m-%d).json $(BENCH_ARGS_HOST)
 
-$(BENCH_FRAG): $(B)/obj/bench/frag.o $(B)/obj/daemon/pool.o $(B)/obj/common/rbtree.o
+$(BENCH_FRAG): $(B)/obj/bench/frag.o $(B)/obj/daemon/pool.o $(B)/obj/common/heap.o $(B)/obj/common/rbtree.o
 	@mkdir -p $(dir $@)
 	@echo "  LD      $@"
 	$(Q)$(CC) $(LDFLAGS) -o $@ $^

@@ -6,9 +6,9 @@
  *   pool->cache_by_size          cached segments by (size, newest first): lease lookup
  *   pool->cache_by_age           cached segments oldest first: LRU release
  *   owner->segments_by_id        the segments leased to one owner
- *   owner->free_index[class]     its free blocks by (size, segment id, offset): best fit
- *   segment->live                its live blocks by offset: free() lookup
- * Blocks of a segment also form an address-ordered list, for merging neighbours.
+ * and each owner's blocks are carved by its own heap (common/heap.c): best fit, split, merge.
+ * A leased segment with no live block stays in the heap only while the owner keeps it
+ * (keep_bytes); otherwise it leaves the heap and waits, releasing, for the owner to unmap it.
  */
 #include "pool.h"
 
@@ -20,35 +20,22 @@
 #include <time.h>
 
 enum segment_state {
-        SEGMENT_LEASED,         /* owner holds live blocks in it */
-        SEGMENT_RELEASING,      /* no live block; waiting for the owner to unmap it */
+        SEGMENT_LEASED,         /* in its owner's heap: live blocks, or kept empty */
+        SEGMENT_RELEASING,      /* out of the heap, no live block; waiting for the owner to unmap it */
         SEGMENT_CACHED,         /* in the pool's cache, no owner */
-};
-
-struct block {
-        struct segment *segment;
-        uint64_t offset;
-        uint64_t size;
-        bool free;
-        struct block *prev, *next;      /* address order within the segment */
-        struct gp_rb_node node;         /* free: owner->free_index; live: segment->live */
 };
 
 struct segment {
         uint64_t id;
         uint64_t size;
         enum segment_state state;
-        enum pool_class class;
+        struct heap_segment hs;         /* while leased: the owner's heap */
         struct pool_owner *owner;
         uint32_t last_tenant;
         bool has_tenant;
-        uint64_t live_blocks;
-        bool kept;                      /* leased, no live block, kept mapped by its owner */
         bool to_backend;                /* reclaimed by a flush: straight back to the backend once released */
         uint64_t cache_seq;
         uint64_t cached_at_ms;          /* when it entered the cache */
-        struct block *first;
-        struct gp_rb_tree live;
         struct backend_mem mem;
         struct gp_rb_node by_id;        /* pool->segments_by_id */
         struct gp_rb_node owner_node;   /* owner->segments_by_id, or pool->cache_by_size */
@@ -75,21 +62,6 @@ struct pool {
 
 #define CMP(a, b) ((a) < (b) ? -1 : (a) > (b))
 
-static int cmp_free_block(const struct gp_rb_node *x, const struct gp_rb_node *y) {
-        const struct block *a = gp_rb_entry(x, struct block, node);
-        const struct block *b = gp_rb_entry(y, struct block, node);
-
-        if (a->size != b->size)
-                return CMP(a->size, b->size);
-        if (a->segment->id != b->segment->id)
-                return CMP(a->segment->id, b->segment->id);
-        return CMP(a->offset, b->offset);
-}
-
-static int cmp_live_block(const struct gp_rb_node *x, const struct gp_rb_node *y) {
-        return CMP(gp_rb_entry(x, struct block, node)->offset, gp_rb_entry(y, struct block, node)->offset);
-}
-
 static int cmp_segment_id(const struct gp_rb_node *x, const struct gp_rb_node *y) {
         return CMP(gp_rb_entry(x, struct segment, by_id)->id, gp_rb_entry(y, struct segment, by_id)->id);
 }
@@ -112,22 +84,15 @@ static int cmp_cache_age(const struct gp_rb_node *x, const struct gp_rb_node *y)
         return CMP(gp_rb_entry(x, struct segment, age_node)->cache_seq, gp_rb_entry(y, struct segment, age_node)->cache_seq);
 }
 
-static uint64_t round_up(uint64_t v, uint64_t align) {
-        return (v + align - 1) / align * align;
-}
-
-static uint64_t class_segment_bytes(uint64_t rsize) {
-        if (rsize <= POOL_SMALL_REQUEST)
-                return POOL_SMALL_SEGMENT;
-        if (rsize <= POOL_MEDIUM_REQUEST)
-                return POOL_MEDIUM_SEGMENT;
-        return round_up(rsize, POOL_SEGMENT_ALIGN);
-}
-
 uint64_t pool_min_segment_bytes(uint64_t size) {
-        if (size == 0 || size > POOL_MAX_REQUEST)
-                return 0;
-        return round_up(round_up(size, POOL_BLOCK_ALIGN), POOL_SEGMENT_ALIGN);
+        return heap_min_segment_bytes(heap_round(size));
+}
+
+/* Keeps the owner's public sums in step with its heap. */
+static void owner_sync(struct pool_owner *o) {
+        o->in_use_bytes = o->heap.in_use_bytes;
+        o->blocks = o->heap.blocks;
+        o->kept_bytes = o->heap.empty_bytes;
 }
 
 static uint64_t monotonic_ms(void *ctx) {
@@ -162,14 +127,8 @@ int pool_new(struct backend *backend, unsigned device, uint64_t capacity_bytes, 
 }
 
 static void segment_destroy(struct pool *p, struct segment *s) {
-        struct block *b = s->first;
-
-        while (b) {
-                struct block *next = b->next;
-
-                free(b);
-                b = next;
-        }
+        if (s->hs.heap)
+                (void) heap_drop(&s->hs);
         gp_rb_remove(&p->segments_by_id, &s->by_id);
         p->reserved_bytes -= s->size;
         p->backend->ops->mem_destroy(p->backend, p->device, &s->mem, s->size);
@@ -219,27 +178,24 @@ void pool_owner_attach(struct pool *p, struct pool_owner *o, uint32_t tenant) {
         o->pool = p;
         o->tenant = tenant;
         gp_rb_init(&o->segments_by_id, cmp_owner_segment);
-        for (int c = 0; c < POOL_CLASS_COUNT; c++)
-                gp_rb_init(&o->free_index[c], cmp_free_block);
+        heap_init(&o->heap);
         o->next = p->owners;
         if (p->owners)
                 p->owners->prev = o;
         p->owners = o;
 }
 
-/* Moves a segment that holds no block structures into the cache. */
+/* Moves a segment out of its owner (and its heap) into the cache. */
 static void segment_to_cache(struct pool *p, struct segment *s) {
         struct pool_owner *o = s->owner;
 
+        if (s->hs.heap)
+                p->in_use_bytes -= heap_drop(&s->hs);
         gp_rb_remove(&o->segments_by_id, &s->owner_node);
         o->reserved_bytes -= s->size;
         o->segments--;
+        owner_sync(o);
         s->owner = NULL;
-        if (s->kept) {
-                /* Kept by the owner that is letting go of it (it left): nobody keeps it now. */
-                s->kept = false;
-                o->kept_bytes -= s->size;
-        }
         if (s->to_backend) {
                 segment_destroy(p, s);
                 return;
@@ -261,23 +217,8 @@ uint64_t pool_owner_detach(struct pool_owner *o) {
 
         if (!p)
                 return 0;
-        while ((n = gp_rb_first(&o->segments_by_id))) {
-                struct segment *s = gp_rb_entry(n, struct segment, owner_node);
-                struct block *b = s->first;
-
-                while (b) {
-                        struct block *next = b->next;
-
-                        if (!b->free)
-                                p->in_use_bytes -= b->size;
-                        free(b);
-                        b = next;
-                }
-                s->first = NULL;
-                s->live_blocks = 0;
-                gp_rb_init(&s->live, cmp_live_block);
-                segment_to_cache(p, s);
-        }
+        while ((n = gp_rb_first(&o->segments_by_id)))
+                segment_to_cache(p, gp_rb_entry(n, struct segment, owner_node));
         if (o->prev)
                 o->prev->next = o->next;
         else
@@ -325,7 +266,6 @@ static int segment_create(struct pool *p, uint64_t size, struct segment **ret) {
         }
         s->id = p->next_id++;
         s->size = size;
-        gp_rb_init(&s->live, cmp_live_block);
         gp_rb_insert(&p->segments_by_id, &s->by_id);
         p->reserved_bytes += size;
         *ret = s;
@@ -338,7 +278,7 @@ static int segment_create(struct pool *p, uint64_t size, struct segment **ret) {
  * releasing cached segments (oldest first) to make room.
  */
 static int segment_obtain(struct pool *p, uint64_t rsize, uint64_t headroom, struct segment **ret) {
-        uint64_t want = class_segment_bytes(rsize), min = round_up(rsize, POOL_SEGMENT_ALIGN);
+        uint64_t want = heap_segment_bytes(rsize), min = heap_min_segment_bytes(rsize);
         struct segment *s;
         int r;
 
@@ -373,172 +313,95 @@ static int segment_obtain(struct pool *p, uint64_t rsize, uint64_t headroom, str
         return r;
 }
 
-static int segment_lease(struct pool *p, struct pool_owner *o, struct segment *s, enum pool_class class) {
-        struct block *b;
+/* Zeroes s (out of the cache or new) if it last belonged to another tenant than o's; destroys it on failure. */
+static int segment_zero_for(struct pool *p, struct pool_owner *o, struct segment *s) {
+        int r;
 
-        if (s->has_tenant && s->last_tenant != o->tenant) {
-                int r = p->backend->ops->mem_zero(p->backend, p->device, &s->mem, s->size);
-
-                if (r < 0) {
-                        segment_destroy(p, s);
-                        return r;
-                }
-        }
-        b = calloc(1, sizeof(*b));
-        if (!b) {
+        if (!s->has_tenant || s->last_tenant == o->tenant)
+                return 0;
+        r = p->backend->ops->mem_zero(p->backend, p->device, &s->mem, s->size);
+        if (r < 0)
                 segment_destroy(p, s);
-                return -ENOMEM;
+        return r;
+}
+
+/* Leases segment s (out of the cache or new) to owner o, into its heap as one free block. */
+static int segment_lease(struct pool *p, struct pool_owner *o, struct segment *s, enum heap_class class) {
+        int r = segment_zero_for(p, o, s);
+
+        if (r < 0)
+                return r;
+        r = heap_add(&o->heap, &s->hs, s->id, s->size, class);
+        if (r < 0) {
+                segment_destroy(p, s);
+                return r;
         }
-        b->segment = s;
-        b->size = s->size;
-        b->free = true;
-        s->first = b;
         s->owner = o;
-        s->class = class;
         s->state = SEGMENT_LEASED;
         gp_rb_insert(&o->segments_by_id, &s->owner_node);
-        gp_rb_insert(&o->free_index[class], &b->node);
         o->reserved_bytes += s->size;
         o->segments++;
         return 0;
 }
 
-/*
- * Takes rsize bytes from the front of free block b, splitting off the rest. Cannot fail: if
- * there is no memory for the rest's record, the whole block is handed out instead.
- */
-static void block_carve(struct pool *p, struct pool_owner *o, struct block *b, uint64_t rsize) {
-        struct segment *s = b->segment;
-        struct block *rest = b->size - rsize >= POOL_BLOCK_ALIGN ? calloc(1, sizeof(*rest)) : NULL;
-
-        if (rest) {
-                gp_rb_remove(&o->free_index[s->class], &b->node);
-                rest->segment = s;
-                rest->offset = b->offset + rsize;
-                rest->size = b->size - rsize;
-                rest->free = true;
-                rest->prev = b;
-                rest->next = b->next;
-                if (b->next)
-                        b->next->prev = rest;
-                b->next = rest;
-                b->size = rsize;
-                gp_rb_insert(&o->free_index[s->class], &rest->node);
-        } else {
-                gp_rb_remove(&o->free_index[s->class], &b->node);
-        }
-        b->free = false;
-        gp_rb_insert(&s->live, &b->node);
-        if (s->kept) {
-                s->kept = false;
-                o->kept_bytes -= s->size;
-        }
-        s->live_blocks++;
-        o->in_use_bytes += b->size;
-        o->blocks++;
-        p->in_use_bytes += b->size;
-}
-
 int pool_alloc(struct pool *p, struct pool_owner *o, uint64_t size, uint64_t headroom_bytes,
                struct pool_lease *ret) {
-        /* Sorts before every real block of the same size: segment ids start at 1. */
-        static const struct segment key_segment = { .id = 0 };
-        struct block key = { .segment = (struct segment *) &key_segment }, *b;
-        enum pool_class class;
+        uint64_t rsize = heap_round(size);
+        enum heap_class class = heap_class_of(rsize);
+        struct heap_block *b;
         struct segment *s;
-        struct gp_rb_node *n;
         bool new_segment = false;
-        uint64_t rsize;
         int r;
 
-        if (size == 0 || size > POOL_MAX_REQUEST)
+        if (!rsize)
                 return -EINVAL;
-        rsize = round_up(size, POOL_BLOCK_ALIGN);
-        class = rsize <= POOL_SMALL_REQUEST ? POOL_CLASS_SMALL : POOL_CLASS_LARGE;
-
-        key.size = rsize;
-        n = gp_rb_lower_bound(&o->free_index[class], &key.node);
-        if (n) {
-                b = gp_rb_entry(n, struct block, node);
-        } else {
+        b = heap_alloc(&o->heap, class, rsize);
+        if (!b) {
                 r = segment_obtain(p, rsize, headroom_bytes, &s);
                 if (r < 0)
                         return r;
                 r = segment_lease(p, o, s, class);
                 if (r < 0)
                         return r;
-                b = s->first;
+                /* Nothing else in the heap fitted: the best fit is the new segment. */
+                b = heap_alloc(&o->heap, class, rsize);
                 new_segment = true;
         }
-        block_carve(p, o, b, rsize);
+        p->in_use_bytes += b->size;
+        owner_sync(o);
+        s = gp_rb_entry(b->segment, struct segment, hs);
         *ret = (struct pool_lease) {
-                .segment_id = b->segment->id,
-                .segment_size = b->segment->size,
+                .segment_id = s->id,
+                .segment_size = s->size,
                 .offset = b->offset,
                 .size = b->size,
                 .new_segment = new_segment,
-                .mem = &b->segment->mem,
+                .mem = &s->mem,
         };
         return 0;
-}
-
-/* Joins b's successor into b. The caller has taken the successor out of the free index. */
-static void block_absorb_next(struct block *b) {
-        struct block *n = b->next;
-
-        b->size += n->size;
-        b->next = n->next;
-        if (n->next)
-                n->next->prev = b;
-        free(n);
 }
 
 int pool_free_block(struct pool *p, struct pool_owner *o, uint64_t segment_id, uint64_t offset,
                     bool *ret_release) {
         struct segment *s = segment_find(p, segment_id);
-        struct block key = { .offset = offset }, *b;
-        struct gp_rb_node *n;
+        struct heap_block *b;
+        uint64_t size;
 
         if (!s || s->owner != o || s->state != SEGMENT_LEASED)
                 return -ENOENT;
-        n = gp_rb_find(&s->live, &key.node);
-        if (!n)
+        b = heap_find_live(&s->hs, offset);
+        if (!b)
                 return -ENOENT;
-        b = gp_rb_entry(n, struct block, node);
-        gp_rb_remove(&s->live, &b->node);
-        s->live_blocks--;
-        o->in_use_bytes -= b->size;
-        o->blocks--;
-        p->in_use_bytes -= b->size;
-        b->free = true;
-
-        if (b->next && b->next->free) {
-                gp_rb_remove(&o->free_index[s->class], &b->next->node);
-                block_absorb_next(b);
-        }
-        if (b->prev && b->prev->free) {
-                b = b->prev;
-                gp_rb_remove(&o->free_index[s->class], &b->node);
-                block_absorb_next(b);
-        }
-        if (s->live_blocks == 0 && o->kept_bytes + s->size <= o->keep_bytes) {
-                /* The owner keeps it mapped for its next allocations; it may be asked for it back. */
-                s->kept = true;
-                o->kept_bytes += s->size;
-                gp_rb_insert(&o->free_index[s->class], &b->node);
-                *ret_release = false;
-                return 0;
-        }
-        if (s->live_blocks == 0) {
-                /* b is the whole segment now; the owner must unmap before anyone else gets it. */
-                free(b);
-                s->first = NULL;
+        size = b->size;
+        *ret_release = false;
+        if (heap_free(&o->heap, b) && o->heap.empty_bytes > o->keep_bytes) {
+                /* Empty and not kept: the owner must unmap it before anyone else gets it. */
+                (void) heap_remove(&s->hs);
                 s->state = SEGMENT_RELEASING;
                 *ret_release = true;
-                return 0;
         }
-        gp_rb_insert(&o->free_index[s->class], &b->node);
-        *ret_release = false;
+        p->in_use_bytes -= size;
+        owner_sync(o);
         return 0;
 }
 
@@ -552,19 +415,16 @@ size_t pool_reclaim(struct pool *p, struct pool_owner *o, uint64_t want_bytes, b
              x = gp_rb_next(x)) {
                 struct segment *s = gp_rb_entry(x, struct segment, owner_node);
 
-                if (!s->kept)
+                if (s->state != SEGMENT_LEASED || s->hs.live_blocks)
                         continue;
-                /* Its one free block leaves the index: nothing of the owner's lands there any more. */
-                gp_rb_remove(&o->free_index[s->class], &s->first->node);
-                free(s->first);
-                s->first = NULL;
-                s->kept = false;
+                /* Out of the heap: nothing of the owner's lands there any more. */
+                (void) heap_remove(&s->hs);
                 s->to_backend = to_backend;
                 s->state = SEGMENT_RELEASING;
-                o->kept_bytes -= s->size;
                 bytes += s->size;
                 ret_ids[n++] = s->id;
         }
+        owner_sync(o);
         *ret_bytes = bytes;
         return n;
 }
@@ -572,23 +432,15 @@ size_t pool_reclaim(struct pool *p, struct pool_owner *o, uint64_t want_bytes, b
 void pool_unreclaim(struct pool *p, struct pool_owner *o, const uint64_t *ids, size_t n) {
         for (size_t i = 0; i < n; i++) {
                 struct segment *s = segment_find(p, ids[i]);
-                struct block *b;
 
-                if (!s || s->owner != o || s->state != SEGMENT_RELEASING || s->first || o->kept_bytes + s->size > o->keep_bytes)
+                if (!s || s->owner != o || s->state != SEGMENT_RELEASING || o->heap.empty_bytes + s->size > o->keep_bytes)
                         continue;
-                b = calloc(1, sizeof(*b));
-                if (!b)
+                if (heap_add(&o->heap, &s->hs, s->id, s->size, s->hs.class) < 0)
                         continue;       /* it stays releasing: the owner's exit returns it */
-                b->segment = s;
-                b->size = s->size;
-                b->free = true;
-                s->first = b;
                 s->state = SEGMENT_LEASED;
-                s->kept = true;
                 s->to_backend = false;
-                o->kept_bytes += s->size;
-                gp_rb_insert(&o->free_index[s->class], &b->node);
         }
+        owner_sync(o);
 }
 
 int pool_release(struct pool *p, struct pool_owner *o, uint64_t segment_id) {
@@ -666,47 +518,6 @@ uint64_t pool_trim_cache(struct pool *p, uint64_t max_cached_bytes) {
                 return -EUCLEAN;                        \
         } while (0)
 
-/* Checks one leased or releasing segment's blocks; adds to the owner sums. */
-static int check_segment_blocks(const struct segment *s, uint64_t *in_use, uint64_t *blocks,
-                                uint64_t *free_blocks, char *why, size_t why_size) {
-        const struct pool_owner *o = s->owner;
-        uint64_t offset = 0, live = 0;
-
-        if (s->kept && (s->state != SEGMENT_LEASED || s->live_blocks || !s->first || s->first->next || !s->first->free))
-                FAIL("segment %" PRIu64 " is kept but not one whole free block", s->id);
-        if (s->state == SEGMENT_RELEASING) {
-                if (s->first || s->live_blocks || s->live.count)
-                        FAIL("segment %" PRIu64 " is releasing but holds blocks", s->id);
-                return 0;
-        }
-        if (!s->first || s->first->prev)
-                FAIL("segment %" PRIu64 " is leased but has no first block", s->id);
-        for (const struct block *b = s->first; b; b = b->next) {
-                if (b->segment != s || b->offset != offset || b->size == 0 ||
-                    b->size % POOL_BLOCK_ALIGN || (b->next && b->next->prev != b))
-                        FAIL("segment %" PRIu64 ": block at %" PRIu64 " breaks the tiling", s->id, b->offset);
-                if (b->free) {
-                        if (b->next && b->next->free)
-                                FAIL("segment %" PRIu64 ": free neighbours at %" PRIu64 " not merged", s->id, b->offset);
-                        if (gp_rb_find(&o->free_index[s->class], &b->node) != &b->node)
-                                FAIL("segment %" PRIu64 ": free block at %" PRIu64 " missing from the index", s->id, b->offset);
-                        (*free_blocks)++;
-                } else {
-                        if (gp_rb_find(&s->live, &b->node) != &b->node)
-                                FAIL("segment %" PRIu64 ": live block at %" PRIu64 " missing from the index", s->id, b->offset);
-                        live++;
-                        *in_use += b->size;
-                }
-                offset += b->size;
-        }
-        if (offset != s->size)
-                FAIL("segment %" PRIu64 ": blocks cover %" PRIu64 " of %" PRIu64 " bytes", s->id, offset, s->size);
-        if (live != s->live_blocks || live != s->live.count || (live == 0 && !s->kept))
-                FAIL("segment %" PRIu64 ": %" PRIu64 " live blocks, counted %" PRIu64, s->id, live, s->live_blocks);
-        *blocks += live;
-        return 0;
-}
-
 int pool_check(const struct pool *p, char *why, size_t why_size) {
         uint64_t reserved = 0, in_use = 0, cached = 0, cached_count = 0, owned = 0;
 
@@ -718,7 +529,7 @@ int pool_check(const struct pool *p, char *why, size_t why_size) {
 
                 reserved += s->size;
                 if (s->state == SEGMENT_CACHED) {
-                        if (s->owner || s->first)
+                        if (s->owner || s->hs.heap)
                                 FAIL("cached segment %" PRIu64 " has an owner or blocks", s->id);
                         if (gp_rb_find(&p->cache_by_age, &s->age_node) != &s->age_node)
                                 FAIL("cached segment %" PRIu64 " missing from the cache", s->id);
@@ -738,7 +549,7 @@ int pool_check(const struct pool *p, char *why, size_t why_size) {
                 FAIL("device %u: reserved %" PRIu64 " over capacity %" PRIu64, p->device, p->reserved_bytes, p->capacity_bytes);
 
         for (const struct pool_owner *o = p->owners; o; o = o->next) {
-                uint64_t o_reserved = 0, o_in_use = 0, o_blocks = 0, free_blocks = 0, indexed = 0, kept = 0;
+                uint64_t o_reserved = 0, in_heap = 0;
                 int r;
 
                 if (gp_rb_verify(&o->segments_by_id))
@@ -748,28 +559,28 @@ int pool_check(const struct pool *p, char *why, size_t why_size) {
 
                         if (s->owner != o)
                                 FAIL("segment %" PRIu64 " is in an owner's index but not its", s->id);
+                        if ((s->state == SEGMENT_LEASED) != (s->hs.heap == &o->heap))
+                                FAIL("segment %" PRIu64 " is %s but %s its owner's heap", s->id,
+                                     s->state == SEGMENT_LEASED ? "leased" : "releasing", s->hs.heap ? "in" : "not in");
+                        if (s->hs.heap && (s->hs.id != s->id || s->hs.size != s->size))
+                                FAIL("segment %" PRIu64 " is in its owner's heap as %" PRIu64, s->id, s->hs.id);
                         o_reserved += s->size;
-                        kept += s->kept ? s->size : 0;
-                        r = check_segment_blocks(s, &o_in_use, &o_blocks, &free_blocks, why, why_size);
-                        if (r < 0)
-                                return r;
+                        in_heap += s->hs.heap ? 1 : 0;
                         owned--;
                 }
-                for (int c = 0; c < POOL_CLASS_COUNT; c++) {
-                        if (gp_rb_verify(&o->free_index[c]))
-                                FAIL("an owner's free index is not a valid red-black tree");
-                        indexed += o->free_index[c].count;
-                }
-                if (o_reserved != o->reserved_bytes || o_in_use != o->in_use_bytes || o_blocks != o->blocks ||
-                    o->segments != o->segments_by_id.count)
+                r = heap_check(&o->heap, why, why_size);
+                if (r < 0)
+                        return r;
+                if (in_heap != o->heap.segment_count)
+                        FAIL("owner: %" PRIu64 " leased segments, %" PRIu64 " in its heap", in_heap, o->heap.segment_count);
+                if (o_reserved != o->reserved_bytes || o->heap.in_use_bytes != o->in_use_bytes ||
+                    o->heap.blocks != o->blocks || o->segments != o->segments_by_id.count)
                         FAIL("owner: reserved %" PRIu64 "/%" PRIu64 ", in use %" PRIu64 "/%" PRIu64 ", blocks %" PRIu64 "/%" PRIu64,
-                             o_reserved, o->reserved_bytes, o_in_use, o->in_use_bytes, o_blocks, o->blocks);
-                if (indexed != free_blocks)
-                        FAIL("owner: %" PRIu64 " blocks indexed free, %" PRIu64 " free", indexed, free_blocks);
-                if (kept != o->kept_bytes || kept > o->keep_bytes)
-                        FAIL("owner: keeps %" PRIu64 " bytes free, counted %" PRIu64 ", may keep %" PRIu64, kept, o->kept_bytes,
-                             o->keep_bytes);
-                in_use += o_in_use;
+                             o_reserved, o->reserved_bytes, o->heap.in_use_bytes, o->in_use_bytes, o->heap.blocks, o->blocks);
+                if (o->heap.empty_bytes != o->kept_bytes || o->kept_bytes > o->keep_bytes)
+                        FAIL("owner: keeps %" PRIu64 " bytes free, counted %" PRIu64 ", may keep %" PRIu64, o->heap.empty_bytes,
+                             o->kept_bytes, o->keep_bytes);
+                in_use += o->heap.in_use_bytes;
         }
         if (owned != 0)
                 FAIL("device %u: %" PRIu64 " leased segments belong to no attached owner", p->device, owned);

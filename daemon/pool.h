@@ -4,8 +4,9 @@
  *
  * Segments come from the backend in classes: requests of at most 1 MiB share 2 MiB segments,
  * up to 10 MiB share 20 MiB segments, larger ones get a segment of their own rounded up to
- * 2 MiB. Blocks are rounded to 512 bytes, found best-fit in a size-ordered index (O(log n)),
- * split on allocation and merged with free neighbours on free.
+ * 2 MiB. Each owner's blocks are carved from its segments by the allocator core (common/heap.h):
+ * rounded to 512 bytes, found best-fit in O(log n), split on allocation and merged with free
+ * neighbours on free.
  *
  * Each segment is leased to one owner (a client) at a time, because a handle to a segment
  * opens all of it. When an owner's segment holds no live block, it is marked releasing: the
@@ -24,22 +25,12 @@
 #include <stdint.h>
 
 #include "backend.h"
+#include "heap.h"
 #include "rbtree.h"
 
-#define POOL_BLOCK_ALIGN 512ULL
-#define POOL_SMALL_REQUEST (1ULL << 20)
-#define POOL_SMALL_SEGMENT (2ULL << 20)
-#define POOL_MEDIUM_REQUEST (10ULL << 20)
-#define POOL_MEDIUM_SEGMENT (20ULL << 20)
-#define POOL_SEGMENT_ALIGN (2ULL << 20)
-/* The largest single request: larger ones are refused as invalid, before any arithmetic. */
-#define POOL_MAX_REQUEST (1ULL << 46)
-
-enum pool_class {
-        POOL_CLASS_SMALL,       /* blocks of at most 1 MiB, in 2 MiB segments */
-        POOL_CLASS_LARGE,       /* everything else */
-        POOL_CLASS_COUNT,
-};
+/* The protocol's names for the allocator core's rounding and largest request (common/heap.h). */
+#define POOL_BLOCK_ALIGN HEAP_BLOCK_ALIGN
+#define POOL_MAX_REQUEST HEAP_MAX_REQUEST
 
 struct pool;
 
@@ -55,7 +46,7 @@ struct pool_owner {
         /* ---- private to pool.c ---- */
         struct pool *pool;
         struct gp_rb_tree segments_by_id;
-        struct gp_rb_tree free_index[POOL_CLASS_COUNT];
+        struct heap heap;               /* carves its blocks from its leased segments */
         struct pool_owner *prev, *next;
 };
 

@@ -1,0 +1,149 @@
+/*
+ * heap.h: the allocator core. Blocks carved from segments, free of I/O and of any notion of
+ * who owns the memory: the caller adds segments it holds (the daemon's pool for one client,
+ * libgpupool for one device of its process) and asks for blocks; the heap finds the best fit
+ * among its free blocks in O(log n), splits it, and merges a freed block with its free
+ * neighbours.
+ *
+ * Sizes are rounded to HEAP_BLOCK_ALIGN. Blocks live in one of two classes, each with its own
+ * free index ordered by (size, segment id, offset), so that small requests are carved from
+ * small segments and never split a large one: requests of at most HEAP_SMALL_REQUEST are
+ * small. The segment sizes of the classes (heap_segment_bytes()) follow PyTorch's caching
+ * allocator: 2 MiB for small requests, 20 MiB for those up to 10 MiB, else the request
+ * rounded up to 2 MiB.
+ *
+ * A segment with no live block is "empty": it stays in the heap and serves the next requests
+ * until its holder takes it out (heap_remove()), and the heap lists the empty ones in the
+ * order they emptied, oldest first, for whoever gives idle memory back.
+ *
+ * Nothing here locks: the caller serializes every call on one heap.
+ */
+#ifndef GP_HEAP_H
+#define GP_HEAP_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "rbtree.h"
+
+#define HEAP_BLOCK_ALIGN 512ULL
+#define HEAP_SMALL_REQUEST (1ULL << 20)
+#define HEAP_SMALL_SEGMENT (2ULL << 20)
+#define HEAP_MEDIUM_REQUEST (10ULL << 20)
+#define HEAP_MEDIUM_SEGMENT (20ULL << 20)
+#define HEAP_SEGMENT_ALIGN (2ULL << 20)
+/* The largest single request: larger ones are refused before any arithmetic can overflow. */
+#define HEAP_MAX_REQUEST (1ULL << 46)
+
+enum heap_class {
+        HEAP_CLASS_SMALL,       /* blocks of at most HEAP_SMALL_REQUEST, from small segments */
+        HEAP_CLASS_LARGE,       /* everything else */
+        HEAP_CLASS_COUNT,
+};
+
+struct heap_segment;
+
+/* A block of a segment, free or live. Fields are read-only outside heap.c. */
+struct heap_block {
+        struct heap_segment *segment;
+        uint64_t offset;
+        uint64_t size;                  /* a multiple of HEAP_BLOCK_ALIGN */
+        bool free;
+        struct heap_block *prev, *next; /* address order within the segment */
+        struct gp_rb_node node;         /* free: the heap's free index; live: the segment's live tree */
+};
+
+/*
+ * A segment as the heap sees it, embedded in the caller's own record of it (gp_rb_entry
+ * finds the container). Read-only outside heap.c.
+ */
+struct heap_segment {
+        uint64_t id;                    /* orders equal-size free blocks, lowest first; unique in a heap */
+        uint64_t size;
+        enum heap_class class;
+        uint64_t live_blocks;
+        uint64_t live_bytes;
+        struct heap_block *first;       /* the blocks in address order, tiling the segment */
+        struct gp_rb_tree live;         /* live blocks by offset */
+        struct heap *heap;              /* NULL while in no heap */
+        struct heap_segment *prev, *next;               /* the heap's segments */
+        struct heap_segment *empty_prev, *empty_next;   /* the heap's empty segments, while empty */
+};
+
+struct heap {
+        struct gp_rb_tree free_index[HEAP_CLASS_COUNT];
+        struct heap_segment *segments;
+        struct heap_segment *empty_head, *empty_tail;   /* oldest emptied first */
+        uint64_t segment_count;
+        uint64_t size_bytes;            /* sum of the segments' sizes */
+        uint64_t in_use_bytes;          /* sum of the live blocks' sizes */
+        uint64_t blocks;                /* live blocks */
+        uint64_t empty_count;
+        uint64_t empty_bytes;           /* sum of the empty segments' sizes */
+};
+
+/* size rounded up to HEAP_BLOCK_ALIGN, or 0 for 0 or a size over HEAP_MAX_REQUEST. */
+uint64_t heap_round(uint64_t size);
+
+/* The class of a rounded size. */
+enum heap_class heap_class_of(uint64_t rsize);
+
+/* The segment size of a rounded request's class: 2 MiB, 20 MiB, or the request rounded up to 2 MiB. */
+uint64_t heap_segment_bytes(uint64_t rsize);
+
+/* The smallest segment that serves a rounded request: the request rounded up to 2 MiB. */
+uint64_t heap_min_segment_bytes(uint64_t rsize);
+
+void heap_init(struct heap *heap);
+
+/*
+ * Adds segment s (id, size, class; its other fields are set here) to heap as one free block.
+ * Returns 0, -EINVAL for a size that is 0 or not a multiple of HEAP_BLOCK_ALIGN, or -ENOMEM.
+ * The new segment counts as empty.
+ */
+int heap_add(struct heap *heap, struct heap_segment *s, uint64_t id, uint64_t size, enum heap_class class);
+
+/* Takes an empty segment out of its heap. Returns 0, or -EBUSY while it holds a live block. */
+int heap_remove(struct heap_segment *s);
+
+/*
+ * Takes a segment out of its heap whatever it holds: its live blocks are forgotten (their
+ * holder can no longer touch them). Returns the bytes that were live in it.
+ */
+uint64_t heap_drop(struct heap_segment *s);
+
+/*
+ * Carves a block of rsize bytes (heap_round()ed, not 0) of class from the best-fitting free
+ * block: the smallest that is large enough, the lowest segment id and offset among equals.
+ * The rest is split off when it is at least HEAP_BLOCK_ALIGN. Returns the live block, or NULL
+ * when no free block is large enough.
+ */
+struct heap_block *heap_alloc(struct heap *heap, enum heap_class class, uint64_t rsize);
+
+/* The live block of s at offset, or NULL. */
+struct heap_block *heap_find_live(const struct heap_segment *s, uint64_t offset);
+
+/*
+ * Frees a live block, merging it with its free neighbours (b is then gone). Returns true when
+ * its segment holds no live block any more (it joins the empty list, newest).
+ */
+bool heap_free(struct heap *heap, struct heap_block *b);
+
+/* The segment that has been empty longest, or NULL. */
+struct heap_segment *heap_oldest_empty(const struct heap *heap);
+
+/* Bytes held in free blocks (the heap's size less what is in use). */
+static inline uint64_t heap_free_bytes(const struct heap *heap) {
+        return heap->size_bytes - heap->in_use_bytes;
+}
+
+/*
+ * Checks every invariant: blocks tile each segment without overlap, no two free neighbours,
+ * the free index holds exactly the free blocks and each segment's live tree its live ones, the
+ * empty list exactly the segments without a live block, and every sum. Returns 0, or
+ * -EUCLEAN with what is wrong in why.
+ */
+int heap_check(const struct heap *heap, char *why, size_t why_size);
+
+#endif
