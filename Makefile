@@ -12,6 +12,7 @@
 #   make bench                CPU benchmarks on the host backend (table + bench/results/*.json)
 #   make bench-instructions   instructions per alloc+free of the allocator core (callgrind)
 #   make bench-frag           fragmentation of gpupool, PyTorch-, CuPy- and no-cache policies on traces
+#   make bench-replay         traces through libgpupool and a private gpupoold: round trips, imports, ns/op
 #   make bench-gpu            allocation latency: driver, driver pool, gpupool (needs a GPU)
 #   make STATIC=1             link libuv, protobuf-c, jansson, inih and Check statically
 #   make V=1                  show the commands
@@ -104,6 +105,7 @@ BENCH_GPU  := $(B)/bench/bench_gpu
 STRESS_BIN := $(B)/tests/stress
 BENCH_HOST := $(B)/bench/bench_host
 BENCH_FRAG := $(B)/bench/frag
+BENCH_REPLAY := $(B)/bench/replay
 FAKECUDA   := $(B)/tests/libfakecuda.so
 
 GENERATED := $(B)/systemd/gpupoold.service $(B)/gpupool.pc
@@ -252,6 +254,20 @@ $(BENCH_FRAG): $(B)/obj/bench/frag.o $(B)/obj/daemon/pool.o $(B)/obj/common/heap
 	@mkdir -p $(dir $@)
 	@echo "  LD      $@"
 	$(Q)$(CC) $(LDFLAGS) -o $@ $^
+
+$(BENCH_REPLAY): $(B)/obj/bench/replay.o $(CLIENT_O) $(COMMON_O)
+	@mkdir -p $(dir $@)
+	@echo "  LD      $@"
+	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LIBS_PROTOBUF) -lpthread -ldl
+
+# The traces replayed through libgpupool against a private gpupoold (bench/replay.c): round
+# trips and segment imports over each trace and its second half, ns per operation, peak
+# leased and in use. The recorded PyTorch traces in ../shared/traces are replayed too when
+# that folder is there.
+REPLAY_TRACES ?= $(wildcard bench/traces/*.csv ../shared/traces/*.csv)
+bench-replay: all $(BENCH_REPLAY)
+	@mkdir -p bench/results
+	$(Q)$(BENCH_REPLAY) --build $(B) $(REPLAY_TRACES) | tee bench/results/replay-$$(date -u +%Y-%m-%d).txt
 
 # Instructions per alloc+free of the allocator core (callgrind; exact, unlike ns), at 1
 # thousand, 100 thousand and 1 million free blocks. Needs valgrind.
@@ -418,7 +434,7 @@ clean:
 
 FORCE:
 
-.PHONY: FORCE all install uninstall test check-gpu bench-gpu bench-frameworks stress fuzz fuzz-seeds bench bench-frag bench-instructions valgrind deps deps-fuzz run clean
+.PHONY: FORCE all install uninstall test check-gpu bench-gpu bench-frameworks stress fuzz fuzz-seeds bench bench-frag bench-replay bench-instructions valgrind deps deps-fuzz run clean
 
 .SECONDARY:
 

@@ -432,6 +432,7 @@ static int mapping_add(gpupool_client *c, unsigned device, const Gpupool__AllocR
         }
         gp_rb_insert(&c->by_addr, &m->by_addr);
         gp_rb_insert(&c->by_id, &m->by_id);
+        c->segments_imported++;
         *ret = m;
         return 0;
 }
@@ -690,6 +691,8 @@ GPUPOOL_EXPORT int gpupool_stats(gpupool_client *c, struct gpupool_stats *ret) {
                 }
                 pthread_mutex_unlock(&c->live[i].lock);
         }
+        st.round_trips = c->conn.calls;
+        st.segments_imported = c->segments_imported;
         pthread_mutex_unlock(&c->lock);
         st.cached_bytes = __atomic_load_n(&c->cached_total, __ATOMIC_RELAXED);
         *ret = st;

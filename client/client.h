@@ -109,6 +109,7 @@ struct gpupool_client {
         struct live_shard live[CLIENT_SHARDS];
         uint64_t serial;                /* unique to this handle in the process: what threads find their magazine by */
         uint64_t epoch;                 /* atomic; written locked: bumped when every block is forgotten */
+        uint64_t segments_imported;     /* segments mapped since connect */
         /*
          * The client cache: blocks the application freed, still allocated at the daemon,
          * kept for reuse by (device, size) up to cache_limit bytes, least recently freed

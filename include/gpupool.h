@@ -176,6 +176,9 @@ GPUPOOL_EXPORT size_t gpupool_cached_bytes(gpupool_client *client);
  * the application holds (rounded sizes; a gpupool_free_async() counts as freed at once),
  * cached_bytes those in the client cache, and mapped_segments and mapped_bytes the segments
  * mapped in this process, which is what the daemon counts as this client's reserved bytes.
+ * round_trips counts the requests the handle sent gpupoold and waited for, and
+ * segments_imported the segments it mapped (host: an mmap; cuda: a cuIpcOpenMemHandle), both
+ * since gpupool_connect(): in a steady state neither should grow.
  */
 struct gpupool_stats {
         uint64_t live_blocks;
@@ -183,6 +186,8 @@ struct gpupool_stats {
         uint64_t cached_bytes;
         uint64_t mapped_segments;
         uint64_t mapped_bytes;
+        uint64_t round_trips;
+        uint64_t segments_imported;
 };
 GPUPOOL_EXPORT int gpupool_stats(gpupool_client *client, struct gpupool_stats *ret);
 

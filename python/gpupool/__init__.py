@@ -108,7 +108,8 @@ class Client:
         self._check(lib.gpupool_free(self._live(), ptr))
 
     def stats(self):
-        """What this handle holds: live_blocks, live_bytes, cached_bytes, mapped_segments, mapped_bytes."""
+        """What this handle holds and has done: live_blocks, live_bytes, cached_bytes, mapped_segments,
+        mapped_bytes, round_trips, segments_imported (see gpupool_stats in gpupool.h)."""
         st = Stats()
         self._check(lib.gpupool_stats(self._live(), ctypes.byref(st)))
         return st.as_dict()

@@ -23,6 +23,8 @@ class Stats(ctypes.Structure):
         ("cached_bytes", ctypes.c_uint64),
         ("mapped_segments", ctypes.c_uint64),
         ("mapped_bytes", ctypes.c_uint64),
+        ("round_trips", ctypes.c_uint64),
+        ("segments_imported", ctypes.c_uint64),
     ]
 
     def as_dict(self):

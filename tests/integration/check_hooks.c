@@ -193,10 +193,14 @@ START_TEST(test_stats_counts) {
         ck_assert_uint_eq(st.mapped_segments, 2);
         ck_assert_uint_eq(st.mapped_bytes, 2 * MiB + 20 * MiB);
         ck_assert_int_eq(testd_device(&d, 0, "reserved_bytes"), (long long) st.mapped_bytes);
+        /* The hello and three allocations asked the daemon; two segments were mapped. */
+        ck_assert_uint_eq(st.round_trips, 4);
+        ck_assert_uint_eq(st.segments_imported, 2);
         ck_assert_int_eq(gpupool_free(c, p[1]), 0);
         ck_assert_int_eq(gpupool_stats(c, &st), 0);
         ck_assert_uint_eq(st.live_blocks, 2);
         ck_assert_uint_eq(st.cached_bytes, 64 * KiB);
+        ck_assert_uint_eq(st.round_trips, 4);            /* the free stayed in the process */
         ck_assert_int_eq(gpupool_trim(c), 0);
         ck_assert_int_eq(gpupool_stats(c, &st), 0);
         ck_assert_uint_eq(st.cached_bytes, 0);

@@ -1,0 +1,304 @@
+/*
+ * replay.c: "make bench-replay": what a real allocation pattern costs through libgpupool.
+ *
+ * Replays allocation traces (CSV: time, op, id, size, stream; see bench/traces/README.md)
+ * through libgpupool against a private gpupoold (host backend, 16 GiB, an empty config), one
+ * daemon and one handle per trace, with the library's default settings (every GPUPOOL_
+ * variable that changes them is unset). Per trace it prints:
+ *
+ *   ops           operations in the trace;
+ *   round trips   requests the handle sent the daemon (gpupool_stats().round_trips, the hello
+ *                 included), over the whole trace and over its second half;
+ *   imports       segments the process mapped (segments_imported: on a GPU each is a
+ *                 cuIpcOpenMemHandle), likewise;
+ *   ns/op         median and p99 of one operation (an alloc or a free), CLOCK_MONOTONIC;
+ *   peak leased   the most the process held mapped from the daemon (mapped_bytes), MiB;
+ *   peak in use   the most the trace held live (sizes rounded to 512 B), MiB, and the ratio.
+ *
+ * The counters are read with gpupool_stats() after every operation, outside the timed part.
+ * Memory is never touched: the host backend's segments are memfds that cost no RAM until
+ * written.
+ *
+ * Usage: replay --build DIR TRACE.csv...
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "gpupool.h"
+#include "wire.h"
+
+#define MiB (1ULL << 20)
+
+struct op {
+        bool alloc;
+        uint64_t id, size;
+};
+
+struct trace {
+        struct op *ops;
+        size_t n;
+        uint64_t max_id;
+};
+
+static int read_trace(const char *path, struct trace *t) {
+        FILE *f;
+        char line[256];
+        size_t cap = 0;
+
+        *t = (struct trace) { 0 };
+        f = fopen(path, "r");
+        if (!f)
+                return -errno;
+        while (fgets(line, sizeof(line), f)) {
+                unsigned long long time, id, size, stream;
+                char op;
+
+                if (sscanf(line, "%llu,%c,%llu,%llu,%llu", &time, &op, &id, &size, &stream) != 5)
+                        continue;       /* the header */
+                if ((op != 'a' && op != 'f') || (op == 'a' && size == 0) || id == 0 || id > (1ULL << 32)) {
+                        fprintf(stderr, "replay: %s: bad line: %s", path, line);
+                        fclose(f);
+                        free(t->ops);
+                        return -EINVAL;
+                }
+                if (t->n == cap) {
+                        cap = cap ? cap * 2 : 4096;
+                        t->ops = realloc(t->ops, cap * sizeof(*t->ops));
+                        if (!t->ops)
+                                abort();
+                }
+                t->ops[t->n++] = (struct op) { op == 'a', id, size };
+                if (id > t->max_id)
+                        t->max_id = id;
+        }
+        fclose(f);
+        return 0;
+}
+
+static char dir[64], sock_path[128];
+
+static pid_t start_daemon(const char *build) {
+        char path[256], log[160], conf[160];
+        pid_t pid;
+
+        snprintf(path, sizeof(path), "%s/gpupoold", build);
+        snprintf(log, sizeof(log), "%s/gpupoold.log", dir);
+        /* An empty config: the node's own /etc/gpupool must not change what is measured. */
+        snprintf(conf, sizeof(conf), "%s/empty.conf", dir);
+        close(open(conf, O_WRONLY | O_CREAT | O_TRUNC, 0644));
+        unlink(sock_path);
+        pid = fork();
+        if (pid == 0) {
+                int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+
+                dup2(fd, 2);
+                execl(path, path, "--socket", sock_path, "--backend", "host", "--host-capacity", "16G", "--log-level",
+                      "err", "--config", conf, (char *) NULL);
+                _exit(127);
+        }
+        for (int i = 0; i < 2000; i++) {
+                int s;
+
+                if (gp_wire_connect(sock_path, &s) == 0) {
+                        close(s);
+                        return pid;
+                }
+                usleep(5000);
+        }
+        fprintf(stderr, "replay: gpupoold did not start (see %s)\n", log);
+        exit(1);
+}
+
+static void stop_daemon(pid_t pid) {
+        kill(pid, SIGTERM);
+        waitpid(pid, NULL, 0);
+}
+
+static double now_ns(void) {
+        struct timespec ts;
+
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        return ts.tv_sec * 1e9 + ts.tv_nsec;
+}
+
+static int cmp_double(const void *a, const void *b) {
+        double x = *(const double *) a, y = *(const double *) b;
+
+        return x < y ? -1 : x > y;
+}
+
+struct result {
+        size_t ops;
+        uint64_t trips, trips_half, imports, imports_half;
+        double median_ns, p99_ns;
+        uint64_t peak_leased, peak_in_use;
+};
+
+static int replay(const struct trace *t, struct result *res) {
+        void **ptrs = calloc(t->max_id + 1, sizeof(*ptrs));
+        uint64_t *sizes = calloc(t->max_id + 1, sizeof(*sizes));
+        double *ns = calloc(t->n ? t->n : 1, sizeof(*ns));
+        struct gpupool_stats st, half = { 0 };
+        uint64_t in_use = 0;
+        gpupool_client *c;
+        size_t timed = 0;
+        int r;
+
+        if (!ptrs || !sizes || !ns)
+                abort();
+        *res = (struct result) { .ops = t->n };
+        r = gpupool_connect(sock_path, "replay", &c);
+        if (r < 0) {
+                fprintf(stderr, "replay: cannot connect: %s\n", gpupool_strerror(r));
+                return r;
+        }
+        for (size_t i = 0; i < t->n; i++) {
+                const struct op *o = &t->ops[i];
+                double t0;
+
+                if (i == t->n / 2 && gpupool_stats(c, &half) < 0)
+                        abort();
+                if (o->alloc) {
+                        if (ptrs[o->id]) {
+                                fprintf(stderr, "replay: allocation %llu made twice\n", (unsigned long long) o->id);
+                                r = -EINVAL;
+                                break;
+                        }
+                        t0 = now_ns();
+                        r = gpupool_alloc(c, 0, o->size, &ptrs[o->id]);
+                        ns[timed++] = now_ns() - t0;
+                        if (r < 0) {
+                                char why[256];
+
+                                gpupool_last_error(c, why, sizeof(why));
+                                fprintf(stderr, "replay: allocating %llu bytes: %s\n", (unsigned long long) o->size, why);
+                                break;
+                        }
+                        sizes[o->id] = (o->size + 511) & ~511ULL;
+                        in_use += sizes[o->id];
+                        if (in_use > res->peak_in_use)
+                                res->peak_in_use = in_use;
+                } else {
+                        if (!ptrs[o->id])
+                                continue;       /* freed before recording began */
+                        t0 = now_ns();
+                        r = gpupool_free(c, ptrs[o->id]);
+                        ns[timed++] = now_ns() - t0;
+                        if (r < 0) {
+                                fprintf(stderr, "replay: free: %s\n", gpupool_strerror(r));
+                                break;
+                        }
+                        ptrs[o->id] = NULL;
+                        in_use -= sizes[o->id];
+                }
+                if (gpupool_stats(c, &st) < 0)
+                        abort();
+                if (st.mapped_bytes > res->peak_leased)
+                        res->peak_leased = st.mapped_bytes;
+        }
+        if (r >= 0 && gpupool_stats(c, &st) == 0) {
+                res->trips = st.round_trips;
+                res->trips_half = st.round_trips - half.round_trips;
+                res->imports = st.segments_imported;
+                res->imports_half = st.segments_imported - half.segments_imported;
+                qsort(ns, timed, sizeof(*ns), cmp_double);
+                res->median_ns = timed ? ns[timed / 2] : 0;
+                res->p99_ns = timed ? ns[timed * 99 / 100] : 0;
+        }
+        gpupool_disconnect(c);
+        free(ptrs);
+        free(sizes);
+        free(ns);
+        return r < 0 ? r : 0;
+}
+
+static const char *trace_name(const char *path, char *buf, size_t size) {
+        const char *base = strrchr(path, '/');
+        size_t len;
+
+        base = base ? base + 1 : path;
+        len = strcspn(base, ".");
+        snprintf(buf, size, "%.*s", (int) len, base);
+        return buf;
+}
+
+int main(int argc, char **argv) {
+        static const struct option longopts[] = { { "build", required_argument, NULL, 'b' }, { NULL, 0, NULL, 0 } };
+        static const char *defaults[] = { "GPUPOOL_CLIENT_CACHE", "GPUPOOL_CLIENT_CACHE_IDLE", "GPUPOOL_KEEP_FREE",
+                                          "GPUPOOL_THREAD_CACHE", "GPUPOOL_TIMEOUT" };
+        const char *build = NULL;
+        int opt, failed = 0;
+
+        while ((opt = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
+                if (opt != 'b') {
+                        fprintf(stderr, "usage: replay --build DIR TRACE.csv...\n");
+                        return 2;
+                }
+                build = optarg;
+        }
+        if (!build || optind == argc) {
+                fprintf(stderr, "usage: replay --build DIR TRACE.csv...\n");
+                return 2;
+        }
+        for (size_t i = 0; i < sizeof(defaults) / sizeof(defaults[0]); i++)
+                unsetenv(defaults[i]);
+        snprintf(dir, sizeof(dir), "/tmp/gpupool-replay.XXXXXX");
+        if (!mkdtemp(dir)) {
+                perror("replay: mkdtemp");
+                return 1;
+        }
+        snprintf(sock_path, sizeof(sock_path), "%s/gpupool.sock", dir);
+        printf("%-14s %7s %17s %15s %15s %12s %12s %6s\n", "trace", "ops", "round trips", "imports", "ns/op",
+               "peak leased", "peak in use", "ratio");
+        printf("%-14s %7s %8s %8s %7s %7s %7s %7s %12s %12s\n", "", "", "all", "2nd half", "all", "2nd half", "median",
+               "p99", "MiB", "MiB");
+        for (int a = optind; a < argc; a++) {
+                struct trace t;
+                struct result res;
+                char name[64];
+                pid_t pid;
+                int r = read_trace(argv[a], &t);
+
+                if (r < 0) {
+                        fprintf(stderr, "replay: %s: %s\n", argv[a], strerror(-r));
+                        failed = 1;
+                        continue;
+                }
+                pid = start_daemon(build);
+                r = replay(&t, &res);
+                stop_daemon(pid);
+                free(t.ops);
+                if (r < 0) {
+                        failed = 1;
+                        continue;
+                }
+                printf("%-14s %7zu %8llu %8llu %7llu %7llu %7.0f %7.0f %12.1f %12.1f %6.3f\n", trace_name(argv[a], name, sizeof(name)),
+                       res.ops, (unsigned long long) res.trips, (unsigned long long) res.trips_half,
+                       (unsigned long long) res.imports, (unsigned long long) res.imports_half, res.median_ns, res.p99_ns,
+                       (double) res.peak_leased / MiB, (double) res.peak_in_use / MiB,
+                       res.peak_in_use ? (double) res.peak_leased / (double) res.peak_in_use : 0);
+                fflush(stdout);
+        }
+        unlink(sock_path);
+        {
+                char p[160];
+
+                snprintf(p, sizeof(p), "%s/empty.conf", dir);
+                unlink(p);
+                snprintf(p, sizeof(p), "%s/gpupoold.log", dir);
+                unlink(p);
+        }
+        rmdir(dir);
+        return failed;
+}
