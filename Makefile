@@ -260,14 +260,16 @@ $(BENCH_REPLAY): $(B)/obj/bench/replay.o $(CLIENT_O) $(COMMON_O)
 	@echo "  LD      $@"
 	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LIBS_PROTOBUF) -lpthread -ldl
 
+# The traces the benchmarks replay: bench/traces, and the recorded PyTorch traces in
+# ../shared/traces when that folder is there.
+TRACES ?= $(wildcard bench/traces/*.csv ../shared/traces/*.csv)
+
 # The traces replayed through libgpupool against a private gpupoold (bench/replay.c): round
 # trips and segment imports over each trace and its second half, ns per operation, peak
-# leased and in use. The recorded PyTorch traces in ../shared/traces are replayed too when
-# that folder is there.
-REPLAY_TRACES ?= $(wildcard bench/traces/*.csv ../shared/traces/*.csv)
+# leased and in use.
 bench-replay: all $(BENCH_REPLAY)
 	@mkdir -p bench/results
-	$(Q)$(BENCH_REPLAY) --build $(B) $(REPLAY_TRACES) | tee bench/results/replay-$$(date -u +%Y-%m-%d).txt
+	$(Q)$(BENCH_REPLAY) --build $(B) $(TRACES) | tee bench/results/replay-$$(date -u +%Y-%m-%d).txt
 
 # Instructions per alloc+free of the allocator core (callgrind; exact, unlike ns), at 1
 # thousand, 100 thousand and 1 million free blocks. Needs valgrind.
@@ -281,11 +283,11 @@ bench-instructions: $(BENCH_HOST)
 		rm -f $$out; \
 	done
 
-# Fragmentation: peak reserved / peak in use of gpupool's pool and of re-implemented PyTorch,
-# CuPy and no-cache policies over the traces in bench/traces (bench/frag.c).
+# Fragmentation: peak reserved / peak in use of gpupool's pool, the process's own pool and of
+# re-implemented PyTorch, CuPy and no-cache policies over the traces (bench/frag.c).
 bench-frag: $(BENCH_FRAG)
 	@mkdir -p bench/results
-	$(Q)$(BENCH_FRAG) bench/traces/*.csv | tee bench/results/frag-$$(date -u +%Y-%m-%d).txt
+	$(Q)$(BENCH_FRAG) $(TRACES) | tee bench/results/frag-$$(date -u +%Y-%m-%d).txt
 
 # On a GPU machine: allocation latency of the driver, its stream-ordered pool and gpupool,
 # and the cost of importing a segment (bench/bench_gpu.c). BENCH_ARGS="--ops 100000" etc.

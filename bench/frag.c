@@ -13,6 +13,9 @@
  *            case), and are reused whole for requests of their size up to a quarter less;
  *   gpupool+keep  the same, the client keeping its emptied segments for its own next
  *            allocations (GPUPOOL_KEEP_FREE, here unbounded), as a process-local cache does;
+ *   client   the process's own pool: the allocator core (common/heap.c) carving the segments
+ *            the process leases, of the request's class, kept while empty (a replay has no
+ *            idle time, and nobody asks for them back);
  *   pytorch  a re-implementation of PyTorch's CUDACachingAllocator defaults (from its source,
  *            see docs/performance.md): small (<= 1 MiB) and large pools, 2 MiB segments for
  *            small requests, 20 MiB for 1-10 MiB, larger rounded to 2 MiB; best fit; split a
@@ -31,6 +34,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "heap.h"
 #include "null_backend.h"
 #include "pool.h"
 #include "rbtree.h"
@@ -261,7 +265,7 @@ static struct result run_segalloc(const struct policy *p, const struct op *ops, 
 static struct result run_gpupool(const struct op *ops, size_t n, uint64_t max_id, bool keep) {
         struct backend b = null_backend();
         struct pool_lease *live = calloc(max_id + 1, sizeof(*live));
-        bool *held = calloc(max_id + 1, sizeof(*held));
+        uint64_t *held = calloc(max_id + 1, sizeof(*held));     /* the size asked, rounded; 0: not live */
         struct result r = { 0 };
         struct pool_owner o;
         struct pool_stats st;
@@ -277,16 +281,16 @@ static struct result run_gpupool(const struct op *ops, size_t n, uint64_t max_id
                 if (ops[i].alloc) {
                         if (pool_alloc(p, &o, ops[i].size, UINT64_MAX, &live[ops[i].id]) < 0)
                                 exit(1);
-                        held[ops[i].id] = true;
-                        in_use += round512(ops[i].size);
+                        held[ops[i].id] = round512(ops[i].size);
+                        in_use += held[ops[i].id];
                 } else if (held[ops[i].id]) {
                         bool release = false;
 
                         (void) pool_free_block(p, &o, live[ops[i].id].segment_id, live[ops[i].id].offset, &release);
                         if (release)
                                 (void) pool_release(p, &o, live[ops[i].id].segment_id);
-                        held[ops[i].id] = false;
-                        in_use -= round512(live[ops[i].id].size);
+                        in_use -= held[ops[i].id];
+                        held[ops[i].id] = 0;
                 }
                 pool_get_stats(p, &st);
                 if (st.reserved_bytes > r.peak_reserved)
@@ -301,6 +305,53 @@ static struct result run_gpupool(const struct op *ops, size_t n, uint64_t max_id
         free(live);
         free(held);
         return r;
+}
+
+/*
+ * The process's own pool (libgpupool over leased segments): common/heap.c carving segments of
+ * the request's class that the process leases from the daemon and keeps while they hold
+ * nothing (a replay has no idle time and no one asking for them back).
+ */
+static struct result run_client(const struct op *ops, size_t n, uint64_t max_id) {
+        struct heap_block **live = calloc(max_id + 1, sizeof(*live));
+        uint64_t *sizes = calloc(max_id + 1, sizeof(*sizes));
+        struct result r = { 0 };
+        uint64_t leased = 0, next_id = 1, in_use = 0;
+        struct heap h;
+
+        heap_init(&h);
+        for (size_t i = 0; i < n; i++) {
+                if (ops[i].alloc) {
+                        uint64_t rsize = heap_round(ops[i].size);
+                        enum heap_class class = heap_class_of(rsize);
+                        struct heap_block *b = heap_alloc(&h, class, rsize);
+
+                        if (!b) {
+                                struct heap_segment *s = calloc(1, sizeof(*s));
+                                uint64_t size = heap_segment_bytes(rsize);
+
+                                if (!s || heap_add(&h, s, next_id++, size, class) < 0)
+                                        exit(1);
+                                leased += size;
+                                b = heap_alloc(&h, class, rsize);
+                        }
+                        live[ops[i].id] = b;
+                        sizes[ops[i].id] = rsize;
+                        in_use += rsize;
+                } else if (live[ops[i].id]) {
+                        (void) heap_free(&h, live[ops[i].id]);
+                        live[ops[i].id] = NULL;
+                        in_use -= sizes[ops[i].id];
+                }
+                if (leased > r.peak_reserved)
+                        r.peak_reserved = r.peak_held = leased;
+                /* As asked, rounded: a large block may hold up to 1 MiB more that nobody asked for. */
+                if (in_use > r.peak_in_use)
+                        r.peak_in_use = in_use;
+        }
+        free(live);
+        free(sizes);
+        return r;      /* the blocks and segments are left to the process's exit */
 }
 
 static struct result run_none(const struct op *ops, size_t n, uint64_t max_id) {
@@ -345,6 +396,7 @@ int main(int argc, char **argv) {
                 snprintf(name, sizeof(name), "%.*s", (int) (strcspn(base, ".")), base);
                 row(name, "gpupool", run_gpupool(ops, n, max_id, false));
                 row(name, "gpupool+keep", run_gpupool(ops, n, max_id, true));
+                row(name, "client", run_client(ops, n, max_id));
                 row(name, "pytorch", run_segalloc(&pytorch, ops, n, max_id));
                 row(name, "cupy", run_segalloc(&cupy, ops, n, max_id));
                 row(name, "none", run_none(ops, n, max_id));

@@ -168,12 +168,23 @@ uint64_t heap_drop(struct heap_segment *s) {
 }
 
 /*
- * Takes rsize bytes from the front of free block b, splitting off the rest. Cannot fail: if
- * there is no memory for the rest's record, the whole block is handed out instead.
+ * Whether carving rsize bytes from a free block of size bytes splits off the rest: in the
+ * small class whenever the rest is a block at all; in the large class only when it is more
+ * than HEAP_SMALL_REQUEST, as PyTorch's allocator does, because a smaller rest of a large
+ * segment could serve only requests that never come to the large class, and would keep the
+ * segment from ever being whole again.
+ */
+static bool should_split(enum heap_class class, uint64_t rest) {
+        return class == HEAP_CLASS_SMALL ? rest >= HEAP_BLOCK_ALIGN : rest > HEAP_SMALL_REQUEST;
+}
+
+/*
+ * Takes rsize bytes from the front of free block b, splitting off the rest (should_split()).
+ * Cannot fail: if there is no memory for the rest's record, the whole block is handed out.
  */
 static void block_carve(struct heap *h, struct heap_block *b, uint64_t rsize) {
         struct heap_segment *s = b->segment;
-        struct heap_block *rest = b->size - rsize >= HEAP_BLOCK_ALIGN ? calloc(1, sizeof(*rest)) : NULL;
+        struct heap_block *rest = should_split(s->class, b->size - rsize) ? calloc(1, sizeof(*rest)) : NULL;
 
         gp_rb_remove(&h->free_index[s->class], &b->node);
         if (rest) {

@@ -116,8 +116,10 @@ uint64_t heap_drop(struct heap_segment *s);
 /*
  * Carves a block of rsize bytes (heap_round()ed, not 0) of class from the best-fitting free
  * block: the smallest that is large enough, the lowest segment id and offset among equals.
- * The rest is split off when it is at least HEAP_BLOCK_ALIGN. Returns the live block, or NULL
- * when no free block is large enough.
+ * The rest is split off when it is at least HEAP_BLOCK_ALIGN in the small class, more than
+ * HEAP_SMALL_REQUEST in the large one (as PyTorch does); else the block keeps it, so a large
+ * block may be up to 1 MiB larger than asked. Returns the live block, or NULL when no free
+ * block is large enough.
  */
 struct heap_block *heap_alloc(struct heap *heap, enum heap_class class, uint64_t rsize);
 
