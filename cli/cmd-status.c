@@ -51,13 +51,19 @@ static int print_json(const Gpupool__StatusReply *sr) {
         for (size_t i = 0; i < sr->n_clients; i++) {
                 const Gpupool__ClientStatus *c = sr->clients[i];
 
-                json_array_append_new(clients, json_pack("{s:I, s:I, s:s, s:s, s:I, s:I, s:I, s:I, s:I, s:b}",
+                json_t *o = json_pack("{s:I, s:I, s:s, s:s, s:I, s:I, s:I, s:I, s:I, s:b, s:I, s:I}",
                         "pid", (json_int_t) c->pid, "uid", (json_int_t) c->uid, "name", c->name,
                         "tenant", c->tenant ? c->tenant : "",
                         "cached_in_client_bytes", (json_int_t) c->cached_in_client_bytes,
                         "reserved_bytes", (json_int_t) c->reserved_bytes, "in_use_bytes", (json_int_t) c->in_use_bytes,
                         "blocks", (json_int_t) c->blocks, "limit_bytes", (json_int_t) c->limit_bytes,
-                        "exiting", c->has_exiting && c->exiting));
+                        "exiting", c->has_exiting && c->exiting, "leased_bytes", (json_int_t) c->leased_bytes,
+                        "held_free_bytes", (json_int_t) c->held_free_bytes);
+
+                /* null: it never reported what it holds. */
+                json_object_set_new(o, "report_age_ms", c->has_report_age_ms ? json_integer((json_int_t) c->report_age_ms) :
+                                                                               json_null());
+                json_array_append_new(clients, o);
         }
                 json_object_set_new(root, "devices", devices);
         json_object_set_new(root, "clients", clients);

@@ -20,7 +20,8 @@
 #include <time.h>
 
 enum segment_state {
-        SEGMENT_LEASED,         /* in its owner's heap: live blocks, or kept empty */
+        SEGMENT_CARVED,         /* in its owner's heap: the daemon carves its blocks (live, or kept empty) */
+        SEGMENT_LEASED,         /* leased whole: the owner carves its own blocks (pool_lease) */
         SEGMENT_RELEASING,      /* out of the heap, no live block; waiting for the owner to unmap it */
         SEGMENT_CACHED,         /* in the pool's cache, no owner */
 };
@@ -193,6 +194,8 @@ static void segment_to_cache(struct pool *p, struct segment *s) {
                 p->in_use_bytes -= heap_drop(&s->hs);
         gp_rb_remove(&o->segments_by_id, &s->owner_node);
         o->reserved_bytes -= s->size;
+        if (s->state == SEGMENT_LEASED)
+                o->leased_bytes -= s->size;
         o->segments--;
         owner_sync(o);
         s->owner = NULL;
@@ -337,7 +340,7 @@ static int segment_lease(struct pool *p, struct pool_owner *o, struct segment *s
                 return r;
         }
         s->owner = o;
-        s->state = SEGMENT_LEASED;
+        s->state = SEGMENT_CARVED;
         gp_rb_insert(&o->segments_by_id, &s->owner_node);
         o->reserved_bytes += s->size;
         o->segments++;
@@ -381,13 +384,54 @@ int pool_alloc(struct pool *p, struct pool_owner *o, uint64_t size, uint64_t hea
         return 0;
 }
 
+int pool_lease(struct pool *p, struct pool_owner *o, uint64_t size, uint64_t headroom_bytes, struct pool_lease *ret) {
+        uint64_t rsize = heap_round(size);
+        struct segment *s;
+        int r;
+
+        if (!rsize)
+                return -EINVAL;
+        r = segment_obtain(p, rsize, headroom_bytes, &s);
+        if (r < 0)
+                return r;
+        r = segment_zero_for(p, o, s);
+        if (r < 0)
+                return r;
+        s->owner = o;
+        s->state = SEGMENT_LEASED;
+        gp_rb_insert(&o->segments_by_id, &s->owner_node);
+        o->reserved_bytes += s->size;
+        o->leased_bytes += s->size;
+        o->segments++;
+        *ret = (struct pool_lease) {
+                .segment_id = s->id,
+                .segment_size = s->size,
+                .size = s->size,
+                .new_segment = true,
+                .mem = &s->mem,
+        };
+        return 0;
+}
+
+int pool_return(struct pool *p, struct pool_owner *o, uint64_t segment_id, bool to_backend) {
+        struct segment *s = segment_find(p, segment_id);
+
+        if (!s || s->owner != o || s->state != SEGMENT_LEASED)
+                return -ENOENT;
+        s->to_backend = to_backend;
+        /* Only a segment with no live block comes back: it was part of what the owner held free. */
+        o->reported_held_free_bytes -= o->reported_held_free_bytes < s->size ? o->reported_held_free_bytes : s->size;
+        segment_to_cache(p, s);
+        return 0;
+}
+
 int pool_free_block(struct pool *p, struct pool_owner *o, uint64_t segment_id, uint64_t offset,
                     bool *ret_release) {
         struct segment *s = segment_find(p, segment_id);
         struct heap_block *b;
         uint64_t size;
 
-        if (!s || s->owner != o || s->state != SEGMENT_LEASED)
+        if (!s || s->owner != o || s->state != SEGMENT_CARVED)
                 return -ENOENT;
         b = heap_find_live(&s->hs, offset);
         if (!b)
@@ -415,7 +459,7 @@ size_t pool_reclaim(struct pool *p, struct pool_owner *o, uint64_t want_bytes, b
              x = gp_rb_next(x)) {
                 struct segment *s = gp_rb_entry(x, struct segment, owner_node);
 
-                if (s->state != SEGMENT_LEASED || s->hs.live_blocks)
+                if (s->state != SEGMENT_CARVED || s->hs.live_blocks)
                         continue;
                 /* Out of the heap: nothing of the owner's lands there any more. */
                 (void) heap_remove(&s->hs);
@@ -437,7 +481,7 @@ void pool_unreclaim(struct pool *p, struct pool_owner *o, const uint64_t *ids, s
                         continue;
                 if (heap_add(&o->heap, &s->hs, s->id, s->size, s->hs.class) < 0)
                         continue;       /* it stays releasing: the owner's exit returns it */
-                s->state = SEGMENT_LEASED;
+                s->state = SEGMENT_CARVED;
                 s->to_backend = false;
         }
         owner_sync(o);
@@ -549,7 +593,7 @@ int pool_check(const struct pool *p, char *why, size_t why_size) {
                 FAIL("device %u: reserved %" PRIu64 " over capacity %" PRIu64, p->device, p->reserved_bytes, p->capacity_bytes);
 
         for (const struct pool_owner *o = p->owners; o; o = o->next) {
-                uint64_t o_reserved = 0, in_heap = 0;
+                uint64_t o_reserved = 0, in_heap = 0, leased = 0;
                 int r;
 
                 if (gp_rb_verify(&o->segments_by_id))
@@ -559,9 +603,11 @@ int pool_check(const struct pool *p, char *why, size_t why_size) {
 
                         if (s->owner != o)
                                 FAIL("segment %" PRIu64 " is in an owner's index but not its", s->id);
-                        if ((s->state == SEGMENT_LEASED) != (s->hs.heap == &o->heap))
+                        if ((s->state == SEGMENT_CARVED) != (s->hs.heap == &o->heap))
                                 FAIL("segment %" PRIu64 " is %s but %s its owner's heap", s->id,
-                                     s->state == SEGMENT_LEASED ? "leased" : "releasing", s->hs.heap ? "in" : "not in");
+                                     s->state == SEGMENT_CARVED ? "carved" : s->state == SEGMENT_LEASED ? "leased whole" :
+                                     "releasing", s->hs.heap ? "in" : "not in");
+                        leased += s->state == SEGMENT_LEASED ? s->size : 0;
                         if (s->hs.heap && (s->hs.id != s->id || s->hs.size != s->size))
                                 FAIL("segment %" PRIu64 " is in its owner's heap as %" PRIu64, s->id, s->hs.id);
                         o_reserved += s->size;
@@ -577,6 +623,8 @@ int pool_check(const struct pool *p, char *why, size_t why_size) {
                     o->heap.blocks != o->blocks || o->segments != o->segments_by_id.count)
                         FAIL("owner: reserved %" PRIu64 "/%" PRIu64 ", in use %" PRIu64 "/%" PRIu64 ", blocks %" PRIu64 "/%" PRIu64,
                              o_reserved, o->reserved_bytes, o->heap.in_use_bytes, o->in_use_bytes, o->heap.blocks, o->blocks);
+                if (leased != o->leased_bytes)
+                        FAIL("owner: %" PRIu64 " bytes leased whole, counted %" PRIu64, leased, o->leased_bytes);
                 if (o->heap.empty_bytes != o->kept_bytes || o->kept_bytes > o->keep_bytes)
                         FAIL("owner: keeps %" PRIu64 " bytes free, counted %" PRIu64 ", may keep %" PRIu64, o->heap.empty_bytes,
                              o->kept_bytes, o->keep_bytes);

@@ -43,12 +43,23 @@ struct pool_owner {
         uint32_t tenant;                /* segments changing tenant are zeroed */
         uint64_t keep_bytes;            /* it keeps up to this much of segments with no live block */
         uint64_t kept_bytes;            /* ... and keeps this much now */
+        uint64_t leased_bytes;          /* of reserved_bytes: segments leased whole (pool_lease), carved by the owner */
+        /* What the owner says it holds in its leased segments (Usage), and when it said so. */
+        uint64_t reported_in_use_bytes;
+        uint64_t reported_held_free_bytes;
+        uint64_t reported_at_ms;
+        bool reported;
         /* ---- private to pool.c ---- */
         struct pool *pool;
         struct gp_rb_tree segments_by_id;
         struct heap heap;               /* carves its blocks from its leased segments */
         struct pool_owner *prev, *next;
 };
+
+/* What the owner uses: the blocks the pool carved for it, and what it reports of its leased segments. */
+static inline uint64_t pool_owner_in_use(const struct pool_owner *owner) {
+        return owner->in_use_bytes + owner->reported_in_use_bytes;
+}
 
 /* What pool_alloc() handed out. */
 struct pool_lease {
@@ -113,6 +124,21 @@ uint64_t pool_owner_detach(struct pool_owner *owner);
  */
 int pool_alloc(struct pool *pool, struct pool_owner *owner, uint64_t size, uint64_t headroom_bytes,
                struct pool_lease *ret);
+
+/*
+ * Leases owner a whole segment for a block of size bytes, which the owner carves itself: the
+ * class's segment if headroom_bytes allows, else the smallest that serves, from the cache
+ * (zeroed when it changes tenant) or the backend, as pool_alloc() finds one. Fills *ret
+ * (new_segment set, offset 0, size the segment's). Errors as pool_alloc().
+ */
+int pool_lease(struct pool *pool, struct pool_owner *owner, uint64_t size, uint64_t headroom_bytes,
+               struct pool_lease *ret);
+
+/*
+ * The owner has unmapped a segment leased whole: it goes to the cache, or with to_backend back
+ * to the backend. Returns 0, or -ENOENT for a segment not leased whole to the owner.
+ */
+int pool_return(struct pool *pool, struct pool_owner *owner, uint64_t segment_id, bool to_backend);
 
 /*
  * Frees the owner's block at offset in segment_id. Returns 0, or -ENOENT when the owner has

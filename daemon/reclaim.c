@@ -18,25 +18,40 @@ static uint64_t excess(const struct session *c, unsigned device) {
 }
 
 /*
- * Takes back up to want bytes of c's kept segments on device and tells c, asking it with
- * trim_cache to give back its own cache too. Returns the bytes asked; adds the segments to
- * *segments.
+ * Asks c for up to want bytes on device and tells c, asking it with trim_cache to give back
+ * its own cache too. A client that leases whole segments (it reports its usage) is asked for
+ * bytes: it returns segments holding no live block, and its report is only as fresh as its
+ * latest request, so it is asked whatever it reported. Of a client whose blocks the daemon
+ * carves, its kept segments are taken back now and named. Returns the bytes asked as far as
+ * known; adds the segments named to *segments.
  */
 static uint64_t ask(struct server *server, struct session *c, unsigned device, uint64_t want, bool to_backend,
                     bool trim_cache, uint64_t *segments, bool *ret_asked) {
         Gpupool__Envelope env = GPUPOOL__ENVELOPE__INIT;
         Gpupool__ReclaimRequest rr = GPUPOOL__RECLAIM_REQUEST__INIT;
+        const struct pool_owner *o = &c->owners[device];
         uint64_t ids[RECLAIM_MAX_SEGMENTS], bytes = 0;
-        size_t n;
+        size_t n = 0;
         int r;
 
-        n = pool_reclaim(server->pools[device], &c->owners[device], want, to_backend, ids, RECLAIM_MAX_SEGMENTS, &bytes);
-        /*
-         * What a client caches is known only as of its latest request (cache hits and frees
-         * make none), so its cache is asked for whenever asked for at all.
-         */
-        if (!n && !trim_cache)
-                return 0;
+        if (c->reclaim_outstanding >= RECLAIM_MAX_OUTSTANDING)
+                return 0;       /* it has not answered that many: asking more would not help */
+        if (o->leased_bytes) {
+                rr.has_device = 1;
+                rr.device = device;
+                rr.has_bytes = want != UINT64_MAX;
+                rr.bytes = want;
+                bytes = o->reported_held_free_bytes < want ? o->reported_held_free_bytes : want;
+        } else {
+                n = pool_reclaim(server->pools[device], &c->owners[device], want, to_backend, ids, RECLAIM_MAX_SEGMENTS,
+                                 &bytes);
+                /*
+                 * What a client caches is known only as of its latest request (cache hits and
+                 * frees make none), so its cache is asked for whenever asked for at all.
+                 */
+                if (!n && !trim_cache)
+                        return 0;
+        }
         rr.n_segment_ids = n;
         rr.segment_ids = ids;
         rr.has_trim_cache = trim_cache;
@@ -46,7 +61,8 @@ static uint64_t ask(struct server *server, struct session *c, unsigned device, u
         r = session_push(c->control, &env);
         if (r < 0) {
                 /* It will not hear of it: the segments stay its own, kept as before. */
-                pool_unreclaim(server->pools[device], &c->owners[device], ids, n);
+                if (n)
+                        pool_unreclaim(server->pools[device], &c->owners[device], ids, n);
                 session_log(c, LOG_LEVEL_WARN, "client %llu (pid %d): cannot ask for its free segments: %s",
                             (unsigned long long) c->id,
                             (int) c->pid, strerror(-r));
@@ -57,6 +73,8 @@ static uint64_t ask(struct server *server, struct session *c, unsigned device, u
                     device);
         *segments += n;
         *ret_asked = true;
+        if (to_backend)
+                c->reclaim_to_backend |= 1ULL << c->reclaim_outstanding;
         c->reclaim_outstanding++;
         server->reclaim_outstanding++;
         return bytes + (trim_cache ? c->client_cached_bytes : 0);
@@ -110,14 +128,18 @@ void reclaim_all(struct server *server, struct session *c, int device, bool to_b
 void reclaim_answered(struct session *control, const Gpupool__ReclaimReply *reply) {
         struct session *c = control->control_of;
         struct server *server = control->server;
+        bool to_backend = false;
 
         if (!c)
                 return;
         if (c->reclaim_outstanding) {
+                /* Answers come in the order asked: this one is the lowest bit's. */
+                to_backend = c->reclaim_to_backend & 1;
+                c->reclaim_to_backend >>= 1;
                 c->reclaim_outstanding--;
                 server->reclaim_outstanding--;
         }
-        for (size_t i = 0; i < reply->n_segment_ids; i++) {
+        for (size_t i = 0; i < reply->n_segment_ids && i < RECLAIM_MAX_SEGMENTS; i++) {
                 uint64_t id = reply->segment_ids[i], before;
                 unsigned d = (unsigned) (id >> 56);
 
@@ -126,6 +148,8 @@ void reclaim_answered(struct session *control, const Gpupool__ReclaimReply *repl
                 before = c->owners[d].reserved_bytes;
                 if (pool_release(server->pools[d], &c->owners[d], id) == 0) {
                         policy_account(&server->policy, c->tenant, d, before, c->owners[d].reserved_bytes);
+                        server->reclaims_total[d]++;
+                } else if (session_return(c, id, to_backend) == 0) {
                         server->reclaims_total[d]++;
                 }
         }

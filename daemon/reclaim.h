@@ -18,8 +18,10 @@
 struct server;
 struct session;
 
-/* The most segments one ReclaimRequest names (it must fit a request packet of the client's). */
+/* The most segments one ReclaimRequest or ReclaimReply names (it must fit a request packet). */
 #define RECLAIM_MAX_SEGMENTS 256
+/* The most reclaim requests a client may leave unanswered; it is asked nothing more until it answers. */
+#define RECLAIM_MAX_OUTSTANDING 64
 
 /*
  * Asks clients other than requester, over their tenant's guarantee on device, for kept

@@ -202,10 +202,12 @@ enum attempt {
  * One try at an allocation, of request id. Fills *ret with the reply and returns true, or
  * returns false when the request waits (parked) for other clients to give memory back.
  */
-static bool alloc_attempt(struct session *s, uint64_t id, uint32_t device, uint64_t size, enum attempt attempt,
+static bool alloc_attempt(struct session *s, uint64_t id, uint32_t device, uint64_t size, bool lease_whole,
+                          enum attempt attempt,
                           struct reply *ret) {
         struct server *server = s->server;
         Gpupool__AllocReply ar = GPUPOOL__ALLOC_REPLY__INIT;
+        Gpupool__LeaseReply lr = GPUPOOL__LEASE_REPLY__INIT;
         char why[640], b1[GP_SIZE_FORMAT_MAX], b2[GP_SIZE_FORMAT_MAX], b3[GP_SIZE_FORMAT_MAX];
         char tried[256] = "";
         uint64_t headroom, client_limit, before;
@@ -225,7 +227,8 @@ static bool alloc_attempt(struct session *s, uint64_t id, uint32_t device, uint6
         client_limit = policy_client_limit(&server->policy, s->tenant, s->limit_override_bytes);
         headroom = policy_headroom(&server->policy, s->tenant, client_limit, owner, device, &st, &bound);
         before = owner->reserved_bytes;
-        r = pool_alloc(server->pools[device], owner, size, headroom, &lease);
+        r = lease_whole ? pool_lease(server->pools[device], owner, size, headroom, &lease) :
+                          pool_alloc(server->pools[device], owner, size, headroom, &lease);
         policy_account(&server->policy, s->tenant, device, before, owner->reserved_bytes);
         if (r == -EDQUOT) {
                 quota_message(s, device, size, client_limit, bound, why, sizeof(why));
@@ -243,6 +246,7 @@ static bool alloc_attempt(struct session *s, uint64_t id, uint32_t device, uint6
                         s->parked_id = id;
                         s->parked_device = device;
                         s->parked_size = size;
+                        s->parked_lease = lease_whole;
                         s->parked_asked_bytes = asked;
                         s->parked_asked_clients = clients;
                         s->parked_cached_before = st.cached_bytes;
@@ -286,6 +290,22 @@ static bool alloc_attempt(struct session *s, uint64_t id, uint32_t device, uint6
                 return true;
         }
         server->allocations_total[device]++;
+        request_ok(&env, id);
+        if (lease_whole) {
+                lr.segment_id = lease.segment_id;
+                lr.segment_size = lease.segment_size;
+                if (lease.mem->ipc_handle_len) {
+                        lr.has_ipc_handle = 1;
+                        lr.ipc_handle.len = lease.mem->ipc_handle_len;
+                        lr.ipc_handle.data = (uint8_t *) lease.mem->ipc_handle;
+                } else {
+                        fd = lease.mem->fd;
+                }
+                env.body_case = GPUPOOL__ENVELOPE__BODY_LEASE_REPLY;
+                env.lease_reply = &lr;
+                request_pack(s, &env, fd, false, ret);
+                return true;
+        }
         ar.segment_id = lease.segment_id;
         ar.segment_size = lease.segment_size;
         ar.offset = lease.offset;
@@ -301,33 +321,41 @@ static bool alloc_attempt(struct session *s, uint64_t id, uint32_t device, uint6
                         fd = lease.mem->fd;
                 }
         }
-        request_ok(&env, id);
         env.body_case = GPUPOOL__ENVELOPE__BODY_ALLOC_REPLY;
         env.alloc_reply = &ar;
         request_pack(s, &env, fd, false, ret);
         return true;
 }
 
-static void handle_alloc(struct session *s, const Gpupool__Envelope *req, struct reply *ret) {
+/* Checks an allocation's or a lease's device and size, then makes the first attempt. */
+static void allocate(struct session *s, uint64_t id, uint32_t device, uint64_t size, bool lease_whole, struct reply *ret) {
         struct server *server = s->server;
-        const Gpupool__AllocRequest *a = req->alloc;
         char why[128];
 
         if (s->control_of) {
-                request_error_reply(s, req->id, -EPROTO, true, "a control channel allocates nothing", ret);
+                request_error_reply(s, id, -EPROTO, true, "a control channel allocates nothing", ret);
                 return;
         }
-        if (a->device >= server->device_count) {
-                snprintf(why, sizeof(why), "no device %u: this daemon has %u", a->device, server->device_count);
-                request_error_reply(s, req->id, -ENODEV, false, why, ret);
+        if (device >= server->device_count) {
+                snprintf(why, sizeof(why), "no device %u: this daemon has %u", device, server->device_count);
+                request_error_reply(s, id, -ENODEV, false, why, ret);
                 return;
         }
-        if (a->size == 0 || a->size > POOL_MAX_REQUEST) {
-                snprintf(why, sizeof(why), "cannot allocate %" PRIu64 " bytes: a request is 1 byte to 64 TiB", a->size);
-                request_error_reply(s, req->id, -EINVAL, false, why, ret);
+        if (size == 0 || size > POOL_MAX_REQUEST) {
+                snprintf(why, sizeof(why), "cannot %s %" PRIu64 " bytes: a request is 1 byte to 64 TiB",
+                         lease_whole ? "lease a segment for" : "allocate", size);
+                request_error_reply(s, id, -EINVAL, false, why, ret);
                 return;
         }
-        (void) alloc_attempt(s, req->id, a->device, a->size, ATTEMPT_FIRST, ret);
+        (void) alloc_attempt(s, id, device, size, lease_whole, ATTEMPT_FIRST, ret);
+}
+
+static void handle_alloc(struct session *s, const Gpupool__Envelope *req, struct reply *ret) {
+        allocate(s, req->id, req->alloc->device, req->alloc->size, false, ret);
+}
+
+static void handle_lease(struct session *s, const Gpupool__Envelope *req, struct reply *ret) {
+        allocate(s, req->id, req->lease->device, req->lease->size, true, ret);
 }
 
 uint64_t request_retry_parked(struct server *server, uint64_t now_ms) {
@@ -348,8 +376,8 @@ uint64_t request_retry_parked(struct server *server, uint64_t now_ms) {
                 /* Final at the deadline, or once every client asked has answered and it still does not fit. */
                 bool final = now_ms >= c->parked_deadline_ms || server->reclaim_outstanding == 0;
 
-                if (alloc_attempt(c, c->parked_id, c->parked_device, c->parked_size, final ? ATTEMPT_FINAL : ATTEMPT_RETRY,
-                                  &rep)) {
+                if (alloc_attempt(c, c->parked_id, c->parked_device, c->parked_size, c->parked_lease,
+                                  final ? ATTEMPT_FINAL : ATTEMPT_RETRY, &rep)) {
                         session_unpark(c);
                         (void) session_send(c, &rep);
                 } else if (c->parked_deadline_ms < next) {
@@ -473,6 +501,32 @@ static void handle_release(struct session *s, const Gpupool__Envelope *req, stru
         request_pack(s, &env, -1, false, ret);
 }
 
+static void handle_return(struct session *s, const Gpupool__Envelope *req, struct reply *ret) {
+        const Gpupool__ReturnRequest *rq = req->return_segments;
+        Gpupool__ReturnReply rr = GPUPOOL__RETURN_REPLY__INIT;
+        Gpupool__Envelope env;
+
+        if (s->control_of) {
+                request_error_reply(s, req->id, -EPROTO, true, "a control channel returns segments in its reclaim answers",
+                                    ret);
+                return;
+        }
+        if (rq->n_segment_ids > REQUEST_MAX_RETURNS) {
+                request_error_reply(s, req->id, -EINVAL, false, "a return names at most 256 segments", ret);
+                return;
+        }
+        for (size_t i = 0; i < rq->n_segment_ids; i++) {
+                if (session_return(s, rq->segment_ids[i], false) == 0)
+                        rr.returned++;
+                else
+                        rr.not_found++;
+        }
+        request_ok(&env, req->id);
+        env.body_case = GPUPOOL__ENVELOPE__BODY_RETURN_REPLY;
+        env.return_reply = &rr;
+        request_pack(s, &env, -1, false, ret);
+}
+
 static void handle_reclaim_reply(struct session *s, const Gpupool__Envelope *req, struct reply *ret) {
         if (!s->control_of) {
                 request_error_reply(s, req->id, -EPROTO, true, "a reclaim answer belongs on a control channel", ret);
@@ -511,11 +565,64 @@ static bool admin_request(const Gpupool__Envelope *req) {
         }
 }
 
+/* Checks a usage report (Envelope.usage): 0, or -EINVAL with why for one of no device or too many. */
+static int check_usage(const struct session *s, const Gpupool__Envelope *req, char *why, size_t why_size) {
+        const struct server *server = s->server;
+
+        if (req->n_usage > server->device_count) {
+                snprintf(why, why_size, "a usage report names %zu devices: this daemon has %u", req->n_usage,
+                         server->device_count);
+                return -EINVAL;
+        }
+        for (size_t i = 0; i < req->n_usage; i++)
+                if (req->usage[i]->device >= server->device_count) {
+                        snprintf(why, why_size, "a usage report names device %u: this daemon has %u", req->usage[i]->device,
+                                 server->device_count);
+                        return -EINVAL;
+                }
+        return 0;
+}
+
+/*
+ * Keeps what a process reports it holds (Envelope.usage, checked), for its client (the
+ * control channel's client on a control channel). The report is as of sending, after what the
+ * request returns: it is taken after the request. It is the client's own word: it chooses
+ * whom to ask for memory, never what anyone may have, and is clamped to what the client leases.
+ */
+static void take_usage(struct session *s, const Gpupool__Envelope *req) {
+        struct session *c = s->control_of ? s->control_of : s;
+        uint64_t now = uv_now(s->server->loop);
+
+        if (!c->owners || c->said_bye)
+                return;         /* a session before hello, or one whose memory went already */
+        for (size_t i = 0; i < req->n_usage; i++) {
+                const Gpupool__Usage *u = req->usage[i];
+                struct pool_owner *o = &c->owners[u->device];
+                uint64_t held = u->held_free_bytes < o->leased_bytes ? u->held_free_bytes : o->leased_bytes;
+
+                o->reported_held_free_bytes = held;
+                o->reported_in_use_bytes = u->in_use_bytes < o->leased_bytes - held ? u->in_use_bytes : o->leased_bytes - held;
+                o->reported_at_ms = now;
+                o->reported = true;
+        }
+}
+
+static void dispatch(struct session *s, const Gpupool__Envelope *req, struct reply *ret);
+
 void request_handle(struct session *s, const Gpupool__Envelope *req, struct reply *ret) {
+        char why[160];
+
         if (req->has_client_cached_bytes)
                 s->client_cached_bytes = req->client_cached_bytes;
         if (s->said_bye) {
                 request_error_reply(s, req->id, -EPROTO, true, "request after goodbye", ret);
+                return;
+        }
+        if (req->n_usage && check_usage(s, req, why, sizeof(why)) < 0) {
+                /* A control channel's answer still counts as an answer; only its report is refused. */
+                if (req->body_case == GPUPOOL__ENVELOPE__BODY_RECLAIM_REPLY && s->control_of)
+                        reclaim_answered(s, req->reclaim_reply);
+                request_error_reply(s, req->id, -EINVAL, false, why, ret);
                 return;
         }
         if (s->state == SESSION_NEW && req->body_case != GPUPOOL__ENVELOPE__BODY_HELLO) {
@@ -524,8 +631,6 @@ void request_handle(struct session *s, const Gpupool__Envelope *req, struct repl
         }
         if (s->admin_only && req->body_case == GPUPOOL__ENVELOPE__BODY_HELLO && !req->hello->admin) {
                 /* Past the limits only a connection that says it is an operator's tool gets in. */
-                char why[160];
-
                 server_limit_text(s->server, s->past_uid_cap, s->uid, why, sizeof(why));
                 request_error_reply(s, req->id, -EDQUOT, true, why, ret);
                 return;
@@ -535,6 +640,12 @@ void request_handle(struct session *s, const Gpupool__Envelope *req, struct repl
                                     "operator was let in past them for administrative requests only", ret);
                 return;
         }
+        dispatch(s, req, ret);
+        if (req->n_usage)
+                take_usage(s, req);
+}
+
+static void dispatch(struct session *s, const Gpupool__Envelope *req, struct reply *ret) {
         switch (req->body_case) {
         case GPUPOOL__ENVELOPE__BODY_HELLO:
                 handle_hello(s, req, ret);
@@ -577,6 +688,12 @@ void request_handle(struct session *s, const Gpupool__Envelope *req, struct repl
                 return;
         case GPUPOOL__ENVELOPE__BODY_RELOAD:
                 request_reload(s, req, ret);
+                return;
+        case GPUPOOL__ENVELOPE__BODY_LEASE:
+                handle_lease(s, req, ret);
+                return;
+        case GPUPOOL__ENVELOPE__BODY_RETURN_SEGMENTS:
+                handle_return(s, req, ret);
                 return;
         case GPUPOOL__ENVELOPE__BODY__NOT_SET:
                 request_error_reply(s, req->id, -EPROTO, true, "the request has no body", ret);

@@ -22,6 +22,9 @@ struct reply {
 
 struct server;
 
+/* The most segments one ReturnRequest names. */
+#define REQUEST_MAX_RETURNS 256
+
 /* Handles one request of session; fills *ret: a reply, or none, or parked. */
 void request_handle(struct session *session, const Gpupool__Envelope *req, struct reply *ret);
 

@@ -45,6 +45,32 @@ static void rules_text(const struct tenant_conf *t, char *buf, size_t size) {
 }
 
 /* Fills the status reply's tenants (the arrays are the caller's, sized for every tenant). */
+/* What a client leases whole and last reported of it (Usage), into its status. */
+static void client_leases(const struct session *c, uint64_t now_ms, Gpupool__ClientStatus *cs) {
+        uint64_t leased = 0, held = 0, at = 0;
+        bool reported = false;
+
+        for (unsigned d = 0; d < c->server->device_count; d++) {
+                const struct pool_owner *o = &c->owners[d];
+
+                leased += o->leased_bytes;
+                held += o->reported_held_free_bytes;
+                if (o->reported && (!reported || o->reported_at_ms < at))
+                        at = o->reported_at_ms;         /* the oldest report speaks for the sum */
+                reported |= o->reported;
+        }
+        if (!leased && !reported)
+                return;
+        cs->has_leased_bytes = 1;
+        cs->leased_bytes = leased;
+        cs->has_held_free_bytes = 1;
+        cs->held_free_bytes = held;
+        if (reported) {
+                cs->has_report_age_ms = 1;
+                cs->report_age_ms = now_ms > at ? now_ms - at : 0;
+        }
+}
+
 static void tenants_status(struct session *s, Gpupool__StatusReply *sr, Gpupool__TenantStatus *tenants,
                            Gpupool__TenantStatus **ptrs, char rules[][160], uint64_t in_use[][BACKEND_MAX_DEVICES]) {
         struct server *server = s->server;
@@ -137,6 +163,7 @@ void request_status(struct session *s, const Gpupool__Envelope *req, struct repl
                         cs->tenant = c->tenant->conf.name;
                 cs->has_cached_in_client_bytes = 1;
                 cs->cached_in_client_bytes = c->client_cached_bytes;
+                client_leases(c, uv_now(server->loop), cs);
                 if (c->state == SESSION_EXITING) {
                         cs->has_exiting = 1;
                         cs->exiting = 1;

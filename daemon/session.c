@@ -130,7 +130,7 @@ void session_totals(const struct session *s, uint64_t *ret_reserved, uint64_t *r
 
         for (unsigned d = 0; d < s->server->device_count; d++) {
                 reserved += s->owners[d].reserved_bytes;
-                in_use += s->owners[d].in_use_bytes;
+                in_use += pool_owner_in_use(&s->owners[d]);
                 blocks += s->owners[d].blocks;
         }
         *ret_reserved = reserved;
@@ -146,6 +146,20 @@ void session_release_all(struct session *s) {
                 if (s->tenant)
                         policy_account(&s->server->policy, s->tenant, d, before, s->owners[d].reserved_bytes);
         }
+}
+
+int session_return(struct session *s, uint64_t segment_id, bool to_backend) {
+        struct server *server = s->server;
+        uint64_t d = segment_id >> 56, before;
+        int r;
+
+        if (d >= server->device_count || !s->owners)
+                return -ENOENT;
+        before = s->owners[d].reserved_bytes;
+        r = pool_return(server->pools[d], &s->owners[d], segment_id, to_backend);
+        if (s->tenant)
+                policy_account(&server->policy, s->tenant, (unsigned) d, before, s->owners[d].reserved_bytes);
+        return r;
 }
 
 void session_set_tenant(struct session *s, struct tenant *t) {

@@ -43,11 +43,18 @@ struct session {
         bool past_uid_cap;              /* for admin_only: past max_clients_per_uid, else past --max-clients */
         uint64_t connected_ms;          /* when it connected (loop clock), for the hello deadline */
         unsigned reclaim_outstanding;   /* reclaim requests it has not answered yet */
+        /*
+         * Of those, oldest in the lowest bit: the ones whose segments go back to the backend,
+         * not to the cache (flush --tenant). It answers in order, so the first answer is the
+         * lowest bit's. At most RECLAIM_MAX_OUTSTANDING are asked at a time.
+         */
+        uint64_t reclaim_to_backend;
         /* An allocation waiting for other clients to give memory back (ladder step 3). */
         bool parked;
         uint64_t parked_id;
         uint32_t parked_device;
         uint64_t parked_size;
+        bool parked_lease;              /* a LeaseRequest (a whole segment), not an AllocRequest */
         uint64_t parked_deadline_ms;    /* on the loop's clock */
         uint64_t parked_asked_bytes;
         unsigned parked_asked_clients;
@@ -110,6 +117,12 @@ void session_unpark(struct session *session);
 
 /* Sends a message the daemon pushes (id 0) without blocking. Returns 0 or a negative errno. */
 int session_push(struct session *session, Gpupool__Envelope *env);
+
+/*
+ * The client unmapped a segment leased to it whole: it goes to the cache (or with to_backend
+ * to the backend). Returns 0, or -ENOENT for a segment not leased whole to the client.
+ */
+int session_return(struct session *session, uint64_t segment_id, bool to_backend);
 
 /* Moves the client to tenant t (NULL: none), carrying its reserved bytes along. */
 void session_set_tenant(struct session *session, struct tenant *t);

@@ -189,6 +189,50 @@ int main(int argc, char **argv) {
         }
         fclose(out);
 
+        /* A process carving its own blocks: leases, returns and reclaim answers, with usage reports. */
+        begin(dir, "lease-return-reclaim");
+        hello(0, 0);
+        {
+                Gpupool__Envelope env = GPUPOOL__ENVELOPE__INIT;
+                Gpupool__LeaseRequest lr = GPUPOOL__LEASE_REQUEST__INIT;
+                Gpupool__ReturnRequest ret = GPUPOOL__RETURN_REQUEST__INIT;
+                Gpupool__Usage u = GPUPOOL__USAGE__INIT, *up = &u;
+
+                lr.size = 3 << 20;
+                env.id = 2;
+                env.body_case = GPUPOOL__ENVELOPE__BODY_LEASE;
+                env.lease = &lr;
+                packet(0, &env);
+                lr.size = 4096;
+                env.id = 3;
+                packet(0, &env);
+                u.in_use_bytes = 4096;
+                u.held_free_bytes = 20 << 20;
+                env.n_usage = 1;
+                env.usage = &up;
+                ret.n_segment_ids = 1;
+                ret.segment_ids = ids;
+                env.id = 4;
+                env.body_case = GPUPOOL__ENVELOPE__BODY_RETURN_SEGMENTS;
+                env.return_segments = &ret;
+                packet(0, &env);
+        }
+        hello(0, 1);
+        {
+                Gpupool__Envelope env = GPUPOOL__ENVELOPE__INIT;
+                Gpupool__Usage u = GPUPOOL__USAGE__INIT, *up = &u;
+                uint64_t second = seg + 1;
+
+                rr.n_segment_ids = 1;
+                rr.segment_ids = &second;
+                env.n_usage = 1;
+                env.usage = &up;
+                env.body_case = GPUPOOL__ENVELOPE__BODY_RECLAIM_REPLY;
+                env.reclaim_reply = &rr;
+                packet(4, &env);
+        }
+        fclose(out);
+
         begin(dir, "out-of-order");
         alloc(1, 4096);         /* before hello */
         fclose(out);

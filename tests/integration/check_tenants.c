@@ -497,6 +497,209 @@ START_TEST(test_reclaim_times_out_and_says_so) {
 }
 END_TEST
 
+/* Raw protocol: a request of body_case on sock, with what it holds on device 0 reported. */
+static Gpupool__Envelope *call_reporting(int sock, Gpupool__Envelope *env, uint64_t in_use, uint64_t held_free) {
+        Gpupool__Usage u = GPUPOOL__USAGE__INIT, *up = &u;
+
+        u.device = 0;
+        u.in_use_bytes = in_use;
+        u.held_free_bytes = held_free;
+        env->n_usage = 1;
+        env->usage = &up;
+        return raw_call(sock, env);
+}
+
+static Gpupool__Envelope *lease_call(int sock, uint32_t device, uint64_t size) {
+        Gpupool__Envelope env = GPUPOOL__ENVELOPE__INIT;
+        Gpupool__LeaseRequest lr = GPUPOOL__LEASE_REQUEST__INIT;
+
+        lr.device = device;
+        lr.size = size;
+        env.id = 7;
+        env.body_case = GPUPOOL__ENVELOPE__BODY_LEASE;
+        env.lease = &lr;
+        return raw_call(sock, &env);
+}
+
+static Gpupool__Envelope *return_call(int sock, uint64_t *ids, size_t n, uint64_t in_use, uint64_t held_free) {
+        Gpupool__Envelope env = GPUPOOL__ENVELOPE__INIT;
+        Gpupool__ReturnRequest rr = GPUPOOL__RETURN_REQUEST__INIT;
+
+        rr.segment_ids = ids;
+        rr.n_segment_ids = n;
+        env.id = 8;
+        env.body_case = GPUPOOL__ENVELOPE__BODY_RETURN_SEGMENTS;
+        env.return_segments = &rr;
+        return call_reporting(sock, &env, in_use, held_free);
+}
+
+/*
+ * A process that leases whole segments and carves them itself: leases and returns, its
+ * reports in the status, bad requests, and ladder step 3 asking it for bytes on its control
+ * channel, which it answers by returning segments.
+ */
+START_TEST(test_lease_return_and_reclaim_by_bytes) {
+        Gpupool__Envelope env = GPUPOOL__ENVELOPE__INIT, *rep;
+        Gpupool__Hello hello = GPUPOOL__HELLO__INIT;
+        Gpupool__ReclaimReply answer = GPUPOOL__RECLAIM_REPLY__INIT;
+        Gpupool__Usage u[2] = { GPUPOOL__USAGE__INIT, GPUPOOL__USAGE__INIT }, *up[2] = { &u[0], &u[1] };
+        uint64_t ids[257] = { 0 }, seg, client_id;
+        json_t *st, *cl;
+        struct testd d;
+        int sock, control, needy;
+
+        start(&d, "[pool]\nreclaim_timeout = 5s\n[tenant:lessees]\nmatch_name = lessee\n", "64M");
+        hello.name = "lessee";
+        sock = raw_hello_with(&d, &hello, &client_id);
+        rep = lease_call(sock, 0, 30 * MiB);
+        ck_assert_int_eq(rep->status, GPUPOOL__STATUS__STATUS_OK);
+        ck_assert_uint_eq(rep->lease_reply->segment_size, 30 * MiB);
+        seg = rep->lease_reply->segment_id;
+        gpupool__envelope__free_unpacked(rep, NULL);
+        rep = lease_call(sock, 0, 4096);
+        ck_assert_uint_eq(rep->lease_reply->segment_size, 2 * MiB);
+        ids[0] = rep->lease_reply->segment_id;
+        gpupool__envelope__free_unpacked(rep, NULL);
+
+        /* Returned, a segment goes to the cache; one not leased to it is not found. */
+        ids[1] = 12345;
+        rep = return_call(sock, ids, 2, 10 * MiB, 20 * MiB);
+        ck_assert_int_eq(rep->status, GPUPOOL__STATUS__STATUS_OK);
+        ck_assert_uint_eq(rep->return_reply->returned, 1);
+        ck_assert_uint_eq(rep->return_reply->not_found, 1);
+        gpupool__envelope__free_unpacked(rep, NULL);
+        ck_assert_int_eq(testd_device(&d, 0, "cached_bytes"), 2 * MiB);
+        st = testd_ctl(&d, "status");
+        cl = status_client_by_name(st, "lessee");
+        ck_assert_ptr_nonnull(cl);
+        ck_assert_int_eq(json_integer_value(json_object_get(cl, "reserved_bytes")), 30 * MiB);
+        ck_assert_int_eq(json_integer_value(json_object_get(cl, "leased_bytes")), 30 * MiB);
+        ck_assert_int_eq(json_integer_value(json_object_get(cl, "in_use_bytes")), 10 * MiB);
+        ck_assert_int_eq(json_integer_value(json_object_get(cl, "held_free_bytes")), 20 * MiB);
+        ck_assert(json_integer_value(json_object_get(cl, "report_age_ms")) < 10000);
+        json_decref(st);
+
+        /* Bad leases, returns and reports: each an error saying what was wrong, the client kept. */
+        rep = lease_call(sock, 0, 0);
+        ck_assert_int_eq(rep->status, GPUPOOL__STATUS__STATUS_INVALID);
+        gpupool__envelope__free_unpacked(rep, NULL);
+        rep = lease_call(sock, 3, 4096);
+        ck_assert_int_eq(rep->status, GPUPOOL__STATUS__STATUS_NO_DEVICE);
+        gpupool__envelope__free_unpacked(rep, NULL);
+        rep = return_call(sock, ids, 257, 0, 0);
+        ck_assert_int_eq(rep->status, GPUPOOL__STATUS__STATUS_INVALID);
+        ck_assert_str_eq(rep->error, "a return names at most 256 segments");
+        gpupool__envelope__free_unpacked(rep, NULL);
+        env.id = 9;
+        env.body_case = GPUPOOL__ENVELOPE__BODY_STATUS_REQUEST;
+        {
+                Gpupool__StatusRequest sr = GPUPOOL__STATUS_REQUEST__INIT;
+
+                env.status_request = &sr;
+                u[0].device = 0;
+                u[1].device = 0;
+                env.usage = up;
+                env.n_usage = 2;
+                rep = raw_call(sock, &env);
+                ck_assert_int_eq(rep->status, GPUPOOL__STATUS__STATUS_INVALID);
+                ck_assert_str_eq(rep->error, "a usage report names 2 devices: this daemon has 1");
+                gpupool__envelope__free_unpacked(rep, NULL);
+                u[0].device = 4;
+                env.n_usage = 1;
+                rep = raw_call(sock, &env);
+                ck_assert_str_eq(rep->error, "a usage report names device 4: this daemon has 1");
+                gpupool__envelope__free_unpacked(rep, NULL);
+                /* A report above what it leases is held to it. */
+                u[0].device = 0;
+                u[0].held_free_bytes = 1ULL << 40;
+                rep = raw_call(sock, &env);
+                ck_assert_int_eq(rep->status, GPUPOOL__STATUS__STATUS_OK);
+                gpupool__envelope__free_unpacked(rep, NULL);
+        }
+        st = testd_ctl(&d, "status");
+        cl = status_client_by_name(st, "lessee");
+        ck_assert_int_eq(json_integer_value(json_object_get(cl, "held_free_bytes")), 30 * MiB);
+        json_decref(st);
+
+        /* Its control channel; a return does not belong there. */
+        hello.has_control_for = 1;
+        hello.control_for = client_id;
+        control = raw_hello_with(&d, &hello, NULL);
+        rep = return_call(control, ids, 0, 0, 0);
+        ck_assert_int_eq(rep->status, GPUPOOL__STATUS__STATUS_PROTOCOL);
+        gpupool__envelope__free_unpacked(rep, NULL);
+        ck_assert_ptr_null(raw_recv(control));          /* and it was dropped */
+        close(control);
+        control = raw_hello_with(&d, &hello, NULL);
+
+        /* 30 MiB leased, 2 MiB cached, 64 MiB in all: 40 more do not fit without it. */
+        needy = raw_hello(&d, "needy");
+        {
+                Gpupool__LeaseRequest lr = GPUPOOL__LEASE_REQUEST__INIT;
+                Gpupool__Envelope req = GPUPOOL__ENVELOPE__INIT;
+
+                lr.size = 40 * MiB;
+                req.id = 2;
+                req.body_case = GPUPOOL__ENVELOPE__BODY_LEASE;
+                req.lease = &lr;
+                raw_send(needy, &req);
+        }
+        rep = raw_recv(control);
+        ck_assert_ptr_nonnull(rep);
+        ck_assert_int_eq(rep->body_case, GPUPOOL__ENVELOPE__BODY_RECLAIM);
+        ck_assert(rep->reclaim->has_device && rep->reclaim->device == 0);
+        ck_assert(rep->reclaim->has_bytes);
+        ck_assert_uint_ge(rep->reclaim->bytes, 38 * MiB);      /* what the cache cannot cover */
+        ck_assert_uint_eq(rep->reclaim->n_segment_ids, 0);
+        gpupool__envelope__free_unpacked(rep, NULL);
+        /* It returns its segment, unmapped, and says it holds nothing now. */
+        answer.segment_ids = &seg;
+        answer.n_segment_ids = 1;
+        env = (Gpupool__Envelope) GPUPOOL__ENVELOPE__INIT;
+        env.version = GP_PROTOCOL_VERSION;
+        env.body_case = GPUPOOL__ENVELOPE__BODY_RECLAIM_REPLY;
+        env.reclaim_reply = &answer;
+        u[0] = (Gpupool__Usage) GPUPOOL__USAGE__INIT;
+        env.usage = up;
+        env.n_usage = 1;
+        raw_send(control, &env);
+        rep = raw_recv(needy);
+        ck_assert_ptr_nonnull(rep);
+        ck_assert_int_eq(rep->status, GPUPOOL__STATUS__STATUS_OK);
+        ck_assert_uint_eq(rep->lease_reply->segment_size, 40 * MiB);
+        gpupool__envelope__free_unpacked(rep, NULL);
+        ck_assert_int_eq(testd_device(&d, 0, "reclaims_total"), 1);
+        st = testd_ctl(&d, "status");
+        cl = status_client_by_name(st, "lessee");
+        ck_assert_int_eq(json_integer_value(json_object_get(cl, "reserved_bytes")), 0);
+        ck_assert_int_eq(json_integer_value(json_object_get(cl, "held_free_bytes")), 0);
+        json_decref(st);
+
+        /* A tenant's flush asks for everything; what comes back goes to the backend, not the cache. */
+        rep = lease_call(sock, 0, 12 * MiB);
+        seg = rep->lease_reply->segment_id;
+        gpupool__envelope__free_unpacked(rep, NULL);
+        ck_assert_int_eq(testd_device(&d, 0, "cached_bytes"), 0);
+        {
+                char cmd[512], out[512];
+
+                snprintf(cmd, sizeof(cmd), "%s/gpupoolctl --socket %s flush --tenant lessees 2>&1", build_dir(), d.sock);
+                ck_assert_int_eq(run_capture(cmd, out, sizeof(out)), 0);
+        }
+        rep = raw_recv(control);
+        ck_assert_int_eq(rep->body_case, GPUPOOL__ENVELOPE__BODY_RECLAIM);
+        ck_assert(!rep->reclaim->has_bytes);
+        gpupool__envelope__free_unpacked(rep, NULL);
+        raw_send(control, &env);
+        ck_assert(testd_device_becomes(&d, 0, "reserved_bytes", 40 * MiB));
+        ck_assert_int_eq(testd_device(&d, 0, "cached_bytes"), 0);
+        close(needy);
+        close(control);
+        close(sock);
+        stop(&d);
+}
+END_TEST
+
 START_TEST(test_trim_and_flush_tenant) {
         char cmd[512], out[1024];
         struct keeper k;
@@ -559,6 +762,7 @@ Suite *suite_tenants(void) {
         tcase_add_test(tc, test_status_and_check_config);
         tcase_add_test(tc, test_reclaim_from_a_client_that_makes_no_call);
         tcase_add_test(tc, test_reclaim_times_out_and_says_so);
+        tcase_add_test(tc, test_lease_return_and_reclaim_by_bytes);
         tcase_add_test(tc, test_trim_and_flush_tenant);
         tcase_set_timeout(tc, 120);
         suite_add_tcase(s, tc);

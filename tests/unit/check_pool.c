@@ -561,6 +561,68 @@ START_TEST(test_keep_and_reclaim) {
 }
 END_TEST
 
+/* Whole segments leased to owners that carve their own blocks, and given back. */
+START_TEST(test_lease_and_return) {
+        struct pool_owner a, b;
+        struct pool_lease l1, l2, l3, l4;
+        struct pool_stats st;
+
+        setup_capacity(64 * MiB);
+        pool_owner_attach(pool, &a, 1);
+        pool_owner_attach(pool, &b, 2);
+        /* The class's segment: 2 MiB for a small block, 20 MiB up to 10 MiB, else rounded to 2 MiB. */
+        ck_assert_int_eq(pool_lease(pool, &a, 4096, UINT64_MAX, &l1), 0);
+        ck_assert(l1.new_segment);
+        ck_assert_uint_eq(l1.segment_size, 2 * MiB);
+        ck_assert_uint_eq(l1.offset, 0);
+        ck_assert_int_eq(pool_lease(pool, &a, 3 * MiB, UINT64_MAX, &l2), 0);
+        ck_assert_uint_eq(l2.segment_size, 20 * MiB);
+        /* With 12 MiB of headroom left, the smallest segment that serves. */
+        ck_assert_int_eq(pool_lease(pool, &a, 3 * MiB, 12 * MiB, &l3), 0);
+        ck_assert_uint_eq(l3.segment_size, 4 * MiB);
+        ck_assert_int_eq(pool_lease(pool, &a, 13 * MiB, 12 * MiB, &l4), -EDQUOT);
+        ck_assert_int_eq(pool_lease(pool, &a, 0, UINT64_MAX, &l4), -EINVAL);
+        ck_assert_uint_eq(a.reserved_bytes, 26 * MiB);
+        ck_assert_uint_eq(a.leased_bytes, 26 * MiB);
+        ck_assert_uint_eq(a.segments, 3);
+        ck_assert_uint_eq(a.in_use_bytes, 0);   /* the daemon carves nothing in them */
+        check();
+
+        /* Only the lessee returns a segment, and only one leased whole. */
+        ck_assert_int_eq(pool_return(pool, &b, l1.segment_id, false), -ENOENT);
+        ck_assert_int_eq(pool_return(pool, &a, 12345, false), -ENOENT);
+        l4 = alloc_ok(&a, 4096);        /* a segment the daemon carves: not one to return */
+        ck_assert_int_eq(pool_return(pool, &a, l4.segment_id, false), -ENOENT);
+        ck_assert(free_ok(&a, &l4));
+        ck_assert_int_eq(pool_release(pool, &a, l4.segment_id), 0);
+        ck_assert_int_eq(pool_release(pool, &a, l1.segment_id), -EBUSY);
+
+        /* Returned, a segment goes to the cache, and to another tenant zeroed. */
+        a.reported_held_free_bytes = 3 * MiB;
+        ck_assert_int_eq(pool_return(pool, &a, l1.segment_id, false), 0);
+        ck_assert_int_eq(pool_return(pool, &a, l1.segment_id, false), -ENOENT);
+        ck_assert_uint_eq(a.reported_held_free_bytes, 1 * MiB);
+        ck_assert_uint_eq(a.leased_bytes, 24 * MiB);
+        pool_get_stats(pool, &st);
+        ck_assert_uint_eq(st.cached_bytes, 4 * MiB);    /* l1 and l4's segment */
+        ck_assert_int_eq(pool_lease(pool, &b, 512, UINT64_MAX, &l4), 0);
+        ck_assert_uint_eq(l4.segment_size, 2 * MiB);
+        ck_assert_int_eq(fake.zeroed, 1);
+        check();
+
+        /* Returned to the backend (a tenant's flush), it is gone. */
+        ck_assert_int_eq(pool_return(pool, &a, l3.segment_id, true), 0);
+        ck_assert_int_eq(fake.destroyed, 1);
+        /* Detaching returns what is still leased to the cache. */
+        ck_assert_uint_eq(pool_owner_detach(&a), 20 * MiB);
+        ck_assert_uint_eq(pool_owner_detach(&b), 2 * MiB);
+        pool_get_stats(pool, &st);
+        ck_assert_uint_eq(st.cached_bytes, 24 * MiB);
+        check();
+        teardown();
+}
+END_TEST
+
 Suite *suite_pool(void) {
         Suite *s = suite_create("pool");
         TCase *tc = tcase_create("core");
@@ -577,6 +639,7 @@ Suite *suite_pool(void) {
         tcase_add_test(tc, test_idle_release_by_age);
         tcase_add_test(tc, test_watermark_and_evictions);
         tcase_add_test(tc, test_keep_and_reclaim);
+        tcase_add_test(tc, test_lease_and_return);
         tcase_set_timeout(tc, 120);
         suite_add_tcase(s, tc);
         return s;
