@@ -84,6 +84,7 @@ PROTO_H   := $(B)/proto/gpupool.pb-c.h
 COMMON    := common/conn.c common/cudadrv.c common/heap.c common/rbtree.c common/size.c common/wire.c
 DAEMON    := $(filter-out daemon/main.c,$(wildcard daemon/*.c))
 CLIENT    := client/client.c client/client_cache.c client/client_cuda.c client/client_hooks.c client/client_magazine.c \
+             client/client_pool.c \
              client/client_scope.c
 CLI       := $(wildcard cli/*.c)
 TESTS     := $(wildcard tests/unit/*.c tests/integration/*.c) tests/check_main.c tests/testlib.c
@@ -272,8 +273,9 @@ bench-replay: all $(BENCH_REPLAY)
 	$(Q)$(BENCH_REPLAY) --build $(B) $(TRACES) | tee bench/results/replay-$$(date -u +%Y-%m-%d).txt
 
 # Instructions per alloc+free of the allocator core (callgrind; exact, unlike ns), at 1
-# thousand, 100 thousand and 1 million free blocks. Needs valgrind.
-bench-instructions: $(BENCH_HOST)
+# thousand, 100 thousand and 1 million free blocks, and per gpupool_alloc+gpupool_free pair
+# served by the process's own pool. Needs valgrind.
+bench-instructions: all $(BENCH_HOST)
 	$(Q)for n in 1000 100000 1000000; do \
 		out=$$(mktemp); \
 		valgrind --tool=callgrind --callgrind-out-file=$$out --collect-atstart=no --toggle-collect=core_loop \
@@ -282,6 +284,12 @@ bench-instructions: $(BENCH_HOST)
 		echo "allocator core, $$n free blocks: $$(( ir / 10000 )) instructions per alloc+free pair"; \
 		rm -f $$out; \
 	done
+	$(Q)out=$$(mktemp); \
+	valgrind --tool=callgrind --callgrind-out-file=$$out --collect-atstart=no --toggle-collect=client_loop \
+		$(BENCH_HOST) --build $(B) --ops 10000 --client-only >/dev/null 2>&1 || exit 1; \
+	ir=$$(awk '/^(summary|totals):/ { print $$2 }' $$out | tail -1); \
+	echo "process pool (GPUPOOL_LEASE=1), 4 KiB: $$(( ir / 10000 )) instructions per gpupool_alloc+gpupool_free pair"; \
+	rm -f $$out
 
 # Fragmentation: peak reserved / peak in use of gpupool's pool, the process's own pool and of
 # re-implemented PyTorch, CuPy and no-cache policies over the traces (bench/frag.c).

@@ -14,6 +14,9 @@
  *            4 KiB blocks that the client cache serves: alloc+free pairs per second with the
  *            per-thread magazines ($GPUPOOL_THREAD_CACHE=1, the default) and with the shared
  *            cache alone (=0, one lock for the handle), the median of 5 alternating rounds;
+ *   pairs    a 4 KiB alloc+free pair served in the process, by the client cache (the default)
+ *            and by the process's own pool over leased segments (GPUPOOL_LEASE=1), the median
+ *            of 10 alternating rounds;
  *   pool     the allocator core alone (daemon/pool.c): ns per alloc+free pair with 1 thousand,
  *            100 thousand and 1 million free blocks in the owner's index.
  *
@@ -27,11 +30,13 @@
  * the client (the cost of a wakeup across CPUs added); the concurrent parts run unpinned. It
  * prints one table and writes the same as JSON to --json FILE.
  *
- * "make bench-instructions" runs the allocator core under callgrind (--core-only N) and
- * reports instructions per alloc+free pair, which unlike nanoseconds repeat exactly.
+ * "make bench-instructions" runs the allocator core (--core-only N) and the process's own
+ * pool's loop (--client-only, against a daemon of its own) under callgrind and reports
+ * instructions per alloc+free pair, which unlike nanoseconds repeat exactly.
  *
  * Usage: bench_host --build DIR [--ops N] [--seconds S] [--json FILE]
  *        bench_host --ops N --core-only FREE_BLOCKS
+ *        bench_host --build DIR --ops N --client-only
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -396,6 +401,40 @@ static double concurrent(int n, double seconds, bool use_daemon) {
         return (double) total / elapsed;
 }
 
+/* ---- alloc+free pairs in the process: the client cache, the process's own pool ---- */
+
+/* The measured loop, alone in a function so that callgrind can count just it (--toggle-collect). */
+__attribute__((noinline)) void client_loop(gpupool_client *c, size_t ops, double *t) {
+        void *p;
+
+        for (size_t i = 0; i < ops; i++) {
+                double t0 = t ? now_ns() : 0;
+
+                if (gpupool_alloc(c, 0, 4096, &p) < 0 || gpupool_free(c, p) < 0)
+                        exit(1);
+                if (t)
+                        t[i] = now_ns() - t0;
+        }
+}
+
+/*
+ * ns per 4 KiB alloc+free pair through libgpupool with the settings in the environment, one
+ * block staying allocated and the first pair untimed, so that every timed one is served in
+ * the process (t NULL: untimed, for callgrind).
+ */
+static struct dist client_pairs(size_t ops, double *t) {
+        gpupool_client *c;
+        void *keep;
+
+        if (gpupool_connect(sock_path, "bench", &c) < 0 || gpupool_alloc(c, 0, 4096, &keep) < 0)
+                exit(1);
+        client_loop(c, 1, NULL);
+        client_loop(c, ops, t);
+        gpupool_free(c, keep);
+        gpupool_disconnect(c);
+        return t ? summarize(t, ops) : (struct dist) { 0, 0 };
+}
+
 /* ---- the allocator core alone ---- */
 
 /* The measured loop, alone in a function so that callgrind can count just it (--toggle-collect). */
@@ -441,17 +480,17 @@ int main(int argc, char **argv) {
         static const struct option opts[] = {
                 { "build", required_argument, NULL, 'b' }, { "ops", required_argument, NULL, 'n' },
                 { "seconds", required_argument, NULL, 's' }, { "json", required_argument, NULL, 'j' },
-                { "core-only", required_argument, NULL, 'c' }, { 0 },
+                { "core-only", required_argument, NULL, 'c' }, { "client-only", no_argument, NULL, 'l' }, { 0 },
         };
         const char *build = "build", *json = NULL;
         size_t ops = 100000;
         double seconds = 3, echo8, daemon8, *t1, *t2, *t3;
-        struct dist echo[2], alloc[2], freed[2], alloc_c, freed_c, core[3];
+        struct dist echo[2], alloc[2], freed[2], alloc_c, freed_c, core[3], pair_cache, pair_pool;
         double daemon8_c, threads[3][2];
         static const int thread_counts[3] = { 1, 2, 4 };
         static const size_t core_sizes[3] = { 1000, 100000, 1000000 };
         pid_t echo_pid, daemon_pid;
-        bool apart;
+        bool apart, client_only = false;
         int o;
         FILE *f;
 
@@ -465,6 +504,10 @@ int main(int argc, char **argv) {
                         /* Only the core loop, untimed, with this many free blocks: for callgrind. */
                         (void) pool_core(strtoull(optarg, NULL, 10), ops, NULL);
                         return 0;
+                case 'l':
+                        /* Only the process's own pool's loop, untimed, against a daemon of its own: for callgrind. */
+                        client_only = true;
+                        break;
                 default:
                         fprintf(stderr, "usage: bench_host --build DIR [--ops N] [--seconds S] [--json FILE]\n");
                         return 2;
@@ -484,6 +527,14 @@ int main(int argc, char **argv) {
                 return 1;
         snprintf(sock_path, sizeof(sock_path), "%s/gpupool.sock", dir);
         snprintf(echo_path, sizeof(echo_path), "%s/echo.sock", dir);
+        if (client_only) {
+                daemon_pid = start_daemon(build);
+                setenv("GPUPOOL_LEASE", "1", 1);
+                (void) client_pairs(ops, NULL);
+                kill(daemon_pid, SIGTERM);
+                waitpid(daemon_pid, NULL, 0);
+                return 0;
+        }
         packet_sizes();
         echo_pid = echo_server();
         daemon_pid = start_daemon(build);
@@ -521,6 +572,18 @@ int main(int argc, char **argv) {
         alloc_c = summarize(t1, ops);
         freed_c = summarize(t2, ops);
         daemon8_c = concurrent(8, seconds, true);
+        /* Pairs served in the process, the client cache's and the process pool's, alternating in 10 rounds. */
+        for (size_t r = 0, k = ops / 10; r < 10; r++) {
+                size_t n = r < 9 ? k : ops - 9 * k;
+
+                unsetenv("GPUPOOL_LEASE");
+                (void) client_pairs(n, t2 + r * k);
+                setenv("GPUPOOL_LEASE", "1", 1);
+                (void) client_pairs(n, t3 + r * k);
+        }
+        unsetenv("GPUPOOL_LEASE");
+        pair_cache = summarize(t2, ops);
+        pair_pool = summarize(t3, ops);
         for (int i = 0; i < 3; i++)
                 threaded_pair(thread_counts[i], seconds, threads[i]);
         for (int i = 0; i < 3; i++)
@@ -558,6 +621,9 @@ int main(int argc, char **argv) {
                 snprintf(name, sizeof(name), "%d thread%s, 4 KiB alloc+free", thread_counts[i], thread_counts[i] > 1 ? "s" : "");
                 printf("%-44s %12.0f %12.0f %10.2f\n", name, threads[i][0], threads[i][1], threads[i][1] / threads[i][0]);
         }
+        printf("\n%-44s %12s %12s\n", "4 KiB alloc+free pair in the process", "median ns", "p99 ns");
+        printf("%-44s %12.0f %12.0f\n", "client cache hit (default)", pair_cache.median, pair_cache.p99);
+        printf("%-44s %12.0f %12.0f\n", "process pool (GPUPOOL_LEASE=1)", pair_pool.median, pair_pool.p99);
         printf("\n%-44s %12s %12s\n", "allocator core alone, alloc+free pair", "median ns", "p99 ns");
         for (int i = 0; i < 3; i++) {
                 char name[64];
@@ -586,6 +652,9 @@ int main(int argc, char **argv) {
                 fprintf(f, "  \"alloc_cached_ns\": {\"median\": %.0f, \"p99\": %.0f},\n", alloc_c.median, alloc_c.p99);
                 fprintf(f, "  \"free_cached_ns\": {\"median\": %.0f, \"p99\": %.0f},\n", freed_c.median, freed_c.p99);
                 fprintf(f, "  \"gpupool_8_clients_cached_ops_per_s\": %.0f,\n", daemon8_c);
+                fprintf(f, "  \"pair_cache_ns\": {\"median\": %.0f, \"p99\": %.0f},\n", pair_cache.median, pair_cache.p99);
+                fprintf(f, "  \"pair_process_pool_ns\": {\"median\": %.0f, \"p99\": %.0f},\n", pair_pool.median,
+                        pair_pool.p99);
                 fprintf(f, "  \"echo_8_clients_ops_per_s\": %.0f, \"gpupool_8_clients_ops_per_s\": %.0f,\n", echo8, daemon8);
                 fprintf(f, "  \"threads_pairs_per_s\": [");
                 for (int i = 0; i < 3; i++)

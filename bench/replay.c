@@ -3,8 +3,14 @@
  *
  * Replays allocation traces (CSV: time, op, id, size, stream; see bench/traces/README.md)
  * through libgpupool against a private gpupoold (host backend, 16 GiB, an empty config), one
- * daemon and one handle per trace, with the library's default settings (every GPUPOOL_
- * variable that changes them is unset). Per trace it prints:
+ * daemon and one handle per trace and way, with the library's default settings otherwise
+ * (every GPUPOOL_ variable that changes them is unset). Each trace is replayed two ways, in
+ * the same run:
+ *
+ *   daemon        blocks carved by the daemon, the client cache in front (the default);
+ *   process       the process's own pool over leased segments ($GPUPOOL_LEASE=1).
+ *
+ * Per trace and way it prints:
  *
  *   ops           operations in the trace;
  *   round trips   requests the handle sent the daemon (gpupool_stats().round_trips, the hello
@@ -236,7 +242,8 @@ static const char *trace_name(const char *path, char *buf, size_t size) {
 int main(int argc, char **argv) {
         static const struct option longopts[] = { { "build", required_argument, NULL, 'b' }, { NULL, 0, NULL, 0 } };
         static const char *defaults[] = { "GPUPOOL_CLIENT_CACHE", "GPUPOOL_CLIENT_CACHE_IDLE", "GPUPOOL_KEEP_FREE",
-                                          "GPUPOOL_THREAD_CACHE", "GPUPOOL_TIMEOUT" };
+                                          "GPUPOOL_THREAD_CACHE", "GPUPOOL_TIMEOUT", "GPUPOOL_LEASE",
+                                          "GPUPOOL_IDLE_RETURN" };
         const char *build = NULL;
         int opt, failed = 0;
 
@@ -259,10 +266,10 @@ int main(int argc, char **argv) {
                 return 1;
         }
         snprintf(sock_path, sizeof(sock_path), "%s/gpupool.sock", dir);
-        printf("%-14s %7s %17s %15s %15s %12s %12s %6s\n", "trace", "ops", "round trips", "imports", "ns/op",
-               "peak leased", "peak in use", "ratio");
-        printf("%-14s %7s %8s %8s %7s %7s %7s %7s %12s %12s\n", "", "", "all", "2nd half", "all", "2nd half", "median",
-               "p99", "MiB", "MiB");
+        printf("%-14s %-8s %7s %17s %15s %15s %12s %12s %6s\n", "trace", "pool", "ops", "round trips", "imports",
+               "ns/op", "peak leased", "peak in use", "ratio");
+        printf("%-14s %-8s %7s %8s %8s %7s %7s %7s %7s %12s %12s\n", "", "", "", "all", "2nd half", "all", "2nd half",
+               "median", "p99", "MiB", "MiB");
         for (int a = optind; a < argc; a++) {
                 struct trace t;
                 struct result res;
@@ -275,20 +282,27 @@ int main(int argc, char **argv) {
                         failed = 1;
                         continue;
                 }
-                pid = start_daemon(build);
-                r = replay(&t, &res);
-                stop_daemon(pid);
-                free(t.ops);
-                if (r < 0) {
-                        failed = 1;
-                        continue;
+                for (int way = 0; way < 2; way++) {
+                        if (way)
+                                setenv("GPUPOOL_LEASE", "1", 1);
+                        else
+                                unsetenv("GPUPOOL_LEASE");
+                        pid = start_daemon(build);
+                        r = replay(&t, &res);
+                        stop_daemon(pid);
+                        if (r < 0) {
+                                failed = 1;
+                                continue;
+                        }
+                        printf("%-14s %-8s %7zu %8llu %8llu %7llu %7llu %7.0f %7.0f %12.1f %12.1f %6.3f\n",
+                               trace_name(argv[a], name, sizeof(name)), way ? "process" : "daemon", res.ops,
+                               (unsigned long long) res.trips, (unsigned long long) res.trips_half,
+                               (unsigned long long) res.imports, (unsigned long long) res.imports_half, res.median_ns,
+                               res.p99_ns, (double) res.peak_leased / MiB, (double) res.peak_in_use / MiB,
+                               res.peak_in_use ? (double) res.peak_leased / (double) res.peak_in_use : 0);
+                        fflush(stdout);
                 }
-                printf("%-14s %7zu %8llu %8llu %7llu %7llu %7.0f %7.0f %12.1f %12.1f %6.3f\n", trace_name(argv[a], name, sizeof(name)),
-                       res.ops, (unsigned long long) res.trips, (unsigned long long) res.trips_half,
-                       (unsigned long long) res.imports, (unsigned long long) res.imports_half, res.median_ns, res.p99_ns,
-                       (double) res.peak_leased / MiB, (double) res.peak_in_use / MiB,
-                       res.peak_in_use ? (double) res.peak_leased / (double) res.peak_in_use : 0);
-                fflush(stdout);
+                free(t.ops);
         }
         unlink(sock_path);
         {

@@ -120,14 +120,19 @@ static int print_table(const Gpupool__StatusReply *sr) {
                 printf("no clients\n");
                 return 0;
         }
-        printf("%-8s %-6s %-20s %-12s %12s %12s %12s %8s %12s\n", "PID", "UID", "NAME", "TENANT", "RESERVED", "IN USE",
-               "CLIENT CACHE", "BLOCKS", "LIMIT");
+        printf("%-8s %-6s %-20s %-12s %12s %12s %12s %12s %8s %12s\n", "PID", "UID", "NAME", "TENANT", "RESERVED", "IN USE",
+               "CLIENT CACHE", "HELD FREE", "REPORTED", "LIMIT");
         for (size_t i = 0; i < sr->n_clients; i++) {
                 const Gpupool__ClientStatus *cl = sr->clients[i];
+                char e[GP_SIZE_FORMAT_MAX], age[32] = "-";
 
-                printf("%-8d %-6u %-20.20s %-12.12s %12s %12s %12s %8" PRIu64 " %12s%s\n", cl->pid, cl->uid, cl->name,
+                /* Of a client that carves its own blocks: what it said it holds free, and how long ago. */
+                if (cl->has_report_age_ms)
+                        snprintf(age, sizeof(age), "%" PRIu64 ".%01" PRIu64 "s ago", cl->report_age_ms / 1000,
+                                 cl->report_age_ms % 1000 / 100);
+                printf("%-8d %-6u %-20.20s %-12.12s %12s %12s %12s %12s %8s %12s%s\n", cl->pid, cl->uid, cl->name,
                        cl->tenant ? cl->tenant : "-", SZ(cl->reserved_bytes, a), SZ(cl->in_use_bytes, b),
-                       SZ(cl->cached_in_client_bytes, d), cl->blocks,
+                       SZ(cl->cached_in_client_bytes, d), cl->has_held_free_bytes ? SZ(cl->held_free_bytes, e) : "-", age,
                        cl->limit_bytes ? SZ(cl->limit_bytes, c) : "-",
                        cl->has_exiting && cl->exiting ? "  (exiting)" : "");
         }

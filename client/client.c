@@ -101,13 +101,6 @@ void client_set_error(gpupool_client *c, const char *fmt, ...) {
 }
 
 
-static uint64_t now_ms(void) {
-        struct timespec ts;
-
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        return (uint64_t) ts.tv_sec * 1000 + (uint64_t) ts.tv_nsec / 1000000;
-}
-
 /*
  * The control thread: waits for the daemon's reclaim requests on the control channel and
  * answers each at once, whatever the application is doing: it gives back its cache if asked,
@@ -123,13 +116,17 @@ static void *control_main(void *arg) {
         for (;;) {
                 Gpupool__Envelope *push, answer = GPUPOOL__ENVELOPE__INIT;
                 Gpupool__ReclaimReply rr = GPUPOOL__RECLAIM_REPLY__INIT;
-                uint64_t ids[256];
+                Gpupool__Usage usage[CLIENT_MAX_DEVICES], *usage_ptrs[CLIENT_MAX_DEVICES];
+                uint64_t ids[CLIENT_RETURN_BATCH];
                 uint8_t out[GP_MAX_REQUEST_BYTES];
                 int n = gp_wire_recv_packet(c->control->sock, buf, sizeof(buf), NULL);
 
                 if (n == -EAGAIN || n == -EWOULDBLOCK) {
                         pthread_mutex_lock(&c->lock);
-                        client_cache_tick(c, now_ms());
+                        if (c->leasing)
+                                client_pool_tick(c, client_now_ms());
+                        else
+                                client_cache_tick(c, client_now_ms());
                         pthread_mutex_unlock(&c->lock);
                         continue;
                 }
@@ -140,6 +137,19 @@ static void *control_main(void *arg) {
                         continue;
                 }
                 pthread_mutex_lock(&c->lock);
+                if (c->leasing) {
+                        /* Segments holding no live block, on the device asked (all without one), worth the bytes asked. */
+                        const Gpupool__ReclaimRequest *q = push->reclaim;
+                        int device = q->has_device ? (int) q->device : -1;
+                        uint64_t want = q->has_bytes ? q->bytes : UINT64_MAX, got;
+
+                        rr.n_segment_ids = client_pool_take_empty(c, device, want, UINT64_MAX, ids, CLIENT_RETURN_BATCH, &got);
+                        /* More than one answer names: the rest goes back on the main connection first. */
+                        if (rr.n_segment_ids == CLIENT_RETURN_BATCH && got < want)
+                                (void) client_pool_trim(c, device, want - got);
+                        answer.n_usage = client_pool_usage(c, usage, usage_ptrs);
+                        answer.usage = usage_ptrs;
+                }
                 if (push->reclaim->has_trim_cache && push->reclaim->trim_cache)
                         (void) client_cache_shrink(c, 0);
                 for (size_t i = 0; i < push->reclaim->n_segment_ids && rr.n_segment_ids < 256; i++) {
@@ -226,10 +236,15 @@ static int session_open(gpupool_client *c) {
                         c->cuda = true;
         client_id = hello->hello_reply->client_id;
         r = c->cuda ? client_cuda_setup(c, hello->hello_reply) : 0;
+        /* After the CUDA setup, which starts the devices afresh: the process's pool holds nothing yet. */
+        for (unsigned d = 0; d < CLIENT_MAX_DEVICES; d++) {
+                heap_init(&c->devices[d].heap);
+                c->devices[d].leased = 0;
+        }
         gpupool__envelope__free_unpacked(hello, NULL);
         /* Keeping free segments means being asked for them back: that needs the control channel. */
         /* The daemon asks for kept segments and cached blocks back on it; the cache's idle timer runs on its thread. */
-        if (r == 0 && (c->keep_free_bytes || c->cache_limit))
+        if (r == 0 && (c->keep_free_bytes || c->cache_limit || c->leasing))
                 r = control_open(c, path, c->name, client_id);
         if (r < 0)
                 gp_conn_close(&c->conn);
@@ -239,6 +254,8 @@ static int session_open(gpupool_client *c) {
 GPUPOOL_EXPORT int gpupool_connect(const char *socket_path, const char *client_name, gpupool_client **ret_client) {
         const char *keep = getenv("GPUPOOL_KEEP_FREE"), *cache = getenv("GPUPOOL_CLIENT_CACHE");
         const char *idle = getenv("GPUPOOL_CLIENT_CACHE_IDLE"), *per_thread = getenv("GPUPOOL_THREAD_CACHE");
+        const char *leasing = getenv("GPUPOOL_LEASE"), *idle_return = getenv("GPUPOOL_IDLE_RETURN");
+        uint64_t idle_return_ms = GPUPOOL_DEFAULT_IDLE_RETURN_MS;
         static uint64_t serials;
         uint64_t keep_bytes = 0, cache_bytes = GPUPOOL_DEFAULT_CLIENT_CACHE, idle_ms = GPUPOOL_DEFAULT_CLIENT_CACHE_IDLE_MS;
         gpupool_client *c;
@@ -258,6 +275,10 @@ GPUPOOL_EXPORT int gpupool_connect(const char *socket_path, const char *client_n
                 return -EINVAL;         /* $GPUPOOL_CLIENT_CACHE_IDLE is not a duration */
         if (per_thread && *per_thread && strcmp(per_thread, "0") != 0 && strcmp(per_thread, "1") != 0)
                 return -EINVAL;         /* $GPUPOOL_THREAD_CACHE is neither 0 nor 1 */
+        if (leasing && *leasing && strcmp(leasing, "0") != 0 && strcmp(leasing, "1") != 0)
+                return -EINVAL;         /* $GPUPOOL_LEASE is neither 0 nor 1 */
+        if (idle_return && *idle_return && gp_duration_parse(idle_return, &idle_return_ms) < 0)
+                return -EINVAL;         /* $GPUPOOL_IDLE_RETURN is not a duration */
         c = calloc(1, sizeof(*c));
         if (!c)
                 return -ENOMEM;
@@ -278,7 +299,14 @@ GPUPOOL_EXPORT int gpupool_connect(const char *socket_path, const char *client_n
         }
         c->serial = __atomic_add_fetch(&serials, 1, __ATOMIC_RELAXED);
         c->epoch = 1;
-        client_cache_init(c, cache_bytes, idle_ms, !(per_thread && strcmp(per_thread, "0") == 0));
+        c->leasing = leasing && strcmp(leasing, "1") == 0;
+        c->idle_return_ms = idle_return_ms;
+        if (c->leasing) {
+                /* The process's pool serves every free: no client cache, no kept segments, in front of it. */
+                cache_bytes = 0;
+                c->keep_free_bytes = 0;
+        }
+        client_cache_init(c, cache_bytes, idle_ms, !c->leasing && !(per_thread && strcmp(per_thread, "0") == 0));
         c->conn.report_cached = &c->cached_total;
         r = session_open(c);
         if (r < 0) {
@@ -295,6 +323,11 @@ GPUPOOL_EXPORT int gpupool_connect(const char *socket_path, const char *client_n
 }
 
 void client_mapping_drop(gpupool_client *c, struct mapping *m) {
+        if (m->hs.heap) {
+                /* Forgotten with its blocks (the session is over); a returned segment left its heap already. */
+                (void) heap_drop(&m->hs);
+                c->devices[m->device].leased -= m->size;
+        }
         gp_rb_remove(&c->by_addr, &m->by_addr);
         gp_rb_remove(&c->by_id, &m->by_id);
         if (m->ipc) {
@@ -376,8 +409,8 @@ GPUPOOL_EXPORT int gpupool_reconnect(gpupool_client *c) {
         return r;
 }
 
-/* Maps a new segment: fd (host; taken) or the reply's IPC handle (cuda). */
-static int mapping_add(gpupool_client *c, unsigned device, const Gpupool__AllocReply *a, int fd, struct mapping **ret) {
+int client_mapping_add(gpupool_client *c, unsigned device, uint64_t segment_id, uint64_t size,
+                       const ProtobufCBinaryData *ipc_handle, int fd, struct mapping **ret) {
         struct mapping *m = calloc(1, sizeof(*m));
         int r;
 
@@ -386,19 +419,19 @@ static int mapping_add(gpupool_client *c, unsigned device, const Gpupool__AllocR
                         close(fd);
                 return -ENOMEM;
         }
-        m->segment_id = a->segment_id;
-        m->size = a->segment_size;
+        m->segment_id = segment_id;
+        m->size = size;
         m->device = device;
         if (c->cuda) {
                 if (fd >= 0)
                         close(fd);
-                if (!a->has_ipc_handle || a->ipc_handle.len != GP_CU_IPC_HANDLE_SIZE) {
+                if (!ipc_handle || ipc_handle->len != GP_CU_IPC_HANDLE_SIZE) {
                         free(m);
                         client_set_error(c, "gpupoold sent a CUDA segment without its IPC handle");
                         return -EPROTO;
                 }
                 m->ipc = true;
-                memcpy(m->handle, a->ipc_handle.data, GP_CU_IPC_HANDLE_SIZE);
+                memcpy(m->handle, ipc_handle->data, GP_CU_IPC_HANDLE_SIZE);
                 /* One open per allocation per process: a handle we hold already means we disagree with the daemon. */
                 if (gp_rb_find(&c->by_handle, &m->by_handle)) {
                         free(m);
@@ -486,6 +519,8 @@ int client_block_release(gpupool_client *c, struct block *b) {
         struct mapping *m = b->mapping;
         int r;
 
+        if (c->leasing)
+                return client_pool_free(c, b);
         m->live--;
         r = free_at_daemon(c, m, m->segment_id, (uint64_t) (b->ptr - m->base));
         free(b);
@@ -539,6 +574,15 @@ static int alloc_on(gpupool_client *c, int device, size_t size, void *stream, bo
                         client_set_error(c, "no device %d: gpupoold has %u", device, c->device_count);
                 goto out;
         }
+        if (c->leasing) {
+                if (!rsize || rsize > HEAP_MAX_REQUEST) {
+                        client_set_error(c, "cannot allocate %zu bytes: a request is 1 byte to 64 TiB", size);
+                        r = -EINVAL;
+                } else {
+                        r = client_pool_alloc(c, (unsigned) d, device, rsize, stream, on_stream, ret_ptr);
+                }
+                goto out;
+        }
         if (c->cache.count) {
                 struct block *hit = client_cache_find(c, (unsigned) d, rsize, stream, on_stream);
 
@@ -581,7 +625,8 @@ static int alloc_on(gpupool_client *c, int device, size_t size, void *stream, bo
         is_new = a->has_new_segment && a->new_segment;
         m = client_mapping_by_id(c, a->segment_id);
         if (is_new && !m) {
-                r = mapping_add(c, (unsigned) d, a, fd, &m);    /* takes fd */
+                r = client_mapping_add(c, (unsigned) d, a->segment_id, a->segment_size,
+                                       a->has_ipc_handle ? &a->ipc_handle : NULL, fd, &m);     /* takes fd */
                 fd = -1;
         } else {
                 /*
@@ -686,15 +731,23 @@ GPUPOOL_EXPORT int gpupool_stats(gpupool_client *c, struct gpupool_stats *ret) {
         for (unsigned i = 0; i < CLIENT_SHARDS; i++) {
                 pthread_mutex_lock(&c->live[i].lock);
                 for (struct gp_rb_node *n = gp_rb_first(&c->live[i].blocks); n; n = gp_rb_next(n)) {
+                        const struct block *b = gp_rb_entry(n, struct block, node);
+
+                        if (b->freeing)
+                                continue;       /* freed with a stream: the application's no more */
                         st.live_blocks++;
-                        st.live_bytes += gp_rb_entry(n, struct block, node)->size;
+                        st.live_bytes += b->size;
                 }
                 pthread_mutex_unlock(&c->live[i].lock);
         }
         st.round_trips = c->conn.calls;
         st.segments_imported = c->segments_imported;
+        if (c->leasing)
+                for (unsigned d = 0; d < c->device_count; d++)
+                        st.cached_bytes += heap_free_bytes(&c->devices[d].heap);
         pthread_mutex_unlock(&c->lock);
-        st.cached_bytes = __atomic_load_n(&c->cached_total, __ATOMIC_RELAXED);
+        if (!c->leasing)
+                st.cached_bytes = __atomic_load_n(&c->cached_total, __ATOMIC_RELAXED);
         *ret = st;
         return 0;
 }

@@ -12,6 +12,7 @@
 #include "conn.h"
 #include "cudadrv.h"
 #include "gpupool.h"
+#include "heap.h"
 #include "rbtree.h"
 
 #define CLIENT_MAX_DEVICES 64
@@ -19,6 +20,7 @@
 #define CLIENT_BATCH 128        /* frees per FreeBatchRequest: well inside a request packet */
 #define CLIENT_SHARDS 32        /* live-block table shards: threads freeing different blocks rarely meet */
 #define MAGAZINE_ENTRIES 32     /* cached blocks a thread keeps for itself */
+#define CLIENT_RETURN_BATCH 256 /* segments per ReturnRequest or ReclaimReply: what the daemon takes in one */
 
 /* One segment this process maps: an mmap of a memfd (host) or an opened IPC handle (cuda). */
 struct mapping {
@@ -32,6 +34,9 @@ struct mapping {
         struct gp_rb_node by_addr;
         struct gp_rb_node by_id;
         struct gp_rb_node by_handle;    /* ipc only */
+        /* A segment leased whole ($GPUPOOL_LEASE): the process's pool carves it (client_pool.c). */
+        struct heap_segment hs;
+        uint64_t emptied_ms;            /* when it last held no live block (client_now_ms()) */
 };
 
 /* One live block handed to the application. */
@@ -39,6 +44,7 @@ struct block {
         uint8_t *ptr;
         uint64_t size;                  /* as the daemon rounded it */
         struct mapping *mapping;        /* its segment, and through it its device */
+        struct heap_block *hb;          /* the process's pool's record of it ($GPUPOOL_LEASE) */
         struct block *lru_prev, *lru_next;      /* in the client cache only, once its work is done */
         /* In the cache while work queued on stream before its free may still run: reusable on that stream only. */
         void *stream;
@@ -80,6 +86,7 @@ struct magazine {
 struct deferred {
         struct deferred *next;
         struct block *block;            /* NULL once reused on its stream before the work ended */
+        void *stream;                   /* the stream it was freed on */
         unsigned device;
         gp_cu_event event;
 };
@@ -91,6 +98,8 @@ struct client_device {
         gp_cu_context ctx;              /* its primary context, retained on first use */
         gp_cu_event *spare_events;      /* recorded-and-done events kept for reuse */
         unsigned spare_count, spare_cap;
+        struct heap heap;               /* the process's pool on this device ($GPUPOOL_LEASE) */
+        uint64_t leased;                /* bytes of the segments leased whole here */
 };
 
 struct gpupool_client {
@@ -129,6 +138,9 @@ struct gpupool_client {
         uint32_t scopes[CLIENT_MAX_SCOPES];
         unsigned scope_depth;           /* written locked, read atomically by the fast path (no magazine inside a scope) */
         uint32_t next_scope;
+        /* The process's own pool over leased segments (client_pool.c): on with $GPUPOOL_LEASE=1. */
+        bool leasing;
+        uint64_t idle_return_ms;        /* empty segments go back after this long ($GPUPOOL_IDLE_RETURN; 0: never) */
         /* The control channel: the daemon's reclaim requests, answered by the control thread. */
         uint64_t keep_free_bytes;       /* $GPUPOOL_KEEP_FREE: free segments we may keep mapped */
         struct gp_conn *control;
@@ -151,9 +163,19 @@ void client_live_remove(gpupool_client *c, struct block *b);
 /* Takes the live block at ptr out of the table for freeing; NULL if none (or being freed already). */
 struct block *client_live_take(gpupool_client *c, const void *ptr);
 
-/* The mapping of a segment, or NULL; and unmapping one. */
+/* The mapping of a segment, or NULL; and unmapping one (out of the process's pool, if in it). */
 struct mapping *client_mapping_by_id(gpupool_client *c, uint64_t segment_id);
 void client_mapping_drop(gpupool_client *c, struct mapping *m);
+
+/*
+ * Maps a segment the daemon handed over: fd (host backend; taken, closed on failure too) or
+ * ipc_handle (cuda). Returns 0 with the mapping, or a negative errno with the error set.
+ */
+int client_mapping_add(gpupool_client *c, unsigned device, uint64_t segment_id, uint64_t size,
+                       const ProtobufCBinaryData *ipc_handle, int fd, struct mapping **ret);
+
+/* CLOCK_MONOTONIC in milliseconds. */
+uint64_t client_now_ms(void);
 
 /* Unmaps m (if given) and tells the daemon segment_id is released. */
 void client_release_segment(gpupool_client *c, struct mapping *m, uint64_t segment_id);
@@ -220,6 +242,36 @@ void client_magazines_forget(gpupool_client *c, bool detach);
  * returns how many blocks the others served or took so far, for the idle watch. Locked.
  */
 uint64_t client_magazines_collect(gpupool_client *c);
+
+/* client_pool.c: the process's own pool, all called locked. */
+
+/* Allocates a block of rsize (rounded) bytes on daemon device d from the pool, leasing a segment if need be. */
+int client_pool_alloc(gpupool_client *c, unsigned d, int device, uint64_t rsize, void *stream, bool on_stream,
+                      void **ret_ptr);
+
+/* Frees a block out of the live table into the pool; its segment stays mapped. */
+int client_pool_free(gpupool_client *c, struct block *b);
+
+/* What the process holds per device where it leases anything, for a request's envelope. Returns how many. */
+size_t client_pool_usage(gpupool_client *c, Gpupool__Usage *u, Gpupool__Usage **ptrs);
+
+/*
+ * Takes segments holding no live block out of the pool, on daemon device d (-1: all), oldest
+ * emptied first and emptied at or before before_ms, until want bytes or max: unmaps them and
+ * fills ids (to be returned, or named in a reclaim answer). Returns how many; *ret_bytes (if
+ * given) their bytes.
+ */
+size_t client_pool_take_empty(gpupool_client *c, int d, uint64_t want, uint64_t before_ms, uint64_t *ids, size_t max,
+                              uint64_t *ret_bytes);
+
+/* Tells the daemon these segments, unmapped, are back (ReturnRequest, with the usage). */
+int client_pool_return(gpupool_client *c, const uint64_t *ids, size_t n);
+
+/* Gives back segments holding no live block on d (-1: all), until want bytes. */
+int client_pool_trim(gpupool_client *c, int d, uint64_t want);
+
+/* Once a second from the control thread: gives back segments empty for the idle time. */
+void client_pool_tick(gpupool_client *c, uint64_t now_ms);
 
 /* client_cuda.c, all called locked. */
 

@@ -182,13 +182,31 @@ GPUPOOL_EXPORT int gpupool_trim(gpupool_client *c) {
         if (!c)
                 return -EINVAL;
         pthread_mutex_lock(&c->lock);
-        r = client_cache_shrink(c, 0);
+        r = c->leasing ? client_pool_trim(c, -1, UINT64_MAX) : client_cache_shrink(c, 0);
         pthread_mutex_unlock(&c->lock);
         return r;
 }
 
+/* What the process's pool holds free in its segments. Locked. */
+static uint64_t pool_free_bytes(gpupool_client *c) {
+        uint64_t bytes = 0;
+
+        for (unsigned d = 0; d < c->device_count; d++)
+                bytes += heap_free_bytes(&c->devices[d].heap);
+        return bytes;
+}
+
 GPUPOOL_EXPORT size_t gpupool_cached_bytes(gpupool_client *c) {
-        return c ? cached_total(c) : 0;
+        size_t bytes;
+
+        if (!c)
+                return 0;
+        if (!c->leasing)
+                return cached_total(c);
+        pthread_mutex_lock(&c->lock);
+        bytes = pool_free_bytes(c);
+        pthread_mutex_unlock(&c->lock);
+        return bytes;
 }
 
 /* Drops the cache's records without telling the daemon (it is leaving, or gone). Locked. */

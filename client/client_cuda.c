@@ -191,6 +191,7 @@ int client_cuda_defer_free(gpupool_client *c, struct block *b, void *stream) {
                 return r == GP_CUDA_ERROR_INVALID_HANDLE || r == GP_CUDA_ERROR_INVALID_CONTEXT ? -EINVAL : -EIO;
         }
         q->block = b;
+        q->stream = stream;
         q->event = e;
         q->device = b->mapping->device;
         /* Into the cache now, for this stream's next allocations; for anyone once the event completes. */

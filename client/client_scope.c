@@ -39,6 +39,12 @@ static int free_batch(gpupool_client *c, struct block **blocks, size_t n) {
         size_t nrelease = 0;
         int r;
 
+        if (c->leasing) {
+                /* The process's pool takes them back in the process: nothing to ask. */
+                for (size_t i = 0; i < n; i++)
+                        (void) client_pool_free(c, blocks[i]);
+                return 0;
+        }
         for (size_t i = 0; i < n; i++) {
                 struct mapping *m = blocks[i]->mapping;
 

@@ -48,7 +48,8 @@ struct pool {
         unsigned device;
         uint64_t capacity_bytes;
         uint64_t reserved_bytes;
-        uint64_t in_use_bytes;
+        uint64_t in_use_bytes;          /* blocks carved here */
+        uint64_t reported_in_use_bytes; /* what owners of whole segments report */
         uint64_t cached_bytes;
         uint64_t next_id;
         uint64_t cache_seq;
@@ -222,6 +223,7 @@ uint64_t pool_owner_detach(struct pool_owner *o) {
                 return 0;
         while ((n = gp_rb_first(&o->segments_by_id)))
                 segment_to_cache(p, gp_rb_entry(n, struct segment, owner_node));
+        p->reported_in_use_bytes -= o->reported_in_use_bytes;
         if (o->prev)
                 o->prev->next = o->next;
         else
@@ -413,15 +415,35 @@ int pool_lease(struct pool *p, struct pool_owner *o, uint64_t size, uint64_t hea
         return 0;
 }
 
+/* Sets the owner's report, held to what it leases (held free first), and the pool's sum. */
+static void owner_set_report(struct pool_owner *o, uint64_t in_use, uint64_t held_free) {
+        uint64_t held = held_free < o->leased_bytes ? held_free : o->leased_bytes;
+
+        if (in_use > o->leased_bytes - held)
+                in_use = o->leased_bytes - held;
+        o->pool->reported_in_use_bytes += in_use - o->reported_in_use_bytes;
+        o->reported_in_use_bytes = in_use;
+        o->reported_held_free_bytes = held;
+}
+
+void pool_owner_report(struct pool_owner *o, uint64_t in_use, uint64_t held_free, uint64_t now_ms) {
+        owner_set_report(o, in_use, held_free);
+        o->reported_at_ms = now_ms;
+        o->reported = true;
+}
+
 int pool_return(struct pool *p, struct pool_owner *o, uint64_t segment_id, bool to_backend) {
         struct segment *s = segment_find(p, segment_id);
+        uint64_t size;
 
         if (!s || s->owner != o || s->state != SEGMENT_LEASED)
                 return -ENOENT;
+        size = s->size;
         s->to_backend = to_backend;
+        segment_to_cache(p, s);         /* s is gone when it went to the backend */
         /* Only a segment with no live block comes back: it was part of what the owner held free. */
-        o->reported_held_free_bytes -= o->reported_held_free_bytes < s->size ? o->reported_held_free_bytes : s->size;
-        segment_to_cache(p, s);
+        owner_set_report(o, o->reported_in_use_bytes,
+                         o->reported_held_free_bytes - (o->reported_held_free_bytes < size ? o->reported_held_free_bytes : size));
         return 0;
 }
 
@@ -502,7 +524,7 @@ void pool_get_stats(const struct pool *p, struct pool_stats *ret) {
         *ret = (struct pool_stats) {
                 .total_bytes = p->capacity_bytes,
                 .reserved_bytes = p->reserved_bytes,
-                .in_use_bytes = p->in_use_bytes,
+                .in_use_bytes = p->in_use_bytes + p->reported_in_use_bytes,
                 .cached_bytes = p->cached_bytes,
                 .segments = p->segments_by_id.count,
                 .cached_segments = p->cache_by_age.count,
@@ -563,7 +585,7 @@ uint64_t pool_trim_cache(struct pool *p, uint64_t max_cached_bytes) {
         } while (0)
 
 int pool_check(const struct pool *p, char *why, size_t why_size) {
-        uint64_t reserved = 0, in_use = 0, cached = 0, cached_count = 0, owned = 0;
+        uint64_t reserved = 0, in_use = 0, cached = 0, cached_count = 0, owned = 0, reported = 0;
 
         if (gp_rb_verify(&p->segments_by_id) || gp_rb_verify(&p->cache_by_size) ||
             gp_rb_verify(&p->cache_by_age))
@@ -594,6 +616,11 @@ int pool_check(const struct pool *p, char *why, size_t why_size) {
 
         for (const struct pool_owner *o = p->owners; o; o = o->next) {
                 uint64_t o_reserved = 0, in_heap = 0, leased = 0;
+
+                reported += o->reported_in_use_bytes;
+                if (o->reported_in_use_bytes + o->reported_held_free_bytes > o->leased_bytes)
+                        FAIL("owner: reports %" PRIu64 " in use and %" PRIu64 " free of %" PRIu64 " leased",
+                             o->reported_in_use_bytes, o->reported_held_free_bytes, o->leased_bytes);
                 int r;
 
                 if (gp_rb_verify(&o->segments_by_id))
@@ -634,5 +661,8 @@ int pool_check(const struct pool *p, char *why, size_t why_size) {
                 FAIL("device %u: %" PRIu64 " leased segments belong to no attached owner", p->device, owned);
         if (in_use != p->in_use_bytes)
                 FAIL("device %u: in use %" PRIu64 ", counted %" PRIu64, p->device, in_use, p->in_use_bytes);
+        if (reported != p->reported_in_use_bytes)
+                FAIL("device %u: reported in use %" PRIu64 ", counted %" PRIu64, p->device, reported,
+                     p->reported_in_use_bytes);
         return 0;
 }

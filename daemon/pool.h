@@ -74,7 +74,7 @@ struct pool_lease {
 struct pool_stats {
         uint64_t total_bytes;           /* capacity */
         uint64_t reserved_bytes;        /* held from the backend */
-        uint64_t in_use_bytes;
+        uint64_t in_use_bytes;          /* blocks the pool carved, and what owners of whole segments report */
         uint64_t cached_bytes;          /* wholly free segments in the cache */
         uint64_t segments;
         uint64_t cached_segments;
@@ -124,6 +124,13 @@ uint64_t pool_owner_detach(struct pool_owner *owner);
  */
 int pool_alloc(struct pool *pool, struct pool_owner *owner, uint64_t size, uint64_t headroom_bytes,
                struct pool_lease *ret);
+
+/*
+ * Keeps what the owner reports it holds in its leased segments: in_use_bytes in live blocks,
+ * held_free_bytes in segments holding none, as of now_ms; clamped to what it leases (held
+ * free first). The pool's in-use bytes count the reports.
+ */
+void pool_owner_report(struct pool_owner *owner, uint64_t in_use_bytes, uint64_t held_free_bytes, uint64_t now_ms);
 
 /*
  * Leases owner a whole segment for a block of size bytes, which the owner carves itself: the

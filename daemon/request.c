@@ -595,16 +595,9 @@ static void take_usage(struct session *s, const Gpupool__Envelope *req) {
 
         if (!c->owners || c->said_bye)
                 return;         /* a session before hello, or one whose memory went already */
-        for (size_t i = 0; i < req->n_usage; i++) {
-                const Gpupool__Usage *u = req->usage[i];
-                struct pool_owner *o = &c->owners[u->device];
-                uint64_t held = u->held_free_bytes < o->leased_bytes ? u->held_free_bytes : o->leased_bytes;
-
-                o->reported_held_free_bytes = held;
-                o->reported_in_use_bytes = u->in_use_bytes < o->leased_bytes - held ? u->in_use_bytes : o->leased_bytes - held;
-                o->reported_at_ms = now;
-                o->reported = true;
-        }
+        for (size_t i = 0; i < req->n_usage; i++)
+                pool_owner_report(&c->owners[req->usage[i]->device], req->usage[i]->in_use_bytes,
+                                  req->usage[i]->held_free_bytes, now);
 }
 
 static void dispatch(struct session *s, const Gpupool__Envelope *req, struct reply *ret);

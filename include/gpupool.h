@@ -165,9 +165,19 @@ GPUPOOL_EXPORT size_t gpupool_last_error(gpupool_client *client, char *buf, size
  * for its own next allocations, so that threads of one handle do not wait for each other on a
  * cache hit; $GPUPOOL_THREAD_CACHE=0 turns that off (1, the default, on). Any other value makes
  * gpupool_connect() fail with -EINVAL. Allocations inside a scope take the handle's lock.
+ *
+ * The process's own pool, which replaces the client cache: with $GPUPOOL_LEASE=1 (0, the
+ * default for now, off; anything else -EINVAL) the handle leases whole segments from the
+ * daemon and carves its blocks from them itself (best fit, split and merge, as the daemon
+ * does), so that an allocation or free that fits what it holds makes no request. A segment
+ * that empties stays mapped until the daemon asks for memory back, it has been empty for
+ * $GPUPOOL_IDLE_RETURN (a duration; default 10s; 0: never), an allocation needs room under a
+ * limit, gpupool_trim(), or disconnect. The client cache, kept segments and thread caches are
+ * off then; gpupool_cached_bytes() is what the pool holds free.
  */
 #define GPUPOOL_DEFAULT_CLIENT_CACHE (64ULL << 20)
 #define GPUPOOL_DEFAULT_CLIENT_CACHE_IDLE_MS 10000
+#define GPUPOOL_DEFAULT_IDLE_RETURN_MS 10000
 GPUPOOL_EXPORT int gpupool_trim(gpupool_client *client);
 GPUPOOL_EXPORT size_t gpupool_cached_bytes(gpupool_client *client);
 

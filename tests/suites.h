@@ -15,6 +15,7 @@ Suite *suite_daemon(void);
 Suite *suite_hostile(void);
 Suite *suite_hardening(void);
 Suite *suite_tenants(void);
+Suite *suite_process_pool(void);
 Suite *suite_scopes(void);
 Suite *suite_metrics(void);
 Suite *suite_hooks(void);

@@ -395,6 +395,77 @@ START_TEST(test_cuda_free_async_waits_for_stream) {
 END_TEST
 
 /*
+ * The process's own pool ($GPUPOOL_LEASE=1) on CUDA: each leased segment's handle is opened
+ * once and kept while the blocks in it come and go; a block freed on a stream is reused at
+ * once on that stream, by nobody else until its work ends; data stays intact; trimmed, every
+ * handle is closed and every segment back with the daemon.
+ */
+static int process_pool_client(struct testd *d, void *arg) {
+        static const size_t sizes[] = { 4096, 3 << 20, 700 << 10, 1 << 20, 24 << 20 };
+        long long *fail_line = arg;
+        struct gpupool_stats first, st;
+        gpupool_client *c;
+        gp_cu_stream s, other;
+        gp_cu_event done;
+        struct gpu g;
+        void *a, *b, *plain, *on_other, *p[5];
+
+#define FAIL() do { *fail_line = __LINE__; return 1; } while (0)
+        setenv("GPUPOOL_LEASE", "1", 1);
+        if (gpu_open(&g) < 0 || gpupool_connect(d->sock, "process-pool", &c) < 0 ||
+            g.cu.cuStreamCreate(&s, GP_CU_STREAM_NON_BLOCKING) != GP_CUDA_SUCCESS ||
+            g.cu.cuStreamCreate(&other, GP_CU_STREAM_NON_BLOCKING) != GP_CUDA_SUCCESS ||
+            g.cu.cuEventCreate(&done, GP_CU_EVENT_DISABLE_TIMING) != GP_CUDA_SUCCESS)
+                FAIL();
+        for (int round = 0; round < 20; round++) {
+                for (int i = 0; i < 5; i++)
+                        if (gpupool_alloc(c, 0, sizes[i], &p[i]) < 0 || write_pattern(&g, p[i], sizes[i], (unsigned) (round * 5 + i)) < 0)
+                                FAIL();
+                for (int i = 0; i < 5; i++)
+                        if (!pattern_intact(&g, p[i], sizes[i], (unsigned) (round * 5 + i)) || gpupool_free(c, p[i]) < 0)
+                                FAIL();
+                if (round == 0 && gpupool_stats(c, &first) < 0)
+                        FAIL();
+        }
+        if (gpupool_stats(c, &st) < 0 || st.segments_imported != first.segments_imported ||
+            st.round_trips != first.round_trips)
+                FAIL();         /* the rounds after the first asked and opened nothing */
+        if (!on_gpu && g.open_handles() != (int) st.mapped_segments)
+                FAIL();         /* one open handle per leased segment, kept while empty */
+        /* Freed on a stream under running work: reused on that stream at once, by nobody else. */
+        if (gpupool_alloc(c, 0, 1 << 20, &a) < 0 || queue_work(&g, s, a, 1 << 20, 64) < 0 ||
+            g.cu.cuEventRecord(done, s) != GP_CUDA_SUCCESS || gpupool_free_async(c, a, s) < 0)
+                FAIL();
+        if (gpupool_alloc(c, 0, 1 << 20, &plain) < 0 || plain == a ||
+            gpupool_alloc_async(c, 0, 1 << 20, other, &on_other) < 0 || on_other == a)
+                FAIL();
+        /* On a GPU the work may be over by now, and the block merged back: only the fake holds it for sure. */
+        if (gpupool_alloc_async(c, 0, 1 << 20, s, &b) < 0 || (!on_gpu && b != a))
+                FAIL();
+        if (!on_gpu && g.cu.cuEventQuery(done) != GP_CUDA_ERROR_NOT_READY)
+                FAIL();
+        release_work(&g, s);
+        if (g.cu.cuStreamSynchronize(s) != GP_CUDA_SUCCESS || gpupool_free(c, b) < 0 || gpupool_free(c, plain) < 0 ||
+            gpupool_free(c, on_other) < 0)
+                FAIL();
+        /* Trimmed: every segment goes back, its handle closed first. */
+        if (gpupool_trim(c) < 0 || gpupool_stats(c, &st) < 0 || st.mapped_segments != 0)
+                FAIL();
+        if (!on_gpu && g.open_handles() != 0)
+                FAIL();
+        if (testd_device(d, 0, "reserved_bytes") != testd_device(d, 0, "cached_bytes"))
+                FAIL();
+        gpupool_disconnect(c);
+        return 0;
+#undef FAIL
+}
+
+START_TEST(test_cuda_process_pool) {
+        run_client(process_pool_client, "process_pool_client");
+}
+END_TEST
+
+/*
  * The framework hooks on the CUDA side: PyTorch's free is ordered on the stream it names, so
  * the block is not handed to another allocation (CuPy's here) while the work queued before
  * the free runs; the hooks connect by $GPUPOOL_SOCKET and take the process's device ordinal.
@@ -787,6 +858,7 @@ static void add_common(TCase *tc) {
         tcase_add_test(tc, test_cuda_disconnect_waits_for_pending_frees);
         tcase_add_test(tc, test_cuda_framework_hooks_stream_ordered);
         tcase_add_test(tc, test_cuda_segment_zeroed_across_uids);
+        tcase_add_test(tc, test_cuda_process_pool);
 }
 
 /* Every daemon and client of the fake suite loads the fake driver; the other suites must not. */

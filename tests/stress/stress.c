@@ -5,7 +5,7 @@
  * a small watermark so that every cache path runs, and TEST-ONLY fault injection of segment
  * creations, exports and zeroings), then for --seconds runs --clients worker processes doing
  * random allocations, writes, checks, frees, flushes and status requests (some keeping free
- * segments, so reclaims happen), while the parent SIGKILLs a random worker every few hundred
+ * segments, some carving their own blocks from leased segments, so reclaims happen), while the parent SIGKILLs a random worker every few hundred
  * milliseconds and starts another, and hostile peers connect: clients that never read their
  * replies, clients that say nothing, clients that send garbage. The parent asks the daemon to
  * check itself (CheckRequest) at sampled points. At the end every worker is gone and the
@@ -218,6 +218,11 @@ static int worker(int index, double deadline) {
         snprintf(name, sizeof(name), "worker-%s-%d", index % 2 ? "odd" : "even", index);
         if (index % 4 == 1)
                 setenv("GPUPOOL_KEEP_FREE", "24M", 1);
+        if (index % 4 == 3) {
+                /* The process's own pool, giving its empty segments back soon: leases, returns and reclaims. */
+                setenv("GPUPOOL_LEASE", "1", 1);
+                setenv("GPUPOOL_IDLE_RETURN", "200ms", 1);
+        }
         if (gpupool_connect(sock_path, name, &c) < 0)
                 return 10;
         while (now_s() < deadline) {

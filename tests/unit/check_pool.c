@@ -598,21 +598,35 @@ START_TEST(test_lease_and_return) {
         ck_assert_int_eq(pool_release(pool, &a, l1.segment_id), -EBUSY);
 
         /* Returned, a segment goes to the cache, and to another tenant zeroed. */
-        a.reported_held_free_bytes = 3 * MiB;
+        pool_owner_report(&a, 5 * MiB, 3 * MiB, 1);
+        pool_get_stats(pool, &st);
+        ck_assert_uint_eq(st.in_use_bytes, 5 * MiB);    /* the device counts what the owner reports */
         ck_assert_int_eq(pool_return(pool, &a, l1.segment_id, false), 0);
         ck_assert_int_eq(pool_return(pool, &a, l1.segment_id, false), -ENOENT);
         ck_assert_uint_eq(a.reported_held_free_bytes, 1 * MiB);
+        ck_assert_uint_eq(a.reported_in_use_bytes, 5 * MiB);
         ck_assert_uint_eq(a.leased_bytes, 24 * MiB);
         pool_get_stats(pool, &st);
         ck_assert_uint_eq(st.cached_bytes, 4 * MiB);    /* l1 and l4's segment */
+        check();
+        /* A report past what it leases is held to it, free first. */
+        pool_owner_report(&a, 1ULL << 40, 1ULL << 40, 2);
+        ck_assert_uint_eq(a.reported_held_free_bytes, 24 * MiB);
+        ck_assert_uint_eq(a.reported_in_use_bytes, 0);
+        pool_owner_report(&a, 30 * MiB, 4 * MiB, 3);
+        ck_assert_uint_eq(a.reported_in_use_bytes, 20 * MiB);
+        check();
         ck_assert_int_eq(pool_lease(pool, &b, 512, UINT64_MAX, &l4), 0);
         ck_assert_uint_eq(l4.segment_size, 2 * MiB);
         ck_assert_int_eq(fake.zeroed, 1);
         check();
 
-        /* Returned to the backend (a tenant's flush), it is gone. */
+        /* Returned to the backend (a tenant's flush), it is gone; a stale report is held to what is left. */
         ck_assert_int_eq(pool_return(pool, &a, l3.segment_id, true), 0);
         ck_assert_int_eq(fake.destroyed, 1);
+        ck_assert_uint_eq(a.reported_held_free_bytes, 0);
+        ck_assert_uint_eq(a.reported_in_use_bytes, 20 * MiB);
+        check();
         /* Detaching returns what is still leased to the cache. */
         ck_assert_uint_eq(pool_owner_detach(&a), 20 * MiB);
         ck_assert_uint_eq(pool_owner_detach(&b), 2 * MiB);

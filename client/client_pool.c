@@ -1,0 +1,262 @@
+/*
+ * client_pool.c: the process's own pool. Its blocks are carved in the process by the
+ * allocator core (common/heap.c), one heap per device over the segments the process leases
+ * whole from gpupoold (LeaseRequest), so that an allocation or a free that fits what the
+ * process holds makes no request and maps nothing. A segment that empties stays mapped for the
+ * next allocations until the daemon asks for memory back (on the control channel), it has
+ * been empty for the idle time ($GPUPOOL_IDLE_RETURN), the process needs room under its own
+ * limit for another segment, gpupool_trim(), or disconnect. Every lease and return tells the
+ * daemon what the process holds per device (Usage).
+ *
+ * $GPUPOOL_LEASE=1 turns it on; until it is the default, blocks are carved by the daemon.
+ */
+#include "client.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+uint64_t client_now_ms(void) {
+        struct timespec ts;
+
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        return (uint64_t) ts.tv_sec * 1000 + (uint64_t) ts.tv_nsec / 1000000;
+}
+
+size_t client_pool_usage(gpupool_client *c, Gpupool__Usage *u, Gpupool__Usage **ptrs) {
+        size_t n = 0;
+
+        for (unsigned d = 0; d < c->device_count; d++) {
+                const struct heap *h = &c->devices[d].heap;
+
+                if (!h->segment_count && !c->devices[d].leased)
+                        continue;
+                gpupool__usage__init(&u[n]);
+                u[n].device = d;
+                u[n].in_use_bytes = h->in_use_bytes;
+                u[n].held_free_bytes = h->empty_bytes;
+                ptrs[n] = &u[n];
+                n++;
+        }
+        return n;
+}
+
+/* Sends req on the main connection with the process's usage. As gp_conn_call(). Locked. */
+static int call_reporting(gpupool_client *c, Gpupool__Envelope *req, Gpupool__Envelope__BodyCase want,
+                          Gpupool__Envelope **ret_reply, int *ret_fd) {
+        Gpupool__Usage u[CLIENT_MAX_DEVICES], *ptrs[CLIENT_MAX_DEVICES];
+
+        req->n_usage = client_pool_usage(c, u, ptrs);
+        req->usage = ptrs;
+        return gp_conn_call(&c->conn, req, want, ret_reply, ret_fd);
+}
+
+int client_pool_return(gpupool_client *c, const uint64_t *ids, size_t n) {
+        Gpupool__Envelope req = GPUPOOL__ENVELOPE__INIT, *rep;
+        Gpupool__ReturnRequest rr = GPUPOOL__RETURN_REQUEST__INIT;
+        int r;
+
+        rr.segment_ids = (uint64_t *) ids;
+        rr.n_segment_ids = n;
+        req.body_case = GPUPOOL__ENVELOPE__BODY_RETURN_SEGMENTS;
+        req.return_segments = &rr;
+        r = call_reporting(c, &req, GPUPOOL__ENVELOPE__BODY_RETURN_REPLY, &rep, NULL);
+        if (r < 0)
+                return r;
+        /* Unmapped already either way: one the daemon did not know is its to sort out. */
+        gpupool__envelope__free_unpacked(rep, NULL);
+        return 0;
+}
+
+size_t client_pool_take_empty(gpupool_client *c, int device, uint64_t want, uint64_t before_ms, uint64_t *ids,
+                              size_t max, uint64_t *ret_bytes) {
+        uint64_t bytes = 0;
+        size_t n = 0;
+
+        for (unsigned d = 0; d < c->device_count && n < max && bytes < want; d++) {
+                struct heap *h = &c->devices[d].heap;
+                struct heap_segment *s;
+
+                if (device >= 0 && (unsigned) device != d)
+                        continue;
+                /* Oldest emptied first: the newest are the likeliest to serve the next allocations. */
+                while (n < max && bytes < want && (s = heap_oldest_empty(h))) {
+                        struct mapping *m = gp_rb_entry(s, struct mapping, hs);
+
+                        if (m->emptied_ms > before_ms)
+                                break;
+                        (void) heap_remove(s);
+                        ids[n++] = m->segment_id;
+                        bytes += m->size;
+                        c->devices[d].leased -= m->size;
+                        client_mapping_drop(c, m);
+                }
+        }
+        if (ret_bytes)
+                *ret_bytes = bytes;
+        return n;
+}
+
+int client_pool_trim(gpupool_client *c, int device, uint64_t want) {
+        uint64_t ids[CLIENT_RETURN_BATCH], bytes = 0;
+        size_t n;
+        int r = 0;
+
+        do {
+                uint64_t got;
+
+                n = client_pool_take_empty(c, device, want - bytes, UINT64_MAX, ids, CLIENT_RETURN_BATCH, &got);
+                bytes += got;
+                if (n && r == 0)
+                        r = client_pool_return(c, ids, n);
+        } while (n == CLIENT_RETURN_BATCH && bytes < want);
+        return r;
+}
+
+void client_pool_tick(gpupool_client *c, uint64_t now_ms) {
+        if (c->idle_return_ms && now_ms >= c->idle_return_ms) {
+                uint64_t ids[CLIENT_RETURN_BATCH];
+                size_t n;
+
+                do {
+                        n = client_pool_take_empty(c, -1, UINT64_MAX, now_ms - c->idle_return_ms, ids, CLIENT_RETURN_BATCH,
+                                                   NULL);
+                        if (n && client_pool_return(c, ids, n) < 0)
+                                return;
+                } while (n == CLIENT_RETURN_BATCH);
+        }
+}
+
+/*
+ * Leases a segment on device d for a block of rsize bytes and adds it to the device's heap,
+ * in class. Returns 0 or a negative errno with the error set. Locked.
+ */
+static int lease(gpupool_client *c, unsigned d, uint64_t rsize, enum heap_class class) {
+        Gpupool__Envelope req = GPUPOOL__ENVELOPE__INIT, *rep;
+        Gpupool__LeaseRequest lr = GPUPOOL__LEASE_REQUEST__INIT;
+        const Gpupool__LeaseReply *l;
+        struct mapping *m;
+        int r, fd = -1;
+
+        lr.device = d;
+        lr.size = rsize;
+        req.body_case = GPUPOOL__ENVELOPE__BODY_LEASE;
+        req.lease = &lr;
+        r = call_reporting(c, &req, GPUPOOL__ENVELOPE__BODY_LEASE_REPLY, &rep, &fd);
+        if (r < 0)
+                return r;
+        l = rep->lease_reply;
+        if (l->segment_size < rsize || l->segment_size % HEAP_BLOCK_ALIGN || client_mapping_by_id(c, l->segment_id)) {
+                if (fd >= 0)
+                        close(fd);
+                client_set_error(c, "gpupoold leased a segment that cannot serve the request or that this process "
+                                    "maps already");
+                r = -EPROTO;
+                goto out;
+        }
+        r = client_mapping_add(c, d, l->segment_id, l->segment_size, l->has_ipc_handle ? &l->ipc_handle : NULL, fd, &m);
+        if (r < 0) {
+                uint64_t id = l->segment_id;
+
+                /* Never mapped: the daemon takes it back. */
+                (void) client_pool_return(c, &id, 1);
+                goto out;
+        }
+        r = heap_add(&c->devices[d].heap, &m->hs, m->segment_id, m->size, class);
+        if (r < 0) {
+                uint64_t id = m->segment_id;
+
+                client_mapping_drop(c, m);
+                (void) client_pool_return(c, &id, 1);
+                goto out;
+        }
+        m->emptied_ms = client_now_ms();
+        c->devices[d].leased += m->size;
+out:
+        gpupool__envelope__free_unpacked(rep, NULL);
+        return r;
+}
+
+/*
+ * A block freed with a stream that an allocation on that same stream may have at once (the
+ * stream runs the new work after the old): of device d, at least rsize and at most a quarter
+ * more. Taken out of its stream-ordered free, live again. Locked.
+ */
+static struct block *take_pending(gpupool_client *c, unsigned d, uint64_t rsize, void *stream) {
+        for (struct deferred *q = c->deferred_head; q; q = q->next) {
+                struct block *b = q->block;
+
+                if (b && q->stream == stream && q->device == d && b->size >= rsize && b->size <= rsize + rsize / 4) {
+                        q->block = NULL;        /* its event ends nothing now */
+                        b->freeing = false;
+                        return b;
+                }
+        }
+        return NULL;
+}
+
+int client_pool_alloc(gpupool_client *c, unsigned d, int device, uint64_t rsize, void *stream, bool on_stream,
+                      void **ret_ptr) {
+        struct client_device *dev = &c->devices[d];
+        enum heap_class class = heap_class_of(rsize);
+        struct heap_block *hb;
+        struct mapping *m;
+        struct block *b;
+        int r;
+
+        if (on_stream && (b = take_pending(c, d, rsize, stream))) {
+                b->local_device = device;
+                b->scope = c->scope_depth ? c->scopes[c->scope_depth - 1] : 0;
+                *ret_ptr = b->ptr;
+                return 0;
+        }
+        b = calloc(1, sizeof(*b));
+        if (!b)
+                return -ENOMEM;
+        hb = heap_alloc(&dev->heap, class, rsize);
+        if (!hb) {
+                r = lease(c, d, rsize, class);
+                if (r == -EDQUOT || r == -ENOMEM) {
+                        /* What this process holds empty counts against its limit and the device: give it back, ask again. */
+                        if (dev->heap.empty_bytes && client_pool_trim(c, (int) d, UINT64_MAX) == 0)
+                                r = lease(c, d, rsize, class);
+                }
+                if (r < 0) {
+                        free(b);
+                        return r;
+                }
+                hb = heap_alloc(&dev->heap, class, rsize);
+        }
+        m = gp_rb_entry(hb->segment, struct mapping, hs);
+        b->hb = hb;
+        b->ptr = m->base + hb->offset;
+        b->size = hb->size;
+        b->mapping = m;
+        b->local_device = device;
+        b->epoch = c->epoch;
+        b->scope = c->scope_depth ? c->scopes[c->scope_depth - 1] : 0;
+        r = client_live_insert(c, b);
+        if (r < 0) {
+                /* Only a bug of ours puts two live blocks at one address. */
+                client_set_error(c, "the process's pool handed out a block that is live already");
+                if (heap_free(&dev->heap, hb))
+                        m->emptied_ms = client_now_ms();
+                free(b);
+                return -EPROTO;
+        }
+        m->live++;
+        *ret_ptr = b->ptr;
+        return 0;
+}
+
+int client_pool_free(gpupool_client *c, struct block *b) {
+        struct mapping *m = b->mapping;
+
+        m->live--;
+        if (heap_free(&c->devices[m->device].heap, b->hb))
+                m->emptied_ms = client_now_ms();
+        free(b);
+        return 0;
+}

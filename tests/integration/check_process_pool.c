@@ -1,0 +1,251 @@
+/*
+ * check_process_pool.c: the process's own pool ($GPUPOOL_LEASE=1, client/client_pool.c) end to
+ * end on the host backend: a steady state that asks the daemon nothing, what the daemon is
+ * told, segments given back when idle, under a limit, on trim and when another process needs
+ * the memory (elasticity), scopes, and bad settings.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "gpupool.h"
+#include "suites.h"
+#include "testlib.h"
+
+#define KiB (1ULL << 10)
+#define MiB (1ULL << 20)
+
+static long long client_field(struct testd *d, const char *name, const char *key) {
+        json_t *st = testd_ctl(d, "status"), *c = status_client_by_name(st, name);
+        long long v = c ? json_integer_value(json_object_get(c, key)) : -1;
+
+        json_decref(st);
+        return v;
+}
+
+static gpupool_client *connect_leasing(struct testd *d, const char *name) {
+        gpupool_client *c;
+
+        setenv("GPUPOOL_LEASE", "1", 1);
+        ck_assert_int_eq(gpupool_connect(d->sock, name, &c), 0);
+        return c;
+}
+
+/* A training step's shape: the same sizes allocated and freed, in the same order, again and again. */
+static void step(gpupool_client *c) {
+        static const size_t sizes[] = { 4 * KiB, 3 * MiB, 700 * KiB, 24 * MiB, 1000, 8 * MiB, 64 * KiB, 3 * MiB };
+        void *p[sizeof(sizes) / sizeof(sizes[0])];
+
+        for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
+                ck_assert_int_eq(gpupool_alloc(c, 0, sizes[i], &p[i]), 0);
+                memset(p[i], (int) i, sizes[i]);        /* host memory: really ours */
+        }
+        for (size_t i = sizeof(sizes) / sizeof(sizes[0]); i-- > 0;)
+                ck_assert_int_eq(gpupool_free(c, p[i]), 0);
+}
+
+START_TEST(test_steady_state_asks_nothing) {
+        struct gpupool_stats first, st;
+        gpupool_client *c;
+        struct testd d;
+
+        testd_start(&d, NULL);
+        c = connect_leasing(&d, "steady");
+        step(c);
+        ck_assert_int_eq(gpupool_stats(c, &first), 0);
+        ck_assert_uint_eq(first.live_blocks, 0);
+        ck_assert_uint_gt(first.segments_imported, 0);
+        ck_assert_uint_eq(first.cached_bytes, first.mapped_bytes);      /* all of it free, in the process */
+        for (int i = 0; i < 200; i++)
+                step(c);
+        ck_assert_int_eq(gpupool_stats(c, &st), 0);
+        ck_assert_uint_eq(st.round_trips, first.round_trips);
+        ck_assert_uint_eq(st.segments_imported, first.segments_imported);
+        ck_assert_uint_eq(st.mapped_bytes, first.mapped_bytes);
+        /* The daemon counts what the process leases; it heard what it holds with its last lease. */
+        ck_assert_int_eq(client_field(&d, "steady", "leased_bytes"), (long long) st.mapped_bytes);
+        ck_assert_int_eq(client_field(&d, "steady", "reserved_bytes"), (long long) st.mapped_bytes);
+        ck_assert_int_ge(client_field(&d, "steady", "report_age_ms"), 0);
+        ck_assert_int_eq(testd_device(&d, 0, "reserved_bytes"), (long long) st.mapped_bytes);
+        /* Trimmed, every segment goes back, and the report that came with it says so. */
+        ck_assert_int_eq(gpupool_trim(c), 0);
+        ck_assert_int_eq(gpupool_stats(c, &st), 0);
+        ck_assert_uint_eq(st.mapped_bytes, 0);
+        ck_assert_uint_eq(gpupool_cached_bytes(c), 0);
+        ck_assert_int_eq(client_field(&d, "steady", "leased_bytes"), 0);
+        ck_assert_int_eq(client_field(&d, "steady", "held_free_bytes"), 0);
+        ck_assert_int_eq(testd_device(&d, 0, "cached_bytes"), (long long) first.mapped_bytes);
+        json_decref(testd_ctl(&d, "check"));        /* every invariant of the daemon holds */
+        gpupool_disconnect(c);
+        ck_assert_int_eq(testd_stop(&d), 0);
+}
+END_TEST
+
+/* Process A of the elasticity test: allocates 700 MiB in blocks of block bytes, frees it all and idles. */
+struct idler {
+        size_t block;
+        int ready[2], go[2];
+};
+
+static int idler_main(struct testd *d, void *arg) {
+        struct idler *a = arg;
+        size_t n = 700 * MiB / a->block + (700 * MiB % a->block != 0);
+        void **p = calloc(n, sizeof(*p));
+        gpupool_client *c;
+        char ch = 'y';
+
+        setenv("GPUPOOL_LEASE", "1", 1);
+        setenv("GPUPOOL_IDLE_RETURN", "0", 1);  /* nothing goes back by itself: only when asked */
+        if (!p || gpupool_connect(d->sock, "idler", &c) < 0)
+                return 1;
+        for (size_t i = 0; i < n; i++)
+                if (gpupool_alloc(c, 0, a->block, &p[i]) < 0)
+                        ch = 'n';
+        for (size_t i = 0; i < n; i++)
+                if (p[i] && gpupool_free(c, p[i]) < 0)
+                        ch = 'n';
+        if (write(a->ready[1], &ch, 1) != 1 || read(a->go[0], &ch, 1) != 1)
+                return 2;
+        gpupool_disconnect(c);
+        free(p);
+        return 0;
+}
+
+static void elasticity(size_t block) {
+        struct idler a = { .block = block };
+        gpupool_client *b;
+        struct testd d;
+        char ready;
+        double t0, took;
+        void *p;
+        pid_t pid;
+
+        testd_start(&d, "--host-capacity", "1G", NULL);
+        ck_assert_int_eq(pipe(a.ready), 0);
+        ck_assert_int_eq(pipe(a.go), 0);
+        pid = spawn(idler_main, &d, &a);
+        ck_assert_int_eq(read(a.ready[0], &ready, 1), 1);
+        ck_assert_int_eq(ready, 'y');
+        ck_assert_int_ge(client_field(&d, "idler", "leased_bytes"), 700 * MiB);
+        /* A holds nothing in use and everything leased; B's 700 MiB fits only with it back. */
+        b = connect_leasing(&d, "needy");
+        t0 = now_s();
+        ck_assert_int_eq(gpupool_alloc(b, 0, 700 * MiB, &p), 0);
+        took = now_s() - t0;
+        ck_assert_msg(took < 1.0, "took %.3f s", took);
+        ck_assert_int_gt(testd_device(&d, 0, "reclaims_total"), 0);
+        ck_assert_int_lt(client_field(&d, "idler", "leased_bytes"), 324 * MiB);
+        ck_assert_int_eq(gpupool_free(b, p), 0);
+        gpupool_disconnect(b);
+        ck_assert_int_eq(write(a.go[1], "g", 1), 1);
+        ck_assert_int_eq(reap(pid), 0);
+        close(a.ready[0]), close(a.ready[1]), close(a.go[0]), close(a.go[1]);
+        ck_assert_int_eq(testd_stop(&d), 0);
+}
+
+START_TEST(test_elasticity_1m_blocks) {
+        elasticity(1 * MiB);
+}
+END_TEST
+
+START_TEST(test_elasticity_64m_blocks) {
+        elasticity(64 * MiB);
+}
+END_TEST
+
+START_TEST(test_idle_segments_go_back) {
+        gpupool_client *c;
+        struct testd d;
+        void *p;
+
+        testd_start(&d, NULL);
+        setenv("GPUPOOL_IDLE_RETURN", "300ms", 1);
+        c = connect_leasing(&d, "idle");
+        ck_assert_int_eq(gpupool_alloc(c, 0, 3 * MiB, &p), 0);
+        ck_assert_int_eq(gpupool_free(c, p), 0);
+        ck_assert_int_eq(testd_device(&d, 0, "reserved_bytes"), 20 * MiB);
+        ck_assert_int_eq(testd_device(&d, 0, "cached_bytes"), 0);
+        /* The control thread looks once a second: within a few, the empty segment is the daemon's again. */
+        ck_assert(testd_device_becomes(&d, 0, "cached_bytes", 20 * MiB));
+        ck_assert_uint_eq(gpupool_cached_bytes(c), 0);
+        /* And the next allocation leases anew. */
+        ck_assert_int_eq(gpupool_alloc(c, 0, 3 * MiB, &p), 0);
+        ck_assert_int_eq(testd_device(&d, 0, "cached_bytes"), 0);
+        ck_assert_int_eq(gpupool_free(c, p), 0);
+        gpupool_disconnect(c);
+        ck_assert_int_eq(testd_stop(&d), 0);
+}
+END_TEST
+
+START_TEST(test_limit_makes_room_from_empty_segments) {
+        gpupool_client *c;
+        struct testd d;
+        char msg[512];
+        void *p, *q;
+
+        testd_start(&d, "--client-limit", "64M", NULL);
+        c = connect_leasing(&d, "limited");
+        ck_assert_int_eq(gpupool_alloc(c, 0, 40 * MiB, &p), 0);
+        ck_assert_int_eq(gpupool_free(c, p), 0);
+        /* 40 MiB held empty + a 50 MiB segment is over 64 MiB: the empty one goes back first. */
+        ck_assert_int_eq(gpupool_alloc(c, 0, 50 * MiB, &p), 0);
+        ck_assert_int_eq(client_field(&d, "limited", "leased_bytes"), 50 * MiB);
+        /* In use, nothing is given back: the limit refuses, saying so. */
+        ck_assert_int_eq(gpupool_alloc(c, 0, 20 * MiB, &q), -EDQUOT);
+        gpupool_last_error(c, msg, sizeof(msg));
+        ck_assert_msg(strstr(msg, "over its limit of 64.0 MiB"), "%s", msg);
+        ck_assert_int_eq(gpupool_free(c, p), 0);
+        gpupool_disconnect(c);
+        ck_assert_int_eq(testd_stop(&d), 0);
+}
+END_TEST
+
+START_TEST(test_scopes_and_bad_settings) {
+        struct gpupool_stats st;
+        gpupool_client *c;
+        struct testd d;
+        void *p;
+
+        testd_start(&d, NULL);
+        c = connect_leasing(&d, "scoped");
+        ck_assert_int_eq(gpupool_alloc(c, 0, 8 * KiB, &p), 0);
+        ck_assert_int_eq(gpupool_scope_begin(c), 0);
+        for (int i = 0; i < 300; i++) {
+                void *x;
+
+                ck_assert_int_eq(gpupool_alloc(c, 0, 4 * KiB, &x), 0);
+        }
+        ck_assert_int_eq(gpupool_scope_end(c), 0);
+        ck_assert_int_eq(gpupool_stats(c, &st), 0);
+        ck_assert_uint_eq(st.live_blocks, 1);           /* the scope's blocks are freed, the one before it kept */
+        ck_assert_uint_eq(st.live_bytes, 8 * KiB);
+        ck_assert_int_eq(gpupool_free(c, p), 0);
+        ck_assert_int_eq(gpupool_free(c, p), -ENOENT);
+        ck_assert_int_eq(gpupool_alloc(c, 0, (size_t) 1 << 47, &p), -EINVAL);
+        gpupool_disconnect(c);
+        setenv("GPUPOOL_LEASE", "2", 1);
+        ck_assert_int_eq(gpupool_connect(d.sock, "bad", &c), -EINVAL);
+        setenv("GPUPOOL_LEASE", "1", 1);
+        setenv("GPUPOOL_IDLE_RETURN", "soon", 1);
+        ck_assert_int_eq(gpupool_connect(d.sock, "bad", &c), -EINVAL);
+        ck_assert_int_eq(testd_stop(&d), 0);
+}
+END_TEST
+
+Suite *suite_process_pool(void) {
+        Suite *s = suite_create("process_pool");
+        TCase *tc = tcase_create("host");
+
+        tcase_add_test(tc, test_steady_state_asks_nothing);
+        tcase_add_test(tc, test_elasticity_1m_blocks);
+        tcase_add_test(tc, test_elasticity_64m_blocks);
+        tcase_add_test(tc, test_idle_segments_go_back);
+        tcase_add_test(tc, test_limit_makes_room_from_empty_segments);
+        tcase_add_test(tc, test_scopes_and_bad_settings);
+        tcase_set_timeout(tc, 60);
+        suite_add_tcase(s, tc);
+        return s;
+}
