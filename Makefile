@@ -82,7 +82,10 @@ endif
 PROTO_C   := $(B)/proto/gpupool.pb-c.c
 PROTO_H   := $(B)/proto/gpupool.pb-c.h
 COMMON    := common/conn.c common/cudadrv.c common/heap.c common/rbtree.c common/size.c common/wire.c
-DAEMON    := $(filter-out daemon/main.c,$(wildcard daemon/*.c))
+# The daemon's modules; backend_fault.c (test-only fault injection) is left out of the shipped
+# gpupoold and linked into the test programs and build/tests/gpupoold-faults only.
+DAEMON    := $(filter-out daemon/main.c daemon/backend_fault.c,$(wildcard daemon/*.c))
+DAEMON_TEST_O := $(B)/obj/daemon/backend_fault.o
 CLIENT    := client/client.c client/client_cache.c client/client_cuda.c client/client_hooks.c client/client_magazine.c \
              client/client_pool.c \
              client/client_scope.c
@@ -104,6 +107,7 @@ TEST_BIN   := $(B)/tests/check_gpupool
 GPU_TEST_BIN := $(B)/tests/check_gpu
 BENCH_GPU  := $(B)/bench/bench_gpu
 STRESS_BIN := $(B)/tests/stress
+FAULTS_BIN := $(B)/tests/gpupoold-faults
 BENCH_HOST := $(B)/bench/bench_host
 BENCH_FRAG := $(B)/bench/frag
 BENCH_REPLAY := $(B)/bench/replay
@@ -157,6 +161,17 @@ $(B)/obj/%.o: %.c $(PROTO_H)
 	$(Q)$(CC) $(CFLAGS) -c -o $@ $<
 
 $(DAEMON_BIN): $(DAEMON_O) $(B)/obj/daemon/main.o $(COMMON_O)
+	@echo "  LD      $@"
+	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LIBS_UV) $(LIBS_PROTOBUF) $(LIBS_INIH) -ldl
+
+# The daemon with $GPUPOOL_TEST_FAULTS honoured, for the stress run: never installed.
+$(B)/obj/tests/gpupoold-faults/main.o: daemon/main.c $(PROTO_H)
+	@mkdir -p $(dir $@)
+	@echo "  CC      $< (fault injection)"
+	$(Q)$(CC) $(CFLAGS) -DGPUPOOL_FAULT_INJECTION -c -o $@ $<
+
+$(FAULTS_BIN): $(DAEMON_O) $(DAEMON_TEST_O) $(B)/obj/tests/gpupoold-faults/main.o $(COMMON_O)
+	@mkdir -p $(dir $@)
 	@echo "  LD      $@"
 	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LIBS_UV) $(LIBS_PROTOBUF) $(LIBS_INIH) -ldl
 
@@ -327,7 +342,7 @@ STRESS_CLIENTS ?= 32
 STRESS_SECONDS ?= 60
 # The daemon's RSS bound in MiB; ASan's shadow memory and quarantine need more.
 STRESS_MAX_RSS ?= $(if $(SANITIZER),256,64)
-stress: all $(STRESS_BIN)
+stress: all $(STRESS_BIN) $(FAULTS_BIN)
 	$(Q)$(STRESS_BIN) --build $(B) --clients $(STRESS_CLIENTS) --seconds $(STRESS_SECONDS) --max-rss $(STRESS_MAX_RSS)
 
 # Fuzzing (libFuzzer, clang, with ASan and UBSan): the protocol as one client's packets reach

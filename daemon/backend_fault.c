@@ -2,8 +2,9 @@
  * backend_fault.c: TEST ONLY. Wraps a backend and makes a chosen fraction of its segment
  * creations, exports and zeroings fail, so that the stress run (tests/stress) proves every
  * failure path returns its memory and keeps the invariants. Enabled by $GPUPOOL_TEST_FAULTS,
- * e.g. "create=0.05,export=0.02,zero=0.1,seed=7"; the daemon says so loudly at start. Never
- * set it on a production node.
+ * e.g. "create=0.05,export=0.02,zero=0.1,seed=7"; the daemon says so loudly at start. It is
+ * linked into the test daemon build/tests/gpupoold-faults (and the test and fuzz programs)
+ * only: the shipped gpupoold has none of it.
  */
 #include "backend.h"
 

@@ -210,7 +210,8 @@ void log_write(enum log_level level, const char *fmt, ...) {
 }
 
 void log_writev(enum log_level level, const char *fmt, va_list ap) {
-        char text[1024], line[1200];
+        /* The line adds a timestamp and the level to the message. */
+        char text[LOG_MESSAGE_MAX], line[LOG_MESSAGE_MAX + 176];
         int saved_errno = errno;
         size_t len, at, first;
 

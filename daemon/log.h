@@ -62,6 +62,9 @@ struct log_ratelimit {
 };
 
 /* What a client may make the daemon log, and all clients together. */
+/* The longest message a log line carries; longer ones are cut there. */
+#define LOG_MESSAGE_MAX 1024
+
 #define LOG_RATELIMIT_CLIENT { .burst = 10, .interval_ms = 10000 }
 #define LOG_RATELIMIT_CLIENTS { .burst = 1000, .interval_ms = 10000 }
 

@@ -96,6 +96,8 @@ int main(int argc, char **argv) {
                 backend->ops->close(backend);
                 return 1;
         }
+#ifdef GPUPOOL_FAULT_INJECTION
+        /* Only in the test build (build/tests/gpupoold-faults): the shipped daemon has no such code. */
         if (getenv("GPUPOOL_TEST_FAULTS") && *getenv("GPUPOOL_TEST_FAULTS")) {
                 struct backend *faulty;
 
@@ -106,6 +108,7 @@ int main(int argc, char **argv) {
                 }
                 backend = faulty;
         }
+#endif
         r = uv_loop_init(&loop);
         if (r < 0) {
                 log_err("cannot start the event loop: %s", uv_strerror(r));

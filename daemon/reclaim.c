@@ -91,12 +91,20 @@ static int by_excess(const void *a, const void *b) {
 
 uint64_t reclaim_ask(struct server *server, struct session *requester, unsigned device, uint64_t want_bytes,
                      unsigned *ret_clients) {
-        static struct session *candidates[1024];
+        struct session **candidates;
         uint64_t asked = 0;
         size_t n = 0;
 
         *ret_clients = 0;
-        for (struct session *c = server->sessions; c && n < sizeof(candidates) / sizeof(candidates[0]); c = c->next)
+        for (struct session *c = server->sessions; c; c = c->next)
+                if (c != requester && c->control && c->tenant && c->state == SESSION_READY && excess(c, device))
+                        n++;
+        /* Every eligible client, however many: sessions are bounded by the server's limits, not here. */
+        candidates = n ? calloc(n, sizeof(*candidates)) : NULL;
+        if (!candidates)
+                return 0;
+        n = 0;
+        for (struct session *c = server->sessions; c; c = c->next)
                 if (c != requester && c->control && c->tenant && c->state == SESSION_READY && excess(c, device))
                         candidates[n++] = c;
         reclaim_device = device;
@@ -108,6 +116,7 @@ uint64_t reclaim_ask(struct server *server, struct session *requester, unsigned 
                 asked += ask(server, candidates[i], device, want_bytes - asked, false, true, &segments, &pushed);
                 *ret_clients += pushed;
         }
+        free(candidates);
         return asked;
 }
 

@@ -359,7 +359,7 @@ static void handle_lease(struct session *s, const Gpupool__Envelope *req, struct
 }
 
 uint64_t request_retry_parked(struct server *server, uint64_t now_ms) {
-        static struct session *parked[1024];
+        struct session **parked;
         uint64_t next = UINT64_MAX;
         size_t n = 0;
 
@@ -367,7 +367,15 @@ uint64_t request_retry_parked(struct server *server, uint64_t now_ms) {
          * Collected first: answering one may end its session, and with it that session's
          * control channel, which is never parked itself.
          */
-        for (struct session *c = server->sessions; c && n < sizeof(parked) / sizeof(parked[0]); c = c->next)
+        for (struct session *c = server->sessions; c; c = c->next)
+                n += c->parked;
+        if (!n)
+                return UINT64_MAX;
+        parked = calloc(n, sizeof(*parked));
+        if (!parked)
+                return now_ms + 10;     /* out of memory for a moment: try again soon */
+        n = 0;
+        for (struct session *c = server->sessions; c; c = c->next)
                 if (c->parked)
                         parked[n++] = c;
         for (size_t i = 0; i < n; i++) {
@@ -384,6 +392,7 @@ uint64_t request_retry_parked(struct server *server, uint64_t now_ms) {
                         next = c->parked_deadline_ms;
                 }
         }
+        free(parked);
         return next;
 }
 

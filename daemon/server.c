@@ -412,7 +412,8 @@ int server_start(struct server *server, uv_loop_t *loop, const struct config *co
  * for good, where a pid alone may be reused. Returns 0, or -ESRCH when no such process runs.
  */
 static int process_start_time(pid_t pid, unsigned long long *ret) {
-        char path[64], buf[1024], *p;
+        /* pid (comm) state and 19 numbers come before field 22: comm is at most 64 bytes, each number 20. */
+        char path[64], buf[64 + 32 + 21 * 21], *p;
         FILE *f;
         size_t n;
 

@@ -85,7 +85,8 @@ static void start_daemon(const char *build, const char *faults) {
               "[limits]\nclient_max = 48M\n"
               "[tenant:even]\nmatch_name = worker-even-*\nmax = 160M\nguarantee = 32M\n", f);
         fclose(f);
-        snprintf(path, sizeof(path), "%s/gpupoold", build);
+        /* The daemon built with fault injection (the shipped one has none): the same code otherwise. */
+        snprintf(path, sizeof(path), "%s/tests/gpupoold-faults", build);
         daemon_pid = fork();
         if (daemon_pid == 0) {
                 int fd = open(log_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);

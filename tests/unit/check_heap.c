@@ -177,11 +177,16 @@ START_TEST(test_random_churn) {
                         if (!b)
                                 continue;
                         s = (int) (b->segment - segs);
-                        ck_assert_uint_ge(b->size, rsize);
-                        ck_assert_uint_le(b->size, rsize + (heap_class_of(rsize) == HEAP_CLASS_SMALL ? 0 : HEAP_SMALL_REQUEST));
-                        ck_assert_uint_le(b->offset + b->size, segs[s].size);
+                        /* Plain ifs in the loops: each ck_assert is a message to Check's parent process. */
+                        if (b->size < rsize ||
+                            b->size > rsize + (heap_class_of(rsize) == HEAP_CLASS_SMALL ? 0 : HEAP_SMALL_REQUEST) ||
+                            b->offset + b->size > segs[s].size)
+                                ck_abort_msg("step %d: a block of %llu at %llu for %llu bytes", step,
+                                             (unsigned long long) b->size, (unsigned long long) b->offset,
+                                             (unsigned long long) rsize);
                         for (uint64_t u = b->offset / 512; u < (b->offset + b->size) / 512; u++) {
-                                ck_assert_msg(!map[s][u], "step %d: block overlaps a live one", step);
+                                if (map[s][u])
+                                        ck_abort_msg("step %d: block overlaps a live one", step);
                                 map[s][u] = 1;
                         }
                         live[n++] = b;
