@@ -57,6 +57,7 @@
 
 #include "gpupool.h"
 #include "null_backend.h"
+#include "private_daemon.h"
 #include "pool.h"
 #include "wire.h"
 
@@ -189,34 +190,7 @@ static void echo_latency(size_t ops, double *t) {
 static char sock_path[128], dir[64];
 
 static pid_t start_daemon(const char *build) {
-        char path[256], log[160], conf[160];
-        pid_t pid;
-
-        snprintf(path, sizeof(path), "%s/gpupoold", build);
-        snprintf(log, sizeof(log), "%s/gpupoold.log", dir);
-        /* An empty config: the node's own /etc/gpupool must not change what is measured. */
-        snprintf(conf, sizeof(conf), "%s/empty.conf", dir);
-        close(open(conf, O_WRONLY | O_CREAT | O_TRUNC, 0644));
-        pid = fork();
-        if (pid == 0) {
-                int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-
-                dup2(fd, 2);
-                execl(path, path, "--socket", sock_path, "--backend", "host", "--host-capacity", "2G", "--log-level", "err",
-                      "--config", conf, (char *) NULL);
-                _exit(127);
-        }
-        for (int i = 0; i < 2000; i++) {
-                int s;
-
-                if (gp_wire_connect(sock_path, &s) == 0) {
-                        close(s);
-                        return pid;
-                }
-                usleep(5000);
-        }
-        fprintf(stderr, "bench_host: gpupoold did not start (see %s)\n", log);
-        exit(1);
+        return private_daemon_start(build, dir, sock_path, "2G");
 }
 
 /* ---- where processes run ---- */

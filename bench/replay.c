@@ -42,7 +42,7 @@
 #include <unistd.h>
 
 #include "gpupool.h"
-#include "wire.h"
+#include "private_daemon.h"
 
 #define MiB (1ULL << 20)
 
@@ -95,35 +95,7 @@ static int read_trace(const char *path, struct trace *t) {
 static char dir[64], sock_path[128];
 
 static pid_t start_daemon(const char *build) {
-        char path[256], log[160], conf[160];
-        pid_t pid;
-
-        snprintf(path, sizeof(path), "%s/gpupoold", build);
-        snprintf(log, sizeof(log), "%s/gpupoold.log", dir);
-        /* An empty config: the node's own /etc/gpupool must not change what is measured. */
-        snprintf(conf, sizeof(conf), "%s/empty.conf", dir);
-        close(open(conf, O_WRONLY | O_CREAT | O_TRUNC, 0644));
-        unlink(sock_path);
-        pid = fork();
-        if (pid == 0) {
-                int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-
-                dup2(fd, 2);
-                execl(path, path, "--socket", sock_path, "--backend", "host", "--host-capacity", "16G", "--log-level",
-                      "err", "--config", conf, (char *) NULL);
-                _exit(127);
-        }
-        for (int i = 0; i < 2000; i++) {
-                int s;
-
-                if (gp_wire_connect(sock_path, &s) == 0) {
-                        close(s);
-                        return pid;
-                }
-                usleep(5000);
-        }
-        fprintf(stderr, "replay: gpupoold did not start (see %s)\n", log);
-        exit(1);
+        return private_daemon_start(build, dir, sock_path, "16G");
 }
 
 static void stop_daemon(pid_t pid) {

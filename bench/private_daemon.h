@@ -1,0 +1,52 @@
+/*
+ * private_daemon.h: a gpupoold of the benchmark's own, for the benchmarks that talk to one
+ * (bench_host.c, replay.c): host backend, an empty config (the node's own /etc/gpupool must
+ * not change what is measured), errors only in its log, listening before this returns.
+ */
+#ifndef GP_BENCH_PRIVATE_DAEMON_H
+#define GP_BENCH_PRIVATE_DAEMON_H
+
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/types.h>
+#include <unistd.h>
+
+#include "wire.h"
+
+/*
+ * Starts build/gpupoold on sock_path with capacity (a size) of host memory, its config and
+ * log in dir. Returns its pid; exits the benchmark, saying why, if it does not listen in 10 s.
+ */
+static pid_t private_daemon_start(const char *build, const char *dir, const char *sock_path, const char *capacity) {
+        char path[256], log[160], conf[160];
+        pid_t pid;
+
+        snprintf(path, sizeof(path), "%s/gpupoold", build);
+        snprintf(log, sizeof(log), "%s/gpupoold.log", dir);
+        snprintf(conf, sizeof(conf), "%s/empty.conf", dir);
+        close(open(conf, O_WRONLY | O_CREAT | O_TRUNC, 0644));
+        unlink(sock_path);
+        pid = fork();
+        if (pid == 0) {
+                int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+
+                dup2(fd, 2);
+                execl(path, path, "--socket", sock_path, "--backend", "host", "--host-capacity", capacity, "--log-level",
+                      "err", "--config", conf, (char *) NULL);
+                _exit(127);
+        }
+        for (int i = 0; i < 2000; i++) {
+                int s;
+
+                if (gp_wire_connect(sock_path, &s) == 0) {
+                        close(s);
+                        return pid;
+                }
+                usleep(5000);
+        }
+        fprintf(stderr, "gpupoold did not start (see %s)\n", log);
+        exit(1);
+}
+
+#endif
