@@ -38,13 +38,10 @@
 #include "null_backend.h"
 #include "pool.h"
 #include "rbtree.h"
+#include "trace.h"
 
 #define MiB (1ULL << 20)
 
-struct op {
-        bool alloc;
-        uint64_t id, size;
-};
 
 static uint64_t round512(uint64_t n) {
         return (n + 511) & ~511ULL;
@@ -203,39 +200,6 @@ struct result {
         uint64_t peak_reserved, peak_held, peak_in_use;
 };
 
-static struct op *load(const char *path, size_t *ret_n, uint64_t *ret_max_id) {
-        FILE *f = fopen(path, "r");
-        char line[256];
-        size_t n = 0, cap = 1024;
-        struct op *ops = malloc(cap * sizeof(*ops));
-        uint64_t max_id = 0;
-
-        if (!f || !ops) {
-                fprintf(stderr, "frag: cannot read %s\n", path);
-                exit(1);
-        }
-        if (!fgets(line, sizeof(line), f))
-                exit(1);        /* the header */
-        while (fgets(line, sizeof(line), f)) {
-                unsigned long long t, id, size;
-                unsigned stream;
-                char op;
-
-                if (sscanf(line, "%llu,%c,%llu,%llu,%u", &t, &op, &id, &size, &stream) != 5 || (op != 'a' && op != 'f')) {
-                        fprintf(stderr, "frag: %s: bad line: %s", path, line);
-                        exit(1);
-                }
-                if (n == cap)
-                        ops = realloc(ops, (cap *= 2) * sizeof(*ops));
-                ops[n++] = (struct op) { op == 'a', id, size };
-                if (id > max_id)
-                        max_id = id;
-        }
-        fclose(f);
-        *ret_n = n;
-        *ret_max_id = max_id;
-        return ops;
-}
 
 static struct result run_segalloc(const struct policy *p, const struct op *ops, size_t n, uint64_t max_id) {
         struct blk **live = calloc(max_id + 1, sizeof(*live));
@@ -389,10 +353,16 @@ int main(int argc, char **argv) {
         for (int i = 1; i < argc; i++) {
                 const char *base = strrchr(argv[i], '/') ? strrchr(argv[i], '/') + 1 : argv[i];
                 char name[64];
-                uint64_t max_id;
-                size_t n;
-                struct op *ops = load(argv[i], &n, &max_id);
+                struct trace t;
+                int r = trace_read(argv[i], &t);
+                const struct op *ops = t.ops;
+                uint64_t max_id = t.max_id;
+                size_t n = t.n;
 
+                if (r < 0) {
+                        fprintf(stderr, "frag: cannot read %s: %s\n", argv[i], strerror(-r));
+                        return 1;
+                }
                 snprintf(name, sizeof(name), "%.*s", (int) (strcspn(base, ".")), base);
                 row(name, "gpupool", run_gpupool(ops, n, max_id, false));
                 row(name, "gpupool+keep", run_gpupool(ops, n, max_id, true));
@@ -400,7 +370,7 @@ int main(int argc, char **argv) {
                 row(name, "pytorch", run_segalloc(&pytorch, ops, n, max_id));
                 row(name, "cupy", run_segalloc(&cupy, ops, n, max_id));
                 row(name, "none", run_none(ops, n, max_id));
-                free(ops);
+                free(t.ops);
         }
         return 0;
 }

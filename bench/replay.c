@@ -43,54 +43,9 @@
 
 #include "gpupool.h"
 #include "private_daemon.h"
+#include "trace.h"
 
 #define MiB (1ULL << 20)
-
-struct op {
-        bool alloc;
-        uint64_t id, size;
-};
-
-struct trace {
-        struct op *ops;
-        size_t n;
-        uint64_t max_id;
-};
-
-static int read_trace(const char *path, struct trace *t) {
-        FILE *f;
-        char line[256];
-        size_t cap = 0;
-
-        *t = (struct trace) { 0 };
-        f = fopen(path, "r");
-        if (!f)
-                return -errno;
-        while (fgets(line, sizeof(line), f)) {
-                unsigned long long time, id, size, stream;
-                char op;
-
-                if (sscanf(line, "%llu,%c,%llu,%llu,%llu", &time, &op, &id, &size, &stream) != 5)
-                        continue;       /* the header */
-                if ((op != 'a' && op != 'f') || (op == 'a' && size == 0) || id == 0 || id > (1ULL << 32)) {
-                        fprintf(stderr, "replay: %s: bad line: %s", path, line);
-                        fclose(f);
-                        free(t->ops);
-                        return -EINVAL;
-                }
-                if (t->n == cap) {
-                        cap = cap ? cap * 2 : 4096;
-                        t->ops = realloc(t->ops, cap * sizeof(*t->ops));
-                        if (!t->ops)
-                                abort();
-                }
-                t->ops[t->n++] = (struct op) { op == 'a', id, size };
-                if (id > t->max_id)
-                        t->max_id = id;
-        }
-        fclose(f);
-        return 0;
-}
 
 static char dir[64], sock_path[128];
 
@@ -247,7 +202,7 @@ int main(int argc, char **argv) {
                 struct result res;
                 char name[64];
                 pid_t pid;
-                int r = read_trace(argv[a], &t);
+                int r = trace_read(argv[a], &t);
 
                 if (r < 0) {
                         fprintf(stderr, "replay: %s: %s\n", argv[a], strerror(-r));

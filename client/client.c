@@ -18,11 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <poll.h>
 #include <sys/mman.h>
-#include <sys/socket.h>
-#include <sys/time.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "size.h"
@@ -101,120 +97,6 @@ void client_set_error(gpupool_client *c, const char *fmt, ...) {
         va_end(ap);
 }
 
-
-/*
- * The control thread: waits for the daemon's reclaim requests on the control channel and
- * answers each at once, whatever the application is doing: it gives back its cache if asked,
- * unmaps the segments named (they hold no live block of ours) and says which it did. Once a
- * second it also gives the cache back if nothing used it for the cache's idle time.
- */
-static void *control_main(void *arg) {
-        gpupool_client *c = arg;
-        uint8_t buf[GP_MAX_REPLY_BYTES];
-
-        for (;;) {
-                Gpupool__Envelope *push, answer = GPUPOOL__ENVELOPE__INIT;
-                Gpupool__ReclaimReply rr = GPUPOOL__RECLAIM_REPLY__INIT;
-                Gpupool__Usage usage[CLIENT_MAX_DEVICES], *usage_ptrs[CLIENT_MAX_DEVICES];
-                uint64_t ids[CLIENT_RETURN_BATCH];
-                uint8_t out[GP_MAX_REQUEST_BYTES];
-                struct pollfd pfd = { .fd = c->control->sock, .events = POLLIN };
-                int n;
-
-                /* A tick a second when nothing comes (poll's timeout: a receive timeout did not always fire under valgrind). */
-                n = poll(&pfd, 1, 1000);
-                if (n < 0 && errno == EINTR)
-                        continue;
-                n = n == 0 ? -EAGAIN : gp_wire_recv_packet(c->control->sock, buf, sizeof(buf), NULL);
-                if (n == -EAGAIN || n == -EWOULDBLOCK) {
-                        pthread_mutex_lock(&c->lock);
-                        if (c->leasing)
-                                client_pool_tick(c, client_now_ms());
-                        else
-                                client_cache_tick(c, client_now_ms());
-                        pthread_mutex_unlock(&c->lock);
-                        continue;
-                }
-                if (n <= 0 || gp_wire_unpack(buf, (size_t) n, &push) < 0)
-                        return NULL;    /* disconnect shut the channel, or the daemon is gone */
-                if (push->body_case != GPUPOOL__ENVELOPE__BODY_RECLAIM) {
-                        gpupool__envelope__free_unpacked(push, NULL);
-                        continue;
-                }
-                pthread_mutex_lock(&c->lock);
-                if (c->leasing) {
-                        /* Segments holding no live block, on the device asked (all without one), worth the bytes asked. */
-                        const Gpupool__ReclaimRequest *q = push->reclaim;
-                        int device = q->has_device ? (int) q->device : -1;
-                        uint64_t want = q->has_bytes ? q->bytes : UINT64_MAX, got;
-
-                        rr.n_segment_ids = client_pool_take_empty(c, device, want, UINT64_MAX, ids, CLIENT_RETURN_BATCH, &got);
-                        /* More than one answer names: the rest goes back on the main connection first. */
-                        if (rr.n_segment_ids == CLIENT_RETURN_BATCH && got < want)
-                                (void) client_pool_trim(c, device, want - got);
-                        answer.n_usage = client_pool_usage(c, usage, usage_ptrs);
-                        answer.usage = usage_ptrs;
-                }
-                if (push->reclaim->has_trim_cache && push->reclaim->trim_cache)
-                        (void) client_cache_shrink(c, 0);
-                for (size_t i = 0; i < push->reclaim->n_segment_ids && rr.n_segment_ids < 256; i++) {
-                        struct mapping *m = client_mapping_by_id(c, push->reclaim->segment_ids[i]);
-
-                        if (m && m->live == 0) {
-                                ids[rr.n_segment_ids++] = m->segment_id;
-                                client_mapping_drop(c, m);
-                        }
-                }
-                pthread_mutex_unlock(&c->lock);
-                gpupool__envelope__free_unpacked(push, NULL);
-                rr.segment_ids = ids;
-                answer.version = GP_PROTOCOL_VERSION;
-                answer.body_case = GPUPOOL__ENVELOPE__BODY_RECLAIM_REPLY;
-                answer.reclaim_reply = &rr;
-                n = gp_wire_pack(&answer, out, sizeof(out));
-                if (n < 0 || gp_wire_send_packet(c->control->sock, out, (size_t) n, -1) < 0)
-                        return NULL;
-        }
-}
-
-/* Opens the control channel of client id and starts its thread. Returns 0 or a negative errno. */
-static int control_open(gpupool_client *c, const char *socket_path, const char *name, uint64_t id) {
-        Gpupool__Hello hello = GPUPOOL__HELLO__INIT;
-        int r;
-
-        c->control = calloc(1, sizeof(*c->control));
-        if (!c->control)
-                return -ENOMEM;
-        hello.name = (char *) name;
-        hello.has_control_for = 1;
-        hello.control_for = id;
-        r = gp_conn_open(c->control, socket_path, &hello, NULL);
-        if (r == 0 && pthread_create(&c->control_thread, NULL, control_main, c) != 0) {
-                gp_conn_close(c->control);
-                r = -EAGAIN;
-        }
-        if (r < 0) {
-                client_set_error(c, "%s", c->control->error[0] ? c->control->error : "cannot start the control thread");
-                free(c->control);
-                c->control = NULL;
-                return r;
-        }
-        c->control_started = true;
-        return 0;
-}
-
-/* Stops the control thread and closes its channel. Call unlocked. */
-static void control_close(gpupool_client *c) {
-        if (!c->control)
-                return;
-        shutdown(c->control->sock, SHUT_RDWR);
-        if (c->control_started)
-                pthread_join(c->control_thread, NULL);
-        gp_conn_close(c->control);
-        free(c->control);
-        c->control = NULL;
-}
-
 /* Says hello on c->conn (closed first if open) and sets up devices and the control channel. Locked or private. */
 static int session_open(gpupool_client *c) {
         Gpupool__Hello hello_req = GPUPOOL__HELLO__INIT;
@@ -241,16 +123,11 @@ static int session_open(gpupool_client *c) {
                         c->cuda = true;
         client_id = hello->hello_reply->client_id;
         r = c->cuda ? client_cuda_setup(c, hello->hello_reply) : 0;
-        /* After the CUDA setup, which starts the devices afresh: the process's pool holds nothing yet. */
-        for (unsigned d = 0; d < CLIENT_MAX_DEVICES; d++) {
-                heap_init(&c->devices[d].heap);
-                c->devices[d].leased = 0;
-        }
         gpupool__envelope__free_unpacked(hello, NULL);
         /* Keeping free segments means being asked for them back: that needs the control channel. */
         /* The daemon asks for kept segments and cached blocks back on it; the cache's idle timer runs on its thread. */
         if (r == 0 && (c->keep_free_bytes || c->cache_limit || c->leasing))
-                r = control_open(c, path, c->name, client_id);
+                r = client_control_open(c, path, c->name, client_id);
         if (r < 0)
                 gp_conn_close(&c->conn);
         return r;
@@ -306,6 +183,9 @@ GPUPOOL_EXPORT int gpupool_connect(const char *socket_path, const char *client_n
         c->epoch = 1;
         c->leasing = leasing && strcmp(leasing, "1") == 0;
         c->idle_return_ms = idle_return_ms;
+        /* Empty until the first lease, and empty again after drop_everything() on a reconnect. */
+        for (unsigned d = 0; d < CLIENT_MAX_DEVICES; d++)
+                heap_init(&c->devices[d].heap);
         if (c->leasing) {
                 /* The process's pool serves every free: no client cache, no kept segments, in front of it. */
                 cache_bytes = 0;
@@ -328,11 +208,9 @@ GPUPOOL_EXPORT int gpupool_connect(const char *socket_path, const char *client_n
 }
 
 void client_mapping_drop(gpupool_client *c, struct mapping *m) {
-        if (m->hs.heap) {
-                /* Forgotten with its blocks (the session is over); a returned segment left its heap already. */
+        /* Forgotten with its blocks (the session is over); a returned segment left its heap already. */
+        if (m->hs.heap)
                 (void) heap_drop(&m->hs);
-                c->devices[m->device].leased -= m->size;
-        }
         gp_rb_remove(&c->by_addr, &m->by_addr);
         gp_rb_remove(&c->by_id, &m->by_id);
         if (m->ipc) {
@@ -375,7 +253,7 @@ GPUPOOL_EXPORT void gpupool_disconnect(gpupool_client *c) {
         if (!c)
                 return;
         /* The control thread takes the lock: stop it before taking it here. */
-        control_close(c);
+        client_control_close(c);
         pthread_mutex_lock(&c->lock);
         /* Blocks freed with a stream: their device work must end before the memory goes back. */
         if (c->cuda)
@@ -401,7 +279,7 @@ GPUPOOL_EXPORT int gpupool_reconnect(gpupool_client *c) {
 
         if (!c)
                 return -EINVAL;
-        control_close(c);
+        client_control_close(c);
         pthread_mutex_lock(&c->lock);
         /* The old daemon's memory is gone with it: forget every block and mapping, wait for no event. */
         if (c->cuda)
@@ -748,8 +626,7 @@ GPUPOOL_EXPORT int gpupool_stats(gpupool_client *c, struct gpupool_stats *ret) {
         st.round_trips = c->conn.calls;
         st.segments_imported = c->segments_imported;
         if (c->leasing)
-                for (unsigned d = 0; d < c->device_count; d++)
-                        st.cached_bytes += heap_free_bytes(&c->devices[d].heap);
+                st.cached_bytes = client_pool_free_bytes(c);
         pthread_mutex_unlock(&c->lock);
         if (!c->leasing)
                 st.cached_bytes = __atomic_load_n(&c->cached_total, __ATOMIC_RELAXED);

@@ -1,6 +1,9 @@
 /*
- * client.h: libgpupool's insides, shared by client.c (the protocol, segments and blocks) and
- * client_cuda.c (the CUDA driver: device UUIDs, IPC handles, stream-ordered frees).
+ * client.h: libgpupool's insides, shared by its files: client.c (the handle, the protocol,
+ * segments and blocks), client_pool.c (the process's own pool), client_control.c (the
+ * control channel), client_cache.c and client_magazine.c (the client cache), client_scope.c,
+ * client_hooks.c, and client_cuda.c (the CUDA driver: device UUIDs, IPC handles,
+ * stream-ordered frees).
  */
 #ifndef GP_CLIENT_H
 #define GP_CLIENT_H
@@ -27,7 +30,7 @@ struct mapping {
         uint64_t segment_id;
         uint64_t size;
         uint8_t *base;                  /* host: the mmap; cuda: the CUdeviceptr */
-        uint64_t live;                  /* live blocks of ours in it */
+        uint64_t live;                  /* live blocks of ours in it (daemon-carved; the pool's count is hs.live_blocks) */
         unsigned device;                /* the daemon's index */
         bool ipc;
         uint8_t handle[GP_CU_IPC_HANDLE_SIZE];
@@ -98,8 +101,7 @@ struct client_device {
         gp_cu_context ctx;              /* its primary context, retained on first use */
         gp_cu_event *spare_events;      /* recorded-and-done events kept for reuse */
         unsigned spare_count, spare_cap;
-        struct heap heap;               /* the process's pool on this device ($GPUPOOL_LEASE) */
-        uint64_t leased;                /* bytes of the segments leased whole here */
+        struct heap heap;               /* the process's pool on this device ($GPUPOOL_LEASE): every segment it leases */
 };
 
 struct gpupool_client {
@@ -243,6 +245,14 @@ void client_magazines_forget(gpupool_client *c, bool detach);
  */
 uint64_t client_magazines_collect(gpupool_client *c);
 
+/* client_control.c: the control channel. */
+
+/* Opens the control channel of client id and starts its thread. Locked or private. Returns 0 or a negative errno. */
+int client_control_open(gpupool_client *c, const char *socket_path, const char *name, uint64_t id);
+
+/* Stops the control thread and closes its channel. Call unlocked: the thread takes the lock. */
+void client_control_close(gpupool_client *c);
+
 /* client_pool.c: the process's own pool, all called locked. */
 
 /* Allocates a block of rsize (rounded) bytes on daemon device d from the pool, leasing a segment if need be. */
@@ -269,6 +279,9 @@ int client_pool_return(gpupool_client *c, const uint64_t *ids, size_t n);
 
 /* Gives back segments holding no live block on d (-1: all), until want bytes. */
 int client_pool_trim(gpupool_client *c, int d, uint64_t want);
+
+/* What the pool holds free in its segments, on every device. */
+uint64_t client_pool_free_bytes(gpupool_client *c);
 
 /* Once a second from the control thread: gives back segments empty for the idle time. */
 void client_pool_tick(gpupool_client *c, uint64_t now_ms);

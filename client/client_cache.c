@@ -187,15 +187,6 @@ GPUPOOL_EXPORT int gpupool_trim(gpupool_client *c) {
         return r;
 }
 
-/* What the process's pool holds free in its segments. Locked. */
-static uint64_t pool_free_bytes(gpupool_client *c) {
-        uint64_t bytes = 0;
-
-        for (unsigned d = 0; d < c->device_count; d++)
-                bytes += heap_free_bytes(&c->devices[d].heap);
-        return bytes;
-}
-
 GPUPOOL_EXPORT size_t gpupool_cached_bytes(gpupool_client *c) {
         size_t bytes;
 
@@ -204,7 +195,7 @@ GPUPOOL_EXPORT size_t gpupool_cached_bytes(gpupool_client *c) {
         if (!c->leasing)
                 return cached_total(c);
         pthread_mutex_lock(&c->lock);
-        bytes = pool_free_bytes(c);
+        bytes = client_pool_free_bytes(c);
         pthread_mutex_unlock(&c->lock);
         return bytes;
 }

@@ -47,7 +47,16 @@ int client_cuda_setup(gpupool_client *c, const Gpupool__HelloReply *hello) {
 
         for (int i = 0; i < CLIENT_MAX_DEVICES; i++)
                 c->local_to_daemon[i] = -1;
-        memset(c->devices, 0, sizeof(c->devices));
+        /* The CUDA side of each device starts afresh; the process's pool on it is not ours to touch. */
+        for (int i = 0; i < CLIENT_MAX_DEVICES; i++) {
+                struct client_device *d = &c->devices[i];
+
+                d->visible = false;
+                d->dev = 0;
+                d->ctx = NULL;
+                d->spare_events = NULL;
+                d->spare_count = d->spare_cap = 0;
+        }
         r = gp_cuda_load(&c->cu, err, sizeof(err));
         if (r < 0) {
                 client_set_error(c, "%s", err);

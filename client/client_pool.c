@@ -31,7 +31,7 @@ size_t client_pool_usage(gpupool_client *c, Gpupool__Usage *u, Gpupool__Usage **
         for (unsigned d = 0; d < c->device_count; d++) {
                 const struct heap *h = &c->devices[d].heap;
 
-                if (!h->segment_count && !c->devices[d].leased)
+                if (!h->segment_count)
                         continue;
                 gpupool__usage__init(&u[n]);
                 u[n].device = d;
@@ -90,7 +90,6 @@ size_t client_pool_take_empty(gpupool_client *c, int device, uint64_t want, uint
                         (void) heap_remove(s);
                         ids[n++] = m->segment_id;
                         bytes += m->size;
-                        c->devices[d].leased -= m->size;
                         client_mapping_drop(c, m);
                 }
         }
@@ -99,7 +98,8 @@ size_t client_pool_take_empty(gpupool_client *c, int device, uint64_t want, uint
         return n;
 }
 
-int client_pool_trim(gpupool_client *c, int device, uint64_t want) {
+/* Gives back empty segments on device (-1: all), emptied at or before before_ms, until want bytes, a return per 256. */
+static int give_back(gpupool_client *c, int device, uint64_t want, uint64_t before_ms) {
         uint64_t ids[CLIENT_RETURN_BATCH], bytes = 0;
         size_t n;
         int r = 0;
@@ -107,26 +107,29 @@ int client_pool_trim(gpupool_client *c, int device, uint64_t want) {
         do {
                 uint64_t got;
 
-                n = client_pool_take_empty(c, device, want - bytes, UINT64_MAX, ids, CLIENT_RETURN_BATCH, &got);
+                n = client_pool_take_empty(c, device, want - bytes, before_ms, ids, CLIENT_RETURN_BATCH, &got);
                 bytes += got;
-                if (n && r == 0)
+                if (n)
                         r = client_pool_return(c, ids, n);
-        } while (n == CLIENT_RETURN_BATCH && bytes < want);
+        } while (r == 0 && n == CLIENT_RETURN_BATCH && bytes < want);
         return r;
 }
 
-void client_pool_tick(gpupool_client *c, uint64_t now_ms) {
-        if (c->idle_return_ms && now_ms >= c->idle_return_ms) {
-                uint64_t ids[CLIENT_RETURN_BATCH];
-                size_t n;
+int client_pool_trim(gpupool_client *c, int device, uint64_t want) {
+        return give_back(c, device, want, UINT64_MAX);
+}
 
-                do {
-                        n = client_pool_take_empty(c, -1, UINT64_MAX, now_ms - c->idle_return_ms, ids, CLIENT_RETURN_BATCH,
-                                                   NULL);
-                        if (n && client_pool_return(c, ids, n) < 0)
-                                return;
-                } while (n == CLIENT_RETURN_BATCH);
-        }
+void client_pool_tick(gpupool_client *c, uint64_t now_ms) {
+        if (c->idle_return_ms && now_ms >= c->idle_return_ms)
+                (void) give_back(c, -1, UINT64_MAX, now_ms - c->idle_return_ms);
+}
+
+uint64_t client_pool_free_bytes(gpupool_client *c) {
+        uint64_t bytes = 0;
+
+        for (unsigned d = 0; d < c->device_count; d++)
+                bytes += heap_free_bytes(&c->devices[d].heap);
+        return bytes;
 }
 
 /*
@@ -173,7 +176,6 @@ static int lease(gpupool_client *c, unsigned d, uint64_t rsize, enum heap_class 
                 goto out;
         }
         m->emptied_ms = client_now_ms();
-        c->devices[d].leased += m->size;
 out:
         gpupool__envelope__free_unpacked(rep, NULL);
         return r;
@@ -246,7 +248,6 @@ int client_pool_alloc(gpupool_client *c, unsigned d, int device, uint64_t rsize,
                 free(b);
                 return -EPROTO;
         }
-        m->live++;
         *ret_ptr = b->ptr;
         return 0;
 }
@@ -254,7 +255,6 @@ int client_pool_alloc(gpupool_client *c, unsigned d, int device, uint64_t rsize,
 int client_pool_free(gpupool_client *c, struct block *b) {
         struct mapping *m = b->mapping;
 
-        m->live--;
         if (heap_free(&c->devices[m->device].heap, b->hb))
                 m->emptied_ms = client_now_ms();
         free(b);

@@ -112,9 +112,9 @@ uint64_t policy_headroom(const struct policy *p, const struct tenant *t, uint64_
 int policy_admit(const struct policy *policy, const struct pool_owner *owner, uint64_t size,
                  char *why, size_t why_size) {
         (void) size;
-        if (owner->blocks >= policy->max_blocks) {
+        if (pool_owner_blocks(owner) >= policy->max_blocks) {
                 snprintf(why, why_size, "the client holds %llu live blocks, the most one client may hold (--max-blocks, max_blocks)",
-                         (unsigned long long) owner->blocks);
+                         (unsigned long long) pool_owner_blocks(owner));
                 return -EDQUOT;
         }
         return 0;

@@ -90,13 +90,6 @@ uint64_t pool_min_segment_bytes(uint64_t size) {
         return heap_min_segment_bytes(heap_round(size));
 }
 
-/* Keeps the owner's public sums in step with its heap. */
-static void owner_sync(struct pool_owner *o) {
-        o->in_use_bytes = o->heap.in_use_bytes;
-        o->blocks = o->heap.blocks;
-        o->kept_bytes = o->heap.empty_bytes;
-}
-
 static uint64_t monotonic_ms(void *ctx) {
         struct timespec ts;
 
@@ -198,7 +191,6 @@ static void segment_to_cache(struct pool *p, struct segment *s) {
         if (s->state == SEGMENT_LEASED)
                 o->leased_bytes -= s->size;
         o->segments--;
-        owner_sync(o);
         s->owner = NULL;
         if (s->to_backend) {
                 segment_destroy(p, s);
@@ -373,7 +365,6 @@ int pool_alloc(struct pool *p, struct pool_owner *o, uint64_t size, uint64_t hea
                 new_segment = true;
         }
         p->in_use_bytes += b->size;
-        owner_sync(o);
         s = gp_rb_entry(b->segment, struct segment, hs);
         *ret = (struct pool_lease) {
                 .segment_id = s->id,
@@ -467,7 +458,6 @@ int pool_free_block(struct pool *p, struct pool_owner *o, uint64_t segment_id, u
                 *ret_release = true;
         }
         p->in_use_bytes -= size;
-        owner_sync(o);
         return 0;
 }
 
@@ -490,7 +480,6 @@ size_t pool_reclaim(struct pool *p, struct pool_owner *o, uint64_t want_bytes, b
                 bytes += s->size;
                 ret_ids[n++] = s->id;
         }
-        owner_sync(o);
         *ret_bytes = bytes;
         return n;
 }
@@ -506,7 +495,6 @@ void pool_unreclaim(struct pool *p, struct pool_owner *o, const uint64_t *ids, s
                 s->state = SEGMENT_CARVED;
                 s->to_backend = false;
         }
-        owner_sync(o);
 }
 
 int pool_release(struct pool *p, struct pool_owner *o, uint64_t segment_id) {
@@ -646,15 +634,13 @@ int pool_check(const struct pool *p, char *why, size_t why_size) {
                         return r;
                 if (in_heap != o->heap.segment_count)
                         FAIL("owner: %" PRIu64 " leased segments, %" PRIu64 " in its heap", in_heap, o->heap.segment_count);
-                if (o_reserved != o->reserved_bytes || o->heap.in_use_bytes != o->in_use_bytes ||
-                    o->heap.blocks != o->blocks || o->segments != o->segments_by_id.count)
-                        FAIL("owner: reserved %" PRIu64 "/%" PRIu64 ", in use %" PRIu64 "/%" PRIu64 ", blocks %" PRIu64 "/%" PRIu64,
-                             o_reserved, o->reserved_bytes, o->heap.in_use_bytes, o->in_use_bytes, o->heap.blocks, o->blocks);
+                if (o_reserved != o->reserved_bytes || o->segments != o->segments_by_id.count)
+                        FAIL("owner: reserved %" PRIu64 "/%" PRIu64 ", segments %" PRIu64 "/%zu", o_reserved,
+                             o->reserved_bytes, o->segments, o->segments_by_id.count);
                 if (leased != o->leased_bytes)
                         FAIL("owner: %" PRIu64 " bytes leased whole, counted %" PRIu64, leased, o->leased_bytes);
-                if (o->heap.empty_bytes != o->kept_bytes || o->kept_bytes > o->keep_bytes)
-                        FAIL("owner: keeps %" PRIu64 " bytes free, counted %" PRIu64 ", may keep %" PRIu64, o->heap.empty_bytes,
-                             o->kept_bytes, o->keep_bytes);
+                if (o->heap.empty_bytes > o->keep_bytes)
+                        FAIL("owner: keeps %" PRIu64 " bytes free, may keep %" PRIu64, o->heap.empty_bytes, o->keep_bytes);
                 in_use += o->heap.in_use_bytes;
         }
         if (owned != 0)

@@ -37,12 +37,9 @@ struct pool;
 /* One client's part of one pool. Embedded in the session; fields above the line are read-only. */
 struct pool_owner {
         uint64_t reserved_bytes;        /* sum of the sizes of its segments */
-        uint64_t in_use_bytes;          /* sum of its live blocks (rounded sizes) */
-        uint64_t blocks;                /* live blocks */
         uint64_t segments;
         uint32_t tenant;                /* segments changing tenant are zeroed */
         uint64_t keep_bytes;            /* it keeps up to this much of segments with no live block */
-        uint64_t kept_bytes;            /* ... and keeps this much now */
         uint64_t leased_bytes;          /* of reserved_bytes: segments leased whole (pool_lease), carved by the owner */
         /* What the owner says it holds in its leased segments (Usage), and when it said so. */
         uint64_t reported_in_use_bytes;
@@ -56,9 +53,23 @@ struct pool_owner {
         struct pool_owner *prev, *next;
 };
 
+/* The live blocks the pool carved for the owner (rounded sizes), and their bytes. */
+static inline uint64_t pool_owner_blocks(const struct pool_owner *owner) {
+        return owner->heap.blocks;
+}
+
+static inline uint64_t pool_owner_carved_bytes(const struct pool_owner *owner) {
+        return owner->heap.in_use_bytes;
+}
+
+/* The segments with no live block the owner keeps (keep_bytes at most): its heap's empty ones. */
+static inline uint64_t pool_owner_kept_bytes(const struct pool_owner *owner) {
+        return owner->heap.empty_bytes;
+}
+
 /* What the owner uses: the blocks the pool carved for it, and what it reports of its leased segments. */
 static inline uint64_t pool_owner_in_use(const struct pool_owner *owner) {
-        return owner->in_use_bytes + owner->reported_in_use_bytes;
+        return owner->heap.in_use_bytes + owner->reported_in_use_bytes;
 }
 
 /* What pool_alloc() handed out. */

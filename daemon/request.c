@@ -192,6 +192,19 @@ static void quota_message(struct session *s, unsigned d, uint64_t size, uint64_t
         snprintf(why, why_size, "no limit allows");
 }
 
+/*
+ * A new segment's handle for a reply: sets its IPC handle and returns -1 (cuda), or returns the
+ * memfd to pass with the packet (host).
+ */
+static int segment_handle(const struct backend_mem *mem, protobuf_c_boolean *ret_has, ProtobufCBinaryData *ret_handle) {
+        if (!mem->ipc_handle_len)
+                return mem->fd;
+        *ret_has = 1;
+        ret_handle->len = mem->ipc_handle_len;
+        ret_handle->data = (uint8_t *) mem->ipc_handle;
+        return -1;
+}
+
 enum attempt {
         ATTEMPT_FIRST,          /* a new request: may park to ask others for memory */
         ATTEMPT_RETRY,          /* parked: memory came back; keep waiting if it still does not fit */
@@ -294,13 +307,7 @@ static bool alloc_attempt(struct session *s, uint64_t id, uint32_t device, uint6
         if (lease_whole) {
                 lr.segment_id = lease.segment_id;
                 lr.segment_size = lease.segment_size;
-                if (lease.mem->ipc_handle_len) {
-                        lr.has_ipc_handle = 1;
-                        lr.ipc_handle.len = lease.mem->ipc_handle_len;
-                        lr.ipc_handle.data = (uint8_t *) lease.mem->ipc_handle;
-                } else {
-                        fd = lease.mem->fd;
-                }
+                fd = segment_handle(lease.mem, &lr.has_ipc_handle, &lr.ipc_handle);
                 env.body_case = GPUPOOL__ENVELOPE__BODY_LEASE_REPLY;
                 env.lease_reply = &lr;
                 request_pack(s, &env, fd, false, ret);
@@ -313,13 +320,7 @@ static bool alloc_attempt(struct session *s, uint64_t id, uint32_t device, uint6
         if (lease.new_segment) {
                 ar.has_new_segment = 1;
                 ar.new_segment = 1;
-                if (lease.mem->ipc_handle_len) {
-                        ar.has_ipc_handle = 1;
-                        ar.ipc_handle.len = lease.mem->ipc_handle_len;
-                        ar.ipc_handle.data = (uint8_t *) lease.mem->ipc_handle;
-                } else {
-                        fd = lease.mem->fd;
-                }
+                fd = segment_handle(lease.mem, &ar.has_ipc_handle, &ar.ipc_handle);
         }
         env.body_case = GPUPOOL__ENVELOPE__BODY_ALLOC_REPLY;
         env.alloc_reply = &ar;

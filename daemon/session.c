@@ -131,7 +131,7 @@ void session_totals(const struct session *s, uint64_t *ret_reserved, uint64_t *r
         for (unsigned d = 0; d < s->server->device_count; d++) {
                 reserved += s->owners[d].reserved_bytes;
                 in_use += pool_owner_in_use(&s->owners[d]);
-                blocks += s->owners[d].blocks;
+                blocks += pool_owner_blocks(&s->owners[d]);
         }
         *ret_reserved = reserved;
         *ret_in_use = in_use;

@@ -97,10 +97,10 @@ static void check_all(struct pool *pool, struct pool_owner *owners, struct model
 
                 for (size_t i = 0; i < model[o].n; i++)
                         in_use += model[o].live[i].size;
-                CHECK(owners[o].in_use_bytes == in_use, "owner %d: in use %llu, model %llu", o,
-                      (unsigned long long) owners[o].in_use_bytes, (unsigned long long) in_use);
-                CHECK(owners[o].blocks == model[o].n, "owner %d: %llu blocks, model %zu", o,
-                      (unsigned long long) owners[o].blocks, model[o].n);
+                CHECK(pool_owner_carved_bytes(&owners[o]) == in_use, "owner %d: in use %llu, model %llu", o,
+                      (unsigned long long) pool_owner_carved_bytes(&owners[o]), (unsigned long long) in_use);
+                CHECK(pool_owner_blocks(&owners[o]) == model[o].n, "owner %d: %llu blocks, model %zu", o,
+                      (unsigned long long) pool_owner_blocks(&owners[o]), model[o].n);
                 total_in_use += in_use;
         }
         pool_get_stats(pool, &st);

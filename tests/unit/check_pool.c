@@ -160,15 +160,15 @@ START_TEST(test_best_fit_split_merge) {
         ck_assert_uint_eq(x.offset, b.offset);
         y = alloc_ok(&o, 12 * 1024);
         ck_assert_uint_eq(y.offset, d.offset);
-        ck_assert_uint_eq(o.blocks, 5);
-        ck_assert_uint_eq(o.in_use_bytes, 4096 + 6144 + 4096 + 12288 + 4096);
+        ck_assert_uint_eq(pool_owner_blocks(&o), 5);
+        ck_assert_uint_eq(pool_owner_carved_bytes(&o), 4096 + 6144 + 4096 + 12288 + 4096);
         /* Free in an order that merges left, right and both ways. */
         ck_assert(!free_ok(&o, &x));
         ck_assert(!free_ok(&o, &c));
         ck_assert(!free_ok(&o, &a));
         ck_assert(!free_ok(&o, &e));
         ck_assert(free_ok(&o, &y));     /* last block: the segment must be released */
-        ck_assert_uint_eq(o.in_use_bytes, 0);
+        ck_assert_uint_eq(pool_owner_carved_bytes(&o), 0);
         ck_assert_uint_eq(o.reserved_bytes, 2 * MiB);   /* still ours until released */
         ck_assert_int_eq(pool_release(pool, &o, a.segment_id), 0);
         check();
@@ -518,26 +518,26 @@ START_TEST(test_keep_and_reclaim) {
         c = alloc_ok(&o, 16 * MiB);
         ck_assert(!free_ok(&o, &a));
         ck_assert(!free_ok(&o, &b));
-        ck_assert_uint_eq(o.kept_bytes, 26 * MiB);
+        ck_assert_uint_eq(pool_owner_kept_bytes(&o), 26 * MiB);
         ck_assert(free_ok(&o, &c));             /* 26 + 16 > 30: this one must go */
         ck_assert_int_eq(pool_release(pool, &o, c.segment_id), 0);
         check();
         /* A kept segment serves the owner again without a new lease. */
         a = alloc_ok(&o, 12 * MiB);
         ck_assert(!a.new_segment);
-        ck_assert_uint_eq(o.kept_bytes, 14 * MiB);
+        ck_assert_uint_eq(pool_owner_kept_bytes(&o), 14 * MiB);
         /* Reclaim takes the kept ones (not the one in use), and they wait for pool_release(). */
         ck_assert_uint_eq(pool_reclaim(pool, &o, UINT64_MAX, false, ids, 4, &bytes), 1);
         ck_assert_uint_eq(ids[0], b.segment_id);
         ck_assert_uint_eq(bytes, 14 * MiB);
-        ck_assert_uint_eq(o.kept_bytes, 0);
+        ck_assert_uint_eq(pool_owner_kept_bytes(&o), 0);
         check();
         b = alloc_ok(&o, 14 * MiB);             /* not placed in the reclaimed segment */
         ck_assert(b.new_segment);
         ck_assert_uint_ne(b.segment_id, ids[0]);
         /* Undone (the owner could not be told), it is kept again; then taken and released for real. */
         pool_unreclaim(pool, &o, ids, 1);
-        ck_assert_uint_eq(o.kept_bytes, 14 * MiB);
+        ck_assert_uint_eq(pool_owner_kept_bytes(&o), 14 * MiB);
         check();
         ck_assert_uint_eq(pool_reclaim(pool, &o, 1, false, ids, 4, &bytes), 1);
         ck_assert_int_eq(pool_release(pool, &o, ids[0]), 0);
@@ -546,7 +546,7 @@ START_TEST(test_keep_and_reclaim) {
         ck_assert_uint_eq(st.cached_bytes, 14 * MiB);    /* c's 16 MiB served b's 14 from the cache */
         /* An owner leaving with a kept segment: it goes to the cache kept by nobody (found by make stress). */
         ck_assert(!free_ok(&o, &a));
-        ck_assert_uint_eq(o.kept_bytes, 12 * MiB);
+        ck_assert_uint_eq(pool_owner_kept_bytes(&o), 12 * MiB);
         pool_owner_detach(&o);
         check();
         {
@@ -554,7 +554,7 @@ START_TEST(test_keep_and_reclaim) {
 
                 pool_owner_attach(pool, &o2, 1);
                 a = alloc_ok(&o2, 12 * MiB);    /* the formerly kept segment, from the cache */
-                ck_assert_uint_eq(o2.kept_bytes, 0);
+                ck_assert_uint_eq(pool_owner_kept_bytes(&o2), 0);
                 pool_owner_detach(&o2);
         }
         teardown();
@@ -585,7 +585,7 @@ START_TEST(test_lease_and_return) {
         ck_assert_uint_eq(a.reserved_bytes, 26 * MiB);
         ck_assert_uint_eq(a.leased_bytes, 26 * MiB);
         ck_assert_uint_eq(a.segments, 3);
-        ck_assert_uint_eq(a.in_use_bytes, 0);   /* the daemon carves nothing in them */
+        ck_assert_uint_eq(pool_owner_carved_bytes(&a), 0);   /* the daemon carves nothing in them */
         check();
 
         /* Only the lessee returns a segment, and only one leased whole. */

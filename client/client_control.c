@@ -1,0 +1,123 @@
+/*
+ * client_control.c: the control channel and its thread. The daemon pushes its requests for
+ * memory back on a second connection of the process (Hello.control_for), and this thread
+ * answers each at once, whatever the application's threads are doing; once a second it also
+ * gives back what has been idle (the client cache's, or the process pool's empty segments).
+ */
+#include "client.h"
+
+#include <errno.h>
+#include <poll.h>
+#include <stdlib.h>
+#include <sys/socket.h>
+
+/*
+ * The control thread: waits for the daemon's reclaim requests on the control channel and
+ * answers each at once, whatever the application is doing: it gives back its cache if asked,
+ * unmaps the segments named (they hold no live block of ours) and says which it did. Once a
+ * second it also gives the cache back if nothing used it for the cache's idle time.
+ */
+static void *control_main(void *arg) {
+        gpupool_client *c = arg;
+        uint8_t buf[GP_MAX_REPLY_BYTES];
+
+        for (;;) {
+                Gpupool__Envelope *push, answer = GPUPOOL__ENVELOPE__INIT;
+                Gpupool__ReclaimReply rr = GPUPOOL__RECLAIM_REPLY__INIT;
+                Gpupool__Usage usage[CLIENT_MAX_DEVICES], *usage_ptrs[CLIENT_MAX_DEVICES];
+                uint64_t ids[CLIENT_RETURN_BATCH];
+                uint8_t out[GP_MAX_REQUEST_BYTES];
+                struct pollfd pfd = { .fd = c->control->sock, .events = POLLIN };
+                int n;
+
+                /* A tick a second when nothing comes (poll's timeout: a receive timeout did not always fire under valgrind). */
+                n = poll(&pfd, 1, 1000);
+                if (n < 0 && errno == EINTR)
+                        continue;
+                n = n == 0 ? -EAGAIN : gp_wire_recv_packet(c->control->sock, buf, sizeof(buf), NULL);
+                if (n == -EAGAIN || n == -EWOULDBLOCK) {
+                        pthread_mutex_lock(&c->lock);
+                        if (c->leasing)
+                                client_pool_tick(c, client_now_ms());
+                        else
+                                client_cache_tick(c, client_now_ms());
+                        pthread_mutex_unlock(&c->lock);
+                        continue;
+                }
+                if (n <= 0 || gp_wire_unpack(buf, (size_t) n, &push) < 0)
+                        return NULL;    /* disconnect shut the channel, or the daemon is gone */
+                if (push->body_case != GPUPOOL__ENVELOPE__BODY_RECLAIM) {
+                        gpupool__envelope__free_unpacked(push, NULL);
+                        continue;
+                }
+                pthread_mutex_lock(&c->lock);
+                if (c->leasing) {
+                        /* Segments holding no live block, on the device asked (all without one), worth the bytes asked. */
+                        const Gpupool__ReclaimRequest *q = push->reclaim;
+                        int device = q->has_device ? (int) q->device : -1;
+                        uint64_t want = q->has_bytes ? q->bytes : UINT64_MAX, got;
+
+                        rr.n_segment_ids = client_pool_take_empty(c, device, want, UINT64_MAX, ids, CLIENT_RETURN_BATCH, &got);
+                        /* More than one answer names: the rest goes back on the main connection first. */
+                        if (rr.n_segment_ids == CLIENT_RETURN_BATCH && got < want)
+                                (void) client_pool_trim(c, device, want - got);
+                        answer.n_usage = client_pool_usage(c, usage, usage_ptrs);
+                        answer.usage = usage_ptrs;
+                }
+                if (push->reclaim->has_trim_cache && push->reclaim->trim_cache)
+                        (void) client_cache_shrink(c, 0);
+                for (size_t i = 0; i < push->reclaim->n_segment_ids && rr.n_segment_ids < 256; i++) {
+                        struct mapping *m = client_mapping_by_id(c, push->reclaim->segment_ids[i]);
+
+                        if (m && m->live == 0) {
+                                ids[rr.n_segment_ids++] = m->segment_id;
+                                client_mapping_drop(c, m);
+                        }
+                }
+                pthread_mutex_unlock(&c->lock);
+                gpupool__envelope__free_unpacked(push, NULL);
+                rr.segment_ids = ids;
+                answer.version = GP_PROTOCOL_VERSION;
+                answer.body_case = GPUPOOL__ENVELOPE__BODY_RECLAIM_REPLY;
+                answer.reclaim_reply = &rr;
+                n = gp_wire_pack(&answer, out, sizeof(out));
+                if (n < 0 || gp_wire_send_packet(c->control->sock, out, (size_t) n, -1) < 0)
+                        return NULL;
+        }
+}
+
+int client_control_open(gpupool_client *c, const char *socket_path, const char *name, uint64_t id) {
+        Gpupool__Hello hello = GPUPOOL__HELLO__INIT;
+        int r;
+
+        c->control = calloc(1, sizeof(*c->control));
+        if (!c->control)
+                return -ENOMEM;
+        hello.name = (char *) name;
+        hello.has_control_for = 1;
+        hello.control_for = id;
+        r = gp_conn_open(c->control, socket_path, &hello, NULL);
+        if (r == 0 && pthread_create(&c->control_thread, NULL, control_main, c) != 0) {
+                gp_conn_close(c->control);
+                r = -EAGAIN;
+        }
+        if (r < 0) {
+                client_set_error(c, "%s", c->control->error[0] ? c->control->error : "cannot start the control thread");
+                free(c->control);
+                c->control = NULL;
+                return r;
+        }
+        c->control_started = true;
+        return 0;
+}
+
+void client_control_close(gpupool_client *c) {
+        if (!c->control)
+                return;
+        shutdown(c->control->sock, SHUT_RDWR);
+        if (c->control_started)
+                pthread_join(c->control_thread, NULL);
+        gp_conn_close(c->control);
+        free(c->control);
+        c->control = NULL;
+}
