@@ -93,8 +93,41 @@ void client_set_error(gpupool_client *c, const char *fmt, ...) {
         va_list ap;
 
         va_start(ap, fmt);
-        vsnprintf(c->conn.error, sizeof(c->conn.error), fmt, ap);
+        vsnprintf(c->error, sizeof(c->error), fmt, ap);
         va_end(ap);
+}
+
+void client_conn_wait(gpupool_client *c) {
+        while (c->conn_busy)
+                pthread_cond_wait(&c->conn_idle, &c->lock);
+}
+
+/* After a call on the main connection: what it counted, and why it failed. Locked, the connection ours. */
+static int call_done(gpupool_client *c, int r) {
+        c->round_trips = c->conn.calls;
+        if (r < 0)
+                snprintf(c->error, sizeof(c->error), "%s", c->conn.error);
+        return r;
+}
+
+int client_call(gpupool_client *c, Gpupool__Envelope *req, Gpupool__Envelope__BodyCase want,
+                Gpupool__Envelope **ret_reply, int *ret_fd) {
+        client_conn_wait(c);
+        return call_done(c, gp_conn_call(&c->conn, req, want, ret_reply, ret_fd));
+}
+
+int client_call_unlocked(gpupool_client *c, Gpupool__Envelope *req, Gpupool__Envelope__BodyCase want,
+                         Gpupool__Envelope **ret_reply, int *ret_fd) {
+        int r;
+
+        client_conn_wait(c);
+        c->conn_busy = true;
+        pthread_mutex_unlock(&c->lock);
+        r = gp_conn_call(&c->conn, req, want, ret_reply, ret_fd);
+        pthread_mutex_lock(&c->lock);
+        c->conn_busy = false;
+        pthread_cond_broadcast(&c->conn_idle);
+        return call_done(c, r);
 }
 
 /* Says hello on c->conn (closed first if open) and sets up devices and the control channel. Locked or private. */
@@ -113,7 +146,7 @@ static int session_open(gpupool_client *c) {
         }
         r = gp_conn_open(&c->conn, path, &hello_req, &hello);
         if (r < 0)
-                return r;
+                return call_done(c, r);
         c->device_count = (unsigned) hello->hello_reply->n_devices;
         if (c->device_count > CLIENT_MAX_DEVICES)
                 c->device_count = CLIENT_MAX_DEVICES;
@@ -122,6 +155,7 @@ static int session_open(gpupool_client *c) {
                 if (strcmp(hello->hello_reply->devices[d]->backend, "cuda") == 0)
                         c->cuda = true;
         client_id = hello->hello_reply->client_id;
+        c->round_trips = c->conn.calls;
         r = c->cuda ? client_cuda_setup(c, hello->hello_reply) : 0;
         gpupool__envelope__free_unpacked(hello, NULL);
         /* Keeping free segments means being asked for them back: that needs the control channel. */
@@ -172,6 +206,7 @@ GPUPOOL_EXPORT int gpupool_connect(const char *socket_path, const char *client_n
         c->keep_free_bytes = keep_bytes;
         pthread_mutex_init(&c->lock, NULL);
         pthread_cond_init(&c->deferred_cond, NULL);
+        pthread_cond_init(&c->conn_idle, NULL);
         gp_rb_init(&c->by_addr, cmp_addr);
         gp_rb_init(&c->by_id, cmp_id);
         gp_rb_init(&c->by_handle, cmp_handle);
@@ -199,6 +234,7 @@ GPUPOOL_EXPORT int gpupool_connect(const char *socket_path, const char *client_n
                 for (unsigned i = 0; i < CLIENT_SHARDS; i++)
                         pthread_mutex_destroy(&c->live[i].lock);
                 pthread_cond_destroy(&c->deferred_cond);
+                pthread_cond_destroy(&c->conn_idle);
                 pthread_mutex_destroy(&c->lock);
                 free(c);
                 return r;
@@ -255,6 +291,7 @@ GPUPOOL_EXPORT void gpupool_disconnect(gpupool_client *c) {
         /* The control thread takes the lock: stop it before taking it here. */
         client_control_close(c);
         pthread_mutex_lock(&c->lock);
+        client_conn_wait(c);    /* a lease of another thread is out: its reply comes first */
         /* Blocks freed with a stream: their device work must end before the memory goes back. */
         if (c->cuda)
                 client_cuda_reap(c, true);
@@ -262,7 +299,7 @@ GPUPOOL_EXPORT void gpupool_disconnect(gpupool_client *c) {
         /* Every mapping is gone: the daemon may hand our memory to others right away. */
         req.body_case = GPUPOOL__ENVELOPE__BODY_BYE;
         req.bye = &bye;
-        if (!c->conn.broken && gp_conn_call(&c->conn, &req, GPUPOOL__ENVELOPE__BODY__NOT_SET, &rep, NULL) == 0)
+        if (!c->conn.broken && client_call(c, &req, GPUPOOL__ENVELOPE__BODY__NOT_SET, &rep, NULL) == 0)
                 gpupool__envelope__free_unpacked(rep, NULL);
         gp_conn_close(&c->conn);
         client_magazines_forget(c, true);
@@ -270,6 +307,7 @@ GPUPOOL_EXPORT void gpupool_disconnect(gpupool_client *c) {
         for (unsigned i = 0; i < CLIENT_SHARDS; i++)
                 pthread_mutex_destroy(&c->live[i].lock);
         pthread_cond_destroy(&c->deferred_cond);
+        pthread_cond_destroy(&c->conn_idle);
         pthread_mutex_destroy(&c->lock);
         free(c);
 }
@@ -281,13 +319,14 @@ GPUPOOL_EXPORT int gpupool_reconnect(gpupool_client *c) {
                 return -EINVAL;
         client_control_close(c);
         pthread_mutex_lock(&c->lock);
+        client_conn_wait(c);
         /* The old daemon's memory is gone with it: forget every block and mapping, wait for no event. */
         if (c->cuda)
                 client_cuda_forget_deferred(c);
         drop_everything(c);
         r = session_open(c);
         if (r < 0)
-                client_set_error(c, "%s", c->conn.error[0] ? c->conn.error : "cannot reconnect to gpupoold");
+                client_set_error(c, "%s", c->error[0] ? c->error : "cannot reconnect to gpupoold");
         pthread_mutex_unlock(&c->lock);
         return r;
 }
@@ -371,7 +410,7 @@ static int free_at_daemon(gpupool_client *c, struct mapping *m, uint64_t segment
         fr.offset = offset;
         req.body_case = GPUPOOL__ENVELOPE__BODY_FREE;
         req.free = &fr;
-        r = gp_conn_call(&c->conn, &req, GPUPOOL__ENVELOPE__BODY_FREE_REPLY, &rep, NULL);
+        r = client_call(c, &req, GPUPOOL__ENVELOPE__BODY_FREE_REPLY, &rep, NULL);
         if (r < 0)
                 return r;
         release = rep->free_reply->has_release_segment && rep->free_reply->release_segment;
@@ -393,7 +432,7 @@ void client_release_segment(gpupool_client *c, struct mapping *m, uint64_t segme
         req.body_case = GPUPOOL__ENVELOPE__BODY_RELEASE;
         req.release = &rr;
         /* The block is freed either way; a failed release only keeps the segment ours. */
-        if (gp_conn_call(&c->conn, &req, GPUPOOL__ENVELOPE__BODY__NOT_SET, &rep, NULL) == 0)
+        if (client_call(c, &req, GPUPOOL__ENVELOPE__BODY__NOT_SET, &rep, NULL) == 0)
                 gpupool__envelope__free_unpacked(rep, NULL);
 }
 
@@ -489,11 +528,11 @@ static int alloc_on(gpupool_client *c, int device, size_t size, void *stream, bo
         ar.size = size;
         req.body_case = GPUPOOL__ENVELOPE__BODY_ALLOC;
         req.alloc = &ar;
-        r = gp_conn_call(&c->conn, &req, GPUPOOL__ENVELOPE__BODY_ALLOC_REPLY, &rep, &fd);
+        r = client_call(c, &req, GPUPOOL__ENVELOPE__BODY_ALLOC_REPLY, &rep, &fd);
         if ((r == -EDQUOT || r == -ENOMEM) && c->cache_bytes) {
                 /* What this process keeps cached may be what stands in the way: give it back and ask again. */
                 (void) client_cache_shrink(c, 0);
-                r = gp_conn_call(&c->conn, &req, GPUPOOL__ENVELOPE__BODY_ALLOC_REPLY, &rep, &fd);
+                r = client_call(c, &req, GPUPOOL__ENVELOPE__BODY_ALLOC_REPLY, &rep, &fd);
         }
         if (r < 0)
                 goto out;
@@ -623,7 +662,7 @@ GPUPOOL_EXPORT int gpupool_stats(gpupool_client *c, struct gpupool_stats *ret) {
                 }
                 pthread_mutex_unlock(&c->live[i].lock);
         }
-        st.round_trips = c->conn.calls;
+        st.round_trips = c->round_trips;
         st.segments_imported = c->segments_imported;
         if (c->leasing)
                 st.cached_bytes = client_pool_free_bytes(c);
@@ -640,9 +679,9 @@ GPUPOOL_EXPORT size_t gpupool_last_error(gpupool_client *c, char *buf, size_t si
         if (!c)
                 return 0;
         pthread_mutex_lock(&c->lock);
-        len = strlen(c->conn.error);
+        len = strlen(c->error);
         if (size)
-                snprintf(buf, size, "%s", c->conn.error);
+                snprintf(buf, size, "%s", c->error);
         pthread_mutex_unlock(&c->lock);
         return len;
 }

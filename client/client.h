@@ -105,8 +105,17 @@ struct client_device {
 };
 
 struct gpupool_client {
-        pthread_mutex_t lock;           /* everything below; one request at a time */
+        pthread_mutex_t lock;           /* everything below but what conn_busy lends out */
+        /*
+         * The main connection: used under the lock, one request at a time, except by a lease
+         * (client_call_unlocked()), which lends it out with conn_busy and lets go of the lock
+         * while the daemon may park it, so that the control thread and the other threads go on.
+         */
         struct gp_conn conn;
+        bool conn_busy;
+        pthread_cond_t conn_idle;       /* signalled when conn_busy clears */
+        uint64_t round_trips;           /* conn.calls as of the latest call's end */
+        char error[256];                /* why the latest call failed (gpupool_last_error()) */
         char socket_path[108];          /* as given to connect, for reconnect ("" = the default) */
         char name[64];
         unsigned device_count;
@@ -156,6 +165,23 @@ struct gpupool_client {
 };
 
 void client_set_error(gpupool_client *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* Waits (letting go of the lock meanwhile) until no lease has the main connection out. Locked. */
+void client_conn_wait(gpupool_client *c);
+
+/* gp_conn_call() on the main connection, once no lease has it out; its error into c->error. Locked. */
+int client_call(gpupool_client *c, Gpupool__Envelope *req, Gpupool__Envelope__BodyCase want,
+                Gpupool__Envelope **ret_reply, int *ret_fd);
+
+/*
+ * The same, letting go of the lock while the request is out, for a request the daemon may park
+ * until other processes give memory back: this process's control thread must meanwhile be
+ * able to answer the daemon's own reclaim requests, or two such processes wait on each other.
+ * Locked on entry and on return; anything read before may have changed (but the session:
+ * reconnect and disconnect wait for the connection).
+ */
+int client_call_unlocked(gpupool_client *c, Gpupool__Envelope *req, Gpupool__Envelope__BodyCase want,
+                         Gpupool__Envelope **ret_reply, int *ret_fd);
 
 /* client.c, all called locked but the live table's. */
 

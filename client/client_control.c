@@ -37,7 +37,10 @@ static void *control_main(void *arg) {
                 n = n == 0 ? -EAGAIN : gp_wire_recv_packet(c->control->sock, buf, sizeof(buf), NULL);
                 if (n == -EAGAIN || n == -EWOULDBLOCK) {
                         pthread_mutex_lock(&c->lock);
-                        if (c->leasing)
+                        /* Never wait on a lease that is out: the daemon may be waiting on this thread. */
+                        if (c->conn_busy)
+                                ;
+                        else if (c->leasing)
                                 client_pool_tick(c, client_now_ms());
                         else
                                 client_cache_tick(c, client_now_ms());
@@ -58,8 +61,11 @@ static void *control_main(void *arg) {
                         uint64_t want = q->has_bytes ? q->bytes : UINT64_MAX, got;
 
                         rr.n_segment_ids = client_pool_take_empty(c, device, want, UINT64_MAX, ids, CLIENT_RETURN_BATCH, &got);
-                        /* More than one answer names: the rest goes back on the main connection first. */
-                        if (rr.n_segment_ids == CLIENT_RETURN_BATCH && got < want)
+                        /*
+                         * More than one answer names: the rest goes back on the main connection
+                         * first, unless a lease has it out: then this answer is all the asker gets.
+                         */
+                        if (rr.n_segment_ids == CLIENT_RETURN_BATCH && got < want && !c->conn_busy)
                                 (void) client_pool_trim(c, device, want - got);
                         answer.n_usage = client_pool_usage(c, usage, usage_ptrs);
                         answer.usage = usage_ptrs;

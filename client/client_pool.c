@@ -43,14 +43,19 @@ size_t client_pool_usage(gpupool_client *c, Gpupool__Usage *u, Gpupool__Usage **
         return n;
 }
 
-/* Sends req on the main connection with the process's usage. As gp_conn_call(). Locked. */
+/*
+ * Sends req on the main connection with the process's usage as of when it goes out: as
+ * client_call(), or with unlocked as client_call_unlocked(). Locked.
+ */
 static int call_reporting(gpupool_client *c, Gpupool__Envelope *req, Gpupool__Envelope__BodyCase want,
-                          Gpupool__Envelope **ret_reply, int *ret_fd) {
+                          Gpupool__Envelope **ret_reply, int *ret_fd, bool unlocked) {
         Gpupool__Usage u[CLIENT_MAX_DEVICES], *ptrs[CLIENT_MAX_DEVICES];
 
+        client_conn_wait(c);
         req->n_usage = client_pool_usage(c, u, ptrs);
         req->usage = ptrs;
-        return gp_conn_call(&c->conn, req, want, ret_reply, ret_fd);
+        return unlocked ? client_call_unlocked(c, req, want, ret_reply, ret_fd) :
+                          client_call(c, req, want, ret_reply, ret_fd);
 }
 
 int client_pool_return(gpupool_client *c, const uint64_t *ids, size_t n) {
@@ -62,7 +67,7 @@ int client_pool_return(gpupool_client *c, const uint64_t *ids, size_t n) {
         rr.n_segment_ids = n;
         req.body_case = GPUPOOL__ENVELOPE__BODY_RETURN_SEGMENTS;
         req.return_segments = &rr;
-        r = call_reporting(c, &req, GPUPOOL__ENVELOPE__BODY_RETURN_REPLY, &rep, NULL);
+        r = call_reporting(c, &req, GPUPOOL__ENVELOPE__BODY_RETURN_REPLY, &rep, NULL, false);
         if (r < 0)
                 return r;
         /* Unmapped already either way: one the daemon did not know is its to sort out. */
@@ -147,7 +152,8 @@ static int lease(gpupool_client *c, unsigned d, uint64_t rsize, enum heap_class 
         lr.size = rsize;
         req.body_case = GPUPOOL__ENVELOPE__BODY_LEASE;
         req.lease = &lr;
-        r = call_reporting(c, &req, GPUPOOL__ENVELOPE__BODY_LEASE_REPLY, &rep, &fd);
+        /* The daemon may park it while other processes give memory back: the lock must not wait with it. */
+        r = call_reporting(c, &req, GPUPOOL__ENVELOPE__BODY_LEASE_REPLY, &rep, &fd, true);
         if (r < 0)
                 return r;
         l = rep->lease_reply;
@@ -218,6 +224,11 @@ int client_pool_alloc(gpupool_client *c, unsigned d, int device, uint64_t rsize,
         if (!b)
                 return -ENOMEM;
         hb = heap_alloc(&dev->heap, class, rsize);
+        while (!hb && c->conn_busy) {
+                /* Another thread's lease is out: what it brings may serve this one too. */
+                client_conn_wait(c);
+                hb = heap_alloc(&dev->heap, class, rsize);
+        }
         if (!hb) {
                 r = lease(c, d, rsize, class);
                 if (r == -EDQUOT || r == -ENOMEM) {

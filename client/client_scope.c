@@ -64,7 +64,7 @@ static int free_batch(gpupool_client *c, struct block **blocks, size_t n) {
         fb.release_segment_ids = release;
         req.body_case = GPUPOOL__ENVELOPE__BODY_FREE_BATCH;
         req.free_batch = &fb;
-        r = gp_conn_call(&c->conn, &req, GPUPOOL__ENVELOPE__BODY_FREE_BATCH_REPLY, &rep, NULL);
+        r = client_call(c, &req, GPUPOOL__ENVELOPE__BODY_FREE_BATCH_REPLY, &rep, NULL);
         if (r < 0)
                 return r;
         /* Segments the daemon wants back that we did not release already (this handle keeps some). */

@@ -6,6 +6,8 @@
  */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <pthread.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -158,6 +160,103 @@ START_TEST(test_elasticity_64m_blocks) {
 }
 END_TEST
 
+/* Process B's thread: a lease the daemon parks while it asks memory back. */
+struct parked_lease {
+        gpupool_client *c;
+        void *p;
+        int r;
+        bool done;      /* atomic */
+};
+
+static void *parked_lease_main(void *arg) {
+        struct parked_lease *l = arg;
+
+        l->r = gpupool_alloc(l->c, 0, 400 * MiB, &l->p);
+        __atomic_store_n(&l->done, true, __ATOMIC_RELEASE);
+        return NULL;
+}
+
+/*
+ * A process whose thread waits in a parked lease still answers the daemon's requests for
+ * memory back; else two processes, each waiting for what the other holds free, both fail
+ * after the reclaim timeout. Here B's lease waits on a peer that never answers, while A's
+ * allocation needs what B holds free: A gets it at once, with B's lease still waiting.
+ */
+START_TEST(test_parked_lease_still_answers_reclaim) {
+        Gpupool__Hello hello = GPUPOOL__HELLO__INIT;
+        Gpupool__Envelope env = GPUPOOL__ENVELOPE__INIT, *rep;
+        Gpupool__LeaseRequest lr = GPUPOOL__LEASE_REQUEST__INIT;
+        struct parked_lease b = { 0 };
+        gpupool_client *a;
+        pthread_t thread;
+        uint64_t hog_id, hog_segment;
+        int hog, hog_control;
+        double t0, took;
+        void *p;
+        struct testd d;
+
+        testd_start(&d, "--host-capacity", "1G", "--reclaim-timeout", "60s", NULL);
+        setenv("GPUPOOL_IDLE_RETURN", "0", 1);
+        /* B holds 300 MiB leased and empty. */
+        b.c = connect_leasing(&d, "holder");
+        ck_assert_int_eq(gpupool_alloc(b.c, 0, 300 * MiB, &p), 0);
+        ck_assert_int_eq(gpupool_free(b.c, p), 0);
+        /* A hog leases 700 MiB and never answers on its control channel. */
+        hello.name = "hog";
+        hog = raw_hello_with(&d, &hello, &hog_id);
+        hello.has_control_for = 1;
+        hello.control_for = hog_id;
+        hog_control = raw_hello_with(&d, &hello, NULL);
+        lr.size = 700 * MiB;
+        env.id = 1;
+        env.body_case = GPUPOOL__ENVELOPE__BODY_LEASE;
+        env.lease = &lr;
+        rep = raw_call(hog, &env);
+        ck_assert_int_eq(rep->status, GPUPOOL__STATUS__STATUS_OK);
+        hog_segment = rep->lease_reply->segment_id;
+        gpupool__envelope__free_unpacked(rep, NULL);
+
+        /* B's 400 MiB does not fit: the daemon asks the hog, and B's lease waits for it. */
+        ck_assert_int_eq(pthread_create(&thread, NULL, parked_lease_main, &b), 0);
+        rep = raw_recv(hog_control);
+        ck_assert_ptr_nonnull(rep);
+        ck_assert_int_eq(rep->body_case, GPUPOOL__ENVELOPE__BODY_RECLAIM);
+        gpupool__envelope__free_unpacked(rep, NULL);
+
+        /* A's 200 MiB fits only with what B holds empty: B's control thread gives it back. */
+        a = connect_leasing(&d, "needy");
+        t0 = now_s();
+        ck_assert_int_eq(gpupool_alloc(a, 0, 200 * MiB, &p), 0);
+        took = now_s() - t0;
+        ck_assert_msg(took < 10.0, "took %.3f s", took);
+        ck_assert(!__atomic_load_n(&b.done, __ATOMIC_ACQUIRE));
+        ck_assert_int_eq(client_field(&d, "holder", "leased_bytes"), 0);
+
+        /* The hog gives its segment back: B's lease gets the memory. */
+        {
+                Gpupool__ReturnRequest rr = GPUPOOL__RETURN_REQUEST__INIT;
+
+                rr.segment_ids = &hog_segment;
+                rr.n_segment_ids = 1;
+                env.id = 2;
+                env.body_case = GPUPOOL__ENVELOPE__BODY_RETURN_SEGMENTS;
+                env.return_segments = &rr;
+                rep = raw_call(hog, &env);
+                ck_assert_int_eq(rep->status, GPUPOOL__STATUS__STATUS_OK);
+                gpupool__envelope__free_unpacked(rep, NULL);
+        }
+        ck_assert_int_eq(pthread_join(thread, NULL), 0);
+        ck_assert_int_eq(b.r, 0);
+        ck_assert_int_eq(gpupool_free(b.c, b.p), 0);
+        ck_assert_int_eq(gpupool_free(a, p), 0);
+        gpupool_disconnect(a);
+        gpupool_disconnect(b.c);
+        close(hog_control);
+        close(hog);
+        ck_assert_int_eq(testd_stop(&d), 0);
+}
+END_TEST
+
 START_TEST(test_idle_segments_go_back) {
         gpupool_client *c;
         struct testd d;
@@ -244,6 +343,7 @@ Suite *suite_process_pool(void) {
         tcase_add_test(tc, test_steady_state_asks_nothing);
         tcase_add_test(tc, test_elasticity_1m_blocks);
         tcase_add_test(tc, test_elasticity_64m_blocks);
+        tcase_add_test(tc, test_parked_lease_still_answers_reclaim);
         tcase_add_test(tc, test_idle_segments_go_back);
         tcase_add_test(tc, test_limit_makes_room_from_empty_segments);
         tcase_add_test(tc, test_scopes_and_bad_settings);
