@@ -303,7 +303,7 @@ bench-instructions: all $(BENCH_HOST)
 	valgrind --tool=callgrind --callgrind-out-file=$$out --collect-atstart=no --toggle-collect=client_loop \
 		$(BENCH_HOST) --build $(B) --ops 10000 --client-only >/dev/null 2>&1 || exit 1; \
 	ir=$$(awk '/^(summary|totals):/ { print $$2 }' $$out | tail -1); \
-	echo "process pool (GPUPOOL_LEASE=1), 4 KiB: $$(( ir / 10000 )) instructions per gpupool_alloc+gpupool_free pair"; \
+	echo "process pool (the default), 4 KiB: $$(( ir / 10000 )) instructions per gpupool_alloc+gpupool_free pair"; \
 	rm -f $$out
 
 # Fragmentation: peak reserved / peak in use of gpupool's pool, the process's own pool and of

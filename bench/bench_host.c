@@ -7,15 +7,16 @@
  *            its reply: the floor any daemon round trip stands on;
  *   daemon   gpupool_alloc and gpupool_free of 4 KiB blocks against a running gpupoold (one
  *            block stays allocated, so frees never empty the segment: the steady state), with
- *            the client cache off (every call a round trip) and on (the default);
+ *            the client cache off (every call a round trip) and on, on blocks the daemon carves
+ *            ($GPUPOOL_LEASE=0, as clients and threads below);
  *   clients  8 processes allocating and freeing at once for --seconds: operations per second,
  *            next to 8 processes doing echo round trips;
  *   threads  1, 2 and 4 threads of one process sharing one handle, allocating and freeing
  *            4 KiB blocks that the client cache serves: alloc+free pairs per second with the
  *            per-thread magazines ($GPUPOOL_THREAD_CACHE=1, the default) and with the shared
  *            cache alone (=0, one lock for the handle), the median of 5 alternating rounds;
- *   pairs    a 4 KiB alloc+free pair served in the process, by the client cache (the default)
- *            and by the process's own pool over leased segments (GPUPOOL_LEASE=1), the median
+ *   pairs    a 4 KiB alloc+free pair served in the process, by the client cache ($GPUPOOL_LEASE=0)
+ *            and by the process's own pool over leased segments (the default), the median
  *            of 10 alternating rounds;
  *   pool     the allocator core alone (daemon/pool.c): ns per alloc+free pair with 1 thousand,
  *            100 thousand and 1 million free blocks in the owner's index.
@@ -503,12 +504,14 @@ int main(int argc, char **argv) {
         snprintf(echo_path, sizeof(echo_path), "%s/echo.sock", dir);
         if (client_only) {
                 daemon_pid = start_daemon(build);
-                setenv("GPUPOOL_LEASE", "1", 1);
+                unsetenv("GPUPOOL_LEASE");      /* the process's own pool, the default */
                 (void) client_pairs(ops, NULL);
                 kill(daemon_pid, SIGTERM);
                 waitpid(daemon_pid, NULL, 0);
                 return 0;
         }
+        /* Round trips, clients and threads measure blocks the daemon carves ($GPUPOOL_LEASE=0), while it serves them. */
+        setenv("GPUPOOL_LEASE", "0", 1);
         packet_sizes();
         echo_pid = echo_server();
         daemon_pid = start_daemon(build);
@@ -550,12 +553,12 @@ int main(int argc, char **argv) {
         for (size_t r = 0, k = ops / 10; r < 10; r++) {
                 size_t n = r < 9 ? k : ops - 9 * k;
 
-                unsetenv("GPUPOOL_LEASE");
+                setenv("GPUPOOL_LEASE", "0", 1);
                 (void) client_pairs(n, t2 + r * k);
-                setenv("GPUPOOL_LEASE", "1", 1);
+                unsetenv("GPUPOOL_LEASE");
                 (void) client_pairs(n, t3 + r * k);
         }
-        unsetenv("GPUPOOL_LEASE");
+        setenv("GPUPOOL_LEASE", "0", 1);
         pair_cache = summarize(t2, ops);
         pair_pool = summarize(t3, ops);
         for (int i = 0; i < 3; i++)
@@ -596,8 +599,8 @@ int main(int argc, char **argv) {
                 printf("%-44s %12.0f %12.0f %10.2f\n", name, threads[i][0], threads[i][1], threads[i][1] / threads[i][0]);
         }
         printf("\n%-44s %12s %12s\n", "4 KiB alloc+free pair in the process", "median ns", "p99 ns");
-        printf("%-44s %12.0f %12.0f\n", "client cache hit (default)", pair_cache.median, pair_cache.p99);
-        printf("%-44s %12.0f %12.0f\n", "process pool (GPUPOOL_LEASE=1)", pair_pool.median, pair_pool.p99);
+        printf("%-44s %12.0f %12.0f\n", "client cache hit (GPUPOOL_LEASE=0)", pair_cache.median, pair_cache.p99);
+        printf("%-44s %12.0f %12.0f\n", "process pool (the default)", pair_pool.median, pair_pool.p99);
         printf("\n%-44s %12s %12s\n", "allocator core alone, alloc+free pair", "median ns", "p99 ns");
         for (int i = 0; i < 3; i++) {
                 char name[64];

@@ -7,8 +7,9 @@
  * (every GPUPOOL_ variable that changes them is unset). Each trace is replayed two ways, in
  * the same run:
  *
- *   daemon        blocks carved by the daemon, the client cache in front (the default);
- *   process       the process's own pool over leased segments ($GPUPOOL_LEASE=1).
+ *   daemon        blocks carved by the daemon, the client cache in front ($GPUPOOL_LEASE=0,
+ *                 deprecated: the baseline);
+ *   process       the process's own pool over leased segments (the default).
  *
  * Per trace and way it prints:
  *
@@ -211,9 +212,9 @@ int main(int argc, char **argv) {
                 }
                 for (int way = 0; way < 2; way++) {
                         if (way)
-                                setenv("GPUPOOL_LEASE", "1", 1);
-                        else
                                 unsetenv("GPUPOOL_LEASE");
+                        else
+                                setenv("GPUPOOL_LEASE", "0", 1);
                         pid = start_daemon(build);
                         r = replay(&t, &res);
                         stop_daemon(pid);

@@ -50,9 +50,9 @@ static int run(struct cli *cli, int argc, char **argv) {
                                                  "segments_asked", (json_int_t) f->segments_asked, "bytes_asked",
                                                  (json_int_t) f->bytes_asked));
                 else
-                        printf("asked %u client%s of tenant %s for %" PRIu64 " segment%s kept free, %s; they go back to "
-                               "the backend as the clients return them\n", f->clients_asked, f->clients_asked == 1 ? "" : "s",
-                               fr.tenant, f->segments_asked, f->segments_asked == 1 ? "" : "s",
+                        printf("asked %u client%s of tenant %s to give back what %s free (%s as last known); it goes "
+                               "back to the backend as the clients return it\n", f->clients_asked,
+                               f->clients_asked == 1 ? "" : "s", fr.tenant, f->clients_asked == 1 ? "it holds" : "they hold",
                                gp_size_format(f->bytes_asked, size, sizeof(size)));
         } else if (cli->json) {
                 json_t *root = json_object(), *devices = json_array();

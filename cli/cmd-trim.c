@@ -50,8 +50,9 @@ static int run(struct cli *cli, int argc, char **argv) {
                 cli_print_json(json_pack("{s:I, s:I, s:I}", "clients", (json_int_t) t->clients, "segments",
                                          (json_int_t) t->segments, "bytes", (json_int_t) t->bytes));
         else
-                printf("asked %u client%s for %" PRIu64 " segment%s kept free, %s\n", t->clients, t->clients == 1 ? "" : "s",
-                       t->segments, t->segments == 1 ? "" : "s", gp_size_format(t->bytes, size, sizeof(size)));
+                printf("asked %u client%s to give back what %s free (%s as last known)\n", t->clients,
+                       t->clients == 1 ? "" : "s", t->clients == 1 ? "it holds" : "they hold",
+                       gp_size_format(t->bytes, size, sizeof(size)));
         gpupool__envelope__free_unpacked(rep, NULL);
         return 0;
 }

@@ -216,7 +216,7 @@ GPUPOOL_EXPORT int gpupool_connect(const char *socket_path, const char *client_n
         }
         c->serial = __atomic_add_fetch(&serials, 1, __ATOMIC_RELAXED);
         c->epoch = 1;
-        c->leasing = leasing && strcmp(leasing, "1") == 0;
+        c->leasing = !(leasing && strcmp(leasing, "0") == 0);
         c->idle_return_ms = idle_return_ms;
         /* Empty until the first lease, and empty again after drop_everything() on a reconnect. */
         for (unsigned d = 0; d < CLIENT_MAX_DEVICES; d++)
@@ -278,6 +278,8 @@ static void drop_everything(gpupool_client *c) {
         }
         while ((n = gp_rb_first(&c->by_addr)))
                 client_mapping_drop(c, gp_rb_entry(n, struct mapping, by_addr));
+        for (unsigned d = 0; d < CLIENT_MAX_DEVICES; d++)
+                c->devices[d].reported_in_use = c->devices[d].reported_held_free = 0;
         if (c->cuda)
                 client_cuda_teardown(c);
 }
@@ -460,6 +462,18 @@ static int daemon_device(gpupool_client *c, int device) {
 
 static int alloc_on(gpupool_client *c, int device, size_t size, void *stream, bool on_stream, void **ret_ptr);
 
+/*
+ * Whether the daemon is gone, as the control thread or the latest request saw it; says so.
+ * What the process leases then is no longer its own: the pool hands none of it out. Locked.
+ */
+static bool daemon_is_gone(gpupool_client *c) {
+        if (!__atomic_load_n(&c->daemon_gone, __ATOMIC_ACQUIRE) && !__atomic_load_n(&c->conn.broken, __ATOMIC_RELAXED))
+                return false;
+        client_set_error(c, "gpupoold is gone (or the connection to it is): its memory is no longer this process's; "
+                            "gpupool_reconnect() starts anew");
+        return true;
+}
+
 GPUPOOL_EXPORT int gpupool_alloc(gpupool_client *c, int device, size_t size, void **ret_ptr) {
         return alloc_on(c, device, size, NULL, false, ret_ptr);
 }
@@ -497,7 +511,9 @@ static int alloc_on(gpupool_client *c, int device, size_t size, void *stream, bo
                 goto out;
         }
         if (c->leasing) {
-                if (!rsize || rsize > HEAP_MAX_REQUEST) {
+                if (daemon_is_gone(c)) {
+                        r = -ECONNRESET;
+                } else if (!rsize || rsize > HEAP_MAX_REQUEST) {
                         client_set_error(c, "cannot allocate %zu bytes: a request is 1 byte to 64 TiB", size);
                         r = -EINVAL;
                 } else {
@@ -607,6 +623,8 @@ GPUPOOL_EXPORT int gpupool_free(gpupool_client *c, void *ptr) {
                 return 0;
         pthread_mutex_lock(&c->lock);
         r = b ? client_free_unlinked(c, b) : not_a_block(c, ptr);
+        if (r == 0 && c->leasing && daemon_is_gone(c))
+                r = -ECONNRESET;        /* freed, but into memory that is not ours any more */
         pthread_mutex_unlock(&c->lock);
         return r;
 }

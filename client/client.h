@@ -102,6 +102,7 @@ struct client_device {
         gp_cu_event *spare_events;      /* recorded-and-done events kept for reuse */
         unsigned spare_count, spare_cap;
         struct heap heap;               /* the process's pool on this device ($GPUPOOL_LEASE): every segment it leases */
+        uint64_t reported_in_use, reported_held_free;   /* as the daemon last heard (client_pool_usage()) */
 };
 
 struct gpupool_client {
@@ -155,6 +156,7 @@ struct gpupool_client {
         /* The control channel: the daemon's reclaim requests, answered by the control thread. */
         uint64_t keep_free_bytes;       /* $GPUPOOL_KEEP_FREE: free segments we may keep mapped */
         struct gp_conn *control;
+        bool daemon_gone;               /* atomic: the control channel closed under us (the process pool then serves nothing) */
         pthread_t control_thread;
         bool control_started;
         /* Stream-ordered frees, oldest first, and the thread that completes them. */
@@ -288,8 +290,14 @@ int client_pool_alloc(gpupool_client *c, unsigned d, int device, uint64_t rsize,
 /* Frees a block out of the live table into the pool; its segment stays mapped. */
 int client_pool_free(gpupool_client *c, struct block *b);
 
-/* What the process holds per device where it leases anything, for a request's envelope. Returns how many. */
+/*
+ * What the process holds per device where it leases anything, or leased anything when it last
+ * reported, for a request's envelope; remembered as reported. Returns how many.
+ */
 size_t client_pool_usage(gpupool_client *c, Gpupool__Usage *u, Gpupool__Usage **ptrs);
+
+/* Whether what the process holds changed since it last reported. */
+bool client_pool_usage_changed(gpupool_client *c);
 
 /*
  * Takes segments holding no live block out of the pool, on daemon device d (-1: all), oldest

@@ -2,7 +2,8 @@
  * client_control.c: the control channel and its thread. The daemon pushes its requests for
  * memory back on a second connection of the process (Hello.control_for), and this thread
  * answers each at once, whatever the application's threads are doing; once a second it also
- * gives back what has been idle (the client cache's, or the process pool's empty segments).
+ * gives back what has been idle (the client cache's, or the process pool's empty segments) and
+ * tells the daemon what the process holds if that changed (UsageReport).
  */
 #include "client.h"
 
@@ -10,6 +11,23 @@
 #include <poll.h>
 #include <stdlib.h>
 #include <sys/socket.h>
+
+/* Sends env, its usage filled, as a UsageReport on the control channel. */
+static int report_usage(gpupool_client *c, Gpupool__Envelope *env) {
+        Gpupool__UsageReport report = GPUPOOL__USAGE_REPORT__INIT;
+        uint8_t out[GP_MAX_REQUEST_BYTES];
+        int n;
+
+        env->version = GP_PROTOCOL_VERSION;
+        env->body_case = GPUPOOL__ENVELOPE__BODY_USAGE_REPORT;
+        env->usage_report = &report;
+        n = gp_wire_pack(env, out, sizeof(out));
+        if (n < 0 || gp_wire_send_packet(c->control->sock, out, (size_t) n, -1) < 0) {
+                __atomic_store_n(&c->daemon_gone, true, __ATOMIC_RELEASE);
+                return -1;
+        }
+        return 0;
+}
 
 /*
  * The control thread: waits for the daemon's reclaim requests on the control channel and
@@ -44,11 +62,25 @@ static void *control_main(void *arg) {
                                 client_pool_tick(c, client_now_ms());
                         else
                                 client_cache_tick(c, client_now_ms());
+                        /* What the process holds changed since it last said: tell the daemon, which asks no reply. */
+                        if (c->leasing && client_pool_usage_changed(c)) {
+                                answer.n_usage = client_pool_usage(c, usage, usage_ptrs);
+                                answer.usage = usage_ptrs;
+                        }
                         pthread_mutex_unlock(&c->lock);
+                        if (answer.n_usage && report_usage(c, &answer) < 0)
+                                return NULL;
                         continue;
                 }
-                if (n <= 0 || gp_wire_unpack(buf, (size_t) n, &push) < 0)
-                        return NULL;    /* disconnect shut the channel, or the daemon is gone */
+                if (n <= 0 || gp_wire_unpack(buf, (size_t) n, &push) < 0) {
+                        /*
+                         * Disconnect shut the channel, or the daemon is gone: then what this
+                         * process leases is no longer its own (on a GPU it dies with the
+                         * daemon's context), and the pool must hand none of it out.
+                         */
+                        __atomic_store_n(&c->daemon_gone, true, __ATOMIC_RELEASE);
+                        return NULL;
+                }
                 if (push->body_case != GPUPOOL__ENVELOPE__BODY_RECLAIM) {
                         gpupool__envelope__free_unpacked(push, NULL);
                         continue;
@@ -87,8 +119,10 @@ static void *control_main(void *arg) {
                 answer.body_case = GPUPOOL__ENVELOPE__BODY_RECLAIM_REPLY;
                 answer.reclaim_reply = &rr;
                 n = gp_wire_pack(&answer, out, sizeof(out));
-                if (n < 0 || gp_wire_send_packet(c->control->sock, out, (size_t) n, -1) < 0)
+                if (n < 0 || gp_wire_send_packet(c->control->sock, out, (size_t) n, -1) < 0) {
+                        __atomic_store_n(&c->daemon_gone, true, __ATOMIC_RELEASE);
                         return NULL;
+                }
         }
 }
 
@@ -99,6 +133,7 @@ int client_control_open(gpupool_client *c, const char *socket_path, const char *
         c->control = calloc(1, sizeof(*c->control));
         if (!c->control)
                 return -ENOMEM;
+        __atomic_store_n(&c->daemon_gone, false, __ATOMIC_RELEASE);
         hello.name = (char *) name;
         hello.has_control_for = 1;
         hello.control_for = id;

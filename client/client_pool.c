@@ -8,7 +8,7 @@
  * limit for another segment, gpupool_trim(), or disconnect. Every lease and return tells the
  * daemon what the process holds per device (Usage).
  *
- * $GPUPOOL_LEASE=1 turns it on; until it is the default, blocks are carved by the daemon.
+ * The default; $GPUPOOL_LEASE=0 (deprecated) has the daemon carve the blocks instead.
  */
 #include "client.h"
 
@@ -29,18 +29,32 @@ size_t client_pool_usage(gpupool_client *c, Gpupool__Usage *u, Gpupool__Usage **
         size_t n = 0;
 
         for (unsigned d = 0; d < c->device_count; d++) {
-                const struct heap *h = &c->devices[d].heap;
+                struct client_device *dev = &c->devices[d];
+                const struct heap *h = &dev->heap;
 
-                if (!h->segment_count)
+                /* A device it gave everything back on is reported once more, as empty. */
+                if (!h->segment_count && !dev->reported_in_use && !dev->reported_held_free)
                         continue;
                 gpupool__usage__init(&u[n]);
                 u[n].device = d;
                 u[n].in_use_bytes = h->in_use_bytes;
                 u[n].held_free_bytes = h->empty_bytes;
+                dev->reported_in_use = h->in_use_bytes;
+                dev->reported_held_free = h->empty_bytes;
                 ptrs[n] = &u[n];
                 n++;
         }
         return n;
+}
+
+bool client_pool_usage_changed(gpupool_client *c) {
+        for (unsigned d = 0; d < c->device_count; d++) {
+                const struct client_device *dev = &c->devices[d];
+
+                if (dev->heap.in_use_bytes != dev->reported_in_use || dev->heap.empty_bytes != dev->reported_held_free)
+                        return true;
+        }
+        return false;
 }
 
 /*

@@ -88,8 +88,10 @@ static void handle_hello(struct session *s, const Gpupool__Envelope *req, struct
                 c->control = s;
                 s->control_of = c;
                 /* Part of its client: --max-clients counts clients, not their channels. */
-                s->uncounted = true;
-                server->connected--;
+                if (!s->uncounted) {
+                        s->uncounted = true;
+                        server->connected--;
+                }
         }
         if (name)
                 strcpy(s->name, name);
@@ -546,6 +548,15 @@ static void handle_reclaim_reply(struct session *s, const Gpupool__Envelope *req
         *ret = (struct reply) { .fd = -1, .none = true };
 }
 
+static void handle_usage_report(struct session *s, const Gpupool__Envelope *req, struct reply *ret) {
+        if (!s->control_of) {
+                request_error_reply(s, req->id, -EPROTO, true, "a usage report belongs on a control channel", ret);
+                return;
+        }
+        /* Nothing to do but take the envelope's usage, after this. */
+        *ret = (struct reply) { .fd = -1, .none = true };
+}
+
 static void handle_bye(struct session *s, const Gpupool__Envelope *req, struct reply *ret) {
         Gpupool__Envelope env;
 
@@ -638,6 +649,12 @@ void request_handle(struct session *s, const Gpupool__Envelope *req, struct repl
                 request_error_reply(s, req->id, -EDQUOT, true, why, ret);
                 return;
         }
+        if (s->control_only && req->body_case == GPUPOOL__ENVELOPE__BODY_HELLO && !req->hello->has_control_for) {
+                /* Let in past the limits as a control channel: anything else is one client too many. */
+                server_limit_text(s->server, s->past_uid_cap, s->uid, why, sizeof(why));
+                request_error_reply(s, req->id, -EDQUOT, true, why, ret);
+                return;
+        }
         if (s->admin_only && !admin_request(req)) {
                 request_error_reply(s, req->id, -EDQUOT, false, "the daemon is at its client limits: this connection of an "
                                     "operator was let in past them for administrative requests only", ret);
@@ -676,6 +693,9 @@ static void dispatch(struct session *s, const Gpupool__Envelope *req, struct rep
                 return;
         case GPUPOOL__ENVELOPE__BODY_RECLAIM_REPLY:
                 handle_reclaim_reply(s, req, ret);
+                return;
+        case GPUPOOL__ENVELOPE__BODY_USAGE_REPORT:
+                handle_usage_report(s, req, ret);
                 return;
         case GPUPOOL__ENVELOPE__BODY_TRIM:
                 request_trim(s, req, ret);

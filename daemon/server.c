@@ -84,12 +84,7 @@ static unsigned uid_connections(const struct server *server, uid_t uid) {
         return n;
 }
 
-/*
- * Whether a new connection fits --max-clients and max_clients_per_uid: 0 yes, 1 only as an
- * operator's administrative connection (root and the daemon's user, within
- * SERVER_OPERATOR_ROOM; *ret_per_uid says which limit it is past), or -1 refused (the socket
- * is answered and closed).
- */
+/* Says which limit a refused connection is past. */
 void server_limit_text(const struct server *server, bool per_uid, uid_t uid, char *buf, size_t size) {
         if (per_uid)
                 snprintf(buf, size, "uid %u already has %u connections, the most one uid may have (max_clients_per_uid)",
@@ -99,6 +94,30 @@ void server_limit_text(const struct server *server, bool per_uid, uid_t uid, cha
                          server->options->max_clients);
 }
 
+/*
+ * Whether process pid has a client without a control channel, and no connection let in past
+ * the limits to be that channel yet: its control channel is part of it, not one client more.
+ */
+static bool control_room(const struct server *server, pid_t pid) {
+        bool room = false;
+
+        for (const struct session *c = server->sessions; c; c = c->next) {
+                if (c->pid != pid || c->fd < 0)
+                        continue;
+                if (c->control_only && c->state == SESSION_NEW)
+                        return false;
+                if (c->state == SESSION_READY && !c->control && !c->control_of && !c->admin_only)
+                        room = true;
+        }
+        return room;
+}
+
+/*
+ * Whether a new connection fits --max-clients and max_clients_per_uid; past them, whether it
+ * may be a client's control channel or an operator's administrative connection (root and the
+ * daemon's user, within SERVER_OPERATOR_ROOM). Returns how it is let in (*ret_per_uid says
+ * which limit it is past), or -1: refused (the socket is answered and closed).
+ */
 static int admit(struct server *server, int fd, bool *ret_per_uid) {
         const struct options *o = server->options;
         struct ucred cred;
@@ -113,11 +132,13 @@ static int admit(struct server *server, int fd, bool *ret_per_uid) {
         if (server->connected < o->max_clients) {
                 *ret_per_uid = uid_connections(server, cred.uid) >= o->max_clients_per_uid;
                 if (!*ret_per_uid)
-                        return 0;
+                        return SESSION_ADMIT_CLIENT;
         }
+        if (control_room(server, cred.pid))
+                return SESSION_ADMIT_CONTROL_ONLY;
         /* Root's and the daemon's own: in, but its hello must say it is an operator's tool. */
         if ((cred.uid == 0 || cred.uid == geteuid()) && server->admin_connected < SERVER_OPERATOR_ROOM)
-                return 1;
+                return SESSION_ADMIT_ADMIN_ONLY;
         server_limit_text(server, *ret_per_uid, cred.uid, why, sizeof(why));
         server_log(server, LOG_LEVEL_WARN, "refusing a client (pid %d, uid %u): %s", (int) cred.pid, (unsigned) cred.uid, why);
         refuse_client(server, fd, -EDQUOT, why);
@@ -150,7 +171,7 @@ static void on_connection(uv_poll_t *handle, int status, int events) {
                 r = admit(server, fd, &per_uid);
                 if (r < 0)
                         continue;
-                r = session_start(server, fd, r > 0, per_uid);
+                r = session_start(server, fd, (enum session_admission) r, per_uid);
                 if (r < 0)
                         server_log(server, LOG_LEVEL_WARN, "cannot start a session: %s", strerror(-r));
         }

@@ -60,7 +60,9 @@ void session_log_write(struct session *s, enum log_level level, const char *fmt,
         va_end(ap);
 }
 
-int session_start(struct server *server, int fd, bool admin_only, bool past_uid_cap) {
+int session_start(struct server *server, int fd, enum session_admission how, bool past_uid_cap) {
+        bool admin_only = how == SESSION_ADMIT_ADMIN_ONLY;
+
         struct ucred cred;
         socklen_t len = sizeof(cred);
         struct session *s;
@@ -93,7 +95,8 @@ int session_start(struct server *server, int fd, bool admin_only, bool past_uid_
         s->log = (struct log_ratelimit) LOG_RATELIMIT_CLIENT;
         s->admin_only = admin_only;
         s->past_uid_cap = past_uid_cap;
-        s->uncounted = admin_only;      /* not one of --max-clients: room beyond them */
+        s->control_only = how == SESSION_ADMIT_CONTROL_ONLY;
+        s->uncounted = how != SESSION_ADMIT_CLIENT;     /* not one of --max-clients: room beyond them */
         s->connected_ms = uv_now(server->loop);
         for (unsigned d = 0; d < server->device_count; d++)
                 pool_owner_attach(server->pools[d], &s->owners[d], (uint32_t) cred.uid);
@@ -118,7 +121,7 @@ int session_start(struct server *server, int fd, bool admin_only, bool past_uid_
         server->sessions = s;
         if (admin_only)
                 server->admin_connected++;
-        else
+        else if (!s->uncounted)
                 server->connected++;
         session_log(s, LOG_LEVEL_DEBUG, "client %llu connected: pid %d, uid %u",
                     (unsigned long long) s->id, (int) s->pid, (unsigned) s->uid);

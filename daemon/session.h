@@ -40,6 +40,7 @@ struct session {
         struct session *control_of;     /* for a control channel: the client it serves */
         bool uncounted;                 /* a control channel: not one of --max-clients */
         bool admin_only;                /* an operator's let in past the limits: administrative requests only */
+        bool control_only;              /* let in past the limits as a client's control channel: its hello must say so */
         bool past_uid_cap;              /* for admin_only: past max_clients_per_uid, else past --max-clients */
         uint64_t connected_ms;          /* when it connected (loop clock), for the hello deadline */
         unsigned reclaim_outstanding;   /* reclaim requests it has not answered yet */
@@ -88,13 +89,21 @@ struct session {
 void session_log_write(struct session *session, enum log_level level, const char *fmt, ...)
         __attribute__((format(printf, 3, 4)));
 
+/* How a connection was let in (server.c's admit()). */
+enum session_admission {
+        SESSION_ADMIT_CLIENT,           /* within --max-clients and max_clients_per_uid */
+        /* Past them: an operator's (SERVER_OPERATOR_ROOM), whose hello must say admin, for administrative requests only. */
+        SESSION_ADMIT_ADMIN_ONLY,
+        /* Past them: the control channel of a client of the same process that has none yet, which its hello must name. */
+        SESSION_ADMIT_CONTROL_ONLY,
+};
+
 /*
- * Takes an accepted socket; admin_only for an operator's let in past --max-clients or (with
- * past_uid_cap) max_clients_per_uid (SERVER_OPERATOR_ROOM): its hello must say admin, and it
- * may make administrative requests only.
- * Returns 0 or a negative errno (the socket is closed then).
+ * Takes an accepted socket, let in as how says; past_uid_cap: past max_clients_per_uid, else
+ * past --max-clients (for the refusal's text). Returns 0 or a negative errno (the socket is
+ * closed then).
  */
-int session_start(struct server *server, int fd, bool admin_only, bool past_uid_cap);
+int session_start(struct server *server, int fd, enum session_admission how, bool past_uid_cap);
 
 /* Ends a session now, whatever its state: its memory is released. For shutdown. */
 void session_destroy(struct session *session);

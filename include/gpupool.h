@@ -150,30 +150,25 @@ GPUPOOL_EXPORT int gpupool_arena_destroy(gpupool_arena *arena);
 GPUPOOL_EXPORT size_t gpupool_last_error(gpupool_client *client, char *buf, size_t size);
 
 /*
- * The client cache. gpupool_free() keeps the block in the process for the next allocation of
- * the same (rounded) size on the same device, which then needs no round trip, up to
- * $GPUPOOL_CLIENT_CACHE bytes (a size; default GPUPOOL_DEFAULT_CLIENT_CACHE; 0 turns it off),
- * least recently freed given back first. Cached blocks stay allocated at the daemon and count
- * against this client's limits; when an allocation is refused for a limit or a full device,
- * the cache is given back and the allocation asked again. It is also given back when unused
- * for $GPUPOOL_CLIENT_CACHE_IDLE (a duration; default 10s; 0: never), and when the daemon asks
- * (a full device, gpupoolctl trim): a handle with a cache keeps a second connection to the
- * daemon and a thread for that. gpupool_trim() gives back everything cached now;
- * gpupool_cached_bytes() says how much that is.
+ * The process's own pool: the handle leases whole segments from the daemon and carves its
+ * blocks from them itself (best fit, split and merge, as PyTorch's caching allocator does), so
+ * that an allocation or a free that fits what it holds makes no request. A segment that
+ * empties stays mapped until the daemon asks for memory back (a full device, gpupoolctl trim;
+ * the handle keeps a second connection to the daemon and a thread that answers at once), it
+ * has been empty for $GPUPOOL_IDLE_RETURN (a duration; default 10s; 0: never), an allocation
+ * needs room under a limit or on a full device, gpupool_trim(), or disconnect. The same thread
+ * tells the daemon what the process holds in use and free, at most once a second when it
+ * changed. gpupool_trim() gives back every empty segment now; gpupool_cached_bytes() is what
+ * the pool holds free (in empty segments and between live blocks).
  *
- * Each thread keeps the blocks it freed last (up to 32, each at most an eighth of the bound)
- * for its own next allocations, so that threads of one handle do not wait for each other on a
- * cache hit; $GPUPOOL_THREAD_CACHE=0 turns that off (1, the default, on). Any other value makes
- * gpupool_connect() fail with -EINVAL. Allocations inside a scope take the handle's lock.
- *
- * The process's own pool, which replaces the client cache: with $GPUPOOL_LEASE=1 (0, the
- * default for now, off; anything else -EINVAL) the handle leases whole segments from the
- * daemon and carves its blocks from them itself (best fit, split and merge, as the daemon
- * does), so that an allocation or free that fits what it holds makes no request. A segment
- * that empties stays mapped until the daemon asks for memory back, it has been empty for
- * $GPUPOOL_IDLE_RETURN (a duration; default 10s; 0: never), an allocation needs room under a
- * limit, gpupool_trim(), or disconnect. The client cache, kept segments and thread caches are
- * off then; gpupool_cached_bytes() is what the pool holds free.
+ * $GPUPOOL_LEASE=0 (deprecated; it goes in the next protocol version) has the daemon carve
+ * every block instead, one request per allocation and free, with the client cache in front:
+ * gpupool_free() keeps the block in the process for the next allocation of the same (rounded)
+ * size on the same device, up to $GPUPOOL_CLIENT_CACHE bytes (a size; default
+ * GPUPOOL_DEFAULT_CLIENT_CACHE; 0 turns it off), given back when unused for
+ * $GPUPOOL_CLIENT_CACHE_IDLE (a duration; default 10s; 0: never) or asked; per-thread
+ * magazines in front of it ($GPUPOOL_THREAD_CACHE=0 turns them off). Any value of these
+ * variables that is not what they take makes gpupool_connect() fail with -EINVAL.
  */
 #define GPUPOOL_DEFAULT_CLIENT_CACHE (64ULL << 20)
 #define GPUPOOL_DEFAULT_CLIENT_CACHE_IDLE_MS 10000
@@ -184,8 +179,9 @@ GPUPOOL_EXPORT size_t gpupool_cached_bytes(gpupool_client *client);
 /*
  * What this handle holds now, counted when asked: live_blocks and live_bytes are the blocks
  * the application holds (rounded sizes; a gpupool_free_async() counts as freed at once),
- * cached_bytes those in the client cache, and mapped_segments and mapped_bytes the segments
- * mapped in this process, which is what the daemon counts as this client's reserved bytes.
+ * cached_bytes what the process's pool holds free (or, with $GPUPOOL_LEASE=0, the client
+ * cache), and mapped_segments and mapped_bytes the segments mapped in this process, which is
+ * what the daemon counts as this client's reserved bytes.
  * round_trips counts the requests the handle sent gpupoold and waited for, and
  * segments_imported the segments it mapped (host: an mmap; cuda: a cuIpcOpenMemHandle), both
  * since gpupool_connect(): in a steady state neither should grow.

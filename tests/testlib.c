@@ -254,6 +254,22 @@ bool testd_device_becomes(struct testd *d, unsigned index, const char *key, long
         return false;
 }
 
+bool testd_client_becomes(struct testd *d, pid_t pid, const char *name, const char *key, long long want) {
+        double t0 = now_s();
+
+        while (now_s() - t0 < 10.0) {
+                json_t *st = testd_ctl(d, "status");
+                json_t *c = pid ? status_client_by_pid(st, pid) : status_client_by_name(st, name);
+                bool is = c && json_integer_value(json_object_get(c, key)) == want;
+
+                json_decref(st);
+                if (is)
+                        return true;
+                usleep(10000);
+        }
+        return false;
+}
+
 json_t *status_client_by_pid(json_t *status, pid_t pid) {
         json_t *clients = json_object_get(status, "clients"), *c;
         size_t i;

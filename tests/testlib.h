@@ -71,6 +71,12 @@ json_t *testd_ctl(struct testd *d, const char *cmd);
 long long status_device(json_t *status, const char *key);
 json_t *status_client_by_pid(json_t *status, pid_t pid);
 json_t *status_client_by_name(json_t *status, const char *name);
+/*
+ * Waits (up to 10 s) until the status of the client of pid (0: the one named name) has key at
+ * want: what a process holds reaches the daemon with its requests and its usage reports (at
+ * most a second apart). Returns whether it did.
+ */
+bool testd_client_becomes(struct testd *d, pid_t pid, const char *name, const char *key, long long want);
 
 /*
  * Copies the file at path into the daemon's directory (mode 0755) and returns the copy's path

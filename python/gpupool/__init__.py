@@ -50,7 +50,7 @@ def default_client_name():
 
 
 class Client:
-    """A connection to gpupoold of its own (one per process is usual), with its own cache.
+    """A connection to gpupoold of its own (one per process is usual), with its own pool.
 
     Pointers are integers: host memory on the host backend, device pointers (CUdeviceptr) in
     this process's CUDA primary context on the cuda backend. Raises GpupoolError (an OSError)
@@ -115,7 +115,7 @@ class Client:
         return st.as_dict()
 
     def trim(self):
-        """Gives every block of the client cache back to the daemon."""
+        """Gives every segment the process holds empty back to the daemon."""
         self._check(lib.gpupool_trim(self._live()))
 
     def close(self):
@@ -141,7 +141,7 @@ def stats():
 
 
 def trim():
-    """Gives the hooks' client cache back to the daemon (what torch.cuda.empty_cache() cannot)."""
+    """Gives the hooks' empty segments back to the daemon (what torch.cuda.empty_cache() cannot)."""
     Client._shared().trim()
 
 

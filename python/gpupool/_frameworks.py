@@ -59,7 +59,7 @@ def _cupy_out_of_memory(cupy, size, reason):
 def use_with_cupy(client=None):
     """Makes CuPy take its device memory from gpupool (through the shared handle, or client,
     a gpupool.Client). CuPy's own memory pool is bypassed: every allocation and free goes to
-    gpupool, whose client cache keeps repeats cheap. A refusal raises
+    gpupool, whose own pool in the process keeps repeats cheap. A refusal raises
     cupy.cuda.memory.OutOfMemoryError with gpupoold's reason. Frees are ordered after the work
     on the legacy default stream; synchronize non-blocking streams before dropping arrays used
     on them. Returns the allocating function given to cupy.cuda.set_allocator().

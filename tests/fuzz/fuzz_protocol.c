@@ -61,7 +61,7 @@ static int client(void) {
 
         if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, sv) < 0)
                 abort();
-        if (session_start(&server, sv[0], false, false) < 0) {
+        if (session_start(&server, sv[0], SESSION_ADMIT_CLIENT, false) < 0) {
                 close(sv[1]);
                 return -1;
         }

@@ -230,6 +230,15 @@ int main(int argc, char **argv) {
                 env.body_case = GPUPOOL__ENVELOPE__BODY_RECLAIM_REPLY;
                 env.reclaim_reply = &rr;
                 packet(4, &env);
+                {
+                        Gpupool__UsageReport ur = GPUPOOL__USAGE_REPORT__INIT;
+
+                        u.held_free_bytes = 2 << 20;
+                        env.body_case = GPUPOOL__ENVELOPE__BODY_USAGE_REPORT;
+                        env.usage_report = &ur;
+                        packet(4, &env);        /* on the control channel */
+                        packet(0, &env);        /* on the main connection: refused */
+                }
         }
         fclose(out);
 

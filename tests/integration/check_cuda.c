@@ -218,7 +218,8 @@ START_TEST(test_cuda_killed_client_memory_returns) {
         ck_assert_int_eq(pipe(fds), 0);
         pid = spawn(gpu_holder, &d, fds);
         ck_assert_int_eq(read(fds[0], &ch, 1), 1);
-        ck_assert_int_ge(testd_device(&d, 0, "in_use_bytes"), 24 * MiB);
+        ck_assert_int_ge(testd_device(&d, 0, "reserved_bytes"), 24 * MiB);
+        ck_assert_int_eq(testd_device(&d, 0, "cached_bytes"), 0);
         kill(pid, SIGKILL);
         ck_assert_int_eq(reap(pid), 128 + SIGKILL);
         ck_assert_msg(testd_device_becomes(&d, 0, "in_use_bytes", 0), "the killed client's memory did not return");
@@ -344,17 +345,17 @@ static int free_async_client(struct testd *d, void *arg) {
                         FAIL();
                 if (b == a && g.cu.cuEventQuery(done) == GP_CUDA_ERROR_NOT_READY)
                         FAIL();         /* handed out again under running work */
-                /* The daemon still counts the block as in use: nobody else can get it either. */
+                /* Its segment stays leased to this process: nobody else can get it either. */
                 if (still_running) {
-                        long long in_use = testd_device(d, 0, "in_use_bytes");
+                        long long leased = testd_device(d, 0, "reserved_bytes") - testd_device(d, 0, "cached_bytes");
 
-                        if (g.cu.cuEventQuery(done) == GP_CUDA_ERROR_NOT_READY && in_use < (long long) (2 * size))
+                        if (g.cu.cuEventQuery(done) == GP_CUDA_ERROR_NOT_READY && leased < (long long) (2 * size))
                                 FAIL();
                 }
                 release_work(&g, s);
                 if (g.cu.cuStreamSynchronize(s) != GP_CUDA_SUCCESS)
                         FAIL();
-                /* Once the work is done the block goes back without another call of ours. */
+                /* Once the work is done the block goes back without another call of ours (as the daemon hears). */
                 if (!testd_device_becomes(d, 0, "in_use_bytes", (long long) size))
                         FAIL();
                 if (gpupool_free(c, b) < 0)
@@ -639,6 +640,11 @@ struct visible {
         unsigned expect_daemon_device;
 };
 
+/* What device index holds leased to clients: reserved but not cached. */
+static long long leased_on(struct testd *d, unsigned index) {
+        return testd_device(d, index, "reserved_bytes") - testd_device(d, index, "cached_bytes");
+}
+
 static int visible_client(struct testd *d, void *arg) {
         struct visible *v = arg;
         gpupool_client *c;
@@ -650,9 +656,8 @@ static int visible_client(struct testd *d, void *arg) {
                 return 1;
         if (gpupool_alloc(c, 0, 6 * MiB, &p) < 0 || write_pattern(&g, p, 6 * MiB, 5) < 0 || !pattern_intact(&g, p, 6 * MiB, 5))
                 return 2;
-        /* Our device 0 is the daemon's device expect_daemon_device: only that one holds memory. */
-        if (testd_device(d, v->expect_daemon_device, "in_use_bytes") != (long long) (6 * MiB) ||
-            testd_device(d, 1 - v->expect_daemon_device, "in_use_bytes") != 0)
+        /* Our device 0 is the daemon's device expect_daemon_device: only that one leased us memory. */
+        if (leased_on(d, v->expect_daemon_device) < (long long) (6 * MiB) || leased_on(d, 1 - v->expect_daemon_device) != 0)
                 return 3;
         if (gpupool_alloc(c, 1, 4096, &p) != -ENODEV)
                 return 4;       /* this process sees one GPU */
@@ -688,8 +693,10 @@ static int open_once_client(struct testd *d, void *arg) {
                 return 3;       /* two blocks of one segment: one open handle */
         if (gpupool_free(c, a) < 0 || g.open_handles() != 1 || gpupool_free(c, b) < 0)
                 return 4;
-        if (g.open_handles() != 0)
-                return 5;       /* the segment went back: its handle is closed */
+        if (g.open_handles() != 1)
+                return 5;       /* emptied, the segment stays the process's, open for the next blocks */
+        if (gpupool_trim(c) < 0 || g.open_handles() != 0)
+                return 6;       /* given back: its handle is closed first */
         gpupool_disconnect(c);
         return 0;
 }
@@ -704,7 +711,7 @@ START_TEST(test_fake_handle_opened_once_and_closed) {
 END_TEST
 
 /* The driver's rules, as the fake enforces them: if these pass, the tests above are honest. */
-/* With the client cache on: a block freed on a stream is reused on that stream at once, by nobody else until its work ends. */
+/* A block freed on a stream is reused on that stream at once, by nobody else until its work ends. */
 static int stream_cache_client(struct testd *d, void *arg) {
         gpupool_client *c;
         gp_cu_stream s, other;
@@ -713,7 +720,6 @@ static int stream_cache_client(struct testd *d, void *arg) {
         void *a, *b, *plain, *other_stream;
 
         (void) arg;
-        setenv("GPUPOOL_CLIENT_CACHE", "64M", 1);
         if (gpu_open(&g) < 0 || gpupool_connect(d->sock, "stream-cache", &c) < 0 ||
             g.cu.cuStreamCreate(&s, GP_CU_STREAM_NON_BLOCKING) != GP_CUDA_SUCCESS ||
             g.cu.cuStreamCreate(&other, GP_CU_STREAM_NON_BLOCKING) != GP_CUDA_SUCCESS ||

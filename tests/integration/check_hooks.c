@@ -47,8 +47,9 @@ START_TEST(test_hooks_connect_lazily_by_environment) {
         ck_assert_uint_eq(json_array_size(json_object_get(st, "clients")), 1);
         cl = status_client_by_name(st, "hooked-job");
         ck_assert_ptr_nonnull(cl);
-        ck_assert_int_eq(json_integer_value(json_object_get(cl, "in_use_bytes")), 1 * MiB + 3 * KiB);
         json_decref(st);
+        /* What it holds in use reaches the daemon with its next report. */
+        ck_assert(testd_client_becomes(&d, 0, "hooked-job", "in_use_bytes", 1 * MiB + 3 * KiB));
         /* Size 0 is NULL and no failure; freeing NULL does nothing. */
         ck_assert_ptr_null(gpupool_torch_alloc(0, 0, NULL));
         ck_assert_int_eq(gpupool_hook_last_error(NULL, 0), 0);
@@ -61,11 +62,11 @@ START_TEST(test_hooks_connect_lazily_by_environment) {
         ck_assert_ptr_null(gpupool_torch_alloc(-5, 0, NULL));
         ck_assert_int_eq(gpupool_hook_last_error(why, sizeof(why)), -EINVAL);
         ck_assert_msg(strstr(why, "-5 bytes"), "%s", why);
-        /* Frees go back to the daemon; a second free of the same pointer is refused. */
+        /* Frees go back to the process's pool, as the daemon hears; a second free of the same pointer is refused. */
         gpupool_torch_free(p, 1 * MiB, 0, NULL);
         ck_assert_int_eq(gpupool_hook_last_error(NULL, 0), 0);
         gpupool_cupy_free(NULL, q, 0);
-        ck_assert_int_eq(testd_device(&d, 0, "in_use_bytes"), 0);
+        ck_assert(testd_client_becomes(&d, 0, "hooked-job", "in_use_bytes", 0));
         gpupool_torch_free(p, 1 * MiB, 0, NULL);
         ck_assert_int_eq(gpupool_hook_last_error(why, sizeof(why)), -ENOENT);
         ck_assert_msg(strstr(why, "freeing 0x"), "%s", why);
@@ -181,29 +182,34 @@ START_TEST(test_stats_counts) {
         void *p[3];
 
         testd_start(&d, NULL);
-        setenv("GPUPOOL_CLIENT_CACHE", "16M", 1);
         ck_assert_int_eq(gpupool_connect(d.sock, "counted", &c), 0);
         ck_assert_int_eq(gpupool_alloc(c, 0, 1000, &p[0]), 0);         /* rounded to 1024 */
-        ck_assert_int_eq(gpupool_alloc(c, 0, 64 * KiB, &p[1]), 0);
+        ck_assert_int_eq(gpupool_alloc(c, 0, 64 * KiB, &p[1]), 0);     /* beside it, in its 2 MiB segment */
         ck_assert_int_eq(gpupool_alloc(c, 0, 3 * MiB, &p[2]), 0);      /* a 20 MiB segment of its own class */
         ck_assert_int_eq(gpupool_stats(c, &st), 0);
         ck_assert_uint_eq(st.live_blocks, 3);
         ck_assert_uint_eq(st.live_bytes, 1024 + 64 * KiB + 3 * MiB);
-        ck_assert_uint_eq(st.cached_bytes, 0);
         ck_assert_uint_eq(st.mapped_segments, 2);
         ck_assert_uint_eq(st.mapped_bytes, 2 * MiB + 20 * MiB);
+        ck_assert_uint_eq(st.cached_bytes, st.mapped_bytes - st.live_bytes);   /* the rest is the pool's, free */
         ck_assert_int_eq(testd_device(&d, 0, "reserved_bytes"), (long long) st.mapped_bytes);
-        /* The hello and three allocations asked the daemon; two segments were mapped. */
-        ck_assert_uint_eq(st.round_trips, 4);
+        /* The hello and two leases asked the daemon; two segments were mapped. */
+        ck_assert_uint_eq(st.round_trips, 3);
         ck_assert_uint_eq(st.segments_imported, 2);
         ck_assert_int_eq(gpupool_free(c, p[1]), 0);
         ck_assert_int_eq(gpupool_stats(c, &st), 0);
         ck_assert_uint_eq(st.live_blocks, 2);
-        ck_assert_uint_eq(st.cached_bytes, 64 * KiB);
-        ck_assert_uint_eq(st.round_trips, 4);            /* the free stayed in the process */
+        ck_assert_uint_eq(st.cached_bytes, st.mapped_bytes - 1024 - 3 * MiB);
+        ck_assert_uint_eq(st.round_trips, 3);            /* the free stayed in the process */
+        /* Trimmed, the segments that hold nothing go back; those with live blocks stay. */
+        ck_assert_int_eq(gpupool_free(c, p[2]), 0);
         ck_assert_int_eq(gpupool_trim(c), 0);
         ck_assert_int_eq(gpupool_stats(c, &st), 0);
-        ck_assert_uint_eq(st.cached_bytes, 0);
+        ck_assert_uint_eq(st.mapped_bytes, 2 * MiB);
+        ck_assert_uint_eq(st.cached_bytes, 2 * MiB - 1024);
+        ck_assert_int_eq(gpupool_free(c, p[0]), 0);
+        ck_assert_int_eq(gpupool_trim(c), 0);
+        ck_assert_uint_eq(gpupool_cached_bytes(c), 0);
         ck_assert_int_eq(gpupool_stats(NULL, &st), -EINVAL);
         ck_assert_int_eq(gpupool_stats(c, NULL), -EINVAL);
         gpupool_disconnect(c);
@@ -249,9 +255,9 @@ START_TEST(test_hooks_forked_child_connects_anew) {
         st = testd_ctl(&d, "status");
         ck_assert_ptr_nonnull(status_client_by_pid(st, getpid()));
         ck_assert_ptr_nonnull(status_client_by_pid(st, pid));
-        ck_assert_int_eq(json_integer_value(json_object_get(status_client_by_pid(st, pid), "in_use_bytes")), 2 * MiB);
-        ck_assert_int_eq(json_integer_value(json_object_get(status_client_by_pid(st, getpid()), "in_use_bytes")), 1 * MiB);
         json_decref(st);
+        ck_assert(testd_client_becomes(&d, pid, NULL, "in_use_bytes", 2 * MiB));
+        ck_assert(testd_client_becomes(&d, getpid(), NULL, "in_use_bytes", 1 * MiB));
         ck_assert_int_eq(write(down[1], "x", 1), 1);
         ck_assert_int_eq(waitpid(pid, &status, 0), pid);
         ck_assert_int_eq(WEXITSTATUS(status), 0);

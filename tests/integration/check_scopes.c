@@ -20,6 +20,7 @@
 #define MiB (1ULL << 20)
 
 START_TEST(test_scope_frees_what_is_left) {
+        struct gpupool_stats st;
         enum { N = 300 };
         static void *p[N];
         gpupool_client *c;
@@ -44,8 +45,11 @@ START_TEST(test_scope_frees_what_is_left) {
         for (int i = 2; i < N; i++)
                 if (i % 7)
                         ck_assert_int_eq(gpupool_free(c, p[i]), -ENOENT);
-        /* Only the block from outside the scope is left; emptied segments went back. */
-        ck_assert_int_eq(testd_device(&d, 0, "in_use_bytes"), 4096);
+        /* Only the block from outside the scope is left; trimmed, every emptied segment goes back. */
+        ck_assert_int_eq(gpupool_stats(c, &st), 0);
+        ck_assert_uint_eq(st.live_blocks, 1);
+        ck_assert_uint_eq(st.live_bytes, 4096);
+        ck_assert_int_eq(gpupool_trim(c), 0);
         ck_assert_int_eq(testd_device(&d, 0, "reserved_bytes") - testd_device(&d, 0, "cached_bytes"), 2 * MiB);
         memset(kept, 1, 4096);
         ck_assert_int_eq(gpupool_scope_end(c), -EINVAL);                /* no scope open */
@@ -66,6 +70,8 @@ START_TEST(test_scope_with_kept_segments) {
         void *p[20];
 
         testd_start(&d, NULL);
+        /* Kept segments serve blocks the daemon carves ($GPUPOOL_LEASE=0), until that path goes. */
+        setenv("GPUPOOL_LEASE", "0", 1);
         setenv("GPUPOOL_KEEP_FREE", "64M", 1);
         ck_assert_int_eq(gpupool_connect(d.sock, "keeping", &c), 0);
         unsetenv("GPUPOOL_KEEP_FREE");
@@ -90,6 +96,7 @@ START_TEST(test_scope_with_kept_segments) {
 END_TEST
 
 START_TEST(test_arena) {
+        struct gpupool_stats st;
         gpupool_client *c;
         gpupool_arena *a;
         struct testd d;
@@ -100,7 +107,8 @@ START_TEST(test_arena) {
         testd_start(&d, NULL);
         ck_assert_int_eq(gpupool_connect(d.sock, "pipeline", &c), 0);
         ck_assert_int_eq(gpupool_arena_create(c, 0, 1 * MiB, &a), 0);
-        ck_assert_int_eq(testd_device(&d, 0, "in_use_bytes"), 1 * MiB);            /* one block from the daemon */
+        ck_assert_int_eq(gpupool_stats(c, &st), 0);
+        ck_assert_uint_eq(st.live_bytes, 1 * MiB);                              /* one block of the pool */
         ck_assert_int_eq(gpupool_arena_alloc(a, 10, 1, &first), 0);
         ck_assert_int_eq(gpupool_arena_alloc(a, 100, 0, &p), 0);
         ck_assert_int_eq((uintptr_t) p % 256, 0);                       /* default alignment */
@@ -118,14 +126,16 @@ START_TEST(test_arena) {
         gpupool_last_error(c, msg, sizeof(msg));
         ck_assert_msg(strstr(msg, "the arena of 1048576 bytes has"), "%s", msg);
         ck_assert_int_le(gpupool_arena_used(a), 1 * MiB);
-        ck_assert_int_eq(testd_device(&d, 0, "in_use_bytes"), 1 * MiB);
+        ck_assert_int_eq(gpupool_stats(c, &st), 0);
+        ck_assert_uint_eq(st.live_bytes, 1 * MiB);
         /* Reset: it starts over from the beginning. */
         gpupool_arena_reset(a);
         ck_assert_int_eq(gpupool_arena_used(a), 0);
         ck_assert_int_eq(gpupool_arena_alloc(a, 10, 1, &p), 0);
         ck_assert_ptr_eq(p, first);
         ck_assert_int_eq(gpupool_arena_destroy(a), 0);
-        ck_assert_int_eq(testd_device(&d, 0, "in_use_bytes"), 0);
+        ck_assert_int_eq(gpupool_stats(c, &st), 0);
+        ck_assert_uint_eq(st.live_bytes, 0);
         ck_assert_int_eq(gpupool_arena_create(c, 0, 0, &a), -EINVAL);
         gpupool_disconnect(c);
         ck_assert_int_eq(testd_stop(&d), 0);
@@ -146,6 +156,8 @@ START_TEST(test_client_cache) {
         void *p, *q, *big, *r[8];
 
         testd_start(&d, "--client-limit", "32M", NULL);
+        /* The client cache sits in front of blocks the daemon carves ($GPUPOOL_LEASE=0), until that path goes. */
+        setenv("GPUPOOL_LEASE", "0", 1);
         setenv("GPUPOOL_CLIENT_CACHE", "8M", 1);
         ck_assert_int_eq(gpupool_connect(d.sock, "cached", &c), 0);
         unsetenv("GPUPOOL_CLIENT_CACHE");
@@ -259,6 +271,8 @@ START_TEST(test_client_cache_given_back) {
         void *p;
 
         testd_start(&d, "--host-capacity", "48M", NULL);
+        /* The client cache sits in front of blocks the daemon carves ($GPUPOOL_LEASE=0), until that path goes. */
+        setenv("GPUPOOL_LEASE", "0", 1);
         /* On trim: the cache comes back without the client making a call. */
         pid = start_cacher(&d, &k);
         ck_assert_int_eq(testd_device(&d, 0, "in_use_bytes"), 40 * MiB);           /* all of it in its cache */
@@ -401,6 +415,8 @@ START_TEST(test_thread_cache) {
         struct testd d;
 
         testd_start(&d, NULL);
+        /* The client cache sits in front of blocks the daemon carves ($GPUPOOL_LEASE=0), until that path goes. */
+        setenv("GPUPOOL_LEASE", "0", 1);
         setenv("GPUPOOL_CLIENT_CACHE", "2M", 1);
         ck_assert_int_eq(gpupool_connect(d.sock, "threads", &sh.c), 0);
         pthread_mutex_init(&sh.lock, NULL);

@@ -158,24 +158,30 @@ START_TEST(test_cache_counters_decay_and_watermark) {
 
         start(&d, "[pool]\nidle_release = 1s\nmax_cached = 16M\n", "40M");
         ck_assert_int_eq(gpupool_connect(d.sock, "cacher", &c), 0);
-        /* Two 12 MiB segments freed: 24 MiB over the 16 MiB watermark, so the older goes at once. */
+        /*
+         * Two 12 MiB segments given back (the process keeps what empties until trimmed): 24 MiB
+         * over the 16 MiB watermark, so the older goes at once.
+         */
         ck_assert_int_eq(gpupool_alloc(c, 0, 12 * MiB, &p[0]), 0);
         ck_assert_int_eq(gpupool_alloc(c, 0, 12 * MiB, &p[1]), 0);
         ck_assert_int_eq(gpupool_free(c, p[0]), 0);
         ck_assert_int_eq(gpupool_free(c, p[1]), 0);
+        ck_assert_int_eq(gpupool_trim(c), 0);
         ck_assert_int_eq(testd_device(&d, 0, "watermark_releases_total"), 1);
         ck_assert_int_eq(testd_device(&d, 0, "cached_bytes"), 12 * MiB);
         /* 30 MiB beside the cached 12 in 40: the cache makes room (ladder step 2), counted. */
         ck_assert_int_eq(gpupool_alloc(c, 0, 30 * MiB, &p[2]), 0);
         ck_assert_int_eq(testd_device(&d, 0, "evictions_total"), 1);
         ck_assert_int_eq(testd_device(&d, 0, "cached_bytes"), 0);
-        /* Freed, the 30 MiB segment alone is over the watermark: it is not kept. */
+        /* Given back, the 30 MiB segment alone is over the watermark: it is not kept. */
         ck_assert_int_eq(gpupool_free(c, p[2]), 0);
+        ck_assert_int_eq(gpupool_trim(c), 0);
         ck_assert_int_eq(testd_device(&d, 0, "watermark_releases_total"), 2);
         ck_assert_int_eq(testd_device(&d, 0, "cached_bytes"), 0);
         /* Idle a second in the cache, a segment goes back to the backend on the timer, with no request. */
         ck_assert_int_eq(gpupool_alloc(c, 0, 12 * MiB, &p[0]), 0);
         ck_assert_int_eq(gpupool_free(c, p[0]), 0);
+        ck_assert_int_eq(gpupool_trim(c), 0);
         ck_assert_int_eq(testd_device(&d, 0, "cached_bytes"), 12 * MiB);
         t0 = now_s();
         while (now_s() - t0 < 10 && testd_device(&d, 0, "decay_releases_total") < 1)
@@ -210,6 +216,8 @@ START_TEST(test_reload_and_runtime_limits) {
         snprintf(cmd, sizeof(cmd), "%s/gpupoolctl --socket %s set-limit --pid %d max=8M 2>&1", build_dir(), d.sock,
                  (int) getpid());
         ck_assert_int_eq(run_capture(cmd, out, sizeof(out)), 0);
+        /* A limit bounds what is leased next: the segment the process holds empty goes back first. */
+        ck_assert_int_eq(gpupool_trim(c), 0);
         ck_assert_int_eq(gpupool_alloc(c, 0, 6 * MiB, &q), -EDQUOT);
         /* Refusals: no such tenant, a guarantee for a pid, nothing to set. */
         snprintf(cmd, sizeof(cmd), "%s/gpupoolctl --socket %s set-limit --tenant nope max=1G 2>&1", build_dir(), d.sock);
@@ -632,6 +640,37 @@ START_TEST(test_lease_return_and_reclaim_by_bytes) {
         close(control);
         control = raw_hello_with(&d, &hello, NULL);
 
+        /* Usage reports on the control channel, with no reply: the daemon's view follows them. */
+        {
+                Gpupool__Envelope r = GPUPOOL__ENVELOPE__INIT;
+                Gpupool__UsageReport ur = GPUPOOL__USAGE_REPORT__INIT;
+                Gpupool__Usage ru = GPUPOOL__USAGE__INIT, *rup = &ru;
+                int other;
+
+                r.body_case = GPUPOOL__ENVELOPE__BODY_USAGE_REPORT;
+                r.usage_report = &ur;
+                r.n_usage = 1;
+                r.usage = &rup;
+                ru.in_use_bytes = 20 * MiB;
+                ru.held_free_bytes = 10 * MiB;
+                raw_send(control, &r);
+                ck_assert(testd_client_becomes(&d, 0, "lessee", "held_free_bytes", 10 * MiB));
+                ck_assert(testd_client_becomes(&d, 0, "lessee", "in_use_bytes", 20 * MiB));
+                ru.in_use_bytes = 0;
+                ru.held_free_bytes = 30 * MiB;
+                raw_send(control, &r);
+                ck_assert(testd_client_becomes(&d, 0, "lessee", "held_free_bytes", 30 * MiB));
+                /* On a main connection it is a protocol error. */
+                other = raw_hello(&d, "reporter");
+                r.id = 5;
+                rep = raw_call(other, &r);
+                ck_assert_int_eq(rep->status, GPUPOOL__STATUS__STATUS_PROTOCOL);
+                ck_assert_str_eq(rep->error, "a usage report belongs on a control channel");
+                gpupool__envelope__free_unpacked(rep, NULL);
+                ck_assert_ptr_null(raw_recv(other));
+                close(other);
+        }
+
         /* 30 MiB leased, 2 MiB cached, 64 MiB in all: 40 more do not fit without it. */
         needy = raw_hello(&d, "needy");
         {
@@ -712,7 +751,7 @@ START_TEST(test_trim_and_flush_tenant) {
         pid = keep(&d, &k, 12 * MiB);
         snprintf(cmd, sizeof(cmd), "%s/gpupoolctl --socket %s trim --pid %d 2>&1", build_dir(), d.sock, (int) pid);
         ck_assert_int_eq(run_capture(cmd, out, sizeof(out)), 0);
-        ck_assert_msg(strstr(out, "asked 1 client for 1 segment kept free, 12.0 MiB"), "%s", out);
+        ck_assert_msg(strstr(out, "asked 1 client to give back what it holds free"), "%s", out);
         t0 = now_s();
         while (now_s() - t0 < 10 && testd_device(&d, 0, "cached_bytes") != 12 * MiB)
                 ;
@@ -726,7 +765,7 @@ START_TEST(test_trim_and_flush_tenant) {
         ck_assert_int_eq(testd_device(&d, 0, "reserved_bytes"), 32 * MiB);         /* 20 kept, 12 cached */
         snprintf(cmd, sizeof(cmd), "%s/gpupoolctl --socket %s flush --tenant keepers 2>&1", build_dir(), d.sock);
         ck_assert_int_eq(run_capture(cmd, out, sizeof(out)), 0);
-        ck_assert_msg(strstr(out, "asked 1 client of tenant keepers for 1 segment kept free, 20.0 MiB"), "%s", out);
+        ck_assert_msg(strstr(out, "asked 1 client of tenant keepers to give back what it holds free"), "%s", out);
         t0 = now_s();
         while (now_s() - t0 < 10 && testd_device(&d, 0, "reserved_bytes") != 12 * MiB)
                 ;

@@ -217,13 +217,16 @@ static int worker(int index, double deadline) {
         uint32_t tag = (uint32_t) getpid() << 12;
 
         snprintf(name, sizeof(name), "worker-%s-%d", index % 2 ? "odd" : "even", index);
-        if (index % 4 == 1)
+        /* Half of them on blocks the daemon carves ($GPUPOOL_LEASE=0), while it still serves them; one in four keeping segments. */
+        if (index % 4 == 0)
+                setenv("GPUPOOL_LEASE", "0", 1);
+        if (index % 4 == 1) {
+                setenv("GPUPOOL_LEASE", "0", 1);
                 setenv("GPUPOOL_KEEP_FREE", "24M", 1);
-        if (index % 4 == 3) {
-                /* The process's own pool, giving its empty segments back soon: leases, returns and reclaims. */
-                setenv("GPUPOOL_LEASE", "1", 1);
-                setenv("GPUPOOL_IDLE_RETURN", "200ms", 1);
         }
+        /* The rest on the process's own pool, one in four giving its empty segments back soon: leases, returns, reclaims. */
+        if (index % 4 == 3)
+                setenv("GPUPOOL_IDLE_RETURN", "200ms", 1);
         if (gpupool_connect(sock_path, name, &c) < 0)
                 return 10;
         while (now_s() < deadline) {
