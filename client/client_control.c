@@ -12,21 +12,14 @@
 #include <stdlib.h>
 #include <sys/socket.h>
 
-/* Sends env, its usage filled, as a UsageReport on the control channel. */
-static int report_usage(gpupool_client *c, Gpupool__Envelope *env) {
-        Gpupool__UsageReport report = GPUPOOL__USAGE_REPORT__INIT;
+/* Sends env (its body set) on the control channel, where nothing answers. Returns 0 or -1. */
+static int control_send(gpupool_client *c, Gpupool__Envelope *env) {
         uint8_t out[GP_MAX_REQUEST_BYTES];
         int n;
 
         env->version = GP_PROTOCOL_VERSION;
-        env->body_case = GPUPOOL__ENVELOPE__BODY_USAGE_REPORT;
-        env->usage_report = &report;
         n = gp_wire_pack(env, out, sizeof(out));
-        if (n < 0 || gp_wire_send_packet(c->control->sock, out, (size_t) n, -1) < 0) {
-                __atomic_store_n(&c->daemon_gone, true, __ATOMIC_RELEASE);
-                return -1;
-        }
-        return 0;
+        return n < 0 || gp_wire_send_packet(c->control->sock, out, (size_t) n, -1) < 0 ? -1 : 0;
 }
 
 /*
@@ -42,9 +35,9 @@ static void *control_main(void *arg) {
         for (;;) {
                 Gpupool__Envelope *push, answer = GPUPOOL__ENVELOPE__INIT;
                 Gpupool__ReclaimReply rr = GPUPOOL__RECLAIM_REPLY__INIT;
+                Gpupool__UsageReport report = GPUPOOL__USAGE_REPORT__INIT;
                 Gpupool__Usage usage[CLIENT_MAX_DEVICES], *usage_ptrs[CLIENT_MAX_DEVICES];
                 uint64_t ids[CLIENT_RETURN_BATCH];
-                uint8_t out[GP_MAX_REQUEST_BYTES];
                 struct pollfd pfd = { .fd = c->control->sock, .events = POLLIN };
                 int n;
 
@@ -56,31 +49,24 @@ static void *control_main(void *arg) {
                 if (n == -EAGAIN || n == -EWOULDBLOCK) {
                         pthread_mutex_lock(&c->lock);
                         /* Never wait on a lease that is out: the daemon may be waiting on this thread. */
-                        if (c->conn_busy)
-                                ;
-                        else if (c->leasing)
+                        if (!c->conn_busy && c->leasing)
                                 client_pool_tick(c, client_now_ms());
-                        else
+                        else if (!c->conn_busy)
                                 client_cache_tick(c, client_now_ms());
                         /* What the process holds changed since it last said: tell the daemon, which asks no reply. */
                         if (c->leasing && client_pool_usage_changed(c)) {
                                 answer.n_usage = client_pool_usage(c, usage, usage_ptrs);
                                 answer.usage = usage_ptrs;
+                                answer.body_case = GPUPOOL__ENVELOPE__BODY_USAGE_REPORT;
+                                answer.usage_report = &report;
                         }
                         pthread_mutex_unlock(&c->lock);
-                        if (answer.n_usage && report_usage(c, &answer) < 0)
-                                return NULL;
+                        if (answer.n_usage && control_send(c, &answer) < 0)
+                                break;
                         continue;
                 }
-                if (n <= 0 || gp_wire_unpack(buf, (size_t) n, &push) < 0) {
-                        /*
-                         * Disconnect shut the channel, or the daemon is gone: then what this
-                         * process leases is no longer its own (on a GPU it dies with the
-                         * daemon's context), and the pool must hand none of it out.
-                         */
-                        __atomic_store_n(&c->daemon_gone, true, __ATOMIC_RELEASE);
-                        return NULL;
-                }
+                if (n <= 0 || gp_wire_unpack(buf, (size_t) n, &push) < 0)
+                        break;
                 if (push->body_case != GPUPOOL__ENVELOPE__BODY_RECLAIM) {
                         gpupool__envelope__free_unpacked(push, NULL);
                         continue;
@@ -115,15 +101,18 @@ static void *control_main(void *arg) {
                 pthread_mutex_unlock(&c->lock);
                 gpupool__envelope__free_unpacked(push, NULL);
                 rr.segment_ids = ids;
-                answer.version = GP_PROTOCOL_VERSION;
                 answer.body_case = GPUPOOL__ENVELOPE__BODY_RECLAIM_REPLY;
                 answer.reclaim_reply = &rr;
-                n = gp_wire_pack(&answer, out, sizeof(out));
-                if (n < 0 || gp_wire_send_packet(c->control->sock, out, (size_t) n, -1) < 0) {
-                        __atomic_store_n(&c->daemon_gone, true, __ATOMIC_RELEASE);
-                        return NULL;
-                }
+                if (control_send(c, &answer) < 0)
+                        break;
         }
+        /*
+         * Disconnect shut the channel, or the daemon is gone: then what this process leases is
+         * no longer its own (on a GPU it dies with the daemon's context), and the pool must
+         * hand none of it out.
+         */
+        __atomic_store_n(&c->daemon_gone, true, __ATOMIC_RELEASE);
+        return NULL;
 }
 
 int client_control_open(gpupool_client *c, const char *socket_path, const char *name, uint64_t id) {
