@@ -86,7 +86,7 @@ COMMON    := common/conn.c common/cudadrv.c common/heap.c common/rbtree.c common
 # gpupoold and linked into the test programs and build/tests/gpupoold-faults only.
 DAEMON    := $(filter-out daemon/main.c daemon/backend_fault.c,$(wildcard daemon/*.c))
 DAEMON_TEST_O := $(B)/obj/daemon/backend_fault.o
-CLIENT    := client/client.c client/client_cache.c client/client_cuda.c client/client_hooks.c client/client_magazine.c \
+CLIENT    := client/client.c client/client_cuda.c client/client_hooks.c \
              client/client_control.c client/client_pool.c \
              client/client_scope.c
 CLI       := $(wildcard cli/*.c)
@@ -266,7 +266,7 @@ bench: all $(BENCH_HOST)
 	@mkdir -p bench/results
 	$(Q)$(BENCH_HOST) --build $(B) --json bench/results/host-$$(date -u +%Y-%m-%d).json $(BENCH_ARGS_HOST)
 
-$(BENCH_FRAG): $(B)/obj/bench/frag.o $(B)/obj/daemon/pool.o $(B)/obj/common/heap.o $(B)/obj/common/rbtree.o
+$(BENCH_FRAG): $(B)/obj/bench/frag.o $(B)/obj/common/heap.o $(B)/obj/common/rbtree.o
 	@mkdir -p $(dir $@)
 	@echo "  LD      $@"
 	$(Q)$(CC) $(LDFLAGS) -o $@ $^

@@ -3,33 +3,32 @@
  * baselines measured in the same run.
  *
  *   echo     a bare SOCK_SEQPACKET round trip to a server process that is one poll loop (as
- *            gpupoold is one loop), with packets of the sizes of an allocation request and
- *            its reply: the floor any daemon round trip stands on;
- *   daemon   gpupool_alloc and gpupool_free of 4 KiB blocks against a running gpupoold (one
- *            block stays allocated, so frees never empty the segment: the steady state), with
- *            the client cache off (every call a round trip) and on, on blocks the daemon carves
- *            ($GPUPOOL_LEASE=0, as clients and threads below);
- *   clients  8 processes allocating and freeing at once for --seconds: operations per second,
- *            next to 8 processes doing echo round trips;
+ *            gpupoold is one loop), with packets of the sizes of a lease request and its
+ *            reply: the floor any daemon round trip stands on;
+ *   daemon   the round trips a process still makes: leasing a 2 MiB segment (from the
+ *            daemon's cache after the first; its descriptor comes with the reply) and
+ *            returning it, over the protocol (what gpupool_alloc() costs when the process's
+ *            pool has no room, before it maps the segment);
+ *   clients  8 processes leasing and returning at once for --seconds: round trips per
+ *            second, next to 8 processes doing echo round trips;
  *   threads  1, 2 and 4 threads of one process sharing one handle, allocating and freeing
- *            4 KiB blocks that the client cache serves: alloc+free pairs per second with the
- *            per-thread magazines ($GPUPOOL_THREAD_CACHE=1, the default) and with the shared
- *            cache alone (=0, one lock for the handle), the median of 5 alternating rounds;
- *   pairs    a 4 KiB alloc+free pair served in the process, by the client cache ($GPUPOOL_LEASE=0)
- *            and by the process's own pool over leased segments (the default), the median
- *            of 10 alternating rounds;
- *   pool     the allocator core alone (daemon/pool.c): ns per alloc+free pair with 1 thousand,
- *            100 thousand and 1 million free blocks in the owner's index.
+ *            4 KiB blocks from the process's pool: alloc+free pairs per second, the median of
+ *            5 rounds;
+ *   pairs    a 4 KiB alloc+free pair from the process's pool, next to glibc's malloc+free
+ *            of 4 KiB (the baseline), the median of 10 alternating rounds;
+ *   core     the allocator core alone (common/heap.c, which the process's pool runs): ns per
+ *            alloc+free pair with 1 thousand, 100 thousand and 1 million free blocks in the
+ *            index.
  *
  * Latencies are medians and p99 of --ops single operations timed with CLOCK_MONOTONIC (echo
- * and the daemon with the cache off in 10 alternating rounds, so drifts of the machine fall
- * on both alike). Where the server runs matters more than anything it does: waking a process
- * on another, idle CPU costs far more than switching to it on the caller's, on virtual
- * machines most of all, and the scheduler chooses differently from one process to the next.
- * So the single-client round trips are measured twice, with the client and both servers
- * pinned to one CPU (the software's cost), and with the servers pinned to another CPU than
- * the client (the cost of a wakeup across CPUs added); the concurrent parts run unpinned. It
- * prints one table and writes the same as JSON to --json FILE.
+ * and the daemon in 10 alternating rounds, so drifts of the machine fall on both alike).
+ * Where the server runs matters more than anything it does: waking a process on another,
+ * idle CPU costs far more than switching to it on the caller's, on virtual machines most of
+ * all, and the scheduler chooses differently from one process to the next. So the
+ * single-client round trips are measured twice, with the client and both servers pinned to
+ * one CPU (the software's cost), and with the servers pinned to another CPU than the client
+ * (the cost of a wakeup across CPUs added); the concurrent parts run unpinned. It prints one
+ * table and writes the same as JSON to --json FILE.
  *
  * "make bench-instructions" runs the allocator core (--core-only N) and the process's own
  * pool's loop (--client-only, against a daemon of its own) under callgrind and reports
@@ -56,10 +55,10 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "conn.h"
 #include "gpupool.h"
-#include "null_backend.h"
+#include "heap.h"
 #include "private_daemon.h"
-#include "pool.h"
 #include "wire.h"
 
 #define MiB (1ULL << 20)
@@ -86,29 +85,27 @@ static struct dist summarize(double *v, size_t n) {
         return (struct dist) { v[n / 2], v[(size_t) ((double) n * 0.99)] };
 }
 
-/* ---- the packets of an allocation and its reply, as the wire carries them ---- */
+/* ---- the packets of a lease and its reply, as the wire carries them ---- */
 
 static size_t request_bytes, reply_bytes;
 
 static void packet_sizes(void) {
         Gpupool__Envelope env = GPUPOOL__ENVELOPE__INIT;
-        Gpupool__AllocRequest a = GPUPOOL__ALLOC_REQUEST__INIT;
-        Gpupool__AllocReply r = GPUPOOL__ALLOC_REPLY__INIT;
+        Gpupool__LeaseRequest l = GPUPOOL__LEASE_REQUEST__INIT;
+        Gpupool__LeaseReply r = GPUPOOL__LEASE_REPLY__INIT;
         uint8_t buf[256];
 
-        env.version = 1;
+        env.version = GP_PROTOCOL_VERSION;
         env.id = 1000;
-        a.size = 4096;
-        env.body_case = GPUPOOL__ENVELOPE__BODY_ALLOC;
-        env.alloc = &a;
+        l.size = 4096;
+        env.body_case = GPUPOOL__ENVELOPE__BODY_LEASE;
+        env.lease = &l;
         request_bytes = (size_t) gp_wire_pack(&env, buf, sizeof(buf));
         env.has_status = 1;
         r.segment_id = 1;
         r.segment_size = 2 * MiB;
-        r.offset = 8192;
-        r.size = 4096;
-        env.body_case = GPUPOOL__ENVELOPE__BODY_ALLOC_REPLY;
-        env.alloc_reply = &r;
+        env.body_case = GPUPOOL__ENVELOPE__BODY_LEASE_REPLY;
+        env.lease_reply = &r;
         reply_bytes = (size_t) gp_wire_pack(&env, buf, sizeof(buf));
 }
 
@@ -220,30 +217,62 @@ static int allowed_cpu(int n) {
         return -1;
 }
 
-/* Times ops allocations and their frees into ta and tf. */
-static void daemon_latency(size_t ops, double *ta, double *tf) {
-        gpupool_client *c;
-        void *keep, *p;
+/* A connection of its own to the daemon, as a process's main connection is. */
+static void lessee_open(struct gp_conn *c) {
+        Gpupool__Hello hello = GPUPOOL__HELLO__INIT;
 
-        if (gpupool_connect(sock_path, "bench", &c) < 0 || gpupool_alloc(c, 0, 4096, &keep) < 0)
+        memset(c, 0, sizeof(*c));
+        c->sock = -1;
+        hello.name = "bench";
+        if (gp_conn_open(c, sock_path, &hello, NULL) < 0) {
+                fprintf(stderr, "bench_host: cannot connect to the daemon\n");
                 exit(1);
-        for (size_t i = 0; i < ops; i++) {
-                double t0 = now_ns(), t1;
-
-                if (gpupool_alloc(c, 0, 4096, &p) < 0)
-                        exit(1);
-                t1 = now_ns();
-                if (gpupool_free(c, p) < 0)
-                        exit(1);
-                ta[i] = t1 - t0;
-                tf[i] = now_ns() - t1;
         }
-        gpupool_free(c, keep);
-        gpupool_disconnect(c);
 }
 
-/* N processes for seconds; each counts its operations (round trips) in shared memory. */
-/* ---- threads of one handle on the client cache ---- */
+/* One lease round trip (a 2 MiB segment for 4 KiB; its descriptor closed) and one return; their times if asked. */
+static void lease_and_return(struct gp_conn *c, double *tl, double *tr) {
+        Gpupool__Envelope req = GPUPOOL__ENVELOPE__INIT, *rep;
+        Gpupool__LeaseRequest lr = GPUPOOL__LEASE_REQUEST__INIT;
+        Gpupool__ReturnRequest rr = GPUPOOL__RETURN_REQUEST__INIT;
+        uint64_t id;
+        double t0 = now_ns(), t1;
+        int fd = -1;
+
+        lr.size = 4096;
+        req.body_case = GPUPOOL__ENVELOPE__BODY_LEASE;
+        req.lease = &lr;
+        if (gp_conn_call(c, &req, GPUPOOL__ENVELOPE__BODY_LEASE_REPLY, &rep, &fd) < 0)
+                _exit(1);
+        t1 = now_ns();
+        id = rep->lease_reply->segment_id;
+        gpupool__envelope__free_unpacked(rep, NULL);
+        if (fd >= 0)
+                close(fd);
+        rr.n_segment_ids = 1;
+        rr.segment_ids = &id;
+        req.body_case = GPUPOOL__ENVELOPE__BODY_RETURN_SEGMENTS;
+        req.return_segments = &rr;
+        if (gp_conn_call(c, &req, GPUPOOL__ENVELOPE__BODY_RETURN_REPLY, &rep, NULL) < 0)
+                _exit(1);
+        gpupool__envelope__free_unpacked(rep, NULL);
+        if (tl)
+                *tl = t1 - t0;
+        if (tr)
+                *tr = now_ns() - t1;
+}
+
+/* Times ops leases and their returns into tl and tr. */
+static void daemon_latency(size_t ops, double *tl, double *tr) {
+        struct gp_conn c;
+
+        lessee_open(&c);
+        for (size_t i = 0; i < ops; i++)
+                lease_and_return(&c, &tl[i], &tr[i]);
+        gp_conn_close(&c);
+}
+
+/* ---- threads of one handle on the process's pool ---- */
 
 struct spinner {
         gpupool_client *c;
@@ -268,8 +297,8 @@ static void *spin_main(void *arg) {
         return NULL;
 }
 
-/* Alloc+free pairs per second of n threads sharing one handle for seconds, magazines on or off. */
-static double threaded(int n, double seconds, bool magazines) {
+/* Alloc+free pairs per second of n threads sharing one handle for seconds. */
+static double threaded(int n, double seconds) {
         struct spinner s[8];
         pthread_t t[8];
         gpupool_client *c;
@@ -278,13 +307,11 @@ static double threaded(int n, double seconds, bool magazines) {
         double t0;
         void *p;
 
-        setenv("GPUPOOL_THREAD_CACHE", magazines ? "1" : "0", 1);
         if (gpupool_connect(sock_path, "bench-threads", &c) < 0) {
                 fprintf(stderr, "bench_host: cannot connect to the daemon\n");
                 exit(1);
         }
-        unsetenv("GPUPOOL_THREAD_CACHE");
-        /* The first block of the size comes from the daemon; from then on the cache serves. */
+        /* The first block leases its segment; from then on the process's pool serves. */
         if (gpupool_alloc(c, 0, 4096, &p) < 0 || gpupool_free(c, p) < 0)
                 exit(1);
         t0 = now_ns();
@@ -308,18 +335,14 @@ static double threaded(int n, double seconds, bool magazines) {
         return (double) pairs / (t0 / 1e9);
 }
 
-/* The median of 5 rounds of each, alternating, for n threads: [0] the shared cache alone, [1] magazines. */
-static void threaded_pair(int n, double seconds, double ret[2]) {
-        double rounds[2][5];
+/* The median of 5 rounds for n threads. */
+static double threaded_median(int n, double seconds) {
+        double rounds[5];
 
-        for (int r = 0; r < 5; r++) {
-                rounds[0][r] = threaded(n, seconds / 5, false);
-                rounds[1][r] = threaded(n, seconds / 5, true);
-        }
-        for (int k = 0; k < 2; k++) {
-                qsort(rounds[k], 5, sizeof(double), cmp_double);
-                ret[k] = rounds[k][2];
-        }
+        for (int r = 0; r < 5; r++)
+                rounds[r] = threaded(n, seconds / 5);
+        qsort(rounds, 5, sizeof(double), cmp_double);
+        return rounds[2];
 }
 
 static double concurrent(int n, double seconds, bool use_daemon) {
@@ -336,17 +359,14 @@ static double concurrent(int n, double seconds, bool use_daemon) {
                 uint64_t ops = 0;
 
                 if (use_daemon) {
-                        gpupool_client *c;
-                        void *keep, *p;
+                        struct gp_conn c;
 
-                        if (gpupool_connect(sock_path, "bench", &c) < 0 || gpupool_alloc(c, 0, 4096, &keep) < 0)
-                                _exit(1);
+                        lessee_open(&c);
                         while (now_ns() < end) {
-                                if (gpupool_alloc(c, 0, 4096, &p) < 0 || gpupool_free(c, p) < 0)
-                                        _exit(1);
+                                lease_and_return(&c, NULL, NULL);
                                 ops += 2;
                         }
-                        gpupool_disconnect(c);
+                        gp_conn_close(&c);
                 } else {
                         uint8_t buf[256] = { 0 };
                         int s = echo_connect();
@@ -376,7 +396,7 @@ static double concurrent(int n, double seconds, bool use_daemon) {
         return (double) total / elapsed;
 }
 
-/* ---- alloc+free pairs in the process: the client cache, the process's own pool ---- */
+/* ---- alloc+free pairs in the process: the process's own pool, and malloc as the baseline ---- */
 
 /* The measured loop, alone in a function so that callgrind can count just it (--toggle-collect). */
 __attribute__((noinline)) void client_loop(gpupool_client *c, size_t ops, double *t) {
@@ -393,9 +413,9 @@ __attribute__((noinline)) void client_loop(gpupool_client *c, size_t ops, double
 }
 
 /*
- * ns per 4 KiB alloc+free pair through libgpupool with the settings in the environment, one
- * block staying allocated and the first pair untimed, so that every timed one is served in
- * the process (t NULL: untimed, for callgrind).
+ * ns per 4 KiB alloc+free pair through libgpupool, one block staying allocated and the first
+ * pair untimed, so that every timed one is served in the process (t NULL: untimed, for
+ * callgrind).
  */
 static struct dist client_pairs(size_t ops, double *t) {
         gpupool_client *c;
@@ -410,44 +430,64 @@ static struct dist client_pairs(size_t ops, double *t) {
         return t ? summarize(t, ops) : (struct dist) { 0, 0 };
 }
 
+/* ns per 4 KiB malloc+free pair: the baseline, glibc's allocator in the same process. */
+__attribute__((noinline)) static struct dist malloc_pairs(size_t ops, double *t) {
+        void *keep = malloc(4096);
+
+        for (size_t i = 0; i < ops; i++) {
+                double t0 = now_ns();
+                void *p = malloc(4096);
+
+                if (!p)
+                        exit(1);
+                __asm__ volatile("" : : "r"(p) : "memory");     /* kept: the pair is not optimized away */
+                free(p);
+                t[i] = now_ns() - t0;
+        }
+        free(keep);
+        return summarize(t, ops);
+}
+
 /* ---- the allocator core alone ---- */
 
 /* The measured loop, alone in a function so that callgrind can count just it (--toggle-collect). */
-__attribute__((noinline)) void core_loop(struct pool *p, struct pool_owner *o, size_t ops, double *t) {
-        struct pool_lease l;
-        bool release;
-
+__attribute__((noinline)) void core_loop(struct heap *h, size_t ops, double *t) {
         for (size_t i = 0; i < ops; i++) {
                 double t0 = t ? now_ns() : 0;
+                struct heap_block *b = heap_alloc(h, HEAP_CLASS_SMALL, 512);
 
-                (void) pool_alloc(p, o, 512, UINT64_MAX, &l);
-                (void) pool_free_block(p, o, l.segment_id, l.offset, &release);
+                if (!b)
+                        exit(1);
+                (void) heap_free(h, b);
                 if (t)
                         t[i] = now_ns() - t0;
         }
 }
 
-/* ns per alloc+free pair with free_blocks fragments in the owner's free index (t NULL: untimed, for callgrind). */
+/* ns per alloc+free pair with free_blocks fragments in the free index (t NULL: untimed, for callgrind). */
 static struct dist pool_core(size_t free_blocks, size_t ops, double *t) {
-        struct backend b = null_backend();
-        struct pool_lease *held = malloc(2 * free_blocks * sizeof(*held));
-        struct pool_owner o;
-        struct pool *p;
-        bool release;
+        size_t per_segment = 2 * MiB / 512, nseg = (2 * free_blocks + 1) / per_segment + 1;
+        struct heap_segment *segs = calloc(nseg, sizeof(*segs));
+        struct heap_block **held = malloc(2 * free_blocks * sizeof(*held));
+        struct heap h;
 
-        if (!held || pool_new(&b, 0, 1ULL << 46, &p) < 0)
+        if (!segs || !held)
                 exit(1);
-        pool_owner_attach(p, &o, 1);
+        heap_init(&h);
+        for (size_t i = 0; i < nseg; i++)
+                if (heap_add(&h, &segs[i], i + 1, 2 * MiB, HEAP_CLASS_SMALL) < 0)
+                        exit(1);
         /* Alternate held and freed 512-byte blocks: every freed one is its own fragment. */
         for (size_t i = 0; i < 2 * free_blocks; i++)
-                if (pool_alloc(p, &o, 512, UINT64_MAX, &held[i]) < 0)
+                if (!(held[i] = heap_alloc(&h, HEAP_CLASS_SMALL, 512)))
                         exit(1);
         for (size_t i = 0; i < 2 * free_blocks; i += 2)
-                (void) pool_free_block(p, &o, held[i].segment_id, held[i].offset, &release);
-        core_loop(p, &o, ops, t);
-        pool_owner_detach(&o);
-        pool_free(p);
+                (void) heap_free(&h, held[i]);
+        core_loop(&h, ops, t);
+        for (size_t i = 0; i < nseg; i++)
+                (void) heap_drop(&segs[i]);
         free(held);
+        free(segs);
         return t ? summarize(t, ops) : (struct dist) { 0, 0 };
 }
 
@@ -460,8 +500,8 @@ int main(int argc, char **argv) {
         const char *build = "build", *json = NULL;
         size_t ops = 100000;
         double seconds = 3, echo8, daemon8, *t1, *t2, *t3;
-        struct dist echo[2], alloc[2], freed[2], alloc_c, freed_c, core[3], pair_cache, pair_pool;
-        double daemon8_c, threads[3][2];
+        struct dist echo[2], alloc[2], freed[2], core[3], pair_malloc, pair_pool;
+        double threads[3];
         static const int thread_counts[3] = { 1, 2, 4 };
         static const size_t core_sizes[3] = { 1000, 100000, 1000000 };
         pid_t echo_pid, daemon_pid;
@@ -504,24 +544,19 @@ int main(int argc, char **argv) {
         snprintf(echo_path, sizeof(echo_path), "%s/echo.sock", dir);
         if (client_only) {
                 daemon_pid = start_daemon(build);
-                unsetenv("GPUPOOL_LEASE");      /* the process's own pool, the default */
                 (void) client_pairs(ops, NULL);
                 kill(daemon_pid, SIGTERM);
                 waitpid(daemon_pid, NULL, 0);
                 return 0;
         }
-        /* Round trips, clients and threads measure blocks the daemon carves ($GPUPOOL_LEASE=0), while it serves them. */
-        setenv("GPUPOOL_LEASE", "0", 1);
         packet_sizes();
         echo_pid = echo_server();
         daemon_pid = start_daemon(build);
 
         /*
          * Warm both up, then measure them in 10 alternating rounds, so that the machine's
-         * drifts fall on both alike: everything on one CPU, then the servers on another; the
-         * client cache off.
+         * drifts fall on both alike: everything on one CPU, then the servers on another.
          */
-        setenv("GPUPOOL_CLIENT_CACHE", "0", 1);
         apart = allowed_cpu(1) >= 0;
         for (int placement = 0; placement < (apart ? 2 : 1); placement++) {
                 place(0, allowed_cpu(0));
@@ -544,25 +579,17 @@ int main(int argc, char **argv) {
         place(daemon_pid, -1);
         echo8 = concurrent(8, seconds, false);
         daemon8 = concurrent(8, seconds, true);
-        unsetenv("GPUPOOL_CLIENT_CACHE");      /* the default cache */
-        daemon_latency(ops, t1, t2);
-        alloc_c = summarize(t1, ops);
-        freed_c = summarize(t2, ops);
-        daemon8_c = concurrent(8, seconds, true);
-        /* Pairs served in the process, the client cache's and the process pool's, alternating in 10 rounds. */
+        /* Pairs served in the process, and malloc's, alternating in 10 rounds. */
         for (size_t r = 0, k = ops / 10; r < 10; r++) {
                 size_t n = r < 9 ? k : ops - 9 * k;
 
-                setenv("GPUPOOL_LEASE", "0", 1);
-                (void) client_pairs(n, t2 + r * k);
-                unsetenv("GPUPOOL_LEASE");
+                (void) malloc_pairs(n, t2 + r * k);
                 (void) client_pairs(n, t3 + r * k);
         }
-        setenv("GPUPOOL_LEASE", "0", 1);
-        pair_cache = summarize(t2, ops);
+        pair_malloc = summarize(t2, ops);
         pair_pool = summarize(t3, ops);
         for (int i = 0; i < 3; i++)
-                threaded_pair(thread_counts[i], seconds, threads[i]);
+                threads[i] = threaded_median(thread_counts[i], seconds);
         for (int i = 0; i < 3; i++)
                 core[i] = pool_core(core_sizes[i], ops, t1);
 
@@ -579,28 +606,25 @@ int main(int argc, char **argv) {
                        "median ns", "p99 ns", "x echo");
                 printf("%-44s %12.0f %12.0f %10s\n", "echo, bare SEQPACKET (baseline)", echo[placement].median,
                        echo[placement].p99, "1.00");
-                printf("%-44s %12.0f %12.0f %10.2f\n", "gpupool_alloc 4 KiB", alloc[placement].median, alloc[placement].p99,
-                       alloc[placement].median / echo[placement].median);
-                printf("%-44s %12.0f %12.0f %10.2f\n\n", "gpupool_free", freed[placement].median, freed[placement].p99,
+                printf("%-44s %12.0f %12.0f %10.2f\n", "lease of a cached 2 MiB segment", alloc[placement].median,
+                       alloc[placement].p99, alloc[placement].median / echo[placement].median);
+                printf("%-44s %12.0f %12.0f %10.2f\n\n", "its return", freed[placement].median, freed[placement].p99,
                        freed[placement].median / echo[placement].median);
         }
-        printf("%-44s %12s %12s\n", "client cache on (hits; unpinned)", "median ns", "p99 ns");
-        printf("%-44s %12.0f %12.0f\n", "gpupool_alloc 4 KiB", alloc_c.median, alloc_c.p99);
-        printf("%-44s %12.0f %12.0f\n", "gpupool_free", freed_c.median, freed_c.p99);
-        printf("\n%-44s %12s %10s\n", "8 concurrent clients", "ops/s", "x echo");
+        printf("%-44s %12s %10s\n", "8 concurrent clients", "ops/s", "x echo");
         printf("%-44s %12.0f %10s\n", "echo round trips (baseline)", echo8, "1.00");
-        printf("%-44s %12.0f %10.2f\n", "gpupool alloc and free (cache off)", daemon8, daemon8 / echo8);
-        printf("%-44s %12.0f %10.2f\n", "gpupool alloc and free (client cache on)", daemon8_c, daemon8_c / echo8);
-        printf("\n%-44s %12s %12s %10s\n", "threads of one handle, cache hits", "shared pairs/s", "magazines", "x shared");
+        printf("%-44s %12.0f %10.2f\n", "gpupool leases and returns", daemon8, daemon8 / echo8);
+        printf("\n%-44s %12s %12s\n", "threads of one handle, process pool", "pairs/s", "per thread");
         for (int i = 0; i < 3; i++) {
                 char name[64];
 
                 snprintf(name, sizeof(name), "%d thread%s, 4 KiB alloc+free", thread_counts[i], thread_counts[i] > 1 ? "s" : "");
-                printf("%-44s %12.0f %12.0f %10.2f\n", name, threads[i][0], threads[i][1], threads[i][1] / threads[i][0]);
+                printf("%-44s %12.0f %12.0f\n", name, threads[i], threads[i] / thread_counts[i]);
         }
-        printf("\n%-44s %12s %12s\n", "4 KiB alloc+free pair in the process", "median ns", "p99 ns");
-        printf("%-44s %12.0f %12.0f\n", "client cache hit (GPUPOOL_LEASE=0)", pair_cache.median, pair_cache.p99);
-        printf("%-44s %12.0f %12.0f\n", "process pool (the default)", pair_pool.median, pair_pool.p99);
+        printf("\n%-44s %12s %12s %10s\n", "4 KiB alloc+free pair in the process", "median ns", "p99 ns", "x malloc");
+        printf("%-44s %12.0f %12.0f %10s\n", "glibc malloc+free (baseline)", pair_malloc.median, pair_malloc.p99, "1.00");
+        printf("%-44s %12.0f %12.0f %10.2f\n", "process pool", pair_pool.median, pair_pool.p99,
+               pair_pool.median / pair_malloc.median);
         printf("\n%-44s %12s %12s\n", "allocator core alone, alloc+free pair", "median ns", "p99 ns");
         for (int i = 0; i < 3; i++) {
                 char name[64];
@@ -621,22 +645,18 @@ int main(int argc, char **argv) {
 
                         fprintf(f, "  \"echo_ns_%s\": {\"median\": %.0f, \"p99\": %.0f},\n", where, echo[placement].median,
                                 echo[placement].p99);
-                        fprintf(f, "  \"alloc_ns_%s\": {\"median\": %.0f, \"p99\": %.0f},\n", where, alloc[placement].median,
+                        fprintf(f, "  \"lease_ns_%s\": {\"median\": %.0f, \"p99\": %.0f},\n", where, alloc[placement].median,
                                 alloc[placement].p99);
-                        fprintf(f, "  \"free_ns_%s\": {\"median\": %.0f, \"p99\": %.0f},\n", where, freed[placement].median,
+                        fprintf(f, "  \"return_ns_%s\": {\"median\": %.0f, \"p99\": %.0f},\n", where, freed[placement].median,
                                 freed[placement].p99);
                 }
-                fprintf(f, "  \"alloc_cached_ns\": {\"median\": %.0f, \"p99\": %.0f},\n", alloc_c.median, alloc_c.p99);
-                fprintf(f, "  \"free_cached_ns\": {\"median\": %.0f, \"p99\": %.0f},\n", freed_c.median, freed_c.p99);
-                fprintf(f, "  \"gpupool_8_clients_cached_ops_per_s\": %.0f,\n", daemon8_c);
-                fprintf(f, "  \"pair_cache_ns\": {\"median\": %.0f, \"p99\": %.0f},\n", pair_cache.median, pair_cache.p99);
+                fprintf(f, "  \"pair_malloc_ns\": {\"median\": %.0f, \"p99\": %.0f},\n", pair_malloc.median, pair_malloc.p99);
                 fprintf(f, "  \"pair_process_pool_ns\": {\"median\": %.0f, \"p99\": %.0f},\n", pair_pool.median,
                         pair_pool.p99);
                 fprintf(f, "  \"echo_8_clients_ops_per_s\": %.0f, \"gpupool_8_clients_ops_per_s\": %.0f,\n", echo8, daemon8);
                 fprintf(f, "  \"threads_pairs_per_s\": [");
                 for (int i = 0; i < 3; i++)
-                        fprintf(f, "%s{\"threads\": %d, \"shared\": %.0f, \"magazines\": %.0f}", i ? ", " : "",
-                                thread_counts[i], threads[i][0], threads[i][1]);
+                        fprintf(f, "%s{\"threads\": %d, \"pairs_per_s\": %.0f}", i ? ", " : "", thread_counts[i], threads[i]);
                 fprintf(f, "],\n");
                 fprintf(f, "  \"pool_core_ns\": [");
                 for (int i = 0; i < 3; i++)

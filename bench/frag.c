@@ -3,19 +3,13 @@
  *
  * Replays allocation traces (the CSV files in bench/traces: time, op, id, size, stream) through
  * the policies below and reports, for each, the peak of memory reserved from the device, the
- * peak the client holds (reserved, less gpupool's node-wide cache, which any process may have
- * at once), the peak of memory in use (the sizes asked, rounded to 512 B), and the ratio of
- * reserved to in use: 1.00 would be no overhead at all. The policies:
+ * peak the client holds, the peak of memory in use (the sizes asked, rounded to 512 B), and
+ * the ratio of reserved to in use: 1.00 would be no overhead at all. The policies:
  *
- *   gpupool  daemon/pool.c itself, one client: 2/20 MiB segment classes and own segments,
- *            512 B best fit with split and merge; emptied segments go to the daemon's cache,
- *            which counts as reserved (no watermark, no decay, endless capacity: the worst
- *            case), and are reused whole for requests of their size up to a quarter less;
- *   gpupool+keep  the same, the client keeping its emptied segments for its own next
- *            allocations (GPUPOOL_KEEP_FREE, here unbounded), as a process-local cache does;
- *   client   the process's own pool: the allocator core (common/heap.c) carving the segments
- *            the process leases, of the request's class, kept while empty (a replay has no
- *            idle time, and nobody asks for them back);
+ *   client   gpupool: the process's own pool, the allocator core (common/heap.c) carving the
+ *            segments the process leases, of the request's class (2/20 MiB, or its own
+ *            rounded to 2 MiB), 512 B best fit with split and merge, kept while empty (a
+ *            replay has no idle time, and nobody asks for them back);
  *   pytorch  a re-implementation of PyTorch's CUDACachingAllocator defaults (from its source,
  *            see docs/performance.md): small (<= 1 MiB) and large pools, 2 MiB segments for
  *            small requests, 20 MiB for 1-10 MiB, larger rounded to 2 MiB; best fit; split a
@@ -35,8 +29,6 @@
 #include <string.h>
 
 #include "heap.h"
-#include "null_backend.h"
-#include "pool.h"
 #include "rbtree.h"
 #include "trace.h"
 
@@ -226,51 +218,6 @@ static struct result run_segalloc(const struct policy *p, const struct op *ops, 
         return r;      /* the blocks and segments are left to the process's exit */
 }
 
-static struct result run_gpupool(const struct op *ops, size_t n, uint64_t max_id, bool keep) {
-        struct backend b = null_backend();
-        struct pool_lease *live = calloc(max_id + 1, sizeof(*live));
-        uint64_t *held = calloc(max_id + 1, sizeof(*held));     /* the size asked, rounded; 0: not live */
-        struct result r = { 0 };
-        struct pool_owner o;
-        struct pool_stats st;
-        uint64_t in_use = 0;
-        struct pool *p;
-
-        if (pool_new(&b, 0, 1ULL << 46, &p) < 0)
-                exit(1);
-        pool_owner_attach(p, &o, 1);
-        if (keep)
-                o.keep_bytes = UINT64_MAX / 4;
-        for (size_t i = 0; i < n; i++) {
-                if (ops[i].alloc) {
-                        if (pool_alloc(p, &o, ops[i].size, UINT64_MAX, &live[ops[i].id]) < 0)
-                                exit(1);
-                        held[ops[i].id] = round512(ops[i].size);
-                        in_use += held[ops[i].id];
-                } else if (held[ops[i].id]) {
-                        bool release = false;
-
-                        (void) pool_free_block(p, &o, live[ops[i].id].segment_id, live[ops[i].id].offset, &release);
-                        if (release)
-                                (void) pool_release(p, &o, live[ops[i].id].segment_id);
-                        in_use -= held[ops[i].id];
-                        held[ops[i].id] = 0;
-                }
-                pool_get_stats(p, &st);
-                if (st.reserved_bytes > r.peak_reserved)
-                        r.peak_reserved = st.reserved_bytes;
-                if (st.reserved_bytes - st.cached_bytes > r.peak_held)
-                        r.peak_held = st.reserved_bytes - st.cached_bytes;
-                if (in_use > r.peak_in_use)
-                        r.peak_in_use = in_use;
-        }
-        pool_owner_detach(&o);
-        pool_free(p);
-        free(live);
-        free(held);
-        return r;
-}
-
 /*
  * The process's own pool (libgpupool over leased segments): common/heap.c carving segments of
  * the request's class that the process leases from the daemon and keeps while they hold
@@ -364,8 +311,6 @@ int main(int argc, char **argv) {
                         return 1;
                 }
                 snprintf(name, sizeof(name), "%.*s", (int) (strcspn(base, ".")), base);
-                row(name, "gpupool", run_gpupool(ops, n, max_id, false));
-                row(name, "gpupool+keep", run_gpupool(ops, n, max_id, true));
                 row(name, "client", run_client(ops, n, max_id));
                 row(name, "pytorch", run_segalloc(&pytorch, ops, n, max_id));
                 row(name, "cupy", run_segalloc(&cupy, ops, n, max_id));

@@ -7,9 +7,9 @@
  * (every GPUPOOL_ variable that changes them is unset). Each trace is replayed two ways, in
  * the same run:
  *
- *   daemon        blocks carved by the daemon, the client cache in front ($GPUPOOL_LEASE=0,
- *                 deprecated: the baseline);
- *   process       the process's own pool over leased segments (the default).
+ *   malloc        glibc's malloc and free of the same sizes, in this process: the baseline for
+ *                 ns/op (it leases and maps nothing, so only its times are printed);
+ *   process       libgpupool: the process's own pool over segments leased from the daemon.
  *
  * Per trace and way it prints:
  *
@@ -157,6 +157,44 @@ static int replay(const struct trace *t, struct result *res) {
         return r < 0 ? r : 0;
 }
 
+/* The baseline: the trace's sizes through malloc and free, timed alike. Memory is not touched. */
+static int replay_malloc(const struct trace *t, struct result *res) {
+        void **ptrs = calloc(t->max_id + 1, sizeof(*ptrs));
+        double *ns = calloc(t->n ? t->n : 1, sizeof(*ns));
+        size_t timed = 0;
+
+        if (!ptrs || !ns)
+                abort();
+        *res = (struct result) { .ops = t->n };
+        for (size_t i = 0; i < t->n; i++) {
+                const struct op *o = &t->ops[i];
+                double t0;
+
+                if (o->alloc) {
+                        if (ptrs[o->id])
+                                continue;       /* the process pool's replay says so */
+                        t0 = now_ns();
+                        ptrs[o->id] = malloc(o->size);
+                        ns[timed++] = now_ns() - t0;
+                        if (!ptrs[o->id])
+                                return -ENOMEM;
+                } else if (ptrs[o->id]) {
+                        t0 = now_ns();
+                        free(ptrs[o->id]);
+                        ns[timed++] = now_ns() - t0;
+                        ptrs[o->id] = NULL;
+                }
+        }
+        qsort(ns, timed, sizeof(*ns), cmp_double);
+        res->median_ns = timed ? ns[timed / 2] : 0;
+        res->p99_ns = timed ? ns[timed * 99 / 100] : 0;
+        for (uint64_t id = 0; id <= t->max_id; id++)
+                free(ptrs[id]);
+        free(ptrs);
+        free(ns);
+        return 0;
+}
+
 static const char *trace_name(const char *path, char *buf, size_t size) {
         const char *base = strrchr(path, '/');
         size_t len;
@@ -169,9 +207,7 @@ static const char *trace_name(const char *path, char *buf, size_t size) {
 
 int main(int argc, char **argv) {
         static const struct option longopts[] = { { "build", required_argument, NULL, 'b' }, { NULL, 0, NULL, 0 } };
-        static const char *defaults[] = { "GPUPOOL_CLIENT_CACHE", "GPUPOOL_CLIENT_CACHE_IDLE", "GPUPOOL_KEEP_FREE",
-                                          "GPUPOOL_THREAD_CACHE", "GPUPOOL_TIMEOUT", "GPUPOOL_LEASE",
-                                          "GPUPOOL_IDLE_RETURN" };
+        static const char *defaults[] = { "GPUPOOL_TIMEOUT", "GPUPOOL_IDLE_RETURN" };
         const char *build = NULL;
         int opt, failed = 0;
 
@@ -210,20 +246,21 @@ int main(int argc, char **argv) {
                         failed = 1;
                         continue;
                 }
-                for (int way = 0; way < 2; way++) {
-                        if (way)
-                                unsetenv("GPUPOOL_LEASE");
-                        else
-                                setenv("GPUPOOL_LEASE", "0", 1);
+                if (replay_malloc(&t, &res) == 0)
+                        printf("%-14s %-8s %7zu %8s %8s %7s %7s %7.0f %7.0f %12s %12s %6s\n",
+                               trace_name(argv[a], name, sizeof(name)), "malloc", res.ops, "-", "-", "-", "-", res.median_ns,
+                               res.p99_ns, "-", "-", "-");
+                {
                         pid = start_daemon(build);
                         r = replay(&t, &res);
                         stop_daemon(pid);
                         if (r < 0) {
                                 failed = 1;
+                                free(t.ops);
                                 continue;
                         }
                         printf("%-14s %-8s %7zu %8llu %8llu %7llu %7llu %7.0f %7.0f %12.1f %12.1f %6.3f\n",
-                               trace_name(argv[a], name, sizeof(name)), way ? "process" : "daemon", res.ops,
+                               trace_name(argv[a], name, sizeof(name)), "process", res.ops,
                                (unsigned long long) res.trips, (unsigned long long) res.trips_half,
                                (unsigned long long) res.imports, (unsigned long long) res.imports_half, res.median_ns,
                                res.p99_ns, (double) res.peak_leased / MiB, (double) res.peak_in_use / MiB,

@@ -46,9 +46,8 @@ static int run(struct cli *cli, int argc, char **argv) {
         f = rep->flush_reply;
         if (fr.tenant) {
                 if (cli->json)
-                        cli_print_json(json_pack("{s:I, s:I, s:I}", "clients_asked", (json_int_t) f->clients_asked,
-                                                 "segments_asked", (json_int_t) f->segments_asked, "bytes_asked",
-                                                 (json_int_t) f->bytes_asked));
+                        cli_print_json(json_pack("{s:I, s:I}", "clients_asked", (json_int_t) f->clients_asked,
+                                                 "bytes_asked", (json_int_t) f->bytes_asked));
                 else
                         printf("asked %u client%s of tenant %s to give back what %s free (%s as last known); it goes "
                                "back to the backend as the clients return it\n", f->clients_asked,

@@ -51,14 +51,12 @@ static int print_json(const Gpupool__StatusReply *sr) {
         for (size_t i = 0; i < sr->n_clients; i++) {
                 const Gpupool__ClientStatus *c = sr->clients[i];
 
-                json_t *o = json_pack("{s:I, s:I, s:s, s:s, s:I, s:I, s:I, s:I, s:I, s:b, s:I, s:I}",
+                json_t *o = json_pack("{s:I, s:I, s:s, s:s, s:I, s:I, s:I, s:I, s:I, s:b}",
                         "pid", (json_int_t) c->pid, "uid", (json_int_t) c->uid, "name", c->name,
                         "tenant", c->tenant ? c->tenant : "",
-                        "cached_in_client_bytes", (json_int_t) c->cached_in_client_bytes,
-                        "reserved_bytes", (json_int_t) c->reserved_bytes, "in_use_bytes", (json_int_t) c->in_use_bytes,
-                        "blocks", (json_int_t) c->blocks, "limit_bytes", (json_int_t) c->limit_bytes,
-                        "exiting", c->has_exiting && c->exiting, "leased_bytes", (json_int_t) c->leased_bytes,
-                        "held_free_bytes", (json_int_t) c->held_free_bytes);
+                        "reserved_bytes", (json_int_t) c->reserved_bytes, "segments", (json_int_t) c->segments,
+                        "in_use_bytes", (json_int_t) c->in_use_bytes, "held_free_bytes", (json_int_t) c->held_free_bytes,
+                        "limit_bytes", (json_int_t) c->limit_bytes, "exiting", c->has_exiting && c->exiting);
 
                 /* null: it never reported what it holds. */
                 json_object_set_new(o, "report_age_ms", c->has_report_age_ms ? json_integer((json_int_t) c->report_age_ms) :
@@ -120,20 +118,19 @@ static int print_table(const Gpupool__StatusReply *sr) {
                 printf("no clients\n");
                 return 0;
         }
-        printf("%-8s %-6s %-20s %-12s %12s %12s %12s %12s %8s %12s\n", "PID", "UID", "NAME", "TENANT", "RESERVED", "IN USE",
-               "CLIENT CACHE", "HELD FREE", "REPORTED", "LIMIT");
+        printf("%-8s %-6s %-20s %-12s %12s %8s %12s %12s %10s %12s\n", "PID", "UID", "NAME", "TENANT", "LEASED",
+               "SEGMENTS", "IN USE", "HELD FREE", "REPORTED", "LIMIT");
         for (size_t i = 0; i < sr->n_clients; i++) {
                 const Gpupool__ClientStatus *cl = sr->clients[i];
-                char e[GP_SIZE_FORMAT_MAX], age[32] = "-";
+                char age[32] = "never";
 
-                /* Of a client that carves its own blocks: what it said it holds free, and how long ago. */
+                /* In use and held free are the process's own word, as of its latest report. */
                 if (cl->has_report_age_ms)
                         snprintf(age, sizeof(age), "%" PRIu64 ".%01" PRIu64 "s ago", cl->report_age_ms / 1000,
                                  cl->report_age_ms % 1000 / 100);
-                printf("%-8d %-6u %-20.20s %-12.12s %12s %12s %12s %12s %8s %12s%s\n", cl->pid, cl->uid, cl->name,
-                       cl->tenant ? cl->tenant : "-", SZ(cl->reserved_bytes, a), SZ(cl->in_use_bytes, b),
-                       SZ(cl->cached_in_client_bytes, d), cl->has_held_free_bytes ? SZ(cl->held_free_bytes, e) : "-", age,
-                       cl->limit_bytes ? SZ(cl->limit_bytes, c) : "-",
+                printf("%-8d %-6u %-20.20s %-12.12s %12s %8" PRIu64 " %12s %12s %10s %12s%s\n", cl->pid, cl->uid, cl->name,
+                       cl->tenant ? cl->tenant : "-", SZ(cl->reserved_bytes, a), cl->segments, SZ(cl->in_use_bytes, b),
+                       SZ(cl->held_free_bytes, d), age, cl->limit_bytes ? SZ(cl->limit_bytes, c) : "-",
                        cl->has_exiting && cl->exiting ? "  (exiting)" : "");
         }
         return 0;

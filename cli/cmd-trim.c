@@ -1,8 +1,8 @@
 /*
  * cmd-trim.c: "gpupoolctl trim --pid PID | --tenant NAME": asks clients to give back every
- * segment they keep mapped with no live block (libgpupool with $GPUPOOL_KEEP_FREE). Their
- * library answers on its own thread; the segments go to the daemon's cache, from which
- * "gpupoolctl flush" or idle_release returns them to the driver.
+ * segment they hold mapped with no live block in it. Their library answers on its control
+ * thread; the segments go to the daemon's cache, from which "gpupoolctl flush" or
+ * idle_release returns them to the driver.
  */
 #include <inttypes.h>
 #include <jansson.h>
@@ -47,8 +47,7 @@ static int run(struct cli *cli, int argc, char **argv) {
                 return 1;
         t = rep->trim_reply;
         if (cli->json)
-                cli_print_json(json_pack("{s:I, s:I, s:I}", "clients", (json_int_t) t->clients, "segments",
-                                         (json_int_t) t->segments, "bytes", (json_int_t) t->bytes));
+                cli_print_json(json_pack("{s:I, s:I}", "clients", (json_int_t) t->clients, "bytes", (json_int_t) t->bytes));
         else
                 printf("asked %u client%s to give back what %s free (%s as last known)\n", t->clients,
                        t->clients == 1 ? "" : "s", t->clients == 1 ? "it holds" : "they hold",

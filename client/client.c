@@ -1,14 +1,15 @@
 /*
- * client.c: libgpupool, the thin client of gpupoold.
+ * client.c: libgpupool's handle: the session with gpupoold, the segments it maps, and the
+ * live blocks it hands out.
  *
- * Every call that talks to the daemon is one request and its reply on the handle's socket,
- * under the handle's lock; a hit in the calling thread's magazine (client_magazine.c) takes
- * neither. The library maps each segment the daemon hands it once (host backend: an mmap of
- * the memfd that came with the reply; cuda backend: cuIpcOpenMemHandle of the handle in it,
- * see client_cuda.c), keeps the mappings in trees (by address, by segment id for alloc
- * replies, by IPC handle), keeps the live blocks it handed out in a table of its own sharded
- * by address, and unmaps a segment as soon as the daemon says it holds no live block, before
- * telling the daemon it may give the segment to someone else.
+ * Blocks are carved in the process, from the segments it leases whole (client_pool.c); a
+ * request to the daemon is made only to lease a segment, to give segments back, and for
+ * status. Every request is one round trip on the handle's main connection, under the handle's
+ * lock (a lease lets go of the lock while it waits, client_call_unlocked()). The library maps
+ * each segment it leases once (host backend: an mmap of the memfd that came with the reply;
+ * cuda backend: cuIpcOpenMemHandle of the handle in it, see client_cuda.c), keeps the mappings
+ * in trees (by address, by segment id, by IPC handle), and keeps the live blocks it handed
+ * out in a table of its own sharded by address.
  */
 #define _GNU_SOURCE
 #include "client.h"
@@ -140,10 +141,6 @@ static int session_open(gpupool_client *c) {
 
         gp_conn_close(&c->conn);
         hello_req.name = c->name;
-        if (c->keep_free_bytes) {
-                hello_req.has_keep_free_bytes = 1;
-                hello_req.keep_free_bytes = c->keep_free_bytes;
-        }
         r = gp_conn_open(&c->conn, path, &hello_req, &hello);
         if (r < 0)
                 return call_done(c, r);
@@ -158,9 +155,8 @@ static int session_open(gpupool_client *c) {
         c->round_trips = c->conn.calls;
         r = c->cuda ? client_cuda_setup(c, hello->hello_reply) : 0;
         gpupool__envelope__free_unpacked(hello, NULL);
-        /* Keeping free segments means being asked for them back: that needs the control channel. */
-        /* The daemon asks for kept segments and cached blocks back on it; the cache's idle timer runs on its thread. */
-        if (r == 0 && (c->keep_free_bytes || c->cache_limit || c->leasing))
+        /* The daemon asks for empty segments back on it; the idle return and usage reports run on its thread. */
+        if (r == 0)
                 r = client_control_open(c, path, c->name, client_id);
         if (r < 0)
                 gp_conn_close(&c->conn);
@@ -168,12 +164,8 @@ static int session_open(gpupool_client *c) {
 }
 
 GPUPOOL_EXPORT int gpupool_connect(const char *socket_path, const char *client_name, gpupool_client **ret_client) {
-        const char *keep = getenv("GPUPOOL_KEEP_FREE"), *cache = getenv("GPUPOOL_CLIENT_CACHE");
-        const char *idle = getenv("GPUPOOL_CLIENT_CACHE_IDLE"), *per_thread = getenv("GPUPOOL_THREAD_CACHE");
-        const char *leasing = getenv("GPUPOOL_LEASE"), *idle_return = getenv("GPUPOOL_IDLE_RETURN");
+        const char *idle_return = getenv("GPUPOOL_IDLE_RETURN");
         uint64_t idle_return_ms = GPUPOOL_DEFAULT_IDLE_RETURN_MS;
-        static uint64_t serials;
-        uint64_t keep_bytes = 0, cache_bytes = GPUPOOL_DEFAULT_CLIENT_CACHE, idle_ms = GPUPOOL_DEFAULT_CLIENT_CACHE_IDLE_MS;
         gpupool_client *c;
         int r;
 
@@ -183,16 +175,6 @@ GPUPOOL_EXPORT int gpupool_connect(const char *socket_path, const char *client_n
                 return -EINVAL;
         if (socket_path && strlen(socket_path) >= sizeof(c->socket_path))
                 return -ENAMETOOLONG;
-        if (keep && *keep && gp_size_parse(keep, &keep_bytes) < 0)
-                return -EINVAL;         /* $GPUPOOL_KEEP_FREE is not a size */
-        if (cache && *cache && gp_size_parse(cache, &cache_bytes) < 0)
-                return -EINVAL;         /* $GPUPOOL_CLIENT_CACHE is not a size */
-        if (idle && *idle && gp_duration_parse(idle, &idle_ms) < 0)
-                return -EINVAL;         /* $GPUPOOL_CLIENT_CACHE_IDLE is not a duration */
-        if (per_thread && *per_thread && strcmp(per_thread, "0") != 0 && strcmp(per_thread, "1") != 0)
-                return -EINVAL;         /* $GPUPOOL_THREAD_CACHE is neither 0 nor 1 */
-        if (leasing && *leasing && strcmp(leasing, "0") != 0 && strcmp(leasing, "1") != 0)
-                return -EINVAL;         /* $GPUPOOL_LEASE is neither 0 nor 1 */
         if (idle_return && *idle_return && gp_duration_parse(idle_return, &idle_return_ms) < 0)
                 return -EINVAL;         /* $GPUPOOL_IDLE_RETURN is not a duration */
         c = calloc(1, sizeof(*c));
@@ -203,7 +185,6 @@ GPUPOOL_EXPORT int gpupool_connect(const char *socket_path, const char *client_n
         if (!gp_wire_name_is_valid(c->name))
                 strcpy(c->name, "client");
         snprintf(c->socket_path, sizeof(c->socket_path), "%s", socket_path ? socket_path : "");
-        c->keep_free_bytes = keep_bytes;
         pthread_mutex_init(&c->lock, NULL);
         pthread_cond_init(&c->deferred_cond, NULL);
         pthread_cond_init(&c->conn_idle, NULL);
@@ -214,20 +195,11 @@ GPUPOOL_EXPORT int gpupool_connect(const char *socket_path, const char *client_n
                 pthread_mutex_init(&c->live[i].lock, NULL);
                 gp_rb_init(&c->live[i].blocks, cmp_block);
         }
-        c->serial = __atomic_add_fetch(&serials, 1, __ATOMIC_RELAXED);
         c->epoch = 1;
-        c->leasing = !(leasing && strcmp(leasing, "0") == 0);
         c->idle_return_ms = idle_return_ms;
         /* Empty until the first lease, and empty again after drop_everything() on a reconnect. */
         for (unsigned d = 0; d < CLIENT_MAX_DEVICES; d++)
                 heap_init(&c->devices[d].heap);
-        if (c->leasing) {
-                /* The process's pool serves every free: no client cache, no kept segments, in front of it. */
-                cache_bytes = 0;
-                c->keep_free_bytes = 0;
-        }
-        client_cache_init(c, cache_bytes, idle_ms, !c->leasing && !(per_thread && strcmp(per_thread, "0") == 0));
-        c->conn.report_cached = &c->cached_total;
         r = session_open(c);
         if (r < 0) {
                 /* No handle to read the message from: the caller gets the errno alone. */
@@ -259,15 +231,14 @@ void client_mapping_drop(gpupool_client *c, struct mapping *m) {
 }
 
 /*
- * Forgets every block, cached block and mapping (unmapping), and the CUDA state. Locked. The
- * epoch goes first: a block another thread has in hand (between the live table and a
- * magazine) is then seen as stale wherever it lands, and freed there.
+ * Forgets every block and mapping (unmapping), and the CUDA state. Locked. The epoch goes
+ * first: a block another thread has in hand (taken out of the live table, not yet freed) is
+ * then seen as stale wherever it lands, and freed there.
  */
 static void drop_everything(gpupool_client *c) {
         struct gp_rb_node *n;
 
         __atomic_add_fetch(&c->epoch, 1, __ATOMIC_SEQ_CST);
-        client_cache_forget(c);
         for (unsigned i = 0; i < CLIENT_SHARDS; i++) {
                 pthread_mutex_lock(&c->live[i].lock);
                 while ((n = gp_rb_first(&c->live[i].blocks))) {
@@ -304,7 +275,6 @@ GPUPOOL_EXPORT void gpupool_disconnect(gpupool_client *c) {
         if (!c->conn.broken && client_call(c, &req, GPUPOOL__ENVELOPE__BODY__NOT_SET, &rep, NULL) == 0)
                 gpupool__envelope__free_unpacked(rep, NULL);
         gp_conn_close(&c->conn);
-        client_magazines_forget(c, true);
         pthread_mutex_unlock(&c->lock);
         for (unsigned i = 0; i < CLIENT_SHARDS; i++)
                 pthread_mutex_destroy(&c->live[i].lock);
@@ -401,58 +371,6 @@ struct mapping *client_mapping_by_id(gpupool_client *c, uint64_t segment_id) {
         return n ? gp_rb_entry(n, struct mapping, by_id) : NULL;
 }
 
-/* Frees (segment, offset) at the daemon; unmaps and releases the segment when told to. m may be NULL. */
-static int free_at_daemon(gpupool_client *c, struct mapping *m, uint64_t segment_id, uint64_t offset) {
-        Gpupool__Envelope req = GPUPOOL__ENVELOPE__INIT, *rep;
-        Gpupool__FreeRequest fr = GPUPOOL__FREE_REQUEST__INIT;
-        bool release;
-        int r;
-
-        fr.segment_id = segment_id;
-        fr.offset = offset;
-        req.body_case = GPUPOOL__ENVELOPE__BODY_FREE;
-        req.free = &fr;
-        r = client_call(c, &req, GPUPOOL__ENVELOPE__BODY_FREE_REPLY, &rep, NULL);
-        if (r < 0)
-                return r;
-        release = rep->free_reply->has_release_segment && rep->free_reply->release_segment;
-        gpupool__envelope__free_unpacked(rep, NULL);
-        if (!release)
-                return 0;
-
-        client_release_segment(c, m, segment_id);
-        return 0;
-}
-
-void client_release_segment(gpupool_client *c, struct mapping *m, uint64_t segment_id) {
-        Gpupool__Envelope req = GPUPOOL__ENVELOPE__INIT, *rep;
-        Gpupool__ReleaseRequest rr = GPUPOOL__RELEASE_REQUEST__INIT;
-
-        if (m)
-                client_mapping_drop(c, m);
-        rr.segment_id = segment_id;
-        req.body_case = GPUPOOL__ENVELOPE__BODY_RELEASE;
-        req.release = &rr;
-        /* The block is freed either way; a failed release only keeps the segment ours. */
-        if (client_call(c, &req, GPUPOOL__ENVELOPE__BODY__NOT_SET, &rep, NULL) == 0)
-                gpupool__envelope__free_unpacked(rep, NULL);
-}
-
-/* Frees a block (not in any tree) at the daemon. Locked. */
-int client_block_release(gpupool_client *c, struct block *b) {
-        struct mapping *m = b->mapping;
-        int r;
-
-        if (c->leasing)
-                return client_pool_free(c, b);
-        m->live--;
-        r = free_at_daemon(c, m, m->segment_id, (uint64_t) (b->ptr - m->base));
-        free(b);
-        return r;
-}
-
-
-
 /* The daemon's index for the caller's device number (its own CUDA ordinal on the cuda backend), or -1. */
 static int daemon_device(gpupool_client *c, int device) {
         if (!c->cuda)
@@ -483,20 +401,12 @@ GPUPOOL_EXPORT int gpupool_alloc_async(gpupool_client *c, int device, size_t siz
 }
 
 static int alloc_on(gpupool_client *c, int device, size_t size, void *stream, bool on_stream, void **ret_ptr) {
-        Gpupool__Envelope req = GPUPOOL__ENVELOPE__INIT, *rep;
-        Gpupool__AllocRequest ar = GPUPOOL__ALLOC_REQUEST__INIT;
-        const Gpupool__AllocReply *a;
-        struct block *b = NULL;
-        struct mapping *m;
-        /* The size as the daemon rounds it, which is what the cache is indexed by (0: too large to round). */
+        /* The size as the pool rounds it (0: too large to round). */
         uint64_t rsize = size <= UINT64_MAX - GP_BLOCK_ALIGN ? (size + GP_BLOCK_ALIGN - 1) & ~(GP_BLOCK_ALIGN - 1) : 0;
-        int r, fd = -1, d;
-        bool is_new;
+        int r, d;
 
         if (!c || !ret_ptr || device < 0 || size == 0)
                 return -EINVAL;
-        if (rsize && client_magazine_alloc(c, device, rsize, ret_ptr))
-                return 0;
         pthread_mutex_lock(&c->lock);
         if (c->cuda)
                 client_cuda_reap(c, false);
@@ -508,99 +418,14 @@ static int alloc_on(gpupool_client *c, int device, size_t size, void *stream, bo
                                             "(no GPU of the daemon has its UUID)", device);
                 else
                         client_set_error(c, "no device %d: gpupoold has %u", device, c->device_count);
-                goto out;
-        }
-        if (c->leasing) {
-                if (daemon_is_gone(c)) {
-                        r = -ECONNRESET;
-                } else if (!rsize || rsize > HEAP_MAX_REQUEST) {
-                        client_set_error(c, "cannot allocate %zu bytes: a request is 1 byte to 64 TiB", size);
-                        r = -EINVAL;
-                } else {
-                        r = client_pool_alloc(c, (unsigned) d, device, rsize, stream, on_stream, ret_ptr);
-                }
-                goto out;
-        }
-        if (c->cache.count) {
-                struct block *hit = client_cache_find(c, (unsigned) d, rsize, stream, on_stream);
-
-                if (hit) {
-                        c->cache_uses++;
-                        client_cache_take(c, hit);
-                        hit->scope = c->scope_depth ? c->scopes[c->scope_depth - 1] : 0;
-                        hit->local_device = device;
-                        (void) client_live_insert(c, hit);
-                        *ret_ptr = hit->ptr;
-                        r = 0;
-                        goto out;
-                }
-        }
-        b = calloc(1, sizeof(*b));
-        if (!b) {
-                r = -ENOMEM;
-                goto out;
-        }
-        ar.device = (uint32_t) d;
-        ar.size = size;
-        req.body_case = GPUPOOL__ENVELOPE__BODY_ALLOC;
-        req.alloc = &ar;
-        r = client_call(c, &req, GPUPOOL__ENVELOPE__BODY_ALLOC_REPLY, &rep, &fd);
-        if ((r == -EDQUOT || r == -ENOMEM) && c->cache_bytes) {
-                /* What this process keeps cached may be what stands in the way: give it back and ask again. */
-                (void) client_cache_shrink(c, 0);
-                r = client_call(c, &req, GPUPOOL__ENVELOPE__BODY_ALLOC_REPLY, &rep, &fd);
-        }
-        if (r < 0)
-                goto out;
-        a = rep->alloc_reply;
-        if (a->offset > a->segment_size || a->size > a->segment_size - a->offset || a->size < size) {
-                r = -EPROTO;
-                client_set_error(c, "gpupoold handed out a block outside its segment");
-                if (fd >= 0)
-                        close(fd);
-                goto out_reply;
-        }
-        is_new = a->has_new_segment && a->new_segment;
-        m = client_mapping_by_id(c, a->segment_id);
-        if (is_new && !m) {
-                r = client_mapping_add(c, (unsigned) d, a->segment_id, a->segment_size,
-                                       a->has_ipc_handle ? &a->ipc_handle : NULL, fd, &m);     /* takes fd */
-                fd = -1;
+        } else if (daemon_is_gone(c)) {
+                r = -ECONNRESET;
+        } else if (!rsize || rsize > HEAP_MAX_REQUEST) {
+                client_set_error(c, "cannot allocate %zu bytes: a request is 1 byte to 64 TiB", size);
+                r = -EINVAL;
         } else {
-                /*
-                 * A "new" segment we already map, or an old one we never got: the daemon and we
-                 * disagree. Never replace a mapping: live blocks of ours may be in it.
-                 */
-                r = !is_new && m ? 0 : -EPROTO;
-                if (r < 0)
-                        client_set_error(c, "gpupoold's reply does not match the segments this process maps");
+                r = client_pool_alloc(c, (unsigned) d, device, rsize, stream, on_stream, ret_ptr);
         }
-        if (fd >= 0)
-                close(fd);
-        if (r < 0) {
-                /* We hold a block we cannot reach: give it back before failing. */
-                (void) free_at_daemon(c, NULL, a->segment_id, a->offset);
-                goto out_reply;
-        }
-        b->ptr = m->base + a->offset;
-        b->size = a->size;
-        b->mapping = m;
-        b->local_device = device;
-        b->epoch = c->epoch;
-        b->scope = c->scope_depth ? c->scopes[c->scope_depth - 1] : 0;
-        if (client_live_insert(c, b) < 0) {
-                r = -EPROTO;
-                client_set_error(c, "gpupoold handed out a block this process already holds");
-                (void) free_at_daemon(c, m, a->segment_id, a->offset);
-                goto out_reply;
-        }
-        m->live++;
-        *ret_ptr = b->ptr;
-        b = NULL;
-out_reply:
-        gpupool__envelope__free_unpacked(rep, NULL);
-out:
-        free(b);
         pthread_mutex_unlock(&c->lock);
         return r;
 }
@@ -618,12 +443,10 @@ GPUPOOL_EXPORT int gpupool_free(gpupool_client *c, void *ptr) {
 
         if (!c)
                 return -EINVAL;
-        b = client_live_take(c, ptr);
-        if (b && client_magazine_free(c, b))
-                return 0;
         pthread_mutex_lock(&c->lock);
+        b = client_live_take(c, ptr);
         r = b ? client_free_unlinked(c, b) : not_a_block(c, ptr);
-        if (r == 0 && c->leasing && daemon_is_gone(c))
+        if (r == 0 && daemon_is_gone(c))
                 r = -ECONNRESET;        /* freed, but into memory that is not ours any more */
         pthread_mutex_unlock(&c->lock);
         return r;
@@ -662,7 +485,7 @@ GPUPOOL_EXPORT int gpupool_stats(gpupool_client *c, struct gpupool_stats *ret) {
 
         if (!c || !ret)
                 return -EINVAL;
-        /* Counted now rather than on every allocation: the fast path stays without shared counters. */
+        /* Counted now rather than on every allocation. */
         pthread_mutex_lock(&c->lock);
         for (struct gp_rb_node *n = gp_rb_first(&c->by_id); n; n = gp_rb_next(n)) {
                 st.mapped_segments++;
@@ -682,11 +505,8 @@ GPUPOOL_EXPORT int gpupool_stats(gpupool_client *c, struct gpupool_stats *ret) {
         }
         st.round_trips = c->round_trips;
         st.segments_imported = c->segments_imported;
-        if (c->leasing)
-                st.cached_bytes = client_pool_free_bytes(c);
+        st.cached_bytes = client_pool_free_bytes(c);
         pthread_mutex_unlock(&c->lock);
-        if (!c->leasing)
-                st.cached_bytes = __atomic_load_n(&c->cached_total, __ATOMIC_RELAXED);
         *ret = st;
         return 0;
 }

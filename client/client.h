@@ -1,8 +1,7 @@
 /*
  * client.h: libgpupool's insides, shared by its files: client.c (the handle, the protocol,
  * segments and blocks), client_pool.c (the process's own pool), client_control.c (the
- * control channel), client_cache.c and client_magazine.c (the client cache), client_scope.c,
- * client_hooks.c, and client_cuda.c (the CUDA driver: device UUIDs, IPC handles,
+ * control channel), client_scope.c, client_hooks.c, and client_cuda.c (the CUDA driver: device UUIDs, IPC handles,
  * stream-ordered frees).
  */
 #ifndef GP_CLIENT_H
@@ -20,9 +19,7 @@
 
 #define CLIENT_MAX_DEVICES 64
 #define CLIENT_MAX_SCOPES 16
-#define CLIENT_BATCH 128        /* frees per FreeBatchRequest: well inside a request packet */
 #define CLIENT_SHARDS 32        /* live-block table shards: threads freeing different blocks rarely meet */
-#define MAGAZINE_ENTRIES 32     /* cached blocks a thread keeps for itself */
 #define CLIENT_RETURN_BATCH 256 /* segments per ReturnRequest or ReclaimReply: what the daemon takes in one */
 
 /* One segment this process maps: an mmap of a memfd (host) or an opened IPC handle (cuda). */
@@ -30,14 +27,13 @@ struct mapping {
         uint64_t segment_id;
         uint64_t size;
         uint8_t *base;                  /* host: the mmap; cuda: the CUdeviceptr */
-        uint64_t live;                  /* live blocks of ours in it (daemon-carved; the pool's count is hs.live_blocks) */
         unsigned device;                /* the daemon's index */
         bool ipc;
         uint8_t handle[GP_CU_IPC_HANDLE_SIZE];
         struct gp_rb_node by_addr;
         struct gp_rb_node by_id;
         struct gp_rb_node by_handle;    /* ipc only */
-        /* A segment leased whole ($GPUPOOL_LEASE): the process's pool carves it (client_pool.c). */
+        /* Leased whole: the process's pool carves it (client_pool.c). */
         struct heap_segment hs;
         uint64_t emptied_ms;            /* when it last held no live block (client_now_ms()) */
 };
@@ -45,18 +41,14 @@ struct mapping {
 /* One live block handed to the application. */
 struct block {
         uint8_t *ptr;
-        uint64_t size;                  /* as the daemon rounded it */
+        uint64_t size;                  /* as the pool rounded it */
         struct mapping *mapping;        /* its segment, and through it its device */
-        struct heap_block *hb;          /* the process's pool's record of it ($GPUPOOL_LEASE) */
-        struct block *lru_prev, *lru_next;      /* in the client cache only, once its work is done */
-        /* In the cache while work queued on stream before its free may still run: reusable on that stream only. */
-        void *stream;
-        struct deferred *pending;
+        struct heap_block *hb;          /* the process's pool's record of it */
         bool freeing;                   /* gpupool_free_async() queued it */
         uint32_t scope;                 /* the scope it was allocated in, 0: none */
         int local_device;               /* the device number the application asked for */
         uint64_t epoch;                 /* the handle's session it belongs to (gpupool_reconnect() starts a new one) */
-        struct gp_rb_node node;         /* in a live shard or in the shared cache */
+        struct gp_rb_node node;         /* in a live shard */
 };
 
 /* A shard of the live blocks, by address: its own lock, on its own cache line. */
@@ -64,26 +56,6 @@ struct live_shard {
         pthread_mutex_t lock;
         struct gp_rb_tree blocks;
 } __attribute__((aligned(64)));
-
-/*
- * A thread's own part of the client cache, for one handle: the blocks it freed last, which its
- * next allocations of the same (device, size) take back under its own lock, which no other
- * thread takes but to give the cache back (client_magazine.c).
- */
-struct magazine {
-        pthread_mutex_t lock;
-        struct magazine *next;          /* in the handle's list (the handle's lock) */
-        unsigned refs;                  /* atomic: one for the thread, one for the handle */
-        bool orphan;                    /* atomic: its thread let go of it (exited, or needed the slot) */
-        unsigned n;
-        uint64_t bytes;
-        uint64_t uses;                  /* blocks it served or took, for the idle watch */
-        struct {
-                uint64_t size;
-                int device;             /* the application's device number */
-                struct block *block;
-        } e[MAGAZINE_ENTRIES];
-};
 
 /* A block whose free waits for the device work queued before it (gpupool_free_async). */
 struct deferred {
@@ -101,7 +73,7 @@ struct client_device {
         gp_cu_context ctx;              /* its primary context, retained on first use */
         gp_cu_event *spare_events;      /* recorded-and-done events kept for reuse */
         unsigned spare_count, spare_cap;
-        struct heap heap;               /* the process's pool on this device ($GPUPOOL_LEASE): every segment it leases */
+        struct heap heap;               /* the process's pool on this device: every segment it leases */
         uint64_t reported_in_use, reported_held_free;   /* as the daemon last heard (client_pool_usage()) */
 };
 
@@ -128,33 +100,14 @@ struct gpupool_client {
         struct gp_rb_tree by_addr, by_id, by_handle;
         /* Live blocks the application holds, by address; a shard's lock nests inside the handle's. */
         struct live_shard live[CLIENT_SHARDS];
-        uint64_t serial;                /* unique to this handle in the process: what threads find their magazine by */
         uint64_t epoch;                 /* atomic; written locked: bumped when every block is forgotten */
         uint64_t segments_imported;     /* segments mapped since connect */
-        /*
-         * The client cache: blocks the application freed, still allocated at the daemon,
-         * kept for reuse by (device, size) up to cache_limit bytes, least recently freed
-         * evicted first ($GPUPOOL_CLIENT_CACHE).
-         */
-        struct gp_rb_tree cache;
-        struct block *lru_head, *lru_tail;
-        uint64_t cache_bytes;           /* in the shared part */
-        uint64_t cached_total;          /* atomic: the shared part and every magazine; at most cache_limit but briefly */
-        uint64_t cache_limit;
-        uint64_t magazine_max;          /* per-thread magazines take blocks up to this; 0: none ($GPUPOOL_THREAD_CACHE=0) */
-        struct magazine *magazines;
-        uint64_t cache_idle_ms;         /* give the cache back after this long unused ($GPUPOOL_CLIENT_CACHE_IDLE) */
-        uint64_t cache_uses;            /* blocks the shared cache served or took: counted, not timed, on the hot path */
-        uint64_t cache_uses_seen, cache_quiet_since_ms;         /* the control thread's idle watch */
         /* Open scopes, innermost last (gpupool_scope_begin/end). */
         uint32_t scopes[CLIENT_MAX_SCOPES];
-        unsigned scope_depth;           /* written locked, read atomically by the fast path (no magazine inside a scope) */
+        unsigned scope_depth;
         uint32_t next_scope;
-        /* The process's own pool over leased segments (client_pool.c): on with $GPUPOOL_LEASE=1. */
-        bool leasing;
         uint64_t idle_return_ms;        /* empty segments go back after this long ($GPUPOOL_IDLE_RETURN; 0: never) */
         /* The control channel: the daemon's reclaim requests, answered by the control thread. */
-        uint64_t keep_free_bytes;       /* $GPUPOOL_KEEP_FREE: free segments we may keep mapped */
         struct gp_conn *control;
         bool daemon_gone;               /* atomic: the control channel closed under us (the process pool then serves nothing) */
         pthread_t control_thread;
@@ -207,71 +160,11 @@ int client_mapping_add(gpupool_client *c, unsigned device, uint64_t segment_id, 
 /* CLOCK_MONOTONIC in milliseconds. */
 uint64_t client_now_ms(void);
 
-/* Unmaps m (if given) and tells the daemon segment_id is released. */
-void client_release_segment(gpupool_client *c, struct mapping *m, uint64_t segment_id);
-
-/* Frees a block that is in no tree at the daemon, now. */
-int client_block_release(gpupool_client *c, struct block *b);
-
-/* client_cache.c, all called locked but init. */
-
-void client_cache_init(gpupool_client *c, uint64_t limit_bytes, uint64_t idle_ms, bool magazines);
-
-/* Whether the cache takes b: it fits in the cache at all, and there is a daemon to give it back to. Unlocked too. */
-bool client_cache_accepts(gpupool_client *c, const struct block *b);
-
-/* Frees a block the application gave up (the device is done with it): into the cache, or to the daemon. */
+/* Frees a block the application gave up (the device is done with it) into the process's pool. */
 int client_free_block(gpupool_client *c, struct block *b);
 
 /* The same for a block already out of the live table (client_live_take()). */
 int client_free_unlinked(gpupool_client *c, struct block *b);
-
-/* A usable cached block of (device, rounded size), also one pending on stream when on_stream; or NULL. */
-struct block *client_cache_find(gpupool_client *c, unsigned device, uint64_t rsize, void *stream, bool on_stream);
-
-/* Takes a block out of a magazine into the shared part (it stays counted in cached_total). */
-void client_cache_adopt(gpupool_client *c, struct block *b);
-
-/* Takes a found block out of the cache, for the application. */
-void client_cache_take(gpupool_client *c, struct block *b);
-
-/* Gives the daemon back cached blocks, least recently freed first, until at most keep bytes are cached. */
-int client_cache_shrink(gpupool_client *c, uint64_t keep);
-
-/* Drops the cache's records, the magazines' too, without telling the daemon (it is leaving, or gone). */
-void client_cache_forget(gpupool_client *c);
-
-/* Once a second from the control thread: gives the cache back once it has been unused for its idle time. */
-void client_cache_tick(gpupool_client *c, uint64_t now_ms);
-
-/*
- * Takes a block freed with a stream into the cache at once, reusable on that stream only
- * until its work is done (client_cache_ready()). Returns false when the cache does not take it. Locked.
- */
-bool client_cache_pending(gpupool_client *c, struct block *b, void *stream, struct deferred *q);
-
-/* The work before a pending cached block's free is done: any allocation may have it now. Locked. */
-void client_cache_ready(gpupool_client *c, struct block *b);
-
-/* client_magazine.c: the per-thread fast path, called unlocked, and the handle's side of it, locked. */
-
-/* A hit in the calling thread's magazine: the block, live again, at *ret_ptr. False: take the locked path. */
-bool client_magazine_alloc(gpupool_client *c, int device, uint64_t rsize, void **ret_ptr);
-
-/* Puts a block taken out of the live table into the calling thread's magazine; false if it does not fit. */
-bool client_magazine_free(gpupool_client *c, struct block *b);
-
-/* Moves every magazine's blocks to the shared cache, and frees the magazines of threads that let go. Locked. */
-void client_magazines_drain(gpupool_client *c);
-
-/* Drops every magazine's blocks (client_cache_forget()); with detach, lets go of the magazines too. Locked. */
-void client_magazines_forget(gpupool_client *c, bool detach);
-
-/*
- * Frees the magazines of threads that let go (their blocks move to the shared cache) and
- * returns how many blocks the others served or took so far, for the idle watch. Locked.
- */
-uint64_t client_magazines_collect(gpupool_client *c);
 
 /* client_control.c: the control channel. */
 
@@ -333,8 +226,9 @@ void client_cuda_close(gpupool_client *c, struct mapping *m);
 
 /*
  * Records an event on stream after the work queued so far and queues b's free behind it. b is
- * out of the live table; it goes back there marked freeing unless the cache takes it at once.
- * On error b is untouched (the caller puts it back).
+ * out of the live table; it goes back there marked freeing, where an allocation on the same
+ * stream may take it at once (client_pool_alloc()). On error b is untouched (the caller puts
+ * it back).
  */
 int client_cuda_defer_free(gpupool_client *c, struct block *b, void *stream);
 

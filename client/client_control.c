@@ -2,8 +2,8 @@
  * client_control.c: the control channel and its thread. The daemon pushes its requests for
  * memory back on a second connection of the process (Hello.control_for), and this thread
  * answers each at once, whatever the application's threads are doing; once a second it also
- * gives back what has been idle (the client cache's, or the process pool's empty segments) and
- * tells the daemon what the process holds if that changed (UsageReport).
+ * gives back the segments that have been empty for the idle time and tells the daemon what the
+ * process holds if that changed (UsageReport).
  */
 #include "client.h"
 
@@ -24,9 +24,8 @@ static int control_send(gpupool_client *c, Gpupool__Envelope *env) {
 
 /*
  * The control thread: waits for the daemon's reclaim requests on the control channel and
- * answers each at once, whatever the application is doing: it gives back its cache if asked,
- * unmaps the segments named (they hold no live block of ours) and says which it did. Once a
- * second it also gives the cache back if nothing used it for the cache's idle time.
+ * answers each at once, whatever the application is doing: it unmaps empty segments on the
+ * device asked, worth the bytes asked, and says which, with what the process holds now.
  */
 static void *control_main(void *arg) {
         gpupool_client *c = arg;
@@ -37,9 +36,9 @@ static void *control_main(void *arg) {
                 Gpupool__ReclaimReply rr = GPUPOOL__RECLAIM_REPLY__INIT;
                 Gpupool__UsageReport report = GPUPOOL__USAGE_REPORT__INIT;
                 Gpupool__Usage usage[CLIENT_MAX_DEVICES], *usage_ptrs[CLIENT_MAX_DEVICES];
-                uint64_t ids[CLIENT_RETURN_BATCH];
+                uint64_t ids[CLIENT_RETURN_BATCH], want, got;
                 struct pollfd pfd = { .fd = c->control->sock, .events = POLLIN };
-                int n;
+                int n, device;
 
                 /* A tick a second when nothing comes (poll's timeout: a receive timeout did not always fire under valgrind). */
                 n = poll(&pfd, 1, 1000);
@@ -49,12 +48,10 @@ static void *control_main(void *arg) {
                 if (n == -EAGAIN || n == -EWOULDBLOCK) {
                         pthread_mutex_lock(&c->lock);
                         /* Never wait on a lease that is out: the daemon may be waiting on this thread. */
-                        if (!c->conn_busy && c->leasing)
+                        if (!c->conn_busy)
                                 client_pool_tick(c, client_now_ms());
-                        else if (!c->conn_busy)
-                                client_cache_tick(c, client_now_ms());
                         /* What the process holds changed since it last said: tell the daemon, which asks no reply. */
-                        if (c->leasing && client_pool_usage_changed(c)) {
+                        if (client_pool_usage_changed(c)) {
                                 answer.n_usage = client_pool_usage(c, usage, usage_ptrs);
                                 answer.usage = usage_ptrs;
                                 answer.body_case = GPUPOOL__ENVELOPE__BODY_USAGE_REPORT;
@@ -71,33 +68,19 @@ static void *control_main(void *arg) {
                         gpupool__envelope__free_unpacked(push, NULL);
                         continue;
                 }
+                /* Segments holding no live block, on the device asked (all without one), worth the bytes asked. */
+                device = push->reclaim->has_device ? (int) push->reclaim->device : -1;
+                want = push->reclaim->has_bytes ? push->reclaim->bytes : UINT64_MAX;
                 pthread_mutex_lock(&c->lock);
-                if (c->leasing) {
-                        /* Segments holding no live block, on the device asked (all without one), worth the bytes asked. */
-                        const Gpupool__ReclaimRequest *q = push->reclaim;
-                        int device = q->has_device ? (int) q->device : -1;
-                        uint64_t want = q->has_bytes ? q->bytes : UINT64_MAX, got;
-
-                        rr.n_segment_ids = client_pool_take_empty(c, device, want, UINT64_MAX, ids, CLIENT_RETURN_BATCH, &got);
-                        /*
-                         * More than one answer names: the rest goes back on the main connection
-                         * first, unless a lease has it out: then this answer is all the asker gets.
-                         */
-                        if (rr.n_segment_ids == CLIENT_RETURN_BATCH && got < want && !c->conn_busy)
-                                (void) client_pool_trim(c, device, want - got);
-                        answer.n_usage = client_pool_usage(c, usage, usage_ptrs);
-                        answer.usage = usage_ptrs;
-                }
-                if (push->reclaim->has_trim_cache && push->reclaim->trim_cache)
-                        (void) client_cache_shrink(c, 0);
-                for (size_t i = 0; i < push->reclaim->n_segment_ids && rr.n_segment_ids < 256; i++) {
-                        struct mapping *m = client_mapping_by_id(c, push->reclaim->segment_ids[i]);
-
-                        if (m && m->live == 0) {
-                                ids[rr.n_segment_ids++] = m->segment_id;
-                                client_mapping_drop(c, m);
-                        }
-                }
+                rr.n_segment_ids = client_pool_take_empty(c, device, want, UINT64_MAX, ids, CLIENT_RETURN_BATCH, &got);
+                /*
+                 * More than one answer names: the rest goes back on the main connection first,
+                 * unless a lease has it out: then this answer is all the asker gets.
+                 */
+                if (rr.n_segment_ids == CLIENT_RETURN_BATCH && got < want && !c->conn_busy)
+                        (void) client_pool_trim(c, device, want - got);
+                answer.n_usage = client_pool_usage(c, usage, usage_ptrs);
+                answer.usage = usage_ptrs;
                 pthread_mutex_unlock(&c->lock);
                 gpupool__envelope__free_unpacked(push, NULL);
                 rr.segment_ids = ids;

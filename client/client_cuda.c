@@ -203,12 +203,12 @@ int client_cuda_defer_free(gpupool_client *c, struct block *b, void *stream) {
         q->stream = stream;
         q->event = e;
         q->device = b->mapping->device;
-        /* Into the cache now, for this stream's next allocations; for anyone once the event completes. */
-        if (!client_cache_pending(c, b, stream, q)) {
-                /* Live until its work ends, but nobody's to free again, nor the scope's. */
-                b->freeing = true;
-                (void) client_live_insert(c, b);
-        }
+        /*
+         * Live until its work ends, but nobody's to free again, nor the scope's; an allocation
+         * on this same stream may take it at once (the stream orders the new work after the old).
+         */
+        b->freeing = true;
+        (void) client_live_insert(c, b);
         if (c->deferred_tail)
                 c->deferred_tail->next = q;
         else
@@ -221,12 +221,10 @@ int client_cuda_defer_free(gpupool_client *c, struct block *b, void *stream) {
         return 0;
 }
 
-/* Returns q's block to the daemon and recycles its event. Locked. */
+/* Frees q's block into the process's pool and recycles its event. Locked. */
 static void complete(gpupool_client *c, struct deferred *q) {
         spare_event(c, &c->devices[q->device], q->event);
-        if (q->block && q->block->pending == q)
-                client_cache_ready(c, q->block);
-        else if (q->block)
+        if (q->block)
                 (void) client_free_block(c, q->block);
         free(q);
 }
@@ -293,9 +291,8 @@ void client_cuda_forget_deferred(gpupool_client *c) {
 
         while ((q = c->deferred_head)) {
                 c->deferred_head = q->next;
+                /* Its block, live and marked freeing, goes with the live table (drop_everything()). */
                 spare_event(c, &c->devices[q->device], q->event);
-                if (q->block && q->block->pending == q)
-                        q->block->pending = NULL;       /* the cache's record goes with cache_forget() */
                 free(q);
         }
         c->deferred_tail = NULL;

@@ -7,8 +7,6 @@
  * been empty for the idle time ($GPUPOOL_IDLE_RETURN), the process needs room under its own
  * limit for another segment, gpupool_trim(), or disconnect. Every lease and return tells the
  * daemon what the process holds per device (Usage).
- *
- * The default; $GPUPOOL_LEASE=0 (deprecated) has the daemon carve the blocks instead.
  */
 #include "client.h"
 
@@ -284,4 +282,40 @@ int client_pool_free(gpupool_client *c, struct block *b) {
                 m->emptied_ms = client_now_ms();
         free(b);
         return 0;
+}
+
+int client_free_unlinked(gpupool_client *c, struct block *b) {
+        if (b->epoch != c->epoch) {
+                /* Taken out by a thread while gpupool_reconnect() forgot the session it came from. */
+                free(b);
+                return 0;
+        }
+        return client_pool_free(c, b);
+}
+
+int client_free_block(gpupool_client *c, struct block *b) {
+        client_live_remove(c, b);
+        return client_free_unlinked(c, b);
+}
+
+GPUPOOL_EXPORT int gpupool_trim(gpupool_client *c) {
+        int r;
+
+        if (!c)
+                return -EINVAL;
+        pthread_mutex_lock(&c->lock);
+        r = client_pool_trim(c, -1, UINT64_MAX);
+        pthread_mutex_unlock(&c->lock);
+        return r;
+}
+
+GPUPOOL_EXPORT size_t gpupool_cached_bytes(gpupool_client *c) {
+        size_t bytes;
+
+        if (!c)
+                return 0;
+        pthread_mutex_lock(&c->lock);
+        bytes = client_pool_free_bytes(c);
+        pthread_mutex_unlock(&c->lock);
+        return bytes;
 }

@@ -53,10 +53,6 @@ int gp_conn_call(struct gp_conn *c, Gpupool__Envelope *req, Gpupool__Envelope__B
         req->version = GP_PROTOCOL_VERSION;
         req->id = c->next_id++;
         c->calls++;
-        if (c->report_cached) {
-                req->has_client_cached_bytes = 1;
-                req->client_cached_bytes = __atomic_load_n(c->report_cached, __ATOMIC_RELAXED);
-        }
         n = gp_wire_pack(req, c->buf, GP_MAX_REQUEST_BYTES);
         if (n < 0)
                 return n;

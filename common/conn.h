@@ -21,7 +21,6 @@ struct gp_conn {
         uint64_t next_id;
         uint64_t calls;                 /* requests sent, hello included, for as long as the struct lives */
         char error[256];                /* why the latest call failed */
-        const uint64_t *report_cached;  /* if set: reported with each request (client_cached_bytes) */
         uint8_t buf[GP_MAX_REPLY_BYTES];
 };
 

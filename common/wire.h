@@ -14,7 +14,7 @@
 
 #include "gpupool.pb-c.h"
 
-#define GP_PROTOCOL_VERSION 1
+#define GP_PROTOCOL_VERSION 2
 
 /* The release, set by the Makefile from its VERSION. */
 #ifndef GPUPOOL_VERSION

@@ -309,6 +309,14 @@ size_t config_warnings(const struct config *c, char *buf, size_t size) {
 
         if (size)
                 buf[0] = '\0';
+        if (c->options.obsolete_max_blocks) {
+                int n = snprintf(buf, size, "max_blocks (--max-blocks) is obsolete and ignored: each process carves its own "
+                                            "blocks from the segments it leases; bound a client by client_max\n");
+
+                count++;
+                if (n > 0 && (size_t) n < size)
+                        used = (size_t) n;
+        }
         for (unsigned i = 1; i < c->tenant_count; i++) {
                 const struct tenant_conf *t = &c->tenants[i];
 

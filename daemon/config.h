@@ -4,7 +4,7 @@
  *
  *   [daemon]       socket, backend, host_capacity, log_level, max_clients, check_invariants
  *   [pool]         headroom, idle_release, max_cached, reclaim_timeout
- *   [limits]       client_max, max_blocks
+ *   [limits]       client_max (max_blocks: obsolete, accepted and ignored with a warning)
  *   [tenant:NAME]  match_uid, match_gid, match_name (a glob over the client's declared name),
  *                  max, guarantee, client_max
  *

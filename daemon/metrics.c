@@ -28,7 +28,6 @@ _Static_assert((METRICS_DEVICE_FAMILIES * BACKEND_MAX_DEVICES + METRICS_TENANT_F
 _Static_assert(METRICS_TEXT_MAX + 1024 <= GP_MAX_REPLY_BYTES, "a MetricsReply holds METRICS_TEXT_MAX");
 
 static const char *const refusal_reasons[METRICS_REFUSAL_COUNT] = {
-        [METRICS_REFUSED_MAX_BLOCKS] = "max_blocks",
         [METRICS_REFUSED_CLIENT_LIMIT] = "client_limit",
         [METRICS_REFUSED_TENANT_LIMIT] = "tenant_limit",
         [METRICS_REFUSED_GUARANTEES] = "guarantees",
@@ -84,7 +83,7 @@ enum device_field {
         F_IN_USE,
         F_CACHED,
         F_MAX_CACHED,
-        F_ALLOCATIONS,
+        F_LEASES,
         F_EVICTIONS,
         F_RECLAIMS,
         F_IDLE_RELEASES,
@@ -96,11 +95,10 @@ static const struct {
 } device_families[METRICS_DEVICE_FAMILIES] = {
         [F_TOTAL] = { "gpupool_device_total_bytes", "gauge", "Bytes of the device the pool may hand out." },
         [F_RESERVED] = { "gpupool_device_reserved_bytes", "gauge", "Bytes the pool holds from the device." },
-        [F_IN_USE] = { "gpupool_device_in_use_bytes", "gauge", "Bytes in blocks clients hold." },
+        [F_IN_USE] = { "gpupool_device_in_use_bytes", "gauge", "Bytes in blocks clients hold, as they last reported." },
         [F_CACHED] = { "gpupool_device_cached_bytes", "gauge", "Bytes in free segments the node-wide cache keeps." },
         [F_MAX_CACHED] = { "gpupool_device_max_cached_bytes", "gauge", "The cache's watermark (max_cached)." },
-        [F_ALLOCATIONS] = { "gpupool_allocations_total", "counter",
-                            "Allocations the daemon served (not hits of a client's own cache)." },
+        [F_LEASES] = { "gpupool_leases_total", "counter", "Segments the daemon leased to clients." },
         [F_EVICTIONS] = { "gpupool_evictions_total", "counter", "Cached segments released to make room for an allocation." },
         [F_RECLAIMS] = { "gpupool_reclaims_total", "counter", "Segments clients gave back when the daemon asked." },
         [F_IDLE_RELEASES] = { "gpupool_idle_releases_total", "counter", "Cached segments released after idle_release." },
@@ -120,8 +118,8 @@ static uint64_t device_value(const struct server *server, unsigned d, const stru
                 return st->cached_bytes;
         case F_MAX_CACHED:
                 return server_max_cached(server, d);
-        case F_ALLOCATIONS:
-                return server->allocations_total[d];
+        case F_LEASES:
+                return server->leases_total[d];
         case F_EVICTIONS:
                 return st->evictions_total;
         case F_RECLAIMS:
@@ -165,7 +163,7 @@ static void tenants(struct writer *w, const struct server *server, const struct 
                         reserved += p->tenants[i].reserved_bytes[d];
                 emit(w, "gpupool_tenant_reserved_bytes{tenant=\"%s\"} %" PRIu64 "\n", p->tenants[i].conf.name, reserved);
         }
-        family(w, "gpupool_tenant_in_use_bytes", "gauge", "Bytes in blocks the tenant's clients hold, on all devices.");
+        family(w, "gpupool_tenant_in_use_bytes", "gauge", "Bytes in blocks the tenant's clients hold, on all devices, as they last reported.");
         for (unsigned i = 0; i < p->tenant_count; i++) {
                 in_use = 0;
                 server_tenant_in_use(server, &p->tenants[i], per_device);
@@ -195,7 +193,7 @@ int metrics_format(const struct server *server, const struct session *asking, ch
                "Clients connected, and clients gone whose process still runs (their memory is held until it exits).");
         emit(&w, "gpupool_clients{state=\"connected\"} %u\ngpupool_clients{state=\"exiting\"} %u\n", connected, exiting);
         devices(&w, server);
-        family(&w, "gpupool_refusals_total", "counter", "Allocations refused, by reason.");
+        family(&w, "gpupool_refusals_total", "counter", "Leases refused, by reason.");
         for (unsigned r = 0; r < METRICS_REFUSAL_COUNT; r++)
                 emit(&w, "gpupool_refusals_total{reason=\"%s\"} %" PRIu64 "\n", refusal_reasons[r], server->refusals_total[r]);
         tenants(&w, server, asking);

@@ -12,9 +12,8 @@
 struct server;
 struct session;
 
-/* Why an allocation was refused: the label values of gpupool_refusals_total. */
+/* Why a lease was refused: the label values of gpupool_refusals_total. */
 enum metrics_refusal {
-        METRICS_REFUSED_MAX_BLOCKS,     /* "max_blocks": the client holds max_blocks live blocks */
         METRICS_REFUSED_CLIENT_LIMIT,   /* "client_limit": over the client's limit */
         METRICS_REFUSED_TENANT_LIMIT,   /* "tenant_limit": over its tenant's max */
         METRICS_REFUSED_GUARANTEES,     /* "guarantees": held back for other tenants' guarantees */

@@ -44,7 +44,6 @@ const char options_usage[] =
         "  --max-clients-per-uid N  most connections of one uid, 1 to 1024 (default 256);\n"
         "                         root and the daemon's user may exceed it and\n"
         "                         --max-clients by 8 for administrative requests\n"
-        "  --max-blocks N         most live blocks one client may hold (default 1048576)\n"
         "  --log-level LEVEL      err, warn, info or debug (default info)\n"
         "  --metrics-listen ADDR  serve Prometheus metrics at http://ADDR/metrics: IP:PORT,\n"
         "                         [IPV6]:PORT or PORT alone for 127.0.0.1 (default: off)\n"
@@ -55,7 +54,8 @@ const char options_usage[] =
         "SIZE is bytes, or a number with K, M, G, T (powers of 1024; \"KiB\" and \"KB\" too),\n"
         "e.g. 512M, 4G, 1.5GiB. TIME is a number with ms, s, min, h or d, e.g. 30s, 5min.\n"
         "A config file has a key for every option but --config and --check-config;\n"
-        "options given here win over the file.\n";
+        "options given here win over the file. --max-blocks (max_blocks) is obsolete:\n"
+        "blocks are carved in each process; it is accepted and ignored, with a warning.\n";
 
 enum kind {
         K_PATH,
@@ -65,7 +65,7 @@ enum kind {
         K_DURATION,
         K_SIZE_OR_PERCENT,
         K_CLIENTS,
-        K_COUNT,
+        K_OBSOLETE_COUNT,       /* still parsed as a positive number, then ignored with a warning */
         K_LEVEL,
         K_BOOL,
         K_LISTEN,
@@ -97,7 +97,7 @@ static const struct setting settings[] = {
         { "max-cached", "pool", "max_cached", K_SIZE_OR_PERCENT, AT(max_cached_bytes) },
         { "reclaim-timeout", "pool", "reclaim_timeout", K_DURATION, AT(reclaim_timeout_ms) },
         { "client-limit", "limits", "client_max", K_SIZE, AT(client_limit_bytes) },
-        { "max-blocks", "limits", "max_blocks", K_COUNT, AT(max_blocks) },
+        { "max-blocks", "limits", "max_blocks", K_OBSOLETE_COUNT, AT(obsolete_max_blocks) },
 };
 #define NSETTINGS (sizeof(settings) / sizeof(settings[0]))
 
@@ -117,7 +117,6 @@ void options_defaults(struct options *o) {
         o->max_clients_per_uid = OPTIONS_DEFAULT_MAX_CLIENTS_PER_UID;
         o->log_level = LOG_LEVEL_INFO;
         o->max_clients = OPTIONS_DEFAULT_MAX_CLIENTS;
-        o->max_blocks = OPTIONS_DEFAULT_MAX_BLOCKS;
 }
 
 static int parse_count(const char *text, unsigned min, unsigned max, unsigned *ret) {
@@ -216,12 +215,12 @@ static int set(struct options *o, const struct setting *s, const char *v, char *
                 }
                 *(unsigned *) field = n;
                 return 0;
-        case K_COUNT:
+        case K_OBSOLETE_COUNT:
                 if (parse_count(v, 1, UINT_MAX, &n) < 0) {
                         snprintf(err, err_size, "'%s' is not a positive number", v);
                         return -EINVAL;
                 }
-                *(unsigned *) field = n;
+                *(bool *) field = true;
                 return 0;
         case K_LEVEL:
                 if (log_level_parse(v, &o->log_level) < 0) {

@@ -34,7 +34,6 @@ enum options_action {
 #define OPTIONS_DEFAULT_HOST_CAPACITY (1ULL << 30)
 #define OPTIONS_DEFAULT_HEADROOM (512ULL << 20)
 #define OPTIONS_DEFAULT_MAX_CLIENTS 1024
-#define OPTIONS_DEFAULT_MAX_BLOCKS (1U << 20)
 #define OPTIONS_DEFAULT_IDLE_RELEASE_MS (5ULL * 60 * 1000)
 #define OPTIONS_DEFAULT_MAX_CACHED_PERCENT 25
 #define OPTIONS_DEFAULT_RECLAIM_TIMEOUT_MS 100
@@ -73,7 +72,7 @@ struct options {
         unsigned max_clients_per_uid;   /* connections one uid may hold (operators may go past, for admin requests) */
         enum log_level log_level;
         unsigned max_clients;
-        unsigned max_blocks;            /* live blocks per client */
+        bool obsolete_max_blocks;       /* --max-blocks or max_blocks was given: warned about, ignored */
         bool check_invariants;          /* run pool_check() after every request */
         struct sockaddr_storage metrics_addr;   /* GET /metrics here; ss_family AF_UNSPEC: not served */
 };

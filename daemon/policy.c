@@ -12,7 +12,6 @@
 void policy_configure(struct policy *p, const struct config *c) {
         /* Sums and counts start at zero: the caller maps every client to its tenant again. */
         p->client_limit_bytes = c->options.client_limit_bytes;
-        p->max_blocks = c->options.max_blocks;
         p->tenant_count = c->tenant_count;
         for (unsigned i = 0; i < c->tenant_count; i++) {
                 struct tenant *t = &p->tenants[i];
@@ -107,17 +106,6 @@ uint64_t policy_headroom(const struct policy *p, const struct tenant *t, uint64_
         }
         *ret_bound = bound;
         return best;
-}
-
-int policy_admit(const struct policy *policy, const struct pool_owner *owner, uint64_t size,
-                 char *why, size_t why_size) {
-        (void) size;
-        if (pool_owner_blocks(owner) >= policy->max_blocks) {
-                snprintf(why, why_size, "the client holds %llu live blocks, the most one client may hold (--max-blocks, max_blocks)",
-                         (unsigned long long) pool_owner_blocks(owner));
-                return -EDQUOT;
-        }
-        return 0;
 }
 
 void policy_account(struct policy *p, struct tenant *t, unsigned device, uint64_t before, uint64_t after) {

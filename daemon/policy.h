@@ -1,6 +1,6 @@
 /*
  * policy.h: who may have how much. The pool asks nothing; the request handler asks policy
- * how many more bytes a client may reserve on a device and passes that to pool_alloc() as
+ * how many more bytes a client may reserve on a device and passes that to pool_lease() as
  * headroom, and names the limit that bound it when the pool refuses.
  *
  * Three limits bind, per device: the client's own (its tenant's client_max, else [limits]
@@ -40,7 +40,6 @@ enum policy_bound {
 
 struct policy {
         uint64_t client_limit_bytes;    /* [limits] client_max: per client and device; 0: none */
-        unsigned max_blocks;            /* live blocks per client and device */
         unsigned device_count;
         uint64_t capacity_bytes[BACKEND_MAX_DEVICES];
         unsigned tenant_count;          /* tenants[0] is "default" */
@@ -79,13 +78,6 @@ uint64_t policy_headroom(const struct policy *p, const struct tenant *t, uint64_
 
 /* Bytes of device held back from tenant t for the other tenants' unused guarantees. */
 uint64_t policy_held_for_others(const struct policy *p, const struct tenant *t, unsigned device);
-
-/*
- * Whether owner may allocate another block of size bytes at all. Returns 0, or -EDQUOT with
- * the reason in why.
- */
-int policy_admit(const struct policy *policy, const struct pool_owner *owner, uint64_t size,
-                 char *why, size_t why_size);
 
 /* A client of t went from before to after reserved bytes on device. */
 void policy_account(struct policy *p, struct tenant *t, unsigned device, uint64_t before, uint64_t after);

@@ -1,14 +1,11 @@
 /*
- * pool.c: the allocator core (see pool.h for the model).
+ * pool.c: the node's segments on one device (see pool.h for the model).
  *
  * Data structures, all intrusive red-black trees so that no operation scans:
  *   pool->segments_by_id         every segment the pool holds from the backend
  *   pool->cache_by_size          cached segments by (size, newest first): lease lookup
  *   pool->cache_by_age           cached segments oldest first: LRU release
  *   owner->segments_by_id        the segments leased to one owner
- * and each owner's blocks are carved by its own heap (common/heap.c): best fit, split, merge.
- * A leased segment with no live block stays in the heap only while the owner keeps it
- * (keep_bytes); otherwise it leaves the heap and waits, releasing, for the owner to unmap it.
  */
 #include "pool.h"
 
@@ -19,18 +16,10 @@
 #include <string.h>
 #include <time.h>
 
-enum segment_state {
-        SEGMENT_CARVED,         /* in its owner's heap: the daemon carves its blocks (live, or kept empty) */
-        SEGMENT_LEASED,         /* leased whole: the owner carves its own blocks (pool_lease) */
-        SEGMENT_RELEASING,      /* out of the heap, no live block; waiting for the owner to unmap it */
-        SEGMENT_CACHED,         /* in the pool's cache, no owner */
-};
-
+/* A segment is leased to its owner (owner set) or in the pool's cache (owner NULL). */
 struct segment {
         uint64_t id;
         uint64_t size;
-        enum segment_state state;
-        struct heap_segment hs;         /* while leased: the owner's heap */
         struct pool_owner *owner;
         uint32_t last_tenant;
         bool has_tenant;
@@ -48,8 +37,7 @@ struct pool {
         unsigned device;
         uint64_t capacity_bytes;
         uint64_t reserved_bytes;
-        uint64_t in_use_bytes;          /* blocks carved here */
-        uint64_t reported_in_use_bytes; /* what owners of whole segments report */
+        uint64_t reported_in_use_bytes; /* what owners report */
         uint64_t cached_bytes;
         uint64_t next_id;
         uint64_t cache_seq;
@@ -122,8 +110,6 @@ int pool_new(struct backend *backend, unsigned device, uint64_t capacity_bytes, 
 }
 
 static void segment_destroy(struct pool *p, struct segment *s) {
-        if (s->hs.heap)
-                (void) heap_drop(&s->hs);
         gp_rb_remove(&p->segments_by_id, &s->by_id);
         p->reserved_bytes -= s->size;
         p->backend->ops->mem_destroy(p->backend, p->device, &s->mem, s->size);
@@ -173,23 +159,18 @@ void pool_owner_attach(struct pool *p, struct pool_owner *o, uint32_t tenant) {
         o->pool = p;
         o->tenant = tenant;
         gp_rb_init(&o->segments_by_id, cmp_owner_segment);
-        heap_init(&o->heap);
         o->next = p->owners;
         if (p->owners)
                 p->owners->prev = o;
         p->owners = o;
 }
 
-/* Moves a segment out of its owner (and its heap) into the cache. */
+/* Moves a segment out of its owner into the cache (or, marked to_backend, back to the backend). */
 static void segment_to_cache(struct pool *p, struct segment *s) {
         struct pool_owner *o = s->owner;
 
-        if (s->hs.heap)
-                p->in_use_bytes -= heap_drop(&s->hs);
         gp_rb_remove(&o->segments_by_id, &s->owner_node);
         o->reserved_bytes -= s->size;
-        if (s->state == SEGMENT_LEASED)
-                o->leased_bytes -= s->size;
         o->segments--;
         s->owner = NULL;
         if (s->to_backend) {
@@ -198,7 +179,6 @@ static void segment_to_cache(struct pool *p, struct segment *s) {
         }
         s->last_tenant = o->tenant;
         s->has_tenant = true;
-        s->state = SEGMENT_CACHED;
         s->cache_seq = ++p->cache_seq;
         s->cached_at_ms = p->clock_ms(p->clock_ctx);
         gp_rb_insert(&p->cache_by_size, &s->owner_node);
@@ -322,67 +302,12 @@ static int segment_zero_for(struct pool *p, struct pool_owner *o, struct segment
         return r;
 }
 
-/* Leases segment s (out of the cache or new) to owner o, into its heap as one free block. */
-static int segment_lease(struct pool *p, struct pool_owner *o, struct segment *s, enum heap_class class) {
-        int r = segment_zero_for(p, o, s);
-
-        if (r < 0)
-                return r;
-        r = heap_add(&o->heap, &s->hs, s->id, s->size, class);
-        if (r < 0) {
-                segment_destroy(p, s);
-                return r;
-        }
-        s->owner = o;
-        s->state = SEGMENT_CARVED;
-        gp_rb_insert(&o->segments_by_id, &s->owner_node);
-        o->reserved_bytes += s->size;
-        o->segments++;
-        return 0;
-}
-
-int pool_alloc(struct pool *p, struct pool_owner *o, uint64_t size, uint64_t headroom_bytes,
-               struct pool_lease *ret) {
-        uint64_t rsize = heap_round(size);
-        enum heap_class class = heap_class_of(rsize);
-        struct heap_block *b;
-        struct segment *s;
-        bool new_segment = false;
-        int r;
-
-        if (!rsize)
-                return -EINVAL;
-        b = heap_alloc(&o->heap, class, rsize);
-        if (!b) {
-                r = segment_obtain(p, rsize, headroom_bytes, &s);
-                if (r < 0)
-                        return r;
-                r = segment_lease(p, o, s, class);
-                if (r < 0)
-                        return r;
-                /* Nothing else in the heap fitted: the best fit is the new segment. */
-                b = heap_alloc(&o->heap, class, rsize);
-                new_segment = true;
-        }
-        p->in_use_bytes += b->size;
-        s = gp_rb_entry(b->segment, struct segment, hs);
-        *ret = (struct pool_lease) {
-                .segment_id = s->id,
-                .segment_size = s->size,
-                .offset = b->offset,
-                .size = b->size,
-                .new_segment = new_segment,
-                .mem = &s->mem,
-        };
-        return 0;
-}
-
 int pool_lease(struct pool *p, struct pool_owner *o, uint64_t size, uint64_t headroom_bytes, struct pool_lease *ret) {
         uint64_t rsize = heap_round(size);
         struct segment *s;
         int r;
 
-        if (!rsize)
+        if (!rsize || rsize > POOL_MAX_REQUEST)
                 return -EINVAL;
         r = segment_obtain(p, rsize, headroom_bytes, &s);
         if (r < 0)
@@ -391,16 +316,12 @@ int pool_lease(struct pool *p, struct pool_owner *o, uint64_t size, uint64_t hea
         if (r < 0)
                 return r;
         s->owner = o;
-        s->state = SEGMENT_LEASED;
         gp_rb_insert(&o->segments_by_id, &s->owner_node);
         o->reserved_bytes += s->size;
-        o->leased_bytes += s->size;
         o->segments++;
         *ret = (struct pool_lease) {
                 .segment_id = s->id,
                 .segment_size = s->size,
-                .size = s->size,
-                .new_segment = true,
                 .mem = &s->mem,
         };
         return 0;
@@ -408,10 +329,10 @@ int pool_lease(struct pool *p, struct pool_owner *o, uint64_t size, uint64_t hea
 
 /* Sets the owner's report, held to what it leases (held free first), and the pool's sum. */
 static void owner_set_report(struct pool_owner *o, uint64_t in_use, uint64_t held_free) {
-        uint64_t held = held_free < o->leased_bytes ? held_free : o->leased_bytes;
+        uint64_t held = held_free < o->reserved_bytes ? held_free : o->reserved_bytes;
 
-        if (in_use > o->leased_bytes - held)
-                in_use = o->leased_bytes - held;
+        if (in_use > o->reserved_bytes - held)
+                in_use = o->reserved_bytes - held;
         o->pool->reported_in_use_bytes += in_use - o->reported_in_use_bytes;
         o->reported_in_use_bytes = in_use;
         o->reported_held_free_bytes = held;
@@ -427,7 +348,7 @@ int pool_return(struct pool *p, struct pool_owner *o, uint64_t segment_id, bool 
         struct segment *s = segment_find(p, segment_id);
         uint64_t size;
 
-        if (!s || s->owner != o || s->state != SEGMENT_LEASED)
+        if (!s || !o || s->owner != o)
                 return -ENOENT;
         size = s->size;
         s->to_backend = to_backend;
@@ -438,81 +359,11 @@ int pool_return(struct pool *p, struct pool_owner *o, uint64_t segment_id, bool 
         return 0;
 }
 
-int pool_free_block(struct pool *p, struct pool_owner *o, uint64_t segment_id, uint64_t offset,
-                    bool *ret_release) {
-        struct segment *s = segment_find(p, segment_id);
-        struct heap_block *b;
-        uint64_t size;
-
-        if (!s || s->owner != o || s->state != SEGMENT_CARVED)
-                return -ENOENT;
-        b = heap_find_live(&s->hs, offset);
-        if (!b)
-                return -ENOENT;
-        size = b->size;
-        *ret_release = false;
-        if (heap_free(&o->heap, b) && o->heap.empty_bytes > o->keep_bytes) {
-                /* Empty and not kept: the owner must unmap it before anyone else gets it. */
-                (void) heap_remove(&s->hs);
-                s->state = SEGMENT_RELEASING;
-                *ret_release = true;
-        }
-        p->in_use_bytes -= size;
-        return 0;
-}
-
-size_t pool_reclaim(struct pool *p, struct pool_owner *o, uint64_t want_bytes, bool to_backend, uint64_t *ret_ids,
-                    size_t max_ids, uint64_t *ret_bytes) {
-        uint64_t bytes = 0;
-        size_t n = 0;
-
-        (void) p;
-        for (struct gp_rb_node *x = gp_rb_first(&o->segments_by_id); x && n < max_ids && bytes < want_bytes;
-             x = gp_rb_next(x)) {
-                struct segment *s = gp_rb_entry(x, struct segment, owner_node);
-
-                if (s->state != SEGMENT_CARVED || s->hs.live_blocks)
-                        continue;
-                /* Out of the heap: nothing of the owner's lands there any more. */
-                (void) heap_remove(&s->hs);
-                s->to_backend = to_backend;
-                s->state = SEGMENT_RELEASING;
-                bytes += s->size;
-                ret_ids[n++] = s->id;
-        }
-        *ret_bytes = bytes;
-        return n;
-}
-
-void pool_unreclaim(struct pool *p, struct pool_owner *o, const uint64_t *ids, size_t n) {
-        for (size_t i = 0; i < n; i++) {
-                struct segment *s = segment_find(p, ids[i]);
-
-                if (!s || s->owner != o || s->state != SEGMENT_RELEASING || o->heap.empty_bytes + s->size > o->keep_bytes)
-                        continue;
-                if (heap_add(&o->heap, &s->hs, s->id, s->size, s->hs.class) < 0)
-                        continue;       /* it stays releasing: the owner's exit returns it */
-                s->state = SEGMENT_CARVED;
-                s->to_backend = false;
-        }
-}
-
-int pool_release(struct pool *p, struct pool_owner *o, uint64_t segment_id) {
-        struct segment *s = segment_find(p, segment_id);
-
-        if (!s || s->owner != o)
-                return -ENOENT;
-        if (s->state != SEGMENT_RELEASING)
-                return -EBUSY;
-        segment_to_cache(p, s);
-        return 0;
-}
-
 void pool_get_stats(const struct pool *p, struct pool_stats *ret) {
         *ret = (struct pool_stats) {
                 .total_bytes = p->capacity_bytes,
                 .reserved_bytes = p->reserved_bytes,
-                .in_use_bytes = p->in_use_bytes + p->reported_in_use_bytes,
+                .in_use_bytes = p->reported_in_use_bytes,
                 .cached_bytes = p->cached_bytes,
                 .segments = p->segments_by_id.count,
                 .cached_segments = p->cache_by_age.count,
@@ -573,7 +424,7 @@ uint64_t pool_trim_cache(struct pool *p, uint64_t max_cached_bytes) {
         } while (0)
 
 int pool_check(const struct pool *p, char *why, size_t why_size) {
-        uint64_t reserved = 0, in_use = 0, cached = 0, cached_count = 0, owned = 0, reported = 0;
+        uint64_t reserved = 0, cached = 0, cached_count = 0, owned = 0, reported = 0;
 
         if (gp_rb_verify(&p->segments_by_id) || gp_rb_verify(&p->cache_by_size) ||
             gp_rb_verify(&p->cache_by_age))
@@ -582,14 +433,12 @@ int pool_check(const struct pool *p, char *why, size_t why_size) {
                 const struct segment *s = gp_rb_entry(n, struct segment, by_id);
 
                 reserved += s->size;
-                if (s->state == SEGMENT_CACHED) {
-                        if (s->owner || s->hs.heap)
-                                FAIL("cached segment %" PRIu64 " has an owner or blocks", s->id);
+                if (!s->owner) {
                         if (gp_rb_find(&p->cache_by_age, &s->age_node) != &s->age_node)
-                                FAIL("cached segment %" PRIu64 " missing from the cache", s->id);
+                                FAIL("segment %" PRIu64 " is neither leased nor cached", s->id);
                         cached += s->size;
                         cached_count++;
-                } else if (!s->owner || s->owner->pool != p) {
+                } else if (s->owner->pool != p) {
                         FAIL("segment %" PRIu64 " is leased to no owner of this pool", s->id);
                 } else {
                         owned++;
@@ -603,14 +452,12 @@ int pool_check(const struct pool *p, char *why, size_t why_size) {
                 FAIL("device %u: reserved %" PRIu64 " over capacity %" PRIu64, p->device, p->reserved_bytes, p->capacity_bytes);
 
         for (const struct pool_owner *o = p->owners; o; o = o->next) {
-                uint64_t o_reserved = 0, in_heap = 0, leased = 0;
+                uint64_t o_reserved = 0;
 
                 reported += o->reported_in_use_bytes;
-                if (o->reported_in_use_bytes + o->reported_held_free_bytes > o->leased_bytes)
+                if (o->reported_in_use_bytes + o->reported_held_free_bytes > o->reserved_bytes)
                         FAIL("owner: reports %" PRIu64 " in use and %" PRIu64 " free of %" PRIu64 " leased",
-                             o->reported_in_use_bytes, o->reported_held_free_bytes, o->leased_bytes);
-                int r;
-
+                             o->reported_in_use_bytes, o->reported_held_free_bytes, o->reserved_bytes);
                 if (gp_rb_verify(&o->segments_by_id))
                         FAIL("an owner's segment index is not a valid red-black tree");
                 for (struct gp_rb_node *n = gp_rb_first(&o->segments_by_id); n; n = gp_rb_next(n)) {
@@ -618,35 +465,15 @@ int pool_check(const struct pool *p, char *why, size_t why_size) {
 
                         if (s->owner != o)
                                 FAIL("segment %" PRIu64 " is in an owner's index but not its", s->id);
-                        if ((s->state == SEGMENT_CARVED) != (s->hs.heap == &o->heap))
-                                FAIL("segment %" PRIu64 " is %s but %s its owner's heap", s->id,
-                                     s->state == SEGMENT_CARVED ? "carved" : s->state == SEGMENT_LEASED ? "leased whole" :
-                                     "releasing", s->hs.heap ? "in" : "not in");
-                        leased += s->state == SEGMENT_LEASED ? s->size : 0;
-                        if (s->hs.heap && (s->hs.id != s->id || s->hs.size != s->size))
-                                FAIL("segment %" PRIu64 " is in its owner's heap as %" PRIu64, s->id, s->hs.id);
                         o_reserved += s->size;
-                        in_heap += s->hs.heap ? 1 : 0;
                         owned--;
                 }
-                r = heap_check(&o->heap, why, why_size);
-                if (r < 0)
-                        return r;
-                if (in_heap != o->heap.segment_count)
-                        FAIL("owner: %" PRIu64 " leased segments, %" PRIu64 " in its heap", in_heap, o->heap.segment_count);
                 if (o_reserved != o->reserved_bytes || o->segments != o->segments_by_id.count)
                         FAIL("owner: reserved %" PRIu64 "/%" PRIu64 ", segments %" PRIu64 "/%zu", o_reserved,
                              o->reserved_bytes, o->segments, o->segments_by_id.count);
-                if (leased != o->leased_bytes)
-                        FAIL("owner: %" PRIu64 " bytes leased whole, counted %" PRIu64, leased, o->leased_bytes);
-                if (o->heap.empty_bytes > o->keep_bytes)
-                        FAIL("owner: keeps %" PRIu64 " bytes free, may keep %" PRIu64, o->heap.empty_bytes, o->keep_bytes);
-                in_use += o->heap.in_use_bytes;
         }
         if (owned != 0)
                 FAIL("device %u: %" PRIu64 " leased segments belong to no attached owner", p->device, owned);
-        if (in_use != p->in_use_bytes)
-                FAIL("device %u: in use %" PRIu64 ", counted %" PRIu64, p->device, in_use, p->in_use_bytes);
         if (reported != p->reported_in_use_bytes)
                 FAIL("device %u: reported in use %" PRIu64 ", counted %" PRIu64, p->device, reported,
                      p->reported_in_use_bytes);

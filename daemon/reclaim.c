@@ -18,66 +18,42 @@ static uint64_t excess(const struct session *c, unsigned device) {
 }
 
 /*
- * Asks c for up to want bytes on device and tells c, asking it with trim_cache to give back
- * its own cache too. A client that leases whole segments (it reports its usage) is asked for
- * bytes: it returns segments holding no live block, and its report is only as fresh as its
- * latest request, so it is asked whatever it reported. Of a client whose blocks the daemon
- * carves, its kept segments are taken back now and named. Returns the bytes asked as far as
- * known; adds the segments named to *segments.
+ * Asks c for empty segments worth want bytes on device (UINT64_MAX: all of them). Its report
+ * is only as fresh as its latest message, so it is asked whatever it reported. Returns the
+ * bytes asked as far as known: what it reported held free, up to want. Sets *ret_asked when
+ * the request went out.
  */
 static uint64_t ask(struct server *server, struct session *c, unsigned device, uint64_t want, bool to_backend,
-                    bool trim_cache, uint64_t *segments, bool *ret_asked) {
+                    bool *ret_asked) {
         Gpupool__Envelope env = GPUPOOL__ENVELOPE__INIT;
         Gpupool__ReclaimRequest rr = GPUPOOL__RECLAIM_REQUEST__INIT;
         const struct pool_owner *o = &c->owners[device];
-        uint64_t ids[RECLAIM_MAX_SEGMENTS], bytes = 0;
-        size_t n = 0;
         int r;
 
         if (c->reclaim_outstanding >= RECLAIM_MAX_OUTSTANDING)
                 return 0;       /* it has not answered that many: asking more would not help */
-        if (o->leased_bytes) {
-                rr.has_device = 1;
-                rr.device = device;
-                rr.has_bytes = want != UINT64_MAX;
-                rr.bytes = want;
-                bytes = o->reported_held_free_bytes < want ? o->reported_held_free_bytes : want;
-        } else {
-                n = pool_reclaim(server->pools[device], &c->owners[device], want, to_backend, ids, RECLAIM_MAX_SEGMENTS,
-                                 &bytes);
-                /*
-                 * What a client caches is known only as of its latest request (cache hits and
-                 * frees make none), so its cache is asked for whenever asked for at all.
-                 */
-                if (!n && !trim_cache)
-                        return 0;
-        }
-        rr.n_segment_ids = n;
-        rr.segment_ids = ids;
-        rr.has_trim_cache = trim_cache;
-        rr.trim_cache = trim_cache;
+        if (!o->reserved_bytes)
+                return 0;       /* it leases nothing there */
+        rr.has_device = 1;
+        rr.device = device;
+        rr.has_bytes = want != UINT64_MAX;
+        rr.bytes = want;
         env.body_case = GPUPOOL__ENVELOPE__BODY_RECLAIM;
         env.reclaim = &rr;
         r = session_push(c->control, &env);
         if (r < 0) {
-                /* It will not hear of it: the segments stay its own, kept as before. */
-                if (n)
-                        pool_unreclaim(server->pools[device], &c->owners[device], ids, n);
                 session_log(c, LOG_LEVEL_WARN, "client %llu (pid %d): cannot ask for its free segments: %s",
-                            (unsigned long long) c->id,
-                            (int) c->pid, strerror(-r));
+                            (unsigned long long) c->id, (int) c->pid, strerror(-r));
                 return 0;
         }
-        session_log(c, LOG_LEVEL_DEBUG, "asked client %llu (pid %d) for %zu segments on device %u",
-                    (unsigned long long) c->id, (int) c->pid, n,
-                    device);
-        *segments += n;
+        session_log(c, LOG_LEVEL_DEBUG, "asked client %llu (pid %d) for free segments on device %u",
+                    (unsigned long long) c->id, (int) c->pid, device);
         *ret_asked = true;
         if (to_backend)
                 c->reclaim_to_backend |= 1ULL << c->reclaim_outstanding;
         c->reclaim_outstanding++;
         server->reclaim_outstanding++;
-        return bytes + (trim_cache ? c->client_cached_bytes : 0);
+        return o->reported_held_free_bytes < want ? o->reported_held_free_bytes : want;
 }
 
 static unsigned reclaim_device;
@@ -110,10 +86,9 @@ uint64_t reclaim_ask(struct server *server, struct session *requester, unsigned 
         reclaim_device = device;
         qsort(candidates, n, sizeof(candidates[0]), by_excess);
         for (size_t i = 0; i < n && asked < want_bytes; i++) {
-                uint64_t segments = 0;
                 bool pushed = false;
 
-                asked += ask(server, candidates[i], device, want_bytes - asked, false, true, &segments, &pushed);
+                asked += ask(server, candidates[i], device, want_bytes - asked, false, &pushed);
                 *ret_clients += pushed;
         }
         free(candidates);
@@ -121,16 +96,14 @@ uint64_t reclaim_ask(struct server *server, struct session *requester, unsigned 
 }
 
 void reclaim_all(struct server *server, struct session *c, int device, bool to_backend, uint32_t *clients,
-                 uint64_t *segments, uint64_t *bytes) {
+                 uint64_t *bytes) {
         bool asked = false;
 
         if (!c->control || c->state != SESSION_READY)
                 return;
         for (unsigned d = 0; d < server->device_count; d++)
                 if (device < 0 || (unsigned) device == d)
-                        /* The client's cache is one for all devices: asked for once, with the first device's segments. */
-                        *bytes += ask(server, c, d, UINT64_MAX, to_backend, d == (device < 0 ? 0u : (unsigned) device),
-                                      segments, &asked);
+                        *bytes += ask(server, c, d, UINT64_MAX, to_backend, &asked);
         *clients += asked;
 }
 
@@ -149,17 +122,9 @@ void reclaim_answered(struct session *control, const Gpupool__ReclaimReply *repl
                 server->reclaim_outstanding--;
         }
         for (size_t i = 0; i < reply->n_segment_ids && i < RECLAIM_MAX_SEGMENTS; i++) {
-                uint64_t id = reply->segment_ids[i], before;
-                unsigned d = (unsigned) (id >> 56);
+                uint64_t id = reply->segment_ids[i];
 
-                if (d >= server->device_count)
-                        continue;
-                before = c->owners[d].reserved_bytes;
-                if (pool_release(server->pools[d], &c->owners[d], id) == 0) {
-                        policy_account(&server->policy, c->tenant, d, before, c->owners[d].reserved_bytes);
-                        server->reclaims_total[d]++;
-                } else if (session_return(c, id, to_backend) == 0) {
-                        server->reclaims_total[d]++;
-                }
+                if (session_return(c, id, to_backend) == 0)
+                        server->reclaims_total[id >> 56]++;
         }
 }

@@ -1,11 +1,11 @@
 /*
- * reclaim.h: step 3 of the eviction ladder. Clients may keep segments with no live block
- * mapped (Hello.keep_free_bytes), so that their next allocations need no new mapping. When a
+ * reclaim.h: step 3 of the eviction ladder. A process keeps the segments it leases mapped
+ * when they empty, so that its next allocations need no request and no new mapping. When a
  * device is full, the daemon asks clients whose tenant holds more than its guarantee to give
  * such segments back, largest excess first, on each client's control channel; the library
- * answers on a helper thread. The allocation that ran short waits a bounded time
- * (reclaim_timeout) for the segments to come back. gpupoolctl trim asks the same of chosen
- * clients.
+ * answers on its control thread. The lease that ran short waits a bounded time
+ * (reclaim_timeout) for the segments to come back. gpupoolctl trim and flush --tenant ask the
+ * same of chosen clients.
  */
 #ifndef GP_RECLAIM_H
 #define GP_RECLAIM_H
@@ -24,24 +24,22 @@ struct session;
 #define RECLAIM_MAX_OUTSTANDING 64
 
 /*
- * Asks clients other than requester, over their tenant's guarantee on device, for kept
- * segments worth at least want_bytes and for their own caches. Returns the bytes asked for as
- * far as known (a cache's size is known as of its client's latest request), and the number
- * of clients asked in *ret_clients.
+ * Asks clients other than requester, over their tenant's guarantee on device, for empty
+ * segments worth at least want_bytes. Returns the bytes asked for as far as known (what each
+ * held free as of its latest report), and the number of clients asked in *ret_clients.
  */
 uint64_t reclaim_ask(struct server *server, struct session *requester, unsigned device, uint64_t want_bytes,
                      unsigned *ret_clients);
 
 /*
- * Asks client for every segment it keeps, on device (-1: every device), and for the blocks in
- * its own cache; with to_backend the segments go to the backend when they come back, not to
- * the cache. Adds what it asked for to *segments and *bytes, and 1 to *clients when the client
- * was asked anything.
+ * Asks client for every empty segment it holds, on device (-1: every device); with to_backend
+ * they go to the backend when they come back, not to the cache. Adds what it held free as of
+ * its latest report to *bytes, and 1 to *clients when the client was asked anything.
  */
 void reclaim_all(struct server *server, struct session *client, int device, bool to_backend, uint32_t *clients,
-                 uint64_t *segments, uint64_t *bytes);
+                 uint64_t *bytes);
 
-/* A control channel's answer: the client unmapped these segments; they go to the cache. */
+/* A control channel's answer: the client unmapped these segments; they go to the cache (or the backend). */
 void reclaim_answered(struct session *control, const Gpupool__ReclaimReply *reply);
 
 #endif

@@ -96,11 +96,8 @@ static void handle_hello(struct session *s, const Gpupool__Envelope *req, struct
         if (name)
                 strcpy(s->name, name);
         s->state = SESSION_READY;
-        if (!s->control_of) {
+        if (!s->control_of)
                 session_set_tenant(s, policy_tenant_for(&server->policy, s->uid, s->gid, s->name));
-                for (unsigned d = 0; d < server->device_count; d++)
-                        s->owners[d].keep_bytes = req->hello->has_keep_free_bytes ? req->hello->keep_free_bytes : 0;
-        }
 
         for (unsigned d = 0; d < server->device_count; d++) {
                 struct pool_stats st;
@@ -137,7 +134,7 @@ static void handle_hello(struct session *s, const Gpupool__Envelope *req, struct
         request_pack(s, &env, -1, false, ret);
 }
 
-/* Refuses an allocation: the reason goes to the client and, at info, to the log. */
+/* Refuses a lease: the reason goes to the client and, at info, to the log. */
 static void refuse(struct session *s, uint64_t id, int err, enum metrics_refusal reason, unsigned device, uint64_t size,
                    const char *why, struct reply *ret) {
         s->server->refusals_total[reason]++;
@@ -147,7 +144,7 @@ static void refuse(struct session *s, uint64_t id, int err, enum metrics_refusal
         request_error_reply(s, id, err, false, why, ret);
 }
 
-/* Says which limit refused an allocation, with the request and the use that it met. */
+/* Says which limit refused a lease, with the request and the use that it met. */
 static void quota_message(struct session *s, unsigned d, uint64_t size, uint64_t client_limit, enum policy_bound bound,
                           char *why, size_t why_size) {
         struct server *server = s->server;
@@ -157,7 +154,7 @@ static void quota_message(struct session *s, unsigned d, uint64_t size, uint64_t
         char b1[GP_SIZE_FORMAT_MAX], b2[GP_SIZE_FORMAT_MAX], b3[GP_SIZE_FORMAT_MAX], b4[GP_SIZE_FORMAT_MAX];
         int n;
 
-        n = snprintf(why, why_size, "allocating %" PRIu64 " bytes on device %u needs a %s segment, which ", size, d,
+        n = snprintf(why, why_size, "a block of %" PRIu64 " bytes on device %u needs a %s segment, which ", size, d,
                      gp_size_format(seg, b1, sizeof(b1)));
         if (n < 0 || (size_t) n >= why_size)
                 return;
@@ -195,7 +192,7 @@ static void quota_message(struct session *s, unsigned d, uint64_t size, uint64_t
 }
 
 /*
- * A new segment's handle for a reply: sets its IPC handle and returns -1 (cuda), or returns the
+ * A leased segment's handle for a reply: sets its IPC handle and returns -1 (cuda), or returns the
  * memfd to pass with the packet (host).
  */
 static int segment_handle(const struct backend_mem *mem, protobuf_c_boolean *ret_has, ProtobufCBinaryData *ret_handle) {
@@ -214,14 +211,12 @@ enum attempt {
 };
 
 /*
- * One try at an allocation, of request id. Fills *ret with the reply and returns true, or
- * returns false when the request waits (parked) for other clients to give memory back.
+ * One try at a lease, of request id. Fills *ret with the reply and returns true, or returns
+ * false when the request waits (parked) for other clients to give memory back.
  */
-static bool alloc_attempt(struct session *s, uint64_t id, uint32_t device, uint64_t size, bool lease_whole,
-                          enum attempt attempt,
+static bool lease_attempt(struct session *s, uint64_t id, uint32_t device, uint64_t size, enum attempt attempt,
                           struct reply *ret) {
         struct server *server = s->server;
-        Gpupool__AllocReply ar = GPUPOOL__ALLOC_REPLY__INIT;
         Gpupool__LeaseReply lr = GPUPOOL__LEASE_REPLY__INIT;
         char why[640], b1[GP_SIZE_FORMAT_MAX], b2[GP_SIZE_FORMAT_MAX], b3[GP_SIZE_FORMAT_MAX];
         char tried[256] = "";
@@ -233,17 +228,11 @@ static bool alloc_attempt(struct session *s, uint64_t id, uint32_t device, uint6
         Gpupool__Envelope env;
         int r, fd = -1;
 
-        r = policy_admit(&server->policy, owner, size, why, sizeof(why));
-        if (r < 0) {
-                refuse(s, id, r, METRICS_REFUSED_MAX_BLOCKS, device, size, why, ret);
-                return true;
-        }
         pool_get_stats(server->pools[device], &st);
         client_limit = policy_client_limit(&server->policy, s->tenant, s->limit_override_bytes);
         headroom = policy_headroom(&server->policy, s->tenant, client_limit, owner, device, &st, &bound);
         before = owner->reserved_bytes;
-        r = lease_whole ? pool_lease(server->pools[device], owner, size, headroom, &lease) :
-                          pool_alloc(server->pools[device], owner, size, headroom, &lease);
+        r = pool_lease(server->pools[device], owner, size, headroom, &lease);
         policy_account(&server->policy, s->tenant, device, before, owner->reserved_bytes);
         if (r == -EDQUOT) {
                 quota_message(s, device, size, client_limit, bound, why, sizeof(why));
@@ -261,7 +250,6 @@ static bool alloc_attempt(struct session *s, uint64_t id, uint32_t device, uint6
                         s->parked_id = id;
                         s->parked_device = device;
                         s->parked_size = size;
-                        s->parked_lease = lease_whole;
                         s->parked_asked_bytes = asked;
                         s->parked_asked_clients = clients;
                         s->parked_cached_before = st.cached_bytes;
@@ -304,39 +292,26 @@ static bool alloc_attempt(struct session *s, uint64_t id, uint32_t device, uint6
                 request_error_reply(s, id, -EIO, false, why, ret);
                 return true;
         }
-        server->allocations_total[device]++;
+        server->leases_total[device]++;
         request_ok(&env, id);
-        if (lease_whole) {
-                lr.segment_id = lease.segment_id;
-                lr.segment_size = lease.segment_size;
-                fd = segment_handle(lease.mem, &lr.has_ipc_handle, &lr.ipc_handle);
-                env.body_case = GPUPOOL__ENVELOPE__BODY_LEASE_REPLY;
-                env.lease_reply = &lr;
-                request_pack(s, &env, fd, false, ret);
-                return true;
-        }
-        ar.segment_id = lease.segment_id;
-        ar.segment_size = lease.segment_size;
-        ar.offset = lease.offset;
-        ar.size = lease.size;
-        if (lease.new_segment) {
-                ar.has_new_segment = 1;
-                ar.new_segment = 1;
-                fd = segment_handle(lease.mem, &ar.has_ipc_handle, &ar.ipc_handle);
-        }
-        env.body_case = GPUPOOL__ENVELOPE__BODY_ALLOC_REPLY;
-        env.alloc_reply = &ar;
+        lr.segment_id = lease.segment_id;
+        lr.segment_size = lease.segment_size;
+        fd = segment_handle(lease.mem, &lr.has_ipc_handle, &lr.ipc_handle);
+        env.body_case = GPUPOOL__ENVELOPE__BODY_LEASE_REPLY;
+        env.lease_reply = &lr;
         request_pack(s, &env, fd, false, ret);
         return true;
 }
 
-/* Checks an allocation's or a lease's device and size, then makes the first attempt. */
-static void allocate(struct session *s, uint64_t id, uint32_t device, uint64_t size, bool lease_whole, struct reply *ret) {
+/* Checks a lease's device and size, then makes the first attempt. */
+static void handle_lease(struct session *s, const Gpupool__Envelope *req, struct reply *ret) {
         struct server *server = s->server;
+        uint32_t device = req->lease->device;
+        uint64_t size = req->lease->size, id = req->id;
         char why[128];
 
         if (s->control_of) {
-                request_error_reply(s, id, -EPROTO, true, "a control channel allocates nothing", ret);
+                request_error_reply(s, id, -EPROTO, true, "a control channel leases nothing", ret);
                 return;
         }
         if (device >= server->device_count) {
@@ -345,20 +320,12 @@ static void allocate(struct session *s, uint64_t id, uint32_t device, uint64_t s
                 return;
         }
         if (size == 0 || size > POOL_MAX_REQUEST) {
-                snprintf(why, sizeof(why), "cannot %s %" PRIu64 " bytes: a request is 1 byte to 64 TiB",
-                         lease_whole ? "lease a segment for" : "allocate", size);
+                snprintf(why, sizeof(why), "cannot lease a segment for %" PRIu64 " bytes: a request is 1 byte to 64 TiB",
+                         size);
                 request_error_reply(s, id, -EINVAL, false, why, ret);
                 return;
         }
-        (void) alloc_attempt(s, id, device, size, lease_whole, ATTEMPT_FIRST, ret);
-}
-
-static void handle_alloc(struct session *s, const Gpupool__Envelope *req, struct reply *ret) {
-        allocate(s, req->id, req->alloc->device, req->alloc->size, false, ret);
-}
-
-static void handle_lease(struct session *s, const Gpupool__Envelope *req, struct reply *ret) {
-        allocate(s, req->id, req->lease->device, req->lease->size, true, ret);
+        (void) lease_attempt(s, id, device, size, ATTEMPT_FIRST, ret);
 }
 
 uint64_t request_retry_parked(struct server *server, uint64_t now_ms) {
@@ -387,8 +354,8 @@ uint64_t request_retry_parked(struct server *server, uint64_t now_ms) {
                 /* Final at the deadline, or once every client asked has answered and it still does not fit. */
                 bool final = now_ms >= c->parked_deadline_ms || server->reclaim_outstanding == 0;
 
-                if (alloc_attempt(c, c->parked_id, c->parked_device, c->parked_size, c->parked_lease,
-                                  final ? ATTEMPT_FINAL : ATTEMPT_RETRY, &rep)) {
+                if (lease_attempt(c, c->parked_id, c->parked_device, c->parked_size, final ? ATTEMPT_FINAL : ATTEMPT_RETRY,
+                                  &rep)) {
                         session_unpark(c);
                         (void) session_send(c, &rep);
                 } else if (c->parked_deadline_ms < next) {
@@ -397,120 +364,6 @@ uint64_t request_retry_parked(struct server *server, uint64_t now_ms) {
         }
         free(parked);
         return next;
-}
-
-/* The device a segment id belongs to (its top byte), or -1. */
-static int segment_device(const struct server *server, uint64_t segment_id) {
-        uint64_t d = segment_id >> 56;
-
-        return d < server->device_count ? (int) d : -1;
-}
-
-static void handle_free(struct session *s, const Gpupool__Envelope *req, struct reply *ret) {
-        struct server *server = s->server;
-        const Gpupool__FreeRequest *f = req->free;
-        Gpupool__FreeReply fr = GPUPOOL__FREE_REPLY__INIT;
-        int d = segment_device(server, f->segment_id), r = -ENOENT;
-        Gpupool__Envelope env;
-        bool release = false;
-        char why[256];
-
-        if (d >= 0)
-                r = pool_free_block(server->pools[d], &s->owners[d], f->segment_id, f->offset, &release);
-        if (r < 0) {
-                snprintf(why, sizeof(why),
-                         "this client has no live block at offset %" PRIu64 " of segment %" PRIu64
-                         " (freed already, or never allocated)", f->offset, f->segment_id);
-                request_error_reply(s, req->id, r, false, why, ret);
-                return;
-        }
-        if (release) {
-                fr.has_release_segment = 1;
-                fr.release_segment = 1;
-        }
-        request_ok(&env, req->id);
-        env.body_case = GPUPOOL__ENVELOPE__BODY_FREE_REPLY;
-        env.free_reply = &fr;
-        request_pack(s, &env, -1, false, ret);
-}
-
-#define BATCH_MAX 256
-
-static void handle_free_batch(struct session *s, const Gpupool__Envelope *req, struct reply *ret) {
-        const Gpupool__FreeBatchRequest *b = req->free_batch;
-        struct server *server = s->server;
-        Gpupool__FreeBatchReply fr = GPUPOOL__FREE_BATCH_REPLY__INIT;
-        uint64_t release[BATCH_MAX];
-        size_t nrelease = 0;
-        Gpupool__Envelope env;
-
-        if (b->n_frees > BATCH_MAX || b->n_release_segment_ids > BATCH_MAX) {
-                request_error_reply(s, req->id, -EINVAL, false, "a batch frees at most 256 blocks", ret);
-                return;
-        }
-        for (size_t i = 0; i < b->n_frees; i++) {
-                const Gpupool__FreeRequest *f = b->frees[i];
-                int d = segment_device(server, f->segment_id);
-                bool rel = false, pre = false;
-
-                if (d < 0 || pool_free_block(server->pools[d], &s->owners[d], f->segment_id, f->offset, &rel) < 0) {
-                        fr.not_found++;
-                        continue;
-                }
-                fr.freed++;
-                for (size_t k = 0; k < b->n_release_segment_ids; k++)
-                        pre |= b->release_segment_ids[k] == f->segment_id;
-                if (rel && !pre)
-                        release[nrelease++] = f->segment_id;
-        }
-        /* Segments the client unmapped already: released now, if they are empty as it said. */
-        for (size_t k = 0; k < b->n_release_segment_ids; k++) {
-                uint64_t id = b->release_segment_ids[k], before;
-                int d = segment_device(server, id);
-
-                if (d < 0)
-                        continue;
-                before = s->owners[d].reserved_bytes;
-                if (pool_release(server->pools[d], &s->owners[d], id) == 0)
-                        policy_account(&server->policy, s->tenant, (unsigned) d, before, s->owners[d].reserved_bytes);
-                else
-                        session_log(s, LOG_LEVEL_WARN,
-                                    "client %llu (pid %d): released segment %" PRIu64 " it does not hold empty",
-                                    (unsigned long long) s->id, (int) s->pid, id);
-        }
-        fr.n_release_segment_ids = nrelease;
-        fr.release_segment_ids = release;
-        request_ok(&env, req->id);
-        env.body_case = GPUPOOL__ENVELOPE__BODY_FREE_BATCH_REPLY;
-        env.free_batch_reply = &fr;
-        request_pack(s, &env, -1, false, ret);
-}
-
-static void handle_release(struct session *s, const Gpupool__Envelope *req, struct reply *ret) {
-        struct server *server = s->server;
-        uint64_t id = req->release->segment_id;
-        int d = segment_device(server, id), r = -ENOENT;
-        Gpupool__Envelope env;
-        char why[256];
-
-        if (d >= 0) {
-                uint64_t before = s->owners[d].reserved_bytes;
-
-                r = pool_release(server->pools[d], &s->owners[d], id);
-                policy_account(&server->policy, s->tenant, (unsigned) d, before, s->owners[d].reserved_bytes);
-        }
-        if (r == -EBUSY) {
-                snprintf(why, sizeof(why), "segment %" PRIu64 " still holds live blocks of this client", id);
-                request_error_reply(s, req->id, -EINVAL, false, why, ret);
-                return;
-        }
-        if (r < 0) {
-                snprintf(why, sizeof(why), "this client holds no segment %" PRIu64, id);
-                request_error_reply(s, req->id, r, false, why, ret);
-                return;
-        }
-        request_ok(&env, req->id);
-        request_pack(s, &env, -1, false, ret);
 }
 
 static void handle_return(struct session *s, const Gpupool__Envelope *req, struct reply *ret) {
@@ -528,10 +381,14 @@ static void handle_return(struct session *s, const Gpupool__Envelope *req, struc
                 return;
         }
         for (size_t i = 0; i < rq->n_segment_ids; i++) {
-                if (session_return(s, rq->segment_ids[i], false) == 0)
+                if (session_return(s, rq->segment_ids[i], false) == 0) {
                         rr.returned++;
-                else
-                        rr.not_found++;
+                        continue;
+                }
+                /* The process's pool and the daemon disagree: a bug of the client's, worth a (rate-limited) line. */
+                rr.not_found++;
+                session_log(s, LOG_LEVEL_WARN, "client %llu (pid %d): returned segment %" PRIu64 " it does not lease",
+                            (unsigned long long) s->id, (int) s->pid, rq->segment_ids[i]);
         }
         request_ok(&env, req->id);
         env.body_case = GPUPOOL__ENVELOPE__BODY_RETURN_REPLY;
@@ -626,8 +483,6 @@ static void dispatch(struct session *s, const Gpupool__Envelope *req, struct rep
 void request_handle(struct session *s, const Gpupool__Envelope *req, struct reply *ret) {
         char why[160];
 
-        if (req->has_client_cached_bytes)
-                s->client_cached_bytes = req->client_cached_bytes;
         if (s->said_bye) {
                 request_error_reply(s, req->id, -EPROTO, true, "request after goodbye", ret);
                 return;
@@ -670,15 +525,6 @@ static void dispatch(struct session *s, const Gpupool__Envelope *req, struct rep
         case GPUPOOL__ENVELOPE__BODY_HELLO:
                 handle_hello(s, req, ret);
                 return;
-        case GPUPOOL__ENVELOPE__BODY_ALLOC:
-                handle_alloc(s, req, ret);
-                return;
-        case GPUPOOL__ENVELOPE__BODY_FREE:
-                handle_free(s, req, ret);
-                return;
-        case GPUPOOL__ENVELOPE__BODY_RELEASE:
-                handle_release(s, req, ret);
-                return;
         case GPUPOOL__ENVELOPE__BODY_STATUS_REQUEST:
                 request_status(s, req, ret);
                 return;
@@ -702,9 +548,6 @@ static void dispatch(struct session *s, const Gpupool__Envelope *req, struct rep
                 return;
         case GPUPOOL__ENVELOPE__BODY_CHECK:
                 request_check(s, req, ret);
-                return;
-        case GPUPOOL__ENVELOPE__BODY_FREE_BATCH:
-                handle_free_batch(s, req, ret);
                 return;
         case GPUPOOL__ENVELOPE__BODY_METRICS:
                 request_metrics(s, req, ret);

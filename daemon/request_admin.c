@@ -44,25 +44,19 @@ static void rules_text(const struct tenant_conf *t, char *buf, size_t size) {
                 buf[n - 1] = '\0';
 }
 
-/* Fills the status reply's tenants (the arrays are the caller's, sized for every tenant). */
-/* What a client leases whole and last reported of it (Usage), into its status. */
-static void client_leases(const struct session *c, uint64_t now_ms, Gpupool__ClientStatus *cs) {
-        uint64_t leased = 0, held = 0, at = 0;
+/* What a client last reported of what it leases (Usage), into its status. */
+static void client_report(const struct session *c, uint64_t now_ms, Gpupool__ClientStatus *cs) {
+        uint64_t held = 0, at = 0;
         bool reported = false;
 
         for (unsigned d = 0; d < c->server->device_count; d++) {
                 const struct pool_owner *o = &c->owners[d];
 
-                leased += o->leased_bytes;
                 held += o->reported_held_free_bytes;
                 if (o->reported && (!reported || o->reported_at_ms < at))
                         at = o->reported_at_ms;         /* the oldest report speaks for the sum */
                 reported |= o->reported;
         }
-        if (!leased && !reported)
-                return;
-        cs->has_leased_bytes = 1;
-        cs->leased_bytes = leased;
         cs->has_held_free_bytes = 1;
         cs->held_free_bytes = held;
         if (reported) {
@@ -71,6 +65,7 @@ static void client_leases(const struct session *c, uint64_t now_ms, Gpupool__Cli
         }
 }
 
+/* Fills the status reply's tenants (the arrays are the caller's, sized for every tenant). */
 static void tenants_status(struct session *s, Gpupool__StatusReply *sr, Gpupool__TenantStatus *tenants,
                            Gpupool__TenantStatus **ptrs, char rules[][160], uint64_t in_use[][BACKEND_MAX_DEVICES]) {
         struct server *server = s->server;
@@ -156,14 +151,13 @@ void request_status(struct session *s, const Gpupool__Envelope *req, struct repl
                 cs->pid = c->pid;
                 cs->uid = c->uid;
                 cs->name = c->name;
-                session_totals(c, &cs->reserved_bytes, &cs->in_use_bytes, &cs->blocks);
+                cs->has_segments = 1;
+                session_totals(c, &cs->reserved_bytes, &cs->in_use_bytes, &cs->segments);
                 cs->limit_bytes = c->tenant ? policy_client_limit(&server->policy, c->tenant, c->limit_override_bytes) :
                                               server->policy.client_limit_bytes;
                 if (c->tenant)
                         cs->tenant = c->tenant->conf.name;
-                cs->has_cached_in_client_bytes = 1;
-                cs->cached_in_client_bytes = c->client_cached_bytes;
-                client_leases(c, uv_now(server->loop), cs);
+                client_report(c, uv_now(server->loop), cs);
                 if (c->state == SESSION_EXITING) {
                         cs->has_exiting = 1;
                         cs->exiting = 1;
@@ -211,13 +205,14 @@ void request_flush(struct session *s, const Gpupool__Envelope *req, struct reply
                         request_error_reply(s, req->id, -ENOENT, false, why, ret);
                         return;
                 }
-                fr.has_clients_asked = fr.has_segments_asked = fr.has_bytes_asked = 1;
+                fr.has_clients_asked = fr.has_bytes_asked = 1;
                 for (struct session *c = server->sessions; c; c = c->next)
                         if (c->tenant == t && c != s)
                                 reclaim_all(server, c, f->has_device ? (int) f->device : -1, true, &fr.clients_asked,
-                                            &fr.segments_asked, &fr.bytes_asked);
-                log_info("flush by client %llu (pid %d): asked %u clients of tenant %s for %" PRIu64 " segments",
-                         (unsigned long long) s->id, (int) s->pid, fr.clients_asked, t->conf.name, fr.segments_asked);
+                                            &fr.bytes_asked);
+                log_info("flush by client %llu (pid %d): asked %u clients of tenant %s for their free segments (%" PRIu64
+                         " bytes as last reported)", (unsigned long long) s->id, (int) s->pid, fr.clients_asked, t->conf.name,
+                         fr.bytes_asked);
                 request_ok(&env, req->id);
                 env.body_case = GPUPOOL__ENVELOPE__BODY_FLUSH_REPLY;
                 env.flush_reply = &fr;
@@ -339,7 +334,7 @@ void request_trim(struct session *s, const Gpupool__Envelope *req, struct reply 
                 bool chosen = t->has_pid ? c->pid == t->pid : c->tenant == tenant;
 
                 if (chosen && !c->control_of && c != s && c->tenant)
-                        reclaim_all(server, c, -1, false, &tr.clients, &tr.segments, &tr.bytes);
+                        reclaim_all(server, c, -1, false, &tr.clients, &tr.bytes);
         }
         request_ok(&env, req->id);
         env.body_case = GPUPOOL__ENVELOPE__BODY_TRIM_REPLY;

@@ -614,7 +614,7 @@ void server_tenant_in_use(const struct server *server, const struct tenant *t, u
         for (const struct session *c = server->sessions; c; c = c->next)
                 if (c->tenant == t)
                         for (unsigned d = 0; d < server->device_count; d++)
-                                ret[d] += pool_owner_in_use(&c->owners[d]);
+                                ret[d] += c->owners[d].reported_in_use_bytes;
 }
 
 uint64_t server_max_cached(const struct server *server, unsigned d) {

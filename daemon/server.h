@@ -47,7 +47,7 @@ struct server {
         struct pool *pools[BACKEND_MAX_DEVICES];
         struct backend_device_info devices[BACKEND_MAX_DEVICES];   /* as the backend described them */
         uint64_t reclaims_total[BACKEND_MAX_DEVICES];   /* segments clients gave back when asked */
-        uint64_t allocations_total[BACKEND_MAX_DEVICES];        /* allocations served */
+        uint64_t leases_total[BACKEND_MAX_DEVICES];             /* segments leased */
         uint64_t refusals_total[METRICS_REFUSAL_COUNT];         /* allocations refused, by reason */
         uint64_t checks_total;          /* server_check() runs */
         struct log_ratelimit peer_log;  /* what all clients together may make it log */

@@ -128,17 +128,17 @@ int session_start(struct server *server, int fd, enum session_admission how, boo
         return 0;
 }
 
-void session_totals(const struct session *s, uint64_t *ret_reserved, uint64_t *ret_in_use, uint64_t *ret_blocks) {
-        uint64_t reserved = 0, in_use = 0, blocks = 0;
+void session_totals(const struct session *s, uint64_t *ret_reserved, uint64_t *ret_in_use, uint64_t *ret_segments) {
+        uint64_t reserved = 0, in_use = 0, segments = 0;
 
         for (unsigned d = 0; d < s->server->device_count; d++) {
                 reserved += s->owners[d].reserved_bytes;
-                in_use += pool_owner_in_use(&s->owners[d]);
-                blocks += pool_owner_blocks(&s->owners[d]);
+                in_use += s->owners[d].reported_in_use_bytes;
+                segments += s->owners[d].segments;
         }
         *ret_reserved = reserved;
         *ret_in_use = in_use;
-        *ret_blocks = blocks;
+        *ret_segments = segments;
 }
 
 void session_release_all(struct session *s) {
@@ -260,9 +260,9 @@ void session_destroy(struct session *s) {
  * the memory goes back now (logged, since the process may still be running).
  */
 static void session_disconnect(struct session *s, const char *why) {
-        uint64_t reserved, in_use, blocks;
+        uint64_t reserved, in_use, segments;
 
-        session_totals(s, &reserved, &in_use, &blocks);
+        session_totals(s, &reserved, &in_use, &segments);
         /* At info only for a client whose hello was logged at info: the pair of lines. */
         if (s->control_of || !s->tenant)
                 session_log(s, LOG_LEVEL_DEBUG, "client %llu (pid %d) closed: %s",
@@ -295,12 +295,12 @@ static void session_disconnect(struct session *s, const char *why) {
 static void on_process_exit(uv_poll_t *handle, int status, int events) {
         struct session *s = handle->data;
         struct server *server = s->server;
-        uint64_t reserved, in_use, blocks;
+        uint64_t reserved, in_use, segments;
 
         (void) status, (void) events;
-        session_totals(s, &reserved, &in_use, &blocks);
-        session_log(s, LOG_LEVEL_INFO, "client %llu (%s, pid %d) exited holding %llu blocks; %llu bytes return to the cache",
-                    (unsigned long long) s->id, s->name, (int) s->pid, (unsigned long long) blocks,
+        session_totals(s, &reserved, &in_use, &segments);
+        session_log(s, LOG_LEVEL_INFO, "client %llu (%s, pid %d) exited holding %llu segments; %llu bytes return to the cache",
+                    (unsigned long long) s->id, s->name, (int) s->pid, (unsigned long long) segments,
                     (unsigned long long) reserved);
         session_destroy(s);
         server_after_change(server);
@@ -465,7 +465,11 @@ static void on_readable(uv_poll_t *handle, int status, int events) {
         server->arena.used = 0;
         r = gp_wire_unpack_with(server->recv_buf, (size_t) n, &server->arena.allocator, &req);
         if (r == -EPROTONOSUPPORT) {
-                request_error_reply(s, 0, r, true, "this daemon speaks protocol version 1 only", &rep);
+                char why[128];
+
+                snprintf(why, sizeof(why), "this daemon speaks gpupool protocol version %d only: the client's libgpupool "
+                         "is of another release", GP_PROTOCOL_VERSION);
+                request_error_reply(s, 0, r, true, why, &rep);
                 session_send(s, &rep);
                 return;
         }

@@ -50,18 +50,16 @@ struct session {
          * lowest bit's. At most RECLAIM_MAX_OUTSTANDING are asked at a time.
          */
         uint64_t reclaim_to_backend;
-        /* An allocation waiting for other clients to give memory back (ladder step 3). */
+        /* A lease waiting for other clients to give memory back (ladder step 3). */
         bool parked;
         uint64_t parked_id;
         uint32_t parked_device;
         uint64_t parked_size;
-        bool parked_lease;              /* a LeaseRequest (a whole segment), not an AllocRequest */
         uint64_t parked_deadline_ms;    /* on the loop's clock */
         uint64_t parked_asked_bytes;
         unsigned parked_asked_clients;
         uint64_t parked_cached_before;  /* the device's cached bytes when it parked */
         uint64_t limit_override_bytes;  /* gpupoolctl set-limit --pid (0: no limit); POLICY_NO_OVERRIDE: none */
-        uint64_t client_cached_bytes;   /* what it said it keeps in its own cache */
         int fd;
         int pidfd;              /* -1 when the kernel gave none */
         uv_poll_t poll;
@@ -109,7 +107,7 @@ int session_start(struct server *server, int fd, enum session_admission how, boo
 void session_destroy(struct session *session);
 
 /* Sums of a session's parts over all devices. */
-void session_totals(const struct session *session, uint64_t *ret_reserved, uint64_t *ret_in_use, uint64_t *ret_blocks);
+void session_totals(const struct session *session, uint64_t *ret_reserved, uint64_t *ret_in_use, uint64_t *ret_segments);
 
 /* Releases everything the client holds (it unmapped all, or its process is gone). */
 void session_release_all(struct session *session);

@@ -2,11 +2,11 @@
  * gpupool.h: the client library of gpupool, the node's GPU memory-pool daemon.
  *
  * A process connects to gpupoold once and then allocates and frees blocks of device memory
- * through it; the daemon keeps one cache for the whole node and enforces limits. Every
- * function returns 0 or a negative errno:
+ * from its own pool, over segments it leases from the daemon; the daemon keeps one cache for
+ * the whole node and enforces limits. Every function returns 0 or a negative errno:
  *
  *   -EINVAL        a bad argument (size 0, a negative device, a bad client name, a
- *                  $GPUPOOL_KEEP_FREE that is not a size)
+ *                  $GPUPOOL_IDLE_RETURN that is not a duration)
  *   -ENODEV        no such device on this daemon
  *   -EDQUOT        over a limit (the client's reserved bytes, its number of blocks, clients)
  *   -ENOMEM        the device is full even after the daemon released its cache
@@ -29,10 +29,8 @@
  * gpupool_last_error() gives the daemon's sentence about the latest failure, which names the
  * limit or state that refused it.
  *
- * With $GPUPOOL_KEEP_FREE set to a size at connect, the handle keeps up to that much of
- * segments whose blocks it has all freed mapped, for its next allocations, and a thread of its
- * own gives them back at once when the daemon asks (a full device, or gpupoolctl trim). Handles are thread-safe; the library never logs and keeps
- * no global state but the framework hooks' shared handle.
+ * Handles are thread-safe; the library never logs and keeps no global state but the framework
+ * hooks' shared handle.
  */
 #ifndef GPUPOOL_H
 #define GPUPOOL_H
@@ -110,8 +108,8 @@ GPUPOOL_EXPORT int gpupool_alloc_async(gpupool_client *client, int device, size_
  * cudaStream_t of the block's GPU's primary context; NULL for the legacy default stream)
  * before this call has completed. Returns at once: the library records an event on stream.
  * Until the event has completed nobody can be given the block except gpupool_alloc_async() on
- * the same stream, which the stream orders after that work; then it goes to the client cache
- * (or, with the cache off or for a block larger than it, back to the daemon). On the host
+ * the same stream, which the stream orders after that work; then it goes back to the
+ * process's pool. On the host
  * backend stream must be NULL and the block is freed at once. -ENOENT as gpupool_free();
  * -EINVAL when no event can be recorded on stream (a stream of another context), and the block
  * stays allocated. gpupool_disconnect() waits for such pending frees.
@@ -120,8 +118,8 @@ GPUPOOL_EXPORT int gpupool_free_async(gpupool_client *client, void *ptr, void *s
 
 /*
  * Scopes: every block allocated through this handle between gpupool_scope_begin() and the
- * matching gpupool_scope_end(), and not freed by then, is freed at the end, 128 blocks per
- * request. Scopes nest (16 deep) and belong to the handle, not to a thread: allocations of any
+ * matching gpupool_scope_end(), and not freed by then, is freed at the end, into the
+ * process's pool. Scopes nest (16 deep) and belong to the handle, not to a thread: allocations of any
  * thread of the handle in between belong to the innermost open scope. The caller guarantees,
  * as for gpupool_free(), that no device work still uses the blocks; blocks already given to
  * gpupool_free_async() are left to it. -EINVAL for an end without a begin or past the depth.
@@ -130,7 +128,7 @@ GPUPOOL_EXPORT int gpupool_scope_begin(gpupool_client *client);
 GPUPOOL_EXPORT int gpupool_scope_end(gpupool_client *client);
 
 /*
- * Arenas: one block of bytes from the daemon, handed out by bumping an offset, for one
+ * Arenas: one block of bytes from the process's pool, handed out by bumping an offset, for one
  * pipeline run; gpupool_arena_reset() makes all of it free again at once. Allocations are
  * aligned to align (a power of two; 0 means 256) on the pointer's value. An arena never grows:
  * an allocation that does not fit is -ENOSPC, and gpupool_last_error() says how much was left.
@@ -161,17 +159,10 @@ GPUPOOL_EXPORT size_t gpupool_last_error(gpupool_client *client, char *buf, size
  * changed. gpupool_trim() gives back every empty segment now; gpupool_cached_bytes() is what
  * the pool holds free (in empty segments and between live blocks).
  *
- * $GPUPOOL_LEASE=0 (deprecated; it goes in the next protocol version) has the daemon carve
- * every block instead, one request per allocation and free, with the client cache in front:
- * gpupool_free() keeps the block in the process for the next allocation of the same (rounded)
- * size on the same device, up to $GPUPOOL_CLIENT_CACHE bytes (a size; default
- * GPUPOOL_DEFAULT_CLIENT_CACHE; 0 turns it off), given back when unused for
- * $GPUPOOL_CLIENT_CACHE_IDLE (a duration; default 10s; 0: never) or asked; per-thread
- * magazines in front of it ($GPUPOOL_THREAD_CACHE=0 turns them off). Any value of these
- * variables that is not what they take makes gpupool_connect() fail with -EINVAL.
+ * Earlier versions had the daemon carve every block, with a client cache in front; their
+ * $GPUPOOL_LEASE, $GPUPOOL_KEEP_FREE, $GPUPOOL_CLIENT_CACHE, $GPUPOOL_CLIENT_CACHE_IDLE and
+ * $GPUPOOL_THREAD_CACHE are no longer read: the process's pool does what they tuned.
  */
-#define GPUPOOL_DEFAULT_CLIENT_CACHE (64ULL << 20)
-#define GPUPOOL_DEFAULT_CLIENT_CACHE_IDLE_MS 10000
 #define GPUPOOL_DEFAULT_IDLE_RETURN_MS 10000
 GPUPOOL_EXPORT int gpupool_trim(gpupool_client *client);
 GPUPOOL_EXPORT size_t gpupool_cached_bytes(gpupool_client *client);
@@ -179,9 +170,9 @@ GPUPOOL_EXPORT size_t gpupool_cached_bytes(gpupool_client *client);
 /*
  * What this handle holds now, counted when asked: live_blocks and live_bytes are the blocks
  * the application holds (rounded sizes; a gpupool_free_async() counts as freed at once),
- * cached_bytes what the process's pool holds free (or, with $GPUPOOL_LEASE=0, the client
- * cache), and mapped_segments and mapped_bytes the segments mapped in this process, which is
- * what the daemon counts as this client's reserved bytes.
+ * cached_bytes what the process's pool holds free, and mapped_segments and mapped_bytes the
+ * segments mapped in this process, which is what the daemon counts as this client's reserved
+ * bytes.
  * round_trips counts the requests the handle sent gpupoold and waited for, and
  * segments_imported the segments it mapped (host: an mmap; cuda: a cuIpcOpenMemHandle), both
  * since gpupool_connect(): in a steady state neither should grow.

@@ -10,11 +10,6 @@ int main(void) {
         SRunner *sr;
         int failed;
 
-        /*
-         * The suites check what the daemon sees after each call, so the client cache is off
-         * unless a test turns it on (check_scopes.c tests the cache itself).
-         */
-        setenv("GPUPOOL_CLIENT_CACHE", "0", 1);
         sr = srunner_create(suite_rbtree());
 
         srunner_add_suite(sr, suite_size());

@@ -1,9 +1,9 @@
 /*
- * fuzz_pool.c: libFuzzer target for the allocator core (daemon/pool.c), driven by sequences
- * of operations and checked after every step against a plain reference model: pool_check()
- * must pass, every block handed out must be aligned, inside its segment, at least the size
- * asked, and overlap no live block of anyone; owners' byte and block counts must equal the
- * model's; a block frees once and only once.
+ * fuzz_pool.c: libFuzzer target for the daemon's segments (daemon/pool.c), driven by
+ * sequences of operations and checked after every step against a plain reference model:
+ * pool_check() must pass, every segment leased must serve the size asked, within the headroom,
+ * and be leased to nobody else; owners' bytes and segment counts must equal the model's; a
+ * segment returns once and only to its owner; reports are held to what an owner leases.
  *
  * Each operation is 4 input bytes: an opcode, an owner (of 4), and two argument bytes.
  */
@@ -17,7 +17,7 @@
 #include "pool.h"
 
 #define OWNERS 4
-#define MAX_LIVE 256
+#define MAX_LEASES 64
 #define MiB (1ULL << 20)
 
 struct fake_backend {
@@ -59,15 +59,13 @@ static int fb_zero(struct backend *b, unsigned d, struct backend_mem *mem, uint6
 
 static const struct backend_ops fb_ops = { fb_info, fb_create, fb_destroy, fb_zero, NULL };
 
-struct live_block {
-        uint64_t segment, offset, size;
+struct lease {
+        uint64_t segment, size;
 };
 
 struct model_owner {
-        struct live_block live[MAX_LIVE];
+        struct lease leases[MAX_LEASES];
         size_t n;
-        uint64_t releasing[64];         /* segments the pool told it to release */
-        size_t nrel;
 };
 
 static uint64_t now_ms;
@@ -88,24 +86,35 @@ static uint64_t fake_clock(void *ctx) {
 
 static void check_all(struct pool *pool, struct pool_owner *owners, struct model_owner *model) {
         char why[256];
-        uint64_t total_in_use = 0;
+        uint64_t reported = 0;
         struct pool_stats st;
 
         CHECK(pool_check(pool, why, sizeof(why)) == 0, "pool_check: %s", why);
         for (int o = 0; o < OWNERS; o++) {
-                uint64_t in_use = 0;
+                uint64_t bytes = 0;
 
                 for (size_t i = 0; i < model[o].n; i++)
-                        in_use += model[o].live[i].size;
-                CHECK(pool_owner_carved_bytes(&owners[o]) == in_use, "owner %d: in use %llu, model %llu", o,
-                      (unsigned long long) pool_owner_carved_bytes(&owners[o]), (unsigned long long) in_use);
-                CHECK(pool_owner_blocks(&owners[o]) == model[o].n, "owner %d: %llu blocks, model %zu", o,
-                      (unsigned long long) pool_owner_blocks(&owners[o]), model[o].n);
-                total_in_use += in_use;
+                        bytes += model[o].leases[i].size;
+                CHECK(owners[o].reserved_bytes == bytes, "owner %d: leases %llu, model %llu", o,
+                      (unsigned long long) owners[o].reserved_bytes, (unsigned long long) bytes);
+                CHECK(owners[o].segments == model[o].n, "owner %d: %llu segments, model %zu", o,
+                      (unsigned long long) owners[o].segments, model[o].n);
+                CHECK(owners[o].reported_in_use_bytes + owners[o].reported_held_free_bytes <= bytes,
+                      "owner %d: reports more than it leases", o);
+                reported += owners[o].reported_in_use_bytes;
         }
         pool_get_stats(pool, &st);
-        CHECK(st.in_use_bytes == total_in_use, "device in use %llu, model %llu", (unsigned long long) st.in_use_bytes,
-              (unsigned long long) total_in_use);
+        CHECK(st.in_use_bytes == reported, "device in use %llu, reported %llu", (unsigned long long) st.in_use_bytes,
+              (unsigned long long) reported);
+}
+
+/* Whether any owner's model holds segment. */
+static bool leased_anywhere(const struct model_owner *model, uint64_t segment) {
+        for (int p = 0; p < OWNERS; p++)
+                for (size_t i = 0; i < model[p].n; i++)
+                        if (model[p].leases[i].segment == segment)
+                                return true;
+        return false;
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
@@ -129,93 +138,70 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                 switch (data[0] % 10) {
                 case 0:
                 case 1:
-                case 2: {       /* allocate: mostly small, sometimes large */
+                case 2: {       /* lease: mostly small, sometimes large, sometimes under a limit */
                         uint64_t want = data[0] % 10 == 2 ? (uint64_t) arg * 1024 + 1 : (uint64_t) arg * 16 + 1;
+                        uint64_t headroom = arg % 7 == 0 ? 8 * MiB : UINT64_MAX;
                         struct pool_lease l;
                         int r;
 
-                        if (m->n == MAX_LIVE)
+                        if (m->n == MAX_LEASES)
                                 break;
-                        r = pool_alloc(pool, &owners[o], want, arg % 7 == 0 ? 8 * MiB : UINT64_MAX, &l);
+                        r = pool_lease(pool, &owners[o], want, headroom, &l);
                         if (r < 0) {
-                                CHECK(r == -ENOMEM || r == -EDQUOT, "alloc: unexpected %d", r);
+                                CHECK(r == -ENOMEM || r == -EDQUOT, "lease: unexpected %d", r);
                                 break;
                         }
-                        CHECK(l.size >= want && l.size % POOL_BLOCK_ALIGN == 0 && l.offset % POOL_BLOCK_ALIGN == 0 &&
-                                      l.offset + l.size <= l.segment_size,
-                              "alloc of %llu: block %llu+%llu in a %llu segment", (unsigned long long) want,
-                              (unsigned long long) l.offset, (unsigned long long) l.size, (unsigned long long) l.segment_size);
-                        for (int p = 0; p < OWNERS; p++)
-                                for (size_t i = 0; i < model[p].n; i++) {
-                                        const struct live_block *b = &model[p].live[i];
-
-                                        CHECK(b->segment != l.segment_id || b->offset + b->size <= l.offset ||
-                                                      l.offset + l.size <= b->offset,
-                                              "owner %d's block overlaps owner %d's", o, p);
-                                }
-                        m->live[m->n++] = (struct live_block) { l.segment_id, l.offset, l.size };
+                        CHECK(l.segment_size >= want && l.segment_size % (2 * MiB) == 0 && l.segment_size <= headroom,
+                              "a lease of %llu under %llu: a %llu segment", (unsigned long long) want,
+                              (unsigned long long) headroom, (unsigned long long) l.segment_size);
+                        CHECK(!leased_anywhere(model, l.segment_id), "segment %llu leased twice",
+                              (unsigned long long) l.segment_id);
+                        m->leases[m->n++] = (struct lease) { l.segment_id, l.segment_size };
                         break;
                 }
                 case 3:
-                case 4: {       /* free a live block, maybe one freed already */
-                        bool release = false;
+                case 4: {       /* return a leased segment (to the cache or the backend), maybe twice */
                         size_t i;
 
                         if (!m->n)
                                 break;
                         i = arg % m->n;
-                        CHECK(pool_free_block(pool, &owners[o], m->live[i].segment, m->live[i].offset, &release) == 0,
-                              "free of a live block failed");
-                        if (release && m->nrel < 64)
-                                m->releasing[m->nrel++] = m->live[i].segment;
-                        if (arg & 1) {
-                                /* A second free of it must be refused. */
-                                CHECK(pool_free_block(pool, &owners[o], m->live[i].segment, m->live[i].offset,
-                                                      &release) == -ENOENT, "double free accepted");
-                        }
-                        m->live[i] = m->live[--m->n];
+                        CHECK(pool_return(pool, &owners[o], m->leases[i].segment, arg & 2) == 0, "return refused");
+                        if (arg & 1)
+                                CHECK(pool_return(pool, &owners[o], m->leases[i].segment, false) == -ENOENT,
+                                      "a second return accepted");
+                        m->leases[i] = m->leases[--m->n];
                         break;
                 }
-                case 5:         /* free at a made-up place: refused unless a live block starts there */
-                        if (m->n) {
-                                bool release = false, starts = false;
-                                uint64_t seg = m->live[arg % m->n].segment, off = (uint64_t) (arg % 64) * 512;
+                case 5: {       /* return another owner's segment, or a made-up one: refused */
+                        const struct model_owner *other = &model[(o + 1) % OWNERS];
+                        uint64_t seg = other->n ? other->leases[arg % other->n].segment : (uint64_t) arg;
+                        bool its_own = false;
 
-                                for (size_t i = 0; i < m->n; i++)
-                                        starts |= m->live[i].segment == seg && m->live[i].offset == off;
-                                if (!starts)
-                                        CHECK(pool_free_block(pool, &owners[o], seg, off, &release) == -ENOENT,
-                                              "a free at no block's start was accepted");
-                        }
+                        for (size_t i = 0; i < m->n; i++)
+                                its_own |= m->leases[i].segment == seg;
+                        if (!its_own)
+                                CHECK(pool_return(pool, &owners[o], seg, false) == -ENOENT,
+                                      "a return of a segment not the owner's accepted");
                         break;
-                case 6:         /* release what the pool asked to */
-                        while (m->nrel)
-                                CHECK(pool_release(pool, &owners[o], m->releasing[--m->nrel]) == 0, "release refused");
+                }
+                case 6:         /* a report, any numbers: held to what the owner leases */
+                        pool_owner_report(&owners[o], (uint64_t) arg * 64 * 1024, (uint64_t) data[0] * MiB, now_ms);
                         break;
                 case 7:         /* the owner leaves (its process exited) and a new one comes */
                         pool_owner_detach(&owners[o]);
-                        m->n = m->nrel = 0;
+                        m->n = 0;
                         pool_owner_attach(pool, &owners[o], (uint32_t) arg % 3);
-                        owners[o].keep_bytes = (arg & 4) ? 16 * MiB : 0;
                         break;
-                case 8: {       /* cache pressure: flush, decay, watermark, reclaim */
-                        uint64_t ids[16], bytes;
-                        size_t n;
-
+                case 8:         /* cache pressure: flush, decay, watermark */
                         now_ms += arg;
-                        if (arg % 4 == 0)
+                        if (arg % 3 == 0)
                                 pool_flush(pool, NULL, NULL);
-                        else if (arg % 4 == 1)
+                        else if (arg % 3 == 1)
                                 (void) pool_release_idle(pool, 1000, NULL);
-                        else if (arg % 4 == 2)
+                        else
                                 (void) pool_trim_cache(pool, (uint64_t) (arg % 32) * MiB);
-                        else {
-                                n = pool_reclaim(pool, &owners[o], UINT64_MAX, arg & 8, ids, 16, &bytes);
-                                for (size_t i = 0; i < n && m->nrel < 64; i++)
-                                        m->releasing[m->nrel++] = ids[i];
-                        }
                         break;
-                }
                 case 9:         /* the backend fails the next segment */
                         fb.fail_next = true;
                         break;

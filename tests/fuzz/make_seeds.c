@@ -35,13 +35,11 @@ static void begin(const char *dir, const char *name) {
                 exit(1);
 }
 
-static void hello(uint64_t keep, uint64_t control_for) {
+static void hello(uint64_t control_for) {
         Gpupool__Envelope env = GPUPOOL__ENVELOPE__INIT;
         Gpupool__Hello h = GPUPOOL__HELLO__INIT;
 
         h.name = "seed";
-        h.has_keep_free_bytes = keep != 0;
-        h.keep_free_bytes = keep;
         h.has_control_for = control_for != 0;
         h.control_for = control_for;
         env.id = 1;
@@ -50,26 +48,26 @@ static void hello(uint64_t keep, uint64_t control_for) {
         packet(control_for ? 2 | 4 : 0, &env);
 }
 
-static void alloc(uint64_t id, uint64_t size) {
+static void lease(uint64_t id, uint64_t size) {
         Gpupool__Envelope env = GPUPOOL__ENVELOPE__INIT;
-        Gpupool__AllocRequest a = GPUPOOL__ALLOC_REQUEST__INIT;
+        Gpupool__LeaseRequest l = GPUPOOL__LEASE_REQUEST__INIT;
 
-        a.size = size;
+        l.size = size;
         env.id = id;
-        env.body_case = GPUPOOL__ENVELOPE__BODY_ALLOC;
-        env.alloc = &a;
+        env.body_case = GPUPOOL__ENVELOPE__BODY_LEASE;
+        env.lease = &l;
         packet(0, &env);
 }
 
-static void free_block(uint64_t id, uint64_t segment, uint64_t offset) {
+static void return_segment(uint64_t id, uint64_t segment) {
         Gpupool__Envelope env = GPUPOOL__ENVELOPE__INIT;
-        Gpupool__FreeRequest f = GPUPOOL__FREE_REQUEST__INIT;
+        Gpupool__ReturnRequest r = GPUPOOL__RETURN_REQUEST__INIT;
 
-        f.segment_id = segment;
-        f.offset = offset;
+        r.n_segment_ids = 1;
+        r.segment_ids = &segment;
         env.id = id;
-        env.body_case = GPUPOOL__ENVELOPE__BODY_FREE;
-        env.free = &f;
+        env.body_case = GPUPOOL__ENVELOPE__BODY_RETURN_SEGMENTS;
+        env.return_segments = &r;
         packet(0, &env);
 }
 
@@ -87,28 +85,26 @@ int main(int argc, char **argv) {
         Gpupool__StatusRequest st = GPUPOOL__STATUS_REQUEST__INIT;
         Gpupool__FlushRequest fl = GPUPOOL__FLUSH_REQUEST__INIT;
         Gpupool__ByeRequest bye = GPUPOOL__BYE_REQUEST__INIT;
-        Gpupool__ReleaseRequest rel = GPUPOOL__RELEASE_REQUEST__INIT;
         Gpupool__SetLimitRequest sl = GPUPOOL__SET_LIMIT_REQUEST__INIT;
         Gpupool__TrimRequest tr = GPUPOOL__TRIM_REQUEST__INIT;
         Gpupool__CheckRequest ck = GPUPOOL__CHECK_REQUEST__INIT;
         Gpupool__ReclaimReply rr = GPUPOOL__RECLAIM_REPLY__INIT;
         uint64_t seg = (0ULL << 56) | 1, ids[1] = { seg };
 
-        /* The daemon's first segment id on device 0 is 1: frees and releases of it are valid. */
-        begin(dir, "alloc-free-release-bye");
-        hello(0, 0);
-        alloc(2, 4096);
-        alloc(3, 100000);
-        free_block(4, seg, 0);
-        free_block(5, seg, 4096);
-        rel.segment_id = seg;
-        simple(6, GPUPOOL__ENVELOPE__BODY_RELEASE, &rel);
+        /* The daemon's first segment id on device 0 is 1: returns of it are valid. */
+        begin(dir, "lease-return-bye");
+        hello(0);
+        lease(2, 4096);
+        lease(3, 100000);
+        return_segment(4, seg);
+        return_segment(5, seg);         /* twice: not found */
+        lease(6, 4096);                 /* the cached one again */
         simple(7, GPUPOOL__ENVELOPE__BODY_BYE, &bye);
         fclose(out);
 
         begin(dir, "status-flush-check");
-        hello(0, 0);
-        alloc(2, 12u << 20);
+        hello(0);
+        lease(2, 12u << 20);
         simple(3, GPUPOOL__ENVELOPE__BODY_STATUS_REQUEST, &st);
         fl.has_device = 1;
         simple(4, GPUPOOL__ENVELOPE__BODY_FLUSH, &fl);
@@ -116,23 +112,22 @@ int main(int argc, char **argv) {
         fclose(out);
 
         begin(dir, "limits-and-trim");
-        hello(0, 0);
+        hello(0);
         sl.tenant = "default";
         sl.has_max_bytes = 1;
         sl.max_bytes = 8u << 20;
         simple(2, GPUPOOL__ENVELOPE__BODY_SET_LIMIT, &sl);
-        alloc(3, 10u << 20);
+        lease(3, 10u << 20);
         tr.tenant = "default";
         simple(4, GPUPOOL__ENVELOPE__BODY_TRIM, &tr);
         fl.tenant = "default";
         simple(5, GPUPOOL__ENVELOPE__BODY_FLUSH, &fl);
         fclose(out);
 
-        begin(dir, "keep-and-control");
-        hello(24u << 20, 0);
-        alloc(2, 65536);
-        free_block(3, seg, 0);
-        hello(0, 1);            /* the second client: control channel of client 1 */
+        begin(dir, "lease-and-control");
+        hello(0);
+        lease(2, 65536);
+        hello(1);               /* the second client: control channel of client 1 */
         rr.n_segment_ids = 1;
         rr.segment_ids = ids;
         {
@@ -141,29 +136,6 @@ int main(int argc, char **argv) {
                 env.body_case = GPUPOOL__ENVELOPE__BODY_RECLAIM_REPLY;
                 env.reclaim_reply = &rr;
                 packet(4, &env);
-        }
-        fclose(out);
-
-        begin(dir, "free-batch");
-        hello(0, 0);
-        alloc(2, 4096);
-        alloc(3, 8192);
-        {
-                Gpupool__Envelope env = GPUPOOL__ENVELOPE__INIT;
-                Gpupool__FreeBatchRequest fb = GPUPOOL__FREE_BATCH_REQUEST__INIT;
-                Gpupool__FreeRequest f1 = GPUPOOL__FREE_REQUEST__INIT, f2 = GPUPOOL__FREE_REQUEST__INIT;
-                Gpupool__FreeRequest *fs[2] = { &f1, &f2 };
-
-                f1.segment_id = f2.segment_id = seg;
-                f2.offset = 4096;
-                fb.n_frees = 2;
-                fb.frees = fs;
-                fb.n_release_segment_ids = 1;
-                fb.release_segment_ids = ids;
-                env.id = 4;
-                env.body_case = GPUPOOL__ENVELOPE__BODY_FREE_BATCH;
-                env.free_batch = &fb;
-                packet(0, &env);
         }
         fclose(out);
 
@@ -191,7 +163,7 @@ int main(int argc, char **argv) {
 
         /* A process carving its own blocks: leases, returns and reclaim answers, with usage reports. */
         begin(dir, "lease-return-reclaim");
-        hello(0, 0);
+        hello(0);
         {
                 Gpupool__Envelope env = GPUPOOL__ENVELOPE__INIT;
                 Gpupool__LeaseRequest lr = GPUPOOL__LEASE_REQUEST__INIT;
@@ -217,7 +189,7 @@ int main(int argc, char **argv) {
                 env.return_segments = &ret;
                 packet(0, &env);
         }
-        hello(0, 1);
+        hello(1);
         {
                 Gpupool__Envelope env = GPUPOOL__ENVELOPE__INIT;
                 Gpupool__Usage u = GPUPOOL__USAGE__INIT, *up = &u;
@@ -243,7 +215,7 @@ int main(int argc, char **argv) {
         fclose(out);
 
         begin(dir, "out-of-order");
-        alloc(1, 4096);         /* before hello */
+        lease(1, 4096);         /* before hello */
         fclose(out);
         return 0;
 }

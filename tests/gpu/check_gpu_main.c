@@ -41,7 +41,6 @@ int main(void) {
         SRunner *sr;
         int failed;
 
-        setenv("GPUPOOL_CLIENT_CACHE", "0", 1);        /* the tests check the daemon after each call */
         if (getenv("GPUPOOL_LIBCUDA"))
                 fprintf(stderr, "check-gpu: using the driver in $GPUPOOL_LIBCUDA=%s\n", getenv("GPUPOOL_LIBCUDA"));
         if (!gpu_present(why, sizeof(why))) {

@@ -76,7 +76,7 @@ class TestCupy(GpuCase):
             del a, b
             cupy.cuda.Device().synchronize()
             print("after", gpupool.stats()["live_blocks"] - base)
-        """, GPUPOOL_CLIENT_CACHE="0")
+        """)
         self.assertIn("close True\n", out)
         self.assertIn("live True True\n", out)
         self.assertIn("seen 1\n", out)
@@ -167,7 +167,7 @@ class TestTorch(GpuCase):
             torch.cuda.synchronize()
             gpupool.trim()
             print("after", gpupool.stats()["live_blocks"] - base, w)
-        """, GPUPOOL_CLIENT_CACHE="0")
+        """)
         self.assertIn("sum True\n", out)
         self.assertIn("live True True\n", out)
         self.assertIn("after 0 1048576.0\n", out)

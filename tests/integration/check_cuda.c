@@ -396,7 +396,7 @@ START_TEST(test_cuda_free_async_waits_for_stream) {
 END_TEST
 
 /*
- * The process's own pool ($GPUPOOL_LEASE=1) on CUDA: each leased segment's handle is opened
+ * The process's own pool on CUDA: each leased segment's handle is opened
  * once and kept while the blocks in it come and go; a block freed on a stream is reused at
  * once on that stream, by nobody else until its work ends; data stays intact; trimmed, every
  * handle is closed and every segment back with the daemon.
@@ -412,7 +412,6 @@ static int process_pool_client(struct testd *d, void *arg) {
         void *a, *b, *plain, *on_other, *p[5];
 
 #define FAIL() do { *fail_line = __LINE__; return 1; } while (0)
-        setenv("GPUPOOL_LEASE", "1", 1);
         if (gpu_open(&g) < 0 || gpupool_connect(d->sock, "process-pool", &c) < 0 ||
             g.cu.cuStreamCreate(&s, GP_CU_STREAM_NON_BLOCKING) != GP_CUDA_SUCCESS ||
             g.cu.cuStreamCreate(&other, GP_CU_STREAM_NON_BLOCKING) != GP_CUDA_SUCCESS ||

@@ -146,7 +146,7 @@ START_TEST(test_kill9_memory_returns) {
         ck_assert_ptr_nonnull(c);
         ck_assert_str_eq(json_string_value(json_object_get(c, "name")), "holder");
         /* Its pool carves both blocks: the daemon knows the segments it leases. */
-        ck_assert_int_ge(json_integer_value(json_object_get(c, "leased_bytes")), 4 * MiB + 512);
+        ck_assert_int_ge(json_integer_value(json_object_get(c, "reserved_bytes")), 4 * MiB + 512);
         ck_assert_int_ge(json_integer_value(json_object_get(c, "in_use_bytes")), 4 * MiB);
         json_decref(st);
 
@@ -163,17 +163,17 @@ START_TEST(test_kill9_memory_returns) {
 }
 END_TEST
 
-/* Allocates over raw protocol, closes its socket, and stays alive until told to go. */
+/* Leases over raw protocol, closes its socket, and stays alive until told to go. */
 static int closer_client(struct testd *d, void *arg) {
         Gpupool__Envelope env = GPUPOOL__ENVELOPE__INIT, *rep;
-        Gpupool__AllocRequest a = GPUPOOL__ALLOC_REQUEST__INIT;
+        Gpupool__LeaseRequest a = GPUPOOL__LEASE_REQUEST__INIT;
         int *fds = arg, sock = raw_hello(d, "closer");
         char ch;
 
         a.size = 3 * MiB;
         env.id = 2;
-        env.body_case = GPUPOOL__ENVELOPE__BODY_ALLOC;
-        env.alloc = &a;
+        env.body_case = GPUPOOL__ENVELOPE__BODY_LEASE;
+        env.lease = &a;
         raw_send(sock, &env);
         rep = raw_recv(sock);
         if (!rep || rep->status != GPUPOOL__STATUS__STATUS_OK)
@@ -328,10 +328,7 @@ START_TEST(test_refusals) {
         ck_assert_int_eq(gpupool_connect("/nonexistent/gp.sock", "x", &c), -ENOENT);
         ck_assert_int_eq(gpupool_connect(d.sock, "bad\nname", &c), -EINVAL);
         ck_assert_int_eq(gpupool_connect(d.sock, "", &c), -EINVAL);
-        /* --max-blocks bounds the blocks the daemon carves, which only GPUPOOL_LEASE=0 asks of it (until that path goes). */
-        setenv("GPUPOOL_LEASE", "0", 1);
         ck_assert_int_eq(gpupool_connect(d.sock, "a", &c), 0);
-        unsetenv("GPUPOOL_LEASE");
         ck_assert_int_eq(gpupool_alloc(c, 0, 0, &p), -EINVAL);
         ck_assert_int_eq(gpupool_alloc(c, -1, 64, &p), -EINVAL);
         ck_assert_int_eq(gpupool_alloc(c, 1, 64, &p), -ENODEV);
@@ -339,11 +336,10 @@ START_TEST(test_refusals) {
         ck_assert_int_eq(gpupool_alloc(c, 0, 600 * MiB, &p), -ENOMEM);         /* capacity is 512M */
         gpupool_last_error(c, msg, sizeof(msg));
         ck_assert_msg(strstr(msg, "device 0 is full"), "message: %s", msg);
-        for (int i = 0; i < 10; i++)
+        /* --max-blocks is obsolete: the daemon said so at start, and bounds nothing. */
+        ck_assert(testd_log_wait(&d, "max_blocks (--max-blocks) is obsolete and ignored"));
+        for (int i = 0; i < 11; i++)
                 ck_assert_int_eq(gpupool_alloc(c, 0, 64, &p), 0);
-        ck_assert_int_eq(gpupool_alloc(c, 0, 64, &p), -EDQUOT);
-        gpupool_last_error(c, msg, sizeof(msg));
-        ck_assert_msg(strstr(msg, "--max-blocks"), "message: %s", msg);
         ck_assert_int_eq(gpupool_connect(d.sock, "b", &c2), 0);
         ck_assert_int_eq(gpupool_connect(d.sock, "c", &c3), -EDQUOT);         /* --max-clients 2 */
         gpupool_disconnect(c2);

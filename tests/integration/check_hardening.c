@@ -473,7 +473,7 @@ END_TEST
 /* One request naming 256 segments it does not hold: a handful of lines, then one saying how many were left out. */
 START_TEST(test_log_rate_limit_per_client) {
         Gpupool__Envelope env = GPUPOOL__ENVELOPE__INIT, *rep;
-        Gpupool__FreeBatchRequest b = GPUPOOL__FREE_BATCH_REQUEST__INIT;
+        Gpupool__ReturnRequest b = GPUPOOL__RETURN_REQUEST__INIT;
         uint64_t ids[256];
         struct testd d;
         int sock;
@@ -482,18 +482,18 @@ START_TEST(test_log_rate_limit_per_client) {
         sock = raw_hello(&d, "noisy");
         for (unsigned i = 0; i < 256; i++)
                 ids[i] = 1000 + i;
-        b.n_release_segment_ids = 256;
-        b.release_segment_ids = ids;
+        b.n_segment_ids = 256;
+        b.segment_ids = ids;
         env.id = 2;
-        env.body_case = GPUPOOL__ENVELOPE__BODY_FREE_BATCH;
-        env.free_batch = &b;
+        env.body_case = GPUPOOL__ENVELOPE__BODY_RETURN_SEGMENTS;
+        env.return_segments = &b;
         rep = raw_call(sock, &env);
         ck_assert_int_eq(rep->status, GPUPOOL__STATUS__STATUS_OK);
         gpupool__envelope__free_unpacked(rep, NULL);
         close(sock);
         /* Once the client has gone, everything it caused is in the log: a few lines and one summary. */
         ck_assert(testd_log_wait(&d, "messages suppressed (rate limit)"));
-        ck_assert_int_le(log_count(&d, "it does not hold empty"), 10);
+        ck_assert_int_le(log_count(&d, "it does not lease"), 10);
         ck_assert_int_eq(log_count(&d, "messages suppressed (rate limit)"), 1);
         ck_assert_int_eq(testd_stop(&d), 0);
 }
@@ -627,7 +627,7 @@ static int nobody_fills_its_cap(struct testd *d, void *arg) {
 START_TEST(test_silent_connections_cannot_lock_out_the_operator) {
         Gpupool__Envelope env = GPUPOOL__ENVELOPE__INIT, *rep;
         Gpupool__Hello hello = GPUPOOL__HELLO__INIT;
-        Gpupool__AllocRequest alloc = GPUPOOL__ALLOC_REQUEST__INIT;
+        Gpupool__LeaseRequest lease = GPUPOOL__LEASE_REQUEST__INIT;
         struct peer p = { 0 };
         char out[4096], why[256];
         gpupool_client *c;
@@ -657,10 +657,10 @@ START_TEST(test_silent_connections_cannot_lock_out_the_operator) {
         hello.name = "operator";
         hello.has_admin = hello.admin = 1;
         sock = raw_hello_with(&d, &hello, NULL);
-        alloc.size = 4096;
+        lease.size = 4096;
         env.id = 2;
-        env.body_case = GPUPOOL__ENVELOPE__BODY_ALLOC;
-        env.alloc = &alloc;
+        env.body_case = GPUPOOL__ENVELOPE__BODY_LEASE;
+        env.lease = &lease;
         rep = raw_call(sock, &env);
         ck_assert_int_eq(rep->status, GPUPOOL__STATUS__STATUS_QUOTA);
         ck_assert_msg(strstr(rep->error, "administrative requests only"), "%s", rep->error);

@@ -120,7 +120,9 @@ START_TEST(test_protocol_violations) {
         Gpupool__Envelope env = GPUPOOL__ENVELOPE__INIT;
         Gpupool__StatusRequest sr = GPUPOOL__STATUS_REQUEST__INIT;
         Gpupool__Hello hello = GPUPOOL__HELLO__INIT;
-        Gpupool__FreeReply fr = GPUPOOL__FREE_REPLY__INIT;
+        Gpupool__LeaseReply lr = GPUPOOL__LEASE_REPLY__INIT;
+        /* Version 2, id 2, and field 18 (version 1's AllocRequest, reserved now), empty. */
+        static const uint8_t old_alloc[] = { 0x08, 0x02, 0x10, 0x02, 0x92, 0x01, 0x00 };
         struct testd d;
         int sock;
 
@@ -131,6 +133,11 @@ START_TEST(test_protocol_violations) {
         env.id = 1;
         env.body_case = GPUPOOL__ENVELOPE__BODY_HELLO;
         env.hello = &hello;
+        raw_send(sock, &env);
+        expect_error_then_close(sock, GPUPOOL__STATUS__STATUS_VERSION);
+        /* Version 1 (blocks carved by the daemon) included. */
+        sock = raw_connect(&d);
+        env.version = 1;
         raw_send(sock, &env);
         expect_error_then_close(sock, GPUPOOL__STATUS__STATUS_VERSION);
 
@@ -161,9 +168,14 @@ START_TEST(test_protocol_violations) {
         sock = raw_hello(&d, "replier");
         gpupool__envelope__init(&env);
         env.id = 2;
-        env.body_case = GPUPOOL__ENVELOPE__BODY_FREE_REPLY;
-        env.free_reply = &fr;
+        env.body_case = GPUPOOL__ENVELOPE__BODY_LEASE_REPLY;
+        env.lease_reply = &lr;
         raw_send(sock, &env);
+        expect_error_then_close(sock, GPUPOOL__STATUS__STATUS_PROTOCOL);
+
+        /* A message of version 1 that version 2 dropped: a request with no body it knows. */
+        sock = raw_hello(&d, "old-alloc");
+        ck_assert_int_eq(gp_wire_send_packet(sock, old_alloc, sizeof(old_alloc), -1), 0);
         expect_error_then_close(sock, GPUPOOL__STATUS__STATUS_PROTOCOL);
 
         /* An envelope with no body. */
@@ -178,22 +190,34 @@ START_TEST(test_protocol_violations) {
 }
 END_TEST
 
-static Gpupool__Envelope *raw_alloc(int sock, uint64_t id, uint64_t size) {
+static Gpupool__Envelope *raw_lease(int sock, uint64_t id, uint64_t size) {
         Gpupool__Envelope env = GPUPOOL__ENVELOPE__INIT;
-        Gpupool__AllocRequest a = GPUPOOL__ALLOC_REQUEST__INIT;
+        Gpupool__LeaseRequest l = GPUPOOL__LEASE_REQUEST__INIT;
 
-        a.size = size;
+        l.size = size;
         env.id = id;
-        env.body_case = GPUPOOL__ENVELOPE__BODY_ALLOC;
-        env.alloc = &a;
+        env.body_case = GPUPOOL__ENVELOPE__BODY_LEASE;
+        env.lease = &l;
         raw_send(sock, &env);
         return raw_recv(sock);
 }
 
-START_TEST(test_other_clients_blocks) {
-        Gpupool__Envelope env = GPUPOOL__ENVELOPE__INIT, *a, *rep;
-        Gpupool__FreeRequest f = GPUPOOL__FREE_REQUEST__INIT;
-        Gpupool__ReleaseRequest r = GPUPOOL__RELEASE_REQUEST__INIT;
+/* Returns segment on sock; the reply. */
+static Gpupool__Envelope *raw_return(int sock, uint64_t id, uint64_t segment) {
+        Gpupool__Envelope env = GPUPOOL__ENVELOPE__INIT;
+        Gpupool__ReturnRequest r = GPUPOOL__RETURN_REQUEST__INIT;
+
+        r.n_segment_ids = 1;
+        r.segment_ids = &segment;
+        env.id = id;
+        env.body_case = GPUPOOL__ENVELOPE__BODY_RETURN_SEGMENTS;
+        env.return_segments = &r;
+        raw_send(sock, &env);
+        return raw_recv(sock);
+}
+
+START_TEST(test_other_clients_segments) {
+        Gpupool__Envelope *a, *rep;
         struct testd d;
         int victim, thief;
         json_t *st;
@@ -201,49 +225,28 @@ START_TEST(test_other_clients_blocks) {
         testd_start(&d, NULL);
         victim = raw_hello(&d, "victim");
         thief = raw_hello(&d, "thief");
-        a = raw_alloc(victim, 2, 8192);
+        a = raw_lease(victim, 2, 8192);
         ck_assert_ptr_nonnull(a);
         ck_assert_int_eq(a->status, GPUPOOL__STATUS__STATUS_OK);
 
-        /* The thief frees and releases the victim's block and segment: refused, nothing changes. */
-        f.segment_id = a->alloc_reply->segment_id;
-        f.offset = a->alloc_reply->offset;
-        env.id = 2;
-        env.body_case = GPUPOOL__ENVELOPE__BODY_FREE;
-        env.free = &f;
-        raw_send(thief, &env);
-        rep = raw_recv(thief);
-        ck_assert_int_eq(rep->status, GPUPOOL__STATUS__STATUS_NOT_FOUND);
-        gpupool__envelope__free_unpacked(rep, NULL);
-        r.segment_id = a->alloc_reply->segment_id;
-        gpupool__envelope__init(&env);
-        env.id = 3;
-        env.body_case = GPUPOOL__ENVELOPE__BODY_RELEASE;
-        env.release = &r;
-        raw_send(thief, &env);
-        rep = raw_recv(thief);
-        ck_assert_int_eq(rep->status, GPUPOOL__STATUS__STATUS_NOT_FOUND);
-        gpupool__envelope__free_unpacked(rep, NULL);
-        /* Releasing a segment with a live block is refused for its owner too. */
-        env.id = 3;
-        raw_send(victim, &env);
-        rep = raw_recv(victim);
-        ck_assert_int_eq(rep->status, GPUPOOL__STATUS__STATUS_INVALID);
-        gpupool__envelope__free_unpacked(rep, NULL);
-
-        st = testd_ctl(&d, "status");
-        ck_assert_int_eq(status_device(st, "in_use_bytes"), 8192);
-        json_decref(st);
-        /* The victim frees its own block and is told to release the segment. */
-        gpupool__envelope__init(&env);
-        env.id = 4;
-        env.body_case = GPUPOOL__ENVELOPE__BODY_FREE;
-        env.free = &f;
-        raw_send(victim, &env);
-        rep = raw_recv(victim);
+        /* The thief returns the victim's segment: counted as not found, nothing changes. */
+        rep = raw_return(thief, 2, a->lease_reply->segment_id);
         ck_assert_int_eq(rep->status, GPUPOOL__STATUS__STATUS_OK);
-        ck_assert(rep->free_reply->release_segment);
+        ck_assert_uint_eq(rep->return_reply->returned, 0);
+        ck_assert_uint_eq(rep->return_reply->not_found, 1);
         gpupool__envelope__free_unpacked(rep, NULL);
+        st = testd_ctl(&d, "status");
+        ck_assert_int_eq(json_integer_value(json_object_get(status_client_by_name(st, "victim"), "reserved_bytes")),
+                         2 * MiB);
+        ck_assert_int_eq(status_device(st, "cached_bytes"), 0);
+        json_decref(st);
+        /* The victim returns its own: it goes to the cache. */
+        rep = raw_return(victim, 3, a->lease_reply->segment_id);
+        ck_assert_uint_eq(rep->return_reply->returned, 1);
+        gpupool__envelope__free_unpacked(rep, NULL);
+        st = testd_ctl(&d, "status");
+        ck_assert_int_eq(status_device(st, "cached_bytes"), 2 * MiB);
+        json_decref(st);
         gpupool__envelope__free_unpacked(a, NULL);
         close(victim);
         close(thief);
@@ -345,7 +348,7 @@ Suite *suite_hostile(void) {
 
         tcase_add_test(tc, test_two_hundred_hostile_connections);
         tcase_add_test(tc, test_protocol_violations);
-        tcase_add_test(tc, test_other_clients_blocks);
+        tcase_add_test(tc, test_other_clients_segments);
         tcase_add_test(tc, test_client_that_never_reads);
         tcase_add_test(tc, test_too_many_descriptors);
         tcase_set_timeout(tc, 120);

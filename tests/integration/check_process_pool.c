@@ -1,5 +1,5 @@
 /*
- * check_process_pool.c: the process's own pool ($GPUPOOL_LEASE=1, client/client_pool.c) end to
+ * check_process_pool.c: the process's own pool (client/client_pool.c) end to
  * end on the host backend: a steady state that asks the daemon nothing, what the daemon is
  * told, segments given back when idle, under a limit, on trim and when another process needs
  * the memory (elasticity), scopes, and bad settings.
@@ -31,7 +31,6 @@ static long long client_field(struct testd *d, const char *name, const char *key
 static gpupool_client *connect_leasing(struct testd *d, const char *name) {
         gpupool_client *c;
 
-        setenv("GPUPOOL_LEASE", "1", 1);
         ck_assert_int_eq(gpupool_connect(d->sock, name, &c), 0);
         return c;
 }
@@ -70,7 +69,7 @@ START_TEST(test_steady_state_asks_nothing) {
         ck_assert_uint_eq(st.segments_imported, first.segments_imported);
         ck_assert_uint_eq(st.mapped_bytes, first.mapped_bytes);
         /* The daemon counts what the process leases; it heard what it holds with its last lease. */
-        ck_assert_int_eq(client_field(&d, "steady", "leased_bytes"), (long long) st.mapped_bytes);
+        ck_assert_int_eq(client_field(&d, "steady", "reserved_bytes"), (long long) st.mapped_bytes);
         ck_assert_int_eq(client_field(&d, "steady", "reserved_bytes"), (long long) st.mapped_bytes);
         ck_assert_int_ge(client_field(&d, "steady", "report_age_ms"), 0);
         ck_assert_int_eq(testd_device(&d, 0, "reserved_bytes"), (long long) st.mapped_bytes);
@@ -79,7 +78,7 @@ START_TEST(test_steady_state_asks_nothing) {
         ck_assert_int_eq(gpupool_stats(c, &st), 0);
         ck_assert_uint_eq(st.mapped_bytes, 0);
         ck_assert_uint_eq(gpupool_cached_bytes(c), 0);
-        ck_assert_int_eq(client_field(&d, "steady", "leased_bytes"), 0);
+        ck_assert_int_eq(client_field(&d, "steady", "reserved_bytes"), 0);
         ck_assert_int_eq(client_field(&d, "steady", "held_free_bytes"), 0);
         ck_assert_int_eq(testd_device(&d, 0, "cached_bytes"), (long long) first.mapped_bytes);
         json_decref(testd_ctl(&d, "check"));        /* every invariant of the daemon holds */
@@ -101,7 +100,6 @@ static int idler_main(struct testd *d, void *arg) {
         gpupool_client *c;
         char ch = 'y';
 
-        setenv("GPUPOOL_LEASE", "1", 1);
         setenv("GPUPOOL_IDLE_RETURN", "0", 1);  /* nothing goes back by itself: only when asked */
         if (!p || gpupool_connect(d->sock, "idler", &c) < 0)
                 return 1;
@@ -133,7 +131,7 @@ static void elasticity(size_t block) {
         pid = spawn(idler_main, &d, &a);
         ck_assert_int_eq(read(a.ready[0], &ready, 1), 1);
         ck_assert_int_eq(ready, 'y');
-        ck_assert_int_ge(client_field(&d, "idler", "leased_bytes"), 700 * MiB);
+        ck_assert_int_ge(client_field(&d, "idler", "reserved_bytes"), 700 * MiB);
         /* A holds nothing in use and everything leased; B's 700 MiB fits only with it back. */
         b = connect_leasing(&d, "needy");
         t0 = now_s();
@@ -141,7 +139,7 @@ static void elasticity(size_t block) {
         took = now_s() - t0;
         ck_assert_msg(took < 1.0, "took %.3f s", took);
         ck_assert_int_gt(testd_device(&d, 0, "reclaims_total"), 0);
-        ck_assert_int_lt(client_field(&d, "idler", "leased_bytes"), 324 * MiB);
+        ck_assert_int_lt(client_field(&d, "idler", "reserved_bytes"), 324 * MiB);
         ck_assert_int_eq(gpupool_free(b, p), 0);
         gpupool_disconnect(b);
         ck_assert_int_eq(write(a.go[1], "g", 1), 1);
@@ -230,7 +228,7 @@ START_TEST(test_parked_lease_still_answers_reclaim) {
         took = now_s() - t0;
         ck_assert_msg(took < 10.0, "took %.3f s", took);
         ck_assert(!__atomic_load_n(&b.done, __ATOMIC_ACQUIRE));
-        ck_assert_int_eq(client_field(&d, "holder", "leased_bytes"), 0);
+        ck_assert_int_eq(client_field(&d, "holder", "reserved_bytes"), 0);
 
         /* The hog gives its segment back: B's lease gets the memory. */
         {
@@ -293,7 +291,7 @@ START_TEST(test_limit_makes_room_from_empty_segments) {
         ck_assert_int_eq(gpupool_free(c, p), 0);
         /* 40 MiB held empty + a 50 MiB segment is over 64 MiB: the empty one goes back first. */
         ck_assert_int_eq(gpupool_alloc(c, 0, 50 * MiB, &p), 0);
-        ck_assert_int_eq(client_field(&d, "limited", "leased_bytes"), 50 * MiB);
+        ck_assert_int_eq(client_field(&d, "limited", "reserved_bytes"), 50 * MiB);
         /* In use, nothing is given back: the limit refuses, saying so. */
         ck_assert_int_eq(gpupool_alloc(c, 0, 20 * MiB, &q), -EDQUOT);
         gpupool_last_error(c, msg, sizeof(msg));
@@ -327,9 +325,6 @@ START_TEST(test_scopes_and_bad_settings) {
         ck_assert_int_eq(gpupool_free(c, p), -ENOENT);
         ck_assert_int_eq(gpupool_alloc(c, 0, (size_t) 1 << 47, &p), -EINVAL);
         gpupool_disconnect(c);
-        setenv("GPUPOOL_LEASE", "2", 1);
-        ck_assert_int_eq(gpupool_connect(d.sock, "bad", &c), -EINVAL);
-        setenv("GPUPOOL_LEASE", "1", 1);
         setenv("GPUPOOL_IDLE_RETURN", "soon", 1);
         ck_assert_int_eq(gpupool_connect(d.sock, "bad", &c), -EINVAL);
         ck_assert_int_eq(testd_stop(&d), 0);

@@ -1,8 +1,8 @@
 /*
- * check_scopes.c: the client library's own layers, end to end on the host backend: the client
- * cache (freed blocks reused without a round trip, bounded, given back; its per-thread
- * magazines under threads that race, exit and reconnect), scopes (every block
- * of a scope freed at its end, in batches) and arenas (bump allocation in one block).
+ * check_scopes.c: the client library's own layers, end to end on the host backend: scopes
+ * (every block of a scope freed at its end), arenas (bump allocation in one block), and the
+ * process's pool under threads of one handle that race, free each other's blocks, trim, and
+ * reconnect to a restarted daemon.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -41,7 +41,7 @@ START_TEST(test_scope_frees_what_is_left) {
         ck_assert_int_eq(gpupool_scope_end(c), 0);
         ck_assert_int_eq(gpupool_free(c, inner), -ENOENT);
         ck_assert_int_eq(gpupool_free(c, p[1]), 0);                     /* the outer scope's are alive */
-        ck_assert_int_eq(gpupool_scope_end(c), 0);                      /* 3 batches of at most 128 */
+        ck_assert_int_eq(gpupool_scope_end(c), 0);
         for (int i = 2; i < N; i++)
                 if (i % 7)
                         ck_assert_int_eq(gpupool_free(c, p[i]), -ENOENT);
@@ -60,37 +60,6 @@ START_TEST(test_scope_frees_what_is_left) {
                 ck_assert_int_eq(gpupool_scope_end(c), 0);
         ck_assert_int_eq(gpupool_free(c, kept), 0);
         gpupool_disconnect(c);
-        ck_assert_int_eq(testd_stop(&d), 0);
-}
-END_TEST
-
-START_TEST(test_scope_with_kept_segments) {
-        gpupool_client *c;
-        struct testd d;
-        void *p[20];
-
-        testd_start(&d, NULL);
-        /* Kept segments serve blocks the daemon carves ($GPUPOOL_LEASE=0), until that path goes. */
-        setenv("GPUPOOL_LEASE", "0", 1);
-        setenv("GPUPOOL_KEEP_FREE", "64M", 1);
-        ck_assert_int_eq(gpupool_connect(d.sock, "keeping", &c), 0);
-        unsetenv("GPUPOOL_KEEP_FREE");
-        ck_assert_int_eq(gpupool_scope_begin(c), 0);
-        for (int i = 0; i < 20; i++)
-                ck_assert_int_eq(gpupool_alloc(c, 0, 2 * MiB, &p[i]), 0);
-        ck_assert_int_eq(gpupool_scope_end(c), 0);
-        /* 40 MiB kept by the client (under its 64 MiB), nothing in use, nothing cached. */
-        ck_assert_int_eq(testd_device(&d, 0, "in_use_bytes"), 0);
-        ck_assert_int_eq(testd_device(&d, 0, "reserved_bytes"), 40 * MiB);
-        ck_assert_int_eq(testd_device(&d, 0, "cached_bytes"), 0);
-        /* The kept segments serve the next scope without new ones. */
-        ck_assert_int_eq(gpupool_scope_begin(c), 0);
-        for (int i = 0; i < 20; i++)
-                ck_assert_int_eq(gpupool_alloc(c, 0, 2 * MiB, &p[i]), 0);
-        ck_assert_int_eq(testd_device(&d, 0, "reserved_bytes"), 40 * MiB);
-        ck_assert_int_eq(gpupool_scope_end(c), 0);
-        gpupool_disconnect(c);
-        ck_assert_int_eq(testd_device(&d, 0, "reserved_bytes"), testd_device(&d, 0, "cached_bytes"));
         ck_assert_int_eq(testd_stop(&d), 0);
 }
 END_TEST
@@ -142,173 +111,11 @@ START_TEST(test_arena) {
 }
 END_TEST
 
-static long long client_cached(struct testd *d) {
-        json_t *st = testd_ctl(d, "status"), *c = status_client_by_pid(st, getpid());
-        long long v = c ? json_integer_value(json_object_get(c, "cached_in_client_bytes")) : -1;
-
-        json_decref(st);
-        return v;
-}
-
-START_TEST(test_client_cache) {
-        gpupool_client *c;
-        struct testd d;
-        void *p, *q, *big, *r[8];
-
-        testd_start(&d, "--client-limit", "32M", NULL);
-        /* The client cache sits in front of blocks the daemon carves ($GPUPOOL_LEASE=0), until that path goes. */
-        setenv("GPUPOOL_LEASE", "0", 1);
-        setenv("GPUPOOL_CLIENT_CACHE", "8M", 1);
-        ck_assert_int_eq(gpupool_connect(d.sock, "cached", &c), 0);
-        unsetenv("GPUPOOL_CLIENT_CACHE");
-        ck_assert_int_eq(gpupool_alloc(c, 0, 100000, &p), 0);
-        memset(p, 5, 100000);
-        ck_assert_int_eq(gpupool_free(c, p), 0);
-        /*
-         * Freed into the process's cache: the daemon still counts it in use, and learns how much
-         * the client caches with the client's next request (here, an allocation of another size).
-         */
-        ck_assert_int_eq(gpupool_cached_bytes(c), 100352);
-        ck_assert_int_eq(testd_device(&d, 0, "in_use_bytes"), 100352);
-        ck_assert_int_eq(gpupool_alloc(c, 0, 512, &q), 0);
-        ck_assert_int_eq(client_cached(&d), 100352);
-        ck_assert_int_eq(gpupool_free(c, q), 0);
-        /* The same rounded size comes back from the cache: the same block, no round trip. */
-        ck_assert_int_eq(gpupool_alloc(c, 0, 100300, &q), 0);
-        ck_assert_ptr_eq(q, p);
-        ck_assert_int_eq(gpupool_cached_bytes(c), 512);                /* the 512-byte block stays cached */
-        ck_assert_int_eq(gpupool_free(c, q), 0);
-        ck_assert_int_eq(gpupool_free(c, q), -ENOENT);                 /* a double free is still caught */
-        /* Bounded: over 8 MiB the least recently freed go back to the daemon. */
-        for (int i = 0; i < 8; i++)
-                ck_assert_int_eq(gpupool_alloc(c, 0, 1 * MiB + 4096 * (size_t) i, &r[i]), 0);
-        for (int i = 0; i < 8; i++)
-                ck_assert_int_eq(gpupool_free(c, r[i]), 0);
-        ck_assert_int_le(gpupool_cached_bytes(c), 8 * MiB);
-        /* Blocks larger than the whole cache are never cached. */
-        ck_assert_int_eq(gpupool_alloc(c, 0, 9 * MiB, &big), 0);
-        ck_assert_int_eq(gpupool_free(c, big), 0);
-        ck_assert_int_le(gpupool_cached_bytes(c), 8 * MiB);
-        /* A limit that would refuse: the cache is given back first, and the allocation succeeds. */
-        ck_assert_int_gt(gpupool_cached_bytes(c), 0);
-        ck_assert_int_eq(gpupool_alloc(c, 0, 28 * MiB, &big), 0);
-        ck_assert_int_eq(gpupool_cached_bytes(c), 0);
-        ck_assert_int_eq(gpupool_free(c, big), 0);
-        /* Trim gives everything back. */
-        ck_assert_int_eq(gpupool_trim(c), 0);
-        ck_assert_int_eq(gpupool_cached_bytes(c), 0);
-        ck_assert_int_eq(testd_device(&d, 0, "in_use_bytes"), 0);
-        gpupool_disconnect(c);
-        /* Off: every free goes to the daemon at once. */
-        setenv("GPUPOOL_CLIENT_CACHE", "0", 1);
-        ck_assert_int_eq(gpupool_connect(d.sock, "uncached", &c), 0);
-        ck_assert_int_eq(gpupool_alloc(c, 0, 4096, &p), 0);
-        ck_assert_int_eq(gpupool_free(c, p), 0);
-        ck_assert_int_eq(gpupool_cached_bytes(c), 0);
-        ck_assert_int_eq(testd_device(&d, 0, "in_use_bytes"), 0);
-        gpupool_disconnect(c);
-        setenv("GPUPOOL_CLIENT_CACHE", "lots", 1);
-        ck_assert_int_eq(gpupool_connect(d.sock, "bad", &c), -EINVAL);
-        setenv("GPUPOOL_CLIENT_CACHE", "0", 1);
-        ck_assert_int_eq(testd_stop(&d), 0);
-}
-END_TEST
-
-/* A client that fills its cache and then makes no call until told to go. */
-struct cacher {
-        size_t block;
-        int n;
-        const char *idle;
-        int ready[2], go[2];
-};
-
-static int cacher_main(struct testd *d, void *arg) {
-        struct cacher *k = arg;
-        gpupool_client *c;
-        void *p[64];
-        char ch;
-
-        setenv("GPUPOOL_CLIENT_CACHE", "64M", 1);
-        setenv("GPUPOOL_CLIENT_CACHE_IDLE", k->idle, 1);
-        if (gpupool_connect(d->sock, "cacher", &c) < 0)
-                return 1;
-        for (int i = 0; i < k->n; i++)
-                if (gpupool_alloc(c, 0, k->block, &p[i]) < 0)
-                        return 2;
-        for (int i = 0; i < k->n; i++)
-                if (gpupool_free(c, p[i]) < 0)
-                        return 3;
-        if (write(k->ready[1], "r", 1) != 1 || read(k->go[0], &ch, 1) != 1)
-                return 4;
-        gpupool_disconnect(c);
-        return 0;
-}
-
-static pid_t start_cacher(struct testd *d, struct cacher *k) {
-        pid_t pid;
-        char ch;
-
-        ck_assert_int_eq(pipe(k->ready), 0);
-        ck_assert_int_eq(pipe(k->go), 0);
-        pid = spawn(cacher_main, d, k);
-        ck_assert_int_eq(read(k->ready[0], &ch, 1), 1);
-        return pid;
-}
-
-static void stop_cacher(struct cacher *k, pid_t pid) {
-        ck_assert_int_eq(write(k->go[1], "g", 1), 1);
-        ck_assert_int_eq(reap(pid), 0);
-        close(k->ready[0]), close(k->ready[1]), close(k->go[0]), close(k->go[1]);
-}
-
-START_TEST(test_client_cache_given_back) {
-        struct cacher k = { .block = 4 * MiB, .n = 10, .idle = "0" };
-        char cmd[512], out[512];
-        gpupool_client *c;
-        struct testd d;
-        double t0;
-        pid_t pid;
-        void *p;
-
-        testd_start(&d, "--host-capacity", "48M", NULL);
-        /* The client cache sits in front of blocks the daemon carves ($GPUPOOL_LEASE=0), until that path goes. */
-        setenv("GPUPOOL_LEASE", "0", 1);
-        /* On trim: the cache comes back without the client making a call. */
-        pid = start_cacher(&d, &k);
-        ck_assert_int_eq(testd_device(&d, 0, "in_use_bytes"), 40 * MiB);           /* all of it in its cache */
-        snprintf(cmd, sizeof(cmd), "%s/gpupoolctl --socket %s trim --pid %d 2>&1", build_dir(), d.sock, (int) pid);
-        ck_assert_int_eq(run_capture(cmd, out, sizeof(out)), 0);
-        ck_assert_msg(strstr(out, "asked 1 client"), "%s", out);
-        ck_assert_msg(testd_device_becomes(&d, 0, "in_use_bytes", 0), "the trimmed cache did not come back");
-        stop_cacher(&k, pid);
-
-        /* On a full device: another client's allocation gets what the cache held. */
-        pid = start_cacher(&d, &k);
-        ck_assert_int_eq(gpupool_connect(d.sock, "needy", &c), 0);
-        t0 = now_s();
-        ck_assert_int_eq(gpupool_alloc(c, 0, 30 * MiB, &p), 0);
-        ck_assert_msg(now_s() - t0 < 0.1 + 0.5, "the allocation waited %.3f s", now_s() - t0);
-        ck_assert_int_eq(gpupool_free(c, p), 0);
-        gpupool_disconnect(c);
-        stop_cacher(&k, pid);
-
-        /* When idle: back after its idle time, again with no call. */
-        k.idle = "1s";
-        pid = start_cacher(&d, &k);
-        t0 = now_s();
-        ck_assert_msg(testd_device_becomes(&d, 0, "in_use_bytes", 0), "the idle cache did not come back");
-        ck_assert_msg(now_s() - t0 > 0.5, "given back before it was idle for a second");
-        stop_cacher(&k, pid);
-        ck_assert_int_eq(testd_stop(&d), 0);
-}
-END_TEST
-
 /* Threads of one handle allocating, writing, checking and freeing, some blocks freed by another thread. */
 struct racer_shared {
         gpupool_client *c;
         pthread_mutex_t lock;
         void *handoff[16];              /* blocks one thread allocated for another to free */
-        uint64_t limit;
         bool stop;
         int failures;
 };
@@ -361,10 +168,8 @@ static void *racer_main(void *arg) {
                 }
                 live_size[k] = size;
                 mark(live[k], size, (uint64_t) (uintptr_t) live[k] ^ r->id);
-                if (gpupool_cached_bytes(sh->c) > sh->limit)
-                        racer_failed(sh);
                 if (i % 7 == 0) {
-                        /* Hand a block over: another thread frees it, into its own magazine. */
+                        /* Hand a block over: another thread frees it. */
                         unsigned h = (unsigned) rand_r(&seed) % 16;
                         void *theirs;
 
@@ -394,33 +199,18 @@ static void *trimmer_main(void *arg) {
         return NULL;
 }
 
-static void *free_and_exit(void *arg) {
-        gpupool_client *c = arg;
-        void *p[10];
-
-        for (int i = 0; i < 10; i++)
-                if (gpupool_alloc(c, 0, 8192, &p[i]) < 0)
-                        return (void *) 1;
-        for (int i = 0; i < 10; i++)
-                if (gpupool_free(c, p[i]) < 0)
-                        return (void *) 2;
-        return NULL;
-}
-
-START_TEST(test_thread_cache) {
-        struct racer_shared sh = { .limit = 2 * MiB };
+START_TEST(test_threads_share_the_pool) {
+        struct racer_shared sh = { 0 };
+        struct gpupool_stats st;
         struct racer r[4];
         pthread_t t[4], trimmer;
-        void *p, *q, *ret;
         struct testd d;
+        void *p, *q;
 
         testd_start(&d, NULL);
-        /* The client cache sits in front of blocks the daemon carves ($GPUPOOL_LEASE=0), until that path goes. */
-        setenv("GPUPOOL_LEASE", "0", 1);
-        setenv("GPUPOOL_CLIENT_CACHE", "2M", 1);
         ck_assert_int_eq(gpupool_connect(d.sock, "threads", &sh.c), 0);
         pthread_mutex_init(&sh.lock, NULL);
-        /* Four threads racing (and a fifth trimming): no block is handed out twice, the bound holds. */
+        /* Four threads racing (and a fifth trimming): no block is handed out twice, nor changed under its holder. */
         ck_assert_int_eq(pthread_create(&trimmer, NULL, trimmer_main, &sh), 0);
         for (unsigned i = 0; i < 4; i++) {
                 r[i] = (struct racer) { .sh = &sh, .id = i + 1 };
@@ -434,36 +224,23 @@ START_TEST(test_thread_cache) {
         for (unsigned h = 0; h < 16; h++)
                 if (sh.handoff[h])
                         ck_assert_int_eq(gpupool_free(sh.c, sh.handoff[h]), 0);
-        ck_assert_int_le(gpupool_cached_bytes(sh.c), sh.limit);
+        ck_assert_int_eq(gpupool_stats(sh.c, &st), 0);
+        ck_assert_uint_eq(st.live_blocks, 0);
+        ck_assert_uint_eq(st.cached_bytes, st.mapped_bytes);           /* all of it free, in the process */
         ck_assert_int_eq(gpupool_trim(sh.c), 0);
         ck_assert_int_eq(gpupool_cached_bytes(sh.c), 0);
-        ck_assert_int_eq(testd_device(&d, 0, "in_use_bytes"), 0);
+        ck_assert_int_eq(testd_device(&d, 0, "reserved_bytes"), testd_device(&d, 0, "cached_bytes"));
 
-        /* A thread that exits with blocks in its magazine: they stay cached, and trim gives them back. */
-        ck_assert_int_eq(pthread_create(&t[0], NULL, free_and_exit, sh.c), 0);
-        ck_assert_int_eq(pthread_join(t[0], &ret), 0);
-        ck_assert_ptr_null(ret);
-        ck_assert_int_eq(gpupool_cached_bytes(sh.c), 10 * 8192);
-        ck_assert_int_eq(testd_device(&d, 0, "in_use_bytes"), 10 * 8192);
-        ck_assert_int_eq(gpupool_trim(sh.c), 0);
-        ck_assert_int_eq(gpupool_cached_bytes(sh.c), 0);
-        ck_assert_int_eq(testd_device(&d, 0, "in_use_bytes"), 0);
-
-        /* This thread's magazine: the same block back; a double free is caught on the fast path too. */
+        /* Freed, a block is there for the next allocation of its size; a double free is caught. */
         ck_assert_int_eq(gpupool_alloc(sh.c, 0, 4096, &p), 0);
         ck_assert_int_eq(gpupool_free(sh.c, p), 0);
         ck_assert_int_eq(gpupool_free(sh.c, p), -ENOENT);
         ck_assert_int_eq(gpupool_alloc(sh.c, 0, 4000, &q), 0);
         ck_assert_ptr_eq(q, p);
-        /* Inside a scope the allocation takes the locked path and belongs to the scope. */
         ck_assert_int_eq(gpupool_free(sh.c, q), 0);
-        ck_assert_int_eq(gpupool_scope_begin(sh.c), 0);
-        ck_assert_int_eq(gpupool_alloc(sh.c, 0, 4096, &q), 0);
-        ck_assert_int_eq(gpupool_scope_end(sh.c), 0);
-        ck_assert_int_eq(gpupool_free(sh.c, q), -ENOENT);
-        ck_assert_int_eq(gpupool_cached_bytes(sh.c), 4096);             /* the magazine's block, still there */
+        ck_assert_int_eq(gpupool_cached_bytes(sh.c), 2 * MiB);         /* its segment, held free */
 
-        /* A restarted daemon: what the magazine held is forgotten with the old session. */
+        /* A restarted daemon: what the pool held is forgotten with the old session. */
         testd_crash_and_restart(&d);
         ck_assert_int_eq(gpupool_reconnect(sh.c), 0);
         ck_assert_int_eq(gpupool_cached_bytes(sh.c), 0);
@@ -472,20 +249,6 @@ START_TEST(test_thread_cache) {
         ck_assert_int_eq(gpupool_free(sh.c, q), 0);
         gpupool_disconnect(sh.c);
         pthread_mutex_destroy(&sh.lock);
-
-        /* Off, and a value that is neither 0 nor 1. */
-        setenv("GPUPOOL_THREAD_CACHE", "0", 1);
-        ck_assert_int_eq(gpupool_connect(d.sock, "shared-only", &sh.c), 0);
-        ck_assert_int_eq(gpupool_alloc(sh.c, 0, 4096, &p), 0);
-        ck_assert_int_eq(gpupool_free(sh.c, p), 0);
-        ck_assert_int_eq(gpupool_alloc(sh.c, 0, 4096, &q), 0);
-        ck_assert_ptr_eq(q, p);                                         /* from the shared cache */
-        ck_assert_int_eq(gpupool_free(sh.c, q), 0);
-        gpupool_disconnect(sh.c);
-        setenv("GPUPOOL_THREAD_CACHE", "yes", 1);
-        ck_assert_int_eq(gpupool_connect(d.sock, "bad", &sh.c), -EINVAL);
-        unsetenv("GPUPOOL_THREAD_CACHE");
-        setenv("GPUPOOL_CLIENT_CACHE", "0", 1);
         ck_assert_int_eq(testd_device(&d, 0, "in_use_bytes"), 0);
         ck_assert_int_eq(testd_stop(&d), 0);
 }
@@ -496,11 +259,8 @@ Suite *suite_scopes(void) {
         TCase *tc = tcase_create("host");
 
         tcase_add_test(tc, test_scope_frees_what_is_left);
-        tcase_add_test(tc, test_scope_with_kept_segments);
         tcase_add_test(tc, test_arena);
-        tcase_add_test(tc, test_client_cache);
-        tcase_add_test(tc, test_client_cache_given_back);
-        tcase_add_test(tc, test_thread_cache);
+        tcase_add_test(tc, test_threads_share_the_pool);
         tcase_set_timeout(tc, 60);
         suite_add_tcase(s, tc);
         return s;

@@ -353,7 +353,7 @@ START_TEST(test_status_and_check_config) {
 }
 END_TEST
 
-/* A client that keeps what it frees ($GPUPOOL_KEEP_FREE), then makes no call at all. */
+/* A client that frees all it allocated, its pool keeping the segment, then makes no call at all. */
 struct keeper {
         size_t size;
         int ready[2], go[2];
@@ -365,7 +365,6 @@ static int keeper_main(struct testd *d, void *arg) {
         char ch;
         void *p;
 
-        setenv("GPUPOOL_KEEP_FREE", "64M", 1);
         if (gpupool_connect(d->sock, "keeper", &c) < 0 || gpupool_alloc(c, 0, k->size, &p) < 0 || gpupool_free(c, p) < 0)
                 return 1;
         if (write(k->ready[1], "r", 1) != 1 || read(k->go[0], &ch, 1) != 1)
@@ -411,8 +410,8 @@ START_TEST(test_reclaim_from_a_client_that_makes_no_call) {
         /* reclaim_timeout is the default, 100 ms: the keeper's library must answer within it. */
         start(&d, "[pool]\nreclaim_timeout = 100ms\n", "64M");
         pid = keep(&d, &k, 40 * MiB);
-        ck_assert_int_eq(client_field(&d, pid, "reserved_bytes"), 40 * MiB);   /* kept, not cached */
-        ck_assert_int_eq(client_field(&d, pid, "in_use_bytes"), 0);
+        ck_assert_int_eq(client_field(&d, pid, "reserved_bytes"), 40 * MiB);   /* held free, not cached */
+        ck_assert(testd_client_becomes(&d, pid, NULL, "in_use_bytes", 0));
         ck_assert_int_eq(testd_device(&d, 0, "cached_bytes"), 0);
         ck_assert_int_eq(gpupool_connect(d.sock, "needy", &c), 0);
         t0 = now_s();
@@ -426,36 +425,64 @@ START_TEST(test_reclaim_from_a_client_that_makes_no_call) {
 }
 END_TEST
 
-/* Raw protocol: a client that keeps a segment, and a control channel that never answers. */
+
+/* Raw protocol: a request of body_case on sock, with what it holds on device 0 reported. */
+static Gpupool__Envelope *call_reporting(int sock, Gpupool__Envelope *env, uint64_t in_use, uint64_t held_free) {
+        Gpupool__Usage u = GPUPOOL__USAGE__INIT, *up = &u;
+
+        u.device = 0;
+        u.in_use_bytes = in_use;
+        u.held_free_bytes = held_free;
+        env->n_usage = 1;
+        env->usage = &up;
+        return raw_call(sock, env);
+}
+
+static Gpupool__Envelope *lease_call(int sock, uint32_t device, uint64_t size) {
+        Gpupool__Envelope env = GPUPOOL__ENVELOPE__INIT;
+        Gpupool__LeaseRequest lr = GPUPOOL__LEASE_REQUEST__INIT;
+
+        lr.device = device;
+        lr.size = size;
+        env.id = 7;
+        env.body_case = GPUPOOL__ENVELOPE__BODY_LEASE;
+        env.lease = &lr;
+        return raw_call(sock, &env);
+}
+
+static Gpupool__Envelope *return_call(int sock, uint64_t *ids, size_t n, uint64_t in_use, uint64_t held_free) {
+        Gpupool__Envelope env = GPUPOOL__ENVELOPE__INIT;
+        Gpupool__ReturnRequest rr = GPUPOOL__RETURN_REQUEST__INIT;
+
+        rr.segment_ids = ids;
+        rr.n_segment_ids = n;
+        env.id = 8;
+        env.body_case = GPUPOOL__ENVELOPE__BODY_RETURN_SEGMENTS;
+        env.return_segments = &rr;
+        return call_reporting(sock, &env, in_use, held_free);
+}
+
+/* Raw protocol: a client that holds a segment free, and a control channel that never answers. */
 static int silent_keeper(struct testd *d, uint64_t size, int *ret_control) {
         Gpupool__Envelope env = GPUPOOL__ENVELOPE__INIT, *rep;
         Gpupool__Hello hello = GPUPOOL__HELLO__INIT;
-        Gpupool__AllocRequest ar = GPUPOOL__ALLOC_REQUEST__INIT;
-        Gpupool__FreeRequest fr = GPUPOOL__FREE_REQUEST__INIT;
+        Gpupool__StatusRequest sr = GPUPOOL__STATUS_REQUEST__INIT;
         uint64_t client_id;
         int sock;
 
         hello.name = "silent";
-        hello.has_keep_free_bytes = 1;
-        hello.keep_free_bytes = 64 * MiB;
         sock = raw_hello_with(d, &hello, &client_id);
-        ar.size = size;
-        env.id = 2;
-        env.body_case = GPUPOOL__ENVELOPE__BODY_ALLOC;
-        env.alloc = &ar;
-        rep = raw_call(sock, &env);
+        rep = lease_call(sock, 0, size);
         ck_assert_int_eq(rep->status, GPUPOOL__STATUS__STATUS_OK);
-        fr.segment_id = rep->alloc_reply->segment_id;
-        fr.offset = rep->alloc_reply->offset;
         gpupool__envelope__free_unpacked(rep, NULL);
+        /* It says it holds all of it free. */
         env.id = 3;
-        env.body_case = GPUPOOL__ENVELOPE__BODY_FREE;
-        env.free = &fr;
-        rep = raw_call(sock, &env);
-        ck_assert(!rep->free_reply->has_release_segment || !rep->free_reply->release_segment);       /* kept */
+        env.body_case = GPUPOOL__ENVELOPE__BODY_STATUS_REQUEST;
+        env.status_request = &sr;
+        rep = call_reporting(sock, &env, 0, size);
+        ck_assert_int_eq(rep->status, GPUPOOL__STATUS__STATUS_OK);
         gpupool__envelope__free_unpacked(rep, NULL);
         /* Its control channel: said hello to, never read again. */
-        hello.has_keep_free_bytes = 0;
         hello.has_control_for = 1;
         hello.control_for = client_id;
         *ret_control = raw_hello_with(d, &hello, NULL);
@@ -505,42 +532,6 @@ START_TEST(test_reclaim_times_out_and_says_so) {
 }
 END_TEST
 
-/* Raw protocol: a request of body_case on sock, with what it holds on device 0 reported. */
-static Gpupool__Envelope *call_reporting(int sock, Gpupool__Envelope *env, uint64_t in_use, uint64_t held_free) {
-        Gpupool__Usage u = GPUPOOL__USAGE__INIT, *up = &u;
-
-        u.device = 0;
-        u.in_use_bytes = in_use;
-        u.held_free_bytes = held_free;
-        env->n_usage = 1;
-        env->usage = &up;
-        return raw_call(sock, env);
-}
-
-static Gpupool__Envelope *lease_call(int sock, uint32_t device, uint64_t size) {
-        Gpupool__Envelope env = GPUPOOL__ENVELOPE__INIT;
-        Gpupool__LeaseRequest lr = GPUPOOL__LEASE_REQUEST__INIT;
-
-        lr.device = device;
-        lr.size = size;
-        env.id = 7;
-        env.body_case = GPUPOOL__ENVELOPE__BODY_LEASE;
-        env.lease = &lr;
-        return raw_call(sock, &env);
-}
-
-static Gpupool__Envelope *return_call(int sock, uint64_t *ids, size_t n, uint64_t in_use, uint64_t held_free) {
-        Gpupool__Envelope env = GPUPOOL__ENVELOPE__INIT;
-        Gpupool__ReturnRequest rr = GPUPOOL__RETURN_REQUEST__INIT;
-
-        rr.segment_ids = ids;
-        rr.n_segment_ids = n;
-        env.id = 8;
-        env.body_case = GPUPOOL__ENVELOPE__BODY_RETURN_SEGMENTS;
-        env.return_segments = &rr;
-        return call_reporting(sock, &env, in_use, held_free);
-}
-
 /*
  * A process that leases whole segments and carves them itself: leases and returns, its
  * reports in the status, bad requests, and ladder step 3 asking it for bytes on its control
@@ -581,7 +572,7 @@ START_TEST(test_lease_return_and_reclaim_by_bytes) {
         cl = status_client_by_name(st, "lessee");
         ck_assert_ptr_nonnull(cl);
         ck_assert_int_eq(json_integer_value(json_object_get(cl, "reserved_bytes")), 30 * MiB);
-        ck_assert_int_eq(json_integer_value(json_object_get(cl, "leased_bytes")), 30 * MiB);
+        ck_assert_int_eq(json_integer_value(json_object_get(cl, "reserved_bytes")), 30 * MiB);
         ck_assert_int_eq(json_integer_value(json_object_get(cl, "in_use_bytes")), 10 * MiB);
         ck_assert_int_eq(json_integer_value(json_object_get(cl, "held_free_bytes")), 20 * MiB);
         ck_assert(json_integer_value(json_object_get(cl, "report_age_ms")) < 10000);
@@ -689,7 +680,6 @@ START_TEST(test_lease_return_and_reclaim_by_bytes) {
         ck_assert(rep->reclaim->has_device && rep->reclaim->device == 0);
         ck_assert(rep->reclaim->has_bytes);
         ck_assert_uint_ge(rep->reclaim->bytes, 38 * MiB);      /* what the cache cannot cover */
-        ck_assert_uint_eq(rep->reclaim->n_segment_ids, 0);
         gpupool__envelope__free_unpacked(rep, NULL);
         /* It returns its segment, unmapped, and says it holds nothing now. */
         answer.segment_ids = &seg;
@@ -779,9 +769,9 @@ START_TEST(test_trim_and_flush_tenant) {
         {
                 gpupool_client *c = NULL;
 
-                setenv("GPUPOOL_KEEP_FREE", "plenty", 1);
+                setenv("GPUPOOL_IDLE_RETURN", "plenty", 1);
                 ck_assert_int_eq(gpupool_connect(d.sock, "bad-env", &c), -EINVAL);
-                unsetenv("GPUPOOL_KEEP_FREE");
+                unsetenv("GPUPOOL_IDLE_RETURN");
                 ck_assert_ptr_null(c);
         }
         unkeep(&k, pid);

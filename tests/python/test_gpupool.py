@@ -197,7 +197,7 @@ class TestFrameworks(unittest.TestCase):
             print("zero", alloc(0).ptr)
             names = [c["name"] for c in gpupool.status()["clients"]]
             print("names", json.dumps(names))
-        """, self.d.sock, GPUPOOL_CLIENT_CACHE="0"))
+        """, self.d.sock))
         self.assertIn("live 1\n", out)
         self.assertIn("after del 0\n", out)
         self.assertIn("oom: Out of memory allocating 12,582,912 bytes: gpupool refused allocating 12.0 MiB", out)
@@ -242,7 +242,7 @@ class TestFrameworks(unittest.TestCase):
                 gpupool.use_with_torch()
             except RuntimeError as e:
                 print("late:", e)
-        """, self.d.sock, GPUPOOL_CLIENT_CACHE="0"))
+        """, self.d.sock))
         self.assertIn("names ('gpupool_torch_alloc', 'gpupool_torch_free') path True", out)
         # Without a C++ runtime in the process (the stand-in loads none) it says so; with one, it throws.
         self.assertIn("warned True", out)

@@ -217,14 +217,12 @@ static int worker(int index, double deadline) {
         uint32_t tag = (uint32_t) getpid() << 12;
 
         snprintf(name, sizeof(name), "worker-%s-%d", index % 2 ? "odd" : "even", index);
-        /* Half of them on blocks the daemon carves ($GPUPOOL_LEASE=0), while it still serves them; one in four keeping segments. */
+        /*
+         * One in four keeps its empty segments until asked (reclaims), one in four gives them
+         * back soon (leases and returns all along), the rest as by default.
+         */
         if (index % 4 == 0)
-                setenv("GPUPOOL_LEASE", "0", 1);
-        if (index % 4 == 1) {
-                setenv("GPUPOOL_LEASE", "0", 1);
-                setenv("GPUPOOL_KEEP_FREE", "24M", 1);
-        }
-        /* The rest on the process's own pool, one in four giving its empty segments back soon: leases, returns, reclaims. */
+                setenv("GPUPOOL_IDLE_RETURN", "0", 1);
         if (index % 4 == 3)
                 setenv("GPUPOOL_IDLE_RETURN", "200ms", 1);
         if (gpupool_connect(sock_path, name, &c) < 0)

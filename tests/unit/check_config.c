@@ -67,7 +67,14 @@ START_TEST(test_every_key) {
         ck_assert_uint_eq(conf.options.max_cached_percent, 10);
         ck_assert_uint_eq(conf.options.reclaim_timeout_ms, 250);
         ck_assert_uint_eq(conf.options.client_limit_bytes, 8 * GiB);
-        ck_assert_uint_eq(conf.options.max_blocks, 99);
+        /* Obsolete: accepted, and warned about. */
+        ck_assert(conf.options.obsolete_max_blocks);
+        {
+                char warnings[1024];
+
+                ck_assert_uint_eq(config_warnings(&conf, warnings, sizeof(warnings)), 1);
+                ck_assert_msg(strstr(warnings, "max_blocks (--max-blocks) is obsolete and ignored"), "%s", warnings);
+        }
         ck_assert_uint_eq(conf.tenant_count, 2);
         ck_assert_str_eq(conf.tenants[0].name, "default");
         ck_assert_uint_eq(conf.tenants[0].max_bytes, 20 * GiB);
@@ -87,25 +94,25 @@ START_TEST(test_dropins_and_command_line) {
         char *argv[] = { "gpupoold", "--client-limit", "1G", NULL };
         struct options o;
 
-        write_file(path, "[limits]\nclient_max = 8G\nmax_blocks = 5\n[tenant:a]\nmatch_uid = 1\nmax = 1G\n");
+        write_file(path, "[limits]\nclient_max = 8G\n[pool]\nreclaim_timeout = 5ms\n[tenant:a]\nmatch_uid = 1\nmax = 1G\n");
         snprintf(dropins, sizeof(dropins), "%s.d", path);
         ck_assert_int_eq(mkdir(dropins, 0755), 0);
         /* Name order: 10- before 20-, whatever order they were written in; other names are ignored. */
         snprintf(file, sizeof(file), "%s/20-late.conf", dropins);
-        write_file(file, "[limits]\nmax_blocks = 20\n");
+        write_file(file, "[pool]\nreclaim_timeout = 20ms\n");
         snprintf(file, sizeof(file), "%s/10-early.conf", dropins);
-        write_file(file, "[limits]\nmax_blocks = 10\n[tenant:a]\nmax = 2G\n[tenant:b]\nmatch_uid = 2\n");
+        write_file(file, "[pool]\nreclaim_timeout = 10ms\n[tenant:a]\nmax = 2G\n[tenant:b]\nmatch_uid = 2\n");
         snprintf(file, sizeof(file), "%s/30-off.conf.disabled", dropins);
-        write_file(file, "[limits]\nmax_blocks = 30\n");
+        write_file(file, "[pool]\nreclaim_timeout = 30ms\n");
         ck_assert_msg(config_load(path, true, &conf, err, sizeof(err)) == 0, "%s", err);
         ck_assert_uint_eq(conf.file_count, 3);
-        ck_assert_uint_eq(conf.options.max_blocks, 20);
+        ck_assert_uint_eq(conf.options.reclaim_timeout_ms, 20);
         ck_assert_uint_eq(conf.tenant_count, 3);
         ck_assert_uint_eq(conf.tenants[1].max_bytes, 2 * GiB);
         /* The command line wins over the files. */
         ck_assert_int_eq(options_parse_over(3, argv, &conf.options, &o, err, sizeof(err)), 0);
         ck_assert_uint_eq(o.client_limit_bytes, 1 * GiB);
-        ck_assert_uint_eq(o.max_blocks, 20);
+        ck_assert_uint_eq(o.reclaim_timeout_ms, 20);
 }
 END_TEST
 

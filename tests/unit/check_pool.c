@@ -1,7 +1,8 @@
 /*
- * check_pool.c: the allocator core through pool.h, on a counting fake backend: classes and
- * rounding, best fit, split and merge, leases and the cache, tenants, headroom, capacity and
- * the release ladder, refusals, and a random run checked by pool_check() and an overlap test.
+ * check_pool.c: the daemon's segments through pool.h, on a counting fake backend: classes,
+ * leases, returns and the cache, tenants, headroom, capacity and the release ladder, owners'
+ * reports, refusals, and a random run checked by pool_check(). The blocks carved in segments
+ * are the allocator core's (check_heap.c).
  */
 #include <errno.h>
 #include <stdlib.h>
@@ -82,20 +83,17 @@ static void check(void) {
         ck_assert_msg(pool_check(pool, why, sizeof(why)) == 0, "pool_check: %s", why);
 }
 
-static struct pool_lease alloc_ok(struct pool_owner *o, uint64_t size) {
+static struct pool_lease lease_ok(struct pool_owner *o, uint64_t size) {
         struct pool_lease l;
 
-        ck_assert_int_eq(pool_alloc(pool, o, size, UINT64_MAX, &l), 0);
+        ck_assert_int_eq(pool_lease(pool, o, size, UINT64_MAX, &l), 0);
         check();
         return l;
 }
 
-static bool free_ok(struct pool_owner *o, const struct pool_lease *l) {
-        bool release = false;
-
-        ck_assert_int_eq(pool_free_block(pool, o, l->segment_id, l->offset, &release), 0);
+static void return_ok(struct pool_owner *o, const struct pool_lease *l) {
+        ck_assert_int_eq(pool_return(pool, o, l->segment_id, false), 0);
         check();
-        return release;
 }
 
 static void teardown(void) {
@@ -106,16 +104,16 @@ static void teardown(void) {
 
 START_TEST(test_classes_and_rounding) {
         static const struct {
-                uint64_t size, block, segment;
+                uint64_t size, segment;
         } cases[] = {
-                { 1, 512, 2 * MiB },
-                { 512, 512, 2 * MiB },
-                { 513, 1024, 2 * MiB },
-                { 1 * MiB, 1 * MiB, 2 * MiB },
-                { 1 * MiB + 1, 1 * MiB + 512, 20 * MiB },
-                { 10 * MiB, 10 * MiB, 20 * MiB },
-                { 10 * MiB + 1, 10 * MiB + 512, 12 * MiB },
-                { 64 * MiB, 64 * MiB, 64 * MiB },
+                { 1, 2 * MiB },
+                { 512, 2 * MiB },
+                { 513, 2 * MiB },
+                { 1 * MiB, 2 * MiB },
+                { 1 * MiB + 1, 20 * MiB },
+                { 10 * MiB, 20 * MiB },
+                { 10 * MiB + 1, 12 * MiB },
+                { 64 * MiB, 64 * MiB },
         };
 
         setup_capacity(1ULL << 30);
@@ -124,56 +122,15 @@ START_TEST(test_classes_and_rounding) {
                 struct pool_lease l;
 
                 pool_owner_attach(pool, &o, 1);
-                l = alloc_ok(&o, cases[i].size);
-                ck_assert_msg(l.size == cases[i].block, "size %llu: block %llu", (unsigned long long) cases[i].size,
-                              (unsigned long long) l.size);
+                l = lease_ok(&o, cases[i].size);
                 ck_assert_msg(l.segment_size == cases[i].segment, "size %llu: segment %llu",
                               (unsigned long long) cases[i].size, (unsigned long long) l.segment_size);
-                ck_assert(l.new_segment);
-                ck_assert_uint_eq(l.offset, 0);
+                ck_assert_uint_eq(o.reserved_bytes, l.segment_size);
+                ck_assert_uint_eq(o.segments, 1);
                 pool_owner_detach(&o);
                 pool_flush(pool, NULL, NULL);
                 check();
         }
-        teardown();
-}
-END_TEST
-
-START_TEST(test_best_fit_split_merge) {
-        struct pool_lease a, b, c, d, e, x, y;
-        struct pool_owner o;
-
-        setup_capacity(1ULL << 30);
-        pool_owner_attach(pool, &o, 1);
-        a = alloc_ok(&o, 4096);
-        b = alloc_ok(&o, 8192);
-        c = alloc_ok(&o, 4096);
-        d = alloc_ok(&o, 16384);
-        e = alloc_ok(&o, 4096);
-        ck_assert(!b.new_segment && b.segment_id == a.segment_id);
-        ck_assert_uint_eq(b.offset, 4096);
-        ck_assert_uint_eq(e.offset, 4096 + 8192 + 4096 + 16384);
-        ck_assert(!free_ok(&o, &b));
-        ck_assert(!free_ok(&o, &d));
-        /* Holes of 8K and 16K and the segment's tail: 6K fits best in the 8K hole. */
-        x = alloc_ok(&o, 6000);
-        ck_assert_uint_eq(x.offset, b.offset);
-        y = alloc_ok(&o, 12 * 1024);
-        ck_assert_uint_eq(y.offset, d.offset);
-        ck_assert_uint_eq(pool_owner_blocks(&o), 5);
-        ck_assert_uint_eq(pool_owner_carved_bytes(&o), 4096 + 6144 + 4096 + 12288 + 4096);
-        /* Free in an order that merges left, right and both ways. */
-        ck_assert(!free_ok(&o, &x));
-        ck_assert(!free_ok(&o, &c));
-        ck_assert(!free_ok(&o, &a));
-        ck_assert(!free_ok(&o, &e));
-        ck_assert(free_ok(&o, &y));     /* last block: the segment must be released */
-        ck_assert_uint_eq(pool_owner_carved_bytes(&o), 0);
-        ck_assert_uint_eq(o.reserved_bytes, 2 * MiB);   /* still ours until released */
-        ck_assert_int_eq(pool_release(pool, &o, a.segment_id), 0);
-        check();
-        ck_assert_uint_eq(o.reserved_bytes, 0);
-        pool_owner_detach(&o);
         teardown();
 }
 END_TEST
@@ -187,33 +144,35 @@ START_TEST(test_cache_and_tenants) {
         pool_owner_attach(pool, &a, 1000);
         pool_owner_attach(pool, &b, 1000);
         pool_owner_attach(pool, &c, 2000);
-        l = alloc_ok(&a, 100);
-        ck_assert(free_ok(&a, &l));
-        ck_assert_int_eq(pool_release(pool, &a, l.segment_id), 0);
+        l = lease_ok(&a, 100);
+        return_ok(&a, &l);
         pool_get_stats(pool, &st);
         ck_assert_uint_eq(st.cached_bytes, 2 * MiB);
         ck_assert_uint_eq(st.reserved_bytes, 2 * MiB);
+        ck_assert_uint_eq(a.reserved_bytes, 0);
 
         /* Same tenant: the cached segment is reused as it is. */
-        m = alloc_ok(&b, 100);
+        m = lease_ok(&b, 100);
         ck_assert_uint_eq(m.segment_id, l.segment_id);
-        ck_assert(m.new_segment);
         ck_assert_int_eq(fake.created, 1);
         ck_assert_int_eq(fake.zeroed, 0);
-        ck_assert(free_ok(&b, &m));
-        ck_assert_int_eq(pool_release(pool, &b, m.segment_id), 0);
+        return_ok(&b, &m);
 
         /* Another tenant: reused, but zeroed first. */
-        n = alloc_ok(&c, 100);
+        n = lease_ok(&c, 100);
         ck_assert_uint_eq(n.segment_id, l.segment_id);
         ck_assert_int_eq(fake.zeroed, 1);
         ck_assert_int_eq(fake.created, 1);
 
-        /* A segment of another class is not taken from the cache for a small request. */
+        /* A cached segment more than a quarter larger than the class is not taken: 2 MiB for a small request. */
         pool_owner_detach(&c);
-        l = alloc_ok(&a, 5 * MiB);
+        l = lease_ok(&a, 5 * MiB);
         ck_assert_uint_eq(l.segment_size, 20 * MiB);
         ck_assert_int_eq(fake.created, 2);
+        return_ok(&a, &l);
+        l = lease_ok(&a, 100);
+        ck_assert_uint_eq(l.segment_size, 2 * MiB);
+        ck_assert_int_eq(fake.created, 2);      /* the cached 2 MiB one */
         pool_owner_detach(&a);
         pool_owner_detach(&b);
         pool_get_stats(pool, &st);
@@ -237,12 +196,12 @@ START_TEST(test_headroom) {
 
         setup_capacity(1ULL << 30);
         pool_owner_attach(pool, &o, 1);
-        /* 4 MiB would take a 20 MiB segment; with 8 MiB of headroom it gets one of its own. */
-        ck_assert_int_eq(pool_alloc(pool, &o, 4 * MiB, 8 * MiB, &l), 0);
+        /* 4 MiB would take a 20 MiB segment; with 8 MiB of headroom it gets the smallest that serves. */
+        ck_assert_int_eq(pool_lease(pool, &o, 4 * MiB, 8 * MiB, &l), 0);
         ck_assert_uint_eq(l.segment_size, 4 * MiB);
-        ck_assert_int_eq(pool_alloc(pool, &o, 4 * MiB, 4 * MiB, &l), 0);
-        ck_assert_int_eq(pool_alloc(pool, &o, 3 * MiB, 2 * MiB, &l), -EDQUOT);
-        ck_assert_int_eq(pool_alloc(pool, &o, 1, 0, &l), -EDQUOT);
+        ck_assert_int_eq(pool_lease(pool, &o, 4 * MiB, 4 * MiB, &l), 0);
+        ck_assert_int_eq(pool_lease(pool, &o, 3 * MiB, 2 * MiB, &l), -EDQUOT);
+        ck_assert_int_eq(pool_lease(pool, &o, 1, 0, &l), -EDQUOT);
         check();
         ck_assert_uint_eq(o.reserved_bytes, 8 * MiB);
         pool_owner_detach(&o);
@@ -259,26 +218,25 @@ START_TEST(test_capacity_and_ladder) {
         pool_owner_attach(pool, &a, 1);
         pool_owner_attach(pool, &b, 2);
         for (int i = 0; i < 4; i++)
-                l[i] = alloc_ok(&a, 2 * MiB);
-        ck_assert_int_eq(pool_alloc(pool, &b, 512, UINT64_MAX, &x), -ENOMEM);
+                l[i] = lease_ok(&a, 2 * MiB);
+        ck_assert_int_eq(pool_lease(pool, &b, 512, UINT64_MAX, &x), -ENOMEM);
         check();
-        /* a frees two: those segments are cached, and b's request releases one and reuses... */
-        for (int i = 0; i < 2; i++) {
-                ck_assert(free_ok(&a, &l[i]));
-                ck_assert_int_eq(pool_release(pool, &a, l[i].segment_id), 0);
-        }
-        /* ...a cached 2 MiB segment directly (it fits the small class). */
-        x = alloc_ok(&b, 512);
+        /* a returns two: those segments are cached, and b's request reuses... */
+        for (int i = 0; i < 2; i++)
+                return_ok(&a, &l[i]);
+        /* ...a cached 2 MiB segment directly (it is the small class's). */
+        x = lease_ok(&b, 512);
         ck_assert_uint_eq(x.segment_id, l[1].segment_id);       /* most recently cached first */
         ck_assert_int_eq(fake.zeroed, 1);
         /* A 4 MiB request does not fit: the last cached segment is released to make room... */
-        ck_assert_int_eq(pool_alloc(pool, &b, 4 * MiB, UINT64_MAX, &x), -ENOMEM);
+        ck_assert_int_eq(pool_lease(pool, &b, 4 * MiB, UINT64_MAX, &x), -ENOMEM);
         check();
         pool_get_stats(pool, &st);
         ck_assert_uint_eq(st.cached_bytes, 0);
         ck_assert_uint_eq(st.reserved_bytes, 6 * MiB);
+        ck_assert_uint_eq(st.evictions_total, 1);
         /* ...and a 2 MiB one then fits in what it freed. */
-        x = alloc_ok(&b, 2 * MiB);
+        x = lease_ok(&b, 2 * MiB);
         ck_assert_uint_eq(x.segment_size, 2 * MiB);
         pool_owner_detach(&a);
         pool_owner_detach(&b);
@@ -292,18 +250,17 @@ START_TEST(test_backend_full_releases_cache) {
 
         setup_capacity(1ULL << 30);
         pool_owner_attach(pool, &o, 1);
-        l = alloc_ok(&o, 100);
-        ck_assert(free_ok(&o, &l));
-        ck_assert_int_eq(pool_release(pool, &o, l.segment_id), 0);
+        l = lease_ok(&o, 100);
+        return_ok(&o, &l);
         /* The device is fuller than the pool knows: the cache goes, and the retry succeeds. */
         fake.fail_create = -ENOMEM;
-        l = alloc_ok(&o, 8 * MiB);
+        l = lease_ok(&o, 8 * MiB);
         ck_assert_int_eq(fake.destroyed, 1);
         /* A failure with nothing cached is reported as it is. */
         fake.fail_create = -ENOMEM;
-        ck_assert_int_eq(pool_alloc(pool, &o, 30 * MiB, UINT64_MAX, &l), -ENOMEM);
+        ck_assert_int_eq(pool_lease(pool, &o, 30 * MiB, UINT64_MAX, &l), -ENOMEM);
         fake.fail_create = -EIO;
-        ck_assert_int_eq(pool_alloc(pool, &o, 30 * MiB, UINT64_MAX, &l), -EIO);
+        ck_assert_int_eq(pool_lease(pool, &o, 30 * MiB, UINT64_MAX, &l), -EIO);
         check();
         pool_owner_detach(&o);
         teardown();
@@ -313,27 +270,21 @@ END_TEST
 START_TEST(test_refusals) {
         struct pool_owner a, b;
         struct pool_lease l, m;
-        bool release;
 
         setup_capacity(1ULL << 30);
         pool_owner_attach(pool, &a, 1);
         pool_owner_attach(pool, &b, 1);
-        ck_assert_int_eq(pool_alloc(pool, &a, 0, UINT64_MAX, &l), -EINVAL);
-        ck_assert_int_eq(pool_alloc(pool, &a, POOL_MAX_REQUEST + 1, UINT64_MAX, &l), -EINVAL);
-        ck_assert_int_eq(pool_alloc(pool, &a, UINT64_MAX, UINT64_MAX, &l), -EINVAL);
-        l = alloc_ok(&a, 4096);
-        m = alloc_ok(&a, 4096);
-        ck_assert_int_eq(pool_free_block(pool, &b, l.segment_id, l.offset, &release), -ENOENT);     /* not b's */
-        ck_assert_int_eq(pool_free_block(pool, &a, l.segment_id, l.offset + 512, &release), -ENOENT); /* interior */
-        ck_assert_int_eq(pool_free_block(pool, &a, l.segment_id + 100, 0, &release), -ENOENT);     /* no segment */
-        ck_assert_int_eq(pool_release(pool, &a, l.segment_id), -EBUSY);
-        ck_assert_int_eq(pool_release(pool, &b, l.segment_id), -ENOENT);
-        ck_assert(!free_ok(&a, &l));
-        ck_assert_int_eq(pool_free_block(pool, &a, l.segment_id, l.offset, &release), -ENOENT);     /* twice */
-        ck_assert(free_ok(&a, &m));
-        ck_assert_int_eq(pool_free_block(pool, &a, m.segment_id, m.offset, &release), -ENOENT);     /* releasing */
-        ck_assert_int_eq(pool_release(pool, &a, m.segment_id), 0);
-        ck_assert_int_eq(pool_release(pool, &a, m.segment_id), -ENOENT);                            /* cached now */
+        ck_assert_int_eq(pool_lease(pool, &a, 0, UINT64_MAX, &l), -EINVAL);
+        ck_assert_int_eq(pool_lease(pool, &a, POOL_MAX_REQUEST + 1, UINT64_MAX, &l), -EINVAL);
+        ck_assert_int_eq(pool_lease(pool, &a, UINT64_MAX, UINT64_MAX, &l), -EINVAL);
+        l = lease_ok(&a, 4096);
+        m = lease_ok(&a, 4096);
+        ck_assert_uint_ne(l.segment_id, m.segment_id);         /* a segment is leased whole, once */
+        ck_assert_int_eq(pool_return(pool, &b, l.segment_id, false), -ENOENT);         /* not b's */
+        ck_assert_int_eq(pool_return(pool, &a, l.segment_id + 100, false), -ENOENT);   /* no segment */
+        ck_assert_int_eq(pool_return(pool, NULL, l.segment_id, false), -ENOENT);
+        return_ok(&a, &l);
+        ck_assert_int_eq(pool_return(pool, &a, l.segment_id, false), -ENOENT);         /* twice: cached now */
         check();
         pool_owner_detach(&a);
         pool_owner_detach(&b);
@@ -341,14 +292,17 @@ START_TEST(test_refusals) {
 }
 END_TEST
 
-START_TEST(test_detach_with_live_blocks) {
+START_TEST(test_detach_with_leases) {
         struct pool_owner o;
         struct pool_stats st;
 
         setup_capacity(1ULL << 30);
         pool_owner_attach(pool, &o, 1);
         for (int i = 0; i < 50; i++)
-                alloc_ok(&o, (uint64_t) (i + 1) * 100000);
+                lease_ok(&o, (uint64_t) (i + 1) * 100000);
+        pool_owner_report(&o, o.reserved_bytes / 2, 0, 1);
+        pool_get_stats(pool, &st);
+        ck_assert_uint_eq(st.in_use_bytes, o.reserved_bytes / 2);
         ck_assert_uint_eq(pool_owner_detach(&o), fake.live_bytes);
         check();
         pool_get_stats(pool, &st);
@@ -358,22 +312,9 @@ START_TEST(test_detach_with_live_blocks) {
 }
 END_TEST
 
-struct live {
-        uint64_t segment_id, offset, size;
-        int owner;
-};
-
-static int cmp_live(const void *x, const void *y) {
-        const struct live *a = x, *b = y;
-
-        if (a->segment_id != b->segment_id)
-                return a->segment_id < b->segment_id ? -1 : 1;
-        return a->offset < b->offset ? -1 : a->offset > b->offset;
-}
-
-START_TEST(test_random_no_overlap) {
-        enum { OWNERS = 3, SLOTS = 300 };
-        static struct live slots[OWNERS][SLOTS], all[OWNERS * SLOTS];
+START_TEST(test_random_leases) {
+        enum { OWNERS = 3, SLOTS = 100 };
+        static struct pool_lease slots[OWNERS][SLOTS];
         struct pool_owner owners[OWNERS];
         unsigned seed = 777;
         char why[256];
@@ -383,45 +324,38 @@ START_TEST(test_random_no_overlap) {
                 pool_owner_attach(pool, &owners[i], (uint32_t) i % 2);
         for (int step = 0; step < 30000; step++) {
                 int o = (int) (rand_r(&seed) % OWNERS), s = (int) (rand_r(&seed) % SLOTS);
-                struct live *lv = &slots[o][s];
+                struct pool_lease *lv = &slots[o][s];
 
-                if (lv->size) {
-                        bool release;
-
-                        ck_assert_int_eq(pool_free_block(pool, &owners[o], lv->segment_id, lv->offset, &release), 0);
-                        if (release)
-                                ck_assert_int_eq(pool_release(pool, &owners[o], lv->segment_id), 0);
-                        lv->size = 0;
+                if (lv->segment_size) {
+                        ck_assert_int_eq(pool_return(pool, &owners[o], lv->segment_id, rand_r(&seed) % 8 == 0), 0);
+                        lv->segment_size = 0;
                 } else {
-                        /* Mostly small, some medium, a few large. */
+                        /* Mostly small, some medium, a few large; some under a limit. */
                         unsigned kind = rand_r(&seed) % 100;
                         uint64_t r = (uint64_t) rand_r(&seed), size = kind < 80 ? 1 + r % (256 * 1024) :
                                         kind < 97 ? 1 + r % (8 * MiB) : 11 * MiB + r % (16 * MiB);
-                        struct pool_lease l;
+                        uint64_t headroom = kind % 7 == 0 ? 16 * MiB : UINT64_MAX;
+                        int e = pool_lease(pool, &owners[o], size, headroom, lv);
 
-                        ck_assert_int_eq(pool_alloc(pool, &owners[o], size, UINT64_MAX, &l), 0);
-                        ck_assert_uint_ge(l.size, size);
-                        *lv = (struct live) { l.segment_id, l.offset, l.size, o };
+                        ck_assert_msg(e == 0 || e == -EDQUOT || e == -ENOMEM, "lease: %d", e);
+                        if (e == 0)
+                                ck_assert_uint_ge(lv->segment_size, size);
+                        else
+                                lv->segment_size = 0;
+                }
+                if (step % 97 == 0) {
+                        uint64_t r = (uint64_t) rand_r(&seed);
+
+                        pool_owner_report(&owners[o], r % (64 * MiB), (r >> 8) % (64 * MiB), (uint64_t) step);
                 }
                 if (step % 1000 == 0)
                         ck_assert_msg(pool_check(pool, why, sizeof(why)) == 0, "step %d: %s", step, why);
         }
-        /* No two live blocks overlap, and a segment's blocks all belong to one owner. */
-        {
-                size_t n = 0;
-
-                for (int o = 0; o < OWNERS; o++)
-                        for (int s = 0; s < SLOTS; s++)
-                                if (slots[o][s].size)
-                                        all[n++] = slots[o][s];
-                qsort(all, n, sizeof(all[0]), cmp_live);
-                for (size_t i = 1; i < n; i++) {
-                        if (all[i].segment_id != all[i - 1].segment_id)
-                                continue;
-                        ck_assert_uint_ge(all[i].offset, all[i - 1].offset + all[i - 1].size);
-                        ck_assert_int_eq(all[i].owner, all[i - 1].owner);
-                }
-        }
+        /* Every live lease is its owner's, once. */
+        for (int o = 0; o < OWNERS; o++)
+                for (int s = 0; s < SLOTS; s++)
+                        for (int t = s + 1; t < SLOTS && slots[o][s].segment_size; t++)
+                                ck_assert(!slots[o][t].segment_size || slots[o][t].segment_id != slots[o][s].segment_id);
         ck_assert_msg(pool_check(pool, why, sizeof(why)) == 0, "%s", why);
         for (int i = 0; i < OWNERS; i++)
                 pool_owner_detach(&owners[i]);
@@ -437,13 +371,11 @@ static uint64_t fake_clock(void *ctx) {
         return fake_now_ms;
 }
 
-/* Frees an owner's one block of size, so its segment goes to the cache. */
+/* Leases and returns a segment for size, so that it goes to the cache. */
 static void cache_one(struct pool_owner *o, uint64_t size) {
-        struct pool_lease l = alloc_ok(o, size);
+        struct pool_lease l = lease_ok(o, size);
 
-        ck_assert(free_ok(o, &l));
-        ck_assert_int_eq(pool_release(pool, o, l.segment_id), 0);
-        check();
+        return_ok(o, &l);
 }
 
 START_TEST(test_idle_release_by_age) {
@@ -494,7 +426,7 @@ START_TEST(test_watermark_and_evictions) {
         ck_assert_uint_eq(st.cached_bytes, 16 * MiB);
         ck_assert_uint_eq(st.watermark_releases_total, 1);
         /* 30 MiB does not fit beside the cached 16 MiB in 40: the cache makes room, counted as an eviction. */
-        alloc_ok(&o, 30 * MiB);
+        lease_ok(&o, 30 * MiB);
         pool_get_stats(pool, &st);
         ck_assert_uint_eq(st.evictions_total, 1);
         ck_assert_uint_eq(st.cached_bytes, 0);
@@ -503,65 +435,7 @@ START_TEST(test_watermark_and_evictions) {
 }
 END_TEST
 
-START_TEST(test_keep_and_reclaim) {
-        struct pool_owner o;
-        struct pool_lease a, b, c;
-        struct pool_stats st;
-        uint64_t ids[4], bytes = 0;
-
-        setup_capacity(1ULL << 30);
-        pool_owner_attach(pool, &o, 1);
-        o.keep_bytes = 30 * MiB;
-        /* Emptied, a segment stays the owner's while it keeps no more than keep_bytes. */
-        a = alloc_ok(&o, 12 * MiB);
-        b = alloc_ok(&o, 14 * MiB);
-        c = alloc_ok(&o, 16 * MiB);
-        ck_assert(!free_ok(&o, &a));
-        ck_assert(!free_ok(&o, &b));
-        ck_assert_uint_eq(pool_owner_kept_bytes(&o), 26 * MiB);
-        ck_assert(free_ok(&o, &c));             /* 26 + 16 > 30: this one must go */
-        ck_assert_int_eq(pool_release(pool, &o, c.segment_id), 0);
-        check();
-        /* A kept segment serves the owner again without a new lease. */
-        a = alloc_ok(&o, 12 * MiB);
-        ck_assert(!a.new_segment);
-        ck_assert_uint_eq(pool_owner_kept_bytes(&o), 14 * MiB);
-        /* Reclaim takes the kept ones (not the one in use), and they wait for pool_release(). */
-        ck_assert_uint_eq(pool_reclaim(pool, &o, UINT64_MAX, false, ids, 4, &bytes), 1);
-        ck_assert_uint_eq(ids[0], b.segment_id);
-        ck_assert_uint_eq(bytes, 14 * MiB);
-        ck_assert_uint_eq(pool_owner_kept_bytes(&o), 0);
-        check();
-        b = alloc_ok(&o, 14 * MiB);             /* not placed in the reclaimed segment */
-        ck_assert(b.new_segment);
-        ck_assert_uint_ne(b.segment_id, ids[0]);
-        /* Undone (the owner could not be told), it is kept again; then taken and released for real. */
-        pool_unreclaim(pool, &o, ids, 1);
-        ck_assert_uint_eq(pool_owner_kept_bytes(&o), 14 * MiB);
-        check();
-        ck_assert_uint_eq(pool_reclaim(pool, &o, 1, false, ids, 4, &bytes), 1);
-        ck_assert_int_eq(pool_release(pool, &o, ids[0]), 0);
-        check();
-        pool_get_stats(pool, &st);
-        ck_assert_uint_eq(st.cached_bytes, 14 * MiB);    /* c's 16 MiB served b's 14 from the cache */
-        /* An owner leaving with a kept segment: it goes to the cache kept by nobody (found by make stress). */
-        ck_assert(!free_ok(&o, &a));
-        ck_assert_uint_eq(pool_owner_kept_bytes(&o), 12 * MiB);
-        pool_owner_detach(&o);
-        check();
-        {
-                struct pool_owner o2;
-
-                pool_owner_attach(pool, &o2, 1);
-                a = alloc_ok(&o2, 12 * MiB);    /* the formerly kept segment, from the cache */
-                ck_assert_uint_eq(pool_owner_kept_bytes(&o2), 0);
-                pool_owner_detach(&o2);
-        }
-        teardown();
-}
-END_TEST
-
-/* Whole segments leased to owners that carve their own blocks, and given back. */
+/* Segments leased to owners, reported on, and given back. */
 START_TEST(test_lease_and_return) {
         struct pool_owner a, b;
         struct pool_lease l1, l2, l3, l4;
@@ -572,9 +446,7 @@ START_TEST(test_lease_and_return) {
         pool_owner_attach(pool, &b, 2);
         /* The class's segment: 2 MiB for a small block, 20 MiB up to 10 MiB, else rounded to 2 MiB. */
         ck_assert_int_eq(pool_lease(pool, &a, 4096, UINT64_MAX, &l1), 0);
-        ck_assert(l1.new_segment);
         ck_assert_uint_eq(l1.segment_size, 2 * MiB);
-        ck_assert_uint_eq(l1.offset, 0);
         ck_assert_int_eq(pool_lease(pool, &a, 3 * MiB, UINT64_MAX, &l2), 0);
         ck_assert_uint_eq(l2.segment_size, 20 * MiB);
         /* With 12 MiB of headroom left, the smallest segment that serves. */
@@ -583,19 +455,14 @@ START_TEST(test_lease_and_return) {
         ck_assert_int_eq(pool_lease(pool, &a, 13 * MiB, 12 * MiB, &l4), -EDQUOT);
         ck_assert_int_eq(pool_lease(pool, &a, 0, UINT64_MAX, &l4), -EINVAL);
         ck_assert_uint_eq(a.reserved_bytes, 26 * MiB);
-        ck_assert_uint_eq(a.leased_bytes, 26 * MiB);
         ck_assert_uint_eq(a.segments, 3);
-        ck_assert_uint_eq(pool_owner_carved_bytes(&a), 0);   /* the daemon carves nothing in them */
         check();
 
-        /* Only the lessee returns a segment, and only one leased whole. */
+        /* Only the lessee returns a segment. */
         ck_assert_int_eq(pool_return(pool, &b, l1.segment_id, false), -ENOENT);
         ck_assert_int_eq(pool_return(pool, &a, 12345, false), -ENOENT);
-        l4 = alloc_ok(&a, 4096);        /* a segment the daemon carves: not one to return */
-        ck_assert_int_eq(pool_return(pool, &a, l4.segment_id, false), -ENOENT);
-        ck_assert(free_ok(&a, &l4));
-        ck_assert_int_eq(pool_release(pool, &a, l4.segment_id), 0);
-        ck_assert_int_eq(pool_release(pool, &a, l1.segment_id), -EBUSY);
+        l4 = lease_ok(&a, 4096);
+        return_ok(&a, &l4);
 
         /* Returned, a segment goes to the cache, and to another tenant zeroed. */
         pool_owner_report(&a, 5 * MiB, 3 * MiB, 1);
@@ -605,7 +472,7 @@ START_TEST(test_lease_and_return) {
         ck_assert_int_eq(pool_return(pool, &a, l1.segment_id, false), -ENOENT);
         ck_assert_uint_eq(a.reported_held_free_bytes, 1 * MiB);
         ck_assert_uint_eq(a.reported_in_use_bytes, 5 * MiB);
-        ck_assert_uint_eq(a.leased_bytes, 24 * MiB);
+        ck_assert_uint_eq(a.reserved_bytes, 24 * MiB);
         pool_get_stats(pool, &st);
         ck_assert_uint_eq(st.cached_bytes, 4 * MiB);    /* l1 and l4's segment */
         check();
@@ -642,17 +509,15 @@ Suite *suite_pool(void) {
         TCase *tc = tcase_create("core");
 
         tcase_add_test(tc, test_classes_and_rounding);
-        tcase_add_test(tc, test_best_fit_split_merge);
         tcase_add_test(tc, test_cache_and_tenants);
         tcase_add_test(tc, test_headroom);
         tcase_add_test(tc, test_capacity_and_ladder);
         tcase_add_test(tc, test_backend_full_releases_cache);
         tcase_add_test(tc, test_refusals);
-        tcase_add_test(tc, test_detach_with_live_blocks);
-        tcase_add_test(tc, test_random_no_overlap);
+        tcase_add_test(tc, test_detach_with_leases);
+        tcase_add_test(tc, test_random_leases);
         tcase_add_test(tc, test_idle_release_by_age);
         tcase_add_test(tc, test_watermark_and_evictions);
-        tcase_add_test(tc, test_keep_and_reclaim);
         tcase_add_test(tc, test_lease_and_return);
         tcase_set_timeout(tc, 120);
         suite_add_tcase(s, tc);

@@ -15,15 +15,15 @@ static void pair(int sv[2]) {
 
 START_TEST(test_roundtrip) {
         Gpupool__Envelope env = GPUPOOL__ENVELOPE__INIT, *got;
-        Gpupool__AllocRequest a = GPUPOOL__ALLOC_REQUEST__INIT;
+        Gpupool__LeaseRequest a = GPUPOOL__LEASE_REQUEST__INIT;
         uint8_t buf[GP_MAX_REQUEST_BYTES];
         int sv[2], n, fd = 99;
 
         pair(sv);
         env.version = GP_PROTOCOL_VERSION;
         env.id = 42;
-        env.body_case = GPUPOOL__ENVELOPE__BODY_ALLOC;
-        env.alloc = &a;
+        env.body_case = GPUPOOL__ENVELOPE__BODY_LEASE;
+        env.lease = &a;
         a.device = 3;
         a.size = 1ULL << 40;
         n = gp_wire_pack(&env, buf, sizeof(buf));
@@ -34,9 +34,9 @@ START_TEST(test_roundtrip) {
         ck_assert_int_eq(fd, -1);
         ck_assert_int_eq(gp_wire_unpack(buf, (size_t) n, &got), 0);
         ck_assert_uint_eq(got->id, 42);
-        ck_assert_int_eq(got->body_case, GPUPOOL__ENVELOPE__BODY_ALLOC);
-        ck_assert_uint_eq(got->alloc->device, 3);
-        ck_assert_uint_eq(got->alloc->size, 1ULL << 40);
+        ck_assert_int_eq(got->body_case, GPUPOOL__ENVELOPE__BODY_LEASE);
+        ck_assert_uint_eq(got->lease->device, 3);
+        ck_assert_uint_eq(got->lease->size, 1ULL << 40);
         gpupool__envelope__free_unpacked(got, NULL);
         close(sv[0]);
         ck_assert_int_eq(gp_wire_recv_packet(sv[1], buf, sizeof(buf), NULL), 0);   /* peer closed */
@@ -94,10 +94,13 @@ START_TEST(test_unpack_bad) {
 
         ck_assert_int_eq(gp_wire_unpack(junk, sizeof(junk), &got), -EBADMSG);
         ck_assert_int_eq(gp_wire_unpack(junk, 0, &got), -EBADMSG);      /* required fields missing */
-        env.version = 2;
+        env.version = GP_PROTOCOL_VERSION + 1;
         env.id = 1;
         n = gp_wire_pack(&env, buf, sizeof(buf));
         ck_assert_int_gt(n, 0);
+        ck_assert_int_eq(gp_wire_unpack(buf, (size_t) n, &got), -EPROTONOSUPPORT);
+        env.version = 1;        /* blocks carved by the daemon: no longer spoken */
+        n = gp_wire_pack(&env, buf, sizeof(buf));
         ck_assert_int_eq(gp_wire_unpack(buf, (size_t) n, &got), -EPROTONOSUPPORT);
         ck_assert_int_eq(gp_wire_pack(&env, buf, 2), -EMSGSIZE);
         ck_assert_ptr_null(got);
@@ -109,39 +112,37 @@ START_TEST(test_arena) {
         static struct gp_wire_arena arena;
         static uint8_t buf[1 << 20];
         Gpupool__Envelope env = GPUPOOL__ENVELOPE__INIT, *got;
-        Gpupool__FreeBatchRequest fb = GPUPOOL__FREE_BATCH_REQUEST__INIT;
-        Gpupool__FreeRequest one = GPUPOOL__FREE_REQUEST__INIT, **frees;
-        size_t n_frees = 4000;
+        Gpupool__ReturnRequest rr = GPUPOOL__RETURN_REQUEST__INIT;
+        size_t n_ids = 40000;
+        uint64_t *ids;
         int n;
 
         gp_wire_arena_init(&arena);
-        frees = calloc(n_frees, sizeof(*frees));
-        ck_assert_ptr_nonnull(frees);
+        ids = calloc(n_ids, sizeof(*ids));
+        ck_assert_ptr_nonnull(ids);
         env.version = GP_PROTOCOL_VERSION;
         env.id = 7;
-        env.body_case = GPUPOOL__ENVELOPE__BODY_FREE_BATCH;
-        env.free_batch = &fb;
-        one.segment_id = 1;
-        one.offset = 512;
-        for (size_t i = 0; i < n_frees; i++)
-                frees[i] = &one;
+        env.body_case = GPUPOOL__ENVELOPE__BODY_RETURN_SEGMENTS;
+        env.return_segments = &rr;
+        for (size_t i = 0; i < n_ids; i++)
+                ids[i] = 1 + i;
         for (int round = 0; round < 2; round++) {
-                fb.n_frees = round == 0 ? 1 : n_frees;
-                fb.frees = frees;
+                rr.n_segment_ids = round == 0 ? 1 : n_ids;
+                rr.segment_ids = ids;
                 n = gp_wire_pack(&env, buf, sizeof(buf));
                 ck_assert_int_gt(n, 0);
                 /* Exactly the room it needs is enough; a byte less is not. */
                 ck_assert_int_eq(gp_wire_pack(&env, buf, (size_t) n), n);
                 ck_assert_int_eq(gp_wire_pack(&env, buf, (size_t) n - 1), -EMSGSIZE);
                 ck_assert_int_eq(gp_wire_unpack_with(buf, (size_t) n, &arena.allocator, &got), 0);
-                ck_assert_uint_eq(got->free_batch->n_frees, fb.n_frees);
-                ck_assert_uint_eq(got->free_batch->frees[fb.n_frees - 1]->offset, 512);
+                ck_assert_uint_eq(got->return_segments->n_segment_ids, rr.n_segment_ids);
+                ck_assert_uint_eq(got->return_segments->segment_ids[rr.n_segment_ids - 1], rr.n_segment_ids);
                 ck_assert(arena.spilled == (round == 1));
                 gp_wire_arena_release(&arena, got);
                 ck_assert_uint_eq(arena.used, 0);
                 ck_assert(!arena.spilled);
         }
-        free(frees);
+        free(ids);
 }
 END_TEST
 
