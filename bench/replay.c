@@ -250,23 +250,19 @@ int main(int argc, char **argv) {
                         printf("%-14s %-8s %7zu %8s %8s %7s %7s %7.0f %7.0f %12s %12s %6s\n",
                                trace_name(argv[a], name, sizeof(name)), "malloc", res.ops, "-", "-", "-", "-", res.median_ns,
                                res.p99_ns, "-", "-", "-");
-                {
-                        pid = start_daemon(build);
-                        r = replay(&t, &res);
-                        stop_daemon(pid);
-                        if (r < 0) {
-                                failed = 1;
-                                free(t.ops);
-                                continue;
-                        }
+                pid = start_daemon(build);
+                r = replay(&t, &res);
+                stop_daemon(pid);
+                if (r < 0)
+                        failed = 1;
+                else
                         printf("%-14s %-8s %7zu %8llu %8llu %7llu %7llu %7.0f %7.0f %12.1f %12.1f %6.3f\n",
                                trace_name(argv[a], name, sizeof(name)), "process", res.ops,
                                (unsigned long long) res.trips, (unsigned long long) res.trips_half,
                                (unsigned long long) res.imports, (unsigned long long) res.imports_half, res.median_ns,
                                res.p99_ns, (double) res.peak_leased / MiB, (double) res.peak_in_use / MiB,
                                res.peak_in_use ? (double) res.peak_leased / (double) res.peak_in_use : 0);
-                        fflush(stdout);
-                }
+                fflush(stdout);
                 free(t.ops);
         }
         unlink(sock_path);

@@ -331,6 +331,34 @@ Gpupool__Envelope *raw_call(int sock, Gpupool__Envelope *env) {
         return rep;
 }
 
+Gpupool__Envelope *raw_lease(int sock, uint32_t device, uint64_t size) {
+        Gpupool__Envelope env = GPUPOOL__ENVELOPE__INIT;
+        Gpupool__LeaseRequest lr = GPUPOOL__LEASE_REQUEST__INIT;
+
+        lr.device = device;
+        lr.size = size;
+        env.id = 7;
+        env.body_case = GPUPOOL__ENVELOPE__BODY_LEASE;
+        env.lease = &lr;
+        return raw_call(sock, &env);
+}
+
+Gpupool__Envelope *raw_return(int sock, uint64_t *ids, size_t n, Gpupool__Usage *usage) {
+        Gpupool__Envelope env = GPUPOOL__ENVELOPE__INIT;
+        Gpupool__ReturnRequest rr = GPUPOOL__RETURN_REQUEST__INIT;
+
+        rr.segment_ids = ids;
+        rr.n_segment_ids = n;
+        env.id = 8;
+        env.body_case = GPUPOOL__ENVELOPE__BODY_RETURN_SEGMENTS;
+        env.return_segments = &rr;
+        if (usage) {
+                env.n_usage = 1;
+                env.usage = &usage;
+        }
+        return raw_call(sock, &env);
+}
+
 int raw_hello_with(struct testd *d, Gpupool__Hello *hello, uint64_t *ret_client_id) {
         Gpupool__Envelope env = GPUPOOL__ENVELOPE__INIT, *rep;
         int sock = raw_connect(d);

@@ -100,6 +100,10 @@ Gpupool__Envelope *raw_call(int sock, Gpupool__Envelope *env);
 /* Connect and say hello (as name; or with the caller's Hello, setting its client id). */
 int raw_hello(struct testd *d, const char *name);
 int raw_hello_with(struct testd *d, Gpupool__Hello *hello, uint64_t *ret_client_id);
+/* A LeaseRequest for a block of size bytes on device, and its reply. */
+Gpupool__Envelope *raw_lease(int sock, uint32_t device, uint64_t size);
+/* A ReturnRequest of n segment ids, with usage reported if given, and its reply. */
+Gpupool__Envelope *raw_return(int sock, uint64_t *ids, size_t n, Gpupool__Usage *usage);
 
 /* Forks a child running fn(arg); returns its pid. The child exits with fn's return value. */
 pid_t spawn(int (*fn)(struct testd *d, void *arg), struct testd *d, void *arg);

@@ -165,18 +165,11 @@ END_TEST
 
 /* Leases over raw protocol, closes its socket, and stays alive until told to go. */
 static int closer_client(struct testd *d, void *arg) {
-        Gpupool__Envelope env = GPUPOOL__ENVELOPE__INIT, *rep;
-        Gpupool__LeaseRequest a = GPUPOOL__LEASE_REQUEST__INIT;
         int *fds = arg, sock = raw_hello(d, "closer");
+        Gpupool__Envelope *rep = raw_lease(sock, 0, 3 * MiB);
         char ch;
 
-        a.size = 3 * MiB;
-        env.id = 2;
-        env.body_case = GPUPOOL__ENVELOPE__BODY_LEASE;
-        env.lease = &a;
-        raw_send(sock, &env);
-        rep = raw_recv(sock);
-        if (!rep || rep->status != GPUPOOL__STATUS__STATUS_OK)
+        if (rep->status != GPUPOOL__STATUS__STATUS_OK)
                 return 1;
         gpupool__envelope__free_unpacked(rep, NULL);
         close(sock);

@@ -625,9 +625,8 @@ static int nobody_fills_its_cap(struct testd *d, void *arg) {
  * drops them, and root still gets in past the limits for administrative requests.
  */
 START_TEST(test_silent_connections_cannot_lock_out_the_operator) {
-        Gpupool__Envelope env = GPUPOOL__ENVELOPE__INIT, *rep;
+        Gpupool__Envelope *rep;
         Gpupool__Hello hello = GPUPOOL__HELLO__INIT;
-        Gpupool__LeaseRequest lease = GPUPOOL__LEASE_REQUEST__INIT;
         struct peer p = { 0 };
         char out[4096], why[256];
         gpupool_client *c;
@@ -657,11 +656,7 @@ START_TEST(test_silent_connections_cannot_lock_out_the_operator) {
         hello.name = "operator";
         hello.has_admin = hello.admin = 1;
         sock = raw_hello_with(&d, &hello, NULL);
-        lease.size = 4096;
-        env.id = 2;
-        env.body_case = GPUPOOL__ENVELOPE__BODY_LEASE;
-        env.lease = &lease;
-        rep = raw_call(sock, &env);
+        rep = raw_lease(sock, 0, 4096);
         ck_assert_int_eq(rep->status, GPUPOOL__STATUS__STATUS_QUOTA);
         ck_assert_msg(strstr(rep->error, "administrative requests only"), "%s", rep->error);
         gpupool__envelope__free_unpacked(rep, NULL);

@@ -438,28 +438,13 @@ static Gpupool__Envelope *call_reporting(int sock, Gpupool__Envelope *env, uint6
         return raw_call(sock, env);
 }
 
-static Gpupool__Envelope *lease_call(int sock, uint32_t device, uint64_t size) {
-        Gpupool__Envelope env = GPUPOOL__ENVELOPE__INIT;
-        Gpupool__LeaseRequest lr = GPUPOOL__LEASE_REQUEST__INIT;
-
-        lr.device = device;
-        lr.size = size;
-        env.id = 7;
-        env.body_case = GPUPOOL__ENVELOPE__BODY_LEASE;
-        env.lease = &lr;
-        return raw_call(sock, &env);
-}
-
+/* Raw protocol: a return of n segments, with what the client holds on device 0 reported. */
 static Gpupool__Envelope *return_call(int sock, uint64_t *ids, size_t n, uint64_t in_use, uint64_t held_free) {
-        Gpupool__Envelope env = GPUPOOL__ENVELOPE__INIT;
-        Gpupool__ReturnRequest rr = GPUPOOL__RETURN_REQUEST__INIT;
+        Gpupool__Usage u = GPUPOOL__USAGE__INIT;
 
-        rr.segment_ids = ids;
-        rr.n_segment_ids = n;
-        env.id = 8;
-        env.body_case = GPUPOOL__ENVELOPE__BODY_RETURN_SEGMENTS;
-        env.return_segments = &rr;
-        return call_reporting(sock, &env, in_use, held_free);
+        u.in_use_bytes = in_use;
+        u.held_free_bytes = held_free;
+        return raw_return(sock, ids, n, &u);
 }
 
 /* Raw protocol: a client that holds a segment free, and a control channel that never answers. */
@@ -472,7 +457,7 @@ static int silent_keeper(struct testd *d, uint64_t size, int *ret_control) {
 
         hello.name = "silent";
         sock = raw_hello_with(d, &hello, &client_id);
-        rep = lease_call(sock, 0, size);
+        rep = raw_lease(sock, 0, size);
         ck_assert_int_eq(rep->status, GPUPOOL__STATUS__STATUS_OK);
         gpupool__envelope__free_unpacked(rep, NULL);
         /* It says it holds all of it free. */
@@ -550,12 +535,12 @@ START_TEST(test_lease_return_and_reclaim_by_bytes) {
         start(&d, "[pool]\nreclaim_timeout = 5s\n[tenant:lessees]\nmatch_name = lessee\n", "64M");
         hello.name = "lessee";
         sock = raw_hello_with(&d, &hello, &client_id);
-        rep = lease_call(sock, 0, 30 * MiB);
+        rep = raw_lease(sock, 0, 30 * MiB);
         ck_assert_int_eq(rep->status, GPUPOOL__STATUS__STATUS_OK);
         ck_assert_uint_eq(rep->lease_reply->segment_size, 30 * MiB);
         seg = rep->lease_reply->segment_id;
         gpupool__envelope__free_unpacked(rep, NULL);
-        rep = lease_call(sock, 0, 4096);
+        rep = raw_lease(sock, 0, 4096);
         ck_assert_uint_eq(rep->lease_reply->segment_size, 2 * MiB);
         ids[0] = rep->lease_reply->segment_id;
         gpupool__envelope__free_unpacked(rep, NULL);
@@ -579,10 +564,10 @@ START_TEST(test_lease_return_and_reclaim_by_bytes) {
         json_decref(st);
 
         /* Bad leases, returns and reports: each an error saying what was wrong, the client kept. */
-        rep = lease_call(sock, 0, 0);
+        rep = raw_lease(sock, 0, 0);
         ck_assert_int_eq(rep->status, GPUPOOL__STATUS__STATUS_INVALID);
         gpupool__envelope__free_unpacked(rep, NULL);
-        rep = lease_call(sock, 3, 4096);
+        rep = raw_lease(sock, 3, 4096);
         ck_assert_int_eq(rep->status, GPUPOOL__STATUS__STATUS_NO_DEVICE);
         gpupool__envelope__free_unpacked(rep, NULL);
         rep = return_call(sock, ids, 257, 0, 0);
@@ -705,7 +690,7 @@ START_TEST(test_lease_return_and_reclaim_by_bytes) {
         json_decref(st);
 
         /* A tenant's flush asks for everything; what comes back goes to the backend, not the cache. */
-        rep = lease_call(sock, 0, 12 * MiB);
+        rep = raw_lease(sock, 0, 12 * MiB);
         seg = rep->lease_reply->segment_id;
         gpupool__envelope__free_unpacked(rep, NULL);
         ck_assert_int_eq(testd_device(&d, 0, "cached_bytes"), 0);
