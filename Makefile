@@ -88,7 +88,7 @@ DAEMON    := $(filter-out daemon/main.c daemon/backend_fault.c,$(wildcard daemon
 DAEMON_TEST_O := $(B)/obj/daemon/backend_fault.o
 CLIENT    := client/client.c client/client_cuda.c client/client_hooks.c \
              client/client_control.c client/client_pool.c \
-             client/client_scope.c
+             client/client_scope.c client/client_tcache.c
 CLI       := $(wildcard cli/*.c)
 TESTS     := $(wildcard tests/unit/*.c tests/integration/*.c) tests/check_main.c tests/testlib.c
 
@@ -289,7 +289,7 @@ bench-replay: all $(BENCH_REPLAY)
 
 # Instructions per alloc+free of the allocator core (callgrind; exact, unlike ns), at 1
 # thousand, 100 thousand and 1 million free blocks, and per gpupool_alloc+gpupool_free pair
-# served by the process's own pool. Needs valgrind.
+# served by the thread's cache (4 KiB) and by the process's own pool (64 KiB). Needs valgrind.
 bench-instructions: all $(BENCH_HOST)
 	$(Q)for n in 1000 100000 1000000; do \
 		out=$$(mktemp); \
@@ -299,12 +299,15 @@ bench-instructions: all $(BENCH_HOST)
 		echo "allocator core, $$n free blocks: $$(( ir / 10000 )) instructions per alloc+free pair"; \
 		rm -f $$out; \
 	done
-	$(Q)out=$$(mktemp); \
-	valgrind --tool=callgrind --callgrind-out-file=$$out --collect-atstart=no --toggle-collect=client_loop \
-		$(BENCH_HOST) --build $(B) --ops 10000 --client-only >/dev/null 2>&1 || exit 1; \
-	ir=$$(awk '/^(summary|totals):/ { print $$2 }' $$out | tail -1); \
-	echo "process pool (the default), 4 KiB: $$(( ir / 10000 )) instructions per gpupool_alloc+gpupool_free pair"; \
-	rm -f $$out
+	$(Q)for size in 4096 65536; do \
+		out=$$(mktemp); \
+		valgrind --tool=callgrind --callgrind-out-file=$$out --collect-atstart=no --toggle-collect=client_loop \
+			$(BENCH_HOST) --build $(B) --ops 10000 --client-only $$size >/dev/null 2>&1 || exit 1; \
+		ir=$$(awk '/^(summary|totals):/ { print $$2 }' $$out | tail -1); \
+		if [ $$size = 4096 ]; then what="4 KiB, the thread's cache"; else what="64 KiB, the process's pool"; fi; \
+		echo "libgpupool, $$what: $$(( ir / 10000 )) instructions per gpupool_alloc+gpupool_free pair"; \
+		rm -f $$out; \
+	done
 
 # Fragmentation: peak reserved / peak in use of gpupool's pool, the process's own pool and of
 # re-implemented PyTorch, CuPy and no-cache policies over the traces (bench/frag.c).

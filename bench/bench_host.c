@@ -12,10 +12,11 @@
  *   clients  8 processes leasing and returning at once for --seconds: round trips per
  *            second, next to 8 processes doing echo round trips;
  *   threads  1, 2 and 4 threads of one process sharing one handle, allocating and freeing
- *            4 KiB blocks from the process's pool: alloc+free pairs per second, the median of
- *            5 rounds;
- *   pairs    a 4 KiB alloc+free pair from the process's pool, next to glibc's malloc+free
- *            of 4 KiB (the baseline), the median of 10 alternating rounds;
+ *            4 KiB blocks (served by each thread's cache) and 64 KiB blocks (past it: the
+ *            process's pool, under the handle's lock): alloc+free pairs per second, the median
+ *            of 5 rounds;
+ *   pairs    a 4 KiB and a 64 KiB alloc+free pair in the process, next to glibc's
+ *            malloc+free of the same size (the baseline), the median of 10 alternating rounds;
  *   core     the allocator core alone (common/heap.c, which the process's pool runs): ns per
  *            alloc+free pair with 1 thousand, 100 thousand and 1 million free blocks in the
  *            index.
@@ -30,13 +31,14 @@
  * (the cost of a wakeup across CPUs added); the concurrent parts run unpinned. It prints one
  * table and writes the same as JSON to --json FILE.
  *
- * "make bench-instructions" runs the allocator core (--core-only N) and the process's own
- * pool's loop (--client-only, against a daemon of its own) under callgrind and reports
- * instructions per alloc+free pair, which unlike nanoseconds repeat exactly.
+ * "make bench-instructions" runs the allocator core (--core-only N) and libgpupool's loop
+ * (--client-only SIZE: 4096 for the thread cache, 65536 for the pool, against a daemon of its
+ * own) under callgrind and reports instructions per alloc+free pair, which unlike nanoseconds
+ * repeat exactly.
  *
  * Usage: bench_host --build DIR [--ops N] [--seconds S] [--json FILE]
  *        bench_host --ops N --core-only FREE_BLOCKS
- *        bench_host --build DIR --ops N --client-only
+ *        bench_host --build DIR --ops N --client-only SIZE
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -276,6 +278,7 @@ static void daemon_latency(size_t ops, double *tl, double *tr) {
 
 struct spinner {
         gpupool_client *c;
+        size_t size;
         const bool *stop;
         uint64_t pairs;
         bool failed;
@@ -287,7 +290,7 @@ static void *spin_main(void *arg) {
 
         while (!__atomic_load_n(s->stop, __ATOMIC_RELAXED)) {
                 for (int i = 0; i < 64; i++) {
-                        if (gpupool_alloc(s->c, 0, 4096, &p) < 0 || gpupool_free(s->c, p) < 0) {
+                        if (gpupool_alloc(s->c, 0, s->size, &p) < 0 || gpupool_free(s->c, p) < 0) {
                                 s->failed = true;
                                 return NULL;
                         }
@@ -297,8 +300,8 @@ static void *spin_main(void *arg) {
         return NULL;
 }
 
-/* Alloc+free pairs per second of n threads sharing one handle for seconds. */
-static double threaded(int n, double seconds) {
+/* Alloc+free pairs of size bytes per second of n threads sharing one handle for seconds. */
+static double threaded(int n, size_t size, double seconds) {
         struct spinner s[8];
         pthread_t t[8];
         gpupool_client *c;
@@ -312,11 +315,11 @@ static double threaded(int n, double seconds) {
                 exit(1);
         }
         /* The first block leases its segment; from then on the process's pool serves. */
-        if (gpupool_alloc(c, 0, 4096, &p) < 0 || gpupool_free(c, p) < 0)
+        if (gpupool_alloc(c, 0, size, &p) < 0 || gpupool_free(c, p) < 0)
                 exit(1);
         t0 = now_ns();
         for (int i = 0; i < n; i++) {
-                s[i] = (struct spinner) { .c = c, .stop = &stop };
+                s[i] = (struct spinner) { .c = c, .size = size, .stop = &stop };
                 if (pthread_create(&t[i], NULL, spin_main, &s[i]) != 0)
                         exit(1);
         }
@@ -336,11 +339,11 @@ static double threaded(int n, double seconds) {
 }
 
 /* The median of 5 rounds for n threads. */
-static double threaded_median(int n, double seconds) {
+static double threaded_median(int n, size_t size, double seconds) {
         double rounds[5];
 
         for (int r = 0; r < 5; r++)
-                rounds[r] = threaded(n, seconds / 5);
+                rounds[r] = threaded(n, size, seconds / 5);
         qsort(rounds, 5, sizeof(double), cmp_double);
         return rounds[2];
 }
@@ -399,13 +402,13 @@ static double concurrent(int n, double seconds, bool use_daemon) {
 /* ---- alloc+free pairs in the process: the process's own pool, and malloc as the baseline ---- */
 
 /* The measured loop, alone in a function so that callgrind can count just it (--toggle-collect). */
-__attribute__((noinline)) void client_loop(gpupool_client *c, size_t ops, double *t) {
+__attribute__((noinline)) void client_loop(gpupool_client *c, size_t size, size_t ops, double *t) {
         void *p;
 
         for (size_t i = 0; i < ops; i++) {
                 double t0 = t ? now_ns() : 0;
 
-                if (gpupool_alloc(c, 0, 4096, &p) < 0 || gpupool_free(c, p) < 0)
+                if (gpupool_alloc(c, 0, size, &p) < 0 || gpupool_free(c, p) < 0)
                         exit(1);
                 if (t)
                         t[i] = now_ns() - t0;
@@ -413,30 +416,30 @@ __attribute__((noinline)) void client_loop(gpupool_client *c, size_t ops, double
 }
 
 /*
- * ns per 4 KiB alloc+free pair through libgpupool, one block staying allocated and the first
- * pair untimed, so that every timed one is served in the process (t NULL: untimed, for
- * callgrind).
+ * ns per alloc+free pair of size bytes through libgpupool, one block staying allocated and
+ * the first pair untimed, so that every timed one is served in the process (t NULL: untimed,
+ * for callgrind).
  */
-static struct dist client_pairs(size_t ops, double *t) {
+static struct dist client_pairs(size_t size, size_t ops, double *t) {
         gpupool_client *c;
         void *keep;
 
-        if (gpupool_connect(sock_path, "bench", &c) < 0 || gpupool_alloc(c, 0, 4096, &keep) < 0)
+        if (gpupool_connect(sock_path, "bench", &c) < 0 || gpupool_alloc(c, 0, size, &keep) < 0)
                 exit(1);
-        client_loop(c, 1, NULL);
-        client_loop(c, ops, t);
+        client_loop(c, size, 1, NULL);
+        client_loop(c, size, ops, t);
         gpupool_free(c, keep);
         gpupool_disconnect(c);
         return t ? summarize(t, ops) : (struct dist) { 0, 0 };
 }
 
-/* ns per 4 KiB malloc+free pair: the baseline, glibc's allocator in the same process. */
-__attribute__((noinline)) static struct dist malloc_pairs(size_t ops, double *t) {
-        void *keep = malloc(4096);
+/* ns per malloc+free pair of size bytes: the baseline, glibc's allocator in the same process. */
+__attribute__((noinline)) static struct dist malloc_pairs(size_t size, size_t ops, double *t) {
+        void *keep = malloc(size);
 
         for (size_t i = 0; i < ops; i++) {
                 double t0 = now_ns();
-                void *p = malloc(4096);
+                void *p = malloc(size);
 
                 if (!p)
                         exit(1);
@@ -495,17 +498,21 @@ int main(int argc, char **argv) {
         static const struct option opts[] = {
                 { "build", required_argument, NULL, 'b' }, { "ops", required_argument, NULL, 'n' },
                 { "seconds", required_argument, NULL, 's' }, { "json", required_argument, NULL, 'j' },
-                { "core-only", required_argument, NULL, 'c' }, { "client-only", no_argument, NULL, 'l' }, { 0 },
+                { "core-only", required_argument, NULL, 'c' }, { "client-only", required_argument, NULL, 'l' }, { 0 },
         };
         const char *build = "build", *json = NULL;
         size_t ops = 100000;
         double seconds = 3, echo8, daemon8, *t1, *t2, *t3;
-        struct dist echo[2], alloc[2], freed[2], core[3], pair_malloc, pair_pool;
-        double threads[3];
+        struct dist echo[2], alloc[2], freed[2], core[3], pair_malloc[2], pair_pool[2];
+        double threads[2][3];
         static const int thread_counts[3] = { 1, 2, 4 };
+        /* A block the thread's cache serves, and one past it (the pool, under the handle's lock). */
+        static const size_t pair_sizes[2] = { 4096, 65536 };
+        static const char *const pair_names[2] = { "4 KiB", "64 KiB" };
+        size_t client_only = 0;
         static const size_t core_sizes[3] = { 1000, 100000, 1000000 };
         pid_t echo_pid, daemon_pid;
-        bool apart, client_only = false;
+        bool apart;
         int o;
         FILE *f;
 
@@ -520,8 +527,12 @@ int main(int argc, char **argv) {
                         (void) pool_core(strtoull(optarg, NULL, 10), ops, NULL);
                         return 0;
                 case 'l':
-                        /* Only the process's own pool's loop, untimed, against a daemon of its own: for callgrind. */
-                        client_only = true;
+                        /* Only libgpupool's loop, untimed, against a daemon of its own: for callgrind. */
+                        client_only = strtoull(optarg, NULL, 10);
+                        if (!client_only) {
+                                fprintf(stderr, "bench_host: --client-only takes a block size in bytes\n");
+                                return 2;
+                        }
                         break;
                 default:
                         fprintf(stderr, "usage: bench_host --build DIR [--ops N] [--seconds S] [--json FILE]\n");
@@ -544,7 +555,7 @@ int main(int argc, char **argv) {
         snprintf(echo_path, sizeof(echo_path), "%s/echo.sock", dir);
         if (client_only) {
                 daemon_pid = start_daemon(build);
-                (void) client_pairs(ops, NULL);
+                (void) client_pairs(client_only, ops, NULL);
                 kill(daemon_pid, SIGTERM);
                 waitpid(daemon_pid, NULL, 0);
                 return 0;
@@ -579,17 +590,19 @@ int main(int argc, char **argv) {
         place(daemon_pid, -1);
         echo8 = concurrent(8, seconds, false);
         daemon8 = concurrent(8, seconds, true);
-        /* Pairs served in the process, and malloc's, alternating in 10 rounds. */
-        for (size_t r = 0, k = ops / 10; r < 10; r++) {
-                size_t n = r < 9 ? k : ops - 9 * k;
+        /* Pairs served in the process, and malloc's of the same size, alternating in 10 rounds. */
+        for (int s = 0; s < 2; s++) {
+                for (size_t r = 0, k = ops / 10; r < 10; r++) {
+                        size_t n = r < 9 ? k : ops - 9 * k;
 
-                (void) malloc_pairs(n, t2 + r * k);
-                (void) client_pairs(n, t3 + r * k);
+                        (void) malloc_pairs(pair_sizes[s], n, t2 + r * k);
+                        (void) client_pairs(pair_sizes[s], n, t3 + r * k);
+                }
+                pair_malloc[s] = summarize(t2, ops);
+                pair_pool[s] = summarize(t3, ops);
+                for (int i = 0; i < 3; i++)
+                        threads[s][i] = threaded_median(thread_counts[i], pair_sizes[s], seconds);
         }
-        pair_malloc = summarize(t2, ops);
-        pair_pool = summarize(t3, ops);
-        for (int i = 0; i < 3; i++)
-                threads[i] = threaded_median(thread_counts[i], seconds);
         for (int i = 0; i < 3; i++)
                 core[i] = pool_core(core_sizes[i], ops, t1);
 
@@ -614,17 +627,26 @@ int main(int argc, char **argv) {
         printf("%-44s %12s %10s\n", "8 concurrent clients", "ops/s", "x echo");
         printf("%-44s %12.0f %10s\n", "echo round trips (baseline)", echo8, "1.00");
         printf("%-44s %12.0f %10.2f\n", "gpupool leases and returns", daemon8, daemon8 / echo8);
-        printf("\n%-44s %12s %12s\n", "threads of one handle, process pool", "pairs/s", "per thread");
-        for (int i = 0; i < 3; i++) {
+        printf("\n%-44s %12s %12s\n", "threads of one handle", "pairs/s", "per thread");
+        for (int s = 0; s < 2; s++) {
+                for (int i = 0; i < 3; i++) {
+                        char name[64];
+
+                        snprintf(name, sizeof(name), "%d thread%s, %s alloc+free (%s)", thread_counts[i],
+                                 thread_counts[i] > 1 ? "s" : "", pair_names[s], s ? "pool" : "thread cache");
+                        printf("%-44s %12.0f %12.0f\n", name, threads[s][i], threads[s][i] / thread_counts[i]);
+                }
+        }
+        for (int s = 0; s < 2; s++) {
                 char name[64];
 
-                snprintf(name, sizeof(name), "%d thread%s, 4 KiB alloc+free", thread_counts[i], thread_counts[i] > 1 ? "s" : "");
-                printf("%-44s %12.0f %12.0f\n", name, threads[i], threads[i] / thread_counts[i]);
+                snprintf(name, sizeof(name), "%s alloc+free pair in the process", pair_names[s]);
+                printf("\n%-44s %12s %12s %10s\n", name, "median ns", "p99 ns", "x malloc");
+                printf("%-44s %12.0f %12.0f %10s\n", "glibc malloc+free (baseline)", pair_malloc[s].median,
+                       pair_malloc[s].p99, "1.00");
+                printf("%-44s %12.0f %12.0f %10.2f\n", s ? "libgpupool: the process's pool" : "libgpupool: the thread's cache",
+                       pair_pool[s].median, pair_pool[s].p99, pair_pool[s].median / pair_malloc[s].median);
         }
-        printf("\n%-44s %12s %12s %10s\n", "4 KiB alloc+free pair in the process", "median ns", "p99 ns", "x malloc");
-        printf("%-44s %12.0f %12.0f %10s\n", "glibc malloc+free (baseline)", pair_malloc.median, pair_malloc.p99, "1.00");
-        printf("%-44s %12.0f %12.0f %10.2f\n", "process pool", pair_pool.median, pair_pool.p99,
-               pair_pool.median / pair_malloc.median);
         printf("\n%-44s %12s %12s\n", "allocator core alone, alloc+free pair", "median ns", "p99 ns");
         for (int i = 0; i < 3; i++) {
                 char name[64];
@@ -650,13 +672,18 @@ int main(int argc, char **argv) {
                         fprintf(f, "  \"return_ns_%s\": {\"median\": %.0f, \"p99\": %.0f},\n", where, freed[placement].median,
                                 freed[placement].p99);
                 }
-                fprintf(f, "  \"pair_malloc_ns\": {\"median\": %.0f, \"p99\": %.0f},\n", pair_malloc.median, pair_malloc.p99);
-                fprintf(f, "  \"pair_process_pool_ns\": {\"median\": %.0f, \"p99\": %.0f},\n", pair_pool.median,
-                        pair_pool.p99);
+                for (int s = 0; s < 2; s++) {
+                        fprintf(f, "  \"pair_malloc_%zu_ns\": {\"median\": %.0f, \"p99\": %.0f},\n", pair_sizes[s],
+                                pair_malloc[s].median, pair_malloc[s].p99);
+                        fprintf(f, "  \"pair_%s_%zu_ns\": {\"median\": %.0f, \"p99\": %.0f},\n",
+                                s ? "process_pool" : "thread_cache", pair_sizes[s], pair_pool[s].median, pair_pool[s].p99);
+                }
                 fprintf(f, "  \"echo_8_clients_ops_per_s\": %.0f, \"gpupool_8_clients_ops_per_s\": %.0f,\n", echo8, daemon8);
                 fprintf(f, "  \"threads_pairs_per_s\": [");
-                for (int i = 0; i < 3; i++)
-                        fprintf(f, "%s{\"threads\": %d, \"pairs_per_s\": %.0f}", i ? ", " : "", thread_counts[i], threads[i]);
+                for (int s = 0; s < 2; s++)
+                        for (int i = 0; i < 3; i++)
+                                fprintf(f, "%s{\"threads\": %d, \"block_bytes\": %zu, \"pairs_per_s\": %.0f}", s || i ? ", " : "",
+                                        thread_counts[i], pair_sizes[s], threads[s][i]);
                 fprintf(f, "],\n");
                 fprintf(f, "  \"pool_core_ns\": [");
                 for (int i = 0; i < 3; i++)

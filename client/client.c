@@ -137,6 +137,7 @@ static int session_open(gpupool_client *c) {
         const char *path = c->socket_path[0] ? c->socket_path : NULL;
         Gpupool__Envelope *hello;
         uint64_t client_id;
+        bool cuda;
         int r;
 
         gp_conn_close(&c->conn);
@@ -147,10 +148,11 @@ static int session_open(gpupool_client *c) {
         c->device_count = (unsigned) hello->hello_reply->n_devices;
         if (c->device_count > CLIENT_MAX_DEVICES)
                 c->device_count = CLIENT_MAX_DEVICES;
-        c->cuda = false;
+        cuda = false;
         for (unsigned d = 0; d < c->device_count; d++)
                 if (strcmp(hello->hello_reply->devices[d]->backend, "cuda") == 0)
-                        c->cuda = true;
+                        cuda = true;
+        __atomic_store_n(&c->cuda, cuda, __ATOMIC_RELEASE);     /* gpupool_free_async() reads it unlocked */
         client_id = hello->hello_reply->client_id;
         c->round_trips = c->conn.calls;
         r = c->cuda ? client_cuda_setup(c, hello->hello_reply) : 0;
@@ -180,6 +182,9 @@ GPUPOOL_EXPORT int gpupool_connect(const char *socket_path, const char *client_n
         c = calloc(1, sizeof(*c));
         if (!c)
                 return -ENOMEM;
+        static uint64_t next_serial;
+
+        c->serial = __atomic_add_fetch(&next_serial, 1, __ATOMIC_RELAXED);
         c->conn.sock = -1;
         snprintf(c->name, sizeof(c->name), "%s", client_name ? client_name : program_invocation_short_name);
         if (!gp_wire_name_is_valid(c->name))
@@ -247,6 +252,7 @@ static void drop_everything(gpupool_client *c) {
                 }
                 pthread_mutex_unlock(&c->live[i].lock);
         }
+        client_tcache_forget(c);
         while ((n = gp_rb_first(&c->by_addr)))
                 client_mapping_drop(c, gp_rb_entry(n, struct mapping, by_addr));
         for (unsigned d = 0; d < CLIENT_MAX_DEVICES; d++)
@@ -269,6 +275,7 @@ GPUPOOL_EXPORT void gpupool_disconnect(gpupool_client *c) {
         if (c->cuda)
                 client_cuda_reap(c, true);
         drop_everything(c);
+        client_tcache_detach(c);
         /* Every mapping is gone: the daemon may hand our memory to others right away. */
         req.body_case = GPUPOOL__ENVELOPE__BODY_BYE;
         req.bye = &bye;
@@ -380,12 +387,17 @@ static int daemon_device(gpupool_client *c, int device) {
 
 static int alloc_on(gpupool_client *c, int device, size_t size, void *stream, bool on_stream, void **ret_ptr);
 
+/* Whether the daemon is gone, as the control thread or the latest request saw it. Unlocked. */
+static bool daemon_gone_now(gpupool_client *c) {
+        return __atomic_load_n(&c->daemon_gone, __ATOMIC_ACQUIRE) || __atomic_load_n(&c->conn.broken, __ATOMIC_RELAXED);
+}
+
 /*
  * Whether the daemon is gone, as the control thread or the latest request saw it; says so.
  * What the process leases then is no longer its own: the pool hands none of it out. Locked.
  */
 static bool daemon_is_gone(gpupool_client *c) {
-        if (!__atomic_load_n(&c->daemon_gone, __ATOMIC_ACQUIRE) && !__atomic_load_n(&c->conn.broken, __ATOMIC_RELAXED))
+        if (!daemon_gone_now(c))
                 return false;
         client_set_error(c, "gpupoold is gone (or the connection to it is): its memory is no longer this process's; "
                             "gpupool_reconnect() starts anew");
@@ -403,11 +415,30 @@ GPUPOOL_EXPORT int gpupool_alloc_async(gpupool_client *c, int device, size_t siz
 static int alloc_on(gpupool_client *c, int device, size_t size, void *stream, bool on_stream, void **ret_ptr) {
         /* The size as the pool rounds it (0: too large to round). */
         uint64_t rsize = size <= UINT64_MAX - GP_BLOCK_ALIGN ? (size + GP_BLOCK_ALIGN - 1) & ~(GP_BLOCK_ALIGN - 1) : 0;
+        struct block *b = NULL;
         int r, d;
 
         if (!c || !ret_ptr || device < 0 || size == 0)
                 return -EINVAL;
+        /* This thread's cache first, without the handle's lock (never inside a scope: its blocks are the scope's). */
+        if (rsize && !daemon_gone_now(c) && !__atomic_load_n(&c->scope_depth, __ATOMIC_ACQUIRE) &&
+            (b = client_tcache_take(c, device, rsize))) {
+                r = client_live_insert(c, b);
+                if (r == 0) {
+                        *ret_ptr = b->ptr;
+                        return 0;
+                }
+        }
         pthread_mutex_lock(&c->lock);
+        if (b) {
+                /* Of a session gpupool_reconnect() ended (freed here), or, by a bug of ours, live twice. */
+                (void) client_free_unlinked(c, b);
+                if (r == -EEXIST) {
+                        client_set_error(c, "the process's pool handed out a block that is live already");
+                        pthread_mutex_unlock(&c->lock);
+                        return -EPROTO;
+                }
+        }
         if (c->cuda)
                 client_cuda_reap(c, false);
         d = daemon_device(c, device);
@@ -437,19 +468,35 @@ static int not_a_block(gpupool_client *c, void *ptr) {
         return -ENOENT;
 }
 
-GPUPOOL_EXPORT int gpupool_free(gpupool_client *c, void *ptr) {
-        struct block *b;
+/*
+ * Frees a block the device is done with: into this thread's cache without the handle's lock
+ * when it is small and the thread has one, else into the pool.
+ */
+static int free_now(gpupool_client *c, void *ptr) {
+        bool gone = daemon_gone_now(c);
+        struct block *b = client_live_take(c, ptr), *rest = b;
         int r;
 
-        if (!c)
-                return -EINVAL;
+        if (b && !gone && !(rest = client_tcache_put(c, b)))
+                return 0;
         pthread_mutex_lock(&c->lock);
-        b = client_live_take(c, ptr);
-        r = b ? client_free_unlinked(c, b) : not_a_block(c, ptr);
+        if (!b) {
+                r = not_a_block(c, ptr);
+        } else {
+                if (!gone && rest == b)
+                        rest = client_tcache_put_locked(c, b);
+                r = rest ? client_free_unlinked(c, rest) : 0;
+        }
         if (r == 0 && daemon_is_gone(c))
                 r = -ECONNRESET;        /* freed, but into memory that is not ours any more */
         pthread_mutex_unlock(&c->lock);
         return r;
+}
+
+GPUPOOL_EXPORT int gpupool_free(gpupool_client *c, void *ptr) {
+        if (!c)
+                return -EINVAL;
+        return free_now(c, ptr);
 }
 
 GPUPOOL_EXPORT int gpupool_free_async(gpupool_client *c, void *ptr, void *stream) {
@@ -458,12 +505,14 @@ GPUPOOL_EXPORT int gpupool_free_async(gpupool_client *c, void *ptr, void *stream
 
         if (!c)
                 return -EINVAL;
+        /* Host memory: no device queues work on it, so there is nothing to wait for. */
+        if (!stream && !__atomic_load_n(&c->cuda, __ATOMIC_ACQUIRE))
+                return free_now(c, ptr);
         pthread_mutex_lock(&c->lock);
         b = client_live_take(c, ptr);
         if (!b) {
                 r = not_a_block(c, ptr);
         } else if (!b->mapping->ipc && !stream) {
-                /* Host memory: no device queues work on it, so there is nothing to wait for. */
                 r = client_free_unlinked(c, b);
         } else {
                 if (!b->mapping->ipc) {
@@ -505,7 +554,7 @@ GPUPOOL_EXPORT int gpupool_stats(gpupool_client *c, struct gpupool_stats *ret) {
         }
         st.round_trips = c->round_trips;
         st.segments_imported = c->segments_imported;
-        st.cached_bytes = client_pool_free_bytes(c);
+        st.cached_bytes = client_pool_free_bytes(c);     /* the threads' caches too */
         pthread_mutex_unlock(&c->lock);
         *ret = st;
         return 0;

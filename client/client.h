@@ -1,7 +1,8 @@
 /*
  * client.h: libgpupool's insides, shared by its files: client.c (the handle, the protocol,
  * segments and blocks), client_pool.c (the process's own pool), client_control.c (the
- * control channel), client_scope.c, client_hooks.c, and client_cuda.c (the CUDA driver: device UUIDs, IPC handles,
+ * control channel), client_tcache.c (each thread's cache of the small blocks it freed),
+ * client_scope.c, client_hooks.c, and client_cuda.c (the CUDA driver: device UUIDs, IPC handles,
  * stream-ordered frees).
  */
 #ifndef GP_CLIENT_H
@@ -77,7 +78,10 @@ struct client_device {
         uint64_t reported_in_use, reported_held_free;   /* as the daemon last heard (client_pool_usage()) */
 };
 
+struct tcache;
+
 struct gpupool_client {
+        uint64_t serial;                /* unique in the process: a thread's cache names its handle by it */
         pthread_mutex_t lock;           /* everything below but what conn_busy lends out */
         /*
          * The main connection: used under the lock, one request at a time, except by a lease
@@ -104,8 +108,9 @@ struct gpupool_client {
         uint64_t segments_imported;     /* segments mapped since connect */
         /* Open scopes, innermost last (gpupool_scope_begin/end). */
         uint32_t scopes[CLIENT_MAX_SCOPES];
-        unsigned scope_depth;
+        unsigned scope_depth;           /* written locked, read atomically (the threads' fast path) */
         uint32_t next_scope;
+        struct tcache *tcaches;         /* the threads' caches of freed small blocks (client_tcache.c) */
         uint64_t idle_return_ms;        /* empty segments go back after this long ($GPUPOOL_IDLE_RETURN; 0: never) */
         /* The control channel: the daemon's reclaim requests, answered by the control thread. */
         struct gp_conn *control;
@@ -212,6 +217,37 @@ uint64_t client_pool_free_bytes(gpupool_client *c);
 
 /* Once a second from the control thread: gives back segments empty for the idle time. */
 void client_pool_tick(gpupool_client *c, uint64_t now_ms);
+
+/*
+ * client_tcache.c: each thread's cache of the small blocks it freed. The fast path (take and
+ * put) runs without the handle's lock; the rest is called locked.
+ */
+
+/* A block of rsize bytes on the caller's device from this thread's cache, out of the live table; or NULL. */
+struct block *client_tcache_take(gpupool_client *c, int device, uint64_t rsize);
+
+/*
+ * Parks b (out of the live table) in this thread's cache: NULL, or the block that must go to
+ * the pool instead (b itself, or the oldest it pushed out). client_tcache_put() uses the
+ * thread's cache if it has one; the locked one also makes one.
+ */
+struct block *client_tcache_put(gpupool_client *c, struct block *b);
+struct block *client_tcache_put_locked(gpupool_client *c, struct block *b);
+
+/* Empties every cache into the pool. Locked. */
+void client_tcache_drain(gpupool_client *c);
+
+/* Once a second: empties the caches not used since the last tick, and frees those of exited threads. Locked. */
+void client_tcache_tick(gpupool_client *c);
+
+/* Forgets what the caches hold (the session is over: the pool forgets its blocks). Locked. */
+void client_tcache_forget(gpupool_client *c);
+
+/* At disconnect, after client_tcache_forget(): the handle lets go of every cache. Locked. */
+void client_tcache_detach(gpupool_client *c);
+
+/* What the caches hold, per daemon device (an array of CLIENT_MAX_DEVICES, or NULL) and in all (or NULL). Locked. */
+void client_tcache_bytes(gpupool_client *c, uint64_t *per_device, uint64_t *ret_total);
 
 /* client_cuda.c, all called locked. */
 

@@ -72,6 +72,7 @@ static void *control_main(void *arg) {
                 device = push->reclaim->has_device ? (int) push->reclaim->device : -1;
                 want = push->reclaim->has_bytes ? push->reclaim->bytes : UINT64_MAX;
                 pthread_mutex_lock(&c->lock);
+                client_tcache_drain(c);         /* a parked block may be all that keeps a segment */
                 rr.n_segment_ids = client_pool_take_empty(c, device, want, UINT64_MAX, ids, CLIENT_RETURN_BATCH, &got);
                 /*
                  * More than one answer names: the rest goes back on the main connection first,

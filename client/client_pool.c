@@ -24,8 +24,11 @@ uint64_t client_now_ms(void) {
 }
 
 size_t client_pool_usage(gpupool_client *c, Gpupool__Usage *u, Gpupool__Usage **ptrs) {
+        uint64_t parked[CLIENT_MAX_DEVICES];
         size_t n = 0;
 
+        /* The threads' caches hold blocks the application freed: not in use. */
+        client_tcache_bytes(c, parked, NULL);
         for (unsigned d = 0; d < c->device_count; d++) {
                 struct client_device *dev = &c->devices[d];
                 const struct heap *h = &dev->heap;
@@ -35,9 +38,9 @@ size_t client_pool_usage(gpupool_client *c, Gpupool__Usage *u, Gpupool__Usage **
                         continue;
                 gpupool__usage__init(&u[n]);
                 u[n].device = d;
-                u[n].in_use_bytes = h->in_use_bytes;
+                u[n].in_use_bytes = h->in_use_bytes - parked[d];
                 u[n].held_free_bytes = h->empty_bytes;
-                dev->reported_in_use = h->in_use_bytes;
+                dev->reported_in_use = u[n].in_use_bytes;
                 dev->reported_held_free = h->empty_bytes;
                 ptrs[n] = &u[n];
                 n++;
@@ -46,10 +49,14 @@ size_t client_pool_usage(gpupool_client *c, Gpupool__Usage *u, Gpupool__Usage **
 }
 
 bool client_pool_usage_changed(gpupool_client *c) {
+        uint64_t parked[CLIENT_MAX_DEVICES];
+
+        client_tcache_bytes(c, parked, NULL);
         for (unsigned d = 0; d < c->device_count; d++) {
                 const struct client_device *dev = &c->devices[d];
 
-                if (dev->heap.in_use_bytes != dev->reported_in_use || dev->heap.empty_bytes != dev->reported_held_free)
+                if (dev->heap.in_use_bytes - parked[d] != dev->reported_in_use ||
+                    dev->heap.empty_bytes != dev->reported_held_free)
                         return true;
         }
         return false;
@@ -133,17 +140,21 @@ static int give_back(gpupool_client *c, int device, uint64_t want, uint64_t befo
 }
 
 int client_pool_trim(gpupool_client *c, int device, uint64_t want) {
+        /* What the threads' caches hold may be all that keeps a segment from emptying. */
+        client_tcache_drain(c);
         return give_back(c, device, want, UINT64_MAX);
 }
 
 void client_pool_tick(gpupool_client *c, uint64_t now_ms) {
+        client_tcache_tick(c);
         if (c->idle_return_ms && now_ms >= c->idle_return_ms)
                 (void) give_back(c, -1, UINT64_MAX, now_ms - c->idle_return_ms);
 }
 
 uint64_t client_pool_free_bytes(gpupool_client *c) {
-        uint64_t bytes = 0;
+        uint64_t bytes;
 
+        client_tcache_bytes(c, NULL, &bytes);
         for (unsigned d = 0; d < c->device_count; d++)
                 bytes += heap_free_bytes(&c->devices[d].heap);
         return bytes;
@@ -236,6 +247,11 @@ int client_pool_alloc(gpupool_client *c, unsigned d, int device, uint64_t rsize,
         if (!b)
                 return -ENOMEM;
         hb = heap_alloc(&dev->heap, class, rsize);
+        if (!hb && c->tcaches) {
+                /* Blocks parked in the threads' caches may be what splits the free range it needs. */
+                client_tcache_drain(c);
+                hb = heap_alloc(&dev->heap, class, rsize);
+        }
         while (!hb && c->conn_busy) {
                 /* Another thread's lease is out: what it brings may serve this one too. */
                 client_conn_wait(c);
@@ -244,6 +260,7 @@ int client_pool_alloc(gpupool_client *c, unsigned d, int device, uint64_t rsize,
         if (!hb) {
                 r = lease(c, d, rsize, class);
                 if (r == -EDQUOT || r == -ENOMEM) {
+                        /* client_pool_trim() empties the threads' caches first. */
                         /* What this process holds empty counts against its limit and the device: give it back, ask again. */
                         if (dev->heap.empty_bytes && client_pool_trim(c, (int) d, UINT64_MAX) == 0)
                                 r = lease(c, d, rsize, class);

@@ -18,7 +18,9 @@ GPUPOOL_EXPORT int gpupool_scope_begin(gpupool_client *c) {
                 client_set_error(c, "scopes nest at most %d deep", CLIENT_MAX_SCOPES);
                 r = -EINVAL;
         } else {
-                c->scopes[c->scope_depth++] = ++c->next_scope;
+                c->scopes[c->scope_depth] = ++c->next_scope;
+                /* The threads' fast path reads it unlocked: it serves no allocation inside a scope. */
+                __atomic_store_n(&c->scope_depth, c->scope_depth + 1, __ATOMIC_RELEASE);
         }
         pthread_mutex_unlock(&c->lock);
         return r;
@@ -36,7 +38,7 @@ GPUPOOL_EXPORT int gpupool_scope_end(gpupool_client *c) {
                 return -EINVAL;
         }
         scope = c->scopes[c->scope_depth - 1];
-        c->scope_depth--;
+        __atomic_store_n(&c->scope_depth, c->scope_depth - 1, __ATOMIC_RELEASE);
         /* Blocks freed with a stream are the reaper's; the scope leaves them be. */
         for (unsigned i = 0; i < CLIENT_SHARDS; i++) {
                 struct live_shard *s = &c->live[i];

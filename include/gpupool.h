@@ -30,7 +30,7 @@
  * limit or state that refused it.
  *
  * Handles are thread-safe; the library never logs and keeps no global state but the framework
- * hooks' shared handle.
+ * hooks' shared handle and each thread's pointer to its cache of small freed blocks.
  */
 #ifndef GPUPOOL_H
 #define GPUPOOL_H
@@ -158,6 +158,12 @@ GPUPOOL_EXPORT size_t gpupool_last_error(gpupool_client *client, char *buf, size
  * tells the daemon what the process holds in use and free, at most once a second when it
  * changed. gpupool_trim() gives back every empty segment now; gpupool_cached_bytes() is what
  * the pool holds free (in empty segments and between live blocks).
+ *
+ * Each thread parks the blocks of at most 16 KiB it frees without a stream (at most 32 and
+ * 256 KiB) and takes them back for its next allocations of the same size and device, outside
+ * the lock the handle's threads share. The handle takes them back into its pool before a
+ * lease, when the daemon asks for memory, on gpupool_trim(), and once a thread has not used
+ * its cache for a second or exited.
  *
  * Earlier versions had the daemon carve every block, with a client cache in front; their
  * $GPUPOOL_LEASE, $GPUPOOL_KEEP_FREE, $GPUPOOL_CLIENT_CACHE, $GPUPOOL_CLIENT_CACHE_IDLE and

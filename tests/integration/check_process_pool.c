@@ -2,7 +2,7 @@
  * check_process_pool.c: the process's own pool (client/client_pool.c) end to
  * end on the host backend: a steady state that asks the daemon nothing, what the daemon is
  * told, segments given back when idle, under a limit, on trim and when another process needs
- * the memory (elasticity), scopes, and bad settings.
+ * the memory (elasticity), each thread's cache of small blocks, scopes, and bad settings.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -302,6 +302,98 @@ START_TEST(test_limit_makes_room_from_empty_segments) {
 }
 END_TEST
 
+/* A thread that parks a freed 4 KiB block in its cache and exits, or waits for its handle to go and then uses another. */
+struct cache_thread {
+        gpupool_client *c, *next;
+        int go[2], done[2];
+        void *p;
+        int failures;
+};
+
+static void *parker_main(void *arg) {
+        struct cache_thread *t = arg;
+        char ch;
+
+        if (gpupool_alloc(t->c, 0, 4 * KiB, &t->p) < 0 || gpupool_free(t->c, t->p) < 0)
+                t->failures++;
+        if (!t->next)
+                return NULL;    /* exits with the block parked */
+        if (write(t->done[1], "d", 1) != 1 || read(t->go[0], &ch, 1) != 1)
+                t->failures++;
+        /* Its first handle is gone: the cache it had is dead, and the next handle gets one of its own. */
+        for (int i = 0; i < 3; i++) {
+                void *q;
+
+                if (gpupool_alloc(t->next, 0, 4 * KiB, &q) < 0 || gpupool_free(t->next, q) < 0)
+                        t->failures++;
+        }
+        return NULL;
+}
+
+START_TEST(test_thread_caches) {
+        struct cache_thread t = { 0 };
+        struct gpupool_stats st, first;
+        gpupool_client *c, *other;
+        pthread_t thread;
+        struct testd d;
+        void *p, *q;
+        char ch;
+
+        testd_start(&d, "--host-capacity", "4M", "--reclaim-timeout", "3s", NULL);
+        setenv("GPUPOOL_IDLE_RETURN", "0", 1);
+        c = connect_leasing(&d, "cached");
+        /* Freed, a small block is the thread's next allocation of its size, with no request and no lock of the pool. */
+        ck_assert_int_eq(gpupool_alloc(c, 0, 4 * KiB, &p), 0);
+        ck_assert_int_eq(gpupool_free(c, p), 0);
+        ck_assert_int_eq(gpupool_stats(c, &first), 0);
+        ck_assert_int_eq(gpupool_alloc(c, 0, 4000, &q), 0);
+        ck_assert_ptr_eq(q, p);
+        ck_assert_int_eq(gpupool_free(c, q), 0);
+        ck_assert_int_eq(gpupool_free(c, q), -ENOENT);  /* parked is not live: a double free is still caught */
+        ck_assert_int_eq(gpupool_stats(c, &st), 0);
+        ck_assert_uint_eq(st.round_trips, first.round_trips);
+        ck_assert_uint_eq(st.live_blocks, 0);
+        ck_assert_uint_eq(st.cached_bytes, 2 * MiB);    /* parked counts as the pool's free */
+        /* Parked is not in use: the daemon hears 0; the segment is not empty while the block is parked. */
+        ck_assert(testd_client_becomes(&d, 0, "cached", "in_use_bytes", 0));
+        ck_assert_int_eq(client_field(&d, "cached", "held_free_bytes"), 0);
+
+        /* Another process's 4 MiB needs that segment: the daemon asks, and the cache lets go of it. */
+        other = connect_leasing(&d, "needy");
+        ck_assert_int_eq(gpupool_alloc(other, 0, 4 * MiB, &q), 0);
+        ck_assert_int_eq(client_field(&d, "cached", "reserved_bytes"), 0);
+        ck_assert_int_eq(gpupool_free(other, q), 0);
+        ck_assert_int_eq(gpupool_trim(other), 0);
+
+        /* A thread exits with a block parked: within seconds the handle takes it back and its segment empties. */
+        t.c = c;
+        ck_assert_int_eq(pthread_create(&thread, NULL, parker_main, &t), 0);
+        ck_assert_int_eq(pthread_join(thread, NULL), 0);
+        ck_assert_int_eq(t.failures, 0);
+        ck_assert(testd_client_becomes(&d, 0, "cached", "held_free_bytes", 2 * MiB));
+        ck_assert_int_eq(client_field(&d, "cached", "in_use_bytes"), 0);
+
+        /* A handle disconnected while a thread's cache holds a block of it; the thread goes on with another. */
+        ck_assert_int_eq(pipe(t.go), 0);
+        ck_assert_int_eq(pipe(t.done), 0);
+        t.next = other;
+        ck_assert_int_eq(pthread_create(&thread, NULL, parker_main, &t), 0);
+        ck_assert_int_eq(read(t.done[0], &ch, 1), 1);
+        gpupool_disconnect(c);
+        ck_assert_int_eq(write(t.go[1], "g", 1), 1);
+        ck_assert_int_eq(pthread_join(thread, NULL), 0);
+        ck_assert_int_eq(t.failures, 0);
+        ck_assert_int_eq(gpupool_stats(other, &st), 0);
+        ck_assert_uint_eq(st.live_blocks, 0);
+        ck_assert_uint_eq(st.cached_bytes, st.mapped_bytes);
+        ck_assert_int_eq(testd_device(&d, 0, "in_use_bytes"), 0);
+        close(t.go[0]), close(t.go[1]), close(t.done[0]), close(t.done[1]);
+        gpupool_disconnect(other);
+        json_decref(testd_ctl(&d, "check"));
+        ck_assert_int_eq(testd_stop(&d), 0);
+}
+END_TEST
+
 START_TEST(test_scopes_and_bad_settings) {
         struct gpupool_stats st;
         gpupool_client *c;
@@ -341,6 +433,7 @@ Suite *suite_process_pool(void) {
         tcase_add_test(tc, test_parked_lease_still_answers_reclaim);
         tcase_add_test(tc, test_idle_segments_go_back);
         tcase_add_test(tc, test_limit_makes_room_from_empty_segments);
+        tcase_add_test(tc, test_thread_caches);
         tcase_add_test(tc, test_scopes_and_bad_settings);
         tcase_set_timeout(tc, 60);
         suite_add_tcase(s, tc);
