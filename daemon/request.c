@@ -310,10 +310,6 @@ static void handle_lease(struct session *s, const Gpupool__Envelope *req, struct
         uint64_t size = req->lease->size, id = req->id;
         char why[128];
 
-        if (s->control_of) {
-                request_error_reply(s, id, -EPROTO, true, "a control channel leases nothing", ret);
-                return;
-        }
         if (device >= server->device_count) {
                 snprintf(why, sizeof(why), "no device %u: this daemon has %u", device, server->device_count);
                 request_error_reply(s, id, -ENODEV, false, why, ret);
@@ -371,11 +367,6 @@ static void handle_return(struct session *s, const Gpupool__Envelope *req, struc
         Gpupool__ReturnReply rr = GPUPOOL__RETURN_REPLY__INIT;
         Gpupool__Envelope env;
 
-        if (s->control_of) {
-                request_error_reply(s, req->id, -EPROTO, true, "a control channel returns segments in its reclaim answers",
-                                    ret);
-                return;
-        }
         if (rq->n_segment_ids > REQUEST_MAX_RETURNS) {
                 request_error_reply(s, req->id, -EINVAL, false, "a return names at most 256 segments", ret);
                 return;
@@ -397,19 +388,12 @@ static void handle_return(struct session *s, const Gpupool__Envelope *req, struc
 }
 
 static void handle_reclaim_reply(struct session *s, const Gpupool__Envelope *req, struct reply *ret) {
-        if (!s->control_of) {
-                request_error_reply(s, req->id, -EPROTO, true, "a reclaim answer belongs on a control channel", ret);
-                return;
-        }
         reclaim_answered(s, req->reclaim_reply);
         *ret = (struct reply) { .fd = -1, .none = true };
 }
 
 static void handle_usage_report(struct session *s, const Gpupool__Envelope *req, struct reply *ret) {
-        if (!s->control_of) {
-                request_error_reply(s, req->id, -EPROTO, true, "a usage report belongs on a control channel", ret);
-                return;
-        }
+        (void) s, (void) req;
         /* Nothing to do but take the envelope's usage, after this. */
         *ret = (struct reply) { .fd = -1, .none = true };
 }
@@ -422,25 +406,6 @@ static void handle_bye(struct session *s, const Gpupool__Envelope *req, struct r
         session_release_all(s);
         request_ok(&env, req->id);
         request_pack(s, &env, -1, false, ret);
-}
-
-/* What an operator's connection past the limits may ask: nothing that holds memory or serves a client. */
-static bool admin_request(const Gpupool__Envelope *req) {
-        switch (req->body_case) {
-        case GPUPOOL__ENVELOPE__BODY_HELLO:
-                return !req->hello->has_control_for;
-        case GPUPOOL__ENVELOPE__BODY_STATUS_REQUEST:
-        case GPUPOOL__ENVELOPE__BODY_FLUSH:
-        case GPUPOOL__ENVELOPE__BODY_BYE:
-        case GPUPOOL__ENVELOPE__BODY_SET_LIMIT:
-        case GPUPOOL__ENVELOPE__BODY_TRIM:
-        case GPUPOOL__ENVELOPE__BODY_CHECK:
-        case GPUPOOL__ENVELOPE__BODY_METRICS:
-        case GPUPOOL__ENVELOPE__BODY_RELOAD:
-                return true;
-        default:
-                return false;
-        }
 }
 
 /* Checks a usage report (Envelope.usage): 0, or -EINVAL with why for one of no device or too many. */
@@ -478,94 +443,122 @@ static void take_usage(struct session *s, const Gpupool__Envelope *req) {
                                   req->usage[i]->held_free_bytes, now);
 }
 
-static void dispatch(struct session *s, const Gpupool__Envelope *req, struct reply *ret);
+/* Who may send a kind of request (struct request_kind's roles). */
+enum {
+        /* Allowed on an operator's connection let in past the client limits (session.admin_only). */
+        ROLE_ADMIN_ROOM = 1 << 0,
+        /* For root and the daemon's own user only (always, or with operator_if: when it says so). */
+        ROLE_OPERATOR = 1 << 1,
+        /* Of a control channel, and only it: there, nothing else is; elsewhere, this is not. */
+        ROLE_CONTROL_CHANNEL = 1 << 2,
+};
 
-void request_handle(struct session *s, const Gpupool__Envelope *req, struct reply *ret) {
+/* A request the daemon serves: its handler and who may send it, checked in request_handle() alone. */
+struct request_kind {
+        Gpupool__Envelope__BodyCase body;
+        void (*handle)(struct session *s, const Gpupool__Envelope *req, struct reply *ret);
+        unsigned roles;
+        const char *what;               /* for the refusals: "set-limit", "a usage report" */
+        /* With ROLE_OPERATOR: for operators only when this says so (NULL: always). */
+        bool (*operator_if)(const Gpupool__Envelope *req);
+};
+
+/* flush --tenant asks a tenant's clients for memory: an operator's act; a flush of the cache is anyone's. */
+static bool flush_names_tenant(const Gpupool__Envelope *req) {
+        return req->flush->tenant != NULL;
+}
+
+static const struct request_kind kinds[] = {
+        { GPUPOOL__ENVELOPE__BODY_HELLO, handle_hello, ROLE_ADMIN_ROOM, "hello", NULL },
+        { GPUPOOL__ENVELOPE__BODY_STATUS_REQUEST, request_status, ROLE_ADMIN_ROOM, "status", NULL },
+        { GPUPOOL__ENVELOPE__BODY_FLUSH, request_flush, ROLE_ADMIN_ROOM | ROLE_OPERATOR, "flush --tenant",
+          flush_names_tenant },
+        { GPUPOOL__ENVELOPE__BODY_BYE, handle_bye, ROLE_ADMIN_ROOM, "bye", NULL },
+        { GPUPOOL__ENVELOPE__BODY_SET_LIMIT, request_set_limit, ROLE_ADMIN_ROOM | ROLE_OPERATOR, "set-limit", NULL },
+        { GPUPOOL__ENVELOPE__BODY_TRIM, request_trim, ROLE_ADMIN_ROOM | ROLE_OPERATOR, "trim", NULL },
+        { GPUPOOL__ENVELOPE__BODY_CHECK, request_check, ROLE_ADMIN_ROOM | ROLE_OPERATOR, "check", NULL },
+        { GPUPOOL__ENVELOPE__BODY_METRICS, request_metrics, ROLE_ADMIN_ROOM, "metrics", NULL },
+        { GPUPOOL__ENVELOPE__BODY_RELOAD, request_reload, ROLE_ADMIN_ROOM | ROLE_OPERATOR, "reload", NULL },
+        { GPUPOOL__ENVELOPE__BODY_LEASE, handle_lease, 0, "a lease", NULL },
+        { GPUPOOL__ENVELOPE__BODY_RETURN_SEGMENTS, handle_return, 0, "a return", NULL },
+        { GPUPOOL__ENVELOPE__BODY_RECLAIM_REPLY, handle_reclaim_reply, ROLE_CONTROL_CHANNEL, "a reclaim answer", NULL },
+        { GPUPOOL__ENVELOPE__BODY_USAGE_REPORT, handle_usage_report, ROLE_CONTROL_CHANNEL, "a usage report", NULL },
+};
+
+static const struct request_kind *kind_of(Gpupool__Envelope__BodyCase body) {
+        for (size_t i = 0; i < sizeof(kinds) / sizeof(kinds[0]); i++)
+                if (kinds[i].body == body)
+                        return &kinds[i];
+        return NULL;
+}
+
+/*
+ * Whether s may send req, of kind k: the one place that checks the session's state, how it
+ * was let in, its channel and its user against the request. Else fills *ret with the refusal.
+ */
+static bool allowed(struct session *s, const Gpupool__Envelope *req, const struct request_kind *k, struct reply *ret) {
+        bool hello = req->body_case == GPUPOOL__ENVELOPE__BODY_HELLO;
         char why[160];
 
         if (s->said_bye) {
                 request_error_reply(s, req->id, -EPROTO, true, "request after goodbye", ret);
-                return;
+                return false;
         }
-        if (req->n_usage && check_usage(s, req, why, sizeof(why)) < 0) {
+        if (s->state == SESSION_NEW && !hello) {
+                request_error_reply(s, req->id, -EPROTO, true, "the first message must be hello", ret);
+                return false;
+        }
+        /* Past the limits, only a connection whose hello says what it was let in as gets in. */
+        if (hello && ((s->admin_only && !req->hello->admin) || (s->control_only && !req->hello->has_control_for))) {
+                server_limit_text(s->server, s->past_uid_cap, s->uid, why, sizeof(why));
+                request_error_reply(s, req->id, -EDQUOT, true, why, ret);
+                return false;
+        }
+        if (!k) {
+                request_error_reply(s, req->id, -EPROTO, true, req->body_case == GPUPOOL__ENVELOPE__BODY__NOT_SET ?
+                                    "the request has no body" : "that message is a reply, which only the daemon sends", ret);
+                return false;
+        }
+        /* An operator's connection past the limits: nothing that holds memory or serves a client. */
+        if (s->admin_only && (!(k->roles & ROLE_ADMIN_ROOM) || (hello && req->hello->has_control_for))) {
+                request_error_reply(s, req->id, -EDQUOT, false, "the daemon is at its client limits: this connection of an "
+                                    "operator was let in past them for administrative requests only", ret);
+                return false;
+        }
+        if ((k->roles & ROLE_CONTROL_CHANNEL) && !s->control_of) {
+                snprintf(why, sizeof(why), "%s belongs on a control channel", k->what);
+                request_error_reply(s, req->id, -EPROTO, true, why, ret);
+                return false;
+        }
+        if (!(k->roles & ROLE_CONTROL_CHANNEL) && s->control_of) {
+                snprintf(why, sizeof(why), "%s does not belong on a control channel, which answers reclaims and reports "
+                         "usage only", k->what);
+                request_error_reply(s, req->id, -EPROTO, true, why, ret);
+                return false;
+        }
+        /* Limits and other clients' memory are the operator's: a client acting on them would make them mean nothing. */
+        if ((k->roles & ROLE_OPERATOR) && (!k->operator_if || k->operator_if(req)) && s->uid != 0 && s->uid != geteuid()) {
+                snprintf(why, sizeof(why), "%s is for root or the daemon's own user", k->what);
+                request_error_reply(s, req->id, -EACCES, false, why, ret);
+                return false;
+        }
+        return true;
+}
+
+void request_handle(struct session *s, const Gpupool__Envelope *req, struct reply *ret) {
+        const struct request_kind *k = kind_of(req->body_case);
+        char why[160];
+
+        if (req->n_usage && !s->said_bye && check_usage(s, req, why, sizeof(why)) < 0) {
                 /* A control channel's answer still counts as an answer; only its report is refused. */
                 if (req->body_case == GPUPOOL__ENVELOPE__BODY_RECLAIM_REPLY && s->control_of)
                         reclaim_answered(s, req->reclaim_reply);
                 request_error_reply(s, req->id, -EINVAL, false, why, ret);
                 return;
         }
-        if (s->state == SESSION_NEW && req->body_case != GPUPOOL__ENVELOPE__BODY_HELLO) {
-                request_error_reply(s, req->id, -EPROTO, true, "the first message must be hello", ret);
+        if (!allowed(s, req, k, ret))
                 return;
-        }
-        if (s->admin_only && req->body_case == GPUPOOL__ENVELOPE__BODY_HELLO && !req->hello->admin) {
-                /* Past the limits only a connection that says it is an operator's tool gets in. */
-                server_limit_text(s->server, s->past_uid_cap, s->uid, why, sizeof(why));
-                request_error_reply(s, req->id, -EDQUOT, true, why, ret);
-                return;
-        }
-        if (s->control_only && req->body_case == GPUPOOL__ENVELOPE__BODY_HELLO && !req->hello->has_control_for) {
-                /* Let in past the limits as a control channel: anything else is one client too many. */
-                server_limit_text(s->server, s->past_uid_cap, s->uid, why, sizeof(why));
-                request_error_reply(s, req->id, -EDQUOT, true, why, ret);
-                return;
-        }
-        if (s->admin_only && !admin_request(req)) {
-                request_error_reply(s, req->id, -EDQUOT, false, "the daemon is at its client limits: this connection of an "
-                                    "operator was let in past them for administrative requests only", ret);
-                return;
-        }
-        dispatch(s, req, ret);
+        k->handle(s, req, ret);
         if (req->n_usage)
                 take_usage(s, req);
-}
-
-static void dispatch(struct session *s, const Gpupool__Envelope *req, struct reply *ret) {
-        switch (req->body_case) {
-        case GPUPOOL__ENVELOPE__BODY_HELLO:
-                handle_hello(s, req, ret);
-                return;
-        case GPUPOOL__ENVELOPE__BODY_STATUS_REQUEST:
-                request_status(s, req, ret);
-                return;
-        case GPUPOOL__ENVELOPE__BODY_FLUSH:
-                request_flush(s, req, ret);
-                return;
-        case GPUPOOL__ENVELOPE__BODY_BYE:
-                handle_bye(s, req, ret);
-                return;
-        case GPUPOOL__ENVELOPE__BODY_SET_LIMIT:
-                request_set_limit(s, req, ret);
-                return;
-        case GPUPOOL__ENVELOPE__BODY_RECLAIM_REPLY:
-                handle_reclaim_reply(s, req, ret);
-                return;
-        case GPUPOOL__ENVELOPE__BODY_USAGE_REPORT:
-                handle_usage_report(s, req, ret);
-                return;
-        case GPUPOOL__ENVELOPE__BODY_TRIM:
-                request_trim(s, req, ret);
-                return;
-        case GPUPOOL__ENVELOPE__BODY_CHECK:
-                request_check(s, req, ret);
-                return;
-        case GPUPOOL__ENVELOPE__BODY_METRICS:
-                request_metrics(s, req, ret);
-                return;
-        case GPUPOOL__ENVELOPE__BODY_RELOAD:
-                request_reload(s, req, ret);
-                return;
-        case GPUPOOL__ENVELOPE__BODY_LEASE:
-                handle_lease(s, req, ret);
-                return;
-        case GPUPOOL__ENVELOPE__BODY_RETURN_SEGMENTS:
-                handle_return(s, req, ret);
-                return;
-        case GPUPOOL__ENVELOPE__BODY__NOT_SET:
-                request_error_reply(s, req->id, -EPROTO, true, "the request has no body", ret);
-                return;
-        default:
-                request_error_reply(s, req->id, -EPROTO, true, "that message is a reply, which only the daemon sends", ret);
-                return;
-        }
 }

@@ -1,6 +1,9 @@
 /*
  * request.h: what the daemon does with each request: one handler per message kind, each
- * turning a checked request into a packed reply.
+ * turning a checked request into a packed reply. A table of the kinds (request.c) says who
+ * may send each (operators only, control channels only, or never them, and what an
+ * operator's connection past the limits may ask); request_handle() checks that in one place,
+ * before the handler.
  */
 #ifndef GP_REQUEST_H
 #define GP_REQUEST_H

@@ -8,7 +8,9 @@
 #include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
+#include <stdio.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "gpupool.h"
@@ -190,6 +192,117 @@ START_TEST(test_protocol_violations) {
 }
 END_TEST
 
+/* One request on sock: the reply's status, and its sentence in why. */
+static Gpupool__Status call_status(int sock, Gpupool__Envelope *env, char *why, size_t why_size) {
+        Gpupool__Envelope *rep = raw_call(sock, env);
+        Gpupool__Status st;
+
+        if (!rep)
+                return (Gpupool__Status) -1;
+        st = rep->status;
+        snprintf(why, why_size, "%s", rep->error ? rep->error : "");
+        gpupool__envelope__free_unpacked(rep, NULL);
+        return st;
+}
+
+/* As uid 65534: every operator's request is refused, saying whose it is; a flush of the cache and a status are not. */
+static int not_an_operator(struct testd *d, void *arg) {
+        Gpupool__SetLimitRequest sl = GPUPOOL__SET_LIMIT_REQUEST__INIT;
+        Gpupool__TrimRequest tr = GPUPOOL__TRIM_REQUEST__INIT;
+        Gpupool__CheckRequest cr = GPUPOOL__CHECK_REQUEST__INIT;
+        Gpupool__ReloadRequest rr = GPUPOOL__RELOAD_REQUEST__INIT;
+        Gpupool__FlushRequest fl = GPUPOOL__FLUSH_REQUEST__INIT, fl_tenant = GPUPOOL__FLUSH_REQUEST__INIT;
+        Gpupool__StatusRequest st = GPUPOOL__STATUS_REQUEST__INIT;
+        Gpupool__Envelope env[7];
+        static const char *const what[] = { "set-limit", "trim", "check", "reload", "flush --tenant" };
+        char why[256], want[96];
+        int sock;
+
+        (void) arg;
+        if (setgid(65534) < 0 || setuid(65534) < 0)
+                return 20;
+        sock = raw_hello(d, "not-root");
+        for (int i = 0; i < 7; i++) {
+                gpupool__envelope__init(&env[i]);
+                env[i].id = (uint64_t) i + 2;
+        }
+        sl.tenant = "default";
+        sl.has_max_bytes = 1;
+        sl.max_bytes = 1;
+        env[0].body_case = GPUPOOL__ENVELOPE__BODY_SET_LIMIT, env[0].set_limit = &sl;
+        tr.tenant = "default";
+        env[1].body_case = GPUPOOL__ENVELOPE__BODY_TRIM, env[1].trim = &tr;
+        env[2].body_case = GPUPOOL__ENVELOPE__BODY_CHECK, env[2].check = &cr;
+        env[3].body_case = GPUPOOL__ENVELOPE__BODY_RELOAD, env[3].reload = &rr;
+        fl_tenant.tenant = "default";
+        env[4].body_case = GPUPOOL__ENVELOPE__BODY_FLUSH, env[4].flush = &fl_tenant;
+        env[5].body_case = GPUPOOL__ENVELOPE__BODY_FLUSH, env[5].flush = &fl;
+        env[6].body_case = GPUPOOL__ENVELOPE__BODY_STATUS_REQUEST, env[6].status_request = &st;
+        for (int i = 0; i < 5; i++) {
+                snprintf(want, sizeof(want), "%s is for root or the daemon's own user", what[i]);
+                if (call_status(sock, &env[i], why, sizeof(why)) != GPUPOOL__STATUS__STATUS_DENIED || strcmp(why, want))
+                        return 30 + i;
+        }
+        if (call_status(sock, &env[5], why, sizeof(why)) != GPUPOOL__STATUS__STATUS_OK)
+                return 40;
+        if (call_status(sock, &env[6], why, sizeof(why)) != GPUPOOL__STATUS__STATUS_OK)
+                return 41;
+        close(sock);
+        return 0;
+}
+
+/* Who may send what, checked in one place: channels, and operators (as another uid, when run as root). */
+START_TEST(test_request_roles) {
+        Gpupool__Envelope env = GPUPOOL__ENVELOPE__INIT, *rep;
+        Gpupool__Hello hello = GPUPOOL__HELLO__INIT;
+        Gpupool__LeaseRequest lr = GPUPOOL__LEASE_REQUEST__INIT;
+        Gpupool__ReclaimReply answer = GPUPOOL__RECLAIM_REPLY__INIT;
+        uint64_t client_id;
+        struct testd d;
+        int sock, control;
+
+        testd_start(&d, NULL);
+        /* A lease on a control channel: a protocol error, and the channel is dropped. */
+        hello.name = "roles";
+        sock = raw_hello_with(&d, &hello, &client_id);
+        hello.has_control_for = 1;
+        hello.control_for = client_id;
+        control = raw_hello_with(&d, &hello, NULL);
+        lr.size = 4096;
+        env.id = 2;
+        env.body_case = GPUPOOL__ENVELOPE__BODY_LEASE;
+        env.lease = &lr;
+        rep = raw_call(control, &env);
+        ck_assert_ptr_nonnull(rep);
+        ck_assert_int_eq(rep->status, GPUPOOL__STATUS__STATUS_PROTOCOL);
+        ck_assert_str_eq(rep->error, "a lease does not belong on a control channel, which answers reclaims and reports usage only");
+        gpupool__envelope__free_unpacked(rep, NULL);
+        ck_assert(closed_after(control));
+        close(control);
+        /* A reclaim answer on a main connection: the same. */
+        env.id = 3;
+        env.body_case = GPUPOOL__ENVELOPE__BODY_RECLAIM_REPLY;
+        env.reclaim_reply = &answer;
+        rep = raw_call(sock, &env);
+        ck_assert_ptr_nonnull(rep);
+        ck_assert_int_eq(rep->status, GPUPOOL__STATUS__STATUS_PROTOCOL);
+        ck_assert_str_eq(rep->error, "a reclaim answer belongs on a control channel");
+        gpupool__envelope__free_unpacked(rep, NULL);
+        ck_assert(closed_after(sock));
+        close(sock);
+
+        if (geteuid() == 0) {
+                /* Switching uid needs root; CI runs as root, so this runs there. */
+                ck_assert_int_eq(chmod(d.dir, 0755), 0);
+                ck_assert_int_eq(reap(spawn(not_an_operator, &d, NULL)), 0);
+        } else {
+                fprintf(stderr, "test_request_roles: not root, the operators' requests not checked\n");
+        }
+        ck_assert(testd_alive(&d));
+        ck_assert_int_eq(testd_stop(&d), 0);
+}
+END_TEST
+
 START_TEST(test_other_clients_segments) {
         Gpupool__Envelope *a, *rep;
         uint64_t segment;
@@ -323,6 +436,7 @@ Suite *suite_hostile(void) {
 
         tcase_add_test(tc, test_two_hundred_hostile_connections);
         tcase_add_test(tc, test_protocol_violations);
+        tcase_add_test(tc, test_request_roles);
         tcase_add_test(tc, test_other_clients_segments);
         tcase_add_test(tc, test_client_that_never_reads);
         tcase_add_test(tc, test_too_many_descriptors);
