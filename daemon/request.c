@@ -23,15 +23,40 @@ _Static_assert(POOL_BLOCK_ALIGN == GP_BLOCK_ALIGN, "the pool rounds blocks as th
 #include "session.h"
 #include "size.h"
 
-void request_pack(struct session *s, Gpupool__Envelope *env, int fd, bool disconnect, struct reply *ret) {
-        int n = gp_wire_pack(env, s->server->send_buf, sizeof(s->server->send_buf));
+void reply_release(struct reply *rep) {
+        free(rep->heap);
+        rep->heap = NULL;
+}
 
+/* Sets the reply's fields but its bytes. */
+static void reply_set(struct reply *ret, size_t len, int fd, bool disconnect) {
+        ret->len = len;
+        ret->fd = fd;
+        ret->disconnect = disconnect;
+        ret->none = ret->parked = false;
+}
+
+void request_pack(struct session *s, Gpupool__Envelope *env, int fd, bool disconnect, struct reply *ret) {
+        /* One pass into the reply itself; only a larger reply is sized, then packed into memory of its own. */
+        int n = gp_wire_pack(env, ret->inline_bytes, sizeof(ret->inline_bytes));
+        size_t size;
+
+        ret->heap = NULL;
+        if (n == -EMSGSIZE && (size = gpupool__envelope__get_packed_size(env)) <= GP_MAX_REPLY_BYTES) {
+                ret->heap = malloc(size);
+                if (!ret->heap) {
+                        request_error_reply(s, env->id, -EIO, false, "the daemon is out of memory for the reply", ret);
+                        return;
+                }
+                n = gp_wire_pack(env, ret->heap, size);
+        }
         if (n < 0) {
                 /* Only a status of very many clients could get here; say so rather than truncate. */
+                reply_release(ret);
                 request_error_reply(s, env->id, -EIO, false, "the reply is larger than the protocol allows", ret);
                 return;
         }
-        *ret = (struct reply) { .len = (size_t) n, .fd = fd, .disconnect = disconnect };
+        reply_set(ret, (size_t) n, fd, disconnect);
 }
 
 void request_error_reply(struct session *s, uint64_t id, int err, bool disconnect, const char *message,
@@ -39,14 +64,16 @@ void request_error_reply(struct session *s, uint64_t id, int err, bool disconnec
         Gpupool__Envelope env = GPUPOOL__ENVELOPE__INIT;
         int n;
 
+        (void) s;
         env.version = GP_PROTOCOL_VERSION;
         env.id = id;
         env.has_status = 1;
         env.status = gp_errno_to_status(err);
         env.error = (char *) message;
-        n = gp_wire_pack(&env, s->server->send_buf, sizeof(s->server->send_buf));
+        ret->heap = NULL;
+        n = gp_wire_pack(&env, ret->inline_bytes, sizeof(ret->inline_bytes));
         /* An error reply is a few hundred bytes at most: it always fits. */
-        *ret = (struct reply) { .len = n > 0 ? (size_t) n : 0, .fd = -1, .disconnect = disconnect };
+        reply_set(ret, n > 0 ? (size_t) n : 0, -1, disconnect);
 }
 
 void request_ok(Gpupool__Envelope *env, uint64_t id) {

@@ -10,18 +10,41 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "wire.h"
 
 struct session;
 
+/*
+ * A reply packed into the reply itself when it fits: every reply but a status of many
+ * clients, the metrics or a hello of many devices (an error's sentence is at most 700 bytes).
+ * Larger ones go into memory the reply owns.
+ */
+#define REPLY_INLINE_BYTES 1024
+
+/*
+ * A reply owns its bytes: nothing else holds them, so it may wait (a socket that is full)
+ * while the daemon answers others. session_send() takes it; reply_release() frees one that is
+ * not sent.
+ */
 struct reply {
-        size_t len;             /* packed reply in server->send_buf */
+        uint8_t *heap;          /* the packed reply when larger than inline_bytes, else NULL */
+        size_t len;
         int fd;                 /* descriptor to pass with it, or -1 */
         bool disconnect;        /* drop the client after sending */
         bool none;              /* nothing to send: the message was an answer, not a request */
         bool parked;            /* no reply yet: the request waits (session_park()) */
+        uint8_t inline_bytes[REPLY_INLINE_BYTES];
 };
+
+/* The packed reply. */
+static inline const uint8_t *reply_bytes(const struct reply *rep) {
+        return rep->heap ? rep->heap : rep->inline_bytes;
+}
+
+/* Frees what a reply owns (it is not sent). */
+void reply_release(struct reply *rep);
 
 struct server;
 
@@ -38,7 +61,7 @@ void request_handle(struct session *session, const Gpupool__Envelope *req, struc
  */
 uint64_t request_retry_parked(struct server *server, uint64_t now_ms);
 
-/* Packs env as the reply (with fd, or -1) into the send buffer. */
+/* Packs env as the reply (with fd, or -1) into *ret. */
 void request_pack(struct session *session, Gpupool__Envelope *env, int fd, bool disconnect, struct reply *ret);
 
 /* Initializes env as a successful reply to request id. */
@@ -53,7 +76,7 @@ void request_check(struct session *session, const Gpupool__Envelope *req, struct
 void request_metrics(struct session *session, const Gpupool__Envelope *req, struct reply *ret);
 void request_reload(struct session *session, const Gpupool__Envelope *req, struct reply *ret);
 
-/* Packs an error reply for request id (0 when unknown) into the send buffer. */
+/* Packs an error reply for request id (0 when unknown) into *ret. */
 void request_error_reply(struct session *session, uint64_t id, int err, bool disconnect,
                          const char *message, struct reply *ret);
 

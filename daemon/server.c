@@ -36,7 +36,8 @@ static void refuse_client(struct server *server, int fd, int err, const char *wh
         struct reply rep;
 
         request_error_reply(&fake, 0, err, true, why, &rep);
-        (void) gp_wire_send_packet(fd, server->send_buf, rep.len, -1);
+        (void) gp_wire_send_packet(fd, reply_bytes(&rep), rep.len, -1);
+        reply_release(&rep);
         closer_close(fd);       /* what it queued before being refused may carry descriptors */
 }
 

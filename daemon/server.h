@@ -81,7 +81,6 @@ struct server {
         struct gp_wire_arena arena;     /* the current request's decoded structures */
         unsigned parked;                /* sessions with a parked allocation */
         unsigned reclaim_outstanding;   /* reclaim requests no client has answered yet */
-        uint8_t send_buf[GP_MAX_REPLY_BYTES];
 };
 
 /*

@@ -306,20 +306,22 @@ static void on_process_exit(uv_poll_t *handle, int status, int events) {
         server_after_change(server);
 }
 
-bool session_send(struct session *s, const struct reply *rep) {
+bool session_send(struct session *s, struct reply *rep) {
         int r;
 
         if (rep->none)
                 return true;
-        r = gp_wire_send_packet(s->fd, s->server->send_buf, rep->len, rep->fd);
-
+        r = gp_wire_send_packet(s->fd, reply_bytes(rep), rep->len, rep->fd);
         if (r == -EAGAIN) {
-                s->pending = malloc(rep->len);
+                /* The reply's bytes wait with the session: taken over when they are the reply's own memory. */
+                s->pending = rep->heap ? rep->heap : malloc(rep->len);
                 if (!s->pending) {
                         session_disconnect(s, "out of memory for a reply");
                         return false;
                 }
-                memcpy(s->pending, s->server->send_buf, rep->len);
+                if (!rep->heap)
+                        memcpy(s->pending, rep->inline_bytes, rep->len);
+                rep->heap = NULL;
                 s->pending_len = rep->len;
                 s->pending_since_ms = uv_now(s->server->loop);
                 session_log(s, LOG_LEVEL_DEBUG, "client %llu (pid %d): its socket is full; holding a reply until it reads",
@@ -333,6 +335,7 @@ bool session_send(struct session *s, const struct reply *rep) {
                 uv_poll_start(&s->poll, UV_WRITABLE, on_readable);
                 return true;
         }
+        reply_release(rep);
         if (r < 0) {
                 session_disconnect(s, strerror(-r));
                 return false;
@@ -486,10 +489,6 @@ static void on_readable(uv_poll_t *handle, int status, int events) {
                 server_after_change(server);
                 return;
         }
-        /*
-         * Send before anything else runs: the reply is in the server's one send buffer,
-         * which answering a parked allocation (server_after_change) reuses.
-         */
         (void) session_send(s, &rep);  /* which may end the session */
         server_after_change(server);
 }

@@ -115,8 +115,11 @@ void session_release_all(struct session *session);
 /* Disconnects sessions whose pending reply has waited longer than the send timeout. */
 void session_expire_stuck(struct server *server);
 
-/* Sends a reply (or keeps it until the socket drains). Returns false if the session ended. */
-bool session_send(struct session *session, const struct reply *rep);
+/*
+ * Sends a reply, taking it (its bytes wait with the session until the socket drains, or are
+ * freed). Returns false if the session ended.
+ */
+bool session_send(struct session *session, struct reply *rep);
 
 /* Parks the session's current request: nothing more is read from it until session_unpark(). */
 void session_park(struct session *session);

@@ -414,6 +414,64 @@ static bool send_two_fds(int sock) {
         return sendmsg(sock, &msg, MSG_NOSIGNAL) == 1;
 }
 
+/*
+ * A client slow to read: its replies wait with its session (each its own bytes, a status of
+ * many clients larger than a reply packed in place) while the daemon answers others, and
+ * reach it whole and in order once it reads.
+ */
+START_TEST(test_slow_reader_gets_every_reply) {
+        Gpupool__Envelope env = GPUPOOL__ENVELOPE__INIT, *rep;
+        Gpupool__StatusRequest sr = GPUPOOL__STATUS_REQUEST__INIT;
+        uint8_t buf[GP_MAX_REQUEST_BYTES];
+        gpupool_client *others[24];
+        struct testd d;
+        int sock, n, sent = 0;
+        void *p;
+
+        testd_start(&d, NULL);
+        for (int i = 0; i < 24; i++)
+                ck_assert_int_eq(gpupool_connect(d.sock, "a-client-with-a-long-enough-name-to-fill-the-status", &others[i]),
+                                 0);
+        sock = raw_hello(&d, "slow");
+        fcntl(sock, F_SETFL, O_NONBLOCK);
+        env.version = GP_PROTOCOL_VERSION;
+        env.body_case = GPUPOOL__ENVELOPE__BODY_STATUS_REQUEST;
+        env.status_request = &sr;
+        for (int i = 0, idle = 0; i < 100000 && idle < 20; i++) {
+                env.id = (uint64_t) sent + 2;
+                n = gp_wire_pack(&env, buf, sizeof(buf));
+                if (gp_wire_send_packet(sock, buf, (size_t) n, -1) < 0) {
+                        usleep(10000);
+                        idle++;
+                        continue;
+                }
+                idle = 0;
+                sent++;
+        }
+        ck_assert_int_gt(sent, 10);
+        /* The daemon answers everyone else meanwhile. */
+        for (int i = 0; i < 24; i++) {
+                ck_assert_int_eq(gpupool_alloc(others[i], 0, 4096, &p), 0);
+                ck_assert_int_eq(gpupool_free(others[i], p), 0);
+        }
+        fcntl(sock, F_SETFL, 0);
+        for (int i = 0; i < sent; i++) {
+                rep = raw_recv(sock);
+                ck_assert_ptr_nonnull(rep);
+                ck_assert_uint_eq(rep->id, (uint64_t) i + 2);
+                ck_assert_int_eq(rep->status, GPUPOOL__STATUS__STATUS_OK);
+                ck_assert_int_eq(rep->body_case, GPUPOOL__ENVELOPE__BODY_STATUS_REPLY);
+                ck_assert_uint_ge(rep->status_reply->n_clients, 24);
+                ck_assert_uint_gt(gpupool__envelope__get_packed_size(rep), 1024);
+                gpupool__envelope__free_unpacked(rep, NULL);
+        }
+        close(sock);
+        for (int i = 0; i < 24; i++)
+                gpupool_disconnect(others[i]);
+        ck_assert_int_eq(testd_stop(&d), 0);
+}
+END_TEST
+
 START_TEST(test_too_many_descriptors) {
         struct testd d;
         char buf[64];
@@ -439,6 +497,7 @@ Suite *suite_hostile(void) {
         tcase_add_test(tc, test_request_roles);
         tcase_add_test(tc, test_other_clients_segments);
         tcase_add_test(tc, test_client_that_never_reads);
+        tcase_add_test(tc, test_slow_reader_gets_every_reply);
         tcase_add_test(tc, test_too_many_descriptors);
         tcase_set_timeout(tc, 120);
         suite_add_tcase(s, tc);
