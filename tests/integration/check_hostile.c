@@ -342,29 +342,22 @@ START_TEST(test_other_clients_segments) {
 }
 END_TEST
 
-START_TEST(test_client_that_never_reads) {
+/*
+ * Queues status requests (ids 2, 3, ...) on a non-blocking sock until the daemon stops taking
+ * them for good (idle_ticks of 10 ms without room). Returns how many went.
+ */
+static int queue_status_requests(int sock, int idle_ticks) {
         Gpupool__Envelope env = GPUPOOL__ENVELOPE__INIT;
         Gpupool__StatusRequest sr = GPUPOOL__STATUS_REQUEST__INIT;
         uint8_t buf[GP_MAX_REQUEST_BYTES];
-        gpupool_client *good;
-        struct testd d;
-        int sock, n, sent = 0;
-        void *p;
+        int sent = 0;
 
-        testd_start(&d, "--send-timeout", "1s", NULL);
-        sock = raw_hello(&d, "deaf");
-        fcntl(sock, F_SETFL, O_NONBLOCK);
         env.version = GP_PROTOCOL_VERSION;
         env.body_case = GPUPOOL__ENVELOPE__BODY_STATUS_REQUEST;
         env.status_request = &sr;
-        /*
-         * Queue requests until the daemon stops taking them for good (half a second without
-         * room): its replies fill our socket, and it must stop reading us, not block.
-         */
-        for (int i = 0, idle = 0; i < 100000 && idle < 50; i++) {
-                env.id = (uint64_t) i + 2;
-                n = gp_wire_pack(&env, buf, sizeof(buf));
-                if (gp_wire_send_packet(sock, buf, (size_t) n, -1) < 0) {
+        for (int i = 0, idle = 0; i < 100000 && idle < idle_ticks; i++) {
+                env.id = (uint64_t) sent + 2;
+                if (gp_wire_send_packet(sock, buf, (size_t) gp_wire_pack(&env, buf, sizeof(buf)), -1) < 0) {
                         usleep(10000);
                         idle++;
                         continue;
@@ -372,6 +365,20 @@ START_TEST(test_client_that_never_reads) {
                 idle = 0;
                 sent++;
         }
+        return sent;
+}
+
+START_TEST(test_client_that_never_reads) {
+        gpupool_client *good;
+        struct testd d;
+        int sock, sent;
+        void *p;
+
+        testd_start(&d, "--send-timeout", "1s", NULL);
+        sock = raw_hello(&d, "deaf");
+        fcntl(sock, F_SETFL, O_NONBLOCK);
+        /* Its replies fill our socket, and the daemon must stop reading us, not block. */
+        sent = queue_status_requests(sock, 50);
         ck_assert_int_gt(sent, 10);
         ck_assert_int_eq(gpupool_connect(d.sock, "patient", &good), 0);
         ck_assert_int_eq(gpupool_alloc(good, 0, 4096, &p), 0);
@@ -420,12 +427,10 @@ static bool send_two_fds(int sock) {
  * reach it whole and in order once it reads.
  */
 START_TEST(test_slow_reader_gets_every_reply) {
-        Gpupool__Envelope env = GPUPOOL__ENVELOPE__INIT, *rep;
-        Gpupool__StatusRequest sr = GPUPOOL__STATUS_REQUEST__INIT;
-        uint8_t buf[GP_MAX_REQUEST_BYTES];
+        Gpupool__Envelope *rep;
         gpupool_client *others[24];
         struct testd d;
-        int sock, n, sent = 0;
+        int sock, sent;
         void *p;
 
         testd_start(&d, NULL);
@@ -434,20 +439,7 @@ START_TEST(test_slow_reader_gets_every_reply) {
                                  0);
         sock = raw_hello(&d, "slow");
         fcntl(sock, F_SETFL, O_NONBLOCK);
-        env.version = GP_PROTOCOL_VERSION;
-        env.body_case = GPUPOOL__ENVELOPE__BODY_STATUS_REQUEST;
-        env.status_request = &sr;
-        for (int i = 0, idle = 0; i < 100000 && idle < 20; i++) {
-                env.id = (uint64_t) sent + 2;
-                n = gp_wire_pack(&env, buf, sizeof(buf));
-                if (gp_wire_send_packet(sock, buf, (size_t) n, -1) < 0) {
-                        usleep(10000);
-                        idle++;
-                        continue;
-                }
-                idle = 0;
-                sent++;
-        }
+        sent = queue_status_requests(sock, 20);
         ck_assert_int_gt(sent, 10);
         /* The daemon answers everyone else meanwhile. */
         for (int i = 0; i < 24; i++) {
