@@ -168,6 +168,7 @@ static int session_open(gpupool_client *c) {
 GPUPOOL_EXPORT int gpupool_connect(const char *socket_path, const char *client_name, gpupool_client **ret_client) {
         const char *idle_return = getenv("GPUPOOL_IDLE_RETURN");
         uint64_t idle_return_ms = GPUPOOL_DEFAULT_IDLE_RETURN_MS;
+        static uint64_t next_serial;
         gpupool_client *c;
         int r;
 
@@ -182,8 +183,6 @@ GPUPOOL_EXPORT int gpupool_connect(const char *socket_path, const char *client_n
         c = calloc(1, sizeof(*c));
         if (!c)
                 return -ENOMEM;
-        static uint64_t next_serial;
-
         c->serial = __atomic_add_fetch(&next_serial, 1, __ATOMIC_RELAXED);
         c->conn.sock = -1;
         snprintf(c->name, sizeof(c->name), "%s", client_name ? client_name : program_invocation_short_name);
@@ -423,9 +422,12 @@ static int alloc_on(gpupool_client *c, int device, size_t size, void *stream, bo
         /* This thread's cache first, without the handle's lock (never inside a scope: its blocks are the scope's). */
         if (rsize && !daemon_gone_now(c) && !__atomic_load_n(&c->scope_depth, __ATOMIC_ACQUIRE) &&
             (b = client_tcache_take(c, device, rsize))) {
+                void *ptr = b->ptr;
+
+                /* Once live, another thread's gpupool_reconnect() may forget (free) it: ptr is read first. */
                 r = client_live_insert(c, b);
                 if (r == 0) {
-                        *ret_ptr = b->ptr;
+                        *ret_ptr = ptr;
                         return 0;
                 }
         }
@@ -439,6 +441,8 @@ static int alloc_on(gpupool_client *c, int device, size_t size, void *stream, bo
                         return -EPROTO;
                 }
         }
+        /* A thread that allocates gets a cache for what it frees: only it takes from it. */
+        client_tcache_adopt(c);
         if (c->cuda)
                 client_cuda_reap(c, false);
         d = daemon_device(c, device);
@@ -480,13 +484,7 @@ static int free_now(gpupool_client *c, void *ptr) {
         if (b && !gone && !(rest = client_tcache_put(c, b)))
                 return 0;
         pthread_mutex_lock(&c->lock);
-        if (!b) {
-                r = not_a_block(c, ptr);
-        } else {
-                if (!gone && rest == b)
-                        rest = client_tcache_put_locked(c, b);
-                r = rest ? client_free_unlinked(c, rest) : 0;
-        }
+        r = b ? client_free_unlinked(c, rest) : not_a_block(c, ptr);
         if (r == 0 && daemon_is_gone(c))
                 r = -ECONNRESET;        /* freed, but into memory that is not ours any more */
         pthread_mutex_unlock(&c->lock);
@@ -512,8 +510,6 @@ GPUPOOL_EXPORT int gpupool_free_async(gpupool_client *c, void *ptr, void *stream
         b = client_live_take(c, ptr);
         if (!b) {
                 r = not_a_block(c, ptr);
-        } else if (!b->mapping->ipc && !stream) {
-                r = client_free_unlinked(c, b);
         } else {
                 if (!b->mapping->ipc) {
                         client_set_error(c, "a stream was given for a block of host memory");

@@ -227,12 +227,17 @@ void client_pool_tick(gpupool_client *c, uint64_t now_ms);
 struct block *client_tcache_take(gpupool_client *c, int device, uint64_t rsize);
 
 /*
- * Parks b (out of the live table) in this thread's cache: NULL, or the block that must go to
- * the pool instead (b itself, or the oldest it pushed out). client_tcache_put() uses the
- * thread's cache if it has one; the locked one also makes one.
+ * Parks b (out of the live table) in this thread's cache, if it has one: NULL, or the block
+ * that must go to the pool instead (b itself, or the oldest it pushed out). A block of an
+ * earlier session is freed here.
  */
 struct block *client_tcache_put(gpupool_client *c, struct block *b);
-struct block *client_tcache_put_locked(gpupool_client *c, struct block *b);
+
+/*
+ * Gives this thread a cache for c, unless it has one, or has one for another handle that is
+ * still connected (one fast path per thread: the first handle's). Locked.
+ */
+void client_tcache_adopt(gpupool_client *c);
 
 /* Empties every cache into the pool. Locked. */
 void client_tcache_drain(gpupool_client *c);

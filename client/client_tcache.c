@@ -13,9 +13,11 @@
  * holds counts neither as in use nor as free in what the process tells the daemon: it is the
  * pool's, only parked.
  *
- * A cache is the handle's and its thread's (refs): the handle lists it (c->tcaches, under the
- * handle's lock), the thread finds it through a thread-local pointer, and whichever lets go
- * last frees it. The lock order is the handle's, then a cache's; a thread on its fast path
+ * A thread gets its cache on its first allocation that takes the handle's lock: a thread that
+ * only frees (blocks another one allocated) parks nothing, since only the cache's own thread
+ * takes from it. A cache is the handle's and its thread's (refs): the handle lists it
+ * (c->tcaches, under the handle's lock), the thread finds it through a thread-local pointer,
+ * and whichever lets go last frees it. The lock order is the handle's, then a cache's; a thread on its fast path
  * takes its cache's lock alone (uncontended but for a drain) and then a live shard's.
  */
 #include "client.h"
@@ -82,13 +84,11 @@ static struct tcache *mine(const gpupool_client *c) {
         return t && t->client == c && t->serial == c->serial ? t : NULL;
 }
 
-/*
- * Makes this thread a cache for c, unless it has one for another handle that is still
- * connected (then it goes on without: one fast path per thread, the first handle's). Locked.
- */
-static struct tcache *adopt(gpupool_client *c) {
+void client_tcache_adopt(gpupool_client *c) {
         struct tcache *t = my_cache;
 
+        if (t && t->client == c && t->serial == c->serial)
+                return;
         if (t) {
                 bool dead;
 
@@ -96,7 +96,7 @@ static struct tcache *adopt(gpupool_client *c) {
                 dead = t->dead;
                 pthread_mutex_unlock(&t->lock);
                 if (!dead)
-                        return NULL;
+                        return;
                 my_cache = NULL;
                 if (tcache_key_ok)
                         (void) pthread_setspecific(tcache_key, NULL);
@@ -104,7 +104,7 @@ static struct tcache *adopt(gpupool_client *c) {
         }
         (void) pthread_once(&tcache_once, tcache_setup);
         if (!tcache_key_ok || !(t = calloc(1, sizeof(*t))))
-                return NULL;
+                return;
         pthread_mutex_init(&t->lock, NULL);
         t->client = c;
         t->serial = c->serial;
@@ -112,12 +112,11 @@ static struct tcache *adopt(gpupool_client *c) {
         if (pthread_setspecific(tcache_key, t) != 0) {
                 pthread_mutex_destroy(&t->lock);
                 free(t);
-                return NULL;
+                return;
         }
         t->next = c->tcaches;
         c->tcaches = t;
         my_cache = t;
-        return t;
 }
 
 struct block *client_tcache_take(gpupool_client *c, int device, uint64_t rsize) {
@@ -141,13 +140,12 @@ struct block *client_tcache_take(gpupool_client *c, int device, uint64_t rsize) 
         return b;
 }
 
-/*
- * Parks b in t: NULL, or the block that must go to the pool instead (b itself when it is not
- * for a cache, the oldest when b pushes it out). A block of an earlier session is freed here.
- */
-static struct block *put(gpupool_client *c, struct tcache *t, struct block *b) {
+struct block *client_tcache_put(gpupool_client *c, struct block *b) {
+        struct tcache *t = mine(c);
         struct block *out = NULL;
 
+        if (!t || b->size > TCACHE_MAX_BLOCK)
+                return b;
         pthread_mutex_lock(&t->lock);
         /* Checked under the cache's lock: drop_everything() bumps the epoch before it empties the caches. */
         if (b->epoch != __atomic_load_n(&c->epoch, __ATOMIC_ACQUIRE)) {
@@ -171,24 +169,6 @@ static struct block *put(gpupool_client *c, struct tcache *t, struct block *b) {
         t->uses++;
         pthread_mutex_unlock(&t->lock);
         return out;
-}
-
-struct block *client_tcache_put(gpupool_client *c, struct block *b) {
-        struct tcache *t = mine(c);
-
-        if (b->size > TCACHE_MAX_BLOCK)
-                return b;
-        return t ? put(c, t, b) : b;
-}
-
-struct block *client_tcache_put_locked(gpupool_client *c, struct block *b) {
-        struct tcache *t = mine(c);
-
-        if (b->size > TCACHE_MAX_BLOCK)
-                return b;
-        if (!t && !(t = adopt(c)))
-                return b;
-        return put(c, t, b);
 }
 
 /*

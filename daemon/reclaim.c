@@ -56,6 +56,11 @@ static uint64_t ask(struct server *server, struct session *c, unsigned device, u
         return o->reported_held_free_bytes < want ? o->reported_held_free_bytes : want;
 }
 
+/* Whether c may be asked to give memory back on device for requester: another client, with a channel, over its guarantee. */
+static bool askable(const struct session *c, const struct session *requester, unsigned device) {
+        return c != requester && c->control && c->tenant && c->state == SESSION_READY && excess(c, device);
+}
+
 static unsigned reclaim_device;
 
 static int by_excess(const void *a, const void *b) {
@@ -73,7 +78,7 @@ uint64_t reclaim_ask(struct server *server, struct session *requester, unsigned 
 
         *ret_clients = 0;
         for (struct session *c = server->sessions; c; c = c->next)
-                if (c != requester && c->control && c->tenant && c->state == SESSION_READY && excess(c, device))
+                if (askable(c, requester, device))
                         n++;
         /* Every eligible client, however many: sessions are bounded by the server's limits, not here. */
         candidates = n ? calloc(n, sizeof(*candidates)) : NULL;
@@ -81,7 +86,7 @@ uint64_t reclaim_ask(struct server *server, struct session *requester, unsigned 
                 return 0;
         n = 0;
         for (struct session *c = server->sessions; c; c = c->next)
-                if (c != requester && c->control && c->tenant && c->state == SESSION_READY && excess(c, device))
+                if (askable(c, requester, device))
                         candidates[n++] = c;
         reclaim_device = device;
         qsort(candidates, n, sizeof(candidates[0]), by_excess);

@@ -36,7 +36,7 @@ static void reply_set(struct reply *ret, size_t len, int fd, bool disconnect) {
         ret->none = ret->parked = false;
 }
 
-void request_pack(struct session *s, Gpupool__Envelope *env, int fd, bool disconnect, struct reply *ret) {
+void request_pack(Gpupool__Envelope *env, int fd, bool disconnect, struct reply *ret) {
         /* One pass into the reply itself; only a larger reply is sized, then packed into memory of its own. */
         int n = gp_wire_pack(env, ret->inline_bytes, sizeof(ret->inline_bytes));
         size_t size;
@@ -45,7 +45,7 @@ void request_pack(struct session *s, Gpupool__Envelope *env, int fd, bool discon
         if (n == -EMSGSIZE && (size = gpupool__envelope__get_packed_size(env)) <= GP_MAX_REPLY_BYTES) {
                 ret->heap = malloc(size);
                 if (!ret->heap) {
-                        request_error_reply(s, env->id, -EIO, false, "the daemon is out of memory for the reply", ret);
+                        request_error_reply(env->id, -EIO, false, "the daemon is out of memory for the reply", ret);
                         return;
                 }
                 n = gp_wire_pack(env, ret->heap, size);
@@ -53,18 +53,16 @@ void request_pack(struct session *s, Gpupool__Envelope *env, int fd, bool discon
         if (n < 0) {
                 /* Only a status of very many clients could get here; say so rather than truncate. */
                 reply_release(ret);
-                request_error_reply(s, env->id, -EIO, false, "the reply is larger than the protocol allows", ret);
+                request_error_reply(env->id, -EIO, false, "the reply is larger than the protocol allows", ret);
                 return;
         }
         reply_set(ret, (size_t) n, fd, disconnect);
 }
 
-void request_error_reply(struct session *s, uint64_t id, int err, bool disconnect, const char *message,
-                         struct reply *ret) {
+void request_error_reply(uint64_t id, int err, bool disconnect, const char *message, struct reply *ret) {
         Gpupool__Envelope env = GPUPOOL__ENVELOPE__INIT;
         int n;
 
-        (void) s;
         env.version = GP_PROTOCOL_VERSION;
         env.id = id;
         env.has_status = 1;
@@ -92,11 +90,11 @@ static void handle_hello(struct session *s, const Gpupool__Envelope *req, struct
         const char *name = req->hello->name;
 
         if (s->state != SESSION_NEW) {
-                request_error_reply(s, req->id, -EPROTO, true, "hello sent twice", ret);
+                request_error_reply(req->id, -EPROTO, true, "hello sent twice", ret);
                 return;
         }
         if (name && !gp_wire_name_is_valid(name)) {
-                request_error_reply(s, req->id, -EINVAL, true,
+                request_error_reply(req->id, -EINVAL, true,
                                     "the client name must be 1 to 63 bytes of UTF-8 with no control characters", ret);
                 return;
         }
@@ -107,7 +105,7 @@ static void handle_hello(struct session *s, const Gpupool__Envelope *req, struct
                         c = c->next;
                 /* Only the client's own process may listen for its reclaim requests. */
                 if (!c || c == s || c->state != SESSION_READY || c->pid != s->pid || c->control || c->control_of) {
-                        request_error_reply(s, req->id, -EINVAL, true,
+                        request_error_reply(req->id, -EINVAL, true,
                                             "control_for names no connected client of this process without a control channel",
                                             ret);
                         return;
@@ -158,7 +156,7 @@ static void handle_hello(struct session *s, const Gpupool__Envelope *req, struct
                 session_log(s, LOG_LEVEL_INFO, "client %llu hello: '%s', pid %d, uid %u, tenant %s",
                             (unsigned long long) s->id, s->name,
                             (int) s->pid, (unsigned) s->uid, s->tenant->conf.name);
-        request_pack(s, &env, -1, false, ret);
+        request_pack(&env, -1, false, ret);
 }
 
 /* Refuses a lease: the reason goes to the client and, at info, to the log. */
@@ -168,7 +166,7 @@ static void refuse(struct session *s, uint64_t id, int err, enum metrics_refusal
         session_log(s, LOG_LEVEL_INFO, "client %llu ('%s', pid %d, tenant %s): %" PRIu64 " bytes on device %u refused: %s",
                     (unsigned long long) s->id, s->name, (int) s->pid, s->tenant ? s->tenant->conf.name : "-", size, device,
                     why);
-        request_error_reply(s, id, err, false, why, ret);
+        request_error_reply(id, err, false, why, ret);
 }
 
 /* Says which limit refused a lease, with the request and the use that it met. */
@@ -316,7 +314,7 @@ static bool lease_attempt(struct session *s, uint64_t id, uint32_t device, uint6
                 session_log(s, LOG_LEVEL_ERR, "client %llu: allocating %" PRIu64 " bytes: %s",
                             (unsigned long long) s->id, size, why);
                 server->refusals_total[METRICS_REFUSED_BACKEND_ERROR]++;
-                request_error_reply(s, id, -EIO, false, why, ret);
+                request_error_reply(id, -EIO, false, why, ret);
                 return true;
         }
         server->leases_total[device]++;
@@ -326,7 +324,7 @@ static bool lease_attempt(struct session *s, uint64_t id, uint32_t device, uint6
         fd = segment_handle(lease.mem, &lr.has_ipc_handle, &lr.ipc_handle);
         env.body_case = GPUPOOL__ENVELOPE__BODY_LEASE_REPLY;
         env.lease_reply = &lr;
-        request_pack(s, &env, fd, false, ret);
+        request_pack(&env, fd, false, ret);
         return true;
 }
 
@@ -339,13 +337,13 @@ static void handle_lease(struct session *s, const Gpupool__Envelope *req, struct
 
         if (device >= server->device_count) {
                 snprintf(why, sizeof(why), "no device %u: this daemon has %u", device, server->device_count);
-                request_error_reply(s, id, -ENODEV, false, why, ret);
+                request_error_reply(id, -ENODEV, false, why, ret);
                 return;
         }
         if (size == 0 || size > POOL_MAX_REQUEST) {
                 snprintf(why, sizeof(why), "cannot lease a segment for %" PRIu64 " bytes: a request is 1 byte to 64 TiB",
                          size);
-                request_error_reply(s, id, -EINVAL, false, why, ret);
+                request_error_reply(id, -EINVAL, false, why, ret);
                 return;
         }
         (void) lease_attempt(s, id, device, size, ATTEMPT_FIRST, ret);
@@ -395,7 +393,7 @@ static void handle_return(struct session *s, const Gpupool__Envelope *req, struc
         Gpupool__Envelope env;
 
         if (rq->n_segment_ids > REQUEST_MAX_RETURNS) {
-                request_error_reply(s, req->id, -EINVAL, false, "a return names at most 256 segments", ret);
+                request_error_reply(req->id, -EINVAL, false, "a return names at most 256 segments", ret);
                 return;
         }
         for (size_t i = 0; i < rq->n_segment_ids; i++) {
@@ -411,7 +409,7 @@ static void handle_return(struct session *s, const Gpupool__Envelope *req, struc
         request_ok(&env, req->id);
         env.body_case = GPUPOOL__ENVELOPE__BODY_RETURN_REPLY;
         env.return_reply = &rr;
-        request_pack(s, &env, -1, false, ret);
+        request_pack(&env, -1, false, ret);
 }
 
 static void handle_reclaim_reply(struct session *s, const Gpupool__Envelope *req, struct reply *ret) {
@@ -432,7 +430,7 @@ static void handle_bye(struct session *s, const Gpupool__Envelope *req, struct r
         s->said_bye = true;
         session_release_all(s);
         request_ok(&env, req->id);
-        request_pack(s, &env, -1, false, ret);
+        request_pack(&env, -1, false, ret);
 }
 
 /* Checks a usage report (Envelope.usage): 0, or -EINVAL with why for one of no device or too many. */
@@ -528,45 +526,45 @@ static bool allowed(struct session *s, const Gpupool__Envelope *req, const struc
         char why[160];
 
         if (s->said_bye) {
-                request_error_reply(s, req->id, -EPROTO, true, "request after goodbye", ret);
+                request_error_reply(req->id, -EPROTO, true, "request after goodbye", ret);
                 return false;
         }
         if (s->state == SESSION_NEW && !hello) {
-                request_error_reply(s, req->id, -EPROTO, true, "the first message must be hello", ret);
+                request_error_reply(req->id, -EPROTO, true, "the first message must be hello", ret);
                 return false;
         }
         /* Past the limits, only a connection whose hello says what it was let in as gets in. */
         if (hello && ((s->admin_only && !req->hello->admin) || (s->control_only && !req->hello->has_control_for))) {
                 server_limit_text(s->server, s->past_uid_cap, s->uid, why, sizeof(why));
-                request_error_reply(s, req->id, -EDQUOT, true, why, ret);
+                request_error_reply(req->id, -EDQUOT, true, why, ret);
                 return false;
         }
         if (!k) {
-                request_error_reply(s, req->id, -EPROTO, true, req->body_case == GPUPOOL__ENVELOPE__BODY__NOT_SET ?
+                request_error_reply(req->id, -EPROTO, true, req->body_case == GPUPOOL__ENVELOPE__BODY__NOT_SET ?
                                     "the request has no body" : "that message is a reply, which only the daemon sends", ret);
                 return false;
         }
         /* An operator's connection past the limits: nothing that holds memory or serves a client. */
         if (s->admin_only && (!(k->roles & ROLE_ADMIN_ROOM) || (hello && req->hello->has_control_for))) {
-                request_error_reply(s, req->id, -EDQUOT, false, "the daemon is at its client limits: this connection of an "
+                request_error_reply(req->id, -EDQUOT, false, "the daemon is at its client limits: this connection of an "
                                     "operator was let in past them for administrative requests only", ret);
                 return false;
         }
         if ((k->roles & ROLE_CONTROL_CHANNEL) && !s->control_of) {
                 snprintf(why, sizeof(why), "%s belongs on a control channel", k->what);
-                request_error_reply(s, req->id, -EPROTO, true, why, ret);
+                request_error_reply(req->id, -EPROTO, true, why, ret);
                 return false;
         }
         if (!(k->roles & ROLE_CONTROL_CHANNEL) && s->control_of) {
                 snprintf(why, sizeof(why), "%s does not belong on a control channel, which answers reclaims and reports "
                          "usage only", k->what);
-                request_error_reply(s, req->id, -EPROTO, true, why, ret);
+                request_error_reply(req->id, -EPROTO, true, why, ret);
                 return false;
         }
         /* Limits and other clients' memory are the operator's: a client acting on them would make them mean nothing. */
         if ((k->roles & ROLE_OPERATOR) && (!k->operator_if || k->operator_if(req)) && s->uid != 0 && s->uid != geteuid()) {
                 snprintf(why, sizeof(why), "%s is for root or the daemon's own user", k->what);
-                request_error_reply(s, req->id, -EACCES, false, why, ret);
+                request_error_reply(req->id, -EACCES, false, why, ret);
                 return false;
         }
         return true;
@@ -580,7 +578,7 @@ void request_handle(struct session *s, const Gpupool__Envelope *req, struct repl
                 /* A control channel's answer still counts as an answer; only its report is refused. */
                 if (req->body_case == GPUPOOL__ENVELOPE__BODY_RECLAIM_REPLY && s->control_of)
                         reclaim_answered(s, req->reclaim_reply);
-                request_error_reply(s, req->id, -EINVAL, false, why, ret);
+                request_error_reply(req->id, -EINVAL, false, why, ret);
                 return;
         }
         if (!allowed(s, req, k, ret))

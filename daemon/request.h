@@ -62,7 +62,7 @@ void request_handle(struct session *session, const Gpupool__Envelope *req, struc
 uint64_t request_retry_parked(struct server *server, uint64_t now_ms);
 
 /* Packs env as the reply (with fd, or -1) into *ret. */
-void request_pack(struct session *session, Gpupool__Envelope *env, int fd, bool disconnect, struct reply *ret);
+void request_pack(Gpupool__Envelope *env, int fd, bool disconnect, struct reply *ret);
 
 /* Initializes env as a successful reply to request id. */
 void request_ok(Gpupool__Envelope *env, uint64_t id);
@@ -77,7 +77,6 @@ void request_metrics(struct session *session, const Gpupool__Envelope *req, stru
 void request_reload(struct session *session, const Gpupool__Envelope *req, struct reply *ret);
 
 /* Packs an error reply for request id (0 when unknown) into *ret. */
-void request_error_reply(struct session *session, uint64_t id, int err, bool disconnect,
-                         const char *message, struct reply *ret);
+void request_error_reply(uint64_t id, int err, bool disconnect, const char *message, struct reply *ret);
 
 #endif

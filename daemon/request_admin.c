@@ -104,7 +104,7 @@ void request_status(struct session *s, const Gpupool__Envelope *req, struct repl
                 if (!clients || !client_ptrs) {
                         free(clients);
                         free(client_ptrs);
-                        request_error_reply(s, req->id, -EIO, false, "out of memory building the status", ret);
+                        request_error_reply(req->id, -EIO, false, "out of memory building the status", ret);
                         return;
                 }
         }
@@ -161,7 +161,7 @@ void request_status(struct session *s, const Gpupool__Envelope *req, struct repl
         request_ok(&env, req->id);
         env.body_case = GPUPOOL__ENVELOPE__BODY_STATUS_REPLY;
         env.status_reply = &sr;
-        request_pack(s, &env, -1, false, ret);
+        request_pack(&env, -1, false, ret);
         free(clients);
         free(client_ptrs);
 }
@@ -179,7 +179,7 @@ void request_flush(struct session *s, const Gpupool__Envelope *req, struct reply
                 char why[128];
 
                 snprintf(why, sizeof(why), "no device %u: this daemon has %u", f->device, server->device_count);
-                request_error_reply(s, req->id, -ENODEV, false, why, ret);
+                request_error_reply(req->id, -ENODEV, false, why, ret);
                 return;
         }
         if (f->tenant) {
@@ -189,7 +189,7 @@ void request_flush(struct session *s, const Gpupool__Envelope *req, struct reply
                         char why[160];
 
                         snprintf(why, sizeof(why), "no tenant '%.64s' (see gpupoolctl limits)", f->tenant);
-                        request_error_reply(s, req->id, -ENOENT, false, why, ret);
+                        request_error_reply(req->id, -ENOENT, false, why, ret);
                         return;
                 }
                 fr.has_clients_asked = fr.has_bytes_asked = 1;
@@ -203,7 +203,7 @@ void request_flush(struct session *s, const Gpupool__Envelope *req, struct reply
                 request_ok(&env, req->id);
                 env.body_case = GPUPOOL__ENVELOPE__BODY_FLUSH_REPLY;
                 env.flush_reply = &fr;
-                request_pack(s, &env, -1, false, ret);
+                request_pack(&env, -1, false, ret);
                 return;
         }
         for (unsigned d = 0; d < server->device_count; d++) {
@@ -223,7 +223,7 @@ void request_flush(struct session *s, const Gpupool__Envelope *req, struct reply
         request_ok(&env, req->id);
         env.body_case = GPUPOOL__ENVELOPE__BODY_FLUSH_REPLY;
         env.flush_reply = &fr;
-        request_pack(s, &env, -1, false, ret);
+        request_pack(&env, -1, false, ret);
 }
 
 void request_set_limit(struct session *s, const Gpupool__Envelope *req, struct reply *ret) {
@@ -234,7 +234,7 @@ void request_set_limit(struct session *s, const Gpupool__Envelope *req, struct r
         int r;
 
         if (!!l->tenant == l->has_pid || (!l->has_max_bytes && !l->has_guarantee_bytes)) {
-                request_error_reply(s, req->id, -EINVAL, false,
+                request_error_reply(req->id, -EINVAL, false,
                                     "set-limit takes a tenant or a pid, and max, guarantee or both", ret);
                 return;
         }
@@ -246,7 +246,7 @@ void request_set_limit(struct session *s, const Gpupool__Envelope *req, struct r
                 if (!c || l->has_guarantee_bytes) {
                         snprintf(why, sizeof(why), c ? "a guarantee belongs to a tenant, not to one client (pid %d)" :
                                                        "no client of pid %d is connected", (int) l->pid);
-                        request_error_reply(s, req->id, c ? -EINVAL : -ENOENT, false, why, ret);
+                        request_error_reply(req->id, c ? -EINVAL : -ENOENT, false, why, ret);
                         return;
                 }
                 /* Every session of that process, and those it opens later: a process may hold several handles. */
@@ -257,7 +257,7 @@ void request_set_limit(struct session *s, const Gpupool__Envelope *req, struct r
                                          "(a reload ends them)", SERVER_MAX_PID_LIMITS);
                         else
                                 snprintf(why, sizeof(why), "no process %d is running", (int) l->pid);
-                        request_error_reply(s, req->id, r == -ENOSPC ? -EINVAL : -ENOENT, false, why, ret);
+                        request_error_reply(req->id, r == -ENOSPC ? -EINVAL : -ENOENT, false, why, ret);
                         return;
                 }
                 log_info("set-limit by pid %d: clients of pid %d may reserve %s per device until the next reload",
@@ -270,20 +270,20 @@ void request_set_limit(struct session *s, const Gpupool__Envelope *req, struct r
 
                 if (!t) {
                         snprintf(why, sizeof(why), "no tenant '%.64s' (see gpupoolctl limits)", l->tenant);
-                        request_error_reply(s, req->id, -ENOENT, false, why, ret);
+                        request_error_reply(req->id, -ENOENT, false, why, ret);
                         return;
                 }
                 if (max && guarantee > max) {
                         snprintf(why, sizeof(why), "tenant %s: a guarantee of %s is more than its max of %s", t->conf.name,
                                  gp_size_format(guarantee, b1, sizeof(b1)), gp_size_format(max, b2, sizeof(b2)));
-                        request_error_reply(s, req->id, -EINVAL, false, why, ret);
+                        request_error_reply(req->id, -EINVAL, false, why, ret);
                         return;
                 }
                 old_guarantee = t->guarantee_bytes;
                 t->guarantee_bytes = guarantee;
                 if (policy_check_guarantees(&server->policy, why, sizeof(why)) < 0) {
                         t->guarantee_bytes = old_guarantee;
-                        request_error_reply(s, req->id, -EINVAL, false, why, ret);
+                        request_error_reply(req->id, -EINVAL, false, why, ret);
                         return;
                 }
                 t->max_bytes = max;
@@ -292,7 +292,7 @@ void request_set_limit(struct session *s, const Gpupool__Envelope *req, struct r
                          max ? gp_size_format(max, b1, sizeof(b1)) : "none", gp_size_format(guarantee, b2, sizeof(b2)));
         }
         request_ok(&env, req->id);
-        request_pack(s, &env, -1, false, ret);
+        request_pack(&env, -1, false, ret);
 }
 
 void request_trim(struct session *s, const Gpupool__Envelope *req, struct reply *ret) {
@@ -304,12 +304,12 @@ void request_trim(struct session *s, const Gpupool__Envelope *req, struct reply 
         char why[160];
 
         if (!!t->tenant == t->has_pid) {
-                request_error_reply(s, req->id, -EINVAL, false, "trim takes a pid or a tenant", ret);
+                request_error_reply(req->id, -EINVAL, false, "trim takes a pid or a tenant", ret);
                 return;
         }
         if (t->tenant && !(tenant = policy_tenant_by_name(&server->policy, t->tenant))) {
                 snprintf(why, sizeof(why), "no tenant '%.64s' (see gpupoolctl limits)", t->tenant);
-                request_error_reply(s, req->id, -ENOENT, false, why, ret);
+                request_error_reply(req->id, -ENOENT, false, why, ret);
                 return;
         }
         for (struct session *c = server->sessions; c; c = c->next) {
@@ -321,7 +321,7 @@ void request_trim(struct session *s, const Gpupool__Envelope *req, struct reply 
         request_ok(&env, req->id);
         env.body_case = GPUPOOL__ENVELOPE__BODY_TRIM_REPLY;
         env.trim_reply = &tr;
-        request_pack(s, &env, -1, false, ret);
+        request_pack(&env, -1, false, ret);
 }
 
 void request_check(struct session *s, const Gpupool__Envelope *req, struct reply *ret) {
@@ -335,7 +335,7 @@ void request_check(struct session *s, const Gpupool__Envelope *req, struct reply
 
                 log_err("check by pid %d: invariant broken: %s", (int) s->pid, why);
                 snprintf(msg, sizeof(msg), "invariant broken: %s", why);
-                request_error_reply(s, req->id, -EIO, false, msg, ret);
+                request_error_reply(req->id, -EIO, false, msg, ret);
                 return;
         }
         cr.pools = server->device_count;
@@ -344,7 +344,7 @@ void request_check(struct session *s, const Gpupool__Envelope *req, struct reply
         request_ok(&env, req->id);
         env.body_case = GPUPOOL__ENVELOPE__BODY_CHECK_REPLY;
         env.check_reply = &cr;
-        request_pack(s, &env, -1, false, ret);
+        request_pack(&env, -1, false, ret);
 }
 
 void request_metrics(struct session *s, const Gpupool__Envelope *req, struct reply *ret) {
@@ -354,14 +354,14 @@ void request_metrics(struct session *s, const Gpupool__Envelope *req, struct rep
 
         if (metrics_format(s->server, s, text, sizeof(text)) < 0) {
                 log_err("metrics: the text does not fit %d bytes", METRICS_TEXT_MAX);
-                request_error_reply(s, req->id, -EIO, false, "the metrics do not fit the daemon's buffer", ret);
+                request_error_reply(req->id, -EIO, false, "the metrics do not fit the daemon's buffer", ret);
                 return;
         }
         mr.text = text;
         request_ok(&env, req->id);
         env.body_case = GPUPOOL__ENVELOPE__BODY_METRICS_REPLY;
         env.metrics_reply = &mr;
-        request_pack(s, &env, -1, false, ret);
+        request_pack(&env, -1, false, ret);
 }
 
 void request_reload(struct session *s, const Gpupool__Envelope *req, struct reply *ret) {
@@ -376,12 +376,12 @@ void request_reload(struct session *s, const Gpupool__Envelope *req, struct repl
                 char why[700];
 
                 snprintf(why, sizeof(why), "reload refused, the running config stays: %s", outcome);
-                request_error_reply(s, req->id, -EINVAL, false, why, ret);
+                request_error_reply(req->id, -EINVAL, false, why, ret);
                 return;
         }
         rr.outcome = outcome;
         request_ok(&env, req->id);
         env.body_case = GPUPOOL__ENVELOPE__BODY_RELOAD_REPLY;
         env.reload_reply = &rr;
-        request_pack(s, &env, -1, false, ret);
+        request_pack(&env, -1, false, ret);
 }

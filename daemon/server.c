@@ -31,11 +31,10 @@ static void on_connection(uv_poll_t *handle, int status, int events);
  * Refuses a connection with one packet saying why, so the client reports it instead of a bare
  * reset. The packet is id 0: the client has not asked anything yet.
  */
-static void refuse_client(struct server *server, int fd, int err, const char *why) {
-        struct session fake = { .server = server };
+static void refuse_client(int fd, int err, const char *why) {
         struct reply rep;
 
-        request_error_reply(&fake, 0, err, true, why, &rep);
+        request_error_reply(0, err, true, why, &rep);
         (void) gp_wire_send_packet(fd, reply_bytes(&rep), rep.len, -1);
         reply_release(&rep);
         closer_close(fd);       /* what it queued before being refused may carry descriptors */
@@ -70,7 +69,7 @@ static void out_of_fds(struct server *server, int err) {
                 server->spare_fd = -1;
                 fd = accept4(server->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
                 if (fd >= 0)
-                        refuse_client(server, fd, -EIO, why);
+                        refuse_client(fd, -EIO, why);
         }
         uv_poll_stop(&server->listen_poll);
         uv_timer_start(&server->accept_timer, on_accept_timer, 100, 0);
@@ -142,7 +141,7 @@ static int admit(struct server *server, int fd, bool *ret_per_uid) {
                 return SESSION_ADMIT_ADMIN_ONLY;
         server_limit_text(server, *ret_per_uid, cred.uid, why, sizeof(why));
         server_log(server, LOG_LEVEL_WARN, "refusing a client (pid %d, uid %u): %s", (int) cred.pid, (unsigned) cred.uid, why);
-        refuse_client(server, fd, -EDQUOT, why);
+        refuse_client(fd, -EDQUOT, why);
         return -1;
 }
 

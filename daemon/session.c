@@ -62,7 +62,6 @@ void session_log_write(struct session *s, enum log_level level, const char *fmt,
 
 int session_start(struct server *server, int fd, enum session_admission how, bool past_uid_cap) {
         bool admin_only = how == SESSION_ADMIT_ADMIN_ONLY;
-
         struct ucred cred;
         socklen_t len = sizeof(cred);
         struct session *s;
@@ -472,7 +471,7 @@ static void on_readable(uv_poll_t *handle, int status, int events) {
 
                 snprintf(why, sizeof(why), "this daemon speaks gpupool protocol version %d only: the client's libgpupool "
                          "is of another release", GP_PROTOCOL_VERSION);
-                request_error_reply(s, 0, r, true, why, &rep);
+                request_error_reply(0, r, true, why, &rep);
                 session_send(s, &rep);
                 return;
         }

@@ -255,7 +255,6 @@ static int not_an_operator(struct testd *d, void *arg) {
 START_TEST(test_request_roles) {
         Gpupool__Envelope env = GPUPOOL__ENVELOPE__INIT, *rep;
         Gpupool__Hello hello = GPUPOOL__HELLO__INIT;
-        Gpupool__LeaseRequest lr = GPUPOOL__LEASE_REQUEST__INIT;
         Gpupool__ReclaimReply answer = GPUPOOL__RECLAIM_REPLY__INIT;
         uint64_t client_id;
         struct testd d;
@@ -268,12 +267,7 @@ START_TEST(test_request_roles) {
         hello.has_control_for = 1;
         hello.control_for = client_id;
         control = raw_hello_with(&d, &hello, NULL);
-        lr.size = 4096;
-        env.id = 2;
-        env.body_case = GPUPOOL__ENVELOPE__BODY_LEASE;
-        env.lease = &lr;
-        rep = raw_call(control, &env);
-        ck_assert_ptr_nonnull(rep);
+        rep = raw_lease(control, 0, 4096);
         ck_assert_int_eq(rep->status, GPUPOOL__STATUS__STATUS_PROTOCOL);
         ck_assert_str_eq(rep->error, "a lease does not belong on a control channel, which answers reclaims and reports usage only");
         gpupool__envelope__free_unpacked(rep, NULL);

@@ -182,8 +182,7 @@ static void *parked_lease_main(void *arg) {
  */
 START_TEST(test_parked_lease_still_answers_reclaim) {
         Gpupool__Hello hello = GPUPOOL__HELLO__INIT;
-        Gpupool__Envelope env = GPUPOOL__ENVELOPE__INIT, *rep;
-        Gpupool__LeaseRequest lr = GPUPOOL__LEASE_REQUEST__INIT;
+        Gpupool__Envelope *rep;
         struct parked_lease b = { 0 };
         gpupool_client *a;
         pthread_t thread;
@@ -205,11 +204,7 @@ START_TEST(test_parked_lease_still_answers_reclaim) {
         hello.has_control_for = 1;
         hello.control_for = hog_id;
         hog_control = raw_hello_with(&d, &hello, NULL);
-        lr.size = 700 * MiB;
-        env.id = 1;
-        env.body_case = GPUPOOL__ENVELOPE__BODY_LEASE;
-        env.lease = &lr;
-        rep = raw_call(hog, &env);
+        rep = raw_lease(hog, 0, 700 * MiB);
         ck_assert_int_eq(rep->status, GPUPOOL__STATUS__STATUS_OK);
         hog_segment = rep->lease_reply->segment_id;
         gpupool__envelope__free_unpacked(rep, NULL);
@@ -231,18 +226,9 @@ START_TEST(test_parked_lease_still_answers_reclaim) {
         ck_assert_int_eq(client_field(&d, "holder", "reserved_bytes"), 0);
 
         /* The hog gives its segment back: B's lease gets the memory. */
-        {
-                Gpupool__ReturnRequest rr = GPUPOOL__RETURN_REQUEST__INIT;
-
-                rr.segment_ids = &hog_segment;
-                rr.n_segment_ids = 1;
-                env.id = 2;
-                env.body_case = GPUPOOL__ENVELOPE__BODY_RETURN_SEGMENTS;
-                env.return_segments = &rr;
-                rep = raw_call(hog, &env);
-                ck_assert_int_eq(rep->status, GPUPOOL__STATUS__STATUS_OK);
-                gpupool__envelope__free_unpacked(rep, NULL);
-        }
+        rep = raw_return(hog, &hog_segment, 1, NULL);
+        ck_assert_int_eq(rep->status, GPUPOOL__STATUS__STATUS_OK);
+        gpupool__envelope__free_unpacked(rep, NULL);
         ck_assert_int_eq(pthread_join(thread, NULL), 0);
         ck_assert_int_eq(b.r, 0);
         ck_assert_int_eq(gpupool_free(b.c, b.p), 0);
