@@ -92,7 +92,7 @@ struct gpupool_client {
         bool conn_busy;
         pthread_cond_t conn_idle;       /* signalled when conn_busy clears */
         uint64_t round_trips;           /* conn.calls as of the latest call's end */
-        char error[256];                /* why the latest call failed (gpupool_last_error()) */
+        char error[GP_MAX_ERROR_BYTES]; /* why the latest call failed (gpupool_last_error()) */
         char socket_path[108];          /* as given to connect, for reconnect ("" = the default) */
         char name[64];
         unsigned device_count;

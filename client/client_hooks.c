@@ -17,7 +17,7 @@
 #include "client.h"
 #include "size.h"
 
-#define HOOK_ERROR_MAX 768
+#define HOOK_ERROR_MAX GP_MAX_ERROR_BYTES
 
 static pthread_mutex_t hook_lock = PTHREAD_MUTEX_INITIALIZER;
 static gpupool_client *hook_handle;     /* atomic; set once under hook_lock, dropped in a forked child */

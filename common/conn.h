@@ -20,7 +20,7 @@ struct gp_conn {
         bool broken;                    /* the daemon is gone or spoke nonsense; written atomically (read unlocked) */
         uint64_t next_id;
         uint64_t calls;                 /* requests sent, hello included, for as long as the struct lives */
-        char error[256];                /* why the latest call failed */
+        char error[GP_MAX_ERROR_BYTES]; /* why the latest call failed */
         uint8_t buf[GP_MAX_REPLY_BYTES];
 };
 

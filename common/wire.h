@@ -27,6 +27,8 @@
 #define GP_MAX_REPLY_BYTES (160 * 1024)
 /* Every block's size is rounded up to this (AllocRequest); the client's cache is keyed on it. */
 #define GP_BLOCK_ALIGN 512ULL
+/* The longest sentence an error reply carries, with its NUL; the library keeps all of it. */
+#define GP_MAX_ERROR_BYTES 900
 /* A client's declared name, bytes, not counting the NUL. */
 #define GP_MAX_NAME_BYTES 63
 

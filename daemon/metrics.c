@@ -117,7 +117,7 @@ static uint64_t device_value(const struct server *server, unsigned d, const stru
         case F_CACHED:
                 return st->cached_bytes;
         case F_MAX_CACHED:
-                return server_max_cached(server, d);
+                return policy_max_cached(&server->policy, d);
         case F_LEASES:
                 return server->leases_total[d];
         case F_EVICTIONS:
@@ -160,7 +160,7 @@ static void tenants(struct writer *w, const struct server *server, const struct 
         for (unsigned i = 0; i < p->tenant_count; i++) {
                 reserved = 0;
                 for (unsigned d = 0; d < server->device_count; d++)
-                        reserved += p->tenants[i].reserved_bytes[d];
+                        reserved += p->tenants[i].sums[d].reserved_bytes;
                 emit(w, "gpupool_tenant_reserved_bytes{tenant=\"%s\"} %" PRIu64 "\n", p->tenants[i].conf.name, reserved);
         }
         family(w, "gpupool_tenant_in_use_bytes", "gauge", "Bytes in blocks the tenant's clients hold, on all devices, as they last reported.");

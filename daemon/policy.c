@@ -5,6 +5,7 @@
 
 #include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "size.h"
@@ -12,6 +13,8 @@
 void policy_configure(struct policy *p, const struct config *c) {
         /* Sums and counts start at zero: the caller maps every client to its tenant again. */
         p->client_limit_bytes = c->options.client_limit_bytes;
+        p->max_cached_bytes = c->options.max_cached_bytes;
+        p->max_cached_percent = c->options.max_cached_percent;
         p->tenant_count = c->tenant_count;
         for (unsigned i = 0; i < c->tenant_count; i++) {
                 struct tenant *t = &p->tenants[i];
@@ -72,43 +75,78 @@ uint64_t policy_held_for_others(const struct policy *p, const struct tenant *t, 
         for (unsigned i = 0; i < p->tenant_count; i++) {
                 const struct tenant *o = &p->tenants[i];
 
-                if (o != t && o->guarantee_bytes > o->reserved_bytes[device])
-                        held += o->guarantee_bytes - o->reserved_bytes[device];
+                if (o != t && o->guarantee_bytes > o->sums[device].reserved_bytes)
+                        held += o->guarantee_bytes - o->sums[device].reserved_bytes;
         }
         return held;
 }
 
-uint64_t policy_headroom(const struct policy *p, const struct tenant *t, uint64_t client_limit_bytes,
-                         const struct pool_owner *owner, unsigned device, const struct pool_stats *st,
-                         enum policy_bound *ret_bound) {
-        uint64_t best = UINT64_MAX, r, held = policy_held_for_others(p, t, device);
-        enum policy_bound bound = POLICY_UNBOUND;
+/* Makes limit (0: none) against used the admission's bound when it leaves less room than the bound so far. */
+static void bound_by(struct policy_admission *a, enum policy_bound bound, uint64_t limit, uint64_t used) {
+        uint64_t r = room(limit, used);
 
-        r = room(client_limit_bytes, owner->reserved_bytes);
-        if (r < best) {
-                best = r;
-                bound = POLICY_CLIENT;
+        if (r < a->headroom_bytes) {
+                a->headroom_bytes = r;
+                a->bound = bound;
+                a->limit_bytes = limit;
+                a->used_bytes = used;
         }
-        r = room(t->max_bytes, t->reserved_bytes[device]);
-        if (r < best) {
-                best = r;
-                bound = POLICY_TENANT;
-        }
-        if (held) {
-                /* What clients hold is theirs; what is cached can be released; the rest, less what is held back, is ours. */
-                uint64_t clients = st->reserved_bytes - st->cached_bytes;
-
-                r = room(st->total_bytes, clients + held);
-                if (r < best) {
-                        best = r;
-                        bound = POLICY_GUARANTEES;
-                }
-        }
-        *ret_bound = bound;
-        return best;
 }
 
-void policy_account(struct policy *p, struct tenant *t, unsigned device, uint64_t before, uint64_t after) {
+void policy_admit(const struct policy *p, const struct tenant *t, uint64_t override_bytes,
+                  const struct pool_owner *owner, unsigned device, const struct pool_stats *st,
+                  struct policy_admission *ret) {
+        uint64_t held = policy_held_for_others(p, t, device);
+
+        *ret = (struct policy_admission) {
+                .headroom_bytes = UINT64_MAX,
+                .bound = POLICY_UNBOUND,
+                .held_back_bytes = held,
+                .client_limit_from = override_bytes != POLICY_NO_OVERRIDE ? POLICY_LIMIT_PID :
+                                     t->conf.client_max_set ? POLICY_LIMIT_TENANT : POLICY_LIMIT_DEFAULT,
+        };
+        bound_by(ret, POLICY_CLIENT, policy_client_limit(p, t, override_bytes), owner->reserved_bytes);
+        bound_by(ret, POLICY_TENANT, t->max_bytes, t->sums[device].reserved_bytes);
+        /* What clients hold is theirs; what is cached can be released; the rest, less what is held back, is ours. */
+        if (held)
+                bound_by(ret, POLICY_GUARANTEES, st->total_bytes, st->reserved_bytes - st->cached_bytes + held);
+}
+
+static uint64_t excess(const struct tenant *t, unsigned device) {
+        uint64_t r = t->sums[device].reserved_bytes;
+
+        return r > t->guarantee_bytes ? r - t->guarantee_bytes : 0;
+}
+
+static int by_rank(const void *a, const void *b) {
+        const struct policy_candidate *x = a, *y = b;
+
+        if (!!x->excess_bytes != !!y->excess_bytes)
+                return x->excess_bytes ? -1 : 1;
+        if (x->held_free_bytes != y->held_free_bytes)
+                return x->held_free_bytes > y->held_free_bytes ? -1 : 1;
+        if (x->excess_bytes != y->excess_bytes)
+                return x->excess_bytes > y->excess_bytes ? -1 : 1;
+        return 0;
+}
+
+size_t policy_reclaim_order(const struct policy *p, const struct tenant *requester, unsigned device,
+                            struct policy_candidate *c, size_t n) {
+        size_t kept = 0;
+
         (void) p;
-        t->reserved_bytes[device] += after - before;    /* unsigned wrap does the subtraction */
+        for (size_t i = 0; i < n; i++) {
+                c[i].excess_bytes = excess(c[i].tenant, device);
+                if (c[i].excess_bytes || c[i].tenant == requester)
+                        c[kept++] = c[i];
+        }
+        qsort(c, kept, sizeof(*c), by_rank);
+        return kept;
 }
+
+uint64_t policy_max_cached(const struct policy *p, unsigned device) {
+        if (p->max_cached_percent)
+                return p->capacity_bytes[device] * p->max_cached_percent / 100;   /* capacities are far below 2^64 / 100 */
+        return p->max_cached_bytes;
+}
+

@@ -1,15 +1,18 @@
 /*
- * policy.h: who may have how much. The pool asks nothing; the request handler asks policy
- * how many more bytes a client may reserve on a device and passes that to pool_lease() as
- * headroom, and names the limit that bound it when the pool refuses.
+ * policy.h: who may have how much, and whom to ask for memory back. The pool decides
+ * nothing: the request layer asks policy how many more bytes a client may reserve on a
+ * device (policy_admit()), passes that to pool_lease() as headroom and, when the pool
+ * refuses, turns policy's answer (the limit that bound and the numbers it met) into the
+ * sentence. When the device is full, policy ranks the clients worth asking to give back what
+ * they keep free (policy_reclaim_order()); it also sets the cache's watermark.
  *
  * Three limits bind, per device: the client's own (its tenant's client_max, else [limits]
  * client_max / --client-limit, or a runtime set-limit on its pid), its tenant's max over all
  * the tenant's clients, and the guarantees of the other tenants: memory a tenant is
  * guaranteed and does not use is held back from everyone else.
  *
- * Tenants' reserved bytes are kept as sums, updated whenever a client's reserved bytes
- * change (policy_account()); policy_check() recomputes them from the sessions.
+ * A tenant's reserved bytes on a device are a pool group (pool.h): the pool keeps the sum as
+ * the tenant's clients lease and return; server_check() recomputes it from the sessions.
  */
 #ifndef GP_POLICY_H
 #define GP_POLICY_H
@@ -27,7 +30,7 @@ struct tenant {
         uint64_t max_bytes;             /* in force: the file's, or a runtime set-limit's */
         uint64_t guarantee_bytes;
         bool overridden;                /* set-limit changed it; a reload restores the file's */
-        uint64_t reserved_bytes[BACKEND_MAX_DEVICES];   /* its clients' together */
+        struct pool_group sums[BACKEND_MAX_DEVICES];    /* its clients' reserved bytes, kept by the pool */
         unsigned clients;
 };
 
@@ -38,8 +41,40 @@ enum policy_bound {
         POLICY_GUARANTEES,              /* other tenants' unused guarantees */
 };
 
+/* Where a client's limit comes from. */
+enum policy_limit_source {
+        POLICY_LIMIT_DEFAULT,           /* [limits] client_max, --client-limit */
+        POLICY_LIMIT_TENANT,            /* its tenant's client_max */
+        POLICY_LIMIT_PID,               /* set-limit --pid */
+};
+
+/*
+ * Policy's answer to a lease: how many more bytes the client may reserve on the device, the
+ * limit that gives that answer and what it met, so that a refusal can say all of it.
+ */
+struct policy_admission {
+        uint64_t headroom_bytes;        /* UINT64_MAX: nothing binds */
+        enum policy_bound bound;
+        /* POLICY_CLIENT: the client's limit; POLICY_TENANT: the tenant's max; POLICY_GUARANTEES: the capacity. */
+        uint64_t limit_bytes;
+        /* What counts against it: the client's or the tenant's reserved bytes, or what all clients hold. */
+        uint64_t used_bytes;
+        uint64_t held_back_bytes;       /* POLICY_GUARANTEES: held for the other tenants' unused guarantees */
+        enum policy_limit_source client_limit_from;
+};
+
+/* A client that may be asked to give memory back (policy_reclaim_order()). */
+struct policy_candidate {
+        const struct tenant *tenant;
+        uint64_t held_free_bytes;       /* what it last reported it keeps free on the device */
+        void *client;                   /* the caller's */
+        uint64_t excess_bytes;          /* set by policy: how far its tenant is over its guarantee */
+};
+
 struct policy {
         uint64_t client_limit_bytes;    /* [limits] client_max: per client and device; 0: none */
+        uint64_t max_cached_bytes;      /* the cache's watermark: max_cached */
+        unsigned max_cached_percent;    /* or a share of each device's capacity; 0: max_cached_bytes */
         unsigned device_count;
         uint64_t capacity_bytes[BACKEND_MAX_DEVICES];
         unsigned tenant_count;          /* tenants[0] is "default" */
@@ -68,18 +103,28 @@ struct tenant *policy_tenant_by_name(struct policy *p, const char *name);
 uint64_t policy_client_limit(const struct policy *p, const struct tenant *t, uint64_t override_bytes);
 
 /*
- * How many more bytes owner (of tenant t, with client limit client_limit_bytes, 0: none) may
- * reserve on device, given the device's stats: UINT64_MAX when nothing binds. *ret_bound
- * says which limit gave the answer.
+ * How many more bytes owner (of tenant t, with a set-limit override_bytes or
+ * POLICY_NO_OVERRIDE) may reserve on device, given the device's stats; *ret says which limit
+ * gave the answer and what it met.
  */
-uint64_t policy_headroom(const struct policy *p, const struct tenant *t, uint64_t client_limit_bytes,
-                         const struct pool_owner *owner, unsigned device, const struct pool_stats *st,
-                         enum policy_bound *ret_bound);
+void policy_admit(const struct policy *p, const struct tenant *t, uint64_t override_bytes,
+                  const struct pool_owner *owner, unsigned device, const struct pool_stats *st,
+                  struct policy_admission *ret);
+
+/*
+ * Of the n candidates, keeps those whose memory would serve a client of tenant requester on
+ * device (a tenant under its guarantee keeps what it holds back for itself: only its own
+ * clients gain from what it gives), ranked: tenants over their guarantee first, then largest
+ * reported free first, then largest excess. Returns how many it kept, at the front.
+ */
+size_t policy_reclaim_order(const struct policy *p, const struct tenant *requester, unsigned device,
+                            struct policy_candidate *c, size_t n);
+
+/* The most bytes device's cache may hold (the watermark). */
+uint64_t policy_max_cached(const struct policy *p, unsigned device);
 
 /* Bytes of device held back from tenant t for the other tenants' unused guarantees. */
 uint64_t policy_held_for_others(const struct policy *p, const struct tenant *t, unsigned device);
 
-/* A client of t went from before to after reserved bytes on device. */
-void policy_account(struct policy *p, struct tenant *t, unsigned device, uint64_t before, uint64_t after);
 
 #endif

@@ -165,12 +165,22 @@ void pool_owner_attach(struct pool *p, struct pool_owner *o, uint32_t tenant) {
         p->owners = o;
 }
 
+void pool_owner_set_group(struct pool_owner *o, struct pool_group *g) {
+        if (o->group)
+                o->group->reserved_bytes -= o->reserved_bytes;
+        o->group = g;
+        if (g)
+                g->reserved_bytes += o->reserved_bytes;
+}
+
 /* Moves a segment out of its owner into the cache (or, marked to_backend, back to the backend). */
 static void segment_to_cache(struct pool *p, struct segment *s) {
         struct pool_owner *o = s->owner;
 
         gp_rb_remove(&o->segments_by_id, &s->owner_node);
         o->reserved_bytes -= s->size;
+        if (o->group)
+                o->group->reserved_bytes -= s->size;
         o->segments--;
         s->owner = NULL;
         if (s->to_backend) {
@@ -318,6 +328,8 @@ int pool_lease(struct pool *p, struct pool_owner *o, uint64_t size, uint64_t hea
         s->owner = o;
         gp_rb_insert(&o->segments_by_id, &s->owner_node);
         o->reserved_bytes += s->size;
+        if (o->group)
+                o->group->reserved_bytes += s->size;
         o->segments++;
         *ret = (struct pool_lease) {
                 .segment_id = s->id,

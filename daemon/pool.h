@@ -30,6 +30,14 @@
 
 struct pool;
 
+/*
+ * A sum of reserved bytes over a group of owners (a tenant's clients on one device). The pool
+ * keeps it as its owners lease and return segments, so that nobody accounts for them twice.
+ */
+struct pool_group {
+        uint64_t reserved_bytes;
+};
+
 /* One client's part of one pool. Embedded in the session; fields above the line are read-only. */
 struct pool_owner {
         uint64_t reserved_bytes;        /* sum of the sizes of the segments leased to it */
@@ -41,6 +49,7 @@ struct pool_owner {
         uint64_t reported_at_ms;
         bool reported;
         /* ---- private to pool.c ---- */
+        struct pool_group *group;       /* the sum its reserved bytes are part of, or NULL */
         struct pool *pool;
         struct gp_rb_tree segments_by_id;
         struct pool_owner *prev, *next;
@@ -89,6 +98,13 @@ void pool_free(struct pool *pool);
 
 /* Attaches an owner (zeroed by the caller or not) to pool. */
 void pool_owner_attach(struct pool *pool, struct pool_owner *owner, uint32_t tenant);
+
+/*
+ * Makes the owner's reserved bytes part of group (NULL: of none), taking them out of the
+ * group they were part of: from then on the pool keeps group's sum as the owner leases and
+ * returns.
+ */
+void pool_owner_set_group(struct pool_owner *owner, struct pool_group *group);
 
 /*
  * Returns everything the owner holds to the cache and detaches it. Call

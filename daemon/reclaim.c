@@ -10,13 +10,6 @@
 #include "session.h"
 #include "size.h"
 
-/* How far a client's tenant is over its guarantee on device (0: not over). */
-static uint64_t excess(const struct session *c, unsigned device) {
-        const struct tenant *t = c->tenant;
-
-        return t->reserved_bytes[device] > t->guarantee_bytes ? t->reserved_bytes[device] - t->guarantee_bytes : 0;
-}
-
 /*
  * Asks c for empty segments worth want bytes on device (UINT64_MAX: all of them). Its report
  * is only as fresh as its latest message, so it is asked whatever it reported. Returns the
@@ -56,44 +49,38 @@ static uint64_t ask(struct server *server, struct session *c, unsigned device, u
         return o->reported_held_free_bytes < want ? o->reported_held_free_bytes : want;
 }
 
-/* Whether c may be asked to give memory back on device for requester: another client, with a channel, over its guarantee. */
+/* Whether c can be asked to give memory back on device for requester: another client that leases there, with a channel. */
 static bool askable(const struct session *c, const struct session *requester, unsigned device) {
-        return c != requester && c->control && c->tenant && c->state == SESSION_READY && excess(c, device);
-}
-
-static unsigned reclaim_device;
-
-static int by_excess(const void *a, const void *b) {
-        uint64_t x = excess(*(struct session *const *) a, reclaim_device);
-        uint64_t y = excess(*(struct session *const *) b, reclaim_device);
-
-        return x < y ? 1 : x > y ? -1 : 0;
+        return c != requester && c->control && c->tenant && c->state == SESSION_READY && c->owners[device].reserved_bytes;
 }
 
 uint64_t reclaim_ask(struct server *server, struct session *requester, unsigned device, uint64_t want_bytes,
                      unsigned *ret_clients) {
-        struct session **candidates;
+        struct policy_candidate *candidates;
         uint64_t asked = 0;
         size_t n = 0;
 
         *ret_clients = 0;
         for (struct session *c = server->sessions; c; c = c->next)
-                if (askable(c, requester, device))
-                        n++;
-        /* Every eligible client, however many: sessions are bounded by the server's limits, not here. */
+                n += askable(c, requester, device);
+        /* Every client that can be asked, however many: sessions are bounded by the server's limits, not here. */
         candidates = n ? calloc(n, sizeof(*candidates)) : NULL;
         if (!candidates)
                 return 0;
         n = 0;
         for (struct session *c = server->sessions; c; c = c->next)
                 if (askable(c, requester, device))
-                        candidates[n++] = c;
-        reclaim_device = device;
-        qsort(candidates, n, sizeof(candidates[0]), by_excess);
+                        candidates[n++] = (struct policy_candidate) {
+                                .tenant = c->tenant,
+                                .held_free_bytes = c->owners[device].reported_held_free_bytes,
+                                .client = c,
+                        };
+        /* Whom to ask, and in what order, is policy's: those whose memory would serve, over their guarantee and largest first. */
+        n = policy_reclaim_order(&server->policy, requester->tenant, device, candidates, n);
         for (size_t i = 0; i < n && asked < want_bytes; i++) {
                 bool pushed = false;
 
-                asked += ask(server, candidates[i], device, want_bytes - asked, false, &pushed);
+                asked += ask(server, candidates[i].client, device, want_bytes - asked, false, &pushed);
                 *ret_clients += pushed;
         }
         free(candidates);

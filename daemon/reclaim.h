@@ -1,8 +1,10 @@
 /*
  * reclaim.h: step 3 of the eviction ladder. A process keeps the segments it leases mapped
  * when they empty, so that its next allocations need no request and no new mapping. When a
- * device is full, the daemon asks clients whose tenant holds more than its guarantee to give
- * such segments back, largest excess first, on each client's control channel; the library
+ * device is full, the daemon asks the clients whose memory would serve (policy_reclaim_order():
+ * tenants over their guarantee first, then the largest reported free first) to give such
+ * segments back until what they reported covers the request, on each client's control
+ * channel; the library
  * answers on its control thread. The lease that ran short waits a bounded time
  * (reclaim_timeout) for the segments to come back. gpupoolctl trim and flush --tenant ask the
  * same of chosen clients.
@@ -24,8 +26,8 @@ struct session;
 #define RECLAIM_MAX_OUTSTANDING 64
 
 /*
- * Asks clients other than requester, over their tenant's guarantee on device, for empty
- * segments worth at least want_bytes. Returns the bytes asked for as far as known (what each
+ * Asks clients other than requester, in policy's order, for empty segments worth at least
+ * want_bytes on device. Returns the bytes asked for as far as known (what each
  * held free as of its latest report), and the number of clients asked in *ret_clients.
  */
 uint64_t reclaim_ask(struct server *server, struct session *requester, unsigned device, uint64_t want_bytes,

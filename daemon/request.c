@@ -20,6 +20,7 @@
 #include "server.h"
 
 _Static_assert(POOL_BLOCK_ALIGN == GP_BLOCK_ALIGN, "the pool rounds blocks as the protocol says");
+_Static_assert(GP_MAX_ERROR_BYTES + 64 <= REPLY_INLINE_BYTES, "an error reply fits a reply's own bytes");
 #include "session.h"
 #include "size.h"
 
@@ -169,12 +170,15 @@ static void refuse(struct session *s, uint64_t id, int err, enum metrics_refusal
         request_error_reply(id, err, false, why, ret);
 }
 
-/* Says which limit refused a lease, with the request and the use that it met. */
-static void quota_message(struct session *s, unsigned d, uint64_t size, uint64_t client_limit, enum policy_bound bound,
+/* Turns policy's refusal of a lease into the sentence: the request, the limit and the use that it met. */
+static void quota_message(const struct session *s, unsigned d, uint64_t size, const struct policy_admission *a,
                           char *why, size_t why_size) {
-        struct server *server = s->server;
+        static const char *const limit_from[] = {
+                [POLICY_LIMIT_DEFAULT] = "client_max, --client-limit",
+                [POLICY_LIMIT_TENANT] = "its tenant's client_max",
+                [POLICY_LIMIT_PID] = "set-limit --pid",
+        };
         const struct tenant *t = s->tenant;
-        const struct pool_owner *owner = &s->owners[d];
         uint64_t seg = pool_min_segment_bytes(size);
         char b1[GP_SIZE_FORMAT_MAX], b2[GP_SIZE_FORMAT_MAX], b3[GP_SIZE_FORMAT_MAX], b4[GP_SIZE_FORMAT_MAX];
         int n;
@@ -184,36 +188,88 @@ static void quota_message(struct session *s, unsigned d, uint64_t size, uint64_t
         if (n < 0 || (size_t) n >= why_size)
                 return;
         why += n, why_size -= (size_t) n;
-        switch (bound) {
+        switch (a->bound) {
         case POLICY_CLIENT:
                 snprintf(why, why_size, "would take client '%s' (pid %d, tenant %s) to %s reserved, over its limit of %s (%s)",
-                         s->name, (int) s->pid, t->conf.name, gp_size_format(owner->reserved_bytes + seg, b2, sizeof(b2)),
-                         gp_size_format(client_limit, b3, sizeof(b3)),
-                         s->limit_override_bytes != POLICY_NO_OVERRIDE ? "set-limit --pid" :
-                         t->conf.client_max_set  ? "its tenant's client_max" : "client_max, --client-limit");
+                         s->name, (int) s->pid, t->conf.name, gp_size_format(a->used_bytes + seg, b2, sizeof(b2)),
+                         gp_size_format(a->limit_bytes, b3, sizeof(b3)), limit_from[a->client_limit_from]);
                 return;
         case POLICY_TENANT:
                 snprintf(why, why_size, "would take tenant %s (%u client%s) to %s reserved, over its max of %s%s", t->conf.name,
-                         t->clients, t->clients == 1 ? "" : "s", gp_size_format(t->reserved_bytes[d] + seg, b2, sizeof(b2)),
-                         gp_size_format(t->max_bytes, b3, sizeof(b3)), t->overridden ? " (set-limit)" : "");
+                         t->clients, t->clients == 1 ? "" : "s", gp_size_format(a->used_bytes + seg, b2, sizeof(b2)),
+                         gp_size_format(a->limit_bytes, b3, sizeof(b3)), t->overridden ? " (set-limit)" : "");
                 return;
-        case POLICY_GUARANTEES: {
-                struct pool_stats st;
-
-                pool_get_stats(server->pools[d], &st);
+        case POLICY_GUARANTEES:
                 snprintf(why, why_size,
                          "does not fit: of the device's %s, clients hold %s and %s is held back for other tenants' unused "
                          "guarantees (tenant %s holds %s)",
-                         gp_size_format(st.total_bytes, b2, sizeof(b2)),
-                         gp_size_format(st.reserved_bytes - st.cached_bytes, b3, sizeof(b3)),
-                         gp_size_format(policy_held_for_others(&server->policy, t, d), b4, sizeof(b4)), t->conf.name,
-                         gp_size_format(t->reserved_bytes[d], b1, sizeof(b1)));
+                         gp_size_format(a->limit_bytes, b2, sizeof(b2)),
+                         gp_size_format(a->used_bytes - a->held_back_bytes, b3, sizeof(b3)),
+                         gp_size_format(a->held_back_bytes, b4, sizeof(b4)), t->conf.name,
+                         gp_size_format(t->sums[d].reserved_bytes, b1, sizeof(b1)));
                 return;
-        }
         case POLICY_UNBOUND:
                 break;
         }
         snprintf(why, why_size, "no limit allows");
+}
+
+/* The most clients a refusal names as holding a full device's memory. */
+#define HOLDERS_NAMED 3
+
+/*
+ * Who holds device's memory, for the refusal of a lease that did not fit: the clients leasing
+ * most there, each with what it last reported in use and free, and the rest summed.
+ */
+static void holders_text(const struct server *server, unsigned device, char *buf, size_t size) {
+        const struct session *top[HOLDERS_NAMED] = { NULL };
+        uint64_t rest_bytes = 0, now = uv_now(server->loop);
+        unsigned rest = 0;
+        size_t len;
+        int n;
+
+        for (const struct session *c = server->sessions; c; c = c->next) {
+                const struct session *x = c;
+
+                if (!c->owners || !c->owners[device].reserved_bytes)
+                        continue;
+                /* Insertion into the few largest; what falls off the end is the rest. */
+                for (unsigned i = 0; i < HOLDERS_NAMED && x; i++)
+                        if (!top[i] || x->owners[device].reserved_bytes > top[i]->owners[device].reserved_bytes) {
+                                const struct session *t = top[i];
+
+                                top[i] = x;
+                                x = t;
+                        }
+                if (x) {
+                        rest++;
+                        rest_bytes += x->owners[device].reserved_bytes;
+                }
+        }
+        n = snprintf(buf, size, "; it is leased to");
+        for (unsigned i = 0; i < HOLDERS_NAMED && top[i] && n > 0 && (size_t) n < size; i++) {
+                const struct pool_owner *o = &top[i]->owners[device];
+                char b1[GP_SIZE_FORMAT_MAX], b2[GP_SIZE_FORMAT_MAX], b3[GP_SIZE_FORMAT_MAX], age[48] = "";
+
+                len = (size_t) n;
+                if (o->reported)
+                        snprintf(age, sizeof(age), " as of %llu ms ago",
+                                 (unsigned long long) (now > o->reported_at_ms ? now - o->reported_at_ms : 0));
+                n += snprintf(buf + len, size - len, "%s client %llu '%s' (pid %d, tenant %s): %s, %s in use and %s free%s",
+                              i ? "," : "", (unsigned long long) top[i]->id, top[i]->name, (int) top[i]->pid,
+                              top[i]->tenant ? top[i]->tenant->conf.name : "-",
+                              gp_size_format(o->reserved_bytes, b1, sizeof(b1)),
+                              gp_size_format(o->reported_in_use_bytes, b2, sizeof(b2)),
+                              gp_size_format(o->reported_held_free_bytes, b3, sizeof(b3)), o->reported ? age : " (not reported)");
+        }
+        if (!top[0])
+                snprintf(buf, size, "; no client leases any of it");
+        else if (rest && n > 0 && (size_t) n < size) {
+                char b[GP_SIZE_FORMAT_MAX];
+
+                snprintf(buf + n, size - (size_t) n, ", and %u client%s more %s", rest, rest == 1 ? "" : "s",
+                         gp_size_format(rest_bytes, b, sizeof(b)));
+        }
 }
 
 /*
@@ -243,26 +299,22 @@ static bool lease_attempt(struct session *s, uint64_t id, uint32_t device, uint6
                           struct reply *ret) {
         struct server *server = s->server;
         Gpupool__LeaseReply lr = GPUPOOL__LEASE_REPLY__INIT;
-        char why[640], b1[GP_SIZE_FORMAT_MAX], b2[GP_SIZE_FORMAT_MAX], b3[GP_SIZE_FORMAT_MAX];
-        char tried[256] = "";
-        uint64_t headroom, client_limit, before;
+        char why[GP_MAX_ERROR_BYTES], b1[GP_SIZE_FORMAT_MAX], b2[GP_SIZE_FORMAT_MAX], b3[GP_SIZE_FORMAT_MAX];
+        char tried[256] = "", holders[GP_MAX_ERROR_BYTES / 2];
         struct pool_owner *owner = &s->owners[device];
+        struct policy_admission adm;
         struct pool_lease lease;
-        enum policy_bound bound;
         struct pool_stats st;
         Gpupool__Envelope env;
         int r, fd = -1;
 
         pool_get_stats(server->pools[device], &st);
-        client_limit = policy_client_limit(&server->policy, s->tenant, s->limit_override_bytes);
-        headroom = policy_headroom(&server->policy, s->tenant, client_limit, owner, device, &st, &bound);
-        before = owner->reserved_bytes;
-        r = pool_lease(server->pools[device], owner, size, headroom, &lease);
-        policy_account(&server->policy, s->tenant, device, before, owner->reserved_bytes);
+        policy_admit(&server->policy, s->tenant, s->limit_override_bytes, owner, device, &st, &adm);
+        r = pool_lease(server->pools[device], owner, size, adm.headroom_bytes, &lease);
         if (r == -EDQUOT) {
-                quota_message(s, device, size, client_limit, bound, why, sizeof(why));
-                refuse(s, id, r, bound == POLICY_TENANT ? METRICS_REFUSED_TENANT_LIMIT :
-                                 bound == POLICY_GUARANTEES ? METRICS_REFUSED_GUARANTEES : METRICS_REFUSED_CLIENT_LIMIT,
+                quota_message(s, device, size, &adm, why, sizeof(why));
+                refuse(s, id, r, adm.bound == POLICY_TENANT ? METRICS_REFUSED_TENANT_LIMIT :
+                                 adm.bound == POLICY_GUARANTEES ? METRICS_REFUSED_GUARANTEES : METRICS_REFUSED_CLIENT_LIMIT,
                        device, size, why, ret);
                 return true;
         }
@@ -287,20 +339,22 @@ static bool lease_attempt(struct session *s, uint64_t id, uint32_t device, uint6
                 return false;
         if (r == -ENOMEM) {
                 if (attempt == ATTEMPT_FINAL)
-                        snprintf(tried, sizeof(tried), "; asked %u client%s over their guarantee for %s they kept free, "
-                                 "and not enough came back within %llu ms (reclaim_timeout)",
+                        snprintf(tried, sizeof(tried), "; asked %u client%s for %s they reported free, and not enough "
+                                 "came back within %llu ms (reclaim_timeout)",
                                  s->parked_asked_clients, s->parked_asked_clients == 1 ? "" : "s",
                                  gp_size_format(s->parked_asked_bytes, b1, sizeof(b1)),
                                  (unsigned long long) server->options->reclaim_timeout_ms);
                 else
-                        snprintf(tried, sizeof(tried), "; no client over its guarantee keeps free segments to give back");
+                        snprintf(tried, sizeof(tried), "; no other client could give back memory that would serve "
+                                 "(tenants under their guarantee keep theirs)");
+                holders_text(server, device, holders, sizeof(holders));
                 pool_get_stats(server->pools[device], &st);
                 snprintf(why, sizeof(why),
                          "device %u is full: %" PRIu64 " bytes asked, %s of %s reserved and %s in use after "
-                         "releasing the cache%s",
+                         "releasing the cache%s%s",
                          device, size, gp_size_format(st.reserved_bytes, b1, sizeof(b1)),
                          gp_size_format(st.total_bytes, b2, sizeof(b2)), gp_size_format(st.in_use_bytes, b3, sizeof(b3)),
-                         tried);
+                         tried, holders);
                 refuse(s, id, r, METRICS_REFUSED_DEVICE_FULL, device, size, why, ret);
                 return true;
         }

@@ -18,7 +18,8 @@ struct session;
 
 /*
  * A reply packed into the reply itself when it fits: every reply but a status of many
- * clients, the metrics or a hello of many devices (an error's sentence is at most 700 bytes).
+ * clients, the metrics or a hello of many devices (an error's sentence is less than
+ * GP_MAX_ERROR_BYTES).
  * Larger ones go into memory the reply owns.
  */
 #define REPLY_INLINE_BYTES 1024

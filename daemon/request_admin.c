@@ -56,7 +56,8 @@ static void client_report(const struct session *c, uint64_t now_ms, Gpupool__Cli
 
 /* Fills the status reply's tenants (the arrays are the caller's, sized for every tenant). */
 static void tenants_status(struct session *s, Gpupool__StatusReply *sr, Gpupool__TenantStatus *tenants,
-                           Gpupool__TenantStatus **ptrs, char rules[][160], uint64_t in_use[][BACKEND_MAX_DEVICES]) {
+                           Gpupool__TenantStatus **ptrs, char rules[][160], uint64_t in_use[][BACKEND_MAX_DEVICES],
+                           uint64_t reserved[][BACKEND_MAX_DEVICES]) {
         struct server *server = s->server;
         struct policy *p = &server->policy;
 
@@ -67,6 +68,8 @@ static void tenants_status(struct session *s, Gpupool__StatusReply *sr, Gpupool_
                 gpupool__tenant_status__init(ts);
                 rules_text(&t->conf, rules[i], sizeof(rules[i]));
                 server_tenant_in_use(server, t, in_use[i]);
+                for (unsigned d = 0; d < server->device_count; d++)
+                        reserved[i][d] = t->sums[d].reserved_bytes;
                 ts->name = t->conf.name;
                 ts->rules = rules[i];
                 ts->clients = t->clients - (s->tenant == t);   /* not the one asking */
@@ -76,7 +79,7 @@ static void tenants_status(struct session *s, Gpupool__StatusReply *sr, Gpupool_
                 ts->has_overridden = t->overridden;
                 ts->overridden = t->overridden;
                 ts->n_reserved_bytes = server->device_count;
-                ts->reserved_bytes = t->reserved_bytes;
+                ts->reserved_bytes = reserved[i];
                 ts->n_in_use_bytes = server->device_count;
                 ts->in_use_bytes = in_use[i];
                 ptrs[i] = ts;
@@ -92,7 +95,7 @@ void request_status(struct session *s, const Gpupool__Envelope *req, struct repl
         Gpupool__ClientStatus *clients = NULL, **client_ptrs = NULL;
         static Gpupool__TenantStatus tenants[CONFIG_MAX_TENANTS], *tenant_ptrs[CONFIG_MAX_TENANTS];
         static char rules[CONFIG_MAX_TENANTS][160];
-        static uint64_t in_use[CONFIG_MAX_TENANTS][BACKEND_MAX_DEVICES];
+        static uint64_t in_use[CONFIG_MAX_TENANTS][BACKEND_MAX_DEVICES], reserved[CONFIG_MAX_TENANTS][BACKEND_MAX_DEVICES];
         Gpupool__Envelope env;
         size_t n = 0, count = 0;
 
@@ -122,7 +125,7 @@ void request_status(struct session *s, const Gpupool__Envelope *req, struct repl
                 devs[d].segments = st.segments;
                 devs[d].has_max_cached_bytes = devs[d].has_evictions_total = devs[d].has_reclaims_total = 1;
                 devs[d].has_decay_releases_total = devs[d].has_watermark_releases_total = 1;
-                devs[d].max_cached_bytes = server_max_cached(server, d);
+                devs[d].max_cached_bytes = policy_max_cached(&server->policy, d);
                 devs[d].evictions_total = st.evictions_total;
                 devs[d].reclaims_total = server->reclaims_total[d];
                 devs[d].decay_releases_total = st.decay_releases_total;
@@ -157,7 +160,7 @@ void request_status(struct session *s, const Gpupool__Envelope *req, struct repl
         sr.devices = dev_ptrs;
         sr.n_clients = n;
         sr.clients = client_ptrs;
-        tenants_status(s, &sr, tenants, tenant_ptrs, rules, in_use);
+        tenants_status(s, &sr, tenants, tenant_ptrs, rules, in_use, reserved);
         request_ok(&env, req->id);
         env.body_case = GPUPOOL__ENVELOPE__BODY_STATUS_REPLY;
         env.status_reply = &sr;

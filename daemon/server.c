@@ -253,11 +253,9 @@ static int listen_on(const char *path, int *ret_fd) {
  * carrying its reserved bytes. A control channel is part of its client and in no tenant.
  */
 static void map_clients(struct server *server) {
-        for (struct session *c = server->sessions; c; c = c->next) {
-                c->tenant = NULL;       /* the old tenants are gone: no accounting against them */
+        for (struct session *c = server->sessions; c; c = c->next)
                 if ((c->state == SESSION_READY || c->state == SESSION_EXITING) && !c->control_of)
                         session_set_tenant(c, policy_tenant_for(&server->policy, c->uid, c->gid, c->name));
-        }
 }
 
 static void on_decay_timer(uv_timer_t *timer) {
@@ -579,6 +577,10 @@ static int reload(struct server *server, char *why, size_t why_size) {
                 snprintf(why, why_size, "%s", err);
                 return r;
         }
+        /* Every client leaves its old tenant, whose sums go to zero, before the new tenants take their place. */
+        for (struct session *c = server->sessions; c; c = c->next)
+                if (c->tenant)
+                        session_set_tenant(c, NULL);
         server->policy = policy;
         next.options.config_path[0] = '\0';
         snprintf(next.options.config_path, sizeof(next.options.config_path), "%s", server->options->config_path);
@@ -615,14 +617,6 @@ void server_tenant_in_use(const struct server *server, const struct tenant *t, u
                 if (c->tenant == t)
                         for (unsigned d = 0; d < server->device_count; d++)
                                 ret[d] += c->owners[d].reported_in_use_bytes;
-}
-
-uint64_t server_max_cached(const struct server *server, unsigned d) {
-        const struct options *o = server->options;
-
-        if (o->max_cached_percent)
-                return server->policy.capacity_bytes[d] / 100 * o->max_cached_percent;
-        return o->max_cached_bytes;
 }
 
 static void free_pools(struct server *server) {
@@ -701,9 +695,9 @@ static int check_tenants(struct server *server, char *why, size_t why_size) {
                         for (struct session *c = server->sessions; c; c = c->next)
                                 if (c->tenant == t)
                                         sum += c->owners[d].reserved_bytes;
-                        if (sum != t->reserved_bytes[d]) {
+                        if (sum != t->sums[d].reserved_bytes) {
                                 snprintf(why, why_size, "tenant %s counts %llu bytes on device %u, its clients hold %llu",
-                                         t->conf.name, (unsigned long long) t->reserved_bytes[d], d, (unsigned long long) sum);
+                                         t->conf.name, (unsigned long long) t->sums[d].reserved_bytes, d, (unsigned long long) sum);
                                 return -EUCLEAN;
                         }
                 }
@@ -739,7 +733,7 @@ void server_after_change(struct server *server) {
         for (unsigned d = 0; d < server->device_count; d++) {
                 uint64_t next;
 
-                (void) pool_trim_cache(server->pools[d], server_max_cached(server, d));
+                (void) pool_trim_cache(server->pools[d], policy_max_cached(&server->policy, d));
                 next = pool_idle_due_ms(server->pools[d], server->options->idle_release_ms);
                 if (next < due)
                         due = next;

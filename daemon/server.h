@@ -121,9 +121,6 @@ uint64_t server_pid_limit(struct server *server, pid_t pid);
 /* Bytes in the live blocks of tenant t's clients, per device, into ret (device_count entries). */
 void server_tenant_in_use(const struct server *server, const struct tenant *t, uint64_t *ret);
 
-/* The cache watermark of device d, in bytes. */
-uint64_t server_max_cached(const struct server *server, unsigned d);
-
 /*
  * Makes room for every descriptor the settings o can need with backend
  * (options_fds_needed()): raises the soft limit up to the hard one. Returns 0, or a negative

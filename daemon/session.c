@@ -141,43 +141,28 @@ void session_totals(const struct session *s, uint64_t *ret_reserved, uint64_t *r
 }
 
 void session_release_all(struct session *s) {
-        for (unsigned d = 0; d < s->server->device_count; d++) {
-                uint64_t before = s->owners[d].reserved_bytes;
-
+        /* Its segments leave its tenant's sums as they go to the cache. */
+        for (unsigned d = 0; d < s->server->device_count; d++)
                 pool_owner_detach(&s->owners[d]);
-                if (s->tenant)
-                        policy_account(&s->server->policy, s->tenant, d, before, s->owners[d].reserved_bytes);
-        }
 }
 
 int session_return(struct session *s, uint64_t segment_id, bool to_backend) {
         struct server *server = s->server;
-        uint64_t d = segment_id >> 56, before;
-        int r;
+        uint64_t d = segment_id >> 56;
 
         if (d >= server->device_count || !s->owners)
                 return -ENOENT;
-        before = s->owners[d].reserved_bytes;
-        r = pool_return(server->pools[d], &s->owners[d], segment_id, to_backend);
-        if (s->tenant)
-                policy_account(&server->policy, s->tenant, (unsigned) d, before, s->owners[d].reserved_bytes);
-        return r;
+        return pool_return(server->pools[d], &s->owners[d], segment_id, to_backend);
 }
 
 void session_set_tenant(struct session *s, struct tenant *t) {
-        struct policy *p = &s->server->policy;
-
-        if (s->tenant) {
-                for (unsigned d = 0; d < s->server->device_count; d++)
-                        policy_account(p, s->tenant, d, s->owners[d].reserved_bytes, 0);
+        if (s->tenant)
                 s->tenant->clients--;
-        }
         s->tenant = t;
-        if (t) {
-                for (unsigned d = 0; d < s->server->device_count; d++)
-                        policy_account(p, t, d, 0, s->owners[d].reserved_bytes);
+        if (t)
                 t->clients++;
-        }
+        for (unsigned d = 0; d < s->server->device_count; d++)
+                pool_owner_set_group(&s->owners[d], t ? &t->sums[d] : NULL);
 }
 
 static void session_free(struct session *s) {

@@ -314,7 +314,7 @@ START_TEST(test_refusals) {
         gpupool_client *c, *c2, *c3;
         struct testd d;
         void *p;
-        char msg[256];
+        char msg[GP_MAX_ERROR_BYTES];
 
         testd_start(&d, "--max-clients", "2", "--max-blocks", "10", NULL);
         ck_assert_int_eq(gpupool_connect(d.dir, "x", &c), -ECONNREFUSED);      /* a directory, no daemon */
@@ -333,6 +333,12 @@ START_TEST(test_refusals) {
         ck_assert(testd_log_wait(&d, "max_blocks (--max-blocks) is obsolete and ignored"));
         for (int i = 0; i < 11; i++)
                 ck_assert_int_eq(gpupool_alloc(c, 0, 64, &p), 0);
+        /* A full device's refusal says who holds it, with what each reported. */
+        ck_assert_int_eq(gpupool_alloc(c, 0, 600 * MiB, &p), -ENOMEM);
+        gpupool_last_error(c, msg, sizeof(msg));
+        ck_assert_msg(strstr(msg, "; no other client could give back memory that would serve") &&
+                      strstr(msg, "; it is leased to client ") && strstr(msg, " 'a' (pid ") && strstr(msg, "tenant default): 2.0 MiB, "),
+                      "message: %s", msg);
         ck_assert_int_eq(gpupool_connect(d.sock, "b", &c2), 0);
         ck_assert_int_eq(gpupool_connect(d.sock, "c", &c3), -EDQUOT);         /* --max-clients 2 */
         gpupool_disconnect(c2);

@@ -477,7 +477,7 @@ static int silent_keeper(struct testd *d, uint64_t size, int *ret_control) {
 START_TEST(test_reclaim_times_out_and_says_so) {
         gpupool_client *c;
         struct testd d;
-        char msg[640];
+        char msg[GP_MAX_ERROR_BYTES];
         int sock, control;
         double t0, waited;
         void *p;
@@ -490,8 +490,11 @@ START_TEST(test_reclaim_times_out_and_says_so) {
         waited = now_s() - t0;
         ck_assert_msg(waited >= 0.29 && waited < 5, "waited %.3f s for a 300 ms reclaim_timeout", waited);
         gpupool_last_error(c, msg, sizeof(msg));
-        ck_assert_msg(strstr(msg, "asked 1 client over their guarantee for 40.0 MiB they kept free, and not enough came "
+        ck_assert_msg(strstr(msg, "asked 1 client for 40.0 MiB they reported free, and not enough came "
                                   "back within 300 ms (reclaim_timeout)"), "%s", msg);
+        /* ... and who holds the device: the silent client, with what it reported. */
+        ck_assert_msg(strstr(msg, "; it is leased to client ") && strstr(msg, " 'silent' (pid ") &&
+                      strstr(msg, "tenant default): 40.0 MiB, 0 B in use and 40.0 MiB free as of "), "%s", msg);
         /* Other clients were served meanwhile: parking one request does not stop the daemon. */
         ck_assert_int_eq(testd_device(&d, 0, "reclaims_total"), 0);
         /* A control channel may only answer reclaims; and it must name a client of its own process. */

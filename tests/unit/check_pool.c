@@ -316,12 +316,15 @@ START_TEST(test_random_leases) {
         enum { OWNERS = 3, SLOTS = 100 };
         static struct pool_lease slots[OWNERS][SLOTS];
         struct pool_owner owners[OWNERS];
+        struct pool_group groups[2] = { { 0 } };        /* owner 0 in the first, 2 in the second, 1 moving */
         unsigned seed = 777;
         char why[256];
 
         setup_capacity(2ULL << 30);
-        for (int i = 0; i < OWNERS; i++)
+        for (int i = 0; i < OWNERS; i++) {
                 pool_owner_attach(pool, &owners[i], (uint32_t) i % 2);
+                pool_owner_set_group(&owners[i], &groups[i / 2]);
+        }
         for (int step = 0; step < 30000; step++) {
                 int o = (int) (rand_r(&seed) % OWNERS), s = (int) (rand_r(&seed) % SLOTS);
                 struct pool_lease *lv = &slots[o][s];
@@ -348,8 +351,15 @@ START_TEST(test_random_leases) {
 
                         pool_owner_report(&owners[o], r % (64 * MiB), (r >> 8) % (64 * MiB), (uint64_t) step);
                 }
-                if (step % 1000 == 0)
+                if (step % 1000 == 0) {
                         ck_assert_msg(pool_check(pool, why, sizeof(why)) == 0, "step %d: %s", step, why);
+                        /* The groups' sums follow their owners' leases and returns, and an owner that moves. */
+                        ck_assert_uint_eq(groups[0].reserved_bytes, owners[0].reserved_bytes +
+                                          (owners[1].group == &groups[0] ? owners[1].reserved_bytes : 0));
+                        ck_assert_uint_eq(groups[1].reserved_bytes, owners[2].reserved_bytes +
+                                          (owners[1].group == &groups[1] ? owners[1].reserved_bytes : 0));
+                        pool_owner_set_group(&owners[1], step % 3000 == 0 ? NULL : &groups[step / 1000 % 2]);
+                }
         }
         /* Every live lease is its owner's, once. */
         for (int o = 0; o < OWNERS; o++)
@@ -359,6 +369,8 @@ START_TEST(test_random_leases) {
         ck_assert_msg(pool_check(pool, why, sizeof(why)) == 0, "%s", why);
         for (int i = 0; i < OWNERS; i++)
                 pool_owner_detach(&owners[i]);
+        ck_assert_uint_eq(groups[0].reserved_bytes, 0);
+        ck_assert_uint_eq(groups[1].reserved_bytes, 0);
         check();
         teardown();
 }
