@@ -31,6 +31,7 @@ static void *control_main(void *arg) {
         gpupool_client *c = arg;
         uint8_t buf[GP_MAX_REPLY_BYTES];
 
+        sem_post(c->control_running);
         for (;;) {
                 Gpupool__Envelope *push, answer = GPUPOOL__ENVELOPE__INIT;
                 Gpupool__ReclaimReply rr = GPUPOOL__RECLAIM_REPLY__INIT;
@@ -101,6 +102,7 @@ static void *control_main(void *arg) {
 
 int client_control_open(gpupool_client *c, const char *socket_path, const char *name, uint64_t id) {
         Gpupool__Hello hello = GPUPOOL__HELLO__INIT;
+        sem_t running;
         int r;
 
         c->control = calloc(1, sizeof(*c->control));
@@ -111,10 +113,22 @@ int client_control_open(gpupool_client *c, const char *socket_path, const char *
         hello.has_control_for = 1;
         hello.control_for = id;
         r = gp_conn_open(c->control, socket_path, &hello, NULL);
+        sem_init(&running, 0, 0);
+        c->control_running = &running;
         if (r == 0 && pthread_create(&c->control_thread, NULL, control_main, c) != 0) {
                 gp_conn_close(c->control);
                 r = -EAGAIN;
         }
+        /*
+         * Returns once the thread runs: a thread still starting up may hold the allocator's
+         * locks (a sanitizer's do not follow fork), and a fork then would leave them held in
+         * the child.
+         */
+        if (r == 0)
+                while (sem_wait(&running) < 0 && errno == EINTR)
+                        ;
+        c->control_running = NULL;
+        sem_destroy(&running);
         if (r < 0) {
                 client_set_error(c, "%s", c->control->error[0] ? c->control->error : "cannot start the control thread");
                 free(c->control);
