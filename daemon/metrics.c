@@ -150,7 +150,7 @@ static void devices(struct writer *w, const struct server *server) {
 
 static void tenants(struct writer *w, const struct server *server, const struct session *asking) {
         const struct policy *p = &server->policy;
-        uint64_t reserved, in_use, per_device[BACKEND_MAX_DEVICES];
+        uint64_t reserved, in_use;
 
         family(w, "gpupool_tenant_clients", "gauge", "Clients of the tenant, connected or exiting.");
         for (unsigned i = 0; i < p->tenant_count; i++)
@@ -166,9 +166,8 @@ static void tenants(struct writer *w, const struct server *server, const struct 
         family(w, "gpupool_tenant_in_use_bytes", "gauge", "Bytes in blocks the tenant's clients hold, on all devices, as they last reported.");
         for (unsigned i = 0; i < p->tenant_count; i++) {
                 in_use = 0;
-                server_tenant_in_use(server, &p->tenants[i], per_device);
                 for (unsigned d = 0; d < server->device_count; d++)
-                        in_use += per_device[d];
+                        in_use += p->tenants[i].sums[d].in_use_bytes;
                 emit(w, "gpupool_tenant_in_use_bytes{tenant=\"%s\"} %" PRIu64 "\n", p->tenants[i].conf.name, in_use);
         }
 }

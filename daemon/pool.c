@@ -166,11 +166,15 @@ void pool_owner_attach(struct pool *p, struct pool_owner *o, uint32_t tenant) {
 }
 
 void pool_owner_set_group(struct pool_owner *o, struct pool_group *g) {
-        if (o->group)
+        if (o->group) {
                 o->group->reserved_bytes -= o->reserved_bytes;
+                o->group->in_use_bytes -= o->reported_in_use_bytes;
+        }
         o->group = g;
-        if (g)
+        if (g) {
                 g->reserved_bytes += o->reserved_bytes;
+                g->in_use_bytes += o->reported_in_use_bytes;
+        }
 }
 
 /* Moves a segment out of its owner into the cache (or, marked to_backend, back to the backend). */
@@ -206,6 +210,8 @@ uint64_t pool_owner_detach(struct pool_owner *o) {
         while ((n = gp_rb_first(&o->segments_by_id)))
                 segment_to_cache(p, gp_rb_entry(n, struct segment, owner_node));
         p->reported_in_use_bytes -= o->reported_in_use_bytes;
+        if (o->group)
+                o->group->in_use_bytes -= o->reported_in_use_bytes;
         if (o->prev)
                 o->prev->next = o->next;
         else
@@ -346,6 +352,8 @@ static void owner_set_report(struct pool_owner *o, uint64_t in_use, uint64_t hel
         if (in_use > o->reserved_bytes - held)
                 in_use = o->reserved_bytes - held;
         o->pool->reported_in_use_bytes += in_use - o->reported_in_use_bytes;
+        if (o->group)
+                o->group->in_use_bytes += in_use - o->reported_in_use_bytes;   /* unsigned wrap subtracts */
         o->reported_in_use_bytes = in_use;
         o->reported_held_free_bytes = held;
 }

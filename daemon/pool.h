@@ -31,11 +31,12 @@
 struct pool;
 
 /*
- * A sum of reserved bytes over a group of owners (a tenant's clients on one device). The pool
- * keeps it as its owners lease and return segments, so that nobody accounts for them twice.
+ * Sums over a group of owners (a tenant's clients on one device). The pool keeps them as its
+ * owners lease, return, report and detach, so that nobody accounts for them twice.
  */
 struct pool_group {
         uint64_t reserved_bytes;
+        uint64_t in_use_bytes;          /* as the owners last reported */
 };
 
 /* One client's part of one pool. Embedded in the session; fields above the line are read-only. */

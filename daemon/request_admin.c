@@ -67,9 +67,10 @@ static void tenants_status(struct session *s, Gpupool__StatusReply *sr, Gpupool_
 
                 gpupool__tenant_status__init(ts);
                 rules_text(&t->conf, rules[i], sizeof(rules[i]));
-                server_tenant_in_use(server, t, in_use[i]);
-                for (unsigned d = 0; d < server->device_count; d++)
+                for (unsigned d = 0; d < server->device_count; d++) {
                         reserved[i][d] = t->sums[d].reserved_bytes;
+                        in_use[i][d] = t->sums[d].in_use_bytes;
+                }
                 ts->name = t->conf.name;
                 ts->rules = rules[i];
                 ts->clients = t->clients - (s->tenant == t);   /* not the one asking */

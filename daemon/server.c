@@ -611,14 +611,6 @@ int server_reload(struct server *server, char *why, size_t why_size) {
         return r;
 }
 
-void server_tenant_in_use(const struct server *server, const struct tenant *t, uint64_t *ret) {
-        memset(ret, 0, server->device_count * sizeof(*ret));
-        for (const struct session *c = server->sessions; c; c = c->next)
-                if (c->tenant == t)
-                        for (unsigned d = 0; d < server->device_count; d++)
-                                ret[d] += c->owners[d].reported_in_use_bytes;
-}
-
 static void free_pools(struct server *server) {
         for (unsigned d = 0; d < server->device_count; d++) {
                 pool_free(server->pools[d]);
@@ -690,14 +682,19 @@ static int check_tenants(struct server *server, char *why, size_t why_size) {
                         return -EUCLEAN;
                 }
                 for (unsigned d = 0; d < server->device_count; d++) {
-                        uint64_t sum = 0;
+                        uint64_t sum = 0, in_use = 0;
 
                         for (struct session *c = server->sessions; c; c = c->next)
-                                if (c->tenant == t)
+                                if (c->tenant == t) {
                                         sum += c->owners[d].reserved_bytes;
-                        if (sum != t->sums[d].reserved_bytes) {
-                                snprintf(why, why_size, "tenant %s counts %llu bytes on device %u, its clients hold %llu",
-                                         t->conf.name, (unsigned long long) t->sums[d].reserved_bytes, d, (unsigned long long) sum);
+                                        in_use += c->owners[d].reported_in_use_bytes;
+                                }
+                        if (sum != t->sums[d].reserved_bytes || in_use != t->sums[d].in_use_bytes) {
+                                snprintf(why, why_size, "tenant %s counts %llu bytes (%llu in use) on device %u, its clients "
+                                         "hold %llu (%llu in use)", t->conf.name,
+                                         (unsigned long long) t->sums[d].reserved_bytes,
+                                         (unsigned long long) t->sums[d].in_use_bytes, d, (unsigned long long) sum,
+                                         (unsigned long long) in_use);
                                 return -EUCLEAN;
                         }
                 }

@@ -118,8 +118,6 @@ int server_set_pid_limit(struct server *server, pid_t pid, uint64_t max_bytes);
 /* The set-limit of a new connection of pid: POLICY_NO_OVERRIDE when its process has none. */
 uint64_t server_pid_limit(struct server *server, pid_t pid);
 
-/* Bytes in the live blocks of tenant t's clients, per device, into ret (device_count entries). */
-void server_tenant_in_use(const struct server *server, const struct tenant *t, uint64_t *ret);
 
 /*
  * Makes room for every descriptor the settings o can need with backend

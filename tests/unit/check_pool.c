@@ -358,6 +358,10 @@ START_TEST(test_random_leases) {
                                           (owners[1].group == &groups[0] ? owners[1].reserved_bytes : 0));
                         ck_assert_uint_eq(groups[1].reserved_bytes, owners[2].reserved_bytes +
                                           (owners[1].group == &groups[1] ? owners[1].reserved_bytes : 0));
+                        ck_assert_uint_eq(groups[0].in_use_bytes, owners[0].reported_in_use_bytes +
+                                          (owners[1].group == &groups[0] ? owners[1].reported_in_use_bytes : 0));
+                        ck_assert_uint_eq(groups[1].in_use_bytes, owners[2].reported_in_use_bytes +
+                                          (owners[1].group == &groups[1] ? owners[1].reported_in_use_bytes : 0));
                         pool_owner_set_group(&owners[1], step % 3000 == 0 ? NULL : &groups[step / 1000 % 2]);
                 }
         }
@@ -371,6 +375,8 @@ START_TEST(test_random_leases) {
                 pool_owner_detach(&owners[i]);
         ck_assert_uint_eq(groups[0].reserved_bytes, 0);
         ck_assert_uint_eq(groups[1].reserved_bytes, 0);
+        ck_assert_uint_eq(groups[0].in_use_bytes, 0);
+        ck_assert_uint_eq(groups[1].in_use_bytes, 0);
         check();
         teardown();
 }
