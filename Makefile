@@ -354,7 +354,7 @@ stress: all $(STRESS_BIN) $(FAULTS_BIN)
 FUZZ_CC      ?= clang
 FUZZ_SECONDS ?= 60
 FB           := build/fuzz
-FUZZ_FLAGS   := -g -O1 -std=gnu11 -fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=all \
+FUZZ_FLAGS   := -g -O1 -std=gnu11 -MMD -MP -fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=all \
                 -DGPUPOOL_VERSION='"$(VERSION)"' -Iinclude -Icommon -Idaemon -Itests -I$(B)/proto
 FUZZ_SRC     := $(DAEMON) $(COMMON) $(PROTO_C)
 FUZZ_TARGETS := $(FB)/fuzz_protocol $(FB)/fuzz_pool
@@ -467,3 +467,4 @@ FORCE:
 .SECONDARY:
 
 -include $(shell find $(B)/obj -name '*.d' 2>/dev/null)
+-include $(shell find $(FB)/obj -name '*.d' 2>/dev/null)
