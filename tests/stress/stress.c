@@ -171,7 +171,7 @@ static void check(const char *when) {
         Gpupool__Envelope req = GPUPOOL__ENVELOPE__INIT, *rep;
         Gpupool__CheckRequest cr = GPUPOOL__CHECK_REQUEST__INIT;
         struct totals t;
-        char why[300];
+        char why[GP_MAX_ERROR_BYTES];
         int r;
 
         daemon_alive();
@@ -283,7 +283,7 @@ static int worker(int index, double deadline) {
                 r = gpupool_alloc(c, 0, live[s].size, (void **) &live[s].p);
                 if (r == -ENOMEM || r == -EDQUOT || r == -EIO) {
                         if (getenv("STRESS_VERBOSE")) {
-                                char msg[300];
+                                char msg[GP_MAX_ERROR_BYTES];
 
                                 gpupool_last_error(c, msg, sizeof(msg));
                                 fprintf(stderr, "stress: worker %d: alloc of %zu: %s: %s\n", index, live[s].size,
@@ -293,7 +293,7 @@ static int worker(int index, double deadline) {
                         continue;
                 }
                 if (r < 0) {
-                        char msg[300];
+                        char msg[GP_MAX_ERROR_BYTES];
 
                         gpupool_last_error(c, msg, sizeof(msg));
                         fprintf(stderr, "stress: worker %d: alloc of %zu: %s: %s\n", index, live[s].size, gpupool_strerror(r), msg);
@@ -417,7 +417,7 @@ int main(int argc, char **argv) {
         unsigned seed = 12345;
         unsigned long kills = 0, spawned = 0, hostile = 0;
         struct totals t;
-        char why[300];
+        char why[GP_MAX_ERROR_BYTES];
         int status;
 
         while ((o = getopt_long(argc, argv, "", opts, NULL)) != -1) {
