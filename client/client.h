@@ -9,7 +9,6 @@
 #define GP_CLIENT_H
 
 #include <pthread.h>
-#include <semaphore.h>
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -118,7 +117,6 @@ struct gpupool_client {
         bool daemon_gone;               /* atomic: the control channel closed under us (the process pool then serves nothing) */
         pthread_t control_thread;
         bool control_started;
-        sem_t *control_running;         /* posted once the control thread runs (client_control_open() waits) */
         /* Stream-ordered frees, oldest first, and the thread that completes them. */
         struct deferred *deferred_head, *deferred_tail;
         pthread_cond_t deferred_cond;

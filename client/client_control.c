@@ -9,6 +9,7 @@
 
 #include <errno.h>
 #include <poll.h>
+#include <semaphore.h>
 #include <stdlib.h>
 #include <sys/socket.h>
 
@@ -27,11 +28,18 @@ static int control_send(gpupool_client *c, Gpupool__Envelope *env) {
  * answers each at once, whatever the application is doing: it unmaps empty segments on the
  * device asked, worth the bytes asked, and says which, with what the process holds now.
  */
+/* What client_control_open() hands the thread: the handle, and the semaphore it posts once it runs. */
+struct control_start {
+        gpupool_client *client;
+        sem_t running;
+};
+
 static void *control_main(void *arg) {
-        gpupool_client *c = arg;
+        struct control_start *start = arg;
+        gpupool_client *c = start->client;
         uint8_t buf[GP_MAX_REPLY_BYTES];
 
-        sem_post(c->control_running);
+        sem_post(&start->running);     /* start is the opener's, gone once it wakes */
         for (;;) {
                 Gpupool__Envelope *push, answer = GPUPOOL__ENVELOPE__INIT;
                 Gpupool__ReclaimReply rr = GPUPOOL__RECLAIM_REPLY__INIT;
@@ -102,7 +110,7 @@ static void *control_main(void *arg) {
 
 int client_control_open(gpupool_client *c, const char *socket_path, const char *name, uint64_t id) {
         Gpupool__Hello hello = GPUPOOL__HELLO__INIT;
-        sem_t running;
+        struct control_start start = { .client = c };
         int r;
 
         c->control = calloc(1, sizeof(*c->control));
@@ -113,9 +121,8 @@ int client_control_open(gpupool_client *c, const char *socket_path, const char *
         hello.has_control_for = 1;
         hello.control_for = id;
         r = gp_conn_open(c->control, socket_path, &hello, NULL);
-        sem_init(&running, 0, 0);
-        c->control_running = &running;
-        if (r == 0 && pthread_create(&c->control_thread, NULL, control_main, c) != 0) {
+        sem_init(&start.running, 0, 0);
+        if (r == 0 && pthread_create(&c->control_thread, NULL, control_main, &start) != 0) {
                 gp_conn_close(c->control);
                 r = -EAGAIN;
         }
@@ -125,10 +132,9 @@ int client_control_open(gpupool_client *c, const char *socket_path, const char *
          * the child.
          */
         if (r == 0)
-                while (sem_wait(&running) < 0 && errno == EINTR)
+                while (sem_wait(&start.running) < 0 && errno == EINTR)
                         ;
-        c->control_running = NULL;
-        sem_destroy(&running);
+        sem_destroy(&start.running);
         if (r < 0) {
                 client_set_error(c, "%s", c->control->error[0] ? c->control->error : "cannot start the control thread");
                 free(c->control);

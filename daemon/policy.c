@@ -55,12 +55,25 @@ struct tenant *policy_tenant_by_name(struct policy *p, const char *name) {
         return NULL;
 }
 
-uint64_t policy_client_limit(const struct policy *p, const struct tenant *t, uint64_t override_bytes) {
-        if (override_bytes != POLICY_NO_OVERRIDE)
+/* A client's limit, and where it comes from in *ret_from. */
+static uint64_t client_limit(const struct policy *p, const struct tenant *t, uint64_t override_bytes,
+                             enum policy_limit_source *ret_from) {
+        if (override_bytes != POLICY_NO_OVERRIDE) {
+                *ret_from = POLICY_LIMIT_PID;
                 return override_bytes;
-        if (t->conf.client_max_set)
+        }
+        if (t->conf.client_max_set) {
+                *ret_from = POLICY_LIMIT_TENANT;
                 return t->conf.client_max_bytes;
+        }
+        *ret_from = POLICY_LIMIT_DEFAULT;
         return p->client_limit_bytes;
+}
+
+uint64_t policy_client_limit(const struct policy *p, const struct tenant *t, uint64_t override_bytes) {
+        enum policy_limit_source from;
+
+        return client_limit(p, t, override_bytes, &from);
 }
 
 static uint64_t room(uint64_t limit, uint64_t used) {
@@ -97,15 +110,16 @@ void policy_admit(const struct policy *p, const struct tenant *t, uint64_t overr
                   const struct pool_owner *owner, unsigned device, const struct pool_stats *st,
                   struct policy_admission *ret) {
         uint64_t held = policy_held_for_others(p, t, device);
+        enum policy_limit_source from;
+        uint64_t limit = client_limit(p, t, override_bytes, &from);
 
         *ret = (struct policy_admission) {
                 .headroom_bytes = UINT64_MAX,
                 .bound = POLICY_UNBOUND,
                 .held_back_bytes = held,
-                .client_limit_from = override_bytes != POLICY_NO_OVERRIDE ? POLICY_LIMIT_PID :
-                                     t->conf.client_max_set ? POLICY_LIMIT_TENANT : POLICY_LIMIT_DEFAULT,
+                .client_limit_from = from,
         };
-        bound_by(ret, POLICY_CLIENT, policy_client_limit(p, t, override_bytes), owner->reserved_bytes);
+        bound_by(ret, POLICY_CLIENT, limit, owner->reserved_bytes);
         bound_by(ret, POLICY_TENANT, t->max_bytes, t->sums[device].reserved_bytes);
         /* What clients hold is theirs; what is cached can be released; the rest, less what is held back, is ours. */
         if (held)
@@ -130,11 +144,9 @@ static int by_rank(const void *a, const void *b) {
         return 0;
 }
 
-size_t policy_reclaim_order(const struct policy *p, const struct tenant *requester, unsigned device,
-                            struct policy_candidate *c, size_t n) {
+size_t policy_reclaim_order(const struct tenant *requester, unsigned device, struct policy_candidate *c, size_t n) {
         size_t kept = 0;
 
-        (void) p;
         for (size_t i = 0; i < n; i++) {
                 c[i].excess_bytes = excess(c[i].tenant, device);
                 if (c[i].excess_bytes || c[i].tenant == requester)
@@ -149,4 +161,3 @@ uint64_t policy_max_cached(const struct policy *p, unsigned device) {
                 return p->capacity_bytes[device] * p->max_cached_percent / 100;   /* capacities are far below 2^64 / 100 */
         return p->max_cached_bytes;
 }
-

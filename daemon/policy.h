@@ -117,8 +117,7 @@ void policy_admit(const struct policy *p, const struct tenant *t, uint64_t overr
  * clients gain from what it gives), ranked: tenants over their guarantee first, then largest
  * reported free first, then largest excess. Returns how many it kept, at the front.
  */
-size_t policy_reclaim_order(const struct policy *p, const struct tenant *requester, unsigned device,
-                            struct policy_candidate *c, size_t n);
+size_t policy_reclaim_order(const struct tenant *requester, unsigned device, struct policy_candidate *c, size_t n);
 
 /* The most bytes device's cache may hold (the watermark). */
 uint64_t policy_max_cached(const struct policy *p, unsigned device);

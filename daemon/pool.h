@@ -50,7 +50,7 @@ struct pool_owner {
         uint64_t reported_at_ms;
         bool reported;
         /* ---- private to pool.c ---- */
-        struct pool_group *group;       /* the sum its reserved bytes are part of, or NULL */
+        struct pool_group *group;       /* the sums its bytes are part of, or NULL */
         struct pool *pool;
         struct gp_rb_tree segments_by_id;
         struct pool_owner *prev, *next;
@@ -101,9 +101,9 @@ void pool_free(struct pool *pool);
 void pool_owner_attach(struct pool *pool, struct pool_owner *owner, uint32_t tenant);
 
 /*
- * Makes the owner's reserved bytes part of group (NULL: of none), taking them out of the
- * group they were part of: from then on the pool keeps group's sum as the owner leases and
- * returns.
+ * Makes the owner's reserved and reported in-use bytes part of group (NULL: of none), taking
+ * them out of the group they were part of: from then on the pool keeps group's sums as the
+ * owner leases, returns and reports.
  */
 void pool_owner_set_group(struct pool_owner *owner, struct pool_group *group);
 

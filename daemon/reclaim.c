@@ -76,7 +76,7 @@ uint64_t reclaim_ask(struct server *server, struct session *requester, unsigned 
                                 .client = c,
                         };
         /* Whom to ask, and in what order, is policy's: those whose memory would serve, over their guarantee and largest first. */
-        n = policy_reclaim_order(&server->policy, requester->tenant, device, candidates, n);
+        n = policy_reclaim_order(requester->tenant, device, candidates, n);
         for (size_t i = 0; i < n && asked < want_bytes; i++) {
                 bool pushed = false;
 

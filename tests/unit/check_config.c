@@ -284,7 +284,7 @@ START_TEST(test_policy_reclaim_order) {
         cand[4] = (struct policy_candidate) { .tenant = dflt, .held_free_bytes = 1 * GiB, .client = &e };
 
         /* For a default client: the tenants over their guarantee, largest free first, then the larger excess. */
-        n = policy_reclaim_order(&p, dflt, 0, cand, 5);
+        n = policy_reclaim_order(dflt, 0, cand, 5);
         ck_assert_uint_eq(n, 4);
         ck_assert_ptr_eq(cand[0].client, &d);
         ck_assert_ptr_eq(cand[1].client, &e);   /* 1G free like b, and default is further over */
@@ -295,11 +295,11 @@ START_TEST(test_policy_reclaim_order) {
         /* For a serve client, serve's own free memory serves too, after the tenants over their guarantee. */
         cand[0] = (struct policy_candidate) { .tenant = serve, .held_free_bytes = 8 * GiB, .client = &a };
         cand[1] = (struct policy_candidate) { .tenant = train, .held_free_bytes = 1 * GiB, .client = &b };
-        n = policy_reclaim_order(&p, serve, 0, cand, 2);
+        n = policy_reclaim_order(serve, 0, cand, 2);
         ck_assert_uint_eq(n, 2);
         ck_assert_ptr_eq(cand[0].client, &b);
         ck_assert_ptr_eq(cand[1].client, &a);
-        ck_assert_uint_eq(policy_reclaim_order(&p, serve, 0, cand, 0), 0);
+        ck_assert_uint_eq(policy_reclaim_order(serve, 0, cand, 0), 0);
 }
 END_TEST
 
