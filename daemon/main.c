@@ -123,7 +123,7 @@ int main(int argc, char **argv) {
                 return 1;
         }
         log_info("gpupoold %s %s %s", GPUPOOL_VERSION, server.listen_inherited ? "serving systemd's socket" : "listening on",
-                 server.options->socket_path);
+                 server.node.options->socket_path);
         r = log_start_writer();
         if (r < 0)
                 log_warn("cannot start the log's writer thread (%s): a log nobody reads may stall the daemon", strerror(-r));

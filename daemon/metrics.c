@@ -12,7 +12,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "server.h"
+#include "node.h"
 #include "session.h"
 
 /* Every family prints at most this many series, each line at most METRICS_LINE_MAX bytes. */
@@ -63,8 +63,8 @@ static void family(struct writer *w, const char *name, const char *type, const c
 }
 
 /* A device's labels: its index and, where the backend has one, its UUID as nvidia-smi writes it. */
-static void device_labels(const struct server *server, unsigned d, char *buf, size_t size) {
-        const struct backend_device_info *info = &server->devices[d];
+static void device_labels(const struct node *node, unsigned d, char *buf, size_t size) {
+        const struct backend_device_info *info = &node->devices[d];
         const uint8_t *u = info->uuid;
 
         if (!info->has_uuid) {
@@ -76,7 +76,7 @@ static void device_labels(const struct server *server, unsigned d, char *buf, si
                  u[1], u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13], u[14], u[15]);
 }
 
-/* One family with a series per device; field picks the value from the pool's stats or the server. */
+/* One family with a series per device; field picks the value from the pool's stats or the node. */
 enum device_field {
         F_TOTAL,
         F_RESERVED,
@@ -106,7 +106,7 @@ static const struct {
                                    "Cached segments released to stay under max_cached." },
 };
 
-static uint64_t device_value(const struct server *server, unsigned d, const struct pool_stats *st, enum device_field f) {
+static uint64_t device_value(const struct node *node, unsigned d, const struct pool_stats *st, enum device_field f) {
         switch (f) {
         case F_TOTAL:
                 return st->total_bytes;
@@ -117,13 +117,13 @@ static uint64_t device_value(const struct server *server, unsigned d, const stru
         case F_CACHED:
                 return st->cached_bytes;
         case F_MAX_CACHED:
-                return policy_max_cached(&server->policy, d);
+                return policy_max_cached(&node->policy, d);
         case F_LEASES:
-                return server->leases_total[d];
+                return node->leases_total[d];
         case F_EVICTIONS:
                 return st->evictions_total;
         case F_RECLAIMS:
-                return server->reclaims_total[d];
+                return node->reclaims_total[d];
         case F_IDLE_RELEASES:
                 return st->decay_releases_total;
         case F_WATERMARK_RELEASES:
@@ -132,24 +132,24 @@ static uint64_t device_value(const struct server *server, unsigned d, const stru
         return 0;
 }
 
-static void devices(struct writer *w, const struct server *server) {
+static void devices(struct writer *w, const struct node *node) {
         static struct pool_stats stats[BACKEND_MAX_DEVICES];
         static char labels[BACKEND_MAX_DEVICES][96];
 
-        for (unsigned d = 0; d < server->device_count; d++) {
-                pool_get_stats(server->pools[d], &stats[d]);
-                device_labels(server, d, labels[d], sizeof(labels[d]));
+        for (unsigned d = 0; d < node->device_count; d++) {
+                pool_get_stats(node->pools[d], &stats[d]);
+                device_labels(node, d, labels[d], sizeof(labels[d]));
         }
         for (unsigned f = 0; f < METRICS_DEVICE_FAMILIES; f++) {
                 family(w, device_families[f].name, device_families[f].type, device_families[f].help);
-                for (unsigned d = 0; d < server->device_count; d++)
+                for (unsigned d = 0; d < node->device_count; d++)
                         emit(w, "%s{%s} %" PRIu64 "\n", device_families[f].name, labels[d],
-                             device_value(server, d, &stats[d], (enum device_field) f));
+                             device_value(node, d, &stats[d], (enum device_field) f));
         }
 }
 
-static void tenants(struct writer *w, const struct server *server, const struct session *asking) {
-        const struct policy *p = &server->policy;
+static void tenants(struct writer *w, const struct node *node, const struct session *asking) {
+        const struct policy *p = &node->policy;
         uint64_t reserved, in_use;
 
         family(w, "gpupool_tenant_clients", "gauge", "Clients of the tenant, connected or exiting.");
@@ -159,20 +159,20 @@ static void tenants(struct writer *w, const struct server *server, const struct 
         family(w, "gpupool_tenant_reserved_bytes", "gauge", "Bytes the tenant's clients hold, on all devices.");
         for (unsigned i = 0; i < p->tenant_count; i++) {
                 reserved = 0;
-                for (unsigned d = 0; d < server->device_count; d++)
+                for (unsigned d = 0; d < node->device_count; d++)
                         reserved += p->tenants[i].sums[d].reserved_bytes;
                 emit(w, "gpupool_tenant_reserved_bytes{tenant=\"%s\"} %" PRIu64 "\n", p->tenants[i].conf.name, reserved);
         }
         family(w, "gpupool_tenant_in_use_bytes", "gauge", "Bytes in blocks the tenant's clients hold, on all devices, as they last reported.");
         for (unsigned i = 0; i < p->tenant_count; i++) {
                 in_use = 0;
-                for (unsigned d = 0; d < server->device_count; d++)
+                for (unsigned d = 0; d < node->device_count; d++)
                         in_use += p->tenants[i].sums[d].in_use_bytes;
                 emit(w, "gpupool_tenant_in_use_bytes{tenant=\"%s\"} %" PRIu64 "\n", p->tenants[i].conf.name, in_use);
         }
 }
 
-int metrics_format(const struct server *server, const struct session *asking, char *buf, size_t size) {
+int metrics_format(const struct node *node, const struct session *asking, char *buf, size_t size) {
         struct writer w = { .buf = buf, .size = size };
         unsigned connected = 0, exiting = 0;
 
@@ -180,21 +180,21 @@ int metrics_format(const struct server *server, const struct session *asking, ch
                 return -ENOBUFS;
         buf[0] = '\0';
         /* Clients as status counts them: not control channels, and not the one asking. */
-        for (const struct session *c = server->sessions; c; c = c->next) {
+        SESSION_FOREACH(c, node) {
                 if (c == asking || c->control_of || c->state == SESSION_NEW || c->state == SESSION_CLOSED)
                         continue;
                 connected += c->state == SESSION_READY;
                 exiting += c->state == SESSION_EXITING;
         }
         family(&w, "gpupool_build_info", "gauge", "The daemon's version and backend; always 1.");
-        emit(&w, "gpupool_build_info{version=\"%s\",backend=\"%s\"} 1\n", GPUPOOL_VERSION, server->backend->name);
+        emit(&w, "gpupool_build_info{version=\"%s\",backend=\"%s\"} 1\n", GPUPOOL_VERSION, node->backend->name);
         family(&w, "gpupool_clients", "gauge",
                "Clients connected, and clients gone whose process still runs (their memory is held until it exits).");
         emit(&w, "gpupool_clients{state=\"connected\"} %u\ngpupool_clients{state=\"exiting\"} %u\n", connected, exiting);
-        devices(&w, server);
+        devices(&w, node);
         family(&w, "gpupool_refusals_total", "counter", "Leases refused, by reason.");
         for (unsigned r = 0; r < METRICS_REFUSAL_COUNT; r++)
-                emit(&w, "gpupool_refusals_total{reason=\"%s\"} %" PRIu64 "\n", refusal_reasons[r], server->refusals_total[r]);
-        tenants(&w, server, asking);
+                emit(&w, "gpupool_refusals_total{reason=\"%s\"} %" PRIu64 "\n", refusal_reasons[r], node->refusals_total[r]);
+        tenants(&w, node, asking);
         return w.full ? -ENOBUFS : (int) w.len;
 }

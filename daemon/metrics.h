@@ -9,7 +9,7 @@
 #include <stddef.h>
 #include <uv.h>
 
-struct server;
+struct node;
 struct session;
 
 /* Why a lease was refused: the label values of gpupool_refusals_total. */
@@ -29,10 +29,10 @@ enum metrics_refusal {
 #define METRICS_TEXT_MAX (128 * 1024)
 
 /*
- * Writes the metrics of server into buf, NUL-terminated. asking is the session that asked
+ * Writes the metrics of node into buf, NUL-terminated. asking is the session that asked
  * (not counted as a client), or NULL. Returns the length, or -ENOBUFS when size is too small.
  */
-int metrics_format(const struct server *server, const struct session *asking, char *buf, size_t size);
+int metrics_format(const struct node *node, const struct session *asking, char *buf, size_t size);
 
 /* Most HTTP connections open at once; more are closed as they come. */
 #define METRICS_HTTP_MAX_CONNECTIONS 8
@@ -47,7 +47,7 @@ struct metrics_http;
  * Every other path is 404, every other method 405. Returns 0 and *ret, or a negative errno
  * (logged).
  */
-int metrics_http_start(struct server *server, uv_loop_t *loop, const struct sockaddr *addr,
+int metrics_http_start(struct node *node, uv_loop_t *loop, const struct sockaddr *addr,
                        struct metrics_http **ret);
 
 /* Closes the listener and every connection; the memory goes when their handles have closed. NULL is fine. */

@@ -16,7 +16,7 @@
 #include <string.h>
 
 #include "log.h"
-#include "server.h"
+#include "node.h"
 
 struct http_conn {
         struct metrics_http *http;
@@ -34,7 +34,7 @@ struct http_conn {
 };
 
 struct metrics_http {
-        struct server *server;
+        struct node *node;
         uv_tcp_t listener;
         bool listener_open;
         struct http_conn *conns;
@@ -82,7 +82,7 @@ static void on_timeout(uv_timer_t *timer) {
 
 /* A connection's whole life, request and answer, is send_timeout from accept; 0 is never, as for clients. */
 static void conn_deadline(struct http_conn *c) {
-        uint64_t ms = c->http->server->options->send_timeout_ms;
+        uint64_t ms = c->http->node->options->send_timeout_ms;
 
         if (ms)
                 uv_timer_start(&c->timer, on_timeout, ms, 0);
@@ -153,7 +153,7 @@ static void answer_metrics(struct http_conn *c, bool head_only) {
                 answer_error(c, "503 Service Unavailable", "", "out of memory");
                 return;
         }
-        n = metrics_format(c->http->server, NULL, text, METRICS_TEXT_MAX);
+        n = metrics_format(c->http->node, NULL, text, METRICS_TEXT_MAX);
         if (n < 0) {
                 log_err("metrics: the text does not fit %d bytes", METRICS_TEXT_MAX);
                 answer_error(c, "500 Internal Server Error", "", "the metrics do not fit the daemon's buffer");
@@ -283,7 +283,7 @@ static void on_connection(uv_stream_t *listener, int status) {
         conn_deadline(c);
 }
 
-int metrics_http_start(struct server *server, uv_loop_t *loop, const struct sockaddr *addr, struct metrics_http **ret) {
+int metrics_http_start(struct node *node, uv_loop_t *loop, const struct sockaddr *addr, struct metrics_http **ret) {
         struct metrics_http *http = calloc(1, sizeof(*http));
         struct sockaddr_storage bound;
         int r, len = sizeof(bound);
@@ -291,7 +291,7 @@ int metrics_http_start(struct server *server, uv_loop_t *loop, const struct sock
 
         if (!http)
                 return -ENOMEM;
-        http->server = server;
+        http->node = node;
         http->listener.data = http;
         uv_tcp_init(loop, &http->listener);
         http->listener_open = true;

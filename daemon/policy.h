@@ -12,7 +12,7 @@
  * guaranteed and does not use is held back from everyone else.
  *
  * A tenant's reserved bytes on a device are a pool group (pool.h): the pool keeps the sum as
- * the tenant's clients lease and return; server_check() recomputes it from the sessions.
+ * the tenant's clients lease and return; node_check() recomputes it from the sessions (session_check_tenants()).
  */
 #ifndef GP_POLICY_H
 #define GP_POLICY_H

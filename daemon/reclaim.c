@@ -6,7 +6,7 @@
 #include <string.h>
 
 #include "log.h"
-#include "server.h"
+#include "node.h"
 #include "session.h"
 #include "size.h"
 
@@ -16,7 +16,7 @@
  * bytes asked as far as known: what it reported held free, up to want. Sets *ret_asked when
  * the request went out.
  */
-static uint64_t ask(struct server *server, struct session *c, unsigned device, uint64_t want, bool to_backend,
+static uint64_t ask(struct node *node, struct session *c, unsigned device, uint64_t want, bool to_backend,
                     bool *ret_asked) {
         Gpupool__Envelope env = GPUPOOL__ENVELOPE__INIT;
         Gpupool__ReclaimRequest rr = GPUPOOL__RECLAIM_REQUEST__INIT;
@@ -45,63 +45,75 @@ static uint64_t ask(struct server *server, struct session *c, unsigned device, u
         if (to_backend)
                 c->reclaim_to_backend |= 1ULL << c->reclaim_outstanding;
         c->reclaim_outstanding++;
-        server->reclaim_outstanding++;
+        node->reclaim_outstanding++;
         return o->reported_held_free_bytes < want ? o->reported_held_free_bytes : want;
 }
 
-/* Whether c can be asked to give memory back on device for requester: another client that leases there, with a channel. */
-static bool askable(const struct session *c, const struct session *requester, unsigned device) {
-        return c != requester && c->control && c->tenant && c->state == SESSION_READY && c->owners[device].reserved_bytes;
+/* For whom, and on which device, memory is wanted (askable()'s argument). */
+struct want {
+        const struct session *requester;
+        unsigned device;
+};
+
+/* Whether c can be asked to give memory back: another client that leases on the device, with a channel. */
+static bool askable(const struct session *c, const void *arg) {
+        const struct want *w = arg;
+
+        return c != w->requester && c->control && c->tenant && c->state == SESSION_READY &&
+               c->owners[w->device].reserved_bytes;
 }
 
-uint64_t reclaim_ask(struct server *server, struct session *requester, unsigned device, uint64_t want_bytes,
+uint64_t reclaim_ask(struct node *node, struct session *requester, unsigned device, uint64_t want_bytes,
                      unsigned *ret_clients) {
+        const struct want w = { .requester = requester, .device = device };
         struct policy_candidate *candidates;
+        struct session **clients;
         uint64_t asked = 0;
-        size_t n = 0;
+        ssize_t found = session_collect(node, askable, &w, &clients);
+        size_t n;
 
         *ret_clients = 0;
-        for (struct session *c = server->sessions; c; c = c->next)
-                n += askable(c, requester, device);
-        /* Every client that can be asked, however many: sessions are bounded by the server's limits, not here. */
-        candidates = n ? calloc(n, sizeof(*candidates)) : NULL;
-        if (!candidates)
+        if (found <= 0)
                 return 0;
-        n = 0;
-        for (struct session *c = server->sessions; c; c = c->next)
-                if (askable(c, requester, device))
-                        candidates[n++] = (struct policy_candidate) {
-                                .tenant = c->tenant,
-                                .held_free_bytes = c->owners[device].reported_held_free_bytes,
-                                .client = c,
-                        };
+        candidates = calloc((size_t) found, sizeof(*candidates));
+        if (!candidates) {
+                free(clients);
+                return 0;
+        }
+        for (n = 0; n < (size_t) found; n++)
+                candidates[n] = (struct policy_candidate) {
+                        .tenant = clients[n]->tenant,
+                        .held_free_bytes = clients[n]->owners[device].reported_held_free_bytes,
+                        .client = clients[n],
+                };
+        free(clients);
         /* Whom to ask, and in what order, is policy's: those whose memory would serve, over their guarantee and largest first. */
         n = policy_reclaim_order(requester->tenant, device, candidates, n);
         for (size_t i = 0; i < n && asked < want_bytes; i++) {
                 bool pushed = false;
 
-                asked += ask(server, candidates[i].client, device, want_bytes - asked, false, &pushed);
+                asked += ask(node, candidates[i].client, device, want_bytes - asked, false, &pushed);
                 *ret_clients += pushed;
         }
         free(candidates);
         return asked;
 }
 
-void reclaim_all(struct server *server, struct session *c, int device, bool to_backend, uint32_t *clients,
+void reclaim_all(struct node *node, struct session *c, int device, bool to_backend, uint32_t *clients,
                  uint64_t *bytes) {
         bool asked = false;
 
         if (!c->control || c->state != SESSION_READY)
                 return;
-        for (unsigned d = 0; d < server->device_count; d++)
+        for (unsigned d = 0; d < node->device_count; d++)
                 if (device < 0 || (unsigned) device == d)
-                        *bytes += ask(server, c, d, UINT64_MAX, to_backend, &asked);
+                        *bytes += ask(node, c, d, UINT64_MAX, to_backend, &asked);
         *clients += asked;
 }
 
 void reclaim_answered(struct session *control, const Gpupool__ReclaimReply *reply) {
         struct session *c = control->control_of;
-        struct server *server = control->server;
+        struct node *node = control->node;
         bool to_backend = false;
 
         if (!c)
@@ -111,12 +123,12 @@ void reclaim_answered(struct session *control, const Gpupool__ReclaimReply *repl
                 to_backend = c->reclaim_to_backend & 1;
                 c->reclaim_to_backend >>= 1;
                 c->reclaim_outstanding--;
-                server->reclaim_outstanding--;
+                node->reclaim_outstanding--;
         }
         for (size_t i = 0; i < reply->n_segment_ids && i < RECLAIM_MAX_SEGMENTS; i++) {
                 uint64_t id = reply->segment_ids[i];
 
                 if (session_return(c, id, to_backend) == 0)
-                        server->reclaims_total[id >> 56]++;
+                        node->reclaims_total[id >> 56]++;
         }
 }

@@ -17,7 +17,7 @@
 
 #include "wire.h"
 
-struct server;
+struct node;
 struct session;
 
 /* The most segments one ReclaimRequest or ReclaimReply names (it must fit a request packet). */
@@ -30,7 +30,7 @@ struct session;
  * want_bytes on device. Returns the bytes asked for as far as known (what each
  * held free as of its latest report), and the number of clients asked in *ret_clients.
  */
-uint64_t reclaim_ask(struct server *server, struct session *requester, unsigned device, uint64_t want_bytes,
+uint64_t reclaim_ask(struct node *node, struct session *requester, unsigned device, uint64_t want_bytes,
                      unsigned *ret_clients);
 
 /*
@@ -38,7 +38,7 @@ uint64_t reclaim_ask(struct server *server, struct session *requester, unsigned 
  * they go to the backend when they come back, not to the cache. Adds what it held free as of
  * its latest report to *bytes, and 1 to *clients when the client was asked anything.
  */
-void reclaim_all(struct server *server, struct session *client, int device, bool to_backend, uint32_t *clients,
+void reclaim_all(struct node *node, struct session *client, int device, bool to_backend, uint32_t *clients,
                  uint64_t *bytes);
 
 /* A control channel's answer: the client unmapped these segments; they go to the cache (or the backend). */

@@ -16,99 +16,37 @@
 #include <unistd.h>
 
 #include "log.h"
+#include "node.h"
 #include "reclaim.h"
-#include "server.h"
-
-_Static_assert(POOL_BLOCK_ALIGN == GP_BLOCK_ALIGN, "the pool rounds blocks as the protocol says");
-_Static_assert(GP_MAX_ERROR_BYTES + 64 <= REPLY_INLINE_BYTES, "an error reply fits a reply's own bytes");
 #include "session.h"
 #include "size.h"
 
-void reply_release(struct reply *rep) {
-        free(rep->heap);
-        rep->heap = NULL;
-}
-
-/* Sets the reply's fields but its bytes. */
-static void reply_set(struct reply *ret, size_t len, int fd, bool disconnect) {
-        ret->len = len;
-        ret->fd = fd;
-        ret->disconnect = disconnect;
-        ret->none = ret->parked = false;
-}
-
-void request_pack(Gpupool__Envelope *env, int fd, bool disconnect, struct reply *ret) {
-        /* One pass into the reply itself; only a larger reply is sized, then packed into memory of its own. */
-        int n = gp_wire_pack(env, ret->inline_bytes, sizeof(ret->inline_bytes));
-        size_t size;
-
-        ret->heap = NULL;
-        if (n == -EMSGSIZE && (size = gpupool__envelope__get_packed_size(env)) <= GP_MAX_REPLY_BYTES) {
-                ret->heap = malloc(size);
-                if (!ret->heap) {
-                        request_error_reply(env->id, -EIO, false, "the daemon is out of memory for the reply", ret);
-                        return;
-                }
-                n = gp_wire_pack(env, ret->heap, size);
-        }
-        if (n < 0) {
-                /* Only a status of very many clients could get here; say so rather than truncate. */
-                reply_release(ret);
-                request_error_reply(env->id, -EIO, false, "the reply is larger than the protocol allows", ret);
-                return;
-        }
-        reply_set(ret, (size_t) n, fd, disconnect);
-}
-
-void request_error_reply(uint64_t id, int err, bool disconnect, const char *message, struct reply *ret) {
-        Gpupool__Envelope env = GPUPOOL__ENVELOPE__INIT;
-        int n;
-
-        env.version = GP_PROTOCOL_VERSION;
-        env.id = id;
-        env.has_status = 1;
-        env.status = gp_errno_to_status(err);
-        env.error = (char *) message;
-        ret->heap = NULL;
-        n = gp_wire_pack(&env, ret->inline_bytes, sizeof(ret->inline_bytes));
-        /* An error reply is a few hundred bytes at most: it always fits. */
-        reply_set(ret, n > 0 ? (size_t) n : 0, -1, disconnect);
-}
-
-void request_ok(Gpupool__Envelope *env, uint64_t id) {
-        gpupool__envelope__init(env);
-        env->version = GP_PROTOCOL_VERSION;
-        env->id = id;
-        env->has_status = 1;
-        env->status = GPUPOOL__STATUS__STATUS_OK;
-}
+_Static_assert(POOL_BLOCK_ALIGN == GP_BLOCK_ALIGN, "the pool rounds blocks as the protocol says");
 
 static void handle_hello(struct session *s, const Gpupool__Envelope *req, struct reply *ret) {
-        struct server *server = s->server;
+        struct node *node = s->node;
         Gpupool__DeviceInfo infos[BACKEND_MAX_DEVICES], *info_ptrs[BACKEND_MAX_DEVICES];
         Gpupool__HelloReply hr = GPUPOOL__HELLO_REPLY__INIT;
         Gpupool__Envelope env;
         const char *name = req->hello->name;
 
         if (s->state != SESSION_NEW) {
-                request_error_reply(req->id, -EPROTO, true, "hello sent twice", ret);
+                reply_error(req->id, -EPROTO, true, "hello sent twice", ret);
                 return;
         }
         if (name && !gp_wire_name_is_valid(name)) {
-                request_error_reply(req->id, -EINVAL, true,
-                                    "the client name must be 1 to 63 bytes of UTF-8 with no control characters", ret);
+                reply_error(req->id, -EINVAL, true,
+                            "the client name must be 1 to 63 bytes of UTF-8 with no control characters", ret);
                 return;
         }
         if (req->hello->has_control_for) {
-                struct session *c = server->sessions;
+                struct session *c = session_find(node, req->hello->control_for);
 
-                while (c && c->id != req->hello->control_for)
-                        c = c->next;
                 /* Only the client's own process may listen for its reclaim requests. */
                 if (!c || c == s || c->state != SESSION_READY || c->pid != s->pid || c->control || c->control_of) {
-                        request_error_reply(req->id, -EINVAL, true,
-                                            "control_for names no connected client of this process without a control channel",
-                                            ret);
+                        reply_error(req->id, -EINVAL, true,
+                                    "control_for names no connected client of this process without a control channel",
+                                    ret);
                         return;
                 }
                 c->control = s;
@@ -116,38 +54,38 @@ static void handle_hello(struct session *s, const Gpupool__Envelope *req, struct
                 /* Part of its client: --max-clients counts clients, not their channels. */
                 if (!s->uncounted) {
                         s->uncounted = true;
-                        server->connected--;
+                        node->connected--;
                 }
         }
         if (name)
                 strcpy(s->name, name);
         s->state = SESSION_READY;
         if (!s->control_of)
-                session_set_tenant(s, policy_tenant_for(&server->policy, s->uid, s->gid, s->name));
+                session_set_tenant(s, policy_tenant_for(&node->policy, s->uid, s->gid, s->name));
 
-        for (unsigned d = 0; d < server->device_count; d++) {
+        for (unsigned d = 0; d < node->device_count; d++) {
                 struct pool_stats st;
 
-                pool_get_stats(server->pools[d], &st);
+                pool_get_stats(node->pools[d], &st);
                 gpupool__device_info__init(&infos[d]);
                 infos[d].index = d;
-                infos[d].backend = (char *) server->backend->name;
+                infos[d].backend = (char *) node->backend->name;
                 infos[d].total_bytes = st.total_bytes;
-                if (server->devices[d].has_uuid) {
+                if (node->devices[d].has_uuid) {
                         /* Clients find their own ordinal for this GPU by its UUID. */
                         infos[d].has_uuid = 1;
-                        infos[d].uuid.len = sizeof(server->devices[d].uuid);
-                        infos[d].uuid.data = server->devices[d].uuid;
+                        infos[d].uuid.len = sizeof(node->devices[d].uuid);
+                        infos[d].uuid.data = node->devices[d].uuid;
                 }
                 info_ptrs[d] = &infos[d];
         }
         hr.client_id = s->id;
         hr.daemon_version = (char *) GPUPOOL_VERSION;
-        hr.n_devices = server->device_count;
+        hr.n_devices = node->device_count;
         hr.devices = info_ptrs;
         hr.has_limit_bytes = 1;
-        hr.limit_bytes = s->tenant ? policy_client_limit(&server->policy, s->tenant, s->limit_override_bytes) : 0;
-        request_ok(&env, req->id);
+        hr.limit_bytes = s->tenant ? policy_client_limit(&node->policy, s->tenant, s->limit_override_bytes) : 0;
+        reply_ok(&env, req->id);
         env.body_case = GPUPOOL__ENVELOPE__BODY_HELLO_REPLY;
         env.hello_reply = &hr;
         if (s->control_of)
@@ -157,17 +95,17 @@ static void handle_hello(struct session *s, const Gpupool__Envelope *req, struct
                 session_log(s, LOG_LEVEL_INFO, "client %llu hello: '%s', pid %d, uid %u, tenant %s",
                             (unsigned long long) s->id, s->name,
                             (int) s->pid, (unsigned) s->uid, s->tenant->conf.name);
-        request_pack(&env, -1, false, ret);
+        reply_pack(&env, -1, false, ret);
 }
 
 /* Refuses a lease: the reason goes to the client and, at info, to the log. */
 static void refuse(struct session *s, uint64_t id, int err, enum metrics_refusal reason, unsigned device, uint64_t size,
                    const char *why, struct reply *ret) {
-        s->server->refusals_total[reason]++;
+        s->node->refusals_total[reason]++;
         session_log(s, LOG_LEVEL_INFO, "client %llu ('%s', pid %d, tenant %s): %" PRIu64 " bytes on device %u refused: %s",
                     (unsigned long long) s->id, s->name, (int) s->pid, s->tenant ? s->tenant->conf.name : "-", size, device,
                     why);
-        request_error_reply(id, err, false, why, ret);
+        reply_error(id, err, false, why, ret);
 }
 
 /* Turns policy's refusal of a lease into the sentence: the request, the limit and the use that it met. */
@@ -221,14 +159,14 @@ static void quota_message(const struct session *s, unsigned d, uint64_t size, co
  * Who holds device's memory, for the refusal of a lease that did not fit: the clients leasing
  * most there, each with what it last reported in use and free, and the rest summed.
  */
-static void holders_text(const struct server *server, unsigned device, char *buf, size_t size) {
+static void holders_text(const struct node *node, unsigned device, char *buf, size_t size) {
         const struct session *top[HOLDERS_NAMED] = { NULL };
-        uint64_t rest_bytes = 0, now = uv_now(server->loop);
+        uint64_t rest_bytes = 0, now = uv_now(node->loop);
         unsigned rest = 0;
         size_t len;
         int n;
 
-        for (const struct session *c = server->sessions; c; c = c->next) {
+        SESSION_FOREACH(c, node) {
                 const struct session *x = c;
 
                 if (!c->owners || !c->owners[device].reserved_bytes)
@@ -297,7 +235,7 @@ enum attempt {
  */
 static bool lease_attempt(struct session *s, uint64_t id, uint32_t device, uint64_t size, enum attempt attempt,
                           struct reply *ret) {
-        struct server *server = s->server;
+        struct node *node = s->node;
         Gpupool__LeaseReply lr = GPUPOOL__LEASE_REPLY__INIT;
         char why[GP_MAX_ERROR_BYTES], b1[GP_SIZE_FORMAT_MAX], b2[GP_SIZE_FORMAT_MAX], b3[GP_SIZE_FORMAT_MAX];
         char tried[256] = "", holders[GP_MAX_ERROR_BYTES / 2];
@@ -308,9 +246,9 @@ static bool lease_attempt(struct session *s, uint64_t id, uint32_t device, uint6
         Gpupool__Envelope env;
         int r, fd = -1;
 
-        pool_get_stats(server->pools[device], &st);
-        policy_admit(&server->policy, s->tenant, s->limit_override_bytes, owner, device, &st, &adm);
-        r = pool_lease(server->pools[device], owner, size, adm.headroom_bytes, &lease);
+        pool_get_stats(node->pools[device], &st);
+        policy_admit(&node->policy, s->tenant, s->limit_override_bytes, owner, device, &st, &adm);
+        r = pool_lease(node->pools[device], owner, size, adm.headroom_bytes, &lease);
         if (r == -EDQUOT) {
                 quota_message(s, device, size, &adm, why, sizeof(why));
                 refuse(s, id, r, adm.bound == POLICY_TENANT ? METRICS_REFUSED_TENANT_LIMIT :
@@ -321,7 +259,7 @@ static bool lease_attempt(struct session *s, uint64_t id, uint32_t device, uint6
         if (r == -ENOMEM && attempt == ATTEMPT_FIRST) {
                 /* Ladder step 3: clients over their guarantee give back segments they keep free. */
                 unsigned clients = 0;
-                uint64_t asked = reclaim_ask(server, s, device, pool_min_segment_bytes(size), &clients);
+                uint64_t asked = reclaim_ask(node, s, device, pool_min_segment_bytes(size), &clients);
 
                 if (clients) {
                         s->parked_id = id;
@@ -330,7 +268,7 @@ static bool lease_attempt(struct session *s, uint64_t id, uint32_t device, uint6
                         s->parked_asked_bytes = asked;
                         s->parked_asked_clients = clients;
                         s->parked_cached_before = st.cached_bytes;
-                        s->parked_deadline_ms = uv_now(server->loop) + server->options->reclaim_timeout_ms;
+                        s->parked_deadline_ms = uv_now(node->loop) + node->options->reclaim_timeout_ms;
                         *ret = (struct reply) { .fd = -1, .parked = true };
                         return false;
                 }
@@ -343,12 +281,12 @@ static bool lease_attempt(struct session *s, uint64_t id, uint32_t device, uint6
                                  "came back within %llu ms (reclaim_timeout)",
                                  s->parked_asked_clients, s->parked_asked_clients == 1 ? "" : "s",
                                  gp_size_format(s->parked_asked_bytes, b1, sizeof(b1)),
-                                 (unsigned long long) server->options->reclaim_timeout_ms);
+                                 (unsigned long long) node->options->reclaim_timeout_ms);
                 else
                         snprintf(tried, sizeof(tried), "; no other client could give back memory that would serve "
                                  "(tenants under their guarantee keep theirs)");
-                holders_text(server, device, holders, sizeof(holders));
-                pool_get_stats(server->pools[device], &st);
+                holders_text(node, device, holders, sizeof(holders));
+                pool_get_stats(node->pools[device], &st);
                 snprintf(why, sizeof(why),
                          "device %u is full: %" PRIu64 " bytes asked, %s of %s reserved and %s in use after "
                          "releasing the cache%s%s",
@@ -361,73 +299,69 @@ static bool lease_attempt(struct session *s, uint64_t id, uint32_t device, uint6
         if (r < 0) {
                 if (r == -EMFILE || r == -ENFILE)
                         snprintf(why, sizeof(why), "the %s backend cannot make a segment: the daemon is out of file "
-                                 "descriptors (%s; see LimitNOFILE= in docs/operations.md)", server->backend->name,
+                                 "descriptors (%s; see LimitNOFILE= in docs/operations.md)", node->backend->name,
                                  strerror(-r));
                 else
-                        snprintf(why, sizeof(why), "the %s backend failed: %s", server->backend->name, strerror(-r));
+                        snprintf(why, sizeof(why), "the %s backend failed: %s", node->backend->name, strerror(-r));
                 session_log(s, LOG_LEVEL_ERR, "client %llu: allocating %" PRIu64 " bytes: %s",
                             (unsigned long long) s->id, size, why);
-                server->refusals_total[METRICS_REFUSED_BACKEND_ERROR]++;
-                request_error_reply(id, -EIO, false, why, ret);
+                node->refusals_total[METRICS_REFUSED_BACKEND_ERROR]++;
+                reply_error(id, -EIO, false, why, ret);
                 return true;
         }
-        server->leases_total[device]++;
-        request_ok(&env, id);
+        node->leases_total[device]++;
+        reply_ok(&env, id);
         lr.segment_id = lease.segment_id;
         lr.segment_size = lease.segment_size;
         fd = segment_handle(lease.mem, &lr.has_ipc_handle, &lr.ipc_handle);
         env.body_case = GPUPOOL__ENVELOPE__BODY_LEASE_REPLY;
         env.lease_reply = &lr;
-        request_pack(&env, fd, false, ret);
+        reply_pack(&env, fd, false, ret);
         return true;
 }
 
 /* Checks a lease's device and size, then makes the first attempt. */
 static void handle_lease(struct session *s, const Gpupool__Envelope *req, struct reply *ret) {
-        struct server *server = s->server;
+        struct node *node = s->node;
         uint32_t device = req->lease->device;
         uint64_t size = req->lease->size, id = req->id;
         char why[128];
 
-        if (device >= server->device_count) {
-                snprintf(why, sizeof(why), "no device %u: this daemon has %u", device, server->device_count);
-                request_error_reply(id, -ENODEV, false, why, ret);
+        if (device >= node->device_count) {
+                snprintf(why, sizeof(why), "no device %u: this daemon has %u", device, node->device_count);
+                reply_error(id, -ENODEV, false, why, ret);
                 return;
         }
         if (size == 0 || size > POOL_MAX_REQUEST) {
                 snprintf(why, sizeof(why), "cannot lease a segment for %" PRIu64 " bytes: a request is 1 byte to 64 TiB",
                          size);
-                request_error_reply(id, -EINVAL, false, why, ret);
+                reply_error(id, -EINVAL, false, why, ret);
                 return;
         }
         (void) lease_attempt(s, id, device, size, ATTEMPT_FIRST, ret);
 }
 
-uint64_t request_retry_parked(struct server *server, uint64_t now_ms) {
+static bool is_parked(const struct session *c, const void *arg) {
+        (void) arg;
+        return c->parked;
+}
+
+uint64_t request_retry_parked(struct node *node, uint64_t now_ms) {
         struct session **parked;
         uint64_t next = UINT64_MAX;
-        size_t n = 0;
-
         /*
          * Collected first: answering one may end its session, and with it that session's
          * control channel, which is never parked itself.
          */
-        for (struct session *c = server->sessions; c; c = c->next)
-                n += c->parked;
-        if (!n)
-                return UINT64_MAX;
-        parked = calloc(n, sizeof(*parked));
-        if (!parked)
+        ssize_t n = session_collect(node, is_parked, NULL, &parked);
+
+        if (n < 0)
                 return now_ms + 10;     /* out of memory for a moment: try again soon */
-        n = 0;
-        for (struct session *c = server->sessions; c; c = c->next)
-                if (c->parked)
-                        parked[n++] = c;
-        for (size_t i = 0; i < n; i++) {
+        for (ssize_t i = 0; i < n; i++) {
                 struct session *c = parked[i];
                 struct reply rep = { .fd = -1 };
                 /* Final at the deadline, or once every client asked has answered and it still does not fit. */
-                bool final = now_ms >= c->parked_deadline_ms || server->reclaim_outstanding == 0;
+                bool final = now_ms >= c->parked_deadline_ms || node->reclaim_outstanding == 0;
 
                 if (lease_attempt(c, c->parked_id, c->parked_device, c->parked_size, final ? ATTEMPT_FINAL : ATTEMPT_RETRY,
                                   &rep)) {
@@ -447,7 +381,7 @@ static void handle_return(struct session *s, const Gpupool__Envelope *req, struc
         Gpupool__Envelope env;
 
         if (rq->n_segment_ids > REQUEST_MAX_RETURNS) {
-                request_error_reply(req->id, -EINVAL, false, "a return names at most 256 segments", ret);
+                reply_error(req->id, -EINVAL, false, "a return names at most 256 segments", ret);
                 return;
         }
         for (size_t i = 0; i < rq->n_segment_ids; i++) {
@@ -460,10 +394,10 @@ static void handle_return(struct session *s, const Gpupool__Envelope *req, struc
                 session_log(s, LOG_LEVEL_WARN, "client %llu (pid %d): returned segment %" PRIu64 " it does not lease",
                             (unsigned long long) s->id, (int) s->pid, rq->segment_ids[i]);
         }
-        request_ok(&env, req->id);
+        reply_ok(&env, req->id);
         env.body_case = GPUPOOL__ENVELOPE__BODY_RETURN_REPLY;
         env.return_reply = &rr;
-        request_pack(&env, -1, false, ret);
+        reply_pack(&env, -1, false, ret);
 }
 
 static void handle_reclaim_reply(struct session *s, const Gpupool__Envelope *req, struct reply *ret) {
@@ -483,23 +417,23 @@ static void handle_bye(struct session *s, const Gpupool__Envelope *req, struct r
         /* The client unmapped everything: its memory can serve others now. */
         s->said_bye = true;
         session_release_all(s);
-        request_ok(&env, req->id);
-        request_pack(&env, -1, false, ret);
+        reply_ok(&env, req->id);
+        reply_pack(&env, -1, false, ret);
 }
 
 /* Checks a usage report (Envelope.usage): 0, or -EINVAL with why for one of no device or too many. */
 static int check_usage(const struct session *s, const Gpupool__Envelope *req, char *why, size_t why_size) {
-        const struct server *server = s->server;
+        const struct node *node = s->node;
 
-        if (req->n_usage > server->device_count) {
+        if (req->n_usage > node->device_count) {
                 snprintf(why, why_size, "a usage report names %zu devices: this daemon has %u", req->n_usage,
-                         server->device_count);
+                         node->device_count);
                 return -EINVAL;
         }
         for (size_t i = 0; i < req->n_usage; i++)
-                if (req->usage[i]->device >= server->device_count) {
+                if (req->usage[i]->device >= node->device_count) {
                         snprintf(why, why_size, "a usage report names device %u: this daemon has %u", req->usage[i]->device,
-                                 server->device_count);
+                                 node->device_count);
                         return -EINVAL;
                 }
         return 0;
@@ -513,7 +447,7 @@ static int check_usage(const struct session *s, const Gpupool__Envelope *req, ch
  */
 static void take_usage(struct session *s, const Gpupool__Envelope *req) {
         struct session *c = s->control_of ? s->control_of : s;
-        uint64_t now = uv_now(s->server->loop);
+        uint64_t now = uv_now(s->node->loop);
 
         if (!c->owners || c->said_bye)
                 return;         /* a session before hello, or one whose memory went already */
@@ -580,51 +514,51 @@ static bool allowed(struct session *s, const Gpupool__Envelope *req, const struc
         char why[160];
 
         if (s->said_bye) {
-                request_error_reply(req->id, -EPROTO, true, "request after goodbye", ret);
+                reply_error(req->id, -EPROTO, true, "request after goodbye", ret);
                 return false;
         }
         if (s->state == SESSION_NEW && !hello) {
-                request_error_reply(req->id, -EPROTO, true, "the first message must be hello", ret);
+                reply_error(req->id, -EPROTO, true, "the first message must be hello", ret);
                 return false;
         }
         /* Past the limits, only a connection whose hello says what it was let in as gets in. */
         if (hello && ((s->admin_only && !req->hello->admin) || (s->control_only && !req->hello->has_control_for))) {
-                server_limit_text(s->server, s->past_uid_cap, s->uid, why, sizeof(why));
-                request_error_reply(req->id, -EDQUOT, true, why, ret);
+                node_limit_text(s->node, s->past_uid_cap, s->uid, why, sizeof(why));
+                reply_error(req->id, -EDQUOT, true, why, ret);
                 return false;
         }
         if (!k) {
-                request_error_reply(req->id, -EPROTO, true, req->body_case == GPUPOOL__ENVELOPE__BODY__NOT_SET ?
-                                    "the request has no body" : "that message is a reply, which only the daemon sends", ret);
+                reply_error(req->id, -EPROTO, true, req->body_case == GPUPOOL__ENVELOPE__BODY__NOT_SET ?
+                            "the request has no body" : "that message is a reply, which only the daemon sends", ret);
                 return false;
         }
         /* An operator's connection past the limits: nothing that holds memory or serves a client. */
         if (s->admin_only && (!(k->roles & ROLE_ADMIN_ROOM) || (hello && req->hello->has_control_for))) {
-                request_error_reply(req->id, -EDQUOT, false, "the daemon is at its client limits: this connection of an "
-                                    "operator was let in past them for administrative requests only", ret);
+                reply_error(req->id, -EDQUOT, false, "the daemon is at its client limits: this connection of an "
+                            "operator was let in past them for administrative requests only", ret);
                 return false;
         }
         if ((k->roles & ROLE_CONTROL_CHANNEL) && !s->control_of) {
                 snprintf(why, sizeof(why), "%s belongs on a control channel", k->what);
-                request_error_reply(req->id, -EPROTO, true, why, ret);
+                reply_error(req->id, -EPROTO, true, why, ret);
                 return false;
         }
         if (!(k->roles & ROLE_CONTROL_CHANNEL) && s->control_of) {
                 snprintf(why, sizeof(why), "%s does not belong on a control channel, which answers reclaims and reports "
                          "usage only", k->what);
-                request_error_reply(req->id, -EPROTO, true, why, ret);
+                reply_error(req->id, -EPROTO, true, why, ret);
                 return false;
         }
         /* Limits and other clients' memory are the operator's: a client acting on them would make them mean nothing. */
         if ((k->roles & ROLE_OPERATOR) && (!k->operator_if || k->operator_if(req)) && s->uid != 0 && s->uid != geteuid()) {
                 snprintf(why, sizeof(why), "%s is for root or the daemon's own user", k->what);
-                request_error_reply(req->id, -EACCES, false, why, ret);
+                reply_error(req->id, -EACCES, false, why, ret);
                 return false;
         }
         return true;
 }
 
-void request_handle(struct session *s, const Gpupool__Envelope *req, struct reply *ret) {
+static void request_handle(struct session *s, const Gpupool__Envelope *req, struct reply *ret) {
         const struct request_kind *k = kind_of(req->body_case);
         char why[160];
 
@@ -632,7 +566,7 @@ void request_handle(struct session *s, const Gpupool__Envelope *req, struct repl
                 /* A control channel's answer still counts as an answer; only its report is refused. */
                 if (req->body_case == GPUPOOL__ENVELOPE__BODY_RECLAIM_REPLY && s->control_of)
                         reclaim_answered(s, req->reclaim_reply);
-                request_error_reply(req->id, -EINVAL, false, why, ret);
+                reply_error(req->id, -EINVAL, false, why, ret);
                 return;
         }
         if (!allowed(s, req, k, ret))
@@ -640,4 +574,16 @@ void request_handle(struct session *s, const Gpupool__Envelope *req, struct repl
         k->handle(s, req, ret);
         if (req->n_usage)
                 take_usage(s, req);
+}
+
+void request_serve(struct session *s, const Gpupool__Envelope *req) {
+        struct node *node = s->node;
+        struct reply rep = { .fd = -1 };
+
+        request_handle(s, req, &rep);
+        if (rep.parked)
+                session_park(s);
+        else
+                (void) session_send(s, &rep);  /* which may end the session */
+        node_after_change(node);
 }

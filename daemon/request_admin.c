@@ -13,8 +13,8 @@
 #include <string.h>
 
 #include "log.h"
+#include "node.h"
 #include "reclaim.h"
-#include "server.h"
 #include "session.h"
 #include "size.h"
 
@@ -38,7 +38,7 @@ static void client_report(const struct session *c, uint64_t now_ms, Gpupool__Cli
         uint64_t held = 0, at = 0;
         bool reported = false;
 
-        for (unsigned d = 0; d < c->server->device_count; d++) {
+        for (unsigned d = 0; d < c->node->device_count; d++) {
                 const struct pool_owner *o = &c->owners[d];
 
                 held += o->reported_held_free_bytes;
@@ -58,8 +58,8 @@ static void client_report(const struct session *c, uint64_t now_ms, Gpupool__Cli
 static void tenants_status(struct session *s, Gpupool__StatusReply *sr, Gpupool__TenantStatus *tenants,
                            Gpupool__TenantStatus **ptrs, char rules[][160], uint64_t in_use[][BACKEND_MAX_DEVICES],
                            uint64_t reserved[][BACKEND_MAX_DEVICES]) {
-        struct server *server = s->server;
-        struct policy *p = &server->policy;
+        struct node *node = s->node;
+        struct policy *p = &node->policy;
 
         for (unsigned i = 0; i < p->tenant_count; i++) {
                 struct tenant *t = &p->tenants[i];
@@ -67,7 +67,7 @@ static void tenants_status(struct session *s, Gpupool__StatusReply *sr, Gpupool_
 
                 gpupool__tenant_status__init(ts);
                 rules_text(&t->conf, rules[i], sizeof(rules[i]));
-                for (unsigned d = 0; d < server->device_count; d++) {
+                for (unsigned d = 0; d < node->device_count; d++) {
                         reserved[i][d] = t->sums[d].reserved_bytes;
                         in_use[i][d] = t->sums[d].in_use_bytes;
                 }
@@ -79,9 +79,9 @@ static void tenants_status(struct session *s, Gpupool__StatusReply *sr, Gpupool_
                 ts->client_max_bytes = policy_client_limit(p, t, POLICY_NO_OVERRIDE);
                 ts->has_overridden = t->overridden;
                 ts->overridden = t->overridden;
-                ts->n_reserved_bytes = server->device_count;
+                ts->n_reserved_bytes = node->device_count;
                 ts->reserved_bytes = reserved[i];
-                ts->n_in_use_bytes = server->device_count;
+                ts->n_in_use_bytes = node->device_count;
                 ts->in_use_bytes = in_use[i];
                 ptrs[i] = ts;
         }
@@ -90,7 +90,7 @@ static void tenants_status(struct session *s, Gpupool__StatusReply *sr, Gpupool_
 }
 
 void request_status(struct session *s, const Gpupool__Envelope *req, struct reply *ret) {
-        struct server *server = s->server;
+        struct node *node = s->node;
         Gpupool__DeviceStatus devs[BACKEND_MAX_DEVICES], *dev_ptrs[BACKEND_MAX_DEVICES];
         Gpupool__StatusReply sr = GPUPOOL__STATUS_REPLY__INIT;
         Gpupool__ClientStatus *clients = NULL, **client_ptrs = NULL;
@@ -100,7 +100,7 @@ void request_status(struct session *s, const Gpupool__Envelope *req, struct repl
         Gpupool__Envelope env;
         size_t n = 0, count = 0;
 
-        for (struct session *c = server->sessions; c; c = c->next)
+        SESSION_FOREACH(c, node)
                 count++;
         if (count) {
                 clients = calloc(count, sizeof(*clients));
@@ -108,17 +108,17 @@ void request_status(struct session *s, const Gpupool__Envelope *req, struct repl
                 if (!clients || !client_ptrs) {
                         free(clients);
                         free(client_ptrs);
-                        request_error_reply(req->id, -EIO, false, "out of memory building the status", ret);
+                        reply_error(req->id, -EIO, false, "out of memory building the status", ret);
                         return;
                 }
         }
-        for (unsigned d = 0; d < server->device_count; d++) {
+        for (unsigned d = 0; d < node->device_count; d++) {
                 struct pool_stats st;
 
-                pool_get_stats(server->pools[d], &st);
+                pool_get_stats(node->pools[d], &st);
                 gpupool__device_status__init(&devs[d]);
                 devs[d].index = d;
-                devs[d].backend = (char *) server->backend->name;
+                devs[d].backend = (char *) node->backend->name;
                 devs[d].total_bytes = st.total_bytes;
                 devs[d].reserved_bytes = st.reserved_bytes;
                 devs[d].in_use_bytes = st.in_use_bytes;
@@ -126,15 +126,15 @@ void request_status(struct session *s, const Gpupool__Envelope *req, struct repl
                 devs[d].segments = st.segments;
                 devs[d].has_max_cached_bytes = devs[d].has_evictions_total = devs[d].has_reclaims_total = 1;
                 devs[d].has_decay_releases_total = devs[d].has_watermark_releases_total = 1;
-                devs[d].max_cached_bytes = policy_max_cached(&server->policy, d);
+                devs[d].max_cached_bytes = policy_max_cached(&node->policy, d);
                 devs[d].evictions_total = st.evictions_total;
-                devs[d].reclaims_total = server->reclaims_total[d];
+                devs[d].reclaims_total = node->reclaims_total[d];
                 devs[d].decay_releases_total = st.decay_releases_total;
                 devs[d].watermark_releases_total = st.watermark_releases_total;
                 dev_ptrs[d] = &devs[d];
         }
         /* Every client but the one asking (the CLI has nothing to show). */
-        for (struct session *c = server->sessions; c; c = c->next) {
+        SESSION_FOREACH(c, node) {
                 Gpupool__ClientStatus *cs = &clients[n];
 
                 if (c == s || c->control_of)
@@ -146,32 +146,32 @@ void request_status(struct session *s, const Gpupool__Envelope *req, struct repl
                 cs->name = c->name;
                 cs->has_segments = 1;
                 session_totals(c, &cs->reserved_bytes, &cs->in_use_bytes, &cs->segments);
-                cs->limit_bytes = c->tenant ? policy_client_limit(&server->policy, c->tenant, c->limit_override_bytes) :
-                                              server->policy.client_limit_bytes;
+                cs->limit_bytes = c->tenant ? policy_client_limit(&node->policy, c->tenant, c->limit_override_bytes) :
+                                              node->policy.client_limit_bytes;
                 if (c->tenant)
                         cs->tenant = c->tenant->conf.name;
-                client_report(c, uv_now(server->loop), cs);
+                client_report(c, uv_now(node->loop), cs);
                 if (c->state == SESSION_EXITING) {
                         cs->has_exiting = 1;
                         cs->exiting = 1;
                 }
                 client_ptrs[n++] = cs;
         }
-        sr.n_devices = server->device_count;
+        sr.n_devices = node->device_count;
         sr.devices = dev_ptrs;
         sr.n_clients = n;
         sr.clients = client_ptrs;
         tenants_status(s, &sr, tenants, tenant_ptrs, rules, in_use, reserved);
-        request_ok(&env, req->id);
+        reply_ok(&env, req->id);
         env.body_case = GPUPOOL__ENVELOPE__BODY_STATUS_REPLY;
         env.status_reply = &sr;
-        request_pack(&env, -1, false, ret);
+        reply_pack(&env, -1, false, ret);
         free(clients);
         free(client_ptrs);
 }
 
 void request_flush(struct session *s, const Gpupool__Envelope *req, struct reply *ret) {
-        struct server *server = s->server;
+        struct node *node = s->node;
         Gpupool__FlushedDevice devs[BACKEND_MAX_DEVICES], *dev_ptrs[BACKEND_MAX_DEVICES];
         Gpupool__FlushReply fr = GPUPOOL__FLUSH_REPLY__INIT;
         Gpupool__Envelope env;
@@ -179,43 +179,43 @@ void request_flush(struct session *s, const Gpupool__Envelope *req, struct reply
         const Gpupool__FlushRequest *f = req->flush;
         unsigned n = 0;
 
-        if (f->has_device && f->device >= server->device_count) {
+        if (f->has_device && f->device >= node->device_count) {
                 char why[128];
 
-                snprintf(why, sizeof(why), "no device %u: this daemon has %u", f->device, server->device_count);
-                request_error_reply(req->id, -ENODEV, false, why, ret);
+                snprintf(why, sizeof(why), "no device %u: this daemon has %u", f->device, node->device_count);
+                reply_error(req->id, -ENODEV, false, why, ret);
                 return;
         }
         if (f->tenant) {
-                struct tenant *t = policy_tenant_by_name(&server->policy, f->tenant);
+                struct tenant *t = policy_tenant_by_name(&node->policy, f->tenant);
 
                 if (!t) {
                         char why[160];
 
                         snprintf(why, sizeof(why), "no tenant '%.64s' (see gpupoolctl limits)", f->tenant);
-                        request_error_reply(req->id, -ENOENT, false, why, ret);
+                        reply_error(req->id, -ENOENT, false, why, ret);
                         return;
                 }
                 fr.has_clients_asked = fr.has_bytes_asked = 1;
-                for (struct session *c = server->sessions; c; c = c->next)
+                SESSION_FOREACH(c, node)
                         if (c->tenant == t && c != s)
-                                reclaim_all(server, c, f->has_device ? (int) f->device : -1, true, &fr.clients_asked,
+                                reclaim_all(node, c, f->has_device ? (int) f->device : -1, true, &fr.clients_asked,
                                             &fr.bytes_asked);
                 log_info("flush by client %llu (pid %d): asked %u clients of tenant %s for their free segments (%" PRIu64
                          " bytes as last reported)", (unsigned long long) s->id, (int) s->pid, fr.clients_asked, t->conf.name,
                          fr.bytes_asked);
-                request_ok(&env, req->id);
+                reply_ok(&env, req->id);
                 env.body_case = GPUPOOL__ENVELOPE__BODY_FLUSH_REPLY;
                 env.flush_reply = &fr;
-                request_pack(&env, -1, false, ret);
+                reply_pack(&env, -1, false, ret);
                 return;
         }
-        for (unsigned d = 0; d < server->device_count; d++) {
+        for (unsigned d = 0; d < node->device_count; d++) {
                 if (f->has_device && d != f->device)
                         continue;
                 gpupool__flushed_device__init(&devs[n]);
                 devs[n].index = d;
-                pool_flush(server->pools[d], &devs[n].segments, &devs[n].bytes);
+                pool_flush(node->pools[d], &devs[n].segments, &devs[n].bytes);
                 dev_ptrs[n] = &devs[n];
                 if (devs[n].segments)
                         log_info("flush by client %llu (pid %d): device %u released %" PRIu64 " segments, %" PRIu64 " bytes",
@@ -224,70 +224,74 @@ void request_flush(struct session *s, const Gpupool__Envelope *req, struct reply
         }
         fr.n_devices = n;
         fr.devices = dev_ptrs;
-        request_ok(&env, req->id);
+        reply_ok(&env, req->id);
         env.body_case = GPUPOOL__ENVELOPE__BODY_FLUSH_REPLY;
         env.flush_reply = &fr;
-        request_pack(&env, -1, false, ret);
+        reply_pack(&env, -1, false, ret);
 }
 
 void request_set_limit(struct session *s, const Gpupool__Envelope *req, struct reply *ret) {
         const Gpupool__SetLimitRequest *l = req->set_limit;
-        struct server *server = s->server;
+        struct node *node = s->node;
         char why[256], b1[GP_SIZE_FORMAT_MAX], b2[GP_SIZE_FORMAT_MAX];
         Gpupool__Envelope env;
         int r;
 
         if (!!l->tenant == l->has_pid || (!l->has_max_bytes && !l->has_guarantee_bytes)) {
-                request_error_reply(req->id, -EINVAL, false,
-                                    "set-limit takes a tenant or a pid, and max, guarantee or both", ret);
+                reply_error(req->id, -EINVAL, false,
+                            "set-limit takes a tenant or a pid, and max, guarantee or both", ret);
                 return;
         }
         if (l->has_pid) {
-                struct session *c = server->sessions;
+                struct session *c = NULL;
 
-                while (c && !(c->pid == l->pid && c->tenant))
-                        c = c->next;
+                SESSION_FOREACH(x, node)
+                        if (x->pid == l->pid && x->tenant && !c)
+                                c = x;
                 if (!c || l->has_guarantee_bytes) {
                         snprintf(why, sizeof(why), c ? "a guarantee belongs to a tenant, not to one client (pid %d)" :
                                                        "no client of pid %d is connected", (int) l->pid);
-                        request_error_reply(req->id, c ? -EINVAL : -ENOENT, false, why, ret);
+                        reply_error(req->id, c ? -EINVAL : -ENOENT, false, why, ret);
                         return;
                 }
                 /* Every session of that process, and those it opens later: a process may hold several handles. */
-                r = server_set_pid_limit(server, l->pid, l->max_bytes);
+                r = node_set_pid_limit(node, l->pid, l->max_bytes);
                 if (r < 0) {
                         if (r == -ENOSPC)
                                 snprintf(why, sizeof(why), "%d processes have a set-limit already, the most at once "
-                                         "(a reload ends them)", SERVER_MAX_PID_LIMITS);
+                                         "(a reload ends them)", NODE_MAX_PID_LIMITS);
                         else
                                 snprintf(why, sizeof(why), "no process %d is running", (int) l->pid);
-                        request_error_reply(req->id, r == -ENOSPC ? -EINVAL : -ENOENT, false, why, ret);
+                        reply_error(req->id, r == -ENOSPC ? -EINVAL : -ENOENT, false, why, ret);
                         return;
                 }
+                SESSION_FOREACH(x, node)
+                        if (x->pid == l->pid)
+                                x->limit_override_bytes = l->max_bytes;
                 log_info("set-limit by pid %d: clients of pid %d may reserve %s per device until the next reload",
                          (int) s->pid, (int) l->pid, l->max_bytes ? gp_size_format(l->max_bytes, b1, sizeof(b1)) : "any amount (no limit)");
         } else {
-                struct tenant *t = policy_tenant_by_name(&server->policy, l->tenant);
+                struct tenant *t = policy_tenant_by_name(&node->policy, l->tenant);
                 uint64_t max = l->has_max_bytes ? l->max_bytes : t ? t->max_bytes : 0;
                 uint64_t guarantee = l->has_guarantee_bytes ? l->guarantee_bytes : t ? t->guarantee_bytes : 0;
                 uint64_t old_guarantee;
 
                 if (!t) {
                         snprintf(why, sizeof(why), "no tenant '%.64s' (see gpupoolctl limits)", l->tenant);
-                        request_error_reply(req->id, -ENOENT, false, why, ret);
+                        reply_error(req->id, -ENOENT, false, why, ret);
                         return;
                 }
                 if (max && guarantee > max) {
                         snprintf(why, sizeof(why), "tenant %s: a guarantee of %s is more than its max of %s", t->conf.name,
                                  gp_size_format(guarantee, b1, sizeof(b1)), gp_size_format(max, b2, sizeof(b2)));
-                        request_error_reply(req->id, -EINVAL, false, why, ret);
+                        reply_error(req->id, -EINVAL, false, why, ret);
                         return;
                 }
                 old_guarantee = t->guarantee_bytes;
                 t->guarantee_bytes = guarantee;
-                if (policy_check_guarantees(&server->policy, why, sizeof(why)) < 0) {
+                if (policy_check_guarantees(&node->policy, why, sizeof(why)) < 0) {
                         t->guarantee_bytes = old_guarantee;
-                        request_error_reply(req->id, -EINVAL, false, why, ret);
+                        reply_error(req->id, -EINVAL, false, why, ret);
                         return;
                 }
                 t->max_bytes = max;
@@ -295,60 +299,60 @@ void request_set_limit(struct session *s, const Gpupool__Envelope *req, struct r
                 log_info("set-limit by pid %d: tenant %s max %s, guarantee %s until the next reload", (int) s->pid, t->conf.name,
                          max ? gp_size_format(max, b1, sizeof(b1)) : "none", gp_size_format(guarantee, b2, sizeof(b2)));
         }
-        request_ok(&env, req->id);
-        request_pack(&env, -1, false, ret);
+        reply_ok(&env, req->id);
+        reply_pack(&env, -1, false, ret);
 }
 
 void request_trim(struct session *s, const Gpupool__Envelope *req, struct reply *ret) {
         const Gpupool__TrimRequest *t = req->trim;
-        struct server *server = s->server;
+        struct node *node = s->node;
         Gpupool__TrimReply tr = GPUPOOL__TRIM_REPLY__INIT;
         struct tenant *tenant = NULL;
         Gpupool__Envelope env;
         char why[160];
 
         if (!!t->tenant == t->has_pid) {
-                request_error_reply(req->id, -EINVAL, false, "trim takes a pid or a tenant", ret);
+                reply_error(req->id, -EINVAL, false, "trim takes a pid or a tenant", ret);
                 return;
         }
-        if (t->tenant && !(tenant = policy_tenant_by_name(&server->policy, t->tenant))) {
+        if (t->tenant && !(tenant = policy_tenant_by_name(&node->policy, t->tenant))) {
                 snprintf(why, sizeof(why), "no tenant '%.64s' (see gpupoolctl limits)", t->tenant);
-                request_error_reply(req->id, -ENOENT, false, why, ret);
+                reply_error(req->id, -ENOENT, false, why, ret);
                 return;
         }
-        for (struct session *c = server->sessions; c; c = c->next) {
+        SESSION_FOREACH(c, node) {
                 bool chosen = t->has_pid ? c->pid == t->pid : c->tenant == tenant;
 
                 if (chosen && !c->control_of && c != s && c->tenant)
-                        reclaim_all(server, c, -1, false, &tr.clients, &tr.bytes);
+                        reclaim_all(node, c, -1, false, &tr.clients, &tr.bytes);
         }
-        request_ok(&env, req->id);
+        reply_ok(&env, req->id);
         env.body_case = GPUPOOL__ENVELOPE__BODY_TRIM_REPLY;
         env.trim_reply = &tr;
-        request_pack(&env, -1, false, ret);
+        reply_pack(&env, -1, false, ret);
 }
 
 void request_check(struct session *s, const Gpupool__Envelope *req, struct reply *ret) {
-        struct server *server = s->server;
+        struct node *node = s->node;
         Gpupool__CheckReply cr = GPUPOOL__CHECK_REPLY__INIT;
         Gpupool__Envelope env;
         char why[256];
 
-        if (server_check(server, why, sizeof(why)) < 0) {
+        if (node_check(node, why, sizeof(why)) < 0) {
                 char msg[300];
 
                 log_err("check by pid %d: invariant broken: %s", (int) s->pid, why);
                 snprintf(msg, sizeof(msg), "invariant broken: %s", why);
-                request_error_reply(req->id, -EIO, false, msg, ret);
+                reply_error(req->id, -EIO, false, msg, ret);
                 return;
         }
-        cr.pools = server->device_count;
-        cr.checks_total = server->checks_total;
-        cr.faults_injected = server->backend->faults_injected;
-        request_ok(&env, req->id);
+        cr.pools = node->device_count;
+        cr.checks_total = node->checks_total;
+        cr.faults_injected = node->backend->faults_injected;
+        reply_ok(&env, req->id);
         env.body_case = GPUPOOL__ENVELOPE__BODY_CHECK_REPLY;
         env.check_reply = &cr;
-        request_pack(&env, -1, false, ret);
+        reply_pack(&env, -1, false, ret);
 }
 
 void request_metrics(struct session *s, const Gpupool__Envelope *req, struct reply *ret) {
@@ -356,16 +360,16 @@ void request_metrics(struct session *s, const Gpupool__Envelope *req, struct rep
         Gpupool__MetricsReply mr = GPUPOOL__METRICS_REPLY__INIT;
         Gpupool__Envelope env;
 
-        if (metrics_format(s->server, s, text, sizeof(text)) < 0) {
+        if (metrics_format(s->node, s, text, sizeof(text)) < 0) {
                 log_err("metrics: the text does not fit %d bytes", METRICS_TEXT_MAX);
-                request_error_reply(req->id, -EIO, false, "the metrics do not fit the daemon's buffer", ret);
+                reply_error(req->id, -EIO, false, "the metrics do not fit the daemon's buffer", ret);
                 return;
         }
         mr.text = text;
-        request_ok(&env, req->id);
+        reply_ok(&env, req->id);
         env.body_case = GPUPOOL__ENVELOPE__BODY_METRICS_REPLY;
         env.metrics_reply = &mr;
-        request_pack(&env, -1, false, ret);
+        reply_pack(&env, -1, false, ret);
 }
 
 void request_reload(struct session *s, const Gpupool__Envelope *req, struct reply *ret) {
@@ -375,17 +379,17 @@ void request_reload(struct session *s, const Gpupool__Envelope *req, struct repl
         int r;
 
         log_info("reload asked by client %llu (pid %d)", (unsigned long long) s->id, (int) s->pid);
-        r = server_reload(s->server, outcome, sizeof(outcome));
+        r = s->node->hooks.reload(s->node, outcome, sizeof(outcome));
         if (r < 0) {
                 char why[700];
 
                 snprintf(why, sizeof(why), "reload refused, the running config stays: %s", outcome);
-                request_error_reply(req->id, -EINVAL, false, why, ret);
+                reply_error(req->id, -EINVAL, false, why, ret);
                 return;
         }
         rr.outcome = outcome;
-        request_ok(&env, req->id);
+        reply_ok(&env, req->id);
         env.body_case = GPUPOOL__ENVELOPE__BODY_RELOAD_REPLY;
         env.reload_reply = &rr;
-        request_pack(&env, -1, false, ret);
+        reply_pack(&env, -1, false, ret);
 }

@@ -34,7 +34,7 @@ static void on_connection(uv_poll_t *handle, int status, int events);
 static void refuse_client(int fd, int err, const char *why) {
         struct reply rep;
 
-        request_error_reply(0, err, true, why, &rep);
+        reply_error(0, err, true, why, &rep);
         (void) gp_wire_send_packet(fd, reply_bytes(&rep), rep.len, -1);
         reply_release(&rep);
         closer_close(fd);       /* what it queued before being refused may carry descriptors */
@@ -62,7 +62,7 @@ static void out_of_fds(struct server *server, int err) {
         int fd;
 
         snprintf(why, sizeof(why), "the daemon is out of file descriptors (%s); try again later", strerror(err));
-        server_log(server, LOG_LEVEL_ERR, "cannot accept a client: out of file descriptors (%s); refusing new ones "
+        node_log(&server->node, LOG_LEVEL_ERR, "cannot accept a client: out of file descriptors (%s); refusing new ones "
                    "for a moment (see LimitNOFILE= in docs/operations.md)", strerror(err));
         if (server->spare_fd >= 0) {
                 close(server->spare_fd);
@@ -79,19 +79,9 @@ static void out_of_fds(struct server *server, int err) {
 static unsigned uid_connections(const struct server *server, uid_t uid) {
         unsigned n = 0;
 
-        for (const struct session *c = server->sessions; c; c = c->next)
+        SESSION_FOREACH(c, &server->node)
                 n += c->uid == uid && c->fd >= 0 && !c->uncounted;
         return n;
-}
-
-/* Says which limit a refused connection is past. */
-void server_limit_text(const struct server *server, bool per_uid, uid_t uid, char *buf, size_t size) {
-        if (per_uid)
-                snprintf(buf, size, "uid %u already has %u connections, the most one uid may have (max_clients_per_uid)",
-                         (unsigned) uid, server->options->max_clients_per_uid);
-        else
-                snprintf(buf, size, "the daemon already serves %u clients, its limit (--max-clients)",
-                         server->options->max_clients);
 }
 
 /*
@@ -101,7 +91,7 @@ void server_limit_text(const struct server *server, bool per_uid, uid_t uid, cha
 static bool control_room(const struct server *server, pid_t pid) {
         bool room = false;
 
-        for (const struct session *c = server->sessions; c; c = c->next) {
+        SESSION_FOREACH(c, &server->node) {
                 if (c->pid != pid || c->fd < 0)
                         continue;
                 if (c->control_only && c->state == SESSION_NEW)
@@ -115,11 +105,11 @@ static bool control_room(const struct server *server, pid_t pid) {
 /*
  * Whether a new connection fits --max-clients and max_clients_per_uid; past them, whether it
  * may be a client's control channel or an operator's administrative connection (root and the
- * daemon's user, within SERVER_OPERATOR_ROOM). Returns how it is let in (*ret_per_uid says
+ * daemon's user, within NODE_OPERATOR_ROOM). Returns how it is let in (*ret_per_uid says
  * which limit it is past), or -1: refused (the socket is answered and closed).
  */
 static int admit(struct server *server, int fd, bool *ret_per_uid) {
-        const struct options *o = server->options;
+        const struct options *o = server->node.options;
         struct ucred cred;
         socklen_t len = sizeof(cred);
         char why[160];
@@ -129,7 +119,7 @@ static int admit(struct server *server, int fd, bool *ret_per_uid) {
                 return -1;
         }
         *ret_per_uid = false;
-        if (server->connected < o->max_clients) {
+        if (server->node.connected < o->max_clients) {
                 *ret_per_uid = uid_connections(server, cred.uid) >= o->max_clients_per_uid;
                 if (!*ret_per_uid)
                         return SESSION_ADMIT_CLIENT;
@@ -137,10 +127,10 @@ static int admit(struct server *server, int fd, bool *ret_per_uid) {
         if (control_room(server, cred.pid))
                 return SESSION_ADMIT_CONTROL_ONLY;
         /* Root's and the daemon's own: in, but its hello must say it is an operator's tool. */
-        if ((cred.uid == 0 || cred.uid == geteuid()) && server->admin_connected < SERVER_OPERATOR_ROOM)
+        if ((cred.uid == 0 || cred.uid == geteuid()) && server->node.admin_connected < NODE_OPERATOR_ROOM)
                 return SESSION_ADMIT_ADMIN_ONLY;
-        server_limit_text(server, *ret_per_uid, cred.uid, why, sizeof(why));
-        server_log(server, LOG_LEVEL_WARN, "refusing a client (pid %d, uid %u): %s", (int) cred.pid, (unsigned) cred.uid, why);
+        node_limit_text(&server->node, *ret_per_uid, cred.uid, why, sizeof(why));
+        node_log(&server->node, LOG_LEVEL_WARN, "refusing a client (pid %d, uid %u): %s", (int) cred.pid, (unsigned) cred.uid, why);
         refuse_client(fd, -EDQUOT, why);
         return -1;
 }
@@ -165,35 +155,16 @@ static void on_connection(uv_poll_t *handle, int status, int events) {
                 }
                 if (fd < 0) {
                         if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR && errno != ECONNABORTED)
-                                server_log(server, LOG_LEVEL_WARN, "accept: %s", strerror(errno));
+                                node_log(&server->node, LOG_LEVEL_WARN, "accept: %s", strerror(errno));
                         return;
                 }
                 r = admit(server, fd, &per_uid);
                 if (r < 0)
                         continue;
-                r = session_start(server, fd, (enum session_admission) r, per_uid);
+                r = session_start(&server->node, fd, (enum session_admission) r, per_uid);
                 if (r < 0)
-                        server_log(server, LOG_LEVEL_WARN, "cannot start a session: %s", strerror(-r));
+                        node_log(&server->node, LOG_LEVEL_WARN, "cannot start a session: %s", strerror(-r));
         }
-}
-
-void server_log_writev(struct server *server, enum log_level level, const char *fmt, va_list ap) {
-        unsigned suppressed;
-
-        if (!log_ratelimit_pass(&server->peer_log, &suppressed))
-                return;
-        if (suppressed)
-                log_write(LOG_LEVEL_WARN, "%u messages about clients suppressed in the last %u s (rate limit)", suppressed,
-                          server->peer_log.interval_ms / 1000);
-        log_writev(level, fmt, ap);
-}
-
-void server_log_write(struct server *server, enum log_level level, const char *fmt, ...) {
-        va_list ap;
-
-        va_start(ap, fmt);
-        server_log_writev(server, level, fmt, ap);
-        va_end(ap);
 }
 
 static void on_signal(uv_signal_t *handle, int signum) {
@@ -252,27 +223,14 @@ static int listen_on(const char *path, int *ret_fd) {
  * Maps every client to its tenant under a freshly configured policy (whose sums are zero),
  * carrying its reserved bytes. A control channel is part of its client and in no tenant.
  */
-static void map_clients(struct server *server) {
-        for (struct session *c = server->sessions; c; c = c->next)
+static void map_clients(struct node *node) {
+        SESSION_FOREACH(c, node)
                 if ((c->state == SESSION_READY || c->state == SESSION_EXITING) && !c->control_of)
-                        session_set_tenant(c, policy_tenant_for(&server->policy, c->uid, c->gid, c->name));
-}
-
-static void on_decay_timer(uv_timer_t *timer) {
-        struct server *server = timer->data;
-        char b[GP_SIZE_FORMAT_MAX];
-
-        for (unsigned d = 0; d < server->device_count; d++) {
-                uint64_t bytes = pool_release_idle(server->pools[d], server->options->idle_release_ms, NULL);
-
-                if (bytes)
-                        log_info("device %u: released %s of cache idle for idle_release", d, gp_size_format(bytes, b, sizeof(b)));
-        }
-        server_after_change(server);
+                        session_set_tenant(c, policy_tenant_for(&node->policy, c->uid, c->gid, c->name));
 }
 
 static void on_stuck_timer(uv_timer_t *timer) {
-        session_expire_stuck(timer->data);
+        session_expire_stuck(&((struct server *) timer->data)->node);
         server_notify_status(timer->data);
 }
 
@@ -286,23 +244,19 @@ void server_notify_status(struct server *server) {
         uint64_t in_use = 0, capacity = 0;
         struct pool_stats st;
 
-        for (unsigned d = 0; d < server->device_count; d++) {
-                pool_get_stats(server->pools[d], &st);
+        for (unsigned d = 0; d < server->node.device_count; d++) {
+                pool_get_stats(server->node.pools[d], &st);
                 in_use += st.in_use_bytes;
                 capacity += st.total_bytes;
         }
-        snprintf(line, sizeof(line), "%u client%s, %s of %s in use on %u device%s", server->connected,
-                 server->connected == 1 ? "" : "s", gp_size_format(in_use, used, sizeof(used)),
-                 gp_size_format(capacity, total, sizeof(total)), server->device_count, server->device_count == 1 ? "" : "s");
+        snprintf(line, sizeof(line), "%u client%s, %s of %s in use on %u device%s", server->node.connected,
+                 server->node.connected == 1 ? "" : "s", gp_size_format(in_use, used, sizeof(used)),
+                 gp_size_format(capacity, total, sizeof(total)), server->node.device_count, server->node.device_count == 1 ? "" : "s");
         if (strcmp(line, server->status) == 0)
                 return;
         snprintf(server->status, sizeof(server->status), "%s", line);
         snprintf(state, sizeof(state), "STATUS=%s", line);
         (void) notify_send(state);
-}
-
-static void on_reclaim_timer(uv_timer_t *timer) {
-        server_after_change(timer->data);
 }
 
 static void on_sighup(uv_signal_t *handle, int signum) {
@@ -312,51 +266,33 @@ static void on_sighup(uv_signal_t *handle, int signum) {
         (void) server_reload(handle->data, why, sizeof(why));
 }
 
+/* The server that holds node. */
+static struct server *server_of(struct node *node) {
+        return (struct server *) ((char *) node - offsetof(struct server, node));
+}
+
+static int reload_hook(struct node *node, char *why, size_t why_size) {
+        return server_reload(server_of(node), why, why_size);
+}
+
 int server_init(struct server *server, uv_loop_t *loop, const struct config *config, int argc, char **argv,
                 struct backend *backend) {
-        char why[256];
         int r;
 
-        server->loop = loop;
-        server->config = *config;
-        server->options = &server->config.options;
         server->argc = argc;
         server->argv = argv;
-        server->backend = backend;
-        server->device_count = backend->device_count;
-        server->next_client_id = 1;
         server->listen_fd = -1;
         server->spare_fd = -1;
-        server->peer_log = (struct log_ratelimit) LOG_RATELIMIT_CLIENTS;
-        gp_wire_arena_init(&server->arena);
-
-        server->policy.device_count = server->device_count;
-        for (unsigned d = 0; d < server->device_count; d++) {
-                struct backend_device_info info;
-
-                r = backend->ops->device_info(backend, d, &info);
-                if (r < 0) {
-                        log_err("device %u: %s", d, strerror(-r));
-                        return r;
-                }
-                server->devices[d] = info;
-                server->policy.capacity_bytes[d] = info.total_bytes;
-                r = pool_new(backend, d, info.total_bytes, &server->pools[d]);
-                if (r < 0)
-                        return r;
-        }
-        policy_configure(&server->policy, &server->config);
-        r = policy_check_guarantees(&server->policy, why, sizeof(why));
-        if (r < 0) {
-                log_err("%s", why);
+        r = node_init(&server->node, loop, config, backend);
+        if (r < 0)
                 return r;
-        }
-        uv_timer_init(loop, &server->decay_timer);
-        server->decay_timer.data = server;
-        server->decay_timer_open = true;
-        uv_timer_init(loop, &server->reclaim_timer);
-        server->reclaim_timer.data = server;
-        server->reclaim_timer_open = true;
+        /* The layers above the node, joined here: calls go down, events come up through these. */
+        server->node.hooks = (struct node_hooks) {
+                .request = request_serve,
+                .retry_parked = request_retry_parked,
+                .check = session_check_tenants,
+                .reload = reload_hook,
+        };
         uv_timer_init(loop, &server->stuck_timer);
         server->stuck_timer.data = server;
         server->stuck_timer_open = true;
@@ -390,8 +326,8 @@ int server_start(struct server *server, uv_loop_t *loop, const struct config *co
         signal(SIGPIPE, SIG_IGN);
 
         /* Before the socket: once clients can connect, a scrape can too, and the log says where. */
-        if (server->options->metrics_addr.ss_family != AF_UNSPEC) {
-                r = metrics_http_start(server, loop, (const struct sockaddr *) &server->options->metrics_addr,
+        if (server->node.options->metrics_addr.ss_family != AF_UNSPEC) {
+                r = metrics_http_start(&server->node, loop, (const struct sockaddr *) &server->node.options->metrics_addr,
                                        &server->metrics_http);
                 if (r < 0)
                         return r;
@@ -403,9 +339,9 @@ int server_start(struct server *server, uv_loop_t *loop, const struct config *co
         }
         server->listen_inherited = r > 0;
         if (!server->listen_inherited)
-                r = listen_on(server->options->socket_path, &server->listen_fd);
+                r = listen_on(server->node.options->socket_path, &server->listen_fd);
         if (r < 0) {
-                log_err("cannot listen on %s: %s", server->options->socket_path, strerror(-r));
+                log_err("cannot listen on %s: %s", server->node.options->socket_path, strerror(-r));
                 return r;
         }
         watchdog_usec = notify_watchdog_usec();
@@ -424,81 +360,6 @@ int server_start(struct server *server, uv_loop_t *loop, const struct config *co
         server->listen_poll.data = server;
         uv_poll_start(&server->listen_poll, UV_READABLE, on_connection);
         return 0;
-}
-
-/*
- * The start time of process pid (field 22 of /proc/PID/stat): with the pid it names one process
- * for good, where a pid alone may be reused. Returns 0, or -ESRCH when no such process runs.
- */
-static int process_start_time(pid_t pid, unsigned long long *ret) {
-        /* pid (comm) state and 19 numbers come before field 22: comm is at most 64 bytes, each number 20. */
-        char path[64], buf[64 + 32 + 21 * 21], *p;
-        FILE *f;
-        size_t n;
-
-        snprintf(path, sizeof(path), "/proc/%d/stat", (int) pid);
-        f = fopen(path, "re");
-        if (!f)
-                return -ESRCH;
-        n = fread(buf, 1, sizeof(buf) - 1, f);
-        fclose(f);
-        buf[n] = '\0';
-        /* The name in parentheses may hold anything: the fields count from its last ')'. */
-        p = strrchr(buf, ')');
-        if (!p || sscanf(p + 1, " %*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %*u %*u %*d %*d %*d %*d %*d %*d %llu",
-                         ret) != 1)
-                return -ESRCH;
-        return 0;
-}
-
-/* Whether the set-limit l still names a running process. */
-static bool pid_limit_alive(const struct pid_limit *l) {
-        unsigned long long start;
-
-        return process_start_time(l->pid, &start) == 0 && start == l->start_time;
-}
-
-/* Forgets set-limits of processes that have exited, or every one (a reload). */
-static void prune_pid_limits(struct server *server, bool all) {
-        unsigned kept = 0;
-
-        for (unsigned i = 0; i < server->pid_limit_count; i++)
-                if (!all && pid_limit_alive(&server->pid_limits[i]))
-                        server->pid_limits[kept++] = server->pid_limits[i];
-        server->pid_limit_count = kept;
-}
-
-int server_set_pid_limit(struct server *server, pid_t pid, uint64_t max_bytes) {
-        struct pid_limit *l = NULL;
-        unsigned long long start;
-
-        if (process_start_time(pid, &start) < 0)
-                return -ESRCH;
-        prune_pid_limits(server, false);
-        for (unsigned i = 0; i < server->pid_limit_count; i++)
-                if (server->pid_limits[i].pid == pid)
-                        l = &server->pid_limits[i];
-        if (!l) {
-                if (server->pid_limit_count == SERVER_MAX_PID_LIMITS)
-                        return -ENOSPC;
-                l = &server->pid_limits[server->pid_limit_count++];
-                *l = (struct pid_limit) { .pid = pid, .start_time = start };
-        }
-        l->max_bytes = max_bytes;
-        for (struct session *c = server->sessions; c; c = c->next)
-                if (c->pid == pid)
-                        c->limit_override_bytes = max_bytes;
-        return 0;
-}
-
-uint64_t server_pid_limit(struct server *server, pid_t pid) {
-        for (unsigned i = 0; i < server->pid_limit_count; i++) {
-                struct pid_limit *l = &server->pid_limits[i];
-
-                if (l->pid == pid && pid_limit_alive(l))
-                        return l->max_bytes;
-        }
-        return POLICY_NO_OVERRIDE;
 }
 
 int server_fit_fd_limit(const struct options *o, const struct backend *backend, char *why, size_t why_size) {
@@ -557,47 +418,48 @@ static int reload(struct server *server, char *why, size_t why_size) {
         static struct config next;     /* large; reloads run one at a time on the loop */
         static struct policy policy;
         static char warnings[4096];
+        struct node *node = &server->node;
         char err[600];
         int r;
 
-        r = config_load(server->options->config_path, server->options->config_given, &next, err, sizeof(err));
+        r = config_load(node->options->config_path, node->options->config_given, &next, err, sizeof(err));
         if (r == 0)
                 r = options_parse_over(server->argc, server->argv, &next.options, &next.options, err, sizeof(err));
         if (r == 0) {
                 /* Checked apart: a refused reload leaves the running policy, and its sums, untouched. */
-                keep_fixed(server->options, &next.options);
-                policy = server->policy;
+                keep_fixed(node->options, &next.options);
+                policy = node->policy;
                 policy_configure(&policy, &next);
                 r = policy_check_guarantees(&policy, err, sizeof(err));
         }
         if (r == 0)
-                r = server_fit_fd_limit(&next.options, server->backend, err, sizeof(err));
+                r = server_fit_fd_limit(&next.options, node->backend, err, sizeof(err));
         if (r < 0) {
                 log_err("reload refused, the running config stays: %s", err);
                 snprintf(why, why_size, "%s", err);
                 return r;
         }
         /* Every client leaves its old tenant, whose sums go to zero, before the new tenants take their place. */
-        for (struct session *c = server->sessions; c; c = c->next)
+        SESSION_FOREACH(c, node)
                 if (c->tenant)
                         session_set_tenant(c, NULL);
-        server->policy = policy;
+        node->policy = policy;
         next.options.config_path[0] = '\0';
-        snprintf(next.options.config_path, sizeof(next.options.config_path), "%s", server->options->config_path);
-        next.options.config_given = server->options->config_given;
-        server->config = next;
-        server->options = &server->config.options;
-        prune_pid_limits(server, true);         /* set-limit --pid lasts until a reload too */
-        for (struct session *c = server->sessions; c; c = c->next)
+        snprintf(next.options.config_path, sizeof(next.options.config_path), "%s", node->options->config_path);
+        next.options.config_given = node->options->config_given;
+        node->config = next;
+        node->options = &node->config.options;
+        node_forget_pid_limits(node);           /* set-limit --pid lasts until a reload too */
+        SESSION_FOREACH(c, node)
                 c->limit_override_bytes = POLICY_NO_OVERRIDE;
-        log_open(server->options->log_level);
-        map_clients(server);
-        snprintf(why, why_size, "reloaded %s: %u file%s, %u tenant%s", server->options->config_path, next.file_count,
+        log_open(node->options->log_level);
+        map_clients(node);
+        snprintf(why, why_size, "reloaded %s: %u file%s, %u tenant%s", node->options->config_path, next.file_count,
                  next.file_count == 1 ? "" : "s", next.tenant_count, next.tenant_count == 1 ? "" : "s");
         log_info("%s", why);
         (void) config_warnings(&next, warnings, sizeof(warnings));
         log_lines(LOG_LEVEL_WARN, warnings);
-        server_after_change(server);
+        node_after_change(node);
         return 0;
 }
 
@@ -611,33 +473,16 @@ int server_reload(struct server *server, char *why, size_t why_size) {
         return r;
 }
 
-static void free_pools(struct server *server) {
-        for (unsigned d = 0; d < server->device_count; d++) {
-                pool_free(server->pools[d]);
-                server->pools[d] = NULL;
-        }
-        if (server->backend)
-                server->backend->ops->close(server->backend);
-        server->backend = NULL;
-}
-
 void server_stop(struct server *server) {
         if (server->stopping)
                 return;
         server->stopping = true;
+        server->node.stopping = true;   /* nothing more follows a change */
         if (server->signals_open) {
                 uv_close((uv_handle_t *) &server->sigint, NULL);
                 uv_close((uv_handle_t *) &server->sigterm, NULL);
                 uv_close((uv_handle_t *) &server->sighup, NULL);
                 server->signals_open = false;
-        }
-        if (server->decay_timer_open) {
-                uv_close((uv_handle_t *) &server->decay_timer, NULL);
-                server->decay_timer_open = false;
-        }
-        if (server->reclaim_timer_open) {
-                uv_close((uv_handle_t *) &server->reclaim_timer, NULL);
-                server->reclaim_timer_open = false;
         }
         if (server->stuck_timer_open) {
                 uv_close((uv_handle_t *) &server->stuck_timer, NULL);
@@ -661,88 +506,9 @@ void server_stop(struct server *server) {
                 close(server->listen_fd);
                 server->listen_fd = -1;
                 if (!server->listen_inherited)
-                        unlink(server->options->socket_path);
+                        unlink(server->node.options->socket_path);
         }
-        while (server->sessions)
-                session_destroy(server->sessions);
-        prune_pid_limits(server, true);
-        free_pools(server);
+        session_destroy_all(&server->node);
+        node_close(&server->node);
 }
 
-/* Invariant 4's bookkeeping: each tenant's sums are its clients' reserved bytes. */
-static int check_tenants(struct server *server, char *why, size_t why_size) {
-        for (unsigned i = 0; i < server->policy.tenant_count; i++) {
-                struct tenant *t = &server->policy.tenants[i];
-                unsigned clients = 0;
-
-                for (struct session *c = server->sessions; c; c = c->next)
-                        clients += c->tenant == t;
-                if (clients != t->clients) {
-                        snprintf(why, why_size, "tenant %s counts %u clients, has %u", t->conf.name, t->clients, clients);
-                        return -EUCLEAN;
-                }
-                for (unsigned d = 0; d < server->device_count; d++) {
-                        uint64_t sum = 0, in_use = 0;
-
-                        for (struct session *c = server->sessions; c; c = c->next)
-                                if (c->tenant == t) {
-                                        sum += c->owners[d].reserved_bytes;
-                                        in_use += c->owners[d].reported_in_use_bytes;
-                                }
-                        if (sum != t->sums[d].reserved_bytes || in_use != t->sums[d].in_use_bytes) {
-                                snprintf(why, why_size, "tenant %s counts %llu bytes (%llu in use) on device %u, its clients "
-                                         "hold %llu (%llu in use)", t->conf.name,
-                                         (unsigned long long) t->sums[d].reserved_bytes,
-                                         (unsigned long long) t->sums[d].in_use_bytes, d, (unsigned long long) sum,
-                                         (unsigned long long) in_use);
-                                return -EUCLEAN;
-                        }
-                }
-        }
-        return 0;
-}
-
-int server_check(struct server *server, char *why, size_t why_size) {
-        server->checks_total++;
-        for (unsigned d = 0; d < server->device_count; d++)
-                if (server->pools[d] && pool_check(server->pools[d], why, why_size) < 0)
-                        return -EUCLEAN;
-        return check_tenants(server, why, why_size);
-}
-
-void server_after_change(struct server *server) {
-        uint64_t due = UINT64_MAX;
-        char why[256];
-
-        if (server->stopping)
-                return;
-        /* Allocations waiting for memory to come back: try them, and wake when the first times out. */
-        if (server->parked) {
-                uint64_t now = uv_now(server->loop), deadline = request_retry_parked(server, now);
-
-                if (deadline != UINT64_MAX)
-                        uv_timer_start(&server->reclaim_timer, on_reclaim_timer, deadline > now ? deadline - now : 0, 0);
-                else
-                        uv_timer_stop(&server->reclaim_timer);
-        } else if (server->reclaim_timer_open) {
-                uv_timer_stop(&server->reclaim_timer);
-        }
-        for (unsigned d = 0; d < server->device_count; d++) {
-                uint64_t next;
-
-                (void) pool_trim_cache(server->pools[d], policy_max_cached(&server->policy, d));
-                next = pool_idle_due_ms(server->pools[d], server->options->idle_release_ms);
-                if (next < due)
-                        due = next;
-        }
-        if (server->decay_timer_open) {
-                if (server->options->idle_release_ms && due != UINT64_MAX)
-                        uv_timer_start(&server->decay_timer, on_decay_timer, due, 0);
-                else
-                        uv_timer_stop(&server->decay_timer);
-        }
-        if (server->options->check_invariants && server_check(server, why, sizeof(why)) < 0) {
-                log_err("invariant broken: %s", why);
-                abort();
-        }
-}

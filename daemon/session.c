@@ -16,8 +16,8 @@
 
 #include "closer.h"
 #include "log.h"
-#include "request.h"
-#include "server.h"
+#include "node.h"
+#include "reply.h"
 
 #ifndef SO_PEERPIDFD
 #define SO_PEERPIDFD 77
@@ -43,7 +43,7 @@ static int peer_pidfd(int fd, pid_t pid) {
 
 /* Says how many of a client's lines its rate limit held back. */
 static void say_suppressed(struct session *s, unsigned suppressed) {
-        server_log(s->server, LOG_LEVEL_WARN, "client %llu (pid %d): %u messages suppressed (rate limit)",
+        node_log(s->node, LOG_LEVEL_WARN, "client %llu (pid %d): %u messages suppressed (rate limit)",
                    (unsigned long long) s->id, (int) s->pid, suppressed);
 }
 
@@ -56,11 +56,11 @@ void session_log_write(struct session *s, enum log_level level, const char *fmt,
         if (suppressed)
                 say_suppressed(s, suppressed);
         va_start(ap, fmt);
-        server_log_writev(s->server, level, fmt, ap);
+        node_log_writev(s->node, level, fmt, ap);
         va_end(ap);
 }
 
-int session_start(struct server *server, int fd, enum session_admission how, bool past_uid_cap) {
+int session_start(struct node *node, int fd, enum session_admission how, bool past_uid_cap) {
         bool admin_only = how == SESSION_ADMIT_ADMIN_ONLY;
         struct ucred cred;
         socklen_t len = sizeof(cred);
@@ -74,14 +74,14 @@ int session_start(struct server *server, int fd, enum session_admission how, boo
         }
         s = calloc(1, sizeof(*s));
         if (s)
-                s->owners = calloc(server->device_count, sizeof(*s->owners));
+                s->owners = calloc(node->device_count, sizeof(*s->owners));
         if (!s || !s->owners) {
                 free(s);
                 closer_close(fd);
                 return -ENOMEM;
         }
-        s->server = server;
-        s->id = server->next_client_id++;
+        s->node = node;
+        s->id = node->next_client_id++;
         s->state = SESSION_NEW;
         s->pid = cred.pid;
         s->uid = cred.uid;
@@ -90,17 +90,17 @@ int session_start(struct server *server, int fd, enum session_admission how, boo
         s->fd = fd;
         s->pending_fd = -1;
         s->pidfd = peer_pidfd(fd, cred.pid);
-        s->limit_override_bytes = server_pid_limit(server, cred.pid);
+        s->limit_override_bytes = node_pid_limit(node, cred.pid);
         s->log = (struct log_ratelimit) LOG_RATELIMIT_CLIENT;
         s->admin_only = admin_only;
         s->past_uid_cap = past_uid_cap;
         s->control_only = how == SESSION_ADMIT_CONTROL_ONLY;
         s->uncounted = how != SESSION_ADMIT_CLIENT;     /* not one of --max-clients: room beyond them */
-        s->connected_ms = uv_now(server->loop);
-        for (unsigned d = 0; d < server->device_count; d++)
-                pool_owner_attach(server->pools[d], &s->owners[d], (uint32_t) cred.uid);
+        s->connected_ms = uv_now(node->loop);
+        for (unsigned d = 0; d < node->device_count; d++)
+                pool_owner_attach(node->pools[d], &s->owners[d], (uint32_t) cred.uid);
 
-        r = uv_poll_init(server->loop, &s->poll, fd);
+        r = uv_poll_init(node->loop, &s->poll, fd);
         if (r < 0) {
                 session_release_all(s);
                 if (s->pidfd >= 0)
@@ -114,14 +114,14 @@ int session_start(struct server *server, int fd, enum session_admission how, boo
         s->poll_open = true;
         uv_poll_start(&s->poll, UV_READABLE, on_readable);
 
-        s->next = server->sessions;
-        if (server->sessions)
-                server->sessions->prev = s;
-        server->sessions = s;
+        s->next = node->sessions;
+        if (node->sessions)
+                node->sessions->prev = s;
+        node->sessions = s;
         if (admin_only)
-                server->admin_connected++;
+                node->admin_connected++;
         else if (!s->uncounted)
-                server->connected++;
+                node->connected++;
         session_log(s, LOG_LEVEL_DEBUG, "client %llu connected: pid %d, uid %u",
                     (unsigned long long) s->id, (int) s->pid, (unsigned) s->uid);
         return 0;
@@ -130,7 +130,7 @@ int session_start(struct server *server, int fd, enum session_admission how, boo
 void session_totals(const struct session *s, uint64_t *ret_reserved, uint64_t *ret_in_use, uint64_t *ret_segments) {
         uint64_t reserved = 0, in_use = 0, segments = 0;
 
-        for (unsigned d = 0; d < s->server->device_count; d++) {
+        for (unsigned d = 0; d < s->node->device_count; d++) {
                 reserved += s->owners[d].reserved_bytes;
                 in_use += s->owners[d].reported_in_use_bytes;
                 segments += s->owners[d].segments;
@@ -142,17 +142,17 @@ void session_totals(const struct session *s, uint64_t *ret_reserved, uint64_t *r
 
 void session_release_all(struct session *s) {
         /* Its segments leave its tenant's sums as they go to the cache. */
-        for (unsigned d = 0; d < s->server->device_count; d++)
+        for (unsigned d = 0; d < s->node->device_count; d++)
                 pool_owner_detach(&s->owners[d]);
 }
 
 int session_return(struct session *s, uint64_t segment_id, bool to_backend) {
-        struct server *server = s->server;
+        struct node *node = s->node;
         uint64_t d = segment_id >> 56;
 
-        if (d >= server->device_count || !s->owners)
+        if (d >= node->device_count || !s->owners)
                 return -ENOENT;
-        return pool_return(server->pools[d], &s->owners[d], segment_id, to_backend);
+        return pool_return(node->pools[d], &s->owners[d], segment_id, to_backend);
 }
 
 void session_set_tenant(struct session *s, struct tenant *t) {
@@ -161,7 +161,7 @@ void session_set_tenant(struct session *s, struct tenant *t) {
         s->tenant = t;
         if (t)
                 t->clients++;
-        for (unsigned d = 0; d < s->server->device_count; d++)
+        for (unsigned d = 0; d < s->node->device_count; d++)
                 pool_owner_set_group(&s->owners[d], t ? &t->sums[d] : NULL);
 }
 
@@ -190,16 +190,16 @@ static void close_socket(struct session *s) {
         if (s->fd < 0)
                 return;
         if (s->admin_only)
-                s->server->admin_connected--;
+                s->node->admin_connected--;
         else if (!s->uncounted)
-                s->server->connected--;
+                s->node->connected--;
         uv_close((uv_handle_t *) &s->poll, on_handle_closed);
         closer_close(s->fd);    /* its queue may hold descriptors in flight, dropped with it */
         s->fd = -1;
 }
 
 void session_destroy(struct session *s) {
-        struct server *server = s->server;
+        struct node *node = s->node;
 
         if (s->state == SESSION_CLOSED)
                 return;
@@ -208,9 +208,9 @@ void session_destroy(struct session *s) {
                 say_suppressed(s, s->log.suppressed);
         if (s->parked) {
                 s->parked = false;
-                server->parked--;
+                node->parked--;
         }
-        server->reclaim_outstanding -= s->reclaim_outstanding;     /* it will not answer now */
+        node->reclaim_outstanding -= s->reclaim_outstanding;     /* it will not answer now */
         s->reclaim_outstanding = 0;
         session_release_all(s);
         session_set_tenant(s, NULL);
@@ -222,7 +222,7 @@ void session_destroy(struct session *s) {
         if (s->prev)
                 s->prev->next = s->next;
         else
-                server->sessions = s->next;
+                node->sessions = s->next;
         if (s->next)
                 s->next->prev = s->prev;
         s->prev = s->next = NULL;
@@ -236,6 +236,73 @@ void session_destroy(struct session *s) {
                 close_socket(s);
         if (!s->poll_open && !s->pid_poll_open)
                 session_free(s);
+}
+
+struct session *session_find(const struct node *node, uint64_t id) {
+        SESSION_FOREACH(c, node)
+                if (c->id == id)
+                        return c;
+        return NULL;
+}
+
+ssize_t session_collect(const struct node *node, bool (*pick)(const struct session *c, const void *arg), const void *arg,
+                        struct session ***ret) {
+        struct session **list;
+        size_t n = 0;
+
+        *ret = NULL;
+        SESSION_FOREACH(c, node)
+                n += pick(c, arg);
+        if (!n)
+                return 0;
+        /* However many: sessions are bounded by the node's limits, not here. */
+        list = calloc(n, sizeof(*list));
+        if (!list)
+                return -ENOMEM;
+        n = 0;
+        SESSION_FOREACH(c, node)
+                if (pick(c, arg))
+                        list[n++] = c;
+        *ret = list;
+        return (ssize_t) n;
+}
+
+void session_destroy_all(struct node *node) {
+        while (node->sessions)
+                session_destroy(node->sessions);
+}
+
+/* Invariant 4's bookkeeping: each tenant's sums are its clients' reserved and in-use bytes. */
+int session_check_tenants(struct node *node, char *why, size_t why_size) {
+        for (unsigned i = 0; i < node->policy.tenant_count; i++) {
+                struct tenant *t = &node->policy.tenants[i];
+                unsigned clients = 0;
+
+                SESSION_FOREACH(c, node)
+                        clients += c->tenant == t;
+                if (clients != t->clients) {
+                        snprintf(why, why_size, "tenant %s counts %u clients, has %u", t->conf.name, t->clients, clients);
+                        return -EUCLEAN;
+                }
+                for (unsigned d = 0; d < node->device_count; d++) {
+                        uint64_t sum = 0, in_use = 0;
+
+                        SESSION_FOREACH(c, node)
+                                if (c->tenant == t) {
+                                        sum += c->owners[d].reserved_bytes;
+                                        in_use += c->owners[d].reported_in_use_bytes;
+                                }
+                        if (sum != t->sums[d].reserved_bytes || in_use != t->sums[d].in_use_bytes) {
+                                snprintf(why, why_size, "tenant %s counts %llu bytes (%llu in use) on device %u, its clients "
+                                         "hold %llu (%llu in use)", t->conf.name,
+                                         (unsigned long long) t->sums[d].reserved_bytes,
+                                         (unsigned long long) t->sums[d].in_use_bytes, d, (unsigned long long) sum,
+                                         (unsigned long long) in_use);
+                                return -EUCLEAN;
+                        }
+                }
+        }
+        return 0;
 }
 
 /*
@@ -265,7 +332,7 @@ static void session_disconnect(struct session *s, const char *why) {
         }
         close_socket(s);
         s->state = SESSION_EXITING;
-        if (uv_poll_init(s->server->loop, &s->pid_poll, s->pidfd) < 0) {
+        if (uv_poll_init(s->node->loop, &s->pid_poll, s->pidfd) < 0) {
                 session_log(s, LOG_LEVEL_WARN, "client %llu: cannot watch its pidfd; releasing its memory now",
                             (unsigned long long) s->id);
                 session_destroy(s);
@@ -278,7 +345,7 @@ static void session_disconnect(struct session *s, const char *why) {
 
 static void on_process_exit(uv_poll_t *handle, int status, int events) {
         struct session *s = handle->data;
-        struct server *server = s->server;
+        struct node *node = s->node;
         uint64_t reserved, in_use, segments;
 
         (void) status, (void) events;
@@ -287,7 +354,7 @@ static void on_process_exit(uv_poll_t *handle, int status, int events) {
                     (unsigned long long) s->id, s->name, (int) s->pid, (unsigned long long) segments,
                     (unsigned long long) reserved);
         session_destroy(s);
-        server_after_change(server);
+        node_after_change(node);
 }
 
 bool session_send(struct session *s, struct reply *rep) {
@@ -307,7 +374,7 @@ bool session_send(struct session *s, struct reply *rep) {
                         memcpy(s->pending, rep->inline_bytes, rep->len);
                 rep->heap = NULL;
                 s->pending_len = rep->len;
-                s->pending_since_ms = uv_now(s->server->loop);
+                s->pending_since_ms = uv_now(s->node->loop);
                 session_log(s, LOG_LEVEL_DEBUG, "client %llu (pid %d): its socket is full; holding a reply until it reads",
                             (unsigned long long) s->id, (int) s->pid);
                 s->pending_fd = rep->fd >= 0 ? dup(rep->fd) : -1;
@@ -331,10 +398,10 @@ bool session_send(struct session *s, struct reply *rep) {
         return true;
 }
 
-void session_expire_stuck(struct server *server) {
-        uint64_t now = uv_now(server->loop), limit = server->options->send_timeout_ms;
-        uint64_t hello = server->options->hello_timeout_ms;
-        struct session *s = server->sessions;
+void session_expire_stuck(struct node *node) {
+        uint64_t now = uv_now(node->loop), limit = node->options->send_timeout_ms;
+        uint64_t hello = node->options->hello_timeout_ms;
+        struct session *s = node->sessions;
 
         while (s) {
                 struct session *next = s->next;
@@ -361,13 +428,13 @@ void session_expire_stuck(struct server *server) {
 
 void session_park(struct session *s) {
         s->parked = true;
-        s->server->parked++;
+        s->node->parked++;
         uv_poll_stop(&s->poll);
 }
 
 void session_unpark(struct session *s) {
         s->parked = false;
-        s->server->parked--;
+        s->node->parked--;
         if (s->fd >= 0 && !s->pending)
                 uv_poll_start(&s->poll, UV_READABLE, on_readable);
 }
@@ -405,9 +472,8 @@ static void flush_pending(struct session *s) {
 
 static void on_readable(uv_poll_t *handle, int status, int events) {
         struct session *s = handle->data;
-        struct server *server = s->server;
+        struct node *node = s->node;
         Gpupool__Envelope *req = NULL;
-        struct reply rep = { .fd = -1 };
         int fds[GP_WIRE_MAX_FDS];
         size_t nfds;
         int n, r;
@@ -429,7 +495,7 @@ static void on_readable(uv_poll_t *handle, int status, int events) {
          * on until EAGAIN would cost a system call per request for nothing. A client that sends
          * several at once is served one per turn of the loop (the poll is level-triggered).
          */
-        n = gp_wire_recv_packet_fds(s->fd, server->recv_buf, sizeof(server->recv_buf), fds, &nfds);
+        n = gp_wire_recv_packet_fds(s->fd, node->recv_buf, sizeof(node->recv_buf), fds, &nfds);
         /* No request carries a descriptor: any that came goes to the closer, never to close(2) here. */
         for (size_t i = 0; i < nfds; i++)
                 closer_close(fds[i]);
@@ -449,15 +515,17 @@ static void on_readable(uv_poll_t *handle, int status, int events) {
                 session_disconnect(s, "bad packet");
                 return;
         }
-        server->arena.used = 0;
-        r = gp_wire_unpack_with(server->recv_buf, (size_t) n, &server->arena.allocator, &req);
+        node->arena.used = 0;
+        r = gp_wire_unpack_with(node->recv_buf, (size_t) n, &node->arena.allocator, &req);
         if (r == -EPROTONOSUPPORT) {
                 char why[128];
 
                 snprintf(why, sizeof(why), "this daemon speaks gpupool protocol version %d only: the client's libgpupool "
                          "is of another release", GP_PROTOCOL_VERSION);
-                request_error_reply(0, r, true, why, &rep);
-                session_send(s, &rep);
+                struct reply rep;
+
+                reply_error(0, r, true, why, &rep);
+                (void) session_send(s, &rep);
                 return;
         }
         if (r < 0) {
@@ -466,13 +534,7 @@ static void on_readable(uv_poll_t *handle, int status, int events) {
                 session_disconnect(s, "unparsable message");
                 return;
         }
-        request_handle(s, req, &rep);
-        gp_wire_arena_release(&server->arena, req);
-        if (rep.parked) {
-                session_park(s);
-                server_after_change(server);
-                return;
-        }
-        (void) session_send(s, &rep);  /* which may end the session */
-        server_after_change(server);
+        /* The request layer replies, parks or ends the session: s may be gone after this. */
+        node->hooks.request(s, req);
+        gp_wire_arena_release(&node->arena, req);
 }

@@ -15,10 +15,11 @@
 #include "log.h"
 #include "policy.h"
 #include "pool.h"
-#include "request.h"
+#include "node.h"
+#include "reply.h"
 #include "wire.h"
 
-struct server;
+struct node;
 
 enum session_state {
         SESSION_NEW,            /* connected, no hello yet */
@@ -28,7 +29,7 @@ enum session_state {
 };
 
 struct session {
-        struct server *server;
+        struct node *node;
         uint64_t id;
         enum session_state state;
         pid_t pid;
@@ -77,7 +78,7 @@ struct session {
 
 /*
  * Logs a message the client caused (bad input, refusals, its coming and going) under its own
- * rate limit and then the one for all clients (server_log()): no client can flood the log.
+ * rate limit and then the one for all clients (node_log()): no client can flood the log.
  */
 #define session_log(session, level, ...)                                        \
         do {                                                                    \
@@ -87,10 +88,10 @@ struct session {
 void session_log_write(struct session *session, enum log_level level, const char *fmt, ...)
         __attribute__((format(printf, 3, 4)));
 
-/* How a connection was let in (server.c's admit()). */
+/* How a connection was let in (the server's admit()). */
 enum session_admission {
         SESSION_ADMIT_CLIENT,           /* within --max-clients and max_clients_per_uid */
-        /* Past them: an operator's (SERVER_OPERATOR_ROOM), whose hello must say admin, for administrative requests only. */
+        /* Past them: an operator's (NODE_OPERATOR_ROOM), whose hello must say admin, for administrative requests only. */
         SESSION_ADMIT_ADMIN_ONLY,
         /* Past them: the control channel of a client of the same process that has none yet, which its hello must name. */
         SESSION_ADMIT_CONTROL_ONLY,
@@ -101,10 +102,36 @@ enum session_admission {
  * past --max-clients (for the refusal's text). Returns 0 or a negative errno (the socket is
  * closed then).
  */
-int session_start(struct server *server, int fd, enum session_admission how, bool past_uid_cap);
+int session_start(struct node *node, int fd, enum session_admission how, bool past_uid_cap);
 
 /* Ends a session now, whatever its state: its memory is released. For shutdown. */
 void session_destroy(struct session *session);
+
+/*
+ * The registry of node's sessions, connected and exiting, newest first: every walk over them
+ * goes through it. The body may not end a session: a walk that may (sending can) collects
+ * first (session_collect()).
+ */
+#define SESSION_FOREACH(c, node) for (struct session *c = (node)->sessions; c; c = c->next)
+
+/* The session of client id, or NULL. */
+struct session *session_find(const struct node *node, uint64_t id);
+
+/*
+ * The sessions that pick() chooses (given arg), in a new array (free() it) at *ret, for a
+ * walk that may end sessions as it goes. Returns how many, 0 with none, or -ENOMEM.
+ */
+ssize_t session_collect(const struct node *node, bool (*pick)(const struct session *c, const void *arg), const void *arg,
+                        struct session ***ret);
+
+/* Ends every session (the daemon stops). */
+void session_destroy_all(struct node *node);
+
+/*
+ * Checks what the sessions keep: each tenant counts its clients and sums their bytes per
+ * device. Returns 0, or -EUCLEAN with what is wrong in why (the node's check hook).
+ */
+int session_check_tenants(struct node *node, char *why, size_t why_size);
 
 /* Sums of a session's parts over all devices. */
 void session_totals(const struct session *session, uint64_t *ret_reserved, uint64_t *ret_in_use, uint64_t *ret_segments);
@@ -113,7 +140,7 @@ void session_totals(const struct session *session, uint64_t *ret_reserved, uint6
 void session_release_all(struct session *session);
 
 /* Disconnects sessions whose pending reply has waited longer than the send timeout. */
-void session_expire_stuck(struct server *server);
+void session_expire_stuck(struct node *node);
 
 /*
  * Sends a reply, taking it (its bytes wait with the session until the socket drains, or are

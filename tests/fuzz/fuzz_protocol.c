@@ -61,7 +61,7 @@ static int client(void) {
 
         if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, sv) < 0)
                 abort();
-        if (session_start(&server, sv[0], SESSION_ADMIT_CLIENT, false) < 0) {
+        if (session_start(&server.node, sv[0], SESSION_ADMIT_CLIENT, false) < 0) {
                 close(sv[1]);
                 return -1;
         }
@@ -105,11 +105,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                 if (socks[i] >= 0)
                         close(socks[i]);
         uv_run(&loop, UV_RUN_NOWAIT);
-        while (server.sessions)
-                session_destroy(server.sessions);
-        for (unsigned d = 0; d < server.device_count; d++)
-                pool_flush(server.pools[d], NULL, NULL);
+        session_destroy_all(&server.node);
+        for (unsigned d = 0; d < server.node.device_count; d++)
+                pool_flush(server.node.pools[d], NULL, NULL);
         uv_run(&loop, UV_RUN_NOWAIT);
-        server_after_change(&server);
+        node_after_change(&server.node);
         return 0;
 }

@@ -1,0 +1,244 @@
+/*
+ * node.c: the node's state below the sessions (see node.h): its pools and policy, the
+ * set-limit --pid table, the log's rate limit for all clients, and what follows a change.
+ */
+#define _GNU_SOURCE
+#include "node.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "log.h"
+#include "size.h"
+
+int node_init(struct node *node, uv_loop_t *loop, const struct config *config, struct backend *backend) {
+        char why[256];
+        int r;
+
+        node->loop = loop;
+        node->config = *config;
+        node->options = &node->config.options;
+        node->backend = backend;
+        node->device_count = backend->device_count;
+        node->next_client_id = 1;
+        node->peer_log = (struct log_ratelimit) LOG_RATELIMIT_CLIENTS;
+        gp_wire_arena_init(&node->arena);
+
+        node->policy.device_count = node->device_count;
+        for (unsigned d = 0; d < node->device_count; d++) {
+                struct backend_device_info info;
+
+                r = backend->ops->device_info(backend, d, &info);
+                if (r < 0) {
+                        log_err("device %u: %s", d, strerror(-r));
+                        return r;
+                }
+                node->devices[d] = info;
+                node->policy.capacity_bytes[d] = info.total_bytes;
+                r = pool_new(backend, d, info.total_bytes, &node->pools[d]);
+                if (r < 0)
+                        return r;
+        }
+        policy_configure(&node->policy, &node->config);
+        r = policy_check_guarantees(&node->policy, why, sizeof(why));
+        if (r < 0) {
+                log_err("%s", why);
+                return r;
+        }
+        uv_timer_init(loop, &node->decay_timer);
+        node->decay_timer.data = node;
+        node->decay_timer_open = true;
+        uv_timer_init(loop, &node->reclaim_timer);
+        node->reclaim_timer.data = node;
+        node->reclaim_timer_open = true;
+        return 0;
+}
+
+void node_close(struct node *node) {
+        node->stopping = true;
+        if (node->decay_timer_open) {
+                uv_close((uv_handle_t *) &node->decay_timer, NULL);
+                node->decay_timer_open = false;
+        }
+        if (node->reclaim_timer_open) {
+                uv_close((uv_handle_t *) &node->reclaim_timer, NULL);
+                node->reclaim_timer_open = false;
+        }
+        node_forget_pid_limits(node);
+        for (unsigned d = 0; d < node->device_count; d++) {
+                pool_free(node->pools[d]);
+                node->pools[d] = NULL;
+        }
+        if (node->backend)
+                node->backend->ops->close(node->backend);
+        node->backend = NULL;
+}
+
+void node_log_writev(struct node *node, enum log_level level, const char *fmt, va_list ap) {
+        unsigned suppressed;
+
+        if (!log_ratelimit_pass(&node->peer_log, &suppressed))
+                return;
+        if (suppressed)
+                log_write(LOG_LEVEL_WARN, "%u messages about clients suppressed in the last %u s (rate limit)", suppressed,
+                          node->peer_log.interval_ms / 1000);
+        log_writev(level, fmt, ap);
+}
+
+void node_log_write(struct node *node, enum log_level level, const char *fmt, ...) {
+        va_list ap;
+
+        va_start(ap, fmt);
+        node_log_writev(node, level, fmt, ap);
+        va_end(ap);
+}
+
+void node_limit_text(const struct node *node, bool per_uid, uid_t uid, char *buf, size_t size) {
+        if (per_uid)
+                snprintf(buf, size, "uid %u already has %u connections, the most one uid may have (max_clients_per_uid)",
+                         (unsigned) uid, node->options->max_clients_per_uid);
+        else
+                snprintf(buf, size, "the daemon already serves %u clients, its limit (--max-clients)",
+                         node->options->max_clients);
+}
+
+/*
+ * The start time of process pid (field 22 of /proc/PID/stat): with the pid it names one process
+ * for good, where a pid alone may be reused. Returns 0, or -ESRCH when no such process runs.
+ */
+static int process_start_time(pid_t pid, unsigned long long *ret) {
+        /* pid (comm) state and 19 numbers come before field 22: comm is at most 64 bytes, each number 20. */
+        char path[64], buf[64 + 32 + 21 * 21], *p;
+        FILE *f;
+        size_t n;
+
+        snprintf(path, sizeof(path), "/proc/%d/stat", (int) pid);
+        f = fopen(path, "re");
+        if (!f)
+                return -ESRCH;
+        n = fread(buf, 1, sizeof(buf) - 1, f);
+        fclose(f);
+        buf[n] = '\0';
+        /* The name in parentheses may hold anything: the fields count from its last ')'. */
+        p = strrchr(buf, ')');
+        if (!p || sscanf(p + 1, " %*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %*u %*u %*d %*d %*d %*d %*d %*d %llu",
+                         ret) != 1)
+                return -ESRCH;
+        return 0;
+}
+
+/* Whether the set-limit l still names a running process. */
+static bool pid_limit_alive(const struct pid_limit *l) {
+        unsigned long long start;
+
+        return process_start_time(l->pid, &start) == 0 && start == l->start_time;
+}
+
+/* Forgets set-limits of processes that have exited. */
+static void prune_pid_limits(struct node *node) {
+        unsigned kept = 0;
+
+        for (unsigned i = 0; i < node->pid_limit_count; i++)
+                if (pid_limit_alive(&node->pid_limits[i]))
+                        node->pid_limits[kept++] = node->pid_limits[i];
+        node->pid_limit_count = kept;
+}
+
+void node_forget_pid_limits(struct node *node) {
+        node->pid_limit_count = 0;
+}
+
+int node_set_pid_limit(struct node *node, pid_t pid, uint64_t max_bytes) {
+        struct pid_limit *l = NULL;
+        unsigned long long start;
+
+        if (process_start_time(pid, &start) < 0)
+                return -ESRCH;
+        prune_pid_limits(node);
+        for (unsigned i = 0; i < node->pid_limit_count; i++)
+                if (node->pid_limits[i].pid == pid)
+                        l = &node->pid_limits[i];
+        if (!l) {
+                if (node->pid_limit_count == NODE_MAX_PID_LIMITS)
+                        return -ENOSPC;
+                l = &node->pid_limits[node->pid_limit_count++];
+                *l = (struct pid_limit) { .pid = pid, .start_time = start };
+        }
+        l->max_bytes = max_bytes;
+        return 0;
+}
+
+uint64_t node_pid_limit(struct node *node, pid_t pid) {
+        for (unsigned i = 0; i < node->pid_limit_count; i++) {
+                struct pid_limit *l = &node->pid_limits[i];
+
+                if (l->pid == pid && pid_limit_alive(l))
+                        return l->max_bytes;
+        }
+        return POLICY_NO_OVERRIDE;
+}
+
+int node_check(struct node *node, char *why, size_t why_size) {
+        node->checks_total++;
+        for (unsigned d = 0; d < node->device_count; d++)
+                if (node->pools[d] && pool_check(node->pools[d], why, why_size) < 0)
+                        return -EUCLEAN;
+        return node->hooks.check ? node->hooks.check(node, why, why_size) : 0;
+}
+
+static void on_decay_timer(uv_timer_t *timer) {
+        struct node *node = timer->data;
+        char b[GP_SIZE_FORMAT_MAX];
+
+        for (unsigned d = 0; d < node->device_count; d++) {
+                uint64_t bytes = pool_release_idle(node->pools[d], node->options->idle_release_ms, NULL);
+
+                if (bytes)
+                        log_info("device %u: released %s of cache idle for idle_release", d, gp_size_format(bytes, b, sizeof(b)));
+        }
+        node_after_change(node);
+}
+
+static void on_reclaim_timer(uv_timer_t *timer) {
+        node_after_change(timer->data);
+}
+
+void node_after_change(struct node *node) {
+        uint64_t due = UINT64_MAX;
+        char why[256];
+
+        if (node->stopping)
+                return;
+        /* Allocations waiting for memory to come back: try them, and wake when the first times out. */
+        if (node->parked && node->hooks.retry_parked) {
+                uint64_t now = uv_now(node->loop), deadline = node->hooks.retry_parked(node, now);
+
+                if (deadline != UINT64_MAX)
+                        uv_timer_start(&node->reclaim_timer, on_reclaim_timer, deadline > now ? deadline - now : 0, 0);
+                else
+                        uv_timer_stop(&node->reclaim_timer);
+        } else if (node->reclaim_timer_open) {
+                uv_timer_stop(&node->reclaim_timer);
+        }
+        for (unsigned d = 0; d < node->device_count; d++) {
+                uint64_t next;
+
+                (void) pool_trim_cache(node->pools[d], policy_max_cached(&node->policy, d));
+                next = pool_idle_due_ms(node->pools[d], node->options->idle_release_ms);
+                if (next < due)
+                        due = next;
+        }
+        if (node->decay_timer_open) {
+                if (node->options->idle_release_ms && due != UINT64_MAX)
+                        uv_timer_start(&node->decay_timer, on_decay_timer, due, 0);
+                else
+                        uv_timer_stop(&node->decay_timer);
+        }
+        if (node->options->check_invariants && node_check(node, why, sizeof(why)) < 0) {
+                log_err("invariant broken: %s", why);
+                abort();
+        }
+}

@@ -1,0 +1,149 @@
+/*
+ * node.h: the node's state, below the sessions: the settings, the policy, the backend, a pool
+ * per device, the counters, the set-limit --pid table, and the head of the sessions' list
+ * (walked through session.h's registry). What changes a pool ends in node_after_change(),
+ * which holds the cache to its watermark, arms the idle-release timer and checks the
+ * invariants.
+ *
+ * Calls go down: server → requests → sessions → node → policy, pool, backend. What the node
+ * needs from above (a request to serve, parked leases to try again, the sessions' own checks,
+ * a reload) it reaches through the hooks the server sets at start, as libuv hands events to
+ * callbacks.
+ */
+#ifndef GP_NODE_H
+#define GP_NODE_H
+
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+#include <uv.h>
+
+#include "backend.h"
+#include "config.h"
+#include "log.h"
+#include "metrics.h"
+#include "options.h"
+#include "policy.h"
+#include "pool.h"
+#include "wire.h"
+
+struct node;
+struct session;
+
+/*
+ * Connections of root and the daemon's user let in past --max-clients and max_clients_per_uid,
+ * for administrative requests: silent peers filling the limits cannot lock the operator out.
+ */
+#define NODE_OPERATOR_ROOM 8
+
+/* Processes with a set-limit --pid at once. */
+#define NODE_MAX_PID_LIMITS 64
+
+/* A set-limit --pid: the process (its start time tells a reused pid apart) and its limit. */
+struct pid_limit {
+        pid_t pid;
+        unsigned long long start_time;  /* /proc/PID/stat's starttime, in clock ticks after boot */
+        uint64_t max_bytes;             /* per device; 0: no limit */
+};
+
+/* What the layers above the node do for it (set by the server before the first client). */
+struct node_hooks {
+        /* Serves one request of session (the request layer): replies, parks or ends it. */
+        void (*request)(struct session *session, const Gpupool__Envelope *req);
+        /*
+         * Tries the parked leases again. Returns the earliest deadline left (loop clock, ms),
+         * or UINT64_MAX with none parked.
+         */
+        uint64_t (*retry_parked)(struct node *node, uint64_t now_ms);
+        /* Checks what the sessions keep (tenants' clients and sums). 0, or -EUCLEAN with why. */
+        int (*check)(struct node *node, char *why, size_t why_size);
+        /* Reads the config again and applies it (the server's: it has the command line). */
+        int (*reload)(struct node *node, char *why, size_t why_size);
+};
+
+struct node {
+        uv_loop_t *loop;
+        const struct options *options;  /* &config.options */
+        struct config config;           /* as loaded, with the command line over it */
+        struct policy policy;
+        struct backend *backend;
+        struct pool *pools[BACKEND_MAX_DEVICES];
+        struct backend_device_info devices[BACKEND_MAX_DEVICES];   /* as the backend described them */
+        unsigned device_count;
+        struct node_hooks hooks;
+        uint64_t reclaims_total[BACKEND_MAX_DEVICES];   /* segments clients gave back when asked */
+        uint64_t leases_total[BACKEND_MAX_DEVICES];             /* segments leased */
+        uint64_t refusals_total[METRICS_REFUSAL_COUNT];         /* allocations refused, by reason */
+        uint64_t checks_total;          /* node_check() runs */
+        struct log_ratelimit peer_log;  /* what all clients together may make it log */
+        uv_timer_t reclaim_timer;       /* the earliest parked allocation's deadline */
+        bool reclaim_timer_open;
+        uv_timer_t decay_timer;         /* fires when the oldest cached segment has idled idle_release */
+        bool decay_timer_open;
+        /* The sessions (session.h's registry keeps the list; the node only holds its head and counts). */
+        struct session *sessions;       /* connected and exiting clients */
+        unsigned connected;             /* sessions with an open socket, of --max-clients */
+        unsigned admin_connected;       /* operators' sessions let in past the limits */
+        uint64_t next_client_id;
+        unsigned parked;                /* sessions with a parked allocation */
+        unsigned reclaim_outstanding;   /* reclaim requests no client has answered yet */
+        struct pid_limit pid_limits[NODE_MAX_PID_LIMITS];       /* set-limit --pid, until a reload */
+        unsigned pid_limit_count;
+        bool stopping;
+        uint8_t recv_buf[GP_MAX_REQUEST_BYTES];
+        struct gp_wire_arena arena;     /* the current request's decoded structures */
+};
+
+/*
+ * Sets the node up on loop with config (copied) and backend (taken over: node_close() closes
+ * it): a pool per device and the policy. Returns 0 or a negative errno, logged.
+ */
+int node_init(struct node *node, uv_loop_t *loop, const struct config *config, struct backend *backend);
+
+/* Closes the node's timers and frees its pools and backend; the sessions must be gone. */
+void node_close(struct node *node);
+
+/*
+ * set-limit --pid: the process pid (not a later process that reuses the pid) may reserve
+ * max_bytes per device (0: no limit) until the next reload; the caller applies it to the
+ * sessions it has already. Returns 0, -ESRCH when no such process runs, or -ENOSPC when
+ * NODE_MAX_PID_LIMITS processes have one already.
+ */
+int node_set_pid_limit(struct node *node, pid_t pid, uint64_t max_bytes);
+
+/* The set-limit of a new connection of pid: POLICY_NO_OVERRIDE when its process has none. */
+uint64_t node_pid_limit(struct node *node, pid_t pid);
+
+/* Forgets every set-limit --pid (a reload, a stop). */
+void node_forget_pid_limits(struct node *node);
+
+/*
+ * Logs a message that a client's doing caused (its connection, refusals, bad input), under
+ * the rate limit for all clients together; session_log() adds the client's own limit.
+ */
+#define node_log(node, level, ...)                                              \
+        do {                                                                    \
+                if ((level) <= log_max_level)                                   \
+                        node_log_write((node), (level), __VA_ARGS__);           \
+        } while (0)
+void node_log_write(struct node *node, enum log_level level, const char *fmt, ...)
+        __attribute__((format(printf, 3, 4)));
+void node_log_writev(struct node *node, enum log_level level, const char *fmt, va_list ap)
+        __attribute__((format(printf, 3, 0)));
+
+/* Why a connection is over --max-clients, or (per_uid) over max_clients_per_uid for uid. */
+void node_limit_text(const struct node *node, bool per_uid, uid_t uid, char *buf, size_t size);
+
+/* Checks every pool, then what the sessions keep (hooks.check). Returns 0, or -EUCLEAN with what is wrong in why. */
+int node_check(struct node *node, char *why, size_t why_size);
+
+/*
+ * After anything that may have changed a pool: tries the parked leases (and wakes at the
+ * first deadline), holds the cache to its watermark, arms the idle-release timer, and with
+ * --check-invariants checks everything (aborting on a broken invariant).
+ */
+void node_after_change(struct node *node);
+
+#endif

@@ -1,0 +1,54 @@
+/*
+ * reply.h: a reply to a client, packed and owning its bytes. Below the sessions (which send
+ * replies) and the requests (which make them): it knows the wire format and nothing else.
+ */
+#ifndef GP_REPLY_H
+#define GP_REPLY_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "wire.h"
+
+/*
+ * A reply packed into the reply itself when it fits: every reply but a status of many
+ * clients, the metrics or a hello of many devices (an error's sentence is less than
+ * GP_MAX_ERROR_BYTES).
+ * Larger ones go into memory the reply owns.
+ */
+#define REPLY_INLINE_BYTES 1024
+
+/*
+ * A reply owns its bytes: nothing else holds them, so it may wait (a socket that is full)
+ * while the daemon answers others. session_send() takes it; reply_release() frees one that is
+ * not sent.
+ */
+struct reply {
+        uint8_t *heap;          /* the packed reply when larger than inline_bytes, else NULL */
+        size_t len;
+        int fd;                 /* descriptor to pass with it, or -1 */
+        bool disconnect;        /* drop the client after sending */
+        bool none;              /* nothing to send: the message was an answer, not a request */
+        bool parked;            /* no reply yet: the request waits (session_park()) */
+        uint8_t inline_bytes[REPLY_INLINE_BYTES];
+};
+
+/* The packed reply. */
+static inline const uint8_t *reply_bytes(const struct reply *rep) {
+        return rep->heap ? rep->heap : rep->inline_bytes;
+}
+
+/* Frees what a reply owns (it is not sent). */
+void reply_release(struct reply *rep);
+
+/* Packs env as the reply (with fd, or -1) into *ret. */
+void reply_pack(Gpupool__Envelope *env, int fd, bool disconnect, struct reply *ret);
+
+/* Initializes env as a successful reply to request id. */
+void reply_ok(Gpupool__Envelope *env, uint64_t id);
+
+/* Packs an error reply for request id (0 when unknown) into *ret. */
+void reply_error(uint64_t id, int err, bool disconnect, const char *message, struct reply *ret);
+
+#endif
