@@ -87,8 +87,8 @@ COMMON    := common/conn.c common/cudadrv.c common/heap.c common/rbtree.c common
 DAEMON    := $(filter-out daemon/main.c daemon/backend_fault.c,$(wildcard daemon/*.c))
 DAEMON_TEST_O := $(B)/obj/daemon/backend_fault.o
 CLIENT    := client/client.c client/client_cuda.c client/client_hooks.c \
-             client/client_control.c client/client_pool.c \
-             client/client_scope.c client/client_tcache.c
+             client/client_control.c client/client_pool.c client/client_segment.c \
+             client/client_scope.c client/client_stream.c client/client_tcache.c
 CLI       := $(wildcard cli/*.c)
 TESTS     := $(wildcard tests/unit/*.c tests/integration/*.c) tests/check_main.c tests/testlib.c
 

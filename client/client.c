@@ -1,15 +1,12 @@
 /*
- * client.c: libgpupool's handle: the session with gpupoold, the segments it maps, and the
- * live blocks it hands out.
+ * client.c: libgpupool's public API (gpupool.h): the handle's session with gpupoold
+ * (connect, reconnect, disconnect) and the allocation calls, which go down to the layers
+ * below (client.h lists them).
  *
  * Blocks are carved in the process, from the segments it leases whole (client_pool.c); a
  * request to the daemon is made only to lease a segment, to give segments back, and for
- * status. Every request is one round trip on the handle's main connection, under the handle's
- * lock (a lease lets go of the lock while it waits, client_call_unlocked()). The library maps
- * each segment it leases once (host backend: an mmap of the memfd that came with the reply;
- * cuda backend: cuIpcOpenMemHandle of the handle in it, see client_cuda.c), keeps the mappings
- * in trees (by address, by segment id, by IPC handle), and keeps the live blocks it handed
- * out in a table of its own sharded by address.
+ * status (client_segment.c). A thread's small frees and the allocations that follow them go
+ * through its cache without the handle's lock (client_tcache.c).
  */
 #define _GNU_SOURCE
 #include "client.h"
@@ -22,114 +19,13 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "client_control.h"
+#include "client_cuda.h"
+#include "client_pool.h"
+#include "client_segment.h"
+#include "client_stream.h"
+#include "client_tcache.h"
 #include "size.h"
-
-#define CMP(a, b) ((a) < (b) ? -1 : (a) > (b))
-
-static int cmp_addr(const struct gp_rb_node *x, const struct gp_rb_node *y) {
-        return CMP((uintptr_t) gp_rb_entry(x, struct mapping, by_addr)->base,
-                   (uintptr_t) gp_rb_entry(y, struct mapping, by_addr)->base);
-}
-
-static int cmp_id(const struct gp_rb_node *x, const struct gp_rb_node *y) {
-        return CMP(gp_rb_entry(x, struct mapping, by_id)->segment_id, gp_rb_entry(y, struct mapping, by_id)->segment_id);
-}
-
-static int cmp_handle(const struct gp_rb_node *x, const struct gp_rb_node *y) {
-        return memcmp(gp_rb_entry(x, struct mapping, by_handle)->handle, gp_rb_entry(y, struct mapping, by_handle)->handle,
-                      GP_CU_IPC_HANDLE_SIZE);
-}
-
-static int cmp_block(const struct gp_rb_node *x, const struct gp_rb_node *y) {
-        return CMP((uintptr_t) gp_rb_entry(x, struct block, node)->ptr, (uintptr_t) gp_rb_entry(y, struct block, node)->ptr);
-}
-
-static struct live_shard *shard_of(gpupool_client *c, const void *ptr) {
-        /* Blocks are 512-byte aligned: hash the bits above, Fibonacci-style, into the top bits. */
-        uint64_t h = ((uint64_t) (uintptr_t) ptr >> 9) * 0x9E3779B97F4A7C15ULL;
-
-        return &c->live[h >> (64 - 5)];
-}
-_Static_assert(CLIENT_SHARDS == 1 << 5, "shard_of() hashes into 5 bits");
-
-int client_live_insert(gpupool_client *c, struct block *b) {
-        struct live_shard *s = shard_of(c, b->ptr);
-        struct gp_rb_node *dup;
-
-        pthread_mutex_lock(&s->lock);
-        /* Checked under the shard's lock: drop_everything() bumps the epoch before it empties the shards. */
-        if (b->epoch != __atomic_load_n(&c->epoch, __ATOMIC_ACQUIRE)) {
-                pthread_mutex_unlock(&s->lock);
-                return -ESTALE;
-        }
-        dup = gp_rb_insert(&s->blocks, &b->node);
-        pthread_mutex_unlock(&s->lock);
-        return dup ? -EEXIST : 0;
-}
-
-void client_live_remove(gpupool_client *c, struct block *b) {
-        struct live_shard *s = shard_of(c, b->ptr);
-
-        pthread_mutex_lock(&s->lock);
-        gp_rb_remove(&s->blocks, &b->node);
-        pthread_mutex_unlock(&s->lock);
-}
-
-struct block *client_live_take(gpupool_client *c, const void *ptr) {
-        struct live_shard *s = shard_of(c, ptr);
-        struct block key = { .ptr = (uint8_t *) ptr }, *b = NULL;
-        struct gp_rb_node *n;
-
-        pthread_mutex_lock(&s->lock);
-        n = gp_rb_find(&s->blocks, &key.node);
-        if (n && !gp_rb_entry(n, struct block, node)->freeing) {
-                b = gp_rb_entry(n, struct block, node);
-                gp_rb_remove(&s->blocks, n);
-        }
-        pthread_mutex_unlock(&s->lock);
-        return b;
-}
-
-void client_set_error(gpupool_client *c, const char *fmt, ...) {
-        va_list ap;
-
-        va_start(ap, fmt);
-        vsnprintf(c->error, sizeof(c->error), fmt, ap);
-        va_end(ap);
-}
-
-void client_conn_wait(gpupool_client *c) {
-        while (c->conn_busy)
-                pthread_cond_wait(&c->conn_idle, &c->lock);
-}
-
-/* After a call on the main connection: what it counted, and why it failed. Locked, the connection ours. */
-static int call_done(gpupool_client *c, int r) {
-        c->round_trips = c->conn.calls;
-        if (r < 0)
-                snprintf(c->error, sizeof(c->error), "%s", c->conn.error);
-        return r;
-}
-
-int client_call(gpupool_client *c, Gpupool__Envelope *req, Gpupool__Envelope__BodyCase want,
-                Gpupool__Envelope **ret_reply, int *ret_fd) {
-        client_conn_wait(c);
-        return call_done(c, gp_conn_call(&c->conn, req, want, ret_reply, ret_fd));
-}
-
-int client_call_unlocked(gpupool_client *c, Gpupool__Envelope *req, Gpupool__Envelope__BodyCase want,
-                         Gpupool__Envelope **ret_reply, int *ret_fd) {
-        int r;
-
-        client_conn_wait(c);
-        c->conn_busy = true;
-        pthread_mutex_unlock(&c->lock);
-        r = gp_conn_call(&c->conn, req, want, ret_reply, ret_fd);
-        pthread_mutex_lock(&c->lock);
-        c->conn_busy = false;
-        pthread_cond_broadcast(&c->conn_idle);
-        return call_done(c, r);
-}
 
 /* Says hello on c->conn (closed first if open) and sets up devices and the control channel. Locked or private. */
 static int session_open(gpupool_client *c) {
@@ -144,7 +40,7 @@ static int session_open(gpupool_client *c) {
         hello_req.name = c->name;
         r = gp_conn_open(&c->conn, path, &hello_req, &hello);
         if (r < 0)
-                return call_done(c, r);
+                return client_call_done(c, r);
         c->device_count = (unsigned) hello->hello_reply->n_devices;
         if (c->device_count > CLIENT_MAX_DEVICES)
                 c->device_count = CLIENT_MAX_DEVICES;
@@ -192,13 +88,7 @@ GPUPOOL_EXPORT int gpupool_connect(const char *socket_path, const char *client_n
         pthread_mutex_init(&c->lock, NULL);
         pthread_cond_init(&c->deferred_cond, NULL);
         pthread_cond_init(&c->conn_idle, NULL);
-        gp_rb_init(&c->by_addr, cmp_addr);
-        gp_rb_init(&c->by_id, cmp_id);
-        gp_rb_init(&c->by_handle, cmp_handle);
-        for (unsigned i = 0; i < CLIENT_SHARDS; i++) {
-                pthread_mutex_init(&c->live[i].lock, NULL);
-                gp_rb_init(&c->live[i].blocks, cmp_block);
-        }
+        client_segments_init(c);
         c->epoch = 1;
         c->idle_return_ms = idle_return_ms;
         /* Empty until the first lease, and empty again after drop_everything() on a reconnect. */
@@ -207,8 +97,7 @@ GPUPOOL_EXPORT int gpupool_connect(const char *socket_path, const char *client_n
         r = session_open(c);
         if (r < 0) {
                 /* No handle to read the message from: the caller gets the errno alone. */
-                for (unsigned i = 0; i < CLIENT_SHARDS; i++)
-                        pthread_mutex_destroy(&c->live[i].lock);
+                client_segments_destroy(c);
                 pthread_cond_destroy(&c->deferred_cond);
                 pthread_cond_destroy(&c->conn_idle);
                 pthread_mutex_destroy(&c->lock);
@@ -219,45 +108,21 @@ GPUPOOL_EXPORT int gpupool_connect(const char *socket_path, const char *client_n
         return 0;
 }
 
-void client_mapping_drop(gpupool_client *c, struct mapping *m) {
-        /* Forgotten with its blocks (the session is over); a returned segment left its heap already. */
-        if (m->hs.heap)
-                (void) heap_drop(&m->hs);
-        gp_rb_remove(&c->by_addr, &m->by_addr);
-        gp_rb_remove(&c->by_id, &m->by_id);
-        if (m->ipc) {
-                gp_rb_remove(&c->by_handle, &m->by_handle);
-                client_cuda_close(c, m);
-        } else {
-                munmap(m->base, m->size);
-        }
-        free(m);
-}
-
 /*
  * Forgets every block and mapping (unmapping), and the CUDA state. Locked. The epoch goes
  * first: a block another thread has in hand (taken out of the live table, not yet freed) is
  * then seen as stale wherever it lands, and freed there.
  */
 static void drop_everything(gpupool_client *c) {
-        struct gp_rb_node *n;
-
-        __atomic_add_fetch(&c->epoch, 1, __ATOMIC_SEQ_CST);
-        for (unsigned i = 0; i < CLIENT_SHARDS; i++) {
-                pthread_mutex_lock(&c->live[i].lock);
-                while ((n = gp_rb_first(&c->live[i].blocks))) {
-                        gp_rb_remove(&c->live[i].blocks, n);
-                        free(gp_rb_entry(n, struct block, node));
-                }
-                pthread_mutex_unlock(&c->live[i].lock);
-        }
+        client_live_forget(c);
         client_tcache_forget(c);
-        while ((n = gp_rb_first(&c->by_addr)))
-                client_mapping_drop(c, gp_rb_entry(n, struct mapping, by_addr));
+        client_mappings_forget(c);
         for (unsigned d = 0; d < CLIENT_MAX_DEVICES; d++)
                 c->devices[d].reported_in_use = c->devices[d].reported_held_free = 0;
-        if (c->cuda)
+        if (c->cuda) {
+                client_stream_stop(c);
                 client_cuda_teardown(c);
+        }
 }
 
 GPUPOOL_EXPORT void gpupool_disconnect(gpupool_client *c) {
@@ -272,7 +137,7 @@ GPUPOOL_EXPORT void gpupool_disconnect(gpupool_client *c) {
         client_conn_wait(c);    /* a lease of another thread is out: its reply comes first */
         /* Blocks freed with a stream: their device work must end before the memory goes back. */
         if (c->cuda)
-                client_cuda_reap(c, true);
+                client_stream_reap(c, true);
         drop_everything(c);
         client_tcache_detach(c);
         /* Every mapping is gone: the daemon may hand our memory to others right away. */
@@ -282,8 +147,7 @@ GPUPOOL_EXPORT void gpupool_disconnect(gpupool_client *c) {
                 gpupool__envelope__free_unpacked(rep, NULL);
         gp_conn_close(&c->conn);
         pthread_mutex_unlock(&c->lock);
-        for (unsigned i = 0; i < CLIENT_SHARDS; i++)
-                pthread_mutex_destroy(&c->live[i].lock);
+        client_segments_destroy(c);
         pthread_cond_destroy(&c->deferred_cond);
         pthread_cond_destroy(&c->conn_idle);
         pthread_mutex_destroy(&c->lock);
@@ -300,81 +164,13 @@ GPUPOOL_EXPORT int gpupool_reconnect(gpupool_client *c) {
         client_conn_wait(c);
         /* The old daemon's memory is gone with it: forget every block and mapping, wait for no event. */
         if (c->cuda)
-                client_cuda_forget_deferred(c);
+                client_stream_forget(c);
         drop_everything(c);
         r = session_open(c);
         if (r < 0)
                 client_set_error(c, "%s", c->error[0] ? c->error : "cannot reconnect to gpupoold");
         pthread_mutex_unlock(&c->lock);
         return r;
-}
-
-int client_mapping_add(gpupool_client *c, unsigned device, uint64_t segment_id, uint64_t size,
-                       const ProtobufCBinaryData *ipc_handle, int fd, struct mapping **ret) {
-        struct mapping *m = calloc(1, sizeof(*m));
-        int r;
-
-        if (!m) {
-                if (fd >= 0)
-                        close(fd);
-                return -ENOMEM;
-        }
-        m->segment_id = segment_id;
-        m->size = size;
-        m->device = device;
-        if (c->cuda) {
-                if (fd >= 0)
-                        close(fd);
-                if (!ipc_handle || ipc_handle->len != GP_CU_IPC_HANDLE_SIZE) {
-                        free(m);
-                        client_set_error(c, "gpupoold sent a CUDA segment without its IPC handle");
-                        return -EPROTO;
-                }
-                m->ipc = true;
-                memcpy(m->handle, ipc_handle->data, GP_CU_IPC_HANDLE_SIZE);
-                /* One open per allocation per process: a handle we hold already means we disagree with the daemon. */
-                if (gp_rb_find(&c->by_handle, &m->by_handle)) {
-                        free(m);
-                        client_set_error(c, "gpupoold handed over a segment this process already has open");
-                        return -EPROTO;
-                }
-                r = client_cuda_open(c, m);
-                if (r < 0) {
-                        free(m);
-                        return r;
-                }
-                gp_rb_insert(&c->by_handle, &m->by_handle);
-        } else {
-                void *base;
-
-                if (fd < 0) {
-                        free(m);
-                        client_set_error(c, "gpupoold sent a new segment without its file descriptor");
-                        return -EPROTO;
-                }
-                base = mmap(NULL, m->size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-                close(fd);
-                if (base == MAP_FAILED) {
-                        free(m);
-                        client_set_error(c, "cannot map the segment into this process");
-                        return -ENOMEM;
-                }
-                /* A forked child must not keep this memory: it may be another client's tomorrow. */
-                (void) madvise(base, m->size, MADV_DONTFORK);
-                m->base = base;
-        }
-        gp_rb_insert(&c->by_addr, &m->by_addr);
-        gp_rb_insert(&c->by_id, &m->by_id);
-        c->segments_imported++;
-        *ret = m;
-        return 0;
-}
-
-struct mapping *client_mapping_by_id(gpupool_client *c, uint64_t segment_id) {
-        struct mapping key = { .segment_id = segment_id };
-        struct gp_rb_node *n = gp_rb_find(&c->by_id, &key.by_id);
-
-        return n ? gp_rb_entry(n, struct mapping, by_id) : NULL;
 }
 
 /* The daemon's index for the caller's device number (its own CUDA ordinal on the cuda backend), or -1. */
@@ -444,7 +240,7 @@ static int alloc_on(gpupool_client *c, int device, size_t size, void *stream, bo
         /* A thread that allocates gets a cache for what it frees: only it takes from it. */
         client_tcache_adopt(c);
         if (c->cuda)
-                client_cuda_reap(c, false);
+                client_stream_reap(c, false);
         d = daemon_device(c, device);
         if (d < 0) {
                 r = -ENODEV;
@@ -515,8 +311,8 @@ GPUPOOL_EXPORT int gpupool_free_async(gpupool_client *c, void *ptr, void *stream
                         client_set_error(c, "a stream was given for a block of host memory");
                         r = -EINVAL;
                 } else {
-                        client_cuda_reap(c, false);
-                        r = client_cuda_defer_free(c, b, stream);
+                        client_stream_reap(c, false);
+                        r = client_stream_defer_free(c, b, stream);
                 }
                 if (r < 0)
                         (void) client_live_insert(c, b);        /* not freed: still the application's */

@@ -1,16 +1,23 @@
 /*
- * client.h: libgpupool's insides, shared by its files: client.c (the handle, the protocol,
- * segments and blocks), client_pool.c (the process's own pool), client_control.c (the
- * control channel), client_tcache.c (each thread's cache of the small blocks it freed),
- * client_scope.c, client_hooks.c, and client_cuda.c (the CUDA driver: device UUIDs, IPC handles,
- * stream-ordered frees).
+ * client.h: libgpupool's handle, the data every layer of the library shares. Each layer has
+ * its own header, and calls go down only, with no cycle among the files:
+ *
+ *   client.c, client_scope.c, client_hooks.c   the public API (gpupool.h), scopes, the hooks
+ *   client_control.c                           the control thread: the daemon's reclaims, usage
+ *   client_stream.c                            stream-ordered frees and their reaper thread
+ *   client_pool.c                              the process's own pool over the leased segments
+ *   client_tcache.c                            each thread's cache of the small blocks it freed
+ *   client_segment.c                           calls to the daemon, mappings, the live blocks
+ *   client_cuda.c                              the CUDA driver: UUIDs, IPC handles, events
  */
 #ifndef GP_CLIENT_H
 #define GP_CLIENT_H
 
 #include <pthread.h>
+#include <stdarg.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "conn.h"
 #include "cudadrv.h"
@@ -124,162 +131,13 @@ struct gpupool_client {
         bool reaper_started, stopping;
 };
 
-void client_set_error(gpupool_client *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Sets the handle's error (gpupool_last_error()), at any layer. */
+static inline __attribute__((format(printf, 2, 3))) void client_set_error(gpupool_client *c, const char *fmt, ...) {
+        va_list ap;
 
-/* Waits (letting go of the lock meanwhile) until no lease has the main connection out. Locked. */
-void client_conn_wait(gpupool_client *c);
-
-/* gp_conn_call() on the main connection, once no lease has it out; its error into c->error. Locked. */
-int client_call(gpupool_client *c, Gpupool__Envelope *req, Gpupool__Envelope__BodyCase want,
-                Gpupool__Envelope **ret_reply, int *ret_fd);
-
-/*
- * The same, letting go of the lock while the request is out, for a request the daemon may park
- * until other processes give memory back: this process's control thread must meanwhile be
- * able to answer the daemon's own reclaim requests, or two such processes wait on each other.
- * Locked on entry and on return; anything read before may have changed (but the session:
- * reconnect and disconnect wait for the connection).
- */
-int client_call_unlocked(gpupool_client *c, Gpupool__Envelope *req, Gpupool__Envelope__BodyCase want,
-                         Gpupool__Envelope **ret_reply, int *ret_fd);
-
-/* client.c, all called locked but the live table's. */
-
-/* The live-block table. Each takes the block's shard lock; callable with or without the handle's. */
-int client_live_insert(gpupool_client *c, struct block *b);            /* -EEXIST: its address is live already */
-void client_live_remove(gpupool_client *c, struct block *b);
-/* Takes the live block at ptr out of the table for freeing; NULL if none (or being freed already). */
-struct block *client_live_take(gpupool_client *c, const void *ptr);
-
-/* The mapping of a segment, or NULL; and unmapping one (out of the process's pool, if in it). */
-struct mapping *client_mapping_by_id(gpupool_client *c, uint64_t segment_id);
-void client_mapping_drop(gpupool_client *c, struct mapping *m);
-
-/*
- * Maps a segment the daemon handed over: fd (host backend; taken, closed on failure too) or
- * ipc_handle (cuda). Returns 0 with the mapping, or a negative errno with the error set.
- */
-int client_mapping_add(gpupool_client *c, unsigned device, uint64_t segment_id, uint64_t size,
-                       const ProtobufCBinaryData *ipc_handle, int fd, struct mapping **ret);
-
-/* CLOCK_MONOTONIC in milliseconds. */
-uint64_t client_now_ms(void);
-
-/* Frees a block the application gave up (the device is done with it) into the process's pool. */
-int client_free_block(gpupool_client *c, struct block *b);
-
-/* The same for a block already out of the live table (client_live_take()). */
-int client_free_unlinked(gpupool_client *c, struct block *b);
-
-/* client_control.c: the control channel. */
-
-/* Opens the control channel of client id and starts its thread. Locked or private. Returns 0 or a negative errno. */
-int client_control_open(gpupool_client *c, const char *socket_path, const char *name, uint64_t id);
-
-/* Stops the control thread and closes its channel. Call unlocked: the thread takes the lock. */
-void client_control_close(gpupool_client *c);
-
-/* client_pool.c: the process's own pool, all called locked. */
-
-/* Allocates a block of rsize (rounded) bytes on daemon device d from the pool, leasing a segment if need be. */
-int client_pool_alloc(gpupool_client *c, unsigned d, int device, uint64_t rsize, void *stream, bool on_stream,
-                      void **ret_ptr);
-
-/* Frees a block out of the live table into the pool; its segment stays mapped. */
-int client_pool_free(gpupool_client *c, struct block *b);
-
-/*
- * What the process holds per device where it leases anything, or leased anything when it last
- * reported, for a request's envelope; remembered as reported. Returns how many.
- */
-size_t client_pool_usage(gpupool_client *c, Gpupool__Usage *u, Gpupool__Usage **ptrs);
-
-/* Whether what the process holds changed since it last reported. */
-bool client_pool_usage_changed(gpupool_client *c);
-
-/*
- * Takes segments holding no live block out of the pool, on daemon device d (-1: all), oldest
- * emptied first and emptied at or before before_ms, until want bytes or max: unmaps them and
- * fills ids (to be returned, or named in a reclaim answer). Returns how many; *ret_bytes (if
- * given) their bytes.
- */
-size_t client_pool_take_empty(gpupool_client *c, int d, uint64_t want, uint64_t before_ms, uint64_t *ids, size_t max,
-                              uint64_t *ret_bytes);
-
-/* Tells the daemon these segments, unmapped, are back (ReturnRequest, with the usage). */
-int client_pool_return(gpupool_client *c, const uint64_t *ids, size_t n);
-
-/* Gives back segments holding no live block on d (-1: all), until want bytes. */
-int client_pool_trim(gpupool_client *c, int d, uint64_t want);
-
-/* What the pool holds free in its segments, on every device. */
-uint64_t client_pool_free_bytes(gpupool_client *c);
-
-/* Once a second from the control thread: gives back segments empty for the idle time. */
-void client_pool_tick(gpupool_client *c, uint64_t now_ms);
-
-/*
- * client_tcache.c: each thread's cache of the small blocks it freed. The fast path (take and
- * put) runs without the handle's lock; the rest is called locked.
- */
-
-/* A block of rsize bytes on the caller's device from this thread's cache, out of the live table; or NULL. */
-struct block *client_tcache_take(gpupool_client *c, int device, uint64_t rsize);
-
-/*
- * Parks b (out of the live table) in this thread's cache, if it has one: NULL, or the block
- * that must go to the pool instead (b itself, or the oldest it pushed out). A block of an
- * earlier session is freed here.
- */
-struct block *client_tcache_put(gpupool_client *c, struct block *b);
-
-/*
- * Gives this thread a cache for c, unless it has one, or has one for another handle that is
- * still connected (one fast path per thread: the first handle's). Locked.
- */
-void client_tcache_adopt(gpupool_client *c);
-
-/* Empties every cache into the pool. Locked. */
-void client_tcache_drain(gpupool_client *c);
-
-/* Once a second: empties the caches not used since the last tick, and frees those of exited threads. Locked. */
-void client_tcache_tick(gpupool_client *c);
-
-/* Forgets what the caches hold (the session is over: the pool forgets its blocks). Locked. */
-void client_tcache_forget(gpupool_client *c);
-
-/* At disconnect, after client_tcache_forget(): the handle lets go of every cache. Locked. */
-void client_tcache_detach(gpupool_client *c);
-
-/* What the caches hold, per daemon device (an array of CLIENT_MAX_DEVICES, or NULL) and in all (or NULL). Locked. */
-void client_tcache_bytes(gpupool_client *c, uint64_t *per_device, uint64_t *ret_total);
-
-/* client_cuda.c, all called locked. */
-
-/* Loads the driver and matches the daemon's GPUs (hello's devices) to this process's by UUID. */
-int client_cuda_setup(gpupool_client *c, const Gpupool__HelloReply *hello);
-
-/* Opens a segment's IPC handle in the device's primary context; sets m->base. */
-int client_cuda_open(gpupool_client *c, struct mapping *m);
-
-/* Closes what client_cuda_open() opened. */
-void client_cuda_close(gpupool_client *c, struct mapping *m);
-
-/*
- * Records an event on stream after the work queued so far and queues b's free behind it. b is
- * out of the live table; it goes back there marked freeing, where an allocation on the same
- * stream may take it at once (client_pool_alloc()). On error b is untouched (the caller puts
- * it back).
- */
-int client_cuda_defer_free(gpupool_client *c, struct block *b, void *stream);
-
-/* Frees the deferred blocks whose work is done; with wait, waits for all of them first. */
-void client_cuda_reap(gpupool_client *c, bool wait);
-
-/* The daemon is gone: drops the pending stream-ordered frees without waiting (their blocks went with it). */
-void client_cuda_forget_deferred(gpupool_client *c);
-
-/* Once every mapping is closed: stops the reaper thread (unlocking while joining it), destroys the events and releases the contexts. */
-void client_cuda_teardown(gpupool_client *c);
+        va_start(ap, fmt);
+        vsnprintf(c->error, sizeof(c->error), fmt, ap);
+        va_end(ap);
+}
 
 #endif

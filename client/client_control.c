@@ -5,13 +5,16 @@
  * gives back the segments that have been empty for the idle time and tells the daemon what the
  * process holds if that changed (UsageReport).
  */
-#include "client.h"
+#include "client_control.h"
 
 #include <errno.h>
 #include <poll.h>
 #include <semaphore.h>
 #include <stdlib.h>
 #include <sys/socket.h>
+
+#include "client_pool.h"
+#include "client_segment.h"
 
 /* Sends env (its body set) on the control channel, where nothing answers. Returns 0 or -1. */
 static int control_send(gpupool_client *c, Gpupool__Envelope *env) {
@@ -81,7 +84,7 @@ static void *control_main(void *arg) {
                 device = push->reclaim->has_device ? (int) push->reclaim->device : -1;
                 want = push->reclaim->has_bytes ? push->reclaim->bytes : UINT64_MAX;
                 pthread_mutex_lock(&c->lock);
-                client_tcache_drain(c);         /* a parked block may be all that keeps a segment */
+                client_pool_drain(c, true);     /* a parked block may be all that keeps a segment */
                 rr.n_segment_ids = client_pool_take_empty(c, device, want, UINT64_MAX, ids, CLIENT_RETURN_BATCH, &got);
                 /*
                  * More than one answer names: the rest goes back on the main connection first,

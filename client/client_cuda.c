@@ -11,14 +11,12 @@
  * cuIpcOpenMemHandle_v2(CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS) in the primary context, and
  * closed when the daemon says the segment holds no live block of ours.
  *
- * Stream-ordered frees: gpupool_free_async() records an event on the caller's stream and
- * returns; the block goes back to the daemon once the event has completed. A reaper thread
- * (started on the first such free) waits for the oldest pending event and then returns every
- * block whose event has completed; every allocation call also returns the completed ones
- * first. Nothing the caller calls waits for the device, except gpupool_disconnect(), which
- * must not give memory back while queued work may still touch it.
+ * Events: stream-ordered frees (client_stream.c) record one on the caller's stream in the
+ * GPU's primary context; done ones are kept per device for reuse.
  */
 #define _GNU_SOURCE
+#include "client_cuda.h"
+
 #include "client.h"
 
 #include <errno.h>
@@ -149,7 +147,7 @@ void client_cuda_close(gpupool_client *c, struct mapping *m) {
         pop(c);
 }
 
-static void spare_event(gpupool_client *c, struct client_device *d, gp_cu_event e) {
+void client_cuda_event_put(gpupool_client *c, struct client_device *d, gp_cu_event e) {
         if (d->spare_count == d->spare_cap) {
                 unsigned cap = d->spare_cap ? d->spare_cap * 2 : 16;
                 gp_cu_event *n = realloc(d->spare_events, cap * sizeof(*n));
@@ -164,22 +162,14 @@ static void spare_event(gpupool_client *c, struct client_device *d, gp_cu_event 
         d->spare_events[d->spare_count++] = e;
 }
 
-static void *reaper_main(void *arg);
-
-int client_cuda_defer_free(gpupool_client *c, struct block *b, void *stream) {
-        struct client_device *d = &c->devices[b->mapping->device];
-        struct deferred *q = calloc(1, sizeof(*q));
+int client_cuda_record(gpupool_client *c, struct client_device *d, void *stream, gp_cu_event *ret) {
         gp_cu_event e = NULL;
         gp_cu_result r;
         int err;
 
-        if (!q)
-                return -ENOMEM;
         err = push(c, d);
-        if (err < 0) {
-                free(q);
+        if (err < 0)
                 return err;
-        }
         if (d->spare_count) {
                 e = d->spare_events[--d->spare_count];
                 r = GP_CUDA_SUCCESS;
@@ -189,124 +179,31 @@ int client_cuda_defer_free(gpupool_client *c, struct block *b, void *stream) {
         if (r == GP_CUDA_SUCCESS) {
                 r = c->cu.cuEventRecord(e, (gp_cu_stream) stream);
                 if (r != GP_CUDA_SUCCESS)
-                        spare_event(c, d, e);
+                        client_cuda_event_put(c, d, e);
         }
         pop(c);
         if (r != GP_CUDA_SUCCESS) {
-                free(q);
                 /* Typically a stream of another context than the GPU's primary one. */
                 client_set_error(c, "cannot record an event on the stream: %s (the block stays allocated)",
                                  gp_cuda_error_name(&c->cu, r));
                 return r == GP_CUDA_ERROR_INVALID_HANDLE || r == GP_CUDA_ERROR_INVALID_CONTEXT ? -EINVAL : -EIO;
         }
-        q->block = b;
-        q->stream = stream;
-        q->event = e;
-        q->device = b->mapping->device;
-        /*
-         * Live until its work ends, but nobody's to free again, nor the scope's; an allocation
-         * on this same stream may take it at once (the stream orders the new work after the old).
-         */
-        b->freeing = true;
-        (void) client_live_insert(c, b);
-        if (c->deferred_tail)
-                c->deferred_tail->next = q;
-        else
-                c->deferred_head = q;
-        c->deferred_tail = q;
-        if (!c->reaper_started && pthread_create(&c->reaper, NULL, reaper_main, c) == 0)
-                c->reaper_started = true;
-        /* Without a reaper thread the next call of this handle still returns the block. */
-        pthread_cond_signal(&c->deferred_cond);
+        *ret = e;
         return 0;
 }
 
-/* Frees q's block into the process's pool and recycles its event. Locked. */
-static void complete(gpupool_client *c, struct deferred *q) {
-        spare_event(c, &c->devices[q->device], q->event);
-        if (q->block)
-                (void) client_free_block(c, q->block);
-        free(q);
-}
+bool client_cuda_event_done(gpupool_client *c, struct client_device *d, gp_cu_event e, bool wait) {
+        gp_cu_result r = GP_CUDA_ERROR_NOT_READY;
 
-void client_cuda_reap(gpupool_client *c, bool wait) {
-        struct deferred **pp = &c->deferred_head, *q;
-
-        while ((q = *pp)) {
-                struct client_device *d = &c->devices[q->device];
-                gp_cu_result r = GP_CUDA_ERROR_NOT_READY;
-
-                if (push(c, d) == 0) {
-                        r = wait ? c->cu.cuEventSynchronize(q->event) : c->cu.cuEventQuery(q->event);
-                        pop(c);
-                }
-                if (r == GP_CUDA_ERROR_NOT_READY) {
-                        pp = &q->next;
-                        continue;
-                }
-                /* Done, or the context failed and no more of its work will run: either way the block is free. */
-                *pp = q->next;
-                complete(c, q);
+        if (push(c, d) == 0) {
+                r = wait ? c->cu.cuEventSynchronize(e) : c->cu.cuEventQuery(e);
+                pop(c);
         }
-        c->deferred_tail = NULL;
-        for (q = c->deferred_head; q; q = q->next)
-                c->deferred_tail = q;
-}
-
-static void *reaper_main(void *arg) {
-        gpupool_client *c = arg;
-
-        pthread_mutex_lock(&c->lock);
-        for (;;) {
-                struct deferred *oldest;
-                struct client_device *d;
-                gp_cu_event e;
-
-                while (!c->stopping && !c->deferred_head)
-                        pthread_cond_wait(&c->deferred_cond, &c->lock);
-                if (c->stopping)
-                        break;
-                oldest = c->deferred_head;
-                d = &c->devices[oldest->device];
-                e = oldest->event;
-                /*
-                 * Wait without the lock, so the application's calls go on meanwhile. Another
-                 * thread may complete this free and reuse the event meanwhile, which only makes
-                 * this wait end sooner or later; events are destroyed only after we are joined.
-                 */
-                pthread_mutex_unlock(&c->lock);
-                if (c->cu.cuCtxPushCurrent(d->ctx) == GP_CUDA_SUCCESS) {
-                        (void) c->cu.cuEventSynchronize(e);
-                        pop(c);
-                }
-                pthread_mutex_lock(&c->lock);
-                client_cuda_reap(c, false);
-        }
-        pthread_mutex_unlock(&c->lock);
-        return NULL;
-}
-
-void client_cuda_forget_deferred(gpupool_client *c) {
-        struct deferred *q;
-
-        while ((q = c->deferred_head)) {
-                c->deferred_head = q->next;
-                /* Its block, live and marked freeing, goes with the live table (drop_everything()). */
-                spare_event(c, &c->devices[q->device], q->event);
-                free(q);
-        }
-        c->deferred_tail = NULL;
+        /* Done, or the context failed and no more of its work will run: either way what waited on it may go. */
+        return r != GP_CUDA_ERROR_NOT_READY;
 }
 
 void client_cuda_teardown(gpupool_client *c) {
-        if (c->reaper_started) {
-                c->stopping = true;
-                pthread_cond_broadcast(&c->deferred_cond);
-                pthread_mutex_unlock(&c->lock);
-                pthread_join(c->reaper, NULL);
-                pthread_mutex_lock(&c->lock);
-                c->reaper_started = false;
-        }
         for (unsigned i = 0; i < c->device_count; i++) {
                 struct client_device *d = &c->devices[i];
 

@@ -8,7 +8,7 @@
  * limit for another segment, gpupool_trim(), or disconnect. Every lease and return tells the
  * daemon what the process holds per device (Usage).
  */
-#include "client.h"
+#include "client_pool.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -16,12 +16,8 @@
 #include <time.h>
 #include <unistd.h>
 
-uint64_t client_now_ms(void) {
-        struct timespec ts;
-
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        return (uint64_t) ts.tv_sec * 1000 + (uint64_t) ts.tv_nsec / 1000000;
-}
+#include "client_segment.h"
+#include "client_tcache.h"
 
 size_t client_pool_usage(gpupool_client *c, Gpupool__Usage *u, Gpupool__Usage **ptrs) {
         uint64_t parked[CLIENT_MAX_DEVICES];
@@ -141,12 +137,12 @@ static int give_back(gpupool_client *c, int device, uint64_t want, uint64_t befo
 
 int client_pool_trim(gpupool_client *c, int device, uint64_t want) {
         /* What the threads' caches hold may be all that keeps a segment from emptying. */
-        client_tcache_drain(c);
+        client_pool_drain(c, true);
         return give_back(c, device, want, UINT64_MAX);
 }
 
 void client_pool_tick(gpupool_client *c, uint64_t now_ms) {
-        client_tcache_tick(c);
+        client_pool_drain(c, false);
         if (c->idle_return_ms && now_ms >= c->idle_return_ms)
                 (void) give_back(c, -1, UINT64_MAX, now_ms - c->idle_return_ms);
 }
@@ -249,7 +245,7 @@ int client_pool_alloc(gpupool_client *c, unsigned d, int device, uint64_t rsize,
         hb = heap_alloc(&dev->heap, class, rsize);
         if (!hb && c->tcaches) {
                 /* Blocks parked in the threads' caches may be what splits the free range it needs. */
-                client_tcache_drain(c);
+                client_pool_drain(c, true);
                 hb = heap_alloc(&dev->heap, class, rsize);
         }
         while (!hb && c->conn_busy) {
@@ -308,6 +304,10 @@ int client_free_unlinked(gpupool_client *c, struct block *b) {
                 return 0;
         }
         return client_pool_free(c, b);
+}
+
+void client_pool_drain(gpupool_client *c, bool all) {
+        client_tcache_drain(c, all, client_free_unlinked);
 }
 
 int client_free_block(gpupool_client *c, struct block *b) {

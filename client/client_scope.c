@@ -8,6 +8,9 @@
 #include <pthread.h>
 #include <stdlib.h>
 
+#include "client_pool.h"
+#include "client_segment.h"
+
 GPUPOOL_EXPORT int gpupool_scope_begin(gpupool_client *c) {
         int r = 0;
 

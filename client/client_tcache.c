@@ -20,7 +20,7 @@
  * and whichever lets go last frees it. The lock order is the handle's, then a cache's; a thread on its fast path
  * takes its cache's lock alone (uncontended but for a drain) and then a live shard's.
  */
-#include "client.h"
+#include "client_tcache.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -171,11 +171,8 @@ struct block *client_tcache_put(gpupool_client *c, struct block *b) {
         return out;
 }
 
-/*
- * Empties caches into the pool: every one (all), or those not used since the last drain and
- * those whose thread exited, which then go. Locked.
- */
-static void drain(gpupool_client *c, bool all) {
+/* Empties caches through to_pool (see client_tcache.h). Locked. */
+void client_tcache_drain(gpupool_client *c, bool all, int (*to_pool)(gpupool_client *c, struct block *b)) {
         struct tcache **pt = &c->tcaches, *t;
 
         while ((t = *pt)) {
@@ -194,7 +191,7 @@ static void drain(gpupool_client *c, bool all) {
                 t->uses_seen = t->uses;
                 pthread_mutex_unlock(&t->lock);
                 for (unsigned i = 0; i < n; i++)
-                        (void) client_free_unlinked(c, blocks[i]);
+                        (void) to_pool(c, blocks[i]);
                 if (gone) {
                         *pt = t->next;
                         release(t);
@@ -202,14 +199,6 @@ static void drain(gpupool_client *c, bool all) {
                         pt = &t->next;
                 }
         }
-}
-
-void client_tcache_drain(gpupool_client *c) {
-        drain(c, true);
-}
-
-void client_tcache_tick(gpupool_client *c) {
-        drain(c, false);
 }
 
 void client_tcache_forget(gpupool_client *c) {
