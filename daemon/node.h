@@ -91,7 +91,7 @@ struct node {
         unsigned reclaim_outstanding;   /* reclaim requests no client has answered yet */
         struct pid_limit pid_limits[NODE_MAX_PID_LIMITS];       /* set-limit --pid, until a reload */
         unsigned pid_limit_count;
-        bool stopping;
+        bool stopping;                  /* the daemon stops: nothing more follows a change */
         uint8_t recv_buf[GP_MAX_REQUEST_BYTES];
         struct gp_wire_arena arena;     /* the current request's decoded structures */
 };

@@ -474,9 +474,8 @@ int server_reload(struct server *server, char *why, size_t why_size) {
 }
 
 void server_stop(struct server *server) {
-        if (server->stopping)
+        if (server->node.stopping)
                 return;
-        server->stopping = true;
         server->node.stopping = true;   /* nothing more follows a change */
         if (server->signals_open) {
                 uv_close((uv_handle_t *) &server->sigint, NULL);

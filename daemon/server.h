@@ -37,7 +37,6 @@ struct server {
         struct metrics_http *metrics_http;      /* GET /metrics (metrics_listen), or NULL */
         uv_signal_t sigint, sigterm, sighup;
         bool signals_open;
-        bool stopping;
 };
 
 /*
