@@ -49,44 +49,32 @@ static uint64_t ask(struct node *node, struct session *c, unsigned device, uint6
         return o->reported_held_free_bytes < want ? o->reported_held_free_bytes : want;
 }
 
-/* For whom, and on which device, memory is wanted (askable()'s argument). */
-struct want {
-        const struct session *requester;
-        unsigned device;
-};
-
-/* Whether c can be asked to give memory back: another client that leases on the device, with a channel. */
-static bool askable(const struct session *c, const void *arg) {
-        const struct want *w = arg;
-
-        return c != w->requester && c->control && c->tenant && c->state == SESSION_READY &&
-               c->owners[w->device].reserved_bytes;
+/* Whether c can be asked to give memory back on device for requester: another client that leases there, with a channel. */
+static bool askable(const struct session *c, const struct session *requester, unsigned device) {
+        return c != requester && c->control && c->tenant && c->state == SESSION_READY && c->owners[device].reserved_bytes;
 }
 
 uint64_t reclaim_ask(struct node *node, struct session *requester, unsigned device, uint64_t want_bytes,
                      unsigned *ret_clients) {
-        const struct want w = { .requester = requester, .device = device };
         struct policy_candidate *candidates;
-        struct session **clients;
         uint64_t asked = 0;
-        ssize_t found = session_collect(node, askable, &w, &clients);
-        size_t n;
+        size_t n = 0;
 
+        /* Asking pushes a message and ends no session: the candidates stay valid while they are asked. */
         *ret_clients = 0;
-        if (found <= 0)
+        SESSION_FOREACH(c, node)
+                n += askable(c, requester, device);
+        candidates = n ? calloc(n, sizeof(*candidates)) : NULL;
+        if (!candidates)
                 return 0;
-        candidates = calloc((size_t) found, sizeof(*candidates));
-        if (!candidates) {
-                free(clients);
-                return 0;
-        }
-        for (n = 0; n < (size_t) found; n++)
-                candidates[n] = (struct policy_candidate) {
-                        .tenant = clients[n]->tenant,
-                        .held_free_bytes = clients[n]->owners[device].reported_held_free_bytes,
-                        .client = clients[n],
-                };
-        free(clients);
+        n = 0;
+        SESSION_FOREACH(c, node)
+                if (askable(c, requester, device))
+                        candidates[n++] = (struct policy_candidate) {
+                                .tenant = c->tenant,
+                                .held_free_bytes = c->owners[device].reported_held_free_bytes,
+                                .client = c,
+                        };
         /* Whom to ask, and in what order, is policy's: those whose memory would serve, over their guarantee and largest first. */
         n = policy_reclaim_order(requester->tenant, device, candidates, n);
         for (size_t i = 0; i < n && asked < want_bytes; i++) {

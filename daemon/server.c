@@ -230,8 +230,10 @@ static void map_clients(struct node *node) {
 }
 
 static void on_stuck_timer(uv_timer_t *timer) {
-        session_expire_stuck(&((struct server *) timer->data)->node);
-        server_notify_status(timer->data);
+        struct server *server = timer->data;
+
+        session_expire_stuck(&server->node);
+        server_notify_status(server);
 }
 
 static void on_watchdog_timer(uv_timer_t *timer) {
