@@ -89,6 +89,7 @@ GPUPOOL_EXPORT int gpupool_connect(const char *socket_path, const char *client_n
         pthread_cond_init(&c->deferred_cond, NULL);
         pthread_cond_init(&c->conn_idle, NULL);
         client_segments_init(c);
+        client_stream_init(c);
         c->epoch = 1;
         c->idle_return_ms = idle_return_ms;
         /* Empty until the first lease, and empty again after drop_everything() on a reconnect. */
@@ -128,6 +129,7 @@ static void drop_everything(gpupool_client *c) {
 GPUPOOL_EXPORT void gpupool_disconnect(gpupool_client *c) {
         Gpupool__Envelope req = GPUPOOL__ENVELOPE__INIT, *rep;
         Gpupool__ByeRequest bye = GPUPOOL__BYE_REQUEST__INIT;
+        bool device_done = true;
 
         if (!c)
                 return;
@@ -135,15 +137,27 @@ GPUPOOL_EXPORT void gpupool_disconnect(gpupool_client *c) {
         client_control_close(c);
         pthread_mutex_lock(&c->lock);
         client_conn_wait(c);    /* a lease of another thread is out: its reply comes first */
-        /* Blocks freed with a stream: their device work must end before the memory goes back. */
-        if (c->cuda)
-                client_stream_reap(c, true);
+        /*
+         * The memory goes back with bye, and the daemon may hand it to another uid at once: the
+         * work this process queued on it must have ended first, not only the work before
+         * stream-ordered frees (kernels may still write blocks the application never freed).
+         */
+        if (c->cuda) {
+                int reaped = client_stream_reap(c, true);
+
+                /* Both, whatever the first says: the mappings close next. */
+                device_done = client_cuda_synchronize(c) == 0 && reaped == 0;
+        }
         drop_everything(c);
         client_tcache_detach(c);
-        /* Every mapping is gone: the daemon may hand our memory to others right away. */
+        /*
+         * Every mapping is gone: the daemon may hand our memory to others right away. Unless the
+         * driver could not say that our work ended: then no bye, and the daemon keeps the memory
+         * until this process has exited (its pidfd), when no work of ours can run any more.
+         */
         req.body_case = GPUPOOL__ENVELOPE__BODY_BYE;
         req.bye = &bye;
-        if (!c->conn.broken && client_call(c, &req, GPUPOOL__ENVELOPE__BODY__NOT_SET, &rep, NULL) == 0)
+        if (device_done && !c->conn.broken && client_call(c, &req, GPUPOOL__ENVELOPE__BODY__NOT_SET, &rep, NULL) == 0)
                 gpupool__envelope__free_unpacked(rep, NULL);
         gp_conn_close(&c->conn);
         pthread_mutex_unlock(&c->lock);
@@ -240,7 +254,7 @@ static int alloc_on(gpupool_client *c, int device, size_t size, void *stream, bo
         /* A thread that allocates gets a cache for what it frees: only it takes from it. */
         client_tcache_adopt(c);
         if (c->cuda)
-                client_stream_reap(c, false);
+                (void) client_stream_reap(c, false);
         d = daemon_device(c, device);
         if (d < 0) {
                 r = -ENODEV;
@@ -255,7 +269,14 @@ static int alloc_on(gpupool_client *c, int device, size_t size, void *stream, bo
                 client_set_error(c, "cannot allocate %zu bytes: a request is 1 byte to 64 TiB", size);
                 r = -EINVAL;
         } else {
-                r = client_pool_alloc(c, (unsigned) d, device, rsize, stream, on_stream, ret_ptr);
+                if (on_stream && c->cuda && (b = client_stream_take(c, (unsigned) d, rsize, stream))) {
+                        b->local_device = device;
+                        b->scope = c->scope_depth ? c->scopes[c->scope_depth - 1] : 0;
+                        *ret_ptr = b->ptr;
+                        r = 0;
+                } else {
+                        r = client_pool_alloc(c, (unsigned) d, device, rsize, ret_ptr);
+                }
         }
         pthread_mutex_unlock(&c->lock);
         return r;
@@ -311,7 +332,7 @@ GPUPOOL_EXPORT int gpupool_free_async(gpupool_client *c, void *ptr, void *stream
                         client_set_error(c, "a stream was given for a block of host memory");
                         r = -EINVAL;
                 } else {
-                        client_stream_reap(c, false);
+                        (void) client_stream_reap(c, false);
                         r = client_stream_defer_free(c, b, stream);
                 }
                 if (r < 0)

@@ -67,11 +67,23 @@ struct live_shard {
 
 /* A block whose free waits for the device work queued before it (gpupool_free_async). */
 struct deferred {
-        struct deferred *next;
+        struct deferred *next;          /* the next free on the same stream */
         struct block *block;            /* NULL once reused on its stream before the work ended */
-        void *stream;                   /* the stream it was freed on */
-        unsigned device;
+        struct stream_queue *queue;
+        uint64_t seq;                   /* the handle's count of stream-ordered frees: oldest first */
         gp_cu_event event;
+        struct gp_rb_node by_fit;       /* in the handle's pending tree while block is set */
+};
+
+/*
+ * The pending frees of one stream, in the order they were queued: the stream runs its work
+ * in that order, so the first whose event has not completed ends a reaping walk.
+ */
+struct stream_queue {
+        struct stream_queue *next;
+        unsigned long long stream_id;   /* cuStreamGetId: a handle may come back for a new stream, an id never */
+        unsigned device;
+        struct deferred *head, *tail;
 };
 
 /* A daemon device as this process sees it. */
@@ -79,8 +91,12 @@ struct client_device {
         bool visible;                   /* the GPU with this UUID is visible here */
         gp_cu_device dev;               /* this process's handle for it */
         gp_cu_context ctx;              /* its primary context, retained on first use */
-        gp_cu_event *spare_events;      /* recorded-and-done events kept for reuse */
-        unsigned spare_count, spare_cap;
+        /*
+         * Recorded-and-done events kept for reuse. Room for every event made is kept, so that
+         * putting one back never fails (and never destroys one the reaper may wait for).
+         */
+        gp_cu_event *spare_events;
+        unsigned spare_count, spare_cap, event_count;
         struct heap heap;               /* the process's pool on this device: every segment it leases */
         uint64_t reported_in_use, reported_held_free;   /* as the daemon last heard (client_pool_usage()) */
 };
@@ -124,8 +140,13 @@ struct gpupool_client {
         bool daemon_gone;               /* atomic: the control channel closed under us (the process pool then serves nothing) */
         pthread_t control_thread;
         bool control_started;
-        /* Stream-ordered frees, oldest first, and the thread that completes them. */
-        struct deferred *deferred_head, *deferred_tail;
+        /*
+         * Stream-ordered frees: a queue per stream, and the pending blocks by (stream, device,
+         * size) for an allocation on the same stream; the thread that completes them.
+         */
+        struct stream_queue *queues;
+        struct gp_rb_tree pending;
+        uint64_t deferred_seq;
         pthread_cond_t deferred_cond;
         pthread_t reaper;
         bool reaper_started, stopping;

@@ -12,7 +12,16 @@
  * closed when the daemon says the segment holds no live block of ours.
  *
  * Events: stream-ordered frees (client_stream.c) record one on the caller's stream in the
- * GPU's primary context; done ones are kept per device for reuse.
+ * GPU's primary context; done ones are kept per device for reuse. They are made with
+ * CU_EVENT_BLOCKING_SYNC: waiting for an event without it spins the waiting thread's core
+ * (cuda.h, cuEventCreate), and a training loop nearly always has a free pending.
+ *
+ * Graph capture: a free on a stream that is capturing a CUDA graph is refused (the event
+ * would be a node of the graph, standing for no work now, and the block is the graph's for as
+ * long as the graph lives). The library's own calls that a capture under way forbids in the
+ * default global mode (event queries and waits, IPC opens and closes, synchronizing) run with
+ * the calling thread switched to CU_STREAM_CAPTURE_MODE_RELAXED, as PyTorch's allocator does
+ * around cudaMalloc, so that they never invalidate the application's capture.
  */
 #define _GNU_SOURCE
 #include "client_cuda.h"
@@ -39,6 +48,20 @@ static void pop(gpupool_client *c) {
         (void) c->cu.cuCtxPopCurrent(&ctx);
 }
 
+/* Lets this thread make calls that a graph capture under way forbids; returns its mode, for unrelax(). */
+static int relax(gpupool_client *c) {
+        int mode = GP_CU_STREAM_CAPTURE_MODE_RELAXED;
+
+        if (c->cu.cuThreadExchangeStreamCaptureMode(&mode) != GP_CUDA_SUCCESS)
+                return -1;
+        return mode;
+}
+
+static void unrelax(gpupool_client *c, int mode) {
+        if (mode >= 0)
+                (void) c->cu.cuThreadExchangeStreamCaptureMode(&mode);
+}
+
 int client_cuda_setup(gpupool_client *c, const Gpupool__HelloReply *hello) {
         char err[256];
         int count = 0, r;
@@ -53,7 +76,7 @@ int client_cuda_setup(gpupool_client *c, const Gpupool__HelloReply *hello) {
                 d->dev = 0;
                 d->ctx = NULL;
                 d->spare_events = NULL;
-                d->spare_count = d->spare_cap = 0;
+                d->spare_count = d->spare_cap = d->event_count = 0;
         }
         r = gp_cuda_load(&c->cu, err, sizeof(err));
         if (r < 0) {
@@ -104,7 +127,7 @@ int client_cuda_open(gpupool_client *c, struct mapping *m) {
         gp_cu_deviceptr base = 0, range_base = 0;
         size_t range_size = 0;
         gp_cu_result r;
-        int err;
+        int err, mode;
 
         if (!d->visible) {
                 client_set_error(c, "gpupoold handed out memory of a GPU this process cannot see");
@@ -117,7 +140,9 @@ int client_cuda_open(gpupool_client *c, struct mapping *m) {
         if (err < 0)
                 return err;
         memcpy(handle.reserved, m->handle, sizeof(handle.reserved));
+        mode = relax(c);
         r = c->cu.cuIpcOpenMemHandle(&base, handle, GP_CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
+        unrelax(c, mode);
         if (r != GP_CUDA_SUCCESS) {
                 pop(c);
                 client_set_error(c, "cuIpcOpenMemHandle_v2 of a %llu-byte segment: %s", (unsigned long long) m->size,
@@ -127,7 +152,9 @@ int client_cuda_open(gpupool_client *c, struct mapping *m) {
         /* The handle opens the whole allocation: it must hold the segment the daemon described. */
         r = c->cu.cuMemGetAddressRange(&range_base, &range_size, base);
         if (r != GP_CUDA_SUCCESS || range_base != base || range_size < m->size) {
+                mode = relax(c);
                 (void) c->cu.cuIpcCloseMemHandle(base);
+                unrelax(c, mode);
                 pop(c);
                 client_set_error(c, "the IPC handle of segment %llu opens %zu bytes, not the %llu gpupoold described",
                                  (unsigned long long) m->segment_id, range_size, (unsigned long long) m->size);
@@ -140,42 +167,80 @@ int client_cuda_open(gpupool_client *c, struct mapping *m) {
 
 void client_cuda_close(gpupool_client *c, struct mapping *m) {
         struct client_device *d = &c->devices[m->device];
+        int mode;
 
         if (push(c, d) < 0)
                 return;
+        mode = relax(c);
         (void) c->cu.cuIpcCloseMemHandle((gp_cu_deviceptr) (uintptr_t) m->base);
+        unrelax(c, mode);
         pop(c);
 }
 
+int client_cuda_stream_id(gpupool_client *c, struct client_device *d, void *stream, unsigned long long *ret) {
+        gp_cu_result r;
+        int err;
+
+        /* The default streams are the current context's: make the device's current. */
+        err = push(c, d);
+        if (err < 0)
+                return err;
+        r = c->cu.cuStreamGetId((gp_cu_stream) stream, ret);
+        pop(c);
+        if (r != GP_CUDA_SUCCESS) {
+                client_set_error(c, "cuStreamGetId: %s (not a stream of this process?)", gp_cuda_error_name(&c->cu, r));
+                return -EINVAL;
+        }
+        return 0;
+}
+
 void client_cuda_event_put(gpupool_client *c, struct client_device *d, gp_cu_event e) {
-        if (d->spare_count == d->spare_cap) {
+        (void) c;
+        /* client_cuda_record() made room for every event it made. */
+        d->spare_events[d->spare_count++] = e;
+}
+
+/* A spare event of d, or a new one (with room kept to put it back). Pushed. */
+static gp_cu_result event_get(gpupool_client *c, struct client_device *d, gp_cu_event *ret) {
+        gp_cu_result r;
+
+        if (d->spare_count) {
+                *ret = d->spare_events[--d->spare_count];
+                return GP_CUDA_SUCCESS;
+        }
+        if (d->event_count == d->spare_cap) {
                 unsigned cap = d->spare_cap ? d->spare_cap * 2 : 16;
                 gp_cu_event *n = realloc(d->spare_events, cap * sizeof(*n));
 
-                if (!n) {
-                        (void) c->cu.cuEventDestroy(e);
-                        return;
-                }
+                if (!n)
+                        return GP_CUDA_ERROR_OUT_OF_MEMORY;
                 d->spare_events = n;
                 d->spare_cap = cap;
         }
-        d->spare_events[d->spare_count++] = e;
+        r = c->cu.cuEventCreate(ret, GP_CU_EVENT_BLOCKING_SYNC | GP_CU_EVENT_DISABLE_TIMING);
+        if (r == GP_CUDA_SUCCESS)
+                d->event_count++;
+        return r;
 }
 
 int client_cuda_record(gpupool_client *c, struct client_device *d, void *stream, gp_cu_event *ret) {
         gp_cu_event e = NULL;
+        int err, capturing = GP_CU_STREAM_CAPTURE_STATUS_NONE;
         gp_cu_result r;
-        int err;
 
         err = push(c, d);
         if (err < 0)
                 return err;
-        if (d->spare_count) {
-                e = d->spare_events[--d->spare_count];
-                r = GP_CUDA_SUCCESS;
-        } else {
-                r = c->cu.cuEventCreate(&e, GP_CU_EVENT_DISABLE_TIMING);
+        r = c->cu.cuStreamIsCapturing((gp_cu_stream) stream, &capturing);
+        if (r == GP_CUDA_ERROR_STREAM_CAPTURE_IMPLICIT || (r == GP_CUDA_SUCCESS && capturing != GP_CU_STREAM_CAPTURE_STATUS_NONE)) {
+                pop(c);
+                client_set_error(c, "the stream is capturing a CUDA graph: a block freed inside a capture belongs to "
+                                    "the graph, and gpupool cannot order its reuse; free it after the capture ends "
+                                    "(the block stays allocated)");
+                return -EBUSY;
         }
+        if (r == GP_CUDA_SUCCESS)
+                r = event_get(c, d, &e);
         if (r == GP_CUDA_SUCCESS) {
                 r = c->cu.cuEventRecord(e, (gp_cu_stream) stream);
                 if (r != GP_CUDA_SUCCESS)
@@ -186,21 +251,69 @@ int client_cuda_record(gpupool_client *c, struct client_device *d, void *stream,
                 /* Typically a stream of another context than the GPU's primary one. */
                 client_set_error(c, "cannot record an event on the stream: %s (the block stays allocated)",
                                  gp_cuda_error_name(&c->cu, r));
-                return r == GP_CUDA_ERROR_INVALID_HANDLE || r == GP_CUDA_ERROR_INVALID_CONTEXT ? -EINVAL : -EIO;
+                return r == GP_CUDA_ERROR_INVALID_HANDLE || r == GP_CUDA_ERROR_INVALID_CONTEXT ? -EINVAL :
+                       r == GP_CUDA_ERROR_OUT_OF_MEMORY ? -ENOMEM : -EIO;
         }
         *ret = e;
         return 0;
 }
 
-bool client_cuda_event_done(gpupool_client *c, struct client_device *d, gp_cu_event e, bool wait) {
-        gp_cu_result r = GP_CUDA_ERROR_NOT_READY;
+int client_cuda_event_done(gpupool_client *c, struct client_device *d, gp_cu_event e, bool wait) {
+        gp_cu_result r;
+        int mode;
 
-        if (push(c, d) == 0) {
-                r = wait ? c->cu.cuEventSynchronize(e) : c->cu.cuEventQuery(e);
+        if (push(c, d) < 0)
+                return -EIO;
+        mode = relax(c);
+        r = wait ? c->cu.cuEventSynchronize(e) : c->cu.cuEventQuery(e);
+        unrelax(c, mode);
+        pop(c);
+        if (r == GP_CUDA_SUCCESS)
+                return 1;
+        if (r == GP_CUDA_ERROR_NOT_READY)
+                return 0;
+        /* Not proof that the work ended: what waits on it stays where it is. */
+        client_set_error(c, "the driver cannot tell whether device work on a freed block ended: %s "
+                            "(the block stays pending until the process exits)", gp_cuda_error_name(&c->cu, r));
+        return -EIO;
+}
+
+void client_cuda_thread_relaxed(gpupool_client *c) {
+        (void) relax(c);
+}
+
+int client_cuda_event_wait(gpupool_client *c, struct client_device *d, gp_cu_event e) {
+        gp_cu_context ctx;
+        gp_cu_result r;
+
+        /* Called unlocked: the driver directly, nothing of the handle's. */
+        if (c->cu.cuCtxPushCurrent(d->ctx) != GP_CUDA_SUCCESS)
+                return -EIO;
+        r = c->cu.cuEventSynchronize(e);
+        (void) c->cu.cuCtxPopCurrent(&ctx);
+        return r == GP_CUDA_SUCCESS ? 0 : -EIO;
+}
+
+int client_cuda_synchronize(gpupool_client *c) {
+        int err = 0;
+
+        for (unsigned i = 0; i < c->device_count; i++) {
+                struct client_device *d = &c->devices[i];
+                gp_cu_result r;
+                int mode;
+
+                if (!d->ctx || push(c, d) < 0)
+                        continue;
+                mode = relax(c);
+                r = c->cu.cuCtxSynchronize();
+                unrelax(c, mode);
                 pop(c);
+                if (r != GP_CUDA_SUCCESS) {
+                        client_set_error(c, "cuCtxSynchronize on GPU %u: %s", i, gp_cuda_error_name(&c->cu, r));
+                        err = -EIO;
+                }
         }
-        /* Done, or the context failed and no more of its work will run: either way what waited on it may go. */
-        return r != GP_CUDA_ERROR_NOT_READY;
+        return err;
 }
 
 void client_cuda_teardown(gpupool_client *c) {
@@ -214,7 +327,7 @@ void client_cuda_teardown(gpupool_client *c) {
                 }
                 free(d->spare_events);
                 d->spare_events = NULL;
-                d->spare_count = d->spare_cap = 0;
+                d->spare_count = d->spare_cap = d->event_count = 0;
                 if (d->ctx)
                         (void) c->cu.cuDevicePrimaryCtxRelease(d->dev);
                 d->ctx = NULL;

@@ -20,17 +20,36 @@ int client_cuda_open(gpupool_client *c, struct mapping *m);
 /* Closes what client_cuda_open() opened. */
 void client_cuda_close(gpupool_client *c, struct mapping *m);
 
+/* The driver's id of stream (cuStreamGetId) in d's primary context. Returns 0, or -EINVAL with the error set. */
+int client_cuda_stream_id(gpupool_client *c, struct client_device *d, void *stream, unsigned long long *ret);
+
 /*
  * Records an event on stream in d's primary context after the work queued so far (a spare
- * one, or a new one). Returns 0, or a negative errno with the error set.
+ * one, or a new one). Returns 0, or a negative errno with the error set: -EBUSY when the
+ * stream is capturing a CUDA graph.
  */
 int client_cuda_record(gpupool_client *c, struct client_device *d, void *stream, gp_cu_event *ret);
 
-/* Whether event e of d has completed (or its context failed); with wait, waits for it first. */
-bool client_cuda_event_done(gpupool_client *c, struct client_device *d, gp_cu_event e, bool wait);
+/*
+ * 1 when event e of d has completed, 0 when not yet; with wait, waits for it first, asleep.
+ * -EIO, with the error set, when the driver fails: never taken for done.
+ */
+int client_cuda_event_done(gpupool_client *c, struct client_device *d, gp_cu_event e, bool wait);
 
-/* Keeps a completed event of d for reuse. */
+/* Keeps an event of d for reuse (one client_cuda_record() made). Cannot fail. */
 void client_cuda_event_put(gpupool_client *c, struct client_device *d, gp_cu_event e);
+
+/* Unlocked, for the reaper thread: waits asleep for e. 0 when it completed, -EIO when the driver failed. */
+int client_cuda_event_wait(gpupool_client *c, struct client_device *d, gp_cu_event e);
+
+/* Puts the calling thread (the reaper) in CU_STREAM_CAPTURE_MODE_RELAXED for good. */
+void client_cuda_thread_relaxed(gpupool_client *c);
+
+/*
+ * Waits for every piece of work of this process on the GPUs it used (cuCtxSynchronize in each
+ * primary context). Returns 0, or -EIO with the error set when the driver failed.
+ */
+int client_cuda_synchronize(gpupool_client *c);
 
 /* Once every mapping is closed and the reaper stopped: destroys the events and releases the contexts. */
 void client_cuda_teardown(gpupool_client *c);

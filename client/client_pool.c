@@ -206,26 +206,7 @@ out:
         return r;
 }
 
-/*
- * A block freed with a stream that an allocation on that same stream may have at once (the
- * stream runs the new work after the old): of device d, at least rsize and at most a quarter
- * more. Taken out of its stream-ordered free, live again. Locked.
- */
-static struct block *take_pending(gpupool_client *c, unsigned d, uint64_t rsize, void *stream) {
-        for (struct deferred *q = c->deferred_head; q; q = q->next) {
-                struct block *b = q->block;
-
-                if (b && q->stream == stream && q->device == d && b->size >= rsize && b->size <= rsize + rsize / 4) {
-                        q->block = NULL;        /* its event ends nothing now */
-                        b->freeing = false;
-                        return b;
-                }
-        }
-        return NULL;
-}
-
-int client_pool_alloc(gpupool_client *c, unsigned d, int device, uint64_t rsize, void *stream, bool on_stream,
-                      void **ret_ptr) {
+int client_pool_alloc(gpupool_client *c, unsigned d, int device, uint64_t rsize, void **ret_ptr) {
         struct client_device *dev = &c->devices[d];
         enum heap_class class = heap_class_of(rsize);
         struct heap_block *hb;
@@ -233,12 +214,6 @@ int client_pool_alloc(gpupool_client *c, unsigned d, int device, uint64_t rsize,
         struct block *b;
         int r;
 
-        if (on_stream && (b = take_pending(c, d, rsize, stream))) {
-                b->local_device = device;
-                b->scope = c->scope_depth ? c->scopes[c->scope_depth - 1] : 0;
-                *ret_ptr = b->ptr;
-                return 0;
-        }
         b = calloc(1, sizeof(*b));
         if (!b)
                 return -ENOMEM;

@@ -12,8 +12,7 @@
 #include "client.h"
 
 /* Allocates a block of rsize (rounded) bytes on daemon device d from the pool, leasing a segment if need be. */
-int client_pool_alloc(gpupool_client *c, unsigned d, int device, uint64_t rsize, void *stream, bool on_stream,
-                      void **ret_ptr);
+int client_pool_alloc(gpupool_client *c, unsigned d, int device, uint64_t rsize, void **ret_ptr);
 
 /* Frees a block out of the live table into the pool; its segment stays mapped. */
 int client_pool_free(gpupool_client *c, struct block *b);

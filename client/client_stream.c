@@ -1,51 +1,108 @@
 /*
  * client_stream.c: stream-ordered frees. gpupool_free_async() records an event on the
  * caller's stream and returns; the block goes back to the process's pool once the event has
- * completed. A reaper thread (started on the first such free) waits for the oldest pending
- * event and then frees every block whose event has completed; every allocation call also
- * frees the completed ones first. Nothing the caller calls waits for the device, except
- * gpupool_disconnect(), which must not give memory back while queued work may still touch it.
+ * completed.
+ *
+ * Pending frees are kept per stream, in the order they were queued. A stream runs its work in
+ * that order, so a reaping walk stops at the first free of each stream whose event has not
+ * completed: with PyTorch's CPU thousands of frees ahead of the GPU, it costs one event query
+ * per stream, not one per pending free. An allocation on the same stream may take a pending
+ * block at once (the stream orders the new work after the old); those are found in a tree by
+ * (stream, device, size). Streams are told apart by cuStreamGetId, never by their handle: a
+ * destroyed stream's handle may come back for a new stream while the old one's work still runs.
+ *
+ * A reaper thread (started on the first such free) waits, asleep, for the oldest pending
+ * event (CU_EVENT_BLOCKING_SYNC: an event without it spins the waiting core), then frees
+ * every block whose event has completed; every allocation call also frees the completed ones
+ * first. Only CUDA_SUCCESS counts as done: a driver error (an event recorded in a graph
+ * capture, a context lost) leaves the block pending, where the memory stays the process's
+ * until it exits; never is a block handed out again on an error's word. Nothing the caller
+ * calls waits for the device, except gpupool_disconnect().
  */
 #define _GNU_SOURCE
 #include "client_stream.h"
 
 #include <errno.h>
 #include <stdlib.h>
+#include <time.h>
 
 #include "client_cuda.h"
 #include "client_pool.h"
 #include "client_segment.h"
 
+#define CMP(a, b) ((a) < (b) ? -1 : (a) > (b))
+
 static void *reaper_main(void *arg);
 
+/* By stream, device, size, then age: the lower bound of (stream, device, size) fits best. */
+static int cmp_fit(const struct gp_rb_node *x, const struct gp_rb_node *y) {
+        const struct deferred *a = gp_rb_entry(x, struct deferred, by_fit);
+        const struct deferred *b = gp_rb_entry(y, struct deferred, by_fit);
+
+        if (a->queue->stream_id != b->queue->stream_id)
+                return CMP(a->queue->stream_id, b->queue->stream_id);
+        if (a->queue->device != b->queue->device)
+                return CMP(a->queue->device, b->queue->device);
+        if (a->block->size != b->block->size)
+                return CMP(a->block->size, b->block->size);
+        return CMP(a->seq, b->seq);
+}
+
+void client_stream_init(gpupool_client *c) {
+        gp_rb_init(&c->pending, cmp_fit);
+}
+
+/* The queue of a stream on device d, made on first use. NULL when out of memory. Locked. */
+static struct stream_queue *queue_of(gpupool_client *c, unsigned d, unsigned long long stream_id) {
+        struct stream_queue *sq;
+
+        for (sq = c->queues; sq; sq = sq->next)
+                if (sq->stream_id == stream_id && sq->device == d)
+                        return sq;
+        sq = calloc(1, sizeof(*sq));
+        if (!sq)
+                return NULL;
+        sq->stream_id = stream_id;
+        sq->device = d;
+        sq->next = c->queues;
+        c->queues = sq;
+        return sq;
+}
+
 int client_stream_defer_free(gpupool_client *c, struct block *b, void *stream) {
-        struct client_device *d = &c->devices[b->mapping->device];
+        unsigned d = b->mapping->device;
+        struct client_device *dev = &c->devices[d];
         struct deferred *q = calloc(1, sizeof(*q));
+        unsigned long long id;
         gp_cu_event e;
         int err;
 
         if (!q)
                 return -ENOMEM;
-        err = client_cuda_record(c, d, stream, &e);
+        err = client_cuda_stream_id(c, dev, stream, &id);
+        if (err == 0 && !(q->queue = queue_of(c, d, id)))
+                err = -ENOMEM;
+        if (err == 0)
+                err = client_cuda_record(c, dev, stream, &e);
         if (err < 0) {
                 free(q);
                 return err;
         }
         q->block = b;
-        q->stream = stream;
         q->event = e;
-        q->device = b->mapping->device;
+        q->seq = ++c->deferred_seq;
         /*
          * Live until its work ends, but nobody's to free again, nor the scope's; an allocation
          * on this same stream may take it at once (the stream orders the new work after the old).
          */
         b->freeing = true;
         (void) client_live_insert(c, b);
-        if (c->deferred_tail)
-                c->deferred_tail->next = q;
+        gp_rb_insert(&c->pending, &q->by_fit);
+        if (q->queue->tail)
+                q->queue->tail->next = q;
         else
-                c->deferred_head = q;
-        c->deferred_tail = q;
+                q->queue->head = q;
+        q->queue->tail = q;
         if (!c->reaper_started && pthread_create(&c->reaper, NULL, reaper_main, c) == 0)
                 c->reaper_started = true;
         /* Without a reaper thread the next call of this handle still frees the block. */
@@ -53,75 +110,150 @@ int client_stream_defer_free(gpupool_client *c, struct block *b, void *stream) {
         return 0;
 }
 
-/* Frees q's block into the process's pool and recycles its event. Locked. */
+struct block *client_stream_take(gpupool_client *c, unsigned d, uint64_t rsize, void *stream) {
+        struct stream_queue key_queue;
+        struct block key_block = { .size = rsize };
+        struct deferred key = { .queue = &key_queue, .block = &key_block, .seq = 0 }, *q;
+        struct gp_rb_node *n;
+        struct block *b;
+
+        if (!c->pending.count || client_cuda_stream_id(c, &c->devices[d], stream, &key_queue.stream_id) < 0)
+                return NULL;
+        key_queue.device = d;
+        n = gp_rb_lower_bound(&c->pending, &key.by_fit);
+        if (!n)
+                return NULL;
+        q = gp_rb_entry(n, struct deferred, by_fit);
+        b = q->block;
+        if (q->queue->stream_id != key_queue.stream_id || q->queue->device != d || b->size > rsize + rsize / 4)
+                return NULL;
+        gp_rb_remove(&c->pending, n);
+        q->block = NULL;        /* its event ends nothing now */
+        b->freeing = false;
+        return b;
+}
+
+/* Takes q off the head of its queue, frees its block into the process's pool and recycles its event. Locked. */
 static void complete(gpupool_client *c, struct deferred *q) {
-        client_cuda_event_put(c, &c->devices[q->device], q->event);
-        if (q->block)
+        struct stream_queue *sq = q->queue;
+
+        sq->head = q->next;
+        if (!sq->head)
+                sq->tail = NULL;
+        client_cuda_event_put(c, &c->devices[sq->device], q->event);
+        if (q->block) {
+                gp_rb_remove(&c->pending, &q->by_fit);
                 (void) client_free_block(c, q->block);
+        }
         free(q);
 }
 
-void client_stream_reap(gpupool_client *c, bool wait) {
-        struct deferred **pp = &c->deferred_head, *q;
+/* Frees the queues left empty. Locked. */
+static void prune_queues(gpupool_client *c) {
+        struct stream_queue **pp = &c->queues, *sq;
 
-        while ((q = *pp)) {
-                if (!client_cuda_event_done(c, &c->devices[q->device], q->event, wait)) {
-                        pp = &q->next;
+        while ((sq = *pp)) {
+                if (sq->head) {
+                        pp = &sq->next;
                         continue;
                 }
-                *pp = q->next;
-                complete(c, q);
+                *pp = sq->next;
+                free(sq);
         }
-        c->deferred_tail = NULL;
-        for (q = c->deferred_head; q; q = q->next)
-                c->deferred_tail = q;
+}
+
+int client_stream_reap(gpupool_client *c, bool wait) {
+        int r = 0;
+
+        for (struct stream_queue *sq = c->queues; sq; sq = sq->next) {
+                struct client_device *d = &c->devices[sq->device];
+
+                while (sq->head) {
+                        int done = client_cuda_event_done(c, d, sq->head->event, wait);
+
+                        if (done < 0 && wait)
+                                r = done;
+                        if (done != 1)
+                                break;          /* the stream's later frees wait behind this one */
+                        complete(c, sq->head);
+                }
+        }
+        prune_queues(c);
+        return r;
+}
+
+/* The oldest pending free's event and device, or NULL. Locked. */
+static struct deferred *oldest(gpupool_client *c) {
+        struct deferred *best = NULL;
+
+        for (struct stream_queue *sq = c->queues; sq; sq = sq->next)
+                if (sq->head && (!best || sq->head->seq < best->seq))
+                        best = sq->head;
+        return best;
 }
 
 static void *reaper_main(void *arg) {
         gpupool_client *c = arg;
+        unsigned backoff_ms = 0;
 
+        /* Our own thread: its waits must not disturb a graph capture of the application's. */
+        client_cuda_thread_relaxed(c);
         pthread_mutex_lock(&c->lock);
         for (;;) {
-                struct deferred *oldest;
+                struct deferred *q;
                 struct client_device *d;
-                gp_cu_context ctx;
                 gp_cu_event e;
+                int done;
 
-                while (!c->stopping && !c->deferred_head)
+                while (!c->stopping && !(q = oldest(c)))
                         pthread_cond_wait(&c->deferred_cond, &c->lock);
                 if (c->stopping)
                         break;
-                oldest = c->deferred_head;
-                d = &c->devices[oldest->device];
-                e = oldest->event;
+                d = &c->devices[q->queue->device];
+                e = q->event;
                 /*
                  * Wait without the lock, so the application's calls go on meanwhile. Another
-                 * thread may complete this free and reuse the event meanwhile, which only makes
-                 * this wait end sooner or later; events are destroyed only after we are joined.
-                 * The driver is called directly: nothing here may touch the handle's error.
+                 * thread may complete this free and record the event again meanwhile, which only
+                 * makes this wait end sooner or later; no event is destroyed before we are joined.
                  */
                 pthread_mutex_unlock(&c->lock);
-                if (c->cu.cuCtxPushCurrent(d->ctx) == GP_CUDA_SUCCESS) {
-                        (void) c->cu.cuEventSynchronize(e);
-                        (void) c->cu.cuCtxPopCurrent(&ctx);
-                }
+                done = client_cuda_event_wait(c, d, e);
                 pthread_mutex_lock(&c->lock);
-                client_stream_reap(c, false);
+                (void) client_stream_reap(c, false);
+                if (done < 0 && !c->stopping) {
+                        /* The driver failed the wait: look again later, not in a loop that pins a core. */
+                        struct timespec ts;
+
+                        backoff_ms = backoff_ms ? (backoff_ms < 500 ? backoff_ms * 2 : 1000) : 10;
+                        clock_gettime(CLOCK_REALTIME, &ts);
+                        ts.tv_nsec += (long) backoff_ms * 1000000L;
+                        ts.tv_sec += ts.tv_nsec / 1000000000L;
+                        ts.tv_nsec %= 1000000000L;
+                        (void) pthread_cond_timedwait(&c->deferred_cond, &c->lock, &ts);
+                } else {
+                        backoff_ms = 0;
+                }
         }
         pthread_mutex_unlock(&c->lock);
         return NULL;
 }
 
 void client_stream_forget(gpupool_client *c) {
-        struct deferred *q;
+        struct stream_queue *sq;
 
-        while ((q = c->deferred_head)) {
-                c->deferred_head = q->next;
-                /* Its block, live and marked freeing, goes with the live table (client_live_forget()). */
-                client_cuda_event_put(c, &c->devices[q->device], q->event);
-                free(q);
+        while ((sq = c->queues)) {
+                struct deferred *q;
+
+                while ((q = sq->head)) {
+                        sq->head = q->next;
+                        /* Its block, live and marked freeing, goes with the live table (client_live_forget()). */
+                        client_cuda_event_put(c, &c->devices[sq->device], q->event);
+                        free(q);
+                }
+                c->queues = sq->next;
+                free(sq);
         }
-        c->deferred_tail = NULL;
+        client_stream_init(c);
 }
 
 void client_stream_stop(gpupool_client *c) {

@@ -34,6 +34,7 @@ typedef struct { char bytes[16]; } gp_cu_uuid;                                  
 #define GP_CUDA_ERROR_OUT_OF_MEMORY 2
 #define GP_CUDA_ERROR_NOT_INITIALIZED 3
 #define GP_CUDA_ERROR_DEINITIALIZED 4
+#define GP_CUDA_ERROR_DEVICE_UNAVAILABLE 46
 #define GP_CUDA_ERROR_NO_DEVICE 100
 #define GP_CUDA_ERROR_INVALID_DEVICE 101
 #define GP_CUDA_ERROR_INVALID_CONTEXT 201
@@ -41,15 +42,32 @@ typedef struct { char bytes[16]; } gp_cu_uuid;                                  
 #define GP_CUDA_ERROR_ALREADY_MAPPED 208
 #define GP_CUDA_ERROR_INVALID_HANDLE 400
 #define GP_CUDA_ERROR_NOT_FOUND 500
+#define GP_CUDA_ERROR_ILLEGAL_STATE 401
 #define GP_CUDA_ERROR_NOT_READY 600
 #define GP_CUDA_ERROR_NOT_PERMITTED 800
 #define GP_CUDA_ERROR_NOT_SUPPORTED 801
+#define GP_CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED 900
+#define GP_CUDA_ERROR_STREAM_CAPTURE_INVALIDATED 901
+#define GP_CUDA_ERROR_STREAM_CAPTURE_IMPLICIT 906
+#define GP_CUDA_ERROR_CAPTURED_EVENT 907
+#define GP_CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD 908
 #define GP_CUDA_ERROR_UNKNOWN 999
 
 /* Flags and enum values, as in cuda.h. */
 #define GP_CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS 0x1
+#define GP_CU_EVENT_BLOCKING_SYNC 0x1
 #define GP_CU_EVENT_DISABLE_TIMING 0x2
+#define GP_CU_STREAM_CAPTURE_STATUS_NONE 0
+#define GP_CU_STREAM_CAPTURE_STATUS_ACTIVE 1
+#define GP_CU_STREAM_CAPTURE_STATUS_INVALIDATED 2
+#define GP_CU_STREAM_CAPTURE_MODE_GLOBAL 0
+#define GP_CU_STREAM_CAPTURE_MODE_THREAD_LOCAL 1
+#define GP_CU_STREAM_CAPTURE_MODE_RELAXED 2
 #define GP_CU_STREAM_NON_BLOCKING 0x1
+#define GP_CU_DEVICE_ATTRIBUTE_COMPUTE_MODE 20
+#define GP_CU_COMPUTEMODE_DEFAULT 0
+#define GP_CU_COMPUTEMODE_PROHIBITED 2
+#define GP_CU_COMPUTEMODE_EXCLUSIVE_PROCESS 3
 #define GP_CU_GET_PROC_ADDRESS_DEFAULT 0
 #define GP_CU_GET_PROC_ADDRESS_SUCCESS 0
 #define GP_CU_MEMPOOL_ATTR_RELEASE_THRESHOLD 4
@@ -82,7 +100,12 @@ typedef struct { char bytes[16]; } gp_cu_uuid;                                  
         X(cuEventRecord, 2000, gp_cu_result, (gp_cu_event e, gp_cu_stream s)) \
         X(cuEventQuery, 2000, gp_cu_result, (gp_cu_event e)) \
         X(cuEventSynchronize, 2000, gp_cu_result, (gp_cu_event e)) \
-        X(cuEventDestroy, 4000, gp_cu_result, (gp_cu_event e))
+        X(cuEventDestroy, 4000, gp_cu_result, (gp_cu_event e)) \
+        X(cuStreamGetId, 12000, gp_cu_result, (gp_cu_stream s, unsigned long long *id)) \
+        X(cuStreamIsCapturing, 10000, gp_cu_result, (gp_cu_stream s, int *status)) \
+        X(cuThreadExchangeStreamCaptureMode, 10010, gp_cu_result, (int *mode)) \
+        X(cuCtxSynchronize, 2000, gp_cu_result, (void)) \
+        X(cuDeviceGetAttribute, 2000, gp_cu_result, (int *value, int attribute, gp_cu_device dev))
 
 #define GP_CUDA_DECLARE(name, version, ret, args) ret (*name) args;
 

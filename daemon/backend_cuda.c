@@ -15,6 +15,12 @@
  * Zeroing (a segment changing tenant) runs cuMemsetD8Async on a stream of the daemon's and
  * waits for it: the next tenant's work runs in another process's context, which nothing would
  * order after ours.
+ *
+ * Compute modes: a GPU in EXCLUSIVE_PROCESS mode (common on shared clusters) admits one
+ * process's context at a time, and one in PROHIBITED mode none; gpupoold's context would lock
+ * every client out of the first, and cannot exist on the second. Such GPUs are skipped with a
+ * log line that says why and what to do; the pool's devices are the GPUs left, in order (the
+ * clients match them by UUID). If none is left gpupoold does not start.
  */
 #include "backend.h"
 
@@ -175,11 +181,17 @@ static const struct backend_ops cuda_ops = {
         .close = cuda_close,
 };
 
-/* Opens GPU ordinal i as device i of the pool. */
-static int open_device(struct cuda_backend *c, int ordinal, uint64_t headroom_bytes, char *err, size_t err_size) {
-        struct cuda_device *d = &c->devs[ordinal];
+/*
+ * Opens GPU ordinal as the pool's device d (c->base.device_count counts it already). Returns
+ * 0, 1 when its compute mode keeps it out of the pool (logged), or a negative errno with a
+ * sentence in err.
+ */
+static int open_device(struct cuda_backend *c, unsigned index, int ordinal, uint64_t headroom_bytes, char *err,
+                       size_t err_size) {
+        struct cuda_device *d = &c->devs[index];
         char total_s[GP_SIZE_FORMAT_MAX], free_s[GP_SIZE_FORMAT_MAX], cap_s[GP_SIZE_FORMAT_MAX];
         size_t free_bytes = 0, total_bytes = 0;
+        int mode = GP_CU_COMPUTEMODE_DEFAULT;
         const char *what;
         gp_cu_result r;
 
@@ -192,6 +204,20 @@ static int open_device(struct cuda_backend *c, int ordinal, uint64_t headroom_by
         if (r == GP_CUDA_SUCCESS) {
                 what = "cuDeviceGetUuid_v2";
                 r = c->cu.cuDeviceGetUuid(&d->uuid, d->dev);
+        }
+        if (r == GP_CUDA_SUCCESS) {
+                what = "cuDeviceGetAttribute(CU_DEVICE_ATTRIBUTE_COMPUTE_MODE)";
+                r = c->cu.cuDeviceGetAttribute(&mode, GP_CU_DEVICE_ATTRIBUTE_COMPUTE_MODE, d->dev);
+        }
+        if (r == GP_CUDA_SUCCESS && (mode == GP_CU_COMPUTEMODE_EXCLUSIVE_PROCESS || mode == GP_CU_COMPUTEMODE_PROHIBITED)) {
+                d->name[sizeof(d->name) - 1] = '\0';
+                log_warn("cuda: GPU %d (%s) skipped: its compute mode is %s, which %s; to pool it, set it to "
+                         "DEFAULT (nvidia-smi -i %d -c DEFAULT)", ordinal, d->name,
+                         mode == GP_CU_COMPUTEMODE_PROHIBITED ? "PROHIBITED" : "EXCLUSIVE_PROCESS",
+                         mode == GP_CU_COMPUTEMODE_PROHIBITED ? "allows no CUDA context on it" :
+                         "allows one process's context at a time: gpupoold's would lock out every client",
+                         ordinal);
+                return 1;
         }
         if (r == GP_CUDA_SUCCESS) {
                 what = "cuDevicePrimaryCtxRetain";
@@ -227,7 +253,7 @@ static int open_device(struct cuda_backend *c, int ordinal, uint64_t headroom_by
                          gp_size_format(total_bytes, total_s, sizeof(total_s)));
                 return -EINVAL;
         }
-        log_info("cuda: device %d: %s, %s total, %s free now, pool capacity %s", ordinal, d->name,
+        log_info("cuda: device %u (GPU %d): %s, %s total, %s free now, pool capacity %s", index, ordinal, d->name,
                  gp_size_format(total_bytes, total_s, sizeof(total_s)), gp_size_format(free_bytes, free_s, sizeof(free_s)),
                  gp_size_format(d->capacity_bytes, cap_s, sizeof(cap_s)));
         return 0;
@@ -256,13 +282,25 @@ int backend_cuda_open(uint64_t headroom_bytes, struct backend **ret, char *err, 
         }
         log_info("cuda: driver %d.%d, %d GPU%s", c->cu.driver_version / 1000, c->cu.driver_version % 1000 / 10, count,
                  count == 1 ? "" : "s");
-        for (int i = 0; i < count; i++) {
+        for (int i = 0, skipped = 0; i < count; i++) {
+                unsigned index = c->base.device_count;
+
                 /* Count it first: cuda_close() releases what a half-opened device retained. */
-                c->base.device_count = (unsigned) i + 1;
-                r = open_device(c, i, headroom_bytes, err, err_size);
+                c->base.device_count = index + 1;
+                r = open_device(c, index, i, headroom_bytes, err, err_size);
                 if (r < 0) {
                         cuda_close(&c->base);
                         return r;
+                }
+                if (r == 1) {
+                        memset(&c->devs[index], 0, sizeof(c->devs[index]));
+                        c->base.device_count = index;
+                        if (++skipped == count) {
+                                snprintf(err, err_size, "every GPU (%d) is in a compute mode that keeps it out of the pool "
+                                         "(EXCLUSIVE_PROCESS or PROHIBITED; see the log lines above)", count);
+                                cuda_close(&c->base);
+                                return -EPERM;
+                        }
                 }
         }
         *ret = &c->base;

@@ -65,9 +65,12 @@ typedef struct gpupool_client gpupool_client;
 GPUPOOL_EXPORT int gpupool_connect(const char *socket_path, const char *client_name, gpupool_client **ret_client);
 
 /*
- * Waits for the work behind pending gpupool_free_async() calls, unmaps every segment, tells
- * the daemon so (it reuses the memory at once) and frees the handle. Every pointer from this
- * handle is invalid afterwards. NULL is fine.
+ * Waits for the work behind pending gpupool_free_async() calls and for all of this process's
+ * work on the GPUs it used (cuCtxSynchronize: kernels may still write blocks never freed),
+ * unmaps every segment, tells the daemon so (it reuses the memory at once) and frees the
+ * handle. When the driver cannot say that the work ended, it does not tell the daemon, which
+ * then keeps the memory until the process has exited. Every pointer from this handle is
+ * invalid afterwards. NULL is fine.
  */
 GPUPOOL_EXPORT void gpupool_disconnect(gpupool_client *client);
 
@@ -111,8 +114,11 @@ GPUPOOL_EXPORT int gpupool_alloc_async(gpupool_client *client, int device, size_
  * the same stream, which the stream orders after that work; then it goes back to the
  * process's pool. On the host
  * backend stream must be NULL and the block is freed at once. -ENOENT as gpupool_free();
- * -EINVAL when no event can be recorded on stream (a stream of another context), and the block
- * stays allocated. gpupool_disconnect() waits for such pending frees.
+ * -EINVAL when no event can be recorded on stream (a stream of another context); -EBUSY when
+ * stream is capturing a CUDA graph (a block freed inside a capture is the graph's: free it
+ * after the capture ends). The block stays allocated on any error. Only a completed event
+ * gives the block back: if the driver fails to say (a faulted context), it stays pending
+ * until the process exits. gpupool_disconnect() waits for such pending frees.
  */
 GPUPOOL_EXPORT int gpupool_free_async(gpupool_client *client, void *ptr, void *stream);
 

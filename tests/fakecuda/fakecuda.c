@@ -18,7 +18,20 @@
  *     aborts the freeing process, with a message;
  *   - a process forked after cuInit cannot use the driver (CUDA_ERROR_NOT_INITIALIZED);
  *   - calls that need a context fail without a current one (CUDA_ERROR_INVALID_CONTEXT);
- *   - $CUDA_VISIBLE_DEVICES selects and renumbers the GPUs, whose UUIDs stay fixed.
+ *   - $CUDA_VISIBLE_DEVICES selects and renumbers the GPUs, whose UUIDs stay fixed;
+ *   - waits spin (cuEventSynchronize, cuStreamSynchronize, cuCtxSynchronize), as in a context
+ *     of the default scheduling; only an event made with CU_EVENT_BLOCKING_SYNC waits asleep;
+ *   - streams and events belong to the context they were made in and are refused with
+ *     another's; a destroyed stream's work still runs, and its handle comes back for the next
+ *     stream made (cuStreamGetId tells them apart);
+ *   - graph capture: work and events on a capturing stream become graph nodes (run nothing,
+ *     complete nothing); a potentially unsafe call (allocation, free, IPC open or close, an
+ *     event query or wait, a synchronization) made while a capture forbids it, by the modes
+ *     of cuThreadExchangeStreamCaptureMode, fails with CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED
+ *     and invalidates the capture; an event recorded in a capture cannot be queried
+ *     (CUDA_ERROR_CAPTURED_EVENT);
+ *   - compute modes: no context on a PROHIBITED GPU, one process's at a time on an
+ *     EXCLUSIVE_PROCESS one (CUDA_ERROR_DEVICE_UNAVAILABLE).
  *
  * "Device memory" is a file per allocation in $FAKECUDA_DIR (default /dev/shm), which every
  * process of the test can open; an IPC handle names it. Importers hold a shared flock() on
@@ -28,7 +41,8 @@
  * pending for as long as they need instead of sleeping.
  *
  * Knobs: $FAKECUDA_DEVICES (GPUs on the node, default 1; 0 = none), $FAKECUDA_MEM (bytes per
- * GPU, default 1 GiB; K/M/G suffixes).
+ * GPU, default 1 GiB; K/M/G suffixes), $FAKECUDA_COMPUTE_MODES (a mode per GPU, "default",
+ * "prohibited" or "exclusive-process", comma-separated).
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -40,6 +54,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sched.h>
 #include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -50,6 +65,7 @@
 #define EXPORT __attribute__((visibility("default")))
 #define FAKE_DRIVER_VERSION 12080
 #define MAX_GPUS 8
+#define MAX_STREAMS 256
 #define HANDLE_MAGIC 0x55434b46u        /* "FKCU" */
 
 typedef gp_cu_result CUresult;
@@ -58,7 +74,11 @@ typedef gp_cu_deviceptr CUdeviceptr;
 struct ctx {
         int gpu;                        /* physical index */
         int retained;
+        int exclusive_fd;               /* EXCLUSIVE_PROCESS: the device's lock file, held while retained */
 };
+
+enum compute_mode { MODE_DEFAULT = 0, MODE_PROHIBITED = 2, MODE_EXCLUSIVE_PROCESS = 3 };
+static int compute_modes[MAX_GPUS];
 
 struct alloc {
         struct alloc *next;
@@ -92,18 +112,29 @@ struct op {
         size_t n;
 };
 
+enum capture { CAPTURE_NONE, CAPTURE_ACTIVE, CAPTURE_INVALIDATED };
+
 struct stream {
-        struct stream *next;
+        struct stream *next;            /* every stream of the process, destroyed ones still running too */
         pthread_t worker;
         struct op *head, *tail;
         uint64_t submitted, done;
-        bool held, closing;
+        unsigned long long id;          /* cuStreamGetId: never reused in the process */
+        struct ctx *ctx;                /* the context it was made in */
+        bool held, closing, blocking;
+        enum capture capture;
+        int capture_mode;
+        pthread_t capture_thread;
 };
 
 struct event {
         struct event *next;
+        struct ctx *ctx;                /* the context it was made in */
+        unsigned flags;
         struct stream *stream;          /* NULL: complete */
         uint64_t seq;
+        bool captured;                  /* last recorded inside a capture */
+        int waiters;                    /* threads in cuEventSynchronize on it */
 };
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
@@ -118,6 +149,8 @@ static struct alloc *allocs;
 static struct stream *streams;
 static struct event *events;
 static uint64_t next_id = 1;
+static unsigned long long event_queries;        /* cuEventQuery calls (test hook) */
+static CUresult event_failure;                  /* what event queries and waits return instead (test hook) */
 static __thread struct ctx *ctx_stack[16];
 static __thread int ctx_depth;
 
@@ -158,6 +191,22 @@ static void mem_path(char *buf, size_t size, pid_t pid, uint64_t id) {
         snprintf(buf, size, "%s/fakecuda-%d-%llu", mem_dir(), (int) pid, (unsigned long long) id);
 }
 
+/* $FAKECUDA_COMPUTE_MODES: a mode per physical GPU, "default", "prohibited" or "exclusive-process", comma-separated. */
+static void parse_compute_modes(const char *spec) {
+        int gpu = 0;
+
+        memset(compute_modes, 0, sizeof(compute_modes));
+        for (const char *p = spec; p && *p && gpu < MAX_GPUS; gpu++) {
+                size_t n = strcspn(p, ",");
+
+                if (n == 10 && strncmp(p, "prohibited", n) == 0)
+                        compute_modes[gpu] = MODE_PROHIBITED;
+                else if (n == 17 && strncmp(p, "exclusive-process", n) == 0)
+                        compute_modes[gpu] = MODE_EXCLUSIVE_PROCESS;
+                p += n + (p[n] == ',');
+        }
+}
+
 /* Every call but cuInit and the pure lookups starts here. */
 static CUresult ready(void) {
         if (!init_pid || init_pid != getpid())
@@ -176,6 +225,48 @@ static struct ctx *current(void) {
                         return r_;                              \
                 if (!current())                                 \
                         return GP_CUDA_ERROR_INVALID_CONTEXT;   \
+        } while (0)
+
+/* Capture sequences begun in CU_STREAM_CAPTURE_MODE_GLOBAL and not yet ended, all threads'. */
+static int global_captures;
+static __thread int thread_capture_mode;        /* CU_STREAM_CAPTURE_MODE_GLOBAL */
+static __thread int thread_captures;            /* begun here, not relaxed, not yet ended */
+static __thread int thread_global_captures;     /* of those, begun in global mode */
+
+/*
+ * Whether this thread is prohibited from a potentially unsafe call (cuMemAlloc, a
+ * synchronization, an event query, an IPC open or close) by a capture under way, as
+ * cuThreadExchangeStreamCaptureMode documents the modes. If so, the captures it conflicts
+ * with are invalidated, as the driver does. Call locked.
+ */
+static bool capture_forbids(void) {
+        bool own, others;
+
+        if (thread_capture_mode == GP_CU_STREAM_CAPTURE_MODE_RELAXED)
+                return false;
+        own = thread_captures > 0;
+        others = thread_capture_mode == GP_CU_STREAM_CAPTURE_MODE_GLOBAL && global_captures > thread_global_captures;
+        if (!own && !others)
+                return false;
+        for (struct stream *s = streams; s; s = s->next) {
+                bool mine = pthread_equal(s->capture_thread, pthread_self());
+
+                if (s->capture == CAPTURE_ACTIVE && s->capture_mode != GP_CU_STREAM_CAPTURE_MODE_RELAXED &&
+                    (mine || (others && s->capture_mode == GP_CU_STREAM_CAPTURE_MODE_GLOBAL)))
+                        s->capture = CAPTURE_INVALIDATED;
+        }
+        return true;
+}
+
+/* Returns CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED from a potentially unsafe call made during a capture. */
+#define NO_UNSAFE_CALL_IN_CAPTURE()                                             \
+        do {                                                                    \
+                bool forbidden_;                                                \
+                pthread_mutex_lock(&lock);                                      \
+                forbidden_ = capture_forbids();                                 \
+                pthread_mutex_unlock(&lock);                                    \
+                if (forbidden_)                                                 \
+                        return GP_CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;        \
         } while (0)
 
 /* ---- initialization and devices ---- */
@@ -209,8 +300,11 @@ static CUresult fk_Init(unsigned flags) {
                         for (int i = 0; i < gpus; i++)
                                 visible[nvisible++] = i;
                 }
-                for (int i = 0; i < MAX_GPUS; i++)
+                for (int i = 0; i < MAX_GPUS; i++) {
                         ctxs[i].gpu = i;
+                        ctxs[i].exclusive_fd = -1;
+                }
+                parse_compute_modes(getenv("FAKECUDA_COMPUTE_MODES"));
                 init_pid = getpid();
         }
         pthread_mutex_unlock(&lock);
@@ -268,15 +362,55 @@ static CUresult fk_DeviceGetUuid(gp_cu_uuid *uuid, gp_cu_device d) {
         return GP_CUDA_SUCCESS;
 }
 
+/*
+ * As the driver: no context on a PROHIBITED GPU, and on an EXCLUSIVE_PROCESS one only in one
+ * process at a time (a lock on a file of the GPU's, which the process's exit lets go of too).
+ */
+static CUresult fk_DeviceGetAttribute(int *value, int attribute, gp_cu_device d) {
+        CUresult r = ready();
+
+        if (r)
+                return r;
+        if (!value)
+                return GP_CUDA_ERROR_INVALID_VALUE;
+        if (d < 0 || d >= nvisible)
+                return GP_CUDA_ERROR_INVALID_DEVICE;
+        switch (attribute) {
+        case GP_CU_DEVICE_ATTRIBUTE_COMPUTE_MODE:
+                *value = compute_modes[visible[d]];
+                return GP_CUDA_SUCCESS;
+        default:
+                return GP_CUDA_ERROR_INVALID_VALUE;    /* not one the fake knows */
+        }
+}
+
 static CUresult fk_DevicePrimaryCtxRetain(gp_cu_context *c, gp_cu_device d) {
+        struct ctx *x;
         CUresult r = ready();
 
         if (r)
                 return r;
         if (d < 0 || d >= nvisible)
                 return GP_CUDA_ERROR_INVALID_DEVICE;
+        x = &ctxs[visible[d]];
+        if (compute_modes[x->gpu] == MODE_PROHIBITED)
+                return GP_CUDA_ERROR_DEVICE_UNAVAILABLE;
         pthread_mutex_lock(&lock);
-        ctxs[visible[d]].retained++;
+        if (compute_modes[x->gpu] == MODE_EXCLUSIVE_PROCESS && x->retained == 0) {
+                char path[256];
+
+                snprintf(path, sizeof(path), "%s/fakecuda-gpu%d.exclusive", mem_dir(), x->gpu);
+                x->exclusive_fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0666);
+                if (x->exclusive_fd < 0 || flock(x->exclusive_fd, LOCK_EX | LOCK_NB) < 0) {
+                        if (x->exclusive_fd >= 0)
+                                close(x->exclusive_fd);
+                        x->exclusive_fd = -1;
+                        pthread_mutex_unlock(&lock);
+                        return GP_CUDA_ERROR_DEVICE_UNAVAILABLE;
+                }
+                (void) fchmod(x->exclusive_fd, 0666);
+        }
+        x->retained++;
         pthread_mutex_unlock(&lock);
         *c = (gp_cu_context) &ctxs[visible[d]];
         return GP_CUDA_SUCCESS;
@@ -290,7 +424,10 @@ static CUresult fk_DevicePrimaryCtxRelease(gp_cu_device d) {
         if (d < 0 || d >= nvisible || ctxs[visible[d]].retained == 0)
                 return GP_CUDA_ERROR_INVALID_CONTEXT;
         pthread_mutex_lock(&lock);
-        ctxs[visible[d]].retained--;
+        if (--ctxs[visible[d]].retained == 0 && ctxs[visible[d]].exclusive_fd >= 0) {
+                close(ctxs[visible[d]].exclusive_fd);
+                ctxs[visible[d]].exclusive_fd = -1;
+        }
         pthread_mutex_unlock(&lock);
         return GP_CUDA_SUCCESS;
 }
@@ -341,16 +478,6 @@ static CUresult fk_CtxSetCurrent(gp_cu_context c) {
                 ctx_stack[ctx_depth - 1] = (struct ctx *) c;
         else
                 ctx_stack[ctx_depth++] = (struct ctx *) c;
-        return GP_CUDA_SUCCESS;
-}
-
-static CUresult fk_CtxSynchronize(void) {
-        NEED_CTX();
-        pthread_mutex_lock(&lock);
-        for (struct stream *s = streams; s; s = s->next)
-                while (s->done < s->submitted)
-                        pthread_cond_wait(&cond, &lock);
-        pthread_mutex_unlock(&lock);
         return GP_CUDA_SUCCESS;
 }
 
@@ -409,6 +536,7 @@ static CUresult fk_MemAlloc_v2(CUdeviceptr *dptr, size_t size) {
         int gpu;
 
         NEED_CTX();
+        NO_UNSAFE_CALL_IN_CAPTURE();
         if (!dptr || size == 0)
                 return GP_CUDA_ERROR_INVALID_VALUE;
         gpu = current()->gpu;
@@ -455,6 +583,7 @@ static CUresult fk_MemFree_v2(CUdeviceptr dptr) {
         char path[256];
 
         NEED_CTX();
+        NO_UNSAFE_CALL_IN_CAPTURE();
         pthread_mutex_lock(&lock);
         a = find_base(dptr);
         if (!a || a->imported) {
@@ -541,6 +670,7 @@ static CUresult fk_MemsetD8_v2(CUdeviceptr p, unsigned char v, size_t n) {
         uint8_t *h;
 
         NEED_CTX();
+        NO_UNSAFE_CALL_IN_CAPTURE();
         h = bytes_at(p, n);
         if (!h)
                 return GP_CUDA_ERROR_INVALID_VALUE;
@@ -552,6 +682,7 @@ static CUresult fk_MemsetD32_v2(CUdeviceptr p, unsigned v, size_t n) {
         uint32_t *h;
 
         NEED_CTX();
+        NO_UNSAFE_CALL_IN_CAPTURE();
         if (p % 4 || n > SIZE_MAX / 4)
                 return GP_CUDA_ERROR_INVALID_VALUE;
         h = (uint32_t *) bytes_at(p, n * 4);
@@ -566,6 +697,7 @@ static CUresult fk_MemcpyHtoD_v2(CUdeviceptr dst, const void *src, size_t n) {
         uint8_t *h;
 
         NEED_CTX();
+        NO_UNSAFE_CALL_IN_CAPTURE();
         h = bytes_at(dst, n);
         if (!h)
                 return GP_CUDA_ERROR_INVALID_VALUE;
@@ -577,6 +709,7 @@ static CUresult fk_MemcpyDtoH_v2(void *dst, CUdeviceptr src, size_t n) {
         uint8_t *h;
 
         NEED_CTX();
+        NO_UNSAFE_CALL_IN_CAPTURE();
         h = bytes_at(src, n);
         if (!h)
                 return GP_CUDA_ERROR_INVALID_VALUE;
@@ -616,6 +749,7 @@ static CUresult fk_IpcOpenMemHandle_v2(CUdeviceptr *dptr, gp_cu_ipc_mem_handle h
         CUresult r;
 
         NEED_CTX();
+        NO_UNSAFE_CALL_IN_CAPTURE();
         memcpy(&w, handle.reserved, sizeof(w));
         if (!dptr || flags != GP_CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS)
                 return GP_CUDA_ERROR_INVALID_VALUE;
@@ -671,6 +805,7 @@ static CUresult fk_IpcCloseMemHandle(CUdeviceptr dptr) {
         struct alloc *a;
 
         NEED_CTX();
+        NO_UNSAFE_CALL_IN_CAPTURE();
         pthread_mutex_lock(&lock);
         a = find_base(dptr);
         if (!a || !a->imported) {
@@ -688,6 +823,57 @@ static CUresult fk_IpcCloseMemHandle(CUdeviceptr dptr) {
 
 /* ---- streams and events ---- */
 
+/*
+ * A stream's handle is the address of its slot; a new stream takes the lowest free slot, so a
+ * handle comes back once its stream was destroyed, as handles may with the driver. Only
+ * cuStreamGetId tells two streams of one handle apart.
+ */
+static struct stream *slots[MAX_STREAMS];
+static char slot_handles[MAX_STREAMS];
+static unsigned long long next_stream_id = 1;
+#define IS_DEFAULT_STREAM(h) ((uintptr_t) (h) <= 2)    /* NULL, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD */
+
+/* The stream behind a handle, or NULL (a default stream, or no stream). Call locked. */
+static struct stream *stream_of(gp_cu_stream h) {
+        const char *p = (const char *) h;
+
+        if (p < slot_handles || p >= slot_handles + MAX_STREAMS)
+                return NULL;
+        return slots[p - slot_handles];
+}
+
+/*
+ * Waits until done(arg), locked. With blocking, the thread sleeps on the condition; without,
+ * it spins, as the driver's waits do in a context of the default CU_CTX_SCHED_AUTO with fewer
+ * contexts than cores (and yields in a loop with more, which costs a core just the same):
+ * only an event made with CU_EVENT_BLOCKING_SYNC waits asleep.
+ */
+static void wait_until(bool (*done)(const void *arg), const void *arg, bool blocking) {
+        while (!done(arg)) {
+                if (blocking) {
+                        pthread_cond_wait(&cond, &lock);
+                } else {
+                        pthread_mutex_unlock(&lock);
+                        sched_yield();
+                        pthread_mutex_lock(&lock);
+                }
+        }
+}
+
+static bool stream_idle(const void *arg) {
+        const struct stream *s = arg;
+
+        return s->done >= s->submitted;
+}
+
+static bool ctx_idle(const void *arg) {
+        for (struct stream *s = streams; s; s = s->next)
+                if (s->ctx == arg && s->done < s->submitted)
+                        return false;
+        return true;
+}
+
+/* Runs a stream's operations in order. A destroyed stream finishes its work, then frees itself. */
 static void *stream_worker(void *arg) {
         struct stream *s = arg;
 
@@ -695,12 +881,10 @@ static void *stream_worker(void *arg) {
         for (;;) {
                 struct op *op;
 
-                while (!s->closing && (s->held || !s->head))
+                while (s->held || (!s->head && !s->closing))
                         pthread_cond_wait(&cond, &lock);
-                if (!s->head && s->closing)
-                        break;
-                if (s->held && !s->closing)
-                        continue;
+                if (!s->head)
+                        break;          /* closing, and nothing left */
                 op = s->head;
                 pthread_mutex_unlock(&lock);
                 if (op->kind == OP_MEMSET8) {
@@ -717,53 +901,7 @@ static void *stream_worker(void *arg) {
                 free(op);
                 pthread_cond_broadcast(&cond);
         }
-        pthread_mutex_unlock(&lock);
-        return NULL;
-}
-
-static bool valid_stream(struct stream *s) {
-        for (struct stream *x = streams; x; x = x->next)
-                if (x == s)
-                        return true;
-        return false;
-}
-
-static CUresult fk_StreamCreate(gp_cu_stream *ret, unsigned flags) {
-        struct stream *s;
-
-        NEED_CTX();
-        if (flags > GP_CU_STREAM_NON_BLOCKING)
-                return GP_CUDA_ERROR_INVALID_VALUE;
-        s = calloc(1, sizeof(*s));
-        if (!s)
-                return GP_CUDA_ERROR_OUT_OF_MEMORY;
-        if (pthread_create(&s->worker, NULL, stream_worker, s) != 0) {
-                free(s);
-                return GP_CUDA_ERROR_OUT_OF_MEMORY;
-        }
-        pthread_mutex_lock(&lock);
-        s->next = streams;
-        streams = s;
-        pthread_mutex_unlock(&lock);
-        *ret = (gp_cu_stream) s;
-        return GP_CUDA_SUCCESS;
-}
-
-/* Runs its queued work first (the real driver returns at once and finishes it in the background). */
-static CUresult fk_StreamDestroy_v2(gp_cu_stream hs) {
-        struct stream *s = (struct stream *) hs;
-
-        NEED_CTX();
-        pthread_mutex_lock(&lock);
-        if (!valid_stream(s)) {
-                pthread_mutex_unlock(&lock);
-                return GP_CUDA_ERROR_INVALID_HANDLE;
-        }
-        s->closing = true;
-        pthread_cond_broadcast(&cond);
-        pthread_mutex_unlock(&lock);
-        pthread_join(s->worker, NULL);
-        pthread_mutex_lock(&lock);
+        /* Destroyed and drained: nothing refers to it any more. */
         for (struct stream **pp = &streams; *pp; pp = &(*pp)->next)
                 if (*pp == s) {
                         *pp = s->next;
@@ -772,32 +910,211 @@ static CUresult fk_StreamDestroy_v2(gp_cu_stream hs) {
         for (struct event *e = events; e; e = e->next)
                 if (e->stream == s)
                         e->stream = NULL;
+        pthread_cond_broadcast(&cond);
         pthread_mutex_unlock(&lock);
         free(s);
+        return NULL;
+}
+
+static CUresult fk_StreamCreate(gp_cu_stream *ret, unsigned flags) {
+        struct stream *s;
+        int slot = -1;
+
+        NEED_CTX();
+        if (!ret || flags > GP_CU_STREAM_NON_BLOCKING)
+                return GP_CUDA_ERROR_INVALID_VALUE;
+        s = calloc(1, sizeof(*s));
+        if (!s)
+                return GP_CUDA_ERROR_OUT_OF_MEMORY;
+        s->ctx = current();
+        s->blocking = !(flags & GP_CU_STREAM_NON_BLOCKING);
+        pthread_mutex_lock(&lock);
+        for (int i = 0; i < MAX_STREAMS && slot < 0; i++)
+                if (!slots[i])
+                        slot = i;
+        if (slot < 0 || pthread_create(&s->worker, NULL, stream_worker, s) != 0) {
+                pthread_mutex_unlock(&lock);
+                free(s);
+                return GP_CUDA_ERROR_OUT_OF_MEMORY;
+        }
+        pthread_detach(s->worker);
+        s->id = next_stream_id++;
+        slots[slot] = s;
+        s->next = streams;
+        streams = s;
+        pthread_mutex_unlock(&lock);
+        *ret = (gp_cu_stream) &slot_handles[slot];
         return GP_CUDA_SUCCESS;
 }
 
-static CUresult fk_StreamSynchronize(gp_cu_stream hs) {
-        struct stream *s = (struct stream *) hs;
+/* As the driver: returns at once; the stream's queued work still runs, and its handle may come back. */
+static CUresult fk_StreamDestroy_v2(gp_cu_stream hs) {
+        struct stream *s;
+
+        NEED_CTX();
+        pthread_mutex_lock(&lock);
+        s = stream_of(hs);
+        if (!s || s->capture != CAPTURE_NONE) {
+                pthread_mutex_unlock(&lock);
+                return s ? GP_CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED : GP_CUDA_ERROR_INVALID_HANDLE;
+        }
+        slots[(const char *) hs - slot_handles] = NULL;
+        s->closing = true;
+        pthread_cond_broadcast(&cond);
+        pthread_mutex_unlock(&lock);
+        return GP_CUDA_SUCCESS;
+}
+
+static CUresult fk_StreamGetId(gp_cu_stream hs, unsigned long long *id) {
+        struct stream *s;
         CUresult r = ready();
 
         if (r)
                 return r;
-        if (!s)
-                return GP_CUDA_SUCCESS;         /* the NULL stream runs synchronously here */
+        if (!id)
+                return GP_CUDA_ERROR_INVALID_VALUE;
+        if (IS_DEFAULT_STREAM(hs)) {
+                *id = (uintptr_t) hs == 2 ? ~0ULL - (unsigned long long) gettid() : 0;
+                return GP_CUDA_SUCCESS;
+        }
         pthread_mutex_lock(&lock);
-        if (!valid_stream(s)) {
+        s = stream_of(hs);
+        if (s)
+                *id = s->id;
+        pthread_mutex_unlock(&lock);
+        return s ? GP_CUDA_SUCCESS : GP_CUDA_ERROR_INVALID_HANDLE;
+}
+
+static CUresult fk_StreamSynchronize(gp_cu_stream hs) {
+        struct stream *s;
+        CUresult r = ready();
+
+        if (r)
+                return r;
+        NO_UNSAFE_CALL_IN_CAPTURE();
+        if (IS_DEFAULT_STREAM(hs))
+                return GP_CUDA_SUCCESS;         /* the default stream runs synchronously here */
+        pthread_mutex_lock(&lock);
+        s = stream_of(hs);
+        if (!s) {
                 pthread_mutex_unlock(&lock);
                 return GP_CUDA_ERROR_INVALID_HANDLE;
         }
-        while (s->done < s->submitted)
-                pthread_cond_wait(&cond, &lock);
+        if (s->capture != CAPTURE_NONE) {
+                s->capture = CAPTURE_INVALIDATED;
+                pthread_mutex_unlock(&lock);
+                return GP_CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+        }
+        wait_until(stream_idle, s, false);
         pthread_mutex_unlock(&lock);
         return GP_CUDA_SUCCESS;
 }
 
+/* Waits for every stream of the current context, spinning as the driver does by default. */
+static CUresult fk_CtxSynchronize(void) {
+        NEED_CTX();
+        NO_UNSAFE_CALL_IN_CAPTURE();
+        pthread_mutex_lock(&lock);
+        wait_until(ctx_idle, current(), false);
+        pthread_mutex_unlock(&lock);
+        return GP_CUDA_SUCCESS;
+}
+
+static CUresult fk_StreamBeginCapture(gp_cu_stream hs, int mode) {
+        struct stream *s;
+
+        NEED_CTX();
+        if (mode < GP_CU_STREAM_CAPTURE_MODE_GLOBAL || mode > GP_CU_STREAM_CAPTURE_MODE_RELAXED)
+                return GP_CUDA_ERROR_INVALID_VALUE;
+        pthread_mutex_lock(&lock);
+        s = stream_of(hs);
+        if (!s || s->capture != CAPTURE_NONE) {
+                pthread_mutex_unlock(&lock);
+                return s ? GP_CUDA_ERROR_ILLEGAL_STATE : GP_CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+        }
+        s->capture = CAPTURE_ACTIVE;
+        s->capture_mode = mode;
+        s->capture_thread = pthread_self();
+        if (mode != GP_CU_STREAM_CAPTURE_MODE_RELAXED)
+                thread_captures++;
+        if (mode == GP_CU_STREAM_CAPTURE_MODE_GLOBAL) {
+                thread_global_captures++;
+                global_captures++;
+        }
+        pthread_mutex_unlock(&lock);
+        return GP_CUDA_SUCCESS;
+}
+
+static CUresult fk_GraphDestroy(void *graph) {
+        return graph ? GP_CUDA_SUCCESS : GP_CUDA_ERROR_INVALID_VALUE;
+}
+
+/* Ends a capture; the graph is a token (the fake launches no graphs). */
+static CUresult fk_StreamEndCapture(gp_cu_stream hs, void **graph) {
+        static char graph_token;
+        enum capture was;
+        struct stream *s;
+
+        NEED_CTX();
+        pthread_mutex_lock(&lock);
+        s = stream_of(hs);
+        if (!s || s->capture == CAPTURE_NONE) {
+                pthread_mutex_unlock(&lock);
+                return GP_CUDA_ERROR_ILLEGAL_STATE;
+        }
+        if (s->capture_mode != GP_CU_STREAM_CAPTURE_MODE_RELAXED && !pthread_equal(s->capture_thread, pthread_self())) {
+                pthread_mutex_unlock(&lock);
+                return GP_CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD;
+        }
+        was = s->capture;
+        if (s->capture_mode != GP_CU_STREAM_CAPTURE_MODE_RELAXED)
+                thread_captures--;
+        if (s->capture_mode == GP_CU_STREAM_CAPTURE_MODE_GLOBAL) {
+                thread_global_captures--;
+                global_captures--;
+        }
+        s->capture = CAPTURE_NONE;
+        pthread_mutex_unlock(&lock);
+        if (graph)
+                *graph = was == CAPTURE_ACTIVE ? &graph_token : NULL;
+        return was == CAPTURE_ACTIVE ? GP_CUDA_SUCCESS : GP_CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+}
+
+static CUresult fk_StreamIsCapturing(gp_cu_stream hs, int *status) {
+        struct stream *s;
+        CUresult r = ready();
+
+        if (r)
+                return r;
+        if (!status)
+                return GP_CUDA_ERROR_INVALID_VALUE;
+        if (IS_DEFAULT_STREAM(hs)) {
+                *status = GP_CU_STREAM_CAPTURE_STATUS_NONE;
+                return GP_CUDA_SUCCESS;
+        }
+        pthread_mutex_lock(&lock);
+        s = stream_of(hs);
+        if (s)
+                *status = s->capture == CAPTURE_ACTIVE ? GP_CU_STREAM_CAPTURE_STATUS_ACTIVE :
+                          s->capture == CAPTURE_INVALIDATED ? GP_CU_STREAM_CAPTURE_STATUS_INVALIDATED :
+                          GP_CU_STREAM_CAPTURE_STATUS_NONE;
+        pthread_mutex_unlock(&lock);
+        return s ? GP_CUDA_SUCCESS : GP_CUDA_ERROR_INVALID_HANDLE;
+}
+
+static CUresult fk_ThreadExchangeStreamCaptureMode(int *mode) {
+        int old;
+
+        if (!mode || *mode < GP_CU_STREAM_CAPTURE_MODE_GLOBAL || *mode > GP_CU_STREAM_CAPTURE_MODE_RELAXED)
+                return GP_CUDA_ERROR_INVALID_VALUE;
+        old = thread_capture_mode;
+        thread_capture_mode = *mode;
+        *mode = old;
+        return GP_CUDA_SUCCESS;
+}
+
 static CUresult enqueue(gp_cu_stream hs, enum op_kind kind, CUdeviceptr p, uint32_t value, size_t n, size_t bytes) {
-        struct stream *s = (struct stream *) hs;
+        struct stream *s;
         struct op *op;
         uint8_t *h;
 
@@ -805,7 +1122,7 @@ static CUresult enqueue(gp_cu_stream hs, enum op_kind kind, CUdeviceptr p, uint3
         h = bytes_at(p, bytes);
         if (!h)
                 return GP_CUDA_ERROR_INVALID_VALUE;
-        if (!s) {
+        if (IS_DEFAULT_STREAM(hs)) {
                 if (kind == OP_MEMSET8)
                         memset(h, (int) value, n);
                 else
@@ -818,10 +1135,14 @@ static CUresult enqueue(gp_cu_stream hs, enum op_kind kind, CUdeviceptr p, uint3
                 return GP_CUDA_ERROR_OUT_OF_MEMORY;
         *op = (struct op) { .kind = kind, .dst = h, .value = value, .n = n };
         pthread_mutex_lock(&lock);
-        if (!valid_stream(s)) {
+        s = stream_of(hs);
+        if (!s || s->ctx != current() || s->capture != CAPTURE_NONE) {
+                /* Another context's stream is refused; work captured becomes a graph node, not run now. */
+                CUresult r = !s || s->ctx != current() ? GP_CUDA_ERROR_INVALID_HANDLE : GP_CUDA_SUCCESS;
+
                 pthread_mutex_unlock(&lock);
                 free(op);
-                return GP_CUDA_ERROR_INVALID_HANDLE;
+                return r;
         }
         if (s->tail)
                 s->tail->next = op;
@@ -855,11 +1176,13 @@ static CUresult fk_EventCreate(gp_cu_event *ret, unsigned flags) {
         struct event *e;
 
         NEED_CTX();
-        if (flags & ~0xfu)
+        if (!ret || (flags & ~0xfu))
                 return GP_CUDA_ERROR_INVALID_VALUE;
         e = calloc(1, sizeof(*e));
         if (!e)
                 return GP_CUDA_ERROR_OUT_OF_MEMORY;
+        e->ctx = current();
+        e->flags = flags;
         pthread_mutex_lock(&lock);
         e->next = events;
         events = e;
@@ -868,26 +1191,36 @@ static CUresult fk_EventCreate(gp_cu_event *ret, unsigned flags) {
         return GP_CUDA_SUCCESS;
 }
 
+/* As the driver: the event and the stream must be of one context, the current one for a default stream. */
 static CUresult fk_EventRecord(gp_cu_event he, gp_cu_stream hs) {
         struct event *e = (struct event *) he;
-        struct stream *s = (struct stream *) hs;
+        struct stream *s;
         CUresult r = ready();
 
         if (r)
                 return r;
         pthread_mutex_lock(&lock);
-        if (!valid_event(e) || (s && !valid_stream(s))) {
+        s = stream_of(hs);
+        if (!s && !current())
+                r = GP_CUDA_ERROR_INVALID_CONTEXT;
+        else if (!valid_event(e) || (!IS_DEFAULT_STREAM(hs) && !s) || (s ? s->ctx : current()) != e->ctx)
+                r = GP_CUDA_ERROR_INVALID_HANDLE;
+        if (r) {
                 pthread_mutex_unlock(&lock);
-                return GP_CUDA_ERROR_INVALID_HANDLE;
+                return r;
         }
+        /* Recorded in a capture, it is a node of the graph: it stands for no work of the stream now. */
+        e->captured = s && s->capture != CAPTURE_NONE;
         /* The event completes when everything queued on s so far has run. */
-        e->stream = s;
+        e->stream = e->captured ? NULL : s;
         e->seq = s ? s->submitted : 0;
         pthread_mutex_unlock(&lock);
         return GP_CUDA_SUCCESS;
 }
 
-static bool event_done(const struct event *e) {
+static bool event_done(const void *arg) {
+        const struct event *e = arg;
+
         return !e->stream || e->stream->done >= e->seq;
 }
 
@@ -897,28 +1230,42 @@ static CUresult fk_EventQuery(gp_cu_event he) {
 
         if (r)
                 return r;
+        NO_UNSAFE_CALL_IN_CAPTURE();
         pthread_mutex_lock(&lock);
+        event_queries++;
         if (!valid_event(e))
                 r = GP_CUDA_ERROR_INVALID_HANDLE;
+        else if (event_failure)
+                r = event_failure;
+        else if (e->captured)
+                r = GP_CUDA_ERROR_CAPTURED_EVENT;
         else
                 r = event_done(e) ? GP_CUDA_SUCCESS : GP_CUDA_ERROR_NOT_READY;
         pthread_mutex_unlock(&lock);
         return r;
 }
 
+/* Sleeps only for an event made with CU_EVENT_BLOCKING_SYNC; spins otherwise, as the driver does. */
 static CUresult fk_EventSynchronize(gp_cu_event he) {
         struct event *e = (struct event *) he;
         CUresult r = ready();
 
         if (r)
                 return r;
+        NO_UNSAFE_CALL_IN_CAPTURE();
         pthread_mutex_lock(&lock);
-        if (!valid_event(e)) {
+        if (!valid_event(e) || e->captured) {
                 pthread_mutex_unlock(&lock);
-                return GP_CUDA_ERROR_INVALID_HANDLE;
+                return e && valid_event(e) ? GP_CUDA_ERROR_CAPTURED_EVENT : GP_CUDA_ERROR_INVALID_HANDLE;
         }
-        while (!event_done(e))
-                pthread_cond_wait(&cond, &lock);
+        if (event_failure) {
+                r = event_failure;
+                pthread_mutex_unlock(&lock);
+                return r;
+        }
+        e->waiters++;
+        wait_until(event_done, e, e->flags & GP_CU_EVENT_BLOCKING_SYNC);
+        e->waiters--;
         pthread_mutex_unlock(&lock);
         return GP_CUDA_SUCCESS;
 }
@@ -933,6 +1280,9 @@ static CUresult fk_EventDestroy_v2(gp_cu_event he) {
         for (struct event **pp = &events; *pp; pp = &(*pp)->next)
                 if (*pp == e) {
                         *pp = e->next;
+                        if (e->waiters)
+                                fatal("cuEventDestroy of an event another thread waits for in cuEventSynchronize "
+                                      "(the wait may never end)");
                         pthread_mutex_unlock(&lock);
                         free(e);
                         return GP_CUDA_SUCCESS;
@@ -977,6 +1327,7 @@ static CUresult fk_GetErrorName(CUresult r, const char **name) {
                 { GP_CUDA_ERROR_INVALID_VALUE, "CUDA_ERROR_INVALID_VALUE" },
                 { GP_CUDA_ERROR_OUT_OF_MEMORY, "CUDA_ERROR_OUT_OF_MEMORY" },
                 { GP_CUDA_ERROR_NOT_INITIALIZED, "CUDA_ERROR_NOT_INITIALIZED" },
+                { GP_CUDA_ERROR_DEVICE_UNAVAILABLE, "CUDA_ERROR_DEVICE_UNAVAILABLE" },
                 { GP_CUDA_ERROR_NO_DEVICE, "CUDA_ERROR_NO_DEVICE" },
                 { GP_CUDA_ERROR_INVALID_DEVICE, "CUDA_ERROR_INVALID_DEVICE" },
                 { GP_CUDA_ERROR_INVALID_CONTEXT, "CUDA_ERROR_INVALID_CONTEXT" },
@@ -984,6 +1335,11 @@ static CUresult fk_GetErrorName(CUresult r, const char **name) {
                 { GP_CUDA_ERROR_INVALID_HANDLE, "CUDA_ERROR_INVALID_HANDLE" },
                 { GP_CUDA_ERROR_NOT_FOUND, "CUDA_ERROR_NOT_FOUND" },
                 { GP_CUDA_ERROR_NOT_READY, "CUDA_ERROR_NOT_READY" },
+                { GP_CUDA_ERROR_ILLEGAL_STATE, "CUDA_ERROR_ILLEGAL_STATE" },
+                { GP_CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED" },
+                { GP_CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED" },
+                { GP_CUDA_ERROR_CAPTURED_EVENT, "CUDA_ERROR_CAPTURED_EVENT" },
+                { GP_CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD, "CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD" },
         };
 
         for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
@@ -1011,6 +1367,7 @@ static const struct symbol symbols[] = {
         SYM("cuDeviceGetName", 2000, fk_DeviceGetName),
         SYM("cuDeviceGetUuid", 9020, fk_DeviceGetUuid),
         SYM("cuDeviceGetUuid", 11040, fk_DeviceGetUuid),
+        SYM("cuDeviceGetAttribute", 2000, fk_DeviceGetAttribute),
         SYM("cuDevicePrimaryCtxRetain", 7000, fk_DevicePrimaryCtxRetain),
         SYM("cuDevicePrimaryCtxRelease", 11000, fk_DevicePrimaryCtxRelease),
         SYM("cuCtxPushCurrent", 4000, fk_CtxPushCurrent),
@@ -1036,6 +1393,12 @@ static const struct symbol symbols[] = {
         SYM("cuStreamCreate", 2000, fk_StreamCreate),
         SYM("cuStreamDestroy", 4000, fk_StreamDestroy_v2),
         SYM("cuStreamSynchronize", 2000, fk_StreamSynchronize),
+        SYM("cuStreamGetId", 12000, fk_StreamGetId),
+        SYM("cuStreamBeginCapture", 10010, fk_StreamBeginCapture),
+        SYM("cuStreamEndCapture", 10000, fk_StreamEndCapture),
+        SYM("cuStreamIsCapturing", 10000, fk_StreamIsCapturing),
+        SYM("cuThreadExchangeStreamCaptureMode", 10010, fk_ThreadExchangeStreamCaptureMode),
+        SYM("cuGraphDestroy", 10000, fk_GraphDestroy),
         SYM("cuEventCreate", 2000, fk_EventCreate),
         SYM("cuEventRecord", 2000, fk_EventRecord),
         SYM("cuEventQuery", 2000, fk_EventQuery),
@@ -1076,17 +1439,45 @@ EXPORT CUresult cuMemGetInfo(unsigned *free_bytes, unsigned *total_bytes) { retu
 
 /* Stops (hold != 0) or restarts a stream's worker: its queued work waits until released. */
 EXPORT int fakecuda_stream_hold(gp_cu_stream hs, int hold) {
-        struct stream *s = (struct stream *) hs;
+        struct stream *s;
         int r = -1;
 
         pthread_mutex_lock(&lock);
-        if (valid_stream(s)) {
+        s = stream_of(hs);
+        if (s) {
                 s->held = hold != 0;
                 pthread_cond_broadcast(&cond);
                 r = 0;
         }
         pthread_mutex_unlock(&lock);
         return r;
+}
+
+/* Releases every held stream, destroyed ones too (their work still runs). */
+EXPORT void fakecuda_release_all(void) {
+        pthread_mutex_lock(&lock);
+        for (struct stream *s = streams; s; s = s->next)
+                s->held = false;
+        pthread_cond_broadcast(&cond);
+        pthread_mutex_unlock(&lock);
+}
+
+/* How many times cuEventQuery was called in this process. */
+EXPORT unsigned long long fakecuda_event_queries(void) {
+        unsigned long long n;
+
+        pthread_mutex_lock(&lock);
+        n = event_queries;
+        pthread_mutex_unlock(&lock);
+        return n;
+}
+
+/* From now on event queries and waits fail with r (0: work again), as on a context lost to a fault. */
+EXPORT void fakecuda_fail_events(int r) {
+        pthread_mutex_lock(&lock);
+        event_failure = r;
+        pthread_cond_broadcast(&cond);
+        pthread_mutex_unlock(&lock);
 }
 
 /* How many IPC mappings this process has open. */

@@ -45,8 +45,14 @@ struct gpu {
         gp_cu_result (*memset_d8_async)(gp_cu_deviceptr p, unsigned char v, size_t n, gp_cu_stream s);
         gp_cu_result (*htod)(gp_cu_deviceptr dst, const void *src, size_t n);
         gp_cu_result (*dtoh)(void *dst, gp_cu_deviceptr src, size_t n);
+        gp_cu_result (*begin_capture)(gp_cu_stream s, int mode);
+        gp_cu_result (*end_capture)(gp_cu_stream s, void **graph);
+        gp_cu_result (*graph_destroy)(void *graph);
         int (*hold)(gp_cu_stream s, int hold);  /* fake only */
         int (*open_handles)(void);              /* fake only */
+        unsigned long long (*event_queries)(void);      /* fake only */
+        void (*fail_events)(int r);             /* fake only */
+        void (*release_all)(void);              /* fake only */
 };
 
 /* In a client process: the driver, and device 0's primary context made current. */
@@ -62,11 +68,18 @@ static int gpu_open(struct gpu *g) {
         *(void **) &g->memset_d8_async = gp_cuda_symbol(&g->cu, "cuMemsetD8Async", 3020);
         *(void **) &g->htod = gp_cuda_symbol(&g->cu, "cuMemcpyHtoD", 3020);
         *(void **) &g->dtoh = gp_cuda_symbol(&g->cu, "cuMemcpyDtoH", 3020);
+        *(void **) &g->begin_capture = gp_cuda_symbol(&g->cu, "cuStreamBeginCapture", 10010);
+        *(void **) &g->end_capture = gp_cuda_symbol(&g->cu, "cuStreamEndCapture", 10000);
+        *(void **) &g->graph_destroy = gp_cuda_symbol(&g->cu, "cuGraphDestroy", 10000);
         if (!on_gpu) {
                 *(void **) &g->hold = dlsym(g->cu.lib, "fakecuda_stream_hold");
                 *(void **) &g->open_handles = dlsym(g->cu.lib, "fakecuda_open_handles");
+                *(void **) &g->event_queries = dlsym(g->cu.lib, "fakecuda_event_queries");
+                *(void **) &g->fail_events = dlsym(g->cu.lib, "fakecuda_fail_events");
+                *(void **) &g->release_all = dlsym(g->cu.lib, "fakecuda_release_all");
         }
-        if (!g->memset_d32 || !g->memset_d8_async || !g->htod || !g->dtoh ||
+        if (!g->memset_d32 || !g->memset_d8_async || !g->htod || !g->dtoh || !g->begin_capture || !g->end_capture ||
+            !g->graph_destroy ||
             g->cu.cuDeviceGet(&dev, 0) != GP_CUDA_SUCCESS || g->cu.cuDevicePrimaryCtxRetain(&g->ctx, dev) != GP_CUDA_SUCCESS ||
             g->cu.cuCtxPushCurrent(g->ctx) != GP_CUDA_SUCCESS)
                 return -1;
@@ -570,6 +583,148 @@ START_TEST(test_cuda_disconnect_waits_for_pending_frees) {
 }
 END_TEST
 
+
+/* The CPU time this process has used, in ms. */
+static double cpu_ms(void) {
+        struct timespec ts;
+
+        clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+        return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+/*
+ * A free pending behind device work does not cost the process a core: the reaper waits
+ * asleep (an event made without CU_EVENT_BLOCKING_SYNC spins in cuEventSynchronize).
+ */
+static int idle_wait_client(struct testd *d, void *arg) {
+        const size_t size = 64 * MiB;
+        long long *fail_line = arg;
+        struct timespec second = { 1, 0 };
+        gpupool_client *c;
+        gp_cu_stream s;
+        gp_cu_event done;
+        struct gpu g;
+        double spent;
+        void *a;
+
+#define FAIL() do { *fail_line = __LINE__; return 1; } while (0)
+        if (gpu_open(&g) < 0 || gpupool_connect(d->sock, "idle-wait", &c) < 0 ||
+            g.cu.cuStreamCreate(&s, GP_CU_STREAM_NON_BLOCKING) != GP_CUDA_SUCCESS ||
+            g.cu.cuEventCreate(&done, GP_CU_EVENT_DISABLE_TIMING) != GP_CUDA_SUCCESS)
+                FAIL();
+        /* On a GPU, about 1.5 s of memsets of 64 MiB at H100 speed (the fake holds the stream instead). */
+        if (gpupool_alloc(c, 0, size, &a) < 0 || queue_work(&g, s, a, size, 40000) < 0 ||
+            g.cu.cuEventRecord(done, s) != GP_CUDA_SUCCESS || gpupool_free_async(c, a, s) < 0)
+                FAIL();
+        spent = cpu_ms();
+        nanosleep(&second, NULL);       /* the scenario: a second with a free pending, not a wait for an event */
+        spent = cpu_ms() - spent;
+        if (!on_gpu && g.cu.cuEventQuery(done) != GP_CUDA_ERROR_NOT_READY)
+                FAIL();
+        release_work(&g, s);
+        if (g.cu.cuStreamSynchronize(s) != GP_CUDA_SUCCESS)
+                FAIL();
+        if (spent >= 50) {
+                fprintf(stderr, "idle_wait_client: %.1f ms of CPU in a second with one free pending\n", spent);
+                FAIL();
+        }
+        gpupool_disconnect(c);
+        return 0;
+#undef FAIL
+}
+
+START_TEST(test_cuda_pending_free_costs_no_cpu) {
+        run_client(idle_wait_client, "idle_wait_client");
+}
+END_TEST
+
+/*
+ * gpupool_disconnect() gives the memory back only once the work this process queued on it
+ * has ended, freed or not: the daemon may hand it to another uid at once.
+ */
+static int disconnect_busy_client(struct testd *d, void *arg) {
+        long long *fail_line = arg;
+        gpupool_client *c;
+        gp_cu_stream s;
+        gp_cu_event done;
+        struct releaser rel;
+        pthread_t t;
+        struct gpu g;
+        void *a;
+
+#define FAIL() do { *fail_line = __LINE__; return 1; } while (0)
+        if (gpu_open(&g) < 0 || gpupool_connect(d->sock, "busy-leaver", &c) < 0 ||
+            g.cu.cuStreamCreate(&s, GP_CU_STREAM_NON_BLOCKING) != GP_CUDA_SUCCESS ||
+            g.cu.cuEventCreate(&done, GP_CU_EVENT_DISABLE_TIMING) != GP_CUDA_SUCCESS)
+                FAIL();
+        /* Still allocated: the application never freed it, and its kernels still write it. */
+        if (gpupool_alloc(c, 0, 64 * MiB, &a) < 0 || queue_work(&g, s, a, 64 * MiB, 256) < 0 ||
+            g.cu.cuEventRecord(done, s) != GP_CUDA_SUCCESS)
+                FAIL();
+        rel = (struct releaser) { &g, s };
+        pthread_create(&t, NULL, release_later, &rel);
+        gpupool_disconnect(c);
+        if (g.cu.cuEventQuery(done) != GP_CUDA_SUCCESS)
+                FAIL();         /* bye went out while our work still wrote the memory */
+        pthread_join(t, NULL);
+        return 0;
+#undef FAIL
+}
+
+START_TEST(test_cuda_disconnect_waits_for_device_work) {
+        run_client(disconnect_busy_client, "disconnect_busy_client");
+}
+END_TEST
+
+/*
+ * CUDA graph capture: a free on a capturing stream is refused, the block staying the
+ * application's; the library's own driver calls during a global-mode capture (the reaper's
+ * waits, an allocation that maps a new segment) do not invalidate the capture.
+ */
+static int capture_client(struct testd *d, void *arg) {
+        long long *fail_line = arg;
+        gpupool_client *c;
+        gp_cu_stream s, other;
+        struct gpu g;
+        void *graph = NULL, *a, *b, *big;
+        char err[512];
+
+#define FAIL() do { *fail_line = __LINE__; return 1; } while (0)
+        if (gpu_open(&g) < 0 || gpupool_connect(d->sock, "capture", &c) < 0 ||
+            g.cu.cuStreamCreate(&s, GP_CU_STREAM_NON_BLOCKING) != GP_CUDA_SUCCESS ||
+            g.cu.cuStreamCreate(&other, GP_CU_STREAM_NON_BLOCKING) != GP_CUDA_SUCCESS)
+                FAIL();
+        /* A free pending on another stream, which the reaper will wait for during the capture. */
+        if (gpupool_alloc(c, 0, 1 * MiB, &b) < 0 || queue_work(&g, other, b, 1 * MiB, 64) < 0 ||
+            gpupool_free_async(c, b, other) < 0 || gpupool_alloc(c, 0, 1 * MiB, &a) < 0)
+                FAIL();
+        if (g.begin_capture(s, GP_CU_STREAM_CAPTURE_MODE_GLOBAL) != GP_CUDA_SUCCESS)
+                FAIL();
+        if (gpupool_free_async(c, a, s) != -EBUSY)
+                FAIL();
+        gpupool_last_error(c, err, sizeof(err));
+        if (!strstr(err, "capturing a CUDA graph"))
+                FAIL();
+        release_work(&g, other);
+        /* An allocation that leases and maps a new segment, and reaps, in the capturing thread. */
+        if (gpupool_alloc(c, 0, 40 * MiB, &big) < 0)
+                FAIL();
+        if (g.end_capture(s, &graph) != GP_CUDA_SUCCESS || !graph)
+                FAIL();         /* our calls invalidated the application's capture */
+        (void) g.graph_destroy(graph);
+        /* The refused block is still the application's. */
+        if (gpupool_free(c, a) < 0 || gpupool_free(c, big) < 0 || g.cu.cuStreamSynchronize(other) != GP_CUDA_SUCCESS)
+                FAIL();
+        gpupool_disconnect(c);
+        return 0;
+#undef FAIL
+}
+
+START_TEST(test_cuda_graph_capture) {
+        run_client(capture_client, "capture_client");
+}
+END_TEST
+
 /* ---- tenants ---- */
 
 static int dirty_client(struct testd *d, void *arg) {
@@ -756,6 +911,206 @@ START_TEST(test_fake_stream_aware_cache) {
 }
 END_TEST
 
+
+/*
+ * Reaping stops at the first free of a stream whose work has not ended: with a thousand frees
+ * pending on one stream, an allocation asks the driver about one event, not a thousand; a
+ * free on another stream completes meanwhile.
+ */
+static int many_pending_client(struct testd *d, void *arg) {
+        enum { PENDING = 1000 };
+        long long *fail_line = arg;
+        static void *blocks[PENDING];
+        gpupool_client *c;
+        gp_cu_stream s, other;
+        unsigned long long queries;
+        struct gpupool_stats st;
+        struct gpu g;
+        void *p, *q;
+
+#define FAIL() do { *fail_line = __LINE__; return 1; } while (0)
+        if (gpu_open(&g) < 0 || gpupool_connect(d->sock, "many-pending", &c) < 0 ||
+            g.cu.cuStreamCreate(&s, GP_CU_STREAM_NON_BLOCKING) != GP_CUDA_SUCCESS ||
+            g.cu.cuStreamCreate(&other, GP_CU_STREAM_NON_BLOCKING) != GP_CUDA_SUCCESS)
+                FAIL();
+        for (int i = 0; i < PENDING; i++)
+                if (gpupool_alloc(c, 0, 64 * 1024, &blocks[i]) < 0)
+                        FAIL();
+        if (queue_work(&g, s, blocks[0], 64 * 1024, 1) < 0)
+                FAIL();
+        for (int i = 0; i < PENDING; i++)
+                if (gpupool_free_async(c, blocks[i], s) < 0)
+                        FAIL();
+        if (gpupool_alloc(c, 0, 4096, &q) < 0 || gpupool_free_async(c, q, other) < 0)
+                FAIL();
+        queries = g.event_queries();
+        if (gpupool_alloc(c, 0, 8192, &p) < 0)
+                FAIL();
+        if (g.event_queries() - queries > 4) {
+                fprintf(stderr, "many_pending_client: one allocation made %llu event queries\n", g.event_queries() - queries);
+                FAIL();
+        }
+        /* The other stream's free completed although the first stream's are still pending. */
+        if (gpupool_stats(c, &st) < 0 || st.live_blocks != 1 || gpupool_alloc(c, 0, 4096, &q) < 0)
+                FAIL();
+        release_work(&g, s);
+        if (g.cu.cuStreamSynchronize(s) != GP_CUDA_SUCCESS || gpupool_free(c, p) < 0 || gpupool_free(c, q) < 0)
+                FAIL();
+        gpupool_disconnect(c);
+        return 0;
+#undef FAIL
+}
+
+START_TEST(test_fake_reaping_stops_at_pending_work) {
+        run_client(many_pending_client, "many_pending_client");
+}
+END_TEST
+
+/*
+ * A destroyed stream's handle may come back for a new stream while the old one's work still
+ * runs: a block freed on the old stream is not the new stream's to take.
+ */
+static int stream_reuse_client(struct testd *d, void *arg) {
+        long long *fail_line = arg;
+        gpupool_client *c;
+        gp_cu_stream s, again;
+        struct gpu g;
+        void *a, *b;
+
+#define FAIL() do { *fail_line = __LINE__; return 1; } while (0)
+        if (gpu_open(&g) < 0 || gpupool_connect(d->sock, "stream-reuse", &c) < 0 ||
+            g.cu.cuStreamCreate(&s, GP_CU_STREAM_NON_BLOCKING) != GP_CUDA_SUCCESS)
+                FAIL();
+        if (gpupool_alloc(c, 0, 1 * MiB, &a) < 0 || queue_work(&g, s, a, 1 * MiB, 1) < 0 || gpupool_free_async(c, a, s) < 0)
+                FAIL();
+        if (g.cu.cuStreamDestroy(s) != GP_CUDA_SUCCESS || g.cu.cuStreamCreate(&again, GP_CU_STREAM_NON_BLOCKING) != GP_CUDA_SUCCESS)
+                FAIL();
+        if (again != s)
+                FAIL();         /* the fake hands the handle out again, as the driver may */
+        if (gpupool_alloc_async(c, 0, 1 * MiB, again, &b) < 0 || b == a)
+                FAIL();         /* the old stream's work still writes a */
+        g.release_all();
+        if (g.cu.cuStreamSynchronize(again) != GP_CUDA_SUCCESS || gpupool_free(c, b) < 0)
+                FAIL();
+        gpupool_disconnect(c);
+        return 0;
+#undef FAIL
+}
+
+START_TEST(test_fake_stream_handle_reused) {
+        run_client(stream_reuse_client, "stream_reuse_client");
+}
+END_TEST
+
+/*
+ * A driver error is never taken for "the work is done": the block stays pending (nobody gets
+ * it), and gpupool_disconnect() then says no bye, so the daemon keeps the memory until the
+ * process has exited.
+ */
+static int event_error_client(struct testd *d, void *arg) {
+        long long *fail_line = arg;
+        gpupool_client *c;
+        gp_cu_stream s;
+        struct gpu g;
+        void *a, *b;
+        char err[512];
+
+#define FAIL() do { *fail_line = __LINE__; return 1; } while (0)
+        if (gpu_open(&g) < 0 || gpupool_connect(d->sock, "event-error", &c) < 0 ||
+            g.cu.cuStreamCreate(&s, GP_CU_STREAM_NON_BLOCKING) != GP_CUDA_SUCCESS)
+                FAIL();
+        if (gpupool_alloc(c, 0, 1 * MiB, &a) < 0 || queue_work(&g, s, a, 1 * MiB, 1) < 0 || gpupool_free_async(c, a, s) < 0)
+                FAIL();
+        g.fail_events(719);     /* CUDA_ERROR_LAUNCH_FAILED: the context is lost */
+        release_work(&g, s);
+        if (gpupool_alloc(c, 0, 1 * MiB, &b) < 0 || b == a)
+                FAIL();
+        gpupool_last_error(c, err, sizeof(err));
+        if (!strstr(err, "cannot tell whether device work on a freed block ended"))
+                FAIL();
+        gpupool_disconnect(c);
+        /* No bye: what we leased is still ours as the daemon sees it, though our socket is closed. */
+        if (leased_on(d, 0) < (long long) (2 * MiB))
+                FAIL();
+        return 0;
+#undef FAIL
+}
+
+START_TEST(test_fake_event_error_is_not_done) {
+        struct testd d;
+        long long *line = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+        int status;
+
+        cuda_start(&d, NULL, NULL);
+        status = reap(spawn(event_error_client, &d, line));
+        ck_assert_msg(status == 0, "event_error_client failed: exit %d (line %lld)", status, *line);
+        /* Once the process is gone, its memory comes back. */
+        ck_assert(testd_device_becomes(&d, 0, "cached_bytes", testd_device(&d, 0, "reserved_bytes")));
+        cuda_stop(&d);
+        munmap(line, 4096);
+}
+END_TEST
+
+
+/* A GPU in EXCLUSIVE_PROCESS mode stays out of the pool: gpupoold's context would lock out the client's own. */
+static int exclusive_client(struct testd *d, void *arg) {
+        long long *fail_line = arg;
+        gpupool_client *c;
+        struct gpu g;
+        void *p;
+
+#define FAIL() do { *fail_line = __LINE__; return 1; } while (0)
+        /* GPU 0, the exclusive one, is this process's: its own context there works. */
+        if (gpu_open(&g) < 0)
+                FAIL();
+        if (gpupool_connect(d->sock, "exclusive", &c) < 0)
+                FAIL();
+        if (gpupool_alloc(c, 0, 4096, &p) != -ENODEV)
+                FAIL();         /* not a GPU gpupoold serves */
+        if (gpupool_alloc(c, 1, 6 * MiB, &p) < 0 || gpupool_free(c, p) < 0)
+                FAIL();
+        gpupool_disconnect(c);
+        return 0;
+#undef FAIL
+}
+
+START_TEST(test_fake_compute_modes) {
+        const char *b = build_dir();
+        char cmd[768], out[4096], lock[128];
+        struct testd d;
+
+        setenv("FAKECUDA_DEVICES", "2", 1);
+        setenv("FAKECUDA_COMPUTE_MODES", "exclusive-process,default", 1);
+        cuda_start(&d, NULL, NULL);
+        snprintf(cmd, sizeof(cmd), "grep -c 'GPU 0 (Fake GPU 0) skipped: its compute mode is EXCLUSIVE_PROCESS' %s", d.log);
+        ck_assert_int_eq(run_capture(cmd, out, sizeof(out)), 0);
+        {
+                json_t *st = testd_ctl(&d, "status");
+
+                ck_assert_int_eq(json_array_size(json_object_get(st, "devices")), 1);
+                json_decref(st);
+        }
+        {
+                long long *line = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+                int status = reap(spawn(exclusive_client, &d, line));
+
+                ck_assert_msg(status == 0, "exclusive_client failed: exit %d (line %lld)", status, *line);
+                munmap(line, 4096);
+        }
+        snprintf(lock, sizeof(lock), "%s/fakecuda-gpu0.exclusive", fake_dir);
+        unlink(lock);
+        cuda_stop(&d);
+        /* No GPU left to pool: gpupoold does not start, and says why (auto does not pass it for a CPU node). */
+        snprintf(cmd, sizeof(cmd), "GPUPOOL_LIBCUDA=%s FAKECUDA_COMPUTE_MODES=prohibited,exclusive-process "
+                 "%s/gpupoold --backend auto --socket /tmp/gp-never.sock 2>&1", getenv("GPUPOOL_LIBCUDA"), b);
+        ck_assert_int_eq(run_capture(cmd, out, sizeof(out)), 1);
+        ck_assert_msg(strstr(out, "every GPU (2) is in a compute mode that keeps it out of the pool"), "%s", out);
+        ck_assert_msg(strstr(out, "its compute mode is PROHIBITED"), "%s", out);
+        unsetenv("FAKECUDA_COMPUTE_MODES");
+        unsetenv("FAKECUDA_DEVICES");
+}
+END_TEST
+
 static int rules_client(struct testd *d, void *arg) {
         gp_cu_result (*mem_alloc_v1)(unsigned *p, unsigned size);
         gp_cu_deviceptr p = 0, base = 0;
@@ -864,6 +1219,9 @@ static void add_common(TCase *tc) {
         tcase_add_test(tc, test_cuda_framework_hooks_stream_ordered);
         tcase_add_test(tc, test_cuda_segment_zeroed_across_uids);
         tcase_add_test(tc, test_cuda_process_pool);
+        tcase_add_test(tc, test_cuda_pending_free_costs_no_cpu);
+        tcase_add_test(tc, test_cuda_disconnect_waits_for_device_work);
+        tcase_add_test(tc, test_cuda_graph_capture);
 }
 
 /* Every daemon and client of the fake suite loads the fake driver; the other suites must not. */
@@ -891,6 +1249,10 @@ Suite *suite_cuda_fake(void) {
         tcase_add_test(tc, test_fake_visible_devices_renumbered);
         tcase_add_test(tc, test_fake_handle_opened_once_and_closed);
         tcase_add_test(tc, test_fake_stream_aware_cache);
+        tcase_add_test(tc, test_fake_reaping_stops_at_pending_work);
+        tcase_add_test(tc, test_fake_stream_handle_reused);
+        tcase_add_test(tc, test_fake_event_error_is_not_done);
+        tcase_add_test(tc, test_fake_compute_modes);
         tcase_add_test(tc, test_fake_driver_rules);
         tcase_add_test(tc, test_fake_start_without_driver_or_gpu);
         tcase_set_timeout(tc, 120);
