@@ -14,6 +14,8 @@
 #   make bench-frag           fragmentation of gpupool, PyTorch-, CuPy- and no-cache policies on traces
 #   make bench-replay         traces through libgpupool and a private gpupoold: round trips, imports, ns/op
 #   make bench-gpu            allocation latency: driver, driver pool, gpupool (needs a GPU)
+#   make bench-pending        allocation cost with 10,000 stream-ordered frees pending (GPU or fake driver)
+#   make gpu-validate         on a GPU machine: check-gpu, bench-gpu, bench-frameworks, logs in bench/results
 #   make STATIC=1             link libuv, protobuf-c, jansson, inih and Check statically
 #   make V=1                  show the commands
 #   make deps                 install the Debian/Ubuntu packages the build needs
@@ -106,6 +108,7 @@ LIB_A      := $(B)/libgpupool.a
 TEST_BIN   := $(B)/tests/check_gpupool
 GPU_TEST_BIN := $(B)/tests/check_gpu
 BENCH_GPU  := $(B)/bench/bench_gpu
+BENCH_PENDING := $(B)/bench/bench_pending
 STRESS_BIN := $(B)/tests/stress
 FAULTS_BIN := $(B)/tests/gpupoold-faults
 BENCH_HOST := $(B)/bench/bench_host
@@ -253,6 +256,11 @@ $(BENCH_GPU): $(B)/obj/bench/bench_gpu.o $(CLIENT_O) $(COMMON_O)
 	@echo "  LD      $@"
 	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LIBS_PROTOBUF) -lpthread -ldl -lm
 
+$(BENCH_PENDING): $(B)/obj/bench/bench_pending.o $(CLIENT_O) $(COMMON_O)
+	@mkdir -p $(dir $@)
+	@echo "  LD      $@"
+	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LIBS_PROTOBUF) -lpthread -ldl -lm
+
 $(BENCH_HOST): $(B)/obj/bench/bench_host.o $(DAEMON_O) $(CLIENT_O) $(COMMON_O)
 	@mkdir -p $(dir $@)
 	@echo "  LD      $@"
@@ -314,6 +322,23 @@ bench-instructions: all $(BENCH_HOST)
 bench-frag: $(BENCH_FRAG)
 	@mkdir -p bench/results
 	$(Q)$(BENCH_FRAG) $(TRACES) | tee bench/results/frag-$$(date -u +%Y-%m-%d).txt
+
+# What an allocation costs with 10,000 stream-ordered frees pending (bench/bench_pending.c):
+# on the GPU where nvidia-smi finds one, else on the fake driver. Writes bench/results/.
+bench-pending: all $(BENCH_PENDING) $(FAKECUDA)
+	@mkdir -p bench/results
+	$(Q)if nvidia-smi -L >/dev/null 2>&1; then lib=; gpu=gpu; else lib=$(abspath $(FAKECUDA)); gpu=fakecuda; fi; \
+		fake=$$(mktemp -d /tmp/gpupool-fakecuda-XXXXXX); \
+		GPUPOOL_LIBCUDA=$$lib FAKECUDA_DIR=$$fake sh bench/with-gpupoold.sh $(B) sh -c 'exec "$$0" --socket "$$GPUPOOL_SOCKET" "$$@"' $(BENCH_PENDING) $(BENCH_ARGS) \
+		| tee bench/results/pending-$$gpu-$$(date -u +%Y-%m-%d).txt; st=$$?; rm -rf $$fake; exit $$st
+
+# Everything gpu-validate runs, built (with STATIC=1 to carry it to a machine without the libraries).
+gpu-tools: all $(GPU_TEST_BIN) $(BENCH_GPU) $(BENCH_PENDING)
+
+# On a GPU machine: check-gpu, bench-gpu, bench-pending and bench-frameworks against build/ as
+# it is (bench/gpu-validate.sh builds nothing), one log per part in bench/results/.
+gpu-validate:
+	$(Q)sh bench/gpu-validate.sh $(B)
 
 # On a GPU machine: allocation latency of the driver, its stream-ordered pool and gpupool,
 # and the cost of importing a segment (bench/bench_gpu.c). BENCH_ARGS="--ops 100000" etc.
@@ -462,7 +487,7 @@ clean:
 
 FORCE:
 
-.PHONY: FORCE all install uninstall test check-gpu bench-gpu bench-frameworks stress fuzz fuzz-seeds bench bench-frag bench-replay bench-instructions valgrind deps deps-fuzz run clean
+.PHONY: FORCE all install uninstall test check-gpu gpu-tools gpu-validate bench-gpu bench-pending bench-frameworks stress fuzz fuzz-seeds bench bench-frag bench-replay bench-instructions valgrind deps deps-fuzz run clean
 
 .SECONDARY:
 

@@ -67,6 +67,7 @@
 #define MAX_GPUS 8
 #define MAX_STREAMS 256
 #define HANDLE_MAGIC 0x55434b46u        /* "FKCU" */
+#define EVENT_MAGIC 0x45564e54u         /* "EVNT" */
 
 typedef gp_cu_result CUresult;
 typedef gp_cu_deviceptr CUdeviceptr;
@@ -135,6 +136,7 @@ struct event {
         uint64_t seq;
         bool captured;                  /* last recorded inside a capture */
         int waiters;                    /* threads in cuEventSynchronize on it */
+        uint32_t magic;                 /* EVENT_MAGIC while it lives; destroyed events are kept, zeroed */
 };
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
@@ -1165,11 +1167,9 @@ static CUresult fk_MemsetD32Async(CUdeviceptr p, unsigned v, size_t n, gp_cu_str
         return enqueue(s, OP_MEMSET32, p, v, n, n * 4);
 }
 
+/* O(1), so that the fake's query costs what the driver's does, however many events live. */
 static bool valid_event(struct event *e) {
-        for (struct event *x = events; x; x = x->next)
-                if (x == e)
-                        return true;
-        return false;
+        return e && e->magic == EVENT_MAGIC;
 }
 
 static CUresult fk_EventCreate(gp_cu_event *ret, unsigned flags) {
@@ -1183,6 +1183,7 @@ static CUresult fk_EventCreate(gp_cu_event *ret, unsigned flags) {
                 return GP_CUDA_ERROR_OUT_OF_MEMORY;
         e->ctx = current();
         e->flags = flags;
+        e->magic = EVENT_MAGIC;
         pthread_mutex_lock(&lock);
         e->next = events;
         events = e;
@@ -1283,8 +1284,9 @@ static CUresult fk_EventDestroy_v2(gp_cu_event he) {
                         if (e->waiters)
                                 fatal("cuEventDestroy of an event another thread waits for in cuEventSynchronize "
                                       "(the wait may never end)");
+                        /* Kept, not freed: a later use of the handle is then refused, not undefined. */
+                        e->magic = 0;
                         pthread_mutex_unlock(&lock);
-                        free(e);
                         return GP_CUDA_SUCCESS;
                 }
         pthread_mutex_unlock(&lock);

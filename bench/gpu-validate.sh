@@ -1,0 +1,57 @@
+#!/bin/sh
+# gpu-validate.sh BUILD_DIR: the first run on a GPU machine, in one command (make gpu-validate).
+#
+# Runs, in this order, the cuda backend's tests on the real driver and the framework tests
+# (what make check-gpu runs), the allocation latency benchmark (make bench-gpu), the cost of
+# pending stream-ordered frees (make bench-pending) and the PyTorch benchmarks (make
+# bench-frameworks), each against build/ as it is: nothing is built here, so a build made
+# elsewhere with make STATIC=1 gpu-tools runs where libuv, protobuf-c and Check are not
+# installed. Each part's full output goes to bench/results/gpu-validate-DATE-GPU-PART.txt
+# behind a header (date, GPU, driver, commit); a summary closes the run. Exits 1 if any
+# part failed, 2 if there is no GPU or no build.
+set -u
+B=${1:-build}
+for f in gpupoold gpupoolctl libgpupool.so.1 tests/check_gpu bench/bench_gpu bench/bench_pending; do
+        [ -e "$B/$f" ] || { echo "gpu-validate: $B/$f is missing: build with make STATIC=1 gpu-tools first" >&2; exit 2; }
+done
+if ! nvidia-smi -L >/dev/null 2>&1; then
+        echo "gpu-validate: nvidia-smi finds no GPU here; nothing to validate" >&2
+        exit 2
+fi
+day=$(date -u +%Y-%m-%d)
+gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | tr -c 'A-Za-z0-9\n' '-' | tr -s '-' | sed 's/-$//')
+mkdir -p bench/results
+header() {
+        echo "# gpu-validate $1, $(date -u +%Y-%m-%dT%H:%M:%SZ), $(uname -srm), $(nproc) CPUs"
+        echo "# commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown), gpupool $("$B/gpupoold" --version | cut -d' ' -f2)"
+        nvidia-smi --query-gpu=index,name,uuid,driver_version,memory.total,compute_mode --format=csv,noheader | sed 's/^/# gpu: /'
+        nvidia-smi -L | sed 's/^/# /'
+}
+failed=
+summary=
+# part NAME COMMAND...: runs COMMAND with its output in the part's log.
+part() {
+        name=$1
+        shift
+        log=bench/results/gpu-validate-$day-$gpu-$name.txt
+        { header "$name"; echo "# command: $*"; } >"$log"
+        "$@" >>"$log" 2>&1
+        rc=$?
+        echo "# exit status $rc" >>"$log"
+        tail -n 3 "$log"
+        summary="$summary
+$name: exit $rc ($log)"
+        [ $rc -eq 0 ] || failed="$failed $name"
+}
+export GPUPOOL_BUILD_DIR="$B"
+part check-gpu sh -c "'$B/tests/check_gpu' && python3 -m unittest discover -v -s tests/gpu"
+part bench-gpu sh bench/bench-gpu.sh "$B"
+part bench-pending sh bench/with-gpupoold.sh "$B" sh -c 'exec "$0" --socket "$GPUPOOL_SOCKET"' "$B/bench/bench_pending"
+part bench-frameworks sh -c "sh bench/with-gpupoold.sh '$B' python3 bench/frameworks/torch_throughput.py && \
+        sh bench/with-gpupoold.sh '$B' python3 bench/frameworks/torch_elastic.py"
+echo "gpu-validate:$summary"
+if [ -n "$failed" ]; then
+        echo "gpu-validate: failed:$failed"
+        exit 1
+fi
+echo "gpu-validate: every part passed"
