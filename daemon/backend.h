@@ -51,6 +51,7 @@ struct backend {
         unsigned device_count;
         void *data;
         uint64_t faults_injected;       /* by the test-only fault wrapper; 0 otherwise */
+        bool ipc_handles;               /* exports legacy CUDA IPC handles, which need the daemon's PID namespace */
 };
 
 /* The host backend: one device of capacity_bytes of memfd memory. Returns 0 or a negative errno. */

@@ -269,6 +269,7 @@ int backend_cuda_open(uint64_t headroom_bytes, struct backend **ret, char *err, 
         }
         c->base.ops = &cuda_ops;
         c->base.name = "cuda";
+        c->base.ipc_handles = true;
         c->base.data = c;
         r = gp_cuda_load(&c->cu, err, err_size);
         if (r < 0) {

@@ -23,6 +23,32 @@
 
 _Static_assert(POOL_BLOCK_ALIGN == GP_BLOCK_ALIGN, "the pool rounds blocks as the protocol says");
 
+/*
+ * How many PID namespaces deep pid is, as /proc sees it: the count of its NSpid entries
+ * (/proc/PID/status, readable without ptrace rights, unlike /proc/PID/ns/pid). 0 when unknown.
+ */
+static unsigned pid_namespace_depth(pid_t pid) {
+        char path[64], line[256];
+        unsigned depth = 0;
+        FILE *f;
+
+        if (pid > 0)
+                snprintf(path, sizeof(path), "/proc/%d/status", (int) pid);
+        else
+                snprintf(path, sizeof(path), "/proc/self/status");
+        f = fopen(path, "re");
+        if (!f)
+                return 0;
+        while (fgets(line, sizeof(line), f))
+                if (strncmp(line, "NSpid:", 6) == 0) {
+                        for (char *p = strtok(line + 6, " \t\n"); p; p = strtok(NULL, " \t\n"))
+                                depth++;
+                        break;
+                }
+        fclose(f);
+        return depth;
+}
+
 static void handle_hello(struct session *s, const Gpupool__Envelope *req, struct reply *ret) {
         struct node *node = s->node;
         Gpupool__DeviceInfo infos[BACKEND_MAX_DEVICES], *info_ptrs[BACKEND_MAX_DEVICES];
@@ -38,6 +64,26 @@ static void handle_hello(struct session *s, const Gpupool__Envelope *req, struct
                 reply_error(req->id, -EINVAL, true,
                             "the client name must be 1 to 63 bytes of UTF-8 with no control characters", ret);
                 return;
+        }
+        /*
+         * Legacy CUDA IPC handles cannot be opened across PID namespaces (the open fails with
+         * "invalid device context"; UCX and NCCL say the same): a client in a container with a
+         * PID namespace of its own would get -EIO on every allocation. Say so at once, and how.
+         */
+        if (node->backend->ipc_handles && !req->hello->admin) {
+                unsigned mine = pid_namespace_depth(0), theirs = pid_namespace_depth(s->pid);
+
+                if (s->pid <= 0 || (mine && theirs && theirs != mine)) {
+                        session_log(s, LOG_LEVEL_WARN, "client %llu (pid %d) refused: it runs in a PID namespace of its "
+                                    "own, and IPC handles cannot be opened across PID namespaces",
+                                    (unsigned long long) s->id, (int) s->pid);
+                        reply_error(req->id, -EACCES, true,
+                                    "this process runs in a PID namespace of its own (a container), and the cuda "
+                                    "backend's IPC handles cannot be opened across PID namespaces: run it in the "
+                                    "host's PID namespace (docker/podman --pid=host, Kubernetes hostPID: true); "
+                                    "see docs/operations.md", ret);
+                        return;
+                }
         }
         if (req->hello->has_control_for) {
                 struct session *c = session_find(node, req->hello->control_for);

@@ -21,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sched.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -1111,6 +1112,42 @@ START_TEST(test_fake_compute_modes) {
 }
 END_TEST
 
+
+/* In a PID namespace of its own (a container), a client of the cuda backend is refused at hello, saying why. */
+static int pidns_client(struct testd *d, void *arg) {
+        gpupool_client *c;
+        pid_t pid;
+        int status;
+
+        (void) arg;
+        if (unshare(CLONE_NEWPID) < 0)
+                return 10;
+        pid = fork();           /* the first child is the new namespace's pid 1 */
+        if (pid < 0)
+                return 11;
+        if (pid == 0)
+                _exit(gpupool_connect(d->sock, "contained", &c) == -EACCES ? 0 : 12);
+        if (waitpid(pid, &status, 0) != pid || !WIFEXITED(status))
+                return 13;
+        return WEXITSTATUS(status);
+}
+
+START_TEST(test_fake_pid_namespace_refused) {
+        struct testd d;
+        char cmd[512], out[4096];
+
+        if (geteuid() != 0) {
+                fprintf(stderr, "test_fake_pid_namespace_refused: not root, cannot make a PID namespace\n");
+                return;
+        }
+        cuda_start(&d, NULL, NULL);
+        ck_assert_int_eq(reap(spawn(pidns_client, &d, NULL)), 0);
+        snprintf(cmd, sizeof(cmd), "grep -c 'runs in a PID namespace of its own, and IPC handles cannot be opened' %s", d.log);
+        ck_assert_int_eq(run_capture(cmd, out, sizeof(out)), 0);
+        cuda_stop(&d);
+}
+END_TEST
+
 static int rules_client(struct testd *d, void *arg) {
         gp_cu_result (*mem_alloc_v1)(unsigned *p, unsigned size);
         gp_cu_deviceptr p = 0, base = 0;
@@ -1253,6 +1290,7 @@ Suite *suite_cuda_fake(void) {
         tcase_add_test(tc, test_fake_stream_handle_reused);
         tcase_add_test(tc, test_fake_event_error_is_not_done);
         tcase_add_test(tc, test_fake_compute_modes);
+        tcase_add_test(tc, test_fake_pid_namespace_refused);
         tcase_add_test(tc, test_fake_driver_rules);
         tcase_add_test(tc, test_fake_start_without_driver_or_gpu);
         tcase_set_timeout(tc, 120);
