@@ -15,7 +15,7 @@
 #   make bench-replay         traces through libgpupool and a private gpupoold: round trips, imports, ns/op
 #   make bench-gpu            allocation latency: driver, driver pool, gpupool (needs a GPU)
 #   make bench-pending        allocation cost with 10,000 stream-ordered frees pending (GPU or fake driver)
-#   make gpu-validate         on a GPU machine: check-gpu, bench-gpu, bench-frameworks, logs in bench/results
+#   make gpu-validate         on a GPU machine: check-gpu, bench-gpu, bench-pending, bench-frameworks, logs in bench/results
 #   make STATIC=1             link libuv, protobuf-c, jansson, inih and Check statically
 #   make V=1                  show the commands
 #   make deps                 install the Debian/Ubuntu packages the build needs

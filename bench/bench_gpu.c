@@ -32,6 +32,7 @@
 
 #include "cudadrv.h"
 #include "gpupool.h"
+#include "measure.h"
 
 #define MiB (1ULL << 20)
 
@@ -118,12 +119,6 @@ static struct step *make_workload(size_t ops, int live, size_t *ret_n) {
         free(slots);
         *ret_n = n;
         return w;
-}
-
-static int cmp_double(const void *a, const void *b) {
-        double x = *(const double *) a, y = *(const double *) b;
-
-        return x < y ? -1 : x > y;
 }
 
 static void report(const char *name, const char *what, double *v, size_t n) {

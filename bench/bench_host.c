@@ -60,23 +60,11 @@
 #include "conn.h"
 #include "gpupool.h"
 #include "heap.h"
+#include "measure.h"
 #include "private_daemon.h"
 #include "wire.h"
 
 #define MiB (1ULL << 20)
-
-static double now_ns(void) {
-        struct timespec ts;
-
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        return (double) ts.tv_sec * 1e9 + (double) ts.tv_nsec;
-}
-
-static int cmp_double(const void *a, const void *b) {
-        double x = *(const double *) a, y = *(const double *) b;
-
-        return x < y ? -1 : x > y;
-}
 
 struct dist {
         double median, p99;

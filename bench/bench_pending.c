@@ -26,6 +26,7 @@
 
 #include "cudadrv.h"
 #include "gpupool.h"
+#include "measure.h"
 
 struct bench {
         struct gp_cuda cu;
@@ -35,19 +36,6 @@ struct bench {
         gpupool_client *c;
         unsigned pairs, rounds;
 };
-
-static double now_ns(void) {
-        struct timespec ts;
-
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        return ts.tv_sec * 1e9 + ts.tv_nsec;
-}
-
-static int cmp_double(const void *a, const void *b) {
-        double x = *(const double *) a, y = *(const double *) b;
-
-        return (x > y) - (x < y);
-}
 
 /* The median over the rounds of ns per alloc+free pair; on the fake, *ret_queries: cuEventQuery calls per pair. */
 static double pairs_ns(struct bench *b, double *ret_queries) {

@@ -43,6 +43,7 @@
 #include <unistd.h>
 
 #include "gpupool.h"
+#include "measure.h"
 #include "private_daemon.h"
 #include "trace.h"
 
@@ -57,19 +58,6 @@ static pid_t start_daemon(const char *build) {
 static void stop_daemon(pid_t pid) {
         kill(pid, SIGTERM);
         waitpid(pid, NULL, 0);
-}
-
-static double now_ns(void) {
-        struct timespec ts;
-
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        return ts.tv_sec * 1e9 + ts.tv_nsec;
-}
-
-static int cmp_double(const void *a, const void *b) {
-        double x = *(const double *) a, y = *(const double *) b;
-
-        return x < y ? -1 : x > y;
 }
 
 struct result {

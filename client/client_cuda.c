@@ -223,7 +223,8 @@ static gp_cu_result event_get(gpupool_client *c, struct client_device *d, gp_cu_
         return r;
 }
 
-int client_cuda_record(gpupool_client *c, struct client_device *d, void *stream, gp_cu_event *ret) {
+int client_cuda_record(gpupool_client *c, struct client_device *d, void *stream, gp_cu_event *ret,
+                       unsigned long long *ret_stream_id) {
         gp_cu_event e = NULL;
         int err, capturing = GP_CU_STREAM_CAPTURE_STATUS_NONE;
         gp_cu_result r;
@@ -231,7 +232,9 @@ int client_cuda_record(gpupool_client *c, struct client_device *d, void *stream,
         err = push(c, d);
         if (err < 0)
                 return err;
-        r = c->cu.cuStreamIsCapturing((gp_cu_stream) stream, &capturing);
+        r = c->cu.cuStreamGetId((gp_cu_stream) stream, ret_stream_id);
+        if (r == GP_CUDA_SUCCESS)
+                r = c->cu.cuStreamIsCapturing((gp_cu_stream) stream, &capturing);
         if (r == GP_CUDA_ERROR_STREAM_CAPTURE_IMPLICIT || (r == GP_CUDA_SUCCESS && capturing != GP_CU_STREAM_CAPTURE_STATUS_NONE)) {
                 pop(c);
                 client_set_error(c, "the stream is capturing a CUDA graph: a block freed inside a capture belongs to "

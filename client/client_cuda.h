@@ -25,10 +25,11 @@ int client_cuda_stream_id(gpupool_client *c, struct client_device *d, void *stre
 
 /*
  * Records an event on stream in d's primary context after the work queued so far (a spare
- * one, or a new one). Returns 0, or a negative errno with the error set: -EBUSY when the
- * stream is capturing a CUDA graph.
+ * one, or a new one), and sets the stream's id (as client_cuda_stream_id()). Returns 0, or a
+ * negative errno with the error set: -EBUSY when the stream is capturing a CUDA graph.
  */
-int client_cuda_record(gpupool_client *c, struct client_device *d, void *stream, gp_cu_event *ret);
+int client_cuda_record(gpupool_client *c, struct client_device *d, void *stream, gp_cu_event *ret,
+                       unsigned long long *ret_stream_id);
 
 /*
  * 1 when event e of d has completed, 0 when not yet; with wait, waits for it first, asleep.

@@ -52,13 +52,32 @@ void client_stream_init(gpupool_client *c) {
         gp_rb_init(&c->pending, cmp_fit);
 }
 
-/* The queue of a stream on device d, made on first use. NULL when out of memory. Locked. */
+/* Frees the queues left empty. Locked. */
+static void prune_queues(gpupool_client *c) {
+        struct stream_queue **pp = &c->queues, *sq;
+
+        while ((sq = *pp)) {
+                if (sq->head) {
+                        pp = &sq->next;
+                        continue;
+                }
+                *pp = sq->next;
+                free(sq);
+        }
+}
+
+/*
+ * The queue of a stream on device d, made on first use. NULL when out of memory. Locked. An
+ * emptied queue stays for its stream's next free; those of streams gone are freed when a new
+ * stream's queue is made, so there are never many more than the streams with frees pending.
+ */
 static struct stream_queue *queue_of(gpupool_client *c, unsigned d, unsigned long long stream_id) {
         struct stream_queue *sq;
 
         for (sq = c->queues; sq; sq = sq->next)
                 if (sq->stream_id == stream_id && sq->device == d)
                         return sq;
+        prune_queues(c);
         sq = calloc(1, sizeof(*sq));
         if (!sq)
                 return NULL;
@@ -79,11 +98,11 @@ int client_stream_defer_free(gpupool_client *c, struct block *b, void *stream) {
 
         if (!q)
                 return -ENOMEM;
-        err = client_cuda_stream_id(c, dev, stream, &id);
-        if (err == 0 && !(q->queue = queue_of(c, d, id)))
+        err = client_cuda_record(c, dev, stream, &e, &id);
+        if (err == 0 && !(q->queue = queue_of(c, d, id))) {
+                client_cuda_event_put(c, dev, e);
                 err = -ENOMEM;
-        if (err == 0)
-                err = client_cuda_record(c, dev, stream, &e);
+        }
         if (err < 0) {
                 free(q);
                 return err;
@@ -148,20 +167,6 @@ static void complete(gpupool_client *c, struct deferred *q) {
         free(q);
 }
 
-/* Frees the queues left empty. Locked. */
-static void prune_queues(gpupool_client *c) {
-        struct stream_queue **pp = &c->queues, *sq;
-
-        while ((sq = *pp)) {
-                if (sq->head) {
-                        pp = &sq->next;
-                        continue;
-                }
-                *pp = sq->next;
-                free(sq);
-        }
-}
-
 int client_stream_reap(gpupool_client *c, bool wait) {
         int r = 0;
 
@@ -178,7 +183,6 @@ int client_stream_reap(gpupool_client *c, bool wait) {
                         complete(c, sq->head);
                 }
         }
-        prune_queues(c);
         return r;
 }
 

@@ -283,7 +283,7 @@ int backend_cuda_open(uint64_t headroom_bytes, struct backend **ret, char *err, 
         }
         log_info("cuda: driver %d.%d, %d GPU%s", c->cu.driver_version / 1000, c->cu.driver_version % 1000 / 10, count,
                  count == 1 ? "" : "s");
-        for (int i = 0, skipped = 0; i < count; i++) {
+        for (int i = 0; i < count; i++) {
                 unsigned index = c->base.device_count;
 
                 /* Count it first: cuda_close() releases what a half-opened device retained. */
@@ -296,13 +296,13 @@ int backend_cuda_open(uint64_t headroom_bytes, struct backend **ret, char *err, 
                 if (r == 1) {
                         memset(&c->devs[index], 0, sizeof(c->devs[index]));
                         c->base.device_count = index;
-                        if (++skipped == count) {
-                                snprintf(err, err_size, "every GPU (%d) is in a compute mode that keeps it out of the pool "
-                                         "(EXCLUSIVE_PROCESS or PROHIBITED; see the log lines above)", count);
-                                cuda_close(&c->base);
-                                return -EPERM;
-                        }
                 }
+        }
+        if (c->base.device_count == 0) {
+                snprintf(err, err_size, "every GPU (%d) is in a compute mode that keeps it out of the pool "
+                         "(EXCLUSIVE_PROCESS or PROHIBITED; see the log lines above)", count);
+                cuda_close(&c->base);
+                return -EPERM;
         }
         *ret = &c->base;
         return 0;

@@ -41,7 +41,7 @@ static unsigned pid_namespace_depth(pid_t pid) {
                 return 0;
         while (fgets(line, sizeof(line), f))
                 if (strncmp(line, "NSpid:", 6) == 0) {
-                        for (char *p = strtok(line + 6, " \t\n"); p; p = strtok(NULL, " \t\n"))
+                        for (char *save, *p = strtok_r(line + 6, " \t\n", &save); p; p = strtok_r(NULL, " \t\n", &save))
                                 depth++;
                         break;
                 }
@@ -71,8 +71,11 @@ static void handle_hello(struct session *s, const Gpupool__Envelope *req, struct
          * PID namespace of its own would get -EIO on every allocation. Say so at once, and how.
          */
         if (node->backend->ipc_handles && !req->hello->admin) {
-                unsigned mine = pid_namespace_depth(0), theirs = pid_namespace_depth(s->pid);
+                static unsigned mine;   /* the daemon's own: read once */
+                unsigned theirs = pid_namespace_depth(s->pid);
 
+                if (!mine)
+                        mine = pid_namespace_depth(0);
                 if (s->pid <= 0 || (mine && theirs && theirs != mine)) {
                         session_log(s, LOG_LEVEL_WARN, "client %llu (pid %d) refused: it runs in a PID namespace of its "
                                     "own, and IPC handles cannot be opened across PID namespaces",
