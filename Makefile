@@ -15,7 +15,8 @@
 #   make bench-replay         traces through libgpupool and a private gpupoold: round trips, imports, ns/op
 #   make bench-gpu            allocation latency: driver, driver pool, gpupool (needs a GPU)
 #   make bench-pending        allocation cost with 10,000 stream-ordered frees pending (GPU or fake driver)
-#   make gpu-validate         on a GPU machine: check-gpu, bench-gpu, bench-pending, bench-frameworks, logs in bench/results
+#   make bench-driver         each driver call of the stream-ordered path, and the capture rules (GPU or fake driver)
+#   make gpu-validate         on a GPU machine: check-gpu, bench-gpu, bench-pending, bench-driver, bench-frameworks, logs in bench/results
 #   make STATIC=1             link libuv, protobuf-c, jansson, inih and Check statically
 #   make V=1                  show the commands
 #   make deps                 install the Debian/Ubuntu packages the build needs
@@ -109,6 +110,7 @@ TEST_BIN   := $(B)/tests/check_gpupool
 GPU_TEST_BIN := $(B)/tests/check_gpu
 BENCH_GPU  := $(B)/bench/bench_gpu
 BENCH_PENDING := $(B)/bench/bench_pending
+BENCH_DRIVER := $(B)/bench/bench_driver
 STRESS_BIN := $(B)/tests/stress
 FAULTS_BIN := $(B)/tests/gpupoold-faults
 BENCH_HOST := $(B)/bench/bench_host
@@ -129,6 +131,11 @@ $(B)/paths.stamp: FORCE
 $(B)/sysconfdir.stamp: FORCE
 	$(call stamp,$(SYSCONFDIR))
 $(B)/obj/daemon/options.o: $(B)/sysconfdir.stamp
+# STATIC=1 changes only how programs link; every program links the protobuf code, so
+# remaking that object when STATIC changes relinks them all.
+$(B)/link.stamp: FORCE
+	$(call stamp,STATIC=$(STATIC))
+$(B)/obj/proto/gpupool.pb-c.o: $(B)/link.stamp
 
 $(B)/systemd/gpupoold.service: systemd/gpupoold.service.in $(B)/paths.stamp
 	@mkdir -p $(dir $@)
@@ -261,6 +268,11 @@ $(BENCH_PENDING): $(B)/obj/bench/bench_pending.o $(CLIENT_O) $(COMMON_O)
 	@echo "  LD      $@"
 	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LIBS_PROTOBUF) -lpthread -ldl -lm
 
+$(BENCH_DRIVER): $(B)/obj/bench/bench_driver.o $(CLIENT_O) $(COMMON_O)
+	@mkdir -p $(dir $@)
+	@echo "  LD      $@"
+	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LIBS_PROTOBUF) -lpthread -ldl -lm
+
 $(BENCH_HOST): $(B)/obj/bench/bench_host.o $(DAEMON_O) $(CLIENT_O) $(COMMON_O)
 	@mkdir -p $(dir $@)
 	@echo "  LD      $@"
@@ -332,8 +344,17 @@ bench-pending: all $(BENCH_PENDING) $(FAKECUDA)
 		GPUPOOL_LIBCUDA=$$lib FAKECUDA_DIR=$$fake sh bench/with-gpupoold.sh $(B) sh -c 'exec "$$0" --socket "$$GPUPOOL_SOCKET" "$$@"' $(BENCH_PENDING) $(BENCH_ARGS) \
 		| tee bench/results/pending-$$gpu-$$(date -u +%Y-%m-%d).txt; st=$$?; rm -rf $$fake; exit $$st
 
+# What each driver call on the stream-ordered path costs, and what a graph capture forbids
+# (bench/bench_driver.c), on the GPU where nvidia-smi finds one, else on the fake driver.
+bench-driver: all $(BENCH_DRIVER) $(FAKECUDA)
+	@mkdir -p bench/results
+	$(Q)if nvidia-smi -L >/dev/null 2>&1; then lib=; gpu=gpu; else lib=$(abspath $(FAKECUDA)); gpu=fakecuda; fi; \
+		fake=$$(mktemp -d /tmp/gpupool-fakecuda-XXXXXX); \
+		GPUPOOL_LIBCUDA=$$lib FAKECUDA_DIR=$$fake sh bench/with-gpupoold.sh $(B) sh -c 'exec "$$0" --socket "$$GPUPOOL_SOCKET" "$$@"' $(BENCH_DRIVER) $(BENCH_ARGS) \
+		| tee bench/results/driver-$$gpu-$$(date -u +%Y-%m-%d).txt; st=$$?; rm -rf $$fake; exit $$st
+
 # Everything gpu-validate runs, built (with STATIC=1 to carry it to a machine without the libraries).
-gpu-tools: all $(GPU_TEST_BIN) $(BENCH_GPU) $(BENCH_PENDING)
+gpu-tools: all $(GPU_TEST_BIN) $(BENCH_GPU) $(BENCH_PENDING) $(BENCH_DRIVER)
 
 # On a GPU machine: check-gpu, bench-gpu, bench-pending and bench-frameworks against build/ as
 # it is (bench/gpu-validate.sh builds nothing), one log per part in bench/results/.
@@ -354,7 +375,8 @@ BENCH_ARGS_ELASTIC ?=
 bench-frameworks: all
 	@mkdir -p bench/results
 	$(Q)log=bench/results/frameworks-$$(date -u +%Y-%m-%d).txt; \
-	{ sh bench/with-gpupoold.sh $(B) python3 bench/frameworks/torch_throughput.py $(BENCH_ARGS_TORCH) && \
+	{ sh bench/with-gpupoold.sh $(B) python3 bench/frameworks/torch_alloc.py && \
+	  sh bench/with-gpupoold.sh $(B) python3 bench/frameworks/torch_throughput.py $(BENCH_ARGS_TORCH) && \
 	  sh bench/with-gpupoold.sh $(B) python3 bench/frameworks/torch_elastic.py $(BENCH_ARGS_ELASTIC); \
 	  echo $$? > $$log.rc; } 2>&1 | tee $$log; \
 	rc=$$(cat $$log.rc); rm -f $$log.rc; echo "bench-frameworks: the log is $$log"; exit $$rc
@@ -487,7 +509,7 @@ clean:
 
 FORCE:
 
-.PHONY: FORCE all install uninstall test check-gpu gpu-tools gpu-validate bench-gpu bench-pending bench-frameworks stress fuzz fuzz-seeds bench bench-frag bench-replay bench-instructions valgrind deps deps-fuzz run clean
+.PHONY: FORCE all install uninstall test check-gpu gpu-tools gpu-validate bench-gpu bench-pending bench-driver bench-frameworks stress fuzz fuzz-seeds bench bench-frag bench-replay bench-instructions valgrind deps deps-fuzz run clean
 
 .SECONDARY:
 

@@ -3,11 +3,12 @@
 #
 # Runs, in this order, the cuda backend's tests on the real driver and the framework tests
 # (what make check-gpu runs), the allocation latency benchmark (make bench-gpu), the cost of
-# pending stream-ordered frees (make bench-pending) and the PyTorch benchmarks (make
-# bench-frameworks), each against build/ as it is: nothing is built here, so a build made
+# pending stream-ordered frees (make bench-pending), the driver calls' costs and capture rules
+# (make bench-driver) and the PyTorch benchmarks (make bench-frameworks), each against build/ as it is: nothing is built here, so a build made
 # elsewhere with make STATIC=1 gpu-tools runs where libuv, protobuf-c and Check are not
 # installed. Each part's full output goes to bench/results/gpu-validate-DATE-GPU-PART.txt
-# behind a header (date, GPU, driver, commit); a summary closes the run. Exits 1 if any
+# behind a header (date, GPU, driver, commit; GPUPOOL_COMMIT names it where there is no .git);
+# each part is stopped after GPU_VALIDATE_TIMEOUT seconds (600); a summary closes the run. Exits 1 if any
 # part failed, 2 if there is no GPU or no build.
 set -u
 B=${1:-build}
@@ -23,20 +24,24 @@ gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | tr -c 'A-Za-
 mkdir -p bench/results
 header() {
         echo "# gpu-validate $1, $(date -u +%Y-%m-%dT%H:%M:%SZ), $(uname -srm), $(nproc) CPUs"
-        echo "# commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown), gpupool $("$B/gpupoold" --version | cut -d' ' -f2)"
+        echo "# commit ${GPUPOOL_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}, gpupool $("$B/gpupoold" --version | cut -d' ' -f2)"
         nvidia-smi --query-gpu=index,name,uuid,driver_version,memory.total,compute_mode --format=csv,noheader | sed 's/^/# gpu: /'
         nvidia-smi -L | sed 's/^/# /'
 }
+part_timeout=${GPU_VALIDATE_TIMEOUT:-600}
 failed=
 summary=
-# part NAME COMMAND...: runs COMMAND with its output in the part's log.
+# part NAME COMMAND...: runs COMMAND with its output in the part's log (unless
+# GPU_VALIDATE_PARTS, a list of names, leaves it out).
 part() {
         name=$1
         shift
+        case " ${GPU_VALIDATE_PARTS:-$name} " in *" $name "*) ;; *) return 0 ;; esac
         log=bench/results/gpu-validate-$day-$gpu-$name.txt
         { header "$name"; echo "# command: $*"; } >"$log"
-        "$@" >>"$log" 2>&1
+        timeout -k 10 "$part_timeout" "$@" >>"$log" 2>&1
         rc=$?
+        [ $rc -ne 124 ] || echo "# stopped after $part_timeout s (GPU_VALIDATE_TIMEOUT)" >>"$log"
         echo "# exit status $rc" >>"$log"
         tail -n 3 "$log"
         summary="$summary
@@ -44,10 +49,12 @@ $name: exit $rc ($log)"
         [ $rc -eq 0 ] || failed="$failed $name"
 }
 export GPUPOOL_BUILD_DIR="$B"
-part check-gpu sh -c "'$B/tests/check_gpu' && python3 -m unittest discover -v -s tests/gpu"
+part check-gpu sh -c "'$B/tests/check_gpu'; c=\$?; python3 -m unittest discover -v -s tests/gpu && exit \$c"
 part bench-gpu sh bench/bench-gpu.sh "$B"
 part bench-pending sh bench/with-gpupoold.sh "$B" sh -c 'exec "$0" --socket "$GPUPOOL_SOCKET"' "$B/bench/bench_pending"
-part bench-frameworks sh -c "sh bench/with-gpupoold.sh '$B' python3 bench/frameworks/torch_throughput.py && \
+part bench-driver sh bench/with-gpupoold.sh "$B" sh -c 'exec "$0" --socket "$GPUPOOL_SOCKET"' "$B/bench/bench_driver"
+part bench-frameworks sh -c "sh bench/with-gpupoold.sh '$B' python3 bench/frameworks/torch_alloc.py && \
+        sh bench/with-gpupoold.sh '$B' python3 bench/frameworks/torch_throughput.py && \
         sh bench/with-gpupoold.sh '$B' python3 bench/frameworks/torch_elastic.py"
 echo "gpu-validate:$summary"
 if [ -n "$failed" ]; then

@@ -22,7 +22,7 @@ trap cleanup EXIT
 trap 'exit 130' INT TERM
 
 echo "# $(date -u +%Y-%m-%dT%H:%M:%SZ), $(uname -srm), $(nproc) CPUs"
-echo "# gpupool $("$B/gpupoold" --version | cut -d' ' -f2), commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+echo "# gpupool $("$B/gpupoold" --version | cut -d' ' -f2), commit ${GPUPOOL_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}"
 if command -v nvidia-smi >/dev/null 2>&1; then
         nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | sed 's/^/# gpu: /'
 fi

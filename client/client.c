@@ -147,6 +147,8 @@ GPUPOOL_EXPORT void gpupool_disconnect(gpupool_client *c) {
 
                 /* Both, whatever the first says: the mappings close next. */
                 device_done = client_cuda_synchronize(c) == 0 && reaped == 0;
+                /* The queues, and frees still pending if the driver failed us (their blocks go with the live table). */
+                client_stream_forget(c);
         }
         drop_everything(c);
         client_tcache_detach(c);
@@ -253,8 +255,6 @@ static int alloc_on(gpupool_client *c, int device, size_t size, void *stream, bo
         }
         /* A thread that allocates gets a cache for what it frees: only it takes from it. */
         client_tcache_adopt(c);
-        if (c->cuda)
-                (void) client_stream_reap(c, false);
         d = daemon_device(c, device);
         if (d < 0) {
                 r = -ENODEV;
@@ -332,7 +332,6 @@ GPUPOOL_EXPORT int gpupool_free_async(gpupool_client *c, void *ptr, void *stream
                         client_set_error(c, "a stream was given for a block of host memory");
                         r = -EINVAL;
                 } else {
-                        (void) client_stream_reap(c, false);
                         r = client_stream_defer_free(c, b, stream);
                 }
                 if (r < 0)

@@ -147,9 +147,11 @@ struct gpupool_client {
         struct stream_queue *queues;
         struct gp_rb_tree pending;
         uint64_t deferred_seq;
+        struct deferred *spare_deferred;        /* completed ones, for the next free */
         pthread_cond_t deferred_cond;
         pthread_t reaper;
         bool reaper_started, stopping;
+        bool reaper_idle;               /* waiting for a free to be queued: only then is it signalled */
 };
 
 /* Sets the handle's error (gpupool_last_error()), at any layer. */

@@ -177,21 +177,36 @@ void client_cuda_close(gpupool_client *c, struct mapping *m) {
         pop(c);
 }
 
+/*
+ * Whether stream is capturing a graph (1, or 0), and if not its id. Pushed. cuStreamGetId on a
+ * capturing stream fails and invalidates the capture, in every capture mode: ask first.
+ */
+static gp_cu_result capture_or_id(gpupool_client *c, void *stream, int *ret_capturing, unsigned long long *ret_id) {
+        int status = GP_CU_STREAM_CAPTURE_STATUS_NONE;
+        gp_cu_result r = c->cu.cuStreamIsCapturing((gp_cu_stream) stream, &status);
+
+        /* The legacy default stream while another stream captures in global mode: capturing too. */
+        *ret_capturing = r == GP_CUDA_ERROR_STREAM_CAPTURE_IMPLICIT || (r == GP_CUDA_SUCCESS && status != GP_CU_STREAM_CAPTURE_STATUS_NONE);
+        if (*ret_capturing)
+                return GP_CUDA_SUCCESS;
+        return r == GP_CUDA_SUCCESS ? c->cu.cuStreamGetId((gp_cu_stream) stream, ret_id) : r;
+}
+
 int client_cuda_stream_id(gpupool_client *c, struct client_device *d, void *stream, unsigned long long *ret) {
         gp_cu_result r;
-        int err;
+        int err, capturing;
 
         /* The default streams are the current context's: make the device's current. */
         err = push(c, d);
         if (err < 0)
                 return err;
-        r = c->cu.cuStreamGetId((gp_cu_stream) stream, ret);
+        r = capture_or_id(c, stream, &capturing, ret);
         pop(c);
         if (r != GP_CUDA_SUCCESS) {
                 client_set_error(c, "cuStreamGetId: %s (not a stream of this process?)", gp_cuda_error_name(&c->cu, r));
                 return -EINVAL;
         }
-        return 0;
+        return capturing;
 }
 
 void client_cuda_event_put(gpupool_client *c, struct client_device *d, gp_cu_event e) {
@@ -226,16 +241,14 @@ static gp_cu_result event_get(gpupool_client *c, struct client_device *d, gp_cu_
 int client_cuda_record(gpupool_client *c, struct client_device *d, void *stream, gp_cu_event *ret,
                        unsigned long long *ret_stream_id) {
         gp_cu_event e = NULL;
-        int err, capturing = GP_CU_STREAM_CAPTURE_STATUS_NONE;
+        int err, capturing;
         gp_cu_result r;
 
         err = push(c, d);
         if (err < 0)
                 return err;
-        r = c->cu.cuStreamGetId((gp_cu_stream) stream, ret_stream_id);
-        if (r == GP_CUDA_SUCCESS)
-                r = c->cu.cuStreamIsCapturing((gp_cu_stream) stream, &capturing);
-        if (r == GP_CUDA_ERROR_STREAM_CAPTURE_IMPLICIT || (r == GP_CUDA_SUCCESS && capturing != GP_CU_STREAM_CAPTURE_STATUS_NONE)) {
+        r = capture_or_id(c, stream, &capturing, ret_stream_id);
+        if (capturing) {
                 pop(c);
                 client_set_error(c, "the stream is capturing a CUDA graph: a block freed inside a capture belongs to "
                                     "the graph, and gpupool cannot order its reuse; free it after the capture ends "

@@ -20,7 +20,10 @@ int client_cuda_open(gpupool_client *c, struct mapping *m);
 /* Closes what client_cuda_open() opened. */
 void client_cuda_close(gpupool_client *c, struct mapping *m);
 
-/* The driver's id of stream (cuStreamGetId) in d's primary context. Returns 0, or -EINVAL with the error set. */
+/*
+ * The driver's id of stream (cuStreamGetId) in d's primary context. Returns 0; 1, with no
+ * id, when the stream is capturing a CUDA graph; or -EINVAL with the error set.
+ */
 int client_cuda_stream_id(gpupool_client *c, struct client_device *d, void *stream, unsigned long long *ret);
 
 /*

@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "client_segment.h"
+#include "client_stream.h"
 #include "client_tcache.h"
 
 size_t client_pool_usage(gpupool_client *c, Gpupool__Usage *u, Gpupool__Usage **ptrs) {
@@ -221,6 +222,11 @@ int client_pool_alloc(gpupool_client *c, unsigned d, int device, uint64_t rsize,
         if (!hb && c->tcaches) {
                 /* Blocks parked in the threads' caches may be what splits the free range it needs. */
                 client_pool_drain(c, true);
+                hb = heap_alloc(&dev->heap, class, rsize);
+        }
+        if (!hb && c->pending.count) {
+                /* Stream-ordered frees whose work has ended, not reaped yet: before asking the daemon. */
+                (void) client_stream_reap(c, false);
                 hb = heap_alloc(&dev->heap, class, rsize);
         }
         while (!hb && c->conn_busy) {

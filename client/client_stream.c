@@ -13,8 +13,11 @@
  *
  * A reaper thread (started on the first such free) waits, asleep, for the oldest pending
  * event (CU_EVENT_BLOCKING_SYNC: an event without it spins the waiting core), then frees
- * every block whose event has completed; every allocation call also frees the completed ones
- * first. Only CUDA_SUCCESS counts as done: a driver error (an event recorded in a graph
+ * every block whose event has completed, at most once per REAP_INTERVAL_NS so that a GPU
+ * finishing work event by event does not wake it (and take the lock) per free; it is
+ * signalled only when it waits with nothing pending. An allocation that the process's pool
+ * cannot serve frees the completed ones itself before it asks the daemon; nothing else on the
+ * fast path queries an event. Only CUDA_SUCCESS counts as done: a driver error (an event recorded in a graph
  * capture, a context lost) leaves the block pending, where the memory stays the process's
  * until it exits; never is a block handed out again on an error's word. Nothing the caller
  * calls waits for the device, except gpupool_disconnect().
@@ -24,6 +27,7 @@
 
 #include <errno.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 #include "client_cuda.h"
@@ -31,6 +35,9 @@
 #include "client_segment.h"
 
 #define CMP(a, b) ((a) < (b) ? -1 : (a) > (b))
+
+/* The reaper's shortest interval between two reaps: it frees in batches. */
+#define REAP_INTERVAL_NS 1000000L
 
 static void *reaper_main(void *arg);
 
@@ -91,20 +98,24 @@ static struct stream_queue *queue_of(gpupool_client *c, unsigned d, unsigned lon
 int client_stream_defer_free(gpupool_client *c, struct block *b, void *stream) {
         unsigned d = b->mapping->device;
         struct client_device *dev = &c->devices[d];
-        struct deferred *q = calloc(1, sizeof(*q));
+        struct deferred *q = c->spare_deferred;
         unsigned long long id;
         gp_cu_event e;
         int err;
 
-        if (!q)
+        if (q)
+                c->spare_deferred = q->next;
+        else if (!(q = malloc(sizeof(*q))))
                 return -ENOMEM;
+        memset(q, 0, sizeof(*q));
         err = client_cuda_record(c, dev, stream, &e, &id);
         if (err == 0 && !(q->queue = queue_of(c, d, id))) {
                 client_cuda_event_put(c, dev, e);
                 err = -ENOMEM;
         }
         if (err < 0) {
-                free(q);
+                q->next = c->spare_deferred;
+                c->spare_deferred = q;
                 return err;
         }
         q->block = b;
@@ -124,8 +135,9 @@ int client_stream_defer_free(gpupool_client *c, struct block *b, void *stream) {
         q->queue->tail = q;
         if (!c->reaper_started && pthread_create(&c->reaper, NULL, reaper_main, c) == 0)
                 c->reaper_started = true;
-        /* Without a reaper thread the next call of this handle still frees the block. */
-        pthread_cond_signal(&c->deferred_cond);
+        /* Without a reaper thread an allocation that needs the memory still frees the block. */
+        if (c->reaper_idle)
+                pthread_cond_signal(&c->deferred_cond);
         return 0;
 }
 
@@ -136,7 +148,8 @@ struct block *client_stream_take(gpupool_client *c, unsigned d, uint64_t rsize, 
         struct gp_rb_node *n;
         struct block *b;
 
-        if (!c->pending.count || client_cuda_stream_id(c, &c->devices[d], stream, &key_queue.stream_id) < 0)
+        /* Not on a capturing stream: its work is the graph's, ordered when the graph runs. */
+        if (!c->pending.count || client_cuda_stream_id(c, &c->devices[d], stream, &key_queue.stream_id) != 0)
                 return NULL;
         key_queue.device = d;
         n = gp_rb_lower_bound(&c->pending, &key.by_fit);
@@ -164,23 +177,49 @@ static void complete(gpupool_client *c, struct deferred *q) {
                 gp_rb_remove(&c->pending, &q->by_fit);
                 (void) client_free_block(c, q->block);
         }
-        free(q);
+        q->next = c->spare_deferred;
+        c->spare_deferred = q;
 }
 
+/*
+ * Stream order makes one query answer for many: once a free's event has completed, so have
+ * those of every earlier free on its stream. So the newest is asked first, and else, from
+ * the oldest on, only the frees that give a block back (or the newest) are asked about:
+ * those whose block an allocation on the stream took already only wait to recycle their
+ * event, which a later free's answer settles.
+ */
 int client_stream_reap(gpupool_client *c, bool wait) {
         int r = 0;
 
         for (struct stream_queue *sq = c->queues; sq; sq = sq->next) {
                 struct client_device *d = &c->devices[sq->device];
+                struct deferred *q;
+                int tail_done = -1;
 
-                while (sq->head) {
-                        int done = client_cuda_event_done(c, d, sq->head->event, wait);
+                if (sq->head && sq->head != sq->tail && (tail_done = client_cuda_event_done(c, d, sq->tail->event, false)) == 1) {
+                        while (sq->head)
+                                complete(c, sq->head);
+                        continue;
+                }
+                q = sq->head;
+                while (q) {
+                        struct deferred *next = q->next;
+                        int done;
 
+                        if (!q->block && q != sq->tail) {
+                                q = next;
+                                continue;
+                        }
+                        if (q == sq->tail && tail_done == 0 && !wait)
+                                break;          /* asked just now */
+                        done = client_cuda_event_done(c, d, q->event, wait);
                         if (done < 0 && wait)
                                 r = done;
                         if (done != 1)
                                 break;          /* the stream's later frees wait behind this one */
-                        complete(c, sq->head);
+                        while (sq->head != next)
+                                complete(c, sq->head);
+                        q = next;
                 }
         }
         return r;
@@ -209,8 +248,10 @@ static void *reaper_main(void *arg) {
                 gp_cu_event e;
                 int done;
 
+                c->reaper_idle = true;
                 while (!c->stopping && !(q = oldest(c)))
                         pthread_cond_wait(&c->deferred_cond, &c->lock);
+                c->reaper_idle = false;
                 if (c->stopping)
                         break;
                 d = &c->devices[q->queue->device];
@@ -224,18 +265,21 @@ static void *reaper_main(void *arg) {
                 done = client_cuda_event_wait(c, d, e);
                 pthread_mutex_lock(&c->lock);
                 (void) client_stream_reap(c, false);
-                if (done < 0 && !c->stopping) {
-                        /* The driver failed the wait: look again later, not in a loop that pins a core. */
+                if (c->stopping)
+                        break;
+                /* A driver error: look again later, not in a loop that pins a core. Else the next batch. */
+                backoff_ms = done < 0 ? (backoff_ms ? (backoff_ms < 500 ? backoff_ms * 2 : 1000) : 10) : 0;
+                {
                         struct timespec ts;
+                        long ns = backoff_ms ? (long) backoff_ms * 1000000L : REAP_INTERVAL_NS;
 
-                        backoff_ms = backoff_ms ? (backoff_ms < 500 ? backoff_ms * 2 : 1000) : 10;
                         clock_gettime(CLOCK_REALTIME, &ts);
-                        ts.tv_nsec += (long) backoff_ms * 1000000L;
+                        ts.tv_nsec += ns;
                         ts.tv_sec += ts.tv_nsec / 1000000000L;
                         ts.tv_nsec %= 1000000000L;
-                        (void) pthread_cond_timedwait(&c->deferred_cond, &c->lock, &ts);
-                } else {
-                        backoff_ms = 0;
+                        /* Only stop signals it now (reaper_idle is false): a timed pause, not a wait for the GPU. */
+                        while (!c->stopping && pthread_cond_timedwait(&c->deferred_cond, &c->lock, &ts) == 0)
+                                ;
                 }
         }
         pthread_mutex_unlock(&c->lock);
@@ -244,10 +288,9 @@ static void *reaper_main(void *arg) {
 
 void client_stream_forget(gpupool_client *c) {
         struct stream_queue *sq;
+        struct deferred *q;
 
         while ((sq = c->queues)) {
-                struct deferred *q;
-
                 while ((q = sq->head)) {
                         sq->head = q->next;
                         /* Its block, live and marked freeing, goes with the live table (client_live_forget()). */
@@ -256,6 +299,10 @@ void client_stream_forget(gpupool_client *c) {
                 }
                 c->queues = sq->next;
                 free(sq);
+        }
+        while ((q = c->spare_deferred)) {
+                c->spare_deferred = q->next;
+                free(q);
         }
         client_stream_init(c);
 }

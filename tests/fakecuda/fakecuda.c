@@ -28,8 +28,8 @@
  *     complete nothing); a potentially unsafe call (allocation, free, IPC open or close, an
  *     event query or wait, a synchronization) made while a capture forbids it, by the modes
  *     of cuThreadExchangeStreamCaptureMode, fails with CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED
- *     and invalidates the capture; an event recorded in a capture cannot be queried
- *     (CUDA_ERROR_CAPTURED_EVENT);
+ *     and invalidates the capture; so does cuStreamGetId on a capturing stream, in any mode;
+ *     an event recorded in a capture cannot be queried (CUDA_ERROR_CAPTURED_EVENT);
  *   - compute modes: no context on a PROHIBITED GPU, one process's at a time on an
  *     EXCLUSIVE_PROCESS one (CUDA_ERROR_DEVICE_UNAVAILABLE).
  *
@@ -981,6 +981,12 @@ static CUresult fk_StreamGetId(gp_cu_stream hs, unsigned long long *id) {
         }
         pthread_mutex_lock(&lock);
         s = stream_of(hs);
+        if (s && s->capture != CAPTURE_NONE) {
+                /* As the driver does (580): refused on a capturing stream, in any mode, and the capture is lost. */
+                s->capture = CAPTURE_INVALIDATED;
+                pthread_mutex_unlock(&lock);
+                return GP_CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+        }
         if (s)
                 *id = s->id;
         pthread_mutex_unlock(&lock);

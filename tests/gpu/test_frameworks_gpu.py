@@ -46,8 +46,8 @@ class GpuCase(unittest.TestCase):
         why = NO_GPU or _missing(self.module)
         if why:
             self.skipTest(why)
-        # 64 MiB per client: the refusal tests ask for more.
-        self.d = Daemon("--client-limit", "64M", backend="cuda")
+        # 256 MiB per client (cuBLAS takes a 32 MiB workspace on Hopper): the refusal tests ask for more.
+        self.d = Daemon("--client-limit", "256M", backend="cuda")
         self.addCleanup(lambda: self.assertEqual(self.d.stop(), 0))
 
     def run_ok(self, code, **env):
@@ -113,14 +113,14 @@ class TestCupy(GpuCase):
             import gpupool, cupy
             gpupool.use_with_cupy()
             try:
-                cupy.empty(128 << 20, dtype=cupy.uint8)
+                cupy.empty(512 << 20, dtype=cupy.uint8)
             except cupy.cuda.memory.OutOfMemoryError as e:
                 print("oom:", e, isinstance(e, MemoryError))
             x = cupy.ones(1 << 20, dtype=cupy.float32)      # still usable after a refusal
             print("sum", float(x.sum()))
         """)
-        self.assertIn("oom: Out of memory allocating 134,217,728 bytes: gpupool refused allocating 128.0 MiB", out)
-        self.assertIn("over its limit of 64.0 MiB", out)
+        self.assertIn("oom: Out of memory allocating 536,870,912 bytes: gpupool refused allocating 512.0 MiB", out)
+        self.assertIn("over its limit of 256.0 MiB", out)
         self.assertIn(" True\n", out)
         self.assertIn("sum 1048576.0\n", out)
 
@@ -178,14 +178,14 @@ class TestTorch(GpuCase):
             gpupool.use_with_torch()
             import torch
             try:
-                torch.empty(128 << 20, dtype=torch.uint8, device="cuda")
+                torch.empty(512 << 20, dtype=torch.uint8, device="cuda")
             except RuntimeError as e:
                 print("oom:", str(e).splitlines()[0])
             x = torch.ones(1 << 20, device="cuda")        # still usable after a refusal
             print("sum", float(x.sum()))
         """)
-        self.assertIn("oom: CUDA out of memory. gpupool refused allocating 128.0 MiB", out)
-        self.assertIn("over its limit of 64.0 MiB", out)
+        self.assertIn("oom: CUDA out of memory. gpupool refused allocating 512.0 MiB", out)
+        self.assertIn("over its limit of 256.0 MiB", out)
         self.assertIn("sum 1048576.0\n", out)
 
     def test_training_steps(self):
