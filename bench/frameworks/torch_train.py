@@ -133,7 +133,9 @@ def main(argv=None):
     if a.device == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
-        torch.backends.cudnn.benchmark = True
+        # Off for both allocators: with a pluggable allocator cuDNN's benchmark mode raises
+        # (it asks for cacheInfo, which PyTorch does not pass on; docs/frameworks.md).
+        torch.backends.cudnn.benchmark = False
     model = build(torch, a).to(a.device)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
 
