@@ -67,7 +67,7 @@ struct live_shard {
 
 /* A block whose free waits for the device work queued before it (gpupool_free_async). */
 struct deferred {
-        struct deferred *next;          /* the next free on the same stream */
+        struct deferred *next;          /* in the handle's spare list, once completed */
         struct block *block;            /* NULL once reused on its stream before the work ended */
         struct stream_queue *queue;
         uint64_t seq;                   /* the handle's count of stream-ordered frees: oldest first */
@@ -76,14 +76,15 @@ struct deferred {
 };
 
 /*
- * The pending frees of one stream, in the order they were queued: the stream runs its work
- * in that order, so the first whose event has not completed ends a reaping walk.
+ * The pending frees of one stream, in the order they were queued, in a ring: the stream runs
+ * its work in that order, so those whose events have completed are a prefix, found by search.
  */
 struct stream_queue {
         struct stream_queue *next;
         unsigned long long stream_id;   /* cuStreamGetId: a handle may come back for a new stream, an id never */
         unsigned device;
-        struct deferred *head, *tail;
+        struct deferred **ring;         /* cap entries, a power of two; the oldest at first */
+        unsigned cap, first, count;
 };
 
 /* A daemon device as this process sees it. */

@@ -4,9 +4,9 @@
  * completed.
  *
  * Pending frees are kept per stream, in the order they were queued. A stream runs its work in
- * that order, so a reaping walk stops at the first free of each stream whose event has not
- * completed: with PyTorch's CPU thousands of frees ahead of the GPU, it costs one event query
- * per stream, not one per pending free. An allocation on the same stream may take a pending
+ * that order, so the frees whose events have completed are a prefix of its queue, found with
+ * a few event queries (client_stream_reap()): with PyTorch's CPU thousands of frees ahead of
+ * the GPU, reaping costs a few queries per stream, not one per pending free. An allocation on the same stream may take a pending
  * block at once (the stream orders the new work after the old); those are found in a tree by
  * (stream, device, size). Streams are told apart by cuStreamGetId, never by their handle: a
  * destroyed stream's handle may come back for a new stream while the old one's work still runs.
@@ -17,9 +17,9 @@
  * finishing work event by event does not wake it (and take the lock) per free; it is
  * signalled only when it waits with nothing pending. An allocation that the process's pool
  * cannot serve frees the completed ones itself before it asks the daemon; nothing else on the
- * fast path queries an event. Only CUDA_SUCCESS counts as done: a driver error (an event recorded in a graph
- * capture, a context lost) leaves the block pending, where the memory stays the process's
- * until it exits; never is a block handed out again on an error's word. Nothing the caller
+ * fast path queries an event. Only CUDA_SUCCESS counts as done: a driver error (an event
+ * recorded in a graph capture, a context lost) leaves the block pending, where the memory
+ * stays the process's until it exits; never is a block handed out again on an error's word. Nothing the caller
  * calls waits for the device, except gpupool_disconnect().
  */
 #define _GNU_SOURCE
@@ -55,6 +55,32 @@ static int cmp_fit(const struct gp_rb_node *x, const struct gp_rb_node *y) {
         return CMP(a->seq, b->seq);
 }
 
+/* The i-th oldest pending free of sq. */
+static struct deferred *queue_at(const struct stream_queue *sq, unsigned i) {
+        return sq->ring[(sq->first + i) & (sq->cap - 1)];
+}
+
+/* Appends q to sq. -ENOMEM when the ring cannot grow. Locked. */
+static int queue_push(struct stream_queue *sq, struct deferred *q) {
+        if (sq->count == sq->cap) {
+                unsigned cap = sq->cap ? sq->cap * 2 : 16;
+                struct deferred **ring = malloc(cap * sizeof(*ring));
+
+                if (!ring || cap < sq->cap) {
+                        free(ring);
+                        return -ENOMEM;
+                }
+                for (unsigned i = 0; i < sq->count; i++)
+                        ring[i] = queue_at(sq, i);
+                free(sq->ring);
+                sq->ring = ring;
+                sq->cap = cap;
+                sq->first = 0;
+        }
+        sq->ring[(sq->first + sq->count++) & (sq->cap - 1)] = q;
+        return 0;
+}
+
 void client_stream_init(gpupool_client *c) {
         gp_rb_init(&c->pending, cmp_fit);
 }
@@ -64,11 +90,12 @@ static void prune_queues(gpupool_client *c) {
         struct stream_queue **pp = &c->queues, *sq;
 
         while ((sq = *pp)) {
-                if (sq->head) {
+                if (sq->count) {
                         pp = &sq->next;
                         continue;
                 }
                 *pp = sq->next;
+                free(sq->ring);
                 free(sq);
         }
 }
@@ -109,7 +136,7 @@ int client_stream_defer_free(gpupool_client *c, struct block *b, void *stream) {
                 return -ENOMEM;
         memset(q, 0, sizeof(*q));
         err = client_cuda_record(c, dev, stream, &e, &id);
-        if (err == 0 && !(q->queue = queue_of(c, d, id))) {
+        if (err == 0 && (!(q->queue = queue_of(c, d, id)) || queue_push(q->queue, q) < 0)) {
                 client_cuda_event_put(c, dev, e);
                 err = -ENOMEM;
         }
@@ -128,11 +155,6 @@ int client_stream_defer_free(gpupool_client *c, struct block *b, void *stream) {
         b->freeing = true;
         (void) client_live_insert(c, b);
         gp_rb_insert(&c->pending, &q->by_fit);
-        if (q->queue->tail)
-                q->queue->tail->next = q;
-        else
-                q->queue->head = q;
-        q->queue->tail = q;
         if (!c->reaper_started && pthread_create(&c->reaper, NULL, reaper_main, c) == 0)
                 c->reaper_started = true;
         /* Without a reaper thread an allocation that needs the memory still frees the block. */
@@ -165,13 +187,12 @@ struct block *client_stream_take(gpupool_client *c, unsigned d, uint64_t rsize, 
         return b;
 }
 
-/* Takes q off the head of its queue, frees its block into the process's pool and recycles its event. Locked. */
-static void complete(gpupool_client *c, struct deferred *q) {
-        struct stream_queue *sq = q->queue;
+/* Takes the oldest free off sq, frees its block into the process's pool and recycles its event. Locked. */
+static void complete(gpupool_client *c, struct stream_queue *sq) {
+        struct deferred *q = queue_at(sq, 0);
 
-        sq->head = q->next;
-        if (!sq->head)
-                sq->tail = NULL;
+        sq->first = (sq->first + 1) & (sq->cap - 1);
+        sq->count--;
         client_cuda_event_put(c, &c->devices[sq->device], q->event);
         if (q->block) {
                 gp_rb_remove(&c->pending, &q->by_fit);
@@ -183,44 +204,51 @@ static void complete(gpupool_client *c, struct deferred *q) {
 
 /*
  * Stream order makes one query answer for many: once a free's event has completed, so have
- * those of every earlier free on its stream. So the newest is asked first, and else, from
- * the oldest on, only the frees that give a block back (or the newest) are asked about:
- * those whose block an allocation on the stream took already only wait to recycle their
- * event, which a later free's answer settles.
+ * those of every earlier free on its stream, so the completed frees of a stream are a prefix
+ * of its queue. The newest is asked first (all done), then the oldest (none done), and else
+ * the end of the prefix is found by an exponential and then a binary search: a few queries
+ * however many frees a batch completes, not one each.
  */
 int client_stream_reap(gpupool_client *c, bool wait) {
         int r = 0;
 
         for (struct stream_queue *sq = c->queues; sq; sq = sq->next) {
                 struct client_device *d = &c->devices[sq->device];
-                struct deferred *q;
-                int tail_done = -1;
+                unsigned n = sq->count, done_to, not_done, step;
+                int done;
 
-                if (sq->head && sq->head != sq->tail && (tail_done = client_cuda_event_done(c, d, sq->tail->event, false)) == 1) {
-                        while (sq->head)
-                                complete(c, sq->head);
+                if (!n)
+                        continue;
+                done = client_cuda_event_done(c, d, queue_at(sq, n - 1)->event, wait);
+                if (done < 0 && wait)
+                        r = done;
+                if (done == 1) {
+                        while (sq->count)
+                                complete(c, sq);
                         continue;
                 }
-                q = sq->head;
-                while (q) {
-                        struct deferred *next = q->next;
-                        int done;
-
-                        if (!q->block && q != sq->tail) {
-                                q = next;
-                                continue;
+                if (wait || n == 1 || client_cuda_event_done(c, d, queue_at(sq, 0)->event, false) != 1)
+                        continue;       /* none done (or, waiting, the driver failed us) */
+                /* Entry done_to is done and not_done is not: probe 1, 2, 4... past the oldest, then halve. */
+                done_to = 0;
+                not_done = n - 1;
+                for (step = 1; done_to + step < not_done; step *= 2) {
+                        if (client_cuda_event_done(c, d, queue_at(sq, done_to + step)->event, false) != 1) {
+                                not_done = done_to + step;
+                                break;
                         }
-                        if (q == sq->tail && tail_done == 0 && !wait)
-                                break;          /* asked just now */
-                        done = client_cuda_event_done(c, d, q->event, wait);
-                        if (done < 0 && wait)
-                                r = done;
-                        if (done != 1)
-                                break;          /* the stream's later frees wait behind this one */
-                        while (sq->head != next)
-                                complete(c, sq->head);
-                        q = next;
+                        done_to += step;
                 }
+                while (not_done - done_to > 1) {
+                        unsigned mid = done_to + (not_done - done_to) / 2;
+
+                        if (client_cuda_event_done(c, d, queue_at(sq, mid)->event, false) == 1)
+                                done_to = mid;
+                        else
+                                not_done = mid;
+                }
+                for (unsigned i = 0; i <= done_to; i++)
+                        complete(c, sq);
         }
         return r;
 }
@@ -230,8 +258,8 @@ static struct deferred *oldest(gpupool_client *c) {
         struct deferred *best = NULL;
 
         for (struct stream_queue *sq = c->queues; sq; sq = sq->next)
-                if (sq->head && (!best || sq->head->seq < best->seq))
-                        best = sq->head;
+                if (sq->count && (!best || queue_at(sq, 0)->seq < best->seq))
+                        best = queue_at(sq, 0);
         return best;
 }
 
@@ -291,13 +319,14 @@ void client_stream_forget(gpupool_client *c) {
         struct deferred *q;
 
         while ((sq = c->queues)) {
-                while ((q = sq->head)) {
-                        sq->head = q->next;
+                for (unsigned i = 0; i < sq->count; i++) {
+                        q = queue_at(sq, i);
                         /* Its block, live and marked freeing, goes with the live table (client_live_forget()). */
                         client_cuda_event_put(c, &c->devices[sq->device], q->event);
                         free(q);
                 }
                 c->queues = sq->next;
+                free(sq->ring);
                 free(sq);
         }
         while ((q = c->spare_deferred)) {

@@ -123,6 +123,7 @@ struct stream {
         unsigned long long id;          /* cuStreamGetId: never reused in the process */
         struct ctx *ctx;                /* the context it was made in */
         bool held, closing, blocking;
+        uint64_t run_to;                /* held: operations may still run until done reaches this */
         enum capture capture;
         int capture_mode;
         pthread_t capture_thread;
@@ -883,7 +884,7 @@ static void *stream_worker(void *arg) {
         for (;;) {
                 struct op *op;
 
-                while (s->held || (!s->head && !s->closing))
+                while ((s->held && s->done >= s->run_to) || (!s->head && !s->closing))
                         pthread_cond_wait(&cond, &lock);
                 if (!s->head)
                         break;          /* closing, and nothing left */
@@ -1455,6 +1456,30 @@ EXPORT int fakecuda_stream_hold(gp_cu_stream hs, int hold) {
         if (s) {
                 s->held = hold != 0;
                 pthread_cond_broadcast(&cond);
+                r = 0;
+        }
+        pthread_mutex_unlock(&lock);
+        return r;
+}
+
+/*
+ * Lets a held stream run exactly n more of its queued operations and returns once they have
+ * run (0), so that a test can complete some of a stream's work and not the rest. -1 when the
+ * stream is not held or has fewer than n operations queued.
+ */
+EXPORT int fakecuda_stream_run(gp_cu_stream hs, unsigned n) {
+        struct stream *s;
+        uint64_t target;
+        int r = -1;
+
+        pthread_mutex_lock(&lock);
+        s = stream_of(hs);
+        if (s && s->held && s->done >= s->run_to && s->submitted - s->done >= n) {
+                target = s->done + n;
+                s->run_to = target;
+                pthread_cond_broadcast(&cond);
+                while (s->done < target)
+                        pthread_cond_wait(&cond, &lock);
                 r = 0;
         }
         pthread_mutex_unlock(&lock);

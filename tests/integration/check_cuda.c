@@ -62,6 +62,7 @@ struct gpu {
         unsigned long long (*event_queries)(void);      /* fake only */
         void (*fail_events)(int r);             /* fake only */
         void (*release_all)(void);              /* fake only */
+        int (*run)(gp_cu_stream s, unsigned n); /* fake only: n more operations of a held stream */
 };
 
 /* In a client process: the driver, and device 0's primary context made current. */
@@ -86,6 +87,7 @@ static int gpu_open(struct gpu *g) {
                 *(void **) &g->event_queries = dlsym(g->cu.lib, "fakecuda_event_queries");
                 *(void **) &g->fail_events = dlsym(g->cu.lib, "fakecuda_fail_events");
                 *(void **) &g->release_all = dlsym(g->cu.lib, "fakecuda_release_all");
+                *(void **) &g->run = dlsym(g->cu.lib, "fakecuda_stream_run");
         } else {
                 *(void **) &g->host_alloc = gp_cuda_symbol(&g->cu, "cuMemHostAlloc", 3020);
                 *(void **) &g->host_device_ptr = gp_cuda_symbol(&g->cu, "cuMemHostGetDevicePointer", 3020);
@@ -1005,6 +1007,75 @@ START_TEST(test_fake_reaping_stops_at_pending_work) {
 END_TEST
 
 /*
+ * A batch of completed frees costs a few event queries, not one each: of 1,000 frees pending
+ * on one stream, each behind its own work, the fake runs exactly the work of the first 500
+ * (while the reaper waits on an older free of another stream, held for good); an allocation
+ * the pool cannot serve then returns those 500 and no other, having searched the queue for
+ * where the completed ones end.
+ */
+static int batch_client(struct testd *d, void *arg) {
+        enum { PENDING = 1000, DONE = 500, SIZE = 64 * 1024 };
+        void *fail_page = arg;
+        static void *blocks[PENDING];
+        gpupool_client *c = NULL;
+        struct gpupool_stats st0, st1;
+        unsigned long long queries;
+        gp_cu_stream s, t;
+        struct gpu g;
+        void *x, *big;
+        size_t big_size;
+        int i;
+
+        if (gpu_open(&g) < 0 || gpupool_connect(d->sock, "batch", &c) < 0 ||
+            g.cu.cuStreamCreate(&s, GP_CU_STREAM_NON_BLOCKING) != GP_CUDA_SUCCESS ||
+            g.cu.cuStreamCreate(&t, GP_CU_STREAM_NON_BLOCKING) != GP_CUDA_SUCCESS || g.hold(s, 1) < 0)
+                FAIL();
+        /* The oldest free, on t, held: the reaper waits on it and looks at nothing else. */
+        if (gpupool_alloc(c, 0, SIZE, &x) < 0 || queue_work(&g, t, x, SIZE) < 0 || gpupool_free_async(c, x, t) < 0)
+                FAIL();
+        for (i = 0; i < PENDING; i++)
+                if (gpupool_alloc(c, 0, SIZE, &blocks[i]) < 0)
+                        FAIL();
+        for (i = 0; i < PENDING; i++)
+                if (g.memset_d8_async(dptr(blocks[i]), 0x5a, SIZE, s) != GP_CUDA_SUCCESS ||
+                    gpupool_free_async(c, blocks[i], s) < 0)
+                        FAIL();
+        if (g.run(s, DONE) < 0 || gpupool_stats(c, &st0) < 0)
+                FAIL();
+        /* Larger than all the process maps: the pool cannot serve it, so it reaps first. */
+        big_size = st0.mapped_bytes + (1 << 20);
+        queries = g.event_queries();
+        if (gpupool_alloc(c, 0, big_size, &big) < 0 || gpupool_stats(c, &st1) < 0)
+                FAIL();
+        queries = g.event_queries() - queries;
+        /* What the process maps is live, cached or pending: exactly the 500 left pending. */
+        if ((st1.live_bytes + st1.cached_bytes) - (st0.live_bytes + st0.cached_bytes) !=
+            DONE * SIZE + (st1.mapped_bytes - st0.mapped_bytes)) {
+                fprintf(stderr, "batch_client: %lld bytes came back, not %u\n",
+                        (long long) ((st1.live_bytes + st1.cached_bytes) - (st0.live_bytes + st0.cached_bytes) -
+                                     (st1.mapped_bytes - st0.mapped_bytes)),
+                        DONE * SIZE);
+                FAIL();
+        }
+        if (queries > 24) {
+                fprintf(stderr, "batch_client: %llu event queries to return a batch of %d\n", queries, DONE);
+                FAIL();
+        }
+        release_work(&g, s);
+        release_work(&g, t);
+        if (g.cu.cuStreamSynchronize(s) != GP_CUDA_SUCCESS || g.cu.cuStreamSynchronize(t) != GP_CUDA_SUCCESS ||
+            gpupool_free(c, big) < 0)
+                FAIL();
+        gpupool_disconnect(c);
+        return 0;
+}
+
+START_TEST(test_fake_reaping_a_batch_costs_few_queries) {
+        run_client(batch_client, "batch_client");
+}
+END_TEST
+
+/*
  * A destroyed stream's handle may come back for a new stream while the old one's work still
  * runs: a block freed on the old stream is not the new stream's to take.
  */
@@ -1311,6 +1382,7 @@ Suite *suite_cuda_fake(void) {
         tcase_add_test(tc, test_fake_handle_opened_once_and_closed);
         tcase_add_test(tc, test_fake_stream_aware_cache);
         tcase_add_test(tc, test_fake_reaping_stops_at_pending_work);
+        tcase_add_test(tc, test_fake_reaping_a_batch_costs_few_queries);
         tcase_add_test(tc, test_fake_stream_handle_reused);
         tcase_add_test(tc, test_fake_event_error_is_not_done);
         tcase_add_test(tc, test_fake_compute_modes);
