@@ -39,14 +39,15 @@ static int print_json(const Gpupool__StatusReply *sr) {
         for (size_t i = 0; i < sr->n_devices; i++) {
                 const Gpupool__DeviceStatus *d = sr->devices[i];
 
-                json_array_append_new(devices, json_pack("{s:I, s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}",
+                json_array_append_new(devices, json_pack("{s:I, s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}",
                         "index", (json_int_t) d->index, "backend", d->backend,
                         "total_bytes", (json_int_t) d->total_bytes, "reserved_bytes", (json_int_t) d->reserved_bytes,
                         "in_use_bytes", (json_int_t) d->in_use_bytes, "cached_bytes", (json_int_t) d->cached_bytes,
                         "max_cached_bytes", (json_int_t) d->max_cached_bytes,
                         "evictions_total", (json_int_t) d->evictions_total, "reclaims_total", (json_int_t) d->reclaims_total,
                         "decay_releases_total", (json_int_t) d->decay_releases_total,
-                        "watermark_releases_total", (json_int_t) d->watermark_releases_total));
+                        "watermark_releases_total", (json_int_t) d->watermark_releases_total,
+                        "zeroing_bytes", (json_int_t) d->zeroing_bytes));
         }
         for (size_t i = 0; i < sr->n_clients; i++) {
                 const Gpupool__ClientStatus *c = sr->clients[i];

@@ -22,6 +22,7 @@ struct backend_mem {
         uint64_t addr;          /* cuda: device pointer; 0 otherwise */
         uint8_t ipc_handle[BACKEND_IPC_HANDLE_BYTES];   /* cuda: exported handle */
         size_t ipc_handle_len;  /* 0 when the backend exports a file descriptor */
+        void *zeroing;          /* cuda: the event a zeroing under way will complete, or NULL */
 };
 
 struct backend_device_info {
@@ -39,8 +40,14 @@ struct backend_ops {
         int (*mem_create)(struct backend *b, unsigned device, uint64_t size, struct backend_mem *ret);
         /* Gives a segment back. Cannot fail from the pool's point of view; errors are the backend's to log. */
         void (*mem_destroy)(struct backend *b, unsigned device, struct backend_mem *mem, uint64_t size);
-        /* Zeroes a segment before it changes tenant. Returns 0 or a negative errno. */
+        /*
+         * Zeroes a segment before it changes tenant. Returns 0 when it is zero already, 1 when the
+         * zeroing runs on the device (mem_zero_done says when it has ended; never waited for in
+         * the daemon's loop), or a negative errno.
+         */
         int (*mem_zero)(struct backend *b, unsigned device, struct backend_mem *mem, uint64_t size);
+        /* After mem_zero returned 1: 1 once the segment is zero, 0 while not yet, a negative errno if it failed. */
+        int (*mem_zero_done)(struct backend *b, unsigned device, struct backend_mem *mem);
         /* Frees the backend. Every segment has been destroyed by then. */
         void (*close)(struct backend *b);
 };

@@ -36,7 +36,7 @@
 struct cuda_device {
         gp_cu_device dev;
         gp_cu_context ctx;              /* the primary context, retained */
-        gp_cu_stream stream;            /* for zeroing */
+        gp_cu_stream stream;            /* for zeroing: polled by an event, never synchronized */
         uint64_t capacity_bytes;
         gp_cu_uuid uuid;
         char name[96];
@@ -129,6 +129,11 @@ static void cuda_mem_destroy(struct backend *b, unsigned device, struct backend_
 
         if (!mem->addr || push(c, d) < 0)
                 return;
+        if (mem->zeroing) {
+                /* Destroyed while its zeroing runs: the driver lets the event go once it completes. */
+                (void) c->cu.cuEventDestroy((gp_cu_event) mem->zeroing);
+                mem->zeroing = NULL;
+        }
         r = c->cu.cuMemFree(mem->addr);
         pop(c);
         if (r != GP_CUDA_SUCCESS)
@@ -137,9 +142,15 @@ static void cuda_mem_destroy(struct backend *b, unsigned device, struct backend_
         mem->addr = 0;
 }
 
+/*
+ * Queues a memset of the segment and an event after it, and returns 1: the loop polls the
+ * event (cuda_mem_zero_done) and never waits for the GPU, which may be time-sliced against
+ * clients' kernels for milliseconds, or hung.
+ */
 static int cuda_mem_zero(struct backend *b, unsigned device, struct backend_mem *mem, uint64_t size) {
         struct cuda_backend *c = cuda_of(b);
         struct cuda_device *d = &c->devs[device];
+        gp_cu_event e = NULL;
         gp_cu_result r;
         int err = push(c, d);
 
@@ -147,14 +158,43 @@ static int cuda_mem_zero(struct backend *b, unsigned device, struct backend_mem 
                 return err;
         r = c->cu.cuMemsetD8Async(mem->addr, 0, size, d->stream);
         if (r == GP_CUDA_SUCCESS)
-                r = c->cu.cuStreamSynchronize(d->stream);
+                r = c->cu.cuEventCreate(&e, GP_CU_EVENT_DISABLE_TIMING);
+        if (r == GP_CUDA_SUCCESS) {
+                r = c->cu.cuEventRecord(e, d->stream);
+                if (r != GP_CUDA_SUCCESS)
+                        (void) c->cu.cuEventDestroy(e);
+        }
         pop(c);
         if (r != GP_CUDA_SUCCESS) {
                 log_err("cuda: %s: zeroing a %llu-byte segment: %s", d->name, (unsigned long long) size,
                         gp_cuda_error_name(&c->cu, r));
                 return -EIO;
         }
-        return 0;
+        mem->zeroing = e;
+        return 1;
+}
+
+static int cuda_mem_zero_done(struct backend *b, unsigned device, struct backend_mem *mem) {
+        struct cuda_backend *c = cuda_of(b);
+        struct cuda_device *d = &c->devs[device];
+        gp_cu_result r;
+        int err = push(c, d);
+
+        if (err < 0)
+                return err;
+        r = c->cu.cuEventQuery((gp_cu_event) mem->zeroing);
+        if (r != GP_CUDA_ERROR_NOT_READY) {
+                (void) c->cu.cuEventDestroy((gp_cu_event) mem->zeroing);
+                mem->zeroing = NULL;
+        }
+        pop(c);
+        if (r == GP_CUDA_ERROR_NOT_READY)
+                return 0;
+        if (r != GP_CUDA_SUCCESS) {
+                log_err("cuda: %s: zeroing a segment: %s", d->name, gp_cuda_error_name(&c->cu, r));
+                return -EIO;
+        }
+        return 1;
 }
 
 static void cuda_close(struct backend *b) {
@@ -178,6 +218,7 @@ static const struct backend_ops cuda_ops = {
         .mem_create = cuda_mem_create,
         .mem_destroy = cuda_mem_destroy,
         .mem_zero = cuda_mem_zero,
+        .mem_zero_done = cuda_mem_zero_done,
         .close = cuda_close,
 };
 

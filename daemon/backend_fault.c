@@ -74,6 +74,12 @@ static int fault_mem_zero(struct backend *b, unsigned device, struct backend_mem
         return f->inner->ops->mem_zero(f->inner, device, mem, size);
 }
 
+static int fault_mem_zero_done(struct backend *b, unsigned device, struct backend_mem *mem) {
+        struct backend *inner = fault_of(b)->inner;
+
+        return inner->ops->mem_zero_done(inner, device, mem);
+}
+
 static void fault_close(struct backend *b) {
         struct fault_backend *f = fault_of(b);
 
@@ -87,6 +93,7 @@ static const struct backend_ops fault_ops = {
         .mem_create = fault_mem_create,
         .mem_destroy = fault_mem_destroy,
         .mem_zero = fault_mem_zero,
+        .mem_zero_done = fault_mem_zero_done,
         .close = fault_close,
 };
 

@@ -54,6 +54,9 @@ int node_init(struct node *node, uv_loop_t *loop, const struct config *config, s
         uv_timer_init(loop, &node->reclaim_timer);
         node->reclaim_timer.data = node;
         node->reclaim_timer_open = true;
+        uv_timer_init(loop, &node->zero_timer);
+        node->zero_timer.data = node;
+        node->zero_timer_open = true;
         return 0;
 }
 
@@ -66,6 +69,10 @@ void node_close(struct node *node) {
         if (node->reclaim_timer_open) {
                 uv_close((uv_handle_t *) &node->reclaim_timer, NULL);
                 node->reclaim_timer_open = false;
+        }
+        if (node->zero_timer_open) {
+                uv_close((uv_handle_t *) &node->zero_timer, NULL);
+                node->zero_timer_open = false;
         }
         node_forget_pid_limits(node);
         for (unsigned d = 0; d < node->device_count; d++) {
@@ -206,6 +213,20 @@ static void on_reclaim_timer(uv_timer_t *timer) {
         node_after_change(timer->data);
 }
 
+/* Zeroings under way: those ended put their segments in the cache, where parked leases find them. */
+static void on_zero_timer(uv_timer_t *timer) {
+        struct node *node = timer->data;
+        unsigned ended = 0;
+
+        for (unsigned d = 0; d < node->device_count; d++)
+                ended += pool_poll_zeroing(node->pools[d]);
+        node->zeroings_ended += ended;
+        if (ended)
+                node_after_change(node);        /* retries the parked leases, and polls again if need be */
+        else
+                uv_timer_start(&node->zero_timer, on_zero_timer, NODE_ZERO_POLL_MS, 0);
+}
+
 void node_after_change(struct node *node) {
         uint64_t due = UINT64_MAX;
         char why[256];
@@ -223,6 +244,12 @@ void node_after_change(struct node *node) {
         } else if (node->reclaim_timer_open) {
                 uv_timer_stop(&node->reclaim_timer);
         }
+        if (node->zero_timer_open && !uv_is_active((uv_handle_t *) &node->zero_timer))
+                for (unsigned d = 0; d < node->device_count; d++)
+                        if (pool_zeroing(node->pools[d])) {
+                                uv_timer_start(&node->zero_timer, on_zero_timer, NODE_ZERO_POLL_MS, 0);
+                                break;
+                        }
         for (unsigned d = 0; d < node->device_count; d++) {
                 uint64_t next;
 

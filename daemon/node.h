@@ -63,6 +63,9 @@ struct node_hooks {
         int (*reload)(struct node *node, char *why, size_t why_size);
 };
 
+/* How often the loop asks the GPU whether a segment's zeroing has ended: it never waits for it. */
+#define NODE_ZERO_POLL_MS 1
+
 struct node {
         uv_loop_t *loop;
         const struct options *options;  /* &config.options */
@@ -80,6 +83,8 @@ struct node {
         struct log_ratelimit peer_log;  /* what all clients together may make it log */
         uv_timer_t reclaim_timer;       /* the earliest parked allocation's deadline */
         bool reclaim_timer_open;
+        uv_timer_t zero_timer;          /* polls zeroings under way (NODE_ZERO_POLL_MS) */
+        bool zero_timer_open;
         uv_timer_t decay_timer;         /* fires when the oldest cached segment has idled idle_release */
         bool decay_timer_open;
         /* The sessions (session.h's registry keeps the list; the node only holds its head and counts). */
@@ -88,6 +93,7 @@ struct node {
         unsigned admin_connected;       /* operators' sessions let in past the limits */
         uint64_t next_client_id;
         unsigned parked;                /* sessions with a parked allocation */
+        uint64_t zeroings_ended;        /* zeroings seen to end, all devices: wakes the leases waiting for one */
         unsigned reclaim_outstanding;   /* reclaim requests no client has answered yet */
         struct pid_limit pid_limits[NODE_MAX_PID_LIMITS];       /* set-limit --pid, until a reload */
         unsigned pid_limit_count;

@@ -16,7 +16,10 @@
 #include <string.h>
 #include <time.h>
 
-/* A segment is leased to its owner (owner set) or in the pool's cache (owner NULL). */
+/*
+ * A segment is leased to its owner (owner set), in the pool's cache, or being zeroed (owner
+ * NULL, zeroing set: in pool->zeroing until the backend says it is zero, then cached clean).
+ */
 struct segment {
         uint64_t id;
         uint64_t size;
@@ -24,11 +27,12 @@ struct segment {
         uint32_t last_tenant;
         bool has_tenant;
         bool to_backend;                /* reclaimed by a flush: straight back to the backend once released */
+        bool zeroing;
         uint64_t cache_seq;
         uint64_t cached_at_ms;          /* when it entered the cache */
         struct backend_mem mem;
         struct gp_rb_node by_id;        /* pool->segments_by_id */
-        struct gp_rb_node owner_node;   /* owner->segments_by_id, or pool->cache_by_size */
+        struct gp_rb_node owner_node;   /* owner->segments_by_id, pool->cache_by_size or pool->zeroing */
         struct gp_rb_node age_node;     /* pool->cache_by_age */
 };
 
@@ -47,6 +51,8 @@ struct pool {
         struct gp_rb_tree segments_by_id;
         struct gp_rb_tree cache_by_size;
         struct gp_rb_tree cache_by_age;
+        struct gp_rb_tree zeroing;      /* by id: segments whose zeroing runs on the device */
+        uint64_t zeroing_bytes;
         struct pool_owner *owners;
 };
 
@@ -105,6 +111,7 @@ int pool_new(struct backend *backend, unsigned device, uint64_t capacity_bytes, 
         gp_rb_init(&p->segments_by_id, cmp_segment_id);
         gp_rb_init(&p->cache_by_size, cmp_cache_size);
         gp_rb_init(&p->cache_by_age, cmp_cache_age);
+        gp_rb_init(&p->zeroing, cmp_owner_segment);
         *ret = p;
         return 0;
 }
@@ -177,6 +184,15 @@ void pool_owner_set_group(struct pool_owner *o, struct pool_group *g) {
         }
 }
 
+/* Puts an unowned segment into the cache, newest. */
+static void cache_insert(struct pool *p, struct segment *s) {
+        s->cache_seq = ++p->cache_seq;
+        s->cached_at_ms = p->clock_ms(p->clock_ctx);
+        gp_rb_insert(&p->cache_by_size, &s->owner_node);
+        gp_rb_insert(&p->cache_by_age, &s->age_node);
+        p->cached_bytes += s->size;
+}
+
 /* Moves a segment out of its owner into the cache (or, marked to_backend, back to the backend). */
 static void segment_to_cache(struct pool *p, struct segment *s) {
         struct pool_owner *o = s->owner;
@@ -193,11 +209,7 @@ static void segment_to_cache(struct pool *p, struct segment *s) {
         }
         s->last_tenant = o->tenant;
         s->has_tenant = true;
-        s->cache_seq = ++p->cache_seq;
-        s->cached_at_ms = p->clock_ms(p->clock_ctx);
-        gp_rb_insert(&p->cache_by_size, &s->owner_node);
-        gp_rb_insert(&p->cache_by_age, &s->age_node);
-        p->cached_bytes += s->size;
+        cache_insert(p, s);
 }
 
 uint64_t pool_owner_detach(struct pool_owner *o) {
@@ -306,16 +318,56 @@ static int segment_obtain(struct pool *p, uint64_t rsize, uint64_t headroom, str
         return r;
 }
 
-/* Zeroes s (out of the cache or new) if it last belonged to another tenant than o's; destroys it on failure. */
+/*
+ * Zeroes s (out of the cache or new) if it last belonged to another tenant than o's. Returns
+ * 0 when it may be leased now; -EINPROGRESS when the zeroing runs on the device (s waits in
+ * pool->zeroing, and comes into the cache clean once pool_poll_zeroing() sees it end); or a
+ * negative errno, s destroyed.
+ */
 static int segment_zero_for(struct pool *p, struct pool_owner *o, struct segment *s) {
         int r;
 
         if (!s->has_tenant || s->last_tenant == o->tenant)
                 return 0;
         r = p->backend->ops->mem_zero(p->backend, p->device, &s->mem, s->size);
-        if (r < 0)
+        if (r < 0) {
                 segment_destroy(p, s);
-        return r;
+                return r;
+        }
+        s->has_tenant = false;  /* zero: anyone's */
+        if (r == 0)
+                return 0;
+        s->zeroing = true;
+        gp_rb_insert(&p->zeroing, &s->owner_node);
+        p->zeroing_bytes += s->size;
+        return -EINPROGRESS;
+}
+
+unsigned pool_poll_zeroing(struct pool *p) {
+        struct gp_rb_node *n = gp_rb_first(&p->zeroing), *next;
+        unsigned ended = 0;
+
+        for (; n; n = next) {
+                struct segment *s = gp_rb_entry(n, struct segment, owner_node);
+                int r = p->backend->ops->mem_zero_done(p->backend, p->device, &s->mem);
+
+                next = gp_rb_next(n);
+                if (r == 0)
+                        continue;
+                gp_rb_remove(&p->zeroing, n);
+                p->zeroing_bytes -= s->size;
+                s->zeroing = false;
+                ended++;
+                if (r < 0)
+                        segment_destroy(p, s);  /* not known to be zero: nobody gets it */
+                else
+                        cache_insert(p, s);
+        }
+        return ended;
+}
+
+bool pool_zeroing(const struct pool *p) {
+        return p->zeroing.count != 0;
 }
 
 int pool_lease(struct pool *p, struct pool_owner *o, uint64_t size, uint64_t headroom_bytes, struct pool_lease *ret) {
@@ -387,6 +439,7 @@ void pool_get_stats(const struct pool *p, struct pool_stats *ret) {
                 .cached_bytes = p->cached_bytes,
                 .segments = p->segments_by_id.count,
                 .cached_segments = p->cache_by_age.count,
+                .zeroing_bytes = p->zeroing_bytes,
                 .evictions_total = p->evictions,
                 .decay_releases_total = p->decay_releases,
                 .watermark_releases_total = p->watermark_releases,
@@ -444,7 +497,7 @@ uint64_t pool_trim_cache(struct pool *p, uint64_t max_cached_bytes) {
         } while (0)
 
 int pool_check(const struct pool *p, char *why, size_t why_size) {
-        uint64_t reserved = 0, cached = 0, cached_count = 0, owned = 0, reported = 0;
+        uint64_t reserved = 0, cached = 0, cached_count = 0, owned = 0, reported = 0, zeroing = 0;
 
         if (gp_rb_verify(&p->segments_by_id) || gp_rb_verify(&p->cache_by_size) ||
             gp_rb_verify(&p->cache_by_age))
@@ -453,7 +506,11 @@ int pool_check(const struct pool *p, char *why, size_t why_size) {
                 const struct segment *s = gp_rb_entry(n, struct segment, by_id);
 
                 reserved += s->size;
-                if (!s->owner) {
+                if (s->zeroing) {
+                        if (s->owner || gp_rb_find(&p->zeroing, &s->owner_node) != &s->owner_node)
+                                FAIL("segment %" PRIu64 " is being zeroed but not in the pool's list", s->id);
+                        zeroing += s->size;
+                } else if (!s->owner) {
                         if (gp_rb_find(&p->cache_by_age, &s->age_node) != &s->age_node)
                                 FAIL("segment %" PRIu64 " is neither leased nor cached", s->id);
                         cached += s->size;
@@ -468,6 +525,8 @@ int pool_check(const struct pool *p, char *why, size_t why_size) {
             cached_count != p->cache_by_size.count || cached_count != p->cache_by_age.count)
                 FAIL("device %u: reserved %" PRIu64 " (counted %" PRIu64 "), cached %" PRIu64 " (counted %" PRIu64 ")",
                      p->device, reserved, p->reserved_bytes, cached, p->cached_bytes);
+        if (zeroing != p->zeroing_bytes || gp_rb_verify(&p->zeroing))
+                FAIL("device %u: %" PRIu64 " bytes being zeroed (counted %" PRIu64 ")", p->device, zeroing, p->zeroing_bytes);
         if (p->reserved_bytes > p->capacity_bytes)
                 FAIL("device %u: reserved %" PRIu64 " over capacity %" PRIu64, p->device, p->reserved_bytes, p->capacity_bytes);
 

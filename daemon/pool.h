@@ -70,6 +70,7 @@ struct pool_stats {
         uint64_t cached_bytes;          /* wholly free segments in the cache */
         uint64_t segments;
         uint64_t cached_segments;
+        uint64_t zeroing_bytes;         /* segments being zeroed on the device, for a lease that waits */
         uint64_t evictions_total;               /* cached segments released to make room */
         uint64_t decay_releases_total;          /* cached segments idle too long */
         uint64_t watermark_releases_total;      /* cached segments over the watermark */
@@ -128,11 +129,19 @@ void pool_owner_report(struct pool_owner *owner, uint64_t in_use_bytes, uint64_t
  * quarter more; zeroed when it changes tenant), else free capacity, else the backend after
  * releasing cached segments, oldest first. Returns 0 and fills *ret, -EINVAL for a size of 0
  * or over POOL_MAX_REQUEST, -EDQUOT when the smallest segment that would serve exceeds
- * headroom_bytes, -ENOMEM when the device is full after releasing the cache, or the
- * backend's error.
+ * headroom_bytes, -ENOMEM when the device is full after releasing the cache,
+ * -EINPROGRESS when the segment it found must be zeroed for this owner's tenant and the
+ * zeroing runs on the device (ask again once pool_poll_zeroing() has seen it end: the
+ * segment is then in the cache, zero), or the backend's error.
  */
 int pool_lease(struct pool *pool, struct pool_owner *owner, uint64_t size, uint64_t headroom_bytes,
                struct pool_lease *ret);
+
+/* Asks the backend about each zeroing under way; those ended go to the cache (failed ones to the backend). Returns how many ended. */
+unsigned pool_poll_zeroing(struct pool *pool);
+
+/* Whether a zeroing runs on the device. */
+bool pool_zeroing(const struct pool *pool);
 
 /*
  * The owner has unmapped a segment it leased: it goes to the cache, or with to_backend back

@@ -297,7 +297,39 @@ static bool lease_attempt(struct session *s, uint64_t id, uint32_t device, uint6
 
         pool_get_stats(node->pools[device], &st);
         policy_admit(&node->policy, s->tenant, s->limit_override_bytes, owner, device, &st, &adm);
+        s->parked_zeroing = false;
         r = pool_lease(node->pools[device], owner, size, adm.headroom_bytes, &lease);
+        if (r == -EINPROGRESS) {
+                /*
+                 * The segment is being zeroed for this tenant, on the GPU: wait for it parked, as
+                 * for a reclaim, while the loop serves everyone else. Up to reclaim_timeout: a
+                 * GPU that does not finish a memset in that time is stuck.
+                 */
+                s->parked_zeroing = true;
+                s->parked_zero_seq = node->zeroings_ended;
+                if (attempt == ATTEMPT_FIRST) {
+                        s->parked_id = id;
+                        s->parked_device = device;
+                        s->parked_size = size;
+                        s->parked_asked_bytes = 0;
+                        s->parked_asked_clients = 0;
+                        s->parked_cached_before = st.cached_bytes;
+                        s->parked_deadline_ms = uv_now(node->loop) + node->options->reclaim_timeout_ms;
+                        session_log(s, LOG_LEVEL_DEBUG, "client %llu: lease of %" PRIu64 " bytes on device %u waits "
+                                    "for a segment being zeroed", (unsigned long long) s->id, size, device);
+                        *ret = (struct reply) { .fd = -1, .parked = true };
+                        return false;
+                }
+                if (uv_now(node->loop) < s->parked_deadline_ms)
+                        return false;
+                snprintf(why, sizeof(why), "device %u did not finish zeroing a segment for this lease within %llu ms "
+                         "(reclaim_timeout): the GPU is busy or stuck", device,
+                         (unsigned long long) node->options->reclaim_timeout_ms);
+                session_log(s, LOG_LEVEL_WARN, "client %llu: %s", (unsigned long long) s->id, why);
+                node->refusals_total[METRICS_REFUSED_BACKEND_ERROR]++;
+                reply_error(id, -EIO, false, why, ret);
+                return true;
+        }
         if (r == -EDQUOT) {
                 quota_message(s, device, size, &adm, why, sizeof(why));
                 refuse(s, id, r, adm.bound == POLICY_TENANT ? METRICS_REFUSED_TENANT_LIMIT :
@@ -411,6 +443,13 @@ uint64_t request_retry_parked(struct node *node, uint64_t now_ms) {
                 struct reply rep = { .fd = -1 };
                 /* Final at the deadline, or once every client asked has answered and it still does not fit. */
                 bool final = now_ms >= c->parked_deadline_ms || node->reclaim_outstanding == 0;
+
+                /* Waiting for a zeroing: asking again before one ends would only start another. */
+                if (c->parked_zeroing && c->parked_zero_seq == node->zeroings_ended && now_ms < c->parked_deadline_ms) {
+                        if (c->parked_deadline_ms < next)
+                                next = c->parked_deadline_ms;
+                        continue;
+                }
 
                 if (lease_attempt(c, c->parked_id, c->parked_device, c->parked_size, final ? ATTEMPT_FINAL : ATTEMPT_RETRY,
                                   &rep)) {

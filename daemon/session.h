@@ -60,6 +60,8 @@ struct session {
         uint64_t parked_asked_bytes;
         unsigned parked_asked_clients;
         uint64_t parked_cached_before;  /* the device's cached bytes when it parked */
+        bool parked_zeroing;            /* waits for a zeroing: tried again only once one has ended */
+        uint64_t parked_zero_seq;       /* node->zeroings_ended when it last tried */
         uint64_t limit_override_bytes;  /* gpupoolctl set-limit --pid (0: no limit); POLICY_NO_OVERRIDE: none */
         int fd;
         int pidfd;              /* -1 when the kernel gave none */

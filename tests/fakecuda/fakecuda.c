@@ -38,7 +38,8 @@
  * it, which is how a free by the exporter sees that someone still has it open. Streams are
  * worker threads running their operations in order; an event is a point in a stream's
  * sequence. fakecuda_stream_hold() stops a stream's worker, so tests can keep device work
- * pending for as long as they need instead of sleeping.
+ * pending for as long as they need instead of sleeping; an exclusive flock() on
+ * $FAKECUDA_DIR/fakecuda-memsets.hold holds every memset, in every process (the daemon's too).
  *
  * Knobs: $FAKECUDA_DEVICES (GPUs on the node, default 1; 0 = none), $FAKECUDA_MEM (bytes per
  * GPU, default 1 GiB; K/M/G suffixes), $FAKECUDA_COMPUTE_MODES (a mode per GPU, "default",
@@ -151,6 +152,7 @@ static struct ctx ctxs[MAX_GPUS];
 static struct alloc *allocs;
 static struct stream *streams;
 static struct event *events;
+static struct event *destroyed_events;      /* kept for the process's life (see cuEventDestroy) */
 static uint64_t next_id = 1;
 static unsigned long long event_queries;        /* cuEventQuery calls (test hook) */
 static CUresult event_failure;                  /* what event queries and waits return instead (test hook) */
@@ -876,6 +878,24 @@ static bool ctx_idle(const void *arg) {
         return true;
 }
 
+/*
+ * While any process holds an exclusive flock() on $FAKECUDA_DIR/fakecuda-memsets.hold, every
+ * memset on every stream, in every process, waits before it runs: how a test holds the
+ * daemon's zeroing on the device from outside the daemon.
+ */
+static void memset_gate(void) {
+        const char *dir = getenv("FAKECUDA_DIR");
+        char path[512];
+        int fd;
+
+        snprintf(path, sizeof(path), "%s/fakecuda-memsets.hold", dir && *dir ? dir : "/dev/shm");
+        fd = open(path, O_RDONLY | O_CLOEXEC);
+        if (fd < 0)
+                return;
+        (void) flock(fd, LOCK_SH);
+        close(fd);
+}
+
 /* Runs a stream's operations in order. A destroyed stream finishes its work, then frees itself. */
 static void *stream_worker(void *arg) {
         struct stream *s = arg;
@@ -890,6 +910,7 @@ static void *stream_worker(void *arg) {
                         break;          /* closing, and nothing left */
                 op = s->head;
                 pthread_mutex_unlock(&lock);
+                memset_gate();
                 if (op->kind == OP_MEMSET8) {
                         memset(op->dst, (int) op->value, op->n);
                 } else {
@@ -1293,6 +1314,8 @@ static CUresult fk_EventDestroy_v2(gp_cu_event he) {
                                       "(the wait may never end)");
                         /* Kept, not freed: a later use of the handle is then refused, not undefined. */
                         e->magic = 0;
+                        e->next = destroyed_events;
+                        destroyed_events = e;
                         pthread_mutex_unlock(&lock);
                         return GP_CUDA_SUCCESS;
                 }

@@ -17,12 +17,14 @@
 #include <check.h>
 #include <dlfcn.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sched.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -831,6 +833,74 @@ END_TEST
 
 /* ---- fake driver only ---- */
 
+/* A client of uid 0 that leases new memory: it must be served while the daemon zeroes for another. */
+static int bystander_client(struct testd *d, void *arg) {
+        gpupool_client *c = NULL;
+        struct gpu g;
+        void *p;
+
+        (void) arg;
+        if (gpu_open(&g) < 0 || gpupool_connect(d->sock, "bystander", &c) < 0 || gpupool_alloc(c, 0, 3 * MiB, &p) < 0 ||
+            gpupool_free(c, p) < 0)
+                return 1;
+        gpupool_disconnect(c);
+        return 0;
+}
+
+/*
+ * The daemon never waits for the GPU in its loop: while the zeroing of a segment that changes
+ * tenant is held on the device, the lease that needs it waits, parked, and another client is
+ * served; once the zeroing ends, the lease gets the segment, zero.
+ */
+START_TEST(test_fake_zeroing_does_not_block_the_daemon) {
+        char lib[256], gate[128], cmd[512], out[256];
+        const char *fake = getenv("GPUPOOL_LIBCUDA");
+        struct testd d;
+        pid_t waiter, bystander;
+        int fd, status = -1;
+
+        if (geteuid() != 0) {
+                fprintf(stderr, "test_fake_zeroing_does_not_block_the_daemon: not root, nothing to check\n");
+                return;
+        }
+        cuda_start(&d, NULL, NULL);
+        ck_assert_int_eq(chmod(d.dir, 0755), 0);
+        ck_assert_int_eq(reap(spawn(dirty_client, &d, NULL)), 0);
+        ck_assert_int_eq(testd_device(&d, 0, "cached_bytes"), 2 * MiB);
+        /* Hold every memset: the daemon's zeroing will not end until we let it. */
+        snprintf(gate, sizeof(gate), "%s/fakecuda-memsets.hold", fake_dir);
+        fd = open(gate, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+        ck_assert_int_ge(fd, 0);
+        ck_assert_int_eq(flock(fd, LOCK_EX), 0);
+        waiter = spawn(nobody_client, &d, (void *) testd_copy_for_others(&d, fake, lib, sizeof(lib)));
+        snprintf(cmd, sizeof(cmd), "for i in $(seq 500); do grep -q 'waits for a segment being zeroed' %s && exit 0; "
+                 "sleep 0.01; done; exit 1", d.log);
+        if (run_capture(cmd, out, sizeof(out)) != 0) {
+                flock(fd, LOCK_UN);
+                ck_abort_msg("the lease never waited for the zeroing: the daemon zeroes in its loop");
+        }
+        /* The loop is free: another client leases (a new segment) and leaves, within 5 s. */
+        bystander = spawn(bystander_client, &d, NULL);
+        for (int i = 0; i < 500 && waitpid(bystander, &status, WNOHANG) == 0; i++)
+                nanosleep(&(struct timespec){ 0, 10 * 1000000L }, NULL);
+        if (status == -1) {
+                flock(fd, LOCK_UN);     /* let the daemon go before failing */
+                ck_abort_msg("a client was not served while a zeroing was held: the daemon waited for the GPU");
+        }
+        ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0, "bystander_client failed");
+        ck_assert_int_eq(testd_device(&d, 0, "zeroing_bytes"), 2 * MiB);
+        /* Let the zeroing end: the parked lease gets the segment, and reads zeros. */
+        ck_assert_int_eq(flock(fd, LOCK_UN), 0);
+        close(fd);
+        ck_assert_int_eq(reap(waiter), 0);
+        unlink(lib);
+        unlink(gate);
+        ck_assert_int_eq(testd_device(&d, 0, "zeroing_bytes"), 0);
+        cuda_stop(&d);
+}
+END_TEST
+
+
 struct visible {
         const char *cvd;
         unsigned expect_daemon_device;
@@ -1383,6 +1453,7 @@ Suite *suite_cuda_fake(void) {
         tcase_add_test(tc, test_fake_stream_aware_cache);
         tcase_add_test(tc, test_fake_reaping_stops_at_pending_work);
         tcase_add_test(tc, test_fake_reaping_a_batch_costs_few_queries);
+        tcase_add_test(tc, test_fake_zeroing_does_not_block_the_daemon);
         tcase_add_test(tc, test_fake_stream_handle_reused);
         tcase_add_test(tc, test_fake_event_error_is_not_done);
         tcase_add_test(tc, test_fake_compute_modes);
