@@ -17,7 +17,11 @@ def use_with_torch():
     tensor (PyTorch cannot swap an allocator it has used). Returns the allocator object.
 
     A refused allocation raises RuntimeError("CUDA out of memory. gpupool refused ...") with
-    gpupoold's reason. torch.cuda.memory_stats() and friends do not work with a pluggable
+    gpupoold's reason. Tensor.record_stream() does nothing with a pluggable allocator: a tensor
+    used on a side stream must be waited for (torch.cuda.current_stream().wait_stream(side))
+    before it is dropped. For NCCL this sets TORCH_NCCL_AVOID_RECORD_STREAMS=1 unless it is set
+    already, so that process groups made afterwards keep their tensors until the collective
+    ends instead of calling record_stream(). torch.cuda.memory_stats() and friends do not work with a pluggable
     allocator: use gpupool.stats() for this process and gpupool.status() (gpupoolctl) for the
     node; gpupool.trim() does what torch.cuda.empty_cache() does for PyTorch's own cache.
     """
@@ -26,6 +30,8 @@ def use_with_torch():
     except ImportError as e:
         raise ImportError("gpupool.use_with_torch(): PyTorch is not installed") from e
     _name_the_client()
+    # ProcessGroupNCCL reads it when a group is made; record_stream() would not reach gpupool.
+    os.environ.setdefault("TORCH_NCCL_AVOID_RECORD_STREAMS", "1")
     # Refusals as C++ exceptions: PyTorch does not check its allocator for NULL.
     if lib.gpupool_torch_set_throw(1) < 0:
         warnings.warn(

@@ -229,6 +229,7 @@ class TestFrameworks(unittest.TestCase):
                 warnings.simplefilter("always")
                 a = gpupool.use_with_torch()
             print("names", a.names, "path", a.path == gpupool.library_path())
+            print("nccl", os.environ.get("TORCH_NCCL_AVOID_RECORD_STREAMS"))
             print("warned", bool(w) != cxx, [str(x.message) for x in w])
             p = a.alloc(4096, 0, None)
             print("live", gpupool.stats()["live_bytes"])
@@ -244,6 +245,7 @@ class TestFrameworks(unittest.TestCase):
                 print("late:", e)
         """, self.d.sock))
         self.assertIn("names ('gpupool_torch_alloc', 'gpupool_torch_free') path True", out)
+        self.assertIn("nccl 1\n", out)      # NCCL keeps tensors instead of record_stream(), a no-op here
         # Without a C++ runtime in the process (the stand-in loads none) it says so; with one, it throws.
         self.assertIn("warned True", out)
         self.assertIn("live 4096\n", out)
