@@ -8,13 +8,14 @@
  * never sub-allocates across clients. Segments are 2 MiB multiples, as NVIDIA recommends for
  * memory shared over IPC.
  *
- * A device's capacity is its total memory (cuMemGetInfo_v2) less --headroom, left to the
- * driver and to processes that do not use gpupool; cuMemAlloc_v2 failing for lack of memory
- * is reported to the pool as -ENOMEM, which releases its cache and tries again.
+ * A device's capacity is its free memory at start (cuMemGetInfo_v2, once the daemon's own
+ * context exists) less --headroom, left to the driver, to the clients' own contexts and to
+ * processes that do not use gpupool; cuMemAlloc_v2 failing for lack of memory is reported to
+ * the pool as -ENOMEM, which releases its cache and tries again.
  *
- * Zeroing (a segment changing tenant) runs cuMemsetD8Async on a stream of the daemon's and
- * waits for it: the next tenant's work runs in another process's context, which nothing would
- * order after ours.
+ * Zeroing (a segment changing tenant) queues cuMemsetD8Async and an event on a stream of the
+ * daemon's; the segment is handed out once the event has completed (the loop polls it): the
+ * next tenant's work runs in another process's context, which nothing would order after ours.
  *
  * Compute modes: a GPU in EXCLUSIVE_PROCESS mode (common on shared clusters) admits one
  * process's context at a time, and one in PROHIBITED mode none; gpupoold's context would lock
@@ -286,12 +287,15 @@ static int open_device(struct cuda_backend *c, unsigned index, int ordinal, uint
                 snprintf(err, err_size, "GPU %d (%s): %s: %s", ordinal, d->name, what, gp_cuda_error_name(&c->cu, r));
                 return -EIO;
         }
-        /* Whole 2 MiB segments only: the pool never asks for less. */
-        d->capacity_bytes = total_bytes > headroom_bytes ? (total_bytes - headroom_bytes) & ~((2ULL << 20) - 1) : 0;
+        /*
+         * What is free now, with our context made (about 0.5 GiB on an H100 with CUDA 13), less
+         * the headroom; whole 2 MiB segments only: the pool never asks for less.
+         */
+        d->capacity_bytes = free_bytes > headroom_bytes ? (free_bytes - headroom_bytes) & ~((2ULL << 20) - 1) : 0;
         if (d->capacity_bytes == 0) {
-                snprintf(err, err_size, "GPU %d (%s): --headroom %s leaves nothing of its %s", ordinal, d->name,
+                snprintf(err, err_size, "GPU %d (%s): --headroom %s leaves nothing of its %s free", ordinal, d->name,
                          gp_size_format(headroom_bytes, cap_s, sizeof(cap_s)),
-                         gp_size_format(total_bytes, total_s, sizeof(total_s)));
+                         gp_size_format(free_bytes, free_s, sizeof(free_s)));
                 return -EINVAL;
         }
         log_info("cuda: device %u (GPU %d): %s, %s total, %s free now, pool capacity %s", index, ordinal, d->name,

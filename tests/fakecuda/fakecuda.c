@@ -42,7 +42,7 @@
  * $FAKECUDA_DIR/fakecuda-memsets.hold holds every memset, in every process (the daemon's too).
  *
  * Knobs: $FAKECUDA_DEVICES (GPUs on the node, default 1; 0 = none), $FAKECUDA_MEM (bytes per
- * GPU, default 1 GiB; K/M/G suffixes), $FAKECUDA_COMPUTE_MODES (a mode per GPU, "default",
+ * GPU, default 1.5 GiB: 512 MiB of pool under the default headroom; K/M/G suffixes), $FAKECUDA_COMPUTE_MODES (a mode per GPU, "default",
  * "prohibited" or "exclusive-process", comma-separated).
  */
 #define _GNU_SOURCE
@@ -290,7 +290,7 @@ static CUresult fk_Init(unsigned flags) {
                 gpus = (int) parse_bytes(getenv("FAKECUDA_DEVICES"), 1);
                 if (gpus > MAX_GPUS)
                         gpus = MAX_GPUS;
-                capacity = parse_bytes(getenv("FAKECUDA_MEM"), 1ULL << 30);
+                capacity = parse_bytes(getenv("FAKECUDA_MEM"), 1536ULL << 20);
                 nvisible = 0;
                 if (cvd) {
                         /* As CUDA: a list of ordinals; the first invalid entry ends it. */

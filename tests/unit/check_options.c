@@ -30,7 +30,7 @@ START_TEST(test_defaults) {
         ck_assert_int_eq(o.backend, BACKEND_AUTO);
         ck_assert_uint_eq(o.host_capacity_bytes, 1ULL << 30);
         ck_assert_uint_eq(o.client_limit_bytes, 0);
-        ck_assert_uint_eq(o.headroom_bytes, 512ULL << 20);
+        ck_assert_uint_eq(o.headroom_bytes, 1ULL << 30);
         ck_assert_uint_eq(o.max_clients, 1024);
         ck_assert_int_eq(o.action, OPTIONS_RUN);
         ck_assert(!o.check_invariants);
