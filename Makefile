@@ -224,10 +224,11 @@ ifneq ($(wildcard $(CUDA_INCLUDE)/cuda.h),)
 CUDA_ABI_OK := $(B)/tests/cuda_abi.ok
 endif
 
-$(B)/tests/cuda_abi.ok: tests/cuda_abi.c common/cudadrv.h
+$(B)/tests/cuda_abi.ok: tests/cuda_abi.c tests/cuda_abi_signatures.c common/cudadrv.h
 	@mkdir -p $(dir $@)
-	@echo "  CHECK   $< against $(CUDA_INCLUDE)/cuda.h"
-	$(Q)$(CC) -std=gnu11 -fsyntax-only -Icommon -I$(CUDA_INCLUDE) $< && touch $@
+	@echo "  CHECK   tests/cuda_abi.c and tests/cuda_abi_signatures.c against $(CUDA_INCLUDE)/cuda.h"
+	$(Q)$(CC) -std=gnu11 -fsyntax-only -Icommon -I$(CUDA_INCLUDE) tests/cuda_abi.c && \
+		$(CC) -std=gnu11 -fsyntax-only -Icommon -I$(CUDA_INCLUDE) tests/cuda_abi_signatures.c && touch $@
 
 # A C++ caller of the PyTorch hook, as PyTorch is (check_hooks.c runs it).
 HOOKS_THROW := $(B)/tests/hooks_throw

@@ -8,7 +8,9 @@
  * CUDA 2.0 (cuda.h maps the name to cuMemAlloc_v2 at compile time, dlsym() does not).
  *
  * The types below mirror cuda.h's under our own names, so that this builds where the CUDA
- * toolkit is not installed; tests/cuda_abi.c checks them against cuda.h where it is.
+ * toolkit is not installed; tests/cuda_abi.c checks them against cuda.h where it is, and
+ * tests/cuda_abi_signatures.c, which defines GP_CUDA_TYPES_FROM_CUDA_H and these names as
+ * cuda.h's own types, checks that every entry point has exactly the toolkit's signature.
  */
 #ifndef GP_CUDADRV_H
 #define GP_CUDADRV_H
@@ -16,6 +18,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#define GP_CU_IPC_HANDLE_SIZE 64
+
+#ifndef GP_CUDA_TYPES_FROM_CUDA_H
 typedef int gp_cu_result;                       /* CUresult */
 typedef int gp_cu_device;                       /* CUdevice */
 typedef unsigned long long gp_cu_deviceptr;     /* CUdeviceptr (the 64-bit _v2 one) */
@@ -23,10 +28,12 @@ typedef struct gp_cu_ctx_st *gp_cu_context;     /* CUcontext */
 typedef struct gp_cu_stream_st *gp_cu_stream;   /* CUstream */
 typedef struct gp_cu_event_st *gp_cu_event;     /* CUevent */
 typedef struct gp_cu_mempool_st *gp_cu_mempool; /* CUmemoryPool */
-
-#define GP_CU_IPC_HANDLE_SIZE 64
+typedef int gp_cu_capture_status;               /* CUstreamCaptureStatus */
+typedef int gp_cu_capture_mode;                 /* CUstreamCaptureMode */
+typedef int gp_cu_device_attribute;             /* CUdevice_attribute */
 typedef struct { char reserved[GP_CU_IPC_HANDLE_SIZE]; } gp_cu_ipc_mem_handle;  /* CUipcMemHandle */
 typedef struct { char bytes[16]; } gp_cu_uuid;                                  /* CUuuid */
+#endif
 
 /* Result codes, as in cuda.h. */
 #define GP_CUDA_SUCCESS 0
@@ -102,10 +109,10 @@ typedef struct { char bytes[16]; } gp_cu_uuid;                                  
         X(cuEventSynchronize, 2000, gp_cu_result, (gp_cu_event e)) \
         X(cuEventDestroy, 4000, gp_cu_result, (gp_cu_event e)) \
         X(cuStreamGetId, 12000, gp_cu_result, (gp_cu_stream s, unsigned long long *id)) \
-        X(cuStreamIsCapturing, 10000, gp_cu_result, (gp_cu_stream s, int *status)) \
-        X(cuThreadExchangeStreamCaptureMode, 10010, gp_cu_result, (int *mode)) \
+        X(cuStreamIsCapturing, 10000, gp_cu_result, (gp_cu_stream s, gp_cu_capture_status *status)) \
+        X(cuThreadExchangeStreamCaptureMode, 10010, gp_cu_result, (gp_cu_capture_mode *mode)) \
         X(cuCtxSynchronize, 2000, gp_cu_result, (void)) \
-        X(cuDeviceGetAttribute, 2000, gp_cu_result, (int *value, int attribute, gp_cu_device dev))
+        X(cuDeviceGetAttribute, 2000, gp_cu_result, (int *value, gp_cu_device_attribute attribute, gp_cu_device dev))
 
 #define GP_CUDA_DECLARE(name, version, ret, args) ret (*name) args;
 
