@@ -17,9 +17,9 @@
 
 /* Every family prints at most this many series, each line at most METRICS_LINE_MAX bytes. */
 #define METRICS_LINE_MAX 128
-#define METRICS_DEVICE_FAMILIES 10
+#define METRICS_DEVICE_FAMILIES 11
 #define METRICS_TENANT_FAMILIES 3
-#define METRICS_FAMILIES 20
+#define METRICS_FAMILIES 21
 #define METRICS_HEADER_MAX 320          /* a family's HELP and TYPE lines */
 _Static_assert((METRICS_DEVICE_FAMILIES * BACKEND_MAX_DEVICES + METRICS_TENANT_FAMILIES * CONFIG_MAX_TENANTS +
                 METRICS_REFUSAL_COUNT + 3) * METRICS_LINE_MAX + METRICS_FAMILIES * METRICS_HEADER_MAX <=
@@ -83,6 +83,7 @@ enum device_field {
         F_IN_USE,
         F_CACHED,
         F_MAX_CACHED,
+        F_ZEROING,
         F_LEASES,
         F_EVICTIONS,
         F_RECLAIMS,
@@ -98,6 +99,7 @@ static const struct {
         [F_IN_USE] = { "gpupool_device_in_use_bytes", "gauge", "Bytes in blocks clients hold, as they last reported." },
         [F_CACHED] = { "gpupool_device_cached_bytes", "gauge", "Bytes in free segments the node-wide cache keeps." },
         [F_MAX_CACHED] = { "gpupool_device_max_cached_bytes", "gauge", "The cache's watermark (max_cached)." },
+        [F_ZEROING] = { "gpupool_device_zeroing_bytes", "gauge", "Bytes in segments being zeroed on the GPU for a lease that waits." },
         [F_LEASES] = { "gpupool_leases_total", "counter", "Segments the daemon leased to clients." },
         [F_EVICTIONS] = { "gpupool_evictions_total", "counter", "Cached segments released to make room for an allocation." },
         [F_RECLAIMS] = { "gpupool_reclaims_total", "counter", "Segments clients gave back when the daemon asked." },
@@ -118,6 +120,8 @@ static uint64_t device_value(const struct node *node, unsigned d, const struct p
                 return st->cached_bytes;
         case F_MAX_CACHED:
                 return policy_max_cached(&node->policy, d);
+        case F_ZEROING:
+                return st->zeroing_bytes;
         case F_LEASES:
                 return node->leases_total[d];
         case F_EVICTIONS:

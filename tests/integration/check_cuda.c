@@ -889,6 +889,9 @@ START_TEST(test_fake_zeroing_does_not_block_the_daemon) {
         }
         ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0, "bystander_client failed");
         ck_assert_int_eq(testd_device(&d, 0, "zeroing_bytes"), 2 * MiB);
+        snprintf(cmd, sizeof(cmd), "%s/gpupoolctl --socket %s metrics | grep -c '^gpupool_device_zeroing_bytes{.*} 2097152$'",
+                 build_dir(), d.sock);
+        ck_assert_msg(run_capture(cmd, out, sizeof(out)) == 0, "no zeroing in the metrics: %s", out);
         /* Let the zeroing end: the parked lease gets the segment, and reads zeros. */
         ck_assert_int_eq(flock(fd, LOCK_UN), 0);
         close(fd);
