@@ -336,23 +336,26 @@ bench-frag: $(BENCH_FRAG)
 	@mkdir -p bench/results
 	$(Q)$(BENCH_FRAG) $(TRACES) | tee bench/results/frag-$$(date -u +%Y-%m-%d).txt
 
-# What an allocation costs with 10,000 stream-ordered frees pending (bench/bench_pending.c):
-# on the GPU where nvidia-smi finds one, else on the fake driver. Writes bench/results/.
-bench-pending: all $(BENCH_PENDING) $(FAKECUDA)
+# $(call bench_gpu_or_fake,PROGRAM,NAME): runs PROGRAM --socket S $(BENCH_ARGS) against a
+# private gpupoold, on the GPU where nvidia-smi finds one, else on the fake driver, and keeps
+# its output in bench/results/NAME-gpu|fakecuda-DATE.txt.
+define bench_gpu_or_fake
 	@mkdir -p bench/results
 	$(Q)if nvidia-smi -L >/dev/null 2>&1; then lib=; gpu=gpu; else lib=$(abspath $(FAKECUDA)); gpu=fakecuda; fi; \
 		fake=$$(mktemp -d /tmp/gpupool-fakecuda-XXXXXX); \
-		GPUPOOL_LIBCUDA=$$lib FAKECUDA_DIR=$$fake sh bench/with-gpupoold.sh $(B) sh -c 'exec "$$0" --socket "$$GPUPOOL_SOCKET" "$$@"' $(BENCH_PENDING) $(BENCH_ARGS) \
-		| tee bench/results/pending-$$gpu-$$(date -u +%Y-%m-%d).txt; st=$$?; rm -rf $$fake; exit $$st
+		GPUPOOL_LIBCUDA=$$lib FAKECUDA_DIR=$$fake sh bench/with-gpupoold.sh $(B) sh -c 'exec "$$0" --socket "$$GPUPOOL_SOCKET" "$$@"' $(1) $(BENCH_ARGS) \
+		| tee bench/results/$(2)-$$gpu-$$(date -u +%Y-%m-%d).txt; st=$$?; rm -rf $$fake; exit $$st
+endef
+
+# What an allocation costs with 10,000 stream-ordered frees pending (bench/bench_pending.c):
+# on the GPU where nvidia-smi finds one, else on the fake driver. Writes bench/results/.
+bench-pending: all $(BENCH_PENDING) $(FAKECUDA)
+	$(call bench_gpu_or_fake,$(BENCH_PENDING),pending)
 
 # What each driver call on the stream-ordered path costs, and what a graph capture forbids
 # (bench/bench_driver.c), on the GPU where nvidia-smi finds one, else on the fake driver.
 bench-driver: all $(BENCH_DRIVER) $(FAKECUDA)
-	@mkdir -p bench/results
-	$(Q)if nvidia-smi -L >/dev/null 2>&1; then lib=; gpu=gpu; else lib=$(abspath $(FAKECUDA)); gpu=fakecuda; fi; \
-		fake=$$(mktemp -d /tmp/gpupool-fakecuda-XXXXXX); \
-		GPUPOOL_LIBCUDA=$$lib FAKECUDA_DIR=$$fake sh bench/with-gpupoold.sh $(B) sh -c 'exec "$$0" --socket "$$GPUPOOL_SOCKET" "$$@"' $(BENCH_DRIVER) $(BENCH_ARGS) \
-		| tee bench/results/driver-$$gpu-$$(date -u +%Y-%m-%d).txt; st=$$?; rm -rf $$fake; exit $$st
+	$(call bench_gpu_or_fake,$(BENCH_DRIVER),driver)
 
 # Everything gpu-validate runs, built (with STATIC=1 to carry it to a machine without the libraries).
 gpu-tools: all $(GPU_TEST_BIN) $(BENCH_GPU) $(BENCH_PENDING) $(BENCH_DRIVER)
