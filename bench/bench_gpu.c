@@ -228,7 +228,10 @@ static void replay(struct allocator *a, const struct step *w, size_t n, int live
 static const size_t import_sizes[] = { 2 * MiB, 20 * MiB, 64 * MiB, 256 * MiB, 1024 * MiB };
 #define NSIZES (sizeof(import_sizes) / sizeof(import_sizes[0]))
 
-/* The exporting process: allocates, writes the handles to out, waits for a byte on in. */
+/*
+ * The exporting process: allocates, writes the handles to out, waits for a byte on in (or
+ * its end: the parent gone, on any path) and frees. It holds about 13 GiB meanwhile.
+ */
 static int exporter(int reps, int out, int in) {
         struct gp_cuda cu;
         gp_cu_context ctx;
@@ -257,7 +260,22 @@ static int exporter(int reps, int out, int in) {
         return 0;
 }
 
-static void bench_import(struct gp_cuda *cu, int reps, pid_t child, int in, int out) {
+/* The exporter and the parent's end of the pipe that lets it go; exporter_stop() on every way out. */
+static pid_t exporter_pid;
+static int exporter_go = -1;
+
+static void exporter_stop(void) {
+        if (exporter_go >= 0) {
+                close(exporter_go);     /* its read ends: it frees what it exported and exits */
+                exporter_go = -1;
+        }
+        if (exporter_pid > 0) {
+                waitpid(exporter_pid, NULL, 0);
+                exporter_pid = 0;
+        }
+}
+
+static void bench_import(struct gp_cuda *cu, int reps, int in, int out) {
         double *open_us = calloc((size_t) reps, sizeof(double)), *close_us = calloc((size_t) reps, sizeof(double));
 
         printf("\n%-34s %-6s %10s %12s %12s %12s\n", "first import of a segment", "call", "n", "median_us", "p99_us", "mean_us");
@@ -288,7 +306,7 @@ static void bench_import(struct gp_cuda *cu, int reps, pid_t child, int in, int 
         }
         if (write(out, "x", 1) < 0)
                 perror("bench_gpu");
-        waitpid(child, NULL, 0);
+        exporter_stop();
         free(open_us);
         free(close_us);
 }
@@ -313,8 +331,8 @@ int main(int argc, char **argv) {
         gp_cu_result (*get_pool)(gp_cu_mempool *pool, gp_cu_device d);
         gp_cu_result (*set_attr)(gp_cu_mempool pool, int attr, void *value);
         uint64_t threshold = UINT64_MAX;
+        gp_cu_result (*trim_pool)(gp_cu_mempool pool, size_t keep);
         char err[256];
-        pid_t child;
 
         while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
                 switch (c) {
@@ -335,9 +353,19 @@ int main(int argc, char **argv) {
         /* The exporter is forked before this process touches CUDA. */
         if (pipe(to_child) < 0 || pipe(from_child) < 0)
                 return 1;
-        child = fork();
-        if (child == 0)
+        exporter_pid = fork();
+        if (exporter_pid < 0)
+                return 1;
+        if (exporter_pid == 0) {
+                /* Only its own ends: the parent's exit must end its wait. */
+                close(to_child[1]);
+                close(from_child[0]);
                 _exit(exporter(reps, from_child[1], to_child[0]));
+        }
+        close(to_child[0]);
+        close(from_child[1]);
+        exporter_go = to_child[1];
+        atexit(exporter_stop);
 
         if (gp_cuda_load(&cu, err, sizeof(err)) < 0) {
                 fprintf(stderr, "bench_gpu: %s\n", err);
@@ -379,6 +407,10 @@ int main(int argc, char **argv) {
                 replay(&a, w, n, live, &st);
                 report_all(a.name, &st);
                 (void) cu.cuStreamDestroy(a.stream);
+                /* Its pool keeps everything (the threshold): give it back before gpupool's turn. */
+                *(void **) &trim_pool = gp_cuda_symbol(&cu, "cuMemPoolTrimTo", 11020);
+                if (trim_pool)
+                        (void) trim_pool(mempool, 0);
         }
 
         a = (struct allocator) { .name = "c. gpupool_alloc/gpupool_free", .alloc = gpupool_alloc_fn, .free = gpupool_free_fn };
@@ -391,7 +423,7 @@ int main(int argc, char **argv) {
         report_all(a.name, &st);
         gpupool_disconnect(a.client);
 
-        bench_import(&cu, reps, child, from_child[0], to_child[1]);
+        bench_import(&cu, reps, from_child[0], to_child[1]);
         free(w);
         free(st.alloc_us);
         free(st.free_us);

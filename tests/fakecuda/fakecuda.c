@@ -1351,6 +1351,12 @@ static CUresult fk_MemPoolSetAttribute(gp_cu_mempool pool, int attr, void *value
         return value ? GP_CUDA_SUCCESS : GP_CUDA_ERROR_INVALID_VALUE;
 }
 
+/* The fake's stream-ordered frees free at once: there is never anything to trim. */
+static CUresult fk_MemPoolTrimTo(gp_cu_mempool pool, size_t keep) {
+        (void) keep;
+        return pool ? GP_CUDA_SUCCESS : GP_CUDA_ERROR_INVALID_VALUE;
+}
+
 /* ---- errors and entry points ---- */
 
 static CUresult fk_GetErrorName(CUresult r, const char **name) {
@@ -1440,6 +1446,7 @@ static const struct symbol symbols[] = {
         SYM("cuMemFreeAsync", 11020, fk_MemFreeAsync),
         SYM("cuDeviceGetDefaultMemPool", 11020, fk_DeviceGetDefaultMemPool),
         SYM("cuMemPoolSetAttribute", 11020, fk_MemPoolSetAttribute),
+        SYM("cuMemPoolTrimTo", 11020, fk_MemPoolTrimTo),
 };
 
 EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int version, uint64_t flags, int *status) {
