@@ -263,6 +263,21 @@ static struct deferred *oldest(gpupool_client *c) {
         return best;
 }
 
+/*
+ * Pauses the reaper for ns, locked, or until stop: only stop signals it now (reaper_idle is
+ * false). A timed pause between batches, not a wait for the GPU.
+ */
+static void reaper_pause(gpupool_client *c, long ns) {
+        struct timespec ts;
+
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += ns;
+        ts.tv_sec += ts.tv_nsec / 1000000000L;
+        ts.tv_nsec %= 1000000000L;
+        while (!c->stopping && pthread_cond_timedwait(&c->deferred_cond, &c->lock, &ts) == 0)
+                ;
+}
+
 static void *reaper_main(void *arg) {
         gpupool_client *c = arg;
         unsigned backoff_ms = 0;
@@ -297,18 +312,7 @@ static void *reaper_main(void *arg) {
                         break;
                 /* A driver error: look again later, not in a loop that pins a core. Else the next batch. */
                 backoff_ms = done < 0 ? (backoff_ms ? (backoff_ms < 500 ? backoff_ms * 2 : 1000) : 10) : 0;
-                {
-                        struct timespec ts;
-                        long ns = backoff_ms ? (long) backoff_ms * 1000000L : REAP_INTERVAL_NS;
-
-                        clock_gettime(CLOCK_REALTIME, &ts);
-                        ts.tv_nsec += ns;
-                        ts.tv_sec += ts.tv_nsec / 1000000000L;
-                        ts.tv_nsec %= 1000000000L;
-                        /* Only stop signals it now (reaper_idle is false): a timed pause, not a wait for the GPU. */
-                        while (!c->stopping && pthread_cond_timedwait(&c->deferred_cond, &c->lock, &ts) == 0)
-                                ;
-                }
+                reaper_pause(c, backoff_ms ? (long) backoff_ms * 1000000L : REAP_INTERVAL_NS);
         }
         pthread_mutex_unlock(&c->lock);
         return NULL;

@@ -279,6 +279,22 @@ enum attempt {
 };
 
 /*
+ * Holds lease request id back (the reply waits, parked) until memory comes back or
+ * reclaim_timeout passes: asked bytes from clients (reclaim), or none (a zeroing under way).
+ */
+static void park(struct session *s, uint64_t id, uint32_t device, uint64_t size, uint64_t asked, unsigned clients,
+                 const struct pool_stats *st, struct reply *ret) {
+        s->parked_id = id;
+        s->parked_device = device;
+        s->parked_size = size;
+        s->parked_asked_bytes = asked;
+        s->parked_asked_clients = clients;
+        s->parked_cached_before = st->cached_bytes;
+        s->parked_deadline_ms = uv_now(s->node->loop) + s->node->options->reclaim_timeout_ms;
+        *ret = (struct reply) { .fd = -1, .parked = true };
+}
+
+/*
  * One try at a lease, of request id. Fills *ret with the reply and returns true, or returns
  * false when the request waits (parked) for other clients to give memory back.
  */
@@ -308,16 +324,9 @@ static bool lease_attempt(struct session *s, uint64_t id, uint32_t device, uint6
                 s->parked_zeroing = true;
                 s->parked_zero_seq = node->zeroings_ended;
                 if (attempt == ATTEMPT_FIRST) {
-                        s->parked_id = id;
-                        s->parked_device = device;
-                        s->parked_size = size;
-                        s->parked_asked_bytes = 0;
-                        s->parked_asked_clients = 0;
-                        s->parked_cached_before = st.cached_bytes;
-                        s->parked_deadline_ms = uv_now(node->loop) + node->options->reclaim_timeout_ms;
+                        park(s, id, device, size, 0, 0, &st, ret);
                         session_log(s, LOG_LEVEL_DEBUG, "client %llu: lease of %" PRIu64 " bytes on device %u waits "
                                     "for a segment being zeroed", (unsigned long long) s->id, size, device);
-                        *ret = (struct reply) { .fd = -1, .parked = true };
                         return false;
                 }
                 if (uv_now(node->loop) < s->parked_deadline_ms)
@@ -343,14 +352,7 @@ static bool lease_attempt(struct session *s, uint64_t id, uint32_t device, uint6
                 uint64_t asked = reclaim_ask(node, s, device, pool_min_segment_bytes(size), &clients);
 
                 if (clients) {
-                        s->parked_id = id;
-                        s->parked_device = device;
-                        s->parked_size = size;
-                        s->parked_asked_bytes = asked;
-                        s->parked_asked_clients = clients;
-                        s->parked_cached_before = st.cached_bytes;
-                        s->parked_deadline_ms = uv_now(node->loop) + node->options->reclaim_timeout_ms;
-                        *ret = (struct reply) { .fd = -1, .parked = true };
+                        park(s, id, device, size, asked, clients, &st, ret);
                         return false;
                 }
         }
