@@ -286,7 +286,7 @@ static void *reaper_main(void *arg) {
         client_cuda_thread_relaxed(c);
         pthread_mutex_lock(&c->lock);
         for (;;) {
-                struct deferred *q;
+                struct deferred *q = NULL;
                 struct client_device *d;
                 gp_cu_event e;
                 int done;
