@@ -31,7 +31,11 @@
  *     and invalidates the capture; so does cuStreamGetId on a capturing stream, in any mode;
  *     an event recorded in a capture cannot be queried (CUDA_ERROR_CAPTURED_EVENT);
  *   - compute modes: no context on a PROHIBITED GPU, one process's at a time on an
- *     EXCLUSIVE_PROCESS one (CUDA_ERROR_DEVICE_UNAVAILABLE).
+ *     EXCLUSIVE_PROCESS one (CUDA_ERROR_DEVICE_UNAVAILABLE);
+ *   - a GPU's memory is the node's: every process's allocations and contexts count against
+ *     it (a context takes memory too, so on a full GPU cuDevicePrimaryCtxRetain fails with
+ *     CUDA_ERROR_OUT_OF_MEMORY), cuMemGetInfo reports what all processes leave free, and what
+ *     a process had comes back when it exits.
  *
  * "Device memory" is a file per allocation in $FAKECUDA_DIR (default /dev/shm), which every
  * process of the test can open; an IPC handle names it. Importers hold a shared flock() on
@@ -42,10 +46,14 @@
  * $FAKECUDA_DIR/fakecuda-memsets.hold holds every memset, in every process (the daemon's too).
  *
  * Knobs: $FAKECUDA_DEVICES (GPUs on the node, default 1; 0 = none), $FAKECUDA_MEM (bytes per
- * GPU, default 1.5 GiB: 512 MiB of pool under the default headroom; K/M/G suffixes), $FAKECUDA_COMPUTE_MODES (a mode per GPU, "default",
- * "prohibited" or "exclusive-process", comma-separated).
+ * GPU, default 1.5 GiB and a context: 512 MiB of pool under the default headroom; K/M/G
+ * suffixes), $FAKECUDA_CONTEXT_MEM (what a process's context takes of a GPU, default 16 MiB;
+ * a real one takes hundreds: 518 MiB seen on an H100 with CUDA 13), $FAKECUDA_COMPUTE_MODES
+ * (a mode per GPU, "default", "prohibited" or "exclusive-process", comma-separated).
+ * $FAKECUDA_DIR also holds fakecuda-ledger, the node's memory use by process.
  */
 #define _GNU_SOURCE
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -147,7 +155,25 @@ static pid_t init_pid;                  /* 0 before cuInit */
 static int gpus;                        /* physical GPUs */
 static int visible[MAX_GPUS], nvisible; /* ordinal -> physical */
 static uint64_t capacity;
-static uint64_t used[MAX_GPUS];
+static uint64_t context_bytes;          /* what a context takes of its GPU ($FAKECUDA_CONTEXT_MEM) */
+
+/*
+ * The node's device memory, as every process of the node sees it: a file in $FAKECUDA_DIR
+ * that each process maps, with a slot per process that has called cuInit. A process charges
+ * its allocations and contexts to its own slot; cuMemGetInfo and a cuMemAlloc that would not
+ * fit count every running process's. A process that has exited (or is a zombie) counts for
+ * nothing, as the driver frees what a process had when it exits.
+ */
+#define LEDGER_SLOTS 256
+struct ledger_slot {
+        int32_t pid;                    /* 0: free */
+        uint32_t pad;
+        uint64_t start_time;            /* /proc/PID/stat starttime: a reused pid is another process */
+        uint64_t bytes[MAX_GPUS];       /* allocations and contexts, by physical GPU */
+};
+static struct ledger_slot *ledger;      /* LEDGER_SLOTS, shared */
+static int ledger_fd = -1;
+static struct ledger_slot *my_slot;
 static struct ctx ctxs[MAX_GPUS];
 static struct alloc *allocs;
 static struct stream *streams;
@@ -194,6 +220,124 @@ static const char *mem_dir(void) {
 
 static void mem_path(char *buf, size_t size, pid_t pid, uint64_t id) {
         snprintf(buf, size, "%s/fakecuda-%d-%llu", mem_dir(), (int) pid, (unsigned long long) id);
+}
+
+/* The starttime of pid (field 22 of /proc/PID/stat), or 0 when it does not run (gone, or a zombie). */
+static uint64_t process_start(pid_t pid) {
+        char path[64], buf[1024], *p;
+        unsigned long long start = 0;
+        char state;
+        ssize_t n;
+        int fd;
+
+        snprintf(path, sizeof(path), "/proc/%d/stat", (int) pid);
+        fd = open(path, O_RDONLY | O_CLOEXEC);
+        if (fd < 0)
+                return 0;
+        n = read(fd, buf, sizeof(buf) - 1);
+        close(fd);
+        if (n <= 0)
+                return 0;
+        buf[n] = '\0';
+        p = strrchr(buf, ')');          /* the command may hold spaces and parentheses */
+        if (!p || sscanf(p + 1, " %c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %*u %*u %*d %*d %*d %*d %*d %*d %llu",
+                         &state, &start) != 2)
+                return 0;
+        return state == 'Z' || state == 'X' ? 0 : (uint64_t) start;
+}
+
+static void ledger_lock(void) {
+        while (flock(ledger_fd, LOCK_EX) < 0 && errno == EINTR)
+                ;
+}
+
+static void ledger_unlock(void) {
+        (void) flock(ledger_fd, LOCK_UN);
+}
+
+/* What an exited process had is the node's again, as the driver frees it: its allocations' files go too. */
+static void forget_process(struct ledger_slot *l) {
+        char prefix[32];
+        struct dirent *e;
+        size_t n;
+        DIR *dir;
+
+        n = (size_t) snprintf(prefix, sizeof(prefix), "fakecuda-%d-", (int) l->pid);
+        dir = opendir(mem_dir());
+        while (dir && (e = readdir(dir)))
+                if (strncmp(e->d_name, prefix, n) == 0)
+                        (void) unlinkat(dirfd(dir), e->d_name, 0);      /* importers keep what they mapped */
+        if (dir)
+                closedir(dir);
+        memset(l, 0, sizeof(*l));
+}
+
+/* Maps the ledger and takes a slot for this process (one left by an exited process if need be). */
+static void ledger_join(void) {
+        char path[256];
+        uint64_t start = process_start(getpid());
+        struct ledger_slot *free_slot = NULL;
+
+        snprintf(path, sizeof(path), "%s/fakecuda-ledger", mem_dir());
+        ledger_fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0666);
+        if (ledger_fd < 0)
+                fatal("cannot open %s: %s", path, strerror(errno));
+        (void) fchmod(ledger_fd, 0666);         /* processes of other uids share it */
+        ledger_lock();
+        if (ftruncate(ledger_fd, (off_t) (LEDGER_SLOTS * sizeof(*ledger))) < 0)
+                fatal("cannot size %s: %s", path, strerror(errno));
+        ledger = mmap(NULL, LEDGER_SLOTS * sizeof(*ledger), PROT_READ | PROT_WRITE, MAP_SHARED, ledger_fd, 0);
+        if (ledger == MAP_FAILED)
+                fatal("cannot map %s: %s", path, strerror(errno));
+        for (int i = 0; i < LEDGER_SLOTS && !free_slot; i++)
+                if (ledger[i].pid == 0 || process_start(ledger[i].pid) != ledger[i].start_time)
+                        free_slot = &ledger[i];
+        if (!free_slot)
+                fatal("more than %d processes use the driver at once", LEDGER_SLOTS);
+        if (free_slot->pid)
+                forget_process(free_slot);
+        free_slot->pid = getpid();
+        free_slot->start_time = start;
+        my_slot = free_slot;
+        ledger_unlock();
+}
+
+/* What every process has of physical GPU gpu; with check, those that have exited are forgotten. Under ledger_lock(). */
+static uint64_t ledger_used(int gpu, bool check) {
+        uint64_t sum = 0;
+
+        for (int i = 0; i < LEDGER_SLOTS; i++) {
+                struct ledger_slot *l = &ledger[i];
+                uint64_t b = __atomic_load_n(&l->bytes[gpu], __ATOMIC_RELAXED);
+
+                if (l->pid == 0 || (b == 0 && l != my_slot))
+                        continue;
+                if (check && l != my_slot && process_start(l->pid) != l->start_time) {
+                        forget_process(l);
+                        continue;
+                }
+                sum += b;
+        }
+        return sum;
+}
+
+/* Charges size bytes of physical GPU gpu to this process if the node has them. */
+static bool ledger_charge(int gpu, uint64_t size) {
+        bool ok;
+
+        ledger_lock();
+        /* Exited processes' slots only make the sum larger: look at them only when it does not fit. */
+        ok = size <= capacity && ledger_used(gpu, false) <= capacity - size;
+        if (!ok)
+                ok = ledger_used(gpu, true) <= capacity - size;
+        if (ok)
+                __atomic_add_fetch(&my_slot->bytes[gpu], size, __ATOMIC_RELAXED);
+        ledger_unlock();
+        return ok;
+}
+
+static void ledger_uncharge(int gpu, uint64_t size) {
+        __atomic_sub_fetch(&my_slot->bytes[gpu], size, __ATOMIC_RELAXED);
 }
 
 /* $FAKECUDA_COMPUTE_MODES: a mode per physical GPU, "default", "prohibited" or "exclusive-process", comma-separated. */
@@ -290,7 +434,8 @@ static CUresult fk_Init(unsigned flags) {
                 gpus = (int) parse_bytes(getenv("FAKECUDA_DEVICES"), 1);
                 if (gpus > MAX_GPUS)
                         gpus = MAX_GPUS;
-                capacity = parse_bytes(getenv("FAKECUDA_MEM"), 1536ULL << 20);
+                context_bytes = parse_bytes(getenv("FAKECUDA_CONTEXT_MEM"), 16ULL << 20);
+                capacity = parse_bytes(getenv("FAKECUDA_MEM"), (1536ULL << 20) + context_bytes);
                 nvisible = 0;
                 if (cvd) {
                         /* As CUDA: a list of ordinals; the first invalid entry ends it. */
@@ -310,6 +455,7 @@ static CUresult fk_Init(unsigned flags) {
                         ctxs[i].exclusive_fd = -1;
                 }
                 parse_compute_modes(getenv("FAKECUDA_COMPUTE_MODES"));
+                ledger_join();
                 init_pid = getpid();
         }
         pthread_mutex_unlock(&lock);
@@ -415,6 +561,14 @@ static CUresult fk_DevicePrimaryCtxRetain(gp_cu_context *c, gp_cu_device d) {
                 }
                 (void) fchmod(x->exclusive_fd, 0666);
         }
+        if (x->retained == 0 && !ledger_charge(x->gpu, context_bytes)) {
+                /* A context takes device memory too: on a full GPU a new process cannot start. */
+                if (x->exclusive_fd >= 0)
+                        close(x->exclusive_fd);
+                x->exclusive_fd = -1;
+                pthread_mutex_unlock(&lock);
+                return GP_CUDA_ERROR_OUT_OF_MEMORY;
+        }
         x->retained++;
         pthread_mutex_unlock(&lock);
         *c = (gp_cu_context) &ctxs[visible[d]];
@@ -429,9 +583,12 @@ static CUresult fk_DevicePrimaryCtxRelease(gp_cu_device d) {
         if (d < 0 || d >= nvisible || ctxs[visible[d]].retained == 0)
                 return GP_CUDA_ERROR_INVALID_CONTEXT;
         pthread_mutex_lock(&lock);
-        if (--ctxs[visible[d]].retained == 0 && ctxs[visible[d]].exclusive_fd >= 0) {
-                close(ctxs[visible[d]].exclusive_fd);
-                ctxs[visible[d]].exclusive_fd = -1;
+        if (--ctxs[visible[d]].retained == 0) {
+                ledger_uncharge(ctxs[visible[d]].gpu, context_bytes);
+                if (ctxs[visible[d]].exclusive_fd >= 0) {
+                        close(ctxs[visible[d]].exclusive_fd);
+                        ctxs[visible[d]].exclusive_fd = -1;
+                }
         }
         pthread_mutex_unlock(&lock);
         return GP_CUDA_SUCCESS;
@@ -547,12 +704,13 @@ static CUresult fk_MemAlloc_v2(CUdeviceptr *dptr, size_t size) {
         gpu = current()->gpu;
         size = (size + 4095) & ~(size_t) 4095;
         pthread_mutex_lock(&lock);
-        if (size > capacity - used[gpu]) {
+        if (!ledger_charge(gpu, size)) {
                 pthread_mutex_unlock(&lock);
-                return GP_CUDA_ERROR_OUT_OF_MEMORY;
+                return GP_CUDA_ERROR_OUT_OF_MEMORY;     /* the GPU is full, with every process's memory */
         }
         a = calloc(1, sizeof(*a));
         if (!a) {
+                ledger_uncharge(gpu, size);
                 pthread_mutex_unlock(&lock);
                 return GP_CUDA_ERROR_OUT_OF_MEMORY;
         }
@@ -572,10 +730,10 @@ static CUresult fk_MemAlloc_v2(CUdeviceptr *dptr, size_t size) {
                 close(a->fd);
                 unlink(path);
                 free(a);
+                ledger_uncharge(gpu, size);
                 pthread_mutex_unlock(&lock);
                 return r;
         }
-        used[gpu] += size;
         a->next = allocs;
         allocs = a;
         pthread_mutex_unlock(&lock);
@@ -600,7 +758,7 @@ static CUresult fk_MemFree_v2(CUdeviceptr dptr) {
                 fatal("cuMemFree of a %zu-byte allocation that another process still has open through "
                       "cuIpcOpenMemHandle: undefined behaviour in CUDA", a->size);
         unlink_alloc(a);
-        used[a->gpu] -= a->size;
+        ledger_uncharge(a->gpu, a->size);
         unlink(path);
         unmap_alloc(a);
         free(a);
@@ -610,10 +768,10 @@ static CUresult fk_MemFree_v2(CUdeviceptr dptr) {
 
 static CUresult fk_MemGetInfo_v2(size_t *free_bytes, size_t *total_bytes) {
         NEED_CTX();
-        pthread_mutex_lock(&lock);
-        *free_bytes = capacity - used[current()->gpu];
+        ledger_lock();
+        *free_bytes = capacity - ledger_used(current()->gpu, true);     /* every process's memory counted */
         *total_bytes = capacity;
-        pthread_mutex_unlock(&lock);
+        ledger_unlock();
         return GP_CUDA_SUCCESS;
 }
 

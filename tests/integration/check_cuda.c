@@ -175,23 +175,38 @@ static bool pattern_intact(struct gpu *g, void *p, size_t size, unsigned tag) {
         return ok;
 }
 
-/* Starts a cuda daemon (and, on the fake, a fresh directory of "device memory"). */
+/* On the fake: a fresh node, a directory of "device memory" ($FAKECUDA_DIR) of its own. */
+static void fake_node_new(void) {
+        if (on_gpu)
+                return;
+        strcpy(fake_dir, "/tmp/gpupool-fakecuda-XXXXXX");
+        ck_assert_ptr_nonnull(mkdtemp(fake_dir));
+        ck_assert_int_eq(chmod(fake_dir, 0777), 0);
+        setenv("FAKECUDA_DIR", fake_dir, 1);
+}
+
+/* On the fake: every allocation must have been freed by now; removes the node's directory. */
+static void fake_node_done(void) {
+        char ledger[sizeof(fake_dir) + 32];
+
+        if (on_gpu)
+                return;
+        snprintf(ledger, sizeof(ledger), "%s/fakecuda-ledger", fake_dir);
+        (void) unlink(ledger);  /* which processes use what: no memory of its own */
+        ck_assert_msg(rmdir(fake_dir) == 0, "device memory left allocated after the daemon stopped (%s: %s)",
+                      fake_dir, strerror(errno));
+}
+
+/* Starts a cuda daemon (and, on the fake, on a fresh node). */
 static void cuda_start(struct testd *d, const char *extra1, const char *extra2) {
-        if (!on_gpu) {
-                strcpy(fake_dir, "/tmp/gpupool-fakecuda-XXXXXX");
-                ck_assert_ptr_nonnull(mkdtemp(fake_dir));
-                ck_assert_int_eq(chmod(fake_dir, 0777), 0);
-                setenv("FAKECUDA_DIR", fake_dir, 1);
-        }
+        fake_node_new();
         testd_start(d, "--backend", "cuda", extra1, extra2, NULL);
 }
 
 /* Stops it; on the fake, every allocation must have been freed by then. */
 static void cuda_stop(struct testd *d) {
         ck_assert_int_eq(testd_stop(d), 0);
-        if (!on_gpu)
-                ck_assert_msg(rmdir(fake_dir) == 0, "device memory left allocated after the daemon stopped (%s: %s)",
-                              fake_dir, strerror(errno));
+        fake_node_done();
 }
 
 /* ---- several clients' data ---- */
@@ -1270,11 +1285,13 @@ START_TEST(test_fake_compute_modes) {
         unlink(lock);
         cuda_stop(&d);
         /* No GPU left to pool: gpupoold does not start, and says why (auto does not pass it for a CPU node). */
+        fake_node_new();
         snprintf(cmd, sizeof(cmd), "GPUPOOL_LIBCUDA=%s FAKECUDA_COMPUTE_MODES=prohibited,exclusive-process "
                  "%s/gpupoold --backend auto --socket /tmp/gp-never.sock 2>&1", getenv("GPUPOOL_LIBCUDA"), b);
         ck_assert_int_eq(run_capture(cmd, out, sizeof(out)), 1);
         ck_assert_msg(strstr(out, "every GPU (2) is in a compute mode that keeps it out of the pool"), "%s", out);
         ck_assert_msg(strstr(out, "its compute mode is PROHIBITED"), "%s", out);
+        fake_node_done();
         unsetenv("FAKECUDA_COMPUTE_MODES");
         unsetenv("FAKECUDA_DEVICES");
 }
@@ -1382,12 +1399,104 @@ START_TEST(test_fake_driver_rules) {
 }
 END_TEST
 
+/* ---- the node's memory: every process's allocations and contexts count ---- */
+
+struct node_memory {
+        int up[2];                      /* children to the test: a byte when they are ready */
+        int go[2], go2[2];              /* the test to the holder, and to the checker: a byte to go on */
+};
+
+/* Holds 256 MiB of the GPU and a context until told to go on, then exits without freeing either. */
+static int holder_client(struct testd *d, void *arg) {
+        struct node_memory *m = arg;
+        gp_cu_deviceptr p;
+        struct gpu g;
+        char c;
+
+        (void) d;
+        if (gpu_open(&g) < 0 || g.cu.cuMemAlloc(&p, 256 * MiB) != GP_CUDA_SUCCESS)
+                return 1;
+        if (write(m->up[1], "h", 1) != 1 || read(m->go[0], &c, 1) != 1)
+                return 2;
+        return 0;
+}
+
+/* Sees the holder's memory and context in cuMemGetInfo and cuMemAlloc, fills the GPU, then sees the holder's come back. */
+static int checker_client(struct testd *d, void *arg) {
+        struct node_memory *m = arg;
+        size_t free1, free2, total;
+        gp_cu_deviceptr p;
+        struct gpu g;
+        char c;
+
+        (void) d;
+        if (gpu_open(&g) < 0 || g.cu.cuMemGetInfo(&free1, &total) != GP_CUDA_SUCCESS)
+                return 1;
+        if (total != 1024 * MiB || free1 != total - 2 * 64 * MiB - 256 * MiB) {
+                fprintf(stderr, "checker: %zu free of %zu, not the two contexts and the holder's 256 MiB less\n", free1, total);
+                return 2;
+        }
+        if (g.cu.cuMemAlloc(&p, free1 + 4096) != GP_CUDA_ERROR_OUT_OF_MEMORY)
+                return 3;       /* what another process holds is not free */
+        if (g.cu.cuMemAlloc(&p, free1 - 32 * MiB) != GP_CUDA_SUCCESS)
+                return 4;
+        if (write(m->up[1], "c", 1) != 1 || read(m->go2[0], &c, 1) != 1)
+                return 5;
+        /* The holder has exited: what it had is free again. */
+        if (g.cu.cuMemGetInfo(&free2, &total) != GP_CUDA_SUCCESS || free2 != 32 * MiB + 256 * MiB + 64 * MiB) {
+                fprintf(stderr, "checker: %zu free after the holder exited\n", free2);
+                return 6;
+        }
+        return g.cu.cuMemFree(p) == GP_CUDA_SUCCESS ? 0 : 7;
+}
+
+/* On a full GPU a new process cannot even make its context. */
+static int late_client(struct testd *d, void *arg) {
+        char err[256];
+        struct gp_cuda cu;
+        gp_cu_device dev;
+        gp_cu_context ctx;
+
+        (void) d, (void) arg;
+        if (gp_cuda_load(&cu, err, sizeof(err)) < 0 || cu.cuDeviceGet(&dev, 0) != GP_CUDA_SUCCESS)
+                return 1;
+        return cu.cuDevicePrimaryCtxRetain(&ctx, dev) == GP_CUDA_ERROR_OUT_OF_MEMORY ? 0 : 2;
+}
+
+START_TEST(test_fake_memory_is_the_nodes) {
+        struct node_memory m;
+        pid_t holder, checker;
+        char c;
+
+        setenv("FAKECUDA_MEM", "1G", 1);
+        setenv("FAKECUDA_CONTEXT_MEM", "64M", 1);
+        fake_node_new();
+        ck_assert(pipe(m.up) == 0 && pipe(m.go) == 0 && pipe(m.go2) == 0);
+        holder = spawn(holder_client, NULL, &m);
+        ck_assert_int_eq(read(m.up[0], &c, 1), 1);
+        checker = spawn(checker_client, NULL, &m);
+        ck_assert_int_eq(read(m.up[0], &c, 1), 1);
+        ck_assert_msg(reap(spawn(late_client, NULL, NULL)) == 0, "a context was made on a full GPU");
+        ck_assert_int_eq(write(m.go[1], "g", 1), 1);
+        ck_assert_int_eq(reap(holder), 0);
+        ck_assert_int_eq(write(m.go2[1], "g", 1), 1);
+        ck_assert_msg(reap(checker) == 0, "the node's memory was not counted across processes");
+        for (int i = 0; i < 2; i++) {
+                close(m.up[i]), close(m.go[i]), close(m.go2[i]);
+        }
+        fake_node_done();       /* the holder's allocation went with it */
+        unsetenv("FAKECUDA_CONTEXT_MEM");
+        unsetenv("FAKECUDA_MEM");
+}
+END_TEST
+
 START_TEST(test_fake_start_without_driver_or_gpu) {
         const char *b = build_dir();
         char cmd[768], out[4096];
         const char *lib = getenv("GPUPOOL_LIBCUDA");
         struct testd d;
 
+        fake_node_new();
         snprintf(cmd, sizeof(cmd), "GPUPOOL_LIBCUDA=/nonexistent/libcuda.so.1 %s/gpupoold --backend cuda --socket /tmp/gp-never.sock 2>&1", b);
         ck_assert_int_eq(run_capture(cmd, out, sizeof(out)), 1);
         ck_assert_msg(strstr(out, "--backend cuda: no CUDA driver: cannot load /nonexistent/libcuda.so.1"), "%s", out);
@@ -1412,6 +1521,7 @@ START_TEST(test_fake_start_without_driver_or_gpu) {
         snprintf(cmd, sizeof(cmd), "grep -c 'finds no GPU; using the host backend' %s", d.log);
         ck_assert_int_eq(run_capture(cmd, out, sizeof(out)), 0);
         ck_assert_int_eq(testd_stop(&d), 0);
+        fake_node_done();
 }
 END_TEST
 
@@ -1463,6 +1573,7 @@ Suite *suite_cuda_fake(void) {
         tcase_add_test(tc, test_fake_pid_namespace_refused);
         tcase_add_test(tc, test_fake_driver_rules);
         tcase_add_test(tc, test_fake_start_without_driver_or_gpu);
+        tcase_add_test(tc, test_fake_memory_is_the_nodes);
         tcase_set_timeout(tc, 120);
         suite_add_tcase(s, tc);
         return s;
