@@ -38,8 +38,9 @@ static int print_json(const Gpupool__StatusReply *sr) {
 
         for (size_t i = 0; i < sr->n_devices; i++) {
                 const Gpupool__DeviceStatus *d = sr->devices[i];
+                json_t *o;
 
-                json_array_append_new(devices, json_pack("{s:I, s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}",
+                o = json_pack("{s:I, s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}",
                         "index", (json_int_t) d->index, "backend", d->backend,
                         "total_bytes", (json_int_t) d->total_bytes, "reserved_bytes", (json_int_t) d->reserved_bytes,
                         "in_use_bytes", (json_int_t) d->in_use_bytes, "cached_bytes", (json_int_t) d->cached_bytes,
@@ -47,7 +48,15 @@ static int print_json(const Gpupool__StatusReply *sr) {
                         "evictions_total", (json_int_t) d->evictions_total, "reclaims_total", (json_int_t) d->reclaims_total,
                         "decay_releases_total", (json_int_t) d->decay_releases_total,
                         "watermark_releases_total", (json_int_t) d->watermark_releases_total,
-                        "zeroing_bytes", (json_int_t) d->zeroing_bytes));
+                        "zeroing_bytes", (json_int_t) d->zeroing_bytes);
+                /* null: the backend cannot tell (host). */
+#define GPU_FIELD(name) json_object_set_new(o, #name, d->has_##name ? json_integer((json_int_t) d->name) : json_null())
+                GPU_FIELD(gpu_free_bytes);
+                GPU_FIELD(gpu_total_bytes);
+                GPU_FIELD(headroom_bytes);
+                GPU_FIELD(headroom_releases_total);
+#undef GPU_FIELD
+                json_array_append_new(devices, o);
         }
         for (size_t i = 0; i < sr->n_clients; i++) {
                 const Gpupool__ClientStatus *c = sr->clients[i];
@@ -100,17 +109,18 @@ void cli_print_tenants(const Gpupool__StatusReply *sr, bool with_rules) {
 }
 
 static int print_table(const Gpupool__StatusReply *sr) {
-        char a[GP_SIZE_FORMAT_MAX], b[GP_SIZE_FORMAT_MAX], c[GP_SIZE_FORMAT_MAX], d[GP_SIZE_FORMAT_MAX];
+        char a[GP_SIZE_FORMAT_MAX], b[GP_SIZE_FORMAT_MAX], c[GP_SIZE_FORMAT_MAX], d[GP_SIZE_FORMAT_MAX],
+                e[GP_SIZE_FORMAT_MAX];
 
-        printf("%-6s %-8s %12s %12s %12s %12s %10s %10s %10s\n", "DEVICE", "BACKEND", "TOTAL", "RESERVED", "IN USE",
-               "CACHED", "EVICTIONS", "DECAYED", "WATERMARK");
+        printf("%-6s %-8s %12s %12s %12s %12s %10s %10s %10s %12s\n", "DEVICE", "BACKEND", "TOTAL", "RESERVED", "IN USE",
+               "CACHED", "EVICTIONS", "DECAYED", "WATERMARK", "GPU FREE");
         for (size_t i = 0; i < sr->n_devices; i++) {
                 const Gpupool__DeviceStatus *dev = sr->devices[i];
 
-                printf("%-6u %-8s %12s %12s %12s %12s %10" PRIu64 " %10" PRIu64 " %10" PRIu64 "\n", dev->index, dev->backend,
-                       SZ(dev->total_bytes, a), SZ(dev->reserved_bytes, b), SZ(dev->in_use_bytes, c),
+                printf("%-6u %-8s %12s %12s %12s %12s %10" PRIu64 " %10" PRIu64 " %10" PRIu64 " %12s\n", dev->index,
+                       dev->backend, SZ(dev->total_bytes, a), SZ(dev->reserved_bytes, b), SZ(dev->in_use_bytes, c),
                        SZ(dev->cached_bytes, d), dev->evictions_total, dev->decay_releases_total,
-                       dev->watermark_releases_total);
+                       dev->watermark_releases_total, dev->has_gpu_free_bytes ? SZ(dev->gpu_free_bytes, e) : "-");
         }
         printf("\n");
         cli_print_tenants(sr, false);

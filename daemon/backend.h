@@ -31,6 +31,13 @@ struct backend_device_info {
         int has_uuid;
 };
 
+/* A device's memory as the driver sees it now, every process on the node counted. */
+struct backend_device_memory {
+        uint64_t free_bytes;            /* free on the device now */
+        uint64_t total_bytes;           /* the device's memory */
+        uint64_t headroom_bytes;        /* what the pool leaves free: others' contexts, libraries, programs */
+};
+
 struct backend;
 
 struct backend_ops {
@@ -48,6 +55,11 @@ struct backend_ops {
         int (*mem_zero)(struct backend *b, unsigned device, struct backend_mem *mem, uint64_t size);
         /* After mem_zero returned 1: 1 once the segment is zero, 0 while not yet, a negative errno if it failed. */
         int (*mem_zero_done)(struct backend *b, unsigned device, struct backend_mem *mem);
+        /*
+         * Optional (NULL: the backend cannot tell, and only the capacity bounds the pool): the
+         * device's memory now, every process counted. Returns 0 or a negative errno.
+         */
+        int (*device_memory)(struct backend *b, unsigned device, struct backend_device_memory *ret);
         /* Frees the backend. Every segment has been destroyed by then. */
         void (*close)(struct backend *b);
 };

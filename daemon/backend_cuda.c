@@ -10,8 +10,11 @@
  *
  * A device's capacity is its free memory at start (cuMemGetInfo_v2, once the daemon's own
  * context exists) less --headroom, left to the driver, to the clients' own contexts and to
- * processes that do not use gpupool; cuMemAlloc_v2 failing for lack of memory is reported to
- * the pool as -ENOMEM, which releases its cache and tries again.
+ * processes that do not use gpupool. The headroom is kept as others take memory: the pool
+ * asks cuMemGetInfo_v2 before it makes a segment and every second (device_memory), does not
+ * grow into the headroom, and gives its cache back when others have taken some of it.
+ * cuMemAlloc_v2 failing for lack of memory is reported to the pool as -ENOMEM, which releases
+ * its cache and tries again.
  *
  * Zeroing (a segment changing tenant) queues cuMemsetD8Async and an event on a stream of the
  * daemon's; the segment is handed out once the event has completed (the loop polls it): the
@@ -46,6 +49,7 @@ struct cuda_device {
 struct cuda_backend {
         struct backend base;
         struct gp_cuda cu;
+        uint64_t headroom_bytes;        /* --headroom: left free on each GPU for everyone else */
         struct cuda_device devs[BACKEND_MAX_DEVICES];
 };
 
@@ -79,6 +83,32 @@ static int cuda_device_info(struct backend *b, unsigned device, struct backend_d
         ret->total_bytes = c->devs[device].capacity_bytes;
         memcpy(ret->uuid, c->devs[device].uuid.bytes, sizeof(ret->uuid));
         ret->has_uuid = 1;
+        return 0;
+}
+
+static int cuda_device_memory(struct backend *b, unsigned device, struct backend_device_memory *ret) {
+        struct cuda_backend *c = cuda_of(b);
+        struct cuda_device *d = &c->devs[device];
+        size_t free_bytes = 0, total_bytes = 0;
+        gp_cu_result r;
+        int err;
+
+        if (device >= b->device_count)
+                return -ENODEV;
+        err = push(c, d);
+        if (err < 0)
+                return err;
+        r = c->cu.cuMemGetInfo(&free_bytes, &total_bytes);
+        pop(c);
+        if (r != GP_CUDA_SUCCESS) {
+                log_err("cuda: %s: cuMemGetInfo_v2: %s", d->name, gp_cuda_error_name(&c->cu, r));
+                return -EIO;
+        }
+        *ret = (struct backend_device_memory) {
+                .free_bytes = free_bytes,
+                .total_bytes = total_bytes,
+                .headroom_bytes = c->headroom_bytes,
+        };
         return 0;
 }
 
@@ -220,6 +250,7 @@ static const struct backend_ops cuda_ops = {
         .mem_destroy = cuda_mem_destroy,
         .mem_zero = cuda_mem_zero,
         .mem_zero_done = cuda_mem_zero_done,
+        .device_memory = cuda_device_memory,
         .close = cuda_close,
 };
 
@@ -316,6 +347,7 @@ int backend_cuda_open(uint64_t headroom_bytes, struct backend **ret, char *err, 
         c->base.name = "cuda";
         c->base.ipc_handles = true;
         c->base.data = c;
+        c->headroom_bytes = headroom_bytes;
         r = gp_cuda_load(&c->cu, err, err_size);
         if (r < 0) {
                 free(c);

@@ -80,6 +80,12 @@ static int fault_mem_zero_done(struct backend *b, unsigned device, struct backen
         return inner->ops->mem_zero_done(inner, device, mem);
 }
 
+static int fault_device_memory(struct backend *b, unsigned device, struct backend_device_memory *ret) {
+        struct backend *inner = fault_of(b)->inner;
+
+        return inner->ops->device_memory ? inner->ops->device_memory(inner, device, ret) : -ENOTSUP;
+}
+
 static void fault_close(struct backend *b) {
         struct fault_backend *f = fault_of(b);
 
@@ -94,6 +100,7 @@ static const struct backend_ops fault_ops = {
         .mem_destroy = fault_mem_destroy,
         .mem_zero = fault_mem_zero,
         .mem_zero_done = fault_mem_zero_done,
+        .device_memory = fault_device_memory,
         .close = fault_close,
 };
 

@@ -17,9 +17,9 @@
 
 /* Every family prints at most this many series, each line at most METRICS_LINE_MAX bytes. */
 #define METRICS_LINE_MAX 128
-#define METRICS_DEVICE_FAMILIES 11
+#define METRICS_DEVICE_FAMILIES 13
 #define METRICS_TENANT_FAMILIES 3
-#define METRICS_FAMILIES 21
+#define METRICS_FAMILIES 23
 #define METRICS_HEADER_MAX 320          /* a family's HELP and TYPE lines */
 _Static_assert((METRICS_DEVICE_FAMILIES * BACKEND_MAX_DEVICES + METRICS_TENANT_FAMILIES * CONFIG_MAX_TENANTS +
                 METRICS_REFUSAL_COUNT + 3) * METRICS_LINE_MAX + METRICS_FAMILIES * METRICS_HEADER_MAX <=
@@ -89,6 +89,8 @@ enum device_field {
         F_RECLAIMS,
         F_IDLE_RELEASES,
         F_WATERMARK_RELEASES,
+        F_GPU_FREE,
+        F_HEADROOM_RELEASES,
 };
 
 static const struct {
@@ -106,6 +108,10 @@ static const struct {
         [F_IDLE_RELEASES] = { "gpupool_idle_releases_total", "counter", "Cached segments released after idle_release." },
         [F_WATERMARK_RELEASES] = { "gpupool_watermark_releases_total", "counter",
                                    "Cached segments released to stay under max_cached." },
+        [F_GPU_FREE] = { "gpupool_device_gpu_free_bytes", "gauge",
+                         "Bytes free on the GPU, every process counted, at the last reading (cuda backend)." },
+        [F_HEADROOM_RELEASES] = { "gpupool_headroom_releases_total", "counter",
+                                  "Cached segments released because other processes took part of the headroom." },
 };
 
 static uint64_t device_value(const struct node *node, unsigned d, const struct pool_stats *st, enum device_field f) {
@@ -132,6 +138,10 @@ static uint64_t device_value(const struct node *node, unsigned d, const struct p
                 return st->decay_releases_total;
         case F_WATERMARK_RELEASES:
                 return st->watermark_releases_total;
+        case F_GPU_FREE:
+                return st->gpu_free_bytes;
+        case F_HEADROOM_RELEASES:
+                return st->headroom_releases_total;
         }
         return 0;
 }
@@ -147,8 +157,9 @@ static void devices(struct writer *w, const struct node *node) {
         for (unsigned f = 0; f < METRICS_DEVICE_FAMILIES; f++) {
                 family(w, device_families[f].name, device_families[f].type, device_families[f].help);
                 for (unsigned d = 0; d < node->device_count; d++)
-                        emit(w, "%s{%s} %" PRIu64 "\n", device_families[f].name, labels[d],
-                             device_value(node, d, &stats[d], (enum device_field) f));
+                        if (f != F_GPU_FREE || stats[d].gpu_known)     /* no series where the backend cannot tell */
+                                emit(w, "%s{%s} %" PRIu64 "\n", device_families[f].name, labels[d],
+                                     device_value(node, d, &stats[d], (enum device_field) f));
         }
 }
 

@@ -14,6 +14,31 @@
 #include "log.h"
 #include "size.h"
 
+/*
+ * Others took part of a device's headroom (a process started, a library allocated, a program
+ * without gpupool runs): give them the cache back, so that the next CUDA process still starts.
+ */
+static void on_headroom_timer(uv_timer_t *timer) {
+        struct node *node = timer->data;
+        char b[GP_SIZE_FORMAT_MAX], f[GP_SIZE_FORMAT_MAX], h[GP_SIZE_FORMAT_MAX];
+        bool released = false;
+
+        for (unsigned d = 0; d < node->device_count; d++) {
+                uint64_t bytes = pool_keep_headroom(node->pools[d]);
+                struct pool_stats st;
+
+                if (!bytes)
+                        continue;
+                released = true;
+                pool_get_stats(node->pools[d], &st);
+                log_info("device %u: released %s of cache: others had taken part of the %s headroom (%s free on the GPU now)",
+                         d, gp_size_format(bytes, b, sizeof(b)), gp_size_format(st.headroom_bytes, h, sizeof(h)),
+                         gp_size_format(st.gpu_free_bytes, f, sizeof(f)));
+        }
+        if (released)
+                node_after_change(node);
+}
+
 int node_init(struct node *node, uv_loop_t *loop, const struct config *config, struct backend *backend) {
         char why[256];
         int r;
@@ -57,6 +82,11 @@ int node_init(struct node *node, uv_loop_t *loop, const struct config *config, s
         uv_timer_init(loop, &node->zero_timer);
         node->zero_timer.data = node;
         node->zero_timer_open = true;
+        uv_timer_init(loop, &node->headroom_timer);
+        node->headroom_timer.data = node;
+        node->headroom_timer_open = true;
+        if (backend->ops->device_memory)
+                uv_timer_start(&node->headroom_timer, on_headroom_timer, NODE_HEADROOM_POLL_MS, NODE_HEADROOM_POLL_MS);
         return 0;
 }
 
@@ -73,6 +103,10 @@ void node_close(struct node *node) {
         if (node->zero_timer_open) {
                 uv_close((uv_handle_t *) &node->zero_timer, NULL);
                 node->zero_timer_open = false;
+        }
+        if (node->headroom_timer_open) {
+                uv_close((uv_handle_t *) &node->headroom_timer, NULL);
+                node->headroom_timer_open = false;
         }
         node_forget_pid_limits(node);
         for (unsigned d = 0; d < node->device_count; d++) {

@@ -66,6 +66,9 @@ struct node_hooks {
 /* How often the loop asks the GPU whether a segment's zeroing has ended: it never waits for it. */
 #define NODE_ZERO_POLL_MS 1
 
+/* How often the loop reads each GPU's free memory to keep its headroom (a cuMemGetInfo_v2 each). */
+#define NODE_HEADROOM_POLL_MS 1000
+
 struct node {
         uv_loop_t *loop;
         const struct options *options;  /* &config.options */
@@ -87,6 +90,8 @@ struct node {
         bool zero_timer_open;
         uv_timer_t decay_timer;         /* fires when the oldest cached segment has idled idle_release */
         bool decay_timer_open;
+        uv_timer_t headroom_timer;      /* keeps each device's headroom free (NODE_HEADROOM_POLL_MS) */
+        bool headroom_timer_open;
         /* The sessions (session.h's registry keeps the list; the node only holds its head and counts). */
         struct session *sessions;       /* connected and exiting clients */
         unsigned connected;             /* sessions with an open socket, of --max-clients */

@@ -53,6 +53,9 @@ struct pool {
         struct gp_rb_tree cache_by_age;
         struct gp_rb_tree zeroing;      /* by id: segments whose zeroing runs on the device */
         uint64_t zeroing_bytes;
+        struct backend_device_memory gpu;       /* the device's memory at the last reading */
+        bool gpu_known;                         /* the backend tells it (pool_read_device) */
+        uint64_t headroom_releases;
         struct pool_owner *owners;
 };
 
@@ -123,19 +126,58 @@ static void segment_destroy(struct pool *p, struct segment *s) {
         free(s);
 }
 
-/* Gives the least recently cached segment back to the backend. Returns false if none. */
-static bool cache_release_oldest(struct pool *p) {
+/* Gives the least recently cached segment back to the backend. Returns its size, 0 if none. */
+static uint64_t cache_release_oldest(struct pool *p) {
         struct gp_rb_node *n = gp_rb_first(&p->cache_by_age);
         struct segment *s;
+        uint64_t size;
 
         if (!n)
-                return false;
+                return 0;
         s = gp_rb_entry(n, struct segment, age_node);
         gp_rb_remove(&p->cache_by_age, &s->age_node);
         gp_rb_remove(&p->cache_by_size, &s->owner_node);
         p->cached_bytes -= s->size;
+        size = s->size;
         segment_destroy(p, s);
+        return size;
+}
+
+bool pool_read_device(struct pool *p) {
+        struct backend_device_memory m;
+
+        if (!p->backend->ops->device_memory || p->backend->ops->device_memory(p->backend, p->device, &m) < 0)
+                return false;
+        p->gpu = m;
+        p->gpu_known = true;
         return true;
+}
+
+/*
+ * How much more the pool may take of the device and still leave the headroom free, by the
+ * driver now: negative when others (contexts, libraries, programs without gpupool) have taken
+ * some of the headroom. False when the backend cannot tell.
+ */
+static bool device_room(struct pool *p, int64_t *ret) {
+        if (!pool_read_device(p))
+                return false;
+        *ret = (int64_t) p->gpu.free_bytes - (int64_t) p->gpu.headroom_bytes;
+        return true;
+}
+
+uint64_t pool_keep_headroom(struct pool *p) {
+        uint64_t bytes = 0, size;
+        int64_t room;
+
+        if (!device_room(p, &room))
+                return 0;
+        while (room < 0 && (size = cache_release_oldest(p))) {
+                room += (int64_t) size;
+                bytes += size;
+                p->gpu.free_bytes += size;
+                p->headroom_releases++;
+        }
+        return bytes;
 }
 
 void pool_flush(struct pool *p, uint64_t *ret_segments, uint64_t *ret_bytes) {
@@ -285,6 +327,8 @@ static int segment_create(struct pool *p, uint64_t size, struct segment **ret) {
 static int segment_obtain(struct pool *p, uint64_t rsize, uint64_t headroom, struct segment **ret) {
         uint64_t want = heap_segment_bytes(rsize), min = heap_min_segment_bytes(rsize);
         struct segment *s;
+        int64_t room = 0;
+        bool bounded;
         int r;
 
         if (min > headroom)
@@ -298,11 +342,16 @@ static int segment_obtain(struct pool *p, uint64_t rsize, uint64_t headroom, str
                 *ret = s;
                 return 0;
         }
-        if (p->reserved_bytes + want > p->capacity_bytes)
+        /* The device's headroom bounds the pool as its capacity does: others took part of it, or not. */
+        bounded = device_room(p, &room);
+        if (p->reserved_bytes + want > p->capacity_bytes || (bounded && (int64_t) want > room))
                 want = min;
-        while (p->reserved_bytes + want > p->capacity_bytes) {
-                if (!cache_release_oldest(p))
+        while (p->reserved_bytes + want > p->capacity_bytes || (bounded && (int64_t) want > room)) {
+                uint64_t released = cache_release_oldest(p);
+
+                if (!released)
                         return -ENOMEM;
+                room += (int64_t) released;
                 p->evictions++;
         }
         r = segment_create(p, want, ret);
@@ -440,6 +489,11 @@ void pool_get_stats(const struct pool *p, struct pool_stats *ret) {
                 .segments = p->segments_by_id.count,
                 .cached_segments = p->cache_by_age.count,
                 .zeroing_bytes = p->zeroing_bytes,
+                .gpu_known = p->gpu_known,
+                .gpu_free_bytes = p->gpu.free_bytes,
+                .gpu_total_bytes = p->gpu.total_bytes,
+                .headroom_bytes = p->gpu.headroom_bytes,
+                .headroom_releases_total = p->headroom_releases,
                 .evictions_total = p->evictions,
                 .decay_releases_total = p->decay_releases,
                 .watermark_releases_total = p->watermark_releases,

@@ -74,6 +74,12 @@ struct pool_stats {
         uint64_t evictions_total;               /* cached segments released to make room */
         uint64_t decay_releases_total;          /* cached segments idle too long */
         uint64_t watermark_releases_total;      /* cached segments over the watermark */
+        /* The device as the driver saw it at the last reading (gpu_known: the backend tells it). */
+        bool gpu_known;
+        uint64_t gpu_free_bytes;                /* free on the device, every process counted */
+        uint64_t gpu_total_bytes;
+        uint64_t headroom_bytes;                /* what the pool leaves free on the device */
+        uint64_t headroom_releases_total;       /* cached segments released because others took the headroom */
 };
 
 /* Makes a pool for one device of backend, of capacity_bytes. Returns 0 or -ENOMEM. */
@@ -91,6 +97,19 @@ uint64_t pool_release_idle(struct pool *pool, uint64_t idle_ms, uint64_t *ret_ne
 
 /* How long until the oldest cached segment has been idle idle_ms (0: it has), or UINT64_MAX with none cached. */
 uint64_t pool_idle_due_ms(const struct pool *pool, uint64_t idle_ms);
+
+/*
+ * Reads the device's memory from the backend now (the stats show it). Returns false when the
+ * backend cannot tell.
+ */
+bool pool_read_device(struct pool *pool);
+
+/*
+ * Keeps the device's headroom free: when others (a new process's context, libraries, programs
+ * without gpupool) have taken part of it, releases cached segments, oldest first, until the
+ * headroom is free again or the cache is empty. Returns the bytes released.
+ */
+uint64_t pool_keep_headroom(struct pool *pool);
 
 /* Releases the oldest cached segments until at most max_cached_bytes are cached. Returns the bytes released. */
 uint64_t pool_trim_cache(struct pool *pool, uint64_t max_cached_bytes);
@@ -127,9 +146,10 @@ void pool_owner_report(struct pool_owner *owner, uint64_t in_use_bytes, uint64_t
  * class's segment if headroom_bytes allows (how many more bytes the owner may reserve;
  * UINT64_MAX: no limit), else the smallest that serves; from the cache (a segment of at most a
  * quarter more; zeroed when it changes tenant), else free capacity, else the backend after
- * releasing cached segments, oldest first. Returns 0 and fills *ret, -EINVAL for a size of 0
- * or over POOL_MAX_REQUEST, -EDQUOT when the smallest segment that would serve exceeds
- * headroom_bytes, -ENOMEM when the device is full after releasing the cache,
+ * releasing cached segments, oldest first. A new segment must fit both the capacity and what
+ * the device has free beyond its headroom (where the backend tells it). Returns 0 and fills
+ * *ret, -EINVAL for a size of 0 or over POOL_MAX_REQUEST, -EDQUOT when the smallest segment
+ * that would serve exceeds headroom_bytes, -ENOMEM when the device is full after releasing the cache,
  * -EINPROGRESS when the segment it found must be zeroed for this owner's tenant and the
  * zeroing runs on the device (ask again once pool_poll_zeroing() has seen it end: the
  * segment is then in the cache, zero), or the backend's error.

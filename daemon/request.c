@@ -279,6 +279,25 @@ enum attempt {
 };
 
 /*
+ * Where the GPU itself is what is short (others took part of the headroom, so the pool may not
+ * grow by segment bytes even under its capacity), says so in buf; else buf is empty.
+ */
+static void headroom_text(const struct pool_stats *st, uint64_t segment, char *buf, size_t size) {
+        char f[GP_SIZE_FORMAT_MAX], h[GP_SIZE_FORMAT_MAX], o[GP_SIZE_FORMAT_MAX];
+        uint64_t outside;
+
+        buf[0] = '\0';
+        if (!st->gpu_known || st->gpu_free_bytes >= st->headroom_bytes + segment)
+                return;
+        outside = st->gpu_total_bytes - st->gpu_free_bytes;
+        outside = outside > st->reserved_bytes ? outside - st->reserved_bytes : 0;
+        snprintf(buf, size, "; the GPU has %s free, and the pool leaves %s of it (headroom) to contexts and programs "
+                 "outside the pool, which use %s now",
+                 gp_size_format(st->gpu_free_bytes, f, sizeof(f)), gp_size_format(st->headroom_bytes, h, sizeof(h)),
+                 gp_size_format(outside, o, sizeof(o)));
+}
+
+/*
  * Holds lease request id back (the reply waits, parked) until memory comes back or
  * reclaim_timeout passes: asked bytes from clients (reclaim), or none (a zeroing under way).
  */
@@ -303,7 +322,7 @@ static bool lease_attempt(struct session *s, uint64_t id, uint32_t device, uint6
         struct node *node = s->node;
         Gpupool__LeaseReply lr = GPUPOOL__LEASE_REPLY__INIT;
         char why[GP_MAX_ERROR_BYTES], b1[GP_SIZE_FORMAT_MAX], b2[GP_SIZE_FORMAT_MAX], b3[GP_SIZE_FORMAT_MAX];
-        char tried[256] = "", holders[GP_MAX_ERROR_BYTES / 2];
+        char tried[256] = "", holders[GP_MAX_ERROR_BYTES / 2], gpu[256];
         struct pool_owner *owner = &s->owners[device];
         struct policy_admission adm;
         struct pool_lease lease;
@@ -370,12 +389,13 @@ static bool lease_attempt(struct session *s, uint64_t id, uint32_t device, uint6
                                  "(tenants under their guarantee keep theirs)");
                 holders_text(node, device, holders, sizeof(holders));
                 pool_get_stats(node->pools[device], &st);
+                headroom_text(&st, pool_min_segment_bytes(size), gpu, sizeof(gpu));
                 snprintf(why, sizeof(why),
                          "device %u is full: %" PRIu64 " bytes asked, %s of %s reserved and %s in use after "
-                         "releasing the cache%s%s",
+                         "releasing the cache%s%s%s",
                          device, size, gp_size_format(st.reserved_bytes, b1, sizeof(b1)),
                          gp_size_format(st.total_bytes, b2, sizeof(b2)), gp_size_format(st.in_use_bytes, b3, sizeof(b3)),
-                         tried, holders);
+                         gpu, tried, holders);
                 refuse(s, id, r, METRICS_REFUSED_DEVICE_FULL, device, size, why, ret);
                 return true;
         }

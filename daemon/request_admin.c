@@ -115,6 +115,7 @@ void request_status(struct session *s, const Gpupool__Envelope *req, struct repl
         for (unsigned d = 0; d < node->device_count; d++) {
                 struct pool_stats st;
 
+                (void) pool_read_device(node->pools[d]);        /* the GPU's free memory now */
                 pool_get_stats(node->pools[d], &st);
                 gpupool__device_status__init(&devs[d]);
                 devs[d].index = d;
@@ -132,6 +133,14 @@ void request_status(struct session *s, const Gpupool__Envelope *req, struct repl
                 devs[d].reclaims_total = node->reclaims_total[d];
                 devs[d].decay_releases_total = st.decay_releases_total;
                 devs[d].watermark_releases_total = st.watermark_releases_total;
+                if (st.gpu_known) {
+                        devs[d].has_gpu_free_bytes = devs[d].has_gpu_total_bytes = devs[d].has_headroom_bytes = 1;
+                        devs[d].has_headroom_releases_total = 1;
+                        devs[d].gpu_free_bytes = st.gpu_free_bytes;
+                        devs[d].gpu_total_bytes = st.gpu_total_bytes;
+                        devs[d].headroom_bytes = st.headroom_bytes;
+                        devs[d].headroom_releases_total = st.headroom_releases_total;
+                }
                 dev_ptrs[d] = &devs[d];
         }
         /* Every client but the one asking (the CLI has nothing to show). */

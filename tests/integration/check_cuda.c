@@ -1490,6 +1490,99 @@ START_TEST(test_fake_memory_is_the_nodes) {
 }
 END_TEST
 
+/* ---- the headroom is kept as other processes take memory ---- */
+
+/* Leases 256 MiB and exits holding it: the daemon caches the segment. */
+static int leaving_client(struct testd *d, void *arg) {
+        gpupool_client *c = NULL;
+        void *p;
+
+        (void) arg;
+        return gpupool_connect(d->sock, "leaving", &c) == 0 && gpupool_alloc(c, 0, 256 * MiB, &p) == 0 ? 0 : 1;
+}
+
+/* A program without gpupool: takes all but 128 MiB of what the GPU has free, until told to exit. */
+static int hog_client(struct testd *d, void *arg) {
+        struct node_memory *m = arg;
+        size_t free_bytes, total;
+        gp_cu_deviceptr p;
+        struct gpu g;
+        char c;
+
+        (void) d;
+        if (gpu_open(&g) < 0 || g.cu.cuMemGetInfo(&free_bytes, &total) != GP_CUDA_SUCCESS ||
+            g.cu.cuMemAlloc(&p, free_bytes - 128 * MiB) != GP_CUDA_SUCCESS)
+                return 1;
+        if (write(m->up[1], "h", 1) != 1 || read(m->go[0], &c, 1) != 1)
+                return 2;
+        return 0;
+}
+
+/* Asks for 256 MiB: refused while the GPU lacks it beyond the headroom, saying so; served once it has it. */
+static int headroom_client(struct testd *d, void *arg) {
+        bool want_refusal = arg != NULL;
+        gpupool_client *c = NULL;
+        char err[1024];
+        void *p;
+        int r;
+
+        if (gpupool_connect(d->sock, "headroom", &c) < 0)
+                return 1;
+        r = gpupool_alloc(c, 0, 256 * MiB, &p);
+        if (!want_refusal)
+                return r == 0 ? 0 : 2;
+        gpupool_last_error(c, err, sizeof(err));
+        if (r != -ENOMEM || !strstr(err, "of it (headroom) to contexts and programs outside the pool")) {
+                fprintf(stderr, "headroom_client: %d: %s\n", r, err);
+                return 3;
+        }
+        return 0;
+}
+
+START_TEST(test_fake_headroom_kept) {
+        struct node_memory m;
+        char cmd[512], out[4096];
+        struct testd d;
+        pid_t hog;
+        char c;
+
+        setenv("FAKECUDA_MEM", "1G", 1);
+        setenv("FAKECUDA_CONTEXT_MEM", "64M", 1);
+        cuda_start(&d, "--headroom=256M", "--max-cached=100%");
+        ck_assert_int_eq(testd_device(&d, 0, "total_bytes"), 1024 * MiB - 64 * MiB - 256 * MiB);
+        ck_assert_int_eq(testd_device(&d, 0, "gpu_total_bytes"), 1024 * MiB);
+        ck_assert_int_eq(testd_device(&d, 0, "headroom_bytes"), 256 * MiB);
+        ck_assert_int_eq(reap(spawn(leaving_client, &d, NULL)), 0);
+        ck_assert(testd_device_becomes(&d, 0, "cached_bytes", testd_device(&d, 0, "reserved_bytes")));
+        ck_assert_int_ge(testd_device(&d, 0, "cached_bytes"), 256 * MiB);
+
+        /* A program without gpupool leaves 128 MiB free: the daemon gives its cache back for the headroom. */
+        ck_assert(pipe(m.up) == 0 && pipe(m.go) == 0);
+        hog = spawn(hog_client, &d, &m);
+        ck_assert_int_eq(read(m.up[0], &c, 1), 1);
+        ck_assert_msg(testd_device_becomes(&d, 0, "cached_bytes", 0), "the cache was kept with the headroom taken");
+        ck_assert_int_ge(testd_device(&d, 0, "gpu_free_bytes"), 256 * MiB);
+        ck_assert_int_ge(testd_device(&d, 0, "headroom_releases_total"), 1);
+        ck_assert(testd_log_wait(&d, "others had taken part of the 256.0 MiB headroom"));
+        snprintf(cmd, sizeof(cmd), "%s/gpupoolctl --socket %s metrics | grep -c '^gpupool_headroom_releases_total{.*} [1-9]'",
+                 build_dir(), d.sock);
+        ck_assert_msg(run_capture(cmd, out, sizeof(out)) == 0, "no headroom releases in the metrics: %s", out);
+
+        /* Growing would take the headroom: refused, with why; once the program exits, served. */
+        ck_assert_msg(reap(spawn(headroom_client, &d, &m)) == 0, "the pool grew into the headroom, or did not say why not");
+        ck_assert_int_eq(write(m.go[1], "g", 1), 1);
+        ck_assert_int_eq(reap(hog), 0);
+        ck_assert_msg(reap(spawn(headroom_client, &d, NULL)) == 0, "memory the program gave back did not serve");
+        for (int i = 0; i < 2; i++) {
+                close(m.up[i]);
+                close(m.go[i]);
+        }
+        cuda_stop(&d);
+        unsetenv("FAKECUDA_CONTEXT_MEM");
+        unsetenv("FAKECUDA_MEM");
+}
+END_TEST
+
 START_TEST(test_fake_start_without_driver_or_gpu) {
         const char *b = build_dir();
         char cmd[768], out[4096];
@@ -1574,6 +1667,7 @@ Suite *suite_cuda_fake(void) {
         tcase_add_test(tc, test_fake_driver_rules);
         tcase_add_test(tc, test_fake_start_without_driver_or_gpu);
         tcase_add_test(tc, test_fake_memory_is_the_nodes);
+        tcase_add_test(tc, test_fake_headroom_kept);
         tcase_set_timeout(tc, 120);
         suite_add_tcase(s, tc);
         return s;
