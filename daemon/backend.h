@@ -29,6 +29,7 @@ struct backend_device_info {
         uint64_t total_bytes;   /* what the pool may reserve on this device */
         uint8_t uuid[16];
         int has_uuid;
+        bool mig;               /* a MIG instance: its UUID is written "MIG-…", not "GPU-…" */
 };
 
 /* A device's memory as the driver sees it now, every process on the node counted. */
@@ -37,6 +38,12 @@ struct backend_device_memory {
         uint64_t total_bytes;           /* the device's memory */
         uint64_t headroom_bytes;        /* what the pool leaves free: others' contexts, libraries, programs */
 };
+
+/* "GPU-" or "MIG-", then the UUID in 8-4-4-4-12 hex, as nvidia-smi -L writes it; and its NUL. */
+#define BACKEND_UUID_TEXT_MAX 41
+
+/* Writes a device's UUID as nvidia-smi -L does (the device has one: has_uuid). */
+void backend_uuid_text(const uint8_t uuid[16], bool mig, char buf[BACKEND_UUID_TEXT_MAX]);
 
 struct backend;
 

@@ -74,6 +74,21 @@ static void pop(struct cuda_backend *c) {
         (void) c->cu.cuCtxPopCurrent(&ctx);
 }
 
+void backend_uuid_text(const uint8_t u[16], bool mig, char buf[BACKEND_UUID_TEXT_MAX]) {
+        snprintf(buf, BACKEND_UUID_TEXT_MAX, "%s-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x",
+                 mig ? "MIG" : "GPU", u[0], u[1], u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12],
+                 u[13], u[14], u[15]);
+}
+
+/*
+ * Whether the device is a MIG instance: the driver API has no attribute for it, but a MIG
+ * instance's name carries its profile ("NVIDIA A100-SXM4-40GB MIG 1g.5gb"), and
+ * cuDeviceGetUuid_v2 gives its MIG UUID, which nvidia-smi -L writes "MIG-…".
+ */
+static bool is_mig(const struct cuda_device *d) {
+        return strstr(d->name, " MIG ") != NULL;
+}
+
 static int cuda_device_info(struct backend *b, unsigned device, struct backend_device_info *ret) {
         struct cuda_backend *c = cuda_of(b);
 
@@ -83,6 +98,7 @@ static int cuda_device_info(struct backend *b, unsigned device, struct backend_d
         ret->total_bytes = c->devs[device].capacity_bytes;
         memcpy(ret->uuid, c->devs[device].uuid.bytes, sizeof(ret->uuid));
         ret->has_uuid = 1;
+        ret->mig = is_mig(&c->devs[device]);
         return 0;
 }
 
@@ -263,6 +279,7 @@ static int open_device(struct cuda_backend *c, unsigned index, int ordinal, uint
                        size_t err_size) {
         struct cuda_device *d = &c->devs[index];
         char total_s[GP_SIZE_FORMAT_MAX], free_s[GP_SIZE_FORMAT_MAX], cap_s[GP_SIZE_FORMAT_MAX];
+        char uuid[BACKEND_UUID_TEXT_MAX];
         size_t free_bytes = 0, total_bytes = 0;
         int mode = GP_CU_COMPUTEMODE_DEFAULT;
         const char *what;
@@ -329,9 +346,10 @@ static int open_device(struct cuda_backend *c, unsigned index, int ordinal, uint
                          gp_size_format(free_bytes, free_s, sizeof(free_s)));
                 return -EINVAL;
         }
-        log_info("cuda: device %u (GPU %d): %s, %s total, %s free now, pool capacity %s", index, ordinal, d->name,
-                 gp_size_format(total_bytes, total_s, sizeof(total_s)), gp_size_format(free_bytes, free_s, sizeof(free_s)),
-                 gp_size_format(d->capacity_bytes, cap_s, sizeof(cap_s)));
+        backend_uuid_text((const uint8_t *) d->uuid.bytes, is_mig(d), uuid);
+        log_info("cuda: device %u (GPU %d): %s (%s), %s total, %s free now, pool capacity %s", index, ordinal, d->name,
+                 uuid, gp_size_format(total_bytes, total_s, sizeof(total_s)),
+                 gp_size_format(free_bytes, free_s, sizeof(free_s)), gp_size_format(d->capacity_bytes, cap_s, sizeof(cap_s)));
         return 0;
 }
 

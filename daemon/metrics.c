@@ -65,15 +65,11 @@ static void family(struct writer *w, const char *name, const char *type, const c
 /* A device's labels: its index and, where the backend has one, its UUID as nvidia-smi writes it. */
 static void device_labels(const struct node *node, unsigned d, char *buf, size_t size) {
         const struct backend_device_info *info = &node->devices[d];
-        const uint8_t *u = info->uuid;
+        char uuid[BACKEND_UUID_TEXT_MAX] = "";
 
-        if (!info->has_uuid) {
-                snprintf(buf, size, "device=\"%u\",uuid=\"\"", d);
-                return;
-        }
-        snprintf(buf, size,
-                 "device=\"%u\",uuid=\"GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x\"", d, u[0],
-                 u[1], u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13], u[14], u[15]);
+        if (info->has_uuid)
+                backend_uuid_text(info->uuid, info->mig, uuid);
+        snprintf(buf, size, "device=\"%u\",uuid=\"%s\"", d, uuid);
 }
 
 /* One family with a series per device; field picks the value from the pool's stats or the node. */

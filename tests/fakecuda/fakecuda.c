@@ -18,7 +18,8 @@
  *     aborts the freeing process, with a message;
  *   - a process forked after cuInit cannot use the driver (CUDA_ERROR_NOT_INITIALIZED);
  *   - calls that need a context fail without a current one (CUDA_ERROR_INVALID_CONTEXT);
- *   - $CUDA_VISIBLE_DEVICES selects and renumbers the GPUs, whose UUIDs stay fixed;
+ *   - $CUDA_VISIBLE_DEVICES selects and renumbers the GPUs, whose UUIDs stay fixed, by
+ *     ordinal, by "GPU-" UUID (or a unique start of one), or by a MIG instance's "MIG-" UUID;
  *   - waits spin (cuEventSynchronize, cuStreamSynchronize, cuCtxSynchronize), as in a context
  *     of the default scheduling; only an event made with CU_EVENT_BLOCKING_SYNC waits asleep;
  *   - streams and events belong to the context they were made in and are refused with
@@ -32,6 +33,9 @@
  *     an event recorded in a capture cannot be queried (CUDA_ERROR_CAPTURED_EVENT);
  *   - compute modes: no context on a PROHIBITED GPU, one process's at a time on an
  *     EXCLUSIVE_PROCESS one (CUDA_ERROR_DEVICE_UNAVAILABLE);
+ *   - cuIpcOpenMemHandle costs time that grows with the allocation's size (what an H100
+ *     took, by default), and a handle cannot be opened in another PID namespace than its
+ *     exporter's (CUDA_ERROR_INVALID_CONTEXT), as legacy IPC handles cannot;
  *   - a GPU's memory is the node's: every process's allocations and contexts count against
  *     it (a context takes memory too, so on a full GPU cuDevicePrimaryCtxRetain fails with
  *     CUDA_ERROR_OUT_OF_MEMORY), cuMemGetInfo reports what all processes leave free, and what
@@ -49,7 +53,9 @@
  * GPU, default 1.5 GiB and a context: 512 MiB of pool under the default headroom; K/M/G
  * suffixes), $FAKECUDA_CONTEXT_MEM (what a process's context takes of a GPU, default 16 MiB;
  * a real one takes hundreds: 518 MiB seen on an H100 with CUDA 13), $FAKECUDA_COMPUTE_MODES
- * (a mode per GPU, "default", "prohibited" or "exclusive-process", comma-separated).
+ * (a mode per GPU, "default", "prohibited" or "exclusive-process", comma-separated),
+ * $FAKECUDA_MIG (the GPUs that are MIG instances, e.g. "1"), $FAKECUDA_IPC_OPEN_NS and $FAKECUDA_IPC_OPEN_NS_PER_MIB (what a first cuIpcOpenMemHandle of
+ * an allocation takes: default 50 us and 50 ns per MiB, as on an H100 with driver 580).
  * $FAKECUDA_DIR also holds fakecuda-ledger, the node's memory use by process.
  */
 #define _GNU_SOURCE
@@ -67,6 +73,7 @@
 #include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "cudadrv.h"
@@ -89,6 +96,7 @@ struct ctx {
 
 enum compute_mode { MODE_DEFAULT = 0, MODE_PROHIBITED = 2, MODE_EXCLUSIVE_PROCESS = 3 };
 static int compute_modes[MAX_GPUS];
+static bool mig[MAX_GPUS];              /* a MIG instance ($FAKECUDA_MIG): "MIG-" UUID, " MIG " in its name */
 
 struct alloc {
         struct alloc *next;
@@ -110,6 +118,7 @@ struct wire_handle {                    /* what a CUipcMemHandle holds here */
         uint32_t pad;
         uint64_t id;
         uint64_t size;
+        uint64_t pidns;                 /* the exporter's PID namespace (its inode) */
 };
 
 enum op_kind { OP_MEMSET8, OP_MEMSET32 };
@@ -156,6 +165,8 @@ static int gpus;                        /* physical GPUs */
 static int visible[MAX_GPUS], nvisible; /* ordinal -> physical */
 static uint64_t capacity;
 static uint64_t context_bytes;          /* what a context takes of its GPU ($FAKECUDA_CONTEXT_MEM) */
+static uint64_t ipc_open_ns, ipc_open_ns_per_mib;      /* what a first cuIpcOpenMemHandle takes */
+static uint64_t my_pidns;               /* this process's PID namespace (its inode) */
 
 /*
  * The node's device memory, as every process of the node sees it: a file in $FAKECUDA_DIR
@@ -420,6 +431,43 @@ static bool capture_forbids(void) {
 
 /* ---- initialization and devices ---- */
 
+/* GPU gpu's UUID as nvidia-smi -L prints it: "GPU-" or, for a MIG instance, "MIG-", then 8-4-4-4-12 hex. */
+static void uuid_text(int gpu, char *buf, size_t size) {
+        unsigned char u[16];
+
+        for (int i = 0; i < 16; i++)
+                u[i] = (unsigned char) (0xf0 + gpu + i * 17);
+        snprintf(buf, size, "%s-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x",
+                 mig[gpu] ? "MIG" : "GPU", u[0], u[1], u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11],
+                 u[12], u[13], u[14], u[15]);
+}
+
+/*
+ * One entry of $CUDA_VISIBLE_DEVICES, as CUDA reads it: an ordinal, a "GPU-" UUID or a unique
+ * start of one, or a MIG instance's "MIG-" UUID. Returns the physical GPU, or -1.
+ */
+static int visible_entry(const char *s, size_t n) {
+        char uuid[48];
+        int found = -1;
+
+        if (n > 4 && (strncmp(s, "GPU-", 4) == 0 || strncmp(s, "MIG-", 4) == 0)) {
+                for (int g = 0; g < gpus; g++) {
+                        uuid_text(g, uuid, sizeof(uuid));
+                        if (strncmp(uuid, s, n) == 0) {
+                                if (found >= 0)
+                                        return -1;      /* not unique */
+                                found = g;
+                        }
+                }
+                return found;
+        }
+        for (size_t i = 0; i < n; i++)
+                if (s[i] < '0' || s[i] > '9')
+                        return -1;
+        found = n ? atoi(s) : -1;
+        return found < gpus ? found : -1;
+}
+
 static CUresult fk_Init(unsigned flags) {
         const char *cvd = getenv("CUDA_VISIBLE_DEVICES");
 
@@ -437,14 +485,23 @@ static CUresult fk_Init(unsigned flags) {
                 context_bytes = parse_bytes(getenv("FAKECUDA_CONTEXT_MEM"), 16ULL << 20);
                 capacity = parse_bytes(getenv("FAKECUDA_MEM"), (1536ULL << 20) + context_bytes);
                 nvisible = 0;
-                if (cvd) {
-                        /* As CUDA: a list of ordinals; the first invalid entry ends it. */
-                        for (char *s = (char *) cvd, *end; *s && nvisible < MAX_GPUS; s = end + (*end == ',')) {
-                                long v = strtol(s, &end, 10);
+                memset(mig, 0, sizeof(mig));
+                for (const char *m = getenv("FAKECUDA_MIG"); m && *m; m += strcspn(m, ",") + (m[strcspn(m, ",")] == ',')) {
+                        int g = atoi(m);
 
-                                if (end == s || v < 0 || v >= gpus || (*end && *end != ','))
+                        if (g >= 0 && g < MAX_GPUS)
+                                mig[g] = true;
+                }
+                if (cvd) {
+                        /* As CUDA: ordinals or UUIDs; the first invalid entry ends the list. */
+                        for (const char *s = cvd; *s && nvisible < MAX_GPUS; ) {
+                                size_t n = strcspn(s, ",");
+                                int v = visible_entry(s, n);
+
+                                if (v < 0)
                                         break;
-                                visible[nvisible++] = (int) v;
+                                visible[nvisible++] = v;
+                                s += n + (s[n] == ',');
                         }
                 } else {
                         for (int i = 0; i < gpus; i++)
@@ -455,6 +512,14 @@ static CUresult fk_Init(unsigned flags) {
                         ctxs[i].exclusive_fd = -1;
                 }
                 parse_compute_modes(getenv("FAKECUDA_COMPUTE_MODES"));
+                /* An H100 with driver 580 took 50 us for 2 MiB and 102 us for 1 GiB (docs/performance.md). */
+                ipc_open_ns = parse_bytes(getenv("FAKECUDA_IPC_OPEN_NS"), 50000);
+                ipc_open_ns_per_mib = parse_bytes(getenv("FAKECUDA_IPC_OPEN_NS_PER_MIB"), 50);
+                {
+                        struct stat ns;
+
+                        my_pidns = stat("/proc/self/ns/pid", &ns) == 0 ? (uint64_t) ns.st_ino : 0;
+                }
                 ledger_join();
                 init_pid = getpid();
         }
@@ -496,7 +561,8 @@ static CUresult fk_DeviceGetName(char *name, int len, gp_cu_device d) {
                 return r;
         if (d < 0 || d >= nvisible || len <= 0)
                 return GP_CUDA_ERROR_INVALID_VALUE;
-        snprintf(name, (size_t) len, "Fake GPU %d", visible[d]);
+        /* A MIG instance's name carries its profile, as "NVIDIA A100-SXM4-40GB MIG 1g.5gb" does. */
+        snprintf(name, (size_t) len, "Fake GPU %d%s", visible[d], mig[visible[d]] ? " MIG 1g.10gb" : "");
         return GP_CUDA_SUCCESS;
 }
 
@@ -898,6 +964,7 @@ static CUresult fk_IpcGetMemHandle(gp_cu_ipc_mem_handle *handle, CUdeviceptr dpt
         w.pid = (int32_t) a->exporter;
         w.id = a->id;
         w.size = a->size;
+        w.pidns = my_pidns;
         pthread_mutex_unlock(&lock);
         memset(handle, 0, sizeof(*handle));
         memcpy(handle->reserved, &w, sizeof(w));
@@ -918,6 +985,8 @@ static CUresult fk_IpcOpenMemHandle_v2(CUdeviceptr *dptr, gp_cu_ipc_mem_handle h
                 return GP_CUDA_ERROR_INVALID_VALUE;
         if (w.magic != HANDLE_MAGIC || w.gpu < 0 || w.gpu >= gpus)
                 return GP_CUDA_ERROR_INVALID_HANDLE;
+        if (w.pidns != my_pidns)
+                return GP_CUDA_ERROR_INVALID_CONTEXT;  /* as CUDA: not across PID namespaces (containers) */
         if (w.pid == getpid())
                 return GP_CUDA_ERROR_INVALID_CONTEXT;  /* as CUDA: not in the exporting process */
         pthread_mutex_lock(&lock);
@@ -961,6 +1030,14 @@ static CUresult fk_IpcOpenMemHandle_v2(CUdeviceptr *dptr, gp_cu_ipc_mem_handle h
         allocs = a;
         *dptr = a->dptr;
         pthread_mutex_unlock(&lock);
+        /* Mapping another process's allocation costs time that grows with its size. */
+        {
+                uint64_t ns = ipc_open_ns + ipc_open_ns_per_mib * (w.size >> 20);
+                struct timespec ts = { .tv_sec = (time_t) (ns / 1000000000u), .tv_nsec = (long) (ns % 1000000000u) };
+
+                while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
+                        ;
+        }
         return GP_CUDA_SUCCESS;
 }
 

@@ -949,16 +949,33 @@ static int visible_client(struct testd *d, void *arg) {
         return 0;
 }
 
+/*
+ * By ordinal, by a unique start of a GPU's UUID, and by a MIG instance's UUID (the fake's GPU 1
+ * is one here); the metrics label each device with its UUID as nvidia-smi -L writes it.
+ */
 START_TEST(test_fake_visible_devices_renumbered) {
-        struct visible second = { "1", 1 }, first = { "0", 0 };
+        static const char gpu0[] = "GPU-f0011223-3445-5667-7889-9aabbccddeef";
+        static const char mig1[] = "MIG-f1021324-3546-5768-798a-9bacbdcedff0";
+        struct visible second = { "1", 1 }, first = { "0", 0 }, by_uuid = { "GPU-f0011223", 0 }, by_mig = { mig1, 1 };
+        char cmd[512], out[4096];
         struct testd d;
 
         setenv("FAKECUDA_DEVICES", "2", 1);
+        setenv("FAKECUDA_MIG", "1", 1);
         cuda_start(&d, NULL, NULL);
         ck_assert_int_eq(testd_device(&d, 1, "total_bytes"), testd_device(&d, 0, "total_bytes"));
         ck_assert_int_eq(reap(spawn(visible_client, &d, &second)), 0);
         ck_assert_int_eq(reap(spawn(visible_client, &d, &first)), 0);
+        ck_assert_int_eq(reap(spawn(visible_client, &d, &by_uuid)), 0);
+        ck_assert_int_eq(reap(spawn(visible_client, &d, &by_mig)), 0);
+        snprintf(cmd, sizeof(cmd), "%s/gpupoolctl --socket %s metrics | grep -c "
+                 "-e '^gpupool_device_total_bytes{device=\"0\",uuid=\"%s\"}' -e '^gpupool_device_total_bytes{device=\"1\",uuid=\"%s\"}'",
+                 build_dir(), d.sock, gpu0, mig1);
+        ck_assert_int_eq(run_capture(cmd, out, sizeof(out)), 0);
+        ck_assert_msg(atoi(out) == 2, "the devices' UUIDs are not labelled as nvidia-smi writes them: %s", out);
+        ck_assert(testd_log_wait(&d, "Fake GPU 1 MIG 1g.10gb (MIG-f1021324-3546-5768-798a-9bacbdcedff0)"));
         cuda_stop(&d);
+        unsetenv("FAKECUDA_MIG");
         unsetenv("FAKECUDA_DEVICES");
 }
 END_TEST
@@ -1298,38 +1315,153 @@ START_TEST(test_fake_compute_modes) {
 END_TEST
 
 
-/* In a PID namespace of its own (a container), a client of the cuda backend is refused at hello, saying why. */
+/* Another process's allocations, exported: a handle for each size, kept until told to go. */
+struct exporter {
+        size_t sizes[2];
+        int up[2], go[2];               /* the handles come up; a byte down lets the exporter exit */
+};
+
+static int exporter_client(struct testd *d, void *arg) {
+        struct exporter *x = arg;
+        gp_cu_ipc_mem_handle h;
+        gp_cu_deviceptr p[2];
+        struct gpu g;
+        char c;
+
+        (void) d;
+        if (gpu_open(&g) < 0)
+                return 1;
+        for (int i = 0; i < 2; i++)
+                if (g.cu.cuMemAlloc(&p[i], x->sizes[i]) != GP_CUDA_SUCCESS || g.cu.cuIpcGetMemHandle(&h, p[i]) != GP_CUDA_SUCCESS ||
+                    write(x->up[1], &h, sizeof(h)) != (ssize_t) sizeof(h))
+                        return 2;
+        if (read(x->go[0], &c, 1) != 1)
+                return 3;
+        return g.cu.cuMemFree(p[0]) == GP_CUDA_SUCCESS && g.cu.cuMemFree(p[1]) == GP_CUDA_SUCCESS ? 0 : 4;
+}
+
+static pid_t exporter_start(struct exporter *x, size_t a, size_t b, gp_cu_ipc_mem_handle *ret) {
+        pid_t pid;
+
+        x->sizes[0] = a;
+        x->sizes[1] = b;
+        ck_assert(pipe(x->up) == 0 && pipe(x->go) == 0);
+        pid = spawn(exporter_client, NULL, x);
+        for (int i = 0; i < 2; i++)
+                ck_assert_int_eq(read(x->up[0], &ret[i], sizeof(ret[i])), sizeof(ret[i]));
+        return pid;
+}
+
+static void exporter_stop(struct exporter *x, pid_t pid) {
+        ck_assert_int_eq(write(x->go[1], "g", 1), 1);
+        ck_assert_int_eq(reap(pid), 0);
+        for (int i = 0; i < 2; i++) {
+                close(x->up[i]);
+                close(x->go[i]);
+        }
+}
+
+/*
+ * In a PID namespace of its own (a container), a client of the cuda backend is refused at
+ * hello, saying why; and, as with the driver, a handle exported outside does not open there.
+ */
 static int pidns_client(struct testd *d, void *arg) {
+        gp_cu_ipc_mem_handle *h = arg;
         gpupool_client *c = NULL;
         pid_t pid;
         int status;
 
-        (void) arg;
         if (unshare(CLONE_NEWPID) < 0)
                 return 10;
         pid = fork();           /* the first child is the new namespace's pid 1 */
         if (pid < 0)
                 return 11;
-        if (pid == 0)
-                _exit(gpupool_connect(d->sock, "contained", &c) == -EACCES ? 0 : 12);
+        if (pid == 0) {
+                gp_cu_deviceptr p;
+                struct gpu g;
+
+                if (gpupool_connect(d->sock, "contained", &c) != -EACCES)
+                        _exit(12);
+                if (gpu_open(&g) < 0)
+                        _exit(13);
+                _exit(g.cu.cuIpcOpenMemHandle(&p, h[0], GP_CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS) == GP_CUDA_ERROR_INVALID_CONTEXT ?
+                      0 : 14);
+        }
         if (waitpid(pid, &status, 0) != pid || !WIFEXITED(status))
-                return 13;
+                return 15;
         return WEXITSTATUS(status);
 }
 
 START_TEST(test_fake_pid_namespace_refused) {
-        struct testd d;
+        gp_cu_ipc_mem_handle h[2];
         char cmd[512], out[4096];
+        struct exporter x;
+        struct testd d;
+        pid_t exporter;
 
         if (geteuid() != 0) {
                 fprintf(stderr, "test_fake_pid_namespace_refused: not root, cannot make a PID namespace\n");
                 return;
         }
+
         cuda_start(&d, NULL, NULL);
-        ck_assert_int_eq(reap(spawn(pidns_client, &d, NULL)), 0);
+        exporter = exporter_start(&x, 2 * MiB, 2 * MiB, h);
+        ck_assert_int_eq(reap(spawn(pidns_client, &d, h)), 0);
+        exporter_stop(&x, exporter);
         snprintf(cmd, sizeof(cmd), "grep -c 'runs in a PID namespace of its own, and IPC handles cannot be opened' %s", d.log);
         ck_assert_int_eq(run_capture(cmd, out, sizeof(out)), 0);
         cuda_stop(&d);
+}
+END_TEST
+
+static double now_ms(void) {
+        struct timespec ts;
+
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        return (double) ts.tv_sec * 1e3 + (double) ts.tv_nsec / 1e6;
+}
+
+/* Opens both handles and times each: the larger allocation must cost more, by the knobs. */
+static int import_timer_client(struct testd *d, void *arg) {
+        gp_cu_ipc_mem_handle *h = arg;
+        double ms[2];
+        struct gpu g;
+
+        (void) d;
+        if (gpu_open(&g) < 0)
+                return 1;
+        for (int i = 0; i < 2; i++) {
+                gp_cu_deviceptr p;
+                double t0 = now_ms();
+
+                if (g.cu.cuIpcOpenMemHandle(&p, h[i], GP_CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS) != GP_CUDA_SUCCESS)
+                        return 2;
+                ms[i] = now_ms() - t0;
+                if (g.cu.cuIpcCloseMemHandle(p) != GP_CUDA_SUCCESS)
+                        return 3;
+        }
+        /* 1 ms per MiB: 2 MiB take 2 ms and more, 64 MiB 64 ms and more. */
+        if (ms[0] < 2.0 || ms[1] < 64.0 || ms[1] < ms[0] + 32.0) {
+                fprintf(stderr, "import_timer_client: 2 MiB opened in %.1f ms, 64 MiB in %.1f ms\n", ms[0], ms[1]);
+                return 4;
+        }
+        return 0;
+}
+
+START_TEST(test_fake_ipc_open_cost_grows_with_size) {
+        gp_cu_ipc_mem_handle h[2];
+        struct exporter x;
+        pid_t exporter;
+
+        setenv("FAKECUDA_IPC_OPEN_NS", "0", 1);
+        setenv("FAKECUDA_IPC_OPEN_NS_PER_MIB", "1000000", 1);
+        fake_node_new();
+        exporter = exporter_start(&x, 2 * MiB, 64 * MiB, h);
+        ck_assert_msg(reap(spawn(import_timer_client, NULL, h)) == 0, "opening a handle did not cost more for more memory");
+        exporter_stop(&x, exporter);
+        fake_node_done();
+        unsetenv("FAKECUDA_IPC_OPEN_NS_PER_MIB");
+        unsetenv("FAKECUDA_IPC_OPEN_NS");
 }
 END_TEST
 
@@ -1667,6 +1799,7 @@ Suite *suite_cuda_fake(void) {
         tcase_add_test(tc, test_fake_driver_rules);
         tcase_add_test(tc, test_fake_start_without_driver_or_gpu);
         tcase_add_test(tc, test_fake_memory_is_the_nodes);
+        tcase_add_test(tc, test_fake_ipc_open_cost_grows_with_size);
         tcase_add_test(tc, test_fake_headroom_kept);
         tcase_set_timeout(tc, 120);
         suite_add_tcase(s, tc);
