@@ -25,6 +25,12 @@
  *   - streams and events belong to the context they were made in and are refused with
  *     another's; a destroyed stream's work still runs, and its handle comes back for the next
  *     stream made (cuStreamGetId tells them apart);
+ *   - the legacy default stream (NULL, CU_STREAM_LEGACY) is a stream of its context that
+ *     waits for the work queued before on every blocking stream (made without
+ *     CU_STREAM_NON_BLOCKING), which wait for its own in turn; CU_STREAM_PER_THREAD is a
+ *     blocking stream of each thread; the synchronous memsets go to the legacy stream and
+ *     return at once, the synchronous copies wait for it (the driver's "API synchronization
+ *     behavior"); the default streams cannot be captured;
  *   - graph capture: work and events on a capturing stream become graph nodes (run nothing,
  *     complete nothing); a potentially unsafe call (allocation, free, IPC open or close, an
  *     event query or wait, a synchronization) made while a capture forbids it, by the modes
@@ -121,7 +127,13 @@ struct wire_handle {                    /* what a CUipcMemHandle holds here */
         uint64_t pidns;                 /* the exporter's PID namespace (its inode) */
 };
 
-enum op_kind { OP_MEMSET8, OP_MEMSET32 };
+enum op_kind { OP_MEMSET8, OP_MEMSET32, OP_NOP };
+
+/* An operation of a stream waits for another stream's work up to seq (the legacy stream's rules). */
+struct op_wait {
+        unsigned long long stream_id;
+        uint64_t seq;
+};
 
 struct op {
         struct op *next;
@@ -129,6 +141,8 @@ struct op {
         uint8_t *dst;
         uint32_t value;
         size_t n;
+        unsigned nwaits;
+        struct op_wait *waits;
 };
 
 enum capture { CAPTURE_NONE, CAPTURE_ACTIVE, CAPTURE_INVALIDATED };
@@ -141,6 +155,7 @@ struct stream {
         unsigned long long id;          /* cuStreamGetId: never reused in the process */
         struct ctx *ctx;                /* the context it was made in */
         bool held, closing, blocking;
+        bool legacy;                    /* the context's legacy default stream (NULL, CU_STREAM_LEGACY) */
         uint64_t run_to;                /* held: operations may still run until done reaches this */
         enum capture capture;
         int capture_mode;
@@ -895,55 +910,56 @@ static uint8_t *bytes_at(CUdeviceptr p, size_t n) {
         return host;
 }
 
-static CUresult fk_MemsetD8_v2(CUdeviceptr p, unsigned char v, size_t n) {
-        uint8_t *h;
+static CUresult enqueue(gp_cu_stream hs, enum op_kind kind, CUdeviceptr p, uint32_t value, size_t n, size_t bytes);
+static CUresult legacy_synchronize(void);
 
+/*
+ * The synchronous memsets go to the legacy stream and return at once for device memory (the
+ * driver's "API synchronization behavior"); the synchronous copies run once the legacy stream,
+ * and so every blocking stream's work queued before, has run.
+ */
+static CUresult fk_MemsetD8_v2(CUdeviceptr p, unsigned char v, size_t n) {
         NEED_CTX();
         NO_UNSAFE_CALL_IN_CAPTURE();
-        h = bytes_at(p, n);
-        if (!h)
-                return GP_CUDA_ERROR_INVALID_VALUE;
-        memset(h, v, n);
-        return GP_CUDA_SUCCESS;
+        return enqueue(NULL, OP_MEMSET8, p, v, n, n);
 }
 
 static CUresult fk_MemsetD32_v2(CUdeviceptr p, unsigned v, size_t n) {
-        uint32_t *h;
-
         NEED_CTX();
         NO_UNSAFE_CALL_IN_CAPTURE();
         if (p % 4 || n > SIZE_MAX / 4)
                 return GP_CUDA_ERROR_INVALID_VALUE;
-        h = (uint32_t *) bytes_at(p, n * 4);
-        if (!h)
-                return GP_CUDA_ERROR_INVALID_VALUE;
-        for (size_t i = 0; i < n; i++)
-                h[i] = v;
-        return GP_CUDA_SUCCESS;
+        return enqueue(NULL, OP_MEMSET32, p, v, n, n * 4);
 }
 
 static CUresult fk_MemcpyHtoD_v2(CUdeviceptr dst, const void *src, size_t n) {
         uint8_t *h;
+        CUresult r;
 
         NEED_CTX();
         NO_UNSAFE_CALL_IN_CAPTURE();
         h = bytes_at(dst, n);
         if (!h)
                 return GP_CUDA_ERROR_INVALID_VALUE;
-        memcpy(h, src, n);
-        return GP_CUDA_SUCCESS;
+        r = legacy_synchronize();
+        if (r == GP_CUDA_SUCCESS)
+                memcpy(h, src, n);
+        return r;
 }
 
 static CUresult fk_MemcpyDtoH_v2(void *dst, CUdeviceptr src, size_t n) {
         uint8_t *h;
+        CUresult r;
 
         NEED_CTX();
         NO_UNSAFE_CALL_IN_CAPTURE();
         h = bytes_at(src, n);
         if (!h)
                 return GP_CUDA_ERROR_INVALID_VALUE;
-        memcpy(dst, h, n);
-        return GP_CUDA_SUCCESS;
+        r = legacy_synchronize();
+        if (r == GP_CUDA_SUCCESS)
+                memcpy(dst, h, n);
+        return r;
 }
 
 /* ---- IPC ---- */
@@ -1073,13 +1089,148 @@ static char slot_handles[MAX_STREAMS];
 static unsigned long long next_stream_id = 1;
 #define IS_DEFAULT_STREAM(h) ((uintptr_t) (h) <= 2)    /* NULL, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD */
 
-/* The stream behind a handle, or NULL (a default stream, or no stream). Call locked. */
+static struct stream *legacy_streams[MAX_GPUS];                /* by physical GPU: its context's legacy stream */
+static __thread struct stream *per_thread_streams[MAX_GPUS];    /* this thread's CU_STREAM_PER_THREAD */
+static void *stream_worker(void *arg);
+
+/* Starts a stream of ctx: its worker, its id, its place in the list. NULL when out of resources. Call locked. */
+static struct stream *stream_start(struct ctx *ctx, bool blocking) {
+        struct stream *s = calloc(1, sizeof(*s));
+
+        if (!s)
+                return NULL;
+        s->ctx = ctx;
+        s->blocking = blocking;
+        if (pthread_create(&s->worker, NULL, stream_worker, s) != 0) {
+                free(s);
+                return NULL;
+        }
+        pthread_detach(s->worker);
+        s->id = next_stream_id++;
+        s->next = streams;
+        streams = s;
+        return s;
+}
+
+/*
+ * The stream behind a handle, or NULL. The default streams are streams too, of the current
+ * context, made at first use: the legacy stream (NULL, CU_STREAM_LEGACY), which waits for the
+ * work of every blocking stream of its context and which they wait for, and each thread's
+ * CU_STREAM_PER_THREAD, a blocking stream. Call locked.
+ */
 static struct stream *stream_of(gp_cu_stream h) {
         const char *p = (const char *) h;
+        struct ctx *x = current();
+        struct stream **slot;
 
+        if (IS_DEFAULT_STREAM(h)) {
+                if (!x)
+                        return NULL;
+                slot = (uintptr_t) h == 2 ? &per_thread_streams[x->gpu] : &legacy_streams[x->gpu];
+                if (!*slot || (*slot)->ctx != x) {
+                        *slot = stream_start(x, true);
+                        if (*slot)
+                                (*slot)->legacy = (uintptr_t) h != 2;
+                }
+                return *slot;
+        }
         if (p < slot_handles || p >= slot_handles + MAX_STREAMS)
                 return NULL;
         return slots[p - slot_handles];
+}
+
+/*
+ * What an operation queued on s now waits for, by the legacy stream's rules: on the legacy
+ * stream, the work queued so far on every blocking stream of its context; on a blocking
+ * stream, the work queued so far on the legacy stream. A non-blocking stream waits for
+ * nothing. Fills op's waits. Returns false when out of memory. Call locked.
+ */
+static bool orders_after(const struct stream *s, const struct stream *t) {
+        return s->blocking && t != s && t->ctx == s->ctx && t->done < t->submitted && (s->legacy ? t->blocking : t->legacy);
+}
+
+static unsigned stream_wait_count(const struct stream *s) {
+        unsigned n = 0;
+
+        for (const struct stream *t = streams; t; t = t->next)
+                n += orders_after(s, t);
+        return n;
+}
+
+static bool stream_waits(const struct stream *s, struct op *op) {
+        unsigned n = stream_wait_count(s);
+
+        op->nwaits = 0;
+        op->waits = NULL;
+        if (!n)
+                return true;
+        op->waits = calloc(n, sizeof(*op->waits));
+        if (!op->waits)
+                return false;
+        for (const struct stream *t = streams; t; t = t->next)
+                if (orders_after(s, t))
+                        op->waits[op->nwaits++] = (struct op_wait) { .stream_id = t->id, .seq = t->submitted };
+        return true;
+}
+
+/* Queues op on s after what it waits for. Returns false when out of memory (op is the caller's). Call locked. */
+static bool stream_push(struct stream *s, struct op *op) {
+        if (!stream_waits(s, op))
+                return false;
+        if (s->tail)
+                s->tail->next = op;
+        else
+                s->head = op;
+        s->tail = op;
+        s->submitted++;
+        pthread_cond_broadcast(&cond);
+        return true;
+}
+
+/*
+ * Makes what comes next on s (an event's point) wait, as work would, for what the legacy
+ * stream's rules order it after: a no-op on s, if there is anything to wait for. Call locked.
+ */
+static CUresult stream_fence(struct stream *s) {
+        struct op *op;
+
+        if (stream_wait_count(s) == 0)
+                return GP_CUDA_SUCCESS;
+        op = calloc(1, sizeof(*op));
+        if (!op)
+                return GP_CUDA_ERROR_OUT_OF_MEMORY;
+        op->kind = OP_NOP;
+        if (!stream_push(s, op)) {
+                free(op);
+                return GP_CUDA_ERROR_OUT_OF_MEMORY;
+        }
+        return GP_CUDA_SUCCESS;
+}
+
+static bool stream_idle(const void *arg);
+static void wait_until(bool (*done)(const void *arg), const void *arg, bool blocking);
+
+/* Waits (spinning, as the driver does) until the legacy stream has run what was queued before, in its order. */
+static CUresult legacy_synchronize(void) {
+        struct stream *s;
+        CUresult r;
+
+        pthread_mutex_lock(&lock);
+        s = stream_of(NULL);
+        r = s ? stream_fence(s) : GP_CUDA_ERROR_OUT_OF_MEMORY;
+        if (r == GP_CUDA_SUCCESS)
+                wait_until(stream_idle, s, false);
+        pthread_mutex_unlock(&lock);
+        return r;
+}
+
+/* Whether every stream op waits for has run that far (or has drained and gone). Call locked. */
+static bool op_ready(const struct op *op) {
+        for (unsigned i = 0; i < op->nwaits; i++)
+                for (const struct stream *t = streams; t; t = t->next)
+                        if (t->id == op->waits[i].stream_id && t->done < op->waits[i].seq)
+                                return false;
+        return true;
 }
 
 /*
@@ -1144,11 +1295,16 @@ static void *stream_worker(void *arg) {
                 if (!s->head)
                         break;          /* closing, and nothing left */
                 op = s->head;
+                if (!op_ready(op)) {
+                        pthread_cond_wait(&cond, &lock);
+                        continue;
+                }
                 pthread_mutex_unlock(&lock);
-                memset_gate();
                 if (op->kind == OP_MEMSET8) {
+                        memset_gate();
                         memset(op->dst, (int) op->value, op->n);
-                } else {
+                } else if (op->kind == OP_MEMSET32) {
+                        memset_gate();
                         for (size_t i = 0; i < op->n; i++)
                                 ((uint32_t *) op->dst)[i] = op->value;
                 }
@@ -1157,6 +1313,7 @@ static void *stream_worker(void *arg) {
                 if (!s->head)
                         s->tail = NULL;
                 s->done++;
+                free(op->waits);
                 free(op);
                 pthread_cond_broadcast(&cond);
         }
@@ -1182,25 +1339,16 @@ static CUresult fk_StreamCreate(gp_cu_stream *ret, unsigned flags) {
         NEED_CTX();
         if (!ret || flags > GP_CU_STREAM_NON_BLOCKING)
                 return GP_CUDA_ERROR_INVALID_VALUE;
-        s = calloc(1, sizeof(*s));
-        if (!s)
-                return GP_CUDA_ERROR_OUT_OF_MEMORY;
-        s->ctx = current();
-        s->blocking = !(flags & GP_CU_STREAM_NON_BLOCKING);
         pthread_mutex_lock(&lock);
         for (int i = 0; i < MAX_STREAMS && slot < 0; i++)
                 if (!slots[i])
                         slot = i;
-        if (slot < 0 || pthread_create(&s->worker, NULL, stream_worker, s) != 0) {
+        s = slot < 0 ? NULL : stream_start(current(), !(flags & GP_CU_STREAM_NON_BLOCKING));
+        if (!s) {
                 pthread_mutex_unlock(&lock);
-                free(s);
                 return GP_CUDA_ERROR_OUT_OF_MEMORY;
         }
-        pthread_detach(s->worker);
-        s->id = next_stream_id++;
         slots[slot] = s;
-        s->next = streams;
-        streams = s;
         pthread_mutex_unlock(&lock);
         *ret = (gp_cu_stream) &slot_handles[slot];
         return GP_CUDA_SUCCESS;
@@ -1211,6 +1359,8 @@ static CUresult fk_StreamDestroy_v2(gp_cu_stream hs) {
         struct stream *s;
 
         NEED_CTX();
+        if (IS_DEFAULT_STREAM(hs))
+                return GP_CUDA_ERROR_INVALID_HANDLE;
         pthread_mutex_lock(&lock);
         s = stream_of(hs);
         if (!s || s->capture != CAPTURE_NONE) {
@@ -1257,8 +1407,8 @@ static CUresult fk_StreamSynchronize(gp_cu_stream hs) {
         if (r)
                 return r;
         NO_UNSAFE_CALL_IN_CAPTURE();
-        if (IS_DEFAULT_STREAM(hs))
-                return GP_CUDA_SUCCESS;         /* the default stream runs synchronously here */
+        if (IS_DEFAULT_STREAM(hs) && !current())
+                return GP_CUDA_ERROR_INVALID_CONTEXT;
         pthread_mutex_lock(&lock);
         s = stream_of(hs);
         if (!s) {
@@ -1291,6 +1441,8 @@ static CUresult fk_StreamBeginCapture(gp_cu_stream hs, int mode) {
         NEED_CTX();
         if (mode < GP_CU_STREAM_CAPTURE_MODE_GLOBAL || mode > GP_CU_STREAM_CAPTURE_MODE_RELAXED)
                 return GP_CUDA_ERROR_INVALID_VALUE;
+        if (IS_DEFAULT_STREAM(hs))
+                return GP_CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;       /* the legacy stream cannot be captured */
         pthread_mutex_lock(&lock);
         s = stream_of(hs);
         if (!s || s->capture != CAPTURE_NONE) {
@@ -1387,14 +1539,6 @@ static CUresult enqueue(gp_cu_stream hs, enum op_kind kind, CUdeviceptr p, uint3
         h = bytes_at(p, bytes);
         if (!h)
                 return GP_CUDA_ERROR_INVALID_VALUE;
-        if (IS_DEFAULT_STREAM(hs)) {
-                if (kind == OP_MEMSET8)
-                        memset(h, (int) value, n);
-                else
-                        for (size_t i = 0; i < n; i++)
-                                ((uint32_t *) h)[i] = value;
-                return GP_CUDA_SUCCESS;
-        }
         op = calloc(1, sizeof(*op));
         if (!op)
                 return GP_CUDA_ERROR_OUT_OF_MEMORY;
@@ -1409,13 +1553,11 @@ static CUresult enqueue(gp_cu_stream hs, enum op_kind kind, CUdeviceptr p, uint3
                 free(op);
                 return r;
         }
-        if (s->tail)
-                s->tail->next = op;
-        else
-                s->head = op;
-        s->tail = op;
-        s->submitted++;
-        pthread_cond_broadcast(&cond);
+        if (!stream_push(s, op)) {
+                pthread_mutex_unlock(&lock);
+                free(op);
+                return GP_CUDA_ERROR_OUT_OF_MEMORY;
+        }
         pthread_mutex_unlock(&lock);
         return GP_CUDA_SUCCESS;
 }
@@ -1475,6 +1617,11 @@ static CUresult fk_EventRecord(gp_cu_event he, gp_cu_stream hs) {
         }
         /* Recorded in a capture, it is a node of the graph: it stands for no work of the stream now. */
         e->captured = s && s->capture != CAPTURE_NONE;
+        /* An event is work of its stream: it comes after what the legacy stream's rules order it after. */
+        if (!e->captured && s && (r = stream_fence(s)) != GP_CUDA_SUCCESS) {
+                pthread_mutex_unlock(&lock);
+                return r;
+        }
         /* The event completes when everything queued on s so far has run. */
         e->stream = e->captured ? NULL : s;
         e->seq = s ? s->submitted : 0;

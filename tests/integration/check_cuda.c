@@ -1465,6 +1465,56 @@ START_TEST(test_fake_ipc_open_cost_grows_with_size) {
 }
 END_TEST
 
+/*
+ * The legacy default stream waits for the work queued before on every blocking stream of its
+ * context, and blocking streams wait for it; a non-blocking stream is ordered with neither.
+ */
+static int legacy_client(struct testd *d, void *arg) {
+        gp_cu_stream blocking, nonblocking;
+        gp_cu_event after_blocking, on_legacy, on_nonblocking;
+        gp_cu_deviceptr p;
+        unsigned char byte;
+        struct gpu g;
+
+        (void) d, (void) arg;
+        if (gpu_open(&g) < 0 || g.cu.cuMemAlloc(&p, 4096) != GP_CUDA_SUCCESS ||
+            g.cu.cuStreamCreate(&blocking, 0) != GP_CUDA_SUCCESS ||
+            g.cu.cuStreamCreate(&nonblocking, GP_CU_STREAM_NON_BLOCKING) != GP_CUDA_SUCCESS ||
+            g.cu.cuEventCreate(&after_blocking, GP_CU_EVENT_DISABLE_TIMING) != GP_CUDA_SUCCESS ||
+            g.cu.cuEventCreate(&on_legacy, GP_CU_EVENT_DISABLE_TIMING) != GP_CUDA_SUCCESS ||
+            g.cu.cuEventCreate(&on_nonblocking, GP_CU_EVENT_DISABLE_TIMING) != GP_CUDA_SUCCESS)
+                return 1;
+        /* Held work on both streams: 1 on the blocking one, then 2 on the legacy stream. */
+        if (gpu_hold(&g, blocking, 1) < 0 || gpu_hold(&g, nonblocking, 1) < 0 ||
+            g.memset_d8_async(p, 1, 4096, blocking) != GP_CUDA_SUCCESS ||
+            g.memset_d8_async(p + 2048, 7, 16, nonblocking) != GP_CUDA_SUCCESS ||
+            g.memset_d8_async(p, 2, 2048, NULL) != GP_CUDA_SUCCESS ||
+            g.cu.cuEventRecord(on_legacy, NULL) != GP_CUDA_SUCCESS ||
+            g.cu.cuEventRecord(after_blocking, blocking) != GP_CUDA_SUCCESS)
+                return 2;
+        if (g.cu.cuEventQuery(on_legacy) != GP_CUDA_ERROR_NOT_READY)
+                return 3;       /* the legacy stream ran before the blocking stream's work */
+        /* Only the blocking stream goes on: the legacy stream follows it, the non-blocking one is still held. */
+        if (gpu_hold(&g, blocking, 0) < 0 || g.cu.cuEventSynchronize(on_legacy) != GP_CUDA_SUCCESS ||
+            g.cu.cuEventSynchronize(after_blocking) != GP_CUDA_SUCCESS)
+                return 4;
+        if (g.cu.cuEventRecord(on_nonblocking, nonblocking) != GP_CUDA_SUCCESS ||
+            g.cu.cuEventQuery(on_nonblocking) != GP_CUDA_ERROR_NOT_READY)
+                return 5;
+        if (g.dtoh(&byte, p, 1) != GP_CUDA_SUCCESS || byte != 2)
+                return 6;       /* the legacy stream's 2 came after the blocking stream's 1 */
+        if (gpu_hold(&g, nonblocking, 0) < 0 || g.cu.cuStreamSynchronize(nonblocking) != GP_CUDA_SUCCESS)
+                return 7;
+        return g.cu.cuMemFree(p) == GP_CUDA_SUCCESS ? 0 : 8;
+}
+
+START_TEST(test_fake_legacy_stream_order) {
+        fake_node_new();
+        ck_assert_msg(reap(spawn(legacy_client, NULL, NULL)) == 0, "the legacy stream's order is not the driver's");
+        fake_node_done();
+}
+END_TEST
+
 static int rules_client(struct testd *d, void *arg) {
         gp_cu_result (*mem_alloc_v1)(unsigned *p, unsigned size);
         gp_cu_deviceptr p = 0, base = 0;
@@ -1799,6 +1849,7 @@ Suite *suite_cuda_fake(void) {
         tcase_add_test(tc, test_fake_driver_rules);
         tcase_add_test(tc, test_fake_start_without_driver_or_gpu);
         tcase_add_test(tc, test_fake_memory_is_the_nodes);
+        tcase_add_test(tc, test_fake_legacy_stream_order);
         tcase_add_test(tc, test_fake_ipc_open_cost_grows_with_size);
         tcase_add_test(tc, test_fake_headroom_kept);
         tcase_set_timeout(tc, 120);
