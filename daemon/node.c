@@ -16,7 +16,8 @@
 
 /*
  * Others took part of a device's headroom (a process started, a library allocated, a program
- * without gpupool runs): give them the cache back, so that the next CUDA process still starts.
+ * without gpupool runs): give them the cache back, and then what clients keep free, so that
+ * the next CUDA process still starts.
  */
 static void on_headroom_timer(uv_timer_t *timer) {
         struct node *node = timer->data;
@@ -24,9 +25,12 @@ static void on_headroom_timer(uv_timer_t *timer) {
         bool released = false;
 
         for (unsigned d = 0; d < node->device_count; d++) {
-                uint64_t bytes = pool_keep_headroom(node->pools[d]);
+                uint64_t bytes = pool_keep_headroom(node->pools[d]), short_bytes = pool_headroom_short(node->pools[d]);
                 struct pool_stats st;
 
+                /* Still short with the cache empty: clients give back what they keep free (ladder step 3). */
+                if (short_bytes && node->hooks.reclaim_for_headroom)
+                        node->hooks.reclaim_for_headroom(node, d, short_bytes);
                 if (!bytes)
                         continue;
                 released = true;

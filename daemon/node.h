@@ -61,6 +61,8 @@ struct node_hooks {
         int (*check)(struct node *node, char *why, size_t why_size);
         /* Reads the config again and applies it (the server's: it has the command line). */
         int (*reload)(struct node *node, char *why, size_t why_size);
+        /* Others took part of device's headroom beyond what the cache gave back: ask clients for bytes. */
+        void (*reclaim_for_headroom)(struct node *node, unsigned device, uint64_t bytes);
 };
 
 /* How often the loop asks the GPU whether a segment's zeroing has ended: it never waits for it. */

@@ -165,6 +165,12 @@ static bool device_room(struct pool *p, int64_t *ret) {
         return true;
 }
 
+uint64_t pool_headroom_short(const struct pool *p) {
+        if (!p->gpu_known || p->gpu.free_bytes >= p->gpu.headroom_bytes)
+                return 0;
+        return p->gpu.headroom_bytes - p->gpu.free_bytes;
+}
+
 uint64_t pool_keep_headroom(struct pool *p) {
         uint64_t bytes = 0, size;
         int64_t room;

@@ -111,6 +111,9 @@ bool pool_read_device(struct pool *pool);
  */
 uint64_t pool_keep_headroom(struct pool *pool);
 
+/* How many bytes of the headroom others hold, by the last reading and what the pool released since (0: none). */
+uint64_t pool_headroom_short(const struct pool *pool);
+
 /* Releases the oldest cached segments until at most max_cached_bytes are cached. Returns the bytes released. */
 uint64_t pool_trim_cache(struct pool *pool, uint64_t max_cached_bytes);
 

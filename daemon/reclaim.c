@@ -54,8 +54,9 @@ static bool askable(const struct session *c, const struct session *requester, un
         return c != requester && c->control && c->tenant && c->state == SESSION_READY && c->owners[device].reserved_bytes;
 }
 
-uint64_t reclaim_ask(struct node *node, struct session *requester, unsigned device, uint64_t want_bytes,
-                     unsigned *ret_clients) {
+/* Asks, in policy's order, clients other than requester (NULL: none) for want_bytes on device. */
+static uint64_t ask_in_order(struct node *node, struct session *requester, unsigned device, uint64_t want_bytes,
+                             bool to_backend, unsigned *ret_clients) {
         struct policy_candidate *candidates;
         uint64_t asked = 0;
         size_t n = 0;
@@ -76,15 +77,35 @@ uint64_t reclaim_ask(struct node *node, struct session *requester, unsigned devi
                                 .client = c,
                         };
         /* Whom to ask, and in what order, is policy's: those whose memory would serve, over their guarantee and largest first. */
-        n = policy_reclaim_order(requester->tenant, device, candidates, n);
+        n = policy_reclaim_order(requester ? requester->tenant : NULL, device, candidates, n);
         for (size_t i = 0; i < n && asked < want_bytes; i++) {
                 bool pushed = false;
 
-                asked += ask(node, candidates[i].client, device, want_bytes - asked, false, &pushed);
+                asked += ask(node, candidates[i].client, device, want_bytes - asked, to_backend, &pushed);
                 *ret_clients += pushed;
         }
         free(candidates);
         return asked;
+}
+
+uint64_t reclaim_ask(struct node *node, struct session *requester, unsigned device, uint64_t want_bytes,
+                     unsigned *ret_clients) {
+        return ask_in_order(node, requester, device, want_bytes, false, ret_clients);
+}
+
+void reclaim_for_headroom(struct node *node, unsigned device, uint64_t want_bytes) {
+        unsigned clients = 0;
+        uint64_t asked;
+        char b[GP_SIZE_FORMAT_MAX];
+
+        /* Once at a time: what was asked before is still on its way back. */
+        if (node->reclaim_outstanding)
+                return;
+        asked = ask_in_order(node, NULL, device, want_bytes, true, &clients);
+        if (clients)
+                log_info("device %u: others took part of the headroom and the cache is empty: asked %u client%s for %s "
+                         "of segments they keep free", device, clients, clients == 1 ? "" : "s",
+                         gp_size_format(asked, b, sizeof(b)));
 }
 
 void reclaim_all(struct node *node, struct session *c, int device, bool to_backend, uint32_t *clients,

@@ -34,6 +34,14 @@ uint64_t reclaim_ask(struct node *node, struct session *requester, unsigned devi
                      unsigned *ret_clients);
 
 /*
+ * Others (a new process's context, a program without gpupool) took part of device's headroom
+ * and the cache is empty: asks clients over their tenant's guarantee, in policy's order, for
+ * empty segments worth want_bytes, which go back to the backend, not the cache. Asks nothing
+ * while an earlier request is unanswered.
+ */
+void reclaim_for_headroom(struct node *node, unsigned device, uint64_t want_bytes);
+
+/*
  * Asks client for every empty segment it holds, on device (-1: every device); with to_backend
  * they go to the backend when they come back, not to the cache. Adds what it held free as of
  * its latest report to *bytes, and 1 to *clients when the client was asked anything.

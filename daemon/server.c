@@ -21,6 +21,7 @@
 #include "closer.h"
 #include "log.h"
 #include "notify.h"
+#include "reclaim.h"
 #include "request.h"
 #include "session.h"
 #include "size.h"
@@ -294,6 +295,7 @@ int server_init(struct server *server, uv_loop_t *loop, const struct config *con
                 .retry_parked = request_retry_parked,
                 .check = session_check_tenants,
                 .reload = reload_hook,
+                .reclaim_for_headroom = reclaim_for_headroom,
         };
         uv_timer_init(loop, &server->stuck_timer);
         server->stuck_timer.data = server;

@@ -1683,7 +1683,7 @@ static int leaving_client(struct testd *d, void *arg) {
         return gpupool_connect(d->sock, "leaving", &c) == 0 && gpupool_alloc(c, 0, 256 * MiB, &p) == 0 ? 0 : 1;
 }
 
-/* A program without gpupool: takes all but 128 MiB of what the GPU has free, until told to exit. */
+/* A program without gpupool: takes all but 128 MiB of what the GPU has free, until told to let go. */
 static int hog_client(struct testd *d, void *arg) {
         struct node_memory *m = arg;
         size_t free_bytes, total;
@@ -1697,7 +1697,7 @@ static int hog_client(struct testd *d, void *arg) {
                 return 1;
         if (write(m->up[1], "h", 1) != 1 || read(m->go[0], &c, 1) != 1)
                 return 2;
-        return 0;
+        return g.cu.cuMemFree(p) == GP_CUDA_SUCCESS ? 0 : 3;
 }
 
 /* Asks for 256 MiB: refused while the GPU lacks it beyond the headroom, saying so; served once it has it. */
@@ -1758,6 +1758,63 @@ START_TEST(test_fake_headroom_kept) {
         for (int i = 0; i < 2; i++) {
                 close(m.up[i]);
                 close(m.go[i]);
+        }
+        cuda_stop(&d);
+        unsetenv("FAKECUDA_CONTEXT_MEM");
+        unsetenv("FAKECUDA_MEM");
+}
+END_TEST
+
+/* Allocates 256 MiB and frees it: its process keeps the segment, free, until told to exit. */
+static int keeper_client(struct testd *d, void *arg) {
+        struct node_memory *m = arg;
+        gpupool_client *c = NULL;
+        void *p;
+        char b;
+
+        if (gpupool_connect(d->sock, "keeper", &c) < 0 || gpupool_alloc(c, 0, 256 * MiB, &p) < 0 || gpupool_free(c, p) < 0)
+                return 1;
+        if (write(m->up[1], "k", 1) != 1 || read(m->go[0], &b, 1) != 1)
+                return 2;
+        gpupool_disconnect(c);
+        return 0;
+}
+
+/* With the cache empty, what clients keep free goes back for the headroom. */
+START_TEST(test_fake_headroom_reclaimed_from_clients) {
+        struct node_memory keep, hog_pipes;
+        pid_t keeper, hog;
+        struct testd d;
+        char c;
+
+        setenv("FAKECUDA_MEM", "1G", 1);
+        setenv("FAKECUDA_CONTEXT_MEM", "64M", 1);
+        cuda_start(&d, "--headroom=256M", NULL);
+        ck_assert(pipe(keep.up) == 0 && pipe(keep.go) == 0 && pipe(hog_pipes.up) == 0 && pipe(hog_pipes.go) == 0);
+        setenv("GPUPOOL_IDLE_RETURN", "10min", 1);     /* the keeper gives nothing back by itself */
+        keeper = spawn(keeper_client, &d, &keep);
+        unsetenv("GPUPOOL_IDLE_RETURN");
+        ck_assert_int_eq(read(keep.up[0], &c, 1), 1);
+        ck_assert(testd_client_becomes(&d, keeper, NULL, "held_free_bytes", 256 * MiB));
+        ck_assert_int_eq(testd_device(&d, 0, "cached_bytes"), 0);
+
+        hog = spawn(hog_client, &d, &hog_pipes);
+        ck_assert_int_eq(read(hog_pipes.up[0], &c, 1), 1);
+        ck_assert_msg(testd_client_becomes(&d, keeper, NULL, "reserved_bytes", 0),
+                      "the client kept its free segment with the headroom taken");
+        ck_assert(testd_log_wait(&d, "others took part of the headroom and the cache is empty: asked 1 client for 128.0 MiB"));
+        ck_assert_int_ge(testd_device(&d, 0, "gpu_free_bytes"), 256 * MiB);
+        ck_assert_int_eq(testd_device(&d, 0, "cached_bytes"), 0);      /* straight back to the driver */
+        ck_assert_int_ge(testd_device(&d, 0, "reclaims_total"), 1);
+
+        ck_assert(write(hog_pipes.go[1], "g", 1) == 1 && write(keep.go[1], "g", 1) == 1);
+        ck_assert_int_eq(reap(hog), 0);
+        ck_assert_int_eq(reap(keeper), 0);
+        for (int i = 0; i < 2; i++) {
+                close(keep.up[i]);
+                close(keep.go[i]);
+                close(hog_pipes.up[i]);
+                close(hog_pipes.go[i]);
         }
         cuda_stop(&d);
         unsetenv("FAKECUDA_CONTEXT_MEM");
@@ -1852,6 +1909,7 @@ Suite *suite_cuda_fake(void) {
         tcase_add_test(tc, test_fake_legacy_stream_order);
         tcase_add_test(tc, test_fake_ipc_open_cost_grows_with_size);
         tcase_add_test(tc, test_fake_headroom_kept);
+        tcase_add_test(tc, test_fake_headroom_reclaimed_from_clients);
         tcase_set_timeout(tc, 120);
         suite_add_tcase(s, tc);
         return s;
