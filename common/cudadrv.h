@@ -33,6 +33,30 @@ typedef int gp_cu_capture_mode;                 /* CUstreamCaptureMode */
 typedef int gp_cu_device_attribute;             /* CUdevice_attribute */
 typedef struct { char reserved[GP_CU_IPC_HANDLE_SIZE]; } gp_cu_ipc_mem_handle;  /* CUipcMemHandle */
 typedef struct { char bytes[16]; } gp_cu_uuid;                                  /* CUuuid */
+/* Virtual memory management (cuMemCreate and its kin): the cuda-vmm backend's. */
+typedef unsigned long long gp_cu_mem_handle;    /* CUmemGenericAllocationHandle */
+typedef int gp_cu_mem_handle_type;              /* CUmemAllocationHandleType */
+typedef int gp_cu_mem_granularity_flags;        /* CUmemAllocationGranularity_flags */
+typedef struct {                                /* CUmemLocation */
+        int type;
+        int id;
+} gp_cu_mem_location;
+typedef struct {                                /* CUmemAllocationProp */
+        int type;
+        gp_cu_mem_handle_type requested_handle_types;
+        gp_cu_mem_location location;
+        void *win32_handle_meta_data;
+        struct {
+                unsigned char compression_type;
+                unsigned char gpu_direct_rdma_capable;
+                unsigned short usage;
+                unsigned char reserved[4];
+        } alloc_flags;
+} gp_cu_mem_prop;
+typedef struct {                                /* CUmemAccessDesc */
+        gp_cu_mem_location location;
+        int flags;
+} gp_cu_mem_access_desc;
 #endif
 
 /* Result codes, as in cuda.h. */
@@ -78,6 +102,17 @@ typedef struct { char bytes[16]; } gp_cu_uuid;                                  
 #define GP_CU_GET_PROC_ADDRESS_DEFAULT 0
 #define GP_CU_GET_PROC_ADDRESS_SUCCESS 0
 #define GP_CU_MEMPOOL_ATTR_RELEASE_THRESHOLD 4
+#define GP_CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED 102
+#define GP_CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED 103
+#define GP_CU_MEM_HANDLE_TYPE_NONE 0x0
+#define GP_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR 0x1
+#define GP_CU_MEM_ALLOCATION_TYPE_PINNED 0x1
+#define GP_CU_MEM_LOCATION_TYPE_DEVICE 0x1
+#define GP_CU_MEM_ACCESS_FLAGS_PROT_NONE 0x0
+#define GP_CU_MEM_ACCESS_FLAGS_PROT_READ 0x1
+#define GP_CU_MEM_ACCESS_FLAGS_PROT_READWRITE 0x3
+#define GP_CU_MEM_ALLOC_GRANULARITY_MINIMUM 0x0
+#define GP_CU_MEM_ALLOC_GRANULARITY_RECOMMENDED 0x1
 
 /* Every entry point gpupool uses, with the ABI version it is resolved at. */
 #define GP_CUDA_ENTRY_POINTS(X) \
@@ -112,7 +147,24 @@ typedef struct { char bytes[16]; } gp_cu_uuid;                                  
         X(cuStreamIsCapturing, 10000, gp_cu_result, (gp_cu_stream s, gp_cu_capture_status *status)) \
         X(cuThreadExchangeStreamCaptureMode, 10010, gp_cu_result, (gp_cu_capture_mode *mode)) \
         X(cuCtxSynchronize, 2000, gp_cu_result, (void)) \
-        X(cuDeviceGetAttribute, 2000, gp_cu_result, (int *value, gp_cu_device_attribute attribute, gp_cu_device dev))
+        X(cuDeviceGetAttribute, 2000, gp_cu_result, (int *value, gp_cu_device_attribute attribute, gp_cu_device dev)) \
+        X(cuMemGetAllocationGranularity, 10020, gp_cu_result, \
+          (size_t *granularity, const gp_cu_mem_prop *prop, gp_cu_mem_granularity_flags option)) \
+        X(cuMemCreate, 10020, gp_cu_result, \
+          (gp_cu_mem_handle *handle, size_t size, const gp_cu_mem_prop *prop, unsigned long long flags)) \
+        X(cuMemRelease, 10020, gp_cu_result, (gp_cu_mem_handle handle)) \
+        X(cuMemExportToShareableHandle, 10020, gp_cu_result, \
+          (void *shareable, gp_cu_mem_handle handle, gp_cu_mem_handle_type type, unsigned long long flags)) \
+        X(cuMemImportFromShareableHandle, 10020, gp_cu_result, \
+          (gp_cu_mem_handle *handle, void *os_handle, gp_cu_mem_handle_type type)) \
+        X(cuMemAddressReserve, 10020, gp_cu_result, \
+          (gp_cu_deviceptr *ptr, size_t size, size_t alignment, gp_cu_deviceptr addr, unsigned long long flags)) \
+        X(cuMemAddressFree, 10020, gp_cu_result, (gp_cu_deviceptr ptr, size_t size)) \
+        X(cuMemMap, 10020, gp_cu_result, \
+          (gp_cu_deviceptr ptr, size_t size, size_t offset, gp_cu_mem_handle handle, unsigned long long flags)) \
+        X(cuMemUnmap, 10020, gp_cu_result, (gp_cu_deviceptr ptr, size_t size)) \
+        X(cuMemSetAccess, 10020, gp_cu_result, \
+          (gp_cu_deviceptr ptr, size_t size, const gp_cu_mem_access_desc *desc, size_t count))
 
 #define GP_CUDA_DECLARE(name, version, ret, args) ret (*name) args;
 

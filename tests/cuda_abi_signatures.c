@@ -21,6 +21,12 @@ typedef CUstreamCaptureMode gp_cu_capture_mode;
 typedef CUdevice_attribute gp_cu_device_attribute;
 typedef CUipcMemHandle gp_cu_ipc_mem_handle;
 typedef CUuuid gp_cu_uuid;
+typedef CUmemGenericAllocationHandle gp_cu_mem_handle;
+typedef CUmemAllocationHandleType gp_cu_mem_handle_type;
+typedef CUmemAllocationGranularity_flags gp_cu_mem_granularity_flags;
+typedef CUmemLocation gp_cu_mem_location;
+typedef CUmemAllocationProp gp_cu_mem_prop;
+typedef CUmemAccessDesc gp_cu_mem_access_desc;
 
 #include "cudadrv.h"
 

@@ -42,6 +42,13 @@
  *   - cuIpcOpenMemHandle costs time that grows with the allocation's size (what an H100
  *     took, by default), and a handle cannot be opened in another PID namespace than its
  *     exporter's (CUDA_ERROR_INVALID_CONTEXT), as legacy IPC handles cannot;
+ *   - virtual memory management as documented: cuMemCreate sizes are granularity (2 MiB)
+ *     multiples; only memory made for POSIX descriptors exports as one; an imported descriptor
+ *     must name device memory; cuMemMap wants offset 0, the whole allocation and a range of a
+ *     reservation not mapped yet; a mapping is not accessible until cuMemSetAccess; unmapping
+ *     takes whole mappings, and a reservation is freed only unmapped; the memory lives while
+ *     any process holds a handle, a descriptor or a mapping of it (its creator's exit
+ *     included), and is freed with the last;
  *   - a GPU's memory is the node's: every process's allocations and contexts count against
  *     it (a context takes memory too, so on a full GPU cuDevicePrimaryCtxRetain fails with
  *     CUDA_ERROR_OUT_OF_MEMORY), cuMemGetInfo reports what all processes leave free, and what
@@ -60,7 +67,8 @@
  * suffixes), $FAKECUDA_CONTEXT_MEM (what a process's context takes of a GPU, default 16 MiB;
  * a real one takes hundreds: 518 MiB seen on an H100 with CUDA 13), $FAKECUDA_COMPUTE_MODES
  * (a mode per GPU, "default", "prohibited" or "exclusive-process", comma-separated),
- * $FAKECUDA_MIG (the GPUs that are MIG instances, e.g. "1"), $FAKECUDA_IPC_OPEN_NS and $FAKECUDA_IPC_OPEN_NS_PER_MIB (what a first cuIpcOpenMemHandle of
+ * $FAKECUDA_MIG (the GPUs that are MIG instances, e.g. "1"), $FAKECUDA_VMM=0 (GPUs without
+ * virtual memory management or descriptor handles), $FAKECUDA_IPC_OPEN_NS and $FAKECUDA_IPC_OPEN_NS_PER_MIB (what a first cuIpcOpenMemHandle of
  * an allocation takes: default 50 us and 50 ns per MiB, as on an H100 with driver 580).
  * $FAKECUDA_DIR also holds fakecuda-ledger, the node's memory use by process.
  */
@@ -102,7 +110,8 @@ struct ctx {
 
 enum compute_mode { MODE_DEFAULT = 0, MODE_PROHIBITED = 2, MODE_EXCLUSIVE_PROCESS = 3 };
 static int compute_modes[MAX_GPUS];
-static bool mig[MAX_GPUS];              /* a MIG instance ($FAKECUDA_MIG): "MIG-" UUID, " MIG " in its name */
+static bool mig[MAX_GPUS];
+static bool vmm_off;                    /* $FAKECUDA_VMM=0: GPUs without VMM or descriptor handles */              /* a MIG instance ($FAKECUDA_MIG): "MIG-" UUID, " MIG " in its name */
 
 struct alloc {
         struct alloc *next;
@@ -197,7 +206,11 @@ struct ledger_slot {
         uint64_t start_time;            /* /proc/PID/stat starttime: a reused pid is another process */
         uint64_t bytes[MAX_GPUS];       /* allocations and contexts, by physical GPU */
 };
-static struct ledger_slot *ledger;      /* LEDGER_SLOTS, shared */
+struct ledger_file {
+        uint64_t vmm_bytes[MAX_GPUS];   /* cuMemCreate memory alive, whoever holds it (see vmm_sweep) */
+        struct ledger_slot slots[LEDGER_SLOTS];
+};
+static struct ledger_file *ledger;      /* shared */
 static int ledger_fd = -1;
 static struct ledger_slot *my_slot;
 static struct ctx ctxs[MAX_GPUS];
@@ -310,14 +323,14 @@ static void ledger_join(void) {
                 fatal("cannot open %s: %s", path, strerror(errno));
         (void) fchmod(ledger_fd, 0666);         /* processes of other uids share it */
         ledger_lock();
-        if (ftruncate(ledger_fd, (off_t) (LEDGER_SLOTS * sizeof(*ledger))) < 0)
+        if (ftruncate(ledger_fd, (off_t) sizeof(*ledger)) < 0)
                 fatal("cannot size %s: %s", path, strerror(errno));
-        ledger = mmap(NULL, LEDGER_SLOTS * sizeof(*ledger), PROT_READ | PROT_WRITE, MAP_SHARED, ledger_fd, 0);
+        ledger = mmap(NULL, sizeof(*ledger), PROT_READ | PROT_WRITE, MAP_SHARED, ledger_fd, 0);
         if (ledger == MAP_FAILED)
                 fatal("cannot map %s: %s", path, strerror(errno));
         for (int i = 0; i < LEDGER_SLOTS && !free_slot; i++)
-                if (ledger[i].pid == 0 || process_start(ledger[i].pid) != ledger[i].start_time)
-                        free_slot = &ledger[i];
+                if (ledger->slots[i].pid == 0 || process_start(ledger->slots[i].pid) != ledger->slots[i].start_time)
+                        free_slot = &ledger->slots[i];
         if (!free_slot)
                 fatal("more than %d processes use the driver at once", LEDGER_SLOTS);
         if (free_slot->pid)
@@ -328,12 +341,57 @@ static void ledger_join(void) {
         ledger_unlock();
 }
 
+/*
+ * cuMemCreate memory is a file, fakecuda-vmm-GPU-PID-ID, on which every process holding a
+ * handle, an exported descriptor or a mapping of it holds a shared flock() (on a descriptor of
+ * its own, or on the exported one it received). Nobody holding one: the driver would have
+ * freed it, and so does this, under ledger_lock(). Returns whether path was freed.
+ */
+static bool vmm_free_if_unheld(const char *path, int gpu, uint64_t size) {
+        int fd = open(path, O_RDONLY | O_CLOEXEC);
+        bool unheld;
+
+        if (fd < 0)
+                return false;
+        unheld = flock(fd, LOCK_EX | LOCK_NB) == 0;
+        if (unheld) {
+                unlink(path);
+                __atomic_sub_fetch(&ledger->vmm_bytes[gpu], size, __ATOMIC_RELAXED);
+        }
+        close(fd);
+        return unheld;
+}
+
+/* Frees the cuMemCreate memory no process holds any more (its holders exited). Under ledger_lock(). */
+static void vmm_sweep(void) {
+        struct dirent *e;
+        DIR *dir = opendir(mem_dir());
+
+        while (dir && (e = readdir(dir))) {
+                char path[512];
+                struct stat st;
+                int gpu;
+
+                if (sscanf(e->d_name, "fakecuda-vmm-%d-", &gpu) != 1 || gpu < 0 || gpu >= MAX_GPUS)
+                        continue;
+                snprintf(path, sizeof(path), "%s/%s", mem_dir(), e->d_name);
+                if (stat(path, &st) == 0)
+                        (void) vmm_free_if_unheld(path, gpu, (uint64_t) st.st_size);
+        }
+        if (dir)
+                closedir(dir);
+}
+
 /* What every process has of physical GPU gpu; with check, those that have exited are forgotten. Under ledger_lock(). */
 static uint64_t ledger_used(int gpu, bool check) {
-        uint64_t sum = 0;
+        uint64_t sum;
+
+        if (check)
+                vmm_sweep();
+        sum = __atomic_load_n(&ledger->vmm_bytes[gpu], __ATOMIC_RELAXED);
 
         for (int i = 0; i < LEDGER_SLOTS; i++) {
-                struct ledger_slot *l = &ledger[i];
+                struct ledger_slot *l = &ledger->slots[i];
                 uint64_t b = __atomic_load_n(&l->bytes[gpu], __ATOMIC_RELAXED);
 
                 if (l->pid == 0 || (b == 0 && l != my_slot))
@@ -527,6 +585,7 @@ static CUresult fk_Init(unsigned flags) {
                         ctxs[i].exclusive_fd = -1;
                 }
                 parse_compute_modes(getenv("FAKECUDA_COMPUTE_MODES"));
+                vmm_off = getenv("FAKECUDA_VMM") && strcmp(getenv("FAKECUDA_VMM"), "0") == 0;
                 /* An H100 with driver 580 took 50 us for 2 MiB and 102 us for 1 GiB (docs/performance.md). */
                 ipc_open_ns = parse_bytes(getenv("FAKECUDA_IPC_OPEN_NS"), 50000);
                 ipc_open_ns_per_mib = parse_bytes(getenv("FAKECUDA_IPC_OPEN_NS_PER_MIB"), 50);
@@ -610,6 +669,10 @@ static CUresult fk_DeviceGetAttribute(int *value, int attribute, gp_cu_device d)
         switch (attribute) {
         case GP_CU_DEVICE_ATTRIBUTE_COMPUTE_MODE:
                 *value = compute_modes[visible[d]];
+                return GP_CUDA_SUCCESS;
+        case GP_CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED:
+        case GP_CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED:
+                *value = !vmm_off;
                 return GP_CUDA_SUCCESS;
         default:
                 return GP_CUDA_ERROR_INVALID_VALUE;    /* not one the fake knows */
@@ -897,7 +960,9 @@ static CUresult fk_MemGetInfo_v1(unsigned *free_bytes, unsigned *total_bytes) {
         return r;
 }
 
-/* The host bytes behind [p, p + n), or NULL. */
+static uint8_t *vmap_bytes(CUdeviceptr p, size_t n);
+
+/* The host bytes behind [p, p + n) (an allocation, or a mapping made accessible), or NULL. */
 static uint8_t *bytes_at(CUdeviceptr p, size_t n) {
         struct alloc *a;
         uint8_t *host = NULL;
@@ -906,6 +971,8 @@ static uint8_t *bytes_at(CUdeviceptr p, size_t n) {
         a = find(p, n);
         if (a)
                 host = a->host + (p - a->dptr);
+        else
+                host = vmap_bytes(p, n);
         pthread_mutex_unlock(&lock);
         return host;
 }
@@ -1075,6 +1142,399 @@ static CUresult fk_IpcCloseMemHandle(CUdeviceptr dptr) {
         }
         pthread_mutex_unlock(&lock);
         return GP_CUDA_SUCCESS;
+}
+
+/* ---- virtual memory management: cuMemCreate, shareable descriptors, reservations, mappings ---- */
+
+#define VMM_GRANULE (2ULL << 20)        /* what an H100 reports as MINIMUM and RECOMMENDED */
+
+/* A physical allocation this process holds a handle to (cuMemCreate, or imported from a descriptor). */
+struct phys {
+        struct phys *next;
+        int fd;                         /* its file, opened by this process, flock()ed shared: held */
+        char path[256];
+        int gpu;
+        uint64_t size;
+        bool exportable;                /* made with CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR */
+        int handles;                    /* cuMemCreate or import, less cuMemRelease */
+        int maps;                       /* mappings made with it */
+};
+
+struct reservation {
+        struct reservation *next;
+        CUdeviceptr base;
+        size_t size;
+        void *mapped;                   /* the PROT_NONE reservation (aligned inside) */
+        size_t mapped_size;
+};
+
+/* A physical allocation mapped into a reservation: the device address faults on the CPU; host reaches the bytes. */
+struct vmap {
+        struct vmap *next;
+        CUdeviceptr ptr;
+        size_t size;
+        struct phys *phys;
+        uint8_t *host;
+        int access;                     /* CU_MEM_ACCESS_FLAGS_*: none until cuMemSetAccess */
+};
+
+static struct phys *physes;
+static struct reservation *reservations;
+static struct vmap *vmaps;
+
+static struct phys *phys_of(gp_cu_mem_handle h) {
+        for (struct phys *p = physes; p; p = p->next)
+                if ((gp_cu_mem_handle) (uintptr_t) p == h && p->handles + p->maps > 0)
+                        return p;
+        return NULL;
+}
+
+/* A valid prop for a device allocation of ours; its physical GPU in *gpu. */
+static CUresult check_prop(const gp_cu_mem_prop *prop, int *gpu) {
+        if (vmm_off)
+                return GP_CUDA_ERROR_NOT_SUPPORTED;
+        if (!prop || prop->type != GP_CU_MEM_ALLOCATION_TYPE_PINNED || prop->location.type != GP_CU_MEM_LOCATION_TYPE_DEVICE ||
+            (prop->requested_handle_types & ~GP_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) || prop->win32_handle_meta_data)
+                return GP_CUDA_ERROR_INVALID_VALUE;
+        if (prop->location.id < 0 || prop->location.id >= nvisible)
+                return GP_CUDA_ERROR_INVALID_DEVICE;
+        *gpu = visible[prop->location.id];
+        return GP_CUDA_SUCCESS;
+}
+
+static CUresult fk_MemGetAllocationGranularity(size_t *granularity, const gp_cu_mem_prop *prop, gp_cu_mem_granularity_flags option) {
+        CUresult r = ready();
+        int gpu;
+
+        if (r)
+                return r;
+        if (!granularity || (option != GP_CU_MEM_ALLOC_GRANULARITY_MINIMUM && option != GP_CU_MEM_ALLOC_GRANULARITY_RECOMMENDED))
+                return GP_CUDA_ERROR_INVALID_VALUE;
+        r = check_prop(prop, &gpu);
+        if (r)
+                return r;
+        *granularity = VMM_GRANULE;
+        return GP_CUDA_SUCCESS;
+}
+
+/* Holds path (a descriptor of this process's own, shared-locked) as a handle of this process. */
+static CUresult phys_hold(const char *path, int gpu, uint64_t size, bool exportable, gp_cu_mem_handle *ret) {
+        struct phys *p = calloc(1, sizeof(*p));
+
+        if (!p)
+                return GP_CUDA_ERROR_OUT_OF_MEMORY;
+        p->fd = open(path, O_RDWR | O_CLOEXEC);
+        if (p->fd < 0 || flock(p->fd, LOCK_SH) < 0) {
+                if (p->fd >= 0)
+                        close(p->fd);
+                free(p);
+                return GP_CUDA_ERROR_INVALID_VALUE;
+        }
+        snprintf(p->path, sizeof(p->path), "%s", path);
+        p->gpu = gpu;
+        p->size = size;
+        p->exportable = exportable;
+        p->handles = 1;
+        p->next = physes;
+        physes = p;
+        *ret = (gp_cu_mem_handle) (uintptr_t) p;
+        return GP_CUDA_SUCCESS;
+}
+
+/* This process lets go of p (no handle, no mapping left): freed once nobody holds it. Call locked. */
+static void phys_drop(struct phys *p) {
+        for (struct phys **pp = &physes; *pp; pp = &(*pp)->next)
+                if (*pp == p) {
+                        *pp = p->next;
+                        break;
+                }
+        ledger_lock();
+        close(p->fd);
+        (void) vmm_free_if_unheld(p->path, p->gpu, p->size);
+        ledger_unlock();
+        free(p);
+}
+
+static CUresult fk_MemCreate(gp_cu_mem_handle *handle, size_t size, const gp_cu_mem_prop *prop, unsigned long long flags) {
+        static uint64_t next_vmm_id = 1;
+        char path[256];
+        bool fits;
+        CUresult r;
+        int gpu, fd;
+
+        NEED_CTX();
+        NO_UNSAFE_CALL_IN_CAPTURE();
+        r = check_prop(prop, &gpu);
+        if (r)
+                return r;
+        if (!handle || flags || size == 0 || size % VMM_GRANULE)
+                return GP_CUDA_ERROR_INVALID_VALUE;    /* a multiple of the granularity, as documented */
+        pthread_mutex_lock(&lock);
+        snprintf(path, sizeof(path), "%s/fakecuda-vmm-%d-%d-%llu", mem_dir(), gpu, (int) getpid(),
+                 (unsigned long long) next_vmm_id++);
+        /* Made and held under the ledger's lock: a sweep never sees it unheld. */
+        ledger_lock();
+        fits = size <= capacity && (ledger_used(gpu, false) <= capacity - size || ledger_used(gpu, true) <= capacity - size);
+        if (!fits) {
+                ledger_unlock();
+                pthread_mutex_unlock(&lock);
+                return GP_CUDA_ERROR_OUT_OF_MEMORY;
+        }
+        fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+        if (fd < 0 || fchmod(fd, 0666) < 0 || ftruncate(fd, (off_t) size) < 0)
+                fatal("cannot make %s: %s", path, strerror(errno));
+        close(fd);
+        r = phys_hold(path, gpu, size, prop->requested_handle_types & GP_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, handle);
+        if (r == GP_CUDA_SUCCESS)
+                __atomic_add_fetch(&ledger->vmm_bytes[gpu], size, __ATOMIC_RELAXED);
+        else
+                unlink(path);
+        ledger_unlock();
+        pthread_mutex_unlock(&lock);
+        return r;
+}
+
+static CUresult fk_MemRelease(gp_cu_mem_handle handle) {
+        struct phys *p;
+
+        NEED_CTX();
+        pthread_mutex_lock(&lock);
+        p = phys_of(handle);
+        if (!p || p->handles == 0) {
+                pthread_mutex_unlock(&lock);
+                return GP_CUDA_ERROR_INVALID_VALUE;
+        }
+        /* The memory stays while mapped: the documented rule, which lets a mapping outlive the handle. */
+        if (--p->handles == 0 && p->maps == 0)
+                phys_drop(p);
+        pthread_mutex_unlock(&lock);
+        return GP_CUDA_SUCCESS;
+}
+
+static CUresult fk_MemExportToShareableHandle(void *shareable, gp_cu_mem_handle handle, gp_cu_mem_handle_type type,
+                                              unsigned long long flags) {
+        struct phys *p;
+        int fd;
+
+        NEED_CTX();
+        if (!shareable || flags || type != GP_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+                return GP_CUDA_ERROR_INVALID_VALUE;
+        pthread_mutex_lock(&lock);
+        p = phys_of(handle);
+        if (!p || p->handles == 0 || !p->exportable) {
+                /* Only memory made with the descriptor handle type requested can be exported as one. */
+                pthread_mutex_unlock(&lock);
+                return GP_CUDA_ERROR_INVALID_VALUE;
+        }
+        /* A descriptor of its own, locked: the memory lives while any copy of it is open, in any process. */
+        fd = open(p->path, O_RDWR | O_CLOEXEC);
+        if (fd >= 0 && flock(fd, LOCK_SH) < 0) {
+                close(fd);
+                fd = -1;
+        }
+        pthread_mutex_unlock(&lock);
+        if (fd < 0)
+                return GP_CUDA_ERROR_OUT_OF_MEMORY;
+        *(int *) shareable = fd;
+        return GP_CUDA_SUCCESS;
+}
+
+static CUresult fk_MemImportFromShareableHandle(gp_cu_mem_handle *handle, void *os_handle, gp_cu_mem_handle_type type) {
+        int fd = (int) (uintptr_t) os_handle, gpu;
+        char link[64], path[256], prefix[280];
+        struct stat st;
+        ssize_t n;
+        CUresult r;
+
+        NEED_CTX();
+        if (!handle || type != GP_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR || fd < 0 || fstat(fd, &st) < 0)
+                return GP_CUDA_ERROR_INVALID_VALUE;
+        /* The descriptor by value, as the driver takes it: what it names must be memory of ours. */
+        snprintf(link, sizeof(link), "/proc/self/fd/%d", fd);
+        n = readlink(link, path, sizeof(path) - 1);
+        if (n <= 0)
+                return GP_CUDA_ERROR_INVALID_VALUE;
+        path[n] = '\0';
+        snprintf(prefix, sizeof(prefix), "%s/fakecuda-vmm-", mem_dir());
+        if (strncmp(path, prefix, strlen(prefix)) != 0 || sscanf(path + strlen(prefix), "%d-", &gpu) != 1 || gpu < 0 ||
+            gpu >= gpus)
+                return GP_CUDA_ERROR_INVALID_VALUE;
+        pthread_mutex_lock(&lock);
+        r = phys_hold(path, gpu, (uint64_t) st.st_size, true, handle);
+        pthread_mutex_unlock(&lock);
+        return r;
+}
+
+static CUresult fk_MemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignment, CUdeviceptr addr,
+                                     unsigned long long flags) {
+        struct reservation *v;
+        size_t align = alignment ? alignment : VMM_GRANULE;
+        uint8_t *m;
+
+        NEED_CTX();
+        (void) addr;            /* a hint, which the driver may ignore too */
+        if (!ptr || flags || size == 0 || size % (size_t) sysconf(_SC_PAGESIZE) || (align & (align - 1)))
+                return GP_CUDA_ERROR_INVALID_VALUE;
+        v = calloc(1, sizeof(*v));
+        if (!v)
+                return GP_CUDA_ERROR_OUT_OF_MEMORY;
+        v->mapped_size = size + align;
+        v->mapped = mmap(NULL, v->mapped_size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (v->mapped == MAP_FAILED) {
+                free(v);
+                return GP_CUDA_ERROR_OUT_OF_MEMORY;
+        }
+        m = (uint8_t *) (((uintptr_t) v->mapped + align - 1) & ~(uintptr_t) (align - 1));
+        v->base = (CUdeviceptr) (uintptr_t) m;
+        v->size = size;
+        pthread_mutex_lock(&lock);
+        v->next = reservations;
+        reservations = v;
+        pthread_mutex_unlock(&lock);
+        *ptr = v->base;
+        return GP_CUDA_SUCCESS;
+}
+
+static struct reservation *reservation_of(CUdeviceptr p, size_t n) {
+        for (struct reservation *v = reservations; v; v = v->next)
+                if (p >= v->base && p < v->base + v->size && n <= v->size - (p - v->base))
+                        return v;
+        return NULL;
+}
+
+/* Whether any mapping overlaps [p, p + n). */
+static bool mapped_in(CUdeviceptr p, size_t n) {
+        for (struct vmap *m = vmaps; m; m = m->next)
+                if (m->ptr < p + n && p < m->ptr + m->size)
+                        return true;
+        return false;
+}
+
+static CUresult fk_MemAddressFree(CUdeviceptr ptr, size_t size) {
+        NEED_CTX();
+        pthread_mutex_lock(&lock);
+        for (struct reservation **pp = &reservations; *pp; pp = &(*pp)->next) {
+                struct reservation *v = *pp;
+
+                if (v->base != ptr || v->size != size)
+                        continue;
+                if (mapped_in(ptr, size))
+                        break;  /* unmap first: the documented order is unmap, release, free */
+                *pp = v->next;
+                pthread_mutex_unlock(&lock);
+                munmap(v->mapped, v->mapped_size);
+                free(v);
+                return GP_CUDA_SUCCESS;
+        }
+        pthread_mutex_unlock(&lock);
+        return GP_CUDA_ERROR_INVALID_VALUE;
+}
+
+static CUresult fk_MemMap(CUdeviceptr ptr, size_t size, size_t offset, gp_cu_mem_handle handle, unsigned long long flags) {
+        struct phys *p;
+        struct vmap *m;
+
+        NEED_CTX();
+        if (offset || flags || ptr % VMM_GRANULE || size % VMM_GRANULE || size == 0)
+                return GP_CUDA_ERROR_INVALID_VALUE;    /* offset "currently must be zero"; granularity multiples */
+        pthread_mutex_lock(&lock);
+        p = phys_of(handle);
+        if (!p || p->handles == 0 || size != p->size || !reservation_of(ptr, size) || mapped_in(ptr, size)) {
+                pthread_mutex_unlock(&lock);
+                return p && mapped_in(ptr, size) ? GP_CUDA_ERROR_ALREADY_MAPPED : GP_CUDA_ERROR_INVALID_VALUE;
+        }
+        m = calloc(1, sizeof(*m));
+        if (m)
+                m->host = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, p->fd, 0);
+        if (!m || m->host == MAP_FAILED) {
+                free(m);
+                pthread_mutex_unlock(&lock);
+                return GP_CUDA_ERROR_OUT_OF_MEMORY;
+        }
+        m->ptr = ptr;
+        m->size = size;
+        m->phys = p;
+        m->access = GP_CU_MEM_ACCESS_FLAGS_PROT_NONE;   /* mapped is not accessible: cuMemSetAccess */
+        p->maps++;
+        m->next = vmaps;
+        vmaps = m;
+        pthread_mutex_unlock(&lock);
+        return GP_CUDA_SUCCESS;
+}
+
+/* Whether mappings exactly cover [ptr, ptr + size), one after another: no cut, no hole. Call locked. */
+static bool whole_mappings(CUdeviceptr ptr, size_t size) {
+        CUdeviceptr at = ptr;
+
+        while (at < ptr + size) {
+                struct vmap *found = NULL;
+
+                for (struct vmap *m = vmaps; m && !found; m = m->next)
+                        if (m->ptr == at)
+                                found = m;
+                if (!found || found->size > ptr + size - at)
+                        return false;
+                at += found->size;
+        }
+        return size != 0;
+}
+
+static CUresult fk_MemUnmap(CUdeviceptr ptr, size_t size) {
+        NEED_CTX();
+        pthread_mutex_lock(&lock);
+        if (!whole_mappings(ptr, size)) {
+                pthread_mutex_unlock(&lock);
+                return GP_CUDA_ERROR_INVALID_VALUE;    /* "cuMemUnmap cannot unmap a sub-range" */
+        }
+        for (struct vmap **pp = &vmaps; *pp;) {
+                struct vmap *m = *pp;
+
+                if (m->ptr < ptr || m->ptr >= ptr + size) {
+                        pp = &m->next;
+                        continue;
+                }
+                *pp = m->next;
+                munmap(m->host, m->size);
+                if (--m->phys->maps == 0 && m->phys->handles == 0)
+                        phys_drop(m->phys);
+                free(m);
+        }
+        pthread_mutex_unlock(&lock);
+        return GP_CUDA_SUCCESS;
+}
+
+static CUresult fk_MemSetAccess(CUdeviceptr ptr, size_t size, const gp_cu_mem_access_desc *desc, size_t count) {
+        NEED_CTX();
+        if (!desc || count == 0)
+                return GP_CUDA_ERROR_INVALID_VALUE;
+        for (size_t i = 0; i < count; i++) {
+                if (desc[i].location.type != GP_CU_MEM_LOCATION_TYPE_DEVICE ||
+                    (desc[i].flags != GP_CU_MEM_ACCESS_FLAGS_PROT_NONE && desc[i].flags != GP_CU_MEM_ACCESS_FLAGS_PROT_READ &&
+                     desc[i].flags != GP_CU_MEM_ACCESS_FLAGS_PROT_READWRITE))
+                        return GP_CUDA_ERROR_INVALID_VALUE;
+                if (desc[i].location.id < 0 || desc[i].location.id >= nvisible)
+                        return GP_CUDA_ERROR_INVALID_DEVICE;
+        }
+        pthread_mutex_lock(&lock);
+        if (!whole_mappings(ptr, size)) {
+                pthread_mutex_unlock(&lock);
+                return GP_CUDA_ERROR_INVALID_VALUE;    /* "a fully mapped address range" */
+        }
+        for (struct vmap *m = vmaps; m; m = m->next)
+                if (m->ptr >= ptr && m->ptr < ptr + size)
+                        for (size_t i = 0; i < count; i++)
+                                if (visible[desc[i].location.id] == m->phys->gpu)
+                                        m->access = desc[i].flags;
+        pthread_mutex_unlock(&lock);
+        return GP_CUDA_SUCCESS;
+}
+
+/* The host bytes behind [p, p + n) of a mapping made accessible, or NULL. Call locked. */
+static uint8_t *vmap_bytes(CUdeviceptr p, size_t n) {
+        for (struct vmap *m = vmaps; m; m = m->next)
+                if (p >= m->ptr && p < m->ptr + m->size && n <= m->size - (p - m->ptr))
+                        return m->access == GP_CU_MEM_ACCESS_FLAGS_PROT_NONE ? NULL : m->host + (p - m->ptr);
+        return NULL;
 }
 
 /* ---- streams and events ---- */
@@ -1829,6 +2289,16 @@ static const struct symbol symbols[] = {
         SYM("cuDeviceGetDefaultMemPool", 11020, fk_DeviceGetDefaultMemPool),
         SYM("cuMemPoolSetAttribute", 11020, fk_MemPoolSetAttribute),
         SYM("cuMemPoolTrimTo", 11020, fk_MemPoolTrimTo),
+        SYM("cuMemGetAllocationGranularity", 10020, fk_MemGetAllocationGranularity),
+        SYM("cuMemCreate", 10020, fk_MemCreate),
+        SYM("cuMemRelease", 10020, fk_MemRelease),
+        SYM("cuMemExportToShareableHandle", 10020, fk_MemExportToShareableHandle),
+        SYM("cuMemImportFromShareableHandle", 10020, fk_MemImportFromShareableHandle),
+        SYM("cuMemAddressReserve", 10020, fk_MemAddressReserve),
+        SYM("cuMemAddressFree", 10020, fk_MemAddressFree),
+        SYM("cuMemMap", 10020, fk_MemMap),
+        SYM("cuMemUnmap", 10020, fk_MemUnmap),
+        SYM("cuMemSetAccess", 10020, fk_MemSetAccess),
 };
 
 EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int version, uint64_t flags, int *status) {

@@ -15,6 +15,7 @@
  */
 #define _GNU_SOURCE
 #include <check.h>
+#include <dirent.h>
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -26,6 +27,7 @@
 #include <sched.h>
 #include <sys/file.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -35,6 +37,7 @@
 #include "gpupool.h"
 #include "suites.h"
 #include "testlib.h"
+#include "wire.h"
 
 #define MiB (1ULL << 20)
 
@@ -188,11 +191,28 @@ static void fake_node_new(void) {
 /* On the fake: every allocation must have been freed by now; removes the node's directory. */
 static void fake_node_done(void) {
         char ledger[sizeof(fake_dir) + 32];
+        struct dirent *e;
+        DIR *dir;
 
         if (on_gpu)
                 return;
         snprintf(ledger, sizeof(ledger), "%s/fakecuda-ledger", fake_dir);
         (void) unlink(ledger);  /* which processes use what: no memory of its own */
+        /* cuMemCreate memory nobody holds (its holders exited) is what the driver frees: only held memory is left. */
+        dir = opendir(fake_dir);
+        while (dir && (e = readdir(dir))) {
+                int fd;
+
+                if (strncmp(e->d_name, "fakecuda-vmm-", 13) != 0)
+                        continue;
+                fd = openat(dirfd(dir), e->d_name, O_RDONLY | O_CLOEXEC);
+                if (fd >= 0 && flock(fd, LOCK_EX | LOCK_NB) == 0)
+                        (void) unlinkat(dirfd(dir), e->d_name, 0);
+                if (fd >= 0)
+                        close(fd);
+        }
+        if (dir)
+                closedir(dir);
         ck_assert_msg(rmdir(fake_dir) == 0, "device memory left allocated after the daemon stopped (%s: %s)",
                       fake_dir, strerror(errno));
 }
@@ -1515,6 +1535,144 @@ START_TEST(test_fake_legacy_stream_order) {
 }
 END_TEST
 
+/* ---- the fake's virtual memory management: cuMemCreate memory shared by descriptor ---- */
+
+static const gp_cu_mem_prop vmm_prop = {
+        .type = GP_CU_MEM_ALLOCATION_TYPE_PINNED,
+        .requested_handle_types = GP_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+        .location = { .type = GP_CU_MEM_LOCATION_TYPE_DEVICE, .id = 0 },
+};
+
+static const gp_cu_mem_access_desc vmm_rw = {
+        .location = { .type = GP_CU_MEM_LOCATION_TYPE_DEVICE, .id = 0 },
+        .flags = GP_CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+};
+
+/* Whether the first bytes at p read value. */
+static bool vmm_reads(struct gpu *g, gp_cu_deviceptr p, unsigned char value) {
+        unsigned char buf[64];
+
+        if (g->dtoh(buf, p, sizeof(buf)) != GP_CUDA_SUCCESS)
+                return false;
+        for (size_t i = 0; i < sizeof(buf); i++)
+                if (buf[i] != value)
+                        return false;
+        return true;
+}
+
+/* Makes 4 MiB, checks the rules on it, shares it by descriptor over sock, and lets go of it first. */
+static int vmm_exporter(struct testd *d, void *arg) {
+        int *sv = arg, sock = sv[0], fd = -1;
+        size_t granularity = 0, free0, free1, total;
+        unsigned char fill[64], byte;
+        gp_cu_deviceptr va;
+        gp_cu_mem_handle h, unexportable;
+        gp_cu_mem_prop plain = vmm_prop;
+        struct gpu g;
+
+        (void) d;
+        close(sv[1]);   /* the importer's end: its exit must reach us */
+        memset(fill, 0xab, sizeof(fill));
+        plain.requested_handle_types = GP_CU_MEM_HANDLE_TYPE_NONE;
+        if (gpu_open(&g) < 0 || g.cu.cuMemGetInfo(&free0, &total) != GP_CUDA_SUCCESS)
+                return 1;
+        if (g.cu.cuMemGetAllocationGranularity(&granularity, &vmm_prop, GP_CU_MEM_ALLOC_GRANULARITY_MINIMUM) != GP_CUDA_SUCCESS ||
+            granularity != 2 * MiB)
+                return 2;
+        if (g.cu.cuMemCreate(&h, 1 * MiB, &vmm_prop, 0) != GP_CUDA_ERROR_INVALID_VALUE)
+                return 3;       /* not a multiple of the granularity */
+        if (g.cu.cuMemCreate(&h, 4 * MiB, &vmm_prop, 0) != GP_CUDA_SUCCESS ||
+            g.cu.cuMemGetInfo(&free1, &total) != GP_CUDA_SUCCESS || free1 != free0 - 4 * MiB)
+                return 4;       /* the node's memory, counted */
+        if (g.cu.cuMemCreate(&unexportable, 2 * MiB, &plain, 0) != GP_CUDA_SUCCESS ||
+            g.cu.cuMemExportToShareableHandle(&fd, unexportable, GP_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0) !=
+                    GP_CUDA_ERROR_INVALID_VALUE ||
+            g.cu.cuMemRelease(unexportable) != GP_CUDA_SUCCESS)
+                return 5;       /* only what was made for descriptors exports as one */
+        if (g.cu.cuMemAddressReserve(&va, 8 * MiB, 0, 0, 0) != GP_CUDA_SUCCESS ||
+            g.cu.cuMemMap(va, 4 * MiB, 2 * MiB, h, 0) != GP_CUDA_ERROR_INVALID_VALUE ||
+            g.cu.cuMemMap(va + 4 * MiB, 2 * MiB, 0, h, 0) != GP_CUDA_ERROR_INVALID_VALUE ||
+            g.cu.cuMemMap(va, 4 * MiB, 0, h, 0) != GP_CUDA_SUCCESS ||
+            g.cu.cuMemMap(va, 4 * MiB, 0, h, 0) != GP_CUDA_ERROR_ALREADY_MAPPED)
+                return 6;       /* offset 0, the whole allocation, on a range not mapped yet */
+        if (g.htod(va, fill, sizeof(fill)) != GP_CUDA_ERROR_INVALID_VALUE)
+                return 7;       /* mapped is not accessible before cuMemSetAccess */
+        if (g.cu.cuMemSetAccess(va, 2 * MiB, &vmm_rw, 1) != GP_CUDA_ERROR_INVALID_VALUE ||
+            g.cu.cuMemSetAccess(va, 4 * MiB, &vmm_rw, 1) != GP_CUDA_SUCCESS || g.htod(va, fill, sizeof(fill)) != GP_CUDA_SUCCESS)
+                return 8;
+        if (g.cu.cuMemAddressFree(va, 8 * MiB) != GP_CUDA_ERROR_INVALID_VALUE ||
+            g.cu.cuMemUnmap(va, 2 * MiB) != GP_CUDA_ERROR_INVALID_VALUE)
+                return 9;       /* unmap before free; no sub-range */
+        if (g.cu.cuMemExportToShareableHandle(&fd, h, GP_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0) != GP_CUDA_SUCCESS ||
+            gp_wire_send_packet(sock, (const uint8_t *) "m", 1, fd) < 0)
+                return 10;
+        close(fd);
+        /* The importer wrote through its own mapping: the same memory. */
+        if (read(sock, &byte, 1) != 1 || !vmm_reads(&g, va, 0xcd))
+                return 11;
+        if (g.cu.cuMemUnmap(va, 4 * MiB) != GP_CUDA_SUCCESS || g.cu.cuMemRelease(h) != GP_CUDA_SUCCESS ||
+            g.cu.cuMemRelease(h) != GP_CUDA_ERROR_INVALID_VALUE || g.cu.cuMemAddressFree(va, 8 * MiB) != GP_CUDA_SUCCESS)
+                return 12;
+        return 0;       /* and exits: the importer's mapping keeps the memory */
+}
+
+static int vmm_importer(struct testd *d, void *arg) {
+        int *sv = arg, sock = sv[1], fd = -1, junk;
+        unsigned char fill[64], buf[8];
+        size_t free1, free2, total;
+        gp_cu_mem_handle h, bad;
+        gp_cu_deviceptr va;
+        struct gpu g;
+
+        (void) d;
+        close(sv[0]);   /* the exporter's end: its exit must reach us */
+        memset(fill, 0xcd, sizeof(fill));
+        /* The GPU opened only now: our context would count in what the exporter measures. */
+        if (gp_wire_recv_packet(sock, buf, sizeof(buf), &fd) != 1 || fd < 0 || gpu_open(&g) < 0)
+                return 1;
+        junk = open("/dev/null", O_RDONLY | O_CLOEXEC);
+        if (g.cu.cuMemImportFromShareableHandle(&bad, (void *) (uintptr_t) junk, GP_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) !=
+            GP_CUDA_ERROR_INVALID_VALUE)
+                return 2;       /* a descriptor that is not device memory */
+        close(junk);
+        if (g.cu.cuMemImportFromShareableHandle(&h, (void *) (uintptr_t) fd, GP_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) !=
+            GP_CUDA_SUCCESS)
+                return 3;
+        close(fd);      /* as NCCL does: the handle holds the memory now */
+        if (g.cu.cuMemAddressReserve(&va, 4 * MiB, 0, 0, 0) != GP_CUDA_SUCCESS || g.cu.cuMemMap(va, 4 * MiB, 0, h, 0) != GP_CUDA_SUCCESS ||
+            g.cu.cuMemRelease(h) != GP_CUDA_SUCCESS || g.cu.cuMemSetAccess(va, 4 * MiB, &vmm_rw, 1) != GP_CUDA_SUCCESS)
+                return 4;       /* released while mapped: the mapping keeps it */
+        if (!vmm_reads(&g, va, 0xab) || g.htod(va, fill, sizeof(fill)) != GP_CUDA_SUCCESS || write(sock, "w", 1) != 1)
+                return 5;
+        /* The exporter let go and exited: the memory lives while this mapping does. */
+        if (read(sock, buf, 1) != 0)
+                return 6;
+        if (!vmm_reads(&g, va, 0xcd) || g.cu.cuMemGetInfo(&free1, &total) != GP_CUDA_SUCCESS)
+                return 7;
+        if (g.cu.cuMemUnmap(va, 4 * MiB) != GP_CUDA_SUCCESS || g.cu.cuMemAddressFree(va, 4 * MiB) != GP_CUDA_SUCCESS ||
+            g.cu.cuMemGetInfo(&free2, &total) != GP_CUDA_SUCCESS || free2 != free1 + 4 * MiB)
+                return 8;       /* nobody holds it any more: freed */
+        return 0;
+}
+
+START_TEST(test_fake_vmm_rules) {
+        pid_t exporter, importer;
+        int sv[2], e, i;
+
+        fake_node_new();
+        ck_assert_int_eq(socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv), 0);
+        exporter = spawn(vmm_exporter, NULL, sv);
+        importer = spawn(vmm_importer, NULL, sv);
+        close(sv[0]);
+        close(sv[1]);
+        e = reap(exporter);
+        i = reap(importer);
+        ck_assert_msg(e == 0, "the exporter's side of the VMM rules failed at step %d", e);
+        ck_assert_msg(i == 0, "the importer's side of the VMM rules failed at step %d", i);
+        fake_node_done();       /* nothing left: the last holder freed it */
+}
+END_TEST
+
 static int rules_client(struct testd *d, void *arg) {
         gp_cu_result (*mem_alloc_v1)(unsigned *p, unsigned size);
         gp_cu_deviceptr p = 0, base = 0;
@@ -1907,6 +2065,7 @@ Suite *suite_cuda_fake(void) {
         tcase_add_test(tc, test_fake_start_without_driver_or_gpu);
         tcase_add_test(tc, test_fake_memory_is_the_nodes);
         tcase_add_test(tc, test_fake_legacy_stream_order);
+        tcase_add_test(tc, test_fake_vmm_rules);
         tcase_add_test(tc, test_fake_ipc_open_cost_grows_with_size);
         tcase_add_test(tc, test_fake_headroom_kept);
         tcase_add_test(tc, test_fake_headroom_reclaimed_from_clients);
