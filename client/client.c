@@ -45,9 +45,13 @@ static int session_open(gpupool_client *c) {
         if (c->device_count > CLIENT_MAX_DEVICES)
                 c->device_count = CLIENT_MAX_DEVICES;
         cuda = false;
-        for (unsigned d = 0; d < c->device_count; d++)
+        c->vmm = false;
+        for (unsigned d = 0; d < c->device_count; d++) {
                 if (strcmp(hello->hello_reply->devices[d]->backend, "cuda") == 0)
                         cuda = true;
+                if (strcmp(hello->hello_reply->devices[d]->backend, "cuda-vmm") == 0)
+                        cuda = c->vmm = true;
+        }
         __atomic_store_n(&c->cuda, cuda, __ATOMIC_RELEASE);     /* gpupool_free_async() reads it unlocked */
         client_id = hello->hello_reply->client_id;
         c->round_trips = c->conn.calls;
@@ -328,7 +332,7 @@ GPUPOOL_EXPORT int gpupool_free_async(gpupool_client *c, void *ptr, void *stream
         if (!b) {
                 r = not_a_block(c, ptr);
         } else {
-                if (!b->mapping->ipc) {
+                if (!b->mapping->ipc && !b->mapping->vmm) {
                         client_set_error(c, "a stream was given for a block of host memory");
                         r = -EINVAL;
                 } else {

@@ -36,7 +36,8 @@ struct mapping {
         uint64_t size;
         uint8_t *base;                  /* host: the mmap; cuda: the CUdeviceptr */
         unsigned device;                /* the daemon's index */
-        bool ipc;
+        bool ipc;                       /* cuda: opened from a legacy IPC handle */
+        bool vmm;                       /* cuda-vmm: imported from a descriptor, mapped in a range of ours */
         uint8_t handle[GP_CU_IPC_HANDLE_SIZE];
         struct gp_rb_node by_addr;
         struct gp_rb_node by_id;
@@ -121,6 +122,7 @@ struct gpupool_client {
         char name[64];
         unsigned device_count;
         bool cuda;                      /* the daemon serves CUDA devices */
+        bool vmm;                       /* cuda-vmm: segments come as descriptors of cuMemCreate memory */
         struct gp_cuda cu;
         struct client_device devices[CLIENT_MAX_DEVICES];
         int local_to_daemon[CLIENT_MAX_DEVICES];        /* this process's CUDA ordinal -> daemon index, or -1 */

@@ -31,6 +31,7 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 static int push(gpupool_client *c, struct client_device *d) {
         gp_cu_result r = c->cu.cuCtxPushCurrent(d->ctx);
@@ -173,6 +174,79 @@ void client_cuda_close(gpupool_client *c, struct mapping *m) {
                 return;
         mode = relax(c);
         (void) c->cu.cuIpcCloseMemHandle((gp_cu_deviceptr) (uintptr_t) m->base);
+        unrelax(c, mode);
+        pop(c);
+}
+
+int client_cuda_map_fd(gpupool_client *c, struct mapping *m, int fd) {
+        struct client_device *d = &c->devices[m->device];
+        gp_cu_mem_access_desc rw = {
+                .location = { .type = GP_CU_MEM_LOCATION_TYPE_DEVICE, .id = (int) d->dev },
+                .flags = GP_CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+        };
+        gp_cu_deviceptr va = 0;
+        gp_cu_mem_handle h = 0;
+        const char *what;
+        gp_cu_result r;
+        int err, mode;
+
+        if (!d->visible) {
+                close(fd);
+                client_set_error(c, "gpupoold handed out memory of a GPU this process cannot see");
+                return -EPROTO;
+        }
+        err = device_ready(c, d);
+        if (err == 0)
+                err = push(c, d);
+        if (err < 0) {
+                close(fd);
+                return err;
+        }
+        mode = relax(c);
+        /* The descriptor by value, as the driver takes it; the handle holds the memory from here. */
+        what = "cuMemImportFromShareableHandle";
+        r = c->cu.cuMemImportFromShareableHandle(&h, (void *) (uintptr_t) fd, GP_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+        close(fd);
+        if (r == GP_CUDA_SUCCESS) {
+                what = "cuMemAddressReserve";
+                r = c->cu.cuMemAddressReserve(&va, m->size, 0, 0, 0);
+                if (r == GP_CUDA_SUCCESS) {
+                        /* The whole allocation, which must be the segment the daemon described. */
+                        what = "cuMemMap";
+                        r = c->cu.cuMemMap(va, m->size, 0, h, 0);
+                        if (r == GP_CUDA_SUCCESS) {
+                                what = "cuMemSetAccess";
+                                r = c->cu.cuMemSetAccess(va, m->size, &rw, 1);
+                                if (r != GP_CUDA_SUCCESS)
+                                        (void) c->cu.cuMemUnmap(va, m->size);
+                        }
+                        if (r != GP_CUDA_SUCCESS)
+                                (void) c->cu.cuMemAddressFree(va, m->size);
+                }
+                /* Mapped or not, the handle goes: a mapping keeps the memory while it lasts. */
+                (void) c->cu.cuMemRelease(h);
+        }
+        unrelax(c, mode);
+        pop(c);
+        if (r != GP_CUDA_SUCCESS) {
+                client_set_error(c, "cuda-vmm: %s of a %llu-byte segment: %s", what, (unsigned long long) m->size,
+                                 gp_cuda_error_name(&c->cu, r));
+                return r == GP_CUDA_ERROR_OUT_OF_MEMORY ? -ENOMEM : -EIO;
+        }
+        m->base = (uint8_t *) (uintptr_t) va;
+        return 0;
+}
+
+void client_cuda_unmap(gpupool_client *c, struct mapping *m) {
+        struct client_device *d = &c->devices[m->device];
+        gp_cu_deviceptr va = (gp_cu_deviceptr) (uintptr_t) m->base;
+        int mode;
+
+        if (push(c, d) < 0)
+                return;
+        mode = relax(c);
+        if (c->cu.cuMemUnmap(va, m->size) == GP_CUDA_SUCCESS)
+                (void) c->cu.cuMemAddressFree(va, m->size);
         unrelax(c, mode);
         pop(c);
 }

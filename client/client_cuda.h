@@ -21,6 +21,15 @@ int client_cuda_open(gpupool_client *c, struct mapping *m);
 void client_cuda_close(gpupool_client *c, struct mapping *m);
 
 /*
+ * cuda-vmm: imports the segment's descriptor fd (closed here), maps it in a range this process
+ * reserves and makes it accessible on its device; sets m->base. Returns 0 or a negative errno.
+ */
+int client_cuda_map_fd(gpupool_client *c, struct mapping *m, int fd);
+
+/* Unmaps what client_cuda_map_fd() mapped and frees its range: the memory goes once nobody holds it. */
+void client_cuda_unmap(gpupool_client *c, struct mapping *m);
+
+/*
  * The driver's id of stream (cuStreamGetId) in d's primary context. Returns 0; 1, with no
  * id, when the stream is capturing a CUDA graph; or -EINVAL with the error set.
  */

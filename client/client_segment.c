@@ -5,7 +5,8 @@
  * Every request is one round trip on the handle's main connection, under the handle's lock (a
  * lease lets go of the lock while it waits, client_call_unlocked()). The library maps each
  * segment it leases once (host backend: an mmap of the memfd that came with the reply; cuda
- * backend: cuIpcOpenMemHandle of the handle in it, client_cuda.c), keeps the mappings in trees
+ * backend: cuIpcOpenMemHandle of the handle in it; cuda-vmm: an import of the descriptor that
+ * came with it, mapped in a range of its own; client_cuda.c), keeps the mappings in trees
  * (by address, by segment id, by IPC handle), and keeps the live blocks it handed out in a
  * table of its own sharded by address.
  */
@@ -167,6 +168,8 @@ void client_mapping_drop(gpupool_client *c, struct mapping *m) {
         if (m->ipc) {
                 gp_rb_remove(&c->by_handle, &m->by_handle);
                 client_cuda_close(c, m);
+        } else if (m->vmm) {
+                client_cuda_unmap(c, m);
         } else {
                 munmap(m->base, m->size);
         }
@@ -186,7 +189,19 @@ int client_mapping_add(gpupool_client *c, unsigned device, uint64_t segment_id, 
         m->segment_id = segment_id;
         m->size = size;
         m->device = device;
-        if (c->cuda) {
+        if (c->vmm) {
+                if (fd < 0) {
+                        free(m);
+                        client_set_error(c, "gpupoold sent a cuda-vmm segment without its file descriptor");
+                        return -EPROTO;
+                }
+                m->vmm = true;
+                r = client_cuda_map_fd(c, m, fd);
+                if (r < 0) {
+                        free(m);
+                        return r;
+                }
+        } else if (c->cuda) {
                 if (fd >= 0)
                         close(fd);
                 if (!ipc_handle || ipc_handle->len != GP_CU_IPC_HANDLE_SIZE) {

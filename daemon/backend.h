@@ -19,7 +19,8 @@
 /* One segment of backend memory, as the backend made it. */
 struct backend_mem {
         int fd;                 /* host: memfd passed to clients; -1 otherwise */
-        uint64_t addr;          /* cuda: device pointer; 0 otherwise */
+        uint64_t addr;          /* cuda: device pointer (cuda-vmm: the daemon's own mapping); 0 otherwise */
+        uint64_t vmm_handle;    /* cuda-vmm: the physical allocation (CUmemGenericAllocationHandle) */
         uint8_t ipc_handle[BACKEND_IPC_HANDLE_BYTES];   /* cuda: exported handle */
         size_t ipc_handle_len;  /* 0 when the backend exports a file descriptor */
         void *zeroing;          /* cuda: the event a zeroing under way will complete, or NULL */
@@ -78,17 +79,20 @@ struct backend {
         void *data;
         uint64_t faults_injected;       /* by the test-only fault wrapper; 0 otherwise */
         bool ipc_handles;               /* exports legacy CUDA IPC handles, which need the daemon's PID namespace */
+        uint64_t fd_bytes;              /* memory it keeps as a descriptor per segment (host, cuda-vmm): the fd limit's */
 };
 
 /* The host backend: one device of capacity_bytes of memfd memory. Returns 0 or a negative errno. */
 int backend_host_open(uint64_t capacity_bytes, struct backend **ret);
 
 /*
- * The cuda backend: every GPU of the node, each of its total memory less headroom_bytes.
- * Returns 0, or a negative errno with a sentence in err: -ENOENT no driver, -ENODEV no GPU,
- * -ENOSYS a driver too old, -EIO or -EINVAL otherwise.
+ * The cuda backend: every GPU of the node, each of its total memory less headroom_bytes; with
+ * vmm, the cuda-vmm backend (segments of cuMemCreate memory exported as file descriptors),
+ * which every GPU must support. Returns 0, or a negative errno with a sentence in err: -ENOENT
+ * no driver, -ENODEV no GPU, -ENOSYS a driver too old, -ENOTSUP a GPU without virtual memory
+ * management or descriptor handles (vmm), -EIO or -EINVAL otherwise.
  */
-int backend_cuda_open(uint64_t headroom_bytes, struct backend **ret, char *err, size_t err_size);
+int backend_cuda_open(uint64_t headroom_bytes, bool vmm, struct backend **ret, char *err, size_t err_size);
 
 /*
  * TEST ONLY: wraps inner (taken over) so that segment creations, exports and zeroings fail at

@@ -32,12 +32,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cudadrv.h"
 #include "log.h"
 #include "size.h"
 
 struct cuda_device {
+        int ordinal;                    /* the daemon's CUDA ordinal (cuda-vmm's location id) */
         gp_cu_device dev;
         gp_cu_context ctx;              /* the primary context, retained */
         gp_cu_stream stream;            /* for zeroing: polled by an event, never synchronized */
@@ -49,6 +51,7 @@ struct cuda_device {
 struct cuda_backend {
         struct backend base;
         struct gp_cuda cu;
+        bool vmm;                       /* cuda-vmm: cuMemCreate segments, exported as descriptors */
         uint64_t headroom_bytes;        /* --headroom: left free on each GPU for everyone else */
         struct cuda_device devs[BACKEND_MAX_DEVICES];
 };
@@ -128,6 +131,96 @@ static int cuda_device_memory(struct backend *b, unsigned device, struct backend
         return 0;
 }
 
+/* ---- cuda-vmm: a segment is a cuMemCreate allocation, exported as a descriptor, mapped in the daemon too ---- */
+
+static gp_cu_mem_prop vmm_prop(const struct cuda_device *d) {
+        return (gp_cu_mem_prop) {
+                .type = GP_CU_MEM_ALLOCATION_TYPE_PINNED,
+                .requested_handle_types = GP_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+                .location = { .type = GP_CU_MEM_LOCATION_TYPE_DEVICE, .id = d->ordinal },
+        };
+}
+
+/*
+ * Fresh physical memory for a segment: made, exported as a descriptor, and mapped at va (the
+ * daemon's own mapping, for zeroing). Pushed. Returns a driver result; on failure nothing is left.
+ */
+static gp_cu_result vmm_make(struct cuda_backend *c, struct cuda_device *d, uint64_t size, gp_cu_deviceptr va,
+                             gp_cu_mem_handle *ret_handle, int *ret_fd) {
+        gp_cu_mem_prop prop = vmm_prop(d);
+        gp_cu_mem_access_desc rw = { .location = prop.location, .flags = GP_CU_MEM_ACCESS_FLAGS_PROT_READWRITE };
+        gp_cu_mem_handle h;
+        gp_cu_result r;
+        int fd = -1;
+
+        r = c->cu.cuMemCreate(&h, size, &prop, 0);
+        if (r != GP_CUDA_SUCCESS)
+                return r;
+        r = c->cu.cuMemExportToShareableHandle(&fd, h, GP_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+        if (r == GP_CUDA_SUCCESS) {
+                r = c->cu.cuMemMap(va, size, 0, h, 0);
+                if (r == GP_CUDA_SUCCESS) {
+                        r = c->cu.cuMemSetAccess(va, size, &rw, 1);
+                        if (r != GP_CUDA_SUCCESS)
+                                (void) c->cu.cuMemUnmap(va, size);
+                }
+                if (r != GP_CUDA_SUCCESS)
+                        close(fd);
+        }
+        if (r != GP_CUDA_SUCCESS) {
+                (void) c->cu.cuMemRelease(h);
+                return r;
+        }
+        *ret_handle = h;
+        *ret_fd = fd;
+        return GP_CUDA_SUCCESS;
+}
+
+/* Lets go of a segment's physical memory: its descriptor, the daemon's mapping, its handle. Pushed. */
+static void vmm_unmake(struct cuda_backend *c, struct cuda_device *d, struct backend_mem *mem, uint64_t size) {
+        gp_cu_result r;
+
+        if (mem->fd >= 0)
+                close(mem->fd);
+        mem->fd = -1;
+        if (!mem->vmm_handle)
+                return;         /* it has none (fresh memory for it could not be made) */
+        r = c->cu.cuMemUnmap(mem->addr, size);
+        if (r == GP_CUDA_SUCCESS)
+                r = c->cu.cuMemRelease(mem->vmm_handle);
+        if (r != GP_CUDA_SUCCESS)
+                log_err("cuda-vmm: %s: letting go of a %llu-byte segment: %s", d->name, (unsigned long long) size,
+                        gp_cuda_error_name(&c->cu, r));
+}
+
+static int vmm_mem_create(struct cuda_backend *c, struct cuda_device *d, uint64_t size, struct backend_mem *ret) {
+        gp_cu_deviceptr va = 0;
+        gp_cu_mem_handle h = 0;
+        gp_cu_result r;
+        int fd = -1;
+
+        r = c->cu.cuMemAddressReserve(&va, size, 0, 0, 0);
+        if (r == GP_CUDA_SUCCESS) {
+                r = vmm_make(c, d, size, va, &h, &fd);
+                if (r != GP_CUDA_SUCCESS)
+                        (void) c->cu.cuMemAddressFree(va, size);
+        }
+        if (r != GP_CUDA_SUCCESS) {
+                if (r == GP_CUDA_ERROR_OUT_OF_MEMORY) {
+                        log_debug("cuda-vmm: %s: cuMemCreate of %llu bytes: out of memory", d->name, (unsigned long long) size);
+                        return -ENOMEM;
+                }
+                log_err("cuda-vmm: %s: making a %llu-byte segment: %s", d->name, (unsigned long long) size,
+                        gp_cuda_error_name(&c->cu, r));
+                return -EIO;
+        }
+        memset(ret, 0, sizeof(*ret));
+        ret->fd = fd;
+        ret->addr = va;
+        ret->vmm_handle = h;
+        return 0;
+}
+
 static int cuda_mem_create(struct backend *b, unsigned device, uint64_t size, struct backend_mem *ret) {
         struct cuda_backend *c = cuda_of(b);
         struct cuda_device *d = &c->devs[device];
@@ -141,6 +234,11 @@ static int cuda_mem_create(struct backend *b, unsigned device, uint64_t size, st
         err = push(c, d);
         if (err < 0)
                 return err;
+        if (c->vmm) {
+                err = vmm_mem_create(c, d, size, ret);
+                pop(c);
+                return err;
+        }
         r = c->cu.cuMemAlloc(&dptr, size);
         if (r != GP_CUDA_SUCCESS) {
                 pop(c);
@@ -181,6 +279,15 @@ static void cuda_mem_destroy(struct backend *b, unsigned device, struct backend_
                 (void) c->cu.cuEventDestroy((gp_cu_event) mem->zeroing);
                 mem->zeroing = NULL;
         }
+        if (c->vmm) {
+                vmm_unmake(c, d, mem, size);
+                r = c->cu.cuMemAddressFree(mem->addr, size);
+                pop(c);
+                if (r != GP_CUDA_SUCCESS)
+                        log_err("cuda-vmm: %s: cuMemAddressFree: %s", d->name, gp_cuda_error_name(&c->cu, r));
+                mem->addr = 0;
+                return;
+        }
         r = c->cu.cuMemFree(mem->addr);
         pop(c);
         if (r != GP_CUDA_SUCCESS)
@@ -203,6 +310,28 @@ static int cuda_mem_zero(struct backend *b, unsigned device, struct backend_mem 
 
         if (err < 0)
                 return err;
+        if (c->vmm) {
+                /*
+                 * A process may keep the descriptor or a mapping of memory it gave back: memory that
+                 * changes uid is therefore fresh, never the old zeroed, and the old goes to whoever
+                 * still holds it. Fresh memory is zeroed all the same: the driver does not say it is.
+                 */
+                gp_cu_mem_handle h;
+                int fd;
+
+                vmm_unmake(c, d, mem, size);
+                r = vmm_make(c, d, size, mem->addr, &h, &fd);
+                if (r != GP_CUDA_SUCCESS) {
+                        pop(c);
+                        log_err("cuda-vmm: %s: fresh memory for a segment changing uid: %s", d->name,
+                                gp_cuda_error_name(&c->cu, r));
+                        /* The segment has no memory now: the pool destroys it, which frees only its range. */
+                        mem->vmm_handle = 0;
+                        return r == GP_CUDA_ERROR_OUT_OF_MEMORY ? -ENOMEM : -EIO;
+                }
+                mem->vmm_handle = h;
+                mem->fd = fd;
+        }
         r = c->cu.cuMemsetD8Async(mem->addr, 0, size, d->stream);
         if (r == GP_CUDA_SUCCESS)
                 r = c->cu.cuEventCreate(&e, GP_CU_EVENT_DISABLE_TIMING);
@@ -285,6 +414,7 @@ static int open_device(struct cuda_backend *c, unsigned index, int ordinal, uint
         const char *what;
         gp_cu_result r;
 
+        d->ordinal = ordinal;
         what = "cuDeviceGet";
         r = c->cu.cuDeviceGet(&d->dev, ordinal);
         if (r == GP_CUDA_SUCCESS) {
@@ -308,6 +438,37 @@ static int open_device(struct cuda_backend *c, unsigned index, int ordinal, uint
                          "allows one process's context at a time: gpupoold's would lock out every client",
                          ordinal);
                 return 1;
+        }
+        if (r == GP_CUDA_SUCCESS && c->vmm) {
+                int vmm = 0, fds = 0;
+
+                what = "cuDeviceGetAttribute(CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED)";
+                r = c->cu.cuDeviceGetAttribute(&vmm, GP_CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, d->dev);
+                if (r == GP_CUDA_SUCCESS) {
+                        what = "cuDeviceGetAttribute(CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED)";
+                        r = c->cu.cuDeviceGetAttribute(&fds, GP_CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED,
+                                                       d->dev);
+                }
+                if (r == GP_CUDA_SUCCESS && (!vmm || !fds)) {
+                        d->name[sizeof(d->name) - 1] = '\0';
+                        snprintf(err, err_size, "GPU %d (%s) does not support %s, which cuda-vmm needs; --backend cuda "
+                                 "uses legacy IPC handles instead", ordinal, d->name,
+                                 !vmm ? "virtual memory management" : "exporting memory as a POSIX file descriptor");
+                        return -ENOTSUP;
+                }
+                if (r == GP_CUDA_SUCCESS) {
+                        gp_cu_mem_prop prop = vmm_prop(d);
+                        size_t granularity = 0;
+
+                        what = "cuMemGetAllocationGranularity";
+                        r = c->cu.cuMemGetAllocationGranularity(&granularity, &prop, GP_CU_MEM_ALLOC_GRANULARITY_MINIMUM);
+                        if (r == GP_CUDA_SUCCESS && (granularity == 0 || (2ULL << 20) % granularity)) {
+                                d->name[sizeof(d->name) - 1] = '\0';
+                                snprintf(err, err_size, "GPU %d (%s): its allocation granularity, %zu bytes, does not divide "
+                                         "the pool's 2 MiB segments", ordinal, d->name, granularity);
+                                return -ENOTSUP;
+                        }
+                }
         }
         if (r == GP_CUDA_SUCCESS) {
                 what = "cuDevicePrimaryCtxRetain";
@@ -353,7 +514,7 @@ static int open_device(struct cuda_backend *c, unsigned index, int ordinal, uint
         return 0;
 }
 
-int backend_cuda_open(uint64_t headroom_bytes, struct backend **ret, char *err, size_t err_size) {
+int backend_cuda_open(uint64_t headroom_bytes, bool vmm, struct backend **ret, char *err, size_t err_size) {
         struct cuda_backend *c = calloc(1, sizeof(*c));
         int count = 0, r;
 
@@ -362,8 +523,9 @@ int backend_cuda_open(uint64_t headroom_bytes, struct backend **ret, char *err, 
                 return -ENOMEM;
         }
         c->base.ops = &cuda_ops;
-        c->base.name = "cuda";
-        c->base.ipc_handles = true;
+        c->base.name = vmm ? "cuda-vmm" : "cuda";
+        c->base.ipc_handles = !vmm;
+        c->vmm = vmm;
         c->base.data = c;
         c->headroom_bytes = headroom_bytes;
         r = gp_cuda_load(&c->cu, err, err_size);
@@ -399,6 +561,9 @@ int backend_cuda_open(uint64_t headroom_bytes, struct backend **ret, char *err, 
                 cuda_close(&c->base);
                 return -EPERM;
         }
+        if (vmm)
+                for (unsigned i = 0; i < c->base.device_count; i++)
+                        c->base.fd_bytes += c->devs[i].capacity_bytes;  /* an exported descriptor per segment */
         *ret = &c->base;
         return 0;
 }

@@ -100,6 +100,7 @@ int backend_host_open(uint64_t capacity_bytes, struct backend **ret) {
         h->base.name = "host";
         h->base.device_count = 1;
         h->base.data = h;
+        h->base.fd_bytes = capacity_bytes;      /* a memfd per segment */
         h->capacity_bytes = capacity_bytes;
         *ret = &h->base;
         return 0;

@@ -22,11 +22,12 @@ static int open_backend(const struct options *o, struct backend **ret) {
         int r;
 
         if (o->backend != BACKEND_HOST) {
-                r = backend_cuda_open(o->headroom_bytes, ret, err, sizeof(err));
+                /* auto: the legacy cuda backend, until cuda-vmm has run on a GPU. */
+                r = backend_cuda_open(o->headroom_bytes, o->backend == BACKEND_CUDA_VMM, ret, err, sizeof(err));
                 if (r == 0)
                         return 0;
-                if (o->backend == BACKEND_CUDA) {
-                        log_err("--backend cuda: %s", err);
+                if (o->backend == BACKEND_CUDA || o->backend == BACKEND_CUDA_VMM) {
+                        log_err("--backend %s: %s", o->backend == BACKEND_CUDA ? "cuda" : "cuda-vmm", err);
                         return r;
                 }
                 /* No driver or no GPU: a CPU-only node. A GPU node whose driver fails must not pass for one. */

@@ -25,8 +25,8 @@ const char options_usage[] =
         "                         (default " OPTIONS_DEFAULT_CONFIG ", if it exists)\n"
         "  --check-config         check the config and exit: 0 when good, 1 saying why\n"
         "  --socket PATH          listen on PATH (default " GP_DEFAULT_SOCKET ")\n"
-        "  --backend NAME         host, cuda or auto (default auto: cuda when a GPU\n"
-        "                         backend is available, else host)\n"
+        "  --backend NAME         host, cuda, cuda-vmm or auto (default auto: cuda\n"
+        "                         when a GPU backend is available, else host)\n"
         "  --host-capacity SIZE   bytes the host backend may hand out (default 1G)\n"
         "  --headroom SIZE        device memory the cuda backend leaves free for\n"
         "                         contexts and other programs, per GPU (default 1G)\n"
@@ -159,8 +159,10 @@ static int set(struct options *o, const struct setting *s, const char *v, char *
                         o->backend = BACKEND_HOST;
                 else if (strcmp(v, "cuda") == 0)
                         o->backend = BACKEND_CUDA;
+                else if (strcmp(v, "cuda-vmm") == 0)
+                        o->backend = BACKEND_CUDA_VMM;
                 else {
-                        snprintf(err, err_size, "unknown backend '%s' (host, cuda or auto)", v);
+                        snprintf(err, err_size, "unknown backend '%s' (host, cuda, cuda-vmm or auto)", v);
                         return -EINVAL;
                 }
                 return 0;
@@ -286,12 +288,8 @@ int options_parse_listen(const char *text, struct sockaddr_storage *ret) {
         return 0;
 }
 
-uint64_t options_fds_needed(const struct options *o, bool host_backend) {
-        uint64_t need = OPTIONS_FDS_FIXED + (uint64_t) o->max_clients * OPTIONS_FDS_PER_CLIENT;
-
-        if (host_backend)
-                need += o->host_capacity_bytes / (2ULL << 20);
-        return need;
+uint64_t options_fds_needed(const struct options *o, uint64_t fd_bytes) {
+        return OPTIONS_FDS_FIXED + (uint64_t) o->max_clients * OPTIONS_FDS_PER_CLIENT + fd_bytes / (2ULL << 20);
 }
 
 int options_set_key(struct options *o, const char *section, const char *key, const char *value, char *err,

@@ -18,6 +18,7 @@ enum backend_choice {
         BACKEND_AUTO,
         BACKEND_HOST,
         BACKEND_CUDA,
+        BACKEND_CUDA_VMM,
 };
 
 enum options_action {
@@ -106,9 +107,10 @@ int options_parse_listen(const char *text, struct sockaddr_storage *ret);
 
 /*
  * The file descriptors the daemon needs at most with these settings: OPTIONS_FDS_FIXED, each
- * of --max-clients, and with the host backend one per segment (a memfd each, at least 2 MiB).
+ * of --max-clients, and one per segment of the fd_bytes a backend keeps as descriptors (host:
+ * a memfd each; cuda-vmm: an exported descriptor each; segments are at least 2 MiB).
  */
-uint64_t options_fds_needed(const struct options *o, bool host_backend);
+uint64_t options_fds_needed(const struct options *o, uint64_t fd_bytes);
 
 /* The --help text. */
 extern const char options_usage[];

@@ -368,7 +368,7 @@ int server_start(struct server *server, uv_loop_t *loop, const struct config *co
 
 int server_fit_fd_limit(const struct options *o, const struct backend *backend, char *why, size_t why_size) {
         bool host = strcmp(backend->name, "host") == 0;
-        uint64_t need = options_fds_needed(o, host);
+        uint64_t need = options_fds_needed(o, backend->fd_bytes);
         char cap[GP_SIZE_FORMAT_MAX];
         struct rlimit rl;
 

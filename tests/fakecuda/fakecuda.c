@@ -2395,13 +2395,15 @@ EXPORT void fakecuda_fail_events(int r) {
         pthread_mutex_unlock(&lock);
 }
 
-/* How many IPC mappings this process has open. */
+/* How many mappings of device memory this process has: IPC handles open, and VMM mappings. */
 EXPORT int fakecuda_open_handles(void) {
         int n = 0;
 
         pthread_mutex_lock(&lock);
         for (struct alloc *a = allocs; a; a = a->next)
                 n += a->imported;
+        for (struct vmap *m = vmaps; m; m = m->next)
+                n++;            /* another process's memory mapped here, or ours: a mapping each */
         pthread_mutex_unlock(&lock);
         return n;
 }

@@ -178,6 +178,21 @@ static bool pattern_intact(struct gpu *g, void *p, size_t size, unsigned tag) {
         return ok;
 }
 
+/*
+ * The backend cuda_start() starts: the scenarios every backend must pass run as loop tests,
+ * once on cuda (legacy IPC handles) and once on cuda-vmm (descriptors of cuMemCreate memory).
+ */
+static const char *const cuda_backends[] = { "cuda", "cuda-vmm" };
+static const char *cuda_backend = "cuda";
+
+static bool choose_backend(int i) {
+        cuda_backend = cuda_backends[i];
+        return true;
+}
+
+/* First in a loop test's body: the backend of this iteration. */
+#define BACKEND_OF_LOOP const bool backend_chosen_ __attribute__((unused)) = choose_backend(_i)
+
 /* On the fake: a fresh node, a directory of "device memory" ($FAKECUDA_DIR) of its own. */
 static void fake_node_new(void) {
         if (on_gpu)
@@ -220,13 +235,14 @@ static void fake_node_done(void) {
 /* Starts a cuda daemon (and, on the fake, on a fresh node). */
 static void cuda_start(struct testd *d, const char *extra1, const char *extra2) {
         fake_node_new();
-        testd_start(d, "--backend", "cuda", extra1, extra2, NULL);
+        testd_start(d, "--backend", cuda_backend, extra1, extra2, NULL);
 }
 
 /* Stops it; on the fake, every allocation must have been freed by then. */
 static void cuda_stop(struct testd *d) {
         ck_assert_int_eq(testd_stop(d), 0);
         fake_node_done();
+        cuda_backend = "cuda";
 }
 
 /* ---- several clients' data ---- */
@@ -277,6 +293,7 @@ static int data_client(struct testd *d, void *arg) {
 }
 
 START_TEST(test_cuda_clients_data_intact) {
+        BACKEND_OF_LOOP;
         enum { N = 4 };
         struct worker w[N];
         pid_t pids[N];
@@ -312,6 +329,7 @@ static int gpu_holder(struct testd *d, void *arg) {
 }
 
 START_TEST(test_cuda_killed_client_memory_returns) {
+        BACKEND_OF_LOOP;
         struct testd d;
         int fds[2];
         char ch;
@@ -376,6 +394,7 @@ static int oversize_client(struct testd *d, void *arg) {
 }
 
 START_TEST(test_cuda_limits_hold) {
+        BACKEND_OF_LOOP;
         struct testd d;
         long long total;
 
@@ -500,6 +519,7 @@ static void run_client(int (*client)(struct testd *d, void *arg), const char *na
 }
 
 START_TEST(test_cuda_free_async_waits_for_stream) {
+        BACKEND_OF_LOOP;
         run_client(free_async_client, "free_async_client");
 }
 END_TEST
@@ -567,6 +587,7 @@ static int process_pool_client(struct testd *d, void *arg) {
 }
 
 START_TEST(test_cuda_process_pool) {
+        BACKEND_OF_LOOP;
         run_client(process_pool_client, "process_pool_client");
 }
 END_TEST
@@ -612,6 +633,7 @@ static int hooks_client(struct testd *d, void *arg) {
 }
 
 START_TEST(test_cuda_framework_hooks_stream_ordered) {
+        BACKEND_OF_LOOP;
         run_client(hooks_client, "hooks_client");
 }
 END_TEST
@@ -659,6 +681,7 @@ static int disconnect_client(struct testd *d, void *arg) {
 }
 
 START_TEST(test_cuda_disconnect_waits_for_pending_frees) {
+        BACKEND_OF_LOOP;
         run_client(disconnect_client, "disconnect_client");
 }
 END_TEST
@@ -711,6 +734,7 @@ static int idle_wait_client(struct testd *d, void *arg) {
 }
 
 START_TEST(test_cuda_pending_free_costs_no_cpu) {
+        BACKEND_OF_LOOP;
         run_client(idle_wait_client, "idle_wait_client");
 }
 END_TEST
@@ -747,6 +771,7 @@ static int disconnect_busy_client(struct testd *d, void *arg) {
 }
 
 START_TEST(test_cuda_disconnect_waits_for_device_work) {
+        BACKEND_OF_LOOP;
         run_client(disconnect_busy_client, "disconnect_busy_client");
 }
 END_TEST
@@ -800,6 +825,7 @@ static int capture_client(struct testd *d, void *arg) {
 }
 
 START_TEST(test_cuda_graph_capture) {
+        BACKEND_OF_LOOP;
         run_client(capture_client, "capture_client");
 }
 END_TEST
@@ -842,6 +868,7 @@ static int nobody_client(struct testd *d, void *arg) {
 }
 
 START_TEST(test_cuda_segment_zeroed_across_uids) {
+        BACKEND_OF_LOOP;
         struct testd d;
 
         if (geteuid() != 0) {
@@ -1673,6 +1700,53 @@ START_TEST(test_fake_vmm_rules) {
 }
 END_TEST
 
+/*
+ * With cuda-vmm, a client in a PID namespace of its own (a container) is served: descriptors
+ * pass namespaces, which legacy IPC handles do not.
+ */
+static int pidns_vmm_client(struct testd *d, void *arg) {
+        pid_t pid;
+        int status;
+
+        (void) arg;
+        if (unshare(CLONE_NEWPID) < 0)
+                return 10;
+        pid = fork();           /* the new namespace's pid 1 */
+        if (pid < 0)
+                return 11;
+        if (pid == 0) {
+                gpupool_client *c = NULL;
+                struct gpu g;
+                void *p;
+
+                if (gpu_open(&g) < 0 || gpupool_connect(d->sock, "contained", &c) < 0 ||
+                    gpupool_alloc(c, 0, 6 * MiB, &p) < 0)
+                        _exit(12);
+                if (write_pattern(&g, p, 6 * MiB, 9) < 0 || !pattern_intact(&g, p, 6 * MiB, 9) || gpupool_free(c, p) < 0)
+                        _exit(13);
+                gpupool_disconnect(c);
+                _exit(0);
+        }
+        if (waitpid(pid, &status, 0) != pid || !WIFEXITED(status))
+                return 14;
+        return WEXITSTATUS(status);
+}
+
+START_TEST(test_fake_vmm_serves_pid_namespace) {
+        struct testd d;
+
+        if (geteuid() != 0) {
+                fprintf(stderr, "test_fake_vmm_serves_pid_namespace: not root, cannot make a PID namespace\n");
+                return;
+        }
+        cuda_backend = "cuda-vmm";
+        cuda_start(&d, NULL, NULL);
+        ck_assert_msg(reap(spawn(pidns_vmm_client, &d, NULL)) == 0, "a client in its own PID namespace was not served");
+        ck_assert_int_eq(testd_device(&d, 0, "in_use_bytes"), 0);
+        cuda_stop(&d);
+}
+END_TEST
+
 static int rules_client(struct testd *d, void *arg) {
         gp_cu_result (*mem_alloc_v1)(unsigned *p, unsigned size);
         gp_cu_deviceptr p = 0, base = 0;
@@ -1996,6 +2070,10 @@ START_TEST(test_fake_start_without_driver_or_gpu) {
         snprintf(cmd, sizeof(cmd), "GPUPOOL_LIBCUDA=%s %s/gpupoold --backend cuda --headroom 4G --socket /tmp/gp-never.sock 2>&1", lib, b);
         ck_assert_int_eq(run_capture(cmd, out, sizeof(out)), 1);
         ck_assert_msg(strstr(out, "--headroom 4.0 GiB leaves nothing"), "%s", out);
+        snprintf(cmd, sizeof(cmd), "GPUPOOL_LIBCUDA=%s FAKECUDA_VMM=0 %s/gpupoold --backend cuda-vmm --socket /tmp/gp-never.sock 2>&1",
+                 lib, b);
+        ck_assert_int_eq(run_capture(cmd, out, sizeof(out)), 1);
+        ck_assert_msg(strstr(out, "--backend cuda-vmm: GPU 0 (Fake GPU 0) does not support virtual memory management"), "%s", out);
 
         /* auto: no GPU means the host backend, said in the log. */
         setenv("FAKECUDA_DEVICES", "0", 1);
@@ -2016,17 +2094,17 @@ START_TEST(test_fake_start_without_driver_or_gpu) {
 END_TEST
 
 static void add_common(TCase *tc) {
-        tcase_add_test(tc, test_cuda_clients_data_intact);
-        tcase_add_test(tc, test_cuda_killed_client_memory_returns);
-        tcase_add_test(tc, test_cuda_limits_hold);
-        tcase_add_test(tc, test_cuda_free_async_waits_for_stream);
-        tcase_add_test(tc, test_cuda_disconnect_waits_for_pending_frees);
-        tcase_add_test(tc, test_cuda_framework_hooks_stream_ordered);
-        tcase_add_test(tc, test_cuda_segment_zeroed_across_uids);
-        tcase_add_test(tc, test_cuda_process_pool);
-        tcase_add_test(tc, test_cuda_pending_free_costs_no_cpu);
-        tcase_add_test(tc, test_cuda_disconnect_waits_for_device_work);
-        tcase_add_test(tc, test_cuda_graph_capture);
+        tcase_add_loop_test(tc, test_cuda_clients_data_intact, 0, 2);
+        tcase_add_loop_test(tc, test_cuda_killed_client_memory_returns, 0, 2);
+        tcase_add_loop_test(tc, test_cuda_limits_hold, 0, 2);
+        tcase_add_loop_test(tc, test_cuda_free_async_waits_for_stream, 0, 2);
+        tcase_add_loop_test(tc, test_cuda_disconnect_waits_for_pending_frees, 0, 2);
+        tcase_add_loop_test(tc, test_cuda_framework_hooks_stream_ordered, 0, 2);
+        tcase_add_loop_test(tc, test_cuda_segment_zeroed_across_uids, 0, 2);
+        tcase_add_loop_test(tc, test_cuda_process_pool, 0, 2);
+        tcase_add_loop_test(tc, test_cuda_pending_free_costs_no_cpu, 0, 2);
+        tcase_add_loop_test(tc, test_cuda_disconnect_waits_for_device_work, 0, 2);
+        tcase_add_loop_test(tc, test_cuda_graph_capture, 0, 2);
 }
 
 /* Every daemon and client of the fake suite loads the fake driver; the other suites must not. */
@@ -2066,6 +2144,7 @@ Suite *suite_cuda_fake(void) {
         tcase_add_test(tc, test_fake_memory_is_the_nodes);
         tcase_add_test(tc, test_fake_legacy_stream_order);
         tcase_add_test(tc, test_fake_vmm_rules);
+        tcase_add_test(tc, test_fake_vmm_serves_pid_namespace);
         tcase_add_test(tc, test_fake_ipc_open_cost_grows_with_size);
         tcase_add_test(tc, test_fake_headroom_kept);
         tcase_add_test(tc, test_fake_headroom_reclaimed_from_clients);
