@@ -202,17 +202,12 @@ static int daemon_device(gpupool_client *c, int device) {
 
 static int alloc_on(gpupool_client *c, int device, size_t size, void *stream, bool on_stream, void **ret_ptr);
 
-/* Whether the daemon is gone, as the control thread or the latest request saw it. Unlocked. */
-static bool daemon_gone_now(gpupool_client *c) {
-        return __atomic_load_n(&c->daemon_gone, __ATOMIC_ACQUIRE) || __atomic_load_n(&c->conn.broken, __ATOMIC_RELAXED);
-}
-
 /*
- * Whether the daemon is gone, as the control thread or the latest request saw it; says so.
- * What the process leases then is no longer its own: the pool hands none of it out. Locked.
+ * Whether what the process leases went with the daemon (client_memory_lost()); says so. The
+ * pool then hands none of it out. Locked.
  */
-static bool daemon_is_gone(gpupool_client *c) {
-        if (!daemon_gone_now(c))
+static bool memory_is_lost(gpupool_client *c) {
+        if (!client_memory_lost(c))
                 return false;
         client_set_error(c, "gpupoold is gone (or the connection to it is): its memory is no longer this process's; "
                             "gpupool_reconnect() starts anew");
@@ -236,7 +231,7 @@ static int alloc_on(gpupool_client *c, int device, size_t size, void *stream, bo
         if (!c || !ret_ptr || device < 0 || size == 0)
                 return -EINVAL;
         /* This thread's cache first, without the handle's lock (never inside a scope: its blocks are the scope's). */
-        if (rsize && !daemon_gone_now(c) && !__atomic_load_n(&c->scope_depth, __ATOMIC_ACQUIRE) &&
+        if (rsize && !client_memory_lost(c) && !__atomic_load_n(&c->scope_depth, __ATOMIC_ACQUIRE) &&
             (b = client_tcache_take(c, device, rsize))) {
                 void *ptr = b->ptr;
 
@@ -267,7 +262,7 @@ static int alloc_on(gpupool_client *c, int device, size_t size, void *stream, bo
                                             "(no GPU of the daemon has its UUID)", device);
                 else
                         client_set_error(c, "no device %d: gpupoold has %u", device, c->device_count);
-        } else if (daemon_is_gone(c)) {
+        } else if (memory_is_lost(c)) {
                 r = -ECONNRESET;
         } else if (!rsize || rsize > HEAP_MAX_REQUEST) {
                 client_set_error(c, "cannot allocate %zu bytes: a request is 1 byte to 64 TiB", size);
@@ -298,7 +293,7 @@ static int not_a_block(gpupool_client *c, void *ptr) {
  * when it is small and the thread has one, else into the pool.
  */
 static int free_now(gpupool_client *c, void *ptr) {
-        bool gone = daemon_gone_now(c);
+        bool gone = client_memory_lost(c);
         struct block *b = client_live_take(c, ptr), *rest = b;
         int r;
 
@@ -306,7 +301,7 @@ static int free_now(gpupool_client *c, void *ptr) {
                 return 0;
         pthread_mutex_lock(&c->lock);
         r = b ? client_free_unlinked(c, rest) : not_a_block(c, ptr);
-        if (r == 0 && daemon_is_gone(c))
+        if (r == 0 && memory_is_lost(c))
                 r = -ECONNRESET;        /* freed, but into memory that is not ours any more */
         pthread_mutex_unlock(&c->lock);
         return r;

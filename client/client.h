@@ -140,7 +140,7 @@ struct gpupool_client {
         uint64_t idle_return_ms;        /* empty segments go back after this long ($GPUPOOL_IDLE_RETURN; 0: never) */
         /* The control channel: the daemon's reclaim requests, answered by the control thread. */
         struct gp_conn *control;
-        bool daemon_gone;               /* atomic: the control channel closed under us (the process pool then serves nothing) */
+        bool daemon_gone;               /* atomic: the control channel closed under us (then the pool serves nothing, but on cuda-vmm) */
         pthread_t control_thread;
         bool control_started;
         /*
@@ -164,6 +164,20 @@ static inline __attribute__((format(printf, 2, 3))) void client_set_error(gpupoo
         va_start(ap, fmt);
         vsnprintf(c->error, sizeof(c->error), fmt, ap);
         va_end(ap);
+}
+
+/* Whether the daemon is gone, as the control thread or the latest request saw it. Unlocked. */
+static inline bool client_daemon_gone(gpupool_client *c) {
+        return __atomic_load_n(&c->daemon_gone, __ATOMIC_ACQUIRE) || __atomic_load_n(&c->conn.broken, __ATOMIC_RELAXED);
+}
+
+/*
+ * Whether what the process leases went with the daemon: on the cuda backend it lived in the
+ * daemon's context, and host memory a new daemon would hand out again. cuda-vmm memory lives
+ * while this process maps it, daemon or not (the driver's rule): the pool goes on serving it.
+ */
+static inline bool client_memory_lost(gpupool_client *c) {
+        return !c->vmm && client_daemon_gone(c);
 }
 
 #endif

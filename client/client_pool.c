@@ -125,6 +125,9 @@ static int give_back(gpupool_client *c, int device, uint64_t want, uint64_t befo
         size_t n;
         int r = 0;
 
+        /* Nobody to give it to: cuda-vmm memory stays the process's until it reconnects. */
+        if (client_daemon_gone(c))
+                return -ECONNRESET;
         do {
                 uint64_t got;
 
@@ -157,6 +160,14 @@ uint64_t client_pool_free_bytes(gpupool_client *c) {
         return bytes;
 }
 
+/* A lease with the daemon gone: at once, saying what the process still has. Locked. */
+static int daemon_gone_error(gpupool_client *c) {
+        client_set_error(c, "gpupoold is gone (or the connection to it is)%s; gpupool_reconnect() starts anew",
+                         c->vmm ? ": this process goes on allocating from the cuda-vmm memory it holds, but cannot "
+                                  "lease more" : "");
+        return -ECONNRESET;
+}
+
 /*
  * Leases a segment on device d for a block of rsize bytes and adds it to the device's heap,
  * in class. Returns 0 or a negative errno with the error set. Locked.
@@ -168,14 +179,16 @@ static int lease(gpupool_client *c, unsigned d, uint64_t rsize, enum heap_class 
         struct mapping *m;
         int r, fd = -1;
 
+        if (client_daemon_gone(c))
+                return daemon_gone_error(c);
         lr.device = d;
         lr.size = rsize;
         req.body_case = GPUPOOL__ENVELOPE__BODY_LEASE;
         req.lease = &lr;
         /* The daemon may park it while other processes give memory back: the lock must not wait with it. */
         r = call_reporting(c, &req, GPUPOOL__ENVELOPE__BODY_LEASE_REPLY, &rep, &fd, true);
-        if (r < 0)
-                return r;
+        if (r < 0)      /* the daemon found gone by this call says so too; a timeout keeps its own errno */
+                return r != -ETIMEDOUT && client_daemon_gone(c) ? daemon_gone_error(c) : r;
         l = rep->lease_reply;
         if (l->segment_size < rsize || l->segment_size % HEAP_BLOCK_ALIGN || client_mapping_by_id(c, l->segment_id)) {
                 if (fd >= 0)

@@ -1747,6 +1747,87 @@ START_TEST(test_fake_vmm_serves_pid_namespace) {
 }
 END_TEST
 
+/* ---- cuda-vmm memory outlives the daemon ---- */
+
+struct survivor {
+        int index;
+        int up[2], go[2];               /* ready, to the test; the daemon was killed, from it (a byte per worker) */
+};
+
+/*
+ * Holds blocks with data in them; once the daemon is killed, finds the data intact, goes on
+ * allocating from what it holds, and is told at once that it cannot lease more.
+ */
+static int survivor_client(struct testd *d, void *arg) {
+        enum { N = 6 };
+        static const size_t sizes[N] = { 4096, 100000, 1 * MiB, 3 * MiB, 3 * MiB, 8 * MiB };
+        struct survivor *w = arg;
+        gpupool_client *c = NULL;
+        char err[512], b;
+        void *p[N], *big;
+        struct gpu g;
+        int r;
+
+        if (gpu_open(&g) < 0 || gpupool_connect(d->sock, "survivor", &c) < 0)
+                return 1;
+        for (int i = 0; i < N; i++)
+                if (gpupool_alloc(c, 0, sizes[i], &p[i]) < 0 || write_pattern(&g, p[i], sizes[i], (unsigned) (w->index * 16 + i)) < 0)
+                        return 2;
+        if (write(w->up[1], "r", 1) != 1 || read(w->go[0], &b, 1) != 1)
+                return 3;
+        for (int i = 0; i < N; i++)
+                if (!pattern_intact(&g, p[i], sizes[i], (unsigned) (w->index * 16 + i)))
+                        return 4;
+        /* Freed and allocated again from what the process holds: no daemon needed. */
+        for (int round = 0; round < 3; round++) {
+                if (gpupool_free(c, p[3]) != 0 || gpupool_alloc(c, 0, sizes[3], &p[3]) != 0 ||
+                    write_pattern(&g, p[3], sizes[3], (unsigned) (w->index * 16 + 3)) < 0)
+                        return 5;
+        }
+        /* More than it holds needs the daemon: refused at once, saying so. */
+        r = gpupool_alloc(c, 0, 256 * MiB, &big);
+        gpupool_last_error(c, err, sizeof(err));
+        if (r != -ECONNRESET || !strstr(err, "goes on allocating from the cuda-vmm memory it holds")) {
+                fprintf(stderr, "survivor %d: %d: %s\n", w->index, r, err);
+                return 6;
+        }
+        for (int i = 0; i < N; i++)
+                if (!pattern_intact(&g, p[i], sizes[i], (unsigned) (w->index * 16 + i)) || gpupool_free(c, p[i]) != 0)
+                        return 7;
+        gpupool_disconnect(c);
+        return 0;
+}
+
+START_TEST(test_fake_vmm_survives_daemon_kill) {
+        enum { N = 4 };
+        struct survivor w[N];
+        pid_t pids[N];
+        struct testd d;
+        char b;
+
+        cuda_backend = "cuda-vmm";
+        cuda_start(&d, NULL, NULL);
+        for (int i = 0; i < N; i++) {
+                w[i].index = i;
+                ck_assert(pipe(w[i].up) == 0 && pipe(w[i].go) == 0);
+                pids[i] = spawn(survivor_client, &d, &w[i]);
+        }
+        for (int i = 0; i < N; i++)
+                ck_assert_int_eq(read(w[i].up[0], &b, 1), 1);
+        /* kill -9, and a new daemon on the same socket, as systemd would restart it */
+        testd_crash_and_restart(&d);
+        for (int i = 0; i < N; i++)
+                ck_assert_int_eq(write(w[i].go[1], "k", 1), 1);
+        for (int i = 0; i < N; i++) {
+                int status = reap(pids[i]);
+
+                ck_assert_msg(status == 0, "survivor %d failed at step %d", i, status);
+                close(w[i].up[0]), close(w[i].up[1]), close(w[i].go[0]), close(w[i].go[1]);
+        }
+        cuda_stop(&d);          /* what the clients held went with their mappings: nothing is left */
+}
+END_TEST
+
 static int rules_client(struct testd *d, void *arg) {
         gp_cu_result (*mem_alloc_v1)(unsigned *p, unsigned size);
         gp_cu_deviceptr p = 0, base = 0;
@@ -2145,6 +2226,7 @@ Suite *suite_cuda_fake(void) {
         tcase_add_test(tc, test_fake_legacy_stream_order);
         tcase_add_test(tc, test_fake_vmm_rules);
         tcase_add_test(tc, test_fake_vmm_serves_pid_namespace);
+        tcase_add_test(tc, test_fake_vmm_survives_daemon_kill);
         tcase_add_test(tc, test_fake_ipc_open_cost_grows_with_size);
         tcase_add_test(tc, test_fake_headroom_kept);
         tcase_add_test(tc, test_fake_headroom_reclaimed_from_clients);
