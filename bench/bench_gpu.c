@@ -14,7 +14,11 @@
  *
  * Then the first import of a segment: a second process exports cuMemAlloc_v2 allocations of
  * 2 MiB to 1 GiB (--import-reps of each) and this one times cuIpcOpenMemHandle_v2 (and
- * cuIpcCloseMemHandle) on each, as a client does on its first block of a new segment.
+ * cuIpcCloseMemHandle) on each, as a client does on its first block of a new segment on the
+ * cuda backend; and the same sizes of cuMemCreate memory exported as file descriptors, which
+ * this one imports, maps in a range it reserves and makes accessible, as a client does on the
+ * cuda-vmm backend (and unmaps and frees), each call timed; the exporter's side, cuMemCreate
+ * and the export, is timed too.
  *
  * Usage: bench_gpu --socket PATH [--ops N] [--live N] [--import-reps N] [--skip-direct]
  */
@@ -26,6 +30,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -33,6 +38,7 @@
 #include "cudadrv.h"
 #include "gpupool.h"
 #include "measure.h"
+#include "wire.h"
 
 #define MiB (1ULL << 20)
 
@@ -228,15 +234,31 @@ static void replay(struct allocator *a, const struct step *w, size_t n, int live
 static const size_t import_sizes[] = { 2 * MiB, 20 * MiB, 64 * MiB, 256 * MiB, 1024 * MiB };
 #define NSIZES (sizeof(import_sizes) / sizeof(import_sizes[0]))
 
+/* What the exporter measured of making and exporting cuMemCreate memory, sent after the descriptors. */
+struct vmm_made {
+        double create_us[NSIZES][64], export_us[NSIZES][64];
+        int n[NSIZES];
+};
+
+static const gp_cu_mem_prop vmm_prop = {
+        .type = GP_CU_MEM_ALLOCATION_TYPE_PINNED,
+        .requested_handle_types = GP_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+        .location = { .type = GP_CU_MEM_LOCATION_TYPE_DEVICE, .id = 0 },
+};
+
 /*
- * The exporting process: allocates, writes the handles to out, waits for a byte on in (or
- * its end: the parent gone, on any path) and frees. It holds about 13 GiB meanwhile.
+ * The exporting process: allocates, writes the handles to out, then makes as much cuMemCreate
+ * memory and sends its descriptors over sock (a byte each, 'x' with none when it could not),
+ * then what that took; waits for a byte on in (or its end: the parent gone, on any path) and
+ * frees. It holds about 26 GiB meanwhile.
  */
-static int exporter(int reps, int out, int in) {
+static int exporter(int reps, int out, int in, int sock) {
         struct gp_cuda cu;
         gp_cu_context ctx;
         gp_cu_device dev;
         gp_cu_deviceptr *p = calloc(NSIZES * (size_t) reps, sizeof(*p));
+        gp_cu_mem_handle *h = calloc(NSIZES * (size_t) reps, sizeof(*h));
+        static struct vmm_made made;
         char err[256], ch;
 
         if (gp_cuda_load(&cu, err, sizeof(err)) < 0 || cu.cuDeviceGet(&dev, 0) || cu.cuDevicePrimaryCtxRetain(&ctx, dev) ||
@@ -244,19 +266,46 @@ static int exporter(int reps, int out, int in) {
                 return 1;
         for (size_t s = 0; s < NSIZES; s++)
                 for (int r = 0; r < reps; r++) {
-                        gp_cu_ipc_mem_handle h;
+                        gp_cu_ipc_mem_handle ih;
 
                         if (cu.cuMemAlloc(&p[s * (size_t) reps + (size_t) r], import_sizes[s]) ||
-                            cu.cuIpcGetMemHandle(&h, p[s * (size_t) reps + (size_t) r]))
-                                memset(&h, 0, sizeof(h));      /* the importer reports it */
-                        if (write(out, &h, sizeof(h)) != sizeof(h))
+                            cu.cuIpcGetMemHandle(&ih, p[s * (size_t) reps + (size_t) r]))
+                                memset(&ih, 0, sizeof(ih));    /* the importer reports it */
+                        if (write(out, &ih, sizeof(ih)) != sizeof(ih))
                                 return 2;
                 }
+        for (size_t s = 0; s < NSIZES; s++)
+                for (int r = 0; r < reps; r++) {
+                        gp_cu_mem_handle *hh = &h[s * (size_t) reps + (size_t) r];
+                        double t = now_us(), t1;
+                        int fd = -1;
+
+                        if (cu.cuMemCreate(hh, import_sizes[s], &vmm_prop, 0)) {
+                                *hh = 0;
+                        } else {
+                                t1 = now_us();
+                                if (cu.cuMemExportToShareableHandle(&fd, *hh, GP_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0))
+                                        fd = -1;
+                                else if (made.n[s] < 64) {
+                                        made.create_us[s][made.n[s]] = t1 - t;
+                                        made.export_us[s][made.n[s]++] = now_us() - t1;
+                                }
+                        }
+                        if (gp_wire_send_packet(sock, (const uint8_t *) (fd >= 0 ? "m" : "x"), 1, fd) < 0)
+                                return 4;
+                        if (fd >= 0)
+                                close(fd);
+                }
+        if (write(out, &made, sizeof(made)) != (ssize_t) sizeof(made))
+                return 5;
         if (read(in, &ch, 1) < 0)
                 return 3;
-        for (size_t i = 0; i < NSIZES * (size_t) reps; i++)
+        for (size_t i = 0; i < NSIZES * (size_t) reps; i++) {
                 if (p[i])
                         (void) cu.cuMemFree(p[i]);
+                if (h[i])
+                        (void) cu.cuMemRelease(h[i]);
+        }
         return 0;
 }
 
@@ -275,7 +324,86 @@ static void exporter_stop(void) {
         }
 }
 
-static void bench_import(struct gp_cuda *cu, int reps, int in, int out) {
+/* Reads n bytes from the pipe, however it splits them (the exporter's report is larger than PIPE_BUF). */
+static bool read_all(int fd, void *buf, size_t n) {
+        for (size_t got = 0; got < n;) {
+                ssize_t r = read(fd, (char *) buf + got, n - got);
+
+                if (r <= 0)
+                        return false;
+                got += (size_t) r;
+        }
+        return true;
+}
+
+/* The cuda-vmm import: each descriptor imported, mapped in a reserved range, made accessible, then undone. */
+static void bench_vmm_import(struct gp_cuda *cu, int reps, int in, int sock) {
+        double *import_us = calloc((size_t) reps, sizeof(double)), *map_us = calloc((size_t) reps, sizeof(double));
+        double *unmap_us = calloc((size_t) reps, sizeof(double));
+        gp_cu_mem_access_desc rw = { .location = vmm_prop.location, .flags = GP_CU_MEM_ACCESS_FLAGS_PROT_READWRITE };
+        static struct vmm_made made;
+
+        printf("\n%-34s %-6s %10s %12s %12s %12s\n", "cuda-vmm import of a segment", "call", "n", "median_us", "p99_us",
+               "mean_us");
+        for (size_t s = 0; s < NSIZES; s++) {
+                char name[64];
+                int n = 0;
+
+                for (int r = 0; r < reps; r++) {
+                        gp_cu_mem_handle h;
+                        gp_cu_deviceptr va;
+                        uint8_t byte;
+                        int fd = -1;
+                        double t;
+
+                        if (gp_wire_recv_packet(sock, &byte, 1, &fd) != 1)
+                                return;
+                        if (fd < 0)
+                                continue;       /* the exporter could not make this one */
+                        /* What a cuda-vmm client does on a segment's first block: import, reserve, map, set access. */
+                        t = now_us();
+                        if (cu->cuMemImportFromShareableHandle(&h, (void *) (uintptr_t) fd,
+                                                               GP_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)) {
+                                close(fd);
+                                continue;
+                        }
+                        import_us[n] = now_us() - t;
+                        close(fd);
+                        t = now_us();
+                        if (cu->cuMemAddressReserve(&va, import_sizes[s], 0, 0, 0) || cu->cuMemMap(va, import_sizes[s], 0, h, 0) ||
+                            cu->cuMemSetAccess(va, import_sizes[s], &rw, 1)) {
+                                (void) cu->cuMemRelease(h);
+                                continue;       /* left mapped or reserved: the benchmark's process ends soon */
+                        }
+                        (void) cu->cuMemRelease(h);
+                        map_us[n] = now_us() - t;
+                        t = now_us();
+                        (void) cu->cuMemUnmap(va, import_sizes[s]);
+                        (void) cu->cuMemAddressFree(va, import_sizes[s]);
+                        unmap_us[n++] = now_us() - t;
+                }
+                snprintf(name, sizeof(name), "segment of %zu MiB", (size_t) (import_sizes[s] / MiB));
+                report(name, "import", import_us, (size_t) n);
+                report(name, "map", map_us, (size_t) n);
+                report(name, "unmap", unmap_us, (size_t) n);
+        }
+        free(import_us);
+        free(map_us);
+        free(unmap_us);
+        if (!read_all(in, &made, sizeof(made)))
+                return;
+        printf("\n%-34s %-6s %10s %12s %12s %12s\n", "cuda-vmm making a segment", "call", "n", "median_us", "p99_us",
+               "mean_us");
+        for (size_t s = 0; s < NSIZES; s++) {
+                char name[64];
+
+                snprintf(name, sizeof(name), "segment of %zu MiB", (size_t) (import_sizes[s] / MiB));
+                report(name, "create", made.create_us[s], (size_t) made.n[s]);
+                report(name, "export", made.export_us[s], (size_t) made.n[s]);
+        }
+}
+
+static void bench_import(struct gp_cuda *cu, int reps, int in, int out, int sock) {
         double *open_us = calloc((size_t) reps, sizeof(double)), *close_us = calloc((size_t) reps, sizeof(double));
 
         printf("\n%-34s %-6s %10s %12s %12s %12s\n", "first import of a segment", "call", "n", "median_us", "p99_us", "mean_us");
@@ -304,6 +432,7 @@ static void bench_import(struct gp_cuda *cu, int reps, int in, int out) {
                 report(name, "open", open_us, (size_t) n);
                 report(name, "close", close_us, (size_t) n);
         }
+        bench_vmm_import(cu, reps, in, sock);
         if (write(out, "x", 1) < 0)
                 perror("bench_gpu");
         exporter_stop();
@@ -319,7 +448,7 @@ int main(int argc, char **argv) {
         };
         const char *socket_path = NULL;
         size_t ops = 1000000, n;
-        int live = 1024, reps = 10, c, to_child[2], from_child[2];
+        int live = 1024, reps = 10, c, to_child[2], from_child[2], fds[2];
         bool skip_direct = false;
         struct allocator a;
         struct stats st;
@@ -346,12 +475,12 @@ int main(int argc, char **argv) {
                         return 2;
                 }
         }
-        if (!socket_path || ops == 0 || live <= 0 || reps <= 0) {
-                fprintf(stderr, "bench_gpu: --socket is required; --ops, --live and --import-reps must be positive\n");
+        if (!socket_path || ops == 0 || live <= 0 || reps <= 0 || reps > 64) {
+                fprintf(stderr, "bench_gpu: --socket is required; --ops and --live must be positive, --import-reps 1 to 64\n");
                 return 2;
         }
         /* The exporter is forked before this process touches CUDA. */
-        if (pipe(to_child) < 0 || pipe(from_child) < 0)
+        if (pipe(to_child) < 0 || pipe(from_child) < 0 || socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, fds) < 0)
                 return 1;
         exporter_pid = fork();
         if (exporter_pid < 0)
@@ -360,10 +489,12 @@ int main(int argc, char **argv) {
                 /* Only its own ends: the parent's exit must end its wait. */
                 close(to_child[1]);
                 close(from_child[0]);
-                _exit(exporter(reps, from_child[1], to_child[0]));
+                close(fds[0]);
+                _exit(exporter(reps, from_child[1], to_child[0], fds[1]));
         }
         close(to_child[0]);
         close(from_child[1]);
+        close(fds[1]);
         exporter_go = to_child[1];
         atexit(exporter_stop);
 
@@ -423,7 +554,7 @@ int main(int argc, char **argv) {
         report_all(a.name, &st);
         gpupool_disconnect(a.client);
 
-        bench_import(&cu, reps, from_child[0], to_child[1]);
+        bench_import(&cu, reps, from_child[0], to_child[1], fds[0]);
         free(w);
         free(st.alloc_us);
         free(st.free_us);
