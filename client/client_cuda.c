@@ -122,6 +122,21 @@ static int device_ready(gpupool_client *c, struct client_device *d) {
         return 0;
 }
 
+/*
+ * The device a leased segment is on, with its context retained and made current for mapping
+ * the segment (pair with pop()). Returns 0 or a negative errno with the error set.
+ */
+static int segment_device_enter(gpupool_client *c, struct client_device *d) {
+        int err;
+
+        if (!d->visible) {
+                client_set_error(c, "gpupoold handed out memory of a GPU this process cannot see");
+                return -EPROTO;
+        }
+        err = device_ready(c, d);
+        return err < 0 ? err : push(c, d);
+}
+
 int client_cuda_open(gpupool_client *c, struct mapping *m) {
         struct client_device *d = &c->devices[m->device];
         gp_cu_ipc_mem_handle handle;
@@ -130,14 +145,7 @@ int client_cuda_open(gpupool_client *c, struct mapping *m) {
         gp_cu_result r;
         int err, mode;
 
-        if (!d->visible) {
-                client_set_error(c, "gpupoold handed out memory of a GPU this process cannot see");
-                return -EPROTO;
-        }
-        err = device_ready(c, d);
-        if (err < 0)
-                return err;
-        err = push(c, d);
+        err = segment_device_enter(c, d);
         if (err < 0)
                 return err;
         memcpy(handle.reserved, m->handle, sizeof(handle.reserved));
@@ -190,14 +198,7 @@ int client_cuda_map_fd(gpupool_client *c, struct mapping *m, int fd) {
         gp_cu_result r;
         int err, mode;
 
-        if (!d->visible) {
-                close(fd);
-                client_set_error(c, "gpupoold handed out memory of a GPU this process cannot see");
-                return -EPROTO;
-        }
-        err = device_ready(c, d);
-        if (err == 0)
-                err = push(c, d);
+        err = segment_device_enter(c, d);
         if (err < 0) {
                 close(fd);
                 return err;

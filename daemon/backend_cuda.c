@@ -77,6 +77,19 @@ static void pop(struct cuda_backend *c) {
         (void) c->cu.cuCtxPopCurrent(&ctx);
 }
 
+/*
+ * An entry point's device, with its primary context made current (pair with pop()); NULL with
+ * *err set when there is no such device or the context cannot be made current.
+ */
+static struct cuda_device *enter(struct cuda_backend *c, unsigned device, int *err) {
+        if (device >= c->base.device_count) {
+                *err = -ENODEV;
+                return NULL;
+        }
+        *err = push(c, &c->devs[device]);
+        return *err < 0 ? NULL : &c->devs[device];
+}
+
 void backend_uuid_text(const uint8_t u[16], bool mig, char buf[BACKEND_UUID_TEXT_MAX]) {
         snprintf(buf, BACKEND_UUID_TEXT_MAX, "%s-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x",
                  mig ? "MIG" : "GPU", u[0], u[1], u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12],
@@ -107,15 +120,12 @@ static int cuda_device_info(struct backend *b, unsigned device, struct backend_d
 
 static int cuda_device_memory(struct backend *b, unsigned device, struct backend_device_memory *ret) {
         struct cuda_backend *c = cuda_of(b);
-        struct cuda_device *d = &c->devs[device];
         size_t free_bytes = 0, total_bytes = 0;
+        struct cuda_device *d;
         gp_cu_result r;
         int err;
 
-        if (device >= b->device_count)
-                return -ENODEV;
-        err = push(c, d);
-        if (err < 0)
+        if (!(d = enter(c, device, &err)))
                 return err;
         r = c->cu.cuMemGetInfo(&free_bytes, &total_bytes);
         pop(c);
@@ -223,16 +233,13 @@ static int vmm_mem_create(struct cuda_backend *c, struct cuda_device *d, uint64_
 
 static int cuda_mem_create(struct backend *b, unsigned device, uint64_t size, struct backend_mem *ret) {
         struct cuda_backend *c = cuda_of(b);
-        struct cuda_device *d = &c->devs[device];
         gp_cu_ipc_mem_handle handle;
         gp_cu_deviceptr dptr = 0;
+        struct cuda_device *d;
         gp_cu_result r;
         int err;
 
-        if (device >= b->device_count)
-                return -ENODEV;
-        err = push(c, d);
-        if (err < 0)
+        if (!(d = enter(c, device, &err)))
                 return err;
         if (c->vmm) {
                 err = vmm_mem_create(c, d, size, ret);
@@ -269,10 +276,11 @@ static int cuda_mem_create(struct backend *b, unsigned device, uint64_t size, st
 
 static void cuda_mem_destroy(struct backend *b, unsigned device, struct backend_mem *mem, uint64_t size) {
         struct cuda_backend *c = cuda_of(b);
-        struct cuda_device *d = &c->devs[device];
+        struct cuda_device *d;
         gp_cu_result r;
+        int err;
 
-        if (!mem->addr || push(c, d) < 0)
+        if (!mem->addr || !(d = enter(c, device, &err)))
                 return;
         if (mem->zeroing) {
                 /* Destroyed while its zeroing runs: the driver lets the event go once it completes. */
@@ -303,12 +311,12 @@ static void cuda_mem_destroy(struct backend *b, unsigned device, struct backend_
  */
 static int cuda_mem_zero(struct backend *b, unsigned device, struct backend_mem *mem, uint64_t size) {
         struct cuda_backend *c = cuda_of(b);
-        struct cuda_device *d = &c->devs[device];
+        struct cuda_device *d;
         gp_cu_event e = NULL;
         gp_cu_result r;
-        int err = push(c, d);
+        int err;
 
-        if (err < 0)
+        if (!(d = enter(c, device, &err)))
                 return err;
         if (c->vmm) {
                 /*
@@ -352,11 +360,11 @@ static int cuda_mem_zero(struct backend *b, unsigned device, struct backend_mem 
 
 static int cuda_mem_zero_done(struct backend *b, unsigned device, struct backend_mem *mem) {
         struct cuda_backend *c = cuda_of(b);
-        struct cuda_device *d = &c->devs[device];
+        struct cuda_device *d;
         gp_cu_result r;
-        int err = push(c, d);
+        int err;
 
-        if (err < 0)
+        if (!(d = enter(c, device, &err)))
                 return err;
         r = c->cu.cuEventQuery((gp_cu_event) mem->zeroing);
         if (r != GP_CUDA_ERROR_NOT_READY) {
@@ -400,6 +408,41 @@ static const struct backend_ops cuda_ops = {
 };
 
 /*
+ * cuda-vmm: whether GPU d has what the backend needs (virtual memory management, descriptor
+ * handles, a granularity that divides 2 MiB segments). Returns 0, with *r the driver's result
+ * and *what the call when a query failed; or -ENOTSUP with a sentence in err.
+ */
+static int vmm_supported(struct cuda_backend *c, struct cuda_device *d, gp_cu_result *r, const char **what, char *err,
+                         size_t err_size) {
+        gp_cu_mem_prop prop = vmm_prop(d);
+        size_t granularity = 0;
+        int vmm = 0, fds = 0;
+
+        *what = "cuDeviceGetAttribute(CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED)";
+        *r = c->cu.cuDeviceGetAttribute(&vmm, GP_CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, d->dev);
+        if (*r == GP_CUDA_SUCCESS) {
+                *what = "cuDeviceGetAttribute(CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED)";
+                *r = c->cu.cuDeviceGetAttribute(&fds, GP_CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED, d->dev);
+        }
+        if (*r != GP_CUDA_SUCCESS)
+                return 0;
+        if (!vmm || !fds) {
+                snprintf(err, err_size, "GPU %d (%s) does not support %s, which cuda-vmm needs; --backend cuda uses "
+                         "legacy IPC handles instead", d->ordinal, d->name,
+                         !vmm ? "virtual memory management" : "exporting memory as a POSIX file descriptor");
+                return -ENOTSUP;
+        }
+        *what = "cuMemGetAllocationGranularity";
+        *r = c->cu.cuMemGetAllocationGranularity(&granularity, &prop, GP_CU_MEM_ALLOC_GRANULARITY_MINIMUM);
+        if (*r == GP_CUDA_SUCCESS && (granularity == 0 || (2ULL << 20) % granularity)) {
+                snprintf(err, err_size, "GPU %d (%s): its allocation granularity, %zu bytes, does not divide the pool's "
+                         "2 MiB segments", d->ordinal, d->name, granularity);
+                return -ENOTSUP;
+        }
+        return 0;
+}
+
+/*
  * Opens GPU ordinal as the pool's device d (c->base.device_count counts it already). Returns
  * 0, 1 when its compute mode keeps it out of the pool (logged), or a negative errno with a
  * sentence in err.
@@ -421,6 +464,7 @@ static int open_device(struct cuda_backend *c, unsigned index, int ordinal, uint
                 what = "cuDeviceGetName";
                 r = c->cu.cuDeviceGetName(d->name, (int) sizeof(d->name), d->dev);
         }
+        d->name[sizeof(d->name) - 1] = '\0';    /* a string in every message below, whatever the driver wrote */
         if (r == GP_CUDA_SUCCESS) {
                 what = "cuDeviceGetUuid_v2";
                 r = c->cu.cuDeviceGetUuid(&d->uuid, d->dev);
@@ -430,7 +474,6 @@ static int open_device(struct cuda_backend *c, unsigned index, int ordinal, uint
                 r = c->cu.cuDeviceGetAttribute(&mode, GP_CU_DEVICE_ATTRIBUTE_COMPUTE_MODE, d->dev);
         }
         if (r == GP_CUDA_SUCCESS && (mode == GP_CU_COMPUTEMODE_EXCLUSIVE_PROCESS || mode == GP_CU_COMPUTEMODE_PROHIBITED)) {
-                d->name[sizeof(d->name) - 1] = '\0';
                 log_warn("cuda: GPU %d (%s) skipped: its compute mode is %s, which %s; to pool it, set it to "
                          "DEFAULT (nvidia-smi -i %d -c DEFAULT)", ordinal, d->name,
                          mode == GP_CU_COMPUTEMODE_PROHIBITED ? "PROHIBITED" : "EXCLUSIVE_PROCESS",
@@ -440,35 +483,10 @@ static int open_device(struct cuda_backend *c, unsigned index, int ordinal, uint
                 return 1;
         }
         if (r == GP_CUDA_SUCCESS && c->vmm) {
-                int vmm = 0, fds = 0;
+                int supported = vmm_supported(c, d, &r, &what, err, err_size);
 
-                what = "cuDeviceGetAttribute(CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED)";
-                r = c->cu.cuDeviceGetAttribute(&vmm, GP_CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, d->dev);
-                if (r == GP_CUDA_SUCCESS) {
-                        what = "cuDeviceGetAttribute(CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED)";
-                        r = c->cu.cuDeviceGetAttribute(&fds, GP_CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED,
-                                                       d->dev);
-                }
-                if (r == GP_CUDA_SUCCESS && (!vmm || !fds)) {
-                        d->name[sizeof(d->name) - 1] = '\0';
-                        snprintf(err, err_size, "GPU %d (%s) does not support %s, which cuda-vmm needs; --backend cuda "
-                                 "uses legacy IPC handles instead", ordinal, d->name,
-                                 !vmm ? "virtual memory management" : "exporting memory as a POSIX file descriptor");
-                        return -ENOTSUP;
-                }
-                if (r == GP_CUDA_SUCCESS) {
-                        gp_cu_mem_prop prop = vmm_prop(d);
-                        size_t granularity = 0;
-
-                        what = "cuMemGetAllocationGranularity";
-                        r = c->cu.cuMemGetAllocationGranularity(&granularity, &prop, GP_CU_MEM_ALLOC_GRANULARITY_MINIMUM);
-                        if (r == GP_CUDA_SUCCESS && (granularity == 0 || (2ULL << 20) % granularity)) {
-                                d->name[sizeof(d->name) - 1] = '\0';
-                                snprintf(err, err_size, "GPU %d (%s): its allocation granularity, %zu bytes, does not divide "
-                                         "the pool's 2 MiB segments", ordinal, d->name, granularity);
-                                return -ENOTSUP;
-                        }
-                }
+                if (supported < 0)
+                        return supported;
         }
         if (r == GP_CUDA_SUCCESS) {
                 what = "cuDevicePrimaryCtxRetain";
@@ -479,7 +497,6 @@ static int open_device(struct cuda_backend *c, unsigned index, int ordinal, uint
                 snprintf(err, err_size, "GPU %d: %s: %s", ordinal, what, gp_cuda_error_name(&c->cu, r));
                 return -EIO;
         }
-        d->name[sizeof(d->name) - 1] = '\0';
         if (push(c, d) < 0) {
                 snprintf(err, err_size, "GPU %d (%s): cannot make its primary context current", ordinal, d->name);
                 return -EIO;

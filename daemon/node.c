@@ -25,7 +25,7 @@ static void on_headroom_timer(uv_timer_t *timer) {
         bool released = false;
 
         for (unsigned d = 0; d < node->device_count; d++) {
-                uint64_t bytes = pool_keep_headroom(node->pools[d]), short_bytes = pool_headroom_short(node->pools[d]);
+                uint64_t short_bytes, bytes = pool_keep_headroom(node->pools[d], &short_bytes);
                 struct pool_stats st;
 
                 /* Still short with the cache empty: clients give back what they keep free (ladder step 3). */

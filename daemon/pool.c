@@ -165,16 +165,11 @@ static bool device_room(struct pool *p, int64_t *ret) {
         return true;
 }
 
-uint64_t pool_headroom_short(const struct pool *p) {
-        if (!p->gpu_known || p->gpu.free_bytes >= p->gpu.headroom_bytes)
-                return 0;
-        return p->gpu.headroom_bytes - p->gpu.free_bytes;
-}
-
-uint64_t pool_keep_headroom(struct pool *p) {
+uint64_t pool_keep_headroom(struct pool *p, uint64_t *ret_short) {
         uint64_t bytes = 0, size;
         int64_t room;
 
+        *ret_short = 0;
         if (!device_room(p, &room))
                 return 0;
         while (room < 0 && (size = cache_release_oldest(p))) {
@@ -183,6 +178,8 @@ uint64_t pool_keep_headroom(struct pool *p) {
                 p->gpu.free_bytes += size;
                 p->headroom_releases++;
         }
+        if (room < 0)
+                *ret_short = (uint64_t) -room;
         return bytes;
 }
 

@@ -107,12 +107,10 @@ bool pool_read_device(struct pool *pool);
 /*
  * Keeps the device's headroom free: when others (a new process's context, libraries, programs
  * without gpupool) have taken part of it, releases cached segments, oldest first, until the
- * headroom is free again or the cache is empty. Returns the bytes released.
+ * headroom is free again or the cache is empty. Returns the bytes released; *ret_short is what
+ * of the headroom others still hold after that (0: none, or the backend cannot tell).
  */
-uint64_t pool_keep_headroom(struct pool *pool);
-
-/* How many bytes of the headroom others hold, by the last reading and what the pool released since (0: none). */
-uint64_t pool_headroom_short(const struct pool *pool);
+uint64_t pool_keep_headroom(struct pool *pool, uint64_t *ret_short);
 
 /* Releases the oldest cached segments until at most max_cached_bytes are cached. Returns the bytes released. */
 uint64_t pool_trim_cache(struct pool *pool, uint64_t max_cached_bytes);

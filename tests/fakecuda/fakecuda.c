@@ -405,15 +405,18 @@ static uint64_t ledger_used(int gpu, bool check) {
         return sum;
 }
 
+/* Whether size more bytes fit physical GPU gpu, every running process counted. Under ledger_lock(). */
+static bool ledger_fits(int gpu, uint64_t size) {
+        /* Exited processes' slots only make the sum larger: look at them only when it does not fit. */
+        return size <= capacity && (ledger_used(gpu, false) <= capacity - size || ledger_used(gpu, true) <= capacity - size);
+}
+
 /* Charges size bytes of physical GPU gpu to this process if the node has them. */
 static bool ledger_charge(int gpu, uint64_t size) {
         bool ok;
 
         ledger_lock();
-        /* Exited processes' slots only make the sum larger: look at them only when it does not fit. */
-        ok = size <= capacity && ledger_used(gpu, false) <= capacity - size;
-        if (!ok)
-                ok = ledger_used(gpu, true) <= capacity - size;
+        ok = ledger_fits(gpu, size);
         if (ok)
                 __atomic_add_fetch(&my_slot->bytes[gpu], size, __ATOMIC_RELAXED);
         ledger_unlock();
@@ -1258,7 +1261,6 @@ static void phys_drop(struct phys *p) {
 static CUresult fk_MemCreate(gp_cu_mem_handle *handle, size_t size, const gp_cu_mem_prop *prop, unsigned long long flags) {
         static uint64_t next_vmm_id = 1;
         char path[256];
-        bool fits;
         CUresult r;
         int gpu, fd;
 
@@ -1274,8 +1276,7 @@ static CUresult fk_MemCreate(gp_cu_mem_handle *handle, size_t size, const gp_cu_
                  (unsigned long long) next_vmm_id++);
         /* Made and held under the ledger's lock: a sweep never sees it unheld. */
         ledger_lock();
-        fits = size <= capacity && (ledger_used(gpu, false) <= capacity - size || ledger_used(gpu, true) <= capacity - size);
-        if (!fits) {
+        if (!ledger_fits(gpu, size)) {
                 ledger_unlock();
                 pthread_mutex_unlock(&lock);
                 return GP_CUDA_ERROR_OUT_OF_MEMORY;
