@@ -322,7 +322,8 @@ static bool lease_attempt(struct session *s, uint64_t id, uint32_t device, uint6
         struct node *node = s->node;
         Gpupool__LeaseReply lr = GPUPOOL__LEASE_REPLY__INIT;
         char why[GP_MAX_ERROR_BYTES], b1[GP_SIZE_FORMAT_MAX], b2[GP_SIZE_FORMAT_MAX], b3[GP_SIZE_FORMAT_MAX];
-        char tried[256] = "", holders[GP_MAX_ERROR_BYTES / 2], gpu[256];
+        /* Sized so that the refusal's parts fit in why together (gcc checks the sum). */
+        char tried[160] = "", holders[384], gpu[200];
         struct pool_owner *owner = &s->owners[device];
         struct policy_admission adm;
         struct pool_lease lease;
