@@ -56,7 +56,9 @@ struct backend_ops {
         /* Gives a segment back. Cannot fail from the pool's point of view; errors are the backend's to log. */
         void (*mem_destroy)(struct backend *b, unsigned device, struct backend_mem *mem, uint64_t size);
         /*
-         * Zeroes a segment before it changes tenant. Returns 0 when it is zero already, 1 when the
+         * Zeroes a segment before it changes uid; where clients hold its memory by a descriptor
+         * they may keep (host, cuda-vmm), gives it fresh memory instead, so that what the next
+         * owner writes never shows in the old. Returns 0 when it is zero already, 1 when the
          * zeroing runs on the device (mem_zero_done says when it has ended; never waited for in
          * the daemon's loop), or a negative errno.
          */

@@ -3,8 +3,8 @@
  *
  * Each segment is a sealed memfd. The daemon never maps it: it passes the descriptor to the
  * client over SCM_RIGHTS and the client maps it. The seals stop a client from shrinking or
- * growing the file, which would fault every other mapping of it. Zeroing punches the whole
- * range out, which also hands the pages back to the kernel. This backend serves CPU-only
+ * growing the file, which would fault every other mapping of it. A segment changing uid gets a
+ * fresh memfd (a client may keep the old one), and the old one's pages go back to the kernel. This backend serves CPU-only
  * machines, CI and tests, and is a usable shared-memory pool of its own.
  */
 #define _GNU_SOURCE
@@ -34,12 +34,10 @@ static int host_device_info(struct backend *b, unsigned device, struct backend_d
         return 0;
 }
 
-static int host_mem_create(struct backend *b, unsigned device, uint64_t size, struct backend_mem *ret) {
+/* A sealed memfd of size bytes. Returns it, or a negative errno. */
+static int segment_memfd(uint64_t size) {
         int fd, r;
 
-        (void) b;
-        if (device != 0)
-                return -ENODEV;
         fd = memfd_create("gpupool-segment", MFD_CLOEXEC | MFD_ALLOW_SEALING);
         if (fd < 0)
                 return -errno;  /* EMFILE and ENFILE too: out of descriptors is not a full device */
@@ -49,6 +47,17 @@ static int host_mem_create(struct backend *b, unsigned device, uint64_t size, st
                 close(fd);
                 return r;
         }
+        return fd;
+}
+
+static int host_mem_create(struct backend *b, unsigned device, uint64_t size, struct backend_mem *ret) {
+        int fd;
+
+        (void) b;
+        if (device != 0)
+                return -ENODEV;
+        if ((fd = segment_memfd(size)) < 0)
+                return fd;
         memset(ret, 0, sizeof(*ret));
         ret->fd = fd;
         return 0;
@@ -61,15 +70,26 @@ static void host_mem_destroy(struct backend *b, unsigned device, struct backend_
         mem->fd = -1;
 }
 
+/*
+ * A segment changing uid gets a fresh memfd: the one it had may still be open or mapped in the
+ * process that returned it (nothing can take a descriptor back), and whatever the next owner
+ * writes must never show there. The old one's pages are punched out first, so that a process
+ * keeping it holds no memory until it writes there again; closing it leaves it to that process.
+ */
 static int host_mem_zero(struct backend *b, unsigned device, struct backend_mem *mem, uint64_t size) {
-        (void) b, (void) device;
-        if (fallocate(mem->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0, (off_t) size) < 0) {
-                int r = -errno;
+        int fd;
 
-                log_warn("host backend: zeroing a segment of %llu bytes failed: %s",
-                         (unsigned long long) size, strerror(-r));
-                return r;
+        (void) b, (void) device;
+        if (fallocate(mem->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0, (off_t) size) < 0)
+                log_warn("host backend: punching out a segment of %llu bytes changing uid failed: %s",
+                         (unsigned long long) size, strerror(errno));
+        if ((fd = segment_memfd(size)) < 0) {
+                log_warn("host backend: fresh memory for a segment of %llu bytes changing uid: %s",
+                         (unsigned long long) size, strerror(-fd));
+                return fd;
         }
+        close(mem->fd);
+        mem->fd = fd;
         return 0;
 }
 

@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -308,18 +309,26 @@ void raw_send(int sock, Gpupool__Envelope *env) {
         ck_assert_int_eq(gp_wire_send_packet(sock, buf, (size_t) n, -1), 0);
 }
 
-Gpupool__Envelope *raw_recv(int sock) {
+Gpupool__Envelope *raw_recv_fd(int sock, int *ret_fd) {
         static uint8_t buf[GP_MAX_REPLY_BYTES];
         Gpupool__Envelope *env;
         int fd = -1, n;
 
         n = gp_wire_recv_packet(sock, buf, sizeof(buf), &fd);
-        if (fd >= 0)
+        if ((n <= 0 || !ret_fd) && fd >= 0) {
                 close(fd);
+                fd = -1;
+        }
+        if (ret_fd)
+                *ret_fd = fd;
         if (n <= 0)
                 return NULL;
         ck_assert_int_eq(gp_wire_unpack(buf, (size_t) n, &env), 0);
         return env;
+}
+
+Gpupool__Envelope *raw_recv(int sock) {
+        return raw_recv_fd(sock, NULL);
 }
 
 Gpupool__Envelope *raw_call(int sock, Gpupool__Envelope *env) {
@@ -331,16 +340,24 @@ Gpupool__Envelope *raw_call(int sock, Gpupool__Envelope *env) {
         return rep;
 }
 
-Gpupool__Envelope *raw_lease(int sock, uint32_t device, uint64_t size) {
+Gpupool__Envelope *raw_lease_fd(int sock, uint32_t device, uint64_t size, int *ret_fd) {
         Gpupool__Envelope env = GPUPOOL__ENVELOPE__INIT;
         Gpupool__LeaseRequest lr = GPUPOOL__LEASE_REQUEST__INIT;
+        Gpupool__Envelope *rep;
 
         lr.device = device;
         lr.size = size;
         env.id = 7;
         env.body_case = GPUPOOL__ENVELOPE__BODY_LEASE;
         env.lease = &lr;
-        return raw_call(sock, &env);
+        raw_send(sock, &env);
+        rep = raw_recv_fd(sock, ret_fd);
+        ck_assert_ptr_nonnull(rep);
+        return rep;
+}
+
+Gpupool__Envelope *raw_lease(int sock, uint32_t device, uint64_t size) {
+        return raw_lease_fd(sock, device, size, NULL);
 }
 
 Gpupool__Envelope *raw_return(int sock, uint64_t *ids, size_t n, Gpupool__Usage *usage) {
@@ -395,4 +412,100 @@ int reap(pid_t pid) {
 
         ck_assert_int_eq(waitpid(pid, &status, 0), pid);
         return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+/* ---- the hostile-descriptor case ---- */
+
+#define KEPT_SECRET 0x5c
+
+struct kept_next_owner {
+        uint32_t device;
+        uint64_t segment_size;
+        int up[2], go[2];       /* filled, to the test; done, from it */
+};
+
+/* As uid 65534, over the raw protocol: leases a block, maps its segment, fills it with the secret. */
+static int kept_next_owner(struct testd *d, void *arg) {
+        struct kept_next_owner *k = arg;
+        Gpupool__Envelope *rep;
+        uint8_t *m;
+        int sock, fd;
+        char b;
+
+        if (setgid(65534) < 0 || setuid(65534) < 0)
+                return 20;
+        sock = raw_hello(d, "next-owner");
+        rep = raw_lease_fd(sock, k->device, 64 * 1024, &fd);
+        if (rep->status != GPUPOOL__STATUS__STATUS_OK || fd < 0 || !rep->lease_reply ||
+            rep->lease_reply->segment_size != k->segment_size)
+                return 21;
+        m = mmap(NULL, k->segment_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        if (m == MAP_FAILED)
+                return 22;
+        memset(m, KEPT_SECRET, k->segment_size);
+        if (write(k->up[1], "f", 1) != 1 || read(k->go[0], &b, 1) != 1)
+                return 23;
+        gpupool__envelope__free_unpacked(rep, NULL);
+        munmap(m, k->segment_size);
+        close(fd);
+        close(sock);
+        return 0;
+}
+
+/* Whether none of size bytes at m is the secret. */
+static bool shows_no_secret(const uint8_t *m, uint64_t size) {
+        for (uint64_t i = 0; i < size; i++)
+                if (m[i] == KEPT_SECRET)
+                        return false;
+        return true;
+}
+
+void check_kept_descriptor_reads_nothing(struct testd *d, uint32_t device) {
+        struct kept_next_owner k = { .device = device };
+        Gpupool__Envelope *rep, *ret;
+        uint8_t *kept, *again;
+        uint64_t segment;
+        int sock, fd;
+        pid_t child;
+
+        ck_assert_int_eq(chmod(d->dir, 0755), 0);       /* let the other uid reach the socket */
+        sock = raw_hello(d, "keeps-descriptors");
+        rep = raw_lease_fd(sock, device, 64 * 1024, &fd);
+        ck_assert_int_eq(rep->status, GPUPOOL__STATUS__STATUS_OK);
+        ck_assert_int_ge(fd, 0);
+        segment = rep->lease_reply->segment_id;
+        k.segment_size = rep->lease_reply->segment_size;
+        kept = mmap(NULL, k.segment_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        ck_assert_ptr_ne(kept, MAP_FAILED);
+        memset(kept, 0x11, k.segment_size);
+        /* Returned, yet the descriptor and the mapping stay: nothing can take them back. */
+        ret = raw_return(sock, &segment, 1, NULL);
+        ck_assert_int_eq(ret->status, GPUPOOL__STATUS__STATUS_OK);
+        ck_assert_uint_eq(ret->return_reply->returned, 1);
+        gpupool__envelope__free_unpacked(ret, NULL);
+        ck_assert_int_eq(testd_device(d, device, "cached_bytes"), (long long) k.segment_size);
+
+        ck_assert_int_eq(pipe(k.up), 0);
+        ck_assert_int_eq(pipe(k.go), 0);
+        child = spawn(kept_next_owner, d, &k);
+        {
+                char b;
+
+                ck_assert_int_eq(read(k.up[0], &b, 1), 1);
+        }
+        /* The next owner holds that very segment (no new one was made) and filled it. */
+        ck_assert_int_eq(testd_device(d, device, "cached_bytes"), 0);
+        ck_assert_int_eq(testd_device(d, device, "reserved_bytes"), (long long) k.segment_size);
+        ck_assert_msg(shows_no_secret(kept, k.segment_size), "a kept mapping shows what another uid wrote");
+        again = mmap(NULL, k.segment_size, PROT_READ, MAP_SHARED, fd, 0);
+        ck_assert_ptr_ne(again, MAP_FAILED);
+        ck_assert_msg(shows_no_secret(again, k.segment_size), "a kept descriptor, mapped again, shows what another uid wrote");
+        ck_assert_int_eq(write(k.go[1], "d", 1), 1);
+        ck_assert_int_eq(reap(child), 0);
+        munmap(again, k.segment_size);
+        munmap(kept, k.segment_size);
+        close(fd);
+        close(k.up[0]), close(k.up[1]), close(k.go[0]), close(k.go[1]);
+        gpupool__envelope__free_unpacked(rep, NULL);
+        close(sock);
 }

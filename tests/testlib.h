@@ -95,6 +95,8 @@ bool testd_device_becomes(struct testd *d, unsigned index, const char *key, long
 int raw_connect(struct testd *d);
 void raw_send(int sock, Gpupool__Envelope *env);
 Gpupool__Envelope *raw_recv(int sock);
+/* raw_recv, keeping the descriptor that came with the reply in *ret_fd (-1 when none). */
+Gpupool__Envelope *raw_recv_fd(int sock, int *ret_fd);
 /* Sends env and returns its reply (which must come). */
 Gpupool__Envelope *raw_call(int sock, Gpupool__Envelope *env);
 /* Connect and say hello (as name; or with the caller's Hello, setting its client id). */
@@ -102,8 +104,17 @@ int raw_hello(struct testd *d, const char *name);
 int raw_hello_with(struct testd *d, Gpupool__Hello *hello, uint64_t *ret_client_id);
 /* A LeaseRequest for a block of size bytes on device, and its reply. */
 Gpupool__Envelope *raw_lease(int sock, uint32_t device, uint64_t size);
+/* raw_lease, keeping the segment's descriptor (host, cuda-vmm) in *ret_fd. */
+Gpupool__Envelope *raw_lease_fd(int sock, uint32_t device, uint64_t size, int *ret_fd);
 /* A ReturnRequest of n segment ids, with usage reported if given, and its reply. */
 Gpupool__Envelope *raw_return(int sock, uint64_t *ids, size_t n, Gpupool__Usage *usage);
+
+/*
+ * The hostile-descriptor case, for a backend that passes descriptors (host, cuda-vmm): a raw
+ * client keeps the descriptor and a mapping of a segment it returned, another uid leases that
+ * segment and fills it; the kept memory shows none of it. Needs root (a second uid).
+ */
+void check_kept_descriptor_reads_nothing(struct testd *d, uint32_t device);
 
 /* Forks a child running fn(arg); returns its pid. The child exits with fn's return value. */
 pid_t spawn(int (*fn)(struct testd *d, void *arg), struct testd *d, void *arg);

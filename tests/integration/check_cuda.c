@@ -1747,6 +1747,21 @@ START_TEST(test_fake_vmm_serves_pid_namespace) {
 }
 END_TEST
 
+/* A client that keeps the descriptor of cuda-vmm memory it returned reads nothing another uid writes there. */
+START_TEST(test_fake_vmm_kept_descriptor_reads_nothing) {
+        struct testd d;
+
+        if (geteuid() != 0) {
+                fprintf(stderr, "test_fake_vmm_kept_descriptor_reads_nothing: not root, nothing to check\n");
+                return;
+        }
+        cuda_backend = "cuda-vmm";
+        cuda_start(&d, NULL, NULL);
+        check_kept_descriptor_reads_nothing(&d, 0);
+        cuda_stop(&d);
+}
+END_TEST
+
 /* ---- cuda-vmm memory outlives the daemon ---- */
 
 struct survivor {
@@ -2226,6 +2241,7 @@ Suite *suite_cuda_fake(void) {
         tcase_add_test(tc, test_fake_legacy_stream_order);
         tcase_add_test(tc, test_fake_vmm_rules);
         tcase_add_test(tc, test_fake_vmm_serves_pid_namespace);
+        tcase_add_test(tc, test_fake_vmm_kept_descriptor_reads_nothing);
         tcase_add_test(tc, test_fake_vmm_survives_daemon_kill);
         tcase_add_test(tc, test_fake_ipc_open_cost_grows_with_size);
         tcase_add_test(tc, test_fake_headroom_kept);

@@ -549,6 +549,20 @@ START_TEST(test_segment_zeroed_across_uids) {
 }
 END_TEST
 
+/* A client that keeps the memfd of a segment it returned reads nothing another uid writes there. */
+START_TEST(test_kept_descriptor_reads_nothing) {
+        struct testd d;
+
+        if (geteuid() != 0) {
+                fprintf(stderr, "test_kept_descriptor_reads_nothing: not root, nothing to check\n");
+                return;
+        }
+        testd_start(&d, NULL);
+        check_kept_descriptor_reads_nothing(&d, 0);
+        ck_assert_int_eq(testd_stop(&d), 0);
+}
+END_TEST
+
 START_TEST(test_cli) {
         const char *b = build_dir();
         char cmd[512], out[4096];
@@ -782,6 +796,7 @@ Suite *suite_daemon(void) {
         tcase_add_test(tc, test_daemon_crash_and_reconnect);
         tcase_add_test(tc, test_stale_socket_and_second_daemon);
         tcase_add_test(tc, test_segment_zeroed_across_uids);
+        tcase_add_test(tc, test_kept_descriptor_reads_nothing);
         tcase_add_test(tc, test_cli);
         tcase_add_test(tc, test_cli_refused_over_max_clients);
         tcase_add_test(tc, test_daemon_command_line_errors);
