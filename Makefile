@@ -11,7 +11,7 @@
 #   make check-gpu            the cuda backend's tests on this machine's GPU (skipped without one)
 #   make bench                CPU benchmarks on the host backend (table + bench/results/*.json)
 #   make bench-instructions   instructions per alloc+free of the allocator core (callgrind)
-#   make bench-frag           fragmentation of gpupool, PyTorch-, CuPy- and no-cache policies on traces
+#   make bench-frag           fragmentation of gpupool, PyTorch-, CuPy-, no-cache policies and growth models on traces
 #   make bench-replay         traces through libgpupool and a private gpupoold: round trips, imports, ns/op
 #   make bench-gpu            allocation latency: driver, driver pool, gpupool (needs a GPU)
 #   make bench-pending        allocation cost with 10,000 stream-ordered frees pending (GPU or fake driver)
