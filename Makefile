@@ -84,7 +84,7 @@ endif
 
 PROTO_C   := $(B)/proto/gpupool.pb-c.c
 PROTO_H   := $(B)/proto/gpupool.pb-c.h
-COMMON    := common/conn.c common/cudadrv.c common/heap.c common/rbtree.c common/size.c common/wire.c
+COMMON    := common/conn.c common/cudadrv.c common/granule.c common/heap.c common/rbtree.c common/size.c common/wire.c
 # The daemon's modules; backend_fault.c (test-only fault injection) is left out of the shipped
 # gpupoold and linked into the test programs and build/tests/gpupoold-faults only.
 DAEMON    := $(filter-out daemon/main.c daemon/backend_fault.c,$(wildcard daemon/*.c))
@@ -287,7 +287,7 @@ bench: all $(BENCH_HOST)
 	@mkdir -p bench/results
 	$(Q)$(BENCH_HOST) --build $(B) --json bench/results/host-$$(date -u +%Y-%m-%d).json $(BENCH_ARGS_HOST)
 
-$(BENCH_FRAG): $(B)/obj/bench/frag.o $(B)/obj/common/heap.o $(B)/obj/common/rbtree.o
+$(BENCH_FRAG): $(B)/obj/bench/frag.o $(B)/obj/common/granule.o $(B)/obj/common/heap.o $(B)/obj/common/rbtree.o
 	@mkdir -p $(dir $@)
 	@echo "  LD      $@"
 	$(Q)$(CC) $(LDFLAGS) -o $@ $^

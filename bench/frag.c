@@ -24,11 +24,11 @@
  *
  *   expand   the range is backed by 2 MiB granules mapped at its end as it grows, never
  *            unmapped: PyTorch's expandable_segments without empty_cache();
- *   granule  physical granules are interchangeable: each granule a block touches is mapped
- *            where it lies, and when the process has no spare granule it unmaps whole free
- *            granules (the highest first, as many as the block needs) to map them again
- *            there before it leases new ones. Its row also gives the granules leased, the
- *            maps and the unmaps, the cost this policy pays for its memory.
+ *   granule  common/granule.c: physical granules are interchangeable, each granule a
+ *            block touches is mapped where it lies, and when the process has no spare
+ *            granule it unmaps whole free granules (the highest first, as many as the block
+ *            needs) to map them again there before it leases new ones. Its row also gives
+ *            the granules leased, the maps and the unmaps, the cost this policy pays.
  *
  * Usage: frag [-g GRANULE_MIB] TRACE.csv...   (the models' granule, 2 MiB unless given)
  */
@@ -40,6 +40,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "granule.h"
 #include "heap.h"
 #include "rbtree.h"
 #include "trace.h"
@@ -283,115 +284,64 @@ static uint64_t granule_bytes = 2ULL << 20;            /* the models' granule (-
 #define RANGE_GRANULES (1ULL << 19)                     /* per class: 1 TiB of virtual range at 2 MiB */
 #define RANGE (RANGE_GRANULES * granule_bytes)
 
-struct range {
-        struct heap_segment seg;
-        uint32_t *refs;                         /* live blocks touching each granule */
-        uint64_t *mapped, *idle;                /* bitmaps: granule mapped; mapped and touched by no live block */
-};
-
-struct granules {
-        struct range range[HEAP_CLASS_COUNT];
-        uint64_t held, spare, extent[HEAP_CLASS_COUNT];
-        uint64_t maps, unmaps;
-};
-
-static bool bit(const uint64_t *m, uint64_t k) {
-        return m[k / 64] >> (k % 64) & 1;
+/* The granule model's mapping: nothing to map in a replay; physical granules numbered as obtained. */
+static int model_map(void *ctx, struct granule_range *r, uint64_t k, uint64_t phys) {
+        (void) ctx, (void) r, (void) k, (void) phys;
+        return 0;
 }
 
-static void set_bit(uint64_t *m, uint64_t k, bool v) {
-        if (v)
-                m[k / 64] |= 1ULL << (k % 64);
-        else
-                m[k / 64] &= ~(1ULL << (k % 64));
+static void model_unmap(void *ctx, struct granule_range *r, uint64_t k, uint64_t phys) {
+        (void) ctx, (void) r, (void) k, (void) phys;
 }
 
-/* Unmaps up to want idle granules, the highest first, into the spares (granule model). */
-static void unmap_idle(struct granules *g, uint64_t want) {
-        for (int c = 0; c < HEAP_CLASS_COUNT && want; c++) {
-                struct range *r = &g->range[c];
+static int model_obtain(void *ctx, uint64_t n, uint64_t *phys) {
+        uint64_t *next = ctx;
 
-                for (uint64_t w = RANGE_GRANULES / 64; w-- > 0 && want;)
-                        while (r->idle[w] && want) {
-                                uint64_t k = w * 64 + 63 - (uint64_t) __builtin_clzll(r->idle[w]);
-
-                                set_bit(r->idle, k, false);
-                                set_bit(r->mapped, k, false);
-                                g->spare++;
-                                g->unmaps++;
-                                want--;
-                        }
-        }
+        for (uint64_t i = 0; i < n; i++)
+                phys[i] = (*next)++;
+        return 0;
 }
 
-/* Makes every granule of block b mapped and counts b on them. */
-static void granules_take(struct granules *g, struct range *r, const struct heap_block *b, bool remap) {
-        uint64_t first = b->offset / granule_bytes, last = (b->offset + b->size - 1) / granule_bytes, need = 0;
-        enum heap_class class = b->segment->class;
+static const struct granule_ops model_ops = { model_map, model_unmap, model_obtain };
 
-        if (!remap) {
-                /* expand: the mapped part is a prefix that only grows. */
-                if (last + 1 > g->extent[class]) {
-                        g->held += last + 1 - g->extent[class];
-                        g->maps += last + 1 - g->extent[class];
-                        g->extent[class] = last + 1;
-                }
-                return;
-        }
-        for (uint64_t k = first; k <= last; k++)
-                need += !bit(r->mapped, k);
-        /* This block's own granules are not idle any more: count it on them first. */
-        for (uint64_t k = first; k <= last; k++) {
-                r->refs[k]++;
-                set_bit(r->idle, k, false);
-        }
-        if (need > g->spare)
-                unmap_idle(g, need - g->spare);
-        if (need > g->spare) {
-                g->held += need - g->spare;
-                g->spare = need;
-        }
-        for (uint64_t k = first; k <= last; k++)
-                if (!bit(r->mapped, k)) {
-                        set_bit(r->mapped, k, true);
-                        g->spare--;
-                        g->maps++;
-                }
-}
-
-static void granules_give(struct range *r, const struct heap_block *b) {
-        for (uint64_t k = b->offset / granule_bytes; k <= (b->offset + b->size - 1) / granule_bytes; k++)
-                if (--r->refs[k] == 0)
-                        set_bit(r->idle, k, true);
-}
-
-static struct result run_growing(const struct op *ops, size_t n, uint64_t max_id, bool remap, struct granules *g) {
+/*
+ * expand (remap false): each class's range is mapped up to the end of the highest block it
+ * ever held. granule (remap true): common/granule.c keeps what backs the ranges. Leaves the
+ * granule model's counts in g.
+ */
+static struct result run_growing(const struct op *ops, size_t n, uint64_t max_id, bool remap, struct granule_set *g) {
         struct heap_block **live = calloc(max_id + 1, sizeof(*live));
-        uint64_t *sizes = calloc(max_id + 1, sizeof(*sizes)), in_use = 0;
+        uint64_t *sizes = calloc(max_id + 1, sizeof(*sizes)), in_use = 0, extent[HEAP_CLASS_COUNT] = { 0 }, held = 0;
+        uint64_t next_phys = 0;
+        struct granule_range range[HEAP_CLASS_COUNT];
+        struct heap_segment seg[HEAP_CLASS_COUNT];
         struct result r = { 0 };
         struct heap h;
 
-        *g = (struct granules) { 0 };
         heap_init(&h);
-        for (int c = 0; c < HEAP_CLASS_COUNT; c++) {
-                struct range *rg = &g->range[c];
-
-                rg->refs = calloc(RANGE_GRANULES, sizeof(*rg->refs));
-                rg->mapped = calloc(RANGE_GRANULES / 64, sizeof(*rg->mapped));
-                rg->idle = calloc(RANGE_GRANULES / 64, sizeof(*rg->idle));
-                if (!live || !sizes || !rg->refs || !rg->mapped || !rg->idle ||
-                    heap_add(&h, &rg->seg, (uint64_t) c + 1, RANGE, (enum heap_class) c) < 0)
+        if (!live || !sizes || granule_set_init(g, granule_bytes, &model_ops, &next_phys) < 0)
+                exit(1);
+        for (int c = 0; c < HEAP_CLASS_COUNT; c++)
+                if (heap_add(&h, &seg[c], (uint64_t) c + 1, RANGE, (enum heap_class) c) < 0 ||
+                    (remap && granule_range_init(g, &range[c], RANGE) < 0))
                         exit(1);
-        }
         for (size_t i = 0; i < n; i++) {
                 if (ops[i].alloc) {
                         uint64_t rsize = heap_round(ops[i].size);
                         enum heap_class class = heap_class_of(rsize);
                         struct heap_block *b = heap_alloc(&h, class, rsize);
+                        uint64_t end;
 
                         if (!b)
                                 exit(1);
-                        granules_take(g, &g->range[class], b, remap);
+                        end = (b->offset + b->size + granule_bytes - 1) / granule_bytes;
+                        if (remap) {
+                                if (granule_take(&range[class], b->offset, b->size) < 0)
+                                        exit(1);
+                        } else if (end > extent[class]) {
+                                held += end - extent[class];
+                                extent[class] = end;
+                        }
                         live[ops[i].id] = b;
                         sizes[ops[i].id] = rsize;
                         in_use += rsize;
@@ -399,21 +349,29 @@ static struct result run_growing(const struct op *ops, size_t n, uint64_t max_id
                         struct heap_block *b = live[ops[i].id];
 
                         if (remap)
-                                granules_give(&g->range[b->segment->class], b);
+                                granule_give(&range[b->segment->class], b->offset, b->size);
                         (void) heap_free(&h, b);
                         live[ops[i].id] = NULL;
                         in_use -= sizes[ops[i].id];
                 }
-                if (g->held * granule_bytes > r.peak_reserved)
-                        r.peak_reserved = r.peak_held = g->held * granule_bytes;
+                if (remap)
+                        held = g->held;
+                if (held * granule_bytes > r.peak_reserved)
+                        r.peak_reserved = r.peak_held = held * granule_bytes;
                 if (in_use > r.peak_in_use)
                         r.peak_in_use = in_use;
         }
-        for (int c = 0; c < HEAP_CLASS_COUNT; c++) {
-                free(g->range[c].refs);
-                free(g->range[c].mapped);
-                free(g->range[c].idle);
+        if (remap) {
+                char why[256];
+
+                if (granule_check(g, why, sizeof(why)) < 0) {
+                        fprintf(stderr, "frag: %s\n", why);
+                        exit(1);
+                }
+                for (int c = 0; c < HEAP_CLASS_COUNT; c++)
+                        granule_range_destroy(&range[c]);
         }
+        granule_set_destroy(g);
         free(live);
         free(sizes);
         return r;      /* the blocks are left to the process's exit */
@@ -466,7 +424,7 @@ int main(int argc, char **argv) {
         for (int i = 1; i < argc; i++) {
                 const char *base = strrchr(argv[i], '/') ? strrchr(argv[i], '/') + 1 : argv[i];
                 char name[64];
-                struct granules g;
+                struct granule_set g;
                 struct trace t;
                 int r = trace_read(argv[i], &t);
                 const struct op *ops = t.ops;
@@ -485,7 +443,7 @@ int main(int argc, char **argv) {
                 row(name, "expand", run_growing(ops, n, max_id, false, &g));
                 row(name, "granule", run_growing(ops, n, max_id, true, &g));
                 printf("%-12s %-13s %" PRIu64 " granules leased, %" PRIu64 " maps, %" PRIu64 " unmaps, for %zu ops\n", "",
-                       "", g.held, g.maps, g.unmaps, n);
+                       "", g.obtained, g.maps, g.unmaps, n);
                 free(t.ops);
         }
         return 0;

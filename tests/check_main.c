@@ -17,6 +17,7 @@ int main(void) {
         srunner_add_suite(sr, suite_options());
         srunner_add_suite(sr, suite_config());
         srunner_add_suite(sr, suite_heap());
+        srunner_add_suite(sr, suite_granule());
         srunner_add_suite(sr, suite_pool());
         srunner_add_suite(sr, suite_daemon());
         srunner_add_suite(sr, suite_hostile());

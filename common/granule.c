@@ -1,0 +1,229 @@
+/*
+ * granule.c: physical granules behind virtual ranges (see granule.h for the model).
+ *
+ * Each range keeps a count of live blocks per granule and two bitmaps, mapped and idle, so
+ * that finding the highest idle granule is a scan of words from the top. The set keeps room
+ * for every physical granule it holds in its spare array, so an unmap never needs memory.
+ */
+#include "granule.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static bool bit(const uint64_t *m, uint64_t k) {
+        return m[k / 64] >> (k % 64) & 1;
+}
+
+static void bit_set(uint64_t *m, uint64_t k) {
+        m[k / 64] |= 1ULL << (k % 64);
+}
+
+static void bit_clear(uint64_t *m, uint64_t k) {
+        m[k / 64] &= ~(1ULL << (k % 64));
+}
+
+int granule_set_init(struct granule_set *s, uint64_t granule_bytes, const struct granule_ops *ops, void *ctx) {
+        if (!granule_bytes)
+                return -EINVAL;
+        *s = (struct granule_set) { .granule_bytes = granule_bytes, .ops = ops, .ctx = ctx };
+        return 0;
+}
+
+void granule_set_destroy(struct granule_set *s) {
+        free(s->spare);
+        s->spare = NULL;
+        s->spare_count = s->spare_cap = 0;
+}
+
+int granule_range_init(struct granule_set *s, struct granule_range *r, uint64_t bytes) {
+        uint64_t count = bytes / s->granule_bytes, words = (count + 63) / 64;
+
+        if (!bytes || bytes % s->granule_bytes)
+                return -EINVAL;
+        if (s->range_count == GRANULE_MAX_RANGES)
+                return -ENOSPC;
+        *r = (struct granule_range) { .set = s, .count = count };
+        r->refs = calloc(count, sizeof(*r->refs));
+        r->phys = calloc(count, sizeof(*r->phys));
+        r->mapped = calloc(words, sizeof(*r->mapped));
+        r->idle = calloc(words, sizeof(*r->idle));
+        if (!r->refs || !r->phys || !r->mapped || !r->idle) {
+                granule_range_destroy(r);
+                return -ENOMEM;
+        }
+        s->ranges[s->range_count++] = r;
+        return 0;
+}
+
+void granule_range_destroy(struct granule_range *r) {
+        struct granule_set *s = r->set;
+
+        for (unsigned i = 0; s && i < s->range_count; i++)
+                if (s->ranges[i] == r) {
+                        s->ranges[i] = s->ranges[--s->range_count];
+                        break;
+                }
+        if (s)
+                s->held -= r->mapped_count;     /* what was mapped there is the caller's to give back */
+        free(r->refs);
+        free(r->phys);
+        free(r->mapped);
+        free(r->idle);
+        *r = (struct granule_range) { 0 };
+}
+
+/* Makes room in the spare array for n physical granules in all. Returns 0 or -ENOMEM. */
+static int spare_reserve(struct granule_set *s, uint64_t n) {
+        uint64_t cap = s->spare_cap ? s->spare_cap : 64, *p;
+
+        if (n <= s->spare_cap)
+                return 0;
+        while (cap < n)
+                cap *= 2;
+        p = realloc(s->spare, cap * sizeof(*p));
+        if (!p)
+                return -ENOMEM;
+        s->spare = p;
+        s->spare_cap = cap;
+        return 0;
+}
+
+uint64_t granule_unmap_idle(struct granule_set *s, uint64_t want) {
+        uint64_t done = 0;
+
+        for (unsigned i = 0; i < s->range_count && done < want; i++) {
+                struct granule_range *r = s->ranges[i];
+
+                for (uint64_t w = (r->count + 63) / 64; w-- > 0 && done < want;)
+                        while (r->idle[w] && done < want) {
+                                uint64_t k = w * 64 + 63 - (uint64_t) __builtin_clzll(r->idle[w]);
+
+                                bit_clear(r->idle, k);
+                                bit_clear(r->mapped, k);
+                                r->idle_count--;
+                                r->mapped_count--;
+                                s->ops->unmap(s->ctx, r, k, r->phys[k]);
+                                s->spare[s->spare_count++] = r->phys[k];
+                                s->unmaps++;
+                                done++;
+                        }
+        }
+        return done;
+}
+
+/* Takes the count of a block off granules first..last: those it leaves untouched become idle. */
+static void uncount(struct granule_range *r, uint64_t first, uint64_t last) {
+        for (uint64_t k = first; k <= last; k++)
+                if (r->refs[k] && --r->refs[k] == 0 && bit(r->mapped, k)) {
+                        bit_set(r->idle, k);
+                        r->idle_count++;
+                }
+}
+
+int granule_take(struct granule_range *r, uint64_t offset, uint64_t size) {
+        struct granule_set *s = r->set;
+        uint64_t first, last, need = 0;
+        int err = 0;
+
+        if (!size || offset + size < offset || (offset + size - 1) / s->granule_bytes >= r->count)
+                return -EINVAL;
+        first = offset / s->granule_bytes;
+        last = (offset + size - 1) / s->granule_bytes;
+        /* Counted first, so that none of its own granules is unmapped to make room for the others. */
+        for (uint64_t k = first; k <= last; k++) {
+                if (r->refs[k]++ == 0 && bit(r->mapped, k)) {
+                        bit_clear(r->idle, k);
+                        r->idle_count--;
+                }
+                need += !bit(r->mapped, k);
+        }
+        if (need > s->spare_count)
+                (void) granule_unmap_idle(s, need - s->spare_count);
+        if (need > s->spare_count) {
+                uint64_t n = need - s->spare_count;
+
+                if ((err = spare_reserve(s, s->held + n)) < 0 ||
+                    (err = s->ops->obtain(s->ctx, n, s->spare + s->spare_count)) < 0)
+                        goto undo;
+                s->spare_count += n;
+                s->held += n;
+                s->obtained += n;
+        }
+        for (uint64_t k = first; k <= last; k++) {
+                uint64_t phys;
+
+                if (bit(r->mapped, k))
+                        continue;
+                phys = s->spare[--s->spare_count];
+                if ((err = s->ops->map(s->ctx, r, k, phys)) < 0) {
+                        s->spare_count++;
+                        goto undo;
+                }
+                bit_set(r->mapped, k);
+                r->phys[k] = phys;
+                r->mapped_count++;
+                s->maps++;
+        }
+        return 0;
+undo:
+        uncount(r, first, last);
+        return err;
+}
+
+void granule_give(struct granule_range *r, uint64_t offset, uint64_t size) {
+        uint64_t g = r->set->granule_bytes;
+
+        if (!size || offset + size < offset || (offset + size - 1) / g >= r->count)
+                return;
+        uncount(r, offset / g, (offset + size - 1) / g);
+}
+
+uint64_t granule_release_spares(struct granule_set *s, uint64_t *phys, uint64_t max) {
+        uint64_t n = s->spare_count < max ? s->spare_count : max;
+
+        for (uint64_t i = 0; i < n; i++)
+                phys[i] = s->spare[--s->spare_count];
+        s->held -= n;
+        return n;
+}
+
+#define FAIL(...)                                       \
+        do {                                            \
+                snprintf(why, why_size, __VA_ARGS__);   \
+                return -EUCLEAN;                        \
+        } while (0)
+
+int granule_check(const struct granule_set *s, char *why, size_t why_size) {
+        uint64_t mapped_all = 0;
+
+        for (unsigned i = 0; i < s->range_count; i++) {
+                const struct granule_range *r = s->ranges[i];
+                uint64_t mapped = 0, idle = 0;
+
+                if (r->set != s)
+                        FAIL("range %u is not this set's", i);
+                for (uint64_t k = 0; k < r->count; k++) {
+                        bool m = bit(r->mapped, k), d = bit(r->idle, k);
+
+                        if (r->refs[k] && !m)
+                                FAIL("range %u: granule %" PRIu64 " holds %" PRIu32 " live blocks, unmapped", i, k,
+                                     r->refs[k]);
+                        if (d != (m && !r->refs[k]))
+                                FAIL("range %u: granule %" PRIu64 " is %s idle", i, k, d ? "wrongly" : "not");
+                        mapped += m;
+                        idle += d;
+                }
+                if (mapped != r->mapped_count || idle != r->idle_count)
+                        FAIL("range %u: %" PRIu64 " mapped and %" PRIu64 " idle, counted %" PRIu64 " and %" PRIu64, i,
+                             mapped, idle, r->mapped_count, r->idle_count);
+                mapped_all += mapped;
+        }
+        if (mapped_all + s->spare_count != s->held)
+                FAIL("%" PRIu64 " mapped and %" PRIu64 " spare, but %" PRIu64 " held", mapped_all, s->spare_count, s->held);
+        if (s->spare_cap < s->held)
+                FAIL("room for %" PRIu64 " spares, %" PRIu64 " held", s->spare_cap, s->held);
+        return 0;
+}

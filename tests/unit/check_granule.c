@@ -1,0 +1,289 @@
+/*
+ * check_granule.c: physical granules behind virtual ranges (common/granule.c): what a block
+ * maps and obtains, idle granules unmapped highest first and mapped again where needed,
+ * failures that leave nothing counted, spares given back, the refusals, and random churn
+ * through the allocator core with granule_check() after every step.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "granule.h"
+#include "heap.h"
+#include "suites.h"
+
+#define G 4096ULL
+
+/* The test's mapping: records each operation, fails where told. */
+struct rec {
+        uint64_t next_phys;
+        uint64_t maps[64], unmaps[64];          /* granule indices, in order */
+        unsigned map_count, unmap_count;
+        int fail_obtain;                        /* the errno obtain returns, or 0 */
+        int fail_map_after;                     /* maps that succeed before one fails; -1: none fails */
+        uint64_t mapped_phys[1024];             /* phys at each granule of the first range, to check reuse */
+};
+
+static int rec_map(void *ctx, struct granule_range *r, uint64_t k, uint64_t phys) {
+        struct rec *t = ctx;
+
+        (void) r;
+        if (t->fail_map_after == 0)
+                return -EIO;
+        if (t->fail_map_after > 0)
+                t->fail_map_after--;
+        if (t->map_count < 64)
+                t->maps[t->map_count++] = k;
+        if (k < 1024)
+                t->mapped_phys[k] = phys;
+        return 0;
+}
+
+static void rec_unmap(void *ctx, struct granule_range *r, uint64_t k, uint64_t phys) {
+        struct rec *t = ctx;
+
+        (void) r, (void) phys;
+        if (t->unmap_count < 64)
+                t->unmaps[t->unmap_count++] = k;
+}
+
+static int rec_obtain(void *ctx, uint64_t n, uint64_t *phys) {
+        struct rec *t = ctx;
+
+        if (t->fail_obtain)
+                return -t->fail_obtain;
+        for (uint64_t i = 0; i < n; i++)
+                phys[i] = 1000 + t->next_phys++;
+        return 0;
+}
+
+static const struct granule_ops rec_ops = { rec_map, rec_unmap, rec_obtain };
+
+static void check_ok(const struct granule_set *s) {
+        char why[256] = "";
+
+        ck_assert_msg(granule_check(s, why, sizeof(why)) == 0, "%s", why);
+}
+
+static void start(struct granule_set *s, struct granule_range *r, struct rec *t, uint64_t granules) {
+        memset(t, 0, sizeof(*t));
+        t->fail_map_after = -1;
+        ck_assert_int_eq(granule_set_init(s, G, &rec_ops, t), 0);
+        ck_assert_int_eq(granule_range_init(s, r, granules * G), 0);
+}
+
+static void finish(struct granule_set *s, struct granule_range *r) {
+        granule_range_destroy(r);
+        granule_set_destroy(s);
+}
+
+START_TEST(test_take_maps_what_blocks_touch) {
+        struct granule_range r;
+        struct granule_set s;
+        struct rec t;
+
+        start(&s, &r, &t, 64);
+        /* A block over granules 0 and 1: both obtained and mapped. */
+        ck_assert_int_eq(granule_take(&r, 0, G + G / 2), 0);
+        ck_assert_uint_eq(s.held, 2);
+        ck_assert_uint_eq(s.obtained, 2);
+        ck_assert_uint_eq(t.map_count, 2);
+        /* Another in the rest of granule 1: nothing to map. */
+        ck_assert_int_eq(granule_take(&r, G + G / 2, G / 2), 0);
+        ck_assert_uint_eq(t.map_count, 2);
+        check_ok(&s);
+        /* The first freed: granule 0 is idle, granule 1 still holds the second block. */
+        granule_give(&r, 0, G + G / 2);
+        ck_assert_uint_eq(r.idle_count, 1);
+        ck_assert_uint_eq(r.mapped_count, 2);
+        check_ok(&s);
+        /* A block in granule 0 again: mapped already, nothing obtained. */
+        ck_assert_int_eq(granule_take(&r, 512, 512), 0);
+        ck_assert_uint_eq(r.idle_count, 0);
+        ck_assert_uint_eq(s.obtained, 2);
+        ck_assert_uint_eq(t.map_count, 2);
+        check_ok(&s);
+        finish(&s, &r);
+}
+END_TEST
+
+START_TEST(test_idle_granules_move_highest_first) {
+        struct granule_range r;
+        struct granule_set s;
+        struct rec t;
+        uint64_t phys20, phys30;
+
+        start(&s, &r, &t, 64);
+        for (uint64_t k = 10; k <= 30; k += 10)
+                ck_assert_int_eq(granule_take(&r, k * G, G), 0);
+        phys20 = t.mapped_phys[20];
+        phys30 = t.mapped_phys[30];
+        for (uint64_t k = 10; k <= 30; k += 10)
+                granule_give(&r, k * G, G);
+        ck_assert_uint_eq(r.idle_count, 3);
+        /* Two granules needed at 5 and 6: the idle 30 and 20 move there, none is obtained. */
+        ck_assert_int_eq(granule_take(&r, 5 * G, 2 * G), 0);
+        ck_assert_uint_eq(s.obtained, 3);
+        ck_assert_uint_eq(s.held, 3);
+        ck_assert_uint_eq(t.unmap_count, 2);
+        ck_assert_uint_eq(t.unmaps[0], 30);
+        ck_assert_uint_eq(t.unmaps[1], 20);
+        ck_assert(t.mapped_phys[5] == phys20 || t.mapped_phys[5] == phys30);
+        ck_assert(t.mapped_phys[6] == phys20 || t.mapped_phys[6] == phys30);
+        ck_assert_uint_ne(t.mapped_phys[5], t.mapped_phys[6]);
+        ck_assert_uint_eq(r.idle_count, 1);     /* 10 stays where it is */
+        check_ok(&s);
+        /* Two more: 10 moves, one is obtained. */
+        ck_assert_int_eq(granule_take(&r, 40 * G, 2 * G), 0);
+        ck_assert_uint_eq(s.obtained, 4);
+        ck_assert_uint_eq(t.unmaps[2], 10);
+        check_ok(&s);
+        finish(&s, &r);
+}
+END_TEST
+
+START_TEST(test_failures_count_nothing) {
+        struct granule_range r;
+        struct granule_set s;
+        struct rec t;
+
+        start(&s, &r, &t, 64);
+        /* The lease fails: nothing counted, nothing held. */
+        t.fail_obtain = ENOMEM;
+        ck_assert_int_eq(granule_take(&r, 0, 3 * G), -ENOMEM);
+        ck_assert_uint_eq(s.held, 0);
+        ck_assert_uint_eq(r.refs[0] + r.refs[1] + r.refs[2], 0);
+        check_ok(&s);
+        /* The second map fails: the first granule stays mapped, idle; the rest spare. */
+        t.fail_obtain = 0;
+        t.fail_map_after = 1;
+        ck_assert_int_eq(granule_take(&r, 0, 3 * G), -EIO);
+        ck_assert_uint_eq(s.held, 3);
+        ck_assert_uint_eq(r.mapped_count, 1);
+        ck_assert_uint_eq(r.idle_count, 1);
+        ck_assert_uint_eq(s.spare_count, 2);
+        check_ok(&s);
+        /* Then it works, from what it holds. */
+        t.fail_map_after = -1;
+        ck_assert_int_eq(granule_take(&r, 0, 3 * G), 0);
+        ck_assert_uint_eq(s.obtained, 3);
+        ck_assert_uint_eq(s.spare_count, 0);
+        check_ok(&s);
+        finish(&s, &r);
+}
+END_TEST
+
+START_TEST(test_spares_given_back) {
+        struct granule_range r;
+        struct granule_set s;
+        uint64_t phys[8];
+        struct rec t;
+
+        start(&s, &r, &t, 64);
+        ck_assert_int_eq(granule_take(&r, 0, 4 * G), 0);
+        ck_assert_int_eq(granule_take(&r, 8 * G, G), 0);
+        granule_give(&r, 0, 4 * G);
+        ck_assert_uint_eq(granule_unmap_idle(&s, 100), 4);
+        ck_assert_uint_eq(s.spare_count, 4);
+        ck_assert_uint_eq(granule_release_spares(&s, phys, 3), 3);
+        ck_assert_uint_eq(s.held, 2);
+        check_ok(&s);
+        ck_assert_uint_eq(granule_release_spares(&s, phys, 8), 1);
+        ck_assert_uint_eq(granule_release_spares(&s, phys, 8), 0);
+        ck_assert_uint_eq(s.held, 1);           /* the live block's */
+        check_ok(&s);
+        finish(&s, &r);
+}
+END_TEST
+
+START_TEST(test_refusals) {
+        struct granule_range r[GRANULE_MAX_RANGES + 1];
+        struct granule_set s;
+        struct rec t;
+
+        memset(&t, 0, sizeof(t));
+        ck_assert_int_eq(granule_set_init(&s, 0, &rec_ops, &t), -EINVAL);
+        ck_assert_int_eq(granule_set_init(&s, G, &rec_ops, &t), 0);
+        ck_assert_int_eq(granule_range_init(&s, &r[0], 0), -EINVAL);
+        ck_assert_int_eq(granule_range_init(&s, &r[0], G + 512), -EINVAL);
+        for (int i = 0; i < GRANULE_MAX_RANGES; i++)
+                ck_assert_int_eq(granule_range_init(&s, &r[i], 4 * G), 0);
+        ck_assert_int_eq(granule_range_init(&s, &r[GRANULE_MAX_RANGES], 4 * G), -ENOSPC);
+        ck_assert_int_eq(granule_take(&r[0], 0, 0), -EINVAL);
+        ck_assert_int_eq(granule_take(&r[0], 3 * G, G + 1), -EINVAL);  /* past the range's end */
+        ck_assert_int_eq(granule_take(&r[0], UINT64_MAX - 10, 100), -EINVAL);
+        check_ok(&s);
+        for (int i = 0; i < GRANULE_MAX_RANGES; i++)
+                granule_range_destroy(&r[i]);
+        ck_assert_uint_eq(s.range_count, 0);
+        granule_set_destroy(&s);
+}
+END_TEST
+
+/* Random blocks of two ranges carved by the allocator core; every live block's granules stay mapped. */
+START_TEST(test_random_churn) {
+        enum { SLOTS = 200 };
+        struct heap_block *live[SLOTS] = { NULL };
+        struct granule_range r[2];
+        struct heap_segment seg[2];
+        struct granule_set s;
+        unsigned seed = 99;
+        struct heap h;
+        struct rec t;
+
+        memset(&t, 0, sizeof(t));
+        t.fail_map_after = -1;
+        heap_init(&h);
+        ck_assert_int_eq(granule_set_init(&s, G, &rec_ops, &t), 0);
+        for (int c = 0; c < 2; c++) {
+                ck_assert_int_eq(heap_add(&h, &seg[c], (uint64_t) c + 1, 4096 * G, (enum heap_class) c), 0);
+                ck_assert_int_eq(granule_range_init(&s, &r[c], 4096 * G), 0);
+        }
+        for (int step = 0; step < 20000; step++) {
+                unsigned i = (unsigned) rand_r(&seed) % SLOTS;
+
+                if (live[i]) {
+                        granule_give(&r[live[i]->segment->class], live[i]->offset, live[i]->size);
+                        (void) heap_free(&h, live[i]);
+                        live[i] = NULL;
+                } else {
+                        uint64_t size = heap_round(1 + (uint64_t) rand_r(&seed) % (rand_r(&seed) % 4 ? 2 * G : 40 * G));
+                        /* Up to a granule in the one range, larger ones in the other. */
+                        enum heap_class c = size <= G ? HEAP_CLASS_SMALL : HEAP_CLASS_LARGE;
+
+                        live[i] = heap_alloc(&h, c, size);
+                        ck_assert_ptr_nonnull(live[i]);
+                        ck_assert_int_eq(granule_take(&r[c], live[i]->offset, live[i]->size), 0);
+                }
+                if (step % 97 == 0)
+                        (void) granule_unmap_idle(&s, (uint64_t) rand_r(&seed) % 8);
+                if (step % 500 == 0)
+                        check_ok(&s);
+        }
+        check_ok(&s);
+        /* What it holds never passed what it obtained, and every granule held is mapped or spare. */
+        ck_assert_uint_eq(s.held, s.obtained);
+        for (int c = 0; c < 2; c++)
+                granule_range_destroy(&r[c]);
+        granule_set_destroy(&s);
+        for (unsigned i = 0; i < SLOTS; i++)
+                if (live[i])
+                        (void) heap_free(&h, live[i]);
+        for (int c = 0; c < 2; c++)
+                ck_assert_int_eq(heap_remove(&seg[c]), 0);
+}
+END_TEST
+
+Suite *suite_granule(void) {
+        Suite *s = suite_create("granule");
+        TCase *tc = tcase_create("core");
+
+        tcase_add_test(tc, test_take_maps_what_blocks_touch);
+        tcase_add_test(tc, test_idle_granules_move_highest_first);
+        tcase_add_test(tc, test_failures_count_nothing);
+        tcase_add_test(tc, test_spares_given_back);
+        tcase_add_test(tc, test_refusals);
+        tcase_add_test(tc, test_random_churn);
+        suite_add_tcase(s, tc);
+        return s;
+}
