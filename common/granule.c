@@ -123,15 +123,24 @@ static void uncount(struct granule_range *r, uint64_t first, uint64_t last) {
                 }
 }
 
+/* The granules first..last that [offset, offset + size) touches; false if it is empty or leaves r. */
+static bool span(const struct granule_range *r, uint64_t offset, uint64_t size, uint64_t *first, uint64_t *last) {
+        uint64_t g = r->set->granule_bytes;
+
+        if (!size || offset + size < offset || (offset + size - 1) / g >= r->count)
+                return false;
+        *first = offset / g;
+        *last = (offset + size - 1) / g;
+        return true;
+}
+
 int granule_take(struct granule_range *r, uint64_t offset, uint64_t size) {
         struct granule_set *s = r->set;
         uint64_t first, last, need = 0;
         int err = 0;
 
-        if (!size || offset + size < offset || (offset + size - 1) / s->granule_bytes >= r->count)
+        if (!span(r, offset, size, &first, &last))
                 return -EINVAL;
-        first = offset / s->granule_bytes;
-        last = (offset + size - 1) / s->granule_bytes;
         /* Counted first, so that none of its own granules is unmapped to make room for the others. */
         for (uint64_t k = first; k <= last; k++) {
                 if (r->refs[k]++ == 0 && bit(r->mapped, k)) {
@@ -174,11 +183,10 @@ undo:
 }
 
 void granule_give(struct granule_range *r, uint64_t offset, uint64_t size) {
-        uint64_t g = r->set->granule_bytes;
+        uint64_t first, last;
 
-        if (!size || offset + size < offset || (offset + size - 1) / g >= r->count)
-                return;
-        uncount(r, offset / g, (offset + size - 1) / g);
+        if (span(r, offset, size, &first, &last))
+                uncount(r, first, last);
 }
 
 uint64_t granule_release_spares(struct granule_set *s, uint64_t *phys, uint64_t max) {

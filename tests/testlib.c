@@ -331,29 +331,29 @@ Gpupool__Envelope *raw_recv(int sock) {
         return raw_recv_fd(sock, NULL);
 }
 
-Gpupool__Envelope *raw_call(int sock, Gpupool__Envelope *env) {
+Gpupool__Envelope *raw_call_fd(int sock, Gpupool__Envelope *env, int *ret_fd) {
         Gpupool__Envelope *rep;
 
         raw_send(sock, env);
-        rep = raw_recv(sock);
+        rep = raw_recv_fd(sock, ret_fd);
         ck_assert_ptr_nonnull(rep);
         return rep;
+}
+
+Gpupool__Envelope *raw_call(int sock, Gpupool__Envelope *env) {
+        return raw_call_fd(sock, env, NULL);
 }
 
 Gpupool__Envelope *raw_lease_fd(int sock, uint32_t device, uint64_t size, int *ret_fd) {
         Gpupool__Envelope env = GPUPOOL__ENVELOPE__INIT;
         Gpupool__LeaseRequest lr = GPUPOOL__LEASE_REQUEST__INIT;
-        Gpupool__Envelope *rep;
 
         lr.device = device;
         lr.size = size;
         env.id = 7;
         env.body_case = GPUPOOL__ENVELOPE__BODY_LEASE;
         env.lease = &lr;
-        raw_send(sock, &env);
-        rep = raw_recv_fd(sock, ret_fd);
-        ck_assert_ptr_nonnull(rep);
-        return rep;
+        return raw_call_fd(sock, &env, ret_fd);
 }
 
 Gpupool__Envelope *raw_lease(int sock, uint32_t device, uint64_t size) {
@@ -467,6 +467,7 @@ void check_kept_descriptor_reads_nothing(struct testd *d, uint32_t device) {
         uint64_t segment;
         int sock, fd;
         pid_t child;
+        char b;
 
         ck_assert_int_eq(chmod(d->dir, 0755), 0);       /* let the other uid reach the socket */
         sock = raw_hello(d, "keeps-descriptors");
@@ -488,11 +489,7 @@ void check_kept_descriptor_reads_nothing(struct testd *d, uint32_t device) {
         ck_assert_int_eq(pipe(k.up), 0);
         ck_assert_int_eq(pipe(k.go), 0);
         child = spawn(kept_next_owner, d, &k);
-        {
-                char b;
-
-                ck_assert_int_eq(read(k.up[0], &b, 1), 1);
-        }
+        ck_assert_int_eq(read(k.up[0], &b, 1), 1);
         /* The next owner holds that very segment (no new one was made) and filled it. */
         ck_assert_int_eq(testd_device(d, device, "cached_bytes"), 0);
         ck_assert_int_eq(testd_device(d, device, "reserved_bytes"), (long long) k.segment_size);

@@ -99,6 +99,8 @@ Gpupool__Envelope *raw_recv(int sock);
 Gpupool__Envelope *raw_recv_fd(int sock, int *ret_fd);
 /* Sends env and returns its reply (which must come). */
 Gpupool__Envelope *raw_call(int sock, Gpupool__Envelope *env);
+/* raw_call, keeping the descriptor that came with the reply in *ret_fd (-1 when none). */
+Gpupool__Envelope *raw_call_fd(int sock, Gpupool__Envelope *env, int *ret_fd);
 /* Connect and say hello (as name; or with the caller's Hello, setting its client id). */
 int raw_hello(struct testd *d, const char *name);
 int raw_hello_with(struct testd *d, Gpupool__Hello *hello, uint64_t *ret_client_id);

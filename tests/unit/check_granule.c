@@ -65,10 +65,15 @@ static void check_ok(const struct granule_set *s) {
         ck_assert_msg(granule_check(s, why, sizeof(why)) == 0, "%s", why);
 }
 
-static void start(struct granule_set *s, struct granule_range *r, struct rec *t, uint64_t granules) {
+/* A set of granules of G bytes over a recorder that fails nothing. */
+static void start_set(struct granule_set *s, struct rec *t) {
         memset(t, 0, sizeof(*t));
         t->fail_map_after = -1;
         ck_assert_int_eq(granule_set_init(s, G, &rec_ops, t), 0);
+}
+
+static void start(struct granule_set *s, struct granule_range *r, struct rec *t, uint64_t granules) {
+        start_set(s, t);
         ck_assert_int_eq(granule_range_init(s, r, granules * G), 0);
 }
 
@@ -231,10 +236,8 @@ START_TEST(test_random_churn) {
         struct heap h;
         struct rec t;
 
-        memset(&t, 0, sizeof(t));
-        t.fail_map_after = -1;
         heap_init(&h);
-        ck_assert_int_eq(granule_set_init(&s, G, &rec_ops, &t), 0);
+        start_set(&s, &t);
         for (int c = 0; c < 2; c++) {
                 ck_assert_int_eq(heap_add(&h, &seg[c], (uint64_t) c + 1, 4096 * G, (enum heap_class) c), 0);
                 ck_assert_int_eq(granule_range_init(&s, &r[c], 4096 * G), 0);
