@@ -15,10 +15,14 @@ static void set_error(struct gp_conn *c, const char *message) {
         snprintf(c->error, sizeof(c->error), "%s", message ? message : "");
 }
 
-static void drop(Gpupool__Envelope *rep, int fd) {
+static void close_fds(const int *fds, size_t nfds) {
+        for (size_t i = 0; i < nfds; i++)
+                close(fds[i]);
+}
+
+static void drop(Gpupool__Envelope *rep, const int *fds, size_t nfds) {
         gpupool__envelope__free_unpacked(rep, NULL);
-        if (fd >= 0)
-                close(fd);
+        close_fds(fds, nfds);
 }
 
 /* The connection is unusable from now on; returns the errno the caller reports. */
@@ -41,11 +45,14 @@ static int broken(struct gp_conn *c, int r) {
         return -ECONNRESET;
 }
 
-int gp_conn_call(struct gp_conn *c, Gpupool__Envelope *req, Gpupool__Envelope__BodyCase want,
-                 Gpupool__Envelope **ret_reply, int *ret_fd) {
+int gp_conn_call_fds(struct gp_conn *c, Gpupool__Envelope *req, Gpupool__Envelope__BodyCase want,
+                     Gpupool__Envelope **ret_reply, int *fds, size_t max_fds, size_t *ret_nfds) {
+        int got[GP_WIRE_MAX_FDS];
         Gpupool__Envelope *rep = NULL;
-        int n, r, sent, fd = -1;
+        size_t nfds = 0;
+        int n, r, sent;
 
+        *ret_nfds = 0;
         if (c->broken) {
                 set_error(c, "the connection to gpupoold is gone");
                 return -ECONNRESET;
@@ -64,54 +71,67 @@ int gp_conn_call(struct gp_conn *c, Gpupool__Envelope *req, Gpupool__Envelope__B
         if (sent < 0 && sent != -EPIPE && sent != -ECONNRESET)
                 return broken(c, sent);
         for (bool retried = false;;) {
-                n = gp_wire_recv_packet(c->sock, c->buf, sizeof(c->buf), &fd);
+                n = gp_wire_recv_packet_fds(c->sock, c->buf, sizeof(c->buf), got, &nfds);
                 if (n == -ECONNRESET && !retried) {
                         retried = true;
                         continue;
                 }
-                if (n <= 0)
+                if (n <= 0) {
+                        close_fds(got, nfds);
                         return broken(c, sent < 0 ? sent : n);
+                }
                 if (gp_wire_unpack(c->buf, (size_t) n, &rep) < 0) {
-                        if (fd >= 0)
-                                close(fd);
+                        close_fds(got, nfds);
                         return broken(c, -EPROTO);
                 }
                 if (rep->id == req->id)
                         break;
                 if (rep->id != 0) {
-                        drop(rep, fd);
+                        drop(rep, got, nfds);
                         return broken(c, -EPROTO);
                 }
                 if (rep->has_status && rep->status != GPUPOOL__STATUS__STATUS_OK) {
                         /* Pushed with id 0 and an error: the daemon refused this connection. */
                         set_error(c, rep->error);
                         r = gp_status_to_errno(rep->status);
-                        drop(rep, fd);
+                        drop(rep, got, nfds);
                         __atomic_store_n(&c->broken, true, __ATOMIC_RELAXED);
                         return r;
                 }
                 /* A pushed message this version does not act on. */
-                drop(rep, fd);
-                fd = -1;
+                drop(rep, got, nfds);
+                nfds = 0;
         }
         if (rep->has_status && rep->status != GPUPOOL__STATUS__STATUS_OK) {
                 set_error(c, rep->error);
                 r = gp_status_to_errno(rep->status);
-                drop(rep, fd);
+                drop(rep, got, nfds);
                 return r;
         }
-        if (rep->body_case != want) {
-                drop(rep, fd);
+        if (rep->body_case != want || nfds > max_fds) {
+                drop(rep, got, nfds);
                 r = broken(c, -EPROTO);
-                set_error(c, "gpupoold answered with the wrong kind of message");
+                set_error(c, nfds > max_fds ? "gpupoold sent more descriptors than the reply can carry" :
+                                              "gpupoold answered with the wrong kind of message");
                 return r;
         }
-        if (ret_fd)
-                *ret_fd = fd;
-        else if (fd >= 0)
-                close(fd);
+        memcpy(fds, got, nfds * sizeof(int));
+        *ret_nfds = nfds;
         *ret_reply = rep;
         return 0;
+}
+
+int gp_conn_call(struct gp_conn *c, Gpupool__Envelope *req, Gpupool__Envelope__BodyCase want,
+                 Gpupool__Envelope **ret_reply, int *ret_fd) {
+        int fd = -1;
+        size_t nfds;
+        int r = gp_conn_call_fds(c, req, want, ret_reply, &fd, 1, &nfds);
+
+        if (r == 0 && ret_fd)
+                *ret_fd = nfds ? fd : -1;
+        else if (r == 0 && nfds)
+                close(fd);
+        return r;
 }
 
 int gp_conn_open(struct gp_conn *c, const char *path, const Gpupool__Hello *hello, Gpupool__Envelope **ret_hello) {

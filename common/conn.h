@@ -45,6 +45,13 @@ int gp_conn_open(struct gp_conn *c, const char *path, const Gpupool__Hello *hell
 int gp_conn_call(struct gp_conn *c, Gpupool__Envelope *req, Gpupool__Envelope__BodyCase want,
                  Gpupool__Envelope **ret_reply, int *ret_fd);
 
+/*
+ * The same for a reply that may carry up to max_fds descriptors (a granule lease): they go
+ * into fds, *ret_nfds says how many. A reply with more is a protocol error (all are closed).
+ */
+int gp_conn_call_fds(struct gp_conn *c, Gpupool__Envelope *req, Gpupool__Envelope__BodyCase want,
+                     Gpupool__Envelope **ret_reply, int *fds, size_t max_fds, size_t *ret_nfds);
+
 /* Closes the socket. Safe to call twice. */
 void gp_conn_close(struct gp_conn *c);
 

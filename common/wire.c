@@ -41,26 +41,28 @@ int gp_wire_pack(const Gpupool__Envelope *env, uint8_t *buf, size_t size) {
         return (int) out.len;
 }
 
-int gp_wire_send_packet(int sock, const uint8_t *buf, size_t len, int pass_fd) {
+int gp_wire_send_packet_fds(int sock, const uint8_t *buf, size_t len, const int *fds, size_t nfds) {
         union {
-                char buf[CMSG_SPACE(sizeof(int))];
+                char buf[CMSG_SPACE(GP_WIRE_MAX_FDS * sizeof(int))];
                 struct cmsghdr align;
         } control;
         struct iovec iov = { .iov_base = (void *) buf, .iov_len = len };
         struct msghdr msg = { .msg_iov = &iov, .msg_iovlen = 1 };
         ssize_t n;
 
-        if (pass_fd >= 0) {
+        if (nfds > GP_WIRE_MAX_FDS)
+                return -EINVAL;
+        if (nfds) {
                 struct cmsghdr *cmsg;
 
                 memset(&control, 0, sizeof(control));
                 msg.msg_control = control.buf;
-                msg.msg_controllen = sizeof(control.buf);
+                msg.msg_controllen = CMSG_SPACE(nfds * sizeof(int));
                 cmsg = CMSG_FIRSTHDR(&msg);
                 cmsg->cmsg_level = SOL_SOCKET;
                 cmsg->cmsg_type = SCM_RIGHTS;
-                cmsg->cmsg_len = CMSG_LEN(sizeof(int));
-                memcpy(CMSG_DATA(cmsg), &pass_fd, sizeof(int));
+                cmsg->cmsg_len = CMSG_LEN(nfds * sizeof(int));
+                memcpy(CMSG_DATA(cmsg), fds, nfds * sizeof(int));
         }
         do
                 n = sendmsg(sock, &msg, MSG_NOSIGNAL);
@@ -68,6 +70,10 @@ int gp_wire_send_packet(int sock, const uint8_t *buf, size_t len, int pass_fd) {
         if (n < 0)
                 return errno == EWOULDBLOCK ? -EAGAIN : -errno;
         return (size_t) n == len ? 0 : -EIO;
+}
+
+int gp_wire_send_packet(int sock, const uint8_t *buf, size_t len, int pass_fd) {
+        return gp_wire_send_packet_fds(sock, buf, len, &pass_fd, pass_fd >= 0);
 }
 
 int gp_wire_recv_packet_fds(int sock, uint8_t *buf, size_t size, int *fds, size_t *ret_nfds) {

@@ -1,7 +1,7 @@
 /*
  * wire.h: packets of the gpupool protocol on an AF_UNIX SOCK_SEQPACKET socket.
  *
- * One packet is one packed Envelope, optionally carrying one file descriptor. The daemon,
+ * One packet is one packed Envelope, optionally carrying file descriptors. The daemon,
  * the client library and the CLI all frame through here, so the limits below are enforced
  * the same way on both ends. See docs/protocol.md.
  */
@@ -37,14 +37,23 @@
 /* Packs env into buf. Returns the length, or -EMSGSIZE when it does not fit in size bytes. */
 int gp_wire_pack(const Gpupool__Envelope *env, uint8_t *buf, size_t size);
 
+/* The granule of segments that grow in place: a granule lease's segments are this size. */
+#define GP_GRANULE_BYTES (2ULL << 20)
+/* The most granules one lease brings (a descriptor each, in one packet). */
+#define GP_MAX_LEASE_GRANULES 128
+
 /*
  * Sends one packet, with pass_fd attached when it is >= 0. Returns 0, -EAGAIN on a full
  * non-blocking socket, or another negative errno. Never raises SIGPIPE.
  */
 int gp_wire_send_packet(int sock, const uint8_t *buf, size_t len, int pass_fd);
 
+/* The same with nfds descriptors (at most GP_WIRE_MAX_FDS) attached, in their order. */
+int gp_wire_send_packet_fds(int sock, const uint8_t *buf, size_t len, const int *fds, size_t nfds);
+
 /* The most descriptors one packet can carry (the kernel's SCM_MAX_FD). */
 #define GP_WIRE_MAX_FDS 253
+_Static_assert(GP_MAX_LEASE_GRANULES <= GP_WIRE_MAX_FDS, "a granule lease's descriptors fit one packet");
 
 /*
  * Receives one packet into buf, with every descriptor that came with it into fds (room for

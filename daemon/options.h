@@ -45,9 +45,10 @@ enum options_action {
 
 /*
  * Descriptors one client can make the daemon hold: its socket and pidfd, its control
- * channel's socket and pidfd, and a reply's descriptor waiting for the socket to drain.
+ * channel's socket and pidfd. (A reply waiting for the socket to drain names its segments,
+ * whose descriptors the backend holds already: session.c.)
  */
-#define OPTIONS_FDS_PER_CLIENT 5
+#define OPTIONS_FDS_PER_CLIENT 4
 /*
  * Descriptors held whatever the clients: stdio, the loop and its signals, the listening
  * sockets, metrics scrapes, the operators' connections beyond

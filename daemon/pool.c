@@ -16,6 +16,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "wire.h"
+
 /*
  * A segment is leased to its owner (owner set), in the pool's cache, or being zeroed (owner
  * NULL, zeroing set: in pool->zeroing until the backend says it is zero, then cached clean).
@@ -447,6 +449,27 @@ int pool_lease(struct pool *p, struct pool_owner *o, uint64_t size, uint64_t hea
                 .mem = &s->mem,
         };
         return 0;
+}
+
+int pool_lease_granule(struct pool *p, struct pool_owner *o, uint64_t headroom_bytes, struct pool_lease *ret) {
+        /* A request of the small class takes a segment of exactly the granule, its class size and its least. */
+        _Static_assert(HEAP_SMALL_SEGMENT == GP_GRANULE_BYTES, "a small request's segment is one granule");
+        return pool_lease(p, o, HEAP_SMALL_REQUEST, headroom_bytes, ret);
+}
+
+void pool_lease_undo(struct pool *p, struct pool_owner *o, uint64_t segment_id) {
+        struct segment *s = segment_find(p, segment_id);
+
+        if (s && s->owner == o)
+                segment_to_cache(p, s);
+}
+
+int pool_leased_fd(const struct pool *p, const struct pool_owner *o, uint64_t segment_id) {
+        struct segment *s = segment_find(p, segment_id);
+
+        if (!s || s->owner != o)
+                return -ENOENT;
+        return s->mem.fd;
 }
 
 /* Sets the owner's report, held to what it leases (held free first), and the pool's sum. */

@@ -158,6 +158,18 @@ void pool_owner_report(struct pool_owner *owner, uint64_t in_use_bytes, uint64_t
 int pool_lease(struct pool *pool, struct pool_owner *owner, uint64_t size, uint64_t headroom_bytes,
                struct pool_lease *ret);
 
+/*
+ * A granule lease's one segment: exactly GP_GRANULE_BYTES, else as pool_lease() (which
+ * headroom_bytes bounds). The granule lease takes several, undoing them on a failure.
+ */
+int pool_lease_granule(struct pool *pool, struct pool_owner *owner, uint64_t headroom_bytes, struct pool_lease *ret);
+
+/* Takes back a segment leased to the owner that never reached it (its report is left as it is). */
+void pool_lease_undo(struct pool *pool, struct pool_owner *owner, uint64_t segment_id);
+
+/* The descriptor of a segment leased to the owner (-1: the backend has none), or -ENOENT. */
+int pool_leased_fd(const struct pool *pool, const struct pool_owner *owner, uint64_t segment_id);
+
 /* Asks the backend about each zeroing under way; those ended go to the cache (failed ones to the backend). Returns how many ended. */
 unsigned pool_poll_zeroing(struct pool *pool);
 

@@ -12,14 +12,14 @@ void reply_release(struct reply *rep) {
 }
 
 /* Sets the reply's fields but its bytes. */
-static void reply_set(struct reply *ret, size_t len, int fd, bool disconnect) {
+static void reply_set(struct reply *ret, size_t len, bool disconnect) {
         ret->len = len;
-        ret->fd = fd;
+        ret->nfds = 0;
         ret->disconnect = disconnect;
         ret->none = ret->parked = false;
 }
 
-void reply_pack(Gpupool__Envelope *env, int fd, bool disconnect, struct reply *ret) {
+int reply_pack(Gpupool__Envelope *env, bool disconnect, struct reply *ret) {
         /* One pass into the reply itself; only a larger reply is sized, then packed into memory of its own. */
         int n = gp_wire_pack(env, ret->inline_bytes, sizeof(ret->inline_bytes));
         size_t size;
@@ -29,7 +29,7 @@ void reply_pack(Gpupool__Envelope *env, int fd, bool disconnect, struct reply *r
                 ret->heap = malloc(size);
                 if (!ret->heap) {
                         reply_error(env->id, -EIO, false, "the daemon is out of memory for the reply", ret);
-                        return;
+                        return -EIO;
                 }
                 n = gp_wire_pack(env, ret->heap, size);
         }
@@ -37,9 +37,10 @@ void reply_pack(Gpupool__Envelope *env, int fd, bool disconnect, struct reply *r
                 /* Only a status of very many clients could get here; say so rather than truncate. */
                 reply_release(ret);
                 reply_error(env->id, -EIO, false, "the reply is larger than the protocol allows", ret);
-                return;
+                return -EIO;
         }
-        reply_set(ret, (size_t) n, fd, disconnect);
+        reply_set(ret, (size_t) n, disconnect);
+        return 0;
 }
 
 void reply_error(uint64_t id, int err, bool disconnect, const char *message, struct reply *ret) {
@@ -54,7 +55,7 @@ void reply_error(uint64_t id, int err, bool disconnect, const char *message, str
         ret->heap = NULL;
         n = gp_wire_pack(&env, ret->inline_bytes, sizeof(ret->inline_bytes));
         /* An error reply is a few hundred bytes at most: it always fits. */
-        reply_set(ret, n > 0 ? (size_t) n : 0, -1, disconnect);
+        reply_set(ret, n > 0 ? (size_t) n : 0, disconnect);
 }
 
 void reply_ok(Gpupool__Envelope *env, uint64_t id) {

@@ -27,7 +27,14 @@
 struct reply {
         uint8_t *heap;          /* the packed reply when larger than inline_bytes, else NULL */
         size_t len;
-        int fd;                 /* descriptor to pass with it, or -1 */
+        /*
+         * Descriptors to pass with it: those of segments of device fd_device leased to the
+         * client, in order (the session looks each up as it sends, so that one returned on the
+         * control channel while the reply waits is never sent).
+         */
+        unsigned nfds;
+        uint32_t fd_device;
+        uint64_t fd_segments[GP_MAX_LEASE_GRANULES];
         bool disconnect;        /* drop the client after sending */
         bool none;              /* nothing to send: the message was an answer, not a request */
         bool parked;            /* no reply yet: the request waits (session_park()) */
@@ -42,8 +49,11 @@ static inline const uint8_t *reply_bytes(const struct reply *rep) {
 /* Frees what a reply owns (it is not sent). */
 void reply_release(struct reply *rep);
 
-/* Packs env as the reply (with fd, or -1) into *ret. */
-void reply_pack(Gpupool__Envelope *env, int fd, bool disconnect, struct reply *ret);
+/*
+ * Packs env as the reply (with no descriptor: the caller sets them) into *ret. Returns 0, or
+ * -EIO where *ret became an error reply instead (no memory for it, or too large).
+ */
+int reply_pack(Gpupool__Envelope *env, bool disconnect, struct reply *ret);
 
 /* Initializes env as a successful reply to request id. */
 void reply_ok(Gpupool__Envelope *env, uint64_t id);

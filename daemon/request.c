@@ -144,7 +144,7 @@ static void handle_hello(struct session *s, const Gpupool__Envelope *req, struct
                 session_log(s, LOG_LEVEL_INFO, "client %llu hello: '%s', pid %d, uid %u, tenant %s",
                             (unsigned long long) s->id, s->name,
                             (int) s->pid, (unsigned) s->uid, s->tenant->conf.name);
-        reply_pack(&env, -1, false, ret);
+        (void) reply_pack(&env, false, ret);
 }
 
 /* Refuses a lease: the reason goes to the client and, at info, to the log. */
@@ -301,24 +301,44 @@ static void headroom_text(const struct pool_stats *st, uint64_t segment, char *b
  * Holds lease request id back (the reply waits, parked) until memory comes back or
  * reclaim_timeout passes: asked bytes from clients (reclaim), or none (a zeroing under way).
  */
-static void park(struct session *s, uint64_t id, uint32_t device, uint64_t size, uint64_t asked, unsigned clients,
-                 const struct pool_stats *st, struct reply *ret) {
+static void park(struct session *s, uint64_t id, uint32_t device, uint64_t size, unsigned granules, uint64_t asked,
+                 unsigned clients, const struct pool_stats *st, struct reply *ret) {
         s->parked_id = id;
         s->parked_device = device;
         s->parked_size = size;
+        s->parked_granules = granules;
         s->parked_asked_bytes = asked;
         s->parked_asked_clients = clients;
         s->parked_cached_before = st->cached_bytes;
         s->parked_deadline_ms = uv_now(s->node->loop) + s->node->options->reclaim_timeout_ms;
-        *ret = (struct reply) { .fd = -1, .parked = true };
+        *ret = (struct reply) { .parked = true };
 }
 
 /*
- * One try at a lease, of request id. Fills *ret with the reply and returns true, or returns
+ * A granule lease's segments: all of them, or none (those leased before one failed go back to
+ * the cache). Each may take what is left of headroom once those before it are counted.
+ */
+static int lease_granules(struct pool *p, struct pool_owner *o, unsigned n, uint64_t headroom, struct pool_lease *leases) {
+        for (unsigned i = 0; i < n; i++) {
+                uint64_t taken = (uint64_t) i * GP_GRANULE_BYTES;
+                int r = pool_lease_granule(p, o, headroom > taken ? headroom - taken : 0, &leases[i]);
+
+                if (r < 0) {
+                        while (i--)
+                                pool_lease_undo(p, o, leases[i].segment_id);
+                        return r;
+                }
+        }
+        return 0;
+}
+
+/*
+ * One try at a lease, of request id: a segment for size bytes, or (granules) that many
+ * granules, size being their bytes. Fills *ret with the reply and returns true, or returns
  * false when the request waits (parked) for other clients to give memory back.
  */
-static bool lease_attempt(struct session *s, uint64_t id, uint32_t device, uint64_t size, enum attempt attempt,
-                          struct reply *ret) {
+static bool lease_attempt(struct session *s, uint64_t id, uint32_t device, uint64_t size, unsigned granules,
+                          enum attempt attempt, struct reply *ret) {
         struct node *node = s->node;
         Gpupool__LeaseReply lr = GPUPOOL__LEASE_REPLY__INIT;
         char why[GP_MAX_ERROR_BYTES], b1[GP_SIZE_FORMAT_MAX], b2[GP_SIZE_FORMAT_MAX], b3[GP_SIZE_FORMAT_MAX];
@@ -326,15 +346,17 @@ static bool lease_attempt(struct session *s, uint64_t id, uint32_t device, uint6
         char tried[160] = "", holders[384], gpu[200];
         struct pool_owner *owner = &s->owners[device];
         struct policy_admission adm;
-        struct pool_lease lease;
+        struct pool_lease leases[GP_MAX_LEASE_GRANULES];
+        uint64_t more[GP_MAX_LEASE_GRANULES];
         struct pool_stats st;
         Gpupool__Envelope env;
-        int r, fd = -1;
+        int r, fd;
 
         pool_get_stats(node->pools[device], &st);
         policy_admit(&node->policy, s->tenant, s->limit_override_bytes, owner, device, &st, &adm);
         s->parked_zeroing = false;
-        r = pool_lease(node->pools[device], owner, size, adm.headroom_bytes, &lease);
+        r = granules ? lease_granules(node->pools[device], owner, granules, adm.headroom_bytes, leases) :
+                       pool_lease(node->pools[device], owner, size, adm.headroom_bytes, &leases[0]);
         if (r == -EINPROGRESS) {
                 /*
                  * The segment is being zeroed for this tenant, on the GPU: wait for it parked, as
@@ -344,7 +366,7 @@ static bool lease_attempt(struct session *s, uint64_t id, uint32_t device, uint6
                 s->parked_zeroing = true;
                 s->parked_zero_seq = node->zeroings_ended;
                 if (attempt == ATTEMPT_FIRST) {
-                        park(s, id, device, size, 0, 0, &st, ret);
+                        park(s, id, device, size, granules, 0, 0, &st, ret);
                         session_log(s, LOG_LEVEL_DEBUG, "client %llu: lease of %" PRIu64 " bytes on device %u waits "
                                     "for a segment being zeroed", (unsigned long long) s->id, size, device);
                         return false;
@@ -372,7 +394,7 @@ static bool lease_attempt(struct session *s, uint64_t id, uint32_t device, uint6
                 uint64_t asked = reclaim_ask(node, s, device, pool_min_segment_bytes(size), &clients);
 
                 if (clients) {
-                        park(s, id, device, size, asked, clients, &st, ret);
+                        park(s, id, device, size, granules, asked, clients, &st, ret);
                         return false;
                 }
         }
@@ -415,21 +437,37 @@ static bool lease_attempt(struct session *s, uint64_t id, uint32_t device, uint6
         }
         node->leases_total[device]++;
         reply_ok(&env, id);
-        lr.segment_id = lease.segment_id;
-        lr.segment_size = lease.segment_size;
-        fd = segment_handle(lease.mem, &lr.has_ipc_handle, &lr.ipc_handle);
+        lr.segment_id = leases[0].segment_id;
+        lr.segment_size = leases[0].segment_size;
+        fd = segment_handle(leases[0].mem, &lr.has_ipc_handle, &lr.ipc_handle);
+        for (unsigned i = 1; i < granules; i++)
+                more[i - 1] = leases[i].segment_id;
+        lr.more_segment_ids = more;
+        lr.n_more_segment_ids = granules ? granules - 1 : 0;
         env.body_case = GPUPOOL__ENVELOPE__BODY_LEASE_REPLY;
         env.lease_reply = &lr;
-        reply_pack(&env, fd, false, ret);
+        if (reply_pack(&env, false, ret) < 0) {
+                /* The client hears of no segment: none stays its. */
+                for (unsigned i = 0; i < (granules ? granules : 1); i++)
+                        pool_lease_undo(node->pools[device], owner, leases[i].segment_id);
+                return true;
+        }
+        if (fd >= 0) {
+                /* A granule lease is refused on a backend of IPC handles: each of its segments has a descriptor. */
+                ret->fd_device = device;
+                ret->nfds = granules ? granules : 1;
+                for (unsigned i = 0; i < ret->nfds; i++)
+                        ret->fd_segments[i] = leases[i].segment_id;
+        }
         return true;
 }
 
 /* Checks a lease's device and size, then makes the first attempt. */
 static void handle_lease(struct session *s, const Gpupool__Envelope *req, struct reply *ret) {
         struct node *node = s->node;
-        uint32_t device = req->lease->device;
+        uint32_t device = req->lease->device, granules = req->lease->granules;
         uint64_t size = req->lease->size, id = req->id;
-        char why[128];
+        char why[200];
 
         if (device >= node->device_count) {
                 snprintf(why, sizeof(why), "no device %u: this daemon has %u", device, node->device_count);
@@ -442,7 +480,23 @@ static void handle_lease(struct session *s, const Gpupool__Envelope *req, struct
                 reply_error(id, -EINVAL, false, why, ret);
                 return;
         }
-        (void) lease_attempt(s, id, device, size, ATTEMPT_FIRST, ret);
+        if (req->lease->has_granules) {
+                if (granules == 0 || granules > GP_MAX_LEASE_GRANULES || size != GP_GRANULE_BYTES) {
+                        snprintf(why, sizeof(why), "a granule lease asks for 1 to %d granules of %llu bytes, not %u of %"
+                                 PRIu64, GP_MAX_LEASE_GRANULES, GP_GRANULE_BYTES, granules, size);
+                        reply_error(id, -EINVAL, false, why, ret);
+                        return;
+                }
+                if (node->backend->ipc_handles) {
+                        snprintf(why, sizeof(why), "the %s backend exports legacy IPC handles, which map a segment only "
+                                 "whole at an address of the driver's: granule leases need the host or cuda-vmm backend",
+                                 node->backend->name);
+                        reply_error(id, -EINVAL, false, why, ret);
+                        return;
+                }
+                size = (uint64_t) granules * GP_GRANULE_BYTES;
+        }
+        (void) lease_attempt(s, id, device, size, granules, ATTEMPT_FIRST, ret);
 }
 
 static bool is_parked(const struct session *c, const void *arg) {
@@ -463,7 +517,7 @@ uint64_t request_retry_parked(struct node *node, uint64_t now_ms) {
                 return now_ms + 10;     /* out of memory for a moment: try again soon */
         for (ssize_t i = 0; i < n; i++) {
                 struct session *c = parked[i];
-                struct reply rep = { .fd = -1 };
+                struct reply rep = { 0 };
                 /* Final at the deadline, or once every client asked has answered and it still does not fit. */
                 bool final = now_ms >= c->parked_deadline_ms || node->reclaim_outstanding == 0;
 
@@ -474,8 +528,8 @@ uint64_t request_retry_parked(struct node *node, uint64_t now_ms) {
                         continue;
                 }
 
-                if (lease_attempt(c, c->parked_id, c->parked_device, c->parked_size, final ? ATTEMPT_FINAL : ATTEMPT_RETRY,
-                                  &rep)) {
+                if (lease_attempt(c, c->parked_id, c->parked_device, c->parked_size, c->parked_granules,
+                                  final ? ATTEMPT_FINAL : ATTEMPT_RETRY, &rep)) {
                         session_unpark(c);
                         (void) session_send(c, &rep);
                 } else if (c->parked_deadline_ms < next) {
@@ -508,18 +562,18 @@ static void handle_return(struct session *s, const Gpupool__Envelope *req, struc
         reply_ok(&env, req->id);
         env.body_case = GPUPOOL__ENVELOPE__BODY_RETURN_REPLY;
         env.return_reply = &rr;
-        reply_pack(&env, -1, false, ret);
+        (void) reply_pack(&env, false, ret);
 }
 
 static void handle_reclaim_reply(struct session *s, const Gpupool__Envelope *req, struct reply *ret) {
         reclaim_answered(s, req->reclaim_reply);
-        *ret = (struct reply) { .fd = -1, .none = true };
+        *ret = (struct reply) { .none = true };
 }
 
 static void handle_usage_report(struct session *s, const Gpupool__Envelope *req, struct reply *ret) {
         (void) s, (void) req;
         /* Nothing to do but take the envelope's usage, after this. */
-        *ret = (struct reply) { .fd = -1, .none = true };
+        *ret = (struct reply) { .none = true };
 }
 
 static void handle_bye(struct session *s, const Gpupool__Envelope *req, struct reply *ret) {
@@ -529,7 +583,7 @@ static void handle_bye(struct session *s, const Gpupool__Envelope *req, struct r
         s->said_bye = true;
         session_release_all(s);
         reply_ok(&env, req->id);
-        reply_pack(&env, -1, false, ret);
+        (void) reply_pack(&env, false, ret);
 }
 
 /* Checks a usage report (Envelope.usage): 0, or -EINVAL with why for one of no device or too many. */
@@ -689,7 +743,7 @@ static void request_handle(struct session *s, const Gpupool__Envelope *req, stru
 
 void request_serve(struct session *s, const Gpupool__Envelope *req) {
         struct node *node = s->node;
-        struct reply rep = { .fd = -1 };
+        struct reply rep = { 0 };
 
         request_handle(s, req, &rep);
         if (rep.parked)

@@ -175,7 +175,7 @@ void request_status(struct session *s, const Gpupool__Envelope *req, struct repl
         reply_ok(&env, req->id);
         env.body_case = GPUPOOL__ENVELOPE__BODY_STATUS_REPLY;
         env.status_reply = &sr;
-        reply_pack(&env, -1, false, ret);
+        (void) reply_pack(&env, false, ret);
         free(clients);
         free(client_ptrs);
 }
@@ -217,7 +217,7 @@ void request_flush(struct session *s, const Gpupool__Envelope *req, struct reply
                 reply_ok(&env, req->id);
                 env.body_case = GPUPOOL__ENVELOPE__BODY_FLUSH_REPLY;
                 env.flush_reply = &fr;
-                reply_pack(&env, -1, false, ret);
+                (void) reply_pack(&env, false, ret);
                 return;
         }
         for (unsigned d = 0; d < node->device_count; d++) {
@@ -237,7 +237,7 @@ void request_flush(struct session *s, const Gpupool__Envelope *req, struct reply
         reply_ok(&env, req->id);
         env.body_case = GPUPOOL__ENVELOPE__BODY_FLUSH_REPLY;
         env.flush_reply = &fr;
-        reply_pack(&env, -1, false, ret);
+        (void) reply_pack(&env, false, ret);
 }
 
 void request_set_limit(struct session *s, const Gpupool__Envelope *req, struct reply *ret) {
@@ -310,7 +310,7 @@ void request_set_limit(struct session *s, const Gpupool__Envelope *req, struct r
                          max ? gp_size_format(max, b1, sizeof(b1)) : "none", gp_size_format(guarantee, b2, sizeof(b2)));
         }
         reply_ok(&env, req->id);
-        reply_pack(&env, -1, false, ret);
+        (void) reply_pack(&env, false, ret);
 }
 
 void request_trim(struct session *s, const Gpupool__Envelope *req, struct reply *ret) {
@@ -339,7 +339,7 @@ void request_trim(struct session *s, const Gpupool__Envelope *req, struct reply 
         reply_ok(&env, req->id);
         env.body_case = GPUPOOL__ENVELOPE__BODY_TRIM_REPLY;
         env.trim_reply = &tr;
-        reply_pack(&env, -1, false, ret);
+        (void) reply_pack(&env, false, ret);
 }
 
 void request_check(struct session *s, const Gpupool__Envelope *req, struct reply *ret) {
@@ -362,7 +362,7 @@ void request_check(struct session *s, const Gpupool__Envelope *req, struct reply
         reply_ok(&env, req->id);
         env.body_case = GPUPOOL__ENVELOPE__BODY_CHECK_REPLY;
         env.check_reply = &cr;
-        reply_pack(&env, -1, false, ret);
+        (void) reply_pack(&env, false, ret);
 }
 
 void request_metrics(struct session *s, const Gpupool__Envelope *req, struct reply *ret) {
@@ -379,7 +379,7 @@ void request_metrics(struct session *s, const Gpupool__Envelope *req, struct rep
         reply_ok(&env, req->id);
         env.body_case = GPUPOOL__ENVELOPE__BODY_METRICS_REPLY;
         env.metrics_reply = &mr;
-        reply_pack(&env, -1, false, ret);
+        (void) reply_pack(&env, false, ret);
 }
 
 void request_reload(struct session *s, const Gpupool__Envelope *req, struct reply *ret) {
@@ -401,5 +401,5 @@ void request_reload(struct session *s, const Gpupool__Envelope *req, struct repl
         reply_ok(&env, req->id);
         env.body_case = GPUPOOL__ENVELOPE__BODY_RELOAD_REPLY;
         env.reload_reply = &rr;
-        reply_pack(&env, -1, false, ret);
+        (void) reply_pack(&env, false, ret);
 }

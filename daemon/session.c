@@ -88,7 +88,6 @@ int session_start(struct node *node, int fd, enum session_admission how, bool pa
         s->gid = cred.gid;
         strcpy(s->name, "client");
         s->fd = fd;
-        s->pending_fd = -1;
         s->pidfd = peer_pidfd(fd, cred.pid);
         s->limit_override_bytes = node_pid_limit(node, cred.pid);
         s->log = (struct log_ratelimit) LOG_RATELIMIT_CLIENT;
@@ -167,8 +166,7 @@ void session_set_tenant(struct session *s, struct tenant *t) {
 
 static void session_free(struct session *s) {
         free(s->pending);
-        if (s->pending_fd >= 0)
-                close(s->pending_fd);
+        free(s->pending_segments);
         free(s->owners);
         free(s);
 }
@@ -357,12 +355,34 @@ static void on_process_exit(uv_poll_t *handle, int status, int events) {
         node_after_change(node);
 }
 
+/*
+ * Sends a packet with the descriptors of the client's segments named (on device), looked up
+ * now: one it no longer leases is never sent (-ENOENT), nor one whose number was reused.
+ */
+static int send_with_segments(struct session *s, const uint8_t *buf, size_t len, uint32_t device,
+                              const uint64_t *segments, unsigned n) {
+        int fds[GP_MAX_LEASE_GRANULES];
+
+        for (unsigned i = 0; i < n; i++) {
+                fds[i] = device < s->node->device_count ?
+                                 pool_leased_fd(s->node->pools[device], &s->owners[device], segments[i]) : -ENOENT;
+                if (fds[i] < 0)
+                        return -ENOENT;
+        }
+        return gp_wire_send_packet_fds(s->fd, buf, len, fds, n);
+}
+
+/* Why a send failed, for the disconnect. */
+static const char *send_error(int r) {
+        return r == -ENOENT ? "it returned a segment its lease's reply had not brought yet" : strerror(-r);
+}
+
 bool session_send(struct session *s, struct reply *rep) {
         int r;
 
         if (rep->none)
                 return true;
-        r = gp_wire_send_packet(s->fd, reply_bytes(rep), rep->len, rep->fd);
+        r = send_with_segments(s, reply_bytes(rep), rep->len, rep->fd_device, rep->fd_segments, rep->nfds);
         if (r == -EAGAIN) {
                 /* The reply's bytes wait with the session: taken over when they are the reply's own memory. */
                 s->pending = rep->heap ? rep->heap : malloc(rep->len);
@@ -377,10 +397,15 @@ bool session_send(struct session *s, struct reply *rep) {
                 s->pending_since_ms = uv_now(s->node->loop);
                 session_log(s, LOG_LEVEL_DEBUG, "client %llu (pid %d): its socket is full; holding a reply until it reads",
                             (unsigned long long) s->id, (int) s->pid);
-                s->pending_fd = rep->fd >= 0 ? dup(rep->fd) : -1;
-                if (rep->fd >= 0 && s->pending_fd < 0) {
-                        session_disconnect(s, "cannot keep a descriptor for a reply");
-                        return false;
+                s->pending_nfds = rep->nfds;
+                s->pending_fd_device = rep->fd_device;
+                if (rep->nfds) {
+                        s->pending_segments = malloc(rep->nfds * sizeof(*s->pending_segments));
+                        if (!s->pending_segments) {
+                                session_disconnect(s, "out of memory for a reply");
+                                return false;
+                        }
+                        memcpy(s->pending_segments, rep->fd_segments, rep->nfds * sizeof(*s->pending_segments));
                 }
                 /* Stop reading until the client reads: one pending reply per client at most. */
                 uv_poll_start(&s->poll, UV_WRITABLE, on_readable);
@@ -388,7 +413,7 @@ bool session_send(struct session *s, struct reply *rep) {
         }
         reply_release(rep);
         if (r < 0) {
-                session_disconnect(s, strerror(-r));
+                session_disconnect(s, send_error(r));
                 return false;
         }
         if (rep->disconnect) {
@@ -454,17 +479,18 @@ int session_push(struct session *s, Gpupool__Envelope *env) {
 }
 
 static void flush_pending(struct session *s) {
-        int r = gp_wire_send_packet(s->fd, s->pending, s->pending_len, s->pending_fd);
+        int r = send_with_segments(s, s->pending, s->pending_len, s->pending_fd_device, s->pending_segments,
+                                   s->pending_nfds);
 
         if (r == -EAGAIN)
                 return;
         free(s->pending);
         s->pending = NULL;
-        if (s->pending_fd >= 0)
-                close(s->pending_fd);
-        s->pending_fd = -1;
+        free(s->pending_segments);
+        s->pending_segments = NULL;
+        s->pending_nfds = 0;
         if (r < 0) {
-                session_disconnect(s, strerror(-r));
+                session_disconnect(s, send_error(r));
                 return;
         }
         uv_poll_start(&s->poll, UV_READABLE, on_readable);

@@ -56,6 +56,7 @@ struct session {
         uint64_t parked_id;
         uint32_t parked_device;
         uint64_t parked_size;
+        unsigned parked_granules;       /* a granule lease's count (parked_size their bytes), or 0 */
         uint64_t parked_deadline_ms;    /* on the loop's clock */
         uint64_t parked_asked_bytes;
         unsigned parked_asked_clients;
@@ -72,7 +73,10 @@ struct session {
         uint8_t *pending;       /* a reply the socket had no room for */
         uint64_t pending_since_ms;      /* loop clock */
         size_t pending_len;
-        int pending_fd;
+        /* The segments whose descriptors go with it (looked up again as it goes: reply.h). */
+        uint64_t *pending_segments;
+        unsigned pending_nfds;
+        uint32_t pending_fd_device;
         struct pool_owner *owners;      /* one per device */
         struct log_ratelimit log;       /* what this client may make the daemon log */
         struct session *prev, *next;

@@ -356,6 +356,27 @@ Gpupool__Envelope *raw_lease_fd(int sock, uint32_t device, uint64_t size, int *r
         return raw_call_fd(sock, &env, ret_fd);
 }
 
+Gpupool__Envelope *raw_lease_granules(int sock, uint32_t device, uint32_t granules, uint64_t size, int *fds,
+                                      size_t *ret_nfds) {
+        static uint8_t buf[GP_MAX_REPLY_BYTES];
+        Gpupool__Envelope env = GPUPOOL__ENVELOPE__INIT, *rep;
+        Gpupool__LeaseRequest lr = GPUPOOL__LEASE_REQUEST__INIT;
+        int n;
+
+        lr.device = device;
+        lr.size = size;
+        lr.has_granules = 1;
+        lr.granules = granules;
+        env.id = 8;
+        env.body_case = GPUPOOL__ENVELOPE__BODY_LEASE;
+        env.lease = &lr;
+        raw_send(sock, &env);
+        n = gp_wire_recv_packet_fds(sock, buf, sizeof(buf), fds, ret_nfds);
+        ck_assert_int_gt(n, 0);
+        ck_assert_int_eq(gp_wire_unpack(buf, (size_t) n, &rep), 0);
+        return rep;
+}
+
 Gpupool__Envelope *raw_lease(int sock, uint32_t device, uint64_t size) {
         return raw_lease_fd(sock, device, size, NULL);
 }

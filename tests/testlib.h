@@ -108,6 +108,12 @@ int raw_hello_with(struct testd *d, Gpupool__Hello *hello, uint64_t *ret_client_
 Gpupool__Envelope *raw_lease(int sock, uint32_t device, uint64_t size);
 /* raw_lease, keeping the segment's descriptor (host, cuda-vmm) in *ret_fd. */
 Gpupool__Envelope *raw_lease_fd(int sock, uint32_t device, uint64_t size, int *ret_fd);
+/*
+ * A granule lease (granules of size bytes each) on device, and its reply; the descriptors that
+ * came with it into fds (room for GP_WIRE_MAX_FDS), how many into *ret_nfds.
+ */
+Gpupool__Envelope *raw_lease_granules(int sock, uint32_t device, uint32_t granules, uint64_t size, int *fds,
+                                      size_t *ret_nfds);
 /* A ReturnRequest of n segment ids, with usage reported if given, and its reply. */
 Gpupool__Envelope *raw_return(int sock, uint64_t *ids, size_t n, Gpupool__Usage *usage);
 

@@ -45,7 +45,8 @@
  *   - virtual memory management as documented: cuMemCreate sizes are granularity (2 MiB)
  *     multiples; only memory made for POSIX descriptors exports as one; an imported descriptor
  *     must name device memory; cuMemMap wants offset 0, the whole allocation and a range of a
- *     reservation not mapped yet; a mapping is not accessible until cuMemSetAccess; unmapping
+ *     reservation not mapped yet; mappings side by side are one range of addresses (a copy or
+ *     memset may span them); a mapping is not accessible until cuMemSetAccess; unmapping
  *     takes whole mappings, and a reservation is freed only unmapped; the memory lives while
  *     any process holds a handle, a descriptor or a mapping of it (its creator's exit
  *     included), and is freed with the last;
@@ -1169,6 +1170,11 @@ struct reservation {
         size_t size;
         void *mapped;                   /* the PROT_NONE reservation (aligned inside) */
         size_t mapped_size;
+        /*
+         * Where the host reaches what is mapped in it, at the same offsets: mappings side by
+         * side are one run of bytes there, as they are one range of device addresses.
+         */
+        uint8_t *shadow;
 };
 
 /* A physical allocation mapped into a reservation: the device address faults on the CPU; host reaches the bytes. */
@@ -1385,6 +1391,12 @@ static CUresult fk_MemAddressReserve(CUdeviceptr *ptr, size_t size, size_t align
                 free(v);
                 return GP_CUDA_ERROR_OUT_OF_MEMORY;
         }
+        v->shadow = mmap(NULL, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (v->shadow == MAP_FAILED) {
+                munmap(v->mapped, v->mapped_size);
+                free(v);
+                return GP_CUDA_ERROR_OUT_OF_MEMORY;
+        }
         m = (uint8_t *) (((uintptr_t) v->mapped + align - 1) & ~(uintptr_t) (align - 1));
         v->base = (CUdeviceptr) (uintptr_t) m;
         v->size = size;
@@ -1424,6 +1436,7 @@ static CUresult fk_MemAddressFree(CUdeviceptr ptr, size_t size) {
                 *pp = v->next;
                 pthread_mutex_unlock(&lock);
                 munmap(v->mapped, v->mapped_size);
+                munmap(v->shadow, v->size);
                 free(v);
                 return GP_CUDA_SUCCESS;
         }
@@ -1432,6 +1445,7 @@ static CUresult fk_MemAddressFree(CUdeviceptr ptr, size_t size) {
 }
 
 static CUresult fk_MemMap(CUdeviceptr ptr, size_t size, size_t offset, gp_cu_mem_handle handle, unsigned long long flags) {
+        struct reservation *v;
         struct phys *p;
         struct vmap *m;
 
@@ -1440,13 +1454,14 @@ static CUresult fk_MemMap(CUdeviceptr ptr, size_t size, size_t offset, gp_cu_mem
                 return GP_CUDA_ERROR_INVALID_VALUE;    /* offset "currently must be zero"; granularity multiples */
         pthread_mutex_lock(&lock);
         p = phys_of(handle);
-        if (!p || p->handles == 0 || size != p->size || !reservation_of(ptr, size) || mapped_in(ptr, size)) {
+        v = reservation_of(ptr, size);
+        if (!p || p->handles == 0 || size != p->size || !v || mapped_in(ptr, size)) {
                 pthread_mutex_unlock(&lock);
                 return p && mapped_in(ptr, size) ? GP_CUDA_ERROR_ALREADY_MAPPED : GP_CUDA_ERROR_INVALID_VALUE;
         }
         m = calloc(1, sizeof(*m));
         if (m)
-                m->host = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, p->fd, 0);
+                m->host = mmap(v->shadow + (ptr - v->base), size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, p->fd, 0);
         if (!m || m->host == MAP_FAILED) {
                 free(m);
                 pthread_mutex_unlock(&lock);
@@ -1495,7 +1510,8 @@ static CUresult fk_MemUnmap(CUdeviceptr ptr, size_t size) {
                         continue;
                 }
                 *pp = m->next;
-                munmap(m->host, m->size);
+                /* Its place in the reservation's shadow stays reserved, unreachable. */
+                (void) mmap(m->host, m->size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
                 if (--m->phys->maps == 0 && m->phys->handles == 0)
                         phys_drop(m->phys);
                 free(m);
@@ -1531,11 +1547,24 @@ static CUresult fk_MemSetAccess(CUdeviceptr ptr, size_t size, const gp_cu_mem_ac
 }
 
 /* The host bytes behind [p, p + n) of a mapping made accessible, or NULL. Call locked. */
+/* The host bytes behind [p, p + n): mapped and accessible throughout, across mappings side by side. Call locked. */
 static uint8_t *vmap_bytes(CUdeviceptr p, size_t n) {
-        for (struct vmap *m = vmaps; m; m = m->next)
-                if (p >= m->ptr && p < m->ptr + m->size && n <= m->size - (p - m->ptr))
-                        return m->access == GP_CU_MEM_ACCESS_FLAGS_PROT_NONE ? NULL : m->host + (p - m->ptr);
-        return NULL;
+        struct reservation *v = reservation_of(p, n ? n : 1);
+        CUdeviceptr at = p;
+
+        if (!v)
+                return NULL;
+        do {
+                struct vmap *found = NULL;
+
+                for (struct vmap *m = vmaps; m && !found; m = m->next)
+                        if (at >= m->ptr && at < m->ptr + m->size)
+                                found = m;
+                if (!found || found->access == GP_CU_MEM_ACCESS_FLAGS_PROT_NONE)
+                        return NULL;
+                at = found->ptr + found->size;
+        } while (at < p + n);
+        return v->shadow + (p - v->base);
 }
 
 /* ---- streams and events ---- */

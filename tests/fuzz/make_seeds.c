@@ -59,6 +59,19 @@ static void lease(uint64_t id, uint64_t size) {
         packet(0, &env);
 }
 
+static void lease_granules(uint64_t id, uint32_t granules) {
+        Gpupool__Envelope env = GPUPOOL__ENVELOPE__INIT;
+        Gpupool__LeaseRequest l = GPUPOOL__LEASE_REQUEST__INIT;
+
+        l.size = 2u << 20;
+        l.has_granules = 1;
+        l.granules = granules;
+        env.id = id;
+        env.body_case = GPUPOOL__ENVELOPE__BODY_LEASE;
+        env.lease = &l;
+        packet(0, &env);
+}
+
 static void return_segment(uint64_t id, uint64_t segment) {
         Gpupool__Envelope env = GPUPOOL__ENVELOPE__INIT;
         Gpupool__ReturnRequest r = GPUPOOL__RETURN_REQUEST__INIT;
@@ -100,6 +113,15 @@ int main(int argc, char **argv) {
         return_segment(5, seg);         /* twice: not found */
         lease(6, 4096);                 /* the cached one again */
         simple(7, GPUPOOL__ENVELOPE__BODY_BYE, &bye);
+        fclose(out);
+
+        begin(dir, "granule-leases");
+        hello(0);
+        lease_granules(2, 3);
+        lease_granules(3, 0);           /* refused: none */
+        lease_granules(4, 129);         /* refused: too many */
+        return_segment(5, seg);
+        lease_granules(6, 1);           /* the cached one again */
         fclose(out);
 
         begin(dir, "status-flush-check");

@@ -1747,6 +1747,71 @@ START_TEST(test_fake_vmm_serves_pid_namespace) {
 }
 END_TEST
 
+/* Imports three granules' descriptors and maps them side by side in a range of its own. */
+static int import_granules(struct testd *d, void *arg) {
+        const int *fds = arg;
+        gp_cu_deviceptr va;
+        struct gpu g;
+
+        (void) d;
+        if (gpu_open(&g) < 0 || g.cu.cuMemAddressReserve(&va, 6 * MiB, 0, 0, 0) != GP_CUDA_SUCCESS)
+                return 1;
+        for (int i = 0; i < 3; i++) {
+                gp_cu_mem_handle h;
+
+                if (g.cu.cuMemImportFromShareableHandle(&h, (void *) (uintptr_t) fds[i],
+                                                        GP_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) != GP_CUDA_SUCCESS ||
+                    g.cu.cuMemMap(va + (gp_cu_deviceptr) i * 2 * MiB, 2 * MiB, 0, h, 0) != GP_CUDA_SUCCESS ||
+                    g.cu.cuMemRelease(h) != GP_CUDA_SUCCESS)
+                        return 2 + i;
+        }
+        if (g.cu.cuMemSetAccess(va, 6 * MiB, &vmm_rw, 1) != GP_CUDA_SUCCESS || g.memset_d32(va, 0x5a5a5a5a, 6 * MiB / 4) != GP_CUDA_SUCCESS ||
+            g.cu.cuMemUnmap(va, 6 * MiB) != GP_CUDA_SUCCESS || g.cu.cuMemAddressFree(va, 6 * MiB) != GP_CUDA_SUCCESS)
+                return 5;
+        return 0;
+}
+
+/*
+ * Granule leases: on cuda-vmm, a descriptor of its own cuMemCreate memory per granule, which
+ * another process imports and maps; the legacy backend refuses them with the reason.
+ */
+START_TEST(test_fake_granule_leases) {
+        int fds[GP_WIRE_MAX_FDS];
+        Gpupool__Envelope *rep;
+        struct testd d;
+        size_t nfds;
+        int sock, r;
+
+        cuda_backend = "cuda-vmm";
+        cuda_start(&d, NULL, NULL);
+        sock = raw_hello(&d, "granules");
+        rep = raw_lease_granules(sock, 0, 3, 2 * MiB, fds, &nfds);
+        ck_assert_int_eq(rep->status, GPUPOOL__STATUS__STATUS_OK);
+        ck_assert_uint_eq(nfds, 3);
+        ck_assert_uint_eq(rep->lease_reply->n_more_segment_ids, 2);
+        ck_assert(!rep->lease_reply->has_ipc_handle);
+        gpupool__envelope__free_unpacked(rep, NULL);
+        r = reap(spawn(import_granules, NULL, fds));
+        ck_assert_msg(r == 0, "the granules' descriptors did not import (step %d)", r);
+        for (size_t i = 0; i < nfds; i++)
+                close(fds[i]);
+        ck_assert_int_eq(testd_device(&d, 0, "reserved_bytes"), 6 * MiB);
+        close(sock);
+        cuda_stop(&d);
+
+        cuda_start(&d, NULL, NULL);
+        sock = raw_hello(&d, "granules");
+        rep = raw_lease_granules(sock, 0, 3, 2 * MiB, fds, &nfds);
+        ck_assert_int_eq(rep->status, GPUPOOL__STATUS__STATUS_INVALID);
+        ck_assert_uint_eq(nfds, 0);
+        ck_assert_msg(strstr(rep->error, "granule leases need the host or cuda-vmm backend"), "%s", rep->error);
+        gpupool__envelope__free_unpacked(rep, NULL);
+        ck_assert_int_eq(testd_device(&d, 0, "reserved_bytes"), 0);
+        close(sock);
+        cuda_stop(&d);
+}
+END_TEST
+
 /* A client that keeps the descriptor of cuda-vmm memory it returned reads nothing another uid writes there. */
 START_TEST(test_fake_vmm_kept_descriptor_reads_nothing) {
         struct testd d;
@@ -2242,6 +2307,7 @@ Suite *suite_cuda_fake(void) {
         tcase_add_test(tc, test_fake_vmm_rules);
         tcase_add_test(tc, test_fake_vmm_serves_pid_namespace);
         tcase_add_test(tc, test_fake_vmm_kept_descriptor_reads_nothing);
+        tcase_add_test(tc, test_fake_granule_leases);
         tcase_add_test(tc, test_fake_vmm_survives_daemon_kill);
         tcase_add_test(tc, test_fake_ipc_open_cost_grows_with_size);
         tcase_add_test(tc, test_fake_headroom_kept);

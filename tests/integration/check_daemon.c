@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <poll.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -563,6 +564,120 @@ START_TEST(test_kept_descriptor_reads_nothing) {
 }
 END_TEST
 
+/*
+ * A granule lease: that many segments of one granule each, a descriptor each, in one reply,
+ * each its own memory; they go back one by one like any segment, and the client's reserve
+ * counts every one.
+ */
+START_TEST(test_granule_lease) {
+        int fds[GP_WIRE_MAX_FDS];
+        uint64_t ids[5];
+        uint8_t *maps[5];
+        Gpupool__Envelope *rep;
+        struct testd d;
+        size_t nfds;
+        json_t *st;
+        int sock;
+
+        testd_start(&d, NULL);
+        sock = raw_hello(&d, "granules");
+        rep = raw_lease_granules(sock, 0, 5, 2 * MiB, fds, &nfds);
+        ck_assert_int_eq(rep->status, GPUPOOL__STATUS__STATUS_OK);
+        ck_assert_int_eq(rep->body_case, GPUPOOL__ENVELOPE__BODY_LEASE_REPLY);
+        ck_assert_uint_eq(nfds, 5);
+        ck_assert_uint_eq(rep->lease_reply->segment_size, 2 * MiB);
+        ck_assert_uint_eq(rep->lease_reply->n_more_segment_ids, 4);
+        ids[0] = rep->lease_reply->segment_id;
+        for (int i = 1; i < 5; i++)
+                ids[i] = rep->lease_reply->more_segment_ids[i - 1];
+        gpupool__envelope__free_unpacked(rep, NULL);
+        for (int i = 0; i < 5; i++) {
+                struct stat sb;
+
+                for (int j = 0; j < i; j++)
+                        ck_assert_uint_ne(ids[i], ids[j]);
+                ck_assert_int_eq(fstat(fds[i], &sb), 0);
+                ck_assert_int_eq(sb.st_size, 2 * MiB);
+                maps[i] = mmap(NULL, 2 * MiB, PROT_READ | PROT_WRITE, MAP_SHARED, fds[i], 0);
+                ck_assert_ptr_ne(maps[i], MAP_FAILED);
+                close(fds[i]);
+                memset(maps[i], 0x10 + i, 2 * MiB);
+        }
+        for (int i = 0; i < 5; i++) {
+                ck_assert_uint_eq(maps[i][0], 0x10 + i);
+                ck_assert_uint_eq(maps[i][2 * MiB - 1], 0x10 + i);
+                ck_assert_int_eq(munmap(maps[i], 2 * MiB), 0);
+        }
+        st = testd_ctl(&d, "status");
+        ck_assert_int_eq(json_integer_value(json_object_get(status_client_by_name(st, "granules"), "reserved_bytes")),
+                         10 * MiB);
+        json_decref(st);
+        /* Two go back, on their own: the cache has them, and the next granule lease takes them. */
+        rep = raw_return(sock, (uint64_t[]) { ids[1], ids[3] }, 2, NULL);
+        ck_assert_uint_eq(rep->return_reply->returned, 2);
+        gpupool__envelope__free_unpacked(rep, NULL);
+        ck_assert_int_eq(testd_device(&d, 0, "cached_bytes"), 4 * MiB);
+        rep = raw_lease_granules(sock, 0, 2, 2 * MiB, fds, &nfds);
+        ck_assert_int_eq(rep->status, GPUPOOL__STATUS__STATUS_OK);
+        ck_assert_uint_eq(nfds, 2);
+        close(fds[0]);
+        close(fds[1]);
+        gpupool__envelope__free_unpacked(rep, NULL);
+        ck_assert_int_eq(testd_device(&d, 0, "cached_bytes"), 0);
+        ck_assert_int_eq(testd_device(&d, 0, "reserved_bytes"), 10 * MiB);
+        close(sock);
+        ck_assert_int_eq(testd_stop(&d), 0);
+}
+END_TEST
+
+/* Asks for a granule lease that must be refused with status, and says why in a sentence containing text. */
+static void granule_lease_refused(int sock, uint32_t granules, uint64_t size, Gpupool__Status status, const char *text) {
+        int fds[GP_WIRE_MAX_FDS];
+        Gpupool__Envelope *rep;
+        size_t nfds;
+
+        rep = raw_lease_granules(sock, 0, granules, size, fds, &nfds);
+        ck_assert_int_eq(rep->status, status);
+        ck_assert_uint_eq(nfds, 0);
+        ck_assert_msg(rep->error && strstr(rep->error, text), "%u granules of %llu bytes: %s", granules,
+                      (unsigned long long) size, rep->error ? rep->error : "(no message)");
+        gpupool__envelope__free_unpacked(rep, NULL);
+}
+
+/*
+ * Impossible granule leases are refused with a sentence; one over the client's limit leases
+ * none of its granules (those it took before the limit go back to the cache), and the
+ * connection serves on.
+ */
+START_TEST(test_granule_lease_refusals) {
+        int fds[GP_WIRE_MAX_FDS];
+        Gpupool__Envelope *rep;
+        struct testd d;
+        size_t nfds;
+        int sock;
+
+        testd_start(&d, "--client-limit", "8M", NULL);
+        sock = raw_hello(&d, "granules");
+        granule_lease_refused(sock, 0, 2 * MiB, GPUPOOL__STATUS__STATUS_INVALID, "1 to 128 granules of 2097152 bytes, not 0");
+        granule_lease_refused(sock, 129, 2 * MiB, GPUPOOL__STATUS__STATUS_INVALID, "not 129 of");
+        granule_lease_refused(sock, 2, 4 * MiB, GPUPOOL__STATUS__STATUS_INVALID, "not 2 of 4194304");
+        granule_lease_refused(sock, 2, 4096, GPUPOOL__STATUS__STATUS_INVALID, "not 2 of 4096");
+        granule_lease_refused(sock, 5, 2 * MiB, GPUPOOL__STATUS__STATUS_QUOTA, "limit of 8.0 MiB");
+        ck_assert_int_eq(testd_device(&d, 0, "reserved_bytes") - testd_device(&d, 0, "cached_bytes"), 0);
+        /* Four fit the limit. */
+        rep = raw_lease_granules(sock, 0, 4, 2 * MiB, fds, &nfds);
+        ck_assert_int_eq(rep->status, GPUPOOL__STATUS__STATUS_OK);
+        ck_assert_uint_eq(nfds, 4);
+        for (size_t i = 0; i < nfds; i++)
+                close(fds[i]);
+        gpupool__envelope__free_unpacked(rep, NULL);
+        ck_assert_int_eq(testd_device(&d, 0, "reserved_bytes") - testd_device(&d, 0, "cached_bytes"), 8 * MiB);
+        granule_lease_refused(sock, 1, 2 * MiB, GPUPOOL__STATUS__STATUS_QUOTA, "limit of 8.0 MiB");
+        close(sock);
+        ck_assert_int_eq(testd_stop(&d), 0);
+}
+END_TEST
+
 START_TEST(test_cli) {
         const char *b = build_dir();
         char cmd[512], out[4096];
@@ -797,6 +912,8 @@ Suite *suite_daemon(void) {
         tcase_add_test(tc, test_stale_socket_and_second_daemon);
         tcase_add_test(tc, test_segment_zeroed_across_uids);
         tcase_add_test(tc, test_kept_descriptor_reads_nothing);
+        tcase_add_test(tc, test_granule_lease);
+        tcase_add_test(tc, test_granule_lease_refusals);
         tcase_add_test(tc, test_cli);
         tcase_add_test(tc, test_cli_refused_over_max_clients);
         tcase_add_test(tc, test_daemon_command_line_errors);

@@ -457,15 +457,15 @@ START_TEST(test_descriptor_limit_fits_max_clients) {
         rl.rlim_cur = 256;
         ck_assert_int_eq(setrlimit(RLIMIT_NOFILE, &rl), 0);
         testd_start(&d, "--max-clients", "1000", NULL);
-        /* 192 fixed, 5 per client, one per 2 MiB segment of 512 MiB, as the daemon says (valgrind keeps its own limit). */
+        /* 192 fixed, 4 per client, one per 2 MiB segment of 512 MiB, as the daemon says (valgrind keeps its own limit). */
         if (!under_tool())
-                ck_assert_int_eq(log_count(&d, "file descriptor limit raised to 5448 for max_clients 1000"), 1);
+                ck_assert_int_eq(log_count(&d, "file descriptor limit raised to 4448 for max_clients 1000"), 1);
         ck_assert_int_eq(testd_stop(&d), 0);
 
         snprintf(cmd, sizeof(cmd), "ulimit -n 300 && %s/gpupoold --socket /tmp/gpupool-fdlimit-%d.sock --backend host "
                  "--host-capacity 64M 2>&1; echo \"exit $?\"", build_dir(), (int) getpid());
         run_capture(cmd, out, sizeof(out));
-        ck_assert_msg(strstr(out, "max_clients 1024 with a host capacity of 64.0 MiB needs 5344 file descriptors, more than "
+        ck_assert_msg(strstr(out, "max_clients 1024 with a host capacity of 64.0 MiB needs 4320 file descriptors, more than "
                               "the hard limit of 300") && strstr(out, "exit 1"), "%s", out);
 }
 END_TEST

@@ -425,6 +425,38 @@ START_TEST(test_reclaim_from_a_client_that_makes_no_call) {
 }
 END_TEST
 
+/*
+ * A granule lease that does not fit waits, as one request for all its bytes, while the daemon
+ * asks others for memory; what it took before it did not fit waits in the cache meanwhile.
+ */
+START_TEST(test_granule_lease_waits_for_reclaim) {
+        int fds[GP_WIRE_MAX_FDS];
+        Gpupool__Envelope *rep;
+        struct keeper k;
+        struct testd d;
+        size_t nfds;
+        int sock;
+        pid_t pid;
+
+        start(&d, "[pool]\nreclaim_timeout = 2s\n", "64M");
+        pid = keep(&d, &k, 40 * MiB);
+        ck_assert(testd_client_becomes(&d, pid, NULL, "in_use_bytes", 0));
+        sock = raw_hello(&d, "granules");
+        rep = raw_lease_granules(sock, 0, 20, 2 * MiB, fds, &nfds);
+        ck_assert_msg(rep->status == GPUPOOL__STATUS__STATUS_OK, "%s", rep->error);
+        ck_assert_uint_eq(nfds, 20);
+        ck_assert_uint_eq(rep->lease_reply->n_more_segment_ids, 19);
+        for (size_t i = 0; i < nfds; i++)
+                close(fds[i]);
+        gpupool__envelope__free_unpacked(rep, NULL);
+        ck_assert_int_eq(testd_device(&d, 0, "reclaims_total"), 1);
+        ck_assert_int_eq(client_field(&d, pid, "reserved_bytes"), 0);
+        ck_assert_int_eq(testd_device(&d, 0, "reserved_bytes") - testd_device(&d, 0, "cached_bytes"), 40 * MiB);
+        close(sock);
+        unkeep(&k, pid);
+        stop(&d);
+}
+END_TEST
 
 /* Raw protocol: a request of body_case on sock, with what it holds on device 0 reported. */
 static Gpupool__Envelope *call_reporting(int sock, Gpupool__Envelope *env, uint64_t in_use, uint64_t held_free) {
@@ -777,6 +809,7 @@ Suite *suite_tenants(void) {
         tcase_add_test(tc, test_reload_and_runtime_limits);
         tcase_add_test(tc, test_set_limit_needs_root);
         tcase_add_test(tc, test_status_and_check_config);
+        tcase_add_test(tc, test_granule_lease_waits_for_reclaim);
         tcase_add_test(tc, test_reclaim_from_a_client_that_makes_no_call);
         tcase_add_test(tc, test_reclaim_times_out_and_says_so);
         tcase_add_test(tc, test_lease_return_and_reclaim_by_bytes);
