@@ -189,12 +189,13 @@ int client_mapping_add(gpupool_client *c, unsigned device, uint64_t segment_id, 
         m->segment_id = segment_id;
         m->size = size;
         m->device = device;
+        /* Host and cuda-vmm segments come as descriptors. */
+        if ((c->vmm || !c->cuda) && fd < 0) {
+                free(m);
+                client_set_error(c, "gpupoold sent a segment without its file descriptor");
+                return -EPROTO;
+        }
         if (c->vmm) {
-                if (fd < 0) {
-                        free(m);
-                        client_set_error(c, "gpupoold sent a cuda-vmm segment without its file descriptor");
-                        return -EPROTO;
-                }
                 m->vmm = true;
                 r = client_cuda_map_fd(c, m, fd);
                 if (r < 0) {
@@ -224,14 +225,8 @@ int client_mapping_add(gpupool_client *c, unsigned device, uint64_t segment_id, 
                 }
                 gp_rb_insert(&c->by_handle, &m->by_handle);
         } else {
-                void *base;
+                void *base = mmap(NULL, m->size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
 
-                if (fd < 0) {
-                        free(m);
-                        client_set_error(c, "gpupoold sent a new segment without its file descriptor");
-                        return -EPROTO;
-                }
-                base = mmap(NULL, m->size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
                 close(fd);
                 if (base == MAP_FAILED) {
                         free(m);

@@ -4,8 +4,9 @@
  * Each segment is a sealed memfd. The daemon never maps it: it passes the descriptor to the
  * client over SCM_RIGHTS and the client maps it. The seals stop a client from shrinking or
  * growing the file, which would fault every other mapping of it. A segment changing uid gets a
- * fresh memfd (a client may keep the old one), and the old one's pages go back to the kernel. This backend serves CPU-only
- * machines, CI and tests, and is a usable shared-memory pool of its own.
+ * fresh memfd (a client may keep the old one), and the old one's pages go back to the kernel.
+ * This backend serves CPU-only machines, CI and tests, and is a usable shared-memory pool of
+ * its own.
  */
 #define _GNU_SOURCE
 #include "backend.h"

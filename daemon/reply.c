@@ -14,7 +14,7 @@ void reply_release(struct reply *rep) {
 /* Sets the reply's fields but its bytes. */
 static void reply_set(struct reply *ret, size_t len, bool disconnect) {
         ret->len = len;
-        ret->nfds = 0;
+        ret->fds.n = 0;
         ret->disconnect = disconnect;
         ret->none = ret->parked = false;
 }

@@ -20,6 +20,17 @@
 #define REPLY_INLINE_BYTES 1024
 
 /*
+ * The descriptors to pass with a reply: those of segments of device leased to the client, in
+ * order. The session looks each up as it sends, so that one the client returned on its control
+ * channel while the reply waited is never sent.
+ */
+struct reply_fds {
+        unsigned n;
+        uint32_t device;
+        uint64_t segments[GP_MAX_LEASE_GRANULES];
+};
+
+/*
  * A reply owns its bytes: nothing else holds them, so it may wait (a socket that is full)
  * while the daemon answers others. session_send() takes it; reply_release() frees one that is
  * not sent.
@@ -27,14 +38,7 @@
 struct reply {
         uint8_t *heap;          /* the packed reply when larger than inline_bytes, else NULL */
         size_t len;
-        /*
-         * Descriptors to pass with it: those of segments of device fd_device leased to the
-         * client, in order (the session looks each up as it sends, so that one returned on the
-         * control channel while the reply waits is never sent).
-         */
-        unsigned nfds;
-        uint32_t fd_device;
-        uint64_t fd_segments[GP_MAX_LEASE_GRANULES];
+        struct reply_fds fds;   /* n 0: none */
         bool disconnect;        /* drop the client after sending */
         bool none;              /* nothing to send: the message was an answer, not a request */
         bool parked;            /* no reply yet: the request waits (session_park()) */

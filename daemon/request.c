@@ -260,16 +260,16 @@ static void holders_text(const struct node *node, unsigned device, char *buf, si
 }
 
 /*
- * A leased segment's handle for a reply: sets its IPC handle and returns -1 (cuda), or returns the
- * memfd to pass with the packet (host).
+ * A leased segment's handle for a reply: sets its IPC handle (cuda), or returns true where its
+ * descriptor goes with the packet instead (host, cuda-vmm).
  */
-static int segment_handle(const struct backend_mem *mem, protobuf_c_boolean *ret_has, ProtobufCBinaryData *ret_handle) {
+static bool segment_handle(const struct backend_mem *mem, protobuf_c_boolean *ret_has, ProtobufCBinaryData *ret_handle) {
         if (!mem->ipc_handle_len)
-                return mem->fd;
+                return true;
         *ret_has = 1;
         ret_handle->len = mem->ipc_handle_len;
         ret_handle->data = (uint8_t *) mem->ipc_handle;
-        return -1;
+        return false;
 }
 
 enum attempt {
@@ -347,10 +347,11 @@ static bool lease_attempt(struct session *s, uint64_t id, uint32_t device, uint6
         struct pool_owner *owner = &s->owners[device];
         struct policy_admission adm;
         struct pool_lease leases[GP_MAX_LEASE_GRANULES];
-        uint64_t more[GP_MAX_LEASE_GRANULES];
+        unsigned count = granules ? granules : 1;      /* segments leased */
         struct pool_stats st;
         Gpupool__Envelope env;
-        int r, fd;
+        bool pass_fds;
+        int r;
 
         pool_get_stats(node->pools[device], &st);
         policy_admit(&node->policy, s->tenant, s->limit_override_bytes, owner, device, &st, &adm);
@@ -437,27 +438,26 @@ static bool lease_attempt(struct session *s, uint64_t id, uint32_t device, uint6
         }
         node->leases_total[device]++;
         reply_ok(&env, id);
+        /* The ids, in the order their descriptors go (the reply's list of them, after the first). */
+        for (unsigned i = 0; i < count; i++)
+                ret->fds.segments[i] = leases[i].segment_id;
         lr.segment_id = leases[0].segment_id;
         lr.segment_size = leases[0].segment_size;
-        fd = segment_handle(leases[0].mem, &lr.has_ipc_handle, &lr.ipc_handle);
-        for (unsigned i = 1; i < granules; i++)
-                more[i - 1] = leases[i].segment_id;
-        lr.more_segment_ids = more;
-        lr.n_more_segment_ids = granules ? granules - 1 : 0;
+        lr.more_segment_ids = ret->fds.segments + 1;
+        lr.n_more_segment_ids = count - 1;
+        /* A granule lease is refused on a backend of IPC handles: each of its segments has a descriptor. */
+        pass_fds = segment_handle(leases[0].mem, &lr.has_ipc_handle, &lr.ipc_handle);
         env.body_case = GPUPOOL__ENVELOPE__BODY_LEASE_REPLY;
         env.lease_reply = &lr;
         if (reply_pack(&env, false, ret) < 0) {
                 /* The client hears of no segment: none stays its. */
-                for (unsigned i = 0; i < (granules ? granules : 1); i++)
+                for (unsigned i = 0; i < count; i++)
                         pool_lease_undo(node->pools[device], owner, leases[i].segment_id);
                 return true;
         }
-        if (fd >= 0) {
-                /* A granule lease is refused on a backend of IPC handles: each of its segments has a descriptor. */
-                ret->fd_device = device;
-                ret->nfds = granules ? granules : 1;
-                for (unsigned i = 0; i < ret->nfds; i++)
-                        ret->fd_segments[i] = leases[i].segment_id;
+        if (pass_fds) {
+                ret->fds.device = device;
+                ret->fds.n = count;
         }
         return true;
 }

@@ -166,7 +166,7 @@ void session_set_tenant(struct session *s, struct tenant *t) {
 
 static void session_free(struct session *s) {
         free(s->pending);
-        free(s->pending_segments);
+        free(s->pending_fds);
         free(s->owners);
         free(s);
 }
@@ -356,19 +356,16 @@ static void on_process_exit(uv_poll_t *handle, int status, int events) {
 }
 
 /*
- * Sends a packet with the descriptors of the client's segments named (on device), looked up
- * now: one it no longer leases is never sent (-ENOENT), nor one whose number was reused.
+ * Sends a packet with the descriptors of the client's segments rf names (NULL: none), looked
+ * up now: one it no longer leases is never sent (-ENOENT), nor one whose number was reused.
  */
-static int send_with_segments(struct session *s, const uint8_t *buf, size_t len, uint32_t device,
-                              const uint64_t *segments, unsigned n) {
+static int send_with_fds(struct session *s, const uint8_t *buf, size_t len, const struct reply_fds *rf) {
         int fds[GP_MAX_LEASE_GRANULES];
+        unsigned n = rf ? rf->n : 0;
 
-        for (unsigned i = 0; i < n; i++) {
-                fds[i] = device < s->node->device_count ?
-                                 pool_leased_fd(s->node->pools[device], &s->owners[device], segments[i]) : -ENOENT;
-                if (fds[i] < 0)
+        for (unsigned i = 0; i < n; i++)
+                if ((fds[i] = pool_leased_fd(s->node->pools[rf->device], &s->owners[rf->device], rf->segments[i])) < 0)
                         return -ENOENT;
-        }
         return gp_wire_send_packet_fds(s->fd, buf, len, fds, n);
 }
 
@@ -382,7 +379,7 @@ bool session_send(struct session *s, struct reply *rep) {
 
         if (rep->none)
                 return true;
-        r = send_with_segments(s, reply_bytes(rep), rep->len, rep->fd_device, rep->fd_segments, rep->nfds);
+        r = send_with_fds(s, reply_bytes(rep), rep->len, &rep->fds);
         if (r == -EAGAIN) {
                 /* The reply's bytes wait with the session: taken over when they are the reply's own memory. */
                 s->pending = rep->heap ? rep->heap : malloc(rep->len);
@@ -397,15 +394,13 @@ bool session_send(struct session *s, struct reply *rep) {
                 s->pending_since_ms = uv_now(s->node->loop);
                 session_log(s, LOG_LEVEL_DEBUG, "client %llu (pid %d): its socket is full; holding a reply until it reads",
                             (unsigned long long) s->id, (int) s->pid);
-                s->pending_nfds = rep->nfds;
-                s->pending_fd_device = rep->fd_device;
-                if (rep->nfds) {
-                        s->pending_segments = malloc(rep->nfds * sizeof(*s->pending_segments));
-                        if (!s->pending_segments) {
+                if (rep->fds.n) {
+                        s->pending_fds = malloc(sizeof(*s->pending_fds));
+                        if (!s->pending_fds) {
                                 session_disconnect(s, "out of memory for a reply");
                                 return false;
                         }
-                        memcpy(s->pending_segments, rep->fd_segments, rep->nfds * sizeof(*s->pending_segments));
+                        *s->pending_fds = rep->fds;
                 }
                 /* Stop reading until the client reads: one pending reply per client at most. */
                 uv_poll_start(&s->poll, UV_WRITABLE, on_readable);
@@ -479,16 +474,14 @@ int session_push(struct session *s, Gpupool__Envelope *env) {
 }
 
 static void flush_pending(struct session *s) {
-        int r = send_with_segments(s, s->pending, s->pending_len, s->pending_fd_device, s->pending_segments,
-                                   s->pending_nfds);
+        int r = send_with_fds(s, s->pending, s->pending_len, s->pending_fds);
 
         if (r == -EAGAIN)
                 return;
         free(s->pending);
         s->pending = NULL;
-        free(s->pending_segments);
-        s->pending_segments = NULL;
-        s->pending_nfds = 0;
+        free(s->pending_fds);
+        s->pending_fds = NULL;
         if (r < 0) {
                 session_disconnect(s, send_error(r));
                 return;

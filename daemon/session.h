@@ -73,10 +73,7 @@ struct session {
         uint8_t *pending;       /* a reply the socket had no room for */
         uint64_t pending_since_ms;      /* loop clock */
         size_t pending_len;
-        /* The segments whose descriptors go with it (looked up again as it goes: reply.h). */
-        uint64_t *pending_segments;
-        unsigned pending_nfds;
-        uint32_t pending_fd_device;
+        struct reply_fds *pending_fds;  /* the descriptors that go with it, or NULL */
         struct pool_owner *owners;      /* one per device */
         struct log_ratelimit log;       /* what this client may make the daemon log */
         struct session *prev, *next;

@@ -309,21 +309,43 @@ void raw_send(int sock, Gpupool__Envelope *env) {
         ck_assert_int_eq(gp_wire_send_packet(sock, buf, (size_t) n, -1), 0);
 }
 
-Gpupool__Envelope *raw_recv_fd(int sock, int *ret_fd) {
+/*
+ * Reads one reply, keeping the descriptors that came with it in fds (room for
+ * GP_WIRE_MAX_FDS), how many in *ret_nfds; with fds NULL they are closed. NULL when the daemon
+ * closed.
+ */
+static Gpupool__Envelope *recv_fds(int sock, int *fds, size_t *ret_nfds) {
         static uint8_t buf[GP_MAX_REPLY_BYTES];
+        int got[GP_WIRE_MAX_FDS];
         Gpupool__Envelope *env;
-        int fd = -1, n;
+        size_t nfds;
+        int n;
 
-        n = gp_wire_recv_packet(sock, buf, sizeof(buf), &fd);
-        if ((n <= 0 || !ret_fd) && fd >= 0) {
-                close(fd);
-                fd = -1;
+        n = gp_wire_recv_packet_fds(sock, buf, sizeof(buf), got, &nfds);
+        if (n <= 0 || !fds) {
+                for (size_t i = 0; i < nfds; i++)
+                        close(got[i]);
+                nfds = 0;
         }
-        if (ret_fd)
-                *ret_fd = fd;
+        if (fds)
+                memcpy(fds, got, nfds * sizeof(int));
+        if (ret_nfds)
+                *ret_nfds = nfds;
         if (n <= 0)
                 return NULL;
         ck_assert_int_eq(gp_wire_unpack(buf, (size_t) n, &env), 0);
+        return env;
+}
+
+Gpupool__Envelope *raw_recv_fd(int sock, int *ret_fd) {
+        int fds[GP_WIRE_MAX_FDS];
+        Gpupool__Envelope *env;
+        size_t nfds;
+
+        env = recv_fds(sock, ret_fd ? fds : NULL, &nfds);
+        ck_assert_uint_le(nfds, 1);
+        if (ret_fd)
+                *ret_fd = nfds ? fds[0] : -1;
         return env;
 }
 
@@ -344,36 +366,37 @@ Gpupool__Envelope *raw_call(int sock, Gpupool__Envelope *env) {
         return raw_call_fd(sock, env, NULL);
 }
 
-Gpupool__Envelope *raw_lease_fd(int sock, uint32_t device, uint64_t size, int *ret_fd) {
+/* Sends a LeaseRequest: a granule lease (of granules, 0 included) or a plain one. */
+static void send_lease(int sock, uint32_t device, uint64_t size, bool granule_lease, uint32_t granules) {
         Gpupool__Envelope env = GPUPOOL__ENVELOPE__INIT;
         Gpupool__LeaseRequest lr = GPUPOOL__LEASE_REQUEST__INIT;
 
         lr.device = device;
         lr.size = size;
+        lr.has_granules = granule_lease;
+        lr.granules = granules;
         env.id = 7;
         env.body_case = GPUPOOL__ENVELOPE__BODY_LEASE;
         env.lease = &lr;
-        return raw_call_fd(sock, &env, ret_fd);
+        raw_send(sock, &env);
+}
+
+Gpupool__Envelope *raw_lease_fd(int sock, uint32_t device, uint64_t size, int *ret_fd) {
+        Gpupool__Envelope *rep;
+
+        send_lease(sock, device, size, false, 0);
+        rep = raw_recv_fd(sock, ret_fd);
+        ck_assert_ptr_nonnull(rep);
+        return rep;
 }
 
 Gpupool__Envelope *raw_lease_granules(int sock, uint32_t device, uint32_t granules, uint64_t size, int *fds,
                                       size_t *ret_nfds) {
-        static uint8_t buf[GP_MAX_REPLY_BYTES];
-        Gpupool__Envelope env = GPUPOOL__ENVELOPE__INIT, *rep;
-        Gpupool__LeaseRequest lr = GPUPOOL__LEASE_REQUEST__INIT;
-        int n;
+        Gpupool__Envelope *rep;
 
-        lr.device = device;
-        lr.size = size;
-        lr.has_granules = 1;
-        lr.granules = granules;
-        env.id = 8;
-        env.body_case = GPUPOOL__ENVELOPE__BODY_LEASE;
-        env.lease = &lr;
-        raw_send(sock, &env);
-        n = gp_wire_recv_packet_fds(sock, buf, sizeof(buf), fds, ret_nfds);
-        ck_assert_int_gt(n, 0);
-        ck_assert_int_eq(gp_wire_unpack(buf, (size_t) n, &rep), 0);
+        send_lease(sock, device, size, true, granules);
+        rep = recv_fds(sock, fds, ret_nfds);
+        ck_assert_ptr_nonnull(rep);
         return rep;
 }
 

@@ -793,10 +793,15 @@ static CUresult fk_CtxSetCurrent(gp_cu_context c) {
 
 /* ---- memory ---- */
 
+/* Whether [p, p + n) lies in [base, base + size). */
+static bool within(CUdeviceptr p, size_t n, CUdeviceptr base, size_t size) {
+        return p >= base && p < base + size && n <= size - (p - base);
+}
+
 /* The allocation containing [p, p + n), or NULL. Call locked. */
 static struct alloc *find(CUdeviceptr p, size_t n) {
         for (struct alloc *a = allocs; a; a = a->next)
-                if (p >= a->dptr && p < a->dptr + a->size && n <= a->size - (p - a->dptr))
+                if (within(p, n, a->dptr, a->size))
                         return a;
         return NULL;
 }
@@ -1410,7 +1415,7 @@ static CUresult fk_MemAddressReserve(CUdeviceptr *ptr, size_t size, size_t align
 
 static struct reservation *reservation_of(CUdeviceptr p, size_t n) {
         for (struct reservation *v = reservations; v; v = v->next)
-                if (p >= v->base && p < v->base + v->size && n <= v->size - (p - v->base))
+                if (within(p, n, v->base, v->size))
                         return v;
         return NULL;
 }
@@ -1478,19 +1483,24 @@ static CUresult fk_MemMap(CUdeviceptr ptr, size_t size, size_t offset, gp_cu_mem
         return GP_CUDA_SUCCESS;
 }
 
+/* The mapping containing address at, or NULL (mappings never overlap). Call locked. */
+static struct vmap *vmap_at(CUdeviceptr at) {
+        for (struct vmap *m = vmaps; m; m = m->next)
+                if (at >= m->ptr && at < m->ptr + m->size)
+                        return m;
+        return NULL;
+}
+
 /* Whether mappings exactly cover [ptr, ptr + size), one after another: no cut, no hole. Call locked. */
 static bool whole_mappings(CUdeviceptr ptr, size_t size) {
         CUdeviceptr at = ptr;
 
         while (at < ptr + size) {
-                struct vmap *found = NULL;
+                struct vmap *m = vmap_at(at);
 
-                for (struct vmap *m = vmaps; m && !found; m = m->next)
-                        if (m->ptr == at)
-                                found = m;
-                if (!found || found->size > ptr + size - at)
+                if (!m || m->ptr != at || m->size > ptr + size - at)
                         return false;
-                at += found->size;
+                at += m->size;
         }
         return size != 0;
 }
@@ -1555,14 +1565,11 @@ static uint8_t *vmap_bytes(CUdeviceptr p, size_t n) {
         if (!v)
                 return NULL;
         do {
-                struct vmap *found = NULL;
+                struct vmap *m = vmap_at(at);
 
-                for (struct vmap *m = vmaps; m && !found; m = m->next)
-                        if (at >= m->ptr && at < m->ptr + m->size)
-                                found = m;
-                if (!found || found->access == GP_CU_MEM_ACCESS_FLAGS_PROT_NONE)
+                if (!m || m->access == GP_CU_MEM_ACCESS_FLAGS_PROT_NONE)
                         return NULL;
-                at = found->ptr + found->size;
+                at = m->ptr + m->size;
         } while (at < p + n);
         return v->shadow + (p - v->base);
 }

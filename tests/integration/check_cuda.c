@@ -238,6 +238,12 @@ static void cuda_start(struct testd *d, const char *extra1, const char *extra2) 
         testd_start(d, "--backend", cuda_backend, extra1, extra2, NULL);
 }
 
+/* Starts a cuda-vmm daemon on a fresh node (cuda_stop() goes back to the legacy backend). */
+static void vmm_start(struct testd *d) {
+        cuda_backend = "cuda-vmm";
+        cuda_start(d, NULL, NULL);
+}
+
 /* Stops it; on the fake, every allocation must have been freed by then. */
 static void cuda_stop(struct testd *d) {
         ck_assert_int_eq(testd_stop(d), 0);
@@ -1739,8 +1745,7 @@ START_TEST(test_fake_vmm_serves_pid_namespace) {
                 fprintf(stderr, "test_fake_vmm_serves_pid_namespace: not root, cannot make a PID namespace\n");
                 return;
         }
-        cuda_backend = "cuda-vmm";
-        cuda_start(&d, NULL, NULL);
+        vmm_start(&d);
         ck_assert_msg(reap(spawn(pidns_vmm_client, &d, NULL)) == 0, "a client in its own PID namespace was not served");
         ck_assert_int_eq(testd_device(&d, 0, "in_use_bytes"), 0);
         cuda_stop(&d);
@@ -1782,8 +1787,7 @@ START_TEST(test_fake_granule_leases) {
         size_t nfds;
         int sock, r;
 
-        cuda_backend = "cuda-vmm";
-        cuda_start(&d, NULL, NULL);
+        vmm_start(&d);
         sock = raw_hello(&d, "granules");
         rep = raw_lease_granules(sock, 0, 3, 2 * MiB, fds, &nfds);
         ck_assert_int_eq(rep->status, GPUPOOL__STATUS__STATUS_OK);
@@ -1799,7 +1803,7 @@ START_TEST(test_fake_granule_leases) {
         close(sock);
         cuda_stop(&d);
 
-        cuda_start(&d, NULL, NULL);
+        cuda_start(&d, NULL, NULL);     /* the legacy backend */
         sock = raw_hello(&d, "granules");
         rep = raw_lease_granules(sock, 0, 3, 2 * MiB, fds, &nfds);
         ck_assert_int_eq(rep->status, GPUPOOL__STATUS__STATUS_INVALID);
@@ -1820,8 +1824,7 @@ START_TEST(test_fake_vmm_kept_descriptor_reads_nothing) {
                 fprintf(stderr, "test_fake_vmm_kept_descriptor_reads_nothing: not root, nothing to check\n");
                 return;
         }
-        cuda_backend = "cuda-vmm";
-        cuda_start(&d, NULL, NULL);
+        vmm_start(&d);
         check_kept_descriptor_reads_nothing(&d, 0);
         cuda_stop(&d);
 }
@@ -1885,8 +1888,7 @@ START_TEST(test_fake_vmm_survives_daemon_kill) {
         struct testd d;
         char b;
 
-        cuda_backend = "cuda-vmm";
-        cuda_start(&d, NULL, NULL);
+        vmm_start(&d);
         for (int i = 0; i < N; i++) {
                 w[i].index = i;
                 ck_assert(pipe(w[i].up) == 0 && pipe(w[i].go) == 0);
