@@ -50,7 +50,8 @@ int granule_range_init(struct granule_set *s, struct granule_range *r, uint64_t 
         r->phys = calloc(count, sizeof(*r->phys));
         r->mapped = calloc(words, sizeof(*r->mapped));
         r->idle = calloc(words, sizeof(*r->idle));
-        if (!r->refs || !r->phys || !r->mapped || !r->idle) {
+        r->idle_since = calloc(count, sizeof(*r->idle_since));
+        if (!r->refs || !r->phys || !r->mapped || !r->idle || !r->idle_since) {
                 granule_range_destroy(r);
                 return -ENOMEM;
         }
@@ -72,6 +73,7 @@ void granule_range_destroy(struct granule_range *r) {
         free(r->phys);
         free(r->mapped);
         free(r->idle);
+        free(r->idle_since);
         *r = (struct granule_range) { 0 };
 }
 
@@ -91,16 +93,19 @@ static int spare_reserve(struct granule_set *s, uint64_t n) {
         return 0;
 }
 
-uint64_t granule_unmap_idle(struct granule_set *s, uint64_t want) {
+uint64_t granule_unmap_idle(struct granule_set *s, uint64_t want, uint64_t before) {
         uint64_t done = 0;
 
         for (unsigned i = 0; i < s->range_count && done < want; i++) {
                 struct granule_range *r = s->ranges[i];
 
                 for (uint64_t w = (r->count + 63) / 64; w-- > 0 && done < want;)
-                        while (r->idle[w] && done < want) {
-                                uint64_t k = w * 64 + 63 - (uint64_t) __builtin_clzll(r->idle[w]);
+                        for (uint64_t left = r->idle[w]; left && done < want;) {
+                                uint64_t k = w * 64 + 63 - (uint64_t) __builtin_clzll(left);
 
+                                left &= ~(1ULL << (k % 64));
+                                if (r->idle_since[k] > before)
+                                        continue;
                                 bit_clear(r->idle, k);
                                 bit_clear(r->mapped, k);
                                 r->idle_count--;
@@ -119,6 +124,7 @@ static void uncount(struct granule_range *r, uint64_t first, uint64_t last) {
         for (uint64_t k = first; k <= last; k++)
                 if (r->refs[k] && --r->refs[k] == 0 && bit(r->mapped, k)) {
                         bit_set(r->idle, k);
+                        r->idle_since[k] = r->set->now;
                         r->idle_count++;
                 }
 }
@@ -150,7 +156,7 @@ int granule_take(struct granule_range *r, uint64_t offset, uint64_t size) {
                 need += !bit(r->mapped, k);
         }
         if (need > s->spare_count)
-                (void) granule_unmap_idle(s, need - s->spare_count);
+                (void) granule_unmap_idle(s, need - s->spare_count, UINT64_MAX);
         if (need > s->spare_count) {
                 uint64_t n = need - s->spare_count;
 
@@ -180,6 +186,41 @@ int granule_take(struct granule_range *r, uint64_t offset, uint64_t size) {
 undo:
         uncount(r, first, last);
         return err;
+}
+
+uint64_t granule_shortfall(const struct granule_range *r, uint64_t offset, uint64_t size) {
+        const struct granule_set *s = r->set;
+        uint64_t first, last, need = 0, own_idle = 0, elsewhere = 0;
+
+        if (!span(r, offset, size, &first, &last))
+                return 0;
+        for (uint64_t k = first; k <= last; k++) {
+                need += !bit(r->mapped, k);
+                own_idle += bit(r->idle, k);
+        }
+        /* Its own idle granules serve it where they are: they are not there to be moved. */
+        for (unsigned i = 0; i < s->range_count; i++)
+                elsewhere += s->ranges[i]->idle_count;
+        elsewhere -= own_idle;
+        return need > s->spare_count + elsewhere ? need - s->spare_count - elsewhere : 0;
+}
+
+int granule_add_spares(struct granule_set *s, const uint64_t *phys, uint64_t n) {
+        if (spare_reserve(s, s->held + n) < 0)
+                return -ENOMEM;
+        memcpy(s->spare + s->spare_count, phys, n * sizeof(*phys));
+        s->spare_count += n;
+        s->held += n;
+        s->obtained += n;
+        return 0;
+}
+
+uint64_t granule_free_count(const struct granule_set *s) {
+        uint64_t n = s->spare_count;
+
+        for (unsigned i = 0; i < s->range_count; i++)
+                n += s->ranges[i]->idle_count;
+        return n;
 }
 
 void granule_give(struct granule_range *r, uint64_t offset, uint64_t size) {

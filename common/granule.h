@@ -40,6 +40,7 @@ struct granule_range {
         uint32_t *refs;                 /* live blocks touching each granule */
         uint64_t *mapped, *idle;        /* bitmaps: mapped; mapped and touched by no live block */
         uint64_t *phys;                 /* the physical granule mapped at each, while mapped */
+        uint64_t *idle_since;           /* the set's clock when each became idle, while idle */
         uint64_t mapped_count, idle_count;
 };
 
@@ -54,6 +55,7 @@ struct granule_set {
         uint64_t spare_count, spare_cap;
         uint64_t held;                  /* physical granules: mapped or spare */
         uint64_t maps, unmaps, obtained;        /* operations since init */
+        uint64_t now;                   /* the caller's clock, stamped on granules as they become idle */
 };
 
 /* Returns 0, or -EINVAL for a granule that is 0. */
@@ -77,8 +79,25 @@ int granule_take(struct granule_range *r, uint64_t offset, uint64_t size);
 /* After the block at [offset, offset + size) of r was freed: its granules no other block touches become idle. */
 void granule_give(struct granule_range *r, uint64_t offset, uint64_t size);
 
-/* Unmaps up to want idle granules of every range, the highest first, into the spares. Returns how many. */
-uint64_t granule_unmap_idle(struct granule_set *s, uint64_t want);
+/*
+ * Unmaps up to want idle granules of every range that became idle at or before before (the
+ * set's clock; UINT64_MAX: any), the highest first, into the spares. Returns how many.
+ */
+uint64_t granule_unmap_idle(struct granule_set *s, uint64_t want, uint64_t before);
+
+/*
+ * How many physical granules granule_take() of the same block would obtain now: those of its
+ * granules that are not mapped, less the spares and the idle granules elsewhere. A caller
+ * whose obtaining must not run inside granule_take() (it lets go of a lock) obtains them
+ * first and hands them over with granule_add_spares(); then granule_take() obtains nothing.
+ */
+uint64_t granule_shortfall(const struct granule_range *r, uint64_t offset, uint64_t size);
+
+/* Adds n physical granules obtained by the caller to the spares. Returns 0, or -ENOMEM with none added. */
+int granule_add_spares(struct granule_set *s, const uint64_t *phys, uint64_t n);
+
+/* Physical granules held that no live block touches: idle in every range, and spare. */
+uint64_t granule_free_count(const struct granule_set *s);
 
 /* Takes up to max spares out of the set (to give them back), their ids into phys. Returns how many. */
 uint64_t granule_release_spares(struct granule_set *s, uint64_t *phys, uint64_t max);

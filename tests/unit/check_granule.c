@@ -188,7 +188,7 @@ START_TEST(test_spares_given_back) {
         ck_assert_int_eq(granule_take(&r, 0, 4 * G), 0);
         ck_assert_int_eq(granule_take(&r, 8 * G, G), 0);
         granule_give(&r, 0, 4 * G);
-        ck_assert_uint_eq(granule_unmap_idle(&s, 100), 4);
+        ck_assert_uint_eq(granule_unmap_idle(&s, 100, UINT64_MAX), 4);
         ck_assert_uint_eq(s.spare_count, 4);
         ck_assert_uint_eq(granule_release_spares(&s, phys, 3), 3);
         ck_assert_uint_eq(s.held, 2);
@@ -197,6 +197,64 @@ START_TEST(test_spares_given_back) {
         ck_assert_uint_eq(granule_release_spares(&s, phys, 8), 0);
         ck_assert_uint_eq(s.held, 1);           /* the live block's */
         check_ok(&s);
+        finish(&s, &r);
+}
+END_TEST
+
+START_TEST(test_idle_return_by_age) {
+        struct granule_range r;
+        struct granule_set s;
+        struct rec t;
+
+        start(&s, &r, &t, 64);
+        ck_assert_int_eq(granule_take(&r, 0, 2 * G), 0);
+        ck_assert_int_eq(granule_take(&r, 4 * G, 2 * G), 0);
+        s.now = 100;
+        granule_give(&r, 0, 2 * G);
+        s.now = 200;
+        granule_give(&r, 4 * G, 2 * G);
+        ck_assert_uint_eq(granule_free_count(&s), 4);
+        /* Only those idle since 150 or before: granules 0 and 1, though 4 and 5 are higher. */
+        t.unmap_count = 0;
+        ck_assert_uint_eq(granule_unmap_idle(&s, 100, 150), 2);
+        ck_assert_uint_eq(t.unmap_count, 2);
+        ck_assert_uint_eq(t.unmaps[0], 1);
+        ck_assert_uint_eq(t.unmaps[1], 0);
+        ck_assert_uint_eq(granule_free_count(&s), 4);   /* two idle, two spare */
+        ck_assert_uint_eq(granule_unmap_idle(&s, 100, 199), 0);
+        ck_assert_uint_eq(granule_unmap_idle(&s, 100, 200), 2);
+        check_ok(&s);
+        finish(&s, &r);
+}
+END_TEST
+
+START_TEST(test_obtained_ahead) {
+        struct granule_range r;
+        struct granule_set s;
+        uint64_t phys[4] = { 7, 8, 9, 10 };
+        struct rec t;
+
+        start(&s, &r, &t, 64);
+        ck_assert_uint_eq(granule_shortfall(&r, 0, 3 * G), 3);
+        ck_assert_int_eq(granule_take(&r, 0, 2 * G), 0);
+        granule_give(&r, 0, 2 * G);
+        /* The block's own idle granule serves it in place; the other idle one moves. */
+        ck_assert_uint_eq(granule_shortfall(&r, G, 4 * G), 2);
+        ck_assert_uint_eq(granule_shortfall(&r, 10 * G, 2 * G), 0);
+        ck_assert_uint_eq(granule_shortfall(&r, 10 * G, 3 * G), 1);
+        ck_assert_int_eq(granule_add_spares(&s, phys, 2), 0);
+        ck_assert_uint_eq(s.held, 4);
+        ck_assert_uint_eq(granule_shortfall(&r, G, 4 * G), 0);
+        /* Obtaining would fail: the take must not need to. */
+        t.fail_obtain = EIO;
+        ck_assert_int_eq(granule_take(&r, G, 4 * G), 0);
+        ck_assert_uint_eq(s.held, 4);
+        ck_assert_uint_eq(granule_free_count(&s), 0);
+        ck_assert_uint_eq(granule_shortfall(&r, 0, G), 1);      /* granule 0 moved to serve it */
+        ck_assert_uint_eq(granule_shortfall(&r, 2 * G, 2 * G), 0);      /* mapped, live */
+        ck_assert_uint_eq(granule_shortfall(&r, 0, 0), 0);
+        check_ok(&s);
+        t.fail_obtain = 0;
         finish(&s, &r);
 }
 END_TEST
@@ -259,7 +317,7 @@ START_TEST(test_random_churn) {
                         ck_assert_int_eq(granule_take(&r[c], live[i]->offset, live[i]->size), 0);
                 }
                 if (step % 97 == 0)
-                        (void) granule_unmap_idle(&s, (uint64_t) rand_r(&seed) % 8);
+                        (void) granule_unmap_idle(&s, (uint64_t) rand_r(&seed) % 8, UINT64_MAX);
                 if (step % 500 == 0)
                         check_ok(&s);
         }
@@ -285,6 +343,8 @@ Suite *suite_granule(void) {
         tcase_add_test(tc, test_idle_granules_move_highest_first);
         tcase_add_test(tc, test_failures_count_nothing);
         tcase_add_test(tc, test_spares_given_back);
+        tcase_add_test(tc, test_idle_return_by_age);
+        tcase_add_test(tc, test_obtained_ahead);
         tcase_add_test(tc, test_refusals);
         tcase_add_test(tc, test_random_churn);
         suite_add_tcase(s, tc);
