@@ -319,6 +319,9 @@ static void park(struct session *s, uint64_t id, uint32_t device, uint64_t size,
  * the cache). Each may take what is left of headroom once those before it are counted.
  */
 static int lease_granules(struct pool *p, struct pool_owner *o, unsigned n, uint64_t headroom, struct pool_lease *leases) {
+        /* Over a limit as a whole: refused before any granule is made (the device's own room is found granule by granule). */
+        if ((uint64_t) n * GP_GRANULE_BYTES > headroom)
+                return -EDQUOT;
         for (unsigned i = 0; i < n; i++) {
                 uint64_t taken = (uint64_t) i * GP_GRANULE_BYTES;
                 int r = pool_lease_granule(p, o, headroom > taken ? headroom - taken : 0, &leases[i]);
