@@ -21,6 +21,7 @@
 
 #include "client_control.h"
 #include "client_cuda.h"
+#include "client_grow.h"
 #include "client_pool.h"
 #include "client_segment.h"
 #include "client_stream.h"
@@ -46,11 +47,18 @@ static int session_open(gpupool_client *c) {
                 c->device_count = CLIENT_MAX_DEVICES;
         cuda = false;
         c->vmm = false;
+        /* Segments grow in place where asked and every device maps granules at our addresses (not legacy IPC). */
+        c->grow = c->grow_wanted;
         for (unsigned d = 0; d < c->device_count; d++) {
-                if (strcmp(hello->hello_reply->devices[d]->backend, "cuda") == 0)
+                const char *backend = hello->hello_reply->devices[d]->backend;
+
+                if (strcmp(backend, "cuda") == 0)
                         cuda = true;
-                if (strcmp(hello->hello_reply->devices[d]->backend, "cuda-vmm") == 0)
+                if (strcmp(backend, "cuda-vmm") == 0)
                         cuda = c->vmm = true;
+                if (strcmp(backend, "host") != 0 && strcmp(backend, "cuda-vmm") != 0)
+                        c->grow = false;
+                c->devices[d].total_bytes = hello->hello_reply->devices[d]->total_bytes;
         }
         __atomic_store_n(&c->cuda, cuda, __ATOMIC_RELEASE);     /* gpupool_free_async() reads it unlocked */
         client_id = hello->hello_reply->client_id;
@@ -66,7 +74,7 @@ static int session_open(gpupool_client *c) {
 }
 
 GPUPOOL_EXPORT int gpupool_connect(const char *socket_path, const char *client_name, gpupool_client **ret_client) {
-        const char *idle_return = getenv("GPUPOOL_IDLE_RETURN");
+        const char *idle_return = getenv("GPUPOOL_IDLE_RETURN"), *segments = getenv("GPUPOOL_SEGMENTS");
         uint64_t idle_return_ms = GPUPOOL_DEFAULT_IDLE_RETURN_MS;
         static uint64_t next_serial;
         gpupool_client *c;
@@ -80,6 +88,8 @@ GPUPOOL_EXPORT int gpupool_connect(const char *socket_path, const char *client_n
                 return -ENAMETOOLONG;
         if (idle_return && *idle_return && gp_duration_parse(idle_return, &idle_return_ms) < 0)
                 return -EINVAL;         /* $GPUPOOL_IDLE_RETURN is not a duration */
+        if (segments && *segments && strcmp(segments, "grow") != 0 && strcmp(segments, "whole") != 0)
+                return -EINVAL;         /* $GPUPOOL_SEGMENTS is neither */
         c = calloc(1, sizeof(*c));
         if (!c)
                 return -ENOMEM;
@@ -96,6 +106,7 @@ GPUPOOL_EXPORT int gpupool_connect(const char *socket_path, const char *client_n
         client_stream_init(c);
         c->epoch = 1;
         c->idle_return_ms = idle_return_ms;
+        c->grow_wanted = segments && strcmp(segments, "grow") == 0;
         /* Empty until the first lease, and empty again after drop_everything() on a reconnect. */
         for (unsigned d = 0; d < CLIENT_MAX_DEVICES; d++)
                 heap_init(&c->devices[d].heap);
@@ -121,6 +132,7 @@ GPUPOOL_EXPORT int gpupool_connect(const char *socket_path, const char *client_n
 static void drop_everything(gpupool_client *c) {
         client_live_forget(c);
         client_tcache_forget(c);
+        client_grow_forget(c);
         client_mappings_forget(c);
         for (unsigned d = 0; d < CLIENT_MAX_DEVICES; d++)
                 c->devices[d].reported_in_use = c->devices[d].reported_held_free = 0;
@@ -350,6 +362,11 @@ GPUPOOL_EXPORT int gpupool_stats(gpupool_client *c, struct gpupool_stats *ret) {
         for (struct gp_rb_node *n = gp_rb_first(&c->by_id); n; n = gp_rb_next(n)) {
                 st.mapped_segments++;
                 st.mapped_bytes += gp_rb_entry(n, struct mapping, by_id)->size;
+        }
+        /* Segments that grow in place: each granule held is a segment of the daemon's. */
+        for (unsigned d = 0; d < c->device_count; d++) {
+                st.mapped_segments += client_grow_held(c, d);
+                st.mapped_bytes += client_grow_held(c, d) * GP_GRANULE_BYTES;
         }
         for (unsigned i = 0; i < CLIENT_SHARDS; i++) {
                 pthread_mutex_lock(&c->live[i].lock);

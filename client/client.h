@@ -6,6 +6,7 @@
  *   client_control.c                           the control thread: the daemon's reclaims, usage
  *   client_stream.c                            stream-ordered frees and their reaper thread
  *   client_pool.c                              the process's own pool over the leased segments
+ *   client_grow.c                              segments that grow in place: granules under ranges
  *   client_tcache.c                            each thread's cache of the small blocks it freed
  *   client_segment.c                           calls to the daemon, mappings, the live blocks
  *   client_cuda.c                              the CUDA driver: UUIDs, IPC handles, events
@@ -38,6 +39,7 @@ struct mapping {
         unsigned device;                /* the daemon's index */
         bool ipc;                       /* cuda: opened from a legacy IPC handle */
         bool vmm;                       /* cuda-vmm: imported from a descriptor, mapped in a range of ours */
+        bool grow;                      /* a range that grows in place (client_grow.c), in no tree */
         uint8_t handle[GP_CU_IPC_HANDLE_SIZE];
         struct gp_rb_node by_addr;
         struct gp_rb_node by_id;
@@ -100,6 +102,8 @@ struct client_device {
         gp_cu_event *spare_events;
         unsigned spare_count, spare_cap, event_count;
         struct heap heap;               /* the process's pool on this device: every segment it leases */
+        uint64_t total_bytes;           /* as hello said */
+        struct client_grow *grow;       /* segments that grow in place: its ranges, once used */
         uint64_t reported_in_use, reported_held_free;   /* as the daemon last heard (client_pool_usage()) */
 };
 
@@ -123,6 +127,8 @@ struct gpupool_client {
         unsigned device_count;
         bool cuda;                      /* the daemon serves CUDA devices */
         bool vmm;                       /* cuda-vmm: segments come as descriptors of cuMemCreate memory */
+        bool grow_wanted;               /* $GPUPOOL_SEGMENTS is "grow" */
+        bool grow;                      /* segments grow in place: granules leased under ranges of ours (host, cuda-vmm) */
         struct gp_cuda cu;
         struct client_device devices[CLIENT_MAX_DEVICES];
         int local_to_daemon[CLIENT_MAX_DEVICES];        /* this process's CUDA ordinal -> daemon index, or -1 */

@@ -252,6 +252,102 @@ void client_cuda_unmap(gpupool_client *c, struct mapping *m) {
         pop(c);
 }
 
+/* A driver call's failure as the error, and its errno. */
+static int vmm_failed(gpupool_client *c, const char *what, uint64_t size, gp_cu_result r) {
+        client_set_error(c, "cuda-vmm: %s of %llu bytes: %s", what, (unsigned long long) size, gp_cuda_error_name(&c->cu, r));
+        return r == GP_CUDA_ERROR_OUT_OF_MEMORY ? -ENOMEM : -EIO;
+}
+
+int client_cuda_reserve(gpupool_client *c, struct client_device *d, uint64_t bytes, uint64_t align, uint8_t **ret) {
+        gp_cu_deviceptr va = 0;
+        gp_cu_result r;
+        int err, mode;
+
+        err = segment_device_enter(c, d);
+        if (err < 0)
+                return err;
+        mode = relax(c);
+        r = c->cu.cuMemAddressReserve(&va, bytes, align, 0, 0);
+        unrelax(c, mode);
+        pop(c);
+        if (r != GP_CUDA_SUCCESS)
+                return vmm_failed(c, "cuMemAddressReserve", bytes, r);
+        *ret = (uint8_t *) (uintptr_t) va;
+        return 0;
+}
+
+void client_cuda_unreserve(gpupool_client *c, struct client_device *d, uint8_t *base, uint64_t bytes) {
+        int mode;
+
+        if (push(c, d) < 0)
+                return;
+        mode = relax(c);
+        (void) c->cu.cuMemAddressFree((gp_cu_deviceptr) (uintptr_t) base, bytes);
+        unrelax(c, mode);
+        pop(c);
+}
+
+int client_cuda_import(gpupool_client *c, struct client_device *d, int fd, gp_cu_mem_handle *ret) {
+        gp_cu_result r;
+        int err, mode;
+
+        err = segment_device_enter(c, d);
+        if (err < 0) {
+                close(fd);
+                return err;
+        }
+        mode = relax(c);
+        r = c->cu.cuMemImportFromShareableHandle(ret, (void *) (uintptr_t) fd, GP_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+        unrelax(c, mode);
+        pop(c);
+        close(fd);      /* the handle holds the memory from here */
+        return r == GP_CUDA_SUCCESS ? 0 : vmm_failed(c, "cuMemImportFromShareableHandle", 0, r);
+}
+
+void client_cuda_release(gpupool_client *c, struct client_device *d, gp_cu_mem_handle h) {
+        if (push(c, d) < 0)
+                return;
+        (void) c->cu.cuMemRelease(h);
+        pop(c);
+}
+
+int client_cuda_map_at(gpupool_client *c, struct client_device *d, uint8_t *va, uint64_t size, gp_cu_mem_handle h) {
+        gp_cu_mem_access_desc rw = {
+                .location = { .type = GP_CU_MEM_LOCATION_TYPE_DEVICE, .id = (int) d->dev },
+                .flags = GP_CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+        };
+        gp_cu_deviceptr p = (gp_cu_deviceptr) (uintptr_t) va;
+        const char *what = "cuMemMap";
+        gp_cu_result r;
+        int err, mode;
+
+        err = push(c, d);
+        if (err < 0)
+                return err;
+        mode = relax(c);
+        r = c->cu.cuMemMap(p, size, 0, h, 0);
+        if (r == GP_CUDA_SUCCESS) {
+                what = "cuMemSetAccess";
+                r = c->cu.cuMemSetAccess(p, size, &rw, 1);
+                if (r != GP_CUDA_SUCCESS)
+                        (void) c->cu.cuMemUnmap(p, size);
+        }
+        unrelax(c, mode);
+        pop(c);
+        return r == GP_CUDA_SUCCESS ? 0 : vmm_failed(c, what, size, r);
+}
+
+void client_cuda_unmap_at(gpupool_client *c, struct client_device *d, uint8_t *va, uint64_t size) {
+        int mode;
+
+        if (push(c, d) < 0)
+                return;
+        mode = relax(c);
+        (void) c->cu.cuMemUnmap((gp_cu_deviceptr) (uintptr_t) va, size);
+        unrelax(c, mode);
+        pop(c);
+}
+
 /*
  * Whether stream is capturing a graph (1, or 0), and if not its id. Pushed. cuStreamGetId on a
  * capturing stream fails and invalidates the capture, in every capture mode: ask first.

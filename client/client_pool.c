@@ -16,9 +16,15 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "client_grow.h"
 #include "client_segment.h"
 #include "client_stream.h"
 #include "client_tcache.h"
+
+/* What the pool holds free on device d that it could give back whole: empty segments, or granules no block touches. */
+static uint64_t held_free(gpupool_client *c, unsigned d) {
+        return c->grow ? client_grow_free(c, d) * GP_GRANULE_BYTES : c->devices[d].heap.empty_bytes;
+}
 
 size_t client_pool_usage(gpupool_client *c, Gpupool__Usage *u, Gpupool__Usage **ptrs) {
         uint64_t parked[CLIENT_MAX_DEVICES];
@@ -36,9 +42,9 @@ size_t client_pool_usage(gpupool_client *c, Gpupool__Usage *u, Gpupool__Usage **
                 gpupool__usage__init(&u[n]);
                 u[n].device = d;
                 u[n].in_use_bytes = h->in_use_bytes - parked[d];
-                u[n].held_free_bytes = h->empty_bytes;
+                u[n].held_free_bytes = held_free(c, d);
                 dev->reported_in_use = u[n].in_use_bytes;
-                dev->reported_held_free = h->empty_bytes;
+                dev->reported_held_free = u[n].held_free_bytes;
                 ptrs[n] = &u[n];
                 n++;
         }
@@ -52,8 +58,7 @@ bool client_pool_usage_changed(gpupool_client *c) {
         for (unsigned d = 0; d < c->device_count; d++) {
                 const struct client_device *dev = &c->devices[d];
 
-                if (dev->heap.in_use_bytes - parked[d] != dev->reported_in_use ||
-                    dev->heap.empty_bytes != dev->reported_held_free)
+                if (dev->heap.in_use_bytes - parked[d] != dev->reported_in_use || held_free(c, d) != dev->reported_held_free)
                         return true;
         }
         return false;
@@ -61,17 +66,18 @@ bool client_pool_usage_changed(gpupool_client *c) {
 
 /*
  * Sends req on the main connection with the process's usage as of when it goes out: as
- * client_call(), or with unlocked as client_call_unlocked(). Locked.
+ * client_call(); or, for a lease, as client_call_unlocked() with up to max_fds descriptors.
+ * Locked.
  */
 static int call_reporting(gpupool_client *c, Gpupool__Envelope *req, Gpupool__Envelope__BodyCase want,
-                          Gpupool__Envelope **ret_reply, int *ret_fd, bool unlocked) {
+                          Gpupool__Envelope **ret_reply, bool lease, int *fds, size_t max_fds, size_t *ret_nfds) {
         Gpupool__Usage u[CLIENT_MAX_DEVICES], *ptrs[CLIENT_MAX_DEVICES];
 
         client_conn_wait(c);
         req->n_usage = client_pool_usage(c, u, ptrs);
         req->usage = ptrs;
-        return unlocked ? client_call_unlocked(c, req, want, ret_reply, ret_fd) :
-                          client_call(c, req, want, ret_reply, ret_fd);
+        return lease ? client_call_unlocked(c, req, want, ret_reply, fds, max_fds, ret_nfds) :
+                       client_call(c, req, want, ret_reply, NULL);
 }
 
 int client_pool_return(gpupool_client *c, const uint64_t *ids, size_t n) {
@@ -83,7 +89,7 @@ int client_pool_return(gpupool_client *c, const uint64_t *ids, size_t n) {
         rr.n_segment_ids = n;
         req.body_case = GPUPOOL__ENVELOPE__BODY_RETURN_SEGMENTS;
         req.return_segments = &rr;
-        r = call_reporting(c, &req, GPUPOOL__ENVELOPE__BODY_RETURN_REPLY, &rep, NULL, false);
+        r = call_reporting(c, &req, GPUPOOL__ENVELOPE__BODY_RETURN_REPLY, &rep, false, NULL, 0, NULL);
         if (r < 0)
                 return r;
         /* Unmapped already either way: one the daemon did not know is its to sort out. */
@@ -96,6 +102,8 @@ size_t client_pool_take_empty(gpupool_client *c, int device, uint64_t want, uint
         uint64_t bytes = 0;
         size_t n = 0;
 
+        if (c->grow)
+                return client_grow_take_free(c, device, want, before_ms, ids, max, ret_bytes ? ret_bytes : &bytes);
         for (unsigned d = 0; d < c->device_count && n < max && bytes < want; d++) {
                 struct heap *h = &c->devices[d].heap;
                 struct heap_segment *s;
@@ -156,7 +164,8 @@ uint64_t client_pool_free_bytes(gpupool_client *c) {
 
         client_tcache_bytes(c, NULL, &bytes);
         for (unsigned d = 0; d < c->device_count; d++)
-                bytes += heap_free_bytes(&c->devices[d].heap);
+                bytes += c->grow ? client_grow_held(c, d) * GP_GRANULE_BYTES - c->devices[d].heap.in_use_bytes :
+                                   heap_free_bytes(&c->devices[d].heap);
         return bytes;
 }
 
@@ -177,6 +186,7 @@ static int lease(gpupool_client *c, unsigned d, uint64_t rsize, enum heap_class 
         Gpupool__LeaseRequest lr = GPUPOOL__LEASE_REQUEST__INIT;
         const Gpupool__LeaseReply *l;
         struct mapping *m;
+        size_t nfds;
         int r, fd = -1;
 
         if (client_daemon_gone(c))
@@ -186,7 +196,9 @@ static int lease(gpupool_client *c, unsigned d, uint64_t rsize, enum heap_class 
         req.body_case = GPUPOOL__ENVELOPE__BODY_LEASE;
         req.lease = &lr;
         /* The daemon may park it while other processes give memory back: the lock must not wait with it. */
-        r = call_reporting(c, &req, GPUPOOL__ENVELOPE__BODY_LEASE_REPLY, &rep, &fd, true);
+        r = call_reporting(c, &req, GPUPOOL__ENVELOPE__BODY_LEASE_REPLY, &rep, true, &fd, 1, &nfds);
+        if (r == 0 && !nfds)
+                fd = -1;
         if (r < 0)      /* the daemon found gone by this call says so too; a timeout keeps its own errno */
                 return r != -ETIMEDOUT && client_daemon_gone(c) ? daemon_gone_error(c) : r;
         l = rep->lease_reply;
@@ -220,6 +232,148 @@ out:
         return r;
 }
 
+/*
+ * Leases n granules (at most GP_MAX_LEASE_GRANULES) on device d as spares of its ranges.
+ * Returns 0 or a negative errno with the error set. Locked.
+ */
+static int lease_granules(gpupool_client *c, unsigned d, uint64_t n) {
+        Gpupool__Envelope req = GPUPOOL__ENVELOPE__INIT, *rep;
+        Gpupool__LeaseRequest lr = GPUPOOL__LEASE_REQUEST__INIT;
+        uint64_t ids[GP_MAX_LEASE_GRANULES];
+        int fds[GP_MAX_LEASE_GRANULES];
+        const Gpupool__LeaseReply *l;
+        size_t nfds;
+        int r;
+
+        if (client_daemon_gone(c))
+                return daemon_gone_error(c);
+        lr.device = d;
+        lr.size = GP_GRANULE_BYTES;
+        lr.has_granules = 1;
+        lr.granules = (uint32_t) n;
+        req.body_case = GPUPOOL__ENVELOPE__BODY_LEASE;
+        req.lease = &lr;
+        r = call_reporting(c, &req, GPUPOOL__ENVELOPE__BODY_LEASE_REPLY, &rep, true, fds, GP_MAX_LEASE_GRANULES, &nfds);
+        if (r < 0)
+                return r != -ETIMEDOUT && client_daemon_gone(c) ? daemon_gone_error(c) : r;
+        l = rep->lease_reply;
+        for (size_t i = 0; i < nfds && i < n; i++)
+                ids[i] = i ? l->more_segment_ids[i - 1] : l->segment_id;
+        if (l->segment_size != GP_GRANULE_BYTES || 1 + l->n_more_segment_ids != n || nfds != n) {
+                for (size_t i = 0; i < nfds; i++)
+                        close(fds[i]);
+                client_set_error(c, "gpupoold answered a lease of %llu granules with %zu segments of %llu bytes and %zu "
+                                    "descriptors", (unsigned long long) n, 1 + l->n_more_segment_ids,
+                                 (unsigned long long) l->segment_size, nfds);
+                gpupool__envelope__free_unpacked(rep, NULL);
+                return -EPROTO;
+        }
+        gpupool__envelope__free_unpacked(rep, NULL);
+        r = client_grow_adopt(c, d, ids, fds, n);
+        if (r < 0)
+                (void) client_pool_return(c, ids, n);   /* never mapped: the daemon takes them back */
+        return r;
+}
+
+/*
+ * Maps what block hb of device d lacks, leasing the granules it needs first, with the lock
+ * let go while a lease is out (another thread may meanwhile take or free granules: counted
+ * again after each). Returns 0 or a negative errno with the error set. Locked.
+ */
+static int grow_map_block(gpupool_client *c, unsigned d, struct heap_block *hb) {
+        uint64_t n, obtained = 0;
+        bool drained = false;
+        int r;
+
+        while ((n = client_grow_shortfall(c, hb))) {
+                if (!drained) {
+                        /* Blocks the threads' caches park, and stream-ordered frees done, may leave granules idle. */
+                        drained = true;
+                        client_pool_drain(c, true);
+                        if (c->pending.count)
+                                (void) client_stream_reap(c, false);
+                        continue;
+                }
+                r = lease_granules(c, d, n < GP_MAX_LEASE_GRANULES ? n : GP_MAX_LEASE_GRANULES);
+                if (r < 0 && obtained) {
+                        uint64_t ids[GP_MAX_LEASE_GRANULES];
+                        uint64_t lacking = n + obtained;
+                        char why[sizeof(c->error)];
+                        size_t back;
+
+                        /* A block of more than one lease's granules: those leased for it go back at once. */
+                        snprintf(why, sizeof(why), "%s", c->error);
+                        while (obtained && (back = client_grow_take_spares(c, d, ids, obtained < GP_MAX_LEASE_GRANULES ?
+                                                                                              obtained : GP_MAX_LEASE_GRANULES))) {
+                                obtained -= back;
+                                (void) client_pool_return(c, ids, back);
+                        }
+                        client_set_error(c, "cannot allocate %llu bytes on device %u (%llu more granules than it had "
+                                            "leased, asked for up to %d at a time): %s", (unsigned long long) hb->size, d,
+                                         (unsigned long long) lacking, GP_MAX_LEASE_GRANULES, why);
+                }
+                if (r < 0)
+                        return r;
+                obtained += n < GP_MAX_LEASE_GRANULES ? n : GP_MAX_LEASE_GRANULES;
+        }
+        return client_grow_take(c, hb);
+}
+
+/*
+ * A block the device's range has no room for: larger than the device, or a range that the
+ * blocks fragment. The daemon's refusal of a segment that size says why, a limit first, as it
+ * would have without the range; if it grants one, it has it back. Returns a negative errno,
+ * the error set. Locked.
+ */
+static int range_full(gpupool_client *c, unsigned d, uint64_t rsize) {
+        Gpupool__Envelope req = GPUPOOL__ENVELOPE__INIT, *rep;
+        Gpupool__LeaseRequest lr = GPUPOOL__LEASE_REQUEST__INIT;
+        uint64_t id;
+        size_t nfds;
+        int r, fd = -1;
+
+        if (client_daemon_gone(c))
+                return daemon_gone_error(c);
+        lr.device = d;
+        lr.size = rsize;
+        req.body_case = GPUPOOL__ENVELOPE__BODY_LEASE;
+        req.lease = &lr;
+        r = call_reporting(c, &req, GPUPOOL__ENVELOPE__BODY_LEASE_REPLY, &rep, true, &fd, 1, &nfds);
+        if (r < 0)
+                return r;
+        id = rep->lease_reply->segment_id;
+        gpupool__envelope__free_unpacked(rep, NULL);
+        if (nfds)
+                close(fd);
+        (void) client_pool_return(c, &id, 1);
+        client_set_error(c, "cannot allocate %llu bytes on device %u: its address range in this process is full (the "
+                            "device has %llu bytes)", (unsigned long long) rsize, d,
+                         (unsigned long long) c->devices[d].total_bytes);
+        return -ENOMEM;
+}
+
+/* Carves a block of rsize bytes of class from device d's ranges and maps it. Locked. */
+static struct heap_block *grow_alloc(gpupool_client *c, unsigned d, enum heap_class class, uint64_t rsize, int *ret) {
+        struct client_device *dev = &c->devices[d];
+        struct heap_block *hb;
+
+        *ret = client_grow_start(c, d);
+        if (*ret < 0)
+                return NULL;
+        hb = heap_alloc(&dev->heap, class, rsize);
+        if (!hb) {
+                *ret = range_full(c, d, rsize);
+                return NULL;
+        }
+        *ret = grow_map_block(c, d, hb);
+        if (*ret < 0) {
+                /* Its granules stay as they are, idle or spare, for the next. */
+                (void) heap_free(&dev->heap, hb);
+                return NULL;
+        }
+        return hb;
+}
+
 int client_pool_alloc(gpupool_client *c, unsigned d, int device, uint64_t rsize, void **ret_ptr) {
         struct client_device *dev = &c->devices[d];
         enum heap_class class = heap_class_of(rsize);
@@ -231,7 +385,15 @@ int client_pool_alloc(gpupool_client *c, unsigned d, int device, uint64_t rsize,
         b = calloc(1, sizeof(*b));
         if (!b)
                 return -ENOMEM;
-        hb = heap_alloc(&dev->heap, class, rsize);
+        if (c->grow) {
+                hb = grow_alloc(c, d, class, rsize, &r);
+                if (!hb) {
+                        free(b);
+                        return r;
+                }
+        } else {
+                hb = heap_alloc(&dev->heap, class, rsize);
+        }
         if (!hb && c->tcaches) {
                 /* Blocks parked in the threads' caches may be what splits the free range it needs. */
                 client_pool_drain(c, true);
@@ -273,9 +435,9 @@ int client_pool_alloc(gpupool_client *c, unsigned d, int device, uint64_t rsize,
         if (r < 0) {
                 /* Only a bug of ours puts two live blocks at one address. */
                 client_set_error(c, "the process's pool handed out a block that is live already");
-                if (heap_free(&dev->heap, hb))
-                        m->emptied_ms = client_now_ms();
-                free(b);
+                b->hb = hb;
+                b->mapping = m;
+                (void) client_pool_free(c, b);
                 return -EPROTO;
         }
         *ret_ptr = b->ptr;
@@ -285,6 +447,8 @@ int client_pool_alloc(gpupool_client *c, unsigned d, int device, uint64_t rsize,
 int client_pool_free(gpupool_client *c, struct block *b) {
         struct mapping *m = b->mapping;
 
+        if (m->grow)
+                client_grow_give(c, b->hb->segment, b->hb->offset, b->hb->size);
         if (heap_free(&c->devices[m->device].heap, b->hb))
                 m->emptied_ms = client_now_ms();
         free(b);

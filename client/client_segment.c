@@ -110,13 +110,13 @@ int client_call(gpupool_client *c, Gpupool__Envelope *req, Gpupool__Envelope__Bo
 }
 
 int client_call_unlocked(gpupool_client *c, Gpupool__Envelope *req, Gpupool__Envelope__BodyCase want,
-                         Gpupool__Envelope **ret_reply, int *ret_fd) {
+                         Gpupool__Envelope **ret_reply, int *fds, size_t max_fds, size_t *ret_nfds) {
         int r;
 
         client_conn_wait(c);
         c->conn_busy = true;
         pthread_mutex_unlock(&c->lock);
-        r = gp_conn_call(&c->conn, req, want, ret_reply, ret_fd);
+        r = gp_conn_call_fds(&c->conn, req, want, ret_reply, fds, max_fds, ret_nfds);
         pthread_mutex_lock(&c->lock);
         c->conn_busy = false;
         pthread_cond_broadcast(&c->conn_idle);

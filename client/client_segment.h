@@ -28,13 +28,14 @@ int client_call_done(gpupool_client *c, int r);
 
 /*
  * The same, letting go of the lock while the request is out, for a request the daemon may park
- * until other processes give memory back: this process's control thread must meanwhile be
- * able to answer the daemon's own reclaim requests, or two such processes wait on each other.
- * Locked on entry and on return; anything read before may have changed (but the session:
- * reconnect and disconnect wait for the connection).
+ * until other processes give memory back (a lease): this process's control thread must
+ * meanwhile be able to answer the daemon's own reclaim requests, or two such processes wait on
+ * each other. The reply may carry up to max_fds descriptors (gp_conn_call_fds()). Locked on
+ * entry and on return; anything read before may have changed (but the session: reconnect and
+ * disconnect wait for the connection).
  */
 int client_call_unlocked(gpupool_client *c, Gpupool__Envelope *req, Gpupool__Envelope__BodyCase want,
-                         Gpupool__Envelope **ret_reply, int *ret_fd);
+                         Gpupool__Envelope **ret_reply, int *fds, size_t max_fds, size_t *ret_nfds);
 
 /* The live-block table. Each takes the block's shard lock; callable with or without the handle's. */
 int client_live_insert(gpupool_client *c, struct block *b);            /* -EEXIST: its address is live already */

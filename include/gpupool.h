@@ -183,11 +183,12 @@ GPUPOOL_EXPORT size_t gpupool_cached_bytes(gpupool_client *client);
  * What this handle holds now, counted when asked: live_blocks and live_bytes are the blocks
  * the application holds (rounded sizes; a gpupool_free_async() counts as freed at once),
  * cached_bytes what the process's pool holds free, and mapped_segments and mapped_bytes the
- * segments mapped in this process, which is what the daemon counts as this client's reserved
+ * segments mapped in this process (with $GPUPOOL_SEGMENTS=grow, the 2 MiB granules it holds,
+ * each a segment of the daemon's), which is what the daemon counts as this client's reserved
  * bytes.
  * round_trips counts the requests the handle sent gpupoold and waited for, and
- * segments_imported the segments it mapped (host: an mmap; cuda: a cuIpcOpenMemHandle), both
- * since gpupool_connect(): in a steady state neither should grow.
+ * segments_imported the segments it mapped (host: an mmap; cuda: a cuIpcOpenMemHandle;
+ * cuda-vmm: an import), both since gpupool_connect(): in a steady state neither should grow.
  */
 struct gpupool_stats {
         uint64_t live_blocks;

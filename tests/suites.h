@@ -17,6 +17,7 @@ Suite *suite_hostile(void);
 Suite *suite_hardening(void);
 Suite *suite_tenants(void);
 Suite *suite_process_pool(void);
+Suite *suite_grow(void);
 Suite *suite_scopes(void);
 Suite *suite_metrics(void);
 Suite *suite_hooks(void);

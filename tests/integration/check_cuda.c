@@ -180,13 +180,19 @@ static bool pattern_intact(struct gpu *g, void *p, size_t size, unsigned tag) {
 
 /*
  * The backend cuda_start() starts: the scenarios every backend must pass run as loop tests,
- * once on cuda (legacy IPC handles) and once on cuda-vmm (descriptors of cuMemCreate memory).
+ * once on cuda (legacy IPC handles), once on cuda-vmm (descriptors of cuMemCreate memory),
+ * and once on cuda-vmm with the clients' segments growing in place ($GPUPOOL_SEGMENTS=grow).
  */
-static const char *const cuda_backends[] = { "cuda", "cuda-vmm" };
+static const char *const cuda_backends[] = { "cuda", "cuda-vmm", "cuda-vmm" };
+#define BACKEND_LOOPS 3
 static const char *cuda_backend = "cuda";
 
 static bool choose_backend(int i) {
         cuda_backend = cuda_backends[i];
+        if (i == 2)
+                setenv("GPUPOOL_SEGMENTS", "grow", 1);
+        else
+                unsetenv("GPUPOOL_SEGMENTS");
         return true;
 }
 
@@ -2257,17 +2263,17 @@ START_TEST(test_fake_start_without_driver_or_gpu) {
 END_TEST
 
 static void add_common(TCase *tc) {
-        tcase_add_loop_test(tc, test_cuda_clients_data_intact, 0, 2);
-        tcase_add_loop_test(tc, test_cuda_killed_client_memory_returns, 0, 2);
-        tcase_add_loop_test(tc, test_cuda_limits_hold, 0, 2);
-        tcase_add_loop_test(tc, test_cuda_free_async_waits_for_stream, 0, 2);
-        tcase_add_loop_test(tc, test_cuda_disconnect_waits_for_pending_frees, 0, 2);
-        tcase_add_loop_test(tc, test_cuda_framework_hooks_stream_ordered, 0, 2);
-        tcase_add_loop_test(tc, test_cuda_segment_zeroed_across_uids, 0, 2);
-        tcase_add_loop_test(tc, test_cuda_process_pool, 0, 2);
-        tcase_add_loop_test(tc, test_cuda_pending_free_costs_no_cpu, 0, 2);
-        tcase_add_loop_test(tc, test_cuda_disconnect_waits_for_device_work, 0, 2);
-        tcase_add_loop_test(tc, test_cuda_graph_capture, 0, 2);
+        tcase_add_loop_test(tc, test_cuda_clients_data_intact, 0, BACKEND_LOOPS);
+        tcase_add_loop_test(tc, test_cuda_killed_client_memory_returns, 0, BACKEND_LOOPS);
+        tcase_add_loop_test(tc, test_cuda_limits_hold, 0, BACKEND_LOOPS);
+        tcase_add_loop_test(tc, test_cuda_free_async_waits_for_stream, 0, BACKEND_LOOPS);
+        tcase_add_loop_test(tc, test_cuda_disconnect_waits_for_pending_frees, 0, BACKEND_LOOPS);
+        tcase_add_loop_test(tc, test_cuda_framework_hooks_stream_ordered, 0, BACKEND_LOOPS);
+        tcase_add_loop_test(tc, test_cuda_segment_zeroed_across_uids, 0, BACKEND_LOOPS);
+        tcase_add_loop_test(tc, test_cuda_process_pool, 0, BACKEND_LOOPS);
+        tcase_add_loop_test(tc, test_cuda_pending_free_costs_no_cpu, 0, BACKEND_LOOPS);
+        tcase_add_loop_test(tc, test_cuda_disconnect_waits_for_device_work, 0, BACKEND_LOOPS);
+        tcase_add_loop_test(tc, test_cuda_graph_capture, 0, BACKEND_LOOPS);
 }
 
 /* Every daemon and client of the fake suite loads the fake driver; the other suites must not. */

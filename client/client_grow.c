@@ -1,0 +1,377 @@
+/*
+ * client_grow.c: segments that grow in place. On a device, the process reserves one virtual
+ * range per heap class, twice the device's size each, and the device's heap carves each as a
+ * single segment, so a block is never confined to one leased segment: a range only ever
+ * grows. Under the blocks, common/granule.c keeps which 2 MiB granules are mapped, and with
+ * what: the physical granules are 2 MiB segments the daemon leases up to 128 at a time
+ * (LeaseRequest.granules), interchangeable, and named here by their index in the device's
+ * table of them.
+ *
+ * No descriptor is kept (a process's RLIMIT_NOFILE is often 1024):
+ *
+ *   host      each granule's memfd is mapped once at a parking spot of its own (a third range
+ *             after the two), and closed. Mapping it under a block makes a second mapping of
+ *             the same pages (mremap() with an old size of 0, which duplicates a shared
+ *             mapping); unmapping puts the reservation back over it. The parking mapping keeps
+ *             the memory until the granule goes back. No step leaves a hole another mmap()
+ *             of the process could take.
+ *   cuda-vmm  each descriptor is imported (cuMemImportFromShareableHandle) and closed; the
+ *             handle is mapped under blocks (cuMemMap, cuMemSetAccess) and unmapped
+ *             (cuMemUnmap) as they need it, and released when the granule goes back.
+ */
+#define _GNU_SOURCE
+#include "client_grow.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "client_cuda.h"
+#include "client_segment.h"
+#include "granule.h"
+#include "wire.h"
+
+#define G GP_GRANULE_BYTES
+
+/* A physical granule the process holds, or a free entry. */
+struct grow_granule {
+        bool held;
+        uint64_t segment_id;            /* the daemon's */
+        gp_cu_mem_handle handle;        /* cuda-vmm: imported */
+        uint64_t next_free;             /* free entries: the next, or UINT64_MAX */
+};
+
+struct client_grow {
+        gpupool_client *client;
+        unsigned device;
+        struct granule_set set;
+        struct granule_range range[HEAP_CLASS_COUNT];
+        struct mapping view[HEAP_CLASS_COUNT];  /* each range as its blocks see it: hs is in the device's heap */
+        uint8_t *base;                  /* the reservation: the ranges, then (host) the parking spots */
+        uint64_t range_bytes, reserved_bytes;
+        uint8_t *park;                  /* host: granule i is parked at park + i * G */
+        struct grow_granule *granules;  /* one per parking spot: as many as the device has granules */
+        uint64_t granule_cap, free_head;
+};
+
+static int grow_map(void *ctx, struct granule_range *r, uint64_t k, uint64_t phys);
+static void grow_unmap(void *ctx, struct granule_range *r, uint64_t k, uint64_t phys);
+static int grow_obtain(void *ctx, uint64_t n, uint64_t *phys);
+
+static const struct granule_ops grow_ops = { grow_map, grow_unmap, grow_obtain };
+
+/* The range of a block's segment. */
+static struct granule_range *range_of(struct client_grow *g, const struct heap_segment *s) {
+        return &g->range[s->class];
+}
+
+static uint8_t *granule_addr(struct client_grow *g, struct granule_range *r, uint64_t k) {
+        return g->view[r - g->range].base + k * G;
+}
+
+static int grow_map(void *ctx, struct granule_range *r, uint64_t k, uint64_t phys) {
+        struct client_grow *g = ctx;
+        gpupool_client *c = g->client;
+        uint8_t *at = granule_addr(g, r, k);
+
+        if (c->vmm)
+                return client_cuda_map_at(c, &c->devices[g->device], at, G, g->granules[phys].handle);
+        /* A second mapping of the parked pages, over the reservation. */
+        if (mremap(g->park + phys * G, 0, G, MREMAP_MAYMOVE | MREMAP_FIXED, at) == MAP_FAILED) {
+                client_set_error(c, "cannot map a granule of device %u into this process: %m", g->device);
+                return -ENOMEM;
+        }
+        return 0;
+}
+
+static void grow_unmap(void *ctx, struct granule_range *r, uint64_t k, uint64_t phys) {
+        struct client_grow *g = ctx;
+        gpupool_client *c = g->client;
+        uint8_t *at = granule_addr(g, r, k);
+
+        (void) phys;
+        if (c->vmm) {
+                client_cuda_unmap_at(c, &c->devices[g->device], at, G);
+                return;
+        }
+        /* The reservation back over it, in one step; the parked mapping keeps the pages. */
+        if (mmap(at, G, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0) == MAP_FAILED)
+                (void) munmap(at, G);
+}
+
+static int grow_obtain(void *ctx, uint64_t n, uint64_t *phys) {
+        struct client_grow *g = ctx;
+
+        /* The pool leases granules ahead of granule_take() (it lets go of the lock to): one lacking is a bug of ours. */
+        (void) n, (void) phys;
+        client_set_error(g->client, "the process's pool mapped a block it had not leased the granules of");
+        return -EPROTO;
+}
+
+/* Reserves the host ranges and parking spots: address space only, never backed by itself. */
+static int reserve_host(gpupool_client *c, struct client_grow *g) {
+        uint8_t *p = mmap(NULL, g->reserved_bytes + G, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        uintptr_t aligned;
+
+        if (p == MAP_FAILED) {
+                client_set_error(c, "cannot reserve %llu bytes of address space for device %u: %m",
+                                 (unsigned long long) g->reserved_bytes, g->device);
+                return -ENOMEM;
+        }
+        /* Aligned to the granule, the rest given back. */
+        aligned = ((uintptr_t) p + G - 1) & ~(uintptr_t) (G - 1);
+        if (aligned > (uintptr_t) p)
+                (void) munmap(p, aligned - (uintptr_t) p);
+        (void) munmap((uint8_t *) aligned + g->reserved_bytes, (uintptr_t) p + G - aligned);
+        g->base = (uint8_t *) aligned;
+        /* A forked child must not keep this memory: it may be another client's tomorrow. */
+        (void) madvise(g->base, g->reserved_bytes, MADV_DONTFORK);
+        return 0;
+}
+
+int client_grow_start(gpupool_client *c, unsigned d) {
+        struct client_device *dev = &c->devices[d];
+        struct client_grow *g;
+        uint64_t granules = (dev->total_bytes + G - 1) / G;
+        int r;
+
+        if (dev->grow)
+                return 0;
+        if (!granules) {
+                client_set_error(c, "device %u has no memory", d);
+                return -ENOMEM;
+        }
+        g = calloc(1, sizeof(*g));
+        if (!g)
+                return -ENOMEM;
+        g->client = c;
+        g->device = d;
+        g->granule_cap = granules;
+        /* Twice the device per class: room for what the heap's best fit leaves between blocks. */
+        g->range_bytes = 2 * granules * G;
+        g->reserved_bytes = HEAP_CLASS_COUNT * g->range_bytes + (c->vmm ? 0 : granules * G);
+        g->granules = calloc(granules, sizeof(*g->granules));
+        if (!g->granules) {
+                free(g);
+                return -ENOMEM;
+        }
+        for (uint64_t i = 0; i < granules; i++)
+                g->granules[i].next_free = i + 1 < granules ? i + 1 : UINT64_MAX;
+        r = c->vmm ? client_cuda_reserve(c, dev, g->reserved_bytes, G, &g->base) : reserve_host(c, g);
+        if (r < 0) {
+                free(g->granules);
+                free(g);
+                return r;
+        }
+        g->park = g->base + HEAP_CLASS_COUNT * g->range_bytes;
+        (void) granule_set_init(&g->set, G, &grow_ops, g);
+        for (int k = 0; k < HEAP_CLASS_COUNT; k++) {
+                struct mapping *m = &g->view[k];
+
+                m->base = g->base + (uint64_t) k * g->range_bytes;
+                m->size = g->range_bytes;
+                m->device = d;
+                m->vmm = c->vmm;
+                m->grow = true;
+                r = granule_range_init(&g->set, &g->range[k], g->range_bytes);
+                /* Ids of its own, above any the daemon gives: they order equal free blocks only. */
+                if (r == 0)
+                        r = heap_add(&dev->heap, &m->hs, UINT64_MAX - (uint64_t) k, g->range_bytes, (enum heap_class) k);
+                if (r < 0) {
+                        for (int j = 0; j <= k; j++) {
+                                if (g->view[j].hs.heap)
+                                        (void) heap_remove(&g->view[j].hs);
+                                if (g->range[j].set)
+                                        granule_range_destroy(&g->range[j]);
+                        }
+                        granule_set_destroy(&g->set);
+                        if (c->vmm)
+                                client_cuda_unreserve(c, dev, g->base, g->reserved_bytes);
+                        else
+                                (void) munmap(g->base, g->reserved_bytes);
+                        free(g->granules);
+                        free(g);
+                        return r;
+                }
+        }
+        dev->grow = g;
+        return 0;
+}
+
+uint64_t client_grow_shortfall(gpupool_client *c, const struct heap_block *hb) {
+        struct client_grow *g = c->devices[gp_rb_entry(hb->segment, struct mapping, hs)->device].grow;
+
+        return granule_shortfall(range_of(g, hb->segment), hb->offset, hb->size);
+}
+
+/* Lets go of granule i's memory (unmapped everywhere but its parking spot) and frees its entry. */
+static void granule_drop(struct client_grow *g, uint64_t i) {
+        gpupool_client *c = g->client;
+
+        if (c->vmm)
+                client_cuda_release(c, &c->devices[g->device], g->granules[i].handle);
+        else if (mmap(g->park + i * G, G, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0) == MAP_FAILED)
+                (void) munmap(g->park + i * G, G);
+        g->granules[i] = (struct grow_granule) { .next_free = g->free_head };
+        g->free_head = i;
+}
+
+/* Takes a free entry for segment id and fills it from fd (closed). Returns its index, or a negative errno. */
+static int64_t granule_new(struct client_grow *g, uint64_t id, int fd) {
+        gpupool_client *c = g->client;
+        uint64_t i = g->free_head;
+        int r = 0;
+
+        if (i == UINT64_MAX) {
+                close(fd);
+                client_set_error(c, "gpupoold leased more granules of device %u than it has", g->device);
+                return -EPROTO;
+        }
+        if (c->vmm) {
+                r = client_cuda_import(c, &c->devices[g->device], fd, &g->granules[i].handle);
+        } else {
+                void *at = mmap(g->park + i * G, G, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0);
+
+                close(fd);
+                if (at == MAP_FAILED) {
+                        (void) mmap(g->park + i * G, G, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED,
+                                    -1, 0);
+                        client_set_error(c, "cannot map a granule of device %u into this process: %m", g->device);
+                        r = -ENOMEM;
+                } else {
+                        (void) madvise(at, G, MADV_DONTFORK);
+                }
+        }
+        if (r < 0)
+                return r;
+        g->free_head = g->granules[i].next_free;
+        g->granules[i].held = true;
+        g->granules[i].segment_id = id;
+        return (int64_t) i;
+}
+
+int client_grow_adopt(gpupool_client *c, unsigned d, const uint64_t *ids, const int *fds, size_t n) {
+        struct client_grow *g = c->devices[d].grow;
+        uint64_t phys[GP_MAX_LEASE_GRANULES];
+        size_t ok = 0, used = 0;
+        int r = 0;
+
+        if (n > GP_MAX_LEASE_GRANULES) {
+                client_set_error(c, "gpupoold leased %zu granules at once, more than %d", n, GP_MAX_LEASE_GRANULES);
+                r = -EPROTO;
+        }
+        while (r == 0 && used < n) {
+                int64_t i = granule_new(g, ids[used], fds[used]);
+
+                used++;
+                if (i < 0)
+                        r = (int) i;
+                else
+                        phys[ok++] = (uint64_t) i;
+        }
+        if (r == 0 && (r = granule_add_spares(&g->set, phys, n)) < 0)
+                client_set_error(c, "out of memory for the records of %zu granules", n);
+        if (r < 0) {
+                /* None taken: the daemon has them all back. */
+                while (ok > 0)
+                        granule_drop(g, phys[--ok]);
+                for (; used < n; used++)
+                        close(fds[used]);
+                return r;
+        }
+        c->segments_imported += n;
+        return 0;
+}
+
+int client_grow_take(gpupool_client *c, struct heap_block *hb) {
+        struct client_grow *g = c->devices[gp_rb_entry(hb->segment, struct mapping, hs)->device].grow;
+
+        return granule_take(range_of(g, hb->segment), hb->offset, hb->size);
+}
+
+void client_grow_give(gpupool_client *c, struct heap_segment *s, uint64_t offset, uint64_t size) {
+        struct client_grow *g = c->devices[gp_rb_entry(s, struct mapping, hs)->device].grow;
+
+        g->set.now = client_now_ms();
+        granule_give(range_of(g, s), offset, size);
+}
+
+size_t client_grow_take_free(gpupool_client *c, int device, uint64_t want, uint64_t before_ms, uint64_t *ids, size_t max,
+                             uint64_t *ret_bytes) {
+        size_t n = 0;
+
+        for (unsigned d = 0; d < c->device_count && n < max && (uint64_t) n * G < want; d++) {
+                struct client_grow *g = c->devices[d].grow;
+                uint64_t left = max - n;
+
+                if (!g || (device >= 0 && (unsigned) device != d))
+                        continue;
+                if (want != UINT64_MAX && (want - (uint64_t) n * G + G - 1) / G < left)
+                        left = (want - (uint64_t) n * G + G - 1) / G;
+                /* Spares first (mapped nowhere), then idle granules old enough, the highest first. */
+                if (g->set.spare_count < left)
+                        (void) granule_unmap_idle(&g->set, left - g->set.spare_count, before_ms);
+                n += client_grow_take_spares(c, d, ids + n, left);
+        }
+        *ret_bytes = (uint64_t) n * G;
+        return n;
+}
+
+size_t client_grow_take_spares(gpupool_client *c, unsigned d, uint64_t *ids, size_t max) {
+        struct client_grow *g = c->devices[d].grow;
+        uint64_t phys[CLIENT_RETURN_BATCH];
+        size_t n;
+
+        if (!g)
+                return 0;
+        n = granule_release_spares(&g->set, phys, max < CLIENT_RETURN_BATCH ? max : CLIENT_RETURN_BATCH);
+        for (size_t i = 0; i < n; i++) {
+                ids[i] = g->granules[phys[i]].segment_id;
+                granule_drop(g, phys[i]);
+        }
+        return n;
+}
+
+uint64_t client_grow_held(gpupool_client *c, unsigned d) {
+        return c->devices[d].grow ? c->devices[d].grow->set.held : 0;
+}
+
+uint64_t client_grow_free(gpupool_client *c, unsigned d) {
+        return c->devices[d].grow ? granule_free_count(&c->devices[d].grow->set) : 0;
+}
+
+void client_grow_forget(gpupool_client *c) {
+        for (unsigned d = 0; d < CLIENT_MAX_DEVICES; d++) {
+                struct client_device *dev = &c->devices[d];
+                struct client_grow *g = dev->grow;
+
+                if (!g)
+                        continue;
+                /* Their blocks are forgotten with them (the live table was emptied first). */
+                for (int k = 0; k < HEAP_CLASS_COUNT; k++) {
+                        struct granule_range *r = &g->range[k];
+
+                        (void) heap_drop(&g->view[k].hs);
+                        if (c->vmm)
+                                for (uint64_t i = 0; i < r->count; i++)
+                                        if (r->mapped[i / 64] >> (i % 64) & 1)
+                                                client_cuda_unmap_at(c, dev, granule_addr(g, r, i), G);
+                        granule_range_destroy(r);
+                }
+                if (c->vmm) {
+                        for (uint64_t i = 0; i < g->granule_cap; i++)
+                                if (g->granules[i].held)
+                                        client_cuda_release(c, dev, g->granules[i].handle);
+                        client_cuda_unreserve(c, dev, g->base, g->reserved_bytes);
+                } else {
+                        /* Every mapping of every granule lies in the reservation. */
+                        (void) munmap(g->base, g->reserved_bytes);
+                }
+                granule_set_destroy(&g->set);
+                free(g->granules);
+                free(g);
+                dev->grow = NULL;
+        }
+}

@@ -1,0 +1,54 @@
+/*
+ * client_grow.h: segments that grow in place (client_grow.c), the pool's other mode. Per
+ * device, the process reserves one virtual range per heap class and the device's heap carves
+ * each as one segment; physical granules (2 MiB segments of their own, leased many at a time)
+ * are mapped under the blocks as they need them (common/granule.c). All called locked.
+ */
+#ifndef GP_CLIENT_GROW_H
+#define GP_CLIENT_GROW_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "client.h"
+
+/* Sets up device d's ranges and adds them to its heap, the first time. Returns 0 or a negative errno, the error set. */
+int client_grow_start(gpupool_client *c, unsigned d);
+
+/* How many granules a block of the device's heap lacks now (granule_shortfall()). */
+uint64_t client_grow_shortfall(gpupool_client *c, const struct heap_block *hb);
+
+/*
+ * Takes n granules the daemon leased on d (their segment ids, and their descriptors, closed
+ * here either way) as spares: maps each at a parking spot of its own (host) or imports it
+ * (cuda-vmm). Returns 0, or a negative errno with the error set and none of them taken (the
+ * daemon is to have them all back).
+ */
+int client_grow_adopt(gpupool_client *c, unsigned d, const uint64_t *ids, const int *fds, size_t n);
+
+/* Maps what a block lacks under it (granule_take(); nothing to obtain). Returns 0 or a negative errno, the error set. */
+int client_grow_take(gpupool_client *c, struct heap_block *hb);
+
+/* After a block was freed out of the heap at [offset, offset + size) of segment s: its granules no block touches become idle. */
+void client_grow_give(gpupool_client *c, struct heap_segment *s, uint64_t offset, uint64_t size);
+
+/*
+ * Takes granules no live block touches out of device d (-1: all), spares first, then idle
+ * granules idle since before_ms, until want bytes or max: unmaps them and fills ids (to be
+ * returned, or named in a reclaim answer). Returns how many; *ret_bytes their bytes.
+ */
+size_t client_grow_take_free(gpupool_client *c, int d, uint64_t want, uint64_t before_ms, uint64_t *ids, size_t max,
+                             uint64_t *ret_bytes);
+
+/* Takes up to max spares (granules mapped nowhere) out of device d, their ids into ids. Returns how many. */
+size_t client_grow_take_spares(gpupool_client *c, unsigned d, uint64_t *ids, size_t max);
+
+/* Granules held on d, and of them those no live block touches. */
+uint64_t client_grow_held(gpupool_client *c, unsigned d);
+uint64_t client_grow_free(gpupool_client *c, unsigned d);
+
+/* Unmaps and forgets everything of every device (the session is over), its blocks with it. */
+void client_grow_forget(gpupool_client *c);
+
+#endif

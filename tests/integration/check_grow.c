@@ -1,0 +1,394 @@
+/*
+ * check_grow.c: segments that grow in place ($GPUPOOL_SEGMENTS=grow, client/client_grow.c)
+ * end to end on the host backend: blocks side by side in one range, granules leased many at a
+ * time and moved where they are needed, a block of more granules than one lease brings, the
+ * limit and a full device leaving nothing leased, idle granules given back, another process's
+ * reclaim, threads growing the ranges at once, reconnect, and a bad setting.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "gpupool.h"
+#include "suites.h"
+#include "testlib.h"
+
+#define KiB (1ULL << 10)
+#define MiB (1ULL << 20)
+
+static long long client_field(struct testd *d, const char *name, const char *key) {
+        json_t *st = testd_ctl(d, "status"), *c = status_client_by_name(st, name);
+        long long v = c ? json_integer_value(json_object_get(c, key)) : -1;
+
+        json_decref(st);
+        return v;
+}
+
+/* Connects in grow mode, nothing given back by itself. */
+static gpupool_client *connect_growing(struct testd *d, const char *name) {
+        gpupool_client *c;
+
+        setenv("GPUPOOL_SEGMENTS", "grow", 1);
+        setenv("GPUPOOL_IDLE_RETURN", "0", 1);
+        ck_assert_int_eq(gpupool_connect(d->sock, name, &c), 0);
+        return c;
+}
+
+/* Fills a block with a pattern of its own, and checks it. */
+static void fill(void *p, size_t size, unsigned seed) {
+        for (size_t i = 0; i < size; i += 4096)
+                memset((char *) p + i, (int) (seed + i / 4096) & 0xff, size - i < 4096 ? size - i : 4096);
+}
+
+static bool intact(const void *p, size_t size, unsigned seed) {
+        for (size_t i = 0; i < size; i += 4096) {
+                const unsigned char *q = (const unsigned char *) p + i;
+                size_t n = size - i < 4096 ? size - i : 4096;
+
+                if (q[0] != ((seed + i / 4096) & 0xff) || q[n - 1] != ((seed + i / 4096) & 0xff))
+                        return false;
+        }
+        return true;
+}
+
+static struct gpupool_stats stats(gpupool_client *c) {
+        struct gpupool_stats st;
+
+        ck_assert_int_eq(gpupool_stats(c, &st), 0);
+        return st;
+}
+
+START_TEST(test_grow_in_place) {
+        struct gpupool_stats st, before;
+        gpupool_client *c;
+        struct testd d;
+        char *a, *b, *x;
+
+        testd_start(&d, NULL);
+        c = connect_growing(&d, "grower");
+        ck_assert_int_eq(gpupool_alloc(c, 0, 3 * MiB, (void **) &a), 0);
+        ck_assert_int_eq(gpupool_alloc(c, 0, 5 * MiB, (void **) &b), 0);
+        /* Side by side: the range grew under b, no new segment was started. */
+        ck_assert_ptr_eq(b, a + 3 * MiB);
+        st = stats(c);
+        ck_assert_uint_eq(st.mapped_segments, 4);       /* [0, 8 MiB): four granules */
+        ck_assert_uint_eq(st.mapped_bytes, 8 * MiB);
+        ck_assert_uint_eq(st.segments_imported, 4);
+        ck_assert_uint_eq(st.round_trips, 3);           /* hello, and a lease for each block */
+        fill(a, 3 * MiB, 1);
+        fill(b, 5 * MiB, 2);
+        ck_assert(intact(a, 3 * MiB, 1) && intact(b, 5 * MiB, 2));
+        /* The daemon counts each granule as a segment of the process's. */
+        ck_assert_int_eq(client_field(&d, "grower", "reserved_bytes"), 8 * MiB);
+        ck_assert_int_eq(client_field(&d, "grower", "segments"), 4);
+
+        /* a freed: its first granule is idle (the second holds b too). */
+        ck_assert_int_eq(gpupool_free(c, a), 0);
+        ck_assert_uint_eq(gpupool_cached_bytes(c), 3 * MiB);
+        ck_assert(testd_client_becomes(&d, 0, "grower", "held_free_bytes", 2 * MiB));
+        /* 6 MiB does not fit a's place: it goes after b, and a's idle granule moves under it. */
+        ck_assert_int_eq(gpupool_alloc(c, 0, 6 * MiB, (void **) &x), 0);
+        ck_assert_ptr_eq(x, b + 5 * MiB);
+        st = stats(c);
+        ck_assert_uint_eq(st.mapped_segments, 6);       /* granules 1 to 6: one moved, two leased */
+        ck_assert_uint_eq(st.segments_imported, 6);
+        fill(x, 6 * MiB, 3);
+        ck_assert(intact(b, 5 * MiB, 2) && intact(x, 6 * MiB, 3));
+
+        /* The steady state asks the daemon nothing and maps nothing (a's place lacks the granule that moved, once). */
+        ck_assert_int_eq(gpupool_alloc(c, 0, 3 * MiB, (void **) &a), 0);
+        ck_assert_int_eq(gpupool_free(c, a), 0);
+        before = stats(c);
+        for (int i = 0; i < 100; i++) {
+                ck_assert_int_eq(gpupool_alloc(c, 0, 3 * MiB, (void **) &a), 0);
+                ((volatile char *) a)[3 * MiB - 1] = 1;
+                ck_assert_int_eq(gpupool_free(c, a), 0);
+        }
+        st = stats(c);
+        ck_assert_uint_eq(st.round_trips, before.round_trips);
+        ck_assert_uint_eq(st.segments_imported, before.segments_imported);
+        ck_assert(intact(b, 5 * MiB, 2) && intact(x, 6 * MiB, 3));
+
+        /* Trimmed with blocks live: only granules no block touches go back. */
+        ck_assert_int_eq(gpupool_trim(c), 0);
+        ck_assert_uint_eq(stats(c).mapped_segments, 6);
+        ck_assert_int_eq(gpupool_free(c, b), 0);
+        ck_assert_int_eq(gpupool_trim(c), 0);
+        ck_assert_uint_eq(stats(c).mapped_segments, 3);         /* x's granules 4 to 6 */
+        ck_assert(intact(x, 6 * MiB, 3));
+        ck_assert_int_eq(client_field(&d, "grower", "reserved_bytes"), 6 * MiB);
+        ck_assert_int_eq(gpupool_free(c, x), 0);
+        ck_assert_int_eq(gpupool_trim(c), 0);
+        st = stats(c);
+        ck_assert_uint_eq(st.mapped_bytes, 0);
+        ck_assert_uint_eq(gpupool_cached_bytes(c), 0);
+        ck_assert_int_eq(client_field(&d, "grower", "reserved_bytes"), 0);
+        ck_assert_int_eq(client_field(&d, "grower", "held_free_bytes"), 0);
+        json_decref(testd_ctl(&d, "check"));
+
+        /* A reconnect forgets the ranges; the next allocation sets them up anew. */
+        ck_assert_int_eq(gpupool_alloc(c, 0, 64 * KiB, (void **) &a), 0);
+        ck_assert_int_eq(gpupool_reconnect(c), 0);
+        ck_assert_int_eq(gpupool_alloc(c, 0, 64 * KiB, (void **) &a), 0);
+        fill(a, 64 * KiB, 4);
+        ck_assert_uint_eq(stats(c).mapped_segments, 1);
+        ck_assert_int_eq(gpupool_free(c, a), 0);
+        gpupool_disconnect(c);
+        json_decref(testd_ctl(&d, "check"));
+        ck_assert_int_eq(testd_stop(&d), 0);
+}
+END_TEST
+
+START_TEST(test_grow_block_of_many_leases) {
+        struct gpupool_stats before, st;
+        gpupool_client *c;
+        struct testd d;
+        char msg[512];
+        void *p, *small;
+
+        testd_start(&d, NULL);          /* 512 MiB */
+        c = connect_growing(&d, "big");
+        before = stats(c);
+        /* 300 MiB is 150 granules: two leases, at most 128 granules each. */
+        ck_assert_int_eq(gpupool_alloc(c, 0, 300 * MiB, &p), 0);
+        st = stats(c);
+        ck_assert_uint_eq(st.round_trips - before.round_trips, 2);
+        ck_assert_uint_eq(st.mapped_segments, 150);
+        fill(p, 300 * MiB, 5);
+        ck_assert(intact(p, 300 * MiB, 5));
+        ck_assert_int_eq(gpupool_free(c, p), 0);
+        ck_assert_int_eq(gpupool_trim(c), 0);
+
+        /* More than the device: the granules leased for it before the refusal go back, and the daemon's sentence stays. */
+        ck_assert_int_eq(gpupool_alloc(c, 0, 64 * KiB, &small), 0);
+        ck_assert_int_eq(gpupool_alloc(c, 0, 600 * MiB, &p), -ENOMEM);
+        gpupool_last_error(c, msg, sizeof(msg));
+        ck_assert_msg(strstr(msg, "cannot allocate 629145600 bytes on device 0") && strstr(msg, "device 0 is full"), "%s", msg);
+        ck_assert_uint_eq(stats(c).mapped_segments, 1);
+        ck_assert_int_eq(client_field(&d, "big", "reserved_bytes"), 2 * MiB);
+        /* And what is left serves. */
+        ck_assert_int_eq(gpupool_alloc(c, 0, 500 * MiB, &p), 0);
+        ck_assert_int_eq(gpupool_free(c, p), 0);
+        ck_assert_int_eq(gpupool_free(c, small), 0);
+        json_decref(testd_ctl(&d, "check"));
+        gpupool_disconnect(c);
+        ck_assert_int_eq(testd_stop(&d), 0);
+}
+END_TEST
+
+START_TEST(test_grow_limit) {
+        gpupool_client *c;
+        struct testd d;
+        char msg[512];
+        void *p, *q;
+
+        testd_start(&d, "--client-limit", "64M", NULL);
+        c = connect_growing(&d, "limited");
+        ck_assert_int_eq(gpupool_alloc(c, 0, 40 * MiB, &p), 0);
+        ck_assert_int_eq(gpupool_free(c, p), 0);
+        /* Its 20 granules serve the next block where they are; 5 more are leased. */
+        ck_assert_int_eq(gpupool_alloc(c, 0, 50 * MiB, &p), 0);
+        ck_assert_int_eq(client_field(&d, "limited", "reserved_bytes"), 50 * MiB);
+        /* Over the limit: refused, saying so, with nothing more leased. */
+        ck_assert_int_eq(gpupool_alloc(c, 0, 20 * MiB, &q), -EDQUOT);
+        gpupool_last_error(c, msg, sizeof(msg));
+        ck_assert_msg(strstr(msg, "over its limit of 64.0 MiB"), "%s", msg);
+        ck_assert_int_eq(client_field(&d, "limited", "reserved_bytes"), 50 * MiB);
+        ck_assert_uint_eq(stats(c).mapped_segments, 25);
+        /* Larger than the device and its range: the daemon's verdict all the same, the limit first. */
+        ck_assert_int_eq(gpupool_alloc(c, 0, 2ULL << 30, &q), -EDQUOT);
+        gpupool_last_error(c, msg, sizeof(msg));
+        ck_assert_msg(strstr(msg, "over its limit of 64.0 MiB"), "%s", msg);
+        ck_assert_int_eq(client_field(&d, "limited", "reserved_bytes"), 50 * MiB);
+        /* 14 MiB fits under it. */
+        ck_assert_int_eq(gpupool_alloc(c, 0, 14 * MiB, &q), 0);
+        fill(q, 14 * MiB, 6);
+        ck_assert_int_eq(gpupool_free(c, p), 0);
+        ck_assert_int_eq(gpupool_free(c, q), 0);
+        json_decref(testd_ctl(&d, "check"));
+        gpupool_disconnect(c);
+        ck_assert_int_eq(testd_stop(&d), 0);
+}
+END_TEST
+
+START_TEST(test_grow_idle_granules_go_back) {
+        gpupool_client *c;
+        struct testd d;
+        void *p, *q;
+
+        testd_start(&d, NULL);
+        setenv("GPUPOOL_SEGMENTS", "grow", 1);
+        setenv("GPUPOOL_IDLE_RETURN", "300ms", 1);
+        ck_assert_int_eq(gpupool_connect(d.sock, "idle", &c), 0);
+        ck_assert_int_eq(gpupool_alloc(c, 0, 3 * MiB, &p), 0);
+        ck_assert_int_eq(gpupool_alloc(c, 0, 64 * KiB, &q), 0);
+        ck_assert_int_eq(gpupool_free(c, p), 0);
+        ck_assert_int_eq(client_field(&d, "idle", "reserved_bytes"), 6 * MiB);
+        /* The control thread looks once a second: within a few, the idle granules are the daemon's again. */
+        ck_assert(testd_client_becomes(&d, 0, "idle", "reserved_bytes", 2 * MiB));
+        ck_assert_int_eq(testd_device(&d, 0, "cached_bytes"), 4 * MiB);
+        ck_assert_uint_eq(stats(c).mapped_segments, 1);         /* the small block's granule stays */
+        ck_assert_int_eq(gpupool_alloc(c, 0, 3 * MiB, &p), 0);
+        ck_assert_int_eq(client_field(&d, "idle", "reserved_bytes"), 6 * MiB);
+        ck_assert_int_eq(gpupool_free(c, p), 0);
+        ck_assert_int_eq(gpupool_free(c, q), 0);
+        gpupool_disconnect(c);
+        ck_assert_int_eq(testd_stop(&d), 0);
+}
+END_TEST
+
+/* A process that grows to 700 MiB in blocks of 1 MiB, frees it all, and idles until told. */
+static int idler_main(struct testd *d, void *arg) {
+        int *pipes = arg;
+        void *p[700];
+        gpupool_client *c;
+        char ch = 'y';
+
+        setenv("GPUPOOL_SEGMENTS", "grow", 1);
+        setenv("GPUPOOL_IDLE_RETURN", "0", 1);
+        if (gpupool_connect(d->sock, "idler", &c) < 0)
+                return 1;
+        for (int i = 0; i < 700; i++)
+                if (gpupool_alloc(c, 0, MiB, &p[i]) < 0)
+                        ch = 'n';
+        for (int i = 0; i < 700; i++)
+                if (gpupool_free(c, p[i]) < 0)
+                        ch = 'n';
+        if (write(pipes[1], &ch, 1) != 1 || read(pipes[2], &ch, 1) != 1)
+                return 2;
+        gpupool_disconnect(c);
+        return 0;
+}
+
+START_TEST(test_grow_reclaim) {
+        int ready[2], go[2], pipes[3];
+        gpupool_client *b;
+        struct testd d;
+        char ch;
+        void *p;
+        pid_t pid;
+
+        testd_start(&d, "--host-capacity", "1G", NULL);
+        ck_assert_int_eq(pipe(ready), 0);
+        ck_assert_int_eq(pipe(go), 0);
+        pipes[0] = ready[0], pipes[1] = ready[1], pipes[2] = go[0];
+        pid = spawn(idler_main, &d, pipes);
+        ck_assert_int_eq(read(ready[0], &ch, 1), 1);
+        ck_assert_int_eq(ch, 'y');
+        ck_assert_int_eq(client_field(&d, "idler", "reserved_bytes"), 700 * MiB);
+        ck_assert(testd_client_becomes(&d, 0, "idler", "held_free_bytes", 700 * MiB));
+        /* 700 MiB fits only with what the idler holds free: it gives back granules, more than one answer's 256. */
+        b = connect_growing(&d, "needy");
+        ck_assert_int_eq(gpupool_alloc(b, 0, 700 * MiB, &p), 0);
+        fill(p, 700 * MiB, 7);
+        ck_assert(intact(p, 700 * MiB, 7));
+        ck_assert_int_le(client_field(&d, "idler", "reserved_bytes"), 1024 * MiB - 700 * MiB);
+        json_decref(testd_ctl(&d, "check"));
+        ck_assert_int_eq(gpupool_free(b, p), 0);
+        ck_assert_int_eq(write(go[1], "g", 1), 1);
+        ck_assert_int_eq(reap(pid), 0);
+        gpupool_disconnect(b);
+        close(ready[0]), close(ready[1]), close(go[0]), close(go[1]);
+        ck_assert_int_eq(testd_stop(&d), 0);
+}
+END_TEST
+
+/* A thread that grows and shrinks the ranges with blocks of many sizes, checking its data throughout. */
+struct churner {
+        gpupool_client *c;
+        unsigned seed;
+        int failures;
+};
+
+static void *churn_main(void *arg) {
+        struct churner *t = arg;
+        void *p[16] = { 0 };
+        size_t size[16] = { 0 };
+        unsigned seed = t->seed;
+
+        for (int i = 0; i < 400; i++) {
+                unsigned k = (unsigned) rand_r(&seed) % 16;
+
+                if (p[k]) {
+                        if (!intact(p[k], size[k], t->seed + k) || gpupool_free(t->c, p[k]) < 0)
+                                t->failures++;
+                        p[k] = NULL;
+                        continue;
+                }
+                /* From 512 bytes to 8 MiB, both classes. */
+                size[k] = (size_t) 512 << ((unsigned) rand_r(&seed) % 15);
+                size[k] += (size_t) rand_r(&seed) % 4096;
+                if (gpupool_alloc(t->c, 0, size[k], &p[k]) < 0) {
+                        t->failures++;
+                        p[k] = NULL;
+                        continue;
+                }
+                fill(p[k], size[k], t->seed + k);
+        }
+        for (int k = 0; k < 16; k++)
+                if (p[k] && (!intact(p[k], size[k], t->seed + k) || gpupool_free(t->c, p[k]) < 0))
+                        t->failures++;
+        return NULL;
+}
+
+START_TEST(test_grow_threads) {
+        struct churner t[4];
+        pthread_t thread[4];
+        gpupool_client *c;
+        struct testd d;
+
+        testd_start(&d, "--host-capacity", "2G", NULL);
+        c = connect_growing(&d, "threads");
+        for (int i = 0; i < 4; i++) {
+                t[i] = (struct churner) { .c = c, .seed = 17 * (unsigned) i + 3 };
+                ck_assert_int_eq(pthread_create(&thread[i], NULL, churn_main, &t[i]), 0);
+        }
+        for (int i = 0; i < 4; i++) {
+                ck_assert_int_eq(pthread_join(thread[i], NULL), 0);
+                ck_assert_int_eq(t[i].failures, 0);
+        }
+        ck_assert_uint_eq(stats(c).live_blocks, 0);
+        ck_assert_int_eq(gpupool_trim(c), 0);
+        ck_assert_uint_eq(stats(c).mapped_bytes, 0);
+        ck_assert_int_eq(client_field(&d, "threads", "reserved_bytes"), 0);
+        json_decref(testd_ctl(&d, "check"));
+        gpupool_disconnect(c);
+        ck_assert_int_eq(testd_stop(&d), 0);
+}
+END_TEST
+
+START_TEST(test_grow_bad_setting) {
+        gpupool_client *c;
+        struct testd d;
+
+        testd_start(&d, NULL);
+        setenv("GPUPOOL_SEGMENTS", "sideways", 1);
+        ck_assert_int_eq(gpupool_connect(d.sock, "bad", &c), -EINVAL);
+        setenv("GPUPOOL_SEGMENTS", "whole", 1);
+        ck_assert_int_eq(gpupool_connect(d.sock, "whole", &c), 0);
+        gpupool_disconnect(c);
+        ck_assert_int_eq(testd_stop(&d), 0);
+}
+END_TEST
+
+Suite *suite_grow(void) {
+        Suite *s = suite_create("grow");
+        TCase *tc = tcase_create("host");
+
+        tcase_add_test(tc, test_grow_in_place);
+        tcase_add_test(tc, test_grow_block_of_many_leases);
+        tcase_add_test(tc, test_grow_limit);
+        tcase_add_test(tc, test_grow_idle_granules_go_back);
+        tcase_add_test(tc, test_grow_reclaim);
+        tcase_add_test(tc, test_grow_threads);
+        tcase_add_test(tc, test_grow_bad_setting);
+        tcase_set_timeout(tc, 60);
+        suite_add_tcase(s, tc);
+        return s;
+}
