@@ -4,12 +4,14 @@
  * Replays allocation traces (CSV: time, op, id, size, stream; see bench/traces/README.md)
  * through libgpupool against a private gpupoold (host backend, 16 GiB, an empty config), one
  * daemon and one handle per trace and way, with the library's default settings otherwise
- * (every GPUPOOL_ variable that changes them is unset). Each trace is replayed two ways, in
+ * (every GPUPOOL_ variable that changes them is unset). Each trace is replayed three ways, in
  * the same run:
  *
  *   malloc        glibc's malloc and free of the same sizes, in this process: the baseline for
  *                 ns/op (it leases and maps nothing, so only its times are printed);
- *   process       libgpupool: the process's own pool over segments leased from the daemon.
+ *   process       libgpupool: the process's own pool over segments leased from the daemon whole;
+ *   grow          the same with GPUPOOL_SEGMENTS=grow: segments that grow in place, over 2 MiB
+ *                 granules leased up to 128 at a time (a granule counts as a segment imported).
  *
  * Per trace and way it prints:
  *
@@ -195,7 +197,8 @@ static const char *trace_name(const char *path, char *buf, size_t size) {
 
 int main(int argc, char **argv) {
         static const struct option longopts[] = { { "build", required_argument, NULL, 'b' }, { NULL, 0, NULL, 0 } };
-        static const char *defaults[] = { "GPUPOOL_TIMEOUT", "GPUPOOL_IDLE_RETURN" };
+        static const char *defaults[] = { "GPUPOOL_TIMEOUT", "GPUPOOL_IDLE_RETURN", "GPUPOOL_SEGMENTS" };
+        static const char *const ways[] = { "process", "grow" };
         const char *build = NULL;
         int opt, failed = 0;
 
@@ -238,19 +241,25 @@ int main(int argc, char **argv) {
                         printf("%-14s %-8s %7zu %8s %8s %7s %7s %7.0f %7.0f %12s %12s %6s\n",
                                trace_name(argv[a], name, sizeof(name)), "malloc", res.ops, "-", "-", "-", "-", res.median_ns,
                                res.p99_ns, "-", "-", "-");
-                pid = start_daemon(build);
-                r = replay(&t, &res);
-                stop_daemon(pid);
-                if (r < 0)
-                        failed = 1;
-                else
-                        printf("%-14s %-8s %7zu %8llu %8llu %7llu %7llu %7.0f %7.0f %12.1f %12.1f %6.3f\n",
-                               trace_name(argv[a], name, sizeof(name)), "process", res.ops,
-                               (unsigned long long) res.trips, (unsigned long long) res.trips_half,
-                               (unsigned long long) res.imports, (unsigned long long) res.imports_half, res.median_ns,
-                               res.p99_ns, (double) res.peak_leased / MiB, (double) res.peak_in_use / MiB,
-                               res.peak_in_use ? (double) res.peak_leased / (double) res.peak_in_use : 0);
-                fflush(stdout);
+                for (int w = 0; w < 2; w++) {
+                        if (w == 1)
+                                setenv("GPUPOOL_SEGMENTS", "grow", 1);
+                        pid = start_daemon(build);
+                        r = replay(&t, &res);
+                        stop_daemon(pid);
+                        unsetenv("GPUPOOL_SEGMENTS");
+                        if (r < 0)
+                                failed = 1;
+                        else
+                                printf("%-14s %-8s %7zu %8llu %8llu %7llu %7llu %7.0f %7.0f %12.1f %12.1f %6.3f\n",
+                                       trace_name(argv[a], name, sizeof(name)), ways[w], res.ops,
+                                       (unsigned long long) res.trips, (unsigned long long) res.trips_half,
+                                       (unsigned long long) res.imports, (unsigned long long) res.imports_half,
+                                       res.median_ns, res.p99_ns, (double) res.peak_leased / MiB,
+                                       (double) res.peak_in_use / MiB,
+                                       res.peak_in_use ? (double) res.peak_leased / (double) res.peak_in_use : 0);
+                        fflush(stdout);
+                }
                 free(t.ops);
         }
         unlink(sock_path);
