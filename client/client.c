@@ -365,8 +365,10 @@ GPUPOOL_EXPORT int gpupool_stats(gpupool_client *c, struct gpupool_stats *ret) {
         }
         /* Segments that grow in place: each granule held is a segment of the daemon's. */
         for (unsigned d = 0; d < c->device_count; d++) {
-                st.mapped_segments += client_grow_held(c, d);
-                st.mapped_bytes += client_grow_held(c, d) * GP_GRANULE_BYTES;
+                uint64_t held = client_grow_held(c, d);
+
+                st.mapped_segments += held;
+                st.mapped_bytes += held * GP_GRANULE_BYTES;
         }
         for (unsigned i = 0; i < CLIENT_SHARDS; i++) {
                 pthread_mutex_lock(&c->live[i].lock);

@@ -186,72 +186,6 @@ void client_cuda_close(gpupool_client *c, struct mapping *m) {
         pop(c);
 }
 
-int client_cuda_map_fd(gpupool_client *c, struct mapping *m, int fd) {
-        struct client_device *d = &c->devices[m->device];
-        gp_cu_mem_access_desc rw = {
-                .location = { .type = GP_CU_MEM_LOCATION_TYPE_DEVICE, .id = (int) d->dev },
-                .flags = GP_CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
-        };
-        gp_cu_deviceptr va = 0;
-        gp_cu_mem_handle h = 0;
-        const char *what;
-        gp_cu_result r;
-        int err, mode;
-
-        err = segment_device_enter(c, d);
-        if (err < 0) {
-                close(fd);
-                return err;
-        }
-        mode = relax(c);
-        /* The descriptor by value, as the driver takes it; the handle holds the memory from here. */
-        what = "cuMemImportFromShareableHandle";
-        r = c->cu.cuMemImportFromShareableHandle(&h, (void *) (uintptr_t) fd, GP_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
-        close(fd);
-        if (r == GP_CUDA_SUCCESS) {
-                what = "cuMemAddressReserve";
-                r = c->cu.cuMemAddressReserve(&va, m->size, 0, 0, 0);
-                if (r == GP_CUDA_SUCCESS) {
-                        /* The whole allocation, which must be the segment the daemon described. */
-                        what = "cuMemMap";
-                        r = c->cu.cuMemMap(va, m->size, 0, h, 0);
-                        if (r == GP_CUDA_SUCCESS) {
-                                what = "cuMemSetAccess";
-                                r = c->cu.cuMemSetAccess(va, m->size, &rw, 1);
-                                if (r != GP_CUDA_SUCCESS)
-                                        (void) c->cu.cuMemUnmap(va, m->size);
-                        }
-                        if (r != GP_CUDA_SUCCESS)
-                                (void) c->cu.cuMemAddressFree(va, m->size);
-                }
-                /* Mapped or not, the handle goes: a mapping keeps the memory while it lasts. */
-                (void) c->cu.cuMemRelease(h);
-        }
-        unrelax(c, mode);
-        pop(c);
-        if (r != GP_CUDA_SUCCESS) {
-                client_set_error(c, "cuda-vmm: %s of a %llu-byte segment: %s", what, (unsigned long long) m->size,
-                                 gp_cuda_error_name(&c->cu, r));
-                return r == GP_CUDA_ERROR_OUT_OF_MEMORY ? -ENOMEM : -EIO;
-        }
-        m->base = (uint8_t *) (uintptr_t) va;
-        return 0;
-}
-
-void client_cuda_unmap(gpupool_client *c, struct mapping *m) {
-        struct client_device *d = &c->devices[m->device];
-        gp_cu_deviceptr va = (gp_cu_deviceptr) (uintptr_t) m->base;
-        int mode;
-
-        if (push(c, d) < 0)
-                return;
-        mode = relax(c);
-        if (c->cu.cuMemUnmap(va, m->size) == GP_CUDA_SUCCESS)
-                (void) c->cu.cuMemAddressFree(va, m->size);
-        unrelax(c, mode);
-        pop(c);
-}
-
 /* A driver call's failure as the error, and its errno. */
 static int vmm_failed(gpupool_client *c, const char *what, uint64_t size, gp_cu_result r) {
         client_set_error(c, "cuda-vmm: %s of %llu bytes: %s", what, (unsigned long long) size, gp_cuda_error_name(&c->cu, r));
@@ -287,7 +221,7 @@ void client_cuda_unreserve(gpupool_client *c, struct client_device *d, uint8_t *
         pop(c);
 }
 
-int client_cuda_import(gpupool_client *c, struct client_device *d, int fd, gp_cu_mem_handle *ret) {
+int client_cuda_import(gpupool_client *c, struct client_device *d, int fd, uint64_t size, gp_cu_mem_handle *ret) {
         gp_cu_result r;
         int err, mode;
 
@@ -297,11 +231,12 @@ int client_cuda_import(gpupool_client *c, struct client_device *d, int fd, gp_cu
                 return err;
         }
         mode = relax(c);
+        /* The descriptor by value, as the driver takes it. */
         r = c->cu.cuMemImportFromShareableHandle(ret, (void *) (uintptr_t) fd, GP_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
         unrelax(c, mode);
         pop(c);
         close(fd);      /* the handle holds the memory from here */
-        return r == GP_CUDA_SUCCESS ? 0 : vmm_failed(c, "cuMemImportFromShareableHandle", 0, r);
+        return r == GP_CUDA_SUCCESS ? 0 : vmm_failed(c, "cuMemImportFromShareableHandle", size, r);
 }
 
 void client_cuda_release(gpupool_client *c, struct client_device *d, gp_cu_mem_handle h) {
@@ -337,15 +272,45 @@ int client_cuda_map_at(gpupool_client *c, struct client_device *d, uint8_t *va, 
         return r == GP_CUDA_SUCCESS ? 0 : vmm_failed(c, what, size, r);
 }
 
-void client_cuda_unmap_at(gpupool_client *c, struct client_device *d, uint8_t *va, uint64_t size) {
+int client_cuda_unmap_at(gpupool_client *c, struct client_device *d, uint8_t *va, uint64_t size) {
+        gp_cu_result r;
         int mode;
 
         if (push(c, d) < 0)
-                return;
+                return -EIO;
         mode = relax(c);
-        (void) c->cu.cuMemUnmap((gp_cu_deviceptr) (uintptr_t) va, size);
+        r = c->cu.cuMemUnmap((gp_cu_deviceptr) (uintptr_t) va, size);
         unrelax(c, mode);
         pop(c);
+        return r == GP_CUDA_SUCCESS ? 0 : -EIO;
+}
+
+int client_cuda_map_fd(gpupool_client *c, struct mapping *m, int fd) {
+        struct client_device *d = &c->devices[m->device];
+        gp_cu_mem_handle h;
+        uint8_t *va;
+        int r;
+
+        r = client_cuda_import(c, d, fd, m->size, &h);
+        if (r < 0)
+                return r;
+        r = client_cuda_reserve(c, d, m->size, 0, &va);
+        /* The whole allocation, which must be the segment the daemon described. */
+        if (r == 0 && (r = client_cuda_map_at(c, d, va, m->size, h)) < 0)
+                client_cuda_unreserve(c, d, va, m->size);
+        /* Mapped or not, the handle goes: a mapping keeps the memory while it lasts. */
+        client_cuda_release(c, d, h);
+        if (r == 0)
+                m->base = va;
+        return r;
+}
+
+void client_cuda_unmap(gpupool_client *c, struct mapping *m) {
+        struct client_device *d = &c->devices[m->device];
+
+        /* An address still mapped is not freed: the driver would refuse it. */
+        if (client_cuda_unmap_at(c, d, m->base, m->size) == 0)
+                client_cuda_unreserve(c, d, m->base, m->size);
 }
 
 /*

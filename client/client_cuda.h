@@ -37,14 +37,14 @@ void client_cuda_unmap(gpupool_client *c, struct mapping *m);
 int client_cuda_reserve(gpupool_client *c, struct client_device *d, uint64_t bytes, uint64_t align, uint8_t **ret);
 /* Frees what client_cuda_reserve() reserved (nothing may be mapped in it). */
 void client_cuda_unreserve(gpupool_client *c, struct client_device *d, uint8_t *base, uint64_t bytes);
-/* Imports a granule's descriptor fd (closed here) as a handle of its memory. Returns 0 or a negative errno, the error set. */
-int client_cuda_import(gpupool_client *c, struct client_device *d, int fd, gp_cu_mem_handle *ret);
+/* Imports the descriptor fd (closed here) of size bytes as a handle of its memory. Returns 0 or a negative errno, the error set. */
+int client_cuda_import(gpupool_client *c, struct client_device *d, int fd, uint64_t size, gp_cu_mem_handle *ret);
 /* Lets go of an imported handle: the memory goes once nothing maps it either. */
 void client_cuda_release(gpupool_client *c, struct client_device *d, gp_cu_mem_handle h);
 /* Maps handle h at va (size bytes) and makes it readable and writable on d. Returns 0 or a negative errno, the error set. */
 int client_cuda_map_at(gpupool_client *c, struct client_device *d, uint8_t *va, uint64_t size, gp_cu_mem_handle h);
-/* Unmaps what client_cuda_map_at() mapped; the handle stays. */
-void client_cuda_unmap_at(gpupool_client *c, struct client_device *d, uint8_t *va, uint64_t size);
+/* Unmaps what client_cuda_map_at() mapped; the handle stays. Returns 0, or -EIO when the driver refused. */
+int client_cuda_unmap_at(gpupool_client *c, struct client_device *d, uint8_t *va, uint64_t size);
 
 /*
  * The driver's id of stream (cuStreamGetId) in d's primary context. Returns 0; 1, with no

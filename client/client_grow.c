@@ -59,8 +59,15 @@ struct client_grow {
 static int grow_map(void *ctx, struct granule_range *r, uint64_t k, uint64_t phys);
 static void grow_unmap(void *ctx, struct granule_range *r, uint64_t k, uint64_t phys);
 static int grow_obtain(void *ctx, uint64_t n, uint64_t *phys);
+static uint64_t grow_now(void *ctx);
 
-static const struct granule_ops grow_ops = { grow_map, grow_unmap, grow_obtain };
+static const struct granule_ops grow_ops = { grow_map, grow_unmap, grow_obtain, grow_now };
+
+/* Puts the reservation back over a granule's place (host), in one step, so that no hole opens. */
+static void reserve_again(uint8_t *at) {
+        if (mmap(at, G, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0) == MAP_FAILED)
+                (void) munmap(at, G);
+}
 
 /* The range of a block's segment. */
 static struct granule_range *range_of(struct client_grow *g, const struct heap_segment *s) {
@@ -93,12 +100,10 @@ static void grow_unmap(void *ctx, struct granule_range *r, uint64_t k, uint64_t 
 
         (void) phys;
         if (c->vmm) {
-                client_cuda_unmap_at(c, &c->devices[g->device], at, G);
+                (void) client_cuda_unmap_at(c, &c->devices[g->device], at, G);
                 return;
         }
-        /* The reservation back over it, in one step; the parked mapping keeps the pages. */
-        if (mmap(at, G, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0) == MAP_FAILED)
-                (void) munmap(at, G);
+        reserve_again(at);      /* the parked mapping keeps the pages */
 }
 
 static int grow_obtain(void *ctx, uint64_t n, uint64_t *phys) {
@@ -108,6 +113,11 @@ static int grow_obtain(void *ctx, uint64_t n, uint64_t *phys) {
         (void) n, (void) phys;
         client_set_error(g->client, "the process's pool mapped a block it had not leased the granules of");
         return -EPROTO;
+}
+
+static uint64_t grow_now(void *ctx) {
+        (void) ctx;
+        return client_now_ms();
 }
 
 /* Reserves the host ranges and parking spots: address space only, never backed by itself. */
@@ -129,6 +139,37 @@ static int reserve_host(gpupool_client *c, struct client_grow *g) {
         /* A forked child must not keep this memory: it may be another client's tomorrow. */
         (void) madvise(g->base, g->reserved_bytes, MADV_DONTFORK);
         return 0;
+}
+
+/*
+ * Unmaps and frees everything of g, set up in full or in part: its ranges leave the device's
+ * heap with their blocks (their holders are forgotten), and its granules are let go.
+ */
+static void grow_free(struct client_grow *g) {
+        gpupool_client *c = g->client;
+        struct client_device *dev = &c->devices[g->device];
+
+        for (int k = 0; k < HEAP_CLASS_COUNT; k++) {
+                struct granule_range *r = &g->range[k];
+
+                if (g->view[k].hs.heap)
+                        (void) heap_drop(&g->view[k].hs);
+                /* cuda-vmm mappings go one by one; host ones with the reservation below. */
+                for (uint64_t i = 0; c->vmm && i < r->count; i++)
+                        if (r->mapped[i / 64] >> (i % 64) & 1)
+                                (void) client_cuda_unmap_at(c, dev, granule_addr(g, r, i), G);
+                granule_range_destroy(r);
+        }
+        for (uint64_t i = 0; c->vmm && i < g->granule_cap; i++)
+                if (g->granules[i].held)
+                        client_cuda_release(c, dev, g->granules[i].handle);
+        if (c->vmm)
+                client_cuda_unreserve(c, dev, g->base, g->reserved_bytes);
+        else
+                (void) munmap(g->base, g->reserved_bytes);
+        granule_set_destroy(&g->set);
+        free(g->granules);
+        free(g);
 }
 
 int client_grow_start(gpupool_client *c, unsigned d) {
@@ -180,19 +221,7 @@ int client_grow_start(gpupool_client *c, unsigned d) {
                 if (r == 0)
                         r = heap_add(&dev->heap, &m->hs, UINT64_MAX - (uint64_t) k, g->range_bytes, (enum heap_class) k);
                 if (r < 0) {
-                        for (int j = 0; j <= k; j++) {
-                                if (g->view[j].hs.heap)
-                                        (void) heap_remove(&g->view[j].hs);
-                                if (g->range[j].set)
-                                        granule_range_destroy(&g->range[j]);
-                        }
-                        granule_set_destroy(&g->set);
-                        if (c->vmm)
-                                client_cuda_unreserve(c, dev, g->base, g->reserved_bytes);
-                        else
-                                (void) munmap(g->base, g->reserved_bytes);
-                        free(g->granules);
-                        free(g);
+                        grow_free(g);
                         return r;
                 }
         }
@@ -212,8 +241,8 @@ static void granule_drop(struct client_grow *g, uint64_t i) {
 
         if (c->vmm)
                 client_cuda_release(c, &c->devices[g->device], g->granules[i].handle);
-        else if (mmap(g->park + i * G, G, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0) == MAP_FAILED)
-                (void) munmap(g->park + i * G, G);
+        else
+                reserve_again(g->park + i * G);
         g->granules[i] = (struct grow_granule) { .next_free = g->free_head };
         g->free_head = i;
 }
@@ -230,14 +259,13 @@ static int64_t granule_new(struct client_grow *g, uint64_t id, int fd) {
                 return -EPROTO;
         }
         if (c->vmm) {
-                r = client_cuda_import(c, &c->devices[g->device], fd, &g->granules[i].handle);
+                r = client_cuda_import(c, &c->devices[g->device], fd, G, &g->granules[i].handle);
         } else {
                 void *at = mmap(g->park + i * G, G, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0);
 
                 close(fd);
                 if (at == MAP_FAILED) {
-                        (void) mmap(g->park + i * G, G, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED,
-                                    -1, 0);
+                        reserve_again(g->park + i * G);
                         client_set_error(c, "cannot map a granule of device %u into this process: %m", g->device);
                         r = -ENOMEM;
                 } else {
@@ -294,7 +322,6 @@ int client_grow_take(gpupool_client *c, struct heap_block *hb) {
 void client_grow_give(gpupool_client *c, struct heap_segment *s, uint64_t offset, uint64_t size) {
         struct client_grow *g = c->devices[gp_rb_entry(s, struct mapping, hs)->device].grow;
 
-        g->set.now = client_now_ms();
         granule_give(range_of(g, s), offset, size);
 }
 
@@ -344,34 +371,8 @@ uint64_t client_grow_free(gpupool_client *c, unsigned d) {
 
 void client_grow_forget(gpupool_client *c) {
         for (unsigned d = 0; d < CLIENT_MAX_DEVICES; d++) {
-                struct client_device *dev = &c->devices[d];
-                struct client_grow *g = dev->grow;
-
-                if (!g)
-                        continue;
-                /* Their blocks are forgotten with them (the live table was emptied first). */
-                for (int k = 0; k < HEAP_CLASS_COUNT; k++) {
-                        struct granule_range *r = &g->range[k];
-
-                        (void) heap_drop(&g->view[k].hs);
-                        if (c->vmm)
-                                for (uint64_t i = 0; i < r->count; i++)
-                                        if (r->mapped[i / 64] >> (i % 64) & 1)
-                                                client_cuda_unmap_at(c, dev, granule_addr(g, r, i), G);
-                        granule_range_destroy(r);
-                }
-                if (c->vmm) {
-                        for (uint64_t i = 0; i < g->granule_cap; i++)
-                                if (g->granules[i].held)
-                                        client_cuda_release(c, dev, g->granules[i].handle);
-                        client_cuda_unreserve(c, dev, g->base, g->reserved_bytes);
-                } else {
-                        /* Every mapping of every granule lies in the reservation. */
-                        (void) munmap(g->base, g->reserved_bytes);
-                }
-                granule_set_destroy(&g->set);
-                free(g->granules);
-                free(g);
-                dev->grow = NULL;
+                if (c->devices[d].grow)
+                        grow_free(c->devices[d].grow);
+                c->devices[d].grow = NULL;
         }
 }

@@ -30,7 +30,7 @@ int client_grow_adopt(gpupool_client *c, unsigned d, const uint64_t *ids, const 
 /* Maps what a block lacks under it (granule_take(); nothing to obtain). Returns 0 or a negative errno, the error set. */
 int client_grow_take(gpupool_client *c, struct heap_block *hb);
 
-/* After a block was freed out of the heap at [offset, offset + size) of segment s: its granules no block touches become idle. */
+/* As the block at [offset, offset + size) of segment s is freed: its granules no other block touches become idle. */
 void client_grow_give(gpupool_client *c, struct heap_segment *s, uint64_t offset, uint64_t size);
 
 /*

@@ -178,29 +178,44 @@ static int daemon_gone_error(gpupool_client *c) {
 }
 
 /*
- * Leases a segment on device d for a block of rsize bytes and adds it to the device's heap,
- * in class. Returns 0 or a negative errno with the error set. Locked.
+ * Sends a LeaseRequest for size bytes on device d (granules: that many granules of size, 0:
+ * one segment) and waits for its reply and up to max_fds descriptors. The daemon may park it
+ * while other processes give memory back: the lock must not wait with it. Returns 0, or a
+ * negative errno with the error set. Locked.
  */
-static int lease(gpupool_client *c, unsigned d, uint64_t rsize, enum heap_class class) {
-        Gpupool__Envelope req = GPUPOOL__ENVELOPE__INIT, *rep;
+static int lease_call(gpupool_client *c, unsigned d, uint64_t size, uint32_t granules, Gpupool__Envelope **ret_reply,
+                      int *fds, size_t max_fds, size_t *ret_nfds) {
+        Gpupool__Envelope req = GPUPOOL__ENVELOPE__INIT;
         Gpupool__LeaseRequest lr = GPUPOOL__LEASE_REQUEST__INIT;
-        const Gpupool__LeaseReply *l;
-        struct mapping *m;
-        size_t nfds;
-        int r, fd = -1;
+        int r;
 
         if (client_daemon_gone(c))
                 return daemon_gone_error(c);
         lr.device = d;
-        lr.size = rsize;
+        lr.size = size;
+        lr.has_granules = granules != 0;
+        lr.granules = granules;
         req.body_case = GPUPOOL__ENVELOPE__BODY_LEASE;
         req.lease = &lr;
-        /* The daemon may park it while other processes give memory back: the lock must not wait with it. */
-        r = call_reporting(c, &req, GPUPOOL__ENVELOPE__BODY_LEASE_REPLY, &rep, true, &fd, 1, &nfds);
-        if (r == 0 && !nfds)
-                fd = -1;
-        if (r < 0)      /* the daemon found gone by this call says so too; a timeout keeps its own errno */
-                return r != -ETIMEDOUT && client_daemon_gone(c) ? daemon_gone_error(c) : r;
+        r = call_reporting(c, &req, GPUPOOL__ENVELOPE__BODY_LEASE_REPLY, ret_reply, true, fds, max_fds, ret_nfds);
+        /* The daemon found gone by this call says so too; a timeout keeps its own errno. */
+        return r < 0 && r != -ETIMEDOUT && client_daemon_gone(c) ? daemon_gone_error(c) : r;
+}
+
+/*
+ * Leases a segment on device d for a block of rsize bytes and adds it to the device's heap,
+ * in class. Returns 0 or a negative errno with the error set. Locked.
+ */
+static int lease(gpupool_client *c, unsigned d, uint64_t rsize, enum heap_class class) {
+        const Gpupool__LeaseReply *l;
+        Gpupool__Envelope *rep;
+        struct mapping *m;
+        size_t nfds;
+        int r, fd = -1;
+
+        r = lease_call(c, d, rsize, 0, &rep, &fd, 1, &nfds);
+        if (r < 0)
+                return r;
         l = rep->lease_reply;
         if (l->segment_size < rsize || l->segment_size % HEAP_BLOCK_ALIGN || client_mapping_by_id(c, l->segment_id)) {
                 if (fd >= 0)
@@ -237,28 +252,17 @@ out:
  * Returns 0 or a negative errno with the error set. Locked.
  */
 static int lease_granules(gpupool_client *c, unsigned d, uint64_t n) {
-        Gpupool__Envelope req = GPUPOOL__ENVELOPE__INIT, *rep;
-        Gpupool__LeaseRequest lr = GPUPOOL__LEASE_REQUEST__INIT;
         uint64_t ids[GP_MAX_LEASE_GRANULES];
         int fds[GP_MAX_LEASE_GRANULES];
         const Gpupool__LeaseReply *l;
+        Gpupool__Envelope *rep;
         size_t nfds;
         int r;
 
-        if (client_daemon_gone(c))
-                return daemon_gone_error(c);
-        lr.device = d;
-        lr.size = GP_GRANULE_BYTES;
-        lr.has_granules = 1;
-        lr.granules = (uint32_t) n;
-        req.body_case = GPUPOOL__ENVELOPE__BODY_LEASE;
-        req.lease = &lr;
-        r = call_reporting(c, &req, GPUPOOL__ENVELOPE__BODY_LEASE_REPLY, &rep, true, fds, GP_MAX_LEASE_GRANULES, &nfds);
+        r = lease_call(c, d, GP_GRANULE_BYTES, (uint32_t) n, &rep, fds, GP_MAX_LEASE_GRANULES, &nfds);
         if (r < 0)
-                return r != -ETIMEDOUT && client_daemon_gone(c) ? daemon_gone_error(c) : r;
+                return r;
         l = rep->lease_reply;
-        for (size_t i = 0; i < nfds && i < n; i++)
-                ids[i] = i ? l->more_segment_ids[i - 1] : l->segment_id;
         if (l->segment_size != GP_GRANULE_BYTES || 1 + l->n_more_segment_ids != n || nfds != n) {
                 for (size_t i = 0; i < nfds; i++)
                         close(fds[i]);
@@ -268,11 +272,34 @@ static int lease_granules(gpupool_client *c, unsigned d, uint64_t n) {
                 gpupool__envelope__free_unpacked(rep, NULL);
                 return -EPROTO;
         }
+        for (size_t i = 0; i < n; i++)
+                ids[i] = i ? l->more_segment_ids[i - 1] : l->segment_id;
         gpupool__envelope__free_unpacked(rep, NULL);
         r = client_grow_adopt(c, d, ids, fds, n);
         if (r < 0)
                 (void) client_pool_return(c, ids, n);   /* never mapped: the daemon takes them back */
         return r;
+}
+
+/*
+ * After a lease for a block of size bytes that lacked lacking granules was refused: the
+ * obtained granules leased for it before go back at once, and the error says so, the
+ * daemon's sentence kept. Locked.
+ */
+static void return_leased(gpupool_client *c, unsigned d, uint64_t size, uint64_t lacking, uint64_t obtained) {
+        uint64_t ids[GP_MAX_LEASE_GRANULES];
+        char why[sizeof(c->error)];
+        size_t back;
+
+        snprintf(why, sizeof(why), "%s", c->error);
+        while (obtained && (back = client_grow_take_spares(c, d, ids, obtained < GP_MAX_LEASE_GRANULES ?
+                                                                      obtained : GP_MAX_LEASE_GRANULES))) {
+                obtained -= back;
+                (void) client_pool_return(c, ids, back);
+        }
+        client_set_error(c, "cannot allocate %llu bytes on device %u (%llu more granules than it had leased, asked for "
+                            "up to %d at a time): %s", (unsigned long long) size, d, (unsigned long long) lacking,
+                         GP_MAX_LEASE_GRANULES, why);
 }
 
 /*
@@ -286,6 +313,8 @@ static int grow_map_block(gpupool_client *c, unsigned d, struct heap_block *hb) 
         int r;
 
         while ((n = client_grow_shortfall(c, hb))) {
+                uint64_t batch = n < GP_MAX_LEASE_GRANULES ? n : GP_MAX_LEASE_GRANULES;
+
                 if (!drained) {
                         /* Blocks the threads' caches park, and stream-ordered frees done, may leave granules idle. */
                         drained = true;
@@ -294,27 +323,13 @@ static int grow_map_block(gpupool_client *c, unsigned d, struct heap_block *hb) 
                                 (void) client_stream_reap(c, false);
                         continue;
                 }
-                r = lease_granules(c, d, n < GP_MAX_LEASE_GRANULES ? n : GP_MAX_LEASE_GRANULES);
-                if (r < 0 && obtained) {
-                        uint64_t ids[GP_MAX_LEASE_GRANULES];
-                        uint64_t lacking = n + obtained;
-                        char why[sizeof(c->error)];
-                        size_t back;
-
-                        /* A block of more than one lease's granules: those leased for it go back at once. */
-                        snprintf(why, sizeof(why), "%s", c->error);
-                        while (obtained && (back = client_grow_take_spares(c, d, ids, obtained < GP_MAX_LEASE_GRANULES ?
-                                                                                              obtained : GP_MAX_LEASE_GRANULES))) {
-                                obtained -= back;
-                                (void) client_pool_return(c, ids, back);
-                        }
-                        client_set_error(c, "cannot allocate %llu bytes on device %u (%llu more granules than it had "
-                                            "leased, asked for up to %d at a time): %s", (unsigned long long) hb->size, d,
-                                         (unsigned long long) lacking, GP_MAX_LEASE_GRANULES, why);
-                }
-                if (r < 0)
+                r = lease_granules(c, d, batch);
+                if (r < 0) {
+                        if (obtained)
+                                return_leased(c, d, hb->size, n + obtained, obtained);
                         return r;
-                obtained += n < GP_MAX_LEASE_GRANULES ? n : GP_MAX_LEASE_GRANULES;
+                }
+                obtained += batch;
         }
         return client_grow_take(c, hb);
 }
@@ -326,19 +341,12 @@ static int grow_map_block(gpupool_client *c, unsigned d, struct heap_block *hb) 
  * the error set. Locked.
  */
 static int range_full(gpupool_client *c, unsigned d, uint64_t rsize) {
-        Gpupool__Envelope req = GPUPOOL__ENVELOPE__INIT, *rep;
-        Gpupool__LeaseRequest lr = GPUPOOL__LEASE_REQUEST__INIT;
+        Gpupool__Envelope *rep;
         uint64_t id;
         size_t nfds;
         int r, fd = -1;
 
-        if (client_daemon_gone(c))
-                return daemon_gone_error(c);
-        lr.device = d;
-        lr.size = rsize;
-        req.body_case = GPUPOOL__ENVELOPE__BODY_LEASE;
-        req.lease = &lr;
-        r = call_reporting(c, &req, GPUPOOL__ENVELOPE__BODY_LEASE_REPLY, &rep, true, &fd, 1, &nfds);
+        r = lease_call(c, d, rsize, 0, &rep, &fd, 1, &nfds);
         if (r < 0)
                 return r;
         id = rep->lease_reply->segment_id;

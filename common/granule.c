@@ -119,12 +119,22 @@ uint64_t granule_unmap_idle(struct granule_set *s, uint64_t want, uint64_t befor
         return done;
 }
 
-/* Takes the count of a block off granules first..last: those it leaves untouched become idle. */
+/*
+ * Takes the count of a block off granules first..last: those it leaves untouched become idle,
+ * stamped with the clock, read once and only then (a free that idles nothing reads none).
+ */
 static void uncount(struct granule_range *r, uint64_t first, uint64_t last) {
+        const struct granule_set *s = r->set;
+        uint64_t now = 0;
+        bool read = false;
+
         for (uint64_t k = first; k <= last; k++)
                 if (r->refs[k] && --r->refs[k] == 0 && bit(r->mapped, k)) {
+                        if (!read && s->ops->now)
+                                now = s->ops->now(s->ctx);
+                        read = true;
                         bit_set(r->idle, k);
-                        r->idle_since[k] = r->set->now;
+                        r->idle_since[k] = now;
                         r->idle_count++;
                 }
 }

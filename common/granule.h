@@ -31,6 +31,8 @@ struct granule_ops {
         void (*unmap)(void *ctx, struct granule_range *r, uint64_t k, uint64_t phys);
         /* Obtains n more physical granules, their ids into phys. Returns 0 or a negative errno. */
         int (*obtain)(void *ctx, uint64_t n, uint64_t *phys);
+        /* The caller's clock, read when a granule becomes idle (stamped on it); NULL: always 0. */
+        uint64_t (*now)(void *ctx);
 };
 
 /* One virtual range. Read-only outside granule.c. */
@@ -40,7 +42,7 @@ struct granule_range {
         uint32_t *refs;                 /* live blocks touching each granule */
         uint64_t *mapped, *idle;        /* bitmaps: mapped; mapped and touched by no live block */
         uint64_t *phys;                 /* the physical granule mapped at each, while mapped */
-        uint64_t *idle_since;           /* the set's clock when each became idle, while idle */
+        uint64_t *idle_since;           /* the ops' clock when each became idle, while idle */
         uint64_t mapped_count, idle_count;
 };
 
@@ -55,7 +57,6 @@ struct granule_set {
         uint64_t spare_count, spare_cap;
         uint64_t held;                  /* physical granules: mapped or spare */
         uint64_t maps, unmaps, obtained;        /* operations since init */
-        uint64_t now;                   /* the caller's clock, stamped on granules as they become idle */
 };
 
 /* Returns 0, or -EINVAL for a granule that is 0. */
@@ -81,7 +82,7 @@ void granule_give(struct granule_range *r, uint64_t offset, uint64_t size);
 
 /*
  * Unmaps up to want idle granules of every range that became idle at or before before (the
- * set's clock; UINT64_MAX: any), the highest first, into the spares. Returns how many.
+ * ops' clock; UINT64_MAX: any), the highest first, into the spares. Returns how many.
  */
 uint64_t granule_unmap_idle(struct granule_set *s, uint64_t want, uint64_t before);
 

@@ -255,16 +255,20 @@ bool testd_device_becomes(struct testd *d, unsigned index, const char *key, long
         return false;
 }
 
+long long testd_client_field(struct testd *d, pid_t pid, const char *name, const char *key) {
+        json_t *st = testd_ctl(d, "status");
+        json_t *c = pid ? status_client_by_pid(st, pid) : status_client_by_name(st, name);
+        long long v = c ? json_integer_value(json_object_get(c, key)) : -1;
+
+        json_decref(st);
+        return v;
+}
+
 bool testd_client_becomes(struct testd *d, pid_t pid, const char *name, const char *key, long long want) {
         double t0 = now_s();
 
         while (now_s() - t0 < 10.0) {
-                json_t *st = testd_ctl(d, "status");
-                json_t *c = pid ? status_client_by_pid(st, pid) : status_client_by_name(st, name);
-                bool is = c && json_integer_value(json_object_get(c, key)) == want;
-
-                json_decref(st);
-                if (is)
+                if (testd_client_field(d, pid, name, key) == want)
                         return true;
                 usleep(10000);
         }

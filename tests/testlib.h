@@ -71,6 +71,9 @@ json_t *testd_ctl(struct testd *d, const char *cmd);
 long long status_device(json_t *status, const char *key);
 json_t *status_client_by_pid(json_t *status, pid_t pid);
 json_t *status_client_by_name(json_t *status, const char *name);
+/* key of the client of pid (0: the one named name) in the daemon's status, or -1 when there is none. */
+long long testd_client_field(struct testd *d, pid_t pid, const char *name, const char *key);
+
 /*
  * Waits (up to 10 s) until the status of the client of pid (0: the one named name) has key at
  * want: what a process holds reaches the daemon with its requests and its usage reports (at

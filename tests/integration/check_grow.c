@@ -22,14 +22,6 @@
 #define KiB (1ULL << 10)
 #define MiB (1ULL << 20)
 
-static long long client_field(struct testd *d, const char *name, const char *key) {
-        json_t *st = testd_ctl(d, "status"), *c = status_client_by_name(st, name);
-        long long v = c ? json_integer_value(json_object_get(c, key)) : -1;
-
-        json_decref(st);
-        return v;
-}
-
 /* Connects in grow mode, nothing given back by itself. */
 static gpupool_client *connect_growing(struct testd *d, const char *name) {
         gpupool_client *c;
@@ -85,8 +77,8 @@ START_TEST(test_grow_in_place) {
         fill(b, 5 * MiB, 2);
         ck_assert(intact(a, 3 * MiB, 1) && intact(b, 5 * MiB, 2));
         /* The daemon counts each granule as a segment of the process's. */
-        ck_assert_int_eq(client_field(&d, "grower", "reserved_bytes"), 8 * MiB);
-        ck_assert_int_eq(client_field(&d, "grower", "segments"), 4);
+        ck_assert_int_eq(testd_client_field(&d, 0, "grower", "reserved_bytes"), 8 * MiB);
+        ck_assert_int_eq(testd_client_field(&d, 0, "grower", "segments"), 4);
 
         /* a freed: its first granule is idle (the second holds b too). */
         ck_assert_int_eq(gpupool_free(c, a), 0);
@@ -122,14 +114,14 @@ START_TEST(test_grow_in_place) {
         ck_assert_int_eq(gpupool_trim(c), 0);
         ck_assert_uint_eq(stats(c).mapped_segments, 3);         /* x's granules 4 to 6 */
         ck_assert(intact(x, 6 * MiB, 3));
-        ck_assert_int_eq(client_field(&d, "grower", "reserved_bytes"), 6 * MiB);
+        ck_assert_int_eq(testd_client_field(&d, 0, "grower", "reserved_bytes"), 6 * MiB);
         ck_assert_int_eq(gpupool_free(c, x), 0);
         ck_assert_int_eq(gpupool_trim(c), 0);
         st = stats(c);
         ck_assert_uint_eq(st.mapped_bytes, 0);
         ck_assert_uint_eq(gpupool_cached_bytes(c), 0);
-        ck_assert_int_eq(client_field(&d, "grower", "reserved_bytes"), 0);
-        ck_assert_int_eq(client_field(&d, "grower", "held_free_bytes"), 0);
+        ck_assert_int_eq(testd_client_field(&d, 0, "grower", "reserved_bytes"), 0);
+        ck_assert_int_eq(testd_client_field(&d, 0, "grower", "held_free_bytes"), 0);
         json_decref(testd_ctl(&d, "check"));
 
         /* A reconnect forgets the ranges; the next allocation sets them up anew. */
@@ -171,7 +163,7 @@ START_TEST(test_grow_block_of_many_leases) {
         gpupool_last_error(c, msg, sizeof(msg));
         ck_assert_msg(strstr(msg, "cannot allocate 629145600 bytes on device 0") && strstr(msg, "device 0 is full"), "%s", msg);
         ck_assert_uint_eq(stats(c).mapped_segments, 1);
-        ck_assert_int_eq(client_field(&d, "big", "reserved_bytes"), 2 * MiB);
+        ck_assert_int_eq(testd_client_field(&d, 0, "big", "reserved_bytes"), 2 * MiB);
         /* And what is left serves. */
         ck_assert_int_eq(gpupool_alloc(c, 0, 500 * MiB, &p), 0);
         ck_assert_int_eq(gpupool_free(c, p), 0);
@@ -194,18 +186,18 @@ START_TEST(test_grow_limit) {
         ck_assert_int_eq(gpupool_free(c, p), 0);
         /* Its 20 granules serve the next block where they are; 5 more are leased. */
         ck_assert_int_eq(gpupool_alloc(c, 0, 50 * MiB, &p), 0);
-        ck_assert_int_eq(client_field(&d, "limited", "reserved_bytes"), 50 * MiB);
+        ck_assert_int_eq(testd_client_field(&d, 0, "limited", "reserved_bytes"), 50 * MiB);
         /* Over the limit: refused, saying so, with nothing more leased. */
         ck_assert_int_eq(gpupool_alloc(c, 0, 20 * MiB, &q), -EDQUOT);
         gpupool_last_error(c, msg, sizeof(msg));
         ck_assert_msg(strstr(msg, "over its limit of 64.0 MiB"), "%s", msg);
-        ck_assert_int_eq(client_field(&d, "limited", "reserved_bytes"), 50 * MiB);
+        ck_assert_int_eq(testd_client_field(&d, 0, "limited", "reserved_bytes"), 50 * MiB);
         ck_assert_uint_eq(stats(c).mapped_segments, 25);
         /* Larger than the device and its range: the daemon's verdict all the same, the limit first. */
         ck_assert_int_eq(gpupool_alloc(c, 0, 2ULL << 30, &q), -EDQUOT);
         gpupool_last_error(c, msg, sizeof(msg));
         ck_assert_msg(strstr(msg, "over its limit of 64.0 MiB"), "%s", msg);
-        ck_assert_int_eq(client_field(&d, "limited", "reserved_bytes"), 50 * MiB);
+        ck_assert_int_eq(testd_client_field(&d, 0, "limited", "reserved_bytes"), 50 * MiB);
         /* 14 MiB fits under it. */
         ck_assert_int_eq(gpupool_alloc(c, 0, 14 * MiB, &q), 0);
         fill(q, 14 * MiB, 6);
@@ -229,13 +221,13 @@ START_TEST(test_grow_idle_granules_go_back) {
         ck_assert_int_eq(gpupool_alloc(c, 0, 3 * MiB, &p), 0);
         ck_assert_int_eq(gpupool_alloc(c, 0, 64 * KiB, &q), 0);
         ck_assert_int_eq(gpupool_free(c, p), 0);
-        ck_assert_int_eq(client_field(&d, "idle", "reserved_bytes"), 6 * MiB);
+        ck_assert_int_eq(testd_client_field(&d, 0, "idle", "reserved_bytes"), 6 * MiB);
         /* The control thread looks once a second: within a few, the idle granules are the daemon's again. */
         ck_assert(testd_client_becomes(&d, 0, "idle", "reserved_bytes", 2 * MiB));
         ck_assert_int_eq(testd_device(&d, 0, "cached_bytes"), 4 * MiB);
         ck_assert_uint_eq(stats(c).mapped_segments, 1);         /* the small block's granule stays */
         ck_assert_int_eq(gpupool_alloc(c, 0, 3 * MiB, &p), 0);
-        ck_assert_int_eq(client_field(&d, "idle", "reserved_bytes"), 6 * MiB);
+        ck_assert_int_eq(testd_client_field(&d, 0, "idle", "reserved_bytes"), 6 * MiB);
         ck_assert_int_eq(gpupool_free(c, p), 0);
         ck_assert_int_eq(gpupool_free(c, q), 0);
         gpupool_disconnect(c);
@@ -281,14 +273,14 @@ START_TEST(test_grow_reclaim) {
         pid = spawn(idler_main, &d, pipes);
         ck_assert_int_eq(read(ready[0], &ch, 1), 1);
         ck_assert_int_eq(ch, 'y');
-        ck_assert_int_eq(client_field(&d, "idler", "reserved_bytes"), 700 * MiB);
+        ck_assert_int_eq(testd_client_field(&d, 0, "idler", "reserved_bytes"), 700 * MiB);
         ck_assert(testd_client_becomes(&d, 0, "idler", "held_free_bytes", 700 * MiB));
         /* 700 MiB fits only with what the idler holds free: it gives back granules, more than one answer's 256. */
         b = connect_growing(&d, "needy");
         ck_assert_int_eq(gpupool_alloc(b, 0, 700 * MiB, &p), 0);
         fill(p, 700 * MiB, 7);
         ck_assert(intact(p, 700 * MiB, 7));
-        ck_assert_int_le(client_field(&d, "idler", "reserved_bytes"), 1024 * MiB - 700 * MiB);
+        ck_assert_int_le(testd_client_field(&d, 0, "idler", "reserved_bytes"), 1024 * MiB - 700 * MiB);
         json_decref(testd_ctl(&d, "check"));
         ck_assert_int_eq(gpupool_free(b, p), 0);
         ck_assert_int_eq(write(go[1], "g", 1), 1);
@@ -356,7 +348,7 @@ START_TEST(test_grow_threads) {
         ck_assert_uint_eq(stats(c).live_blocks, 0);
         ck_assert_int_eq(gpupool_trim(c), 0);
         ck_assert_uint_eq(stats(c).mapped_bytes, 0);
-        ck_assert_int_eq(client_field(&d, "threads", "reserved_bytes"), 0);
+        ck_assert_int_eq(testd_client_field(&d, 0, "threads", "reserved_bytes"), 0);
         json_decref(testd_ctl(&d, "check"));
         gpupool_disconnect(c);
         ck_assert_int_eq(testd_stop(&d), 0);

@@ -20,14 +20,6 @@
 #define KiB (1ULL << 10)
 #define MiB (1ULL << 20)
 
-static long long client_field(struct testd *d, const char *name, const char *key) {
-        json_t *st = testd_ctl(d, "status"), *c = status_client_by_name(st, name);
-        long long v = c ? json_integer_value(json_object_get(c, key)) : -1;
-
-        json_decref(st);
-        return v;
-}
-
 static gpupool_client *connect_leasing(struct testd *d, const char *name) {
         gpupool_client *c;
 
@@ -69,17 +61,17 @@ START_TEST(test_steady_state_asks_nothing) {
         ck_assert_uint_eq(st.segments_imported, first.segments_imported);
         ck_assert_uint_eq(st.mapped_bytes, first.mapped_bytes);
         /* The daemon counts what the process leases; it heard what it holds with its last lease. */
-        ck_assert_int_eq(client_field(&d, "steady", "reserved_bytes"), (long long) st.mapped_bytes);
-        ck_assert_int_eq(client_field(&d, "steady", "reserved_bytes"), (long long) st.mapped_bytes);
-        ck_assert_int_ge(client_field(&d, "steady", "report_age_ms"), 0);
+        ck_assert_int_eq(testd_client_field(&d, 0, "steady", "reserved_bytes"), (long long) st.mapped_bytes);
+        ck_assert_int_eq(testd_client_field(&d, 0, "steady", "reserved_bytes"), (long long) st.mapped_bytes);
+        ck_assert_int_ge(testd_client_field(&d, 0, "steady", "report_age_ms"), 0);
         ck_assert_int_eq(testd_device(&d, 0, "reserved_bytes"), (long long) st.mapped_bytes);
         /* Trimmed, every segment goes back, and the report that came with it says so. */
         ck_assert_int_eq(gpupool_trim(c), 0);
         ck_assert_int_eq(gpupool_stats(c, &st), 0);
         ck_assert_uint_eq(st.mapped_bytes, 0);
         ck_assert_uint_eq(gpupool_cached_bytes(c), 0);
-        ck_assert_int_eq(client_field(&d, "steady", "reserved_bytes"), 0);
-        ck_assert_int_eq(client_field(&d, "steady", "held_free_bytes"), 0);
+        ck_assert_int_eq(testd_client_field(&d, 0, "steady", "reserved_bytes"), 0);
+        ck_assert_int_eq(testd_client_field(&d, 0, "steady", "held_free_bytes"), 0);
         ck_assert_int_eq(testd_device(&d, 0, "cached_bytes"), (long long) first.mapped_bytes);
         json_decref(testd_ctl(&d, "check"));        /* every invariant of the daemon holds */
         gpupool_disconnect(c);
@@ -131,7 +123,7 @@ static void elasticity(size_t block) {
         pid = spawn(idler_main, &d, &a);
         ck_assert_int_eq(read(a.ready[0], &ready, 1), 1);
         ck_assert_int_eq(ready, 'y');
-        ck_assert_int_ge(client_field(&d, "idler", "reserved_bytes"), 700 * MiB);
+        ck_assert_int_ge(testd_client_field(&d, 0, "idler", "reserved_bytes"), 700 * MiB);
         /* A holds nothing in use and everything leased; B's 700 MiB fits only with it back. */
         b = connect_leasing(&d, "needy");
         t0 = now_s();
@@ -139,7 +131,7 @@ static void elasticity(size_t block) {
         took = now_s() - t0;
         ck_assert_msg(took < 1.0, "took %.3f s", took);
         ck_assert_int_gt(testd_device(&d, 0, "reclaims_total"), 0);
-        ck_assert_int_lt(client_field(&d, "idler", "reserved_bytes"), 324 * MiB);
+        ck_assert_int_lt(testd_client_field(&d, 0, "idler", "reserved_bytes"), 324 * MiB);
         ck_assert_int_eq(gpupool_free(b, p), 0);
         gpupool_disconnect(b);
         ck_assert_int_eq(write(a.go[1], "g", 1), 1);
@@ -223,7 +215,7 @@ START_TEST(test_parked_lease_still_answers_reclaim) {
         took = now_s() - t0;
         ck_assert_msg(took < 10.0, "took %.3f s", took);
         ck_assert(!__atomic_load_n(&b.done, __ATOMIC_ACQUIRE));
-        ck_assert_int_eq(client_field(&d, "holder", "reserved_bytes"), 0);
+        ck_assert_int_eq(testd_client_field(&d, 0, "holder", "reserved_bytes"), 0);
 
         /* The hog gives its segment back: B's lease gets the memory. */
         rep = raw_return(hog, &hog_segment, 1, NULL);
@@ -277,7 +269,7 @@ START_TEST(test_limit_makes_room_from_empty_segments) {
         ck_assert_int_eq(gpupool_free(c, p), 0);
         /* 40 MiB held empty + a 50 MiB segment is over 64 MiB: the empty one goes back first. */
         ck_assert_int_eq(gpupool_alloc(c, 0, 50 * MiB, &p), 0);
-        ck_assert_int_eq(client_field(&d, "limited", "reserved_bytes"), 50 * MiB);
+        ck_assert_int_eq(testd_client_field(&d, 0, "limited", "reserved_bytes"), 50 * MiB);
         /* In use, nothing is given back: the limit refuses, saying so. */
         ck_assert_int_eq(gpupool_alloc(c, 0, 20 * MiB, &q), -EDQUOT);
         gpupool_last_error(c, msg, sizeof(msg));
@@ -342,12 +334,12 @@ START_TEST(test_thread_caches) {
         ck_assert_uint_eq(st.cached_bytes, 2 * MiB);    /* parked counts as the pool's free */
         /* Parked is not in use: the daemon hears 0; the segment is not empty while the block is parked. */
         ck_assert(testd_client_becomes(&d, 0, "cached", "in_use_bytes", 0));
-        ck_assert_int_eq(client_field(&d, "cached", "held_free_bytes"), 0);
+        ck_assert_int_eq(testd_client_field(&d, 0, "cached", "held_free_bytes"), 0);
 
         /* Another process's 4 MiB needs that segment: the daemon asks, and the cache lets go of it. */
         other = connect_leasing(&d, "needy");
         ck_assert_int_eq(gpupool_alloc(other, 0, 4 * MiB, &q), 0);
-        ck_assert_int_eq(client_field(&d, "cached", "reserved_bytes"), 0);
+        ck_assert_int_eq(testd_client_field(&d, 0, "cached", "reserved_bytes"), 0);
         ck_assert_int_eq(gpupool_free(other, q), 0);
         ck_assert_int_eq(gpupool_trim(other), 0);
 
@@ -357,7 +349,7 @@ START_TEST(test_thread_caches) {
         ck_assert_int_eq(pthread_join(thread, NULL), 0);
         ck_assert_int_eq(t.failures, 0);
         ck_assert(testd_client_becomes(&d, 0, "cached", "held_free_bytes", 2 * MiB));
-        ck_assert_int_eq(client_field(&d, "cached", "in_use_bytes"), 0);
+        ck_assert_int_eq(testd_client_field(&d, 0, "cached", "in_use_bytes"), 0);
 
         /* A handle disconnected while a thread's cache holds a block of it; the thread goes on with another. */
         ck_assert_int_eq(pipe(t.go), 0);

@@ -391,14 +391,6 @@ static void unkeep(struct keeper *k, pid_t pid) {
         close(k->ready[0]), close(k->ready[1]), close(k->go[0]), close(k->go[1]);
 }
 
-static long long client_field(struct testd *d, pid_t pid, const char *key) {
-        json_t *st = testd_ctl(d, "status"), *c = status_client_by_pid(st, pid);
-        long long v = c ? json_integer_value(json_object_get(c, key)) : -1;
-
-        json_decref(st);
-        return v;
-}
-
 START_TEST(test_reclaim_from_a_client_that_makes_no_call) {
         struct keeper k;
         gpupool_client *c;
@@ -410,7 +402,7 @@ START_TEST(test_reclaim_from_a_client_that_makes_no_call) {
         /* reclaim_timeout is the default, 100 ms: the keeper's library must answer within it. */
         start(&d, "[pool]\nreclaim_timeout = 100ms\n", "64M");
         pid = keep(&d, &k, 40 * MiB);
-        ck_assert_int_eq(client_field(&d, pid, "reserved_bytes"), 40 * MiB);   /* held free, not cached */
+        ck_assert_int_eq(testd_client_field(&d, pid, NULL, "reserved_bytes"), 40 * MiB);   /* held free, not cached */
         ck_assert(testd_client_becomes(&d, pid, NULL, "in_use_bytes", 0));
         ck_assert_int_eq(testd_device(&d, 0, "cached_bytes"), 0);
         ck_assert_int_eq(gpupool_connect(d.sock, "needy", &c), 0);
@@ -418,7 +410,7 @@ START_TEST(test_reclaim_from_a_client_that_makes_no_call) {
         ck_assert_int_eq(gpupool_alloc(c, 0, 40 * MiB, &p), 0);
         ck_assert_msg(now_s() - t0 < 0.1 + 0.5, "the allocation waited %.3f s", now_s() - t0);
         ck_assert_int_eq(testd_device(&d, 0, "reclaims_total"), 1);
-        ck_assert_int_eq(client_field(&d, pid, "reserved_bytes"), 0);
+        ck_assert_int_eq(testd_client_field(&d, pid, NULL, "reserved_bytes"), 0);
         gpupool_disconnect(c);
         unkeep(&k, pid);
         stop(&d);
@@ -450,7 +442,7 @@ START_TEST(test_granule_lease_waits_for_reclaim) {
                 close(fds[i]);
         gpupool__envelope__free_unpacked(rep, NULL);
         ck_assert_int_eq(testd_device(&d, 0, "reclaims_total"), 1);
-        ck_assert_int_eq(client_field(&d, pid, "reserved_bytes"), 0);
+        ck_assert_int_eq(testd_client_field(&d, pid, NULL, "reserved_bytes"), 0);
         ck_assert_int_eq(testd_device(&d, 0, "reserved_bytes") - testd_device(&d, 0, "cached_bytes"), 40 * MiB);
         close(sock);
         unkeep(&k, pid);
@@ -766,7 +758,7 @@ START_TEST(test_trim_and_flush_tenant) {
         while (now_s() - t0 < 10 && testd_device(&d, 0, "cached_bytes") != 12 * MiB)
                 ;
         ck_assert_int_eq(testd_device(&d, 0, "cached_bytes"), 12 * MiB);
-        ck_assert_int_eq(client_field(&d, pid, "reserved_bytes"), 0);
+        ck_assert_int_eq(testd_client_field(&d, pid, NULL, "reserved_bytes"), 0);
         ck_assert_int_eq(testd_device(&d, 0, "reclaims_total"), 1);
         unkeep(&k, pid);
 
