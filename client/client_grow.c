@@ -325,22 +325,33 @@ void client_grow_give(gpupool_client *c, struct heap_segment *s, uint64_t offset
         granule_give(range_of(g, s), offset, size);
 }
 
+/* Lets go of the n granules of g taken out of its set (phys), their segment ids into ids. */
+static void drop_all(struct client_grow *g, const uint64_t *phys, size_t n, uint64_t *ids) {
+        for (size_t i = 0; i < n; i++) {
+                ids[i] = g->granules[phys[i]].segment_id;
+                granule_drop(g, phys[i]);
+        }
+}
+
 size_t client_grow_take_free(gpupool_client *c, int device, uint64_t want, uint64_t before_ms, uint64_t *ids, size_t max,
                              uint64_t *ret_bytes) {
+        uint64_t phys[CLIENT_RETURN_BATCH];
         size_t n = 0;
 
+        if (max > CLIENT_RETURN_BATCH)
+                max = CLIENT_RETURN_BATCH;
         for (unsigned d = 0; d < c->device_count && n < max && (uint64_t) n * G < want; d++) {
                 struct client_grow *g = c->devices[d].grow;
-                uint64_t left = max - n;
+                uint64_t left = max - n, got;
 
                 if (!g || (device >= 0 && (unsigned) device != d))
                         continue;
                 if (want != UINT64_MAX && (want - (uint64_t) n * G + G - 1) / G < left)
                         left = (want - (uint64_t) n * G + G - 1) / G;
-                /* Spares first (mapped nowhere), then idle granules old enough, the highest first. */
-                if (g->set.spare_count < left)
-                        (void) granule_unmap_idle(&g->set, left - g->set.spare_count, before_ms);
-                n += client_grow_take_spares(c, d, ids + n, left);
+                /* Spares free long enough first (mapped nowhere), then idle granules, the highest first. */
+                got = granule_release(&g->set, phys, left, before_ms);
+                drop_all(g, phys, got, ids + n);
+                n += got;
         }
         *ret_bytes = (uint64_t) n * G;
         return n;
@@ -353,11 +364,8 @@ size_t client_grow_take_spares(gpupool_client *c, unsigned d, uint64_t *ids, siz
 
         if (!g)
                 return 0;
-        n = granule_release_spares(&g->set, phys, max < CLIENT_RETURN_BATCH ? max : CLIENT_RETURN_BATCH);
-        for (size_t i = 0; i < n; i++) {
-                ids[i] = g->granules[phys[i]].segment_id;
-                granule_drop(g, phys[i]);
-        }
+        n = granule_release_spares(&g->set, phys, max < CLIENT_RETURN_BATCH ? max : CLIENT_RETURN_BATCH, UINT64_MAX);
+        drop_all(g, phys, n, ids);
         return n;
 }
 

@@ -34,7 +34,8 @@ int granule_set_init(struct granule_set *s, uint64_t granule_bytes, const struct
 
 void granule_set_destroy(struct granule_set *s) {
         free(s->spare);
-        s->spare = NULL;
+        free(s->spare_since);
+        s->spare = s->spare_since = NULL;
         s->spare_count = s->spare_cap = 0;
 }
 
@@ -77,6 +78,14 @@ void granule_range_destroy(struct granule_range *r) {
         *r = (struct granule_range) { 0 };
 }
 
+/* Stamps spares i..i + n - 1 free from now. */
+static void stamp(struct granule_set *s, uint64_t i, uint64_t n) {
+        uint64_t now = s->ops->now ? s->ops->now(s->ctx) : 0;
+
+        while (n-- > 0)
+                s->spare_since[i++] = now;
+}
+
 /* Makes room in the spare array for n physical granules in all. Returns 0 or -ENOMEM. */
 static int spare_reserve(struct granule_set *s, uint64_t n) {
         uint64_t cap = s->spare_cap ? s->spare_cap : 64, *p;
@@ -89,6 +98,10 @@ static int spare_reserve(struct granule_set *s, uint64_t n) {
         if (!p)
                 return -ENOMEM;
         s->spare = p;
+        p = realloc(s->spare_since, cap * sizeof(*p));
+        if (!p)
+                return -ENOMEM;         /* the larger spare array is harmless: cap still says the smaller */
+        s->spare_since = p;
         s->spare_cap = cap;
         return 0;
 }
@@ -111,6 +124,7 @@ uint64_t granule_unmap_idle(struct granule_set *s, uint64_t want, uint64_t befor
                                 r->idle_count--;
                                 r->mapped_count--;
                                 s->ops->unmap(s->ctx, r, k, r->phys[k]);
+                                s->spare_since[s->spare_count] = r->idle_since[k];
                                 s->spare[s->spare_count++] = r->phys[k];
                                 s->unmaps++;
                                 done++;
@@ -173,6 +187,7 @@ int granule_take(struct granule_range *r, uint64_t offset, uint64_t size) {
                 if ((err = spare_reserve(s, s->held + n)) < 0 ||
                     (err = s->ops->obtain(s->ctx, n, s->spare + s->spare_count)) < 0)
                         goto undo;
+                stamp(s, s->spare_count, n);
                 s->spare_count += n;
                 s->held += n;
                 s->obtained += n;
@@ -219,6 +234,7 @@ int granule_add_spares(struct granule_set *s, const uint64_t *phys, uint64_t n) 
         if (spare_reserve(s, s->held + n) < 0)
                 return -ENOMEM;
         memcpy(s->spare + s->spare_count, phys, n * sizeof(*phys));
+        stamp(s, s->spare_count, n);
         s->spare_count += n;
         s->held += n;
         s->obtained += n;
@@ -240,13 +256,32 @@ void granule_give(struct granule_range *r, uint64_t offset, uint64_t size) {
                 uncount(r, first, last);
 }
 
-uint64_t granule_release_spares(struct granule_set *s, uint64_t *phys, uint64_t max) {
-        uint64_t n = s->spare_count < max ? s->spare_count : max;
+uint64_t granule_release_spares(struct granule_set *s, uint64_t *phys, uint64_t max, uint64_t before) {
+        uint64_t n = 0, kept = 0;
 
-        for (uint64_t i = 0; i < n; i++)
-                phys[i] = s->spare[--s->spare_count];
+        /* From the bottom, where the oldest lie (granule_take() uses the top); the rest keep their order. */
+        for (uint64_t i = 0; i < s->spare_count; i++) {
+                if (n < max && s->spare_since[i] <= before) {
+                        phys[n++] = s->spare[i];
+                        continue;
+                }
+                s->spare[kept] = s->spare[i];
+                s->spare_since[kept++] = s->spare_since[i];
+        }
+        s->spare_count = kept;
         s->held -= n;
         return n;
+}
+
+uint64_t granule_release(struct granule_set *s, uint64_t *phys, uint64_t max, uint64_t before) {
+        uint64_t old = 0;
+
+        for (uint64_t i = 0; i < s->spare_count; i++)
+                old += s->spare_since[i] <= before;
+        /* Those it unmaps become spares free since before or earlier. */
+        if (old < max)
+                (void) granule_unmap_idle(s, max - old, before);
+        return granule_release_spares(s, phys, max, before);
 }
 
 #define FAIL(...)                                       \

@@ -54,6 +54,7 @@ struct granule_set {
         struct granule_range *ranges[GRANULE_MAX_RANGES];
         unsigned range_count;
         uint64_t *spare;                /* physical granules mapped nowhere */
+        uint64_t *spare_since;          /* the ops' clock when each became free (obtained, or idle) */
         uint64_t spare_count, spare_cap;
         uint64_t held;                  /* physical granules: mapped or spare */
         uint64_t maps, unmaps, obtained;        /* operations since init */
@@ -94,14 +95,23 @@ uint64_t granule_unmap_idle(struct granule_set *s, uint64_t want, uint64_t befor
  */
 uint64_t granule_shortfall(const struct granule_range *r, uint64_t offset, uint64_t size);
 
-/* Adds n physical granules obtained by the caller to the spares. Returns 0, or -ENOMEM with none added. */
+/* Adds n physical granules obtained by the caller to the spares, free from now on. Returns 0, or -ENOMEM with none added. */
 int granule_add_spares(struct granule_set *s, const uint64_t *phys, uint64_t n);
 
 /* Physical granules held that no live block touches: idle in every range, and spare. */
 uint64_t granule_free_count(const struct granule_set *s);
 
-/* Takes up to max spares out of the set (to give them back), their ids into phys. Returns how many. */
-uint64_t granule_release_spares(struct granule_set *s, uint64_t *phys, uint64_t max);
+/*
+ * Takes up to max spares free since at or before before (UINT64_MAX: any) out of the set, to
+ * give them back, the oldest first, their ids into phys. Returns how many.
+ */
+uint64_t granule_release_spares(struct granule_set *s, uint64_t *phys, uint64_t max, uint64_t before);
+
+/*
+ * Takes up to max granules no live block touches, free since at or before before, out of the
+ * set: spares first, then idle granules (unmapped, the highest first). Returns how many.
+ */
+uint64_t granule_release(struct granule_set *s, uint64_t *phys, uint64_t max, uint64_t before);
 
 /* Checks every count and bitmap against the others. Returns 0, or -EUCLEAN with what is wrong in why. */
 int granule_check(const struct granule_set *s, char *why, size_t why_size);

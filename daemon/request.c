@@ -301,12 +301,13 @@ static void headroom_text(const struct pool_stats *st, uint64_t segment, char *b
  * Holds lease request id back (the reply waits, parked) until memory comes back or
  * reclaim_timeout passes: asked bytes from clients (reclaim), or none (a zeroing under way).
  */
-static void park(struct session *s, uint64_t id, uint32_t device, uint64_t size, unsigned granules, uint64_t asked,
-                 unsigned clients, const struct pool_stats *st, struct reply *ret) {
+static void park(struct session *s, uint64_t id, uint32_t device, uint64_t size, unsigned granules, unsigned ahead,
+                 uint64_t asked, unsigned clients, const struct pool_stats *st, struct reply *ret) {
         s->parked_id = id;
         s->parked_device = device;
         s->parked_size = size;
         s->parked_granules = granules;
+        s->parked_ahead = ahead;
         s->parked_asked_bytes = asked;
         s->parked_asked_clients = clients;
         s->parked_cached_before = st->cached_bytes;
@@ -336,12 +337,32 @@ static int lease_granules(struct pool *p, struct pool_owner *o, unsigned n, uint
 }
 
 /*
+ * After a granule lease of n granules: up to ahead more, into leases + n, as long as each fits
+ * at once (under the limits, in memory the pool has; no one is asked for any, nothing waits).
+ * Returns how many.
+ */
+static unsigned lease_ahead(struct pool *p, struct pool_owner *o, unsigned n, unsigned ahead, uint64_t headroom,
+                            struct pool_lease *leases) {
+        unsigned got = 0;
+
+        while (got < ahead) {
+                uint64_t taken = (uint64_t) (n + got + 1) * GP_GRANULE_BYTES;
+
+                /* A granule being zeroed (-EINPROGRESS) goes to the cache when it is done: it stops this too. */
+                if (taken > headroom || pool_lease_granule(p, o, headroom - (taken - GP_GRANULE_BYTES), &leases[n + got]) < 0)
+                        break;
+                got++;
+        }
+        return got;
+}
+
+/*
  * One try at a lease, of request id: a segment for size bytes, or (granules) that many
  * granules, size being their bytes. Fills *ret with the reply and returns true, or returns
  * false when the request waits (parked) for other clients to give memory back.
  */
 static bool lease_attempt(struct session *s, uint64_t id, uint32_t device, uint64_t size, unsigned granules,
-                          enum attempt attempt, struct reply *ret) {
+                          unsigned ahead, enum attempt attempt, struct reply *ret) {
         struct node *node = s->node;
         Gpupool__LeaseReply lr = GPUPOOL__LEASE_REPLY__INIT;
         char why[GP_MAX_ERROR_BYTES], b1[GP_SIZE_FORMAT_MAX], b2[GP_SIZE_FORMAT_MAX], b3[GP_SIZE_FORMAT_MAX];
@@ -370,7 +391,7 @@ static bool lease_attempt(struct session *s, uint64_t id, uint32_t device, uint6
                 s->parked_zeroing = true;
                 s->parked_zero_seq = node->zeroings_ended;
                 if (attempt == ATTEMPT_FIRST) {
-                        park(s, id, device, size, granules, 0, 0, &st, ret);
+                        park(s, id, device, size, granules, ahead, 0, 0, &st, ret);
                         session_log(s, LOG_LEVEL_DEBUG, "client %llu: lease of %" PRIu64 " bytes on device %u waits "
                                     "for a segment being zeroed", (unsigned long long) s->id, size, device);
                         return false;
@@ -398,7 +419,7 @@ static bool lease_attempt(struct session *s, uint64_t id, uint32_t device, uint6
                 uint64_t asked = reclaim_ask(node, s, device, pool_min_segment_bytes(size), &clients);
 
                 if (clients) {
-                        park(s, id, device, size, granules, asked, clients, &st, ret);
+                        park(s, id, device, size, granules, ahead, asked, clients, &st, ret);
                         return false;
                 }
         }
@@ -439,6 +460,8 @@ static bool lease_attempt(struct session *s, uint64_t id, uint32_t device, uint6
                 reply_error(id, -EIO, false, why, ret);
                 return true;
         }
+        if (granules && ahead)
+                count += lease_ahead(node->pools[device], owner, granules, ahead, adm.headroom_bytes, leases);
         node->leases_total[device]++;
         reply_ok(&env, id);
         /* The ids, in the order their descriptors go (the reply's list of them, after the first). */
@@ -468,7 +491,7 @@ static bool lease_attempt(struct session *s, uint64_t id, uint32_t device, uint6
 /* Checks a lease's device and size, then makes the first attempt. */
 static void handle_lease(struct session *s, const Gpupool__Envelope *req, struct reply *ret) {
         struct node *node = s->node;
-        uint32_t device = req->lease->device, granules = req->lease->granules;
+        uint32_t device = req->lease->device, granules = req->lease->granules, ahead = req->lease->granules_ahead;
         uint64_t size = req->lease->size, id = req->id;
         char why[200];
 
@@ -480,6 +503,12 @@ static void handle_lease(struct session *s, const Gpupool__Envelope *req, struct
         if (size == 0 || size > POOL_MAX_REQUEST) {
                 snprintf(why, sizeof(why), "cannot lease a segment for %" PRIu64 " bytes: a request is 1 byte to 64 TiB",
                          size);
+                reply_error(id, -EINVAL, false, why, ret);
+                return;
+        }
+        if (req->lease->has_granules_ahead && (!req->lease->has_granules || ahead > GP_MAX_LEASE_GRANULES - granules)) {
+                snprintf(why, sizeof(why), "granules_ahead is for a granule lease, granules and granules_ahead %d at "
+                         "most together, not %u and %u", GP_MAX_LEASE_GRANULES, granules, ahead);
                 reply_error(id, -EINVAL, false, why, ret);
                 return;
         }
@@ -499,7 +528,7 @@ static void handle_lease(struct session *s, const Gpupool__Envelope *req, struct
                 }
                 size = (uint64_t) granules * GP_GRANULE_BYTES;
         }
-        (void) lease_attempt(s, id, device, size, granules, ATTEMPT_FIRST, ret);
+        (void) lease_attempt(s, id, device, size, granules, ahead, ATTEMPT_FIRST, ret);
 }
 
 static bool is_parked(const struct session *c, const void *arg) {
@@ -531,7 +560,7 @@ uint64_t request_retry_parked(struct node *node, uint64_t now_ms) {
                         continue;
                 }
 
-                if (lease_attempt(c, c->parked_id, c->parked_device, c->parked_size, c->parked_granules,
+                if (lease_attempt(c, c->parked_id, c->parked_device, c->parked_size, c->parked_granules, c->parked_ahead,
                                   final ? ATTEMPT_FINAL : ATTEMPT_RETRY, &rep)) {
                         session_unpark(c);
                         (void) session_send(c, &rep);

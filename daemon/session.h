@@ -57,6 +57,7 @@ struct session {
         uint32_t parked_device;
         uint64_t parked_size;
         unsigned parked_granules;       /* a granule lease's count (parked_size their bytes), or 0 */
+        unsigned parked_ahead;          /* and how many more it would take where they fit */
         uint64_t parked_deadline_ms;    /* on the loop's clock */
         uint64_t parked_asked_bytes;
         unsigned parked_asked_clients;

@@ -371,7 +371,9 @@ Gpupool__Envelope *raw_call(int sock, Gpupool__Envelope *env) {
 }
 
 /* Sends a LeaseRequest: a granule lease (of granules, 0 included) or a plain one. */
-static void send_lease(int sock, uint32_t device, uint64_t size, bool granule_lease, uint32_t granules) {
+/* A LeaseRequest; granules and ahead sent where granule_lease and ahead_set say. */
+static void send_lease(int sock, uint32_t device, uint64_t size, bool granule_lease, uint32_t granules, bool ahead_set,
+                       uint32_t ahead) {
         Gpupool__Envelope env = GPUPOOL__ENVELOPE__INIT;
         Gpupool__LeaseRequest lr = GPUPOOL__LEASE_REQUEST__INIT;
 
@@ -379,6 +381,8 @@ static void send_lease(int sock, uint32_t device, uint64_t size, bool granule_le
         lr.size = size;
         lr.has_granules = granule_lease;
         lr.granules = granules;
+        lr.has_granules_ahead = ahead_set;
+        lr.granules_ahead = ahead;
         env.id = 7;
         env.body_case = GPUPOOL__ENVELOPE__BODY_LEASE;
         env.lease = &lr;
@@ -388,7 +392,7 @@ static void send_lease(int sock, uint32_t device, uint64_t size, bool granule_le
 Gpupool__Envelope *raw_lease_fd(int sock, uint32_t device, uint64_t size, int *ret_fd) {
         Gpupool__Envelope *rep;
 
-        send_lease(sock, device, size, false, 0);
+        send_lease(sock, device, size, false, 0, false, 0);
         rep = raw_recv_fd(sock, ret_fd);
         ck_assert_ptr_nonnull(rep);
         return rep;
@@ -398,7 +402,17 @@ Gpupool__Envelope *raw_lease_granules(int sock, uint32_t device, uint32_t granul
                                       size_t *ret_nfds) {
         Gpupool__Envelope *rep;
 
-        send_lease(sock, device, size, true, granules);
+        send_lease(sock, device, size, true, granules, false, 0);
+        rep = recv_fds(sock, fds, ret_nfds);
+        ck_assert_ptr_nonnull(rep);
+        return rep;
+}
+
+Gpupool__Envelope *raw_lease_ahead(int sock, uint32_t device, uint64_t size, bool granule_lease, uint32_t granules,
+                                   uint32_t ahead, int *fds, size_t *ret_nfds) {
+        Gpupool__Envelope *rep;
+
+        send_lease(sock, device, size, granule_lease, granules, true, ahead);
         rep = recv_fds(sock, fds, ret_nfds);
         ck_assert_ptr_nonnull(rep);
         return rep;

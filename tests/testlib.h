@@ -117,6 +117,9 @@ Gpupool__Envelope *raw_lease_fd(int sock, uint32_t device, uint64_t size, int *r
  */
 Gpupool__Envelope *raw_lease_granules(int sock, uint32_t device, uint32_t granules, uint64_t size, int *fds,
                                       size_t *ret_nfds);
+/* The same with granules_ahead set to ahead (and granules only where granule_lease). */
+Gpupool__Envelope *raw_lease_ahead(int sock, uint32_t device, uint64_t size, bool granule_lease, uint32_t granules,
+                                   uint32_t ahead, int *fds, size_t *ret_nfds);
 /* A ReturnRequest of n segment ids, with usage reported if given, and its reply. */
 Gpupool__Envelope *raw_return(int sock, uint64_t *ids, size_t n, Gpupool__Usage *usage);
 

@@ -679,6 +679,57 @@ START_TEST(test_granule_lease_refusals) {
 }
 END_TEST
 
+/* Asks for a lease with granules_ahead that must be refused as invalid, and says why in a sentence containing text. */
+static void ahead_refused(int sock, bool granule_lease, uint32_t granules, uint32_t ahead, const char *text) {
+        int fds[GP_WIRE_MAX_FDS];
+        Gpupool__Envelope *rep;
+        size_t nfds;
+
+        rep = raw_lease_ahead(sock, 0, 2 * MiB, granule_lease, granules, ahead, fds, &nfds);
+        ck_assert_int_eq(rep->status, GPUPOOL__STATUS__STATUS_INVALID);
+        ck_assert_uint_eq(nfds, 0);
+        ck_assert_msg(rep->error && strstr(rep->error, text), "%s", rep->error ? rep->error : "(no message)");
+        gpupool__envelope__free_unpacked(rep, NULL);
+}
+
+/* Leases granules and up to ahead more; checks that got came, and closes their descriptors. */
+static void lease_ahead_gets(int sock, uint32_t granules, uint32_t ahead, size_t got) {
+        int fds[GP_WIRE_MAX_FDS];
+        Gpupool__Envelope *rep;
+        size_t nfds;
+
+        rep = raw_lease_ahead(sock, 0, 2 * MiB, true, granules, ahead, fds, &nfds);
+        ck_assert_int_eq(rep->status, GPUPOOL__STATUS__STATUS_OK);
+        ck_assert_uint_eq(nfds, got);
+        ck_assert_uint_eq(1 + rep->lease_reply->n_more_segment_ids, got);
+        for (size_t i = 0; i < nfds; i++)
+                close(fds[i]);
+        gpupool__envelope__free_unpacked(rep, NULL);
+}
+
+/*
+ * Granules asked for ahead come as far as the limit allows, and never make a lease wait or
+ * fail; asking for them wrongly is refused.
+ */
+START_TEST(test_granules_ahead) {
+        struct testd d;
+        int sock;
+
+        testd_start(&d, "--client-limit", "16M", NULL);
+        sock = raw_hello(&d, "ahead");
+        ahead_refused(sock, false, 0, 4, "granules_ahead is for a granule lease");
+        ahead_refused(sock, true, 100, 29, "not 100 and 29");
+        lease_ahead_gets(sock, 2, 3, 5);
+        /* Three of the six asked fit under the limit: the lease is granted with those. */
+        lease_ahead_gets(sock, 1, 5, 3);
+        ck_assert_int_eq(testd_device(&d, 0, "reserved_bytes") - testd_device(&d, 0, "cached_bytes"), 16 * MiB);
+        /* None fits: nothing ahead comes, and the granule asked for is refused as it would be alone. */
+        granule_lease_refused(sock, 1, 2 * MiB, GPUPOOL__STATUS__STATUS_QUOTA, "limit of 16.0 MiB");
+        close(sock);
+        ck_assert_int_eq(testd_stop(&d), 0);
+}
+END_TEST
+
 START_TEST(test_cli) {
         const char *b = build_dir();
         char cmd[512], out[4096];
@@ -915,6 +966,7 @@ Suite *suite_daemon(void) {
         tcase_add_test(tc, test_kept_descriptor_reads_nothing);
         tcase_add_test(tc, test_granule_lease);
         tcase_add_test(tc, test_granule_lease_refusals);
+        tcase_add_test(tc, test_granules_ahead);
         tcase_add_test(tc, test_cli);
         tcase_add_test(tc, test_cli_refused_over_max_clients);
         tcase_add_test(tc, test_daemon_command_line_errors);

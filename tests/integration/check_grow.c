@@ -147,11 +147,14 @@ START_TEST(test_grow_block_of_many_leases) {
         testd_start(&d, NULL);          /* 512 MiB */
         c = connect_growing(&d, "big");
         before = stats(c);
-        /* 300 MiB is 150 granules: two leases, at most 128 granules each. */
+        /*
+         * 300 MiB is 150 granules: two leases, at most 128 granules each. The second asks for one
+         * more ahead (a 128th of the 128 held), which the daemon has.
+         */
         ck_assert_int_eq(gpupool_alloc(c, 0, 300 * MiB, &p), 0);
         st = stats(c);
         ck_assert_uint_eq(st.round_trips - before.round_trips, 2);
-        ck_assert_uint_eq(st.mapped_segments, 150);
+        ck_assert_uint_eq(st.mapped_segments, 151);
         fill(p, 300 * MiB, 5);
         ck_assert(intact(p, 300 * MiB, 5));
         ck_assert_int_eq(gpupool_free(c, p), 0);
@@ -235,6 +238,33 @@ START_TEST(test_grow_idle_granules_go_back) {
 }
 END_TEST
 
+/* A granule leased ahead is free from when it came: the idle time counts from then, not from the next tick. */
+START_TEST(test_grow_ahead_waits_its_idle_time) {
+        gpupool_client *c;
+        struct testd d;
+        void *big, *small;
+
+        testd_start(&d, NULL);
+        setenv("GPUPOOL_SEGMENTS", "grow", 1);
+        setenv("GPUPOOL_IDLE_RETURN", "3s", 1);
+        ck_assert_int_eq(gpupool_connect(d.sock, "ahead", &c), 0);
+        ck_assert_int_eq(gpupool_alloc(c, 0, 256 * MiB, &big), 0);     /* 128 granules: none asked ahead */
+        ck_assert_int_eq(testd_client_field(&d, 0, "ahead", "reserved_bytes"), 256 * MiB);
+        ck_assert_int_eq(gpupool_alloc(c, 0, 64 * KiB, &small), 0);    /* one granule, and one ahead */
+        ck_assert_int_eq(testd_client_field(&d, 0, "ahead", "reserved_bytes"), 260 * MiB);
+        /* A tick has passed once the report says it free; it is still held then. */
+        ck_assert(testd_client_becomes(&d, 0, "ahead", "held_free_bytes", 2 * MiB));
+        ck_assert_int_eq(testd_client_field(&d, 0, "ahead", "reserved_bytes"), 260 * MiB);
+        /* Three seconds on, it goes back. */
+        ck_assert(testd_client_becomes(&d, 0, "ahead", "reserved_bytes", 258 * MiB));
+        ck_assert_int_eq(testd_client_field(&d, 0, "ahead", "held_free_bytes"), 0);
+        ck_assert_int_eq(gpupool_free(c, small), 0);
+        ck_assert_int_eq(gpupool_free(c, big), 0);
+        gpupool_disconnect(c);
+        ck_assert_int_eq(testd_stop(&d), 0);
+}
+END_TEST
+
 /* A process that grows to 700 MiB in blocks of 1 MiB, frees it all, and idles until told. */
 static int idler_main(struct testd *d, void *arg) {
         int *pipes = arg;
@@ -260,6 +290,7 @@ static int idler_main(struct testd *d, void *arg) {
 
 START_TEST(test_grow_reclaim) {
         int ready[2], go[2], pipes[3];
+        long long held;
         gpupool_client *b;
         struct testd d;
         char ch;
@@ -273,8 +304,11 @@ START_TEST(test_grow_reclaim) {
         pid = spawn(idler_main, &d, pipes);
         ck_assert_int_eq(read(ready[0], &ch, 1), 1);
         ck_assert_int_eq(ch, 'y');
-        ck_assert_int_eq(testd_client_field(&d, 0, "idler", "reserved_bytes"), 700 * MiB);
-        ck_assert(testd_client_becomes(&d, 0, "idler", "held_free_bytes", 700 * MiB));
+        /* 350 granules, and up to a 128th of those held asked ahead at each lease. */
+        held = testd_client_field(&d, 0, "idler", "reserved_bytes");
+        ck_assert_int_ge(held, 700 * MiB);
+        ck_assert_int_le(held, 700 * MiB + 6 * MiB);
+        ck_assert(testd_client_becomes(&d, 0, "idler", "held_free_bytes", held));
         /* 700 MiB fits only with what the idler holds free: it gives back granules, more than one answer's 256. */
         b = connect_growing(&d, "needy");
         ck_assert_int_eq(gpupool_alloc(b, 0, 700 * MiB, &p), 0);
@@ -377,6 +411,7 @@ Suite *suite_grow(void) {
         tcase_add_test(tc, test_grow_block_of_many_leases);
         tcase_add_test(tc, test_grow_limit);
         tcase_add_test(tc, test_grow_idle_granules_go_back);
+        tcase_add_test(tc, test_grow_ahead_waits_its_idle_time);
         tcase_add_test(tc, test_grow_reclaim);
         tcase_add_test(tc, test_grow_threads);
         tcase_add_test(tc, test_grow_bad_setting);

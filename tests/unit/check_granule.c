@@ -195,11 +195,11 @@ START_TEST(test_spares_given_back) {
         granule_give(&r, 0, 4 * G);
         ck_assert_uint_eq(granule_unmap_idle(&s, 100, UINT64_MAX), 4);
         ck_assert_uint_eq(s.spare_count, 4);
-        ck_assert_uint_eq(granule_release_spares(&s, phys, 3), 3);
+        ck_assert_uint_eq(granule_release_spares(&s, phys, 3, UINT64_MAX), 3);
         ck_assert_uint_eq(s.held, 2);
         check_ok(&s);
-        ck_assert_uint_eq(granule_release_spares(&s, phys, 8), 1);
-        ck_assert_uint_eq(granule_release_spares(&s, phys, 8), 0);
+        ck_assert_uint_eq(granule_release_spares(&s, phys, 8, UINT64_MAX), 1);
+        ck_assert_uint_eq(granule_release_spares(&s, phys, 8, UINT64_MAX), 0);
         ck_assert_uint_eq(s.held, 1);           /* the live block's */
         check_ok(&s);
         finish(&s, &r);
@@ -260,6 +260,42 @@ START_TEST(test_obtained_ahead) {
         ck_assert_uint_eq(granule_shortfall(&r, 0, 0), 0);
         check_ok(&s);
         t.fail_obtain = 0;
+        finish(&s, &r);
+}
+END_TEST
+
+START_TEST(test_spares_keep_their_age) {
+        struct granule_range r;
+        struct granule_set s;
+        uint64_t ahead[3] = { 7, 8, 9 }, phys[8];
+        struct rec t;
+
+        start(&s, &r, &t, 64);
+        t.clock = 100;
+        ck_assert_int_eq(granule_take(&r, 0, G), 0);
+        granule_give(&r, 0, G);                         /* idle since 100 */
+        t.clock = 300;
+        ck_assert_int_eq(granule_add_spares(&s, ahead, 3), 0);  /* free since 300 */
+        /* Obtained ahead is not old: only the granule idle since 100 goes at 200. */
+        ck_assert_uint_eq(granule_release(&s, phys, 8, 200), 1);
+        ck_assert_uint_eq(phys[0], 1000);
+        ck_assert_uint_eq(s.spare_count, 3);
+        check_ok(&s);
+        /* An idle granule unmapped into the spares keeps its own age. */
+        t.clock = 400;
+        ck_assert_int_eq(granule_take(&r, 4 * G, 2 * G), 0);    /* takes 9 and 8 */
+        t.clock = 500;
+        granule_give(&r, 4 * G, 2 * G);                 /* idle since 500 */
+        ck_assert_uint_eq(granule_unmap_idle(&s, 1, UINT64_MAX), 1);
+        ck_assert_uint_eq(granule_release_spares(&s, phys, 8, 499), 1);
+        ck_assert_uint_eq(phys[0], 7);
+        ck_assert_uint_eq(granule_release_spares(&s, phys, 8, 499), 0);
+        /* Any age: the spare first, then the idle granule. */
+        ck_assert_uint_eq(granule_release(&s, phys, 1, UINT64_MAX), 1);
+        ck_assert_uint_eq(granule_free_count(&s), 1);
+        ck_assert_uint_eq(granule_release(&s, phys, 8, UINT64_MAX), 1);
+        ck_assert_uint_eq(s.held, 0);
+        check_ok(&s);
         finish(&s, &r);
 }
 END_TEST
@@ -350,6 +386,7 @@ Suite *suite_granule(void) {
         tcase_add_test(tc, test_spares_given_back);
         tcase_add_test(tc, test_idle_return_by_age);
         tcase_add_test(tc, test_obtained_ahead);
+        tcase_add_test(tc, test_spares_keep_their_age);
         tcase_add_test(tc, test_refusals);
         tcase_add_test(tc, test_random_churn);
         suite_add_tcase(s, tc);
