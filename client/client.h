@@ -179,11 +179,13 @@ static inline bool client_daemon_gone(gpupool_client *c) {
 
 /*
  * Whether what the process leases went with the daemon: on the cuda backend it lived in the
- * daemon's context, and host memory a new daemon would hand out again. cuda-vmm memory lives
- * while this process maps it, daemon or not (the driver's rule): the pool goes on serving it.
+ * daemon's context. Host and cuda-vmm memory lives while this process maps it, daemon or not
+ * (a memfd's pages, the driver's rule for a cuMemCreate allocation), and a daemon that lives on
+ * with the connection broken keeps it this process's until it exits (its pidfd): the pool goes
+ * on serving it.
  */
 static inline bool client_memory_lost(gpupool_client *c) {
-        return !c->vmm && client_daemon_gone(c);
+        return c->cuda && !c->vmm && client_daemon_gone(c);
 }
 
 #endif

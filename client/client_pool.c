@@ -180,8 +180,10 @@ uint64_t client_pool_free_bytes(gpupool_client *c) {
 /* A lease with the daemon gone: at once, saying what the process still has. Locked. */
 static int daemon_gone_error(gpupool_client *c) {
         client_set_error(c, "gpupoold is gone (or the connection to it is)%s; gpupool_reconnect() starts anew",
-                         c->vmm ? ": this process goes on allocating from the cuda-vmm memory it holds, but cannot "
-                                  "lease more" : "");
+                         client_memory_lost(c) ? "" : c->vmm ? ": this process goes on allocating from the cuda-vmm "
+                                                               "memory it holds, but cannot lease more" :
+                                                  ": this process goes on allocating from the memory it holds, but "
+                                                  "cannot lease more");
         return -ECONNRESET;
 }
 

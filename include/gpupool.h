@@ -12,8 +12,10 @@
  *   -ENOMEM        the device is full even after the daemon released its cache
  *   -ENOENT        a pointer this client does not hold (freed twice, never allocated)
  *   -EPROTO        the daemon answered something this library does not understand
- *   -ECONNRESET    the daemon is gone; the handle is unusable except for gpupool_reconnect()
- *                  and gpupool_disconnect()
+ *   -ECONNRESET    the daemon is gone. On the cuda backend the handle is unusable except for
+ *                  gpupool_reconnect() and gpupool_disconnect(); on host and cuda-vmm, whose
+ *                  memory outlives the daemon, only what needs the daemon fails: the
+ *                  process's blocks stay valid and it allocates on within what it holds
  *   -ETIMEDOUT     the daemon did not answer within $GPUPOOL_TIMEOUT (default 30s; a
  *                  duration, 0 for no limit): it is stopped or hung. The handle is given up as
  *                  after -ECONNRESET (later calls return -ECONNRESET); blocks it holds stay
@@ -77,7 +79,8 @@ GPUPOOL_EXPORT void gpupool_disconnect(gpupool_client *client);
 /*
  * After -ECONNRESET (gpupoold stopped or crashed, and was started again): forgets every block
  * and mapping of the old daemon, which are invalid from now on (on the cuda backend the memory
- * died with the process that owned it), and connects again with the same socket and name.
+ * died with the process that owned it; on host and cuda-vmm it is let go, not adopted by the
+ * new daemon), and connects again with the same socket and name.
  * Returns 0, or connect's errors (-ECONNREFUSED while no daemon listens: call again later);
  * the handle stays usable for gpupool_reconnect() and gpupool_disconnect() either way.
  */

@@ -568,3 +568,27 @@ void check_kept_descriptor_reads_nothing(struct testd *d, uint32_t device) {
         gpupool__envelope__free_unpacked(rep, NULL);
         close(sock);
 }
+
+void run_survivors(struct testd *d, int n, int (*fn)(struct testd *d, void *arg)) {
+        struct survivor w[16];
+        pid_t pids[16];
+        char b;
+
+        ck_assert_int_le(n, 16);
+        for (int i = 0; i < n; i++) {
+                w[i].index = i;
+                ck_assert(pipe(w[i].up) == 0 && pipe(w[i].go) == 0);
+                pids[i] = spawn(fn, d, &w[i]);
+        }
+        for (int i = 0; i < n; i++)
+                ck_assert_int_eq(read(w[i].up[0], &b, 1), 1);
+        testd_crash_and_restart(d);
+        for (int i = 0; i < n; i++)
+                ck_assert_int_eq(write(w[i].go[1], "k", 1), 1);
+        for (int i = 0; i < n; i++) {
+                int status = reap(pids[i]);
+
+                ck_assert_msg(status == 0, "survivor %d failed at step %d", i, status);
+                close(w[i].up[0]), close(w[i].up[1]), close(w[i].go[0]), close(w[i].go[1]);
+        }
+}

@@ -49,6 +49,19 @@ bool testd_log_wait(struct testd *d, const char *text);
 /* Kills the daemon with SIGKILL and starts it again on the same socket, with the same arguments. */
 void testd_crash_and_restart(struct testd *d);
 
+/* A process that outlives its daemon: its index, and the pipes it says ready on and waits on. */
+struct survivor {
+        int index;
+        int up[2], go[2];               /* ready, to the test; the daemon was killed, from it (a byte) */
+};
+
+/*
+ * Runs n survivors (fn, with their struct survivor as arg) against d: once each says ready,
+ * kills the daemon and starts a new one as systemd would, lets them go on, and checks that
+ * each exits 0 (else fails, naming the survivor and its exit status: its step).
+ */
+void run_survivors(struct testd *d, int n, int (*fn)(struct testd *d, void *arg));
+
 /* SIGTERM; returns the daemon's exit status (0 after a clean stop), -1 if it was killed. */
 int testd_stop(struct testd *d);
 

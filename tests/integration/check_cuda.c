@@ -1838,11 +1838,6 @@ END_TEST
 
 /* ---- cuda-vmm memory outlives the daemon ---- */
 
-struct survivor {
-        int index;
-        int up[2], go[2];               /* ready, to the test; the daemon was killed, from it (a byte per worker) */
-};
-
 /*
  * Holds blocks with data in them; once the daemon is killed, finds the data intact, goes on
  * allocating from what it holds, and is told at once that it cannot lease more.
@@ -1888,30 +1883,10 @@ static int survivor_client(struct testd *d, void *arg) {
 }
 
 START_TEST(test_fake_vmm_survives_daemon_kill) {
-        enum { N = 4 };
-        struct survivor w[N];
-        pid_t pids[N];
         struct testd d;
-        char b;
 
         vmm_start(&d);
-        for (int i = 0; i < N; i++) {
-                w[i].index = i;
-                ck_assert(pipe(w[i].up) == 0 && pipe(w[i].go) == 0);
-                pids[i] = spawn(survivor_client, &d, &w[i]);
-        }
-        for (int i = 0; i < N; i++)
-                ck_assert_int_eq(read(w[i].up[0], &b, 1), 1);
-        /* kill -9, and a new daemon on the same socket, as systemd would restart it */
-        testd_crash_and_restart(&d);
-        for (int i = 0; i < N; i++)
-                ck_assert_int_eq(write(w[i].go[1], "k", 1), 1);
-        for (int i = 0; i < N; i++) {
-                int status = reap(pids[i]);
-
-                ck_assert_msg(status == 0, "survivor %d failed at step %d", i, status);
-                close(w[i].up[0]), close(w[i].up[1]), close(w[i].go[0]), close(w[i].go[1]);
-        }
+        run_survivors(&d, 4, survivor_client);
         cuda_stop(&d);          /* what the clients held went with their mappings: nothing is left */
 }
 END_TEST

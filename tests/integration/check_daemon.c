@@ -408,8 +408,8 @@ START_TEST(test_threads_share_a_handle) {
 END_TEST
 
 /*
- * Waits (up to 10 s) until c sees its daemon gone: an allocation served in the process until
- * then, refused after. Returns whether it did.
+ * Waits (up to 10 s) until c sees its daemon gone: an allocation that needs a lease (given
+ * back at once) is served until then, and refused after. Returns whether it did.
  */
 static bool sees_daemon_gone(gpupool_client *c) {
         double t0 = now_s();
@@ -417,11 +417,13 @@ static bool sees_daemon_gone(gpupool_client *c) {
         int r;
 
         while (now_s() - t0 < 10.0) {
-                r = gpupool_alloc(c, 0, 4096, &p);
+                r = gpupool_alloc(c, 0, 64 * MiB, &p);
                 if (r == -ECONNRESET)
                         return true;
-                if (r == 0)
+                if (r == 0) {
                         (void) gpupool_free(c, p);
+                        (void) gpupool_trim(c);
+                }
                 usleep(1000);
         }
         return false;
@@ -430,17 +432,27 @@ static bool sees_daemon_gone(gpupool_client *c) {
 START_TEST(test_daemon_gone) {
         gpupool_client *c;
         struct testd d;
+        char why[512];
         void *p, *q;
 
         testd_start(&d, NULL);
         ck_assert_int_eq(gpupool_connect(d.sock, "orphan", &c), 0);
         ck_assert_int_eq(gpupool_alloc(c, 0, 4096, &p), 0);
-        ck_assert_int_eq(testd_stop(&d), 0);
-        /* Mapped host memory stays readable; once the library has seen it go, every call says the daemon is gone. */
         memset(p, 1, 4096);
+        ck_assert_int_eq(testd_stop(&d), 0);
+        /* What needs the daemon is refused, saying so; what the process holds serves on, its data intact. */
         ck_assert(sees_daemon_gone(c));
-        ck_assert_int_eq(gpupool_alloc(c, 0, 4096, &q), -ECONNRESET);
-        ck_assert_int_eq(gpupool_free(c, p), -ECONNRESET);
+        gpupool_last_error(c, why, sizeof(why));
+        ck_assert_msg(strstr(why, "gpupoold is gone") && strstr(why, "goes on allocating from the memory it holds"),
+                      "%s", why);
+        ck_assert_uint_eq(((unsigned char *) p)[4095], 1);
+        ck_assert_int_eq(gpupool_alloc(c, 0, 4096, &q), 0);
+        memset(q, 2, 4096);
+        ck_assert_uint_eq(((unsigned char *) p)[0], 1);
+        ck_assert_int_eq(gpupool_free(c, q), 0);
+        ck_assert_int_eq(gpupool_free(c, p), 0);
+        /* Nobody to give it back to: it stays the process's. */
+        ck_assert_int_eq(gpupool_trim(c), -ECONNRESET);
         /* No daemon yet: reconnect says so, and may be called again. */
         ck_assert_int_eq(gpupool_reconnect(c), -ENOENT);
         ck_assert_int_eq(gpupool_alloc(c, 0, 4096, &p), -ECONNRESET);

@@ -3,7 +3,8 @@
  * end to end on the host backend: blocks side by side in one range, granules leased many at a
  * time and moved where they are needed, a block of more granules than one lease brings, the
  * limit and a full device leaving nothing leased, idle granules given back, another process's
- * reclaim, threads growing the ranges at once, reconnect, and a bad setting.
+ * reclaim, threads growing the ranges at once, reconnect, a bad setting, and processes in
+ * both modes that outlive a kill -9 of their daemon.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -403,6 +404,76 @@ START_TEST(test_grow_bad_setting) {
 }
 END_TEST
 
+/*
+ * Holds blocks of many sizes with data of its own (in grow mode when its index is even, whole
+ * segments when odd), says ready, and once the daemon was killed: finds its data intact,
+ * frees and allocates again from what it holds, is refused at once what needs a lease, and
+ * reconnects to the new daemon. Returns 0, or the step that failed.
+ */
+static int survivor_main(struct testd *d, void *arg) {
+        enum { N = 7 };
+        static const size_t sizes[N] = { 4096, 100000, 1 * MiB, 3 * MiB, 3 * MiB, 8 * MiB, 40 * MiB };
+        struct survivor *w = arg;
+        gpupool_client *c;
+        char err[512], b;
+        void *p[N], *big;
+        int r;
+
+        setenv("GPUPOOL_SEGMENTS", w->index % 2 ? "whole" : "grow", 1);
+        if (gpupool_connect(d->sock, "survivor", &c) < 0)
+                return 1;
+        for (int i = 0; i < N; i++) {
+                if (gpupool_alloc(c, 0, sizes[i], &p[i]) < 0)
+                        return 2;
+                fill(p[i], sizes[i], (unsigned) (w->index * 16 + i));
+        }
+        if (write(w->up[1], "r", 1) != 1 || read(w->go[0], &b, 1) != 1)
+                return 3;
+        for (int i = 0; i < N; i++)
+                if (!intact(p[i], sizes[i], (unsigned) (w->index * 16 + i)))
+                        return 4;
+        /* Freed and allocated again from what the process holds: no daemon needed. */
+        for (int round = 0; round < 3; round++) {
+                if (gpupool_free(c, p[3]) != 0 || gpupool_alloc(c, 0, sizes[3], &p[3]) != 0)
+                        return 5;
+                fill(p[3], sizes[3], (unsigned) (w->index * 16 + 3 + round));
+                if (!intact(p[4], sizes[4], (unsigned) (w->index * 16 + 4)))
+                        return 6;
+        }
+        fill(p[3], sizes[3], (unsigned) (w->index * 16 + 3));
+        /* More than it holds needs the daemon: refused at once, saying so. */
+        r = gpupool_alloc(c, 0, 256 * MiB, &big);
+        gpupool_last_error(c, err, sizeof(err));
+        if (r != -ECONNRESET || !strstr(err, "goes on allocating from the memory it holds")) {
+                fprintf(stderr, "survivor %d: %d: %s\n", w->index, r, err);
+                return 7;
+        }
+        for (int i = 0; i < N; i++)
+                if (!intact(p[i], sizes[i], (unsigned) (w->index * 16 + i)) || gpupool_free(c, p[i]) != 0)
+                        return 8;
+        /* The new daemon: a session of its own (what was held is not adopted yet, and is let go). */
+        if (gpupool_reconnect(c) != 0 || gpupool_alloc(c, 0, MiB, &big) != 0)
+                return 9;
+        fill(big, MiB, 3);
+        if (!intact(big, MiB, 3) || gpupool_free(c, big) != 0)
+                return 10;
+        gpupool_disconnect(c);
+        return 0;
+}
+
+/* kill -9 of the daemon under four processes, two in each mode: each keeps its data and goes on. */
+START_TEST(test_host_survives_daemon_kill) {
+        struct testd d;
+
+        testd_start(&d, NULL);
+        setenv("GPUPOOL_IDLE_RETURN", "0", 1);
+        run_survivors(&d, 4, survivor_main);
+        json_decref(testd_ctl(&d, "check"));
+        ck_assert_int_eq(testd_device(&d, 0, "reserved_bytes") - testd_device(&d, 0, "cached_bytes"), 0);
+        ck_assert_int_eq(testd_stop(&d), 0);
+}
+END_TEST
+
 Suite *suite_grow(void) {
         Suite *s = suite_create("grow");
         TCase *tc = tcase_create("host");
@@ -415,6 +486,7 @@ Suite *suite_grow(void) {
         tcase_add_test(tc, test_grow_reclaim);
         tcase_add_test(tc, test_grow_threads);
         tcase_add_test(tc, test_grow_bad_setting);
+        tcase_add_test(tc, test_host_survives_daemon_kill);
         tcase_set_timeout(tc, 60);
         suite_add_tcase(s, tc);
         return s;
