@@ -316,44 +316,32 @@ static void park(struct session *s, uint64_t id, uint32_t device, uint64_t size,
 }
 
 /*
- * A granule lease's segments: all of them, or none (those leased before one failed go back to
- * the cache). Each may take what is left of headroom once those before it are counted.
+ * A granule lease's n segments, all of them or none (those leased before one failed go back
+ * to the cache), then up to ahead more as long as each fits at once (no one is asked for any,
+ * nothing waits), into leases. Each may take what is left of headroom once those before it are
+ * counted. Returns how many were leased (n to n + ahead), or a negative errno.
  */
-static int lease_granules(struct pool *p, struct pool_owner *o, unsigned n, uint64_t headroom, struct pool_lease *leases) {
+static int lease_granules(struct pool *p, struct pool_owner *o, unsigned n, unsigned ahead, uint64_t headroom,
+                          struct pool_lease *leases) {
+        unsigned i;
+
         /* Over a limit as a whole: refused before any granule is made (the device's own room is found granule by granule). */
         if ((uint64_t) n * GP_GRANULE_BYTES > headroom)
                 return -EDQUOT;
-        for (unsigned i = 0; i < n; i++) {
+        for (i = 0; i < n + ahead; i++) {
                 uint64_t taken = (uint64_t) i * GP_GRANULE_BYTES;
                 int r = pool_lease_granule(p, o, headroom > taken ? headroom - taken : 0, &leases[i]);
 
+                /* One asked ahead that does not fit, or is being zeroed (-EINPROGRESS; it goes to the cache), ends them. */
+                if (r < 0 && i >= n)
+                        break;
                 if (r < 0) {
                         while (i--)
                                 pool_lease_undo(p, o, leases[i].segment_id);
                         return r;
                 }
         }
-        return 0;
-}
-
-/*
- * After a granule lease of n granules: up to ahead more, into leases + n, as long as each fits
- * at once (under the limits, in memory the pool has; no one is asked for any, nothing waits).
- * Returns how many.
- */
-static unsigned lease_ahead(struct pool *p, struct pool_owner *o, unsigned n, unsigned ahead, uint64_t headroom,
-                            struct pool_lease *leases) {
-        unsigned got = 0;
-
-        while (got < ahead) {
-                uint64_t taken = (uint64_t) (n + got + 1) * GP_GRANULE_BYTES;
-
-                /* A granule being zeroed (-EINPROGRESS) goes to the cache when it is done: it stops this too. */
-                if (taken > headroom || pool_lease_granule(p, o, headroom - (taken - GP_GRANULE_BYTES), &leases[n + got]) < 0)
-                        break;
-                got++;
-        }
-        return got;
+        return (int) i;
 }
 
 /*
@@ -380,8 +368,12 @@ static bool lease_attempt(struct session *s, uint64_t id, uint32_t device, uint6
         pool_get_stats(node->pools[device], &st);
         policy_admit(&node->policy, s->tenant, s->limit_override_bytes, owner, device, &st, &adm);
         s->parked_zeroing = false;
-        r = granules ? lease_granules(node->pools[device], owner, granules, adm.headroom_bytes, leases) :
+        r = granules ? lease_granules(node->pools[device], owner, granules, ahead, adm.headroom_bytes, leases) :
                        pool_lease(node->pools[device], owner, size, adm.headroom_bytes, &leases[0]);
+        if (r > 0) {
+                count = (unsigned) r;   /* the granules leased, those asked ahead among them */
+                r = 0;
+        }
         if (r == -EINPROGRESS) {
                 /*
                  * The segment is being zeroed for this tenant, on the GPU: wait for it parked, as
@@ -460,8 +452,6 @@ static bool lease_attempt(struct session *s, uint64_t id, uint32_t device, uint6
                 reply_error(id, -EIO, false, why, ret);
                 return true;
         }
-        if (granules && ahead)
-                count += lease_ahead(node->pools[device], owner, granules, ahead, adm.headroom_bytes, leases);
         node->leases_total[device]++;
         reply_ok(&env, id);
         /* The ids, in the order their descriptors go (the reply's list of them, after the first). */

@@ -398,24 +398,25 @@ Gpupool__Envelope *raw_lease_fd(int sock, uint32_t device, uint64_t size, int *r
         return rep;
 }
 
-Gpupool__Envelope *raw_lease_granules(int sock, uint32_t device, uint32_t granules, uint64_t size, int *fds,
-                                      size_t *ret_nfds) {
+/* Sends a LeaseRequest (send_lease()) and receives its reply, with its descriptors into fds. */
+static Gpupool__Envelope *lease_with_fds(int sock, uint32_t device, uint64_t size, bool granule_lease, uint32_t granules,
+                                         bool ahead_set, uint32_t ahead, int *fds, size_t *ret_nfds) {
         Gpupool__Envelope *rep;
 
-        send_lease(sock, device, size, true, granules, false, 0);
+        send_lease(sock, device, size, granule_lease, granules, ahead_set, ahead);
         rep = recv_fds(sock, fds, ret_nfds);
         ck_assert_ptr_nonnull(rep);
         return rep;
 }
 
+Gpupool__Envelope *raw_lease_granules(int sock, uint32_t device, uint32_t granules, uint64_t size, int *fds,
+                                      size_t *ret_nfds) {
+        return lease_with_fds(sock, device, size, true, granules, false, 0, fds, ret_nfds);
+}
+
 Gpupool__Envelope *raw_lease_ahead(int sock, uint32_t device, uint64_t size, bool granule_lease, uint32_t granules,
                                    uint32_t ahead, int *fds, size_t *ret_nfds) {
-        Gpupool__Envelope *rep;
-
-        send_lease(sock, device, size, granule_lease, granules, true, ahead);
-        rep = recv_fds(sock, fds, ret_nfds);
-        ck_assert_ptr_nonnull(rep);
-        return rep;
+        return lease_with_fds(sock, device, size, granule_lease, granules, true, ahead, fds, ret_nfds);
 }
 
 Gpupool__Envelope *raw_lease(int sock, uint32_t device, uint64_t size) {

@@ -642,18 +642,21 @@ START_TEST(test_granule_lease) {
 }
 END_TEST
 
+/* Checks that rep refuses with status, no descriptor with it, saying why in a sentence containing text; frees it. */
+static void refused(Gpupool__Envelope *rep, size_t nfds, Gpupool__Status status, const char *text) {
+        ck_assert_int_eq(rep->status, status);
+        ck_assert_uint_eq(nfds, 0);
+        ck_assert_msg(rep->error && strstr(rep->error, text), "%s", rep->error ? rep->error : "(no message)");
+        gpupool__envelope__free_unpacked(rep, NULL);
+}
+
 /* Asks for a granule lease that must be refused with status, and says why in a sentence containing text. */
 static void granule_lease_refused(int sock, uint32_t granules, uint64_t size, Gpupool__Status status, const char *text) {
         int fds[GP_WIRE_MAX_FDS];
-        Gpupool__Envelope *rep;
         size_t nfds;
+        Gpupool__Envelope *rep = raw_lease_granules(sock, 0, granules, size, fds, &nfds);
 
-        rep = raw_lease_granules(sock, 0, granules, size, fds, &nfds);
-        ck_assert_int_eq(rep->status, status);
-        ck_assert_uint_eq(nfds, 0);
-        ck_assert_msg(rep->error && strstr(rep->error, text), "%u granules of %llu bytes: %s", granules,
-                      (unsigned long long) size, rep->error ? rep->error : "(no message)");
-        gpupool__envelope__free_unpacked(rep, NULL);
+        refused(rep, nfds, status, text);
 }
 
 /*
@@ -694,14 +697,10 @@ END_TEST
 /* Asks for a lease with granules_ahead that must be refused as invalid, and says why in a sentence containing text. */
 static void ahead_refused(int sock, bool granule_lease, uint32_t granules, uint32_t ahead, const char *text) {
         int fds[GP_WIRE_MAX_FDS];
-        Gpupool__Envelope *rep;
         size_t nfds;
+        Gpupool__Envelope *rep = raw_lease_ahead(sock, 0, 2 * MiB, granule_lease, granules, ahead, fds, &nfds);
 
-        rep = raw_lease_ahead(sock, 0, 2 * MiB, granule_lease, granules, ahead, fds, &nfds);
-        ck_assert_int_eq(rep->status, GPUPOOL__STATUS__STATUS_INVALID);
-        ck_assert_uint_eq(nfds, 0);
-        ck_assert_msg(rep->error && strstr(rep->error, text), "%s", rep->error ? rep->error : "(no message)");
-        gpupool__envelope__free_unpacked(rep, NULL);
+        refused(rep, nfds, GPUPOOL__STATUS__STATUS_INVALID, text);
 }
 
 /* Leases granules and up to ahead more; checks that got came, and closes their descriptors. */
