@@ -72,6 +72,20 @@ struct backend_ops {
         int (*device_memory)(struct backend *b, unsigned device, struct backend_device_memory *ret);
         /* Frees the backend. Every segment has been destroyed by then. */
         void (*close)(struct backend *b);
+        /*
+         * Optional (NULL: the backend cannot adopt memory): makes *ret of fd, which a client
+         * says is a segment of size bytes that a daemon before this one leased it, after
+         * checking that it is one; on success *ret owns fd. Returns 0, or a negative errno with
+         * what fd is instead in why (-EINVAL: not a segment of that size), fd still the caller's.
+         */
+        int (*mem_adopt)(struct backend *b, unsigned device, int fd, uint64_t size, struct backend_mem *ret, char *why,
+                         size_t why_size);
+        /*
+         * Optional: a number naming a segment's memory, the same for every descriptor of it and
+         * no other memory's while the segment lives; 0 when it has none. The pool adopts no
+         * memory it holds already by it.
+         */
+        uint64_t (*mem_ident)(struct backend *b, unsigned device, const struct backend_mem *mem);
 };
 
 struct backend {

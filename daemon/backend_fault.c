@@ -86,6 +86,23 @@ static int fault_device_memory(struct backend *b, unsigned device, struct backen
         return inner->ops->device_memory ? inner->ops->device_memory(inner, device, ret) : -ENOTSUP;
 }
 
+static int fault_mem_adopt(struct backend *b, unsigned device, int fd, uint64_t size, struct backend_mem *ret, char *why,
+                           size_t why_size) {
+        struct backend *inner = fault_of(b)->inner;
+
+        if (!inner->ops->mem_adopt) {
+                snprintf(why, why_size, "the %s backend cannot adopt memory", inner->name);
+                return -EOPNOTSUPP;
+        }
+        return inner->ops->mem_adopt(inner, device, fd, size, ret, why, why_size);
+}
+
+static uint64_t fault_mem_ident(struct backend *b, unsigned device, const struct backend_mem *mem) {
+        struct backend *inner = fault_of(b)->inner;
+
+        return inner->ops->mem_ident ? inner->ops->mem_ident(inner, device, mem) : 0;
+}
+
 static void fault_close(struct backend *b) {
         struct fault_backend *f = fault_of(b);
 
@@ -102,6 +119,8 @@ static const struct backend_ops fault_ops = {
         .mem_zero_done = fault_mem_zero_done,
         .device_memory = fault_device_memory,
         .close = fault_close,
+        .mem_adopt = fault_mem_adopt,
+        .mem_ident = fault_mem_ident,
 };
 
 int backend_fault_wrap(struct backend *inner, const char *spec, struct backend **ret, char *err, size_t err_size) {

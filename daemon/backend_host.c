@@ -5,6 +5,8 @@
  * client over SCM_RIGHTS and the client maps it. The seals stop a client from shrinking or
  * growing the file, which would fault every other mapping of it. A segment changing uid gets a
  * fresh memfd (a client may keep the old one), and the old one's pages go back to the kernel.
+ * A daemon after this one adopts the memfds clients kept (host_mem_adopt): its memory outlives
+ * the daemon.
  * This backend serves CPU-only machines, CI and tests, and is a usable shared-memory pool of
  * its own.
  */
@@ -13,9 +15,11 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "log.h"
@@ -99,6 +103,55 @@ static int host_mem_zero_done(struct backend *b, unsigned device, struct backend
         return 1;       /* host_mem_zero() never leaves work running */
 }
 
+/* The seals every segment has: a client can neither resize it under another's mapping nor lift them. */
+#define SEGMENT_SEALS (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL)
+
+/*
+ * A segment a client kept from a daemon before this one: a memfd (seals are for shared memory
+ * only) of the size it says, sealed as ours are, open for reading and writing. Its memory is the
+ * client's own either way: one it made itself with our seals passes too, and is counted as the
+ * client's like any other.
+ */
+static int host_mem_adopt(struct backend *b, unsigned device, int fd, uint64_t size, struct backend_mem *ret,
+                          char *why, size_t why_size) {
+        struct stat st;
+        int seals, flags;
+
+        (void) b;
+        if (device != 0)
+                return -ENODEV;
+        if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode)) {
+                snprintf(why, why_size, "not a memfd");
+                return -EINVAL;
+        }
+        if ((seals = fcntl(fd, F_GET_SEALS)) < 0 || (seals & SEGMENT_SEALS) != SEGMENT_SEALS) {
+                snprintf(why, why_size, "not a sealed memfd (seals %#x, a segment's are %#x)", seals < 0 ? 0 : seals,
+                         SEGMENT_SEALS);
+                return -EINVAL;
+        }
+        if ((uint64_t) st.st_size != size) {
+                snprintf(why, why_size, "a memfd of %lld bytes, not %llu", (long long) st.st_size, (unsigned long long) size);
+                return -EINVAL;
+        }
+        if ((flags = fcntl(fd, F_GETFL)) < 0 || (flags & O_ACCMODE) != O_RDWR) {
+                snprintf(why, why_size, "a memfd open read-only, which nobody else could map to write");
+                return -EINVAL;
+        }
+        memset(ret, 0, sizeof(*ret));
+        ret->fd = fd;
+        return 0;
+}
+
+/* A memfd's inode: the same for every descriptor of it, and no other file's while it is open. */
+static uint64_t host_mem_ident(struct backend *b, unsigned device, const struct backend_mem *mem) {
+        struct stat st;
+
+        (void) b, (void) device;
+        if (mem->fd < 0 || fstat(mem->fd, &st) < 0)
+                return 0;
+        return ((uint64_t) st.st_dev << 32) ^ (uint64_t) st.st_ino;
+}
+
 static void host_close(struct backend *b) {
         free(b);
 }
@@ -110,6 +163,8 @@ static const struct backend_ops host_ops = {
         .mem_zero = host_mem_zero,
         .mem_zero_done = host_mem_zero_done,
         .close = host_close,
+        .mem_adopt = host_mem_adopt,
+        .mem_ident = host_mem_ident,
 };
 
 int backend_host_open(uint64_t capacity_bytes, struct backend **ret) {

@@ -107,6 +107,12 @@ struct node {
         bool stopping;                  /* the daemon stops: nothing more follows a change */
         uint8_t recv_buf[GP_MAX_REQUEST_BYTES];
         struct gp_wire_arena arena;     /* the current request's decoded structures */
+        /*
+         * The descriptors that came with it (an adoption's only), in their order: a handler
+         * that keeps one sets its entry to -1; the reader closes the rest after the request.
+         */
+        int recv_fds[GP_WIRE_MAX_FDS];
+        size_t recv_nfds;
 };
 
 /*

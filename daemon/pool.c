@@ -6,6 +6,8 @@
  *   pool->cache_by_size          cached segments by (size, newest first): lease lookup
  *   pool->cache_by_age           cached segments oldest first: LRU release
  *   owner->segments_by_id        the segments leased to one owner
+ *   pool->by_ident               segments whose backend names their memory (mem_ident): what
+ *                                adoption checks, so that no memory is the pool's twice
  */
 #include "pool.h"
 
@@ -32,10 +34,12 @@ struct segment {
         bool zeroing;
         uint64_t cache_seq;
         uint64_t cached_at_ms;          /* when it entered the cache */
+        uint64_t ident;                 /* the backend's name for its memory (mem_ident), 0: none */
         struct backend_mem mem;
         struct gp_rb_node by_id;        /* pool->segments_by_id */
         struct gp_rb_node owner_node;   /* owner->segments_by_id, pool->cache_by_size or pool->zeroing */
         struct gp_rb_node age_node;     /* pool->cache_by_age */
+        struct gp_rb_node ident_node;   /* pool->by_ident, where ident is set */
 };
 
 struct pool {
@@ -54,6 +58,7 @@ struct pool {
         struct gp_rb_tree cache_by_size;
         struct gp_rb_tree cache_by_age;
         struct gp_rb_tree zeroing;      /* by id: segments whose zeroing runs on the device */
+        struct gp_rb_tree by_ident;     /* segments by ident, those with one */
         uint64_t zeroing_bytes;
         struct backend_device_memory gpu;       /* the device's memory at the last reading */
         bool gpu_known;                         /* the backend tells it (pool_read_device) */
@@ -65,6 +70,10 @@ struct pool {
 
 static int cmp_segment_id(const struct gp_rb_node *x, const struct gp_rb_node *y) {
         return CMP(gp_rb_entry(x, struct segment, by_id)->id, gp_rb_entry(y, struct segment, by_id)->id);
+}
+
+static int cmp_ident(const struct gp_rb_node *x, const struct gp_rb_node *y) {
+        return CMP(gp_rb_entry(x, struct segment, ident_node)->ident, gp_rb_entry(y, struct segment, ident_node)->ident);
 }
 
 static int cmp_owner_segment(const struct gp_rb_node *x, const struct gp_rb_node *y) {
@@ -117,11 +126,23 @@ int pool_new(struct backend *backend, unsigned device, uint64_t capacity_bytes, 
         gp_rb_init(&p->cache_by_size, cmp_cache_size);
         gp_rb_init(&p->cache_by_age, cmp_cache_age);
         gp_rb_init(&p->zeroing, cmp_owner_segment);
+        gp_rb_init(&p->by_ident, cmp_ident);
         *ret = p;
         return 0;
 }
 
+/* Names s by its memory (the backend's mem_ident) in pool->by_ident, after a new memory or none. */
+static void segment_name(struct pool *p, struct segment *s) {
+        if (s->ident)
+                gp_rb_remove(&p->by_ident, &s->ident_node);
+        s->ident = p->backend->ops->mem_ident ? p->backend->ops->mem_ident(p->backend, p->device, &s->mem) : 0;
+        if (s->ident)
+                gp_rb_insert(&p->by_ident, &s->ident_node);
+}
+
 static void segment_destroy(struct pool *p, struct segment *s) {
+        if (s->ident)
+                gp_rb_remove(&p->by_ident, &s->ident_node);
         gp_rb_remove(&p->segments_by_id, &s->by_id);
         p->reserved_bytes -= s->size;
         p->backend->ops->mem_destroy(p->backend, p->device, &s->mem, s->size);
@@ -319,6 +340,7 @@ static int segment_create(struct pool *p, uint64_t size, struct segment **ret) {
         s->id = p->next_id++;
         s->size = size;
         gp_rb_insert(&p->segments_by_id, &s->by_id);
+        segment_name(p, s);
         p->reserved_bytes += size;
         *ret = s;
         return 0;
@@ -389,6 +411,7 @@ static int segment_zero_for(struct pool *p, struct pool_owner *o, struct segment
                 return r;
         }
         s->has_tenant = false;  /* zero: anyone's */
+        segment_name(p, s);     /* its memory may be fresh */
         if (r == 0)
                 return 0;
         s->zeroing = true;
@@ -424,6 +447,21 @@ bool pool_zeroing(const struct pool *p) {
         return p->zeroing.count != 0;
 }
 
+/* Leases s (out of the cache, or new) to o. */
+static void segment_give(struct pool_owner *o, struct segment *s, struct pool_lease *ret) {
+        s->owner = o;
+        gp_rb_insert(&o->segments_by_id, &s->owner_node);
+        o->reserved_bytes += s->size;
+        if (o->group)
+                o->group->reserved_bytes += s->size;
+        o->segments++;
+        *ret = (struct pool_lease) {
+                .segment_id = s->id,
+                .segment_size = s->size,
+                .mem = &s->mem,
+        };
+}
+
 int pool_lease(struct pool *p, struct pool_owner *o, uint64_t size, uint64_t headroom_bytes, struct pool_lease *ret) {
         uint64_t rsize = heap_round(size);
         struct segment *s;
@@ -437,18 +475,53 @@ int pool_lease(struct pool *p, struct pool_owner *o, uint64_t size, uint64_t hea
         r = segment_zero_for(p, o, s);
         if (r < 0)
                 return r;
-        s->owner = o;
-        gp_rb_insert(&o->segments_by_id, &s->owner_node);
-        o->reserved_bytes += s->size;
-        if (o->group)
-                o->group->reserved_bytes += s->size;
-        o->segments++;
-        *ret = (struct pool_lease) {
-                .segment_id = s->id,
-                .segment_size = s->size,
-                .mem = &s->mem,
-        };
+        segment_give(o, s, ret);
         return 0;
+}
+
+int pool_adopt(struct pool *p, struct pool_owner *o, const struct backend_mem *mem, uint64_t size, uint64_t headroom_bytes,
+               struct pool_lease *ret) {
+        struct segment *s;
+
+        if (size > headroom_bytes)
+                return -EDQUOT;
+        if (p->backend->ops->mem_ident && pool_holds(p, p->backend->ops->mem_ident(p->backend, p->device, mem)))
+                return -EEXIST;
+        /* Within the capacity, as a new segment would be; the cache makes room, oldest first. */
+        while (p->reserved_bytes + size > p->capacity_bytes)
+                if (!cache_release_oldest(p))
+                        return -ENOMEM;
+                else
+                        p->evictions++;
+        if (!(s = calloc(1, sizeof(*s))))
+                return -ENOMEM;
+        s->id = p->next_id++;
+        s->size = size;
+        s->mem = *mem;
+        gp_rb_insert(&p->segments_by_id, &s->by_id);
+        segment_name(p, s);
+        p->reserved_bytes += size;
+        segment_give(o, s, ret);
+        return 0;
+}
+
+bool pool_holds(const struct pool *p, uint64_t ident) {
+        struct segment key = { .ident = ident };
+
+        return ident && gp_rb_find(&p->by_ident, &key.ident_node);
+}
+
+void pool_adopt_undo(struct pool *p, struct pool_owner *o, uint64_t segment_id) {
+        struct segment *s = segment_find(p, segment_id);
+
+        if (!s || s->owner != o)
+                return;
+        gp_rb_remove(&o->segments_by_id, &s->owner_node);
+        o->reserved_bytes -= s->size;
+        if (o->group)
+                o->group->reserved_bytes -= s->size;
+        o->segments--;
+        segment_destroy(p, s);
 }
 
 int pool_lease_granule(struct pool *p, struct pool_owner *o, uint64_t headroom_bytes, struct pool_lease *ret) {
@@ -577,7 +650,7 @@ uint64_t pool_trim_cache(struct pool *p, uint64_t max_cached_bytes) {
         } while (0)
 
 int pool_check(const struct pool *p, char *why, size_t why_size) {
-        uint64_t reserved = 0, cached = 0, cached_count = 0, owned = 0, reported = 0, zeroing = 0;
+        uint64_t reserved = 0, cached = 0, cached_count = 0, owned = 0, reported = 0, zeroing = 0, idents = 0;
 
         if (gp_rb_verify(&p->segments_by_id) || gp_rb_verify(&p->cache_by_size) ||
             gp_rb_verify(&p->cache_by_age))
@@ -586,6 +659,9 @@ int pool_check(const struct pool *p, char *why, size_t why_size) {
                 const struct segment *s = gp_rb_entry(n, struct segment, by_id);
 
                 reserved += s->size;
+                if (s->ident && gp_rb_find(&p->by_ident, &s->ident_node) != &s->ident_node)
+                        FAIL("segment %" PRIu64 " is not found by its memory's name", s->id);
+                idents += s->ident != 0;
                 if (s->zeroing) {
                         if (s->owner || gp_rb_find(&p->zeroing, &s->owner_node) != &s->owner_node)
                                 FAIL("segment %" PRIu64 " is being zeroed but not in the pool's list", s->id);
@@ -607,6 +683,9 @@ int pool_check(const struct pool *p, char *why, size_t why_size) {
                      p->device, reserved, p->reserved_bytes, cached, p->cached_bytes);
         if (zeroing != p->zeroing_bytes || gp_rb_verify(&p->zeroing))
                 FAIL("device %u: %" PRIu64 " bytes being zeroed (counted %" PRIu64 ")", p->device, zeroing, p->zeroing_bytes);
+        if (idents != p->by_ident.count || gp_rb_verify(&p->by_ident))
+                FAIL("device %u: %" PRIu64 " segments named by their memory, %zu in the index", p->device, idents,
+                     p->by_ident.count);
         if (p->reserved_bytes > p->capacity_bytes)
                 FAIL("device %u: reserved %" PRIu64 " over capacity %" PRIu64, p->device, p->reserved_bytes, p->capacity_bytes);
 

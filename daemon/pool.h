@@ -164,6 +164,22 @@ int pool_lease(struct pool *pool, struct pool_owner *owner, uint64_t size, uint6
  */
 int pool_lease_granule(struct pool *pool, struct pool_owner *owner, uint64_t headroom_bytes, struct pool_lease *ret);
 
+/*
+ * Takes memory a client holds from a daemon before this one (mem, the backend's mem_adopt made
+ * it) into the pool as a segment of size bytes leased to owner, as if just leased: within
+ * headroom_bytes (-EDQUOT) and the capacity, the cache making room oldest first (-ENOMEM).
+ * -EEXIST when the pool holds that memory already (the backend's mem_ident names it). Returns
+ * 0 and fills *ret, the pool then owning mem; else mem stays the caller's.
+ */
+int pool_adopt(struct pool *pool, struct pool_owner *owner, const struct backend_mem *mem, uint64_t size,
+               uint64_t headroom_bytes, struct pool_lease *ret);
+
+/* Whether the pool holds the memory the backend's mem_ident names ident (0: never). */
+bool pool_holds(const struct pool *pool, uint64_t ident);
+
+/* Gives an adopted segment that never reached its owner back to the backend (not to the cache: it never was the pool's). */
+void pool_adopt_undo(struct pool *pool, struct pool_owner *owner, uint64_t segment_id);
+
 /* Takes back a segment leased to the owner that never reached it (its report is left as it is). */
 void pool_lease_undo(struct pool *pool, struct pool_owner *owner, uint64_t segment_id);
 

@@ -157,8 +157,8 @@ static void refuse(struct session *s, uint64_t id, int err, enum metrics_refusal
         reply_error(id, err, false, why, ret);
 }
 
-/* Turns policy's refusal of a lease into the sentence: the request, the limit and the use that it met. */
-static void quota_message(const struct session *s, unsigned d, uint64_t size, const struct policy_admission *a,
+/* The part of a refusal that says which limit a segment of seg bytes met: "would take client ... over its limit of ...". */
+static void limit_message(const struct session *s, unsigned d, uint64_t seg, const struct policy_admission *a,
                           char *why, size_t why_size) {
         static const char *const limit_from[] = {
                 [POLICY_LIMIT_DEFAULT] = "client_max, --client-limit",
@@ -166,15 +166,8 @@ static void quota_message(const struct session *s, unsigned d, uint64_t size, co
                 [POLICY_LIMIT_PID] = "set-limit --pid",
         };
         const struct tenant *t = s->tenant;
-        uint64_t seg = pool_min_segment_bytes(size);
         char b1[GP_SIZE_FORMAT_MAX], b2[GP_SIZE_FORMAT_MAX], b3[GP_SIZE_FORMAT_MAX], b4[GP_SIZE_FORMAT_MAX];
-        int n;
 
-        n = snprintf(why, why_size, "a block of %" PRIu64 " bytes on device %u needs a %s segment, which ", size, d,
-                     gp_size_format(seg, b1, sizeof(b1)));
-        if (n < 0 || (size_t) n >= why_size)
-                return;
-        why += n, why_size -= (size_t) n;
         switch (a->bound) {
         case POLICY_CLIENT:
                 snprintf(why, why_size, "would take client '%s' (pid %d, tenant %s) to %s reserved, over its limit of %s (%s)",
@@ -199,6 +192,20 @@ static void quota_message(const struct session *s, unsigned d, uint64_t size, co
                 break;
         }
         snprintf(why, why_size, "no limit allows");
+}
+
+/* Turns policy's refusal of a lease into the sentence: the request, the limit and the use that it met. */
+static void quota_message(const struct session *s, unsigned d, uint64_t size, const struct policy_admission *a,
+                          char *why, size_t why_size) {
+        uint64_t seg = pool_min_segment_bytes(size);
+        char b1[GP_SIZE_FORMAT_MAX];
+        int n;
+
+        n = snprintf(why, why_size, "a block of %" PRIu64 " bytes on device %u needs a %s segment, which ", size, d,
+                     gp_size_format(seg, b1, sizeof(b1)));
+        if (n < 0 || (size_t) n >= why_size)
+                return;
+        limit_message(s, d, seg, a, why + n, why_size - (size_t) n);
 }
 
 /* The most clients a refusal names as holding a full device's memory. */
@@ -521,6 +528,149 @@ static void handle_lease(struct session *s, const Gpupool__Envelope *req, struct
         (void) lease_attempt(s, id, device, size, granules, ahead, ATTEMPT_FIRST, ret);
 }
 
+/* Room for an adoption's segments: as many as a granule lease's, their descriptors in one packet. */
+#define ADOPT_MAX GP_MAX_LEASE_GRANULES
+
+/*
+ * Checks an adoption's descriptors (node->recv_fds, one per size) before any is adopted: each
+ * the backend's segment of its size, of memory neither the pool nor another of them holds.
+ * Fills mems, taking their descriptors (their entries go to -1). Returns 0, or a negative errno
+ * with why, every mem made destroyed again.
+ */
+static int adopt_check(struct session *s, uint32_t device, const uint64_t *sizes, size_t n, struct backend_mem *mems,
+                       char *why, size_t why_size) {
+        struct node *node = s->node;
+        struct backend *b = node->backend;
+        uint64_t idents[ADOPT_MAX];
+        char what[160], b1[GP_SIZE_FORMAT_MAX];
+        size_t made, bad = n;
+        int r = 0;
+
+        for (made = 0; made < n && bad == n; made++) {
+                r = b->ops->mem_adopt(b, device, node->recv_fds[made], sizes[made], &mems[made], what, sizeof(what));
+                if (r < 0) {
+                        bad = made;
+                        break;
+                }
+                node->recv_fds[made] = -1;      /* mems[made]'s now */
+                idents[made] = b->ops->mem_ident ? b->ops->mem_ident(b, device, &mems[made]) : 0;
+                for (size_t j = 0; j < made && idents[made] && bad == n; j++)
+                        if (idents[j] == idents[made]) {
+                                snprintf(what, sizeof(what), "the same memory as descriptor %zu", j);
+                                bad = made;
+                        }
+                if (bad == n && idents[made] && pool_holds(node->pools[device], idents[made])) {
+                        snprintf(what, sizeof(what), "memory this daemon holds already (leased, cached or adopted)");
+                        bad = made;
+                }
+                if (bad != n)
+                        r = -EINVAL;
+        }
+        if (r == 0)
+                return 0;
+        while (made--)
+                b->ops->mem_destroy(b, device, &mems[made], sizes[made]);
+        snprintf(why, why_size, "descriptor %zu of the adoption (a segment of %s on device %u) is %s: nothing adopted", bad,
+                 gp_size_format(sizes[bad], b1, sizeof(b1)), device, what);
+        return r;
+}
+
+/*
+ * Adopts the segments a process kept from a daemon before this one (AdoptRequest), leasing
+ * them to it in order while its limits and the capacity allow; the rest stay the process's own.
+ */
+static void handle_adopt(struct session *s, const Gpupool__Envelope *req, struct reply *ret) {
+        struct node *node = s->node;
+        const Gpupool__AdoptRequest *rq = req->adopt;
+        Gpupool__AdoptReply ar = GPUPOOL__ADOPT_REPLY__INIT;
+        struct backend_mem mems[ADOPT_MAX];
+        uint64_t ids[ADOPT_MAX], bytes = 0;
+        char why[GP_MAX_ERROR_BYTES], b1[GP_SIZE_FORMAT_MAX], b2[GP_SIZE_FORMAT_MAX], b3[GP_SIZE_FORMAT_MAX];
+        uint32_t device = rq->device;
+        Gpupool__Envelope env;
+        size_t n = rq->n_sizes, i;
+        int r = 0;
+
+        if (device >= node->device_count) {
+                snprintf(why, sizeof(why), "no device %u: this daemon has %u", device, node->device_count);
+                reply_error(req->id, -ENODEV, false, why, ret);
+                return;
+        }
+        if (n == 0 || n > ADOPT_MAX || n != node->recv_nfds) {
+                snprintf(why, sizeof(why), "an adoption names 1 to %d segments, each with its descriptor, not %zu with %zu",
+                         ADOPT_MAX, n, node->recv_nfds);
+                reply_error(req->id, -EINVAL, false, why, ret);
+                return;
+        }
+        for (i = 0; i < n; i++)
+                if (rq->sizes[i] == 0 || rq->sizes[i] % GP_GRANULE_BYTES || rq->sizes[i] > heap_min_segment_bytes(POOL_MAX_REQUEST)) {
+                        snprintf(why, sizeof(why), "segment %zu of the adoption is of %" PRIu64 " bytes: a segment is a "
+                                 "multiple of %llu bytes, up to the largest request's", i, rq->sizes[i], GP_GRANULE_BYTES);
+                        reply_error(req->id, -EINVAL, false, why, ret);
+                        return;
+                }
+        if (!node->backend->ops->mem_adopt) {
+                snprintf(why, sizeof(why), "the %s backend cannot adopt memory: %s", node->backend->name,
+                         node->backend->ipc_handles ? "its segments lived in the daemon's context and went with it" :
+                         "adoption is not built for it yet");
+                reply_error(req->id, -EINVAL, false, why, ret);
+                return;
+        }
+        if ((r = adopt_check(s, device, rq->sizes, n, mems, why, sizeof(why))) < 0) {
+                session_log(s, LOG_LEVEL_WARN, "client %llu (pid %d): adoption refused: %s", (unsigned long long) s->id,
+                            (int) s->pid, why);
+                reply_error(req->id, r, false, why, ret);
+                return;
+        }
+        for (i = 0; i < n; i++) {
+                struct pool_owner *owner = &s->owners[device];
+                struct policy_admission adm;
+                struct pool_lease lease;
+                struct pool_stats st;
+
+                pool_get_stats(node->pools[device], &st);
+                policy_admit(&node->policy, s->tenant, s->limit_override_bytes, owner, device, &st, &adm);
+                r = pool_adopt(node->pools[device], owner, &mems[i], rq->sizes[i], adm.headroom_bytes, &lease);
+                if (r == -EDQUOT) {
+                        int k = snprintf(why, sizeof(why), "adopting a segment of %s on device %u ",
+                                         gp_size_format(rq->sizes[i], b1, sizeof(b1)), device);
+
+                        limit_message(s, device, rq->sizes[i], &adm, why + k, sizeof(why) - (size_t) k);
+                } else if (r == -ENOMEM) {
+                        snprintf(why, sizeof(why), "device %u is full: adopting a segment of %s would take it to %s "
+                                 "reserved, over its capacity of %s", device, gp_size_format(rq->sizes[i], b1, sizeof(b1)),
+                                 gp_size_format(st.reserved_bytes + rq->sizes[i], b2, sizeof(b2)),
+                                 gp_size_format(st.total_bytes, b3, sizeof(b3)));
+                } else if (r < 0) {
+                        snprintf(why, sizeof(why), "adopting a segment of %s on device %u: %s",
+                                 gp_size_format(rq->sizes[i], b1, sizeof(b1)), device, strerror(-r));
+                }
+                if (r < 0)
+                        break;
+                ids[i] = lease.segment_id;
+                bytes += rq->sizes[i];
+        }
+        /* What was not adopted stays the process's alone: the daemon lets go of its descriptors. */
+        for (size_t j = i; j < n; j++)
+                node->backend->ops->mem_destroy(node->backend, device, &mems[j], rq->sizes[j]);
+        session_log(s, LOG_LEVEL_INFO, "client %llu ('%s', pid %d): adopted %zu of %zu segments (%s) on device %u%s%s",
+                    (unsigned long long) s->id, s->name, (int) s->pid, i, n, gp_size_format(bytes, b1, sizeof(b1)), device,
+                    i < n ? "; the rest refused: " : "", i < n ? why : "");
+        reply_ok(&env, req->id);
+        ar.segment_ids = ids;
+        ar.n_segment_ids = i;
+        if (i < n) {
+                ar.has_refused_status = true;
+                ar.refused_status = gp_errno_to_status(r);
+                ar.refused_error = why;
+        }
+        env.body_case = GPUPOOL__ENVELOPE__BODY_ADOPT_REPLY;
+        env.adopt_reply = &ar;
+        if (reply_pack(&env, false, ret) < 0)
+                for (i = 0; i < ar.n_segment_ids; i++)
+                        pool_adopt_undo(node->pools[device], &s->owners[device], ids[i]);
+}
+
 static bool is_parked(const struct session *c, const void *arg) {
         (void) arg;
         return c->parked;
@@ -681,6 +831,7 @@ static const struct request_kind kinds[] = {
         { GPUPOOL__ENVELOPE__BODY_RELOAD, request_reload, ROLE_ADMIN_ROOM | ROLE_OPERATOR, "reload", NULL },
         { GPUPOOL__ENVELOPE__BODY_LEASE, handle_lease, 0, "a lease", NULL },
         { GPUPOOL__ENVELOPE__BODY_RETURN_SEGMENTS, handle_return, 0, "a return", NULL },
+        { GPUPOOL__ENVELOPE__BODY_ADOPT, handle_adopt, 0, "an adoption", NULL },
         { GPUPOOL__ENVELOPE__BODY_RECLAIM_REPLY, handle_reclaim_reply, ROLE_CONTROL_CHANNEL, "a reclaim answer", NULL },
         { GPUPOOL__ENVELOPE__BODY_USAGE_REPORT, handle_usage_report, ROLE_CONTROL_CHANNEL, "a usage report", NULL },
 };

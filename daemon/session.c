@@ -489,12 +489,18 @@ static void flush_pending(struct session *s) {
         uv_poll_start(&s->poll, UV_READABLE, on_readable);
 }
 
+/* Closes the descriptors of the request just read that no handler kept: through the closer, never close(2) in the loop. */
+static void drop_fds(struct node *node) {
+        for (size_t i = 0; i < node->recv_nfds; i++)
+                if (node->recv_fds[i] >= 0)
+                        closer_close(node->recv_fds[i]);
+        node->recv_nfds = 0;
+}
+
 static void on_readable(uv_poll_t *handle, int status, int events) {
         struct session *s = handle->data;
         struct node *node = s->node;
         Gpupool__Envelope *req = NULL;
-        int fds[GP_WIRE_MAX_FDS];
-        size_t nfds;
         int n, r;
 
         if (status < 0) {
@@ -514,12 +520,9 @@ static void on_readable(uv_poll_t *handle, int status, int events) {
          * on until EAGAIN would cost a system call per request for nothing. A client that sends
          * several at once is served one per turn of the loop (the poll is level-triggered).
          */
-        n = gp_wire_recv_packet_fds(s->fd, node->recv_buf, sizeof(node->recv_buf), fds, &nfds);
-        /* No request carries a descriptor: any that came goes to the closer, never to close(2) here. */
-        for (size_t i = 0; i < nfds; i++)
-                closer_close(fds[i]);
-        if (n > 0 && nfds)
-                n = -EBADMSG;
+        n = gp_wire_recv_packet_fds(s->fd, node->recv_buf, sizeof(node->recv_buf), node->recv_fds, &node->recv_nfds);
+        if (n <= 0)
+                drop_fds(node);
         if (n == -EAGAIN)
                 return;
         if (n == 0) {
@@ -530,12 +533,23 @@ static void on_readable(uv_poll_t *handle, int status, int events) {
                 session_log(s, LOG_LEVEL_WARN, "client %llu (pid %d): %s; disconnecting it",
                             (unsigned long long) s->id, (int) s->pid,
                             n == -EMSGSIZE ? "packet over the request size limit" :
-                            n == -EBADMSG ? "malformed packet (empty, or carrying descriptors)" : strerror(-n));
+                            n == -EBADMSG ? "malformed packet (empty, or with descriptors only)" : strerror(-n));
                 session_disconnect(s, "bad packet");
                 return;
         }
         node->arena.used = 0;
         r = gp_wire_unpack_with(node->recv_buf, (size_t) n, &node->arena.allocator, &req);
+        /* Only an adoption carries descriptors: with any other request they make the packet malformed. */
+        if (r < 0)
+                drop_fds(node);
+        if (r == 0 && node->recv_nfds && req->body_case != GPUPOOL__ENVELOPE__BODY_ADOPT) {
+                gp_wire_arena_release(&node->arena, req);
+                drop_fds(node);
+                session_log(s, LOG_LEVEL_WARN, "client %llu (pid %d): malformed packet (descriptors with a request "
+                            "other than an adoption); disconnecting it", (unsigned long long) s->id, (int) s->pid);
+                session_disconnect(s, "bad packet");
+                return;
+        }
         if (r == -EPROTONOSUPPORT) {
                 char why[128];
 
@@ -556,4 +570,5 @@ static void on_readable(uv_poll_t *handle, int status, int events) {
         /* The request layer replies, parks or ends the session: s may be gone after this. */
         node->hooks.request(s, req);
         gp_wire_arena_release(&node->arena, req);
+        drop_fds(node);
 }

@@ -18,6 +18,7 @@ Suite *suite_hardening(void);
 Suite *suite_tenants(void);
 Suite *suite_process_pool(void);
 Suite *suite_grow(void);
+Suite *suite_adopt(void);
 Suite *suite_scopes(void);
 Suite *suite_metrics(void);
 Suite *suite_hooks(void);

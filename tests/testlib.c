@@ -302,7 +302,7 @@ int raw_connect(struct testd *d) {
         return sock;
 }
 
-void raw_send(int sock, Gpupool__Envelope *env) {
+void raw_send_fds(int sock, Gpupool__Envelope *env, const int *fds, size_t nfds) {
         uint8_t buf[GP_MAX_REQUEST_BYTES];
         int n;
 
@@ -310,7 +310,27 @@ void raw_send(int sock, Gpupool__Envelope *env) {
                 env->version = GP_PROTOCOL_VERSION;
         n = gp_wire_pack(env, buf, sizeof(buf));
         ck_assert_int_gt(n, 0);
-        ck_assert_int_eq(gp_wire_send_packet(sock, buf, (size_t) n, -1), 0);
+        ck_assert_int_eq(gp_wire_send_packet_fds(sock, buf, (size_t) n, fds, nfds), 0);
+}
+
+void raw_send(int sock, Gpupool__Envelope *env) {
+        raw_send_fds(sock, env, NULL, 0);
+}
+
+Gpupool__Envelope *raw_adopt(int sock, uint32_t device, uint64_t *sizes, size_t n, const int *fds, size_t nfds) {
+        Gpupool__Envelope env = GPUPOOL__ENVELOPE__INIT, *rep;
+        Gpupool__AdoptRequest rq = GPUPOOL__ADOPT_REQUEST__INIT;
+
+        env.id = 31;
+        rq.device = device;
+        rq.sizes = sizes;
+        rq.n_sizes = n;
+        env.body_case = GPUPOOL__ENVELOPE__BODY_ADOPT;
+        env.adopt = &rq;
+        raw_send_fds(sock, &env, fds, nfds);
+        rep = raw_recv(sock);
+        ck_assert_ptr_nonnull(rep);
+        return rep;
 }
 
 /*

@@ -110,6 +110,8 @@ bool testd_device_becomes(struct testd *d, unsigned index, const char *key, long
 /* Raw protocol: connect, send an envelope, read one reply (NULL when the daemon closed). */
 int raw_connect(struct testd *d);
 void raw_send(int sock, Gpupool__Envelope *env);
+/* raw_send with nfds descriptors riding with env. */
+void raw_send_fds(int sock, Gpupool__Envelope *env, const int *fds, size_t nfds);
 Gpupool__Envelope *raw_recv(int sock);
 /* raw_recv, keeping the descriptor that came with the reply in *ret_fd (-1 when none). */
 Gpupool__Envelope *raw_recv_fd(int sock, int *ret_fd);
@@ -133,6 +135,8 @@ Gpupool__Envelope *raw_lease_granules(int sock, uint32_t device, uint32_t granul
 /* The same with granules_ahead set to ahead (and granules only where granule_lease). */
 Gpupool__Envelope *raw_lease_ahead(int sock, uint32_t device, uint64_t size, bool granule_lease, uint32_t granules,
                                    uint32_t ahead, int *fds, size_t *ret_nfds);
+/* An AdoptRequest of n segments of sizes on device, nfds descriptors riding with it, and its reply. */
+Gpupool__Envelope *raw_adopt(int sock, uint32_t device, uint64_t *sizes, size_t n, const int *fds, size_t nfds);
 /* A ReturnRequest of n segment ids, with usage reported if given, and its reply. */
 Gpupool__Envelope *raw_return(int sock, uint64_t *ids, size_t n, Gpupool__Usage *usage);
 
