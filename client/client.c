@@ -77,6 +77,7 @@ GPUPOOL_EXPORT int gpupool_connect(const char *socket_path, const char *client_n
         const char *idle_return = getenv("GPUPOOL_IDLE_RETURN"), *segments = getenv("GPUPOOL_SEGMENTS");
         uint64_t idle_return_ms = GPUPOOL_DEFAULT_IDLE_RETURN_MS;
         static uint64_t next_serial;
+        pthread_condattr_t attr;
         gpupool_client *c;
         int r;
 
@@ -102,6 +103,10 @@ GPUPOOL_EXPORT int gpupool_connect(const char *socket_path, const char *client_n
         pthread_mutex_init(&c->lock, NULL);
         pthread_cond_init(&c->deferred_cond, NULL);
         pthread_cond_init(&c->conn_idle, NULL);
+        pthread_condattr_init(&attr);
+        pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
+        pthread_cond_init(&c->control_wake, &attr);
+        pthread_condattr_destroy(&attr);
         client_segments_init(c);
         client_stream_init(c);
         c->epoch = 1;
@@ -116,6 +121,7 @@ GPUPOOL_EXPORT int gpupool_connect(const char *socket_path, const char *client_n
                 client_segments_destroy(c);
                 pthread_cond_destroy(&c->deferred_cond);
                 pthread_cond_destroy(&c->conn_idle);
+        pthread_cond_destroy(&c->control_wake);
                 pthread_mutex_destroy(&c->lock);
                 free(c);
                 return r;
@@ -182,6 +188,7 @@ GPUPOOL_EXPORT void gpupool_disconnect(gpupool_client *c) {
         client_segments_destroy(c);
         pthread_cond_destroy(&c->deferred_cond);
         pthread_cond_destroy(&c->conn_idle);
+        pthread_cond_destroy(&c->control_wake);
         pthread_mutex_destroy(&c->lock);
         free(c);
 }

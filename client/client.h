@@ -3,7 +3,9 @@
  * its own header, and calls go down only, with no cycle among the files:
  *
  *   client.c, client_scope.c, client_hooks.c   the public API (gpupool.h), scopes, the hooks
- *   client_control.c                           the control thread: the daemon's reclaims, usage
+ *   client_control.c                           the control thread: the daemon's reclaims, usage,
+ *                                              reaching a daemon that came back
+ *   client_resume.c                            the new daemon adopting what the process holds
  *   client_stream.c                            stream-ordered frees and their reaper thread
  *   client_pool.c                              the process's own pool over the leased segments
  *   client_grow.c                              segments that grow in place: granules under ranges
@@ -31,6 +33,21 @@
 #define CLIENT_SHARDS 32        /* live-block table shards: threads freeing different blocks rarely meet */
 #define CLIENT_RETURN_BATCH 256 /* segments per ReturnRequest or ReclaimReply: what the daemon takes in one */
 
+/*
+ * The bit of a segment id that says no daemon knows it: a segment the process keeps after a
+ * daemon's restart that the new one did not adopt (a limit, the capacity, no descriptor kept).
+ * It is the process's own until it empties; then it is unmapped and told to nobody. Daemon ids
+ * carry the device in their top byte, under 64: never this bit.
+ */
+#define CLIENT_ORPHAN (1ULL << 63)
+
+/* A segment held from a daemon before this one, for the next to adopt (client_resume()): where its id is kept, its descriptor. */
+struct client_kept {
+        uint64_t *id;
+        int fd;
+        uint64_t size;
+};
+
 /* One segment this process maps: an mmap of a memfd (host) or an opened IPC handle (cuda). */
 struct mapping {
         uint64_t segment_id;
@@ -40,6 +57,7 @@ struct mapping {
         bool ipc;                       /* cuda: opened from a legacy IPC handle */
         bool vmm;                       /* cuda-vmm: imported from a descriptor, mapped in a range of ours */
         bool grow;                      /* a range that grows in place (client_grow.c), in no tree */
+        int fd;                         /* host: its memfd, kept for a later daemon to adopt (-1: none) */
         uint8_t handle[GP_CU_IPC_HANDLE_SIZE];
         struct gp_rb_node by_addr;
         struct gp_rb_node by_id;
@@ -149,6 +167,8 @@ struct gpupool_client {
         bool daemon_gone;               /* atomic: the control channel closed under us (then the pool serves nothing, but on cuda-vmm) */
         pthread_t control_thread;
         bool control_started;
+        bool control_stopping;          /* locked: client_control_close() ends the thread's wait for a daemon */
+        pthread_cond_t control_wake;    /* on CLOCK_MONOTONIC: signalled with control_stopping */
         /*
          * Stream-ordered frees: a queue per stream, and the pending blocks by (stream, device,
          * size) for an allocation on the same stream; the thread that completes them.

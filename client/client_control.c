@@ -12,8 +12,10 @@
 #include <semaphore.h>
 #include <stdlib.h>
 #include <sys/socket.h>
+#include <time.h>
 
 #include "client_pool.h"
+#include "client_resume.h"
 #include "client_segment.h"
 
 /* Sends env (its body set) on the control channel, where nothing answers. Returns 0 or -1. */
@@ -37,12 +39,24 @@ struct control_start {
         sem_t running;
 };
 
+static void serve(gpupool_client *c);
+static bool wait_for_daemon(gpupool_client *c);
+
 static void *control_main(void *arg) {
         struct control_start *start = arg;
         gpupool_client *c = start->client;
-        uint8_t buf[GP_MAX_REPLY_BYTES];
 
         sem_post(&start->running);     /* start is the opener's, gone once it wakes */
+        do
+                serve(c);
+        while (wait_for_daemon(c));
+        return NULL;
+}
+
+/* Serves the control channel until it closes: disconnect shut it, or the daemon is gone. */
+static void serve(gpupool_client *c) {
+        uint8_t buf[GP_MAX_REPLY_BYTES];
+
         for (;;) {
                 Gpupool__Envelope *push, answer = GPUPOOL__ENVELOPE__INIT;
                 Gpupool__ReclaimReply rr = GPUPOOL__RECLAIM_REPLY__INIT;
@@ -103,12 +117,54 @@ static void *control_main(void *arg) {
                         break;
         }
         /*
-         * Disconnect shut the channel, or the daemon is gone: then what this process leases is
-         * no longer its own (on a GPU it dies with the daemon's context), and the pool must
-         * hand none of it out.
+         * Disconnect shut the channel, or the daemon is gone: then on the cuda backend what
+         * this process leases is no longer its own (it died with the daemon's context), and
+         * the pool hands none of it out; elsewhere it goes on serving what it holds.
          */
         __atomic_store_n(&c->daemon_gone, true, __ATOMIC_RELEASE);
-        return NULL;
+}
+
+/* How long the control thread waits between tries to reach a daemon that came back: doubling from the first to the last. */
+#define RESUME_FIRST_MS 100
+#define RESUME_LAST_MS 1000
+
+/*
+ * With the daemon gone (host backend), tries to reach the one that comes back, as systemd
+ * restarts it, and has it adopt what the process holds (client_resume()): then the channel is
+ * the new session's and the thread serves it again (true). False once the handle closes the
+ * channel, and at once on the cuda backends (their memory went with the daemon, or adoption is
+ * not built for it: gpupool_reconnect() starts anew).
+ */
+static bool wait_for_daemon(gpupool_client *c) {
+        uint64_t wait_ms = RESUME_FIRST_MS;
+        bool resumed = false;
+
+        pthread_mutex_lock(&c->lock);
+        while (!c->control_stopping && !c->cuda && !resumed) {
+                struct timespec at;
+                struct gp_conn *control;
+
+                clock_gettime(CLOCK_MONOTONIC, &at);
+                at.tv_sec += (time_t) (wait_ms / 1000);
+                at.tv_nsec += (long) (wait_ms % 1000) * 1000000;
+                if (at.tv_nsec >= 1000000000) {
+                        at.tv_sec++;
+                        at.tv_nsec -= 1000000000;
+                }
+                (void) pthread_cond_timedwait(&c->control_wake, &c->lock, &at);
+                if (c->control_stopping || c->conn_busy)
+                        continue;
+                if (client_resume(c, &control) == 0) {
+                        gp_conn_close(c->control);
+                        free(c->control);
+                        c->control = control;
+                        __atomic_store_n(&c->daemon_gone, false, __ATOMIC_RELEASE);
+                        resumed = true;
+                }
+                wait_ms = wait_ms * 2 < RESUME_LAST_MS ? wait_ms * 2 : RESUME_LAST_MS;
+        }
+        pthread_mutex_unlock(&c->lock);
+        return resumed;
 }
 
 int client_control_open(gpupool_client *c, const char *socket_path, const char *name, uint64_t id) {
@@ -120,6 +176,7 @@ int client_control_open(gpupool_client *c, const char *socket_path, const char *
         if (!c->control)
                 return -ENOMEM;
         __atomic_store_n(&c->daemon_gone, false, __ATOMIC_RELEASE);
+        c->control_stopping = false;
         hello.name = (char *) name;
         hello.has_control_for = 1;
         hello.control_for = id;
@@ -151,9 +208,15 @@ int client_control_open(gpupool_client *c, const char *socket_path, const char *
 void client_control_close(gpupool_client *c) {
         if (!c->control)
                 return;
+        /* Serving, the thread wakes to the shutdown; waiting for the daemon, to the flag. */
+        pthread_mutex_lock(&c->lock);
+        c->control_stopping = true;
+        pthread_cond_broadcast(&c->control_wake);
         shutdown(c->control->sock, SHUT_RDWR);
+        pthread_mutex_unlock(&c->lock);
         if (c->control_started)
                 pthread_join(c->control_thread, NULL);
+        c->control_started = false;
         gp_conn_close(c->control);
         free(c->control);
         c->control = NULL;

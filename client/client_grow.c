@@ -7,10 +7,11 @@
  * (LeaseRequest.granules), interchangeable, and named here by their index in the device's
  * table of them.
  *
- * No descriptor is kept (a process's RLIMIT_NOFILE is often 1024):
+ * Descriptors:
  *
  *   host      each granule's memfd is mapped once at a parking spot of its own (a third range
- *             after the two), and closed. Mapping it under a block makes a second mapping of
+ *             after the two), and kept for a daemon after this one to adopt (client_fd_keep(),
+ *             client_resume()). Mapping it under a block makes a second mapping of
  *             the same pages (mremap() with an old size of 0, which duplicates a shared
  *             mapping); unmapping puts the reservation back over it. The parking mapping keeps
  *             the memory until the granule goes back. No step leaves a hole another mmap()
@@ -38,7 +39,8 @@
 /* A physical granule the process holds, or a free entry. */
 struct grow_granule {
         bool held;
-        uint64_t segment_id;            /* the daemon's */
+        uint64_t segment_id;            /* the daemon's (CLIENT_ORPHAN set: no daemon's, after a refused adoption) */
+        int fd;                         /* host: its memfd, kept for a later daemon to adopt (-1: none) */
         gp_cu_mem_handle handle;        /* cuda-vmm: imported */
         uint64_t next_free;             /* free entries: the next, or UINT64_MAX */
 };
@@ -160,9 +162,11 @@ static void grow_free(struct client_grow *g) {
                                 (void) client_cuda_unmap_at(c, dev, granule_addr(g, r, i), G);
                 granule_range_destroy(r);
         }
-        for (uint64_t i = 0; c->vmm && i < g->granule_cap; i++)
-                if (g->granules[i].held)
+        for (uint64_t i = 0; i < g->granule_cap; i++)
+                if (g->granules[i].held && c->vmm)
                         client_cuda_release(c, dev, g->granules[i].handle);
+                else if (g->granules[i].held)
+                        client_fd_release(g->granules[i].fd);
         if (c->vmm)
                 client_cuda_unreserve(c, dev, g->base, g->reserved_bytes);
         else
@@ -199,7 +203,7 @@ int client_grow_start(gpupool_client *c, unsigned d) {
                 return -ENOMEM;
         }
         for (uint64_t i = 0; i < granules; i++)
-                g->granules[i].next_free = i + 1 < granules ? i + 1 : UINT64_MAX;
+                g->granules[i] = (struct grow_granule) { .next_free = i + 1 < granules ? i + 1 : UINT64_MAX, .fd = -1 };
         r = c->vmm ? client_cuda_reserve(c, dev, g->reserved_bytes, G, &g->base) : reserve_host(c, g);
         if (r < 0) {
                 free(g->granules);
@@ -216,6 +220,7 @@ int client_grow_start(gpupool_client *c, unsigned d) {
                 m->device = d;
                 m->vmm = c->vmm;
                 m->grow = true;
+                m->fd = -1;
                 r = granule_range_init(&g->set, &g->range[k], g->range_bytes);
                 /* Ids of its own, above any the daemon gives: they order equal free blocks only. */
                 if (r == 0)
@@ -243,7 +248,8 @@ static void granule_drop(struct client_grow *g, uint64_t i) {
                 client_cuda_release(c, &c->devices[g->device], g->granules[i].handle);
         else
                 reserve_again(g->park + i * G);
-        g->granules[i] = (struct grow_granule) { .next_free = g->free_head };
+        client_fd_release(g->granules[i].fd);
+        g->granules[i] = (struct grow_granule) { .next_free = g->free_head, .fd = -1 };
         g->free_head = i;
 }
 
@@ -263,13 +269,14 @@ static int64_t granule_new(struct client_grow *g, uint64_t id, int fd) {
         } else {
                 void *at = mmap(g->park + i * G, G, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0);
 
-                close(fd);
                 if (at == MAP_FAILED) {
+                        close(fd);
                         reserve_again(g->park + i * G);
                         client_set_error(c, "cannot map a granule of device %u into this process: %m", g->device);
                         r = -ENOMEM;
                 } else {
                         (void) madvise(at, G, MADV_DONTFORK);
+                        g->granules[i].fd = client_fd_keep(fd);        /* for a daemon after this one to adopt */
                 }
         }
         if (r < 0)
@@ -366,6 +373,16 @@ size_t client_grow_take_spares(gpupool_client *c, unsigned d, uint64_t *ids, siz
                 return 0;
         n = granule_release_spares(&g->set, phys, max < CLIENT_RETURN_BATCH ? max : CLIENT_RETURN_BATCH, UINT64_MAX);
         drop_all(g, phys, n, ids);
+        return n;
+}
+
+size_t client_grow_kept(gpupool_client *c, unsigned d, struct client_kept *out, size_t max) {
+        struct client_grow *g = c->devices[d].grow;
+        size_t n = 0;
+
+        for (uint64_t i = 0; g && i < g->granule_cap && n < max; i++)
+                if (g->granules[i].held)
+                        out[n++] = (struct client_kept) { &g->granules[i].segment_id, g->granules[i].fd, G };
         return n;
 }
 

@@ -44,6 +44,9 @@ size_t client_grow_take_free(gpupool_client *c, int d, uint64_t want, uint64_t b
 /* Takes up to max spares (granules mapped nowhere) out of device d, their ids into ids. Returns how many. */
 size_t client_grow_take_spares(gpupool_client *c, unsigned d, uint64_t *ids, size_t max);
 
+/* Device d's granules, up to max, for a new daemon to adopt (client_resume()). Returns how many (client_grow_held() at most). */
+size_t client_grow_kept(gpupool_client *c, unsigned d, struct client_kept *out, size_t max);
+
 /* Granules held on d, and of them those no live block touches. */
 uint64_t client_grow_held(gpupool_client *c, unsigned d);
 uint64_t client_grow_free(gpupool_client *c, unsigned d);

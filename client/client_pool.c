@@ -105,13 +105,23 @@ int client_pool_return(gpupool_client *c, const uint64_t *ids, size_t n) {
         return 0;
 }
 
+/* Leaves out of ids (n, unmapped already) those of no daemon (CLIENT_ORPHAN): nobody takes them back. Returns how many stay. */
+static size_t daemon_ids(uint64_t *ids, size_t n) {
+        size_t kept = 0;
+
+        for (size_t i = 0; i < n; i++)
+                if (!(ids[i] & CLIENT_ORPHAN))
+                        ids[kept++] = ids[i];
+        return kept;
+}
+
 size_t client_pool_take_empty(gpupool_client *c, int device, uint64_t want, uint64_t before_ms, uint64_t *ids,
                               size_t max, uint64_t *ret_bytes) {
         uint64_t bytes = 0;
         size_t n = 0;
 
         if (c->grow)
-                return client_grow_take_free(c, device, want, before_ms, ids, max, ret_bytes ? ret_bytes : &bytes);
+                return daemon_ids(ids, client_grow_take_free(c, device, want, before_ms, ids, max, ret_bytes ? ret_bytes : &bytes));
         for (unsigned d = 0; d < c->device_count && n < max && bytes < want; d++) {
                 struct heap *h = &c->devices[d].heap;
                 struct heap_segment *s;
@@ -132,7 +142,7 @@ size_t client_pool_take_empty(gpupool_client *c, int device, uint64_t want, uint
         }
         if (ret_bytes)
                 *ret_bytes = bytes;
-        return n;
+        return daemon_ids(ids, n);
 }
 
 /* Gives back empty segments on device (-1: all), emptied at or before before_ms, until want bytes, a return per 256. */
@@ -183,7 +193,8 @@ static int daemon_gone_error(gpupool_client *c) {
                          client_memory_lost(c) ? "" : c->vmm ? ": this process goes on allocating from the cuda-vmm "
                                                                "memory it holds, but cannot lease more" :
                                                   ": this process goes on allocating from the memory it holds, but "
-                                                  "cannot lease more");
+                                                  "cannot lease more until it has reconnected, which it does on its "
+                                                  "own once gpupoold listens again");
         return -ECONNRESET;
 }
 

@@ -18,11 +18,61 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
+#include <pthread.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "client_cuda.h"
+
+/* The descriptors below this stay the application's: select() sees only those under 1024. */
+#define KEPT_FD_FLOOR 1024
+
+static pthread_once_t keep_once = PTHREAD_ONCE_INIT;
+static uint64_t kept_fds, kept_max;     /* atomic; kept_max set once */
+
+/* Raises the soft RLIMIT_NOFILE to the hard one, as the kernel lets any process, and sizes what may be kept. */
+static void keep_init(void) {
+        struct rlimit rl;
+
+        if (getrlimit(RLIMIT_NOFILE, &rl) < 0)
+                return;
+        if (rl.rlim_cur < rl.rlim_max) {
+                struct rlimit raised = { .rlim_cur = rl.rlim_max, .rlim_max = rl.rlim_max };
+
+                if (setrlimit(RLIMIT_NOFILE, &raised) == 0)
+                        rl = raised;
+        }
+        if (rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur > 2 * KEPT_FD_FLOOR)
+                kept_max = rl.rlim_cur - 2 * KEPT_FD_FLOOR;
+        else if (rl.rlim_cur == RLIM_INFINITY)
+                kept_max = UINT64_MAX;
+}
+
+int client_fd_keep(int fd) {
+        int high;
+
+        pthread_once(&keep_once, keep_init);
+        if (__atomic_add_fetch(&kept_fds, 1, __ATOMIC_RELAXED) > kept_max) {
+                __atomic_sub_fetch(&kept_fds, 1, __ATOMIC_RELAXED);
+                close(fd);
+                return -1;
+        }
+        if (fd < KEPT_FD_FLOOR && (high = fcntl(fd, F_DUPFD_CLOEXEC, KEPT_FD_FLOOR)) >= 0) {
+                close(fd);
+                fd = high;
+        }
+        return fd;
+}
+
+void client_fd_release(int fd) {
+        if (fd < 0)
+                return;
+        close(fd);
+        __atomic_sub_fetch(&kept_fds, 1, __ATOMIC_RELAXED);
+}
 
 #define CMP(a, b) ((a) < (b) ? -1 : (a) > (b))
 
@@ -172,6 +222,7 @@ void client_mapping_drop(gpupool_client *c, struct mapping *m) {
                 client_cuda_unmap(c, m);
         } else {
                 munmap(m->base, m->size);
+                client_fd_release(m->fd);
         }
         free(m);
 }
@@ -189,6 +240,7 @@ int client_mapping_add(gpupool_client *c, unsigned device, uint64_t segment_id, 
         m->segment_id = segment_id;
         m->size = size;
         m->device = device;
+        m->fd = -1;
         /* Host and cuda-vmm segments come as descriptors. */
         if ((c->vmm || !c->cuda) && fd < 0) {
                 free(m);
@@ -227,8 +279,8 @@ int client_mapping_add(gpupool_client *c, unsigned device, uint64_t segment_id, 
         } else {
                 void *base = mmap(NULL, m->size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
 
-                close(fd);
                 if (base == MAP_FAILED) {
+                        close(fd);
                         free(m);
                         client_set_error(c, "cannot map the segment into this process");
                         return -ENOMEM;
@@ -236,6 +288,7 @@ int client_mapping_add(gpupool_client *c, unsigned device, uint64_t segment_id, 
                 /* A forked child must not keep this memory: it may be another client's tomorrow. */
                 (void) madvise(base, m->size, MADV_DONTFORK);
                 m->base = base;
+                m->fd = client_fd_keep(fd);     /* for a daemon after this one to adopt */
         }
         gp_rb_insert(&c->by_addr, &m->by_addr);
         gp_rb_insert(&c->by_id, &m->by_id);

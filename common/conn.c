@@ -45,8 +45,9 @@ static int broken(struct gp_conn *c, int r) {
         return -ECONNRESET;
 }
 
-int gp_conn_call_fds(struct gp_conn *c, Gpupool__Envelope *req, Gpupool__Envelope__BodyCase want,
-                     Gpupool__Envelope **ret_reply, int *fds, size_t max_fds, size_t *ret_nfds) {
+/* One call: req with send_nfds descriptors, its reply with up to max_fds. */
+static int call(struct gp_conn *c, Gpupool__Envelope *req, const int *send_fds, size_t send_nfds,
+                Gpupool__Envelope__BodyCase want, Gpupool__Envelope **ret_reply, int *fds, size_t max_fds, size_t *ret_nfds) {
         int got[GP_WIRE_MAX_FDS];
         Gpupool__Envelope *rep = NULL;
         size_t nfds = 0;
@@ -67,7 +68,7 @@ int gp_conn_call_fds(struct gp_conn *c, Gpupool__Envelope *req, Gpupool__Envelop
          * A daemon that refuses the connection sends why, then closes: the send may fail, or
          * the first read report the reset, with the reason still queued. Read on once for it.
          */
-        sent = gp_wire_send_packet(c->sock, c->buf, (size_t) n, -1);
+        sent = gp_wire_send_packet_fds(c->sock, c->buf, (size_t) n, send_fds, send_nfds);
         if (sent < 0 && sent != -EPIPE && sent != -ECONNRESET)
                 return broken(c, sent);
         for (bool retried = false;;) {
@@ -115,10 +116,23 @@ int gp_conn_call_fds(struct gp_conn *c, Gpupool__Envelope *req, Gpupool__Envelop
                                               "gpupoold answered with the wrong kind of message");
                 return r;
         }
-        memcpy(fds, got, nfds * sizeof(int));
+        if (nfds)
+                memcpy(fds, got, nfds * sizeof(int));
         *ret_nfds = nfds;
         *ret_reply = rep;
         return 0;
+}
+
+int gp_conn_call_fds(struct gp_conn *c, Gpupool__Envelope *req, Gpupool__Envelope__BodyCase want,
+                     Gpupool__Envelope **ret_reply, int *fds, size_t max_fds, size_t *ret_nfds) {
+        return call(c, req, NULL, 0, want, ret_reply, fds, max_fds, ret_nfds);
+}
+
+int gp_conn_call_passing(struct gp_conn *c, Gpupool__Envelope *req, const int *fds, size_t nfds,
+                         Gpupool__Envelope__BodyCase want, Gpupool__Envelope **ret_reply) {
+        size_t got;
+
+        return call(c, req, fds, nfds, want, ret_reply, NULL, 0, &got);
 }
 
 int gp_conn_call(struct gp_conn *c, Gpupool__Envelope *req, Gpupool__Envelope__BodyCase want,

@@ -52,6 +52,10 @@ int gp_conn_call(struct gp_conn *c, Gpupool__Envelope *req, Gpupool__Envelope__B
 int gp_conn_call_fds(struct gp_conn *c, Gpupool__Envelope *req, Gpupool__Envelope__BodyCase want,
                      Gpupool__Envelope **ret_reply, int *fds, size_t max_fds, size_t *ret_nfds);
 
+/* A call whose request carries nfds descriptors (an adoption's; still the caller's after), to a reply that carries none. */
+int gp_conn_call_passing(struct gp_conn *c, Gpupool__Envelope *req, const int *fds, size_t nfds,
+                         Gpupool__Envelope__BodyCase want, Gpupool__Envelope **ret_reply);
+
 /* Closes the socket. Safe to call twice. */
 void gp_conn_close(struct gp_conn *c);
 

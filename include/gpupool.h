@@ -15,7 +15,13 @@
  *   -ECONNRESET    the daemon is gone. On the cuda backend the handle is unusable except for
  *                  gpupool_reconnect() and gpupool_disconnect(); on host and cuda-vmm, whose
  *                  memory outlives the daemon, only what needs the daemon fails: the
- *                  process's blocks stay valid and it allocates on within what it holds
+ *                  process's blocks stay valid and it allocates on within what it holds.
+ *                  On host the handle also reconnects on its own once a daemon listens
+ *                  again (tried every second at most) and the new daemon adopts what the
+ *                  process holds; calls that need a daemon work again from then on. To do
+ *                  so the library keeps each host segment's descriptor: it raises the
+ *                  process's soft RLIMIT_NOFILE to its hard limit and keeps descriptors
+ *                  at 1024 and above, leaving the application 2048
  *   -ETIMEDOUT     the daemon did not answer within $GPUPOOL_TIMEOUT (default 30s; a
  *                  duration, 0 for no limit): it is stopped or hung. The handle is given up as
  *                  after -ECONNRESET (later calls return -ECONNRESET); blocks it holds stay
@@ -79,8 +85,9 @@ GPUPOOL_EXPORT void gpupool_disconnect(gpupool_client *client);
 /*
  * After -ECONNRESET (gpupoold stopped or crashed, and was started again): forgets every block
  * and mapping of the old daemon, which are invalid from now on (on the cuda backend the memory
- * died with the process that owned it; on host and cuda-vmm it is let go, not adopted by the
- * new daemon), and connects again with the same socket and name.
+ * died with the process that owned it; on host and cuda-vmm it is let go: on host the handle
+ * reconnects by itself and keeps it instead, unless this is called), and connects again with
+ * the same socket and name.
  * Returns 0, or connect's errors (-ECONNREFUSED while no daemon listens: call again later);
  * the handle stays usable for gpupool_reconnect() and gpupool_disconnect() either way.
  */

@@ -150,11 +150,19 @@ void testd_start_stderr(struct testd *d, int fd, ...) {
         va_end(ap);
 }
 
-void testd_crash_and_restart(struct testd *d) {
+void testd_crash(struct testd *d) {
         kill(d->pid, SIGKILL);
         ck_assert_int_eq(waitpid(d->pid, NULL, 0), d->pid);
+}
+
+void testd_relaunch(struct testd *d) {
         /* The stale socket file stays, as after a real crash: the new daemon replaces it. */
         launch(d);
+}
+
+void testd_crash_and_restart(struct testd *d) {
+        testd_crash(d);
+        testd_relaunch(d);
 }
 
 bool testd_log_wait(struct testd *d, const char *text) {
@@ -590,6 +598,12 @@ void check_kept_descriptor_reads_nothing(struct testd *d, uint32_t device) {
         close(sock);
 }
 
+bool survivor_restarted(struct survivor *w) {
+        char b;
+
+        return write(w->up[1], "d", 1) == 1 && read(w->go[0], &b, 1) == 1;
+}
+
 void run_survivors(struct testd *d, int n, int (*fn)(struct testd *d, void *arg)) {
         struct survivor w[16];
         pid_t pids[16];
@@ -603,9 +617,15 @@ void run_survivors(struct testd *d, int n, int (*fn)(struct testd *d, void *arg)
         }
         for (int i = 0; i < n; i++)
                 ck_assert_int_eq(read(w[i].up[0], &b, 1), 1);
-        testd_crash_and_restart(d);
+        testd_crash(d);
         for (int i = 0; i < n; i++)
                 ck_assert_int_eq(write(w[i].go[1], "k", 1), 1);
+        /* Each goes on without a daemon, then says so (survivor_restarted()), or exits. */
+        for (int i = 0; i < n; i++)
+                (void) read(w[i].up[0], &b, 1);
+        testd_relaunch(d);
+        for (int i = 0; i < n; i++)
+                (void) write(w[i].go[1], "u", 1);
         for (int i = 0; i < n; i++) {
                 int status = reap(pids[i]);
 

@@ -48,6 +48,9 @@ bool testd_log_wait(struct testd *d, const char *text);
 
 /* Kills the daemon with SIGKILL and starts it again on the same socket, with the same arguments. */
 void testd_crash_and_restart(struct testd *d);
+/* Its two halves: kill -9 (and reap), and a new daemon on the same socket and options. */
+void testd_crash(struct testd *d);
+void testd_relaunch(struct testd *d);
 
 /* A process that outlives its daemon: its index, and the pipes it says ready on and waits on. */
 struct survivor {
@@ -56,11 +59,15 @@ struct survivor {
 };
 
 /*
- * Runs n survivors (fn, with their struct survivor as arg) against d: once each says ready,
- * kills the daemon and starts a new one as systemd would, lets them go on, and checks that
- * each exits 0 (else fails, naming the survivor and its exit status: its step).
+ * Runs n survivors (fn, with their struct survivor as arg) against d: once each says ready
+ * (a byte on up), kills the daemon and lets them go on (a byte on go); once each says it is
+ * done without one (survivor_restarted()), starts a new daemon as systemd would and lets them
+ * go on again; then checks that each exits 0 (else fails, naming the survivor and its exit
+ * status: its step).
  */
 void run_survivors(struct testd *d, int n, int (*fn)(struct testd *d, void *arg));
+/* In a survivor: says it is done without a daemon, and waits for the new one. False on a broken pipe. */
+bool survivor_restarted(struct survivor *w);
 
 /* SIGTERM; returns the daemon's exit status (0 after a clean stop), -1 if it was killed. */
 int testd_stop(struct testd *d);

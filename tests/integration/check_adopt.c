@@ -16,6 +16,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "gpupool.h"
 #include "suites.h"
 #include "testlib.h"
 
@@ -255,6 +256,52 @@ START_TEST(test_adopt_within_limits) {
 }
 END_TEST
 
+/*
+ * A process whose daemon comes back with a lower limit: the library reconnects on its own and
+ * the new daemon adopts what fits; the rest stays the process's, its data intact, and once
+ * empty is let go without a word to the daemon (nothing it does not lease is returned).
+ */
+START_TEST(test_adopt_past_a_new_limit) {
+        void *p[6];
+        gpupool_client *c;
+        struct testd d;
+        void *more;
+        int r;
+
+        testd_start(&d, "--config", conf_new(""), NULL);
+        setenv("GPUPOOL_SEGMENTS", "whole", 1);
+        setenv("GPUPOOL_IDLE_RETURN", "0", 1);
+        ck_assert_int_eq(gpupool_connect(d.sock, "orphans", &c), 0);
+        for (int i = 0; i < 6; i++) {
+                ck_assert_int_eq(gpupool_alloc(c, 0, 12 * MiB, &p[i]), 0);  /* a segment of its own each */
+                memset(p[i], 'a' + i, 12 * MiB);
+        }
+        testd_crash(&d);
+        conf_write("[limits]\nclient_max = 40M\n");
+        testd_relaunch(&d);
+        /* Three segments adopted (36 MiB of the 40), three the process's own: nothing more fits. */
+        ck_assert(testd_client_becomes(&d, getpid(), "orphans", "reserved_bytes", 36 * MiB));
+        ck_assert(testd_log_wait(&d, "adopted 3 of 6 segments (36.0 MiB) on device 0; the rest refused"));
+        for (double t0 = now_s(); (r = gpupool_alloc(c, 0, 8 * MiB, &more)) == -ECONNRESET && now_s() - t0 < 10;)
+                usleep(20 * 1000);
+        ck_assert_int_eq(r, -EDQUOT);
+        for (int i = 0; i < 6; i++) {
+                ck_assert(((char *) p[i])[0] == 'a' + i && ((char *) p[i])[12 * MiB - 1] == 'a' + i);
+                ck_assert_int_eq(gpupool_free(c, p[i]), 0);
+        }
+        ck_assert_int_eq(gpupool_trim(c), 0);
+        ck_assert(testd_client_becomes(&d, getpid(), "orphans", "reserved_bytes", 0));
+        ck_assert_int_eq(testd_device(&d, 0, "reserved_bytes") - testd_device(&d, 0, "cached_bytes"), 0);
+        /* The limit is the process's whole again. */
+        ck_assert_int_eq(gpupool_alloc(c, 0, 38 * MiB, &more), 0);
+        ck_assert_int_eq(gpupool_free(c, more), 0);
+        gpupool_disconnect(c);
+        json_decref(testd_ctl(&d, "check"));
+        ck_assert_int_eq(testd_stop(&d), 0);
+        conf_remove();
+}
+END_TEST
+
 Suite *suite_adopt(void) {
         Suite *s = suite_create("adopt");
         TCase *tc = tcase_create("host");
@@ -262,6 +309,7 @@ Suite *suite_adopt(void) {
         tcase_add_test(tc, test_adopt_after_restart);
         tcase_add_test(tc, test_adopt_refusals);
         tcase_add_test(tc, test_adopt_within_limits);
+        tcase_add_test(tc, test_adopt_past_a_new_limit);
         tcase_set_timeout(tc, 60);
         suite_add_tcase(s, tc);
         return s;

@@ -1878,6 +1878,8 @@ static int survivor_client(struct testd *d, void *arg) {
         for (int i = 0; i < N; i++)
                 if (!pattern_intact(&g, p[i], sizes[i], (unsigned) (w->index * 16 + i)) || gpupool_free(c, p[i]) != 0)
                         return 7;
+        if (!survivor_restarted(w))
+                return 8;
         gpupool_disconnect(c);
         return 0;
 }

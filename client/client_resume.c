@@ -1,0 +1,177 @@
+/*
+ * client_resume.c: a handle's session with the daemon that came back. On the host backend a
+ * process's memory outlives gpupoold (its memfds live while it maps them), and the process
+ * keeps each segment's descriptor (client_fd_keep()). Once a daemon listens again, the
+ * control thread says hello to it and hands it every segment the process holds, with its
+ * descriptor (AdoptRequest, 128 at a time): each the daemon adopts is leased to the process
+ * again, under a new id; one it refuses (a limit, the capacity) stays the process's own
+ * (CLIENT_ORPHAN), given back to nobody once it empties. Blocks, data and addresses never
+ * change: only the ids under them.
+ */
+#include "client_resume.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "client_grow.h"
+#include "client_segment.h"
+
+/* Ids for segments no daemon knows: unique in the process, never a daemon's. */
+static uint64_t next_orphan;
+
+/*
+ * Asks the daemon to adopt n kept segments of device d (their descriptors all kept, n at
+ * most 128) and gives each its new id, or an orphan's where it was refused. Returns 0, or a
+ * negative errno when the daemon could not be asked (the ids are left as they were).
+ */
+static int adopt_batch(gpupool_client *c, unsigned d, struct client_kept *k, size_t n) {
+        Gpupool__Envelope req = GPUPOOL__ENVELOPE__INIT, *rep = NULL;
+        Gpupool__AdoptRequest ar = GPUPOOL__ADOPT_REQUEST__INIT;
+        uint64_t sizes[GP_MAX_LEASE_GRANULES];
+        int fds[GP_MAX_LEASE_GRANULES];
+        size_t adopted = 0;
+        int r;
+
+        for (size_t i = 0; i < n; i++) {
+                sizes[i] = k[i].size;
+                fds[i] = k[i].fd;
+        }
+        ar.device = d;
+        ar.sizes = sizes;
+        ar.n_sizes = n;
+        req.body_case = GPUPOOL__ENVELOPE__BODY_ADOPT;
+        req.adopt = &ar;
+        r = gp_conn_call_passing(&c->conn, &req, fds, n, GPUPOOL__ENVELOPE__BODY_ADOPT_REPLY, &rep);
+        if (r < 0 && c->conn.broken)
+                return client_call_done(c, r);
+        if (r == 0) {
+                adopted = rep->adopt_reply->n_segment_ids < n ? rep->adopt_reply->n_segment_ids : n;
+                for (size_t i = 0; i < adopted; i++)
+                        *k[i].id = rep->adopt_reply->segment_ids[i];
+                if (adopted < n)
+                        client_set_error(c, "gpupoold adopted %zu of %zu segments of device %u this process held: %s",
+                                         adopted, n, d, rep->adopt_reply->refused_error ? rep->adopt_reply->refused_error :
+                                                        "(no reason given)");
+                gpupool__envelope__free_unpacked(rep, NULL);
+        } else {
+                /* Refused whole (a descriptor the daemon would not take): none of these is its. */
+                client_set_error(c, "gpupoold adopted none of %zu segments of device %u this process held: %s", n, d,
+                                 c->conn.error);
+        }
+        for (size_t i = adopted; i < n; i++)
+                *k[i].id = CLIENT_ORPHAN | ++next_orphan;
+        return 0;
+}
+
+/* Has the daemon adopt every segment of device d in k (n of them): those without a descriptor are orphans at once. */
+static int adopt_device(gpupool_client *c, unsigned d, struct client_kept *k, size_t n) {
+        struct client_kept batch[GP_MAX_LEASE_GRANULES];
+        size_t b = 0;
+        int r = 0;
+
+        for (size_t i = 0; i < n && r == 0; i++) {
+                if (k[i].fd < 0) {
+                        *k[i].id = CLIENT_ORPHAN | ++next_orphan;
+                        continue;
+                }
+                batch[b++] = k[i];
+                if (b == GP_MAX_LEASE_GRANULES || i + 1 == n) {
+                        r = adopt_batch(c, d, batch, b);
+                        b = 0;
+                }
+        }
+        if (r == 0 && b)
+                r = adopt_batch(c, d, batch, b);
+        return r;
+}
+
+/* Every segment the process holds, each device's adopted in turn; the whole ones' index by id rebuilt after. */
+static int adopt_all(gpupool_client *c) {
+        size_t whole = c->by_id.count, n = 0;
+        struct mapping **maps = NULL;
+        struct client_kept *k;
+        int r = 0;
+
+        for (unsigned d = 0; d < c->device_count; d++)
+                n += client_grow_held(c, d);
+        k = calloc(n + whole + 1, sizeof(*k));
+        maps = calloc(whole + 1, sizeof(*maps));
+        if (!k || !maps) {
+                free(k);
+                free(maps);
+                client_set_error(c, "out of memory listing the segments for gpupoold to adopt");
+                return -ENOMEM;
+        }
+        /* Out of the index while their ids change: an old id may be a new one's too. */
+        for (size_t i = 0; i < whole; i++) {
+                struct gp_rb_node *first = gp_rb_first(&c->by_id);
+
+                maps[i] = gp_rb_entry(first, struct mapping, by_id);
+                gp_rb_remove(&c->by_id, first);
+        }
+        for (unsigned d = 0; d < c->device_count && r == 0; d++) {
+                size_t m = client_grow_kept(c, d, k, n);
+
+                for (size_t i = 0; i < whole; i++)
+                        if (maps[i]->device == d)
+                                k[m++] = (struct client_kept) { &maps[i]->segment_id, maps[i]->fd, maps[i]->size };
+                r = adopt_device(c, d, k, m);
+        }
+        for (size_t i = 0; i < whole; i++)
+                gp_rb_insert(&c->by_id, &maps[i]->by_id);
+        free(k);
+        free(maps);
+        return r;
+}
+
+int client_resume(gpupool_client *c, struct gp_conn **ret_control) {
+        Gpupool__Hello hello_req = GPUPOOL__HELLO__INIT, control_hello = GPUPOOL__HELLO__INIT;
+        const char *path = c->socket_path[0] ? c->socket_path : NULL;
+        Gpupool__HelloReply *hr;
+        Gpupool__Envelope *hello;
+        struct gp_conn *control;
+        uint64_t client_id;
+        bool same;
+        int r;
+
+        gp_conn_close(&c->conn);
+        hello_req.name = c->name;
+        r = gp_conn_open(&c->conn, path, &hello_req, &hello);
+        if (r < 0) {
+                __atomic_store_n(&c->conn.broken, true, __ATOMIC_RELAXED);
+                return client_call_done(c, r);
+        }
+        hr = hello->hello_reply;
+        /* The memory held is adoptable by a daemon of the same kind only: host memfds, the same devices. */
+        same = hr->n_devices == c->device_count;
+        for (size_t d = 0; same && d < hr->n_devices; d++)
+                same = strcmp(hr->devices[d]->backend, "host") == 0;
+        client_id = hr->client_id;
+        gpupool__envelope__free_unpacked(hello, NULL);
+        if (!same) {
+                gp_conn_close(&c->conn);
+                __atomic_store_n(&c->conn.broken, true, __ATOMIC_RELAXED);
+                client_set_error(c, "gpupoold came back with other devices than this process holds memory of; "
+                                    "gpupool_reconnect() starts anew");
+                return -ECONNRESET;
+        }
+        if ((r = adopt_all(c)) < 0)
+                return r;
+        control = calloc(1, sizeof(*control));
+        if (!control)
+                return -ENOMEM;
+        control_hello.name = c->name;
+        control_hello.has_control_for = 1;
+        control_hello.control_for = client_id;
+        if ((r = gp_conn_open(control, path, &control_hello, NULL)) < 0) {
+                client_set_error(c, "%s", control->error);
+                free(control);
+                return r;
+        }
+        /* The new daemon has heard nothing of what the process holds: the next tick reports it. */
+        for (unsigned d = 0; d < c->device_count; d++)
+                c->devices[d].reported_in_use = c->devices[d].reported_held_free = UINT64_MAX;
+        *ret_control = control;
+        return 0;
+}
