@@ -77,7 +77,6 @@ GPUPOOL_EXPORT int gpupool_connect(const char *socket_path, const char *client_n
         const char *idle_return = getenv("GPUPOOL_IDLE_RETURN"), *segments = getenv("GPUPOOL_SEGMENTS");
         uint64_t idle_return_ms = GPUPOOL_DEFAULT_IDLE_RETURN_MS;
         static uint64_t next_serial;
-        pthread_condattr_t attr;
         gpupool_client *c;
         int r;
 
@@ -103,10 +102,7 @@ GPUPOOL_EXPORT int gpupool_connect(const char *socket_path, const char *client_n
         pthread_mutex_init(&c->lock, NULL);
         pthread_cond_init(&c->deferred_cond, NULL);
         pthread_cond_init(&c->conn_idle, NULL);
-        pthread_condattr_init(&attr);
-        pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
-        pthread_cond_init(&c->control_wake, &attr);
-        pthread_condattr_destroy(&attr);
+        pthread_cond_init(&c->control_wake, NULL);
         client_segments_init(c);
         client_stream_init(c);
         c->epoch = 1;

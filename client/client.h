@@ -168,7 +168,7 @@ struct gpupool_client {
         pthread_t control_thread;
         bool control_started;
         bool control_stopping;          /* locked: client_control_close() ends the thread's wait for a daemon */
-        pthread_cond_t control_wake;    /* on CLOCK_MONOTONIC: signalled with control_stopping */
+        pthread_cond_t control_wake;    /* signalled with control_stopping */
         /*
          * Stream-ordered frees: a queue per stream, and the pending blocks by (stream, device,
          * size) for an allocation on the same stream; the thread that completes them.

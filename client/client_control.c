@@ -12,11 +12,11 @@
 #include <semaphore.h>
 #include <stdlib.h>
 #include <sys/socket.h>
-#include <time.h>
 
 #include "client_pool.h"
 #include "client_resume.h"
 #include "client_segment.h"
+#include "size.h"
 
 /* Sends env (its body set) on the control channel, where nothing answers. Returns 0 or -1. */
 static int control_send(gpupool_client *c, Gpupool__Envelope *env) {
@@ -144,13 +144,7 @@ static bool wait_for_daemon(gpupool_client *c) {
                 struct timespec at;
                 struct gp_conn *control;
 
-                clock_gettime(CLOCK_MONOTONIC, &at);
-                at.tv_sec += (time_t) (wait_ms / 1000);
-                at.tv_nsec += (long) (wait_ms % 1000) * 1000000;
-                if (at.tv_nsec >= 1000000000) {
-                        at.tv_sec++;
-                        at.tv_nsec -= 1000000000;
-                }
+                gp_deadline_after_ms(wait_ms, &at);
                 (void) pthread_cond_timedwait(&c->control_wake, &c->lock, &at);
                 if (c->control_stopping || c->conn_busy)
                         continue;

@@ -76,7 +76,7 @@ static int adopt_device(gpupool_client *c, unsigned d, struct client_kept *k, si
                         continue;
                 }
                 batch[b++] = k[i];
-                if (b == GP_MAX_LEASE_GRANULES || i + 1 == n) {
+                if (b == GP_MAX_LEASE_GRANULES) {
                         r = adopt_batch(c, d, batch, b);
                         b = 0;
                 }

@@ -261,8 +261,8 @@ static void cache_insert(struct pool *p, struct segment *s) {
         p->cached_bytes += s->size;
 }
 
-/* Moves a segment out of its owner into the cache (or, marked to_backend, back to the backend). */
-static void segment_to_cache(struct pool *p, struct segment *s) {
+/* Takes a segment from its owner; returns the owner. */
+static struct pool_owner *segment_take_back(struct segment *s) {
         struct pool_owner *o = s->owner;
 
         gp_rb_remove(&o->segments_by_id, &s->owner_node);
@@ -271,6 +271,13 @@ static void segment_to_cache(struct pool *p, struct segment *s) {
                 o->group->reserved_bytes -= s->size;
         o->segments--;
         s->owner = NULL;
+        return o;
+}
+
+/* Moves a segment out of its owner into the cache (or, marked to_backend, back to the backend). */
+static void segment_to_cache(struct pool *p, struct segment *s) {
+        struct pool_owner *o = segment_take_back(s);
+
         if (s->to_backend) {
                 segment_destroy(p, s);
                 return;
@@ -326,23 +333,32 @@ static struct segment *cache_take(struct pool *p, uint64_t size, uint64_t limit)
         return s;
 }
 
-static int segment_create(struct pool *p, uint64_t size, struct segment **ret) {
+/* A new segment of size bytes of mem (the backend's), in the pool's indices and counts, owned by no one yet. */
+static struct segment *segment_add(struct pool *p, uint64_t size, const struct backend_mem *mem) {
         struct segment *s = calloc(1, sizeof(*s));
-        int r;
 
         if (!s)
-                return -ENOMEM;
-        r = p->backend->ops->mem_create(p->backend, p->device, size, &s->mem);
-        if (r < 0) {
-                free(s);
-                return r;
-        }
+                return NULL;
         s->id = p->next_id++;
         s->size = size;
+        s->mem = *mem;
         gp_rb_insert(&p->segments_by_id, &s->by_id);
         segment_name(p, s);
         p->reserved_bytes += size;
-        *ret = s;
+        return s;
+}
+
+static int segment_create(struct pool *p, uint64_t size, struct segment **ret) {
+        struct backend_mem mem;
+        int r;
+
+        r = p->backend->ops->mem_create(p->backend, p->device, size, &mem);
+        if (r < 0)
+                return r;
+        if (!(*ret = segment_add(p, size, &mem))) {
+                p->backend->ops->mem_destroy(p->backend, p->device, &mem, size);
+                return -ENOMEM;
+        }
         return 0;
 }
 
@@ -485,22 +501,14 @@ int pool_adopt(struct pool *p, struct pool_owner *o, const struct backend_mem *m
 
         if (size > headroom_bytes)
                 return -EDQUOT;
-        if (p->backend->ops->mem_ident && pool_holds(p, p->backend->ops->mem_ident(p->backend, p->device, mem)))
-                return -EEXIST;
         /* Within the capacity, as a new segment would be; the cache makes room, oldest first. */
         while (p->reserved_bytes + size > p->capacity_bytes)
                 if (!cache_release_oldest(p))
                         return -ENOMEM;
                 else
                         p->evictions++;
-        if (!(s = calloc(1, sizeof(*s))))
+        if (!(s = segment_add(p, size, mem)))
                 return -ENOMEM;
-        s->id = p->next_id++;
-        s->size = size;
-        s->mem = *mem;
-        gp_rb_insert(&p->segments_by_id, &s->by_id);
-        segment_name(p, s);
-        p->reserved_bytes += size;
         segment_give(o, s, ret);
         return 0;
 }
@@ -516,11 +524,7 @@ void pool_adopt_undo(struct pool *p, struct pool_owner *o, uint64_t segment_id) 
 
         if (!s || s->owner != o)
                 return;
-        gp_rb_remove(&o->segments_by_id, &s->owner_node);
-        o->reserved_bytes -= s->size;
-        if (o->group)
-                o->group->reserved_bytes -= s->size;
-        o->segments--;
+        (void) segment_take_back(s);
         segment_destroy(p, s);
 }
 

@@ -168,8 +168,8 @@ int pool_lease_granule(struct pool *pool, struct pool_owner *owner, uint64_t hea
  * Takes memory a client holds from a daemon before this one (mem, the backend's mem_adopt made
  * it) into the pool as a segment of size bytes leased to owner, as if just leased: within
  * headroom_bytes (-EDQUOT) and the capacity, the cache making room oldest first (-ENOMEM).
- * -EEXIST when the pool holds that memory already (the backend's mem_ident names it). Returns
- * 0 and fills *ret, the pool then owning mem; else mem stays the caller's.
+ * The caller has checked that the pool does not hold that memory already (pool_holds()).
+ * Returns 0 and fills *ret, the pool then owning mem; else mem stays the caller's.
  */
 int pool_adopt(struct pool *pool, struct pool_owner *owner, const struct backend_mem *mem, uint64_t size,
                uint64_t headroom_bytes, struct pool_lease *ret);

@@ -35,6 +35,10 @@ void request_serve(struct session *session, const Gpupool__Envelope *req);
  */
 uint64_t request_retry_parked(struct node *node, uint64_t now_ms);
 
+/* The requests that hand a client memory (request_lease.c): a lease, an adoption. */
+void request_lease(struct session *session, const Gpupool__Envelope *req, struct reply *ret);
+void request_adopt(struct session *session, const Gpupool__Envelope *req, struct reply *ret);
+
 /* The operators' requests (request_admin.c). */
 void request_status(struct session *session, const Gpupool__Envelope *req, struct reply *ret);
 void request_flush(struct session *session, const Gpupool__Envelope *req, struct reply *ret);

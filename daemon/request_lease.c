@@ -1,0 +1,583 @@
+/*
+ * request_lease.c: the requests that hand a client memory: leases (the eviction ladder,
+ * parking while others give memory back, the refusals' sentences) and adoptions of what a
+ * process kept from a daemon before this one.
+ */
+#include "request.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "log.h"
+#include "node.h"
+#include "reclaim.h"
+#include "session.h"
+#include "size.h"
+
+/* Refuses a lease: the reason goes to the client and, at info, to the log. */
+static void refuse(struct session *s, uint64_t id, int err, enum metrics_refusal reason, unsigned device, uint64_t size,
+                   const char *why, struct reply *ret) {
+        s->node->refusals_total[reason]++;
+        session_log(s, LOG_LEVEL_INFO, "client %llu ('%s', pid %d, tenant %s): %" PRIu64 " bytes on device %u refused: %s",
+                    (unsigned long long) s->id, s->name, (int) s->pid, s->tenant ? s->tenant->conf.name : "-", size, device,
+                    why);
+        reply_error(id, err, false, why, ret);
+}
+
+/* The part of a refusal that says which limit a segment of seg bytes met: "would take client ... over its limit of ...". */
+static void limit_message(const struct session *s, unsigned d, uint64_t seg, const struct policy_admission *a,
+                          char *why, size_t why_size) {
+        static const char *const limit_from[] = {
+                [POLICY_LIMIT_DEFAULT] = "client_max, --client-limit",
+                [POLICY_LIMIT_TENANT] = "its tenant's client_max",
+                [POLICY_LIMIT_PID] = "set-limit --pid",
+        };
+        const struct tenant *t = s->tenant;
+        char b1[GP_SIZE_FORMAT_MAX], b2[GP_SIZE_FORMAT_MAX], b3[GP_SIZE_FORMAT_MAX], b4[GP_SIZE_FORMAT_MAX];
+
+        switch (a->bound) {
+        case POLICY_CLIENT:
+                snprintf(why, why_size, "would take client '%s' (pid %d, tenant %s) to %s reserved, over its limit of %s (%s)",
+                         s->name, (int) s->pid, t->conf.name, gp_size_format(a->used_bytes + seg, b2, sizeof(b2)),
+                         gp_size_format(a->limit_bytes, b3, sizeof(b3)), limit_from[a->client_limit_from]);
+                return;
+        case POLICY_TENANT:
+                snprintf(why, why_size, "would take tenant %s (%u client%s) to %s reserved, over its max of %s%s", t->conf.name,
+                         t->clients, t->clients == 1 ? "" : "s", gp_size_format(a->used_bytes + seg, b2, sizeof(b2)),
+                         gp_size_format(a->limit_bytes, b3, sizeof(b3)), t->overridden ? " (set-limit)" : "");
+                return;
+        case POLICY_GUARANTEES:
+                snprintf(why, why_size,
+                         "does not fit: of the device's %s, clients hold %s and %s is held back for other tenants' unused "
+                         "guarantees (tenant %s holds %s)",
+                         gp_size_format(a->limit_bytes, b2, sizeof(b2)),
+                         gp_size_format(a->used_bytes - a->held_back_bytes, b3, sizeof(b3)),
+                         gp_size_format(a->held_back_bytes, b4, sizeof(b4)), t->conf.name,
+                         gp_size_format(t->sums[d].reserved_bytes, b1, sizeof(b1)));
+                return;
+        case POLICY_UNBOUND:
+                break;
+        }
+        snprintf(why, why_size, "no limit allows");
+}
+
+/* Turns policy's refusal of a lease into the sentence: the request, the limit and the use that it met. */
+static void quota_message(const struct session *s, unsigned d, uint64_t size, const struct policy_admission *a,
+                          char *why, size_t why_size) {
+        uint64_t seg = pool_min_segment_bytes(size);
+        char b1[GP_SIZE_FORMAT_MAX];
+        int n;
+
+        n = snprintf(why, why_size, "a block of %" PRIu64 " bytes on device %u needs a %s segment, which ", size, d,
+                     gp_size_format(seg, b1, sizeof(b1)));
+        if (n < 0 || (size_t) n >= why_size)
+                return;
+        limit_message(s, d, seg, a, why + n, why_size - (size_t) n);
+}
+
+/* The most clients a refusal names as holding a full device's memory. */
+#define HOLDERS_NAMED 3
+
+/*
+ * Who holds device's memory, for the refusal of a lease that did not fit: the clients leasing
+ * most there, each with what it last reported in use and free, and the rest summed.
+ */
+static void holders_text(const struct node *node, unsigned device, char *buf, size_t size) {
+        const struct session *top[HOLDERS_NAMED] = { NULL };
+        uint64_t rest_bytes = 0, now = uv_now(node->loop);
+        unsigned rest = 0;
+        size_t len;
+        int n;
+
+        SESSION_FOREACH(c, node) {
+                const struct session *x = c;
+
+                if (!c->owners || !c->owners[device].reserved_bytes)
+                        continue;
+                /* Insertion into the few largest; what falls off the end is the rest. */
+                for (unsigned i = 0; i < HOLDERS_NAMED && x; i++)
+                        if (!top[i] || x->owners[device].reserved_bytes > top[i]->owners[device].reserved_bytes) {
+                                const struct session *t = top[i];
+
+                                top[i] = x;
+                                x = t;
+                        }
+                if (x) {
+                        rest++;
+                        rest_bytes += x->owners[device].reserved_bytes;
+                }
+        }
+        n = snprintf(buf, size, "; it is leased to");
+        for (unsigned i = 0; i < HOLDERS_NAMED && top[i] && n > 0 && (size_t) n < size; i++) {
+                const struct pool_owner *o = &top[i]->owners[device];
+                char b1[GP_SIZE_FORMAT_MAX], b2[GP_SIZE_FORMAT_MAX], b3[GP_SIZE_FORMAT_MAX], age[48] = "";
+
+                len = (size_t) n;
+                if (o->reported)
+                        snprintf(age, sizeof(age), " as of %llu ms ago",
+                                 (unsigned long long) (now > o->reported_at_ms ? now - o->reported_at_ms : 0));
+                n += snprintf(buf + len, size - len, "%s client %llu '%s' (pid %d, tenant %s): %s, %s in use and %s free%s",
+                              i ? "," : "", (unsigned long long) top[i]->id, top[i]->name, (int) top[i]->pid,
+                              top[i]->tenant ? top[i]->tenant->conf.name : "-",
+                              gp_size_format(o->reserved_bytes, b1, sizeof(b1)),
+                              gp_size_format(o->reported_in_use_bytes, b2, sizeof(b2)),
+                              gp_size_format(o->reported_held_free_bytes, b3, sizeof(b3)), o->reported ? age : " (not reported)");
+        }
+        if (!top[0])
+                snprintf(buf, size, "; no client leases any of it");
+        else if (rest && n > 0 && (size_t) n < size) {
+                char b[GP_SIZE_FORMAT_MAX];
+
+                snprintf(buf + n, size - (size_t) n, ", and %u client%s more %s", rest, rest == 1 ? "" : "s",
+                         gp_size_format(rest_bytes, b, sizeof(b)));
+        }
+}
+
+/*
+ * A leased segment's handle for a reply: sets its IPC handle (cuda), or returns true where its
+ * descriptor goes with the packet instead (host, cuda-vmm).
+ */
+static bool segment_handle(const struct backend_mem *mem, protobuf_c_boolean *ret_has, ProtobufCBinaryData *ret_handle) {
+        if (!mem->ipc_handle_len)
+                return true;
+        *ret_has = 1;
+        ret_handle->len = mem->ipc_handle_len;
+        ret_handle->data = (uint8_t *) mem->ipc_handle;
+        return false;
+}
+
+enum attempt {
+        ATTEMPT_FIRST,          /* a new request: may park to ask others for memory */
+        ATTEMPT_RETRY,          /* parked: memory came back; keep waiting if it still does not fit */
+        ATTEMPT_FINAL,          /* parked, and its time is up */
+};
+
+/*
+ * Where the GPU itself is what is short (others took part of the headroom, so the pool may not
+ * grow by segment bytes even under its capacity), says so in buf; else buf is empty.
+ */
+static void headroom_text(const struct pool_stats *st, uint64_t segment, char *buf, size_t size) {
+        char f[GP_SIZE_FORMAT_MAX], h[GP_SIZE_FORMAT_MAX], o[GP_SIZE_FORMAT_MAX];
+        uint64_t outside;
+
+        buf[0] = '\0';
+        if (!st->gpu_known || st->gpu_free_bytes >= st->headroom_bytes + segment)
+                return;
+        outside = st->gpu_total_bytes - st->gpu_free_bytes;
+        outside = outside > st->reserved_bytes ? outside - st->reserved_bytes : 0;
+        snprintf(buf, size, "; the GPU has %s free, and the pool leaves %s of it (headroom) to contexts and programs "
+                 "outside the pool, which use %s now",
+                 gp_size_format(st->gpu_free_bytes, f, sizeof(f)), gp_size_format(st->headroom_bytes, h, sizeof(h)),
+                 gp_size_format(outside, o, sizeof(o)));
+}
+
+/*
+ * Holds lease request id back (the reply waits, parked) until memory comes back or
+ * reclaim_timeout passes: asked bytes from clients (reclaim), or none (a zeroing under way).
+ */
+static void park(struct session *s, uint64_t id, uint32_t device, uint64_t size, unsigned granules, unsigned ahead,
+                 uint64_t asked, unsigned clients, const struct pool_stats *st, struct reply *ret) {
+        s->parked_id = id;
+        s->parked_device = device;
+        s->parked_size = size;
+        s->parked_granules = granules;
+        s->parked_ahead = ahead;
+        s->parked_asked_bytes = asked;
+        s->parked_asked_clients = clients;
+        s->parked_cached_before = st->cached_bytes;
+        s->parked_deadline_ms = uv_now(s->node->loop) + s->node->options->reclaim_timeout_ms;
+        *ret = (struct reply) { .parked = true };
+}
+
+/*
+ * A granule lease's n segments, all of them or none (those leased before one failed go back
+ * to the cache), then up to ahead more as long as each fits at once (no one is asked for any,
+ * nothing waits), into leases. Each may take what is left of headroom once those before it are
+ * counted. Returns how many were leased (n to n + ahead), or a negative errno.
+ */
+static int lease_granules(struct pool *p, struct pool_owner *o, unsigned n, unsigned ahead, uint64_t headroom,
+                          struct pool_lease *leases) {
+        unsigned i;
+
+        /* Over a limit as a whole: refused before any granule is made (the device's own room is found granule by granule). */
+        if ((uint64_t) n * GP_GRANULE_BYTES > headroom)
+                return -EDQUOT;
+        for (i = 0; i < n + ahead; i++) {
+                uint64_t taken = (uint64_t) i * GP_GRANULE_BYTES;
+                int r = pool_lease_granule(p, o, headroom > taken ? headroom - taken : 0, &leases[i]);
+
+                /* One asked ahead that does not fit, or is being zeroed (-EINPROGRESS; it goes to the cache), ends them. */
+                if (r < 0 && i >= n)
+                        break;
+                if (r < 0) {
+                        while (i--)
+                                pool_lease_undo(p, o, leases[i].segment_id);
+                        return r;
+                }
+        }
+        return (int) i;
+}
+
+/*
+ * One try at a lease, of request id: a segment for size bytes, or (granules) that many
+ * granules, size being their bytes. Fills *ret with the reply and returns true, or returns
+ * false when the request waits (parked) for other clients to give memory back.
+ */
+static bool lease_attempt(struct session *s, uint64_t id, uint32_t device, uint64_t size, unsigned granules,
+                          unsigned ahead, enum attempt attempt, struct reply *ret) {
+        struct node *node = s->node;
+        Gpupool__LeaseReply lr = GPUPOOL__LEASE_REPLY__INIT;
+        char why[GP_MAX_ERROR_BYTES], b1[GP_SIZE_FORMAT_MAX], b2[GP_SIZE_FORMAT_MAX], b3[GP_SIZE_FORMAT_MAX];
+        /* Sized so that the refusal's parts fit in why together (gcc checks the sum). */
+        char tried[160] = "", holders[384], gpu[200];
+        struct pool_owner *owner = &s->owners[device];
+        struct policy_admission adm;
+        struct pool_lease leases[GP_MAX_LEASE_GRANULES];
+        unsigned count = granules ? granules : 1;      /* segments leased */
+        struct pool_stats st;
+        Gpupool__Envelope env;
+        bool pass_fds;
+        int r;
+
+        pool_get_stats(node->pools[device], &st);
+        policy_admit(&node->policy, s->tenant, s->limit_override_bytes, owner, device, &st, &adm);
+        s->parked_zeroing = false;
+        r = granules ? lease_granules(node->pools[device], owner, granules, ahead, adm.headroom_bytes, leases) :
+                       pool_lease(node->pools[device], owner, size, adm.headroom_bytes, &leases[0]);
+        if (r > 0) {
+                count = (unsigned) r;   /* the granules leased, those asked ahead among them */
+                r = 0;
+        }
+        if (r == -EINPROGRESS) {
+                /*
+                 * The segment is being zeroed for this tenant, on the GPU: wait for it parked, as
+                 * for a reclaim, while the loop serves everyone else. Up to reclaim_timeout: a
+                 * GPU that does not finish a memset in that time is stuck.
+                 */
+                s->parked_zeroing = true;
+                s->parked_zero_seq = node->zeroings_ended;
+                if (attempt == ATTEMPT_FIRST) {
+                        park(s, id, device, size, granules, ahead, 0, 0, &st, ret);
+                        session_log(s, LOG_LEVEL_DEBUG, "client %llu: lease of %" PRIu64 " bytes on device %u waits "
+                                    "for a segment being zeroed", (unsigned long long) s->id, size, device);
+                        return false;
+                }
+                if (uv_now(node->loop) < s->parked_deadline_ms)
+                        return false;
+                snprintf(why, sizeof(why), "device %u did not finish zeroing a segment for this lease within %llu ms "
+                         "(reclaim_timeout): the GPU is busy or stuck", device,
+                         (unsigned long long) node->options->reclaim_timeout_ms);
+                session_log(s, LOG_LEVEL_WARN, "client %llu: %s", (unsigned long long) s->id, why);
+                node->refusals_total[METRICS_REFUSED_BACKEND_ERROR]++;
+                reply_error(id, -EIO, false, why, ret);
+                return true;
+        }
+        if (r == -EDQUOT) {
+                quota_message(s, device, size, &adm, why, sizeof(why));
+                refuse(s, id, r, adm.bound == POLICY_TENANT ? METRICS_REFUSED_TENANT_LIMIT :
+                                 adm.bound == POLICY_GUARANTEES ? METRICS_REFUSED_GUARANTEES : METRICS_REFUSED_CLIENT_LIMIT,
+                       device, size, why, ret);
+                return true;
+        }
+        if (r == -ENOMEM && attempt == ATTEMPT_FIRST) {
+                /* Ladder step 3: clients over their guarantee give back segments they keep free. */
+                unsigned clients = 0;
+                uint64_t asked = reclaim_ask(node, s, device, pool_min_segment_bytes(size), &clients);
+
+                if (clients) {
+                        park(s, id, device, size, granules, ahead, asked, clients, &st, ret);
+                        return false;
+                }
+        }
+        if (r == -ENOMEM && attempt == ATTEMPT_RETRY)
+                return false;
+        if (r == -ENOMEM) {
+                if (attempt == ATTEMPT_FINAL)
+                        snprintf(tried, sizeof(tried), "; asked %u client%s for %s they reported free, and not enough "
+                                 "came back within %llu ms (reclaim_timeout)",
+                                 s->parked_asked_clients, s->parked_asked_clients == 1 ? "" : "s",
+                                 gp_size_format(s->parked_asked_bytes, b1, sizeof(b1)),
+                                 (unsigned long long) node->options->reclaim_timeout_ms);
+                else
+                        snprintf(tried, sizeof(tried), "; no other client could give back memory that would serve "
+                                 "(tenants under their guarantee keep theirs)");
+                holders_text(node, device, holders, sizeof(holders));
+                pool_get_stats(node->pools[device], &st);
+                headroom_text(&st, pool_min_segment_bytes(size), gpu, sizeof(gpu));
+                snprintf(why, sizeof(why),
+                         "device %u is full: %" PRIu64 " bytes asked, %s of %s reserved and %s in use after "
+                         "releasing the cache%s%s%s",
+                         device, size, gp_size_format(st.reserved_bytes, b1, sizeof(b1)),
+                         gp_size_format(st.total_bytes, b2, sizeof(b2)), gp_size_format(st.in_use_bytes, b3, sizeof(b3)),
+                         gpu, tried, holders);
+                refuse(s, id, r, METRICS_REFUSED_DEVICE_FULL, device, size, why, ret);
+                return true;
+        }
+        if (r < 0) {
+                if (r == -EMFILE || r == -ENFILE)
+                        snprintf(why, sizeof(why), "the %s backend cannot make a segment: the daemon is out of file "
+                                 "descriptors (%s; see LimitNOFILE= in docs/operations.md)", node->backend->name,
+                                 strerror(-r));
+                else
+                        snprintf(why, sizeof(why), "the %s backend failed: %s", node->backend->name, strerror(-r));
+                session_log(s, LOG_LEVEL_ERR, "client %llu: allocating %" PRIu64 " bytes: %s",
+                            (unsigned long long) s->id, size, why);
+                node->refusals_total[METRICS_REFUSED_BACKEND_ERROR]++;
+                reply_error(id, -EIO, false, why, ret);
+                return true;
+        }
+        node->leases_total[device]++;
+        reply_ok(&env, id);
+        /* The ids, in the order their descriptors go (the reply's list of them, after the first). */
+        for (unsigned i = 0; i < count; i++)
+                ret->fds.segments[i] = leases[i].segment_id;
+        lr.segment_id = leases[0].segment_id;
+        lr.segment_size = leases[0].segment_size;
+        lr.more_segment_ids = ret->fds.segments + 1;
+        lr.n_more_segment_ids = count - 1;
+        /* A granule lease is refused on a backend of IPC handles: each of its segments has a descriptor. */
+        pass_fds = segment_handle(leases[0].mem, &lr.has_ipc_handle, &lr.ipc_handle);
+        env.body_case = GPUPOOL__ENVELOPE__BODY_LEASE_REPLY;
+        env.lease_reply = &lr;
+        if (reply_pack(&env, false, ret) < 0) {
+                /* The client hears of no segment: none stays its. */
+                for (unsigned i = 0; i < count; i++)
+                        pool_lease_undo(node->pools[device], owner, leases[i].segment_id);
+                return true;
+        }
+        if (pass_fds) {
+                ret->fds.device = device;
+                ret->fds.n = count;
+        }
+        return true;
+}
+
+/* Checks a lease's device and size, then makes the first attempt. */
+void request_lease(struct session *s, const Gpupool__Envelope *req, struct reply *ret) {
+        struct node *node = s->node;
+        uint32_t device = req->lease->device, granules = req->lease->granules, ahead = req->lease->granules_ahead;
+        uint64_t size = req->lease->size, id = req->id;
+        char why[200];
+
+        if (device >= node->device_count) {
+                snprintf(why, sizeof(why), "no device %u: this daemon has %u", device, node->device_count);
+                reply_error(id, -ENODEV, false, why, ret);
+                return;
+        }
+        if (size == 0 || size > POOL_MAX_REQUEST) {
+                snprintf(why, sizeof(why), "cannot lease a segment for %" PRIu64 " bytes: a request is 1 byte to 64 TiB",
+                         size);
+                reply_error(id, -EINVAL, false, why, ret);
+                return;
+        }
+        if (req->lease->has_granules_ahead && (!req->lease->has_granules || ahead > GP_MAX_LEASE_GRANULES - granules)) {
+                snprintf(why, sizeof(why), "granules_ahead is for a granule lease, granules and granules_ahead %d at "
+                         "most together, not %u and %u", GP_MAX_LEASE_GRANULES, granules, ahead);
+                reply_error(id, -EINVAL, false, why, ret);
+                return;
+        }
+        if (req->lease->has_granules) {
+                if (granules == 0 || granules > GP_MAX_LEASE_GRANULES || size != GP_GRANULE_BYTES) {
+                        snprintf(why, sizeof(why), "a granule lease asks for 1 to %d granules of %llu bytes, not %u of %"
+                                 PRIu64, GP_MAX_LEASE_GRANULES, GP_GRANULE_BYTES, granules, size);
+                        reply_error(id, -EINVAL, false, why, ret);
+                        return;
+                }
+                if (node->backend->ipc_handles) {
+                        snprintf(why, sizeof(why), "the %s backend exports legacy IPC handles, which map a segment only "
+                                 "whole at an address of the driver's: granule leases need the host or cuda-vmm backend",
+                                 node->backend->name);
+                        reply_error(id, -EINVAL, false, why, ret);
+                        return;
+                }
+                size = (uint64_t) granules * GP_GRANULE_BYTES;
+        }
+        (void) lease_attempt(s, id, device, size, granules, ahead, ATTEMPT_FIRST, ret);
+}
+
+/* Room for an adoption's segments: as many as a granule lease's, their descriptors in one packet. */
+#define ADOPT_MAX GP_MAX_LEASE_GRANULES
+
+/*
+ * Checks an adoption's descriptors (node->recv_fds, one per size) before any is adopted: each
+ * the backend's segment of its size, of memory neither the pool nor another of them holds.
+ * Fills mems, taking their descriptors (their entries go to -1). Returns 0, or a negative errno
+ * with why, every mem made destroyed again.
+ */
+static int adopt_check(struct session *s, uint32_t device, const uint64_t *sizes, size_t n, struct backend_mem *mems,
+                       char *why, size_t why_size) {
+        struct node *node = s->node;
+        struct backend *b = node->backend;
+        uint64_t idents[ADOPT_MAX];
+        char what[160], b1[GP_SIZE_FORMAT_MAX];
+        size_t made, bad = n;
+        int r = 0;
+
+        for (made = 0; made < n && bad == n; made++) {
+                r = b->ops->mem_adopt(b, device, node->recv_fds[made], sizes[made], &mems[made], what, sizeof(what));
+                if (r < 0) {
+                        bad = made;
+                        break;
+                }
+                node->recv_fds[made] = -1;      /* mems[made]'s now */
+                idents[made] = b->ops->mem_ident ? b->ops->mem_ident(b, device, &mems[made]) : 0;
+                for (size_t j = 0; j < made && idents[made] && bad == n; j++)
+                        if (idents[j] == idents[made]) {
+                                snprintf(what, sizeof(what), "the same memory as descriptor %zu", j);
+                                bad = made;
+                        }
+                if (bad == n && idents[made] && pool_holds(node->pools[device], idents[made])) {
+                        snprintf(what, sizeof(what), "memory this daemon holds already (leased, cached or adopted)");
+                        bad = made;
+                }
+                if (bad != n)
+                        r = -EINVAL;
+        }
+        if (r == 0)
+                return 0;
+        while (made--)
+                b->ops->mem_destroy(b, device, &mems[made], sizes[made]);
+        snprintf(why, why_size, "descriptor %zu of the adoption (a segment of %s on device %u) is %s: nothing adopted", bad,
+                 gp_size_format(sizes[bad], b1, sizeof(b1)), device, what);
+        return r;
+}
+
+/*
+ * Adopts the segments a process kept from a daemon before this one (AdoptRequest), leasing
+ * them to it in order while its limits and the capacity allow; the rest stay the process's own.
+ */
+void request_adopt(struct session *s, const Gpupool__Envelope *req, struct reply *ret) {
+        struct node *node = s->node;
+        const Gpupool__AdoptRequest *rq = req->adopt;
+        Gpupool__AdoptReply ar = GPUPOOL__ADOPT_REPLY__INIT;
+        struct backend_mem mems[ADOPT_MAX];
+        uint64_t ids[ADOPT_MAX], bytes = 0;
+        char why[GP_MAX_ERROR_BYTES], b1[GP_SIZE_FORMAT_MAX], b2[GP_SIZE_FORMAT_MAX], b3[GP_SIZE_FORMAT_MAX];
+        uint32_t device = rq->device;
+        Gpupool__Envelope env;
+        size_t n = rq->n_sizes, i;
+        int r = 0;
+
+        if (device >= node->device_count) {
+                snprintf(why, sizeof(why), "no device %u: this daemon has %u", device, node->device_count);
+                reply_error(req->id, -ENODEV, false, why, ret);
+                return;
+        }
+        if (n == 0 || n > ADOPT_MAX || n != node->recv_nfds) {
+                snprintf(why, sizeof(why), "an adoption names 1 to %d segments, each with its descriptor, not %zu with %zu",
+                         ADOPT_MAX, n, node->recv_nfds);
+                reply_error(req->id, -EINVAL, false, why, ret);
+                return;
+        }
+        for (i = 0; i < n; i++)
+                if (rq->sizes[i] == 0 || rq->sizes[i] % GP_GRANULE_BYTES || rq->sizes[i] > heap_min_segment_bytes(POOL_MAX_REQUEST)) {
+                        snprintf(why, sizeof(why), "segment %zu of the adoption is of %" PRIu64 " bytes: a segment is a "
+                                 "multiple of %llu bytes, up to the largest request's", i, rq->sizes[i], GP_GRANULE_BYTES);
+                        reply_error(req->id, -EINVAL, false, why, ret);
+                        return;
+                }
+        if (!node->backend->ops->mem_adopt) {
+                snprintf(why, sizeof(why), "the %s backend cannot adopt memory: %s", node->backend->name,
+                         node->backend->ipc_handles ? "its segments lived in the daemon's context and went with it" :
+                         "adoption is not built for it yet");
+                reply_error(req->id, -EINVAL, false, why, ret);
+                return;
+        }
+        if ((r = adopt_check(s, device, rq->sizes, n, mems, why, sizeof(why))) < 0) {
+                session_log(s, LOG_LEVEL_WARN, "client %llu (pid %d): adoption refused: %s", (unsigned long long) s->id,
+                            (int) s->pid, why);
+                reply_error(req->id, r, false, why, ret);
+                return;
+        }
+        for (i = 0; i < n; i++) {
+                struct pool_owner *owner = &s->owners[device];
+                struct policy_admission adm;
+                struct pool_lease lease;
+                struct pool_stats st;
+
+                pool_get_stats(node->pools[device], &st);
+                policy_admit(&node->policy, s->tenant, s->limit_override_bytes, owner, device, &st, &adm);
+                r = pool_adopt(node->pools[device], owner, &mems[i], rq->sizes[i], adm.headroom_bytes, &lease);
+                if (r == -EDQUOT) {
+                        int k = snprintf(why, sizeof(why), "adopting a segment of %s on device %u ",
+                                         gp_size_format(rq->sizes[i], b1, sizeof(b1)), device);
+
+                        limit_message(s, device, rq->sizes[i], &adm, why + k, sizeof(why) - (size_t) k);
+                } else if (r == -ENOMEM) {
+                        snprintf(why, sizeof(why), "device %u is full: adopting a segment of %s would take it to %s "
+                                 "reserved, over its capacity of %s", device, gp_size_format(rq->sizes[i], b1, sizeof(b1)),
+                                 gp_size_format(st.reserved_bytes + rq->sizes[i], b2, sizeof(b2)),
+                                 gp_size_format(st.total_bytes, b3, sizeof(b3)));
+                } else if (r < 0) {
+                        snprintf(why, sizeof(why), "adopting a segment of %s on device %u: %s",
+                                 gp_size_format(rq->sizes[i], b1, sizeof(b1)), device, strerror(-r));
+                }
+                if (r < 0)
+                        break;
+                ids[i] = lease.segment_id;
+                bytes += rq->sizes[i];
+        }
+        /* What was not adopted stays the process's alone: the daemon lets go of its descriptors. */
+        for (size_t j = i; j < n; j++)
+                node->backend->ops->mem_destroy(node->backend, device, &mems[j], rq->sizes[j]);
+        session_log(s, LOG_LEVEL_INFO, "client %llu ('%s', pid %d): adopted %zu of %zu segments (%s) on device %u%s%s",
+                    (unsigned long long) s->id, s->name, (int) s->pid, i, n, gp_size_format(bytes, b1, sizeof(b1)), device,
+                    i < n ? "; the rest refused: " : "", i < n ? why : "");
+        reply_ok(&env, req->id);
+        ar.segment_ids = ids;
+        ar.n_segment_ids = i;
+        if (i < n) {
+                ar.has_refused_status = true;
+                ar.refused_status = gp_errno_to_status(r);
+                ar.refused_error = why;
+        }
+        env.body_case = GPUPOOL__ENVELOPE__BODY_ADOPT_REPLY;
+        env.adopt_reply = &ar;
+        if (reply_pack(&env, false, ret) < 0)
+                for (i = 0; i < ar.n_segment_ids; i++)
+                        pool_adopt_undo(node->pools[device], &s->owners[device], ids[i]);
+}
+
+static bool is_parked(const struct session *c, const void *arg) {
+        (void) arg;
+        return c->parked;
+}
+
+uint64_t request_retry_parked(struct node *node, uint64_t now_ms) {
+        struct session **parked;
+        uint64_t next = UINT64_MAX;
+        /*
+         * Collected first: answering one may end its session, and with it that session's
+         * control channel, which is never parked itself.
+         */
+        ssize_t n = session_collect(node, is_parked, NULL, &parked);
+
+        if (n < 0)
+                return now_ms + 10;     /* out of memory for a moment: try again soon */
+        for (ssize_t i = 0; i < n; i++) {
+                struct session *c = parked[i];
+                struct reply rep = { 0 };
+                /* Final at the deadline, or once every client asked has answered and it still does not fit. */
+                bool final = now_ms >= c->parked_deadline_ms || node->reclaim_outstanding == 0;
+
+                /* Waiting for a zeroing: asking again before one ends would only start another. */
+                if (c->parked_zeroing && c->parked_zero_seq == node->zeroings_ended && now_ms < c->parked_deadline_ms) {
+                        if (c->parked_deadline_ms < next)
+                                next = c->parked_deadline_ms;
+                        continue;
+                }
+
+                if (lease_attempt(c, c->parked_id, c->parked_device, c->parked_size, c->parked_granules, c->parked_ahead,
+                                  final ? ATTEMPT_FINAL : ATTEMPT_RETRY, &rep)) {
+                        session_unpark(c);
+                        (void) session_send(c, &rep);
+                } else if (c->parked_deadline_ms < next) {
+                        next = c->parked_deadline_ms;
+                }
+        }
+        free(parked);
+        return next;
+}
