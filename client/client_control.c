@@ -129,18 +129,18 @@ static void serve(gpupool_client *c) {
 #define RESUME_LAST_MS 1000
 
 /*
- * With the daemon gone (host backend), tries to reach the one that comes back, as systemd
- * restarts it, and has it adopt what the process holds (client_resume()): then the channel is
- * the new session's and the thread serves it again (true). False once the handle closes the
- * channel, and at once on the cuda backends (their memory went with the daemon, or adoption is
- * not built for it: gpupool_reconnect() starts anew).
+ * With the daemon gone (host and cuda-vmm backends), tries to reach the one that comes back, as
+ * systemd restarts it, and has it adopt what the process holds (client_resume()): then the
+ * channel is the new session's and the thread serves it again (true). False once the handle
+ * closes the channel, and at once on the legacy cuda backend (its memory went with the daemon:
+ * gpupool_reconnect() starts anew).
  */
 static bool wait_for_daemon(gpupool_client *c) {
         uint64_t wait_ms = RESUME_FIRST_MS;
         bool resumed = false;
 
         pthread_mutex_lock(&c->lock);
-        while (!c->control_stopping && !c->cuda && !resumed) {
+        while (!c->control_stopping && (!c->cuda || c->vmm) && !resumed) {
                 struct timespec at;
                 struct gp_conn *control;
 

@@ -27,6 +27,7 @@
 #include "client_cuda.h"
 
 #include "client.h"
+#include "client_segment.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -63,6 +64,26 @@ static void unrelax(gpupool_client *c, int mode) {
                 (void) c->cu.cuThreadExchangeStreamCaptureMode(&mode);
 }
 
+/* Which of the daemon's devices (hello's) each GPU of this process is, by UUID: map[ordinal], -1 for none. */
+static void match_devices(gpupool_client *c, const Gpupool__HelloReply *hello, int map[CLIENT_MAX_DEVICES]) {
+        for (int i = 0; i < CLIENT_MAX_DEVICES; i++) {
+                gp_cu_device dev;
+                gp_cu_uuid uuid;
+
+                map[i] = -1;
+                if (i >= c->local_count || c->cu.cuDeviceGet(&dev, i) != GP_CUDA_SUCCESS ||
+                    c->cu.cuDeviceGetUuid(&uuid, dev) != GP_CUDA_SUCCESS)
+                        continue;
+                for (size_t d = 0; d < hello->n_devices && d < CLIENT_MAX_DEVICES; d++) {
+                        const Gpupool__DeviceInfo *info = hello->devices[d];
+
+                        if (info->has_uuid && info->uuid.len == sizeof(uuid.bytes) &&
+                            memcmp(info->uuid.data, uuid.bytes, sizeof(uuid.bytes)) == 0)
+                                map[i] = (int) d;
+                }
+        }
+}
+
 int client_cuda_setup(gpupool_client *c, const Gpupool__HelloReply *hello) {
         char err[256];
         int count = 0, r;
@@ -87,24 +108,22 @@ int client_cuda_setup(gpupool_client *c, const Gpupool__HelloReply *hello) {
         if (c->cu.cuDeviceGetCount(&count) != GP_CUDA_SUCCESS)
                 count = 0;
         c->local_count = count < CLIENT_MAX_DEVICES ? count : CLIENT_MAX_DEVICES;
-        for (int i = 0; i < c->local_count; i++) {
-                gp_cu_device dev;
-                gp_cu_uuid uuid;
-
-                if (c->cu.cuDeviceGet(&dev, i) != GP_CUDA_SUCCESS || c->cu.cuDeviceGetUuid(&uuid, dev) != GP_CUDA_SUCCESS)
-                        continue;
-                for (unsigned d = 0; d < c->device_count; d++) {
-                        const Gpupool__DeviceInfo *info = hello->devices[d];
-
-                        if (info->has_uuid && info->uuid.len == sizeof(uuid.bytes) &&
-                            memcmp(info->uuid.data, uuid.bytes, sizeof(uuid.bytes)) == 0) {
-                                c->local_to_daemon[i] = (int) d;
-                                c->devices[d].visible = true;
-                                c->devices[d].dev = dev;
-                        }
+        match_devices(c, hello, c->local_to_daemon);
+        for (int i = 0; i < c->local_count; i++)
+                if (c->local_to_daemon[i] >= 0) {
+                        c->devices[c->local_to_daemon[i]].visible = true;
+                        (void) c->cu.cuDeviceGet(&c->devices[c->local_to_daemon[i]].dev, i);
                 }
-        }
         return 0;
+}
+
+bool client_cuda_same_devices(gpupool_client *c, const Gpupool__HelloReply *hello) {
+        int map[CLIENT_MAX_DEVICES];
+
+        if (hello->n_devices != c->device_count)
+                return false;
+        match_devices(c, hello, map);
+        return memcmp(map, c->local_to_daemon, sizeof(map)) == 0;
 }
 
 /* The device's primary context, retained on first use. */
@@ -226,16 +245,13 @@ int client_cuda_import(gpupool_client *c, struct client_device *d, int fd, uint6
         int err, mode;
 
         err = segment_device_enter(c, d);
-        if (err < 0) {
-                close(fd);
+        if (err < 0)
                 return err;
-        }
         mode = relax(c);
-        /* The descriptor by value, as the driver takes it. */
+        /* The descriptor by value, as the driver takes it; the handle holds the memory from here. */
         r = c->cu.cuMemImportFromShareableHandle(ret, (void *) (uintptr_t) fd, GP_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
         unrelax(c, mode);
         pop(c);
-        close(fd);      /* the handle holds the memory from here */
         return r == GP_CUDA_SUCCESS ? 0 : vmm_failed(c, "cuMemImportFromShareableHandle", size, r);
 }
 
@@ -292,17 +308,23 @@ int client_cuda_map_fd(gpupool_client *c, struct mapping *m, int fd) {
         int r;
 
         r = client_cuda_import(c, d, fd, m->size, &h);
-        if (r < 0)
+        if (r < 0) {
+                close(fd);
                 return r;
+        }
         r = client_cuda_reserve(c, d, m->size, 0, &va);
         /* The whole allocation, which must be the segment the daemon described. */
         if (r == 0 && (r = client_cuda_map_at(c, d, va, m->size, h)) < 0)
                 client_cuda_unreserve(c, d, va, m->size);
         /* Mapped or not, the handle goes: a mapping keeps the memory while it lasts. */
         client_cuda_release(c, d, h);
-        if (r == 0)
-                m->base = va;
-        return r;
+        if (r < 0) {
+                close(fd);
+                return r;
+        }
+        m->base = va;
+        m->fd = client_fd_keep(fd);     /* for a daemon after this one to adopt */
+        return 0;
 }
 
 void client_cuda_unmap(gpupool_client *c, struct mapping *m) {

@@ -21,10 +21,14 @@ int client_cuda_open(gpupool_client *c, struct mapping *m);
 void client_cuda_close(gpupool_client *c, struct mapping *m);
 
 /*
- * cuda-vmm: imports the segment's descriptor fd (closed here), maps it in a range this process
- * reserves and makes it accessible on its device; sets m->base. Returns 0 or a negative errno.
+ * cuda-vmm: imports the segment's descriptor fd, maps it in a range this process reserves and
+ * makes it accessible on its device; sets m->base, and m->fd to fd kept for a daemon after
+ * this one to adopt (client_fd_keep()); fd is closed on failure. Returns 0 or a negative errno.
  */
 int client_cuda_map_fd(gpupool_client *c, struct mapping *m, int fd);
+
+/* Whether a daemon's hello names the same devices, each the same GPU of this process, as the session's did. */
+bool client_cuda_same_devices(gpupool_client *c, const Gpupool__HelloReply *hello);
 
 /* Unmaps what client_cuda_map_fd() mapped and frees its range: the memory goes once nobody holds it. */
 void client_cuda_unmap(gpupool_client *c, struct mapping *m);
@@ -37,7 +41,7 @@ void client_cuda_unmap(gpupool_client *c, struct mapping *m);
 int client_cuda_reserve(gpupool_client *c, struct client_device *d, uint64_t bytes, uint64_t align, uint8_t **ret);
 /* Frees what client_cuda_reserve() reserved (nothing may be mapped in it). */
 void client_cuda_unreserve(gpupool_client *c, struct client_device *d, uint8_t *base, uint64_t bytes);
-/* Imports the descriptor fd (closed here) of size bytes as a handle of its memory. Returns 0 or a negative errno, the error set. */
+/* Imports the descriptor fd (still the caller's) of size bytes as a handle of its memory. Returns 0 or a negative errno, the error set. */
 int client_cuda_import(gpupool_client *c, struct client_device *d, int fd, uint64_t size, gp_cu_mem_handle *ret);
 /* Lets go of an imported handle: the memory goes once nothing maps it either. */
 void client_cuda_release(gpupool_client *c, struct client_device *d, gp_cu_mem_handle h);

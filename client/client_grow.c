@@ -16,8 +16,8 @@
  *             mapping); unmapping puts the reservation back over it. The parking mapping keeps
  *             the memory until the granule goes back. No step leaves a hole another mmap()
  *             of the process could take.
- *   cuda-vmm  each descriptor is imported (cuMemImportFromShareableHandle) and closed; the
- *             handle is mapped under blocks (cuMemMap, cuMemSetAccess) and unmapped
+ *   cuda-vmm  each descriptor is imported (cuMemImportFromShareableHandle) and kept, as on
+ *             host; the handle is mapped under blocks (cuMemMap, cuMemSetAccess) and unmapped
  *             (cuMemUnmap) as they need it, and released when the granule goes back.
  */
 #define _GNU_SOURCE
@@ -40,7 +40,7 @@
 struct grow_granule {
         bool held;
         uint64_t segment_id;            /* the daemon's (CLIENT_ORPHAN set: no daemon's, after a refused adoption) */
-        int fd;                         /* host: its memfd, kept for a later daemon to adopt (-1: none) */
+        int fd;                         /* its descriptor, kept for a later daemon to adopt (-1: none) */
         gp_cu_mem_handle handle;        /* cuda-vmm: imported */
         uint64_t next_free;             /* free entries: the next, or UINT64_MAX */
 };
@@ -266,6 +266,10 @@ static int64_t granule_new(struct client_grow *g, uint64_t id, int fd) {
         }
         if (c->vmm) {
                 r = client_cuda_import(c, &c->devices[g->device], fd, G, &g->granules[i].handle);
+                if (r < 0)
+                        close(fd);
+                else
+                        g->granules[i].fd = client_fd_keep(fd);        /* for a daemon after this one to adopt */
         } else {
                 void *at = mmap(g->park + i * G, G, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0);
 

@@ -1,7 +1,8 @@
 /*
- * client_resume.c: a handle's session with the daemon that came back. On the host backend a
- * process's memory outlives gpupoold (its memfds live while it maps them), and the process
- * keeps each segment's descriptor (client_fd_keep()). Once a daemon listens again, the
+ * client_resume.c: a handle's session with the daemon that came back. On the host and cuda-vmm
+ * backends a process's memory outlives gpupoold (a memfd lives while it is mapped, cuMemCreate
+ * memory while a handle or a mapping of it is held), and the process keeps each segment's
+ * descriptor (client_fd_keep()). Once a daemon listens again, the
  * control thread says hello to it and hands it every segment the process holds, with its
  * descriptor (AdoptRequest, 128 at a time): each the daemon adopts is leased to the process
  * again, under a new id; one it refuses (a limit, the capacity) stays the process's own
@@ -14,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "client_cuda.h"
 #include "client_grow.h"
 #include "client_segment.h"
 
@@ -143,17 +145,19 @@ int client_resume(gpupool_client *c, struct gp_conn **ret_control) {
                 return client_call_done(c, r);
         }
         hr = hello->hello_reply;
-        /* The memory held is adoptable by a daemon of the same kind only: host memfds, the same devices. */
+        /* The memory held is adoptable by a daemon of the same kind only, with the same devices (GPUs: by UUID). */
         same = hr->n_devices == c->device_count;
         for (size_t d = 0; same && d < hr->n_devices; d++)
-                same = strcmp(hr->devices[d]->backend, "host") == 0;
+                same = strcmp(hr->devices[d]->backend, c->vmm ? "cuda-vmm" : "host") == 0;
+        if (same && c->vmm)
+                same = client_cuda_same_devices(c, hr);
         client_id = hr->client_id;
         gpupool__envelope__free_unpacked(hello, NULL);
         if (!same) {
                 gp_conn_close(&c->conn);
                 __atomic_store_n(&c->conn.broken, true, __ATOMIC_RELAXED);
-                client_set_error(c, "gpupoold came back with other devices than this process holds memory of; "
-                                    "gpupool_reconnect() starts anew");
+                client_set_error(c, "gpupoold came back with other devices (or another backend) than this process "
+                                    "holds memory of; gpupool_reconnect() starts anew");
                 return -ECONNRESET;
         }
         if ((r = adopt_all(c)) < 0)

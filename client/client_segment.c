@@ -220,6 +220,7 @@ void client_mapping_drop(gpupool_client *c, struct mapping *m) {
                 client_cuda_close(c, m);
         } else if (m->vmm) {
                 client_cuda_unmap(c, m);
+                client_fd_release(m->fd);
         } else {
                 munmap(m->base, m->size);
                 client_fd_release(m->fd);

@@ -157,6 +157,7 @@ typedef struct {                                /* CUmemAccessDesc */
           (void *shareable, gp_cu_mem_handle handle, gp_cu_mem_handle_type type, unsigned long long flags)) \
         X(cuMemImportFromShareableHandle, 10020, gp_cu_result, \
           (gp_cu_mem_handle *handle, void *os_handle, gp_cu_mem_handle_type type)) \
+        X(cuMemGetAllocationPropertiesFromHandle, 10020, gp_cu_result, (gp_cu_mem_prop *prop, gp_cu_mem_handle handle)) \
         X(cuMemAddressReserve, 10020, gp_cu_result, \
           (gp_cu_deviceptr *ptr, size_t size, size_t alignment, gp_cu_deviceptr addr, unsigned long long flags)) \
         X(cuMemAddressFree, 10020, gp_cu_result, (gp_cu_deviceptr ptr, size_t size)) \

@@ -81,9 +81,10 @@ struct backend_ops {
         int (*mem_adopt)(struct backend *b, unsigned device, int fd, uint64_t size, struct backend_mem *ret, char *why,
                          size_t why_size);
         /*
-         * Optional: a number naming a segment's memory, the same for every descriptor of it and
-         * no other memory's while the segment lives; 0 when it has none. The pool adopts no
-         * memory it holds already by it.
+         * Optional: a number naming a segment's memory, the same for every descriptor the
+         * backend can tell is of it (host: any; cuda-vmm: those of the file it exported) and no
+         * other memory's while the segment lives; 0 when it has none. The pool adopts no memory
+         * it holds already by it.
          */
         uint64_t (*mem_ident)(struct backend *b, unsigned device, const struct backend_mem *mem);
 };
@@ -96,6 +97,7 @@ struct backend {
         uint64_t faults_injected;       /* by the test-only fault wrapper; 0 otherwise */
         bool ipc_handles;               /* exports legacy CUDA IPC handles, which need the daemon's PID namespace */
         uint64_t fd_bytes;              /* memory it keeps as a descriptor per segment (host, cuda-vmm): the fd limit's */
+        const char *no_adopt_why;       /* where mem_adopt is NULL: why, told to a client that asks */
 };
 
 /* The host backend: one device of capacity_bytes of memfd memory. Returns 0 or a negative errno. */

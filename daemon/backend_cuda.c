@@ -20,22 +20,32 @@
  * daemon's; the segment is handed out once the event has completed (the loop polls it): the
  * next tenant's work runs in another process's context, which nothing would order after ours.
  *
+ * cuda-vmm memory outlives the daemon (clients hold handles and mappings of it) and a daemon
+ * after this one adopts the descriptors clients kept (cuda_mem_adopt), knowing memory by the
+ * file this daemon exported of it (vmm_name(), kcmp(2)); the legacy backend's allocations die
+ * with the daemon's context.
+ *
  * Compute modes: a GPU in EXCLUSIVE_PROCESS mode (common on shared clusters) admits one
  * process's context at a time, and one in PROHIBITED mode none; gpupoold's context would lock
  * every client out of the first, and cannot exist on the second. Such GPUs are skipped with a
  * log line that says why and what to do; the pool's devices are the GPUs left, in order (the
  * clients match them by UUID). If none is left gpupoold does not start.
  */
+#define _GNU_SOURCE
 #include "backend.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
 #include <unistd.h>
+#include <linux/kcmp.h>
 
 #include "cudadrv.h"
 #include "log.h"
+#include "rbtree.h"
 #include "size.h"
 
 struct cuda_device {
@@ -52,6 +62,10 @@ struct cuda_backend {
         struct backend base;
         struct gp_cuda cu;
         bool vmm;                       /* cuda-vmm: cuMemCreate segments, exported as descriptors */
+        bool named;                     /* cuda-vmm with kcmp(2): segments named by their file (files) */
+        struct gp_rb_tree files;        /* struct vmm_file, in kcmp(2)'s order of their files */
+        uint64_t last_ident;
+        char no_adopt_why[192];
         uint64_t headroom_bytes;        /* --headroom: left free on each GPU for everyone else */
         struct cuda_device devs[BACKEND_MAX_DEVICES];
 };
@@ -152,13 +166,98 @@ static gp_cu_mem_prop vmm_prop(const struct cuda_device *d) {
 }
 
 /*
- * Fresh physical memory for a segment: made, exported as a descriptor, and mapped at va (the
- * daemon's own mapping, for zeroing). Pushed. Returns a driver result; on failure nothing is left.
+ * Which memory a descriptor is. The driver names none: each export is a file of its own, and
+ * nothing of a descriptor tells which allocation it is. What the daemon can tell is whether two
+ * descriptors are the same open file, with kcmp(2) (KCMP_FILE), which orders files too. It
+ * exports each segment's memory once and hands that one file to the segment's lessee, who keeps
+ * it; a descriptor handed back for adoption is that file, and is named by the segment it came
+ * from. (A process that exports memory it imported again makes a new file of it: the daemon
+ * takes that for other memory, counted apart, which only ever counts the process more.)
+ */
+struct vmm_file {
+        struct gp_rb_node node;
+        int fd;                         /* the descriptor it was named by: a segment's, or one being adopted */
+        uint64_t ident;
+};
+
+static pid_t kcmp_self;
+
+static int cmp_file(const struct gp_rb_node *x, const struct gp_rb_node *y) {
+        int a = gp_rb_entry(x, struct vmm_file, node)->fd, b = gp_rb_entry(y, struct vmm_file, node)->fd;
+        long r = syscall(SYS_kcmp, kcmp_self, kcmp_self, KCMP_FILE, (unsigned long) a, (unsigned long) b);
+
+        /* 0: the same file; 1 and 2: before and after, in an order that holds while both are open. */
+        return r == 0 ? 0 : r == 1 ? -1 : r == 2 ? 1 : (a > b) - (a < b);
+}
+
+/* Whether kcmp(2) works here: a seccomp filter, or a kernel without CONFIG_KCMP, may refuse it. */
+static int kcmp_probe(void) {
+        int p[2], err = 0;
+
+        if (pipe2(p, O_CLOEXEC) < 0)
+                return -errno;
+        kcmp_self = getpid();
+        if (syscall(SYS_kcmp, kcmp_self, kcmp_self, KCMP_FILE, (unsigned long) p[0], (unsigned long) p[1]) < 0)
+                err = -errno;
+        close(p[0]);
+        close(p[1]);
+        return err;
+}
+
+static struct vmm_file *vmm_named(struct cuda_backend *c, int fd) {
+        struct vmm_file key = { .fd = fd };
+        struct gp_rb_node *n = fd >= 0 ? gp_rb_find(&c->files, &key.node) : NULL;
+
+        return n ? gp_rb_entry(n, struct vmm_file, node) : NULL;
+}
+
+/* Names fd's file, unless it has a name already (then fd is a second descriptor of it). Returns 0 or -ENOMEM. */
+static int vmm_name(struct cuda_backend *c, int fd) {
+        struct vmm_file *f;
+
+        if (!c->named)
+                return 0;
+        if (!(f = malloc(sizeof(*f))))
+                return -ENOMEM;
+        f->fd = fd;
+        f->ident = ++c->last_ident;
+        if (gp_rb_insert(&c->files, &f->node))
+                free(f);
+        return 0;
+}
+
+/* Forgets fd's file, before fd closes, if fd is the descriptor it was named by. */
+static void vmm_unname(struct cuda_backend *c, int fd) {
+        struct vmm_file *f = c->named ? vmm_named(c, fd) : NULL;
+
+        if (f && f->fd == fd) {
+                gp_rb_remove(&c->files, &f->node);
+                free(f);
+        }
+}
+
+/* Maps h at va for the device to read and write. Pushed. Returns a driver result; on failure nothing is mapped. */
+static gp_cu_result vmm_map(struct cuda_backend *c, struct cuda_device *d, gp_cu_deviceptr va, uint64_t size,
+                            gp_cu_mem_handle h) {
+        gp_cu_mem_access_desc rw = { .location = vmm_prop(d).location, .flags = GP_CU_MEM_ACCESS_FLAGS_PROT_READWRITE };
+        gp_cu_result r = c->cu.cuMemMap(va, size, 0, h, 0);
+
+        if (r == GP_CUDA_SUCCESS) {
+                r = c->cu.cuMemSetAccess(va, size, &rw, 1);
+                if (r != GP_CUDA_SUCCESS)
+                        (void) c->cu.cuMemUnmap(va, size);
+        }
+        return r;
+}
+
+/*
+ * Fresh physical memory for a segment: made, exported as a descriptor (named by its file), and
+ * mapped at va (the daemon's own mapping, for zeroing). Pushed. Returns a driver result
+ * (CUDA_ERROR_OUT_OF_MEMORY too when the name could not be kept); on failure nothing is left.
  */
 static gp_cu_result vmm_make(struct cuda_backend *c, struct cuda_device *d, uint64_t size, gp_cu_deviceptr va,
                              gp_cu_mem_handle *ret_handle, int *ret_fd) {
         gp_cu_mem_prop prop = vmm_prop(d);
-        gp_cu_mem_access_desc rw = { .location = prop.location, .flags = GP_CU_MEM_ACCESS_FLAGS_PROT_READWRITE };
         gp_cu_mem_handle h;
         gp_cu_result r;
         int fd = -1;
@@ -168,11 +267,10 @@ static gp_cu_result vmm_make(struct cuda_backend *c, struct cuda_device *d, uint
                 return r;
         r = c->cu.cuMemExportToShareableHandle(&fd, h, GP_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
         if (r == GP_CUDA_SUCCESS) {
-                r = c->cu.cuMemMap(va, size, 0, h, 0);
-                if (r == GP_CUDA_SUCCESS) {
-                        r = c->cu.cuMemSetAccess(va, size, &rw, 1);
-                        if (r != GP_CUDA_SUCCESS)
-                                (void) c->cu.cuMemUnmap(va, size);
+                r = vmm_map(c, d, va, size, h);
+                if (r == GP_CUDA_SUCCESS && vmm_name(c, fd) < 0) {
+                        (void) c->cu.cuMemUnmap(va, size);
+                        r = GP_CUDA_ERROR_OUT_OF_MEMORY;
                 }
                 if (r != GP_CUDA_SUCCESS)
                         close(fd);
@@ -190,8 +288,10 @@ static gp_cu_result vmm_make(struct cuda_backend *c, struct cuda_device *d, uint
 static void vmm_unmake(struct cuda_backend *c, struct cuda_device *d, struct backend_mem *mem, uint64_t size) {
         gp_cu_result r;
 
-        if (mem->fd >= 0)
+        if (mem->fd >= 0) {
+                vmm_unname(c, mem->fd);
                 close(mem->fd);
+        }
         mem->fd = -1;
         if (!mem->vmm_handle)
                 return;         /* it has none (fresh memory for it could not be made) */
@@ -381,8 +481,86 @@ static int cuda_mem_zero_done(struct backend *b, unsigned device, struct backend
         return 1;
 }
 
+/*
+ * cuda-vmm: a segment a client kept from a daemon before this one: a descriptor the driver
+ * exported of memory on this GPU, made for descriptors, that maps as size bytes. It is imported,
+ * mapped in a range of the daemon's (for zeroing) and named by its file. Memory the client made
+ * itself passes too, and is counted as the client's like any other. The driver does not say an
+ * allocation's size: one larger than size maps as size bytes, and the rest is the client's own.
+ */
+static int cuda_mem_adopt(struct backend *b, unsigned device, int fd, uint64_t size, struct backend_mem *ret,
+                          char *why, size_t why_size) {
+        struct cuda_backend *c = cuda_of(b);
+        gp_cu_mem_prop prop;
+        gp_cu_mem_handle h = 0;
+        gp_cu_deviceptr va = 0;
+        struct cuda_device *d;
+        gp_cu_result r;
+        int err;
+
+        if (!(d = enter(c, device, &err))) {
+                snprintf(why, why_size, "on a device this daemon cannot use now");
+                return err;
+        }
+        r = c->cu.cuMemImportFromShareableHandle(&h, (void *) (uintptr_t) fd, GP_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+        if (r != GP_CUDA_SUCCESS) {
+                pop(c);
+                snprintf(why, why_size, "not memory the CUDA driver exported as a descriptor (cuMemImportFromShareableHandle: "
+                         "%s)", gp_cuda_error_name(&c->cu, r));
+                return -EINVAL;
+        }
+        r = c->cu.cuMemGetAllocationPropertiesFromHandle(&prop, h);
+        if (r != GP_CUDA_SUCCESS || prop.type != GP_CU_MEM_ALLOCATION_TYPE_PINNED ||
+            prop.location.type != GP_CU_MEM_LOCATION_TYPE_DEVICE || prop.location.id != d->ordinal ||
+            !(prop.requested_handle_types & GP_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)) {
+                (void) c->cu.cuMemRelease(h);
+                pop(c);
+                if (r != GP_CUDA_SUCCESS)
+                        snprintf(why, why_size, "memory whose properties the driver does not tell "
+                                 "(cuMemGetAllocationPropertiesFromHandle: %s)", gp_cuda_error_name(&c->cu, r));
+                else
+                        snprintf(why, why_size, "not memory of GPU %d (%s) made to be shared as a descriptor (its location "
+                                 "is %s %d)", d->ordinal, d->name,
+                                 prop.location.type == GP_CU_MEM_LOCATION_TYPE_DEVICE ? "GPU" : "type", prop.location.id);
+                return -EINVAL;
+        }
+        r = c->cu.cuMemAddressReserve(&va, size, 0, 0, 0);
+        if (r == GP_CUDA_SUCCESS && (r = vmm_map(c, d, va, size, h)) != GP_CUDA_SUCCESS)
+                (void) c->cu.cuMemAddressFree(va, size);
+        if (r == GP_CUDA_SUCCESS && vmm_name(c, fd) < 0) {
+                (void) c->cu.cuMemUnmap(va, size);
+                (void) c->cu.cuMemAddressFree(va, size);
+                r = GP_CUDA_ERROR_OUT_OF_MEMORY;
+        }
+        if (r != GP_CUDA_SUCCESS) {
+                (void) c->cu.cuMemRelease(h);
+                pop(c);
+                if (r == GP_CUDA_ERROR_OUT_OF_MEMORY) {
+                        snprintf(why, why_size, "memory the daemon has no room to map now");
+                        return -ENOMEM;
+                }
+                snprintf(why, why_size, "memory that does not map as %llu bytes (%s)", (unsigned long long) size,
+                         gp_cuda_error_name(&c->cu, r));
+                return -EINVAL;
+        }
+        pop(c);
+        memset(ret, 0, sizeof(*ret));
+        ret->fd = fd;
+        ret->addr = va;
+        ret->vmm_handle = h;
+        return 0;
+}
+
+static uint64_t cuda_mem_ident(struct backend *b, unsigned device, const struct backend_mem *mem) {
+        struct vmm_file *f = vmm_named(cuda_of(b), mem->fd);
+
+        (void) device;
+        return f ? f->ident : 0;
+}
+
 static void cuda_close(struct backend *b) {
         struct cuda_backend *c = cuda_of(b);
+        struct gp_rb_node *n;
 
         for (unsigned i = 0; i < b->device_count; i++) {
                 struct cuda_device *d = &c->devs[i];
@@ -393,6 +571,11 @@ static void cuda_close(struct backend *b) {
                 }
                 if (d->ctx)
                         (void) c->cu.cuDevicePrimaryCtxRelease(d->dev);
+        }
+        /* Every segment was destroyed, and forgot its name: none is left but by a bug. */
+        while ((n = gp_rb_first(&c->files))) {
+                gp_rb_remove(&c->files, n);
+                free(gp_rb_entry(n, struct vmm_file, node));
         }
         free(c);
 }
@@ -405,6 +588,19 @@ static const struct backend_ops cuda_ops = {
         .mem_zero_done = cuda_mem_zero_done,
         .device_memory = cuda_device_memory,
         .close = cuda_close,
+};
+
+/* cuda-vmm where kcmp(2) works: it adopts what clients kept from a daemon before this one. */
+static const struct backend_ops vmm_ops = {
+        .device_info = cuda_device_info,
+        .mem_create = cuda_mem_create,
+        .mem_destroy = cuda_mem_destroy,
+        .mem_zero = cuda_mem_zero,
+        .mem_zero_done = cuda_mem_zero_done,
+        .device_memory = cuda_device_memory,
+        .close = cuda_close,
+        .mem_adopt = cuda_mem_adopt,
+        .mem_ident = cuda_mem_ident,
 };
 
 /*
@@ -542,7 +738,24 @@ int backend_cuda_open(uint64_t headroom_bytes, bool vmm, struct backend **ret, c
         c->base.ops = &cuda_ops;
         c->base.name = vmm ? "cuda-vmm" : "cuda";
         c->base.ipc_handles = !vmm;
+        c->base.no_adopt_why = "its segments lived in the daemon's context and went with it";
         c->vmm = vmm;
+        gp_rb_init(&c->files, cmp_file);
+        if (vmm) {
+                int k = kcmp_probe();
+
+                c->named = k == 0;
+                if (c->named) {
+                        c->base.ops = &vmm_ops;
+                } else {
+                        snprintf(c->no_adopt_why, sizeof(c->no_adopt_why), "kcmp(2) is refused here (%s), and "
+                                 "without it the daemon cannot tell two descriptors of the same memory apart", strerror(-k));
+                        c->base.no_adopt_why = c->no_adopt_why;
+                        log_warn("cuda-vmm: %s: after a restart of gpupoold, clients keep their memory uncounted until they "
+                                 "give it back (allow kcmp in the seccomp filter; systemd's @system-service does)",
+                                 c->no_adopt_why);
+                }
+        }
         c->base.data = c;
         c->headroom_bytes = headroom_bytes;
         r = gp_cuda_load(&c->cu, err, err_size);

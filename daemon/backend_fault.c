@@ -91,7 +91,8 @@ static int fault_mem_adopt(struct backend *b, unsigned device, int fd, uint64_t 
         struct backend *inner = fault_of(b)->inner;
 
         if (!inner->ops->mem_adopt) {
-                snprintf(why, why_size, "the %s backend cannot adopt memory", inner->name);
+                snprintf(why, why_size, "the %s backend cannot adopt memory: %s", inner->name,
+                         inner->no_adopt_why ? inner->no_adopt_why : "(no reason given)");
                 return -EOPNOTSUPP;
         }
         return inner->ops->mem_adopt(inner, device, fd, size, ret, why, why_size);

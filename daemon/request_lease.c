@@ -481,8 +481,7 @@ void request_adopt(struct session *s, const Gpupool__Envelope *req, struct reply
                 }
         if (!node->backend->ops->mem_adopt) {
                 snprintf(why, sizeof(why), "the %s backend cannot adopt memory: %s", node->backend->name,
-                         node->backend->ipc_handles ? "its segments lived in the daemon's context and went with it" :
-                         "adoption is not built for it yet");
+                         node->backend->no_adopt_why ? node->backend->no_adopt_why : "(no reason given)");
                 reply_error(req->id, -EINVAL, false, why, ret);
                 return;
         }

@@ -16,10 +16,10 @@
  *                  gpupool_reconnect() and gpupool_disconnect(); on host and cuda-vmm, whose
  *                  memory outlives the daemon, only what needs the daemon fails: the
  *                  process's blocks stay valid and it allocates on within what it holds.
- *                  On host the handle also reconnects on its own once a daemon listens
- *                  again (tried every second at most) and the new daemon adopts what the
+ *                  The handle also reconnects on its own once a daemon listens again
+ *                  (tried every second at most) and the new daemon adopts what the
  *                  process holds; calls that need a daemon work again from then on. To do
- *                  so the library keeps each host segment's descriptor: it raises the
+ *                  so the library keeps each segment's descriptor: it raises the
  *                  process's soft RLIMIT_NOFILE to its hard limit and keeps descriptors
  *                  at 1024 and above, leaving the application 2048
  *   -ETIMEDOUT     the daemon did not answer within $GPUPOOL_TIMEOUT (default 30s; a

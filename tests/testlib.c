@@ -10,12 +10,17 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <stddef.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
 
 const char *build_dir(void) {
         const char *b = getenv("GPUPOOL_BUILD_DIR");
@@ -70,6 +75,22 @@ static void dump_log(const struct testd *d) {
         fclose(f);
 }
 
+/* A seccomp filter that refuses kcmp(2) with EPERM, as a service's SystemCallFilter= can. In the child, before exec. */
+static void refuse_kcmp(void) {
+        struct sock_filter code[] = {
+                BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
+                BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_kcmp, 0, 1),
+                BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | EPERM),
+                BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+        };
+        struct sock_fprog prog = { .len = sizeof(code) / sizeof(code[0]), .filter = code };
+
+        if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0 || prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog) < 0) {
+                fprintf(stderr, "cannot refuse kcmp: %s\n", strerror(errno));
+                _exit(126);
+        }
+}
+
 /* Forks and execs the daemon of d (its argv is d->argv) and waits until it listens. */
 static void launch(struct testd *d) {
         d->pid = fork();
@@ -78,6 +99,8 @@ static void launch(struct testd *d) {
                 int fd = d->stderr_fd >= 0 ? d->stderr_fd : open(d->log, O_WRONLY | O_CREAT | O_APPEND, 0644);
 
                 dup2(fd, 2);
+                if (d->refuse_kcmp)
+                        refuse_kcmp();
                 execvp(d->argv[0], d->argv);
                 fprintf(stderr, "exec %s: %s\n", d->argv[0], strerror(errno));
                 _exit(127);

@@ -20,6 +20,7 @@ struct testd {
         char wrapper[256];
         char *argv[40];         /* points into the above and at the caller's strings */
         int stderr_fd;          /* the daemon's stderr when >= 0 (testd_start_stderr), else the log file */
+        bool refuse_kcmp;       /* launch the daemon where kcmp(2) is refused (a seccomp filter); set before testd_relaunch() */
 };
 
 /* $GPUPOOL_BUILD_DIR, where the binaries under test are, else "build". */

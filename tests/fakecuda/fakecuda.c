@@ -44,7 +44,8 @@
  *     exporter's (CUDA_ERROR_INVALID_CONTEXT), as legacy IPC handles cannot;
  *   - virtual memory management as documented: cuMemCreate sizes are granularity (2 MiB)
  *     multiples; only memory made for POSIX descriptors exports as one; an imported descriptor
- *     must name device memory; cuMemMap wants offset 0, the whole allocation and a range of a
+ *     must name device memory, whose GPU cuMemGetAllocationPropertiesFromHandle gives as this
+ *     process's ordinal; each export is a file of its own; cuMemMap wants offset 0, the whole allocation and a range of a
  *     reservation not mapped yet; mappings side by side are one range of addresses (a copy or
  *     memset may span them); a mapping is not accessible until cuMemSetAccess; unmapping
  *     takes whole mappings, and a reservation is freed only unmapped; the memory lives while
@@ -1377,6 +1378,32 @@ static CUresult fk_MemImportFromShareableHandle(gp_cu_mem_handle *handle, void *
         return r;
 }
 
+/* What the handle was made with; an imported one's location is its GPU's ordinal in this process. */
+static CUresult fk_MemGetAllocationPropertiesFromHandle(gp_cu_mem_prop *prop, gp_cu_mem_handle handle) {
+        struct phys *p;
+        int ordinal = -1;
+
+        NEED_CTX();
+        if (!prop)
+                return GP_CUDA_ERROR_INVALID_VALUE;
+        pthread_mutex_lock(&lock);
+        p = phys_of(handle);
+        if (!p || p->handles == 0) {
+                pthread_mutex_unlock(&lock);
+                return GP_CUDA_ERROR_INVALID_VALUE;
+        }
+        for (int i = 0; i < nvisible && ordinal < 0; i++)
+                if (visible[i] == p->gpu)
+                        ordinal = i;
+        memset(prop, 0, sizeof(*prop));
+        prop->type = GP_CU_MEM_ALLOCATION_TYPE_PINNED;
+        prop->requested_handle_types = p->exportable ? GP_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR : 0;
+        prop->location.type = GP_CU_MEM_LOCATION_TYPE_DEVICE;
+        prop->location.id = ordinal;
+        pthread_mutex_unlock(&lock);
+        return ordinal < 0 ? GP_CUDA_ERROR_INVALID_DEVICE : GP_CUDA_SUCCESS;
+}
+
 static CUresult fk_MemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignment, CUdeviceptr addr,
                                      unsigned long long flags) {
         struct reservation *v;
@@ -2331,6 +2358,7 @@ static const struct symbol symbols[] = {
         SYM("cuMemRelease", 10020, fk_MemRelease),
         SYM("cuMemExportToShareableHandle", 10020, fk_MemExportToShareableHandle),
         SYM("cuMemImportFromShareableHandle", 10020, fk_MemImportFromShareableHandle),
+        SYM("cuMemGetAllocationPropertiesFromHandle", 10020, fk_MemGetAllocationPropertiesFromHandle),
         SYM("cuMemAddressReserve", 10020, fk_MemAddressReserve),
         SYM("cuMemAddressFree", 10020, fk_MemAddressFree),
         SYM("cuMemMap", 10020, fk_MemMap),

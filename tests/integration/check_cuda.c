@@ -1840,18 +1840,21 @@ END_TEST
 
 /*
  * Holds blocks with data in them; once the daemon is killed, finds the data intact, goes on
- * allocating from what it holds, and is told at once that it cannot lease more.
+ * allocating from what it holds, and is told at once that it cannot lease more; once a daemon
+ * is back, is adopted by it on its own, counted once, its data still intact.
  */
 static int survivor_client(struct testd *d, void *arg) {
         enum { N = 6 };
         static const size_t sizes[N] = { 4096, 100000, 1 * MiB, 3 * MiB, 3 * MiB, 8 * MiB };
         struct survivor *w = arg;
         gpupool_client *c = NULL;
+        struct gpupool_stats held, now;
         char err[512], b;
         void *p[N], *big;
         struct gpu g;
         int r;
 
+        setenv("GPUPOOL_SEGMENTS", w->index % 2 ? "whole" : "grow", 1);
         if (gpu_open(&g) < 0 || gpupool_connect(d->sock, "survivor", &c) < 0)
                 return 1;
         for (int i = 0; i < N; i++)
@@ -1876,20 +1879,148 @@ static int survivor_client(struct testd *d, void *arg) {
                 return 6;
         }
         for (int i = 0; i < N; i++)
-                if (!pattern_intact(&g, p[i], sizes[i], (unsigned) (w->index * 16 + i)) || gpupool_free(c, p[i]) != 0)
+                if (!pattern_intact(&g, p[i], sizes[i], (unsigned) (w->index * 16 + i)))
                         return 7;
-        if (!survivor_restarted(w))
+        if (gpupool_stats(c, &held) != 0 || !survivor_restarted(w))
                 return 8;
+        /* The new daemon: the process reconnects on its own and it adopts what the process holds. */
+        for (double t0 = now_s(); (r = gpupool_alloc(c, 0, 32 * MiB, &big)) == -ECONNRESET && now_s() - t0 < 20;)
+                usleep(20 * 1000);
+        if (r != 0 || write_pattern(&g, big, 32 * MiB, 3) < 0) {
+                gpupool_last_error(c, err, sizeof(err));
+                fprintf(stderr, "survivor %d: after the restart: %d: %s\n", w->index, r, err);
+                return 9;
+        }
+        /* Counted once: the daemon leases it what it held and what it leased since. */
+        if (gpupool_stats(c, &now) != 0 || now.mapped_bytes < held.mapped_bytes + 32 * MiB ||
+            testd_client_field(d, getpid(), "survivor", "reserved_bytes") != (long long) now.mapped_bytes) {
+                fprintf(stderr, "survivor %d: held %llu, then %llu; the daemon counts %lld\n", w->index,
+                        (unsigned long long) held.mapped_bytes, (unsigned long long) now.mapped_bytes,
+                        testd_client_field(d, getpid(), "survivor", "reserved_bytes"));
+                return 10;
+        }
+        for (int i = 0; i < N; i++)
+                if (!pattern_intact(&g, p[i], sizes[i], (unsigned) (w->index * 16 + i)) || gpupool_free(c, p[i]) != 0)
+                        return 11;
+        if (!pattern_intact(&g, big, 32 * MiB, 3) || gpupool_free(c, big) != 0 || gpupool_trim(c) != 0)
+                return 12;
         gpupool_disconnect(c);
         return 0;
 }
 
-START_TEST(test_fake_vmm_survives_daemon_kill) {
+/* kill -9 of a cuda-vmm daemon under four processes, two in each mode: each keeps its data, goes on, and is adopted. */
+START_TEST(test_vmm_survives_daemon_kill) {
         struct testd d;
 
         vmm_start(&d);
         run_survivors(&d, 4, survivor_client);
-        cuda_stop(&d);          /* what the clients held went with their mappings: nothing is left */
+        unsetenv("GPUPOOL_SEGMENTS");
+        json_decref(testd_ctl(&d, "check"));
+        ck_assert_int_eq(testd_device(&d, 0, "reserved_bytes") - testd_device(&d, 0, "cached_bytes"), 0);
+        cuda_stop(&d);          /* what the clients held went back: nothing is left */
+}
+END_TEST
+
+/* An adoption of n segments of device refused whole with STATUS_INVALID, saying text. */
+static void vmm_adopt_refused(int sock, uint32_t device, uint64_t *sizes, size_t n, const int *fds, const char *text) {
+        Gpupool__Envelope *rep = raw_adopt(sock, device, sizes, n, fds, n);
+
+        ck_assert_int_eq(rep->status, GPUPOOL__STATUS__STATUS_INVALID);
+        ck_assert_msg(rep->error && strstr(rep->error, text), "%s", rep->error ? rep->error : "(no message)");
+        gpupool__envelope__free_unpacked(rep, NULL);
+}
+
+/* Adopts n segments of device that must all be adopted. */
+static void vmm_adopt_all(int sock, uint32_t device, uint64_t *sizes, size_t n, const int *fds) {
+        Gpupool__Envelope *rep = raw_adopt(sock, device, sizes, n, fds, n);
+
+        ck_assert_msg(rep->status == GPUPOOL__STATUS__STATUS_OK, "%s", rep->error ? rep->error : "");
+        ck_assert_uint_eq(rep->adopt_reply->n_segment_ids, n);
+        gpupool__envelope__free_unpacked(rep, NULL);
+}
+
+/*
+ * What a cuda-vmm daemon adopts, over the raw protocol: granules a process kept from the daemon
+ * before it, each once; not a descriptor that is no CUDA memory, memory of another GPU (on the
+ * fake, which has two), memory stated larger than it maps, the same memory twice, nor memory
+ * the daemon holds. A daemon that cannot use kcmp(2) adopts nothing, and the legacy backend
+ * neither, each saying why.
+ */
+START_TEST(test_vmm_adoption) {
+        uint64_t two[2] = { 2 * MiB, 2 * MiB }, four = 4 * MiB;
+        int fds[GP_WIRE_MAX_FDS], other[GP_WIRE_MAX_FDS], now[GP_WIRE_MAX_FDS], pair[2], pipe_fds[2], sock;
+        bool two_gpus = !on_gpu;
+        Gpupool__Envelope *rep;
+        struct testd d;
+        size_t nfds;
+
+        if (two_gpus)
+                setenv("FAKECUDA_DEVICES", "2", 1);
+        vmm_start(&d);
+        sock = raw_hello(&d, "before");
+        rep = raw_lease_granules(sock, 0, 3, 2 * MiB, fds, &nfds);
+        ck_assert_int_eq(rep->status, GPUPOOL__STATUS__STATUS_OK);
+        ck_assert_uint_eq(nfds, 3);
+        gpupool__envelope__free_unpacked(rep, NULL);
+        if (two_gpus) {
+                rep = raw_lease_granules(sock, 1, 1, 2 * MiB, other, &nfds);
+                ck_assert_uint_eq(nfds, 1);
+                gpupool__envelope__free_unpacked(rep, NULL);
+        }
+        testd_crash_and_restart(&d);
+        close(sock);
+        sock = raw_hello(&d, "after");
+
+        ck_assert_int_eq(pipe(pipe_fds), 0);
+        vmm_adopt_refused(sock, 0, two, 1, pipe_fds, "not memory the CUDA driver exported as a descriptor");
+        if (two_gpus)
+                vmm_adopt_refused(sock, 0, two, 1, other, "not memory of GPU 0");
+        vmm_adopt_refused(sock, 0, &four, 1, fds, "does not map as 4194304 bytes");
+        pair[0] = fds[0];
+        pair[1] = dup(fds[0]);
+        vmm_adopt_refused(sock, 0, two, 2, pair, "the same memory as descriptor 0");
+        ck_assert_int_eq(testd_device(&d, 0, "reserved_bytes"), 0);
+
+        /* Adopted once, counted once; again, by any descriptor of it, it is held already. */
+        vmm_adopt_all(sock, 0, two, 2, fds);
+        ck_assert_int_eq(testd_client_field(&d, getpid(), "after", "reserved_bytes"), 4 * MiB);
+        vmm_adopt_refused(sock, 0, two, 1, &pair[1], "holds already");
+        /* Nor memory this daemon leases now. */
+        rep = raw_lease_granules(sock, 0, 1, 2 * MiB, now, &nfds);
+        ck_assert_uint_eq(nfds, 1);
+        gpupool__envelope__free_unpacked(rep, NULL);
+        vmm_adopt_refused(sock, 0, two, 1, now, "holds already");
+        if (two_gpus)
+                vmm_adopt_all(sock, 1, two, 1, other);
+        ck_assert_int_eq(testd_device(&d, 0, "reserved_bytes"), 6 * MiB);
+        json_decref(testd_ctl(&d, "check"));
+
+        /* Where kcmp(2) is refused, nothing is adopted, saying why. */
+        testd_crash(&d);
+        d.refuse_kcmp = true;
+        testd_relaunch(&d);
+        close(sock);
+        sock = raw_hello(&d, "no-kcmp");
+        vmm_adopt_refused(sock, 0, two, 1, &fds[2], "kcmp(2) is refused here");
+        ck_assert_int_eq(testd_device(&d, 0, "reserved_bytes"), 0);
+        close(sock);
+        ck_assert_int_eq(testd_stop(&d), 0);
+
+        /* The legacy backend's memory goes with its daemon: nothing to adopt. */
+        testd_start(&d, "--backend", "cuda", NULL);
+        sock = raw_hello(&d, "legacy");
+        vmm_adopt_refused(sock, 0, two, 1, &fds[2], "its segments lived in the daemon's context and went with it");
+        close(sock);
+        for (int i = 0; i < 3; i++)
+                close(fds[i]);
+        close(pair[1]);
+        close(now[0]);
+        close(pipe_fds[0]);
+        close(pipe_fds[1]);
+        if (two_gpus)
+                close(other[0]);
+        cuda_stop(&d);
+        unsetenv("FAKECUDA_DEVICES");
 }
 END_TEST
 
@@ -2251,6 +2382,8 @@ static void add_common(TCase *tc) {
         tcase_add_loop_test(tc, test_cuda_pending_free_costs_no_cpu, 0, BACKEND_LOOPS);
         tcase_add_loop_test(tc, test_cuda_disconnect_waits_for_device_work, 0, BACKEND_LOOPS);
         tcase_add_loop_test(tc, test_cuda_graph_capture, 0, BACKEND_LOOPS);
+        tcase_add_test(tc, test_vmm_survives_daemon_kill);
+        tcase_add_test(tc, test_vmm_adoption);
 }
 
 /* Every daemon and client of the fake suite loads the fake driver; the other suites must not. */
@@ -2293,7 +2426,6 @@ Suite *suite_cuda_fake(void) {
         tcase_add_test(tc, test_fake_vmm_serves_pid_namespace);
         tcase_add_test(tc, test_fake_vmm_kept_descriptor_reads_nothing);
         tcase_add_test(tc, test_fake_granule_leases);
-        tcase_add_test(tc, test_fake_vmm_survives_daemon_kill);
         tcase_add_test(tc, test_fake_ipc_open_cost_grows_with_size);
         tcase_add_test(tc, test_fake_headroom_kept);
         tcase_add_test(tc, test_fake_headroom_reclaimed_from_clients);
