@@ -6,8 +6,8 @@
 #   make test SANITIZER=address,undefined
 #   make valgrind             the suites, and the daemons they start, under valgrind
 #   make fuzz                 the libFuzzer targets, FUZZ_SECONDS (60) each (needs clang)
-#   make stress               32 clients for 60 s with kills, hostile peers and injected faults
-#                             (STRESS_CLIENTS=N STRESS_SECONDS=S)
+#   make stress               32 clients for 60 s with kills, daemon restarts, hostile peers and injected faults
+#                             (STRESS_CLIENTS=N STRESS_SECONDS=S STRESS_DAEMON_KILLS=N)
 #   make check-gpu            the cuda backend's tests on this machine's GPU (skipped without one)
 #   make bench                CPU benchmarks on the host backend (table + bench/results/*.json)
 #   make bench-instructions   instructions per alloc+free of the allocator core (callgrind)
@@ -394,10 +394,12 @@ $(STRESS_BIN): $(B)/obj/tests/stress/stress.o $(CLIENT_O) $(COMMON_O)
 # its invariants checked throughout and every byte accounted for at the end (tests/stress).
 STRESS_CLIENTS ?= 32
 STRESS_SECONDS ?= 60
+STRESS_DAEMON_KILLS ?= 4
 # The daemon's RSS bound in MiB; ASan's shadow memory and quarantine need more.
 STRESS_MAX_RSS ?= $(if $(SANITIZER),256,64)
 stress: all $(STRESS_BIN) $(FAULTS_BIN)
-	$(Q)$(STRESS_BIN) --build $(B) --clients $(STRESS_CLIENTS) --seconds $(STRESS_SECONDS) --max-rss $(STRESS_MAX_RSS)
+	$(Q)$(STRESS_BIN) --build $(B) --clients $(STRESS_CLIENTS) --seconds $(STRESS_SECONDS) --max-rss $(STRESS_MAX_RSS) \
+		--daemon-kills $(STRESS_DAEMON_KILLS)
 
 # Fuzzing (libFuzzer, clang, with ASan and UBSan): the protocol as one client's packets reach
 # the daemon, and the allocator core against a reference model. Each target runs for

@@ -5,15 +5,20 @@
  * a small watermark so that every cache path runs, and TEST-ONLY fault injection of segment
  * creations, exports and zeroings), then for --seconds runs --clients worker processes doing
  * random allocations, writes, checks, frees, flushes and status requests (some keeping free
- * segments, some carving their own blocks from leased segments, so reclaims happen), while the parent SIGKILLs a random worker every few hundred
+ * segments, some carving their own blocks from leased segments, some growing segments in
+ * place, so reclaims happen), while the parent SIGKILLs a random worker every few hundred
  * milliseconds and starts another, and hostile peers connect: clients that never read their
- * replies, clients that say nothing, clients that send garbage. The parent asks the daemon to
- * check itself (CheckRequest) at sampled points. At the end every worker is gone and the
- * daemon must hold no byte beyond its cache, give all of that back on a flush, still answer,
- * have an RSS under --max-rss, and stop cleanly. Exit 0 and a summary line, or 1 saying what
- * failed.
+ * replies, clients that say nothing, clients that send garbage. --daemon-kills times the
+ * parent SIGKILLs the daemon itself and starts a new one a moment later, as systemd would:
+ * the workers go on within what they hold (a lease fails with -ECONNRESET meanwhile), check
+ * their data throughout, and reconnect on their own; the new daemon adopts what they hold,
+ * checking its invariants after every adoption (--check-invariants). The parent asks the
+ * daemon to check itself (CheckRequest) at sampled points and after every restart. At the end
+ * every worker is gone and the daemon must hold no byte beyond its cache, give all of that
+ * back on a flush, still answer, have an RSS under --max-rss, and stop cleanly. Exit 0 and a
+ * summary line, or 1 saying what failed.
  *
- * Usage: stress --build DIR [--clients N] [--seconds S] [--max-rss MiB] [--faults SPEC]
+ * Usage: stress --build DIR [--clients N] [--seconds S] [--max-rss MiB] [--faults SPEC] [--daemon-kills N]
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -21,6 +26,7 @@
 #include <getopt.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,6 +44,7 @@
 
 static char dir[64], sock_path[128], log_path[128], conf_path[128];
 static pid_t daemon_pid;
+static const char *daemon_build, *daemon_faults;
 
 static double now_s(void) {
         struct timespec ts;
@@ -68,32 +75,19 @@ static void fail(const char *fmt, ...) {
 
 /* ---- the daemon ---- */
 
-static void start_daemon(const char *build, const char *faults) {
+/* Starts the daemon on the socket (a stale one after a kill included) and waits until it listens. */
+static void launch_daemon(void) {
         char path[256];
-        FILE *f;
 
-        strcpy(dir, "/tmp/gpupool-stress-XXXXXX");
-        if (!mkdtemp(dir))
-                fail("mkdtemp: %s", strerror(errno));
-        snprintf(sock_path, sizeof(sock_path), "%s/gpupool.sock", dir);
-        snprintf(log_path, sizeof(log_path), "%s/gpupoold.log", dir);
-        snprintf(conf_path, sizeof(conf_path), "%s/gpupoold.conf", dir);
-        f = fopen(conf_path, "w");
-        if (!f)
-                fail("cannot write %s", conf_path);
-        fputs("[pool]\nidle_release = 1s\nmax_cached = 16M\nreclaim_timeout = 100ms\n"
-              "[limits]\nclient_max = 48M\n"
-              "[tenant:even]\nmatch_name = worker-even-*\nmax = 160M\nguarantee = 32M\n", f);
-        fclose(f);
         /* The daemon built with fault injection (the shipped one has none): the same code otherwise. */
-        snprintf(path, sizeof(path), "%s/tests/gpupoold-faults", build);
+        snprintf(path, sizeof(path), "%s/tests/gpupoold-faults", daemon_build);
         daemon_pid = fork();
         if (daemon_pid == 0) {
-                int fd = open(log_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+                int fd = open(log_path, O_WRONLY | O_CREAT | O_APPEND, 0644);
 
                 dup2(fd, 2);
-                if (faults && *faults)
-                        setenv("GPUPOOL_TEST_FAULTS", faults, 1);
+                if (daemon_faults && *daemon_faults)
+                        setenv("GPUPOOL_TEST_FAULTS", daemon_faults, 1);
                 execl(path, path, "--config", conf_path, "--socket", sock_path, "--backend", "host", "--host-capacity",
                       "256M", "--check-invariants", "--log-level", "info", (char *) NULL);
                 _exit(127);
@@ -110,6 +104,55 @@ static void start_daemon(const char *build, const char *faults) {
                 nap_ms(5);
         }
         fail("gpupoold did not listen");
+}
+
+static void start_daemon(const char *build, const char *faults) {
+        FILE *f;
+
+        strcpy(dir, "/tmp/gpupool-stress-XXXXXX");
+        if (!mkdtemp(dir))
+                fail("mkdtemp: %s", strerror(errno));
+        snprintf(sock_path, sizeof(sock_path), "%s/gpupool.sock", dir);
+        snprintf(log_path, sizeof(log_path), "%s/gpupoold.log", dir);
+        snprintf(conf_path, sizeof(conf_path), "%s/gpupoold.conf", dir);
+        f = fopen(conf_path, "w");
+        if (!f)
+                fail("cannot write %s", conf_path);
+        fputs("[pool]\nidle_release = 1s\nmax_cached = 16M\nreclaim_timeout = 100ms\n"
+              "[limits]\nclient_max = 48M\n"
+              "[tenant:even]\nmatch_name = worker-even-*\nmax = 160M\nguarantee = 32M\n", f);
+        fclose(f);
+        daemon_build = build;
+        daemon_faults = faults;
+        launch_daemon();
+}
+
+/* kill -9 of the daemon, and a new one a moment later on the same socket and config. */
+static void restart_daemon(unsigned *seed) {
+        if (kill(daemon_pid, SIGKILL) < 0 || waitpid(daemon_pid, NULL, 0) != daemon_pid)
+                fail("cannot kill gpupoold: %s", strerror(errno));
+        daemon_pid = -1;
+        nap_ms((long) (rand_r(seed) % 300));
+        launch_daemon();
+}
+
+/* How many adoptions the daemons' log tells of, and how many segments they adopted. */
+static void count_adoptions(unsigned long *requests, unsigned long *segments) {
+        char line[1024];
+        FILE *f = fopen(log_path, "r");
+
+        *requests = *segments = 0;
+        while (f && fgets(line, sizeof(line), f)) {
+                const char *at = strstr(line, "): adopted ");
+                unsigned long n;
+
+                if (at && sscanf(at, "): adopted %lu of", &n) == 1) {
+                        (*requests)++;
+                        *segments += n;
+                }
+        }
+        if (f)
+                fclose(f);
 }
 
 static void daemon_alive(void) {
@@ -164,7 +207,8 @@ static int get_status(struct totals *t, char *why, size_t why_size) {
         return 0;
 }
 
-static uint64_t checks, faults_injected;
+static uint64_t checks, checks_earlier, faults_injected;   /* checks: the daemon's now; earlier: its predecessors' */
+static int daemon_kills;
 
 /* The daemon checks itself; the parent checks what status shows. */
 static void check(const char *when) {
@@ -208,6 +252,20 @@ static int intact(const uint8_t *p, size_t n, uint32_t tag) {
         return 1;
 }
 
+/* Whether a connection failed only because no daemon listens now (it was killed, the next is starting). */
+static bool no_daemon_now(int r) {
+        return daemon_kills && (r == -ECONNREFUSED || r == -ENOENT || r == -ECONNRESET || r == -EPIPE);
+}
+
+/* Connects, trying again while no daemon listens (until the deadline). */
+static int connect_retrying(const char *name, double deadline, gpupool_client **c) {
+        int r;
+
+        while ((r = gpupool_connect(sock_path, name, c)) < 0 && no_daemon_now(r) && now_s() < deadline)
+                nap_ms(20);
+        return r;
+}
+
 static int worker(int index, double deadline) {
         enum { LIVE = 32 };
         struct { uint8_t *p; size_t size; uint32_t tag; } live[LIVE] = { 0 };
@@ -215,6 +273,7 @@ static int worker(int index, double deadline) {
         gpupool_client *c = NULL;
         char name[40];
         uint32_t tag = (uint32_t) getpid() << 12;
+        bool gone = false;      /* the daemon was, at the latest lease: the process waits to be adopted */
 
         snprintf(name, sizeof(name), "worker-%s-%d", index % 2 ? "odd" : "even", index);
         /*
@@ -225,10 +284,16 @@ static int worker(int index, double deadline) {
                 setenv("GPUPOOL_IDLE_RETURN", "0", 1);
         if (index % 4 == 3)
                 setenv("GPUPOOL_IDLE_RETURN", "200ms", 1);
-        if (gpupool_connect(sock_path, name, &c) < 0)
-                return 10;
+        if (index % 3 == 1)
+                setenv("GPUPOOL_SEGMENTS", "grow", 1);
+        if (connect_retrying(name, deadline, &c) < 0)
+                return now_s() < deadline ? 10 : 0;
         while (now_s() < deadline) {
                 int s = (int) (rand_r(&seed) % LIVE), r, op = (int) (rand_r(&seed) % 100);
+
+                /* Without a daemon, as an application would: it goes on with its blocks, and nothing else. */
+                if (gone && op < 3)
+                        continue;
 
                 if (op == 1 || op == 2) {
                         /* Now and then: a status or a flush of the cache, as an operator's tool would. */
@@ -246,11 +311,11 @@ static int worker(int index, double deadline) {
                                 req.body_case = GPUPOOL__ENVELOPE__BODY_FLUSH;
                                 req.flush = &fr;
                         }
-                        if (!ctl || gp_conn_open(ctl, sock_path, &hello, NULL) < 0 ||
-                            gp_conn_call(ctl, &req, op == 1 ? GPUPOOL__ENVELOPE__BODY_STATUS_REPLY :
-                                                              GPUPOOL__ENVELOPE__BODY_FLUSH_REPLY, &rep, NULL) < 0) {
-                                /* Over --max-clients is allowed; anything else is not. */
-                                if (!ctl || strstr(ctl->error, "--max-clients") == NULL)
+                        if (!ctl || (r = gp_conn_open(ctl, sock_path, &hello, NULL)) < 0 ||
+                            (r = gp_conn_call(ctl, &req, op == 1 ? GPUPOOL__ENVELOPE__BODY_STATUS_REPLY :
+                                                                   GPUPOOL__ENVELOPE__BODY_FLUSH_REPLY, &rep, NULL)) < 0) {
+                                /* Over --max-clients is allowed, and no daemon for a moment; anything else is not. */
+                                if (!ctl || (strstr(ctl->error, "--max-clients") == NULL && !no_daemon_now(r)))
                                         return 15;
                         } else {
                                 gpupool__envelope__free_unpacked(rep, NULL);
@@ -261,11 +326,18 @@ static int worker(int index, double deadline) {
                         continue;
                 }
                 if (op == 0) {
-                        /* Now and then: leave, with blocks held, and come back. */
+                        /*
+                         * Now and then: leave, with blocks held, and come back; unless the daemon is
+                         * gone (the trim says so): then the process waits to be adopted instead.
+                         */
+                        if (daemon_kills && gpupool_trim(c) == -ECONNRESET) {
+                                gone = true;
+                                continue;
+                        }
                         gpupool_disconnect(c);
                         memset(live, 0, sizeof(live));
-                        if (gpupool_connect(sock_path, name, &c) < 0)
-                                return 11;
+                        if (connect_retrying(name, deadline, &c) < 0)
+                                return now_s() < deadline ? 11 : 0;
                         continue;
                 }
                 if (live[s].p) {
@@ -281,7 +353,11 @@ static int worker(int index, double deadline) {
                 }
                 live[s].size = 1 + (size_t) rand_r(&seed) % (rand_r(&seed) % 8 == 0 ? 12 * MiB : 256 * 1024);
                 r = gpupool_alloc(c, 0, live[s].size, (void **) &live[s].p);
-                if (r == -ENOMEM || r == -EDQUOT || r == -EIO) {
+                /* Full, over a limit, an injected fault, or no daemon for a moment (it reconnects by itself): all allowed. */
+                gone = r == -ECONNRESET && daemon_kills;
+                if (gone)
+                        nap_ms(1);      /* a lease fails at once: no need to spin */
+                if (r == -ENOMEM || r == -EDQUOT || r == -EIO || gone) {
                         if (getenv("STRESS_VERBOSE")) {
                                 char msg[GP_MAX_ERROR_BYTES];
 
@@ -289,7 +365,7 @@ static int worker(int index, double deadline) {
                                 fprintf(stderr, "stress: worker %d: alloc of %zu: %s: %s\n", index, live[s].size,
                                         gpupool_strerror(r), msg);
                         }
-                        live[s].p = NULL;       /* full, over a limit, or an injected fault: all allowed */
+                        live[s].p = NULL;
                         continue;
                 }
                 if (r < 0) {
@@ -405,17 +481,17 @@ int main(int argc, char **argv) {
         static const struct option opts[] = {
                 { "build", required_argument, NULL, 'b' }, { "clients", required_argument, NULL, 'c' },
                 { "seconds", required_argument, NULL, 's' }, { "max-rss", required_argument, NULL, 'r' },
-                { "faults", required_argument, NULL, 'f' }, { 0 },
+                { "faults", required_argument, NULL, 'f' }, { "daemon-kills", required_argument, NULL, 'k' }, { 0 },
         };
         const char *build = "build", *faults = "create=0.05,export=0.02,zero=0.05,seed=1";
         int clients = 32, o;
-        double seconds = 30, deadline, next_kill, next_hostile, next_check, t0;
+        double seconds = 30, deadline, next_kill, next_hostile, next_check, next_daemon_kill, t0;
         long max_rss_mib = 64, rss;
         pid_t pids[MAX_CLIENTS];
         static pid_t hostile_pids[8192];
         size_t nhostile = 0;
         unsigned seed = 12345;
-        unsigned long kills = 0, spawned = 0, hostile = 0;
+        unsigned long kills = 0, spawned = 0, hostile = 0, restarts = 0, adoptions, adopted;
         struct totals t;
         char why[GP_MAX_ERROR_BYTES];
         int status;
@@ -427,13 +503,15 @@ int main(int argc, char **argv) {
                 case 's': seconds = atof(optarg); break;
                 case 'r': max_rss_mib = atol(optarg); break;
                 case 'f': faults = optarg; break;
+                case 'k': daemon_kills = atoi(optarg); break;
                 default:
-                        fprintf(stderr, "usage: stress --build DIR [--clients N] [--seconds S] [--max-rss MiB] [--faults SPEC]\n");
+                        fprintf(stderr, "usage: stress --build DIR [--clients N] [--seconds S] [--max-rss MiB] [--faults SPEC] "
+                                        "[--daemon-kills N]\n");
                         return 2;
                 }
         }
-        if (clients < 1 || clients > MAX_CLIENTS || seconds <= 0) {
-                fprintf(stderr, "stress: --clients is 1 to %d, --seconds positive\n", MAX_CLIENTS);
+        if (clients < 1 || clients > MAX_CLIENTS || seconds <= 0 || daemon_kills < 0 || daemon_kills > 1000) {
+                fprintf(stderr, "stress: --clients is 1 to %d, --seconds positive, --daemon-kills 0 to 1000\n", MAX_CLIENTS);
                 return 2;
         }
         signal(SIGPIPE, SIG_IGN);
@@ -443,6 +521,8 @@ int main(int argc, char **argv) {
         for (int i = 0; i < clients; i++, spawned++)
                 pids[i] = spawn_worker(i, deadline);
         next_kill = next_hostile = next_check = t0;
+        /* The daemon's kills spread over the run, the last well before its end. */
+        next_daemon_kill = daemon_kills ? t0 + seconds / (daemon_kills + 1) : deadline;
         while (now_s() < deadline) {
                 pid_t done;
 
@@ -492,6 +572,14 @@ int main(int argc, char **argv) {
                         check("during the run");
                         next_check = now_s() + 0.5;
                 }
+                if (now_s() >= next_daemon_kill && restarts < (unsigned long) daemon_kills) {
+                        check("before a restart");
+                        checks_earlier += checks;
+                        restart_daemon(&seed);
+                        restarts++;
+                        check("after a restart");
+                        next_daemon_kill = t0 + seconds * (double) (restarts + 1) / (daemon_kills + 1);
+                }
                 nap_ms(10);
         }
         /* Everyone leaves: workers at their deadline, hostile peers after their naps. */
@@ -536,10 +624,15 @@ int main(int argc, char **argv) {
         if (waitpid(daemon_pid, &status, 0) != daemon_pid || !WIFEXITED(status) || WEXITSTATUS(status) != 0)
                 fail("gpupoold did not stop cleanly");
         daemon_pid = -1;
+        count_adoptions(&adoptions, &adopted);
+        if (restarts && !adoptions)
+                fail("the daemon was killed %lu times and its successors adopted nothing", restarts);
         printf("stress: OK: %d clients x %.0f s, %lu worker processes, %lu killed with SIGKILL, %lu hostile peers, "
-               "%llu faults injected, %llu invariant checks, 0 bytes lost, daemon RSS %ld KiB (bound %ld MiB)\n",
-               clients, seconds, spawned, kills, hostile, (unsigned long long) faults_injected, (unsigned long long) checks, rss,
-               max_rss_mib);
+               "%llu faults injected (the last daemon's), over %llu invariant checks, daemon killed %lu times and its "
+               "successors adopted %lu segments in %lu requests, 0 bytes lost, daemon RSS %ld KiB (bound %ld MiB)\n",
+               clients, seconds, spawned, kills, hostile, (unsigned long long) faults_injected,
+               (unsigned long long) (checks_earlier + checks),
+               restarts, adopted, adoptions, rss, max_rss_mib);
         unlink(conf_path);
         unlink(log_path);
         rmdir(dir);
