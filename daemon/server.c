@@ -6,6 +6,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <stdarg.h>
 #include <signal.h>
 #include <stdio.h>
@@ -366,6 +367,24 @@ int server_start(struct server *server, uv_loop_t *loop, const struct config *co
         return 0;
 }
 
+/*
+ * Grows the descriptor table to need slots at once. The kernel grows it by doubling as
+ * descriptors are made, and in a process with threads (the closer's, the CUDA driver's) each
+ * doubling waits for an RCU grace period (expand_fdtable()): a fresh daemon's first large
+ * leases, or the adoptions after a restart, stalled on every doubling (1 GiB of granules: 23 ms
+ * instead of 2, bench-adopt). One wait at start (or at a reload that raises the need) instead.
+ */
+static void grow_fd_table(uint64_t need) {
+        int base, fd;
+
+        if (need < 2 || need > INT_MAX || (base = open("/dev/null", O_RDONLY | O_CLOEXEC)) < 0)
+                return;
+        fd = fcntl(base, F_DUPFD_CLOEXEC, (int) need - 1);
+        if (fd >= 0)
+                close(fd);
+        close(base);
+}
+
 int server_fit_fd_limit(const struct options *o, const struct backend *backend, char *why, size_t why_size) {
         bool host = strcmp(backend->name, "host") == 0;
         uint64_t need = options_fds_needed(o, backend->fd_bytes);
@@ -374,8 +393,10 @@ int server_fit_fd_limit(const struct options *o, const struct backend *backend, 
 
         if (getrlimit(RLIMIT_NOFILE, &rl) < 0)
                 return -errno;
-        if (rl.rlim_cur == RLIM_INFINITY || rl.rlim_cur >= need)
+        if (rl.rlim_cur == RLIM_INFINITY || rl.rlim_cur >= need) {
+                grow_fd_table(need);
                 return 0;
+        }
         if (rl.rlim_max != RLIM_INFINITY && rl.rlim_max < need) {
                 snprintf(why, why_size, "max_clients %u%s%s needs %llu file descriptors, more than the hard limit of %llu: "
                          "raise it (LimitNOFILE= in the unit, ulimit -Hn) or lower max_clients", o->max_clients,
@@ -390,6 +411,7 @@ int server_fit_fd_limit(const struct options *o, const struct backend *backend, 
                 return -errno;
         }
         log_info("file descriptor limit raised to %llu for max_clients %u", (unsigned long long) need, o->max_clients);
+        grow_fd_table(need);
         return 0;
 }
 

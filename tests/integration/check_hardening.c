@@ -445,7 +445,20 @@ START_TEST(test_out_of_descriptors) {
 }
 END_TEST
 
-/* At start: the soft limit is raised for --max-clients, and a hard limit too low is an error saying so. */
+/* The size of a process's descriptor table (FDSize in /proc/PID/status), or -1. */
+static long fd_table_size(pid_t pid) {
+        char path[64], text[4096];
+        const char *at;
+
+        snprintf(path, sizeof(path), "/proc/%d/status", (int) pid);
+        at = strstr(read_text(path, text, sizeof(text)), "FDSize:");
+        return at ? strtol(at + 7, NULL, 10) : -1;
+}
+
+/*
+ * At start: the soft limit is raised for --max-clients, the descriptor table grown to it at
+ * once (not doubling under load), and a hard limit too low is an error saying so.
+ */
 START_TEST(test_descriptor_limit_fits_max_clients) {
         char cmd[1024], out[2048];
         struct rlimit rl;
@@ -458,8 +471,10 @@ START_TEST(test_descriptor_limit_fits_max_clients) {
         ck_assert_int_eq(setrlimit(RLIMIT_NOFILE, &rl), 0);
         testd_start(&d, "--max-clients", "1000", NULL);
         /* 192 fixed, 4 per client, one per 2 MiB segment of 512 MiB, as the daemon says (valgrind keeps its own limit). */
-        if (!under_tool())
+        if (!under_tool()) {
                 ck_assert_int_eq(log_count(&d, "file descriptor limit raised to 4448 for max_clients 1000"), 1);
+                ck_assert_int_ge(fd_table_size(d.pid), 4448);
+        }
         ck_assert_int_eq(testd_stop(&d), 0);
 
         snprintf(cmd, sizeof(cmd), "ulimit -n 300 && %s/gpupoold --socket /tmp/gpupool-fdlimit-%d.sock --backend host "
