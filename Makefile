@@ -13,6 +13,7 @@
 #   make bench-instructions   instructions per alloc+free of the allocator core (callgrind)
 #   make bench-frag           fragmentation of gpupool, PyTorch-, CuPy-, no-cache policies and growth models on traces
 #   make bench-replay         traces through libgpupool and a private gpupoold: round trips, imports, ns/op
+#   make bench-adopt          adoption after a daemon restart next to leasing the memory anew
 #   make bench-gpu            allocation latency: driver, driver pool, gpupool (needs a GPU)
 #   make bench-pending        allocation cost with 10,000 stream-ordered frees pending (GPU or fake driver)
 #   make bench-driver         each driver call of the stream-ordered path, and the capture rules (GPU or fake driver)
@@ -116,6 +117,7 @@ FAULTS_BIN := $(B)/tests/gpupoold-faults
 BENCH_HOST := $(B)/bench/bench_host
 BENCH_FRAG := $(B)/bench/frag
 BENCH_REPLAY := $(B)/bench/replay
+BENCH_ADOPT := $(B)/bench/adopt
 FAKECUDA   := $(B)/tests/libfakecuda.so
 
 GENERATED := $(B)/systemd/gpupoold.service $(B)/gpupool.pc
@@ -296,6 +298,16 @@ $(BENCH_REPLAY): $(B)/obj/bench/replay.o $(CLIENT_O) $(COMMON_O)
 	@mkdir -p $(dir $@)
 	@echo "  LD      $@"
 	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LIBS_PROTOBUF) -lpthread -ldl
+
+$(BENCH_ADOPT): $(B)/obj/bench/adopt.o $(CLIENT_O) $(COMMON_O)
+	@mkdir -p $(dir $@)
+	@echo "  LD      $@"
+	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LIBS_PROTOBUF) -lpthread -ldl
+
+# What adoption after a daemon restart costs next to leasing the memory anew (bench/adopt.c).
+bench-adopt: all $(BENCH_ADOPT)
+	@mkdir -p bench/results
+	$(Q)$(BENCH_ADOPT) --build $(B) | tee bench/results/adopt-$$(date -u +%Y-%m-%d).txt
 
 # The traces the benchmarks replay: bench/traces, and the recorded PyTorch traces in
 # ../shared/traces when that folder is there.
@@ -515,7 +527,7 @@ clean:
 
 FORCE:
 
-.PHONY: FORCE all install uninstall test check-gpu gpu-tools gpu-validate bench-gpu bench-pending bench-driver bench-frameworks stress fuzz fuzz-seeds bench bench-frag bench-replay bench-instructions valgrind deps deps-fuzz run clean
+.PHONY: FORCE all install uninstall test check-gpu gpu-tools gpu-validate bench-gpu bench-pending bench-driver bench-frameworks stress fuzz fuzz-seeds bench bench-frag bench-replay bench-adopt bench-instructions valgrind deps deps-fuzz run clean
 
 .SECONDARY:
 
