@@ -627,6 +627,31 @@ bool survivor_restarted(struct survivor *w) {
         return write(w->up[1], "d", 1) == 1 && read(w->go[0], &b, 1) == 1;
 }
 
+void *survivor_adopted(struct testd *d, const struct survivor *w, gpupool_client *c, const struct gpupool_stats *held,
+                       size_t size) {
+        struct gpupool_stats now;
+        char err[512];
+        void *p = NULL;
+        int r;
+
+        for (double t0 = now_s(); (r = gpupool_alloc(c, 0, size, &p)) == -ECONNRESET && now_s() - t0 < 20;)
+                usleep(20 * 1000);
+        if (r != 0) {
+                gpupool_last_error(c, err, sizeof(err));
+                fprintf(stderr, "survivor %d: after the restart: %d: %s\n", w->index, r, err);
+                return NULL;
+        }
+        /* Counted once: the daemon leases it what it held and what it leased since, the blocks still where they were. */
+        if (gpupool_stats(c, &now) != 0 || now.mapped_bytes < held->mapped_bytes + size ||
+            testd_client_field(d, getpid(), "survivor", "reserved_bytes") != (long long) now.mapped_bytes) {
+                fprintf(stderr, "survivor %d: held %llu, then %llu; the daemon counts %lld\n", w->index,
+                        (unsigned long long) held->mapped_bytes, (unsigned long long) now.mapped_bytes,
+                        testd_client_field(d, getpid(), "survivor", "reserved_bytes"));
+                return NULL;
+        }
+        return p;
+}
+
 void run_survivors(struct testd *d, int n, int (*fn)(struct testd *d, void *arg)) {
         struct survivor w[16];
         pid_t pids[16];

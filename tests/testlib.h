@@ -9,6 +9,7 @@
 #include <stdbool.h>
 #include <sys/types.h>
 
+#include "gpupool.h"
 #include "wire.h"
 
 struct testd {
@@ -69,6 +70,14 @@ struct survivor {
 void run_survivors(struct testd *d, int n, int (*fn)(struct testd *d, void *arg));
 /* In a survivor: says it is done without a daemon, and waits for the new one. False on a broken pipe. */
 bool survivor_restarted(struct survivor *w);
+/*
+ * After survivor_restarted(), in a survivor named "survivor": waits (20 s at most) until its
+ * handle c has reconnected and been adopted, which a lease of size bytes succeeding shows, and
+ * checks that the new daemon counts exactly what the process maps, at least what it held before
+ * (held) and size more. Returns the block leased, or NULL saying why on stderr.
+ */
+void *survivor_adopted(struct testd *d, const struct survivor *w, gpupool_client *c, const struct gpupool_stats *held,
+                       size_t size);
 
 /* SIGTERM; returns the daemon's exit status (0 after a clean stop), -1 if it was killed. */
 int testd_stop(struct testd *d);
