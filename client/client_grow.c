@@ -143,6 +143,15 @@ static int reserve_host(gpupool_client *c, struct client_grow *g) {
         return 0;
 }
 
+/* Lets go of what the process holds of granule i: its imported handle (cuda-vmm) and its kept descriptor. */
+static void granule_let_go(struct client_grow *g, uint64_t i) {
+        gpupool_client *c = g->client;
+
+        if (c->vmm)
+                client_cuda_release(c, &c->devices[g->device], g->granules[i].handle);
+        client_fd_release(g->granules[i].fd);
+}
+
 /*
  * Unmaps and frees everything of g, set up in full or in part: its ranges leave the device's
  * heap with their blocks (their holders are forgotten), and its granules are let go.
@@ -163,10 +172,8 @@ static void grow_free(struct client_grow *g) {
                 granule_range_destroy(r);
         }
         for (uint64_t i = 0; i < g->granule_cap; i++)
-                if (g->granules[i].held && c->vmm)
-                        client_cuda_release(c, dev, g->granules[i].handle);
-                else if (g->granules[i].held)
-                        client_fd_release(g->granules[i].fd);
+                if (g->granules[i].held)
+                        granule_let_go(g, i);
         if (c->vmm)
                 client_cuda_unreserve(c, dev, g->base, g->reserved_bytes);
         else
@@ -242,13 +249,9 @@ uint64_t client_grow_shortfall(gpupool_client *c, const struct heap_block *hb) {
 
 /* Lets go of granule i's memory (unmapped everywhere but its parking spot) and frees its entry. */
 static void granule_drop(struct client_grow *g, uint64_t i) {
-        gpupool_client *c = g->client;
-
-        if (c->vmm)
-                client_cuda_release(c, &c->devices[g->device], g->granules[i].handle);
-        else
+        if (!g->client->vmm)
                 reserve_again(g->park + i * G);
-        client_fd_release(g->granules[i].fd);
+        granule_let_go(g, i);
         g->granules[i] = (struct grow_granule) { .next_free = g->free_head, .fd = -1 };
         g->free_head = i;
 }

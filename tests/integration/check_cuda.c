@@ -530,6 +530,52 @@ static void run_client(int (*client)(struct testd *d, void *arg), const char *na
         cuda_stop(&d);
 }
 
+/* How many descriptors this process has open. */
+static int open_fds(void) {
+        DIR *dir = opendir("/proc/self/fd");
+        struct dirent *e;
+        int n = 0;
+
+        while (dir && (e = readdir(dir)))
+                n += e->d_name[0] != '.';
+        if (dir)
+                closedir(dir);
+        return n - 1;   /* less opendir's own */
+}
+
+/*
+ * A handle disconnected with blocks live lets go of every descriptor it kept for them, as of
+ * every handle and mapping: one kept past the handle would keep the memory alive with it.
+ */
+static int disconnect_keeps_nothing_client(struct testd *d, void *arg) {
+        gpupool_client *c = NULL;
+        void *p, *q;
+        int before;
+
+        (void) arg;
+        /* The driver's own descriptors, opened once, are there before the count. */
+        if (gpupool_connect(d->sock, "warm", &c) < 0 || gpupool_alloc(c, 0, 4096, &p) < 0 || gpupool_free(c, p) < 0)
+                return 1;
+        gpupool_disconnect(c);
+        before = open_fds();
+        if (gpupool_connect(d->sock, "holding", &c) < 0 || gpupool_alloc(c, 0, 8 << 20, &p) < 0 ||
+            gpupool_alloc(c, 0, 100000, &q) < 0)
+                return 2;
+        gpupool_disconnect(c);
+        if (open_fds() != before) {
+                fprintf(stderr, "disconnect_keeps_nothing_client: %d descriptors open before, %d after\n", before,
+                        open_fds());
+                return 3;
+        }
+        return 0;
+}
+
+START_TEST(test_cuda_disconnect_keeps_no_descriptor) {
+        BACKEND_OF_LOOP;
+        run_client(disconnect_keeps_nothing_client, "disconnect_keeps_nothing_client");
+}
+END_TEST
+
 START_TEST(test_cuda_free_async_waits_for_stream) {
         BACKEND_OF_LOOP;
         run_client(free_async_client, "free_async_client");
@@ -2362,6 +2408,7 @@ static void add_common(TCase *tc) {
         tcase_add_loop_test(tc, test_cuda_killed_client_memory_returns, 0, BACKEND_LOOPS);
         tcase_add_loop_test(tc, test_cuda_limits_hold, 0, BACKEND_LOOPS);
         tcase_add_loop_test(tc, test_cuda_free_async_waits_for_stream, 0, BACKEND_LOOPS);
+        tcase_add_loop_test(tc, test_cuda_disconnect_keeps_no_descriptor, 0, BACKEND_LOOPS);
         tcase_add_loop_test(tc, test_cuda_disconnect_waits_for_pending_frees, 0, BACKEND_LOOPS);
         tcase_add_loop_test(tc, test_cuda_framework_hooks_stream_ordered, 0, BACKEND_LOOPS);
         tcase_add_loop_test(tc, test_cuda_segment_zeroed_across_uids, 0, BACKEND_LOOPS);
