@@ -34,7 +34,7 @@
 
 #include "conn.h"
 #include "gpupool.h"
-#include "wire.h"
+#include "private_daemon.h"
 
 #define MiB (1ULL << 20)
 #define GRANULE (2 * MiB)
@@ -94,21 +94,13 @@ static void launcher(void) {
 
 /* A new daemon from the launcher, listening once this returns. */
 static void start(void) {
-        char b = 's';
+        char b = 's', log[160];
 
         unlink(sock_path);
         if (write(launch_req[1], &b, 1) != 1 || read(launch_rep[0], &daemon_pid, sizeof(daemon_pid)) != sizeof(daemon_pid))
                 die("launcher", "gone");
-        for (int i = 0; i < 2000; i++) {
-                int s;
-
-                if (gp_wire_connect(sock_path, &s) == 0) {
-                        close(s);
-                        return;
-                }
-                usleep(5000);
-        }
-        die("gpupoold", "did not listen");
+        snprintf(log, sizeof(log), "%s/gpupoold.log", dir);
+        private_daemon_wait(sock_path, log);
 }
 
 /* kill -9 of the daemon, gone once this returns, and a new one. */

@@ -1,7 +1,8 @@
 /*
  * private_daemon.h: a gpupoold of the benchmark's own, for the benchmarks that talk to one
- * (bench_host.c, replay.c): host backend, an empty config (the node's own /etc/gpupool must
- * not change what is measured), errors only in its log, listening before this returns.
+ * (bench_host.c, replay.c; adopt.c starts its own and waits here): host backend, an empty
+ * config (the node's own /etc/gpupool must not change what is measured), errors only in its
+ * log, listening before this returns.
  */
 #ifndef GP_BENCH_PRIVATE_DAEMON_H
 #define GP_BENCH_PRIVATE_DAEMON_H
@@ -14,11 +15,26 @@
 
 #include "wire.h"
 
+/* Waits until a daemon listens on sock_path; exits the benchmark, saying why (its log), if none does in 10 s. */
+static inline void private_daemon_wait(const char *sock_path, const char *log) {
+        for (int i = 0; i < 2000; i++) {
+                int s;
+
+                if (gp_wire_connect(sock_path, &s) == 0) {
+                        close(s);
+                        return;
+                }
+                usleep(5000);
+        }
+        fprintf(stderr, "gpupoold did not start (see %s)\n", log);
+        exit(1);
+}
+
 /*
  * Starts build/gpupoold on sock_path with capacity (a size) of host memory, its config and
  * log in dir. Returns its pid; exits the benchmark, saying why, if it does not listen in 10 s.
  */
-static pid_t private_daemon_start(const char *build, const char *dir, const char *sock_path, const char *capacity) {
+static inline pid_t private_daemon_start(const char *build, const char *dir, const char *sock_path, const char *capacity) {
         char path[256], log[160], conf[160];
         pid_t pid;
 
@@ -36,17 +52,8 @@ static pid_t private_daemon_start(const char *build, const char *dir, const char
                       "err", "--config", conf, (char *) NULL);
                 _exit(127);
         }
-        for (int i = 0; i < 2000; i++) {
-                int s;
-
-                if (gp_wire_connect(sock_path, &s) == 0) {
-                        close(s);
-                        return pid;
-                }
-                usleep(5000);
-        }
-        fprintf(stderr, "gpupoold did not start (see %s)\n", log);
-        exit(1);
+        private_daemon_wait(sock_path, log);
+        return pid;
 }
 
 #endif

@@ -198,14 +198,19 @@ static inline bool client_daemon_gone(gpupool_client *c) {
 }
 
 /*
- * Whether what the process leases went with the daemon: on the cuda backend it lived in the
- * daemon's context. Host and cuda-vmm memory lives while this process maps it, daemon or not
- * (a memfd's pages, the driver's rule for a cuMemCreate allocation), and a daemon that lives on
- * with the connection broken keeps it this process's until it exits (its pidfd): the pool goes
- * on serving it.
+ * Whether what the process leases outlives the daemon: host and cuda-vmm memory lives while
+ * this process maps it, daemon or not (a memfd's pages, the driver's rule for a cuMemCreate
+ * allocation), and a daemon that lives on with the connection broken keeps it this process's
+ * until it exits (its pidfd): the pool goes on serving it, and a daemon after it adopts it. On
+ * the cuda backend it lived in the daemon's context.
  */
+static inline bool client_memory_outlives_daemon(const gpupool_client *c) {
+        return !c->cuda || c->vmm;
+}
+
+/* Whether what the process leases went with the daemon. */
 static inline bool client_memory_lost(gpupool_client *c) {
-        return c->cuda && !c->vmm && client_daemon_gone(c);
+        return !client_memory_outlives_daemon(c) && client_daemon_gone(c);
 }
 
 #endif

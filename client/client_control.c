@@ -140,7 +140,7 @@ static bool wait_for_daemon(gpupool_client *c) {
         bool resumed = false;
 
         pthread_mutex_lock(&c->lock);
-        while (!c->control_stopping && (!c->cuda || c->vmm) && !resumed) {
+        while (!c->control_stopping && client_memory_outlives_daemon(c) && !resumed) {
                 struct timespec at;
                 struct gp_conn *control;
 

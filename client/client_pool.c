@@ -189,14 +189,13 @@ uint64_t client_pool_free_bytes(gpupool_client *c) {
 
 /* A lease with the daemon gone: at once, saying what the process still has. Locked. */
 static int daemon_gone_error(gpupool_client *c) {
-        client_set_error(c, "gpupoold is gone (or the connection to it is)%s; gpupool_reconnect() starts anew",
-                         client_memory_lost(c) ? "" : c->vmm ? ": this process goes on allocating from the cuda-vmm "
-                                                               "memory it holds, but cannot lease more until it has "
-                                                               "reconnected, which it does on its own once gpupoold "
-                                                               "listens again" :
-                                                  ": this process goes on allocating from the memory it holds, but "
-                                                  "cannot lease more until it has reconnected, which it does on its "
-                                                  "own once gpupoold listens again");
+        if (client_memory_lost(c))
+                client_set_error(c, "gpupoold is gone (or the connection to it is); gpupool_reconnect() starts anew");
+        else
+                client_set_error(c, "gpupoold is gone (or the connection to it is): this process goes on allocating from "
+                                    "the %smemory it holds, but cannot lease more until it has reconnected, which it does "
+                                    "on its own once gpupoold listens again; gpupool_reconnect() starts anew",
+                                 c->vmm ? "cuda-vmm " : "");
         return -ECONNRESET;
 }
 

@@ -78,12 +78,15 @@ void granule_range_destroy(struct granule_range *r) {
         *r = (struct granule_range) { 0 };
 }
 
-/* Stamps spares i..i + n - 1 free from now. */
-static void stamp(struct granule_set *s, uint64_t i, uint64_t n) {
+/* Counts the n physical granules just put above the spares as spares, held and obtained, free from now. */
+static void spares_in(struct granule_set *s, uint64_t n) {
         uint64_t now = s->ops->now ? s->ops->now(s->ctx) : 0;
 
-        while (n-- > 0)
-                s->spare_since[i++] = now;
+        for (uint64_t i = 0; i < n; i++)
+                s->spare_since[s->spare_count + i] = now;
+        s->spare_count += n;
+        s->held += n;
+        s->obtained += n;
 }
 
 /* Makes room in the spare array for n physical granules in all. Returns 0 or -ENOMEM. */
@@ -187,10 +190,7 @@ int granule_take(struct granule_range *r, uint64_t offset, uint64_t size) {
                 if ((err = spare_reserve(s, s->held + n)) < 0 ||
                     (err = s->ops->obtain(s->ctx, n, s->spare + s->spare_count)) < 0)
                         goto undo;
-                stamp(s, s->spare_count, n);
-                s->spare_count += n;
-                s->held += n;
-                s->obtained += n;
+                spares_in(s, n);
         }
         for (uint64_t k = first; k <= last; k++) {
                 uint64_t phys;
@@ -234,10 +234,7 @@ int granule_add_spares(struct granule_set *s, const uint64_t *phys, uint64_t n) 
         if (spare_reserve(s, s->held + n) < 0)
                 return -ENOMEM;
         memcpy(s->spare + s->spare_count, phys, n * sizeof(*phys));
-        stamp(s, s->spare_count, n);
-        s->spare_count += n;
-        s->held += n;
-        s->obtained += n;
+        spares_in(s, n);
         return 0;
 }
 

@@ -63,6 +63,7 @@ struct cuda_backend {
         struct gp_cuda cu;
         bool vmm;                       /* cuda-vmm: cuMemCreate segments, exported as descriptors */
         bool named;                     /* cuda-vmm with kcmp(2): segments named by their file (files) */
+        struct backend_ops ops;         /* cuda_ops, adopting too where named */
         struct gp_rb_tree files;        /* struct vmm_file, in kcmp(2)'s order of their files */
         uint64_t last_ident;
         char no_adopt_why[192];
@@ -590,19 +591,6 @@ static const struct backend_ops cuda_ops = {
         .close = cuda_close,
 };
 
-/* cuda-vmm where kcmp(2) works: it adopts what clients kept from a daemon before this one. */
-static const struct backend_ops vmm_ops = {
-        .device_info = cuda_device_info,
-        .mem_create = cuda_mem_create,
-        .mem_destroy = cuda_mem_destroy,
-        .mem_zero = cuda_mem_zero,
-        .mem_zero_done = cuda_mem_zero_done,
-        .device_memory = cuda_device_memory,
-        .close = cuda_close,
-        .mem_adopt = cuda_mem_adopt,
-        .mem_ident = cuda_mem_ident,
-};
-
 /*
  * cuda-vmm: whether GPU d has what the backend needs (virtual memory management, descriptor
  * handles, a granularity that divides 2 MiB segments). Returns 0, with *r the driver's result
@@ -735,7 +723,8 @@ int backend_cuda_open(uint64_t headroom_bytes, bool vmm, struct backend **ret, c
                 snprintf(err, err_size, "out of memory");
                 return -ENOMEM;
         }
-        c->base.ops = &cuda_ops;
+        c->ops = cuda_ops;
+        c->base.ops = &c->ops;
         c->base.name = vmm ? "cuda-vmm" : "cuda";
         c->base.ipc_handles = !vmm;
         c->base.no_adopt_why = "its segments lived in the daemon's context and went with it";
@@ -746,7 +735,9 @@ int backend_cuda_open(uint64_t headroom_bytes, bool vmm, struct backend **ret, c
 
                 c->named = k == 0;
                 if (c->named) {
-                        c->base.ops = &vmm_ops;
+                        /* It adopts what clients kept from a daemon before this one. */
+                        c->ops.mem_adopt = cuda_mem_adopt;
+                        c->ops.mem_ident = cuda_mem_ident;
                 } else {
                         snprintf(c->no_adopt_why, sizeof(c->no_adopt_why), "kcmp(2) is refused here (%s), and "
                                  "without it the daemon cannot tell two descriptors of the same memory apart", strerror(-k));

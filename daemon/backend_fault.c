@@ -18,6 +18,7 @@
 struct fault_backend {
         struct backend base;
         struct backend *inner;
+        struct backend_ops ops;         /* fault_ops, less what the inner backend does not do */
         double create, export_, zero;   /* probabilities of failure */
         uint64_t rng;
 };
@@ -80,28 +81,24 @@ static int fault_mem_zero_done(struct backend *b, unsigned device, struct backen
         return inner->ops->mem_zero_done(inner, device, mem);
 }
 
+/* This and the two below are set only where the inner backend has them (backend_fault_wrap()). */
 static int fault_device_memory(struct backend *b, unsigned device, struct backend_device_memory *ret) {
         struct backend *inner = fault_of(b)->inner;
 
-        return inner->ops->device_memory ? inner->ops->device_memory(inner, device, ret) : -ENOTSUP;
+        return inner->ops->device_memory(inner, device, ret);
 }
 
 static int fault_mem_adopt(struct backend *b, unsigned device, int fd, uint64_t size, struct backend_mem *ret, char *why,
                            size_t why_size) {
         struct backend *inner = fault_of(b)->inner;
 
-        if (!inner->ops->mem_adopt) {
-                snprintf(why, why_size, "the %s backend cannot adopt memory: %s", inner->name,
-                         inner->no_adopt_why ? inner->no_adopt_why : "(no reason given)");
-                return -EOPNOTSUPP;
-        }
         return inner->ops->mem_adopt(inner, device, fd, size, ret, why, why_size);
 }
 
 static uint64_t fault_mem_ident(struct backend *b, unsigned device, const struct backend_mem *mem) {
         struct backend *inner = fault_of(b)->inner;
 
-        return inner->ops->mem_ident ? inner->ops->mem_ident(inner, device, mem) : 0;
+        return inner->ops->mem_ident(inner, device, mem);
 }
 
 static void fault_close(struct backend *b) {
@@ -166,7 +163,14 @@ int backend_fault_wrap(struct backend *inner, const char *spec, struct backend *
         }
         f->inner = inner;
         f->base = *inner;
-        f->base.ops = &fault_ops;
+        f->ops = fault_ops;
+        if (!inner->ops->device_memory)
+                f->ops.device_memory = NULL;
+        if (!inner->ops->mem_adopt)
+                f->ops.mem_adopt = NULL;
+        if (!inner->ops->mem_ident)
+                f->ops.mem_ident = NULL;
+        f->base.ops = &f->ops;
         f->base.faults_injected = 0;
         log_warn("TEST ONLY: fault injection is on ($GPUPOOL_TEST_FAULTS=%s): segment creations fail at %.3f, "
                  "exports at %.3f, zeroings at %.3f", spec, f->create, f->export_, f->zero);

@@ -166,6 +166,22 @@ static uint64_t cache_release_oldest(struct pool *p) {
         return size;
 }
 
+/*
+ * Evicts cached segments, oldest first, until size more bytes fit the capacity and, where
+ * bounded, room (the device's own, which each release adds to). False if the cache runs out.
+ */
+static bool make_room(struct pool *p, uint64_t size, bool bounded, int64_t room) {
+        while (p->reserved_bytes + size > p->capacity_bytes || (bounded && (int64_t) size > room)) {
+                uint64_t released = cache_release_oldest(p);
+
+                if (!released)
+                        return false;
+                room += (int64_t) released;
+                p->evictions++;
+        }
+        return true;
+}
+
 bool pool_read_device(struct pool *p) {
         struct backend_device_memory m;
 
@@ -389,14 +405,8 @@ static int segment_obtain(struct pool *p, uint64_t rsize, uint64_t headroom, str
         bounded = device_room(p, &room);
         if (p->reserved_bytes + want > p->capacity_bytes || (bounded && (int64_t) want > room))
                 want = min;
-        while (p->reserved_bytes + want > p->capacity_bytes || (bounded && (int64_t) want > room)) {
-                uint64_t released = cache_release_oldest(p);
-
-                if (!released)
-                        return -ENOMEM;
-                room += (int64_t) released;
-                p->evictions++;
-        }
+        if (!make_room(p, want, bounded, room))
+                return -ENOMEM;
         r = segment_create(p, want, ret);
         if ((r == -ENOMEM || r == -EMFILE || r == -ENFILE) && p->cached_bytes) {
                 /*
@@ -501,12 +511,9 @@ int pool_adopt(struct pool *p, struct pool_owner *o, const struct backend_mem *m
 
         if (size > headroom_bytes)
                 return -EDQUOT;
-        /* Within the capacity, as a new segment would be; the cache makes room, oldest first. */
-        while (p->reserved_bytes + size > p->capacity_bytes)
-                if (!cache_release_oldest(p))
-                        return -ENOMEM;
-                else
-                        p->evictions++;
+        /* Within the capacity, as a new segment would be (its memory exists on the device already). */
+        if (!make_room(p, size, false, 0))
+                return -ENOMEM;
         if (!(s = segment_add(p, size, mem)))
                 return -ENOMEM;
         segment_give(o, s, ret);
