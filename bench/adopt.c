@@ -11,7 +11,12 @@
  *   resume    a libgpupool process holding the same memory in segments that grow in place:
  *             from the new daemon listening to its first lease that succeeds (its control
  *             thread tries 100 ms after the old daemon went, then backs off: that wait is in
- *             the figure, and is most of it).
+ *             the figure, and is most of it);
+ *   first     a new libgpupool process (forked by the launcher, so its descriptor table is
+ *             as small as any new process's) connects to a new daemon and allocates the same
+ *             memory in segments that grow in place: gpupool_connect() and gpupool_alloc()
+ *             together, with the descriptor it keeps per granule and the growth of its
+ *             descriptor table that takes (the raw lease is the baseline).
  *
  * Every daemon is started afresh, as systemd starts one, by a launcher process forked before
  * the benchmark opened any descriptor: a daemon forked from the benchmark itself would inherit
@@ -28,6 +33,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -39,7 +45,7 @@
 #define MiB (1ULL << 20)
 #define GRANULE (2 * MiB)
 #define BATCH 128
-#define MAX_GRANULES 1024
+#define MAX_GRANULES 4096
 #define MAX_RUNS 31
 
 static char dir[64], sock_path[128];
@@ -62,7 +68,13 @@ static void die(const char *what, const char *why) {
 
 static int launch_req[2] = { -1, -1 }, launch_rep[2] = { -1, -1 };
 
-/* The launcher: for each byte asked, a daemon, its pid answered; it never waits for them (SIGCHLD ignored). */
+static double first_run(size_t n);
+
+/*
+ * The launcher: for each 's' asked, a daemon, its pid answered; for each 'f' and a count of
+ * granules, a new process that runs first_run(), its milliseconds answered. It never waits
+ * for them (SIGCHLD ignored).
+ */
 static void launcher(void) {
         char path[256], log[160], conf[160], b;
 
@@ -74,7 +86,20 @@ static void launcher(void) {
         close(launch_rep[0]);
         signal(SIGCHLD, SIG_IGN);
         while (read(launch_req[0], &b, 1) == 1) {
-                pid_t pid = fork();
+                size_t n;
+                pid_t pid;
+
+                if (b == 'f') {
+                        if (read(launch_req[0], &n, sizeof(n)) != sizeof(n))
+                                _exit(1);
+                        if (fork() == 0) {
+                                double ms = first_run(n);
+
+                                _exit(write(launch_rep[1], &ms, sizeof(ms)) == sizeof(ms) ? 0 : 1);
+                        }
+                        continue;
+                }
+                pid = fork();
 
                 if (pid == 0) {
                         int fd = open(log, O_WRONLY | O_CREAT | O_APPEND, 0644);
@@ -82,7 +107,7 @@ static void launcher(void) {
                         dup2(fd, 2);
                         dup2(fd, 1);    /* not the benchmark's output: a pipe to tee would never end */
                         signal(SIGCHLD, SIG_DFL);
-                        execl(path, path, "--socket", sock_path, "--backend", "host", "--host-capacity", "4G",
+                        execl(path, path, "--socket", sock_path, "--backend", "host", "--host-capacity", "9G",
                               "--log-level", "err", "--config", conf, (char *) NULL);
                         _exit(127);
                 }
@@ -195,8 +220,15 @@ static double resume_run(size_t n) {
 
         setenv("GPUPOOL_SEGMENTS", "grow", 1);
         setenv("GPUPOOL_IDLE_RETURN", "0", 1);
-        if (gpupool_connect(sock_path, "bench-resume", &c) < 0 || gpupool_alloc(c, 0, n * GRANULE - MiB, &held) < 0)
-                die("resume", "cannot lease the memory to hold");
+        restart();      /* the raw run's memory is this process's until it exits, to the daemon before */
+        if (gpupool_connect(sock_path, "bench-resume", &c) < 0)
+                die("resume", "cannot connect");
+        if ((r = gpupool_alloc(c, 0, n * GRANULE - MiB, &held)) < 0) {
+                char why[256];
+
+                gpupool_last_error(c, why, sizeof(why));
+                die("resume", *why ? why : gpupool_strerror(r));
+        }
         restart();
         t0 = now_ms();
         while ((r = gpupool_alloc(c, 0, 64 * MiB, &more)) == -ECONNRESET && now_ms() - t0 < 10000)
@@ -208,6 +240,37 @@ static double resume_run(size_t n) {
         gpupool_free(c, held);
         gpupool_disconnect(c);
         return t0;
+}
+
+/* In a new process: from nothing to holding n granules through libgpupool, connect included. */
+static double first_run(size_t n) {
+        gpupool_client *c = NULL;
+        double t0;
+        void *held;
+
+        setenv("GPUPOOL_SEGMENTS", "grow", 1);
+        setenv("GPUPOOL_IDLE_RETURN", "0", 1);
+        t0 = now_ms();
+        if (gpupool_connect(sock_path, "bench-first", &c) < 0 || gpupool_alloc(c, 0, n * GRANULE - MiB, &held) < 0)
+                return -1;
+        t0 = now_ms() - t0;
+        gpupool_free(c, held);
+        gpupool_disconnect(c);
+        return t0;
+}
+
+/* One run of first_run() in a new process, against a new daemon. */
+static double first_in_new_process(size_t n) {
+        char b = 'f';
+        double ms;
+
+        restart();
+        if (write(launch_req[1], &b, 1) != 1 || write(launch_req[1], &n, sizeof(n)) != sizeof(n) ||
+            read(launch_rep[0], &ms, sizeof(ms)) != sizeof(ms))
+                die("launcher", "gone");
+        if (ms < 0)
+                die("first", "the new process could not lease the memory");
+        return ms;
 }
 
 static int cmp_double(const void *a, const void *b) {
@@ -226,8 +289,9 @@ int main(int argc, char **argv) {
                 { "build", required_argument, NULL, 'b' }, { "runs", required_argument, NULL, 'r' },
                 { "sizes", required_argument, NULL, 's' }, { 0 },
         };
-        char sizes_arg[256] = "64,256,1024";
+        char sizes_arg[256] = "64,256,1024,4096,8192";
         int runs = 7, o;
+        struct rlimit rl;
 
         while ((o = getopt_long(argc, argv, "", opts, NULL)) != -1) {
                 switch (o) {
@@ -244,6 +308,11 @@ int main(int argc, char **argv) {
                 return 2;
         }
         signal(SIGPIPE, SIG_IGN);
+        /* The raw client holds a descriptor per granule, as the library does (which raises its own). */
+        if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+                rl.rlim_cur = rl.rlim_max;
+                (void) setrlimit(RLIMIT_NOFILE, &rl);
+        }
         strcpy(dir, "/tmp/gpupool-bench-adopt-XXXXXX");
         if (!mkdtemp(dir))
                 die("mkdtemp", strerror(errno));
@@ -256,20 +325,23 @@ int main(int argc, char **argv) {
         close(launch_rep[1]);
         start();
         printf("adoption after a daemon restart, host backend: medians of %d runs, in ms\n", runs);
-        printf("%10s %9s %12s %12s %8s %14s\n", "held", "granules", "lease anew", "adopt", "ratio", "resume (lib)");
+        printf("%10s %9s %12s %12s %8s %14s %13s\n", "held", "granules", "lease anew", "adopt", "ratio", "resume (lib)",
+               "first (lib)");
         for (char *save = NULL, *s = strtok_r(sizes_arg, ",", &save); s; s = strtok_r(NULL, ",", &save)) {
                 size_t mib = strtoul(s, NULL, 10), n = mib * MiB / GRANULE;
-                double leases[MAX_RUNS], adopts[MAX_RUNS], resumes[MAX_RUNS], l, a;
+                double leases[MAX_RUNS], adopts[MAX_RUNS], resumes[MAX_RUNS], firsts[MAX_RUNS], l, a;
 
                 if (n == 0 || n > MAX_GRANULES)
-                        die("--sizes", "each is 2 to 2048 MiB");
+                        die("--sizes", "each is 2 to 8192 MiB");
                 for (int i = 0; i < runs; i++) {
                         raw_run(n, &leases[i], &adopts[i]);
                         resumes[i] = resume_run(n);
+                        firsts[i] = first_in_new_process(n);
                 }
                 l = median(leases, runs);
                 a = median(adopts, runs);
-                printf("%6zu MiB %9zu %12.2f %12.2f %8.2f %14.1f\n", mib, n, l, a, a / l, median(resumes, runs));
+                printf("%6zu MiB %9zu %12.2f %12.2f %8.2f %14.1f %13.2f\n", mib, n, l, a, a / l, median(resumes, runs),
+                       median(firsts, runs));
                 fflush(stdout);
         }
         kill(daemon_pid, SIGTERM);

@@ -33,8 +33,8 @@ static int session_open(gpupool_client *c) {
         Gpupool__Hello hello_req = GPUPOOL__HELLO__INIT;
         const char *path = c->socket_path[0] ? c->socket_path : NULL;
         Gpupool__Envelope *hello;
-        uint64_t client_id;
-        bool cuda;
+        uint64_t client_id, granules = 0;
+        bool cuda, keeps = false;
         int r;
 
         gp_conn_close(&c->conn);
@@ -58,13 +58,19 @@ static int session_open(gpupool_client *c) {
                         cuda = c->vmm = true;
                 if (strcmp(backend, "host") != 0 && strcmp(backend, "cuda-vmm") != 0)
                         c->grow = false;
+                else
+                        keeps = true;   /* a descriptor per segment, at most one per granule */
                 c->devices[d].total_bytes = hello->hello_reply->devices[d]->total_bytes;
+                granules += (c->devices[d].total_bytes + GP_GRANULE_BYTES - 1) / GP_GRANULE_BYTES;
         }
         __atomic_store_n(&c->cuda, cuda, __ATOMIC_RELEASE);     /* gpupool_free_async() reads it unlocked */
         client_id = hello->hello_reply->client_id;
         c->round_trips = c->conn.calls;
         r = c->cuda ? client_cuda_setup(c, hello->hello_reply) : 0;
         gpupool__envelope__free_unpacked(hello, NULL);
+        /* Before the control thread starts: the process may have one thread yet, and then growing costs no wait. */
+        if (r == 0 && keeps)
+                client_fd_room(c->conn.sock, granules);
         /* The daemon asks for empty segments back on it; the idle return and usage reports run on its thread. */
         if (r == 0)
                 r = client_control_open(c, path, c->name, client_id);

@@ -29,6 +29,8 @@
 
 /* The descriptors below this stay the application's: select() sees only those under 1024. */
 #define KEPT_FD_FLOOR 1024
+/* The most slots client_fd_room() grows the table to: 512 KiB of the kernel's, 128 GiB in 2 MiB granules. */
+#define KEPT_ROOM_MAX 65536
 
 static pthread_once_t keep_once = PTHREAD_ONCE_INIT;
 static uint64_t kept_fds, kept_max;     /* atomic; kept_max set once */
@@ -65,6 +67,27 @@ int client_fd_keep(int fd) {
                 fd = high;
         }
         return fd;
+}
+
+void client_fd_room(int fd, uint64_t n) {
+        static uint64_t grown;  /* atomic: the slot the table reaches */
+        uint64_t want;
+        int high;
+
+        pthread_once(&keep_once, keep_init);
+        if (n > kept_max)
+                n = kept_max;
+        want = KEPT_FD_FLOOR + n;
+        if (want > KEPT_ROOM_MAX)
+                want = KEPT_ROOM_MAX;
+        if (n == 0 || want <= __atomic_load_n(&grown, __ATOMIC_RELAXED))
+                return;
+        /* The lowest free slot from want - 1 up: the kernel grows the table to cover it, at once. */
+        high = fcntl(fd, F_DUPFD_CLOEXEC, (int) (want - 1));
+        if (high < 0)
+                return;         /* no room (RLIMIT_NOFILE, fs.nr_open): descriptors are kept as the table grows */
+        close(high);
+        __atomic_store_n(&grown, want, __ATOMIC_RELAXED);
 }
 
 void client_fd_release(int fd) {

@@ -76,4 +76,13 @@ uint64_t client_now_ms(void);
 int client_fd_keep(int fd);
 void client_fd_release(int fd);
 
+/*
+ * Grows the process's descriptor table once, with room to keep n descriptors more (at most
+ * what client_fd_keep() would keep, and 64K slots in all): the kernel grows the table by
+ * doubling as descriptors arrive, and in a process with threads each doubling waits for an RCU
+ * grace period (milliseconds). Called before the handle's control thread starts, where an
+ * application with one thread pays no wait at all. fd: any open descriptor, to duplicate.
+ */
+void client_fd_room(int fd, uint64_t n);
+
 #endif

@@ -63,6 +63,19 @@ const char *read_text(const char *path, char *buf, size_t size) {
         return buf;
 }
 
+bool under_tool(void) {
+        return getenv("GPUPOOL_DAEMON_WRAPPER") != NULL;
+}
+
+long fd_table_size(pid_t pid) {
+        char path[64], text[4096];
+        const char *at;
+
+        snprintf(path, sizeof(path), "/proc/%d/status", (int) pid);
+        at = strstr(read_text(path, text, sizeof(text)), "FDSize:");
+        return at ? strtol(at + 7, NULL, 10) : -1;
+}
+
 static void dump_log(const struct testd *d) {
         char line[512];
         FILE *f = fopen(d->log, "r");

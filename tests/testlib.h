@@ -36,6 +36,16 @@ int run_capture(const char *cmd, char *out, size_t size);
 /* Reads a text file into buf (NUL-terminated, truncated to size); "" if it cannot be read. Returns buf. */
 const char *read_text(const char *path, char *buf, size_t size);
 
+/*
+ * Whether the tests run under a tool ($GPUPOOL_DAEMON_WRAPPER: make valgrind, the suites and
+ * their daemons), which keeps its own descriptor limit, runs one thread at a time and is tens
+ * of times slower: what a test times is scaled or left to the plain and sanitizer runs.
+ */
+bool under_tool(void);
+
+/* The size of a process's descriptor table (FDSize in /proc/PID/status), or -1. */
+long fd_table_size(pid_t pid);
+
 /* Starts gpupoold (host backend, --check-invariants) with extra arguments (NULL-ended). */
 void testd_start(struct testd *d, ...);
 

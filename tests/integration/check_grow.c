@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include "gpupool.h"
@@ -390,6 +391,37 @@ START_TEST(test_grow_threads) {
 }
 END_TEST
 
+/*
+ * The descriptor table grows once, at connect, with room for a kept descriptor per granule of
+ * the device: not by doubling as granules arrive, each doubling an RCU wait once the process
+ * has threads (the handle's control thread is one).
+ */
+START_TEST(test_grow_descriptor_table_grown_at_connect) {
+        const long want = 1024 + 2048;  /* the floor of kept descriptors, and 4 GiB in 2 MiB */
+        long before, at_connect;
+        struct rlimit rl;
+        gpupool_client *c;
+        struct testd d;
+        void *p;
+
+        ck_assert_int_eq(getrlimit(RLIMIT_NOFILE, &rl), 0);
+        if (under_tool() || (rl.rlim_max != RLIM_INFINITY && rl.rlim_max < 8192))
+                return;         /* valgrind keeps a table of its own; a hard limit that leaves no room to keep 2048 */
+        testd_start(&d, "--host-capacity", "4G", NULL);
+        before = fd_table_size(getpid());
+        ck_assert_msg(before > 0 && before < want, "the test's process has a table of %ld already", before);
+        c = connect_growing(&d, "table");
+        at_connect = fd_table_size(getpid());
+        ck_assert_msg(at_connect >= want, "a table of %ld after connecting, %ld before", at_connect, before);
+        ck_assert_int_eq(gpupool_alloc(c, 0, 3 * 1024 * MiB, &p), 0);
+        ck_assert_uint_ge(stats(c).mapped_bytes, 3 * 1024 * MiB);
+        ck_assert_int_eq(fd_table_size(getpid()), at_connect);
+        ck_assert_int_eq(gpupool_free(c, p), 0);
+        gpupool_disconnect(c);
+        ck_assert_int_eq(testd_stop(&d), 0);
+}
+END_TEST
+
 START_TEST(test_grow_bad_setting) {
         gpupool_client *c;
         struct testd d;
@@ -491,6 +523,7 @@ Suite *suite_grow(void) {
         tcase_add_test(tc, test_grow_ahead_waits_its_idle_time);
         tcase_add_test(tc, test_grow_reclaim);
         tcase_add_test(tc, test_grow_threads);
+        tcase_add_test(tc, test_grow_descriptor_table_grown_at_connect);
         tcase_add_test(tc, test_grow_bad_setting);
         tcase_add_test(tc, test_host_survives_daemon_kill);
         tcase_set_timeout(tc, 60);

@@ -26,15 +26,6 @@
 
 #define MiB (1ULL << 20)
 
-/*
- * Whether the daemon runs under a tool ($GPUPOOL_DAEMON_WRAPPER: make valgrind), which keeps its
- * own descriptor limit, runs one thread at a time and is tens of times slower: what a test
- * times is scaled or left to the plain and sanitizer runs.
- */
-static bool under_tool(void) {
-        return getenv("GPUPOOL_DAEMON_WRAPPER") != NULL;
-}
-
 /* Runs "gpupoolctl --socket S ARGS" (stderr too) into out; returns its exit status. */
 static int ctl(struct testd *d, char *out, size_t size, const char *args) {
         char cmd[512];
@@ -444,16 +435,6 @@ START_TEST(test_out_of_descriptors) {
         ck_assert_int_eq(testd_stop(&d), 0);
 }
 END_TEST
-
-/* The size of a process's descriptor table (FDSize in /proc/PID/status), or -1. */
-static long fd_table_size(pid_t pid) {
-        char path[64], text[4096];
-        const char *at;
-
-        snprintf(path, sizeof(path), "/proc/%d/status", (int) pid);
-        at = strstr(read_text(path, text, sizeof(text)), "FDSize:");
-        return at ? strtol(at + 7, NULL, 10) : -1;
-}
 
 /*
  * At start: the soft limit is raised for --max-clients, the descriptor table grown to it at
