@@ -38,6 +38,7 @@ static int session_open(gpupool_client *c) {
         int r;
 
         gp_conn_close(&c->conn);
+        c->resume_refused = false;
         hello_req.name = c->name;
         r = gp_conn_open(&c->conn, path, &hello_req, &hello);
         if (r < 0)

@@ -168,6 +168,7 @@ struct gpupool_client {
         pthread_t control_thread;
         bool control_started;
         bool control_stopping;          /* locked: client_control_close() ends the thread's wait for a daemon */
+        bool resume_refused;            /* locked: the daemon that came back has other devices or another backend */
         pthread_cond_t control_wake;    /* signalled with control_stopping */
         /*
          * Stream-ordered frees: a queue per stream, and the pending blocks by (stream, device,

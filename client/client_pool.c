@@ -191,6 +191,11 @@ uint64_t client_pool_free_bytes(gpupool_client *c) {
 static int daemon_gone_error(gpupool_client *c) {
         if (client_memory_lost(c))
                 client_set_error(c, "gpupoold is gone (or the connection to it is); gpupool_reconnect() starts anew");
+        else if (c->resume_refused)
+                client_set_error(c, "gpupoold came back with other devices (or another backend) than this process holds "
+                                    "memory of, so it cannot adopt that memory: this process goes on allocating from the "
+                                    "%smemory it holds, but cannot lease more; gpupool_reconnect() starts anew (its blocks "
+                                    "are then gone)", c->vmm ? "cuda-vmm " : "");
         else
                 client_set_error(c, "gpupoold is gone (or the connection to it is): this process goes on allocating from "
                                     "the %smemory it holds, but cannot lease more until it has reconnected, which it does "

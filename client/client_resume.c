@@ -153,11 +153,11 @@ int client_resume(gpupool_client *c, struct gp_conn **ret_control) {
                 same = client_cuda_same_devices(c, hr);
         client_id = hr->client_id;
         gpupool__envelope__free_unpacked(hello, NULL);
+        /* The next lease says so (daemon_gone_error()); the thread tries again, for a daemon after this one. */
+        c->resume_refused = !same;
         if (!same) {
                 gp_conn_close(&c->conn);
                 __atomic_store_n(&c->conn.broken, true, __ATOMIC_RELAXED);
-                client_set_error(c, "gpupoold came back with other devices (or another backend) than this process "
-                                    "holds memory of; gpupool_reconnect() starts anew");
                 return -ECONNRESET;
         }
         if ((r = adopt_all(c)) < 0)

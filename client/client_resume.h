@@ -12,7 +12,9 @@
  * it adopt every segment the process holds (their ids change; those it refuses become
  * CLIENT_ORPHAN's), and opens a control channel for the new session into *ret_control.
  * Locked, the main connection idle. Returns 0, or a negative errno with the handle's error
- * set (none listens yet: -ECONNREFUSED or -ENOENT; the main connection is then broken).
+ * set (none listens yet: -ECONNREFUSED or -ENOENT; the main connection is then broken). A
+ * daemon with other devices or another backend adopts nothing: -ECONNRESET, the main
+ * connection broken and c->resume_refused set, for the next lease to say why.
  */
 int client_resume(gpupool_client *c, struct gp_conn **ret_control);
 

@@ -47,7 +47,7 @@ int run_capture(const char *cmd, char *out, size_t size) {
         return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
-static void nap_ms(long ms) {
+void nap_ms(long ms) {
         struct timespec ts = { .tv_sec = ms / 1000, .tv_nsec = (ms % 1000) * 1000000L };
 
         nanosleep(&ts, NULL);

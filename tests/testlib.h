@@ -30,6 +30,9 @@ const char *build_dir(void);
 /* Seconds on the monotonic clock. */
 double now_s(void);
 
+/* Sleeps ms milliseconds. */
+void nap_ms(long ms);
+
 /* Runs a shell command, puts its stdout (NUL-terminated, truncated to size) in out, returns its exit status. */
 int run_capture(const char *cmd, char *out, size_t size);
 

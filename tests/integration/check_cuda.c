@@ -1954,6 +1954,82 @@ START_TEST(test_vmm_survives_daemon_kill) {
 }
 END_TEST
 
+/*
+ * Holds a block on its device 0 while the daemon, which sees that GPU alone, is killed and
+ * comes back seeing only the other GPU (the test relaunches it so): the process is refused
+ * adoption and told why at its next lease, keeps its data and allocates within what it holds,
+ * and gpupool_reconnect() starts anew on the GPU the daemon has now.
+ */
+static int other_gpus_client(struct testd *d, void *arg) {
+        struct survivor *w = arg;
+        gpupool_client *c = NULL;
+        char err[512], b;
+        void *p, *big;
+        struct gpu g;
+        int r;
+
+        unsetenv("CUDA_VISIBLE_DEVICES");       /* this process sees both GPUs; each daemon one */
+        if (gpu_open(&g) < 0 || gpupool_connect(d->sock, "moved", &c) < 0)
+                return 1;
+        if (gpupool_alloc(c, 0, 3 * MiB, &p) < 0 || write_pattern(&g, p, 3 * MiB, 21) < 0)
+                return 2;
+        if (write(w->up[1], "r", 1) != 1 || read(w->go[0], &b, 1) != 1)
+                return 3;
+        /* The control thread tries the new daemon within a second, and is refused: the next lease says why. */
+        for (double t0 = now_s();; nap_ms(50)) {
+                r = gpupool_alloc(c, 0, 256 * MiB, &big);
+                gpupool_last_error(c, err, sizeof(err));
+                if (r != -ECONNRESET || now_s() - t0 > 20) {
+                        fprintf(stderr, "other_gpus_client: %d: %s\n", r, err);
+                        return 4;
+                }
+                if (strstr(err, "came back with other devices (or another backend) than this process holds memory of"))
+                        break;
+        }
+        if (!pattern_intact(&g, p, 3 * MiB, 21) || leased_on(d, 0) != 0)
+                return 5;       /* intact, and nothing of it adopted */
+        if (gpupool_free(c, p) != 0 || gpupool_alloc(c, 0, 3 * MiB, &p) != 0 || write_pattern(&g, p, 3 * MiB, 22) < 0 ||
+            !pattern_intact(&g, p, 3 * MiB, 22))
+                return 6;       /* within what it holds */
+        if (gpupool_reconnect(c) != 0)
+                return 7;
+        /* Anew: the daemon's one GPU is this process's device 1; its device 0 is not the daemon's. */
+        if (gpupool_alloc(c, 1, 3 * MiB, &p) != 0 || leased_on(d, 0) < (long long) (3 * MiB) ||
+            gpupool_alloc(c, 0, 4096, &big) != -ENODEV || gpupool_free(c, p) != 0)
+                return 8;
+        gpupool_disconnect(c);
+        return 0;
+}
+
+/* A cuda-vmm daemon that comes back with another GPU than a process holds memory of adopts none of it. */
+START_TEST(test_fake_vmm_resume_refused_other_gpus) {
+        struct survivor w = { 0 };
+        struct testd d;
+        int status;
+        pid_t pid;
+        char b;
+
+        setenv("FAKECUDA_DEVICES", "2", 1);
+        setenv("CUDA_VISIBLE_DEVICES", "0", 1);
+        vmm_start(&d);
+        ck_assert(pipe(w.up) == 0 && pipe(w.go) == 0);
+        pid = spawn(other_gpus_client, &d, &w);
+        ck_assert_int_eq(read(w.up[0], &b, 1), 1);
+        testd_crash(&d);
+        setenv("CUDA_VISIBLE_DEVICES", "1", 1);
+        testd_relaunch(&d);
+        unsetenv("CUDA_VISIBLE_DEVICES");
+        ck_assert_int_eq(write(w.go[1], "g", 1), 1);
+        status = reap(pid);
+        ck_assert_msg(status == 0, "other_gpus_client failed at step %d", status);
+        close(w.up[0]), close(w.up[1]), close(w.go[0]), close(w.go[1]);
+        json_decref(testd_ctl(&d, "check"));
+        ck_assert_int_eq(leased_on(&d, 0), 0);
+        cuda_stop(&d);
+        unsetenv("FAKECUDA_DEVICES");
+}
+END_TEST
+
 /* An adoption of n segments of device refused whole with STATUS_INVALID, saying text. */
 static void vmm_adopt_refused(int sock, uint32_t device, uint64_t *sizes, size_t n, const int *fds, const char *text) {
         Gpupool__Envelope *rep = raw_adopt(sock, device, sizes, n, fds, n);
@@ -2459,6 +2535,7 @@ Suite *suite_cuda_fake(void) {
         tcase_add_test(tc, test_fake_vmm_rules);
         tcase_add_test(tc, test_fake_vmm_serves_pid_namespace);
         tcase_add_test(tc, test_fake_vmm_kept_descriptor_reads_nothing);
+        tcase_add_test(tc, test_fake_vmm_resume_refused_other_gpus);
         tcase_add_test(tc, test_fake_granule_leases);
         tcase_add_test(tc, test_fake_ipc_open_cost_grows_with_size);
         tcase_add_test(tc, test_fake_headroom_kept);
