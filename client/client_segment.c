@@ -29,15 +29,64 @@
 
 /* The descriptors below this stay the application's: select() sees only those under 1024. */
 #define KEPT_FD_FLOOR 1024
+/* No descriptor numbered this or more is kept: 2 MiB of bits, for 32 TiB in 2 MiB granules. */
+#define KEPT_FD_LIMIT (1 << 24)
 /* The most slots client_fd_room() grows the table to: 512 KiB of the kernel's, 128 GiB in 2 MiB granules. */
 #define KEPT_ROOM_MAX 65536
 
 static pthread_once_t keep_once = PTHREAD_ONCE_INIT;
-static uint64_t kept_fds, kept_max;     /* atomic; kept_max set once */
+static uint64_t kept_max;               /* set once */
 
-/* Raises the soft RLIMIT_NOFILE to the hard one, as the kernel lets any process, and sizes what may be kept. */
+/*
+ * The kept descriptors, a bit each, so that a forked child closes them (keep_child()): there
+ * one would hold its memory alive (cuda-vmm: the GPU's) after the parent gave it back,
+ * counted nowhere, until the child exits or execs. keep_lock orders keeping and letting go
+ * against fork().
+ */
+static pthread_mutex_t keep_lock = PTHREAD_MUTEX_INITIALIZER;
+static uint64_t *kept_bits;             /* kept_words words, a bit per descriptor number below the limit */
+static size_t kept_words, kept_top;     /* the words; one past the highest word ever set */
+static uint64_t kept_fds;
+
+static void keep_prepare(void) {
+        pthread_mutex_lock(&keep_lock);
+}
+
+static void keep_parent(void) {
+        pthread_mutex_unlock(&keep_lock);
+}
+
+/* In a forked child: the parent's segments are not its own (nor mapped here: MADV_DONTFORK). */
+static void keep_child(void) {
+        for (size_t w = 0; w < kept_top; w++)
+                for (uint64_t bits = kept_bits[w]; bits; bits &= bits - 1)
+                        close((int) (w * 64 + (size_t) __builtin_ctzll(bits)));
+        memset(kept_bits, 0, kept_top * sizeof(*kept_bits));
+        kept_top = 0;
+        kept_fds = 0;
+        pthread_mutex_unlock(&keep_lock);
+}
+
+/* The most descriptors a process can have where the limit is infinite: fs.nr_open. */
+static uint64_t nr_open(void) {
+        FILE *f = fopen("/proc/sys/fs/nr_open", "re");
+        unsigned long long n = 0;
+
+        if (f) {
+                if (fscanf(f, "%llu", &n) != 1)
+                        n = 0;
+                fclose(f);
+        }
+        return n ? n : 1 << 20;
+}
+
+/*
+ * Raises the soft RLIMIT_NOFILE to the hard one, as the kernel lets any process, and sizes what
+ * may be kept: the limit less 2048, a bit for each descriptor number under the limit.
+ */
 static void keep_init(void) {
         struct rlimit rl;
+        uint64_t limit;
 
         if (getrlimit(RLIMIT_NOFILE, &rl) < 0)
                 return;
@@ -47,18 +96,25 @@ static void keep_init(void) {
                 if (setrlimit(RLIMIT_NOFILE, &raised) == 0)
                         rl = raised;
         }
-        if (rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur > 2 * KEPT_FD_FLOOR)
-                kept_max = rl.rlim_cur - 2 * KEPT_FD_FLOOR;
-        else if (rl.rlim_cur == RLIM_INFINITY)
-                kept_max = UINT64_MAX;
+        limit = rl.rlim_cur == RLIM_INFINITY ? nr_open() : rl.rlim_cur;
+        if (limit > KEPT_FD_LIMIT)
+                limit = KEPT_FD_LIMIT;
+        if (limit <= 2 * KEPT_FD_FLOOR)
+                return;
+        kept_words = (limit + 63) / 64;
+        kept_bits = calloc(kept_words, sizeof(*kept_bits));     /* 128 KiB for a limit of 1M, touched where used */
+        if (!kept_bits || pthread_atfork(keep_prepare, keep_parent, keep_child) != 0)
+                return;
+        kept_max = limit - 2 * KEPT_FD_FLOOR;
 }
 
 int client_fd_keep(int fd) {
         int high;
 
         pthread_once(&keep_once, keep_init);
-        if (__atomic_add_fetch(&kept_fds, 1, __ATOMIC_RELAXED) > kept_max) {
-                __atomic_sub_fetch(&kept_fds, 1, __ATOMIC_RELAXED);
+        pthread_mutex_lock(&keep_lock);
+        if (kept_fds >= kept_max) {
+                pthread_mutex_unlock(&keep_lock);
                 close(fd);
                 return -1;
         }
@@ -66,6 +122,16 @@ int client_fd_keep(int fd) {
                 close(fd);
                 fd = high;
         }
+        if ((size_t) fd / 64 >= kept_words) {
+                pthread_mutex_unlock(&keep_lock);
+                close(fd);      /* past the limit it was sized for (lowered meanwhile and raised again) */
+                return -1;
+        }
+        kept_bits[fd / 64] |= 1ULL << (fd % 64);
+        if ((size_t) fd / 64 >= kept_top)
+                kept_top = (size_t) fd / 64 + 1;
+        kept_fds++;
+        pthread_mutex_unlock(&keep_lock);
         return fd;
 }
 
@@ -93,8 +159,14 @@ void client_fd_room(int fd, uint64_t n) {
 void client_fd_release(int fd) {
         if (fd < 0)
                 return;
-        close(fd);
-        __atomic_sub_fetch(&kept_fds, 1, __ATOMIC_RELAXED);
+        pthread_mutex_lock(&keep_lock);
+        /* Not kept any more where a fork closed it: the number may be another descriptor's now. */
+        if ((size_t) fd / 64 < kept_words && (kept_bits[fd / 64] & 1ULL << (fd % 64))) {
+                kept_bits[fd / 64] &= ~(1ULL << (fd % 64));
+                kept_fds--;
+                close(fd);
+        }
+        pthread_mutex_unlock(&keep_lock);
 }
 
 #define CMP(a, b) ((a) < (b) ? -1 : (a) > (b))

@@ -70,8 +70,10 @@ uint64_t client_now_ms(void);
  * Keeps a host segment's descriptor, which a daemon after this one adopts (client_resume()):
  * the process's soft RLIMIT_NOFILE is raised to its hard limit once, kept descriptors sit at
  * 1024 and above where that allows (out of select()'s sight), and at most the limit less 2048
- * are kept, leaving the application its room. Returns the descriptor kept, or -1 (fd closed,
- * the segment then unadoptable) beyond that. client_fd_release() closes one (-1: none).
+ * are kept, leaving the application its room. A forked child closes them all at once
+ * (pthread_atfork): it must not hold the memory alive. Returns the descriptor kept, or -1 (fd
+ * closed, the segment then unadoptable) beyond that. client_fd_release() closes one (-1: none;
+ * nothing where a fork closed it).
  */
 int client_fd_keep(int fd);
 void client_fd_release(int fd);

@@ -3,6 +3,7 @@
 #include "testlib.h"
 
 #include <check.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -61,6 +62,34 @@ const char *read_text(const char *path, char *buf, size_t size) {
         if (f)
                 fclose(f);
         return buf;
+}
+
+int fds_from(int floor) {
+        DIR *dir = opendir("/proc/self/fd");
+        struct dirent *e;
+        int n = 0, self = dir ? dirfd(dir) : -1;
+
+        while (dir && (e = readdir(dir)))
+                if (e->d_name[0] != '.' && atoi(e->d_name) >= floor && atoi(e->d_name) != self)
+                        n++;
+        if (dir)
+                closedir(dir);
+        return n;
+}
+
+int fds_from_in_child(int floor) {
+        pid_t pid = fork();
+        int status;
+
+        ck_assert_int_ge(pid, 0);
+        if (pid == 0) {
+                int n = fds_from(floor);
+
+                _exit(n < 254 ? n : 254);
+        }
+        ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+        ck_assert(WIFEXITED(status));
+        return WEXITSTATUS(status);
 }
 
 bool under_tool(void) {

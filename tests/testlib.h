@@ -46,6 +46,12 @@ const char *read_text(const char *path, char *buf, size_t size);
  */
 bool under_tool(void);
 
+/* How many descriptors this process has open numbered floor or more. */
+int fds_from(int floor);
+
+/* The same, counted in a child forked now (which exits at once): at most 254. */
+int fds_from_in_child(int floor);
+
 /* The size of a process's descriptor table (FDSize in /proc/PID/status), or -1. */
 long fd_table_size(pid_t pid);
 

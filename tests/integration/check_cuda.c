@@ -570,6 +570,37 @@ static int disconnect_keeps_nothing_client(struct testd *d, void *arg) {
         return 0;
 }
 
+/*
+ * A forked child (which cannot use CUDA) holds none of the descriptors kept for adoption
+ * (cuda-vmm): each would keep its GPU memory alive after the parent gave it back, counted
+ * nowhere. The legacy backend keeps none to begin with.
+ */
+static int fork_keeps_nothing_client(struct testd *d, void *arg) {
+        gpupool_client *c = NULL;
+        void *p, *q;
+        int kept;
+
+        (void) arg;
+        if (gpupool_connect(d->sock, "forking", &c) < 0 || gpupool_alloc(c, 0, 8 << 20, &p) < 0 ||
+            gpupool_alloc(c, 0, 100000, &q) < 0)
+                return 1;
+        kept = fds_from(1024);
+        if (strcmp(cuda_backend, "cuda-vmm") == 0 ? kept < 2 : kept != 0)
+                return 2;
+        if (fds_from_in_child(1024) != 0 || fds_from(1024) != kept)
+                return 3;
+        if (gpupool_free(c, p) < 0 || gpupool_free(c, q) < 0)
+                return 4;
+        gpupool_disconnect(c);
+        return fds_from(1024) == 0 ? 0 : 5;
+}
+
+START_TEST(test_cuda_fork_keeps_no_descriptor) {
+        BACKEND_OF_LOOP;
+        run_client(fork_keeps_nothing_client, "fork_keeps_nothing_client");
+}
+END_TEST
+
 START_TEST(test_cuda_disconnect_keeps_no_descriptor) {
         BACKEND_OF_LOOP;
         run_client(disconnect_keeps_nothing_client, "disconnect_keeps_nothing_client");
@@ -2485,6 +2516,7 @@ static void add_common(TCase *tc) {
         tcase_add_loop_test(tc, test_cuda_limits_hold, 0, BACKEND_LOOPS);
         tcase_add_loop_test(tc, test_cuda_free_async_waits_for_stream, 0, BACKEND_LOOPS);
         tcase_add_loop_test(tc, test_cuda_disconnect_keeps_no_descriptor, 0, BACKEND_LOOPS);
+        tcase_add_loop_test(tc, test_cuda_fork_keeps_no_descriptor, 0, BACKEND_LOOPS);
         tcase_add_loop_test(tc, test_cuda_disconnect_waits_for_pending_frees, 0, BACKEND_LOOPS);
         tcase_add_loop_test(tc, test_cuda_framework_hooks_stream_ordered, 0, BACKEND_LOOPS);
         tcase_add_loop_test(tc, test_cuda_segment_zeroed_across_uids, 0, BACKEND_LOOPS);

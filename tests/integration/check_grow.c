@@ -422,6 +422,41 @@ START_TEST(test_grow_descriptor_table_grown_at_connect) {
 }
 END_TEST
 
+/*
+ * A forked child holds none of the descriptors the process keeps for adoption, in either mode
+ * (nor its mappings, MADV_DONTFORK): it would keep the memory alive after the parent gave it
+ * back. The parent keeps its own and goes on.
+ */
+START_TEST(test_forked_child_keeps_no_descriptor) {
+        static const char *modes[] = { "grow", "whole" };
+        gpupool_client *c;
+        struct testd d;
+        void *p, *q;
+        int kept;
+
+        testd_start(&d, NULL);
+        for (int m = 0; m < 2; m++) {
+                setenv("GPUPOOL_SEGMENTS", modes[m], 1);
+                setenv("GPUPOOL_IDLE_RETURN", "0", 1);
+                ck_assert_int_eq(gpupool_connect(d.sock, modes[m], &c), 0);
+                ck_assert_int_eq(gpupool_alloc(c, 0, 8 * MiB, &p), 0);
+                ck_assert_int_eq(gpupool_alloc(c, 0, 100000, &q), 0);
+                kept = fds_from(1024);
+                ck_assert_msg(kept >= 2, "%s: %d descriptors kept", modes[m], kept);
+                ck_assert_int_eq(fds_from_in_child(1024), 0);
+                ck_assert_int_eq(fds_from(1024), kept);
+                fill(p, 8 * MiB, 7);
+                ck_assert(intact(p, 8 * MiB, 7));
+                ck_assert_int_eq(gpupool_free(c, p), 0);
+                ck_assert_int_eq(gpupool_free(c, q), 0);
+                gpupool_disconnect(c);
+                ck_assert_int_eq(fds_from(1024), 0);
+        }
+        unsetenv("GPUPOOL_SEGMENTS");
+        ck_assert_int_eq(testd_stop(&d), 0);
+}
+END_TEST
+
 START_TEST(test_grow_bad_setting) {
         gpupool_client *c;
         struct testd d;
@@ -524,6 +559,7 @@ Suite *suite_grow(void) {
         tcase_add_test(tc, test_grow_reclaim);
         tcase_add_test(tc, test_grow_threads);
         tcase_add_test(tc, test_grow_descriptor_table_grown_at_connect);
+        tcase_add_test(tc, test_forked_child_keeps_no_descriptor);
         tcase_add_test(tc, test_grow_bad_setting);
         tcase_add_test(tc, test_host_survives_daemon_kill);
         tcase_set_timeout(tc, 60);
