@@ -273,6 +273,10 @@ static int64_t granule_new(struct client_grow *g, uint64_t id, int fd) {
                         close(fd);
                 else
                         g->granules[i].fd = client_fd_keep(fd);        /* for a daemon after this one to adopt */
+        } else if (!client_fd_is_memory(fd, G)) {
+                close(fd);
+                client_set_error(c, "gpupoold sent a granule of device %u that is not 2 MiB of memory", g->device);
+                r = -EPROTO;
         } else {
                 void *at = mmap(g->park + i * G, G, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0);
 

@@ -227,8 +227,8 @@ static int lease_call(gpupool_client *c, unsigned d, uint64_t size, uint32_t gra
         req.body_case = GPUPOOL__ENVELOPE__BODY_LEASE;
         req.lease = &lr;
         r = call_reporting(c, &req, GPUPOOL__ENVELOPE__BODY_LEASE_REPLY, ret_reply, true, fds, max_fds, ret_nfds);
-        /* The daemon found gone by this call says so too; a timeout keeps its own errno. */
-        return r < 0 && r != -ETIMEDOUT && client_daemon_gone(c) ? daemon_gone_error(c) : r;
+        /* The daemon found gone by this call says so too; a timeout and a reply out of step keep their own. */
+        return r < 0 && r != -ETIMEDOUT && r != -EPROTO && client_daemon_gone(c) ? daemon_gone_error(c) : r;
 }
 
 /*

@@ -22,6 +22,7 @@
 #include <pthread.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -154,6 +155,12 @@ void client_fd_room(int fd, uint64_t n) {
                 return;         /* no room (RLIMIT_NOFILE, fs.nr_open): descriptors are kept as the table grows */
         close(high);
         __atomic_store_n(&grown, want, __ATOMIC_RELAXED);
+}
+
+bool client_fd_is_memory(int fd, uint64_t size) {
+        struct stat st;
+
+        return fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && (uint64_t) st.st_size >= size;
 }
 
 void client_fd_release(int fd) {
@@ -373,7 +380,16 @@ int client_mapping_add(gpupool_client *c, unsigned device, uint64_t segment_id, 
                 }
                 gp_rb_insert(&c->by_handle, &m->by_handle);
         } else {
-                void *base = mmap(NULL, m->size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+                void *base;
+
+                if (!client_fd_is_memory(fd, m->size)) {
+                        close(fd);
+                        free(m);
+                        client_set_error(c, "gpupoold sent a segment that is not %llu bytes of memory",
+                                         (unsigned long long) size);
+                        return -EPROTO;
+                }
+                base = mmap(NULL, m->size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
 
                 if (base == MAP_FAILED) {
                         close(fd);

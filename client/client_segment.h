@@ -79,6 +79,12 @@ int client_fd_keep(int fd);
 void client_fd_release(int fd);
 
 /*
+ * Whether fd (host backend) is memory of at least size bytes: a file (a memfd) that long. A
+ * shorter one would map, and raise SIGBUS where the application touches what is not there.
+ */
+bool client_fd_is_memory(int fd, uint64_t size);
+
+/*
  * Grows the process's descriptor table once, with room to keep n descriptors more (at most
  * what client_fd_keep() would keep, and 64K slots in all): the kernel grows the table by
  * doubling as descriptors arrive, and in a process with threads each doubling waits for an RCU

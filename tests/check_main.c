@@ -26,6 +26,7 @@ int main(void) {
         srunner_add_suite(sr, suite_process_pool());
         srunner_add_suite(sr, suite_grow());
         srunner_add_suite(sr, suite_adopt());
+        srunner_add_suite(sr, suite_replies());
         srunner_add_suite(sr, suite_scopes());
         srunner_add_suite(sr, suite_metrics());
         srunner_add_suite(sr, suite_hooks());

@@ -19,6 +19,7 @@ Suite *suite_tenants(void);
 Suite *suite_process_pool(void);
 Suite *suite_grow(void);
 Suite *suite_adopt(void);
+Suite *suite_replies(void);
 Suite *suite_scopes(void);
 Suite *suite_metrics(void);
 Suite *suite_hooks(void);

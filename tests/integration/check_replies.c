@@ -1,0 +1,289 @@
+/*
+ * check_replies.c: libgpupool against a daemon that answers a lease wrongly (a fake one, in a
+ * process of its own, host backend). Whatever the reply (descriptors missing, of another size,
+ * not memory at all, shorter than the segment; a segment too small or already mapped; a
+ * reply of another kind), the allocation fails with an errno and a sentence, the process
+ * keeps no descriptor of it and never maps memory that is not there (a memfd too short would
+ * raise SIGBUS where the application writes), the segments it was handed but could not map go
+ * back, and what it held before stays its own.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "gpupool.h"
+#include "suites.h"
+#include "testlib.h"
+#include "wire.h"
+
+#define MiB (1ULL << 20)
+
+enum scenario {
+        GRANULES_FEWER_FDS,     /* two granules, one descriptor */
+        GRANULES_OTHER_SIZE,    /* "granules" of 4 MiB */
+        GRANULES_TOO_MANY,      /* more than asked and ahead together */
+        GRANULES_NOT_MEMORY,    /* pipes for granules */
+        GRANULES_SHORT,         /* memfds of 4 KiB for granules */
+        WHOLE_TOO_SMALL,        /* a segment smaller than the request */
+        WHOLE_NO_FD,            /* a segment without its descriptor */
+        WHOLE_SHORT,            /* a memfd shorter than the segment it stands for */
+        WHOLE_SAME_ID,          /* every lease names segment 1 */
+        OTHER_KIND,             /* a lease answered with a ReturnReply */
+};
+
+/* What the fake daemon saw, on a shared page. */
+struct seen {
+        unsigned leases, returned;
+};
+
+struct fake {
+        char dir[64], path[96];
+        pid_t pid;
+        struct seen *seen;
+};
+
+static void reply(int sock, Gpupool__Envelope *env, const int *fds, size_t nfds) {
+        uint8_t out[GP_MAX_REQUEST_BYTES];
+        int n;
+
+        env->version = GP_PROTOCOL_VERSION;
+        n = gp_wire_pack(env, out, sizeof(out));
+        if (n < 0 || gp_wire_send_packet_fds(sock, out, (size_t) n, fds, nfds) < 0)
+                _exit(3);
+}
+
+/* A memfd of size bytes, or a pipe's read end when size is 0. */
+static int memory(uint64_t size) {
+        int fd, p[2];
+
+        if (size == 0) {
+                if (pipe(p) < 0)
+                        _exit(4);
+                close(p[1]);
+                return p[0];
+        }
+        fd = memfd_create("fake-segment", MFD_CLOEXEC);
+        if (fd < 0 || ftruncate(fd, (off_t) size) < 0)
+                _exit(4);
+        return fd;
+}
+
+/* The answer to a lease in scenario s: its body in lr (more_segment_ids in more), its descriptors in fds. */
+static size_t answer_lease(enum scenario s, const Gpupool__LeaseRequest *req, Gpupool__LeaseReply *lr, uint64_t *more,
+                           int *fds, unsigned nth) {
+        static uint64_t next_id = 100;
+        uint64_t n = req->has_granules ? req->granules : 0, ahead = req->has_granules_ahead ? req->granules_ahead : 0;
+        uint64_t granule_size = GP_GRANULE_BYTES, count = n, fd_count, fd_size = GP_GRANULE_BYTES;
+
+        switch (s) {
+        case GRANULES_FEWER_FDS: fd_count = count - 1; break;
+        case GRANULES_OTHER_SIZE: granule_size = fd_size = 2 * GP_GRANULE_BYTES, fd_count = count; break;
+        case GRANULES_TOO_MANY: count = fd_count = n + ahead + 1; break;
+        case GRANULES_NOT_MEMORY: fd_size = 0, fd_count = count; break;
+        case GRANULES_SHORT: fd_size = 4096, fd_count = count; break;
+        default: fd_count = 1; break;
+        }
+        if (!req->has_granules) {
+                granule_size = fd_size = req->size;
+                if (s == WHOLE_TOO_SMALL)
+                        granule_size = fd_size = req->size / 2;
+                if (s == WHOLE_SHORT)
+                        fd_size = req->size / 2;
+                if (s == WHOLE_NO_FD)
+                        fd_count = 0;
+                count = 1;
+        }
+        lr->segment_id = s == WHOLE_SAME_ID ? 1 : next_id++;
+        lr->segment_size = granule_size;
+        for (uint64_t i = 1; i < count; i++)
+                more[i - 1] = next_id++;
+        lr->n_more_segment_ids = count - 1;
+        lr->more_segment_ids = more;
+        for (uint64_t i = 0; i < fd_count; i++)
+                fds[i] = memory(fd_size);
+        (void) nth;
+        return fd_count;
+}
+
+/* The fake daemon: serves hello, leases (as the scenario says), returns and bye, until killed. */
+static void fake_main(int listen_sock, enum scenario s, struct seen *seen) {
+        struct pollfd p[16] = { { .fd = listen_sock, .events = POLLIN } };
+        nfds_t n = 1;
+
+        for (;;) {
+                if (poll(p, n, -1) < 0)
+                        _exit(2);
+                if (p[0].revents & POLLIN) {
+                        int sock = accept4(listen_sock, NULL, NULL, SOCK_CLOEXEC);
+
+                        if (sock >= 0 && n < 16)
+                                p[n++] = (struct pollfd) { .fd = sock, .events = POLLIN };
+                }
+                for (nfds_t i = 1; i < n; i++) {
+                        Gpupool__Envelope *req, rep = GPUPOOL__ENVELOPE__INIT;
+                        Gpupool__HelloReply hr = GPUPOOL__HELLO_REPLY__INIT;
+                        Gpupool__DeviceInfo dev = GPUPOOL__DEVICE_INFO__INIT, *devs[1] = { &dev };
+                        Gpupool__LeaseReply lr = GPUPOOL__LEASE_REPLY__INIT;
+                        Gpupool__ReturnReply rr = GPUPOOL__RETURN_REPLY__INIT;
+                        uint8_t buf[GP_MAX_REQUEST_BYTES];
+                        uint64_t more[GP_MAX_LEASE_GRANULES + 1];
+                        int fds[GP_WIRE_MAX_FDS];
+                        size_t nfds = 0, out = 0;
+                        int len;
+
+                        if (!(p[i].revents & (POLLIN | POLLHUP)))
+                                continue;
+                        len = gp_wire_recv_packet_fds(p[i].fd, buf, sizeof(buf), fds, &nfds);
+                        for (size_t k = 0; k < nfds; k++)
+                                close(fds[k]);
+                        if (len <= 0) {
+                                close(p[i].fd);
+                                p[i--] = p[--n];
+                                continue;
+                        }
+                        if (gp_wire_unpack(buf, (size_t) len, &req) < 0)
+                                _exit(5);
+                        rep.id = req->id;
+                        rep.has_status = true;
+                        rep.status = GPUPOOL__STATUS__STATUS_OK;
+                        switch (req->body_case) {
+                        case GPUPOOL__ENVELOPE__BODY_HELLO:
+                                dev.backend = "host";
+                                dev.total_bytes = 1024 * MiB;
+                                hr.client_id = 7;
+                                hr.daemon_version = "fake";
+                                hr.n_devices = 1;
+                                hr.devices = devs;
+                                rep.body_case = GPUPOOL__ENVELOPE__BODY_HELLO_REPLY;
+                                rep.hello_reply = &hr;
+                                break;
+                        case GPUPOOL__ENVELOPE__BODY_LEASE:
+                                if (s == OTHER_KIND) {
+                                        rr.returned = 1;
+                                        rep.body_case = GPUPOOL__ENVELOPE__BODY_RETURN_REPLY;
+                                        rep.return_reply = &rr;
+                                        break;
+                                }
+                                out = answer_lease(s, req->lease, &lr, more, fds, seen->leases++);
+                                rep.body_case = GPUPOOL__ENVELOPE__BODY_LEASE_REPLY;
+                                rep.lease_reply = &lr;
+                                break;
+                        case GPUPOOL__ENVELOPE__BODY_RETURN_SEGMENTS:
+                                seen->returned += (unsigned) req->return_segments->n_segment_ids;
+                                rr.returned = (uint32_t) req->return_segments->n_segment_ids;
+                                rep.body_case = GPUPOOL__ENVELOPE__BODY_RETURN_REPLY;
+                                rep.return_reply = &rr;
+                                break;
+                        case GPUPOOL__ENVELOPE__BODY_BYE:
+                                break;
+                        default:        /* usage reports: nothing answers them */
+                                gpupool__envelope__free_unpacked(req, NULL);
+                                continue;
+                        }
+                        reply(p[i].fd, &rep, fds, out);
+                        for (size_t k = 0; k < out; k++)
+                                close(fds[k]);
+                        gpupool__envelope__free_unpacked(req, NULL);
+                }
+        }
+}
+
+static void fake_start(struct fake *f, enum scenario s) {
+        struct sockaddr_un a = { .sun_family = AF_UNIX };
+        int sock;
+
+        strcpy(f->dir, "/tmp/gpupool-replies-XXXXXX");
+        ck_assert_ptr_nonnull(mkdtemp(f->dir));
+        snprintf(f->path, sizeof(f->path), "%s/gpupool.sock", f->dir);
+        snprintf(a.sun_path, sizeof(a.sun_path), "%s", f->path);
+        f->seen = mmap(NULL, sizeof(*f->seen), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+        ck_assert_ptr_ne(f->seen, MAP_FAILED);
+        sock = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+        ck_assert_int_ge(sock, 0);
+        ck_assert_int_eq(bind(sock, (struct sockaddr *) &a, sizeof(a)), 0);
+        ck_assert_int_eq(listen(sock, 16), 0);
+        f->pid = fork();
+        ck_assert_int_ge(f->pid, 0);
+        if (f->pid == 0)
+                fake_main(sock, s, f->seen);
+        close(sock);
+}
+
+static void fake_stop(struct fake *f) {
+        kill(f->pid, SIGKILL);
+        ck_assert_int_eq(waitpid(f->pid, NULL, 0), f->pid);
+        munmap(f->seen, sizeof(*f->seen));
+        unlink(f->path);
+        rmdir(f->dir);
+}
+
+static const struct {
+        enum scenario s;
+        const char *mode;       /* $GPUPOOL_SEGMENTS */
+        size_t size;            /* the allocation */
+        int err;                /* what it returns */
+        const char *text;       /* in the sentence */
+        bool returned;          /* the segments handed over go back */
+} cases[] = {
+        { GRANULES_FEWER_FDS, "grow", 4 * MiB, -EPROTO, "segments of 2097152 bytes and 1 descriptors", false },
+        { GRANULES_OTHER_SIZE, "grow", 4 * MiB, -EPROTO, "segments of 4194304 bytes", false },
+        { GRANULES_TOO_MANY, "grow", 4 * MiB, -EPROTO, "answered a lease of 2 granules", false },
+        { GRANULES_NOT_MEMORY, "grow", 4 * MiB, -EPROTO, "is not 2 MiB of memory", true },
+        { GRANULES_SHORT, "grow", 4 * MiB, -EPROTO, "is not 2 MiB of memory", true },
+        { WHOLE_TOO_SMALL, "whole", 64 * MiB, -EPROTO, "cannot serve the request", false },
+        { WHOLE_NO_FD, "whole", 64 * MiB, -EPROTO, "without its file descriptor", true },
+        { WHOLE_SHORT, "whole", 64 * MiB, -EPROTO, "is not 67108864 bytes of memory", true },
+        { WHOLE_SAME_ID, "whole", 64 * MiB, -EPROTO, "maps already", false },
+        { OTHER_KIND, "whole", 64 * MiB, -EPROTO, "answered with the wrong kind of message", false },
+};
+
+START_TEST(test_wrong_lease_replies) {
+        const int k = _i;
+        gpupool_client *c;
+        struct fake f;
+        char err[GP_MAX_ERROR_BYTES];
+        void *p = NULL, *q;
+        int before, r;
+
+        before = fds_from(0);
+        fake_start(&f, cases[k].s);
+        setenv("GPUPOOL_SEGMENTS", cases[k].mode, 1);
+        setenv("GPUPOOL_IDLE_RETURN", "0", 1);
+        ck_assert_int_eq(gpupool_connect(f.path, "wronged", &c), 0);
+        if (cases[k].s == WHOLE_SAME_ID) {
+                /* The first lease is right; the second names it again. */
+                ck_assert_int_eq(gpupool_alloc(c, 0, cases[k].size, &p), 0);
+                memset(p, 1, cases[k].size);
+        }
+        r = gpupool_alloc(c, 0, cases[k].size, &q);
+        gpupool_last_error(c, err, sizeof(err));
+        ck_assert_msg(r == cases[k].err && *err && strstr(err, cases[k].text), "case %d: %d (%s): %s", k, r, gpupool_strerror(r),
+                      err);
+        ck_assert_msg(cases[k].returned ? f.seen->returned > 0 : f.seen->returned == 0, "case %d: %u segments returned", k,
+                      f.seen->returned);
+        if (p)
+                ck_assert_int_eq(gpupool_free(c, p), 0);
+        gpupool_disconnect(c);
+        unsetenv("GPUPOOL_SEGMENTS");
+        fake_stop(&f);
+        ck_assert_msg(fds_from(0) == before, "case %d: %d descriptors open before, %d after", k, before, fds_from(0));
+}
+END_TEST
+
+Suite *suite_replies(void) {
+        Suite *s = suite_create("replies");
+        TCase *tc = tcase_create("host");
+
+        tcase_add_loop_test(tc, test_wrong_lease_replies, 0, (int) (sizeof(cases) / sizeof(cases[0])));
+        suite_add_tcase(s, tc);
+        return s;
+}
