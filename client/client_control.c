@@ -130,7 +130,8 @@ static void serve(gpupool_client *c) {
 
 /*
  * With the daemon gone (host and cuda-vmm backends), tries to reach the one that comes back, as
- * systemd restarts it, and has it adopt what the process holds (client_resume()): then the
+ * systemd restarts it (the hello unlocked, client_resume_hello()), and has it adopt what the
+ * process holds (client_resume(), locked): then the
  * channel is the new session's and the thread serves it again (true). False once the handle
  * closes the channel, and at once on the legacy cuda backend (its memory went with the daemon:
  * gpupool_reconnect() starts anew).
@@ -141,14 +142,27 @@ static bool wait_for_daemon(gpupool_client *c) {
 
         pthread_mutex_lock(&c->lock);
         while (!c->control_stopping && client_memory_outlives_daemon(c) && !resumed) {
+                struct gp_conn *control, *fresh;
+                Gpupool__Envelope *hello;
                 struct timespec at;
-                struct gp_conn *control;
+                int r;
 
                 gp_deadline_after_ms(wait_ms, &at);
                 (void) pthread_cond_timedwait(&c->control_wake, &c->lock, &at);
-                if (c->control_stopping || c->conn_busy)
+                if (c->control_stopping || c->conn_busy || !(fresh = malloc(sizeof(*fresh))))
                         continue;
-                if (client_resume(c, &control) == 0) {
+                /* The hello without the lock: a daemon still starting must not stop the application's threads. */
+                pthread_mutex_unlock(&c->lock);
+                r = client_resume_hello(c, fresh, &hello);
+                pthread_mutex_lock(&c->lock);
+                if (r == 0 && (c->control_stopping || c->conn_busy)) {
+                        gpupool__envelope__free_unpacked(hello, NULL);
+                        gp_conn_close(fresh);
+                        r = -ECANCELED;
+                }
+                r = r == 0 ? client_resume(c, fresh, hello, &control) : r;
+                free(fresh);
+                if (r == 0) {
                         gp_conn_close(c->control);
                         free(c->control);
                         c->control = control;

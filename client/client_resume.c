@@ -127,24 +127,26 @@ static int adopt_all(gpupool_client *c) {
         return r;
 }
 
-int client_resume(gpupool_client *c, struct gp_conn **ret_control) {
-        Gpupool__Hello hello_req = GPUPOOL__HELLO__INIT, control_hello = GPUPOOL__HELLO__INIT;
+int client_resume_hello(const gpupool_client *c, struct gp_conn *conn, Gpupool__Envelope **ret_hello) {
+        Gpupool__Hello hello_req = GPUPOOL__HELLO__INIT;
+
+        *conn = (struct gp_conn) { .sock = -1 };
+        hello_req.name = (char *) c->name;
+        return gp_conn_open(conn, c->socket_path[0] ? c->socket_path : NULL, &hello_req, ret_hello);
+}
+
+int client_resume(gpupool_client *c, struct gp_conn *conn, Gpupool__Envelope *hello, struct gp_conn **ret_control) {
+        Gpupool__Hello control_hello = GPUPOOL__HELLO__INIT;
         const char *path = c->socket_path[0] ? c->socket_path : NULL;
-        Gpupool__HelloReply *hr;
-        Gpupool__Envelope *hello;
+        Gpupool__HelloReply *hr = hello->hello_reply;
+        uint64_t client_id, calls = c->conn.calls;
         struct gp_conn *control;
-        uint64_t client_id;
         bool same;
         int r;
 
         gp_conn_close(&c->conn);
-        hello_req.name = c->name;
-        r = gp_conn_open(&c->conn, path, &hello_req, &hello);
-        if (r < 0) {
-                __atomic_store_n(&c->conn.broken, true, __ATOMIC_RELAXED);
-                return client_call_done(c, r);
-        }
-        hr = hello->hello_reply;
+        c->conn = *conn;
+        c->conn.calls += calls;         /* the handle's round trips count on */
         /* The memory held is adoptable by a daemon of the same kind only, with the same devices (GPUs: by UUID). */
         same = hr->n_devices == c->device_count;
         for (size_t d = 0; same && d < hr->n_devices; d++)

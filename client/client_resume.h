@@ -8,14 +8,22 @@
 #include "client.h"
 
 /*
- * After the daemon died (host backend): says hello to the one listening now on c->conn, has
- * it adopt every segment the process holds (their ids change; those it refuses become
- * CLIENT_ORPHAN's), and opens a control channel for the new session into *ret_control.
- * Locked, the main connection idle. Returns 0, or a negative errno with the handle's error
- * set (none listens yet: -ECONNREFUSED or -ENOENT; the main connection is then broken). A
- * daemon with other devices or another backend adopts nothing: -ECONNRESET, the main
- * connection broken and c->resume_refused set, for the next lease to say why.
+ * After the daemon died (host and cuda-vmm backends), the first half, unlocked: says hello to
+ * the daemon listening now on a connection of its own, *conn, and returns 0 with its reply in
+ * *ret_hello, or a negative errno (none listens yet: -ECONNREFUSED or -ENOENT). A daemon that
+ * systemd's socket holds while it starts answers once it has; the application's threads do
+ * not wait for that.
  */
-int client_resume(gpupool_client *c, struct gp_conn **ret_control);
+int client_resume_hello(const gpupool_client *c, struct gp_conn *conn, Gpupool__Envelope **ret_hello);
+
+/*
+ * The second half, locked, the main connection idle: makes conn the main connection, has the
+ * daemon adopt every segment the process holds (their ids change; those it refuses become
+ * CLIENT_ORPHAN's), and opens a control channel for the new session into *ret_control. hello
+ * is freed. Returns 0, or a negative errno with the handle's error set. A daemon with other
+ * devices or another backend adopts nothing: -ECONNRESET, the main connection broken and
+ * c->resume_refused set, for the next lease to say why.
+ */
+int client_resume(gpupool_client *c, struct gp_conn *conn, Gpupool__Envelope *hello, struct gp_conn **ret_control);
 
 #endif

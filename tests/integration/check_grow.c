@@ -8,6 +8,7 @@
  */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -15,6 +16,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include "gpupool.h"
@@ -457,6 +460,56 @@ START_TEST(test_forked_child_keeps_no_descriptor) {
 }
 END_TEST
 
+/*
+ * A daemon that systemd's socket holds while it starts (connections queue, nobody answers)
+ * stops no allocation: the control thread's hello waits for it without the handle's lock, and
+ * the process goes on allocating within what it holds. Once a daemon answers, it adopts.
+ */
+START_TEST(test_starting_daemon_stalls_no_allocation) {
+        struct sockaddr_un a = { .sun_family = AF_UNIX };
+        struct pollfd pending;
+        gpupool_client *c;
+        struct testd d;
+        double t0, took;
+        int holder;
+        void *p;
+
+        setenv("GPUPOOL_TIMEOUT", "3s", 1);     /* what a stalled allocation would wait, at most */
+        testd_start(&d, NULL);
+        c = connect_growing(&d, "patient");
+        ck_assert_int_eq(gpupool_alloc(c, 0, 8 * MiB, &p), 0);
+        ck_assert_int_eq(gpupool_free(c, p), 0);
+        testd_crash(&d);
+        unlink(d.sock);
+        ck_assert_uint_lt(strlen(d.sock), sizeof(a.sun_path));
+        memcpy(a.sun_path, d.sock, strlen(d.sock) + 1);
+        holder = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+        ck_assert_int_ge(holder, 0);
+        ck_assert_int_eq(bind(holder, (struct sockaddr *) &a, sizeof(a)), 0);
+        ck_assert_int_eq(listen(holder, 16), 0);
+        /* The control thread's hello waits in the queue. */
+        pending = (struct pollfd) { .fd = holder, .events = POLLIN };
+        ck_assert_int_eq(poll(&pending, 1, 5000), 1);
+        t0 = now_s();
+        ck_assert_int_eq(gpupool_alloc(c, 0, 6 * MiB, &p), 0);
+        fill(p, 6 * MiB, 9);
+        ck_assert(intact(p, 6 * MiB, 9));
+        ck_assert_int_eq(gpupool_free(c, p), 0);
+        took = now_s() - t0;
+        ck_assert_msg(took < 0.5, "an allocation within what the process holds took %.2f s while a daemon started", took);
+        close(holder);
+        unlink(d.sock);
+        testd_relaunch(&d);
+        for (t0 = now_s(); testd_client_field(&d, 0, "patient", "reserved_bytes") < (long long) (8 * MiB) && now_s() - t0 < 20;)
+                nap_ms(50);
+        ck_assert_int_ge(testd_client_field(&d, 0, "patient", "reserved_bytes"), 8 * MiB);
+        json_decref(testd_ctl(&d, "check"));
+        gpupool_disconnect(c);
+        unsetenv("GPUPOOL_TIMEOUT");
+        ck_assert_int_eq(testd_stop(&d), 0);
+}
+END_TEST
+
 START_TEST(test_grow_bad_setting) {
         gpupool_client *c;
         struct testd d;
@@ -560,6 +613,7 @@ Suite *suite_grow(void) {
         tcase_add_test(tc, test_grow_threads);
         tcase_add_test(tc, test_grow_descriptor_table_grown_at_connect);
         tcase_add_test(tc, test_forked_child_keeps_no_descriptor);
+        tcase_add_test(tc, test_starting_daemon_stalls_no_allocation);
         tcase_add_test(tc, test_grow_bad_setting);
         tcase_add_test(tc, test_host_survives_daemon_kill);
         tcase_set_timeout(tc, 60);
