@@ -31,7 +31,7 @@
 /* Says hello on c->conn (closed first if open) and sets up devices and the control channel. Locked or private. */
 static int session_open(gpupool_client *c) {
         Gpupool__Hello hello_req = GPUPOOL__HELLO__INIT;
-        const char *path = c->socket_path[0] ? c->socket_path : NULL;
+        const char *path = client_socket_path(c);
         Gpupool__Envelope *hello;
         uint64_t client_id, granules = 0;
         bool cuda, keeps = false;

@@ -193,6 +193,11 @@ static inline __attribute__((format(printf, 2, 3))) void client_set_error(gpupoo
         va_end(ap);
 }
 
+/* The socket the handle was given (NULL: $GPUPOOL_SOCKET or the default, gp_wire_socket_path()). */
+static inline const char *client_socket_path(const gpupool_client *c) {
+        return c->socket_path[0] ? c->socket_path : NULL;
+}
+
 /* Whether the daemon is gone, as the control thread or the latest request saw it. Unlocked. */
 static inline bool client_daemon_gone(gpupool_client *c) {
         return __atomic_load_n(&c->daemon_gone, __ATOMIC_ACQUIRE) || __atomic_load_n(&c->conn.broken, __ATOMIC_RELAXED);

@@ -155,12 +155,8 @@ static bool wait_for_daemon(gpupool_client *c) {
                 pthread_mutex_unlock(&c->lock);
                 r = client_resume_hello(c, fresh, &hello);
                 pthread_mutex_lock(&c->lock);
-                if (r == 0 && (c->control_stopping || c->conn_busy)) {
-                        gpupool__envelope__free_unpacked(hello, NULL);
-                        gp_conn_close(fresh);
-                        r = -ECANCELED;
-                }
-                r = r == 0 ? client_resume(c, fresh, hello, &control) : r;
+                if (r == 0)
+                        r = client_resume(c, fresh, hello, &control);
                 free(fresh);
                 if (r == 0) {
                         gp_conn_close(c->control);

@@ -189,18 +189,19 @@ uint64_t client_pool_free_bytes(gpupool_client *c) {
 
 /* A lease with the daemon gone: at once, saying what the process still has. Locked. */
 static int daemon_gone_error(gpupool_client *c) {
+        bool refused = c->resume_refused;
+
         if (client_memory_lost(c))
                 client_set_error(c, "gpupoold is gone (or the connection to it is); gpupool_reconnect() starts anew");
-        else if (c->resume_refused)
-                client_set_error(c, "gpupoold came back with other devices (or another backend) than this process holds "
-                                    "memory of, so it cannot adopt that memory: this process goes on allocating from the "
-                                    "%smemory it holds, but cannot lease more; gpupool_reconnect() starts anew (its blocks "
-                                    "are then gone)", c->vmm ? "cuda-vmm " : "");
         else
-                client_set_error(c, "gpupoold is gone (or the connection to it is): this process goes on allocating from "
-                                    "the %smemory it holds, but cannot lease more until it has reconnected, which it does "
-                                    "on its own once gpupoold listens again; gpupool_reconnect() starts anew",
-                                 c->vmm ? "cuda-vmm " : "");
+                client_set_error(c, "%s: this process goes on allocating from the %smemory it holds, but cannot lease more%s; "
+                                    "gpupool_reconnect() starts anew%s",
+                                 refused ? "gpupoold came back with other devices (or another backend) than this process "
+                                           "holds memory of, so it cannot adopt that memory" :
+                                           "gpupoold is gone (or the connection to it is)",
+                                 c->vmm ? "cuda-vmm " : "",
+                                 refused ? "" : " until it has reconnected, which it does on its own once gpupoold listens again",
+                                 refused ? " (its blocks are then gone)" : "");
         return -ECONNRESET;
 }
 

@@ -132,18 +132,23 @@ int client_resume_hello(const gpupool_client *c, struct gp_conn *conn, Gpupool__
 
         *conn = (struct gp_conn) { .sock = -1 };
         hello_req.name = (char *) c->name;
-        return gp_conn_open(conn, c->socket_path[0] ? c->socket_path : NULL, &hello_req, ret_hello);
+        return gp_conn_open(conn, client_socket_path(c), &hello_req, ret_hello);
 }
 
 int client_resume(gpupool_client *c, struct gp_conn *conn, Gpupool__Envelope *hello, struct gp_conn **ret_control) {
         Gpupool__Hello control_hello = GPUPOOL__HELLO__INIT;
-        const char *path = c->socket_path[0] ? c->socket_path : NULL;
         Gpupool__HelloReply *hr = hello->hello_reply;
         uint64_t client_id, calls = c->conn.calls;
         struct gp_conn *control;
         bool same;
         int r;
 
+        /* The handle closing, or its main connection lent out, while the hello was out: not now. */
+        if (c->control_stopping || c->conn_busy) {
+                gpupool__envelope__free_unpacked(hello, NULL);
+                gp_conn_close(conn);
+                return -ECANCELED;
+        }
         gp_conn_close(&c->conn);
         c->conn = *conn;
         c->conn.calls += calls;         /* the handle's round trips count on */
@@ -170,7 +175,7 @@ int client_resume(gpupool_client *c, struct gp_conn *conn, Gpupool__Envelope *he
         control_hello.name = c->name;
         control_hello.has_control_for = 1;
         control_hello.control_for = client_id;
-        if ((r = gp_conn_open(control, path, &control_hello, NULL)) < 0) {
+        if ((r = gp_conn_open(control, client_socket_path(c), &control_hello, NULL)) < 0) {
                 client_set_error(c, "%s", control->error);
                 free(control);
                 return r;

@@ -17,10 +17,11 @@
 int client_resume_hello(const gpupool_client *c, struct gp_conn *conn, Gpupool__Envelope **ret_hello);
 
 /*
- * The second half, locked, the main connection idle: makes conn the main connection, has the
- * daemon adopt every segment the process holds (their ids change; those it refuses become
- * CLIENT_ORPHAN's), and opens a control channel for the new session into *ret_control. hello
- * is freed. Returns 0, or a negative errno with the handle's error set. A daemon with other
+ * The second half, locked: makes conn the main connection, has the daemon adopt every segment
+ * the process holds (their ids change; those it refuses become CLIENT_ORPHAN's), and opens a
+ * control channel for the new session into *ret_control. It takes conn and hello whatever it
+ * returns: -ECANCELED (conn closed) where the handle began closing or lent its main connection
+ * out meanwhile. Returns 0, or a negative errno with the handle's error set. A daemon with other
  * devices or another backend adopts nothing: -ECONNRESET, the main connection broken and
  * c->resume_refused set, for the next lease to say why.
  */

@@ -15,6 +15,7 @@
 #include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/syscall.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -62,6 +63,18 @@ const char *read_text(const char *path, char *buf, size_t size) {
         if (f)
                 fclose(f);
         return buf;
+}
+
+int listen_seqpacket(const char *path) {
+        struct sockaddr_un a = { .sun_family = AF_UNIX };
+        int sock = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+
+        ck_assert_int_ge(sock, 0);
+        ck_assert_uint_lt(strlen(path), sizeof(a.sun_path));
+        memcpy(a.sun_path, path, strlen(path) + 1);
+        ck_assert_int_eq(bind(sock, (struct sockaddr *) &a, sizeof(a)), 0);
+        ck_assert_int_eq(listen(sock, 16), 0);
+        return sock;
 }
 
 int fds_from(int floor) {

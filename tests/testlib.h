@@ -46,6 +46,12 @@ const char *read_text(const char *path, char *buf, size_t size);
  */
 bool under_tool(void);
 
+/*
+ * A SOCK_SEQPACKET socket listening at path, close-on-exec, with a backlog of 16: the socket
+ * systemd makes from ListenSequentialPacket= (connections queue there until someone accepts).
+ */
+int listen_seqpacket(const char *path);
+
 /* How many descriptors this process has open numbered floor or more. */
 int fds_from(int floor);
 

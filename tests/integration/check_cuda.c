@@ -530,19 +530,6 @@ static void run_client(int (*client)(struct testd *d, void *arg), const char *na
         cuda_stop(&d);
 }
 
-/* How many descriptors this process has open. */
-static int open_fds(void) {
-        DIR *dir = opendir("/proc/self/fd");
-        struct dirent *e;
-        int n = 0;
-
-        while (dir && (e = readdir(dir)))
-                n += e->d_name[0] != '.';
-        if (dir)
-                closedir(dir);
-        return n - 1;   /* less opendir's own */
-}
-
 /*
  * A handle disconnected with blocks live lets go of every descriptor it kept for them, as of
  * every handle and mapping: one kept past the handle would keep the memory alive with it.
@@ -557,14 +544,14 @@ static int disconnect_keeps_nothing_client(struct testd *d, void *arg) {
         if (gpupool_connect(d->sock, "warm", &c) < 0 || gpupool_alloc(c, 0, 4096, &p) < 0 || gpupool_free(c, p) < 0)
                 return 1;
         gpupool_disconnect(c);
-        before = open_fds();
+        before = fds_from(0);
         if (gpupool_connect(d->sock, "holding", &c) < 0 || gpupool_alloc(c, 0, 8 << 20, &p) < 0 ||
             gpupool_alloc(c, 0, 100000, &q) < 0)
                 return 2;
         gpupool_disconnect(c);
-        if (open_fds() != before) {
+        if (fds_from(0) != before) {
                 fprintf(stderr, "disconnect_keeps_nothing_client: %d descriptors open before, %d after\n", before,
-                        open_fds());
+                        fds_from(0));
                 return 3;
         }
         return 0;

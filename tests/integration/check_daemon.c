@@ -909,7 +909,6 @@ static pid_t start_activated(int listen_fd, const char *sock, const char *log, c
 }
 
 START_TEST(test_socket_activation) {
-        struct sockaddr_un addr = { .sun_family = AF_UNIX };
         char dir[] = "/tmp/gpupool-act-XXXXXX", sock[100], log[128], out[4096];
         gpupool_client *c;
         int lfd, status;
@@ -919,11 +918,7 @@ START_TEST(test_socket_activation) {
         ck_assert_ptr_nonnull(mkdtemp(dir));
         snprintf(sock, sizeof(sock), "%s/gpupool.sock", dir);
         snprintf(log, sizeof(log), "%s/gpupoold.log", dir);
-        /* The socket as systemd makes it from ListenSequentialPacket=. */
-        lfd = socket(AF_UNIX, SOCK_SEQPACKET, 0);
-        snprintf(addr.sun_path, sizeof(addr.sun_path), "%s", sock);
-        ck_assert_int_eq(bind(lfd, (struct sockaddr *) &addr, sizeof(addr)), 0);
-        ck_assert_int_eq(listen(lfd, 16), 0);
+        lfd = listen_seqpacket(sock);
         pid = start_activated(lfd, sock, log, "1");
         /* Clients reach it through the socket systemd holds; no bind of its own. */
         ck_assert_int_eq(gpupool_connect(sock, "activated", &c), 0);

@@ -16,8 +16,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
-#include <sys/socket.h>
-#include <sys/un.h>
 #include <unistd.h>
 
 #include "gpupool.h"
@@ -466,7 +464,6 @@ END_TEST
  * the process goes on allocating within what it holds. Once a daemon answers, it adopts.
  */
 START_TEST(test_starting_daemon_stalls_no_allocation) {
-        struct sockaddr_un a = { .sun_family = AF_UNIX };
         struct pollfd pending;
         gpupool_client *c;
         struct testd d;
@@ -481,12 +478,7 @@ START_TEST(test_starting_daemon_stalls_no_allocation) {
         ck_assert_int_eq(gpupool_free(c, p), 0);
         testd_crash(&d);
         unlink(d.sock);
-        ck_assert_uint_lt(strlen(d.sock), sizeof(a.sun_path));
-        memcpy(a.sun_path, d.sock, strlen(d.sock) + 1);
-        holder = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
-        ck_assert_int_ge(holder, 0);
-        ck_assert_int_eq(bind(holder, (struct sockaddr *) &a, sizeof(a)), 0);
-        ck_assert_int_eq(listen(holder, 16), 0);
+        holder = listen_seqpacket(d.sock);
         /* The control thread's hello waits in the queue. */
         pending = (struct pollfd) { .fd = holder, .events = POLLIN };
         ck_assert_int_eq(poll(&pending, 1, 5000), 1);

@@ -16,7 +16,6 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
-#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -40,13 +39,13 @@ enum scenario {
         OTHER_KIND,             /* a lease answered with a ReturnReply */
 };
 
-/* What the fake daemon saw, on a shared page. */
+/* What the fake daemon saw, on a shared page: segment ids the library gave back. */
 struct seen {
-        unsigned leases, returned;
+        unsigned returned;
 };
 
 struct fake {
-        char dir[64], path[96];
+        char dir[64], path[128];
         pid_t pid;
         struct seen *seen;
 };
@@ -79,7 +78,7 @@ static int memory(uint64_t size) {
 
 /* The answer to a lease in scenario s: its body in lr (more_segment_ids in more), its descriptors in fds. */
 static size_t answer_lease(enum scenario s, const Gpupool__LeaseRequest *req, Gpupool__LeaseReply *lr, uint64_t *more,
-                           int *fds, unsigned nth) {
+                           int *fds) {
         static uint64_t next_id = 100;
         uint64_t n = req->has_granules ? req->granules : 0, ahead = req->has_granules_ahead ? req->granules_ahead : 0;
         uint64_t granule_size = GP_GRANULE_BYTES, count = n, fd_count, fd_size = GP_GRANULE_BYTES;
@@ -110,7 +109,6 @@ static size_t answer_lease(enum scenario s, const Gpupool__LeaseRequest *req, Gp
         lr->more_segment_ids = more;
         for (uint64_t i = 0; i < fd_count; i++)
                 fds[i] = memory(fd_size);
-        (void) nth;
         return fd_count;
 }
 
@@ -173,7 +171,7 @@ static void fake_main(int listen_sock, enum scenario s, struct seen *seen) {
                                         rep.return_reply = &rr;
                                         break;
                                 }
-                                out = answer_lease(s, req->lease, &lr, more, fds, seen->leases++);
+                                out = answer_lease(s, req->lease, &lr, more, fds);
                                 rep.body_case = GPUPOOL__ENVELOPE__BODY_LEASE_REPLY;
                                 rep.lease_reply = &lr;
                                 break;
@@ -198,19 +196,14 @@ static void fake_main(int listen_sock, enum scenario s, struct seen *seen) {
 }
 
 static void fake_start(struct fake *f, enum scenario s) {
-        struct sockaddr_un a = { .sun_family = AF_UNIX };
         int sock;
 
         strcpy(f->dir, "/tmp/gpupool-replies-XXXXXX");
         ck_assert_ptr_nonnull(mkdtemp(f->dir));
         snprintf(f->path, sizeof(f->path), "%s/gpupool.sock", f->dir);
-        snprintf(a.sun_path, sizeof(a.sun_path), "%s", f->path);
         f->seen = mmap(NULL, sizeof(*f->seen), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
         ck_assert_ptr_ne(f->seen, MAP_FAILED);
-        sock = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
-        ck_assert_int_ge(sock, 0);
-        ck_assert_int_eq(bind(sock, (struct sockaddr *) &a, sizeof(a)), 0);
-        ck_assert_int_eq(listen(sock, 16), 0);
+        sock = listen_seqpacket(f->path);
         f->pid = fork();
         ck_assert_int_ge(f->pid, 0);
         if (f->pid == 0)
