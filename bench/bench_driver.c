@@ -7,19 +7,30 @@
  * alone, on device 0's primary context and one non-blocking stream, as the median of
  * --rounds rounds of --calls calls, in ns per call; then, with --socket, a
  * gpupool_alloc_async + gpupool_free_async pair on that stream and a gpupool_alloc +
- * gpupool_free pair, the allocator's whole cost. Then it starts a capture in
- * CU_STREAM_CAPTURE_MODE_GLOBAL on one stream and prints what each call returns, in the
+ * gpupool_free pair, the allocator's whole cost. Then what moving a granule costs, which
+ * segments that grow in place do on cuda-vmm when an idle granule goes under a new block
+ * (common/granule.c): cuMemUnmap of a 2 MiB cuMemCreate allocation at one place of a reserved
+ * range, cuMemMap at another and cuMemSetAccess, each timed alone on an idle device (median of
+ * --moves moves), then whole moves while another stream's work is outstanding (held by
+ * cuStreamWaitValue32 on a word of host memory, or the fake driver's hold, let go 50 ms
+ * later by a thread), to see whether a move waits for the device's work: the driver documents
+ * cuMemUnmap and cuMemSetAccess as "synchronous for most use cases". Then it starts a capture
+ * in CU_STREAM_CAPTURE_MODE_GLOBAL on one stream and prints what each call returns, in the
  * capturing thread and in the relaxed mode, on the capturing stream and on another.
  *
  * It runs on the driver gp_cuda_load() finds ($GPUPOOL_LIBCUDA: the fake driver too).
  *
- * Usage: bench_driver [--socket PATH] [--calls N] [--rounds N]
+ * Usage: bench_driver [--socket PATH] [--calls N] [--rounds N] [--moves N]
  */
 #define _GNU_SOURCE
+#include <dlfcn.h>
 #include <getopt.h>
+#include <pthread.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "cudadrv.h"
 #include "gpupool.h"
@@ -30,7 +41,7 @@ static gp_cu_stream s, other;
 static gp_cu_event ev, ev2;
 static gp_cu_context ctx;
 static gpupool_client *client;
-static unsigned calls = 100000, rounds = 11;
+static unsigned calls = 100000, rounds = 11, moves = 1001;
 
 static gp_cu_result (*begin_capture)(gp_cu_stream s, int mode);
 static gp_cu_result (*end_capture)(gp_cu_stream s, void **graph);
@@ -110,6 +121,176 @@ static void time_call(const char *name, gp_cu_result (*fn)(void)) {
         free(r);
 }
 
+/* ---- what a granule move costs (cuda-vmm, segments that grow in place) ---- */
+
+#define HOLD_MS 50
+#define HELD_MOVES 11
+
+/* Holds a stream's work back: on a GPU a wait for a word of host memory, on the fake its hold. */
+struct holder {
+        int (*fake_hold)(gp_cu_stream s, int hold);     /* the fake driver's, else NULL */
+        gp_cu_result (*wait_value32)(gp_cu_stream s, gp_cu_deviceptr addr, uint32_t v, unsigned flags);
+        volatile uint32_t *gate;                        /* GPU: 1 lets the stream go */
+        gp_cu_deviceptr gate_dev;
+        gp_cu_stream s;
+};
+
+static int holder_open(struct holder *h, gp_cu_stream st) {
+        gp_cu_result (*host_alloc)(void **p, size_t size, unsigned flags);
+        gp_cu_result (*host_device_ptr)(gp_cu_deviceptr *d, void *p, unsigned flags);
+        void *host;
+
+        h->s = st;
+        *(void **) &h->fake_hold = dlsym(cu.lib, "fakecuda_stream_hold");
+        if (h->fake_hold)
+                return 0;
+        *(void **) &host_alloc = gp_cuda_symbol(&cu, "cuMemHostAlloc", 3020);
+        *(void **) &host_device_ptr = gp_cuda_symbol(&cu, "cuMemHostGetDevicePointer", 3020);
+        *(void **) &h->wait_value32 = gp_cuda_symbol(&cu, "cuStreamWaitValue32", 12000);
+        if (!host_alloc || !host_device_ptr || !h->wait_value32 ||
+            host_alloc(&host, 4096, 0x01 | 0x02 /* PORTABLE | DEVICEMAP */) != GP_CUDA_SUCCESS ||
+            host_device_ptr(&h->gate_dev, host, 0) != GP_CUDA_SUCCESS)
+                return -1;
+        h->gate = host;
+        return 0;
+}
+
+static int holder_hold(struct holder *h) {
+        if (h->fake_hold)
+                return h->fake_hold(h->s, 1);
+        *h->gate = 0;
+        return h->wait_value32(h->s, h->gate_dev, 1, 0 /* CU_STREAM_WAIT_VALUE_GEQ */) == GP_CUDA_SUCCESS ? 0 : -1;
+}
+
+static void holder_let_go(struct holder *h) {
+        if (h->fake_hold)
+                (void) h->fake_hold(h->s, 0);
+        else if (h->gate)
+                __atomic_store_n(h->gate, 1, __ATOMIC_SEQ_CST);
+}
+
+static void *holder_let_go_later(void *arg) {
+        struct timespec ts = { 0, HOLD_MS * 1000000L };
+
+        nanosleep(&ts, NULL);
+        holder_let_go(arg);
+        return NULL;
+}
+
+/* Moves granule g from place at[from] to at[!from] of a reserved range, each call's ns added to t[3]. */
+static gp_cu_result move_granule(gp_cu_mem_handle g, const gp_cu_deviceptr at[2], int from, size_t size, double t[3]) {
+        gp_cu_mem_access_desc rw = { .location = { GP_CU_MEM_LOCATION_TYPE_DEVICE, 0 },
+                                     .flags = GP_CU_MEM_ACCESS_FLAGS_PROT_READWRITE };
+        gp_cu_result r;
+        double t0 = now_ns(), t1, t2;
+
+        r = cu.cuMemUnmap(at[from], size);
+        t1 = now_ns();
+        if (r == GP_CUDA_SUCCESS)
+                r = cu.cuMemMap(at[!from], size, 0, g, 0);
+        t2 = now_ns();
+        if (r == GP_CUDA_SUCCESS)
+                r = cu.cuMemSetAccess(at[!from], size, &rw, 1);
+        t[0] = t1 - t0;
+        t[1] = t2 - t1;
+        t[2] = now_ns() - t2;
+        return r;
+}
+
+static double median(double *v, size_t n) {
+        qsort(v, n, sizeof(*v), cmp_double);
+        return v[n / 2];
+}
+
+static void granule_moves(void) {
+        static const char *const names[3] = { "cuMemUnmap", "cuMemMap", "cuMemSetAccess" };
+        gp_cu_mem_prop prop = { .type = GP_CU_MEM_ALLOCATION_TYPE_PINNED,
+                                .requested_handle_types = GP_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+                                .location = { GP_CU_MEM_LOCATION_TYPE_DEVICE, 0 } };
+        gp_cu_mem_access_desc rw = { .location = prop.location, .flags = GP_CU_MEM_ACCESS_FLAGS_PROT_READWRITE };
+        double *t[3] = { calloc(moves, sizeof(double)), calloc(moves, sizeof(double)), calloc(moves, sizeof(double)) };
+        double held[HELD_MOVES], one[3];
+        gp_cu_deviceptr base = 0, at[2], work = 0;
+        gp_cu_mem_handle g = 0;
+        gp_cu_stream busy = NULL;
+        struct holder h = { 0 };
+        unsigned waited = 0, k;
+        size_t size = 0;
+        int from = 0;
+        gp_cu_result r;
+
+#define TRY(call) do { if ((r = (call)) != GP_CUDA_SUCCESS) { \
+                printf("granule moves: %s: %s\n", #call, gp_cuda_error_name(&cu, r)); goto out; } } while (0)
+        TRY(cu.cuMemGetAllocationGranularity(&size, &prop, GP_CU_MEM_ALLOC_GRANULARITY_MINIMUM));
+        if (size < (2u << 20))
+                size = 2u << 20;        /* what gpupool's granule is */
+        TRY(cu.cuMemCreate(&g, size, &prop, 0));
+        TRY(cu.cuMemAddressReserve(&base, 2 * size, 0, 0, 0));
+        at[0] = base;
+        at[1] = base + size;
+        TRY(cu.cuMemMap(at[0], size, 0, g, 0));
+        TRY(cu.cuMemSetAccess(at[0], size, &rw, 1));
+        for (k = 0; k < moves; k++, from = !from) {
+                TRY(move_granule(g, at, from, size, one));
+                for (int c = 0; c < 3; c++)
+                        t[c][k] = one[c];
+        }
+        printf("granule move on cuda-vmm (%zu MiB), idle device, median of %u moves:\n", size >> 20, moves);
+        for (int c = 0; c < 3; c++)
+                printf("  %-46s %8.0f ns\n", names[c], median(t[c], moves));
+        /* The same with another stream's work outstanding: a wait, then a memset of memory of its own. */
+        TRY(cu.cuStreamCreate(&busy, GP_CU_STREAM_NON_BLOCKING));
+        TRY(cu.cuMemAlloc(&work, size));
+        if (holder_open(&h, busy) < 0) {
+                printf("granule moves: no host-mapped memory or cuStreamWaitValue32 to hold a stream with\n");
+                goto out;
+        }
+        for (k = 0; k < HELD_MOVES; k++, from = !from) {
+                pthread_t thread;
+                double t0;
+
+                if (holder_hold(&h) < 0) {
+                        printf("granule moves: cannot hold a stream\n");
+                        goto out;
+                }
+                TRY(cu.cuMemsetD8Async(work, (unsigned char) k, size, busy));
+                if (pthread_create(&thread, NULL, holder_let_go_later, &h) != 0) {
+                        printf("granule moves: no thread to let the stream go\n");
+                        goto out;
+                }
+                t0 = now_ns();
+                r = move_granule(g, at, from, size, one);
+                held[k] = now_ns() - t0;
+                pthread_join(thread, NULL);
+                if (r != GP_CUDA_SUCCESS) {
+                        printf("granule moves: a move with work held: %s\n", gp_cuda_error_name(&cu, r));
+                        goto out;
+                }
+                waited += held[k] >= HOLD_MS * 1e6 * 0.8;
+                TRY(cu.cuStreamSynchronize(busy));
+        }
+        printf("granule move with another stream's work held %d ms: median %.0f ns, %u of %d moves waited for it\n",
+               HOLD_MS, median(held, HELD_MOVES), waited, HELD_MOVES);
+out:
+        if (busy) {
+                holder_let_go(&h);      /* a stream left held by a failure above */
+                (void) cu.cuStreamSynchronize(busy);
+        }
+        if (base) {
+                (void) cu.cuMemUnmap(at[from], size);
+                (void) cu.cuMemAddressFree(base, 2 * size);
+        }
+        if (g)
+                (void) cu.cuMemRelease(g);
+        if (work)
+                (void) cu.cuMemFree(work);
+        if (busy)
+                (void) cu.cuStreamDestroy(busy);
+        for (int c = 0; c < 3; c++)
+                free(t[c]);
+#undef TRY
+}
+
 /* What each call returns during a global capture on s, in mode (the thread's). */
 static void capture_rules(int mode) {
         unsigned long long id;
@@ -154,7 +335,8 @@ static void capture_rules(int mode) {
 int main(int argc, char **argv) {
         static const struct option opts[] = {
                 { "socket", required_argument, NULL, 's' }, { "calls", required_argument, NULL, 'n' },
-                { "rounds", required_argument, NULL, 'r' }, { NULL, 0, NULL, 0 },
+                { "rounds", required_argument, NULL, 'r' }, { "moves", required_argument, NULL, 'm' },
+                { NULL, 0, NULL, 0 },
         };
         const char *sock = NULL;
         gp_cu_device dev;
@@ -168,11 +350,13 @@ int main(int argc, char **argv) {
                         calls = (unsigned) strtoul(optarg, NULL, 10);
                 else if (o == 'r')
                         rounds = (unsigned) strtoul(optarg, NULL, 10);
+                else if (o == 'm')
+                        moves = (unsigned) strtoul(optarg, NULL, 10);
                 else
                         return 2;
         }
-        if (!calls || !rounds) {
-                fprintf(stderr, "bench_driver: --calls and --rounds must be at least 1\n");
+        if (!calls || !rounds || !moves) {
+                fprintf(stderr, "bench_driver: --calls, --rounds and --moves must be at least 1\n");
                 return 2;
         }
         if (gp_cuda_load(&cu, err, sizeof(err)) < 0) {
@@ -211,6 +395,7 @@ int main(int argc, char **argv) {
                         return 1;
                 gpupool_disconnect(client);
         }
+        granule_moves();
         capture_rules(GP_CU_STREAM_CAPTURE_MODE_GLOBAL);
         capture_rules(GP_CU_STREAM_CAPTURE_MODE_RELAXED);
         return 0;

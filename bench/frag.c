@@ -28,7 +28,10 @@
  *            block touches is mapped where it lies, and when the process has no spare
  *            granule it unmaps whole free granules (the highest first, as many as the block
  *            needs) to map them again there before it leases new ones. Its row also gives
- *            the granules leased, the maps and the unmaps, the cost this policy pays.
+ *            the granules leased, the maps and the unmaps, the cost this policy pays, over
+ *            the whole trace and over its second half (a program's steady state, where a
+ *            caching allocator pays nothing: on cuda-vmm each move is a cuMemUnmap, a cuMemMap
+ *            and a cuMemSetAccess).
  *
  * Usage: frag [-g GRANULE_MIB] TRACE.csv...   (the models' granule, 2 MiB unless given)
  */
@@ -302,14 +305,15 @@ static int model_obtain(void *ctx, uint64_t n, uint64_t *phys) {
         return 0;
 }
 
-static const struct granule_ops model_ops = { model_map, model_unmap, model_obtain };
+static const struct granule_ops model_ops = { model_map, model_unmap, model_obtain, NULL };
 
 /*
  * expand (remap false): each class's range is mapped up to the end of the highest block it
  * ever held. granule (remap true): common/granule.c keeps what backs the ranges. Leaves the
  * granule model's counts in g.
  */
-static struct result run_growing(const struct op *ops, size_t n, uint64_t max_id, bool remap, struct granule_set *g) {
+static struct result run_growing(const struct op *ops, size_t n, uint64_t max_id, bool remap, struct granule_set *g,
+                                 struct granule_set *half) {
         struct heap_block **live = calloc(max_id + 1, sizeof(*live));
         uint64_t *sizes = calloc(max_id + 1, sizeof(*sizes)), in_use = 0, extent[HEAP_CLASS_COUNT] = { 0 }, held = 0;
         uint64_t next_phys = 0;
@@ -326,6 +330,8 @@ static struct result run_growing(const struct op *ops, size_t n, uint64_t max_id
                     (remap && granule_range_init(g, &range[c], RANGE) < 0))
                         exit(1);
         for (size_t i = 0; i < n; i++) {
+                if (i == n / 2)
+                        *half = *g;     /* the counts at the second half's start */
                 if (ops[i].alloc) {
                         uint64_t rsize = heap_round(ops[i].size);
                         enum heap_class class = heap_class_of(rsize);
@@ -424,7 +430,7 @@ int main(int argc, char **argv) {
         for (int i = 1; i < argc; i++) {
                 const char *base = strrchr(argv[i], '/') ? strrchr(argv[i], '/') + 1 : argv[i];
                 char name[64];
-                struct granule_set g;
+                struct granule_set g, half;
                 struct trace t;
                 int r = trace_read(argv[i], &t);
                 const struct op *ops = t.ops;
@@ -440,10 +446,12 @@ int main(int argc, char **argv) {
                 row(name, "pytorch", run_segalloc(&pytorch, ops, n, max_id));
                 row(name, "cupy", run_segalloc(&cupy, ops, n, max_id));
                 row(name, "none", run_none(ops, n, max_id));
-                row(name, "expand", run_growing(ops, n, max_id, false, &g));
-                row(name, "granule", run_growing(ops, n, max_id, true, &g));
+                row(name, "expand", run_growing(ops, n, max_id, false, &g, &half));
+                row(name, "granule", run_growing(ops, n, max_id, true, &g, &half));
                 printf("%-12s %-13s %" PRIu64 " granules leased, %" PRIu64 " maps, %" PRIu64 " unmaps, for %zu ops\n", "",
                        "", g.obtained, g.maps, g.unmaps, n);
+                printf("%-12s %-13s second half: %" PRIu64 " leased, %" PRIu64 " maps, %" PRIu64 " unmaps, for %zu ops\n",
+                       "", "", g.obtained - half.obtained, g.maps - half.maps, g.unmaps - half.unmaps, n - n / 2);
                 free(t.ops);
         }
         return 0;
