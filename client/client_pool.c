@@ -187,20 +187,32 @@ uint64_t client_pool_free_bytes(gpupool_client *c) {
         return bytes;
 }
 
-/* A lease with the daemon gone: at once, saying what the process still has. Locked. */
+/*
+ * A lease with the daemon gone: at once, saying what the process still has. The handle
+ * reconnects on its own only to a daemon that came back (the control channel ended with the
+ * old one); a connection given up while the daemon lives on (no answer in time, a message it
+ * cannot read, a refusal) stays given up until gpupool_reconnect(). Locked.
+ */
 static int daemon_gone_error(gpupool_client *c) {
-        bool refused = c->resume_refused;
+        bool refused = c->resume_refused, closed = __atomic_load_n(&c->daemon_gone, __ATOMIC_ACQUIRE) ||
+                                                   c->conn.broke_with == -ECONNRESET;
+        const char *why = refused ? "gpupoold came back with other devices (or another backend) than this process holds "
+                                    "memory of, so it cannot adopt that memory" :
+                          closed ? "gpupoold is gone (or the connection to it is)" :
+                          c->conn.broke_with == -ETIMEDOUT ? "the connection to gpupoold is given up: it did not answer in "
+                                                             "time ($GPUPOOL_TIMEOUT)" :
+                          c->conn.broke_with == -EPROTO ? "the connection to gpupoold is given up: it sent a message this "
+                                                          "version cannot read" :
+                                                          "the connection to gpupoold is given up: it refused this process";
 
         if (client_memory_lost(c))
-                client_set_error(c, "gpupoold is gone (or the connection to it is); gpupool_reconnect() starts anew");
+                client_set_error(c, "%s; gpupool_reconnect() starts anew", why);
         else
                 client_set_error(c, "%s: this process goes on allocating from the %smemory it holds, but cannot lease more%s; "
                                     "gpupool_reconnect() starts anew%s",
-                                 refused ? "gpupoold came back with other devices (or another backend) than this process "
-                                           "holds memory of, so it cannot adopt that memory" :
-                                           "gpupoold is gone (or the connection to it is)",
-                                 c->vmm ? "cuda-vmm " : "",
-                                 refused ? "" : " until it has reconnected, which it does on its own once gpupoold listens again",
+                                 why, c->vmm ? "cuda-vmm " : "",
+                                 refused || !closed ? "" :
+                                 " until it has reconnected, which it does on its own once gpupoold listens again",
                                  refused ? " (its blocks are then gone)" : "");
         return -ECONNRESET;
 }

@@ -164,6 +164,7 @@ int client_resume(gpupool_client *c, struct gp_conn *conn, Gpupool__Envelope *he
         c->resume_refused = !same;
         if (!same) {
                 gp_conn_close(&c->conn);
+                c->conn.broke_with = -ECONNRESET;
                 __atomic_store_n(&c->conn.broken, true, __ATOMIC_RELAXED);
                 return -ECONNRESET;
         }

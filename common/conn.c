@@ -25,24 +25,30 @@ static void drop(Gpupool__Envelope *rep, const int *fds, size_t nfds) {
         close_fds(fds, nfds);
 }
 
+/* Marks c unusable from now on, broken by errno r. Returns r. */
+static int break_with(struct gp_conn *c, int r) {
+        c->broke_with = r;
+        __atomic_store_n(&c->broken, true, __ATOMIC_RELAXED);   /* read unlocked by the client's fast path */
+        return r;
+}
+
 /* The connection is unusable from now on; returns the errno the caller reports. */
 static int broken(struct gp_conn *c, int r) {
-        __atomic_store_n(&c->broken, true, __ATOMIC_RELAXED);   /* read unlocked by the client's fast path */
         if (r == 0 || r == -EPIPE || r == -ECONNRESET || r == -ENOTCONN) {
                 set_error(c, "gpupoold closed the connection");
-                return -ECONNRESET;
+                return break_with(c, -ECONNRESET);
         }
         if (r == -EPROTO) {
                 set_error(c, "gpupoold sent a message this version cannot read");
-                return -EPROTO;
+                return break_with(c, -EPROTO);
         }
         if (r == -EAGAIN || r == -ETIMEDOUT) {
                 snprintf(c->error, sizeof(c->error), "gpupoold did not answer within %llu ms ($GPUPOOL_TIMEOUT): it is "
                          "stopped or hung; this connection is given up", (unsigned long long) c->timeout_ms);
-                return -ETIMEDOUT;
+                return break_with(c, -ETIMEDOUT);
         }
         set_error(c, strerror(-r));
-        return -ECONNRESET;
+        return break_with(c, -ECONNRESET);
 }
 
 /* One call: req with send_nfds descriptors, its reply with up to max_fds. */
@@ -96,8 +102,7 @@ static int call(struct gp_conn *c, Gpupool__Envelope *req, const int *send_fds, 
                         set_error(c, rep->error);
                         r = gp_status_to_errno(rep->status);
                         drop(rep, got, nfds);
-                        __atomic_store_n(&c->broken, true, __ATOMIC_RELAXED);
-                        return r;
+                        return break_with(c, r);
                 }
                 /* A pushed message this version does not act on. */
                 drop(rep, got, nfds);
@@ -157,6 +162,7 @@ int gp_conn_open(struct gp_conn *c, const char *path, const Gpupool__Hello *hell
 
         c->sock = -1;
         __atomic_store_n(&c->broken, false, __ATOMIC_RELAXED);
+        c->broke_with = 0;
         c->next_id = 1;
         c->error[0] = '\0';
         c->timeout_ms = GP_CONN_DEFAULT_TIMEOUT_MS;

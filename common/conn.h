@@ -18,6 +18,7 @@ struct gp_conn {
         int sock;                       /* -1 when not connected */
         uint64_t timeout_ms;            /* per send and per reply; 0: none */
         bool broken;                    /* the daemon is gone or spoke nonsense; written atomically (read unlocked) */
+        int broke_with;                 /* while broken: the errno that broke it (-ECONNRESET: the daemon closed it) */
         uint64_t next_id;
         uint64_t calls;                 /* requests sent, hello included, for as long as the struct lives */
         char error[GP_MAX_ERROR_BYTES]; /* why the latest call failed */

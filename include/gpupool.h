@@ -25,7 +25,9 @@
  *   -ETIMEDOUT     the daemon did not answer within $GPUPOOL_TIMEOUT (default 30s; a
  *                  duration, 0 for no limit): it is stopped or hung. The handle is given up as
  *                  after -ECONNRESET (later calls return -ECONNRESET); blocks it holds stay
- *                  mapped and counted to this process until it exits or gpupool_reconnect()
+ *                  mapped and counted to this process until it exits or gpupool_reconnect().
+ *                  A handle given up (this, an answer it cannot read, a refusal) while
+ *                  that daemon lives on does not reconnect on its own: gpupool_reconnect()
  *   -EIO           the daemon's backend or this process's CUDA driver failed
  *   others         from connect(2): -ENOENT no socket, -ECONNREFUSED no daemon, -EACCES
  *

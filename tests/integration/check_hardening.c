@@ -558,7 +558,11 @@ START_TEST(test_stuck_log_never_stops_serving) {
 }
 END_TEST
 
-/* A stopped daemon: a call gives up after $GPUPOOL_TIMEOUT with -ETIMEDOUT; the handle is then given up, and comes back with reconnect. */
+/*
+ * A stopped daemon: a call gives up after $GPUPOOL_TIMEOUT with -ETIMEDOUT; the handle is then
+ * given up, says so (it does not come back on its own while that daemon lives on), and comes
+ * back with reconnect.
+ */
 START_TEST(test_stopped_daemon_times_out) {
         gpupool_client *c;
         struct testd d;
@@ -580,6 +584,9 @@ START_TEST(test_stopped_daemon_times_out) {
         ck_assert_msg(strstr(why, "did not answer within 700 ms"), "%s", why);
         /* Given up: a late reply cannot answer a later request. */
         ck_assert_int_eq(gpupool_alloc(c, 0, 1 << 20, &p), -ECONNRESET);
+        gpupool_last_error(c, why, sizeof(why));
+        ck_assert_msg(strstr(why, "given up: it did not answer in time") && strstr(why, "gpupool_reconnect() starts anew") &&
+                      !strstr(why, "on its own"), "%s", why);
         ck_assert_int_eq(kill(d.pid, SIGCONT), 0);
         ck_assert_int_eq(gpupool_reconnect(c), 0);
         ck_assert_int_eq(gpupool_alloc(c, 0, 1 << 20, &p), 0);
