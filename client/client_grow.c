@@ -331,6 +331,17 @@ int client_grow_adopt(gpupool_client *c, unsigned d, const uint64_t *ids, const 
         return 0;
 }
 
+bool client_grow_holds(gpupool_client *c, uint64_t id) {
+        for (unsigned d = 0; d < c->device_count; d++) {
+                const struct client_grow *g = c->devices[d].grow;
+
+                for (uint64_t i = 0; g && i < g->granule_cap; i++)
+                        if (g->granules[i].held && g->granules[i].segment_id == id)
+                                return true;
+        }
+        return false;
+}
+
 int client_grow_take(gpupool_client *c, struct heap_block *hb) {
         struct client_grow *g = c->devices[gp_rb_entry(hb->segment, struct mapping, hs)->device].grow;
 

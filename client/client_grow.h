@@ -27,6 +27,9 @@ uint64_t client_grow_shortfall(gpupool_client *c, const struct heap_block *hb);
  */
 int client_grow_adopt(gpupool_client *c, unsigned d, const uint64_t *ids, const int *fds, size_t n);
 
+/* Whether segment id is a granule this process holds, of any device. A scan of every granule: for error paths only. */
+bool client_grow_holds(gpupool_client *c, uint64_t id);
+
 /* Maps what a block lacks under it (granule_take(); nothing to obtain). Returns 0 or a negative errno, the error set. */
 int client_grow_take(gpupool_client *c, struct heap_block *hb);
 

@@ -245,6 +245,33 @@ static int lease_call(gpupool_client *c, unsigned d, uint64_t size, uint32_t gra
 }
 
 /*
+ * After a lease reply it refused (client_set_error() said why): the segments it names that
+ * this process does not hold go back, since the daemon counts them leased to it; one it holds
+ * already stays its own. Locked.
+ */
+static void return_refused(gpupool_client *c, const Gpupool__LeaseReply *l) {
+        uint64_t ids[CLIENT_RETURN_BATCH];
+        char why[sizeof(c->error)];
+        size_t n = 0;
+
+        snprintf(why, sizeof(why), "%s", c->error);
+        for (size_t i = 0; i <= l->n_more_segment_ids; i++) {
+                uint64_t id = i ? l->more_segment_ids[i - 1] : l->segment_id;
+
+                if (client_mapping_by_id(c, id) || client_grow_holds(c, id))
+                        continue;
+                ids[n++] = id;
+                if (n == CLIENT_RETURN_BATCH) {
+                        (void) client_pool_return(c, ids, n);
+                        n = 0;
+                }
+        }
+        if (n)
+                (void) client_pool_return(c, ids, n);
+        client_set_error(c, "%s", why);        /* the refusal's reason, not the return's */
+}
+
+/*
  * Leases a segment on device d for a block of rsize bytes and adds it to the device's heap,
  * in class. Returns 0 or a negative errno with the error set. Locked.
  */
@@ -264,6 +291,7 @@ static int lease(gpupool_client *c, unsigned d, uint64_t rsize, enum heap_class 
                         close(fd);
                 client_set_error(c, "gpupoold leased a segment that cannot serve the request or that this process "
                                     "maps already");
+                return_refused(c, l);
                 r = -EPROTO;
                 goto out;
         }
@@ -313,6 +341,7 @@ static int lease_granules(gpupool_client *c, unsigned d, uint64_t n, uint64_t ah
                 client_set_error(c, "gpupoold answered a lease of %llu granules (and up to %llu more) with %zu segments "
                                     "of %llu bytes and %zu descriptors", (unsigned long long) n,
                                  (unsigned long long) ahead, got, (unsigned long long) l->segment_size, nfds);
+                return_refused(c, l);
                 gpupool__envelope__free_unpacked(rep, NULL);
                 return -EPROTO;
         }

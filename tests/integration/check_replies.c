@@ -4,8 +4,9 @@
  * not memory at all, shorter than the segment; a segment too small or already mapped; a
  * reply of another kind), the allocation fails with an errno and a sentence, the process
  * keeps no descriptor of it and never maps memory that is not there (a memfd too short would
- * raise SIGBUS where the application writes), the segments it was handed but could not map go
- * back, and what it held before stays its own.
+ * raise SIGBUS where the application writes), every segment a wrong reply names that the
+ * process does not hold goes back (the daemon counts it leased), and what it held before stays
+ * its own.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -39,9 +40,9 @@ enum scenario {
         OTHER_KIND,             /* a lease answered with a ReturnReply */
 };
 
-/* What the fake daemon saw, on a shared page: segment ids the library gave back. */
+/* What the fake daemon saw, on a shared page: segment ids its lease replies named, and those the library gave back. */
 struct seen {
-        unsigned returned;
+        unsigned named, returned;
 };
 
 struct fake {
@@ -172,6 +173,7 @@ static void fake_main(int listen_sock, enum scenario s, struct seen *seen) {
                                         break;
                                 }
                                 out = answer_lease(s, req->lease, &lr, more, fds);
+                                seen->named += 1 + (unsigned) lr.n_more_segment_ids;
                                 rep.body_case = GPUPOOL__ENVELOPE__BODY_LEASE_REPLY;
                                 rep.lease_reply = &lr;
                                 break;
@@ -227,12 +229,12 @@ static const struct {
         const char *text;       /* in the sentence */
         bool returned;          /* the segments handed over go back */
 } cases[] = {
-        { GRANULES_FEWER_FDS, "grow", 4 * MiB, -EPROTO, "segments of 2097152 bytes and 1 descriptors", false },
-        { GRANULES_OTHER_SIZE, "grow", 4 * MiB, -EPROTO, "segments of 4194304 bytes", false },
-        { GRANULES_TOO_MANY, "grow", 4 * MiB, -EPROTO, "answered a lease of 2 granules", false },
+        { GRANULES_FEWER_FDS, "grow", 4 * MiB, -EPROTO, "segments of 2097152 bytes and 1 descriptors", true },
+        { GRANULES_OTHER_SIZE, "grow", 4 * MiB, -EPROTO, "segments of 4194304 bytes", true },
+        { GRANULES_TOO_MANY, "grow", 4 * MiB, -EPROTO, "answered a lease of 2 granules", true },
         { GRANULES_NOT_MEMORY, "grow", 4 * MiB, -EPROTO, "is not 2 MiB of memory", true },
         { GRANULES_SHORT, "grow", 4 * MiB, -EPROTO, "is not 2 MiB of memory", true },
-        { WHOLE_TOO_SMALL, "whole", 64 * MiB, -EPROTO, "cannot serve the request", false },
+        { WHOLE_TOO_SMALL, "whole", 64 * MiB, -EPROTO, "cannot serve the request", true },
         { WHOLE_NO_FD, "whole", 64 * MiB, -EPROTO, "without its file descriptor", true },
         { WHOLE_SHORT, "whole", 64 * MiB, -EPROTO, "is not 67108864 bytes of memory", true },
         { WHOLE_SAME_ID, "whole", 64 * MiB, -EPROTO, "maps already", false },
@@ -261,8 +263,9 @@ START_TEST(test_wrong_lease_replies) {
         gpupool_last_error(c, err, sizeof(err));
         ck_assert_msg(r == cases[k].err && *err && strstr(err, cases[k].text), "case %d: %d (%s): %s", k, r, gpupool_strerror(r),
                       err);
-        ck_assert_msg(cases[k].returned ? f.seen->returned > 0 : f.seen->returned == 0, "case %d: %u segments returned", k,
-                      f.seen->returned);
+        /* Of a wrong reply, all it named; of the right one before it (WHOLE_SAME_ID), none. */
+        ck_assert_msg(f.seen->returned == (cases[k].returned ? f.seen->named : 0), "case %d: %u of %u segments returned", k,
+                      f.seen->returned, f.seen->named);
         if (p)
                 ck_assert_int_eq(gpupool_free(c, p), 0);
         gpupool_disconnect(c);
