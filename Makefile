@@ -16,7 +16,7 @@
 #   make bench-adopt          adoption after a daemon restart next to leasing the memory anew
 #   make bench-gpu            allocation latency: driver, driver pool, gpupool (needs a GPU)
 #   make bench-pending        allocation cost with 10,000 stream-ordered frees pending (GPU or fake driver)
-#   make bench-driver         each driver call of the stream-ordered path, and the capture rules (GPU or fake driver)
+#   make bench-driver         each driver call of the stream-ordered path, a granule move, the capture rules (GPU or fake driver)
 #   make gpu-validate         on a GPU machine: check-gpu, bench-gpu, bench-pending, bench-driver, bench-frameworks, logs in bench/results
 #   make STATIC=1             link libuv, protobuf-c, jansson, inih and Check statically
 #   make V=1                  show the commands
@@ -364,8 +364,9 @@ endef
 bench-pending: all $(BENCH_PENDING) $(FAKECUDA)
 	$(call bench_gpu_or_fake,$(BENCH_PENDING),pending)
 
-# What each driver call on the stream-ordered path costs, and what a graph capture forbids
-# (bench/bench_driver.c), on the GPU where nvidia-smi finds one, else on the fake driver.
+# What each driver call on the stream-ordered path costs, what a granule move costs on cuda-vmm,
+# and what a graph capture forbids (bench/bench_driver.c), on the GPU where nvidia-smi finds
+# one, else on the fake driver.
 bench-driver: all $(BENCH_DRIVER) $(FAKECUDA)
 	$(call bench_gpu_or_fake,$(BENCH_DRIVER),driver)
 
