@@ -193,6 +193,20 @@ static void park(struct session *s, uint64_t id, uint32_t device, uint64_t size,
 }
 
 /*
+ * Whether a lease of another session waits on device for memory that clients were asked to
+ * give back: what comes back is for it, so no one is given granules ahead meanwhile (they
+ * would take it, and the waiting lease would wait on, or fail, for memory nobody needed).
+ */
+static bool others_wait_for_memory(const struct session *s, uint32_t device) {
+        if (!s->node->parked)
+                return false;
+        SESSION_FOREACH(c, s->node)
+                if (c != s && c->parked && c->parked_device == device && !c->parked_zeroing)
+                        return true;
+        return false;
+}
+
+/*
  * A granule lease's n segments, all of them or none (those leased before one failed go back
  * to the cache), then up to ahead more as long as each fits at once (no one is asked for any,
  * nothing waits), into leases. Each may take what is left of headroom once those before it are
@@ -245,6 +259,8 @@ static bool lease_attempt(struct session *s, uint64_t id, uint32_t device, uint6
         pool_get_stats(node->pools[device], &st);
         policy_admit(&node->policy, s->tenant, s->limit_override_bytes, owner, device, &st, &adm);
         s->parked_zeroing = false;
+        if (ahead && others_wait_for_memory(s, device))
+                ahead = 0;
         r = granules ? lease_granules(node->pools[device], owner, granules, ahead, adm.headroom_bytes, leases) :
                        pool_lease(node->pools[device], owner, size, adm.headroom_bytes, &leases[0]);
         if (r > 0) {

@@ -741,6 +741,104 @@ START_TEST(test_lease_return_and_reclaim_by_bytes) {
 }
 END_TEST
 
+/*
+ * Memory given back for a lease that waits is that lease's: while it waits, another client's
+ * granule lease gets what it asks for, but nothing ahead, which would take what came back.
+ * The device: 64 MiB, a keeper holding two 20 MiB segments free, a filler the rest; a lease of
+ * 30 MiB waits, the keeper gives back one segment (not enough yet), a granule lease asks for 9
+ * more ahead, then the keeper gives back the other: the 30 MiB fit.
+ */
+START_TEST(test_granules_ahead_leave_a_waiting_lease_its_memory) {
+        Gpupool__Envelope env = GPUPOOL__ENVELOPE__INIT, *rep;
+        Gpupool__Hello hello = GPUPOOL__HELLO__INIT;
+        Gpupool__ReclaimReply answer = GPUPOOL__RECLAIM_REPLY__INIT;
+        Gpupool__LeaseRequest lr = GPUPOOL__LEASE_REQUEST__INIT;
+        Gpupool__StatusRequest sr = GPUPOOL__STATUS_REQUEST__INIT;
+        uint64_t seg[2], client_id;
+        int keeper, control, filler, needy, grabber, fds[GP_WIRE_MAX_FDS];
+        size_t nfds;
+        struct testd d;
+
+        start(&d, "[pool]\nreclaim_timeout = 20s\n", "64M");
+        hello.name = "keeper";
+        keeper = raw_hello_with(&d, &hello, &client_id);
+        for (int i = 0; i < 2; i++) {
+                rep = raw_lease(keeper, 0, 20 * MiB);
+                ck_assert_int_eq(rep->status, GPUPOOL__STATUS__STATUS_OK);
+                seg[i] = rep->lease_reply->segment_id;
+                gpupool__envelope__free_unpacked(rep, NULL);
+        }
+        hello.has_control_for = 1;
+        hello.control_for = client_id;
+        control = raw_hello_with(&d, &hello, NULL);
+        /* It holds both free, and says so. */
+        env.id = 3;
+        env.body_case = GPUPOOL__ENVELOPE__BODY_STATUS_REQUEST;
+        env.status_request = &sr;
+        rep = call_reporting(keeper, &env, 0, 40 * MiB);
+        ck_assert_int_eq(rep->status, GPUPOOL__STATUS__STATUS_OK);
+        gpupool__envelope__free_unpacked(rep, NULL);
+        env = (Gpupool__Envelope) GPUPOOL__ENVELOPE__INIT;
+        filler = raw_hello(&d, "filler");
+        rep = raw_lease(filler, 0, 24 * MiB);
+        ck_assert_int_eq(rep->status, GPUPOOL__STATUS__STATUS_OK);
+        gpupool__envelope__free_unpacked(rep, NULL);
+
+        /* 30 MiB more do not fit: the lease waits while the keeper is asked. */
+        needy = raw_hello(&d, "needy");
+        lr.size = 30 * MiB;
+        env.id = 2;
+        env.body_case = GPUPOOL__ENVELOPE__BODY_LEASE;
+        env.lease = &lr;
+        raw_send(needy, &env);
+        rep = raw_recv(control);
+        ck_assert_ptr_nonnull(rep);
+        ck_assert_int_eq(rep->body_case, GPUPOOL__ENVELOPE__BODY_RECLAIM);
+        gpupool__envelope__free_unpacked(rep, NULL);
+        /* One segment back, on its main connection: 20 MiB free, the lease still waits. */
+        rep = return_call(keeper, &seg[0], 1, 0, 20 * MiB);
+        ck_assert_int_eq(rep->status, GPUPOOL__STATUS__STATUS_OK);
+        gpupool__envelope__free_unpacked(rep, NULL);
+
+        /* A granule lease meanwhile: its granule, none of the 9 it asks for ahead. */
+        grabber = raw_hello(&d, "grabber");
+        rep = raw_lease_ahead(grabber, 0, 2 * MiB, true, 1, 9, fds, &nfds);
+        ck_assert_int_eq(rep->status, GPUPOOL__STATUS__STATUS_OK);
+        ck_assert_uint_eq(rep->lease_reply->n_more_segment_ids, 0);
+        ck_assert_uint_eq(nfds, 1);
+        close(fds[0]);
+        gpupool__envelope__free_unpacked(rep, NULL);
+
+        /* The other segment back, as the answer: the 30 MiB fit. */
+        answer.segment_ids = &seg[1];
+        answer.n_segment_ids = 1;
+        env = (Gpupool__Envelope) GPUPOOL__ENVELOPE__INIT;
+        env.version = GP_PROTOCOL_VERSION;
+        env.body_case = GPUPOOL__ENVELOPE__BODY_RECLAIM_REPLY;
+        env.reclaim_reply = &answer;
+        raw_send(control, &env);
+        rep = raw_recv(needy);
+        ck_assert_ptr_nonnull(rep);
+        ck_assert_msg(rep->status == GPUPOOL__STATUS__STATUS_OK, "%s", rep->error ? rep->error : "");
+        ck_assert_uint_eq(rep->lease_reply->segment_size, 30 * MiB);
+        gpupool__envelope__free_unpacked(rep, NULL);
+
+        /* Nobody waits now: granules come ahead again where they fit. */
+        rep = raw_lease_ahead(grabber, 0, 2 * MiB, true, 1, 1, fds, &nfds);
+        ck_assert_int_eq(rep->status, GPUPOOL__STATUS__STATUS_OK);
+        ck_assert_uint_eq(nfds, 2);
+        close(fds[0]);
+        close(fds[1]);
+        gpupool__envelope__free_unpacked(rep, NULL);
+        close(grabber);
+        close(needy);
+        close(filler);
+        close(control);
+        close(keeper);
+        stop(&d);
+}
+END_TEST
+
 START_TEST(test_trim_and_flush_tenant) {
         char cmd[512], out[1024];
         struct keeper k;
@@ -805,6 +903,7 @@ Suite *suite_tenants(void) {
         tcase_add_test(tc, test_reclaim_from_a_client_that_makes_no_call);
         tcase_add_test(tc, test_reclaim_times_out_and_says_so);
         tcase_add_test(tc, test_lease_return_and_reclaim_by_bytes);
+        tcase_add_test(tc, test_granules_ahead_leave_a_waiting_lease_its_memory);
         tcase_add_test(tc, test_trim_and_flush_tenant);
         tcase_set_timeout(tc, 120);
         suite_add_tcase(s, tc);
