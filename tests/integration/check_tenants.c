@@ -471,6 +471,18 @@ static Gpupool__Envelope *return_call(int sock, uint64_t *ids, size_t n, uint64_
         return raw_return(sock, ids, n, &u);
 }
 
+/* Raw protocol: sends a lease of size bytes on device 0 and leaves its answer to be read later. */
+static void lease_without_waiting(int sock, uint64_t size) {
+        Gpupool__LeaseRequest lr = GPUPOOL__LEASE_REQUEST__INIT;
+        Gpupool__Envelope req = GPUPOOL__ENVELOPE__INIT;
+
+        lr.size = size;
+        req.id = 2;
+        req.body_case = GPUPOOL__ENVELOPE__BODY_LEASE;
+        req.lease = &lr;
+        raw_send(sock, &req);
+}
+
 /* Raw protocol: a client that holds a segment free, and a control channel that never answers. */
 static int silent_keeper(struct testd *d, uint64_t size, int *ret_control) {
         Gpupool__Envelope env = GPUPOOL__ENVELOPE__INIT, *rep;
@@ -676,16 +688,7 @@ START_TEST(test_lease_return_and_reclaim_by_bytes) {
 
         /* 30 MiB leased, 2 MiB cached, 64 MiB in all: 40 more do not fit without it. */
         needy = raw_hello(&d, "needy");
-        {
-                Gpupool__LeaseRequest lr = GPUPOOL__LEASE_REQUEST__INIT;
-                Gpupool__Envelope req = GPUPOOL__ENVELOPE__INIT;
-
-                lr.size = 40 * MiB;
-                req.id = 2;
-                req.body_case = GPUPOOL__ENVELOPE__BODY_LEASE;
-                req.lease = &lr;
-                raw_send(needy, &req);
-        }
+        lease_without_waiting(needy, 40 * MiB);
         rep = raw_recv(control);
         ck_assert_ptr_nonnull(rep);
         ck_assert_int_eq(rep->body_case, GPUPOOL__ENVELOPE__BODY_RECLAIM);
@@ -752,7 +755,6 @@ START_TEST(test_granules_ahead_leave_a_waiting_lease_its_memory) {
         Gpupool__Envelope env = GPUPOOL__ENVELOPE__INIT, *rep;
         Gpupool__Hello hello = GPUPOOL__HELLO__INIT;
         Gpupool__ReclaimReply answer = GPUPOOL__RECLAIM_REPLY__INIT;
-        Gpupool__LeaseRequest lr = GPUPOOL__LEASE_REQUEST__INIT;
         Gpupool__StatusRequest sr = GPUPOOL__STATUS_REQUEST__INIT;
         uint64_t seg[2], client_id;
         int keeper, control, filler, needy, grabber, fds[GP_WIRE_MAX_FDS];
@@ -786,11 +788,7 @@ START_TEST(test_granules_ahead_leave_a_waiting_lease_its_memory) {
 
         /* 30 MiB more do not fit: the lease waits while the keeper is asked. */
         needy = raw_hello(&d, "needy");
-        lr.size = 30 * MiB;
-        env.id = 2;
-        env.body_case = GPUPOOL__ENVELOPE__BODY_LEASE;
-        env.lease = &lr;
-        raw_send(needy, &env);
+        lease_without_waiting(needy, 30 * MiB);
         rep = raw_recv(control);
         ck_assert_ptr_nonnull(rep);
         ck_assert_int_eq(rep->body_case, GPUPOOL__ENVELOPE__BODY_RECLAIM);
