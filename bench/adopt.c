@@ -40,6 +40,7 @@
 
 #include "conn.h"
 #include "gpupool.h"
+#include "measure.h"
 #include "private_daemon.h"
 
 #define MiB (1ULL << 20)
@@ -53,10 +54,7 @@ static const char *build = "build";
 static pid_t daemon_pid;
 
 static double now_ms(void) {
-        struct timespec ts;
-
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        return (double) ts.tv_sec * 1e3 + (double) ts.tv_nsec / 1e6;
+        return now_ns() / 1e6;
 }
 
 static void die(const char *what, const char *why) {
@@ -273,17 +271,6 @@ static double first_in_new_process(size_t n) {
         return ms;
 }
 
-static int cmp_double(const void *a, const void *b) {
-        double x = *(const double *) a, y = *(const double *) b;
-
-        return (x > y) - (x < y);
-}
-
-static double median(double *v, int n) {
-        qsort(v, (size_t) n, sizeof(*v), cmp_double);
-        return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
-
 int main(int argc, char **argv) {
         static const struct option opts[] = {
                 { "build", required_argument, NULL, 'b' }, { "runs", required_argument, NULL, 'r' },
@@ -338,10 +325,10 @@ int main(int argc, char **argv) {
                         resumes[i] = resume_run(n);
                         firsts[i] = first_in_new_process(n);
                 }
-                l = median(leases, runs);
-                a = median(adopts, runs);
-                printf("%6zu MiB %9zu %12.2f %12.2f %8.2f %14.1f %13.2f\n", mib, n, l, a, a / l, median(resumes, runs),
-                       median(firsts, runs));
+                l = median(leases, (size_t) runs);
+                a = median(adopts, (size_t) runs);
+                printf("%6zu MiB %9zu %12.2f %12.2f %8.2f %14.1f %13.2f\n", mib, n, l, a, a / l,
+                       median(resumes, (size_t) runs), median(firsts, (size_t) runs));
                 fflush(stdout);
         }
         kill(daemon_pid, SIGTERM);

@@ -116,8 +116,7 @@ static void time_call(const char *name, gp_cu_result (*fn)(void)) {
                 }
                 r[k] = (now_ns() - t) / calls;
         }
-        qsort(r, rounds, sizeof(*r), cmp_double);
-        printf("%-48s %8.0f ns\n", name, r[rounds / 2]);
+        printf("%-48s %8.0f ns\n", name, median(r, rounds));
         free(r);
 }
 
@@ -177,10 +176,15 @@ static void *holder_let_go_later(void *arg) {
         return NULL;
 }
 
-/* Moves granule g from place at[from] to at[!from] of a reserved range, each call's ns added to t[3]. */
+/* The granule: device 0's memory, exportable as a descriptor (as gpupoold makes it), read and written by device 0. */
+static const gp_cu_mem_prop granule_prop = { .type = GP_CU_MEM_ALLOCATION_TYPE_PINNED,
+                                             .requested_handle_types = GP_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+                                             .location = { GP_CU_MEM_LOCATION_TYPE_DEVICE, 0 } };
+static const gp_cu_mem_access_desc granule_rw = { .location = { GP_CU_MEM_LOCATION_TYPE_DEVICE, 0 },
+                                                  .flags = GP_CU_MEM_ACCESS_FLAGS_PROT_READWRITE };
+
+/* Moves granule g from place at[from] to at[!from] of a reserved range, each call's ns into t[3]. */
 static gp_cu_result move_granule(gp_cu_mem_handle g, const gp_cu_deviceptr at[2], int from, size_t size, double t[3]) {
-        gp_cu_mem_access_desc rw = { .location = { GP_CU_MEM_LOCATION_TYPE_DEVICE, 0 },
-                                     .flags = GP_CU_MEM_ACCESS_FLAGS_PROT_READWRITE };
         gp_cu_result r;
         double t0 = now_ns(), t1, t2;
 
@@ -190,24 +194,15 @@ static gp_cu_result move_granule(gp_cu_mem_handle g, const gp_cu_deviceptr at[2]
                 r = cu.cuMemMap(at[!from], size, 0, g, 0);
         t2 = now_ns();
         if (r == GP_CUDA_SUCCESS)
-                r = cu.cuMemSetAccess(at[!from], size, &rw, 1);
+                r = cu.cuMemSetAccess(at[!from], size, &granule_rw, 1);
         t[0] = t1 - t0;
         t[1] = t2 - t1;
         t[2] = now_ns() - t2;
         return r;
 }
 
-static double median(double *v, size_t n) {
-        qsort(v, n, sizeof(*v), cmp_double);
-        return v[n / 2];
-}
-
 static void granule_moves(void) {
         static const char *const names[3] = { "cuMemUnmap", "cuMemMap", "cuMemSetAccess" };
-        gp_cu_mem_prop prop = { .type = GP_CU_MEM_ALLOCATION_TYPE_PINNED,
-                                .requested_handle_types = GP_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
-                                .location = { GP_CU_MEM_LOCATION_TYPE_DEVICE, 0 } };
-        gp_cu_mem_access_desc rw = { .location = prop.location, .flags = GP_CU_MEM_ACCESS_FLAGS_PROT_READWRITE };
         double *t[3] = { calloc(moves, sizeof(double)), calloc(moves, sizeof(double)), calloc(moves, sizeof(double)) };
         double held[HELD_MOVES], one[3];
         gp_cu_deviceptr base = 0, at[2], work = 0;
@@ -221,15 +216,15 @@ static void granule_moves(void) {
 
 #define TRY(call) do { if ((r = (call)) != GP_CUDA_SUCCESS) { \
                 printf("granule moves: %s: %s\n", #call, gp_cuda_error_name(&cu, r)); goto out; } } while (0)
-        TRY(cu.cuMemGetAllocationGranularity(&size, &prop, GP_CU_MEM_ALLOC_GRANULARITY_MINIMUM));
+        TRY(cu.cuMemGetAllocationGranularity(&size, &granule_prop, GP_CU_MEM_ALLOC_GRANULARITY_MINIMUM));
         if (size < (2u << 20))
                 size = 2u << 20;        /* what gpupool's granule is */
-        TRY(cu.cuMemCreate(&g, size, &prop, 0));
+        TRY(cu.cuMemCreate(&g, size, &granule_prop, 0));
         TRY(cu.cuMemAddressReserve(&base, 2 * size, 0, 0, 0));
         at[0] = base;
         at[1] = base + size;
         TRY(cu.cuMemMap(at[0], size, 0, g, 0));
-        TRY(cu.cuMemSetAccess(at[0], size, &rw, 1));
+        TRY(cu.cuMemSetAccess(at[0], size, &granule_rw, 1));
         for (k = 0; k < moves; k++, from = !from) {
                 TRY(move_granule(g, at, from, size, one));
                 for (int c = 0; c < 3; c++)

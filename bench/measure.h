@@ -22,4 +22,10 @@ static inline int cmp_double(const void *a, const void *b) {
         return x < y ? -1 : x > y;
 }
 
+/* The median of v's n values (n at least 1), which it sorts. */
+static inline double median(double *v, size_t n) {
+        qsort(v, n, sizeof(*v), cmp_double);
+        return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
 #endif

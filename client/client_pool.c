@@ -196,14 +196,17 @@ uint64_t client_pool_free_bytes(gpupool_client *c) {
 static int daemon_gone_error(gpupool_client *c) {
         bool refused = c->resume_refused, closed = __atomic_load_n(&c->daemon_gone, __ATOMIC_ACQUIRE) ||
                                                    c->conn.broke_with == -ECONNRESET;
-        const char *why = refused ? "gpupoold came back with other devices (or another backend) than this process holds "
-                                    "memory of, so it cannot adopt that memory" :
-                          closed ? "gpupoold is gone (or the connection to it is)" :
-                          c->conn.broke_with == -ETIMEDOUT ? "the connection to gpupoold is given up: it did not answer in "
-                                                             "time ($GPUPOOL_TIMEOUT)" :
-                          c->conn.broke_with == -EPROTO ? "the connection to gpupoold is given up: it sent a message this "
-                                                          "version cannot read" :
-                                                          "the connection to gpupoold is given up: it refused this process";
+        const char *why = "gpupoold is gone (or the connection to it is)";
+
+        if (refused)
+                why = "gpupoold came back with other devices (or another backend) than this process holds memory of, so it "
+                      "cannot adopt that memory";
+        else if (!closed && c->conn.broke_with == -ETIMEDOUT)
+                why = "the connection to gpupoold is given up: it did not answer in time ($GPUPOOL_TIMEOUT)";
+        else if (!closed && c->conn.broke_with == -EPROTO)
+                why = "the connection to gpupoold is given up: it sent a message this version cannot read";
+        else if (!closed)
+                why = "the connection to gpupoold is given up: it refused this process";
 
         if (client_memory_lost(c))
                 client_set_error(c, "%s; gpupool_reconnect() starts anew", why);

@@ -163,9 +163,7 @@ int client_resume(gpupool_client *c, struct gp_conn *conn, Gpupool__Envelope *he
         /* The next lease says so (daemon_gone_error()); the thread tries again, for a daemon after this one. */
         c->resume_refused = !same;
         if (!same) {
-                gp_conn_close(&c->conn);
-                c->conn.broke_with = -ECONNRESET;
-                __atomic_store_n(&c->conn.broken, true, __ATOMIC_RELAXED);
+                gp_conn_give_up(&c->conn, -ECONNRESET);
                 return -ECONNRESET;
         }
         if ((r = adopt_all(c)) < 0)

@@ -196,3 +196,8 @@ void gp_conn_close(struct gp_conn *c) {
                 close(c->sock);
         c->sock = -1;
 }
+
+void gp_conn_give_up(struct gp_conn *c, int r) {
+        gp_conn_close(c);
+        (void) break_with(c, r);
+}

@@ -60,4 +60,7 @@ int gp_conn_call_passing(struct gp_conn *c, Gpupool__Envelope *req, const int *f
 /* Closes the socket. Safe to call twice. */
 void gp_conn_close(struct gp_conn *c);
 
+/* Closes the socket and marks c broken by errno r (-ECONNRESET: as if the daemon had closed it). */
+void gp_conn_give_up(struct gp_conn *c, int r);
+
 #endif

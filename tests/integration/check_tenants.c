@@ -483,27 +483,33 @@ static void lease_without_waiting(int sock, uint64_t size) {
         raw_send(sock, &req);
 }
 
-/* Raw protocol: a client that holds a segment free, and a control channel that never answers. */
-static int silent_keeper(struct testd *d, uint64_t size, int *ret_control) {
+/*
+ * Raw protocol: a client named name that leases n segments of size bytes (their ids into ids,
+ * when given) and says it holds them all free, and its control channel, said hello to, which
+ * the caller reads, or never does.
+ */
+static int raw_keeper(struct testd *d, const char *name, uint64_t size, unsigned n, uint64_t *ids, int *ret_control) {
         Gpupool__Envelope env = GPUPOOL__ENVELOPE__INIT, *rep;
         Gpupool__Hello hello = GPUPOOL__HELLO__INIT;
         Gpupool__StatusRequest sr = GPUPOOL__STATUS_REQUEST__INIT;
         uint64_t client_id;
         int sock;
 
-        hello.name = "silent";
+        hello.name = (char *) name;
         sock = raw_hello_with(d, &hello, &client_id);
-        rep = raw_lease(sock, 0, size);
-        ck_assert_int_eq(rep->status, GPUPOOL__STATUS__STATUS_OK);
-        gpupool__envelope__free_unpacked(rep, NULL);
-        /* It says it holds all of it free. */
+        for (unsigned i = 0; i < n; i++) {
+                rep = raw_lease(sock, 0, size);
+                ck_assert_int_eq(rep->status, GPUPOOL__STATUS__STATUS_OK);
+                if (ids)
+                        ids[i] = rep->lease_reply->segment_id;
+                gpupool__envelope__free_unpacked(rep, NULL);
+        }
         env.id = 3;
         env.body_case = GPUPOOL__ENVELOPE__BODY_STATUS_REQUEST;
         env.status_request = &sr;
-        rep = call_reporting(sock, &env, 0, size);
+        rep = call_reporting(sock, &env, 0, n * size);
         ck_assert_int_eq(rep->status, GPUPOOL__STATUS__STATUS_OK);
         gpupool__envelope__free_unpacked(rep, NULL);
-        /* Its control channel: said hello to, never read again. */
         hello.has_control_for = 1;
         hello.control_for = client_id;
         *ret_control = raw_hello_with(d, &hello, NULL);
@@ -519,7 +525,7 @@ START_TEST(test_reclaim_times_out_and_says_so) {
         void *p;
 
         start(&d, "[pool]\nreclaim_timeout = 300ms\n", "64M");
-        sock = silent_keeper(&d, 40 * MiB, &control);
+        sock = raw_keeper(&d, "silent", 40 * MiB, 1, NULL, &control);     /* its control channel never answers */
         ck_assert_int_eq(gpupool_connect(d.sock, "needy", &c), 0);
         t0 = now_s();
         ck_assert_int_eq(gpupool_alloc(c, 0, 40 * MiB, &p), -ENOMEM);
@@ -753,34 +759,14 @@ END_TEST
  */
 START_TEST(test_granules_ahead_leave_a_waiting_lease_its_memory) {
         Gpupool__Envelope env = GPUPOOL__ENVELOPE__INIT, *rep;
-        Gpupool__Hello hello = GPUPOOL__HELLO__INIT;
         Gpupool__ReclaimReply answer = GPUPOOL__RECLAIM_REPLY__INIT;
-        Gpupool__StatusRequest sr = GPUPOOL__STATUS_REQUEST__INIT;
-        uint64_t seg[2], client_id;
+        uint64_t seg[2];
         int keeper, control, filler, needy, grabber, fds[GP_WIRE_MAX_FDS];
         size_t nfds;
         struct testd d;
 
         start(&d, "[pool]\nreclaim_timeout = 20s\n", "64M");
-        hello.name = "keeper";
-        keeper = raw_hello_with(&d, &hello, &client_id);
-        for (int i = 0; i < 2; i++) {
-                rep = raw_lease(keeper, 0, 20 * MiB);
-                ck_assert_int_eq(rep->status, GPUPOOL__STATUS__STATUS_OK);
-                seg[i] = rep->lease_reply->segment_id;
-                gpupool__envelope__free_unpacked(rep, NULL);
-        }
-        hello.has_control_for = 1;
-        hello.control_for = client_id;
-        control = raw_hello_with(&d, &hello, NULL);
-        /* It holds both free, and says so. */
-        env.id = 3;
-        env.body_case = GPUPOOL__ENVELOPE__BODY_STATUS_REQUEST;
-        env.status_request = &sr;
-        rep = call_reporting(keeper, &env, 0, 40 * MiB);
-        ck_assert_int_eq(rep->status, GPUPOOL__STATUS__STATUS_OK);
-        gpupool__envelope__free_unpacked(rep, NULL);
-        env = (Gpupool__Envelope) GPUPOOL__ENVELOPE__INIT;
+        keeper = raw_keeper(&d, "keeper", 20 * MiB, 2, seg, &control);
         filler = raw_hello(&d, "filler");
         rep = raw_lease(filler, 0, 24 * MiB);
         ck_assert_int_eq(rep->status, GPUPOOL__STATUS__STATUS_OK);
@@ -810,7 +796,6 @@ START_TEST(test_granules_ahead_leave_a_waiting_lease_its_memory) {
         /* The other segment back, as the answer: the 30 MiB fit. */
         answer.segment_ids = &seg[1];
         answer.n_segment_ids = 1;
-        env = (Gpupool__Envelope) GPUPOOL__ENVELOPE__INIT;
         env.version = GP_PROTOCOL_VERSION;
         env.body_case = GPUPOOL__ENVELOPE__BODY_RECLAIM_REPLY;
         env.reclaim_reply = &answer;
