@@ -16,8 +16,9 @@
  * Per trace and way it prints:
  *
  *   ops           operations in the trace;
- *   round trips   requests the handle sent the daemon (gpupool_stats().round_trips, the hello
- *                 included), over the whole trace and over its second half;
+ *   round trips   the times the handle waited for the daemon (gpupool_stats().round_trips, the
+ *                 hello included; a block's granule leases sent together count once), over
+ *                 the whole trace and over its second half;
  *   imports       segments the process mapped (segments_imported: on a GPU each is a
  *                 cuIpcOpenMemHandle), likewise;
  *   ns/op         median and p99 of one operation (an alloc or a free), CLOCK_MONOTONIC;

@@ -66,7 +66,7 @@ static int session_open(gpupool_client *c) {
         }
         __atomic_store_n(&c->cuda, cuda, __ATOMIC_RELEASE);     /* gpupool_free_async() reads it unlocked */
         client_id = hello->hello_reply->client_id;
-        c->round_trips = c->conn.calls;
+        c->round_trips = c->conn.trips;
         r = c->cuda ? client_cuda_setup(c, hello->hello_reply) : 0;
         gpupool__envelope__free_unpacked(hello, NULL);
         /* Before the control thread starts: the process may have one thread yet, and then growing costs no wait. */

@@ -138,7 +138,7 @@ struct gpupool_client {
         struct gp_conn conn;
         bool conn_busy;
         pthread_cond_t conn_idle;       /* signalled when conn_busy clears */
-        uint64_t round_trips;           /* conn.calls as of the latest call's end */
+        uint64_t round_trips;           /* conn.trips as of the latest call's end */
         char error[GP_MAX_ERROR_BYTES]; /* why the latest call failed (gpupool_last_error()) */
         char socket_path[108];          /* as given to connect, for reconnect ("" = the default) */
         char name[64];

@@ -22,12 +22,22 @@
 #include "client_tcache.h"
 
 /*
- * A granule lease asks for up to held / this many granules more than the block lacks (where
- * the daemon has them at once), so that a growing process needs fewer round trips. 128 keeps
- * what is held ahead under 0.8% of what is held: bench-replay measured it against 16, 32,
- * 64 and 256, and 128 is the least that keeps every trace at 1.05 or less held per byte in use.
+ * A granule lease asks for up to this fraction of what the process will hold more than the
+ * block lacks (where the daemon has them at once), so that a growing process needs fewer
+ * round trips. 128 keeps what is held ahead under 0.8% of what is held: bench-replay measured
+ * it against 16, 32, 64 and 256, and 128 is the least that keeps every trace at 1.05 or less
+ * held per byte in use.
  */
 #define LEASE_AHEAD_DIVISOR 128
+
+/*
+ * A block of more granules than one lease brings (GP_MAX_LEASE_GRANULES, a packet's worth of
+ * descriptors) sends its leases back to back, at most this many unanswered (4 GiB of granules),
+ * and reads their replies as they come: one round trip, however large the block. The daemon
+ * answers in order, one request per turn of its loop, and its replies (a packet each) fit the
+ * socket while it sends them.
+ */
+#define LEASE_PIPELINE 16
 
 /* What the pool holds free on device d that it could give back whole: empty segments, or granules no block touches. */
 static uint64_t held_free(gpupool_client *c, unsigned d) {
@@ -247,31 +257,64 @@ static int lease_call(gpupool_client *c, unsigned d, uint64_t size, uint32_t gra
         return r < 0 && r != -ETIMEDOUT && r != -EPROTO && client_daemon_gone(c) ? daemon_gone_error(c) : r;
 }
 
-/*
- * After a lease reply it refused (client_set_error() said why): the segments it names that
- * this process does not hold go back, since the daemon counts them leased to it; one it holds
- * already stays its own. Locked.
- */
-static void return_refused(gpupool_client *c, const Gpupool__LeaseReply *l) {
-        uint64_t ids[CLIENT_RETURN_BATCH];
+/* Segment ids gathered to give back once the connection is free again, the latest failure's sentence kept. */
+struct give_back {
+        uint64_t *ids;
+        size_t n, cap;
+        size_t lost;            /* ids there was no memory to remember */
+};
+
+static void give_back_add(struct give_back *b, uint64_t id) {
+        if (b->n == b->cap) {
+                size_t cap = b->cap ? 2 * b->cap : CLIENT_RETURN_BATCH;
+                uint64_t *ids = realloc(b->ids, cap * sizeof(*ids));
+
+                if (!ids) {
+                        b->lost++;
+                        return;
+                }
+                b->ids = ids;
+                b->cap = cap;
+        }
+        b->ids[b->n++] = id;
+}
+
+/* Gives the ids back (the connection free, locked) and frees them; c->error stays what it was. */
+static void give_back_send(gpupool_client *c, struct give_back *b) {
         char why[sizeof(c->error)];
-        size_t n = 0;
 
         snprintf(why, sizeof(why), "%s", c->error);
+        for (size_t i = 0; i < b->n; i += CLIENT_RETURN_BATCH)
+                (void) client_pool_return(c, b->ids + i, b->n - i < CLIENT_RETURN_BATCH ? b->n - i : CLIENT_RETURN_BATCH);
+        if (b->lost)
+                client_set_error(c, "%s (and %zu segments the daemon counts as this process's could not be given back: "
+                                    "out of memory)", why, b->lost);
+        else
+                client_set_error(c, "%s", why);
+        free(b->ids);
+        *b = (struct give_back) { 0 };
+}
+
+/*
+ * After a lease reply it refused (client_set_error() said why): the segments it names that
+ * this process does not hold are to go back, since the daemon counts them leased to it; one
+ * it holds already stays its own. Locked.
+ */
+static void refused_segments(gpupool_client *c, const Gpupool__LeaseReply *l, struct give_back *b) {
         for (size_t i = 0; i <= l->n_more_segment_ids; i++) {
                 uint64_t id = i ? l->more_segment_ids[i - 1] : l->segment_id;
 
-                if (client_mapping_by_id(c, id) || client_grow_holds(c, id))
-                        continue;
-                ids[n++] = id;
-                if (n == CLIENT_RETURN_BATCH) {
-                        (void) client_pool_return(c, ids, n);
-                        n = 0;
-                }
+                if (!client_mapping_by_id(c, id) && !client_grow_holds(c, id))
+                        give_back_add(b, id);
         }
-        if (n)
-                (void) client_pool_return(c, ids, n);
-        client_set_error(c, "%s", why);        /* the refusal's reason, not the return's */
+}
+
+/* The same, given back at once. Locked. */
+static void return_refused(gpupool_client *c, const Gpupool__LeaseReply *l) {
+        struct give_back b = { 0 };
+
+        refused_segments(c, l, &b);
+        give_back_send(c, &b);
 }
 
 /*
@@ -320,43 +363,158 @@ out:
         return r;
 }
 
+/* A block's granule leases (lease_granules()): requests sent and replies read, and what came. */
+struct lease_pipe {
+        unsigned d;
+        uint64_t n, ahead;              /* granules asked, and up to ahead more with the last request */
+        uint64_t requests, sent, read;
+        uint64_t obtained;              /* granules that came, taken as spares */
+        int r;                          /* the first failure (0: none), its sentence in c->error */
+        struct give_back back;          /* segments of replies refused, to go back after */
+};
+
+/* Request i's granules, and how many more it asks ahead (the last only, as far as a packet's descriptors go). */
+static uint64_t pipe_batch(const struct lease_pipe *p, uint64_t i, uint64_t *ret_ahead) {
+        uint64_t batch = i + 1 < p->requests ? GP_MAX_LEASE_GRANULES : p->n - i * GP_MAX_LEASE_GRANULES;
+
+        *ret_ahead = i + 1 < p->requests ? 0 : p->ahead < GP_MAX_LEASE_GRANULES - batch ? p->ahead :
+                                                                                       GP_MAX_LEASE_GRANULES - batch;
+        return batch;
+}
+
+/* The first failure is the one the caller reports. Locked. */
+static void pipe_fail(gpupool_client *c, struct lease_pipe *p, int r, const char *why) {
+        if (p->r)
+                return;
+        p->r = r;
+        if (why)
+                client_set_error(c, "%s", why);
+}
+
 /*
- * Leases n granules on device d, and up to ahead more where the daemon has them at once (n +
- * ahead at most GP_MAX_LEASE_GRANULES), as spares of its ranges. Returns how many came, or a
- * negative errno with the error set. Locked.
+ * Sends the pipe's next requests, as many as LEASE_PIPELINE lets be unanswered, the first
+ * with the usage u (n_usage of it). Stops at a failure: none goes after one. Unlocked, the
+ * connection lent to this thread.
  */
-static int lease_granules(gpupool_client *c, unsigned d, uint64_t n, uint64_t ahead) {
-        uint64_t ids[GP_MAX_LEASE_GRANULES];
-        int fds[GP_MAX_LEASE_GRANULES];
-        const Gpupool__LeaseReply *l;
-        Gpupool__Envelope *rep;
-        size_t nfds, got;
+static int pipe_send(gpupool_client *c, struct lease_pipe *p, Gpupool__Usage **u, size_t n_usage) {
+        while (p->sent < p->requests && p->sent - p->read < LEASE_PIPELINE) {
+                Gpupool__Envelope req = GPUPOOL__ENVELOPE__INIT;
+                Gpupool__LeaseRequest lr = GPUPOOL__LEASE_REQUEST__INIT;
+                uint64_t ahead, batch = pipe_batch(p, p->sent, &ahead);
+                int r;
+
+                lr.device = p->d;
+                lr.size = GP_GRANULE_BYTES;
+                lr.has_granules = true;
+                lr.granules = (uint32_t) batch;
+                lr.has_granules_ahead = ahead != 0;
+                lr.granules_ahead = (uint32_t) ahead;
+                req.body_case = GPUPOOL__ENVELOPE__BODY_LEASE;
+                req.lease = &lr;
+                if (p->sent == 0) {
+                        req.n_usage = n_usage;
+                        req.usage = u;
+                }
+                if ((r = gp_conn_send(&c->conn, &req)) < 0)
+                        return r;
+                p->sent++;
+        }
+        return 0;
+}
+
+/* Takes reply rep of request p->read - 1 (nfds descriptors in fds): its granules become spares. Locked. */
+static void pipe_take(gpupool_client *c, struct lease_pipe *p, Gpupool__Envelope *rep, int *fds, size_t nfds) {
+        const Gpupool__LeaseReply *l = rep->lease_reply;
+        uint64_t ids[GP_MAX_LEASE_GRANULES], ahead, n = pipe_batch(p, p->read - 1, &ahead);
+        size_t got = 1 + l->n_more_segment_ids;
+        char why[sizeof(c->error)];
         int r;
 
-        r = lease_call(c, d, GP_GRANULE_BYTES, (uint32_t) n, (uint32_t) ahead, &rep, fds, GP_MAX_LEASE_GRANULES, &nfds);
-        if (r < 0)
-                return r;
-        l = rep->lease_reply;
-        got = 1 + l->n_more_segment_ids;
         if (l->segment_size != GP_GRANULE_BYTES || got < n || got > n + ahead || nfds != got) {
                 for (size_t i = 0; i < nfds; i++)
                         close(fds[i]);
-                client_set_error(c, "gpupoold answered a lease of %llu granules (and up to %llu more) with %zu segments "
-                                    "of %llu bytes and %zu descriptors", (unsigned long long) n,
-                                 (unsigned long long) ahead, got, (unsigned long long) l->segment_size, nfds);
-                return_refused(c, l);
-                gpupool__envelope__free_unpacked(rep, NULL);
-                return -EPROTO;
+                snprintf(why, sizeof(why), "gpupoold answered a lease of %llu granules (and up to %llu more) with %zu "
+                         "segments of %llu bytes and %zu descriptors", (unsigned long long) n, (unsigned long long) ahead,
+                         got, (unsigned long long) l->segment_size, nfds);
+                pipe_fail(c, p, -EPROTO, why);
+                refused_segments(c, l, &p->back);
+                return;
         }
         for (size_t i = 0; i < got; i++)
                 ids[i] = i ? l->more_segment_ids[i - 1] : l->segment_id;
-        gpupool__envelope__free_unpacked(rep, NULL);
-        r = client_grow_adopt(c, d, ids, fds, got);
+        r = client_grow_adopt(c, p->d, ids, fds, got);
         if (r < 0) {
-                (void) client_pool_return(c, ids, got);   /* never mapped: the daemon takes them back */
-                return r;
+                /* Never mapped: the daemon takes them back. */
+                snprintf(why, sizeof(why), "%s", c->error);
+                pipe_fail(c, p, r, why);
+                for (size_t i = 0; i < got; i++)
+                        give_back_add(&p->back, ids[i]);
+                return;
         }
-        return (int) got;
+        p->obtained += got;
+}
+
+/*
+ * Leases n granules on device d, and up to ahead more where the daemon has them at once, as
+ * spares of its ranges: a request per GP_MAX_LEASE_GRANULES, sent back to back
+ * (LEASE_PIPELINE), the lock let go while they are out. After a failure no request more
+ * goes, the replies of those out are read, and what they bring is a spare too (the caller
+ * gives them back). Returns 0 or the first failure's negative errno with the error set;
+ * *ret_obtained says how many came either way. Locked.
+ */
+static int lease_granules(gpupool_client *c, unsigned d, uint64_t n, uint64_t ahead, uint64_t *ret_obtained) {
+        struct lease_pipe p = { .d = d, .n = n, .ahead = ahead, .requests = (n + GP_MAX_LEASE_GRANULES - 1) / GP_MAX_LEASE_GRANULES };
+        Gpupool__Usage u[CLIENT_MAX_DEVICES], *ptrs[CLIENT_MAX_DEVICES];
+        size_t n_usage;
+
+        *ret_obtained = 0;
+        if (client_daemon_gone(c))
+                return daemon_gone_error(c);
+        client_conn_wait(c);
+        n_usage = client_pool_usage(c, u, ptrs);
+        c->conn_busy = true;
+        while (p.read < p.sent || (!p.r && p.sent < p.requests)) {
+                int fds[GP_MAX_LEASE_GRANULES];
+                Gpupool__Envelope *rep = NULL;
+                size_t nfds = 0;
+                bool reading;
+                int rs = 0, r = 0;
+
+                pthread_mutex_unlock(&c->lock);
+                if (!p.r)
+                        rs = pipe_send(c, &p, ptrs, n_usage);
+                reading = p.read < p.sent;
+                if (reading)
+                        r = gp_conn_reply_fds(&c->conn, GPUPOOL__ENVELOPE__BODY_LEASE_REPLY, &rep, fds,
+                                              GP_MAX_LEASE_GRANULES, &nfds);
+                pthread_mutex_lock(&c->lock);
+                if (rs < 0)
+                        pipe_fail(c, &p, rs, c->conn.error);
+                if (!reading)
+                        continue;       /* nothing went: the failure ends the loop */
+                if (r < 0 && c->conn.broken) {
+                        /* No reply more can be read; what the daemon leased it counts until this handle starts anew. */
+                        pipe_fail(c, &p, r, c->conn.error);
+                        break;
+                }
+                p.read++;
+                if (r < 0)
+                        pipe_fail(c, &p, r, c->conn.error);     /* refused: the others' replies come still */
+                else
+                        pipe_take(c, &p, rep, fds, nfds);
+                if (rep)
+                        gpupool__envelope__free_unpacked(rep, NULL);
+        }
+        c->conn_busy = false;
+        pthread_cond_broadcast(&c->conn_idle);
+        c->round_trips = c->conn.trips;
+        if (p.back.n || p.back.lost)
+                give_back_send(c, &p.back);
+        *ret_obtained = p.obtained;
+        /* The daemon found gone says so; a timeout and a reply out of step keep their own. */
+        if (p.r < 0 && p.r != -ETIMEDOUT && p.r != -EPROTO && client_daemon_gone(c))
+                return daemon_gone_error(c);
+        return p.r;
 }
 
 /*
@@ -376,7 +534,7 @@ static void return_leased(gpupool_client *c, unsigned d, uint64_t size, uint64_t
                 (void) client_pool_return(c, ids, back);
         }
         client_set_error(c, "cannot allocate %llu bytes on device %u (%llu more granules than it had leased, asked for "
-                            "up to %d at a time): %s", (unsigned long long) size, d, (unsigned long long) lacking,
+                            "in leases of up to %d): %s", (unsigned long long) size, d, (unsigned long long) lacking,
                          GP_MAX_LEASE_GRANULES, why);
 }
 
@@ -391,8 +549,7 @@ static int grow_map_block(gpupool_client *c, unsigned d, struct heap_block *hb) 
         int r;
 
         while ((n = client_grow_shortfall(c, hb))) {
-                uint64_t batch = n < GP_MAX_LEASE_GRANULES ? n : GP_MAX_LEASE_GRANULES;
-                uint64_t ahead = client_grow_held(c, d) / LEASE_AHEAD_DIVISOR;
+                uint64_t got;
 
                 if (!drained) {
                         /* Blocks the threads' caches park, and stream-ordered frees done, may leave granules idle. */
@@ -402,15 +559,13 @@ static int grow_map_block(gpupool_client *c, unsigned d, struct heap_block *hb) 
                                 (void) client_stream_reap(c, false);
                         continue;
                 }
-                if (ahead > GP_MAX_LEASE_GRANULES - batch)
-                        ahead = GP_MAX_LEASE_GRANULES - batch;
-                r = lease_granules(c, d, batch, ahead);
+                r = lease_granules(c, d, n, (client_grow_held(c, d) + n) / LEASE_AHEAD_DIVISOR, &got);
                 if (r < 0) {
-                        if (obtained)
-                                return_leased(c, d, hb->size, n + obtained, obtained);
+                        if (obtained + got)
+                                return_leased(c, d, hb->size, n + obtained, obtained + got);
                         return r;
                 }
-                obtained += (uint64_t) r;
+                obtained += got;
         }
         return client_grow_take(c, hb);
 }

@@ -138,7 +138,7 @@ int client_resume_hello(const gpupool_client *c, struct gp_conn *conn, Gpupool__
 int client_resume(gpupool_client *c, struct gp_conn *conn, Gpupool__Envelope *hello, struct gp_conn **ret_control) {
         Gpupool__Hello control_hello = GPUPOOL__HELLO__INIT;
         Gpupool__HelloReply *hr = hello->hello_reply;
-        uint64_t client_id, calls = c->conn.calls;
+        uint64_t client_id, calls = c->conn.calls, trips = c->conn.trips;
         struct gp_conn *control;
         bool same;
         int r;
@@ -151,7 +151,8 @@ int client_resume(gpupool_client *c, struct gp_conn *conn, Gpupool__Envelope *he
         }
         gp_conn_close(&c->conn);
         c->conn = *conn;
-        c->conn.calls += calls;         /* the handle's round trips count on */
+        c->conn.calls += calls;         /* the handle's requests and round trips count on */
+        c->conn.trips += trips;
         /* The memory held is adoptable by a daemon of the same kind only, with the same devices (GPUs: by UUID). */
         same = hr->n_devices == c->device_count;
         for (size_t d = 0; same && d < hr->n_devices; d++)

@@ -249,7 +249,7 @@ void client_conn_wait(gpupool_client *c) {
 
 /* After a call on the main connection: what it counted, and why it failed. Locked, the connection ours. */
 int client_call_done(gpupool_client *c, int r) {
-        c->round_trips = c->conn.calls;
+        c->round_trips = c->conn.trips;
         if (r < 0)
                 snprintf(c->error, sizeof(c->error), "%s", c->conn.error);
         return r;

@@ -51,22 +51,16 @@ static int broken(struct gp_conn *c, int r) {
         return break_with(c, -ECONNRESET);
 }
 
-/* One call: req with send_nfds descriptors, its reply with up to max_fds. */
-static int call(struct gp_conn *c, Gpupool__Envelope *req, const int *send_fds, size_t send_nfds,
-                Gpupool__Envelope__BodyCase want, Gpupool__Envelope **ret_reply, int *fds, size_t max_fds, size_t *ret_nfds) {
-        int got[GP_WIRE_MAX_FDS];
-        Gpupool__Envelope *rep = NULL;
-        size_t nfds = 0;
-        int n, r, sent;
+/* Sends req with send_nfds descriptors; read_reply() reads its reply, after those of the requests sent before it. */
+static int send_request(struct gp_conn *c, Gpupool__Envelope *req, const int *send_fds, size_t send_nfds) {
+        int n, sent;
 
-        *ret_nfds = 0;
         if (c->broken) {
                 set_error(c, "the connection to gpupoold is gone");
                 return -ECONNRESET;
         }
         req->version = GP_PROTOCOL_VERSION;
-        req->id = c->next_id++;
-        c->calls++;
+        req->id = c->next_id;
         n = gp_wire_pack(req, c->buf, GP_MAX_REQUEST_BYTES);
         if (n < 0)
                 return n;
@@ -77,6 +71,30 @@ static int call(struct gp_conn *c, Gpupool__Envelope *req, const int *send_fds, 
         sent = gp_wire_send_packet_fds(c->sock, c->buf, (size_t) n, send_fds, send_nfds);
         if (sent < 0 && sent != -EPIPE && sent != -ECONNRESET)
                 return broken(c, sent);
+        if (sent < 0)
+                c->send_failed = sent;
+        if (!c->unanswered)
+                c->trips++;
+        c->next_id++;
+        c->calls++;
+        c->unanswered++;
+        return 0;
+}
+
+/* Reads the reply to the oldest request unanswered, with up to max_fds descriptors. */
+static int read_reply(struct gp_conn *c, Gpupool__Envelope__BodyCase want, Gpupool__Envelope **ret_reply, int *fds,
+                      size_t max_fds, size_t *ret_nfds) {
+        uint64_t id = c->next_id - c->unanswered;
+        int got[GP_WIRE_MAX_FDS];
+        Gpupool__Envelope *rep = NULL;
+        size_t nfds = 0;
+        int n, r;
+
+        *ret_nfds = 0;
+        if (c->broken) {
+                set_error(c, "the connection to gpupoold is gone");
+                return -ECONNRESET;
+        }
         for (bool retried = false;;) {
                 n = gp_wire_recv_packet_fds(c->sock, c->buf, sizeof(c->buf), got, &nfds);
                 if (n == -ECONNRESET && !retried) {
@@ -85,13 +103,13 @@ static int call(struct gp_conn *c, Gpupool__Envelope *req, const int *send_fds, 
                 }
                 if (n <= 0) {
                         close_fds(got, nfds);
-                        return broken(c, sent < 0 ? sent : n);
+                        return broken(c, c->send_failed ? c->send_failed : n);
                 }
                 if (gp_wire_unpack(c->buf, (size_t) n, &rep) < 0) {
                         close_fds(got, nfds);
                         return broken(c, -EPROTO);
                 }
-                if (rep->id == req->id)
+                if (rep->id == id)
                         break;
                 if (rep->id != 0) {
                         drop(rep, got, nfds);
@@ -108,6 +126,7 @@ static int call(struct gp_conn *c, Gpupool__Envelope *req, const int *send_fds, 
                 drop(rep, got, nfds);
                 nfds = 0;
         }
+        c->unanswered--;
         if (rep->has_status && rep->status != GPUPOOL__STATUS__STATUS_OK) {
                 set_error(c, rep->error);
                 r = gp_status_to_errno(rep->status);
@@ -126,6 +145,24 @@ static int call(struct gp_conn *c, Gpupool__Envelope *req, const int *send_fds, 
         *ret_nfds = nfds;
         *ret_reply = rep;
         return 0;
+}
+
+/* One call: req with send_nfds descriptors, its reply with up to max_fds. */
+static int call(struct gp_conn *c, Gpupool__Envelope *req, const int *send_fds, size_t send_nfds,
+                Gpupool__Envelope__BodyCase want, Gpupool__Envelope **ret_reply, int *fds, size_t max_fds, size_t *ret_nfds) {
+        int r = send_request(c, req, send_fds, send_nfds);
+
+        *ret_nfds = 0;
+        return r < 0 ? r : read_reply(c, want, ret_reply, fds, max_fds, ret_nfds);
+}
+
+int gp_conn_send(struct gp_conn *c, Gpupool__Envelope *req) {
+        return send_request(c, req, NULL, 0);
+}
+
+int gp_conn_reply_fds(struct gp_conn *c, Gpupool__Envelope__BodyCase want, Gpupool__Envelope **ret_reply, int *fds,
+                      size_t max_fds, size_t *ret_nfds) {
+        return read_reply(c, want, ret_reply, fds, max_fds, ret_nfds);
 }
 
 int gp_conn_call_fds(struct gp_conn *c, Gpupool__Envelope *req, Gpupool__Envelope__BodyCase want,
@@ -164,6 +201,8 @@ int gp_conn_open(struct gp_conn *c, const char *path, const Gpupool__Hello *hell
         __atomic_store_n(&c->broken, false, __ATOMIC_RELAXED);
         c->broke_with = 0;
         c->next_id = 1;
+        c->unanswered = 0;
+        c->send_failed = 0;
         c->error[0] = '\0';
         c->timeout_ms = GP_CONN_DEFAULT_TIMEOUT_MS;
         if (timeout && *timeout && gp_duration_parse(timeout, &c->timeout_ms) < 0) {

@@ -1,6 +1,6 @@
 /*
- * conn.h: a client's connection to gpupoold: connect and hello, then one request and its
- * reply at a time on a blocking socket. Both libgpupool and gpupoolctl talk through this, so
+ * conn.h: a client's connection to gpupoold: connect and hello, then requests and their
+ * replies on a blocking socket, one at a time or several sent before their replies are read. Both libgpupool and gpupoolctl talk through this, so
  * refusals, resets and malformed replies are handled the same way in both.
  */
 #ifndef GP_CONN_H
@@ -20,7 +20,10 @@ struct gp_conn {
         bool broken;                    /* the daemon is gone or spoke nonsense; written atomically (read unlocked) */
         int broke_with;                 /* while broken: the errno that broke it (-ECONNRESET: the daemon closed it) */
         uint64_t next_id;
+        uint64_t unanswered;            /* requests sent whose replies are not read yet */
+        int send_failed;                /* a send the daemon's end refused (-EPIPE): read on for why */
         uint64_t calls;                 /* requests sent, hello included, for as long as the struct lives */
+        uint64_t trips;                 /* round trips: requests sent while none was unanswered */
         char error[GP_MAX_ERROR_BYTES]; /* why the latest call failed */
         uint8_t buf[GP_MAX_REPLY_BYTES];
 };
@@ -56,6 +59,18 @@ int gp_conn_call_fds(struct gp_conn *c, Gpupool__Envelope *req, Gpupool__Envelop
 /* A call whose request carries nfds descriptors (an adoption's; still the caller's after), to a reply that carries none. */
 int gp_conn_call_passing(struct gp_conn *c, Gpupool__Envelope *req, const int *fds, size_t nfds,
                          Gpupool__Envelope__BodyCase want, Gpupool__Envelope **ret_reply);
+
+/*
+ * Requests sent back to back, their replies read afterwards (in the order the requests went,
+ * as the protocol answers them), so that several cost one round trip: gp_conn_send() sends
+ * one, gp_conn_reply_fds() reads the reply to the oldest not yet read, with the results of
+ * gp_conn_call_fds(). Every reply is read before the next gp_conn_call*(). The caller keeps
+ * few enough unanswered that the daemon's replies fit the socket while it sends (a few dozen
+ * packets): past that both ends would wait on each other until the timeout.
+ */
+int gp_conn_send(struct gp_conn *c, Gpupool__Envelope *req);
+int gp_conn_reply_fds(struct gp_conn *c, Gpupool__Envelope__BodyCase want, Gpupool__Envelope **ret_reply, int *fds,
+                      size_t max_fds, size_t *ret_nfds);
 
 /* Closes the socket. Safe to call twice. */
 void gp_conn_close(struct gp_conn *c);

@@ -198,7 +198,9 @@ GPUPOOL_EXPORT size_t gpupool_cached_bytes(gpupool_client *client);
  * segments mapped in this process (with $GPUPOOL_SEGMENTS=grow, the 2 MiB granules it holds,
  * each a segment of the daemon's), which is what the daemon counts as this client's reserved
  * bytes.
- * round_trips counts the requests the handle sent gpupoold and waited for, and
+ * round_trips counts the times the handle waited for gpupoold: a request and its reply, or
+ * requests sent together and their replies (the leases of a block of more 2 MiB granules
+ * than one lease brings, 128), and
  * segments_imported the segments it mapped (host: an mmap; cuda: a cuIpcOpenMemHandle;
  * cuda-vmm: an import), both since gpupool_connect(): in a steady state neither should grow.
  */

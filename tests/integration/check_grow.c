@@ -1,10 +1,10 @@
 /*
  * check_grow.c: segments that grow in place ($GPUPOOL_SEGMENTS=grow, client/client_grow.c)
  * end to end on the host backend: blocks side by side in one range, granules leased many at a
- * time and moved where they are needed, a block of more granules than one lease brings, the
- * limit and a full device leaving nothing leased, idle granules given back, another process's
- * reclaim, threads growing the ranges at once, reconnect, a bad setting, and processes in
- * both modes that outlive a kill -9 of their daemon.
+ * time and moved where they are needed, a block of more granules than one lease brings (its
+ * leases sent together), the limit and a full device leaving nothing leased, idle granules
+ * given back, another process's reclaim, threads growing the ranges at once, reconnect, a bad
+ * setting, and processes in both modes that outlive a kill -9 of their daemon.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -151,19 +151,23 @@ START_TEST(test_grow_block_of_many_leases) {
         c = connect_growing(&d, "big");
         before = stats(c);
         /*
-         * 300 MiB is 150 granules: two leases, at most 128 granules each. The second asks for one
-         * more ahead (a 128th of the 128 held), which the daemon has.
+         * 300 MiB is 150 granules: two leases, at most 128 granules each, sent together (one
+         * round trip). The second asks for one more ahead (a 128th of the 150), which the daemon has.
          */
         ck_assert_int_eq(gpupool_alloc(c, 0, 300 * MiB, &p), 0);
         st = stats(c);
-        ck_assert_uint_eq(st.round_trips - before.round_trips, 2);
+        ck_assert_uint_eq(st.round_trips - before.round_trips, 1);
         ck_assert_uint_eq(st.mapped_segments, 151);
         fill(p, 300 * MiB, 5);
         ck_assert(intact(p, 300 * MiB, 5));
         ck_assert_int_eq(gpupool_free(c, p), 0);
         ck_assert_int_eq(gpupool_trim(c), 0);
 
-        /* More than the device: the granules leased for it before the refusal go back, and the daemon's sentence stays. */
+        /*
+         * More than the device: three leases at once, the second refused (the device is full),
+         * the third, already sent, granted. What the first and third brought goes back, and the
+         * daemon's sentence stays.
+         */
         ck_assert_int_eq(gpupool_alloc(c, 0, 64 * KiB, &small), 0);
         ck_assert_int_eq(gpupool_alloc(c, 0, 600 * MiB, &p), -ENOMEM);
         gpupool_last_error(c, msg, sizeof(msg));
@@ -174,6 +178,65 @@ START_TEST(test_grow_block_of_many_leases) {
         ck_assert_int_eq(gpupool_alloc(c, 0, 500 * MiB, &p), 0);
         ck_assert_int_eq(gpupool_free(c, p), 0);
         ck_assert_int_eq(gpupool_free(c, small), 0);
+        json_decref(testd_ctl(&d, "check"));
+        gpupool_disconnect(c);
+        ck_assert_int_eq(testd_stop(&d), 0);
+}
+END_TEST
+
+/* Set in each granule of a block, one byte a granule, and checked. */
+static void mark_granules(char *p, uint64_t granules) {
+        for (uint64_t i = 0; i < granules; i++)
+                p[i * 2 * MiB + (i % 4096)] = (char) (i * 7 + 1);
+}
+
+static bool granules_marked(const char *p, uint64_t granules) {
+        for (uint64_t i = 0; i < granules; i++)
+                if (p[i * 2 * MiB + (i % 4096)] != (char) (i * 7 + 1))
+                        return false;
+        return true;
+}
+
+/*
+ * A block of more leases than go out at once (16 of 128 granules): they go back to back, the
+ * next sent as each reply comes, in one round trip; a refusal at the last gives all back.
+ */
+START_TEST(test_grow_leases_sent_together) {
+        struct gpupool_stats before, st;
+        gpupool_client *c;
+        struct testd d;
+        char msg[512];
+        void *p, *q;
+
+        testd_start(&d, "--host-capacity", "5G", "--client-limit", "4700M", NULL);
+        c = connect_growing(&d, "together");
+        before = stats(c);
+        /* 2,314 granules: 19 leases, the last of 10 and up to 18 ahead (a 128th of 2,314). */
+        ck_assert_int_eq(gpupool_alloc(c, 0, 2314 * 2 * MiB, &p), 0);
+        st = stats(c);
+        ck_assert_uint_eq(st.round_trips - before.round_trips, 1);
+        ck_assert_uint_eq(st.mapped_segments, 2332);
+        ck_assert_int_eq(testd_client_field(&d, 0, "together", "reserved_bytes"), 2332 * 2 * MiB);
+        mark_granules(p, 2314);
+        ck_assert(granules_marked(p, 2314));
+        ck_assert_int_eq(gpupool_free(c, p), 0);
+        ck_assert_int_eq(gpupool_trim(c), 0);
+        ck_assert_int_eq(testd_client_field(&d, 0, "together", "reserved_bytes"), 0);
+
+        /* 2,400 granules: the first 18 leases fit the limit of 2,350, the 19th does not. */
+        ck_assert_int_eq(gpupool_alloc(c, 0, 64 * KiB, &q), 0);
+        ck_assert_int_eq(gpupool_alloc(c, 0, 2400 * 2 * MiB, &p), -EDQUOT);
+        gpupool_last_error(c, msg, sizeof(msg));
+        ck_assert_msg(strstr(msg, "cannot allocate 5033164800 bytes on device 0 (2400 more granules") &&
+                      strstr(msg, "over its limit of 4.6 GiB"), "%s", msg);
+        ck_assert_uint_eq(stats(c).mapped_segments, 1);         /* the small block's granule */
+        ck_assert_int_eq(testd_client_field(&d, 0, "together", "reserved_bytes"), 2 * MiB);
+        /* And what is left serves. */
+        ck_assert_int_eq(gpupool_alloc(c, 0, 2300 * 2 * MiB, &p), 0);
+        mark_granules(p, 2300);
+        ck_assert(granules_marked(p, 2300));
+        ck_assert_int_eq(gpupool_free(c, p), 0);
+        ck_assert_int_eq(gpupool_free(c, q), 0);
         json_decref(testd_ctl(&d, "check"));
         gpupool_disconnect(c);
         ck_assert_int_eq(testd_stop(&d), 0);
@@ -598,6 +661,7 @@ Suite *suite_grow(void) {
 
         tcase_add_test(tc, test_grow_in_place);
         tcase_add_test(tc, test_grow_block_of_many_leases);
+        tcase_add_test(tc, test_grow_leases_sent_together);
         tcase_add_test(tc, test_grow_limit);
         tcase_add_test(tc, test_grow_idle_granules_go_back);
         tcase_add_test(tc, test_grow_ahead_waits_its_idle_time);
