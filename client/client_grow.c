@@ -32,6 +32,7 @@
 #include "client_cuda.h"
 #include "client_segment.h"
 #include "granule.h"
+#include "rbtree.h"
 #include "wire.h"
 
 #define G GP_GRANULE_BYTES
@@ -43,6 +44,7 @@ struct grow_granule {
         int fd;                         /* its descriptor, kept for a later daemon to adopt (-1: none) */
         gp_cu_mem_handle handle;        /* cuda-vmm: imported */
         uint64_t next_free;             /* free entries: the next, or UINT64_MAX */
+        struct gp_rb_node by_id;        /* held: in the device's index by segment id */
 };
 
 struct client_grow {
@@ -56,7 +58,15 @@ struct client_grow {
         uint8_t *park;                  /* host: granule i is parked at park + i * G */
         struct grow_granule *granules;  /* one per parking spot: as many as the device has granules */
         uint64_t granule_cap, free_head;
+        struct gp_rb_tree by_id;        /* the held granules by segment id (but while an adoption renames them) */
 };
+
+static int cmp_id(const struct gp_rb_node *x, const struct gp_rb_node *y) {
+        uint64_t a = gp_rb_entry(x, struct grow_granule, by_id)->segment_id;
+        uint64_t b = gp_rb_entry(y, struct grow_granule, by_id)->segment_id;
+
+        return a < b ? -1 : a > b;
+}
 
 static int grow_map(void *ctx, struct granule_range *r, uint64_t k, uint64_t phys);
 static void grow_unmap(void *ctx, struct granule_range *r, uint64_t k, uint64_t phys);
@@ -201,6 +211,7 @@ int client_grow_start(gpupool_client *c, unsigned d) {
         g->client = c;
         g->device = d;
         g->granule_cap = granules;
+        gp_rb_init(&g->by_id, cmp_id);
         /* Twice the device per class: room for what the heap's best fit leaves between blocks. */
         g->range_bytes = 2 * granules * G;
         g->reserved_bytes = HEAP_CLASS_COUNT * g->range_bytes + (c->vmm ? 0 : granules * G);
@@ -249,6 +260,7 @@ uint64_t client_grow_shortfall(gpupool_client *c, const struct heap_block *hb) {
 
 /* Lets go of granule i's memory (unmapped everywhere but its parking spot) and frees its entry. */
 static void granule_drop(struct client_grow *g, uint64_t i) {
+        gp_rb_remove(&g->by_id, &g->granules[i].by_id);
         if (!g->client->vmm)
                 reserve_again(g->park + i * G);
         granule_let_go(g, i);
@@ -265,6 +277,12 @@ static int64_t granule_new(struct client_grow *g, uint64_t id, int fd) {
         if (i == UINT64_MAX) {
                 close(fd);
                 client_set_error(c, "gpupoold leased more granules of device %u than it has", g->device);
+                return -EPROTO;
+        }
+        if (client_mapping_by_id(c, id) || client_grow_holds(c, id)) {
+                close(fd);
+                client_set_error(c, "gpupoold leased segment %llu, which this process holds already",
+                                 (unsigned long long) id);
                 return -EPROTO;
         }
         if (c->vmm) {
@@ -295,6 +313,7 @@ static int64_t granule_new(struct client_grow *g, uint64_t id, int fd) {
         g->free_head = g->granules[i].next_free;
         g->granules[i].held = true;
         g->granules[i].segment_id = id;
+        (void) gp_rb_insert(&g->by_id, &g->granules[i].by_id);   /* not there: looked for above */
         return (int64_t) i;
 }
 
@@ -332,13 +351,11 @@ int client_grow_adopt(gpupool_client *c, unsigned d, const uint64_t *ids, const 
 }
 
 bool client_grow_holds(gpupool_client *c, uint64_t id) {
-        for (unsigned d = 0; d < c->device_count; d++) {
-                const struct client_grow *g = c->devices[d].grow;
+        struct grow_granule key = { .segment_id = id };
 
-                for (uint64_t i = 0; g && i < g->granule_cap; i++)
-                        if (g->granules[i].held && g->granules[i].segment_id == id)
-                                return true;
-        }
+        for (unsigned d = 0; d < c->device_count; d++)
+                if (c->devices[d].grow && gp_rb_find(&c->devices[d].grow->by_id, &key.by_id))
+                        return true;
         return false;
 }
 
@@ -403,9 +420,19 @@ size_t client_grow_kept(gpupool_client *c, unsigned d, struct client_kept *out, 
         size_t n = 0;
 
         for (uint64_t i = 0; g && i < g->granule_cap && n < max; i++)
-                if (g->granules[i].held)
+                if (g->granules[i].held) {
+                        gp_rb_remove(&g->by_id, &g->granules[i].by_id);
                         out[n++] = (struct client_kept) { &g->granules[i].segment_id, g->granules[i].fd, G };
+                }
         return n;
+}
+
+void client_grow_index(gpupool_client *c, unsigned d) {
+        struct client_grow *g = c->devices[d].grow;
+
+        for (uint64_t i = 0; g && i < g->granule_cap; i++)
+                if (g->granules[i].held)
+                        (void) gp_rb_insert(&g->by_id, &g->granules[i].by_id);
 }
 
 uint64_t client_grow_held(gpupool_client *c, unsigned d) {

@@ -27,7 +27,7 @@ uint64_t client_grow_shortfall(gpupool_client *c, const struct heap_block *hb);
  */
 int client_grow_adopt(gpupool_client *c, unsigned d, const uint64_t *ids, const int *fds, size_t n);
 
-/* Whether segment id is a granule this process holds, of any device. A scan of every granule: for error paths only. */
+/* Whether segment id is a granule this process holds, of any device. */
 bool client_grow_holds(gpupool_client *c, uint64_t id);
 
 /* Maps what a block lacks under it (granule_take(); nothing to obtain). Returns 0 or a negative errno, the error set. */
@@ -47,8 +47,13 @@ size_t client_grow_take_free(gpupool_client *c, int d, uint64_t want, uint64_t b
 /* Takes up to max spares (granules mapped nowhere) out of device d, their ids into ids. Returns how many. */
 size_t client_grow_take_spares(gpupool_client *c, unsigned d, uint64_t *ids, size_t max);
 
-/* Device d's granules, up to max, for a new daemon to adopt (client_resume()). Returns how many (client_grow_held() at most). */
+/*
+ * Device d's granules, up to max, for a new daemon to adopt (client_resume()), out of the
+ * index by id while the adoption renames them (an old id may be a new one's too):
+ * client_grow_index() puts them back. Returns how many (client_grow_held() at most).
+ */
 size_t client_grow_kept(gpupool_client *c, unsigned d, struct client_kept *out, size_t max);
+void client_grow_index(gpupool_client *c, unsigned d);
 
 /* Granules held on d, and of them those no live block touches. */
 uint64_t client_grow_held(gpupool_client *c, unsigned d);

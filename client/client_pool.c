@@ -444,11 +444,10 @@ static void pipe_take(gpupool_client *c, struct lease_pipe *p, Gpupool__Envelope
                 ids[i] = i ? l->more_segment_ids[i - 1] : l->segment_id;
         r = client_grow_adopt(c, p->d, ids, fds, got);
         if (r < 0) {
-                /* Never mapped: the daemon takes them back. */
+                /* None taken: the daemon takes them back, but for one this process held already. */
                 snprintf(why, sizeof(why), "%s", c->error);
                 pipe_fail(c, p, r, why);
-                for (size_t i = 0; i < got; i++)
-                        give_back_add(&p->back, ids[i]);
+                refused_segments(c, l, &p->back);
                 return;
         }
         p->obtained += got;

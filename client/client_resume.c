@@ -119,6 +119,7 @@ static int adopt_all(gpupool_client *c) {
                         if (maps[i]->device == d)
                                 k[m++] = (struct client_kept) { &maps[i]->segment_id, maps[i]->fd, maps[i]->size };
                 r = adopt_device(c, d, k, m);
+                client_grow_index(c, d);
         }
         for (size_t i = 0; i < whole; i++)
                 gp_rb_insert(&c->by_id, &maps[i]->by_id);

@@ -2,11 +2,11 @@
  * check_replies.c: libgpupool against a daemon that answers a lease wrongly (a fake one, in a
  * process of its own, host backend). Whatever the reply (descriptors missing, of another size,
  * not memory at all, shorter than the segment; a segment too small or already mapped; a
- * reply of another kind), the allocation fails with an errno and a sentence, the process
- * keeps no descriptor of it and never maps memory that is not there (a memfd too short would
- * raise SIGBUS where the application writes), every segment a wrong reply names that the
- * process does not hold goes back (the daemon counts it leased), and what it held before stays
- * its own.
+ * granule the process holds already, or one named twice; a reply of another kind), the
+ * allocation fails with an errno and a sentence, the process keeps no descriptor of it and
+ * never maps memory that is not there (a memfd too short would raise SIGBUS where the
+ * application writes), every segment a wrong reply names that the process does not hold goes
+ * back (the daemon counts it leased), and what it held before stays its own, its data intact.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -33,6 +33,8 @@ enum scenario {
         GRANULES_TOO_MANY,      /* more than asked and ahead together */
         GRANULES_NOT_MEMORY,    /* pipes for granules */
         GRANULES_SHORT,         /* memfds of 4 KiB for granules */
+        GRANULES_HELD_ID,       /* every granule lease names segments 1, 2, ... */
+        GRANULES_TWICE,         /* a granule lease names one segment twice */
         WHOLE_TOO_SMALL,        /* a segment smaller than the request */
         WHOLE_NO_FD,            /* a segment without its descriptor */
         WHOLE_SHORT,            /* a memfd shorter than the segment it stands for */
@@ -90,6 +92,8 @@ static size_t answer_lease(enum scenario s, const Gpupool__LeaseRequest *req, Gp
         case GRANULES_TOO_MANY: count = fd_count = n + ahead + 1; break;
         case GRANULES_NOT_MEMORY: fd_size = 0, fd_count = count; break;
         case GRANULES_SHORT: fd_size = 4096, fd_count = count; break;
+        case GRANULES_HELD_ID:
+        case GRANULES_TWICE: fd_count = count; break;
         default: fd_count = 1; break;
         }
         if (!req->has_granules) {
@@ -102,10 +106,10 @@ static size_t answer_lease(enum scenario s, const Gpupool__LeaseRequest *req, Gp
                         fd_count = 0;
                 count = 1;
         }
-        lr->segment_id = s == WHOLE_SAME_ID ? 1 : next_id++;
+        lr->segment_id = s == WHOLE_SAME_ID || s == GRANULES_HELD_ID ? 1 : next_id++;
         lr->segment_size = granule_size;
         for (uint64_t i = 1; i < count; i++)
-                more[i - 1] = next_id++;
+                more[i - 1] = s == GRANULES_HELD_ID ? 1 + i : s == GRANULES_TWICE ? lr->segment_id : next_id++;
         lr->n_more_segment_ids = count - 1;
         lr->more_segment_ids = more;
         for (uint64_t i = 0; i < fd_count; i++)
@@ -234,6 +238,8 @@ static const struct {
         { GRANULES_TOO_MANY, "grow", 4 * MiB, -EPROTO, "answered a lease of 2 granules", true },
         { GRANULES_NOT_MEMORY, "grow", 4 * MiB, -EPROTO, "is not 2 MiB of memory", true },
         { GRANULES_SHORT, "grow", 4 * MiB, -EPROTO, "is not 2 MiB of memory", true },
+        { GRANULES_HELD_ID, "grow", 4 * MiB, -EPROTO, "leased segment 1, which this process holds already", false },
+        { GRANULES_TWICE, "grow", 4 * MiB, -EPROTO, "which this process holds already", true },
         { WHOLE_TOO_SMALL, "whole", 64 * MiB, -EPROTO, "cannot serve the request", true },
         { WHOLE_NO_FD, "whole", 64 * MiB, -EPROTO, "without its file descriptor", true },
         { WHOLE_SHORT, "whole", 64 * MiB, -EPROTO, "is not 67108864 bytes of memory", true },
@@ -254,7 +260,7 @@ START_TEST(test_wrong_lease_replies) {
         setenv("GPUPOOL_SEGMENTS", cases[k].mode, 1);
         setenv("GPUPOOL_IDLE_RETURN", "0", 1);
         ck_assert_int_eq(gpupool_connect(f.path, "wronged", &c), 0);
-        if (cases[k].s == WHOLE_SAME_ID) {
+        if (cases[k].s == WHOLE_SAME_ID || cases[k].s == GRANULES_HELD_ID) {
                 /* The first lease is right; the second names it again. */
                 ck_assert_int_eq(gpupool_alloc(c, 0, cases[k].size, &p), 0);
                 memset(p, 1, cases[k].size);
@@ -263,11 +269,13 @@ START_TEST(test_wrong_lease_replies) {
         gpupool_last_error(c, err, sizeof(err));
         ck_assert_msg(r == cases[k].err && *err && strstr(err, cases[k].text), "case %d: %d (%s): %s", k, r, gpupool_strerror(r),
                       err);
-        /* Of a wrong reply, all it named; of the right one before it (WHOLE_SAME_ID), none. */
+        /* Of a wrong reply, all it named; of the right one before it (WHOLE_SAME_ID, GRANULES_HELD_ID), none. */
         ck_assert_msg(f.seen->returned == (cases[k].returned ? f.seen->named : 0), "case %d: %u of %u segments returned", k,
                       f.seen->returned, f.seen->named);
-        if (p)
+        if (p) {
+                ck_assert(((char *) p)[0] == 1 && ((char *) p)[cases[k].size - 1] == 1);
                 ck_assert_int_eq(gpupool_free(c, p), 0);
+        }
         gpupool_disconnect(c);
         unsetenv("GPUPOOL_SEGMENTS");
         fake_stop(&f);
