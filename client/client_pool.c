@@ -161,6 +161,11 @@ static int give_back(gpupool_client *c, int device, uint64_t want, uint64_t befo
         size_t n;
         int r = 0;
 
+        /*
+         * The connection first: an adoption under way renames what it would take (and a lease
+         * out may bring more). From here on the lock is not let go until the ids have gone.
+         */
+        client_conn_wait(c);
         /* Nobody to give it to: cuda-vmm memory stays the process's until it reconnects. */
         if (client_daemon_gone(c))
                 return -ECONNRESET;
@@ -242,6 +247,7 @@ static int lease_call(gpupool_client *c, unsigned d, uint64_t size, uint32_t gra
         Gpupool__LeaseRequest lr = GPUPOOL__LEASE_REQUEST__INIT;
         int r;
 
+        client_conn_wait(c);    /* an adoption under way ends with the daemon back */
         if (client_daemon_gone(c))
                 return daemon_gone_error(c);
         lr.device = d;
@@ -467,9 +473,9 @@ static int lease_granules(gpupool_client *c, unsigned d, uint64_t n, uint64_t ah
         size_t n_usage;
 
         *ret_obtained = 0;
+        client_conn_wait(c);    /* an adoption under way ends with the daemon back */
         if (client_daemon_gone(c))
                 return daemon_gone_error(c);
-        client_conn_wait(c);
         n_usage = client_pool_usage(c, u, ptrs);
         c->conn_busy = true;
         while (p.read < p.sent || (!p.r && p.sent < p.requests)) {

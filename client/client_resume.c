@@ -24,8 +24,9 @@ static uint64_t next_orphan;
 
 /*
  * Asks the daemon to adopt n kept segments of device d (their descriptors all kept, n at
- * most 128) and gives each its new id, or an orphan's where it was refused. Returns 0, or a
- * negative errno when the daemon could not be asked (the ids are left as they were).
+ * most 128) and gives each its new id, or an orphan's where it was refused. The lock is let
+ * go while the request is out (adopt_all() holds the connection). Returns 0, or a negative
+ * errno when the daemon could not be asked (the ids are left as they were).
  */
 static int adopt_batch(gpupool_client *c, unsigned d, struct client_kept *k, size_t n) {
         Gpupool__Envelope req = GPUPOOL__ENVELOPE__INIT, *rep = NULL;
@@ -44,7 +45,9 @@ static int adopt_batch(gpupool_client *c, unsigned d, struct client_kept *k, siz
         ar.n_sizes = n;
         req.body_case = GPUPOOL__ENVELOPE__BODY_ADOPT;
         req.adopt = &ar;
+        pthread_mutex_unlock(&c->lock);
         r = gp_conn_call_passing(&c->conn, &req, fds, n, GPUPOOL__ENVELOPE__BODY_ADOPT_REPLY, &rep);
+        pthread_mutex_lock(&c->lock);
         if (r < 0 && c->conn.broken)
                 return client_call_done(c, r);
         if (r == 0) {
@@ -88,7 +91,14 @@ static int adopt_device(gpupool_client *c, unsigned d, struct client_kept *k, si
         return r;
 }
 
-/* Every segment the process holds, each device's adopted in turn; the whole ones' index by id rebuilt after. */
+/*
+ * Every segment the process holds, each device's adopted in turn; the indexes by id rebuilt
+ * after. The connection is this thread's throughout (conn_busy), and the lock is let go
+ * while each request is out, so that the application's threads allocate and free in what the
+ * process holds meanwhile. Nothing the list names can go away in between: segments leave the
+ * process only to be given back, which waits for the connection before it takes any
+ * (give_back(); the control thread's own returns are this thread's).
+ */
 static int adopt_all(gpupool_client *c) {
         size_t whole = c->by_id.count, n = 0;
         struct mapping **maps = NULL;
@@ -105,6 +115,7 @@ static int adopt_all(gpupool_client *c) {
                 client_set_error(c, "out of memory listing the segments for gpupoold to adopt");
                 return -ENOMEM;
         }
+        c->conn_busy = true;
         /* Out of the index while their ids change: an old id may be a new one's too. */
         for (size_t i = 0; i < whole; i++) {
                 struct gp_rb_node *first = gp_rb_first(&c->by_id);
@@ -123,6 +134,8 @@ static int adopt_all(gpupool_client *c) {
         }
         for (size_t i = 0; i < whole; i++)
                 gp_rb_insert(&c->by_id, &maps[i]->by_id);
+        c->conn_busy = false;
+        pthread_cond_broadcast(&c->conn_idle);
         free(k);
         free(maps);
         return r;

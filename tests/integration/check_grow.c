@@ -3,8 +3,9 @@
  * end to end on the host backend: blocks side by side in one range, granules leased many at a
  * time and moved where they are needed, a block of more granules than one lease brings (its
  * leases sent together), the limit and a full device leaving nothing leased, idle granules
- * given back, another process's reclaim, threads growing the ranges at once, reconnect, a bad
- * setting, and processes in both modes that outlive a kill -9 of their daemon.
+ * given back, another process's reclaim, threads growing the ranges at once, reconnect, a
+ * daemon that starts or adopts slowly stalling no allocation, a bad setting, and processes in
+ * both modes that outlive a kill -9 of their daemon.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -16,11 +17,13 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include "gpupool.h"
 #include "suites.h"
 #include "testlib.h"
+#include "wire.h"
 
 #define KiB (1ULL << 10)
 #define MiB (1ULL << 20)
@@ -522,46 +525,124 @@ START_TEST(test_forked_child_keeps_no_descriptor) {
 END_TEST
 
 /*
- * A daemon that systemd's socket holds while it starts (connections queue, nobody answers)
- * stops no allocation: the control thread's hello waits for it without the handle's lock, and
- * the process goes on allocating within what it holds. Once a daemon answers, it adopts.
+ * Plays a daemon that came back, on holder: answers the hello of the process's control thread
+ * (one host device of total bytes), takes its adoption and leaves it unanswered. Returns the
+ * connection, to close.
  */
-START_TEST(test_starting_daemon_stalls_no_allocation) {
-        struct pollfd pending;
+static int adoption_taker(int holder, uint64_t total) {
+        Gpupool__Envelope *req, rep = GPUPOOL__ENVELOPE__INIT;
+        Gpupool__HelloReply hr = GPUPOOL__HELLO_REPLY__INIT;
+        Gpupool__DeviceInfo dev = GPUPOOL__DEVICE_INFO__INIT, *devs[1] = { &dev };
+        struct timeval wait = { .tv_sec = 5 };
+        uint8_t buf[GP_MAX_REPLY_BYTES];
+        int fds[GP_WIRE_MAX_FDS], sock, n;
+        size_t nfds;
+
+        sock = accept4(holder, NULL, NULL, SOCK_CLOEXEC);
+        ck_assert_int_ge(sock, 0);
+        ck_assert_int_eq(setsockopt(sock, SOL_SOCKET, SO_RCVTIMEO, &wait, sizeof(wait)), 0);
+        n = gp_wire_recv_packet_fds(sock, buf, sizeof(buf), fds, &nfds);
+        ck_assert_int_gt(n, 0);
+        ck_assert_int_eq(gp_wire_unpack(buf, (size_t) n, &req), 0);
+        ck_assert_int_eq(req->body_case, GPUPOOL__ENVELOPE__BODY_HELLO);
+        dev.backend = "host";
+        dev.total_bytes = total;
+        hr.client_id = 99;
+        hr.daemon_version = "taker";
+        hr.n_devices = 1;
+        hr.devices = devs;
+        rep.version = GP_PROTOCOL_VERSION;
+        rep.id = req->id;
+        rep.has_status = true;
+        rep.status = GPUPOOL__STATUS__STATUS_OK;
+        rep.body_case = GPUPOOL__ENVELOPE__BODY_HELLO_REPLY;
+        rep.hello_reply = &hr;
+        gpupool__envelope__free_unpacked(req, NULL);
+        n = gp_wire_pack(&rep, buf, sizeof(buf));
+        ck_assert_int_gt(n, 0);
+        ck_assert_int_eq(gp_wire_send_packet_fds(sock, buf, (size_t) n, NULL, 0), 0);
+        n = gp_wire_recv_packet_fds(sock, buf, sizeof(buf), fds, &nfds);
+        ck_assert_int_gt(n, 0);
+        for (size_t i = 0; i < nfds; i++)
+                close(fds[i]);
+        ck_assert_int_eq(gp_wire_unpack(buf, (size_t) n, &req), 0);
+        ck_assert_int_eq(req->body_case, GPUPOOL__ENVELOPE__BODY_ADOPT);
+        ck_assert_uint_eq(nfds, req->adopt->n_sizes);
+        gpupool__envelope__free_unpacked(req, NULL);
+        return sock;
+}
+
+/*
+ * A process holding 8 MiB in grow mode, its daemon killed, and in the daemon's place a socket
+ * that queues the control thread's hello (adopting false), or a fake daemon that answers the
+ * hello and takes the adoption and leaves it unanswered (true): meanwhile an allocation within
+ * what the process holds takes no time. Back, the real daemon adopts the 8 MiB.
+ */
+static void held_memory_serves_while(const char *name, bool adopting) {
         gpupool_client *c;
         struct testd d;
         double t0, took;
-        int holder;
+        int holder, taker = -1;
+        long long total;
         void *p;
 
         setenv("GPUPOOL_TIMEOUT", "3s", 1);     /* what a stalled allocation would wait, at most */
         testd_start(&d, NULL);
-        c = connect_growing(&d, "patient");
+        total = testd_device(&d, 0, "total_bytes");
+        c = connect_growing(&d, name);
         ck_assert_int_eq(gpupool_alloc(c, 0, 8 * MiB, &p), 0);
         ck_assert_int_eq(gpupool_free(c, p), 0);
         testd_crash(&d);
         unlink(d.sock);
         holder = listen_seqpacket(d.sock);
-        /* The control thread's hello waits in the queue. */
-        pending = (struct pollfd) { .fd = holder, .events = POLLIN };
-        ck_assert_int_eq(poll(&pending, 1, 5000), 1);
+        if (adopting) {
+                taker = adoption_taker(holder, (uint64_t) total);
+        } else {
+                /* The control thread's hello waits in the queue. */
+                struct pollfd pending = { .fd = holder, .events = POLLIN };
+
+                ck_assert_int_eq(poll(&pending, 1, 5000), 1);
+        }
         t0 = now_s();
         ck_assert_int_eq(gpupool_alloc(c, 0, 6 * MiB, &p), 0);
         fill(p, 6 * MiB, 9);
         ck_assert(intact(p, 6 * MiB, 9));
         ck_assert_int_eq(gpupool_free(c, p), 0);
         took = now_s() - t0;
-        ck_assert_msg(took < 0.5, "an allocation within what the process holds took %.2f s while a daemon started", took);
+        ck_assert_msg(took < 0.5, "an allocation within what the process holds took %.2f s while a daemon %s", took,
+                      adopting ? "adopted it" : "started");
+        /* An adoption under way fails with the connection. */
+        if (taker >= 0)
+                close(taker);
         close(holder);
         unlink(d.sock);
         testd_relaunch(&d);
-        for (t0 = now_s(); testd_client_field(&d, 0, "patient", "reserved_bytes") < (long long) (8 * MiB) && now_s() - t0 < 20;)
+        for (t0 = now_s(); testd_client_field(&d, 0, name, "reserved_bytes") < (long long) (8 * MiB) && now_s() - t0 < 20;)
                 nap_ms(50);
-        ck_assert_int_ge(testd_client_field(&d, 0, "patient", "reserved_bytes"), 8 * MiB);
+        ck_assert_int_ge(testd_client_field(&d, 0, name, "reserved_bytes"), 8 * MiB);
+        ck_assert_int_eq(gpupool_alloc(c, 0, 6 * MiB, &p), 0);
+        fill(p, 6 * MiB, 10);
+        ck_assert(intact(p, 6 * MiB, 10));
+        ck_assert_int_eq(gpupool_free(c, p), 0);
         json_decref(testd_ctl(&d, "check"));
         gpupool_disconnect(c);
         unsetenv("GPUPOOL_TIMEOUT");
         ck_assert_int_eq(testd_stop(&d), 0);
+}
+
+/*
+ * A daemon that systemd's socket holds while it starts (connections queue, nobody answers)
+ * stops no allocation: the control thread's hello waits for it without the handle's lock, and
+ * the process goes on allocating within what it holds. Once a daemon answers, it adopts.
+ */
+START_TEST(test_starting_daemon_stalls_no_allocation) {
+        held_memory_serves_while("patient", false);
+}
+END_TEST
+
+/* The adoption holds the connection, not the allocator. */
+START_TEST(test_adoption_stalls_no_allocation) {
+        held_memory_serves_while("adopted", true);
 }
 END_TEST
 
@@ -670,6 +751,7 @@ Suite *suite_grow(void) {
         tcase_add_test(tc, test_grow_descriptor_table_grown_at_connect);
         tcase_add_test(tc, test_forked_child_keeps_no_descriptor);
         tcase_add_test(tc, test_starting_daemon_stalls_no_allocation);
+        tcase_add_test(tc, test_adoption_stalls_no_allocation);
         tcase_add_test(tc, test_grow_bad_setting);
         tcase_add_test(tc, test_host_survives_daemon_kill);
         tcase_set_timeout(tc, 60);
