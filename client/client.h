@@ -41,11 +41,15 @@
  */
 #define CLIENT_ORPHAN (1ULL << 63)
 
-/* A segment held from a daemon before this one, for the next to adopt (client_resume()): where its id is kept, its descriptor. */
+/*
+ * A segment held from a daemon before this one, for the next to adopt (client_resume()):
+ * where its id is kept, its descriptor, and the id it is to have once the adoption is over.
+ */
 struct client_kept {
         uint64_t *id;
         int fd;
         uint64_t size;
+        uint64_t renamed;
 };
 
 /* One segment this process maps: an mmap of a memfd (host) or an opened IPC handle (cuda). */

@@ -420,19 +420,23 @@ size_t client_grow_kept(gpupool_client *c, unsigned d, struct client_kept *out, 
         size_t n = 0;
 
         for (uint64_t i = 0; g && i < g->granule_cap && n < max; i++)
-                if (g->granules[i].held) {
-                        gp_rb_remove(&g->by_id, &g->granules[i].by_id);
-                        out[n++] = (struct client_kept) { &g->granules[i].segment_id, g->granules[i].fd, G };
-                }
+                if (g->granules[i].held)
+                        out[n++] = (struct client_kept) { &g->granules[i].segment_id, g->granules[i].fd, G,
+                                                          g->granules[i].segment_id };
         return n;
 }
 
-void client_grow_index(gpupool_client *c, unsigned d) {
+void client_grow_index(gpupool_client *c, unsigned d, bool in) {
         struct client_grow *g = c->devices[d].grow;
 
-        for (uint64_t i = 0; g && i < g->granule_cap; i++)
-                if (g->granules[i].held)
+        for (uint64_t i = 0; g && i < g->granule_cap; i++) {
+                if (!g->granules[i].held)
+                        continue;
+                if (in)
                         (void) gp_rb_insert(&g->by_id, &g->granules[i].by_id);
+                else
+                        gp_rb_remove(&g->by_id, &g->granules[i].by_id);
+        }
 }
 
 uint64_t client_grow_held(gpupool_client *c, unsigned d) {

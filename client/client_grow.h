@@ -47,13 +47,11 @@ size_t client_grow_take_free(gpupool_client *c, int d, uint64_t want, uint64_t b
 /* Takes up to max spares (granules mapped nowhere) out of device d, their ids into ids. Returns how many. */
 size_t client_grow_take_spares(gpupool_client *c, unsigned d, uint64_t *ids, size_t max);
 
-/*
- * Device d's granules, up to max, for a new daemon to adopt (client_resume()), out of the
- * index by id while the adoption renames them (an old id may be a new one's too):
- * client_grow_index() puts them back. Returns how many (client_grow_held() at most).
- */
+/* Device d's granules, up to max, for a new daemon to adopt (client_resume()). Returns how many (client_grow_held() at most). */
 size_t client_grow_kept(gpupool_client *c, unsigned d, struct client_kept *out, size_t max);
-void client_grow_index(gpupool_client *c, unsigned d);
+
+/* Puts device d's granules into their index by id (in) or takes them out, for the adoption to rename them. */
+void client_grow_index(gpupool_client *c, unsigned d, bool in);
 
 /* Granules held on d, and of them those no live block touches. */
 uint64_t client_grow_held(gpupool_client *c, unsigned d);

@@ -24,11 +24,12 @@ static uint64_t next_orphan;
 
 /*
  * Asks the daemon to adopt n kept segments of device d (their descriptors all kept, n at
- * most 128) and gives each its new id, or an orphan's where it was refused. The lock is let
- * go while the request is out (adopt_all() holds the connection). Returns 0, or a negative
- * errno when the daemon could not be asked (the ids are left as they were).
+ * most 128) and gives each its new id, or an orphan's where it was refused, to take once the
+ * adoption is over (renamed). The lock is let go while the request is out (adopt_all() holds
+ * the connection). Returns 0, or a negative errno when the daemon could not be asked (the ids
+ * are left as they were).
  */
-static int adopt_batch(gpupool_client *c, unsigned d, struct client_kept *k, size_t n) {
+static int adopt_batch(gpupool_client *c, unsigned d, struct client_kept **k, size_t n) {
         Gpupool__Envelope req = GPUPOOL__ENVELOPE__INIT, *rep = NULL;
         Gpupool__AdoptRequest ar = GPUPOOL__ADOPT_REQUEST__INIT;
         uint64_t sizes[GP_MAX_LEASE_GRANULES];
@@ -37,8 +38,8 @@ static int adopt_batch(gpupool_client *c, unsigned d, struct client_kept *k, siz
         int r;
 
         for (size_t i = 0; i < n; i++) {
-                sizes[i] = k[i].size;
-                fds[i] = k[i].fd;
+                sizes[i] = k[i]->size;
+                fds[i] = k[i]->fd;
         }
         ar.device = d;
         ar.sizes = sizes;
@@ -53,7 +54,7 @@ static int adopt_batch(gpupool_client *c, unsigned d, struct client_kept *k, siz
         if (r == 0) {
                 adopted = rep->adopt_reply->n_segment_ids < n ? rep->adopt_reply->n_segment_ids : n;
                 for (size_t i = 0; i < adopted; i++)
-                        *k[i].id = rep->adopt_reply->segment_ids[i];
+                        k[i]->renamed = rep->adopt_reply->segment_ids[i];
                 if (adopted < n)
                         client_set_error(c, "gpupoold adopted %zu of %zu segments of device %u this process held: %s",
                                          adopted, n, d, rep->adopt_reply->refused_error ? rep->adopt_reply->refused_error :
@@ -65,22 +66,22 @@ static int adopt_batch(gpupool_client *c, unsigned d, struct client_kept *k, siz
                                  c->conn.error);
         }
         for (size_t i = adopted; i < n; i++)
-                *k[i].id = CLIENT_ORPHAN | ++next_orphan;
+                k[i]->renamed = CLIENT_ORPHAN | ++next_orphan;
         return 0;
 }
 
 /* Has the daemon adopt every segment of device d in k (n of them): those without a descriptor are orphans at once. */
 static int adopt_device(gpupool_client *c, unsigned d, struct client_kept *k, size_t n) {
-        struct client_kept batch[GP_MAX_LEASE_GRANULES];
+        struct client_kept *batch[GP_MAX_LEASE_GRANULES];
         size_t b = 0;
         int r = 0;
 
         for (size_t i = 0; i < n && r == 0; i++) {
                 if (k[i].fd < 0) {
-                        *k[i].id = CLIENT_ORPHAN | ++next_orphan;
+                        k[i].renamed = CLIENT_ORPHAN | ++next_orphan;
                         continue;
                 }
-                batch[b++] = k[i];
+                batch[b++] = &k[i];
                 if (b == GP_MAX_LEASE_GRANULES) {
                         r = adopt_batch(c, d, batch, b);
                         b = 0;
@@ -92,52 +93,63 @@ static int adopt_device(gpupool_client *c, unsigned d, struct client_kept *k, si
 }
 
 /*
- * Every segment the process holds, each device's adopted in turn; the indexes by id rebuilt
- * after. The connection is this thread's throughout (conn_busy), and the lock is let go
- * while each request is out, so that the application's threads allocate and free in what the
- * process holds meanwhile. Nothing the list names can go away in between: segments leave the
+ * Every segment the process holds, each device's adopted in turn, then all renamed at once,
+ * out of their indexes by id (an old id may be a new one's too). The connection is this
+ * thread's throughout (conn_busy), and the lock is let go while each request is out, so that
+ * the application's threads allocate and free in what the process holds meanwhile, the
+ * indexes as they were. Nothing the list names can go away in between: segments leave the
  * process only to be given back, which waits for the connection before it takes any
  * (give_back(); the control thread's own returns are this thread's).
  */
 static int adopt_all(gpupool_client *c) {
-        size_t whole = c->by_id.count, n = 0;
+        size_t whole = c->by_id.count, n = 0, m = 0, at = 0;
         struct mapping **maps = NULL;
         struct client_kept *k;
+        size_t *first;
         int r = 0;
 
         for (unsigned d = 0; d < c->device_count; d++)
                 n += client_grow_held(c, d);
         k = calloc(n + whole + 1, sizeof(*k));
         maps = calloc(whole + 1, sizeof(*maps));
-        if (!k || !maps) {
+        first = calloc(c->device_count + 1, sizeof(*first));
+        if (!k || !maps || !first) {
                 free(k);
                 free(maps);
+                free(first);
                 client_set_error(c, "out of memory listing the segments for gpupoold to adopt");
                 return -ENOMEM;
         }
-        c->conn_busy = true;
-        /* Out of the index while their ids change: an old id may be a new one's too. */
-        for (size_t i = 0; i < whole; i++) {
-                struct gp_rb_node *first = gp_rb_first(&c->by_id);
-
-                maps[i] = gp_rb_entry(first, struct mapping, by_id);
-                gp_rb_remove(&c->by_id, first);
-        }
-        for (unsigned d = 0; d < c->device_count && r == 0; d++) {
-                size_t m = client_grow_kept(c, d, k, n);
-
+        for (struct gp_rb_node *x = gp_rb_first(&c->by_id); x; x = gp_rb_next(x))
+                maps[m++] = gp_rb_entry(x, struct mapping, by_id);
+        /* Each device's, in k from first[d] to first[d + 1]. */
+        for (unsigned d = 0; d < c->device_count; d++) {
+                first[d] = at;
+                at += client_grow_kept(c, d, k + at, n + whole - at);
                 for (size_t i = 0; i < whole; i++)
                         if (maps[i]->device == d)
-                                k[m++] = (struct client_kept) { &maps[i]->segment_id, maps[i]->fd, maps[i]->size };
-                r = adopt_device(c, d, k, m);
-                client_grow_index(c, d);
+                                k[at++] = (struct client_kept) { &maps[i]->segment_id, maps[i]->fd, maps[i]->size,
+                                                                 maps[i]->segment_id };
+                first[d + 1] = at;
         }
-        for (size_t i = 0; i < whole; i++)
-                gp_rb_insert(&c->by_id, &maps[i]->by_id);
+        c->conn_busy = true;
+        for (unsigned d = 0; d < c->device_count && r == 0; d++)
+                r = adopt_device(c, d, k + first[d], first[d + 1] - first[d]);
         c->conn_busy = false;
         pthread_cond_broadcast(&c->conn_idle);
+        for (size_t i = 0; i < whole; i++)
+                gp_rb_remove(&c->by_id, &maps[i]->by_id);
+        for (unsigned d = 0; d < c->device_count; d++)
+                client_grow_index(c, d, false);
+        for (size_t i = 0; i < first[c->device_count]; i++)
+                *k[i].id = k[i].renamed;
+        for (unsigned d = 0; d < c->device_count; d++)
+                client_grow_index(c, d, true);
+        for (size_t i = 0; i < whole; i++)
+                (void) gp_rb_insert(&c->by_id, &maps[i]->by_id);
         free(k);
         free(maps);
+        free(first);
         return r;
 }
 

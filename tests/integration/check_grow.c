@@ -28,14 +28,18 @@
 #define KiB (1ULL << 10)
 #define MiB (1ULL << 20)
 
-/* Connects in grow mode, nothing given back by itself. */
-static gpupool_client *connect_growing(struct testd *d, const char *name) {
+/* Connects with segments of mode ($GPUPOOL_SEGMENTS), nothing given back by itself. */
+static gpupool_client *connect_in(struct testd *d, const char *name, const char *mode) {
         gpupool_client *c;
 
-        setenv("GPUPOOL_SEGMENTS", "grow", 1);
+        setenv("GPUPOOL_SEGMENTS", mode, 1);
         setenv("GPUPOOL_IDLE_RETURN", "0", 1);
         ck_assert_int_eq(gpupool_connect(d->sock, name, &c), 0);
         return c;
+}
+
+static gpupool_client *connect_growing(struct testd *d, const char *name) {
+        return connect_in(d, name, "grow");
 }
 
 /* Fills a block with a pattern of its own, and checks it. */
@@ -573,12 +577,14 @@ static int adoption_taker(int holder, uint64_t total) {
 }
 
 /*
- * A process holding 8 MiB in grow mode, its daemon killed, and in the daemon's place a socket
- * that queues the control thread's hello (adopting false), or a fake daemon that answers the
- * hello and takes the adoption and leaves it unanswered (true): meanwhile an allocation within
- * what the process holds takes no time. Back, the real daemon adopts the 8 MiB.
+ * A process holding 8 MiB (segments of mode), its daemon killed, and in the daemon's place a
+ * socket that queues the control thread's hello (adopting false), or a fake daemon that
+ * answers the hello and takes the adoption and leaves it unanswered (true): meanwhile an
+ * allocation within what the process holds takes no time, and its counts stay right. Back,
+ * the real daemon adopts the 8 MiB.
  */
-static void held_memory_serves_while(const char *name, bool adopting) {
+static void held_memory_serves_while(const char *name, const char *mode, bool adopting) {
+        struct gpupool_stats before, during;
         gpupool_client *c;
         struct testd d;
         double t0, took;
@@ -589,9 +595,10 @@ static void held_memory_serves_while(const char *name, bool adopting) {
         setenv("GPUPOOL_TIMEOUT", "3s", 1);     /* what a stalled allocation would wait, at most */
         testd_start(&d, NULL);
         total = testd_device(&d, 0, "total_bytes");
-        c = connect_growing(&d, name);
+        c = connect_in(&d, name, mode);
         ck_assert_int_eq(gpupool_alloc(c, 0, 8 * MiB, &p), 0);
         ck_assert_int_eq(gpupool_free(c, p), 0);
+        before = stats(c);
         testd_crash(&d);
         unlink(d.sock);
         holder = listen_seqpacket(d.sock);
@@ -611,6 +618,9 @@ static void held_memory_serves_while(const char *name, bool adopting) {
         took = now_s() - t0;
         ck_assert_msg(took < 0.5, "an allocation within what the process holds took %.2f s while a daemon %s", took,
                       adopting ? "adopted it" : "started");
+        during = stats(c);
+        ck_assert_uint_eq(during.mapped_segments, before.mapped_segments);
+        ck_assert_uint_eq(during.mapped_bytes, before.mapped_bytes);
         /* An adoption under way fails with the connection. */
         if (taker >= 0)
                 close(taker);
@@ -636,13 +646,14 @@ static void held_memory_serves_while(const char *name, bool adopting) {
  * the process goes on allocating within what it holds. Once a daemon answers, it adopts.
  */
 START_TEST(test_starting_daemon_stalls_no_allocation) {
-        held_memory_serves_while("patient", false);
+        held_memory_serves_while("patient", "grow", false);
 }
 END_TEST
 
 /* The adoption holds the connection, not the allocator. */
 START_TEST(test_adoption_stalls_no_allocation) {
-        held_memory_serves_while("adopted", true);
+        held_memory_serves_while("adopted", "grow", true);
+        held_memory_serves_while("adopted-whole", "whole", true);
 }
 END_TEST
 
