@@ -135,9 +135,10 @@ struct gpupool_client {
         uint64_t serial;                /* unique in the process: a thread's cache names its handle by it */
         pthread_mutex_t lock;           /* everything below but what conn_busy lends out */
         /*
-         * The main connection: used under the lock, one request at a time, except by a lease
-         * (client_call_unlocked()), which lends it out with conn_busy and lets go of the lock
-         * while the daemon may park it, so that the control thread and the other threads go on.
+         * The main connection: used under the lock, one request at a time, except where it is
+         * lent out with conn_busy (client_conn_take(): a lease, a block's granule leases, an
+         * adoption), which lets go of the lock while the requests are out (the daemon may park
+         * a lease), so that the control thread and the other threads go on.
          */
         struct gp_conn conn;
         bool conn_busy;

@@ -236,13 +236,13 @@ static int daemon_gone_error(gpupool_client *c) {
 }
 
 /*
- * Sends a LeaseRequest for size bytes on device d (granules: that many granules of size, 0:
- * one segment) and waits for its reply and up to max_fds descriptors. The daemon may park it
- * while other processes give memory back: the lock must not wait with it. Returns 0, or a
- * negative errno with the error set. Locked.
+ * Sends a LeaseRequest for a segment for size bytes on device d (granules go through
+ * lease_granules()) and waits for its reply and up to max_fds descriptors. The daemon may
+ * park it while other processes give memory back: the lock must not wait with it. Returns 0,
+ * or a negative errno with the error set. Locked.
  */
-static int lease_call(gpupool_client *c, unsigned d, uint64_t size, uint32_t granules, uint32_t ahead,
-                      Gpupool__Envelope **ret_reply, int *fds, size_t max_fds, size_t *ret_nfds) {
+static int lease_call(gpupool_client *c, unsigned d, uint64_t size, Gpupool__Envelope **ret_reply, int *fds,
+                      size_t max_fds, size_t *ret_nfds) {
         Gpupool__Envelope req = GPUPOOL__ENVELOPE__INIT;
         Gpupool__LeaseRequest lr = GPUPOOL__LEASE_REQUEST__INIT;
         int r;
@@ -252,10 +252,6 @@ static int lease_call(gpupool_client *c, unsigned d, uint64_t size, uint32_t gra
                 return daemon_gone_error(c);
         lr.device = d;
         lr.size = size;
-        lr.has_granules = granules != 0;
-        lr.granules = granules;
-        lr.has_granules_ahead = ahead != 0;
-        lr.granules_ahead = ahead;
         req.body_case = GPUPOOL__ENVELOPE__BODY_LEASE;
         req.lease = &lr;
         r = call_reporting(c, &req, GPUPOOL__ENVELOPE__BODY_LEASE_REPLY, ret_reply, true, fds, max_fds, ret_nfds);
@@ -263,14 +259,14 @@ static int lease_call(gpupool_client *c, unsigned d, uint64_t size, uint32_t gra
         return r < 0 && r != -ETIMEDOUT && r != -EPROTO && client_daemon_gone(c) ? daemon_gone_error(c) : r;
 }
 
-/* Segment ids gathered to give back once the connection is free again, the latest failure's sentence kept. */
-struct give_back {
+/* Segment ids gathered to give back once the connection is free again (returns_send()). */
+struct returns {
         uint64_t *ids;
         size_t n, cap;
         size_t lost;            /* ids there was no memory to remember */
 };
 
-static void give_back_add(struct give_back *b, uint64_t id) {
+static void returns_add(struct returns *b, uint64_t id) {
         if (b->n == b->cap) {
                 size_t cap = b->cap ? 2 * b->cap : CLIENT_RETURN_BATCH;
                 uint64_t *ids = realloc(b->ids, cap * sizeof(*ids));
@@ -286,7 +282,7 @@ static void give_back_add(struct give_back *b, uint64_t id) {
 }
 
 /* Gives the ids back (the connection free, locked) and frees them; c->error stays what it was. */
-static void give_back_send(gpupool_client *c, struct give_back *b) {
+static void returns_send(gpupool_client *c, struct returns *b) {
         char why[sizeof(c->error)];
 
         snprintf(why, sizeof(why), "%s", c->error);
@@ -298,7 +294,7 @@ static void give_back_send(gpupool_client *c, struct give_back *b) {
         else
                 client_set_error(c, "%s", why);
         free(b->ids);
-        *b = (struct give_back) { 0 };
+        *b = (struct returns) { 0 };
 }
 
 /*
@@ -306,21 +302,21 @@ static void give_back_send(gpupool_client *c, struct give_back *b) {
  * this process does not hold are to go back, since the daemon counts them leased to it; one
  * it holds already stays its own. Locked.
  */
-static void refused_segments(gpupool_client *c, const Gpupool__LeaseReply *l, struct give_back *b) {
+static void refused_segments(gpupool_client *c, const Gpupool__LeaseReply *l, struct returns *b) {
         for (size_t i = 0; i <= l->n_more_segment_ids; i++) {
                 uint64_t id = i ? l->more_segment_ids[i - 1] : l->segment_id;
 
                 if (!client_mapping_by_id(c, id) && !client_grow_holds(c, id))
-                        give_back_add(b, id);
+                        returns_add(b, id);
         }
 }
 
 /* The same, given back at once. Locked. */
 static void return_refused(gpupool_client *c, const Gpupool__LeaseReply *l) {
-        struct give_back b = { 0 };
+        struct returns b = { 0 };
 
         refused_segments(c, l, &b);
-        give_back_send(c, &b);
+        returns_send(c, &b);
 }
 
 /*
@@ -334,7 +330,7 @@ static int lease(gpupool_client *c, unsigned d, uint64_t rsize, enum heap_class 
         size_t nfds;
         int r, fd = -1;
 
-        r = lease_call(c, d, rsize, 0, 0, &rep, &fd, 1, &nfds);
+        r = lease_call(c, d, rsize, &rep, &fd, 1, &nfds);
         if (r < 0)
                 return r;
         l = rep->lease_reply;
@@ -375,8 +371,9 @@ struct lease_pipe {
         uint64_t n, ahead;              /* granules asked, and up to ahead more with the last request */
         uint64_t requests, sent, read;
         uint64_t obtained;              /* granules that came, taken as spares */
-        int r;                          /* the first failure (0: none), its sentence in c->error */
-        struct give_back back;          /* segments of replies refused, to go back after */
+        int r;                          /* the first failure (0: none) */
+        char why[GP_MAX_ERROR_BYTES];   /* its sentence, the handle's error once the replies are read */
+        struct returns back;            /* segments of replies refused, to go back after */
 };
 
 /* Request i's granules, and how many more it asks ahead (the last only, as far as a packet's descriptors go). */
@@ -388,13 +385,12 @@ static uint64_t pipe_batch(const struct lease_pipe *p, uint64_t i, uint64_t *ret
         return batch;
 }
 
-/* The first failure is the one the caller reports. Locked. */
-static void pipe_fail(gpupool_client *c, struct lease_pipe *p, int r, const char *why) {
+/* The first failure is the one the caller reports: later ones (their sentences in c->error too) are not. Locked. */
+static void pipe_fail(struct lease_pipe *p, int r, const char *why) {
         if (p->r)
                 return;
         p->r = r;
-        if (why)
-                client_set_error(c, "%s", why);
+        snprintf(p->why, sizeof(p->why), "%s", why);
 }
 
 /*
@@ -433,30 +429,26 @@ static void pipe_take(gpupool_client *c, struct lease_pipe *p, Gpupool__Envelope
         const Gpupool__LeaseReply *l = rep->lease_reply;
         uint64_t ids[GP_MAX_LEASE_GRANULES], ahead, n = pipe_batch(p, p->read - 1, &ahead);
         size_t got = 1 + l->n_more_segment_ids;
-        char why[sizeof(c->error)];
-        int r;
+        int r = -EPROTO;
 
         if (l->segment_size != GP_GRANULE_BYTES || got < n || got > n + ahead || nfds != got) {
                 for (size_t i = 0; i < nfds; i++)
                         close(fds[i]);
-                snprintf(why, sizeof(why), "gpupoold answered a lease of %llu granules (and up to %llu more) with %zu "
-                         "segments of %llu bytes and %zu descriptors", (unsigned long long) n, (unsigned long long) ahead,
-                         got, (unsigned long long) l->segment_size, nfds);
-                pipe_fail(c, p, -EPROTO, why);
-                refused_segments(c, l, &p->back);
-                return;
+                client_set_error(c, "gpupoold answered a lease of %llu granules (and up to %llu more) with %zu segments "
+                                    "of %llu bytes and %zu descriptors", (unsigned long long) n,
+                                 (unsigned long long) ahead, got, (unsigned long long) l->segment_size, nfds);
+        } else {
+                for (size_t i = 0; i < got; i++)
+                        ids[i] = i ? l->more_segment_ids[i - 1] : l->segment_id;
+                r = client_grow_adopt(c, p->d, ids, fds, got);
+                if (r == 0) {
+                        p->obtained += got;
+                        return;
+                }
         }
-        for (size_t i = 0; i < got; i++)
-                ids[i] = i ? l->more_segment_ids[i - 1] : l->segment_id;
-        r = client_grow_adopt(c, p->d, ids, fds, got);
-        if (r < 0) {
-                /* None taken: the daemon takes them back, but for one this process held already. */
-                snprintf(why, sizeof(why), "%s", c->error);
-                pipe_fail(c, p, r, why);
-                refused_segments(c, l, &p->back);
-                return;
-        }
-        p->obtained += got;
+        /* None taken: the daemon takes them back, but for one this process held already. */
+        pipe_fail(p, r, c->error);
+        refused_segments(c, l, &p->back);
 }
 
 /*
@@ -477,7 +469,7 @@ static int lease_granules(gpupool_client *c, unsigned d, uint64_t n, uint64_t ah
         if (client_daemon_gone(c))
                 return daemon_gone_error(c);
         n_usage = client_pool_usage(c, u, ptrs);
-        c->conn_busy = true;
+        client_conn_take(c);
         while (p.read < p.sent || (!p.r && p.sent < p.requests)) {
                 int fds[GP_MAX_LEASE_GRANULES];
                 Gpupool__Envelope *rep = NULL;
@@ -494,27 +486,27 @@ static int lease_granules(gpupool_client *c, unsigned d, uint64_t n, uint64_t ah
                                               GP_MAX_LEASE_GRANULES, &nfds);
                 pthread_mutex_lock(&c->lock);
                 if (rs < 0)
-                        pipe_fail(c, &p, rs, c->conn.error);
+                        pipe_fail(&p, rs, c->conn.error);
                 if (!reading)
                         continue;       /* nothing went: the failure ends the loop */
                 if (r < 0 && c->conn.broken) {
                         /* No reply more can be read; what the daemon leased it counts until this handle starts anew. */
-                        pipe_fail(c, &p, r, c->conn.error);
+                        pipe_fail(&p, r, c->conn.error);
                         break;
                 }
                 p.read++;
                 if (r < 0)
-                        pipe_fail(c, &p, r, c->conn.error);     /* refused: the others' replies come still */
+                        pipe_fail(&p, r, c->conn.error);        /* refused: the others' replies come still */
                 else
                         pipe_take(c, &p, rep, fds, nfds);
                 if (rep)
                         gpupool__envelope__free_unpacked(rep, NULL);
         }
-        c->conn_busy = false;
-        pthread_cond_broadcast(&c->conn_idle);
-        c->round_trips = c->conn.trips;
+        client_conn_give(c);
+        if (p.r)
+                client_set_error(c, "%s", p.why);
         if (p.back.n || p.back.lost)
-                give_back_send(c, &p.back);
+                returns_send(c, &p.back);
         *ret_obtained = p.obtained;
         /* The daemon found gone says so; a timeout and a reply out of step keep their own. */
         if (p.r < 0 && p.r != -ETIMEDOUT && p.r != -EPROTO && client_daemon_gone(c))
@@ -587,7 +579,7 @@ static int range_full(gpupool_client *c, unsigned d, uint64_t rsize) {
         size_t nfds;
         int r, fd = -1;
 
-        r = lease_call(c, d, rsize, 0, 0, &rep, &fd, 1, &nfds);
+        r = lease_call(c, d, rsize, &rep, &fd, 1, &nfds);
         if (r < 0)
                 return r;
         id = rep->lease_reply->segment_id;

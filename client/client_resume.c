@@ -95,28 +95,25 @@ static int adopt_device(gpupool_client *c, unsigned d, struct client_kept *k, si
 /*
  * Every segment the process holds, each device's adopted in turn, then all renamed at once,
  * out of their indexes by id (an old id may be a new one's too). The connection is this
- * thread's throughout (conn_busy), and the lock is let go while each request is out, so that
+ * thread's throughout (client_conn_take()), and the lock is let go while each request is out, so that
  * the application's threads allocate and free in what the process holds meanwhile, the
  * indexes as they were. Nothing the list names can go away in between: segments leave the
  * process only to be given back, which waits for the connection before it takes any
  * (give_back(); the control thread's own returns are this thread's).
  */
 static int adopt_all(gpupool_client *c) {
-        size_t whole = c->by_id.count, n = 0, m = 0, at = 0;
+        size_t whole = c->by_id.count, n = 0, m = 0, at = 0, first[CLIENT_MAX_DEVICES + 1];
         struct mapping **maps = NULL;
         struct client_kept *k;
-        size_t *first;
         int r = 0;
 
         for (unsigned d = 0; d < c->device_count; d++)
                 n += client_grow_held(c, d);
         k = calloc(n + whole + 1, sizeof(*k));
         maps = calloc(whole + 1, sizeof(*maps));
-        first = calloc(c->device_count + 1, sizeof(*first));
-        if (!k || !maps || !first) {
+        if (!k || !maps) {
                 free(k);
                 free(maps);
-                free(first);
                 client_set_error(c, "out of memory listing the segments for gpupoold to adopt");
                 return -ENOMEM;
         }
@@ -132,11 +129,10 @@ static int adopt_all(gpupool_client *c) {
                                                                  maps[i]->segment_id };
                 first[d + 1] = at;
         }
-        c->conn_busy = true;
+        client_conn_take(c);
         for (unsigned d = 0; d < c->device_count && r == 0; d++)
                 r = adopt_device(c, d, k + first[d], first[d + 1] - first[d]);
-        c->conn_busy = false;
-        pthread_cond_broadcast(&c->conn_idle);
+        client_conn_give(c);
         for (size_t i = 0; i < whole; i++)
                 gp_rb_remove(&c->by_id, &maps[i]->by_id);
         for (unsigned d = 0; d < c->device_count; d++)
@@ -149,7 +145,6 @@ static int adopt_all(gpupool_client *c) {
                 (void) gp_rb_insert(&c->by_id, &maps[i]->by_id);
         free(k);
         free(maps);
-        free(first);
         return r;
 }
 

@@ -247,6 +247,17 @@ void client_conn_wait(gpupool_client *c) {
                 pthread_cond_wait(&c->conn_idle, &c->lock);
 }
 
+void client_conn_take(gpupool_client *c) {
+        client_conn_wait(c);
+        c->conn_busy = true;
+}
+
+void client_conn_give(gpupool_client *c) {
+        c->conn_busy = false;
+        pthread_cond_broadcast(&c->conn_idle);
+        c->round_trips = c->conn.trips;
+}
+
 /* After a call on the main connection: what it counted, and why it failed. Locked, the connection ours. */
 int client_call_done(gpupool_client *c, int r) {
         c->round_trips = c->conn.trips;
@@ -265,13 +276,11 @@ int client_call_unlocked(gpupool_client *c, Gpupool__Envelope *req, Gpupool__Env
                          Gpupool__Envelope **ret_reply, int *fds, size_t max_fds, size_t *ret_nfds) {
         int r;
 
-        client_conn_wait(c);
-        c->conn_busy = true;
+        client_conn_take(c);
         pthread_mutex_unlock(&c->lock);
         r = gp_conn_call_fds(&c->conn, req, want, ret_reply, fds, max_fds, ret_nfds);
         pthread_mutex_lock(&c->lock);
-        c->conn_busy = false;
-        pthread_cond_broadcast(&c->conn_idle);
+        client_conn_give(c);
         return client_call_done(c, r);
 }
 

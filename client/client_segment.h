@@ -19,6 +19,14 @@ void client_segments_destroy(gpupool_client *c);
 /* Waits (letting go of the lock meanwhile) until no lease has the main connection out. Locked. */
 void client_conn_wait(gpupool_client *c);
 
+/*
+ * Lends the main connection to this thread (conn_busy), once no other has it, so that it may
+ * let go of the lock while its requests are out; client_conn_give() ends the loan, counting
+ * the round trips. Locked.
+ */
+void client_conn_take(gpupool_client *c);
+void client_conn_give(gpupool_client *c);
+
 /* gp_conn_call() on the main connection, once no lease has it out; its error into c->error. Locked. */
 int client_call(gpupool_client *c, Gpupool__Envelope *req, Gpupool__Envelope__BodyCase want,
                 Gpupool__Envelope **ret_reply, int *ret_fd);

@@ -51,7 +51,7 @@ static int broken(struct gp_conn *c, int r) {
         return break_with(c, -ECONNRESET);
 }
 
-/* Sends req with send_nfds descriptors; read_reply() reads its reply, after those of the requests sent before it. */
+/* Sends req with send_nfds descriptors; gp_conn_reply_fds() reads its reply, after those of the requests sent before it. */
 static int send_request(struct gp_conn *c, Gpupool__Envelope *req, const int *send_fds, size_t send_nfds) {
         int n, sent;
 
@@ -81,8 +81,7 @@ static int send_request(struct gp_conn *c, Gpupool__Envelope *req, const int *se
         return 0;
 }
 
-/* Reads the reply to the oldest request unanswered, with up to max_fds descriptors. */
-static int read_reply(struct gp_conn *c, Gpupool__Envelope__BodyCase want, Gpupool__Envelope **ret_reply, int *fds,
+int gp_conn_reply_fds(struct gp_conn *c, Gpupool__Envelope__BodyCase want, Gpupool__Envelope **ret_reply, int *fds,
                       size_t max_fds, size_t *ret_nfds) {
         uint64_t id = c->next_id - c->unanswered;
         int got[GP_WIRE_MAX_FDS];
@@ -153,16 +152,11 @@ static int call(struct gp_conn *c, Gpupool__Envelope *req, const int *send_fds, 
         int r = send_request(c, req, send_fds, send_nfds);
 
         *ret_nfds = 0;
-        return r < 0 ? r : read_reply(c, want, ret_reply, fds, max_fds, ret_nfds);
+        return r < 0 ? r : gp_conn_reply_fds(c, want, ret_reply, fds, max_fds, ret_nfds);
 }
 
 int gp_conn_send(struct gp_conn *c, Gpupool__Envelope *req) {
         return send_request(c, req, NULL, 0);
-}
-
-int gp_conn_reply_fds(struct gp_conn *c, Gpupool__Envelope__BodyCase want, Gpupool__Envelope **ret_reply, int *fds,
-                      size_t max_fds, size_t *ret_nfds) {
-        return read_reply(c, want, ret_reply, fds, max_fds, ret_nfds);
 }
 
 int gp_conn_call_fds(struct gp_conn *c, Gpupool__Envelope *req, Gpupool__Envelope__BodyCase want,
