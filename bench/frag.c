@@ -19,19 +19,24 @@
  *            on a miss, best fit over all free chunks, split and merge, never given back;
  *   none     no cache: every allocation is its own rounded segment, freed at once.
  *
- * And two models of segments that grow in place (not in libgpupool yet), each over one large
- * virtual range per class carved by the same allocator core (best fit, split, merge):
+ * And three models of segments that grow in place, each over one large virtual range per
+ * class carved by the same allocator core (best fit, split, merge):
  *
  *   expand   the range is backed by 2 MiB granules mapped at its end as it grows, never
  *            unmapped: PyTorch's expandable_segments without empty_cache();
- *   granule  common/granule.c: physical granules are interchangeable, each granule a
+ *   granule  common/granule.c alone: physical granules are interchangeable, each granule a
  *            block touches is mapped where it lies, and when the process has no spare
  *            granule it unmaps whole free granules (the highest first, as many as the block
- *            needs) to map them again there before it leases new ones. Its row also gives
- *            the granules leased, the maps and the unmaps, the cost this policy pays, over
- *            the whole trace and over its second half (a program's steady state, where a
- *            caching allocator pays nothing: on cuda-vmm each move is a cuMemUnmap, a cuMemMap
- *            and a cuMemSetAccess).
+ *            needs) to map them again there, and obtains only what that cannot cover;
+ *   grow     libgpupool's $GPUPOOL_SEGMENTS=grow: the same core, and what a block must
+ *            obtain is leased with granule_ahead() more (the client's lease policy), taken as
+ *            spares before the block is mapped.
+ *
+ *            The last two rows also give their cost: the leases (each a round trip, however
+ *            many granules it brings), the granules leased, the maps and the unmaps, over the
+ *            whole trace and over its second half (a program's steady state, where a caching
+ *            allocator pays nothing: on cuda-vmm a map is a cuMemMap and a cuMemSetAccess, an
+ *            unmap a cuMemUnmap).
  *
  * Usage: frag [-g GRANULE_MIB] TRACE.csv...   (the models' granule, 2 MiB unless given)
  */
@@ -307,13 +312,21 @@ static int model_obtain(void *ctx, uint64_t n, uint64_t *phys) {
 
 static const struct granule_ops model_ops = { model_map, model_unmap, model_obtain, NULL };
 
+enum model { EXPAND, GRANULE, GROW };
+
+/* The leases of the granule models, over the trace and before its second half. */
+struct leases {
+        uint64_t all, half;
+};
+
 /*
- * expand (remap false): each class's range is mapped up to the end of the highest block it
- * ever held. granule (remap true): common/granule.c keeps what backs the ranges. Leaves the
- * granule model's counts in g.
+ * expand: each class's range is mapped up to the end of the highest block it ever held.
+ * granule and grow: common/granule.c keeps what backs the ranges (grow leasing as libgpupool
+ * does). Leaves the granule models' counts in g, and at the second half's start in half.
  */
-static struct result run_growing(const struct op *ops, size_t n, uint64_t max_id, bool remap, struct granule_set *g,
-                                 struct granule_set *half) {
+static struct result run_growing(const struct op *ops, size_t n, uint64_t max_id, enum model model, struct granule_set *g,
+                                 struct granule_set *half, struct leases *leases) {
+        bool remap = model != EXPAND;
         struct heap_block **live = calloc(max_id + 1, sizeof(*live));
         uint64_t *sizes = calloc(max_id + 1, sizeof(*sizes)), in_use = 0, extent[HEAP_CLASS_COUNT] = { 0 }, held = 0;
         uint64_t next_phys = 0;
@@ -330,8 +343,10 @@ static struct result run_growing(const struct op *ops, size_t n, uint64_t max_id
                     (remap && granule_range_init(g, &range[c], RANGE) < 0))
                         exit(1);
         for (size_t i = 0; i < n; i++) {
-                if (i == n / 2)
+                if (i == n / 2) {
                         *half = *g;     /* the counts at the second half's start */
+                        leases->half = leases->all;
+                }
                 if (ops[i].alloc) {
                         uint64_t rsize = heap_round(ops[i].size);
                         enum heap_class class = heap_class_of(rsize);
@@ -342,6 +357,19 @@ static struct result run_growing(const struct op *ops, size_t n, uint64_t max_id
                                 exit(1);
                         end = (b->offset + b->size + granule_bytes - 1) / granule_bytes;
                         if (remap) {
+                                uint64_t lack = granule_shortfall(&range[class], b->offset, b->size);
+
+                                /* A lease, what granule_take() would obtain and more ahead, taken as spares. */
+                                if (model == GROW && lack) {
+                                        uint64_t want = lack + granule_ahead(g, lack, in_use + rsize);
+                                        uint64_t *phys = malloc(want * sizeof(*phys));
+
+                                        if (!phys || model_obtain(&next_phys, want, phys) < 0 ||
+                                            granule_add_spares(g, phys, want) < 0)
+                                                exit(1);
+                                        free(phys);
+                                }
+                                leases->all += lack != 0;
                                 if (granule_take(&range[class], b->offset, b->size) < 0)
                                         exit(1);
                         } else if (end > extent[class]) {
@@ -431,6 +459,7 @@ int main(int argc, char **argv) {
                 const char *base = strrchr(argv[i], '/') ? strrchr(argv[i], '/') + 1 : argv[i];
                 char name[64];
                 struct granule_set g, half;
+                struct leases leases = { 0 };
                 struct trace t;
                 int r = trace_read(argv[i], &t);
                 const struct op *ops = t.ops;
@@ -446,12 +475,17 @@ int main(int argc, char **argv) {
                 row(name, "pytorch", run_segalloc(&pytorch, ops, n, max_id));
                 row(name, "cupy", run_segalloc(&cupy, ops, n, max_id));
                 row(name, "none", run_none(ops, n, max_id));
-                row(name, "expand", run_growing(ops, n, max_id, false, &g, &half));
-                row(name, "granule", run_growing(ops, n, max_id, true, &g, &half));
-                printf("%-12s %-13s %" PRIu64 " granules leased, %" PRIu64 " maps, %" PRIu64 " unmaps, for %zu ops\n", "",
-                       "", g.obtained, g.maps, g.unmaps, n);
-                printf("%-12s %-13s second half: %" PRIu64 " leased, %" PRIu64 " maps, %" PRIu64 " unmaps, for %zu ops\n",
-                       "", "", g.obtained - half.obtained, g.maps - half.maps, g.unmaps - half.unmaps, n - n / 2);
+                row(name, "expand", run_growing(ops, n, max_id, EXPAND, &g, &half, &leases));
+                for (int m = GRANULE; m <= GROW; m++) {
+                        leases = (struct leases) { 0 };
+                        row(name, m == GRANULE ? "granule" : "grow", run_growing(ops, n, max_id, (enum model) m, &g, &half,
+                                                                                 &leases));
+                        printf("%-12s %-13s %" PRIu64 " leases of %" PRIu64 " granules, %" PRIu64 " maps, %" PRIu64
+                               " unmaps, for %zu ops\n", "", "", leases.all, g.obtained, g.maps, g.unmaps, n);
+                        printf("%-12s %-13s second half: %" PRIu64 " leases of %" PRIu64 " granules, %" PRIu64 " maps, %"
+                               PRIu64 " unmaps, for %zu ops\n", "", "", leases.all - leases.half, g.obtained - half.obtained,
+                               g.maps - half.maps, g.unmaps - half.unmaps, n - n / 2);
+                }
                 free(t.ops);
         }
         return 0;

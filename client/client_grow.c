@@ -258,6 +258,12 @@ uint64_t client_grow_shortfall(gpupool_client *c, const struct heap_block *hb) {
         return granule_shortfall(range_of(g, hb->segment), hb->offset, hb->size);
 }
 
+uint64_t client_grow_ahead(gpupool_client *c, const struct heap_block *hb, uint64_t shortfall) {
+        struct client_device *dev = &c->devices[gp_rb_entry(hb->segment, struct mapping, hs)->device];
+
+        return granule_ahead(&dev->grow->set, shortfall, dev->heap.in_use_bytes);
+}
+
 /* Lets go of granule i's memory (unmapped everywhere but its parking spot) and frees its entry. */
 static void granule_drop(struct client_grow *g, uint64_t i) {
         gp_rb_remove(&g->by_id, &g->granules[i].by_id);

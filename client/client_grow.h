@@ -19,6 +19,9 @@ int client_grow_start(gpupool_client *c, unsigned d);
 /* How many granules a block of the device's heap lacks now (granule_shortfall()). */
 uint64_t client_grow_shortfall(gpupool_client *c, const struct heap_block *hb);
 
+/* How many more to lease with the shortfall of a block of the device's heap (granule_ahead()). */
+uint64_t client_grow_ahead(gpupool_client *c, const struct heap_block *hb, uint64_t shortfall);
+
 /*
  * Takes n granules the daemon leased on d (their segment ids, and their descriptors, closed
  * here either way) as spares: maps each at a parking spot of its own (host) or imports it

@@ -22,15 +22,6 @@
 #include "client_tcache.h"
 
 /*
- * A granule lease asks for up to this fraction of what the process will hold more than the
- * block lacks (where the daemon has them at once), so that a growing process needs fewer
- * round trips. 128 keeps what is held ahead under 0.8% of what is held: bench-replay measured
- * it against 16, 32, 64 and 256, and 128 is the least that keeps every trace at 1.05 or less
- * held per byte in use.
- */
-#define LEASE_AHEAD_DIVISOR 128
-
-/*
  * A block of more granules than one lease brings (GP_MAX_LEASE_GRANULES, a packet's worth of
  * descriptors) sends its leases back to back, at most this many unanswered (4 GiB of granules),
  * and reads their replies as they come: one round trip, however large the block. The daemon
@@ -376,9 +367,17 @@ struct lease_pipe {
         struct returns back;            /* segments of replies refused, to go back after */
 };
 
+/* Whether the pipe's granules fill its packets and some go ahead: then the last packet's last granule goes in a request of its own, with them. */
+static bool pipe_split(const struct lease_pipe *p) {
+        return p->ahead && p->n % GP_MAX_LEASE_GRANULES == 0;
+}
+
 /* Request i's granules, and how many more it asks ahead (the last only, as far as a packet's descriptors go). */
 static uint64_t pipe_batch(const struct lease_pipe *p, uint64_t i, uint64_t *ret_ahead) {
-        uint64_t batch = i + 1 < p->requests ? GP_MAX_LEASE_GRANULES : p->n - i * GP_MAX_LEASE_GRANULES;
+        uint64_t full = GP_MAX_LEASE_GRANULES;
+        uint64_t batch = i + 1 < p->requests ? full - (pipe_split(p) && i + 2 == p->requests) :
+                         pipe_split(p)       ? 1 :
+                                               p->n - i * full;
 
         *ret_ahead = i + 1 < p->requests ? 0 : p->ahead < GP_MAX_LEASE_GRANULES - batch ? p->ahead :
                                                                                        GP_MAX_LEASE_GRANULES - batch;
@@ -460,10 +459,11 @@ static void pipe_take(gpupool_client *c, struct lease_pipe *p, Gpupool__Envelope
  * *ret_obtained says how many came either way. Locked.
  */
 static int lease_granules(gpupool_client *c, unsigned d, uint64_t n, uint64_t ahead, uint64_t *ret_obtained) {
-        struct lease_pipe p = { .d = d, .n = n, .ahead = ahead, .requests = (n + GP_MAX_LEASE_GRANULES - 1) / GP_MAX_LEASE_GRANULES };
+        struct lease_pipe p = { .d = d, .n = n, .ahead = ahead };
         Gpupool__Usage u[CLIENT_MAX_DEVICES], *ptrs[CLIENT_MAX_DEVICES];
         size_t n_usage;
 
+        p.requests = (n + GP_MAX_LEASE_GRANULES - 1) / GP_MAX_LEASE_GRANULES + pipe_split(&p);
         *ret_obtained = 0;
         client_conn_wait(c);    /* an adoption under way ends with the daemon back */
         if (client_daemon_gone(c))
@@ -556,7 +556,8 @@ static int grow_map_block(gpupool_client *c, unsigned d, struct heap_block *hb) 
                                 (void) client_stream_reap(c, false);
                         continue;
                 }
-                r = lease_granules(c, d, n, (client_grow_held(c, d) + n) / LEASE_AHEAD_DIVISOR, &got);
+                /* And more ahead, where the daemon has them at once: granule_ahead() says how many and why. */
+                r = lease_granules(c, d, n, client_grow_ahead(c, hb, n), &got);
                 if (r < 0) {
                         if (obtained + got)
                                 return_leased(c, d, hb->size, n + obtained, obtained + got);

@@ -230,6 +230,15 @@ uint64_t granule_shortfall(const struct granule_range *r, uint64_t offset, uint6
         return need > s->spare_count + elsewhere ? need - s->spare_count - elsewhere : 0;
 }
 
+uint64_t granule_ahead(const struct granule_set *s, uint64_t shortfall, uint64_t in_use) {
+        uint64_t budget = (in_use + in_use / GRANULE_SLACK_DIVISOR + s->granule_bytes - 1) / s->granule_bytes;
+        uint64_t floor = (s->held + shortfall) / GRANULE_AHEAD_DIVISOR;
+
+        if (!shortfall)
+                return 0;
+        return budget > s->held + shortfall + floor ? budget - s->held - shortfall : floor;
+}
+
 int granule_add_spares(struct granule_set *s, const uint64_t *phys, uint64_t n) {
         if (spare_reserve(s, s->held + n) < 0)
                 return -ENOMEM;

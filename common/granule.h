@@ -95,6 +95,21 @@ uint64_t granule_unmap_idle(struct granule_set *s, uint64_t want, uint64_t befor
  */
 uint64_t granule_shortfall(const struct granule_range *r, uint64_t offset, uint64_t size);
 
+/*
+ * The lease policy of segments that grow in place (libgpupool's, and bench/frag.c's model of
+ * it): when a block of a set whose blocks hold in_use bytes (that block among them) lacks
+ * shortfall granules, how many more the caller asks for with them, where the daemon has them
+ * at once. Enough to bring what the set holds to in_use and a GRANULE_SLACK_DIVISOR-th more, so
+ * that the blocks of the next iterations find granules mapped where they land, or spares,
+ * instead of moving idle ones, and the next growth needs no lease; and at least a
+ * GRANULE_AHEAD_DIVISOR-th of what the set will hold, so that a set the blocks fragment past
+ * that slack still grows in fewer leases. Measured by bench-replay and bench-frag (see
+ * docs/performance.md).
+ */
+#define GRANULE_SLACK_DIVISOR 32
+#define GRANULE_AHEAD_DIVISOR 192
+uint64_t granule_ahead(const struct granule_set *s, uint64_t shortfall, uint64_t in_use);
+
 /* Adds n physical granules obtained by the caller to the spares, free from now on. Returns 0, or -ENOMEM with none added. */
 int granule_add_spares(struct granule_set *s, const uint64_t *phys, uint64_t n);
 

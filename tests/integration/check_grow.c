@@ -78,27 +78,36 @@ START_TEST(test_grow_in_place) {
         ck_assert_int_eq(gpupool_alloc(c, 0, 5 * MiB, (void **) &b), 0);
         /* Side by side: the range grew under b, no new segment was started. */
         ck_assert_ptr_eq(b, a + 3 * MiB);
+        /*
+         * [0, 8 MiB): four granules, and a fifth the second lease brought ahead: what the
+         * process holds comes to 8 MiB in use and a 32nd more, in granules (granule_ahead()).
+         */
         st = stats(c);
-        ck_assert_uint_eq(st.mapped_segments, 4);       /* [0, 8 MiB): four granules */
-        ck_assert_uint_eq(st.mapped_bytes, 8 * MiB);
-        ck_assert_uint_eq(st.segments_imported, 4);
+        ck_assert_uint_eq(st.mapped_segments, 5);
+        ck_assert_uint_eq(st.mapped_bytes, 10 * MiB);
+        ck_assert_uint_eq(st.segments_imported, 5);
         ck_assert_uint_eq(st.round_trips, 3);           /* hello, and a lease for each block */
         fill(a, 3 * MiB, 1);
         fill(b, 5 * MiB, 2);
         ck_assert(intact(a, 3 * MiB, 1) && intact(b, 5 * MiB, 2));
         /* The daemon counts each granule as a segment of the process's. */
-        ck_assert_int_eq(testd_client_field(&d, 0, "grower", "reserved_bytes"), 8 * MiB);
-        ck_assert_int_eq(testd_client_field(&d, 0, "grower", "segments"), 4);
+        ck_assert_int_eq(testd_client_field(&d, 0, "grower", "reserved_bytes"), 10 * MiB);
+        ck_assert_int_eq(testd_client_field(&d, 0, "grower", "segments"), 5);
 
-        /* a freed: its first granule is idle (the second holds b too). */
+        /* a freed: its first granule is idle (the second holds b too), and the spare is free too. */
         ck_assert_int_eq(gpupool_free(c, a), 0);
-        ck_assert_uint_eq(gpupool_cached_bytes(c), 3 * MiB);
-        ck_assert(testd_client_becomes(&d, 0, "grower", "held_free_bytes", 2 * MiB));
-        /* 6 MiB does not fit a's place: it goes after b, and a's idle granule moves under it. */
+        ck_assert_uint_eq(gpupool_cached_bytes(c), 5 * MiB);
+        ck_assert(testd_client_becomes(&d, 0, "grower", "held_free_bytes", 4 * MiB));
+        /*
+         * 6 MiB does not fit a's place: it goes after b, over three granules, the spare and a's
+         * idle granule among them. Holding 11 MiB in use and a 32nd more takes six granules:
+         * the one the lease brings, and the idle granule moves.
+         */
         ck_assert_int_eq(gpupool_alloc(c, 0, 6 * MiB, (void **) &x), 0);
         ck_assert_ptr_eq(x, b + 5 * MiB);
         st = stats(c);
-        ck_assert_uint_eq(st.mapped_segments, 6);       /* granules 1 to 6: one moved, two leased */
+        ck_assert_uint_eq(st.round_trips, 4);
+        ck_assert_uint_eq(st.mapped_segments, 6);       /* granules 1 to 6: one moved, one spare, one leased */
         ck_assert_uint_eq(st.segments_imported, 6);
         fill(x, 6 * MiB, 3);
         ck_assert(intact(b, 5 * MiB, 2) && intact(x, 6 * MiB, 3));
@@ -159,12 +168,13 @@ START_TEST(test_grow_block_of_many_leases) {
         before = stats(c);
         /*
          * 300 MiB is 150 granules: two leases, at most 128 granules each, sent together (one
-         * round trip). The second asks for one more ahead (a 128th of the 150), which the daemon has.
+         * round trip). The second asks for five more ahead (300 MiB and a 32nd more take 155
+         * granules), which the daemon has.
          */
         ck_assert_int_eq(gpupool_alloc(c, 0, 300 * MiB, &p), 0);
         st = stats(c);
         ck_assert_uint_eq(st.round_trips - before.round_trips, 1);
-        ck_assert_uint_eq(st.mapped_segments, 151);
+        ck_assert_uint_eq(st.mapped_segments, 155);
         fill(p, 300 * MiB, 5);
         ck_assert(intact(p, 300 * MiB, 5));
         ck_assert_int_eq(gpupool_free(c, p), 0);
@@ -218,12 +228,15 @@ START_TEST(test_grow_leases_sent_together) {
         testd_start(&d, "--host-capacity", "5G", "--client-limit", "4700M", NULL);
         c = connect_growing(&d, "together");
         before = stats(c);
-        /* 2,314 granules: 19 leases, the last of 10 and up to 18 ahead (a 128th of 2,314). */
+        /*
+         * 2,314 granules: 19 leases, the last of 10 and up to 73 ahead (4,628 MiB and a 32nd
+         * more take 2,387 granules), of which the limit of 2,350 lets 36 come.
+         */
         ck_assert_int_eq(gpupool_alloc(c, 0, 2314 * 2 * MiB, &p), 0);
         st = stats(c);
         ck_assert_uint_eq(st.round_trips - before.round_trips, 1);
-        ck_assert_uint_eq(st.mapped_segments, 2332);
-        ck_assert_int_eq(testd_client_field(&d, 0, "together", "reserved_bytes"), 2332 * 2 * MiB);
+        ck_assert_uint_eq(st.mapped_segments, 2350);
+        ck_assert_int_eq(testd_client_field(&d, 0, "together", "reserved_bytes"), 2350 * 2 * MiB);
         mark_granules(p, 2314);
         ck_assert(granules_marked(p, 2314));
         ck_assert_int_eq(gpupool_free(c, p), 0);
@@ -258,24 +271,26 @@ START_TEST(test_grow_limit) {
 
         testd_start(&d, "--client-limit", "64M", NULL);
         c = connect_growing(&d, "limited");
+        /* 20 granules, and one ahead (40 MiB and a 32nd more take 21). */
         ck_assert_int_eq(gpupool_alloc(c, 0, 40 * MiB, &p), 0);
         ck_assert_int_eq(gpupool_free(c, p), 0);
-        /* Its 20 granules serve the next block where they are; 5 more are leased. */
+        /* Those 21 serve the next block where they are; 4 more are leased, and one ahead. */
         ck_assert_int_eq(gpupool_alloc(c, 0, 50 * MiB, &p), 0);
-        ck_assert_int_eq(testd_client_field(&d, 0, "limited", "reserved_bytes"), 50 * MiB);
+        ck_assert_int_eq(testd_client_field(&d, 0, "limited", "reserved_bytes"), 52 * MiB);
         /* Over the limit: refused, saying so, with nothing more leased. */
         ck_assert_int_eq(gpupool_alloc(c, 0, 20 * MiB, &q), -EDQUOT);
         gpupool_last_error(c, msg, sizeof(msg));
         ck_assert_msg(strstr(msg, "over its limit of 64.0 MiB"), "%s", msg);
-        ck_assert_int_eq(testd_client_field(&d, 0, "limited", "reserved_bytes"), 50 * MiB);
-        ck_assert_uint_eq(stats(c).mapped_segments, 25);
+        ck_assert_int_eq(testd_client_field(&d, 0, "limited", "reserved_bytes"), 52 * MiB);
+        ck_assert_uint_eq(stats(c).mapped_segments, 26);
         /* Larger than the device and its range: the daemon's verdict all the same, the limit first. */
         ck_assert_int_eq(gpupool_alloc(c, 0, 2ULL << 30, &q), -EDQUOT);
         gpupool_last_error(c, msg, sizeof(msg));
         ck_assert_msg(strstr(msg, "over its limit of 64.0 MiB"), "%s", msg);
-        ck_assert_int_eq(testd_client_field(&d, 0, "limited", "reserved_bytes"), 50 * MiB);
-        /* 14 MiB fits under it. */
+        ck_assert_int_eq(testd_client_field(&d, 0, "limited", "reserved_bytes"), 52 * MiB);
+        /* 14 MiB fits under it (the spare and 6 more); none ahead fits the limit. */
         ck_assert_int_eq(gpupool_alloc(c, 0, 14 * MiB, &q), 0);
+        ck_assert_int_eq(testd_client_field(&d, 0, "limited", "reserved_bytes"), 64 * MiB);
         fill(q, 14 * MiB, 6);
         ck_assert_int_eq(gpupool_free(c, p), 0);
         ck_assert_int_eq(gpupool_free(c, q), 0);
@@ -321,14 +336,18 @@ START_TEST(test_grow_ahead_waits_its_idle_time) {
         setenv("GPUPOOL_SEGMENTS", "grow", 1);
         setenv("GPUPOOL_IDLE_RETURN", "3s", 1);
         ck_assert_int_eq(gpupool_connect(d.sock, "ahead", &c), 0);
-        ck_assert_int_eq(gpupool_alloc(c, 0, 256 * MiB, &big), 0);     /* 128 granules: none asked ahead */
-        ck_assert_int_eq(testd_client_field(&d, 0, "ahead", "reserved_bytes"), 256 * MiB);
-        ck_assert_int_eq(gpupool_alloc(c, 0, 64 * KiB, &small), 0);    /* one granule, and one ahead */
-        ck_assert_int_eq(testd_client_field(&d, 0, "ahead", "reserved_bytes"), 260 * MiB);
-        /* A tick has passed once the report says it free; it is still held then. */
-        ck_assert(testd_client_becomes(&d, 0, "ahead", "held_free_bytes", 2 * MiB));
-        ck_assert_int_eq(testd_client_field(&d, 0, "ahead", "reserved_bytes"), 260 * MiB);
-        /* Three seconds on, it goes back. */
+        /*
+         * 128 granules, and 4 ahead (256 MiB and a 32nd more take 132): the 128 fill a lease,
+         * so the last of them goes in a second one, sent with it, that asks for the 4.
+         */
+        ck_assert_int_eq(gpupool_alloc(c, 0, 256 * MiB, &big), 0);
+        ck_assert_int_eq(testd_client_field(&d, 0, "ahead", "reserved_bytes"), 264 * MiB);
+        ck_assert_int_eq(gpupool_alloc(c, 0, 64 * KiB, &small), 0);    /* one of those: no lease */
+        ck_assert_int_eq(testd_client_field(&d, 0, "ahead", "reserved_bytes"), 264 * MiB);
+        /* A tick has passed once the report says the other three free; they are still held then. */
+        ck_assert(testd_client_becomes(&d, 0, "ahead", "held_free_bytes", 6 * MiB));
+        ck_assert_int_eq(testd_client_field(&d, 0, "ahead", "reserved_bytes"), 264 * MiB);
+        /* Three seconds on, they go back. */
         ck_assert(testd_client_becomes(&d, 0, "ahead", "reserved_bytes", 258 * MiB));
         ck_assert_int_eq(testd_client_field(&d, 0, "ahead", "held_free_bytes"), 0);
         ck_assert_int_eq(gpupool_free(c, small), 0);
@@ -377,10 +396,13 @@ START_TEST(test_grow_reclaim) {
         pid = spawn(idler_main, &d, pipes);
         ck_assert_int_eq(read(ready[0], &ch, 1), 1);
         ck_assert_int_eq(ch, 'y');
-        /* 350 granules, and up to a 128th of those held asked ahead at each lease. */
+        /*
+         * 350 granules, and ahead at each lease what brings those held to a 32nd more than in
+         * use, or at least a 192nd of them: at most 22 and 4 granules more.
+         */
         held = testd_client_field(&d, 0, "idler", "reserved_bytes");
         ck_assert_int_ge(held, 700 * MiB);
-        ck_assert_int_le(held, 700 * MiB + 6 * MiB);
+        ck_assert_int_le(held, 700 * MiB + 26 * 2 * MiB);
         ck_assert(testd_client_becomes(&d, 0, "idler", "held_free_bytes", held));
         /* 700 MiB fits only with what the idler holds free: it gives back granules, more than one answer's 256. */
         b = connect_growing(&d, "needy");

@@ -264,6 +264,39 @@ START_TEST(test_obtained_ahead) {
 }
 END_TEST
 
+/* The lease policy: up to what the blocks hold in use and a 32nd more, and at least a 192nd of what is held ahead. */
+START_TEST(test_lease_ahead) {
+        struct granule_range r;
+        struct granule_set s;
+        uint64_t phys[400];
+        struct rec t;
+
+        start(&s, &r, &t, 64);
+        /* Nothing lacking, nothing leased ahead. */
+        ck_assert_uint_eq(granule_ahead(&s, 0, 64 * G), 0);
+        /* 64 granules in use and a 32nd more are 66. */
+        ck_assert_uint_eq(granule_ahead(&s, 64, 64 * G), 2);
+        ck_assert_uint_eq(granule_ahead(&s, 60, 64 * G), 6);
+        /* The 32nd is of bytes, rounded up to whole granules: 10 granules and a byte take 11, and 63 take 65. */
+        ck_assert_uint_eq(granule_ahead(&s, 11, 10 * G + 1), 0);
+        ck_assert_uint_eq(granule_ahead(&s, 10, 10 * G + 1), 1);
+        ck_assert_uint_eq(granule_ahead(&s, 63, 63 * G), 2);
+        for (uint64_t i = 0; i < 400; i++)
+                phys[i] = i;
+        ck_assert_int_eq(granule_add_spares(&s, phys, 400), 0);
+        /* Holding more than the slack already: a 192nd of what it will hold, 402 and 592. */
+        ck_assert_uint_eq(granule_ahead(&s, 2, 100 * G), 2);
+        ck_assert_uint_eq(granule_ahead(&s, 192, 100 * G), 3);
+        /* Or where the slack leaves less: 398 in use take 411, one more than the 410, and a 192nd is 2. */
+        ck_assert_uint_eq(granule_ahead(&s, 10, 398 * G), 2);
+        /* The slack where it is more: 416 in use take 429. */
+        ck_assert_uint_eq(granule_ahead(&s, 10, 416 * G), 19);
+        check_ok(&s);
+        (void) granule_release_spares(&s, phys, 400, UINT64_MAX);
+        finish(&s, &r);
+}
+END_TEST
+
 START_TEST(test_spares_keep_their_age) {
         struct granule_range r;
         struct granule_set s;
@@ -386,6 +419,7 @@ Suite *suite_granule(void) {
         tcase_add_test(tc, test_spares_given_back);
         tcase_add_test(tc, test_idle_return_by_age);
         tcase_add_test(tc, test_obtained_ahead);
+        tcase_add_test(tc, test_lease_ahead);
         tcase_add_test(tc, test_spares_keep_their_age);
         tcase_add_test(tc, test_refusals);
         tcase_add_test(tc, test_random_churn);
