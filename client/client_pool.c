@@ -24,11 +24,13 @@
 /*
  * A block of more granules than one lease brings (GP_MAX_LEASE_GRANULES, a packet's worth of
  * descriptors) sends its leases back to back, at most this many unanswered (4 GiB of granules),
- * and reads their replies as they come: one round trip, however large the block. The daemon
- * answers in order, one request per turn of its loop, and its replies (a packet each) fit the
- * socket while it sends them.
+ * and reads their replies as they come: one round trip, however large the block. Segments
+ * given back go likewise, CLIENT_RETURN_BATCH a request. The daemon answers in order, one
+ * request per turn of its loop, and its replies (a packet each) fit the socket while it sends
+ * them.
  */
 #define LEASE_PIPELINE 16
+#define RETURN_WINDOW (LEASE_PIPELINE * CLIENT_RETURN_BATCH)
 
 /* What the pool holds free on device d that it could give back whole: empty segments, or granules no block touches. */
 static uint64_t held_free(gpupool_client *c, unsigned d) {
@@ -74,36 +76,77 @@ bool client_pool_usage_changed(gpupool_client *c) {
 }
 
 /*
- * Sends req on the main connection with the process's usage as of when it goes out: as
- * client_call(); or, for a lease, as client_call_unlocked() with up to max_fds descriptors.
- * Locked.
+ * Sends lease request req on the main connection with the process's usage as of when it goes
+ * out, as client_call_unlocked() with up to max_fds descriptors. Locked.
  */
-static int call_reporting(gpupool_client *c, Gpupool__Envelope *req, Gpupool__Envelope__BodyCase want,
-                          Gpupool__Envelope **ret_reply, bool lease, int *fds, size_t max_fds, size_t *ret_nfds) {
+static int lease_reporting(gpupool_client *c, Gpupool__Envelope *req, Gpupool__Envelope **ret_reply, int *fds,
+                           size_t max_fds, size_t *ret_nfds) {
         Gpupool__Usage u[CLIENT_MAX_DEVICES], *ptrs[CLIENT_MAX_DEVICES];
 
         client_conn_wait(c);
         req->n_usage = client_pool_usage(c, u, ptrs);
         req->usage = ptrs;
-        return lease ? client_call_unlocked(c, req, want, ret_reply, fds, max_fds, ret_nfds) :
-                       client_call(c, req, want, ret_reply, NULL);
+        return client_call_unlocked(c, req, GPUPOOL__ENVELOPE__BODY_LEASE_REPLY, ret_reply, fds, max_fds, ret_nfds);
+}
+
+/* Sends the ReturnRequest of ids[i, i + CLIENT_RETURN_BATCH) of n, the usage u (n_usage of it) with the last. Locked. */
+static int return_send(gpupool_client *c, const uint64_t *ids, size_t n, size_t i, Gpupool__Usage **u, size_t n_usage) {
+        Gpupool__Envelope req = GPUPOOL__ENVELOPE__INIT;
+        Gpupool__ReturnRequest rr = GPUPOOL__RETURN_REQUEST__INIT;
+
+        rr.segment_ids = (uint64_t *) ids + i;
+        rr.n_segment_ids = n - i < CLIENT_RETURN_BATCH ? n - i : CLIENT_RETURN_BATCH;
+        req.body_case = GPUPOOL__ENVELOPE__BODY_RETURN_SEGMENTS;
+        req.return_segments = &rr;
+        if (i + rr.n_segment_ids == n) {
+                /* Last, so that the daemon hears what the process holds once every segment is back. */
+                req.n_usage = n_usage;
+                req.usage = u;
+        }
+        return gp_conn_send(&c->conn, &req);
+}
+
+/* The first failure is the one reported: its errno into *r and its sentence into the handle's error. Locked. */
+static void return_fail(gpupool_client *c, int *r, int failure) {
+        if (*r)
+                return;
+        *r = failure;
+        client_set_error(c, "%s", c->conn.error);
 }
 
 int client_pool_return(gpupool_client *c, const uint64_t *ids, size_t n) {
-        Gpupool__Envelope req = GPUPOOL__ENVELOPE__INIT, *rep;
-        Gpupool__ReturnRequest rr = GPUPOOL__RETURN_REQUEST__INIT;
-        int r;
+        Gpupool__Usage u[CLIENT_MAX_DEVICES], *ptrs[CLIENT_MAX_DEVICES];
+        size_t n_usage, sent = 0, read = 0;
+        int r = 0, rs;
 
-        rr.segment_ids = (uint64_t *) ids;
-        rr.n_segment_ids = n;
-        req.body_case = GPUPOOL__ENVELOPE__BODY_RETURN_SEGMENTS;
-        req.return_segments = &rr;
-        r = call_reporting(c, &req, GPUPOOL__ENVELOPE__BODY_RETURN_REPLY, &rep, false, NULL, 0, NULL);
-        if (r < 0)
-                return r;
-        /* Unmapped already either way: one the daemon did not know is its to sort out. */
-        gpupool__envelope__free_unpacked(rep, NULL);
-        return 0;
+        client_conn_wait(c);
+        n_usage = client_pool_usage(c, u, ptrs);
+        /* Sent back to back, up to LEASE_PIPELINE unanswered; after a failure none more goes, and those out are read. */
+        while (read < sent || (r == 0 && sent < n)) {
+                Gpupool__Envelope *rep;
+                size_t nfds;
+                int rr;
+
+                while (r == 0 && sent < n && (sent - read) / CLIENT_RETURN_BATCH < LEASE_PIPELINE) {
+                        if ((rs = return_send(c, ids, n, sent, ptrs, n_usage)) < 0)
+                                return_fail(c, &r, rs);
+                        else
+                                sent += n - sent < CLIENT_RETURN_BATCH ? n - sent : CLIENT_RETURN_BATCH;
+                }
+                if (read == sent)
+                        break;
+                rr = gp_conn_reply_fds(&c->conn, GPUPOOL__ENVELOPE__BODY_RETURN_REPLY, &rep, NULL, 0, &nfds);
+                if (rr < 0)
+                        return_fail(c, &r, rr);
+                if (rr < 0 && c->conn.broken)
+                        break;          /* no reply more can be read */
+                read += sent - read < CLIENT_RETURN_BATCH ? sent - read : CLIENT_RETURN_BATCH;
+                /* Unmapped already either way: one the daemon did not know is its to sort out. */
+                if (rr == 0)
+                        gpupool__envelope__free_unpacked(rep, NULL);
+        }
+        c->round_trips = c->conn.trips;
+        return r;
 }
 
 /* Leaves out of ids (n, unmapped already) those of no daemon (CLIENT_ORPHAN): nobody takes them back. Returns how many stay. */
@@ -146,11 +189,57 @@ size_t client_pool_take_empty(gpupool_client *c, int device, uint64_t want, uint
         return daemon_ids(ids, n);
 }
 
-/* Gives back empty segments on device (-1: all), emptied at or before before_ms, until want bytes, a return per 256. */
-static int give_back(gpupool_client *c, int device, uint64_t want, uint64_t before_ms) {
-        uint64_t ids[CLIENT_RETURN_BATCH], bytes = 0;
-        size_t n;
+/*
+ * What give_back() and return_leased() take out to give back: up to max ids, unmapped, and
+ * their bytes into *ret_bytes, until want bytes. Fewer than max when nothing more is to go.
+ */
+typedef size_t (*take_fn)(gpupool_client *c, const void *arg, uint64_t want, uint64_t *ids, size_t max,
+                          uint64_t *ret_bytes);
+
+/*
+ * Gives back what take takes, until want bytes: RETURN_WINDOW ids at a time, one round trip
+ * each (client_pool_return()), or, without memory for that, CLIENT_RETURN_BATCH. Returns 0 or
+ * the first failure, the error set. Locked, the lock kept.
+ */
+static int return_taken(gpupool_client *c, take_fn take, const void *arg, uint64_t want) {
+        uint64_t batch[CLIENT_RETURN_BATCH], *ids = malloc(RETURN_WINDOW * sizeof(*ids)), bytes = 0;
+        size_t cap = ids ? RETURN_WINDOW : CLIENT_RETURN_BATCH, n, got = 0;
+        bool more = true;
         int r = 0;
+
+        if (!ids)
+                ids = batch;
+        while (r == 0 && more && bytes < want) {
+                for (n = 0; more && n < cap && bytes < want; n += got) {
+                        uint64_t b, max = cap - n < CLIENT_RETURN_BATCH ? cap - n : CLIENT_RETURN_BATCH;
+
+                        got = take(c, arg, want - bytes, ids + n, max, &b);
+                        bytes += b;
+                        more = got == max;
+                }
+                if (n)
+                        r = client_pool_return(c, ids, n);
+        }
+        if (ids != batch)
+                free(ids);
+        return r;
+}
+
+/* Empty segments (client_pool_take_empty()), to give back (return_taken()). */
+struct take_empty {
+        int device;
+        uint64_t before_ms;
+};
+
+static size_t take_empty(gpupool_client *c, const void *arg, uint64_t want, uint64_t *ids, size_t max, uint64_t *ret_bytes) {
+        const struct take_empty *t = arg;
+
+        return client_pool_take_empty(c, t->device, want, t->before_ms, ids, max, ret_bytes);
+}
+
+/* Gives back empty segments on device (-1: all), emptied at or before before_ms, until want bytes. */
+static int give_back(gpupool_client *c, int device, uint64_t want, uint64_t before_ms) {
+        struct take_empty t = { device, before_ms };
 
         /*
          * The connection first: an adoption under way renames what it would take (and a lease
@@ -160,15 +249,7 @@ static int give_back(gpupool_client *c, int device, uint64_t want, uint64_t befo
         /* Nobody to give it to: cuda-vmm memory stays the process's until it reconnects. */
         if (client_daemon_gone(c))
                 return -ECONNRESET;
-        do {
-                uint64_t got;
-
-                n = client_pool_take_empty(c, device, want - bytes, before_ms, ids, CLIENT_RETURN_BATCH, &got);
-                bytes += got;
-                if (n)
-                        r = client_pool_return(c, ids, n);
-        } while (r == 0 && n == CLIENT_RETURN_BATCH && bytes < want);
-        return r;
+        return return_taken(c, take_empty, &t, want);
 }
 
 int client_pool_trim(gpupool_client *c, int device, uint64_t want) {
@@ -245,7 +326,7 @@ static int lease_call(gpupool_client *c, unsigned d, uint64_t size, Gpupool__Env
         lr.size = size;
         req.body_case = GPUPOOL__ENVELOPE__BODY_LEASE;
         req.lease = &lr;
-        r = call_reporting(c, &req, GPUPOOL__ENVELOPE__BODY_LEASE_REPLY, ret_reply, true, fds, max_fds, ret_nfds);
+        r = lease_reporting(c, &req, ret_reply, fds, max_fds, ret_nfds);
         /* The daemon found gone by this call says so too; a timeout and a reply out of step keep their own. */
         return r < 0 && r != -ETIMEDOUT && r != -EPROTO && client_daemon_gone(c) ? daemon_gone_error(c) : r;
 }
@@ -277,8 +358,8 @@ static void returns_send(gpupool_client *c, struct returns *b) {
         char why[sizeof(c->error)];
 
         snprintf(why, sizeof(why), "%s", c->error);
-        for (size_t i = 0; i < b->n; i += CLIENT_RETURN_BATCH)
-                (void) client_pool_return(c, b->ids + i, b->n - i < CLIENT_RETURN_BATCH ? b->n - i : CLIENT_RETURN_BATCH);
+        if (b->n)
+                (void) client_pool_return(c, b->ids, b->n);
         if (b->lost)
                 client_set_error(c, "%s (and %zu segments the daemon counts as this process's could not be given back: "
                                     "out of memory)", why, b->lost);
@@ -514,22 +595,25 @@ static int lease_granules(gpupool_client *c, unsigned d, uint64_t n, uint64_t ah
         return p.r;
 }
 
+/* Spares of device *arg, to give back (return_taken()). */
+static size_t take_spares(gpupool_client *c, const void *arg, uint64_t want, uint64_t *ids, size_t max, uint64_t *ret_bytes) {
+        uint64_t left = want / GP_GRANULE_BYTES;
+        size_t n = client_grow_take_spares(c, *(const unsigned *) arg, ids, left < max ? left : max);
+
+        *ret_bytes = n * GP_GRANULE_BYTES;
+        return n;
+}
+
 /*
  * After a lease for a block of size bytes that lacked lacking granules was refused: the
  * obtained granules leased for it before go back at once, and the error says so, the
  * daemon's sentence kept. Locked.
  */
 static void return_leased(gpupool_client *c, unsigned d, uint64_t size, uint64_t lacking, uint64_t obtained) {
-        uint64_t ids[GP_MAX_LEASE_GRANULES];
         char why[sizeof(c->error)];
-        size_t back;
 
         snprintf(why, sizeof(why), "%s", c->error);
-        while (obtained && (back = client_grow_take_spares(c, d, ids, obtained < GP_MAX_LEASE_GRANULES ?
-                                                                      obtained : GP_MAX_LEASE_GRANULES))) {
-                obtained -= back;
-                (void) client_pool_return(c, ids, back);
-        }
+        (void) return_taken(c, take_spares, &d, obtained * GP_GRANULE_BYTES);
         client_set_error(c, "cannot allocate %llu bytes on device %u (%llu more granules than it had leased, asked for "
                             "in leases of up to %d): %s", (unsigned long long) size, d, (unsigned long long) lacking,
                          GP_MAX_LEASE_GRANULES, why);

@@ -243,9 +243,14 @@ START_TEST(test_grow_leases_sent_together) {
         ck_assert_int_eq(gpupool_trim(c), 0);
         ck_assert_int_eq(testd_client_field(&d, 0, "together", "reserved_bytes"), 0);
 
-        /* 2,400 granules: the first 18 leases fit the limit of 2,350, the 19th does not. */
+        /*
+         * 2,400 granules: the first 18 leases fit the limit of 2,350, the 19th does not. The
+         * 2,304 granules they brought go back in requests sent together: one round trip more.
+         */
         ck_assert_int_eq(gpupool_alloc(c, 0, 64 * KiB, &q), 0);
+        before = stats(c);
         ck_assert_int_eq(gpupool_alloc(c, 0, 2400 * 2 * MiB, &p), -EDQUOT);
+        ck_assert_uint_eq(stats(c).round_trips - before.round_trips, 2);
         gpupool_last_error(c, msg, sizeof(msg));
         ck_assert_msg(strstr(msg, "cannot allocate 5033164800 bytes on device 0 (2400 more granules") &&
                       strstr(msg, "over its limit of 4.6 GiB"), "%s", msg);
@@ -258,6 +263,41 @@ START_TEST(test_grow_leases_sent_together) {
         ck_assert_int_eq(gpupool_free(c, p), 0);
         ck_assert_int_eq(gpupool_free(c, q), 0);
         json_decref(testd_ctl(&d, "check"));
+        gpupool_disconnect(c);
+        ck_assert_int_eq(testd_stop(&d), 0);
+}
+END_TEST
+
+/* A trim of more granules than one request names (256) sends its requests together: a round trip per 4,096. */
+START_TEST(test_grow_trim_together) {
+        struct gpupool_stats before, st;
+        gpupool_client *c;
+        struct testd d;
+        void *p, *q;
+
+        testd_start(&d, "--host-capacity", "10G", NULL);
+        c = connect_growing(&d, "trimmer");
+        ck_assert_int_eq(gpupool_alloc(c, 0, 64 * KiB, &q), 0);
+        ck_assert_int_eq(gpupool_alloc(c, 0, 4200 * 2 * MiB, &p), 0);
+        mark_granules(p, 4200);
+        ck_assert_int_eq(gpupool_free(c, p), 0);
+        st = stats(c);
+        ck_assert_uint_gt(st.mapped_segments, 4200);
+        /* All but the small block's granule go back, in 17 requests or more: two round trips. */
+        before = st;
+        ck_assert_int_eq(gpupool_trim(c), 0);
+        st = stats(c);
+        ck_assert_uint_eq(st.round_trips - before.round_trips, 2);
+        ck_assert_uint_eq(st.mapped_segments, 1);
+        ck_assert_int_eq(testd_client_field(&d, 0, "trimmer", "reserved_bytes"), 2 * MiB);
+        ck_assert_int_eq(testd_client_field(&d, 0, "trimmer", "held_free_bytes"), 0);    /* the granule the small block touches */
+        json_decref(testd_ctl(&d, "check"));
+        /* And the daemon has them: they serve again. */
+        ck_assert_int_eq(gpupool_alloc(c, 0, 4200 * 2 * MiB, &p), 0);
+        mark_granules(p, 4200);
+        ck_assert(granules_marked(p, 4200));
+        ck_assert_int_eq(gpupool_free(c, p), 0);
+        ck_assert_int_eq(gpupool_free(c, q), 0);
         gpupool_disconnect(c);
         ck_assert_int_eq(testd_stop(&d), 0);
 }
@@ -776,6 +816,7 @@ Suite *suite_grow(void) {
         tcase_add_test(tc, test_grow_in_place);
         tcase_add_test(tc, test_grow_block_of_many_leases);
         tcase_add_test(tc, test_grow_leases_sent_together);
+        tcase_add_test(tc, test_grow_trim_together);
         tcase_add_test(tc, test_grow_limit);
         tcase_add_test(tc, test_grow_idle_granules_go_back);
         tcase_add_test(tc, test_grow_ahead_waits_its_idle_time);

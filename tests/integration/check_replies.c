@@ -7,6 +7,8 @@
  * never maps memory that is not there (a memfd too short would raise SIGBUS where the
  * application writes), every segment a wrong reply names that the process does not hold goes
  * back (the daemon counts it leased), and what it held before stays its own, its data intact.
+ * And a daemon that refuses the first of the requests a trim sends together: the trim says
+ * why, every segment it took went, and the replies after it are read, the connection in step.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -40,11 +42,12 @@ enum scenario {
         WHOLE_SHORT,            /* a memfd shorter than the segment it stands for */
         WHOLE_SAME_ID,          /* every lease names segment 1 */
         OTHER_KIND,             /* a lease answered with a ReturnReply */
+        RETURN_REFUSED,         /* leases right, the first ReturnRequest refused */
 };
 
 /* What the fake daemon saw, on a shared page: segment ids its lease replies named, and those the library gave back. */
 struct seen {
-        unsigned named, returned;
+        unsigned named, returned, returns;
 };
 
 struct fake {
@@ -93,7 +96,8 @@ static size_t answer_lease(enum scenario s, const Gpupool__LeaseRequest *req, Gp
         case GRANULES_NOT_MEMORY: fd_size = 0, fd_count = count; break;
         case GRANULES_SHORT: fd_size = 4096, fd_count = count; break;
         case GRANULES_HELD_ID:
-        case GRANULES_TWICE: fd_count = count; break;
+        case GRANULES_TWICE:
+        case RETURN_REFUSED: fd_count = count; break;
         default: fd_count = 1; break;
         }
         if (!req->has_granules) {
@@ -183,6 +187,11 @@ static void fake_main(int listen_sock, enum scenario s, struct seen *seen) {
                                 break;
                         case GPUPOOL__ENVELOPE__BODY_RETURN_SEGMENTS:
                                 seen->returned += (unsigned) req->return_segments->n_segment_ids;
+                                if (s == RETURN_REFUSED && seen->returns++ == 0) {
+                                        rep.status = GPUPOOL__STATUS__STATUS_INVALID;
+                                        rep.error = "the fake daemon refuses the first return";
+                                        break;
+                                }
                                 rr.returned = (uint32_t) req->return_segments->n_segment_ids;
                                 rep.body_case = GPUPOOL__ENVELOPE__BODY_RETURN_REPLY;
                                 rep.return_reply = &rr;
@@ -283,11 +292,47 @@ START_TEST(test_wrong_lease_replies) {
 }
 END_TEST
 
+START_TEST(test_refused_return) {
+        struct gpupool_stats before, st;
+        gpupool_client *c;
+        struct fake f;
+        char err[GP_MAX_ERROR_BYTES];
+        void *p;
+
+        fake_start(&f, RETURN_REFUSED);
+        setenv("GPUPOOL_SEGMENTS", "grow", 1);
+        setenv("GPUPOOL_IDLE_RETURN", "0", 1);
+        ck_assert_int_eq(gpupool_connect(f.path, "refused", &c), 0);
+        ck_assert_int_eq(gpupool_alloc(c, 0, 600 * MiB, &p), 0);
+        ck_assert_int_eq(gpupool_free(c, p), 0);
+        ck_assert_uint_eq(f.seen->named, 300);
+        /* 300 granules: two requests, sent together; the first refused. */
+        ck_assert_int_eq(gpupool_stats(c, &before), 0);
+        ck_assert_int_eq(gpupool_trim(c), -EINVAL);
+        gpupool_last_error(c, err, sizeof(err));
+        ck_assert_msg(strstr(err, "the fake daemon refuses the first return"), "%s", err);
+        ck_assert_int_eq(gpupool_stats(c, &st), 0);
+        ck_assert_uint_eq(st.round_trips - before.round_trips, 1);
+        /* Every granule taken went (the daemon sorts out those it refused), and none is held. */
+        ck_assert_uint_eq(f.seen->returns, 2);
+        ck_assert_uint_eq(f.seen->returned, 300);
+        ck_assert_uint_eq(st.mapped_segments, 0);
+        /* The second reply was read: the next request gets its own. */
+        ck_assert_int_eq(gpupool_alloc(c, 0, 4 * MiB, &p), 0);
+        memset(p, 2, 4 * MiB);
+        ck_assert_int_eq(gpupool_free(c, p), 0);
+        gpupool_disconnect(c);
+        unsetenv("GPUPOOL_SEGMENTS");
+        fake_stop(&f);
+}
+END_TEST
+
 Suite *suite_replies(void) {
         Suite *s = suite_create("replies");
         TCase *tc = tcase_create("host");
 
         tcase_add_loop_test(tc, test_wrong_lease_replies, 0, (int) (sizeof(cases) / sizeof(cases[0])));
+        tcase_add_test(tc, test_refused_return);
         suite_add_tcase(s, tc);
         return s;
 }
