@@ -17,7 +17,7 @@
 #   make bench-gpu            allocation latency: driver, driver pool, gpupool (needs a GPU)
 #   make bench-pending        allocation cost with 10,000 stream-ordered frees pending (GPU or fake driver)
 #   make bench-driver         each driver call of the stream-ordered path, a granule move, the capture rules (GPU or fake driver)
-#   make gpu-validate         on a GPU machine: check-gpu, bench-gpu, bench-pending, bench-driver, bench-frameworks, logs in bench/results
+#   make gpu-validate         on a GPU machine: check-gpu, bench-gpu, bench-pending, bench-driver, bench-frameworks(-grow), logs in bench/results
 #   make STATIC=1             link libuv, protobuf-c, jansson, inih and Check statically
 #   make V=1                  show the commands
 #   make deps                 install the Debian/Ubuntu packages the build needs
@@ -373,8 +373,9 @@ bench-driver: all $(BENCH_DRIVER) $(FAKECUDA)
 # Everything gpu-validate runs, built (with STATIC=1 to carry it to a machine without the libraries).
 gpu-tools: all $(GPU_TEST_BIN) $(BENCH_GPU) $(BENCH_PENDING) $(BENCH_DRIVER)
 
-# On a GPU machine: check-gpu, bench-gpu, bench-pending and bench-frameworks against build/ as
-# it is (bench/gpu-validate.sh builds nothing), one log per part in bench/results/.
+# On a GPU machine: check-gpu, bench-gpu, bench-pending, bench-driver, bench-frameworks and its
+# throughput with GPUPOOL_SEGMENTS=grow on cuda-vmm against build/ as it is
+# (bench/gpu-validate.sh builds nothing), one log per part in bench/results/.
 gpu-validate:
 	$(Q)sh bench/gpu-validate.sh $(B)
 

@@ -4,7 +4,9 @@
 # Runs, in this order, the cuda backend's tests on the real driver and the framework tests
 # (what make check-gpu runs), the allocation latency benchmark (make bench-gpu), the cost of
 # pending stream-ordered frees (make bench-pending), the driver calls' costs and capture rules
-# (make bench-driver) and the PyTorch benchmarks (make bench-frameworks), each against build/ as it is: nothing is built here, so a build made
+# (make bench-driver), the PyTorch benchmarks (make bench-frameworks) and their training
+# throughput again with GPUPOOL_SEGMENTS=grow on cuda-vmm (bench-frameworks-grow), each against
+# build/ as it is: nothing is built here, so a build made
 # elsewhere with make STATIC=1 gpu-tools runs where libuv, protobuf-c and Check are not
 # installed. Each part's full output goes to bench/results/gpu-validate-DATE-GPU-PART.txt
 # behind a header (date, GPU, driver, commit; GPUPOOL_COMMIT names it where there is no .git);
@@ -56,6 +58,11 @@ part bench-driver sh bench/with-gpupoold.sh "$B" sh -c 'exec "$0" --socket "$GPU
 part bench-frameworks sh -c "sh bench/with-gpupoold.sh '$B' python3 bench/frameworks/torch_alloc.py && \
         sh bench/with-gpupoold.sh '$B' python3 bench/frameworks/torch_throughput.py && \
         sh bench/with-gpupoold.sh '$B' python3 bench/frameworks/torch_elastic.py"
+# The same training throughput with segments that grow in place, on cuda-vmm: what its granule
+# leases, imports and moves cost a real program (each process's JSON says what its timed steps
+# asked of the daemon and imported).
+part bench-frameworks-grow sh -c "GPUPOOLD_ARGS='--backend cuda-vmm --log-level warn' GPUPOOL_SEGMENTS=grow \
+        sh bench/with-gpupoold.sh '$B' python3 bench/frameworks/torch_throughput.py --reps 3"
 echo "gpu-validate:$summary"
 if [ -n "$failed" ]; then
         echo "gpu-validate: failed:$failed"

@@ -113,7 +113,8 @@ def memory(torch, gpupool, a):
         return {}
     if gpupool is not None:
         s = gpupool.stats()
-        return {"gpupool_" + k: s[k] for k in ("live_bytes", "cached_bytes", "mapped_bytes")}
+        keys = ("live_bytes", "cached_bytes", "mapped_bytes", "round_trips", "segments_imported")
+        return {"gpupool_" + k: s[k] for k in keys}
     return {"torch_max_reserved_bytes": torch.cuda.max_memory_reserved(),
             "torch_max_allocated_bytes": torch.cuda.max_memory_allocated()}
 
@@ -160,6 +161,8 @@ def main(argv=None):
         line = sys.stdin.readline().strip()
         if line != "go":
             sys.exit(f"torch_train.py: expected 'go' from the driver, got {line!r}")
+    # What the timed steps ask of the daemon and import (a steady state should ask nothing).
+    before = gpupool.stats() if gpupool is not None and a.device == "cuda" else None
     rates = []
     for _ in range(a.chunks):
         t0 = time.perf_counter()
@@ -173,6 +176,9 @@ def main(argv=None):
         "loss": float(loss), "torch": torch.__version__,
     }
     result.update(memory(torch, gpupool, a))
+    if before is not None:
+        result["gpupool_round_trips_timed"] = result["gpupool_round_trips"] - before["round_trips"]
+        result["gpupool_segments_imported_timed"] = result["gpupool_segments_imported"] - before["segments_imported"]
     print(json.dumps(result), flush=True)
 
 
