@@ -7,8 +7,11 @@
  * block touches must have one mapped there. A granule no live block touches stays mapped
  * ("idle") for the next blocks, until a block elsewhere needs memory and the process has no
  * spare: then idle granules are unmapped (the highest first, only as many as needed) and mapped
- * again where they are needed, and only what that cannot cover is obtained anew (a lease).
- * bench/frag.c measures the policy: 1.041 or less held per byte in use on every trace.
+ * again where they are needed, and only what that cannot cover is obtained anew (a lease),
+ * with more ahead as granule_ahead() says, which the blocks after it take before anything
+ * moves. bench/frag.c measures it: 1.041 or less held per byte in use on every trace, 1.046 or
+ * less with the granules ahead, which move 2.2 to 3 times fewer granules in the steady state
+ * of four traces of the six.
  *
  * The caller does the mapping (granule_ops) and serializes every call on one set. Nothing
  * here does I/O.
