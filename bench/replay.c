@@ -23,7 +23,10 @@
  *                 cuIpcOpenMemHandle), likewise;
  *   ns/op         median and p99 of one operation (an alloc or a free), CLOCK_MONOTONIC;
  *   peak leased   the most the process held mapped from the daemon (mapped_bytes), MiB;
- *   peak in use   the most the trace held live (sizes rounded to 512 B), MiB, and the ratio.
+ *   peak in use   the most the trace held live (sizes rounded to 512 B), MiB, and the ratio;
+ *   granule maps  grow: the times a granule was mapped under blocks, and unmapped from there
+ *   and unmaps    (gpupool_grow_stats(); on cuda-vmm a cuMemMap and a cuMemUnmap each), over the
+ *                 whole trace and its second half (0 with whole segments).
  *
  * The counters are read with gpupool_stats() after every operation, outside the timed part.
  * Memory is never touched: the host backend's segments are memfds that cost no RAM until
@@ -66,6 +69,7 @@ static void stop_daemon(pid_t pid) {
 struct result {
         size_t ops;
         uint64_t trips, trips_half, imports, imports_half;
+        uint64_t maps, maps_half, unmaps, unmaps_half;          /* granules, grow only */
         double median_ns, p99_ns;
         uint64_t peak_leased, peak_in_use;
 };
@@ -75,6 +79,7 @@ static int replay(const struct trace *t, struct result *res) {
         uint64_t *sizes = calloc(t->max_id + 1, sizeof(*sizes));
         double *ns = calloc(t->n ? t->n : 1, sizeof(*ns));
         struct gpupool_stats st, half = { 0 };
+        struct gpupool_grow_stats gs, ghalf = { 0 };
         uint64_t in_use = 0;
         gpupool_client *c;
         size_t timed = 0;
@@ -92,7 +97,7 @@ static int replay(const struct trace *t, struct result *res) {
                 const struct op *o = &t->ops[i];
                 double t0;
 
-                if (i == t->n / 2 && gpupool_stats(c, &half) < 0)
+                if (i == t->n / 2 && (gpupool_stats(c, &half) < 0 || gpupool_grow_stats(c, &ghalf) < 0))
                         abort();
                 if (o->alloc) {
                         if (ptrs[o->id]) {
@@ -132,7 +137,11 @@ static int replay(const struct trace *t, struct result *res) {
                 if (st.mapped_bytes > res->peak_leased)
                         res->peak_leased = st.mapped_bytes;
         }
-        if (r >= 0 && gpupool_stats(c, &st) == 0) {
+        if (r >= 0 && gpupool_stats(c, &st) == 0 && gpupool_grow_stats(c, &gs) == 0) {
+                res->maps = gs.granules_mapped;
+                res->maps_half = gs.granules_mapped - ghalf.granules_mapped;
+                res->unmaps = gs.granules_unmapped;
+                res->unmaps_half = gs.granules_unmapped - ghalf.granules_unmapped;
                 res->trips = st.round_trips;
                 res->trips_half = st.round_trips - half.round_trips;
                 res->imports = st.segments_imported;
@@ -222,10 +231,10 @@ int main(int argc, char **argv) {
                 return 1;
         }
         snprintf(sock_path, sizeof(sock_path), "%s/gpupool.sock", dir);
-        printf("%-14s %-8s %7s %17s %15s %15s %12s %12s %6s\n", "trace", "pool", "ops", "round trips", "imports",
-               "ns/op", "peak leased", "peak in use", "ratio");
-        printf("%-14s %-8s %7s %8s %8s %7s %7s %7s %7s %12s %12s\n", "", "", "", "all", "2nd half", "all", "2nd half",
-               "median", "p99", "MiB", "MiB");
+        printf("%-14s %-8s %7s %17s %15s %15s %12s %12s %6s %15s %15s\n", "trace", "pool", "ops", "round trips", "imports",
+               "ns/op", "peak leased", "peak in use", "ratio", "granule maps", "unmaps");
+        printf("%-14s %-8s %7s %8s %8s %7s %7s %7s %7s %12s %12s %6s %7s %7s %7s %7s\n", "", "", "", "all", "2nd half", "all",
+               "2nd half", "median", "p99", "MiB", "MiB", "", "all", "2nd half", "all", "2nd half");
         for (int a = optind; a < argc; a++) {
                 struct trace t;
                 struct result res;
@@ -239,9 +248,9 @@ int main(int argc, char **argv) {
                         continue;
                 }
                 if (replay_malloc(&t, &res) == 0)
-                        printf("%-14s %-8s %7zu %8s %8s %7s %7s %7.0f %7.0f %12s %12s %6s\n",
+                        printf("%-14s %-8s %7zu %8s %8s %7s %7s %7.0f %7.0f %12s %12s %6s %7s %7s %7s %7s\n",
                                trace_name(argv[a], name, sizeof(name)), "malloc", res.ops, "-", "-", "-", "-", res.median_ns,
-                               res.p99_ns, "-", "-", "-");
+                               res.p99_ns, "-", "-", "-", "-", "-", "-", "-");
                 for (int w = 0; w < 2; w++) {
                         if (w == 1)
                                 setenv("GPUPOOL_SEGMENTS", "grow", 1);
@@ -252,13 +261,16 @@ int main(int argc, char **argv) {
                         if (r < 0)
                                 failed = 1;
                         else
-                                printf("%-14s %-8s %7zu %8llu %8llu %7llu %7llu %7.0f %7.0f %12.1f %12.1f %6.3f\n",
+                                printf("%-14s %-8s %7zu %8llu %8llu %7llu %7llu %7.0f %7.0f %12.1f %12.1f %6.3f %7llu %7llu "
+                                       "%7llu %7llu\n",
                                        trace_name(argv[a], name, sizeof(name)), ways[w], res.ops,
                                        (unsigned long long) res.trips, (unsigned long long) res.trips_half,
                                        (unsigned long long) res.imports, (unsigned long long) res.imports_half,
                                        res.median_ns, res.p99_ns, (double) res.peak_leased / MiB,
                                        (double) res.peak_in_use / MiB,
-                                       res.peak_in_use ? (double) res.peak_leased / (double) res.peak_in_use : 0);
+                                       res.peak_in_use ? (double) res.peak_leased / (double) res.peak_in_use : 0,
+                                       (unsigned long long) res.maps, (unsigned long long) res.maps_half,
+                                       (unsigned long long) res.unmaps, (unsigned long long) res.unmaps_half);
                         fflush(stdout);
                 }
                 free(t.ops);

@@ -95,13 +95,18 @@ static int grow_map(void *ctx, struct granule_range *r, uint64_t k, uint64_t phy
         gpupool_client *c = g->client;
         uint8_t *at = granule_addr(g, r, k);
 
-        if (c->vmm)
-                return client_cuda_map_at(c, &c->devices[g->device], at, G, g->granules[phys].handle);
+        if (c->vmm) {
+                int err = client_cuda_map_at(c, &c->devices[g->device], at, G, g->granules[phys].handle);
+
+                c->granules_mapped += err == 0;
+                return err;
+        }
         /* A second mapping of the parked pages, over the reservation. */
         if (mremap(g->park + phys * G, 0, G, MREMAP_MAYMOVE | MREMAP_FIXED, at) == MAP_FAILED) {
                 client_set_error(c, "cannot map a granule of device %u into this process: %m", g->device);
                 return -ENOMEM;
         }
+        c->granules_mapped++;
         return 0;
 }
 
@@ -111,6 +116,7 @@ static void grow_unmap(void *ctx, struct granule_range *r, uint64_t k, uint64_t 
         uint8_t *at = granule_addr(g, r, k);
 
         (void) phys;
+        c->granules_unmapped++;
         if (c->vmm) {
                 (void) client_cuda_unmap_at(c, &c->devices[g->device], at, G);
                 return;

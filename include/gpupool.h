@@ -216,6 +216,24 @@ struct gpupool_stats {
 GPUPOOL_EXPORT int gpupool_stats(gpupool_client *client, struct gpupool_stats *ret);
 
 /*
+ * With $GPUPOOL_SEGMENTS=grow, what lies under the process's ranges (all 0 in whole mode):
+ * granules_held the 2 MiB granules it holds now (as mapped_segments counts them) and
+ * granules_free those no live block touches (idle under the ranges, or spare); and since
+ * gpupool_connect(), granules_mapped the times a granule was mapped under blocks (host: an
+ * mremap(); cuda-vmm: a cuMemMap and its cuMemSetAccess) and granules_unmapped the times one
+ * was unmapped from there (host: an mmap() of the reservation over it; cuda-vmm: a
+ * cuMemUnmap), to serve a block elsewhere or to go back. A granule that moves counts once in
+ * each; in a steady state neither should grow.
+ */
+struct gpupool_grow_stats {
+        uint64_t granules_held;
+        uint64_t granules_free;
+        uint64_t granules_mapped;
+        uint64_t granules_unmapped;
+};
+GPUPOOL_EXPORT int gpupool_grow_stats(gpupool_client *client, struct gpupool_grow_stats *ret);
+
+/*
  * Framework hooks: functions with exactly the signatures PyTorch's CUDAPluggableAllocator and
  * CuPy's CFunctionAllocator call, so that either takes its memory from gpupool with no code of
  * the application's (the Python package gpupool installs them: docs/frameworks.md).

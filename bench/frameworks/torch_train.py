@@ -161,8 +161,9 @@ def main(argv=None):
         line = sys.stdin.readline().strip()
         if line != "go":
             sys.exit(f"torch_train.py: expected 'go' from the driver, got {line!r}")
-    # What the timed steps ask of the daemon and import (a steady state should ask nothing).
+    # What the timed steps ask of the daemon, import and map (a steady state should do none of it).
     before = gpupool.stats() if gpupool is not None and a.device == "cuda" else None
+    grow_before = gpupool.grow_stats() if before is not None else None
     rates = []
     for _ in range(a.chunks):
         t0 = time.perf_counter()
@@ -179,6 +180,10 @@ def main(argv=None):
     if before is not None:
         result["gpupool_round_trips_timed"] = result["gpupool_round_trips"] - before["round_trips"]
         result["gpupool_segments_imported_timed"] = result["gpupool_segments_imported"] - before["segments_imported"]
+        grow = gpupool.grow_stats()     # segments that grow in place; all 0 with whole segments
+        result.update({"gpupool_" + k: grow[k] for k in grow})
+        for k in ("granules_mapped", "granules_unmapped"):
+            result[f"gpupool_{k}_timed"] = grow[k] - grow_before[k]
     print(json.dumps(result), flush=True)
 
 

@@ -20,7 +20,7 @@ import shutil
 import subprocess
 import sys
 
-from ._lib import GpupoolError, OutOfMemoryError, Stats, error, hook_last_error, lib, library_path
+from ._lib import GpupoolError, GrowStats, OutOfMemoryError, Stats, error, hook_last_error, lib, library_path
 from ._frameworks import use_with_cupy, use_with_torch
 
 __version__ = "0.1.0"
@@ -28,6 +28,7 @@ __all__ = [
     "Client",
     "GpupoolError",
     "OutOfMemoryError",
+    "grow_stats",
     "last_error",
     "library_path",
     "stats",
@@ -114,6 +115,13 @@ class Client:
         self._check(lib.gpupool_stats(self._live(), ctypes.byref(st)))
         return st.as_dict()
 
+    def grow_stats(self):
+        """With GPUPOOL_SEGMENTS=grow, the granules under the process's ranges: granules_held,
+        granules_free, granules_mapped, granules_unmapped (see gpupool_grow_stats in gpupool.h)."""
+        st = GrowStats()
+        self._check(lib.gpupool_grow_stats(self._live(), ctypes.byref(st)))
+        return st.as_dict()
+
     def trim(self):
         """Gives every segment the process holds empty back to the daemon."""
         self._check(lib.gpupool_trim(self._live()))
@@ -138,6 +146,11 @@ class Client:
 def stats():
     """Stats of the handle PyTorch's and CuPy's hooks share in this process (connecting it)."""
     return Client._shared().stats()
+
+
+def grow_stats():
+    """Client.grow_stats() of the handle PyTorch's and CuPy's hooks share in this process."""
+    return Client._shared().grow_stats()
 
 
 def trim():

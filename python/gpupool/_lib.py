@@ -16,7 +16,14 @@ class OutOfMemoryError(GpupoolError, MemoryError):
     """An allocation refused for a limit (EDQUOT) or a full device (ENOMEM)."""
 
 
-class Stats(ctypes.Structure):
+class _Counts(ctypes.Structure):
+    """A struct of the library's counters, read as a dict."""
+
+    def as_dict(self):
+        return {name: getattr(self, name) for name, _ in self._fields_}
+
+
+class Stats(_Counts):
     _fields_ = [
         ("live_blocks", ctypes.c_uint64),
         ("live_bytes", ctypes.c_uint64),
@@ -27,8 +34,14 @@ class Stats(ctypes.Structure):
         ("segments_imported", ctypes.c_uint64),
     ]
 
-    def as_dict(self):
-        return {name: getattr(self, name) for name, _ in self._fields_}
+
+class GrowStats(_Counts):
+    _fields_ = [
+        ("granules_held", ctypes.c_uint64),
+        ("granules_free", ctypes.c_uint64),
+        ("granules_mapped", ctypes.c_uint64),
+        ("granules_unmapped", ctypes.c_uint64),
+    ]
 
 
 def checkout_library():
@@ -66,6 +79,7 @@ def _load():
         "gpupool_trim": (i, [p]),
         "gpupool_cached_bytes": (sz, [p]),
         "gpupool_stats": (i, [p, ctypes.POINTER(Stats)]),
+        "gpupool_grow_stats": (i, [p, ctypes.POINTER(GrowStats)]),
         "gpupool_last_error": (sz, [p, ctypes.c_char_p, sz]),
         "gpupool_strerror": (ctypes.c_char_p, [i]),
         "gpupool_hook_client": (i, [ctypes.POINTER(p)]),

@@ -609,6 +609,8 @@ END_TEST
 static int process_pool_client(struct testd *d, void *arg) {
         static const size_t sizes[] = { 4096, 3 << 20, 700 << 10, 1 << 20, 24 << 20 };
         void *fail_page = arg;
+        const char *segments = getenv("GPUPOOL_SEGMENTS");
+        struct gpupool_grow_stats gfirst, gst;
         struct gpupool_stats first, st;
         gpupool_client *c = NULL;
         gp_cu_stream s, other;
@@ -628,12 +630,17 @@ static int process_pool_client(struct testd *d, void *arg) {
                 for (int i = 0; i < 5; i++)
                         if (!pattern_intact(&g, p[i], sizes[i], (unsigned) (round * 5 + i)) || gpupool_free(c, p[i]) < 0)
                                 FAIL();
-                if (round == 0 && gpupool_stats(c, &first) < 0)
+                if (round == 0 && (gpupool_stats(c, &first) < 0 || gpupool_grow_stats(c, &gfirst) < 0))
                         FAIL();
         }
         if (gpupool_stats(c, &st) < 0 || st.segments_imported != first.segments_imported ||
             st.round_trips != first.round_trips)
                 FAIL();         /* the rounds after the first asked and opened nothing */
+        /* Nor mapped or unmapped a granule (cuMemMap, cuMemUnmap), where the segments grow in place. */
+        if (gpupool_grow_stats(c, &gst) < 0 || gst.granules_mapped != gfirst.granules_mapped ||
+            gst.granules_unmapped != gfirst.granules_unmapped ||
+            (segments && strcmp(segments, "grow") == 0) != (gfirst.granules_mapped > 0))
+                FAIL();
         if (!on_gpu && g.open_handles() != (int) st.mapped_segments)
                 FAIL();         /* one open handle per leased segment, kept while empty */
         /* Freed on a stream under running work: reused on that stream at once, by nobody else. */

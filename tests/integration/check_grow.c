@@ -66,7 +66,15 @@ static struct gpupool_stats stats(gpupool_client *c) {
         return st;
 }
 
+static struct gpupool_grow_stats grow_stats(gpupool_client *c) {
+        struct gpupool_grow_stats gs;
+
+        ck_assert_int_eq(gpupool_grow_stats(c, &gs), 0);
+        return gs;
+}
+
 START_TEST(test_grow_in_place) {
+        struct gpupool_grow_stats gs;
         struct gpupool_stats st, before;
         gpupool_client *c;
         struct testd d;
@@ -108,6 +116,12 @@ START_TEST(test_grow_in_place) {
         st = stats(c);
         ck_assert_uint_eq(st.round_trips, 4);
         ck_assert_uint_eq(st.mapped_segments, 6);       /* granules 1 to 6: one moved, one spare, one leased */
+        /* Mapped under blocks: 2 for a, 2 for b, 3 for x; unmapped: the one that moved. */
+        gs = grow_stats(c);
+        ck_assert_uint_eq(gs.granules_held, 6);
+        ck_assert_uint_eq(gs.granules_free, 0);
+        ck_assert_uint_eq(gs.granules_mapped, 7);
+        ck_assert_uint_eq(gs.granules_unmapped, 1);
         ck_assert_uint_eq(st.segments_imported, 6);
         fill(x, 6 * MiB, 3);
         ck_assert(intact(b, 5 * MiB, 2) && intact(x, 6 * MiB, 3));
@@ -116,6 +130,7 @@ START_TEST(test_grow_in_place) {
         ck_assert_int_eq(gpupool_alloc(c, 0, 3 * MiB, (void **) &a), 0);
         ck_assert_int_eq(gpupool_free(c, a), 0);
         before = stats(c);
+        gs = grow_stats(c);
         for (int i = 0; i < 100; i++) {
                 ck_assert_int_eq(gpupool_alloc(c, 0, 3 * MiB, (void **) &a), 0);
                 ((volatile char *) a)[3 * MiB - 1] = 1;
@@ -124,6 +139,8 @@ START_TEST(test_grow_in_place) {
         st = stats(c);
         ck_assert_uint_eq(st.round_trips, before.round_trips);
         ck_assert_uint_eq(st.segments_imported, before.segments_imported);
+        ck_assert_uint_eq(grow_stats(c).granules_mapped, gs.granules_mapped);
+        ck_assert_uint_eq(grow_stats(c).granules_unmapped, gs.granules_unmapped);
         ck_assert(intact(b, 5 * MiB, 2) && intact(x, 6 * MiB, 3));
 
         /* Trimmed with blocks live: only granules no block touches go back. */

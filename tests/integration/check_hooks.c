@@ -176,6 +176,7 @@ START_TEST(test_hooks_cupy_with_own_handle) {
 END_TEST
 
 START_TEST(test_stats_counts) {
+        struct gpupool_grow_stats gs;
         struct gpupool_stats st;
         gpupool_client *c, *h;
         struct testd d;
@@ -212,6 +213,8 @@ START_TEST(test_stats_counts) {
         ck_assert_uint_eq(gpupool_cached_bytes(c), 0);
         ck_assert_int_eq(gpupool_stats(NULL, &st), -EINVAL);
         ck_assert_int_eq(gpupool_stats(c, NULL), -EINVAL);
+        ck_assert_int_eq(gpupool_grow_stats(NULL, &gs), -EINVAL);
+        ck_assert_int_eq(gpupool_grow_stats(c, NULL), -EINVAL);
         gpupool_disconnect(c);
         /* The hooks' handle is a handle like any other. */
         setenv("GPUPOOL_SOCKET", d.sock, 1);

@@ -43,6 +43,7 @@ static void step(gpupool_client *c) {
 }
 
 START_TEST(test_steady_state_asks_nothing) {
+        struct gpupool_grow_stats gs;
         struct gpupool_stats first, st;
         gpupool_client *c;
         struct testd d;
@@ -60,6 +61,9 @@ START_TEST(test_steady_state_asks_nothing) {
         ck_assert_uint_eq(st.round_trips, first.round_trips);
         ck_assert_uint_eq(st.segments_imported, first.segments_imported);
         ck_assert_uint_eq(st.mapped_bytes, first.mapped_bytes);
+        /* Whole segments: no granule under any range. */
+        ck_assert_int_eq(gpupool_grow_stats(c, &gs), 0);
+        ck_assert(!gs.granules_held && !gs.granules_free && !gs.granules_mapped && !gs.granules_unmapped);
         /* The daemon counts what the process leases; it heard what it holds with its last lease. */
         ck_assert_int_eq(testd_client_field(&d, 0, "steady", "reserved_bytes"), (long long) st.mapped_bytes);
         ck_assert_int_eq(testd_client_field(&d, 0, "steady", "reserved_bytes"), (long long) st.mapped_bytes);

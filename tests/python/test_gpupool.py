@@ -115,6 +115,22 @@ class TestClient(unittest.TestCase):
     def tearDown(self):
         self.assertEqual(self.d.stop(), 0)
 
+    def test_grow_stats(self):
+        os.environ["GPUPOOL_SEGMENTS"] = "grow"
+        try:
+            c = gpupool.Client(self.d.sock, name="py-grow")
+        finally:
+            del os.environ["GPUPOOL_SEGMENTS"]
+        with c:
+            p = c.alloc(3 * MiB)                # two granules, none ahead (3 MiB and a 32nd more take two)
+            self.assertEqual(c.grow_stats(), {"granules_held": 2, "granules_free": 0, "granules_mapped": 2,
+                                              "granules_unmapped": 0})
+            c.free(p)
+            self.assertEqual(c.grow_stats()["granules_free"], 2)
+            c.trim()
+            self.assertEqual(c.grow_stats(), {"granules_held": 0, "granules_free": 0, "granules_mapped": 2,
+                                              "granules_unmapped": 2})
+
     def test_alloc_free_stats_trim(self):
         with gpupool.Client(self.d.sock, name="py-plain") as c:
             p = c.alloc(1000)
@@ -141,6 +157,8 @@ class TestClient(unittest.TestCase):
             self.assertIn("no device 2", e.exception.strerror)
             names = [cl["name"] for cl in gpupool.status(self.d.sock)["clients"]]
             self.assertIn("py-plain", names)
+            self.assertEqual(c.grow_stats(), {"granules_held": 0, "granules_free": 0, "granules_mapped": 0,
+                                              "granules_unmapped": 0})     # whole segments
         with self.assertRaises(ValueError):
             c.alloc(1)                          # closed
         c.close()                               # twice is fine
