@@ -8,6 +8,7 @@
  *   client_resume.c                            the new daemon adopting what the process holds
  *   client_stream.c                            stream-ordered frees and their reaper thread
  *   client_pool.c                              the process's own pool over the leased segments
+ *   client_return.c                            what it tells the daemon it holds, and gives back
  *   client_grow.c                              segments that grow in place: granules under ranges
  *   client_tcache.c                            each thread's cache of the small blocks it freed
  *   client_segment.c                           calls to the daemon, mappings, the live blocks
@@ -32,6 +33,15 @@
 #define CLIENT_MAX_SCOPES 16
 #define CLIENT_SHARDS 32        /* live-block table shards: threads freeing different blocks rarely meet */
 #define CLIENT_RETURN_BATCH 256 /* segments per ReturnRequest or ReclaimReply: what the daemon takes in one */
+
+/*
+ * Requests sent back to back on the main connection, at most this many unanswered, their
+ * replies read as they come: a block's granule leases (GP_MAX_LEASE_GRANULES each, a packet's
+ * worth of descriptors: 4 GiB of granules) and segments given back (CLIENT_RETURN_BATCH each),
+ * one round trip however many. The daemon answers in order, one request per turn of its loop,
+ * and its replies (a packet each) fit the socket while it sends them.
+ */
+#define CLIENT_PIPELINE 16
 
 /*
  * The bit of a segment id that says no daemon knows it: a segment the process keeps after a
@@ -126,7 +136,7 @@ struct client_device {
         struct heap heap;               /* the process's pool on this device: every segment it leases */
         uint64_t total_bytes;           /* as hello said */
         struct client_grow *grow;       /* segments that grow in place: its ranges, once used */
-        uint64_t reported_in_use, reported_held_free;   /* as the daemon last heard (client_pool_usage()) */
+        uint64_t reported_in_use, reported_held_free;   /* as the daemon last heard (client_usage()) */
 };
 
 struct tcache;

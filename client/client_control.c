@@ -15,6 +15,7 @@
 
 #include "client_pool.h"
 #include "client_resume.h"
+#include "client_return.h"
 #include "client_segment.h"
 #include "size.h"
 
@@ -77,8 +78,8 @@ static void serve(gpupool_client *c) {
                         if (!c->conn_busy)
                                 client_pool_tick(c, client_now_ms());
                         /* What the process holds changed since it last said: tell the daemon, which asks no reply. */
-                        if (client_pool_usage_changed(c)) {
-                                answer.n_usage = client_pool_usage(c, usage, usage_ptrs);
+                        if (client_usage_changed(c)) {
+                                answer.n_usage = client_usage(c, usage, usage_ptrs);
                                 answer.usage = usage_ptrs;
                                 answer.body_case = GPUPOOL__ENVELOPE__BODY_USAGE_REPORT;
                                 answer.usage_report = &report;
@@ -99,14 +100,14 @@ static void serve(gpupool_client *c) {
                 want = push->reclaim->has_bytes ? push->reclaim->bytes : UINT64_MAX;
                 pthread_mutex_lock(&c->lock);
                 client_pool_drain(c, true);     /* a parked block may be all that keeps a segment */
-                rr.n_segment_ids = client_pool_take_empty(c, device, want, UINT64_MAX, ids, CLIENT_RETURN_BATCH, &got);
+                rr.n_segment_ids = client_take_empty(c, device, want, UINT64_MAX, ids, CLIENT_RETURN_BATCH, &got);
                 /*
                  * More than one answer names: the rest goes back on the main connection first,
                  * unless a lease has it out: then this answer is all the asker gets.
                  */
                 if (rr.n_segment_ids == CLIENT_RETURN_BATCH && got < want && !c->conn_busy)
                         (void) client_pool_trim(c, device, want - got);
-                answer.n_usage = client_pool_usage(c, usage, usage_ptrs);
+                answer.n_usage = client_usage(c, usage, usage_ptrs);
                 answer.usage = usage_ptrs;
                 pthread_mutex_unlock(&c->lock);
                 gpupool__envelope__free_unpacked(push, NULL);

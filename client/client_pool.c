@@ -5,8 +5,8 @@
  * process holds makes no request and maps nothing. A segment that empties stays mapped for the
  * next allocations until the daemon asks for memory back (on the control channel), it has
  * been empty for the idle time ($GPUPOOL_IDLE_RETURN), the process needs room under its own
- * limit for another segment, gpupool_trim(), or disconnect. Every lease and return tells the
- * daemon what the process holds per device (Usage).
+ * limit for another segment, gpupool_trim(), or disconnect (given back by client_return.c).
+ * Every lease and return tells the daemon what the process holds per device (Usage).
  */
 #include "client_pool.h"
 
@@ -17,63 +17,10 @@
 #include <unistd.h>
 
 #include "client_grow.h"
+#include "client_return.h"
 #include "client_segment.h"
 #include "client_stream.h"
 #include "client_tcache.h"
-
-/*
- * A block of more granules than one lease brings (GP_MAX_LEASE_GRANULES, a packet's worth of
- * descriptors) sends its leases back to back, at most this many unanswered (4 GiB of granules),
- * and reads their replies as they come: one round trip, however large the block. Segments
- * given back go likewise, CLIENT_RETURN_BATCH a request. The daemon answers in order, one
- * request per turn of its loop, and its replies (a packet each) fit the socket while it sends
- * them.
- */
-#define LEASE_PIPELINE 16
-#define RETURN_WINDOW (LEASE_PIPELINE * CLIENT_RETURN_BATCH)
-
-/* What the pool holds free on device d that it could give back whole: empty segments, or granules no block touches. */
-static uint64_t held_free(gpupool_client *c, unsigned d) {
-        return c->grow ? client_grow_free(c, d) * GP_GRANULE_BYTES : c->devices[d].heap.empty_bytes;
-}
-
-size_t client_pool_usage(gpupool_client *c, Gpupool__Usage *u, Gpupool__Usage **ptrs) {
-        uint64_t parked[CLIENT_MAX_DEVICES];
-        size_t n = 0;
-
-        /* The threads' caches hold blocks the application freed: not in use. */
-        client_tcache_bytes(c, parked, NULL);
-        for (unsigned d = 0; d < c->device_count; d++) {
-                struct client_device *dev = &c->devices[d];
-                const struct heap *h = &dev->heap;
-
-                /* A device it gave everything back on is reported once more, as empty. */
-                if (!h->segment_count && !dev->reported_in_use && !dev->reported_held_free)
-                        continue;
-                gpupool__usage__init(&u[n]);
-                u[n].device = d;
-                u[n].in_use_bytes = h->in_use_bytes - parked[d];
-                u[n].held_free_bytes = held_free(c, d);
-                dev->reported_in_use = u[n].in_use_bytes;
-                dev->reported_held_free = u[n].held_free_bytes;
-                ptrs[n] = &u[n];
-                n++;
-        }
-        return n;
-}
-
-bool client_pool_usage_changed(gpupool_client *c) {
-        uint64_t parked[CLIENT_MAX_DEVICES];
-
-        client_tcache_bytes(c, parked, NULL);
-        for (unsigned d = 0; d < c->device_count; d++) {
-                const struct client_device *dev = &c->devices[d];
-
-                if (dev->heap.in_use_bytes - parked[d] != dev->reported_in_use || held_free(c, d) != dev->reported_held_free)
-                        return true;
-        }
-        return false;
-}
 
 /*
  * Sends lease request req on the main connection with the process's usage as of when it goes
@@ -84,184 +31,21 @@ static int lease_reporting(gpupool_client *c, Gpupool__Envelope *req, Gpupool__E
         Gpupool__Usage u[CLIENT_MAX_DEVICES], *ptrs[CLIENT_MAX_DEVICES];
 
         client_conn_wait(c);
-        req->n_usage = client_pool_usage(c, u, ptrs);
+        req->n_usage = client_usage(c, u, ptrs);
         req->usage = ptrs;
         return client_call_unlocked(c, req, GPUPOOL__ENVELOPE__BODY_LEASE_REPLY, ret_reply, fds, max_fds, ret_nfds);
-}
-
-/* Sends the ReturnRequest of ids[i, i + CLIENT_RETURN_BATCH) of n, the usage u (n_usage of it) with the last. Locked. */
-static int return_send(gpupool_client *c, const uint64_t *ids, size_t n, size_t i, Gpupool__Usage **u, size_t n_usage) {
-        Gpupool__Envelope req = GPUPOOL__ENVELOPE__INIT;
-        Gpupool__ReturnRequest rr = GPUPOOL__RETURN_REQUEST__INIT;
-
-        rr.segment_ids = (uint64_t *) ids + i;
-        rr.n_segment_ids = n - i < CLIENT_RETURN_BATCH ? n - i : CLIENT_RETURN_BATCH;
-        req.body_case = GPUPOOL__ENVELOPE__BODY_RETURN_SEGMENTS;
-        req.return_segments = &rr;
-        if (i + rr.n_segment_ids == n) {
-                /* Last, so that the daemon hears what the process holds once every segment is back. */
-                req.n_usage = n_usage;
-                req.usage = u;
-        }
-        return gp_conn_send(&c->conn, &req);
-}
-
-/* The first failure is the one reported: its errno into *r and its sentence into the handle's error. Locked. */
-static void return_fail(gpupool_client *c, int *r, int failure) {
-        if (*r)
-                return;
-        *r = failure;
-        client_set_error(c, "%s", c->conn.error);
-}
-
-int client_pool_return(gpupool_client *c, const uint64_t *ids, size_t n) {
-        Gpupool__Usage u[CLIENT_MAX_DEVICES], *ptrs[CLIENT_MAX_DEVICES];
-        size_t n_usage, sent = 0, read = 0;
-        int r = 0, rs;
-
-        client_conn_wait(c);
-        n_usage = client_pool_usage(c, u, ptrs);
-        /* Sent back to back, up to LEASE_PIPELINE unanswered; after a failure none more goes, and those out are read. */
-        while (read < sent || (r == 0 && sent < n)) {
-                Gpupool__Envelope *rep;
-                size_t nfds;
-                int rr;
-
-                while (r == 0 && sent < n && (sent - read) / CLIENT_RETURN_BATCH < LEASE_PIPELINE) {
-                        if ((rs = return_send(c, ids, n, sent, ptrs, n_usage)) < 0)
-                                return_fail(c, &r, rs);
-                        else
-                                sent += n - sent < CLIENT_RETURN_BATCH ? n - sent : CLIENT_RETURN_BATCH;
-                }
-                if (read == sent)
-                        break;
-                rr = gp_conn_reply_fds(&c->conn, GPUPOOL__ENVELOPE__BODY_RETURN_REPLY, &rep, NULL, 0, &nfds);
-                if (rr < 0)
-                        return_fail(c, &r, rr);
-                if (rr < 0 && c->conn.broken)
-                        break;          /* no reply more can be read */
-                read += sent - read < CLIENT_RETURN_BATCH ? sent - read : CLIENT_RETURN_BATCH;
-                /* Unmapped already either way: one the daemon did not know is its to sort out. */
-                if (rr == 0)
-                        gpupool__envelope__free_unpacked(rep, NULL);
-        }
-        c->round_trips = c->conn.trips;
-        return r;
-}
-
-/* Leaves out of ids (n, unmapped already) those of no daemon (CLIENT_ORPHAN): nobody takes them back. Returns how many stay. */
-static size_t daemon_ids(uint64_t *ids, size_t n) {
-        size_t kept = 0;
-
-        for (size_t i = 0; i < n; i++)
-                if (!(ids[i] & CLIENT_ORPHAN))
-                        ids[kept++] = ids[i];
-        return kept;
-}
-
-size_t client_pool_take_empty(gpupool_client *c, int device, uint64_t want, uint64_t before_ms, uint64_t *ids,
-                              size_t max, uint64_t *ret_bytes) {
-        uint64_t bytes = 0;
-        size_t n = 0;
-
-        if (c->grow)
-                return daemon_ids(ids, client_grow_take_free(c, device, want, before_ms, ids, max, ret_bytes ? ret_bytes : &bytes));
-        for (unsigned d = 0; d < c->device_count && n < max && bytes < want; d++) {
-                struct heap *h = &c->devices[d].heap;
-                struct heap_segment *s;
-
-                if (device >= 0 && (unsigned) device != d)
-                        continue;
-                /* Oldest emptied first: the newest are the likeliest to serve the next allocations. */
-                while (n < max && bytes < want && (s = heap_oldest_empty(h))) {
-                        struct mapping *m = gp_rb_entry(s, struct mapping, hs);
-
-                        if (m->emptied_ms > before_ms)
-                                break;
-                        (void) heap_remove(s);
-                        ids[n++] = m->segment_id;
-                        bytes += m->size;
-                        client_mapping_drop(c, m);
-                }
-        }
-        if (ret_bytes)
-                *ret_bytes = bytes;
-        return daemon_ids(ids, n);
-}
-
-/*
- * What give_back() and return_leased() take out to give back: up to max ids, unmapped, and
- * their bytes into *ret_bytes, until want bytes. Fewer than max when nothing more is to go.
- */
-typedef size_t (*take_fn)(gpupool_client *c, const void *arg, uint64_t want, uint64_t *ids, size_t max,
-                          uint64_t *ret_bytes);
-
-/*
- * Gives back what take takes, until want bytes: RETURN_WINDOW ids at a time, one round trip
- * each (client_pool_return()), or, without memory for that, CLIENT_RETURN_BATCH. Returns 0 or
- * the first failure, the error set. Locked, the lock kept.
- */
-static int return_taken(gpupool_client *c, take_fn take, const void *arg, uint64_t want) {
-        uint64_t batch[CLIENT_RETURN_BATCH], *ids = malloc(RETURN_WINDOW * sizeof(*ids)), bytes = 0;
-        size_t cap = ids ? RETURN_WINDOW : CLIENT_RETURN_BATCH, n, got = 0;
-        bool more = true;
-        int r = 0;
-
-        if (!ids)
-                ids = batch;
-        while (r == 0 && more && bytes < want) {
-                for (n = 0; more && n < cap && bytes < want; n += got) {
-                        uint64_t b, max = cap - n < CLIENT_RETURN_BATCH ? cap - n : CLIENT_RETURN_BATCH;
-
-                        got = take(c, arg, want - bytes, ids + n, max, &b);
-                        bytes += b;
-                        more = got == max;
-                }
-                if (n)
-                        r = client_pool_return(c, ids, n);
-        }
-        if (ids != batch)
-                free(ids);
-        return r;
-}
-
-/* Empty segments (client_pool_take_empty()), to give back (return_taken()). */
-struct take_empty {
-        int device;
-        uint64_t before_ms;
-};
-
-static size_t take_empty(gpupool_client *c, const void *arg, uint64_t want, uint64_t *ids, size_t max, uint64_t *ret_bytes) {
-        const struct take_empty *t = arg;
-
-        return client_pool_take_empty(c, t->device, want, t->before_ms, ids, max, ret_bytes);
-}
-
-/* Gives back empty segments on device (-1: all), emptied at or before before_ms, until want bytes. */
-static int give_back(gpupool_client *c, int device, uint64_t want, uint64_t before_ms) {
-        struct take_empty t = { device, before_ms };
-
-        /*
-         * The connection first: an adoption under way renames what it would take (and a lease
-         * out may bring more). From here on the lock is not let go until the ids have gone.
-         */
-        client_conn_wait(c);
-        /* Nobody to give it to: cuda-vmm memory stays the process's until it reconnects. */
-        if (client_daemon_gone(c))
-                return -ECONNRESET;
-        return return_taken(c, take_empty, &t, want);
 }
 
 int client_pool_trim(gpupool_client *c, int device, uint64_t want) {
         /* What the threads' caches hold may be all that keeps a segment from emptying. */
         client_pool_drain(c, true);
-        return give_back(c, device, want, UINT64_MAX);
+        return client_return_empty(c, device, want, UINT64_MAX);
 }
 
 void client_pool_tick(gpupool_client *c, uint64_t now_ms) {
         client_pool_drain(c, false);
         if (c->idle_return_ms && now_ms >= c->idle_return_ms)
-                (void) give_back(c, -1, UINT64_MAX, now_ms - c->idle_return_ms);
+                (void) client_return_empty(c, -1, UINT64_MAX, now_ms - c->idle_return_ms);
 }
 
 uint64_t client_pool_free_bytes(gpupool_client *c) {
@@ -331,64 +115,26 @@ static int lease_call(gpupool_client *c, unsigned d, uint64_t size, Gpupool__Env
         return r < 0 && r != -ETIMEDOUT && r != -EPROTO && client_daemon_gone(c) ? daemon_gone_error(c) : r;
 }
 
-/* Segment ids gathered to give back once the connection is free again (returns_send()). */
-struct returns {
-        uint64_t *ids;
-        size_t n, cap;
-        size_t lost;            /* ids there was no memory to remember */
-};
-
-static void returns_add(struct returns *b, uint64_t id) {
-        if (b->n == b->cap) {
-                size_t cap = b->cap ? 2 * b->cap : CLIENT_RETURN_BATCH;
-                uint64_t *ids = realloc(b->ids, cap * sizeof(*ids));
-
-                if (!ids) {
-                        b->lost++;
-                        return;
-                }
-                b->ids = ids;
-                b->cap = cap;
-        }
-        b->ids[b->n++] = id;
-}
-
-/* Gives the ids back (the connection free, locked) and frees them; c->error stays what it was. */
-static void returns_send(gpupool_client *c, struct returns *b) {
-        char why[sizeof(c->error)];
-
-        snprintf(why, sizeof(why), "%s", c->error);
-        if (b->n)
-                (void) client_pool_return(c, b->ids, b->n);
-        if (b->lost)
-                client_set_error(c, "%s (and %zu segments the daemon counts as this process's could not be given back: "
-                                    "out of memory)", why, b->lost);
-        else
-                client_set_error(c, "%s", why);
-        free(b->ids);
-        *b = (struct returns) { 0 };
-}
-
 /*
  * After a lease reply it refused (client_set_error() said why): the segments it names that
  * this process does not hold are to go back, since the daemon counts them leased to it; one
  * it holds already stays its own. Locked.
  */
-static void refused_segments(gpupool_client *c, const Gpupool__LeaseReply *l, struct returns *b) {
+static void refused_segments(gpupool_client *c, const Gpupool__LeaseReply *l, struct client_returns *b) {
         for (size_t i = 0; i <= l->n_more_segment_ids; i++) {
                 uint64_t id = i ? l->more_segment_ids[i - 1] : l->segment_id;
 
                 if (!client_mapping_by_id(c, id) && !client_grow_holds(c, id))
-                        returns_add(b, id);
+                        client_returns_add(b, id);
         }
 }
 
 /* The same, given back at once. Locked. */
 static void return_refused(gpupool_client *c, const Gpupool__LeaseReply *l) {
-        struct returns b = { 0 };
+        struct client_returns b = { 0 };
 
         refused_segments(c, l, &b);
-        returns_send(c, &b);
+        client_returns_send(c, &b);
 }
 
 /*
@@ -420,7 +166,7 @@ static int lease(gpupool_client *c, unsigned d, uint64_t rsize, enum heap_class 
                 uint64_t id = l->segment_id;
 
                 /* Never mapped: the daemon takes it back. */
-                (void) client_pool_return(c, &id, 1);
+                (void) client_return(c, &id, 1);
                 goto out;
         }
         r = heap_add(&c->devices[d].heap, &m->hs, m->segment_id, m->size, class);
@@ -428,7 +174,7 @@ static int lease(gpupool_client *c, unsigned d, uint64_t rsize, enum heap_class 
                 uint64_t id = m->segment_id;
 
                 client_mapping_drop(c, m);
-                (void) client_pool_return(c, &id, 1);
+                (void) client_return(c, &id, 1);
                 goto out;
         }
         m->emptied_ms = client_now_ms();
@@ -445,7 +191,7 @@ struct lease_pipe {
         uint64_t obtained;              /* granules that came, taken as spares */
         int r;                          /* the first failure (0: none) */
         char why[GP_MAX_ERROR_BYTES];   /* its sentence, the handle's error once the replies are read */
-        struct returns back;            /* segments of replies refused, to go back after */
+        struct client_returns back;            /* segments of replies refused, to go back after */
 };
 
 /* Whether the pipe's granules fill its packets and some go ahead: then the last packet's last granule goes in a request of its own, with them. */
@@ -474,12 +220,12 @@ static void pipe_fail(struct lease_pipe *p, int r, const char *why) {
 }
 
 /*
- * Sends the pipe's next requests, as many as LEASE_PIPELINE lets be unanswered, the first
+ * Sends the pipe's next requests, as many as CLIENT_PIPELINE lets be unanswered, the first
  * with the usage u (n_usage of it). Stops at a failure: none goes after one. Unlocked, the
  * connection lent to this thread.
  */
 static int pipe_send(gpupool_client *c, struct lease_pipe *p, Gpupool__Usage **u, size_t n_usage) {
-        while (p->sent < p->requests && p->sent - p->read < LEASE_PIPELINE) {
+        while (p->sent < p->requests && p->sent - p->read < CLIENT_PIPELINE) {
                 Gpupool__Envelope req = GPUPOOL__ENVELOPE__INIT;
                 Gpupool__LeaseRequest lr = GPUPOOL__LEASE_REQUEST__INIT;
                 uint64_t ahead, batch = pipe_batch(p, p->sent, &ahead);
@@ -534,7 +280,7 @@ static void pipe_take(gpupool_client *c, struct lease_pipe *p, Gpupool__Envelope
 /*
  * Leases n granules on device d, and up to ahead more where the daemon has them at once, as
  * spares of its ranges: a request per GP_MAX_LEASE_GRANULES, sent back to back
- * (LEASE_PIPELINE), the lock let go while they are out. After a failure no request more
+ * (CLIENT_PIPELINE), the lock let go while they are out. After a failure no request more
  * goes, the replies of those out are read, and what they bring is a spare too (the caller
  * gives them back). Returns 0 or the first failure's negative errno with the error set;
  * *ret_obtained says how many came either way. Locked.
@@ -549,7 +295,7 @@ static int lease_granules(gpupool_client *c, unsigned d, uint64_t n, uint64_t ah
         client_conn_wait(c);    /* an adoption under way ends with the daemon back */
         if (client_daemon_gone(c))
                 return daemon_gone_error(c);
-        n_usage = client_pool_usage(c, u, ptrs);
+        n_usage = client_usage(c, u, ptrs);
         client_conn_take(c);
         while (p.read < p.sent || (!p.r && p.sent < p.requests)) {
                 int fds[GP_MAX_LEASE_GRANULES];
@@ -587,7 +333,7 @@ static int lease_granules(gpupool_client *c, unsigned d, uint64_t n, uint64_t ah
         if (p.r)
                 client_set_error(c, "%s", p.why);
         if (p.back.n || p.back.lost)
-                returns_send(c, &p.back);
+                client_returns_send(c, &p.back);
         *ret_obtained = p.obtained;
         /* The daemon found gone says so; a timeout and a reply out of step keep their own. */
         if (p.r < 0 && p.r != -ETIMEDOUT && p.r != -EPROTO && client_daemon_gone(c))
@@ -595,7 +341,7 @@ static int lease_granules(gpupool_client *c, unsigned d, uint64_t n, uint64_t ah
         return p.r;
 }
 
-/* Spares of device *arg, to give back (return_taken()). */
+/* Spares of device *arg, to give back (client_return_taken()). */
 static size_t take_spares(gpupool_client *c, const void *arg, uint64_t want, uint64_t *ids, size_t max, uint64_t *ret_bytes) {
         uint64_t left = want / GP_GRANULE_BYTES;
         size_t n = client_grow_take_spares(c, *(const unsigned *) arg, ids, left < max ? left : max);
@@ -613,7 +359,7 @@ static void return_leased(gpupool_client *c, unsigned d, uint64_t size, uint64_t
         char why[sizeof(c->error)];
 
         snprintf(why, sizeof(why), "%s", c->error);
-        (void) return_taken(c, take_spares, &d, obtained * GP_GRANULE_BYTES);
+        (void) client_return_taken(c, take_spares, &d, obtained * GP_GRANULE_BYTES);
         client_set_error(c, "cannot allocate %llu bytes on device %u (%llu more granules than it had leased, asked for "
                             "in leases of up to %d): %s", (unsigned long long) size, d, (unsigned long long) lacking,
                          GP_MAX_LEASE_GRANULES, why);
@@ -671,7 +417,7 @@ static int range_full(gpupool_client *c, unsigned d, uint64_t rsize) {
         gpupool__envelope__free_unpacked(rep, NULL);
         if (nfds)
                 close(fd);
-        (void) client_pool_return(c, &id, 1);
+        (void) client_return(c, &id, 1);
         client_set_error(c, "cannot allocate %llu bytes on device %u: its address range in this process is full (the "
                             "device has %llu bytes)", (unsigned long long) rsize, d,
                          (unsigned long long) c->devices[d].total_bytes);

@@ -17,27 +17,6 @@ int client_pool_alloc(gpupool_client *c, unsigned d, int device, uint64_t rsize,
 /* Frees a block out of the live table into the pool; its segment stays mapped. */
 int client_pool_free(gpupool_client *c, struct block *b);
 
-/*
- * What the process holds per device where it leases anything, or leased anything when it last
- * reported, for a request's envelope; remembered as reported. Returns how many.
- */
-size_t client_pool_usage(gpupool_client *c, Gpupool__Usage *u, Gpupool__Usage **ptrs);
-
-/* Whether what the process holds changed since it last reported. */
-bool client_pool_usage_changed(gpupool_client *c);
-
-/*
- * Takes segments holding no live block out of the pool, on daemon device d (-1: all), oldest
- * emptied first and emptied at or before before_ms, until want bytes or max: unmaps them and
- * fills ids (to be returned, or named in a reclaim answer). Returns how many; *ret_bytes (if
- * given) their bytes.
- */
-size_t client_pool_take_empty(gpupool_client *c, int d, uint64_t want, uint64_t before_ms, uint64_t *ids, size_t max,
-                              uint64_t *ret_bytes);
-
-/* Tells the daemon these segments, unmapped, are back (ReturnRequest, with the usage). */
-int client_pool_return(gpupool_client *c, const uint64_t *ids, size_t n);
-
 /* Gives back segments holding no live block on d (-1: all), until want bytes. */
 int client_pool_trim(gpupool_client *c, int d, uint64_t want);
 

@@ -99,7 +99,7 @@ static int adopt_device(gpupool_client *c, unsigned d, struct client_kept *k, si
  * the application's threads allocate and free in what the process holds meanwhile, the
  * indexes as they were. Nothing the list names can go away in between: segments leave the
  * process only to be given back, which waits for the connection before it takes any
- * (give_back(); the control thread's own returns are this thread's).
+ * (client_return_empty(); the control thread's own returns are this thread's).
  */
 static int adopt_all(gpupool_client *c) {
         size_t whole = c->by_id.count, n = 0, m = 0, at = 0, first[CLIENT_MAX_DEVICES + 1];
