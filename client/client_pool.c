@@ -191,23 +191,34 @@ struct lease_pipe {
         uint64_t obtained;              /* granules that came, taken as spares */
         int r;                          /* the first failure (0: none) */
         char why[GP_MAX_ERROR_BYTES];   /* its sentence, the handle's error once the replies are read */
-        struct client_returns back;            /* segments of replies refused, to go back after */
+        struct client_returns back;     /* segments of replies refused, to go back after */
 };
 
-/* Whether the pipe's granules fill its packets and some go ahead: then the last packet's last granule goes in a request of its own, with them. */
-static bool pipe_split(const struct lease_pipe *p) {
-        return p->ahead && p->n % GP_MAX_LEASE_GRANULES == 0;
+/* The granules asked with the last of the pipe's requests, were it to carry only what fills the others. */
+static uint64_t pipe_last(const struct lease_pipe *p) {
+        return (p->n - 1) % GP_MAX_LEASE_GRANULES + 1;
 }
 
-/* Request i's granules, and how many more it asks ahead (the last only, as far as a packet's descriptors go). */
+/*
+ * Whether the granules ahead need more room than the last request has left: then its last
+ * granule asked goes in a request of its own after it, with as many ahead as a packet takes.
+ */
+static bool pipe_split(const struct lease_pipe *p) {
+        return p->ahead > GP_MAX_LEASE_GRANULES - pipe_last(p);
+}
+
+/*
+ * Request i's granules, and how many more it asks ahead: only the last asks any, so that the
+ * daemon, which serves the requests in order, never gives granules ahead that a granule
+ * asked after them would then lack.
+ */
 static uint64_t pipe_batch(const struct lease_pipe *p, uint64_t i, uint64_t *ret_ahead) {
         uint64_t full = GP_MAX_LEASE_GRANULES;
-        uint64_t batch = i + 1 < p->requests ? full - (pipe_split(p) && i + 2 == p->requests) :
+        uint64_t batch = i + 1 < p->requests ? (pipe_split(p) && i + 2 == p->requests ? pipe_last(p) - 1 : full) :
                          pipe_split(p)       ? 1 :
-                                               p->n - i * full;
+                                               pipe_last(p);
 
-        *ret_ahead = i + 1 < p->requests ? 0 : p->ahead < GP_MAX_LEASE_GRANULES - batch ? p->ahead :
-                                                                                       GP_MAX_LEASE_GRANULES - batch;
+        *ret_ahead = i + 1 < p->requests ? 0 : p->ahead < full - batch ? p->ahead : full - batch;
         return batch;
 }
 
