@@ -201,10 +201,11 @@ static uint64_t pipe_last(const struct lease_pipe *p) {
 
 /*
  * Whether the granules ahead need more room than the last request has left: then its last
- * granule asked goes in a request of its own after it, with as many ahead as a packet takes.
+ * granule asked goes in a request of its own after it, with as many ahead as a packet takes
+ * (unless it asks for that one granule only already: no request may ask for none).
  */
 static bool pipe_split(const struct lease_pipe *p) {
-        return p->ahead > GP_MAX_LEASE_GRANULES - pipe_last(p);
+        return p->ahead > GP_MAX_LEASE_GRANULES - pipe_last(p) && pipe_last(p) > 1;
 }
 
 /*

@@ -319,6 +319,16 @@ START_TEST(test_grow_trim_together) {
         mark_granules(p, 4200);
         ck_assert(granules_marked(p, 4200));
         ck_assert_int_eq(gpupool_free(c, p), 0);
+        /*
+         * 4,097 granules leave one for the last of 33 requests, and 128 ahead would bring them
+         * to their bytes and a 32nd more: that one granule carries the 127 a packet takes.
+         */
+        ck_assert_int_eq(gpupool_trim(c), 0);
+        ck_assert_int_eq(gpupool_alloc(c, 0, 4097 * 2 * MiB, &p), 0);
+        ck_assert_uint_eq(stats(c).mapped_segments, 1 + 4097 + 127);
+        mark_granules(p, 4097);
+        ck_assert(granules_marked(p, 4097));
+        ck_assert_int_eq(gpupool_free(c, p), 0);
         ck_assert_int_eq(gpupool_free(c, q), 0);
         gpupool_disconnect(c);
         ck_assert_int_eq(testd_stop(&d), 0);
