@@ -363,17 +363,12 @@ GPUPOOL_EXPORT int gpupool_free_async(gpupool_client *c, void *ptr, void *stream
 }
 
 GPUPOOL_EXPORT int gpupool_grow_stats(gpupool_client *c, struct gpupool_grow_stats *ret) {
-        struct gpupool_grow_stats st = { 0 };
+        struct gpupool_grow_stats st;
 
         if (!c || !ret)
                 return -EINVAL;
         pthread_mutex_lock(&c->lock);
-        for (unsigned d = 0; d < c->device_count; d++) {
-                st.granules_held += client_grow_held(c, d);
-                st.granules_free += client_grow_free(c, d);
-        }
-        st.granules_mapped = c->granules_mapped;
-        st.granules_unmapped = c->granules_unmapped;
+        client_grow_stats(c, &st);
         pthread_mutex_unlock(&c->lock);
         *ret = st;
         return 0;

@@ -171,7 +171,7 @@ struct gpupool_client {
         struct live_shard live[CLIENT_SHARDS];
         uint64_t epoch;                 /* atomic; written locked: bumped when every block is forgotten */
         uint64_t segments_imported;     /* segments mapped since connect */
-        uint64_t granules_mapped, granules_unmapped;    /* grow: under blocks, since connect */
+        uint64_t granules_mapped, granules_unmapped;    /* grow: those of the ranges of sessions before this one */
         /* Open scopes, innermost last (gpupool_scope_begin/end). */
         uint32_t scopes[CLIENT_MAX_SCOPES];
         unsigned scope_depth;           /* written locked, read atomically (the threads' fast path) */

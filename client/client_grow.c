@@ -95,18 +95,13 @@ static int grow_map(void *ctx, struct granule_range *r, uint64_t k, uint64_t phy
         gpupool_client *c = g->client;
         uint8_t *at = granule_addr(g, r, k);
 
-        if (c->vmm) {
-                int err = client_cuda_map_at(c, &c->devices[g->device], at, G, g->granules[phys].handle);
-
-                c->granules_mapped += err == 0;
-                return err;
-        }
+        if (c->vmm)
+                return client_cuda_map_at(c, &c->devices[g->device], at, G, g->granules[phys].handle);
         /* A second mapping of the parked pages, over the reservation. */
         if (mremap(g->park + phys * G, 0, G, MREMAP_MAYMOVE | MREMAP_FIXED, at) == MAP_FAILED) {
                 client_set_error(c, "cannot map a granule of device %u into this process: %m", g->device);
                 return -ENOMEM;
         }
-        c->granules_mapped++;
         return 0;
 }
 
@@ -116,7 +111,6 @@ static void grow_unmap(void *ctx, struct granule_range *r, uint64_t k, uint64_t 
         uint8_t *at = granule_addr(g, r, k);
 
         (void) phys;
-        c->granules_unmapped++;
         if (c->vmm) {
                 (void) client_cuda_unmap_at(c, &c->devices[g->device], at, G);
                 return;
@@ -176,6 +170,9 @@ static void grow_free(struct client_grow *g) {
         gpupool_client *c = g->client;
         struct client_device *dev = &c->devices[g->device];
 
+        /* Its maps and unmaps stay counted (gpupool_grow_stats()). */
+        c->granules_mapped += g->set.maps;
+        c->granules_unmapped += g->set.unmaps;
         for (int k = 0; k < HEAP_CLASS_COUNT; k++) {
                 struct granule_range *r = &g->range[k];
 
@@ -448,6 +445,20 @@ void client_grow_index(gpupool_client *c, unsigned d, bool in) {
                         (void) gp_rb_insert(&g->by_id, &g->granules[i].by_id);
                 else
                         gp_rb_remove(&g->by_id, &g->granules[i].by_id);
+        }
+}
+
+void client_grow_stats(gpupool_client *c, struct gpupool_grow_stats *st) {
+        *st = (struct gpupool_grow_stats) { .granules_mapped = c->granules_mapped, .granules_unmapped = c->granules_unmapped };
+        for (unsigned d = 0; d < c->device_count; d++) {
+                struct client_grow *g = c->devices[d].grow;
+
+                if (!g)
+                        continue;
+                st->granules_held += g->set.held;
+                st->granules_free += granule_free_count(&g->set);
+                st->granules_mapped += g->set.maps;
+                st->granules_unmapped += g->set.unmaps;
         }
 }
 

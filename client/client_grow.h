@@ -56,6 +56,9 @@ size_t client_grow_kept(gpupool_client *c, unsigned d, struct client_kept *out, 
 /* Puts device d's granules into their index by id (in) or takes them out, for the adoption to rename them. */
 void client_grow_index(gpupool_client *c, unsigned d, bool in);
 
+/* gpupool_grow_stats(): the granules held and free on every device, and the maps and unmaps since connect. */
+void client_grow_stats(gpupool_client *c, struct gpupool_grow_stats *st);
+
 /* Granules held on d, and of them those no live block touches. */
 uint64_t client_grow_held(gpupool_client *c, unsigned d);
 uint64_t client_grow_free(gpupool_client *c, unsigned d);

@@ -22,20 +22,6 @@
 #include "client_stream.h"
 #include "client_tcache.h"
 
-/*
- * Sends lease request req on the main connection with the process's usage as of when it goes
- * out, as client_call_unlocked() with up to max_fds descriptors. Locked.
- */
-static int lease_reporting(gpupool_client *c, Gpupool__Envelope *req, Gpupool__Envelope **ret_reply, int *fds,
-                           size_t max_fds, size_t *ret_nfds) {
-        Gpupool__Usage u[CLIENT_MAX_DEVICES], *ptrs[CLIENT_MAX_DEVICES];
-
-        client_conn_wait(c);
-        req->n_usage = client_usage(c, u, ptrs);
-        req->usage = ptrs;
-        return client_call_unlocked(c, req, GPUPOOL__ENVELOPE__BODY_LEASE_REPLY, ret_reply, fds, max_fds, ret_nfds);
-}
-
 int client_pool_trim(gpupool_client *c, int device, uint64_t want) {
         /* What the threads' caches hold may be all that keeps a segment from emptying. */
         client_pool_drain(c, true);
@@ -101,6 +87,7 @@ static int lease_call(gpupool_client *c, unsigned d, uint64_t size, Gpupool__Env
                       size_t max_fds, size_t *ret_nfds) {
         Gpupool__Envelope req = GPUPOOL__ENVELOPE__INIT;
         Gpupool__LeaseRequest lr = GPUPOOL__LEASE_REQUEST__INIT;
+        Gpupool__Usage u[CLIENT_MAX_DEVICES], *ptrs[CLIENT_MAX_DEVICES];
         int r;
 
         client_conn_wait(c);    /* an adoption under way ends with the daemon back */
@@ -110,7 +97,9 @@ static int lease_call(gpupool_client *c, unsigned d, uint64_t size, Gpupool__Env
         lr.size = size;
         req.body_case = GPUPOOL__ENVELOPE__BODY_LEASE;
         req.lease = &lr;
-        r = lease_reporting(c, &req, ret_reply, fds, max_fds, ret_nfds);
+        req.n_usage = client_usage(c, u, ptrs);
+        req.usage = ptrs;
+        r = client_call_unlocked(c, &req, GPUPOOL__ENVELOPE__BODY_LEASE_REPLY, ret_reply, fds, max_fds, ret_nfds);
         /* The daemon found gone by this call says so too; a timeout and a reply out of step keep their own. */
         return r < 0 && r != -ETIMEDOUT && r != -EPROTO && client_daemon_gone(c) ? daemon_gone_error(c) : r;
 }
@@ -187,6 +176,7 @@ out:
 struct lease_pipe {
         unsigned d;
         uint64_t n, ahead;              /* granules asked, and up to ahead more with the last request */
+        uint64_t last;                  /* granules the last request asks for */
         uint64_t requests, sent, read;
         uint64_t obtained;              /* granules that came, taken as spares */
         int r;                          /* the first failure (0: none) */
@@ -194,33 +184,21 @@ struct lease_pipe {
         struct client_returns back;     /* segments of replies refused, to go back after */
 };
 
-/* The granules asked with the last of the pipe's requests, were it to carry only what fills the others. */
-static uint64_t pipe_last(const struct lease_pipe *p) {
-        return (p->n - 1) % GP_MAX_LEASE_GRANULES + 1;
-}
-
-/*
- * Whether the granules ahead need more room than the last request has left: then its last
- * granule asked goes in a request of its own after it, with as many ahead as a packet takes
- * (unless it asks for that one granule only already: no request may ask for none).
- */
-static bool pipe_split(const struct lease_pipe *p) {
-        return p->ahead > GP_MAX_LEASE_GRANULES - pipe_last(p) && pipe_last(p) > 1;
-}
-
 /*
  * Request i's granules, and how many more it asks ahead: only the last asks any, so that the
  * daemon, which serves the requests in order, never gives granules ahead that a granule
- * asked after them would then lack.
+ * asked after them would then lack. The others carry the rest, a packet's worth each.
  */
 static uint64_t pipe_batch(const struct lease_pipe *p, uint64_t i, uint64_t *ret_ahead) {
-        uint64_t full = GP_MAX_LEASE_GRANULES;
-        uint64_t batch = i + 1 < p->requests ? (pipe_split(p) && i + 2 == p->requests ? pipe_last(p) - 1 : full) :
-                         pipe_split(p)       ? 1 :
-                                               pipe_last(p);
+        uint64_t full = GP_MAX_LEASE_GRANULES, rest;
 
-        *ret_ahead = i + 1 < p->requests ? 0 : p->ahead < full - batch ? p->ahead : full - batch;
-        return batch;
+        if (i + 1 == p->requests) {
+                *ret_ahead = p->ahead < full - p->last ? p->ahead : full - p->last;
+                return p->last;
+        }
+        *ret_ahead = 0;
+        rest = p->n - p->last - i * full;
+        return rest < full ? rest : full;
 }
 
 /* The first failure is the one the caller reports: later ones (their sentences in c->error too) are not. Locked. */
@@ -302,7 +280,16 @@ static int lease_granules(gpupool_client *c, unsigned d, uint64_t n, uint64_t ah
         Gpupool__Usage u[CLIENT_MAX_DEVICES], *ptrs[CLIENT_MAX_DEVICES];
         size_t n_usage;
 
-        p.requests = (n + GP_MAX_LEASE_GRANULES - 1) / GP_MAX_LEASE_GRANULES + pipe_split(&p);
+        /*
+         * The last request asks for what is left after the others' full packets, or, where the
+         * granules ahead need more room than that leaves, for one granule in a request of its own.
+         */
+        p.last = (n - 1) % GP_MAX_LEASE_GRANULES + 1;
+        p.requests = (n + GP_MAX_LEASE_GRANULES - 1) / GP_MAX_LEASE_GRANULES;
+        if (ahead > GP_MAX_LEASE_GRANULES - p.last && p.last > 1) {
+                p.last = 1;
+                p.requests++;
+        }
         *ret_obtained = 0;
         client_conn_wait(c);    /* an adoption under way ends with the daemon back */
         if (client_daemon_gone(c))

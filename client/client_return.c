@@ -89,22 +89,22 @@ static void return_fail(gpupool_client *c, int *r, int failure) {
 
 int client_return(gpupool_client *c, const uint64_t *ids, size_t n) {
         Gpupool__Usage u[CLIENT_MAX_DEVICES], *ptrs[CLIENT_MAX_DEVICES];
-        size_t n_usage, sent = 0, read = 0;
+        size_t n_usage, requests = (n + CLIENT_RETURN_BATCH - 1) / CLIENT_RETURN_BATCH, sent = 0, read = 0;
         int r = 0, rs;
 
         client_conn_wait(c);
         n_usage = client_usage(c, u, ptrs);
         /* Sent back to back, up to CLIENT_PIPELINE unanswered; after a failure none more goes, and those out are read. */
-        while (read < sent || (r == 0 && sent < n)) {
+        while (read < sent || (r == 0 && sent < requests)) {
                 Gpupool__Envelope *rep;
                 size_t nfds;
                 int rr;
 
-                while (r == 0 && sent < n && (sent - read) / CLIENT_RETURN_BATCH < CLIENT_PIPELINE) {
-                        if ((rs = return_send(c, ids, n, sent, ptrs, n_usage)) < 0)
+                while (r == 0 && sent < requests && sent - read < CLIENT_PIPELINE) {
+                        if ((rs = return_send(c, ids, n, sent * CLIENT_RETURN_BATCH, ptrs, n_usage)) < 0)
                                 return_fail(c, &r, rs);
                         else
-                                sent += n - sent < CLIENT_RETURN_BATCH ? n - sent : CLIENT_RETURN_BATCH;
+                                sent++;
                 }
                 if (read == sent)
                         break;
@@ -113,7 +113,7 @@ int client_return(gpupool_client *c, const uint64_t *ids, size_t n) {
                         return_fail(c, &r, rr);
                 if (rr < 0 && c->conn.broken)
                         break;          /* no reply more can be read */
-                read += sent - read < CLIENT_RETURN_BATCH ? sent - read : CLIENT_RETURN_BATCH;
+                read++;
                 /* Unmapped already either way: one the daemon did not know is its to sort out. */
                 if (rr == 0)
                         gpupool__envelope__free_unpacked(rep, NULL);
@@ -132,8 +132,8 @@ static size_t daemon_ids(uint64_t *ids, size_t n) {
         return kept;
 }
 
-size_t client_take_empty(gpupool_client *c, int device, uint64_t want, uint64_t before_ms, uint64_t *ids,
-                              size_t max, uint64_t *ret_bytes) {
+size_t client_take_empty(gpupool_client *c, int device, uint64_t want, uint64_t before_ms, uint64_t *ids, size_t max,
+                         uint64_t *ret_bytes) {
         uint64_t bytes = 0;
         size_t n = 0;
 

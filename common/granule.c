@@ -235,7 +235,7 @@ uint64_t granule_ahead(const struct granule_set *s, uint64_t shortfall, uint64_t
         uint64_t floor = (s->held + shortfall) / GRANULE_AHEAD_DIVISOR;
 
         if (!shortfall)
-                return 0;
+                return 0;       /* nothing leased, nothing ahead */
         return budget > s->held + shortfall + floor ? budget - s->held - shortfall : floor;
 }
 
