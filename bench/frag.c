@@ -28,9 +28,11 @@
  *            block touches is mapped where it lies, and when the process has no spare
  *            granule it unmaps whole free granules (the highest first, as many as the block
  *            needs) to map them again there, and obtains only what that cannot cover;
- *   grow     libgpupool's $GPUPOOL_SEGMENTS=grow: the same core, and what a block must
- *            obtain is leased with granule_ahead() more (the client's lease policy), taken as
- *            spares before the block is mapped.
+ *   grow     libgpupool's $GPUPOOL_SEGMENTS=grow: the same core, but a block obtains what
+ *            it lacks rather than move idle granules while the process holds within a 24th
+ *            over its peak in use (granule_want()), and what it obtains is leased with
+ *            granule_ahead() more (the client's lease policy), taken as spares before the
+ *            block is mapped.
  *
  *            The last two rows also give their cost: the leases (each a round trip, however
  *            many granules it brings), the granules leased, the maps and the unmaps, over the
@@ -357,15 +359,20 @@ static struct result run_growing(const struct op *ops, size_t n, uint64_t max_id
                                 exit(1);
                         end = (b->offset + b->size + granule_bytes - 1) / granule_bytes;
                         if (remap) {
+                                uint64_t peak = in_use + rsize > r.peak_in_use ? in_use + rsize : r.peak_in_use;
                                 uint64_t lack = granule_shortfall(&range[class], b->offset, b->size);
+                                struct granule_plan plan;
 
-                                /* A lease, what granule_take() would obtain and more ahead, taken as spares. */
+                                /* A lease, of the plan's granules, taken as spares; granule_take() moves for the rest. */
+                                if (model == GROW) {
+                                        granule_plan(&range[class], b->offset, b->size, peak, in_use + rsize, &plan);
+                                        lack = plan.must + plan.ahead;
+                                }
                                 if (model == GROW && lack) {
-                                        uint64_t want = lack + granule_ahead(g, lack, in_use + rsize);
-                                        uint64_t *phys = malloc(want * sizeof(*phys));
+                                        uint64_t *phys = malloc(lack * sizeof(*phys));
 
-                                        if (!phys || model_obtain(&next_phys, want, phys) < 0 ||
-                                            granule_add_spares(g, phys, want) < 0)
+                                        if (!phys || model_obtain(&next_phys, lack, phys) < 0 ||
+                                            granule_add_spares(g, phys, lack) < 0)
                                                 exit(1);
                                         free(phys);
                                 }

@@ -59,6 +59,8 @@ struct client_grow {
         struct grow_granule *granules;  /* one per parking spot: as many as the device has granules */
         uint64_t granule_cap, free_head;
         struct gp_rb_tree by_id;        /* the held granules by segment id (but while an adoption renames them) */
+        uint64_t peak_in_use;           /* the most the device's blocks held since granules last went back */
+        bool want_none;                 /* the daemon had fewer granules to spare than wanted: ask again after a return */
 };
 
 static int cmp_id(const struct gp_rb_node *x, const struct gp_rb_node *y) {
@@ -255,16 +257,20 @@ int client_grow_start(gpupool_client *c, unsigned d) {
         return 0;
 }
 
-uint64_t client_grow_shortfall(gpupool_client *c, const struct heap_block *hb) {
-        struct client_grow *g = c->devices[gp_rb_entry(hb->segment, struct mapping, hs)->device].grow;
+uint64_t client_grow_plan(gpupool_client *c, const struct heap_block *hb, struct granule_plan *p) {
+        struct client_device *dev = &c->devices[gp_rb_entry(hb->segment, struct mapping, hs)->device];
+        struct client_grow *g = dev->grow;
 
-        return granule_shortfall(range_of(g, hb->segment), hb->offset, hb->size);
+        /* What its blocks were carved for, as bench/frag.c's model counts it (the blocks the threads' caches park too). */
+        if (dev->heap.asked_bytes > g->peak_in_use)
+                g->peak_in_use = dev->heap.asked_bytes;
+        granule_plan(range_of(g, hb->segment), hb->offset, hb->size, g->want_none ? 0 : g->peak_in_use,
+                     dev->heap.asked_bytes, p);
+        return p->must + p->ahead;
 }
 
-uint64_t client_grow_ahead(gpupool_client *c, const struct heap_block *hb, uint64_t shortfall) {
-        struct client_device *dev = &c->devices[gp_rb_entry(hb->segment, struct mapping, hs)->device];
-
-        return granule_ahead(&dev->grow->set, shortfall, dev->heap.in_use_bytes);
+void client_grow_wanted(gpupool_client *c, unsigned d, bool all_came) {
+        c->devices[d].grow->want_none = !all_came;
 }
 
 /* Lets go of granule i's memory (unmapped everywhere but its parking spot) and frees its entry. */
@@ -407,6 +413,11 @@ size_t client_grow_take_free(gpupool_client *c, int device, uint64_t want, uint6
                 got = granule_release(&g->set, phys, left, before_ms);
                 drop_all(g, phys, got, ids + n);
                 n += got;
+                if (got) {
+                        /* The budget of granule_want() starts again from what the blocks hold now. */
+                        g->peak_in_use = c->devices[d].heap.asked_bytes;
+                        g->want_none = false;
+                }
         }
         *ret_bytes = (uint64_t) n * G;
         return n;

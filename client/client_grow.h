@@ -12,15 +12,21 @@
 #include <stdint.h>
 
 #include "client.h"
+#include "granule.h"
 
 /* Sets up device d's ranges and adds them to its heap, the first time. Returns 0 or a negative errno, the error set. */
 int client_grow_start(gpupool_client *c, unsigned d);
 
-/* How many granules a block of the device's heap lacks now (granule_shortfall()). */
-uint64_t client_grow_shortfall(gpupool_client *c, const struct heap_block *hb);
+/*
+ * What a block of the device's heap is to lease (granule_plan(), over the most its blocks held
+ * since granules last went back, and asking for no more than it must after
+ * client_grow_wanted(false) until granules go back). Returns the granules to ask for in all
+ * (0: it has what it needs), as p says them.
+ */
+uint64_t client_grow_plan(gpupool_client *c, const struct heap_block *hb, struct granule_plan *p);
 
-/* How many more to lease with the shortfall of a block of the device's heap (granule_ahead()). */
-uint64_t client_grow_ahead(gpupool_client *c, const struct heap_block *hb, uint64_t shortfall);
+/* After a lease that asked device d for granules wanted beyond what a block must have: whether they came. */
+void client_grow_wanted(gpupool_client *c, unsigned d, bool all_came);
 
 /*
  * Takes n granules the daemon leased on d (their segment ids, and their descriptors, closed

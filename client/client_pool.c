@@ -244,15 +244,18 @@ static int pipe_send(gpupool_client *c, struct lease_pipe *p, Gpupool__Usage **u
 static void pipe_take(gpupool_client *c, struct lease_pipe *p, Gpupool__Envelope *rep, int *fds, size_t nfds) {
         const Gpupool__LeaseReply *l = rep->lease_reply;
         uint64_t ids[GP_MAX_LEASE_GRANULES], ahead, n = pipe_batch(p, p->read - 1, &ahead);
-        size_t got = 1 + l->n_more_segment_ids;
+        size_t got = l->segment_id ? 1 + l->n_more_segment_ids : 0;    /* id 0: none came (granules ahead only) */
         int r = -EPROTO;
 
-        if (l->segment_size != GP_GRANULE_BYTES || got < n || got > n + ahead || nfds != got) {
+        if (l->segment_size != GP_GRANULE_BYTES || got < n || got > n + ahead || nfds != got ||
+            (!got && l->n_more_segment_ids)) {
                 for (size_t i = 0; i < nfds; i++)
                         close(fds[i]);
                 client_set_error(c, "gpupoold answered a lease of %llu granules (and up to %llu more) with %zu segments "
                                     "of %llu bytes and %zu descriptors", (unsigned long long) n,
                                  (unsigned long long) ahead, got, (unsigned long long) l->segment_size, nfds);
+        } else if (!got) {
+                return;
         } else {
                 for (size_t i = 0; i < got; i++)
                         ids[i] = i ? l->more_segment_ids[i - 1] : l->segment_id;
@@ -264,7 +267,8 @@ static void pipe_take(gpupool_client *c, struct lease_pipe *p, Gpupool__Envelope
         }
         /* None taken: the daemon takes them back, but for one this process held already. */
         pipe_fail(p, r, c->error);
-        refused_segments(c, l, &p->back);
+        if (l->segment_id)
+                refused_segments(c, l, &p->back);
 }
 
 /*
@@ -284,8 +288,8 @@ static int lease_granules(gpupool_client *c, unsigned d, uint64_t n, uint64_t ah
          * The last request asks for what is left after the others' full packets, or, where the
          * granules ahead need more room than that leaves, for one granule in a request of its own.
          */
-        p.last = (n - 1) % GP_MAX_LEASE_GRANULES + 1;
-        p.requests = (n + GP_MAX_LEASE_GRANULES - 1) / GP_MAX_LEASE_GRANULES;
+        p.last = n ? (n - 1) % GP_MAX_LEASE_GRANULES + 1 : 0;        /* n 0: one request, of granules ahead only */
+        p.requests = n ? (n + GP_MAX_LEASE_GRANULES - 1) / GP_MAX_LEASE_GRANULES : 1;
         if (ahead > GP_MAX_LEASE_GRANULES - p.last && p.last > 1) {
                 p.last = 1;
                 p.requests++;
@@ -370,13 +374,14 @@ static void return_leased(gpupool_client *c, unsigned d, uint64_t size, uint64_t
  * again after each). Returns 0 or a negative errno with the error set. Locked.
  */
 static int grow_map_block(gpupool_client *c, unsigned d, struct heap_block *hb) {
-        uint64_t n, obtained = 0;
+        struct granule_plan p;
+        uint64_t obtained = 0, got;
         bool drained = false;
         int r;
 
-        while ((n = client_grow_shortfall(c, hb))) {
-                uint64_t got;
-
+        while (client_grow_plan(c, hb, &p)) {
+                if (!p.must && obtained)
+                        break;          /* leased once: idle granules move for the rest */
                 if (!drained) {
                         /* Blocks the threads' caches park, and stream-ordered frees done, may leave granules idle. */
                         drained = true;
@@ -385,14 +390,26 @@ static int grow_map_block(gpupool_client *c, unsigned d, struct heap_block *hb) 
                                 (void) client_stream_reap(c, false);
                         continue;
                 }
-                /* And more ahead, where the daemon has them at once: granule_ahead() says how many and why. */
-                r = lease_granules(c, d, n, client_grow_ahead(c, hb, n), &got);
+                /*
+                 * Only what it must have can be refused or waited for; the rest comes where the
+                 * daemon has it at once (with nothing it must have, the request asks for granules
+                 * ahead only), and what does not come is covered by moving idle granules.
+                 */
+                r = lease_granules(c, d, p.must, p.ahead, &got);
+                if (r < 0 && !p.must) {
+                        client_grow_wanted(c, d, false);        /* a daemon without room at once, or none */
+                        break;
+                }
                 if (r < 0) {
                         if (obtained + got)
-                                return_leased(c, d, hb->size, n + obtained, obtained + got);
+                                return_leased(c, d, hb->size, p.must + obtained, obtained + got);
                         return r;
                 }
+                if (p.want > p.must)
+                        client_grow_wanted(c, d, got >= p.want);
                 obtained += got;
+                if (!p.must)
+                        break;
         }
         return client_grow_take(c, hb);
 }

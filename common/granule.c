@@ -230,6 +230,39 @@ uint64_t granule_shortfall(const struct granule_range *r, uint64_t offset, uint6
         return need > s->spare_count + elsewhere ? need - s->spare_count - elsewhere : 0;
 }
 
+/* How many granules s may hold beyond what it holds, within a GRANULE_KEEP_DIVISOR-th over peak_in_use. */
+static uint64_t room_within(const struct granule_set *s, uint64_t peak_in_use) {
+        uint64_t budget = (peak_in_use + peak_in_use / GRANULE_KEEP_DIVISOR + s->granule_bytes - 1) / s->granule_bytes;
+
+        return budget > s->held ? budget - s->held : 0;
+}
+
+void granule_plan(const struct granule_range *r, uint64_t offset, uint64_t size, uint64_t peak_in_use, uint64_t in_use,
+                  struct granule_plan *p) {
+        const struct granule_set *s = r->set;
+        uint64_t first, last, need = 0, lack, room = room_within(s, peak_in_use);
+
+        *p = (struct granule_plan) { .must = granule_shortfall(r, offset, size) };
+        if (!span(r, offset, size, &first, &last))
+                return;
+        for (uint64_t k = first; k <= last; k++)
+                need += !bit(r->mapped, k);
+        lack = need > s->spare_count ? need - s->spare_count : 0;
+        /* A lease of its own only for room worth a round trip; one it sends anyway carries what there is. */
+        if (!p->must && (!room || room < s->held / GRANULE_KEEP_MIN_DIVISOR))
+                return;
+        p->want = lack < room ? lack : room;
+        if (p->want <= p->must) {
+                p->want = p->must;
+                p->ahead = granule_ahead(s, p->must, in_use);
+                return;
+        }
+        /* The rest of the room comes with it, so that the blocks after it find spares and need no lease. */
+        p->ahead = p->want - p->must + granule_ahead(s, p->want, in_use);
+        if (p->must + p->ahead < room)
+                p->ahead = room - p->must;
+}
+
 uint64_t granule_ahead(const struct granule_set *s, uint64_t shortfall, uint64_t in_use) {
         uint64_t budget = (in_use + in_use / GRANULE_SLACK_DIVISOR + s->granule_bytes - 1) / s->granule_bytes;
         uint64_t floor = (s->held + shortfall) / GRANULE_AHEAD_DIVISOR;

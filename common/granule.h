@@ -7,11 +7,12 @@
  * block touches must have one mapped there. A granule no live block touches stays mapped
  * ("idle") for the next blocks, until a block elsewhere needs memory and the process has no
  * spare: then idle granules are unmapped (the highest first, only as many as needed) and mapped
- * again where they are needed, and only what that cannot cover is obtained anew (a lease),
- * with more ahead as granule_ahead() says, which the blocks after it take before anything
- * moves. bench/frag.c measures it: 1.041 or less held per byte in use on every trace, 1.046 or
- * less with the granules ahead, which move 2.2 to 3 times fewer granules in the steady state
- * of four traces of the six.
+ * again where they are needed, and only what that cannot cover is obtained anew. A caller that
+ * leases ahead of granule_take() follows granule_plan(): it obtains rather than moves within a
+ * budget over its peak, with more ahead as granule_ahead() says, which the blocks after it take
+ * before anything moves. bench/frag.c measures it: 1.041 or less held per byte in use on every
+ * trace with no lease policy, 1.047 or less with this one, which moves none to a third as many
+ * granules in the steady state of four traces of the six (docs/performance.md).
  *
  * The caller does the mapping (granule_ops) and serializes every call on one set. Nothing
  * here does I/O.
@@ -100,9 +101,36 @@ uint64_t granule_shortfall(const struct granule_range *r, uint64_t offset, uint6
 
 /*
  * The lease policy of segments that grow in place (libgpupool's, and bench/frag.c's model of
- * it): when a block of a set whose blocks hold in_use bytes (that block among them) lacks
- * shortfall granules, how many more the caller asks for with them, where the daemon has them
- * at once. Enough to bring what the set holds to in_use and a GRANULE_SLACK_DIVISOR-th more, so
+ * it), for the block at [offset, offset + size) of r, where the set's blocks hold in_use bytes
+ * now and held peak_in_use at most (both counting it) since the caller last gave granules back:
+ *
+ *   must   what it cannot do without (granule_shortfall());
+ *   want   must, or more: rather than move idle granules, it obtains what its unmapped granules
+ *          lack beyond the spares, as long as the set then holds within a GRANULE_KEEP_DIVISOR-th
+ *          over peak_in_use, so that a program in a steady state ends up with every granule its
+ *          blocks land on mapped and moves none (on cuda-vmm a move is a cuMemUnmap,
+ *          "synchronous for most use cases", a cuMemMap and a cuMemSetAccess); past that budget,
+ *          idle granules move as before. Where must is 0, only for room of at least a
+ *          GRANULE_KEEP_MIN_DIVISOR-th of what the set holds: a lease is a round trip;
+ *   ahead  how many to ask for beyond must, where the daemon has them at once (want - must
+ *          among them): granule_ahead() more, or the rest of the budget's room where the block
+ *          wants more than it must have.
+ *
+ * All 0: the spares and idle granules cover it. peak_in_use 0 asks for must only (and ahead).
+ * Measured by bench-frag and bench-replay (see docs/performance.md).
+ */
+#define GRANULE_KEEP_DIVISOR 24
+#define GRANULE_KEEP_MIN_DIVISOR 96
+struct granule_plan {
+        uint64_t must, want, ahead;
+};
+void granule_plan(const struct granule_range *r, uint64_t offset, uint64_t size, uint64_t peak_in_use, uint64_t in_use,
+                  struct granule_plan *p);
+
+/*
+ * The ahead part of granule_plan(): when a block of a set whose blocks hold in_use bytes (that
+ * block among them) lacks shortfall granules, how many more the caller asks for with them,
+ * where the daemon has them at once. Enough to bring what the set holds to in_use and a GRANULE_SLACK_DIVISOR-th more, so
  * that the blocks of the next iterations find granules mapped where they land, or spares,
  * instead of moving idle ones, and the next growth needs no lease; and at least a
  * GRANULE_AHEAD_DIVISOR-th of what the set will hold, so that a set the blocks fragment past

@@ -158,6 +158,8 @@ uint64_t heap_drop(struct heap_segment *s) {
         for (struct heap_block *b = s->first; b; b = b->next)
                 if (b->free)
                         gp_rb_remove(&h->free_index[s->class], &b->node);
+                else
+                        h->asked_bytes -= b->asked;
         h->in_use_bytes -= s->live_bytes;
         h->blocks -= s->live_blocks;
         s->live_blocks = 0;
@@ -206,6 +208,8 @@ static void block_carve(struct heap *h, struct heap_block *b, uint64_t rsize) {
                 empty_unlink(h, s);
         s->live_bytes += b->size;
         h->in_use_bytes += b->size;
+        b->asked = rsize;
+        h->asked_bytes += rsize;
         h->blocks++;
 }
 
@@ -247,6 +251,7 @@ bool heap_free(struct heap *h, struct heap_block *b) {
         s->live_blocks--;
         s->live_bytes -= b->size;
         h->in_use_bytes -= b->size;
+        h->asked_bytes -= b->asked;
         h->blocks--;
         b->free = true;
         if (b->next && b->next->free) {
@@ -276,8 +281,8 @@ struct heap_segment *heap_oldest_empty(const struct heap *h) {
         } while (0)
 
 /* Checks one segment's blocks and adds to the sums. */
-static int check_segment(const struct heap *h, const struct heap_segment *s, uint64_t *in_use, uint64_t *blocks,
-                         uint64_t *free_blocks, char *why, size_t why_size) {
+static int check_segment(const struct heap *h, const struct heap_segment *s, uint64_t *in_use, uint64_t *asked,
+                         uint64_t *blocks, uint64_t *free_blocks, char *why, size_t why_size) {
         uint64_t offset = 0, live = 0, live_bytes = 0;
 
         if (s->heap != h || !s->first || s->first->prev)
@@ -299,8 +304,12 @@ static int check_segment(const struct heap *h, const struct heap_segment *s, uin
                         if (gp_rb_find(&s->live, &b->node) != &b->node)
                                 FAIL("segment %" PRIu64 ": live block at %" PRIu64 " missing from the live tree", s->id,
                                      b->offset);
+                        if (!b->asked || b->asked > b->size)
+                                FAIL("segment %" PRIu64 ": live block at %" PRIu64 " of %" PRIu64 " bytes carved for %"
+                                     PRIu64, s->id, b->offset, b->size, b->asked);
                         live++;
                         live_bytes += b->size;
+                        *asked += b->asked;
                 }
                 offset += b->size;
         }
@@ -315,7 +324,7 @@ static int check_segment(const struct heap *h, const struct heap_segment *s, uin
 }
 
 int heap_check(const struct heap *h, char *why, size_t why_size) {
-        uint64_t count = 0, size = 0, in_use = 0, blocks = 0, free_blocks = 0, indexed = 0;
+        uint64_t count = 0, size = 0, in_use = 0, asked = 0, blocks = 0, free_blocks = 0, indexed = 0;
         uint64_t empty = 0, empty_bytes = 0, listed = 0, listed_bytes = 0;
         int r;
 
@@ -327,7 +336,7 @@ int heap_check(const struct heap *h, char *why, size_t why_size) {
         for (const struct heap_segment *s = h->segments; s; s = s->next) {
                 if (s->next && s->next->prev != s)
                         FAIL("the segment list is broken after segment %" PRIu64, s->id);
-                r = check_segment(h, s, &in_use, &blocks, &free_blocks, why, why_size);
+                r = check_segment(h, s, &in_use, &asked, &blocks, &free_blocks, why, why_size);
                 if (r < 0)
                         return r;
                 count++;
@@ -351,6 +360,8 @@ int heap_check(const struct heap *h, char *why, size_t why_size) {
         if (in_use != h->in_use_bytes || blocks != h->blocks)
                 FAIL("%" PRIu64 " live blocks of %" PRIu64 " bytes, counted %" PRIu64 " of %" PRIu64, blocks, in_use,
                      h->blocks, h->in_use_bytes);
+        if (asked != h->asked_bytes)
+                FAIL("live blocks carved for %" PRIu64 " bytes, counted %" PRIu64, asked, h->asked_bytes);
         if (indexed != free_blocks)
                 FAIL("%" PRIu64 " blocks indexed free, %" PRIu64 " free", indexed, free_blocks);
         if (empty != listed || empty_bytes != listed_bytes || empty != h->empty_count || empty_bytes != h->empty_bytes)

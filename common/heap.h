@@ -49,6 +49,7 @@ struct heap_block {
         struct heap_segment *segment;
         uint64_t offset;
         uint64_t size;                  /* a multiple of HEAP_BLOCK_ALIGN */
+        uint64_t asked;                 /* live: the rounded size it was carved for (size, or less by a rest kept) */
         bool free;
         struct heap_block *prev, *next; /* address order within the segment */
         struct gp_rb_node node;         /* free: the heap's free index; live: the segment's live tree */
@@ -78,6 +79,7 @@ struct heap {
         uint64_t segment_count;
         uint64_t size_bytes;            /* sum of the segments' sizes */
         uint64_t in_use_bytes;          /* sum of the live blocks' sizes */
+        uint64_t asked_bytes;           /* sum of what they were carved for (without the rests they keep) */
         uint64_t blocks;                /* live blocks */
         uint64_t empty_count;
         uint64_t empty_bytes;           /* sum of the empty segments' sizes */

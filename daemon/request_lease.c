@@ -237,7 +237,7 @@ static int lease_granules(struct pool *p, struct pool_owner *o, unsigned n, unsi
 
 /*
  * One try at a lease, of request id: a segment for size bytes, or (granules) that many
- * granules, size being their bytes. Fills *ret with the reply and returns true, or returns
+ * granules, size being their bytes, or (granules 0, some ahead) only granules ahead. Fills *ret with the reply and returns true, or returns
  * false when the request waits (parked) for other clients to give memory back.
  */
 static bool lease_attempt(struct session *s, uint64_t id, uint32_t device, uint64_t size, unsigned granules,
@@ -250,7 +250,8 @@ static bool lease_attempt(struct session *s, uint64_t id, uint32_t device, uint6
         struct pool_owner *owner = &s->owners[device];
         struct policy_admission adm;
         struct pool_lease leases[GP_MAX_LEASE_GRANULES];
-        unsigned count = granules ? granules : 1;      /* segments leased */
+        bool granule_lease = granules || ahead;         /* granules 0 with some ahead: those only, maybe none */
+        unsigned count = granule_lease ? granules : 1;  /* segments leased */
         struct pool_stats st;
         Gpupool__Envelope env;
         bool pass_fds;
@@ -261,9 +262,11 @@ static bool lease_attempt(struct session *s, uint64_t id, uint32_t device, uint6
         s->parked_zeroing = false;
         if (ahead && others_wait_for_memory(s, device))
                 ahead = 0;
-        r = granules ? lease_granules(node->pools[device], owner, granules, ahead, adm.headroom_bytes, leases) :
-                       pool_lease(node->pools[device], owner, size, adm.headroom_bytes, &leases[0]);
-        if (r > 0) {
+        if (granule_lease)
+                r = lease_granules(node->pools[device], owner, granules, ahead, adm.headroom_bytes, leases);
+        else
+                r = pool_lease(node->pools[device], owner, size, adm.headroom_bytes, &leases[0]);
+        if (r >= 0 && granule_lease) {
                 count = (unsigned) r;   /* the granules leased, those asked ahead among them */
                 r = 0;
         }
@@ -345,6 +348,15 @@ static bool lease_attempt(struct session *s, uint64_t id, uint32_t device, uint6
                 reply_error(id, -EIO, false, why, ret);
                 return true;
         }
+        if (count == 0) {
+                /* Granules ahead only, and none fitted at once: a reply that names no segment. */
+                reply_ok(&env, id);
+                lr.segment_size = GP_GRANULE_BYTES;
+                env.body_case = GPUPOOL__ENVELOPE__BODY_LEASE_REPLY;
+                env.lease_reply = &lr;
+                (void) reply_pack(&env, false, ret);
+                return true;
+        }
         node->leases_total[device]++;
         reply_ok(&env, id);
         /* The ids, in the order their descriptors go (the reply's list of them, after the first). */
@@ -396,9 +408,11 @@ void request_lease(struct session *s, const Gpupool__Envelope *req, struct reply
                 return;
         }
         if (req->lease->has_granules) {
-                if (granules == 0 || granules > GP_MAX_LEASE_GRANULES || size != GP_GRANULE_BYTES) {
-                        snprintf(why, sizeof(why), "a granule lease asks for 1 to %d granules of %llu bytes, not %u of %"
-                                 PRIu64, GP_MAX_LEASE_GRANULES, GP_GRANULE_BYTES, granules, size);
+                /* Granules 0 asks for granules ahead only (none: a lease of nothing). */
+                if ((granules == 0 && ahead == 0) || granules > GP_MAX_LEASE_GRANULES || size != GP_GRANULE_BYTES) {
+                        snprintf(why, sizeof(why), "a granule lease asks for 1 to %d granules of %llu bytes, or for 0 "
+                                 "and some ahead, not %u of %" PRIu64 " and %u ahead", GP_MAX_LEASE_GRANULES,
+                                 GP_GRANULE_BYTES, granules, size, ahead);
                         reply_error(id, -EINVAL, false, why, ret);
                         return;
                 }

@@ -673,7 +673,8 @@ START_TEST(test_granule_lease_refusals) {
 
         testd_start(&d, "--client-limit", "8M", NULL);
         sock = raw_hello(&d, "granules");
-        granule_lease_refused(sock, 0, 2 * MiB, GPUPOOL__STATUS__STATUS_INVALID, "1 to 128 granules of 2097152 bytes, not 0");
+        granule_lease_refused(sock, 0, 2 * MiB, GPUPOOL__STATUS__STATUS_INVALID,
+                              "1 to 128 granules of 2097152 bytes, or for 0 and some ahead, not 0 of 2097152 and 0 ahead");
         granule_lease_refused(sock, 129, 2 * MiB, GPUPOOL__STATUS__STATUS_INVALID, "not 129 of");
         granule_lease_refused(sock, 2, 4 * MiB, GPUPOOL__STATUS__STATUS_INVALID, "not 2 of 4194304");
         granule_lease_refused(sock, 2, 4096, GPUPOOL__STATUS__STATUS_INVALID, "not 2 of 4096");
@@ -712,7 +713,9 @@ static void lease_ahead_gets(int sock, uint32_t granules, uint32_t ahead, size_t
         rep = raw_lease_ahead(sock, 0, 2 * MiB, true, granules, ahead, fds, &nfds);
         ck_assert_int_eq(rep->status, GPUPOOL__STATUS__STATUS_OK);
         ck_assert_uint_eq(nfds, got);
-        ck_assert_uint_eq(1 + rep->lease_reply->n_more_segment_ids, got);
+        /* None (granules ahead only): segment id 0 names no segment. */
+        ck_assert_uint_eq(rep->lease_reply->segment_id ? 1 + rep->lease_reply->n_more_segment_ids : 0, got);
+        ck_assert_uint_eq(rep->lease_reply->segment_size, 2 * MiB);
         for (size_t i = 0; i < nfds; i++)
                 close(fds[i]);
         gpupool__envelope__free_unpacked(rep, NULL);
@@ -730,13 +733,63 @@ START_TEST(test_granules_ahead) {
         sock = raw_hello(&d, "ahead");
         ahead_refused(sock, false, 0, 4, "granules_ahead is for a granule lease");
         ahead_refused(sock, true, 100, 29, "not 100 and 29");
+        ahead_refused(sock, true, 0, 129, "not 0 and 129");
         lease_ahead_gets(sock, 2, 3, 5);
-        /* Three of the six asked fit under the limit: the lease is granted with those. */
-        lease_ahead_gets(sock, 1, 5, 3);
+        /* Granules ahead only: as many as fit. */
+        lease_ahead_gets(sock, 0, 1, 1);
+        /* Two of the five asked fit under the limit: the lease is granted with those. */
+        lease_ahead_gets(sock, 1, 4, 2);
         ck_assert_int_eq(testd_device(&d, 0, "reserved_bytes") - testd_device(&d, 0, "cached_bytes"), 16 * MiB);
         /* None fits: nothing ahead comes, and the granule asked for is refused as it would be alone. */
         granule_lease_refused(sock, 1, 2 * MiB, GPUPOOL__STATUS__STATUS_QUOTA, "limit of 16.0 MiB");
+        /* Granules ahead only are never refused for a limit: none come. */
+        lease_ahead_gets(sock, 0, 3, 0);
         close(sock);
+        ck_assert_int_eq(testd_stop(&d), 0);
+}
+END_TEST
+
+/*
+ * Granules ahead only never wait: on a full device where another client reports memory free
+ * (a lease of a granule would wait for it to give some back, up to the reclaim timeout), a
+ * lease of granules ahead only is answered at once with none, and nobody is asked.
+ */
+START_TEST(test_granules_ahead_only_never_wait) {
+        Gpupool__Usage u = GPUPOOL__USAGE__INIT;
+        Gpupool__Hello hello = GPUPOOL__HELLO__INIT;
+        int fds[GP_WIRE_MAX_FDS];
+        Gpupool__Envelope *rep;
+        int holder, control, sock;
+        uint64_t holder_id;
+        struct testd d;
+        size_t nfds;
+
+        testd_start(&d, "--host-capacity", "8M", "--reclaim-timeout", "600s", NULL);
+        hello.name = "holder";
+        holder = raw_hello_with(&d, &hello, &holder_id);
+        /* Its control channel, where the daemon would ask it for memory back: never read. */
+        hello.has_control_for = 1;
+        hello.control_for = holder_id;
+        control = raw_hello_with(&d, &hello, NULL);
+        rep = raw_lease_granules(holder, 0, 4, 2 * MiB, fds, &nfds);
+        ck_assert_int_eq(rep->status, GPUPOOL__STATUS__STATUS_OK);
+        ck_assert_uint_eq(nfds, 4);
+        for (size_t i = 0; i < nfds; i++)
+                close(fds[i]);
+        gpupool__envelope__free_unpacked(rep, NULL);
+        /* All of it free, by its word: the reclaim would ask it, and it never answers. */
+        u.device = 0;
+        u.in_use_bytes = 0;
+        u.held_free_bytes = 8 * MiB;
+        rep = raw_return(holder, NULL, 0, &u);
+        ck_assert_int_eq(rep->status, GPUPOOL__STATUS__STATUS_OK);
+        gpupool__envelope__free_unpacked(rep, NULL);
+        sock = raw_hello(&d, "ahead");
+        lease_ahead_gets(sock, 0, 2, 0);
+        ck_assert_int_eq(testd_device(&d, 0, "reserved_bytes"), 8 * MiB);
+        close(sock);
+        close(control);
+        close(holder);
         ck_assert_int_eq(testd_stop(&d), 0);
 }
 END_TEST
@@ -973,6 +1026,7 @@ Suite *suite_daemon(void) {
         tcase_add_test(tc, test_granule_lease);
         tcase_add_test(tc, test_granule_lease_refusals);
         tcase_add_test(tc, test_granules_ahead);
+        tcase_add_test(tc, test_granules_ahead_only_never_wait);
         tcase_add_test(tc, test_cli);
         tcase_add_test(tc, test_cli_refused_over_max_clients);
         tcase_add_test(tc, test_daemon_command_line_errors);

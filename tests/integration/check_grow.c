@@ -173,6 +173,113 @@ START_TEST(test_grow_in_place) {
 }
 END_TEST
 
+/*
+ * One round of a program's steady state beside a resident 200 MiB: p and q of 6 MiB, p freed,
+ * r of 10 MiB (too large for p's place: it lands after q), q and r freed. Its blocks touch 111
+ * granules in all, the resident block's 100 among them.
+ */
+static void steady_round(gpupool_client *c, unsigned seed) {
+        void *p, *q, *r;
+
+        ck_assert_int_eq(gpupool_alloc(c, 0, 6 * MiB, &p), 0);
+        ck_assert_int_eq(gpupool_alloc(c, 0, 6 * MiB, &q), 0);
+        fill(p, 6 * MiB, seed);
+        ck_assert_int_eq(gpupool_free(c, p), 0);
+        ck_assert_int_eq(gpupool_alloc(c, 0, 10 * MiB, &r), 0);
+        fill(r, 10 * MiB, seed + 1);
+        ck_assert(intact(r, 10 * MiB, seed + 1));
+        ck_assert_int_eq(gpupool_free(c, q), 0);
+        ck_assert_int_eq(gpupool_free(c, r), 0);
+}
+
+/*
+ * A resident 200 MiB and 21 rounds of steady_round(), under limit ("": none). 200 MiB is 100
+ * granules and 4 ahead; q lacks 2 beyond them, and 4 more come ahead (110). r lacks 1 where
+ * p's 3 are idle: the peak of 216 MiB and a 24th allow 113 granules, so it leases the 3 of the
+ * room (granules ahead only) instead of moving one, and held granules come then. After the
+ * first round, nothing is asked of the daemon either way; moved says how many granules the
+ * first round moved, and whether they go on moving.
+ */
+static void steady_state(const char *limit, uint64_t held, uint64_t moved) {
+        struct gpupool_grow_stats gs;
+        gpupool_client *c;
+        struct testd d;
+        void *w;
+
+        if (*limit)
+                testd_start(&d, "--client-limit", limit, NULL);
+        else
+                testd_start(&d, NULL);
+        c = connect_growing(&d, "steady");
+        ck_assert_int_eq(gpupool_alloc(c, 0, 200 * MiB, &w), 0);
+        steady_round(c, 1);
+        gs = grow_stats(c);
+        ck_assert_uint_eq(stats(c).round_trips, 4);
+        ck_assert_uint_eq(gs.granules_held, held);
+        ck_assert_uint_eq(gs.granules_unmapped, moved);
+        for (unsigned i = 0; i < 20; i++)
+                steady_round(c, 2 + i);
+        ck_assert_uint_eq(stats(c).round_trips, 4);
+        gs = grow_stats(c);
+        ck_assert_uint_eq(gs.granules_held, held);
+        if (moved)
+                ck_assert_uint_gt(gs.granules_unmapped, moved);
+        else
+                ck_assert_uint_eq(gs.granules_mapped, 111);     /* each granule its blocks touch, once */
+        ck_assert_uint_eq(gs.granules_unmapped > 0, moved > 0);
+        ck_assert_int_eq(testd_client_field(&d, 0, "steady", "reserved_bytes"), (int64_t) (held * 2 * MiB));
+        ck_assert_int_eq(gpupool_free(c, w), 0);
+        json_decref(testd_ctl(&d, "check"));
+        gpupool_disconnect(c);
+        ck_assert_int_eq(testd_stop(&d), 0);
+}
+
+/*
+ * Where the room allows, a block that lands where nothing is mapped gets granules of its own
+ * rather than move idle ones (granule_plan()): in the steady state nothing moves.
+ */
+START_TEST(test_grow_steady_state_moves_nothing) {
+        steady_state("", 113, 0);
+}
+END_TEST
+
+/*
+ * Under a limit that leaves no room (110 granules), the granules a block wants beyond what it
+ * must have do not come: idle granules move for it, and it does not ask again each round.
+ */
+START_TEST(test_grow_wanted_beyond_limit) {
+        steady_state("220M", 110, 1);
+}
+END_TEST
+
+/* With the daemon gone, a block that wants granules beyond what it must have moves idle ones, and is served. */
+START_TEST(test_grow_wanted_without_daemon) {
+        gpupool_client *c;
+        struct testd d;
+        void *w, *p, *q, *r;
+
+        testd_start(&d, NULL);
+        c = connect_growing(&d, "orphan");
+        ck_assert_int_eq(gpupool_alloc(c, 0, 200 * MiB, &w), 0);
+        ck_assert_int_eq(gpupool_alloc(c, 0, 6 * MiB, &p), 0);
+        ck_assert_int_eq(gpupool_alloc(c, 0, 6 * MiB, &q), 0);
+        ck_assert_int_eq(gpupool_free(c, p), 0);
+        testd_crash(&d);
+        /* As in steady_round(), r lacks one granule where three are idle, and would lease the room. */
+        ck_assert_int_eq(gpupool_alloc(c, 0, 10 * MiB, &r), 0);
+        fill(r, 10 * MiB, 7);
+        ck_assert(intact(r, 10 * MiB, 7));
+        ck_assert_uint_eq(grow_stats(c).granules_unmapped, 1);
+        ck_assert_uint_eq(grow_stats(c).granules_held, 110);
+        ck_assert_int_eq(gpupool_free(c, r), 0);
+        ck_assert_int_eq(gpupool_free(c, q), 0);
+        ck_assert_int_eq(gpupool_free(c, w), 0);
+        gpupool_disconnect(c);
+        testd_relaunch(&d);
+        ck_assert_int_eq(testd_stop(&d), 0);
+}
+END_TEST
+
 START_TEST(test_grow_block_of_many_leases) {
         struct gpupool_stats before, st;
         gpupool_client *c;
@@ -846,6 +953,9 @@ Suite *suite_grow(void) {
         TCase *tc = tcase_create("host");
 
         tcase_add_test(tc, test_grow_in_place);
+        tcase_add_test(tc, test_grow_steady_state_moves_nothing);
+        tcase_add_test(tc, test_grow_wanted_beyond_limit);
+        tcase_add_test(tc, test_grow_wanted_without_daemon);
         tcase_add_test(tc, test_grow_block_of_many_leases);
         tcase_add_test(tc, test_grow_leases_sent_together);
         tcase_add_test(tc, test_grow_trim_together);

@@ -297,6 +297,58 @@ START_TEST(test_lease_ahead) {
 }
 END_TEST
 
+/* Checks granule_plan() of a block at [first, first + n) granules of r. */
+static void plan_is(struct granule_range *r, uint64_t first, uint64_t n, uint64_t peak, uint64_t in_use, uint64_t must,
+                    uint64_t want, uint64_t ahead) {
+        struct granule_plan p;
+
+        granule_plan(r, first * G, n * G, peak, in_use, &p);
+        ck_assert_uint_eq(p.must, must);
+        ck_assert_uint_eq(p.want, want);
+        ck_assert_uint_eq(p.ahead, ahead);
+}
+
+/*
+ * The plan of a lease: rather than move idle granules, a block obtains what it lacks as long as
+ * the set holds within a 24th over its peak in use, in a lease of its own only for room of a
+ * 96th of what it holds, and such a lease brings the rest of the room.
+ */
+START_TEST(test_lease_plan) {
+        struct granule_range r;
+        struct granule_set s;
+        struct rec t;
+
+        start(&s, &r, &t, 1024);
+        /* 200 granules held, all idle. */
+        ck_assert_int_eq(granule_take(&r, 0, 200 * G), 0);
+        granule_give(&r, 0, 200 * G);
+        /* A block of 4 elsewhere must have none (the idle ones can move); the budget of a 200-granule peak is 209. */
+        plan_is(&r, 300, 4, 200 * G, 4 * G, 0, 4, 9);
+        /* A peak of 195: the budget is 204, the room 4, all the block lacks; granule_ahead() asks 1 more. */
+        plan_is(&r, 300, 4, 195 * G, 4 * G, 0, 4, 5);
+        /* 193: a room of 2, just a 96th of 200, and 2 of the 4 come (with 1 ahead); the idle ones move for the rest. */
+        plan_is(&r, 300, 4, 193 * G, 4 * G, 0, 2, 3);
+        /* 192: no room, nothing to lease; nor with no peak (the caller asks for no more than it must). */
+        plan_is(&r, 300, 4, 192 * G, 4 * G, 0, 0, 0);
+        plan_is(&r, 300, 4, 0, 4 * G, 0, 0, 0);
+        /* Over a block of granules mapped already, nothing either. */
+        plan_is(&r, 10, 4, 200 * G, 4 * G, 0, 0, 0);
+        /* Room under a 96th of 200: a peak of 192.5 granules leaves 1, not worth a lease of its own. */
+        plan_is(&r, 300, 4, 192 * G + G / 2, 4 * G, 0, 0, 0);
+        /*
+         * 210 lacking where 200 are idle: 10 it must have. A 210-granule peak's budget is 219: 19
+         * wanted, granule_ahead() of 19 is a 192nd of 219 (1), 10 ahead in all.
+         */
+        plan_is(&r, 300, 210, 210 * G, 210 * G, 10, 19, 10);
+        /* With no peak, the shortfall and granule_ahead(): 210 in use and a 32nd are 217, 7 more than 210. */
+        plan_is(&r, 300, 210, 0, 210 * G, 10, 10, 7);
+        /* An empty or outside block lacks nothing. */
+        plan_is(&r, 300, 0, 200 * G, 4 * G, 0, 0, 0);
+        check_ok(&s);
+        finish(&s, &r);
+}
+END_TEST
+
 START_TEST(test_spares_keep_their_age) {
         struct granule_range r;
         struct granule_set s;
@@ -420,6 +472,7 @@ Suite *suite_granule(void) {
         tcase_add_test(tc, test_idle_return_by_age);
         tcase_add_test(tc, test_obtained_ahead);
         tcase_add_test(tc, test_lease_ahead);
+        tcase_add_test(tc, test_lease_plan);
         tcase_add_test(tc, test_spares_keep_their_age);
         tcase_add_test(tc, test_refusals);
         tcase_add_test(tc, test_random_churn);
