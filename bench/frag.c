@@ -28,11 +28,11 @@
  *            block touches is mapped where it lies, and when the process has no spare
  *            granule it unmaps whole free granules (the highest first, as many as the block
  *            needs) to map them again there, and obtains only what that cannot cover;
- *   grow     libgpupool's $GPUPOOL_SEGMENTS=grow: the same core, but a block obtains what
- *            it lacks rather than move idle granules while the process holds within a 24th
- *            over its peak in use (granule_want()), and what it obtains is leased with
- *            granule_ahead() more (the client's lease policy), taken as spares before the
- *            block is mapped.
+ *   grow     libgpupool's $GPUPOOL_SEGMENTS=grow: the same core under the client's lease
+ *            policy (granule_plan()): a block obtains what it lacks rather than move idle
+ *            granules while the process holds within a 24th over its peak in use, with
+ *            granule_ahead() more, leased and taken as spares before the block is mapped
+ *            (the daemon here has every granule asked at once).
  *
  *            The last two rows also give their cost: the leases (each a round trip, however
  *            many granules it brings), the granules leased, the maps and the unmaps, over the

@@ -414,7 +414,7 @@ size_t client_grow_take_free(gpupool_client *c, int device, uint64_t want, uint6
                 drop_all(g, phys, got, ids + n);
                 n += got;
                 if (got) {
-                        /* The budget of granule_want() starts again from what the blocks hold now. */
+                        /* The budget of granule_plan() starts again from what the blocks hold now. */
                         g->peak_in_use = c->devices[d].heap.asked_bytes;
                         g->want_none = false;
                 }

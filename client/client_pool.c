@@ -376,12 +376,13 @@ static void return_leased(gpupool_client *c, unsigned d, uint64_t size, uint64_t
 static int grow_map_block(gpupool_client *c, unsigned d, struct heap_block *hb) {
         struct granule_plan p;
         uint64_t obtained = 0, got;
-        bool drained = false;
+        bool drained = false, leased = false;
         int r;
 
+        /* Counted again after each lease: while it was out, other threads may have taken granules, or freed some. */
         while (client_grow_plan(c, hb, &p)) {
-                if (!p.must && obtained)
-                        break;          /* leased once: idle granules move for the rest */
+                if (!p.must && leased)
+                        break;          /* idle granules move for the rest */
                 if (!drained) {
                         /* Blocks the threads' caches park, and stream-ordered frees done, may leave granules idle. */
                         drained = true;
@@ -396,9 +397,10 @@ static int grow_map_block(gpupool_client *c, unsigned d, struct heap_block *hb) 
                  * ahead only), and what does not come is covered by moving idle granules.
                  */
                 r = lease_granules(c, d, p.must, p.ahead, &got);
+                leased = true;
                 if (r < 0 && !p.must) {
                         client_grow_wanted(c, d, false);        /* a daemon without room at once, or none */
-                        break;
+                        continue;
                 }
                 if (r < 0) {
                         if (obtained + got)
@@ -408,8 +410,6 @@ static int grow_map_block(gpupool_client *c, unsigned d, struct heap_block *hb) 
                 if (p.want > p.must)
                         client_grow_wanted(c, d, got >= p.want);
                 obtained += got;
-                if (!p.must)
-                        break;
         }
         return client_grow_take(c, hb);
 }

@@ -237,8 +237,9 @@ static int lease_granules(struct pool *p, struct pool_owner *o, unsigned n, unsi
 
 /*
  * One try at a lease, of request id: a segment for size bytes, or (granules) that many
- * granules, size being their bytes, or (granules 0, some ahead) only granules ahead. Fills *ret with the reply and returns true, or returns
- * false when the request waits (parked) for other clients to give memory back.
+ * granules, size being their bytes, or (granules 0, some ahead) granules ahead only. Fills
+ * *ret with the reply and returns true, or returns false when the request waits (parked) for
+ * other clients to give memory back (never one of granules ahead only).
  */
 static bool lease_attempt(struct session *s, uint64_t id, uint32_t device, uint64_t size, unsigned granules,
                           unsigned ahead, enum attempt attempt, struct reply *ret) {

@@ -9,10 +9,14 @@
  * back (the daemon counts it leased), and what it held before stays its own, its data intact.
  * And a daemon that refuses the first of the requests a trim sends together: the trim says
  * why, every segment it took went, and the replies after it are read, the connection in step.
+ * And one that holds a lease of granules ahead only while another thread of the process takes
+ * the idle granules the block counted on: the block leases what it then lacks.
  */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <fcntl.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -43,6 +47,7 @@ enum scenario {
         WHOLE_SAME_ID,          /* every lease names segment 1 */
         OTHER_KIND,             /* a lease answered with a ReturnReply */
         RETURN_REFUSED,         /* leases right, the first ReturnRequest refused */
+        AHEAD_HELD,             /* leases right, but one of granules ahead only is held, then brings none */
 };
 
 /* What the fake daemon saw, on a shared page: segment ids its lease replies named, and those the library gave back. */
@@ -54,6 +59,7 @@ struct fake {
         char dir[64], path[128];
         pid_t pid;
         struct seen *seen;
+        int held[2], go[2];     /* AHEAD_HELD: a byte when it holds one, a byte to answer it */
 };
 
 static void reply(int sock, Gpupool__Envelope *env, const int *fds, size_t nfds) {
@@ -97,8 +103,14 @@ static size_t answer_lease(enum scenario s, const Gpupool__LeaseRequest *req, Gp
         case GRANULES_SHORT: fd_size = 4096, fd_count = count; break;
         case GRANULES_HELD_ID:
         case GRANULES_TWICE:
-        case RETURN_REFUSED: fd_count = count; break;
+        case RETURN_REFUSED:
+        case AHEAD_HELD: fd_count = count; break;
         default: fd_count = 1; break;
+        }
+        if (req->has_granules && n == 0) {
+                /* Granules ahead only: none (segment id 0 names no segment). */
+                lr->segment_size = GP_GRANULE_BYTES;
+                return 0;
         }
         if (!req->has_granules) {
                 granule_size = fd_size = req->size;
@@ -122,7 +134,7 @@ static size_t answer_lease(enum scenario s, const Gpupool__LeaseRequest *req, Gp
 }
 
 /* The fake daemon: serves hello, leases (as the scenario says), returns and bye, until killed. */
-static void fake_main(int listen_sock, enum scenario s, struct seen *seen) {
+static void fake_main(int listen_sock, enum scenario s, struct seen *seen, const struct fake *f) {
         struct pollfd p[16] = { { .fd = listen_sock, .events = POLLIN } };
         nfds_t n = 1;
 
@@ -181,7 +193,13 @@ static void fake_main(int listen_sock, enum scenario s, struct seen *seen) {
                                         break;
                                 }
                                 out = answer_lease(s, req->lease, &lr, more, fds);
-                                seen->named += 1 + (unsigned) lr.n_more_segment_ids;
+                                seen->named += lr.segment_id ? 1 + (unsigned) lr.n_more_segment_ids : 0;
+                                if (s == AHEAD_HELD && !lr.segment_id) {
+                                        char ch = 'h';
+
+                                        if (write(f->held[1], &ch, 1) != 1 || read(f->go[0], &ch, 1) != 1)
+                                                _exit(6);
+                                }
                                 rep.body_case = GPUPOOL__ENVELOPE__BODY_LEASE_REPLY;
                                 rep.lease_reply = &lr;
                                 break;
@@ -219,10 +237,12 @@ static void fake_start(struct fake *f, enum scenario s) {
         f->seen = mmap(NULL, sizeof(*f->seen), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
         ck_assert_ptr_ne(f->seen, MAP_FAILED);
         sock = listen_seqpacket(f->path);
+        ck_assert_int_eq(pipe2(f->held, O_CLOEXEC), 0);
+        ck_assert_int_eq(pipe2(f->go, O_CLOEXEC), 0);
         f->pid = fork();
         ck_assert_int_ge(f->pid, 0);
         if (f->pid == 0)
-                fake_main(sock, s, f->seen);
+                fake_main(sock, s, f->seen, f);
         close(sock);
 }
 
@@ -230,6 +250,7 @@ static void fake_stop(struct fake *f) {
         kill(f->pid, SIGKILL);
         ck_assert_int_eq(waitpid(f->pid, NULL, 0), f->pid);
         munmap(f->seen, sizeof(*f->seen));
+        close(f->held[0]), close(f->held[1]), close(f->go[0]), close(f->go[1]);
         unlink(f->path);
         rmdir(f->dir);
 }
@@ -327,12 +348,75 @@ START_TEST(test_refused_return) {
 }
 END_TEST
 
+/* Thread A's block: 8 MiB, which fits neither 6 MiB hole. */
+static void *ahead_main(void *arg) {
+        gpupool_client *c = arg;
+        void *r;
+
+        if (gpupool_alloc(c, 0, 8 * MiB, &r) < 0)
+                return NULL;
+        memset(r, 3, 8 * MiB);
+        return r;
+}
+
+/*
+ * A block whose idle granules elsewhere cover it asks for granules ahead only, and the lock is
+ * let go while that lease is out; another thread's blocks take those idle granules meanwhile.
+ * The lease brings none: the block counts again, leases what it now lacks, and is served.
+ */
+START_TEST(test_idle_taken_while_ahead_out) {
+        void *w, *p1, *s1, *p2, *s2, *b1, *b2, *r;
+        gpupool_client *c;
+        pthread_t thread;
+        struct fake f;
+        char ch;
+
+        fake_start(&f, AHEAD_HELD);
+        setenv("GPUPOOL_SEGMENTS", "grow", 1);
+        setenv("GPUPOOL_IDLE_RETURN", "0", 1);
+        ck_assert_int_eq(gpupool_connect(f.path, "raced", &c), 0);
+        /* 200 MiB, then two 6 MiB blocks apart, freed: 6 granules idle in two holes (108 held; this daemon gives none ahead). */
+        ck_assert_int_eq(gpupool_alloc(c, 0, 200 * MiB, &w), 0);
+        ck_assert_int_eq(gpupool_alloc(c, 0, 6 * MiB, &p1), 0);
+        ck_assert_int_eq(gpupool_alloc(c, 0, 2 * MiB, &s1), 0);
+        ck_assert_int_eq(gpupool_alloc(c, 0, 6 * MiB, &p2), 0);
+        ck_assert_int_eq(gpupool_alloc(c, 0, 2 * MiB, &s2), 0);
+        ck_assert_int_eq(gpupool_free(c, p1), 0);
+        ck_assert_int_eq(gpupool_free(c, p2), 0);
+        /*
+         * 8 MiB lands after them, on 4 granules the idle ones cover; the peak of 216 MiB and a
+         * 24th allow 113, so it asks for them ahead only, and the fake daemon holds that.
+         */
+        ck_assert_int_eq(pthread_create(&thread, NULL, ahead_main, c), 0);
+        ck_assert_int_eq(read(f.held[0], &ch, 1), 1);
+        /* Meanwhile this thread's blocks fill both holes, on the idle granules, asking nothing. */
+        ck_assert_int_eq(gpupool_alloc(c, 0, 6 * MiB, &b1), 0);
+        ck_assert_int_eq(gpupool_alloc(c, 0, 6 * MiB, &b2), 0);
+        ck_assert_ptr_eq(b1, p1);
+        ck_assert_ptr_eq(b2, p2);
+        memset(b1, 1, 6 * MiB);
+        memset(b2, 2, 6 * MiB);
+        ck_assert_int_eq(write(f.go[1], "g", 1), 1);
+        ck_assert_int_eq(pthread_join(thread, &r), 0);
+        ck_assert_ptr_nonnull(r);
+        /* The 4 granules it then lacked came in a lease of their own. */
+        ck_assert_uint_eq(f.seen->named, 112);
+        ck_assert(((char *) r)[0] == 3 && ((char *) r)[8 * MiB - 1] == 3);
+        ck_assert(((char *) b1)[0] == 1 && ((char *) b1)[6 * MiB - 1] == 1);
+        ck_assert(((char *) b2)[0] == 2 && ((char *) b2)[6 * MiB - 1] == 2);
+        gpupool_disconnect(c);
+        unsetenv("GPUPOOL_SEGMENTS");
+        fake_stop(&f);
+}
+END_TEST
+
 Suite *suite_replies(void) {
         Suite *s = suite_create("replies");
         TCase *tc = tcase_create("host");
 
         tcase_add_loop_test(tc, test_wrong_lease_replies, 0, (int) (sizeof(cases) / sizeof(cases[0])));
         tcase_add_test(tc, test_refused_return);
+        tcase_add_test(tc, test_idle_taken_while_ahead_out);
         suite_add_tcase(s, tc);
         return s;
 }
