@@ -312,7 +312,7 @@ static int model_obtain(void *ctx, uint64_t n, uint64_t *phys) {
         return 0;
 }
 
-static const struct granule_ops model_ops = { model_map, model_unmap, model_obtain, NULL };
+static const struct granule_ops model_ops = { model_map, model_unmap, model_obtain, NULL, NULL };
 
 enum model { EXPAND, GRANULE, GROW };
 

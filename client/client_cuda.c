@@ -262,13 +262,7 @@ void client_cuda_release(gpupool_client *c, struct client_device *d, gp_cu_mem_h
         pop(c);
 }
 
-int client_cuda_map_at(gpupool_client *c, struct client_device *d, uint8_t *va, uint64_t size, gp_cu_mem_handle h) {
-        gp_cu_mem_access_desc rw = {
-                .location = { .type = GP_CU_MEM_LOCATION_TYPE_DEVICE, .id = (int) d->dev },
-                .flags = GP_CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
-        };
-        gp_cu_deviceptr p = (gp_cu_deviceptr) (uintptr_t) va;
-        const char *what = "cuMemMap";
+int client_cuda_map(gpupool_client *c, struct client_device *d, uint8_t *va, uint64_t size, gp_cu_mem_handle h) {
         gp_cu_result r;
         int err, mode;
 
@@ -276,16 +270,36 @@ int client_cuda_map_at(gpupool_client *c, struct client_device *d, uint8_t *va, 
         if (err < 0)
                 return err;
         mode = relax(c);
-        r = c->cu.cuMemMap(p, size, 0, h, 0);
-        if (r == GP_CUDA_SUCCESS) {
-                what = "cuMemSetAccess";
-                r = c->cu.cuMemSetAccess(p, size, &rw, 1);
-                if (r != GP_CUDA_SUCCESS)
-                        (void) c->cu.cuMemUnmap(p, size);
-        }
+        r = c->cu.cuMemMap((gp_cu_deviceptr) (uintptr_t) va, size, 0, h, 0);
         unrelax(c, mode);
         pop(c);
-        return r == GP_CUDA_SUCCESS ? 0 : vmm_failed(c, what, size, r);
+        return r == GP_CUDA_SUCCESS ? 0 : vmm_failed(c, "cuMemMap", size, r);
+}
+
+int client_cuda_access(gpupool_client *c, struct client_device *d, uint8_t *va, uint64_t size) {
+        gp_cu_mem_access_desc rw = {
+                .location = { .type = GP_CU_MEM_LOCATION_TYPE_DEVICE, .id = (int) d->dev },
+                .flags = GP_CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+        };
+        gp_cu_result r;
+        int err, mode;
+
+        err = push(c, d);
+        if (err < 0)
+                return err;
+        mode = relax(c);
+        r = c->cu.cuMemSetAccess((gp_cu_deviceptr) (uintptr_t) va, size, &rw, 1);
+        unrelax(c, mode);
+        pop(c);
+        return r == GP_CUDA_SUCCESS ? 0 : vmm_failed(c, "cuMemSetAccess", size, r);
+}
+
+int client_cuda_map_at(gpupool_client *c, struct client_device *d, uint8_t *va, uint64_t size, gp_cu_mem_handle h) {
+        int err = client_cuda_map(c, d, va, size, h);
+
+        if (err == 0 && (err = client_cuda_access(c, d, va, size)) < 0)
+                (void) client_cuda_unmap_at(c, d, va, size);
+        return err;
 }
 
 int client_cuda_unmap_at(gpupool_client *c, struct client_device *d, uint8_t *va, uint64_t size) {

@@ -47,6 +47,9 @@ int client_cuda_import(gpupool_client *c, struct client_device *d, int fd, uint6
 void client_cuda_release(gpupool_client *c, struct client_device *d, gp_cu_mem_handle h);
 /* Maps handle h at va (size bytes) and makes it readable and writable on d. Returns 0 or a negative errno, the error set. */
 int client_cuda_map_at(gpupool_client *c, struct client_device *d, uint8_t *va, uint64_t size, gp_cu_mem_handle h);
+/* Its halves: the mapping alone (not usable yet), and access to [va, va + size), mappings side by side (one call for all). */
+int client_cuda_map(gpupool_client *c, struct client_device *d, uint8_t *va, uint64_t size, gp_cu_mem_handle h);
+int client_cuda_access(gpupool_client *c, struct client_device *d, uint8_t *va, uint64_t size);
 /* Unmaps what client_cuda_map_at() mapped; the handle stays. Returns 0, or -EIO when the driver refused. */
 int client_cuda_unmap_at(gpupool_client *c, struct client_device *d, uint8_t *va, uint64_t size);
 

@@ -17,8 +17,10 @@
  *             the memory until the granule goes back. No step leaves a hole another mmap()
  *             of the process could take.
  *   cuda-vmm  each descriptor is imported (cuMemImportFromShareableHandle) and kept, as on
- *             host; the handle is mapped under blocks (cuMemMap, cuMemSetAccess) and unmapped
- *             (cuMemUnmap) as they need it, and released when the granule goes back.
+ *             host; the handle is mapped under blocks (cuMemMap; each run of granules a block
+ *             maps side by side is made accessible in one cuMemSetAccess, as PyTorch's
+ *             expandable segments do) and unmapped (cuMemUnmap) as they need it, and released
+ *             when the granule goes back.
  */
 #define _GNU_SOURCE
 #include "client_grow.h"
@@ -74,8 +76,9 @@ static int grow_map(void *ctx, struct granule_range *r, uint64_t k, uint64_t phy
 static void grow_unmap(void *ctx, struct granule_range *r, uint64_t k, uint64_t phys);
 static int grow_obtain(void *ctx, uint64_t n, uint64_t *phys);
 static uint64_t grow_now(void *ctx);
+static int grow_access(void *ctx, struct granule_range *r, uint64_t first, uint64_t n);
 
-static const struct granule_ops grow_ops = { grow_map, grow_unmap, grow_obtain, grow_now };
+static const struct granule_ops grow_ops = { grow_map, grow_unmap, grow_obtain, grow_now, grow_access };
 
 /* Puts the reservation back over a granule's place (host), in one step, so that no hole opens. */
 static void reserve_again(uint8_t *at) {
@@ -98,7 +101,7 @@ static int grow_map(void *ctx, struct granule_range *r, uint64_t k, uint64_t phy
         uint8_t *at = granule_addr(g, r, k);
 
         if (c->vmm)
-                return client_cuda_map_at(c, &c->devices[g->device], at, G, g->granules[phys].handle);
+                return client_cuda_map(c, &c->devices[g->device], at, G, g->granules[phys].handle);     /* grow_access() follows */
         /* A second mapping of the parked pages, over the reservation. */
         if (mremap(g->park + phys * G, 0, G, MREMAP_MAYMOVE | MREMAP_FIXED, at) == MAP_FAILED) {
                 client_set_error(c, "cannot map a granule of device %u into this process: %m", g->device);
@@ -132,6 +135,14 @@ static int grow_obtain(void *ctx, uint64_t n, uint64_t *phys) {
 static uint64_t grow_now(void *ctx) {
         (void) ctx;
         return client_now_ms();
+}
+
+/* cuda-vmm: a run of granules just mapped side by side, made readable and writable in one cuMemSetAccess. */
+static int grow_access(void *ctx, struct granule_range *r, uint64_t first, uint64_t n) {
+        struct client_grow *g = ctx;
+        gpupool_client *c = g->client;
+
+        return c->vmm ? client_cuda_access(c, &c->devices[g->device], granule_addr(g, r, first), n * G) : 0;
 }
 
 /* Reserves the host ranges and parking spots: address space only, never backed by itself. */

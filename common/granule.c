@@ -167,9 +167,32 @@ static bool span(const struct granule_range *r, uint64_t offset, uint64_t size, 
         return true;
 }
 
+/*
+ * Makes the run of *run granules just mapped before granule end of r usable (ops->access), or,
+ * if that fails, unmaps them again into the spares. Returns 0 or the failure; *run is 0 after.
+ */
+static int access_run(struct granule_range *r, uint64_t end, uint64_t *run, int err) {
+        struct granule_set *s = r->set;
+
+        if (!*run)
+                return err;
+        if (!err && s->ops->access)
+                err = s->ops->access(s->ctx, r, end - *run, *run);
+        for (uint64_t k = end - *run; err && k < end; k++) {
+                bit_clear(r->mapped, k);
+                r->mapped_count--;
+                s->ops->unmap(s->ctx, r, k, r->phys[k]);
+                s->spare_since[s->spare_count] = s->ops->now ? s->ops->now(s->ctx) : 0;
+                s->spare[s->spare_count++] = r->phys[k];
+                s->unmaps++;
+        }
+        *run = 0;
+        return err;
+}
+
 int granule_take(struct granule_range *r, uint64_t offset, uint64_t size) {
         struct granule_set *s = r->set;
-        uint64_t first, last, need = 0;
+        uint64_t first, last, need = 0, run = 0;
         int err = 0;
 
         if (!span(r, offset, size, &first, &last))
@@ -195,18 +218,25 @@ int granule_take(struct granule_range *r, uint64_t offset, uint64_t size) {
         for (uint64_t k = first; k <= last; k++) {
                 uint64_t phys;
 
-                if (bit(r->mapped, k))
+                if (bit(r->mapped, k)) {
+                        if ((err = access_run(r, k, &run, 0)) < 0)
+                                goto undo;
                         continue;
+                }
                 phys = s->spare[--s->spare_count];
                 if ((err = s->ops->map(s->ctx, r, k, phys)) < 0) {
                         s->spare_count++;
+                        (void) access_run(r, k, &run, err);     /* those mapped before it go back unusable */
                         goto undo;
                 }
                 bit_set(r->mapped, k);
                 r->phys[k] = phys;
                 r->mapped_count++;
                 s->maps++;
+                run++;
         }
+        if ((err = access_run(r, last + 1, &run, 0)) < 0)
+                goto undo;
         return 0;
 undo:
         uncount(r, first, last);

@@ -37,6 +37,12 @@ struct granule_ops {
         int (*obtain)(void *ctx, uint64_t n, uint64_t *phys);
         /* The caller's clock, read when a granule becomes idle (stamped on it); NULL: always 0. */
         uint64_t (*now)(void *ctx);
+        /*
+         * Makes granules first to first + n - 1 of r, side by side and just mapped, usable, in
+         * one call (cuda-vmm: one cuMemSetAccess over the run, as the driver allows over
+         * mappings side by side); NULL: a map is enough. Returns 0 or a negative errno.
+         */
+        int (*access)(void *ctx, struct granule_range *r, uint64_t first, uint64_t n);
 };
 
 /* One virtual range. Read-only outside granule.c. */
@@ -76,9 +82,10 @@ void granule_range_destroy(struct granule_range *r);
 
 /*
  * Before a block at [offset, offset + size) of r is handed out: counts it on its granules and
- * maps each that is not, from a spare, else from idle granules elsewhere, else obtained.
- * Returns 0, or a negative errno (ops failed, or no memory for the records) with nothing
- * counted: granules it mapped stay mapped, idle.
+ * maps each that is not, from a spare, else from idle granules elsewhere, else obtained, each
+ * run of them side by side made usable at once (ops->access). Returns 0, or a negative errno
+ * (ops failed, or no memory for the records) with nothing counted: granules it mapped and made
+ * usable stay mapped, idle; those it could not make usable are unmapped again, spares.
  */
 int granule_take(struct granule_range *r, uint64_t offset, uint64_t size);
 

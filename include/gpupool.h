@@ -220,9 +220,9 @@ GPUPOOL_EXPORT int gpupool_stats(gpupool_client *client, struct gpupool_stats *r
  * granules_held the 2 MiB granules it holds now (as mapped_segments counts them) and
  * granules_free those no live block touches (idle under the ranges, or spare); and since
  * gpupool_connect(), granules_mapped the times a granule was mapped under blocks (host: an
- * mremap(); cuda-vmm: a cuMemMap and its cuMemSetAccess) and granules_unmapped the times one
- * was unmapped from there (host: an mmap() of the reservation over it; cuda-vmm: a
- * cuMemUnmap), to serve a block elsewhere or to go back. A granule that moves counts once in
+ * mremap(); cuda-vmm: a cuMemMap, and a cuMemSetAccess per run mapped side by side) and
+ * granules_unmapped the times one was unmapped from there (host: an mmap() of the reservation
+ * over it; cuda-vmm: a cuMemUnmap), to serve a block elsewhere or to go back. A granule that moves counts once in
  * each; in a steady state neither should grow.
  */
 struct gpupool_grow_stats {

@@ -222,6 +222,7 @@ static struct event *events;
 static struct event *destroyed_events;      /* kept for the process's life (see cuEventDestroy) */
 static uint64_t next_id = 1;
 static unsigned long long event_queries;        /* cuEventQuery calls (test hook) */
+static unsigned long long set_access_calls;     /* cuMemSetAccess calls (test hook) */
 static CUresult event_failure;                  /* what event queries and waits return instead (test hook) */
 static __thread struct ctx *ctx_stack[16];
 static __thread int ctx_depth;
@@ -1570,6 +1571,7 @@ static CUresult fk_MemSetAccess(CUdeviceptr ptr, size_t size, const gp_cu_mem_ac
                         return GP_CUDA_ERROR_INVALID_DEVICE;
         }
         pthread_mutex_lock(&lock);
+        set_access_calls++;
         if (!whole_mappings(ptr, size)) {
                 pthread_mutex_unlock(&lock);
                 return GP_CUDA_ERROR_INVALID_VALUE;    /* "a fully mapped address range" */
@@ -2448,6 +2450,16 @@ EXPORT unsigned long long fakecuda_event_queries(void) {
 
         pthread_mutex_lock(&lock);
         n = event_queries;
+        pthread_mutex_unlock(&lock);
+        return n;
+}
+
+/* How many times cuMemSetAccess was called in this process. */
+EXPORT unsigned long long fakecuda_set_access_calls(void) {
+        unsigned long long n;
+
+        pthread_mutex_lock(&lock);
+        n = set_access_calls;
         pthread_mutex_unlock(&lock);
         return n;
 }

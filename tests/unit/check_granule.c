@@ -23,6 +23,9 @@ struct rec {
         int fail_map_after;                     /* maps that succeed before one fails; -1: none fails */
         uint64_t mapped_phys[1024];             /* phys at each granule of the first range, to check reuse */
         uint64_t clock;                         /* what now returns */
+        uint64_t runs[64][2];                   /* the runs made usable: first granule, count */
+        unsigned run_count;
+        int fail_access;                        /* the errno access returns, or 0 */
 };
 
 static int rec_map(void *ctx, struct granule_range *r, uint64_t k, uint64_t phys) {
@@ -62,7 +65,20 @@ static uint64_t rec_now(void *ctx) {
         return ((struct rec *) ctx)->clock;
 }
 
-static const struct granule_ops rec_ops = { rec_map, rec_unmap, rec_obtain, rec_now };
+static int rec_access(void *ctx, struct granule_range *r, uint64_t first, uint64_t n) {
+        struct rec *t = ctx;
+
+        (void) r;
+        if (t->fail_access)
+                return -t->fail_access;
+        if (t->run_count < 64) {
+                t->runs[t->run_count][0] = first;
+                t->runs[t->run_count++][1] = n;
+        }
+        return 0;
+}
+
+static const struct granule_ops rec_ops = { rec_map, rec_unmap, rec_obtain, rec_now, rec_access };
 
 static void check_ok(const struct granule_set *s) {
         char why[256] = "";
@@ -164,14 +180,14 @@ START_TEST(test_failures_count_nothing) {
         ck_assert_uint_eq(s.held, 0);
         ck_assert_uint_eq(r.refs[0] + r.refs[1] + r.refs[2], 0);
         check_ok(&s);
-        /* The second map fails: the first granule stays mapped, idle; the rest spare. */
+        /* The second map fails: the first granule, never made usable, is unmapped again; all three spare. */
         t.fail_obtain = 0;
         t.fail_map_after = 1;
         ck_assert_int_eq(granule_take(&r, 0, 3 * G), -EIO);
         ck_assert_uint_eq(s.held, 3);
-        ck_assert_uint_eq(r.mapped_count, 1);
-        ck_assert_uint_eq(r.idle_count, 1);
-        ck_assert_uint_eq(s.spare_count, 2);
+        ck_assert_uint_eq(r.mapped_count, 0);
+        ck_assert_uint_eq(r.idle_count, 0);
+        ck_assert_uint_eq(s.spare_count, 3);
         check_ok(&s);
         /* Then it works, from what it holds. */
         t.fail_map_after = -1;
@@ -349,6 +365,70 @@ START_TEST(test_lease_plan) {
 }
 END_TEST
 
+/* Checks that run i made usable granules first to first + n - 1. */
+static void run_is(const struct rec *t, unsigned i, uint64_t first, uint64_t n) {
+        ck_assert_uint_gt(t->run_count, i);
+        ck_assert_uint_eq(t->runs[i][0], first);
+        ck_assert_uint_eq(t->runs[i][1], n);
+}
+
+/*
+ * The granules a take maps are made usable a run at a time (on cuda-vmm one cuMemSetAccess
+ * over mappings side by side); those that cannot be are unmapped again, spares, and so are
+ * those mapped before a map that failed.
+ */
+START_TEST(test_access_per_run) {
+        struct granule_range r;
+        struct granule_set s;
+        struct rec t;
+
+        start(&s, &r, &t, 64);
+        ck_assert_int_eq(granule_take(&r, 0, G), 0);
+        run_is(&t, 0, 0, 1);
+        /* Granule 0 mapped already: 1 to 5 in one run. */
+        ck_assert_int_eq(granule_take(&r, 0, 6 * G), 0);
+        ck_assert_uint_eq(t.run_count, 2);
+        run_is(&t, 1, 1, 5);
+        /* A mapped granule in the middle splits the run in two. */
+        ck_assert_int_eq(granule_take(&r, 10 * G, G), 0);
+        ck_assert_int_eq(granule_take(&r, 8 * G, 5 * G), 0);
+        ck_assert_uint_eq(t.run_count, 5);
+        run_is(&t, 2, 10, 1);
+        run_is(&t, 3, 8, 2);
+        run_is(&t, 4, 11, 2);
+        ck_assert_uint_eq(s.held, 11);
+        check_ok(&s);
+        /* Made usable it cannot be: its 4 new granules are unmapped again, spares, and nothing is counted. */
+        t.fail_access = EIO;
+        t.unmap_count = 0;
+        ck_assert_int_eq(granule_take(&r, 20 * G, 4 * G), -EIO);
+        ck_assert_uint_eq(t.unmap_count, 4);
+        ck_assert_uint_eq(s.held, 15);
+        ck_assert_uint_eq(s.spare_count, 4);
+        ck_assert_uint_eq(r.mapped_count, 11);
+        ck_assert_uint_eq(r.refs[20], 0);
+        check_ok(&s);
+        /* A map fails after two (of 5: the 4 spares and one obtained): those two were never made usable, and go back too. */
+        t.fail_access = 0;
+        t.fail_map_after = 2;
+        t.unmap_count = 0;
+        ck_assert_int_eq(granule_take(&r, 30 * G, 5 * G), -EIO);
+        ck_assert_uint_eq(t.unmap_count, 2);
+        ck_assert_uint_eq(t.run_count, 5);
+        ck_assert_uint_eq(r.mapped_count, 11);
+        ck_assert_uint_eq(s.held, 16);
+        ck_assert_uint_eq(s.spare_count, 5);
+        check_ok(&s);
+        /* Working again, the spares serve, made usable as one run. */
+        t.fail_map_after = -1;
+        ck_assert_int_eq(granule_take(&r, 20 * G, 4 * G), 0);
+        run_is(&t, 5, 20, 4);
+        ck_assert_uint_eq(s.held, 16);
+        check_ok(&s);
+        finish(&s, &r);
+}
+END_TEST
+
 START_TEST(test_spares_keep_their_age) {
         struct granule_range r;
         struct granule_set s;
@@ -473,6 +553,7 @@ Suite *suite_granule(void) {
         tcase_add_test(tc, test_obtained_ahead);
         tcase_add_test(tc, test_lease_ahead);
         tcase_add_test(tc, test_lease_plan);
+        tcase_add_test(tc, test_access_per_run);
         tcase_add_test(tc, test_spares_keep_their_age);
         tcase_add_test(tc, test_refusals);
         tcase_add_test(tc, test_random_churn);
