@@ -243,12 +243,11 @@ undo:
         return err;
 }
 
-uint64_t granule_shortfall(const struct granule_range *r, uint64_t offset, uint64_t size) {
+/* The shortfall of granules first..last of r (granule_shortfall()); *ret_need those of them not mapped. */
+static uint64_t shortfall_of(const struct granule_range *r, uint64_t first, uint64_t last, uint64_t *ret_need) {
         const struct granule_set *s = r->set;
-        uint64_t first, last, need = 0, own_idle = 0, elsewhere = 0;
+        uint64_t need = 0, own_idle = 0, elsewhere = 0;
 
-        if (!span(r, offset, size, &first, &last))
-                return 0;
         for (uint64_t k = first; k <= last; k++) {
                 need += !bit(r->mapped, k);
                 own_idle += bit(r->idle, k);
@@ -257,7 +256,14 @@ uint64_t granule_shortfall(const struct granule_range *r, uint64_t offset, uint6
         for (unsigned i = 0; i < s->range_count; i++)
                 elsewhere += s->ranges[i]->idle_count;
         elsewhere -= own_idle;
+        *ret_need = need;
         return need > s->spare_count + elsewhere ? need - s->spare_count - elsewhere : 0;
+}
+
+uint64_t granule_shortfall(const struct granule_range *r, uint64_t offset, uint64_t size) {
+        uint64_t first, last, need;
+
+        return span(r, offset, size, &first, &last) ? shortfall_of(r, first, last, &need) : 0;
 }
 
 /* How many granules s may hold beyond what it holds, within a GRANULE_KEEP_DIVISOR-th over peak_in_use. */
@@ -270,13 +276,12 @@ static uint64_t room_within(const struct granule_set *s, uint64_t peak_in_use) {
 void granule_plan(const struct granule_range *r, uint64_t offset, uint64_t size, uint64_t peak_in_use, uint64_t in_use,
                   struct granule_plan *p) {
         const struct granule_set *s = r->set;
-        uint64_t first, last, need = 0, lack, room = room_within(s, peak_in_use);
+        uint64_t first, last, need, lack, room = room_within(s, peak_in_use);
 
-        *p = (struct granule_plan) { .must = granule_shortfall(r, offset, size) };
+        *p = (struct granule_plan) { 0 };
         if (!span(r, offset, size, &first, &last))
                 return;
-        for (uint64_t k = first; k <= last; k++)
-                need += !bit(r->mapped, k);
+        p->must = shortfall_of(r, first, last, &need);
         lack = need > s->spare_count ? need - s->spare_count : 0;
         /* A lease of its own only for room worth a round trip; one it sends anyway carries what there is. */
         if (!p->must && (!room || room < s->held / GRANULE_KEEP_MIN_DIVISOR))
