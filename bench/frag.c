@@ -316,6 +316,15 @@ static const struct granule_ops model_ops = { model_map, model_unmap, model_obta
 
 enum model { EXPAND, GRANULE, GROW };
 
+/* The grow model's lease: n granules obtained and taken as spares, before the block is mapped. */
+static void lease_spares(struct granule_set *g, uint64_t *next_phys, uint64_t n) {
+        uint64_t *phys = malloc(n * sizeof(*phys));
+
+        if (!phys || model_obtain(next_phys, n, phys) < 0 || granule_add_spares(g, phys, n) < 0)
+                exit(1);
+        free(phys);
+}
+
 /* The leases of the granule models, over the trace and before its second half. */
 struct leases {
         uint64_t all, half;
@@ -360,21 +369,16 @@ static struct result run_growing(const struct op *ops, size_t n, uint64_t max_id
                         end = (b->offset + b->size + granule_bytes - 1) / granule_bytes;
                         if (remap) {
                                 uint64_t peak = in_use + rsize > r.peak_in_use ? in_use + rsize : r.peak_in_use;
-                                uint64_t lack = granule_shortfall(&range[class], b->offset, b->size);
                                 struct granule_plan plan;
+                                uint64_t lack;  /* granule: what granule_take() will obtain; grow: the lease */
 
-                                /* A lease, of the plan's granules, taken as spares; granule_take() moves for the rest. */
                                 if (model == GROW) {
                                         granule_plan(&range[class], b->offset, b->size, peak, in_use + rsize, &plan);
                                         lack = plan.must + plan.ahead;
-                                }
-                                if (model == GROW && lack) {
-                                        uint64_t *phys = malloc(lack * sizeof(*phys));
-
-                                        if (!phys || model_obtain(&next_phys, lack, phys) < 0 ||
-                                            granule_add_spares(g, phys, lack) < 0)
-                                                exit(1);
-                                        free(phys);
+                                        if (lack)
+                                                lease_spares(g, &next_phys, lack);
+                                } else {
+                                        lack = granule_shortfall(&range[class], b->offset, b->size);
                                 }
                                 leases->all += lack != 0;
                                 if (granule_take(&range[class], b->offset, b->size) < 0)

@@ -64,6 +64,19 @@ static void unrelax(gpupool_client *c, int mode) {
                 (void) c->cu.cuThreadExchangeStreamCaptureMode(&mode);
 }
 
+/* d's context made current and the thread relaxed, for a call a capture would forbid (pair with leave()). */
+static int enter(gpupool_client *c, struct client_device *d, int *ret_mode) {
+        int err = push(c, d);
+
+        *ret_mode = err == 0 ? relax(c) : -1;
+        return err;
+}
+
+static void leave(gpupool_client *c, int mode) {
+        unrelax(c, mode);
+        pop(c);
+}
+
 /* Which of the daemon's devices (hello's) each GPU of this process is, by UUID: map[ordinal], -1 for none. */
 static void match_devices(gpupool_client *c, const Gpupool__HelloReply *hello, int map[CLIENT_MAX_DEVICES]) {
         for (int i = 0; i < CLIENT_MAX_DEVICES; i++) {
@@ -182,8 +195,7 @@ int client_cuda_open(gpupool_client *c, struct mapping *m) {
         if (r != GP_CUDA_SUCCESS || range_base != base || range_size < m->size) {
                 mode = relax(c);
                 (void) c->cu.cuIpcCloseMemHandle(base);
-                unrelax(c, mode);
-                pop(c);
+                leave(c, mode);
                 client_set_error(c, "the IPC handle of segment %llu opens %zu bytes, not the %llu gpupoold described",
                                  (unsigned long long) m->segment_id, range_size, (unsigned long long) m->size);
                 return -EPROTO;
@@ -197,12 +209,10 @@ void client_cuda_close(gpupool_client *c, struct mapping *m) {
         struct client_device *d = &c->devices[m->device];
         int mode;
 
-        if (push(c, d) < 0)
+        if (enter(c, d, &mode) < 0)
                 return;
-        mode = relax(c);
         (void) c->cu.cuIpcCloseMemHandle((gp_cu_deviceptr) (uintptr_t) m->base);
-        unrelax(c, mode);
-        pop(c);
+        leave(c, mode);
 }
 
 /* A driver call's failure as the error, and its errno. */
@@ -221,8 +231,7 @@ int client_cuda_reserve(gpupool_client *c, struct client_device *d, uint64_t byt
                 return err;
         mode = relax(c);
         r = c->cu.cuMemAddressReserve(&va, bytes, align, 0, 0);
-        unrelax(c, mode);
-        pop(c);
+        leave(c, mode);
         if (r != GP_CUDA_SUCCESS)
                 return vmm_failed(c, "cuMemAddressReserve", bytes, r);
         *ret = (uint8_t *) (uintptr_t) va;
@@ -232,12 +241,10 @@ int client_cuda_reserve(gpupool_client *c, struct client_device *d, uint64_t byt
 void client_cuda_unreserve(gpupool_client *c, struct client_device *d, uint8_t *base, uint64_t bytes) {
         int mode;
 
-        if (push(c, d) < 0)
+        if (enter(c, d, &mode) < 0)
                 return;
-        mode = relax(c);
         (void) c->cu.cuMemAddressFree((gp_cu_deviceptr) (uintptr_t) base, bytes);
-        unrelax(c, mode);
-        pop(c);
+        leave(c, mode);
 }
 
 int client_cuda_import(gpupool_client *c, struct client_device *d, int fd, uint64_t size, gp_cu_mem_handle *ret) {
@@ -250,8 +257,7 @@ int client_cuda_import(gpupool_client *c, struct client_device *d, int fd, uint6
         mode = relax(c);
         /* The descriptor by value, as the driver takes it; the handle holds the memory from here. */
         r = c->cu.cuMemImportFromShareableHandle(ret, (void *) (uintptr_t) fd, GP_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
-        unrelax(c, mode);
-        pop(c);
+        leave(c, mode);
         return r == GP_CUDA_SUCCESS ? 0 : vmm_failed(c, "cuMemImportFromShareableHandle", size, r);
 }
 
@@ -266,13 +272,11 @@ int client_cuda_map(gpupool_client *c, struct client_device *d, uint8_t *va, uin
         gp_cu_result r;
         int err, mode;
 
-        err = push(c, d);
+        err = enter(c, d, &mode);
         if (err < 0)
                 return err;
-        mode = relax(c);
         r = c->cu.cuMemMap((gp_cu_deviceptr) (uintptr_t) va, size, 0, h, 0);
-        unrelax(c, mode);
-        pop(c);
+        leave(c, mode);
         return r == GP_CUDA_SUCCESS ? 0 : vmm_failed(c, "cuMemMap", size, r);
 }
 
@@ -284,13 +288,11 @@ int client_cuda_access(gpupool_client *c, struct client_device *d, uint8_t *va, 
         gp_cu_result r;
         int err, mode;
 
-        err = push(c, d);
+        err = enter(c, d, &mode);
         if (err < 0)
                 return err;
-        mode = relax(c);
         r = c->cu.cuMemSetAccess((gp_cu_deviceptr) (uintptr_t) va, size, &rw, 1);
-        unrelax(c, mode);
-        pop(c);
+        leave(c, mode);
         return r == GP_CUDA_SUCCESS ? 0 : vmm_failed(c, "cuMemSetAccess", size, r);
 }
 
@@ -306,12 +308,10 @@ int client_cuda_unmap_at(gpupool_client *c, struct client_device *d, uint8_t *va
         gp_cu_result r;
         int mode;
 
-        if (push(c, d) < 0)
+        if (enter(c, d, &mode) < 0)
                 return -EIO;
-        mode = relax(c);
         r = c->cu.cuMemUnmap((gp_cu_deviceptr) (uintptr_t) va, size);
-        unrelax(c, mode);
-        pop(c);
+        leave(c, mode);
         return r == GP_CUDA_SUCCESS ? 0 : -EIO;
 }
 
@@ -450,12 +450,10 @@ int client_cuda_event_done(gpupool_client *c, struct client_device *d, gp_cu_eve
         gp_cu_result r;
         int mode;
 
-        if (push(c, d) < 0)
+        if (enter(c, d, &mode) < 0)
                 return -EIO;
-        mode = relax(c);
         r = wait ? c->cu.cuEventSynchronize(e) : c->cu.cuEventQuery(e);
-        unrelax(c, mode);
-        pop(c);
+        leave(c, mode);
         if (r == GP_CUDA_SUCCESS)
                 return 1;
         if (r == GP_CUDA_ERROR_NOT_READY)
@@ -490,12 +488,10 @@ int client_cuda_synchronize(gpupool_client *c) {
                 gp_cu_result r;
                 int mode;
 
-                if (!d->ctx || push(c, d) < 0)
+                if (!d->ctx || enter(c, d, &mode) < 0)
                         continue;
-                mode = relax(c);
                 r = c->cu.cuCtxSynchronize();
-                unrelax(c, mode);
-                pop(c);
+                leave(c, mode);
                 if (r != GP_CUDA_SUCCESS) {
                         client_set_error(c, "cuCtxSynchronize on GPU %u: %s", i, gp_cuda_error_name(&c->cu, r));
                         err = -EIO;

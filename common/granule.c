@@ -78,9 +78,14 @@ void granule_range_destroy(struct granule_range *r) {
         *r = (struct granule_range) { 0 };
 }
 
+/* The ops' clock, or 0 without one. */
+static uint64_t now_of(const struct granule_set *s) {
+        return s->ops->now ? s->ops->now(s->ctx) : 0;
+}
+
 /* Counts the n physical granules just put above the spares as spares, held and obtained, free from now. */
 static void spares_in(struct granule_set *s, uint64_t n) {
-        uint64_t now = s->ops->now ? s->ops->now(s->ctx) : 0;
+        uint64_t now = now_of(s);
 
         for (uint64_t i = 0; i < n; i++)
                 s->spare_since[s->spare_count + i] = now;
@@ -109,6 +114,18 @@ static int spare_reserve(struct granule_set *s, uint64_t n) {
         return 0;
 }
 
+/* Unmaps granule k of r (mapped, not idle) into the spares, free since since. */
+static void unmap_to_spare(struct granule_range *r, uint64_t k, uint64_t since) {
+        struct granule_set *s = r->set;
+
+        bit_clear(r->mapped, k);
+        r->mapped_count--;
+        s->ops->unmap(s->ctx, r, k, r->phys[k]);
+        s->spare_since[s->spare_count] = since;
+        s->spare[s->spare_count++] = r->phys[k];
+        s->unmaps++;
+}
+
 uint64_t granule_unmap_idle(struct granule_set *s, uint64_t want, uint64_t before) {
         uint64_t done = 0;
 
@@ -123,13 +140,8 @@ uint64_t granule_unmap_idle(struct granule_set *s, uint64_t want, uint64_t befor
                                 if (r->idle_since[k] > before)
                                         continue;
                                 bit_clear(r->idle, k);
-                                bit_clear(r->mapped, k);
                                 r->idle_count--;
-                                r->mapped_count--;
-                                s->ops->unmap(s->ctx, r, k, r->phys[k]);
-                                s->spare_since[s->spare_count] = r->idle_since[k];
-                                s->spare[s->spare_count++] = r->phys[k];
-                                s->unmaps++;
+                                unmap_to_spare(r, k, r->idle_since[k]);
                                 done++;
                         }
         }
@@ -147,8 +159,8 @@ static void uncount(struct granule_range *r, uint64_t first, uint64_t last) {
 
         for (uint64_t k = first; k <= last; k++)
                 if (r->refs[k] && --r->refs[k] == 0 && bit(r->mapped, k)) {
-                        if (!read && s->ops->now)
-                                now = s->ops->now(s->ctx);
+                        if (!read)
+                                now = now_of(s);
                         read = true;
                         bit_set(r->idle, k);
                         r->idle_since[k] = now;
@@ -178,14 +190,8 @@ static int access_run(struct granule_range *r, uint64_t end, uint64_t *run, int 
                 return err;
         if (!err && s->ops->access)
                 err = s->ops->access(s->ctx, r, end - *run, *run);
-        for (uint64_t k = end - *run; err && k < end; k++) {
-                bit_clear(r->mapped, k);
-                r->mapped_count--;
-                s->ops->unmap(s->ctx, r, k, r->phys[k]);
-                s->spare_since[s->spare_count] = s->ops->now ? s->ops->now(s->ctx) : 0;
-                s->spare[s->spare_count++] = r->phys[k];
-                s->unmaps++;
-        }
+        for (uint64_t k = end - *run, now = err ? now_of(s) : 0; err && k < end; k++)
+                unmap_to_spare(r, k, now);
         *run = 0;
         return err;
 }

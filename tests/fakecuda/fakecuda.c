@@ -1585,7 +1585,6 @@ static CUresult fk_MemSetAccess(CUdeviceptr ptr, size_t size, const gp_cu_mem_ac
         return GP_CUDA_SUCCESS;
 }
 
-/* The host bytes behind [p, p + n) of a mapping made accessible, or NULL. Call locked. */
 /* The host bytes behind [p, p + n): mapped and accessible throughout, across mappings side by side. Call locked. */
 static uint8_t *vmap_bytes(CUdeviceptr p, size_t n) {
         struct reservation *v = reservation_of(p, n ? n : 1);
@@ -2444,24 +2443,24 @@ EXPORT void fakecuda_release_all(void) {
         pthread_mutex_unlock(&lock);
 }
 
-/* How many times cuEventQuery was called in this process. */
-EXPORT unsigned long long fakecuda_event_queries(void) {
+/* A call counter's value, read locked. */
+static unsigned long long counted(const unsigned long long *counter) {
         unsigned long long n;
 
         pthread_mutex_lock(&lock);
-        n = event_queries;
+        n = *counter;
         pthread_mutex_unlock(&lock);
         return n;
 }
 
+/* How many times cuEventQuery was called in this process. */
+EXPORT unsigned long long fakecuda_event_queries(void) {
+        return counted(&event_queries);
+}
+
 /* How many times cuMemSetAccess was called in this process. */
 EXPORT unsigned long long fakecuda_set_access_calls(void) {
-        unsigned long long n;
-
-        pthread_mutex_lock(&lock);
-        n = set_access_calls;
-        pthread_mutex_unlock(&lock);
-        return n;
+        return counted(&set_access_calls);
 }
 
 /* From now on event queries and waits fail with r (0: work again), as on a context lost to a fault. */
