@@ -34,7 +34,12 @@
  *            granule_ahead() more, leased and taken as spares before the block is mapped
  *            (the daemon here has every granule asked at once).
  *
- *            The last two rows also give their cost: the leases (each a round trip, however
+ *   runs     a study, not libgpupool: each run of granules a block lacks leased as one physical
+ *            allocation (a piece, imported and mapped whole), and runs-adapt, which gives back
+ *            idle pieces a block would mostly waste and leases granule by granule under
+ *            pressure (see run_runs() below): what fewer imports would cost in memory.
+ *
+ *            The granule and grow rows also give their cost: the leases (each a round trip, however
  *            many granules it brings), the granules leased, the maps and the unmaps, over the
  *            whole trace and over its second half (a program's steady state, where a caching
  *            allocator pays nothing: on cuda-vmm a map is a cuMemMap and a cuMemSetAccess, an
@@ -213,6 +218,7 @@ static const struct policy cupy = { cp_pool, cp_segment, cp_split };
 
 struct result {
         uint64_t peak_reserved, peak_held, peak_in_use;
+        uint64_t segments;              /* client and runs: physical allocations obtained, each an import */
 };
 
 
@@ -267,6 +273,7 @@ static struct result run_client(const struct op *ops, size_t n, uint64_t max_id)
                                 if (!s || heap_add(&h, s, next_id++, size, class) < 0)
                                         exit(1);
                                 leased += size;
+                                r.segments++;
                                 b = heap_alloc(&h, class, rsize);
                         }
                         live[ops[i].id] = b;
@@ -422,6 +429,228 @@ static struct result run_growing(const struct op *ops, size_t n, uint64_t max_id
         return r;      /* the blocks are left to the process's exit */
 }
 
+
+/* ---- a model of one physical allocation per run (a study: libgpupool leases granules) ---- */
+
+/*
+ * On cuda-vmm every physical allocation is imported and mapped whole (cuMemMap's offset
+ * "currently must be zero"), so a process imports one per granule it leases. This model asks
+ * what leasing each run of granules a block lacks as one allocation would hold instead: a
+ * piece, mapped whole where the block lies, serving every block that lands on it, moved only
+ * whole into a run it fits and given back whole. Within the same budget as grow (a
+ * GRANULE_KEEP_DIVISOR-th over the peak in use) it leases; past it, it moves idle pieces that
+ * fit the run, the largest first, then gives back idle pieces, the largest first, until the
+ * run fits. No granules ahead.
+ *
+ * runs-adapt adds two rules: an idle piece that a new block would cover less than half of goes
+ * back before the block lands (its bytes would otherwise be held for nothing), and each time a
+ * lease does not fit the budget, runs shorter than a threshold (1 granule at first, doubled
+ * each time) are leased granule by granule.
+ */
+struct piece {
+        uint64_t first, len, busy;      /* granules first..first + len - 1 of its class's range; how many a live block touches */
+        int class;
+        bool mapped;                    /* false once given back (len 0) */
+};
+
+struct runs {
+        bool adapt;
+        struct piece *p;
+        size_t n, cap;
+        int64_t *at[HEAP_CLASS_COUNT];  /* the piece mapped at each granule, or -1 */
+        uint32_t *refs[HEAP_CLASS_COUNT];       /* live blocks touching each granule */
+        uint64_t held, threshold;       /* granules held; runs shorter than threshold are leased granule by granule */
+        struct runs_counts {
+                uint64_t leases, imports, moves, returns;       /* imports: pieces leased */
+        } count;
+};
+
+static void piece_place(struct runs *m, size_t i, int class, uint64_t first) {
+        struct piece *p = &m->p[i];
+
+        *p = (struct piece) { .first = first, .len = p->len, .class = class, .mapped = true };
+        for (uint64_t k = first; k < first + p->len; k++) {
+                m->at[class][k] = (int64_t) i;
+                p->busy += m->refs[class][k] != 0;
+        }
+}
+
+static void piece_unplace(struct runs *m, size_t i) {
+        for (uint64_t k = m->p[i].first; k < m->p[i].first + m->p[i].len; k++)
+                m->at[m->p[i].class][k] = -1;
+        m->p[i].mapped = false;
+}
+
+static void piece_lease(struct runs *m, int class, uint64_t first, uint64_t len) {
+        if (m->n == m->cap) {
+                m->cap = m->cap ? 2 * m->cap : 1024;
+                if (!(m->p = realloc(m->p, m->cap * sizeof(*m->p))))
+                        exit(1);
+        }
+        m->p[m->n].len = len;
+        piece_place(m, m->n++, class, first);
+        m->held += len;
+        m->count.imports++;
+}
+
+static void piece_give_back(struct runs *m, size_t i) {
+        piece_unplace(m, i);
+        m->held -= m->p[i].len;
+        m->p[i].len = 0;
+        m->count.returns++;
+}
+
+/* The largest idle piece, of at most max granules; SIZE_MAX if none. */
+static size_t piece_idle(const struct runs *m, uint64_t max) {
+        size_t best = SIZE_MAX;
+
+        for (size_t i = 0; i < m->n; i++)
+                if (m->p[i].mapped && !m->p[i].busy && m->p[i].len <= max && (best == SIZE_MAX || m->p[i].len > m->p[best].len))
+                        best = i;
+        return best;
+}
+
+/* Backs granules first..last of class (unmapped, the block's) within the budget. Returns whether it leased. */
+static bool runs_fill(struct runs *m, int class, uint64_t first, uint64_t last, uint64_t budget) {
+        uint64_t need = last - first + 1, room = budget > m->held ? budget - m->held : 0;
+        size_t i;
+
+        while (need > room && (i = piece_idle(m, need)) != SIZE_MAX) {
+                uint64_t len = m->p[i].len;
+
+                piece_unplace(m, i);
+                piece_place(m, i, class, first);
+                m->count.moves++;
+                first += len;
+                need -= len;
+        }
+        if (need > room && m->adapt && m->threshold <= RANGE_GRANULES)
+                m->threshold *= 2;      /* past the range's granules: granule by granule from now on */
+        while (need > room && (i = piece_idle(m, UINT64_MAX)) != SIZE_MAX) {
+                piece_give_back(m, i);
+                room = budget > m->held ? budget - m->held : 0;
+        }
+        if (!need)
+                return false;
+        for (uint64_t len = need < m->threshold ? 1 : need; need; first += len, need -= len)
+                piece_lease(m, class, first, len);
+        return true;
+}
+
+/* Checks the pieces against the granules and the count held; exits with what is wrong. */
+static void runs_check(const struct runs *m) {
+        uint64_t held = 0;
+
+        for (size_t i = 0; i < m->n; i++) {
+                uint64_t busy = 0;
+
+                held += m->p[i].len;
+                for (uint64_t k = m->p[i].first; m->p[i].mapped && k < m->p[i].first + m->p[i].len; k++) {
+                        busy += m->refs[m->p[i].class][k] != 0;
+                        if (m->at[m->p[i].class][k] != (int64_t) i) {
+                                fprintf(stderr, "frag: runs: piece %zu is not mapped at granule %" PRIu64 "\n", i, k);
+                                exit(1);
+                        }
+                }
+                if (busy != m->p[i].busy) {
+                        fprintf(stderr, "frag: runs: piece %zu counts %" PRIu64 " busy granules, not %" PRIu64 "\n", i,
+                                m->p[i].busy, busy);
+                        exit(1);
+                }
+        }
+        if (held != m->held) {
+                fprintf(stderr, "frag: runs: %" PRIu64 " granules held, not %" PRIu64 "\n", m->held, held);
+                exit(1);
+        }
+}
+
+/* Leaves the counts in all, and at the second half's start in half. */
+static struct result run_runs(const struct op *ops, size_t n, uint64_t max_id, bool adapt, struct runs_counts *all,
+                              struct runs_counts *half) {
+        struct heap_block **live = calloc(max_id + 1, sizeof(*live));
+        uint64_t *sizes = calloc(max_id + 1, sizeof(*sizes)), in_use = 0;
+        struct runs m = { .adapt = adapt, .threshold = 1 };
+        struct heap_segment seg[HEAP_CLASS_COUNT];
+        struct result r = { 0 };
+        struct heap h;
+
+        heap_init(&h);
+        for (int c = 0; c < HEAP_CLASS_COUNT; c++) {
+                m.at[c] = malloc(RANGE_GRANULES * sizeof(*m.at[c]));
+                m.refs[c] = calloc(RANGE_GRANULES, sizeof(*m.refs[c]));
+                if (!live || !sizes || !m.at[c] || !m.refs[c] ||
+                    heap_add(&h, &seg[c], (uint64_t) c + 1, RANGE, (enum heap_class) c) < 0)
+                        exit(1);
+                memset(m.at[c], 0xff, RANGE_GRANULES * sizeof(*m.at[c]));
+        }
+        for (size_t i = 0; i < n; i++) {
+                if (i == n / 2)
+                        *half = m.count;
+                if (ops[i].alloc) {
+                        uint64_t rsize = heap_round(ops[i].size);
+                        enum heap_class c = heap_class_of(rsize);
+                        struct heap_block *b = heap_alloc(&h, c, rsize);
+                        uint64_t first, last, budget;
+                        bool leased = false;
+
+                        if (!b)
+                                exit(1);
+                        in_use += rsize;
+                        if (in_use > r.peak_in_use)
+                                r.peak_in_use = in_use;
+                        budget = (r.peak_in_use + r.peak_in_use / GRANULE_KEEP_DIVISOR + granule_bytes - 1) / granule_bytes;
+                        first = b->offset / granule_bytes;
+                        last = (b->offset + b->size - 1) / granule_bytes;
+                        for (uint64_t k = first; adapt && k <= last; k++) {
+                                int64_t at = m.at[c][k];
+                                uint64_t lo, hi;
+
+                                if (at < 0 || m.p[at].busy)
+                                        continue;
+                                lo = m.p[at].first > first ? m.p[at].first : first;
+                                hi = m.p[at].first + m.p[at].len - 1 < last ? m.p[at].first + m.p[at].len - 1 : last;
+                                if (m.p[at].len - (hi - lo + 1) > hi - lo + 1)
+                                        piece_give_back(&m, (size_t) at);
+                        }
+                        for (uint64_t k = first; k <= last; k++)
+                                if (m.refs[c][k]++ == 0 && m.at[c][k] >= 0)
+                                        m.p[m.at[c][k]].busy++;
+                        for (uint64_t k = first, end; k <= last; k = end + 1) {
+                                for (end = k; m.at[c][k] < 0 && end < last && m.at[c][end + 1] < 0; end++)
+                                        ;
+                                if (m.at[c][k] < 0)
+                                        leased |= runs_fill(&m, c, k, end, budget);
+                        }
+                        m.count.leases += leased;
+                        live[ops[i].id] = b;
+                        sizes[ops[i].id] = rsize;
+                } else if (live[ops[i].id]) {
+                        struct heap_block *b = live[ops[i].id];
+                        int c = b->segment->class;
+
+                        for (uint64_t k = b->offset / granule_bytes; k <= (b->offset + b->size - 1) / granule_bytes; k++)
+                                if (--m.refs[c][k] == 0 && m.at[c][k] >= 0)
+                                        m.p[m.at[c][k]].busy--;
+                        (void) heap_free(&h, b);
+                        live[ops[i].id] = NULL;
+                        in_use -= sizes[ops[i].id];
+                }
+                if (m.held * granule_bytes > r.peak_reserved)
+                        r.peak_reserved = r.peak_held = m.held * granule_bytes;
+        }
+        runs_check(&m);
+        *all = m.count;
+        r.segments = m.count.imports;
+        for (int c = 0; c < HEAP_CLASS_COUNT; c++) {
+                free(m.at[c]);
+                free(m.refs[c]);
+        }
+        free(m.p);
+        free(live);
+        free(sizes);
+        return r;
+}
+
 static struct result run_none(const struct op *ops, size_t n, uint64_t max_id) {
         uint64_t *sizes = calloc(max_id + 1, sizeof(*sizes)), in_use = 0;
         struct result r = { 0 };
@@ -482,7 +711,10 @@ int main(int argc, char **argv) {
                         return 1;
                 }
                 snprintf(name, sizeof(name), "%.*s", (int) (strcspn(base, ".")), base);
-                row(name, "client", run_client(ops, n, max_id));
+                struct result client = run_client(ops, n, max_id);
+
+                row(name, "client", client);
+                printf("%-12s %-13s %" PRIu64 " segments leased, each a lease and an import\n", "", "", client.segments);
                 row(name, "pytorch", run_segalloc(&pytorch, ops, n, max_id));
                 row(name, "cupy", run_segalloc(&cupy, ops, n, max_id));
                 row(name, "none", run_none(ops, n, max_id));
@@ -496,6 +728,15 @@ int main(int argc, char **argv) {
                         printf("%-12s %-13s second half: %" PRIu64 " leases of %" PRIu64 " granules, %" PRIu64 " maps, %"
                                PRIu64 " unmaps, for %zu ops\n", "", "", leases.all - leases.half, g.obtained - half.obtained,
                                g.maps - half.maps, g.unmaps - half.unmaps, n - n / 2);
+                }
+                for (int adapt = 0; adapt <= 1; adapt++) {
+                        struct runs_counts all = { 0 }, second = { 0 };
+
+                        row(name, adapt ? "runs-adapt" : "runs", run_runs(ops, n, max_id, adapt, &all, &second));
+                        printf("%-12s %-13s %" PRIu64 " leases, %" PRIu64 " imports, %" PRIu64 " moves, %" PRIu64
+                               " given back; second half: %" PRIu64 " leases, %" PRIu64 " imports, %" PRIu64 " moves\n", "", "",
+                               all.leases, all.imports, all.moves, all.returns, all.leases - second.leases,
+                               all.imports - second.imports, all.moves - second.moves);
                 }
                 free(t.ops);
         }
