@@ -601,15 +601,18 @@ static struct result run_runs(const struct op *ops, size_t n, uint64_t max_id, b
                         budget = (r.peak_in_use + r.peak_in_use / GRANULE_KEEP_DIVISOR + granule_bytes - 1) / granule_bytes;
                         first = b->offset / granule_bytes;
                         last = (b->offset + b->size - 1) / granule_bytes;
-                        for (uint64_t k = first; adapt && k <= last; k++) {
+                        /* Each piece under the block judged once: from k, on to the granule after it. */
+                        for (uint64_t k = first, next; adapt && k <= last; k = next) {
                                 int64_t at = m.at[c][k];
-                                uint64_t lo, hi;
+                                uint64_t end, inside;
 
-                                if (at < 0 || m.p[at].busy)
+                                next = k + 1;
+                                if (at < 0)
                                         continue;
-                                lo = m.p[at].first > first ? m.p[at].first : first;
-                                hi = m.p[at].first + m.p[at].len - 1 < last ? m.p[at].first + m.p[at].len - 1 : last;
-                                if (m.p[at].len - (hi - lo + 1) > hi - lo + 1)
+                                end = m.p[at].first + m.p[at].len;
+                                next = end;
+                                inside = (end - 1 < last ? end - 1 : last) - (m.p[at].first > first ? m.p[at].first : first) + 1;
+                                if (!m.p[at].busy && m.p[at].len - inside > inside)
                                         piece_give_back(&m, (size_t) at);
                         }
                         for (uint64_t k = first; k <= last; k++)

@@ -520,6 +520,19 @@ Gpupool__Envelope *raw_lease_granules(int sock, uint32_t device, uint32_t granul
         return lease_with_fds(sock, device, size, true, granules, false, 0, fds, ret_nfds);
 }
 
+void raw_hold_granules(int sock, uint32_t device, uint32_t granules) {
+        int fds[GP_WIRE_MAX_FDS];
+        size_t nfds;
+        Gpupool__Envelope *rep = raw_lease_granules(sock, device, granules, GP_GRANULE_BYTES, fds, &nfds);
+
+        ck_assert_msg(rep->status == GPUPOOL__STATUS__STATUS_OK, "%s", rep->error);
+        ck_assert_uint_eq(nfds, granules);
+        ck_assert_uint_eq(rep->lease_reply->n_more_segment_ids, granules - 1);
+        for (size_t i = 0; i < nfds; i++)
+                close(fds[i]);
+        gpupool__envelope__free_unpacked(rep, NULL);
+}
+
 Gpupool__Envelope *raw_lease_ahead(int sock, uint32_t device, uint64_t size, bool granule_lease, uint32_t granules,
                                    uint32_t ahead, int *fds, size_t *ret_nfds) {
         return lease_with_fds(sock, device, size, granule_lease, granules, true, ahead, fds, ret_nfds);

@@ -174,6 +174,12 @@ Gpupool__Envelope *raw_lease_fd(int sock, uint32_t device, uint64_t size, int *r
  */
 Gpupool__Envelope *raw_lease_granules(int sock, uint32_t device, uint32_t granules, uint64_t size, int *fds,
                                       size_t *ret_nfds);
+/*
+ * Leases granules granules of 2 MiB on device and keeps them leased: the lease must succeed
+ * with one descriptor per granule, and the descriptors are closed (the daemon still counts
+ * them the client's).
+ */
+void raw_hold_granules(int sock, uint32_t device, uint32_t granules);
 /* The same with granules_ahead set to ahead (and granules only where granule_lease). */
 Gpupool__Envelope *raw_lease_ahead(int sock, uint32_t device, uint64_t size, bool granule_lease, uint32_t granules,
                                    uint32_t ahead, int *fds, size_t *ret_nfds);

@@ -629,12 +629,7 @@ START_TEST(test_granule_lease) {
         ck_assert_uint_eq(rep->return_reply->returned, 2);
         gpupool__envelope__free_unpacked(rep, NULL);
         ck_assert_int_eq(testd_device(&d, 0, "cached_bytes"), 4 * MiB);
-        rep = raw_lease_granules(sock, 0, 2, 2 * MiB, fds, &nfds);
-        ck_assert_int_eq(rep->status, GPUPOOL__STATUS__STATUS_OK);
-        ck_assert_uint_eq(nfds, 2);
-        close(fds[0]);
-        close(fds[1]);
-        gpupool__envelope__free_unpacked(rep, NULL);
+        raw_hold_granules(sock, 0, 2);
         ck_assert_int_eq(testd_device(&d, 0, "cached_bytes"), 0);
         ck_assert_int_eq(testd_device(&d, 0, "reserved_bytes"), 10 * MiB);
         close(sock);
@@ -665,10 +660,7 @@ static void granule_lease_refused(int sock, uint32_t granules, uint64_t size, Gp
  * connection serves on.
  */
 START_TEST(test_granule_lease_refusals) {
-        int fds[GP_WIRE_MAX_FDS];
-        Gpupool__Envelope *rep;
         struct testd d;
-        size_t nfds;
         int sock;
 
         testd_start(&d, "--client-limit", "8M", NULL);
@@ -682,12 +674,7 @@ START_TEST(test_granule_lease_refusals) {
         /* Refused before any granule was made: none went to the cache either (on a GPU, each costs a cuMemCreate). */
         ck_assert_int_eq(testd_device(&d, 0, "reserved_bytes"), 0);
         /* Four fit the limit. */
-        rep = raw_lease_granules(sock, 0, 4, 2 * MiB, fds, &nfds);
-        ck_assert_int_eq(rep->status, GPUPOOL__STATUS__STATUS_OK);
-        ck_assert_uint_eq(nfds, 4);
-        for (size_t i = 0; i < nfds; i++)
-                close(fds[i]);
-        gpupool__envelope__free_unpacked(rep, NULL);
+        raw_hold_granules(sock, 0, 4);
         ck_assert_int_eq(testd_device(&d, 0, "reserved_bytes") - testd_device(&d, 0, "cached_bytes"), 8 * MiB);
         granule_lease_refused(sock, 1, 2 * MiB, GPUPOOL__STATUS__STATUS_QUOTA, "limit of 8.0 MiB");
         close(sock);
@@ -757,12 +744,10 @@ END_TEST
 START_TEST(test_granules_ahead_only_never_wait) {
         Gpupool__Usage u = GPUPOOL__USAGE__INIT;
         Gpupool__Hello hello = GPUPOOL__HELLO__INIT;
-        int fds[GP_WIRE_MAX_FDS];
         Gpupool__Envelope *rep;
         int holder, control, sock;
         uint64_t holder_id;
         struct testd d;
-        size_t nfds;
 
         testd_start(&d, "--host-capacity", "8M", "--reclaim-timeout", "600s", NULL);
         hello.name = "holder";
@@ -771,12 +756,7 @@ START_TEST(test_granules_ahead_only_never_wait) {
         hello.has_control_for = 1;
         hello.control_for = holder_id;
         control = raw_hello_with(&d, &hello, NULL);
-        rep = raw_lease_granules(holder, 0, 4, 2 * MiB, fds, &nfds);
-        ck_assert_int_eq(rep->status, GPUPOOL__STATUS__STATUS_OK);
-        ck_assert_uint_eq(nfds, 4);
-        for (size_t i = 0; i < nfds; i++)
-                close(fds[i]);
-        gpupool__envelope__free_unpacked(rep, NULL);
+        raw_hold_granules(holder, 0, 4);
         /* All of it free, by its word: the reclaim would ask it, and it never answers. */
         u.device = 0;
         u.in_use_bytes = 0;
