@@ -1,6 +1,7 @@
 /*
  * check_gpu_main.c: "make check-gpu", the cuda backend's tests on the real driver of a GPU
- * machine (tests/integration/check_cuda.c). Without a driver or a GPU it says so and skips.
+ * machine (tests/integration/check_cuda.c and check_cuda_vmm.c). Without a driver or a GPU
+ * it says so and skips.
  */
 #include <stdio.h>
 #include <stdlib.h>

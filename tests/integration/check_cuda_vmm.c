@@ -1,0 +1,547 @@
+/*
+ * check_cuda_vmm.c: the cuda-vmm backend: the fake driver's virtual memory management rules,
+ * granule leases, a kept descriptor that reads nothing of another uid, a client in its own
+ * PID namespace, and memory that outlives the daemon (kill, reconnect, adoption). The last
+ * two run on a GPU as well (make check-gpu).
+ */
+#define _GNU_SOURCE
+#include <check.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sched.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "cudatest.h"
+#include "wire.h"
+
+/* ---- the fake's virtual memory management: cuMemCreate memory shared by descriptor ---- */
+
+static const gp_cu_mem_prop vmm_prop = {
+        .type = GP_CU_MEM_ALLOCATION_TYPE_PINNED,
+        .requested_handle_types = GP_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+        .location = { .type = GP_CU_MEM_LOCATION_TYPE_DEVICE, .id = 0 },
+};
+
+static const gp_cu_mem_access_desc vmm_rw = {
+        .location = { .type = GP_CU_MEM_LOCATION_TYPE_DEVICE, .id = 0 },
+        .flags = GP_CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+};
+
+/* Whether the first bytes at p read value. */
+static bool vmm_reads(struct gpu *g, gp_cu_deviceptr p, unsigned char value) {
+        unsigned char buf[64];
+
+        if (g->dtoh(buf, p, sizeof(buf)) != GP_CUDA_SUCCESS)
+                return false;
+        for (size_t i = 0; i < sizeof(buf); i++)
+                if (buf[i] != value)
+                        return false;
+        return true;
+}
+
+/* Makes 4 MiB, checks the rules on it, shares it by descriptor over sock, and lets go of it first. */
+static int vmm_exporter(struct testd *d, void *arg) {
+        int *sv = arg, sock = sv[0], fd = -1;
+        size_t granularity = 0, free0, free1, total;
+        unsigned char fill[64], byte;
+        gp_cu_deviceptr va;
+        gp_cu_mem_handle h, unexportable;
+        gp_cu_mem_prop plain = vmm_prop;
+        struct gpu g;
+
+        (void) d;
+        close(sv[1]);   /* the importer's end: its exit must reach us */
+        memset(fill, 0xab, sizeof(fill));
+        plain.requested_handle_types = GP_CU_MEM_HANDLE_TYPE_NONE;
+        if (gpu_open(&g) < 0 || g.cu.cuMemGetInfo(&free0, &total) != GP_CUDA_SUCCESS)
+                return 1;
+        if (g.cu.cuMemGetAllocationGranularity(&granularity, &vmm_prop, GP_CU_MEM_ALLOC_GRANULARITY_MINIMUM) != GP_CUDA_SUCCESS ||
+            granularity != 2 * MiB)
+                return 2;
+        if (g.cu.cuMemCreate(&h, 1 * MiB, &vmm_prop, 0) != GP_CUDA_ERROR_INVALID_VALUE)
+                return 3;       /* not a multiple of the granularity */
+        if (g.cu.cuMemCreate(&h, 4 * MiB, &vmm_prop, 0) != GP_CUDA_SUCCESS ||
+            g.cu.cuMemGetInfo(&free1, &total) != GP_CUDA_SUCCESS || free1 != free0 - 4 * MiB)
+                return 4;       /* the node's memory, counted */
+        if (g.cu.cuMemCreate(&unexportable, 2 * MiB, &plain, 0) != GP_CUDA_SUCCESS ||
+            g.cu.cuMemExportToShareableHandle(&fd, unexportable, GP_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0) !=
+                    GP_CUDA_ERROR_INVALID_VALUE ||
+            g.cu.cuMemRelease(unexportable) != GP_CUDA_SUCCESS)
+                return 5;       /* only what was made for descriptors exports as one */
+        if (g.cu.cuMemAddressReserve(&va, 8 * MiB, 0, 0, 0) != GP_CUDA_SUCCESS ||
+            g.cu.cuMemMap(va, 4 * MiB, 2 * MiB, h, 0) != GP_CUDA_ERROR_INVALID_VALUE ||
+            g.cu.cuMemMap(va + 4 * MiB, 2 * MiB, 0, h, 0) != GP_CUDA_ERROR_INVALID_VALUE ||
+            g.cu.cuMemMap(va, 4 * MiB, 0, h, 0) != GP_CUDA_SUCCESS ||
+            g.cu.cuMemMap(va, 4 * MiB, 0, h, 0) != GP_CUDA_ERROR_ALREADY_MAPPED)
+                return 6;       /* offset 0, the whole allocation, on a range not mapped yet */
+        if (g.htod(va, fill, sizeof(fill)) != GP_CUDA_ERROR_INVALID_VALUE)
+                return 7;       /* mapped is not accessible before cuMemSetAccess */
+        if (g.cu.cuMemSetAccess(va, 2 * MiB, &vmm_rw, 1) != GP_CUDA_ERROR_INVALID_VALUE ||
+            g.cu.cuMemSetAccess(va, 4 * MiB, &vmm_rw, 1) != GP_CUDA_SUCCESS || g.htod(va, fill, sizeof(fill)) != GP_CUDA_SUCCESS)
+                return 8;
+        if (g.cu.cuMemAddressFree(va, 8 * MiB) != GP_CUDA_ERROR_INVALID_VALUE ||
+            g.cu.cuMemUnmap(va, 2 * MiB) != GP_CUDA_ERROR_INVALID_VALUE)
+                return 9;       /* unmap before free; no sub-range */
+        if (g.cu.cuMemExportToShareableHandle(&fd, h, GP_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0) != GP_CUDA_SUCCESS ||
+            gp_wire_send_packet(sock, (const uint8_t *) "m", 1, fd) < 0)
+                return 10;
+        close(fd);
+        /* The importer wrote through its own mapping: the same memory. */
+        if (read(sock, &byte, 1) != 1 || !vmm_reads(&g, va, 0xcd))
+                return 11;
+        if (g.cu.cuMemUnmap(va, 4 * MiB) != GP_CUDA_SUCCESS || g.cu.cuMemRelease(h) != GP_CUDA_SUCCESS ||
+            g.cu.cuMemRelease(h) != GP_CUDA_ERROR_INVALID_VALUE || g.cu.cuMemAddressFree(va, 8 * MiB) != GP_CUDA_SUCCESS)
+                return 12;
+        return 0;       /* and exits: the importer's mapping keeps the memory */
+}
+
+static int vmm_importer(struct testd *d, void *arg) {
+        int *sv = arg, sock = sv[1], fd = -1, junk;
+        unsigned char fill[64], buf[8];
+        size_t free1, free2, total;
+        gp_cu_mem_handle h, bad;
+        gp_cu_deviceptr va;
+        struct gpu g;
+
+        (void) d;
+        close(sv[0]);   /* the exporter's end: its exit must reach us */
+        memset(fill, 0xcd, sizeof(fill));
+        /* The GPU opened only now: our context would count in what the exporter measures. */
+        if (gp_wire_recv_packet(sock, buf, sizeof(buf), &fd) != 1 || fd < 0 || gpu_open(&g) < 0)
+                return 1;
+        junk = open("/dev/null", O_RDONLY | O_CLOEXEC);
+        if (g.cu.cuMemImportFromShareableHandle(&bad, (void *) (uintptr_t) junk, GP_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) !=
+            GP_CUDA_ERROR_INVALID_VALUE)
+                return 2;       /* a descriptor that is not device memory */
+        close(junk);
+        if (g.cu.cuMemImportFromShareableHandle(&h, (void *) (uintptr_t) fd, GP_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) !=
+            GP_CUDA_SUCCESS)
+                return 3;
+        close(fd);      /* as NCCL does: the handle holds the memory now */
+        if (g.cu.cuMemAddressReserve(&va, 4 * MiB, 0, 0, 0) != GP_CUDA_SUCCESS || g.cu.cuMemMap(va, 4 * MiB, 0, h, 0) != GP_CUDA_SUCCESS ||
+            g.cu.cuMemRelease(h) != GP_CUDA_SUCCESS || g.cu.cuMemSetAccess(va, 4 * MiB, &vmm_rw, 1) != GP_CUDA_SUCCESS)
+                return 4;       /* released while mapped: the mapping keeps it */
+        if (!vmm_reads(&g, va, 0xab) || g.htod(va, fill, sizeof(fill)) != GP_CUDA_SUCCESS || write(sock, "w", 1) != 1)
+                return 5;
+        /* The exporter let go and exited: the memory lives while this mapping does. */
+        if (read(sock, buf, 1) != 0)
+                return 6;
+        if (!vmm_reads(&g, va, 0xcd) || g.cu.cuMemGetInfo(&free1, &total) != GP_CUDA_SUCCESS)
+                return 7;
+        if (g.cu.cuMemUnmap(va, 4 * MiB) != GP_CUDA_SUCCESS || g.cu.cuMemAddressFree(va, 4 * MiB) != GP_CUDA_SUCCESS ||
+            g.cu.cuMemGetInfo(&free2, &total) != GP_CUDA_SUCCESS || free2 != free1 + 4 * MiB)
+                return 8;       /* nobody holds it any more: freed */
+        return 0;
+}
+
+START_TEST(test_fake_vmm_rules) {
+        pid_t exporter, importer;
+        int sv[2], e, i;
+
+        fake_node_new();
+        ck_assert_int_eq(socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv), 0);
+        exporter = spawn(vmm_exporter, NULL, sv);
+        importer = spawn(vmm_importer, NULL, sv);
+        close(sv[0]);
+        close(sv[1]);
+        e = reap(exporter);
+        i = reap(importer);
+        ck_assert_msg(e == 0, "the exporter's side of the VMM rules failed at step %d", e);
+        ck_assert_msg(i == 0, "the importer's side of the VMM rules failed at step %d", i);
+        fake_node_done();       /* nothing left: the last holder freed it */
+}
+END_TEST
+
+/*
+ * With cuda-vmm, a client in a PID namespace of its own (a container) is served: descriptors
+ * pass namespaces, which legacy IPC handles do not.
+ */
+static int pidns_vmm_client(struct testd *d, void *arg) {
+        pid_t pid;
+        int status;
+
+        (void) arg;
+        if (unshare(CLONE_NEWPID) < 0)
+                return 10;
+        pid = fork();           /* the new namespace's pid 1 */
+        if (pid < 0)
+                return 11;
+        if (pid == 0) {
+                gpupool_client *c = NULL;
+                struct gpu g;
+                void *p;
+
+                if (gpu_open(&g) < 0 || gpupool_connect(d->sock, "contained", &c) < 0 ||
+                    gpupool_alloc(c, 0, 6 * MiB, &p) < 0)
+                        _exit(12);
+                if (write_pattern(&g, p, 6 * MiB, 9) < 0 || !pattern_intact(&g, p, 6 * MiB, 9) || gpupool_free(c, p) < 0)
+                        _exit(13);
+                gpupool_disconnect(c);
+                _exit(0);
+        }
+        if (waitpid(pid, &status, 0) != pid || !WIFEXITED(status))
+                return 14;
+        return WEXITSTATUS(status);
+}
+
+START_TEST(test_fake_vmm_serves_pid_namespace) {
+        struct testd d;
+
+        if (geteuid() != 0) {
+                fprintf(stderr, "test_fake_vmm_serves_pid_namespace: not root, cannot make a PID namespace\n");
+                return;
+        }
+        vmm_start(&d);
+        ck_assert_msg(reap(spawn(pidns_vmm_client, &d, NULL)) == 0, "a client in its own PID namespace was not served");
+        ck_assert_int_eq(testd_device(&d, 0, "in_use_bytes"), 0);
+        cuda_stop(&d);
+}
+END_TEST
+
+/* Imports three granules' descriptors and maps them side by side in a range of its own. */
+static int import_granules(struct testd *d, void *arg) {
+        const int *fds = arg;
+        gp_cu_deviceptr va;
+        struct gpu g;
+
+        (void) d;
+        if (gpu_open(&g) < 0 || g.cu.cuMemAddressReserve(&va, 6 * MiB, 0, 0, 0) != GP_CUDA_SUCCESS)
+                return 1;
+        for (int i = 0; i < 3; i++) {
+                gp_cu_mem_handle h;
+
+                if (g.cu.cuMemImportFromShareableHandle(&h, (void *) (uintptr_t) fds[i],
+                                                        GP_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) != GP_CUDA_SUCCESS ||
+                    g.cu.cuMemMap(va + (gp_cu_deviceptr) i * 2 * MiB, 2 * MiB, 0, h, 0) != GP_CUDA_SUCCESS ||
+                    g.cu.cuMemRelease(h) != GP_CUDA_SUCCESS)
+                        return 2 + i;
+        }
+        if (g.cu.cuMemSetAccess(va, 6 * MiB, &vmm_rw, 1) != GP_CUDA_SUCCESS || g.memset_d32(va, 0x5a5a5a5a, 6 * MiB / 4) != GP_CUDA_SUCCESS ||
+            g.cu.cuMemUnmap(va, 6 * MiB) != GP_CUDA_SUCCESS || g.cu.cuMemAddressFree(va, 6 * MiB) != GP_CUDA_SUCCESS)
+                return 5;
+        return 0;
+}
+
+/*
+ * Granule leases: on cuda-vmm, a descriptor of its own cuMemCreate memory per granule, which
+ * another process imports and maps; the legacy backend refuses them with the reason.
+ */
+START_TEST(test_fake_granule_leases) {
+        int fds[GP_WIRE_MAX_FDS];
+        Gpupool__Envelope *rep;
+        struct testd d;
+        size_t nfds;
+        int sock, r;
+
+        vmm_start(&d);
+        sock = raw_hello(&d, "granules");
+        rep = raw_lease_granules(sock, 0, 3, 2 * MiB, fds, &nfds);
+        ck_assert_int_eq(rep->status, GPUPOOL__STATUS__STATUS_OK);
+        ck_assert_uint_eq(nfds, 3);
+        ck_assert_uint_eq(rep->lease_reply->n_more_segment_ids, 2);
+        ck_assert(!rep->lease_reply->has_ipc_handle);
+        gpupool__envelope__free_unpacked(rep, NULL);
+        r = reap(spawn(import_granules, NULL, fds));
+        ck_assert_msg(r == 0, "the granules' descriptors did not import (step %d)", r);
+        for (size_t i = 0; i < nfds; i++)
+                close(fds[i]);
+        ck_assert_int_eq(testd_device(&d, 0, "reserved_bytes"), 6 * MiB);
+        close(sock);
+        cuda_stop(&d);
+
+        cuda_start(&d, NULL, NULL);     /* the legacy backend */
+        sock = raw_hello(&d, "granules");
+        rep = raw_lease_granules(sock, 0, 3, 2 * MiB, fds, &nfds);
+        ck_assert_int_eq(rep->status, GPUPOOL__STATUS__STATUS_INVALID);
+        ck_assert_uint_eq(nfds, 0);
+        ck_assert_msg(strstr(rep->error, "granule leases need the host or cuda-vmm backend"), "%s", rep->error);
+        gpupool__envelope__free_unpacked(rep, NULL);
+        ck_assert_int_eq(testd_device(&d, 0, "reserved_bytes"), 0);
+        close(sock);
+        cuda_stop(&d);
+}
+END_TEST
+
+/* A client that keeps the descriptor of cuda-vmm memory it returned reads nothing another uid writes there. */
+START_TEST(test_fake_vmm_kept_descriptor_reads_nothing) {
+        struct testd d;
+
+        if (geteuid() != 0) {
+                fprintf(stderr, "test_fake_vmm_kept_descriptor_reads_nothing: not root, nothing to check\n");
+                return;
+        }
+        vmm_start(&d);
+        check_kept_descriptor_reads_nothing(&d, 0);
+        cuda_stop(&d);
+}
+END_TEST
+
+/* ---- cuda-vmm memory outlives the daemon ---- */
+
+/*
+ * Holds blocks with data in them; once the daemon is killed, finds the data intact, goes on
+ * allocating from what it holds, and is told at once that it cannot lease more; once a daemon
+ * is back, is adopted by it on its own, counted once, its data still intact.
+ */
+static int survivor_client(struct testd *d, void *arg) {
+        enum { N = 6 };
+        static const size_t sizes[N] = { 4096, 100000, 1 * MiB, 3 * MiB, 3 * MiB, 8 * MiB };
+        struct survivor *w = arg;
+        gpupool_client *c = NULL;
+        struct gpupool_stats held;
+        char err[512], b;
+        void *p[N], *big;
+        struct gpu g;
+        int r;
+
+        setenv("GPUPOOL_SEGMENTS", w->index % 2 ? "whole" : "grow", 1);
+        if (gpu_open(&g) < 0 || gpupool_connect(d->sock, "survivor", &c) < 0)
+                return 1;
+        for (int i = 0; i < N; i++)
+                if (gpupool_alloc(c, 0, sizes[i], &p[i]) < 0 || write_pattern(&g, p[i], sizes[i], (unsigned) (w->index * 16 + i)) < 0)
+                        return 2;
+        if (write(w->up[1], "r", 1) != 1 || read(w->go[0], &b, 1) != 1)
+                return 3;
+        for (int i = 0; i < N; i++)
+                if (!pattern_intact(&g, p[i], sizes[i], (unsigned) (w->index * 16 + i)))
+                        return 4;
+        /* Freed and allocated again from what the process holds: no daemon needed. */
+        for (int round = 0; round < 3; round++) {
+                if (gpupool_free(c, p[3]) != 0 || gpupool_alloc(c, 0, sizes[3], &p[3]) != 0 ||
+                    write_pattern(&g, p[3], sizes[3], (unsigned) (w->index * 16 + 3)) < 0)
+                        return 5;
+        }
+        /* More than it holds needs the daemon: refused at once, saying so. */
+        r = gpupool_alloc(c, 0, 256 * MiB, &big);
+        gpupool_last_error(c, err, sizeof(err));
+        if (r != -ECONNRESET || !strstr(err, "goes on allocating from the cuda-vmm memory it holds")) {
+                fprintf(stderr, "survivor %d: %d: %s\n", w->index, r, err);
+                return 6;
+        }
+        for (int i = 0; i < N; i++)
+                if (!pattern_intact(&g, p[i], sizes[i], (unsigned) (w->index * 16 + i)))
+                        return 7;
+        if (gpupool_stats(c, &held) != 0 || !survivor_restarted(w))
+                return 8;
+        /* The new daemon: the process reconnects on its own, and it adopts what the process holds, counted once. */
+        if (!(big = survivor_adopted(d, w, c, &held, 32 * MiB)) || write_pattern(&g, big, 32 * MiB, 3) < 0)
+                return 9;
+        for (int i = 0; i < N; i++)
+                if (!pattern_intact(&g, p[i], sizes[i], (unsigned) (w->index * 16 + i)) || gpupool_free(c, p[i]) != 0)
+                        return 11;
+        if (!pattern_intact(&g, big, 32 * MiB, 3) || gpupool_free(c, big) != 0 || gpupool_trim(c) != 0)
+                return 12;
+        gpupool_disconnect(c);
+        return 0;
+}
+
+/* kill -9 of a cuda-vmm daemon under four processes, two in each mode: each keeps its data, goes on, and is adopted. */
+START_TEST(test_vmm_survives_daemon_kill) {
+        struct testd d;
+
+        vmm_start(&d);
+        run_survivors(&d, 4, survivor_client);
+        unsetenv("GPUPOOL_SEGMENTS");
+        json_decref(testd_ctl(&d, "check"));
+        ck_assert_int_eq(testd_device(&d, 0, "reserved_bytes") - testd_device(&d, 0, "cached_bytes"), 0);
+        cuda_stop(&d);          /* what the clients held went back: nothing is left */
+}
+END_TEST
+
+/*
+ * Holds a block on its device 0 while the daemon, which sees that GPU alone, is killed and
+ * comes back seeing only the other GPU (the test relaunches it so): the process is refused
+ * adoption and told why at its next lease, keeps its data and allocates within what it holds,
+ * and gpupool_reconnect() starts anew on the GPU the daemon has now.
+ */
+static int other_gpus_client(struct testd *d, void *arg) {
+        struct survivor *w = arg;
+        gpupool_client *c = NULL;
+        char err[512], b;
+        void *p, *big;
+        struct gpu g;
+        int r;
+
+        unsetenv("CUDA_VISIBLE_DEVICES");       /* this process sees both GPUs; each daemon one */
+        if (gpu_open(&g) < 0 || gpupool_connect(d->sock, "moved", &c) < 0)
+                return 1;
+        if (gpupool_alloc(c, 0, 3 * MiB, &p) < 0 || write_pattern(&g, p, 3 * MiB, 21) < 0)
+                return 2;
+        if (write(w->up[1], "r", 1) != 1 || read(w->go[0], &b, 1) != 1)
+                return 3;
+        /* The control thread tries the new daemon within a second, and is refused: the next lease says why. */
+        for (double t0 = now_s();; nap_ms(50)) {
+                r = gpupool_alloc(c, 0, 256 * MiB, &big);
+                gpupool_last_error(c, err, sizeof(err));
+                if (r != -ECONNRESET || now_s() - t0 > 20) {
+                        fprintf(stderr, "other_gpus_client: %d: %s\n", r, err);
+                        return 4;
+                }
+                if (strstr(err, "came back with other devices (or another backend) than this process holds memory of"))
+                        break;
+        }
+        if (!pattern_intact(&g, p, 3 * MiB, 21) || leased_on(d, 0) != 0)
+                return 5;       /* intact, and nothing of it adopted */
+        if (gpupool_free(c, p) != 0 || gpupool_alloc(c, 0, 3 * MiB, &p) != 0 || write_pattern(&g, p, 3 * MiB, 22) < 0 ||
+            !pattern_intact(&g, p, 3 * MiB, 22))
+                return 6;       /* within what it holds */
+        if (gpupool_reconnect(c) != 0)
+                return 7;
+        /* Anew: the daemon's one GPU is this process's device 1; its device 0 is not the daemon's. */
+        if (gpupool_alloc(c, 1, 3 * MiB, &p) != 0 || leased_on(d, 0) < (long long) (3 * MiB) ||
+            gpupool_alloc(c, 0, 4096, &big) != -ENODEV || gpupool_free(c, p) != 0)
+                return 8;
+        gpupool_disconnect(c);
+        return 0;
+}
+
+/* A cuda-vmm daemon that comes back with another GPU than a process holds memory of adopts none of it. */
+START_TEST(test_fake_vmm_resume_refused_other_gpus) {
+        struct survivor w = { 0 };
+        struct testd d;
+        int status;
+        pid_t pid;
+        char b;
+
+        setenv("FAKECUDA_DEVICES", "2", 1);
+        setenv("CUDA_VISIBLE_DEVICES", "0", 1);
+        vmm_start(&d);
+        ck_assert(pipe(w.up) == 0 && pipe(w.go) == 0);
+        pid = spawn(other_gpus_client, &d, &w);
+        ck_assert_int_eq(read(w.up[0], &b, 1), 1);
+        testd_crash(&d);
+        setenv("CUDA_VISIBLE_DEVICES", "1", 1);
+        testd_relaunch(&d);
+        unsetenv("CUDA_VISIBLE_DEVICES");
+        ck_assert_int_eq(write(w.go[1], "g", 1), 1);
+        status = reap(pid);
+        ck_assert_msg(status == 0, "other_gpus_client failed at step %d", status);
+        close(w.up[0]), close(w.up[1]), close(w.go[0]), close(w.go[1]);
+        json_decref(testd_ctl(&d, "check"));
+        ck_assert_int_eq(leased_on(&d, 0), 0);
+        cuda_stop(&d);
+        unsetenv("FAKECUDA_DEVICES");
+}
+END_TEST
+
+/* An adoption of n segments of device refused whole with STATUS_INVALID, saying text. */
+static void vmm_adopt_refused(int sock, uint32_t device, uint64_t *sizes, size_t n, const int *fds, const char *text) {
+        Gpupool__Envelope *rep = raw_adopt(sock, device, sizes, n, fds, n);
+
+        ck_assert_int_eq(rep->status, GPUPOOL__STATUS__STATUS_INVALID);
+        ck_assert_msg(rep->error && strstr(rep->error, text), "%s", rep->error ? rep->error : "(no message)");
+        gpupool__envelope__free_unpacked(rep, NULL);
+}
+
+/* Adopts n segments of device that must all be adopted. */
+static void vmm_adopt_all(int sock, uint32_t device, uint64_t *sizes, size_t n, const int *fds) {
+        Gpupool__Envelope *rep = raw_adopt(sock, device, sizes, n, fds, n);
+
+        ck_assert_msg(rep->status == GPUPOOL__STATUS__STATUS_OK, "%s", rep->error ? rep->error : "");
+        ck_assert_uint_eq(rep->adopt_reply->n_segment_ids, n);
+        gpupool__envelope__free_unpacked(rep, NULL);
+}
+
+/*
+ * What a cuda-vmm daemon adopts, over the raw protocol: granules a process kept from the daemon
+ * before it, each once; not a descriptor that is no CUDA memory, memory of another GPU (on the
+ * fake, which has two), memory stated larger than it maps, the same memory twice, nor memory
+ * the daemon holds. A daemon that cannot use kcmp(2) adopts nothing, and the legacy backend
+ * neither, each saying why.
+ */
+START_TEST(test_vmm_adoption) {
+        uint64_t two[2] = { 2 * MiB, 2 * MiB }, four = 4 * MiB;
+        int fds[GP_WIRE_MAX_FDS], other[GP_WIRE_MAX_FDS], now[GP_WIRE_MAX_FDS], pair[2], pipe_fds[2], sock;
+        bool two_gpus = !on_gpu;
+        Gpupool__Envelope *rep;
+        struct testd d;
+        size_t nfds;
+
+        if (two_gpus)
+                setenv("FAKECUDA_DEVICES", "2", 1);
+        vmm_start(&d);
+        sock = raw_hello(&d, "before");
+        rep = raw_lease_granules(sock, 0, 3, 2 * MiB, fds, &nfds);
+        ck_assert_int_eq(rep->status, GPUPOOL__STATUS__STATUS_OK);
+        ck_assert_uint_eq(nfds, 3);
+        gpupool__envelope__free_unpacked(rep, NULL);
+        if (two_gpus) {
+                rep = raw_lease_granules(sock, 1, 1, 2 * MiB, other, &nfds);
+                ck_assert_uint_eq(nfds, 1);
+                gpupool__envelope__free_unpacked(rep, NULL);
+        }
+        testd_crash_and_restart(&d);
+        close(sock);
+        sock = raw_hello(&d, "after");
+
+        ck_assert_int_eq(pipe(pipe_fds), 0);
+        vmm_adopt_refused(sock, 0, two, 1, pipe_fds, "not memory the CUDA driver exported as a descriptor");
+        if (two_gpus)
+                vmm_adopt_refused(sock, 0, two, 1, other, "not memory of GPU 0");
+        vmm_adopt_refused(sock, 0, &four, 1, fds, "does not map as 4194304 bytes");
+        pair[0] = fds[0];
+        pair[1] = dup(fds[0]);
+        vmm_adopt_refused(sock, 0, two, 2, pair, "the same memory as descriptor 0");
+        ck_assert_int_eq(testd_device(&d, 0, "reserved_bytes"), 0);
+
+        /* Adopted once, counted once; again, by any descriptor of it, it is held already. */
+        vmm_adopt_all(sock, 0, two, 2, fds);
+        ck_assert_int_eq(testd_client_field(&d, getpid(), "after", "reserved_bytes"), 4 * MiB);
+        vmm_adopt_refused(sock, 0, two, 1, &pair[1], "holds already");
+        /* Nor memory this daemon leases now. */
+        rep = raw_lease_granules(sock, 0, 1, 2 * MiB, now, &nfds);
+        ck_assert_uint_eq(nfds, 1);
+        gpupool__envelope__free_unpacked(rep, NULL);
+        vmm_adopt_refused(sock, 0, two, 1, now, "holds already");
+        if (two_gpus)
+                vmm_adopt_all(sock, 1, two, 1, other);
+        ck_assert_int_eq(testd_device(&d, 0, "reserved_bytes"), 6 * MiB);
+        json_decref(testd_ctl(&d, "check"));
+
+        /* Where kcmp(2) is refused, nothing is adopted, saying why. */
+        testd_crash(&d);
+        d.refuse_kcmp = true;
+        testd_relaunch(&d);
+        close(sock);
+        sock = raw_hello(&d, "no-kcmp");
+        vmm_adopt_refused(sock, 0, two, 1, &fds[2], "kcmp(2) is refused here");
+        ck_assert_int_eq(testd_device(&d, 0, "reserved_bytes"), 0);
+        close(sock);
+        ck_assert_int_eq(testd_stop(&d), 0);
+
+        /* The legacy backend's memory goes with its daemon: nothing to adopt. */
+        testd_start(&d, "--backend", "cuda", NULL);
+        sock = raw_hello(&d, "legacy");
+        vmm_adopt_refused(sock, 0, two, 1, &fds[2], "its segments lived in the daemon's context and went with it");
+        close(sock);
+        for (int i = 0; i < 3; i++)
+                close(fds[i]);
+        close(pair[1]);
+        close(now[0]);
+        close(pipe_fds[0]);
+        close(pipe_fds[1]);
+        if (two_gpus)
+                close(other[0]);
+        cuda_stop(&d);
+        unsetenv("FAKECUDA_DEVICES");
+}
+END_TEST
+
+void cuda_vmm_add_common(TCase *tc) {
+        tcase_add_test(tc, test_vmm_survives_daemon_kill);
+        tcase_add_test(tc, test_vmm_adoption);
+}
+
+void cuda_vmm_add_fake(TCase *tc) {
+        tcase_add_test(tc, test_fake_vmm_rules);
+        tcase_add_test(tc, test_fake_vmm_serves_pid_namespace);
+        tcase_add_test(tc, test_fake_vmm_kept_descriptor_reads_nothing);
+        tcase_add_test(tc, test_fake_vmm_resume_refused_other_gpus);
+        tcase_add_test(tc, test_fake_granule_leases);
+}
