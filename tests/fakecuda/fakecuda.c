@@ -73,6 +73,9 @@
  * virtual memory management or descriptor handles), $FAKECUDA_IPC_OPEN_NS and $FAKECUDA_IPC_OPEN_NS_PER_MIB (what a first cuIpcOpenMemHandle of
  * an allocation takes: default 50 us and 50 ns per MiB, as on an H100 with driver 580).
  * $FAKECUDA_DIR also holds fakecuda-ledger, the node's memory use by process.
+ *
+ * Virtual memory management (cuMemCreate and the rest) is in fakecuda_vmm.c; what the two
+ * files share is in fake.h.
  */
 #define _GNU_SOURCE
 #include <dirent.h>
@@ -92,17 +95,12 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "cudadrv.h"
+#include "fake.h"
 
-#define EXPORT __attribute__((visibility("default")))
 #define FAKE_DRIVER_VERSION 12080
-#define MAX_GPUS 8
 #define MAX_STREAMS 256
 #define HANDLE_MAGIC 0x55434b46u        /* "FKCU" */
 #define EVENT_MAGIC 0x45564e54u         /* "EVNT" */
-
-typedef gp_cu_result CUresult;
-typedef gp_cu_deviceptr CUdeviceptr;
 
 struct ctx {
         int gpu;                        /* physical index */
@@ -112,8 +110,8 @@ struct ctx {
 
 enum compute_mode { MODE_DEFAULT = 0, MODE_PROHIBITED = 2, MODE_EXCLUSIVE_PROCESS = 3 };
 static int compute_modes[MAX_GPUS];
-static bool mig[MAX_GPUS];
-static bool vmm_off;                    /* $FAKECUDA_VMM=0: GPUs without VMM or descriptor handles */              /* a MIG instance ($FAKECUDA_MIG): "MIG-" UUID, " MIG " in its name */
+static bool mig[MAX_GPUS];              /* a MIG instance ($FAKECUDA_MIG): "MIG-" UUID, " MIG " in its name */
+bool vmm_off;                           /* $FAKECUDA_VMM=0: GPUs without VMM or descriptor handles */
 
 struct alloc {
         struct alloc *next;
@@ -184,11 +182,11 @@ struct event {
         uint32_t magic;                 /* EVENT_MAGIC while it lives; destroyed events are kept, zeroed */
 };
 
-static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t cond = PTHREAD_COND_INITIALIZER;
 static pid_t init_pid;                  /* 0 before cuInit */
-static int gpus;                        /* physical GPUs */
-static int visible[MAX_GPUS], nvisible; /* ordinal -> physical */
+int gpus;                               /* physical GPUs */
+int visible[MAX_GPUS], nvisible;        /* ordinal -> physical */
 static uint64_t capacity;
 static uint64_t context_bytes;          /* what a context takes of its GPU ($FAKECUDA_CONTEXT_MEM) */
 static uint64_t ipc_open_ns, ipc_open_ns_per_mib;      /* what a first cuIpcOpenMemHandle takes */
@@ -222,12 +220,12 @@ static struct event *events;
 static struct event *destroyed_events;      /* kept for the process's life (see cuEventDestroy) */
 static uint64_t next_id = 1;
 static unsigned long long event_queries;        /* cuEventQuery calls (test hook) */
-static unsigned long long set_access_calls;     /* cuMemSetAccess calls (test hook) */
+unsigned long long set_access_calls;            /* cuMemSetAccess calls (test hook) */
 static CUresult event_failure;                  /* what event queries and waits return instead (test hook) */
 static __thread struct ctx *ctx_stack[16];
 static __thread int ctx_depth;
 
-static void fatal(const char *fmt, ...) {
+void fatal(const char *fmt, ...) {
         va_list ap;
 
         va_start(ap, fmt);
@@ -254,7 +252,7 @@ static uint64_t parse_bytes(const char *s, uint64_t dflt) {
         return v;
 }
 
-static const char *mem_dir(void) {
+const char *mem_dir(void) {
         const char *d = getenv("FAKECUDA_DIR");
 
         return d && *d ? d : "/dev/shm";
@@ -288,12 +286,12 @@ static uint64_t process_start(pid_t pid) {
         return state == 'Z' || state == 'X' ? 0 : (uint64_t) start;
 }
 
-static void ledger_lock(void) {
+void ledger_lock(void) {
         while (flock(ledger_fd, LOCK_EX) < 0 && errno == EINTR)
                 ;
 }
 
-static void ledger_unlock(void) {
+void ledger_unlock(void) {
         (void) flock(ledger_fd, LOCK_UN);
 }
 
@@ -350,7 +348,7 @@ static void ledger_join(void) {
  * its own, or on the exported one it received). Nobody holding one: the driver would have
  * freed it, and so does this, under ledger_lock(). Returns whether path was freed.
  */
-static bool vmm_free_if_unheld(const char *path, int gpu, uint64_t size) {
+bool vmm_free_if_unheld(const char *path, int gpu, uint64_t size) {
         int fd = open(path, O_RDONLY | O_CLOEXEC);
         bool unheld;
 
@@ -409,9 +407,14 @@ static uint64_t ledger_used(int gpu, bool check) {
 }
 
 /* Whether size more bytes fit physical GPU gpu, every running process counted. Under ledger_lock(). */
-static bool ledger_fits(int gpu, uint64_t size) {
+bool ledger_fits(int gpu, uint64_t size) {
         /* Exited processes' slots only make the sum larger: look at them only when it does not fit. */
         return size <= capacity && (ledger_used(gpu, false) <= capacity - size || ledger_used(gpu, true) <= capacity - size);
+}
+
+/* Charges size bytes of cuMemCreate memory to gpu, whoever holds it. Under ledger_lock(). */
+void ledger_vmm_charge(int gpu, uint64_t size) {
+        __atomic_add_fetch(&ledger->vmm_bytes[gpu], size, __ATOMIC_RELAXED);
 }
 
 /* Charges size bytes of physical GPU gpu to this process if the node has them. */
@@ -447,24 +450,15 @@ static void parse_compute_modes(const char *spec) {
 }
 
 /* Every call but cuInit and the pure lookups starts here. */
-static CUresult ready(void) {
+CUresult ready(void) {
         if (!init_pid || init_pid != getpid())
                 return GP_CUDA_ERROR_NOT_INITIALIZED;
         return GP_CUDA_SUCCESS;
 }
 
-static struct ctx *current(void) {
+struct ctx *current(void) {
         return ctx_depth ? ctx_stack[ctx_depth - 1] : NULL;
 }
-
-#define NEED_CTX()                                              \
-        do {                                                    \
-                CUresult r_ = ready();                          \
-                if (r_)                                         \
-                        return r_;                              \
-                if (!current())                                 \
-                        return GP_CUDA_ERROR_INVALID_CONTEXT;   \
-        } while (0)
 
 /* Capture sequences begun in CU_STREAM_CAPTURE_MODE_GLOBAL and not yet ended, all threads'. */
 static int global_captures;
@@ -478,7 +472,7 @@ static __thread int thread_global_captures;     /* of those, begun in global mod
  * cuThreadExchangeStreamCaptureMode documents the modes. If so, the captures it conflicts
  * with are invalidated, as the driver does. Call locked.
  */
-static bool capture_forbids(void) {
+bool capture_forbids(void) {
         bool own, others;
 
         if (thread_capture_mode == GP_CU_STREAM_CAPTURE_MODE_RELAXED)
@@ -496,17 +490,6 @@ static bool capture_forbids(void) {
         }
         return true;
 }
-
-/* Returns CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED from a potentially unsafe call made during a capture. */
-#define NO_UNSAFE_CALL_IN_CAPTURE()                                             \
-        do {                                                                    \
-                bool forbidden_;                                                \
-                pthread_mutex_lock(&lock);                                      \
-                forbidden_ = capture_forbids();                                 \
-                pthread_mutex_unlock(&lock);                                    \
-                if (forbidden_)                                                 \
-                        return GP_CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;        \
-        } while (0)
 
 /* ---- initialization and devices ---- */
 
@@ -796,7 +779,7 @@ static CUresult fk_CtxSetCurrent(gp_cu_context c) {
 /* ---- memory ---- */
 
 /* Whether [p, p + n) lies in [base, base + size). */
-static bool within(CUdeviceptr p, size_t n, CUdeviceptr base, size_t size) {
+bool within(CUdeviceptr p, size_t n, CUdeviceptr base, size_t size) {
         return p >= base && p < base + size && n <= size - (p - base);
 }
 
@@ -970,8 +953,6 @@ static CUresult fk_MemGetInfo_v1(unsigned *free_bytes, unsigned *total_bytes) {
         }
         return r;
 }
-
-static uint8_t *vmap_bytes(CUdeviceptr p, size_t n);
 
 /* The host bytes behind [p, p + n) (an allocation, or a mapping made accessible), or NULL. */
 static uint8_t *bytes_at(CUdeviceptr p, size_t n) {
@@ -1153,453 +1134,6 @@ static CUresult fk_IpcCloseMemHandle(CUdeviceptr dptr) {
         }
         pthread_mutex_unlock(&lock);
         return GP_CUDA_SUCCESS;
-}
-
-/* ---- virtual memory management: cuMemCreate, shareable descriptors, reservations, mappings ---- */
-
-#define VMM_GRANULE (2ULL << 20)        /* what an H100 reports as MINIMUM and RECOMMENDED */
-
-/* A physical allocation this process holds a handle to (cuMemCreate, or imported from a descriptor). */
-struct phys {
-        struct phys *next;
-        int fd;                         /* its file, opened by this process, flock()ed shared: held */
-        char path[256];
-        int gpu;
-        uint64_t size;
-        bool exportable;                /* made with CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR */
-        int handles;                    /* cuMemCreate or import, less cuMemRelease */
-        int maps;                       /* mappings made with it */
-};
-
-struct reservation {
-        struct reservation *next;
-        CUdeviceptr base;
-        size_t size;
-        void *mapped;                   /* the PROT_NONE reservation (aligned inside) */
-        size_t mapped_size;
-        /*
-         * Where the host reaches what is mapped in it, at the same offsets: mappings side by
-         * side are one run of bytes there, as they are one range of device addresses.
-         */
-        uint8_t *shadow;
-};
-
-/* A physical allocation mapped into a reservation: the device address faults on the CPU; host reaches the bytes. */
-struct vmap {
-        struct vmap *next;
-        CUdeviceptr ptr;
-        size_t size;
-        struct phys *phys;
-        uint8_t *host;
-        int access;                     /* CU_MEM_ACCESS_FLAGS_*: none until cuMemSetAccess */
-};
-
-static struct phys *physes;
-static struct reservation *reservations;
-static struct vmap *vmaps;
-
-static struct phys *phys_of(gp_cu_mem_handle h) {
-        for (struct phys *p = physes; p; p = p->next)
-                if ((gp_cu_mem_handle) (uintptr_t) p == h && p->handles + p->maps > 0)
-                        return p;
-        return NULL;
-}
-
-/* A valid prop for a device allocation of ours; its physical GPU in *gpu. */
-static CUresult check_prop(const gp_cu_mem_prop *prop, int *gpu) {
-        if (vmm_off)
-                return GP_CUDA_ERROR_NOT_SUPPORTED;
-        if (!prop || prop->type != GP_CU_MEM_ALLOCATION_TYPE_PINNED || prop->location.type != GP_CU_MEM_LOCATION_TYPE_DEVICE ||
-            (prop->requested_handle_types & ~GP_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) || prop->win32_handle_meta_data)
-                return GP_CUDA_ERROR_INVALID_VALUE;
-        if (prop->location.id < 0 || prop->location.id >= nvisible)
-                return GP_CUDA_ERROR_INVALID_DEVICE;
-        *gpu = visible[prop->location.id];
-        return GP_CUDA_SUCCESS;
-}
-
-static CUresult fk_MemGetAllocationGranularity(size_t *granularity, const gp_cu_mem_prop *prop, gp_cu_mem_granularity_flags option) {
-        CUresult r = ready();
-        int gpu;
-
-        if (r)
-                return r;
-        if (!granularity || (option != GP_CU_MEM_ALLOC_GRANULARITY_MINIMUM && option != GP_CU_MEM_ALLOC_GRANULARITY_RECOMMENDED))
-                return GP_CUDA_ERROR_INVALID_VALUE;
-        r = check_prop(prop, &gpu);
-        if (r)
-                return r;
-        *granularity = VMM_GRANULE;
-        return GP_CUDA_SUCCESS;
-}
-
-/* Holds path (a descriptor of this process's own, shared-locked) as a handle of this process. */
-static CUresult phys_hold(const char *path, int gpu, uint64_t size, bool exportable, gp_cu_mem_handle *ret) {
-        struct phys *p = calloc(1, sizeof(*p));
-
-        if (!p)
-                return GP_CUDA_ERROR_OUT_OF_MEMORY;
-        p->fd = open(path, O_RDWR | O_CLOEXEC);
-        if (p->fd < 0 || flock(p->fd, LOCK_SH) < 0) {
-                if (p->fd >= 0)
-                        close(p->fd);
-                free(p);
-                return GP_CUDA_ERROR_INVALID_VALUE;
-        }
-        snprintf(p->path, sizeof(p->path), "%s", path);
-        p->gpu = gpu;
-        p->size = size;
-        p->exportable = exportable;
-        p->handles = 1;
-        p->next = physes;
-        physes = p;
-        *ret = (gp_cu_mem_handle) (uintptr_t) p;
-        return GP_CUDA_SUCCESS;
-}
-
-/* This process lets go of p (no handle, no mapping left): freed once nobody holds it. Call locked. */
-static void phys_drop(struct phys *p) {
-        for (struct phys **pp = &physes; *pp; pp = &(*pp)->next)
-                if (*pp == p) {
-                        *pp = p->next;
-                        break;
-                }
-        ledger_lock();
-        close(p->fd);
-        (void) vmm_free_if_unheld(p->path, p->gpu, p->size);
-        ledger_unlock();
-        free(p);
-}
-
-static CUresult fk_MemCreate(gp_cu_mem_handle *handle, size_t size, const gp_cu_mem_prop *prop, unsigned long long flags) {
-        static uint64_t next_vmm_id = 1;
-        char path[256];
-        CUresult r;
-        int gpu, fd;
-
-        NEED_CTX();
-        NO_UNSAFE_CALL_IN_CAPTURE();
-        r = check_prop(prop, &gpu);
-        if (r)
-                return r;
-        if (!handle || flags || size == 0 || size % VMM_GRANULE)
-                return GP_CUDA_ERROR_INVALID_VALUE;    /* a multiple of the granularity, as documented */
-        pthread_mutex_lock(&lock);
-        snprintf(path, sizeof(path), "%s/fakecuda-vmm-%d-%d-%llu", mem_dir(), gpu, (int) getpid(),
-                 (unsigned long long) next_vmm_id++);
-        /* Made and held under the ledger's lock: a sweep never sees it unheld. */
-        ledger_lock();
-        if (!ledger_fits(gpu, size)) {
-                ledger_unlock();
-                pthread_mutex_unlock(&lock);
-                return GP_CUDA_ERROR_OUT_OF_MEMORY;
-        }
-        fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
-        if (fd < 0 || fchmod(fd, 0666) < 0 || ftruncate(fd, (off_t) size) < 0)
-                fatal("cannot make %s: %s", path, strerror(errno));
-        close(fd);
-        r = phys_hold(path, gpu, size, prop->requested_handle_types & GP_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, handle);
-        if (r == GP_CUDA_SUCCESS)
-                __atomic_add_fetch(&ledger->vmm_bytes[gpu], size, __ATOMIC_RELAXED);
-        else
-                unlink(path);
-        ledger_unlock();
-        pthread_mutex_unlock(&lock);
-        return r;
-}
-
-static CUresult fk_MemRelease(gp_cu_mem_handle handle) {
-        struct phys *p;
-
-        NEED_CTX();
-        pthread_mutex_lock(&lock);
-        p = phys_of(handle);
-        if (!p || p->handles == 0) {
-                pthread_mutex_unlock(&lock);
-                return GP_CUDA_ERROR_INVALID_VALUE;
-        }
-        /* The memory stays while mapped: the documented rule, which lets a mapping outlive the handle. */
-        if (--p->handles == 0 && p->maps == 0)
-                phys_drop(p);
-        pthread_mutex_unlock(&lock);
-        return GP_CUDA_SUCCESS;
-}
-
-static CUresult fk_MemExportToShareableHandle(void *shareable, gp_cu_mem_handle handle, gp_cu_mem_handle_type type,
-                                              unsigned long long flags) {
-        struct phys *p;
-        int fd;
-
-        NEED_CTX();
-        if (!shareable || flags || type != GP_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
-                return GP_CUDA_ERROR_INVALID_VALUE;
-        pthread_mutex_lock(&lock);
-        p = phys_of(handle);
-        if (!p || p->handles == 0 || !p->exportable) {
-                /* Only memory made with the descriptor handle type requested can be exported as one. */
-                pthread_mutex_unlock(&lock);
-                return GP_CUDA_ERROR_INVALID_VALUE;
-        }
-        /* A descriptor of its own, locked: the memory lives while any copy of it is open, in any process. */
-        fd = open(p->path, O_RDWR | O_CLOEXEC);
-        if (fd >= 0 && flock(fd, LOCK_SH) < 0) {
-                close(fd);
-                fd = -1;
-        }
-        pthread_mutex_unlock(&lock);
-        if (fd < 0)
-                return GP_CUDA_ERROR_OUT_OF_MEMORY;
-        *(int *) shareable = fd;
-        return GP_CUDA_SUCCESS;
-}
-
-static CUresult fk_MemImportFromShareableHandle(gp_cu_mem_handle *handle, void *os_handle, gp_cu_mem_handle_type type) {
-        int fd = (int) (uintptr_t) os_handle, gpu;
-        char link[64], path[256], prefix[280];
-        struct stat st;
-        ssize_t n;
-        CUresult r;
-
-        NEED_CTX();
-        if (!handle || type != GP_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR || fd < 0 || fstat(fd, &st) < 0)
-                return GP_CUDA_ERROR_INVALID_VALUE;
-        /* The descriptor by value, as the driver takes it: what it names must be memory of ours. */
-        snprintf(link, sizeof(link), "/proc/self/fd/%d", fd);
-        n = readlink(link, path, sizeof(path) - 1);
-        if (n <= 0)
-                return GP_CUDA_ERROR_INVALID_VALUE;
-        path[n] = '\0';
-        snprintf(prefix, sizeof(prefix), "%s/fakecuda-vmm-", mem_dir());
-        if (strncmp(path, prefix, strlen(prefix)) != 0 || sscanf(path + strlen(prefix), "%d-", &gpu) != 1 || gpu < 0 ||
-            gpu >= gpus)
-                return GP_CUDA_ERROR_INVALID_VALUE;
-        pthread_mutex_lock(&lock);
-        r = phys_hold(path, gpu, (uint64_t) st.st_size, true, handle);
-        pthread_mutex_unlock(&lock);
-        return r;
-}
-
-/* What the handle was made with; an imported one's location is its GPU's ordinal in this process. */
-static CUresult fk_MemGetAllocationPropertiesFromHandle(gp_cu_mem_prop *prop, gp_cu_mem_handle handle) {
-        struct phys *p;
-        int ordinal = -1;
-
-        NEED_CTX();
-        if (!prop)
-                return GP_CUDA_ERROR_INVALID_VALUE;
-        pthread_mutex_lock(&lock);
-        p = phys_of(handle);
-        if (!p || p->handles == 0) {
-                pthread_mutex_unlock(&lock);
-                return GP_CUDA_ERROR_INVALID_VALUE;
-        }
-        for (int i = 0; i < nvisible && ordinal < 0; i++)
-                if (visible[i] == p->gpu)
-                        ordinal = i;
-        memset(prop, 0, sizeof(*prop));
-        prop->type = GP_CU_MEM_ALLOCATION_TYPE_PINNED;
-        prop->requested_handle_types = p->exportable ? GP_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR : 0;
-        prop->location.type = GP_CU_MEM_LOCATION_TYPE_DEVICE;
-        prop->location.id = ordinal;
-        pthread_mutex_unlock(&lock);
-        return ordinal < 0 ? GP_CUDA_ERROR_INVALID_DEVICE : GP_CUDA_SUCCESS;
-}
-
-static CUresult fk_MemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignment, CUdeviceptr addr,
-                                     unsigned long long flags) {
-        struct reservation *v;
-        size_t align = alignment ? alignment : VMM_GRANULE;
-        uint8_t *m;
-
-        NEED_CTX();
-        (void) addr;            /* a hint, which the driver may ignore too */
-        if (!ptr || flags || size == 0 || size % (size_t) sysconf(_SC_PAGESIZE) || (align & (align - 1)))
-                return GP_CUDA_ERROR_INVALID_VALUE;
-        v = calloc(1, sizeof(*v));
-        if (!v)
-                return GP_CUDA_ERROR_OUT_OF_MEMORY;
-        v->mapped_size = size + align;
-        v->mapped = mmap(NULL, v->mapped_size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-        if (v->mapped == MAP_FAILED) {
-                free(v);
-                return GP_CUDA_ERROR_OUT_OF_MEMORY;
-        }
-        v->shadow = mmap(NULL, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-        if (v->shadow == MAP_FAILED) {
-                munmap(v->mapped, v->mapped_size);
-                free(v);
-                return GP_CUDA_ERROR_OUT_OF_MEMORY;
-        }
-        m = (uint8_t *) (((uintptr_t) v->mapped + align - 1) & ~(uintptr_t) (align - 1));
-        v->base = (CUdeviceptr) (uintptr_t) m;
-        v->size = size;
-        pthread_mutex_lock(&lock);
-        v->next = reservations;
-        reservations = v;
-        pthread_mutex_unlock(&lock);
-        *ptr = v->base;
-        return GP_CUDA_SUCCESS;
-}
-
-static struct reservation *reservation_of(CUdeviceptr p, size_t n) {
-        for (struct reservation *v = reservations; v; v = v->next)
-                if (within(p, n, v->base, v->size))
-                        return v;
-        return NULL;
-}
-
-/* Whether any mapping overlaps [p, p + n). */
-static bool mapped_in(CUdeviceptr p, size_t n) {
-        for (struct vmap *m = vmaps; m; m = m->next)
-                if (m->ptr < p + n && p < m->ptr + m->size)
-                        return true;
-        return false;
-}
-
-static CUresult fk_MemAddressFree(CUdeviceptr ptr, size_t size) {
-        NEED_CTX();
-        pthread_mutex_lock(&lock);
-        for (struct reservation **pp = &reservations; *pp; pp = &(*pp)->next) {
-                struct reservation *v = *pp;
-
-                if (v->base != ptr || v->size != size)
-                        continue;
-                if (mapped_in(ptr, size))
-                        break;  /* unmap first: the documented order is unmap, release, free */
-                *pp = v->next;
-                pthread_mutex_unlock(&lock);
-                munmap(v->mapped, v->mapped_size);
-                munmap(v->shadow, v->size);
-                free(v);
-                return GP_CUDA_SUCCESS;
-        }
-        pthread_mutex_unlock(&lock);
-        return GP_CUDA_ERROR_INVALID_VALUE;
-}
-
-static CUresult fk_MemMap(CUdeviceptr ptr, size_t size, size_t offset, gp_cu_mem_handle handle, unsigned long long flags) {
-        struct reservation *v;
-        struct phys *p;
-        struct vmap *m;
-
-        NEED_CTX();
-        if (offset || flags || ptr % VMM_GRANULE || size % VMM_GRANULE || size == 0)
-                return GP_CUDA_ERROR_INVALID_VALUE;    /* offset "currently must be zero"; granularity multiples */
-        pthread_mutex_lock(&lock);
-        p = phys_of(handle);
-        v = reservation_of(ptr, size);
-        if (!p || p->handles == 0 || size != p->size || !v || mapped_in(ptr, size)) {
-                pthread_mutex_unlock(&lock);
-                return p && mapped_in(ptr, size) ? GP_CUDA_ERROR_ALREADY_MAPPED : GP_CUDA_ERROR_INVALID_VALUE;
-        }
-        m = calloc(1, sizeof(*m));
-        if (m)
-                m->host = mmap(v->shadow + (ptr - v->base), size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, p->fd, 0);
-        if (!m || m->host == MAP_FAILED) {
-                free(m);
-                pthread_mutex_unlock(&lock);
-                return GP_CUDA_ERROR_OUT_OF_MEMORY;
-        }
-        m->ptr = ptr;
-        m->size = size;
-        m->phys = p;
-        m->access = GP_CU_MEM_ACCESS_FLAGS_PROT_NONE;   /* mapped is not accessible: cuMemSetAccess */
-        p->maps++;
-        m->next = vmaps;
-        vmaps = m;
-        pthread_mutex_unlock(&lock);
-        return GP_CUDA_SUCCESS;
-}
-
-/* The mapping containing address at, or NULL (mappings never overlap). Call locked. */
-static struct vmap *vmap_at(CUdeviceptr at) {
-        for (struct vmap *m = vmaps; m; m = m->next)
-                if (at >= m->ptr && at < m->ptr + m->size)
-                        return m;
-        return NULL;
-}
-
-/* Whether mappings exactly cover [ptr, ptr + size), one after another: no cut, no hole. Call locked. */
-static bool whole_mappings(CUdeviceptr ptr, size_t size) {
-        CUdeviceptr at = ptr;
-
-        while (at < ptr + size) {
-                struct vmap *m = vmap_at(at);
-
-                if (!m || m->ptr != at || m->size > ptr + size - at)
-                        return false;
-                at += m->size;
-        }
-        return size != 0;
-}
-
-static CUresult fk_MemUnmap(CUdeviceptr ptr, size_t size) {
-        NEED_CTX();
-        pthread_mutex_lock(&lock);
-        if (!whole_mappings(ptr, size)) {
-                pthread_mutex_unlock(&lock);
-                return GP_CUDA_ERROR_INVALID_VALUE;    /* "cuMemUnmap cannot unmap a sub-range" */
-        }
-        for (struct vmap **pp = &vmaps; *pp;) {
-                struct vmap *m = *pp;
-
-                if (m->ptr < ptr || m->ptr >= ptr + size) {
-                        pp = &m->next;
-                        continue;
-                }
-                *pp = m->next;
-                /* Its place in the reservation's shadow stays reserved, unreachable. */
-                (void) mmap(m->host, m->size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
-                if (--m->phys->maps == 0 && m->phys->handles == 0)
-                        phys_drop(m->phys);
-                free(m);
-        }
-        pthread_mutex_unlock(&lock);
-        return GP_CUDA_SUCCESS;
-}
-
-static CUresult fk_MemSetAccess(CUdeviceptr ptr, size_t size, const gp_cu_mem_access_desc *desc, size_t count) {
-        NEED_CTX();
-        if (!desc || count == 0)
-                return GP_CUDA_ERROR_INVALID_VALUE;
-        for (size_t i = 0; i < count; i++) {
-                if (desc[i].location.type != GP_CU_MEM_LOCATION_TYPE_DEVICE ||
-                    (desc[i].flags != GP_CU_MEM_ACCESS_FLAGS_PROT_NONE && desc[i].flags != GP_CU_MEM_ACCESS_FLAGS_PROT_READ &&
-                     desc[i].flags != GP_CU_MEM_ACCESS_FLAGS_PROT_READWRITE))
-                        return GP_CUDA_ERROR_INVALID_VALUE;
-                if (desc[i].location.id < 0 || desc[i].location.id >= nvisible)
-                        return GP_CUDA_ERROR_INVALID_DEVICE;
-        }
-        pthread_mutex_lock(&lock);
-        set_access_calls++;
-        if (!whole_mappings(ptr, size)) {
-                pthread_mutex_unlock(&lock);
-                return GP_CUDA_ERROR_INVALID_VALUE;    /* "a fully mapped address range" */
-        }
-        for (struct vmap *m = vmaps; m; m = m->next)
-                if (m->ptr >= ptr && m->ptr < ptr + size)
-                        for (size_t i = 0; i < count; i++)
-                                if (visible[desc[i].location.id] == m->phys->gpu)
-                                        m->access = desc[i].flags;
-        pthread_mutex_unlock(&lock);
-        return GP_CUDA_SUCCESS;
-}
-
-/* The host bytes behind [p, p + n): mapped and accessible throughout, across mappings side by side. Call locked. */
-static uint8_t *vmap_bytes(CUdeviceptr p, size_t n) {
-        struct reservation *v = reservation_of(p, n ? n : 1);
-        CUdeviceptr at = p;
-
-        if (!v)
-                return NULL;
-        do {
-                struct vmap *m = vmap_at(at);
-
-                if (!m || m->access == GP_CU_MEM_ACCESS_FLAGS_PROT_NONE)
-                        return NULL;
-                at = m->ptr + m->size;
-        } while (at < p + n);
-        return v->shadow + (p - v->base);
 }
 
 /* ---- streams and events ---- */

@@ -1,0 +1,455 @@
+/*
+ * fakecuda_vmm.c: the fake driver's virtual memory management: cuMemCreate memory shared as
+ * POSIX descriptors, address reservations, mappings and their access, with the documented
+ * rules fakecuda.c's top comment lists (granularity, offset 0 and whole allocations, access
+ * set before use, whole mappings unmapped, memory alive while any handle, descriptor or
+ * mapping of it exists). cuMemCreate memory is a file, fakecuda-vmm-GPU-PID-ID, in
+ * $FAKECUDA_DIR, charged to the node's ledger.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "fake.h"
+
+#define VMM_GRANULE (2ULL << 20)        /* what an H100 reports as MINIMUM and RECOMMENDED */
+
+/* A physical allocation this process holds a handle to (cuMemCreate, or imported from a descriptor). */
+struct phys {
+        struct phys *next;
+        int fd;                         /* its file, opened by this process, flock()ed shared: held */
+        char path[256];
+        int gpu;
+        uint64_t size;
+        bool exportable;                /* made with CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR */
+        int handles;                    /* cuMemCreate or import, less cuMemRelease */
+        int maps;                       /* mappings made with it */
+};
+
+struct reservation {
+        struct reservation *next;
+        CUdeviceptr base;
+        size_t size;
+        void *mapped;                   /* the PROT_NONE reservation (aligned inside) */
+        size_t mapped_size;
+        /*
+         * Where the host reaches what is mapped in it, at the same offsets: mappings side by
+         * side are one run of bytes there, as they are one range of device addresses.
+         */
+        uint8_t *shadow;
+};
+
+static struct phys *physes;
+static struct reservation *reservations;
+struct vmap *vmaps;
+
+static struct phys *phys_of(gp_cu_mem_handle h) {
+        for (struct phys *p = physes; p; p = p->next)
+                if ((gp_cu_mem_handle) (uintptr_t) p == h && p->handles + p->maps > 0)
+                        return p;
+        return NULL;
+}
+
+/* A valid prop for a device allocation of ours; its physical GPU in *gpu. */
+static CUresult check_prop(const gp_cu_mem_prop *prop, int *gpu) {
+        if (vmm_off)
+                return GP_CUDA_ERROR_NOT_SUPPORTED;
+        if (!prop || prop->type != GP_CU_MEM_ALLOCATION_TYPE_PINNED || prop->location.type != GP_CU_MEM_LOCATION_TYPE_DEVICE ||
+            (prop->requested_handle_types & ~GP_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) || prop->win32_handle_meta_data)
+                return GP_CUDA_ERROR_INVALID_VALUE;
+        if (prop->location.id < 0 || prop->location.id >= nvisible)
+                return GP_CUDA_ERROR_INVALID_DEVICE;
+        *gpu = visible[prop->location.id];
+        return GP_CUDA_SUCCESS;
+}
+
+CUresult fk_MemGetAllocationGranularity(size_t *granularity, const gp_cu_mem_prop *prop, gp_cu_mem_granularity_flags option) {
+        CUresult r = ready();
+        int gpu;
+
+        if (r)
+                return r;
+        if (!granularity || (option != GP_CU_MEM_ALLOC_GRANULARITY_MINIMUM && option != GP_CU_MEM_ALLOC_GRANULARITY_RECOMMENDED))
+                return GP_CUDA_ERROR_INVALID_VALUE;
+        r = check_prop(prop, &gpu);
+        if (r)
+                return r;
+        *granularity = VMM_GRANULE;
+        return GP_CUDA_SUCCESS;
+}
+
+/* Holds path (a descriptor of this process's own, shared-locked) as a handle of this process. */
+static CUresult phys_hold(const char *path, int gpu, uint64_t size, bool exportable, gp_cu_mem_handle *ret) {
+        struct phys *p = calloc(1, sizeof(*p));
+
+        if (!p)
+                return GP_CUDA_ERROR_OUT_OF_MEMORY;
+        p->fd = open(path, O_RDWR | O_CLOEXEC);
+        if (p->fd < 0 || flock(p->fd, LOCK_SH) < 0) {
+                if (p->fd >= 0)
+                        close(p->fd);
+                free(p);
+                return GP_CUDA_ERROR_INVALID_VALUE;
+        }
+        snprintf(p->path, sizeof(p->path), "%s", path);
+        p->gpu = gpu;
+        p->size = size;
+        p->exportable = exportable;
+        p->handles = 1;
+        p->next = physes;
+        physes = p;
+        *ret = (gp_cu_mem_handle) (uintptr_t) p;
+        return GP_CUDA_SUCCESS;
+}
+
+/* This process lets go of p (no handle, no mapping left): freed once nobody holds it. Call locked. */
+static void phys_drop(struct phys *p) {
+        for (struct phys **pp = &physes; *pp; pp = &(*pp)->next)
+                if (*pp == p) {
+                        *pp = p->next;
+                        break;
+                }
+        ledger_lock();
+        close(p->fd);
+        (void) vmm_free_if_unheld(p->path, p->gpu, p->size);
+        ledger_unlock();
+        free(p);
+}
+
+CUresult fk_MemCreate(gp_cu_mem_handle *handle, size_t size, const gp_cu_mem_prop *prop, unsigned long long flags) {
+        static uint64_t next_vmm_id = 1;
+        char path[256];
+        CUresult r;
+        int gpu, fd;
+
+        NEED_CTX();
+        NO_UNSAFE_CALL_IN_CAPTURE();
+        r = check_prop(prop, &gpu);
+        if (r)
+                return r;
+        if (!handle || flags || size == 0 || size % VMM_GRANULE)
+                return GP_CUDA_ERROR_INVALID_VALUE;    /* a multiple of the granularity, as documented */
+        pthread_mutex_lock(&lock);
+        snprintf(path, sizeof(path), "%s/fakecuda-vmm-%d-%d-%llu", mem_dir(), gpu, (int) getpid(),
+                 (unsigned long long) next_vmm_id++);
+        /* Made and held under the ledger's lock: a sweep never sees it unheld. */
+        ledger_lock();
+        if (!ledger_fits(gpu, size)) {
+                ledger_unlock();
+                pthread_mutex_unlock(&lock);
+                return GP_CUDA_ERROR_OUT_OF_MEMORY;
+        }
+        fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+        if (fd < 0 || fchmod(fd, 0666) < 0 || ftruncate(fd, (off_t) size) < 0)
+                fatal("cannot make %s: %s", path, strerror(errno));
+        close(fd);
+        r = phys_hold(path, gpu, size, prop->requested_handle_types & GP_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, handle);
+        if (r == GP_CUDA_SUCCESS)
+                ledger_vmm_charge(gpu, size);
+        else
+                unlink(path);
+        ledger_unlock();
+        pthread_mutex_unlock(&lock);
+        return r;
+}
+
+CUresult fk_MemRelease(gp_cu_mem_handle handle) {
+        struct phys *p;
+
+        NEED_CTX();
+        pthread_mutex_lock(&lock);
+        p = phys_of(handle);
+        if (!p || p->handles == 0) {
+                pthread_mutex_unlock(&lock);
+                return GP_CUDA_ERROR_INVALID_VALUE;
+        }
+        /* The memory stays while mapped: the documented rule, which lets a mapping outlive the handle. */
+        if (--p->handles == 0 && p->maps == 0)
+                phys_drop(p);
+        pthread_mutex_unlock(&lock);
+        return GP_CUDA_SUCCESS;
+}
+
+CUresult fk_MemExportToShareableHandle(void *shareable, gp_cu_mem_handle handle, gp_cu_mem_handle_type type,
+                                       unsigned long long flags) {
+        struct phys *p;
+        int fd;
+
+        NEED_CTX();
+        if (!shareable || flags || type != GP_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+                return GP_CUDA_ERROR_INVALID_VALUE;
+        pthread_mutex_lock(&lock);
+        p = phys_of(handle);
+        if (!p || p->handles == 0 || !p->exportable) {
+                /* Only memory made with the descriptor handle type requested can be exported as one. */
+                pthread_mutex_unlock(&lock);
+                return GP_CUDA_ERROR_INVALID_VALUE;
+        }
+        /* A descriptor of its own, locked: the memory lives while any copy of it is open, in any process. */
+        fd = open(p->path, O_RDWR | O_CLOEXEC);
+        if (fd >= 0 && flock(fd, LOCK_SH) < 0) {
+                close(fd);
+                fd = -1;
+        }
+        pthread_mutex_unlock(&lock);
+        if (fd < 0)
+                return GP_CUDA_ERROR_OUT_OF_MEMORY;
+        *(int *) shareable = fd;
+        return GP_CUDA_SUCCESS;
+}
+
+CUresult fk_MemImportFromShareableHandle(gp_cu_mem_handle *handle, void *os_handle, gp_cu_mem_handle_type type) {
+        int fd = (int) (uintptr_t) os_handle, gpu;
+        char link[64], path[256], prefix[280];
+        struct stat st;
+        ssize_t n;
+        CUresult r;
+
+        NEED_CTX();
+        if (!handle || type != GP_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR || fd < 0 || fstat(fd, &st) < 0)
+                return GP_CUDA_ERROR_INVALID_VALUE;
+        /* The descriptor by value, as the driver takes it: what it names must be memory of ours. */
+        snprintf(link, sizeof(link), "/proc/self/fd/%d", fd);
+        n = readlink(link, path, sizeof(path) - 1);
+        if (n <= 0)
+                return GP_CUDA_ERROR_INVALID_VALUE;
+        path[n] = '\0';
+        snprintf(prefix, sizeof(prefix), "%s/fakecuda-vmm-", mem_dir());
+        if (strncmp(path, prefix, strlen(prefix)) != 0 || sscanf(path + strlen(prefix), "%d-", &gpu) != 1 || gpu < 0 ||
+            gpu >= gpus)
+                return GP_CUDA_ERROR_INVALID_VALUE;
+        pthread_mutex_lock(&lock);
+        r = phys_hold(path, gpu, (uint64_t) st.st_size, true, handle);
+        pthread_mutex_unlock(&lock);
+        return r;
+}
+
+/* What the handle was made with; an imported one's location is its GPU's ordinal in this process. */
+CUresult fk_MemGetAllocationPropertiesFromHandle(gp_cu_mem_prop *prop, gp_cu_mem_handle handle) {
+        struct phys *p;
+        int ordinal = -1;
+
+        NEED_CTX();
+        if (!prop)
+                return GP_CUDA_ERROR_INVALID_VALUE;
+        pthread_mutex_lock(&lock);
+        p = phys_of(handle);
+        if (!p || p->handles == 0) {
+                pthread_mutex_unlock(&lock);
+                return GP_CUDA_ERROR_INVALID_VALUE;
+        }
+        for (int i = 0; i < nvisible && ordinal < 0; i++)
+                if (visible[i] == p->gpu)
+                        ordinal = i;
+        memset(prop, 0, sizeof(*prop));
+        prop->type = GP_CU_MEM_ALLOCATION_TYPE_PINNED;
+        prop->requested_handle_types = p->exportable ? GP_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR : 0;
+        prop->location.type = GP_CU_MEM_LOCATION_TYPE_DEVICE;
+        prop->location.id = ordinal;
+        pthread_mutex_unlock(&lock);
+        return ordinal < 0 ? GP_CUDA_ERROR_INVALID_DEVICE : GP_CUDA_SUCCESS;
+}
+
+CUresult fk_MemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignment, CUdeviceptr addr,
+                              unsigned long long flags) {
+        struct reservation *v;
+        size_t align = alignment ? alignment : VMM_GRANULE;
+        uint8_t *m;
+
+        NEED_CTX();
+        (void) addr;            /* a hint, which the driver may ignore too */
+        if (!ptr || flags || size == 0 || size % (size_t) sysconf(_SC_PAGESIZE) || (align & (align - 1)))
+                return GP_CUDA_ERROR_INVALID_VALUE;
+        v = calloc(1, sizeof(*v));
+        if (!v)
+                return GP_CUDA_ERROR_OUT_OF_MEMORY;
+        v->mapped_size = size + align;
+        v->mapped = mmap(NULL, v->mapped_size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (v->mapped == MAP_FAILED) {
+                free(v);
+                return GP_CUDA_ERROR_OUT_OF_MEMORY;
+        }
+        v->shadow = mmap(NULL, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (v->shadow == MAP_FAILED) {
+                munmap(v->mapped, v->mapped_size);
+                free(v);
+                return GP_CUDA_ERROR_OUT_OF_MEMORY;
+        }
+        m = (uint8_t *) (((uintptr_t) v->mapped + align - 1) & ~(uintptr_t) (align - 1));
+        v->base = (CUdeviceptr) (uintptr_t) m;
+        v->size = size;
+        pthread_mutex_lock(&lock);
+        v->next = reservations;
+        reservations = v;
+        pthread_mutex_unlock(&lock);
+        *ptr = v->base;
+        return GP_CUDA_SUCCESS;
+}
+
+static struct reservation *reservation_of(CUdeviceptr p, size_t n) {
+        for (struct reservation *v = reservations; v; v = v->next)
+                if (within(p, n, v->base, v->size))
+                        return v;
+        return NULL;
+}
+
+/* Whether any mapping overlaps [p, p + n). */
+static bool mapped_in(CUdeviceptr p, size_t n) {
+        for (struct vmap *m = vmaps; m; m = m->next)
+                if (m->ptr < p + n && p < m->ptr + m->size)
+                        return true;
+        return false;
+}
+
+CUresult fk_MemAddressFree(CUdeviceptr ptr, size_t size) {
+        NEED_CTX();
+        pthread_mutex_lock(&lock);
+        for (struct reservation **pp = &reservations; *pp; pp = &(*pp)->next) {
+                struct reservation *v = *pp;
+
+                if (v->base != ptr || v->size != size)
+                        continue;
+                if (mapped_in(ptr, size))
+                        break;  /* unmap first: the documented order is unmap, release, free */
+                *pp = v->next;
+                pthread_mutex_unlock(&lock);
+                munmap(v->mapped, v->mapped_size);
+                munmap(v->shadow, v->size);
+                free(v);
+                return GP_CUDA_SUCCESS;
+        }
+        pthread_mutex_unlock(&lock);
+        return GP_CUDA_ERROR_INVALID_VALUE;
+}
+
+CUresult fk_MemMap(CUdeviceptr ptr, size_t size, size_t offset, gp_cu_mem_handle handle, unsigned long long flags) {
+        struct reservation *v;
+        struct phys *p;
+        struct vmap *m;
+
+        NEED_CTX();
+        if (offset || flags || ptr % VMM_GRANULE || size % VMM_GRANULE || size == 0)
+                return GP_CUDA_ERROR_INVALID_VALUE;    /* offset "currently must be zero"; granularity multiples */
+        pthread_mutex_lock(&lock);
+        p = phys_of(handle);
+        v = reservation_of(ptr, size);
+        if (!p || p->handles == 0 || size != p->size || !v || mapped_in(ptr, size)) {
+                pthread_mutex_unlock(&lock);
+                return p && mapped_in(ptr, size) ? GP_CUDA_ERROR_ALREADY_MAPPED : GP_CUDA_ERROR_INVALID_VALUE;
+        }
+        m = calloc(1, sizeof(*m));
+        if (m)
+                m->host = mmap(v->shadow + (ptr - v->base), size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, p->fd, 0);
+        if (!m || m->host == MAP_FAILED) {
+                free(m);
+                pthread_mutex_unlock(&lock);
+                return GP_CUDA_ERROR_OUT_OF_MEMORY;
+        }
+        m->ptr = ptr;
+        m->size = size;
+        m->phys = p;
+        m->access = GP_CU_MEM_ACCESS_FLAGS_PROT_NONE;   /* mapped is not accessible: cuMemSetAccess */
+        p->maps++;
+        m->next = vmaps;
+        vmaps = m;
+        pthread_mutex_unlock(&lock);
+        return GP_CUDA_SUCCESS;
+}
+
+/* The mapping containing address at, or NULL (mappings never overlap). Call locked. */
+static struct vmap *vmap_at(CUdeviceptr at) {
+        for (struct vmap *m = vmaps; m; m = m->next)
+                if (at >= m->ptr && at < m->ptr + m->size)
+                        return m;
+        return NULL;
+}
+
+/* Whether mappings exactly cover [ptr, ptr + size), one after another: no cut, no hole. Call locked. */
+static bool whole_mappings(CUdeviceptr ptr, size_t size) {
+        CUdeviceptr at = ptr;
+
+        while (at < ptr + size) {
+                struct vmap *m = vmap_at(at);
+
+                if (!m || m->ptr != at || m->size > ptr + size - at)
+                        return false;
+                at += m->size;
+        }
+        return size != 0;
+}
+
+CUresult fk_MemUnmap(CUdeviceptr ptr, size_t size) {
+        NEED_CTX();
+        pthread_mutex_lock(&lock);
+        if (!whole_mappings(ptr, size)) {
+                pthread_mutex_unlock(&lock);
+                return GP_CUDA_ERROR_INVALID_VALUE;    /* "cuMemUnmap cannot unmap a sub-range" */
+        }
+        for (struct vmap **pp = &vmaps; *pp;) {
+                struct vmap *m = *pp;
+
+                if (m->ptr < ptr || m->ptr >= ptr + size) {
+                        pp = &m->next;
+                        continue;
+                }
+                *pp = m->next;
+                /* Its place in the reservation's shadow stays reserved, unreachable. */
+                (void) mmap(m->host, m->size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+                if (--m->phys->maps == 0 && m->phys->handles == 0)
+                        phys_drop(m->phys);
+                free(m);
+        }
+        pthread_mutex_unlock(&lock);
+        return GP_CUDA_SUCCESS;
+}
+
+CUresult fk_MemSetAccess(CUdeviceptr ptr, size_t size, const gp_cu_mem_access_desc *desc, size_t count) {
+        NEED_CTX();
+        if (!desc || count == 0)
+                return GP_CUDA_ERROR_INVALID_VALUE;
+        for (size_t i = 0; i < count; i++) {
+                if (desc[i].location.type != GP_CU_MEM_LOCATION_TYPE_DEVICE ||
+                    (desc[i].flags != GP_CU_MEM_ACCESS_FLAGS_PROT_NONE && desc[i].flags != GP_CU_MEM_ACCESS_FLAGS_PROT_READ &&
+                     desc[i].flags != GP_CU_MEM_ACCESS_FLAGS_PROT_READWRITE))
+                        return GP_CUDA_ERROR_INVALID_VALUE;
+                if (desc[i].location.id < 0 || desc[i].location.id >= nvisible)
+                        return GP_CUDA_ERROR_INVALID_DEVICE;
+        }
+        pthread_mutex_lock(&lock);
+        set_access_calls++;
+        if (!whole_mappings(ptr, size)) {
+                pthread_mutex_unlock(&lock);
+                return GP_CUDA_ERROR_INVALID_VALUE;    /* "a fully mapped address range" */
+        }
+        for (struct vmap *m = vmaps; m; m = m->next)
+                if (m->ptr >= ptr && m->ptr < ptr + size)
+                        for (size_t i = 0; i < count; i++)
+                                if (visible[desc[i].location.id] == m->phys->gpu)
+                                        m->access = desc[i].flags;
+        pthread_mutex_unlock(&lock);
+        return GP_CUDA_SUCCESS;
+}
+
+/* The host bytes behind [p, p + n): mapped and accessible throughout, across mappings side by side. Call locked. */
+uint8_t *vmap_bytes(CUdeviceptr p, size_t n) {
+        struct reservation *v = reservation_of(p, n ? n : 1);
+        CUdeviceptr at = p;
+
+        if (!v)
+                return NULL;
+        do {
+                struct vmap *m = vmap_at(at);
+
+                if (!m || m->access == GP_CU_MEM_ACCESS_FLAGS_PROT_NONE)
+                        return NULL;
+                at = m->ptr + m->size;
+        } while (at < p + n);
+        return v->shadow + (p - v->base);
+}
