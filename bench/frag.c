@@ -658,18 +658,23 @@ static struct result run_runs(const struct op *ops, size_t n, uint64_t max_id, b
         return r;
 }
 
+/* Op op applied to the bytes in use, in_use, with sizes[] the live allocations' (rounded to 512 B). */
+static uint64_t in_use_after(const struct op *op, uint64_t *sizes, uint64_t in_use) {
+        if (!op->alloc) {
+                in_use -= sizes[op->id];
+                sizes[op->id] = 0;
+                return in_use;
+        }
+        sizes[op->id] = round512(op->size);
+        return in_use + sizes[op->id];
+}
+
 static struct result run_none(const struct op *ops, size_t n, uint64_t max_id) {
         uint64_t *sizes = calloc(max_id + 1, sizeof(*sizes)), in_use = 0;
         struct result r = { 0 };
 
         for (size_t i = 0; i < n; i++) {
-                if (ops[i].alloc) {
-                        sizes[ops[i].id] = round512(ops[i].size);
-                        in_use += sizes[ops[i].id];
-                } else {
-                        in_use -= sizes[ops[i].id];
-                        sizes[ops[i].id] = 0;
-                }
+                in_use = in_use_after(&ops[i], sizes, in_use);
                 if (in_use > r.peak_in_use)
                         r.peak_in_use = in_use;
                 r.peak_reserved = r.peak_held = r.peak_in_use;  /* no cache: it holds exactly what is in use */
@@ -696,13 +701,9 @@ static struct result run_bound(const struct op *ops, size_t n, uint64_t max_id) 
         if (!sizes)
                 exit(1);
         for (size_t i = 0; i < n; i++) {
-                if (!ops[i].alloc) {
-                        in_use -= sizes[ops[i].id];
-                        sizes[ops[i].id] = 0;
+                in_use = in_use_after(&ops[i], sizes, in_use);
+                if (!ops[i].alloc)
                         continue;
-                }
-                sizes[ops[i].id] = round512(ops[i].size);
-                in_use += sizes[ops[i].id];
                 if (in_use > r.peak_in_use)
                         r.peak_in_use = in_use;
                 if (in_use > held) {
