@@ -215,7 +215,7 @@ $(GPU_TEST_BIN): $(B)/obj/tests/gpu/check_gpu_main.o $(filter-out $(B)/obj/tests
 	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LIBS_CHECK) $(LIBS_UV) $(LIBS_PROTOBUF) $(LIBS_JANSSON) $(LIBS_INIH) -lpthread -ldl
 
 # The fake CUDA driver the cuda backend's tests load through $GPUPOOL_LIBCUDA.
-$(FAKECUDA): $(B)/obj/tests/fakecuda/fakecuda.o $(B)/obj/tests/fakecuda/fakecuda_vmm.o
+$(FAKECUDA): $(patsubst %,$(B)/obj/tests/fakecuda/%.o,fakecuda fakecuda_ledger fakecuda_mem fakecuda_stream fakecuda_vmm)
 	@mkdir -p $(dir $@)
 	@echo "  LD      $@"
 	$(Q)$(CC) $(LDFLAGS) -shared -Wl,--no-undefined -Wl,-z,nodelete -o $@ $^ -lpthread

@@ -1,8 +1,9 @@
 /*
- * fake.h: what the fake driver's files share (fakecuda.c, fakecuda_vmm.c): its lock and
- * devices, the node's ledger, the checks every entry point starts with, and the virtual
- * memory management entry points the entry-point table names. Not an interface of the
- * library: every name here is hidden; only EXPORT'ed ones leave libfakecuda.so.
+ * fake.h: what the fake driver's files share (fakecuda.c, fakecuda_ledger.c, fakecuda_mem.c,
+ * fakecuda_stream.c, fakecuda_vmm.c): its lock, devices and contexts, the node's ledger, the checks every entry
+ * point starts with, and the entry points of streams, events and virtual memory management
+ * that the entry-point table names. Not an interface of the library: every name here is
+ * hidden; only EXPORT'ed ones leave libfakecuda.so.
  */
 #ifndef GP_FAKE_H
 #define GP_FAKE_H
@@ -20,8 +21,14 @@
 typedef gp_cu_result CUresult;
 typedef gp_cu_deviceptr CUdeviceptr;
 
-struct ctx;
 struct phys;
+
+/* A GPU's primary context, one per physical GPU. */
+struct ctx {
+        int gpu;                        /* physical index */
+        int retained;
+        int exclusive_fd;               /* EXCLUSIVE_PROCESS: the device's lock file, held while retained */
+};
 
 /* fakecuda.c: the process's driver state, guarded by lock. */
 extern pthread_mutex_t lock;
@@ -34,14 +41,26 @@ extern unsigned long long set_access_calls;     /* cuMemSetAccess calls (test ho
 void fatal(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
 /* Where "device memory" files are: $FAKECUDA_DIR, else /dev/shm. */
 const char *mem_dir(void);
+/* A test hook's call counter, read under lock. */
+unsigned long long counted(const unsigned long long *counter);
 
-/* The node's ledger (fakecuda.c): under ledger_lock(), whether size more fits on gpu, and charging cuMemCreate memory. */
+/*
+ * fakecuda_ledger.c: the node's memory, every process's. ledger_join() maps it at cuInit and
+ * takes this process's slot. Under ledger_lock(): whether size more fits on gpu, what every
+ * process has of it (with check, those that exited are forgotten first), charging cuMemCreate
+ * memory, and freeing such memory at path if no process holds it any more (whether it did).
+ * ledger_charge() takes the lock itself: whether the node had size more for this process.
+ */
+extern uint64_t capacity;               /* bytes per GPU ($FAKECUDA_MEM), set at cuInit */
+void ledger_join(void);
 void ledger_lock(void);
 void ledger_unlock(void);
 bool ledger_fits(int gpu, uint64_t size);
+uint64_t ledger_used(int gpu, bool check);
 void ledger_vmm_charge(int gpu, uint64_t size);
-/* Frees cuMemCreate memory at path if no process holds it any more; whether it did. Under ledger_lock(). */
 bool vmm_free_if_unheld(const char *path, int gpu, uint64_t size);
+bool ledger_charge(int gpu, uint64_t size);
+void ledger_uncharge(int gpu, uint64_t size);
 
 /* Every call but cuInit and the pure lookups starts with ready(); current() is the context made current. */
 CUresult ready(void);
@@ -70,6 +89,51 @@ bool within(CUdeviceptr p, size_t n, CUdeviceptr base, size_t size);
                 if (forbidden_)                                                 \
                         return GP_CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;        \
         } while (0)
+
+/* A size from the environment: a number with an optional K, M or G suffix; dflt when unset or empty. */
+uint64_t parse_bytes(const char *s, uint64_t dflt);
+
+/* fakecuda_mem.c: reads its knobs at cuInit (locked); the host bytes behind [p, p + n) (an allocation, or a mapping made accessible), or NULL (takes lock). */
+void mem_init(void);
+uint8_t *bytes_at(CUdeviceptr p, size_t n);
+
+/* The entry points of device memory, copies and IPC handles, for the entry-point table. */
+CUresult fk_MemAlloc_v2(CUdeviceptr *dptr, size_t size);
+CUresult fk_MemFree_v2(CUdeviceptr dptr);
+CUresult fk_MemGetInfo_v2(size_t *free_bytes, size_t *total_bytes);
+CUresult fk_MemGetAddressRange_v2(CUdeviceptr *base, size_t *size, CUdeviceptr dptr);
+CUresult fk_MemAlloc_v1(unsigned *dptr, unsigned size);
+CUresult fk_MemFree_v1(unsigned dptr);
+CUresult fk_MemGetInfo_v1(unsigned *free_bytes, unsigned *total_bytes);
+CUresult fk_MemcpyHtoD_v2(CUdeviceptr dst, const void *src, size_t n);
+CUresult fk_MemcpyDtoH_v2(void *dst, CUdeviceptr src, size_t n);
+CUresult fk_IpcGetMemHandle(gp_cu_ipc_mem_handle *handle, CUdeviceptr dptr);
+CUresult fk_IpcOpenMemHandle_v2(CUdeviceptr *dptr, gp_cu_ipc_mem_handle handle, unsigned flags);
+CUresult fk_IpcCloseMemHandle(CUdeviceptr dptr);
+
+/* fakecuda_stream.c: waits (spinning) until the legacy stream has run what was queued before, in its order. */
+CUresult legacy_synchronize(void);
+
+/* The entry points of streams, events and memsets, for the entry-point table. */
+CUresult fk_CtxSynchronize(void);
+CUresult fk_StreamCreate(gp_cu_stream *ret, unsigned flags);
+CUresult fk_StreamDestroy_v2(gp_cu_stream hs);
+CUresult fk_StreamSynchronize(gp_cu_stream hs);
+CUresult fk_StreamGetId(gp_cu_stream hs, unsigned long long *id);
+CUresult fk_StreamBeginCapture(gp_cu_stream hs, int mode);
+CUresult fk_StreamEndCapture(gp_cu_stream hs, void **graph);
+CUresult fk_StreamIsCapturing(gp_cu_stream hs, int *status);
+CUresult fk_ThreadExchangeStreamCaptureMode(int *mode);
+CUresult fk_GraphDestroy(void *graph);
+CUresult fk_EventCreate(gp_cu_event *ret, unsigned flags);
+CUresult fk_EventRecord(gp_cu_event he, gp_cu_stream hs);
+CUresult fk_EventQuery(gp_cu_event he);
+CUresult fk_EventSynchronize(gp_cu_event he);
+CUresult fk_EventDestroy_v2(gp_cu_event he);
+CUresult fk_MemsetD8_v2(CUdeviceptr p, unsigned char v, size_t n);
+CUresult fk_MemsetD32_v2(CUdeviceptr p, unsigned v, size_t n);
+CUresult fk_MemsetD8Async(CUdeviceptr p, unsigned char v, size_t n, gp_cu_stream s);
+CUresult fk_MemsetD32Async(CUdeviceptr p, unsigned v, size_t n, gp_cu_stream s);
 
 /* fakecuda_vmm.c: the mappings of this process, and the host bytes behind device addresses mapped there. */
 /* A physical allocation mapped into a reservation: the device address faults on the CPU; host reaches the bytes. */

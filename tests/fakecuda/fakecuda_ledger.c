@@ -1,0 +1,206 @@
+/*
+ * fakecuda_ledger.c: the node's device memory, as every process of the node sees it: a file in
+ * $FAKECUDA_DIR that each process maps, with a slot per process that has called cuInit. A
+ * process charges its allocations and contexts to its own slot; cuMemGetInfo and a cuMemAlloc
+ * that would not fit count every running process's. A process that has exited (or is a
+ * zombie) counts for nothing, as the driver frees what a process had when it exits; so is
+ * cuMemCreate memory that no process holds a handle, descriptor or mapping of any more.
+ */
+#define _GNU_SOURCE
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "fake.h"
+
+#define LEDGER_SLOTS 256
+struct ledger_slot {
+        int32_t pid;                    /* 0: free */
+        uint32_t pad;
+        uint64_t start_time;            /* /proc/PID/stat starttime: a reused pid is another process */
+        uint64_t bytes[MAX_GPUS];       /* allocations and contexts, by physical GPU */
+};
+struct ledger_file {
+        uint64_t vmm_bytes[MAX_GPUS];   /* cuMemCreate memory alive, whoever holds it (see vmm_sweep) */
+        struct ledger_slot slots[LEDGER_SLOTS];
+};
+static struct ledger_file *ledger;      /* shared */
+static int ledger_fd = -1;
+static struct ledger_slot *my_slot;
+
+/* The starttime of pid (field 22 of /proc/PID/stat), or 0 when it does not run (gone, or a zombie). */
+static uint64_t process_start(pid_t pid) {
+        char path[64], buf[1024], *p;
+        unsigned long long start = 0;
+        char state;
+        ssize_t n;
+        int fd;
+
+        snprintf(path, sizeof(path), "/proc/%d/stat", (int) pid);
+        fd = open(path, O_RDONLY | O_CLOEXEC);
+        if (fd < 0)
+                return 0;
+        n = read(fd, buf, sizeof(buf) - 1);
+        close(fd);
+        if (n <= 0)
+                return 0;
+        buf[n] = '\0';
+        p = strrchr(buf, ')');          /* the command may hold spaces and parentheses */
+        if (!p || sscanf(p + 1, " %c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %*u %*u %*d %*d %*d %*d %*d %*d %llu",
+                         &state, &start) != 2)
+                return 0;
+        return state == 'Z' || state == 'X' ? 0 : (uint64_t) start;
+}
+
+void ledger_lock(void) {
+        while (flock(ledger_fd, LOCK_EX) < 0 && errno == EINTR)
+                ;
+}
+
+void ledger_unlock(void) {
+        (void) flock(ledger_fd, LOCK_UN);
+}
+
+/* What an exited process had is the node's again, as the driver frees it: its allocations' files go too. */
+static void forget_process(struct ledger_slot *l) {
+        char prefix[32];
+        struct dirent *e;
+        size_t n;
+        DIR *dir;
+
+        n = (size_t) snprintf(prefix, sizeof(prefix), "fakecuda-%d-", (int) l->pid);
+        dir = opendir(mem_dir());
+        while (dir && (e = readdir(dir)))
+                if (strncmp(e->d_name, prefix, n) == 0)
+                        (void) unlinkat(dirfd(dir), e->d_name, 0);      /* importers keep what they mapped */
+        if (dir)
+                closedir(dir);
+        memset(l, 0, sizeof(*l));
+}
+
+/* Maps the ledger and takes a slot for this process (one left by an exited process if need be). */
+void ledger_join(void) {
+        char path[256];
+        uint64_t start = process_start(getpid());
+        struct ledger_slot *free_slot = NULL;
+
+        snprintf(path, sizeof(path), "%s/fakecuda-ledger", mem_dir());
+        ledger_fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0666);
+        if (ledger_fd < 0)
+                fatal("cannot open %s: %s", path, strerror(errno));
+        (void) fchmod(ledger_fd, 0666);         /* processes of other uids share it */
+        ledger_lock();
+        if (ftruncate(ledger_fd, (off_t) sizeof(*ledger)) < 0)
+                fatal("cannot size %s: %s", path, strerror(errno));
+        ledger = mmap(NULL, sizeof(*ledger), PROT_READ | PROT_WRITE, MAP_SHARED, ledger_fd, 0);
+        if (ledger == MAP_FAILED)
+                fatal("cannot map %s: %s", path, strerror(errno));
+        for (int i = 0; i < LEDGER_SLOTS && !free_slot; i++)
+                if (ledger->slots[i].pid == 0 || process_start(ledger->slots[i].pid) != ledger->slots[i].start_time)
+                        free_slot = &ledger->slots[i];
+        if (!free_slot)
+                fatal("more than %d processes use the driver at once", LEDGER_SLOTS);
+        if (free_slot->pid)
+                forget_process(free_slot);
+        free_slot->pid = getpid();
+        free_slot->start_time = start;
+        my_slot = free_slot;
+        ledger_unlock();
+}
+
+/*
+ * cuMemCreate memory is a file, fakecuda-vmm-GPU-PID-ID, on which every process holding a
+ * handle, an exported descriptor or a mapping of it holds a shared flock() (on a descriptor of
+ * its own, or on the exported one it received). Nobody holding one: the driver would have
+ * freed it, and so does this, under ledger_lock(). Returns whether path was freed.
+ */
+bool vmm_free_if_unheld(const char *path, int gpu, uint64_t size) {
+        int fd = open(path, O_RDONLY | O_CLOEXEC);
+        bool unheld;
+
+        if (fd < 0)
+                return false;
+        unheld = flock(fd, LOCK_EX | LOCK_NB) == 0;
+        if (unheld) {
+                unlink(path);
+                __atomic_sub_fetch(&ledger->vmm_bytes[gpu], size, __ATOMIC_RELAXED);
+        }
+        close(fd);
+        return unheld;
+}
+
+/* Frees the cuMemCreate memory no process holds any more (its holders exited). Under ledger_lock(). */
+static void vmm_sweep(void) {
+        struct dirent *e;
+        DIR *dir = opendir(mem_dir());
+
+        while (dir && (e = readdir(dir))) {
+                char path[512];
+                struct stat st;
+                int gpu;
+
+                if (sscanf(e->d_name, "fakecuda-vmm-%d-", &gpu) != 1 || gpu < 0 || gpu >= MAX_GPUS)
+                        continue;
+                snprintf(path, sizeof(path), "%s/%s", mem_dir(), e->d_name);
+                if (stat(path, &st) == 0)
+                        (void) vmm_free_if_unheld(path, gpu, (uint64_t) st.st_size);
+        }
+        if (dir)
+                closedir(dir);
+}
+
+/* What every process has of physical GPU gpu; with check, those that have exited are forgotten. Under ledger_lock(). */
+uint64_t ledger_used(int gpu, bool check) {
+        uint64_t sum;
+
+        if (check)
+                vmm_sweep();
+        sum = __atomic_load_n(&ledger->vmm_bytes[gpu], __ATOMIC_RELAXED);
+
+        for (int i = 0; i < LEDGER_SLOTS; i++) {
+                struct ledger_slot *l = &ledger->slots[i];
+                uint64_t b = __atomic_load_n(&l->bytes[gpu], __ATOMIC_RELAXED);
+
+                if (l->pid == 0 || (b == 0 && l != my_slot))
+                        continue;
+                if (check && l != my_slot && process_start(l->pid) != l->start_time) {
+                        forget_process(l);
+                        continue;
+                }
+                sum += b;
+        }
+        return sum;
+}
+
+/* Whether size more bytes fit physical GPU gpu, every running process counted. Under ledger_lock(). */
+bool ledger_fits(int gpu, uint64_t size) {
+        /* Exited processes' slots only make the sum larger: look at them only when it does not fit. */
+        return size <= capacity && (ledger_used(gpu, false) <= capacity - size || ledger_used(gpu, true) <= capacity - size);
+}
+
+/* Charges size bytes of cuMemCreate memory to gpu, whoever holds it. Under ledger_lock(). */
+void ledger_vmm_charge(int gpu, uint64_t size) {
+        __atomic_add_fetch(&ledger->vmm_bytes[gpu], size, __ATOMIC_RELAXED);
+}
+
+/* Charges size bytes of physical GPU gpu to this process if the node has them. */
+bool ledger_charge(int gpu, uint64_t size) {
+        bool ok;
+
+        ledger_lock();
+        ok = ledger_fits(gpu, size);
+        if (ok)
+                __atomic_add_fetch(&my_slot->bytes[gpu], size, __ATOMIC_RELAXED);
+        ledger_unlock();
+        return ok;
+}
+
+void ledger_uncharge(int gpu, uint64_t size) {
+        __atomic_sub_fetch(&my_slot->bytes[gpu], size, __ATOMIC_RELAXED);
+}
