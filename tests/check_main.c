@@ -20,11 +20,13 @@ int main(void) {
         srunner_add_suite(sr, suite_granule());
         srunner_add_suite(sr, suite_pool());
         srunner_add_suite(sr, suite_daemon());
+        srunner_add_suite(sr, suite_leases());
         srunner_add_suite(sr, suite_hostile());
         srunner_add_suite(sr, suite_hardening());
         srunner_add_suite(sr, suite_tenants());
         srunner_add_suite(sr, suite_process_pool());
         srunner_add_suite(sr, suite_grow());
+        srunner_add_suite(sr, suite_survive());
         srunner_add_suite(sr, suite_adopt());
         srunner_add_suite(sr, suite_replies());
         srunner_add_suite(sr, suite_scopes());

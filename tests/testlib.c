@@ -720,6 +720,38 @@ void *survivor_adopted(struct testd *d, const struct survivor *w, gpupool_client
         return p;
 }
 
+gpupool_client *connect_segments(struct testd *d, const char *name, const char *mode) {
+        gpupool_client *c;
+
+        setenv("GPUPOOL_SEGMENTS", mode, 1);
+        setenv("GPUPOOL_IDLE_RETURN", "0", 1);
+        ck_assert_int_eq(gpupool_connect(d->sock, name, &c), 0);
+        return c;
+}
+
+struct gpupool_stats client_stats(gpupool_client *c) {
+        struct gpupool_stats st;
+
+        ck_assert_int_eq(gpupool_stats(c, &st), 0);
+        return st;
+}
+
+void page_fill(void *p, size_t size, unsigned seed) {
+        for (size_t i = 0; i < size; i += 4096)
+                memset((char *) p + i, (int) (seed + i / 4096) & 0xff, size - i < 4096 ? size - i : 4096);
+}
+
+bool page_intact(const void *p, size_t size, unsigned seed) {
+        for (size_t i = 0; i < size; i += 4096) {
+                const unsigned char *q = (const unsigned char *) p + i;
+                size_t n = size - i < 4096 ? size - i : 4096;
+
+                if (q[0] != ((seed + i / 4096) & 0xff) || q[n - 1] != ((seed + i / 4096) & 0xff))
+                        return false;
+        }
+        return true;
+}
+
 void run_survivors(struct testd *d, int n, int (*fn)(struct testd *d, void *arg)) {
         struct survivor w[16];
         pid_t pids[16];

@@ -3,13 +3,12 @@
  * end to end on the host backend: blocks side by side in one range, granules leased many at a
  * time and moved where they are needed, a block of more granules than one lease brings (its
  * leases sent together), the limit and a full device leaving nothing leased, idle granules
- * given back, another process's reclaim, threads growing the ranges at once, reconnect, a
- * daemon that starts or adopts slowly stalling no allocation, a bad setting, and processes in
- * both modes that outlive a kill -9 of their daemon.
+ * given back, another process's reclaim, threads growing the ranges at once, the descriptors
+ * kept for adoption (the table grown once, none in a forked child), and a bad setting.
+ * Processes that outlive their daemon are in check_survive.c.
  */
 #define _GNU_SOURCE
 #include <errno.h>
-#include <poll.h>
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -17,53 +16,17 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include "gpupool.h"
 #include "suites.h"
 #include "testlib.h"
-#include "wire.h"
 
 #define KiB (1ULL << 10)
 #define MiB (1ULL << 20)
 
-/* Connects with segments of mode ($GPUPOOL_SEGMENTS), nothing given back by itself. */
-static gpupool_client *connect_in(struct testd *d, const char *name, const char *mode) {
-        gpupool_client *c;
-
-        setenv("GPUPOOL_SEGMENTS", mode, 1);
-        setenv("GPUPOOL_IDLE_RETURN", "0", 1);
-        ck_assert_int_eq(gpupool_connect(d->sock, name, &c), 0);
-        return c;
-}
-
 static gpupool_client *connect_growing(struct testd *d, const char *name) {
-        return connect_in(d, name, "grow");
-}
-
-/* Fills a block with a pattern of its own, and checks it. */
-static void fill(void *p, size_t size, unsigned seed) {
-        for (size_t i = 0; i < size; i += 4096)
-                memset((char *) p + i, (int) (seed + i / 4096) & 0xff, size - i < 4096 ? size - i : 4096);
-}
-
-static bool intact(const void *p, size_t size, unsigned seed) {
-        for (size_t i = 0; i < size; i += 4096) {
-                const unsigned char *q = (const unsigned char *) p + i;
-                size_t n = size - i < 4096 ? size - i : 4096;
-
-                if (q[0] != ((seed + i / 4096) & 0xff) || q[n - 1] != ((seed + i / 4096) & 0xff))
-                        return false;
-        }
-        return true;
-}
-
-static struct gpupool_stats stats(gpupool_client *c) {
-        struct gpupool_stats st;
-
-        ck_assert_int_eq(gpupool_stats(c, &st), 0);
-        return st;
+        return connect_segments(d, name, "grow");
 }
 
 static struct gpupool_grow_stats grow_stats(gpupool_client *c) {
@@ -90,14 +53,14 @@ START_TEST(test_grow_in_place) {
          * [0, 8 MiB): four granules, and a fifth the second lease brought ahead: what the
          * process holds comes to 8 MiB in use and a 32nd more, in granules (granule_ahead()).
          */
-        st = stats(c);
+        st = client_stats(c);
         ck_assert_uint_eq(st.mapped_segments, 5);
         ck_assert_uint_eq(st.mapped_bytes, 10 * MiB);
         ck_assert_uint_eq(st.segments_imported, 5);
         ck_assert_uint_eq(st.round_trips, 3);           /* hello, and a lease for each block */
-        fill(a, 3 * MiB, 1);
-        fill(b, 5 * MiB, 2);
-        ck_assert(intact(a, 3 * MiB, 1) && intact(b, 5 * MiB, 2));
+        page_fill(a, 3 * MiB, 1);
+        page_fill(b, 5 * MiB, 2);
+        ck_assert(page_intact(a, 3 * MiB, 1) && page_intact(b, 5 * MiB, 2));
         /* The daemon counts each granule as a segment of the process's. */
         ck_assert_int_eq(testd_client_field(&d, 0, "grower", "reserved_bytes"), 10 * MiB);
         ck_assert_int_eq(testd_client_field(&d, 0, "grower", "segments"), 5);
@@ -113,7 +76,7 @@ START_TEST(test_grow_in_place) {
          */
         ck_assert_int_eq(gpupool_alloc(c, 0, 6 * MiB, (void **) &x), 0);
         ck_assert_ptr_eq(x, b + 5 * MiB);
-        st = stats(c);
+        st = client_stats(c);
         ck_assert_uint_eq(st.round_trips, 4);
         ck_assert_uint_eq(st.mapped_segments, 6);       /* granules 1 to 6: one moved, one spare, one leased */
         /* Mapped under blocks: 2 for a, 2 for b, 3 for x; unmapped: the one that moved. */
@@ -123,37 +86,37 @@ START_TEST(test_grow_in_place) {
         ck_assert_uint_eq(gs.granules_mapped, 7);
         ck_assert_uint_eq(gs.granules_unmapped, 1);
         ck_assert_uint_eq(st.segments_imported, 6);
-        fill(x, 6 * MiB, 3);
-        ck_assert(intact(b, 5 * MiB, 2) && intact(x, 6 * MiB, 3));
+        page_fill(x, 6 * MiB, 3);
+        ck_assert(page_intact(b, 5 * MiB, 2) && page_intact(x, 6 * MiB, 3));
 
         /* The steady state asks the daemon nothing and maps nothing (a's place lacks the granule that moved, once). */
         ck_assert_int_eq(gpupool_alloc(c, 0, 3 * MiB, (void **) &a), 0);
         ck_assert_int_eq(gpupool_free(c, a), 0);
-        before = stats(c);
+        before = client_stats(c);
         gs = grow_stats(c);
         for (int i = 0; i < 100; i++) {
                 ck_assert_int_eq(gpupool_alloc(c, 0, 3 * MiB, (void **) &a), 0);
                 ((volatile char *) a)[3 * MiB - 1] = 1;
                 ck_assert_int_eq(gpupool_free(c, a), 0);
         }
-        st = stats(c);
+        st = client_stats(c);
         ck_assert_uint_eq(st.round_trips, before.round_trips);
         ck_assert_uint_eq(st.segments_imported, before.segments_imported);
         ck_assert_uint_eq(grow_stats(c).granules_mapped, gs.granules_mapped);
         ck_assert_uint_eq(grow_stats(c).granules_unmapped, gs.granules_unmapped);
-        ck_assert(intact(b, 5 * MiB, 2) && intact(x, 6 * MiB, 3));
+        ck_assert(page_intact(b, 5 * MiB, 2) && page_intact(x, 6 * MiB, 3));
 
         /* Trimmed with blocks live: only granules no block touches go back. */
         ck_assert_int_eq(gpupool_trim(c), 0);
-        ck_assert_uint_eq(stats(c).mapped_segments, 6);
+        ck_assert_uint_eq(client_stats(c).mapped_segments, 6);
         ck_assert_int_eq(gpupool_free(c, b), 0);
         ck_assert_int_eq(gpupool_trim(c), 0);
-        ck_assert_uint_eq(stats(c).mapped_segments, 3);         /* x's granules 4 to 6 */
-        ck_assert(intact(x, 6 * MiB, 3));
+        ck_assert_uint_eq(client_stats(c).mapped_segments, 3);         /* x's granules 4 to 6 */
+        ck_assert(page_intact(x, 6 * MiB, 3));
         ck_assert_int_eq(testd_client_field(&d, 0, "grower", "reserved_bytes"), 6 * MiB);
         ck_assert_int_eq(gpupool_free(c, x), 0);
         ck_assert_int_eq(gpupool_trim(c), 0);
-        st = stats(c);
+        st = client_stats(c);
         ck_assert_uint_eq(st.mapped_bytes, 0);
         ck_assert_uint_eq(gpupool_cached_bytes(c), 0);
         ck_assert_int_eq(testd_client_field(&d, 0, "grower", "reserved_bytes"), 0);
@@ -164,8 +127,8 @@ START_TEST(test_grow_in_place) {
         ck_assert_int_eq(gpupool_alloc(c, 0, 64 * KiB, (void **) &a), 0);
         ck_assert_int_eq(gpupool_reconnect(c), 0);
         ck_assert_int_eq(gpupool_alloc(c, 0, 64 * KiB, (void **) &a), 0);
-        fill(a, 64 * KiB, 4);
-        ck_assert_uint_eq(stats(c).mapped_segments, 1);
+        page_fill(a, 64 * KiB, 4);
+        ck_assert_uint_eq(client_stats(c).mapped_segments, 1);
         ck_assert_int_eq(gpupool_free(c, a), 0);
         gpupool_disconnect(c);
         json_decref(testd_ctl(&d, "check"));
@@ -183,11 +146,11 @@ static void steady_round(gpupool_client *c, unsigned seed) {
 
         ck_assert_int_eq(gpupool_alloc(c, 0, 6 * MiB, &p), 0);
         ck_assert_int_eq(gpupool_alloc(c, 0, 6 * MiB, &q), 0);
-        fill(p, 6 * MiB, seed);
+        page_fill(p, 6 * MiB, seed);
         ck_assert_int_eq(gpupool_free(c, p), 0);
         ck_assert_int_eq(gpupool_alloc(c, 0, 10 * MiB, &r), 0);
-        fill(r, 10 * MiB, seed + 1);
-        ck_assert(intact(r, 10 * MiB, seed + 1));
+        page_fill(r, 10 * MiB, seed + 1);
+        ck_assert(page_intact(r, 10 * MiB, seed + 1));
         ck_assert_int_eq(gpupool_free(c, q), 0);
         ck_assert_int_eq(gpupool_free(c, r), 0);
 }
@@ -214,12 +177,12 @@ static void steady_state(const char *limit, uint64_t held, uint64_t moved) {
         ck_assert_int_eq(gpupool_alloc(c, 0, 200 * MiB, &w), 0);
         steady_round(c, 1);
         gs = grow_stats(c);
-        ck_assert_uint_eq(stats(c).round_trips, 4);
+        ck_assert_uint_eq(client_stats(c).round_trips, 4);
         ck_assert_uint_eq(gs.granules_held, held);
         ck_assert_uint_eq(gs.granules_unmapped, moved);
         for (unsigned i = 0; i < 20; i++)
                 steady_round(c, 2 + i);
-        ck_assert_uint_eq(stats(c).round_trips, 4);
+        ck_assert_uint_eq(client_stats(c).round_trips, 4);
         gs = grow_stats(c);
         ck_assert_uint_eq(gs.granules_held, held);
         if (moved)
@@ -267,8 +230,8 @@ START_TEST(test_grow_wanted_without_daemon) {
         testd_crash(&d);
         /* As in steady_round(), r lacks one granule where three are idle, and would lease the room. */
         ck_assert_int_eq(gpupool_alloc(c, 0, 10 * MiB, &r), 0);
-        fill(r, 10 * MiB, 7);
-        ck_assert(intact(r, 10 * MiB, 7));
+        page_fill(r, 10 * MiB, 7);
+        ck_assert(page_intact(r, 10 * MiB, 7));
         ck_assert_uint_eq(grow_stats(c).granules_unmapped, 1);
         ck_assert_uint_eq(grow_stats(c).granules_held, 110);
         ck_assert_int_eq(gpupool_free(c, r), 0);
@@ -289,18 +252,18 @@ START_TEST(test_grow_block_of_many_leases) {
 
         testd_start(&d, NULL);          /* 512 MiB */
         c = connect_growing(&d, "big");
-        before = stats(c);
+        before = client_stats(c);
         /*
          * 300 MiB is 150 granules: two leases, at most 128 granules each, sent together (one
          * round trip). The second asks for five more ahead (300 MiB and a 32nd more take 155
          * granules), which the daemon has.
          */
         ck_assert_int_eq(gpupool_alloc(c, 0, 300 * MiB, &p), 0);
-        st = stats(c);
+        st = client_stats(c);
         ck_assert_uint_eq(st.round_trips - before.round_trips, 1);
         ck_assert_uint_eq(st.mapped_segments, 155);
-        fill(p, 300 * MiB, 5);
-        ck_assert(intact(p, 300 * MiB, 5));
+        page_fill(p, 300 * MiB, 5);
+        ck_assert(page_intact(p, 300 * MiB, 5));
         ck_assert_int_eq(gpupool_free(c, p), 0);
         ck_assert_int_eq(gpupool_trim(c), 0);
 
@@ -313,7 +276,7 @@ START_TEST(test_grow_block_of_many_leases) {
         ck_assert_int_eq(gpupool_alloc(c, 0, 600 * MiB, &p), -ENOMEM);
         gpupool_last_error(c, msg, sizeof(msg));
         ck_assert_msg(strstr(msg, "cannot allocate 629145600 bytes on device 0") && strstr(msg, "device 0 is full"), "%s", msg);
-        ck_assert_uint_eq(stats(c).mapped_segments, 1);
+        ck_assert_uint_eq(client_stats(c).mapped_segments, 1);
         ck_assert_int_eq(testd_client_field(&d, 0, "big", "reserved_bytes"), 2 * MiB);
         /* And what is left serves. */
         ck_assert_int_eq(gpupool_alloc(c, 0, 500 * MiB, &p), 0);
@@ -351,13 +314,13 @@ START_TEST(test_grow_leases_sent_together) {
 
         testd_start(&d, "--host-capacity", "5G", "--client-limit", "4700M", NULL);
         c = connect_growing(&d, "together");
-        before = stats(c);
+        before = client_stats(c);
         /*
          * 2,314 granules: 19 leases, the last of 10 and up to 73 ahead (4,628 MiB and a 32nd
          * more take 2,387 granules), of which the limit of 2,350 lets 36 come.
          */
         ck_assert_int_eq(gpupool_alloc(c, 0, 2314 * 2 * MiB, &p), 0);
-        st = stats(c);
+        st = client_stats(c);
         ck_assert_uint_eq(st.round_trips - before.round_trips, 1);
         ck_assert_uint_eq(st.mapped_segments, 2350);
         ck_assert_int_eq(testd_client_field(&d, 0, "together", "reserved_bytes"), 2350 * 2 * MiB);
@@ -372,13 +335,13 @@ START_TEST(test_grow_leases_sent_together) {
          * 2,304 granules they brought go back in requests sent together: one round trip more.
          */
         ck_assert_int_eq(gpupool_alloc(c, 0, 64 * KiB, &q), 0);
-        before = stats(c);
+        before = client_stats(c);
         ck_assert_int_eq(gpupool_alloc(c, 0, 2400 * 2 * MiB, &p), -EDQUOT);
-        ck_assert_uint_eq(stats(c).round_trips - before.round_trips, 2);
+        ck_assert_uint_eq(client_stats(c).round_trips - before.round_trips, 2);
         gpupool_last_error(c, msg, sizeof(msg));
         ck_assert_msg(strstr(msg, "cannot allocate 5033164800 bytes on device 0 (2400 more granules") &&
                       strstr(msg, "over its limit of 4.6 GiB"), "%s", msg);
-        ck_assert_uint_eq(stats(c).mapped_segments, 1);         /* the small block's granule */
+        ck_assert_uint_eq(client_stats(c).mapped_segments, 1);         /* the small block's granule */
         ck_assert_int_eq(testd_client_field(&d, 0, "together", "reserved_bytes"), 2 * MiB);
         /* And what is left serves. */
         ck_assert_int_eq(gpupool_alloc(c, 0, 2300 * 2 * MiB, &p), 0);
@@ -410,12 +373,12 @@ START_TEST(test_grow_trim_together) {
         ck_assert_int_eq(gpupool_alloc(c, 0, 4200 * 2 * MiB, &p), 0);
         mark_granules(p, 4200);
         ck_assert_int_eq(gpupool_free(c, p), 0);
-        st = stats(c);
+        st = client_stats(c);
         ck_assert_uint_eq(st.mapped_segments, 1 + 4200 + 127);
         /* All but the small block's granule go back, in 17 requests or more: two round trips. */
         before = st;
         ck_assert_int_eq(gpupool_trim(c), 0);
-        st = stats(c);
+        st = client_stats(c);
         ck_assert_uint_eq(st.round_trips - before.round_trips, 2);
         ck_assert_uint_eq(st.mapped_segments, 1);
         ck_assert_int_eq(testd_client_field(&d, 0, "trimmer", "reserved_bytes"), 2 * MiB);
@@ -432,7 +395,7 @@ START_TEST(test_grow_trim_together) {
          */
         ck_assert_int_eq(gpupool_trim(c), 0);
         ck_assert_int_eq(gpupool_alloc(c, 0, 4097 * 2 * MiB, &p), 0);
-        ck_assert_uint_eq(stats(c).mapped_segments, 1 + 4097 + 127);
+        ck_assert_uint_eq(client_stats(c).mapped_segments, 1 + 4097 + 127);
         mark_granules(p, 4097);
         ck_assert(granules_marked(p, 4097));
         ck_assert_int_eq(gpupool_free(c, p), 0);
@@ -461,7 +424,7 @@ START_TEST(test_grow_limit) {
         gpupool_last_error(c, msg, sizeof(msg));
         ck_assert_msg(strstr(msg, "over its limit of 64.0 MiB"), "%s", msg);
         ck_assert_int_eq(testd_client_field(&d, 0, "limited", "reserved_bytes"), 52 * MiB);
-        ck_assert_uint_eq(stats(c).mapped_segments, 26);
+        ck_assert_uint_eq(client_stats(c).mapped_segments, 26);
         /* Larger than the device and its range: the daemon's verdict all the same, the limit first. */
         ck_assert_int_eq(gpupool_alloc(c, 0, 2ULL << 30, &q), -EDQUOT);
         gpupool_last_error(c, msg, sizeof(msg));
@@ -470,7 +433,7 @@ START_TEST(test_grow_limit) {
         /* 14 MiB fits under it (the spare and 6 more); none ahead fits the limit. */
         ck_assert_int_eq(gpupool_alloc(c, 0, 14 * MiB, &q), 0);
         ck_assert_int_eq(testd_client_field(&d, 0, "limited", "reserved_bytes"), 64 * MiB);
-        fill(q, 14 * MiB, 6);
+        page_fill(q, 14 * MiB, 6);
         ck_assert_int_eq(gpupool_free(c, p), 0);
         ck_assert_int_eq(gpupool_free(c, q), 0);
         json_decref(testd_ctl(&d, "check"));
@@ -495,7 +458,7 @@ START_TEST(test_grow_idle_granules_go_back) {
         /* The control thread looks once a second: within a few, the idle granules are the daemon's again. */
         ck_assert(testd_client_becomes(&d, 0, "idle", "reserved_bytes", 2 * MiB));
         ck_assert_int_eq(testd_device(&d, 0, "cached_bytes"), 4 * MiB);
-        ck_assert_uint_eq(stats(c).mapped_segments, 1);         /* the small block's granule stays */
+        ck_assert_uint_eq(client_stats(c).mapped_segments, 1);         /* the small block's granule stays */
         ck_assert_int_eq(gpupool_alloc(c, 0, 3 * MiB, &p), 0);
         ck_assert_int_eq(testd_client_field(&d, 0, "idle", "reserved_bytes"), 6 * MiB);
         ck_assert_int_eq(gpupool_free(c, p), 0);
@@ -586,8 +549,8 @@ START_TEST(test_grow_reclaim) {
         /* 700 MiB fits only with what the idler holds free: it gives back granules, more than one answer's 256. */
         b = connect_growing(&d, "needy");
         ck_assert_int_eq(gpupool_alloc(b, 0, 700 * MiB, &p), 0);
-        fill(p, 700 * MiB, 7);
-        ck_assert(intact(p, 700 * MiB, 7));
+        page_fill(p, 700 * MiB, 7);
+        ck_assert(page_intact(p, 700 * MiB, 7));
         ck_assert_int_le(testd_client_field(&d, 0, "idler", "reserved_bytes"), 1024 * MiB - 700 * MiB);
         json_decref(testd_ctl(&d, "check"));
         ck_assert_int_eq(gpupool_free(b, p), 0);
@@ -616,7 +579,7 @@ static void *churn_main(void *arg) {
                 unsigned k = (unsigned) rand_r(&seed) % 16;
 
                 if (p[k]) {
-                        if (!intact(p[k], size[k], t->seed + k) || gpupool_free(t->c, p[k]) < 0)
+                        if (!page_intact(p[k], size[k], t->seed + k) || gpupool_free(t->c, p[k]) < 0)
                                 t->failures++;
                         p[k] = NULL;
                         continue;
@@ -629,10 +592,10 @@ static void *churn_main(void *arg) {
                         p[k] = NULL;
                         continue;
                 }
-                fill(p[k], size[k], t->seed + k);
+                page_fill(p[k], size[k], t->seed + k);
         }
         for (int k = 0; k < 16; k++)
-                if (p[k] && (!intact(p[k], size[k], t->seed + k) || gpupool_free(t->c, p[k]) < 0))
+                if (p[k] && (!page_intact(p[k], size[k], t->seed + k) || gpupool_free(t->c, p[k]) < 0))
                         t->failures++;
         return NULL;
 }
@@ -653,9 +616,9 @@ START_TEST(test_grow_threads) {
                 ck_assert_int_eq(pthread_join(thread[i], NULL), 0);
                 ck_assert_int_eq(t[i].failures, 0);
         }
-        ck_assert_uint_eq(stats(c).live_blocks, 0);
+        ck_assert_uint_eq(client_stats(c).live_blocks, 0);
         ck_assert_int_eq(gpupool_trim(c), 0);
-        ck_assert_uint_eq(stats(c).mapped_bytes, 0);
+        ck_assert_uint_eq(client_stats(c).mapped_bytes, 0);
         ck_assert_int_eq(testd_client_field(&d, 0, "threads", "reserved_bytes"), 0);
         json_decref(testd_ctl(&d, "check"));
         gpupool_disconnect(c);
@@ -686,7 +649,7 @@ START_TEST(test_grow_descriptor_table_grown_at_connect) {
         at_connect = fd_table_size(getpid());
         ck_assert_msg(at_connect >= want, "a table of %ld after connecting, %ld before", at_connect, before);
         ck_assert_int_eq(gpupool_alloc(c, 0, 3 * 1024 * MiB, &p), 0);
-        ck_assert_uint_ge(stats(c).mapped_bytes, 3 * 1024 * MiB);
+        ck_assert_uint_ge(client_stats(c).mapped_bytes, 3 * 1024 * MiB);
         ck_assert_int_eq(fd_table_size(getpid()), at_connect);
         ck_assert_int_eq(gpupool_free(c, p), 0);
         gpupool_disconnect(c);
@@ -717,8 +680,8 @@ START_TEST(test_forked_child_keeps_no_descriptor) {
                 ck_assert_msg(kept >= 2, "%s: %d descriptors kept", modes[m], kept);
                 ck_assert_int_eq(fds_from_in_child(1024), 0);
                 ck_assert_int_eq(fds_from(1024), kept);
-                fill(p, 8 * MiB, 7);
-                ck_assert(intact(p, 8 * MiB, 7));
+                page_fill(p, 8 * MiB, 7);
+                ck_assert(page_intact(p, 8 * MiB, 7));
                 ck_assert_int_eq(gpupool_free(c, p), 0);
                 ck_assert_int_eq(gpupool_free(c, q), 0);
                 gpupool_disconnect(c);
@@ -726,135 +689,6 @@ START_TEST(test_forked_child_keeps_no_descriptor) {
         }
         unsetenv("GPUPOOL_SEGMENTS");
         ck_assert_int_eq(testd_stop(&d), 0);
-}
-END_TEST
-
-/*
- * Plays a daemon that came back, on holder: answers the hello of the process's control thread
- * (one host device of total bytes), takes its adoption and leaves it unanswered. Returns the
- * connection, to close.
- */
-static int adoption_taker(int holder, uint64_t total) {
-        Gpupool__Envelope *req, rep = GPUPOOL__ENVELOPE__INIT;
-        Gpupool__HelloReply hr = GPUPOOL__HELLO_REPLY__INIT;
-        Gpupool__DeviceInfo dev = GPUPOOL__DEVICE_INFO__INIT, *devs[1] = { &dev };
-        struct timeval wait = { .tv_sec = 5 };
-        uint8_t buf[GP_MAX_REPLY_BYTES];
-        int fds[GP_WIRE_MAX_FDS], sock, n;
-        size_t nfds;
-
-        sock = accept4(holder, NULL, NULL, SOCK_CLOEXEC);
-        ck_assert_int_ge(sock, 0);
-        ck_assert_int_eq(setsockopt(sock, SOL_SOCKET, SO_RCVTIMEO, &wait, sizeof(wait)), 0);
-        n = gp_wire_recv_packet_fds(sock, buf, sizeof(buf), fds, &nfds);
-        ck_assert_int_gt(n, 0);
-        ck_assert_int_eq(gp_wire_unpack(buf, (size_t) n, &req), 0);
-        ck_assert_int_eq(req->body_case, GPUPOOL__ENVELOPE__BODY_HELLO);
-        dev.backend = "host";
-        dev.total_bytes = total;
-        hr.client_id = 99;
-        hr.daemon_version = "taker";
-        hr.n_devices = 1;
-        hr.devices = devs;
-        rep.version = GP_PROTOCOL_VERSION;
-        rep.id = req->id;
-        rep.has_status = true;
-        rep.status = GPUPOOL__STATUS__STATUS_OK;
-        rep.body_case = GPUPOOL__ENVELOPE__BODY_HELLO_REPLY;
-        rep.hello_reply = &hr;
-        gpupool__envelope__free_unpacked(req, NULL);
-        n = gp_wire_pack(&rep, buf, sizeof(buf));
-        ck_assert_int_gt(n, 0);
-        ck_assert_int_eq(gp_wire_send_packet_fds(sock, buf, (size_t) n, NULL, 0), 0);
-        n = gp_wire_recv_packet_fds(sock, buf, sizeof(buf), fds, &nfds);
-        ck_assert_int_gt(n, 0);
-        for (size_t i = 0; i < nfds; i++)
-                close(fds[i]);
-        ck_assert_int_eq(gp_wire_unpack(buf, (size_t) n, &req), 0);
-        ck_assert_int_eq(req->body_case, GPUPOOL__ENVELOPE__BODY_ADOPT);
-        ck_assert_uint_eq(nfds, req->adopt->n_sizes);
-        gpupool__envelope__free_unpacked(req, NULL);
-        return sock;
-}
-
-/*
- * A process holding 8 MiB (segments of mode), its daemon killed, and in the daemon's place a
- * socket that queues the control thread's hello (adopting false), or a fake daemon that
- * answers the hello and takes the adoption and leaves it unanswered (true): meanwhile an
- * allocation within what the process holds takes no time, and its counts stay right. Back,
- * the real daemon adopts the 8 MiB.
- */
-static void held_memory_serves_while(const char *name, const char *mode, bool adopting) {
-        struct gpupool_stats before, during;
-        gpupool_client *c;
-        struct testd d;
-        double t0, took;
-        int holder, taker = -1;
-        long long total;
-        void *p;
-
-        setenv("GPUPOOL_TIMEOUT", "3s", 1);     /* what a stalled allocation would wait, at most */
-        testd_start(&d, NULL);
-        total = testd_device(&d, 0, "total_bytes");
-        c = connect_in(&d, name, mode);
-        ck_assert_int_eq(gpupool_alloc(c, 0, 8 * MiB, &p), 0);
-        ck_assert_int_eq(gpupool_free(c, p), 0);
-        before = stats(c);
-        testd_crash(&d);
-        unlink(d.sock);
-        holder = listen_seqpacket(d.sock);
-        if (adopting) {
-                taker = adoption_taker(holder, (uint64_t) total);
-        } else {
-                /* The control thread's hello waits in the queue. */
-                struct pollfd pending = { .fd = holder, .events = POLLIN };
-
-                ck_assert_int_eq(poll(&pending, 1, 5000), 1);
-        }
-        t0 = now_s();
-        ck_assert_int_eq(gpupool_alloc(c, 0, 6 * MiB, &p), 0);
-        fill(p, 6 * MiB, 9);
-        ck_assert(intact(p, 6 * MiB, 9));
-        ck_assert_int_eq(gpupool_free(c, p), 0);
-        took = now_s() - t0;
-        ck_assert_msg(took < 0.5, "an allocation within what the process holds took %.2f s while a daemon %s", took,
-                      adopting ? "adopted it" : "started");
-        during = stats(c);
-        ck_assert_uint_eq(during.mapped_segments, before.mapped_segments);
-        ck_assert_uint_eq(during.mapped_bytes, before.mapped_bytes);
-        /* An adoption under way fails with the connection. */
-        if (taker >= 0)
-                close(taker);
-        close(holder);
-        unlink(d.sock);
-        testd_relaunch(&d);
-        for (t0 = now_s(); testd_client_field(&d, 0, name, "reserved_bytes") < (long long) (8 * MiB) && now_s() - t0 < 20;)
-                nap_ms(50);
-        ck_assert_int_ge(testd_client_field(&d, 0, name, "reserved_bytes"), 8 * MiB);
-        ck_assert_int_eq(gpupool_alloc(c, 0, 6 * MiB, &p), 0);
-        fill(p, 6 * MiB, 10);
-        ck_assert(intact(p, 6 * MiB, 10));
-        ck_assert_int_eq(gpupool_free(c, p), 0);
-        json_decref(testd_ctl(&d, "check"));
-        gpupool_disconnect(c);
-        unsetenv("GPUPOOL_TIMEOUT");
-        ck_assert_int_eq(testd_stop(&d), 0);
-}
-
-/*
- * A daemon that systemd's socket holds while it starts (connections queue, nobody answers)
- * stops no allocation: the control thread's hello waits for it without the handle's lock, and
- * the process goes on allocating within what it holds. Once a daemon answers, it adopts.
- */
-START_TEST(test_starting_daemon_stalls_no_allocation) {
-        held_memory_serves_while("patient", "grow", false);
-}
-END_TEST
-
-/* The adoption holds the connection, not the allocator. */
-START_TEST(test_adoption_stalls_no_allocation) {
-        held_memory_serves_while("adopted", "grow", true);
-        held_memory_serves_while("adopted-whole", "whole", true);
 }
 END_TEST
 
@@ -868,82 +702,6 @@ START_TEST(test_grow_bad_setting) {
         setenv("GPUPOOL_SEGMENTS", "whole", 1);
         ck_assert_int_eq(gpupool_connect(d.sock, "whole", &c), 0);
         gpupool_disconnect(c);
-        ck_assert_int_eq(testd_stop(&d), 0);
-}
-END_TEST
-
-/*
- * Holds blocks of many sizes with data of its own (in grow mode when its index is even, whole
- * segments when odd), says ready, and once the daemon was killed: finds its data intact,
- * frees and allocates again from what it holds, is refused at once what needs a lease, and
- * reconnects to the new daemon. Returns 0, or the step that failed.
- */
-static int survivor_main(struct testd *d, void *arg) {
-        enum { N = 7 };
-        static const size_t sizes[N] = { 4096, 100000, 1 * MiB, 3 * MiB, 3 * MiB, 8 * MiB, 40 * MiB };
-        struct survivor *w = arg;
-        struct gpupool_stats held;
-        gpupool_client *c;
-        char err[512], b;
-        void *p[N], *big;
-        int r;
-
-        setenv("GPUPOOL_SEGMENTS", w->index % 2 ? "whole" : "grow", 1);
-        if (gpupool_connect(d->sock, "survivor", &c) < 0)
-                return 1;
-        for (int i = 0; i < N; i++) {
-                if (gpupool_alloc(c, 0, sizes[i], &p[i]) < 0)
-                        return 2;
-                fill(p[i], sizes[i], (unsigned) (w->index * 16 + i));
-        }
-        if (write(w->up[1], "r", 1) != 1 || read(w->go[0], &b, 1) != 1)
-                return 3;
-        for (int i = 0; i < N; i++)
-                if (!intact(p[i], sizes[i], (unsigned) (w->index * 16 + i)))
-                        return 4;
-        /* Freed and allocated again from what the process holds: no daemon needed. */
-        for (int round = 0; round < 3; round++) {
-                if (gpupool_free(c, p[3]) != 0 || gpupool_alloc(c, 0, sizes[3], &p[3]) != 0)
-                        return 5;
-                fill(p[3], sizes[3], (unsigned) (w->index * 16 + 3 + round));
-                if (!intact(p[4], sizes[4], (unsigned) (w->index * 16 + 4)))
-                        return 6;
-        }
-        fill(p[3], sizes[3], (unsigned) (w->index * 16 + 3));
-        /* More than it holds needs the daemon: refused at once, saying so. */
-        r = gpupool_alloc(c, 0, 256 * MiB, &big);
-        gpupool_last_error(c, err, sizeof(err));
-        if (r != -ECONNRESET || !strstr(err, "goes on allocating from the memory it holds")) {
-                fprintf(stderr, "survivor %d: %d: %s\n", w->index, r, err);
-                return 7;
-        }
-        for (int i = 0; i < N; i++)
-                if (!intact(p[i], sizes[i], (unsigned) (w->index * 16 + i)))
-                        return 8;
-        if (gpupool_stats(c, &held) != 0 || !survivor_restarted(w))
-                return 9;
-        /* The new daemon: the process reconnects on its own and it adopts what the process holds. */
-        if (!(big = survivor_adopted(d, w, c, &held, 32 * MiB)))
-                return 10;
-        fill(big, 32 * MiB, 3);
-        for (int i = 0; i < N; i++)
-                if (!intact(p[i], sizes[i], (unsigned) (w->index * 16 + i)) || gpupool_free(c, p[i]) != 0)
-                        return 12;
-        if (!intact(big, 32 * MiB, 3) || gpupool_free(c, big) != 0 || gpupool_trim(c) != 0)
-                return 13;
-        gpupool_disconnect(c);
-        return 0;
-}
-
-/* kill -9 of the daemon under four processes, two in each mode: each keeps its data and goes on. */
-START_TEST(test_host_survives_daemon_kill) {
-        struct testd d;
-
-        testd_start(&d, NULL);
-        setenv("GPUPOOL_IDLE_RETURN", "0", 1);
-        run_survivors(&d, 4, survivor_main);
-        json_decref(testd_ctl(&d, "check"));
-        ck_assert_int_eq(testd_device(&d, 0, "reserved_bytes") - testd_device(&d, 0, "cached_bytes"), 0);
         ck_assert_int_eq(testd_stop(&d), 0);
 }
 END_TEST
@@ -966,10 +724,7 @@ Suite *suite_grow(void) {
         tcase_add_test(tc, test_grow_threads);
         tcase_add_test(tc, test_grow_descriptor_table_grown_at_connect);
         tcase_add_test(tc, test_forked_child_keeps_no_descriptor);
-        tcase_add_test(tc, test_starting_daemon_stalls_no_allocation);
-        tcase_add_test(tc, test_adoption_stalls_no_allocation);
         tcase_add_test(tc, test_grow_bad_setting);
-        tcase_add_test(tc, test_host_survives_daemon_kill);
         tcase_set_timeout(tc, 60);
         suite_add_tcase(s, tc);
         return s;
