@@ -1,9 +1,9 @@
 /*
  * fake.h: what the fake driver's files share (fakecuda.c, fakecuda_ledger.c, fakecuda_mem.c,
- * fakecuda_stream.c, fakecuda_vmm.c): its lock, devices and contexts, the node's ledger, the checks every entry
- * point starts with, and the entry points of streams, events and virtual memory management
- * that the entry-point table names. Not an interface of the library: every name here is
- * hidden; only EXPORT'ed ones leave libfakecuda.so.
+ * fakecuda_stream.c, fakecuda_vmm.c): its lock, devices and contexts, the node's ledger, the
+ * checks every entry point starts with, and the entry points that the entry-point table in
+ * fakecuda.c names. Not an interface of the library: every name here is hidden; only
+ * EXPORT'ed ones leave libfakecuda.so.
  */
 #ifndef GP_FAKE_H
 #define GP_FAKE_H
@@ -32,6 +32,7 @@ struct ctx {
 
 /* fakecuda.c: the process's driver state, guarded by lock. */
 extern pthread_mutex_t lock;
+extern uint64_t capacity;               /* bytes per GPU ($FAKECUDA_MEM), set at cuInit */
 extern int gpus;                        /* physical GPUs */
 extern int visible[MAX_GPUS], nvisible; /* ordinal -> physical */
 extern bool vmm_off;                    /* $FAKECUDA_VMM=0: GPUs without VMM or descriptor handles */
@@ -51,7 +52,6 @@ unsigned long long counted(const unsigned long long *counter);
  * memory, and freeing such memory at path if no process holds it any more (whether it did).
  * ledger_charge() takes the lock itself: whether the node had size more for this process.
  */
-extern uint64_t capacity;               /* bytes per GPU ($FAKECUDA_MEM), set at cuInit */
 void ledger_join(void);
 void ledger_lock(void);
 void ledger_unlock(void);
@@ -62,12 +62,15 @@ bool vmm_free_if_unheld(const char *path, int gpu, uint64_t size);
 bool ledger_charge(int gpu, uint64_t size);
 void ledger_uncharge(int gpu, uint64_t size);
 
-/* Every call but cuInit and the pure lookups starts with ready(); current() is the context made current. */
+/* fakecuda.c: every call but cuInit and the pure lookups starts with ready(); current() is the context made current. */
 CUresult ready(void);
 struct ctx *current(void);
-/* Whether a capture under way forbids this thread a potentially unsafe call (invalidating it). Call locked. */
+/*
+ * fakecuda_stream.c: whether a capture under way forbids this thread a potentially unsafe
+ * call (invalidating it). Call locked.
+ */
 bool capture_forbids(void);
-/* Whether [p, p + n) lies in [base, base + size). */
+/* fakecuda_mem.c: whether [p, p + n) lies in [base, base + size). */
 bool within(CUdeviceptr p, size_t n, CUdeviceptr base, size_t size);
 
 #define NEED_CTX()                                              \
@@ -93,8 +96,9 @@ bool within(CUdeviceptr p, size_t n, CUdeviceptr base, size_t size);
 /* A size from the environment: a number with an optional K, M or G suffix; dflt when unset or empty. */
 uint64_t parse_bytes(const char *s, uint64_t dflt);
 
-/* fakecuda_mem.c: reads its knobs at cuInit (locked); the host bytes behind [p, p + n) (an allocation, or a mapping made accessible), or NULL (takes lock). */
+/* fakecuda_mem.c: reads its knobs at cuInit, locked. */
 void mem_init(void);
+/* The host bytes behind [p, p + n) (an allocation, or a mapping made accessible), or NULL. Takes lock. */
 uint8_t *bytes_at(CUdeviceptr p, size_t n);
 
 /* The entry points of device memory, copies and IPC handles, for the entry-point table. */
