@@ -720,12 +720,12 @@ void *survivor_adopted(struct testd *d, const struct survivor *w, gpupool_client
         return p;
 }
 
-gpupool_client *connect_segments(struct testd *d, const char *name, const char *mode) {
+gpupool_client *connect_segments(const char *sock, const char *name, const char *mode) {
         gpupool_client *c;
 
         setenv("GPUPOOL_SEGMENTS", mode, 1);
         setenv("GPUPOOL_IDLE_RETURN", "0", 1);
-        ck_assert_int_eq(gpupool_connect(d->sock, name, &c), 0);
+        ck_assert_int_eq(gpupool_connect(sock, name, &c), 0);
         return c;
 }
 

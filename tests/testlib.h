@@ -104,11 +104,11 @@ bool survivor_restarted(struct survivor *w);
 void *survivor_adopted(struct testd *d, const struct survivor *w, gpupool_client *c, const struct gpupool_stats *held,
                        size_t size);
 
-/* Connects with segments of mode ($GPUPOOL_SEGMENTS: grow or whole), nothing given back by itself. */
-gpupool_client *connect_segments(struct testd *d, const char *name, const char *mode);
+/* Connects to sock with segments of mode ($GPUPOOL_SEGMENTS: grow or whole), nothing given back by itself. */
+gpupool_client *connect_segments(const char *sock, const char *name, const char *mode);
 /* gpupool_stats(), which must succeed. */
 struct gpupool_stats client_stats(gpupool_client *c);
-/* Fills each 4 KiB page of a block with a byte of its own, from seed; page_intact() checks the first and last of each. */
+/* Fills each 4 KiB page of a block with a byte of its own, from seed; page_intact() checks each page's ends. */
 void page_fill(void *p, size_t size, unsigned seed);
 bool page_intact(const void *p, size_t size, unsigned seed);
 

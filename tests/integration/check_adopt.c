@@ -269,9 +269,7 @@ START_TEST(test_adopt_past_a_new_limit) {
         int r;
 
         testd_start(&d, "--config", conf_new(""), NULL);
-        setenv("GPUPOOL_SEGMENTS", "whole", 1);
-        setenv("GPUPOOL_IDLE_RETURN", "0", 1);
-        ck_assert_int_eq(gpupool_connect(d.sock, "orphans", &c), 0);
+        c = connect_segments(d.sock, "orphans", "whole");
         for (int i = 0; i < 6; i++) {
                 ck_assert_int_eq(gpupool_alloc(c, 0, 12 * MiB, &p[i]), 0);  /* a segment of its own each */
                 memset(p[i], 'a' + i, 12 * MiB);

@@ -26,7 +26,7 @@
 #define MiB (1ULL << 20)
 
 static gpupool_client *connect_growing(struct testd *d, const char *name) {
-        return connect_segments(d, name, "grow");
+        return connect_segments(d->sock, name, "grow");
 }
 
 static struct gpupool_grow_stats grow_stats(gpupool_client *c) {
@@ -671,9 +671,7 @@ START_TEST(test_forked_child_keeps_no_descriptor) {
 
         testd_start(&d, NULL);
         for (int m = 0; m < 2; m++) {
-                setenv("GPUPOOL_SEGMENTS", modes[m], 1);
-                setenv("GPUPOOL_IDLE_RETURN", "0", 1);
-                ck_assert_int_eq(gpupool_connect(d.sock, modes[m], &c), 0);
+                c = connect_segments(d.sock, modes[m], modes[m]);
                 ck_assert_int_eq(gpupool_alloc(c, 0, 8 * MiB, &p), 0);
                 ck_assert_int_eq(gpupool_alloc(c, 0, 100000, &q), 0);
                 kept = fds_from(1024);

@@ -287,9 +287,7 @@ START_TEST(test_wrong_lease_replies) {
 
         before = fds_from(0);
         fake_start(&f, cases[k].s);
-        setenv("GPUPOOL_SEGMENTS", cases[k].mode, 1);
-        setenv("GPUPOOL_IDLE_RETURN", "0", 1);
-        ck_assert_int_eq(gpupool_connect(f.path, "wronged", &c), 0);
+        c = connect_segments(f.path, "wronged", cases[k].mode);
         if (cases[k].s == WHOLE_SAME_ID || cases[k].s == GRANULES_HELD_ID) {
                 /* The first lease is right; the second names it again. */
                 ck_assert_int_eq(gpupool_alloc(c, 0, cases[k].size, &p), 0);
@@ -321,9 +319,7 @@ START_TEST(test_refused_return) {
         void *p;
 
         fake_start(&f, RETURN_REFUSED);
-        setenv("GPUPOOL_SEGMENTS", "grow", 1);
-        setenv("GPUPOOL_IDLE_RETURN", "0", 1);
-        ck_assert_int_eq(gpupool_connect(f.path, "refused", &c), 0);
+        c = connect_segments(f.path, "refused", "grow");
         ck_assert_int_eq(gpupool_alloc(c, 0, 600 * MiB, &p), 0);
         ck_assert_int_eq(gpupool_free(c, p), 0);
         ck_assert_uint_eq(f.seen->named, 300);
@@ -372,9 +368,7 @@ START_TEST(test_idle_taken_while_ahead_out) {
         char ch;
 
         fake_start(&f, AHEAD_HELD);
-        setenv("GPUPOOL_SEGMENTS", "grow", 1);
-        setenv("GPUPOOL_IDLE_RETURN", "0", 1);
-        ck_assert_int_eq(gpupool_connect(f.path, "raced", &c), 0);
+        c = connect_segments(f.path, "raced", "grow");
         /* 200 MiB, then two 6 MiB blocks apart, freed: 6 granules idle in two holes (108 held; this daemon gives none ahead). */
         ck_assert_int_eq(gpupool_alloc(c, 0, 200 * MiB, &w), 0);
         ck_assert_int_eq(gpupool_alloc(c, 0, 6 * MiB, &p1), 0);

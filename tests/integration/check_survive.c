@@ -91,7 +91,7 @@ static void held_memory_serves_while(const char *name, const char *mode, bool ad
         setenv("GPUPOOL_TIMEOUT", "3s", 1);     /* what a stalled allocation would wait, at most */
         testd_start(&d, NULL);
         total = testd_device(&d, 0, "total_bytes");
-        c = connect_segments(&d, name, mode);
+        c = connect_segments(d.sock, name, mode);
         ck_assert_int_eq(gpupool_alloc(c, 0, 8 * MiB, &p), 0);
         ck_assert_int_eq(gpupool_free(c, p), 0);
         before = client_stats(c);
