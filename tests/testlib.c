@@ -344,7 +344,8 @@ bool testd_device_becomes(struct testd *d, unsigned index, const char *key, long
 long long testd_client_field(struct testd *d, pid_t pid, const char *name, const char *key) {
         json_t *st = testd_ctl(d, "status");
         json_t *c = pid ? status_client_by_pid(st, pid) : status_client_by_name(st, name);
-        long long v = c ? json_integer_value(json_object_get(c, key)) : -1;
+        json_t *v_json = c ? json_object_get(c, key) : NULL;
+        long long v = !c ? -1 : json_is_boolean(v_json) ? json_is_true(v_json) : json_integer_value(v_json);
 
         json_decref(st);
         return v;
@@ -540,6 +541,73 @@ Gpupool__Envelope *raw_lease_ahead(int sock, uint32_t device, uint64_t size, boo
 
 Gpupool__Envelope *raw_lease(int sock, uint32_t device, uint64_t size) {
         return raw_lease_fd(sock, device, size, NULL);
+}
+
+int queue_status_requests(int sock, int idle_ticks) {
+        Gpupool__Envelope env = GPUPOOL__ENVELOPE__INIT;
+        Gpupool__StatusRequest sr = GPUPOOL__STATUS_REQUEST__INIT;
+        uint8_t buf[GP_MAX_REQUEST_BYTES];
+        int sent = 0;
+
+        env.version = GP_PROTOCOL_VERSION;
+        env.body_case = GPUPOOL__ENVELOPE__BODY_STATUS_REQUEST;
+        env.status_request = &sr;
+        for (int i = 0, idle = 0; i < 100000 && idle < idle_ticks; i++) {
+                env.id = (uint64_t) sent + 2;
+                if (gp_wire_send_packet(sock, buf, (size_t) gp_wire_pack(&env, buf, sizeof(buf)), -1) < 0) {
+                        usleep(10000);
+                        idle++;
+                        continue;
+                }
+                idle = 0;
+                sent++;
+        }
+        return sent;
+}
+
+/* Raw protocol: a request of body_case on sock, with what it holds on device 0 reported. */
+Gpupool__Envelope *call_reporting(int sock, Gpupool__Envelope *env, uint64_t in_use, uint64_t held_free) {
+        Gpupool__Usage u = GPUPOOL__USAGE__INIT, *up = &u;
+
+        u.device = 0;
+        u.in_use_bytes = in_use;
+        u.held_free_bytes = held_free;
+        env->n_usage = 1;
+        env->usage = &up;
+        return raw_call(sock, env);
+}
+
+/*
+ * Raw protocol: a client named name that leases n segments of size bytes (their ids into ids,
+ * when given) and says it holds them all free, and its control channel, said hello to, which
+ * the caller reads, or never does.
+ */
+int raw_keeper(struct testd *d, const char *name, uint64_t size, unsigned n, uint64_t *ids, int *ret_control) {
+        Gpupool__Envelope env = GPUPOOL__ENVELOPE__INIT, *rep;
+        Gpupool__Hello hello = GPUPOOL__HELLO__INIT;
+        Gpupool__StatusRequest sr = GPUPOOL__STATUS_REQUEST__INIT;
+        uint64_t client_id;
+        int sock;
+
+        hello.name = (char *) name;
+        sock = raw_hello_with(d, &hello, &client_id);
+        for (unsigned i = 0; i < n; i++) {
+                rep = raw_lease(sock, 0, size);
+                ck_assert_int_eq(rep->status, GPUPOOL__STATUS__STATUS_OK);
+                if (ids)
+                        ids[i] = rep->lease_reply->segment_id;
+                gpupool__envelope__free_unpacked(rep, NULL);
+        }
+        env.id = 3;
+        env.body_case = GPUPOOL__ENVELOPE__BODY_STATUS_REQUEST;
+        env.status_request = &sr;
+        rep = call_reporting(sock, &env, 0, n * size);
+        ck_assert_int_eq(rep->status, GPUPOOL__STATUS__STATUS_OK);
+        gpupool__envelope__free_unpacked(rep, NULL);
+        hello.has_control_for = 1;
+        hello.control_for = client_id;
+        *ret_control = raw_hello_with(d, &hello, NULL);
+        return sock;
 }
 
 Gpupool__Envelope *raw_return(int sock, uint64_t *ids, size_t n, Gpupool__Usage *usage) {

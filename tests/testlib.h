@@ -134,7 +134,7 @@ json_t *testd_ctl(struct testd *d, const char *cmd);
 long long status_device(json_t *status, const char *key);
 json_t *status_client_by_pid(json_t *status, pid_t pid);
 json_t *status_client_by_name(json_t *status, const char *name);
-/* key of the client of pid (0: the one named name) in the daemon's status, or -1 when there is none. */
+/* key of the client of pid (0: the one named name) in the daemon's status (a boolean as 0 or 1), or -1 when there is none. */
 long long testd_client_field(struct testd *d, pid_t pid, const char *name, const char *key);
 
 /*
@@ -193,6 +193,19 @@ Gpupool__Envelope *raw_lease_ahead(int sock, uint32_t device, uint64_t size, boo
                                    uint32_t ahead, int *fds, size_t *ret_nfds);
 /* An AdoptRequest of n segments of sizes on device, nfds descriptors riding with it, and its reply. */
 Gpupool__Envelope *raw_adopt(int sock, uint32_t device, uint64_t *sizes, size_t n, const int *fds, size_t nfds);
+/*
+ * Queues status requests (ids 2, 3, ...) on a non-blocking sock until the daemon stops taking
+ * them for good (idle_ticks of 10 ms without room): a client that never reads. Returns how many went.
+ */
+int queue_status_requests(int sock, int idle_ticks);
+/* Raw protocol: sends env on sock with what it holds on device 0 reported (Usage), and returns the reply. */
+Gpupool__Envelope *call_reporting(int sock, Gpupool__Envelope *env, uint64_t in_use, uint64_t held_free);
+/*
+ * Raw protocol: a client named name that leases n segments of size bytes (their ids into ids,
+ * when given) and says it holds them all free, and its control channel, said hello to, which
+ * the caller reads, or never does. Returns the client's socket.
+ */
+int raw_keeper(struct testd *d, const char *name, uint64_t size, unsigned n, uint64_t *ids, int *ret_control);
 /* A ReturnRequest of n segment ids, with usage reported if given, and its reply. */
 Gpupool__Envelope *raw_return(int sock, uint64_t *ids, size_t n, Gpupool__Usage *usage);
 

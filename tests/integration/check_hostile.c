@@ -336,32 +336,6 @@ START_TEST(test_other_clients_segments) {
 }
 END_TEST
 
-/*
- * Queues status requests (ids 2, 3, ...) on a non-blocking sock until the daemon stops taking
- * them for good (idle_ticks of 10 ms without room). Returns how many went.
- */
-static int queue_status_requests(int sock, int idle_ticks) {
-        Gpupool__Envelope env = GPUPOOL__ENVELOPE__INIT;
-        Gpupool__StatusRequest sr = GPUPOOL__STATUS_REQUEST__INIT;
-        uint8_t buf[GP_MAX_REQUEST_BYTES];
-        int sent = 0;
-
-        env.version = GP_PROTOCOL_VERSION;
-        env.body_case = GPUPOOL__ENVELOPE__BODY_STATUS_REQUEST;
-        env.status_request = &sr;
-        for (int i = 0, idle = 0; i < 100000 && idle < idle_ticks; i++) {
-                env.id = (uint64_t) sent + 2;
-                if (gp_wire_send_packet(sock, buf, (size_t) gp_wire_pack(&env, buf, sizeof(buf)), -1) < 0) {
-                        usleep(10000);
-                        idle++;
-                        continue;
-                }
-                idle = 0;
-                sent++;
-        }
-        return sent;
-}
-
 START_TEST(test_client_that_never_reads) {
         gpupool_client *good;
         struct testd d;

@@ -441,18 +441,6 @@ START_TEST(test_granule_lease_waits_for_reclaim) {
 }
 END_TEST
 
-/* Raw protocol: a request of body_case on sock, with what it holds on device 0 reported. */
-static Gpupool__Envelope *call_reporting(int sock, Gpupool__Envelope *env, uint64_t in_use, uint64_t held_free) {
-        Gpupool__Usage u = GPUPOOL__USAGE__INIT, *up = &u;
-
-        u.device = 0;
-        u.in_use_bytes = in_use;
-        u.held_free_bytes = held_free;
-        env->n_usage = 1;
-        env->usage = &up;
-        return raw_call(sock, env);
-}
-
 /* Raw protocol: a return of n segments, with what the client holds on device 0 reported. */
 static Gpupool__Envelope *return_call(int sock, uint64_t *ids, size_t n, uint64_t in_use, uint64_t held_free) {
         Gpupool__Usage u = GPUPOOL__USAGE__INIT;
@@ -472,39 +460,6 @@ static void lease_without_waiting(int sock, uint64_t size) {
         req.body_case = GPUPOOL__ENVELOPE__BODY_LEASE;
         req.lease = &lr;
         raw_send(sock, &req);
-}
-
-/*
- * Raw protocol: a client named name that leases n segments of size bytes (their ids into ids,
- * when given) and says it holds them all free, and its control channel, said hello to, which
- * the caller reads, or never does.
- */
-static int raw_keeper(struct testd *d, const char *name, uint64_t size, unsigned n, uint64_t *ids, int *ret_control) {
-        Gpupool__Envelope env = GPUPOOL__ENVELOPE__INIT, *rep;
-        Gpupool__Hello hello = GPUPOOL__HELLO__INIT;
-        Gpupool__StatusRequest sr = GPUPOOL__STATUS_REQUEST__INIT;
-        uint64_t client_id;
-        int sock;
-
-        hello.name = (char *) name;
-        sock = raw_hello_with(d, &hello, &client_id);
-        for (unsigned i = 0; i < n; i++) {
-                rep = raw_lease(sock, 0, size);
-                ck_assert_int_eq(rep->status, GPUPOOL__STATUS__STATUS_OK);
-                if (ids)
-                        ids[i] = rep->lease_reply->segment_id;
-                gpupool__envelope__free_unpacked(rep, NULL);
-        }
-        env.id = 3;
-        env.body_case = GPUPOOL__ENVELOPE__BODY_STATUS_REQUEST;
-        env.status_request = &sr;
-        rep = call_reporting(sock, &env, 0, n * size);
-        ck_assert_int_eq(rep->status, GPUPOOL__STATUS__STATUS_OK);
-        gpupool__envelope__free_unpacked(rep, NULL);
-        hello.has_control_for = 1;
-        hello.control_for = client_id;
-        *ret_control = raw_hello_with(d, &hello, NULL);
-        return sock;
 }
 
 START_TEST(test_reclaim_times_out_and_says_so) {
