@@ -33,8 +33,28 @@ json_t *cli_tenants_json(const Gpupool__StatusReply *sr) {
         return tenants;
 }
 
-static int print_json(const Gpupool__StatusReply *sr) {
-        json_t *root = json_object(), *devices = json_array(), *clients = json_array();
+/* Appends a page's clients to the JSON array clients. */
+static void clients_json(const Gpupool__StatusReply *sr, json_t *clients) {
+        for (size_t i = 0; i < sr->n_clients; i++) {
+                const Gpupool__ClientStatus *c = sr->clients[i];
+
+                json_t *o = json_pack("{s:I, s:I, s:s, s:s, s:I, s:I, s:I, s:I, s:I, s:b}",
+                        "pid", (json_int_t) c->pid, "uid", (json_int_t) c->uid, "name", c->name,
+                        "tenant", c->tenant ? c->tenant : "",
+                        "reserved_bytes", (json_int_t) c->reserved_bytes, "segments", (json_int_t) c->segments,
+                        "in_use_bytes", (json_int_t) c->in_use_bytes, "held_free_bytes", (json_int_t) c->held_free_bytes,
+                        "limit_bytes", (json_int_t) c->limit_bytes, "exiting", c->has_exiting && c->exiting);
+
+                /* null: it never reported what it holds. */
+                json_object_set_new(o, "report_age_ms", c->has_report_age_ms ? json_integer((json_int_t) c->report_age_ms) :
+                                                                               json_null());
+                json_array_append_new(clients, o);
+        }
+}
+
+/* The first page's devices, tenants and counts as a JSON object, with an empty "clients" array to fill. */
+static json_t *head_json(const Gpupool__StatusReply *sr) {
+        json_t *root = json_object(), *devices = json_array();
 
         for (size_t i = 0; i < sr->n_devices; i++) {
                 const Gpupool__DeviceStatus *d = sr->devices[i];
@@ -58,26 +78,14 @@ static int print_json(const Gpupool__StatusReply *sr) {
 #undef GPU_FIELD
                 json_array_append_new(devices, o);
         }
-        for (size_t i = 0; i < sr->n_clients; i++) {
-                const Gpupool__ClientStatus *c = sr->clients[i];
-
-                json_t *o = json_pack("{s:I, s:I, s:s, s:s, s:I, s:I, s:I, s:I, s:I, s:b}",
-                        "pid", (json_int_t) c->pid, "uid", (json_int_t) c->uid, "name", c->name,
-                        "tenant", c->tenant ? c->tenant : "",
-                        "reserved_bytes", (json_int_t) c->reserved_bytes, "segments", (json_int_t) c->segments,
-                        "in_use_bytes", (json_int_t) c->in_use_bytes, "held_free_bytes", (json_int_t) c->held_free_bytes,
-                        "limit_bytes", (json_int_t) c->limit_bytes, "exiting", c->has_exiting && c->exiting);
-
-                /* null: it never reported what it holds. */
-                json_object_set_new(o, "report_age_ms", c->has_report_age_ms ? json_integer((json_int_t) c->report_age_ms) :
-                                                                               json_null());
-                json_array_append_new(clients, o);
-        }
-                json_object_set_new(root, "devices", devices);
-        json_object_set_new(root, "clients", clients);
+        json_object_set_new(root, "devices", devices);
+        json_object_set_new(root, "clients", json_array());
         json_object_set_new(root, "tenants", cli_tenants_json(sr));
-        cli_print_json(root);
-        return 0;
+        /* Absent from a daemon before paging: then the one page held every client. */
+        json_object_set_new(root, "clients_total", json_integer((json_int_t) (sr->has_clients_total ? sr->clients_total :
+                                                                                                      sr->n_clients)));
+        json_object_set_new(root, "clients_exiting", json_integer((json_int_t) sr->clients_exiting));
+        return root;
 }
 
 #define SZ(v, buf) gp_size_format((v), (buf), sizeof(buf))
@@ -129,8 +137,18 @@ static int print_table(const Gpupool__StatusReply *sr) {
                 printf("no clients\n");
                 return 0;
         }
+        if (sr->has_clients_total)
+                printf("%u client%s, %u of them exiting (socket closed, memory held until the process exits)\n",
+                       sr->clients_total, sr->clients_total == 1 ? "" : "s", sr->clients_exiting);
         printf("%-8s %-6s %-20s %-12s %12s %8s %12s %12s %10s %12s\n", "PID", "UID", "NAME", "TENANT", "LEASED",
                "SEGMENTS", "IN USE", "HELD FREE", "REPORTED", "LIMIT");
+        return 0;
+}
+
+/* A page's clients, a row each. */
+static void print_clients(const Gpupool__StatusReply *sr) {
+        char a[GP_SIZE_FORMAT_MAX], b[GP_SIZE_FORMAT_MAX], c[GP_SIZE_FORMAT_MAX], d[GP_SIZE_FORMAT_MAX];
+
         for (size_t i = 0; i < sr->n_clients; i++) {
                 const Gpupool__ClientStatus *cl = sr->clients[i];
                 char age[32] = "never";
@@ -144,28 +162,75 @@ static int print_table(const Gpupool__StatusReply *sr) {
                        SZ(cl->held_free_bytes, d), age, cl->limit_bytes ? SZ(cl->limit_bytes, c) : "-",
                        cl->has_exiting && cl->exiting ? "  (exiting)" : "");
         }
-        return 0;
 }
 
-int cli_status(struct cli *cli, Gpupool__Envelope **ret_reply) {
+/* The status with the page of clients after client id after (0: from the first). */
+static int status_page(struct cli *cli, uint64_t after, Gpupool__Envelope **ret_reply) {
         Gpupool__Envelope req = GPUPOOL__ENVELOPE__INIT;
         Gpupool__StatusRequest sr = GPUPOOL__STATUS_REQUEST__INIT;
 
+        if (after) {
+                sr.has_after_client_id = 1;
+                sr.after_client_id = after;
+        }
         req.body_case = GPUPOOL__ENVELOPE__BODY_STATUS_REQUEST;
         req.status_request = &sr;
         return cli_call(cli, &req, GPUPOOL__ENVELOPE__BODY_STATUS_REPLY, ret_reply);
 }
 
+int cli_status(struct cli *cli, Gpupool__Envelope **ret_reply) {
+        return status_page(cli, 0, ret_reply);
+}
+
+/* The most pages one status reads: more clients than --max-clients allows could never fit them. */
+#define STATUS_MAX_PAGES 256
+
+/*
+ * Devices and tenants from the first page, then every client, page after page (a reply holds
+ * as many as fit a packet), so that status works at any number of clients.
+ */
 static int run(struct cli *cli, int argc, char **argv) {
-        Gpupool__Envelope *rep;
-        int r;
+        Gpupool__Envelope *rep, *next;
+        json_t *root = NULL;
+        unsigned pages = 1;
 
         (void) argc, (void) argv;
         if (cli_status(cli, &rep) < 0)
                 return 1;
-        r = cli->json ? print_json(rep->status_reply) : print_table(rep->status_reply);
+        if (cli->json)
+                root = head_json(rep->status_reply);
+        else
+                (void) print_table(rep->status_reply);
+        for (;;) {
+                const Gpupool__StatusReply *sr = rep->status_reply;
+
+                if (root)
+                        clients_json(sr, json_object_get(root, "clients"));
+                else
+                        print_clients(sr);
+                if (!sr->clients_left_out || !sr->n_clients || pages == STATUS_MAX_PAGES)
+                        break;
+                if (status_page(cli, sr->clients[sr->n_clients - 1]->client_id, &next) < 0) {
+                        gpupool__envelope__free_unpacked(rep, NULL);
+                        json_decref(root);
+                        return 1;
+                }
+                gpupool__envelope__free_unpacked(rep, NULL);
+                rep = next;
+                pages++;
+        }
+        if (rep->status_reply->clients_left_out) {
+                /* Not reached while the daemon bounds its clients; said, not hidden, if it ever is. */
+                if (root)
+                        json_object_set_new(root, "clients_left_out",
+                                            json_integer((json_int_t) rep->status_reply->clients_left_out));
+                else
+                        printf("... and %u clients more, not shown\n", rep->status_reply->clients_left_out);
+        }
         gpupool__envelope__free_unpacked(rep, NULL);
-        return r;
+        if (root)
+                cli_print_json(root);
+        return 0;
 }
 
 const struct cli_command cli_cmd_status = {

@@ -80,6 +80,23 @@ static int session_open(gpupool_client *c) {
         return r;
 }
 
+/*
+ * The calling thread's latest failed gpupool_connect(), for gpupool_last_error(NULL): a refused
+ * connection leaves no handle to keep the daemon's sentence in.
+ */
+static __thread char connect_error[GP_MAX_ERROR_BYTES];
+
+/* Fails gpupool_connect() with err, saying why for gpupool_last_error(NULL). */
+static int connect_failed(int err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int connect_failed(int err, const char *fmt, ...) {
+        va_list ap;
+
+        va_start(ap, fmt);
+        vsnprintf(connect_error, sizeof(connect_error), fmt, ap);
+        va_end(ap);
+        return err;
+}
+
 GPUPOOL_EXPORT int gpupool_connect(const char *socket_path, const char *client_name, gpupool_client **ret_client) {
         const char *idle_return = getenv("GPUPOOL_IDLE_RETURN"), *segments = getenv("GPUPOOL_SEGMENTS");
         uint64_t idle_return_ms = GPUPOOL_DEFAULT_IDLE_RETURN_MS;
@@ -87,19 +104,22 @@ GPUPOOL_EXPORT int gpupool_connect(const char *socket_path, const char *client_n
         gpupool_client *c;
         int r;
 
+        connect_error[0] = '\0';
         if (!ret_client)
-                return -EINVAL;
+                return connect_failed(-EINVAL, "gpupool_connect() needs a place for the handle");
         if (client_name && !gp_wire_name_is_valid(client_name))
-                return -EINVAL;
+                return connect_failed(-EINVAL, "a client name is 1 to %d bytes of UTF-8 without control characters",
+                                      GP_MAX_NAME_BYTES);
         if (socket_path && strlen(socket_path) >= sizeof(c->socket_path))
-                return -ENAMETOOLONG;
+                return connect_failed(-ENAMETOOLONG, "the socket path is longer than a Unix socket's address allows");
         if (idle_return && *idle_return && gp_duration_parse(idle_return, &idle_return_ms) < 0)
-                return -EINVAL;         /* $GPUPOOL_IDLE_RETURN is not a duration */
+                return connect_failed(-EINVAL, "$GPUPOOL_IDLE_RETURN: '%.64s' is not a duration (e.g. 30s, 2min)",
+                                      idle_return);
         if (segments && *segments && strcmp(segments, "grow") != 0 && strcmp(segments, "whole") != 0)
-                return -EINVAL;         /* $GPUPOOL_SEGMENTS is neither */
+                return connect_failed(-EINVAL, "$GPUPOOL_SEGMENTS: '%.64s' is neither grow nor whole", segments);
         c = calloc(1, sizeof(*c));
         if (!c)
-                return -ENOMEM;
+                return connect_failed(-ENOMEM, "out of memory for a handle");
         c->serial = __atomic_add_fetch(&next_serial, 1, __ATOMIC_RELAXED);
         c->conn.sock = -1;
         snprintf(c->name, sizeof(c->name), "%s", client_name ? client_name : program_invocation_short_name);
@@ -120,7 +140,8 @@ GPUPOOL_EXPORT int gpupool_connect(const char *socket_path, const char *client_n
                 heap_init(&c->devices[d].heap);
         r = session_open(c);
         if (r < 0) {
-                /* No handle to read the message from: the caller gets the errno alone. */
+                /* No handle to read the message from: the thread keeps it (gpupool_last_error(NULL)). */
+                (void) connect_failed(r, "%s", c->error[0] ? c->error : strerror(-r));
                 client_segments_destroy(c);
                 pthread_cond_destroy(&c->deferred_cond);
                 pthread_cond_destroy(&c->conn_idle);
@@ -415,8 +436,11 @@ GPUPOOL_EXPORT int gpupool_stats(gpupool_client *c, struct gpupool_stats *ret) {
 GPUPOOL_EXPORT size_t gpupool_last_error(gpupool_client *c, char *buf, size_t size) {
         size_t len;
 
-        if (!c)
-                return 0;
+        if (!c) {
+                if (size)
+                        snprintf(buf, size, "%s", connect_error);
+                return strlen(connect_error);
+        }
         pthread_mutex_lock(&c->lock);
         len = strlen(c->error);
         if (size)

@@ -83,11 +83,16 @@ GPUPOOL_EXPORT int gpupool_hook_client(gpupool_client **ret_client) {
         pthread_mutex_lock(&hook_lock);
         if (!hook_handle) {
                 r = gpupool_connect(NULL, name && *name ? name : NULL, &c);
+                char why[GP_MAX_ERROR_BYTES];
+
+                /* The daemon's own reason where it refused us at hello; where it was not reached, the errno's. */
+                if (gpupool_last_error(NULL, why, sizeof(why)) == 0 || strncmp(why, "cannot connect to ", 18) == 0)
+                        snprintf(why, sizeof(why), "%s", gpupool_strerror(r));
                 if (r == 0)
                         __atomic_store_n(&hook_handle, c, __ATOMIC_RELEASE);
                 else
                         hook_fail(r, "cannot connect to gpupoold at %s%s: %s%s", path && *path ? path : GPUPOOL_DEFAULT_SOCKET,
-                                  path && *path ? " ($GPUPOOL_SOCKET)" : "", gpupool_strerror(r),
+                                  path && *path ? " ($GPUPOOL_SOCKET)" : "", why,
                                   r == -EINVAL ? " (check $GPUPOOL_CLIENT_NAME and the $GPUPOOL_* settings)" :
                                   r == -ENOENT || r == -ECONNREFUSED ? " (is gpupoold running?)" :
                                   r == -EACCES ? " (is this user in group gpupool?)" : "");

@@ -106,11 +106,21 @@ static int host_mem_zero_done(struct backend *b, unsigned device, struct backend
 /* The seals every segment has: a client can neither resize it under another's mapping nor lift them. */
 #define SEGMENT_SEALS (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL)
 
+/* Linux 6.3's seal against making a memfd executable, which the kernel may add by itself (vm.memfd_noexec): harmless here. */
+#ifndef F_SEAL_EXEC
+#define F_SEAL_EXEC 0x0020
+#endif
+
 /*
  * A segment a client kept from a daemon before this one: a memfd (seals are for shared memory
- * only) of the size it says, sealed as ours are, open for reading and writing. Its memory is the
- * client's own either way: one it made itself with our seals passes too, and is counted as the
- * client's like any other.
+ * only) of the size it says, sealed exactly as ours are, open for reading and writing. Its
+ * memory is the client's own either way: one it made itself with our seals passes too, and is
+ * counted as the client's like any other.
+ *
+ * F_GET_SEALS comes first: it fails at once on anything but shared memory and never reaches a
+ * file system, whereas fstat(2) of a FUSE file waits for its server, which may never answer,
+ * and would stall the loop. Only once the descriptor is known to be shmem is it fstat()ed.
+ * Write seals are refused: the daemon could not zero, punch or lease such memory to anyone.
  */
 static int host_mem_adopt(struct backend *b, unsigned device, int fd, uint64_t size, struct backend_mem *ret,
                           char *why, size_t why_size) {
@@ -120,13 +130,17 @@ static int host_mem_adopt(struct backend *b, unsigned device, int fd, uint64_t s
         (void) b;
         if (device != 0)
                 return -ENODEV;
-        if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode)) {
+        if ((seals = fcntl(fd, F_GET_SEALS)) < 0) {
                 snprintf(why, why_size, "not a memfd");
                 return -EINVAL;
         }
-        if ((seals = fcntl(fd, F_GET_SEALS)) < 0 || (seals & SEGMENT_SEALS) != SEGMENT_SEALS) {
-                snprintf(why, why_size, "not a sealed memfd (seals %#x, a segment's are %#x)", seals < 0 ? 0 : seals,
-                         SEGMENT_SEALS);
+        if ((seals & ~F_SEAL_EXEC) != SEGMENT_SEALS) {
+                snprintf(why, why_size, "not sealed as a segment is (seals %#x, a segment's are exactly %#x%s)", seals,
+                         SEGMENT_SEALS, seals & (F_SEAL_WRITE | F_SEAL_FUTURE_WRITE) ? ": it is sealed against writing" : "");
+                return -EINVAL;
+        }
+        if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode)) {
+                snprintf(why, why_size, "not a memfd");
                 return -EINVAL;
         }
         if ((uint64_t) st.st_size != size) {

@@ -36,6 +36,8 @@ int metrics_format(const struct node *node, const struct session *asking, char *
 
 /* Most HTTP connections open at once; more are closed as they come. */
 #define METRICS_HTTP_MAX_CONNECTIONS 8
+/* How long an answered connection stays open for the peer to close it first (then it is closed). */
+#define METRICS_HTTP_LINGER_MS 1000
 /* Most bytes of an HTTP request (its line and headers); a longer one gets 431. */
 #define METRICS_HTTP_MAX_REQUEST 4096
 

@@ -3,8 +3,10 @@
  * is just enough HTTP/1.x for that: one request per connection, answered and closed. Every
  * resource a peer can hold is bounded: connections (METRICS_HTTP_MAX_CONNECTIONS), request
  * bytes (METRICS_HTTP_MAX_REQUEST) and time: send_timeout from accept to close, however
- * slowly the peer trickles its bytes. With every connection taken, a new one displaces the
- * oldest that has not finished its request, so that slow peers cannot keep scrapes out.
+ * slowly the peer trickles its bytes, and METRICS_HTTP_LINGER_MS once answered. With every
+ * connection taken, a new one displaces the oldest answered one, else the oldest that has not
+ * finished its request, so that neither slow peers nor peers that keep their answered
+ * connections open can keep scrapes out.
  */
 #include "metrics.h"
 
@@ -91,9 +93,16 @@ static void conn_deadline(struct http_conn *c) {
 static void on_shutdown(uv_shutdown_t *req, int status) {
         struct http_conn *c = req->data;
 
-        /* Our half is closed; what the peer still sends is read and dropped until it closes. */
-        if (status < 0)
+        /*
+         * Our half is closed; what the peer still sends is read and dropped until it closes, for
+         * METRICS_HTTP_LINGER_MS at most: a peer that keeps an answered connection open holds
+         * nothing for long (and its slot goes first to a new peer, on_connection()).
+         */
+        if (status < 0 || c->closing) {
                 conn_close(c);
+                return;
+        }
+        uv_timer_start(&c->timer, on_timeout, METRICS_HTTP_LINGER_MS, 0);
 }
 
 static void on_written(uv_write_t *req, int status) {
@@ -239,7 +248,7 @@ static void on_connection(uv_stream_t *listener, int status) {
         struct http_conn *c;
 
         if (status < 0) {
-                log_warn("metrics: accept: %s", uv_strerror(status));
+                node_log(http->node, LOG_LEVEL_WARN, "metrics: accept: %s", uv_strerror(status));
                 return;
         }
         c = calloc(1, sizeof(*c));
@@ -264,14 +273,23 @@ static void on_connection(uv_stream_t *listener, int status) {
                 return;
         }
         if (http->count - http->closing > METRICS_HTTP_MAX_CONNECTIONS) {
-                /* The oldest still asking goes (connections are listed newest first); if all are answered, this one. */
-                struct http_conn *oldest = NULL;
+                /*
+                 * A new peer always gets a slot: the oldest answered connection goes (its peer
+                 * has its answer), else the oldest still asking (connections are listed newest
+                 * first), and only when every other one is closing already, this one.
+                 */
+                struct http_conn *oldest = NULL, *oldest_answered = NULL;
 
                 for (struct http_conn *o = c->next; o; o = o->next)
-                        if (!o->answered && !o->closing)
+                        if (!o->closing && o->answered)
+                                oldest_answered = o;
+                        else if (!o->closing)
                                 oldest = o;
-                log_debug("metrics: %u scrapes open, the limit; closing %s", METRICS_HTTP_MAX_CONNECTIONS,
-                          oldest ? "the oldest that has not finished its request" : "the new one");
+                if (oldest_answered)
+                        oldest = oldest_answered;
+                node_log(http->node, LOG_LEVEL_DEBUG, "metrics: %u scrapes open, the limit; closing %s",
+                         METRICS_HTTP_MAX_CONNECTIONS, oldest_answered ? "the oldest answered one" :
+                         oldest ? "the oldest that has not finished its request" : "the new one");
                 conn_close(oldest ? oldest : c);
                 if (!oldest)
                         return;

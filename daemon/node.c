@@ -143,11 +143,11 @@ void node_log_write(struct node *node, enum log_level level, const char *fmt, ..
 
 void node_limit_text(const struct node *node, bool per_uid, uid_t uid, char *buf, size_t size) {
         if (per_uid)
-                snprintf(buf, size, "uid %u already has %u connections, the most one uid may have (max_clients_per_uid)",
-                         (unsigned) uid, node->options->max_clients_per_uid);
+                snprintf(buf, size, "uid %u already has %u connections, the most one uid may have (max_clients_per_uid; "
+                         "a closed one counts until its process exits)", (unsigned) uid, node->options->max_clients_per_uid);
         else
-                snprintf(buf, size, "the daemon already serves %u clients, its limit (--max-clients)",
-                         node->options->max_clients);
+                snprintf(buf, size, "the daemon already serves %u clients, its limit (--max-clients; %u of them closed, "
+                         "held until their process exits)", node->options->max_clients, node->exiting);
 }
 
 /*

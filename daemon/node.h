@@ -98,10 +98,12 @@ struct node {
         struct session *sessions;       /* connected and exiting clients */
         unsigned connected;             /* sessions with an open socket, of --max-clients */
         unsigned admin_connected;       /* operators' sessions let in past the limits */
+        unsigned exiting;               /* sessions whose socket closed, waiting for their process to exit */
         uint64_t next_client_id;
         unsigned parked;                /* sessions with a parked allocation */
         uint64_t zeroings_ended;        /* zeroings seen to end, all devices: wakes the leases waiting for one */
         unsigned reclaim_outstanding;   /* reclaim requests no client has answered yet */
+        uint64_t reclaim_rounds;        /* parked leases that asked clients for memory, ever (their rounds' names) */
         struct pid_limit pid_limits[NODE_MAX_PID_LIMITS];       /* set-limit --pid, until a reload */
         unsigned pid_limit_count;
         bool stopping;                  /* the daemon stops: nothing more follows a change */

@@ -105,9 +105,10 @@ uint64_t policy_client_limit(const struct policy *p, const struct tenant *t, uin
 /*
  * How many more bytes owner (of tenant t, with a set-limit override_bytes or
  * POLICY_NO_OVERRIDE) may reserve on device, given the device's stats; *ret says which limit
- * gave the answer and what it met.
+ * gave the answer and what it met. A set-limit --pid bounds the process, not the connection:
+ * process_other_bytes, what its other connections reserve on device, counts against it too.
  */
-void policy_admit(const struct policy *p, const struct tenant *t, uint64_t override_bytes,
+void policy_admit(const struct policy *p, const struct tenant *t, uint64_t override_bytes, uint64_t process_other_bytes,
                   const struct pool_owner *owner, unsigned device, const struct pool_stats *st,
                   struct policy_admission *ret);
 

@@ -21,6 +21,7 @@ static uint64_t ask(struct node *node, struct session *c, unsigned device, uint6
         Gpupool__Envelope env = GPUPOOL__ENVELOPE__INIT;
         Gpupool__ReclaimRequest rr = GPUPOOL__RECLAIM_REQUEST__INIT;
         const struct pool_owner *o = &c->owners[device];
+        uint64_t claim;
         int r;
 
         if (c->reclaim_outstanding >= RECLAIM_MAX_OUTSTANDING)
@@ -44,9 +45,71 @@ static uint64_t ask(struct node *node, struct session *c, unsigned device, uint6
         *ret_asked = true;
         if (to_backend)
                 c->reclaim_to_backend |= 1ULL << c->reclaim_outstanding;
+        if (!c->reclaim_outstanding)
+                c->reclaim_since_ms = uv_now(node->loop);
         c->reclaim_outstanding++;
         node->reclaim_outstanding++;
-        return o->reported_held_free_bytes < want ? o->reported_held_free_bytes : want;
+        claim = o->reported_held_free_bytes < want ? o->reported_held_free_bytes : want;
+        c->reclaim_claimed_bytes += claim;
+        /* As far as it is trusted: one that did not honour its claims covers less of the request. */
+        return claim >> c->reclaim_distrust;
+}
+
+/*
+ * A round of c's requests is over (all answered, or written off): whether it gave back at least
+ * half of what it claimed decides how far its next reports are trusted.
+ */
+static void judge(struct session *c) {
+        char b1[GP_SIZE_FORMAT_MAX], b2[GP_SIZE_FORMAT_MAX];
+
+        if (!c->reclaim_claimed_bytes)
+                return;
+        if (c->reclaim_given_bytes * 2 < c->reclaim_claimed_bytes) {
+                if (c->reclaim_distrust < RECLAIM_MAX_DISTRUST)
+                        c->reclaim_distrust++;
+                session_log(c, LOG_LEVEL_INFO, "client %llu ('%s', pid %d) gave back %s of the %s it reported free when "
+                            "asked: what it reports free counts for 1/%u in whom to ask", (unsigned long long) c->id,
+                            c->name, (int) c->pid, gp_size_format(c->reclaim_given_bytes, b1, sizeof(b1)),
+                            gp_size_format(c->reclaim_claimed_bytes, b2, sizeof(b2)), 1u << c->reclaim_distrust);
+        } else if (c->reclaim_given_bytes >= c->reclaim_claimed_bytes && c->reclaim_distrust) {
+                c->reclaim_distrust--;
+        }
+        c->reclaim_claimed_bytes = c->reclaim_given_bytes = 0;
+}
+
+void reclaim_write_off(struct session *c) {
+        struct node *node = c->node;
+
+        if (!c->reclaim_outstanding)
+                return;
+        node->reclaim_outstanding -= c->reclaim_outstanding;
+        c->reclaim_outstanding = 0;
+        c->reclaim_to_backend = 0;
+        judge(c);
+}
+
+void reclaim_expire(struct node *node, uint64_t now_ms) {
+        uint64_t timeout = node->options->reclaim_timeout_ms;
+
+        if (!node->reclaim_outstanding)
+                return;
+        SESSION_FOREACH(c, node)
+                if (c->reclaim_outstanding && now_ms - c->reclaim_since_ms >= timeout) {
+                        session_log(c, LOG_LEVEL_INFO, "client %llu ('%s', pid %d) did not answer %u request%s for memory "
+                                    "back within %llu ms (reclaim_timeout): written off", (unsigned long long) c->id,
+                                    c->name, (int) c->pid, c->reclaim_outstanding, c->reclaim_outstanding == 1 ? "" : "s",
+                                    (unsigned long long) timeout);
+                        reclaim_write_off(c);
+                }
+}
+
+bool reclaim_pending_for(const struct node *node, uint64_t round) {
+        if (!node->reclaim_outstanding)
+                return false;
+        SESSION_FOREACH(c, node)
+                if (c->reclaim_outstanding && c->reclaim_asked_for == round)
+                        return true;
+        return false;
 }
 
 /* Whether c can be asked to give memory back on device for requester: another client that leases there, with a channel. */
@@ -54,9 +117,12 @@ static bool askable(const struct session *c, const struct session *requester, un
         return c != requester && c->control && c->tenant && c->state == SESSION_READY && c->owners[device].reserved_bytes;
 }
 
-/* Asks, in policy's order, clients other than requester (NULL: none) for want_bytes on device. */
+/*
+ * Asks, in policy's order, clients other than requester (NULL: none) for want_bytes on device;
+ * with a round (not 0), only those not asked for it yet, and each asked is marked with it.
+ */
 static uint64_t ask_in_order(struct node *node, struct session *requester, unsigned device, uint64_t want_bytes,
-                             bool to_backend, unsigned *ret_clients) {
+                             bool to_backend, uint64_t round, unsigned *ret_clients) {
         struct policy_candidate *candidates;
         uint64_t asked = 0;
         size_t n = 0;
@@ -64,16 +130,17 @@ static uint64_t ask_in_order(struct node *node, struct session *requester, unsig
         /* Asking pushes a message and ends no session: the candidates stay valid while they are asked. */
         *ret_clients = 0;
         SESSION_FOREACH(c, node)
-                n += askable(c, requester, device);
+                n += askable(c, requester, device) && (!round || c->reclaim_asked_for != round);
         candidates = n ? calloc(n, sizeof(*candidates)) : NULL;
         if (!candidates)
                 return 0;
         n = 0;
         SESSION_FOREACH(c, node)
-                if (askable(c, requester, device))
+                if (askable(c, requester, device) && (!round || c->reclaim_asked_for != round))
                         candidates[n++] = (struct policy_candidate) {
+                                /* Reports of a client that did not honour its claims count for less. */
                                 .tenant = c->tenant,
-                                .held_free_bytes = c->owners[device].reported_held_free_bytes,
+                                .held_free_bytes = c->owners[device].reported_held_free_bytes >> c->reclaim_distrust,
                                 .client = c,
                         };
         /* Whom to ask, and in what order, is policy's: those whose memory would serve, over their guarantee and largest first. */
@@ -81,16 +148,20 @@ static uint64_t ask_in_order(struct node *node, struct session *requester, unsig
         for (size_t i = 0; i < n && asked < want_bytes; i++) {
                 bool pushed = false;
 
-                asked += ask(node, candidates[i].client, device, want_bytes - asked, to_backend, &pushed);
+                struct session *c = candidates[i].client;
+
+                asked += ask(node, c, device, want_bytes - asked, to_backend, &pushed);
                 *ret_clients += pushed;
+                if (pushed && round)
+                        c->reclaim_asked_for = round;
         }
         free(candidates);
         return asked;
 }
 
-uint64_t reclaim_ask(struct node *node, struct session *requester, unsigned device, uint64_t want_bytes,
+uint64_t reclaim_ask(struct node *node, struct session *requester, unsigned device, uint64_t want_bytes, uint64_t round,
                      unsigned *ret_clients) {
-        return ask_in_order(node, requester, device, want_bytes, false, ret_clients);
+        return ask_in_order(node, requester, device, want_bytes, false, round, ret_clients);
 }
 
 void reclaim_for_headroom(struct node *node, unsigned device, uint64_t want_bytes) {
@@ -98,10 +169,11 @@ void reclaim_for_headroom(struct node *node, unsigned device, uint64_t want_byte
         uint64_t asked;
         char b[GP_SIZE_FORMAT_MAX];
 
-        /* Once at a time: what was asked before is still on its way back. */
+        /* Once at a time: what was asked before is still on its way back, unless it is overdue. */
+        reclaim_expire(node, uv_now(node->loop));
         if (node->reclaim_outstanding)
                 return;
-        asked = ask_in_order(node, NULL, device, want_bytes, true, &clients);
+        asked = ask_in_order(node, NULL, device, want_bytes, true, 0, &clients);
         if (clients)
                 log_info("device %u: others took part of the headroom and the cache is empty: asked %u client%s for %s "
                          "of segments they keep free", device, clients, clients == 1 ? "" : "s",
@@ -127,17 +199,25 @@ void reclaim_answered(struct session *control, const Gpupool__ReclaimReply *repl
 
         if (!c)
                 return;
-        if (c->reclaim_outstanding) {
+        bool counted = c->reclaim_outstanding;
+
+        if (counted) {
                 /* Answers come in the order asked: this one is the lowest bit's. */
                 to_backend = c->reclaim_to_backend & 1;
                 c->reclaim_to_backend >>= 1;
                 c->reclaim_outstanding--;
                 node->reclaim_outstanding--;
+                c->reclaim_since_ms = uv_now(node->loop);       /* the next one waits from now, at most */
         }
         for (size_t i = 0; i < reply->n_segment_ids && i < RECLAIM_MAX_SEGMENTS; i++) {
-                uint64_t id = reply->segment_ids[i];
+                uint64_t id = reply->segment_ids[i], d = id >> 56;
+                uint64_t before = d < node->device_count ? c->owners[d].reserved_bytes : 0;
 
-                if (session_return(c, id, to_backend) == 0)
-                        node->reclaims_total[id >> 56]++;
+                if (session_return(c, id, to_backend) == 0) {
+                        node->reclaims_total[d]++;
+                        c->reclaim_given_bytes += before - c->owners[d].reserved_bytes;
+                }
         }
+        if (counted && !c->reclaim_outstanding)
+                judge(c);
 }

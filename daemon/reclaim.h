@@ -25,13 +25,30 @@ struct session;
 /* The most reclaim requests a client may leave unanswered; it is asked nothing more until it answers. */
 #define RECLAIM_MAX_OUTSTANDING 64
 
+/* The most a client's reports are discounted for claims it did not honour: they count for 1/64 then. */
+#define RECLAIM_MAX_DISTRUST 6
+
 /*
  * Asks clients other than requester, in policy's order, for empty segments worth at least
- * want_bytes on device. Returns the bytes asked for as far as known (what each
- * held free as of its latest report), and the number of clients asked in *ret_clients.
+ * want_bytes on device, for the parked lease named round: those asked for it already are not
+ * asked again. Returns the bytes asked for as far as they are trusted (what each held free as
+ * of its latest report, discounted for claims it did not honour before), and the number of
+ * clients asked in *ret_clients.
  */
-uint64_t reclaim_ask(struct node *node, struct session *requester, unsigned device, uint64_t want_bytes,
+uint64_t reclaim_ask(struct node *node, struct session *requester, unsigned device, uint64_t want_bytes, uint64_t round,
                      unsigned *ret_clients);
+
+/* Whether a client asked for the parked lease named round has not answered yet. */
+bool reclaim_pending_for(const struct node *node, uint64_t round);
+
+/*
+ * Writes off the requests that clients have left unanswered for reclaim_timeout: they count
+ * as answered with nothing (no lease or headroom waits on them), and as claims not honoured.
+ */
+void reclaim_expire(struct node *node, uint64_t now_ms);
+
+/* Writes off every request c has not answered (its control channel closed, say). */
+void reclaim_write_off(struct session *c);
 
 /*
  * Others (a new process's context, a program without gpupool) took part of device's headroom

@@ -3,6 +3,8 @@
  * clients: status, metrics, flush, set-limit, trim, check and reload. Those that reach other
  * clients' memory or the daemon's insides are for root and the daemon's own user only, as
  * request.c's table of request kinds says; request_handle() checks it before any handler runs.
+ * A line that any client can cause (a plain flush) goes through its rate limits (session_log());
+ * those of the operators' own requests (set-limit, reload, check) are theirs and kept whole.
  */
 #include "request.h"
 
@@ -98,7 +100,9 @@ void request_status(struct session *s, const Gpupool__Envelope *req, struct repl
         static char rules[CONFIG_MAX_TENANTS][160];
         static uint64_t in_use[CONFIG_MAX_TENANTS][BACKEND_MAX_DEVICES], reserved[CONFIG_MAX_TENANTS][BACKEND_MAX_DEVICES];
         Gpupool__Envelope env;
-        size_t n = 0, count = 0;
+        uint64_t after = req->status_request->has_after_client_id ? req->status_request->after_client_id : 0;
+        size_t n = 0, count = 0, room, total = 0, exiting = 0, left_out = 0;
+        struct session *last = NULL;
 
         SESSION_FOREACH(c, node)
                 count++;
@@ -143,12 +147,30 @@ void request_status(struct session *s, const Gpupool__Envelope *req, struct repl
                 }
                 dev_ptrs[d] = &devs[d];
         }
-        /* Every client but the one asking (the CLI has nothing to show). */
-        SESSION_FOREACH(c, node) {
+        sr.n_devices = node->device_count;
+        sr.devices = dev_ptrs;
+        tenants_status(s, &sr, tenants, tenant_ptrs, rules, in_use, reserved);
+        /*
+         * Every client but the one asking (the CLI has nothing to show), a page of them: those
+         * after the one named, oldest first (the list is newest first: walked from its end), as
+         * many as fit a reply beside the devices and tenants; the counts cover them all.
+         */
+        room = GP_MAX_REPLY_BYTES - gpupool__status_reply__get_packed_size(&sr) - 64;
+        SESSION_FOREACH(c, node)
+                if (!c->next)
+                        last = c;
+        for (struct session *c = last; c; c = c->prev) {
                 Gpupool__ClientStatus *cs = &clients[n];
+                size_t size;
 
                 if (c == s || c->control_of)
                         continue;       /* not the one asking, and control channels are part of their client */
+                total++;
+                exiting += c->state == SESSION_EXITING;
+                if (c->id <= after || left_out) {
+                        left_out += c->id > after;
+                        continue;
+                }
                 gpupool__client_status__init(cs);
                 cs->client_id = c->id;
                 cs->pid = c->pid;
@@ -165,13 +187,21 @@ void request_status(struct session *s, const Gpupool__Envelope *req, struct repl
                         cs->has_exiting = 1;
                         cs->exiting = 1;
                 }
+                /* Its bytes in the reply: the message, its tag and its length. */
+                size = gpupool__client_status__get_packed_size(cs) + 4;
+                if (size > room) {
+                        left_out++;
+                        continue;
+                }
+                room -= size;
                 client_ptrs[n++] = cs;
         }
-        sr.n_devices = node->device_count;
-        sr.devices = dev_ptrs;
+        sr.has_clients_total = sr.has_clients_exiting = sr.has_clients_left_out = 1;
+        sr.clients_total = (uint32_t) total;
+        sr.clients_exiting = (uint32_t) exiting;
+        sr.clients_left_out = (uint32_t) left_out;
         sr.n_clients = n;
         sr.clients = client_ptrs;
-        tenants_status(s, &sr, tenants, tenant_ptrs, rules, in_use, reserved);
         reply_ok(&env, req->id);
         env.body_case = GPUPOOL__ENVELOPE__BODY_STATUS_REPLY;
         env.status_reply = &sr;
@@ -211,9 +241,9 @@ void request_flush(struct session *s, const Gpupool__Envelope *req, struct reply
                         if (c->tenant == t && c != s)
                                 reclaim_all(node, c, f->has_device ? (int) f->device : -1, true, &fr.clients_asked,
                                             &fr.bytes_asked);
-                log_info("flush by client %llu (pid %d): asked %u clients of tenant %s for their free segments (%" PRIu64
-                         " bytes as last reported)", (unsigned long long) s->id, (int) s->pid, fr.clients_asked, t->conf.name,
-                         fr.bytes_asked);
+                session_log(s, LOG_LEVEL_INFO, "flush by client %llu (pid %d): asked %u clients of tenant %s for their "
+                            "free segments (%" PRIu64 " bytes as last reported)", (unsigned long long) s->id, (int) s->pid,
+                            fr.clients_asked, t->conf.name, fr.bytes_asked);
                 reply_ok(&env, req->id);
                 env.body_case = GPUPOOL__ENVELOPE__BODY_FLUSH_REPLY;
                 env.flush_reply = &fr;
@@ -228,8 +258,9 @@ void request_flush(struct session *s, const Gpupool__Envelope *req, struct reply
                 pool_flush(node->pools[d], &devs[n].segments, &devs[n].bytes);
                 dev_ptrs[n] = &devs[n];
                 if (devs[n].segments)
-                        log_info("flush by client %llu (pid %d): device %u released %" PRIu64 " segments, %" PRIu64 " bytes",
-                                 (unsigned long long) s->id, (int) s->pid, d, devs[n].segments, devs[n].bytes);
+                        session_log(s, LOG_LEVEL_INFO, "flush by client %llu (pid %d): device %u released %" PRIu64
+                                    " segments, %" PRIu64 " bytes", (unsigned long long) s->id, (int) s->pid, d,
+                                    devs[n].segments, devs[n].bytes);
                 n++;
         }
         fr.n_devices = n;
@@ -278,8 +309,8 @@ void request_set_limit(struct session *s, const Gpupool__Envelope *req, struct r
                 SESSION_FOREACH(x, node)
                         if (x->pid == l->pid)
                                 x->limit_override_bytes = l->max_bytes;
-                log_info("set-limit by pid %d: clients of pid %d may reserve %s per device until the next reload",
-                         (int) s->pid, (int) l->pid, l->max_bytes ? gp_size_format(l->max_bytes, b1, sizeof(b1)) : "any amount (no limit)");
+                log_info("set-limit by pid %d: the clients of pid %d together may reserve %s per device until the next "
+                         "reload", (int) s->pid, (int) l->pid, l->max_bytes ? gp_size_format(l->max_bytes, b1, sizeof(b1)) : "any amount (no limit)");
         } else {
                 struct tenant *t = policy_tenant_by_name(&node->policy, l->tenant);
                 uint64_t max = l->has_max_bytes ? l->max_bytes : t ? t->max_bytes : 0;

@@ -13,6 +13,7 @@
 
 #include "log.h"
 #include "node.h"
+#include "peerfd.h"
 #include "reclaim.h"
 #include "session.h"
 #include "size.h"
@@ -25,6 +26,21 @@ static void refuse(struct session *s, uint64_t id, int err, enum metrics_refusal
                     (unsigned long long) s->id, s->name, (int) s->pid, s->tenant ? s->tenant->conf.name : "-", size, device,
                     why);
         reply_error(id, err, false, why, ret);
+}
+
+/*
+ * What the client's process reserves on device through its other connections, exiting ones
+ * included: a set-limit --pid is the process's limit. 0 without one (nothing to sum).
+ */
+static uint64_t process_others(const struct session *s, unsigned device) {
+        uint64_t bytes = 0;
+
+        if (s->limit_override_bytes == POLICY_NO_OVERRIDE)
+                return 0;
+        SESSION_FOREACH(c, s->node)
+                if (c != s && c->pid == s->pid && c->owners)
+                        bytes += c->owners[device].reserved_bytes;
+        return bytes;
 }
 
 /* The part of a refusal that says which limit a segment of seg bytes met: "would take client ... over its limit of ...". */
@@ -40,6 +56,13 @@ static void limit_message(const struct session *s, unsigned d, uint64_t seg, con
 
         switch (a->bound) {
         case POLICY_CLIENT:
+                if (a->client_limit_from == POLICY_LIMIT_PID) {
+                        snprintf(why, why_size, "would take process %d (client '%s' and its other connections, tenant %s) "
+                                 "to %s reserved, over its limit of %s (set-limit --pid)", (int) s->pid, s->name,
+                                 t->conf.name, gp_size_format(a->used_bytes + seg, b2, sizeof(b2)),
+                                 gp_size_format(a->limit_bytes, b3, sizeof(b3)));
+                        return;
+                }
                 snprintf(why, why_size, "would take client '%s' (pid %d, tenant %s) to %s reserved, over its limit of %s (%s)",
                          s->name, (int) s->pid, t->conf.name, gp_size_format(a->used_bytes + seg, b2, sizeof(b2)),
                          gp_size_format(a->limit_bytes, b3, sizeof(b3)), limit_from[a->client_limit_from]);
@@ -187,8 +210,12 @@ static void park(struct session *s, uint64_t id, uint32_t device, uint64_t size,
         s->parked_ahead = ahead;
         s->parked_asked_bytes = asked;
         s->parked_asked_clients = clients;
+        uint64_t now = uv_now(s->node->loop), timeout = s->node->options->reclaim_timeout_ms;
+
         s->parked_cached_before = st->cached_bytes;
-        s->parked_deadline_ms = uv_now(s->node->loop) + s->node->options->reclaim_timeout_ms;
+        s->parked_deadline_ms = now + timeout;
+        /* Those asked have half the time to give back enough; then the next ones are asked too. */
+        s->parked_ask_more_ms = now + timeout / 2;
         *ret = (struct reply) { .parked = true };
 }
 
@@ -259,7 +286,8 @@ static bool lease_attempt(struct session *s, uint64_t id, uint32_t device, uint6
         int r;
 
         pool_get_stats(node->pools[device], &st);
-        policy_admit(&node->policy, s->tenant, s->limit_override_bytes, owner, device, &st, &adm);
+        policy_admit(&node->policy, s->tenant, s->limit_override_bytes, process_others(s, device), owner, device, &st,
+                     &adm);
         s->parked_zeroing = false;
         if (ahead && others_wait_for_memory(s, device))
                 ahead = 0;
@@ -280,6 +308,7 @@ static bool lease_attempt(struct session *s, uint64_t id, uint32_t device, uint6
                 s->parked_zeroing = true;
                 s->parked_zero_seq = node->zeroings_ended;
                 if (attempt == ATTEMPT_FIRST) {
+                        s->parked_round = ++node->reclaim_rounds;
                         park(s, id, device, size, granules, ahead, 0, 0, &st, ret);
                         session_log(s, LOG_LEVEL_DEBUG, "client %llu: lease of %" PRIu64 " bytes on device %u waits "
                                     "for a segment being zeroed", (unsigned long long) s->id, size, device);
@@ -305,9 +334,11 @@ static bool lease_attempt(struct session *s, uint64_t id, uint32_t device, uint6
         if (r == -ENOMEM && attempt == ATTEMPT_FIRST) {
                 /* Ladder step 3: clients over their guarantee give back segments they keep free. */
                 unsigned clients = 0;
-                uint64_t asked = reclaim_ask(node, s, device, pool_min_segment_bytes(size), &clients);
+                uint64_t round = ++node->reclaim_rounds;
+                uint64_t asked = reclaim_ask(node, s, device, pool_min_segment_bytes(size), round, &clients);
 
                 if (clients) {
+                        s->parked_round = round;
                         park(s, id, device, size, granules, ahead, asked, clients, &st, ret);
                         return false;
                 }
@@ -448,7 +479,11 @@ static int adopt_check(struct session *s, uint32_t device, const uint64_t *sizes
         int r = 0;
 
         for (made = 0; made < n && bad == n; made++) {
-                r = b->ops->mem_adopt(b, device, node->recv_fds[made], sizes[made], &mems[made], what, sizeof(what));
+                /* Nothing that could wait on a file system (FUSE, a network's) looks at it before this. */
+                r = peerfd_check(node->recv_fds[made], s->pid, what, sizeof(what));
+                if (r == 0)
+                        r = b->ops->mem_adopt(b, device, node->recv_fds[made], sizes[made], &mems[made], what,
+                                              sizeof(what));
                 if (r < 0) {
                         bad = made;
                         break;
@@ -529,7 +564,8 @@ void request_adopt(struct session *s, const Gpupool__Envelope *req, struct reply
                 struct pool_stats st;
 
                 pool_get_stats(node->pools[device], &st);
-                policy_admit(&node->policy, s->tenant, s->limit_override_bytes, owner, device, &st, &adm);
+                policy_admit(&node->policy, s->tenant, s->limit_override_bytes, process_others(s, device), owner, device, &st,
+                     &adm);
                 r = pool_adopt(node->pools[device], owner, &mems[i], rq->sizes[i], adm.headroom_bytes, &lease);
                 if (r == -EDQUOT) {
                         int k = snprintf(why, sizeof(why), "adopting a segment of %s on device %u ",
@@ -571,6 +607,36 @@ void request_adopt(struct session *s, const Gpupool__Envelope *req, struct reply
                         pool_adopt_undo(node->pools[device], &s->owners[device], ids[i]);
 }
 
+/*
+ * A parked lease that still does not fit: once every client asked for it has answered (or was
+ * written off) and gave back too little, or once half its time is gone with answers missing,
+ * the clients not asked yet are asked too, within the same deadline: a client that claims more
+ * free memory than it gives back cannot make the lease fail while others hold what it needs.
+ * Returns whether it still waits for someone; false: nobody is left to ask.
+ */
+static bool ask_more(struct session *s, uint64_t now_ms) {
+        struct node *node = s->node;
+        bool pending = reclaim_pending_for(node, s->parked_round);
+        uint64_t asked;
+        unsigned clients = 0;
+
+        if (pending && now_ms < s->parked_ask_more_ms)
+                return true;
+        asked = reclaim_ask(node, s, s->parked_device, pool_min_segment_bytes(s->parked_size), s->parked_round, &clients);
+        if (!clients) {
+                /* Nobody left to ask: only an answer (which retries it) or the deadline moves it now. */
+                s->parked_ask_more_ms = UINT64_MAX;
+                return pending;
+        }
+        /* Half of what is left again, and never now: the loop's timers would run it again at once. */
+        s->parked_ask_more_ms = now_ms + ((s->parked_deadline_ms - now_ms) / 2 ?: 1);
+        s->parked_asked_bytes += asked;
+        s->parked_asked_clients += clients;
+        session_log(s, LOG_LEVEL_DEBUG, "client %llu: those asked gave back too little %s: asked %u more",
+                    (unsigned long long) s->id, pending ? "in time" : "of what they claimed", clients);
+        return true;
+}
+
 static bool is_parked(const struct session *c, const void *arg) {
         (void) arg;
         return c->parked;
@@ -587,11 +653,11 @@ uint64_t request_retry_parked(struct node *node, uint64_t now_ms) {
 
         if (n < 0)
                 return now_ms + 10;     /* out of memory for a moment: try again soon */
+        reclaim_expire(node, now_ms);
         for (ssize_t i = 0; i < n; i++) {
                 struct session *c = parked[i];
                 struct reply rep = { 0 };
-                /* Final at the deadline, or once every client asked has answered and it still does not fit. */
-                bool final = now_ms >= c->parked_deadline_ms || node->reclaim_outstanding == 0;
+                bool final = now_ms >= c->parked_deadline_ms;
 
                 /* Waiting for a zeroing: asking again before one ends would only start another. */
                 if (c->parked_zeroing && c->parked_zero_seq == node->zeroings_ended && now_ms < c->parked_deadline_ms) {
@@ -601,12 +667,18 @@ uint64_t request_retry_parked(struct node *node, uint64_t now_ms) {
                 }
 
                 if (lease_attempt(c, c->parked_id, c->parked_device, c->parked_size, c->parked_granules, c->parked_ahead,
-                                  final ? ATTEMPT_FINAL : ATTEMPT_RETRY, &rep)) {
+                                  final ? ATTEMPT_FINAL : ATTEMPT_RETRY, &rep) ||
+                    (!c->parked_zeroing && !ask_more(c, now_ms) &&
+                     lease_attempt(c, c->parked_id, c->parked_device, c->parked_size, c->parked_granules, c->parked_ahead,
+                                   ATTEMPT_FINAL, &rep))) {
                         session_unpark(c);
                         (void) session_send(c, &rep);
-                } else if (c->parked_deadline_ms < next) {
-                        next = c->parked_deadline_ms;
+                        continue;
                 }
+                if (c->parked_deadline_ms < next)
+                        next = c->parked_deadline_ms;
+                if (!c->parked_zeroing && c->parked_ask_more_ms < next)
+                        next = c->parked_ask_more_ms;
         }
         free(parked);
         return next;

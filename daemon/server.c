@@ -77,12 +77,16 @@ static void out_of_fds(struct server *server, int err) {
         uv_timer_start(&server->accept_timer, on_accept_timer, 100, 0);
 }
 
-/* Open connections of uid that count against the limits. */
+/*
+ * Connections of uid that count against the limits: open ones, and closed ones whose process
+ * has not exited (their memory is held for it), so that a process cannot leave sessions
+ * behind without bound by connecting and closing.
+ */
 static unsigned uid_connections(const struct server *server, uid_t uid) {
         unsigned n = 0;
 
         SESSION_FOREACH(c, &server->node)
-                n += c->uid == uid && c->fd >= 0 && !c->uncounted;
+                n += c->uid == uid && (c->fd >= 0 || c->state == SESSION_EXITING) && !c->uncounted;
         return n;
 }
 
@@ -121,7 +125,7 @@ static int admit(struct server *server, int fd, bool *ret_per_uid) {
                 return -1;
         }
         *ret_per_uid = false;
-        if (server->node.connected < o->max_clients) {
+        if (server->node.connected + server->node.exiting < o->max_clients) {
                 *ret_per_uid = uid_connections(server, cred.uid) >= o->max_clients_per_uid;
                 if (!*ret_per_uid)
                         return SESSION_ADMIT_CLIENT;
@@ -235,6 +239,8 @@ static void on_stuck_timer(uv_timer_t *timer) {
         struct server *server = timer->data;
 
         session_expire_stuck(&server->node);
+        /* Requests for memory back that nobody answered in time hold nothing back any more. */
+        reclaim_expire(&server->node, uv_now(server->node.loop));
         server_notify_status(server);
 }
 

@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -194,6 +195,11 @@ static void close_socket(struct session *s) {
         uv_close((uv_handle_t *) &s->poll, on_handle_closed);
         closer_close(s->fd);    /* its queue may hold descriptors in flight, dropped with it */
         s->fd = -1;
+        /* A reply that waited for the client has nowhere to go now. */
+        free(s->pending);
+        s->pending = NULL;
+        free(s->pending_fds);
+        s->pending_fds = NULL;
 }
 
 void session_destroy(struct session *s) {
@@ -201,6 +207,8 @@ void session_destroy(struct session *s) {
 
         if (s->state == SESSION_CLOSED)
                 return;
+        if (s->state == SESSION_EXITING)
+                node->exiting--;
         s->state = SESSION_CLOSED;
         if (s->log.suppressed)
                 say_suppressed(s, s->log.suppressed);
@@ -212,8 +220,15 @@ void session_destroy(struct session *s) {
         s->reclaim_outstanding = 0;
         session_release_all(s);
         session_set_tenant(s, NULL);
-        if (s->control_of)
-                s->control_of->control = NULL;
+        if (s->control_of) {
+                struct session *c = s->control_of;
+
+                /* What its client was asked on this channel will not be answered now: nothing waits on it. */
+                node->reclaim_outstanding -= c->reclaim_outstanding;
+                c->reclaim_outstanding = 0;
+                c->reclaim_to_backend = 0;
+                c->control = NULL;
+        }
         s->control_of = NULL;
         if (s->control)
                 session_destroy(s->control);    /* a control channel serves one client only */
@@ -310,7 +325,11 @@ int session_check_tenants(struct node *node, char *why, size_t why_size) {
  */
 static void session_disconnect(struct session *s, const char *why) {
         uint64_t reserved, in_use, segments;
+        int r;
 
+        /* Once only: an exiting session's memory is its live process's until the pidfd says it exited. */
+        if (s->state == SESSION_EXITING || s->state == SESSION_CLOSED)
+                return;
         session_totals(s, &reserved, &in_use, &segments);
         /* At info only for a client whose hello was logged at info: the pair of lines. */
         if (s->control_of || !s->tenant)
@@ -330,10 +349,17 @@ static void session_disconnect(struct session *s, const char *why) {
         }
         close_socket(s);
         s->state = SESSION_EXITING;
-        if (uv_poll_init(s->node->loop, &s->pid_poll, s->pidfd) < 0) {
-                session_log(s, LOG_LEVEL_WARN, "client %llu: cannot watch its pidfd; releasing its memory now",
-                            (unsigned long long) s->id);
-                session_destroy(s);
+        s->node->exiting++;
+        r = uv_poll_init(s->node->loop, &s->pid_poll, s->pidfd);
+        if (r < 0) {
+                /*
+                 * The process may well be alive and mapping its memory: it stays reserved, and
+                 * the stuck timer asks the pidfd once a second instead (session_expire_stuck()).
+                 */
+                s->pid_polled = true;
+                session_log(s, LOG_LEVEL_WARN, "client %llu (pid %d): cannot watch its pidfd (%s); its memory stays "
+                            "reserved, and whether its process exited is checked once a second",
+                            (unsigned long long) s->id, (int) s->pid, uv_strerror(r));
                 return;
         }
         s->pid_poll.data = s;
@@ -341,18 +367,22 @@ static void session_disconnect(struct session *s, const char *why) {
         uv_poll_start(&s->pid_poll, UV_READABLE, on_process_exit);
 }
 
-static void on_process_exit(uv_poll_t *handle, int status, int events) {
-        struct session *s = handle->data;
+/* The process of an exiting session has exited: its memory goes back. */
+static void session_exited(struct session *s) {
         struct node *node = s->node;
         uint64_t reserved, in_use, segments;
 
-        (void) status, (void) events;
         session_totals(s, &reserved, &in_use, &segments);
         session_log(s, LOG_LEVEL_INFO, "client %llu (%s, pid %d) exited holding %llu segments; %llu bytes return to the cache",
                     (unsigned long long) s->id, s->name, (int) s->pid, (unsigned long long) segments,
                     (unsigned long long) reserved);
         session_destroy(s);
         node_after_change(node);
+}
+
+static void on_process_exit(uv_poll_t *handle, int status, int events) {
+        (void) status, (void) events;
+        session_exited(handle->data);
 }
 
 /*
@@ -435,7 +465,12 @@ void session_expire_stuck(struct node *node) {
                                     "disconnecting it", (unsigned long long) s->id, (int) s->pid, (unsigned) s->uid,
                                     (unsigned long long) (now - s->connected_ms));
                         session_disconnect(s, "no hello in time");
-                } else if (s->pending && limit && now - s->pending_since_ms >= limit) {
+                } else if (s->state == SESSION_EXITING && s->pid_polled) {
+                        struct pollfd pfd = { .fd = s->pidfd, .events = POLLIN };
+
+                        if (poll(&pfd, 1, 0) > 0)
+                                session_exited(s);
+                } else if (s->fd >= 0 && s->pending && limit && now - s->pending_since_ms >= limit) {
                         session_log(s, LOG_LEVEL_WARN,
                                     "client %llu (%s, pid %d) has not read a reply for %llu ms; disconnecting it",
                                     (unsigned long long) s->id, s->name, (int) s->pid,

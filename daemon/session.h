@@ -51,6 +51,16 @@ struct session {
          * lowest bit's. At most RECLAIM_MAX_OUTSTANDING are asked at a time.
          */
         uint64_t reclaim_to_backend;
+        uint64_t reclaim_since_ms;      /* loop clock: since when its oldest unanswered request has waited, about */
+        /* What it claimed to hold free for the requests outstanding (as asked), and what it gave back of it. */
+        uint64_t reclaim_claimed_bytes, reclaim_given_bytes;
+        /*
+         * How far its reports are trusted in whom to ask: its held-free bytes count as
+         * reported >> reclaim_distrust. One more for each round of requests it did not honour
+         * (gave back less than half its claim, or let expire), one less for each it honoured.
+         */
+        unsigned reclaim_distrust;
+        uint64_t reclaim_asked_for;     /* the parked lease's round it was last asked for (parked_round) */
         /* A lease waiting for other clients to give memory back (ladder step 3). */
         bool parked;
         uint64_t parked_id;
@@ -59,6 +69,8 @@ struct session {
         unsigned parked_granules;       /* a granule lease's count (parked_size their bytes), or 0 */
         unsigned parked_ahead;          /* and how many more it would take where they fit */
         uint64_t parked_deadline_ms;    /* on the loop's clock */
+        uint64_t parked_round;          /* names this lease to the clients asked for it (node->reclaim_rounds) */
+        uint64_t parked_ask_more_ms;    /* when it asks the next clients if those asked have not given enough */
         uint64_t parked_asked_bytes;
         unsigned parked_asked_clients;
         uint64_t parked_cached_before;  /* the device's cached bytes when it parked */
@@ -70,6 +82,7 @@ struct session {
         uv_poll_t poll;
         uv_poll_t pid_poll;
         bool poll_open, pid_poll_open;
+        bool pid_polled;        /* exiting, and its pidfd could not be watched: the stuck timer polls it */
         bool said_bye;
         uint8_t *pending;       /* a reply the socket had no room for */
         uint64_t pending_since_ms;      /* loop clock */
@@ -143,7 +156,11 @@ void session_totals(const struct session *session, uint64_t *ret_reserved, uint6
 /* Releases everything the client holds (it unmapped all, or its process is gone). */
 void session_release_all(struct session *session);
 
-/* Disconnects sessions whose pending reply has waited longer than the send timeout. */
+/*
+ * Once a second: disconnects sessions that said no hello within hello_timeout or whose pending
+ * reply has waited longer than the send timeout, and ends exiting sessions whose process
+ * exited where its pidfd could not be watched.
+ */
 void session_expire_stuck(struct node *node);
 
 /*

@@ -28,6 +28,7 @@ int main(void) {
         srunner_add_suite(sr, suite_grow());
         srunner_add_suite(sr, suite_survive());
         srunner_add_suite(sr, suite_adopt());
+        srunner_add_suite(sr, suite_peers());
         srunner_add_suite(sr, suite_replies());
         srunner_add_suite(sr, suite_scopes());
         srunner_add_suite(sr, suite_metrics());

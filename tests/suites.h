@@ -21,6 +21,7 @@ Suite *suite_process_pool(void);
 Suite *suite_grow(void);
 Suite *suite_survive(void);
 Suite *suite_adopt(void);
+Suite *suite_peers(void);
 Suite *suite_replies(void);
 Suite *suite_scopes(void);
 Suite *suite_metrics(void);

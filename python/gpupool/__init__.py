@@ -64,8 +64,14 @@ class Client:
             socket.encode() if socket else None, (name or default_client_name()).encode(), ctypes.byref(handle)
         )
         if r < 0:
+            # No handle: the library keeps the reason for this thread (gpupool_last_error(NULL)).
+            buf = ctypes.create_string_buffer(1024)
+            lib.gpupool_last_error(None, buf, len(buf))
+            why = buf.value.decode(errors="replace")
+            if not why or why.startswith("cannot connect to "):
+                why = lib.gpupool_strerror(r).decode()  # not reached: the errno says it; else the daemon's reason
             where = socket or os.environ.get("GPUPOOL_SOCKET") or "/run/gpupool/gpupool.sock"
-            raise error(r, f"cannot connect to gpupoold at {where}: {lib.gpupool_strerror(r).decode()}")
+            raise error(r, f"cannot connect to gpupoold at {where}: {why}")
         self._handle = handle.value
         self._owned = True
 

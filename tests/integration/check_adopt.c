@@ -2,8 +2,9 @@
  * check_adopt.c: a daemon adopting the memory that processes kept from the daemon before it
  * (AdoptRequest), on the host backend, over the raw protocol: what a process leased before a
  * kill -9 is leased to it again with its data, counted once; and the refusals: a descriptor
- * that is not a segment, memory adopted twice or held by the daemon already, adoption beyond
- * a limit or the capacity, and descriptors riding with any other request.
+ * that is not a segment (a pipe, an unsealed or write-sealed memfd), memory adopted twice or
+ * held by the daemon already, adoption beyond a limit or the capacity, and descriptors riding
+ * with any other request.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -144,7 +145,14 @@ START_TEST(test_adopt_refusals) {
         adopt_refused(sock, sizes, 2, fds, 2, GPUPOOL__STATUS__STATUS_INVALID, "descriptor 1 of the adoption (a segment "
                       "of 2.0 MiB on device 0) is not a memfd: nothing adopted");
         fds[1] = segment_like(2 * MiB, 0);
-        adopt_refused(sock, sizes, 2, fds, 2, GPUPOOL__STATUS__STATUS_INVALID, "not a sealed memfd");
+        adopt_refused(sock, sizes, 2, fds, 2, GPUPOOL__STATUS__STATUS_INVALID, "not sealed as a segment is");
+        close(fds[1]);
+        /* Sealed against writing as well: nobody could use it, so it is not taken (the daemon's seals exactly). */
+        fds[1] = segment_like(2 * MiB, SEALS | F_SEAL_WRITE);
+        adopt_refused(sock, sizes, 2, fds, 2, GPUPOOL__STATUS__STATUS_INVALID, "it is sealed against writing");
+        close(fds[1]);
+        fds[1] = segment_like(2 * MiB, SEALS | F_SEAL_FUTURE_WRITE);
+        adopt_refused(sock, sizes, 2, fds, 2, GPUPOOL__STATUS__STATUS_INVALID, "it is sealed against writing");
         close(fds[1]);
         fds[1] = segment_like(4 * MiB, SEALS);
         adopt_refused(sock, sizes, 2, fds, 2, GPUPOOL__STATUS__STATUS_INVALID, "a memfd of 4194304 bytes, not 2097152");

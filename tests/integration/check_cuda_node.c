@@ -212,9 +212,14 @@ static int keeper_client(struct testd *d, void *arg) {
         return 0;
 }
 
-/* With the cache empty, what clients keep free goes back for the headroom. */
-START_TEST(test_fake_headroom_reclaimed_from_clients) {
+/*
+ * With the cache empty, what clients keep free goes back for the headroom; with silent set, a
+ * client whose control channel never answers was asked first (flush --tenant), and its request
+ * expires with reclaim_timeout instead of turning headroom reclaim off for good.
+ */
+static void check_headroom_reclaimed(bool silent) {
         struct node_memory keep, hog_pipes;
+        int quiet = -1, quiet_control = -1;
         pid_t keeper, hog;
         struct testd d;
         char c;
@@ -222,6 +227,10 @@ START_TEST(test_fake_headroom_reclaimed_from_clients) {
         setenv("FAKECUDA_MEM", "1G", 1);
         setenv("FAKECUDA_CONTEXT_MEM", "64M", 1);
         cuda_start(&d, "--headroom=256M", NULL);
+        if (silent) {
+                quiet = raw_keeper(&d, "silent", 2 * MiB, 1, NULL, &quiet_control);
+                json_decref(testd_ctl(&d, "flush --tenant default"));  /* asks it: no answer ever comes */
+        }
         ck_assert(pipe(keep.up) == 0 && pipe(keep.go) == 0 && pipe(hog_pipes.up) == 0 && pipe(hog_pipes.go) == 0);
         setenv("GPUPOOL_IDLE_RETURN", "10min", 1);     /* the keeper gives nothing back by itself */
         keeper = spawn(keeper_client, &d, &keep);
@@ -248,9 +257,22 @@ START_TEST(test_fake_headroom_reclaimed_from_clients) {
                 close(hog_pipes.up[i]);
                 close(hog_pipes.go[i]);
         }
+        if (silent) {
+                close(quiet_control);
+                close(quiet);
+        }
         cuda_stop(&d);
         unsetenv("FAKECUDA_CONTEXT_MEM");
         unsetenv("FAKECUDA_MEM");
+}
+
+START_TEST(test_fake_headroom_reclaimed_from_clients) {
+        check_headroom_reclaimed(false);
+}
+END_TEST
+
+START_TEST(test_fake_headroom_reclaim_outlives_a_silent_channel) {
+        check_headroom_reclaimed(true);
 }
 END_TEST
 
@@ -297,5 +319,6 @@ void cuda_node_add(TCase *tc) {
         tcase_add_test(tc, test_fake_memory_is_the_nodes);
         tcase_add_test(tc, test_fake_headroom_kept);
         tcase_add_test(tc, test_fake_headroom_reclaimed_from_clients);
+        tcase_add_test(tc, test_fake_headroom_reclaim_outlives_a_silent_channel);
         tcase_add_test(tc, test_fake_start_without_driver_or_gpu);
 }

@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "cudatest.h"
+#include "fusefile.h"
 #include "wire.h"
 
 /* ---- the fake's virtual memory management: cuMemCreate memory shared by descriptor ---- */
@@ -449,6 +450,19 @@ static void vmm_adopt_all(int sock, uint32_t device, uint64_t *sizes, size_t n, 
 }
 
 /*
+ * A descriptor of a file on FUSE whose server stops answering never reaches the driver's
+ * import (which would wait on the file as fstat(2) does): refused at once, the loop serving on.
+ */
+START_TEST(test_vmm_adopting_a_frozen_fuse_file) {
+        struct testd d;
+
+        vmm_start(&d);
+        check_frozen_fuse_adoption(&d);
+        cuda_stop(&d);
+}
+END_TEST
+
+/*
  * What a cuda-vmm daemon adopts, over the raw protocol: granules a process kept from the daemon
  * before it, each once; not a descriptor that is no CUDA memory, memory of another GPU (on the
  * fake, which has two), memory stated larger than it maps, the same memory twice, nor memory
@@ -536,6 +550,7 @@ END_TEST
 void cuda_vmm_add_common(TCase *tc) {
         tcase_add_test(tc, test_vmm_survives_daemon_kill);
         tcase_add_test(tc, test_vmm_adoption);
+        tcase_add_test(tc, test_vmm_adopting_a_frozen_fuse_file);
 }
 
 void cuda_vmm_add_fake(TCase *tc) {

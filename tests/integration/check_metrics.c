@@ -457,6 +457,46 @@ START_TEST(test_metrics_http_slow_peers) {
 }
 END_TEST
 
+/*
+ * Peers that send a whole GET and keep their connections open hold no slot for long: scrapes
+ * get through while all eight are answered and open (a new peer displaces the oldest answered
+ * one), and an answered connection is closed by the daemon within a second or so.
+ */
+START_TEST(test_metrics_http_held_connections) {
+        static char answer[METRICS_TEXT_MAX + 1024];
+        const char *request = "GET /metrics HTTP/1.1\r\n\r\n";
+        int held[METRICS_HTTP_MAX_CONNECTIONS], port, served = 0;
+        struct testd d;
+        double t0;
+
+        testd_start(&d, "--metrics-listen", "127.0.0.1:0", "--send-timeout", "10s", NULL);
+        port = metrics_port(&d);
+        for (int round = 0; round < 20; round++) {
+                /* The attacker fills every slot with answered connections it keeps, again before each scrape. */
+                for (int i = 0; i < METRICS_HTTP_MAX_CONNECTIONS; i++) {
+                        if (round)
+                                close(held[i]);
+                        held[i] = tcp_connect(port);
+                        ck_assert_int_eq(send(held[i], request, strlen(request), MSG_NOSIGNAL), (ssize_t) strlen(request));
+                }
+                usleep(20000);
+                http(port, request, answer, sizeof(answer));
+                served += strncmp(answer, "HTTP/1.1 200 OK\r\n", 17) == 0;
+        }
+        ck_assert_int_eq(served, 20);
+        /* An answered connection its peer keeps is closed by the daemon soon after, not at send_timeout. */
+        t0 = now_s();
+        held[0] = (close(held[0]), tcp_connect(port));
+        ck_assert_int_eq(send(held[0], request, strlen(request), MSG_NOSIGNAL), (ssize_t) strlen(request));
+        while (now_s() - t0 < 5 && recv(held[0], answer, sizeof(answer), 0) > 0)
+                ;
+        ck_assert_msg(now_s() - t0 < 3.0, "an answered connection stayed open %.1f s", now_s() - t0);
+        for (int i = 0; i < METRICS_HTTP_MAX_CONNECTIONS; i++)
+                close(held[i]);
+        ck_assert_int_eq(testd_stop(&d), 0);
+}
+END_TEST
+
 /* A port already taken stops the start with a line saying so: metrics asked for are not silently missing. */
 START_TEST(test_metrics_listen_taken) {
         struct sockaddr_in a = { .sin_family = AF_INET };
@@ -489,6 +529,7 @@ Suite *suite_metrics(void) {
         tcase_add_test(tc, test_metrics_http_refusals);
         tcase_add_test(tc, test_metrics_http_bounded);
         tcase_add_test(tc, test_metrics_http_slow_peers);
+        tcase_add_test(tc, test_metrics_http_held_connections);
         tcase_add_test(tc, test_metrics_listen_taken);
         tcase_set_timeout(tc, 60);
         suite_add_tcase(s, tc);

@@ -178,6 +178,13 @@ class TestClient(unittest.TestCase):
         self.assertEqual(e.exception.errno, errno.ENOENT)
         self.assertIn("cannot connect to gpupoold at", e.exception.strerror)
 
+    def test_connect_failure_says_why(self):
+        # No handle comes back: the library's reason for this thread is what the exception says.
+        with self.assertRaises(gpupool.GpupoolError) as e:
+            gpupool.Client(self.d.sock, name="x" * 100)
+        self.assertEqual(e.exception.errno, errno.EINVAL)
+        self.assertIn("a client name is 1 to 63 bytes", e.exception.strerror)
+
     def test_status(self):
         st = gpupool.status(self.d.sock)
         self.assertEqual(st["devices"][0]["backend"], "host")

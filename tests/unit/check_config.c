@@ -215,22 +215,28 @@ START_TEST(test_policy_admit) {
         /* The client's limit binds first: 30G less its 2G, and the refusal names it and where it comes from. */
         train->sums[0].reserved_bytes = 2 * GiB;
         st.reserved_bytes = 2 * GiB;
-        policy_admit(&p, train, POLICY_NO_OVERRIDE, &owner, 0, &st, &a);
+        policy_admit(&p, train, POLICY_NO_OVERRIDE, 0, &owner, 0, &st, &a);
         ck_assert_uint_eq(a.headroom_bytes, 28 * GiB);
         ck_assert_int_eq(a.bound, POLICY_CLIENT);
         ck_assert_uint_eq(a.limit_bytes, 30 * GiB);
         ck_assert_uint_eq(a.used_bytes, 2 * GiB);
         ck_assert_int_eq(a.client_limit_from, POLICY_LIMIT_TENANT);
-        policy_admit(&p, train, 3 * GiB, &owner, 0, &st, &a);
+        policy_admit(&p, train, 3 * GiB, 0, &owner, 0, &st, &a);
         ck_assert_uint_eq(a.headroom_bytes, 1 * GiB);
         ck_assert_int_eq(a.client_limit_from, POLICY_LIMIT_PID);
-        policy_admit(&p, &p.tenants[0], POLICY_NO_OVERRIDE, &owner, 0, &st, &a);
+        /* A set-limit --pid is the process's: its other connections' bytes count against it, and only against it. */
+        policy_admit(&p, train, 3 * GiB, 1 * GiB, &owner, 0, &st, &a);
+        ck_assert_uint_eq(a.headroom_bytes, 0);
+        ck_assert_uint_eq(a.used_bytes, 3 * GiB);
+        policy_admit(&p, train, POLICY_NO_OVERRIDE, 1 * GiB, &owner, 0, &st, &a);
+        ck_assert_uint_eq(a.headroom_bytes, 28 * GiB);
+        policy_admit(&p, &p.tenants[0], POLICY_NO_OVERRIDE, 0, &owner, 0, &st, &a);
         ck_assert_uint_eq(a.headroom_bytes, 6 * GiB);
         ck_assert_int_eq(a.client_limit_from, POLICY_LIMIT_DEFAULT);
         /* Then the tenant's max, over all its clients. */
         train->sums[0].reserved_bytes = 35 * GiB;
         st.reserved_bytes = 35 * GiB;
-        policy_admit(&p, train, POLICY_NO_OVERRIDE, &owner, 0, &st, &a);
+        policy_admit(&p, train, POLICY_NO_OVERRIDE, 0, &owner, 0, &st, &a);
         ck_assert_uint_eq(a.headroom_bytes, 5 * GiB);
         ck_assert_int_eq(a.bound, POLICY_TENANT);
         ck_assert_uint_eq(a.limit_bytes, 40 * GiB);
@@ -239,7 +245,7 @@ START_TEST(test_policy_admit) {
         owner.reserved_bytes = 0;
         st.reserved_bytes = 55 * GiB;
         st.cached_bytes = 2 * GiB;      /* the cache can be released: it does not count */
-        policy_admit(&p, &p.tenants[0], POLICY_NO_OVERRIDE, &owner, 0, &st, &a);
+        policy_admit(&p, &p.tenants[0], POLICY_NO_OVERRIDE, 0, &owner, 0, &st, &a);
         ck_assert_uint_eq(a.headroom_bytes, 80 * GiB - 53 * GiB - 20 * GiB);
         ck_assert_int_eq(a.bound, POLICY_GUARANTEES);
         ck_assert_uint_eq(a.held_back_bytes, 20 * GiB);
@@ -247,7 +253,7 @@ START_TEST(test_policy_admit) {
         ck_assert_uint_eq(a.limit_bytes, 80 * GiB);
         /* ... while nothing of policy's holds serve back: the device's free memory is the limit. */
         p.client_limit_bytes = 0;
-        policy_admit(&p, serve, POLICY_NO_OVERRIDE, &owner, 0, &st, &a);
+        policy_admit(&p, serve, POLICY_NO_OVERRIDE, 0, &owner, 0, &st, &a);
         ck_assert_uint_eq(a.headroom_bytes, UINT64_MAX);
         ck_assert_int_eq(a.bound, POLICY_UNBOUND);
         /* Guarantees beyond a device are refused. */
