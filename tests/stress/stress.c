@@ -8,7 +8,10 @@
  * segments, some carving their own blocks from leased segments, some growing segments in
  * place, so reclaims happen), while the parent SIGKILLs a random worker every few hundred
  * milliseconds and starts another, and hostile peers connect: clients that never read their
- * replies, clients that say nothing, clients that send garbage. --daemon-kills times the
+ * replies, clients that say nothing, clients that send garbage, clients that claim memory
+ * free and give none back (answering with nothing, or never), clients that connect, lease
+ * and close over and over (sessions left exiting), and clients that hand over a write-sealed
+ * memfd for adoption (which must be refused). --daemon-kills times the
  * parent SIGKILLs the daemon itself and starts a new one a moment later, as systemd would:
  * the workers go on within what they hold (a lease fails with -ECONNRESET meanwhile), check
  * their data throughout, and reconnect on their own; the new daemon adopts what they hold,
@@ -30,6 +33,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -202,7 +206,8 @@ static int get_status(struct totals *t, char *why, size_t why_size) {
                 return r;
         d = rep->status_reply->devices[0];
         *t = (struct totals) { d->reserved_bytes, d->in_use_bytes, d->cached_bytes, d->total_bytes,
-                               rep->status_reply->n_clients };
+                               rep->status_reply->has_clients_total ? rep->status_reply->clients_total :
+                                                                      rep->status_reply->n_clients };
         gpupool__envelope__free_unpacked(rep, NULL);
         return 0;
 }
@@ -443,6 +448,136 @@ static int garbage_peer(unsigned seed) {
         return 0;
 }
 
+/*
+ * Connects as name and leases a segment for 1 MiB, reporting it all held free (a claim), and
+ * opens its control channel; the connection and the channel into c and *ret_control. Returns
+ * 0, or -1 when the daemon is not there or refuses (it may be restarting: no failure).
+ */
+static int leasing_peer(const char *name, struct gp_conn *c, int *ret_control) {
+        Gpupool__Envelope env = GPUPOOL__ENVELOPE__INIT, *rep = NULL;
+        Gpupool__LeaseRequest lr = GPUPOOL__LEASE_REQUEST__INIT;
+        Gpupool__Hello hello = GPUPOOL__HELLO__INIT;
+        Gpupool__Usage u = GPUPOOL__USAGE__INIT, *up = &u;
+        struct gp_conn control = { .sock = -1 };
+        uint64_t id;
+        int fd = -1;
+
+        *c = (struct gp_conn) { .sock = -1 };
+        hello.name = (char *) name;
+        if (gp_conn_open(c, sock_path, &hello, &rep) < 0)
+                return -1;
+        id = rep->hello_reply->client_id;
+        gpupool__envelope__free_unpacked(rep, NULL);
+        lr.size = 1 << 20;
+        env.body_case = GPUPOOL__ENVELOPE__BODY_LEASE;
+        env.lease = &lr;
+        if (gp_conn_call(c, &env, GPUPOOL__ENVELOPE__BODY_LEASE_REPLY, &rep, &fd) < 0)
+                return -1;
+        /* It says it holds all of it free, whatever it will give back. */
+        u.held_free_bytes = rep->lease_reply->segment_size;
+        gpupool__envelope__free_unpacked(rep, NULL);
+        if (fd >= 0)
+                close(fd);
+        env = (Gpupool__Envelope) GPUPOOL__ENVELOPE__INIT;
+        env.body_case = GPUPOOL__ENVELOPE__BODY_STATUS_REQUEST;
+        {
+                Gpupool__StatusRequest sr = GPUPOOL__STATUS_REQUEST__INIT;
+
+                env.status_request = &sr;
+                env.n_usage = 1;
+                env.usage = &up;
+                if (gp_conn_call(c, &env, GPUPOOL__ENVELOPE__BODY_STATUS_REPLY, &rep, NULL) < 0)
+                        return -1;
+                gpupool__envelope__free_unpacked(rep, NULL);
+        }
+        hello.has_control_for = 1;
+        hello.control_for = id;
+        if (gp_conn_open(&control, sock_path, &hello, NULL) < 0)
+                return -1;
+        *ret_control = control.sock;
+        return 0;
+}
+
+/* Claims its segment free and answers every request for memory back with nothing, for a while. */
+static int liar_peer(void) {
+        Gpupool__Envelope env = GPUPOOL__ENVELOPE__INIT;
+        Gpupool__ReclaimReply answer = GPUPOOL__RECLAIM_REPLY__INIT;
+        uint8_t buf[GP_MAX_REQUEST_BYTES];
+        struct gp_conn c;
+        double t0 = now_s();
+        int control, n;
+
+        if (leasing_peer("liar", &c, &control) < 0)
+                return 0;
+        env.version = GP_PROTOCOL_VERSION;
+        env.body_case = GPUPOOL__ENVELOPE__BODY_RECLAIM_REPLY;
+        env.reclaim_reply = &answer;
+        n = gp_wire_pack(&env, buf, sizeof(buf));
+        while (now_s() - t0 < 0.7) {
+                uint8_t in[GP_MAX_REPLY_BYTES];
+
+                if (recv(control, in, sizeof(in), MSG_DONTWAIT) > 0)
+                        (void) send(control, buf, (size_t) n, MSG_NOSIGNAL);
+                nap_ms(5);
+        }
+        return 0;
+}
+
+/* Claims its segment free and never reads its control channel. */
+static int silent_control_peer(void) {
+        struct gp_conn c;
+        int control;
+
+        if (leasing_peer("silent-control", &c, &control) == 0)
+                nap_ms(700);
+        return 0;
+}
+
+/* Connects, says hello with a 63-byte name, leases and closes, over and over: sessions left exiting. */
+static int churn_peer(void) {
+        for (int i = 0; i < 40; i++) {
+                struct gp_conn c;
+                int control;
+
+                if (leasing_peer("a-client-name-of-sixty-three-bytes-the-longest-that-hello-takes", &c, &control) < 0)
+                        break;          /* refused past max_clients_per_uid, or no daemon: as it should be */
+                close(control);
+                gp_conn_close(&c);
+        }
+        nap_ms(700);
+        return 0;
+}
+
+/* Hands over for adoption a memfd sealed against writing, which the daemon must refuse. */
+static int sealed_adopter_peer(void) {
+        Gpupool__Envelope env = GPUPOOL__ENVELOPE__INIT, *rep = NULL;
+        Gpupool__AdoptRequest ar = GPUPOOL__ADOPT_REQUEST__INIT;
+        Gpupool__Hello hello = GPUPOOL__HELLO__INIT;
+        struct gp_conn c = { .sock = -1 };
+        uint64_t size = 2 << 20;
+        int fd = memfd_create("sealed", MFD_CLOEXEC | MFD_ALLOW_SEALING), r;
+
+        if (fd < 0 || ftruncate(fd, (off_t) size) < 0 ||
+            fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL) < 0)
+                return 1;
+        hello.name = "sealed-adopter";
+        if (gp_conn_open(&c, sock_path, &hello, NULL) < 0)
+                return 0;
+        ar.sizes = &size;
+        ar.n_sizes = 1;
+        env.body_case = GPUPOOL__ENVELOPE__BODY_ADOPT;
+        env.adopt = &ar;
+        r = gp_conn_call_passing(&c, &env, &fd, 1, GPUPOOL__ENVELOPE__BODY_ADOPT_REPLY, &rep);
+        if (r == 0) {
+                gpupool__envelope__free_unpacked(rep, NULL);
+                fprintf(stderr, "stress: a write-sealed memfd was adopted\n");
+                return 1;       /* adopted: the daemon took memory nobody can use */
+        }
+        gp_conn_close(&c);
+        close(fd);
+        return 0;
+}
+
 /* ---- the run ---- */
 
 static long rss_kib(pid_t pid) {
@@ -489,6 +624,7 @@ int main(int argc, char **argv) {
         long max_rss_mib = 64, rss;
         pid_t pids[MAX_CLIENTS];
         static pid_t hostile_pids[8192];
+        unsigned long kinds[7] = { 0 };         /* hostile peers of each kind, in the switch's order */
         size_t nhostile = 0;
         unsigned seed = 12345;
         unsigned long kills = 0, spawned = 0, hostile = 0, restarts = 0, adoptions, adopted;
@@ -555,9 +691,14 @@ int main(int argc, char **argv) {
                         unsigned g = rand_r(&seed);
                         pid_t p;
 
-                        switch (g % 3) {
+                        kinds[g % 7]++;
+                        switch (g % 7) {
                         case 0: p = spawn_fn(deaf_peer); break;
                         case 1: p = spawn_fn(silent_peer); break;
+                        case 2: p = spawn_fn(liar_peer); break;
+                        case 3: p = spawn_fn(silent_control_peer); break;
+                        case 4: p = spawn_fn(churn_peer); break;
+                        case 5: p = spawn_fn(sealed_adopter_peer); break;
                         default:
                                 p = fork();
                                 if (p == 0)
@@ -587,7 +728,8 @@ int main(int argc, char **argv) {
                 if (waitpid(pids[i], &status, 0) == pids[i] && WIFEXITED(status) && WEXITSTATUS(status) != 0)
                         fail("worker %d failed with %d at the end", i, WEXITSTATUS(status));
         for (size_t i = 0; i < nhostile; i++)
-                waitpid(hostile_pids[i], NULL, 0);
+                if (waitpid(hostile_pids[i], &status, 0) == hostile_pids[i] && WIFEXITED(status) && WEXITSTATUS(status))
+                        fail("a hostile peer saw the daemon do what it must not (exit %d)", WEXITSTATUS(status));
         {
                 double t1 = now_s();
 
@@ -627,10 +769,12 @@ int main(int argc, char **argv) {
         count_adoptions(&adoptions, &adopted);
         if (restarts && !adoptions)
                 fail("the daemon was killed %lu times and its successors adopted nothing", restarts);
-        printf("stress: OK: %d clients x %.0f s, %lu worker processes, %lu killed with SIGKILL, %lu hostile peers, "
-               "%llu faults injected (the last daemon's), over %llu invariant checks, daemon killed %lu times and its "
-               "successors adopted %lu segments in %lu requests, 0 bytes lost, daemon RSS %ld KiB (bound %ld MiB)\n",
-               clients, seconds, spawned, kills, hostile, (unsigned long long) faults_injected,
+        printf("stress: OK: %d clients x %.0f s, %lu worker processes, %lu killed with SIGKILL, %lu hostile peers "
+               "(%lu deaf, %lu silent, %lu liars, %lu silent control channels, %lu churning, %lu write-sealed adoptions, "
+               "%lu garbage), %llu faults injected (the last daemon's), over %llu invariant checks, daemon killed %lu times "
+               "and its successors adopted %lu segments in %lu requests, 0 bytes lost, daemon RSS %ld KiB (bound %ld MiB)\n",
+               clients, seconds, spawned, kills, hostile, kinds[0], kinds[1], kinds[2], kinds[3], kinds[4], kinds[5],
+               kinds[6], (unsigned long long) faults_injected,
                (unsigned long long) (checks_earlier + checks),
                restarts, adopted, adoptions, rss, max_rss_mib);
         unlink(conf_path);
