@@ -155,7 +155,8 @@ void request_status(struct session *s, const Gpupool__Envelope *req, struct repl
          * after the one named, oldest first (the list is newest first: walked from its end), as
          * many as fit a reply beside the devices and tenants; the counts cover them all.
          */
-        room = GP_MAX_REPLY_BYTES - gpupool__status_reply__get_packed_size(&sr) - 64;
+        room = gpupool__status_reply__get_packed_size(&sr) + 64;
+        room = room < GP_MAX_REPLY_BYTES ? GP_MAX_REPLY_BYTES - room : 0;
         SESSION_FOREACH(c, node)
                 if (!c->next)
                         last = c;
