@@ -48,6 +48,9 @@ static void clients_json(const Gpupool__StatusReply *sr, json_t *clients) {
                 /* null: it never reported what it holds. */
                 json_object_set_new(o, "report_age_ms", c->has_report_age_ms ? json_integer((json_int_t) c->report_age_ms) :
                                                                                json_null());
+                /* null: the daemon could not read its cgroup (then it is a principal of its own); not in a pod. */
+                json_object_set_new(o, "cgroup", c->cgroup ? json_string(c->cgroup) : json_null());
+                json_object_set_new(o, "pod_uid", c->pod_uid ? json_string(c->pod_uid) : json_null());
                 json_array_append_new(clients, o);
         }
 }
@@ -140,8 +143,8 @@ static int print_table(const Gpupool__StatusReply *sr) {
         if (sr->has_clients_total)
                 printf("%u client%s, %u of them exiting (socket closed, memory held until the process exits)\n",
                        sr->clients_total, sr->clients_total == 1 ? "" : "s", sr->clients_exiting);
-        printf("%-8s %-6s %-20s %-12s %12s %8s %12s %12s %10s %12s\n", "PID", "UID", "NAME", "TENANT", "LEASED",
-               "SEGMENTS", "IN USE", "HELD FREE", "REPORTED", "LIMIT");
+        printf("%-8s %-6s %-20s %-12s %12s %8s %12s %12s %10s %12s  %s\n", "PID", "UID", "NAME", "TENANT", "LEASED",
+               "SEGMENTS", "IN USE", "HELD FREE", "REPORTED", "LIMIT", "CGROUP");
         return 0;
 }
 
@@ -157,9 +160,12 @@ static void print_clients(const Gpupool__StatusReply *sr) {
                 if (cl->has_report_age_ms)
                         snprintf(age, sizeof(age), "%" PRIu64 ".%01" PRIu64 "s ago", cl->report_age_ms / 1000,
                                  cl->report_age_ms % 1000 / 100);
-                printf("%-8d %-6u %-20.20s %-12.12s %12s %8" PRIu64 " %12s %12s %10s %12s%s\n", cl->pid, cl->uid, cl->name,
-                       cl->tenant ? cl->tenant : "-", SZ(cl->reserved_bytes, a), cl->segments, SZ(cl->in_use_bytes, b),
-                       SZ(cl->held_free_bytes, d), age, cl->limit_bytes ? SZ(cl->limit_bytes, c) : "-",
+                /* The cgroup last: a pod's path is long. "?": unreadable (a principal of its own). */
+                printf("%-8d %-6u %-20.20s %-12.12s %12s %8" PRIu64 " %12s %12s %10s %12s  %s%s%s%s%s\n", cl->pid, cl->uid,
+                       cl->name, cl->tenant ? cl->tenant : "-", SZ(cl->reserved_bytes, a), cl->segments,
+                       SZ(cl->in_use_bytes, b), SZ(cl->held_free_bytes, d), age,
+                       cl->limit_bytes ? SZ(cl->limit_bytes, c) : "-", cl->cgroup ? cl->cgroup : "?",
+                       cl->pod_uid ? "  (pod " : "", cl->pod_uid ? cl->pod_uid : "", cl->pod_uid ? ")" : "",
                        cl->has_exiting && cl->exiting ? "  (exiting)" : "");
         }
 }

@@ -150,6 +150,18 @@ static void tenant_key(struct load *l, struct tenant_conf *t, const char *key, c
                 t->match_name_set = true;
                 return;
         }
+        if (strcmp(key, "match_cgroup") == 0) {
+                /* A cgroup path is the kernel's word, as a uid is: for pods and for systemd units alike. */
+                if (!*value || strlen(value) > CONFIG_CGROUP_MAX || !gp_wire_text_is_valid(value) ||
+                    (value[0] != '/' && value[0] != '*')) {
+                        fail(l, "match_cgroup: a glob over a cgroup v2 path, starting with / or *, of 1 to %d bytes of "
+                             "UTF-8 with no control characters", CONFIG_CGROUP_MAX);
+                        return;
+                }
+                snprintf(t->match_cgroup, sizeof(t->match_cgroup), "%s", value);
+                t->match_cgroup_set = true;
+                return;
+        }
         if (strcmp(key, "max") == 0)
                 size = &t->max_bytes;
         else if (strcmp(key, "guarantee") == 0)
@@ -158,7 +170,8 @@ static void tenant_key(struct load *l, struct tenant_conf *t, const char *key, c
                 size = &t->client_max_bytes;
                 t->client_max_set = true;
         } else {
-                fail(l, "unknown key '%s' in [tenant:%s] (match_uid, match_gid, match_name, max, guarantee, client_max)",
+                fail(l, "unknown key '%s' in [tenant:%s] (match_uid, match_gid, match_name, match_cgroup, max, guarantee, "
+                     "client_max)",
                      key, t->name);
                 return;
         }
@@ -241,6 +254,8 @@ static bool shadows(const struct tenant_conf *earlier, const struct tenant_conf 
                 return false;
         if (earlier->match_name_set && (!t->match_name_set || strcmp(t->match_name, earlier->match_name) != 0))
                 return false;
+        if (earlier->match_cgroup_set && (!t->match_cgroup_set || strcmp(t->match_cgroup, earlier->match_cgroup) != 0))
+                return false;
         return true;
 }
 
@@ -248,8 +263,9 @@ static int validate(struct config *c, char *err, size_t err_size) {
         for (unsigned i = 0; i < c->tenant_count; i++) {
                 const struct tenant_conf *t = &c->tenants[i];
 
-                if (i > 0 && !t->match_uid_set && !t->match_gid_set && !t->match_name_set) {
-                        snprintf(err, err_size, "%s: [tenant:%s] has no match_uid, match_gid or match_name: it would hold no client",
+                if (i > 0 && !t->match_uid_set && !t->match_gid_set && !t->match_name_set && !t->match_cgroup_set) {
+                        snprintf(err, err_size, "%s: [tenant:%s] has no match_uid, match_gid, match_name or match_cgroup: it "
+                                 "would hold no client",
                                  t->where, t->name);
                         return -EINVAL;
                 }
@@ -320,22 +336,24 @@ size_t config_warnings(const struct config *c, char *buf, size_t size) {
         for (unsigned i = 1; i < c->tenant_count; i++) {
                 const struct tenant_conf *t = &c->tenants[i];
 
-                if (t->match_uid_set || t->match_gid_set)
+                if (t->match_uid_set || t->match_gid_set || t->match_cgroup_set)
                         continue;
                 /* A name is the client's own claim: a uid's process can pick one that lands it here first. */
                 for (unsigned j = i + 1; j < c->tenant_count; j++) {
                         const struct tenant_conf *later = &c->tenants[j];
                         int n;
 
-                        if (!later->match_uid_set && !later->match_gid_set)
+                        if (!later->match_uid_set && !later->match_gid_set && !later->match_cgroup_set)
                                 continue;
                         count++;
                         n = snprintf(buf + used, size - used,
                                      "%s: [tenant:%s] matches by client name only and comes before [tenant:%s] (%s), "
                                      "which matches by %s: a process of that %s can leave its tenant by calling itself "
-                                     "'%s'; put [tenant:%s] first, or give [tenant:%s] a match_uid or match_gid\n",
-                                     t->where, t->name, later->name, later->where, later->match_uid_set ? "uid" : "gid",
-                                     later->match_uid_set ? "uid" : "gid", t->match_name, later->name, t->name);
+                                     "'%s'; put [tenant:%s] first, or give [tenant:%s] a match_uid, match_gid or "
+                                     "match_cgroup\n", t->where, t->name, later->name, later->where,
+                                     later->match_uid_set ? "uid" : later->match_gid_set ? "gid" : "cgroup",
+                                     later->match_uid_set ? "uid" : later->match_gid_set ? "gid" : "cgroup", t->match_name,
+                                     later->name, t->name);
                         if (n > 0 && (size_t) n < size - used)
                                 used += (size_t) n;
                 }
@@ -343,7 +361,10 @@ size_t config_warnings(const struct config *c, char *buf, size_t size) {
         return count;
 }
 
-bool tenant_conf_matches(const struct tenant_conf *t, uint32_t uid, uint32_t gid, const char *name) {
-        return (t->match_uid_set || t->match_gid_set || t->match_name_set) && (!t->match_uid_set || t->match_uid == uid) &&
-               (!t->match_gid_set || t->match_gid == gid) && (!t->match_name_set || fnmatch(t->match_name, name, 0) == 0);
+bool tenant_conf_matches(const struct tenant_conf *t, uint32_t uid, uint32_t gid, const char *name, const char *cgroup) {
+        /* fnmatch() without FNM_PATHNAME: '*' crosses '/', so a pod's pattern reaches down to its containers' scopes. */
+        return (t->match_uid_set || t->match_gid_set || t->match_name_set || t->match_cgroup_set) &&
+               (!t->match_uid_set || t->match_uid == uid) && (!t->match_gid_set || t->match_gid == gid) &&
+               (!t->match_name_set || fnmatch(t->match_name, name, 0) == 0) &&
+               (!t->match_cgroup_set || (cgroup && fnmatch(t->match_cgroup, cgroup, 0) == 0));
 }

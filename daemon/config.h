@@ -6,7 +6,8 @@
  *   [pool]         headroom, idle_release, max_cached, reclaim_timeout
  *   [limits]       client_max (max_blocks: obsolete, accepted and ignored with a warning)
  *   [tenant:NAME]  match_uid, match_gid, match_name (a glob over the client's declared name),
- *                  max, guarantee, client_max
+ *                  match_cgroup (a glob over its cgroup v2 path, '*' crossing '/'), max,
+ *                  guarantee, client_max
  *
  * A client belongs to the first tenant (in the order of first appearance) all of whose match
  * rules hold, else to "default", whose limits a [tenant:default] section may set. Every
@@ -24,14 +25,16 @@
 
 #define CONFIG_MAX_TENANTS 64
 #define CONFIG_NAME_MAX 63
+#define CONFIG_CGROUP_MAX 255   /* a match_cgroup glob's bytes: a cgroup path the daemon keeps is shorter */
 #define CONFIG_DEFAULT_TENANT "default"
 
 struct tenant_conf {
         char name[CONFIG_NAME_MAX + 1];
         char where[128];                /* "file:line" of its first key, for messages */
-        bool match_uid_set, match_gid_set, match_name_set;
+        bool match_uid_set, match_gid_set, match_name_set, match_cgroup_set;
         uint32_t match_uid, match_gid;
         char match_name[CONFIG_NAME_MAX + 1];
+        char match_cgroup[CONFIG_CGROUP_MAX + 1];
         uint64_t max_bytes;             /* all its clients together, per device; 0: none */
         uint64_t guarantee_bytes;       /* per device */
         uint64_t client_max_bytes;      /* per client and device; 0: none */
@@ -60,7 +63,10 @@ int config_load(const char *path, bool required, struct config *ret, char *err, 
  */
 size_t config_warnings(const struct config *c, char *buf, size_t size);
 
-/* Whether a client of uid, gid and declared name meets every match rule of t. */
-bool tenant_conf_matches(const struct tenant_conf *t, uint32_t uid, uint32_t gid, const char *name);
+/*
+ * Whether a client of uid, gid, declared name and cgroup (NULL: unknown, which no match_cgroup
+ * matches) meets every match rule of t.
+ */
+bool tenant_conf_matches(const struct tenant_conf *t, uint32_t uid, uint32_t gid, const char *name, const char *cgroup);
 
 #endif

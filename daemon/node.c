@@ -113,6 +113,7 @@ void node_close(struct node *node) {
                 node->headroom_timer_open = false;
         }
         node_forget_pid_limits(node);
+        identity_table_free(&node->identities);
         for (unsigned d = 0; d < node->device_count; d++) {
                 pool_free(node->pools[d]);
                 node->pools[d] = NULL;

@@ -22,6 +22,7 @@
 
 #include "backend.h"
 #include "config.h"
+#include "identity.h"
 #include "log.h"
 #include "metrics.h"
 #include "options.h"
@@ -103,6 +104,7 @@ struct node {
         unsigned parked;                /* sessions with a parked allocation */
         uint64_t zeroings_ended;        /* zeroings seen to end, all devices: wakes the leases waiting for one */
         unsigned reclaim_outstanding;   /* reclaim requests no client has answered yet */
+        struct identity_table identities;       /* the (uid, pod) principals seen */
         uint64_t reclaim_rounds;        /* parked leases that asked clients for memory, ever (their rounds' names) */
         struct pid_limit pid_limits[NODE_MAX_PID_LIMITS];       /* set-limit --pid, until a reload */
         unsigned pid_limit_count;

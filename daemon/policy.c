@@ -41,9 +41,9 @@ int policy_check_guarantees(const struct policy *p, char *why, size_t why_size) 
         return 0;
 }
 
-struct tenant *policy_tenant_for(struct policy *p, uint32_t uid, uint32_t gid, const char *name) {
+struct tenant *policy_tenant_for(struct policy *p, uint32_t uid, uint32_t gid, const char *name, const char *cgroup) {
         for (unsigned i = 1; i < p->tenant_count; i++)
-                if (tenant_conf_matches(&p->tenants[i].conf, uid, gid, name))
+                if (tenant_conf_matches(&p->tenants[i].conf, uid, gid, name, cgroup))
                         return &p->tenants[i];
         return &p->tenants[0];
 }

@@ -87,8 +87,8 @@ void policy_configure(struct policy *p, const struct config *c);
 /* Whether the tenants' guarantees fit every device. Returns 0, or -EINVAL saying which does not. */
 int policy_check_guarantees(const struct policy *p, char *why, size_t why_size);
 
-/* The tenant a client of uid, gid and declared name belongs to. */
-struct tenant *policy_tenant_for(struct policy *p, uint32_t uid, uint32_t gid, const char *name);
+/* The tenant a client of uid, gid, declared name and cgroup (NULL: unknown) belongs to. */
+struct tenant *policy_tenant_for(struct policy *p, uint32_t uid, uint32_t gid, const char *name, const char *cgroup);
 
 /* The tenant called name, or NULL. */
 struct tenant *policy_tenant_by_name(struct policy *p, const char *name);

@@ -28,8 +28,8 @@ struct segment {
         uint64_t id;
         uint64_t size;
         struct pool_owner *owner;
-        uint32_t last_tenant;
-        bool has_tenant;
+        uint64_t last_principal;
+        bool has_principal;
         bool to_backend;                /* reclaimed by a flush: straight back to the backend once released */
         bool zeroing;
         uint64_t cache_seq;
@@ -245,10 +245,10 @@ void pool_free(struct pool *p) {
         free(p);
 }
 
-void pool_owner_attach(struct pool *p, struct pool_owner *o, uint32_t tenant) {
+void pool_owner_attach(struct pool *p, struct pool_owner *o, uint64_t principal) {
         memset(o, 0, sizeof(*o));
         o->pool = p;
-        o->tenant = tenant;
+        o->principal = principal;
         gp_rb_init(&o->segments_by_id, cmp_owner_segment);
         o->next = p->owners;
         if (p->owners)
@@ -298,8 +298,8 @@ static void segment_to_cache(struct pool *p, struct segment *s) {
                 segment_destroy(p, s);
                 return;
         }
-        s->last_tenant = o->tenant;
-        s->has_tenant = true;
+        s->last_principal = o->principal;
+        s->has_principal = true;
         cache_insert(p, s);
 }
 
@@ -421,7 +421,7 @@ static int segment_obtain(struct pool *p, uint64_t rsize, uint64_t headroom, str
 }
 
 /*
- * Zeroes s (out of the cache or new) if it last belonged to another tenant than o's. Returns
+ * Zeroes s (out of the cache or new) if it last belonged to another principal than o. Returns
  * 0 when it may be leased now; -EINPROGRESS when the zeroing runs on the device (s waits in
  * pool->zeroing, and comes into the cache clean once pool_poll_zeroing() sees it end); or a
  * negative errno, s destroyed.
@@ -429,14 +429,14 @@ static int segment_obtain(struct pool *p, uint64_t rsize, uint64_t headroom, str
 static int segment_zero_for(struct pool *p, struct pool_owner *o, struct segment *s) {
         int r;
 
-        if (!s->has_tenant || s->last_tenant == o->tenant)
+        if (!s->has_principal || s->last_principal == o->principal)
                 return 0;
         r = p->backend->ops->mem_zero(p->backend, p->device, &s->mem, s->size);
         if (r < 0) {
                 segment_destroy(p, s);
                 return r;
         }
-        s->has_tenant = false;  /* zero: anyone's */
+        s->has_principal = false;       /* zero: anyone's */
         segment_name(p, s);     /* its memory may be fresh */
         if (r == 0)
                 return 0;

@@ -43,7 +43,7 @@ struct pool_group {
 struct pool_owner {
         uint64_t reserved_bytes;        /* sum of the sizes of the segments leased to it */
         uint64_t segments;
-        uint32_t tenant;                /* segments changing tenant are zeroed */
+        uint64_t principal;             /* segments moving to another principal are zeroed (identity.h) */
         /* What the owner says it holds in its segments (Usage), and when it said so. */
         uint64_t reported_in_use_bytes;
         uint64_t reported_held_free_bytes;
@@ -118,8 +118,11 @@ uint64_t pool_trim_cache(struct pool *pool, uint64_t max_cached_bytes);
 /* Gives every segment back to the backend and frees the pool. Owners must be detached first. NULL is fine. */
 void pool_free(struct pool *pool);
 
-/* Attaches an owner (zeroed by the caller or not) to pool. */
-void pool_owner_attach(struct pool *pool, struct pool_owner *owner, uint32_t tenant);
+/*
+ * Attaches an owner (zeroed by the caller or not) to pool, as principal: a segment that last
+ * belonged to another principal is zeroed (or made fresh) before it is leased to it.
+ */
+void pool_owner_attach(struct pool *pool, struct pool_owner *owner, uint64_t principal);
 
 /*
  * Makes the owner's reserved and reported in-use bytes part of group (NULL: of none), taking

@@ -108,9 +108,11 @@ static void handle_hello(struct session *s, const Gpupool__Envelope *req, struct
         }
         if (name)
                 strcpy(s->name, name);
+        s->admin_tool = req->hello->admin;
         s->state = SESSION_READY;
         if (!s->control_of)
-                session_set_tenant(s, policy_tenant_for(&node->policy, s->uid, s->gid, s->name));
+                session_set_tenant(s, policy_tenant_for(&node->policy, s->uid, s->gid, s->name,
+                                                    s->cgroup_known ? s->cgroup : NULL));
 
         for (unsigned d = 0; d < node->device_count; d++) {
                 struct pool_stats st;
@@ -140,6 +142,9 @@ static void handle_hello(struct session *s, const Gpupool__Envelope *req, struct
         if (s->control_of)
                 session_log(s, LOG_LEVEL_DEBUG, "client %llu: control channel of client %llu", (unsigned long long) s->id,
                             (unsigned long long) s->control_of->id);
+        else if (s->admin_tool)         /* gpupoolctl: a probe every few seconds must not log two lines each */
+                session_log(s, LOG_LEVEL_DEBUG, "client %llu hello: '%s' (administrative), pid %d, uid %u",
+                            (unsigned long long) s->id, s->name, (int) s->pid, (unsigned) s->uid);
         else
                 session_log(s, LOG_LEVEL_INFO, "client %llu hello: '%s', pid %d, uid %u, tenant %s",
                             (unsigned long long) s->id, s->name,
@@ -284,7 +289,7 @@ static const struct request_kind *kind_of(Gpupool__Envelope__BodyCase body) {
  */
 static bool allowed(struct session *s, const Gpupool__Envelope *req, const struct request_kind *k, struct reply *ret) {
         bool hello = req->body_case == GPUPOOL__ENVELOPE__BODY_HELLO;
-        char why[160];
+        char why[256];
 
         if (s->said_bye) {
                 reply_error(req->id, -EPROTO, true, "request after goodbye", ret);
@@ -323,8 +328,8 @@ static bool allowed(struct session *s, const Gpupool__Envelope *req, const struc
                 return false;
         }
         /* Limits and other clients' memory are the operator's: a client acting on them would make them mean nothing. */
-        if ((k->roles & ROLE_OPERATOR) && (!k->operator_if || k->operator_if(req)) && s->uid != 0 && s->uid != geteuid()) {
-                snprintf(why, sizeof(why), "%s is for root or the daemon's own user", k->what);
+        if ((k->roles & ROLE_OPERATOR) && (!k->operator_if || k->operator_if(req)) && !s->operator) {
+                snprintf(why, sizeof(why), "%s is %s", k->what, s->not_operator_why);
                 reply_error(req->id, -EACCES, false, why, ret);
                 return false;
         }

@@ -20,7 +20,10 @@
 #include "session.h"
 #include "size.h"
 
-/* Describes a tenant's match rules: "uid=1000 gid=50 name=train-*"; "" for default. */
+/* A tenant's rules as text: uid, gid, a name glob and a cgroup glob, with their keys. */
+#define RULES_TEXT_MAX (64 + CONFIG_NAME_MAX + CONFIG_CGROUP_MAX)
+
+/* Describes a tenant's match rules: "uid=1000 gid=50 name=train-* cgroup=GLOB"; "" for default. */
 static void rules_text(const struct tenant_conf *t, char *buf, size_t size) {
         int n = 0;
 
@@ -31,6 +34,8 @@ static void rules_text(const struct tenant_conf *t, char *buf, size_t size) {
                 n += snprintf(buf + n, size - (size_t) n, "gid=%u ", t->match_gid);
         if (t->match_name_set && (size_t) n < size)
                 n += snprintf(buf + n, size - (size_t) n, "name=%s ", t->match_name);
+        if (t->match_cgroup_set && (size_t) n < size)
+                n += snprintf(buf + n, size - (size_t) n, "cgroup=%s ", t->match_cgroup);
         if (n > 0 && (size_t) n <= size)
                 buf[n - 1] = '\0';
 }
@@ -58,7 +63,7 @@ static void client_report(const struct session *c, uint64_t now_ms, Gpupool__Cli
 
 /* Fills the status reply's tenants (the arrays are the caller's, sized for every tenant). */
 static void tenants_status(struct session *s, Gpupool__StatusReply *sr, Gpupool__TenantStatus *tenants,
-                           Gpupool__TenantStatus **ptrs, char rules[][160], uint64_t in_use[][BACKEND_MAX_DEVICES],
+                           Gpupool__TenantStatus **ptrs, char rules[][RULES_TEXT_MAX], uint64_t in_use[][BACKEND_MAX_DEVICES],
                            uint64_t reserved[][BACKEND_MAX_DEVICES]) {
         struct node *node = s->node;
         struct policy *p = &node->policy;
@@ -97,7 +102,7 @@ void request_status(struct session *s, const Gpupool__Envelope *req, struct repl
         Gpupool__StatusReply sr = GPUPOOL__STATUS_REPLY__INIT;
         Gpupool__ClientStatus *clients = NULL, **client_ptrs = NULL;
         static Gpupool__TenantStatus tenants[CONFIG_MAX_TENANTS], *tenant_ptrs[CONFIG_MAX_TENANTS];
-        static char rules[CONFIG_MAX_TENANTS][160];
+        static char rules[CONFIG_MAX_TENANTS][RULES_TEXT_MAX];
         static uint64_t in_use[CONFIG_MAX_TENANTS][BACKEND_MAX_DEVICES], reserved[CONFIG_MAX_TENANTS][BACKEND_MAX_DEVICES];
         Gpupool__Envelope env;
         uint64_t after = req->status_request->has_after_client_id ? req->status_request->after_client_id : 0;
@@ -183,6 +188,10 @@ void request_status(struct session *s, const Gpupool__Envelope *req, struct repl
                                               node->policy.client_limit_bytes;
                 if (c->tenant)
                         cs->tenant = c->tenant->conf.name;
+                if (c->cgroup_known)
+                        cs->cgroup = c->cgroup;
+                if (c->pod_uid[0])
+                        cs->pod_uid = c->pod_uid;
                 client_report(c, uv_now(node->loop), cs);
                 if (c->state == SESSION_EXITING) {
                         cs->has_exiting = 1;

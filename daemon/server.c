@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include "closer.h"
+#include "identity.h"
 #include "log.h"
 #include "notify.h"
 #include "reclaim.h"
@@ -132,8 +133,8 @@ static int admit(struct server *server, int fd, bool *ret_per_uid) {
         }
         if (control_room(server, cred.pid))
                 return SESSION_ADMIT_CONTROL_ONLY;
-        /* Root's and the daemon's own: in, but its hello must say it is an operator's tool. */
-        if ((cred.uid == 0 || cred.uid == geteuid()) && server->node.admin_connected < NODE_OPERATOR_ROOM)
+        /* The node's operator's (root or the daemon's user, in no pod or container): in, but its hello must say it is an operator's tool. */
+        if (server->node.admin_connected < NODE_OPERATOR_ROOM && identity_is_operator(cred.uid, cred.pid, why, sizeof(why)))
                 return SESSION_ADMIT_ADMIN_ONLY;
         node_limit_text(&server->node, *ret_per_uid, cred.uid, why, sizeof(why));
         node_log(&server->node, LOG_LEVEL_WARN, "refusing a client (pid %d, uid %u): %s", (int) cred.pid, (unsigned) cred.uid, why);
@@ -232,7 +233,8 @@ static int listen_on(const char *path, int *ret_fd) {
 static void map_clients(struct node *node) {
         SESSION_FOREACH(c, node)
                 if ((c->state == SESSION_READY || c->state == SESSION_EXITING) && !c->control_of)
-                        session_set_tenant(c, policy_tenant_for(&node->policy, c->uid, c->gid, c->name));
+                        session_set_tenant(c, policy_tenant_for(&node->policy, c->uid, c->gid, c->name,
+                                                                c->cgroup_known ? c->cgroup : NULL));
 }
 
 static void on_stuck_timer(uv_timer_t *timer) {

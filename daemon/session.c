@@ -97,8 +97,19 @@ int session_start(struct node *node, int fd, enum session_admission how, bool pa
         s->control_only = how == SESSION_ADMIT_CONTROL_ONLY;
         s->uncounted = how != SESSION_ADMIT_CLIENT;     /* not one of --max-clients: room beyond them */
         s->connected_ms = uv_now(node->loop);
+        /*
+         * Its principal: the uid, and the pod its cgroup names. A cgroup that cannot be read
+         * (pid 0: a process the daemon's PID namespace cannot see; /proc hidden) makes it a
+         * principal of its own, whose memory is zeroed whichever way it moves.
+         */
+        s->cgroup_known = identity_read_cgroup(cred.pid, s->cgroup) == 0;
+        if (!s->cgroup_known || !identity_pod_uid(s->cgroup, s->pod_uid))
+                s->pod_uid[0] = '\0';
+        s->principal = identity_principal(&node->identities, (uint32_t) cred.uid, s->cgroup_known,
+                                          s->pod_uid[0] ? s->pod_uid : NULL, s->id);
+        s->operator = identity_is_operator(cred.uid, cred.pid, s->not_operator_why, sizeof(s->not_operator_why));
         for (unsigned d = 0; d < node->device_count; d++)
-                pool_owner_attach(node->pools[d], &s->owners[d], (uint32_t) cred.uid);
+                pool_owner_attach(node->pools[d], &s->owners[d], s->principal);
 
         r = uv_poll_init(node->loop, &s->poll, fd);
         if (r < 0) {
@@ -332,7 +343,7 @@ static void session_disconnect(struct session *s, const char *why) {
                 return;
         session_totals(s, &reserved, &in_use, &segments);
         /* At info only for a client whose hello was logged at info: the pair of lines. */
-        if (s->control_of || !s->tenant)
+        if (s->control_of || !s->tenant || s->admin_tool)
                 session_log(s, LOG_LEVEL_DEBUG, "client %llu (pid %d) closed: %s",
                             (unsigned long long) s->id, (int) s->pid, why);
         else

@@ -12,6 +12,7 @@
 #include <sys/types.h>
 #include <uv.h>
 
+#include "identity.h"
 #include "log.h"
 #include "policy.h"
 #include "pool.h"
@@ -36,11 +37,19 @@ struct session {
         uid_t uid;
         gid_t gid;
         char name[GP_MAX_NAME_BYTES + 1];
+        /* Its cgroup v2 path and pod (identity.h), read at connect; unknown: a principal of its own. */
+        bool cgroup_known;
+        char cgroup[IDENTITY_MAX_CGROUP];
+        char pod_uid[IDENTITY_POD_UID_LEN + 1];        /* "" outside a pod */
+        uint64_t principal;             /* whom its memory is zeroed between (pool_owner_attach()) */
+        bool operator;                  /* the node's operator (identity_is_operator()): administrative requests */
+        char not_operator_why[160];     /* else why not, for the refusal */
         struct tenant *tenant;          /* from hello on; NULL before, and for a control channel */
         struct session *control;        /* its control channel (reclaim requests), or NULL */
         struct session *control_of;     /* for a control channel: the client it serves */
         bool uncounted;                 /* a control channel: not one of --max-clients */
         bool admin_only;                /* an operator's let in past the limits: administrative requests only */
+        bool admin_tool;                /* its hello said admin (gpupoolctl): its coming and going logged at debug */
         bool control_only;              /* let in past the limits as a client's control channel: its hello must say so */
         bool past_uid_cap;              /* for admin_only: past max_clients_per_uid, else past --max-clients */
         uint64_t connected_ms;          /* when it connected (loop clock), for the hello deadline */

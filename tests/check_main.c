@@ -19,6 +19,7 @@ int main(void) {
         srunner_add_suite(sr, suite_heap());
         srunner_add_suite(sr, suite_granule());
         srunner_add_suite(sr, suite_pool());
+        srunner_add_suite(sr, suite_identity());
         srunner_add_suite(sr, suite_daemon());
         srunner_add_suite(sr, suite_leases());
         srunner_add_suite(sr, suite_hostile());
@@ -29,6 +30,7 @@ int main(void) {
         srunner_add_suite(sr, suite_survive());
         srunner_add_suite(sr, suite_adopt());
         srunner_add_suite(sr, suite_peers());
+        srunner_add_suite(sr, suite_pods());
         srunner_add_suite(sr, suite_replies());
         srunner_add_suite(sr, suite_scopes());
         srunner_add_suite(sr, suite_metrics());

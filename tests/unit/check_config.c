@@ -149,7 +149,10 @@ START_TEST(test_refusals_name_file_and_line) {
                 { "[pool]\nidle_release = 5min\n  max_cached = 25%\n", ":3: an indented line continues the previous value" },
                 { "[pool\n", ":1: not a [section] or a key = value line" },
                 { "[daemon]\nthis line has no equals sign\n", ":2: not a [section] or a key = value line" },
-                { "[tenant:a]\nmax = 1G\n", ":2: [tenant:a] has no match_uid, match_gid or match_name" },
+                { "[tenant:a]\nmax = 1G\n", ":2: [tenant:a] has no match_uid, match_gid, match_name or match_cgroup" },
+                { "[tenant:a]\nmatch_cgroup = kubepods\n", ":2: match_cgroup: a glob over a cgroup v2 path, starting with / or *" },
+                { "[tenant:a]\nmatch_cgroup = /kubepods.slice/*\n[tenant:b]\nmatch_cgroup = /kubepods.slice/*\n",
+                  ":4: [tenant:b] overlaps [tenant:a]" },
                 { "[tenant:a b]\nmatch_uid = 1\n", ":2: [tenant:a b]: a tenant name is 1 to 63 letters" },
                 { "[tenant:a]\nmatch_uid = nosuchuser-gpupool\n", ":2: match_uid: 'nosuchuser-gpupool' is not a user" },
                 { "[tenant:a]\nmatch_gid = -1\n", ":2: match_gid: '-1' is not a group" },
@@ -180,10 +183,23 @@ START_TEST(test_matching) {
         struct tenant_conf none = { 0 };
 
         strcpy(t.match_name, "train-*");
-        ck_assert(tenant_conf_matches(&t, 1000, 5, "train-resnet"));
-        ck_assert(!tenant_conf_matches(&t, 1001, 5, "train-resnet"));     /* every rule must hold */
-        ck_assert(!tenant_conf_matches(&t, 1000, 5, "serve"));
-        ck_assert(!tenant_conf_matches(&none, 0, 0, "x"));                /* no rule matches nobody */
+        ck_assert(tenant_conf_matches(&t, 1000, 5, "train-resnet", NULL));
+        ck_assert(!tenant_conf_matches(&t, 1001, 5, "train-resnet", NULL));     /* every rule must hold */
+        ck_assert(!tenant_conf_matches(&t, 1000, 5, "serve", NULL));
+        ck_assert(!tenant_conf_matches(&none, 0, 0, "x", NULL));                /* no rule matches nobody */
+
+        /* A cgroup glob: '*' crosses '/', both cgroup drivers' pod paths and systemd units; an unknown cgroup matches none. */
+        struct tenant_conf pods = { .match_cgroup_set = true }, units = { .match_cgroup_set = true };
+
+        strcpy(pods.match_cgroup, "/kubepods*pod0c1f2e3d?4b5a*");
+        strcpy(units.match_cgroup, "/system.slice/inference@*.service");
+        ck_assert(tenant_conf_matches(&pods, 0, 0, "x", "/kubepods.slice/kubepods-besteffort.slice/"
+                                      "kubepods-besteffort-pod0c1f2e3d_4b5a_6978_8a9b_acbdcedf0f1e.slice/cri-containerd-1.scope"));
+        ck_assert(tenant_conf_matches(&pods, 0, 0, "x", "/kubepods/besteffort/pod0c1f2e3d-4b5a-6978-8a9b-acbdcedf0f1e/1"));
+        ck_assert(!tenant_conf_matches(&pods, 0, 0, "x", "/kubepods/besteffort/pod11111111-2222-3333-4444-555555555555/1"));
+        ck_assert(!tenant_conf_matches(&pods, 0, 0, "x", NULL));
+        ck_assert(tenant_conf_matches(&units, 0, 0, "x", "/system.slice/inference@7.service"));
+        ck_assert(!tenant_conf_matches(&units, 0, 0, "x", "/system.slice/training.service"));
 }
 END_TEST
 
@@ -203,11 +219,11 @@ START_TEST(test_policy_admit) {
         p.capacity_bytes[0] = 80 * GiB;
         policy_configure(&p, &conf);
         ck_assert_int_eq(policy_check_guarantees(&p, why, sizeof(why)), 0);
-        train = policy_tenant_for(&p, 1000, 1000, "train-a");
-        serve = policy_tenant_for(&p, 1000, 1000, "serve-b");
+        train = policy_tenant_for(&p, 1000, 1000, "train-a", NULL);
+        serve = policy_tenant_for(&p, 1000, 1000, "serve-b", NULL);
         ck_assert_str_eq(train->conf.name, "train");
         ck_assert_str_eq(serve->conf.name, "serve");
-        ck_assert_str_eq(policy_tenant_for(&p, 0, 0, "other")->conf.name, "default");
+        ck_assert_str_eq(policy_tenant_for(&p, 0, 0, "other", NULL)->conf.name, "default");
         ck_assert_uint_eq(policy_client_limit(&p, train, POLICY_NO_OVERRIDE), 30 * GiB);
         ck_assert_uint_eq(policy_client_limit(&p, &p.tenants[0], POLICY_NO_OVERRIDE), 8 * GiB);
         ck_assert_uint_eq(policy_client_limit(&p, train, 1 * GiB), 1 * GiB);

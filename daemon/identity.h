@@ -1,0 +1,65 @@
+/*
+ * identity.h: who a client is, for the memory that moves between clients: its uid and its
+ * cgroup v2 path (on Kubernetes, its pod; under systemd, its unit). On a node where every pod
+ * runs as root the uid alone tells no pod from another, so memory that moves between uids or
+ * between pods is zeroed (or fresh). Each principal gets a 64-bit id the pool compares
+ * (pool_owner_attach()): the uid alone outside a pod; an interned (uid, pod) pair in a pod; and
+ * for a client whose cgroup cannot be read (pid 0 from another PID namespace, /proc hidden) an
+ * id of its own, so that memory moving to or from it is always zeroed.
+ */
+#ifndef GP_IDENTITY_H
+#define GP_IDENTITY_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+/* The longest cgroup path kept; a longer one is not trusted to name a pod, and its client is a principal of its own. */
+#define IDENTITY_MAX_CGROUP 256
+/* A pod's UID as Kubernetes writes it: 8-4-4-4-12 hex digits. */
+#define IDENTITY_POD_UID_LEN 36
+/* The most (uid, pod) pairs interned; past them a new pod's clients are principals of their own (always zeroed). */
+#define IDENTITY_MAX_PODS 65536
+
+/*
+ * Reads process pid's cgroup v2 path (/proc/PID/cgroup, the "0::" line, which a hybrid
+ * hierarchy has too) into buf. Returns 0, -ESRCH for pid 0 (a process the daemon's PID
+ * namespace cannot see), -ENAMETOOLONG for a path longer than IDENTITY_MAX_CGROUP - 1, or
+ * another negative errno.
+ */
+int identity_read_cgroup(pid_t pid, char buf[IDENTITY_MAX_CGROUP]);
+
+/*
+ * The pod UID in a kubelet's cgroup path, with either cgroup driver's naming
+ * ("/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod<UID>.slice/...", UID's
+ * dashes as underscores; "/kubepods/besteffort/pod<UID>/..."), into ret (lower case, with
+ * dashes, NUL-terminated). Returns whether the path is a pod's.
+ */
+bool identity_pod_uid(const char *cgroup, char ret[IDENTITY_POD_UID_LEN + 1]);
+
+/*
+ * Whether a client of uid and process pid is the node's operator: root or the daemon's own
+ * user, on the node itself: in no pod, in the daemon's PID namespace (not a container's), its
+ * cgroup known. Root in a pod or a container is root only there. Else says why not in why.
+ */
+bool identity_is_operator(uid_t uid, pid_t pid, char *why, size_t why_size);
+
+/* The principals of pods seen so far. */
+struct identity_table {
+        struct identity_pod *pods;      /* sorted by (uid, pod UID) */
+        size_t count, room;
+};
+
+/*
+ * The principal of a client of uid, with cgroup (NULL: unknown) and its pod UID (NULL: not
+ * in a pod), or with neither known its own, made from client_id. Never fails: where the table
+ * is full or out of memory, the client is a principal of its own.
+ */
+uint64_t identity_principal(struct identity_table *t, uint32_t uid, bool cgroup_known, const char *pod_uid,
+                            uint64_t client_id);
+
+/* Frees the table. */
+void identity_table_free(struct identity_table *t);
+
+#endif

@@ -1,0 +1,246 @@
+/*
+ * check_pods.c: clients told apart by their cgroup as well as their uid, with pods simulated as
+ * the kubelet's cgroups (/kubepods.slice/.../kubepods-besteffort-pod<UID>.slice/...scope) in
+ * the cgroup v2 hierarchy: root processes of two pods never see each other's bytes, a pod's
+ * own memory comes back to it unzeroed, status shows each client's cgroup and pod, and root in
+ * a pod is no operator. Needs
+ * root and a writable cgroup v2 hierarchy; skipped, saying why, elsewhere.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "gpupool.h"
+#include "suites.h"
+#include "testlib.h"
+
+#define MiB (1ULL << 20)
+#define POD_A "0c1f2e3d-4b5a-6978-8a9b-acbdcedf0f1e"
+#define POD_B "11111111-2222-3333-4444-555555555555"
+#define MARK 0xa5
+
+/* Where the cgroup v2 hierarchy is mounted (/sys/fs/cgroup, or its unified mount on a hybrid one), into buf. */
+static bool cgroup2_mount(char *buf, size_t size) {
+        char line[1024], mnt[512];
+        bool found = false;
+        FILE *f = fopen("/proc/self/mountinfo", "re");
+
+        while (f && !found && fgets(line, sizeof(line), f))
+                if (strstr(line, " - cgroup2 ") && sscanf(line, "%*s %*s %*s %*s %511s", mnt) == 1) {
+                        snprintf(buf, size, "%s", mnt);
+                        found = true;
+                }
+        if (f)
+                fclose(f);
+        return found;
+}
+
+static const char *const levels[] = { "kubepods.slice", "kubepods-besteffort.slice" };
+
+/* The directory of the pod's container scope, under mnt, the UID's dashes as underscores (the systemd driver's naming). */
+static void pod_dir(const char *mnt, const char *uid, int depth, char *buf, size_t size) {
+        char u[64];
+        int n;
+
+        snprintf(u, sizeof(u), "%s", uid);
+        for (char *p = u; *p; p++)
+                if (*p == '-')
+                        *p = '_';
+        n = snprintf(buf, size, "%s", mnt);
+        for (int i = 0; i < depth && i < 2; i++)
+                n += snprintf(buf + n, size - (size_t) n, "/%s", levels[i]);
+        if (depth >= 3)
+                n += snprintf(buf + n, size - (size_t) n, "/kubepods-besteffort-pod%s.slice", u);
+        if (depth >= 4)
+                snprintf(buf + n, size - (size_t) n, "/cri-containerd-test.scope");
+}
+
+/* Makes both pods' cgroups; false, saying why, where this machine cannot. */
+static bool make_pods(const char *mnt) {
+        const char *pods[] = { POD_A, POD_B };
+        char dir[1024];
+
+        for (int p = 0; p < 2; p++)
+                for (int depth = 1; depth <= 4; depth++) {
+                        pod_dir(mnt, pods[p], depth, dir, sizeof(dir));
+                        if (mkdir(dir, 0755) < 0 && errno != EEXIST) {
+                                fprintf(stderr, "check_pods: skipped: cannot make cgroup %s: %s\n", dir, strerror(errno));
+                                return false;
+                        }
+                }
+        return true;
+}
+
+static void remove_pods(const char *mnt) {
+        const char *pods[] = { POD_A, POD_B };
+        char dir[1024];
+
+        for (int p = 0; p < 2; p++)
+                for (int depth = 4; depth >= 1; depth--) {
+                        pod_dir(mnt, pods[p], depth, dir, sizeof(dir));
+                        (void) rmdir(dir);
+                }
+}
+
+struct pod_client {
+        const char *mnt, *pod;
+        bool wants_mark;                /* its memory must hold the mark (its own pod's), or must not */
+        int up[2], go[2];               /* allocated, to the test; go on, from it */
+};
+
+/* In pod's cgroup: allocates 16 MiB, checks the mark is (or is not) there, marks it, says so, waits, and leaves. */
+static int pod_client(struct testd *d, void *arg) {
+        struct pod_client *pc = arg;
+        char dir[1024], path[1100], pid[32];
+        gpupool_client *c;
+        unsigned char *p;
+        FILE *f;
+        char b;
+
+        pod_dir(pc->mnt, pc->pod, 4, dir, sizeof(dir));
+        snprintf(path, sizeof(path), "%s/cgroup.procs", dir);
+        snprintf(pid, sizeof(pid), "%d\n", (int) getpid());
+        if (!(f = fopen(path, "we")) || fputs(pid, f) < 0 || fclose(f) != 0)
+                return 2;
+        if (gpupool_connect(d->sock, pc->pod == (const char *) POD_A ? "in-pod-a" : "in-pod-b", &c) < 0 ||
+            gpupool_alloc(c, 0, 16 * MiB, (void **) &p) < 0)
+                return 3;
+        for (size_t i = 0; i < 16 * MiB; i += 4096)
+                if ((p[i] == MARK) != pc->wants_mark) {
+                        fprintf(stderr, "pod_client %s: byte %zu is %#x\n", pc->pod, i, p[i]);
+                        return 4;
+                }
+        memset(p, MARK, 16 * MiB);
+        if (write(pc->up[1], "a", 1) != 1 || read(pc->go[0], &b, 1) != 1)
+                return 5;
+        gpupool_free(c, p);
+        gpupool_disconnect(c);          /* the segment goes back to the cache, still this pod's */
+        return 0;
+}
+
+/* Runs a client in pod; with a tenant to look for, checks what status says of it while it holds its block. */
+static void run_in_pod(struct testd *d, const char *mnt, const char *pod, bool wants_mark, const char *look) {
+        struct pod_client pc = { .mnt = mnt, .pod = pod, .wants_mark = wants_mark };
+        pid_t pid;
+        char b;
+
+        ck_assert(pipe(pc.up) == 0 && pipe(pc.go) == 0);
+        pid = spawn(pod_client, d, &pc);
+        close(pc.up[1]);        /* its end only: a client that fails closes the pipe */
+        close(pc.go[0]);
+        pc.up[1] = pc.go[0] = -1;
+        ck_assert_msg(read(pc.up[0], &b, 1) == 1, "the client in pod %s failed with %d", pod, reap(pid));
+        if (look) {
+                json_t *st = testd_ctl(d, "status");
+                json_t *c = status_client_by_pid(st, pid);
+                const char *cgroup = c ? json_string_value(json_object_get(c, "cgroup")) : NULL;
+
+                ck_assert_ptr_nonnull(c);
+                ck_assert_str_eq(json_string_value(json_object_get(c, "pod_uid")), pod);
+                ck_assert_str_eq(json_string_value(json_object_get(c, "tenant")), look);
+                ck_assert_msg(cgroup && strstr(cgroup, "/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod") &&
+                              strstr(cgroup, "/cri-containerd-test.scope"), "%s", cgroup ? cgroup : "(none)");
+                json_decref(st);
+        }
+        ck_assert_int_eq(write(pc.go[1], "g", 1), 1);
+        ck_assert_int_eq(reap(pid), 0);
+        close(pc.up[0]);
+        close(pc.go[1]);
+}
+
+/*
+ * Root in pod A marks 16 MiB and leaves; root in pod A again gets that memory back unzeroed
+ * (one principal), marks it and leaves; root in pod B then gets it without a byte of the mark.
+ * A tenant by match_cgroup holds pod A's clients, and pod B's fall to the default.
+ */
+START_TEST(test_pods_of_one_uid_see_nothing_of_each_other) {
+        char mnt[512];
+        struct testd d;
+
+        if (geteuid() != 0 || !cgroup2_mount(mnt, sizeof(mnt))) {
+                fprintf(stderr, "check_pods: skipped: needs root and a cgroup v2 hierarchy\n");
+                return;
+        }
+        if (!make_pods(mnt)) {
+                remove_pods(mnt);
+                return;
+        }
+        /* One segment's worth, all of it cacheable: the one segment goes from client to client. */
+        testd_start(&d, "--host-capacity", "16M", "--max-cached", "100%", "--config",
+                    conf_new("[tenant:pod-a]\nmatch_cgroup = /kubepods.slice/*-pod0c1f2e3d_4b5a_*\n"), NULL);
+        run_in_pod(&d, mnt, POD_A, false, "pod-a");
+        run_in_pod(&d, mnt, POD_A, true, NULL);
+        run_in_pod(&d, mnt, POD_B, false, "default");
+        ck_assert_int_eq(testd_stop(&d), 0);
+        conf_remove();
+        remove_pods(mnt);
+}
+END_TEST
+
+/* Runs "gpupoolctl --socket S ARGS" from inside pod's cgroup; its exit status, its output (stderr too) in out. */
+static int ctl_in_pod(struct testd *d, const char *mnt, const char *pod, const char *args, char *out, size_t size) {
+        char dir[1024], cmd[2048];
+
+        pod_dir(mnt, pod, 4, dir, sizeof(dir));
+        snprintf(cmd, sizeof(cmd), "sh -c 'echo $$ > %s/cgroup.procs && exec %s/gpupoolctl --socket %s %s' 2>&1", dir,
+                 build_dir(), d->sock, args);
+        return run_capture(cmd, out, size);
+}
+
+/*
+ * Root in a pod is no operator: set-limit, check, trim, reload and flush --tenant are refused,
+ * saying it runs in a pod, and it cannot take the operators' slots past --max-clients; the
+ * node's root can do all of it. status stays open to it, as to everyone.
+ */
+START_TEST(test_root_in_a_pod_is_no_operator) {
+        static const char *const admin[] = {
+                "set-limit --tenant default max=1G", "check", "trim --tenant default", "reload", "flush --tenant default",
+        };
+        char mnt[512], out[8192], cmd[1024];
+        gpupool_client *c;
+        struct testd d;
+
+        if (geteuid() != 0 || !cgroup2_mount(mnt, sizeof(mnt))) {
+                fprintf(stderr, "check_pods: skipped: needs root and a cgroup v2 hierarchy\n");
+                return;
+        }
+        if (!make_pods(mnt)) {
+                remove_pods(mnt);
+                return;
+        }
+        testd_start(&d, "--max-clients", "1", NULL);
+        for (size_t i = 0; i < sizeof(admin) / sizeof(admin[0]); i++) {
+                ck_assert_msg(ctl_in_pod(&d, mnt, POD_A, admin[i], out, sizeof(out)) != 0, "%s: %s", admin[i], out);
+                ck_assert_msg(strstr(out, "not a process in a pod (pod " POD_A ")"), "%s: %s", admin[i], out);
+                snprintf(cmd, sizeof(cmd), "%s/gpupoolctl --socket %s %s >/dev/null 2>&1", build_dir(), d.sock, admin[i]);
+                ck_assert_msg(run_capture(cmd, out, sizeof(out)) == 0, "the node's root: %s", admin[i]);
+        }
+        ck_assert_int_eq(ctl_in_pod(&d, mnt, POD_A, "status", out, sizeof(out)), 0);
+        /* At --max-clients, the operators' slots are the node's: a pod's root is refused, the node's root gets in. */
+        for (double t0 = now_s(); gpupool_connect(d.sock, "the-one-client", &c) < 0; nap_ms(10))
+                ck_assert(now_s() - t0 < 5);
+        ck_assert_int_ne(ctl_in_pod(&d, mnt, POD_A, "status", out, sizeof(out)), 0);
+        ck_assert_msg(strstr(out, "--max-clients"), "%s", out);
+        snprintf(cmd, sizeof(cmd), "%s/gpupoolctl --socket %s status >/dev/null 2>&1", build_dir(), d.sock);
+        ck_assert_int_eq(run_capture(cmd, out, sizeof(out)), 0);
+        gpupool_disconnect(c);
+        ck_assert_int_eq(testd_stop(&d), 0);
+        remove_pods(mnt);
+}
+END_TEST
+
+Suite *suite_pods(void) {
+        Suite *s = suite_create("pods");
+        TCase *tc = tcase_create("pods");
+
+        tcase_add_test(tc, test_pods_of_one_uid_see_nothing_of_each_other);
+        tcase_add_test(tc, test_root_in_a_pod_is_no_operator);
+        tcase_set_timeout(tc, 60);
+        suite_add_tcase(s, tc);
+        return s;
+}

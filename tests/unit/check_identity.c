@@ -1,0 +1,76 @@
+/*
+ * check_identity.c: daemon/identity.c through its header: the pod a kubelet's cgroup path
+ * names, under either cgroup driver, and the principals memory is zeroed between.
+ */
+#include <check.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "identity.h"
+#include "suites.h"
+
+#define UID "0c1f2e3d-4b5a-6978-8a9b-acbdcedf0f1e"
+
+START_TEST(test_pod_uid_from_cgroup_paths) {
+        char pod[IDENTITY_POD_UID_LEN + 1];
+
+        /* The systemd driver writes the UID with underscores, in each QoS class's slice, and for guaranteed pods without one. */
+        ck_assert(identity_pod_uid("/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod0c1f2e3d_4b5a_6978_"
+                                   "8a9b_acbdcedf0f1e.slice/cri-containerd-abc.scope", pod));
+        ck_assert_str_eq(pod, UID);
+        ck_assert(identity_pod_uid("/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod0C1F2E3D_4B5A_6978_"
+                                   "8A9B_ACBDCEDF0F1E.slice/cri-containerd-abc.scope", pod));
+        ck_assert_str_eq(pod, UID);
+        ck_assert(identity_pod_uid("/kubepods.slice/kubepods-pod0c1f2e3d_4b5a_6978_8a9b_acbdcedf0f1e.slice/x.scope", pod));
+        ck_assert_str_eq(pod, UID);
+        /* The cgroupfs driver: dashes, plain directories. */
+        ck_assert(identity_pod_uid("/kubepods/besteffort/pod" UID "/0123456789abcdef", pod));
+        ck_assert_str_eq(pod, UID);
+        ck_assert(identity_pod_uid("/kubepods/pod" UID "/0123456789abcdef", pod));
+        ck_assert_str_eq(pod, UID);
+        /* Not a pod: outside the kubelet's tree, a slice that only says pod, a UID cut short or running on. */
+        ck_assert(!identity_pod_uid("/system.slice/pod" UID ".service", pod));
+        ck_assert(!identity_pod_uid("/user.slice/kubepods/pod" UID, pod));
+        ck_assert(!identity_pod_uid("/kubepodsX/pod" UID, pod));
+        ck_assert(!identity_pod_uid("/kubepods.slice/kubepods-besteffort.slice", pod));
+        ck_assert(!identity_pod_uid("/kubepods/besteffort/pod0c1f2e3d-4b5a-6978-8a9b", pod));
+        ck_assert(!identity_pod_uid("/kubepods/besteffort/pod" UID "0", pod));
+        ck_assert(!identity_pod_uid("/kubepods/besteffort/apod" UID, pod));
+        ck_assert(!identity_pod_uid("/", pod));
+}
+END_TEST
+
+START_TEST(test_principals) {
+        struct identity_table t = { 0 };
+        uint64_t a, b, a_other_uid, a_again;
+
+        /* Outside a pod the uid is the principal; in one, the pair; unknown, the client's own. */
+        ck_assert_uint_eq(identity_principal(&t, 1000, true, NULL, 7), 1000);
+        a = identity_principal(&t, 0, true, UID, 1);
+        b = identity_principal(&t, 0, true, "11111111-2222-3333-4444-555555555555", 2);
+        a_other_uid = identity_principal(&t, 1000, true, UID, 3);
+        a_again = identity_principal(&t, 0, true, UID, 4);
+        ck_assert_uint_ne(a, b);
+        ck_assert_uint_ne(a, a_other_uid);
+        ck_assert_uint_ne(a, 0);
+        ck_assert_uint_eq(a, a_again);
+        /* Ids stay as they were when pairs that sort before them come. */
+        ck_assert_uint_eq(identity_principal(&t, 0, true, "00000000-0000-0000-0000-000000000000", 5) != a, 1);
+        ck_assert_uint_eq(identity_principal(&t, 0, true, UID, 6), a);
+        /* A client whose cgroup is unknown is no one else, and itself only. */
+        ck_assert_uint_ne(identity_principal(&t, 0, false, NULL, 8), identity_principal(&t, 0, false, NULL, 9));
+        ck_assert_uint_eq(identity_principal(&t, 0, false, NULL, 8), identity_principal(&t, 0, false, NULL, 8));
+        ck_assert_uint_ne(identity_principal(&t, 0, false, NULL, 8), 0);
+        identity_table_free(&t);
+}
+END_TEST
+
+Suite *suite_identity(void) {
+        Suite *s = suite_create("identity");
+        TCase *tc = tcase_create("identity");
+
+        tcase_add_test(tc, test_pod_uid_from_cgroup_paths);
+        tcase_add_test(tc, test_principals);
+        suite_add_tcase(s, tc);
+        return s;
+}
