@@ -87,6 +87,19 @@ static void remove_pods(const char *mnt) {
                 }
 }
 
+/* Finds the hierarchy and makes both pods' cgroups; false (skipped, saying why) without root or cgroup v2. */
+static bool pods_ready(char *mnt, size_t size) {
+        if (geteuid() != 0 || !cgroup2_mount(mnt, size)) {
+                fprintf(stderr, "check_pods: skipped: needs root and a cgroup v2 hierarchy\n");
+                return false;
+        }
+        if (!make_pods(mnt)) {
+                remove_pods(mnt);
+                return false;
+        }
+        return true;
+}
+
 struct pod_client {
         const char *mnt, *pod;
         bool wants_mark;                /* its memory must hold the mark (its own pod's), or must not */
@@ -162,14 +175,8 @@ START_TEST(test_pods_of_one_uid_see_nothing_of_each_other) {
         char mnt[512];
         struct testd d;
 
-        if (geteuid() != 0 || !cgroup2_mount(mnt, sizeof(mnt))) {
-                fprintf(stderr, "check_pods: skipped: needs root and a cgroup v2 hierarchy\n");
+        if (!pods_ready(mnt, sizeof(mnt)))
                 return;
-        }
-        if (!make_pods(mnt)) {
-                remove_pods(mnt);
-                return;
-        }
         /* One segment's worth, all of it cacheable: the one segment goes from client to client. */
         testd_start(&d, "--host-capacity", "16M", "--max-cached", "100%", "--config",
                     conf_new("[tenant:pod-a]\nmatch_cgroup = /kubepods.slice/*-pod0c1f2e3d_4b5a_*\n"), NULL);
@@ -205,14 +212,8 @@ START_TEST(test_root_in_a_pod_is_no_operator) {
         gpupool_client *c;
         struct testd d;
 
-        if (geteuid() != 0 || !cgroup2_mount(mnt, sizeof(mnt))) {
-                fprintf(stderr, "check_pods: skipped: needs root and a cgroup v2 hierarchy\n");
+        if (!pods_ready(mnt, sizeof(mnt)))
                 return;
-        }
-        if (!make_pods(mnt)) {
-                remove_pods(mnt);
-                return;
-        }
         testd_start(&d, "--max-clients", "1", NULL);
         for (size_t i = 0; i < sizeof(admin) / sizeof(admin[0]); i++) {
                 ck_assert_msg(ctl_in_pod(&d, mnt, POD_A, admin[i], out, sizeof(out)) != 0, "%s: %s", admin[i], out);
