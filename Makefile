@@ -21,6 +21,8 @@
 #   make STATIC=1             link libuv, protobuf-c, jansson, inih and Check statically
 #   make V=1                  show the commands
 #   make deps                 install the Debian/Ubuntu packages the build needs
+#   make check-deploy         the Kubernetes manifests against the API's schemas and the node's rules (offline;
+#                             make deps-deploy installs the pinned schemas into build/deploy-check first)
 #   make install              PREFIX (/usr/local), DESTDIR, BINDIR, SBINDIR, LIBDIR, INCLUDEDIR,
 #                             SYSCONFDIR (/etc), MANDIR, SYSTEMDUNITDIR (from systemd.pc), ...
 #   make uninstall            removes what make install put there
@@ -484,6 +486,25 @@ FUZZ_DEBS := clang libclang-rt-14-dev
 deps-fuzz:
 	$(Q)$(MAKE) --no-print-directory deps DEBS="$(FUZZ_DEBS)"
 
+# make check-deploy validates deploy/kubernetes offline, against the schemas of the npm packages
+# pinned in deploy/check/package.json, which deps-deploy installs (Node.js and npm from Debian
+# where missing) into $(DEPLOY_CHECK); no network at check time.
+DEPLOY_CHECK := build/deploy-check
+DEPLOY_DEBS  := nodejs npm
+
+$(DEPLOY_CHECK)/node_modules/.installed: deploy/check/package.json
+	$(Q)command -v npm >/dev/null || $(MAKE) --no-print-directory deps DEBS="$(DEPLOY_DEBS)"
+	@mkdir -p $(DEPLOY_CHECK)
+	@echo "  NPM     $(DEPLOY_CHECK) (deploy/check/package.json)"
+	$(Q)cp deploy/check/package.json $(DEPLOY_CHECK)/ && cd $(DEPLOY_CHECK) && \
+		npm install --no-audit --no-fund --no-package-lock --silent >/dev/null
+	@touch $@
+
+deps-deploy: $(DEPLOY_CHECK)/node_modules/.installed
+
+check-deploy: $(DEPLOY_CHECK)/node_modules/.installed
+	$(Q)tests/check-deploy.sh $(DEPLOY_CHECK)/node_modules
+
 RUN_SOCKET ?= $(CURDIR)/build/gpupool.sock
 
 run: deps
@@ -529,7 +550,7 @@ clean:
 
 FORCE:
 
-.PHONY: FORCE all install uninstall test check-gpu gpu-tools gpu-validate bench-gpu bench-pending bench-driver bench-frameworks stress fuzz fuzz-seeds bench bench-frag bench-replay bench-adopt bench-instructions valgrind deps deps-fuzz run clean
+.PHONY: FORCE all install uninstall test check-gpu gpu-tools gpu-validate bench-gpu bench-pending bench-driver bench-frameworks stress fuzz fuzz-seeds bench bench-frag bench-replay bench-adopt bench-instructions valgrind deps deps-fuzz deps-deploy check-deploy run clean
 
 .SECONDARY:
 

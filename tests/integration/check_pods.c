@@ -2,17 +2,21 @@
  * check_pods.c: clients told apart by their cgroup as well as their uid, with pods simulated as
  * the kubelet's cgroups (/kubepods.slice/.../kubepods-besteffort-pod<UID>.slice/...scope) in
  * the cgroup v2 hierarchy: root processes of two pods never see each other's bytes, a pod's
- * own memory comes back to it unzeroed, status shows each client's cgroup and pod, and root in
- * a pod is no operator. Needs
+ * own memory comes back to it unzeroed, status shows each client's cgroup and pod, root in a
+ * pod is no operator, and a client the daemon sees as pid 0 is a principal of its own. Needs
  * root and a writable cgroup v2 hierarchy; skipped, saying why, elsewhere.
  */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <fcntl.h>
+#include <sched.h>
+#include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "gpupool.h"
@@ -235,12 +239,106 @@ START_TEST(test_root_in_a_pod_is_no_operator) {
 }
 END_TEST
 
+/* Connects, allocates 16 MiB and checks it holds no byte of the mark, marks it and leaves (goodbye). */
+static int marks_fresh_memory(struct testd *d, void *arg) {
+        gpupool_client *c;
+        unsigned char *p;
+
+        (void) arg;
+        if (gpupool_connect(d->sock, "unseen", &c) < 0 || gpupool_alloc(c, 0, 16 * MiB, (void **) &p) < 0)
+                return 2;
+        for (size_t i = 0; i < 16 * MiB; i += 4096)
+                if (p[i] == MARK)
+                        return 3;
+        memset(p, MARK, 16 * MiB);
+        gpupool_free(c, p);
+        gpupool_disconnect(c);
+        return 0;
+}
+
+/*
+ * A daemon in a PID namespace of its own sees its clients as pid 0 (as one in a pod without
+ * hostPID would): it cannot read their cgroups, so each is a principal of its own, and memory
+ * that moves from one such client to the next, of the same uid and even the same process, is
+ * fresh; status says the cgroup is unknown.
+ */
+static volatile sig_atomic_t namespaced_daemon;
+
+static void forward_term(int sig) {
+        if (namespaced_daemon > 0)
+                kill(namespaced_daemon, sig);
+}
+
+START_TEST(test_a_client_seen_as_pid_0_is_its_own_principal) {
+        struct testd d = { 0 };
+        int status, sock;
+        json_t *st, *c;
+        pid_t pid;
+
+        if (geteuid() != 0) {
+                fprintf(stderr, "check_pods: skipped: a daemon in a PID namespace of its own needs root\n");
+                return;
+        }
+        strcpy(d.dir, "/tmp/gpupool-test-XXXXXX");
+        ck_assert_ptr_nonnull(mkdtemp(d.dir));
+        snprintf(d.sock, sizeof(d.sock), "%s/gpupool.sock", d.dir);
+        /* The daemon as pid 1 of a PID namespace of its own, under a parent that hands it SIGTERM. */
+        pid = fork();
+        ck_assert_int_ge(pid, 0);
+        if (pid == 0) {
+                char path[256];
+
+                if (unshare(CLONE_NEWPID) < 0)
+                        _exit(126);
+                snprintf(path, sizeof(path), "%s/gpupoold", build_dir());
+                namespaced_daemon = fork();
+                if (namespaced_daemon == 0) {
+                        int log;
+
+                        snprintf(path, sizeof(path), "%s/gpupoold.log", d.dir);
+                        if ((log = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644)) >= 0)
+                                dup2(log, 2);
+                        snprintf(path, sizeof(path), "%s/gpupoold", build_dir());
+                        execl(path, path, "--socket", d.sock, "--backend", "host", "--host-capacity", "16M",
+                              "--max-cached", "100%", "--check-invariants", (char *) NULL);
+                        _exit(127);
+                }
+                signal(SIGTERM, forward_term);
+                while (waitpid(namespaced_daemon, &status, 0) < 0)
+                        ;
+                _exit(WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status));
+        }
+        for (int i = 0; i < 2000 && gp_wire_connect(d.sock, &sock) < 0; i++)
+                nap_ms(5);
+        close(sock);
+        d.pid = pid;
+        for (int i = 0; i < 2; i++)
+                ck_assert_msg(reap(spawn(marks_fresh_memory, &d, NULL)) == 0, "client %d read another's bytes", i);
+        /* While it is connected, a client shows an unknown cgroup. */
+        sock = raw_hello(&d, "unseen");
+        st = testd_ctl(&d, "status");
+        c = status_client_by_name(st, "unseen");
+        ck_assert_ptr_nonnull(c);
+        ck_assert(json_is_null(json_object_get(c, "cgroup")));
+        ck_assert_int_eq(json_integer_value(json_object_get(c, "pid")), 0);
+        json_decref(st);
+        close(sock);
+        kill(pid, SIGTERM);
+        ck_assert_int_eq(reap(pid), 0);
+        snprintf(d.log, sizeof(d.log), "%s/gpupoold.log", d.dir);
+        unlink(d.log);
+        unlink(d.sock);
+        rmdir(d.dir);
+}
+END_TEST
+
 Suite *suite_pods(void) {
         Suite *s = suite_create("pods");
         TCase *tc = tcase_create("pods");
 
         tcase_add_test(tc, test_pods_of_one_uid_see_nothing_of_each_other);
         tcase_add_test(tc, test_root_in_a_pod_is_no_operator);
+        tcase_add_test(tc, test_a_client_seen_as_pid_0_is_its_own_principal);
         tcase_set_timeout(tc, 60);
         suite_add_tcase(s, tc);
         return s;
