@@ -104,6 +104,12 @@ bool identity_is_operator(uid_t uid, pid_t pid, char *why, size_t why_size) {
                 return false;
         }
         if (identity_pod_uid(cgroup, pod)) {
+                char mine[IDENTITY_MAX_CGROUP], my_pod[IDENTITY_POD_UID_LEN + 1];
+
+                /* The daemon's own pod is the operator's (kubectl exec into the daemon's container): no other pod is. */
+                if (identity_read_cgroup(getpid(), mine) == 0 && identity_pod_uid(mine, my_pod) && strcmp(pod, my_pod) == 0 &&
+                    same_pid_ns(pid))
+                        return true;
                 snprintf(why, why_size, "for the node's operator, not a process in a pod (pod %s)", pod);
                 return false;
         }

@@ -206,7 +206,8 @@ static int ctl_in_pod(struct testd *d, const char *mnt, const char *pod, const c
 /*
  * Root in a pod is no operator: set-limit, check, trim, reload and flush --tenant are refused,
  * saying it runs in a pod, and it cannot take the operators' slots past --max-clients; the
- * node's root can do all of it. status stays open to it, as to everyone.
+ * node's root can do all of it, and so can root in the daemon's own pod. status stays open to
+ * it, as to everyone.
  */
 START_TEST(test_root_in_a_pod_is_no_operator) {
         static const char *const admin[] = {
@@ -226,6 +227,18 @@ START_TEST(test_root_in_a_pod_is_no_operator) {
                 ck_assert_msg(run_capture(cmd, out, sizeof(out)) == 0, "the node's root: %s", admin[i]);
         }
         ck_assert_int_eq(ctl_in_pod(&d, mnt, POD_A, "status", out, sizeof(out)), 0);
+        /* The daemon's own pod is the operator's (kubectl exec into its container), and no other pod. */
+        {
+                char dir[1024], path[1100], pid[32];
+                FILE *f;
+
+                pod_dir(mnt, POD_B, 4, dir, sizeof(dir));
+                snprintf(path, sizeof(path), "%s/cgroup.procs", dir);
+                snprintf(pid, sizeof(pid), "%d\n", (int) d.pid);
+                ck_assert((f = fopen(path, "we")) && fputs(pid, f) >= 0 && fclose(f) == 0);
+                ck_assert_msg(ctl_in_pod(&d, mnt, POD_B, "check", out, sizeof(out)) == 0, "%s", out);
+                ck_assert_int_ne(ctl_in_pod(&d, mnt, POD_A, "check", out, sizeof(out)), 0);
+        }
         /* At --max-clients, the operators' slots are the node's: a pod's root is refused, the node's root gets in. */
         for (double t0 = now_s(); gpupool_connect(d.sock, "the-one-client", &c) < 0; nap_ms(10))
                 ck_assert(now_s() - t0 < 5);
