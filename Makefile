@@ -201,9 +201,12 @@ $(LIB_SO): $(CLIENT_O) $(COMMON_O) client/libgpupool.map
 $(B)/libgpupool.so: $(LIB_SO)
 	$(Q)ln -sf libgpupool.so.1 $@
 
+# One relocatable object with every hidden symbol made local, so that a program linking the
+# static library sees only its API (gpupool_*), as the shared one's version script gives it.
 $(LIB_A): $(CLIENT_O) $(COMMON_O)
 	@echo "  AR      $@"
-	$(Q)rm -f $@ && ar rcs $@ $^
+	$(Q)rm -f $@ $(B)/libgpupool-api.o && $(CC) $(LDFLAGS) -r -nostdlib -o $(B)/libgpupool-api.o $^ && \
+		objcopy --localize-hidden $(B)/libgpupool-api.o && ar rcs $@ $(B)/libgpupool-api.o
 
 $(TEST_BIN): $(TESTS_O) $(DAEMON_O) $(CLIENT_O) $(COMMON_O)
 	@mkdir -p $(dir $@)

@@ -23,6 +23,9 @@ done
 for f in "${want[@]}"; do
         [ -e "$dest/$f" ] || { echo "check-install: make install did not install /$f" >&2; exit 1; }
 done
+# The static library shows its API only, as the shared one does: no heap_*, client_* or protobuf-c names.
+others=$(nm -g --defined-only "$dest/usr/lib/libgpupool.a" | awk 'NF == 3 { print $3 }' | grep -v '^gpupool_' || true)
+[ -z "$others" ] || { echo "check-install: libgpupool.a exports names that are not gpupool_*:" $others >&2; exit 1; }
 [ "$(readlink "$dest/usr/lib/libgpupool.so")" = libgpupool.so.1 ] || { echo "check-install: libgpupool.so is not a link to libgpupool.so.1" >&2; exit 1; }
 grep -q "^ExecStart=/usr/sbin/gpupoold" "$dest/usr/lib/systemd/system/gpupoold.service" ||
         { echo "check-install: the installed unit does not start /usr/sbin/gpupoold" >&2; exit 1; }
