@@ -23,6 +23,14 @@
 static uint64_t next_orphan;
 
 /*
+ * The next orphan's id. Atomic: each handle adopts under its own lock, so two handles of one
+ * process may take ids at once.
+ */
+static uint64_t orphan_id(void) {
+        return CLIENT_ORPHAN | __atomic_add_fetch(&next_orphan, 1, __ATOMIC_RELAXED);
+}
+
+/*
  * Asks the daemon to adopt n kept segments of device d (their descriptors all kept, n at
  * most 128) and gives each its new id, or an orphan's where it was refused, to take once the
  * adoption is over (renamed). The lock is let go while the request is out (adopt_all() holds
@@ -66,7 +74,7 @@ static int adopt_batch(gpupool_client *c, unsigned d, struct client_kept **k, si
                                  c->conn.error);
         }
         for (size_t i = adopted; i < n; i++)
-                k[i]->renamed = CLIENT_ORPHAN | ++next_orphan;
+                k[i]->renamed = orphan_id();
         return 0;
 }
 
@@ -78,7 +86,7 @@ static int adopt_device(gpupool_client *c, unsigned d, struct client_kept *k, si
 
         for (size_t i = 0; i < n && r == 0; i++) {
                 if (k[i].fd < 0) {
-                        k[i].renamed = CLIENT_ORPHAN | ++next_orphan;
+                        k[i].renamed = orphan_id();
                         continue;
                 }
                 batch[b++] = &k[i];
