@@ -91,14 +91,14 @@ static bool same_pid_ns(pid_t pid) {
                mine.st_dev == its.st_dev;
 }
 
-bool identity_is_operator(uid_t uid, pid_t pid, char *why, size_t why_size) {
-        char cgroup[IDENTITY_MAX_CGROUP], pod[IDENTITY_POD_UID_LEN + 1];
+bool identity_is_operator(uid_t uid, pid_t pid, const char *cgroup, char *why, size_t why_size) {
+        char pod[IDENTITY_POD_UID_LEN + 1];
 
         if (uid != 0 && uid != geteuid()) {
                 snprintf(why, why_size, "for root or the daemon's own user");
                 return false;
         }
-        if (identity_read_cgroup(pid, cgroup) < 0) {
+        if (!cgroup) {
                 snprintf(why, why_size, "for the node's operator, and the daemon cannot tell where this process runs "
                          "(pid %d, its cgroup unreadable)", (int) pid);
                 return false;

@@ -42,9 +42,10 @@ bool identity_pod_uid(const char *cgroup, char ret[IDENTITY_POD_UID_LEN + 1]);
  * Whether a client of uid and process pid is the node's operator: root or the daemon's own
  * user, on the node itself: in no pod (but the daemon's own, where kubectl exec lands), in the
  * daemon's PID namespace (not a container's), its cgroup known. Root in another pod or a
- * container is root only there. Else says why not in why.
+ * container is root only there. cgroup is the one identity_read_cgroup() gave for pid (NULL:
+ * it could not be read). Else says why not in why.
  */
-bool identity_is_operator(uid_t uid, pid_t pid, char *why, size_t why_size);
+bool identity_is_operator(uid_t uid, pid_t pid, const char *cgroup, char *why, size_t why_size);
 
 /* The principals of pods seen so far. */
 struct identity_table {

@@ -78,13 +78,9 @@ static void judge(struct session *c) {
 }
 
 void reclaim_write_off(struct session *c) {
-        struct node *node = c->node;
-
         if (!c->reclaim_outstanding)
                 return;
-        node->reclaim_outstanding -= c->reclaim_outstanding;
-        c->reclaim_outstanding = 0;
-        c->reclaim_to_backend = 0;
+        session_forget_reclaims(c);
         judge(c);
 }
 

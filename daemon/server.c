@@ -134,8 +134,13 @@ static int admit(struct server *server, int fd, bool *ret_per_uid) {
         if (control_room(server, cred.pid))
                 return SESSION_ADMIT_CONTROL_ONLY;
         /* The node's operator's (root or the daemon's user, in no pod or container): in, but its hello must say it is an operator's tool. */
-        if (server->node.admin_connected < NODE_OPERATOR_ROOM && identity_is_operator(cred.uid, cred.pid, why, sizeof(why)))
-                return SESSION_ADMIT_ADMIN_ONLY;
+        if (server->node.admin_connected < NODE_OPERATOR_ROOM) {
+                char cgroup[IDENTITY_MAX_CGROUP];
+                bool known = identity_read_cgroup(cred.pid, cgroup) == 0;
+
+                if (identity_is_operator(cred.uid, cred.pid, known ? cgroup : NULL, why, sizeof(why)))
+                        return SESSION_ADMIT_ADMIN_ONLY;
+        }
         node_limit_text(&server->node, *ret_per_uid, cred.uid, why, sizeof(why));
         node_log(&server->node, LOG_LEVEL_WARN, "refusing a client (pid %d, uid %u): %s", (int) cred.pid, (unsigned) cred.uid, why);
         refuse_client(fd, -EDQUOT, why);

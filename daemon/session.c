@@ -107,7 +107,8 @@ int session_start(struct node *node, int fd, enum session_admission how, bool pa
                 s->pod_uid[0] = '\0';
         s->principal = identity_principal(&node->identities, (uint32_t) cred.uid, s->cgroup_known,
                                           s->pod_uid[0] ? s->pod_uid : NULL, s->id);
-        s->operator = identity_is_operator(cred.uid, cred.pid, s->not_operator_why, sizeof(s->not_operator_why));
+        s->operator = identity_is_operator(cred.uid, cred.pid, s->cgroup_known ? s->cgroup : NULL, s->not_operator_why,
+                                           sizeof(s->not_operator_why));
         for (unsigned d = 0; d < node->device_count; d++)
                 pool_owner_attach(node->pools[d], &s->owners[d], s->principal);
 
@@ -164,6 +165,12 @@ int session_return(struct session *s, uint64_t segment_id, bool to_backend) {
         if (d >= node->device_count || !s->owners)
                 return -ENOENT;
         return pool_return(node->pools[d], &s->owners[d], segment_id, to_backend);
+}
+
+void session_forget_reclaims(struct session *s) {
+        s->node->reclaim_outstanding -= s->reclaim_outstanding;
+        s->reclaim_outstanding = 0;
+        s->reclaim_to_backend = 0;
 }
 
 void session_set_tenant(struct session *s, struct tenant *t) {
@@ -227,17 +234,14 @@ void session_destroy(struct session *s) {
                 s->parked = false;
                 node->parked--;
         }
-        node->reclaim_outstanding -= s->reclaim_outstanding;     /* it will not answer now */
-        s->reclaim_outstanding = 0;
+        session_forget_reclaims(s);     /* it will not answer now */
         session_release_all(s);
         session_set_tenant(s, NULL);
         if (s->control_of) {
                 struct session *c = s->control_of;
 
                 /* What its client was asked on this channel will not be answered now: nothing waits on it. */
-                node->reclaim_outstanding -= c->reclaim_outstanding;
-                c->reclaim_outstanding = 0;
-                c->reclaim_to_backend = 0;
+                session_forget_reclaims(c);
                 c->control = NULL;
         }
         s->control_of = NULL;

@@ -191,6 +191,9 @@ int session_push(struct session *session, Gpupool__Envelope *env);
  */
 int session_return(struct session *session, uint64_t segment_id, bool to_backend);
 
+/* Forgets the reclaim requests the client has not answered (they count as answered with nothing). */
+void session_forget_reclaims(struct session *session);
+
 /* Moves the client to tenant t (NULL: none), carrying its reserved bytes along. */
 void session_set_tenant(struct session *session, struct tenant *t);
 
