@@ -92,9 +92,7 @@ COMMON    := common/conn.c common/cudadrv.c common/granule.c common/heap.c commo
 # gpupoold and linked into the test programs and build/tests/gpupoold-faults only.
 DAEMON    := $(filter-out daemon/main.c daemon/backend_fault.c,$(wildcard daemon/*.c))
 DAEMON_TEST_O := $(B)/obj/daemon/backend_fault.o
-CLIENT    := client/client.c client/client_cuda.c client/client_hooks.c \
-             client/client_control.c client/client_grow.c client/client_pool.c client/client_resume.c client/client_return.c client/client_segment.c \
-             client/client_scope.c client/client_stream.c client/client_tcache.c
+CLIENT    := $(wildcard client/*.c)
 CLI       := $(wildcard cli/*.c)
 TESTS     := $(wildcard tests/unit/*.c tests/integration/*.c) tests/check_main.c tests/testlib.c
 

@@ -19,9 +19,12 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "client_call.h"
 #include "client_control.h"
 #include "client_cuda.h"
 #include "client_grow.h"
+#include "client_keep.h"
+#include "client_mem.h"
 #include "client_pool.h"
 #include "client_segment.h"
 #include "client_stream.h"
@@ -33,8 +36,8 @@ static int session_open(gpupool_client *c) {
         Gpupool__Hello hello_req = GPUPOOL__HELLO__INIT;
         const char *path = client_socket_path(c);
         Gpupool__Envelope *hello;
+        const struct client_mem_ops *mem = &client_mem_host;
         uint64_t client_id, granules = 0;
-        bool cuda, keeps = false;
         int r;
 
         gp_conn_close(&c->conn);
@@ -46,31 +49,38 @@ static int session_open(gpupool_client *c) {
         c->device_count = (unsigned) hello->hello_reply->n_devices;
         if (c->device_count > CLIENT_MAX_DEVICES)
                 c->device_count = CLIENT_MAX_DEVICES;
-        cuda = false;
-        c->vmm = false;
-        /* Segments grow in place where asked and every device maps granules at our addresses (not legacy IPC). */
-        c->grow = c->grow_wanted;
+        /* One backend serves every device: its memory seam maps what the process leases. */
         for (unsigned d = 0; d < c->device_count; d++) {
                 const char *backend = hello->hello_reply->devices[d]->backend;
+                const struct client_mem_ops *m = client_mem_of(backend);
 
-                if (strcmp(backend, "cuda") == 0)
-                        cuda = true;
-                if (strcmp(backend, "cuda-vmm") == 0)
-                        cuda = c->vmm = true;
-                if (strcmp(backend, "host") != 0 && strcmp(backend, "cuda-vmm") != 0)
-                        c->grow = false;
-                else
-                        keeps = true;   /* a descriptor per segment, at most one per granule */
+                if (!m || (d > 0 && m != mem)) {
+                        if (!m)
+                                client_set_error(c, "gpupoold serves a backend this library does not know (%s): "
+                                                    "a libgpupool as new as the daemon maps it", backend);
+                        else
+                                client_set_error(c, "gpupoold serves devices of two backends (%s and %s): "
+                                                    "this library maps one", mem->backend, backend);
+                        gpupool__envelope__free_unpacked(hello, NULL);
+                        gp_conn_close(&c->conn);
+                        return -EPROTO;
+                }
+                mem = m;
                 c->devices[d].total_bytes = hello->hello_reply->devices[d]->total_bytes;
                 granules += (c->devices[d].total_bytes + GP_GRANULE_BYTES - 1) / GP_GRANULE_BYTES;
         }
-        __atomic_store_n(&c->cuda, cuda, __ATOMIC_RELEASE);     /* gpupool_free_async() reads it unlocked */
+        __atomic_store_n(&c->mem, mem, __ATOMIC_RELEASE);       /* gpupool_free_async() reads it unlocked */
+        /* Segments grow in place where asked and the seam maps granules at our addresses. */
+        c->grow = c->grow_wanted && mem->grows;
         client_id = hello->hello_reply->client_id;
         c->round_trips = c->conn.trips;
-        r = c->cuda ? client_cuda_setup(c, hello->hello_reply) : 0;
+        r = mem->streams ? client_cuda_setup(c, hello->hello_reply) : 0;
         gpupool__envelope__free_unpacked(hello, NULL);
-        /* Before the control thread starts: the process may have one thread yet, and then growing costs no wait. */
-        if (r == 0 && keeps)
+        /*
+         * Before the control thread starts: the process may have one thread yet, and then growing
+         * costs no wait. A descriptor kept per segment, at most one per granule.
+         */
+        if (r == 0 && !mem->ipc)
                 client_fd_room(c->conn.sock, granules);
         /* The daemon asks for empty segments back on it; the idle return and usage reports run on its thread. */
         if (r == 0)
@@ -122,6 +132,7 @@ GPUPOOL_EXPORT int gpupool_connect(const char *socket_path, const char *client_n
                 return connect_failed(-ENOMEM, "out of memory for a handle");
         c->serial = __atomic_add_fetch(&next_serial, 1, __ATOMIC_RELAXED);
         c->conn.sock = -1;
+        c->mem = &client_mem_host;
         snprintf(c->name, sizeof(c->name), "%s", client_name ? client_name : program_invocation_short_name);
         if (!gp_wire_name_is_valid(c->name))
                 strcpy(c->name, "client");
@@ -131,7 +142,7 @@ GPUPOOL_EXPORT int gpupool_connect(const char *socket_path, const char *client_n
         pthread_cond_init(&c->conn_idle, NULL);
         pthread_cond_init(&c->control_wake, NULL);
         client_segments_init(c);
-        client_stream_init(c);
+        client_stream_init(c, client_free_block);
         c->epoch = 1;
         c->idle_return_ms = idle_return_ms;
         c->grow_wanted = segments && strcmp(segments, "grow") == 0;
@@ -166,7 +177,7 @@ static void drop_everything(gpupool_client *c) {
         client_mappings_forget(c);
         for (unsigned d = 0; d < CLIENT_MAX_DEVICES; d++)
                 c->devices[d].reported_in_use = c->devices[d].reported_held_free = 0;
-        if (c->cuda) {
+        if (c->mem->streams) {
                 client_stream_stop(c);
                 client_cuda_teardown(c);
         }
@@ -188,7 +199,7 @@ GPUPOOL_EXPORT void gpupool_disconnect(gpupool_client *c) {
          * work this process queued on it must have ended first, not only the work before
          * stream-ordered frees (kernels may still write blocks the application never freed).
          */
-        if (c->cuda) {
+        if (c->mem->streams) {
                 int reaped = client_stream_reap(c, true);
 
                 /* Both, whatever the first says: the mappings close next. */
@@ -226,7 +237,7 @@ GPUPOOL_EXPORT int gpupool_reconnect(gpupool_client *c) {
         pthread_mutex_lock(&c->lock);
         client_conn_wait(c);
         /* The old daemon's memory is gone with it: forget every block and mapping, wait for no event. */
-        if (c->cuda)
+        if (c->mem->streams)
                 client_stream_forget(c);
         drop_everything(c);
         r = session_open(c);
@@ -238,7 +249,7 @@ GPUPOOL_EXPORT int gpupool_reconnect(gpupool_client *c) {
 
 /* The daemon's index for the caller's device number (its own CUDA ordinal on the cuda backend), or -1. */
 static int daemon_device(gpupool_client *c, int device) {
-        if (!c->cuda)
+        if (!c->mem->streams)
                 return (unsigned) device < c->device_count ? device : -1;
         return device < c->local_count ? c->local_to_daemon[device] : -1;
 }
@@ -300,7 +311,7 @@ static int alloc_on(gpupool_client *c, int device, size_t size, void *stream, bo
         d = daemon_device(c, device);
         if (d < 0) {
                 r = -ENODEV;
-                if (c->cuda)
+                if (c->mem->streams)
                         client_set_error(c, "CUDA device %d of this process is not one gpupoold serves "
                                             "(no GPU of the daemon has its UUID)", device);
                 else
@@ -311,7 +322,7 @@ static int alloc_on(gpupool_client *c, int device, size_t size, void *stream, bo
                 client_set_error(c, "cannot allocate %zu bytes: a request is 1 byte to 64 TiB", size);
                 r = -EINVAL;
         } else {
-                if (on_stream && c->cuda && (b = client_stream_take(c, (unsigned) d, rsize, stream))) {
+                if (on_stream && c->mem->streams && (b = client_stream_take(c, (unsigned) d, rsize, stream))) {
                         b->local_device = device;
                         b->scope = c->scope_depth ? c->scopes[c->scope_depth - 1] : 0;
                         *ret_ptr = b->ptr;
@@ -363,14 +374,14 @@ GPUPOOL_EXPORT int gpupool_free_async(gpupool_client *c, void *ptr, void *stream
         if (!c)
                 return -EINVAL;
         /* Host memory: no device queues work on it, so there is nothing to wait for. */
-        if (!stream && !__atomic_load_n(&c->cuda, __ATOMIC_ACQUIRE))
+        if (!stream && !__atomic_load_n(&c->mem, __ATOMIC_ACQUIRE)->streams)
                 return free_now(c, ptr);
         pthread_mutex_lock(&c->lock);
         b = client_live_take(c, ptr);
         if (!b) {
                 r = not_a_block(c, ptr);
         } else {
-                if (!b->mapping->ipc && !b->mapping->vmm) {
+                if (!c->mem->streams) {
                         client_set_error(c, "a stream was given for a block of host memory");
                         r = -EINVAL;
                 } else {

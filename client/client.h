@@ -1,18 +1,24 @@
 /*
  * client.h: libgpupool's handle, the data every layer of the library shares. Each layer has
- * its own header, and calls go down only, with no cycle among the files:
+ * its own header, and calls go down only, with no circle among the files (client/LAYERS holds
+ * the order; make layers checks it against the objects):
  *
- *   client.c, client_scope.c, client_hooks.c   the public API (gpupool.h), scopes, the hooks
+ *   client_hooks.c, client_scope.c             the framework hooks, scopes
+ *   client.c                                   the public API (gpupool.h)
  *   client_control.c                           the control thread: the daemon's reclaims, usage,
  *                                              reaching a daemon that came back
  *   client_resume.c                            the new daemon adopting what the process holds
- *   client_stream.c                            stream-ordered frees and their reaper thread
  *   client_pool.c                              the process's own pool over the leased segments
+ *   client_stream.c                            stream-ordered frees and their reaper thread,
+ *                                              freeing through the function the pool gives it
  *   client_return.c                            what it tells the daemon it holds, and gives back
  *   client_grow.c                              segments that grow in place: granules under ranges
  *   client_tcache.c                            each thread's cache of the small blocks it freed
- *   client_segment.c                           calls to the daemon, mappings, the live blocks
- *   client_cuda.c                              the CUDA driver: UUIDs, IPC handles, events
+ *   client_segment.c                           the segments mapped, the live blocks
+ *   client_call.c                              requests on the main connection
+ *   client_mem.c                               the memory seam, a table per backend (client_mem.h)
+ *   client_cuda.c                              the CUDA driver: UUIDs, contexts, IPC handles, VMM, events
+ *   client_keep.c                              the descriptors kept for a daemon after this one
  */
 #ifndef GP_CLIENT_H
 #define GP_CLIENT_H
@@ -22,6 +28,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <time.h>
 
 #include "conn.h"
 #include "cudadrv.h"
@@ -62,20 +69,18 @@ struct client_kept {
         uint64_t renamed;
 };
 
-/* One segment this process maps: an mmap of a memfd (host) or an opened IPC handle (cuda). */
+/* One segment this process maps, as the handle's memory seam mapped it (client_mem.h). */
 struct mapping {
         uint64_t segment_id;
         uint64_t size;
-        uint8_t *base;                  /* host: the mmap; cuda: the CUdeviceptr */
+        uint8_t *base;                  /* where the process sees it (on a GPU: the CUdeviceptr) */
         unsigned device;                /* the daemon's index */
-        bool ipc;                       /* cuda: opened from a legacy IPC handle */
-        bool vmm;                       /* cuda-vmm: imported from a descriptor, mapped in a range of ours */
         bool grow;                      /* a range that grows in place (client_grow.c), in no tree */
-        int fd;                         /* host: its memfd, kept for a later daemon to adopt (-1: none) */
-        uint8_t handle[GP_CU_IPC_HANDLE_SIZE];
+        int fd;                         /* its descriptor, kept for a later daemon to adopt (-1: none) */
+        uint8_t handle[GP_CU_IPC_HANDLE_SIZE];  /* where segments come as IPC handles (mem->ipc) */
         struct gp_rb_node by_addr;
         struct gp_rb_node by_id;
-        struct gp_rb_node by_handle;    /* ipc only */
+        struct gp_rb_node by_handle;    /* mem->ipc only */
         /* Leased whole: the process's pool carves it (client_pool.c). */
         struct heap_segment hs;
         uint64_t emptied_ms;            /* when it last held no live block (client_now_ms()) */
@@ -158,10 +163,13 @@ struct gpupool_client {
         char socket_path[108];          /* as given to connect, for reconnect ("" = the default) */
         char name[64];
         unsigned device_count;
-        bool cuda;                      /* the daemon serves CUDA devices */
-        bool vmm;                       /* cuda-vmm: segments come as descriptors of cuMemCreate memory */
+        /*
+         * How this process maps what the daemon's backend leases (client_mem.h), set by hello;
+         * the host backend's before. Read unlocked by gpupool_free_async() (atomic).
+         */
+        const struct client_mem_ops *mem;
         bool grow_wanted;               /* $GPUPOOL_SEGMENTS is "grow" */
-        bool grow;                      /* segments grow in place: granules leased under ranges of ours (host, cuda-vmm) */
+        bool grow;                      /* segments grow in place: granules leased under ranges of ours (mem->grows) */
         struct gp_cuda cu;
         struct client_device devices[CLIENT_MAX_DEVICES];
         int local_to_daemon[CLIENT_MAX_DEVICES];        /* this process's CUDA ordinal -> daemon index, or -1 */
@@ -192,6 +200,7 @@ struct gpupool_client {
          */
         struct stream_queue *queues;
         struct gp_rb_tree pending;
+        int (*free_deferred)(gpupool_client *c, struct block *b);      /* frees a block whose work ended: the pool's */
         uint64_t deferred_seq;
         struct deferred *spare_deferred;        /* completed ones, for the next free */
         pthread_cond_t deferred_cond;
@@ -219,20 +228,12 @@ static inline bool client_daemon_gone(gpupool_client *c) {
         return __atomic_load_n(&c->daemon_gone, __ATOMIC_ACQUIRE) || __atomic_load_n(&c->conn.broken, __ATOMIC_RELAXED);
 }
 
-/*
- * Whether what the process leases outlives the daemon: host and cuda-vmm memory lives while
- * this process maps it, daemon or not (a memfd's pages, the driver's rule for a cuMemCreate
- * allocation), and a daemon that lives on with the connection broken keeps it this process's
- * until it exits (its pidfd): the pool goes on serving it, and a daemon after it adopts it. On
- * the cuda backend it lived in the daemon's context.
- */
-static inline bool client_memory_outlives_daemon(const gpupool_client *c) {
-        return !c->cuda || c->vmm;
-}
+/* CLOCK_MONOTONIC in milliseconds. */
+static inline uint64_t client_now_ms(void) {
+        struct timespec ts;
 
-/* Whether what the process leases went with the daemon. */
-static inline bool client_memory_lost(gpupool_client *c) {
-        return !client_memory_outlives_daemon(c) && client_daemon_gone(c);
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        return (uint64_t) ts.tv_sec * 1000 + (uint64_t) ts.tv_nsec / 1000000;
 }
 
 #endif

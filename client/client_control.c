@@ -13,6 +13,8 @@
 #include <stdlib.h>
 #include <sys/socket.h>
 
+#include "client_call.h"
+#include "client_mem.h"
 #include "client_pool.h"
 #include "client_resume.h"
 #include "client_return.h"

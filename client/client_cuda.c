@@ -27,7 +27,6 @@
 #include "client_cuda.h"
 
 #include "client.h"
-#include "client_segment.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -169,8 +168,7 @@ static int segment_device_enter(gpupool_client *c, struct client_device *d) {
         return err < 0 ? err : push(c, d);
 }
 
-int client_cuda_open(gpupool_client *c, struct mapping *m) {
-        struct client_device *d = &c->devices[m->device];
+int client_cuda_open(gpupool_client *c, struct client_device *d, struct mapping *m) {
         gp_cu_ipc_mem_handle handle;
         gp_cu_deviceptr base = 0, range_base = 0;
         size_t range_size = 0;
@@ -205,8 +203,7 @@ int client_cuda_open(gpupool_client *c, struct mapping *m) {
         return 0;
 }
 
-void client_cuda_close(gpupool_client *c, struct mapping *m) {
-        struct client_device *d = &c->devices[m->device];
+void client_cuda_close(gpupool_client *c, struct client_device *d, struct mapping *m) {
         int mode;
 
         if (enter(c, d, &mode) < 0)
@@ -296,15 +293,7 @@ int client_cuda_access(gpupool_client *c, struct client_device *d, uint8_t *va, 
         return r == GP_CUDA_SUCCESS ? 0 : vmm_failed(c, "cuMemSetAccess", size, r);
 }
 
-int client_cuda_map_at(gpupool_client *c, struct client_device *d, uint8_t *va, uint64_t size, gp_cu_mem_handle h) {
-        int err = client_cuda_map(c, d, va, size, h);
-
-        if (err == 0 && (err = client_cuda_access(c, d, va, size)) < 0)
-                (void) client_cuda_unmap_at(c, d, va, size);
-        return err;
-}
-
-int client_cuda_unmap_at(gpupool_client *c, struct client_device *d, uint8_t *va, uint64_t size) {
+int client_cuda_unmap(gpupool_client *c, struct client_device *d, uint8_t *va, uint64_t size) {
         gp_cu_result r;
         int mode;
 
@@ -313,40 +302,6 @@ int client_cuda_unmap_at(gpupool_client *c, struct client_device *d, uint8_t *va
         r = c->cu.cuMemUnmap((gp_cu_deviceptr) (uintptr_t) va, size);
         leave(c, mode);
         return r == GP_CUDA_SUCCESS ? 0 : -EIO;
-}
-
-int client_cuda_map_fd(gpupool_client *c, struct mapping *m, int fd) {
-        struct client_device *d = &c->devices[m->device];
-        gp_cu_mem_handle h;
-        uint8_t *va;
-        int r;
-
-        r = client_cuda_import(c, d, fd, m->size, &h);
-        if (r < 0) {
-                close(fd);
-                return r;
-        }
-        r = client_cuda_reserve(c, d, m->size, 0, &va);
-        /* The whole allocation, which must be the segment the daemon described. */
-        if (r == 0 && (r = client_cuda_map_at(c, d, va, m->size, h)) < 0)
-                client_cuda_unreserve(c, d, va, m->size);
-        /* Mapped or not, the handle goes: a mapping keeps the memory while it lasts. */
-        client_cuda_release(c, d, h);
-        if (r < 0) {
-                close(fd);
-                return r;
-        }
-        m->base = va;
-        m->fd = client_fd_keep(fd);     /* for a daemon after this one to adopt */
-        return 0;
-}
-
-void client_cuda_unmap(gpupool_client *c, struct mapping *m) {
-        struct client_device *d = &c->devices[m->device];
-
-        /* An address still mapped is not freed: the driver would refuse it. */
-        if (client_cuda_unmap_at(c, d, m->base, m->size) == 0)
-                client_cuda_unreserve(c, d, m->base, m->size);
 }
 
 /*

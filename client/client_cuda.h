@@ -14,27 +14,17 @@
 /* Loads the driver and matches the daemon's GPUs (hello's devices) to this process's by UUID. */
 int client_cuda_setup(gpupool_client *c, const Gpupool__HelloReply *hello);
 
-/* Opens a segment's IPC handle in the device's primary context; sets m->base. */
-int client_cuda_open(gpupool_client *c, struct mapping *m);
+/* Opens a segment's IPC handle (m->handle) in d's primary context; sets m->base. */
+int client_cuda_open(gpupool_client *c, struct client_device *d, struct mapping *m);
 
 /* Closes what client_cuda_open() opened. */
-void client_cuda_close(gpupool_client *c, struct mapping *m);
-
-/*
- * cuda-vmm: imports the segment's descriptor fd, maps it in a range this process reserves and
- * makes it accessible on its device; sets m->base, and m->fd to fd kept for a daemon after
- * this one to adopt (client_fd_keep()); fd is closed on failure. Returns 0 or a negative errno.
- */
-int client_cuda_map_fd(gpupool_client *c, struct mapping *m, int fd);
+void client_cuda_close(gpupool_client *c, struct client_device *d, struct mapping *m);
 
 /* Whether a daemon's hello names the same devices, each the same GPU of this process, as the session's did. */
 bool client_cuda_same_devices(gpupool_client *c, const Gpupool__HelloReply *hello);
 
-/* Unmaps what client_cuda_map_fd() mapped and frees its range: the memory goes once nobody holds it. */
-void client_cuda_unmap(gpupool_client *c, struct mapping *m);
-
 /*
- * Granules of segments that grow in place (cuda-vmm; client_grow.c). Each makes d's context
+ * cuda-vmm's calls (client_mem.c maps segments and granules with them). Each makes d's context
  * current for its call. Reserves bytes of d's address space aligned to align, at *ret.
  * Returns 0 or a negative errno with the error set.
  */
@@ -45,13 +35,11 @@ void client_cuda_unreserve(gpupool_client *c, struct client_device *d, uint8_t *
 int client_cuda_import(gpupool_client *c, struct client_device *d, int fd, uint64_t size, gp_cu_mem_handle *ret);
 /* Lets go of an imported handle: the memory goes once nothing maps it either. */
 void client_cuda_release(gpupool_client *c, struct client_device *d, gp_cu_mem_handle h);
-/* Maps handle h at va (size bytes) and makes it readable and writable on d. Returns 0 or a negative errno, the error set. */
-int client_cuda_map_at(gpupool_client *c, struct client_device *d, uint8_t *va, uint64_t size, gp_cu_mem_handle h);
-/* Its halves: the mapping alone (not usable yet), and access to [va, va + size), mappings side by side (one call for all). */
+/* Maps handle h at va (size bytes), not usable yet; and access to [va, va + size), mappings side by side (one call for all). */
 int client_cuda_map(gpupool_client *c, struct client_device *d, uint8_t *va, uint64_t size, gp_cu_mem_handle h);
 int client_cuda_access(gpupool_client *c, struct client_device *d, uint8_t *va, uint64_t size);
-/* Unmaps what client_cuda_map_at() mapped; the handle stays. Returns 0, or -EIO when the driver refused. */
-int client_cuda_unmap_at(gpupool_client *c, struct client_device *d, uint8_t *va, uint64_t size);
+/* Unmaps what client_cuda_map() mapped; the handle stays. Returns 0, or -EIO when the driver refused. */
+int client_cuda_unmap(gpupool_client *c, struct client_device *d, uint8_t *va, uint64_t size);
 
 /*
  * The driver's id of stream (cuStreamGetId) in d's primary context. Returns 0; 1, with no

@@ -7,7 +7,7 @@
  * (LeaseRequest.granules), interchangeable, and named here by their index in the device's
  * table of them.
  *
- * Descriptors:
+ * Descriptors, as the handle's memory seam takes them (client_mem.c):
  *
  *   host      each granule's memfd is mapped once at a parking spot of its own (a third range
  *             after the two), and kept for a daemon after this one to adopt (client_fd_keep(),
@@ -28,10 +28,10 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <unistd.h>
 
-#include "client_cuda.h"
+#include "client_keep.h"
+#include "client_mem.h"
 #include "client_segment.h"
 #include "granule.h"
 #include "rbtree.h"
@@ -44,7 +44,7 @@ struct grow_granule {
         bool held;
         uint64_t segment_id;            /* the daemon's (CLIENT_ORPHAN set: no daemon's, after a refused adoption) */
         int fd;                         /* its descriptor, kept for a later daemon to adopt (-1: none) */
-        gp_cu_mem_handle handle;        /* cuda-vmm: imported */
+        client_mem_handle handle;       /* as the memory seam imported it */
         uint64_t next_free;             /* free entries: the next, or UINT64_MAX */
         struct gp_rb_node by_id;        /* held: in the device's index by segment id */
 };
@@ -55,9 +55,9 @@ struct client_grow {
         struct granule_set set;
         struct granule_range range[HEAP_CLASS_COUNT];
         struct mapping view[HEAP_CLASS_COUNT];  /* each range as its blocks see it: hs is in the device's heap */
-        uint8_t *base;                  /* the reservation: the ranges, then (host) the parking spots */
+        uint8_t *base;                  /* the reservation: the ranges, then the parking spots (mem->parks) */
         uint64_t range_bytes, reserved_bytes;
-        uint8_t *park;                  /* host: granule i is parked at park + i * G */
+        uint8_t *park;                  /* mem->parks: granule i is parked at park + i * G */
         struct grow_granule *granules;  /* one per parking spot: as many as the device has granules */
         uint64_t granule_cap, free_head;
         struct gp_rb_tree by_id;        /* the held granules by segment id (but while an adoption renames them) */
@@ -80,12 +80,6 @@ static int grow_access(void *ctx, struct granule_range *r, uint64_t first, uint6
 
 static const struct granule_ops grow_ops = { grow_map, grow_unmap, grow_obtain, grow_now, grow_access };
 
-/* Puts the reservation back over a granule's place (host), in one step, so that no hole opens. */
-static void reserve_again(uint8_t *at) {
-        if (mmap(at, G, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0) == MAP_FAILED)
-                (void) munmap(at, G);
-}
-
 /* The range of a block's segment. */
 static struct granule_range *range_of(struct client_grow *g, const struct heap_segment *s) {
         return &g->range[s->class];
@@ -98,29 +92,16 @@ static uint8_t *granule_addr(struct client_grow *g, struct granule_range *r, uin
 static int grow_map(void *ctx, struct granule_range *r, uint64_t k, uint64_t phys) {
         struct client_grow *g = ctx;
         gpupool_client *c = g->client;
-        uint8_t *at = granule_addr(g, r, k);
 
-        if (c->vmm)
-                return client_cuda_map(c, &c->devices[g->device], at, G, g->granules[phys].handle);     /* grow_access() follows */
-        /* A second mapping of the parked pages, over the reservation. */
-        if (mremap(g->park + phys * G, 0, G, MREMAP_MAYMOVE | MREMAP_FIXED, at) == MAP_FAILED) {
-                client_set_error(c, "cannot map a granule of device %u into this process: %m", g->device);
-                return -ENOMEM;
-        }
-        return 0;
+        return c->mem->map(c, g->device, granule_addr(g, r, k), G, g->granules[phys].handle);   /* grow_access() follows */
 }
 
 static void grow_unmap(void *ctx, struct granule_range *r, uint64_t k, uint64_t phys) {
         struct client_grow *g = ctx;
         gpupool_client *c = g->client;
-        uint8_t *at = granule_addr(g, r, k);
 
         (void) phys;
-        if (c->vmm) {
-                (void) client_cuda_unmap_at(c, &c->devices[g->device], at, G);
-                return;
-        }
-        reserve_again(at);      /* the parked mapping keeps the pages */
+        (void) c->mem->unmap(c, g->device, granule_addr(g, r, k), G);
 }
 
 static int grow_obtain(void *ctx, uint64_t n, uint64_t *phys) {
@@ -137,41 +118,19 @@ static uint64_t grow_now(void *ctx) {
         return client_now_ms();
 }
 
-/* cuda-vmm: a run of granules just mapped side by side, made readable and writable in one cuMemSetAccess. */
+/* A run of granules just mapped side by side, made readable and writable in one call (cuda-vmm: cuMemSetAccess). */
 static int grow_access(void *ctx, struct granule_range *r, uint64_t first, uint64_t n) {
         struct client_grow *g = ctx;
         gpupool_client *c = g->client;
 
-        return c->vmm ? client_cuda_access(c, &c->devices[g->device], granule_addr(g, r, first), n * G) : 0;
+        return c->mem->access(c, g->device, granule_addr(g, r, first), n * G);
 }
 
-/* Reserves the host ranges and parking spots: address space only, never backed by itself. */
-static int reserve_host(gpupool_client *c, struct client_grow *g) {
-        uint8_t *p = mmap(NULL, g->reserved_bytes + G, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-        uintptr_t aligned;
-
-        if (p == MAP_FAILED) {
-                client_set_error(c, "cannot reserve %llu bytes of address space for device %u: %m",
-                                 (unsigned long long) g->reserved_bytes, g->device);
-                return -ENOMEM;
-        }
-        /* Aligned to the granule, the rest given back. */
-        aligned = ((uintptr_t) p + G - 1) & ~(uintptr_t) (G - 1);
-        if (aligned > (uintptr_t) p)
-                (void) munmap(p, aligned - (uintptr_t) p);
-        (void) munmap((uint8_t *) aligned + g->reserved_bytes, (uintptr_t) p + G - aligned);
-        g->base = (uint8_t *) aligned;
-        /* A forked child must not keep this memory: it may be another client's tomorrow. */
-        (void) madvise(g->base, g->reserved_bytes, MADV_DONTFORK);
-        return 0;
-}
-
-/* Lets go of what the process holds of granule i: its imported handle (cuda-vmm) and its kept descriptor. */
+/* Lets go of what the process holds of granule i: what the seam imported, and its kept descriptor. */
 static void granule_let_go(struct client_grow *g, uint64_t i) {
         gpupool_client *c = g->client;
 
-        if (c->vmm)
-                client_cuda_release(c, &c->devices[g->device], g->granules[i].handle);
+        c->mem->release(c, g->device, g->granules[i].handle, G);
         client_fd_release(g->granules[i].fd);
 }
 
@@ -181,7 +140,6 @@ static void granule_let_go(struct client_grow *g, uint64_t i) {
  */
 static void grow_free(struct client_grow *g) {
         gpupool_client *c = g->client;
-        struct client_device *dev = &c->devices[g->device];
 
         /* Its maps and unmaps stay counted (gpupool_grow_stats()). */
         c->granules_mapped += g->set.maps;
@@ -191,19 +149,16 @@ static void grow_free(struct client_grow *g) {
 
                 if (g->view[k].hs.heap)
                         (void) heap_drop(&g->view[k].hs);
-                /* cuda-vmm mappings go one by one; host ones with the reservation below. */
-                for (uint64_t i = 0; c->vmm && i < r->count; i++)
+                /* Mappings go one by one: a driver frees no reservation with a mapping in it. */
+                for (uint64_t i = 0; i < r->count; i++)
                         if (r->mapped[i / 64] >> (i % 64) & 1)
-                                (void) client_cuda_unmap_at(c, dev, granule_addr(g, r, i), G);
+                                (void) c->mem->unmap(c, g->device, granule_addr(g, r, i), G);
                 granule_range_destroy(r);
         }
         for (uint64_t i = 0; i < g->granule_cap; i++)
                 if (g->granules[i].held)
                         granule_let_go(g, i);
-        if (c->vmm)
-                client_cuda_unreserve(c, dev, g->base, g->reserved_bytes);
-        else
-                (void) munmap(g->base, g->reserved_bytes);
+        c->mem->unreserve(c, g->device, g->base, g->reserved_bytes);
         granule_set_destroy(&g->set);
         free(g->granules);
         free(g);
@@ -230,7 +185,7 @@ int client_grow_start(gpupool_client *c, unsigned d) {
         gp_rb_init(&g->by_id, cmp_id);
         /* Twice the device per class: room for what the heap's best fit leaves between blocks. */
         g->range_bytes = 2 * granules * G;
-        g->reserved_bytes = HEAP_CLASS_COUNT * g->range_bytes + (c->vmm ? 0 : granules * G);
+        g->reserved_bytes = HEAP_CLASS_COUNT * g->range_bytes + (c->mem->parks ? granules * G : 0);
         g->granules = calloc(granules, sizeof(*g->granules));
         if (!g->granules) {
                 free(g);
@@ -238,7 +193,7 @@ int client_grow_start(gpupool_client *c, unsigned d) {
         }
         for (uint64_t i = 0; i < granules; i++)
                 g->granules[i] = (struct grow_granule) { .next_free = i + 1 < granules ? i + 1 : UINT64_MAX, .fd = -1 };
-        r = c->vmm ? client_cuda_reserve(c, dev, g->reserved_bytes, G, &g->base) : reserve_host(c, g);
+        r = c->mem->reserve(c, d, g->reserved_bytes, G, &g->base);
         if (r < 0) {
                 free(g->granules);
                 free(g);
@@ -252,7 +207,6 @@ int client_grow_start(gpupool_client *c, unsigned d) {
                 m->base = g->base + (uint64_t) k * g->range_bytes;
                 m->size = g->range_bytes;
                 m->device = d;
-                m->vmm = c->vmm;
                 m->grow = true;
                 m->fd = -1;
                 r = granule_range_init(&g->set, &g->range[k], g->range_bytes);
@@ -287,8 +241,6 @@ void client_grow_wanted(gpupool_client *c, unsigned d, bool all_came) {
 /* Lets go of granule i's memory (unmapped everywhere but its parking spot) and frees its entry. */
 static void granule_drop(struct client_grow *g, uint64_t i) {
         gp_rb_remove(&g->by_id, &g->granules[i].by_id);
-        if (!g->client->vmm)
-                reserve_again(g->park + i * G);
         granule_let_go(g, i);
         g->granules[i] = (struct grow_granule) { .next_free = g->free_head, .fd = -1 };
         g->free_head = i;
@@ -311,31 +263,12 @@ static int64_t granule_new(struct client_grow *g, uint64_t id, int fd) {
                                  (unsigned long long) id);
                 return -EPROTO;
         }
-        if (c->vmm) {
-                r = client_cuda_import(c, &c->devices[g->device], fd, G, &g->granules[i].handle);
-                if (r < 0)
-                        close(fd);
-                else
-                        g->granules[i].fd = client_fd_keep(fd);        /* for a daemon after this one to adopt */
-        } else if (!client_fd_is_memory(fd, G)) {
+        r = c->mem->import(c, g->device, fd, G, g->park + i * G, &g->granules[i].handle);
+        if (r < 0) {
                 close(fd);
-                client_set_error(c, "gpupoold sent a granule of device %u that is not 2 MiB of memory", g->device);
-                r = -EPROTO;
-        } else {
-                void *at = mmap(g->park + i * G, G, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0);
-
-                if (at == MAP_FAILED) {
-                        close(fd);
-                        reserve_again(g->park + i * G);
-                        client_set_error(c, "cannot map a granule of device %u into this process: %m", g->device);
-                        r = -ENOMEM;
-                } else {
-                        (void) madvise(at, G, MADV_DONTFORK);
-                        g->granules[i].fd = client_fd_keep(fd);        /* for a daemon after this one to adopt */
-                }
-        }
-        if (r < 0)
                 return r;
+        }
+        g->granules[i].fd = client_fd_keep(fd);        /* for a daemon after this one to adopt */
         g->free_head = g->granules[i].next_free;
         g->granules[i].held = true;
         g->granules[i].segment_id = id;

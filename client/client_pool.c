@@ -16,7 +16,9 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "client_call.h"
 #include "client_grow.h"
+#include "client_mem.h"
 #include "client_return.h"
 #include "client_segment.h"
 #include "client_stream.h"
@@ -68,9 +70,9 @@ static int daemon_gone_error(gpupool_client *c) {
         if (client_memory_lost(c))
                 client_set_error(c, "%s; gpupool_reconnect() starts anew", why);
         else
-                client_set_error(c, "%s: this process goes on allocating from the %smemory it holds, but cannot lease more%s; "
+                client_set_error(c, "%s: this process goes on allocating from the %s it holds, but cannot lease more%s; "
                                     "gpupool_reconnect() starts anew%s",
-                                 why, c->vmm ? "cuda-vmm " : "",
+                                 why, c->mem->memory,
                                  refused || !closed ? "" :
                                  " until it has reconnected, which it does on its own once gpupoold listens again",
                                  refused ? " (its blocks are then gone)" : "");

@@ -15,8 +15,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "client_call.h"
 #include "client_cuda.h"
 #include "client_grow.h"
+#include "client_mem.h"
 #include "client_segment.h"
 
 /* Ids for segments no daemon knows: unique in the process, never a daemon's. */
@@ -185,8 +187,8 @@ int client_resume(gpupool_client *c, struct gp_conn *conn, Gpupool__Envelope *he
         /* The memory held is adoptable by a daemon of the same kind only, with the same devices (GPUs: by UUID). */
         same = hr->n_devices == c->device_count;
         for (size_t d = 0; same && d < hr->n_devices; d++)
-                same = strcmp(hr->devices[d]->backend, c->vmm ? "cuda-vmm" : "host") == 0;
-        if (same && c->vmm)
+                same = strcmp(hr->devices[d]->backend, c->mem->backend) == 0;
+        if (same && c->mem->streams)
                 same = client_cuda_same_devices(c, hr);
         client_id = hr->client_id;
         gpupool__envelope__free_unpacked(hello, NULL);

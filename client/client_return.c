@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "client_call.h"
 #include "client_grow.h"
 #include "client_segment.h"
 #include "client_tcache.h"

@@ -31,7 +31,6 @@
 #include <time.h>
 
 #include "client_cuda.h"
-#include "client_pool.h"
 #include "client_segment.h"
 
 #define CMP(a, b) ((a) < (b) ? -1 : (a) > (b))
@@ -81,8 +80,9 @@ static int queue_push(struct stream_queue *sq, struct deferred *q) {
         return 0;
 }
 
-void client_stream_init(gpupool_client *c) {
+void client_stream_init(gpupool_client *c, int (*free_block)(gpupool_client *c, struct block *b)) {
         gp_rb_init(&c->pending, cmp_fit);
+        c->free_deferred = free_block;
 }
 
 /* Frees the queues left empty. Locked. */
@@ -187,7 +187,7 @@ struct block *client_stream_take(gpupool_client *c, unsigned d, uint64_t rsize, 
         return b;
 }
 
-/* Takes the oldest free off sq, frees its block into the process's pool and recycles its event. Locked. */
+/* Takes the oldest free off sq, frees its block (into the process's pool) and recycles its event. Locked. */
 static void complete(gpupool_client *c, struct stream_queue *sq) {
         struct deferred *q = queue_at(sq, 0);
 
@@ -196,7 +196,7 @@ static void complete(gpupool_client *c, struct stream_queue *sq) {
         client_cuda_event_put(c, &c->devices[sq->device], q->event);
         if (q->block) {
                 gp_rb_remove(&c->pending, &q->by_fit);
-                (void) client_free_block(c, q->block);
+                (void) c->free_deferred(c, q->block);
         }
         q->next = c->spare_deferred;
         c->spare_deferred = q;
@@ -337,7 +337,7 @@ void client_stream_forget(gpupool_client *c) {
                 c->spare_deferred = q->next;
                 free(q);
         }
-        client_stream_init(c);
+        gp_rb_init(&c->pending, cmp_fit);
 }
 
 void client_stream_stop(gpupool_client *c) {

@@ -10,8 +10,11 @@
 
 #include "client.h"
 
-/* Makes the handle's pending tree empty (at connect, and after client_stream_forget()). */
-void client_stream_init(gpupool_client *c);
+/*
+ * Makes the handle's pending tree empty, at connect; free_block frees a block whose work ended
+ * (the layer above's: the process's pool), called locked with the block in the live table.
+ */
+void client_stream_init(gpupool_client *c, int (*free_block)(gpupool_client *c, struct block *b));
 
 /*
  * Records an event on stream after the work queued so far and queues b's free behind it. b is

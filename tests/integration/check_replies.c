@@ -10,7 +10,8 @@
  * And a daemon that refuses the first of the requests a trim sends together: the trim says
  * why, every segment it took went, and the replies after it are read, the connection in step.
  * And one that holds a lease of granules ahead only while another thread of the process takes
- * the idle granules the block counted on: the block leases what it then lacks.
+ * the idle granules the block counted on: the block leases what it then lacks. And hellos of
+ * a backend the library does not know, or of two: the connect fails, saying so.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -48,6 +49,8 @@ enum scenario {
         OTHER_KIND,             /* a lease answered with a ReturnReply */
         RETURN_REFUSED,         /* leases right, the first ReturnRequest refused */
         AHEAD_HELD,             /* leases right, but one of granules ahead only is held, then brings none */
+        HELLO_UNKNOWN_BACKEND,  /* hello names a backend no libgpupool knows */
+        HELLO_TWO_BACKENDS,     /* hello names two devices of two backends */
 };
 
 /* What the fake daemon saw, on a shared page: segment ids its lease replies named, and those the library gave back. */
@@ -150,7 +153,8 @@ static void fake_main(int listen_sock, enum scenario s, struct seen *seen, const
                 for (nfds_t i = 1; i < n; i++) {
                         Gpupool__Envelope *req, rep = GPUPOOL__ENVELOPE__INIT;
                         Gpupool__HelloReply hr = GPUPOOL__HELLO_REPLY__INIT;
-                        Gpupool__DeviceInfo dev = GPUPOOL__DEVICE_INFO__INIT, *devs[1] = { &dev };
+                        Gpupool__DeviceInfo dev = GPUPOOL__DEVICE_INFO__INIT, dev2 = GPUPOOL__DEVICE_INFO__INIT;
+                        Gpupool__DeviceInfo *devs[2] = { &dev, &dev2 };
                         Gpupool__LeaseReply lr = GPUPOOL__LEASE_REPLY__INIT;
                         Gpupool__ReturnReply rr = GPUPOOL__RETURN_REPLY__INIT;
                         uint8_t buf[GP_MAX_REQUEST_BYTES];
@@ -176,11 +180,12 @@ static void fake_main(int listen_sock, enum scenario s, struct seen *seen, const
                         rep.status = GPUPOOL__STATUS__STATUS_OK;
                         switch (req->body_case) {
                         case GPUPOOL__ENVELOPE__BODY_HELLO:
-                                dev.backend = "host";
-                                dev.total_bytes = 1024 * MiB;
+                                dev.backend = s == HELLO_UNKNOWN_BACKEND ? "tpu" : "host";
+                                dev.total_bytes = dev2.total_bytes = 1024 * MiB;
+                                dev2.backend = "cuda-vmm";
                                 hr.client_id = 7;
                                 hr.daemon_version = "fake";
-                                hr.n_devices = 1;
+                                hr.n_devices = s == HELLO_TWO_BACKENDS ? 2 : 1;
                                 hr.devices = devs;
                                 rep.body_case = GPUPOOL__ENVELOPE__BODY_HELLO_REPLY;
                                 rep.hello_reply = &hr;
@@ -404,6 +409,30 @@ START_TEST(test_idle_taken_while_ahead_out) {
 }
 END_TEST
 
+/* A hello this library cannot map memory for: the connect fails, saying why, and keeps no descriptor. */
+START_TEST(test_hello_of_unknown_backends) {
+        static const struct {
+                enum scenario s;
+                const char *text;
+        } hellos[] = {
+                { HELLO_UNKNOWN_BACKEND, "serves a backend this library does not know (tpu)" },
+                { HELLO_TWO_BACKENDS, "serves devices of two backends (host and cuda-vmm)" },
+        };
+        gpupool_client *c = NULL;
+        char why[GP_MAX_ERROR_BYTES];
+        struct fake f;
+        int before, r;
+
+        before = fds_from(0);
+        fake_start(&f, hellos[_i].s);
+        r = gpupool_connect(f.path, "unmappable", &c);
+        gpupool_last_error(NULL, why, sizeof(why));
+        ck_assert_msg(r == -EPROTO && !c && strstr(why, hellos[_i].text), "%d: %s", r, why);
+        fake_stop(&f);
+        ck_assert_msg(fds_from(0) == before, "%d descriptors open before, %d after", before, fds_from(0));
+}
+END_TEST
+
 Suite *suite_replies(void) {
         Suite *s = suite_create("replies");
         TCase *tc = tcase_create("host");
@@ -411,6 +440,7 @@ Suite *suite_replies(void) {
         tcase_add_loop_test(tc, test_wrong_lease_replies, 0, (int) (sizeof(cases) / sizeof(cases[0])));
         tcase_add_test(tc, test_refused_return);
         tcase_add_test(tc, test_idle_taken_while_ahead_out);
+        tcase_add_loop_test(tc, test_hello_of_unknown_backends, 0, 2);
         suite_add_tcase(s, tc);
         return s;
 }

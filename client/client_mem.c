@@ -1,0 +1,242 @@
+/*
+ * client_mem.c: the library's memory seam, one table per backend (client_mem.h). The host
+ * backend's calls are here; the CUDA ones go to the driver through client_cuda.c.
+ */
+#define _GNU_SOURCE
+#include "client_mem.h"
+
+#include <errno.h>
+#include <string.h>
+#include <sys/mman.h>
+
+#include "client_cuda.h"
+#include "client_keep.h"
+#include "granule.h"
+
+/* host: a memfd per segment, mapped shared. */
+static int host_segment_map(gpupool_client *c, struct mapping *m, int fd) {
+        void *base;
+
+        if (!client_fd_is_memory(fd, m->size)) {
+                client_set_error(c, "gpupoold sent a segment that is not %llu bytes of memory", (unsigned long long) m->size);
+                return -EPROTO;
+        }
+        base = mmap(NULL, m->size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        if (base == MAP_FAILED) {
+                client_set_error(c, "cannot map the segment into this process");
+                return -ENOMEM;
+        }
+        /* A forked child must not keep this memory: it may be another client's tomorrow. */
+        (void) madvise(base, m->size, MADV_DONTFORK);
+        m->base = base;
+        return 0;
+}
+
+static void host_segment_unmap(gpupool_client *c, struct mapping *m) {
+        (void) c;
+        (void) munmap(m->base, m->size);
+}
+
+/* Address space only, never backed by itself, aligned to align (a power of two). */
+static int host_reserve(gpupool_client *c, unsigned d, uint64_t bytes, uint64_t align, uint8_t **ret) {
+        uint8_t *p;
+        uintptr_t aligned;
+
+        if (!align)
+                align = 1;
+        p = mmap(NULL, bytes + align, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (p == MAP_FAILED) {
+                client_set_error(c, "cannot reserve %llu bytes of address space for device %u: %m", (unsigned long long) bytes, d);
+                return -ENOMEM;
+        }
+        /* The rest given back. */
+        aligned = ((uintptr_t) p + align - 1) & ~(uintptr_t) (align - 1);
+        if (aligned > (uintptr_t) p)
+                (void) munmap(p, aligned - (uintptr_t) p);
+        (void) munmap((uint8_t *) aligned + bytes, (uintptr_t) p + align - aligned);
+        /* A forked child must not keep this memory: it may be another client's tomorrow. */
+        (void) madvise((void *) aligned, bytes, MADV_DONTFORK);
+        *ret = (uint8_t *) aligned;
+        return 0;
+}
+
+static void host_unreserve(gpupool_client *c, unsigned d, uint8_t *base, uint64_t bytes) {
+        (void) c, (void) d;
+        (void) munmap(base, bytes);
+}
+
+/* Puts the reservation back over [at, at + size), in one step, so that no hole opens. */
+static void reserve_again(uint8_t *at, uint64_t size) {
+        if (mmap(at, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0) == MAP_FAILED)
+                (void) munmap(at, size);
+}
+
+/* A granule's memfd, mapped once at its parking spot, which keeps the pages until it is released. */
+static int host_import(gpupool_client *c, unsigned d, int fd, uint64_t size, uint8_t *park, client_mem_handle *ret) {
+        void *at;
+
+        if (!client_fd_is_memory(fd, size)) {
+                client_set_error(c, "gpupoold sent a granule of device %u that is not 2 MiB of memory", d);
+                return -EPROTO;
+        }
+        at = mmap(park, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0);
+        if (at == MAP_FAILED) {
+                reserve_again(park, size);
+                client_set_error(c, "cannot map a granule of device %u into this process: %m", d);
+                return -ENOMEM;
+        }
+        (void) madvise(at, size, MADV_DONTFORK);
+        *ret = (client_mem_handle) (uintptr_t) at;
+        return 0;
+}
+
+static void host_release(gpupool_client *c, unsigned d, client_mem_handle h, uint64_t size) {
+        (void) c, (void) d;
+        reserve_again((uint8_t *) (uintptr_t) h, size);
+}
+
+/* A second mapping of the parked pages, over the reservation (mremap() of a shared mapping with an old size of 0). */
+static int host_map(gpupool_client *c, unsigned d, uint8_t *va, uint64_t size, client_mem_handle h) {
+        if (mremap((void *) (uintptr_t) h, 0, size, MREMAP_MAYMOVE | MREMAP_FIXED, va) == MAP_FAILED) {
+                client_set_error(c, "cannot map a granule of device %u into this process: %m", d);
+                return -ENOMEM;
+        }
+        return 0;
+}
+
+static int host_access(gpupool_client *c, unsigned d, uint8_t *va, uint64_t size) {
+        (void) c, (void) d, (void) va, (void) size;
+        return 0;       /* mapped readable and writable */
+}
+
+static int host_unmap(gpupool_client *c, unsigned d, uint8_t *va, uint64_t size) {
+        (void) c, (void) d;
+        reserve_again(va, size);        /* the parked mapping keeps the pages */
+        return 0;
+}
+
+const struct client_mem_ops client_mem_host = {
+        .backend = "host",
+        .memory = "memory",
+        .outlives_daemon = true,
+        .grows = true,
+        .parks = true,
+        .segment_map = host_segment_map,
+        .segment_unmap = host_segment_unmap,
+        .reserve = host_reserve,
+        .unreserve = host_unreserve,
+        .import = host_import,
+        .release = host_release,
+        .map = host_map,
+        .access = host_access,
+        .unmap = host_unmap,
+};
+
+/* cuda: the segment's IPC handle (m->handle), opened in the device's primary context. */
+static int ipc_segment_map(gpupool_client *c, struct mapping *m, int fd) {
+        (void) fd;
+        return client_cuda_open(c, &c->devices[m->device], m);
+}
+
+static void ipc_segment_unmap(gpupool_client *c, struct mapping *m) {
+        client_cuda_close(c, &c->devices[m->device], m);
+}
+
+const struct client_mem_ops client_mem_cuda = {
+        .backend = "cuda",
+        .memory = "memory",
+        .streams = true,
+        .ipc = true,
+        .segment_map = ipc_segment_map,
+        .segment_unmap = ipc_segment_unmap,
+};
+
+/* cuda-vmm: the driver's calls, each in the device's context (client_cuda.c). */
+static int vmm_reserve(gpupool_client *c, unsigned d, uint64_t bytes, uint64_t align, uint8_t **ret) {
+        return client_cuda_reserve(c, &c->devices[d], bytes, align, ret);
+}
+
+static void vmm_unreserve(gpupool_client *c, unsigned d, uint8_t *base, uint64_t bytes) {
+        client_cuda_unreserve(c, &c->devices[d], base, bytes);
+}
+
+static int vmm_import(gpupool_client *c, unsigned d, int fd, uint64_t size, uint8_t *park, client_mem_handle *ret) {
+        gp_cu_mem_handle h;
+        int r;
+
+        (void) park;
+        r = client_cuda_import(c, &c->devices[d], fd, size, &h);
+        if (r == 0)
+                *ret = (client_mem_handle) h;
+        return r;
+}
+
+static void vmm_release(gpupool_client *c, unsigned d, client_mem_handle h, uint64_t size) {
+        (void) size;
+        client_cuda_release(c, &c->devices[d], (gp_cu_mem_handle) h);
+}
+
+static int vmm_map(gpupool_client *c, unsigned d, uint8_t *va, uint64_t size, client_mem_handle h) {
+        return client_cuda_map(c, &c->devices[d], va, size, (gp_cu_mem_handle) h);
+}
+
+static int vmm_access(gpupool_client *c, unsigned d, uint8_t *va, uint64_t size) {
+        return client_cuda_access(c, &c->devices[d], va, size);
+}
+
+static int vmm_unmap(gpupool_client *c, unsigned d, uint8_t *va, uint64_t size) {
+        return client_cuda_unmap(c, &c->devices[d], va, size);
+}
+
+/* A whole segment: imported, mapped in a range of its own and made accessible; the handle goes, the mapping keeps the memory. */
+static int vmm_segment_map(gpupool_client *c, struct mapping *m, int fd) {
+        client_mem_handle h = 0;
+        uint8_t *va = NULL;
+        int r;
+
+        r = vmm_import(c, m->device, fd, m->size, NULL, &h);
+        if (r < 0)
+                return r;
+        r = vmm_reserve(c, m->device, m->size, 0, &va);
+        /* The whole allocation, which must be the segment the daemon described. */
+        if (r == 0 && (r = vmm_map(c, m->device, va, m->size, h)) == 0 && (r = vmm_access(c, m->device, va, m->size)) < 0)
+                (void) vmm_unmap(c, m->device, va, m->size);
+        if (r < 0 && va)
+                vmm_unreserve(c, m->device, va, m->size);
+        vmm_release(c, m->device, h, m->size);
+        if (r == 0)
+                m->base = va;
+        return r;
+}
+
+static void vmm_segment_unmap(gpupool_client *c, struct mapping *m) {
+        /* An address still mapped is not freed: the driver would refuse it. */
+        if (vmm_unmap(c, m->device, m->base, m->size) == 0)
+                vmm_unreserve(c, m->device, m->base, m->size);
+}
+
+const struct client_mem_ops client_mem_vmm = {
+        .backend = "cuda-vmm",
+        .memory = "cuda-vmm memory",
+        .streams = true,
+        .outlives_daemon = true,
+        .grows = true,
+        .segment_map = vmm_segment_map,
+        .segment_unmap = vmm_segment_unmap,
+        .reserve = vmm_reserve,
+        .unreserve = vmm_unreserve,
+        .import = vmm_import,
+        .release = vmm_release,
+        .map = vmm_map,
+        .access = vmm_access,
+        .unmap = vmm_unmap,
+};
+
+const struct client_mem_ops *client_mem_of(const char *backend) {
+        static const struct client_mem_ops *const all[] = { &client_mem_host, &client_mem_cuda, &client_mem_vmm };
+
+        for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++)
+                if (strcmp(all[i]->backend, backend) == 0)
+                        return all[i];
+        return NULL;
+}
