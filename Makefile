@@ -8,6 +8,7 @@
 #   make fuzz                 the libFuzzer targets, FUZZ_SECONDS (60) each (needs clang)
 #   make stress               32 clients for 60 s with kills, daemon restarts, hostile peers and injected faults
 #                             (STRESS_CLIENTS=N STRESS_SECONDS=S STRESS_DAEMON_KILLS=N)
+#   make layers               calls go down only: each directory's LAYERS against the objects' symbols
 #   make check-gpu            the cuda backend's tests on this machine's GPU (skipped without one)
 #   make bench                CPU benchmarks on the host backend (table + bench/results/*.json)
 #   make bench-instructions   instructions per alloc+free of the allocator core (callgrind)
@@ -64,7 +65,10 @@ WERROR ?= $(if $(CI),-Werror,)
 CFLAGS ?= -O2 -g
 CFLAGS += -std=gnu11 -Wall -Wextra -Wshadow -Wstrict-prototypes -Wno-unused-parameter $(WERROR) \
           -fPIC -fvisibility=hidden -MMD -MP -DGPUPOOL_VERSION='"$(VERSION)"' -DGP_SYSCONFDIR='"$(SYSCONFDIR)"' \
-          -Iinclude -Icommon -Idaemon -Itests -I$(B)/proto
+          -Iinclude -Icommon -I$(B)/proto
+# Each directory sees its own headers, the API's, common/'s and the messages'; the tests and
+# benchmarks see every one. The library and the CLI cannot include a daemon's or a test's.
+$(B)/obj/tests/%.o $(B)/obj/bench/%.o: CFLAGS += -Idaemon -Iclient -Itests
 LDFLAGS ?=
 ifneq ($(SANITIZER),)
 CFLAGS  += -fsanitize=$(SANITIZER) -fno-sanitize-recover=all -fno-omit-frame-pointer -O1
@@ -258,6 +262,10 @@ test: all $(TEST_BIN) $(FAKECUDA) $(HOOKS_THROW) $(CUDA_ABI_OK)
 # On a GPU machine: the cuda backend's tests on the real driver, then the framework hooks with
 # the real PyTorch and CuPy (tests/gpu/test_frameworks_gpu.py); each skipped, saying why,
 # without a GPU or the framework.
+# Calls go down only: each directory's LAYERS, the objects' symbols (tests/check-layers.sh).
+layers: $(DAEMON_O) $(B)/obj/daemon/main.o $(DAEMON_TEST_O) $(CLIENT_O) $(COMMON_O) $(CLI_O)
+	$(Q)bash tests/check-layers.sh $(B)
+
 check-gpu: all $(GPU_TEST_BIN)
 	$(Q)GPUPOOL_BUILD_DIR=$(B) $(GPU_TEST_BIN)
 	$(Q)if command -v python3 >/dev/null 2>&1; then \
@@ -551,7 +559,7 @@ clean:
 
 FORCE:
 
-.PHONY: FORCE all install uninstall test check-gpu gpu-tools gpu-validate bench-gpu bench-pending bench-driver bench-frameworks stress fuzz fuzz-seeds bench bench-frag bench-replay bench-adopt bench-instructions valgrind deps deps-fuzz deps-deploy check-deploy run clean
+.PHONY: FORCE all install uninstall test layers check-gpu gpu-tools gpu-validate bench-gpu bench-pending bench-driver bench-frameworks stress fuzz fuzz-seeds bench bench-frag bench-replay bench-adopt bench-instructions valgrind deps deps-fuzz deps-deploy check-deploy run clean
 
 .SECONDARY:
 

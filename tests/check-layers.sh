@@ -1,0 +1,98 @@
+#!/bin/bash
+# make layers: calls go down only. For each directory with a LAYERS file (its files, top layer
+# first; files on one line are peers), the file graph is built from the objects' symbols (who
+# defines a name, who uses it; nm), and the check fails on
+#   - a call up the declared order (a file using a name a file above it defines),
+#   - a circle among the files of one layer,
+#   - a file of the directory its LAYERS leaves out (or one LAYERS names that is not there),
+#   - a name of another directory used where the directories' order forbids it: common/ uses
+#     nothing of the others, and daemon/ and client/ nothing of each other.
+# Calls through a table of functions (backend.h, client_mem.h) are not names and are not seen.
+# Usage: tests/check-layers.sh BUILD_DIR
+set -uo pipefail
+B=${1:-build}
+fail=0
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+
+# "dir file kind name" for every object: D (defines) or U (uses).
+for dir in common daemon client cli; do
+        for o in "$B/obj/$dir"/*.o; do
+                f=$(basename "$o" .o)
+                [ -e "$o" ] && [ -e "$dir/$f.c" ] || continue   # an object of a file since removed: not the tree's
+                nm --defined-only -g "$o" | awk -v d="$dir" -v f="$f" 'NF >= 3 {print d, f, "D", $3}'
+                nm -u "$o" | awk -v d="$dir" -v f="$f" '{print d, f, "U", $NF}'
+        done
+done > "$tmp/syms"
+# The generated protocol code sits under everything.
+for o in "$B"/obj/proto/*.o; do
+        nm --defined-only -g "$o" | awk '{print "proto", "gpupool.pb-c", "D", $3}'
+done >> "$tmp/syms"
+# "user_dir user_file definer_dir definer_file name" for every use of a name the tree defines.
+awk '$3 == "D" {def[$4] = $1 " " $2; next}
+     {use[++n] = $0}
+     END {for (i = 1; i <= n; i++) {split(use[i], u, " "); if (u[4] in def) {split(def[u[4]], d, " ");
+          if (d[1] != u[1] || d[2] != u[2]) print u[1], u[2], d[1], d[2], u[4]}}}' "$tmp/syms" | sort -u > "$tmp/edges"
+
+# Across directories.
+awk '($1 == "common" && $3 != "common" && $3 != "proto") ||
+     ($1 == "daemon" && ($3 == "client" || $3 == "cli")) ||
+     ($1 == "client" && ($3 == "daemon" || $3 == "cli")) ||
+     ($1 == "cli" && $3 == "daemon") {
+        printf "layers: %s/%s.o uses %s of %s/%s.o: the directories call down only (common at the bottom)\n", $1, $2, $5, $3, $4; bad = 1}
+     END {exit bad}' "$tmp/edges" || fail=1
+
+for dir in common daemon client; do
+        layers="$dir/LAYERS"
+        if [ ! -f "$layers" ]; then
+                echo "layers: $layers is missing"
+                fail=1
+                continue
+        fi
+        # "file layer" from the LAYERS file: comments and blank lines skipped, top layer first.
+        awk '{sub(/#.*/, "")} NF {n++; for (i = 1; i <= NF; i++) print $i, n}' "$layers" > "$tmp/$dir.order"
+        for o in "$B/obj/$dir"/*.o; do f=$(basename "$o" .o); [ -e "$dir/$f.c" ] && echo "$f"; done | sort > "$tmp/$dir.objs"
+        cut -d' ' -f1 "$tmp/$dir.order" | sort > "$tmp/$dir.declared"
+        for f in $(comm -23 "$tmp/$dir.objs" "$tmp/$dir.declared"); do
+                echo "layers: $dir/$f.c is in no layer of $layers"
+                fail=1
+        done
+        for f in $(comm -13 "$tmp/$dir.objs" "$tmp/$dir.declared"); do
+                echo "layers: $layers names $f, which $B/obj/$dir has no object of"
+                fail=1
+        done
+        # Calls up the order, and circles within a layer (Floyd-Warshall's closure: a few dozen files).
+        awk -v dir="$dir" -v layers="$layers" '
+                FILENAME ~ /\.order$/ {layer[$1] = $2; next}
+                $1 == dir && $3 == dir {
+                        if (!($2 in layer) || !($4 in layer)) next
+                        if (layer[$2] > layer[$4]) {
+                                printf "layers: %s/%s.c calls up to %s/%s.c (%s): %s puts it below\n", dir, $2, dir, $4, $5, layers
+                                bad = 1
+                        }
+                        if (!(($2, $4) in why)) why[$2, $4] = $5
+                        else if (index(why[$2, $4], $5) == 0) why[$2, $4] = why[$2, $4] ", " $5
+                        reach[$2, $4] = 1
+                }
+                END {
+                        for (f in layer) names[++n] = f
+                        for (k = 1; k <= n; k++) for (i = 1; i <= n; i++) if ((names[i], names[k]) in reach)
+                                for (j = 1; j <= n; j++) if ((names[k], names[j]) in reach) reach[names[i], names[j]] = 1
+                        for (i = 1; i <= n; i++) for (j = i + 1; j <= n; j++) {
+                                a = names[i]; b = names[j]
+                                if ((a, b) in reach && (b, a) in reach) {
+                                        printf "layers: %s/%s.c and %s/%s.c call each other (a circle)", dir, a, dir, b
+                                        if ((a, b) in why) printf "; %s uses %s", a, why[a, b]
+                                        if ((b, a) in why) printf "; %s uses %s", b, why[b, a]
+                                        printf "\n"
+                                        bad = 1
+                                }
+                        }
+                        exit bad
+                }' "$tmp/$dir.order" "$tmp/edges" || fail=1
+done
+
+if [ "$fail" = 0 ]; then
+        echo "layers: $(wc -l < "$tmp/edges") uses of names between files, every one down the declared order, no circle"
+fi
+exit "$fail"
