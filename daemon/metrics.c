@@ -22,17 +22,17 @@
 #define METRICS_FAMILIES 23
 #define METRICS_HEADER_MAX 320          /* a family's HELP and TYPE lines */
 _Static_assert((METRICS_DEVICE_FAMILIES * BACKEND_MAX_DEVICES + METRICS_TENANT_FAMILIES * CONFIG_MAX_TENANTS +
-                METRICS_REFUSAL_COUNT + 3) * METRICS_LINE_MAX + METRICS_FAMILIES * METRICS_HEADER_MAX <=
+                POLICY_REFUSAL_COUNT + 3) * METRICS_LINE_MAX + METRICS_FAMILIES * METRICS_HEADER_MAX <=
                        METRICS_TEXT_MAX,
                "the metrics of every device and tenant fit METRICS_TEXT_MAX");
 _Static_assert(METRICS_TEXT_MAX + 1024 <= GP_MAX_REPLY_BYTES, "a MetricsReply holds METRICS_TEXT_MAX");
 
-static const char *const refusal_reasons[METRICS_REFUSAL_COUNT] = {
-        [METRICS_REFUSED_CLIENT_LIMIT] = "client_limit",
-        [METRICS_REFUSED_TENANT_LIMIT] = "tenant_limit",
-        [METRICS_REFUSED_GUARANTEES] = "guarantees",
-        [METRICS_REFUSED_DEVICE_FULL] = "device_full",
-        [METRICS_REFUSED_BACKEND_ERROR] = "backend_error",
+static const char *const refusal_reasons[POLICY_REFUSAL_COUNT] = {
+        [POLICY_REFUSED_CLIENT_LIMIT] = "client_limit",
+        [POLICY_REFUSED_TENANT_LIMIT] = "tenant_limit",
+        [POLICY_REFUSED_GUARANTEES] = "guarantees",
+        [POLICY_REFUSED_DEVICE_FULL] = "device_full",
+        [POLICY_REFUSED_BACKEND_ERROR] = "backend_error",
 };
 
 struct writer {
@@ -204,7 +204,7 @@ int metrics_format(const struct node *node, const struct session *asking, char *
         emit(&w, "gpupool_clients{state=\"connected\"} %u\ngpupool_clients{state=\"exiting\"} %u\n", connected, exiting);
         devices(&w, node);
         family(&w, "gpupool_refusals_total", "counter", "Leases refused, by reason.");
-        for (unsigned r = 0; r < METRICS_REFUSAL_COUNT; r++)
+        for (unsigned r = 0; r < POLICY_REFUSAL_COUNT; r++)
                 emit(&w, "gpupool_refusals_total{reason=\"%s\"} %" PRIu64 "\n", refusal_reasons[r], node->refusals_total[r]);
         tenants(&w, node, asking);
         return w.full ? -ENOBUFS : (int) w.len;

@@ -12,16 +12,6 @@
 struct node;
 struct session;
 
-/* Why a lease was refused: the label values of gpupool_refusals_total. */
-enum metrics_refusal {
-        METRICS_REFUSED_CLIENT_LIMIT,   /* "client_limit": over the client's limit */
-        METRICS_REFUSED_TENANT_LIMIT,   /* "tenant_limit": over its tenant's max */
-        METRICS_REFUSED_GUARANTEES,     /* "guarantees": held back for other tenants' guarantees */
-        METRICS_REFUSED_DEVICE_FULL,    /* "device_full": no memory left after the eviction ladder */
-        METRICS_REFUSED_BACKEND_ERROR,  /* "backend_error": the backend failed */
-        METRICS_REFUSAL_COUNT,
-};
-
 /*
  * The most bytes the metrics text takes: every device, tenant and reason at the longest
  * label and value. A protocol reply holds it (checked at build time in metrics.c).

@@ -29,8 +29,11 @@ static void on_headroom_timer(uv_timer_t *timer) {
                 struct pool_stats st;
 
                 /* Still short with the cache empty: clients give back what they keep free (ladder step 3). */
-                if (short_bytes && node->hooks.reclaim_for_headroom)
-                        node->hooks.reclaim_for_headroom(node, d, short_bytes);
+                if (short_bytes && node->hooks.reclaim_ask) {
+                        unsigned clients;
+
+                        (void) node->hooks.reclaim_ask(node, NULL, d, short_bytes, 0, &clients);
+                }
                 if (!bytes)
                         continue;
                 released = true;

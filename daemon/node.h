@@ -24,7 +24,6 @@
 #include "config.h"
 #include "identity.h"
 #include "log.h"
-#include "metrics.h"
 #include "options.h"
 #include "policy.h"
 #include "pool.h"
@@ -62,8 +61,9 @@ struct node_hooks {
         int (*check)(struct node *node, char *why, size_t why_size);
         /* Reads the config again and applies it (the server's: it has the command line). */
         int (*reload)(struct node *node, char *why, size_t why_size);
-        /* Others took part of device's headroom beyond what the cache gave back: ask clients for bytes. */
-        void (*reclaim_for_headroom)(struct node *node, unsigned device, uint64_t bytes);
+        /* Asks clients for memory (reclaim_ask(): requester NULL and round 0 for the headroom). */
+        uint64_t (*reclaim_ask)(struct node *node, struct session *requester, unsigned device, uint64_t want_bytes,
+                                uint64_t round, unsigned *ret_clients);
 };
 
 /* How often the loop asks the GPU whether a segment's zeroing has ended: it never waits for it. */
@@ -84,7 +84,7 @@ struct node {
         struct node_hooks hooks;
         uint64_t reclaims_total[BACKEND_MAX_DEVICES];   /* segments clients gave back when asked */
         uint64_t leases_total[BACKEND_MAX_DEVICES];             /* segments leased */
-        uint64_t refusals_total[METRICS_REFUSAL_COUNT];         /* allocations refused, by reason */
+        uint64_t refusals_total[POLICY_REFUSAL_COUNT];          /* allocations refused, by reason */
         uint64_t checks_total;          /* node_check() runs */
         struct log_ratelimit peer_log;  /* what all clients together may make it log */
         uv_timer_t reclaim_timer;       /* the earliest parked allocation's deadline */

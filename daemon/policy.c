@@ -1,5 +1,6 @@
 /*
- * policy.c: clients' and tenants' limits, and tenants' guarantees (see policy.h).
+ * policy.c: clients' and tenants' limits, tenants' guarantees, whom to ask for memory, and the
+ * pool's rules (see policy.h). No I/O.
  */
 #include "policy.h"
 
@@ -8,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "heap.h"
 #include "size.h"
 
 void policy_configure(struct policy *p, const struct config *c) {
@@ -53,6 +55,26 @@ struct tenant *policy_tenant_by_name(struct policy *p, const char *name) {
                 if (strcmp(p->tenants[i].conf.name, name) == 0)
                         return &p->tenants[i];
         return NULL;
+}
+
+int policy_set_tenant_limits(struct policy *p, struct tenant *t, uint64_t max_bytes, uint64_t guarantee_bytes, char *why,
+                             size_t why_size) {
+        char b1[GP_SIZE_FORMAT_MAX], b2[GP_SIZE_FORMAT_MAX];
+        uint64_t old_guarantee = t->guarantee_bytes;
+
+        if (max_bytes && guarantee_bytes > max_bytes) {
+                snprintf(why, why_size, "tenant %s: a guarantee of %s is more than its max of %s", t->conf.name,
+                         gp_size_format(guarantee_bytes, b1, sizeof(b1)), gp_size_format(max_bytes, b2, sizeof(b2)));
+                return -EINVAL;
+        }
+        t->guarantee_bytes = guarantee_bytes;
+        if (policy_check_guarantees(p, why, why_size) < 0) {
+                t->guarantee_bytes = old_guarantee;
+                return -EINVAL;
+        }
+        t->max_bytes = max_bytes;
+        t->overridden = true;
+        return 0;
 }
 
 /* A client's limit, and where it comes from in *ret_from. */
@@ -154,6 +176,21 @@ size_t policy_reclaim_order(const struct tenant *requester, unsigned device, str
         }
         qsort(c, kept, sizeof(*c), by_rank);
         return kept;
+}
+
+enum policy_refusal policy_refusal_of(enum policy_bound bound) {
+        return bound == POLICY_TENANT ? POLICY_REFUSED_TENANT_LIMIT :
+               bound == POLICY_GUARANTEES ? POLICY_REFUSED_GUARANTEES : POLICY_REFUSED_CLIENT_LIMIT;
+}
+
+uint64_t policy_segment_bytes(uint64_t rsize, uint64_t limit_bytes) {
+        uint64_t want = heap_segment_bytes(rsize);
+
+        return want <= limit_bytes ? want : heap_min_segment_bytes(rsize);
+}
+
+bool policy_cache_serves(uint64_t segment_bytes, uint64_t want_bytes) {
+        return segment_bytes >= want_bytes && segment_bytes - want_bytes <= want_bytes / 4;
 }
 
 uint64_t policy_max_cached(const struct policy *p, unsigned device) {

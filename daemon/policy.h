@@ -1,10 +1,12 @@
 /*
- * policy.h: who may have how much, and whom to ask for memory back. The pool decides
- * nothing: the request layer asks policy how many more bytes a client may reserve on a
- * device (policy_admit()), passes that to pool_lease() as headroom and, when the pool
- * refuses, turns policy's answer (the limit that bound and the numbers it met) into the
- * sentence. When the device is full, policy ranks the clients worth asking to give back what
- * they keep free (policy_reclaim_order()); it also sets the cache's watermark.
+ * policy.h: who may have how much, and whom to ask for memory back. No I/O: every decision
+ * here is a function of its arguments (tests/unit/check_policy.c). The request layer asks
+ * policy how many more bytes a client may reserve on a device (policy_admit()), passes that to
+ * pool_lease() as headroom and, when the pool refuses, turns policy's answer (the limit that
+ * bound and the numbers it met) into the sentence and the refusal's reason
+ * (policy_refusal_of()). When the device is full, policy ranks the clients worth asking to give
+ * back what they keep free (policy_reclaim_order()); it sets the cache's watermark, checks and
+ * applies runtime limits (policy_set_tenant_limits()), and makes the pool's rules below.
  *
  * Three limits bind, per device: the client's own (its tenant's client_max, else [limits]
  * client_max / --client-limit, or a runtime set-limit on its pid), its tenant's max over all
@@ -39,6 +41,16 @@ enum policy_bound {
         POLICY_CLIENT,                  /* the client's limit */
         POLICY_TENANT,                  /* its tenant's max */
         POLICY_GUARANTEES,              /* other tenants' unused guarantees */
+};
+
+/* Why a lease was refused: the label values of gpupool_refusals_total, in this order. */
+enum policy_refusal {
+        POLICY_REFUSED_CLIENT_LIMIT,    /* "client_limit": over the client's limit */
+        POLICY_REFUSED_TENANT_LIMIT,    /* "tenant_limit": over its tenant's max */
+        POLICY_REFUSED_GUARANTEES,      /* "guarantees": held back for other tenants' guarantees */
+        POLICY_REFUSED_DEVICE_FULL,     /* "device_full": no memory left after the eviction ladder */
+        POLICY_REFUSED_BACKEND_ERROR,   /* "backend_error": the backend failed */
+        POLICY_REFUSAL_COUNT,
 };
 
 /* Where a client's limit comes from. */
@@ -93,6 +105,14 @@ struct tenant *policy_tenant_for(struct policy *p, uint32_t uid, uint32_t gid, c
 /* The tenant called name, or NULL. */
 struct tenant *policy_tenant_by_name(struct policy *p, const char *name);
 
+/*
+ * A runtime set-limit of tenant t: its max (0: none) and guarantee, until the next reload.
+ * Refused, nothing changed, where the guarantee is more than the max or the guarantees would
+ * no longer fit every device. Returns 0, or -EINVAL with why.
+ */
+int policy_set_tenant_limits(struct policy *p, struct tenant *t, uint64_t max_bytes, uint64_t guarantee_bytes, char *why,
+                             size_t why_size);
+
 /* No runtime override of a client's limit (set-limit --pid sets one; its 0 is "no limit"). */
 #define POLICY_NO_OVERRIDE UINT64_MAX
 
@@ -119,6 +139,26 @@ void policy_admit(const struct policy *p, const struct tenant *t, uint64_t overr
  * reported free first, then largest excess. Returns how many it kept, at the front.
  */
 size_t policy_reclaim_order(const struct tenant *requester, unsigned device, struct policy_candidate *c, size_t n);
+
+/* The reason a lease refused for going past bound (never POLICY_UNBOUND) is counted under. */
+enum policy_refusal policy_refusal_of(enum policy_bound bound);
+
+/*
+ * The pool's rules, which pool.c applies on its trees:
+ *
+ *   size fallback  a request gets its class's segment (heap_segment_bytes(): 2 MiB up to 1 MiB,
+ *                  20 MiB up to 10 MiB, its own rounded size above) where that fits limit_bytes
+ *                  (the client's headroom, the capacity and the device's room left), else the
+ *                  smallest segment that serves it: policy_segment_bytes().
+ *   reuse          a cached segment serves a segment of want bytes if it is want to a quarter
+ *                  more (policy_cache_serves()): the smallest such, the most recently cached
+ *                  among equals, before any new one is made.
+ *   eviction       cached segments go back to the backend least recently cached first (LRU),
+ *                  to make room for a new segment, past the watermark (policy_max_cached()),
+ *                  once idle for idle_release, and when others take part of the headroom.
+ */
+uint64_t policy_segment_bytes(uint64_t rsize, uint64_t limit_bytes);
+bool policy_cache_serves(uint64_t segment_bytes, uint64_t want_bytes);
 
 /* The most bytes device's cache may hold (the watermark). */
 uint64_t policy_max_cached(const struct policy *p, unsigned device);

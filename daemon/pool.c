@@ -18,6 +18,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "policy.h"
 #include "wire.h"
 
 /*
@@ -332,7 +333,7 @@ static struct segment *segment_find(const struct pool *p, uint64_t id) {
         return n ? gp_rb_entry(n, struct segment, by_id) : NULL;
 }
 
-/* A cached segment of at least size bytes and at most a quarter more, within limit. */
+/* The smallest cached segment that serves one of size bytes (policy_cache_serves()), within limit. */
 static struct segment *cache_take(struct pool *p, uint64_t size, uint64_t limit) {
         struct segment key = { .size = size, .cache_seq = UINT64_MAX };
         struct gp_rb_node *n = gp_rb_lower_bound(&p->cache_by_size, &key.owner_node);
@@ -341,7 +342,7 @@ static struct segment *cache_take(struct pool *p, uint64_t size, uint64_t limit)
         if (!n)
                 return NULL;
         s = gp_rb_entry(n, struct segment, owner_node);
-        if (s->size > limit || s->size > size + size / 4)
+        if (s->size > limit || !policy_cache_serves(s->size, size))
                 return NULL;
         gp_rb_remove(&p->cache_by_size, &s->owner_node);
         gp_rb_remove(&p->cache_by_age, &s->age_node);
@@ -379,12 +380,12 @@ static int segment_create(struct pool *p, uint64_t size, struct segment **ret) {
 }
 
 /*
- * Finds or makes a segment for a request of rsize bytes: the class size if the headroom
- * allows, else the smallest that serves. The cache comes first, then free capacity, then
- * releasing cached segments (oldest first) to make room.
+ * Finds or makes a segment for a request of rsize bytes, by policy's rules (policy.h): the
+ * class size if the headroom allows, else the smallest that serves. The cache comes first,
+ * then free capacity, then releasing cached segments (least recently cached first) to make room.
  */
 static int segment_obtain(struct pool *p, uint64_t rsize, uint64_t headroom, struct segment **ret) {
-        uint64_t want = heap_segment_bytes(rsize), min = heap_min_segment_bytes(rsize);
+        uint64_t want = policy_segment_bytes(rsize, headroom), min = heap_min_segment_bytes(rsize), left;
         struct segment *s;
         int64_t room = 0;
         bool bounded;
@@ -392,8 +393,6 @@ static int segment_obtain(struct pool *p, uint64_t rsize, uint64_t headroom, str
 
         if (min > headroom)
                 return -EDQUOT;
-        if (want > headroom)
-                want = min;
         s = cache_take(p, want, headroom);
         if (!s && min < want)
                 s = cache_take(p, min, headroom);
@@ -403,8 +402,10 @@ static int segment_obtain(struct pool *p, uint64_t rsize, uint64_t headroom, str
         }
         /* The device's headroom bounds the pool as its capacity does: others took part of it, or not. */
         bounded = device_room(p, &room);
-        if (p->reserved_bytes + want > p->capacity_bytes || (bounded && (int64_t) want > room))
-                want = min;
+        left = p->capacity_bytes > p->reserved_bytes ? p->capacity_bytes - p->reserved_bytes : 0;
+        if (bounded && (room < 0 || (uint64_t) room < left))
+                left = room < 0 ? 0 : (uint64_t) room;
+        want = policy_segment_bytes(rsize, headroom < left ? headroom : left);
         if (!make_room(p, want, bounded, room))
                 return -ENOMEM;
         r = segment_create(p, want, ret);

@@ -1,6 +1,8 @@
 /*
  * pool.h: the node's segments on one device. No I/O: memory comes from a struct backend, and
- * who may have how much is decided by the caller (policy) and passed in as headroom.
+ * who may have how much is decided by the caller (policy) and passed in as headroom. The
+ * pool's own rules (a new segment's size, which cached one serves, least recently cached
+ * released first) are policy's too, named in policy.h.
  *
  * Segments come from the backend in classes (common/heap.h sizes them): a request of at most
  * 1 MiB gets a 2 MiB segment, up to 10 MiB a 20 MiB one, larger ones a segment of their own

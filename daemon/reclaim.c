@@ -157,23 +157,22 @@ static uint64_t ask_in_order(struct node *node, struct session *requester, unsig
 
 uint64_t reclaim_ask(struct node *node, struct session *requester, unsigned device, uint64_t want_bytes, uint64_t round,
                      unsigned *ret_clients) {
-        return ask_in_order(node, requester, device, want_bytes, false, round, ret_clients);
-}
-
-void reclaim_for_headroom(struct node *node, unsigned device, uint64_t want_bytes) {
-        unsigned clients = 0;
-        uint64_t asked;
         char b[GP_SIZE_FORMAT_MAX];
+        uint64_t asked;
 
-        /* Once at a time: what was asked before is still on its way back, unless it is overdue. */
+        if (requester)
+                return ask_in_order(node, requester, device, want_bytes, false, round, ret_clients);
+        /* For the headroom, once at a time: what was asked before is still on its way back, unless it is overdue. */
+        *ret_clients = 0;
         reclaim_expire(node, uv_now(node->loop));
         if (node->reclaim_outstanding)
-                return;
-        asked = ask_in_order(node, NULL, device, want_bytes, true, 0, &clients);
-        if (clients)
+                return 0;
+        asked = ask_in_order(node, NULL, device, want_bytes, true, 0, ret_clients);
+        if (*ret_clients)
                 log_info("device %u: others took part of the headroom and the cache is empty: asked %u client%s for %s "
-                         "of segments they keep free", device, clients, clients == 1 ? "" : "s",
+                         "of segments they keep free", device, *ret_clients, *ret_clients == 1 ? "" : "s",
                          gp_size_format(asked, b, sizeof(b)));
+        return asked;
 }
 
 void reclaim_all(struct node *node, struct session *c, int device, bool to_backend, uint32_t *clients,

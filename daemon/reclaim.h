@@ -29,10 +29,15 @@ struct session;
 #define RECLAIM_MAX_DISTRUST 6
 
 /*
- * Asks clients other than requester, in policy's order, for empty segments worth at least
- * want_bytes on device, for the parked lease named round: those asked for it already are not
- * asked again. Returns the bytes asked for as far as they are trusted (what each held free as
- * of its latest report, discounted for claims it did not honour before), and the number of
+ * The one way the daemon asks clients for memory: asks clients other than requester, in
+ * policy's order (policy_reclaim_order()), for empty segments worth at least want_bytes on
+ * device. For a lease (requester, and round naming the parked lease): those asked for it
+ * already are not asked again, and what comes back goes to the cache, for it. For the
+ * headroom (requester NULL, round 0: others, a new process's context or a program without
+ * gpupool, took part of it and the cache is empty): only clients over their tenant's
+ * guarantee, nothing while an earlier request is unanswered, and what comes back goes to the
+ * backend. Returns the bytes asked for as far as they are trusted (what each held free as of
+ * its latest report, discounted for claims it did not honour before), and the number of
  * clients asked in *ret_clients.
  */
 uint64_t reclaim_ask(struct node *node, struct session *requester, unsigned device, uint64_t want_bytes, uint64_t round,
@@ -49,14 +54,6 @@ void reclaim_expire(struct node *node, uint64_t now_ms);
 
 /* Writes off every request c has not answered (its control channel closed, say). */
 void reclaim_write_off(struct session *c);
-
-/*
- * Others (a new process's context, a program without gpupool) took part of device's headroom
- * and the cache is empty: asks clients over their tenant's guarantee, in policy's order, for
- * empty segments worth want_bytes, which go back to the backend, not the cache. Asks nothing
- * while an earlier request is unanswered.
- */
-void reclaim_for_headroom(struct node *node, unsigned device, uint64_t want_bytes);
 
 /*
  * Asks client for every empty segment it holds, on device (-1: every device); with to_backend

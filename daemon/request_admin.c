@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "log.h"
+#include "metrics.h"
 #include "node.h"
 #include "reclaim.h"
 #include "session.h"
@@ -325,28 +326,16 @@ void request_set_limit(struct session *s, const Gpupool__Envelope *req, struct r
                 struct tenant *t = policy_tenant_by_name(&node->policy, l->tenant);
                 uint64_t max = l->has_max_bytes ? l->max_bytes : t ? t->max_bytes : 0;
                 uint64_t guarantee = l->has_guarantee_bytes ? l->guarantee_bytes : t ? t->guarantee_bytes : 0;
-                uint64_t old_guarantee;
 
                 if (!t) {
                         snprintf(why, sizeof(why), "no tenant '%.64s' (see gpupoolctl limits)", l->tenant);
                         reply_error(req->id, -ENOENT, false, why, ret);
                         return;
                 }
-                if (max && guarantee > max) {
-                        snprintf(why, sizeof(why), "tenant %s: a guarantee of %s is more than its max of %s", t->conf.name,
-                                 gp_size_format(guarantee, b1, sizeof(b1)), gp_size_format(max, b2, sizeof(b2)));
+                if (policy_set_tenant_limits(&node->policy, t, max, guarantee, why, sizeof(why)) < 0) {
                         reply_error(req->id, -EINVAL, false, why, ret);
                         return;
                 }
-                old_guarantee = t->guarantee_bytes;
-                t->guarantee_bytes = guarantee;
-                if (policy_check_guarantees(&node->policy, why, sizeof(why)) < 0) {
-                        t->guarantee_bytes = old_guarantee;
-                        reply_error(req->id, -EINVAL, false, why, ret);
-                        return;
-                }
-                t->max_bytes = max;
-                t->overridden = true;
                 log_info("set-limit by pid %d: tenant %s max %s, guarantee %s until the next reload", (int) s->pid, t->conf.name,
                          max ? gp_size_format(max, b1, sizeof(b1)) : "none", gp_size_format(guarantee, b2, sizeof(b2)));
         }

@@ -19,7 +19,7 @@
 #include "size.h"
 
 /* Refuses a lease: the reason goes to the client and, at info, to the log. */
-static void refuse(struct session *s, uint64_t id, int err, enum metrics_refusal reason, unsigned device, uint64_t size,
+static void refuse(struct session *s, uint64_t id, int err, enum policy_refusal reason, unsigned device, uint64_t size,
                    const char *why, struct reply *ret) {
         s->node->refusals_total[reason]++;
         session_log(s, LOG_LEVEL_INFO, "client %llu ('%s', pid %d, tenant %s): %" PRIu64 " bytes on device %u refused: %s",
@@ -263,43 +263,152 @@ static int lease_granules(struct pool *p, struct pool_owner *o, unsigned n, unsi
 }
 
 /*
+ * Takes what a lease asks of device, within headroom bytes: a segment for size bytes, or
+ * granules (and up to ahead more). Returns how many segments it leased (1 for a segment; 0 to
+ * granules + ahead), or a negative errno: -EDQUOT over a limit, -ENOMEM when the device is
+ * full, -EINPROGRESS when the segment is being zeroed for the client, another the backend's.
+ */
+static int lease_take(struct session *s, uint32_t device, uint64_t size, unsigned granules, unsigned ahead,
+                      uint64_t headroom, struct pool_lease *leases) {
+        struct pool *p = s->node->pools[device];
+        int r;
+
+        if (!granules && !ahead)
+                return (r = pool_lease(p, &s->owners[device], size, headroom, &leases[0])) < 0 ? r : 1;
+        if (ahead && others_wait_for_memory(s, device))
+                ahead = 0;
+        return lease_granules(p, &s->owners[device], granules, ahead, headroom, leases);
+}
+
+/* Refuses a lease over a limit: which limit, and what it met. */
+static void refuse_quota(struct session *s, uint64_t id, uint32_t device, uint64_t size, const struct policy_admission *adm,
+                         struct reply *ret) {
+        char why[GP_MAX_ERROR_BYTES];
+
+        quota_message(s, device, size, adm, why, sizeof(why));
+        refuse(s, id, -EDQUOT, policy_refusal_of(adm->bound), device, size, why, ret);
+}
+
+/* Refuses a lease the device has no room for after the eviction ladder: what was tried, who holds the memory. */
+static void refuse_full(struct session *s, uint64_t id, uint32_t device, uint64_t size, enum attempt attempt,
+                        struct reply *ret) {
+        struct node *node = s->node;
+        char why[GP_MAX_ERROR_BYTES], b1[GP_SIZE_FORMAT_MAX], b2[GP_SIZE_FORMAT_MAX], b3[GP_SIZE_FORMAT_MAX];
+        /* Sized so that the refusal's parts fit in why together (gcc checks the sum). */
+        char tried[160] = "", holders[384], gpu[200];
+        struct pool_stats st;
+
+        if (attempt == ATTEMPT_FINAL)
+                snprintf(tried, sizeof(tried), "; asked %u client%s for %s they reported free, and not enough "
+                         "came back within %llu ms (reclaim_timeout)",
+                         s->parked_asked_clients, s->parked_asked_clients == 1 ? "" : "s",
+                         gp_size_format(s->parked_asked_bytes, b1, sizeof(b1)),
+                         (unsigned long long) node->options->reclaim_timeout_ms);
+        else
+                snprintf(tried, sizeof(tried), "; no other client could give back memory that would serve "
+                         "(tenants under their guarantee keep theirs)");
+        holders_text(node, device, holders, sizeof(holders));
+        pool_get_stats(node->pools[device], &st);
+        headroom_text(&st, pool_min_segment_bytes(size), gpu, sizeof(gpu));
+        snprintf(why, sizeof(why),
+                 "device %u is full: %" PRIu64 " bytes asked, %s of %s reserved and %s in use after "
+                 "releasing the cache%s%s%s",
+                 device, size, gp_size_format(st.reserved_bytes, b1, sizeof(b1)),
+                 gp_size_format(st.total_bytes, b2, sizeof(b2)), gp_size_format(st.in_use_bytes, b3, sizeof(b3)),
+                 gpu, tried, holders);
+        refuse(s, id, -ENOMEM, POLICY_REFUSED_DEVICE_FULL, device, size, why, ret);
+}
+
+/* Refuses a lease the backend failed (err), as -EIO, and logs it as an error. */
+static void refuse_backend(struct session *s, uint64_t id, uint32_t device, uint64_t size, int err, struct reply *ret) {
+        struct node *node = s->node;
+        char why[GP_MAX_ERROR_BYTES];
+
+        if (err == -EINPROGRESS)
+                snprintf(why, sizeof(why), "device %u did not finish zeroing a segment for this lease within %llu ms "
+                         "(reclaim_timeout): the GPU is busy or stuck", device,
+                         (unsigned long long) node->options->reclaim_timeout_ms);
+        else if (err == -EMFILE || err == -ENFILE)
+                snprintf(why, sizeof(why), "the %s backend cannot make a segment: the daemon is out of file "
+                         "descriptors (%s; see LimitNOFILE= in docs/operations.md)", node->backend->name,
+                         strerror(-err));
+        else
+                snprintf(why, sizeof(why), "the %s backend failed: %s", node->backend->name, strerror(-err));
+        session_log(s, err == -EINPROGRESS ? LOG_LEVEL_WARN : LOG_LEVEL_ERR, "client %llu: allocating %" PRIu64 " bytes: %s",
+                    (unsigned long long) s->id, size, why);
+        node->refusals_total[POLICY_REFUSED_BACKEND_ERROR]++;
+        reply_error(id, -EIO, false, why, ret);
+}
+
+/* Answers a lease with the count segments it got (none: granules ahead only, and none fitted at once). */
+static void lease_granted(struct session *s, uint64_t id, uint32_t device, const struct pool_lease *leases, unsigned count,
+                          struct reply *ret) {
+        struct node *node = s->node;
+        Gpupool__LeaseReply lr = GPUPOOL__LEASE_REPLY__INIT;
+        Gpupool__Envelope env;
+        bool pass_fds = false;
+
+        reply_ok(&env, id);
+        env.body_case = GPUPOOL__ENVELOPE__BODY_LEASE_REPLY;
+        env.lease_reply = &lr;
+        if (count == 0) {
+                lr.segment_size = GP_GRANULE_BYTES;     /* a reply that names no segment */
+                (void) reply_pack(&env, false, ret);
+                return;
+        }
+        node->leases_total[device]++;
+        /* The ids, in the order their descriptors go (the reply's list of them, after the first). */
+        for (unsigned i = 0; i < count; i++)
+                ret->fds.segments[i] = leases[i].segment_id;
+        lr.segment_id = leases[0].segment_id;
+        lr.segment_size = leases[0].segment_size;
+        lr.more_segment_ids = ret->fds.segments + 1;
+        lr.n_more_segment_ids = count - 1;
+        /* A granule lease is refused on a backend of IPC handles: each of its segments has a descriptor. */
+        pass_fds = segment_handle(leases[0].mem, &lr.has_ipc_handle, &lr.ipc_handle);
+        if (reply_pack(&env, false, ret) < 0) {
+                /* The client hears of no segment: none stays its. */
+                for (unsigned i = 0; i < count; i++)
+                        pool_lease_undo(node->pools[device], &s->owners[device], leases[i].segment_id);
+                return;
+        }
+        if (pass_fds) {
+                ret->fds.device = device;
+                ret->fds.n = count;
+        }
+}
+
+/*
  * One try at a lease, of request id: a segment for size bytes, or (granules) that many
  * granules, size being their bytes, or (granules 0, some ahead) granules ahead only. Fills
  * *ret with the reply and returns true, or returns false when the request waits (parked) for
- * other clients to give memory back (never one of granules ahead only).
+ * other clients to give memory back, or for a segment being zeroed for it (never one of
+ * granules ahead only).
  */
 static bool lease_attempt(struct session *s, uint64_t id, uint32_t device, uint64_t size, unsigned granules,
                           unsigned ahead, enum attempt attempt, struct reply *ret) {
         struct node *node = s->node;
-        Gpupool__LeaseReply lr = GPUPOOL__LEASE_REPLY__INIT;
-        char why[GP_MAX_ERROR_BYTES], b1[GP_SIZE_FORMAT_MAX], b2[GP_SIZE_FORMAT_MAX], b3[GP_SIZE_FORMAT_MAX];
-        /* Sized so that the refusal's parts fit in why together (gcc checks the sum). */
-        char tried[160] = "", holders[384], gpu[200];
-        struct pool_owner *owner = &s->owners[device];
-        struct policy_admission adm;
         struct pool_lease leases[GP_MAX_LEASE_GRANULES];
-        bool granule_lease = granules || ahead;         /* granules 0 with some ahead: those only, maybe none */
-        unsigned count = granule_lease ? granules : 1;  /* segments leased */
+        struct policy_admission adm;
         struct pool_stats st;
-        Gpupool__Envelope env;
-        bool pass_fds;
+        unsigned clients = 0;
+        uint64_t round, asked;
         int r;
 
         pool_get_stats(node->pools[device], &st);
-        policy_admit(&node->policy, s->tenant, s->limit_override_bytes, process_others(s, device), owner, device, &st,
-                     &adm);
+        policy_admit(&node->policy, s->tenant, s->limit_override_bytes, process_others(s, device), &s->owners[device],
+                     device, &st, &adm);
         s->parked_zeroing = false;
-        if (ahead && others_wait_for_memory(s, device))
-                ahead = 0;
-        if (granule_lease)
-                r = lease_granules(node->pools[device], owner, granules, ahead, adm.headroom_bytes, leases);
-        else
-                r = pool_lease(node->pools[device], owner, size, adm.headroom_bytes, &leases[0]);
-        if (r >= 0 && granule_lease) {
-                count = (unsigned) r;   /* the granules leased, those asked ahead among them */
-                r = 0;
+        r = lease_take(s, device, size, granules, ahead, adm.headroom_bytes, leases);
+        if (r >= 0) {
+                lease_granted(s, id, device, leases, (unsigned) r, ret);
+                return true;
         }
-        if (r == -EINPROGRESS) {
+        switch (r) {
+        case -EDQUOT:
+                refuse_quota(s, id, device, size, &adm, ret);
+                return true;
+        case -EINPROGRESS:
                 /*
                  * The segment is being zeroed for this tenant, on the GPU: wait for it parked, as
                  * for a reclaim, while the loop serves everyone else. Up to reclaim_timeout: a
@@ -316,102 +425,24 @@ static bool lease_attempt(struct session *s, uint64_t id, uint32_t device, uint6
                 }
                 if (uv_now(node->loop) < s->parked_deadline_ms)
                         return false;
-                snprintf(why, sizeof(why), "device %u did not finish zeroing a segment for this lease within %llu ms "
-                         "(reclaim_timeout): the GPU is busy or stuck", device,
-                         (unsigned long long) node->options->reclaim_timeout_ms);
-                session_log(s, LOG_LEVEL_WARN, "client %llu: %s", (unsigned long long) s->id, why);
-                node->refusals_total[METRICS_REFUSED_BACKEND_ERROR]++;
-                reply_error(id, -EIO, false, why, ret);
-                return true;
-        }
-        if (r == -EDQUOT) {
-                quota_message(s, device, size, &adm, why, sizeof(why));
-                refuse(s, id, r, adm.bound == POLICY_TENANT ? METRICS_REFUSED_TENANT_LIMIT :
-                                 adm.bound == POLICY_GUARANTEES ? METRICS_REFUSED_GUARANTEES : METRICS_REFUSED_CLIENT_LIMIT,
-                       device, size, why, ret);
-                return true;
-        }
-        if (r == -ENOMEM && attempt == ATTEMPT_FIRST) {
-                /* Ladder step 3: clients over their guarantee give back segments they keep free. */
-                unsigned clients = 0;
-                uint64_t round = ++node->reclaim_rounds;
-                uint64_t asked = reclaim_ask(node, s, device, pool_min_segment_bytes(size), round, &clients);
-
-                if (clients) {
-                        s->parked_round = round;
-                        park(s, id, device, size, granules, ahead, asked, clients, &st, ret);
+                break;
+        case -ENOMEM:
+                if (attempt == ATTEMPT_RETRY)
                         return false;
+                if (attempt == ATTEMPT_FIRST) {
+                        /* Ladder step 3: clients over their guarantee give back segments they keep free. */
+                        round = ++node->reclaim_rounds;
+                        asked = reclaim_ask(node, s, device, pool_min_segment_bytes(size), round, &clients);
+                        if (clients) {
+                                s->parked_round = round;
+                                park(s, id, device, size, granules, ahead, asked, clients, &st, ret);
+                                return false;
+                        }
                 }
-        }
-        if (r == -ENOMEM && attempt == ATTEMPT_RETRY)
-                return false;
-        if (r == -ENOMEM) {
-                if (attempt == ATTEMPT_FINAL)
-                        snprintf(tried, sizeof(tried), "; asked %u client%s for %s they reported free, and not enough "
-                                 "came back within %llu ms (reclaim_timeout)",
-                                 s->parked_asked_clients, s->parked_asked_clients == 1 ? "" : "s",
-                                 gp_size_format(s->parked_asked_bytes, b1, sizeof(b1)),
-                                 (unsigned long long) node->options->reclaim_timeout_ms);
-                else
-                        snprintf(tried, sizeof(tried), "; no other client could give back memory that would serve "
-                                 "(tenants under their guarantee keep theirs)");
-                holders_text(node, device, holders, sizeof(holders));
-                pool_get_stats(node->pools[device], &st);
-                headroom_text(&st, pool_min_segment_bytes(size), gpu, sizeof(gpu));
-                snprintf(why, sizeof(why),
-                         "device %u is full: %" PRIu64 " bytes asked, %s of %s reserved and %s in use after "
-                         "releasing the cache%s%s%s",
-                         device, size, gp_size_format(st.reserved_bytes, b1, sizeof(b1)),
-                         gp_size_format(st.total_bytes, b2, sizeof(b2)), gp_size_format(st.in_use_bytes, b3, sizeof(b3)),
-                         gpu, tried, holders);
-                refuse(s, id, r, METRICS_REFUSED_DEVICE_FULL, device, size, why, ret);
+                refuse_full(s, id, device, size, attempt, ret);
                 return true;
         }
-        if (r < 0) {
-                if (r == -EMFILE || r == -ENFILE)
-                        snprintf(why, sizeof(why), "the %s backend cannot make a segment: the daemon is out of file "
-                                 "descriptors (%s; see LimitNOFILE= in docs/operations.md)", node->backend->name,
-                                 strerror(-r));
-                else
-                        snprintf(why, sizeof(why), "the %s backend failed: %s", node->backend->name, strerror(-r));
-                session_log(s, LOG_LEVEL_ERR, "client %llu: allocating %" PRIu64 " bytes: %s",
-                            (unsigned long long) s->id, size, why);
-                node->refusals_total[METRICS_REFUSED_BACKEND_ERROR]++;
-                reply_error(id, -EIO, false, why, ret);
-                return true;
-        }
-        if (count == 0) {
-                /* Granules ahead only, and none fitted at once: a reply that names no segment. */
-                reply_ok(&env, id);
-                lr.segment_size = GP_GRANULE_BYTES;
-                env.body_case = GPUPOOL__ENVELOPE__BODY_LEASE_REPLY;
-                env.lease_reply = &lr;
-                (void) reply_pack(&env, false, ret);
-                return true;
-        }
-        node->leases_total[device]++;
-        reply_ok(&env, id);
-        /* The ids, in the order their descriptors go (the reply's list of them, after the first). */
-        for (unsigned i = 0; i < count; i++)
-                ret->fds.segments[i] = leases[i].segment_id;
-        lr.segment_id = leases[0].segment_id;
-        lr.segment_size = leases[0].segment_size;
-        lr.more_segment_ids = ret->fds.segments + 1;
-        lr.n_more_segment_ids = count - 1;
-        /* A granule lease is refused on a backend of IPC handles: each of its segments has a descriptor. */
-        pass_fds = segment_handle(leases[0].mem, &lr.has_ipc_handle, &lr.ipc_handle);
-        env.body_case = GPUPOOL__ENVELOPE__BODY_LEASE_REPLY;
-        env.lease_reply = &lr;
-        if (reply_pack(&env, false, ret) < 0) {
-                /* The client hears of no segment: none stays its. */
-                for (unsigned i = 0; i < count; i++)
-                        pool_lease_undo(node->pools[device], owner, leases[i].segment_id);
-                return true;
-        }
-        if (pass_fds) {
-                ret->fds.device = device;
-                ret->fds.n = count;
-        }
+        refuse_backend(s, id, device, size, r, ret);
         return true;
 }
 

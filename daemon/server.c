@@ -309,7 +309,7 @@ int server_init(struct server *server, uv_loop_t *loop, const struct config *con
                 .retry_parked = request_retry_parked,
                 .check = session_check_tenants,
                 .reload = reload_hook,
-                .reclaim_for_headroom = reclaim_for_headroom,
+                .reclaim_ask = reclaim_ask,
         };
         uv_timer_init(loop, &server->stuck_timer);
         server->stuck_timer.data = server;

@@ -9,6 +9,7 @@ Suite *suite_size(void);
 Suite *suite_wire(void);
 Suite *suite_options(void);
 Suite *suite_config(void);
+Suite *suite_policy(void);
 Suite *suite_heap(void);
 Suite *suite_granule(void);
 Suite *suite_pool(void);

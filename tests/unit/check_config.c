@@ -1,7 +1,7 @@
 /*
- * check_config.c: the config file (daemon/config.c) and the limits it feeds (daemon/policy.c):
- * every key, drop-ins, the command line over the file, every refusal with its file:line,
- * tenant matching, and the headroom each limit leaves.
+ * check_config.c: the config file (daemon/config.c): every key, drop-ins, the command line over
+ * the file, every refusal with its file:line, and tenant matching. What the limits decide is
+ * check_policy.c's.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -12,7 +12,6 @@
 #include <unistd.h>
 
 #include "config.h"
-#include "policy.h"
 #include "suites.h"
 
 #define MiB (1ULL << 20)
@@ -203,148 +202,6 @@ START_TEST(test_matching) {
 }
 END_TEST
 
-START_TEST(test_policy_admit) {
-        static struct policy p;
-        struct pool_stats st = { .total_bytes = 80 * GiB };
-        struct pool_owner owner = { .reserved_bytes = 2 * GiB };
-        struct policy_admission a;
-        struct tenant *train, *serve;
-        char err[600] = "", why[256];
-
-        write_file(path, "[limits]\nclient_max = 8G\n"
-                         "[tenant:train]\nmatch_name = train-*\nmax = 40G\nclient_max = 30G\n"
-                         "[tenant:serve]\nmatch_name = serve-*\nguarantee = 20G\n");
-        ck_assert_msg(config_load(path, true, &conf, err, sizeof(err)) == 0, "%s", err);
-        p.device_count = 1;
-        p.capacity_bytes[0] = 80 * GiB;
-        policy_configure(&p, &conf);
-        ck_assert_int_eq(policy_check_guarantees(&p, why, sizeof(why)), 0);
-        train = policy_tenant_for(&p, 1000, 1000, "train-a", NULL);
-        serve = policy_tenant_for(&p, 1000, 1000, "serve-b", NULL);
-        ck_assert_str_eq(train->conf.name, "train");
-        ck_assert_str_eq(serve->conf.name, "serve");
-        ck_assert_str_eq(policy_tenant_for(&p, 0, 0, "other", NULL)->conf.name, "default");
-        ck_assert_uint_eq(policy_client_limit(&p, train, POLICY_NO_OVERRIDE), 30 * GiB);
-        ck_assert_uint_eq(policy_client_limit(&p, &p.tenants[0], POLICY_NO_OVERRIDE), 8 * GiB);
-        ck_assert_uint_eq(policy_client_limit(&p, train, 1 * GiB), 1 * GiB);
-
-        /* The client's limit binds first: 30G less its 2G, and the refusal names it and where it comes from. */
-        train->sums[0].reserved_bytes = 2 * GiB;
-        st.reserved_bytes = 2 * GiB;
-        policy_admit(&p, train, POLICY_NO_OVERRIDE, 0, &owner, 0, &st, &a);
-        ck_assert_uint_eq(a.headroom_bytes, 28 * GiB);
-        ck_assert_int_eq(a.bound, POLICY_CLIENT);
-        ck_assert_uint_eq(a.limit_bytes, 30 * GiB);
-        ck_assert_uint_eq(a.used_bytes, 2 * GiB);
-        ck_assert_int_eq(a.client_limit_from, POLICY_LIMIT_TENANT);
-        policy_admit(&p, train, 3 * GiB, 0, &owner, 0, &st, &a);
-        ck_assert_uint_eq(a.headroom_bytes, 1 * GiB);
-        ck_assert_int_eq(a.client_limit_from, POLICY_LIMIT_PID);
-        /* A set-limit --pid is the process's: its other connections' bytes count against it, and only against it. */
-        policy_admit(&p, train, 3 * GiB, 1 * GiB, &owner, 0, &st, &a);
-        ck_assert_uint_eq(a.headroom_bytes, 0);
-        ck_assert_uint_eq(a.used_bytes, 3 * GiB);
-        policy_admit(&p, train, POLICY_NO_OVERRIDE, 1 * GiB, &owner, 0, &st, &a);
-        ck_assert_uint_eq(a.headroom_bytes, 28 * GiB);
-        policy_admit(&p, &p.tenants[0], POLICY_NO_OVERRIDE, 0, &owner, 0, &st, &a);
-        ck_assert_uint_eq(a.headroom_bytes, 6 * GiB);
-        ck_assert_int_eq(a.client_limit_from, POLICY_LIMIT_DEFAULT);
-        /* Then the tenant's max, over all its clients. */
-        train->sums[0].reserved_bytes = 35 * GiB;
-        st.reserved_bytes = 35 * GiB;
-        policy_admit(&p, train, POLICY_NO_OVERRIDE, 0, &owner, 0, &st, &a);
-        ck_assert_uint_eq(a.headroom_bytes, 5 * GiB);
-        ck_assert_int_eq(a.bound, POLICY_TENANT);
-        ck_assert_uint_eq(a.limit_bytes, 40 * GiB);
-        ck_assert_uint_eq(a.used_bytes, 35 * GiB);
-        /* Then serve's unused 20G guarantee: default may not eat into it. */
-        owner.reserved_bytes = 0;
-        st.reserved_bytes = 55 * GiB;
-        st.cached_bytes = 2 * GiB;      /* the cache can be released: it does not count */
-        policy_admit(&p, &p.tenants[0], POLICY_NO_OVERRIDE, 0, &owner, 0, &st, &a);
-        ck_assert_uint_eq(a.headroom_bytes, 80 * GiB - 53 * GiB - 20 * GiB);
-        ck_assert_int_eq(a.bound, POLICY_GUARANTEES);
-        ck_assert_uint_eq(a.held_back_bytes, 20 * GiB);
-        ck_assert_uint_eq(a.used_bytes, 53 * GiB + 20 * GiB);
-        ck_assert_uint_eq(a.limit_bytes, 80 * GiB);
-        /* ... while nothing of policy's holds serve back: the device's free memory is the limit. */
-        p.client_limit_bytes = 0;
-        policy_admit(&p, serve, POLICY_NO_OVERRIDE, 0, &owner, 0, &st, &a);
-        ck_assert_uint_eq(a.headroom_bytes, UINT64_MAX);
-        ck_assert_int_eq(a.bound, POLICY_UNBOUND);
-        /* Guarantees beyond a device are refused. */
-        serve->guarantee_bytes = 81 * GiB;
-        ck_assert_int_eq(policy_check_guarantees(&p, why, sizeof(why)), -EINVAL);
-        ck_assert_msg(strstr(why, "more than device 0's capacity"), "%s", why);
-}
-END_TEST
-
-START_TEST(test_policy_reclaim_order) {
-        static struct policy p;
-        struct tenant *train, *serve, *dflt;
-        char err[600] = "";
-        int a = 0, b = 1, c = 2, d = 3, e = 4;
-        struct policy_candidate cand[5];
-        size_t n;
-
-        write_file(path, "[tenant:train]\nmatch_name = train-*\nguarantee = 10G\n"
-                         "[tenant:serve]\nmatch_name = serve-*\nguarantee = 20G\n");
-        ck_assert_msg(config_load(path, true, &conf, err, sizeof(err)) == 0, "%s", err);
-        p.device_count = 1;
-        p.capacity_bytes[0] = 80 * GiB;
-        policy_configure(&p, &conf);
-        train = policy_tenant_by_name(&p, "train");
-        serve = policy_tenant_by_name(&p, "serve");
-        dflt = &p.tenants[0];
-        train->sums[0].reserved_bytes = 14 * GiB;       /* 4G over */
-        serve->sums[0].reserved_bytes = 12 * GiB;       /* under: what it frees stays held back for it */
-        dflt->sums[0].reserved_bytes = 6 * GiB;         /* 6G over (no guarantee) */
-        cand[0] = (struct policy_candidate) { .tenant = serve, .held_free_bytes = 8 * GiB, .client = &a };
-        cand[1] = (struct policy_candidate) { .tenant = train, .held_free_bytes = 1 * GiB, .client = &b };
-        cand[2] = (struct policy_candidate) { .tenant = dflt, .held_free_bytes = 0, .client = &c };
-        cand[3] = (struct policy_candidate) { .tenant = train, .held_free_bytes = 3 * GiB, .client = &d };
-        cand[4] = (struct policy_candidate) { .tenant = dflt, .held_free_bytes = 1 * GiB, .client = &e };
-
-        /* For a default client: the tenants over their guarantee, largest free first, then the larger excess. */
-        n = policy_reclaim_order(dflt, 0, cand, 5);
-        ck_assert_uint_eq(n, 4);
-        ck_assert_ptr_eq(cand[0].client, &d);
-        ck_assert_ptr_eq(cand[1].client, &e);   /* 1G free like b, and default is further over */
-        ck_assert_ptr_eq(cand[2].client, &b);
-        ck_assert_ptr_eq(cand[3].client, &c);
-        ck_assert_uint_eq(cand[1].excess_bytes, 6 * GiB);
-
-        /* For a serve client, serve's own free memory serves too, after the tenants over their guarantee. */
-        cand[0] = (struct policy_candidate) { .tenant = serve, .held_free_bytes = 8 * GiB, .client = &a };
-        cand[1] = (struct policy_candidate) { .tenant = train, .held_free_bytes = 1 * GiB, .client = &b };
-        n = policy_reclaim_order(serve, 0, cand, 2);
-        ck_assert_uint_eq(n, 2);
-        ck_assert_ptr_eq(cand[0].client, &b);
-        ck_assert_ptr_eq(cand[1].client, &a);
-        ck_assert_uint_eq(policy_reclaim_order(serve, 0, cand, 0), 0);
-}
-END_TEST
-
-START_TEST(test_policy_max_cached) {
-        static struct policy p;
-        char err[600] = "";
-
-        write_file(path, "[pool]\nmax_cached = 25%\n");
-        ck_assert_msg(config_load(path, true, &conf, err, sizeof(err)) == 0, "%s", err);
-        p.device_count = 2;
-        p.capacity_bytes[0] = 80 * GiB;
-        p.capacity_bytes[1] = 8 * GiB;
-        policy_configure(&p, &conf);
-        ck_assert_uint_eq(policy_max_cached(&p, 0), 20 * GiB);
-        ck_assert_uint_eq(policy_max_cached(&p, 1), 2 * GiB);
-        write_file(path, "[pool]\nmax_cached = 3G\n");
-        ck_assert_msg(config_load(path, true, &conf, err, sizeof(err)) == 0, "%s", err);
-        policy_configure(&p, &conf);
-        ck_assert_uint_eq(policy_max_cached(&p, 0), 3 * GiB);
-        ck_assert_uint_eq(policy_max_cached(&p, 1), 3 * GiB);
-}
-END_TEST
-
 Suite *suite_config(void) {
         Suite *s = suite_create("config");
         TCase *tc = tcase_create("config");
@@ -355,9 +212,6 @@ Suite *suite_config(void) {
         tcase_add_test(tc, test_missing_files);
         tcase_add_test(tc, test_refusals_name_file_and_line);
         tcase_add_test(tc, test_matching);
-        tcase_add_test(tc, test_policy_admit);
-        tcase_add_test(tc, test_policy_reclaim_order);
-        tcase_add_test(tc, test_policy_max_cached);
         suite_add_tcase(s, tc);
         return s;
 }
