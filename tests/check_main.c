@@ -1,42 +1,53 @@
 /*
  * check_main.c: runs every suite in one runner, so that "make test" ends with one Check
- * summary line. CK_RUN_SUITE=name runs one suite.
+ * summary line, after the count of tests skipped (TEST_SKIP(): not root, say) and why.
+ * CK_RUN_SUITE=name runs one suite.
  */
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "suites.h"
+#include "testlib.h"
+
+/* Every suite and its name (as suite_create() names it, and CK_RUN_SUITE picks it). */
+#define SUITE(x) { #x, suite_##x }
+static const struct {
+        const char *name;
+        Suite *(*make)(void);
+} suites[] = {
+        SUITE(rbtree), SUITE(size), SUITE(wire), SUITE(options), SUITE(config), SUITE(policy), SUITE(heap),
+        SUITE(granule), SUITE(pool), SUITE(identity), SUITE(daemon), SUITE(leases), SUITE(hostile), SUITE(hardening),
+        SUITE(tenants), SUITE(process_pool), SUITE(grow), SUITE(survive), SUITE(adopt), SUITE(peers), SUITE(pods),
+        SUITE(replies), SUITE(scopes), SUITE(metrics), SUITE(hooks), { "cuda-fake", suite_cuda_fake },
+};
 
 int main(void) {
-        SRunner *sr;
+        const char *only = getenv("CK_RUN_SUITE");
+        SRunner *sr = NULL;
         int failed;
 
-        sr = srunner_create(suite_rbtree());
+        for (size_t i = 0; i < sizeof(suites) / sizeof(suites[0]); i++) {
+                Suite *s = suites[i].make();
 
-        srunner_add_suite(sr, suite_size());
-        srunner_add_suite(sr, suite_wire());
-        srunner_add_suite(sr, suite_options());
-        srunner_add_suite(sr, suite_config());
-        srunner_add_suite(sr, suite_heap());
-        srunner_add_suite(sr, suite_granule());
-        srunner_add_suite(sr, suite_pool());
-        srunner_add_suite(sr, suite_identity());
-        srunner_add_suite(sr, suite_daemon());
-        srunner_add_suite(sr, suite_leases());
-        srunner_add_suite(sr, suite_hostile());
-        srunner_add_suite(sr, suite_hardening());
-        srunner_add_suite(sr, suite_tenants());
-        srunner_add_suite(sr, suite_process_pool());
-        srunner_add_suite(sr, suite_grow());
-        srunner_add_suite(sr, suite_survive());
-        srunner_add_suite(sr, suite_adopt());
-        srunner_add_suite(sr, suite_peers());
-        srunner_add_suite(sr, suite_pods());
-        srunner_add_suite(sr, suite_replies());
-        srunner_add_suite(sr, suite_scopes());
-        srunner_add_suite(sr, suite_metrics());
-        srunner_add_suite(sr, suite_hooks());
-        srunner_add_suite(sr, suite_cuda_fake());
-        srunner_run_all(sr, CK_NORMAL);
+                if (!sr)
+                        sr = srunner_create(s);
+                else
+                        srunner_add_suite(sr, s);
+        }
+        skips_begin();
+        /* Suite by suite, each named as it starts; the skipped tests, then the summary as the last line. */
+        printf("Running suite(s):");
+        for (size_t i = 0; i < sizeof(suites) / sizeof(suites[0]); i++)
+                if (!only || strcmp(only, suites[i].name) == 0) {
+                        printf(" %s", suites[i].name);
+                        fflush(stdout);
+                        srunner_run(sr, suites[i].name, NULL, CK_SILENT);
+                }
+        printf("\n");
+        fflush(stderr);
+        (void) skips_report();
+        srunner_print(sr, CK_NORMAL);
         failed = srunner_ntests_failed(sr);
         srunner_free(sr);
         return failed ? EXIT_FAILURE : EXIT_SUCCESS;

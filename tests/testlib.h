@@ -24,6 +24,23 @@ struct testd {
         bool refuse_kcmp;       /* launch the daemon where kcmp(2) is refused (a seccomp filter); set before testd_relaunch() */
 };
 
+/*
+ * Says that test did not run, and why (not root, no cgroup v2 hierarchy, no FUSE): written to
+ * the runner's list ($GPUPOOL_SKIP_LOG), whose summary lists them and says how many did not
+ * run. The test then returns: Check counts it passed, and the summary says otherwise.
+ * TEST_SKIP() names the calling test.
+ */
+void test_skipped(const char *test, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+#define TEST_SKIP(...) test_skipped(__func__, __VA_ARGS__)
+
+/*
+ * The runner's side: skips_begin() makes the list and sets $GPUPOOL_SKIP_LOG for the tests
+ * (their forked children inherit it); skips_report() prints how many tests were skipped and
+ * why, and removes the list. Returns how many.
+ */
+void skips_begin(void);
+unsigned skips_report(void);
+
 /* $GPUPOOL_BUILD_DIR, where the binaries under test are, else "build". */
 const char *build_dir(void);
 

@@ -10,6 +10,7 @@
 
 #include "cudadrv.h"
 #include "suites.h"
+#include "testlib.h"
 
 /* Whether a driver with a GPU loads, asked in a child: this process must not touch CUDA before it forks. */
 static int gpu_present(char *why, size_t size) {
@@ -49,7 +50,9 @@ int main(void) {
                 return 0;
         }
         sr = srunner_create(suite_cuda_gpu());
+        skips_begin();
         srunner_run_all(sr, CK_VERBOSE);
+        (void) skips_report();
         failed = srunner_ntests_failed(sr);
         srunner_free(sr);
         return failed ? EXIT_FAILURE : EXIT_SUCCESS;

@@ -195,7 +195,7 @@ START_TEST(test_fake_vmm_serves_pid_namespace) {
         struct testd d;
 
         if (geteuid() != 0) {
-                fprintf(stderr, "test_fake_vmm_serves_pid_namespace: not root, cannot make a PID namespace\n");
+                TEST_SKIP("making a PID namespace needs root");
                 return;
         }
         vmm_start(&d);
@@ -274,7 +274,7 @@ START_TEST(test_fake_vmm_kept_descriptor_reads_nothing) {
         struct testd d;
 
         if (geteuid() != 0) {
-                fprintf(stderr, "test_fake_vmm_kept_descriptor_reads_nothing: not root, nothing to check\n");
+                TEST_SKIP("switching uid needs root");
                 return;
         }
         vmm_start(&d);
@@ -457,7 +457,7 @@ START_TEST(test_vmm_adopting_a_frozen_fuse_file) {
         struct testd d;
 
         vmm_start(&d);
-        check_frozen_fuse_adoption(&d);
+        check_frozen_fuse_adoption(__func__, &d);
         cuda_stop(&d);
 }
 END_TEST

@@ -90,7 +90,7 @@ START_TEST(test_adopting_a_frozen_fuse_file_stalls_nothing) {
         struct testd d;
 
         testd_start(&d, NULL);
-        check_frozen_fuse_adoption(&d);
+        check_frozen_fuse_adoption(__func__, &d);
         ck_assert_int_eq(testd_stop(&d), 0);
 }
 END_TEST

@@ -64,8 +64,8 @@ static void pod_dir(const char *mnt, const char *uid, int depth, char *buf, size
                 snprintf(buf + n, size - (size_t) n, "/cri-containerd-test.scope");
 }
 
-/* Makes both pods' cgroups; false, saying why, where this machine cannot. */
-static bool make_pods(const char *mnt) {
+/* Makes both pods' cgroups; false, test skipped saying why, where this machine cannot. */
+static bool make_pods(const char *test, const char *mnt) {
         const char *pods[] = { POD_A, POD_B };
         char dir[1024];
 
@@ -73,7 +73,7 @@ static bool make_pods(const char *mnt) {
                 for (int depth = 1; depth <= 4; depth++) {
                         pod_dir(mnt, pods[p], depth, dir, sizeof(dir));
                         if (mkdir(dir, 0755) < 0 && errno != EEXIST) {
-                                fprintf(stderr, "check_pods: skipped: cannot make cgroup %s: %s\n", dir, strerror(errno));
+                                test_skipped(test, "cannot make cgroup %s: %s", dir, strerror(errno));
                                 return false;
                         }
                 }
@@ -91,13 +91,13 @@ static void remove_pods(const char *mnt) {
                 }
 }
 
-/* Finds the hierarchy and makes both pods' cgroups; false (skipped, saying why) without root or cgroup v2. */
-static bool pods_ready(char *mnt, size_t size) {
+/* Finds the hierarchy and makes both pods' cgroups; false (test skipped, saying why) without root or cgroup v2. */
+static bool pods_ready(const char *test, char *mnt, size_t size) {
         if (geteuid() != 0 || !cgroup2_mount(mnt, size)) {
-                fprintf(stderr, "check_pods: skipped: needs root and a cgroup v2 hierarchy\n");
+                test_skipped(test, "needs root and a cgroup v2 hierarchy");
                 return false;
         }
-        if (!make_pods(mnt)) {
+        if (!make_pods(test, mnt)) {
                 remove_pods(mnt);
                 return false;
         }
@@ -179,7 +179,7 @@ START_TEST(test_pods_of_one_uid_see_nothing_of_each_other) {
         char mnt[512];
         struct testd d;
 
-        if (!pods_ready(mnt, sizeof(mnt)))
+        if (!pods_ready(__func__, mnt, sizeof(mnt)))
                 return;
         /* One segment's worth, all of it cacheable: the one segment goes from client to client. */
         testd_start(&d, "--host-capacity", "16M", "--max-cached", "100%", "--config",
@@ -217,7 +217,7 @@ START_TEST(test_root_in_a_pod_is_no_operator) {
         gpupool_client *c;
         struct testd d;
 
-        if (!pods_ready(mnt, sizeof(mnt)))
+        if (!pods_ready(__func__, mnt, sizeof(mnt)))
                 return;
         testd_start(&d, "--max-clients", "1", NULL);
         for (size_t i = 0; i < sizeof(admin) / sizeof(admin[0]); i++) {
@@ -289,7 +289,7 @@ START_TEST(test_a_client_seen_as_pid_0_is_its_own_principal) {
         pid_t pid;
 
         if (geteuid() != 0) {
-                fprintf(stderr, "check_pods: skipped: a daemon in a PID namespace of its own needs root\n");
+                TEST_SKIP("a daemon in a PID namespace of its own needs root");
                 return;
         }
         strcpy(d.dir, "/tmp/gpupool-test-XXXXXX");

@@ -218,7 +218,7 @@ static int fuse_adopter(struct testd *d, void *arg) {
         return 0;
 }
 
-void check_frozen_fuse_adoption(struct testd *d) {
+void check_frozen_fuse_adoption(const char *test, struct testd *d) {
         char cmd[512], out[4096], dir[300], c = 0;
         int report[4];
         double t0;
@@ -234,7 +234,7 @@ void check_frozen_fuse_adoption(struct testd *d) {
                 char why[200] = "";
 
                 (void) !read(report[0], why, sizeof(why) - 1);
-                fprintf(stderr, "adopting a frozen FUSE file: skipped: %s\n", why);
+                test_skipped(test, "adopting a frozen FUSE file: %s", why);
         } else {
                 ck_assert_int_eq(c, 'A');
                 snprintf(cmd, sizeof(cmd), "timeout 5 %s/gpupoolctl --socket %s status >/dev/null", build_dir(), d->sock);

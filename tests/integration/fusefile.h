@@ -27,8 +27,9 @@ void fusefile_thaw(void);
 /*
  * Hands the daemon d (any backend that adopts) a file on a frozen FUSE mount for adoption, from
  * a child process: the daemon must refuse it at once, saying it is on FUSE, and gpupoolctl
- * status must answer meanwhile. Skips, saying why on stderr, where FUSE cannot be mounted.
+ * status must answer meanwhile. Where FUSE cannot be mounted, test (the caller) is skipped,
+ * saying why (test_skipped()).
  */
-void check_frozen_fuse_adoption(struct testd *d);
+void check_frozen_fuse_adoption(const char *test, struct testd *d);
 
 #endif
