@@ -90,6 +90,16 @@ static int session_open(gpupool_client *c) {
         return r;
 }
 
+/* Frees a handle no thread uses any more: its locks and the handle itself (what it held is gone already). */
+static void handle_free(gpupool_client *c) {
+        client_segments_destroy(c);
+        pthread_cond_destroy(&c->deferred_cond);
+        pthread_cond_destroy(&c->conn_idle);
+        pthread_cond_destroy(&c->control_wake);
+        pthread_mutex_destroy(&c->lock);
+        free(c);
+}
+
 /*
  * The calling thread's latest failed gpupool_connect(), for gpupool_last_error(NULL): a refused
  * connection leaves no handle to keep the daemon's sentence in.
@@ -153,12 +163,7 @@ GPUPOOL_EXPORT int gpupool_connect(const char *socket_path, const char *client_n
         if (r < 0) {
                 /* No handle to read the message from: the thread keeps it (gpupool_last_error(NULL)). */
                 (void) connect_failed(r, "%s", c->error[0] ? c->error : strerror(-r));
-                client_segments_destroy(c);
-                pthread_cond_destroy(&c->deferred_cond);
-                pthread_cond_destroy(&c->conn_idle);
-        pthread_cond_destroy(&c->control_wake);
-                pthread_mutex_destroy(&c->lock);
-                free(c);
+                handle_free(c);
                 return r;
         }
         *ret_client = c;
@@ -220,12 +225,7 @@ GPUPOOL_EXPORT void gpupool_disconnect(gpupool_client *c) {
                 gpupool__envelope__free_unpacked(rep, NULL);
         gp_conn_close(&c->conn);
         pthread_mutex_unlock(&c->lock);
-        client_segments_destroy(c);
-        pthread_cond_destroy(&c->deferred_cond);
-        pthread_cond_destroy(&c->conn_idle);
-        pthread_cond_destroy(&c->control_wake);
-        pthread_mutex_destroy(&c->lock);
-        free(c);
+        handle_free(c);
 }
 
 GPUPOOL_EXPORT int gpupool_reconnect(gpupool_client *c) {

@@ -71,6 +71,7 @@ static struct {
         size_t head, tail;              /* bytes in [tail, head) mod the ring's size; head - tail <= size */
         uint64_t dropped;
         char ring[LOG_RING_BYTES];
+        char chunk[64 * 1024];          /* the writer thread's: what it writes out of the ring at once, unlocked */
 } writer = { .lock = PTHREAD_MUTEX_INITIALIZER, .wake = PTHREAD_COND_INITIALIZER, .drained = PTHREAD_COND_INITIALIZER };
 
 /* Writes all of buf to stderr, which may block (only the writer thread, or before it runs). */
@@ -116,7 +117,7 @@ static size_t format_line(enum log_level level, const char *text, char *out, siz
 }
 
 static void *writer_main(void *arg) {
-        static char chunk[64 * 1024];
+        char *chunk = writer.chunk;
 
         (void) arg;
         pthread_mutex_lock(&writer.lock);
@@ -132,8 +133,8 @@ static void *writer_main(void *arg) {
                 len = writer.head - writer.tail;
                 if (len > LOG_RING_BYTES - at)
                         len = LOG_RING_BYTES - at;      /* up to the ring's end; the rest next time */
-                if (len > sizeof(chunk))
-                        len = sizeof(chunk);
+                if (len > sizeof(writer.chunk))
+                        len = sizeof(writer.chunk);
                 memcpy(chunk, writer.ring + at, len);
                 writer.tail += len;
                 writer.writing = true;

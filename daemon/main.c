@@ -47,7 +47,7 @@ int main(int argc, char **argv) {
         struct backend *backend;
         struct options cmd;
         uv_loop_t loop;
-        static char warning_text[4096];
+        char warning_text[4096];
         char err[600];
         int r;
 

@@ -143,8 +143,8 @@ static uint64_t device_value(const struct node *node, unsigned d, const struct p
 }
 
 static void devices(struct writer *w, const struct node *node) {
-        static struct pool_stats stats[BACKEND_MAX_DEVICES];
-        static char labels[BACKEND_MAX_DEVICES][96];
+        struct pool_stats stats[BACKEND_MAX_DEVICES];
+        char labels[BACKEND_MAX_DEVICES][96];
 
         for (unsigned d = 0; d < node->device_count; d++) {
                 pool_get_stats(node->pools[d], &stats[d]);

@@ -62,12 +62,20 @@ static void client_report(const struct session *c, uint64_t now_ms, Gpupool__Cli
         }
 }
 
-/* Fills the status reply's tenants (the arrays are the caller's, sized for every tenant). */
-static void tenants_status(struct session *s, Gpupool__StatusReply *sr, Gpupool__TenantStatus *tenants,
-                           Gpupool__TenantStatus **ptrs, char rules[][RULES_TEXT_MAX], uint64_t in_use[][BACKEND_MAX_DEVICES],
-                           uint64_t reserved[][BACKEND_MAX_DEVICES]) {
+/* What a status reply's tenants point into, for every tenant there may be: about 70 KiB, made per request. */
+struct tenants_text {
+        Gpupool__TenantStatus tenants[CONFIG_MAX_TENANTS], *ptrs[CONFIG_MAX_TENANTS];
+        char rules[CONFIG_MAX_TENANTS][RULES_TEXT_MAX];
+        uint64_t in_use[CONFIG_MAX_TENANTS][BACKEND_MAX_DEVICES], reserved[CONFIG_MAX_TENANTS][BACKEND_MAX_DEVICES];
+};
+
+/* Fills the status reply's tenants, pointing into x. */
+static void tenants_status(struct session *s, Gpupool__StatusReply *sr, struct tenants_text *x) {
         struct node *node = s->node;
         struct policy *p = &node->policy;
+        Gpupool__TenantStatus *tenants = x->tenants, **ptrs = x->ptrs;
+        char (*rules)[RULES_TEXT_MAX] = x->rules;
+        uint64_t (*in_use)[BACKEND_MAX_DEVICES] = x->in_use, (*reserved)[BACKEND_MAX_DEVICES] = x->reserved;
 
         for (unsigned i = 0; i < p->tenant_count; i++) {
                 struct tenant *t = &p->tenants[i];
@@ -102,9 +110,7 @@ void request_status(struct session *s, const Gpupool__Envelope *req, struct repl
         Gpupool__DeviceStatus devs[BACKEND_MAX_DEVICES], *dev_ptrs[BACKEND_MAX_DEVICES];
         Gpupool__StatusReply sr = GPUPOOL__STATUS_REPLY__INIT;
         Gpupool__ClientStatus *clients = NULL, **client_ptrs = NULL;
-        static Gpupool__TenantStatus tenants[CONFIG_MAX_TENANTS], *tenant_ptrs[CONFIG_MAX_TENANTS];
-        static char rules[CONFIG_MAX_TENANTS][RULES_TEXT_MAX];
-        static uint64_t in_use[CONFIG_MAX_TENANTS][BACKEND_MAX_DEVICES], reserved[CONFIG_MAX_TENANTS][BACKEND_MAX_DEVICES];
+        struct tenants_text *tenants = malloc(sizeof(*tenants));
         Gpupool__Envelope env;
         uint64_t after = req->status_request->has_after_client_id ? req->status_request->after_client_id : 0;
         size_t n = 0, count = 0, room, total = 0, exiting = 0, left_out = 0;
@@ -115,12 +121,13 @@ void request_status(struct session *s, const Gpupool__Envelope *req, struct repl
         if (count) {
                 clients = calloc(count, sizeof(*clients));
                 client_ptrs = calloc(count, sizeof(*client_ptrs));
-                if (!clients || !client_ptrs) {
-                        free(clients);
-                        free(client_ptrs);
-                        reply_error(req->id, -EIO, false, "out of memory building the status", ret);
-                        return;
-                }
+        }
+        if (!tenants || (count && (!clients || !client_ptrs))) {
+                free(tenants);
+                free(clients);
+                free(client_ptrs);
+                reply_error(req->id, -EIO, false, "out of memory building the status", ret);
+                return;
         }
         for (unsigned d = 0; d < node->device_count; d++) {
                 struct pool_stats st;
@@ -155,7 +162,7 @@ void request_status(struct session *s, const Gpupool__Envelope *req, struct repl
         }
         sr.n_devices = node->device_count;
         sr.devices = dev_ptrs;
-        tenants_status(s, &sr, tenants, tenant_ptrs, rules, in_use, reserved);
+        tenants_status(s, &sr, tenants);
         /*
          * Every client but the one asking (the CLI has nothing to show), a page of them: those
          * after the one named, oldest first (the list is newest first: walked from its end), as
@@ -217,6 +224,7 @@ void request_status(struct session *s, const Gpupool__Envelope *req, struct repl
         env.body_case = GPUPOOL__ENVELOPE__BODY_STATUS_REPLY;
         env.status_reply = &sr;
         (void) reply_pack(&env, false, ret);
+        free(tenants);
         free(clients);
         free(client_ptrs);
 }
@@ -396,11 +404,16 @@ void request_check(struct session *s, const Gpupool__Envelope *req, struct reply
 }
 
 void request_metrics(struct session *s, const Gpupool__Envelope *req, struct reply *ret) {
-        static char text[METRICS_TEXT_MAX];     /* one request at a time on the loop */
+        char *text = malloc(METRICS_TEXT_MAX);
         Gpupool__MetricsReply mr = GPUPOOL__METRICS_REPLY__INIT;
         Gpupool__Envelope env;
 
-        if (metrics_format(s->node, s, text, sizeof(text)) < 0) {
+        if (!text) {
+                reply_error(req->id, -EIO, false, "out of memory building the metrics", ret);
+                return;
+        }
+        if (metrics_format(s->node, s, text, METRICS_TEXT_MAX) < 0) {
+                free(text);
                 log_err("metrics: the text does not fit %d bytes", METRICS_TEXT_MAX);
                 reply_error(req->id, -EIO, false, "the metrics do not fit the daemon's buffer", ret);
                 return;
@@ -409,7 +422,8 @@ void request_metrics(struct session *s, const Gpupool__Envelope *req, struct rep
         reply_ok(&env, req->id);
         env.body_case = GPUPOOL__ENVELOPE__BODY_METRICS_REPLY;
         env.metrics_reply = &mr;
-        (void) reply_pack(&env, false, ret);
+        (void) reply_pack(&env, false, ret);      /* the reply keeps a copy */
+        free(text);
 }
 
 void request_reload(struct session *s, const Gpupool__Envelope *req, struct reply *ret) {

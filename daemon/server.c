@@ -453,26 +453,30 @@ static void notify_reloading(void) {
         (void) notify_send(state);
 }
 
-static int reload(struct server *server, char *why, size_t why_size) {
-        static struct config next;     /* large; reloads run one at a time on the loop */
-        static struct policy policy;
-        static char warnings[4096];
+/* What a reload reads and checks before it takes any of it: some hundreds of KiB, made for the reload. */
+struct reload_state {
+        struct config next;
+        struct policy policy;
+        char warnings[4096];
+};
+
+static int reload_with(struct server *server, struct reload_state *x, char *why, size_t why_size) {
         struct node *node = &server->node;
         char err[600];
         int r;
 
-        r = config_load(node->options->config_path, node->options->config_given, &next, err, sizeof(err));
+        r = config_load(node->options->config_path, node->options->config_given, &x->next, err, sizeof(err));
         if (r == 0)
-                r = options_parse_over(server->argc, server->argv, &next.options, &next.options, err, sizeof(err));
+                r = options_parse_over(server->argc, server->argv, &x->next.options, &x->next.options, err, sizeof(err));
         if (r == 0) {
                 /* Checked apart: a refused reload leaves the running policy, and its sums, untouched. */
-                keep_fixed(node->options, &next.options);
-                policy = node->policy;
-                policy_configure(&policy, &next);
-                r = policy_check_guarantees(&policy, err, sizeof(err));
+                keep_fixed(node->options, &x->next.options);
+                x->policy = node->policy;
+                policy_configure(&x->policy, &x->next);
+                r = policy_check_guarantees(&x->policy, err, sizeof(err));
         }
         if (r == 0)
-                r = server_fit_fd_limit(&next.options, node->backend, err, sizeof(err));
+                r = server_fit_fd_limit(&x->next.options, node->backend, err, sizeof(err));
         if (r < 0) {
                 log_err("reload refused, the running config stays: %s", err);
                 snprintf(why, why_size, "%s", err);
@@ -482,24 +486,38 @@ static int reload(struct server *server, char *why, size_t why_size) {
         SESSION_FOREACH(c, node)
                 if (c->tenant)
                         session_set_tenant(c, NULL);
-        node->policy = policy;
-        next.options.config_path[0] = '\0';
-        snprintf(next.options.config_path, sizeof(next.options.config_path), "%s", node->options->config_path);
-        next.options.config_given = node->options->config_given;
-        node->config = next;
+        node->policy = x->policy;
+        x->next.options.config_path[0] = '\0';
+        snprintf(x->next.options.config_path, sizeof(x->next.options.config_path), "%s", node->options->config_path);
+        x->next.options.config_given = node->options->config_given;
+        node->config = x->next;
         node->options = &node->config.options;
         node_forget_pid_limits(node);           /* set-limit --pid lasts until a reload too */
         SESSION_FOREACH(c, node)
                 c->limit_override_bytes = POLICY_NO_OVERRIDE;
         log_open(node->options->log_level);
         map_clients(node);
-        snprintf(why, why_size, "reloaded %s: %u file%s, %u tenant%s", node->options->config_path, next.file_count,
-                 next.file_count == 1 ? "" : "s", next.tenant_count, next.tenant_count == 1 ? "" : "s");
+        snprintf(why, why_size, "reloaded %s: %u file%s, %u tenant%s", node->options->config_path, x->next.file_count,
+                 x->next.file_count == 1 ? "" : "s", x->next.tenant_count, x->next.tenant_count == 1 ? "" : "s");
         log_info("%s", why);
-        (void) config_warnings(&next, warnings, sizeof(warnings));
-        log_lines(LOG_LEVEL_WARN, warnings);
+        (void) config_warnings(&x->next, x->warnings, sizeof(x->warnings));
+        log_lines(LOG_LEVEL_WARN, x->warnings);
         node_after_change(node);
         return 0;
+}
+
+static int reload(struct server *server, char *why, size_t why_size) {
+        struct reload_state *x = malloc(sizeof(*x));
+        int r;
+
+        if (!x) {
+                snprintf(why, why_size, "out of memory reading the config again");
+                log_err("reload refused, the running config stays: %s", why);
+                return -ENOMEM;
+        }
+        r = reload_with(server, x, why, why_size);
+        free(x);
+        return r;
 }
 
 int server_reload(struct server *server, char *why, size_t why_size) {
