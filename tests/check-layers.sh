@@ -6,7 +6,8 @@
 #   - a circle among the files of one layer,
 #   - a file of the directory its LAYERS leaves out (or one LAYERS names that is not there),
 #   - a name of another directory used where the directories' order forbids it: common/ uses
-#     nothing of the others, and daemon/ and client/ nothing of each other.
+#     nothing of the others, and daemon/ and client/ nothing of each other,
+#   - a file of a LAYERS that docs/design.md's tables of layers do not name.
 # Calls through a table of functions (backend.h, client_mem.h) are not names and are not seen.
 # Usage: tests/check-layers.sh BUILD_DIR
 set -uo pipefail
@@ -90,6 +91,17 @@ for dir in common daemon client; do
                         }
                         exit bad
                 }' "$tmp/$dir.order" "$tmp/edges" || fail=1
+done
+
+# docs/design.md's tables of layers name every file the LAYERS files do.
+for dir in common daemon client; do
+        [ -f "$dir/LAYERS" ] || continue
+        for f in $(awk '{sub(/#.*/, "")} NF {for (i = 1; i <= NF; i++) print $i}' "$dir/LAYERS"); do
+                if ! grep -q "\b$f\.c\b" docs/design.md; then
+                        echo "layers: docs/design.md does not name $dir/$f.c, which $dir/LAYERS puts in a layer"
+                        fail=1
+                fi
+        done
 done
 
 if [ "$fail" = 0 ]; then
