@@ -157,7 +157,8 @@ $(B)/man/%: docs/man/%.scd
 	@echo "  SCDOC   $<"
 	$(Q)scdoc < $< > $@
 
-$(PROTO_C) $(PROTO_H): proto/gpupool.proto
+# One run of protoc-c makes both files (a grouped target): two would race under -j.
+$(PROTO_C) $(PROTO_H) &: proto/gpupool.proto
 	@mkdir -p $(B)/proto
 	@echo "  PROTOC  $<"
 	$(Q)protoc-c --c_out=$(B)/proto -Iproto $<
@@ -256,6 +257,7 @@ test: all $(TEST_BIN) $(FAKECUDA) $(HOOKS_THROW) $(CUDA_ABI_OK)
 	$(Q)B=$(B) tests/check-units.sh
 	$(Q)B=$(B) MAKE="$(MAKE)" MAKEFLAGS= tests/check-install.sh "SANITIZER=$(SANITIZER)" "STATIC=$(STATIC)"
 	$(Q)B=$(B) tests/check-man.sh
+	$(Q)B=$(B) CC=$(CC) SANITIZER=$(SANITIZER) MAKE="$(MAKE)" MAKEFLAGS= tests/check-newcomer.sh "SANITIZER=$(SANITIZER)" "STATIC=$(STATIC)"
 	$(Q)B=$(B) SANITIZER=$(SANITIZER) CC=$(CC) tests/check-python.sh
 	$(Q)GPUPOOL_BUILD_DIR=$(B) $(TEST_BIN)
 
@@ -478,6 +480,9 @@ valgrind: all $(TEST_BIN) $(FAKECUDA) $(HOOKS_THROW)
 DEBS := gcc g++ make pkg-config libuv1-dev libprotobuf-c-dev protobuf-c-compiler check libsubunit-dev libjansson-dev libinih-dev \
         scdoc systemd
 
+# Another apt or dpkg (unattended upgrades at a fresh machine's boot) may hold the lock: wait.
+APT_LOCK_WAIT := 600
+
 deps:
 	@missing=""; for p in $(DEBS); do \
 		dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'ok installed' || missing="$$missing $$p"; \
@@ -486,8 +491,21 @@ deps:
 		command -v apt-get >/dev/null || { echo "missing packages:$$missing (install them, then run make again)"; exit 1; }; \
 		sudo=""; [ "$$(id -u)" = 0 ] || sudo=sudo; \
 		echo "installing:$$missing"; \
-		$$sudo apt-get update -qq && $$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; \
+		echo "(where another apt or dpkg holds its lock, unattended upgrades at boot say, this waits for it, up to $(APT_LOCK_WAIT) s)"; \
+		$$sudo apt-get -o DPkg::Lock::Timeout=$(APT_LOCK_WAIT) update -qq && \
+		$$sudo env DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=$(APT_LOCK_WAIT) install -y -qq \
+			--no-install-recommends $$missing; \
 	fi
+
+# "make" and "make test" without the build's packages say what to run, before a compiler fails
+# on a missing header ("make run" installs them itself). Not Debian (no dpkg-query): not checked.
+ifneq ($(filter-out all test,$(or $(MAKECMDGOALS),all)),$(or $(MAKECMDGOALS),all))
+DEPS_MISSING := $(shell command -v dpkg-query >/dev/null 2>&1 && for p in $(DEBS); do \
+	dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'ok installed' || printf ' %s' $$p; done)
+ifneq ($(strip $(DEPS_MISSING)),)
+$(error the build needs packages that are not installed:$(DEPS_MISSING). Run "make deps" first (it installs them with apt-get), or "make run", which does)
+endif
+endif
 
 # What "make fuzz" needs beyond the build (Debian 12's clang is 14).
 FUZZ_DEBS := clang libclang-rt-14-dev

@@ -112,7 +112,7 @@ void cli_print_tenants(const Gpupool__StatusReply *sr, bool with_rules) {
 
                 printf("%-16.16s %7u %12s %12s %12s %12s %12s%s%s%s\n", t->name, t->clients,
                        SZ(sum(t->reserved_bytes, t->n_reserved_bytes), a), SZ(sum(t->in_use_bytes, t->n_in_use_bytes), b),
-                       t->max_bytes ? SZ(t->max_bytes, c) : "-", SZ(t->guarantee_bytes, d),
+                       t->max_bytes ? SZ(t->max_bytes, c) : "-", t->guarantee_bytes ? SZ(t->guarantee_bytes, d) : "-",
                        t->client_max_bytes ? SZ(t->client_max_bytes, e) : "-", with_rules ? "  " : "",
                        with_rules ? (*t->rules ? t->rules : "(everyone else)") : "",
                        t->has_overridden && t->overridden ? "  (set-limit)" : "");

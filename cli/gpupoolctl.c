@@ -27,12 +27,16 @@ static void usage(FILE *f) {
         fprintf(f, "Usage: gpupoolctl [--socket PATH] [--json] COMMAND\n\n"
                    "Inspect and manage the gpupool daemon of this node.\n\n"
                    "Commands:\n");
+        /* A usage too long for its column gets a line of its own, the summary under it in the column. */
         for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++)
-                fprintf(f, "  %-24s %s\n", commands[i]->usage, commands[i]->summary);
+                if (strlen(commands[i]->usage) <= 24)
+                        fprintf(f, "  %-24s %s\n", commands[i]->usage, commands[i]->summary);
+                else
+                        fprintf(f, "  %s\n  %-24s %s\n", commands[i]->usage, "", commands[i]->summary);
         fprintf(f, "\nOptions:\n"
                    "  --socket PATH   the daemon's socket (default: $GPUPOOL_SOCKET, else %s)\n"
                    "  --json          print JSON instead of a table\n"
-                   "  --help          show this text\n"
+                   "  -h, --help      show this text\n"
                    "  --version       show the version\n", GP_DEFAULT_SOCKET);
 }
 
@@ -60,8 +64,7 @@ static int cli_connect(struct cli *cli) {
         hello.admin = 1;        /* let in past the client limits, as an operator's */
         r = gp_conn_open(&cli->conn, cli->socket_path, &hello, NULL);
         if (r < 0)
-                fprintf(stderr, "gpupoolctl: %s%s\n", cli->conn.error,
-                        r == -ENOENT || r == -ECONNREFUSED ? " (is gpupoold running?)" : "");
+                fprintf(stderr, "gpupoolctl: %s\n", cli->conn.error);    /* it names the socket, and what to do */
         return r;
 }
 
@@ -77,8 +80,9 @@ int main(int argc, char **argv) {
         const struct cli_command *cmd = NULL;
         int c, r;
 
-        /* "+": options stop at the command, whose own arguments follow it. */
-        while ((c = getopt_long(argc, argv, "+", options, NULL)) != -1) {
+        /* "+": options stop at the command, whose own arguments follow it; ":", the errors are ours to say. */
+        opterr = 0;
+        while ((c = getopt_long(argc, argv, "+:h", options, NULL)) != -1) {
                 switch (c) {
                 case 's':
                         cli.socket_path = optarg;
@@ -92,7 +96,12 @@ int main(int argc, char **argv) {
                 case 'V':
                         printf("gpupoolctl %s\n", GPUPOOL_VERSION);
                         return 0;
+                case ':':
+                        fprintf(stderr, "gpupoolctl: option '%s' needs an argument\n\n", argv[optind - 1]);
+                        usage(stderr);
+                        return 2;
                 default:
+                        fprintf(stderr, "gpupoolctl: unknown option '%s'\n\n", argv[optind - 1]);
                         usage(stderr);
                         return 2;
                 }

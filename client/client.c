@@ -473,7 +473,7 @@ GPUPOOL_EXPORT const char *gpupool_strerror(int err) {
         case -ENOMEM:
                 return "device memory exhausted";
         case -ENOENT:
-                return "not found (no such block of this client, or no gpupoold socket)";
+                return "not a live block of this client (or no gpupoold at the socket)";
         case -EPROTO:
                 return "gpupool protocol error";
         case -EPROTONOSUPPORT:

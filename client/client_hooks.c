@@ -68,7 +68,7 @@ static void register_fork(void) {
 
 GPUPOOL_EXPORT int gpupool_hook_client(gpupool_client **ret_client) {
         gpupool_client *c = __atomic_load_n(&hook_handle, __ATOMIC_ACQUIRE);
-        const char *name, *path;
+        const char *name;
         int r = 0;
 
         if (!ret_client)
@@ -78,24 +78,19 @@ GPUPOOL_EXPORT int gpupool_hook_client(gpupool_client **ret_client) {
                 return 0;
         }
         name = getenv("GPUPOOL_CLIENT_NAME");
-        path = getenv("GPUPOOL_SOCKET");
         pthread_once(&hook_fork_once, register_fork);
         pthread_mutex_lock(&hook_lock);
         if (!hook_handle) {
                 r = gpupool_connect(NULL, name && *name ? name : NULL, &c);
                 char why[GP_MAX_ERROR_BYTES];
 
-                /* The daemon's own reason where it refused us at hello; where it was not reached, the errno's. */
-                if (gpupool_last_error(NULL, why, sizeof(why)) == 0 || strncmp(why, "cannot connect to ", 18) == 0)
+                /* The library's sentence names the socket and what to do; the daemon's reason where it refused us. */
+                if (gpupool_last_error(NULL, why, sizeof(why)) == 0)
                         snprintf(why, sizeof(why), "%s", gpupool_strerror(r));
                 if (r == 0)
                         __atomic_store_n(&hook_handle, c, __ATOMIC_RELEASE);
                 else
-                        hook_fail(r, "cannot connect to gpupoold at %s%s: %s%s", path && *path ? path : GPUPOOL_DEFAULT_SOCKET,
-                                  path && *path ? " ($GPUPOOL_SOCKET)" : "", why,
-                                  r == -EINVAL ? " (check $GPUPOOL_CLIENT_NAME and the $GPUPOOL_* settings)" :
-                                  r == -ENOENT || r == -ECONNREFUSED ? " (is gpupoold running?)" :
-                                  r == -EACCES ? " (is this user in group gpupool?)" : "");
+                        hook_fail(r, "%s%s", why, r == -EINVAL ? " (check $GPUPOOL_CLIENT_NAME and the $GPUPOOL_* settings)" : "");
         }
         c = hook_handle;
         pthread_mutex_unlock(&hook_lock);

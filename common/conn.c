@@ -184,6 +184,19 @@ int gp_conn_call(struct gp_conn *c, Gpupool__Envelope *req, Gpupool__Envelope__B
         return r;
 }
 
+/* Why a connect to path failed, and what to do, for whoever reads the error first: a newcomer, often. */
+static void connect_error(struct gp_conn *c, const char *path, int r) {
+        if (r == -ENOENT || r == -ECONNREFUSED)
+                snprintf(c->error, sizeof(c->error), "no gpupoold listens at %s (%s): start it, or set $GPUPOOL_SOCKET to "
+                         "the socket it listens on", path, r == -ENOENT ? "there is no such socket" :
+                                                             "the socket is there, and nobody accepts on it");
+        else if (r == -EACCES)
+                snprintf(c->error, sizeof(c->error), "may not connect to gpupoold at %s: %s (is this user in group "
+                         "gpupool?)", path, strerror(-r));
+        else
+                snprintf(c->error, sizeof(c->error), "cannot connect to gpupoold at %s: %s", path, strerror(-r));
+}
+
 int gp_conn_open(struct gp_conn *c, const char *path, const Gpupool__Hello *hello, Gpupool__Envelope **ret_hello) {
         Gpupool__Envelope req = GPUPOOL__ENVELOPE__INIT, *rep;
         Gpupool__Hello h = *hello;
@@ -207,13 +220,20 @@ int gp_conn_open(struct gp_conn *c, const char *path, const Gpupool__Hello *hell
         path = gp_wire_socket_path(path);
         r = gp_wire_connect_timeout(path, c->timeout_ms, &c->sock);
         if (r < 0) {
-                snprintf(c->error, sizeof(c->error), "cannot connect to %s: %s", path, strerror(-r));
+                connect_error(c, path, r);
                 return r;
         }
         req.body_case = GPUPOOL__ENVELOPE__BODY_HELLO;
         req.hello = &h;
         r = gp_conn_call(c, &req, GPUPOOL__ENVELOPE__BODY_HELLO_REPLY, &rep, NULL);
         if (r < 0) {
+                char why[sizeof(c->error)];
+                int n;
+
+                /* The daemon's reason, or why it did not answer, with the daemon it was. */
+                snprintf(why, sizeof(why), "%s", c->error);
+                n = snprintf(c->error, sizeof(c->error), "gpupoold at %s: %s", path, why);
+                (void) n;       /* a reason that long is cut */
                 gp_conn_close(c);
                 return r;
         }

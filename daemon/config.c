@@ -33,18 +33,24 @@ struct load {
         bool failed;
 };
 
+static void fail(struct load *l, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
 static char *read_line(char *str, int num, void *stream) {
         struct load *l = stream;
         char *s = fgets(str, num, l->f);
 
         if (s) {
+                const char *at = s + strspn(s, " \t");
+
                 l->line++;
                 l->line_indented = s[0] == ' ' || s[0] == '\t';
+                /* inih would take the keys after it as outside any section: say what is wrong, here. */
+                if (*at == '[' && !strchr(at, ']'))
+                        fail(l, "'%.*s' is not a section header: it has no ']'", (int) strcspn(at, "\r\n"), at);
         }
         return s;
 }
 
-static void fail(struct load *l, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void fail(struct load *l, const char *fmt, ...) {
         va_list ap;
         int n;
@@ -177,6 +183,9 @@ static void tenant_key(struct load *l, struct tenant_conf *t, const char *key, c
         }
         if (gp_size_parse(value, size) < 0)
                 fail(l, "%s: '%s' is not a size (e.g. 512M, 40G; 0 for none)", key, value);
+        else if (size != &t->client_max_bytes)
+                /* Where a max and a guarantee that disagree are said (validate()): the latest of the two. */
+                snprintf(t->limit_where, sizeof(t->limit_where), "%s:%d: %s = %.64s", l->file, l->line, key, value);
 }
 
 static int on_key(void *user, const char *section, const char *key, const char *value) {
@@ -270,7 +279,7 @@ static int validate(struct config *c, char *err, size_t err_size) {
                         return -EINVAL;
                 }
                 if (t->max_bytes && t->guarantee_bytes > t->max_bytes) {
-                        snprintf(err, err_size, "%s: [tenant:%s] guarantees more than its max", t->where, t->name);
+                        snprintf(err, err_size, "%s: [tenant:%s] guarantees more than its max", t->limit_where, t->name);
                         return -EINVAL;
                 }
                 for (unsigned j = 1; j < i; j++)

@@ -31,6 +31,7 @@
 struct tenant_conf {
         char name[CONFIG_NAME_MAX + 1];
         char where[128];                /* "file:line" of its first key, for messages */
+        char limit_where[160];          /* "file:line: key = value" of its latest max or guarantee */
         bool match_uid_set, match_gid_set, match_name_set, match_cgroup_set;
         uint32_t match_uid, match_gid;
         char match_name[CONFIG_NAME_MAX + 1];

@@ -71,7 +71,11 @@ int main(int argc, char **argv) {
         if (r == 0)
                 r = options_parse_over(argc, argv, &config.options, &config.options, err, sizeof(err));
         if (r < 0) {
-                log_err("%s", err);
+                /* A check prints what a checker does: file:line: what, alone on its line. */
+                if (cmd.action == OPTIONS_CHECK_CONFIG)
+                        fprintf(stderr, "%s\n", err);
+                else
+                        log_err("%s", err);
                 return 1;
         }
         (void) config_warnings(&config, warning_text, sizeof(warning_text));

@@ -368,6 +368,18 @@ void request_trim(struct session *s, const Gpupool__Envelope *req, struct reply 
                 reply_error(req->id, -ENOENT, false, why, ret);
                 return;
         }
+        if (t->has_pid) {
+                bool found = false;
+
+                SESSION_FOREACH(c, node)
+                        found |= c->pid == t->pid && !c->control_of && c != s;
+                if (!found) {
+                        /* As set-limit --pid says: asking nobody is not what was meant. */
+                        snprintf(why, sizeof(why), "no client of pid %d is connected", (int) t->pid);
+                        reply_error(req->id, -ENOENT, false, why, ret);
+                        return;
+                }
+        }
         SESSION_FOREACH(c, node) {
                 bool chosen = t->has_pid ? c->pid == t->pid : c->tenant == tenant;
 

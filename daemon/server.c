@@ -189,40 +189,48 @@ static void on_signal(uv_signal_t *handle, int signum) {
 
 /*
  * Binds path. A socket file nobody listens on is a leftover of a crash and is replaced; one
- * that answers belongs to a running daemon, and starting a second is an error.
+ * that answers belongs to a running daemon, and starting a second is an error. Returns 0, or a
+ * negative errno with why (one sentence that says it all).
  */
-static int listen_on(const char *path, int *ret_fd) {
+static int listen_on(const char *path, int *ret_fd, char *why, size_t why_size) {
         struct sockaddr_un addr = { .sun_family = AF_UNIX };
         struct stat st;
         int fd, probe, r;
 
+        snprintf(why, why_size, "cannot listen on %s: %s", path, strerror(ENAMETOOLONG));
         if (strlen(path) >= sizeof(addr.sun_path))
                 return -ENAMETOOLONG;
         strcpy(addr.sun_path, path);
         if (lstat(path, &st) == 0) {
                 if (!S_ISSOCK(st.st_mode)) {
-                        log_err("%s exists and is not a socket; not replacing it", path);
+                        snprintf(why, why_size, "cannot listen on %s: it exists and is not a socket (not replacing it)", path);
                         return -EEXIST;
                 }
                 if (gp_wire_connect(path, &probe) == 0) {
                         close(probe);
-                        log_err("another gpupoold is listening on %s", path);
+                        snprintf(why, why_size, "cannot listen on %s: another gpupoold is listening there (stop it, or "
+                                 "give this one another --socket)", path);
                         return -EADDRINUSE;
                 }
-                if (unlink(path) < 0)
+                if (unlink(path) < 0) {
+                        snprintf(why, why_size, "cannot listen on %s: removing the socket left there: %s", path,
+                                 strerror(errno));
                         return -errno;
+                }
         }
         fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
         if (fd < 0)
                 return -errno;
         if (bind(fd, (struct sockaddr *) &addr, sizeof(addr)) < 0 || listen(fd, 128) < 0) {
                 r = -errno;
+                snprintf(why, why_size, "cannot listen on %s: %s", path, strerror(-r));
                 close(fd);
                 return r;
         }
         /* Any local user may connect; what each may have is the policy's to decide. */
         if (chmod(path, 0666) < 0) {
                 r = -errno;
+                snprintf(why, why_size, "cannot listen on %s: %s", path, strerror(-r));
                 close(fd);
                 unlink(path);
                 return r;
@@ -357,9 +365,9 @@ int server_start(struct server *server, uv_loop_t *loop, const struct config *co
         }
         server->listen_inherited = r > 0;
         if (!server->listen_inherited)
-                r = listen_on(server->node.options->socket_path, &server->listen_fd);
+                r = listen_on(server->node.options->socket_path, &server->listen_fd, why, sizeof(why));
         if (r < 0) {
-                log_err("cannot listen on %s: %s", server->node.options->socket_path, strerror(-r));
+                log_err("%s", why);
                 return r;
         }
         watchdog_usec = notify_watchdog_usec();
@@ -497,8 +505,12 @@ static int reload_with(struct server *server, struct reload_state *x, char *why,
                 c->limit_override_bytes = POLICY_NO_OVERRIDE;
         log_open(node->options->log_level);
         map_clients(node);
-        snprintf(why, why_size, "reloaded %s: %u file%s, %u tenant%s", node->options->config_path, x->next.file_count,
-                 x->next.file_count == 1 ? "" : "s", x->next.tenant_count, x->next.tenant_count == 1 ? "" : "s");
+        if (x->next.file_count)
+                snprintf(why, why_size, "reloaded %s: %u file%s, %u tenant%s", node->options->config_path, x->next.file_count,
+                         x->next.file_count == 1 ? "" : "s", x->next.tenant_count, x->next.tenant_count == 1 ? "" : "s");
+        else
+                snprintf(why, why_size, "reloaded: there is no %s, so the defaults and the command line hold (1 tenant, "
+                         "default)", node->options->config_path);
         log_info("%s", why);
         (void) config_warnings(&x->next, x->warnings, sizeof(x->warnings));
         log_lines(LOG_LEVEL_WARN, x->warnings);

@@ -388,9 +388,9 @@ static void session_exited(struct session *s) {
         uint64_t reserved, in_use, segments;
 
         session_totals(s, &reserved, &in_use, &segments);
-        session_log(s, LOG_LEVEL_INFO, "client %llu (%s, pid %d) exited holding %llu segments; %llu bytes return to the cache",
+        session_log(s, LOG_LEVEL_INFO, "client %llu (%s, pid %d) exited holding %llu segment%s; %llu bytes return to the cache",
                     (unsigned long long) s->id, s->name, (int) s->pid, (unsigned long long) segments,
-                    (unsigned long long) reserved);
+                    segments == 1 ? "" : "s", (unsigned long long) reserved);
         session_destroy(s);
         node_after_change(node);
 }

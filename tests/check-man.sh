@@ -33,10 +33,12 @@ done
 section gpupoold.8.scd OPTIONS | grep -oE '^\*--[a-z-]+\*' | tr -d '*' >"$dir/d.page"
 same "gpupoold's options and gpupoold(8)" "$dir/d.prog" "$dir/d.page"
 
-"$B/gpupoolctl" --help | awk '/^Options:/ { on = 1; next } on' | grep -oE '^  --[a-z-]+' | sed 's/^ *//' >"$dir/c.prog"
-section gpupoolctl.1.scd OPTIONS | grep -oE '^\*--[a-z-]+\*' | tr -d '*' >"$dir/c.page"
+# An option's line may name its short form first: "  -h, --help".
+"$B/gpupoolctl" --help | awk '/^Options:/ { on = 1; next } on' | grep -oE '^  (-[a-z], )?--[a-z-]+' | sed 's/^ *//; s/^-[a-z], //' >"$dir/c.prog"
+section gpupoolctl.1.scd OPTIONS | grep -oE '^\*(-[a-z]\*, \*)?--[a-z-]+\*' | sed 's/^\*-[a-z]\*, //' | tr -d '*' >"$dir/c.page"
 same "gpupoolctl's options and gpupoolctl(1)" "$dir/c.prog" "$dir/c.page"
-"$B/gpupoolctl" --help | awk '/^Commands:/ { on = 1; next } /^$/ { on = 0 } on' | awk '{ print $1 }' >"$dir/cc.prog"
+# A command's line starts two spaces in; a summary on a line of its own is further in.
+"$B/gpupoolctl" --help | awk '/^Commands:/ { on = 1; next } /^$/ { on = 0 } on && /^  [a-z]/ { print $1 }' >"$dir/cc.prog"
 section gpupoolctl.1.scd COMMANDS | grep -oE '^\*[a-z-]+\*' | tr -d '*' >"$dir/cc.page"
 same "gpupoolctl's commands and gpupoolctl(1)" "$dir/cc.prog" "$dir/cc.page"
 

@@ -67,11 +67,9 @@ class Client:
             # No handle: the library keeps the reason for this thread (gpupool_last_error(NULL)).
             buf = ctypes.create_string_buffer(1024)
             lib.gpupool_last_error(None, buf, len(buf))
-            why = buf.value.decode(errors="replace")
-            if not why or why.startswith("cannot connect to "):
-                why = lib.gpupool_strerror(r).decode()  # not reached: the errno says it; else the daemon's reason
-            where = socket or os.environ.get("GPUPOOL_SOCKET") or "/run/gpupool/gpupool.sock"
-            raise error(r, f"cannot connect to gpupoold at {where}: {why}")
+            # It names the socket and what to do, or carries the daemon's reason for refusing.
+            why = buf.value.decode(errors="replace") or lib.gpupool_strerror(r).decode()
+            raise error(r, why)
         self._handle = handle.value
         self._owned = True
 
@@ -171,9 +169,20 @@ def last_error():
 
 
 def _gpupoolctl():
-    found = os.environ.get("GPUPOOL_CTL") or shutil.which("gpupoolctl")
+    """$GPUPOOL_CTL, else the gpupoolctl beside the library this package loaded (a checkout's
+    build/, or where "make install" put both), else the one on PATH."""
+    if os.environ.get("GPUPOOL_CTL"):
+        return os.environ["GPUPOOL_CTL"]
+    loaded = library_path()
+    if os.path.isabs(loaded):
+        beside = os.path.join(os.path.dirname(loaded), "gpupoolctl")
+        if os.access(beside, os.X_OK):
+            return beside
+    found = shutil.which("gpupoolctl")
     if not found:
-        raise FileNotFoundError("gpupool.status(): gpupoolctl is not on PATH (install gpupool, or set $GPUPOOL_CTL)")
+        raise FileNotFoundError(
+            f"gpupool.status(): no gpupoolctl beside {loaded} nor on PATH (install gpupool, or set $GPUPOOL_CTL)"
+        )
     return found
 
 

@@ -92,6 +92,23 @@ START_TEST(test_refused_reload_keeps_tenant_sums) {
 }
 END_TEST
 
+/* A reload with no config file (none given, none at the default path) says so, not "0 files". */
+START_TEST(test_reload_without_a_file_says_so) {
+        struct testd d;
+        char out[2048];
+
+        if (access(GP_SYSCONFDIR "/gpupool/gpupoold.conf", F_OK) == 0) {
+                TEST_SKIP("this machine has a " GP_SYSCONFDIR "/gpupool/gpupoold.conf, which a daemon without --config reads");
+                return;
+        }
+        testd_start(&d, NULL);
+        ck_assert_int_eq(ctl(&d, out, sizeof(out), "reload"), 0);
+        ck_assert_msg(strstr(out, "reloaded: there is no " GP_SYSCONFDIR "/gpupool/gpupoold.conf, so the defaults and the "
+                                  "command line hold"), "%s", out);
+        ck_assert_int_eq(testd_stop(&d), 0);
+}
+END_TEST
+
 /* A control channel is part of its client: a reload must not count it in a tenant. */
 START_TEST(test_reload_leaves_control_channels_out_of_tenants) {
         Gpupool__Hello hello = GPUPOOL__HELLO__INIT;
@@ -686,6 +703,7 @@ Suite *suite_hardening(void) {
         tcase_add_test(tc, test_stuck_log_never_stops_serving);
         tcase_add_test(tc, test_stopped_daemon_times_out);
         tcase_add_test(tc, test_silent_connections_cannot_lock_out_the_operator);
+        tcase_add_test(tc, test_reload_without_a_file_says_so);
         tcase_add_test(tc, test_refused_reload_keeps_tenant_sums);
         tcase_add_test(tc, test_reload_leaves_control_channels_out_of_tenants);
         tcase_add_test(tc, test_set_limit_pid_binds_later_connections);

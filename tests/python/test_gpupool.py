@@ -176,7 +176,8 @@ class TestClient(unittest.TestCase):
         with self.assertRaises(gpupool.GpupoolError) as e:
             gpupool.Client(os.path.join(self.d.dir.name, "absent.sock"))
         self.assertEqual(e.exception.errno, errno.ENOENT)
-        self.assertIn("cannot connect to gpupoold at", e.exception.strerror)
+        self.assertIn("no gpupoold listens at " + os.path.join(self.d.dir.name, "absent.sock"), e.exception.strerror)
+        self.assertIn("start it, or set $GPUPOOL_SOCKET", e.exception.strerror)
 
     def test_connect_failure_says_why(self):
         # No handle comes back: the library's reason for this thread is what the exception says.
@@ -192,6 +193,16 @@ class TestClient(unittest.TestCase):
         with self.assertRaises(gpupool.GpupoolError) as e:
             gpupool.status(os.path.join(self.d.dir.name, "absent.sock"))
         self.assertIn("gpupoolctl status:", e.exception.strerror)
+
+    def test_status_from_the_checkout(self):
+        # No $GPUPOOL_CTL and no gpupoolctl on PATH: the one beside the library the package loaded.
+        env = dict(os.environ, PATH="/usr/bin:/bin", PYTHONPATH=os.path.join(TREE, "python"))
+        env.pop("GPUPOOL_CTL")
+        run = subprocess.run(
+            [sys.executable, "-c", "import gpupool, sys; print(gpupool.status(sys.argv[1])['version'])", self.d.sock],
+            env=env, capture_output=True, text=True,
+        )
+        self.assertEqual(run.stdout.strip(), "1", run.stderr)
 
 
 class TestFrameworks(unittest.TestCase):
@@ -312,8 +323,8 @@ class TestFrameworks(unittest.TestCase):
             except MemoryError as e:
                 print("refused:", e)
         """, os.path.join(self.d.dir.name, "absent.sock")))
-        self.assertIn("gpupool refused cannot connect to gpupoold at", out)
-        self.assertIn("is gpupoold running?", out)
+        self.assertIn("gpupool refused no gpupoold listens at", out)
+        self.assertIn("start it, or set $GPUPOOL_SOCKET", out)
 
 
 class TestElasticity(unittest.TestCase):
