@@ -15,6 +15,7 @@
 #   make bench-frag           fragmentation of gpupool, PyTorch-, CuPy-, no-cache policies and growth models on traces
 #   make bench-replay         traces through libgpupool and a private gpupoold: round trips, imports, ns/op
 #   make bench-adopt          adoption after a daemon restart next to leasing the memory anew
+#   make bench-objects        attaching a named object next to loading the same bytes from the page cache
 #   make bench-gpu            allocation latency: driver, driver pool, gpupool (needs a GPU)
 #   make bench-pending        allocation cost with 10,000 stream-ordered frees pending (GPU or fake driver)
 #   make bench-driver         each driver call of the stream-ordered path, a granule move, the capture rules (GPU or fake driver)
@@ -122,6 +123,7 @@ BENCH_HOST := $(B)/bench/bench_host
 BENCH_FRAG := $(B)/bench/frag
 BENCH_REPLAY := $(B)/bench/replay
 BENCH_ADOPT := $(B)/bench/adopt
+BENCH_OBJECTS := $(B)/bench/objects
 FAKECUDA   := $(B)/tests/libfakecuda.so
 
 GENERATED := $(B)/systemd/gpupoold.service $(B)/gpupool.pc
@@ -316,6 +318,18 @@ $(BENCH_ADOPT): $(B)/obj/bench/adopt.o $(CLIENT_O) $(COMMON_O)
 	@mkdir -p $(dir $@)
 	@echo "  LD      $@"
 	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LIBS_PROTOBUF) -lpthread -ldl
+
+$(BENCH_OBJECTS): $(B)/obj/bench/objects.o $(CLIENT_O) $(COMMON_O)
+	@mkdir -p $(dir $@)
+	@echo "  LD      $@"
+	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LIBS_PROTOBUF) -lpthread -ldl
+
+# A named object attached against the same bytes loaded from the page cache (bench/objects.c;
+# BENCH_OBJECTS_SIZE, 4 GiB: 3 times that of memory is used at once).
+BENCH_OBJECTS_SIZE ?= 4294967296
+bench-objects: all $(BENCH_OBJECTS)
+	@mkdir -p bench/results
+	$(Q)$(BENCH_OBJECTS) --build $(B) --size $(BENCH_OBJECTS_SIZE) | tee bench/results/objects-$$(date -u +%Y-%m-%d).txt
 
 # What adoption after a daemon restart costs next to leasing the memory anew (bench/adopt.c).
 bench-adopt: all $(BENCH_ADOPT)
@@ -577,7 +591,7 @@ clean:
 
 FORCE:
 
-.PHONY: FORCE all install uninstall test layers check-gpu gpu-tools gpu-validate bench-gpu bench-pending bench-driver bench-frameworks stress fuzz fuzz-seeds bench bench-frag bench-replay bench-adopt bench-instructions valgrind deps deps-fuzz deps-deploy check-deploy run clean
+.PHONY: FORCE all install uninstall test layers bench-objects check-gpu gpu-tools gpu-validate bench-gpu bench-pending bench-driver bench-frameworks stress fuzz fuzz-seeds bench bench-frag bench-replay bench-adopt bench-instructions valgrind deps deps-fuzz deps-deploy check-deploy run clean
 
 .SECONDARY:
 

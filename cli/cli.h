@@ -25,6 +25,8 @@ struct cli_command {
 };
 
 extern const struct cli_command cli_cmd_status;
+extern const struct cli_command cli_cmd_objects;
+extern const struct cli_command cli_cmd_unpublish;
 extern const struct cli_command cli_cmd_limits;
 extern const struct cli_command cli_cmd_set_limit;
 extern const struct cli_command cli_cmd_flush;

@@ -21,6 +21,8 @@ static const struct cli_command *const commands[] = {
         &cli_cmd_check,
         &cli_cmd_metrics,
         &cli_cmd_reload,
+        &cli_cmd_objects,
+        &cli_cmd_unpublish,
 };
 
 static void usage(FILE *f) {

@@ -25,6 +25,7 @@
 #include "client_grow.h"
 #include "client_keep.h"
 #include "client_mem.h"
+#include "client_objects.h"
 #include "client_pool.h"
 #include "client_segment.h"
 #include "client_stream.h"
@@ -178,6 +179,7 @@ GPUPOOL_EXPORT int gpupool_connect(const char *socket_path, const char *client_n
 static void drop_everything(gpupool_client *c) {
         client_live_forget(c);
         client_tcache_forget(c);
+        client_objects_forget(c);
         client_grow_forget(c);
         client_mappings_forget(c);
         for (unsigned d = 0; d < CLIENT_MAX_DEVICES; d++)
@@ -492,6 +494,8 @@ GPUPOOL_EXPORT const char *gpupool_strerror(int err) {
                 return "the CUDA driver is missing or too old";
         case -ENOSPC:
                 return "the arena is full";
+        case -EOPNOTSUPP:
+                return "not built for this backend or mode yet";
         default:
                 return "unknown error";
         }

@@ -146,6 +146,18 @@ struct client_device {
 
 struct tcache;
 
+/* A named object the handle has attached (client_objects.c), or published (then mapping is its segment's). */
+struct client_attachment {
+        struct client_attachment *next;
+        char name[GP_MAX_OBJECT_NAME_BYTES + 1];
+        uint8_t *base;                  /* the mapping: the object's segment, read-only */
+        uint64_t segment_size;
+        const uint8_t *ptr;             /* the object's bytes in it */
+        uint64_t size;
+        unsigned count;                 /* attaches not yet detached */
+        struct mapping *mapping;        /* published here: the segment's mapping, out of the pool (else NULL) */
+};
+
 struct gpupool_client {
         uint64_t serial;                /* unique in the process: a thread's cache names its handle by it */
         pthread_mutex_t lock;           /* everything below but what conn_busy lends out */
@@ -185,6 +197,7 @@ struct gpupool_client {
         unsigned scope_depth;           /* written locked, read atomically (the threads' fast path) */
         uint32_t next_scope;
         struct tcache *tcaches;         /* the threads' caches of freed small blocks (client_tcache.c) */
+        struct client_attachment *attachments;  /* named objects attached (client_objects.c) */
         uint64_t idle_return_ms;        /* empty segments go back after this long ($GPUPOOL_IDLE_RETURN; 0: never) */
         /* The control channel: the daemon's reclaim requests, answered by the control thread. */
         struct gp_conn *control;

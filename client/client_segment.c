@@ -188,6 +188,13 @@ int client_mapping_add(gpupool_client *c, unsigned device, uint64_t segment_id, 
         return 0;
 }
 
+void client_mapping_unlink(gpupool_client *c, struct mapping *m) {
+        gp_rb_remove(&c->by_addr, &m->by_addr);
+        gp_rb_remove(&c->by_id, &m->by_id);
+        if (c->mem->ipc)
+                gp_rb_remove(&c->by_handle, &m->by_handle);
+}
+
 struct mapping *client_mapping_by_id(gpupool_client *c, uint64_t segment_id) {
         struct mapping key = { .segment_id = segment_id };
         struct gp_rb_node *n = gp_rb_find(&c->by_id, &key.by_id);

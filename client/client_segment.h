@@ -31,6 +31,12 @@ void client_live_forget(gpupool_client *c);
 struct mapping *client_mapping_by_id(gpupool_client *c, uint64_t segment_id);
 void client_mapping_drop(gpupool_client *c, struct mapping *m);
 
+/*
+ * Takes m out of the handle's trees, mapped still: its segment is no longer the process's lease
+ * (it became a named object, client_objects.c). The caller unmaps and frees it later.
+ */
+void client_mapping_unlink(gpupool_client *c, struct mapping *m);
+
 /* Unmaps every mapping (the session is over). */
 void client_mappings_forget(gpupool_client *c);
 

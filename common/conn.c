@@ -228,12 +228,18 @@ int gp_conn_open(struct gp_conn *c, const char *path, const Gpupool__Hello *hell
         r = gp_conn_call(c, &req, GPUPOOL__ENVELOPE__BODY_HELLO_REPLY, &rep, NULL);
         if (r < 0) {
                 char why[sizeof(c->error)];
-                int n;
+                size_t n, len;
 
-                /* The daemon's reason, or why it did not answer, with the daemon it was. */
+                /* The daemon's reason, or why it did not answer, with the daemon it was (cut to fit). */
                 snprintf(why, sizeof(why), "%s", c->error);
-                n = snprintf(c->error, sizeof(c->error), "gpupoold at %s: %s", path, why);
-                (void) n;       /* a reason that long is cut */
+                n = (size_t) snprintf(c->error, sizeof(c->error), "gpupoold at %s: ", path);
+                if (n < sizeof(c->error)) {
+                        len = strlen(why);
+                        if (len > sizeof(c->error) - 1 - n)
+                                len = sizeof(c->error) - 1 - n;
+                        memcpy(c->error + n, why, len);
+                        c->error[n + len] = '\0';
+                }
                 gp_conn_close(c);
                 return r;
         }

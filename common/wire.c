@@ -272,6 +272,12 @@ bool gp_wire_name_is_valid(const char *name) {
         return len > 0 && len <= GP_MAX_NAME_BYTES && gp_wire_text_is_valid(name);
 }
 
+bool gp_wire_object_name_is_valid(const char *name) {
+        size_t len = name ? strlen(name) : 0;
+
+        return len > 0 && len <= GP_MAX_OBJECT_NAME_BYTES && gp_wire_text_is_valid(name);
+}
+
 static const struct {
         Gpupool__Status status;
         int err;

@@ -31,6 +31,8 @@
 #define GP_MAX_ERROR_BYTES 900
 /* A client's declared name, bytes, not counting the NUL. */
 #define GP_MAX_NAME_BYTES 63
+/* A named object's name: 1 to this many bytes of UTF-8, no control characters. */
+#define GP_MAX_OBJECT_NAME_BYTES 255
 
 #define GP_DEFAULT_SOCKET "/run/gpupool/gpupool.sock"
 
@@ -100,6 +102,8 @@ bool gp_wire_text_is_valid(const char *text);
 
 /* Whether name is a valid client name: 1 to 63 bytes of valid text (gp_wire_text_is_valid()). */
 bool gp_wire_name_is_valid(const char *name);
+/* Whether name is a valid object name: 1 to GP_MAX_OBJECT_NAME_BYTES bytes of UTF-8, no control characters. */
+bool gp_wire_object_name_is_valid(const char *name);
 
 /* The negative errno a Status stands for (STATUS_OK is 0). */
 int gp_status_to_errno(Gpupool__Status status);

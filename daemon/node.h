@@ -30,6 +30,7 @@
 #include "wire.h"
 
 struct node;
+struct object;
 struct session;
 
 /*
@@ -107,6 +108,8 @@ struct node {
         struct identity_table identities;       /* the (uid, pod) principals seen */
         uint64_t reclaim_rounds;        /* parked leases that asked clients for memory, ever (their rounds' names) */
         struct pid_limit pid_limits[NODE_MAX_PID_LIMITS];       /* set-limit --pid, until a reload */
+        struct object *objects;         /* named objects (objects.h), newest first */
+        unsigned object_count;
         unsigned pid_limit_count;
         bool stopping;                  /* the daemon stops: nothing more follows a change */
         uint8_t recv_buf[GP_MAX_REQUEST_BYTES];

@@ -570,6 +570,21 @@ static void owner_set_report(struct pool_owner *o, uint64_t in_use, uint64_t hel
         o->reported_held_free_bytes = held;
 }
 
+int pool_transfer(struct pool *p, struct pool_owner *from, struct pool_owner *to, uint64_t segment_id,
+                  uint64_t *ret_size) {
+        struct segment *s = segment_find(p, segment_id);
+        struct pool_lease lease;
+
+        if (!s || s->owner != from)
+                return -ENOENT;
+        (void) segment_take_back(s);
+        segment_give(to, s, &lease);
+        /* What from said it holds fits what it leases now. */
+        owner_set_report(from, from->reported_in_use_bytes, from->reported_held_free_bytes);
+        *ret_size = s->size;
+        return 0;
+}
+
 void pool_owner_report(struct pool_owner *o, uint64_t in_use, uint64_t held_free, uint64_t now_ms) {
         owner_set_report(o, in_use, held_free);
         o->reported_at_ms = now_ms;

@@ -188,6 +188,14 @@ void pool_adopt_undo(struct pool *pool, struct pool_owner *owner, uint64_t segme
 /* Takes back a segment leased to the owner that never reached it (its report is left as it is). */
 void pool_lease_undo(struct pool *pool, struct pool_owner *owner, uint64_t segment_id);
 
+/*
+ * Moves the segment segment_id from owner from to owner to, as it is (no zeroing: the caller
+ * gives it to the same principal), and says its size. Returns 0, or -ENOENT when from does not
+ * lease it.
+ */
+int pool_transfer(struct pool *pool, struct pool_owner *from, struct pool_owner *to, uint64_t segment_id,
+                  uint64_t *ret_size);
+
 /* The descriptor of a segment leased to the owner (-1: the backend has none), or -ENOENT. */
 int pool_leased_fd(const struct pool *pool, const struct pool_owner *owner, uint64_t segment_id);
 

@@ -15,6 +15,8 @@ void reply_release(struct reply *rep) {
 static void reply_set(struct reply *ret, size_t len, bool disconnect) {
         ret->len = len;
         ret->fds.n = 0;
+        ret->fds.owner = NULL;
+        ret->fds.read_only = false;
         ret->disconnect = disconnect;
         ret->none = ret->parked = false;
 }

@@ -24,9 +24,13 @@
  * order. The session looks each up as it sends, so that one the client returned on its control
  * channel while the reply waited is never sent.
  */
+struct pool_owner;
+
 struct reply_fds {
         unsigned n;
         uint32_t device;
+        const struct pool_owner *owner;         /* whose segments they are: NULL, the session's; else a named object's */
+        bool read_only;                         /* each opened anew for reading only (a named object's) */
         uint64_t segments[GP_MAX_LEASE_GRANULES];
 };
 

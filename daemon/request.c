@@ -272,6 +272,11 @@ static const struct request_kind kinds[] = {
         { GPUPOOL__ENVELOPE__BODY_LEASE, request_lease, 0, "a lease", NULL },
         { GPUPOOL__ENVELOPE__BODY_RETURN_SEGMENTS, handle_return, 0, "a return", NULL },
         { GPUPOOL__ENVELOPE__BODY_ADOPT, request_adopt, 0, "an adoption", NULL },
+        { GPUPOOL__ENVELOPE__BODY_PUBLISH, request_publish, 0, "a publish", NULL },
+        { GPUPOOL__ENVELOPE__BODY_ATTACH, request_attach, 0, "an attach", NULL },
+        { GPUPOOL__ENVELOPE__BODY_DETACH, request_detach, 0, "a detach", NULL },
+        { GPUPOOL__ENVELOPE__BODY_UNPUBLISH, request_unpublish, ROLE_ADMIN_ROOM, "unpublish", NULL },
+        { GPUPOOL__ENVELOPE__BODY_OBJECTS, request_objects, ROLE_ADMIN_ROOM, "objects", NULL },
         { GPUPOOL__ENVELOPE__BODY_RECLAIM_REPLY, handle_reclaim_reply, ROLE_CONTROL_CHANNEL, "a reclaim answer", NULL },
         { GPUPOOL__ENVELOPE__BODY_USAGE_REPORT, handle_usage_report, ROLE_CONTROL_CHANNEL, "a usage report", NULL },
 };

@@ -39,6 +39,13 @@ uint64_t request_retry_parked(struct node *node, uint64_t now_ms);
 void request_lease(struct session *session, const Gpupool__Envelope *req, struct reply *ret);
 void request_adopt(struct session *session, const Gpupool__Envelope *req, struct reply *ret);
 
+/* Named objects (request_objects.c). */
+void request_publish(struct session *session, const Gpupool__Envelope *req, struct reply *ret);
+void request_attach(struct session *session, const Gpupool__Envelope *req, struct reply *ret);
+void request_detach(struct session *session, const Gpupool__Envelope *req, struct reply *ret);
+void request_unpublish(struct session *session, const Gpupool__Envelope *req, struct reply *ret);
+void request_objects(struct session *session, const Gpupool__Envelope *req, struct reply *ret);
+
 /* The operators' requests (request_admin.c). */
 void request_status(struct session *session, const Gpupool__Envelope *req, struct reply *ret);
 void request_flush(struct session *session, const Gpupool__Envelope *req, struct reply *ret);

@@ -23,6 +23,7 @@
 #include "identity.h"
 #include "log.h"
 #include "notify.h"
+#include "objects.h"
 #include "reclaim.h"
 #include "request.h"
 #include "session.h"
@@ -505,6 +506,7 @@ static int reload_with(struct server *server, struct reload_state *x, char *why,
                 c->limit_override_bytes = POLICY_NO_OVERRIDE;
         log_open(node->options->log_level);
         map_clients(node);
+        objects_map_tenants(node);
         if (x->next.file_count)
                 snprintf(why, why_size, "reloaded %s: %u file%s, %u tenant%s", node->options->config_path, x->next.file_count,
                          x->next.file_count == 1 ? "" : "s", x->next.tenant_count, x->next.tenant_count == 1 ? "" : "s");
@@ -577,6 +579,7 @@ void server_stop(struct server *server) {
                         unlink(server->node.options->socket_path);
         }
         session_destroy_all(&server->node);
+        objects_destroy_all(&server->node);
         node_close(&server->node);
 }
 

@@ -6,6 +6,7 @@
 #include "session.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,6 +19,7 @@
 #include "closer.h"
 #include "log.h"
 #include "node.h"
+#include "objects.h"
 #include "reply.h"
 
 #ifndef SO_PEERPIDFD
@@ -236,6 +238,12 @@ void session_destroy(struct session *s) {
         }
         session_forget_reclaims(s);     /* it will not answer now */
         session_release_all(s);
+        /* Its process has exited, or said bye having unmapped everything: it has nothing attached now. */
+        while (s->attached_count)
+                objects_detach(node, s->attached[--s->attached_count]);
+        free(s->attached);
+        s->attached = NULL;
+        s->attached_cap = 0;
         session_set_tenant(s, NULL);
         if (s->control_of) {
                 struct session *c = s->control_of;
@@ -315,6 +323,8 @@ int session_check_tenants(struct node *node, char *why, size_t why_size) {
                 for (unsigned d = 0; d < node->device_count; d++) {
                         uint64_t sum = 0, in_use = 0;
 
+                        /* Its named objects count to it as its clients do. */
+                        objects_tenant_sums(node, t, d, &sum, &in_use);
                         SESSION_FOREACH(c, node)
                                 if (c->tenant == t) {
                                         sum += c->owners[d].reserved_bytes;
@@ -404,14 +414,34 @@ static void on_process_exit(uv_poll_t *handle, int status, int events) {
  * Sends a packet with the descriptors of the client's segments rf names (NULL: none), looked
  * up now: one it no longer leases is never sent (-ENOENT), nor one whose number was reused.
  */
+/*
+ * Sends buf with the descriptors of the reply's segments: the session's own, or (rf->owner) a
+ * named object's, then opened anew for reading only, so that the process can map it no other way.
+ */
 static int send_with_fds(struct session *s, const uint8_t *buf, size_t len, const struct reply_fds *rf) {
         int fds[GP_MAX_LEASE_GRANULES];
-        unsigned n = rf ? rf->n : 0;
+        unsigned n = rf ? rf->n : 0, opened = 0;
+        int r = 0;
 
-        for (unsigned i = 0; i < n; i++)
-                if ((fds[i] = pool_leased_fd(s->node->pools[rf->device], &s->owners[rf->device], rf->segments[i])) < 0)
-                        return -ENOENT;
-        return gp_wire_send_packet_fds(s->fd, buf, len, fds, n);
+        for (unsigned i = 0; i < n && r == 0; i++) {
+                const struct pool_owner *o = rf->owner ? rf->owner : &s->owners[rf->device];
+
+                if ((fds[i] = pool_leased_fd(s->node->pools[rf->device], o, rf->segments[i])) < 0) {
+                        r = -ENOENT;
+                } else if (rf->read_only) {
+                        char path[64];
+
+                        snprintf(path, sizeof(path), "/proc/self/fd/%d", fds[i]);
+                        fds[i] = open(path, O_RDONLY | O_CLOEXEC);
+                        r = fds[i] < 0 ? -errno : 0;
+                        opened += r == 0;
+                }
+        }
+        if (r == 0)
+                r = gp_wire_send_packet_fds(s->fd, buf, len, fds, n);
+        for (unsigned i = 0; i < opened; i++)
+                close(fds[i]);
+        return r;
 }
 
 /* Why a send failed, for the disconnect. */

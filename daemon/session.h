@@ -45,6 +45,9 @@ struct session {
         bool operator;                  /* the node's operator (identity_is_operator()): administrative requests */
         char not_operator_why[160];     /* else why not, for the refusal */
         struct tenant *tenant;          /* from hello on; NULL before, and for a control channel */
+        /* The named objects it has attached (objects.h), each once; detached when it ends. */
+        struct object **attached;
+        unsigned attached_count, attached_cap;
         struct session *control;        /* its control channel (reclaim requests), or NULL */
         struct session *control_of;     /* for a control channel: the client it serves */
         bool uncounted;                 /* a control channel: not one of --max-clients */

@@ -195,6 +195,38 @@ GPUPOOL_EXPORT int gpupool_trim(gpupool_client *client);
 GPUPOOL_EXPORT size_t gpupool_cached_bytes(gpupool_client *client);
 
 /*
+ * Named objects: memory that outlives the process that made it, for many processes to map
+ * read-only without a copy (model weights that every worker loads).
+ *
+ * gpupool_publish() makes the block at ptr (the start of a live block) the object name (1 to
+ * 255 bytes of UTF-8, no control characters, not taken): its first size bytes (at most the
+ * block's) are the object's. The block must have its segment to itself (a block over 10 MiB
+ * always has; the threads' caches are emptied first), whose other bytes are zeroed. It stops
+ * being the process's block: it is not freed, it counts against the publisher's tenant until
+ * unpublished, and the process has it attached read-only at ptr (a write there faults) until
+ * it detaches it. Refused (-EINVAL) for a block that shares its segment, a name taken or
+ * invalid, a size of 0 or over the block; -ENOENT for a pointer that is no live block.
+ *
+ * gpupool_attach() maps the object name read-only (the descriptor the daemon sends is open for
+ * reading only) and returns where and how large; -ENOENT for no such object, -EACCES for one
+ * that is not for this process (its publisher's uid, the node's operator, and the clients of
+ * its tenant where that is a tenant of the config, not default, may attach it). Attaching one the handle has attached already returns the same
+ * mapping, counted: each attach takes one gpupool_detach(). gpupool_detach() unmaps it.
+ *
+ * gpupool_unpublish() ends the object name (its publisher's uid, or the node's operator): no
+ * one attaches it from then on, its name is free at once, and its memory goes back once the
+ * last process has detached (or exited).
+ *
+ * Built so far for the host backend with whole segments (not $GPUPOOL_SEGMENTS=grow): elsewhere
+ * -EOPNOTSUPP, saying so. Objects do not outlive the daemon yet (a daemon that restarts forgets
+ * them; the processes that have them mapped keep their mappings).
+ */
+GPUPOOL_EXPORT int gpupool_publish(gpupool_client *client, const char *name, void *ptr, size_t size);
+GPUPOOL_EXPORT int gpupool_attach(gpupool_client *client, const char *name, const void **ret_ptr, size_t *ret_size);
+GPUPOOL_EXPORT int gpupool_detach(gpupool_client *client, const void *ptr);
+GPUPOOL_EXPORT int gpupool_unpublish(gpupool_client *client, const char *name);
+
+/*
  * What this handle holds now, counted when asked: live_blocks and live_bytes are the blocks
  * the application holds (rounded sizes; a gpupool_free_async() counts as freed at once),
  * cached_bytes what the process's pool holds free, and mapped_segments and mapped_bytes the

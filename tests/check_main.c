@@ -19,7 +19,7 @@ static const struct {
         SUITE(rbtree), SUITE(size), SUITE(wire), SUITE(options), SUITE(config), SUITE(policy), SUITE(heap),
         SUITE(granule), SUITE(pool), SUITE(identity), SUITE(daemon), SUITE(leases), SUITE(hostile), SUITE(hardening),
         SUITE(tenants), SUITE(process_pool), SUITE(grow), SUITE(survive), SUITE(adopt), SUITE(peers), SUITE(pods),
-        SUITE(replies), SUITE(scopes), SUITE(metrics), SUITE(hooks), { "cuda-fake", suite_cuda_fake },
+        SUITE(replies), SUITE(objects), SUITE(scopes), SUITE(metrics), SUITE(hooks), { "cuda-fake", suite_cuda_fake },
 };
 
 int main(void) {

@@ -10,6 +10,7 @@ Suite *suite_wire(void);
 Suite *suite_options(void);
 Suite *suite_config(void);
 Suite *suite_policy(void);
+Suite *suite_objects(void);
 Suite *suite_heap(void);
 Suite *suite_granule(void);
 Suite *suite_pool(void);

@@ -19,6 +19,7 @@ import re
 import shutil
 import subprocess
 import sys
+import weakref
 
 from ._lib import GpupoolError, GrowStats, OutOfMemoryError, Stats, error, hook_last_error, lib, library_path
 from ._frameworks import use_with_cupy, use_with_torch
@@ -48,6 +49,10 @@ def default_client_name():
     base = os.path.basename(argv0) or "python"
     base = re.sub(r"\.py$", "", base)
     return re.sub(r"[^\x21-\x7e]", "_", base)[:63] or "python"
+
+
+# The smallest block that always has a segment of its own (over 10 MiB): what publish() allocates at least.
+_OWN_SEGMENT = 10 * (1 << 20) + 512
 
 
 class Client:
@@ -130,6 +135,39 @@ class Client:
         """Gives every segment the process holds empty back to the daemon."""
         self._check(lib.gpupool_trim(self._live()))
 
+    def publish(self, name, data, device=0):
+        """Publishes a copy of data (anything with the buffer protocol: bytes, an array) as the
+        named object name, which outlives this process until unpublished (gpupool_publish in
+        gpupool.h). Host backend: the copy is made once, here; attaching it copies nothing."""
+        view = memoryview(data).cast("B")
+        if not view.nbytes:
+            raise ValueError(f"gpupool.Client.publish: {name}: an object is at least 1 byte")
+        # A published block has its segment to itself: over 10 MiB, a block always has.
+        ptr = self.alloc(max(view.nbytes, _OWN_SEGMENT), device)
+        try:
+            ctypes.memmove(ptr, (ctypes.c_char * view.nbytes).from_buffer_copy(view), view.nbytes)
+            self._check(lib.gpupool_publish(self._live(), name.encode(), ptr, view.nbytes))
+        except BaseException:
+            self.free(ptr)
+            raise
+        # Attached here read-only by the publish: this process does not need it mapped.
+        self._check(lib.gpupool_detach(self._live(), ptr))
+
+    def attach(self, name):
+        """Maps the named object name read-only, without a copy: a read-only memoryview of its
+        bytes, detached when the view (and every array made over it) is gone."""
+        ptr, size = ctypes.c_void_p(), ctypes.c_size_t()
+        self._check(lib.gpupool_attach(self._live(), name.encode(), ctypes.byref(ptr), ctypes.byref(size)))
+        buf = (ctypes.c_char * size.value).from_address(ptr.value)
+        view = memoryview(buf).cast("B").toreadonly()
+        handle = self._handle
+        weakref.finalize(buf, lambda: lib.gpupool_detach(handle, ptr.value) if self._handle == handle else None)
+        return view
+
+    def unpublish(self, name):
+        """Ends the named object name: its memory goes once the last process has detached it."""
+        self._check(lib.gpupool_unpublish(self._live(), name.encode()))
+
     def close(self):
         """Gives everything back (every pointer is invalid afterwards). Idempotent."""
         if self._handle and self._owned:
@@ -196,3 +234,26 @@ def status(socket=None):
     if run.returncode != 0:
         raise GpupoolError(errno.EIO, f"gpupoolctl status: {run.stderr.strip() or 'exit status %d' % run.returncode}")
     return json.loads(run.stdout)
+
+
+def publish(name, data):
+    """Client.publish() on the handle the hooks share in this process: a copy of data (bytes,
+    a NumPy array; anything with the buffer protocol) becomes the named object name."""
+    Client._shared().publish(name, data)
+
+
+def attach(name, dtype=None, shape=None):
+    """Client.attach() on the handle the hooks share: the named object name, read-only and
+    without a copy; with dtype (and shape), as a read-only NumPy array over it (host backend)."""
+    view = Client._shared().attach(name)
+    if dtype is None:
+        return view
+    import numpy
+
+    array = numpy.frombuffer(view, dtype=dtype)
+    return array.reshape(shape) if shape is not None else array
+
+
+def unpublish(name):
+    """Client.unpublish() on the handle the hooks share."""
+    Client._shared().unpublish(name)

@@ -89,6 +89,10 @@ def _load():
         "gpupool_torch_free": (None, [p, ctypes.c_ssize_t, i, p]),
         "gpupool_cupy_malloc": (p, [p, sz, i]),
         "gpupool_cupy_free": (None, [p, p, i]),
+        "gpupool_publish": (i, [p, ctypes.c_char_p, p, sz]),
+        "gpupool_attach": (i, [p, ctypes.c_char_p, ctypes.POINTER(p), ctypes.POINTER(sz)]),
+        "gpupool_detach": (i, [p, p]),
+        "gpupool_unpublish": (i, [p, ctypes.c_char_p]),
     }
     for name, (restype, argtypes) in protos.items():
         try:

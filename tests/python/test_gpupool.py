@@ -205,6 +205,34 @@ class TestClient(unittest.TestCase):
         self.assertEqual(run.stdout.strip(), "1", run.stderr)
 
 
+class TestObjects(unittest.TestCase):
+    def setUp(self):
+        self.d = Daemon()
+
+    def tearDown(self):
+        self.assertEqual(self.d.stop(), 0)
+
+    def test_publish_and_attach(self):
+        data = bytes(range(256)) * 4096
+        with gpupool.Client(self.d.sock, name="publisher") as c:
+            c.publish("weights", data)
+        # The publisher is gone; the object is not.
+        with gpupool.Client(self.d.sock, name="reader") as c:
+            view = c.attach("weights")
+            self.assertTrue(view.readonly)
+            self.assertEqual(bytes(view[: len(data)]), data)
+            with self.assertRaises(TypeError):
+                view[0] = 1
+            del view
+            with self.assertRaises(gpupool.GpupoolError) as e:
+                c.attach("nothing")
+            self.assertEqual(e.exception.errno, errno.ENOENT)
+            self.assertIn("no object named 'nothing'", e.exception.strerror)
+            c.unpublish("weights")
+            with self.assertRaises(gpupool.GpupoolError):
+                c.attach("weights")
+
+
 class TestFrameworks(unittest.TestCase):
     def setUp(self):
         self.d = Daemon("--client-limit", "8M")

@@ -239,6 +239,42 @@ static void check(const char *when) {
                      (unsigned long long) t.in_use, (unsigned long long) t.cached, (unsigned long long) t.total);
 }
 
+/*
+ * After the run: every named object the workers left is unpublished (nobody has one attached
+ * now, so each goes at once). Returns how many there were.
+ */
+static unsigned long unpublish_all(void) {
+        Gpupool__Envelope req = GPUPOOL__ENVELOPE__INIT, *rep;
+        Gpupool__ObjectsRequest orq = GPUPOOL__OBJECTS_REQUEST__INIT;
+        char why[GP_MAX_ERROR_BYTES];
+        unsigned long n;
+        int r;
+
+        req.body_case = GPUPOOL__ENVELOPE__BODY_OBJECTS;
+        req.objects = &orq;
+        rep = ask(&req, GPUPOOL__ENVELOPE__BODY_OBJECTS_REPLY, &r, why, sizeof(why));
+        if (r < 0)
+                fail("objects: %s", why);
+        n = rep->objects_reply->n_objects;
+        for (size_t i = 0; i < n; i++) {
+                Gpupool__Envelope ureq = GPUPOOL__ENVELOPE__INIT, *urep;
+                Gpupool__UnpublishRequest ur = GPUPOOL__UNPUBLISH_REQUEST__INIT;
+                const Gpupool__ObjectStatus *o = rep->objects_reply->objects[i];
+
+                if (o->attachments)
+                        fail("object %s has %u attachments after every worker exited", o->name, o->attachments);
+                ur.name = o->name;
+                ureq.body_case = GPUPOOL__ENVELOPE__BODY_UNPUBLISH;
+                ureq.unpublish = &ur;
+                urep = ask(&ureq, GPUPOOL__ENVELOPE__BODY_UNPUBLISH_REPLY, &r, why, sizeof(why));
+                if (r < 0)
+                        fail("unpublish %s: %s", o->name, why);
+                gpupool__envelope__free_unpacked(urep, NULL);
+        }
+        gpupool__envelope__free_unpacked(rep, NULL);
+        return n;
+}
+
 /* ---- workers ---- */
 
 static void fill(uint8_t *p, size_t n, uint32_t tag) {
@@ -260,6 +296,89 @@ static int intact(const uint8_t *p, size_t n, uint32_t tag) {
 /* Whether a connection failed only because no daemon listens now (it was killed, the next is starting). */
 static bool no_daemon_now(int r) {
         return daemon_kills && (r == -ECONNREFUSED || r == -ENOENT || r == -ECONNRESET || r == -EPIPE);
+}
+
+/* The tag a named object's bytes are filled with: its name's (FNV-1a), so that any attacher can check them. */
+static uint32_t name_tag(const char *name) {
+        uint32_t h = 2166136261u;
+
+        for (; *name; name++)
+                h = (h ^ (uint8_t) *name) * 16777619u;
+        return h;
+}
+
+/* Workers started at once (-c): the object names an attacher tries. */
+static int worker_count;
+
+/* What the workers did with named objects, on a page they share: published, attached and checked. */
+static unsigned long *object_counts;
+
+/* Detaches the object at p: unmapped whatever the daemon says; only a failure it must not have is false. */
+static bool detached(gpupool_client *c, int index, const void *p) {
+        char msg[GP_MAX_ERROR_BYTES];
+        int r = gpupool_detach(c, p);
+
+        if (r == 0 || r == -EIO || no_daemon_now(r))
+                return true;
+        gpupool_last_error(c, msg, sizeof(msg));
+        fprintf(stderr, "stress: worker %d: detach: %s: %s\n", index, gpupool_strerror(r), msg);
+        return false;
+}
+
+/*
+ * Named objects, on whole segments: publishes a new block of over 10 MiB as obj-INDEX-K
+ * (unpublishing the last one of that name first), or attaches a random worker's object and
+ * checks every byte against its name. Returns 0, or an exit status for what must not happen.
+ */
+static int object_op(gpupool_client *c, int index, unsigned *seed) {
+        char name[40], msg[GP_MAX_ERROR_BYTES];
+        const void *q;
+        uint8_t *block;
+        size_t size, qs;
+        int r;
+
+        if (rand_r(seed) % 2) {
+                snprintf(name, sizeof(name), "obj-%d-%u", index, rand_r(seed) % 2);
+                (void) gpupool_unpublish(c, name);      /* -ENOENT where there is none */
+                size = 10 * MiB + 1 + (size_t) rand_r(seed) % (2 * MiB);
+                r = gpupool_alloc(c, 0, size, (void **) &block);
+                if (r == -ENOMEM || r == -EDQUOT || r == -EIO || no_daemon_now(r))
+                        return 0;
+                if (r < 0)
+                        return 14;
+                fill(block, size, name_tag(name));
+                r = gpupool_publish(c, name, block, size);
+                if (r == 0) {
+                        __atomic_add_fetch(&object_counts[0], 1, __ATOMIC_RELAXED);
+                        /* The object's now, attached here read-only until detached: every byte as written. */
+                        if (!intact(block, size, name_tag(name)))
+                                return 16;
+                        return detached(c, index, block) ? 0 : 17;
+                }
+                (void) gpupool_free(c, block);
+                /*
+                 * The node's 256 objects, no daemon for a moment, an injected fault, or (after a
+                 * restart) a block in memory the new daemon did not adopt: allowed.
+                 */
+                if (r == -EDQUOT || r == -EIO || no_daemon_now(r) || (daemon_kills && r == -EINVAL))
+                        return 0;
+                gpupool_last_error(c, msg, sizeof(msg));
+                fprintf(stderr, "stress: worker %d: publish %s: %s: %s\n", index, name, gpupool_strerror(r), msg);
+                return 18;
+        }
+        snprintf(name, sizeof(name), "obj-%d-%u", (int) (rand_r(seed) % (unsigned) worker_count), rand_r(seed) % 2);
+        r = gpupool_attach(c, name, &q, &qs);
+        if (r == -ENOENT || r == -EIO || no_daemon_now(r))
+                return 0;
+        if (r < 0) {
+                gpupool_last_error(c, msg, sizeof(msg));
+                fprintf(stderr, "stress: worker %d: attach %s: %s: %s\n", index, name, gpupool_strerror(r), msg);
+                return 19;
+        }
+        if (!intact(q, qs, name_tag(name)))
+                return 20;      /* a published object changed */
+        __atomic_add_fetch(&object_counts[1], 1, __ATOMIC_RELAXED);
+        return detached(c, index, q) ? 0 : 21;
 }
 
 /* Connects, trying again while no daemon listens (until the deadline). */
@@ -343,6 +462,12 @@ static int worker(int index, double deadline) {
                         memset(live, 0, sizeof(live));
                         if (connect_retrying(name, deadline, &c) < 0)
                                 return now_s() < deadline ? 11 : 0;
+                        continue;
+                }
+                if ((op == 3 || op == 4) && index % 3 != 1 && !gone) {
+                        /* Now and then, with whole segments: publish a large block, or attach another's object. */
+                        if ((r = object_op(c, index, &seed)) != 0)
+                                return r;
                         continue;
                 }
                 if (live[s].p) {
@@ -627,7 +752,7 @@ int main(int argc, char **argv) {
         unsigned long kinds[7] = { 0 };         /* hostile peers of each kind, in the switch's order */
         size_t nhostile = 0;
         unsigned seed = 12345;
-        unsigned long kills = 0, spawned = 0, hostile = 0, restarts = 0, adoptions, adopted;
+        unsigned long kills = 0, spawned = 0, hostile = 0, restarts = 0, adoptions, adopted, objects = 0;
         struct totals t;
         char why[GP_MAX_ERROR_BYTES];
         int status;
@@ -651,6 +776,10 @@ int main(int argc, char **argv) {
                 return 2;
         }
         signal(SIGPIPE, SIG_IGN);
+        worker_count = clients;
+        object_counts = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+        if (object_counts == MAP_FAILED)
+                fail("mmap: %s", strerror(errno));
         start_daemon(build, faults);
         t0 = now_s();
         deadline = t0 + seconds;
@@ -733,12 +862,17 @@ int main(int argc, char **argv) {
         {
                 double t1 = now_s();
 
-                for (;;) {
-                        if (get_status(&t, why, sizeof(why)) < 0)
-                                fail("status after the run: %s", why);
-                        if ((!t.clients && !t.in_use && t.reserved == t.cached) || now_s() - t1 > 10)
-                                break;
-                        nap_ms(50);
+                /* Every session gone (an exited process's detaches its objects), then the objects, then their memory. */
+                for (int pass = 0; pass < 2; pass++) {
+                        for (;;) {
+                                if (get_status(&t, why, sizeof(why)) < 0)
+                                        fail("status after the run: %s", why);
+                                if ((!t.clients && (!pass || (!t.in_use && t.reserved == t.cached))) || now_s() - t1 > 10)
+                                        break;
+                                nap_ms(50);
+                        }
+                        if (!pass)
+                                objects = unpublish_all();
                 }
         }
         check("after the run");
@@ -772,11 +906,13 @@ int main(int argc, char **argv) {
         printf("stress: OK: %d clients x %.0f s, %lu worker processes, %lu killed with SIGKILL, %lu hostile peers "
                "(%lu deaf, %lu silent, %lu liars, %lu silent control channels, %lu churning, %lu write-sealed adoptions, "
                "%lu garbage), %llu faults injected (the last daemon's), over %llu invariant checks, daemon killed %lu times "
-               "and its successors adopted %lu segments in %lu requests, 0 bytes lost, daemon RSS %ld KiB (bound %ld MiB)\n",
+               "and its successors adopted %lu segments in %lu requests, %lu named objects published and %lu attached and checked "
+               "(%lu left, unpublished at the end), 0 bytes lost, "
+               "daemon RSS %ld KiB (bound %ld MiB)\n",
                clients, seconds, spawned, kills, hostile, kinds[0], kinds[1], kinds[2], kinds[3], kinds[4], kinds[5],
                kinds[6], (unsigned long long) faults_injected,
                (unsigned long long) (checks_earlier + checks),
-               restarts, adopted, adoptions, rss, max_rss_mib);
+               restarts, adopted, adoptions, object_counts[0], object_counts[1], objects, rss, max_rss_mib);
         unlink(conf_path);
         unlink(log_path);
         rmdir(dir);

@@ -1,0 +1,285 @@
+/*
+ * client_objects.c: named objects (gpupool.h). Publishing hands a block's segment to the
+ * daemon under a name: the segment leaves the process's pool (its other bytes zeroed first,
+ * since others will map all of it), and the process keeps it mapped read-only as its first
+ * attachment. Attaching maps an object's segment read-only from the descriptor the daemon sends
+ * (open for reading only, so no mapping of it can be made writable). Built for the host backend
+ * with whole segments; elsewhere the calls say so (-EOPNOTSUPP).
+ */
+#define _GNU_SOURCE
+#include "client_objects.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "client_call.h"
+#include "client_keep.h"
+#include "client_mem.h"
+#include "client_pool.h"
+#include "client_segment.h"
+#include "wire.h"
+
+/* Whether the handle's session can have named objects; else says why. Locked. */
+static int objects_built(gpupool_client *c) {
+        if (c->mem != &client_mem_host) {
+                client_set_error(c, "named objects are built for the host backend only so far, not for %s",
+                                 c->mem->backend);
+                return -EOPNOTSUPP;
+        }
+        if (c->grow) {
+                client_set_error(c, "named objects need whole segments so far: unset $GPUPOOL_SEGMENTS (it is grow)");
+                return -EOPNOTSUPP;
+        }
+        return 0;
+}
+
+static int name_ok(gpupool_client *c, const char *name) {
+        if (gp_wire_object_name_is_valid(name))
+                return 0;
+        client_set_error(c, "an object's name is 1 to %d bytes of UTF-8 without control characters",
+                         GP_MAX_OBJECT_NAME_BYTES);
+        return -EINVAL;
+}
+
+static struct client_attachment *by_name(gpupool_client *c, const char *name) {
+        for (struct client_attachment *a = c->attachments; a; a = a->next)
+                if (strcmp(a->name, name) == 0)
+                        return a;
+        return NULL;
+}
+
+/* Unmaps a (its segment's mapping, and descriptor kept, where the process published it). */
+static void attachment_unmap(struct client_attachment *a) {
+        if (a->mapping) {
+                (void) munmap(a->mapping->base, a->mapping->size);
+                client_fd_release(a->mapping->fd);
+                free(a->mapping);
+                a->mapping = NULL;
+        } else {
+                (void) munmap(a->base, a->segment_size);
+        }
+}
+
+/* Asks the daemon for req; 0 or a negative errno with the error set. Locked. */
+static int ask(gpupool_client *c, Gpupool__Envelope *req, Gpupool__Envelope__BodyCase want, Gpupool__Envelope **ret,
+               int *ret_fd) {
+        Gpupool__Envelope *rep = NULL;
+        int r = client_call(c, req, want, &rep, ret_fd);
+
+        if (r == 0 && ret)
+                *ret = rep;
+        else if (rep)
+                gpupool__envelope__free_unpacked(rep, NULL);
+        return r;
+}
+
+/* Publishes live block b, out of the live table, of mapping m; on failure b is put back. Locked. */
+static int publish_block(gpupool_client *c, const char *name, struct block *b, uint64_t size) {
+        Gpupool__Envelope req = GPUPOOL__ENVELOPE__INIT;
+        Gpupool__PublishRequest pr = GPUPOOL__PUBLISH_REQUEST__INIT;
+        struct mapping *m = b->mapping;
+        struct client_attachment *a;
+        uint64_t offset = (uint64_t) (b->ptr - m->base);
+        int r;
+
+        if (m->segment_id & CLIENT_ORPHAN) {
+                client_set_error(c, "the block at %p is in memory this process holds outside the pool (a daemon after a "
+                                 "restart did not adopt it): it cannot become an object", (void *) b->ptr);
+                return -EINVAL;
+        }
+        if (m->grow || m->hs.live_blocks != 1) {
+                client_set_error(c, "the block at %p shares its segment with other blocks of this process: a published "
+                                 "block must have its segment to itself (a block over 10 MiB always has)", (void *) b->ptr);
+                return -EINVAL;
+        }
+        if (size == 0 || size > b->size) {
+                client_set_error(c, "an object of %zu bytes is not within the block at %p of %llu bytes", (size_t) size,
+                                 (void *) b->ptr, (unsigned long long) b->size);
+                return -EINVAL;
+        }
+        a = calloc(1, sizeof(*a));
+        if (!a)
+                return -ENOMEM;
+        /* Others map all of the segment: nothing of this process's but the object may be in it. */
+        memset(m->base, 0, offset);
+        memset(b->ptr + size, 0, m->size - offset - size);
+        pr.name = (char *) name;
+        pr.device = m->device;
+        pr.segment_id = m->segment_id;
+        pr.offset = offset;
+        pr.size = size;
+        req.body_case = GPUPOOL__ENVELOPE__BODY_PUBLISH;
+        req.publish = &pr;
+        r = ask(c, &req, GPUPOOL__ENVELOPE__BODY_PUBLISH_REPLY, NULL, NULL);
+        if (r < 0) {
+                free(a);
+                return r;
+        }
+        /* The object's now, not the pool's: out of the heap and the trees, mapped read-only. */
+        if (heap_free(&c->devices[m->device].heap, b->hb))
+                (void) heap_remove(&m->hs);
+        client_mapping_unlink(c, m);
+        (void) mprotect(m->base, m->size, PROT_READ);
+        snprintf(a->name, sizeof(a->name), "%s", name);
+        a->base = m->base;
+        a->segment_size = m->size;
+        a->ptr = b->ptr;
+        a->size = size;
+        a->count = 1;
+        a->mapping = m;
+        a->next = c->attachments;
+        c->attachments = a;
+        free(b);
+        return 0;
+}
+
+GPUPOOL_EXPORT int gpupool_publish(gpupool_client *c, const char *name, void *ptr, size_t size) {
+        struct block *b;
+        int r;
+
+        if (!c)
+                return -EINVAL;
+        pthread_mutex_lock(&c->lock);
+        if ((r = name_ok(c, name)) < 0 || (r = objects_built(c)) < 0) {
+                pthread_mutex_unlock(&c->lock);
+                return r;
+        }
+        /* The blocks the threads' caches park are live in their segments: back to the pool first. */
+        client_pool_drain(c, true);
+        b = client_live_take(c, ptr);
+        if (!b) {
+                client_set_error(c, "%p is not a live block of this client (freed already, never allocated, or not the "
+                                    "start of a block)", ptr);
+                r = -ENOENT;
+        } else if ((r = publish_block(c, name, b, size)) < 0) {
+                (void) client_live_insert(c, b);        /* not published: still the application's */
+        }
+        pthread_mutex_unlock(&c->lock);
+        return r;
+}
+
+GPUPOOL_EXPORT int gpupool_attach(gpupool_client *c, const char *name, const void **ret_ptr, size_t *ret_size) {
+        Gpupool__Envelope req = GPUPOOL__ENVELOPE__INIT, *rep = NULL;
+        Gpupool__AttachRequest ar = GPUPOOL__ATTACH_REQUEST__INIT;
+        struct client_attachment *a;
+        const Gpupool__AttachReply *reply;
+        void *base;
+        int fd = -1, r;
+
+        if (!c || !ret_ptr || !ret_size)
+                return -EINVAL;
+        pthread_mutex_lock(&c->lock);
+        if ((r = name_ok(c, name)) < 0 || (r = objects_built(c)) < 0)
+                goto out;
+        if ((a = by_name(c, name))) {
+                a->count++;
+                goto found;
+        }
+        ar.name = (char *) name;
+        req.body_case = GPUPOOL__ENVELOPE__BODY_ATTACH;
+        req.attach = &ar;
+        if ((r = ask(c, &req, GPUPOOL__ENVELOPE__BODY_ATTACH_REPLY, &rep, &fd)) < 0)
+                goto out;
+        reply = rep->attach_reply;
+        a = calloc(1, sizeof(*a));
+        if (!a || fd < 0 || !client_fd_is_memory(fd, reply->segment_size) || reply->offset > reply->segment_size ||
+            reply->size > reply->segment_size - reply->offset) {
+                client_set_error(c, "gpupoold attached '%s' without a segment that holds it", name);
+                r = a ? -EPROTO : -ENOMEM;
+                free(a);
+                goto out;
+        }
+        base = mmap(NULL, reply->segment_size, PROT_READ, MAP_SHARED, fd, 0);
+        if (base == MAP_FAILED) {
+                client_set_error(c, "cannot map object '%s' into this process: %m", name);
+                free(a);
+                r = -ENOMEM;
+                goto out;
+        }
+        /* A forked child must not keep it: it detaches nothing when it exits. */
+        (void) madvise(base, reply->segment_size, MADV_DONTFORK);
+        snprintf(a->name, sizeof(a->name), "%s", name);
+        a->base = base;
+        a->segment_size = reply->segment_size;
+        a->ptr = (uint8_t *) base + reply->offset;
+        a->size = reply->size;
+        a->count = 1;
+        a->next = c->attachments;
+        c->attachments = a;
+found:
+        *ret_ptr = a->ptr;
+        *ret_size = a->size;
+        r = 0;
+out:
+        if (fd >= 0)
+                close(fd);
+        if (rep)
+                gpupool__envelope__free_unpacked(rep, NULL);
+        pthread_mutex_unlock(&c->lock);
+        return r;
+}
+
+GPUPOOL_EXPORT int gpupool_detach(gpupool_client *c, const void *ptr) {
+        Gpupool__Envelope req = GPUPOOL__ENVELOPE__INIT;
+        Gpupool__DetachRequest dr = GPUPOOL__DETACH_REQUEST__INIT;
+        struct client_attachment **pp, *a = NULL;
+        int r = 0;
+
+        if (!c)
+                return -EINVAL;
+        pthread_mutex_lock(&c->lock);
+        for (pp = &c->attachments; *pp; pp = &(*pp)->next)
+                if ((*pp)->ptr == ptr) {
+                        a = *pp;
+                        break;
+                }
+        if (!a) {
+                client_set_error(c, "%p is not where an object this client attached starts", ptr);
+                r = -ENOENT;
+        } else if (--a->count == 0) {
+                *pp = a->next;
+                /* Unmapped first: once the daemon hears of it, the memory may go. */
+                dr.name = a->name;
+                req.body_case = GPUPOOL__ENVELOPE__BODY_DETACH;
+                req.detach = &dr;
+                attachment_unmap(a);
+                r = ask(c, &req, GPUPOOL__ENVELOPE__BODY_DETACH_REPLY, NULL, NULL);
+                /* A daemon that restarted since knows nothing of it: nothing to tell. */
+                if (r == -ENOENT)
+                        r = 0;
+                free(a);
+        }
+        pthread_mutex_unlock(&c->lock);
+        return r;
+}
+
+GPUPOOL_EXPORT int gpupool_unpublish(gpupool_client *c, const char *name) {
+        Gpupool__Envelope req = GPUPOOL__ENVELOPE__INIT;
+        Gpupool__UnpublishRequest ur = GPUPOOL__UNPUBLISH_REQUEST__INIT;
+        int r;
+
+        if (!c)
+                return -EINVAL;
+        pthread_mutex_lock(&c->lock);
+        if ((r = name_ok(c, name)) == 0) {
+                ur.name = (char *) name;
+                req.body_case = GPUPOOL__ENVELOPE__BODY_UNPUBLISH;
+                req.unpublish = &ur;
+                r = ask(c, &req, GPUPOOL__ENVELOPE__BODY_UNPUBLISH_REPLY, NULL, NULL);
+        }
+        pthread_mutex_unlock(&c->lock);
+        return r;
+}
+
+void client_objects_forget(gpupool_client *c) {
+        struct client_attachment *a;
+
+        while ((a = c->attachments)) {
+                c->attachments = a->next;
+                attachment_unmap(a);
+                free(a);
+        }
+}

@@ -1,0 +1,13 @@
+/*
+ * client_objects.h: named objects the handle publishes and attaches (client_objects.c); the
+ * public calls are gpupool_publish(), gpupool_attach(), gpupool_detach(), gpupool_unpublish().
+ */
+#ifndef GP_CLIENT_OBJECTS_H
+#define GP_CLIENT_OBJECTS_H
+
+#include "client.h"
+
+/* Unmaps every object the handle has attached, telling nobody (the session is over). Locked. */
+void client_objects_forget(gpupool_client *c);
+
+#endif

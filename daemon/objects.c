@@ -1,0 +1,134 @@
+/* objects.c: named objects (see objects.h). */
+#include "objects.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "log.h"
+#include "node.h"
+#include "size.h"
+
+struct object *objects_find(struct node *node, const char *name) {
+        for (struct object *o = node->objects; o; o = o->next)
+                if (!o->unpublished && strcmp(o->name, name) == 0)
+                        return o;
+        return NULL;
+}
+
+struct object *objects_publish(struct node *node, const char *name, unsigned device, struct pool_owner *owner,
+                               uint64_t segment_id, uint64_t offset, uint64_t size, struct tenant *t, uint32_t uid,
+                               int *ret_err) {
+        struct pool *pool = node->pools[device];
+        struct object *o;
+        uint64_t segment_size;
+        int r;
+
+        if (node->object_count >= OBJECTS_MAX) {
+                *ret_err = -ENOSPC;
+                return NULL;
+        }
+        o = calloc(1, sizeof(*o));
+        if (!o) {
+                *ret_err = -ENOMEM;
+                return NULL;
+        }
+        snprintf(o->name, sizeof(o->name), "%s", name);
+        o->device = device;
+        o->segment_id = segment_id;
+        o->offset = offset;
+        o->size = size;
+        o->uid = uid;
+        o->principal = owner->principal;
+        snprintf(o->tenant, sizeof(o->tenant), "%s", t->conf.name);
+        pool_owner_attach(pool, &o->owner, owner->principal);
+        pool_owner_set_group(&o->owner, &t->sums[device]);
+        r = pool_transfer(pool, owner, &o->owner, segment_id, &segment_size);
+        if (r == 0 && (size == 0 || offset > segment_size || size > segment_size - offset)) {
+                /* Not within the segment: it is the client's again, as it was. */
+                (void) pool_transfer(pool, &o->owner, owner, segment_id, &segment_size);
+                r = -EINVAL;
+        }
+        if (r < 0) {
+                (void) pool_owner_detach(&o->owner);
+                free(o);
+                *ret_err = r;
+                return NULL;
+        }
+        o->segment_size = segment_size;
+        /* Its bytes are in use for as long as it lives. */
+        pool_owner_report(&o->owner, segment_size, 0, uv_now(node->loop));
+        o->published_ms = uv_now(node->loop);
+        o->next = node->objects;
+        node->objects = o;
+        node->object_count++;
+        return o;
+}
+
+/* The object goes: its segment to the pool's cache (zeroed before another principal gets it). */
+static void object_destroy(struct node *node, struct object *obj) {
+        char b[GP_SIZE_FORMAT_MAX];
+
+        for (struct object **pp = &node->objects; *pp; pp = &(*pp)->next)
+                if (*pp == obj) {
+                        *pp = obj->next;
+                        break;
+                }
+        node->object_count--;
+        log_info("object '%s' (%s on device %u, tenant %s) is gone: unpublished, and the last process detached",
+                 obj->name, gp_size_format(obj->segment_size, b, sizeof(b)), obj->device, obj->tenant);
+        (void) pool_owner_detach(&obj->owner);
+        free(obj);
+}
+
+void objects_attach(struct object *obj) {
+        obj->attachments++;
+}
+
+void objects_detach(struct node *node, struct object *obj) {
+        if (obj->attachments)
+                obj->attachments--;
+        if (obj->unpublished && !obj->attachments)
+                object_destroy(node, obj);
+}
+
+void objects_unpublish(struct node *node, struct object *obj) {
+        obj->unpublished = true;
+        if (!obj->attachments)
+                object_destroy(node, obj);
+}
+
+void objects_map_tenants(struct node *node) {
+        for (struct object *o = node->objects; o; o = o->next) {
+                struct tenant *t = policy_tenant_by_name(&node->policy, o->tenant);
+
+                if (!t) {
+                        log_info("object '%s': its tenant %s is gone with the reload; it counts to default now", o->name,
+                                 o->tenant);
+                        t = &node->policy.tenants[0];
+                        snprintf(o->tenant, sizeof(o->tenant), "%s", t->conf.name);
+                }
+                pool_owner_set_group(&o->owner, &t->sums[o->device]);
+        }
+}
+
+void objects_tenant_sums(struct node *node, const struct tenant *t, unsigned device, uint64_t *ret_reserved,
+                         uint64_t *ret_in_use) {
+        *ret_reserved = *ret_in_use = 0;
+        for (struct object *o = node->objects; o; o = o->next)
+                if (o->device == device && strcmp(o->tenant, t->conf.name) == 0) {
+                        *ret_reserved += o->owner.reserved_bytes;
+                        *ret_in_use += o->owner.reported_in_use_bytes;
+                }
+}
+
+void objects_destroy_all(struct node *node) {
+        while (node->objects) {
+                struct object *o = node->objects;
+
+                node->objects = o->next;
+                (void) pool_owner_detach(&o->owner);
+                free(o);
+        }
+        node->object_count = 0;
+}

@@ -1,0 +1,72 @@
+/*
+ * objects.h: named objects (objects.c), memory that outlives the process that made it. A
+ * client publishes a segment it leases under a name: the segment leaves the client's lease for
+ * the object's own owner in the pool, in the publisher's tenant's group, so that it counts
+ * against the tenant's max and guarantee until unpublished, whoever has exited meanwhile.
+ * Processes attach it (read-only, without a copy) and detach it; an unpublished object goes
+ * once the last process has detached, and a process that exits detaches. The node holds the
+ * list; nothing here does I/O but through the pool.
+ */
+#ifndef GP_OBJECTS_H
+#define GP_OBJECTS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "config.h"
+#include "pool.h"
+#include "wire.h"
+
+struct node;
+struct session;
+struct tenant;
+
+/* The most objects a node holds at once (a reply lists them all). */
+#define OBJECTS_MAX 256
+
+struct object {
+        struct object *next;
+        char name[GP_MAX_OBJECT_NAME_BYTES + 1];
+        unsigned device;
+        uint64_t segment_id, segment_size;
+        uint64_t offset, size;                  /* the object's bytes in the segment */
+        struct pool_owner owner;                /* holds the segment, in its tenant's group */
+        char tenant[CONFIG_NAME_MAX + 1];       /* the publisher's, by name: a reload maps it again */
+        uint32_t uid;                           /* the publisher's */
+        uint64_t principal;                     /* the publisher's (identity.h) */
+        unsigned attachments;                   /* sessions that have it attached */
+        uint64_t published_ms;
+        bool unpublished;                       /* goes once attachments is 0 */
+};
+
+/* The object called name that is not unpublished, or NULL. */
+struct object *objects_find(struct node *node, const char *name);
+
+/*
+ * Makes the object name of the segment segment_id that owner leases on device: the segment
+ * moves to the object, in tenant t's group. Returns it, or NULL with *ret_err: -ENOENT (no such
+ * segment of owner's), -EINVAL (offset and size not within it), -ENOSPC (OBJECTS_MAX), -ENOMEM.
+ */
+struct object *objects_publish(struct node *node, const char *name, unsigned device, struct pool_owner *owner,
+                               uint64_t segment_id, uint64_t offset, uint64_t size, struct tenant *t, uint32_t uid,
+                               int *ret_err);
+
+/* One more session has obj attached; and one less (the unpublished object goes at the last). */
+void objects_attach(struct object *obj);
+void objects_detach(struct node *node, struct object *obj);
+
+/* Unpublishes obj: no one attaches it from now on; it goes at once when nobody has it attached. */
+void objects_unpublish(struct node *node, struct object *obj);
+
+/* After a reload: each object in its tenant's group again, by name (default where it is gone). */
+void objects_map_tenants(struct node *node);
+
+/* What the objects of tenant t hold on device, for the tenants' check. */
+void objects_tenant_sums(struct node *node, const struct tenant *t, unsigned device, uint64_t *ret_reserved,
+                         uint64_t *ret_in_use);
+
+/* At the daemon's stop, after every session: every object goes, its segment to the cache. */
+void objects_destroy_all(struct node *node);
+
+#endif

@@ -1,0 +1,277 @@
+/*
+ * request_objects.c: the requests on named objects (objects.h): publish, attach, detach,
+ * unpublish, and the list gpupoolctl objects shows.
+ */
+#include "request.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "log.h"
+#include "node.h"
+#include "objects.h"
+#include "session.h"
+#include "size.h"
+
+/* Checks an object's name; else refuses req with why. */
+static bool name_ok(const char *name, uint64_t id, struct reply *ret) {
+        char why[160];
+
+        if (gp_wire_object_name_is_valid(name))
+                return true;
+        snprintf(why, sizeof(why), "an object's name is 1 to %d bytes of UTF-8 without control characters",
+                 GP_MAX_OBJECT_NAME_BYTES);
+        reply_error(id, -EINVAL, false, why, ret);
+        return false;
+}
+
+/* Whether s has obj attached; and makes it so (at most once per session). */
+static bool attached(const struct session *s, const struct object *obj) {
+        for (unsigned i = 0; i < s->attached_count; i++)
+                if (s->attached[i] == obj)
+                        return true;
+        return false;
+}
+
+static int attach_to(struct session *s, struct object *obj) {
+        if (s->attached_count == s->attached_cap) {
+                unsigned cap = s->attached_cap ? s->attached_cap * 2 : 4;
+                struct object **n = realloc(s->attached, cap * sizeof(*n));
+
+                if (!n)
+                        return -ENOMEM;
+                s->attached = n;
+                s->attached_cap = cap;
+        }
+        s->attached[s->attached_count++] = obj;
+        objects_attach(obj);
+        return 0;
+}
+
+/* Takes obj off s's list; false when s did not have it attached. */
+static bool detach_from(struct session *s, struct object *obj) {
+        for (unsigned i = 0; i < s->attached_count; i++)
+                if (s->attached[i] == obj) {
+                        s->attached[i] = s->attached[--s->attached_count];
+                        objects_detach(s->node, obj);
+                        return true;
+                }
+        return false;
+}
+
+/*
+ * Who may attach obj: its publisher's uid, the node's operator, and the clients of its tenant
+ * where that is a tenant of the config (default is everyone else, not a group anyone chose).
+ */
+static bool may_attach(const struct session *s, const struct object *obj) {
+        return s->uid == obj->uid || s->operator ||
+               (s->tenant && s->tenant != &s->node->policy.tenants[0] && strcmp(s->tenant->conf.name, obj->tenant) == 0);
+}
+
+void request_publish(struct session *s, const Gpupool__Envelope *req, struct reply *ret) {
+        const Gpupool__PublishRequest *p = req->publish;
+        struct node *node = s->node;
+        struct object *obj;
+        char why[GP_MAX_OBJECT_NAME_BYTES + 200], b[GP_SIZE_FORMAT_MAX];
+        Gpupool__Envelope env;
+        Gpupool__PublishReply pr = GPUPOOL__PUBLISH_REPLY__INIT;
+        int err;
+
+        if (!name_ok(p->name, req->id, ret))
+                return;
+        if (p->device >= node->device_count) {
+                snprintf(why, sizeof(why), "no device %u: this daemon has %u", p->device, node->device_count);
+                reply_error(req->id, -ENODEV, false, why, ret);
+                return;
+        }
+        if (node->backend->ipc_handles) {
+                snprintf(why, sizeof(why), "named objects are not built for the %s backend yet (the host backend has them)",
+                         node->backend->name);
+                reply_error(req->id, -EINVAL, false, why, ret);
+                return;
+        }
+        if (objects_find(node, p->name)) {
+                snprintf(why, sizeof(why), "an object named '%s' exists already", p->name);
+                reply_error(req->id, -EINVAL, false, why, ret);
+                return;
+        }
+        obj = objects_publish(node, p->name, p->device, &s->owners[p->device], p->segment_id, p->offset, p->size, s->tenant,
+                              (uint32_t) s->uid, &err);
+        if (obj && attach_to(s, obj) < 0) {
+                /* Not attached, not published: the segment is the client's again. */
+                (void) pool_transfer(node->pools[p->device], &obj->owner, &s->owners[p->device], p->segment_id,
+                                     &obj->segment_size);
+                objects_unpublish(node, obj);
+                obj = NULL;
+                err = -ENOMEM;
+        }
+        if (!obj) {
+                if (err == -ENOENT)
+                        snprintf(why, sizeof(why), "segment %" PRIu64 " is not leased to this client on device %u",
+                                 p->segment_id, p->device);
+                else if (err == -EINVAL)
+                        snprintf(why, sizeof(why), "an object of %" PRIu64 " bytes at offset %" PRIu64 " is not within "
+                                 "its segment", p->size, p->offset);
+                else if (err == -ENOSPC)
+                        snprintf(why, sizeof(why), "the node holds %d objects, the most it may", OBJECTS_MAX);
+                else
+                        snprintf(why, sizeof(why), "out of memory for an object");
+                reply_error(req->id, err == -ENOSPC ? -EDQUOT : err, false, why, ret);
+                return;
+        }
+        session_log(s, LOG_LEVEL_INFO, "client %llu ('%s', pid %d, tenant %s) published '%s': %s on device %u",
+                    (unsigned long long) s->id, s->name, (int) s->pid, obj->tenant, obj->name,
+                    gp_size_format(obj->size, b, sizeof(b)), obj->device);
+        reply_ok(&env, req->id);
+        env.body_case = GPUPOOL__ENVELOPE__BODY_PUBLISH_REPLY;
+        env.publish_reply = &pr;
+        (void) reply_pack(&env, false, ret);
+}
+
+void request_attach(struct session *s, const Gpupool__Envelope *req, struct reply *ret) {
+        struct node *node = s->node;
+        Gpupool__AttachReply ar = GPUPOOL__ATTACH_REPLY__INIT;
+        char why[GP_MAX_OBJECT_NAME_BYTES + 200];
+        Gpupool__Envelope env;
+        struct object *obj;
+
+        if (!name_ok(req->attach->name, req->id, ret))
+                return;
+        obj = objects_find(node, req->attach->name);
+        if (!obj) {
+                snprintf(why, sizeof(why), "no object named '%s' (see gpupoolctl objects)", req->attach->name);
+                reply_error(req->id, -ENOENT, false, why, ret);
+                return;
+        }
+        if (!may_attach(s, obj)) {
+                snprintf(why, sizeof(why), "object '%s' is for uid %u and tenant %s: not for uid %u of tenant %s", obj->name,
+                         (unsigned) obj->uid, obj->tenant, (unsigned) s->uid, s->tenant ? s->tenant->conf.name : "-");
+                reply_error(req->id, -EACCES, false, why, ret);
+                return;
+        }
+        if (attached(s, obj)) {
+                snprintf(why, sizeof(why), "this client has '%s' attached already", obj->name);
+                reply_error(req->id, -EINVAL, false, why, ret);
+                return;
+        }
+        if (attach_to(s, obj) < 0) {
+                reply_error(req->id, -ENOMEM, false, "out of memory attaching an object", ret);
+                return;
+        }
+        ar.device = obj->device;
+        ar.segment_size = obj->segment_size;
+        ar.offset = obj->offset;
+        ar.size = obj->size;
+        reply_ok(&env, req->id);
+        env.body_case = GPUPOOL__ENVELOPE__BODY_ATTACH_REPLY;
+        env.attach_reply = &ar;
+        if (reply_pack(&env, false, ret) < 0) {
+                (void) detach_from(s, obj);
+                return;
+        }
+        ret->fds.device = obj->device;
+        ret->fds.owner = &obj->owner;
+        ret->fds.read_only = true;
+        ret->fds.segments[0] = obj->segment_id;
+        ret->fds.n = 1;
+}
+
+/* The object name as s has it attached (unpublished ones too), or NULL. */
+static struct object *attached_by_name(const struct session *s, const char *name) {
+        for (unsigned i = 0; i < s->attached_count; i++)
+                if (strcmp(s->attached[i]->name, name) == 0)
+                        return s->attached[i];
+        return NULL;
+}
+
+void request_detach(struct session *s, const Gpupool__Envelope *req, struct reply *ret) {
+        Gpupool__DetachReply dr = GPUPOOL__DETACH_REPLY__INIT;
+        char why[GP_MAX_OBJECT_NAME_BYTES + 100];
+        Gpupool__Envelope env;
+        struct object *obj;
+
+        if (!name_ok(req->detach->name, req->id, ret))
+                return;
+        obj = attached_by_name(s, req->detach->name);
+        if (!obj) {
+                snprintf(why, sizeof(why), "this client has no object named '%s' attached", req->detach->name);
+                reply_error(req->id, -ENOENT, false, why, ret);
+                return;
+        }
+        (void) detach_from(s, obj);
+        reply_ok(&env, req->id);
+        env.body_case = GPUPOOL__ENVELOPE__BODY_DETACH_REPLY;
+        env.detach_reply = &dr;
+        (void) reply_pack(&env, false, ret);
+}
+
+void request_unpublish(struct session *s, const Gpupool__Envelope *req, struct reply *ret) {
+        Gpupool__UnpublishReply ur = GPUPOOL__UNPUBLISH_REPLY__INIT;
+        char why[GP_MAX_OBJECT_NAME_BYTES + 200];
+        Gpupool__Envelope env;
+        struct object *obj;
+
+        if (!name_ok(req->unpublish->name, req->id, ret))
+                return;
+        obj = objects_find(s->node, req->unpublish->name);
+        if (!obj) {
+                snprintf(why, sizeof(why), "no object named '%s' (see gpupoolctl objects)", req->unpublish->name);
+                reply_error(req->id, -ENOENT, false, why, ret);
+                return;
+        }
+        if (s->uid != obj->uid && !s->operator) {
+                snprintf(why, sizeof(why), "object '%s' is uid %u's to unpublish (or the node's operator's), not uid %u's",
+                         obj->name, (unsigned) obj->uid, (unsigned) s->uid);
+                reply_error(req->id, -EACCES, false, why, ret);
+                return;
+        }
+        session_log(s, LOG_LEVEL_INFO, "client %llu (pid %d) unpublished '%s' (%u attached)", (unsigned long long) s->id,
+                    (int) s->pid, obj->name, obj->attachments);
+        objects_unpublish(s->node, obj);
+        reply_ok(&env, req->id);
+        env.body_case = GPUPOOL__ENVELOPE__BODY_UNPUBLISH_REPLY;
+        env.unpublish_reply = &ur;
+        (void) reply_pack(&env, false, ret);
+}
+
+void request_objects(struct session *s, const Gpupool__Envelope *req, struct reply *ret) {
+        struct node *node = s->node;
+        Gpupool__ObjectsReply orep = GPUPOOL__OBJECTS_REPLY__INIT;
+        Gpupool__ObjectStatus *st = calloc(node->object_count + 1, sizeof(*st));
+        Gpupool__ObjectStatus **ptrs = calloc(node->object_count + 1, sizeof(*ptrs));
+        uint64_t now = uv_now(node->loop);
+        Gpupool__Envelope env;
+        size_t n = 0;
+
+        if (!st || !ptrs) {
+                free(st);
+                free(ptrs);
+                reply_error(req->id, -EIO, false, "out of memory listing the objects", ret);
+                return;
+        }
+        for (struct object *o = node->objects; o; o = o->next) {
+                gpupool__object_status__init(&st[n]);
+                st[n].name = o->name;
+                st[n].device = o->device;
+                st[n].size = o->size;
+                st[n].reserved_bytes = o->segment_size;
+                st[n].tenant = o->tenant;
+                st[n].uid = o->uid;
+                st[n].attachments = o->attachments;
+                st[n].age_ms = now - o->published_ms;
+                st[n].unpublished = o->unpublished;
+                ptrs[n] = &st[n];
+                n++;
+        }
+        orep.n_objects = n;
+        orep.objects = ptrs;
+        reply_ok(&env, req->id);
+        env.body_case = GPUPOOL__ENVELOPE__BODY_OBJECTS_REPLY;
+        env.objects_reply = &orep;
+        (void) reply_pack(&env, false, ret);
+        free(st);
+        free(ptrs);
+}

@@ -1,0 +1,330 @@
+/*
+ * check_objects.c: named objects on the host backend: a block published under a name is
+ * mapped read-only by other processes without a copy, outlives its publisher (counted to its
+ * tenant), goes once unpublished and detached by everyone, and bad input gets a sentence with
+ * nothing lost.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "gpupool.h"
+#include "suites.h"
+#include "testlib.h"
+#include "wire.h"
+
+#define MiB (1ULL << 20)
+#define OBJ (16 * MiB)          /* over 10 MiB: a segment of its own */
+
+static unsigned char pattern(size_t i) {
+        return (unsigned char) (i * 131 + 7);
+}
+
+/* The object's field key, from gpupoolctl objects --json (-1: no such object). */
+static long long object_field(struct testd *d, const char *name, const char *key) {
+        json_t *j = testd_ctl(d, "objects"), *o;
+        long long r = -1;
+        size_t i;
+
+        json_array_foreach(json_object_get(j, "objects"), i, o)
+                if (strcmp(json_string_value(json_object_get(o, "name")), name) == 0) {
+                        json_t *v = json_object_get(o, key);
+
+                        r = json_is_boolean(v) ? json_is_true(v) : json_integer_value(v);
+                }
+        json_decref(j);
+        return r;
+}
+
+/* gpupoolctl check: every pool's and tenant's invariant holds, objects counted. */
+static void check_ok(struct testd *d) {
+        json_t *j = testd_ctl(d, "check");
+
+        ck_assert_msg(j != NULL, "gpupoolctl check failed");
+        json_decref(j);
+}
+
+/* Publishes "weights" (OBJ bytes of pattern), then writes into it: the write must fault. */
+static int publish_then_write(struct testd *d, void *arg) {
+        gpupool_client *c;
+        unsigned char *p;
+
+        (void) arg;
+        if (gpupool_connect(d->sock, "publisher", &c) < 0 || gpupool_alloc(c, 0, OBJ, (void **) &p) < 0)
+                return 10;
+        for (size_t i = 0; i < OBJ; i++)
+                p[i] = pattern(i);
+        if (gpupool_publish(c, "weights", p, OBJ) < 0)
+                return 11;
+        /* Still mapped here, read-only: reading works, writing faults (the process dies of it). */
+        if (p[12345] != pattern(12345))
+                return 12;
+        signal(SIGSEGV, SIG_DFL);       /* the kernel's verdict, not a sanitizer's report of it */
+        p[0] = 0;
+        return 13;
+}
+
+/* Attaches "weights" and checks every byte; a write, or making the mapping writable, is refused. */
+static int attach_and_read(struct testd *d, void *arg) {
+        gpupool_client *c;
+        const unsigned char *p;
+        size_t size;
+        pid_t pid;
+
+        (void) arg;
+        if (gpupool_connect(d->sock, "reader", &c) < 0 || gpupool_attach(c, "weights", (const void **) &p, &size) < 0)
+                return 20;
+        if (size != OBJ)
+                return 21;
+        for (size_t i = 0; i < size; i++)
+                if (p[i] != pattern(i))
+                        return 22;
+        /* The descriptor was open for reading only: no mapping of it can be made writable. */
+        if (mprotect((void *) p, size, PROT_READ | PROT_WRITE) == 0 || errno != EACCES)
+                return 23;
+        pid = fork();
+        if (pid == 0) {
+                signal(SIGSEGV, SIG_DFL);
+                ((volatile unsigned char *) p)[1] = 1;  /* MADV_DONTFORK: not even mapped here */
+                _exit(0);
+        }
+        if (pid < 0 || waitpid(pid, NULL, 0) != pid)
+                return 24;
+        if (gpupool_detach(c, p) < 0)
+                return 25;
+        gpupool_disconnect(c);
+        return 0;
+}
+
+START_TEST(test_object_outlives_its_publisher) {
+        gpupool_client *c;
+        const unsigned char *p;
+        size_t size;
+        struct testd d;
+        char out[4096];
+
+        testd_start(&d, "--host-capacity", "256M", NULL);
+        /* The publisher writes into its published block and dies of it: the object stays, detached. */
+        ck_assert_int_eq(reap(spawn(publish_then_write, &d, NULL)), 128 + SIGSEGV);
+        ck_assert_int_eq(object_field(&d, "weights", "size_bytes"), OBJ);
+        ck_assert_int_eq(object_field(&d, "weights", "attachments"), 0);
+        ck_assert_int_eq(object_field(&d, "weights", "uid"), (long long) getuid());
+        /* No client holds it, and it counts to its tenant: reserved, in use, not cached. */
+        ck_assert_int_eq(testd_device(&d, 0, "reserved_bytes"), OBJ);
+        ck_assert_int_eq(testd_device(&d, 0, "cached_bytes"), 0);
+        ck_assert_int_eq(testd_device(&d, 0, "in_use_bytes"), OBJ);
+        check_ok(&d);
+        /* Another process maps it read-only, every byte as written. */
+        ck_assert_int_eq(reap(spawn(attach_and_read, &d, NULL)), 0);
+        ck_assert_int_eq(object_field(&d, "weights", "attachments"), 0);
+        /* Attached here twice: one mapping, counted; the daemon sees one attachment. */
+        ck_assert_int_eq(gpupool_connect(d.sock, "holder", &c), 0);
+        ck_assert_int_eq(gpupool_attach(c, "weights", (const void **) &p, &size), 0);
+        {
+                const void *q;
+                size_t qs;
+
+                ck_assert_int_eq(gpupool_attach(c, "weights", &q, &qs), 0);
+                ck_assert_ptr_eq(q, p);
+                ck_assert_int_eq(gpupool_detach(c, q), 0);
+        }
+        ck_assert_int_eq(object_field(&d, "weights", "attachments"), 1);
+        snprintf(out, sizeof(out), "%s/gpupoolctl --socket %s objects", build_dir(), d.sock);
+        ck_assert_int_eq(run_capture(out, out, sizeof(out)), 0);
+        ck_assert_msg(strstr(out, "weights") && strstr(out, "16.0 MiB") && strstr(out, "default"), "%s", out);
+        /* Unpublished while attached: the name is free at once, the memory stays until the detach. */
+        snprintf(out, sizeof(out), "%s/gpupoolctl --socket %s unpublish weights", build_dir(), d.sock);
+        ck_assert_int_eq(run_capture(out, out, sizeof(out)), 0);
+        ck_assert_msg(strstr(out, "unpublished 'weights'"), "%s", out);
+        ck_assert_int_eq(object_field(&d, "weights", "unpublished"), 1);
+        ck_assert_int_eq(gpupool_attach(c, "weights", (const void **) &p, &size) == 0, 1);      /* its own mapping, counted */
+        ck_assert_int_eq(gpupool_detach(c, p), 0);
+        ck_assert_int_eq(p[777], pattern(777));
+        ck_assert_int_eq(gpupool_detach(c, p), 0);
+        ck_assert_int_eq(object_field(&d, "weights", "size_bytes"), -1);
+        ck_assert_int_eq(testd_device(&d, 0, "cached_bytes"), OBJ);
+        check_ok(&d);
+        gpupool_disconnect(c);
+        ck_assert_int_eq(testd_stop(&d), 0);
+}
+END_TEST
+
+/* Holds "kept" attached, then waits to be killed. */
+static int attach_and_wait(struct testd *d, void *arg) {
+        int *ready = arg;
+        gpupool_client *c;
+        const void *p;
+        size_t size;
+        char x = 'a';
+
+        if (gpupool_connect(d->sock, "attacher", &c) < 0 || gpupool_attach(c, "kept", &p, &size) < 0)
+                return 30;
+        if (write(ready[1], &x, 1) != 1)
+                return 31;
+        pause();
+        return 0;
+}
+
+START_TEST(test_unpublished_object_goes_when_the_last_attacher_dies) {
+        gpupool_client *c;
+        struct testd d;
+        int ready[2];
+        void *p;
+        pid_t pid;
+        char x;
+
+        testd_start(&d, "--host-capacity", "256M", NULL);
+        ck_assert_int_eq(gpupool_connect(d.sock, "owner", &c), 0);
+        ck_assert_int_eq(gpupool_alloc(c, 0, OBJ, &p), 0);
+        ck_assert_int_eq(gpupool_publish(c, "kept", p, 4096), 0);
+        ck_assert_int_eq(pipe(ready), 0);
+        pid = spawn(attach_and_wait, &d, ready);
+        ck_assert_int_eq(read(ready[0], &x, 1), 1);
+        ck_assert_int_eq(gpupool_detach(c, p), 0);
+        ck_assert_int_eq(gpupool_unpublish(c, "kept"), 0);
+        ck_assert_int_eq(object_field(&d, "kept", "attachments"), 1);
+        kill(pid, SIGKILL);
+        ck_assert_int_eq(reap(pid), 128 + SIGKILL);
+        ck_assert(testd_device_becomes(&d, 0, "cached_bytes", OBJ));
+        ck_assert_int_eq(object_field(&d, "kept", "size_bytes"), -1);
+        check_ok(&d);
+        gpupool_disconnect(c);
+        close(ready[0]);
+        close(ready[1]);
+        ck_assert_int_eq(testd_stop(&d), 0);
+}
+END_TEST
+
+START_TEST(test_object_bad_input) {
+        char why[GP_MAX_ERROR_BYTES], name[300];
+        gpupool_client *c;
+        struct testd d;
+        void *big, *small1, *small2;
+        const void *q;
+        size_t size;
+        int fds;
+
+        testd_start(&d, "--host-capacity", "256M", NULL);
+        ck_assert_int_eq(gpupool_connect(d.sock, "bad", &c), 0);
+        ck_assert_int_eq(gpupool_alloc(c, 0, OBJ, &big), 0);
+        ck_assert_int_eq(gpupool_alloc(c, 0, 4096, &small1), 0);
+        ck_assert_int_eq(gpupool_alloc(c, 0, 4096, &small2), 0);
+        fds = fds_from(0);
+        memset(name, 'n', 256);
+        name[256] = '\0';
+        ck_assert_int_eq(gpupool_publish(c, name, big, OBJ), -EINVAL);
+        gpupool_last_error(c, why, sizeof(why));
+        ck_assert_msg(strstr(why, "1 to 255 bytes of UTF-8"), "%s", why);
+        ck_assert_int_eq(gpupool_publish(c, "", big, OBJ), -EINVAL);
+        ck_assert_int_eq(gpupool_publish(c, "bad\xff", big, OBJ), -EINVAL);
+        ck_assert_int_eq(gpupool_publish(c, "tab\there", big, OBJ), -EINVAL);
+        ck_assert_int_eq(gpupool_publish(c, "inside", (char *) big + 4096, 4096), -ENOENT);
+        gpupool_last_error(c, why, sizeof(why));
+        ck_assert_msg(strstr(why, "is not a live block of this client"), "%s", why);
+        ck_assert_int_eq(gpupool_publish(c, "shared", small1, 4096), -EINVAL);
+        gpupool_last_error(c, why, sizeof(why));
+        ck_assert_msg(strstr(why, "shares its segment with other blocks"), "%s", why);
+        ck_assert_int_eq(gpupool_publish(c, "zero", big, 0), -EINVAL);
+        ck_assert_int_eq(gpupool_publish(c, "over", big, OBJ + 1), -EINVAL);
+        gpupool_last_error(c, why, sizeof(why));
+        ck_assert_msg(strstr(why, "is not within the block"), "%s", why);
+        ck_assert_int_eq(gpupool_attach(c, "nothing", &q, &size), -ENOENT);
+        gpupool_last_error(c, why, sizeof(why));
+        ck_assert_msg(strstr(why, "no object named 'nothing'"), "%s", why);
+        ck_assert_int_eq(gpupool_detach(c, big), -ENOENT);
+        ck_assert_int_eq(gpupool_unpublish(c, "nothing"), -ENOENT);
+        /* Nothing refused took a block or a descriptor: each is still the application's. */
+        ck_assert_int_eq(fds_from(0), fds);
+        memset(big, 1, OBJ);
+        ck_assert_int_eq(gpupool_publish(c, "taken", big, OBJ), 0);
+        ck_assert_int_eq(gpupool_alloc(c, 0, OBJ, &big), 0);
+        ck_assert_int_eq(gpupool_publish(c, "taken", big, OBJ), -EINVAL);
+        gpupool_last_error(c, why, sizeof(why));
+        ck_assert_msg(strstr(why, "an object named 'taken' exists already"), "%s", why);
+        ck_assert_int_eq(gpupool_free(c, big), 0);
+        ck_assert_int_eq(gpupool_free(c, small1), 0);
+        ck_assert_int_eq(gpupool_free(c, small2), 0);
+        check_ok(&d);
+        /* Its publisher's disconnect detaches it; the object stays. */
+        gpupool_disconnect(c);
+        ck_assert_int_eq(object_field(&d, "taken", "attachments"), 0);
+        /* Segments that grow in place cannot publish yet, and say so. */
+        setenv("GPUPOOL_SEGMENTS", "grow", 1);
+        ck_assert_int_eq(gpupool_connect(d.sock, "grower", &c), 0);
+        unsetenv("GPUPOOL_SEGMENTS");
+        ck_assert_msg(gpupool_alloc(c, 0, OBJ, &big) == 0, "%s", (gpupool_last_error(c, why, sizeof(why)), why));
+        ck_assert_int_eq(gpupool_publish(c, "grown", big, OBJ), -EOPNOTSUPP);
+        gpupool_last_error(c, why, sizeof(why));
+        ck_assert_msg(strstr(why, "need whole segments"), "%s", why);
+        ck_assert_int_eq(gpupool_free(c, big), 0);
+        gpupool_disconnect(c);
+        ck_assert_int_eq(testd_stop(&d), 0);
+}
+END_TEST
+
+/* As uid 65534: attaching or unpublishing root's object is refused, saying whose it is. */
+static int foreign(struct testd *d, void *arg) {
+        char why[GP_MAX_ERROR_BYTES];
+        gpupool_client *c;
+        const void *p;
+        size_t size;
+
+        (void) arg;
+        if (setgid(65534) < 0 || setuid(65534) < 0)
+                return 40;
+        if (gpupool_connect(d->sock, "stranger", &c) < 0)
+                return 41;
+        int r = gpupool_attach(c, "private", &p, &size);
+
+        gpupool_last_error(c, why, sizeof(why));
+        if (r != -EACCES) {
+                fprintf(stderr, "foreign attach: %d: %s\n", r, why);
+                return 42;
+        }
+        if (!strstr(why, "object 'private' is for uid 0 and tenant default: not for uid 65534"))
+                return 43;
+        if (gpupool_unpublish(c, "private") != -EACCES)
+                return 44;
+        gpupool_disconnect(c);
+        return 0;
+}
+
+START_TEST(test_foreign_object_refused) {
+        gpupool_client *c;
+        struct testd d;
+        void *p;
+
+        if (geteuid() != 0) {
+                TEST_SKIP("switching uid needs root");
+                return;
+        }
+        testd_start(&d, "--host-capacity", "256M", NULL);
+        ck_assert_int_eq(chmod(d.dir, 0755), 0);
+        ck_assert_int_eq(gpupool_connect(d.sock, "private-owner", &c), 0);
+        ck_assert_int_eq(gpupool_alloc(c, 0, OBJ, &p), 0);
+        ck_assert_int_eq(gpupool_publish(c, "private", p, OBJ), 0);
+        ck_assert_int_eq(reap(spawn(foreign, &d, NULL)), 0);
+        ck_assert_int_eq(object_field(&d, "private", "attachments"), 1);
+        gpupool_disconnect(c);
+        ck_assert_int_eq(testd_stop(&d), 0);
+}
+END_TEST
+
+Suite *suite_objects(void) {
+        Suite *s = suite_create("objects");
+        TCase *tc = tcase_create("host");
+
+        tcase_add_test(tc, test_object_outlives_its_publisher);
+        tcase_add_test(tc, test_unpublished_object_goes_when_the_last_attacher_dies);
+        tcase_add_test(tc, test_object_bad_input);
+        tcase_add_test(tc, test_foreign_object_refused);
+        suite_add_tcase(s, tc);
+        return s;
+}
