@@ -17,6 +17,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -31,9 +32,25 @@
 #define MiB (1ULL << 20)
 #define PAGE 4096
 
+static pid_t daemon_pid = -1;
+
 static void die(const char *what, int r) {
         fprintf(stderr, "bench-objects: %s: %s\n", what, r < 0 ? gpupool_strerror(r) : strerror(errno));
+        if (daemon_pid > 0)
+                kill(daemon_pid, SIGTERM);      /* it holds our stdout: a pipe's reader would wait for it */
         exit(1);
+}
+
+/* All of size bytes at offset, written or read in as many calls as the kernel takes (2 GiB at most each). */
+static void whole(int fd, uint8_t *buf, size_t size, bool writing) {
+        for (size_t done = 0; done < size;) {
+                ssize_t n = writing ? pwrite(fd, buf + done, size - done, (off_t) done) :
+                                      pread(fd, buf + done, size - done, (off_t) done);
+
+                if (n <= 0)
+                        die(writing ? "write the file" : "read the file", 0);
+                done += (size_t) n;
+        }
 }
 
 static gpupool_client *connect_or_die(const char *sock, const char *name) {
@@ -86,7 +103,7 @@ int main(int argc, char **argv) {
         snprintf(sock, sizeof(sock), "%s/gpupool.sock", dir);
         snprintf(file, sizeof(file), "%s/weights", dir);
         snprintf(capacity, sizeof(capacity), "%zu", (size_t) (size + 64 * MiB));
-        daemon = private_daemon_start(build, dir, sock, capacity);
+        daemon = daemon_pid = private_daemon_start(build, dir, sock, capacity);
 
         /* The bytes: published by one handle, and in a file for the load, read once (page cache). */
         pub = connect_or_die(sock, "publisher");
@@ -95,8 +112,9 @@ int main(int argc, char **argv) {
         for (size_t i = 0; i < size; i++)
                 block[i] = (uint8_t) (i * 131);
         fd = open(file, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-        if (fd < 0 || write(fd, block, size) != (ssize_t) size)
-                die("write the file", 0);
+        if (fd < 0)
+                die("create the file", 0);
+        whole(fd, block, size, true);
         if ((r = gpupool_publish(pub, "weights", block, size)) < 0 || (r = gpupool_detach(pub, block)) < 0)
                 die("publish", r);
 
@@ -112,8 +130,9 @@ int main(int argc, char **argv) {
                 /* Load: malloc + read() from the page cache, every page touched by the copy. */
                 t = now_ns();
                 copy = malloc(size);
-                if (!copy || pread(fd, copy, size, 0) != (ssize_t) size)
-                        die("read the file", 0);
+                if (!copy)
+                        die("malloc", 0);
+                whole(fd, copy, size, false);
                 sum += touch(copy, size);
                 load[k] = now_ns() - t;
                 free(copy);

@@ -31,6 +31,7 @@
 
 struct node;
 struct object;
+struct object_evicted;
 struct session;
 
 /*
@@ -110,6 +111,8 @@ struct node {
         struct pid_limit pid_limits[NODE_MAX_PID_LIMITS];       /* set-limit --pid, until a reload */
         struct object *objects;         /* named objects (objects.h), newest first */
         unsigned object_count;
+        struct object_evicted *evicted;         /* the names evicted lately, a ring of OBJECTS_EVICTED_KEPT (or NULL) */
+        unsigned evicted_next;
         unsigned pid_limit_count;
         bool stopping;                  /* the daemon stops: nothing more follows a change */
         uint8_t recv_buf[GP_MAX_REQUEST_BYTES];

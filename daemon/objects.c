@@ -7,6 +7,7 @@
 
 #include "log.h"
 #include "node.h"
+#include "policy.h"
 #include "size.h"
 
 struct object *objects_find(struct node *node, const char *name) {
@@ -58,7 +59,7 @@ struct object *objects_publish(struct node *node, const char *name, unsigned dev
         o->segment_size = segment_size;
         /* Its bytes are in use for as long as it lives. */
         pool_owner_report(&o->owner, segment_size, 0, uv_now(node->loop));
-        o->published_ms = uv_now(node->loop);
+        o->published_ms = o->idle_since_ms = uv_now(node->loop);
         o->next = node->objects;
         node->objects = o;
         node->object_count++;
@@ -75,8 +76,9 @@ static void object_destroy(struct node *node, struct object *obj) {
                         break;
                 }
         node->object_count--;
-        log_info("object '%s' (%s on device %u, tenant %s) is gone: unpublished, and the last process detached",
-                 obj->name, gp_size_format(obj->segment_size, b, sizeof(b)), obj->device, obj->tenant);
+        if (obj->unpublished)
+                log_info("object '%s' (%s on device %u, tenant %s) is gone: unpublished, and the last process detached",
+                         obj->name, gp_size_format(obj->segment_size, b, sizeof(b)), obj->device, obj->tenant);
         (void) pool_owner_detach(&obj->owner);
         free(obj);
 }
@@ -86,8 +88,8 @@ void objects_attach(struct object *obj) {
 }
 
 void objects_detach(struct node *node, struct object *obj) {
-        if (obj->attachments)
-                obj->attachments--;
+        if (obj->attachments && !--obj->attachments)
+                obj->idle_since_ms = uv_now(node->loop);
         if (obj->unpublished && !obj->attachments)
                 object_destroy(node, obj);
 }
@@ -96,6 +98,52 @@ void objects_unpublish(struct node *node, struct object *obj) {
         obj->unpublished = true;
         if (!obj->attachments)
                 object_destroy(node, obj);
+}
+
+/* Remembers that obj was evicted now, for a later attach's sentence. */
+static void remember_evicted(struct node *node, const struct object *obj) {
+        if (!node->evicted && !(node->evicted = calloc(OBJECTS_EVICTED_KEPT, sizeof(*node->evicted))))
+                return;
+        snprintf(node->evicted[node->evicted_next].name, sizeof(node->evicted[0].name), "%s", obj->name);
+        node->evicted[node->evicted_next].at_ms = uv_now(node->loop);
+        node->evicted_next = (node->evicted_next + 1) % OBJECTS_EVICTED_KEPT;
+}
+
+uint64_t objects_evict_idle(struct node *node, unsigned device, uint64_t want_bytes) {
+        uint64_t now = uv_now(node->loop), evicted = 0;
+        char b[GP_SIZE_FORMAT_MAX];
+
+        while (evicted < want_bytes) {
+                struct object *idlest = NULL;
+
+                for (struct object *o = node->objects; o; o = o->next)
+                        if (o->device == device && !o->attachments && !o->unpublished &&
+                            policy_object_evictable(node->options->idle_objects_ms, o->idle_since_ms, now) &&
+                            (!idlest || o->idle_since_ms < idlest->idle_since_ms))
+                                idlest = o;
+                if (!idlest)
+                        break;
+                log_info("object '%s' (%s on device %u, tenant %s) evicted: nobody had it attached for %llu s and a lease "
+                         "needed the memory", idlest->name, gp_size_format(idlest->segment_size, b, sizeof(b)),
+                         idlest->device, idlest->tenant, (unsigned long long) ((now - idlest->idle_since_ms) / 1000));
+                evicted += idlest->segment_size;
+                remember_evicted(node, idlest);
+                object_destroy(node, idlest);
+        }
+        return evicted;
+}
+
+bool objects_evicted(const struct node *node, const char *name, uint64_t *ret_ms) {
+        bool found = false;
+
+        /* The latest eviction of that name. */
+        for (unsigned i = 0; node->evicted && i < OBJECTS_EVICTED_KEPT; i++)
+                if (node->evicted[i].name[0] && strcmp(node->evicted[i].name, name) == 0 &&
+                    (!found || node->evicted[i].at_ms > *ret_ms)) {
+                        *ret_ms = node->evicted[i].at_ms;
+                        found = true;
+                }
+        return found;
 }
 
 void objects_map_tenants(struct node *node) {
@@ -123,6 +171,8 @@ void objects_tenant_sums(struct node *node, const struct tenant *t, unsigned dev
 }
 
 void objects_destroy_all(struct node *node) {
+        free(node->evicted);
+        node->evicted = NULL;
         while (node->objects) {
                 struct object *o = node->objects;
 

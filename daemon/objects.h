@@ -24,6 +24,13 @@ struct tenant;
 
 /* The most objects a node holds at once (a reply lists them all). */
 #define OBJECTS_MAX 256
+/* Evicted names remembered, for the sentence of a later attach. */
+#define OBJECTS_EVICTED_KEPT 64
+
+struct object_evicted {
+        char name[GP_MAX_OBJECT_NAME_BYTES + 1];
+        uint64_t at_ms;
+};
 
 struct object {
         struct object *next;
@@ -37,6 +44,7 @@ struct object {
         uint64_t principal;                     /* the publisher's (identity.h) */
         unsigned attachments;                   /* sessions that have it attached */
         uint64_t published_ms;
+        uint64_t idle_since_ms;                 /* when attachments last fell to 0 (eviction's clock) */
         bool unpublished;                       /* goes once attachments is 0 */
 };
 
@@ -58,6 +66,16 @@ void objects_detach(struct node *node, struct object *obj);
 
 /* Unpublishes obj: no one attaches it from now on; it goes at once when nobody has it attached. */
 void objects_unpublish(struct node *node, struct object *obj);
+
+/*
+ * Memory pressure on device: evicts objects nobody has attached for idle_objects, the idlest
+ * first (policy_object_evictable()), until want_bytes have gone to the cache or none is left.
+ * Returns the bytes evicted. An attached object never is.
+ */
+uint64_t objects_evict_idle(struct node *node, unsigned device, uint64_t want_bytes);
+
+/* When the object name was evicted (loop clock), for the sentence of a later attach; false if it was not lately. */
+bool objects_evicted(const struct node *node, const char *name, uint64_t *ret_ms);
 
 /* After a reload: each object in its tenant's group again, by name (default where it is gone). */
 void objects_map_tenants(struct node *node);

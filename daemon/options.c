@@ -34,6 +34,8 @@ const char options_usage[] =
         "  --idle-release TIME    give cached memory idle this long back (default 5min;\n"
         "                         0: never)\n"
         "  --max-cached SIZE|N%   most memory the cache may hold (default 25%)\n"
+        "  --idle-objects TIME    a named object nobody attached this long may be evicted\n"
+        "                         under memory pressure (default 0: never)\n"
         "  --reclaim-timeout TIME how long an allocation waits for clients to give memory\n"
         "                         back (default 100ms)\n"
         "  --max-clients N        most connected clients, 1 to 1024 (default 1024)\n"
@@ -94,6 +96,7 @@ static const struct setting settings[] = {
         { "metrics-listen", "daemon", "metrics_listen", K_LISTEN, AT(metrics_addr) },
         { "headroom", "pool", "headroom", K_SIZE, AT(headroom_bytes) },
         { "idle-release", "pool", "idle_release", K_DURATION, AT(idle_release_ms) },
+        { "idle-objects", "pool", "idle_objects", K_DURATION, AT(idle_objects_ms) },
         { "max-cached", "pool", "max_cached", K_SIZE_OR_PERCENT, AT(max_cached_bytes) },
         { "reclaim-timeout", "pool", "reclaim_timeout", K_DURATION, AT(reclaim_timeout_ms) },
         { "client-limit", "limits", "client_max", K_SIZE, AT(client_limit_bytes) },

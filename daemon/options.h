@@ -66,6 +66,7 @@ struct options {
         uint64_t headroom_bytes;        /* cuda: device memory left to others, per GPU */
         uint64_t client_limit_bytes;    /* default per-client limit; 0: none */
         uint64_t idle_release_ms;       /* cached memory idle this long goes back; 0: never */
+        uint64_t idle_objects_ms;       /* a named object unattached this long may be evicted under pressure; 0: never */
         uint64_t max_cached_bytes;      /* cache watermark in bytes, when max_cached_percent is 0 ... */
         unsigned max_cached_percent;    /* ... else in percent of the device (1 to 100) */
         uint64_t reclaim_timeout_ms;    /* how long an allocation waits for clients to give memory back */

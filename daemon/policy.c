@@ -193,6 +193,10 @@ bool policy_cache_serves(uint64_t segment_bytes, uint64_t want_bytes) {
         return segment_bytes >= want_bytes && segment_bytes - want_bytes <= want_bytes / 4;
 }
 
+bool policy_object_evictable(uint64_t idle_objects_ms, uint64_t idle_since_ms, uint64_t now_ms) {
+        return idle_objects_ms && now_ms >= idle_since_ms && now_ms - idle_since_ms >= idle_objects_ms;
+}
+
 uint64_t policy_max_cached(const struct policy *p, unsigned device) {
         if (p->max_cached_percent)
                 return p->capacity_bytes[device] * p->max_cached_percent / 100;   /* capacities are far below 2^64 / 100 */

@@ -160,6 +160,12 @@ enum policy_refusal policy_refusal_of(enum policy_bound bound);
 uint64_t policy_segment_bytes(uint64_t rsize, uint64_t limit_bytes);
 bool policy_cache_serves(uint64_t segment_bytes, uint64_t want_bytes);
 
+/*
+ * Whether a named object nobody has attached since idle_since_ms may be evicted at now_ms
+ * under idle_objects_ms (0: never): after the cache, before other clients are asked.
+ */
+bool policy_object_evictable(uint64_t idle_objects_ms, uint64_t idle_since_ms, uint64_t now_ms);
+
 /* The most bytes device's cache may hold (the watermark). */
 uint64_t policy_max_cached(const struct policy *p, unsigned device);
 

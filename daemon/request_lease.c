@@ -13,6 +13,7 @@
 
 #include "log.h"
 #include "node.h"
+#include "objects.h"
 #include "peerfd.h"
 #include "reclaim.h"
 #include "session.h"
@@ -429,6 +430,9 @@ static bool lease_attempt(struct session *s, uint64_t id, uint32_t device, uint6
         case -ENOMEM:
                 if (attempt == ATTEMPT_RETRY)
                         return false;
+                /* After the cache, before asking anyone: named objects nobody attached for idle_objects. */
+                if (objects_evict_idle(node, device, pool_min_segment_bytes(size)))
+                        return lease_attempt(s, id, device, size, granules, ahead, attempt, ret);
                 if (attempt == ATTEMPT_FIRST) {
                         /* Ladder step 3: clients over their guarantee give back segments they keep free. */
                         round = ++node->reclaim_rounds;

@@ -142,7 +142,14 @@ void request_attach(struct session *s, const Gpupool__Envelope *req, struct repl
                 return;
         obj = objects_find(node, req->attach->name);
         if (!obj) {
-                snprintf(why, sizeof(why), "no object named '%s' (see gpupoolctl objects)", req->attach->name);
+                uint64_t at;
+
+                if (objects_evicted(node, req->attach->name, &at))
+                        snprintf(why, sizeof(why), "object '%s' was evicted %llu ms ago: nobody had it attached for "
+                                 "idle_objects and a lease needed the memory", req->attach->name,
+                                 (unsigned long long) (uv_now(node->loop) - at));
+                else
+                        snprintf(why, sizeof(why), "no object named '%s' (see gpupoolctl objects)", req->attach->name);
                 reply_error(req->id, -ENOENT, false, why, ret);
                 return;
         }

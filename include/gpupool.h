@@ -208,7 +208,9 @@ GPUPOOL_EXPORT size_t gpupool_cached_bytes(gpupool_client *client);
  * invalid, a size of 0 or over the block; -ENOENT for a pointer that is no live block.
  *
  * gpupool_attach() maps the object name read-only (the descriptor the daemon sends is open for
- * reading only) and returns where and how large; -ENOENT for no such object, -EACCES for one
+ * reading only; a write faults, but a process that means to write can open the memory again
+ * for writing: read-only guards against mistakes, not malice, on the host backend) and returns
+ * where and how large; -ENOENT for no such object, -EACCES for one
  * that is not for this process (its publisher's uid, the node's operator, and the clients of
  * its tenant where that is a tenant of the config, not default, may attach it). Attaching one the handle has attached already returns the same
  * mapping, counted: each attach takes one gpupool_detach(). gpupool_detach() unmaps it.
@@ -216,6 +218,9 @@ GPUPOOL_EXPORT size_t gpupool_cached_bytes(gpupool_client *client);
  * gpupool_unpublish() ends the object name (its publisher's uid, or the node's operator): no
  * one attaches it from then on, its name is free at once, and its memory goes back once the
  * last process has detached (or exited).
+ *
+ * With idle_objects set (gpupoold.conf(5)), an object nobody has attached that long may be
+ * evicted under memory pressure: a later attach is -ENOENT saying it was evicted and when.
  *
  * Built so far for the host backend with whole segments (not $GPUPOOL_SEGMENTS=grow): elsewhere
  * -EOPNOTSUPP, saying so. Objects do not outlive the daemon yet (a daemon that restarts forgets

@@ -1,8 +1,8 @@
 /*
  * check_objects.c: named objects on the host backend: a block published under a name is
  * mapped read-only by other processes without a copy, outlives its publisher (counted to its
- * tenant), goes once unpublished and detached by everyone, and bad input gets a sentence with
- * nothing lost.
+ * tenant), goes once unpublished and detached by everyone (or, idle, under memory pressure),
+ * and bad input gets a sentence with nothing lost.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -269,6 +269,60 @@ START_TEST(test_object_bad_input) {
 }
 END_TEST
 
+/*
+ * idle_objects: an object nobody has attached that long goes when a lease needs the memory,
+ * after the cache, and a later attach says so; one attached never goes; without the setting,
+ * none does.
+ */
+START_TEST(test_idle_object_evicted_under_pressure) {
+        char why[GP_MAX_ERROR_BYTES];
+        gpupool_client *pub, *c;
+        const void *q;
+        struct testd d;
+        size_t size;
+        void *p, *big;
+
+        for (int attached = 0; attached < 2; attached++) {
+                testd_start(&d, "--host-capacity", "64M", "--idle-objects", "100ms", NULL);
+                ck_assert_int_eq(gpupool_connect(d.sock, "pub", &pub), 0);
+                ck_assert_int_eq(gpupool_alloc(pub, 0, 40 * MiB, &p), 0);
+                ck_assert_int_eq(gpupool_publish(pub, "idle", p, 40 * MiB), 0);
+                if (!attached)
+                        ck_assert_int_eq(gpupool_detach(pub, p), 0);
+                nap_ms(150);
+                ck_assert_int_eq(gpupool_connect(d.sock, "needy", &c), 0);
+                if (attached) {
+                        /* Attached: never evicted, and the lease is refused as the device is full. */
+                        ck_assert_int_eq(gpupool_alloc(c, 0, 40 * MiB, &big), -ENOMEM);
+                        ck_assert_int_eq(object_field(&d, "idle", "attachments"), 1);
+                } else {
+                        ck_assert_int_eq(gpupool_alloc(c, 0, 40 * MiB, &big), 0);
+                        ck_assert_int_eq(object_field(&d, "idle", "size_bytes"), -1);
+                        ck_assert_int_eq(gpupool_attach(c, "idle", &q, &size), -ENOENT);
+                        gpupool_last_error(c, why, sizeof(why));
+                        ck_assert_msg(strstr(why, "object 'idle' was evicted") && strstr(why, "idle_objects"), "%s", why);
+                        ck_assert_int_eq(gpupool_free(c, big), 0);
+                }
+                check_ok(&d);
+                gpupool_disconnect(c);
+                gpupool_disconnect(pub);
+                ck_assert_int_eq(testd_stop(&d), 0);
+        }
+        /* Without idle_objects (the default), an idle object stays and the lease is refused. */
+        testd_start(&d, "--host-capacity", "64M", NULL);
+        ck_assert_int_eq(gpupool_connect(d.sock, "pub", &pub), 0);
+        ck_assert_int_eq(gpupool_alloc(pub, 0, 40 * MiB, &p), 0);
+        ck_assert_int_eq(gpupool_publish(pub, "kept", p, 40 * MiB), 0);
+        ck_assert_int_eq(gpupool_detach(pub, p), 0);
+        ck_assert_int_eq(gpupool_connect(d.sock, "needy", &c), 0);
+        ck_assert_int_eq(gpupool_alloc(c, 0, 40 * MiB, &big), -ENOMEM);
+        ck_assert_int_eq(object_field(&d, "kept", "size_bytes"), 40 * MiB);
+        gpupool_disconnect(c);
+        gpupool_disconnect(pub);
+        ck_assert_int_eq(testd_stop(&d), 0);
+}
+END_TEST
+
 /* As uid 65534: attaching or unpublishing root's object is refused, saying whose it is. */
 static int foreign(struct testd *d, void *arg) {
         char why[GP_MAX_ERROR_BYTES];
@@ -325,6 +379,7 @@ Suite *suite_objects(void) {
         tcase_add_test(tc, test_unpublished_object_goes_when_the_last_attacher_dies);
         tcase_add_test(tc, test_object_bad_input);
         tcase_add_test(tc, test_foreign_object_refused);
+        tcase_add_test(tc, test_idle_object_evicted_under_pressure);
         suite_add_tcase(s, tc);
         return s;
 }

@@ -296,6 +296,15 @@ START_TEST(test_cache_serves) {
 }
 END_TEST
 
+/* An object nobody attached for idle_objects may be evicted; with 0, never. */
+START_TEST(test_object_evictable) {
+        ck_assert(!policy_object_evictable(0, 0, 1000000));
+        ck_assert(!policy_object_evictable(100, 1000, 1099));
+        ck_assert(policy_object_evictable(100, 1000, 1100));
+        ck_assert(!policy_object_evictable(100, 2000, 1000));  /* a clock that went back: not idle */
+}
+END_TEST
+
 Suite *suite_policy(void) {
         Suite *s = suite_create("policy");
         TCase *tc = tcase_create("policy");
@@ -308,6 +317,7 @@ Suite *suite_policy(void) {
         tcase_add_test(tc, test_set_tenant_limits);
         tcase_add_test(tc, test_segment_bytes);
         tcase_add_test(tc, test_cache_serves);
+        tcase_add_test(tc, test_object_evictable);
         suite_add_tcase(s, tc);
         return s;
 }
