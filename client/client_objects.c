@@ -10,6 +10,8 @@
 #include "client_objects.h"
 
 #include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -76,6 +78,30 @@ static int ask(gpupool_client *c, Gpupool__Envelope *req, Gpupool__Envelope__Bod
         return r;
 }
 
+/*
+ * Maps m's segment again in place, from its kept descriptor: writable, or read-only from a
+ * descriptor opened for reading only (which makes no writable mapping, as a seal needs).
+ * Returns 0 or a negative errno.
+ */
+static int remap(struct mapping *m, bool writable) {
+        char path[64];
+        int fd = m->fd;
+        void *at;
+
+        if (!writable) {
+                snprintf(path, sizeof(path), "/proc/self/fd/%d", m->fd);
+                if ((fd = open(path, O_RDONLY | O_CLOEXEC)) < 0)
+                        return -errno;
+        }
+        at = mmap(m->base, m->size, writable ? PROT_READ | PROT_WRITE : PROT_READ, MAP_SHARED | MAP_FIXED, fd, 0);
+        if (!writable)
+                close(fd);
+        if (at == MAP_FAILED)
+                return -errno;
+        (void) madvise(m->base, m->size, MADV_DONTFORK);
+        return 0;
+}
+
 /* Publishes live block b, out of the live table, of mapping m; on failure b is put back. Locked. */
 static int publish_block(gpupool_client *c, const char *name, struct block *b, uint64_t size) {
         Gpupool__Envelope req = GPUPOOL__ENVELOPE__INIT;
@@ -100,12 +126,26 @@ static int publish_block(gpupool_client *c, const char *name, struct block *b, u
                                  (void *) b->ptr, (unsigned long long) b->size);
                 return -EINVAL;
         }
+        if (m->fd < 0) {
+                client_set_error(c, "this process kept no descriptor of the block's segment (past its descriptor limit): "
+                                    "it cannot map it again read-only, and so cannot publish it");
+                return -EINVAL;
+        }
         a = calloc(1, sizeof(*a));
         if (!a)
                 return -ENOMEM;
         /* Others map all of the segment: nothing of this process's but the object may be in it. */
         memset(m->base, 0, offset);
         memset(b->ptr + size, 0, m->size - offset - size);
+        /*
+         * The daemon seals the memory against writing, which the kernel refuses while a writable
+         * mapping of it exists: this process's own becomes read-only first, in place.
+         */
+        if ((r = remap(m, false)) < 0) {
+                client_set_error(c, "cannot map the block's segment read-only: %s", strerror(-r));
+                free(a);
+                return r;
+        }
         pr.name = (char *) name;
         pr.device = m->device;
         pr.segment_id = m->segment_id;
@@ -115,6 +155,8 @@ static int publish_block(gpupool_client *c, const char *name, struct block *b, u
         req.publish = &pr;
         r = ask(c, &req, GPUPOOL__ENVELOPE__BODY_PUBLISH_REPLY, NULL, NULL);
         if (r < 0) {
+                /* Still the process's block: writable again, in place. */
+                (void) remap(m, true);
                 free(a);
                 return r;
         }
@@ -122,7 +164,6 @@ static int publish_block(gpupool_client *c, const char *name, struct block *b, u
         if (heap_free(&c->devices[m->device].heap, b->hb))
                 (void) heap_remove(&m->hs);
         client_mapping_unlink(c, m);
-        (void) mprotect(m->base, m->size, PROT_READ);
         snprintf(a->name, sizeof(a->name), "%s", name);
         a->base = m->base;
         a->segment_size = m->size;

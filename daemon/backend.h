@@ -87,6 +87,13 @@ struct backend_ops {
          * it holds already by it.
          */
         uint64_t (*mem_ident)(struct backend *b, unsigned device, const struct backend_mem *mem);
+        /*
+         * Optional (NULL: the backend cannot make memory immutable, and has no named objects):
+         * makes a segment immutable for good, for a named object, before anyone else maps it.
+         * Returns 0, -EBUSY while a writable mapping of it exists, or another negative errno.
+         * The segment is destroyed, never reused, once the object goes.
+         */
+        int (*mem_seal)(struct backend *b, unsigned device, struct backend_mem *mem);
 };
 
 struct backend {

@@ -101,6 +101,12 @@ static uint64_t fault_mem_ident(struct backend *b, unsigned device, const struct
         return inner->ops->mem_ident(inner, device, mem);
 }
 
+static int fault_mem_seal(struct backend *b, unsigned device, struct backend_mem *mem) {
+        struct backend *inner = fault_of(b)->inner;
+
+        return inner->ops->mem_seal(inner, device, mem);
+}
+
 static void fault_close(struct backend *b) {
         struct fault_backend *f = fault_of(b);
 
@@ -119,6 +125,7 @@ static const struct backend_ops fault_ops = {
         .close = fault_close,
         .mem_adopt = fault_mem_adopt,
         .mem_ident = fault_mem_ident,
+        .mem_seal = fault_mem_seal,
 };
 
 int backend_fault_wrap(struct backend *inner, const char *spec, struct backend **ret, char *err, size_t err_size) {
@@ -170,6 +177,8 @@ int backend_fault_wrap(struct backend *inner, const char *spec, struct backend *
                 f->ops.mem_adopt = NULL;
         if (!inner->ops->mem_ident)
                 f->ops.mem_ident = NULL;
+        if (!inner->ops->mem_seal)
+                f->ops.mem_seal = NULL;
         f->base.ops = &f->ops;
         f->base.faults_injected = 0;
         log_warn("TEST ONLY: fault injection is on ($GPUPOOL_TEST_FAULTS=%s): segment creations fail at %.3f, "

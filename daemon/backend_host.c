@@ -39,6 +39,14 @@ static int host_device_info(struct backend *b, unsigned device, struct backend_d
         return 0;
 }
 
+/*
+ * The seals every segment has: a client cannot resize it under another's mapping. F_SEAL_SEAL
+ * is left off, so that a segment can be sealed against writing when it becomes a named object
+ * (host_mem_seal()); a client that seals one it leases itself only keeps itself from mapping it
+ * (a segment changing principal gets a fresh memfd, host_mem_zero()).
+ */
+#define SEGMENT_SEALS (F_SEAL_SHRINK | F_SEAL_GROW)
+
 /* A sealed memfd of size bytes. Returns it, or a negative errno. */
 static int segment_memfd(uint64_t size) {
         int fd, r;
@@ -46,8 +54,7 @@ static int segment_memfd(uint64_t size) {
         fd = memfd_create("gpupool-segment", MFD_CLOEXEC | MFD_ALLOW_SEALING);
         if (fd < 0)
                 return -errno;  /* EMFILE and ENFILE too: out of descriptors is not a full device */
-        if (ftruncate(fd, (off_t) size) < 0 ||
-            fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) < 0) {
+        if (ftruncate(fd, (off_t) size) < 0 || fcntl(fd, F_ADD_SEALS, SEGMENT_SEALS) < 0) {
                 r = -errno;
                 close(fd);
                 return r;
@@ -98,13 +105,22 @@ static int host_mem_zero(struct backend *b, unsigned device, struct backend_mem 
         return 0;
 }
 
+/*
+ * A named object's segment, sealed against writing for good: no write(2), no writable mapping,
+ * whoever holds a descriptor of it (reopening one through /proc included). The kernel refuses
+ * while a writable mapping exists: the publisher has made its own read-only first.
+ */
+static int host_mem_seal(struct backend *b, unsigned device, struct backend_mem *mem) {
+        (void) b, (void) device;
+        if (fcntl(mem->fd, F_ADD_SEALS, F_SEAL_WRITE | F_SEAL_SEAL) < 0)
+                return -errno;
+        return 0;
+}
+
 static int host_mem_zero_done(struct backend *b, unsigned device, struct backend_mem *mem) {
         (void) b, (void) device, (void) mem;
         return 1;       /* host_mem_zero() never leaves work running */
 }
-
-/* The seals every segment has: a client can neither resize it under another's mapping nor lift them. */
-#define SEGMENT_SEALS (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL)
 
 /* Linux 6.3's seal against making a memfd executable, which the kernel may add by itself (vm.memfd_noexec): harmless here. */
 #ifndef F_SEAL_EXEC
@@ -134,7 +150,8 @@ static int host_mem_adopt(struct backend *b, unsigned device, int fd, uint64_t s
                 snprintf(why, why_size, "not a memfd");
                 return -EINVAL;
         }
-        if ((seals & ~F_SEAL_EXEC) != SEGMENT_SEALS) {
+        /* A daemon before this one sealed its segments with F_SEAL_SEAL too: either is a segment's. */
+        if ((seals & ~(F_SEAL_EXEC | F_SEAL_SEAL)) != SEGMENT_SEALS) {
                 snprintf(why, why_size, "not sealed as a segment is (seals %#x, a segment's are exactly %#x%s)", seals,
                          SEGMENT_SEALS, seals & (F_SEAL_WRITE | F_SEAL_FUTURE_WRITE) ? ": it is sealed against writing" : "");
                 return -EINVAL;
@@ -179,6 +196,7 @@ static const struct backend_ops host_ops = {
         .close = host_close,
         .mem_adopt = host_mem_adopt,
         .mem_ident = host_mem_ident,
+        .mem_seal = host_mem_seal,
 };
 
 int backend_host_open(uint64_t capacity_bytes, struct backend **ret) {

@@ -13,13 +13,14 @@
 #include <string.h>
 
 #include "node.h"
+#include "objects.h"
 #include "session.h"
 
 /* Every family prints at most this many series, each line at most METRICS_LINE_MAX bytes. */
 #define METRICS_LINE_MAX 128
-#define METRICS_DEVICE_FAMILIES 13
+#define METRICS_DEVICE_FAMILIES 15
 #define METRICS_TENANT_FAMILIES 3
-#define METRICS_FAMILIES 23
+#define METRICS_FAMILIES 25
 #define METRICS_HEADER_MAX 320          /* a family's HELP and TYPE lines */
 _Static_assert((METRICS_DEVICE_FAMILIES * BACKEND_MAX_DEVICES + METRICS_TENANT_FAMILIES * CONFIG_MAX_TENANTS +
                 POLICY_REFUSAL_COUNT + 3) * METRICS_LINE_MAX + METRICS_FAMILIES * METRICS_HEADER_MAX <=
@@ -87,6 +88,8 @@ enum device_field {
         F_WATERMARK_RELEASES,
         F_GPU_FREE,
         F_HEADROOM_RELEASES,
+        F_OBJECTS,
+        F_OBJECT_BYTES,
 };
 
 static const struct {
@@ -106,6 +109,8 @@ static const struct {
                                    "Cached segments released to stay under max_cached." },
         [F_GPU_FREE] = { "gpupool_device_gpu_free_bytes", "gauge",
                          "Bytes free on the GPU, every process counted, at the last reading (cuda backend)." },
+        [F_OBJECTS] = { "gpupool_objects", "gauge", "Named objects on the device (unpublished ones not yet gone included)." },
+        [F_OBJECT_BYTES] = { "gpupool_object_bytes", "gauge", "Bytes named objects hold on the device, counted to their tenants." },
         [F_HEADROOM_RELEASES] = { "gpupool_headroom_releases_total", "counter",
                                   "Cached segments released because other processes took part of the headroom." },
 };
@@ -138,6 +143,17 @@ static uint64_t device_value(const struct node *node, unsigned d, const struct p
                 return st->gpu_free_bytes;
         case F_HEADROOM_RELEASES:
                 return st->headroom_releases_total;
+        case F_OBJECTS:
+        case F_OBJECT_BYTES: {
+                uint64_t n = 0, bytes = 0;
+
+                for (const struct object *o = node->objects; o; o = o->next)
+                        if (o->device == d) {
+                                n++;
+                                bytes += o->segment_size;
+                        }
+                return f == F_OBJECTS ? n : bytes;
+        }
         }
         return 0;
 }

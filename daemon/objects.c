@@ -45,11 +45,13 @@ struct object *objects_publish(struct node *node, const char *name, unsigned dev
         pool_owner_attach(pool, &o->owner, owner->principal);
         pool_owner_set_group(&o->owner, &t->sums[device]);
         r = pool_transfer(pool, owner, &o->owner, segment_id, &segment_size);
-        if (r == 0 && (size == 0 || offset > segment_size || size > segment_size - offset)) {
-                /* Not within the segment: it is the client's again, as it was. */
-                (void) pool_transfer(pool, &o->owner, owner, segment_id, &segment_size);
-                r = -EINVAL;
-        }
+        if (r == 0 && (size == 0 || offset > segment_size || size > segment_size - offset))
+                r = -EINVAL;    /* not within the segment */
+        /* Immutable from now on, for everyone: the publisher has made its own mapping read-only first. */
+        if (r == 0)
+                r = pool_seal(pool, &o->owner, segment_id);
+        if (r < 0 && r != -ENOENT)
+                (void) pool_transfer(pool, &o->owner, owner, segment_id, &segment_size);    /* the client's again */
         if (r < 0) {
                 (void) pool_owner_detach(&o->owner);
                 free(o);
@@ -79,6 +81,8 @@ static void object_destroy(struct node *node, struct object *obj) {
         if (obj->unpublished)
                 log_info("object '%s' (%s on device %u, tenant %s) is gone: unpublished, and the last process detached",
                          obj->name, gp_size_format(obj->segment_size, b, sizeof(b)), obj->device, obj->tenant);
+        /* Sealed for good: the backend takes it back, nobody gets it again. */
+        (void) pool_return(node->pools[obj->device], &obj->owner, obj->segment_id, true);
         (void) pool_owner_detach(&obj->owner);
         free(obj);
 }
@@ -177,6 +181,7 @@ void objects_destroy_all(struct node *node) {
                 struct object *o = node->objects;
 
                 node->objects = o->next;
+                (void) pool_return(node->pools[o->device], &o->owner, o->segment_id, true);
                 (void) pool_owner_detach(&o->owner);
                 free(o);
         }

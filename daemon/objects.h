@@ -53,8 +53,10 @@ struct object *objects_find(struct node *node, const char *name);
 
 /*
  * Makes the object name of the segment segment_id that owner leases on device: the segment
- * moves to the object, in tenant t's group. Returns it, or NULL with *ret_err: -ENOENT (no such
- * segment of owner's), -EINVAL (offset and size not within it), -ENOSPC (OBJECTS_MAX), -ENOMEM.
+ * moves to the object, in tenant t's group, sealed against writing (pool_seal()). Returns it, or
+ * NULL with *ret_err: -ENOENT (no such segment of owner's), -EINVAL (offset and size not within
+ * it), -EBUSY (still mapped writable), -EOPNOTSUPP (a backend that cannot seal), -ENOSPC
+ * (OBJECTS_MAX), -ENOMEM.
  */
 struct object *objects_publish(struct node *node, const char *name, unsigned device, struct pool_owner *owner,
                                uint64_t segment_id, uint64_t offset, uint64_t size, struct tenant *t, uint32_t uid,

@@ -549,6 +549,16 @@ void pool_lease_undo(struct pool *p, struct pool_owner *o, uint64_t segment_id) 
                 segment_to_cache(p, s);
 }
 
+int pool_seal(struct pool *p, const struct pool_owner *o, uint64_t segment_id) {
+        struct segment *s = segment_find(p, segment_id);
+
+        if (!s || s->owner != o)
+                return -ENOENT;
+        if (!p->backend->ops->mem_seal)
+                return -EOPNOTSUPP;
+        return p->backend->ops->mem_seal(p->backend, p->device, &s->mem);
+}
+
 int pool_leased_fd(const struct pool *p, const struct pool_owner *o, uint64_t segment_id) {
         struct segment *s = segment_find(p, segment_id);
 

@@ -196,6 +196,14 @@ void pool_lease_undo(struct pool *pool, struct pool_owner *owner, uint64_t segme
 int pool_transfer(struct pool *pool, struct pool_owner *from, struct pool_owner *to, uint64_t segment_id,
                   uint64_t *ret_size);
 
+/*
+ * Makes the segment segment_id that owner leases immutable for good (a named object's, through
+ * the backend's mem_seal). Returns 0, -ENOENT, -EOPNOTSUPP where the backend cannot, -EBUSY
+ * while it is mapped writable somewhere, or another negative errno. Give it back to the backend,
+ * not the cache, when its owner is done with it.
+ */
+int pool_seal(struct pool *pool, const struct pool_owner *owner, uint64_t segment_id);
+
 /* The descriptor of a segment leased to the owner (-1: the backend has none), or -ENOENT. */
 int pool_leased_fd(const struct pool *pool, const struct pool_owner *owner, uint64_t segment_id);
 

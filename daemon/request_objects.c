@@ -87,7 +87,7 @@ void request_publish(struct session *s, const Gpupool__Envelope *req, struct rep
                 reply_error(req->id, -ENODEV, false, why, ret);
                 return;
         }
-        if (node->backend->ipc_handles) {
+        if (node->backend->ipc_handles || !node->backend->ops->mem_seal) {
                 snprintf(why, sizeof(why), "named objects are not built for the %s backend yet (the host backend has them)",
                          node->backend->name);
                 reply_error(req->id, -EINVAL, false, why, ret);
@@ -117,9 +117,16 @@ void request_publish(struct session *s, const Gpupool__Envelope *req, struct rep
                                  "its segment", p->size, p->offset);
                 else if (err == -ENOSPC)
                         snprintf(why, sizeof(why), "the node holds %d objects, the most it may", OBJECTS_MAX);
+                else if (err == -EBUSY)
+                        snprintf(why, sizeof(why), "segment %" PRIu64 " is still mapped writable somewhere: an object is "
+                                 "sealed against writing, and the kernel refuses while it is", p->segment_id);
+                else if (err == -EOPNOTSUPP)
+                        snprintf(why, sizeof(why), "the %s backend cannot make memory immutable: no named objects on it yet",
+                                 node->backend->name);
                 else
                         snprintf(why, sizeof(why), "out of memory for an object");
-                reply_error(req->id, err == -ENOSPC ? -EDQUOT : err, false, why, ret);
+                reply_error(req->id, err == -ENOSPC ? -EDQUOT : err == -EBUSY || err == -EOPNOTSUPP ? -EINVAL : err, false,
+                            why, ret);
                 return;
         }
         session_log(s, LOG_LEVEL_INFO, "client %llu ('%s', pid %d, tenant %s) published '%s': %s on device %u",

@@ -203,14 +203,13 @@ GPUPOOL_EXPORT size_t gpupool_cached_bytes(gpupool_client *client);
  * block's) are the object's. The block must have its segment to itself (a block over 10 MiB
  * always has; the threads' caches are emptied first), whose other bytes are zeroed. It stops
  * being the process's block: it is not freed, it counts against the publisher's tenant until
- * unpublished, and the process has it attached read-only at ptr (a write there faults) until
- * it detaches it. Refused (-EINVAL) for a block that shares its segment, a name taken or
+ * unpublished, it is sealed against writing for good, and the process has it attached
+ * read-only at ptr (a write there faults) until it detaches it. Refused (-EINVAL) for a block that shares its segment, a name taken or
  * invalid, a size of 0 or over the block; -ENOENT for a pointer that is no live block.
  *
- * gpupool_attach() maps the object name read-only (the descriptor the daemon sends is open for
- * reading only; a write faults, but a process that means to write can open the memory again
- * for writing: read-only guards against mistakes, not malice, on the host backend) and returns
- * where and how large; -ENOENT for no such object, -EACCES for one
+ * gpupool_attach() maps the object name read-only (the daemon sealed its memory against writing
+ * at publish: nobody can write it, whatever descriptor they hold) and returns where and how
+ * large; -ENOENT for no such object, -EACCES for one
  * that is not for this process (its publisher's uid, the node's operator, and the clients of
  * its tenant where that is a tenant of the config, not default, may attach it). Attaching one the handle has attached already returns the same
  * mapping, counted: each attach takes one gpupool_detach(). gpupool_detach() unmaps it.

@@ -30,7 +30,9 @@ fi
 cat >"$tmp/constants.c" <<'PROG'
 #include <stdio.h>
 #include "client.h"
+#include "metrics.h"
 #include "node.h"
+#include "objects.h"
 #include "options.h"
 #include "reclaim.h"
 #include "wire.h"
@@ -40,6 +42,7 @@ int main(void) {
         SHOW(OPTIONS_DEFAULT_MAX_CLIENTS_PER_UID); SHOW(OPTIONS_DEFAULT_HELLO_TIMEOUT_MS / 1000);
         SHOW(NODE_OPERATOR_ROOM); SHOW(GP_MAX_REQUEST_BYTES); SHOW(GP_MAX_NAME_BYTES);
         SHOW(GP_MAX_LEASE_GRANULES); SHOW(RECLAIM_MAX_SEGMENTS); SHOW(CLIENT_RETURN_BATCH); SHOW(CLIENT_PIPELINE);
+        SHOW(METRICS_TEXT_MAX / 1024); SHOW(OBJECTS_MAX); SHOW(GP_MAX_OBJECT_NAME_BYTES);
         return 0;
 }
 PROG
@@ -70,6 +73,10 @@ checks=(
         "docs/design.md|up to {CLIENT_PIPELINE} unanswered (\`CLIENT_PIPELINE\`)"
         "docs/design.md|at most {RECLAIM_MAX_SEGMENTS} per answer"
         "docs/protocol.md|a return of over {CLIENT_RETURN_BATCH} segments"
+        "docs/protocol.md|at most {METRICS_TEXT_MAX / 1024} KiB (\`METRICS_TEXT_MAX\`)"
+        "docs/protocol.md|at most {OBJECTS_MAX} objects on a node"
+        "docs/protocol.md|(1 to {GP_MAX_OBJECT_NAME_BYTES} bytes of UTF-8, no control characters, not taken)"
+        "docs/design.md|At most {OBJECTS_MAX} objects on a node."
 )
 for c in "${checks[@]}"; do
         file=${c%%|*}

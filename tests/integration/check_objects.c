@@ -6,6 +6,7 @@
  */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -103,6 +104,37 @@ static int attach_and_read(struct testd *d, void *arg) {
         return 0;
 }
 
+/*
+ * A hostile attacher, on the raw protocol: the descriptor it is sent is read-only, and opening
+ * the memory again for writing through /proc gets it nowhere: the object is sealed.
+ */
+static int write_through_proc(struct testd *d, void *arg) {
+        Gpupool__Envelope env = GPUPOOL__ENVELOPE__INIT, *rep;
+        Gpupool__AttachRequest ar = GPUPOOL__ATTACH_REQUEST__INIT;
+        char path[64];
+        int sock, fd = -1, rw;
+
+        (void) arg;
+        sock = raw_hello(d, "hostile-reader");
+        if (sock < 0)
+                return 60;
+        ar.name = "weights";
+        env.body_case = GPUPOOL__ENVELOPE__BODY_ATTACH;
+        env.attach = &ar;
+        rep = raw_call_fd(sock, &env, &fd);
+        if (!rep || rep->status != GPUPOOL__STATUS__STATUS_OK || fd < 0)
+                return 61;
+        if (fcntl(fd, F_GETFL) & O_ACCMODE)
+                return 62;      /* not read-only */
+        snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
+        rw = open(path, O_RDWR);
+        if (rw >= 0 && (mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, rw, 0) != MAP_FAILED ||
+                        pwrite(rw, "x", 1, 0) == 1))
+                return 63;      /* written */
+        gpupool__envelope__free_unpacked(rep, NULL);
+        return 0;
+}
+
 START_TEST(test_object_outlives_its_publisher) {
         gpupool_client *c;
         const unsigned char *p;
@@ -121,8 +153,9 @@ START_TEST(test_object_outlives_its_publisher) {
         ck_assert_int_eq(testd_device(&d, 0, "cached_bytes"), 0);
         ck_assert_int_eq(testd_device(&d, 0, "in_use_bytes"), OBJ);
         check_ok(&d);
-        /* Another process maps it read-only, every byte as written. */
+        /* Another process maps it read-only, every byte as written; one that means to write cannot. */
         ck_assert_int_eq(reap(spawn(attach_and_read, &d, NULL)), 0);
+        ck_assert_int_eq(reap(spawn(write_through_proc, &d, NULL)), 0);
         ck_assert_int_eq(object_field(&d, "weights", "attachments"), 0);
         /* Attached here twice: one mapping, counted; the daemon sees one attachment. */
         ck_assert_int_eq(gpupool_connect(d.sock, "holder", &c), 0);
@@ -149,7 +182,8 @@ START_TEST(test_object_outlives_its_publisher) {
         ck_assert_int_eq(p[777], pattern(777));
         ck_assert_int_eq(gpupool_detach(c, p), 0);
         ck_assert_int_eq(object_field(&d, "weights", "size_bytes"), -1);
-        ck_assert_int_eq(testd_device(&d, 0, "cached_bytes"), OBJ);
+        /* Sealed for good, the segment went back to the backend, not the cache. */
+        ck_assert_int_eq(testd_device(&d, 0, "reserved_bytes"), 0);
         check_ok(&d);
         gpupool_disconnect(c);
         ck_assert_int_eq(testd_stop(&d), 0);
@@ -192,7 +226,7 @@ START_TEST(test_unpublished_object_goes_when_the_last_attacher_dies) {
         ck_assert_int_eq(object_field(&d, "kept", "attachments"), 1);
         kill(pid, SIGKILL);
         ck_assert_int_eq(reap(pid), 128 + SIGKILL);
-        ck_assert(testd_device_becomes(&d, 0, "cached_bytes", OBJ));
+        ck_assert(testd_device_becomes(&d, 0, "reserved_bytes", 0));
         ck_assert_int_eq(object_field(&d, "kept", "size_bytes"), -1);
         check_ok(&d);
         gpupool_disconnect(c);
@@ -371,6 +405,62 @@ START_TEST(test_foreign_object_refused) {
 }
 END_TEST
 
+/* As uid 65534, of tenant team by its client name: attaches team's object (another uid's). */
+static int teammate(struct testd *d, void *arg) {
+        gpupool_client *c;
+        const unsigned char *p;
+        size_t size;
+
+        (void) arg;
+        if (setgid(65534) < 0 || setuid(65534) < 0)
+                return 50;
+        if (gpupool_connect(d->sock, "team-reader", &c) < 0)
+                return 51;
+        if (gpupool_attach(c, "shared-weights", (const void **) &p, &size) < 0 || size != 4096 || p[100] != pattern(100))
+                return 52;
+        if (gpupool_detach(c, p) < 0)
+                return 53;
+        gpupool_disconnect(c);
+        return 0;
+}
+
+/* A configured tenant shares its objects across uids; its publisher's object counts to it. */
+START_TEST(test_tenant_shares_its_objects) {
+        gpupool_client *c;
+        struct testd d;
+        unsigned char *p;
+
+        if (geteuid() != 0) {
+                TEST_SKIP("switching uid needs root");
+                return;
+        }
+        testd_start(&d, "--config", conf_new("[tenant:team]\nmatch_name = team-*\n"), "--host-capacity", "256M", NULL);
+        ck_assert_int_eq(chmod(d.dir, 0755), 0);
+        ck_assert_int_eq(gpupool_connect(d.sock, "team-loader", &c), 0);
+        ck_assert_int_eq(gpupool_alloc(c, 0, OBJ, (void **) &p), 0);
+        for (size_t i = 0; i < 4096; i++)
+                p[i] = pattern(i);
+        ck_assert_int_eq(gpupool_publish(c, "shared-weights", p, 4096), 0);
+        ck_assert_int_eq(gpupool_detach(c, p), 0);
+        gpupool_disconnect(c);
+        {
+                json_t *j = testd_ctl(&d, "limits"), *t;
+                size_t i;
+                long long reserved = -1;
+
+                json_array_foreach(json_object_get(j, "tenants"), i, t)
+                        if (strcmp(json_string_value(json_object_get(t, "name")), "team") == 0)
+                                reserved = json_integer_value(json_array_get(json_object_get(t, "reserved_bytes"), 0));
+                json_decref(j);
+                ck_assert_int_eq(reserved, OBJ);        /* no client of team is left: the object's */
+        }
+        ck_assert_int_eq(reap(spawn(teammate, &d, NULL)), 0);
+        check_ok(&d);
+        ck_assert_int_eq(testd_stop(&d), 0);
+        conf_remove();
+}
+END_TEST
+
 Suite *suite_objects(void) {
         Suite *s = suite_create("objects");
         TCase *tc = tcase_create("host");
@@ -380,6 +470,7 @@ Suite *suite_objects(void) {
         tcase_add_test(tc, test_object_bad_input);
         tcase_add_test(tc, test_foreign_object_refused);
         tcase_add_test(tc, test_idle_object_evicted_under_pressure);
+        tcase_add_test(tc, test_tenant_shares_its_objects);
         suite_add_tcase(s, tc);
         return s;
 }
