@@ -113,7 +113,7 @@ static void remember_evicted(struct node *node, const struct object *obj) {
         node->evicted_next = (node->evicted_next + 1) % OBJECTS_EVICTED_KEPT;
 }
 
-uint64_t objects_evict_idle(struct node *node, unsigned device, uint64_t want_bytes) {
+uint64_t objects_evict_idle(struct node *node, unsigned device, uint64_t want_bytes, const struct tenant *requester) {
         uint64_t now = uv_now(node->loop), evicted = 0;
         char b[GP_SIZE_FORMAT_MAX];
 
@@ -123,6 +123,7 @@ uint64_t objects_evict_idle(struct node *node, unsigned device, uint64_t want_by
                 for (struct object *o = node->objects; o; o = o->next)
                         if (o->device == device && !o->attachments && !o->unpublished &&
                             policy_object_evictable(node->options->idle_objects_ms, o->idle_since_ms, now) &&
+                            policy_object_serves(policy_tenant_by_name(&node->policy, o->tenant), requester, device) &&
                             (!idlest || o->idle_since_ms < idlest->idle_since_ms))
                                 idlest = o;
                 if (!idlest)

@@ -70,11 +70,12 @@ void objects_detach(struct node *node, struct object *obj);
 void objects_unpublish(struct node *node, struct object *obj);
 
 /*
- * Memory pressure on device: evicts objects nobody has attached for idle_objects, the idlest
- * first (policy_object_evictable()), until want_bytes have gone to the cache or none is left.
- * Returns the bytes evicted. An attached object never is.
+ * Memory pressure on device, for a lease of tenant requester: evicts objects nobody has
+ * attached for idle_objects, the idlest first, whose memory would serve it (policy's
+ * policy_object_evictable() and policy_object_serves()), until want_bytes have gone or none
+ * is left. Returns the bytes evicted. An attached object never is.
  */
-uint64_t objects_evict_idle(struct node *node, unsigned device, uint64_t want_bytes);
+uint64_t objects_evict_idle(struct node *node, unsigned device, uint64_t want_bytes, const struct tenant *requester);
 
 /* When the object name was evicted (loop clock), for the sentence of a later attach; false if it was not lately. */
 bool objects_evicted(const struct node *node, const char *name, uint64_t *ret_ms);

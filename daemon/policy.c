@@ -197,6 +197,10 @@ bool policy_object_evictable(uint64_t idle_objects_ms, uint64_t idle_since_ms, u
         return idle_objects_ms && now_ms >= idle_since_ms && now_ms - idle_since_ms >= idle_objects_ms;
 }
 
+bool policy_object_serves(const struct tenant *owner, const struct tenant *requester, unsigned device) {
+        return !owner || owner == requester || excess(owner, device) > 0;
+}
+
 uint64_t policy_max_cached(const struct policy *p, unsigned device) {
         if (p->max_cached_percent)
                 return p->capacity_bytes[device] * p->max_cached_percent / 100;   /* capacities are far below 2^64 / 100 */

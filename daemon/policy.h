@@ -166,6 +166,13 @@ bool policy_cache_serves(uint64_t segment_bytes, uint64_t want_bytes);
  */
 bool policy_object_evictable(uint64_t idle_objects_ms, uint64_t idle_since_ms, uint64_t now_ms);
 
+/*
+ * Whether an object of tenant owner on device may be evicted for a lease of tenant requester:
+ * as with reclaim (policy_reclaim_order()), what a tenant under its guarantee holds serves only
+ * its own clients, so its objects go only for them.
+ */
+bool policy_object_serves(const struct tenant *owner, const struct tenant *requester, unsigned device);
+
 /* The most bytes device's cache may hold (the watermark). */
 uint64_t policy_max_cached(const struct policy *p, unsigned device);
 

@@ -431,7 +431,7 @@ static bool lease_attempt(struct session *s, uint64_t id, uint32_t device, uint6
                 if (attempt == ATTEMPT_RETRY)
                         return false;
                 /* After the cache, before asking anyone: named objects nobody attached for idle_objects. */
-                if (objects_evict_idle(node, device, pool_min_segment_bytes(size)))
+                if (objects_evict_idle(node, device, pool_min_segment_bytes(size), s->tenant))
                         return lease_attempt(s, id, device, size, granules, ahead, attempt, ret);
                 if (attempt == ATTEMPT_FIRST) {
                         /* Ladder step 3: clients over their guarantee give back segments they keep free. */

@@ -342,6 +342,26 @@ START_TEST(test_idle_object_evicted_under_pressure) {
                 gpupool_disconnect(pub);
                 ck_assert_int_eq(testd_stop(&d), 0);
         }
+        /* An object within its tenant's guarantee goes for that tenant's leases only. */
+        testd_start(&d, "--config", conf_new("[tenant:keep]\nmatch_name = keep-*\nguarantee = 40M\n"), "--host-capacity", "64M",
+                    "--idle-objects", "100ms", NULL);
+        ck_assert_int_eq(gpupool_connect(d.sock, "keep-pub", &pub), 0);
+        ck_assert_int_eq(gpupool_alloc(pub, 0, 40 * MiB, &p), 0);
+        ck_assert_int_eq(gpupool_publish(pub, "guarded", p, 40 * MiB), 0);
+        ck_assert_int_eq(gpupool_detach(pub, p), 0);
+        nap_ms(150);
+        ck_assert_int_eq(gpupool_connect(d.sock, "outsider", &c), 0);
+        ck_assert_int_eq(gpupool_alloc(c, 0, 40 * MiB, &big), -ENOMEM);
+        ck_assert_int_eq(object_field(&d, "guarded", "size_bytes"), 40 * MiB);
+        gpupool_disconnect(c);
+        ck_assert_int_eq(gpupool_connect(d.sock, "keep-worker", &c), 0);
+        ck_assert_int_eq(gpupool_alloc(c, 0, 40 * MiB, &big), 0);
+        ck_assert_int_eq(object_field(&d, "guarded", "size_bytes"), -1);
+        check_ok(&d);
+        gpupool_disconnect(c);
+        gpupool_disconnect(pub);
+        ck_assert_int_eq(testd_stop(&d), 0);
+        conf_remove();
         /* Without idle_objects (the default), an idle object stays and the lease is refused. */
         testd_start(&d, "--host-capacity", "64M", NULL);
         ck_assert_int_eq(gpupool_connect(d.sock, "pub", &pub), 0);

@@ -296,6 +296,26 @@ START_TEST(test_cache_serves) {
 }
 END_TEST
 
+/* An object of a tenant under its guarantee goes only for that tenant's clients; over it, for anyone's. */
+START_TEST(test_object_serves) {
+        uint64_t cap[1] = { 80 * GiB };
+        struct tenant *keep, *dflt;
+
+        conf_reset();
+        conf_tenant("keep", "keep-*", 0, 40 * GiB, 0);
+        policy_over(1, cap);
+        keep = policy_tenant_by_name(&p, "keep");
+        dflt = &p.tenants[0];
+        keep->sums[0].reserved_bytes = 40 * GiB;
+        ck_assert(!policy_object_serves(keep, dflt, 0));
+        ck_assert(policy_object_serves(keep, keep, 0));
+        keep->sums[0].reserved_bytes = 41 * GiB;
+        ck_assert(policy_object_serves(keep, dflt, 0));
+        dflt->sums[0].reserved_bytes = 1 * GiB;
+        ck_assert(policy_object_serves(dflt, keep, 0));         /* default has no guarantee: what it holds is over it */
+}
+END_TEST
+
 /* An object nobody attached for idle_objects may be evicted; with 0, never. */
 START_TEST(test_object_evictable) {
         ck_assert(!policy_object_evictable(0, 0, 1000000));
@@ -318,6 +338,7 @@ Suite *suite_policy(void) {
         tcase_add_test(tc, test_segment_bytes);
         tcase_add_test(tc, test_cache_serves);
         tcase_add_test(tc, test_object_evictable);
+        tcase_add_test(tc, test_object_serves);
         suite_add_tcase(s, tc);
         return s;
 }
