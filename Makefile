@@ -255,10 +255,11 @@ $(HOOKS_THROW): tests/hooks_throw.cc include/gpupool.h $(LIB_SO)
 # The units (systemd-analyze verify), install into a temporary DESTDIR (a program built against
 # it with pkg-config), the man pages against the programs' options and the Python package come
 # first; the Check suites last, so that their summary ends the output.
-test: all $(TEST_BIN) $(FAKECUDA) $(HOOKS_THROW) $(CUDA_ABI_OK)
+test: all $(TEST_BIN) $(FAKECUDA) $(HOOKS_THROW) $(CUDA_ABI_OK) $(B)/obj/daemon/main.o $(DAEMON_TEST_O)
 	$(Q)B=$(B) tests/check-units.sh
 	$(Q)B=$(B) MAKE="$(MAKE)" MAKEFLAGS= tests/check-install.sh "SANITIZER=$(SANITIZER)" "STATIC=$(STATIC)"
 	$(Q)B=$(B) tests/check-man.sh
+	$(Q)B=$(B) tests/check-layers-selftest.sh
 	$(Q)B=$(B) CC=$(CC) SANITIZER=$(SANITIZER) MAKE="$(MAKE)" MAKEFLAGS= tests/check-newcomer.sh "SANITIZER=$(SANITIZER)" "STATIC=$(STATIC)"
 	$(Q)B=$(B) SANITIZER=$(SANITIZER) CC=$(CC) tests/check-python.sh
 	$(Q)GPUPOOL_BUILD_DIR=$(B) $(TEST_BIN)

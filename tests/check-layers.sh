@@ -9,9 +9,11 @@
 #     nothing of the others, and daemon/ and client/ nothing of each other,
 #   - a file of a LAYERS that docs/design.md's tables of layers do not name.
 # Calls through a table of functions (backend.h, client_mem.h) are not names and are not seen.
-# Usage: tests/check-layers.sh BUILD_DIR
+# Usage: tests/check-layers.sh BUILD_DIR. $LAYERS_ROOT (default .) is where the LAYERS files and
+# docs/design.md are read from: tests/check-layers-selftest.sh points it at broken copies.
 set -uo pipefail
 B=${1:-build}
+R=${LAYERS_ROOT:-.}
 fail=0
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
@@ -44,7 +46,7 @@ awk '($1 == "common" && $3 != "common" && $3 != "proto") ||
      END {exit bad}' "$tmp/edges" || fail=1
 
 for dir in common daemon client; do
-        layers="$dir/LAYERS"
+        layers="$R/$dir/LAYERS"
         if [ ! -f "$layers" ]; then
                 echo "layers: $layers is missing"
                 fail=1
@@ -95,9 +97,9 @@ done
 
 # docs/design.md's tables of layers name every file the LAYERS files do.
 for dir in common daemon client; do
-        [ -f "$dir/LAYERS" ] || continue
-        for f in $(awk '{sub(/#.*/, "")} NF {for (i = 1; i <= NF; i++) print $i}' "$dir/LAYERS"); do
-                if ! grep -q "\b$f\.c\b" docs/design.md; then
+        [ -f "$R/$dir/LAYERS" ] || continue
+        for f in $(awk '{sub(/#.*/, "")} NF {for (i = 1; i <= NF; i++) print $i}' "$R/$dir/LAYERS"); do
+                if ! grep -q "\b$f\.c\b" "$R/docs/design.md"; then
                         echo "layers: docs/design.md does not name $dir/$f.c, which $dir/LAYERS puts in a layer"
                         fail=1
                 fi
