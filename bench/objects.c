@@ -179,16 +179,7 @@ int main(int argc, char **argv) {
         unlink(file);
         kill(daemon, SIGTERM);
         waitpid(daemon, NULL, 0);
-        unlink(sock);
-        {
-                char path[192];
-
-                snprintf(path, sizeof(path), "%s/gpupoold.log", dir);
-                unlink(path);
-                snprintf(path, sizeof(path), "%s/empty.conf", dir);
-                unlink(path);
-        }
-        rmdir(dir);
+        private_daemon_remove(dir, sock);
         free(load);
         free(attach);
         return sum == 0xdeadbeef;       /* the sum is read; it is no result */

@@ -56,4 +56,16 @@ static inline pid_t private_daemon_start(const char *build, const char *dir, con
         return pid;
 }
 
+/* Removes what private_daemon_start() made in dir, and dir (the daemon has stopped). */
+static inline void private_daemon_remove(const char *dir, const char *sock_path) {
+        char path[256];
+
+        unlink(sock_path);
+        snprintf(path, sizeof(path), "%s/gpupoold.log", dir);
+        unlink(path);
+        snprintf(path, sizeof(path), "%s/empty.conf", dir);
+        unlink(path);
+        rmdir(dir);
+}
+
 #endif

@@ -275,15 +275,6 @@ int main(int argc, char **argv) {
                 }
                 free(t.ops);
         }
-        unlink(sock_path);
-        {
-                char p[160];
-
-                snprintf(p, sizeof(p), "%s/empty.conf", dir);
-                unlink(p);
-                snprintf(p, sizeof(p), "%s/gpupoold.log", dir);
-                unlink(p);
-        }
-        rmdir(dir);
+        private_daemon_remove(dir, sock_path);
         return failed;
 }

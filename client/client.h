@@ -8,6 +8,7 @@
  *   client_control.c                           the control thread: the daemon's reclaims, usage,
  *                                              reaching a daemon that came back
  *   client_resume.c                            the new daemon adopting what the process holds
+ *   client_objects.c                           named objects: publish, attach, detach, unpublish
  *   client_pool.c                              the process's own pool over the leased segments
  *   client_stream.c                            stream-ordered frees and their reaper thread,
  *                                              freeing through the function the pool gives it
@@ -155,6 +156,7 @@ struct client_attachment {
         const uint8_t *ptr;             /* the object's bytes in it */
         uint64_t size;
         unsigned count;                 /* attaches not yet detached */
+        bool unknown;                   /* attached from a daemon before this one (objects do not outlive it) */
         struct mapping *mapping;        /* published here: the segment's mapping, out of the pool (else NULL) */
 };
 

@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -143,6 +144,14 @@ void client_fd_room(int fd, uint64_t n) {
                 return;         /* no room (RLIMIT_NOFILE, fs.nr_open): descriptors are kept as the table grows */
         close(high);
         __atomic_store_n(&grown, want, __ATOMIC_RELAXED);
+}
+
+void *client_fd_map(int fd, uint64_t size, void *at, int prot) {
+        void *p = mmap(at, size, prot, MAP_SHARED | (at ? MAP_FIXED : 0), fd, 0);
+
+        if (p != MAP_FAILED)
+                (void) madvise(p, size, MADV_DONTFORK);
+        return p;
 }
 
 bool client_fd_is_memory(int fd, uint64_t size) {

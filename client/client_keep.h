@@ -27,6 +27,13 @@ void client_fd_release(int fd);
 bool client_fd_is_memory(int fd, uint64_t size);
 
 /*
+ * Maps size bytes of fd shared, at at (MAP_FIXED) or anywhere (at NULL), with prot, kept from
+ * forked children (MADV_DONTFORK: a child must not hold memory that may be another client's
+ * tomorrow). Returns the mapping, or MAP_FAILED with errno set.
+ */
+void *client_fd_map(int fd, uint64_t size, void *at, int prot);
+
+/*
  * Grows the process's descriptor table once, with room to keep n descriptors more (at most
  * what client_fd_keep() would keep, and 64K slots in all): the kernel grows the table by
  * doubling as descriptors arrive, and in a process with threads each doubling waits for an RCU

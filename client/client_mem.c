@@ -21,13 +21,11 @@ static int host_segment_map(gpupool_client *c, struct mapping *m, int fd) {
                 client_set_error(c, "gpupoold sent a segment that is not %llu bytes of memory", (unsigned long long) m->size);
                 return -EPROTO;
         }
-        base = mmap(NULL, m->size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        base = client_fd_map(fd, m->size, NULL, PROT_READ | PROT_WRITE);
         if (base == MAP_FAILED) {
                 client_set_error(c, "cannot map the segment into this process");
                 return -ENOMEM;
         }
-        /* A forked child must not keep this memory: it may be another client's tomorrow. */
-        (void) madvise(base, m->size, MADV_DONTFORK);
         m->base = base;
         return 0;
 }
@@ -79,13 +77,12 @@ static int host_import(gpupool_client *c, unsigned d, int fd, uint64_t size, uin
                 client_set_error(c, "gpupoold sent a granule of device %u that is not 2 MiB of memory", d);
                 return -EPROTO;
         }
-        at = mmap(park, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0);
+        at = client_fd_map(fd, size, park, PROT_READ | PROT_WRITE);
         if (at == MAP_FAILED) {
                 reserve_again(park, size);
                 client_set_error(c, "cannot map a granule of device %u into this process: %m", d);
                 return -ENOMEM;
         }
-        (void) madvise(at, size, MADV_DONTFORK);
         *ret = (client_mem_handle) (uintptr_t) at;
         return 0;
 }

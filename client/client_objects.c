@@ -55,13 +55,11 @@ static struct client_attachment *by_name(gpupool_client *c, const char *name) {
 
 /* Unmaps a (its segment's mapping, and descriptor kept, where the process published it). */
 static void attachment_unmap(struct client_attachment *a) {
+        (void) munmap(a->base, a->segment_size);
         if (a->mapping) {
-                (void) munmap(a->mapping->base, a->mapping->size);
                 client_fd_release(a->mapping->fd);
                 free(a->mapping);
                 a->mapping = NULL;
-        } else {
-                (void) munmap(a->base, a->segment_size);
         }
 }
 
@@ -85,7 +83,7 @@ static int ask(gpupool_client *c, Gpupool__Envelope *req, Gpupool__Envelope__Bod
  */
 static int remap(struct mapping *m, bool writable) {
         char path[64];
-        int fd = m->fd;
+        int fd = m->fd, r;
         void *at;
 
         if (!writable) {
@@ -93,13 +91,11 @@ static int remap(struct mapping *m, bool writable) {
                 if ((fd = open(path, O_RDONLY | O_CLOEXEC)) < 0)
                         return -errno;
         }
-        at = mmap(m->base, m->size, writable ? PROT_READ | PROT_WRITE : PROT_READ, MAP_SHARED | MAP_FIXED, fd, 0);
+        at = client_fd_map(fd, m->size, m->base, writable ? PROT_READ | PROT_WRITE : PROT_READ);
+        r = at == MAP_FAILED ? -errno : 0;
         if (!writable)
                 close(fd);
-        if (at == MAP_FAILED)
-                return -errno;
-        (void) madvise(m->base, m->size, MADV_DONTFORK);
-        return 0;
+        return r;
 }
 
 /* Publishes live block b, out of the live table, of mapping m; on failure b is put back. Locked. */
@@ -233,15 +229,14 @@ GPUPOOL_EXPORT int gpupool_attach(gpupool_client *c, const char *name, const voi
                 free(a);
                 goto out;
         }
-        base = mmap(NULL, reply->segment_size, PROT_READ, MAP_SHARED, fd, 0);
+        /* Kept from forked children too: a child detaches nothing when it exits. */
+        base = client_fd_map(fd, reply->segment_size, NULL, PROT_READ);
         if (base == MAP_FAILED) {
                 client_set_error(c, "cannot map object '%s' into this process: %m", name);
                 free(a);
                 r = -ENOMEM;
                 goto out;
         }
-        /* A forked child must not keep it: it detaches nothing when it exits. */
-        (void) madvise(base, reply->segment_size, MADV_DONTFORK);
         snprintf(a->name, sizeof(a->name), "%s", name);
         a->base = base;
         a->segment_size = reply->segment_size;
@@ -287,10 +282,8 @@ GPUPOOL_EXPORT int gpupool_detach(gpupool_client *c, const void *ptr) {
                 req.body_case = GPUPOOL__ENVELOPE__BODY_DETACH;
                 req.detach = &dr;
                 attachment_unmap(a);
-                r = ask(c, &req, GPUPOOL__ENVELOPE__BODY_DETACH_REPLY, NULL, NULL);
-                /* A daemon that restarted since knows nothing of it: nothing to tell. */
-                if (r == -ENOENT)
-                        r = 0;
+                if (!a->unknown)
+                        r = ask(c, &req, GPUPOOL__ENVELOPE__BODY_DETACH_REPLY, NULL, NULL);
                 free(a);
         }
         pthread_mutex_unlock(&c->lock);
@@ -313,6 +306,11 @@ GPUPOOL_EXPORT int gpupool_unpublish(gpupool_client *c, const char *name) {
         }
         pthread_mutex_unlock(&c->lock);
         return r;
+}
+
+void client_objects_daemon_changed(gpupool_client *c) {
+        for (struct client_attachment *a = c->attachments; a; a = a->next)
+                a->unknown = true;
 }
 
 void client_objects_forget(gpupool_client *c) {

@@ -10,4 +10,10 @@
 /* Unmaps every object the handle has attached, telling nobody (the session is over). Locked. */
 void client_objects_forget(gpupool_client *c);
 
+/*
+ * The handle's connection is to a daemon after the one it attached its objects from (it
+ * resumed): that one knows nothing of them, and a detach tells it nothing. Locked.
+ */
+void client_objects_daemon_changed(gpupool_client *c);
+
 #endif

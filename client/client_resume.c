@@ -18,6 +18,7 @@
 #include "client_call.h"
 #include "client_cuda.h"
 #include "client_grow.h"
+#include "client_objects.h"
 #include "client_mem.h"
 #include "client_segment.h"
 
@@ -182,6 +183,7 @@ int client_resume(gpupool_client *c, struct gp_conn *conn, Gpupool__Envelope *he
         }
         gp_conn_close(&c->conn);
         c->conn = *conn;
+        client_objects_daemon_changed(c);       /* the objects it has attached died with the daemon it had */
         c->conn.calls += calls;         /* the handle's requests and round trips count on */
         c->conn.trips += trips;
         /* The memory held is adoptable by a daemon of the same kind only, with the same devices (GPUs: by UUID). */

@@ -40,7 +40,6 @@ struct object *objects_publish(struct node *node, const char *name, unsigned dev
         o->offset = offset;
         o->size = size;
         o->uid = uid;
-        o->principal = owner->principal;
         snprintf(o->tenant, sizeof(o->tenant), "%s", t->conf.name);
         pool_owner_attach(pool, &o->owner, owner->principal);
         pool_owner_set_group(&o->owner, &t->sums[device]);
@@ -68,7 +67,7 @@ struct object *objects_publish(struct node *node, const char *name, unsigned dev
         return o;
 }
 
-/* The object goes: its segment to the pool's cache (zeroed before another principal gets it). */
+/* The object goes: its sealed segment back to the backend. */
 static void object_destroy(struct node *node, struct object *obj) {
         char b[GP_SIZE_FORMAT_MAX];
 
@@ -178,13 +177,6 @@ void objects_tenant_sums(struct node *node, const struct tenant *t, unsigned dev
 void objects_destroy_all(struct node *node) {
         free(node->evicted);
         node->evicted = NULL;
-        while (node->objects) {
-                struct object *o = node->objects;
-
-                node->objects = o->next;
-                (void) pool_return(node->pools[o->device], &o->owner, o->segment_id, true);
-                (void) pool_owner_detach(&o->owner);
-                free(o);
-        }
-        node->object_count = 0;
+        while (node->objects)
+                object_destroy(node, node->objects);
 }

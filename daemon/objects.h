@@ -41,7 +41,6 @@ struct object {
         struct pool_owner owner;                /* holds the segment, in its tenant's group */
         char tenant[CONFIG_NAME_MAX + 1];       /* the publisher's, by name: a reload maps it again */
         uint32_t uid;                           /* the publisher's */
-        uint64_t principal;                     /* the publisher's (identity.h) */
         unsigned attachments;                   /* sessions that have it attached */
         uint64_t published_ms;
         uint64_t idle_since_ms;                 /* when attachments last fell to 0 (eviction's clock) */

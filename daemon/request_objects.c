@@ -28,7 +28,7 @@ static bool name_ok(const char *name, uint64_t id, struct reply *ret) {
         return false;
 }
 
-/* Whether s has obj attached; and makes it so (at most once per session). */
+/* Whether s has obj attached. */
 static bool attached(const struct session *s, const struct object *obj) {
         for (unsigned i = 0; i < s->attached_count; i++)
                 if (s->attached[i] == obj)
@@ -36,19 +36,24 @@ static bool attached(const struct session *s, const struct object *obj) {
         return false;
 }
 
-static int attach_to(struct session *s, struct object *obj) {
-        if (s->attached_count == s->attached_cap) {
-                unsigned cap = s->attached_cap ? s->attached_cap * 2 : 4;
-                struct object **n = realloc(s->attached, cap * sizeof(*n));
+/* Room on s's list for one more attachment, made before anything changes. Returns 0 or -ENOMEM. */
+static int attach_room(struct session *s) {
+        unsigned cap = s->attached_cap ? s->attached_cap * 2 : 4;
+        struct object **n;
 
-                if (!n)
-                        return -ENOMEM;
-                s->attached = n;
-                s->attached_cap = cap;
-        }
+        if (s->attached_count < s->attached_cap)
+                return 0;
+        if (!(n = realloc(s->attached, cap * sizeof(*n))))
+                return -ENOMEM;
+        s->attached = n;
+        s->attached_cap = cap;
+        return 0;
+}
+
+/* s has obj attached (attach_room() made the room). */
+static void attach_to(struct session *s, struct object *obj) {
         s->attached[s->attached_count++] = obj;
         objects_attach(obj);
-        return 0;
 }
 
 /* Takes obj off s's list; false when s did not have it attached. */
@@ -87,7 +92,7 @@ void request_publish(struct session *s, const Gpupool__Envelope *req, struct rep
                 reply_error(req->id, -ENODEV, false, why, ret);
                 return;
         }
-        if (node->backend->ipc_handles || !node->backend->ops->mem_seal) {
+        if (!node->backend->ops->mem_seal) {
                 snprintf(why, sizeof(why), "named objects are not built for the %s backend yet (the host backend has them)",
                          node->backend->name);
                 reply_error(req->id, -EINVAL, false, why, ret);
@@ -98,16 +103,9 @@ void request_publish(struct session *s, const Gpupool__Envelope *req, struct rep
                 reply_error(req->id, -EINVAL, false, why, ret);
                 return;
         }
-        obj = objects_publish(node, p->name, p->device, &s->owners[p->device], p->segment_id, p->offset, p->size, s->tenant,
-                              (uint32_t) s->uid, &err);
-        if (obj && attach_to(s, obj) < 0) {
-                /* Not attached, not published: the segment is the client's again. */
-                (void) pool_transfer(node->pools[p->device], &obj->owner, &s->owners[p->device], p->segment_id,
-                                     &obj->segment_size);
-                objects_unpublish(node, obj);
-                obj = NULL;
-                err = -ENOMEM;
-        }
+        err = attach_room(s);
+        obj = err < 0 ? NULL : objects_publish(node, p->name, p->device, &s->owners[p->device], p->segment_id, p->offset,
+                                               p->size, s->tenant, (uint32_t) s->uid, &err);
         if (!obj) {
                 if (err == -ENOENT)
                         snprintf(why, sizeof(why), "segment %" PRIu64 " is not leased to this client on device %u",
@@ -120,15 +118,12 @@ void request_publish(struct session *s, const Gpupool__Envelope *req, struct rep
                 else if (err == -EBUSY)
                         snprintf(why, sizeof(why), "segment %" PRIu64 " is still mapped writable somewhere: an object is "
                                  "sealed against writing, and the kernel refuses while it is", p->segment_id);
-                else if (err == -EOPNOTSUPP)
-                        snprintf(why, sizeof(why), "the %s backend cannot make memory immutable: no named objects on it yet",
-                                 node->backend->name);
                 else
                         snprintf(why, sizeof(why), "out of memory for an object");
-                reply_error(req->id, err == -ENOSPC ? -EDQUOT : err == -EBUSY || err == -EOPNOTSUPP ? -EINVAL : err, false,
-                            why, ret);
+                reply_error(req->id, err == -ENOSPC ? -EDQUOT : err == -EBUSY ? -EINVAL : err, false, why, ret);
                 return;
         }
+        attach_to(s, obj);
         session_log(s, LOG_LEVEL_INFO, "client %llu ('%s', pid %d, tenant %s) published '%s': %s on device %u",
                     (unsigned long long) s->id, s->name, (int) s->pid, obj->tenant, obj->name,
                     gp_size_format(obj->size, b, sizeof(b)), obj->device);
@@ -171,10 +166,11 @@ void request_attach(struct session *s, const Gpupool__Envelope *req, struct repl
                 reply_error(req->id, -EINVAL, false, why, ret);
                 return;
         }
-        if (attach_to(s, obj) < 0) {
+        if (attach_room(s) < 0) {
                 reply_error(req->id, -ENOMEM, false, "out of memory attaching an object", ret);
                 return;
         }
+        attach_to(s, obj);
         ar.device = obj->device;
         ar.segment_size = obj->segment_size;
         ar.offset = obj->offset;

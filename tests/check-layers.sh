@@ -97,8 +97,8 @@ done
 
 # docs/design.md's tables of layers name every file the LAYERS files do.
 for dir in common daemon client; do
-        [ -f "$R/$dir/LAYERS" ] || continue
-        for f in $(awk '{sub(/#.*/, "")} NF {for (i = 1; i <= NF; i++) print $i}' "$R/$dir/LAYERS"); do
+        [ -f "$tmp/$dir.order" ] || continue
+        for f in $(cut -d' ' -f1 "$tmp/$dir.order"); do
                 if ! grep -q "\b$f\.c\b" "$R/docs/design.md"; then
                         echo "layers: docs/design.md does not name $dir/$f.c, which $dir/LAYERS puts in a layer"
                         fail=1

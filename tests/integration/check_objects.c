@@ -308,21 +308,30 @@ END_TEST
  * after the cache, and a later attach says so; one attached never goes; without the setting,
  * none does.
  */
+/* A client (client_name) that publishes 40 MiB as name, and detaches it or keeps it attached. */
+static gpupool_client *publish_40m(struct testd *d, const char *client_name, const char *name, bool detach) {
+        gpupool_client *c;
+        void *p;
+
+        ck_assert_int_eq(gpupool_connect(d->sock, client_name, &c), 0);
+        ck_assert_int_eq(gpupool_alloc(c, 0, 40 * MiB, &p), 0);
+        ck_assert_int_eq(gpupool_publish(c, name, p, 40 * MiB), 0);
+        if (detach)
+                ck_assert_int_eq(gpupool_detach(c, p), 0);
+        return c;
+}
+
 START_TEST(test_idle_object_evicted_under_pressure) {
         char why[GP_MAX_ERROR_BYTES];
         gpupool_client *pub, *c;
         const void *q;
         struct testd d;
         size_t size;
-        void *p, *big;
+        void *big;
 
         for (int attached = 0; attached < 2; attached++) {
                 testd_start(&d, "--host-capacity", "64M", "--idle-objects", "100ms", NULL);
-                ck_assert_int_eq(gpupool_connect(d.sock, "pub", &pub), 0);
-                ck_assert_int_eq(gpupool_alloc(pub, 0, 40 * MiB, &p), 0);
-                ck_assert_int_eq(gpupool_publish(pub, "idle", p, 40 * MiB), 0);
-                if (!attached)
-                        ck_assert_int_eq(gpupool_detach(pub, p), 0);
+                pub = publish_40m(&d, "pub", "idle", !attached);
                 nap_ms(150);
                 ck_assert_int_eq(gpupool_connect(d.sock, "needy", &c), 0);
                 if (attached) {
@@ -345,10 +354,7 @@ START_TEST(test_idle_object_evicted_under_pressure) {
         /* An object within its tenant's guarantee goes for that tenant's leases only. */
         testd_start(&d, "--config", conf_new("[tenant:keep]\nmatch_name = keep-*\nguarantee = 40M\n"), "--host-capacity", "64M",
                     "--idle-objects", "100ms", NULL);
-        ck_assert_int_eq(gpupool_connect(d.sock, "keep-pub", &pub), 0);
-        ck_assert_int_eq(gpupool_alloc(pub, 0, 40 * MiB, &p), 0);
-        ck_assert_int_eq(gpupool_publish(pub, "guarded", p, 40 * MiB), 0);
-        ck_assert_int_eq(gpupool_detach(pub, p), 0);
+        pub = publish_40m(&d, "keep-pub", "guarded", true);
         nap_ms(150);
         ck_assert_int_eq(gpupool_connect(d.sock, "outsider", &c), 0);
         ck_assert_int_eq(gpupool_alloc(c, 0, 40 * MiB, &big), -ENOMEM);
@@ -364,10 +370,7 @@ START_TEST(test_idle_object_evicted_under_pressure) {
         conf_remove();
         /* Without idle_objects (the default), an idle object stays and the lease is refused. */
         testd_start(&d, "--host-capacity", "64M", NULL);
-        ck_assert_int_eq(gpupool_connect(d.sock, "pub", &pub), 0);
-        ck_assert_int_eq(gpupool_alloc(pub, 0, 40 * MiB, &p), 0);
-        ck_assert_int_eq(gpupool_publish(pub, "kept", p, 40 * MiB), 0);
-        ck_assert_int_eq(gpupool_detach(pub, p), 0);
+        pub = publish_40m(&d, "pub", "kept", true);
         ck_assert_int_eq(gpupool_connect(d.sock, "needy", &c), 0);
         ck_assert_int_eq(gpupool_alloc(c, 0, 40 * MiB, &big), -ENOMEM);
         ck_assert_int_eq(object_field(&d, "kept", "size_bytes"), 40 * MiB);
