@@ -446,6 +446,10 @@ GPUPOOL_EXPORT int gpupool_stats(gpupool_client *c, struct gpupool_stats *ret) {
         return 0;
 }
 
+GPUPOOL_EXPORT const char *gpupool_backend(gpupool_client *c) {
+        return c ? __atomic_load_n(&c->mem, __ATOMIC_ACQUIRE)->backend : NULL;
+}
+
 GPUPOOL_EXPORT size_t gpupool_last_error(gpupool_client *c, char *buf, size_t size) {
         size_t len;
 

@@ -156,8 +156,9 @@ struct client_attachment {
         const uint8_t *ptr;             /* the object's bytes in it */
         uint64_t size;
         unsigned count;                 /* attaches not yet detached */
+        unsigned device;                /* the daemon's index */
         bool unknown;                   /* attached from a daemon before this one (objects do not outlive it) */
-        struct mapping *mapping;        /* published here: the segment's mapping, out of the pool (else NULL) */
+        int fd;                         /* published here: the segment's descriptor, kept (else -1) */
 };
 
 struct gpupool_client {

@@ -277,10 +277,10 @@ int client_cuda_map(gpupool_client *c, struct client_device *d, uint8_t *va, uin
         return r == GP_CUDA_SUCCESS ? 0 : vmm_failed(c, "cuMemMap", size, r);
 }
 
-int client_cuda_access(gpupool_client *c, struct client_device *d, uint8_t *va, uint64_t size) {
+int client_cuda_access(gpupool_client *c, struct client_device *d, uint8_t *va, uint64_t size, bool writable) {
         gp_cu_mem_access_desc rw = {
                 .location = { .type = GP_CU_MEM_LOCATION_TYPE_DEVICE, .id = (int) d->dev },
-                .flags = GP_CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+                .flags = writable ? GP_CU_MEM_ACCESS_FLAGS_PROT_READWRITE : GP_CU_MEM_ACCESS_FLAGS_PROT_READ,
         };
         gp_cu_result r;
         int err, mode;
@@ -291,6 +291,27 @@ int client_cuda_access(gpupool_client *c, struct client_device *d, uint8_t *va, 
         r = c->cu.cuMemSetAccess((gp_cu_deviceptr) (uintptr_t) va, size, &rw, 1);
         leave(c, mode);
         return r == GP_CUDA_SUCCESS ? 0 : vmm_failed(c, "cuMemSetAccess", size, r);
+}
+
+int client_cuda_zero(gpupool_client *c, struct client_device *d, uint8_t *p, uint64_t n) {
+        gp_cu_result r = GP_CUDA_SUCCESS;
+        int err, mode;
+
+        err = enter(c, d, &mode);
+        if (err < 0)
+                return err;
+        /* On the legacy stream, then everything the context has queued: nothing writes after. */
+        if (n)
+                r = c->cu.cuMemsetD8Async((gp_cu_deviceptr) (uintptr_t) p, 0, n, NULL);
+        if (r == GP_CUDA_SUCCESS)
+                r = c->cu.cuCtxSynchronize();
+        leave(c, mode);
+        if (r != GP_CUDA_SUCCESS) {
+                client_set_error(c, "cuda-vmm: zeroing %llu bytes on GPU %d: %s", (unsigned long long) n, (int) d->dev,
+                                 gp_cuda_error_name(&c->cu, r));
+                return -EIO;
+        }
+        return 0;
 }
 
 int client_cuda_unmap(gpupool_client *c, struct client_device *d, uint8_t *va, uint64_t size) {

@@ -35,9 +35,17 @@ void client_cuda_unreserve(gpupool_client *c, struct client_device *d, uint8_t *
 int client_cuda_import(gpupool_client *c, struct client_device *d, int fd, uint64_t size, gp_cu_mem_handle *ret);
 /* Lets go of an imported handle: the memory goes once nothing maps it either. */
 void client_cuda_release(gpupool_client *c, struct client_device *d, gp_cu_mem_handle h);
-/* Maps handle h at va (size bytes), not usable yet; and access to [va, va + size), mappings side by side (one call for all). */
+/*
+ * Maps handle h at va (size bytes), not usable yet; and access to [va, va + size), mappings
+ * side by side (one call for all): readable and writable, or (!writable) readable only.
+ */
 int client_cuda_map(gpupool_client *c, struct client_device *d, uint8_t *va, uint64_t size, gp_cu_mem_handle h);
-int client_cuda_access(gpupool_client *c, struct client_device *d, uint8_t *va, uint64_t size);
+int client_cuda_access(gpupool_client *c, struct client_device *d, uint8_t *va, uint64_t size, bool writable);
+/*
+ * Zeroes [p, p + n) and waits for d's work queued before it, the application's included, to
+ * end (cuCtxSynchronize). Returns 0 or -EIO with the error set.
+ */
+int client_cuda_zero(gpupool_client *c, struct client_device *d, uint8_t *p, uint64_t n);
 /* Unmaps what client_cuda_map() mapped; the handle stays. Returns 0, or -EIO when the driver refused. */
 int client_cuda_unmap(gpupool_client *c, struct client_device *d, uint8_t *va, uint64_t size);
 

@@ -6,8 +6,11 @@
 #include "client_mem.h"
 
 #include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include "client_cuda.h"
 #include "client_keep.h"
@@ -112,6 +115,63 @@ static int host_unmap(gpupool_client *c, unsigned d, uint8_t *va, uint64_t size)
         return 0;
 }
 
+static int host_zero(gpupool_client *c, unsigned d, uint8_t *p, uint64_t n) {
+        (void) c, (void) d;
+        memset(p, 0, n);
+        return 0;
+}
+
+/*
+ * Maps m's segment again in place from its kept descriptor: writable, or read-only from a
+ * descriptor opened anew for reading only (a mapping the kernel will not let become writable,
+ * and not a writable one, which a seal against writing needs).
+ */
+static int host_protect(gpupool_client *c, struct mapping *m, bool writable) {
+        char path[64];
+        int fd = m->fd, err = 0;
+
+        if (fd < 0) {
+                client_set_error(c, "this process kept no descriptor of the segment (past its descriptor limit): it "
+                                    "cannot map it again read-only");
+                return -EINVAL;
+        }
+        if (!writable) {
+                snprintf(path, sizeof(path), "/proc/self/fd/%d", m->fd);
+                if ((fd = open(path, O_RDONLY | O_CLOEXEC)) < 0)
+                        err = -errno;
+        }
+        if (err == 0 && client_fd_map(fd, m->size, m->base, writable ? PROT_READ | PROT_WRITE : PROT_READ) == MAP_FAILED)
+                err = -errno;
+        if (!writable && fd >= 0)
+                close(fd);
+        if (err < 0)
+                client_set_error(c, "cannot map the segment again %s: %s", writable ? "writable" : "read-only", strerror(-err));
+        return err;
+}
+
+static int host_map_read(gpupool_client *c, unsigned d, int fd, uint64_t size, uint8_t **ret) {
+        void *base;
+
+        if (!client_fd_is_memory(fd, size)) {
+                client_set_error(c, "gpupoold sent an object of device %u that is not %llu bytes of memory", d,
+                                 (unsigned long long) size);
+                return -EPROTO;
+        }
+        /* Kept from forked children too: a child detaches nothing when it exits. */
+        base = client_fd_map(fd, size, NULL, PROT_READ);
+        if (base == MAP_FAILED) {
+                client_set_error(c, "cannot map an object of %llu bytes into this process: %m", (unsigned long long) size);
+                return -ENOMEM;
+        }
+        *ret = base;
+        return 0;
+}
+
+static void host_unmap_read(gpupool_client *c, unsigned d, uint8_t *base, uint64_t size) {
+        (void) c, (void) d;
+        (void) munmap(base, size);
+}
+
 const struct client_mem_ops client_mem_host = {
         .backend = "host",
         .memory = "memory",
@@ -127,6 +187,10 @@ const struct client_mem_ops client_mem_host = {
         .map = host_map,
         .access = host_access,
         .unmap = host_unmap,
+        .zero = host_zero,
+        .protect = host_protect,
+        .map_read = host_map_read,
+        .unmap_read = host_unmap_read,
 };
 
 /* cuda: the segment's IPC handle (m->handle), opened in the device's primary context. */
@@ -178,38 +242,62 @@ static int vmm_map(gpupool_client *c, unsigned d, uint8_t *va, uint64_t size, cl
 }
 
 static int vmm_access(gpupool_client *c, unsigned d, uint8_t *va, uint64_t size) {
-        return client_cuda_access(c, &c->devices[d], va, size);
+        return client_cuda_access(c, &c->devices[d], va, size, true);
 }
 
 static int vmm_unmap(gpupool_client *c, unsigned d, uint8_t *va, uint64_t size) {
         return client_cuda_unmap(c, &c->devices[d], va, size);
 }
 
-/* A whole segment: imported, mapped in a range of its own and made accessible; the handle goes, the mapping keeps the memory. */
-static int vmm_segment_map(gpupool_client *c, struct mapping *m, int fd) {
+/*
+ * A whole allocation, fd of size bytes: imported, mapped in a range of its own and made
+ * accessible (or, !writable, readable only), at *ret; the handle goes, the mapping keeps the memory.
+ */
+static int vmm_map_whole(gpupool_client *c, unsigned d, int fd, uint64_t size, bool writable, uint8_t **ret) {
         client_mem_handle h = 0;
         uint8_t *va = NULL;
         int r;
 
-        r = vmm_import(c, m->device, fd, m->size, NULL, &h);
+        r = vmm_import(c, d, fd, size, NULL, &h);
         if (r < 0)
                 return r;
-        r = vmm_reserve(c, m->device, m->size, 0, &va);
-        /* The whole allocation, which must be the segment the daemon described. */
-        if (r == 0 && (r = vmm_map(c, m->device, va, m->size, h)) == 0 && (r = vmm_access(c, m->device, va, m->size)) < 0)
-                (void) vmm_unmap(c, m->device, va, m->size);
+        r = vmm_reserve(c, d, size, 0, &va);
+        /* The whole allocation, which must be the size the daemon described. */
+        if (r == 0 && (r = vmm_map(c, d, va, size, h)) == 0 &&
+            (r = client_cuda_access(c, &c->devices[d], va, size, writable)) < 0)
+                (void) vmm_unmap(c, d, va, size);
         if (r < 0 && va)
-                vmm_unreserve(c, m->device, va, m->size);
-        vmm_release(c, m->device, h, m->size);
+                vmm_unreserve(c, d, va, size);
+        vmm_release(c, d, h, size);
         if (r == 0)
-                m->base = va;
+                *ret = va;
         return r;
 }
 
-static void vmm_segment_unmap(gpupool_client *c, struct mapping *m) {
+static int vmm_segment_map(gpupool_client *c, struct mapping *m, int fd) {
+        return vmm_map_whole(c, m->device, fd, m->size, true, &m->base);
+}
+
+static void vmm_unmap_read(gpupool_client *c, unsigned d, uint8_t *base, uint64_t size) {
         /* An address still mapped is not freed: the driver would refuse it. */
-        if (vmm_unmap(c, m->device, m->base, m->size) == 0)
-                vmm_unreserve(c, m->device, m->base, m->size);
+        if (vmm_unmap(c, d, base, size) == 0)
+                vmm_unreserve(c, d, base, size);
+}
+
+static void vmm_segment_unmap(gpupool_client *c, struct mapping *m) {
+        vmm_unmap_read(c, m->device, m->base, m->size);
+}
+
+static int vmm_zero(gpupool_client *c, unsigned d, uint8_t *p, uint64_t n) {
+        return client_cuda_zero(c, &c->devices[d], p, n);
+}
+
+static int vmm_protect(gpupool_client *c, struct mapping *m, bool writable) {
+        return client_cuda_access(c, &c->devices[m->device], m->base, m->size, writable);
+}
+
+static int vmm_map_read(gpupool_client *c, unsigned d, int fd, uint64_t size, uint8_t **ret) {
+        return vmm_map_whole(c, d, fd, size, false, ret);
 }
 
 const struct client_mem_ops client_mem_vmm = {
@@ -227,6 +315,10 @@ const struct client_mem_ops client_mem_vmm = {
         .map = vmm_map,
         .access = vmm_access,
         .unmap = vmm_unmap,
+        .zero = vmm_zero,
+        .protect = vmm_protect,
+        .map_read = vmm_map_read,
+        .unmap_read = vmm_unmap_read,
 };
 
 const struct client_mem_ops *client_mem_of(const char *backend) {

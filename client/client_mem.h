@@ -47,11 +47,26 @@ struct client_mem_ops {
         int (*import)(gpupool_client *c, unsigned d, int fd, uint64_t size, uint8_t *park, client_mem_handle *ret);
         /* Lets go of an imported granule: its memory goes once nothing maps it either. */
         void (*release)(gpupool_client *c, unsigned d, client_mem_handle h, uint64_t size);
-        /* Maps h at va (size bytes), not accessible until access(): mappings side by side are made so in one call. */
+        /*
+         * Maps h at va (size bytes), not accessible until access() makes it readable and
+         * writable: mappings side by side are made so in one call.
+         */
         int (*map)(gpupool_client *c, unsigned d, uint8_t *va, uint64_t size, client_mem_handle h);
         int (*access)(gpupool_client *c, unsigned d, uint8_t *va, uint64_t size);
         /* Unmaps what map() mapped, the reservation kept. Returns 0, or -EIO when refused (then va stays taken). */
         int (*unmap)(gpupool_client *c, unsigned d, uint8_t *va, uint64_t size);
+
+        /*
+         * Named objects (client_objects.c); NULL where the backend has none. Zeroes n bytes at p
+         * of device d, written when it returns, with the device's work queued before it ended.
+         */
+        int (*zero)(gpupool_client *c, unsigned d, uint8_t *p, uint64_t n);
+        /* Makes whole segment m's mapping read-only or (writable) writable again, in place. */
+        int (*protect)(gpupool_client *c, struct mapping *m, bool writable);
+        /* Maps an object's segment, fd (still the caller's) of size bytes of device d, read-only, at *ret. */
+        int (*map_read)(gpupool_client *c, unsigned d, int fd, uint64_t size, uint8_t **ret);
+        /* Unmaps what map_read() mapped, or a segment's mapping protect() made read-only. */
+        void (*unmap_read)(gpupool_client *c, unsigned d, uint8_t *base, uint64_t size);
 };
 
 extern const struct client_mem_ops client_mem_host, client_mem_cuda, client_mem_vmm;

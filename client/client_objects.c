@@ -3,18 +3,17 @@
  * daemon under a name: the segment leaves the process's pool (its other bytes zeroed first,
  * since others will map all of it), and the process keeps it mapped read-only as its first
  * attachment. Attaching maps an object's segment read-only from the descriptor the daemon sends
- * (open for reading only, so no mapping of it can be made writable). Built for the host backend
- * with whole segments; elsewhere the calls say so (-EOPNOTSUPP).
+ * (host: open for reading only, so no mapping of it can be made writable; cuda-vmm: mapped with
+ * read access only). The memory seam does the mapping (client_mem.h). Built for whole segments
+ * on the host and cuda-vmm backends; elsewhere the calls say so (-EOPNOTSUPP).
  */
 #define _GNU_SOURCE
 #include "client_objects.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <unistd.h>
 
 #include "client_call.h"
@@ -26,8 +25,8 @@
 
 /* Whether the handle's session can have named objects; else says why. Locked. */
 static int objects_built(gpupool_client *c) {
-        if (c->mem != &client_mem_host) {
-                client_set_error(c, "named objects are built for the host backend only so far, not for %s",
+        if (!c->mem->map_read) {
+                client_set_error(c, "named objects are built for the host and cuda-vmm backends only so far, not for %s",
                                  c->mem->backend);
                 return -EOPNOTSUPP;
         }
@@ -53,14 +52,10 @@ static struct client_attachment *by_name(gpupool_client *c, const char *name) {
         return NULL;
 }
 
-/* Unmaps a (its segment's mapping, and descriptor kept, where the process published it). */
-static void attachment_unmap(struct client_attachment *a) {
-        (void) munmap(a->base, a->segment_size);
-        if (a->mapping) {
-                client_fd_release(a->mapping->fd);
-                free(a->mapping);
-                a->mapping = NULL;
-        }
+/* Unmaps a (and lets go of the descriptor kept, where the process published it). */
+static void attachment_unmap(gpupool_client *c, struct client_attachment *a) {
+        c->mem->unmap_read(c, a->device, a->base, a->segment_size);
+        client_fd_release(a->fd);
 }
 
 /* Asks the daemon for req; 0 or a negative errno with the error set. Locked. */
@@ -73,28 +68,6 @@ static int ask(gpupool_client *c, Gpupool__Envelope *req, Gpupool__Envelope__Bod
                 *ret = rep;
         else if (rep)
                 gpupool__envelope__free_unpacked(rep, NULL);
-        return r;
-}
-
-/*
- * Maps m's segment again in place, from its kept descriptor: writable, or read-only from a
- * descriptor opened for reading only (which makes no writable mapping, as a seal needs).
- * Returns 0 or a negative errno.
- */
-static int remap(struct mapping *m, bool writable) {
-        char path[64];
-        int fd = m->fd, r;
-        void *at;
-
-        if (!writable) {
-                snprintf(path, sizeof(path), "/proc/self/fd/%d", m->fd);
-                if ((fd = open(path, O_RDONLY | O_CLOEXEC)) < 0)
-                        return -errno;
-        }
-        at = client_fd_map(fd, m->size, m->base, writable ? PROT_READ | PROT_WRITE : PROT_READ);
-        r = at == MAP_FAILED ? -errno : 0;
-        if (!writable)
-                close(fd);
         return r;
 }
 
@@ -122,23 +95,17 @@ static int publish_block(gpupool_client *c, const char *name, struct block *b, u
                                  (void *) b->ptr, (unsigned long long) b->size);
                 return -EINVAL;
         }
-        if (m->fd < 0) {
-                client_set_error(c, "this process kept no descriptor of the block's segment (past its descriptor limit): "
-                                    "it cannot map it again read-only, and so cannot publish it");
-                return -EINVAL;
-        }
         a = calloc(1, sizeof(*a));
         if (!a)
                 return -ENOMEM;
-        /* Others map all of the segment: nothing of this process's but the object may be in it. */
-        memset(m->base, 0, offset);
-        memset(b->ptr + size, 0, m->size - offset - size);
         /*
-         * The daemon seals the memory against writing, which the kernel refuses while a writable
-         * mapping of it exists: this process's own becomes read-only first, in place.
+         * Others map all of the segment: nothing of this process's but the object may be in it.
+         * Then read-only here, in place: the daemon seals what the backend can seal against
+         * writing, which the kernel refuses while a writable mapping exists.
          */
-        if ((r = remap(m, false)) < 0) {
-                client_set_error(c, "cannot map the block's segment read-only: %s", strerror(-r));
+        if ((r = c->mem->zero(c, m->device, m->base, offset)) < 0 ||
+            (r = c->mem->zero(c, m->device, b->ptr + size, m->size - offset - size)) < 0 ||
+            (r = c->mem->protect(c, m, false)) < 0) {
                 free(a);
                 return r;
         }
@@ -152,7 +119,7 @@ static int publish_block(gpupool_client *c, const char *name, struct block *b, u
         r = ask(c, &req, GPUPOOL__ENVELOPE__BODY_PUBLISH_REPLY, NULL, NULL);
         if (r < 0) {
                 /* Still the process's block: writable again, in place. */
-                (void) remap(m, true);
+                (void) c->mem->protect(c, m, true);
                 free(a);
                 return r;
         }
@@ -166,9 +133,11 @@ static int publish_block(gpupool_client *c, const char *name, struct block *b, u
         a->ptr = b->ptr;
         a->size = size;
         a->count = 1;
-        a->mapping = m;
+        a->device = m->device;
+        a->fd = m->fd;
         a->next = c->attachments;
         c->attachments = a;
+        free(m);
         free(b);
         return 0;
 }
@@ -203,7 +172,6 @@ GPUPOOL_EXPORT int gpupool_attach(gpupool_client *c, const char *name, const voi
         Gpupool__AttachRequest ar = GPUPOOL__ATTACH_REQUEST__INIT;
         struct client_attachment *a;
         const Gpupool__AttachReply *reply;
-        void *base;
         int fd = -1, r;
 
         if (!c || !ret_ptr || !ret_size)
@@ -222,27 +190,24 @@ GPUPOOL_EXPORT int gpupool_attach(gpupool_client *c, const char *name, const voi
                 goto out;
         reply = rep->attach_reply;
         a = calloc(1, sizeof(*a));
-        if (!a || fd < 0 || !client_fd_is_memory(fd, reply->segment_size) || reply->offset > reply->segment_size ||
+        if (!a || fd < 0 || reply->device >= c->device_count || reply->offset > reply->segment_size ||
             reply->size > reply->segment_size - reply->offset) {
                 client_set_error(c, "gpupoold attached '%s' without a segment that holds it", name);
                 r = a ? -EPROTO : -ENOMEM;
                 free(a);
                 goto out;
         }
-        /* Kept from forked children too: a child detaches nothing when it exits. */
-        base = client_fd_map(fd, reply->segment_size, NULL, PROT_READ);
-        if (base == MAP_FAILED) {
-                client_set_error(c, "cannot map object '%s' into this process: %m", name);
+        if ((r = c->mem->map_read(c, reply->device, fd, reply->segment_size, &a->base)) < 0) {
                 free(a);
-                r = -ENOMEM;
                 goto out;
         }
         snprintf(a->name, sizeof(a->name), "%s", name);
-        a->base = base;
         a->segment_size = reply->segment_size;
-        a->ptr = (uint8_t *) base + reply->offset;
+        a->ptr = a->base + reply->offset;
         a->size = reply->size;
         a->count = 1;
+        a->device = reply->device;
+        a->fd = -1;
         a->next = c->attachments;
         c->attachments = a;
 found:
@@ -281,7 +246,7 @@ GPUPOOL_EXPORT int gpupool_detach(gpupool_client *c, const void *ptr) {
                 dr.name = a->name;
                 req.body_case = GPUPOOL__ENVELOPE__BODY_DETACH;
                 req.detach = &dr;
-                attachment_unmap(a);
+                attachment_unmap(c, a);
                 if (!a->unknown)
                         r = ask(c, &req, GPUPOOL__ENVELOPE__BODY_DETACH_REPLY, NULL, NULL);
                 free(a);
@@ -318,7 +283,7 @@ void client_objects_forget(gpupool_client *c) {
 
         while ((a = c->attachments)) {
                 c->attachments = a->next;
-                attachment_unmap(a);
+                attachment_unmap(c, a);
                 free(a);
         }
 }

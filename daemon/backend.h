@@ -89,11 +89,13 @@ struct backend_ops {
         uint64_t (*mem_ident)(struct backend *b, unsigned device, const struct backend_mem *mem);
         /*
          * Optional (NULL: the backend cannot make memory immutable, and has no named objects):
-         * makes a segment immutable for good, for a named object, before anyone else maps it.
-         * Returns 0, -EBUSY while a writable mapping of it exists, or another negative errno.
-         * The segment is destroyed, never reused, once the object goes.
+         * makes a segment of size bytes immutable for good, for a named object, before anyone
+         * else maps it: host seals its memfd against writing; cuda-vmm, whose driver has no
+         * seal, makes its own mapping read-only, and read-only is then the library's mapping
+         * (see reopens_read_only). Returns 0, -EBUSY while a writable mapping of it exists, or
+         * another negative errno. The segment is destroyed, never reused, once the object goes.
          */
-        int (*mem_seal)(struct backend *b, unsigned device, struct backend_mem *mem);
+        int (*mem_seal)(struct backend *b, unsigned device, struct backend_mem *mem, uint64_t size);
 };
 
 struct backend {
@@ -103,6 +105,11 @@ struct backend {
         void *data;
         uint64_t faults_injected;       /* by the test-only fault wrapper; 0 otherwise */
         bool ipc_handles;               /* exports legacy CUDA IPC handles, which need the daemon's PID namespace */
+        /*
+         * Its descriptors are files the kernel opens anew for reading only (host: a memfd through
+         * /proc), so that a named object's attacher can map it no other way.
+         */
+        bool reopens_read_only;
         uint64_t fd_bytes;              /* memory it keeps as a descriptor per segment (host, cuda-vmm): the fd limit's */
         const char *no_adopt_why;       /* where mem_adopt is NULL: why, told to a client that asks */
 };

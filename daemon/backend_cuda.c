@@ -552,6 +552,32 @@ static int cuda_mem_adopt(struct backend *b, unsigned device, int fd, uint64_t s
         return 0;
 }
 
+/*
+ * cuda-vmm: a named object's segment. The driver has no seal: the daemon's own mapping becomes
+ * read-only, and each process that attaches maps it with read access only (libgpupool). A
+ * process that imports the descriptor with the driver itself could map it writable: what may
+ * attach is who is trusted with it (docs/security.md).
+ */
+static int cuda_mem_seal(struct backend *b, unsigned device, struct backend_mem *mem, uint64_t size) {
+        struct cuda_backend *c = cuda_of(b);
+        gp_cu_mem_access_desc ro;
+        struct cuda_device *d;
+        gp_cu_result r;
+        int err;
+
+        if (!(d = enter(c, device, &err)))
+                return err;
+        ro = (gp_cu_mem_access_desc) { .location = vmm_prop(d).location, .flags = GP_CU_MEM_ACCESS_FLAGS_PROT_READ };
+        r = c->cu.cuMemSetAccess(mem->addr, size, &ro, 1);
+        pop(c);
+        if (r != GP_CUDA_SUCCESS) {
+                log_err("cuda-vmm: %s: making a %llu-byte object read-only: %s", d->name, (unsigned long long) size,
+                        gp_cuda_error_name(&c->cu, r));
+                return -EIO;
+        }
+        return 0;
+}
+
 static uint64_t cuda_mem_ident(struct backend *b, unsigned device, const struct backend_mem *mem) {
         struct vmm_file *f = vmm_named(cuda_of(b), mem->fd);
 
@@ -732,6 +758,8 @@ int backend_cuda_open(uint64_t headroom_bytes, bool vmm, struct backend **ret, c
         gp_rb_init(&c->files, cmp_file);
         if (vmm) {
                 int k = kcmp_probe();
+
+                c->ops.mem_seal = cuda_mem_seal;
 
                 c->named = k == 0;
                 if (c->named) {

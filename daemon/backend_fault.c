@@ -101,10 +101,10 @@ static uint64_t fault_mem_ident(struct backend *b, unsigned device, const struct
         return inner->ops->mem_ident(inner, device, mem);
 }
 
-static int fault_mem_seal(struct backend *b, unsigned device, struct backend_mem *mem) {
+static int fault_mem_seal(struct backend *b, unsigned device, struct backend_mem *mem, uint64_t size) {
         struct backend *inner = fault_of(b)->inner;
 
-        return inner->ops->mem_seal(inner, device, mem);
+        return inner->ops->mem_seal(inner, device, mem, size);
 }
 
 static void fault_close(struct backend *b) {

@@ -110,8 +110,8 @@ static int host_mem_zero(struct backend *b, unsigned device, struct backend_mem 
  * whoever holds a descriptor of it (reopening one through /proc included). The kernel refuses
  * while a writable mapping exists: the publisher has made its own read-only first.
  */
-static int host_mem_seal(struct backend *b, unsigned device, struct backend_mem *mem) {
-        (void) b, (void) device;
+static int host_mem_seal(struct backend *b, unsigned device, struct backend_mem *mem, uint64_t size) {
+        (void) b, (void) device, (void) size;
         if (fcntl(mem->fd, F_ADD_SEALS, F_SEAL_WRITE | F_SEAL_SEAL) < 0)
                 return -errno;
         return 0;
@@ -209,6 +209,7 @@ int backend_host_open(uint64_t capacity_bytes, struct backend **ret) {
         h->base.device_count = 1;
         h->base.data = h;
         h->base.fd_bytes = capacity_bytes;      /* a memfd per segment */
+        h->base.reopens_read_only = true;
         h->capacity_bytes = capacity_bytes;
         *ret = &h->base;
         return 0;

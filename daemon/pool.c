@@ -556,7 +556,7 @@ int pool_seal(struct pool *p, const struct pool_owner *o, uint64_t segment_id) {
                 return -ENOENT;
         if (!p->backend->ops->mem_seal)
                 return -EOPNOTSUPP;
-        return p->backend->ops->mem_seal(p->backend, p->device, &s->mem);
+        return p->backend->ops->mem_seal(p->backend, p->device, &s->mem, s->size);
 }
 
 int pool_leased_fd(const struct pool *p, const struct pool_owner *o, uint64_t segment_id) {

@@ -93,7 +93,7 @@ void request_publish(struct session *s, const Gpupool__Envelope *req, struct rep
                 return;
         }
         if (!node->backend->ops->mem_seal) {
-                snprintf(why, sizeof(why), "named objects are not built for the %s backend yet (the host backend has them)",
+                snprintf(why, sizeof(why), "named objects are not built for the %s backend yet (host and cuda-vmm have them)",
                          node->backend->name);
                 reply_error(req->id, -EINVAL, false, why, ret);
                 return;
@@ -184,7 +184,7 @@ void request_attach(struct session *s, const Gpupool__Envelope *req, struct repl
         }
         ret->fds.device = obj->device;
         ret->fds.owner = &obj->owner;
-        ret->fds.read_only = true;
+        ret->fds.read_only = node->backend->reopens_read_only;
         ret->fds.segments[0] = obj->segment_id;
         ret->fds.n = 1;
 }

@@ -169,6 +169,13 @@ GPUPOOL_EXPORT int gpupool_arena_destroy(gpupool_arena *arena);
 GPUPOOL_EXPORT size_t gpupool_last_error(gpupool_client *client, char *buf, size_t size);
 
 /*
+ * The daemon's backend, which says what the pointers this handle hands out are: "host" (host
+ * memory), "cuda" or "cuda-vmm" (device pointers). NULL for a NULL client. The string lives as
+ * long as the library.
+ */
+GPUPOOL_EXPORT const char *gpupool_backend(gpupool_client *client);
+
+/*
  * The process's own pool: the handle leases whole segments from the daemon and carves its
  * blocks from them itself (best fit, split and merge, as PyTorch's caching allocator does), so
  * that an allocation or a free that fits what it holds makes no request. A segment that
@@ -207,9 +214,12 @@ GPUPOOL_EXPORT size_t gpupool_cached_bytes(gpupool_client *client);
  * read-only at ptr (a write there faults) until it detaches it. Refused (-EINVAL) for a block that shares its segment, a name taken or
  * invalid, a size of 0 or over the block; -ENOENT for a pointer that is no live block.
  *
- * gpupool_attach() maps the object name read-only (the daemon sealed its memory against writing
- * at publish: nobody can write it, whatever descriptor they hold) and returns where and how
- * large; -ENOENT for no such object, -EACCES for one
+ * gpupool_attach() maps the object name read-only and returns where and how large. Host
+ * backend: the daemon sealed its memory against writing at publish, so nobody can write it,
+ * whatever descriptor they hold. cuda-vmm: the driver cannot seal; every mapping the library
+ * makes (the publisher's after publishing included) has read access only, and a write through
+ * one is an illegal address that ends the process's CUDA context (publish waits for the
+ * device's work first, cuCtxSynchronize). Returns -ENOENT for no such object, -EACCES for one
  * that is not for this process (its publisher's uid, the node's operator, and the clients of
  * its tenant where that is a tenant of the config, not default, may attach it). Attaching one the handle has attached already returns the same
  * mapping, counted: each attach takes one gpupool_detach(). gpupool_detach() unmaps it.
@@ -221,8 +231,8 @@ GPUPOOL_EXPORT size_t gpupool_cached_bytes(gpupool_client *client);
  * With idle_objects set (gpupoold.conf(5)), an object nobody has attached that long may be
  * evicted under memory pressure: a later attach is -ENOENT saying it was evicted and when.
  *
- * Built so far for the host backend with whole segments (not $GPUPOOL_SEGMENTS=grow): elsewhere
- * -EOPNOTSUPP, saying so. Objects do not outlive the daemon yet (a daemon that restarts forgets
+ * Built so far for the host and cuda-vmm backends with whole segments (not
+ * $GPUPOOL_SEGMENTS=grow): elsewhere -EOPNOTSUPP, saying so. Objects do not outlive the daemon yet (a daemon that restarts forgets
  * them; the processes that have them mapped keep their mappings).
  */
 GPUPOOL_EXPORT int gpupool_publish(gpupool_client *client, const char *name, void *ptr, size_t size);

@@ -105,6 +105,20 @@ class Client:
         if r < 0:
             raise error(r, self.last_error())
 
+    @property
+    def backend(self):
+        """The daemon's backend: "host" (pointers are host memory), "cuda" or "cuda-vmm" (device pointers)."""
+        return lib.gpupool_backend(self._live()).decode()
+
+    def _host_objects(self, what):
+        # A memoryview over a device pointer would crash the process at its first byte.
+        if self.backend != "host":
+            raise error(
+                -errno.EOPNOTSUPP,
+                f"gpupool.Client.{what}: named objects on {self.backend} are for the C API so far: the Python "
+                "views (PyTorch tensors, CuPy arrays) are not built yet",
+            )
+
     def alloc(self, size, device=0):
         """Allocates size bytes (at least 1) on device; returns the pointer as an int."""
         if size <= 0:
@@ -139,6 +153,7 @@ class Client:
         """Publishes a copy of data (anything with the buffer protocol: bytes, an array) as the
         named object name, which outlives this process until unpublished (gpupool_publish in
         gpupool.h). Host backend: the copy is made once, here; attaching it copies nothing."""
+        self._host_objects("publish")
         view = memoryview(data).cast("B")
         if not view.nbytes:
             raise ValueError(f"gpupool.Client.publish: {name}: an object is at least 1 byte")
@@ -155,7 +170,8 @@ class Client:
 
     def attach(self, name):
         """Maps the named object name read-only, without a copy: a read-only memoryview of its
-        bytes, detached when the view (and every array made over it) is gone."""
+        bytes, detached when the view (and every array made over it) is gone. Host backend."""
+        self._host_objects("attach")
         ptr, size = ctypes.c_void_p(), ctypes.c_size_t()
         self._check(lib.gpupool_attach(self._live(), name.encode(), ctypes.byref(ptr), ctypes.byref(size)))
         buf = (ctypes.c_char * size.value).from_address(ptr.value)

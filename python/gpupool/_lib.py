@@ -81,6 +81,7 @@ def _load():
         "gpupool_stats": (i, [p, ctypes.POINTER(Stats)]),
         "gpupool_grow_stats": (i, [p, ctypes.POINTER(GrowStats)]),
         "gpupool_last_error": (sz, [p, ctypes.c_char_p, sz]),
+        "gpupool_backend": (ctypes.c_char_p, [p]),
         "gpupool_strerror": (ctypes.c_char_p, [i]),
         "gpupool_hook_client": (i, [ctypes.POINTER(p)]),
         "gpupool_hook_last_error": (i, [ctypes.c_char_p, sz]),

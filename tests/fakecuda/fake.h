@@ -28,6 +28,7 @@ struct ctx {
         int gpu;                        /* physical index */
         int retained;
         int exclusive_fd;               /* EXCLUSIVE_PROCESS: the device's lock file, held while retained */
+        bool faulted;                   /* wrote where it may only read: unusable, as after a fault on a GPU */
 };
 
 /* fakecuda.c: the process's driver state, guarded by lock. */
@@ -80,6 +81,8 @@ bool within(CUdeviceptr p, size_t n, CUdeviceptr base, size_t size);
                         return r_;                              \
                 if (!current())                                 \
                         return GP_CUDA_ERROR_INVALID_CONTEXT;   \
+                if (current()->faulted)                         \
+                        return GP_CUDA_ERROR_ILLEGAL_ADDRESS;   \
         } while (0)
 
 /* Returns CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED from a potentially unsafe call made during a capture. */
@@ -98,8 +101,13 @@ uint64_t parse_bytes(const char *s, uint64_t dflt);
 
 /* fakecuda_mem.c: reads its knobs at cuInit, locked. */
 void mem_init(void);
-/* The host bytes behind [p, p + n) (an allocation, or a mapping made accessible), or NULL. Takes lock. */
-uint8_t *bytes_at(CUdeviceptr p, size_t n);
+/*
+ * The host bytes behind [p, p + n) (an allocation, or a mapping made accessible) in *ret, for
+ * reading or (write) writing too. Returns CUDA_SUCCESS, CUDA_ERROR_INVALID_VALUE (not device
+ * memory this process can reach), or CUDA_ERROR_ILLEGAL_ADDRESS (a write where only reading
+ * is allowed: the current context is faulted from then on). Takes lock.
+ */
+CUresult bytes_at(CUdeviceptr p, size_t n, bool write, uint8_t **ret);
 
 /* The entry points of device memory, copies and IPC handles, for the entry-point table. */
 CUresult fk_MemAlloc_v2(CUdeviceptr *dptr, size_t size);
@@ -151,8 +159,11 @@ struct vmap {
 };
 
 extern struct vmap *vmaps;
-/* The host bytes behind [p, p + n): mapped and accessible throughout, or NULL. Call locked. */
-uint8_t *vmap_bytes(CUdeviceptr p, size_t n);
+/*
+ * The host bytes behind [p, p + n): mapped and accessible throughout, or NULL; *ret_read_only
+ * set when some of it is mapped for reading only. Call locked.
+ */
+uint8_t *vmap_bytes(CUdeviceptr p, size_t n, bool *ret_read_only);
 
 /* The entry points of virtual memory management, for the entry-point table. */
 CUresult fk_MemGetAllocationGranularity(size_t *granularity, const gp_cu_mem_prop *prop, gp_cu_mem_granularity_flags option);

@@ -47,7 +47,10 @@
  *     must name device memory, whose GPU cuMemGetAllocationPropertiesFromHandle gives as this
  *     process's ordinal; each export is a file of its own; cuMemMap wants offset 0, the whole allocation and a range of a
  *     reservation not mapped yet; mappings side by side are one range of addresses (a copy or
- *     memset may span them); a mapping is not accessible until cuMemSetAccess; unmapping
+ *     memset may span them); a mapping is not accessible until cuMemSetAccess, and one made
+ *     read-only (CU_MEM_ACCESS_FLAGS_PROT_READ) is read by copies but a copy or memset into
+ *     it is an illegal address, sticky as the driver's is: every later call that needs that
+ *     context fails with CUDA_ERROR_ILLEGAL_ADDRESS; unmapping
  *     takes whole mappings, and a reservation is freed only unmapped; the memory lives while
  *     any process holds a handle, a descriptor or a mapping of it (its creator's exit
  *     included), and is freed with the last;
@@ -503,6 +506,7 @@ static CUresult fk_GetErrorName(CUresult r, const char **name) {
                 { GP_CUDA_ERROR_INVALID_HANDLE, "CUDA_ERROR_INVALID_HANDLE" },
                 { GP_CUDA_ERROR_NOT_FOUND, "CUDA_ERROR_NOT_FOUND" },
                 { GP_CUDA_ERROR_NOT_READY, "CUDA_ERROR_NOT_READY" },
+                { GP_CUDA_ERROR_ILLEGAL_ADDRESS, "CUDA_ERROR_ILLEGAL_ADDRESS" },
                 { GP_CUDA_ERROR_ILLEGAL_STATE, "CUDA_ERROR_ILLEGAL_STATE" },
                 { GP_CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED" },
                 { GP_CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED" },

@@ -242,19 +242,22 @@ CUresult fk_MemGetInfo_v1(unsigned *free_bytes, unsigned *total_bytes) {
         return r;
 }
 
-/* The host bytes behind [p, p + n) (an allocation, or a mapping made accessible), or NULL. */
-uint8_t *bytes_at(CUdeviceptr p, size_t n) {
+CUresult bytes_at(CUdeviceptr p, size_t n, bool write, uint8_t **ret) {
         struct alloc *a;
-        uint8_t *host = NULL;
+        bool read_only = false;
 
         pthread_mutex_lock(&lock);
         a = find(p, n);
-        if (a)
-                host = a->host + (p - a->dptr);
-        else
-                host = vmap_bytes(p, n);
+        *ret = a ? a->host + (p - a->dptr) : vmap_bytes(p, n, &read_only);
+        /* A fault on the GPU: the context is lost, as the driver's sticky errors leave it. */
+        if (*ret && write && read_only) {
+                current()->faulted = true;
+                *ret = NULL;
+                pthread_mutex_unlock(&lock);
+                return GP_CUDA_ERROR_ILLEGAL_ADDRESS;
+        }
         pthread_mutex_unlock(&lock);
-        return host;
+        return *ret ? GP_CUDA_SUCCESS : GP_CUDA_ERROR_INVALID_VALUE;
 }
 
 /*
@@ -268,9 +271,8 @@ CUresult fk_MemcpyHtoD_v2(CUdeviceptr dst, const void *src, size_t n) {
 
         NEED_CTX();
         NO_UNSAFE_CALL_IN_CAPTURE();
-        h = bytes_at(dst, n);
-        if (!h)
-                return GP_CUDA_ERROR_INVALID_VALUE;
+        if ((r = bytes_at(dst, n, true, &h)))
+                return r;
         r = legacy_synchronize();
         if (r == GP_CUDA_SUCCESS)
                 memcpy(h, src, n);
@@ -283,9 +285,8 @@ CUresult fk_MemcpyDtoH_v2(void *dst, CUdeviceptr src, size_t n) {
 
         NEED_CTX();
         NO_UNSAFE_CALL_IN_CAPTURE();
-        h = bytes_at(src, n);
-        if (!h)
-                return GP_CUDA_ERROR_INVALID_VALUE;
+        if ((r = bytes_at(src, n, false, &h)))
+                return r;
         r = legacy_synchronize();
         if (r == GP_CUDA_SUCCESS)
                 memcpy(dst, h, n);

@@ -561,11 +561,11 @@ static CUresult enqueue(gp_cu_stream hs, enum op_kind kind, CUdeviceptr p, uint3
         struct stream *s;
         struct op *op;
         uint8_t *h;
+        CUresult r;
 
         NEED_CTX();
-        h = bytes_at(p, bytes);
-        if (!h)
-                return GP_CUDA_ERROR_INVALID_VALUE;
+        if ((r = bytes_at(p, bytes, true, &h)))
+                return r;
         op = calloc(1, sizeof(*op));
         if (!op)
                 return GP_CUDA_ERROR_OUT_OF_MEMORY;
@@ -574,8 +574,7 @@ static CUresult enqueue(gp_cu_stream hs, enum op_kind kind, CUdeviceptr p, uint3
         s = stream_of(hs);
         if (!s || s->ctx != current() || s->capture != CAPTURE_NONE) {
                 /* Another context's stream is refused; work captured becomes a graph node, not run now. */
-                CUresult r = !s || s->ctx != current() ? GP_CUDA_ERROR_INVALID_HANDLE : GP_CUDA_SUCCESS;
-
+                r = !s || s->ctx != current() ? GP_CUDA_ERROR_INVALID_HANDLE : GP_CUDA_SUCCESS;
                 pthread_mutex_unlock(&lock);
                 free(op);
                 return r;

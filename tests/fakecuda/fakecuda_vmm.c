@@ -438,10 +438,11 @@ CUresult fk_MemSetAccess(CUdeviceptr ptr, size_t size, const gp_cu_mem_access_de
 }
 
 /* The host bytes behind [p, p + n): mapped and accessible throughout, across mappings side by side. Call locked. */
-uint8_t *vmap_bytes(CUdeviceptr p, size_t n) {
+uint8_t *vmap_bytes(CUdeviceptr p, size_t n, bool *ret_read_only) {
         struct reservation *v = reservation_of(p, n ? n : 1);
         CUdeviceptr at = p;
 
+        *ret_read_only = false;
         if (!v)
                 return NULL;
         do {
@@ -449,6 +450,7 @@ uint8_t *vmap_bytes(CUdeviceptr p, size_t n) {
 
                 if (!m || m->access == GP_CU_MEM_ACCESS_FLAGS_PROT_NONE)
                         return NULL;
+                *ret_read_only |= m->access == GP_CU_MEM_ACCESS_FLAGS_PROT_READ;
                 at = m->ptr + m->size;
         } while (at < p + n);
         return v->shadow + (p - v->base);

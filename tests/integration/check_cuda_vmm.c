@@ -34,6 +34,11 @@ static const gp_cu_mem_access_desc vmm_rw = {
         .flags = GP_CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
 };
 
+static const gp_cu_mem_access_desc vmm_ro = {
+        .location = { .type = GP_CU_MEM_LOCATION_TYPE_DEVICE, .id = 0 },
+        .flags = GP_CU_MEM_ACCESS_FLAGS_PROT_READ,
+};
+
 /* Whether the first bytes at p read value. */
 static bool vmm_reads(struct gpu *g, gp_cu_deviceptr p, unsigned char value) {
         unsigned char buf[64];
@@ -138,7 +143,16 @@ static int vmm_importer(struct testd *d, void *arg) {
         if (g.cu.cuMemUnmap(va, 4 * MiB) != GP_CUDA_SUCCESS || g.cu.cuMemAddressFree(va, 4 * MiB) != GP_CUDA_SUCCESS ||
             g.cu.cuMemGetInfo(&free2, &total) != GP_CUDA_SUCCESS || free2 != free1 + 4 * MiB)
                 return 8;       /* nobody holds it any more: freed */
-        return 0;
+        /* Mapped for reading only: copies read it; a write is an illegal address, and the context is lost after it. */
+        if (g.cu.cuMemCreate(&h, 2 * MiB, &vmm_prop, 0) != GP_CUDA_SUCCESS ||
+            g.cu.cuMemAddressReserve(&va, 2 * MiB, 0, 0, 0) != GP_CUDA_SUCCESS || g.cu.cuMemMap(va, 2 * MiB, 0, h, 0) != GP_CUDA_SUCCESS ||
+            g.cu.cuMemSetAccess(va, 2 * MiB, &vmm_rw, 1) != GP_CUDA_SUCCESS || g.htod(va, fill, sizeof(fill)) != GP_CUDA_SUCCESS ||
+            g.cu.cuMemSetAccess(va, 2 * MiB, &vmm_ro, 1) != GP_CUDA_SUCCESS || !vmm_reads(&g, va, 0xcd))
+                return 9;
+        if (g.htod(va, fill, sizeof(fill)) != GP_CUDA_ERROR_ILLEGAL_ADDRESS ||
+            g.cu.cuMemGetInfo(&free1, &total) != GP_CUDA_ERROR_ILLEGAL_ADDRESS)
+                return 10;
+        return 0;       /* and exits: what it held goes with it */
 }
 
 START_TEST(test_fake_vmm_rules) {
@@ -547,10 +561,116 @@ START_TEST(test_vmm_adoption) {
 }
 END_TEST
 
+/* ---- named objects: published once, mapped read-only by others, outliving the publisher ---- */
+
+#define VMM_OBJ (16 * MiB)      /* over 10 MiB: a segment of its own */
+
+/* Whether a write at p (4 KiB) is refused as the driver refuses one into memory mapped read-only: at once, or at the sync. */
+static bool write_faults(struct gpu *g, const void *p) {
+        gp_cu_result r = g->memset_d8_async(dptr((void *) p), 0, 4096, NULL);
+
+        if (r == GP_CUDA_SUCCESS)
+                r = g->cu.cuCtxSynchronize();
+        return r == GP_CUDA_ERROR_ILLEGAL_ADDRESS;
+}
+
+/* The object's field key in gpupoolctl objects --json (-1: no such object). */
+static long long vmm_object_field(struct testd *d, const char *name, const char *key) {
+        json_t *j = testd_ctl(d, "objects"), *o;
+        long long r = -1;
+        size_t i;
+
+        json_array_foreach(json_object_get(j, "objects"), i, o)
+                if (strcmp(json_string_value(json_object_get(o, "name")), name) == 0)
+                        r = json_integer_value(json_object_get(o, key));
+        json_decref(j);
+        return r;
+}
+
+/* Publishes "weights" (a pattern), reads it still, attaches its own (the same bytes), and exits: the object stays. */
+static int vmm_publisher(struct testd *d, void *arg) {
+        void *fail_page = arg, *p;
+        gpupool_client *c = NULL;
+        const void *q;
+        size_t size;
+        struct gpu g;
+
+        if (gpu_open(&g) < 0 || gpupool_connect(d->sock, "publisher", &c) < 0)
+                FAIL();
+        if (gpupool_alloc(c, 0, VMM_OBJ, &p) != 0 || write_pattern(&g, p, VMM_OBJ, 7) < 0)
+                FAIL();
+        if (gpupool_publish(c, "weights", p, VMM_OBJ) != 0 || !pattern_intact(&g, p, VMM_OBJ, 7))
+                FAIL();
+        if (gpupool_attach(c, "weights", &q, &size) != 0 || q != p || size != VMM_OBJ || gpupool_detach(c, q) != 0)
+                FAIL();
+        return 0;       /* exits attached: the exit detaches, the object stays */
+}
+
+/* Attaches "weights" twice over (one mapping), reads it, and finds a write refused, which ends its context. */
+static int vmm_attacher(struct testd *d, void *arg) {
+        void *fail_page = arg;
+        gpupool_client *c = NULL;
+        const void *p, *q;
+        size_t size;
+        struct gpu g;
+
+        if (gpu_open(&g) < 0 || gpupool_connect(d->sock, "attacher", &c) < 0)
+                FAIL();
+        if (gpupool_attach(c, "weights", &p, &size) != 0 || size != VMM_OBJ || !pattern_intact(&g, (void *) p, VMM_OBJ, 7))
+                FAIL();
+        if (gpupool_attach(c, "weights", &q, &size) != 0 || q != p || gpupool_detach(c, q) != 0 ||
+            vmm_object_field(d, "weights", "attachments") != 1)
+                FAIL();
+        if (!write_faults(&g, p))
+                FAIL();
+        return 0;
+}
+
+/* Publishes "scratch" and writes into it: refused, as the publisher's own mapping is read-only from the publish. */
+static int vmm_publisher_writes(struct testd *d, void *arg) {
+        void *fail_page = arg, *p;
+        gpupool_client *c = NULL;
+        struct gpu g;
+
+        if (gpu_open(&g) < 0 || gpupool_connect(d->sock, "scribbler", &c) < 0 ||
+            gpupool_alloc(c, 0, VMM_OBJ, &p) != 0 || write_pattern(&g, p, VMM_OBJ, 9) < 0 ||
+            gpupool_publish(c, "scratch", p, VMM_OBJ) != 0)
+                FAIL();
+        if (!write_faults(&g, p))
+                FAIL();
+        return 0;
+}
+
+/*
+ * cuda-vmm objects: what one process published, others map read-only without a copy after
+ * it has exited (counted to its tenant meanwhile); a write through any process's mapping is
+ * refused; unpublished and detached, the object's memory goes back to the GPU.
+ */
+START_TEST(test_vmm_objects) {
+        struct testd d;
+
+        vmm_start(&d);
+        check_client(&d, vmm_publisher, "the publisher");
+        ck_assert_int_eq(vmm_object_field(&d, "weights", "size_bytes"), VMM_OBJ);
+        ck_assert_int_eq(vmm_object_field(&d, "weights", "attachments"), 0);
+        ck_assert_int_eq(leased_on(&d, 0), VMM_OBJ);    /* the object's, its publisher gone */
+        check_client(&d, vmm_attacher, "the attacher");
+        check_client(&d, vmm_publisher_writes, "the publisher that writes");
+        json_decref(testd_ctl(&d, "check"));
+        json_decref(testd_ctl(&d, "unpublish weights"));
+        json_decref(testd_ctl(&d, "unpublish scratch"));
+        ck_assert_int_eq(vmm_object_field(&d, "weights", "size_bytes"), -1);
+        /* Gone, not cached: a sealed segment is never leased again. */
+        ck_assert_int_eq(testd_device(&d, 0, "reserved_bytes"), 0);
+        cuda_stop(&d);
+}
+END_TEST
+
 void cuda_vmm_add_common(TCase *tc) {
         tcase_add_test(tc, test_vmm_survives_daemon_kill);
         tcase_add_test(tc, test_vmm_adoption);
         tcase_add_test(tc, test_vmm_adopting_a_frozen_fuse_file);
+        tcase_add_test(tc, test_vmm_objects);
 }
 
 void cuda_vmm_add_fake(TCase *tc) {

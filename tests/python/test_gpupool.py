@@ -215,6 +215,7 @@ class TestObjects(unittest.TestCase):
     def test_publish_and_attach(self):
         data = bytes(range(256)) * 4096
         with gpupool.Client(self.d.sock, name="publisher") as c:
+            self.assertEqual(c.backend, "host")
             c.publish("weights", data)
         # The publisher is gone; the object is not.
         with gpupool.Client(self.d.sock, name="reader") as c:
