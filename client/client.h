@@ -157,7 +157,8 @@ struct client_attachment {
         uint64_t size;
         unsigned count;                 /* attaches not yet detached */
         unsigned device;                /* the daemon's index */
-        bool unknown;                   /* attached from a daemon before this one (objects do not outlive it) */
+        uint64_t id;                    /* the object's, as the daemon said (0: it did not) */
+        bool unknown;                   /* the daemon now does not count it: attached from one before, which it did not take over */
         int fd;                         /* published here: the segment's descriptor, kept (else -1) */
 };
 

@@ -73,7 +73,7 @@ static int ask(gpupool_client *c, Gpupool__Envelope *req, Gpupool__Envelope__Bod
 
 /* Publishes live block b, out of the live table, of mapping m; on failure b is put back. Locked. */
 static int publish_block(gpupool_client *c, const char *name, struct block *b, uint64_t size) {
-        Gpupool__Envelope req = GPUPOOL__ENVELOPE__INIT;
+        Gpupool__Envelope req = GPUPOOL__ENVELOPE__INIT, *rep = NULL;
         Gpupool__PublishRequest pr = GPUPOOL__PUBLISH_REQUEST__INIT;
         struct mapping *m = b->mapping;
         struct client_attachment *a;
@@ -116,7 +116,7 @@ static int publish_block(gpupool_client *c, const char *name, struct block *b, u
         pr.size = size;
         req.body_case = GPUPOOL__ENVELOPE__BODY_PUBLISH;
         req.publish = &pr;
-        r = ask(c, &req, GPUPOOL__ENVELOPE__BODY_PUBLISH_REPLY, NULL, NULL);
+        r = ask(c, &req, GPUPOOL__ENVELOPE__BODY_PUBLISH_REPLY, &rep, NULL);
         if (r < 0) {
                 /* Still the process's block: writable again, in place. */
                 (void) c->mem->protect(c, m, true);
@@ -134,6 +134,8 @@ static int publish_block(gpupool_client *c, const char *name, struct block *b, u
         a->size = size;
         a->count = 1;
         a->device = m->device;
+        a->id = rep->publish_reply->has_id ? rep->publish_reply->id : 0;
+        gpupool__envelope__free_unpacked(rep, NULL);
         a->fd = m->fd;
         a->next = c->attachments;
         c->attachments = a;
@@ -207,6 +209,7 @@ GPUPOOL_EXPORT int gpupool_attach(gpupool_client *c, const char *name, const voi
         a->size = reply->size;
         a->count = 1;
         a->device = reply->device;
+        a->id = reply->has_id ? reply->id : 0;
         a->fd = -1;
         a->next = c->attachments;
         c->attachments = a;
@@ -276,6 +279,44 @@ GPUPOOL_EXPORT int gpupool_unpublish(gpupool_client *c, const char *name) {
 void client_objects_daemon_changed(gpupool_client *c) {
         for (struct client_attachment *a = c->attachments; a; a = a->next)
                 a->unknown = true;
+}
+
+/*
+ * Attaches a again, on the daemon after the one it was attached from: counted there if that
+ * daemon took the same object over (its id), so that it is never evicted from under this
+ * process; told at once that it is not, otherwise. Locked.
+ */
+static void attach_again(gpupool_client *c, struct client_attachment *a) {
+        Gpupool__Envelope req = GPUPOOL__ENVELOPE__INIT, *rep = NULL;
+        Gpupool__AttachRequest ar = GPUPOOL__ATTACH_REQUEST__INIT;
+        Gpupool__DetachRequest dr = GPUPOOL__DETACH_REQUEST__INIT;
+        const Gpupool__AttachReply *reply;
+        int fd = -1;
+
+        ar.name = a->name;
+        req.body_case = GPUPOOL__ENVELOPE__BODY_ATTACH;
+        req.attach = &ar;
+        if (!a->id || ask(c, &req, GPUPOOL__ENVELOPE__BODY_ATTACH_REPLY, &rep, &fd) < 0)
+                return;         /* gone with the daemon before (no store kept it), or not this process's to attach */
+        if (fd >= 0)
+                close(fd);      /* mapped already */
+        reply = rep->attach_reply;
+        if (reply->has_id && reply->id == a->id && reply->size == a->size && reply->segment_size == a->segment_size) {
+                a->unknown = false;
+        } else {
+                /* Another object of that name: not this process's mapping. */
+                dr.name = a->name;
+                req.body_case = GPUPOOL__ENVELOPE__BODY_DETACH;
+                req.detach = &dr;
+                (void) ask(c, &req, GPUPOOL__ENVELOPE__BODY_DETACH_REPLY, NULL, NULL);
+        }
+        gpupool__envelope__free_unpacked(rep, NULL);
+}
+
+void client_objects_resume(gpupool_client *c) {
+        for (struct client_attachment *a = c->attachments; a; a = a->next)
+                if (a->unknown)
+                        attach_again(c, a);
 }
 
 void client_objects_forget(gpupool_client *c) {

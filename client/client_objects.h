@@ -16,4 +16,11 @@ void client_objects_forget(gpupool_client *c);
  */
 void client_objects_daemon_changed(gpupool_client *c);
 
+/*
+ * Once the daemon after it has adopted what the process holds: attaches again, there, each
+ * object the handle has attached, where that daemon took it over (systemd's store kept it),
+ * so that it counts the attachment. Locked, the main connection free.
+ */
+void client_objects_resume(gpupool_client *c);
+
 #endif

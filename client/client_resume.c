@@ -183,7 +183,7 @@ int client_resume(gpupool_client *c, struct gp_conn *conn, Gpupool__Envelope *he
         }
         gp_conn_close(&c->conn);
         c->conn = *conn;
-        client_objects_daemon_changed(c);       /* the objects it has attached died with the daemon it had */
+        client_objects_daemon_changed(c);       /* the objects it has attached: the new daemon may not know them */
         c->conn.calls += calls;         /* the handle's requests and round trips count on */
         c->conn.trips += trips;
         /* The memory held is adoptable by a daemon of the same kind only, with the same devices (GPUs: by UUID). */
@@ -202,6 +202,7 @@ int client_resume(gpupool_client *c, struct gp_conn *conn, Gpupool__Envelope *he
         }
         if ((r = adopt_all(c)) < 0)
                 return r;
+        client_objects_resume(c);
         control = calloc(1, sizeof(*control));
         if (!control)
                 return -ENOMEM;

@@ -75,11 +75,13 @@ struct backend_ops {
         /*
          * Optional (NULL: the backend cannot adopt memory): makes *ret of fd, which a client
          * says is a segment of size bytes that a daemon before this one leased it, after
-         * checking that it is one; on success *ret owns fd. Returns 0, or a negative errno with
-         * what fd is instead in why (-EINVAL: not a segment of that size), fd still the caller's.
+         * checking that it is one; on success *ret owns fd. sealed: a named object's segment
+         * that daemon sealed (mem_seal), kept in systemd's store, sealed again here. Returns 0,
+         * or a negative errno with what fd is instead in why (-EINVAL: not a segment of that
+         * size), fd still the caller's.
          */
-        int (*mem_adopt)(struct backend *b, unsigned device, int fd, uint64_t size, struct backend_mem *ret, char *why,
-                         size_t why_size);
+        int (*mem_adopt)(struct backend *b, unsigned device, int fd, uint64_t size, bool sealed, struct backend_mem *ret,
+                         char *why, size_t why_size);
         /*
          * Optional: a number naming a segment's memory, the same for every descriptor the
          * backend can tell is of it (host: any; cuda-vmm: those of the file it exported) and no

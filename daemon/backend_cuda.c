@@ -237,6 +237,13 @@ static void vmm_unname(struct cuda_backend *c, int fd) {
         }
 }
 
+/* Makes the daemon's mapping at va read-only (a named object's). Pushed. */
+static gp_cu_result vmm_read_only(struct cuda_backend *c, struct cuda_device *d, gp_cu_deviceptr va, uint64_t size) {
+        gp_cu_mem_access_desc ro = { .location = vmm_prop(d).location, .flags = GP_CU_MEM_ACCESS_FLAGS_PROT_READ };
+
+        return c->cu.cuMemSetAccess(va, size, &ro, 1);
+}
+
 /* Maps h at va for the device to read and write. Pushed. Returns a driver result; on failure nothing is mapped. */
 static gp_cu_result vmm_map(struct cuda_backend *c, struct cuda_device *d, gp_cu_deviceptr va, uint64_t size,
                             gp_cu_mem_handle h) {
@@ -489,7 +496,7 @@ static int cuda_mem_zero_done(struct backend *b, unsigned device, struct backend
  * itself passes too, and is counted as the client's like any other. The driver does not say an
  * allocation's size: one larger than size maps as size bytes, and the rest is the client's own.
  */
-static int cuda_mem_adopt(struct backend *b, unsigned device, int fd, uint64_t size, struct backend_mem *ret,
+static int cuda_mem_adopt(struct backend *b, unsigned device, int fd, uint64_t size, bool sealed, struct backend_mem *ret,
                           char *why, size_t why_size) {
         struct cuda_backend *c = cuda_of(b);
         gp_cu_mem_prop prop;
@@ -528,6 +535,11 @@ static int cuda_mem_adopt(struct backend *b, unsigned device, int fd, uint64_t s
         r = c->cu.cuMemAddressReserve(&va, size, 0, 0, 0);
         if (r == GP_CUDA_SUCCESS && (r = vmm_map(c, d, va, size, h)) != GP_CUDA_SUCCESS)
                 (void) c->cu.cuMemAddressFree(va, size);
+        /* A named object's: the daemon's mapping read-only again, as cuda_mem_seal() made it. */
+        if (r == GP_CUDA_SUCCESS && sealed && (r = vmm_read_only(c, d, va, size)) != GP_CUDA_SUCCESS) {
+                (void) c->cu.cuMemUnmap(va, size);
+                (void) c->cu.cuMemAddressFree(va, size);
+        }
         if (r == GP_CUDA_SUCCESS && vmm_name(c, fd) < 0) {
                 (void) c->cu.cuMemUnmap(va, size);
                 (void) c->cu.cuMemAddressFree(va, size);
@@ -560,15 +572,13 @@ static int cuda_mem_adopt(struct backend *b, unsigned device, int fd, uint64_t s
  */
 static int cuda_mem_seal(struct backend *b, unsigned device, struct backend_mem *mem, uint64_t size) {
         struct cuda_backend *c = cuda_of(b);
-        gp_cu_mem_access_desc ro;
         struct cuda_device *d;
         gp_cu_result r;
         int err;
 
         if (!(d = enter(c, device, &err)))
                 return err;
-        ro = (gp_cu_mem_access_desc) { .location = vmm_prop(d).location, .flags = GP_CU_MEM_ACCESS_FLAGS_PROT_READ };
-        r = c->cu.cuMemSetAccess(mem->addr, size, &ro, 1);
+        r = vmm_read_only(c, d, mem->addr, size);
         pop(c);
         if (r != GP_CUDA_SUCCESS) {
                 log_err("cuda-vmm: %s: making a %llu-byte object read-only: %s", d->name, (unsigned long long) size,

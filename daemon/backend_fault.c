@@ -88,11 +88,11 @@ static int fault_device_memory(struct backend *b, unsigned device, struct backen
         return inner->ops->device_memory(inner, device, ret);
 }
 
-static int fault_mem_adopt(struct backend *b, unsigned device, int fd, uint64_t size, struct backend_mem *ret, char *why,
+static int fault_mem_adopt(struct backend *b, unsigned device, int fd, uint64_t size, bool sealed, struct backend_mem *ret, char *why,
                            size_t why_size) {
         struct backend *inner = fault_of(b)->inner;
 
-        return inner->ops->mem_adopt(inner, device, fd, size, ret, why, why_size);
+        return inner->ops->mem_adopt(inner, device, fd, size, sealed, ret, why, why_size);
 }
 
 static uint64_t fault_mem_ident(struct backend *b, unsigned device, const struct backend_mem *mem) {

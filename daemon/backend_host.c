@@ -138,8 +138,10 @@ static int host_mem_zero_done(struct backend *b, unsigned device, struct backend
  * and would stall the loop. Only once the descriptor is known to be shmem is it fstat()ed.
  * Write seals are refused: the daemon could not zero, punch or lease such memory to anyone.
  */
-static int host_mem_adopt(struct backend *b, unsigned device, int fd, uint64_t size, struct backend_mem *ret,
+static int host_mem_adopt(struct backend *b, unsigned device, int fd, uint64_t size, bool sealed, struct backend_mem *ret,
                           char *why, size_t why_size) {
+        /* A named object's: host_mem_seal() added these. */
+        int want = sealed ? SEGMENT_SEALS | F_SEAL_WRITE : SEGMENT_SEALS;
         struct stat st;
         int seals, flags;
 
@@ -151,9 +153,10 @@ static int host_mem_adopt(struct backend *b, unsigned device, int fd, uint64_t s
                 return -EINVAL;
         }
         /* A daemon before this one sealed its segments with F_SEAL_SEAL too: either is a segment's. */
-        if ((seals & ~(F_SEAL_EXEC | F_SEAL_SEAL)) != SEGMENT_SEALS) {
-                snprintf(why, why_size, "not sealed as a segment is (seals %#x, a segment's are exactly %#x%s)", seals,
-                         SEGMENT_SEALS, seals & (F_SEAL_WRITE | F_SEAL_FUTURE_WRITE) ? ": it is sealed against writing" : "");
+        if ((seals & ~(F_SEAL_EXEC | F_SEAL_SEAL)) != want) {
+                snprintf(why, why_size, "not sealed as a %s is (seals %#x, a %s's are exactly %#x%s)",
+                         sealed ? "named object" : "segment", seals, sealed ? "named object" : "segment", want,
+                         !sealed && (seals & (F_SEAL_WRITE | F_SEAL_FUTURE_WRITE)) ? ": it is sealed against writing" : "");
                 return -EINVAL;
         }
         if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode)) {
@@ -164,7 +167,7 @@ static int host_mem_adopt(struct backend *b, unsigned device, int fd, uint64_t s
                 snprintf(why, why_size, "a memfd of %lld bytes, not %llu", (long long) st.st_size, (unsigned long long) size);
                 return -EINVAL;
         }
-        if ((flags = fcntl(fd, F_GETFL)) < 0 || (flags & O_ACCMODE) != O_RDWR) {
+        if (!sealed && ((flags = fcntl(fd, F_GETFL)) < 0 || (flags & O_ACCMODE) != O_RDWR)) {
                 snprintf(why, why_size, "a memfd open read-only, which nobody else could map to write");
                 return -EINVAL;
         }

@@ -1,13 +1,15 @@
 /*
  * notify.c: the two pieces of the systemd protocol gpupoold speaks, in our own few lines
- * rather than libsystemd: state notifications (sd_notify(3): a datagram to $NOTIFY_SOCKET) and
- * socket activation (sd_listen_fds(3): descriptors from fd 3 on, for $LISTEN_PID).
+ * rather than libsystemd: state notifications (sd_notify(3): a datagram to $NOTIFY_SOCKET, with
+ * descriptors for the store: FDSTORE=1) and the descriptors passed at start (sd_listen_fds(3):
+ * from fd 3 on, for $LISTEN_PID, named by $LISTEN_FDNAMES): the socket, and what it stored.
  */
 #define _GNU_SOURCE
 #include "notify.h"
 
 #include <errno.h>
 #include <fcntl.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,31 +20,67 @@
 
 #define LISTEN_FDS_START 3
 
-int notify_send(const char *state) {
+int notify_send_fds(const char *state, const int *fds, unsigned n_fds) {
         const char *path = getenv("NOTIFY_SOCKET");
         struct sockaddr_un addr = { .sun_family = AF_UNIX };
+        union {
+                struct cmsghdr align;
+                char buf[CMSG_SPACE(sizeof(int) * NOTIFY_MAX_FDS_PER_SEND)];
+        } control;
+        struct iovec iov = { .iov_base = (void *) state, .iov_len = strlen(state) };
+        struct msghdr msg = { .msg_name = &addr, .msg_iov = &iov, .msg_iovlen = 1 };
         size_t len;
-        socklen_t addr_len;
         ssize_t n;
         int fd;
 
         if (!path || !*path)
                 return 0;       /* not started by systemd, or not Type=notify: nobody listens */
         len = strlen(path);
-        if ((path[0] != '/' && path[0] != '@') || len >= sizeof(addr.sun_path))
+        if ((path[0] != '/' && path[0] != '@') || len >= sizeof(addr.sun_path) || n_fds > NOTIFY_MAX_FDS_PER_SEND)
                 return -EINVAL;
         memcpy(addr.sun_path, path, len);
         if (path[0] == '@')
                 addr.sun_path[0] = '\0';        /* an abstract socket */
-        addr_len = (socklen_t) (offsetof(struct sockaddr_un, sun_path) + len + (path[0] == '/'));
+        msg.msg_namelen = (socklen_t) (offsetof(struct sockaddr_un, sun_path) + len + (path[0] == '/'));
+        if (n_fds) {
+                struct cmsghdr *c;
+
+                memset(&control, 0, sizeof(control));
+                msg.msg_control = control.buf;
+                msg.msg_controllen = CMSG_SPACE(sizeof(int) * n_fds);
+                c = CMSG_FIRSTHDR(&msg);
+                c->cmsg_level = SOL_SOCKET;
+                c->cmsg_type = SCM_RIGHTS;
+                c->cmsg_len = CMSG_LEN(sizeof(int) * n_fds);
+                memcpy(CMSG_DATA(c), fds, sizeof(int) * n_fds);
+        }
         fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
         if (fd < 0)
                 return -errno;
-        n = sendto(fd, state, strlen(state), MSG_NOSIGNAL, (struct sockaddr *) &addr, addr_len);
+        n = sendmsg(fd, &msg, MSG_NOSIGNAL);
         close(fd);
         if (n < 0)
                 return -errno;
         return 1;
+}
+
+int notify_send(const char *state) {
+        return notify_send_fds(state, NULL, 0);
+}
+
+int notify_store(const char *name, int fd) {
+        char state[NOTIFY_NAME_MAX + 64];
+
+        /* FDPOLL=0: systemd must keep it whatever poll(2) says of it (a GPU driver's descriptor). */
+        snprintf(state, sizeof(state), "FDSTORE=1\nFDPOLL=0\nFDNAME=%s", name);
+        return notify_send_fds(state, &fd, 1);
+}
+
+int notify_store_remove(const char *name) {
+        char state[NOTIFY_NAME_MAX + 64];
+
+        snprintf(state, sizeof(state), "FDSTOREREMOVE=1\nFDNAME=%s", name);
+        return notify_send(state);
 }
 
 uint64_t notify_watchdog_usec(void) {
@@ -62,31 +100,20 @@ uint64_t notify_watchdog_usec(void) {
         return v;
 }
 
-int notify_listen_fd(int *ret_fd, char *err, size_t err_size) {
-        const char *pid = getenv("LISTEN_PID"), *fds = getenv("LISTEN_FDS");
+/* Whether a passed descriptor's name is one gpupoold stored (notify_store()), not a socket unit's. */
+static bool stored_name(const char *name) {
+        return strncmp(name, NOTIFY_STORED_PREFIX, strlen(NOTIFY_STORED_PREFIX)) == 0;
+}
+
+/* Checks that fd is a listening AF_UNIX SOCK_SEQPACKET socket and sets it up; else says why. */
+static int listen_socket(int fd, char *err, size_t err_size) {
         int type = 0, listening = 0, domain = 0;
         socklen_t len = sizeof(int);
-        long n;
 
-        *ret_fd = -1;
-        if (!pid || !fds || strtoll(pid, NULL, 10) != (long long) getpid())
-                return 0;
-        n = strtol(fds, NULL, 10);
-        /* The variables are for this process alone: children must not think they have our sockets. */
-        unsetenv("LISTEN_PID");
-        unsetenv("LISTEN_FDS");
-        unsetenv("LISTEN_FDNAMES");
-        if (n == 0)
-                return 0;
-        if (n != 1) {
-                snprintf(err, err_size, "systemd passed %ld sockets; gpupoold takes one (ListenSequentialPacket= once)", n);
-                return -EINVAL;
-        }
-        if (getsockopt(LISTEN_FDS_START, SOL_SOCKET, SO_DOMAIN, &domain, &len) < 0 ||
-            getsockopt(LISTEN_FDS_START, SOL_SOCKET, SO_TYPE, &type, &len) < 0 ||
-            getsockopt(LISTEN_FDS_START, SOL_SOCKET, SO_ACCEPTCONN, &listening, &len) < 0) {
-                snprintf(err, err_size, "the socket systemd passed (fd %d) is not a socket: %s", LISTEN_FDS_START,
-                         strerror(errno));
+        if (getsockopt(fd, SOL_SOCKET, SO_DOMAIN, &domain, &len) < 0 ||
+            getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &len) < 0 ||
+            getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &len) < 0) {
+                snprintf(err, err_size, "the socket systemd passed (fd %d) is not a socket: %s", fd, strerror(errno));
                 return -ENOTSOCK;
         }
         if (domain != AF_UNIX || type != SOCK_SEQPACKET || !listening) {
@@ -94,11 +121,73 @@ int notify_listen_fd(int *ret_fd, char *err, size_t err_size) {
                                         "(use ListenSequentialPacket=)");
                 return -EINVAL;
         }
-        if (fcntl(LISTEN_FDS_START, F_SETFD, FD_CLOEXEC) < 0 ||
-            fcntl(LISTEN_FDS_START, F_SETFL, fcntl(LISTEN_FDS_START, F_GETFL) | O_NONBLOCK) < 0) {
+        if (fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK) < 0) {
                 snprintf(err, err_size, "cannot set up the socket systemd passed: %s", strerror(errno));
                 return -errno;
         }
-        *ret_fd = LISTEN_FDS_START;
-        return 1;
+        return 0;
+}
+
+int notify_listen_fds(struct notify_passed *ret, char *err, size_t err_size) {
+        const char *pid = getenv("LISTEN_PID"), *fds = getenv("LISTEN_FDS"), *names = getenv("LISTEN_FDNAMES");
+        unsigned sockets = 0;
+        long n;
+        int r = 0;
+
+        ret->listen_fd = -1;
+        ret->n = 0;
+        if (!pid || !fds || strtoll(pid, NULL, 10) != (long long) getpid())
+                return 0;
+        n = strtol(fds, NULL, 10);
+        if (n < 0 || n > NOTIFY_MAX_PASSED) {
+                snprintf(err, err_size, "systemd passed %ld descriptors; gpupoold takes at most %d", n, NOTIFY_MAX_PASSED);
+                r = -EINVAL;
+                n = 0;
+        }
+        for (long i = 0; i < n; i++) {
+                int fd = LISTEN_FDS_START + (int) i;
+                /* The i-th of the colon-separated names ("" when there are fewer: a socket). */
+                const char *name = names ? names : "", *end;
+                size_t len;
+
+                for (long k = 0; k < i && name; k++)
+                        name = strchr(name, ':') ? strchr(name, ':') + 1 : NULL;
+                name = name ? name : "";
+                end = strchr(name, ':');
+                len = end ? (size_t) (end - name) : strlen(name);
+                /* None of them for the programs this one runs. */
+                (void) fcntl(fd, F_SETFD, FD_CLOEXEC);
+                if (len <= NOTIFY_NAME_MAX && len > strlen(NOTIFY_STORED_PREFIX) && stored_name(name)) {
+                        memcpy(ret->names[ret->n], name, len);
+                        ret->names[ret->n][len] = '\0';
+                        ret->fds[ret->n++] = fd;
+                } else if (sockets++ == 0) {
+                        ret->listen_fd = fd;
+                }       /* a second socket is refused below, and left as it is */
+        }
+        /* The variables are for this process alone: children must not think they have our descriptors. */
+        unsetenv("LISTEN_PID");
+        unsetenv("LISTEN_FDS");
+        unsetenv("LISTEN_FDNAMES");
+        if (r == 0 && sockets > 1) {
+                snprintf(err, err_size, "systemd passed %u sockets; gpupoold takes one (ListenSequentialPacket= once)", sockets);
+                r = -EINVAL;
+        }
+        if (r == 0 && ret->listen_fd >= 0)
+                r = listen_socket(ret->listen_fd, err, err_size);
+        if (r < 0) {
+                notify_passed_close(ret);
+                return r;
+        }
+        return ret->listen_fd >= 0;
+}
+
+void notify_passed_close(struct notify_passed *p) {
+        for (unsigned i = 0; i < p->n; i++)
+                if (p->fds[i] >= 0)
+                        close(p->fds[i]);
+        p->n = 0;
+        if (p->listen_fd >= 0)
+                close(p->listen_fd);
+        p->listen_fd = -1;
 }

@@ -1,14 +1,114 @@
 /* objects.c: named objects (see objects.h). */
+#define _GNU_SOURCE
 #include "objects.h"
 
 #include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
 
+#include "gpupool.pb-c.h"
+#include "identity.h"
 #include "log.h"
 #include "node.h"
+#include "notify.h"
 #include "policy.h"
 #include "size.h"
+
+/* A record in the store is a few hundred bytes: anything larger is not ours. */
+#define RECORD_MAX 4096
+
+static uint64_t unix_ms(void) {
+        struct timespec ts;
+
+        clock_gettime(CLOCK_REALTIME, &ts);
+        return (uint64_t) ts.tv_sec * 1000 + (uint64_t) ts.tv_nsec / 1000000;
+}
+
+/* The names an object's two descriptors have in systemd's store: its segment's, and its record's. */
+static void stored_names(uint64_t id, char segment[NOTIFY_NAME_MAX + 1], char record[NOTIFY_NAME_MAX + 1]) {
+        snprintf(segment, NOTIFY_NAME_MAX + 1, NOTIFY_STORED_PREFIX "object-%016" PRIx64, id);
+        snprintf(record, NOTIFY_NAME_MAX + 1, NOTIFY_STORED_PREFIX "record-%016" PRIx64, id);
+}
+
+/* A sealed memfd holding o's record, or a negative errno. */
+static int record_memfd(struct node *node, const struct object *o) {
+        Gpupool__ObjectRecord r = GPUPOOL__OBJECT_RECORD__INIT;
+        uint8_t buf[RECORD_MAX];
+        size_t n;
+        int fd;
+
+        r.name = (char *) o->name;
+        r.backend = (char *) node->backend->name;
+        r.device = o->device;
+        r.segment_size = o->segment_size;
+        r.offset = o->offset;
+        r.size = o->size;
+        r.tenant = (char *) o->tenant;
+        r.uid = o->uid;
+        r.id = o->id;
+        r.published_unix_ms = unix_ms() - (uv_now(node->loop) - o->published_ms);
+        if ((n = gpupool__object_record__get_packed_size(&r)) > sizeof(buf))
+                return -EMSGSIZE;
+        gpupool__object_record__pack(&r, buf);
+        if ((fd = memfd_create("gpupool-object-record", MFD_CLOEXEC | MFD_ALLOW_SEALING)) < 0)
+                return -errno;
+        if (write(fd, buf, n) != (ssize_t) n ||
+            fcntl(fd, F_ADD_SEALS, F_SEAL_WRITE | F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) < 0) {
+                int err = -errno;
+
+                close(fd);
+                return err ? err : -EIO;
+        }
+        return fd;
+}
+
+/*
+ * Under systemd (a $NOTIFY_SOCKET), keeps o's segment and record in the service's descriptor
+ * store, for the daemon after this one. Nothing when there is no systemd to keep them.
+ */
+static void object_store(struct node *node, struct object *o) {
+        char segment[NOTIFY_NAME_MAX + 1], record[NOTIFY_NAME_MAX + 1];
+        int fd = pool_leased_fd(node->pools[o->device], &o->owner, o->segment_id), rfd, r;
+
+        if (fd < 0 || !getenv("NOTIFY_SOCKET"))
+                return;
+        stored_names(o->id, segment, record);
+        if ((rfd = record_memfd(node, o)) < 0) {
+                log_warn("object '%s': cannot write its record for systemd's store (%s): it will not outlive a restart "
+                         "of gpupoold", o->name, strerror(-rfd));
+                return;
+        }
+        /* The segment first: a record names a segment the store holds. */
+        r = notify_store(segment, fd);
+        if (r > 0)
+                r = notify_store(record, rfd);
+        close(rfd);
+        if (r <= 0) {
+                log_warn("object '%s': systemd's store refused it (%s): it will not outlive a restart of gpupoold",
+                         o->name, r < 0 ? strerror(-r) : "no $NOTIFY_SOCKET");
+                (void) notify_store_remove(segment);
+                return;
+        }
+        o->stored = true;
+}
+
+/* Takes o's descriptors out of systemd's store: the memory goes with this daemon's. */
+static void object_unstore(const struct object *o) {
+        char segment[NOTIFY_NAME_MAX + 1], record[NOTIFY_NAME_MAX + 1];
+
+        if (!o->stored)
+                return;
+        stored_names(o->id, segment, record);
+        (void) notify_store_remove(record);
+        (void) notify_store_remove(segment);
+}
 
 struct object *objects_find(struct node *node, const char *name) {
         for (struct object *o = node->objects; o; o = o->next)
@@ -61,14 +161,17 @@ struct object *objects_publish(struct node *node, const char *name, unsigned dev
         /* Its bytes are in use for as long as it lives. */
         pool_owner_report(&o->owner, segment_size, 0, uv_now(node->loop));
         o->published_ms = o->idle_since_ms = uv_now(node->loop);
+        if (getrandom(&o->id, sizeof(o->id), 0) != sizeof(o->id))
+                o->id = ((uint64_t) rand() << 32) ^ (uint64_t) rand() ^ unix_ms();
         o->next = node->objects;
         node->objects = o;
         node->object_count++;
+        object_store(node, o);
         return o;
 }
 
-/* The object goes: its sealed segment back to the backend. */
-static void object_destroy(struct node *node, struct object *obj) {
+/* The object goes: its sealed segment back to the backend; and (unstore) out of systemd's store. */
+static void object_destroy(struct node *node, struct object *obj, bool unstore) {
         char b[GP_SIZE_FORMAT_MAX];
 
         for (struct object **pp = &node->objects; *pp; pp = &(*pp)->next)
@@ -80,6 +183,8 @@ static void object_destroy(struct node *node, struct object *obj) {
         if (obj->unpublished)
                 log_info("object '%s' (%s on device %u, tenant %s) is gone: unpublished, and the last process detached",
                          obj->name, gp_size_format(obj->segment_size, b, sizeof(b)), obj->device, obj->tenant);
+        if (unstore)
+                object_unstore(obj);
         /* Sealed for good: the backend takes it back, nobody gets it again. */
         (void) pool_return(node->pools[obj->device], &obj->owner, obj->segment_id, true);
         (void) pool_owner_detach(&obj->owner);
@@ -94,13 +199,13 @@ void objects_detach(struct node *node, struct object *obj) {
         if (obj->attachments && !--obj->attachments)
                 obj->idle_since_ms = uv_now(node->loop);
         if (obj->unpublished && !obj->attachments)
-                object_destroy(node, obj);
+                object_destroy(node, obj, true);
 }
 
 void objects_unpublish(struct node *node, struct object *obj) {
         obj->unpublished = true;
         if (!obj->attachments)
-                object_destroy(node, obj);
+                object_destroy(node, obj, true);
 }
 
 /* Remembers that obj was evicted now, for a later attach's sentence. */
@@ -132,7 +237,7 @@ uint64_t objects_evict_idle(struct node *node, unsigned device, uint64_t want_by
                          idlest->device, idlest->tenant, (unsigned long long) ((now - idlest->idle_since_ms) / 1000));
                 evicted += idlest->segment_size;
                 remember_evicted(node, idlest);
-                object_destroy(node, idlest);
+                object_destroy(node, idlest, true);
         }
         return evicted;
 }
@@ -177,6 +282,162 @@ void objects_tenant_sums(struct node *node, const struct tenant *t, unsigned dev
 void objects_destroy_all(struct node *node) {
         free(node->evicted);
         node->evicted = NULL;
+        /* The store keeps the others for the daemon systemd starts next; an unpublished one ends here. */
         while (node->objects)
-                object_destroy(node, node->objects);
+                object_destroy(node, node->objects, node->objects->unpublished);
+}
+
+/* The index in passed of the descriptor called name, or -1. */
+static int passed_index(const struct notify_passed *passed, const char *name) {
+        for (unsigned i = 0; i < passed->n; i++)
+                if (passed->fds[i] >= 0 && strcmp(passed->names[i], name) == 0)
+                        return (int) i;
+        return -1;
+}
+
+/* Reads the record in fd; NULL, saying why, when it is not one. */
+static Gpupool__ObjectRecord *record_read(int fd, char *why, size_t why_size) {
+        Gpupool__ObjectRecord *r;
+        uint8_t buf[RECORD_MAX];
+        struct stat st;
+        ssize_t n;
+
+        /* Only a memfd: never a file whose file system could keep the loop waiting. */
+        if (fcntl(fd, F_GET_SEALS) < 0 || fstat(fd, &st) < 0 || st.st_size <= 0 || st.st_size > RECORD_MAX ||
+            (n = pread(fd, buf, (size_t) st.st_size, 0)) != st.st_size) {
+                snprintf(why, why_size, "its record is not a memfd of at most %d bytes", RECORD_MAX);
+                return NULL;
+        }
+        if (!(r = gpupool__object_record__unpack(NULL, (size_t) n, buf)))
+                snprintf(why, why_size, "its record does not parse");
+        return r;
+}
+
+/*
+ * Takes over the object r describes, of the segment *fd: set to -1 once the backend has it
+ * (then closed, or the pool's). Returns 0, or -1 saying why.
+ */
+static int object_take(struct node *node, const Gpupool__ObjectRecord *r, int *fd, char *why, size_t why_size) {
+        struct backend *b = node->backend;
+        struct backend_mem mem;
+        struct pool_lease lease;
+        struct tenant *t;
+        struct object *o;
+        uint64_t now = uv_now(node->loop), age;
+        char what[160];
+
+        if (strcmp(r->backend, b->name) != 0) {
+                snprintf(why, why_size, "it was on the %s backend, and this daemon runs %s", r->backend, b->name);
+                return -1;
+        }
+        if (!gp_wire_object_name_is_valid(r->name) || r->device >= node->device_count || r->size == 0 ||
+            r->offset > r->segment_size || r->size > r->segment_size - r->offset) {
+                snprintf(why, why_size, "its record is not of an object this daemon can have (device %u, %" PRIu64
+                         " bytes at %" PRIu64 " of %" PRIu64 ")", r->device, r->size, r->offset, r->segment_size);
+                return -1;
+        }
+        if (objects_find(node, r->name)) {
+                snprintf(why, why_size, "an object of that name was taken over already");
+                return -1;
+        }
+        if (node->object_count >= OBJECTS_MAX) {
+                snprintf(why, why_size, "this daemon holds %d objects, the most it may", OBJECTS_MAX);
+                return -1;
+        }
+        if (!b->ops->mem_adopt || !b->ops->mem_seal) {
+                snprintf(why, why_size, "the %s backend cannot take memory over", b->name);
+                return -1;
+        }
+        if (b->ops->mem_adopt(b, r->device, *fd, r->segment_size, true, &mem, what, sizeof(what)) < 0) {
+                snprintf(why, why_size, "its segment is %s", what);
+                return -1;
+        }
+        *fd = -1;       /* the backend's, in mem */
+        if (!(o = calloc(1, sizeof(*o)))) {
+                b->ops->mem_destroy(b, r->device, &mem, r->segment_size);
+                snprintf(why, why_size, "out of memory");
+                return -1;
+        }
+        if (!(t = policy_tenant_by_name(&node->policy, r->tenant))) {
+                log_info("object '%s': its tenant %s is not in the config; it counts to default now", r->name, r->tenant);
+                t = &node->policy.tenants[0];
+        }
+        snprintf(o->name, sizeof(o->name), "%s", r->name);
+        snprintf(o->tenant, sizeof(o->tenant), "%s", t->conf.name);
+        o->device = r->device;
+        o->offset = r->offset;
+        o->size = r->size;
+        o->uid = r->uid;
+        o->id = r->id;
+        pool_owner_attach(node->pools[o->device], &o->owner, identity_principal(&node->identities, o->uid, true, NULL, 0));
+        pool_owner_set_group(&o->owner, &t->sums[o->device]);
+        /* Memory the device holds already: no headroom applies, only the pool's capacity. */
+        if (pool_adopt(node->pools[o->device], &o->owner, &mem, r->segment_size, UINT64_MAX, &lease) < 0) {
+                b->ops->mem_destroy(b, r->device, &mem, r->segment_size);
+                (void) pool_owner_detach(&o->owner);
+                free(o);
+                snprintf(why, why_size, "the pool has no room for its %" PRIu64 " bytes", r->segment_size);
+                return -1;
+        }
+        o->segment_id = lease.segment_id;
+        o->segment_size = r->segment_size;
+        pool_owner_report(&o->owner, o->segment_size, 0, now);
+        age = unix_ms() > r->published_unix_ms ? unix_ms() - r->published_unix_ms : 0;
+        o->published_ms = now > age ? now - age : 0;
+        o->idle_since_ms = now;
+        o->stored = true;
+        o->next = node->objects;
+        node->objects = o;
+        node->object_count++;
+        return 0;
+}
+
+/* Closes passed's descriptor i, which is taken care of. */
+static void passed_done(struct notify_passed *passed, int i) {
+        if (i >= 0 && passed->fds[i] >= 0) {
+                close(passed->fds[i]);
+                passed->fds[i] = -1;
+        }
+}
+
+unsigned objects_restore(struct node *node, struct notify_passed *passed) {
+        char segment[NOTIFY_NAME_MAX + 1], record[NOTIFY_NAME_MAX + 1], why[256], b[GP_SIZE_FORMAT_MAX];
+        unsigned taken = 0;
+
+        for (unsigned i = 0; i < passed->n; i++) {
+                Gpupool__ObjectRecord *r = NULL;
+                uint64_t id;
+                int s;
+
+                if (passed->fds[i] < 0 || sscanf(passed->names[i], NOTIFY_STORED_PREFIX "record-%" SCNx64, &id) != 1)
+                        continue;
+                stored_names(id, segment, record);
+                if ((s = passed_index(passed, segment)) < 0)
+                        snprintf(why, sizeof(why), "systemd's store holds its record but not its segment");
+                else if ((r = record_read(passed->fds[i], why, sizeof(why))) && r->id != id)
+                        snprintf(why, sizeof(why), "its record names another object");
+                if (s >= 0 && r && r->id == id && object_take(node, r, &passed->fds[s], why, sizeof(why)) == 0) {
+                        /* Its segment is the pool's now; the store keeps its own copies. */
+                        log_info("object '%s' (%s on device %u, tenant %s) taken over from the gpupoold before this one",
+                                 r->name, gp_size_format(r->segment_size, b, sizeof(b)), r->device, node->objects->tenant);
+                        taken++;
+                } else {
+                        log_warn("object '%s' kept in systemd's store: not taken over: %s; its memory goes",
+                                 r ? r->name : record, why);
+                        (void) notify_store_remove(record);
+                        (void) notify_store_remove(segment);
+                        passed_done(passed, s);
+                }
+                passed_done(passed, (int) i);
+                if (r)
+                        gpupool__object_record__free_unpacked(r, NULL);
+        }
+        /* The rest of ours: a segment without its record, or a name this daemon does not know. */
+        for (unsigned i = 0; i < passed->n; i++)
+                if (passed->fds[i] >= 0) {
+                        log_warn("%s, kept in systemd's store, is no object's: dropped", passed->names[i]);
+                        (void) notify_store_remove(passed->names[i]);
+                        passed_done(passed, (int) i);
+                }
+        return taken;
 }

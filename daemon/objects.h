@@ -5,7 +5,8 @@
  * against the tenant's max and guarantee until unpublished, whoever has exited meanwhile.
  * Processes attach it (read-only, without a copy) and detach it; an unpublished object goes
  * once the last process has detached, and a process that exits detaches. The node holds the
- * list; nothing here does I/O but through the pool.
+ * list. Under systemd, each object's descriptor and a record of it are kept in the service's
+ * descriptor store (notify.h), so that the daemon after a restart takes them over.
  */
 #ifndef GP_OBJECTS_H
 #define GP_OBJECTS_H
@@ -45,6 +46,8 @@ struct object {
         uint64_t published_ms;
         uint64_t idle_since_ms;                 /* when attachments last fell to 0 (eviction's clock) */
         bool unpublished;                       /* goes once attachments is 0 */
+        uint64_t id;                            /* unique, random: names it in systemd's store */
+        bool stored;                            /* its descriptors are in systemd's store (objects_restore()) */
 };
 
 /* The object called name that is not unpublished, or NULL. */
@@ -86,7 +89,21 @@ void objects_map_tenants(struct node *node);
 void objects_tenant_sums(struct node *node, const struct tenant *t, unsigned device, uint64_t *ret_reserved,
                          uint64_t *ret_in_use);
 
-/* At the daemon's stop, after every session: every object goes, its segment to the cache. */
+/*
+ * At the daemon's stop, after every session: every object goes from this daemon. What systemd
+ * stores of them stays there, for the next daemon it starts (a restart keeps the store; a stop
+ * of the unit empties it, and their memory goes then).
+ */
 void objects_destroy_all(struct node *node);
+
+/*
+ * At start, before any client: takes over the objects a daemon before this one kept in
+ * systemd's descriptor store (passed: the descriptors named NOTIFY_STORED_PREFIX...), each
+ * checked as adoption checks a client's segment, with its name, tenant (default where it is
+ * gone), publisher and age. What cannot be taken over is logged, closed and removed from the
+ * store; the descriptors taken are set to -1 in passed. Returns how many objects it took.
+ */
+struct notify_passed;
+unsigned objects_restore(struct node *node, struct notify_passed *passed);
 
 #endif

@@ -517,7 +517,7 @@ static int adopt_check(struct session *s, uint32_t device, const uint64_t *sizes
                 /* Nothing that could wait on a file system (FUSE, a network's) looks at it before this. */
                 r = peerfd_check(node->recv_fds[made], s->pid, what, sizeof(what));
                 if (r == 0)
-                        r = b->ops->mem_adopt(b, device, node->recv_fds[made], sizes[made], &mems[made], what,
+                        r = b->ops->mem_adopt(b, device, node->recv_fds[made], sizes[made], false, &mems[made], what,
                                               sizeof(what));
                 if (r < 0) {
                         bad = made;

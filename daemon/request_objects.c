@@ -127,6 +127,8 @@ void request_publish(struct session *s, const Gpupool__Envelope *req, struct rep
         session_log(s, LOG_LEVEL_INFO, "client %llu ('%s', pid %d, tenant %s) published '%s': %s on device %u",
                     (unsigned long long) s->id, s->name, (int) s->pid, obj->tenant, obj->name,
                     gp_size_format(obj->size, b, sizeof(b)), obj->device);
+        pr.has_id = true;
+        pr.id = obj->id;
         reply_ok(&env, req->id);
         env.body_case = GPUPOOL__ENVELOPE__BODY_PUBLISH_REPLY;
         env.publish_reply = &pr;
@@ -175,6 +177,8 @@ void request_attach(struct session *s, const Gpupool__Envelope *req, struct repl
         ar.segment_size = obj->segment_size;
         ar.offset = obj->offset;
         ar.size = obj->size;
+        ar.has_id = true;
+        ar.id = obj->id;
         reply_ok(&env, req->id);
         env.body_case = GPUPOOL__ENVELOPE__BODY_ATTACH_REPLY;
         env.attach_reply = &ar;

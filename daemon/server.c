@@ -332,6 +332,7 @@ int server_init(struct server *server, uv_loop_t *loop, const struct config *con
 int server_start(struct server *server, uv_loop_t *loop, const struct config *config, int argc, char **argv,
                  struct backend *backend) {
         int r = server_init(server, loop, config, argc, argv, backend);
+        struct notify_passed *passed;
         uint64_t watchdog_usec;
         char why[256];
 
@@ -359,12 +360,26 @@ int server_start(struct server *server, uv_loop_t *loop, const struct config *co
                 if (r < 0)
                         return r;
         }
-        r = notify_listen_fd(&server->listen_fd, why, sizeof(why));
+        if (!(passed = malloc(sizeof(*passed))))
+                return -ENOMEM;
+        r = notify_listen_fds(passed, why, sizeof(why));
         if (r < 0) {
+                free(passed);
                 log_err("%s", why);
                 return r;
         }
+        server->listen_fd = passed->listen_fd;
+        passed->listen_fd = -1;
         server->listen_inherited = r > 0;
+        /* Before any client: the objects systemd kept for us are there when the first one asks. */
+        if (passed->n) {
+                unsigned taken = objects_restore(&server->node, passed);
+
+                log_info("took over %u named object%s that systemd kept from the gpupoold before this one", taken,
+                         taken == 1 ? "" : "s");
+        }
+        notify_passed_close(passed);
+        free(passed);
         if (!server->listen_inherited)
                 r = listen_on(server->node.options->socket_path, &server->listen_fd, why, sizeof(why));
         if (r < 0) {

@@ -232,8 +232,10 @@ GPUPOOL_EXPORT size_t gpupool_cached_bytes(gpupool_client *client);
  * evicted under memory pressure: a later attach is -ENOENT saying it was evicted and when.
  *
  * Built so far for the host and cuda-vmm backends with whole segments (not
- * $GPUPOOL_SEGMENTS=grow): elsewhere -EOPNOTSUPP, saying so. Objects do not outlive the daemon yet (a daemon that restarts forgets
- * them; the processes that have them mapped keep their mappings).
+ * $GPUPOOL_SEGMENTS=grow): elsewhere -EOPNOTSUPP, saying so. Objects outlive a restart of a
+ * daemon run by systemd (its descriptor store keeps them; gpupoold(8)): a handle that has one
+ * attached attaches it again, counted, once it has reconnected. A daemon started by hand
+ * forgets them when it stops; the processes that have them mapped keep their mappings.
  */
 GPUPOOL_EXPORT int gpupool_publish(gpupool_client *client, const char *name, void *ptr, size_t size);
 GPUPOOL_EXPORT int gpupool_attach(gpupool_client *client, const char *name, const void **ret_ptr, size_t *ret_size);

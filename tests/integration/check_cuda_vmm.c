@@ -647,9 +647,11 @@ static int vmm_publisher_writes(struct testd *d, void *arg) {
  * refused; unpublished and detached, the object's memory goes back to the GPU.
  */
 START_TEST(test_vmm_objects) {
+        struct fdstore *store = fdstore_new();
         struct testd d;
 
         vmm_start(&d);
+        d.store = store;
         check_client(&d, vmm_publisher, "the publisher");
         ck_assert_int_eq(vmm_object_field(&d, "weights", "size_bytes"), VMM_OBJ);
         ck_assert_int_eq(vmm_object_field(&d, "weights", "attachments"), 0);
@@ -657,11 +659,19 @@ START_TEST(test_vmm_objects) {
         check_client(&d, vmm_attacher, "the attacher");
         check_client(&d, vmm_publisher_writes, "the publisher that writes");
         json_decref(testd_ctl(&d, "check"));
+        /* Kept in systemd's store (the test plays it), they outlive a kill -9 of the daemon. */
+        testd_crash(&d);
+        testd_relaunch(&d);
+        ck_assert(testd_log_wait(&d, "took over 2 named objects"));
+        ck_assert_int_eq(leased_on(&d, 0), 2 * VMM_OBJ);
+        check_client(&d, vmm_attacher, "the attacher after a restart");
         json_decref(testd_ctl(&d, "unpublish weights"));
         json_decref(testd_ctl(&d, "unpublish scratch"));
         ck_assert_int_eq(vmm_object_field(&d, "weights", "size_bytes"), -1);
-        /* Gone, not cached: a sealed segment is never leased again. */
+        /* Gone, not cached: a sealed segment is never leased again; and out of the store. */
         ck_assert_int_eq(testd_device(&d, 0, "reserved_bytes"), 0);
+        ck_assert_uint_eq(fdstore_count(store), 0);
+        fdstore_free(store);
         cuda_stop(&d);
 }
 END_TEST

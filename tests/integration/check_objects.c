@@ -190,6 +190,89 @@ START_TEST(test_object_outlives_its_publisher) {
 }
 END_TEST
 
+/* A memfd named name in the test's store holding text (a record that is none, a segment alone). */
+static void store_forged(struct fdstore *store, const char *name, const char *text) {
+        int fd = memfd_create("forged", MFD_CLOEXEC);
+
+        ck_assert_int_ge(fd, 0);
+        ck_assert_int_eq(write(fd, text, strlen(text)), (ssize_t) strlen(text));
+        ck_assert_uint_lt(store->n, FDSTORE_MAX);
+        store->fds[store->n] = fd;
+        snprintf(store->names[store->n++], sizeof(store->names[0]), "%s", name);
+}
+
+/*
+ * Under systemd, an object outlives its daemon: the daemon keeps its segment and a record of it
+ * in the service's descriptor store, and the daemon after a kill -9 (or a clean restart) takes
+ * it over, name, size, tenant and bytes. What the store holds that is no object's is dropped,
+ * saying so; an unpublished object leaves the store.
+ */
+START_TEST(test_object_outlives_daemon_restart) {
+        struct fdstore *store = fdstore_new();
+        gpupool_client *c, *holder;
+        const unsigned char *q;
+        unsigned char *p;
+        struct testd d;
+        size_t size;
+
+        testd_start(&d, NULL);
+        d.store = store;
+        ck_assert_int_eq(gpupool_connect(d.sock, "publisher", &c), 0);
+        ck_assert_int_eq(gpupool_alloc(c, 0, OBJ, (void **) &p), 0);
+        for (size_t i = 0; i < OBJ; i++)
+                p[i] = pattern(i);
+        ck_assert_int_eq(gpupool_publish(c, "weights", p, OBJ - 100), 0);
+        gpupool_disconnect(c);
+        ck_assert_uint_eq(fdstore_count(store), 2);     /* its segment and its record */
+        /* A process keeps it attached across the restart: the daemon after counts it again. */
+        ck_assert_int_eq(gpupool_connect(d.sock, "holder", &holder), 0);
+        ck_assert_int_eq(gpupool_attach(holder, "weights", (const void **) &q, &size), 0);
+
+        testd_crash(&d);
+        store_forged(store, "gpupool-record-00000000000000aa", "not a record");
+        store_forged(store, "gpupool-object-00000000000000bb", "a segment without a record");
+        store_forged(store, "gpupool-record-00000000000000cc", "\x0a\xff not a record");
+        store_forged(store, "gpupool-object-00000000000000cc", "its segment");
+        testd_relaunch(&d);
+        ck_assert(testd_log_wait(&d, "object 'weights' (16.0 MiB on device 0, tenant default) taken over"));
+        ck_assert(testd_log_wait(&d, "not taken over: systemd's store holds its record but not its segment"));
+        ck_assert(testd_log_wait(&d, "gpupool-object-00000000000000bb, kept in systemd's store, is no object's: dropped"));
+        ck_assert(testd_log_wait(&d, "not taken over: its record does not parse; its memory goes"));
+        ck_assert_uint_eq(fdstore_count(store), 2);     /* the forged ones dropped */
+        ck_assert_int_eq(object_field(&d, "weights", "size_bytes"), OBJ - 100);
+        ck_assert_int_eq(object_field(&d, "weights", "uid"), (long long) getuid());
+        for (double t0 = now_s(); object_field(&d, "weights", "attachments") != 1 && now_s() - t0 < 10;)
+                nap_ms(20);
+        ck_assert_int_eq(object_field(&d, "weights", "attachments"), 1);
+        ck_assert_int_eq(q[4242], pattern(4242));
+        ck_assert_int_eq(gpupool_detach(holder, q), 0);
+        ck_assert_int_eq(object_field(&d, "weights", "attachments"), 0);
+        gpupool_disconnect(holder);
+        ck_assert_int_eq(testd_device(&d, 0, "reserved_bytes"), OBJ);
+        ck_assert_int_eq(testd_device(&d, 0, "in_use_bytes"), OBJ);
+        check_ok(&d);
+        ck_assert_int_eq(reap(spawn(write_through_proc, &d, NULL)), 0);         /* sealed still */
+
+        /* A clean stop and start (systemctl restart) keeps it too. */
+        kill(d.pid, SIGTERM);
+        ck_assert_int_eq(waitpid(d.pid, NULL, 0), d.pid);
+        testd_relaunch(&d);
+        ck_assert_int_eq(gpupool_connect(d.sock, "reader", &c), 0);
+        ck_assert_int_eq(gpupool_attach(c, "weights", (const void **) &q, &size), 0);
+        ck_assert_uint_eq(size, OBJ - 100);
+        for (size_t i = 0; i < size; i++)
+                if (q[i] != pattern(i))
+                        ck_abort_msg("byte %zu of the object changed across the restarts", i);
+        ck_assert_int_eq(gpupool_detach(c, q), 0);
+        ck_assert_int_eq(gpupool_unpublish(c, "weights"), 0);
+        ck_assert_uint_eq(fdstore_count(store), 0);     /* gone from the store with it */
+        ck_assert_int_eq(testd_device(&d, 0, "reserved_bytes"), 0);
+        gpupool_disconnect(c);
+        ck_assert_int_eq(testd_stop(&d), 0);
+        fdstore_free(store);
+}
+END_TEST
+
 /* Holds "kept" attached, then waits to be killed. */
 static int attach_and_wait(struct testd *d, void *arg) {
         int *ready = arg;
@@ -494,6 +577,8 @@ Suite *suite_objects(void) {
         tcase_add_test(tc, test_foreign_object_refused);
         tcase_add_test(tc, test_idle_object_evicted_under_pressure);
         tcase_add_test(tc, test_tenant_shares_its_objects);
+        tcase_add_test(tc, test_object_outlives_daemon_restart);
+        tcase_set_timeout(tc, 30);     /* restarts and 16 MiB checked byte by byte, under a sanitizer too */
         suite_add_tcase(s, tc);
         return s;
 }
