@@ -149,9 +149,10 @@ static int host_protect(gpupool_client *c, struct mapping *m, bool writable) {
         return err;
 }
 
-static int host_map_read(gpupool_client *c, unsigned d, int fd, uint64_t size, uint8_t **ret) {
+static int host_map_read(gpupool_client *c, unsigned d, int fd, const uint8_t *ipc_handle, uint64_t size, uint8_t **ret) {
         void *base;
 
+        (void) ipc_handle;
         if (!client_fd_is_memory(fd, size)) {
                 client_set_error(c, "gpupoold sent an object of device %u that is not %llu bytes of memory", d,
                                  (unsigned long long) size);
@@ -203,6 +204,34 @@ static void ipc_segment_unmap(gpupool_client *c, struct mapping *m) {
         client_cuda_close(c, &c->devices[m->device], m);
 }
 
+/* Zeroes on the device, as cuda-vmm does (client_cuda.c). */
+static int cuda_zero(gpupool_client *c, unsigned d, uint8_t *p, uint64_t n) {
+        return client_cuda_zero(c, &c->devices[d], p, n);
+}
+
+/* An IPC handle opens read-write, whatever one asks: a named object stays as it is. */
+static int ipc_protect(gpupool_client *c, struct mapping *m, bool writable) {
+        (void) c, (void) m, (void) writable;
+        return 0;
+}
+
+static int ipc_map_read(gpupool_client *c, unsigned d, int fd, const uint8_t *ipc_handle, uint64_t size, uint8_t **ret) {
+        struct mapping m = { .device = d, .size = size };
+        int r;
+
+        (void) fd;
+        memcpy(m.handle, ipc_handle, sizeof(m.handle));
+        if ((r = client_cuda_open(c, &c->devices[d], &m)) == 0)
+                *ret = m.base;
+        return r;
+}
+
+static void ipc_unmap_read(gpupool_client *c, unsigned d, uint8_t *base, uint64_t size) {
+        struct mapping m = { .device = d, .size = size, .base = base };
+
+        client_cuda_close(c, &c->devices[d], &m);
+}
+
 const struct client_mem_ops client_mem_cuda = {
         .backend = "cuda",
         .memory = "memory",
@@ -210,6 +239,10 @@ const struct client_mem_ops client_mem_cuda = {
         .ipc = true,
         .segment_map = ipc_segment_map,
         .segment_unmap = ipc_segment_unmap,
+        .zero = cuda_zero,
+        .protect = ipc_protect,
+        .map_read = ipc_map_read,
+        .unmap_read = ipc_unmap_read,
 };
 
 /* cuda-vmm: the driver's calls, each in the device's context (client_cuda.c). */
@@ -288,15 +321,12 @@ static void vmm_segment_unmap(gpupool_client *c, struct mapping *m) {
         vmm_unmap_read(c, m->device, m->base, m->size);
 }
 
-static int vmm_zero(gpupool_client *c, unsigned d, uint8_t *p, uint64_t n) {
-        return client_cuda_zero(c, &c->devices[d], p, n);
-}
-
 static int vmm_protect(gpupool_client *c, struct mapping *m, bool writable) {
         return client_cuda_access(c, &c->devices[m->device], m->base, m->size, writable);
 }
 
-static int vmm_map_read(gpupool_client *c, unsigned d, int fd, uint64_t size, uint8_t **ret) {
+static int vmm_map_read(gpupool_client *c, unsigned d, int fd, const uint8_t *ipc_handle, uint64_t size, uint8_t **ret) {
+        (void) ipc_handle;
         return vmm_map_whole(c, d, fd, size, false, ret);
 }
 
@@ -315,7 +345,7 @@ const struct client_mem_ops client_mem_vmm = {
         .map = vmm_map,
         .access = vmm_access,
         .unmap = vmm_unmap,
-        .zero = vmm_zero,
+        .zero = cuda_zero,
         .protect = vmm_protect,
         .map_read = vmm_map_read,
         .unmap_read = vmm_unmap_read,

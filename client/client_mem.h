@@ -63,8 +63,12 @@ struct client_mem_ops {
         int (*zero)(gpupool_client *c, unsigned d, uint8_t *p, uint64_t n);
         /* Makes whole segment m's mapping read-only or (writable) writable again, in place. */
         int (*protect)(gpupool_client *c, struct mapping *m, bool writable);
-        /* Maps an object's segment, fd (still the caller's) of size bytes of device d, read-only, at *ret. */
-        int (*map_read)(gpupool_client *c, unsigned d, int fd, uint64_t size, uint8_t **ret);
+        /*
+         * Maps an object's segment of size bytes of device d, read-only where the backend can
+         * (not cuda: an IPC handle opens read-write), at *ret: fd (still the caller's), or
+         * where segments come as IPC handles, ipc_handle (GP_CU_IPC_HANDLE_SIZE bytes).
+         */
+        int (*map_read)(gpupool_client *c, unsigned d, int fd, const uint8_t *ipc_handle, uint64_t size, uint8_t **ret);
         /* Unmaps what map_read() mapped, or a segment's mapping protect() made read-only. */
         void (*unmap_read)(gpupool_client *c, unsigned d, uint8_t *base, uint64_t size);
 };

@@ -4,8 +4,9 @@
  * since others will map all of it), and the process keeps it mapped read-only as its first
  * attachment. Attaching maps an object's segment read-only from the descriptor the daemon sends
  * (host: open for reading only, so no mapping of it can be made writable; cuda-vmm: mapped with
- * read access only). The memory seam does the mapping (client_mem.h). Built for whole segments
- * on the host and cuda-vmm backends; elsewhere the calls say so (-EOPNOTSUPP).
+ * read access only; cuda: an IPC handle, which opens read-write). The memory seam does the
+ * mapping (client_mem.h). Built for whole segments; with segments that grow in place the calls
+ * say so (-EOPNOTSUPP).
  */
 #define _GNU_SOURCE
 #include "client_objects.h"
@@ -25,11 +26,6 @@
 
 /* Whether the handle's session can have named objects; else says why. Locked. */
 static int objects_built(gpupool_client *c) {
-        if (!c->mem->map_read) {
-                client_set_error(c, "named objects are built for the host and cuda-vmm backends only so far, not for %s",
-                                 c->mem->backend);
-                return -EOPNOTSUPP;
-        }
         if (c->grow) {
                 client_set_error(c, "named objects need whole segments so far: unset $GPUPOOL_SEGMENTS (it is grow)");
                 return -EOPNOTSUPP;
@@ -192,14 +188,15 @@ GPUPOOL_EXPORT int gpupool_attach(gpupool_client *c, const char *name, const voi
                 goto out;
         reply = rep->attach_reply;
         a = calloc(1, sizeof(*a));
-        if (!a || fd < 0 || reply->device >= c->device_count || reply->offset > reply->segment_size ||
+        if (!a || (c->mem->ipc ? !reply->has_ipc_handle || reply->ipc_handle.len != GP_CU_IPC_HANDLE_SIZE : fd < 0) ||
+            reply->device >= c->device_count || reply->offset > reply->segment_size ||
             reply->size > reply->segment_size - reply->offset) {
                 client_set_error(c, "gpupoold attached '%s' without a segment that holds it", name);
                 r = a ? -EPROTO : -ENOMEM;
                 free(a);
                 goto out;
         }
-        if ((r = c->mem->map_read(c, reply->device, fd, reply->segment_size, &a->base)) < 0) {
+        if ((r = c->mem->map_read(c, reply->device, fd, reply->ipc_handle.data, reply->segment_size, &a->base)) < 0) {
                 free(a);
                 goto out;
         }

@@ -588,6 +588,17 @@ static int cuda_mem_seal(struct backend *b, unsigned device, struct backend_mem 
         return 0;
 }
 
+/*
+ * Legacy cuda: nothing can be sealed, nor mapped read-only: a legacy IPC handle opens the
+ * allocation for reading and writing (cuIpcOpenMemHandle has no read-only flag). A named
+ * object's memory is not written by gpupool, and nothing stops a process that attached it from
+ * writing (docs/security.md); it dies with the daemon's context.
+ */
+static int cuda_legacy_seal(struct backend *b, unsigned device, struct backend_mem *mem, uint64_t size) {
+        (void) b, (void) device, (void) mem, (void) size;
+        return 0;
+}
+
 static uint64_t cuda_mem_ident(struct backend *b, unsigned device, const struct backend_mem *mem) {
         struct vmm_file *f = vmm_named(cuda_of(b), mem->fd);
 
@@ -765,11 +776,10 @@ int backend_cuda_open(uint64_t headroom_bytes, bool vmm, struct backend **ret, c
         c->base.ipc_handles = !vmm;
         c->base.no_adopt_why = "its segments lived in the daemon's context and went with it";
         c->vmm = vmm;
+        c->ops.mem_seal = vmm ? cuda_mem_seal : cuda_legacy_seal;
         gp_rb_init(&c->files, cmp_file);
         if (vmm) {
                 int k = kcmp_probe();
-
-                c->ops.mem_seal = cuda_mem_seal;
 
                 c->named = k == 0;
                 if (c->named) {

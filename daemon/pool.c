@@ -559,12 +559,16 @@ int pool_seal(struct pool *p, const struct pool_owner *o, uint64_t segment_id) {
         return p->backend->ops->mem_seal(p->backend, p->device, &s->mem, s->size);
 }
 
-int pool_leased_fd(const struct pool *p, const struct pool_owner *o, uint64_t segment_id) {
+const struct backend_mem *pool_leased_mem(const struct pool *p, const struct pool_owner *o, uint64_t segment_id) {
         struct segment *s = segment_find(p, segment_id);
 
-        if (!s || s->owner != o)
-                return -ENOENT;
-        return s->mem.fd;
+        return s && s->owner == o ? &s->mem : NULL;
+}
+
+int pool_leased_fd(const struct pool *p, const struct pool_owner *o, uint64_t segment_id) {
+        const struct backend_mem *mem = pool_leased_mem(p, o, segment_id);
+
+        return mem ? mem->fd : -ENOENT;
 }
 
 /* Sets the owner's report, held to what it leases (held free first), and the pool's sum. */

@@ -206,6 +206,8 @@ int pool_seal(struct pool *pool, const struct pool_owner *owner, uint64_t segmen
 
 /* The descriptor of a segment leased to the owner (-1: the backend has none), or -ENOENT. */
 int pool_leased_fd(const struct pool *pool, const struct pool_owner *owner, uint64_t segment_id);
+/* The memory of a segment leased to the owner (its IPC handle, say), or NULL. */
+const struct backend_mem *pool_leased_mem(const struct pool *pool, const struct pool_owner *owner, uint64_t segment_id);
 
 /* Asks the backend about each zeroing under way; those ended go to the cache (failed ones to the backend). Returns how many ended. */
 unsigned pool_poll_zeroing(struct pool *pool);

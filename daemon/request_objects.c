@@ -138,6 +138,7 @@ void request_publish(struct session *s, const Gpupool__Envelope *req, struct rep
 void request_attach(struct session *s, const Gpupool__Envelope *req, struct reply *ret) {
         struct node *node = s->node;
         Gpupool__AttachReply ar = GPUPOOL__ATTACH_REPLY__INIT;
+        const struct backend_mem *mem;
         char why[GP_MAX_OBJECT_NAME_BYTES + 200];
         Gpupool__Envelope env;
         struct object *obj;
@@ -179,6 +180,12 @@ void request_attach(struct session *s, const Gpupool__Envelope *req, struct repl
         ar.size = obj->size;
         ar.has_id = true;
         ar.id = obj->id;
+        mem = pool_leased_mem(node->pools[obj->device], &obj->owner, obj->segment_id);
+        if (mem->ipc_handle_len) {
+                ar.has_ipc_handle = true;
+                ar.ipc_handle.len = mem->ipc_handle_len;
+                ar.ipc_handle.data = (uint8_t *) mem->ipc_handle;
+        }
         reply_ok(&env, req->id);
         env.body_case = GPUPOOL__ENVELOPE__BODY_ATTACH_REPLY;
         env.attach_reply = &ar;
@@ -186,6 +193,8 @@ void request_attach(struct session *s, const Gpupool__Envelope *req, struct repl
                 (void) detach_from(s, obj);
                 return;
         }
+        if (mem->ipc_handle_len)
+                return;         /* the handle is in the reply */
         ret->fds.device = obj->device;
         ret->fds.owner = &obj->owner;
         ret->fds.read_only = node->backend->reopens_read_only;

@@ -219,7 +219,9 @@ GPUPOOL_EXPORT size_t gpupool_cached_bytes(gpupool_client *client);
  * whatever descriptor they hold. cuda-vmm: the driver cannot seal; every mapping the library
  * makes (the publisher's after publishing included) has read access only, and a write through
  * one is an illegal address that ends the process's CUDA context (publish waits for the
- * device's work first, cuCtxSynchronize). Returns -ENOENT for no such object, -EACCES for one
+ * device's work first, cuCtxSynchronize). cuda (legacy IPC handles): not read-only at all, since
+ * an IPC handle opens read-write; nothing stops a write, and the object dies with the daemon.
+ * Returns -ENOENT for no such object, -EACCES for one
  * that is not for this process (its publisher's uid, the node's operator, and the clients of
  * its tenant where that is a tenant of the config, not default, may attach it). Attaching one the handle has attached already returns the same
  * mapping, counted: each attach takes one gpupool_detach(). gpupool_detach() unmaps it.
@@ -231,9 +233,9 @@ GPUPOOL_EXPORT size_t gpupool_cached_bytes(gpupool_client *client);
  * With idle_objects set (gpupoold.conf(5)), an object nobody has attached that long may be
  * evicted under memory pressure: a later attach is -ENOENT saying it was evicted and when.
  *
- * Built so far for the host and cuda-vmm backends with whole segments (not
- * $GPUPOOL_SEGMENTS=grow): elsewhere -EOPNOTSUPP, saying so. Objects outlive a restart of a
- * daemon run by systemd (its descriptor store keeps them; gpupoold(8)): a handle that has one
+ * Built for whole segments (not $GPUPOOL_SEGMENTS=grow: -EOPNOTSUPP, saying so). On host and
+ * cuda-vmm, objects outlive a restart of a daemon run by systemd (its descriptor store keeps
+ * them; gpupoold(8)): a handle that has one
  * attached attaches it again, counted, once it has reconnected. A daemon started by hand
  * forgets them when it stops; the processes that have them mapped keep their mappings.
  */

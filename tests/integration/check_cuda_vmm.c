@@ -606,6 +606,18 @@ static int vmm_publisher(struct testd *d, void *arg) {
         return 0;       /* exits attached: the exit detaches, the object stays */
 }
 
+/* In an attacher: the GPU opened, connected as c, "weights" attached and every byte as published; NULL if not. */
+static const void *attach_weights(struct testd *d, struct gpu *g, gpupool_client **c) {
+        const void *p;
+        size_t size;
+
+        if (gpu_open(g) < 0 || gpupool_connect(d->sock, "attacher", c) < 0)
+                return NULL;
+        if (gpupool_attach(*c, "weights", &p, &size) != 0 || size != VMM_OBJ || !pattern_intact(g, (void *) p, VMM_OBJ, 7))
+                return NULL;
+        return p;
+}
+
 /* Attaches "weights" twice over (one mapping), reads it, and finds a write refused, which ends its context. */
 static int vmm_attacher(struct testd *d, void *arg) {
         void *fail_page = arg;
@@ -614,9 +626,7 @@ static int vmm_attacher(struct testd *d, void *arg) {
         size_t size;
         struct gpu g;
 
-        if (gpu_open(&g) < 0 || gpupool_connect(d->sock, "attacher", &c) < 0)
-                FAIL();
-        if (gpupool_attach(c, "weights", &p, &size) != 0 || size != VMM_OBJ || !pattern_intact(&g, (void *) p, VMM_OBJ, 7))
+        if (!(p = attach_weights(d, &g, &c)))
                 FAIL();
         if (gpupool_attach(c, "weights", &q, &size) != 0 || q != p || gpupool_detach(c, q) != 0 ||
             vmm_object_field(d, "weights", "attachments") != 1)
@@ -676,11 +686,52 @@ START_TEST(test_vmm_objects) {
 }
 END_TEST
 
+/* Attaches "weights" on the legacy cuda backend and reads it: the IPC handle opens the object as it does a segment. */
+static int legacy_attacher(struct testd *d, void *arg) {
+        void *fail_page = arg;
+        gpupool_client *c = NULL;
+        const void *p;
+        struct gpu g;
+
+        if (!(p = attach_weights(d, &g, &c)))
+                FAIL();
+        if (vmm_object_field(d, "weights", "attachments") != 1 || gpupool_detach(c, p) != 0)
+                FAIL();
+        gpupool_disconnect(c);
+        return 0;
+}
+
+/*
+ * Legacy cuda objects: published, outliving the publisher, attached through the segment's IPC
+ * handle (read-write: the driver has no read-only open), and kept in no store: they live in
+ * the daemon's context and die with it.
+ */
+START_TEST(test_legacy_objects) {
+        struct fdstore *store = fdstore_new();
+        struct testd d;
+
+        cuda_backend = "cuda";
+        cuda_start(&d, NULL, NULL);
+        d.store = store;
+        check_client(&d, vmm_publisher, "the publisher");
+        ck_assert_int_eq(vmm_object_field(&d, "weights", "size_bytes"), VMM_OBJ);
+        ck_assert_int_eq(leased_on(&d, 0), VMM_OBJ);
+        check_client(&d, legacy_attacher, "the attacher");
+        ck_assert_uint_eq(fdstore_count(store), 0);
+        json_decref(testd_ctl(&d, "check"));
+        json_decref(testd_ctl(&d, "unpublish weights"));
+        ck_assert_int_eq(testd_device(&d, 0, "reserved_bytes"), 0);
+        fdstore_free(store);
+        cuda_stop(&d);
+}
+END_TEST
+
 void cuda_vmm_add_common(TCase *tc) {
         tcase_add_test(tc, test_vmm_survives_daemon_kill);
         tcase_add_test(tc, test_vmm_adoption);
         tcase_add_test(tc, test_vmm_adopting_a_frozen_fuse_file);
         tcase_add_test(tc, test_vmm_objects);
+        tcase_add_test(tc, test_legacy_objects);
 }
 
 void cuda_vmm_add_fake(TCase *tc) {
