@@ -27,6 +27,7 @@ from ._frameworks import use_with_cupy, use_with_torch
 __version__ = "0.1.0"
 __all__ = [
     "Client",
+    "DeviceBuffer",
     "GpupoolError",
     "OutOfMemoryError",
     "grow_stats",
@@ -110,14 +111,6 @@ class Client:
         """The daemon's backend: "host" (pointers are host memory), "cuda" or "cuda-vmm" (device pointers)."""
         return lib.gpupool_backend(self._live()).decode()
 
-    def _host_objects(self, what):
-        # A memoryview over a device pointer would crash the process at its first byte.
-        if self.backend != "host":
-            raise error(
-                -errno.EOPNOTSUPP,
-                f"gpupool.Client.{what}: named objects on {self.backend} are for the C API so far: the Python "
-                "views (PyTorch tensors, CuPy arrays) are not built yet",
-            )
 
     def alloc(self, size, device=0):
         """Allocates size bytes (at least 1) on device; returns the pointer as an int."""
@@ -149,19 +142,28 @@ class Client:
         """Gives every segment the process holds empty back to the daemon."""
         self._check(lib.gpupool_trim(self._live()))
 
-    def publish(self, name, data, device=0):
-        """Publishes a copy of data (anything with the buffer protocol: bytes, an array) as the
-        named object name, which outlives this process until unpublished (gpupool_publish in
-        gpupool.h). Host backend: the copy is made once, here; attaching it copies nothing."""
-        self._host_objects("publish")
-        view = memoryview(data).cast("B")
-        if not view.nbytes:
+    def publish(self, name, data, device=None):
+        """Publishes a copy of data as the named object name, which outlives this process until
+        unpublished (gpupool_publish in gpupool.h). Host backend: anything with the buffer
+        protocol (bytes, a NumPy array). cuda and cuda-vmm: a contiguous PyTorch CUDA tensor or
+        CuPy array, copied on its device (device: the CUDA ordinal, default the data's). The
+        copy is made once, here; attaching it copies nothing."""
+        if self.backend == "host":
+            view = memoryview(data).cast("B")
+            nbytes, device = view.nbytes, device or 0
+        else:
+            nbytes, device = _device_nbytes(data, device)
+        if not nbytes:
             raise ValueError(f"gpupool.Client.publish: {name}: an object is at least 1 byte")
         # A published block has its segment to itself: over 10 MiB, a block always has.
-        ptr = self.alloc(max(view.nbytes, _OWN_SEGMENT), device)
+        ptr = self.alloc(max(nbytes, _OWN_SEGMENT), device)
         try:
-            ctypes.memmove(ptr, (ctypes.c_char * view.nbytes).from_buffer_copy(view), view.nbytes)
-            self._check(lib.gpupool_publish(self._live(), name.encode(), ptr, view.nbytes))
+            if self.backend == "host":
+                ctypes.memmove(ptr, (ctypes.c_char * nbytes).from_buffer_copy(view), nbytes)
+            else:
+                _device_copy(ptr, data, nbytes)
+            # On a GPU the library waits for the device's work before the memory becomes read-only.
+            self._check(lib.gpupool_publish(self._live(), name.encode(), ptr, nbytes))
         except BaseException:
             self.free(ptr)
             raise
@@ -169,15 +171,26 @@ class Client:
         self._check(lib.gpupool_detach(self._live(), ptr))
 
     def attach(self, name):
-        """Maps the named object name read-only, without a copy: a read-only memoryview of its
-        bytes, detached when the view (and every array made over it) is gone. Host backend."""
-        self._host_objects("attach")
+        """Maps the named object name without a copy, detached when what this returns (and every
+        array made over it) is gone. Host backend: a read-only memoryview of its bytes. cuda
+        and cuda-vmm: a DeviceBuffer, its bytes in device memory (__cuda_array_interface__;
+        read-only on cuda-vmm, where a write is an illegal address)."""
         ptr, size = ctypes.c_void_p(), ctypes.c_size_t()
+        backend = self.backend
         self._check(lib.gpupool_attach(self._live(), name.encode(), ctypes.byref(ptr), ctypes.byref(size)))
+        handle = self._handle
+
+        def detach(ptr=ptr.value):
+            if self._handle == handle:
+                lib.gpupool_detach(handle, ptr)
+
+        if backend != "host":
+            buf = DeviceBuffer(ptr.value, size.value, backend == "cuda-vmm")
+            weakref.finalize(buf, detach)
+            return buf
         buf = (ctypes.c_char * size.value).from_address(ptr.value)
         view = memoryview(buf).cast("B").toreadonly()
-        handle = self._handle
-        weakref.finalize(buf, lambda: lib.gpupool_detach(handle, ptr.value) if self._handle == handle else None)
+        weakref.finalize(buf, detach)
         return view
 
     def unpublish(self, name):
@@ -258,16 +271,125 @@ def publish(name, data):
     Client._shared().publish(name, data)
 
 
-def attach(name, dtype=None, shape=None):
-    """Client.attach() on the handle the hooks share: the named object name, read-only and
-    without a copy; with dtype (and shape), as a read-only NumPy array over it (host backend)."""
+def attach(name, dtype=None, shape=None, like=None):
+    """Client.attach() on the handle the hooks share: the named object name, without a copy.
+    Host backend: with dtype (and shape), a read-only NumPy array over it. cuda and cuda-vmm:
+    with dtype (and shape), a PyTorch tensor (like="torch"), a CuPy array (like="cupy"), or
+    where like is None whichever of the two this process has imported, else a DeviceBuffer;
+    neither framework has read-only arrays, so theirs look writable (on cuda-vmm a write is an
+    illegal address that ends the process's CUDA context; on cuda it changes the object)."""
     view = Client._shared().attach(name)
     if dtype is None:
         return view
+    if isinstance(view, DeviceBuffer):
+        return view.as_array(dtype, shape, like)
     import numpy
 
     array = numpy.frombuffer(view, dtype=dtype)
     return array.reshape(shape) if shape is not None else array
+
+
+class DeviceBuffer:
+    """A named object attached on a GPU: nbytes of device memory at ptr (a CUdeviceptr in this
+    process's primary context), read-only where the backend enforces it (cuda-vmm). It has
+    __cuda_array_interface__ (version 3, bytes), for Numba and any consumer that honours its
+    read-only flag; as_array() gives a typed PyTorch tensor or CuPy array. Detached once it,
+    and everything made over it, is gone."""
+
+    def __init__(self, ptr, nbytes, readonly, typestr="|u1", shape=None, base=None):
+        self.ptr, self.nbytes, self.readonly = ptr, nbytes, readonly
+        self._base = base       # the attached buffer a typed view keeps alive
+        self.__cuda_array_interface__ = {
+            "shape": tuple(shape) if shape is not None else (nbytes,),
+            "typestr": typestr,
+            "data": (ptr, readonly),
+            "version": 3,
+            "strides": None,
+            "stream": None,     # published and waited for: nothing to synchronize with
+        }
+
+    def view(self, dtype, shape=None, writable_flag=False):
+        """The bytes as dtype (a name such as "float16", a NumPy or PyTorch dtype), of shape
+        (default: as many as fit)."""
+        typestr, itemsize = _typestr(dtype)
+        shape = tuple(shape) if shape is not None else (self.nbytes // itemsize,)
+        needed = itemsize
+        for n in shape:
+            needed *= n
+        if needed > self.nbytes:
+            raise ValueError(f"gpupool: shape {shape} of {dtype} needs {needed} bytes; the object has {self.nbytes}")
+        # PyTorch refuses a read-only flag outright; CuPy has no read-only arrays either.
+        return DeviceBuffer(self.ptr, needed, self.readonly and not writable_flag, typestr, shape, self._base or self)
+
+    def as_array(self, dtype, shape=None, like=None):
+        """A PyTorch tensor or CuPy array over the bytes as dtype (see gpupool.attach)."""
+        like = like or ("torch" if "torch" in sys.modules else "cupy" if "cupy" in sys.modules else None)
+        if like is None:
+            return self.view(dtype, shape)
+        if like == "torch":
+            import torch
+
+            return torch.as_tensor(self.view(dtype, shape, writable_flag=True))
+        if like == "cupy":
+            import cupy
+
+            return cupy.asarray(self.view(dtype, shape, writable_flag=True))
+        raise ValueError(f"gpupool: like={like!r}: 'torch', 'cupy' or None")
+
+
+# The array interface's type strings (little-endian) of the element types the frameworks share.
+_TYPESTRS = {
+    "bool": "|b1", "int8": "|i1", "uint8": "|u1", "int16": "<i2", "uint16": "<u2", "int32": "<i4", "uint32": "<u4",
+    "int64": "<i8", "uint64": "<u8", "float16": "<f2", "float32": "<f4", "float64": "<f8", "complex64": "<c8",
+    "complex128": "<c16",
+}
+
+
+def _typestr(dtype):
+    """(typestr, itemsize) of dtype: a name, a NumPy dtype, or a PyTorch one (torch.float16)."""
+    name = str(getattr(dtype, "name", None) or dtype).replace("torch.", "")
+    name = {"half": "float16", "float": "float32", "double": "float64", "int": "int32", "long": "int64"}.get(name, name)
+    if name not in _TYPESTRS:
+        raise TypeError(f"gpupool: dtype {dtype!r}: one of {', '.join(_TYPESTRS)}")
+    typestr = _TYPESTRS[name]
+    return typestr, int(typestr[2:])
+
+
+def _device_nbytes(data, device):
+    """The bytes of a contiguous CUDA array (PyTorch, CuPy) and its CUDA ordinal, for publish()."""
+    cai = getattr(data, "__cuda_array_interface__", None)
+    if cai is None:
+        raise TypeError(
+            "gpupool.publish: on a GPU backend, data is a PyTorch CUDA tensor or a CuPy array "
+            f"(something with __cuda_array_interface__), not {type(data).__name__}"
+        )
+    itemsize = int(cai["typestr"][2:])
+    nbytes, c_strides = itemsize, []
+    for n in reversed(cai["shape"]):
+        c_strides.insert(0, nbytes)
+        nbytes *= n
+    if cai.get("strides") is not None and tuple(cai["strides"]) != tuple(c_strides):
+        raise ValueError("gpupool.publish: the array is not C-contiguous (make it so first: .contiguous(), ascontiguousarray())")
+    if device is None:
+        dev = getattr(data, "device", None)
+        device = getattr(dev, "index", None)
+        device = getattr(dev, "id", 0) if device is None else device
+    return nbytes, device
+
+
+def _device_copy(dst, data, nbytes):
+    """Copies data (a PyTorch tensor or CuPy array) into the block at dst, with the framework."""
+    target = DeviceBuffer(dst, nbytes, False)
+    if type(data).__module__.split(".")[0] == "torch":
+        import torch
+
+        torch.as_tensor(target).copy_(data.reshape(-1).view(torch.uint8))
+    elif type(data).__module__.split(".")[0] == "cupy":
+        import cupy
+
+        cupy.asarray(target)[...] = data.reshape(-1).view(cupy.uint8)
+    else:
+        raise TypeError(f"gpupool.publish: {type(data).__name__}: a PyTorch tensor or a CuPy array, on a GPU backend")
 
 
 def unpublish(name):

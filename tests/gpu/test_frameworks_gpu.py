@@ -41,13 +41,14 @@ NO_GPU = _no_gpu()
 
 class GpuCase(unittest.TestCase):
     module = None
+    backend = "cuda"
 
     def setUp(self):
         why = NO_GPU or _missing(self.module)
         if why:
             self.skipTest(why)
         # 256 MiB per client (cuBLAS takes a 32 MiB workspace on Hopper): the refusal tests ask for more.
-        self.d = Daemon("--client-limit", "256M", backend="cuda")
+        self.d = Daemon("--client-limit", "256M", backend=self.backend)
         self.addCleanup(lambda: self.assertEqual(self.d.stop(), 0))
 
     def run_ok(self, code, **env):
@@ -207,6 +208,59 @@ class TestTorch(GpuCase):
             print("learned", float(loss) < first / 2)
         """)
         self.assertIn("learned True\n", out)
+
+
+class TestObjects(GpuCase):
+    """Named objects as tensors and arrays: published by one process, which exits; attached by
+    another without a copy, every value as published; on cuda-vmm a write is refused."""
+
+    module = "torch"
+    backend = "cuda-vmm"
+
+    def test_torch_tensor_outlives_its_publisher(self):
+        self.run_ok("""
+            import torch, gpupool
+            gpupool.publish("weights", torch.arange(3 << 20, dtype=torch.float32, device="cuda").reshape(3, -1))
+        """)
+        out = self.run_ok("""
+            import torch, gpupool
+            t = gpupool.attach("weights", torch.float32, (3, 1 << 20))
+            print("cuda", t.is_cuda, tuple(t.shape))
+            want = torch.arange(3 << 20, dtype=torch.float32, device="cuda").reshape(3, -1)
+            print("same", bool((t == want).all()))
+            print("sum", float(t.double().sum()) == float(want.double().sum()))
+        """)
+        self.assertIn("cuda True (3, 1048576)\n", out)
+        self.assertIn("same True\n", out)
+        self.assertIn("sum True\n", out)
+        # A write into it is an illegal address: the process's CUDA context is lost, nothing else.
+        r = run_python("""
+            import torch, gpupool
+            t = gpupool.attach("weights", torch.float32, (3, 1 << 20))
+            t.fill_(0)
+            torch.cuda.synchronize()
+        """, self.d.sock, fakes=False)
+        self.assertNotEqual(r.returncode, 0, r.stdout)
+        out = self.run_ok("""
+            import torch, gpupool
+            t = gpupool.attach("weights", torch.float32, (3, 1 << 20))
+            print("intact", bool((t[2] == torch.arange(2 << 20, 3 << 20, dtype=torch.float32, device="cuda")).all()))
+        """)
+        self.assertIn("intact True\n", out)
+
+    def test_cupy_array(self):
+        if _missing("cupy"):
+            self.skipTest(_missing("cupy"))
+        self.run_ok("""
+            import cupy, gpupool
+            gpupool.publish("table", cupy.arange(1 << 20, dtype=cupy.int64))
+        """)
+        out = self.run_ok("""
+            import cupy, gpupool
+            a = gpupool.attach("table", "int64", like="cupy")
+            print("same", bool((a == cupy.arange(1 << 20, dtype=cupy.int64)).all()))
+        """)
+        self.assertIn("same True\n", out)
 
 
 if __name__ == "__main__":

@@ -234,6 +234,83 @@ class TestObjects(unittest.TestCase):
                 c.attach("weights")
 
 
+class TestDeviceObjects(unittest.TestCase):
+    """Named objects on cuda-vmm, the daemon and this package's library on the fake driver:
+    what attach gives Python (a DeviceBuffer, PyTorch and CuPy views through their stand-ins),
+    and the detach once nothing uses it. The real frameworks run on a GPU (tests/gpu)."""
+
+    def setUp(self):
+        fake = os.path.join(BUILD, "tests", "libfakecuda.so")
+        if not os.path.exists(fake):
+            self.skipTest(f"no fake driver at {fake} (make test builds it)")
+        self.node = tempfile.TemporaryDirectory(prefix="gpupool-py-fake-")
+        self.env = {"GPUPOOL_LIBCUDA": fake, "FAKECUDA_DIR": self.node.name}
+        os.environ.update(self.env)
+        self.d = Daemon(backend="cuda-vmm")
+
+    def tearDown(self):
+        self.assertEqual(self.d.stop(), 0)
+        for k in self.env:
+            os.environ.pop(k)
+        self.node.cleanup()
+
+    def test_attach_gives_device_views(self):
+        r = run_python(
+            """
+            import ctypes, gc, json, subprocess, sys
+            import gpupool, torch, cupy
+            from gpupool._lib import lib
+
+            def attachments():
+                out = subprocess.run([gpupool._gpupoolctl(), "--json", "objects"], capture_output=True, text=True)
+                return json.loads(out.stdout)["objects"][0]["attachments"]
+
+            pub = gpupool.Client(name="publisher")
+            assert pub.backend == "cuda-vmm", pub.backend
+            ptr = pub.alloc(16 << 20)
+            assert lib.gpupool_publish(pub._handle, b"weights", ptr, 12 << 20) == 0, pub.last_error()
+            assert lib.gpupool_detach(pub._handle, ptr) == 0
+            pub.close()
+            try:
+                gpupool.Client(name="x").publish("copy", b"bytes")
+            except TypeError as e:
+                assert "PyTorch CUDA tensor or a CuPy array" in str(e), e
+            else:
+                raise AssertionError("publishing host bytes on cuda-vmm was not refused")
+
+            buf = gpupool.attach("weights")
+            assert isinstance(buf, gpupool.DeviceBuffer)
+            cai = buf.__cuda_array_interface__
+            assert cai["shape"] == (12 << 20,) and cai["typestr"] == "|u1" and cai["version"] == 3, cai
+            assert cai["data"][1] is True, "cuda-vmm maps it read-only"
+            assert attachments() == 1
+            typed = buf.view("float32", (3, 1 << 20))      # what attach(name, dtype) gives without a framework
+            assert typed.__cuda_array_interface__["data"][1] is True
+            assert typed.__cuda_array_interface__["typestr"] == "<f4" and typed.__cuda_array_interface__["shape"] == (3, 1 << 20)
+            t = gpupool.attach("weights", "float16", (2, 4))    # torch imported: a tensor (writable, as PyTorch has it)
+            assert t.shape == (2, 4) and t.typestr == "<f2" and t.data_ptr() == cai["data"][0]
+            a = gpupool.attach("weights", "int32", like="cupy")
+            assert a.shape == (3 << 20,) and a.ptr == cai["data"][0]
+            try:
+                buf.view("float32", (4, 1 << 20))
+            except ValueError as e:
+                assert "needs 16777216 bytes; the object has 12582912" in str(e), e
+            else:
+                raise AssertionError("a shape larger than the object was taken")
+            # Attached once per handle, counted; detached once nothing uses any of it.
+            assert attachments() == 1
+            del buf, typed, t, a
+            gc.collect()
+            assert attachments() == 0, attachments()
+            print("ok")
+            """,
+            self.d.sock,
+            **self.env,
+        )
+        self.assertEqual(r.returncode, 0, r.stderr + r.stdout + self.d.read_log())
+        self.assertIn("ok", r.stdout)
+
+
 class TestFrameworks(unittest.TestCase):
     def setUp(self):
         self.d = Daemon("--client-limit", "8M")

@@ -58,3 +58,18 @@ cuda = types.SimpleNamespace(
     set_allocator=_set_allocator,
     get_allocator=_get_allocator,
 )
+
+
+class _CaiArray:
+    """What cupy.asarray makes of an object with __cuda_array_interface__: an array over its
+    memory that keeps the object alive (UnownedMemory's owner)."""
+
+    def __init__(self, obj):
+        cai = obj.__cuda_array_interface__
+        self._obj, (self.ptr, _), self.shape, self.typestr = obj, cai["data"], tuple(cai["shape"]), cai["typestr"]
+
+
+def asarray(obj):
+    if not hasattr(obj, "__cuda_array_interface__"):
+        raise TypeError("the stand-in makes arrays of __cuda_array_interface__ only")
+    return _CaiArray(obj)

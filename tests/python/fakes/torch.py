@@ -87,3 +87,24 @@ cuda = types.SimpleNamespace(
         total_memory=int(os.environ.get("FAKE_TORCH_TOTAL_MEMORY", 1 << 30))),
     synchronize=lambda: None,
 )
+
+
+class _CaiTensor:
+    """What torch.as_tensor makes of an object with __cuda_array_interface__: a tensor over its
+    memory that keeps the object alive, refusing the read-only flag as PyTorch does."""
+
+    def __init__(self, obj):
+        cai = obj.__cuda_array_interface__
+        ptr, read_only = cai["data"]
+        if read_only:
+            raise TypeError("the read only flag is not supported, should always be False")
+        self._obj, self._ptr, self.shape, self.typestr = obj, ptr, tuple(cai["shape"]), cai["typestr"]
+
+    def data_ptr(self):
+        return self._ptr
+
+
+def as_tensor(obj):
+    if not hasattr(obj, "__cuda_array_interface__"):
+        raise TypeError("the stand-in makes tensors of __cuda_array_interface__ only")
+    return _CaiTensor(obj)
