@@ -326,11 +326,14 @@ $(BENCH_OBJECTS): $(B)/obj/bench/objects.o $(CLIENT_O) $(COMMON_O)
 	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LIBS_PROTOBUF) -lpthread -ldl
 
 # A named object attached against the same bytes loaded from the page cache (bench/objects.c;
-# BENCH_OBJECTS_SIZE, 4 GiB: 3 times that of memory is used at once).
+# BENCH_OBJECTS_SIZE, 4 GiB: 3 times that of memory is used at once). On a GPU machine,
+# BENCH_OBJECTS_BACKEND=cuda-vmm (or cuda) loads onto GPU 0 and attaches there.
 BENCH_OBJECTS_SIZE ?= 4294967296
+BENCH_OBJECTS_BACKEND ?= host
 bench-objects: all $(BENCH_OBJECTS)
 	@mkdir -p bench/results
-	$(Q)$(BENCH_OBJECTS) --build $(B) --size $(BENCH_OBJECTS_SIZE) | tee bench/results/objects-$$(date -u +%Y-%m-%d).txt
+	$(Q)$(BENCH_OBJECTS) --build $(B) --size $(BENCH_OBJECTS_SIZE) --backend $(BENCH_OBJECTS_BACKEND) | \
+		tee bench/results/objects-$$(date -u +%Y-%m-%d)-$(BENCH_OBJECTS_BACKEND).txt
 
 # What adoption after a daemon restart costs next to leasing the memory anew (bench/adopt.c).
 bench-adopt: all $(BENCH_ADOPT)
@@ -399,7 +402,7 @@ bench-driver: all $(BENCH_DRIVER) $(FAKECUDA)
 	$(call bench_gpu_or_fake,$(BENCH_DRIVER),driver)
 
 # Everything gpu-validate runs, built (with STATIC=1 to carry it to a machine without the libraries).
-gpu-tools: all $(GPU_TEST_BIN) $(BENCH_GPU) $(BENCH_PENDING) $(BENCH_DRIVER)
+gpu-tools: all $(GPU_TEST_BIN) $(BENCH_GPU) $(BENCH_PENDING) $(BENCH_DRIVER) $(BENCH_OBJECTS)
 
 # On a GPU machine: check-gpu, bench-gpu, bench-pending, bench-driver, bench-frameworks and its
 # throughput with GPUPOOL_SEGMENTS=grow on cuda-vmm against build/ as it is

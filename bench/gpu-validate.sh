@@ -5,7 +5,8 @@
 # (what make check-gpu runs), the allocation latency benchmark (make bench-gpu), the cost of
 # pending stream-ordered frees (make bench-pending), the driver calls' costs and capture rules
 # (make bench-driver), the PyTorch benchmarks (make bench-frameworks) and their training
-# throughput again with GPUPOOL_SEGMENTS=grow on cuda-vmm (bench-frameworks-grow), each against
+# throughput again with GPUPOOL_SEGMENTS=grow on cuda-vmm (bench-frameworks-grow) and named
+# objects on cuda-vmm (make bench-objects BENCH_OBJECTS_BACKEND=cuda-vmm), each against
 # build/ as it is: nothing is built here, so a build made
 # elsewhere with make STATIC=1 gpu-tools runs where libuv, protobuf-c and Check are not
 # installed. Each part's full output goes to bench/results/gpu-validate-DATE-GPU-PART.txt
@@ -14,7 +15,7 @@
 # part failed, 2 if there is no GPU or no build.
 set -u
 B=${1:-build}
-for f in gpupoold gpupoolctl libgpupool.so.1 tests/check_gpu bench/bench_gpu bench/bench_pending; do
+for f in gpupoold gpupoolctl libgpupool.so.1 tests/check_gpu bench/bench_gpu bench/bench_pending bench/objects; do
         [ -e "$B/$f" ] || { echo "gpu-validate: $B/$f is missing: build with make STATIC=1 gpu-tools first" >&2; exit 2; }
 done
 if ! nvidia-smi -L >/dev/null 2>&1; then
@@ -63,6 +64,8 @@ part bench-frameworks sh -c "sh bench/with-gpupoold.sh '$B' python3 bench/framew
 # asked of the daemon and imported).
 part bench-frameworks-grow sh -c "GPUPOOLD_ARGS='--backend cuda-vmm --log-level warn' GPUPOOL_SEGMENTS=grow \
         sh bench/with-gpupoold.sh '$B' python3 bench/frameworks/torch_throughput.py --reps 3"
+# Named objects on cuda-vmm: attaching 4 GiB against loading it from the page cache onto the GPU.
+part bench-objects "$B/bench/objects" --build "$B" --backend cuda-vmm --size 4294967296
 echo "gpu-validate:$summary"
 if [ -n "$failed" ]; then
         echo "gpu-validate: failed:$failed"

@@ -10,8 +10,12 @@
  *   attach with N attached: one more handle's gpupool_attach() + gpupool_detach() while N other
  *            handles (sessions of the daemon) have the object attached, N = 1, 8, 64.
  *
+ * With --backend cuda-vmm (or cuda), on GPU 0: load is malloc + read() + cuMemAlloc +
+ * cuMemcpyHtoD of the file (what a worker does to put weights on its GPU), and attach reads 4
+ * KiB back with cuMemcpyDtoH instead of a byte per page (device memory is mapped whole).
+ *
  * Medians over --reps runs (default 5; 200 for the attach-only figures), both measured in the
- * same run. Usage: objects --build DIR [--size BYTES] [--reps N]
+ * same run. Usage: objects --build DIR [--size BYTES] [--reps N] [--backend host|cuda|cuda-vmm]
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -25,6 +29,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "cudadrv.h"
 #include "gpupool.h"
 #include "measure.h"
 #include "private_daemon.h"
@@ -65,6 +70,41 @@ static gpupool_client *connect_or_die(const char *sock, const char *name) {
         return c;
 }
 
+/* On a GPU backend: the driver, GPU 0's primary context current, and the copies the library does not use. */
+static struct gp_cuda cu;
+static gp_cu_result (*htod)(gp_cu_deviceptr dst, const void *src, size_t n);
+static gp_cu_result (*dtoh)(void *dst, gp_cu_deviceptr src, size_t n);
+
+static void gpu_open(void) {
+        gp_cu_context ctx;
+        gp_cu_device dev;
+        char err[256];
+
+        if (gp_cuda_load(&cu, err, sizeof(err)) < 0) {
+                fprintf(stderr, "bench-objects: %s\n", err);
+                exit(1);
+        }
+        *(void **) &htod = gp_cuda_symbol(&cu, "cuMemcpyHtoD", 3020);
+        *(void **) &dtoh = gp_cuda_symbol(&cu, "cuMemcpyDtoH", 3020);
+        if (!htod || !dtoh || cu.cuDeviceGet(&dev, 0) != GP_CUDA_SUCCESS || cu.cuDevicePrimaryCtxRetain(&ctx, dev) != GP_CUDA_SUCCESS ||
+            cu.cuCtxPushCurrent(ctx) != GP_CUDA_SUCCESS)
+                die("open GPU 0", 0);
+}
+
+/* The GPU's load: size bytes from fd into new device memory, through host memory; freed after. */
+static void gpu_load(int fd, size_t size) {
+        uint8_t *copy = malloc(size);
+        gp_cu_deviceptr d;
+
+        if (!copy)
+                die("malloc", 0);
+        whole(fd, copy, size, false);
+        if (cu.cuMemAlloc(&d, size) != GP_CUDA_SUCCESS || htod(d, copy, size) != GP_CUDA_SUCCESS ||
+            cu.cuMemFree(d) != GP_CUDA_SUCCESS)
+                die("cuMemAlloc, cuMemcpyHtoD, cuMemFree", 0);
+        free(copy);
+}
+
 /* Reads one byte per page, so that every page is mapped; returns their sum (kept from the compiler). */
 static unsigned touch(const volatile uint8_t *p, size_t size) {
         unsigned sum = 0;
@@ -75,14 +115,16 @@ static unsigned touch(const volatile uint8_t *p, size_t size) {
 }
 
 int main(int argc, char **argv) {
-        const char *build = "build";
+        const char *build = "build", *backend = "host";
         size_t size = 4096 * MiB, reps = 5;
         char dir[] = "/tmp/gpupool-bench-objects-XXXXXX", sock[128], file[128], capacity[32];
         static const unsigned counts[] = { 1, 8, 64 };
         gpupool_client *pub, *holders[64], *c;
         double *load, *attach, t;
+        static uint8_t page[PAGE];
         unsigned sum = 0;
-        uint8_t *block;
+        uint8_t *block, *bytes;
+        bool gpu;
         pid_t daemon;
         int fd, r;
 
@@ -93,62 +135,84 @@ int main(int argc, char **argv) {
                         size = strtoull(argv[i + 1], NULL, 0);
                 else if (strcmp(argv[i], "--reps") == 0)
                         reps = strtoull(argv[i + 1], NULL, 0);
+                else if (strcmp(argv[i], "--backend") == 0)
+                        backend = argv[i + 1];
         }
-        if (size < 16 * MiB || reps < 1) {
-                fprintf(stderr, "usage: objects --build DIR [--size BYTES (16 MiB at least)] [--reps N]\n");
+        gpu = strcmp(backend, "host") != 0;
+        if (size < 16 * MiB || reps < 1 || (gpu && strcmp(backend, "cuda") != 0 && strcmp(backend, "cuda-vmm") != 0)) {
+                fprintf(stderr, "usage: objects --build DIR [--size BYTES (16 MiB at least)] [--reps N] "
+                                "[--backend host|cuda|cuda-vmm]\n");
                 return 2;
         }
+        if (gpu)
+                gpu_open();
         if (!mkdtemp(dir))
                 die("mkdtemp", 0);
         snprintf(sock, sizeof(sock), "%s/gpupool.sock", dir);
         snprintf(file, sizeof(file), "%s/weights", dir);
         snprintf(capacity, sizeof(capacity), "%zu", (size_t) (size + 64 * MiB));
-        daemon = daemon_pid = private_daemon_start(build, dir, sock, capacity);
+        daemon = daemon_pid = private_daemon_start_backend(build, dir, sock, backend, capacity);
 
         /* The bytes: published by one handle, and in a file for the load, read once (page cache). */
         pub = connect_or_die(sock, "publisher");
         if ((r = gpupool_alloc(pub, 0, size, (void **) &block)) < 0)
                 die("alloc", r);
+        bytes = gpu ? malloc(size) : block;
+        if (!bytes)
+                die("malloc", 0);
         for (size_t i = 0; i < size; i++)
-                block[i] = (uint8_t) (i * 131);
+                bytes[i] = (uint8_t) (i * 131);
+        if (gpu && htod((gp_cu_deviceptr) (uintptr_t) block, bytes, size) != GP_CUDA_SUCCESS)
+                die("cuMemcpyHtoD", 0);
         fd = open(file, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
         if (fd < 0)
                 die("create the file", 0);
-        whole(fd, block, size, true);
+        whole(fd, bytes, size, true);
+        if (gpu)
+                free(bytes);
         if ((r = gpupool_publish(pub, "weights", block, size)) < 0 || (r = gpupool_detach(pub, block)) < 0)
                 die("publish", r);
 
         load = calloc(reps, sizeof(*load));
         attach = calloc(reps > 200 ? reps : 200, sizeof(*attach));
-        printf("# bench-objects: %zu MiB, host backend, medians of %zu runs (attach with N attached: 200)\n", (size_t) (size / MiB),
-               reps);
+        printf("# bench-objects: %zu MiB, %s backend, medians of %zu runs (attach with N attached: 200)\n", (size_t) (size / MiB),
+               backend, reps);
         for (size_t k = 0; k < reps; k++) {
                 uint8_t *copy;
                 const void *p;
                 size_t got;
 
-                /* Load: malloc + read() from the page cache, every page touched by the copy. */
+                /* Load: malloc + read() from the page cache, every page touched by the copy (GPU: and onto it). */
                 t = now_ns();
-                copy = malloc(size);
-                if (!copy)
-                        die("malloc", 0);
-                whole(fd, copy, size, false);
-                sum += touch(copy, size);
+                if (gpu) {
+                        gpu_load(fd, size);
+                } else {
+                        copy = malloc(size);
+                        if (!copy)
+                                die("malloc", 0);
+                        whole(fd, copy, size, false);
+                        sum += touch(copy, size);
+                        free(copy);
+                }
                 load[k] = now_ns() - t;
-                free(copy);
-                /* Attach, a byte per page read, detach. */
+                /* Attach, a byte per page read (GPU: 4 KiB copied back), detach. */
                 c = connect_or_die(sock, "reader");
                 t = now_ns();
                 if ((r = gpupool_attach(c, "weights", &p, &got)) < 0)
                         die("attach", r);
-                sum += touch(p, got);
+                if (gpu && (dtoh(page, (gp_cu_deviceptr) (uintptr_t) p + got - PAGE, PAGE) != GP_CUDA_SUCCESS ||
+                            page[PAGE - 1] != (uint8_t) ((got - 1) * 131)))
+                        die("read the attached object back", 0);
+                sum += gpu ? page[0] : touch(p, got);
                 if ((r = gpupool_detach(c, p)) < 0)
                         die("detach", r);
                 attach[k] = now_ns() - t;
                 gpupool_disconnect(c);
         }
-        printf("load from the page cache into new memory   %10.1f ms\n", median(load, reps) / 1e6);
-        printf("attach, read a byte per page, detach      %10.1f ms   (%.0fx less)\n", median(attach, reps) / 1e6,
+        printf("%-43s%10.1f ms\n", gpu ? "load from the page cache onto the GPU" : "load from the page cache into new memory",
+               median(load, reps) / 1e6);
+        printf("%-42s%10.1f ms   (%.0fx less)\n", gpu ? "attach, read 4 KiB back, detach" : "attach, read a byte per page, detach",
+               median(attach, reps) / 1e6,
                median(load, reps) / median(attach, reps));
 
         for (size_t n = 0; n < sizeof(counts) / sizeof(counts[0]); n++) {

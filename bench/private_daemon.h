@@ -10,6 +10,7 @@
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/types.h>
 #include <unistd.h>
 
@@ -31,10 +32,12 @@ static inline void private_daemon_wait(const char *sock_path, const char *log) {
 }
 
 /*
- * Starts build/gpupoold on sock_path with capacity (a size) of host memory, its config and
- * log in dir. Returns its pid; exits the benchmark, saying why, if it does not listen in 10 s.
+ * Starts build/gpupoold on sock_path with backend (host: capacity, a size, of host memory; a
+ * GPU backend: the GPUs' memory), its config and log in dir. Returns its pid; exits the
+ * benchmark, saying why, if it does not listen in 10 s.
  */
-static inline pid_t private_daemon_start(const char *build, const char *dir, const char *sock_path, const char *capacity) {
+static inline pid_t private_daemon_start_backend(const char *build, const char *dir, const char *sock_path,
+                                                 const char *backend, const char *capacity) {
         char path[256], log[160], conf[160];
         pid_t pid;
 
@@ -48,12 +51,21 @@ static inline pid_t private_daemon_start(const char *build, const char *dir, con
                 int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
 
                 dup2(fd, 2);
-                execl(path, path, "--socket", sock_path, "--backend", "host", "--host-capacity", capacity, "--log-level",
-                      "err", "--config", conf, (char *) NULL);
+                if (strcmp(backend, "host") == 0)
+                        execl(path, path, "--socket", sock_path, "--backend", "host", "--host-capacity", capacity,
+                              "--log-level", "err", "--config", conf, (char *) NULL);
+                else
+                        execl(path, path, "--socket", sock_path, "--backend", backend, "--log-level", "err", "--config", conf,
+                              (char *) NULL);
                 _exit(127);
         }
         private_daemon_wait(sock_path, log);
         return pid;
+}
+
+/* The host backend's: capacity (a size) of host memory. */
+static inline pid_t private_daemon_start(const char *build, const char *dir, const char *sock_path, const char *capacity) {
+        return private_daemon_start_backend(build, dir, sock_path, "host", capacity);
 }
 
 /* Removes what private_daemon_start() made in dir, and dir (the daemon has stopped). */

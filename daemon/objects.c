@@ -54,6 +54,11 @@ static int record_memfd(struct node *node, const struct object *o) {
         r.uid = o->uid;
         r.id = o->id;
         r.published_unix_ms = unix_ms() - (uv_now(node->loop) - o->published_ms);
+        if (node->devices[o->device].has_uuid) {
+                r.has_device_uuid = true;
+                r.device_uuid.len = sizeof(node->devices[o->device].uuid);
+                r.device_uuid.data = (uint8_t *) node->devices[o->device].uuid;
+        }
         if ((n = gpupool__object_record__get_packed_size(&r)) > sizeof(buf))
                 return -EMSGSIZE;
         gpupool__object_record__pack(&r, buf);
@@ -334,6 +339,12 @@ static int object_take(struct node *node, const Gpupool__ObjectRecord *r, int *f
             r->offset > r->segment_size || r->size > r->segment_size - r->offset) {
                 snprintf(why, why_size, "its record is not of an object this daemon can have (device %u, %" PRIu64
                          " bytes at %" PRIu64 " of %" PRIu64 ")", r->device, r->size, r->offset, r->segment_size);
+                return -1;
+        }
+        if (r->has_device_uuid != (bool) node->devices[r->device].has_uuid ||
+            (r->has_device_uuid && (r->device_uuid.len != sizeof(node->devices[r->device].uuid) ||
+                                    memcmp(r->device_uuid.data, node->devices[r->device].uuid, r->device_uuid.len) != 0))) {
+                snprintf(why, why_size, "it was on another GPU than this daemon's device %u", r->device);
                 return -1;
         }
         if (objects_find(node, r->name)) {

@@ -686,6 +686,32 @@ START_TEST(test_vmm_objects) {
 }
 END_TEST
 
+/* An object kept in the store from GPU 0 is not taken over by a daemon that has GPU 1 at index 0. */
+START_TEST(test_fake_vmm_object_on_another_gpu) {
+        struct fdstore *store = fdstore_new();
+        struct testd d;
+
+        setenv("FAKECUDA_DEVICES", "2", 1);
+        setenv("CUDA_VISIBLE_DEVICES", "0", 1);
+        vmm_start(&d);
+        d.store = store;
+        check_client(&d, vmm_publisher, "the publisher");
+        ck_assert_uint_eq(fdstore_count(store), 2);
+        testd_crash(&d);
+        setenv("CUDA_VISIBLE_DEVICES", "1", 1);
+        testd_relaunch(&d);
+        unsetenv("CUDA_VISIBLE_DEVICES");
+        ck_assert(testd_log_wait(&d, "object 'weights' kept in systemd's store: not taken over: it was on another GPU "
+                                     "than this daemon's device 0; its memory goes"));
+        ck_assert_uint_eq(fdstore_count(store), 0);
+        ck_assert_int_eq(vmm_object_field(&d, "weights", "size_bytes"), -1);
+        ck_assert_int_eq(testd_device(&d, 0, "reserved_bytes"), 0);
+        fdstore_free(store);
+        cuda_stop(&d);
+        unsetenv("FAKECUDA_DEVICES");
+}
+END_TEST
+
 /* Attaches "weights" on the legacy cuda backend and reads it: the IPC handle opens the object as it does a segment. */
 static int legacy_attacher(struct testd *d, void *arg) {
         void *fail_page = arg;
@@ -740,4 +766,5 @@ void cuda_vmm_add_fake(TCase *tc) {
         tcase_add_test(tc, test_fake_vmm_kept_descriptor_reads_nothing);
         tcase_add_test(tc, test_fake_vmm_resume_refused_other_gpus);
         tcase_add_test(tc, test_fake_granule_leases);
+        tcase_add_test(tc, test_fake_vmm_object_on_another_gpu);
 }
