@@ -27,13 +27,17 @@ static int objects(struct cli *cli, int argc, char **argv) {
 
                 for (size_t i = 0; i < o->n_objects; i++) {
                         const Gpupool__ObjectStatus *x = o->objects[i];
+                        json_t *readers = json_array();
 
-                        json_array_append_new(list, json_pack("{s:s, s:I, s:I, s:I, s:s, s:I, s:I, s:I, s:b}", "name", x->name,
-                                                              "device", (json_int_t) x->device, "size_bytes",
+                        for (size_t k = 0; k < x->n_readers; k++)
+                                json_array_append_new(readers, json_string(x->readers[k]));
+                        json_array_append_new(list, json_pack("{s:s, s:I, s:I, s:I, s:s, s:I, s:I, s:I, s:b, s:o}", "name",
+                                                              x->name, "device", (json_int_t) x->device, "size_bytes",
                                                               (json_int_t) x->size, "reserved_bytes",
                                                               (json_int_t) x->reserved_bytes, "tenant", x->tenant, "uid",
                                                               (json_int_t) x->uid, "attachments", (json_int_t) x->attachments,
-                                                              "age_ms", (json_int_t) x->age_ms, "unpublished", x->unpublished));
+                                                              "age_ms", (json_int_t) x->age_ms, "unpublished", x->unpublished,
+                                                              "readers", readers));
                 }
                 cli_print_json(json_pack("{s:o}", "objects", list));
         } else if (!o->n_objects) {
@@ -44,10 +48,13 @@ static int objects(struct cli *cli, int argc, char **argv) {
                 for (size_t i = 0; i < o->n_objects; i++) {
                         const Gpupool__ObjectStatus *x = o->objects[i];
 
-                        printf("%-32.32s %6u %12s %12s %-16.16s %8u %8u %7" PRIu64 "s%s\n", x->name, x->device,
+                        printf("%-32.32s %6u %12s %12s %-16.16s %8u %8u %7" PRIu64 "s%s", x->name, x->device,
                                gp_size_format(x->size, a, sizeof(a)), gp_size_format(x->reserved_bytes, b, sizeof(b)),
                                x->tenant, x->uid, x->attachments, x->age_ms / 1000,
                                x->unpublished ? "  (unpublished: goes at the last detach)" : "");
+                        for (size_t k = 0; k < x->n_readers; k++)
+                                printf("%s%s", k ? "," : "  readers: ", x->readers[k]);
+                        printf("\n");
                 }
         }
         gpupool__envelope__free_unpacked(rep, NULL);
@@ -78,7 +85,7 @@ static int unpublish(struct cli *cli, int argc, char **argv) {
 const struct cli_command cli_cmd_objects = {
         .name = "objects",
         .usage = "objects [--json]",
-        .summary = "show the named objects: size, tenant, attachments, age",
+        .summary = "show the named objects: size, tenant, attachments, age, readers",
         .run = objects,
 };
 

@@ -67,8 +67,36 @@ static int ask(gpupool_client *c, Gpupool__Envelope *req, Gpupool__Envelope__Bod
         return r;
 }
 
+/* The readers a publish names: "*" or tenants, comma-separated (NULL or "": none). Returns how many, or -EINVAL. Locked. */
+static int readers_parse(gpupool_client *c, const char *text, char buf[GP_MAX_OBJECT_READERS][GP_MAX_READER_BYTES + 1],
+                         char *ret[GP_MAX_OBJECT_READERS]) {
+        int n = 0;
+
+        for (const char *p = text; p && *p; n++) {
+                size_t len = strcspn(p, ",");
+
+                if (n == GP_MAX_OBJECT_READERS || len == 0 || len > GP_MAX_READER_BYTES) {
+                        n = -1;
+                        break;
+                }
+                memcpy(buf[n], p, len);
+                buf[n][len] = '\0';
+                ret[n] = buf[n];
+                if (!gp_wire_reader_is_valid(buf[n])) {
+                        n = -1;
+                        break;
+                }
+                p += len + (p[len] == ',');
+        }
+        if (n < 0)
+                client_set_error(c, "readers are at most %d, comma-separated, each '*' (every client of the node) or a "
+                                    "tenant's name (letters, digits, '-', '_', '.'), not '%s'", GP_MAX_OBJECT_READERS, text);
+        return n < 0 ? -EINVAL : n;
+}
+
 /* Publishes live block b, out of the live table, of mapping m; on failure b is put back. Locked. */
-static int publish_block(gpupool_client *c, const char *name, struct block *b, uint64_t size) {
+static int publish_block(gpupool_client *c, const char *name, struct block *b, uint64_t size, char **readers,
+                         int n_readers) {
         Gpupool__Envelope req = GPUPOOL__ENVELOPE__INIT, *rep = NULL;
         Gpupool__PublishRequest pr = GPUPOOL__PUBLISH_REQUEST__INIT;
         struct mapping *m = b->mapping;
@@ -110,6 +138,8 @@ static int publish_block(gpupool_client *c, const char *name, struct block *b, u
         pr.segment_id = m->segment_id;
         pr.offset = offset;
         pr.size = size;
+        pr.readers = readers;
+        pr.n_readers = (size_t) n_readers;
         req.body_case = GPUPOOL__ENVELOPE__BODY_PUBLISH;
         req.publish = &pr;
         r = ask(c, &req, GPUPOOL__ENVELOPE__BODY_PUBLISH_REPLY, &rep, NULL);
@@ -140,14 +170,15 @@ static int publish_block(gpupool_client *c, const char *name, struct block *b, u
         return 0;
 }
 
-GPUPOOL_EXPORT int gpupool_publish(gpupool_client *c, const char *name, void *ptr, size_t size) {
+GPUPOOL_EXPORT int gpupool_publish_to(gpupool_client *c, const char *name, void *ptr, size_t size, const char *readers) {
+        char buf[GP_MAX_OBJECT_READERS][GP_MAX_READER_BYTES + 1], *list[GP_MAX_OBJECT_READERS];
         struct block *b;
-        int r;
+        int r, n;
 
         if (!c)
                 return -EINVAL;
         pthread_mutex_lock(&c->lock);
-        if ((r = name_ok(c, name)) < 0 || (r = objects_built(c)) < 0) {
+        if ((r = name_ok(c, name)) < 0 || (r = objects_built(c)) < 0 || (r = n = readers_parse(c, readers, buf, list)) < 0) {
                 pthread_mutex_unlock(&c->lock);
                 return r;
         }
@@ -158,11 +189,15 @@ GPUPOOL_EXPORT int gpupool_publish(gpupool_client *c, const char *name, void *pt
                 client_set_error(c, "%p is not a live block of this client (freed already, never allocated, or not the "
                                     "start of a block)", ptr);
                 r = -ENOENT;
-        } else if ((r = publish_block(c, name, b, size)) < 0) {
+        } else if ((r = publish_block(c, name, b, size, list, n)) < 0) {
                 (void) client_live_insert(c, b);        /* not published: still the application's */
         }
         pthread_mutex_unlock(&c->lock);
         return r;
+}
+
+GPUPOOL_EXPORT int gpupool_publish(gpupool_client *c, const char *name, void *ptr, size_t size) {
+        return gpupool_publish_to(c, name, ptr, size, NULL);
 }
 
 GPUPOOL_EXPORT int gpupool_attach(gpupool_client *c, const char *name, const void **ret_ptr, size_t *ret_size) {

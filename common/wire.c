@@ -278,6 +278,20 @@ bool gp_wire_object_name_is_valid(const char *name) {
         return len > 0 && len <= GP_MAX_OBJECT_NAME_BYTES && gp_wire_text_is_valid(name);
 }
 
+bool gp_wire_reader_is_valid(const char *reader) {
+        size_t len = reader ? strlen(reader) : 0;
+
+        if (len == 0 || len > GP_MAX_READER_BYTES)
+                return false;
+        if (strcmp(reader, "*") == 0)
+                return true;
+        for (const char *p = reader; *p; p++)
+                if (!((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9') || *p == '-' ||
+                      *p == '_' || *p == '.'))
+                        return false;
+        return true;
+}
+
 static const struct {
         Gpupool__Status status;
         int err;

@@ -40,6 +40,7 @@ static void stored_names(uint64_t id, char segment[NOTIFY_NAME_MAX + 1], char re
 /* A sealed memfd holding o's record, or a negative errno. */
 static int record_memfd(struct node *node, const struct object *o) {
         Gpupool__ObjectRecord r = GPUPOOL__OBJECT_RECORD__INIT;
+        char *readers[GP_MAX_OBJECT_READERS];
         uint8_t buf[RECORD_MAX];
         size_t n;
         int fd;
@@ -54,6 +55,10 @@ static int record_memfd(struct node *node, const struct object *o) {
         r.uid = o->uid;
         r.id = o->id;
         r.published_unix_ms = unix_ms() - (uv_now(node->loop) - o->published_ms);
+        for (unsigned i = 0; i < o->n_readers; i++)
+                readers[i] = (char *) o->readers[i];
+        r.readers = readers;
+        r.n_readers = o->n_readers;
         if (node->devices[o->device].has_uuid) {
                 r.has_device_uuid = true;
                 r.device_uuid.len = sizeof(node->devices[o->device].uuid);
@@ -122,9 +127,32 @@ struct object *objects_find(struct node *node, const char *name) {
         return NULL;
 }
 
+bool objects_readers_valid(char *const *readers, size_t n) {
+        if (n > GP_MAX_OBJECT_READERS)
+                return false;
+        for (size_t i = 0; i < n; i++)
+                if (!gp_wire_reader_is_valid(readers[i]))
+                        return false;
+        return true;
+}
+
+bool objects_reader(const struct object *obj, const char *tenant) {
+        for (unsigned i = 0; i < obj->n_readers; i++)
+                if (strcmp(obj->readers[i], "*") == 0 || (tenant && strcmp(obj->readers[i], tenant) == 0))
+                        return true;
+        return false;
+}
+
+/* Sets obj's readers (valid, at most GP_MAX_OBJECT_READERS). */
+static void set_readers(struct object *obj, char *const *readers, size_t n) {
+        obj->n_readers = 0;
+        for (size_t i = 0; i < n && i < GP_MAX_OBJECT_READERS; i++)
+                snprintf(obj->readers[obj->n_readers++], sizeof(obj->readers[0]), "%s", readers[i]);
+}
+
 struct object *objects_publish(struct node *node, const char *name, unsigned device, struct pool_owner *owner,
                                uint64_t segment_id, uint64_t offset, uint64_t size, struct tenant *t, uint32_t uid,
-                               int *ret_err) {
+                               char *const *readers, size_t n_readers, int *ret_err) {
         struct pool *pool = node->pools[device];
         struct object *o;
         uint64_t segment_size;
@@ -146,6 +174,7 @@ struct object *objects_publish(struct node *node, const char *name, unsigned dev
         o->size = size;
         o->uid = uid;
         snprintf(o->tenant, sizeof(o->tenant), "%s", t->conf.name);
+        set_readers(o, readers, n_readers);
         pool_owner_attach(pool, &o->owner, owner->principal);
         pool_owner_set_group(&o->owner, &t->sums[device]);
         r = pool_transfer(pool, owner, &o->owner, segment_id, &segment_size);
@@ -336,6 +365,7 @@ static int object_take(struct node *node, const Gpupool__ObjectRecord *r, int *f
                 return -1;
         }
         if (!gp_wire_object_name_is_valid(r->name) || r->device >= node->device_count || r->size == 0 ||
+            !objects_readers_valid(r->readers, r->n_readers) ||
             r->offset > r->segment_size || r->size > r->segment_size - r->offset) {
                 snprintf(why, why_size, "its record is not of an object this daemon can have (device %u, %" PRIu64
                          " bytes at %" PRIu64 " of %" PRIu64 ")", r->device, r->size, r->offset, r->segment_size);
@@ -380,6 +410,7 @@ static int object_take(struct node *node, const Gpupool__ObjectRecord *r, int *f
         o->size = r->size;
         o->uid = r->uid;
         o->id = r->id;
+        set_readers(o, r->readers, r->n_readers);
         pool_owner_attach(node->pools[o->device], &o->owner, identity_principal(&node->identities, o->uid, true, NULL, 0));
         pool_owner_set_group(&o->owner, &t->sums[o->device]);
         /* Memory the device holds already: no headroom applies, only the pool's capacity. */

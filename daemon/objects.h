@@ -47,6 +47,9 @@ struct object {
         uint64_t idle_since_ms;                 /* when attachments last fell to 0 (eviction's clock) */
         bool unpublished;                       /* goes once attachments is 0 */
         uint64_t id;                            /* unique, random: names it in systemd's store */
+        /* Who else may attach it, as published: "*" (every client) or tenants by name. */
+        char readers[GP_MAX_OBJECT_READERS][GP_MAX_READER_BYTES + 1];
+        unsigned n_readers;
         bool stored;                            /* its descriptors are in systemd's store (objects_restore()) */
 };
 
@@ -55,14 +58,21 @@ struct object *objects_find(struct node *node, const char *name);
 
 /*
  * Makes the object name of the segment segment_id that owner leases on device: the segment
- * moves to the object, in tenant t's group, sealed against writing (pool_seal()). Returns it, or
+ * moves to the object, in tenant t's group, sealed against writing (pool_seal()), attachable
+ * by readers too (checked: objects_readers_valid()). Returns it, or
  * NULL with *ret_err: -ENOENT (no such segment of owner's), -EINVAL (offset and size not within
  * it), -EBUSY (still mapped writable), -EOPNOTSUPP (a backend that cannot seal), -ENOSPC
  * (OBJECTS_MAX), -ENOMEM.
  */
 struct object *objects_publish(struct node *node, const char *name, unsigned device, struct pool_owner *owner,
                                uint64_t segment_id, uint64_t offset, uint64_t size, struct tenant *t, uint32_t uid,
-                               int *ret_err);
+                               char *const *readers, size_t n_readers, int *ret_err);
+
+/* Whether readers (n of them, each checked: gp_wire_reader_is_valid()) may be an object's. */
+bool objects_readers_valid(char *const *readers, size_t n);
+
+/* Whether a client of tenant (NULL: none yet) is among obj's readers. */
+bool objects_reader(const struct object *obj, const char *tenant);
 
 /* One more session has obj attached; and one less (the unpublished object goes at the last). */
 void objects_attach(struct object *obj);

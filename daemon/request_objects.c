@@ -73,7 +73,8 @@ static bool detach_from(struct session *s, struct object *obj) {
  */
 static bool may_attach(const struct session *s, const struct object *obj) {
         return s->uid == obj->uid || s->operator ||
-               (s->tenant && s->tenant != &s->node->policy.tenants[0] && strcmp(s->tenant->conf.name, obj->tenant) == 0);
+               (s->tenant && s->tenant != &s->node->policy.tenants[0] && strcmp(s->tenant->conf.name, obj->tenant) == 0) ||
+               objects_reader(obj, s->tenant ? s->tenant->conf.name : NULL);
 }
 
 void request_publish(struct session *s, const Gpupool__Envelope *req, struct reply *ret) {
@@ -98,6 +99,12 @@ void request_publish(struct session *s, const Gpupool__Envelope *req, struct rep
                 reply_error(req->id, -EINVAL, false, why, ret);
                 return;
         }
+        if (!objects_readers_valid(p->readers, p->n_readers)) {
+                snprintf(why, sizeof(why), "an object's readers are at most %d, each '*' (every client) or a tenant's name "
+                         "(1 to %d letters, digits, '-', '_' or '.')", GP_MAX_OBJECT_READERS, GP_MAX_READER_BYTES);
+                reply_error(req->id, -EINVAL, false, why, ret);
+                return;
+        }
         if (objects_find(node, p->name)) {
                 snprintf(why, sizeof(why), "an object named '%s' exists already", p->name);
                 reply_error(req->id, -EINVAL, false, why, ret);
@@ -105,7 +112,7 @@ void request_publish(struct session *s, const Gpupool__Envelope *req, struct rep
         }
         err = attach_room(s);
         obj = err < 0 ? NULL : objects_publish(node, p->name, p->device, &s->owners[p->device], p->segment_id, p->offset,
-                                               p->size, s->tenant, (uint32_t) s->uid, &err);
+                                               p->size, s->tenant, (uint32_t) s->uid, p->readers, p->n_readers, &err);
         if (!obj) {
                 if (err == -ENOENT)
                         snprintf(why, sizeof(why), "segment %" PRIu64 " is not leased to this client on device %u",
@@ -265,13 +272,15 @@ void request_objects(struct session *s, const Gpupool__Envelope *req, struct rep
         Gpupool__ObjectsReply orep = GPUPOOL__OBJECTS_REPLY__INIT;
         Gpupool__ObjectStatus *st = calloc(node->object_count + 1, sizeof(*st));
         Gpupool__ObjectStatus **ptrs = calloc(node->object_count + 1, sizeof(*ptrs));
+        char **readers = calloc((size_t) node->object_count * GP_MAX_OBJECT_READERS + 1, sizeof(*readers));
         uint64_t now = uv_now(node->loop);
         Gpupool__Envelope env;
         size_t n = 0;
 
-        if (!st || !ptrs) {
+        if (!st || !ptrs || !readers) {
                 free(st);
                 free(ptrs);
+                free(readers);
                 reply_error(req->id, -EIO, false, "out of memory listing the objects", ret);
                 return;
         }
@@ -286,6 +295,10 @@ void request_objects(struct session *s, const Gpupool__Envelope *req, struct rep
                 st[n].attachments = o->attachments;
                 st[n].age_ms = now - o->published_ms;
                 st[n].unpublished = o->unpublished;
+                st[n].readers = readers + n * GP_MAX_OBJECT_READERS;
+                st[n].n_readers = o->n_readers;
+                for (unsigned i = 0; i < o->n_readers; i++)
+                        st[n].readers[i] = o->readers[i];
                 ptrs[n] = &st[n];
                 n++;
         }
@@ -297,4 +310,5 @@ void request_objects(struct session *s, const Gpupool__Envelope *req, struct rep
         (void) reply_pack(&env, false, ret);
         free(st);
         free(ptrs);
+        free(readers);
 }

@@ -221,10 +221,16 @@ GPUPOOL_EXPORT size_t gpupool_cached_bytes(gpupool_client *client);
  * one is an illegal address that ends the process's CUDA context (publish waits for the
  * device's work first, cuCtxSynchronize). cuda (legacy IPC handles): not read-only at all, since
  * an IPC handle opens read-write; nothing stops a write, and the object dies with the daemon.
- * Returns -ENOENT for no such object, -EACCES for one
- * that is not for this process (its publisher's uid, the node's operator, and the clients of
- * its tenant where that is a tenant of the config, not default, may attach it). Attaching one the handle has attached already returns the same
- * mapping, counted: each attach takes one gpupool_detach(). gpupool_detach() unmaps it.
+ * Returns -ENOENT for no such object, -EACCES for one that is not for this process (its
+ * publisher's uid, the node's operator, the clients of its tenant where that is a tenant of
+ * the config, not default, and its readers may attach it). Attaching one the handle has
+ * attached already returns the same mapping, counted: each attach takes one gpupool_detach().
+ * gpupool_detach() unmaps it.
+ *
+ * gpupool_publish_to() is gpupool_publish() naming who else may attach the object, its
+ * readers: comma-separated, "*" for every client of the node (read-only where the backend
+ * enforces it: that is all they get), or tenants' names ("inference,eval": their clients).
+ * At most 16; NULL or "" for none. A bad list is -EINVAL, saying why.
  *
  * gpupool_unpublish() ends the object name (its publisher's uid, or the node's operator): no
  * one attaches it from then on, its name is free at once, and its memory goes back once the
@@ -240,6 +246,8 @@ GPUPOOL_EXPORT size_t gpupool_cached_bytes(gpupool_client *client);
  * forgets them when it stops; the processes that have them mapped keep their mappings.
  */
 GPUPOOL_EXPORT int gpupool_publish(gpupool_client *client, const char *name, void *ptr, size_t size);
+GPUPOOL_EXPORT int gpupool_publish_to(gpupool_client *client, const char *name, void *ptr, size_t size,
+                                      const char *readers);
 GPUPOOL_EXPORT int gpupool_attach(gpupool_client *client, const char *name, const void **ret_ptr, size_t *ret_size);
 GPUPOOL_EXPORT int gpupool_detach(gpupool_client *client, const void *ptr);
 GPUPOOL_EXPORT int gpupool_unpublish(gpupool_client *client, const char *name);

@@ -142,12 +142,14 @@ class Client:
         """Gives every segment the process holds empty back to the daemon."""
         self._check(lib.gpupool_trim(self._live()))
 
-    def publish(self, name, data, device=None):
+    def publish(self, name, data, device=None, readers=None):
         """Publishes a copy of data as the named object name, which outlives this process until
-        unpublished (gpupool_publish in gpupool.h). Host backend: anything with the buffer
-        protocol (bytes, a NumPy array). cuda and cuda-vmm: a contiguous PyTorch CUDA tensor or
-        CuPy array, copied on its device (device: the CUDA ordinal, default the data's). The
-        copy is made once, here; attaching it copies nothing."""
+        unpublished (gpupool_publish_to in gpupool.h); readers ("*", or tenants' names, a
+        list or a comma-separated string) may attach it besides the publisher's uid and tenant.
+        Host backend: anything with the buffer protocol (bytes, a NumPy array). cuda and
+        cuda-vmm: a contiguous PyTorch CUDA tensor or CuPy array, copied on its device (device:
+        the CUDA ordinal, default the data's). The copy is made once, here; attaching it copies
+        nothing."""
         if self.backend == "host":
             view = memoryview(data).cast("B")
             nbytes, device = view.nbytes, device or 0
@@ -163,7 +165,10 @@ class Client:
             else:
                 _device_copy(ptr, data, nbytes)
             # On a GPU the library waits for the device's work before the memory becomes read-only.
-            self._check(lib.gpupool_publish(self._live(), name.encode(), ptr, nbytes))
+            if readers is not None and not isinstance(readers, str):
+                readers = ",".join(readers)
+            self._check(lib.gpupool_publish_to(self._live(), name.encode(), ptr, nbytes,
+                                               readers.encode() if readers else None))
         except BaseException:
             self.free(ptr)
             raise
@@ -265,10 +270,11 @@ def status(socket=None):
     return json.loads(run.stdout)
 
 
-def publish(name, data):
-    """Client.publish() on the handle the hooks share in this process: a copy of data (bytes,
-    a NumPy array; anything with the buffer protocol) becomes the named object name."""
-    Client._shared().publish(name, data)
+def publish(name, data, readers=None):
+    """Client.publish() on the handle the hooks share in this process: a copy of data (host:
+    anything with the buffer protocol; a GPU backend: a PyTorch CUDA tensor or CuPy array)
+    becomes the named object name, for readers too ("*", or tenants' names)."""
+    Client._shared().publish(name, data, readers=readers)
 
 
 def attach(name, dtype=None, shape=None, like=None):

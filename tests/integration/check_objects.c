@@ -221,7 +221,7 @@ START_TEST(test_object_outlives_daemon_restart) {
         ck_assert_int_eq(gpupool_alloc(c, 0, OBJ, (void **) &p), 0);
         for (size_t i = 0; i < OBJ; i++)
                 p[i] = pattern(i);
-        ck_assert_int_eq(gpupool_publish(c, "weights", p, OBJ - 100), 0);
+        ck_assert_int_eq(gpupool_publish_to(c, "weights", p, OBJ - 100, "inference,eval"), 0);
         gpupool_disconnect(c);
         ck_assert_uint_eq(fdstore_count(store), 2);     /* its segment and its record */
         /* A process keeps it attached across the restart: the daemon after counts it again. */
@@ -241,6 +241,13 @@ START_TEST(test_object_outlives_daemon_restart) {
         ck_assert_uint_eq(fdstore_count(store), 2);     /* the forged ones dropped */
         ck_assert_int_eq(object_field(&d, "weights", "size_bytes"), OBJ - 100);
         ck_assert_int_eq(object_field(&d, "weights", "uid"), (long long) getuid());
+        {
+                char out[4096];
+
+                snprintf(out, sizeof(out), "%s/gpupoolctl --socket %s objects", build_dir(), d.sock);
+                ck_assert_int_eq(run_capture(out, out, sizeof(out)), 0);
+                ck_assert_msg(strstr(out, "readers: inference,eval"), "%s", out);       /* kept too */
+        }
         for (double t0 = now_s(); object_field(&d, "weights", "attachments") != 1 && now_s() - t0 < 10;)
                 nap_ms(20);
         ck_assert_int_eq(object_field(&d, "weights", "attachments"), 1);
@@ -352,6 +359,34 @@ START_TEST(test_object_bad_input) {
         ck_assert_int_eq(gpupool_publish(c, "over", big, OBJ + 1), -EINVAL);
         gpupool_last_error(c, why, sizeof(why));
         ck_assert_msg(strstr(why, "is not within the block"), "%s", why);
+        ck_assert_int_eq(gpupool_publish_to(c, "readers", big, OBJ, "ml,bad name"), -EINVAL);
+        gpupool_last_error(c, why, sizeof(why));
+        ck_assert_msg(strstr(why, "each '*' (every client of the node) or a tenant's name"), "%s", why);
+        ck_assert_int_eq(gpupool_publish_to(c, "readers", big, OBJ, "a,b,c,d,e,f,g,h,i,j,k,l,m,n,o,p,q"), -EINVAL);
+        ck_assert_int_eq(gpupool_publish_to(c, "readers", big, OBJ, "ml,,eval"), -EINVAL);
+        {
+                /* The daemon checks them too: a peer need not be libgpupool. */
+                Gpupool__Envelope env = GPUPOOL__ENVELOPE__INIT, *rep;
+                Gpupool__PublishRequest pr = GPUPOOL__PUBLISH_REQUEST__INIT;
+                char *readers[] = { "ml", "no/slash" };
+                int sock = raw_hello(&d, "raw-publisher");
+
+                rep = raw_lease(sock, 0, OBJ);
+                ck_assert_int_eq(rep->status, GPUPOOL__STATUS__STATUS_OK);
+                pr.name = "raw";
+                pr.segment_id = rep->lease_reply->segment_id;
+                pr.size = 4096;
+                pr.readers = readers;
+                pr.n_readers = 2;
+                gpupool__envelope__free_unpacked(rep, NULL);
+                env.body_case = GPUPOOL__ENVELOPE__BODY_PUBLISH;
+                env.publish = &pr;
+                rep = raw_call(sock, &env);
+                ck_assert_int_eq(rep->status, GPUPOOL__STATUS__STATUS_INVALID);
+                ck_assert_msg(strstr(rep->error, "each '*' (every client) or a tenant's name"), "%s", rep->error);
+                gpupool__envelope__free_unpacked(rep, NULL);
+                close(sock);
+        }
         ck_assert_int_eq(gpupool_attach(c, "nothing", &q, &size), -ENOENT);
         gpupool_last_error(c, why, sizeof(why));
         ck_assert_msg(strstr(why, "no object named 'nothing'"), "%s", why);
@@ -486,6 +521,12 @@ static int foreign(struct testd *d, void *arg) {
                 return 43;
         if (gpupool_unpublish(c, "private") != -EACCES)
                 return 44;
+        /* Published for every client ("*"): attached, read-only as for anyone. */
+        if (gpupool_attach(c, "open", &p, &size) != 0 || size != 4096 || gpupool_detach(c, p) != 0)
+                return 45;
+        /* For tenant ml's clients: this one is default's. */
+        if (gpupool_attach(c, "for-ml", &p, &size) != -EACCES)
+                return 46;
         gpupool_disconnect(c);
         return 0;
 }
@@ -504,6 +545,10 @@ START_TEST(test_foreign_object_refused) {
         ck_assert_int_eq(gpupool_connect(d.sock, "private-owner", &c), 0);
         ck_assert_int_eq(gpupool_alloc(c, 0, OBJ, &p), 0);
         ck_assert_int_eq(gpupool_publish(c, "private", p, OBJ), 0);
+        ck_assert_int_eq(gpupool_alloc(c, 0, OBJ, &p), 0);
+        ck_assert_int_eq(gpupool_publish_to(c, "open", p, 4096, "*"), 0);
+        ck_assert_int_eq(gpupool_alloc(c, 0, OBJ, &p), 0);
+        ck_assert_int_eq(gpupool_publish_to(c, "for-ml", p, 4096, "ml"), 0);
         ck_assert_int_eq(reap(spawn(foreign, &d, NULL)), 0);
         ck_assert_int_eq(object_field(&d, "private", "attachments"), 1);
         gpupool_disconnect(c);

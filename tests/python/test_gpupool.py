@@ -217,6 +217,15 @@ class TestObjects(unittest.TestCase):
         with gpupool.Client(self.d.sock, name="publisher") as c:
             self.assertEqual(c.backend, "host")
             c.publish("weights", data)
+            c.publish("vocab", b"v" * 100, readers=["inference", "eval"])
+            c.publish("open", b"o" * 100, readers="*")
+            with self.assertRaises(gpupool.GpupoolError) as e:
+                c.publish("bad", b"b", readers="no spaces")
+            self.assertEqual(e.exception.errno, errno.EINVAL)
+        out = subprocess.run([gpupool._gpupoolctl(), "--socket", self.d.sock, "--json", "objects"], capture_output=True,
+                             text=True, check=True)
+        readers = {o["name"]: o["readers"] for o in json.loads(out.stdout)["objects"]}
+        self.assertEqual(readers, {"weights": [], "vocab": ["inference", "eval"], "open": ["*"]})
         # The publisher is gone; the object is not.
         with gpupool.Client(self.d.sock, name="reader") as c:
             view = c.attach("weights")
