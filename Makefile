@@ -99,7 +99,7 @@ DAEMON    := $(filter-out daemon/main.c daemon/backend_fault.c,$(wildcard daemon
 DAEMON_TEST_O := $(B)/obj/daemon/backend_fault.o
 CLIENT    := $(wildcard client/*.c)
 CLI       := $(wildcard cli/*.c)
-TESTS     := $(wildcard tests/unit/*.c tests/integration/*.c) tests/check_main.c tests/testlib.c
+TESTS     := $(wildcard tests/unit/*.c tests/integration/*.c) tests/check_main.c tests/testlib.c tests/fdstore.c
 
 obj = $(patsubst %.c,$(B)/obj/%.o,$(1))
 COMMON_O  := $(call obj,$(COMMON)) $(B)/obj/proto/gpupool.pb-c.o
@@ -430,7 +430,7 @@ bench-frameworks: all
 	  echo $$? > $$log.rc; } 2>&1 | tee $$log; \
 	rc=$$(cat $$log.rc); rm -f $$log.rc; echo "bench-frameworks: the log is $$log"; exit $$rc
 
-$(STRESS_BIN): $(B)/obj/tests/stress/stress.o $(CLIENT_O) $(COMMON_O)
+$(STRESS_BIN): $(B)/obj/tests/stress/stress.o $(B)/obj/tests/fdstore.o $(CLIENT_O) $(COMMON_O)
 	@mkdir -p $(dir $@)
 	@echo "  LD      $@"
 	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LIBS_PROTOBUF) -lpthread -ldl

@@ -20,7 +20,11 @@
 
 #define LISTEN_FDS_START 3
 
-int notify_send_fds(const char *state, const int *fds, unsigned n_fds) {
+/*
+ * Sends state with fds to $NOTIFY_SOCKET: at once or not at all, or (wait) waiting up to
+ * NOTIFY_STORE_WAIT_MS for room in the manager's queue.
+ */
+static int send_state(const char *state, const int *fds, unsigned n_fds, bool wait) {
         const char *path = getenv("NOTIFY_SOCKET");
         struct sockaddr_un addr = { .sun_family = AF_UNIX };
         union {
@@ -57,15 +61,24 @@ int notify_send_fds(const char *state, const int *fds, unsigned n_fds) {
         fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
         if (fd < 0)
                 return -errno;
-        n = sendmsg(fd, &msg, MSG_NOSIGNAL);
+        if (wait) {
+                struct timeval tv = { .tv_sec = NOTIFY_STORE_WAIT_MS / 1000, .tv_usec = NOTIFY_STORE_WAIT_MS % 1000 * 1000 };
+
+                (void) setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+        }
+        n = sendmsg(fd, &msg, MSG_NOSIGNAL | (wait ? 0 : MSG_DONTWAIT));
         close(fd);
         if (n < 0)
                 return -errno;
         return 1;
 }
 
+int notify_send_fds(const char *state, const int *fds, unsigned n_fds) {
+        return send_state(state, fds, n_fds, false);
+}
+
 int notify_send(const char *state) {
-        return notify_send_fds(state, NULL, 0);
+        return send_state(state, NULL, 0, false);
 }
 
 int notify_store(const char *name, int fd) {
@@ -73,14 +86,14 @@ int notify_store(const char *name, int fd) {
 
         /* FDPOLL=0: systemd must keep it whatever poll(2) says of it (a GPU driver's descriptor). */
         snprintf(state, sizeof(state), "FDSTORE=1\nFDPOLL=0\nFDNAME=%s", name);
-        return notify_send_fds(state, &fd, 1);
+        return send_state(state, &fd, 1, true);
 }
 
 int notify_store_remove(const char *name) {
         char state[NOTIFY_NAME_MAX + 64];
 
         snprintf(state, sizeof(state), "FDSTOREREMOVE=1\nFDNAME=%s", name);
-        return notify_send(state);
+        return send_state(state, NULL, 0, true);
 }
 
 uint64_t notify_watchdog_usec(void) {

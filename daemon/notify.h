@@ -17,8 +17,9 @@
 
 /*
  * Sends state ("READY=1", "STATUS=...", newline-separated assignments) to $NOTIFY_SOCKET, with
- * n_fds descriptors (at most NOTIFY_MAX_FDS_PER_SEND). Returns 1 when sent, 0 when there is no
- * $NOTIFY_SOCKET, or a negative errno.
+ * n_fds descriptors (at most NOTIFY_MAX_FDS_PER_SEND), never waiting: a manager whose queue is
+ * full loses it (-EAGAIN). Returns 1 when sent, 0 when there is no $NOTIFY_SOCKET, or a
+ * negative errno.
  */
 int notify_send(const char *state);
 int notify_send_fds(const char *state, const int *fds, unsigned n_fds);
@@ -26,8 +27,10 @@ int notify_send_fds(const char *state, const int *fds, unsigned n_fds);
 /*
  * systemd's descriptor store (FileDescriptorStoreMax= in the unit): keeps fd under name (which
  * starts with NOTIFY_STORED_PREFIX) and passes it to the next gpupoold it starts; and forgets
- * name's. As notify_send(); systemd does not answer, and drops what it has no room for.
+ * name's. As notify_send(), but what must not be lost waits up to NOTIFY_STORE_WAIT_MS for
+ * room; systemd does not answer, and drops what the unit has no room for.
  */
+#define NOTIFY_STORE_WAIT_MS 1000
 int notify_store(const char *name, int fd);
 int notify_store_remove(const char *name);
 

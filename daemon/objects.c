@@ -112,12 +112,18 @@ static void object_store(struct node *node, struct object *o) {
 /* Takes o's descriptors out of systemd's store: the memory goes with this daemon's. */
 static void object_unstore(const struct object *o) {
         char segment[NOTIFY_NAME_MAX + 1], record[NOTIFY_NAME_MAX + 1];
+        int r;
 
         if (!o->stored)
                 return;
         stored_names(o->id, segment, record);
-        (void) notify_store_remove(record);
-        (void) notify_store_remove(segment);
+        /* The record first: without it, a daemon after drops the segment rather than bring the object back. */
+        if ((r = notify_store_remove(record)) < 0)
+                log_err("object '%s': systemd did not take the removal of its record from its store (%s): a gpupoold "
+                        "after a restart would take the object over again", o->name, strerror(-r));
+        else if ((r = notify_store_remove(segment)) < 0)
+                log_err("object '%s': systemd did not take the removal of its segment from its store (%s): its memory "
+                        "stays there until gpupoold restarts or the unit stops", o->name, strerror(-r));
 }
 
 struct object *objects_find(struct node *node, const char *name) {

@@ -1,6 +1,7 @@
 /* testlib.c: see testlib.h. */
 #define _GNU_SOURCE
 #include "testlib.h"
+#include "fdstore.h"
 
 #include <check.h>
 #include <dirent.h>
@@ -204,119 +205,9 @@ static void refuse_kcmp(void) {
 }
 
 /* Forks and execs the daemon of d (its argv is d->argv) and waits until it listens. */
-struct fdstore *fdstore_new(void) {
-        struct fdstore *s = calloc(1, sizeof(*s));
-        struct sockaddr_un addr = { .sun_family = AF_UNIX };
-
-        ck_assert_ptr_nonnull(s);
-        snprintf(s->path, sizeof(s->path), "/tmp/gpupool-fdstore-%d", (int) getpid());
-        unlink(s->path);
-        s->sock = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-        ck_assert_int_ge(s->sock, 0);
-        snprintf(addr.sun_path, sizeof(addr.sun_path), "%s", s->path);
-        ck_assert_int_eq(bind(s->sock, (struct sockaddr *) &addr, sizeof(addr)), 0);
-        setenv("NOTIFY_SOCKET", s->path, 1);
-        return s;
-}
-
-/* Drops what the store holds under name. */
-static void fdstore_remove(struct fdstore *s, const char *name) {
-        for (unsigned i = 0; i < s->n;)
-                if (strcmp(s->names[i], name) == 0) {
-                        close(s->fds[i]);
-                        s->fds[i] = s->fds[--s->n];
-                        memcpy(s->names[i], s->names[s->n], sizeof(s->names[i]));
-                } else {
-                        i++;
-                }
-}
-
-/* The value of key= in a notification, into buf ("" when absent). */
-static const char *notify_field(const char *msg, const char *key, char *buf, size_t size) {
-        const char *p = strstr(msg, key);
-        size_t n;
-
-        buf[0] = '\0';
-        if (p && (p == msg || p[-1] == '\n')) {
-                p += strlen(key);
-                n = strcspn(p, "\n");
-                snprintf(buf, size, "%.*s", (int) (n < size ? n : size - 1), p);
-        }
-        return buf;
-}
-
-unsigned fdstore_count(struct fdstore *s) {
-        for (;;) {
-                char msg[1024], name[64], flag[8];
-                union {
-                        struct cmsghdr align;
-                        char buf[CMSG_SPACE(sizeof(int) * 8)];
-                } control;
-                struct iovec iov = { .iov_base = msg, .iov_len = sizeof(msg) - 1 };
-                struct msghdr m = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = control.buf,
-                                    .msg_controllen = sizeof(control.buf) };
-                int fds[8];
-                unsigned nfds = 0;
-                ssize_t n = recvmsg(s->sock, &m, MSG_CMSG_CLOEXEC);
-
-                if (n < 0)
-                        return s->n;
-                msg[n] = '\0';
-                for (struct cmsghdr *c = CMSG_FIRSTHDR(&m); c; c = CMSG_NXTHDR(&m, c))
-                        if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS)
-                                for (size_t k = 0; k < (c->cmsg_len - CMSG_LEN(0)) / sizeof(int) && nfds < 8; k++)
-                                        memcpy(&fds[nfds++], CMSG_DATA(c) + k * sizeof(int), sizeof(int));
-                notify_field(msg, "FDNAME=", name, sizeof(name));
-                if (strcmp(notify_field(msg, "FDSTOREREMOVE=", flag, sizeof(flag)), "1") == 0)
-                        fdstore_remove(s, name);
-                if (strcmp(notify_field(msg, "FDSTORE=", flag, sizeof(flag)), "1") == 0) {
-                        for (unsigned k = 0; k < nfds; k++) {
-                                ck_assert_msg(s->n < FDSTORE_MAX, "the test's descriptor store is full");
-                                s->fds[s->n] = fds[k];
-                                snprintf(s->names[s->n++], sizeof(s->names[0]), "%s", name);
-                        }
-                        nfds = 0;
-                }
-                for (unsigned k = 0; k < nfds; k++)
-                        close(fds[k]);
-        }
-}
-
-void fdstore_free(struct fdstore *s) {
-        unsetenv("NOTIFY_SOCKET");
-        (void) fdstore_count(s);
-        while (s->n)
-                close(s->fds[--s->n]);
-        close(s->sock);
-        unlink(s->path);
-        free(s);
-}
-
-/* In the daemon's child: what the store holds from fd 3 on, as systemd passes it. */
-static void pass_stored(struct fdstore *s) {
-        char names[FDSTORE_MAX * 64] = "", n[16];
-        int high[FDSTORE_MAX];
-
-        /* Out of the way first: fd 3 on may be any of them. */
-        for (unsigned i = 0; i < s->n; i++)
-                high[i] = fcntl(s->fds[i], F_DUPFD, 200);
-        for (unsigned i = 0; i < s->n; i++) {
-                dup2(high[i], 3 + (int) i);
-                close(high[i]);
-                if (i)
-                        strcat(names, ":");
-                strcat(names, s->names[i]);
-        }
-        snprintf(n, sizeof(n), "%u", s->n);
-        setenv("LISTEN_FDS", n, 1);
-        setenv("LISTEN_FDNAMES", names, 1);
-        snprintf(n, sizeof(n), "%d", (int) getpid());
-        setenv("LISTEN_PID", n, 1);
-}
-
 static void launch(struct testd *d) {
         if (d->store)
-                (void) fdstore_count(d->store);
+                fdstore_freeze(d->store);
         d->pid = fork();
         ck_assert_int_ge(d->pid, 0);
         if (d->pid == 0) {
@@ -325,12 +216,14 @@ static void launch(struct testd *d) {
                 dup2(fd, 2);
                 if (d->refuse_kcmp)
                         refuse_kcmp();
-                if (d->store && d->store->n)
-                        pass_stored(d->store);
+                if (d->store)
+                        fdstore_pass(d->store);
                 execvp(d->argv[0], d->argv);
                 fprintf(stderr, "exec %s: %s\n", d->argv[0], strerror(errno));
                 _exit(127);
         }
+        if (d->store)
+                fdstore_thaw(d->store);
         /* Ready once it accepts a connection: bind and listen happen before the loop runs. */
         for (int i = 0; i < 6000; i++) {
                 int sock, status;

@@ -25,25 +25,8 @@ struct testd {
         struct fdstore *store;  /* systemd's descriptor store, played by the test; set before testd_relaunch() */
 };
 
-/*
- * systemd's descriptor store, played by the test: a $NOTIFY_SOCKET (set in the environment by
- * fdstore_new(), for every daemon started after) that keeps the descriptors FDSTORE=1 sends,
- * under their FDNAME=, and drops those FDSTOREREMOVE=1 names. testd_relaunch() of a daemon
- * with store set passes what it holds as systemd does ($LISTEN_FDS, $LISTEN_FDNAMES).
- */
-#define FDSTORE_MAX 64
-struct fdstore {
-        int sock;
-        char path[108];
-        unsigned n;
-        int fds[FDSTORE_MAX];
-        char names[FDSTORE_MAX][64];
-};
-struct fdstore *fdstore_new(void);
-/* Reads what daemons sent so far; returns how many descriptors the store holds. */
-unsigned fdstore_count(struct fdstore *s);
-/* Unsets $NOTIFY_SOCKET and closes everything the store holds (systemd's "stop"). */
-void fdstore_free(struct fdstore *s);
+/* systemd's descriptor store, played by the tests (tests/fdstore.h). */
+#include "fdstore.h"
 
 /*
  * Says that test did not run, and why (not root, no cgroup v2 hierarchy, no FUSE): written to

@@ -736,6 +736,31 @@ START_TEST(test_systemd_notify) {
 }
 END_TEST
 
+/*
+ * A service manager that stops reading its $NOTIFY_SOCKET (a datagram queue holds 10 by
+ * default, net.unix.max_dgram_qlen) loses notifications; the daemon never waits on it.
+ */
+START_TEST(test_notify_never_blocks) {
+        char path[100];
+        struct testd d;
+        int fd;
+
+        snprintf(path, sizeof(path), "/tmp/gpupool-notify-deaf-%d", (int) getpid());
+        unlink(path);
+        fd = notify_listener(path);
+        setenv("NOTIFY_SOCKET", path, 1);
+        setenv("WATCHDOG_USEC", "20000", 1);    /* a WATCHDOG=1 every 10 ms: far more than the queue holds */
+        testd_start(&d, NULL);
+        unsetenv("NOTIFY_SOCKET");
+        unsetenv("WATCHDOG_USEC");
+        nap_ms(500);
+        json_decref(testd_ctl(&d, "status"));   /* still answering */
+        ck_assert_int_eq(testd_stop(&d), 0);
+        close(fd);
+        unlink(path);
+}
+END_TEST
+
 /* Starts gpupoold as systemd would with one passed socket (fd 3, $LISTEN_FDS, $LISTEN_PID). */
 static pid_t start_activated(int listen_fd, const char *sock, const char *log, const char *fds) {
         pid_t pid = fork();
@@ -811,6 +836,7 @@ Suite *suite_daemon(void) {
         tcase_add_test(tc, test_flush_and_bye);
         tcase_add_test(tc, test_bad_frees);
         tcase_add_test(tc, test_systemd_notify);
+        tcase_add_test(tc, test_notify_never_blocks);
         tcase_add_test(tc, test_socket_activation);
         tcase_add_test(tc, test_refusals);
         tcase_add_test(tc, test_threads_share_a_handle);

@@ -15,7 +15,8 @@
  * parent SIGKILLs the daemon itself and starts a new one a moment later, as systemd would:
  * the workers go on within what they hold (a lease fails with -ECONNRESET meanwhile), check
  * their data throughout, and reconnect on their own; the new daemon adopts what they hold,
- * checking its invariants after every adoption (--check-invariants). The parent asks the
+ * checking its invariants after every adoption (--check-invariants), and takes over the named
+ * objects from the descriptor store the parent keeps as systemd's (tests/fdstore.c). The parent asks the
  * daemon to check itself (CheckRequest) at sampled points and after every restart. At the end
  * every worker is gone and the daemon must hold no byte beyond its cache, give all of that
  * back on a flush, still answer, have an RSS under --max-rss, and stop cleanly. Exit 0 and a
@@ -41,12 +42,15 @@
 #include <unistd.h>
 
 #include "conn.h"
+#include "fdstore.h"
 #include "gpupool.h"
 
 #define MiB (1ULL << 20)
 #define MAX_CLIENTS 256
 
 static char dir[64], sock_path[128], log_path[128], conf_path[128];
+/* systemd's descriptor store, played here: named objects outlive the daemon's kills in it. */
+static struct fdstore *store;
 static pid_t daemon_pid;
 static const char *daemon_build, *daemon_faults;
 
@@ -85,17 +89,20 @@ static void launch_daemon(void) {
 
         /* The daemon built with fault injection (the shipped one has none): the same code otherwise. */
         snprintf(path, sizeof(path), "%s/tests/gpupoold-faults", daemon_build);
+        fdstore_freeze(store);          /* what the daemon before stored, up to its end */
         daemon_pid = fork();
         if (daemon_pid == 0) {
                 int fd = open(log_path, O_WRONLY | O_CREAT | O_APPEND, 0644);
 
                 dup2(fd, 2);
+                fdstore_pass(store);
                 if (daemon_faults && *daemon_faults)
                         setenv("GPUPOOL_TEST_FAULTS", daemon_faults, 1);
                 execl(path, path, "--config", conf_path, "--socket", sock_path, "--backend", "host", "--host-capacity",
                       "256M", "--check-invariants", "--log-level", "info", (char *) NULL);
                 _exit(127);
         }
+        fdstore_thaw(store);
         for (int i = 0; i < 2000; i++) {
                 int s;
 
@@ -122,12 +129,13 @@ static void start_daemon(const char *build, const char *faults) {
         f = fopen(conf_path, "w");
         if (!f)
                 fail("cannot write %s", conf_path);
-        fputs("[pool]\nidle_release = 1s\nmax_cached = 16M\nreclaim_timeout = 100ms\n"
+        fputs("[pool]\nidle_release = 1s\nmax_cached = 16M\nreclaim_timeout = 100ms\nidle_objects = 2s\n"
               "[limits]\nclient_max = 48M\n"
               "[tenant:even]\nmatch_name = worker-even-*\nmax = 160M\nguarantee = 32M\n", f);
         fclose(f);
         daemon_build = build;
         daemon_faults = faults;
+        store = fdstore_new();
         launch_daemon();
 }
 
@@ -140,12 +148,15 @@ static void restart_daemon(unsigned *seed) {
         launch_daemon();
 }
 
-/* How many adoptions the daemons' log tells of, and how many segments they adopted. */
-static void count_adoptions(unsigned long *requests, unsigned long *segments) {
+/*
+ * How many adoptions the daemons' log tells of, how many segments they adopted, and how many
+ * named objects they took over from systemd's store.
+ */
+static void count_adoptions(unsigned long *requests, unsigned long *segments, unsigned long *objects) {
         char line[1024];
         FILE *f = fopen(log_path, "r");
 
-        *requests = *segments = 0;
+        *requests = *segments = *objects = 0;
         while (f && fgets(line, sizeof(line), f)) {
                 const char *at = strstr(line, "): adopted ");
                 unsigned long n;
@@ -154,6 +165,8 @@ static void count_adoptions(unsigned long *requests, unsigned long *segments) {
                         (*requests)++;
                         *segments += n;
                 }
+                if (sscanf(line, "%*s %*s gpupoold info: took over %lu named object", &n) == 1)
+                        *objects += n;
         }
         if (f)
                 fclose(f);
@@ -752,7 +765,7 @@ int main(int argc, char **argv) {
         unsigned long kinds[7] = { 0 };         /* hostile peers of each kind, in the switch's order */
         size_t nhostile = 0;
         unsigned seed = 12345;
-        unsigned long kills = 0, spawned = 0, hostile = 0, restarts = 0, adoptions, adopted, objects = 0;
+        unsigned long kills = 0, spawned = 0, hostile = 0, restarts = 0, adoptions, adopted, taken_over, objects = 0;
         struct totals t;
         char why[GP_MAX_ERROR_BYTES];
         int status;
@@ -900,19 +913,23 @@ int main(int argc, char **argv) {
         if (waitpid(daemon_pid, &status, 0) != daemon_pid || !WIFEXITED(status) || WEXITSTATUS(status) != 0)
                 fail("gpupoold did not stop cleanly");
         daemon_pid = -1;
-        count_adoptions(&adoptions, &adopted);
+        count_adoptions(&adoptions, &adopted, &taken_over);
         if (restarts && !adoptions)
                 fail("the daemon was killed %lu times and its successors adopted nothing", restarts);
+        /* Every object unpublished took its descriptors out of the store: nothing is kept for nobody. */
+        if (fdstore_count(store))
+                fail("systemd's store still holds %u descriptors after every object was unpublished", fdstore_count(store));
+        fdstore_free(store);
         printf("stress: OK: %d clients x %.0f s, %lu worker processes, %lu killed with SIGKILL, %lu hostile peers "
                "(%lu deaf, %lu silent, %lu liars, %lu silent control channels, %lu churning, %lu write-sealed adoptions, "
                "%lu garbage), %llu faults injected (the last daemon's), over %llu invariant checks, daemon killed %lu times "
-               "and its successors adopted %lu segments in %lu requests, %lu named objects published and %lu attached and checked "
-               "(%lu left, unpublished at the end), 0 bytes lost, "
+               "and its successors adopted %lu segments in %lu requests and took over %lu named objects from systemd's store, "
+               "%lu named objects published and %lu attached and checked (%lu left, unpublished at the end), 0 bytes lost, "
                "daemon RSS %ld KiB (bound %ld MiB)\n",
                clients, seconds, spawned, kills, hostile, kinds[0], kinds[1], kinds[2], kinds[3], kinds[4], kinds[5],
                kinds[6], (unsigned long long) faults_injected,
                (unsigned long long) (checks_earlier + checks),
-               restarts, adopted, adoptions, object_counts[0], object_counts[1], objects, rss, max_rss_mib);
+               restarts, adopted, adoptions, taken_over, object_counts[0], object_counts[1], objects, rss, max_rss_mib);
         unlink(conf_path);
         unlink(log_path);
         rmdir(dir);
