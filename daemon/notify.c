@@ -19,6 +19,8 @@
 #include <unistd.h>
 
 #define LISTEN_FDS_START 3
+/* The most descriptors one notification here carries. */
+#define MAX_FDS_PER_SEND 1
 
 /*
  * Sends state with fds to $NOTIFY_SOCKET: at once or not at all, or (wait) waiting up to
@@ -29,7 +31,7 @@ static int send_state(const char *state, const int *fds, unsigned n_fds, bool wa
         struct sockaddr_un addr = { .sun_family = AF_UNIX };
         union {
                 struct cmsghdr align;
-                char buf[CMSG_SPACE(sizeof(int) * NOTIFY_MAX_FDS_PER_SEND)];
+                char buf[CMSG_SPACE(sizeof(int) * MAX_FDS_PER_SEND)];
         } control;
         struct iovec iov = { .iov_base = (void *) state, .iov_len = strlen(state) };
         struct msghdr msg = { .msg_name = &addr, .msg_iov = &iov, .msg_iovlen = 1 };
@@ -40,7 +42,7 @@ static int send_state(const char *state, const int *fds, unsigned n_fds, bool wa
         if (!path || !*path)
                 return 0;       /* not started by systemd, or not Type=notify: nobody listens */
         len = strlen(path);
-        if ((path[0] != '/' && path[0] != '@') || len >= sizeof(addr.sun_path) || n_fds > NOTIFY_MAX_FDS_PER_SEND)
+        if ((path[0] != '/' && path[0] != '@') || len >= sizeof(addr.sun_path) || n_fds > MAX_FDS_PER_SEND)
                 return -EINVAL;
         memcpy(addr.sun_path, path, len);
         if (path[0] == '@')
@@ -71,10 +73,6 @@ static int send_state(const char *state, const int *fds, unsigned n_fds, bool wa
         if (n < 0)
                 return -errno;
         return 1;
-}
-
-int notify_send_fds(const char *state, const int *fds, unsigned n_fds) {
-        return send_state(state, fds, n_fds, false);
 }
 
 int notify_send(const char *state) {

@@ -8,21 +8,18 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* The most descriptors one notification carries; what systemd passes at start, at most. */
-#define NOTIFY_MAX_FDS_PER_SEND 4
+/* What systemd passes at start, at most. */
 #define NOTIFY_MAX_PASSED 1024
 /* A stored descriptor's name (FDNAME=): gpupoold's start with the prefix; at most this long. */
 #define NOTIFY_STORED_PREFIX "gpupool-"
 #define NOTIFY_NAME_MAX 63
 
 /*
- * Sends state ("READY=1", "STATUS=...", newline-separated assignments) to $NOTIFY_SOCKET, with
- * n_fds descriptors (at most NOTIFY_MAX_FDS_PER_SEND), never waiting: a manager whose queue is
- * full loses it (-EAGAIN). Returns 1 when sent, 0 when there is no $NOTIFY_SOCKET, or a
- * negative errno.
+ * Sends state ("READY=1", "STATUS=...", newline-separated assignments) to $NOTIFY_SOCKET, never
+ * waiting: a manager whose queue is full loses it (-EAGAIN). Returns 1 when sent, 0 when there
+ * is no $NOTIFY_SOCKET, or a negative errno.
  */
 int notify_send(const char *state);
-int notify_send_fds(const char *state, const int *fds, unsigned n_fds);
 
 /*
  * systemd's descriptor store (FileDescriptorStoreMax= in the unit): keeps fd under name (which

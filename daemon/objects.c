@@ -460,6 +460,8 @@ unsigned objects_restore(struct node *node, struct notify_passed *passed) {
                 if (passed->fds[i] < 0 || sscanf(passed->names[i], NOTIFY_STORED_PREFIX "record-%" SCNx64, &id) != 1)
                         continue;
                 stored_names(id, segment, record);
+                if (strcmp(record, passed->names[i]) != 0)
+                        continue;       /* not a name of ours after all: dropped below, by its own name */
                 if ((s = passed_index(passed, segment)) < 0)
                         snprintf(why, sizeof(why), "systemd's store holds its record but not its segment");
                 else if ((r = record_read(passed->fds[i], why, sizeof(why))) && r->id != id)

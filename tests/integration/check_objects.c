@@ -233,11 +233,13 @@ START_TEST(test_object_outlives_daemon_restart) {
         store_forged(store, "gpupool-object-00000000000000bb", "a segment without a record");
         store_forged(store, "gpupool-record-00000000000000cc", "\x0a\xff not a record");
         store_forged(store, "gpupool-object-00000000000000cc", "its segment");
+        store_forged(store, "gpupool-record-12zz", "a name that only starts like a record's");
         testd_relaunch(&d);
         ck_assert(testd_log_wait(&d, "object 'weights' (16.0 MiB on device 0, tenant default) taken over"));
         ck_assert(testd_log_wait(&d, "not taken over: systemd's store holds its record but not its segment"));
         ck_assert(testd_log_wait(&d, "gpupool-object-00000000000000bb, kept in systemd's store, is no object's: dropped"));
         ck_assert(testd_log_wait(&d, "not taken over: its record does not parse; its memory goes"));
+        ck_assert(testd_log_wait(&d, "gpupool-record-12zz, kept in systemd's store, is no object's: dropped"));
         ck_assert_uint_eq(fdstore_count(store), 2);     /* the forged ones dropped */
         ck_assert_int_eq(object_field(&d, "weights", "size_bytes"), OBJ - 100);
         ck_assert_int_eq(object_field(&d, "weights", "uid"), (long long) getuid());
