@@ -67,6 +67,28 @@ static int ask(gpupool_client *c, Gpupool__Envelope *req, Gpupool__Envelope__Bod
         return r;
 }
 
+/* Asks the daemon to attach name: the reply, and the descriptor that came with it (-1: none). Locked. */
+static int ask_attach(gpupool_client *c, const char *name, Gpupool__Envelope **ret, int *ret_fd) {
+        Gpupool__Envelope req = GPUPOOL__ENVELOPE__INIT;
+        Gpupool__AttachRequest ar = GPUPOOL__ATTACH_REQUEST__INIT;
+
+        ar.name = (char *) name;
+        req.body_case = GPUPOOL__ENVELOPE__BODY_ATTACH;
+        req.attach = &ar;
+        return ask(c, &req, GPUPOOL__ENVELOPE__BODY_ATTACH_REPLY, ret, ret_fd);
+}
+
+/* Tells the daemon this process no longer has name attached. Locked. */
+static int ask_detach(gpupool_client *c, const char *name) {
+        Gpupool__Envelope req = GPUPOOL__ENVELOPE__INIT;
+        Gpupool__DetachRequest dr = GPUPOOL__DETACH_REQUEST__INIT;
+
+        dr.name = (char *) name;
+        req.body_case = GPUPOOL__ENVELOPE__BODY_DETACH;
+        req.detach = &dr;
+        return ask(c, &req, GPUPOOL__ENVELOPE__BODY_DETACH_REPLY, NULL, NULL);
+}
+
 /* The readers a publish names: "*" or tenants, comma-separated (NULL or "": none). Returns how many, or -EINVAL. Locked. */
 static int readers_parse(gpupool_client *c, const char *text, char buf[GP_MAX_OBJECT_READERS][GP_MAX_READER_BYTES + 1],
                          char *ret[GP_MAX_OBJECT_READERS]) {
@@ -201,8 +223,7 @@ GPUPOOL_EXPORT int gpupool_publish(gpupool_client *c, const char *name, void *pt
 }
 
 GPUPOOL_EXPORT int gpupool_attach(gpupool_client *c, const char *name, const void **ret_ptr, size_t *ret_size) {
-        Gpupool__Envelope req = GPUPOOL__ENVELOPE__INIT, *rep = NULL;
-        Gpupool__AttachRequest ar = GPUPOOL__ATTACH_REQUEST__INIT;
+        Gpupool__Envelope *rep = NULL;
         struct client_attachment *a;
         const Gpupool__AttachReply *reply;
         int fd = -1, r;
@@ -216,10 +237,7 @@ GPUPOOL_EXPORT int gpupool_attach(gpupool_client *c, const char *name, const voi
                 a->count++;
                 goto found;
         }
-        ar.name = (char *) name;
-        req.body_case = GPUPOOL__ENVELOPE__BODY_ATTACH;
-        req.attach = &ar;
-        if ((r = ask(c, &req, GPUPOOL__ENVELOPE__BODY_ATTACH_REPLY, &rep, &fd)) < 0)
+        if ((r = ask_attach(c, name, &rep, &fd)) < 0)
                 goto out;
         reply = rep->attach_reply;
         a = calloc(1, sizeof(*a));
@@ -259,8 +277,6 @@ out:
 }
 
 GPUPOOL_EXPORT int gpupool_detach(gpupool_client *c, const void *ptr) {
-        Gpupool__Envelope req = GPUPOOL__ENVELOPE__INIT;
-        Gpupool__DetachRequest dr = GPUPOOL__DETACH_REQUEST__INIT;
         struct client_attachment **pp, *a = NULL;
         int r = 0;
 
@@ -278,12 +294,9 @@ GPUPOOL_EXPORT int gpupool_detach(gpupool_client *c, const void *ptr) {
         } else if (--a->count == 0) {
                 *pp = a->next;
                 /* Unmapped first: once the daemon hears of it, the memory may go. */
-                dr.name = a->name;
-                req.body_case = GPUPOOL__ENVELOPE__BODY_DETACH;
-                req.detach = &dr;
                 attachment_unmap(c, a);
                 if (!a->unknown)
-                        r = ask(c, &req, GPUPOOL__ENVELOPE__BODY_DETACH_REPLY, NULL, NULL);
+                        r = ask_detach(c, a->name);
                 free(a);
         }
         pthread_mutex_unlock(&c->lock);
@@ -319,16 +332,11 @@ void client_objects_daemon_changed(gpupool_client *c) {
  * process; told at once that it is not, otherwise. Locked.
  */
 static void attach_again(gpupool_client *c, struct client_attachment *a) {
-        Gpupool__Envelope req = GPUPOOL__ENVELOPE__INIT, *rep = NULL;
-        Gpupool__AttachRequest ar = GPUPOOL__ATTACH_REQUEST__INIT;
-        Gpupool__DetachRequest dr = GPUPOOL__DETACH_REQUEST__INIT;
+        Gpupool__Envelope *rep = NULL;
         const Gpupool__AttachReply *reply;
         int fd = -1;
 
-        ar.name = a->name;
-        req.body_case = GPUPOOL__ENVELOPE__BODY_ATTACH;
-        req.attach = &ar;
-        if (!a->id || ask(c, &req, GPUPOOL__ENVELOPE__BODY_ATTACH_REPLY, &rep, &fd) < 0)
+        if (!a->id || ask_attach(c, a->name, &rep, &fd) < 0)
                 return;         /* gone with the daemon before (no store kept it), or not this process's to attach */
         if (fd >= 0)
                 close(fd);      /* mapped already */
@@ -336,11 +344,7 @@ static void attach_again(gpupool_client *c, struct client_attachment *a) {
         if (reply->has_id && reply->id == a->id && reply->size == a->size && reply->segment_size == a->segment_size) {
                 a->unknown = false;
         } else {
-                /* Another object of that name: not this process's mapping. */
-                dr.name = a->name;
-                req.body_case = GPUPOOL__ENVELOPE__BODY_DETACH;
-                req.detach = &dr;
-                (void) ask(c, &req, GPUPOOL__ENVELOPE__BODY_DETACH_REPLY, NULL, NULL);
+                (void) ask_detach(c, a->name);  /* another object of that name: not this process's mapping */
         }
         gpupool__envelope__free_unpacked(rep, NULL);
 }

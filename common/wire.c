@@ -278,18 +278,20 @@ bool gp_wire_object_name_is_valid(const char *name) {
         return len > 0 && len <= GP_MAX_OBJECT_NAME_BYTES && gp_wire_text_is_valid(name);
 }
 
-bool gp_wire_reader_is_valid(const char *reader) {
-        size_t len = reader ? strlen(reader) : 0;
+bool gp_wire_tenant_name_is_valid(const char *name) {
+        size_t len = name ? strlen(name) : 0;
 
-        if (len == 0 || len > GP_MAX_READER_BYTES)
+        if (len == 0 || len > GP_MAX_TENANT_NAME_BYTES)
                 return false;
-        if (strcmp(reader, "*") == 0)
-                return true;
-        for (const char *p = reader; *p; p++)
+        for (const char *p = name; *p; p++)
                 if (!((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9') || *p == '-' ||
                       *p == '_' || *p == '.'))
                         return false;
         return true;
+}
+
+bool gp_wire_reader_is_valid(const char *reader) {
+        return (reader && strcmp(reader, "*") == 0) || gp_wire_tenant_name_is_valid(reader);
 }
 
 static const struct {

@@ -33,9 +33,11 @@
 #define GP_MAX_NAME_BYTES 63
 /* A named object's name: 1 to this many bytes of UTF-8, no control characters. */
 #define GP_MAX_OBJECT_NAME_BYTES 255
-/* Who else may attach an object: at most this many readers, each "*" or a tenant's name (at most 63 bytes). */
+/* A tenant's name, bytes: letters, digits, '-', '_', '.'. */
+#define GP_MAX_TENANT_NAME_BYTES 63
+/* Who else may attach an object: at most this many readers, each "*" or a tenant's name. */
 #define GP_MAX_OBJECT_READERS 16
-#define GP_MAX_READER_BYTES 63
+#define GP_MAX_READER_BYTES GP_MAX_TENANT_NAME_BYTES
 
 #define GP_DEFAULT_SOCKET "/run/gpupool/gpupool.sock"
 
@@ -107,7 +109,9 @@ bool gp_wire_text_is_valid(const char *text);
 bool gp_wire_name_is_valid(const char *name);
 /* Whether name is a valid object name: 1 to GP_MAX_OBJECT_NAME_BYTES bytes of UTF-8, no control characters. */
 bool gp_wire_object_name_is_valid(const char *name);
-/* Whether reader is "*" or a tenant's name as the config spells one: 1 to 63 letters, digits, '-', '_', '.'. */
+/* Whether name is a tenant's name as the config spells one: 1 to 63 letters, digits, '-', '_', '.'. */
+bool gp_wire_tenant_name_is_valid(const char *name);
+/* Whether reader is "*" or a tenant's name. */
 bool gp_wire_reader_is_valid(const char *reader);
 
 /* The negative errno a Status stands for (STATUS_OK is 0). */

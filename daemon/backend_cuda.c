@@ -20,10 +20,8 @@
  * daemon's; the segment is handed out once the event has completed (the loop polls it): the
  * next tenant's work runs in another process's context, which nothing would order after ours.
  *
- * cuda-vmm memory outlives the daemon (clients hold handles and mappings of it) and a daemon
- * after this one adopts the descriptors clients kept (cuda_mem_adopt), knowing memory by the
- * file this daemon exported of it (vmm_name(), kcmp(2)); the legacy backend's allocations die
- * with the daemon's context.
+ * cuda-vmm's segments (cuMemCreate memory, exported as descriptors, adopted after a restart)
+ * are backend_cuda_vmm.c's; the legacy backend's allocations die with the daemon's context.
  *
  * Compute modes: a GPU in EXCLUSIVE_PROCESS mode (common on shared clusters) admits one
  * process's context at a time, and one in PROHIBITED mode none; gpupoold's context would lock
@@ -32,78 +30,13 @@
  * clients match them by UUID). If none is left gpupoold does not start.
  */
 #define _GNU_SOURCE
-#include "backend.h"
+#include "backend_cuda.h"
 
-#include <errno.h>
-#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/syscall.h>
-#include <unistd.h>
-#include <linux/kcmp.h>
 
-#include "cudadrv.h"
-#include "log.h"
-#include "rbtree.h"
 #include "size.h"
-
-struct cuda_device {
-        int ordinal;                    /* the daemon's CUDA ordinal (cuda-vmm's location id) */
-        gp_cu_device dev;
-        gp_cu_context ctx;              /* the primary context, retained */
-        gp_cu_stream stream;            /* for zeroing: polled by an event, never synchronized */
-        uint64_t capacity_bytes;
-        gp_cu_uuid uuid;
-        char name[96];
-};
-
-struct cuda_backend {
-        struct backend base;
-        struct gp_cuda cu;
-        bool vmm;                       /* cuda-vmm: cuMemCreate segments, exported as descriptors */
-        bool named;                     /* cuda-vmm with kcmp(2): segments named by their file (files) */
-        struct backend_ops ops;         /* cuda_ops, adopting too where named */
-        struct gp_rb_tree files;        /* struct vmm_file, in kcmp(2)'s order of their files */
-        uint64_t last_ident;
-        char no_adopt_why[192];
-        uint64_t headroom_bytes;        /* --headroom: left free on each GPU for everyone else */
-        struct cuda_device devs[BACKEND_MAX_DEVICES];
-};
-
-static struct cuda_backend *cuda_of(struct backend *b) {
-        return (struct cuda_backend *) b;
-}
-
-/* Makes the device's primary context current for a driver call; pair with pop(). */
-static int push(struct cuda_backend *c, struct cuda_device *d) {
-        gp_cu_result r = c->cu.cuCtxPushCurrent(d->ctx);
-
-        if (r != GP_CUDA_SUCCESS) {
-                log_err("cuda: %s: cuCtxPushCurrent: %s", d->name, gp_cuda_error_name(&c->cu, r));
-                return -EIO;
-        }
-        return 0;
-}
-
-static void pop(struct cuda_backend *c) {
-        gp_cu_context ctx;
-
-        (void) c->cu.cuCtxPopCurrent(&ctx);
-}
-
-/*
- * An entry point's device, with its primary context made current (pair with pop()); NULL with
- * *err set when there is no such device or the context cannot be made current.
- */
-static struct cuda_device *enter(struct cuda_backend *c, unsigned device, int *err) {
-        if (device >= c->base.device_count) {
-                *err = -ENODEV;
-                return NULL;
-        }
-        *err = push(c, &c->devs[device]);
-        return *err < 0 ? NULL : &c->devs[device];
-}
 
 void backend_uuid_text(const uint8_t u[16], bool mig, char buf[BACKEND_UUID_TEXT_MAX]) {
         snprintf(buf, BACKEND_UUID_TEXT_MAX, "%s-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x",
@@ -140,10 +73,10 @@ static int cuda_device_memory(struct backend *b, unsigned device, struct backend
         gp_cu_result r;
         int err;
 
-        if (!(d = enter(c, device, &err)))
+        if (!(d = cuda_enter(c, device, &err)))
                 return err;
         r = c->cu.cuMemGetInfo(&free_bytes, &total_bytes);
-        pop(c);
+        cuda_pop(c);
         if (r != GP_CUDA_SUCCESS) {
                 log_err("cuda: %s: cuMemGetInfo_v2: %s", d->name, gp_cuda_error_name(&c->cu, r));
                 return -EIO;
@@ -156,189 +89,6 @@ static int cuda_device_memory(struct backend *b, unsigned device, struct backend
         return 0;
 }
 
-/* ---- cuda-vmm: a segment is a cuMemCreate allocation, exported as a descriptor, mapped in the daemon too ---- */
-
-static gp_cu_mem_prop vmm_prop(const struct cuda_device *d) {
-        return (gp_cu_mem_prop) {
-                .type = GP_CU_MEM_ALLOCATION_TYPE_PINNED,
-                .requested_handle_types = GP_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
-                .location = { .type = GP_CU_MEM_LOCATION_TYPE_DEVICE, .id = d->ordinal },
-        };
-}
-
-/*
- * Which memory a descriptor is. The driver names none: each export is a file of its own, and
- * nothing of a descriptor tells which allocation it is. What the daemon can tell is whether two
- * descriptors are the same open file, with kcmp(2) (KCMP_FILE), which orders files too. It
- * exports each segment's memory once and hands that one file to the segment's lessee, who keeps
- * it; a descriptor handed back for adoption is that file, and is named by the segment it came
- * from. (A process that exports memory it imported again makes a new file of it: the daemon
- * takes that for other memory, counted apart, which only ever counts the process more.)
- */
-struct vmm_file {
-        struct gp_rb_node node;
-        int fd;                         /* the descriptor it was named by: a segment's, or one being adopted */
-        uint64_t ident;
-};
-
-static pid_t kcmp_self;
-
-static int cmp_file(const struct gp_rb_node *x, const struct gp_rb_node *y) {
-        int a = gp_rb_entry(x, struct vmm_file, node)->fd, b = gp_rb_entry(y, struct vmm_file, node)->fd;
-        long r = syscall(SYS_kcmp, kcmp_self, kcmp_self, KCMP_FILE, (unsigned long) a, (unsigned long) b);
-
-        /* 0: the same file; 1 and 2: before and after, in an order that holds while both are open. */
-        return r == 0 ? 0 : r == 1 ? -1 : r == 2 ? 1 : (a > b) - (a < b);
-}
-
-/* Whether kcmp(2) works here: a seccomp filter, or a kernel without CONFIG_KCMP, may refuse it. */
-static int kcmp_probe(void) {
-        int p[2], err = 0;
-
-        if (pipe2(p, O_CLOEXEC) < 0)
-                return -errno;
-        kcmp_self = getpid();
-        if (syscall(SYS_kcmp, kcmp_self, kcmp_self, KCMP_FILE, (unsigned long) p[0], (unsigned long) p[1]) < 0)
-                err = -errno;
-        close(p[0]);
-        close(p[1]);
-        return err;
-}
-
-static struct vmm_file *vmm_named(struct cuda_backend *c, int fd) {
-        struct vmm_file key = { .fd = fd };
-        struct gp_rb_node *n = fd >= 0 ? gp_rb_find(&c->files, &key.node) : NULL;
-
-        return n ? gp_rb_entry(n, struct vmm_file, node) : NULL;
-}
-
-/* Names fd's file, unless it has a name already (then fd is a second descriptor of it). Returns 0 or -ENOMEM. */
-static int vmm_name(struct cuda_backend *c, int fd) {
-        struct vmm_file *f;
-
-        if (!c->named)
-                return 0;
-        if (!(f = malloc(sizeof(*f))))
-                return -ENOMEM;
-        f->fd = fd;
-        f->ident = ++c->last_ident;
-        if (gp_rb_insert(&c->files, &f->node))
-                free(f);
-        return 0;
-}
-
-/* Forgets fd's file, before fd closes, if fd is the descriptor it was named by. */
-static void vmm_unname(struct cuda_backend *c, int fd) {
-        struct vmm_file *f = c->named ? vmm_named(c, fd) : NULL;
-
-        if (f && f->fd == fd) {
-                gp_rb_remove(&c->files, &f->node);
-                free(f);
-        }
-}
-
-/* Makes the daemon's mapping at va read-only (a named object's). Pushed. */
-static gp_cu_result vmm_read_only(struct cuda_backend *c, struct cuda_device *d, gp_cu_deviceptr va, uint64_t size) {
-        gp_cu_mem_access_desc ro = { .location = vmm_prop(d).location, .flags = GP_CU_MEM_ACCESS_FLAGS_PROT_READ };
-
-        return c->cu.cuMemSetAccess(va, size, &ro, 1);
-}
-
-/* Maps h at va for the device to read and write. Pushed. Returns a driver result; on failure nothing is mapped. */
-static gp_cu_result vmm_map(struct cuda_backend *c, struct cuda_device *d, gp_cu_deviceptr va, uint64_t size,
-                            gp_cu_mem_handle h) {
-        gp_cu_mem_access_desc rw = { .location = vmm_prop(d).location, .flags = GP_CU_MEM_ACCESS_FLAGS_PROT_READWRITE };
-        gp_cu_result r = c->cu.cuMemMap(va, size, 0, h, 0);
-
-        if (r == GP_CUDA_SUCCESS) {
-                r = c->cu.cuMemSetAccess(va, size, &rw, 1);
-                if (r != GP_CUDA_SUCCESS)
-                        (void) c->cu.cuMemUnmap(va, size);
-        }
-        return r;
-}
-
-/*
- * Fresh physical memory for a segment: made, exported as a descriptor (named by its file), and
- * mapped at va (the daemon's own mapping, for zeroing). Pushed. Returns a driver result
- * (CUDA_ERROR_OUT_OF_MEMORY too when the name could not be kept); on failure nothing is left.
- */
-static gp_cu_result vmm_make(struct cuda_backend *c, struct cuda_device *d, uint64_t size, gp_cu_deviceptr va,
-                             gp_cu_mem_handle *ret_handle, int *ret_fd) {
-        gp_cu_mem_prop prop = vmm_prop(d);
-        gp_cu_mem_handle h;
-        gp_cu_result r;
-        int fd = -1;
-
-        r = c->cu.cuMemCreate(&h, size, &prop, 0);
-        if (r != GP_CUDA_SUCCESS)
-                return r;
-        r = c->cu.cuMemExportToShareableHandle(&fd, h, GP_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
-        if (r == GP_CUDA_SUCCESS) {
-                r = vmm_map(c, d, va, size, h);
-                if (r == GP_CUDA_SUCCESS && vmm_name(c, fd) < 0) {
-                        (void) c->cu.cuMemUnmap(va, size);
-                        r = GP_CUDA_ERROR_OUT_OF_MEMORY;
-                }
-                if (r != GP_CUDA_SUCCESS)
-                        close(fd);
-        }
-        if (r != GP_CUDA_SUCCESS) {
-                (void) c->cu.cuMemRelease(h);
-                return r;
-        }
-        *ret_handle = h;
-        *ret_fd = fd;
-        return GP_CUDA_SUCCESS;
-}
-
-/* Lets go of a segment's physical memory: its descriptor, the daemon's mapping, its handle. Pushed. */
-static void vmm_unmake(struct cuda_backend *c, struct cuda_device *d, struct backend_mem *mem, uint64_t size) {
-        gp_cu_result r;
-
-        if (mem->fd >= 0) {
-                vmm_unname(c, mem->fd);
-                close(mem->fd);
-        }
-        mem->fd = -1;
-        if (!mem->vmm_handle)
-                return;         /* it has none (fresh memory for it could not be made) */
-        r = c->cu.cuMemUnmap(mem->addr, size);
-        if (r == GP_CUDA_SUCCESS)
-                r = c->cu.cuMemRelease(mem->vmm_handle);
-        if (r != GP_CUDA_SUCCESS)
-                log_err("cuda-vmm: %s: letting go of a %llu-byte segment: %s", d->name, (unsigned long long) size,
-                        gp_cuda_error_name(&c->cu, r));
-}
-
-static int vmm_mem_create(struct cuda_backend *c, struct cuda_device *d, uint64_t size, struct backend_mem *ret) {
-        gp_cu_deviceptr va = 0;
-        gp_cu_mem_handle h = 0;
-        gp_cu_result r;
-        int fd = -1;
-
-        r = c->cu.cuMemAddressReserve(&va, size, 0, 0, 0);
-        if (r == GP_CUDA_SUCCESS) {
-                r = vmm_make(c, d, size, va, &h, &fd);
-                if (r != GP_CUDA_SUCCESS)
-                        (void) c->cu.cuMemAddressFree(va, size);
-        }
-        if (r != GP_CUDA_SUCCESS) {
-                if (r == GP_CUDA_ERROR_OUT_OF_MEMORY) {
-                        log_debug("cuda-vmm: %s: cuMemCreate of %llu bytes: out of memory", d->name, (unsigned long long) size);
-                        return -ENOMEM;
-                }
-                log_err("cuda-vmm: %s: making a %llu-byte segment: %s", d->name, (unsigned long long) size,
-                        gp_cuda_error_name(&c->cu, r));
-                return -EIO;
-        }
-        memset(ret, 0, sizeof(*ret));
-        ret->fd = fd;
-        ret->addr = va;
-        ret->vmm_handle = h;
-        return 0;
-}
-
 static int cuda_mem_create(struct backend *b, unsigned device, uint64_t size, struct backend_mem *ret) {
         struct cuda_backend *c = cuda_of(b);
         gp_cu_ipc_mem_handle handle;
@@ -347,16 +97,16 @@ static int cuda_mem_create(struct backend *b, unsigned device, uint64_t size, st
         gp_cu_result r;
         int err;
 
-        if (!(d = enter(c, device, &err)))
+        if (!(d = cuda_enter(c, device, &err)))
                 return err;
         if (c->vmm) {
-                err = vmm_mem_create(c, d, size, ret);
-                pop(c);
+                err = cuda_vmm_create(c, d, size, ret);
+                cuda_pop(c);
                 return err;
         }
         r = c->cu.cuMemAlloc(&dptr, size);
         if (r != GP_CUDA_SUCCESS) {
-                pop(c);
+                cuda_pop(c);
                 if (r == GP_CUDA_ERROR_OUT_OF_MEMORY) {
                         log_debug("cuda: %s: cuMemAlloc_v2 of %llu bytes: out of memory", d->name,
                                   (unsigned long long) size);
@@ -370,10 +120,10 @@ static int cuda_mem_create(struct backend *b, unsigned device, uint64_t size, st
         if (r != GP_CUDA_SUCCESS) {
                 log_err("cuda: %s: cuIpcGetMemHandle: %s", d->name, gp_cuda_error_name(&c->cu, r));
                 (void) c->cu.cuMemFree(dptr);
-                pop(c);
+                cuda_pop(c);
                 return -EIO;
         }
-        pop(c);
+        cuda_pop(c);
         memset(ret, 0, sizeof(*ret));
         ret->fd = -1;
         ret->addr = dptr;
@@ -388,7 +138,7 @@ static void cuda_mem_destroy(struct backend *b, unsigned device, struct backend_
         gp_cu_result r;
         int err;
 
-        if (!mem->addr || !(d = enter(c, device, &err)))
+        if (!mem->addr || !(d = cuda_enter(c, device, &err)))
                 return;
         if (mem->zeroing) {
                 /* Destroyed while its zeroing runs: the driver lets the event go once it completes. */
@@ -396,16 +146,12 @@ static void cuda_mem_destroy(struct backend *b, unsigned device, struct backend_
                 mem->zeroing = NULL;
         }
         if (c->vmm) {
-                vmm_unmake(c, d, mem, size);
-                r = c->cu.cuMemAddressFree(mem->addr, size);
-                pop(c);
-                if (r != GP_CUDA_SUCCESS)
-                        log_err("cuda-vmm: %s: cuMemAddressFree: %s", d->name, gp_cuda_error_name(&c->cu, r));
-                mem->addr = 0;
+                cuda_vmm_destroy(c, d, mem, size);
+                cuda_pop(c);
                 return;
         }
         r = c->cu.cuMemFree(mem->addr);
-        pop(c);
+        cuda_pop(c);
         if (r != GP_CUDA_SUCCESS)
                 log_err("cuda: %s: cuMemFree_v2 of a %llu-byte segment: %s", d->name, (unsigned long long) size,
                         gp_cuda_error_name(&c->cu, r));
@@ -424,29 +170,11 @@ static int cuda_mem_zero(struct backend *b, unsigned device, struct backend_mem 
         gp_cu_result r;
         int err;
 
-        if (!(d = enter(c, device, &err)))
+        if (!(d = cuda_enter(c, device, &err)))
                 return err;
-        if (c->vmm) {
-                /*
-                 * A process may keep the descriptor or a mapping of memory it gave back: memory that
-                 * changes uid is therefore fresh, never the old zeroed, and the old goes to whoever
-                 * still holds it. Fresh memory is zeroed all the same: the driver does not say it is.
-                 */
-                gp_cu_mem_handle h;
-                int fd;
-
-                vmm_unmake(c, d, mem, size);
-                r = vmm_make(c, d, size, mem->addr, &h, &fd);
-                if (r != GP_CUDA_SUCCESS) {
-                        pop(c);
-                        log_err("cuda-vmm: %s: fresh memory for a segment changing uid: %s", d->name,
-                                gp_cuda_error_name(&c->cu, r));
-                        /* The segment has no memory now: the pool destroys it, which frees only its range. */
-                        mem->vmm_handle = 0;
-                        return r == GP_CUDA_ERROR_OUT_OF_MEMORY ? -ENOMEM : -EIO;
-                }
-                mem->vmm_handle = h;
-                mem->fd = fd;
+        if (c->vmm && (err = cuda_vmm_fresh(c, d, mem, size)) < 0) {
+                cuda_pop(c);
+                return err;
         }
         r = c->cu.cuMemsetD8Async(mem->addr, 0, size, d->stream);
         if (r == GP_CUDA_SUCCESS)
@@ -456,7 +184,7 @@ static int cuda_mem_zero(struct backend *b, unsigned device, struct backend_mem 
                 if (r != GP_CUDA_SUCCESS)
                         (void) c->cu.cuEventDestroy(e);
         }
-        pop(c);
+        cuda_pop(c);
         if (r != GP_CUDA_SUCCESS) {
                 log_err("cuda: %s: zeroing a %llu-byte segment: %s", d->name, (unsigned long long) size,
                         gp_cuda_error_name(&c->cu, r));
@@ -472,14 +200,14 @@ static int cuda_mem_zero_done(struct backend *b, unsigned device, struct backend
         gp_cu_result r;
         int err;
 
-        if (!(d = enter(c, device, &err)))
+        if (!(d = cuda_enter(c, device, &err)))
                 return err;
         r = c->cu.cuEventQuery((gp_cu_event) mem->zeroing);
         if (r != GP_CUDA_ERROR_NOT_READY) {
                 (void) c->cu.cuEventDestroy((gp_cu_event) mem->zeroing);
                 mem->zeroing = NULL;
         }
-        pop(c);
+        cuda_pop(c);
         if (r == GP_CUDA_ERROR_NOT_READY)
                 return 0;
         if (r != GP_CUDA_SUCCESS) {
@@ -487,105 +215,6 @@ static int cuda_mem_zero_done(struct backend *b, unsigned device, struct backend
                 return -EIO;
         }
         return 1;
-}
-
-/*
- * cuda-vmm: a segment a client kept from a daemon before this one: a descriptor the driver
- * exported of memory on this GPU, made for descriptors, that maps as size bytes. It is imported,
- * mapped in a range of the daemon's (for zeroing) and named by its file. Memory the client made
- * itself passes too, and is counted as the client's like any other. The driver does not say an
- * allocation's size: one larger than size maps as size bytes, and the rest is the client's own.
- */
-static int cuda_mem_adopt(struct backend *b, unsigned device, int fd, uint64_t size, bool sealed, struct backend_mem *ret,
-                          char *why, size_t why_size) {
-        struct cuda_backend *c = cuda_of(b);
-        gp_cu_mem_prop prop;
-        gp_cu_mem_handle h = 0;
-        gp_cu_deviceptr va = 0;
-        struct cuda_device *d;
-        gp_cu_result r;
-        int err;
-
-        if (!(d = enter(c, device, &err))) {
-                snprintf(why, why_size, "on a device this daemon cannot use now");
-                return err;
-        }
-        r = c->cu.cuMemImportFromShareableHandle(&h, (void *) (uintptr_t) fd, GP_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
-        if (r != GP_CUDA_SUCCESS) {
-                pop(c);
-                snprintf(why, why_size, "not memory the CUDA driver exported as a descriptor (cuMemImportFromShareableHandle: "
-                         "%s)", gp_cuda_error_name(&c->cu, r));
-                return -EINVAL;
-        }
-        r = c->cu.cuMemGetAllocationPropertiesFromHandle(&prop, h);
-        if (r != GP_CUDA_SUCCESS || prop.type != GP_CU_MEM_ALLOCATION_TYPE_PINNED ||
-            prop.location.type != GP_CU_MEM_LOCATION_TYPE_DEVICE || prop.location.id != d->ordinal ||
-            !(prop.requested_handle_types & GP_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)) {
-                (void) c->cu.cuMemRelease(h);
-                pop(c);
-                if (r != GP_CUDA_SUCCESS)
-                        snprintf(why, why_size, "memory whose properties the driver does not tell "
-                                 "(cuMemGetAllocationPropertiesFromHandle: %s)", gp_cuda_error_name(&c->cu, r));
-                else
-                        snprintf(why, why_size, "not memory of GPU %d (%s) made to be shared as a descriptor (its location "
-                                 "is %s %d)", d->ordinal, d->name,
-                                 prop.location.type == GP_CU_MEM_LOCATION_TYPE_DEVICE ? "GPU" : "type", prop.location.id);
-                return -EINVAL;
-        }
-        r = c->cu.cuMemAddressReserve(&va, size, 0, 0, 0);
-        if (r == GP_CUDA_SUCCESS && (r = vmm_map(c, d, va, size, h)) != GP_CUDA_SUCCESS)
-                (void) c->cu.cuMemAddressFree(va, size);
-        /* A named object's: the daemon's mapping read-only again, as cuda_mem_seal() made it. */
-        if (r == GP_CUDA_SUCCESS && sealed && (r = vmm_read_only(c, d, va, size)) != GP_CUDA_SUCCESS) {
-                (void) c->cu.cuMemUnmap(va, size);
-                (void) c->cu.cuMemAddressFree(va, size);
-        }
-        if (r == GP_CUDA_SUCCESS && vmm_name(c, fd) < 0) {
-                (void) c->cu.cuMemUnmap(va, size);
-                (void) c->cu.cuMemAddressFree(va, size);
-                r = GP_CUDA_ERROR_OUT_OF_MEMORY;
-        }
-        if (r != GP_CUDA_SUCCESS) {
-                (void) c->cu.cuMemRelease(h);
-                pop(c);
-                if (r == GP_CUDA_ERROR_OUT_OF_MEMORY) {
-                        snprintf(why, why_size, "memory the daemon has no room to map now");
-                        return -ENOMEM;
-                }
-                snprintf(why, why_size, "memory that does not map as %llu bytes (%s)", (unsigned long long) size,
-                         gp_cuda_error_name(&c->cu, r));
-                return -EINVAL;
-        }
-        pop(c);
-        memset(ret, 0, sizeof(*ret));
-        ret->fd = fd;
-        ret->addr = va;
-        ret->vmm_handle = h;
-        return 0;
-}
-
-/*
- * cuda-vmm: a named object's segment. The driver has no seal: the daemon's own mapping becomes
- * read-only, and each process that attaches maps it with read access only (libgpupool). A
- * process that imports the descriptor with the driver itself could map it writable: what may
- * attach is who is trusted with it (docs/security.md).
- */
-static int cuda_mem_seal(struct backend *b, unsigned device, struct backend_mem *mem, uint64_t size) {
-        struct cuda_backend *c = cuda_of(b);
-        struct cuda_device *d;
-        gp_cu_result r;
-        int err;
-
-        if (!(d = enter(c, device, &err)))
-                return err;
-        r = vmm_read_only(c, d, mem->addr, size);
-        pop(c);
-        if (r != GP_CUDA_SUCCESS) {
-                log_err("cuda-vmm: %s: making a %llu-byte object read-only: %s", d->name, (unsigned long long) size,
-                        gp_cuda_error_name(&c->cu, r));
-                return -EIO;
-        }
-        return 0;
 }
 
 /*
@@ -599,32 +228,21 @@ static int cuda_legacy_seal(struct backend *b, unsigned device, struct backend_m
         return 0;
 }
 
-static uint64_t cuda_mem_ident(struct backend *b, unsigned device, const struct backend_mem *mem) {
-        struct vmm_file *f = vmm_named(cuda_of(b), mem->fd);
-
-        (void) device;
-        return f ? f->ident : 0;
-}
-
 static void cuda_close(struct backend *b) {
         struct cuda_backend *c = cuda_of(b);
-        struct gp_rb_node *n;
 
         for (unsigned i = 0; i < b->device_count; i++) {
                 struct cuda_device *d = &c->devs[i];
 
-                if (d->stream && push(c, d) == 0) {
+                if (d->stream && cuda_push(c, d) == 0) {
                         (void) c->cu.cuStreamDestroy(d->stream);
-                        pop(c);
+                        cuda_pop(c);
                 }
                 if (d->ctx)
                         (void) c->cu.cuDevicePrimaryCtxRelease(d->dev);
         }
-        /* Every segment was destroyed, and forgot its name: none is left but by a bug. */
-        while ((n = gp_rb_first(&c->files))) {
-                gp_rb_remove(&c->files, n);
-                free(gp_rb_entry(n, struct vmm_file, node));
-        }
+        if (c->vmm)
+                cuda_vmm_close(c);
         free(c);
 }
 
@@ -637,41 +255,6 @@ static const struct backend_ops cuda_ops = {
         .device_memory = cuda_device_memory,
         .close = cuda_close,
 };
-
-/*
- * cuda-vmm: whether GPU d has what the backend needs (virtual memory management, descriptor
- * handles, a granularity that divides 2 MiB segments). Returns 0, with *r the driver's result
- * and *what the call when a query failed; or -ENOTSUP with a sentence in err.
- */
-static int vmm_supported(struct cuda_backend *c, struct cuda_device *d, gp_cu_result *r, const char **what, char *err,
-                         size_t err_size) {
-        gp_cu_mem_prop prop = vmm_prop(d);
-        size_t granularity = 0;
-        int vmm = 0, fds = 0;
-
-        *what = "cuDeviceGetAttribute(CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED)";
-        *r = c->cu.cuDeviceGetAttribute(&vmm, GP_CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, d->dev);
-        if (*r == GP_CUDA_SUCCESS) {
-                *what = "cuDeviceGetAttribute(CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED)";
-                *r = c->cu.cuDeviceGetAttribute(&fds, GP_CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED, d->dev);
-        }
-        if (*r != GP_CUDA_SUCCESS)
-                return 0;
-        if (!vmm || !fds) {
-                snprintf(err, err_size, "GPU %d (%s) does not support %s, which cuda-vmm needs; --backend cuda uses "
-                         "legacy IPC handles instead", d->ordinal, d->name,
-                         !vmm ? "virtual memory management" : "exporting memory as a POSIX file descriptor");
-                return -ENOTSUP;
-        }
-        *what = "cuMemGetAllocationGranularity";
-        *r = c->cu.cuMemGetAllocationGranularity(&granularity, &prop, GP_CU_MEM_ALLOC_GRANULARITY_MINIMUM);
-        if (*r == GP_CUDA_SUCCESS && (granularity == 0 || (2ULL << 20) % granularity)) {
-                snprintf(err, err_size, "GPU %d (%s): its allocation granularity, %zu bytes, does not divide the pool's "
-                         "2 MiB segments", d->ordinal, d->name, granularity);
-                return -ENOTSUP;
-        }
-        return 0;
-}
 
 /*
  * Opens GPU ordinal as the pool's device d (c->base.device_count counts it already). Returns
@@ -714,7 +297,7 @@ static int open_device(struct cuda_backend *c, unsigned index, int ordinal, uint
                 return 1;
         }
         if (r == GP_CUDA_SUCCESS && c->vmm) {
-                int supported = vmm_supported(c, d, &r, &what, err, err_size);
+                int supported = cuda_vmm_supported(c, d, &r, &what, err, err_size);
 
                 if (supported < 0)
                         return supported;
@@ -728,7 +311,7 @@ static int open_device(struct cuda_backend *c, unsigned index, int ordinal, uint
                 snprintf(err, err_size, "GPU %d: %s: %s", ordinal, what, gp_cuda_error_name(&c->cu, r));
                 return -EIO;
         }
-        if (push(c, d) < 0) {
+        if (cuda_push(c, d) < 0) {
                 snprintf(err, err_size, "GPU %d (%s): cannot make its primary context current", ordinal, d->name);
                 return -EIO;
         }
@@ -738,7 +321,7 @@ static int open_device(struct cuda_backend *c, unsigned index, int ordinal, uint
                 what = "cuStreamCreate";
                 r = c->cu.cuStreamCreate(&d->stream, GP_CU_STREAM_NON_BLOCKING);
         }
-        pop(c);
+        cuda_pop(c);
         if (r != GP_CUDA_SUCCESS) {
                 d->stream = NULL;
                 snprintf(err, err_size, "GPU %d (%s): %s: %s", ordinal, d->name, what, gp_cuda_error_name(&c->cu, r));
@@ -776,25 +359,9 @@ int backend_cuda_open(uint64_t headroom_bytes, bool vmm, struct backend **ret, c
         c->base.ipc_handles = !vmm;
         c->base.no_adopt_why = "its segments lived in the daemon's context and went with it";
         c->vmm = vmm;
-        c->ops.mem_seal = vmm ? cuda_mem_seal : cuda_legacy_seal;
-        gp_rb_init(&c->files, cmp_file);
-        if (vmm) {
-                int k = kcmp_probe();
-
-                c->named = k == 0;
-                if (c->named) {
-                        /* It adopts what clients kept from a daemon before this one. */
-                        c->ops.mem_adopt = cuda_mem_adopt;
-                        c->ops.mem_ident = cuda_mem_ident;
-                } else {
-                        snprintf(c->no_adopt_why, sizeof(c->no_adopt_why), "kcmp(2) is refused here (%s), and "
-                                 "without it the daemon cannot tell two descriptors of the same memory apart", strerror(-k));
-                        c->base.no_adopt_why = c->no_adopt_why;
-                        log_warn("cuda-vmm: %s: after a restart of gpupoold, clients keep their memory uncounted until they "
-                                 "give it back (allow kcmp in the seccomp filter; systemd's @system-service does)",
-                                 c->no_adopt_why);
-                }
-        }
+        c->ops.mem_seal = cuda_legacy_seal;
+        if (vmm)
+                cuda_vmm_setup(c);
         c->base.data = c;
         c->headroom_bytes = headroom_bytes;
         r = gp_cuda_load(&c->cu, err, err_size);

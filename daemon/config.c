@@ -64,18 +64,6 @@ static void fail(struct load *l, const char *fmt, ...) {
         va_end(ap);
 }
 
-static bool tenant_name_valid(const char *name) {
-        size_t len = strlen(name);
-
-        if (len == 0 || len > CONFIG_NAME_MAX)
-                return false;
-        for (const char *p = name; *p; p++)
-                if (!((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9') || *p == '-' ||
-                      *p == '_' || *p == '.'))
-                        return false;
-        return true;
-}
-
 static struct tenant_conf *tenant_get(struct load *l, const char *name) {
         struct config *c = l->c;
         struct tenant_conf *t;
@@ -202,7 +190,7 @@ static int on_key(void *user, const char *section, const char *key, const char *
         if (strncmp(section, "tenant:", 7) == 0) {
                 struct tenant_conf *t;
 
-                if (!tenant_name_valid(section + 7)) {
+                if (!gp_wire_tenant_name_is_valid(section + 7)) {
                         fail(l, "[%s]: a tenant name is 1 to %d letters, digits, '-', '_' or '.'", section, CONFIG_NAME_MAX);
                         return 0;
                 }

@@ -87,22 +87,19 @@ static void object_store(struct node *node, struct object *o) {
         char segment[NOTIFY_NAME_MAX + 1], record[NOTIFY_NAME_MAX + 1];
         int fd = pool_leased_fd(node->pools[o->device], &o->owner, o->segment_id), rfd, r;
 
-        if (fd < 0 || !getenv("NOTIFY_SOCKET"))
-                return;
+        if (fd < 0)
+                return;         /* a backend without descriptors: its objects die with it */
         stored_names(o->id, segment, record);
-        if ((rfd = record_memfd(node, o)) < 0) {
-                log_warn("object '%s': cannot write its record for systemd's store (%s): it will not outlive a restart "
-                         "of gpupoold", o->name, strerror(-rfd));
+        /* The segment first (0: no systemd to keep it): a record names a segment the store holds. */
+        if ((r = notify_store(segment, fd)) == 0)
                 return;
-        }
-        /* The segment first: a record names a segment the store holds. */
-        r = notify_store(segment, fd);
-        if (r > 0)
+        if (r > 0 && (rfd = r = record_memfd(node, o)) >= 0) {
                 r = notify_store(record, rfd);
-        close(rfd);
+                close(rfd);
+        }
         if (r <= 0) {
-                log_warn("object '%s': systemd's store refused it (%s): it will not outlive a restart of gpupoold",
-                         o->name, r < 0 ? strerror(-r) : "no $NOTIFY_SOCKET");
+                log_warn("object '%s': it is not in systemd's store (%s): it will not outlive a restart of gpupoold",
+                         o->name, strerror(r < 0 ? -r : EIO));
                 (void) notify_store_remove(segment);
                 return;
         }
