@@ -19,7 +19,7 @@
 #   make bench-gpu            allocation latency: driver, driver pool, gpupool (needs a GPU)
 #   make bench-pending        allocation cost with 10,000 stream-ordered frees pending (GPU or fake driver)
 #   make bench-driver         each driver call of the stream-ordered path, a granule move, the capture rules (GPU or fake driver)
-#   make gpu-validate         on a GPU machine: check-gpu, bench-gpu, bench-pending, bench-driver, bench-frameworks(-grow), logs in bench/results
+#   make gpu-validate         on a GPU machine: check-gpu, bench-gpu, bench-pending, bench-driver, bench-frameworks(-grow), bench-objects; logs in bench/results
 #   make STATIC=1             link libuv, protobuf-c, jansson, inih and Check statically
 #   make V=1                  show the commands
 #   make deps                 install the Debian/Ubuntu packages the build needs
@@ -255,11 +255,12 @@ $(HOOKS_THROW): tests/hooks_throw.cc include/gpupool.h $(LIB_SO)
 # The units (systemd-analyze verify), install into a temporary DESTDIR (a program built against
 # it with pkg-config), the man pages against the programs' options and the Python package come
 # first; the Check suites last, so that their summary ends the output.
-test: all $(TEST_BIN) $(FAKECUDA) $(HOOKS_THROW) $(CUDA_ABI_OK) $(B)/obj/daemon/main.o $(DAEMON_TEST_O)
+test: all $(TEST_BIN) $(FAKECUDA) $(BENCH_PENDING) $(HOOKS_THROW) $(CUDA_ABI_OK) $(B)/obj/daemon/main.o $(DAEMON_TEST_O)
 	$(Q)B=$(B) tests/check-units.sh
 	$(Q)B=$(B) MAKE="$(MAKE)" MAKEFLAGS= tests/check-install.sh "SANITIZER=$(SANITIZER)" "STATIC=$(STATIC)"
 	$(Q)B=$(B) tests/check-man.sh
 	$(Q)B=$(B) tests/check-layers-selftest.sh
+	$(Q)B=$(B) tests/check-gpu-validate.sh
 	$(Q)B=$(B) CC=$(CC) SANITIZER=$(SANITIZER) MAKE="$(MAKE)" MAKEFLAGS= tests/check-newcomer.sh "SANITIZER=$(SANITIZER)" "STATIC=$(STATIC)"
 	$(Q)B=$(B) SANITIZER=$(SANITIZER) CC=$(CC) tests/check-python.sh
 	$(Q)GPUPOOL_BUILD_DIR=$(B) $(TEST_BIN)
@@ -406,7 +407,8 @@ gpu-tools: all $(GPU_TEST_BIN) $(BENCH_GPU) $(BENCH_PENDING) $(BENCH_DRIVER) $(B
 
 # On a GPU machine: check-gpu, bench-gpu, bench-pending, bench-driver, bench-frameworks and its
 # throughput with GPUPOOL_SEGMENTS=grow on cuda-vmm against build/ as it is
-# (bench/gpu-validate.sh builds nothing), one log per part in bench/results/.
+# (bench/gpu-validate.sh builds nothing), one log per part in bench/results/, named by the run's
+# time, commit and GPU (never overwritten); GPU_VALIDATE_PARTS="check-gpu bench-gpu" runs some.
 gpu-validate:
 	$(Q)sh bench/gpu-validate.sh $(B)
 

@@ -9,38 +9,72 @@
 # objects on cuda-vmm (make bench-objects BENCH_OBJECTS_BACKEND=cuda-vmm), each against
 # build/ as it is: nothing is built here, so a build made
 # elsewhere with make STATIC=1 gpu-tools runs where libuv, protobuf-c and Check are not
-# installed. Each part's full output goes to bench/results/gpu-validate-DATE-GPU-PART.txt
-# behind a header (date, GPU, driver, commit; GPUPOOL_COMMIT names it where there is no .git);
-# each part is stopped after GPU_VALIDATE_TIMEOUT seconds (600); a summary closes the run. Exits 1 if any
-# part failed, 2 if there is no GPU or no build.
+# installed. GPU_VALIDATE_PARTS (names, space-separated) runs only those parts.
+#
+# Each part's full output goes to RESULTS/gpu-validate-DATE-TIME-COMMIT-GPU-PART.txt behind a
+# header (date, GPU, driver, commit; GPUPOOL_COMMIT names it where there is no .git), RESULTS
+# being $GPU_VALIDATE_RESULTS or bench/results; a log that exists is never overwritten. Each
+# part is stopped after GPU_VALIDATE_TIMEOUT seconds (600). The closing lines, also kept in
+# ...-summary.txt, name each part that ran with its exit status, and the parts that did not.
+# Exits 1 if any part failed, 2 if there is no GPU, no build or an unknown part name.
 set -u
 B=${1:-build}
-for f in gpupoold gpupoolctl libgpupool.so.1 tests/check_gpu bench/bench_gpu bench/bench_pending bench/objects; do
+all_parts="check-gpu bench-gpu bench-pending bench-driver bench-frameworks bench-frameworks-grow bench-objects"
+parts=${GPU_VALIDATE_PARTS:-$all_parts}
+for p in $parts; do
+        case " $all_parts " in
+        *" $p "*) ;;
+        *) echo "gpu-validate: no part named '$p' (GPU_VALIDATE_PARTS); the parts: $all_parts" >&2; exit 2 ;;
+        esac
+done
+[ -n "$(echo $parts)" ] || { echo "gpu-validate: GPU_VALIDATE_PARTS names no part; the parts: $all_parts" >&2; exit 2; }
+# What each chosen part runs from the build.
+need="gpupoold gpupoolctl libgpupool.so.1"
+for p in $parts; do
+        case $p in
+        check-gpu) need="$need tests/check_gpu" ;;
+        bench-gpu) need="$need bench/bench_gpu" ;;
+        bench-pending) need="$need bench/bench_pending" ;;
+        bench-driver) need="$need bench/bench_driver" ;;
+        bench-objects) need="$need bench/objects" ;;
+        esac
+done
+for f in $need; do
         [ -e "$B/$f" ] || { echo "gpu-validate: $B/$f is missing: build with make STATIC=1 gpu-tools first" >&2; exit 2; }
 done
 if ! nvidia-smi -L >/dev/null 2>&1; then
         echo "gpu-validate: nvidia-smi finds no GPU here; nothing to validate" >&2
         exit 2
 fi
-day=$(date -u +%Y-%m-%d)
+commit=${GPUPOOL_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | tr -c 'A-Za-z0-9\n' '-' | tr -s '-' | sed 's/-$//')
-mkdir -p bench/results
+results=${GPU_VALIDATE_RESULTS:-bench/results}
+mkdir -p "$results"
+# One stem for the run's logs: its start (to the second), the commit and the GPU. A second run
+# in the same second gets -2, -3...: no log is ever overwritten.
+stem=$results/gpu-validate-$(date -u +%Y-%m-%d-%H%M%S)-$commit-$gpu
+n=1
+while ls "$stem"-* >/dev/null 2>&1; do
+        n=$((n + 1))
+        stem=$results/gpu-validate-$(date -u +%Y-%m-%d-%H%M%S)-$commit-$gpu-$n
+done
 header() {
         echo "# gpu-validate $1, $(date -u +%Y-%m-%dT%H:%M:%SZ), $(uname -srm), $(nproc) CPUs"
-        echo "# commit ${GPUPOOL_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}, gpupool $("$B/gpupoold" --version | cut -d' ' -f2)"
+        echo "# commit $commit, gpupool $("$B/gpupoold" --version | cut -d' ' -f2)"
         nvidia-smi --query-gpu=index,name,uuid,driver_version,memory.total,compute_mode --format=csv,noheader | sed 's/^/# gpu: /'
         nvidia-smi -L | sed 's/^/# /'
 }
 part_timeout=${GPU_VALIDATE_TIMEOUT:-600}
 failed=
+passed=
 summary=
-# part NAME COMMAND...: runs COMMAND with its output in the part's log (unless
-# GPU_VALIDATE_PARTS, a list of names, leaves it out).
+# part NAME COMMAND...: runs COMMAND with its output in the part's log, if NAME is one of the
+# chosen parts.
 part() {
         name=$1
         shift
-        case " ${GPU_VALIDATE_PARTS:-$name} " in *" $name "*) ;; *) return 0 ;; esac
-        log=bench/results/gpu-validate-$day-$gpu-$name.txt
+        case " $parts " in *" $name "*) ;; *) return 0 ;; esac
+        log=$stem-$name.txt
         { header "$name"; echo "# command: $*"; } >"$log"
         timeout -k 10 "$part_timeout" "$@" >>"$log" 2>&1
         rc=$?
@@ -49,7 +83,7 @@ part() {
         tail -n 3 "$log"
         summary="$summary
 $name: exit $rc ($log)"
-        [ $rc -eq 0 ] || failed="$failed $name"
+        if [ $rc -eq 0 ]; then passed="$passed $name"; else failed="$failed $name"; fi
 }
 export GPUPOOL_BUILD_DIR="$B"
 part check-gpu sh -c "'$B/tests/check_gpu'; c=\$?; python3 -m unittest discover -v -s tests/gpu && exit \$c"
@@ -66,9 +100,14 @@ part bench-frameworks-grow sh -c "GPUPOOLD_ARGS='--backend cuda-vmm --log-level 
         sh bench/with-gpupoold.sh '$B' python3 bench/frameworks/torch_throughput.py --reps 3"
 # Named objects on cuda-vmm: attaching 4 GiB against loading it from the page cache onto the GPU.
 part bench-objects "$B/bench/objects" --build "$B" --backend cuda-vmm --size 4294967296
-echo "gpu-validate:$summary"
-if [ -n "$failed" ]; then
-        echo "gpu-validate: failed:$failed"
-        exit 1
-fi
-echo "gpu-validate: every part passed"
+# The closing lines name exactly what ran: a run of some parts never reads as a run of all.
+not_run=
+for p in $all_parts; do
+        case " $passed $failed " in *" $p "*) ;; *) not_run="$not_run $p" ;; esac
+done
+ran=$(echo $passed $failed | wc -w)
+{
+        echo "gpu-validate: commit $commit, $gpu:$summary"
+        echo "gpu-validate: ran $ran of $(echo $all_parts | wc -w) parts; passed:${passed:- none}; failed:${failed:- none}; not run:${not_run:- none}"
+} | tee "$stem-summary.txt"
+[ -z "$failed" ] || exit 1
