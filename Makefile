@@ -418,14 +418,15 @@ bench-gpu: all $(BENCH_GPU)
 	$(Q)sh bench/bench-gpu.sh $(B) $(BENCH_ARGS)
 
 # On a GPU machine with PyTorch: training throughput of two processes at once with PyTorch's
-# allocator and with gpupool, then elasticity (two processes whose peaks together exceed the
-# GPU), against a gpupoold with the cuda backend (bench/frameworks). The log goes to
-# bench/results/. BENCH_ARGS_TORCH="--reps 3 --models transformer" etc.
+# allocator (twice: the native/native spread) and with gpupool, then elasticity (two processes
+# whose peaks together exceed the GPU), against a gpupoold with the cuda backend
+# (bench/frameworks). The log goes to bench/results/frameworks-DATE-TIME-COMMIT.txt.
+# BENCH_ARGS_TORCH="--reps 3 --models transformer --allocators gpupool,gpupool-mempool" etc.
 BENCH_ARGS_TORCH ?=
 BENCH_ARGS_ELASTIC ?=
 bench-frameworks: all
 	@mkdir -p bench/results
-	$(Q)log=bench/results/frameworks-$$(date -u +%Y-%m-%d).txt; \
+	$(Q)log=bench/results/frameworks-$$(date -u +%Y-%m-%d-%H%M%S)-$$(git rev-parse --short HEAD 2>/dev/null || echo unknown).txt; \
 	{ sh bench/with-gpupoold.sh $(B) python3 bench/frameworks/torch_alloc.py && \
 	  sh bench/with-gpupoold.sh $(B) python3 bench/frameworks/torch_throughput.py $(BENCH_ARGS_TORCH) && \
 	  sh bench/with-gpupoold.sh $(B) python3 bench/frameworks/torch_elastic.py $(BENCH_ARGS_ELASTIC); \

@@ -4,7 +4,8 @@
 # Runs, in this order, the cuda backend's tests on the real driver and the framework tests
 # (what make check-gpu runs), the allocation latency benchmark (make bench-gpu), the cost of
 # pending stream-ordered frees (make bench-pending), the driver calls' costs and capture rules
-# (make bench-driver), the PyTorch benchmarks (make bench-frameworks) and their training
+# (make bench-driver), the PyTorch benchmarks (make bench-frameworks: its allocation cost and
+# training throughput with both ways into PyTorch, bench-frameworks-elastic: its elasticity) and their training
 # throughput again with GPUPOOL_SEGMENTS=grow on cuda-vmm (bench-frameworks-grow) and named
 # objects on cuda-vmm (make bench-objects BENCH_OBJECTS_BACKEND=cuda-vmm), each against
 # build/ as it is: nothing is built here, so a build made
@@ -19,7 +20,7 @@
 # Exits 1 if any part failed, 2 if there is no GPU, no build or an unknown part name.
 set -u
 B=${1:-build}
-all_parts="check-gpu bench-gpu bench-pending bench-driver bench-frameworks bench-frameworks-grow bench-objects"
+all_parts="check-gpu bench-gpu bench-pending bench-driver bench-frameworks bench-frameworks-elastic bench-frameworks-grow bench-objects"
 parts=${GPU_VALIDATE_PARTS:-$all_parts}
 for p in $parts; do
         case " $all_parts " in
@@ -90,9 +91,15 @@ part check-gpu sh -c "'$B/tests/check_gpu'; c=\$?; python3 -m unittest discover 
 part bench-gpu sh bench/bench-gpu.sh "$B"
 part bench-pending sh bench/with-gpupoold.sh "$B" sh -c 'exec "$0" --socket "$GPUPOOL_SOCKET"' "$B/bench/bench_pending"
 part bench-driver sh bench/with-gpupoold.sh "$B" sh -c 'exec "$0" --socket "$GPUPOOL_SOCKET"' "$B/bench/bench_driver"
+# PyTorch through gpupool both ways (as its allocator; its allocator over gpupool's segments)
+# against PyTorch's own allocator run twice (the native/native spread), with each step's GPU
+# and CPU time, allocations and memory; 3 repetitions, so that the part fits GPU_VALIDATE_TIMEOUT.
 part bench-frameworks sh -c "sh bench/with-gpupoold.sh '$B' python3 bench/frameworks/torch_alloc.py && \
-        sh bench/with-gpupoold.sh '$B' python3 bench/frameworks/torch_throughput.py && \
-        sh bench/with-gpupoold.sh '$B' python3 bench/frameworks/torch_elastic.py"
+        sh bench/with-gpupoold.sh '$B' python3 bench/frameworks/torch_throughput.py --reps 3 \
+                --allocators gpupool,gpupool-mempool -- --profile-steps 5"
+# Two processes whose peaks together exceed the GPU, with each allocator.
+part bench-frameworks-elastic sh bench/with-gpupoold.sh "$B" python3 bench/frameworks/torch_elastic.py \
+        --modes torch,gpupool,gpupool-mempool
 # The same training throughput with segments that grow in place, on cuda-vmm: what its granule
 # leases, imports and moves cost a real program (each process's JSON says what its timed steps
 # asked of the daemon and imported).

@@ -11,6 +11,10 @@ gpupoold (or waits in its client cache, which gpupoold asks for back), and the o
 process's allocation gets it. Each mode runs in fresh processes; the output says, for each
 process, how many peaks it reached and the error that stopped it, if any.
 
+--modes picks from torch, gpupool (gpupool as PyTorch's allocator) and gpupool-mempool
+(PyTorch's allocator over segments from gpupool: what PyTorch keeps in its cache, gpupoold
+cannot take back, so its outcome is reported, not required).
+
 Run it under bench/with-gpupoold.sh (make bench-frameworks does). The exit status is 1 when a
 gpupool process failed its peak, whatever PyTorch's allocator did.
 """
@@ -26,6 +30,7 @@ from workers import workers
 
 GiB = 1 << 30
 MiB = 1 << 20
+MODES = ("torch", "gpupool", "gpupool-mempool")
 CHUNKS = (1 * GiB, 256 * MiB, 64 * MiB, 512 * MiB, 16 * MiB)     # a peak's tensors, in turn
 
 
@@ -50,10 +55,10 @@ def reach_peak(torch, peak):
 
 def worker(a):
     gpupool = None
-    if a.allocator == "gpupool":
+    if a.allocator != "torch":
         import gpupool
 
-        gpupool.use_with_torch()
+        gpupool.use_with_torch("mempool" if a.allocator == "gpupool-mempool" else "allocator")
     import torch
 
     if not torch.cuda.is_available():
@@ -68,9 +73,9 @@ def worker(a):
         reply = reach_peak(torch, peak)
         torch.cuda.synchronize()
         reply["seconds"] = round(time.perf_counter() - t0, 3)
-        if gpupool is None:
+        if a.allocator != "gpupool":
             reply["torch_reserved_after_bytes"] = torch.cuda.memory_reserved()
-        else:
+        if gpupool is not None:
             s = gpupool.stats()
             reply["gpupool_cached_after_bytes"] = s["cached_bytes"]
             reply["gpupool_mapped_after_bytes"] = s["mapped_bytes"]
@@ -120,12 +125,15 @@ def run_mode(a, allocator):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--allocator", choices=("torch", "gpupool"), default="torch", help=argparse.SUPPRESS)
+    p.add_argument("--allocator", choices=MODES, default="torch", help=argparse.SUPPRESS)
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--peak", type=float, default=0.6, help="each process's peak, a fraction of the GPU (default 0.6)")
     p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--modes", default="torch,gpupool")
+    p.add_argument("--modes", default="torch,gpupool", help="comma-separated, from " + ", ".join(MODES))
     a = p.parse_args()
+    for m in a.modes.split(","):
+        if m not in MODES:
+            sys.exit(f"torch_elastic.py: no mode {m!r} (--modes): " + ", ".join(MODES))
     if a.worker:
         return worker(a)
     if importlib.util.find_spec("torch") is None:
@@ -143,10 +151,10 @@ def main():
         for name in ("A", "B"):
             line = f"| {allocator} | {name} | {reached[name]} of {a.rounds} | {failed.get(name, 'finished')} |"
             summary.append(line)
-        if allocator == "gpupool":
+        if allocator != "torch":
             moved = {k: v - before.get(k, 0) for k, v in after.items() if v != before.get(k, 0)}
             print(f"gpupool: gpupoold's counters during the run: {json.dumps(moved)}")
-            if failed:
+            if failed and allocator == "gpupool":
                 status = 1
     print("\n| allocator | process | peaks reached | outcome |")
     print("|---|---|---|---|")

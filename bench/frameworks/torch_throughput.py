@@ -5,8 +5,15 @@ For each model and each repetition it starts --procs torch_train.py processes wi
 allocator, lets them warm up, starts their timing together and collects their samples per
 second; then the same with the other allocator (the order alternates between repetitions).
 The table gives, per model and allocator, the median over repetitions of the processes'
-summed throughput (each process's own number is the median of its chunks), and gpupool's
-ratio to PyTorch's allocator.
+summed throughput (each process's own number is the median of its chunks), and each
+allocator's ratio to PyTorch's. With the default --native-twice PyTorch's allocator runs twice
+in each repetition, so that the table also gives the ratio of native against native: the
+run-to-run spread that a ratio of gpupool's must be read against. A second table gives, per
+model and allocator, the medians of what each process measured of its steps (GPU time by
+CUDA events, CPU time, allocations per step, memory held; torch_train.py).
+
+--allocators picks from torch, gpupool (gpupool as PyTorch's allocator) and gpupool-mempool
+(PyTorch's allocator over gpupool's segments).
 
 Run it under bench/with-gpupoold.sh (make bench-frameworks does), which starts the daemon
 and sets GPUPOOL_SOCKET and PYTHONPATH. Extra arguments after -- go to every torch_train.py.
@@ -24,6 +31,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def run_pair(a, allocator, model, rep, extra):
+    allocator = allocator.split("#")[0]         # torch#2: the second native run of a repetition
     argv = [os.path.join(HERE, "torch_train.py"), "--wait", "--allocator", allocator, "--model", model,
             "--device", a.device] + extra
     with workers((f"train-{model}-{i}", argv) for i in range(a.procs)) as ws:
@@ -35,9 +43,25 @@ def run_pair(a, allocator, model, rep, extra):
         for w in ws:
             w.finish()
     total = sum(r["samples_per_s"] for r in results)
-    print(f"rep {rep} {model:<11} {allocator:<8} " + " + ".join(f"{r['samples_per_s']:.1f}" for r in results)
+    print(f"rep {rep} {model:<11} {allocator:<15} " + " + ".join(f"{r['samples_per_s']:.1f}" for r in results)
           + f" = {total:.1f} samples/s  " + json.dumps(results), flush=True)
-    return total
+    return total, results
+
+
+DIAGNOSTICS = (("gpu_ms_per_step", "GPU ms/step (events)"), ("kernel_ms_per_step", "kernel ms/step (profiler)"),
+               ("cpu_ms_per_step", "CPU ms/step"), ("allocations_per_step", "allocations/step"),
+               ("torch_reserved_bytes", "PyTorch reserved, MB"), ("gpupool_mapped_bytes", "gpupool mapped, MB"),
+               ("gpupool_live_bytes", "gpupool live, MB"))
+
+
+def diagnostics(per_process):
+    """Per key, the median over every process of every repetition, or None where none measured it."""
+    out = {}
+    for key, _ in DIAGNOSTICS:
+        vals = [r[key] for r in per_process if r.get(key) is not None]
+        v = statistics.median(vals) if vals else None
+        out[key] = v / 1e6 if v is not None and key.endswith("_bytes") else v
+    return out
 
 
 def main():
@@ -48,34 +72,67 @@ def main():
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
                    help="cpu: a check of the scripts without a GPU (PyTorch's allocator only)")
     p.add_argument("--json", help="also write the results here")
+    p.add_argument("--allocators", default="torch,gpupool",
+                   help="comma-separated, from torch, gpupool, gpupool-mempool (torch is always run)")
+    p.add_argument("--no-native-twice", dest="native_twice", action="store_false",
+                   help="run PyTorch's allocator once per repetition (no native/native spread)")
     a, extra = p.parse_known_args()
     if extra[:1] == ["--"]:
         extra = extra[1:]
     if importlib.util.find_spec("torch") is None:
         sys.exit("torch_throughput.py: PyTorch is not installed (python3 -c 'import torch' fails)")
-    allocators = ("torch", "gpupool") if a.device == "cuda" else ("torch",)
-    if a.device == "cuda" and not os.environ.get("GPUPOOL_SOCKET"):
+    chosen = [x for x in a.allocators.split(",") if x and x != "torch"]
+    for x in chosen:
+        if x not in ("gpupool", "gpupool-mempool"):
+            sys.exit(f"torch_throughput.py: no allocator {x!r} (--allocators): torch, gpupool, gpupool-mempool")
+    allocators = ["torch"] + (["torch#2"] if a.native_twice else []) + (chosen if a.device == "cuda" else [])
+    if a.device == "cuda" and chosen and not os.environ.get("GPUPOOL_SOCKET"):
         sys.exit("torch_throughput.py: GPUPOOL_SOCKET is not set; run it under bench/with-gpupoold.sh")
 
-    runs = {}
+    runs, processes = {}, {}
     for model in a.models.split(","):
         for rep in range(a.reps):
             order = allocators if rep % 2 == 0 else allocators[::-1]
             for allocator in order:
-                runs.setdefault((model, allocator), []).append(run_pair(a, allocator, model, rep, extra))
+                total, results = run_pair(a, allocator, model, rep, extra)
+                runs.setdefault((model, allocator), []).append(total)
+                processes.setdefault((model, allocator), []).extend(results)
 
-    print("\n| model | processes | PyTorch's allocator, samples/s | gpupool, samples/s | gpupool / PyTorch |")
-    print("|---|---|---|---|---|")
+    others = allocators[1:]
+    print("\n| model | processes | PyTorch's allocator, samples/s | " + " | ".join(
+        f"{x.replace('torch#2', 'PyTorch again')}, samples/s | ratio" for x in others) + " |")
+    print("|---|---|---|" + "---|---|" * len(others))
     table = []
     for model in a.models.split(","):
         t = statistics.median(runs[(model, "torch")])
-        g = statistics.median(runs[(model, "gpupool")]) if (model, "gpupool") in runs else None
-        table.append({"model": model, "procs": a.procs, "torch": t, "gpupool": g, "reps": a.reps})
-        print(f"| {model} | {a.procs} | {t:.1f} | " + (f"{g:.1f} | {g / t:.3f} |" if g else "- | - |"))
-    print(f"\nmedians over {a.reps} repetitions of the {a.procs} processes' summed throughput")
+        row = {"model": model, "procs": a.procs, "reps": a.reps, "torch": t}
+        cells = []
+        for x in others:
+            v = statistics.median(runs[(model, x)])
+            row[x] = v
+            row[x + "/torch"] = v / t
+            cells.append(f"{v:.1f} | {v / t:.3f}")
+        table.append(row)
+        print(f"| {model} | {a.procs} | {t:.1f} | " + " | ".join(cells) + (" |" if cells else "|"))
+    print(f"\nmedians over {a.reps} repetitions of the {a.procs} processes' summed throughput"
+          + ("; 'PyTorch again' is PyTorch's allocator run a second time in each repetition: "
+             "its ratio is the spread of native against native" if a.native_twice else ""))
+
+    print("\n| model | allocator | " + " | ".join(label for _, label in DIAGNOSTICS) + " |")
+    print("|---|---|" + "---|" * len(DIAGNOSTICS))
+    diag = {}
+    for model in a.models.split(","):
+        for x in allocators:
+            d = diagnostics(processes[(model, x)])
+            diag[f"{model}/{x}"] = d
+            print(f"| {model} | {x.replace('torch#2', 'torch (again)')} | " + " | ".join(
+                "-" if d[k] is None else f"{d[k]:.3f}" if isinstance(d[k], float) else str(d[k])
+                for k, _ in DIAGNOSTICS) + " |")
+    print("\nmedians over every process of every repetition")
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"table": table, "runs": {f"{m}/{al}": v for (m, al), v in runs.items()}}, f, indent=1)
+            json.dump({"table": table, "diagnostics": diag,
+                       "runs": {f"{m}/{al}": v for (m, al), v in runs.items()}}, f, indent=1)
 
 
 if __name__ == "__main__":

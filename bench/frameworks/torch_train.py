@@ -5,7 +5,16 @@ AdamW on random data, its memory from PyTorch's own caching allocator or from gp
 It talks to the driver on stdin/stdout, one line each way, so that the processes of a run
 measure at the same time: after the warm-up steps it prints "ready" and waits for "go", then
 times --chunks chunks of --chunk-steps steps (synchronizing at the end of each) and prints one
-JSON line with the samples per second of each chunk and their median.
+JSON line with the samples per second of each chunk and their median, and what tells the
+allocators apart: the GPU time of each step (CUDA events around it, median), the process's
+CPU time per step, the allocations per step (where PyTorch counts them: its own allocator, and
+gpupool's "mempool" mode) and the memory held. With --profile-steps N it then runs N more steps
+under torch.profiler and adds the kernels' GPU time per step, which leaves out the gaps where
+the GPU waited for the CPU.
+
+--allocator: torch (PyTorch's own), gpupool (gpupool.use_with_torch(), gpupool the allocator)
+or gpupool-mempool (gpupool.use_with_torch("mempool"): PyTorch's allocator over gpupool's
+segments).
 
 Run alone (python3 bench/frameworks/torch_train.py --allocator gpupool) it does not wait.
 --device cpu runs the same steps on the CPU with PyTorch's allocator: a check of the script on
@@ -19,9 +28,12 @@ import sys
 import time
 
 
+ALLOCATORS = ("torch", "gpupool", "gpupool-mempool")
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--allocator", choices=("torch", "gpupool"), default="torch")
+    p.add_argument("--allocator", choices=ALLOCATORS, default="torch")
     p.add_argument("--model", choices=("transformer", "resnet18"), default="transformer")
     p.add_argument("--batch", type=int, default=0, help="samples per step (default: 32 transformer, 64 resnet18)")
     p.add_argument("--warmup", type=int, default=10, help="steps before the timing")
@@ -30,6 +42,9 @@ def parse_args(argv=None):
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     p.add_argument("--wait", action="store_true", help="print ready, wait for go on stdin (the driver)")
     p.add_argument("--small", action="store_true", help="a model small enough for --device cpu")
+    p.add_argument("--profile-steps", type=int, default=0, help="steps timed by torch.profiler after the rest")
+    p.add_argument("--cudnn-benchmark", action="store_true",
+                   help="cuDNN's benchmark mode (fails with --allocator gpupool: no cacheInfo)")
     a = p.parse_args(argv)
     if a.device == "cpu" and a.allocator != "torch":
         p.error("--device cpu runs with --allocator torch only: gpupool gives device memory")
@@ -111,21 +126,50 @@ def memory(torch, gpupool, a):
     """What this process holds now, as each allocator can say it."""
     if a.device != "cuda":
         return {}
+    m = {}
     if gpupool is not None:
         s = gpupool.stats()
         keys = ("live_bytes", "cached_bytes", "mapped_bytes", "round_trips", "segments_imported")
-        return {"gpupool_" + k: s[k] for k in keys}
-    return {"torch_max_reserved_bytes": torch.cuda.max_memory_reserved(),
-            "torch_max_allocated_bytes": torch.cuda.max_memory_allocated()}
+        m.update({"gpupool_" + k: s[k] for k in keys})
+    if a.allocator != "gpupool":        # PyTorch's own allocator keeps the books
+        m.update({"torch_reserved_bytes": torch.cuda.memory_reserved(),
+                  "torch_max_reserved_bytes": torch.cuda.max_memory_reserved(),
+                  "torch_max_allocated_bytes": torch.cuda.max_memory_allocated()})
+    return m
+
+
+def allocations(torch, a):
+    """PyTorch's count of the allocations made so far, where its allocator counts them."""
+    if a.device != "cuda" or a.allocator == "gpupool":
+        return None
+    return torch.cuda.memory_stats().get("allocation.all.allocated", 0)
+
+
+def profile(torch, a, step, steps):
+    """GPU time of the kernels per step, in ms, from torch.profiler over steps more steps."""
+    from torch.profiler import ProfilerActivity, profile as prof
+
+    with prof(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as p:
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize()
+    total = 0
+    for e in p.key_averages():
+        t = getattr(e, "self_device_time_total", None)
+        if t is None:
+            t = getattr(e, "self_cuda_time_total", 0)
+        if getattr(e, "device_type", None) is not None and str(e.device_type).endswith("CUDA"):
+            total += t
+    return total / 1000 / steps
 
 
 def main(argv=None):
     a = parse_args(argv)
     gpupool = None
-    if a.allocator == "gpupool":
+    if a.allocator != "torch":
         import gpupool
 
-        gpupool.use_with_torch()        # before torch touches the GPU
+        gpupool.use_with_torch("mempool" if a.allocator == "gpupool-mempool" else "allocator")  # before torch touches the GPU
     import torch
 
     if a.device == "cuda" and not torch.cuda.is_available():
@@ -134,9 +178,9 @@ def main(argv=None):
     if a.device == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
-        # Off for both allocators: with a pluggable allocator cuDNN's benchmark mode raises
-        # (it asks for cacheInfo, which PyTorch does not pass on; docs/frameworks.md).
-        torch.backends.cudnn.benchmark = False
+        # Off by default for every allocator: with gpupool as the allocator cuDNN's benchmark
+        # mode raises (it asks for cacheInfo, which PyTorch does not pass on; docs/frameworks.md).
+        torch.backends.cudnn.benchmark = a.cudnn_benchmark
     model = build(torch, a).to(a.device)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
 
@@ -164,18 +208,32 @@ def main(argv=None):
     # What the timed steps ask of the daemon, import and map (a steady state should do none of it).
     before = gpupool.stats() if gpupool is not None and a.device == "cuda" else None
     grow_before = gpupool.grow_stats() if before is not None else None
-    rates = []
+    allocs_before = allocations(torch, a)
+    rates, gpu_ms, cpu = [], [], time.process_time()
     for _ in range(a.chunks):
+        events = []
         t0 = time.perf_counter()
         for _ in range(a.chunk_steps):
+            if a.device == "cuda":
+                events.append((torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)))
+                events[-1][0].record()
             loss = step()
+            if a.device == "cuda":
+                events[-1][1].record()
         sync()
         rates.append(a.batch * a.chunk_steps / (time.perf_counter() - t0))
+        gpu_ms += [start.elapsed_time(end) for start, end in events]
+    steps = a.chunks * a.chunk_steps
     result = {
         "pid": os.getpid(), "allocator": a.allocator, "model": a.model, "batch": a.batch,
         "samples_per_s": statistics.median(rates), "chunks": [round(r, 2) for r in rates],
+        "cpu_ms_per_step": round((time.process_time() - cpu) * 1000 / steps, 3),
         "loss": float(loss), "torch": torch.__version__,
     }
+    if gpu_ms:
+        result["gpu_ms_per_step"] = round(statistics.median(gpu_ms), 3)
+    if allocs_before is not None:
+        result["allocations_per_step"] = (allocations(torch, a) - allocs_before) / steps
     result.update(memory(torch, gpupool, a))
     if before is not None:
         result["gpupool_round_trips_timed"] = result["gpupool_round_trips"] - before["round_trips"]
@@ -184,6 +242,8 @@ def main(argv=None):
         result.update({"gpupool_" + k: grow[k] for k in grow})
         for k in ("granules_mapped", "granules_unmapped"):
             result[f"gpupool_{k}_timed"] = grow[k] - grow_before[k]
+    if a.profile_steps and a.device == "cuda":
+        result["kernel_ms_per_step"] = round(profile(torch, a, step, a.profile_steps), 3)
     print(json.dumps(result), flush=True)
 
 

@@ -12,24 +12,49 @@ def _name_the_client():
     os.environ.setdefault("GPUPOOL_CLIENT_NAME", default_client_name())
 
 
-def use_with_torch():
-    """Makes PyTorch take all its CUDA memory from gpupool. Call it before the first CUDA
-    tensor (PyTorch cannot swap an allocator it has used). Returns the allocator object.
+TORCH_MODES = ("allocator", "mempool")
+_torch_pools = []       # mode "mempool": one torch.cuda.MemPool per device, kept for the process's life
 
-    A refused allocation raises RuntimeError("CUDA out of memory. gpupool refused ...") with
-    gpupoold's reason. Tensor.record_stream() does nothing with a pluggable allocator: a tensor
-    used on a side stream must be waited for (torch.cuda.current_stream().wait_stream(side))
-    before it is dropped. For NCCL this sets TORCH_NCCL_AVOID_RECORD_STREAMS=1 unless it is set
-    already, so that process groups made afterwards keep their tensors until the collective
-    ends instead of calling record_stream(). torch.cuda.memory_stats() and friends do not work with a pluggable
-    allocator: use gpupool.stats() for this process and gpupool.status() (gpupoolctl) for the
-    node; gpupool.trim() does what torch.cuda.empty_cache() does for PyTorch's own cache.
+
+def use_with_torch(mode=None):
+    """Makes PyTorch take its CUDA memory from gpupool. Returns the CUDAPluggableAllocator.
+
+    mode (default $GPUPOOL_TORCH_MODE, else "allocator"):
+
+    "allocator": gpupool is PyTorch's allocator, each tensor a block of gpupool's pool. Call it
+    before the first CUDA tensor (PyTorch cannot swap an allocator it has used). A refused
+    allocation raises RuntimeError("CUDA out of memory. gpupool refused ...") with gpupoold's
+    reason. Tensor.record_stream() does nothing with a pluggable allocator: a tensor used on a
+    side stream must be waited for (torch.cuda.current_stream().wait_stream(side)) before it is
+    dropped. For NCCL this sets TORCH_NCCL_AVOID_RECORD_STREAMS=1 unless it is set already, so
+    that process groups made afterwards keep their tensors until the collective ends instead of
+    calling record_stream(). torch.cuda.memory_stats() and friends, and cuDNN's benchmark mode,
+    do not work with a pluggable allocator: use gpupool.stats() for this process and
+    gpupool.status() (gpupoolctl) for the node; gpupool.trim() does what
+    torch.cuda.empty_cache() does for PyTorch's own cache.
+
+    "mempool": PyTorch's own caching allocator stays, and takes its segments from gpupool: one
+    torch.cuda.MemPool per device over the pluggable allocator, every allocation on the device
+    routed to it (torch._C._cuda_beginAllocateToPool; PyTorch 2.8 or later). Blocks, streams,
+    record_stream(), memory_stats(), snapshots and cuDNN's benchmark mode are PyTorch's own; a
+    refusal is PyTorch's torch.cuda.OutOfMemoryError (gpupool.last_error() has gpupoold's
+    reason). What it gives up: PyTorch keeps the segments it has in its cache, so gpupoold can
+    take back only what torch.cuda.empty_cache() or PyTorch itself returns; and CUDA graphs
+    must not be captured (their allocations would land in this pool, not the graph's). It may
+    be called after CUDA is in use; only later allocations come from gpupool.
     """
     try:
         import torch
     except ImportError as e:
         raise ImportError("gpupool.use_with_torch(): PyTorch is not installed") from e
+    mode = mode or os.environ.get("GPUPOOL_TORCH_MODE") or "allocator"
+    if mode not in TORCH_MODES:
+        raise ValueError(f"gpupool.use_with_torch(): no mode {mode!r} (from the argument or "
+                         f"$GPUPOOL_TORCH_MODE): one of {', '.join(TORCH_MODES)}")
     _name_the_client()
+    allocator = torch.cuda.memory.CUDAPluggableAllocator(library_path(), "gpupool_torch_alloc", "gpupool_torch_free")
+    if mode == "mempool":
+        return _use_torch_mempool(torch, allocator)
     # ProcessGroupNCCL reads it when a group is made; record_stream() would not reach gpupool.
     os.environ.setdefault("TORCH_NCCL_AVOID_RECORD_STREAMS", "1")
     # Refusals as C++ exceptions: PyTorch does not check its allocator for NULL.
@@ -40,7 +65,6 @@ def use_with_torch():
             RuntimeWarning,
             stacklevel=2,
         )
-    allocator = torch.cuda.memory.CUDAPluggableAllocator(library_path(), "gpupool_torch_alloc", "gpupool_torch_free")
     try:
         torch.cuda.memory.change_current_allocator(allocator)
     except RuntimeError as e:
@@ -48,6 +72,29 @@ def use_with_torch():
             f"gpupool.use_with_torch(): {e}: call it before anything allocates CUDA memory "
             "(the first .cuda() or torch.cuda call that allocates)"
         ) from e
+    return allocator
+
+
+def _use_torch_mempool(torch, allocator):
+    mem_pool = getattr(torch.cuda.memory, "MemPool", None)
+    begin = getattr(torch._C, "_cuda_beginAllocateToPool", None)
+    if mem_pool is None or begin is None:
+        raise RuntimeError(
+            f"gpupool.use_with_torch(mode='mempool'): PyTorch {torch.__version__} has no torch.cuda.MemPool "
+            "or torch._C._cuda_beginAllocateToPool (PyTorch 2.8 or later): use mode='allocator'"
+        )
+    if _torch_pools:
+        return allocator        # every device routed already
+    # PyTorch's allocator checks for NULL: it frees its cache, tries again, then raises its own
+    # torch.cuda.OutOfMemoryError. A C++ exception from the hook would skip all of that.
+    lib.gpupool_torch_set_throw(0)
+    pools = []
+    for device in range(torch.cuda.device_count()):
+        with torch.cuda.device(device):
+            pool = mem_pool(allocator.allocator())
+        begin(device, pool.id)
+        pools.append(pool)
+    _torch_pools.extend(pools)
     return allocator
 
 

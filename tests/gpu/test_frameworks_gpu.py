@@ -210,6 +210,56 @@ class TestTorch(GpuCase):
         self.assertIn("learned True\n", out)
 
 
+class TestTorchMempool(GpuCase):
+    """gpupool.use_with_torch(mode="mempool"): PyTorch's own caching allocator over segments
+    gpupool leases. Every allocation of the device goes there, the autograd engine's threads
+    included; PyTorch's statistics and cuDNN's benchmark mode work; a refusal is
+    torch.cuda.OutOfMemoryError, and gpupool.last_error() gives gpupoold's reason."""
+    module = "torch"
+
+    def test_every_segment_comes_from_gpupool(self):
+        out = self.run_ok("""
+            import gpupool, torch
+            gpupool.use_with_torch("mempool")
+            torch.manual_seed(0)
+            torch.backends.cudnn.benchmark = True         # asks the allocator for cacheInfo
+            m = torch.nn.Sequential(torch.nn.Conv2d(3, 16, 3), torch.nn.ReLU(), torch.nn.Flatten(),
+                                    torch.nn.Linear(16 * 30 * 30, 10)).cuda()
+            opt = torch.optim.AdamW(m.parameters(), lr=1e-3)
+            x, y = torch.randn(64, 3, 32, 32, device="cuda"), torch.randint(0, 10, (64,), device="cuda")
+            first = None
+            for _ in range(100):
+                loss = torch.nn.functional.cross_entropy(m(x), y)
+                opt.zero_grad(set_to_none=True)
+                loss.backward()                           # on the autograd engine's own thread
+                opt.step()
+                first = first if first is not None else float(loss)
+            torch.cuda.synchronize()
+            print("learned", float(loss) < first / 2)
+            st, reserved = gpupool.stats(), torch.cuda.memory_reserved()
+            print("reserved", reserved > 0, "from gpupool", st["live_bytes"] == reserved, st["live_bytes"], reserved)
+            print("stats", torch.cuda.memory_stats()["allocation.all.current"] > 0)
+        """)
+        self.assertIn("learned True\n", out)
+        self.assertIn("reserved True from gpupool True", out)
+        self.assertIn("stats True\n", out)
+
+    def test_refusal_is_torch_out_of_memory(self):
+        out = self.run_ok("""
+            import gpupool, torch
+            gpupool.use_with_torch("mempool")
+            try:
+                torch.empty(512 << 20, dtype=torch.uint8, device="cuda")
+            except torch.cuda.OutOfMemoryError as e:
+                print("oom:", type(e).__name__, gpupool.last_error()[1])
+            x = torch.ones(1 << 20, device="cuda")        # still usable after a refusal
+            print("sum", float(x.sum()))
+        """)
+        self.assertIn("oom: OutOfMemoryError allocating 512.0 MiB", out)
+        self.assertIn("over its limit of 256.0 MiB", out)
+        self.assertIn("sum 1048576.0\n", out)
+
+
 class TestObjects(GpuCase):
     """Named objects as tensors and arrays: published by one process, which exits; attached by
     another without a copy, every value as published; on cuda-vmm a write is refused."""

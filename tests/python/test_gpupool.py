@@ -404,6 +404,50 @@ class TestFrameworks(unittest.TestCase):
         self.assertIn('refused None (122, "allocating 12.0 MiB', out)
         self.assertIn("late: gpupool.use_with_torch(): Can't swap an already initialized allocator: call it before", out)
 
+    def test_torch_mempool(self):
+        out = self.check(run_python("""
+            import os, gpupool, torch
+            a = gpupool.use_with_torch()            # the mode from $GPUPOOL_TORCH_MODE
+            print("pools", [(p.device, p.allocator is a) for p in gpupool._frameworks._torch_pools])
+            print("routed", sorted((d, p.id) for d, p in torch.routed.items()))
+            print("nccl", os.environ.get("TORCH_NCCL_AVOID_RECORD_STREAMS"))
+            t = torch.empty(1024)
+            print("live", gpupool.stats()["live_bytes"])
+            del t
+            print("after del", gpupool.stats()["live_bytes"])
+            try:
+                torch.empty(3 << 20)
+            except torch.cuda.OutOfMemoryError as e:
+                print("oom", type(e).__name__, gpupool.last_error())
+            gpupool.use_with_torch("mempool")       # again: nothing more
+            print("pools again", len(gpupool._frameworks._torch_pools))
+        """, self.d.sock, GPUPOOL_TORCH_MODE="mempool", FAKE_TORCH_DEVICES="2"))
+        self.assertIn("pools [(0, True), (1, True)]\n", out)
+        self.assertIn("routed [(0, (0, 1)), (1, (0, 2))]\n", out)
+        self.assertIn("nccl None\n", out)        # record_stream() is PyTorch's own here
+        self.assertIn("live 4096\n", out)
+        self.assertIn("after del 0\n", out)
+        self.assertIn('oom OutOfMemoryError (122, "allocating 12.0 MiB', out)
+        self.assertIn("over its limit of 8.0 MiB", out)
+        self.assertIn("pools again 2\n", out)
+
+    def test_torch_modes_refused(self):
+        out = self.check(run_python("""
+            import gpupool
+            try:
+                gpupool.use_with_torch("pool")
+            except ValueError as e:
+                print("bad mode:", e)
+            try:
+                gpupool.use_with_torch("mempool")
+            except RuntimeError as e:
+                print("old torch:", e)
+        """, self.d.sock, FAKE_TORCH_NO_MEMPOOL="1"))
+        self.assertIn("bad mode: gpupool.use_with_torch(): no mode 'pool' (from the argument or $GPUPOOL_TORCH_MODE): "
+                      "one of allocator, mempool", out)
+        self.assertIn("old torch: gpupool.use_with_torch(mode='mempool'): PyTorch 2.11.0+standin has no "
+                      "torch.cuda.MemPool or torch._C._cuda_beginAllocateToPool (PyTorch 2.8 or later)", out)
+
     def test_missing_frameworks(self):
         out = self.check(run_python("""
             import gpupool

@@ -8,7 +8,14 @@ For bench/frameworks/torch_elastic.py it also has the little of a tensor that sc
 torch.empty(n, dtype=float32, device="cuda") takes its memory from the current allocator
 (host memory, on the host backend) and gives it back when the tensor dies. A refusal is the
 RuntimeError PyTorch raises ("CUDA out of memory. ..."), made here from the hook's NULL. The
-device's size is $FAKE_TORCH_TOTAL_MEMORY (default 1 GiB, the host backend's default)."""
+device's size is $FAKE_TORCH_TOTAL_MEMORY (default 1 GiB, the host backend's default).
+
+For gpupool.use_with_torch(mode="mempool") it has torch.cuda.MemPool over a pluggable
+allocator, made on the current device, and torch._C._cuda_beginAllocateToPool, which routes
+every later allocation on a device to a pool, as PyTorch 2.8 and later do
+($FAKE_TORCH_NO_MEMPOOL=1 plays an older PyTorch without them). A routed tensor's memory comes
+from the pool's allocator (PyTorch's own allocator would carve it from segments it asked for),
+and a NULL raises torch.cuda.OutOfMemoryError, as PyTorch's allocator does."""
 import ctypes
 import os
 import types
@@ -16,8 +23,10 @@ import types
 _ALLOC = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p)
 _FREE = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p)
 
+__version__ = "2.11.0+standin"
 initialized = False     # a test sets it to see the refusal to swap
 current = None
+_device = 0             # torch.cuda.current_device()
 
 
 class CUDAPluggableAllocator:
@@ -26,6 +35,53 @@ class CUDAPluggableAllocator:
         self.path, self.names = path, (alloc_fn_name, free_fn_name)
         self.alloc = _ALLOC(ctypes.cast(getattr(lib, alloc_fn_name), ctypes.c_void_p).value)
         self.free = _FREE(ctypes.cast(getattr(lib, free_fn_name), ctypes.c_void_p).value)
+
+    def allocator(self):
+        return self             # PyTorch's: the _cuda_CUDAAllocator that MemPool takes
+
+
+class OutOfMemoryError(RuntimeError):
+    pass
+
+
+class MemPool:
+    _ids = 0
+
+    def __init__(self, allocator=None):
+        MemPool._ids += 1
+        self.id, self.allocator, self.device = (0, MemPool._ids), allocator, _device
+
+
+routed = {}             # device: the MemPool every allocation on it goes to
+
+
+def _begin_allocate_to_pool(device, pool_id):
+    pools = [p for p in _pools if p.id == pool_id and p.device == device]
+    if not pools:
+        raise RuntimeError(f"no pool {pool_id} on device {device}")
+    routed[device] = pools[0]
+
+
+_pools = []
+
+
+class _MemPool(MemPool):
+    def __init__(self, allocator=None):
+        super().__init__(allocator)
+        _pools.append(self)
+
+
+class _DeviceGuard:
+    def __init__(self, device):
+        self.device = device
+
+    def __enter__(self):
+        global _device
+        self.before, _device = _device, self.device
+
+    def __exit__(self, *exc):
+        global _device
+        _device = self.before
 
 
 def _change_current_allocator(allocator):
@@ -41,13 +97,19 @@ float32 = "float32"
 class _Tensor:
     def __init__(self, n):
         global initialized
-        if current is None:
+        self._allocator = routed[0].allocator if 0 in routed else current
+        if self._allocator is None:
             raise RuntimeError("the stand-in has no native allocator: install a pluggable one first")
         initialized = True
+        self._bytes = n * 4
+        if 0 in routed:
+            self._ptr = self._allocator.alloc(self._bytes, 0, None) if n else 0
+            if n and not self._ptr:
+                raise OutOfMemoryError(f"CUDA out of memory. Tried to allocate {self._bytes} bytes")
+            return
         # Python cannot catch the hook's C++ exception (it would abort): a NULL, then the error
         # PyTorch would raise from it.
         ctypes.CDLL(current.path).gpupool_torch_set_throw(0)
-        self._bytes = n * 4
         self._ptr = current.alloc(self._bytes, 0, None) if n else 0
         if n and not self._ptr:
             import gpupool              # what the hook's C++ exception says, under PyTorch
@@ -68,7 +130,7 @@ class _Tensor:
 
     def __del__(self):
         if self._ptr:
-            current.free(self._ptr, self._bytes, 0, None)
+            self._allocator.free(self._ptr, self._bytes, 0, None)
             self._ptr = 0
 
 
@@ -82,7 +144,11 @@ cuda = types.SimpleNamespace(
     memory=types.SimpleNamespace(
         CUDAPluggableAllocator=CUDAPluggableAllocator, change_current_allocator=_change_current_allocator
     ),
+    OutOfMemoryError=OutOfMemoryError,
     is_available=lambda: True,
+    device_count=lambda: int(os.environ.get("FAKE_TORCH_DEVICES", 1)),
+    current_device=lambda: _device,
+    device=_DeviceGuard,
     get_device_properties=lambda device: types.SimpleNamespace(
         total_memory=int(os.environ.get("FAKE_TORCH_TOTAL_MEMORY", 1 << 30))),
     synchronize=lambda: None,
@@ -108,3 +174,10 @@ def as_tensor(obj):
     if not hasattr(obj, "__cuda_array_interface__"):
         raise TypeError("the stand-in makes tensors of __cuda_array_interface__ only")
     return _CaiTensor(obj)
+
+
+_C = types.SimpleNamespace()
+if not os.environ.get("FAKE_TORCH_NO_MEMPOOL"):
+    cuda.memory.MemPool = _MemPool
+    cuda.MemPool = _MemPool
+    _C._cuda_beginAllocateToPool = _begin_allocate_to_pool
