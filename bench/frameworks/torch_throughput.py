@@ -10,7 +10,9 @@ allocator's ratio to PyTorch's. With the default --native-twice PyTorch's alloca
 in each repetition, so that the table also gives the ratio of native against native: the
 run-to-run spread that a ratio of gpupool's must be read against. A second table gives, per
 model and allocator, the medians of what each process measured of its steps (GPU time by
-CUDA events, CPU time, allocations per step, memory held; torch_train.py).
+CUDA events, its 90th percentile, the kernels' time, the time to queue a step, CPU time,
+allocations per step, round trips, memory held, and the spread of the chunks' rates;
+torch_train.py).
 
 --allocators picks from torch, gpupool (gpupool as PyTorch's allocator) and gpupool-mempool
 (PyTorch's allocator over gpupool's segments).
@@ -48,8 +50,11 @@ def run_pair(a, allocator, model, rep, extra):
     return total, results
 
 
-DIAGNOSTICS = (("gpu_ms_per_step", "GPU ms/step (events)"), ("kernel_ms_per_step", "kernel ms/step (profiler)"),
+DIAGNOSTICS = (("chunk_cv", "chunk spread (cv)"), ("gpu_ms_per_step", "GPU ms/step (events)"),
+               ("gpu_ms_per_step_p90", "p90"), ("kernel_ms_per_step", "kernel ms/step (profiler)"),
+               ("launch_ms_per_step", "launch ms/step"),
                ("cpu_ms_per_step", "CPU ms/step"), ("allocations_per_step", "allocations/step"),
+               ("gpupool_round_trips_timed", "round trips, timed steps"),
                ("torch_reserved_bytes", "PyTorch reserved, MB"), ("gpupool_mapped_bytes", "gpupool mapped, MB"),
                ("gpupool_live_bytes", "gpupool live, MB"))
 

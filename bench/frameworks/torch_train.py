@@ -209,7 +209,7 @@ def main(argv=None):
     before = gpupool.stats() if gpupool is not None and a.device == "cuda" else None
     grow_before = gpupool.grow_stats() if before is not None else None
     allocs_before = allocations(torch, a)
-    rates, gpu_ms, cpu = [], [], time.process_time()
+    rates, gpu_ms, launch_ms, cpu = [], [], [], time.process_time()
     for _ in range(a.chunks):
         events = []
         t0 = time.perf_counter()
@@ -217,7 +217,9 @@ def main(argv=None):
             if a.device == "cuda":
                 events.append((torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)))
                 events[-1][0].record()
+            t1 = time.perf_counter()
             loss = step()
+            launch_ms.append((time.perf_counter() - t1) * 1000)
             if a.device == "cuda":
                 events[-1][1].record()
         sync()
@@ -228,10 +230,16 @@ def main(argv=None):
         "pid": os.getpid(), "allocator": a.allocator, "model": a.model, "batch": a.batch,
         "samples_per_s": statistics.median(rates), "chunks": [round(r, 2) for r in rates],
         "cpu_ms_per_step": round((time.process_time() - cpu) * 1000 / steps, 3),
+        # How long the Python thread took to queue a step (the GPU ran behind it unless this
+        # comes near the GPU's time), and how unsteady the chunks were (the spread of rates).
+        "launch_ms_per_step": round(statistics.median(launch_ms), 3),
+        "chunk_cv": round(statistics.pstdev(rates) / statistics.mean(rates), 4),
         "loss": float(loss), "torch": torch.__version__,
     }
     if gpu_ms:
+        gpu_ms.sort()
         result["gpu_ms_per_step"] = round(statistics.median(gpu_ms), 3)
+        result["gpu_ms_per_step_p90"] = round(gpu_ms[int(0.9 * (len(gpu_ms) - 1))], 3)
     if allocs_before is not None:
         result["allocations_per_step"] = (allocations(torch, a) - allocs_before) / steps
     result.update(memory(torch, gpupool, a))

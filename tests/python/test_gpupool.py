@@ -537,3 +537,27 @@ class TestPackage(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class TestChunks(unittest.TestCase):
+    """bench/frameworks/chunks.py reads a throughput log's per-process chunks."""
+
+    def test_reads_a_log(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            log = os.path.join(tmp, "log.txt")
+            with open(log, "w") as f:
+                f.write("# header\n")
+                for alloc, chunks, held in (("torch", [100, 100, 101, 99], "torch_max_reserved_bytes"),
+                                            ("gpupool", [90, 100, 80, 90], "gpupool_mapped_bytes")):
+                    p = {"chunks": chunks, held: 2_000_000_000}
+                    f.write(f"rep 0 resnet18    {alloc:<8} 1.0 + 1.0 = 2.0 samples/s  {json.dumps([p, p])}\n")
+            run = subprocess.run([sys.executable, os.path.join(TREE, "bench/frameworks/chunks.py"), log],
+                                 capture_output=True, text=True)
+            self.assertEqual(run.returncode, 0, run.stderr)
+            self.assertIn("| resnet18 | torch | 2 | 100.0 | 101.0 | 0.990 | 0.990 | 1.010 | 0.0071 | 2.00 |", run.stdout)
+            self.assertIn("| resnet18 | gpupool | 2 | 90.0 | 100.0 | 0.889 | 0.889 | 1.111 | 0.0786 | 2.00 |", run.stdout)
+            with open(log, "w") as f:
+                f.write("nothing\n")
+            run = subprocess.run([sys.executable, os.path.join(TREE, "bench/frameworks/chunks.py"), log],
+                                 capture_output=True, text=True)
+            self.assertIn("no torch_throughput.py result lines", run.stderr)
