@@ -93,10 +93,11 @@ part bench-pending sh bench/with-gpupoold.sh "$B" sh -c 'exec "$0" --socket "$GP
 part bench-driver sh bench/with-gpupoold.sh "$B" sh -c 'exec "$0" --socket "$GPUPOOL_SOCKET"' "$B/bench/bench_driver"
 # PyTorch through gpupool both ways (as its allocator; its allocator over gpupool's segments)
 # against PyTorch's own allocator run twice (the native/native spread), with each step's GPU
-# and CPU time, allocations and memory; 3 repetitions, so that the part fits GPU_VALIDATE_TIMEOUT.
+# and CPU time, allocations and memory, and the kernels' time by torch.profiler after the
+# 5 repetitions.
 part bench-frameworks sh -c "sh bench/with-gpupoold.sh '$B' python3 bench/frameworks/torch_alloc.py && \
-        sh bench/with-gpupoold.sh '$B' python3 bench/frameworks/torch_throughput.py --reps 3 \
-                --allocators gpupool,gpupool-mempool -- --profile-steps 5"
+        sh bench/with-gpupoold.sh '$B' python3 bench/frameworks/torch_throughput.py \
+                --allocators gpupool,gpupool-mempool --profile-steps 5"
 # Two processes whose peaks together exceed the GPU, with each allocator.
 part bench-frameworks-elastic sh bench/with-gpupoold.sh "$B" python3 bench/frameworks/torch_elastic.py \
         --modes torch,gpupool,gpupool-mempool
@@ -104,7 +105,7 @@ part bench-frameworks-elastic sh bench/with-gpupoold.sh "$B" python3 bench/frame
 # leases, imports and moves cost a real program (each process's JSON says what its timed steps
 # asked of the daemon and imported).
 part bench-frameworks-grow sh -c "GPUPOOLD_ARGS='--backend cuda-vmm --log-level warn' GPUPOOL_SEGMENTS=grow \
-        sh bench/with-gpupoold.sh '$B' python3 bench/frameworks/torch_throughput.py --reps 3"
+        sh bench/with-gpupoold.sh '$B' python3 bench/frameworks/torch_throughput.py"
 # Named objects on cuda-vmm: attaching 4 GiB against loading it from the page cache onto the GPU.
 part bench-objects "$B/bench/objects" --build "$B" --backend cuda-vmm --size 4294967296
 # The closing lines name exactly what ran: a run of some parts never reads as a run of all.

@@ -1,9 +1,12 @@
 """PyTorch training throughput, two processes at once, with PyTorch's own caching allocator
 and with gpupool, in the same run (docs/performance.md, "PyTorch and CuPy on a GPU").
 
-For each model and each repetition it starts --procs torch_train.py processes with one
-allocator, lets them warm up, starts their timing together and collects their samples per
-second; then the same with the other allocator (the order alternates between repetitions).
+For each model it starts --procs torch_train.py processes per allocator, all at once, and lets
+them warm up; then, for each repetition, it starts one allocator's processes' timing together
+and collects their samples per second, then the next allocator's (the order alternates between
+repetitions), the other processes waiting meanwhile. Starting and warming up take most of a
+process's life, so the processes live through every repetition: the GPU must hold all of them
+(--procs times the allocators, PyTorch's counted twice).
 The table gives, per model and allocator, the median over repetitions of the processes'
 summed throughput (each process's own number is the median of its chunks), and each
 allocator's ratio to PyTorch's. With the default --native-twice PyTorch's allocator runs twice
@@ -32,22 +35,39 @@ from workers import workers
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def run_pair(a, allocator, model, rep, extra):
-    allocator = allocator.split("#")[0]         # torch#2: the second native run of a repetition
-    argv = [os.path.join(HERE, "torch_train.py"), "--wait", "--allocator", allocator, "--model", model,
-            "--device", a.device] + extra
-    with workers((f"train-{model}-{i}", argv) for i in range(a.procs)) as ws:
+def run_model(a, model, allocators, extra, runs, processes):
+    """Every repetition of model with every allocator, in processes that live through them all."""
+    specs = []
+    for x in allocators:
+        argv = [os.path.join(HERE, "torch_train.py"), "--wait", "--allocator", x.split("#")[0], "--model", model,
+                "--device", a.device, "--profile-steps", str(a.profile_steps)] + extra
+        specs += [(f"train-{model}-{x.replace('#', '-')}-{i}", argv) for i in range(a.procs)]
+    with workers(specs) as ws:
+        group = {x: ws[k * a.procs:(k + 1) * a.procs] for k, x in enumerate(allocators)}
         for w in ws:
             w.ready()
-        for w in ws:                        # all warmed up: they time the same interval
-            w.send("go")
-        results = [json.loads(w.read()) for w in ws]
+        for rep in range(a.reps):
+            for x in (allocators if rep % 2 == 0 else allocators[::-1]):
+                for w in group[x]:          # all warmed up: they time the same interval
+                    w.send("go")
+                results = [json.loads(w.read()) for w in group[x]]
+                total = sum(r["samples_per_s"] for r in results)
+                print(f"rep {rep} {model:<11} {x.replace('#2', '-again'):<15} " + " + ".join(f"{r['samples_per_s']:.1f}" for r in results)
+                      + f" = {total:.1f} samples/s  " + json.dumps(results), flush=True)
+                runs.setdefault((model, x), []).append(total)
+                processes.setdefault((model, x), []).extend(results)
+        if a.profile_steps:                 # last: the profiler may leave costs behind
+            for x in allocators:
+                for w in group[x]:
+                    w.send("profile")
+                profiled = [json.loads(w.read()) for w in group[x]]
+                print(f"profile {model:<11} {x.replace('#2', '-again'):<15} {json.dumps(profiled)}", flush=True)
+                for r in processes[(model, x)]:
+                    r["kernel_ms_per_step"] = statistics.median(p["kernel_ms_per_step"] for p in profiled)
+        for w in ws:
+            w.send("quit")
         for w in ws:
             w.finish()
-    total = sum(r["samples_per_s"] for r in results)
-    print(f"rep {rep} {model:<11} {allocator:<15} " + " + ".join(f"{r['samples_per_s']:.1f}" for r in results)
-          + f" = {total:.1f} samples/s  " + json.dumps(results), flush=True)
-    return total, results
 
 
 DIAGNOSTICS = (("chunk_cv", "chunk spread (cv)"), ("gpu_ms_per_step", "GPU ms/step (events)"),
@@ -79,6 +99,8 @@ def main():
     p.add_argument("--json", help="also write the results here")
     p.add_argument("--allocators", default="torch,gpupool",
                    help="comma-separated, from torch, gpupool, gpupool-mempool (torch is always run)")
+    p.add_argument("--profile-steps", type=int, default=0,
+                   help="after the repetitions, each process runs this many steps under torch.profiler")
     p.add_argument("--no-native-twice", dest="native_twice", action="store_false",
                    help="run PyTorch's allocator once per repetition (no native/native spread)")
     a, extra = p.parse_known_args()
@@ -94,14 +116,11 @@ def main():
     if a.device == "cuda" and chosen and not os.environ.get("GPUPOOL_SOCKET"):
         sys.exit("torch_throughput.py: GPUPOOL_SOCKET is not set; run it under bench/with-gpupoold.sh")
 
+    if a.device != "cuda":
+        a.profile_steps = 0
     runs, processes = {}, {}
     for model in a.models.split(","):
-        for rep in range(a.reps):
-            order = allocators if rep % 2 == 0 else allocators[::-1]
-            for allocator in order:
-                total, results = run_pair(a, allocator, model, rep, extra)
-                runs.setdefault((model, allocator), []).append(total)
-                processes.setdefault((model, allocator), []).extend(results)
+        run_model(a, model, allocators, extra, runs, processes)
 
     others = allocators[1:]
     print("\n| model | processes | PyTorch's allocator, samples/s | " + " | ".join(

@@ -3,20 +3,21 @@ transformer or a ResNet-18 (written out here, so that torchvision is not needed)
 AdamW on random data, its memory from PyTorch's own caching allocator or from gpupool.
 
 It talks to the driver on stdin/stdout, one line each way, so that the processes of a run
-measure at the same time: after the warm-up steps it prints "ready" and waits for "go", then
+measure at the same time: after the warm-up steps it prints "ready" and waits; at each "go" it
 times --chunks chunks of --chunk-steps steps (synchronizing at the end of each) and prints one
 JSON line with the samples per second of each chunk and their median, and what tells the
 allocators apart: the GPU time of each step (CUDA events around it, median), the process's
 CPU time per step, the allocations per step (where PyTorch counts them: its own allocator, and
-gpupool's "mempool" mode) and the memory held. With --profile-steps N it then runs N more steps
-under torch.profiler and adds the kernels' GPU time per step, which leaves out the gaps where
-the GPU waited for the CPU.
+gpupool's "mempool" mode) and the memory held. With --profile-steps N, "profile" runs N more
+steps under torch.profiler and prints the kernels' GPU time per step, which leaves out the gaps
+where the GPU waited for the CPU; "quit" ends it.
 
 --allocator: torch (PyTorch's own), gpupool (gpupool.use_with_torch(), gpupool the allocator)
 or gpupool-mempool (gpupool.use_with_torch("mempool"): PyTorch's allocator over gpupool's
 segments).
 
-Run alone (python3 bench/frameworks/torch_train.py --allocator gpupool) it does not wait.
+Run alone (python3 bench/frameworks/torch_train.py --allocator gpupool) it does not wait: it
+times once, profiles if asked, and ends.
 --device cpu runs the same steps on the CPU with PyTorch's allocator: a check of the script on
 a machine without a GPU, not a measurement.
 """
@@ -158,7 +159,9 @@ def profile(torch, a, step, steps):
         t = getattr(e, "self_device_time_total", None)
         if t is None:
             t = getattr(e, "self_cuda_time_total", 0)
-        if getattr(e, "device_type", None) is not None and str(e.device_type).endswith("CUDA"):
+        # As torch.profiler's own table sums the device's time: kernel, copy and memset events,
+        # not the annotations that span them.
+        if str(getattr(e, "device_type", "")).endswith("CUDA") and not getattr(e, "is_user_annotation", False):
             total += t
     return total / 1000 / steps
 
@@ -198,13 +201,34 @@ def main(argv=None):
         return loss
 
     for _ in range(a.warmup):
-        loss = step()
+        step()
     sync()
-    if a.wait:
-        print("ready", flush=True)
-        line = sys.stdin.readline().strip()
-        if line != "go":
-            sys.exit(f"torch_train.py: expected 'go' from the driver, got {line!r}")
+    if not a.wait:
+        result = timed(torch, gpupool, a, step, sync)
+        if a.profile_steps and a.device == "cuda":
+            result["kernel_ms_per_step"] = round(profile(torch, a, step, a.profile_steps), 3)
+        print(json.dumps(result), flush=True)
+        return
+    # The driver's commands, a line each: "go" times the chunks again (a repetition in the same
+    # process), "profile" runs the profiled steps (last: the profiler may leave costs behind),
+    # "quit" ends.
+    print("ready", flush=True)
+    for line in sys.stdin:
+        cmd = line.strip()
+        if cmd == "go":
+            print(json.dumps(timed(torch, gpupool, a, step, sync)), flush=True)
+        elif cmd == "profile":
+            ms = profile(torch, a, step, a.profile_steps) if a.device == "cuda" else None
+            print(json.dumps({"kernel_ms_per_step": None if ms is None else round(ms, 3)}), flush=True)
+        elif cmd == "quit":
+            return
+        else:
+            sys.exit(f"torch_train.py: expected go, profile or quit from the driver, got {cmd!r}")
+    sys.exit("torch_train.py: the driver closed stdin without 'quit'")
+
+
+def timed(torch, gpupool, a, step, sync):
+    """Times a.chunks chunks of a.chunk_steps steps; the result line's dict."""
     # What the timed steps ask of the daemon, import and map (a steady state should do none of it).
     before = gpupool.stats() if gpupool is not None and a.device == "cuda" else None
     grow_before = gpupool.grow_stats() if before is not None else None
@@ -250,9 +274,7 @@ def main(argv=None):
         result.update({"gpupool_" + k: grow[k] for k in grow})
         for k in ("granules_mapped", "granules_unmapped"):
             result[f"gpupool_{k}_timed"] = grow[k] - grow_before[k]
-    if a.profile_steps and a.device == "cuda":
-        result["kernel_ms_per_step"] = round(profile(torch, a, step, a.profile_steps), 3)
-    print(json.dumps(result), flush=True)
+    return result
 
 
 if __name__ == "__main__":
