@@ -14,6 +14,7 @@
 #   make bench-instructions   instructions per alloc+free of the allocator core (callgrind)
 #   make bench-frag           fragmentation of gpupool, PyTorch-, CuPy-, no-cache policies and growth models on traces
 #   make bench-replay         traces through libgpupool and a private gpupoold: round trips, imports, ns/op
+#   make bench-lag            traces on a fake GPU that runs behind the CPU: memory held with stream-ordered frees
 #   make bench-adopt          adoption after a daemon restart next to leasing the memory anew
 #   make bench-objects        attaching a named object next to loading the same bytes from the page cache
 #   make bench-gpu            allocation latency: driver, driver pool, gpupool (needs a GPU)
@@ -124,6 +125,7 @@ BENCH_FRAG := $(B)/bench/frag
 BENCH_REPLAY := $(B)/bench/replay
 BENCH_ADOPT := $(B)/bench/adopt
 BENCH_OBJECTS := $(B)/bench/objects
+BENCH_LAG  := $(B)/bench/lag
 FAKECUDA   := $(B)/tests/libfakecuda.so
 
 GENERATED := $(B)/systemd/gpupoold.service $(B)/gpupool.pc
@@ -255,7 +257,7 @@ $(HOOKS_THROW): tests/hooks_throw.cc include/gpupool.h $(LIB_SO)
 # The units (systemd-analyze verify), install into a temporary DESTDIR (a program built against
 # it with pkg-config), the man pages against the programs' options and the Python package come
 # first; the Check suites last, so that their summary ends the output.
-test: all $(TEST_BIN) $(FAKECUDA) $(BENCH_PENDING) $(HOOKS_THROW) $(CUDA_ABI_OK) $(B)/obj/daemon/main.o $(DAEMON_TEST_O)
+test: all $(TEST_BIN) $(FAKECUDA) $(BENCH_PENDING) $(BENCH_LAG) $(HOOKS_THROW) $(CUDA_ABI_OK) $(B)/obj/daemon/main.o $(DAEMON_TEST_O)
 	$(Q)B=$(B) tests/check-units.sh
 	$(Q)B=$(B) MAKE="$(MAKE)" MAKEFLAGS= tests/check-install.sh "SANITIZER=$(SANITIZER)" "STATIC=$(STATIC)"
 	$(Q)B=$(B) tests/check-man.sh
@@ -311,6 +313,11 @@ $(BENCH_FRAG): $(B)/obj/bench/frag.o $(B)/obj/common/granule.o $(B)/obj/common/h
 	@echo "  LD      $@"
 	$(Q)$(CC) $(LDFLAGS) -o $@ $^
 
+$(BENCH_LAG): $(B)/obj/bench/lag.o $(CLIENT_O) $(COMMON_O)
+	@mkdir -p $(dir $@)
+	@echo "  LD      $@"
+	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LIBS_PROTOBUF) -lpthread -ldl -lm
+
 $(BENCH_REPLAY): $(B)/obj/bench/replay.o $(CLIENT_O) $(COMMON_O)
 	@mkdir -p $(dir $@)
 	@echo "  LD      $@"
@@ -351,6 +358,17 @@ TRACES ?= $(wildcard bench/traces/*.csv ../shared/traces/*.csv)
 bench-replay: all $(BENCH_REPLAY)
 	@mkdir -p bench/results
 	$(Q)$(BENCH_REPLAY) --build $(B) $(TRACES) | tee bench/results/replay-$$(date -u +%Y-%m-%d).txt
+
+# The traces on one stream of the fake driver's GPU, running 0 to all operations behind the CPU
+# (bench/lag.c): what a lagging GPU costs in memory held with stream-ordered frees.
+bench-lag: all $(BENCH_LAG) $(FAKECUDA)
+	@mkdir -p bench/results
+	$(Q)fake=$$(mktemp -d /tmp/gpupool-fakecuda-XXXXXX); commit=$$(git rev-parse --short HEAD 2>/dev/null || echo unknown); \
+		{ echo "# $$(date -u +%Y-%m-%dT%H:%M:%SZ), $$(uname -srm), $$(nproc) CPUs, commit $$commit"; \
+		  GPUPOOL_LIBCUDA=$(abspath $(FAKECUDA)) FAKECUDA_DIR=$$fake FAKECUDA_MEM=64G \
+		  $(BENCH_LAG) --build $(B) $(BENCH_ARGS) $(TRACES); echo $$? > $$fake/rc; } \
+		| tee bench/results/lag-$$(date -u +%Y-%m-%d-%H%M%S)-$$commit.txt; \
+		st=$$(cat $$fake/rc); rm -rf $$fake; exit $$st
 
 # Instructions per alloc+free of the allocator core (callgrind; exact, unlike ns), at 1
 # thousand, 100 thousand and 1 million free blocks, and per gpupool_alloc+gpupool_free pair
@@ -598,7 +616,7 @@ clean:
 
 FORCE:
 
-.PHONY: FORCE all install uninstall test layers bench-objects check-gpu gpu-tools gpu-validate bench-gpu bench-pending bench-driver bench-frameworks stress fuzz fuzz-seeds bench bench-frag bench-replay bench-adopt bench-instructions valgrind deps deps-fuzz deps-deploy check-deploy run clean
+.PHONY: FORCE all install uninstall test layers bench-objects check-gpu gpu-tools gpu-validate bench-gpu bench-pending bench-driver bench-frameworks stress fuzz fuzz-seeds bench bench-frag bench-replay bench-lag bench-adopt bench-instructions valgrind deps deps-fuzz deps-deploy check-deploy run clean
 
 .SECONDARY:
 
