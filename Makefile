@@ -400,13 +400,14 @@ bench-frag: $(BENCH_FRAG)
 
 # $(call bench_gpu_or_fake,PROGRAM,NAME): runs PROGRAM --socket S $(BENCH_ARGS) against a
 # private gpupoold, on the GPU where nvidia-smi finds one, else on the fake driver, and keeps
-# its output in bench/results/NAME-gpu|fakecuda-DATE.txt.
+# its output in bench/results/NAME-gpu|fakecuda-DATE-TIME-COMMIT.txt (never overwritten).
 define bench_gpu_or_fake
 	@mkdir -p bench/results
 	$(Q)if nvidia-smi -L >/dev/null 2>&1; then lib=; gpu=gpu; else lib=$(abspath $(FAKECUDA)); gpu=fakecuda; fi; \
 		fake=$$(mktemp -d /tmp/gpupool-fakecuda-XXXXXX); \
 		GPUPOOL_LIBCUDA=$$lib FAKECUDA_DIR=$$fake sh bench/with-gpupoold.sh $(B) sh -c 'exec "$$0" --socket "$$GPUPOOL_SOCKET" "$$@"' $(1) $(BENCH_ARGS) \
-		| tee bench/results/$(2)-$$gpu-$$(date -u +%Y-%m-%d).txt; st=$$?; rm -rf $$fake; exit $$st
+		| tee bench/results/$(2)-$$gpu-$$(date -u +%Y-%m-%d-%H%M%S)-$$(git rev-parse --short HEAD 2>/dev/null || echo unknown).txt; \
+		st=$$?; rm -rf $$fake; exit $$st
 endef
 
 # What an allocation costs with 10,000 stream-ordered frees pending (bench/bench_pending.c):

@@ -14,6 +14,7 @@ def _name_the_client():
 
 TORCH_MODES = ("allocator", "mempool")
 _torch_pools = []       # mode "mempool": one torch.cuda.MemPool per device, kept for the process's life
+_torch_installed = {}   # "mode" and "allocator", once use_with_torch() has installed one
 
 
 def use_with_torch(mode=None):
@@ -42,6 +43,9 @@ def use_with_torch(mode=None):
     take back only what torch.cuda.empty_cache() or PyTorch itself returns; and CUDA graphs
     must not be captured (their allocations would land in this pool, not the graph's). It may
     be called after CUDA is in use; only later allocations come from gpupool.
+
+    A process has one mode: a second call returns the same allocator, and one with the other
+    mode raises RuntimeError.
     """
     try:
         import torch
@@ -51,10 +55,17 @@ def use_with_torch(mode=None):
     if mode not in TORCH_MODES:
         raise ValueError(f"gpupool.use_with_torch(): no mode {mode!r} (from the argument or "
                          f"$GPUPOOL_TORCH_MODE): one of {', '.join(TORCH_MODES)}")
+    if _torch_installed:
+        if _torch_installed["mode"] != mode:
+            raise RuntimeError(f"gpupool.use_with_torch(): this process uses mode {_torch_installed['mode']!r} "
+                               f"already; a process has one mode, not {mode!r} too")
+        return _torch_installed["allocator"]
     _name_the_client()
     allocator = torch.cuda.memory.CUDAPluggableAllocator(library_path(), "gpupool_torch_alloc", "gpupool_torch_free")
     if mode == "mempool":
-        return _use_torch_mempool(torch, allocator)
+        _use_torch_mempool(torch, allocator)
+        _torch_installed.update(mode=mode, allocator=allocator)
+        return allocator
     # ProcessGroupNCCL reads it when a group is made; record_stream() would not reach gpupool.
     os.environ.setdefault("TORCH_NCCL_AVOID_RECORD_STREAMS", "1")
     # Refusals as C++ exceptions: PyTorch does not check its allocator for NULL.
@@ -72,6 +83,7 @@ def use_with_torch(mode=None):
             f"gpupool.use_with_torch(): {e}: call it before anything allocates CUDA memory "
             "(the first .cuda() or torch.cuda call that allocates)"
         ) from e
+    _torch_installed.update(mode=mode, allocator=allocator)
     return allocator
 
 
@@ -83,8 +95,6 @@ def _use_torch_mempool(torch, allocator):
             f"gpupool.use_with_torch(mode='mempool'): PyTorch {torch.__version__} has no torch.cuda.MemPool "
             "or torch._C._cuda_beginAllocateToPool (PyTorch 2.8 or later): use mode='allocator'"
         )
-    if _torch_pools:
-        return allocator        # every device routed already
     # PyTorch's allocator checks for NULL: it frees its cache, tries again, then raises its own
     # torch.cuda.OutOfMemoryError. A C++ exception from the hook would skip all of that.
     lib.gpupool_torch_set_throw(0)
@@ -95,7 +105,6 @@ def _use_torch_mempool(torch, allocator):
         begin(device, pool.id)
         pools.append(pool)
     _torch_pools.extend(pools)
-    return allocator
 
 
 def _cupy_out_of_memory(cupy, size, reason):

@@ -389,6 +389,11 @@ class TestFrameworks(unittest.TestCase):
             # Python cannot catch a C++ exception (tests/hooks_throw.cc checks that path): NULL here.
             gpupool._lib.lib.gpupool_torch_set_throw(0)
             print("refused", a.alloc(12 << 20, 0, None), gpupool.last_error())
+            print("again", gpupool.use_with_torch() is a)
+        """, self.d.sock))
+        # A process whose PyTorch allocated before the call.
+        out += self.check(run_python("""
+            import gpupool, torch
             torch.initialized = True
             try:
                 gpupool.use_with_torch()
@@ -402,6 +407,7 @@ class TestFrameworks(unittest.TestCase):
         self.assertIn("live 4096\n", out)
         self.assertIn("after free 0\n", out)
         self.assertIn('refused None (122, "allocating 12.0 MiB', out)
+        self.assertIn("again True\n", out)             # installed once: the same allocator
         self.assertIn("late: gpupool.use_with_torch(): Can't swap an already initialized allocator: call it before", out)
 
     def test_torch_mempool(self):
@@ -419,8 +425,11 @@ class TestFrameworks(unittest.TestCase):
                 torch.empty(3 << 20)
             except torch.cuda.OutOfMemoryError as e:
                 print("oom", type(e).__name__, gpupool.last_error())
-            gpupool.use_with_torch("mempool")       # again: nothing more
-            print("pools again", len(gpupool._frameworks._torch_pools))
+            print("again", gpupool.use_with_torch("mempool") is a, len(gpupool._frameworks._torch_pools))
+            try:
+                gpupool.use_with_torch("allocator")
+            except RuntimeError as e:
+                print("mixed:", e)
         """, self.d.sock, GPUPOOL_TORCH_MODE="mempool", FAKE_TORCH_DEVICES="2"))
         self.assertIn("pools [(0, True), (1, True)]\n", out)
         self.assertIn("routed [(0, (0, 1)), (1, (0, 2))]\n", out)
@@ -429,7 +438,9 @@ class TestFrameworks(unittest.TestCase):
         self.assertIn("after del 0\n", out)
         self.assertIn('oom OutOfMemoryError (122, "allocating 12.0 MiB', out)
         self.assertIn("over its limit of 8.0 MiB", out)
-        self.assertIn("pools again 2\n", out)
+        self.assertIn("again True 2\n", out)         # the same allocator, no more pools
+        self.assertIn("mixed: gpupool.use_with_torch(): this process uses mode 'mempool' already; a process has "
+                      "one mode, not 'allocator' too", out)
 
     def test_torch_modes_refused(self):
         out = self.check(run_python("""
