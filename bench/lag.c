@@ -10,7 +10,8 @@
  * memory a process then holds depends on how far the GPU lags. This replays allocation traces
  * (bench/traces/README.md) on one stream through gpupool_alloc_async() and
  * gpupool_free_async(), against a gpupoold on the fake driver (tests/fakecuda, whose
- * fakecuda_stream_hold() holds a stream's work), with the GPU:
+ * fakecuda_stream_hold() holds a stream's work), each operation queueing a 1-byte memset on
+ * the stream as its kernel, with the GPU:
  *
  *   sync          no lag: every free is gpupool_free(), the block free at once, as PyTorch's
  *                 allocator treats a block freed on the stream that reuses it (the baseline);
@@ -57,6 +58,7 @@
 
 struct lag {
         struct gp_cuda cu;
+        gp_cu_deviceptr scratch;        /* what each operation's stand-in kernel writes */
         int (*hold)(gp_cu_stream s, int hold);          /* the fake driver's */
         const char *build;
         char dir[64], sock[128];
@@ -120,6 +122,11 @@ static int replay(struct lag *l, const struct trace *t, long lag, struct result 
 
                 if (lag > 0 && i && i % (size_t) lag == 0 && catch_up(l, s, c) < 0)
                         res->late++;
+                /* The operation's kernel: work of the stream that a free's event comes after. */
+                if (lag != LAG_SYNC && l->cu.cuMemsetD8Async(l->scratch, 0, 1, s) != GP_CUDA_SUCCESS) {
+                        fprintf(stderr, "lag: cuMemsetD8Async failed\n");
+                        exit(1);
+                }
                 if (o->alloc) {
                         if (ptrs[o->id]) {
                                 fprintf(stderr, "lag: allocation %llu made twice\n", (unsigned long long) o->id);
@@ -239,7 +246,7 @@ int main(int argc, char **argv) {
                 return 2;
         }
         if (l.cu.cuDeviceGet(&dev, 0) != GP_CUDA_SUCCESS || l.cu.cuDevicePrimaryCtxRetain(&ctx, dev) != GP_CUDA_SUCCESS ||
-            l.cu.cuCtxPushCurrent(ctx) != GP_CUDA_SUCCESS) {
+            l.cu.cuCtxPushCurrent(ctx) != GP_CUDA_SUCCESS || l.cu.cuMemAlloc(&l.scratch, 512) != GP_CUDA_SUCCESS) {
                 fprintf(stderr, "lag: cannot open GPU 0 of the fake driver\n");
                 return 1;
         }
