@@ -98,6 +98,10 @@ def _use_torch_mempool(torch, allocator):
     # PyTorch's allocator checks for NULL: it frees its cache, tries again, then raises its own
     # torch.cuda.OutOfMemoryError. A C++ exception from the hook would skip all of that.
     lib.gpupool_torch_set_throw(0)
+    # The caching allocator's per-device state is made at CUDA's lazy initialization: a pool
+    # routed before it, as the process's first CUDA use, ends the process (reported by another
+    # project that routes a MemPool so; not yet seen here).
+    torch.cuda.init()
     pools = []
     for device in range(torch.cuda.device_count()):
         with torch.cuda.device(device):

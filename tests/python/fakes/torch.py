@@ -11,7 +11,9 @@ RuntimeError PyTorch raises ("CUDA out of memory. ..."), made here from the hook
 device's size is $FAKE_TORCH_TOTAL_MEMORY (default 1 GiB, the host backend's default).
 
 For gpupool.use_with_torch(mode="mempool") it has torch.cuda.MemPool over a pluggable
-allocator, made on the current device, and torch._C._cuda_beginAllocateToPool, which routes
+allocator, made on the current device once torch.cuda.init() has run (a real PyTorch process
+ends when a pool is routed before its CUDA state exists), and
+torch._C._cuda_beginAllocateToPool, which routes
 every later allocation on a device to a pool, as PyTorch 2.8 and later do
 ($FAKE_TORCH_NO_MEMPOOL=1 plays an older PyTorch without them). A routed tensor's memory comes
 from the pool's allocator (PyTorch's own allocator would carve it from segments it asked for),
@@ -44,10 +46,21 @@ class OutOfMemoryError(RuntimeError):
     pass
 
 
+_cuda_initialized = False
+
+
+def _cuda_init():
+    global _cuda_initialized
+    _cuda_initialized = True
+
+
 class MemPool:
     _ids = 0
 
     def __init__(self, allocator=None):
+        if not _cuda_initialized:   # PyTorch's caching allocator has no device state yet
+            raise RuntimeError("the stand-in's CUDA is not initialized: a pool made before torch.cuda.init() "
+                               "ends a real PyTorch process")
         MemPool._ids += 1
         self.id, self.allocator, self.device = (0, MemPool._ids), allocator, _device
 
@@ -147,6 +160,7 @@ cuda = types.SimpleNamespace(
     OutOfMemoryError=OutOfMemoryError,
     is_available=lambda: True,
     device_count=lambda: int(os.environ.get("FAKE_TORCH_DEVICES", 1)),
+    init=_cuda_init,
     current_device=lambda: _device,
     device=_DeviceGuard,
     get_device_properties=lambda device: types.SimpleNamespace(
