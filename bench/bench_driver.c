@@ -33,6 +33,7 @@
 #include <time.h>
 
 #include "cudadrv.h"
+#include "gpu_open.h"
 #include "gpupool.h"
 #include "measure.h"
 
@@ -334,8 +335,6 @@ int main(int argc, char **argv) {
                 { NULL, 0, NULL, 0 },
         };
         const char *sock = NULL;
-        gp_cu_device dev;
-        char err[256];
         int o;
 
         while ((o = getopt_long(argc, argv, "", opts, NULL)) != -1) {
@@ -354,16 +353,11 @@ int main(int argc, char **argv) {
                 fprintf(stderr, "bench_driver: --calls, --rounds and --moves must be at least 1\n");
                 return 2;
         }
-        if (gp_cuda_load(&cu, err, sizeof(err)) < 0) {
-                fprintf(stderr, "bench_driver: %s\n", err);
-                return 1;
-        }
+        bench_gpu_open(&cu, &ctx, "bench_driver");
         *(void **) &begin_capture = gp_cuda_symbol(&cu, "cuStreamBeginCapture", 10010);
         *(void **) &end_capture = gp_cuda_symbol(&cu, "cuStreamEndCapture", 10000);
         *(void **) &graph_destroy = gp_cuda_symbol(&cu, "cuGraphDestroy", 10000);
-        if (!begin_capture || !end_capture || !graph_destroy || cu.cuDeviceGet(&dev, 0) != GP_CUDA_SUCCESS ||
-            cu.cuDevicePrimaryCtxRetain(&ctx, dev) != GP_CUDA_SUCCESS || cu.cuCtxPushCurrent(ctx) != GP_CUDA_SUCCESS ||
-            cu.cuStreamCreate(&s, GP_CU_STREAM_NON_BLOCKING) != GP_CUDA_SUCCESS ||
+        if (!begin_capture || !end_capture || !graph_destroy || cu.cuStreamCreate(&s, GP_CU_STREAM_NON_BLOCKING) != GP_CUDA_SUCCESS ||
             cu.cuStreamCreate(&other, GP_CU_STREAM_NON_BLOCKING) != GP_CUDA_SUCCESS ||
             cu.cuEventCreate(&ev, GP_CU_EVENT_BLOCKING_SYNC | GP_CU_EVENT_DISABLE_TIMING) != GP_CUDA_SUCCESS ||
             cu.cuEventCreate(&ev2, GP_CU_EVENT_BLOCKING_SYNC | GP_CU_EVENT_DISABLE_TIMING) != GP_CUDA_SUCCESS ||

@@ -36,6 +36,7 @@
 #include <unistd.h>
 
 #include "cudadrv.h"
+#include "gpu_open.h"
 #include "gpupool.h"
 #include "measure.h"
 #include "wire.h"
@@ -454,14 +455,12 @@ int main(int argc, char **argv) {
         struct stats st;
         struct step *w;
         struct gp_cuda cu;
-        gp_cu_context ctx;
         gp_cu_device dev;
         gp_cu_mempool mempool;
         gp_cu_result (*get_pool)(gp_cu_mempool *pool, gp_cu_device d);
         gp_cu_result (*set_attr)(gp_cu_mempool pool, int attr, void *value);
         uint64_t threshold = UINT64_MAX;
         gp_cu_result (*trim_pool)(gp_cu_mempool pool, size_t keep);
-        char err[256];
 
         while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
                 switch (c) {
@@ -498,14 +497,7 @@ int main(int argc, char **argv) {
         exporter_go = to_child[1];
         atexit(exporter_stop);
 
-        if (gp_cuda_load(&cu, err, sizeof(err)) < 0) {
-                fprintf(stderr, "bench_gpu: %s\n", err);
-                return 1;
-        }
-        if (cu.cuDeviceGet(&dev, 0) || cu.cuDevicePrimaryCtxRetain(&ctx, dev) || cu.cuCtxPushCurrent(ctx)) {
-                fprintf(stderr, "bench_gpu: cannot use GPU 0\n");
-                return 1;
-        }
+        dev = bench_gpu_open(&cu, NULL, "bench_gpu");
         {
                 char name[128] = "";
 

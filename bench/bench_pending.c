@@ -25,6 +25,7 @@
 #include <time.h>
 
 #include "cudadrv.h"
+#include "gpu_open.h"
 #include "gpupool.h"
 #include "measure.h"
 
@@ -108,9 +109,6 @@ int main(int argc, char **argv) {
         struct bench b = { .pairs = 2000, .rounds = 21 };
         const char *sock = NULL;
         unsigned pending = 10000;
-        gp_cu_context ctx;
-        gp_cu_device dev;
-        char err[256];
         double base, queries;
         int o;
 
@@ -127,16 +125,12 @@ int main(int argc, char **argv) {
                 fprintf(stderr, "usage: bench_pending --socket PATH [--pending N] [--pairs N] [--rounds N]\n");
                 return 2;
         }
-        if (gp_cuda_load(&b.cu, err, sizeof(err)) < 0) {
-                fprintf(stderr, "bench_pending: %s\n", err);
-                return 1;
-        }
+        bench_gpu_open(&b.cu, NULL, "bench_pending");
         *(void **) &b.memset_d8_async = gp_cuda_symbol(&b.cu, "cuMemsetD8Async", 3020);
         *(void **) &b.hold = dlsym(b.cu.lib, "fakecuda_stream_hold");
         *(void **) &b.event_queries = dlsym(b.cu.lib, "fakecuda_event_queries");
-        if (b.cu.cuDeviceGet(&dev, 0) != GP_CUDA_SUCCESS || b.cu.cuDevicePrimaryCtxRetain(&ctx, dev) != GP_CUDA_SUCCESS ||
-            b.cu.cuCtxPushCurrent(ctx) != GP_CUDA_SUCCESS || gpupool_connect(sock, "bench-pending", &b.c) < 0) {
-                fprintf(stderr, "bench_pending: cannot open GPU 0 or connect to %s\n", sock);
+        if (gpupool_connect(sock, "bench-pending", &b.c) < 0) {
+                fprintf(stderr, "bench_pending: cannot connect to %s\n", sock);
                 return 1;
         }
         printf("# %s driver; %u pairs of gpupool_alloc+gpupool_free (64 KiB) per round, median of %u rounds\n",

@@ -53,11 +53,12 @@ results=${GPU_VALIDATE_RESULTS:-bench/results}
 mkdir -p "$results"
 # One stem for the run's logs: its start (to the second), the commit and the GPU. A second run
 # in the same second gets -2, -3...: no log is ever overwritten.
-stem=$results/gpu-validate-$(date -u +%Y-%m-%d-%H%M%S)-$commit-$gpu
+base=$results/gpu-validate-$(date -u +%Y-%m-%d-%H%M%S)-$commit-$gpu
+stem=$base
 n=1
 while ls "$stem"-* >/dev/null 2>&1; do
         n=$((n + 1))
-        stem=$results/gpu-validate-$(date -u +%Y-%m-%d-%H%M%S)-$commit-$gpu-$n
+        stem=$base-$n
 done
 header() {
         echo "# gpu-validate $1, $(date -u +%Y-%m-%dT%H:%M:%SZ), $(uname -srm), $(nproc) CPUs"

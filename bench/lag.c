@@ -46,7 +46,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "cudadrv.h"
+#include "gpu_open.h"
 #include "gpupool.h"
 #include "private_daemon.h"
 #include "trace.h"
@@ -95,16 +95,12 @@ static int catch_up(struct lag *l, gp_cu_stream s, gpupool_client *c) {
 }
 
 static int replay(struct lag *l, const struct trace *t, long lag, struct result *res) {
-        void **ptrs = calloc(t->max_id + 1, sizeof(*ptrs));
-        uint64_t *sizes = calloc(t->max_id + 1, sizeof(*sizes));
         struct gpupool_stats st;
-        uint64_t in_use = 0;
+        struct trace_live live;
         gpupool_client *c;
         gp_cu_stream s;
         int r;
 
-        if (!ptrs || !sizes)
-                abort();
         *res = (struct result) { 0 };
         if (l->cu.cuStreamCreate(&s, GP_CU_STREAM_NON_BLOCKING) != GP_CUDA_SUCCESS) {
                 fprintf(stderr, "lag: cuStreamCreate failed\n");
@@ -117,8 +113,10 @@ static int replay(struct lag *l, const struct trace *t, long lag, struct result 
                 fprintf(stderr, "lag: cannot connect to %s: %s\n", l->sock, gpupool_strerror(r));
                 exit(1);
         }
+        trace_live_init(&live, t);
         for (size_t i = 0; i < t->n; i++) {
                 const struct op *o = &t->ops[i];
+                void *p = NULL;
 
                 if (lag > 0 && i && i % (size_t) lag == 0 && catch_up(l, s, c) < 0)
                         res->late++;
@@ -127,35 +125,25 @@ static int replay(struct lag *l, const struct trace *t, long lag, struct result 
                         fprintf(stderr, "lag: cuMemsetD8Async failed\n");
                         exit(1);
                 }
-                if (o->alloc) {
-                        if (ptrs[o->id]) {
-                                fprintf(stderr, "lag: allocation %llu made twice\n", (unsigned long long) o->id);
-                                r = -EINVAL;
+                if ((r = trace_live_check(&live, o, "lag")) <= 0) {
+                        if (r < 0)
                                 break;
-                        }
-                        r = gpupool_alloc_async(c, 0, o->size, s, &ptrs[o->id]);
-                        if (r < 0) {
-                                char why[256];
-
-                                gpupool_last_error(c, why, sizeof(why));
-                                fprintf(stderr, "lag: allocating %llu bytes: %s\n", (unsigned long long) o->size, why);
-                                break;
-                        }
-                        sizes[o->id] = (o->size + 511) & ~511ULL;
-                        in_use += sizes[o->id];
-                        if (in_use > res->peak_in_use)
-                                res->peak_in_use = in_use;
-                } else {
-                        if (!ptrs[o->id])
-                                continue;       /* freed before recording began */
-                        r = lag == LAG_SYNC ? gpupool_free(c, ptrs[o->id]) : gpupool_free_async(c, ptrs[o->id], s);
-                        if (r < 0) {
-                                fprintf(stderr, "lag: free: %s\n", gpupool_strerror(r));
-                                break;
-                        }
-                        ptrs[o->id] = NULL;
-                        in_use -= sizes[o->id];
+                        continue;
                 }
+                if (!o->alloc)
+                        r = lag == LAG_SYNC ? gpupool_free(c, live.ptrs[o->id]) : gpupool_free_async(c, live.ptrs[o->id], s);
+                else
+                        r = gpupool_alloc_async(c, 0, o->size, s, &p);
+                if (r < 0) {
+                        char why[256];
+
+                        gpupool_last_error(c, why, sizeof(why));
+                        fprintf(stderr, "lag: %s %llu bytes: %s\n", o->alloc ? "allocating" : "freeing",
+                                (unsigned long long) (o->alloc ? o->size : live.sizes[o->id]), why);
+                        break;
+                }
+                trace_live_done(&live, o, p);
+                res->peak_in_use = live.peak;
                 if (gpupool_stats(c, &st) < 0)
                         abort();
                 if (st.mapped_bytes > res->peak_leased)
@@ -169,12 +157,11 @@ static int replay(struct lag *l, const struct trace *t, long lag, struct result 
                 l->hold(s, 0);
         (void) l->cu.cuStreamSynchronize(s);
         for (uint64_t id = 0; id <= t->max_id; id++)
-                if (ptrs[id])
-                        (void) gpupool_free(c, ptrs[id]);
+                if (live.ptrs[id])
+                        (void) gpupool_free(c, live.ptrs[id]);
         gpupool_disconnect(c);
         (void) l->cu.cuStreamDestroy(s);
-        free(ptrs);
-        free(sizes);
+        trace_live_free(&live);
         return r < 0 ? r : 0;
 }
 
@@ -209,10 +196,8 @@ int main(int argc, char **argv) {
                 { "build", required_argument, NULL, 'b' }, { "lags", required_argument, NULL, 'l' },
                 { "runs", required_argument, NULL, 'r' }, { 0 },
         };
-        char lags_arg[256] = "sync,16,256,4096,held", err[256];
+        char lags_arg[256] = "sync,16,256,4096,held";
         struct lag l = { 0 };
-        gp_cu_context ctx;
-        gp_cu_device dev;
         unsigned runs = 5;
         int o, failed = 0;
 
@@ -235,19 +220,15 @@ int main(int argc, char **argv) {
                 return 1;
         }
         snprintf(l.sock, sizeof(l.sock), "%s/sock", l.dir);
-        if (gp_cuda_load(&l.cu, err, sizeof(err)) < 0) {
-                fprintf(stderr, "lag: %s\n", err);
-                return 1;
-        }
+        bench_gpu_open(&l.cu, NULL, "lag");
         *(void **) &l.hold = dlsym(l.cu.lib, "fakecuda_stream_hold");
         if (!l.hold) {
                 fprintf(stderr, "lag: runs on the fake driver only (tests/fakecuda, $GPUPOOL_LIBCUDA): it holds a "
                                 "stream's work with fakecuda_stream_hold()\n");
                 return 2;
         }
-        if (l.cu.cuDeviceGet(&dev, 0) != GP_CUDA_SUCCESS || l.cu.cuDevicePrimaryCtxRetain(&ctx, dev) != GP_CUDA_SUCCESS ||
-            l.cu.cuCtxPushCurrent(ctx) != GP_CUDA_SUCCESS || l.cu.cuMemAlloc(&l.scratch, 512) != GP_CUDA_SUCCESS) {
-                fprintf(stderr, "lag: cannot open GPU 0 of the fake driver\n");
+        if (l.cu.cuMemAlloc(&l.scratch, 512) != GP_CUDA_SUCCESS) {
+                fprintf(stderr, "lag: cuMemAlloc of 512 bytes on GPU 0 failed\n");
                 return 1;
         }
         printf("# the fake driver; one stream; lag: how many operations the GPU may run behind (sync: frees at once);\n"

@@ -30,6 +30,7 @@
 #include <unistd.h>
 
 #include "cudadrv.h"
+#include "gpu_open.h"
 #include "gpupool.h"
 #include "measure.h"
 #include "private_daemon.h"
@@ -76,19 +77,11 @@ static gp_cu_result (*htod)(gp_cu_deviceptr dst, const void *src, size_t n);
 static gp_cu_result (*dtoh)(void *dst, gp_cu_deviceptr src, size_t n);
 
 static void gpu_open(void) {
-        gp_cu_context ctx;
-        gp_cu_device dev;
-        char err[256];
-
-        if (gp_cuda_load(&cu, err, sizeof(err)) < 0) {
-                fprintf(stderr, "bench-objects: %s\n", err);
-                exit(1);
-        }
+        bench_gpu_open(&cu, NULL, "bench-objects");
         *(void **) &htod = gp_cuda_symbol(&cu, "cuMemcpyHtoD", 3020);
         *(void **) &dtoh = gp_cuda_symbol(&cu, "cuMemcpyDtoH", 3020);
-        if (!htod || !dtoh || cu.cuDeviceGet(&dev, 0) != GP_CUDA_SUCCESS || cu.cuDevicePrimaryCtxRetain(&ctx, dev) != GP_CUDA_SUCCESS ||
-            cu.cuCtxPushCurrent(ctx) != GP_CUDA_SUCCESS)
-                die("open GPU 0", 0);
+        if (!htod || !dtoh)
+                die("find cuMemcpyHtoD_v2 and cuMemcpyDtoH_v2 in the driver", 0);
 }
 
 /* The GPU's load: size bytes from fd into new device memory, through host memory; freed after. */

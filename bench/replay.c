@@ -75,63 +75,49 @@ struct result {
 };
 
 static int replay(const struct trace *t, struct result *res) {
-        void **ptrs = calloc(t->max_id + 1, sizeof(*ptrs));
-        uint64_t *sizes = calloc(t->max_id + 1, sizeof(*sizes));
         double *ns = calloc(t->n ? t->n : 1, sizeof(*ns));
         struct gpupool_stats st, half = { 0 };
         struct gpupool_grow_stats gs, ghalf = { 0 };
-        uint64_t in_use = 0;
+        struct trace_live live;
         gpupool_client *c;
         size_t timed = 0;
         int r;
 
-        if (!ptrs || !sizes || !ns)
+        if (!ns)
                 abort();
         *res = (struct result) { .ops = t->n };
         r = gpupool_connect(sock_path, "replay", &c);
         if (r < 0) {
                 fprintf(stderr, "replay: cannot connect: %s\n", gpupool_strerror(r));
+                free(ns);
                 return r;
         }
+        trace_live_init(&live, t);
         for (size_t i = 0; i < t->n; i++) {
                 const struct op *o = &t->ops[i];
+                void *p = NULL;
                 double t0;
 
                 if (i == t->n / 2 && (gpupool_stats(c, &half) < 0 || gpupool_grow_stats(c, &ghalf) < 0))
                         abort();
-                if (o->alloc) {
-                        if (ptrs[o->id]) {
-                                fprintf(stderr, "replay: allocation %llu made twice\n", (unsigned long long) o->id);
-                                r = -EINVAL;
+                if ((r = trace_live_check(&live, o, "replay")) <= 0) {
+                        if (r < 0)
                                 break;
-                        }
-                        t0 = now_ns();
-                        r = gpupool_alloc(c, 0, o->size, &ptrs[o->id]);
-                        ns[timed++] = now_ns() - t0;
-                        if (r < 0) {
-                                char why[256];
-
-                                gpupool_last_error(c, why, sizeof(why));
-                                fprintf(stderr, "replay: allocating %llu bytes: %s\n", (unsigned long long) o->size, why);
-                                break;
-                        }
-                        sizes[o->id] = (o->size + 511) & ~511ULL;
-                        in_use += sizes[o->id];
-                        if (in_use > res->peak_in_use)
-                                res->peak_in_use = in_use;
-                } else {
-                        if (!ptrs[o->id])
-                                continue;       /* freed before recording began */
-                        t0 = now_ns();
-                        r = gpupool_free(c, ptrs[o->id]);
-                        ns[timed++] = now_ns() - t0;
-                        if (r < 0) {
-                                fprintf(stderr, "replay: free: %s\n", gpupool_strerror(r));
-                                break;
-                        }
-                        ptrs[o->id] = NULL;
-                        in_use -= sizes[o->id];
+                        continue;
                 }
+                t0 = now_ns();
+                r = o->alloc ? gpupool_alloc(c, 0, o->size, &p) : gpupool_free(c, live.ptrs[o->id]);
+                ns[timed++] = now_ns() - t0;
+                if (r < 0) {
+                        char why[256];
+
+                        gpupool_last_error(c, why, sizeof(why));
+                        fprintf(stderr, "replay: %s %llu bytes: %s\n", o->alloc ? "allocating" : "freeing",
+                                (unsigned long long) (o->alloc ? o->size : live.sizes[o->id]), why);
+                        break;
+                }
+                trace_live_done(&live, o, p);
+                res->peak_in_use = live.peak;
                 if (gpupool_stats(c, &st) < 0)
                         abort();
                 if (st.mapped_bytes > res->peak_leased)
@@ -151,8 +137,7 @@ static int replay(const struct trace *t, struct result *res) {
                 res->p99_ns = timed ? ns[timed * 99 / 100] : 0;
         }
         gpupool_disconnect(c);
-        free(ptrs);
-        free(sizes);
+        trace_live_free(&live);
         free(ns);
         return r < 0 ? r : 0;
 }

@@ -1,6 +1,6 @@
 /*
  * trace.h: reads an allocation trace (CSV: time, op, id, size, stream; bench/traces/README.md)
- * for the benchmarks that replay them (frag.c, replay.c).
+ * for the benchmarks that replay them (frag.c, replay.c, lag.c).
  */
 #ifndef GP_BENCH_TRACE_H
 #define GP_BENCH_TRACE_H
@@ -61,6 +61,55 @@ static int trace_read(const char *path, struct trace *t) {
         }
         fclose(f);
         return 0;
+}
+
+/*
+ * What a replay through libgpupool has live of a trace (replay.c, lag.c): each id's pointer and
+ * size (rounded to 512 B, as the pool rounds), the bytes in use and their peak.
+ */
+struct trace_live {
+        void **ptrs;
+        uint64_t *sizes;
+        uint64_t in_use, peak;
+};
+
+static inline void trace_live_init(struct trace_live *l, const struct trace *t) {
+        l->ptrs = calloc(t->max_id + 1, sizeof(*l->ptrs));
+        l->sizes = calloc(t->max_id + 1, sizeof(*l->sizes));
+        if (!l->ptrs || !l->sizes)
+                abort();
+        l->in_use = l->peak = 0;
+}
+
+static inline void trace_live_free(struct trace_live *l) {
+        free(l->ptrs);
+        free(l->sizes);
+}
+
+/*
+ * Whether to replay o: 1 yes; 0 no (a free of an id allocated before the recording began); or
+ * -EINVAL, saying so as who, for an allocation of an id that is live.
+ */
+static inline int trace_live_check(const struct trace_live *l, const struct op *o, const char *who) {
+        if (o->alloc && l->ptrs[o->id]) {
+                fprintf(stderr, "%s: allocation %llu made twice\n", who, (unsigned long long) o->id);
+                return -EINVAL;
+        }
+        return o->alloc || l->ptrs[o->id];
+}
+
+/* Records o as replayed: ptr is what an allocation made (a free's is unused). */
+static inline void trace_live_done(struct trace_live *l, const struct op *o, void *ptr) {
+        if (o->alloc) {
+                l->ptrs[o->id] = ptr;
+                l->sizes[o->id] = (o->size + 511) & ~511ULL;
+                l->in_use += l->sizes[o->id];
+                if (l->in_use > l->peak)
+                        l->peak = l->in_use;
+        } else {
+                l->ptrs[o->id] = NULL;
+                l->in_use -= l->sizes[o->id];
+        }
 }
 
 #endif

@@ -141,6 +141,8 @@ static int listen_socket(int fd, char *err, size_t err_size) {
 
 int notify_listen_fds(struct notify_passed *ret, char *err, size_t err_size) {
         const char *pid = getenv("LISTEN_PID"), *fds = getenv("LISTEN_FDS"), *names = getenv("LISTEN_FDNAMES");
+        /* The colon-separated names, walked along with the descriptors ("" past the last: a socket). */
+        const char *name = names ? names : "";
         unsigned sockets = 0;
         long n;
         int r = 0;
@@ -157,15 +159,9 @@ int notify_listen_fds(struct notify_passed *ret, char *err, size_t err_size) {
         }
         for (long i = 0; i < n; i++) {
                 int fd = LISTEN_FDS_START + (int) i;
-                /* The i-th of the colon-separated names ("" when there are fewer: a socket). */
-                const char *name = names ? names : "", *end;
-                size_t len;
+                const char *end = strchr(name, ':');
+                size_t len = end ? (size_t) (end - name) : strlen(name);
 
-                for (long k = 0; k < i && name; k++)
-                        name = strchr(name, ':') ? strchr(name, ':') + 1 : NULL;
-                name = name ? name : "";
-                end = strchr(name, ':');
-                len = end ? (size_t) (end - name) : strlen(name);
                 /* None of them for the programs this one runs. */
                 (void) fcntl(fd, F_SETFD, FD_CLOEXEC);
                 if (len <= NOTIFY_NAME_MAX && len > strlen(NOTIFY_STORED_PREFIX) && stored_name(name)) {
@@ -175,6 +171,7 @@ int notify_listen_fds(struct notify_passed *ret, char *err, size_t err_size) {
                 } else if (sockets++ == 0) {
                         ret->listen_fd = fd;
                 }       /* a second socket is refused below, and left as it is */
+                name = end ? end + 1 : name + len;
         }
         /* The variables are for this process alone: children must not think they have our descriptors. */
         unsetenv("LISTEN_PID");

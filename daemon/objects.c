@@ -153,6 +153,38 @@ static void set_readers(struct object *obj, char *const *readers, size_t n) {
                 snprintf(obj->readers[obj->n_readers++], sizeof(obj->readers[0]), "%s", readers[i]);
 }
 
+/*
+ * A new object, not yet the node's: named, of size bytes at offset on device, for uid in
+ * tenant t's group, its owner attached as principal. NULL when out of memory.
+ */
+static struct object *object_new(struct node *node, const char *name, unsigned device, uint64_t offset, uint64_t size,
+                                  struct tenant *t, uint32_t uid, uint64_t principal, char *const *readers, size_t n_readers) {
+        struct object *o = calloc(1, sizeof(*o));
+
+        if (!o)
+                return NULL;
+        snprintf(o->name, sizeof(o->name), "%s", name);
+        snprintf(o->tenant, sizeof(o->tenant), "%s", t->conf.name);
+        o->device = device;
+        o->offset = offset;
+        o->size = size;
+        o->uid = uid;
+        set_readers(o, readers, n_readers);
+        pool_owner_attach(node->pools[device], &o->owner, principal);
+        pool_owner_set_group(&o->owner, &t->sums[device]);
+        return o;
+}
+
+/* o, whose segment segment_id of segment_size bytes it owns now, becomes the node's: in use for as long as it lives. */
+static void object_link(struct node *node, struct object *o, uint64_t segment_id, uint64_t segment_size) {
+        o->segment_id = segment_id;
+        o->segment_size = segment_size;
+        pool_owner_report(&o->owner, segment_size, 0, uv_now(node->loop));
+        o->next = node->objects;
+        node->objects = o;
+        node->object_count++;
+}
+
 struct object *objects_publish(struct node *node, const char *name, unsigned device, struct pool_owner *owner,
                                uint64_t segment_id, uint64_t offset, uint64_t size, struct tenant *t, uint32_t uid,
                                char *const *readers, size_t n_readers, int *ret_err) {
@@ -165,21 +197,11 @@ struct object *objects_publish(struct node *node, const char *name, unsigned dev
                 *ret_err = -ENOSPC;
                 return NULL;
         }
-        o = calloc(1, sizeof(*o));
+        o = object_new(node, name, device, offset, size, t, uid, owner->principal, readers, n_readers);
         if (!o) {
                 *ret_err = -ENOMEM;
                 return NULL;
         }
-        snprintf(o->name, sizeof(o->name), "%s", name);
-        o->device = device;
-        o->segment_id = segment_id;
-        o->offset = offset;
-        o->size = size;
-        o->uid = uid;
-        snprintf(o->tenant, sizeof(o->tenant), "%s", t->conf.name);
-        set_readers(o, readers, n_readers);
-        pool_owner_attach(pool, &o->owner, owner->principal);
-        pool_owner_set_group(&o->owner, &t->sums[device]);
         r = pool_transfer(pool, owner, &o->owner, segment_id, &segment_size);
         if (r == 0 && (size == 0 || offset > segment_size || size > segment_size - offset))
                 r = -EINVAL;    /* not within the segment */
@@ -194,15 +216,10 @@ struct object *objects_publish(struct node *node, const char *name, unsigned dev
                 *ret_err = r;
                 return NULL;
         }
-        o->segment_size = segment_size;
-        /* Its bytes are in use for as long as it lives. */
-        pool_owner_report(&o->owner, segment_size, 0, uv_now(node->loop));
         o->published_ms = o->idle_since_ms = uv_now(node->loop);
         if (getrandom(&o->id, sizeof(o->id), 0) != sizeof(o->id))
                 o->id = ((uint64_t) rand() << 32) ^ (uint64_t) rand() ^ unix_ms();
-        o->next = node->objects;
-        node->objects = o;
-        node->object_count++;
+        object_link(node, o, segment_id, segment_size);
         object_store(node, o);
         return o;
 }
@@ -397,25 +414,18 @@ static int object_take(struct node *node, const Gpupool__ObjectRecord *r, int *f
                 return -1;
         }
         *fd = -1;       /* the backend's, in mem */
-        if (!(o = calloc(1, sizeof(*o)))) {
-                b->ops->mem_destroy(b, r->device, &mem, r->segment_size);
-                snprintf(why, why_size, "out of memory");
-                return -1;
-        }
         if (!(t = policy_tenant_by_name(&node->policy, r->tenant))) {
                 log_info("object '%s': its tenant %s is not in the config; it counts to default now", r->name, r->tenant);
                 t = &node->policy.tenants[0];
         }
-        snprintf(o->name, sizeof(o->name), "%s", r->name);
-        snprintf(o->tenant, sizeof(o->tenant), "%s", t->conf.name);
-        o->device = r->device;
-        o->offset = r->offset;
-        o->size = r->size;
-        o->uid = r->uid;
+        o = object_new(node, r->name, r->device, r->offset, r->size, t, r->uid,
+                       identity_principal(&node->identities, r->uid, true, NULL, 0), r->readers, r->n_readers);
+        if (!o) {
+                b->ops->mem_destroy(b, r->device, &mem, r->segment_size);
+                snprintf(why, why_size, "out of memory");
+                return -1;
+        }
         o->id = r->id;
-        set_readers(o, r->readers, r->n_readers);
-        pool_owner_attach(node->pools[o->device], &o->owner, identity_principal(&node->identities, o->uid, true, NULL, 0));
-        pool_owner_set_group(&o->owner, &t->sums[o->device]);
         /* Memory the device holds already: no headroom applies, only the pool's capacity. */
         if (pool_adopt(node->pools[o->device], &o->owner, &mem, r->segment_size, UINT64_MAX, &lease) < 0) {
                 b->ops->mem_destroy(b, r->device, &mem, r->segment_size);
@@ -424,16 +434,11 @@ static int object_take(struct node *node, const Gpupool__ObjectRecord *r, int *f
                 snprintf(why, why_size, "the pool has no room for its %" PRIu64 " bytes", r->segment_size);
                 return -1;
         }
-        o->segment_id = lease.segment_id;
-        o->segment_size = r->segment_size;
-        pool_owner_report(&o->owner, o->segment_size, 0, now);
         age = unix_ms() > r->published_unix_ms ? unix_ms() - r->published_unix_ms : 0;
         o->published_ms = now > age ? now - age : 0;
         o->idle_since_ms = now;
         o->stored = true;
-        o->next = node->objects;
-        node->objects = o;
-        node->object_count++;
+        object_link(node, o, lease.segment_id, r->segment_size);
         return 0;
 }
 

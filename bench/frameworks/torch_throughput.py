@@ -35,13 +35,22 @@ from workers import workers
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
+# PyTorch's allocator a second time, in a pair of processes of its own: the native/native spread.
+AGAIN = "torch-again"
+
+
+def allocator_of(run):
+    """The --allocator of torch_train.py that a run (an allocator, or AGAIN) uses."""
+    return "torch" if run == AGAIN else run
+
+
 def run_model(a, model, allocators, extra, runs, processes):
     """Every repetition of model with every allocator, in processes that live through them all."""
     specs = []
     for x in allocators:
-        argv = [os.path.join(HERE, "torch_train.py"), "--wait", "--allocator", x.split("#")[0], "--model", model,
+        argv = [os.path.join(HERE, "torch_train.py"), "--wait", "--allocator", allocator_of(x), "--model", model,
                 "--device", a.device, "--profile-steps", str(a.profile_steps)] + extra
-        specs += [(f"train-{model}-{x.replace('#', '-')}-{i}", argv) for i in range(a.procs)]
+        specs += [(f"train-{model}-{x}-{i}", argv) for i in range(a.procs)]
     with workers(specs) as ws:
         group = {x: ws[k * a.procs:(k + 1) * a.procs] for k, x in enumerate(allocators)}
         for w in ws:
@@ -52,7 +61,7 @@ def run_model(a, model, allocators, extra, runs, processes):
                     w.send("go")
                 results = [json.loads(w.read()) for w in group[x]]
                 total = sum(r["samples_per_s"] for r in results)
-                print(f"rep {rep} {model:<11} {x.replace('#2', '-again'):<15} " + " + ".join(f"{r['samples_per_s']:.1f}" for r in results)
+                print(f"rep {rep} {model:<11} {x:<15} " + " + ".join(f"{r['samples_per_s']:.1f}" for r in results)
                       + f" = {total:.1f} samples/s  " + json.dumps(results), flush=True)
                 runs.setdefault((model, x), []).append(total)
                 processes.setdefault((model, x), []).extend(results)
@@ -61,7 +70,7 @@ def run_model(a, model, allocators, extra, runs, processes):
                 for w in group[x]:
                     w.send("profile")
                 profiled = [json.loads(w.read()) for w in group[x]]
-                print(f"profile {model:<11} {x.replace('#2', '-again'):<15} {json.dumps(profiled)}", flush=True)
+                print(f"profile {model:<11} {x:<15} {json.dumps(profiled)}", flush=True)
                 for r in processes[(model, x)]:
                     r["kernel_ms_per_step"] = statistics.median(p["kernel_ms_per_step"] for p in profiled)
         for w in ws:
@@ -112,7 +121,7 @@ def main():
     for x in chosen:
         if x not in ("gpupool", "gpupool-mempool"):
             sys.exit(f"torch_throughput.py: no allocator {x!r} (--allocators): torch, gpupool, gpupool-mempool")
-    allocators = ["torch"] + (["torch#2"] if a.native_twice else []) + (chosen if a.device == "cuda" else [])
+    allocators = ["torch"] + ([AGAIN] if a.native_twice else []) + (chosen if a.device == "cuda" else [])
     if a.device == "cuda" and chosen and not os.environ.get("GPUPOOL_SOCKET"):
         sys.exit("torch_throughput.py: GPUPOOL_SOCKET is not set; run it under bench/with-gpupoold.sh")
 
@@ -124,7 +133,7 @@ def main():
 
     others = allocators[1:]
     print("\n| model | processes | PyTorch's allocator, samples/s | " + " | ".join(
-        f"{x.replace('torch#2', 'PyTorch again')}, samples/s | ratio" for x in others) + " |")
+        f"{x}, samples/s | ratio" for x in others) + " |")
     print("|---|---|---|" + "---|---|" * len(others))
     table = []
     for model in a.models.split(","):
@@ -139,7 +148,7 @@ def main():
         table.append(row)
         print(f"| {model} | {a.procs} | {t:.1f} | " + " | ".join(cells) + (" |" if cells else "|"))
     print(f"\nmedians over {a.reps} repetitions of the {a.procs} processes' summed throughput"
-          + ("; 'PyTorch again' is PyTorch's allocator run a second time in each repetition: "
+          + (f"; {AGAIN} is PyTorch's allocator run a second time in each repetition: "
              "its ratio is the spread of native against native" if a.native_twice else ""))
 
     print("\n| model | allocator | " + " | ".join(label for _, label in DIAGNOSTICS) + " |")
@@ -149,7 +158,7 @@ def main():
         for x in allocators:
             d = diagnostics(processes[(model, x)])
             diag[f"{model}/{x}"] = d
-            print(f"| {model} | {x.replace('torch#2', 'torch (again)')} | " + " | ".join(
+            print(f"| {model} | {x} | " + " | ".join(
                 "-" if d[k] is None else f"{d[k]:.3f}" if isinstance(d[k], float) else str(d[k])
                 for k, _ in DIAGNOSTICS) + " |")
     print("\nmedians over every process of every repetition")

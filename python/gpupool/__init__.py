@@ -111,7 +111,6 @@ class Client:
         """The daemon's backend: "host" (pointers are host memory), "cuda" or "cuda-vmm" (device pointers)."""
         return lib.gpupool_backend(self._live()).decode()
 
-
     def alloc(self, size, device=0):
         """Allocates size bytes (at least 1) on device; returns the pointer as an int."""
         if size <= 0:

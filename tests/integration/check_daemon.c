@@ -683,6 +683,24 @@ static int notify_listener(const char *path) {
         return fd;
 }
 
+/*
+ * Starts a daemon whose service manager listens at path (made of tag) and asks for the
+ * watchdog every watchdog_usec: the listener's descriptor, to read (or not).
+ */
+static int start_notified(struct testd *d, const char *tag, const char *watchdog_usec, char *path, size_t path_size) {
+        int fd;
+
+        snprintf(path, path_size, "/tmp/gpupool-%s-%d", tag, (int) getpid());
+        unlink(path);
+        fd = notify_listener(path);
+        setenv("NOTIFY_SOCKET", path, 1);
+        setenv("WATCHDOG_USEC", watchdog_usec, 1);
+        testd_start(d, NULL);
+        unsetenv("NOTIFY_SOCKET");
+        unsetenv("WATCHDOG_USEC");
+        return fd;
+}
+
 /* Waits up to timeout_s for a notification containing want; everything else read is dropped. */
 static bool notified(int fd, const char *want, double timeout_s) {
         double end = now_s() + timeout_s;
@@ -709,14 +727,7 @@ START_TEST(test_systemd_notify) {
         struct testd d;
         int fd;
 
-        snprintf(path, sizeof(path), "/tmp/gpupool-notify-%d", (int) getpid());
-        unlink(path);
-        fd = notify_listener(path);
-        setenv("NOTIFY_SOCKET", path, 1);
-        setenv("WATCHDOG_USEC", "200000", 1);
-        testd_start(&d, NULL);
-        unsetenv("NOTIFY_SOCKET");
-        unsetenv("WATCHDOG_USEC");
+        fd = start_notified(&d, "notify", "200000", path, sizeof(path));
         /* READY=1 once the pools exist and the socket listens; then a status line. */
         ck_assert(notified(fd, "READY=1", 5));
         ck_assert(notified(fd, "STATUS=0 clients", 5));
@@ -745,14 +756,8 @@ START_TEST(test_notify_never_blocks) {
         struct testd d;
         int fd;
 
-        snprintf(path, sizeof(path), "/tmp/gpupool-notify-deaf-%d", (int) getpid());
-        unlink(path);
-        fd = notify_listener(path);
-        setenv("NOTIFY_SOCKET", path, 1);
-        setenv("WATCHDOG_USEC", "20000", 1);    /* a WATCHDOG=1 every 10 ms: far more than the queue holds */
-        testd_start(&d, NULL);
-        unsetenv("NOTIFY_SOCKET");
-        unsetenv("WATCHDOG_USEC");
+        /* A WATCHDOG=1 every 10 ms: far more than the queue holds. */
+        fd = start_notified(&d, "notify-deaf", "20000", path, sizeof(path));
         nap_ms(500);
         json_decref(testd_ctl(&d, "status"));   /* still answering */
         ck_assert_int_eq(testd_stop(&d), 0);
