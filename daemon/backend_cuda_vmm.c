@@ -259,19 +259,25 @@ static int vmm_mem_adopt(struct backend *b, unsigned device, int fd, uint64_t si
                          "%s)", gp_cuda_error_name(&c->cu, r));
                 return -EINVAL;
         }
+        /*
+         * Only where the memory is, as an imported handle carries it: the driver does not say that
+         * an import keeps the creator's requested handle types (on an H200, driver 580.159.04, an
+         * adoption checked them and refused every client's memory), and the import itself has
+         * shown that the memory was exported as a descriptor.
+         */
         r = c->cu.cuMemGetAllocationPropertiesFromHandle(&prop, h);
-        if (r != GP_CUDA_SUCCESS || prop.type != GP_CU_MEM_ALLOCATION_TYPE_PINNED ||
-            prop.location.type != GP_CU_MEM_LOCATION_TYPE_DEVICE || prop.location.id != d->ordinal ||
-            !(prop.requested_handle_types & GP_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)) {
+        if (r != GP_CUDA_SUCCESS || prop.location.type != GP_CU_MEM_LOCATION_TYPE_DEVICE || prop.location.id != d->ordinal) {
                 (void) c->cu.cuMemRelease(h);
                 cuda_pop(c);
                 if (r != GP_CUDA_SUCCESS)
                         snprintf(why, why_size, "memory whose properties the driver does not tell "
                                  "(cuMemGetAllocationPropertiesFromHandle: %s)", gp_cuda_error_name(&c->cu, r));
                 else
-                        snprintf(why, why_size, "not memory of GPU %d (%s) made to be shared as a descriptor (its location "
-                                 "is %s %d)", d->ordinal, d->name,
-                                 prop.location.type == GP_CU_MEM_LOCATION_TYPE_DEVICE ? "GPU" : "type", prop.location.id);
+                        snprintf(why, why_size, "not memory of GPU %d (%s): its location is %s %d (type %d, handle types "
+                                 "0x%llx)", d->ordinal, d->name,
+                                 prop.location.type == GP_CU_MEM_LOCATION_TYPE_DEVICE ? "GPU" : "location type",
+                                 prop.location.type == GP_CU_MEM_LOCATION_TYPE_DEVICE ? prop.location.id : (int) prop.location.type,
+                                 (int) prop.type, (unsigned long long) prop.requested_handle_types);
                 return -EINVAL;
         }
         r = c->cu.cuMemAddressReserve(&va, size, 0, 0, 0);

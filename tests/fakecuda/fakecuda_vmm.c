@@ -29,6 +29,7 @@ struct phys {
         int gpu;
         uint64_t size;
         bool exportable;                /* made with CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR */
+        bool imported;                  /* from a descriptor: its properties do not say how it was made */
         int handles;                    /* cuMemCreate or import, less cuMemRelease */
         int maps;                       /* mappings made with it */
 };
@@ -227,11 +228,18 @@ CUresult fk_MemImportFromShareableHandle(gp_cu_mem_handle *handle, void *os_hand
                 return GP_CUDA_ERROR_INVALID_VALUE;
         pthread_mutex_lock(&lock);
         r = phys_hold(path, gpu, (uint64_t) st.st_size, true, handle);
+        if (r == GP_CUDA_SUCCESS)
+                ((struct phys *) (uintptr_t) *handle)->imported = true;
         pthread_mutex_unlock(&lock);
         return r;
 }
 
-/* What the handle was made with; an imported one's location is its GPU's ordinal in this process. */
+/*
+ * What the handle was made with; an imported one's location is its GPU's ordinal in this
+ * process, and it carries no requested handle types: the driver does not promise that an import
+ * keeps the creator's, and on an H200 (driver 580.159.04) an imported handle's properties failed
+ * a check of type and handle types that the location passed (bench/results/2026-11-27-H200-48e6b6b/).
+ */
 CUresult fk_MemGetAllocationPropertiesFromHandle(gp_cu_mem_prop *prop, gp_cu_mem_handle handle) {
         struct phys *p;
         int ordinal = -1;
@@ -250,7 +258,7 @@ CUresult fk_MemGetAllocationPropertiesFromHandle(gp_cu_mem_prop *prop, gp_cu_mem
                         ordinal = i;
         memset(prop, 0, sizeof(*prop));
         prop->type = GP_CU_MEM_ALLOCATION_TYPE_PINNED;
-        prop->requested_handle_types = p->exportable ? GP_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR : 0;
+        prop->requested_handle_types = p->exportable && !p->imported ? GP_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR : 0;
         prop->location.type = GP_CU_MEM_LOCATION_TYPE_DEVICE;
         prop->location.id = ordinal;
         pthread_mutex_unlock(&lock);

@@ -113,6 +113,7 @@ static int vmm_importer(struct testd *d, void *arg) {
         size_t free1, free2, total;
         gp_cu_mem_handle h, bad;
         gp_cu_deviceptr va;
+        gp_cu_mem_prop prop;
         struct gpu g;
 
         (void) d;
@@ -130,6 +131,10 @@ static int vmm_importer(struct testd *d, void *arg) {
             GP_CUDA_SUCCESS)
                 return 3;
         close(fd);      /* as NCCL does: the handle holds the memory now */
+        /* An imported handle says where the memory is, not how it was made (as on an H200). */
+        if (g.cu.cuMemGetAllocationPropertiesFromHandle(&prop, h) != GP_CUDA_SUCCESS ||
+            prop.location.type != GP_CU_MEM_LOCATION_TYPE_DEVICE || prop.location.id != 0 || prop.requested_handle_types != 0)
+                return 3;
         if (g.cu.cuMemAddressReserve(&va, 4 * MiB, 0, 0, 0) != GP_CUDA_SUCCESS || g.cu.cuMemMap(va, 4 * MiB, 0, h, 0) != GP_CUDA_SUCCESS ||
             g.cu.cuMemRelease(h) != GP_CUDA_SUCCESS || g.cu.cuMemSetAccess(va, 4 * MiB, &vmm_rw, 1) != GP_CUDA_SUCCESS)
                 return 4;       /* released while mapped: the mapping keeps it */
@@ -565,13 +570,27 @@ END_TEST
 
 #define VMM_OBJ (16 * MiB)      /* over 10 MiB: a segment of its own */
 
-/* Whether a write at p (4 KiB) is refused as the driver refuses one into memory mapped read-only: at once, or at the sync. */
-static bool write_faults(struct gpu *g, const void *p) {
-        gp_cu_result r = g->memset_d8_async(dptr((void *) p), 0, 4096, NULL);
+/*
+ * Whether a write of 4 KiB at p, into an object of size bytes that holds pattern tag, is kept out
+ * of memory mapped read-only: refused when it is queued, faulting at the sync (the fake answers
+ * CUDA_ERROR_ILLEGAL_ADDRESS, and the context is lost), or neither and the bytes still as they
+ * were. Which one the driver gave goes to the test's log: a real driver has not been seen to
+ * answer, only not to fault (H200, driver 580.159.04, at 48e6b6b: bench/results/2026-11-27-H200-48e6b6b/).
+ */
+static bool write_kept_out(struct gpu *g, const void *p, size_t size, unsigned tag) {
+        gp_cu_result queued = g->memset_d8_async(dptr((void *) p), 0, 4096, NULL), synced = GP_CUDA_SUCCESS;
+        bool intact;
 
-        if (r == GP_CUDA_SUCCESS)
-                r = g->cu.cuCtxSynchronize();
-        return r == GP_CUDA_ERROR_ILLEGAL_ADDRESS;
+        if (queued == GP_CUDA_SUCCESS)
+                synced = g->cu.cuCtxSynchronize();
+        if (queued != GP_CUDA_SUCCESS || synced != GP_CUDA_SUCCESS) {
+                fprintf(stderr, "a write into a read-only mapping: refused %s (%s)\n", queued ? "when queued" : "at the sync",
+                        gp_cuda_error_name(&g->cu, queued ? queued : synced));
+                return true;
+        }
+        intact = pattern_intact(g, (void *) p, size, tag);
+        fprintf(stderr, "a write into a read-only mapping: no error; the bytes %s\n", intact ? "unchanged" : "CHANGED");
+        return intact;
 }
 
 /* The object's field key in gpupoolctl objects --json (-1: no such object). */
@@ -631,7 +650,7 @@ static int vmm_attacher(struct testd *d, void *arg) {
         if (gpupool_attach(c, "weights", &q, &size) != 0 || q != p || gpupool_detach(c, q) != 0 ||
             vmm_object_field(d, "weights", "attachments") != 1)
                 FAIL();
-        if (!write_faults(&g, p))
+        if (!write_kept_out(&g, p, VMM_OBJ, 7))
                 FAIL();
         return 0;
 }
@@ -646,15 +665,15 @@ static int vmm_publisher_writes(struct testd *d, void *arg) {
             gpupool_alloc(c, 0, VMM_OBJ, &p) != 0 || write_pattern(&g, p, VMM_OBJ, 9) < 0 ||
             gpupool_publish(c, "scratch", p, VMM_OBJ) != 0)
                 FAIL();
-        if (!write_faults(&g, p))
+        if (!write_kept_out(&g, p, VMM_OBJ, 9))
                 FAIL();
         return 0;
 }
 
 /*
  * cuda-vmm objects: what one process published, others map read-only without a copy after
- * it has exited (counted to its tenant meanwhile); a write through any process's mapping is
- * refused; unpublished and detached, the object's memory goes back to the GPU.
+ * it has exited (counted to its tenant meanwhile); a write through any process's mapping is kept
+ * out; unpublished and detached, the object's memory goes back to the GPU.
  */
 START_TEST(test_vmm_objects) {
         struct fdstore *store = fdstore_new();
