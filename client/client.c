@@ -79,9 +79,9 @@ static int session_open(gpupool_client *c) {
         gpupool__envelope__free_unpacked(hello, NULL);
         /*
          * Before the control thread starts: the process may have one thread yet, and then growing
-         * costs no wait. A descriptor kept per segment, at most one per granule.
+         * costs no wait. A descriptor kept per segment (host), at most one per granule.
          */
-        if (r == 0 && !mem->ipc)
+        if (r == 0 && mem->keeps_fds)
                 client_fd_room(c->conn.sock, granules);
         /* The daemon asks for empty segments back on it; the idle return and usage reports run on its thread. */
         if (r == 0)

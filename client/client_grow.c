@@ -268,7 +268,10 @@ static int64_t granule_new(struct client_grow *g, uint64_t id, int fd) {
                 close(fd);
                 return r;
         }
-        g->granules[i].fd = client_fd_keep(fd);        /* for a daemon after this one to adopt */
+        if (c->mem->keeps_fds)
+                g->granules[i].fd = client_fd_keep(fd);        /* for a daemon after this one to adopt */
+        else
+                close(fd);      /* the handle holds the memory; a daemon after this one is sent an export of it */
         g->free_head = g->granules[i].next_free;
         g->granules[i].held = true;
         g->granules[i].segment_id = id;
@@ -385,8 +388,9 @@ size_t client_grow_kept(gpupool_client *c, unsigned d, struct client_kept *out, 
 
         for (uint64_t i = 0; g && i < g->granule_cap && n < max; i++)
                 if (g->granules[i].held)
-                        out[n++] = (struct client_kept) { &g->granules[i].segment_id, g->granules[i].fd, G,
-                                                          g->granules[i].segment_id };
+                        out[n++] = (struct client_kept) { .id = &g->granules[i].segment_id, .fd = g->granules[i].fd,
+                                                          .size = G, .renamed = g->granules[i].segment_id,
+                                                          .handle = g->granules[i].handle };
         return n;
 }
 

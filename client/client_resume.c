@@ -14,6 +14,7 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "client_call.h"
 #include "client_cuda.h"
@@ -81,13 +82,31 @@ static int adopt_batch(gpupool_client *c, unsigned d, struct client_kept **k, si
         return 0;
 }
 
-/* Has the daemon adopt every segment of device d in k (n of them): those without a descriptor are orphans at once. */
+/* Closes the descriptors made for a batch (export()), once it has gone. */
+static void batch_done(struct client_kept **batch, size_t n) {
+        for (size_t i = 0; i < n; i++)
+                if (batch[i]->made) {
+                        close(batch[i]->fd);
+                        batch[i]->fd = -1;
+                        batch[i]->made = false;
+                }
+}
+
+/*
+ * Has the daemon adopt every segment of device d in k (n of them): each with its kept descriptor,
+ * or one the memory seam makes of it now (at most a batch's at once); those with neither are
+ * orphans at once.
+ */
 static int adopt_device(gpupool_client *c, unsigned d, struct client_kept *k, size_t n) {
         struct client_kept *batch[GP_MAX_LEASE_GRANULES];
         size_t b = 0;
-        int r = 0;
+        int r = 0, fd;
 
         for (size_t i = 0; i < n && r == 0; i++) {
+                if (k[i].fd < 0 && c->mem->export && (fd = c->mem->export(c, d, k[i].base, k[i].handle)) >= 0) {
+                        k[i].fd = fd;
+                        k[i].made = true;
+                }
                 if (k[i].fd < 0) {
                         k[i].renamed = orphan_id();
                         continue;
@@ -95,11 +114,13 @@ static int adopt_device(gpupool_client *c, unsigned d, struct client_kept *k, si
                 batch[b++] = &k[i];
                 if (b == GP_MAX_LEASE_GRANULES) {
                         r = adopt_batch(c, d, batch, b);
+                        batch_done(batch, b);
                         b = 0;
                 }
         }
         if (r == 0 && b)
                 r = adopt_batch(c, d, batch, b);
+        batch_done(batch, b);
         return r;
 }
 
@@ -136,8 +157,9 @@ static int adopt_all(gpupool_client *c) {
                 at += client_grow_kept(c, d, k + at, n + whole - at);
                 for (size_t i = 0; i < whole; i++)
                         if (maps[i]->device == d)
-                                k[at++] = (struct client_kept) { &maps[i]->segment_id, maps[i]->fd, maps[i]->size,
-                                                                 maps[i]->segment_id };
+                                k[at++] = (struct client_kept) { .id = &maps[i]->segment_id, .fd = maps[i]->fd,
+                                                                 .size = maps[i]->size, .renamed = maps[i]->segment_id,
+                                                                 .base = maps[i]->base };
                 first[d + 1] = at;
         }
         client_conn_take(c);

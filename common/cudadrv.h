@@ -166,7 +166,8 @@ typedef struct {                                /* CUmemAccessDesc */
           (gp_cu_deviceptr ptr, size_t size, size_t offset, gp_cu_mem_handle handle, unsigned long long flags)) \
         X(cuMemUnmap, 10020, gp_cu_result, (gp_cu_deviceptr ptr, size_t size)) \
         X(cuMemSetAccess, 10020, gp_cu_result, \
-          (gp_cu_deviceptr ptr, size_t size, const gp_cu_mem_access_desc *desc, size_t count))
+          (gp_cu_deviceptr ptr, size_t size, const gp_cu_mem_access_desc *desc, size_t count)) \
+        X(cuMemRetainAllocationHandle, 11000, gp_cu_result, (gp_cu_mem_handle *handle, void *addr))
 
 #define GP_CUDA_DECLARE(name, version, ret, args) ret (*name) args;
 

@@ -18,9 +18,10 @@
 
 /* One segment of backend memory, as the backend made it. */
 struct backend_mem {
-        int fd;                 /* host: memfd passed to clients; -1 otherwise */
+        int fd;                 /* host: the memfd, the memory itself; -1 otherwise (cuda-vmm keeps no descriptor) */
         uint64_t addr;          /* cuda: device pointer (cuda-vmm: the daemon's own mapping); 0 otherwise */
         uint64_t vmm_handle;    /* cuda-vmm: the physical allocation (CUmemGenericAllocationHandle) */
+        uint64_t ident;         /* cuda-vmm: the driver's name for the allocation (mem_ident), 0: none */
         uint8_t ipc_handle[BACKEND_IPC_HANDLE_BYTES];   /* cuda: exported handle */
         size_t ipc_handle_len;  /* 0 when the backend exports a file descriptor */
         void *zeroing;          /* cuda: the event a zeroing under way will complete, or NULL */
@@ -75,18 +76,20 @@ struct backend_ops {
         /*
          * Optional (NULL: the backend cannot adopt memory): makes *ret of fd, which a client
          * says is a segment of size bytes that a daemon before this one leased it, after
-         * checking that it is one; on success *ret owns fd. sealed: a named object's segment
-         * that daemon sealed (mem_seal), kept in systemd's store, sealed again here. Returns 0,
-         * or a negative errno with what fd is instead in why (-EINVAL: not a segment of that
+         * checking that it is one; on success *ret owns fd where ret->fd is fd (host: the
+         * memfd is the memory), else fd is still the caller's to close (cuda-vmm: the memory
+         * imported, the descriptor not kept). sealed: a named object's segment that daemon
+         * sealed (mem_seal), kept in systemd's store, sealed again here. Returns 0, or a
+         * negative errno with what fd is instead in why (-EINVAL: not a segment of that
          * size), fd still the caller's.
          */
         int (*mem_adopt)(struct backend *b, unsigned device, int fd, uint64_t size, bool sealed, struct backend_mem *ret,
                          char *why, size_t why_size);
         /*
          * Optional: a number naming a segment's memory, the same for every descriptor the
-         * backend can tell is of it (host: any; cuda-vmm: those of the file it exported) and no
-         * other memory's while the segment lives; 0 when it has none. The pool adopts no memory
-         * it holds already by it.
+         * backend can tell is of it (host: any, by the memfd's inode; cuda-vmm: any, where the
+         * driver names allocations: cuda_vmm_identify()) and no other memory's while the
+         * segment lives; 0 when it has none. The pool adopts no memory it holds already by it.
          */
         uint64_t (*mem_ident)(struct backend *b, unsigned device, const struct backend_mem *mem);
         /*
@@ -98,6 +101,14 @@ struct backend_ops {
          * another negative errno. The segment is destroyed, never reused, once the object goes.
          */
         int (*mem_seal)(struct backend *b, unsigned device, struct backend_mem *mem, uint64_t size);
+        /*
+         * Optional (NULL: segments go as IPC handles, not descriptors): a descriptor of a
+         * segment's memory to pass to a client or systemd's store, the caller's to close once
+         * sent (host: the memfd again, or with read_only opened anew for reading only;
+         * cuda-vmm: a new export, so that the daemon holds no descriptor per segment). Returns
+         * it, or a negative errno.
+         */
+        int (*mem_export)(struct backend *b, unsigned device, const struct backend_mem *mem, bool read_only);
 };
 
 struct backend {
@@ -112,7 +123,7 @@ struct backend {
          * /proc), so that a named object's attacher can map it no other way.
          */
         bool reopens_read_only;
-        uint64_t fd_bytes;              /* memory it keeps as a descriptor per segment (host, cuda-vmm): the fd limit's */
+        uint64_t fd_bytes;              /* memory it keeps as a descriptor per segment (host): the fd limit's */
         const char *no_adopt_why;       /* where mem_adopt is NULL: why, told to a client that asks */
 };
 

@@ -241,8 +241,6 @@ static void cuda_close(struct backend *b) {
                 if (d->ctx)
                         (void) c->cu.cuDevicePrimaryCtxRelease(d->dev);
         }
-        if (c->vmm)
-                cuda_vmm_close(c);
         free(c);
 }
 
@@ -398,8 +396,7 @@ int backend_cuda_open(uint64_t headroom_bytes, bool vmm, struct backend **ret, c
                 return -EPERM;
         }
         if (vmm)
-                for (unsigned i = 0; i < c->base.device_count; i++)
-                        c->base.fd_bytes += c->devs[i].capacity_bytes;  /* an exported descriptor per segment */
+                cuda_vmm_identify(c);
         *ret = &c->base;
         return 0;
 }

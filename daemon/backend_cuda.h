@@ -14,7 +14,6 @@
 #include "backend.h"
 #include "cudadrv.h"
 #include "log.h"
-#include "rbtree.h"
 
 struct cuda_device {
         int ordinal;                    /* the daemon's CUDA ordinal (cuda-vmm's location id) */
@@ -30,11 +29,9 @@ struct cuda_backend {
         struct backend base;
         struct gp_cuda cu;
         bool vmm;                       /* cuda-vmm: cuMemCreate segments, exported as descriptors */
-        bool named;                     /* cuda-vmm with kcmp(2): segments named by their file (files) */
-        struct backend_ops ops;         /* cuda_ops, adopting too where named */
-        struct gp_rb_tree files;        /* struct vmm_file, in kcmp(2)'s order of their files */
-        uint64_t last_ident;
-        char no_adopt_why[192];
+        bool block_ids;                 /* cuda-vmm: the driver's memory block ids name allocations (cuda_vmm_identify()) */
+        gp_cu_result (*pointer_attribute)(void *data, int attribute, gp_cu_deviceptr p);      /* cuPointerGetAttribute */
+        struct backend_ops ops;         /* cuda_ops, and cuda-vmm's */
         uint64_t headroom_bytes;        /* --headroom: left free on each GPU for everyone else */
         struct cuda_device devs[BACKEND_MAX_DEVICES];
 };
@@ -75,11 +72,12 @@ static inline struct cuda_device *cuda_enter(struct cuda_backend *c, unsigned de
 
 /*
  * cuda-vmm (backend_cuda_vmm.c). Each is called with d's context made current (cuda_enter()).
- * cuda_vmm_setup() fills what cuda-vmm adds to the backend (sealing, and with kcmp(2) adoption
- * and names), before any device opens; cuda_vmm_close() frees it.
+ * cuda_vmm_setup() fills what cuda-vmm adds to the backend (sealing, adoption, exports), before
+ * any device opens; cuda_vmm_identify(), once they are open, asks the driver whether it names
+ * allocations, and where it does, names segments by it (mem_ident) and logs which it found.
  */
 void cuda_vmm_setup(struct cuda_backend *c);
-void cuda_vmm_close(struct cuda_backend *c);
+void cuda_vmm_identify(struct cuda_backend *c);
 /* Whether GPU d has what cuda-vmm needs; as open_device() reports it (see backend_cuda_vmm.c). */
 int cuda_vmm_supported(struct cuda_backend *c, struct cuda_device *d, gp_cu_result *r, const char **what, char *err,
                        size_t err_size);

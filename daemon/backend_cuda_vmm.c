@@ -1,10 +1,13 @@
 /*
  * backend_cuda_vmm.c: the cuda-vmm backend's segments (backend_cuda.h): each a cuMemCreate
- * allocation, exported as a POSIX descriptor that the lessee maps, and mapped in the daemon too
- * (for zeroing). Such memory outlives the daemon (clients hold handles and mappings of it), and
- * a daemon after this one adopts the descriptors clients kept (vmm_mem_adopt), knowing memory
- * by the file this daemon exported of it (vmm_name(), kcmp(2)). A named object's segment is
- * made read-only in the daemon's mapping (vmm_mem_seal): the driver has no seal.
+ * allocation, mapped in the daemon (for zeroing) and exported as a POSIX descriptor only to be
+ * sent (vmm_mem_export), so that the daemon holds allocation handles, not a descriptor per
+ * segment: its descriptors do not grow with the GPUs (one per 2 MiB granule would be ~72,000 on
+ * one H200, more than a container's usual hard limit). Such memory outlives the daemon (clients
+ * hold handles and mappings of it), and a daemon after this one adopts what clients hand back
+ * (vmm_mem_adopt), knowing an allocation by the driver's name for it where the driver gives one
+ * (cuda_vmm_identify()). A named object's segment is made read-only in the daemon's mapping
+ * (vmm_mem_seal): the driver has no seal.
  */
 #define _GNU_SOURCE
 #include "backend_cuda.h"
@@ -13,9 +16,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/syscall.h>
 #include <unistd.h>
-#include <linux/kcmp.h>
+
+#define VMM_ATTRIBUTE_MEMORY_BLOCK_ID 20        /* CU_POINTER_ATTRIBUTE_MEMORY_BLOCK_ID */
 
 static gp_cu_mem_prop vmm_prop(const struct cuda_device *d) {
         return (gp_cu_mem_prop) {
@@ -26,74 +29,15 @@ static gp_cu_mem_prop vmm_prop(const struct cuda_device *d) {
 }
 
 /*
- * Which memory a descriptor is. The driver names none: each export is a file of its own, and
- * nothing of a descriptor tells which allocation it is. What the daemon can tell is whether two
- * descriptors are the same open file, with kcmp(2) (KCMP_FILE), which orders files too. It
- * exports each segment's memory once and hands that one file to the segment's lessee, who keeps
- * it; a descriptor handed back for adoption is that file, and is named by the segment it came
- * from. (A process that exports memory it imported again makes a new file of it: the daemon
- * takes that for other memory, counted apart, which only ever counts the process more.)
+ * The driver's name for the allocation mapped at va (CU_POINTER_ATTRIBUTE_MEMORY_BLOCK_ID), where
+ * cuda_vmm_identify() found that it names allocations, not imports; else 0. Pushed.
  */
-struct vmm_file {
-        struct gp_rb_node node;
-        int fd;                         /* the descriptor it was named by: a segment's, or one being adopted */
-        uint64_t ident;
-};
+static uint64_t vmm_block_id(struct cuda_backend *c, gp_cu_deviceptr va) {
+        unsigned long long id = 0;
 
-static pid_t kcmp_self;
-
-static int cmp_file(const struct gp_rb_node *x, const struct gp_rb_node *y) {
-        int a = gp_rb_entry(x, struct vmm_file, node)->fd, b = gp_rb_entry(y, struct vmm_file, node)->fd;
-        long r = syscall(SYS_kcmp, kcmp_self, kcmp_self, KCMP_FILE, (unsigned long) a, (unsigned long) b);
-
-        /* 0: the same file; 1 and 2: before and after, in an order that holds while both are open. */
-        return r == 0 ? 0 : r == 1 ? -1 : r == 2 ? 1 : (a > b) - (a < b);
-}
-
-/* Whether kcmp(2) works here: a seccomp filter, or a kernel without CONFIG_KCMP, may refuse it. */
-static int kcmp_probe(void) {
-        int p[2], err = 0;
-
-        if (pipe2(p, O_CLOEXEC) < 0)
-                return -errno;
-        kcmp_self = getpid();
-        if (syscall(SYS_kcmp, kcmp_self, kcmp_self, KCMP_FILE, (unsigned long) p[0], (unsigned long) p[1]) < 0)
-                err = -errno;
-        close(p[0]);
-        close(p[1]);
-        return err;
-}
-
-static struct vmm_file *vmm_named(struct cuda_backend *c, int fd) {
-        struct vmm_file key = { .fd = fd };
-        struct gp_rb_node *n = fd >= 0 ? gp_rb_find(&c->files, &key.node) : NULL;
-
-        return n ? gp_rb_entry(n, struct vmm_file, node) : NULL;
-}
-
-/* Names fd's file, unless it has a name already (then fd is a second descriptor of it). Returns 0 or -ENOMEM. */
-static int vmm_name(struct cuda_backend *c, int fd) {
-        struct vmm_file *f;
-
-        if (!c->named)
+        if (!c->block_ids || c->pointer_attribute(&id, VMM_ATTRIBUTE_MEMORY_BLOCK_ID, va) != GP_CUDA_SUCCESS)
                 return 0;
-        if (!(f = malloc(sizeof(*f))))
-                return -ENOMEM;
-        f->fd = fd;
-        f->ident = ++c->last_ident;
-        if (gp_rb_insert(&c->files, &f->node))
-                free(f);
-        return 0;
-}
-
-/* Forgets fd's file, before fd closes, if fd is the descriptor it was named by. */
-static void vmm_unname(struct cuda_backend *c, int fd) {
-        struct vmm_file *f = c->named ? vmm_named(c, fd) : NULL;
-
-        if (f && f->fd == fd) {
-                gp_rb_remove(&c->files, &f->node);
-                free(f);
-        }
+        return id;
 }
 
 /* Makes the daemon's mapping at va read-only (a named object's). Pushed. */
@@ -118,48 +62,32 @@ static gp_cu_result vmm_map(struct cuda_backend *c, struct cuda_device *d, gp_cu
 }
 
 /*
- * Fresh physical memory for a segment: made, exported as a descriptor (named by its file), and
- * mapped at va (the daemon's own mapping, for zeroing). Pushed. Returns a driver result
- * (CUDA_ERROR_OUT_OF_MEMORY too when the name could not be kept); on failure nothing is left.
+ * Fresh physical memory for a segment: made, and mapped at va (the daemon's own mapping, for
+ * zeroing). Pushed. Returns a driver result; on failure nothing is left.
  */
 static gp_cu_result vmm_make(struct cuda_backend *c, struct cuda_device *d, uint64_t size, gp_cu_deviceptr va,
-                             gp_cu_mem_handle *ret_handle, int *ret_fd) {
+                             gp_cu_mem_handle *ret_handle) {
         gp_cu_mem_prop prop = vmm_prop(d);
         gp_cu_mem_handle h;
         gp_cu_result r;
-        int fd = -1;
 
         r = c->cu.cuMemCreate(&h, size, &prop, 0);
         if (r != GP_CUDA_SUCCESS)
                 return r;
-        r = c->cu.cuMemExportToShareableHandle(&fd, h, GP_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
-        if (r == GP_CUDA_SUCCESS) {
-                r = vmm_map(c, d, va, size, h);
-                if (r == GP_CUDA_SUCCESS && vmm_name(c, fd) < 0) {
-                        (void) c->cu.cuMemUnmap(va, size);
-                        r = GP_CUDA_ERROR_OUT_OF_MEMORY;
-                }
-                if (r != GP_CUDA_SUCCESS)
-                        close(fd);
-        }
+        r = vmm_map(c, d, va, size, h);
         if (r != GP_CUDA_SUCCESS) {
                 (void) c->cu.cuMemRelease(h);
                 return r;
         }
         *ret_handle = h;
-        *ret_fd = fd;
         return GP_CUDA_SUCCESS;
 }
 
-/* Lets go of a segment's physical memory: its descriptor, the daemon's mapping, its handle. Pushed. */
+/* Lets go of a segment's physical memory: the daemon's mapping and its handle. Pushed. */
 static void vmm_unmake(struct cuda_backend *c, struct cuda_device *d, struct backend_mem *mem, uint64_t size) {
         gp_cu_result r;
 
-        if (mem->fd >= 0) {
-                vmm_unname(c, mem->fd);
-                close(mem->fd);
-        }
-        mem->fd = -1;
+        mem->ident = 0;
         if (!mem->vmm_handle)
                 return;         /* it has none (fresh memory for it could not be made) */
         r = c->cu.cuMemUnmap(mem->addr, size);
@@ -168,17 +96,17 @@ static void vmm_unmake(struct cuda_backend *c, struct cuda_device *d, struct bac
         if (r != GP_CUDA_SUCCESS)
                 log_err("cuda-vmm: %s: letting go of a %llu-byte segment: %s", d->name, (unsigned long long) size,
                         gp_cuda_error_name(&c->cu, r));
+        mem->vmm_handle = 0;
 }
 
 int cuda_vmm_create(struct cuda_backend *c, struct cuda_device *d, uint64_t size, struct backend_mem *ret) {
         gp_cu_deviceptr va = 0;
         gp_cu_mem_handle h = 0;
         gp_cu_result r;
-        int fd = -1;
 
         r = c->cu.cuMemAddressReserve(&va, size, 0, 0, 0);
         if (r == GP_CUDA_SUCCESS) {
-                r = vmm_make(c, d, size, va, &h, &fd);
+                r = vmm_make(c, d, size, va, &h);
                 if (r != GP_CUDA_SUCCESS)
                         (void) c->cu.cuMemAddressFree(va, size);
         }
@@ -192,9 +120,10 @@ int cuda_vmm_create(struct cuda_backend *c, struct cuda_device *d, uint64_t size
                 return -EIO;
         }
         memset(ret, 0, sizeof(*ret));
-        ret->fd = fd;
+        ret->fd = -1;
         ret->addr = va;
         ret->vmm_handle = h;
+        ret->ident = vmm_block_id(c, va);
         return 0;
 }
 
@@ -216,10 +145,9 @@ void cuda_vmm_destroy(struct cuda_backend *c, struct cuda_device *d, struct back
 int cuda_vmm_fresh(struct cuda_backend *c, struct cuda_device *d, struct backend_mem *mem, uint64_t size) {
         gp_cu_mem_handle h;
         gp_cu_result r;
-        int fd;
 
         vmm_unmake(c, d, mem, size);
-        r = vmm_make(c, d, size, mem->addr, &h, &fd);
+        r = vmm_make(c, d, size, mem->addr, &h);
         if (r != GP_CUDA_SUCCESS) {
                 log_err("cuda-vmm: %s: fresh memory for a segment changing uid: %s", d->name, gp_cuda_error_name(&c->cu, r));
                 /* The segment has no memory now: the pool destroys it, which frees only its range. */
@@ -227,16 +155,17 @@ int cuda_vmm_fresh(struct cuda_backend *c, struct cuda_device *d, struct backend
                 return r == GP_CUDA_ERROR_OUT_OF_MEMORY ? -ENOMEM : -EIO;
         }
         mem->vmm_handle = h;
-        mem->fd = fd;
+        mem->ident = vmm_block_id(c, mem->addr);
         return 0;
 }
 
 /*
  * cuda-vmm: a segment a client kept from a daemon before this one: a descriptor the driver
- * exported of memory on this GPU, made for descriptors, that maps as size bytes. It is imported,
- * mapped in a range of the daemon's (for zeroing) and named by its file. Memory the client made
- * itself passes too, and is counted as the client's like any other. The driver does not say an
- * allocation's size: one larger than size maps as size bytes, and the rest is the client's own.
+ * exported of memory on this GPU that maps as size bytes. It is imported, mapped in a range of
+ * the daemon's (for zeroing) and named by the driver's name for it, where there is one; the
+ * descriptor stays the caller's, to close. Memory the client made itself passes too, and is
+ * counted as the client's like any other. The driver does not say an allocation's size: one
+ * larger than size maps as size bytes, and the rest is the client's own.
  */
 static int vmm_mem_adopt(struct backend *b, unsigned device, int fd, uint64_t size, bool sealed, struct backend_mem *ret,
                           char *why, size_t why_size) {
@@ -288,11 +217,6 @@ static int vmm_mem_adopt(struct backend *b, unsigned device, int fd, uint64_t si
                 (void) c->cu.cuMemUnmap(va, size);
                 (void) c->cu.cuMemAddressFree(va, size);
         }
-        if (r == GP_CUDA_SUCCESS && vmm_name(c, fd) < 0) {
-                (void) c->cu.cuMemUnmap(va, size);
-                (void) c->cu.cuMemAddressFree(va, size);
-                r = GP_CUDA_ERROR_OUT_OF_MEMORY;
-        }
         if (r != GP_CUDA_SUCCESS) {
                 (void) c->cu.cuMemRelease(h);
                 cuda_pop(c);
@@ -304,11 +228,12 @@ static int vmm_mem_adopt(struct backend *b, unsigned device, int fd, uint64_t si
                          gp_cuda_error_name(&c->cu, r));
                 return -EINVAL;
         }
-        cuda_pop(c);
         memset(ret, 0, sizeof(*ret));
-        ret->fd = fd;
+        ret->fd = -1;
         ret->addr = va;
         ret->vmm_handle = h;
+        ret->ident = vmm_block_id(c, va);
+        cuda_pop(c);
         return 0;
 }
 
@@ -337,10 +262,38 @@ static int vmm_mem_seal(struct backend *b, unsigned device, struct backend_mem *
 }
 
 static uint64_t vmm_mem_ident(struct backend *b, unsigned device, const struct backend_mem *mem) {
-        struct vmm_file *f = vmm_named(cuda_of(b), mem->fd);
+        (void) b, (void) device;
+        return mem->ident;
+}
 
-        (void) device;
-        return f ? f->ident : 0;
+/*
+ * cuda-vmm: a descriptor of the segment's memory, exported now for one send (a named object's
+ * too: read-only is the attacher's mapping, not the file). The caller closes it.
+ */
+static int vmm_mem_export(struct backend *b, unsigned device, const struct backend_mem *mem, bool read_only) {
+        struct cuda_backend *c = cuda_of(b);
+        struct cuda_device *d;
+        gp_cu_result r;
+        int err, fd = -1;
+
+        (void) read_only;
+        if (!mem->vmm_handle)
+                return -ENOENT;
+        if (!(d = cuda_enter(c, device, &err)))
+                return err;
+        r = c->cu.cuMemExportToShareableHandle(&fd, mem->vmm_handle, GP_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+        cuda_pop(c);
+        if (r != GP_CUDA_SUCCESS) {
+                /* The driver opens a file for it: out of descriptors is the likely cause. */
+                err = fcntl(0, F_DUPFD_CLOEXEC, 0);
+                if (err >= 0)
+                        close(err);
+                else if (errno == EMFILE || errno == ENFILE)
+                        return -errno;
+                log_err("cuda-vmm: %s: exporting a segment as a descriptor: %s", d->name, gp_cuda_error_name(&c->cu, r));
+                return -EIO;
+        }
+        return fd;
 }
 
 /*
@@ -379,30 +332,89 @@ int cuda_vmm_supported(struct cuda_backend *c, struct cuda_device *d, gp_cu_resu
 }
 
 void cuda_vmm_setup(struct cuda_backend *c) {
-        int k = kcmp_probe();
-
         c->ops.mem_seal = vmm_mem_seal;
-        gp_rb_init(&c->files, cmp_file);
-        c->named = k == 0;
-        if (c->named) {
-                /* It adopts what clients kept from a daemon before this one. */
-                c->ops.mem_adopt = vmm_mem_adopt;
-                c->ops.mem_ident = vmm_mem_ident;
-                return;
-        }
-        snprintf(c->no_adopt_why, sizeof(c->no_adopt_why), "kcmp(2) is refused here (%s), and without it the daemon "
-                 "cannot tell two descriptors of the same memory apart", strerror(-k));
-        c->base.no_adopt_why = c->no_adopt_why;
-        log_warn("cuda-vmm: %s: after a restart of gpupoold, clients keep their memory uncounted until they give it back "
-                 "(allow kcmp in the seccomp filter; systemd's @system-service does)", c->no_adopt_why);
+        c->ops.mem_adopt = vmm_mem_adopt;
+        c->ops.mem_export = vmm_mem_export;
+        c->base.no_adopt_why = NULL;
 }
 
-void cuda_vmm_close(struct cuda_backend *c) {
-        struct gp_rb_node *n;
+/*
+ * Whether the driver's CU_POINTER_ATTRIBUTE_MEMORY_BLOCK_ID names allocations, so that two
+ * descriptors of one allocation are known as one memory: asked of the driver itself, on GPU d,
+ * with an allocation mapped as created and through two imports of two exports of it (as the old
+ * daemon's and a restarted one's, and a client's handed back twice), beside another allocation.
+ * The same id for the three and another for the other: the driver names allocations. Pushed.
+ * Returns 1, or 0 with why.
+ */
+static int vmm_block_ids_name_allocations(struct cuda_backend *c, struct cuda_device *d, char *why, size_t why_size) {
+        gp_cu_mem_prop prop = vmm_prop(d);
+        gp_cu_mem_handle h[4] = { 0 };
+        gp_cu_deviceptr va = 0;
+        unsigned long long ids[4] = { 0 };
+        const uint64_t g = 2ULL << 20;
+        int fds[2] = { -1, -1 }, mapped = 0, ok = 0;
+        gp_cu_result r;
 
-        /* Every segment was destroyed, and forgot its name: none is left but by a bug. */
-        while ((n = gp_rb_first(&c->files))) {
-                gp_rb_remove(&c->files, n);
-                free(gp_rb_entry(n, struct vmm_file, node));
+        r = c->cu.cuMemAddressReserve(&va, 4 * g, 0, 0, 0);
+        if (r == GP_CUDA_SUCCESS)
+                r = c->cu.cuMemCreate(&h[0], g, &prop, 0);
+        if (r == GP_CUDA_SUCCESS)
+                r = c->cu.cuMemCreate(&h[3], g, &prop, 0);
+        for (int i = 0; i < 2 && r == GP_CUDA_SUCCESS; i++)
+                r = c->cu.cuMemExportToShareableHandle(&fds[i], h[0], GP_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+        for (int i = 0; i < 2 && r == GP_CUDA_SUCCESS; i++)
+                r = c->cu.cuMemImportFromShareableHandle(&h[1 + i], (void *) (uintptr_t) fds[i],
+                                                         GP_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+        for (; mapped < 4 && r == GP_CUDA_SUCCESS; mapped++)
+                r = c->cu.cuMemMap(va + (uint64_t) mapped * g, g, 0, h[mapped], 0);
+        if (r != GP_CUDA_SUCCESS && mapped < 4)
+                snprintf(why, why_size, "the driver would not make, export, import and map two allocations to ask: %s",
+                         gp_cuda_error_name(&c->cu, r));
+        for (int i = 0; i < 4 && r == GP_CUDA_SUCCESS; i++) {
+                r = c->pointer_attribute(&ids[i], VMM_ATTRIBUTE_MEMORY_BLOCK_ID, va + (uint64_t) i * g);
+                if (r != GP_CUDA_SUCCESS)
+                        snprintf(why, why_size, "cuPointerGetAttribute(CU_POINTER_ATTRIBUTE_MEMORY_BLOCK_ID) refused: %s",
+                                 gp_cuda_error_name(&c->cu, r));
         }
+        if (r == GP_CUDA_SUCCESS) {
+                ok = ids[0] && ids[0] == ids[1] && ids[1] == ids[2] && ids[3] != ids[0];
+                if (!ok)
+                        snprintf(why, why_size, "the driver's memory block ids name mappings, not allocations (an "
+                                 "allocation's own %llu, its imports' %llu and %llu, another's %llu)", ids[0], ids[1],
+                                 ids[2], ids[3]);
+        }
+        while (mapped--)
+                (void) c->cu.cuMemUnmap(va + (uint64_t) mapped * g, g);
+        for (int i = 0; i < 4; i++)
+                if (h[i])
+                        (void) c->cu.cuMemRelease(h[i]);
+        for (int i = 0; i < 2; i++)
+                if (fds[i] >= 0)
+                        close(fds[i]);
+        if (va)
+                (void) c->cu.cuMemAddressFree(va, 4 * g);
+        return ok;
+}
+
+void cuda_vmm_identify(struct cuda_backend *c) {
+        struct cuda_device *d;
+        char why[256] = "";
+        int err;
+
+        c->pointer_attribute = gp_cuda_symbol(&c->cu, "cuPointerGetAttribute", 4000);
+        if (!c->pointer_attribute)
+                snprintf(why, sizeof(why), "the driver has no cuPointerGetAttribute");
+        else if ((d = cuda_enter(c, 0, &err))) {
+                c->block_ids = vmm_block_ids_name_allocations(c, d, why, sizeof(why)) == 1;
+                cuda_pop(c);
+        } else
+                snprintf(why, sizeof(why), "GPU 0's context could not be made current");
+        if (c->block_ids) {
+                c->ops.mem_ident = vmm_mem_ident;
+                log_info("cuda-vmm: the driver names allocations (memory block ids): an adoption counts memory handed "
+                         "back twice, or held already, once");
+                return;
+        }
+        log_info("cuda-vmm: %s; an adoption cannot tell two descriptors of one allocation apart, so memory a client "
+                 "hands back twice is counted twice, against its own limits (docs/security.md)", why);
 }

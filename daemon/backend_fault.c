@@ -107,6 +107,12 @@ static int fault_mem_seal(struct backend *b, unsigned device, struct backend_mem
         return inner->ops->mem_seal(inner, device, mem, size);
 }
 
+static int fault_mem_export(struct backend *b, unsigned device, const struct backend_mem *mem, bool read_only) {
+        struct backend *inner = fault_of(b)->inner;
+
+        return inner->ops->mem_export(inner, device, mem, read_only);
+}
+
 static void fault_close(struct backend *b) {
         struct fault_backend *f = fault_of(b);
 
@@ -126,6 +132,7 @@ static const struct backend_ops fault_ops = {
         .mem_adopt = fault_mem_adopt,
         .mem_ident = fault_mem_ident,
         .mem_seal = fault_mem_seal,
+        .mem_export = fault_mem_export,
 };
 
 int backend_fault_wrap(struct backend *inner, const char *spec, struct backend **ret, char *err, size_t err_size) {
@@ -179,6 +186,8 @@ int backend_fault_wrap(struct backend *inner, const char *spec, struct backend *
                 f->ops.mem_ident = NULL;
         if (!inner->ops->mem_seal)
                 f->ops.mem_seal = NULL;
+        if (!inner->ops->mem_export)
+                f->ops.mem_export = NULL;
         f->base.ops = &f->ops;
         f->base.faults_injected = 0;
         log_warn("TEST ONLY: fault injection is on ($GPUPOOL_TEST_FAULTS=%s): segment creations fail at %.3f, "

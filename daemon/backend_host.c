@@ -186,6 +186,21 @@ static uint64_t host_mem_ident(struct backend *b, unsigned device, const struct 
         return ((uint64_t) st.st_dev << 32) ^ (uint64_t) st.st_ino;
 }
 
+static int host_mem_export(struct backend *b, unsigned device, const struct backend_mem *mem, bool read_only) {
+        char path[64];
+        int fd;
+
+        (void) b, (void) device;
+        if (!read_only)
+                fd = fcntl(mem->fd, F_DUPFD_CLOEXEC, 0);
+        else {
+                /* A file opened anew for reading only: the process can map it no other way. */
+                snprintf(path, sizeof(path), "/proc/self/fd/%d", mem->fd);
+                fd = open(path, O_RDONLY | O_CLOEXEC);
+        }
+        return fd < 0 ? -errno : fd;
+}
+
 static void host_close(struct backend *b) {
         free(b);
 }
@@ -200,6 +215,7 @@ static const struct backend_ops host_ops = {
         .mem_adopt = host_mem_adopt,
         .mem_ident = host_mem_ident,
         .mem_seal = host_mem_seal,
+        .mem_export = host_mem_export,
 };
 
 int backend_host_open(uint64_t capacity_bytes, struct backend **ret) {

@@ -85,13 +85,16 @@ static int record_memfd(struct node *node, const struct object *o) {
  */
 static void object_store(struct node *node, struct object *o) {
         char segment[NOTIFY_NAME_MAX + 1], record[NOTIFY_NAME_MAX + 1];
-        int fd = pool_leased_fd(node->pools[o->device], &o->owner, o->segment_id), rfd, r;
+        int fd = pool_leased_export(node->pools[o->device], &o->owner, o->segment_id, false), rfd, r;
 
-        if (fd < 0)
+        if (fd == -EOPNOTSUPP)
                 return;         /* a backend without descriptors: its objects die with it */
         stored_names(o->id, segment, record);
         /* The segment first (0: no systemd to keep it): a record names a segment the store holds. */
-        if ((r = notify_store(segment, fd)) == 0)
+        r = fd < 0 ? fd : notify_store(segment, fd);
+        if (fd >= 0)
+                close(fd);      /* the store has its own */
+        if (r == 0)
                 return;
         if (r > 0 && (rfd = r = record_memfd(node, o)) >= 0) {
                 r = notify_store(record, rfd);
@@ -413,7 +416,8 @@ static int object_take(struct node *node, const Gpupool__ObjectRecord *r, int *f
                 snprintf(why, why_size, "its segment is %s", what);
                 return -1;
         }
-        *fd = -1;       /* the backend's, in mem */
+        if (mem.fd == *fd)
+                *fd = -1;       /* the backend's, in mem */
         if (!(t = policy_tenant_by_name(&node->policy, r->tenant))) {
                 log_info("object '%s': its tenant %s is not in the config; it counts to default now", r->name, r->tenant);
                 t = &node->policy.tenants[0];

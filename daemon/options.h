@@ -46,15 +46,18 @@ enum options_action {
 /*
  * Descriptors one client can make the daemon hold: its socket and pidfd, its control
  * channel's socket and pidfd. (A reply waiting for the socket to drain names its segments,
- * whose descriptors the backend holds already: session.c.)
+ * whose descriptors are made only as it is sent: session.c.)
  */
 #define OPTIONS_FDS_PER_CLIENT 4
 /*
  * Descriptors held whatever the clients: stdio, the loop and its signals, the listening
  * sockets, metrics scrapes, the operators' connections beyond
- * --max-clients, and room for those the closer thread has not closed yet.
+ * --max-clients, room for those the closer thread has not closed yet, and the most one reply
+ * carries (GP_MAX_LEASE_GRANULES, made for the send and closed after it).
  */
-#define OPTIONS_FDS_FIXED 192
+#define OPTIONS_FDS_FIXED (192 + 128)
+/* The fewest clients the daemon fits max_clients to at its default (server_fit_fd_limit()). */
+#define OPTIONS_MIN_FITTED_CLIENTS 16
 
 struct options {
         enum options_action action;
@@ -110,7 +113,7 @@ int options_parse_listen(const char *text, struct sockaddr_storage *ret);
 /*
  * The file descriptors the daemon needs at most with these settings: OPTIONS_FDS_FIXED, each
  * of --max-clients, and one per segment of the fd_bytes a backend keeps as descriptors (host:
- * a memfd each; cuda-vmm: an exported descriptor each; segments are at least 2 MiB).
+ * a memfd each; segments are at least 2 MiB). cuda-vmm keeps none: its exports live for a send.
  */
 uint64_t options_fds_needed(const struct options *o, uint64_t fd_bytes);
 

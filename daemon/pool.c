@@ -565,10 +565,14 @@ const struct backend_mem *pool_leased_mem(const struct pool *p, const struct poo
         return s && s->owner == o ? &s->mem : NULL;
 }
 
-int pool_leased_fd(const struct pool *p, const struct pool_owner *o, uint64_t segment_id) {
+int pool_leased_export(const struct pool *p, const struct pool_owner *o, uint64_t segment_id, bool read_only) {
         const struct backend_mem *mem = pool_leased_mem(p, o, segment_id);
 
-        return mem ? mem->fd : -ENOENT;
+        if (!mem)
+                return -ENOENT;
+        if (!p->backend->ops->mem_export)
+                return -EOPNOTSUPP;
+        return p->backend->ops->mem_export(p->backend, p->device, mem, read_only);
 }
 
 /* Sets the owner's report, held to what it leases (held free first), and the pool's sum. */

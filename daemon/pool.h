@@ -204,8 +204,13 @@ int pool_transfer(struct pool *pool, struct pool_owner *from, struct pool_owner 
  */
 int pool_seal(struct pool *pool, const struct pool_owner *owner, uint64_t segment_id);
 
-/* The descriptor of a segment leased to the owner (-1: the backend has none), or -ENOENT. */
-int pool_leased_fd(const struct pool *pool, const struct pool_owner *owner, uint64_t segment_id);
+/*
+ * A descriptor of a segment leased to the owner, made now and the caller's to close once sent
+ * (read_only: opened for reading only, where the backend reopens files); -ENOENT when the owner
+ * leases no such segment, -EOPNOTSUPP where the backend passes no descriptors, or another
+ * negative errno (-EMFILE: the daemon is out of descriptors).
+ */
+int pool_leased_export(const struct pool *pool, const struct pool_owner *owner, uint64_t segment_id, bool read_only);
 /* The memory of a segment leased to the owner (its IPC handle, say), or NULL. */
 const struct backend_mem *pool_leased_mem(const struct pool *pool, const struct pool_owner *owner, uint64_t segment_id);
 

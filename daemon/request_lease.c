@@ -501,7 +501,7 @@ void request_lease(struct session *s, const Gpupool__Envelope *req, struct reply
 /*
  * Checks an adoption's descriptors (node->recv_fds, one per size) before any is adopted: each
  * the backend's segment of its size, of memory neither the pool nor another of them holds.
- * Fills mems, taking their descriptors (their entries go to -1). Returns 0, or a negative errno
+ * Fills mems, taking the descriptors a backend keeps (their entries go to -1). Returns 0, or a negative errno
  * with why, every mem made destroyed again.
  */
 static int adopt_check(struct session *s, uint32_t device, const uint64_t *sizes, size_t n, struct backend_mem *mems,
@@ -523,7 +523,8 @@ static int adopt_check(struct session *s, uint32_t device, const uint64_t *sizes
                         bad = made;
                         break;
                 }
-                node->recv_fds[made] = -1;      /* mems[made]'s now */
+                if (mems[made].fd == node->recv_fds[made])
+                        node->recv_fds[made] = -1;      /* mems[made]'s now; else the closer's, as the session's other descriptors */
                 idents[made] = b->ops->mem_ident ? b->ops->mem_ident(b, device, &mems[made]) : 0;
                 for (size_t j = 0; j < made && idents[made] && bad == n; j++)
                         if (idents[j] == idents[made]) {

@@ -422,11 +422,22 @@ static void grow_fd_table(uint64_t need) {
         close(base);
 }
 
-int server_fit_fd_limit(const struct options *o, const struct backend *backend, char *why, size_t why_size) {
+/* The most clients a hard limit of max descriptors leaves room for, with the rest of what o needs. */
+static unsigned clients_fitting(const struct options *o, const struct backend *backend, uint64_t max) {
+        struct options none = *o;
+        uint64_t base;
+
+        none.max_clients = 0;
+        base = options_fds_needed(&none, backend->fd_bytes);
+        return max > base ? (unsigned) ((max - base) / OPTIONS_FDS_PER_CLIENT) : 0;
+}
+
+int server_fit_fd_limit(struct options *o, const struct backend *backend, char *why, size_t why_size) {
         bool host = strcmp(backend->name, "host") == 0;
         uint64_t need = options_fds_needed(o, backend->fd_bytes);
-        char cap[GP_SIZE_FORMAT_MAX];
+        char cap[GP_SIZE_FORMAT_MAX], lower[64];
         struct rlimit rl;
+        unsigned fit;
 
         if (getrlimit(RLIMIT_NOFILE, &rl) < 0)
                 return -errno;
@@ -435,11 +446,30 @@ int server_fit_fd_limit(const struct options *o, const struct backend *backend, 
                 return 0;
         }
         if (rl.rlim_max != RLIM_INFINITY && rl.rlim_max < need) {
-                snprintf(why, why_size, "max_clients %u%s%s needs %llu file descriptors, more than the hard limit of %llu: "
-                         "raise it (LimitNOFILE= in the unit, ulimit -Hn) or lower max_clients", o->max_clients,
-                         host ? " with a host capacity of " : "", host ? gp_size_format(o->host_capacity_bytes, cap, sizeof(cap)) : "",
-                         (unsigned long long) need, (unsigned long long) rl.rlim_max);
-                return -EMFILE;
+                fit = clients_fitting(o, backend, rl.rlim_max);
+                /* max_clients as it comes is a ceiling, not a demand: fit it to the limit the node gives. */
+                if (o->max_clients == OPTIONS_DEFAULT_MAX_CLIENTS && fit >= OPTIONS_MIN_FITTED_CLIENTS) {
+                        log_info("max_clients %u, not the default %u: the hard file descriptor limit is %llu, and each "
+                                 "client takes %d (raise LimitNOFILE= or ulimit -Hn for more)", fit, o->max_clients,
+                                 (unsigned long long) rl.rlim_max, OPTIONS_FDS_PER_CLIENT);
+                        o->max_clients = fit;
+                        need = options_fds_needed(o, backend->fd_bytes);
+                } else {
+                        if (fit)
+                                snprintf(lower, sizeof(lower), " or lower max_clients to %u", fit);
+                        else
+                                snprintf(lower, sizeof(lower), "%s", host ? " or lower host_capacity" : "");
+                        snprintf(why, why_size, "max_clients %u%s%s needs %llu file descriptors, more than the hard limit "
+                                 "of %llu: raise it (LimitNOFILE= in the unit, ulimit -Hn)%s", o->max_clients,
+                                 host ? " with a host capacity of " : "",
+                                 host ? gp_size_format(o->host_capacity_bytes, cap, sizeof(cap)) : "",
+                                 (unsigned long long) need, (unsigned long long) rl.rlim_max, lower);
+                        return -EMFILE;
+                }
+        }
+        if (rl.rlim_cur >= need) {
+                grow_fd_table(need);
+                return 0;
         }
         rl.rlim_cur = need;
         if (setrlimit(RLIMIT_NOFILE, &rl) < 0) {

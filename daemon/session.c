@@ -411,42 +411,39 @@ static void on_process_exit(uv_poll_t *handle, int status, int events) {
 }
 
 /*
- * Sends a packet with the descriptors of the client's segments rf names (NULL: none), looked
- * up now: one it no longer leases is never sent (-ENOENT), nor one whose number was reused.
- */
-/*
- * Sends buf with the descriptors of the reply's segments: the session's own, or (rf->owner) a
- * named object's, then opened anew for reading only, so that the process can map it no other way.
+ * Sends buf with descriptors of the reply's segments: the session's own, or (rf->owner) a named
+ * object's, opened for reading only where rf->read_only. Each is made now (the backend's
+ * mem_export) and closed once sent, so that the daemon holds no descriptor per segment; one the
+ * client no longer leases (it returned it on its control channel while the reply waited) is never
+ * sent (-ENOENT).
  */
 static int send_with_fds(struct session *s, const uint8_t *buf, size_t len, const struct reply_fds *rf) {
         int fds[GP_MAX_LEASE_GRANULES];
-        unsigned n = rf ? rf->n : 0, opened = 0;
+        unsigned n = rf ? rf->n : 0, made = 0;
         int r = 0;
 
-        for (unsigned i = 0; i < n && r == 0; i++) {
+        for (; made < n; made++) {
                 const struct pool_owner *o = rf->owner ? rf->owner : &s->owners[rf->device];
 
-                if ((fds[i] = pool_leased_fd(s->node->pools[rf->device], o, rf->segments[i])) < 0) {
-                        r = -ENOENT;
-                } else if (rf->read_only) {
-                        char path[64];
-
-                        snprintf(path, sizeof(path), "/proc/self/fd/%d", fds[i]);
-                        fds[i] = open(path, O_RDONLY | O_CLOEXEC);
-                        r = fds[i] < 0 ? -errno : 0;
-                        opened += r == 0;
-                }
+                if ((r = pool_leased_export(s->node->pools[rf->device], o, rf->segments[made], rf->read_only)) < 0)
+                        break;
+                fds[made] = r;
+                r = 0;
         }
         if (r == 0)
                 r = gp_wire_send_packet_fds(s->fd, buf, len, fds, n);
-        for (unsigned i = 0; i < opened; i++)
-                close(fds[i]);
+        while (made--)
+                close(fds[made]);
         return r;
 }
 
 /* Why a send failed, for the disconnect. */
 static const char *send_error(int r) {
-        return r == -ENOENT ? "it returned a segment its lease's reply had not brought yet" : strerror(-r);
+        if (r == -ENOENT)
+                return "it returned a segment its lease's reply had not brought yet";
+        if (r == -EMFILE || r == -ENFILE)
+                return "the daemon is out of file descriptors for the segments' (raise LimitNOFILE= or lower max_clients)";
+        return strerror(-r);
 }
 
 bool session_send(struct session *s, struct reply *rep) {

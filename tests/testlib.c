@@ -14,7 +14,6 @@
 #include <string.h>
 #include <stddef.h>
 #include <sys/mman.h>
-#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <sys/syscall.h>
@@ -22,8 +21,6 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
-#include <linux/filter.h>
-#include <linux/seccomp.h>
 
 void test_skipped(const char *test, const char *fmt, ...) {
         const char *list = getenv("GPUPOOL_SKIP_LOG");
@@ -188,22 +185,6 @@ static void dump_log(const struct testd *d) {
         fclose(f);
 }
 
-/* A seccomp filter that refuses kcmp(2) with EPERM, as a service's SystemCallFilter= can. In the child, before exec. */
-static void refuse_kcmp(void) {
-        struct sock_filter code[] = {
-                BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
-                BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_kcmp, 0, 1),
-                BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | EPERM),
-                BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
-        };
-        struct sock_fprog prog = { .len = sizeof(code) / sizeof(code[0]), .filter = code };
-
-        if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0 || prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog) < 0) {
-                fprintf(stderr, "cannot refuse kcmp: %s\n", strerror(errno));
-                _exit(126);
-        }
-}
-
 /* Forks and execs the daemon of d (its argv is d->argv) and waits until it listens. */
 static void launch(struct testd *d) {
         if (d->store)
@@ -214,8 +195,6 @@ static void launch(struct testd *d) {
                 int fd = d->stderr_fd >= 0 ? d->stderr_fd : open(d->log, O_WRONLY | O_CREAT | O_APPEND, 0644);
 
                 dup2(fd, 2);
-                if (d->refuse_kcmp)
-                        refuse_kcmp();
                 if (d->store)
                         fdstore_pass(d->store);
                 execvp(d->argv[0], d->argv);

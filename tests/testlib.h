@@ -21,7 +21,6 @@ struct testd {
         char wrapper[256];
         char *argv[40];         /* points into the above and at the caller's strings */
         int stderr_fd;          /* the daemon's stderr when >= 0 (testd_start_stderr), else the log file */
-        bool refuse_kcmp;       /* launch the daemon where kcmp(2) is refused (a seccomp filter); set before testd_relaunch() */
         struct fdstore *store;  /* systemd's descriptor store, played by the test; set before testd_relaunch() */
 };
 

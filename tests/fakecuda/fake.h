@@ -36,6 +36,7 @@ extern pthread_mutex_t lock;
 extern uint64_t capacity;               /* bytes per GPU ($FAKECUDA_MEM), set at cuInit */
 extern int gpus;                        /* physical GPUs */
 extern int visible[MAX_GPUS], nvisible; /* ordinal -> physical */
+extern bool block_ids_by_allocation;    /* $FAKECUDA_BLOCK_IDS=allocation */
 extern bool vmm_off;                    /* $FAKECUDA_VMM=0: GPUs without VMM or descriptor handles */
 extern unsigned long long set_access_calls;     /* cuMemSetAccess calls (test hook) */
 
@@ -59,7 +60,13 @@ void ledger_unlock(void);
 bool ledger_fits(int gpu, uint64_t size);
 uint64_t ledger_used(int gpu, bool check);
 void ledger_vmm_charge(int gpu, uint64_t size);
-bool vmm_free_if_unheld(const char *path, int gpu, uint64_t size);
+/* Frees cuMemCreate memory nobody holds: 1 freed, 0 held by a handle or mapping, -1 by exported descriptors alone. */
+int vmm_free_if_unheld(const char *path, int gpu, uint64_t size);
+/* This process holds cuMemCreate memory: when it exits, the next check sweeps what it held. */
+void ledger_vmm_holder(void);
+uint64_t ledger_vmm_id(void);
+/* fakecuda_vmm.c: whether any process holds a handle or a mapping of cuMemCreate allocation id. */
+bool vmm_held(uint64_t id);
 bool ledger_charge(int gpu, uint64_t size);
 void ledger_uncharge(int gpu, uint64_t size);
 
@@ -174,6 +181,8 @@ CUresult fk_MemImportFromShareableHandle(gp_cu_mem_handle *handle, void *os_hand
 CUresult fk_MemGetAllocationPropertiesFromHandle(gp_cu_mem_prop *prop, gp_cu_mem_handle handle);
 CUresult fk_MemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignment, CUdeviceptr addr, unsigned long long flags);
 CUresult fk_MemAddressFree(CUdeviceptr ptr, size_t size);
+CUresult fk_MemRetainAllocationHandle(gp_cu_mem_handle *handle, void *addr);
+CUresult fk_PointerGetAttribute(void *data, int attribute, CUdeviceptr ptr);
 CUresult fk_MemMap(CUdeviceptr ptr, size_t size, size_t offset, gp_cu_mem_handle handle, unsigned long long flags);
 CUresult fk_MemUnmap(CUdeviceptr ptr, size_t size);
 CUresult fk_MemSetAccess(CUdeviceptr ptr, size_t size, const gp_cu_mem_access_desc *desc, size_t count);

@@ -53,7 +53,12 @@
  *     context fails with CUDA_ERROR_ILLEGAL_ADDRESS; unmapping
  *     takes whole mappings, and a reservation is freed only unmapped; the memory lives while
  *     any process holds a handle, a descriptor or a mapping of it (its creator's exit
- *     included), and is freed with the last;
+ *     included), and is freed with the last; a process keeps no descriptor per allocation it
+ *     holds (the driver keeps none), so only the exports it holds count against its limit; an
+ *     imported handle's properties carry no requested handle types; cuPointerGetAttribute's
+ *     CU_POINTER_ATTRIBUTE_MEMORY_BLOCK_ID of a mapping is its handle's own unless
+ *     $FAKECUDA_BLOCK_IDS=allocation gives every import of an allocation one id (which of the
+ *     two the driver does, no GPU has answered yet: bench/vmm_probe.c asks);
  *   - a GPU's memory is the node's: every process's allocations and contexts count against
  *     it (a context takes memory too, so on a full GPU cuDevicePrimaryCtxRetain fails with
  *     CUDA_ERROR_OUT_OF_MEMORY), cuMemGetInfo reports what all processes leave free, and what
@@ -105,6 +110,7 @@ enum compute_mode { MODE_DEFAULT = 0, MODE_PROHIBITED = 2, MODE_EXCLUSIVE_PROCES
 static int compute_modes[MAX_GPUS];
 static bool mig[MAX_GPUS];              /* a MIG instance ($FAKECUDA_MIG): "MIG-" UUID, " MIG " in its name */
 bool vmm_off;                           /* $FAKECUDA_VMM=0: GPUs without VMM or descriptor handles */
+bool block_ids_by_allocation;           /* $FAKECUDA_BLOCK_IDS=allocation: one MEMORY_BLOCK_ID per allocation */
 
 pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static pid_t init_pid;                  /* 0 before cuInit */
@@ -262,6 +268,7 @@ static CUresult fk_Init(unsigned flags) {
                 }
                 parse_compute_modes(getenv("FAKECUDA_COMPUTE_MODES"));
                 vmm_off = getenv("FAKECUDA_VMM") && strcmp(getenv("FAKECUDA_VMM"), "0") == 0;
+                block_ids_by_allocation = getenv("FAKECUDA_BLOCK_IDS") && strcmp(getenv("FAKECUDA_BLOCK_IDS"), "allocation") == 0;
                 mem_init();
                 ledger_join();
                 init_pid = getpid();
@@ -592,6 +599,8 @@ static const struct symbol symbols[] = {
         SYM("cuMemMap", 10020, fk_MemMap),
         SYM("cuMemUnmap", 10020, fk_MemUnmap),
         SYM("cuMemSetAccess", 10020, fk_MemSetAccess),
+        SYM("cuMemRetainAllocationHandle", 11000, fk_MemRetainAllocationHandle),
+        SYM("cuPointerGetAttribute", 4000, fk_PointerGetAttribute),
 };
 
 EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int version, uint64_t flags, int *status) {

@@ -22,12 +22,15 @@
 #define LEDGER_SLOTS 256
 struct ledger_slot {
         int32_t pid;                    /* 0: free */
-        uint32_t pad;
+        uint32_t vmm_holder;            /* it has held cuMemCreate memory: its exit may leave some unheld */
         uint64_t start_time;            /* /proc/PID/stat starttime: a reused pid is another process */
         uint64_t bytes[MAX_GPUS];       /* allocations and contexts, by physical GPU */
 };
 struct ledger_file {
         uint64_t vmm_bytes[MAX_GPUS];   /* cuMemCreate memory alive, whoever holds it (see vmm_sweep) */
+        uint64_t vmm_last_id;           /* the node's last cuMemCreate allocation (its file's name, its byte in the holds) */
+        uint64_t vmm_fd_only;           /* allocations last seen held by exported descriptors alone (see vmm_sweep) */
+        uint64_t vmm_exits;             /* holders of cuMemCreate memory that exited since the last sweep */
         struct ledger_slot slots[LEDGER_SLOTS];
 };
 static struct ledger_file *ledger;      /* shared */
@@ -81,6 +84,8 @@ static void forget_process(struct ledger_slot *l) {
                         (void) unlinkat(dirfd(dir), e->d_name, 0);      /* importers keep what they mapped */
         if (dir)
                 closedir(dir);
+        if (l->vmm_holder)
+                ledger->vmm_exits++;    /* what it held may be nobody's now: the next check sweeps */
         memset(l, 0, sizeof(*l));
 }
 
@@ -114,32 +119,58 @@ void ledger_join(void) {
         ledger_unlock();
 }
 
-/*
- * cuMemCreate memory is a file, fakecuda-vmm-GPU-PID-ID, on which every process holding a
- * handle, an exported descriptor or a mapping of it holds a shared flock() (on a descriptor of
- * its own, or on the exported one it received). Nobody holding one: the driver would have
- * freed it, and so does this, under ledger_lock(). Returns whether path was freed.
- */
-bool vmm_free_if_unheld(const char *path, int gpu, uint64_t size) {
-        int fd = open(path, O_RDONLY | O_CLOEXEC);
-        bool unheld;
-
-        if (fd < 0)
-                return false;
-        unheld = flock(fd, LOCK_EX | LOCK_NB) == 0;
-        if (unheld) {
-                unlink(path);
-                __atomic_sub_fetch(&ledger->vmm_bytes[gpu], size, __ATOMIC_RELAXED);
-        }
-        close(fd);
-        return unheld;
+/* A new cuMemCreate allocation's number, unique on the node. Under ledger_lock(). */
+uint64_t ledger_vmm_id(void) {
+        return ++ledger->vmm_last_id;
 }
 
-/* Frees the cuMemCreate memory no process holds any more (its holders exited). Under ledger_lock(). */
+/*
+ * cuMemCreate memory is a file, fakecuda-vmm-GPU-ID, held as the driver holds it, with no
+ * descriptor per allocation in any process: a process that holds a handle or a mapping of it
+ * has a read lock on byte ID of fakecuda-vmm-holds (an open file description lock, on the one
+ * descriptor of that file the process has: vmm_hold()); an exported descriptor is a descriptor
+ * of the file itself, with a shared flock() on it, wherever it has been passed. Nobody holding
+ * either: the driver would have freed it, and so does this, under ledger_lock(). Returns
+ * whether path was freed.
+ */
+int vmm_free_if_unheld(const char *path, int gpu, uint64_t size) {
+        unsigned long long id;
+        const char *name = strrchr(path, '/');
+        int fd = open(path, O_RDONLY | O_CLOEXEC), r;
+        bool by_fd;
+
+        if (fd < 0 || !name || sscanf(name, "/fakecuda-vmm-%*d-%llu", &id) != 1) {
+                if (fd >= 0)
+                        close(fd);
+                return 0;
+        }
+        by_fd = flock(fd, LOCK_EX | LOCK_NB) < 0;
+        r = vmm_held(id) ? 0 : by_fd ? -1 : 1;
+        if (r == 1) {
+                unlink(path);
+                __atomic_sub_fetch(&ledger->vmm_bytes[gpu], size, __ATOMIC_RELAXED);
+        } else if (r == -1) {
+                __atomic_add_fetch(&ledger->vmm_fd_only, 1, __ATOMIC_RELAXED);
+        }
+        close(fd);
+        return r;
+}
+
+void ledger_vmm_holder(void) {
+        my_slot->vmm_holder = 1;
+}
+
+/*
+ * Frees the cuMemCreate memory no process holds any more (its holders exited, or closed the last
+ * descriptor of it), and counts again what only descriptors hold. Each file is looked at, so it
+ * runs only when something may have let go unseen (ledger_used()), as the driver's own
+ * bookkeeping costs a cuMemGetInfo nothing. Under ledger_lock().
+ */
 static void vmm_sweep(void) {
         struct dirent *e;
         DIR *dir = opendir(mem_dir());
 
+        ledger->vmm_fd_only = 0;
         while (dir && (e = readdir(dir))) {
                 char path[512];
                 struct stat st;
@@ -159,22 +190,19 @@ static void vmm_sweep(void) {
 uint64_t ledger_used(int gpu, bool check) {
         uint64_t sum;
 
-        if (check)
-                vmm_sweep();
-        sum = __atomic_load_n(&ledger->vmm_bytes[gpu], __ATOMIC_RELAXED);
-
-        for (int i = 0; i < LEDGER_SLOTS; i++) {
+        for (int i = 0; check && i < LEDGER_SLOTS; i++) {
                 struct ledger_slot *l = &ledger->slots[i];
-                uint64_t b = __atomic_load_n(&l->bytes[gpu], __ATOMIC_RELAXED);
 
-                if (l->pid == 0 || (b == 0 && l != my_slot))
-                        continue;
-                if (check && l != my_slot && process_start(l->pid) != l->start_time) {
+                if (l->pid && l != my_slot && process_start(l->pid) != l->start_time)
                         forget_process(l);
-                        continue;
-                }
-                sum += b;
         }
+        if (check && (ledger->vmm_exits || ledger->vmm_fd_only)) {
+                ledger->vmm_exits = 0;
+                vmm_sweep();
+        }
+        sum = __atomic_load_n(&ledger->vmm_bytes[gpu], __ATOMIC_RELAXED);
+        for (int i = 0; i < LEDGER_SLOTS; i++)
+                sum += ledger->slots[i].pid ? __atomic_load_n(&ledger->slots[i].bytes[gpu], __ATOMIC_RELAXED) : 0;
         return sum;
 }
 

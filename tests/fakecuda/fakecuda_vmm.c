@@ -3,7 +3,7 @@
  * POSIX descriptors, address reservations, mappings and their access, with the documented
  * rules fakecuda.c's top comment lists (granularity, offset 0 and whole allocations, access
  * set before use, whole mappings unmapped, memory alive while any handle, descriptor or
- * mapping of it exists). cuMemCreate memory is a file, fakecuda-vmm-GPU-PID-ID, in
+ * mapping of it exists). cuMemCreate memory is a file, fakecuda-vmm-GPU-ID, in
  * $FAKECUDA_DIR, charged to the node's ledger.
  */
 #define _GNU_SOURCE
@@ -21,11 +21,16 @@
 
 #define VMM_GRANULE (2ULL << 20)        /* what an H100 reports as MINIMUM and RECOMMENDED */
 
-/* A physical allocation this process holds a handle to (cuMemCreate, or imported from a descriptor). */
+/*
+ * A physical allocation this process holds a handle to (cuMemCreate, or imported from a
+ * descriptor). It keeps no descriptor, as the driver keeps none: the process holds the memory
+ * by a lock on the allocation's byte of the node's holds file (vmm_hold()).
+ */
 struct phys {
         struct phys *next;
-        int fd;                         /* its file, opened by this process, flock()ed shared: held */
         char path[256];
+        uint64_t id;                    /* the node's number for the allocation */
+        uint64_t block_id;              /* what CU_POINTER_ATTRIBUTE_MEMORY_BLOCK_ID says of its mappings here */
         int gpu;
         uint64_t size;
         bool exportable;                /* made with CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR */
@@ -86,20 +91,66 @@ CUresult fk_MemGetAllocationGranularity(size_t *granularity, const gp_cu_mem_pro
         return GP_CUDA_SUCCESS;
 }
 
-/* Holds path (a descriptor of this process's own, shared-locked) as a handle of this process. */
-static CUresult phys_hold(const char *path, int gpu, uint64_t size, bool exportable, gp_cu_mem_handle *ret) {
+/* The node's holds file, one descriptor of it per process; -1 until the first hold. */
+static int holds_fd = -1;
+
+/* Locks (F_RDLCK) or unlocks (F_UNLCK) allocation id's byte of the holds file for this process. */
+static int holds_lock(uint64_t id, short type) {
+        struct flock fl = { .l_type = type, .l_whence = SEEK_SET, .l_start = (off_t) id, .l_len = 1 };
+        char path[256];
+
+        if (holds_fd < 0) {
+                snprintf(path, sizeof(path), "%s/fakecuda-vmm-holds", mem_dir());
+                holds_fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0666);
+                if (holds_fd < 0)
+                        return -1;
+                (void) fchmod(holds_fd, 0666);  /* processes of other uids share it */
+                ledger_vmm_holder();    /* this process's own slot: no lock needed */
+        }
+        while (fcntl(holds_fd, F_OFD_SETLKW, &fl) < 0)
+                if (errno != EINTR)
+                        return -1;
+        return 0;
+}
+
+bool vmm_held(uint64_t id) {
+        struct flock fl = { .l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = (off_t) id, .l_len = 1 };
+        char path[256];
+        int fd;
+
+        snprintf(path, sizeof(path), "%s/fakecuda-vmm-holds", mem_dir());
+        if ((fd = open(path, O_RDWR | O_CLOEXEC)) < 0)
+                return false;   /* nobody ever held one */
+        /* A description of its own: this process's holds count too. */
+        if (fcntl(fd, F_OFD_GETLK, &fl) < 0)
+                fl.l_type = F_RDLCK;    /* cannot tell: held */
+        close(fd);
+        return fl.l_type != F_UNLCK;
+}
+
+/* Whether this process holds allocation id already, by another handle. Call locked. */
+static bool phys_holds(uint64_t id) {
+        for (struct phys *p = physes; p; p = p->next)
+                if (p->id == id)
+                        return true;
+        return false;
+}
+
+/* Holds allocation id (file path) as a handle of this process. Call locked. */
+static CUresult phys_hold(const char *path, uint64_t id, int gpu, uint64_t size, bool exportable, gp_cu_mem_handle *ret) {
+        static uint64_t last_block_id;
         struct phys *p = calloc(1, sizeof(*p));
 
         if (!p)
                 return GP_CUDA_ERROR_OUT_OF_MEMORY;
-        p->fd = open(path, O_RDWR | O_CLOEXEC);
-        if (p->fd < 0 || flock(p->fd, LOCK_SH) < 0) {
-                if (p->fd >= 0)
-                        close(p->fd);
+        if (!phys_holds(id) && holds_lock(id, F_RDLCK) < 0) {
                 free(p);
                 return GP_CUDA_ERROR_INVALID_VALUE;
         }
         snprintf(p->path, sizeof(p->path), "%s", path);
+        p->id = id;
+        /* $FAKECUDA_BLOCK_IDS=allocation: one id for every import of an allocation; else each its own. */
+        p->block_id = block_ids_by_allocation ? id : ++last_block_id | 1ULL << 62;
         p->gpu = gpu;
         p->size = size;
         p->exportable = exportable;
@@ -118,14 +169,15 @@ static void phys_drop(struct phys *p) {
                         break;
                 }
         ledger_lock();
-        close(p->fd);
+        if (!phys_holds(p->id))
+                (void) holds_lock(p->id, F_UNLCK);
         (void) vmm_free_if_unheld(p->path, p->gpu, p->size);
         ledger_unlock();
         free(p);
 }
 
 CUresult fk_MemCreate(gp_cu_mem_handle *handle, size_t size, const gp_cu_mem_prop *prop, unsigned long long flags) {
-        static uint64_t next_vmm_id = 1;
+        unsigned long long id;
         char path[256];
         CUresult r;
         int gpu, fd;
@@ -138,8 +190,6 @@ CUresult fk_MemCreate(gp_cu_mem_handle *handle, size_t size, const gp_cu_mem_pro
         if (!handle || flags || size == 0 || size % VMM_GRANULE)
                 return GP_CUDA_ERROR_INVALID_VALUE;    /* a multiple of the granularity, as documented */
         pthread_mutex_lock(&lock);
-        snprintf(path, sizeof(path), "%s/fakecuda-vmm-%d-%d-%llu", mem_dir(), gpu, (int) getpid(),
-                 (unsigned long long) next_vmm_id++);
         /* Made and held under the ledger's lock: a sweep never sees it unheld. */
         ledger_lock();
         if (!ledger_fits(gpu, size)) {
@@ -147,11 +197,13 @@ CUresult fk_MemCreate(gp_cu_mem_handle *handle, size_t size, const gp_cu_mem_pro
                 pthread_mutex_unlock(&lock);
                 return GP_CUDA_ERROR_OUT_OF_MEMORY;
         }
+        id = ledger_vmm_id();
+        snprintf(path, sizeof(path), "%s/fakecuda-vmm-%d-%llu", mem_dir(), gpu, (unsigned long long) id);
         fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
         if (fd < 0 || fchmod(fd, 0666) < 0 || ftruncate(fd, (off_t) size) < 0)
                 fatal("cannot make %s: %s", path, strerror(errno));
         close(fd);
-        r = phys_hold(path, gpu, size, prop->requested_handle_types & GP_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, handle);
+        r = phys_hold(path, id, gpu, size, prop->requested_handle_types & GP_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, handle);
         if (r == GP_CUDA_SUCCESS)
                 ledger_vmm_charge(gpu, size);
         else
@@ -209,6 +261,7 @@ CUresult fk_MemExportToShareableHandle(void *shareable, gp_cu_mem_handle handle,
 CUresult fk_MemImportFromShareableHandle(gp_cu_mem_handle *handle, void *os_handle, gp_cu_mem_handle_type type) {
         int fd = (int) (uintptr_t) os_handle, gpu;
         char link[64], path[256], prefix[280];
+        unsigned long long id;
         struct stat st;
         ssize_t n;
         CUresult r;
@@ -223,11 +276,11 @@ CUresult fk_MemImportFromShareableHandle(gp_cu_mem_handle *handle, void *os_hand
                 return GP_CUDA_ERROR_INVALID_VALUE;
         path[n] = '\0';
         snprintf(prefix, sizeof(prefix), "%s/fakecuda-vmm-", mem_dir());
-        if (strncmp(path, prefix, strlen(prefix)) != 0 || sscanf(path + strlen(prefix), "%d-", &gpu) != 1 || gpu < 0 ||
+        if (strncmp(path, prefix, strlen(prefix)) != 0 || sscanf(path + strlen(prefix), "%d-%llu", &gpu, &id) != 2 || gpu < 0 ||
             gpu >= gpus)
                 return GP_CUDA_ERROR_INVALID_VALUE;
         pthread_mutex_lock(&lock);
-        r = phys_hold(path, gpu, (uint64_t) st.st_size, true, handle);
+        r = phys_hold(path, id, gpu, (uint64_t) st.st_size, true, handle);
         if (r == GP_CUDA_SUCCESS)
                 ((struct phys *) (uintptr_t) *handle)->imported = true;
         pthread_mutex_unlock(&lock);
@@ -341,6 +394,7 @@ CUresult fk_MemMap(CUdeviceptr ptr, size_t size, size_t offset, gp_cu_mem_handle
         struct reservation *v;
         struct phys *p;
         struct vmap *m;
+        int fd = -1;
 
         NEED_CTX();
         if (offset || flags || ptr % VMM_GRANULE || size % VMM_GRANULE || size == 0)
@@ -353,9 +407,13 @@ CUresult fk_MemMap(CUdeviceptr ptr, size_t size, size_t offset, gp_cu_mem_handle
                 return p && mapped_in(ptr, size) ? GP_CUDA_ERROR_ALREADY_MAPPED : GP_CUDA_ERROR_INVALID_VALUE;
         }
         m = calloc(1, sizeof(*m));
-        if (m)
-                m->host = mmap(v->shadow + (ptr - v->base), size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, p->fd, 0);
-        if (!m || m->host == MAP_FAILED) {
+        /* Mapped through a descriptor opened for the call: the mapping holds the pages, the byte lock the memory. */
+        fd = m ? open(p->path, O_RDWR | O_CLOEXEC) : -1;
+        if (fd >= 0) {
+                m->host = mmap(v->shadow + (ptr - v->base), size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0);
+                close(fd);
+        }
+        if (!m || fd < 0 || m->host == MAP_FAILED) {
                 free(m);
                 pthread_mutex_unlock(&lock);
                 return GP_CUDA_ERROR_OUT_OF_MEMORY;
@@ -462,4 +520,42 @@ uint8_t *vmap_bytes(CUdeviceptr p, size_t n, bool *ret_read_only) {
                 at = m->ptr + m->size;
         } while (at < p + n);
         return v->shadow + (p - v->base);
+}
+
+/*
+ * The handle a mapping was made with, retained once more (released with cuMemRelease), as the
+ * driver documents it: addr anywhere in a mapping of this process.
+ */
+CUresult fk_MemRetainAllocationHandle(gp_cu_mem_handle *handle, void *addr) {
+        struct vmap *m;
+
+        NEED_CTX();
+        if (!handle)
+                return GP_CUDA_ERROR_INVALID_VALUE;
+        pthread_mutex_lock(&lock);
+        m = vmap_at((CUdeviceptr) (uintptr_t) addr);
+        if (m)
+                m->phys->handles++;
+        pthread_mutex_unlock(&lock);
+        if (!m)
+                return GP_CUDA_ERROR_INVALID_VALUE;
+        *handle = (gp_cu_mem_handle) (uintptr_t) m->phys;
+        return GP_CUDA_SUCCESS;
+}
+
+#define FK_POINTER_ATTRIBUTE_MEMORY_BLOCK_ID 20
+
+/* Of the pointer attributes, the one gpupoold asks of cuMemCreate memory mapped here: which allocation it is. */
+CUresult fk_PointerGetAttribute(void *data, int attribute, CUdeviceptr ptr) {
+        struct vmap *m;
+
+        NEED_CTX();
+        if (!data || attribute != FK_POINTER_ATTRIBUTE_MEMORY_BLOCK_ID)
+                return GP_CUDA_ERROR_INVALID_VALUE;
+        pthread_mutex_lock(&lock);
+        m = vmap_at(ptr);
+        if (m)
+                *(unsigned long long *) data = m->phys->block_id;
+        pthread_mutex_unlock(&lock);
+        return m ? GP_CUDA_SUCCESS : GP_CUDA_ERROR_INVALID_VALUE;
 }

@@ -13,6 +13,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sched.h>
+#include <dirent.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -481,23 +483,41 @@ START_TEST(test_vmm_adopting_a_frozen_fuse_file) {
 }
 END_TEST
 
+/* The last word a cuda-vmm daemon's log has on whether the driver names allocations (it says at start). */
+static bool vmm_names_allocations(struct testd *d) {
+        static char log[1 << 20];
+        const char *named, *unnamed, *text = read_text(d->log, log, sizeof(log));
+
+        named = strstr(text, "the driver names allocations");
+        unnamed = strstr(text, "cannot tell two descriptors of one allocation apart");
+        while (named && strstr(named + 1, "the driver names allocations"))
+                named = strstr(named + 1, "the driver names allocations");
+        while (unnamed && strstr(unnamed + 1, "cannot tell two descriptors of one allocation apart"))
+                unnamed = strstr(unnamed + 1, "cannot tell two descriptors of one allocation apart");
+        ck_assert_msg(named || unnamed, "the daemon's log does not say whether the driver names allocations");
+        return named > unnamed;
+}
+
 /*
  * What a cuda-vmm daemon adopts, over the raw protocol: granules a process kept from the daemon
- * before it, each once; not a descriptor that is no CUDA memory, memory of another GPU (on the
- * fake, which has two), memory stated larger than it maps, the same memory twice, nor memory
- * the daemon holds. A daemon that cannot use kcmp(2) adopts nothing, and the legacy backend
- * neither, each saying why.
+ * before it; not a descriptor that is no CUDA memory, memory of another GPU (on the fake, which
+ * has two), nor memory stated larger than it maps. Where the driver names allocations (the
+ * fake's $FAKECUDA_BLOCK_IDS=allocation; on a GPU, whatever the daemon found), the same memory
+ * twice and memory the daemon holds are refused; where it does not (the fake as it comes), they
+ * are adopted and counted again: more, never less. The legacy backend adopts nothing, saying why.
  */
 START_TEST(test_vmm_adoption) {
         uint64_t two[2] = { 2 * MiB, 2 * MiB }, four = 4 * MiB;
         int fds[GP_WIRE_MAX_FDS], other[GP_WIRE_MAX_FDS], now[GP_WIRE_MAX_FDS], pair[2], pipe_fds[2], sock;
-        bool two_gpus = !on_gpu;
+        bool two_gpus = !on_gpu, named;
         Gpupool__Envelope *rep;
         struct testd d;
         size_t nfds;
 
         if (two_gpus)
                 setenv("FAKECUDA_DEVICES", "2", 1);
+        if (!on_gpu)
+                setenv("FAKECUDA_BLOCK_IDS", "allocation", 1);
         vmm_start(&d);
         sock = raw_hello(&d, "before");
         rep = raw_lease_granules(sock, 0, 3, 2 * MiB, fds, &nfds);
@@ -512,6 +532,8 @@ START_TEST(test_vmm_adoption) {
         testd_crash_and_restart(&d);
         close(sock);
         sock = raw_hello(&d, "after");
+        named = vmm_names_allocations(&d);
+        ck_assert(named || on_gpu);
 
         ck_assert_int_eq(pipe(pipe_fds), 0);
         vmm_adopt_refused(sock, 0, two, 1, pipe_fds, "not memory the CUDA driver exported as a descriptor");
@@ -520,31 +542,46 @@ START_TEST(test_vmm_adoption) {
         vmm_adopt_refused(sock, 0, &four, 1, fds, "does not map as 4194304 bytes");
         pair[0] = fds[0];
         pair[1] = dup(fds[0]);
-        vmm_adopt_refused(sock, 0, two, 2, pair, "the same memory as descriptor 0");
-        ck_assert_int_eq(testd_device(&d, 0, "reserved_bytes"), 0);
+        if (named) {
+                vmm_adopt_refused(sock, 0, two, 2, pair, "the same memory as descriptor 0");
+                ck_assert_int_eq(testd_device(&d, 0, "reserved_bytes"), 0);
+        }
 
         /* Adopted once, counted once; again, by any descriptor of it, it is held already. */
         vmm_adopt_all(sock, 0, two, 2, fds);
         ck_assert_int_eq(testd_client_field(&d, getpid(), "after", "reserved_bytes"), 4 * MiB);
-        vmm_adopt_refused(sock, 0, two, 1, &pair[1], "holds already");
-        /* Nor memory this daemon leases now. */
         rep = raw_lease_granules(sock, 0, 1, 2 * MiB, now, &nfds);
         ck_assert_uint_eq(nfds, 1);
         gpupool__envelope__free_unpacked(rep, NULL);
-        vmm_adopt_refused(sock, 0, two, 1, now, "holds already");
+        if (named) {
+                vmm_adopt_refused(sock, 0, two, 1, &pair[1], "holds already");
+                /* Nor memory this daemon leases now. */
+                vmm_adopt_refused(sock, 0, two, 1, now, "holds already");
+        }
         if (two_gpus)
                 vmm_adopt_all(sock, 1, two, 1, other);
         ck_assert_int_eq(testd_device(&d, 0, "reserved_bytes"), 6 * MiB);
         json_decref(testd_ctl(&d, "check"));
 
-        /* Where kcmp(2) is refused, nothing is adopted, saying why. */
-        testd_crash(&d);
-        d.refuse_kcmp = true;
-        testd_relaunch(&d);
-        close(sock);
-        sock = raw_hello(&d, "no-kcmp");
-        vmm_adopt_refused(sock, 0, two, 1, &fds[2], "kcmp(2) is refused here");
-        ck_assert_int_eq(testd_device(&d, 0, "reserved_bytes"), 0);
+        /*
+         * Where the driver's block ids do not name allocations (the fake as it comes), the same
+         * memory handed over twice is adopted twice: counted more than it is, against the client's
+         * own limits, never less.
+         */
+        if (!on_gpu) {
+                testd_crash(&d);
+                unsetenv("FAKECUDA_BLOCK_IDS");
+                testd_relaunch(&d);
+                close(sock);
+                sock = raw_hello(&d, "unnamed");
+                ck_assert(!vmm_names_allocations(&d));
+                pair[0] = fds[2];
+                close(pair[1]);
+                pair[1] = dup(fds[2]);
+                vmm_adopt_all(sock, 0, two, 2, pair);
+                ck_assert_int_eq(testd_client_field(&d, getpid(), "unnamed", "reserved_bytes"), 4 * MiB);
+                json_decref(testd_ctl(&d, "check"));
+        }
         close(sock);
         ck_assert_int_eq(testd_stop(&d), 0);
 
@@ -563,6 +600,7 @@ START_TEST(test_vmm_adoption) {
                 close(other[0]);
         cuda_stop(&d);
         unsetenv("FAKECUDA_DEVICES");
+        unsetenv("FAKECUDA_BLOCK_IDS");
 }
 END_TEST
 
@@ -771,6 +809,150 @@ START_TEST(test_legacy_objects) {
 }
 END_TEST
 
+/* ---- a node as it comes: eight GPUs of 141 GB, a hard limit of 4096 descriptors ---- */
+
+#define NODE_GPUS 8
+#define NODE_HELD (14ULL << 30)         /* what each holder holds */
+#define NODE_FDS_MAX 1024               /* what the daemon may hold, whatever the memory it serves */
+
+struct node_holder {
+        struct survivor w;
+        unsigned device;
+        size_t block;
+        const char *segments;           /* GPUPOOL_SEGMENTS */
+};
+
+/* The descriptors process pid has open. */
+static int open_fds(pid_t pid) {
+        char path[64];
+        struct dirent *e;
+        DIR *dir;
+        int n = 0;
+
+        snprintf(path, sizeof(path), "/proc/%d/fd", (int) pid);
+        if (!(dir = opendir(path)))
+                return -1;
+        while ((e = readdir(dir)))
+                n += e->d_name[0] != '.';
+        closedir(dir);
+        return n - (pid == getpid());   /* the directory's own */
+}
+
+/*
+ * Holds 14 GiB of its device in blocks of its size, keeping no descriptor for them; once the
+ * daemon has been killed and has come back, finds every byte it maps counted by the new daemon
+ * within 10 s of going on, then frees it all.
+ */
+static int node_holder(struct testd *d, void *arg) {
+        struct node_holder *h = arg;
+        size_t n = NODE_HELD / h->block;
+        struct gpupool_stats held;
+        gpupool_client *c = NULL;
+        void **p = calloc(n, sizeof(*p));
+        long long counted = -1;
+        double t0;
+        char b;
+
+        setenv("GPUPOOL_SEGMENTS", h->segments, 1);
+        if (!p || gpupool_connect(d->sock, "holder", &c) < 0)
+                return 1;
+        for (size_t i = 0; i < n; i++)
+                if (gpupool_alloc(c, h->device, h->block, &p[i]) != 0)
+                        return 2;
+        if (gpupool_stats(c, &held) != 0 || held.mapped_bytes < NODE_HELD || open_fds(getpid()) > 64) {
+                fprintf(stderr, "holder %d: maps %llu bytes with %d descriptors open\n", h->w.index,
+                        (unsigned long long) held.mapped_bytes, open_fds(getpid()));
+                return 3;
+        }
+        if (write(h->w.up[1], "r", 1) != 1 || read(h->w.go[0], &b, 1) != 1 || !survivor_restarted(&h->w))
+                return 4;
+        /*
+         * The new daemon: the process reconnects on its own and hands over what it holds, all of
+         * it counted (less what it gives back meanwhile: granules leased ahead that no block uses).
+         */
+        for (t0 = now_s(); now_s() - t0 < 10; nap_ms(50))
+                if (gpupool_stats(c, &held) == 0 && held.mapped_bytes >= NODE_HELD &&
+                    (counted = testd_client_field(d, getpid(), "holder", "reserved_bytes")) == (long long) held.mapped_bytes)
+                        break;
+        if (counted != (long long) held.mapped_bytes) {
+                fprintf(stderr, "holder %d: maps %llu bytes; the daemon counts %lld after %.1f s\n", h->w.index,
+                        (unsigned long long) held.mapped_bytes, counted, now_s() - t0);
+                return 5;
+        }
+        for (size_t i = 0; i < n; i++)
+                if (gpupool_free(c, p[i]) != 0)
+                        return 6;
+        if (gpupool_trim(c) != 0)
+                return 7;
+        gpupool_disconnect(c);
+        free(p);
+        return 0;
+}
+
+/*
+ * gpupoold --backend cuda-vmm with default options on a node of eight GPUs of 141 GB under a
+ * hard limit of 4096 descriptors: it starts, fitting max_clients to the limit; offers at least
+ * 120 GiB of each GPU; holds at most 1,024 descriptors while three processes hold 14 GiB each
+ * (2 MiB blocks growing in place, 64 MiB in whole segments, 256 MiB growing in place), as they
+ * hold none per granule; and after a kill -9 and a restart knows every byte each holds within
+ * 10 s, all of which they then give back.
+ */
+START_TEST(test_fake_vmm_node_scale) {
+        struct node_holder h[3] = {
+                { .device = 0, .block = 2 * MiB, .segments = "grow" },
+                { .device = 1, .block = 64 * MiB, .segments = "whole" },
+                { .device = 5, .block = 256 * MiB, .segments = "grow" },
+        };
+        struct rlimit rl = { .rlim_cur = 4096, .rlim_max = 4096 };
+        pid_t pids[3];
+        struct testd d;
+        int fds;
+        char b;
+
+        ck_assert_int_eq(setrlimit(RLIMIT_NOFILE, &rl), 0);    /* this test's process only, and what it starts */
+        setenv("FAKECUDA_DEVICES", "8", 1);
+        setenv("FAKECUDA_MEM", "141000000000", 1);
+        setenv("FAKECUDA_CONTEXT_MEM", "518M", 1);
+        vmm_start(&d);
+        ck_assert(testd_log_wait(&d, "max_clients 944, not the default 1024: the hard file descriptor limit is 4096"));
+        for (unsigned i = 0; i < NODE_GPUS; i++)
+                ck_assert_int_ge(testd_device(&d, i, "total_bytes"), 120LL << 30);
+        for (int i = 0; i < 3; i++) {
+                h[i].w.index = i;
+                ck_assert(pipe(h[i].w.up) == 0 && pipe(h[i].w.go) == 0);
+                pids[i] = spawn(node_holder, &d, &h[i]);
+        }
+        for (int i = 0; i < 3; i++)
+                ck_assert_int_eq(read(h[i].w.up[0], &b, 1), 1);
+        fds = open_fds(d.pid);
+        ck_assert_msg(fds > 0 && fds <= NODE_FDS_MAX, "the daemon holds %d descriptors serving 42 GiB", fds);
+        ck_assert_int_ge(leased_on(&d, 0) + leased_on(&d, 1) + leased_on(&d, 5), (long long) (3 * NODE_HELD));
+        testd_crash(&d);
+        for (int i = 0; i < 3; i++)
+                ck_assert_int_eq(write(h[i].w.go[1], "k", 1), 1);
+        for (int i = 0; i < 3; i++)
+                ck_assert_int_eq(read(h[i].w.up[0], &b, 1), 1);
+        testd_relaunch(&d);
+        for (int i = 0; i < 3; i++)
+                ck_assert_int_eq(write(h[i].w.go[1], "u", 1), 1);
+        for (int i = 0; i < 3; i++) {
+                int status = reap(pids[i]);
+
+                ck_assert_msg(status == 0, "holder %d failed at step %d", i, status);
+                close(h[i].w.up[0]), close(h[i].w.up[1]), close(h[i].w.go[0]), close(h[i].w.go[1]);
+        }
+        fds = open_fds(d.pid);
+        ck_assert_msg(fds > 0 && fds <= NODE_FDS_MAX, "the daemon holds %d descriptors after the adoption", fds);
+        json_decref(testd_ctl(&d, "check"));
+        for (unsigned i = 0; i < NODE_GPUS; i++)
+                ck_assert_int_eq(testd_device(&d, i, "reserved_bytes") - testd_device(&d, i, "cached_bytes"), 0);
+        cuda_stop(&d);
+        unsetenv("FAKECUDA_DEVICES");
+        unsetenv("FAKECUDA_MEM");
+        unsetenv("FAKECUDA_CONTEXT_MEM");
+}
+END_TEST
+
 void cuda_vmm_add_common(TCase *tc) {
         tcase_add_test(tc, test_vmm_survives_daemon_kill);
         tcase_add_test(tc, test_vmm_adoption);
@@ -786,4 +968,5 @@ void cuda_vmm_add_fake(TCase *tc) {
         tcase_add_test(tc, test_fake_vmm_resume_refused_other_gpus);
         tcase_add_test(tc, test_fake_granule_leases);
         tcase_add_test(tc, test_fake_vmm_object_on_another_gpu);
+        tcase_add_test(tc, test_fake_vmm_node_scale);
 }

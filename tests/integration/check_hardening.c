@@ -468,18 +468,35 @@ START_TEST(test_descriptor_limit_fits_max_clients) {
         rl.rlim_cur = 256;
         ck_assert_int_eq(setrlimit(RLIMIT_NOFILE, &rl), 0);
         testd_start(&d, "--max-clients", "1000", NULL);
-        /* 192 fixed, 4 per client, one per 2 MiB segment of 512 MiB, as the daemon says (valgrind keeps its own limit). */
+        /*
+         * 320 fixed (a reply's 128 exports among them), 4 per client, one per 2 MiB segment of
+         * 512 MiB, as the daemon says (valgrind keeps its own limit).
+         */
         if (!under_tool()) {
-                ck_assert_int_eq(log_count(&d, "file descriptor limit raised to 4448 for max_clients 1000"), 1);
-                ck_assert_int_ge(fd_table_size(d.pid), 4448);
+                ck_assert_int_eq(log_count(&d, "file descriptor limit raised to 4576 for max_clients 1000"), 1);
+                ck_assert_int_ge(fd_table_size(d.pid), 4576);
         }
         ck_assert_int_eq(testd_stop(&d), 0);
 
+        /* Nothing fits a limit of 300, whatever max_clients: the error says what to raise and what to lower. */
         snprintf(cmd, sizeof(cmd), "ulimit -n 300 && %s/gpupoold --socket /tmp/gpupool-fdlimit-%d.sock --backend host "
                  "--host-capacity 64M 2>&1; echo \"exit $?\"", build_dir(), (int) getpid());
         run_capture(cmd, out, sizeof(out));
-        ck_assert_msg(strstr(out, "max_clients 1024 with a host capacity of 64.0 MiB needs 4320 file descriptors, more than "
-                              "the hard limit of 300") && strstr(out, "exit 1"), "%s", out);
+        ck_assert_msg(strstr(out, "max_clients 1024 with a host capacity of 64.0 MiB needs 4448 file descriptors, more than "
+                              "the hard limit of 300: raise it (LimitNOFILE= in the unit, ulimit -Hn) or lower host_capacity") &&
+                      strstr(out, "exit 1"), "%s", out);
+        /* A max_clients chosen that does not fit is refused, naming what would. */
+        snprintf(cmd, sizeof(cmd), "ulimit -n 1000 && %s/gpupoold --socket /tmp/gpupool-fdlimit-%d.sock --backend host "
+                 "--host-capacity 64M --max-clients 500 2>&1; echo \"exit $?\"", build_dir(), (int) getpid());
+        run_capture(cmd, out, sizeof(out));
+        ck_assert_msg(strstr(out, "or lower max_clients to 162") && strstr(out, "exit 1"), "%s", out);
+        /* At its default, max_clients fits the hard limit the node gives, and the log says so once. */
+        rl.rlim_cur = rl.rlim_max = 1000;
+        ck_assert_int_eq(setrlimit(RLIMIT_NOFILE, &rl), 0);
+        testd_start(&d, "--host-capacity", "64M", NULL);
+        if (!under_tool())
+                ck_assert_int_eq(log_count(&d, "max_clients 162, not the default 1024: the hard file descriptor limit is 1000"), 1);
+        ck_assert_int_eq(testd_stop(&d), 0);
 }
 END_TEST
 
