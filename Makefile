@@ -126,6 +126,7 @@ BENCH_REPLAY := $(B)/bench/replay
 BENCH_ADOPT := $(B)/bench/adopt
 BENCH_OBJECTS := $(B)/bench/objects
 BENCH_LAG  := $(B)/bench/lag
+VMM_PROBE  := $(B)/bench/vmm_probe
 FAKECUDA   := $(B)/tests/libfakecuda.so
 
 GENERATED := $(B)/systemd/gpupoold.service $(B)/gpupool.pc
@@ -333,6 +334,13 @@ $(BENCH_OBJECTS): $(B)/obj/bench/objects.o $(CLIENT_O) $(COMMON_O)
 	@echo "  LD      $@"
 	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LIBS_PROTOBUF) -lpthread -ldl
 
+# On a GPU machine: what the driver does with cuda-vmm memory shared as descriptors, the facts
+# the cuda-vmm backend and the fake driver assume (bench/vmm_probe.c: about 5 s).
+$(VMM_PROBE): $(B)/obj/bench/vmm_probe.o $(B)/obj/common/cudadrv.o
+	@mkdir -p $(dir $@)
+	@echo "  LD      $@"
+	$(Q)$(CC) $(LDFLAGS) -o $@ $^ -ldl
+
 # A named object attached against the same bytes loaded from the page cache (bench/objects.c;
 # BENCH_OBJECTS_SIZE, 4 GiB: 3 times that of memory is used at once). On a GPU machine,
 # BENCH_OBJECTS_BACKEND=cuda-vmm (or cuda) loads onto GPU 0 and attaches there.
@@ -422,7 +430,7 @@ bench-driver: all $(BENCH_DRIVER) $(FAKECUDA)
 	$(call bench_gpu_or_fake,$(BENCH_DRIVER),driver)
 
 # Everything gpu-validate runs, built (with STATIC=1 to carry it to a machine without the libraries).
-gpu-tools: all $(GPU_TEST_BIN) $(BENCH_GPU) $(BENCH_PENDING) $(BENCH_DRIVER) $(BENCH_OBJECTS)
+gpu-tools: all $(GPU_TEST_BIN) $(BENCH_GPU) $(BENCH_PENDING) $(BENCH_DRIVER) $(BENCH_OBJECTS) $(VMM_PROBE)
 
 # On a GPU machine: check-gpu, bench-gpu, bench-pending, bench-driver, bench-frameworks and its
 # throughput with GPUPOOL_SEGMENTS=grow on cuda-vmm against build/ as it is

@@ -1,7 +1,10 @@
 #!/bin/sh
 # gpu-validate.sh BUILD_DIR: the first run on a GPU machine, in one command (make gpu-validate).
 #
-# Runs, in this order, the cuda backend's tests on the real driver and the framework tests
+# Runs, in this order, the driver's answers the cuda-vmm backend and the fake driver depend on
+# (bench/vmm_probe.c: what an imported handle carries, whether the driver names allocations,
+# whether a retained handle exports again, what a write into read-only memory does), the cuda
+# backend's tests on the real driver and the framework tests
 # (what make check-gpu runs), the allocation latency benchmark (make bench-gpu), the cost of
 # pending stream-ordered frees (make bench-pending), the driver calls' costs and capture rules
 # (make bench-driver), the PyTorch benchmarks (make bench-frameworks: its allocation cost and
@@ -20,7 +23,7 @@
 # Exits 1 if any part failed, 2 if there is no GPU, no build or an unknown part name.
 set -u
 B=${1:-build}
-all_parts="check-gpu bench-gpu bench-pending bench-driver bench-frameworks bench-frameworks-elastic bench-frameworks-grow bench-objects"
+all_parts="vmm-probe check-gpu bench-gpu bench-pending bench-driver bench-frameworks bench-frameworks-elastic bench-frameworks-grow bench-objects"
 parts=${GPU_VALIDATE_PARTS:-$all_parts}
 for p in $parts; do
         case " $all_parts " in
@@ -33,6 +36,7 @@ done
 need="gpupoold gpupoolctl libgpupool.so.1"
 for p in $parts; do
         case $p in
+        vmm-probe) need="$need bench/vmm_probe" ;;
         check-gpu) need="$need tests/check_gpu" ;;
         bench-gpu) need="$need bench/bench_gpu" ;;
         bench-pending) need="$need bench/bench_pending" ;;
@@ -88,6 +92,7 @@ $name: exit $rc ($log)"
         if [ $rc -eq 0 ]; then passed="$passed $name"; else failed="$failed $name"; fi
 }
 export GPUPOOL_BUILD_DIR="$B"
+part vmm-probe "$B/bench/vmm_probe"
 part check-gpu sh -c "'$B/tests/check_gpu'; c=\$?; python3 -m unittest discover -v -s tests/gpu && exit \$c"
 part bench-gpu sh bench/bench-gpu.sh "$B"
 part bench-pending sh bench/with-gpupoold.sh "$B" sh -c 'exec "$0" --socket "$GPUPOOL_SOCKET"' "$B/bench/bench_pending"

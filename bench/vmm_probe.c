@@ -1,0 +1,513 @@
+/*
+ * vmm_probe.c: what the CUDA driver really does with cuda-vmm memory shared by descriptor,
+ * the facts gpupool's cuda-vmm backend assumes (and tests/fakecuda models). One GPU, ~5 s.
+ *
+ *   make build/bench/vmm_probe      # also built by make gpu-tools
+ *   build/bench/vmm_probe           # real driver (libcuda.so.1)
+ *   GPUPOOL_LIBCUDA=build/tests/libfakecuda.so FAKECUDA_DIR=$(mktemp -d) build/bench/vmm_probe   # the fake
+ *
+ * Processes, all forked before any CUDA call (a process forked after cuInit cannot use it):
+ *   A  creator   cuMemCreate 4 MiB (POSIX fd), filled 0xab, exported twice; the daemon's role
+ *   B  importer  a fresh process, as a restarted gpupoold adopting a client's descriptor
+ *   C1 reader    maps it CU_MEM_ACCESS_FLAGS_PROT_READ, writes with cuMemsetD8Async (test_vmm_objects)
+ *   C2 reader    the same, writing from a kernel (PTX, JIT) instead of a memset
+ * Every line is "[who] what: result". Exit 0 unless the driver would not load.
+ */
+#define _GNU_SOURCE
+#include <dirent.h>
+#include <stdbool.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+#include <linux/kcmp.h>
+
+#include "cudadrv.h"
+
+#define MiB (1ULL << 20)
+#define FABRIC 0x8              /* CU_MEM_HANDLE_TYPE_FABRIC */
+#define ATTR_FABRIC_SUPPORTED 128
+#define PTR_ALLOWED_HANDLE_TYPES 14
+#define PTR_ACCESS_FLAGS 16
+#define PTR_MAPPING_SIZE 18
+#define PTR_MEMORY_BLOCK_ID 20
+
+static struct gp_cuda cu;
+static const char *who = "?";
+static gp_cu_result (*retain)(gp_cu_mem_handle *, void *);
+static gp_cu_result (*get_access)(unsigned long long *, const gp_cu_mem_location *, gp_cu_deviceptr);
+static gp_cu_result (*ptr_attr)(void *, int, gp_cu_deviceptr);
+static gp_cu_result (*memset8)(gp_cu_deviceptr, unsigned char, size_t);
+static gp_cu_result (*memset8_async)(gp_cu_deviceptr, unsigned char, size_t, gp_cu_stream);
+static gp_cu_result (*dtoh)(void *, gp_cu_deviceptr, size_t);
+static gp_cu_result (*htod)(gp_cu_deviceptr, const void *, size_t);
+static gp_cu_result (*mod_load)(void **, const void *);
+static gp_cu_result (*mod_func)(void **, void *, const char *);
+static gp_cu_result (*launch)(void *, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, gp_cu_stream,
+                              void **, void **);
+
+static const char *rs(gp_cu_result r) {
+        return gp_cuda_error_name(&cu, r);
+}
+
+static double now_ns(void) {
+        struct timespec t;
+
+        clock_gettime(CLOCK_MONOTONIC, &t);
+        return t.tv_sec * 1e9 + t.tv_nsec;
+}
+
+static int open_fds(void) {
+        DIR *d = opendir("/proc/self/fd");
+        struct dirent *e;
+        int n = 0;
+
+        while (d && (e = readdir(d)))
+                n += e->d_name[0] != '.';
+        if (d)
+                closedir(d);
+        return n - 1;   /* the directory's own */
+}
+
+static const gp_cu_mem_prop base_prop = {
+        .type = GP_CU_MEM_ALLOCATION_TYPE_PINNED,
+        .requested_handle_types = GP_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+        .location = { .type = GP_CU_MEM_LOCATION_TYPE_DEVICE, .id = 0 },
+};
+
+static void print_props(const char *what, gp_cu_mem_handle h) {
+        gp_cu_mem_prop p;
+        gp_cu_result r;
+
+        memset(&p, 0x5c, sizeof(p));    /* fields the driver leaves alone show as 0x5c5c5c5c */
+        r = cu.cuMemGetAllocationPropertiesFromHandle(&p, h);
+        printf("[%s] %s: %s type=%d requestedHandleTypes=0x%x location.type=%d location.id=%d win32=%p "
+               "allocFlags={comp=%u rdma=%u usage=%u}\n", who, what, rs(r), p.type, (unsigned) p.requested_handle_types,
+               p.location.type, p.location.id, p.win32_handle_meta_data, p.alloc_flags.compression_type,
+               p.alloc_flags.gpu_direct_rdma_capable, p.alloc_flags.usage);
+        if (r == GP_CUDA_SUCCESS) {
+                /* vmm_mem_adopt() in daemon/backend_cuda_vmm.c: the location alone, since 1b94658 */
+                bool located = p.location.type == GP_CU_MEM_LOCATION_TYPE_DEVICE && p.location.id == 0;
+
+                printf("[%s] %s: gpupoold's adoption check would %s; the check before 026efed would %s%s%s%s\n", who, what,
+                       located ? "accept it" : "REFUSE it (location)",
+                       !located || p.type != GP_CU_MEM_ALLOCATION_TYPE_PINNED ||
+                                       !(p.requested_handle_types & GP_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) ?
+                               "refuse it:" : "accept it",
+                       p.type != GP_CU_MEM_ALLOCATION_TYPE_PINNED ? " type" : "",
+                       !located ? " location" : "",
+                       !(p.requested_handle_types & GP_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) ? " requestedHandleTypes" : "");
+        }
+}
+
+static void print_fd(const char *what, int fd) {
+        char link[64], path[256] = "?";
+        struct stat st;
+        ssize_t n;
+
+        snprintf(link, sizeof(link), "/proc/self/fd/%d", fd);
+        if ((n = readlink(link, path, sizeof(path) - 1)) > 0)
+                path[n] = '\0';
+        if (fstat(fd, &st) < 0)
+                memset(&st, 0, sizeof(st));
+        printf("[%s] %s: fd %d -> %s, mode 0%o, dev %lu:%lu, ino %lu, rdev %lu:%lu, size %lld, flags 0%o\n", who, what, fd, path,
+               (unsigned) st.st_mode, (unsigned long) (st.st_dev >> 8), (unsigned long) (st.st_dev & 0xff),
+               (unsigned long) st.st_ino, (unsigned long) (st.st_rdev >> 8), (unsigned long) (st.st_rdev & 0xff),
+               (long long) st.st_size, (unsigned) fcntl(fd, F_GETFL));
+}
+
+static void ptr_attrs(const char *what, gp_cu_deviceptr va) {
+        unsigned long long id = 0, size = 0;
+        int types = -1, flags = -1;
+        gp_cu_result r1, r2, r3, r4;
+
+        if (!ptr_attr) {
+                printf("[%s] %s: cuPointerGetAttribute absent\n", who, what);
+                return;
+        }
+        r1 = ptr_attr(&types, PTR_ALLOWED_HANDLE_TYPES, va);
+        r2 = ptr_attr(&flags, PTR_ACCESS_FLAGS, va);
+        r3 = ptr_attr(&size, PTR_MAPPING_SIZE, va);
+        r4 = ptr_attr(&id, PTR_MEMORY_BLOCK_ID, va);
+        printf("[%s] %s: ALLOWED_HANDLE_TYPES %s 0x%x, ACCESS_FLAGS %s %d, MAPPING_SIZE %s %llu, MEMORY_BLOCK_ID %s %llu\n", who,
+               what, rs(r1), types, rs(r2), flags, rs(r3), size, rs(r4), id);
+}
+
+/* A range of its own with h mapped (map_size of it) and made accessible with flags; 0 on failure (said). */
+static gp_cu_deviceptr map_at(const char *what, gp_cu_mem_handle h, uint64_t reserve, uint64_t map_size, int flags) {
+        gp_cu_mem_access_desc a = { .location = base_prop.location, .flags = flags };
+        gp_cu_deviceptr va = 0;
+        gp_cu_result r = cu.cuMemAddressReserve(&va, reserve, 0, 0, 0), r2 = -1;
+
+        if (r == GP_CUDA_SUCCESS && (r = cu.cuMemMap(va, map_size, 0, h, 0)) == GP_CUDA_SUCCESS)
+                r2 = cu.cuMemSetAccess(va, map_size, &a, 1);
+        printf("[%s] %s: cuMemMap %llu MiB: %s; cuMemSetAccess(flags %d): %s\n", who, what,
+               (unsigned long long) (map_size / MiB), rs(r), flags, r2 == -1 ? "-" : rs(r2));
+        if (r != GP_CUDA_SUCCESS) {
+                if (va)
+                        (void) cu.cuMemAddressFree(va, reserve);
+                return 0;
+        }
+        return va;
+}
+
+static int send_fds(int sock, const void *buf, size_t len, const int *fds, int n) {
+        char cbuf[CMSG_SPACE(sizeof(int) * 4)];
+        struct iovec iov = { .iov_base = (void *) buf, .iov_len = len };
+        struct msghdr m = { .msg_iov = &iov, .msg_iovlen = 1 };
+        struct cmsghdr *c;
+
+        if (n) {
+                m.msg_control = cbuf;
+                m.msg_controllen = CMSG_SPACE(sizeof(int) * n);
+                c = CMSG_FIRSTHDR(&m);
+                c->cmsg_level = SOL_SOCKET;
+                c->cmsg_type = SCM_RIGHTS;
+                c->cmsg_len = CMSG_LEN(sizeof(int) * n);
+                memcpy(CMSG_DATA(c), fds, sizeof(int) * n);
+        }
+        return sendmsg(sock, &m, 0) < 0 ? -1 : 0;
+}
+
+static int recv_fds(int sock, void *buf, size_t len, int *fds, int max) {
+        char cbuf[CMSG_SPACE(sizeof(int) * 4)];
+        struct iovec iov = { .iov_base = buf, .iov_len = len };
+        struct msghdr m = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf, .msg_controllen = sizeof(cbuf) };
+        struct cmsghdr *c;
+        int n = 0;
+
+        if (recvmsg(sock, &m, MSG_CMSG_CLOEXEC) <= 0)
+                return -1;
+        for (c = CMSG_FIRSTHDR(&m); c; c = CMSG_NXTHDR(&m, c))
+                if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
+                        n = (int) ((c->cmsg_len - CMSG_LEN(0)) / sizeof(int));
+                        memcpy(fds, CMSG_DATA(c), sizeof(int) * (n < max ? n : max));
+                }
+        return n;
+}
+
+static int cuda_up(void) {
+        gp_cu_context ctx;
+        gp_cu_device dev;
+        char err[256];
+
+        if (gp_cuda_load(&cu, err, sizeof(err)) < 0) {
+                printf("[%s] %s\n", who, err);
+                return -1;
+        }
+        *(void **) &retain = gp_cuda_symbol(&cu, "cuMemRetainAllocationHandle", 11000);
+        *(void **) &get_access = gp_cuda_symbol(&cu, "cuMemGetAccess", 10020);
+        *(void **) &ptr_attr = gp_cuda_symbol(&cu, "cuPointerGetAttribute", 4000);
+        *(void **) &memset8 = gp_cuda_symbol(&cu, "cuMemsetD8", 3020);
+        *(void **) &memset8_async = gp_cuda_symbol(&cu, "cuMemsetD8Async", 3020);
+        *(void **) &dtoh = gp_cuda_symbol(&cu, "cuMemcpyDtoH", 3020);
+        *(void **) &htod = gp_cuda_symbol(&cu, "cuMemcpyHtoD", 3020);
+        *(void **) &mod_load = gp_cuda_symbol(&cu, "cuModuleLoadData", 2000);
+        *(void **) &mod_func = gp_cuda_symbol(&cu, "cuModuleGetFunction", 2000);
+        *(void **) &launch = gp_cuda_symbol(&cu, "cuLaunchKernel", 4000);
+        if (cu.cuDeviceGet(&dev, 0) != GP_CUDA_SUCCESS || cu.cuDevicePrimaryCtxRetain(&ctx, dev) != GP_CUDA_SUCCESS ||
+            cu.cuCtxPushCurrent(ctx) != GP_CUDA_SUCCESS) {
+                printf("[%s] no context on device 0\n", who);
+                return -1;
+        }
+        return 0;
+}
+
+/* B: a fresh process given the creator's two exports of one allocation (and another allocation's). */
+static int importer(int sock) {
+        int fds[4] = { -1, -1, -1, -1 }, n0, n1, n2, n3;
+        gp_cu_mem_handle h1 = 0, h1b = 0, h2 = 0, hr = 0, hother = 0;
+        gp_cu_deviceptr va1, va2, va1b, vap, vaother;
+        gp_cu_result r;
+        char buf[8];
+        double t0;
+
+        who = "B";
+        if (recv_fds(sock, buf, sizeof(buf), fds, 4) != 3 || cuda_up() < 0)
+                return 1;
+        n0 = open_fds();
+        print_fd("received export #1", fds[0]);
+        r = cu.cuMemImportFromShareableHandle(&h1, (void *) (uintptr_t) fds[0], GP_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+        printf("[B] import export #1: %s, handle 0x%llx\n", rs(r), h1);
+        if (r != GP_CUDA_SUCCESS)
+                return 2;
+        print_props("imported handle's properties (what vmm_mem_adopt sees)", h1);
+        r = cu.cuMemImportFromShareableHandle(&h1b, (void *) (uintptr_t) fds[0], GP_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+        printf("[B] import export #1 again: %s, handle 0x%llx (%s)\n", rs(r), h1b, h1b == h1 ? "the same" : "another");
+        r = cu.cuMemImportFromShareableHandle(&h2, (void *) (uintptr_t) fds[1], GP_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+        printf("[B] import export #2 (same allocation, second export): %s, handle 0x%llx (%s)\n", rs(r), h2,
+               h2 == h1 ? "the same as #1's" : "another than #1's");
+        r = cu.cuMemImportFromShareableHandle(&hother, (void *) (uintptr_t) fds[2], GP_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+        printf("[B] import another allocation's export: %s, handle 0x%llx\n", rs(r), hother);
+        n1 = open_fds();
+        for (int i = 0; i < 3; i++)
+                close(fds[i]);
+        n2 = open_fds();
+        va1 = map_at("export #1, whole", h1, 4 * MiB, 4 * MiB, GP_CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+        va2 = map_at("export #2, whole", h2, 4 * MiB, 4 * MiB, GP_CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+        va1b = map_at("export #1 imported again, whole", h1b, 4 * MiB, 4 * MiB, GP_CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+        vap = map_at("export #1, 2 MiB prefix of 4", h1, 2 * MiB, 2 * MiB, GP_CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+        (void) map_at("export #1, 6 MiB (more than it has)", h1, 6 * MiB, 6 * MiB, GP_CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+        vaother = map_at("another allocation", hother, 2 * MiB, 2 * MiB, GP_CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+        n3 = open_fds();
+        printf("[B] open fds: %d before imports, %d holding 3 received + 4 imports, %d after closing the 3, %d after mapping "
+               "(the driver keeps %d per import)\n", n0, n1, n2, n3, n2 - n0);
+        if (va1) {
+                unsigned char b = 0;
+
+                r = dtoh(&b, va1, 1);
+                printf("[B] reads the creator's fill through export #1: %s 0x%02x\n", rs(r), b);
+                ptr_attrs("mapping of export #1", va1);
+        }
+        if (va2)
+                ptr_attrs("mapping of export #2 (same allocation)", va2);
+        if (va1b)
+                ptr_attrs("mapping of export #1's second import", va1b);
+        if (vap)
+                ptr_attrs("prefix mapping of export #1", vap);
+        if (vaother)
+                ptr_attrs("mapping of another allocation", vaother);
+        if (va1 && retain) {
+                /* As libgpupool leaves it: the imported handle released, the mapping holding the memory. */
+                printf("[B] cuMemRelease of the imported handle, still mapped: %s\n", rs(cu.cuMemRelease(h1)));
+                r = retain(&hr, (void *) (uintptr_t) va1);
+                printf("[B] cuMemRetainAllocationHandle(mapping of #1): %s, handle 0x%llx (%s the imported 0x%llx)\n", rs(r), hr,
+                       hr == h1 ? "==" : "!=", h1);
+                if (r == GP_CUDA_SUCCESS) {
+                        int fd = -1;
+
+                        print_props("retained handle's properties", hr);
+                        r = cu.cuMemExportToShareableHandle(&fd, hr, GP_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+                        printf("[B] re-export of the retained (imported) handle: %s\n", rs(r));
+                        if (r == GP_CUDA_SUCCESS) {
+                                print_fd("re-exported", fd);
+                                close(fd);
+                        }
+                        (void) cu.cuMemRelease(hr);
+                }
+        }
+        t0 = now_ns();
+        for (int i = 0; i < 200; i++) {
+                int fd = -1;
+                gp_cu_mem_handle t;
+
+                if (cu.cuMemExportToShareableHandle(&fd, h2, GP_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0) != GP_CUDA_SUCCESS ||
+                    cu.cuMemImportFromShareableHandle(&t, (void *) (uintptr_t) fd, GP_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) !=
+                            GP_CUDA_SUCCESS) {
+                        printf("[B] export+import loop failed at %d\n", i);
+                        break;
+                }
+                close(fd);
+                (void) cu.cuMemRelease(t);
+        }
+        printf("[B] export + import + close + release of an imported handle: %.1f us each (200)\n", (now_ns() - t0) / 200 / 1e3);
+        return 0;
+}
+
+static const char ptx[] =
+        ".version 7.0\n.target sm_70\n.address_size 64\n"
+        ".visible .entry poke(.param .u64 p)\n{\n.reg .b64 %rd<2>;\n.reg .b32 %r<2>;\n"
+        "ld.param.u64 %rd1, [p];\ncvta.to.global.u64 %rd1, %rd1;\nmov.u32 %r1, 1515870810;\n"
+        "st.global.u32 [%rd1], %r1;\nret;\n}\n";
+
+/* C1/C2: maps the allocation read-only, as libgpupool attaches an object, and writes into it. */
+static int reader(int sock, bool kernel) {
+        int fds[4] = { -1 };
+        gp_cu_mem_handle h;
+        gp_cu_deviceptr va;
+        unsigned long long flags = 99;
+        unsigned char b = 0;
+        gp_cu_result r, rs2 = -1;
+        char buf[8];
+
+        who = kernel ? "C2" : "C1";
+        if (recv_fds(sock, buf, sizeof(buf), fds, 4) < 1 || cuda_up() < 0)
+                return 1;
+        if ((r = cu.cuMemImportFromShareableHandle(&h, (void *) (uintptr_t) fds[0], GP_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)) !=
+            GP_CUDA_SUCCESS) {
+                printf("[%s] import: %s\n", who, rs(r));
+                return 2;
+        }
+        close(fds[0]);
+        if (!(va = map_at("mapped PROT_READ", h, 4 * MiB, 4 * MiB, GP_CU_MEM_ACCESS_FLAGS_PROT_READ)))
+                return 3;
+        (void) cu.cuMemRelease(h);
+        if (get_access) {
+                r = get_access(&flags, &base_prop.location, va);
+                printf("[%s] cuMemGetAccess: %s flags %llu\n", who, rs(r), flags);
+        }
+        ptr_attrs("read-only mapping", va);
+        r = dtoh(&b, va, 1);
+        printf("[%s] read (cuMemcpyDtoH): %s 0x%02x\n", who, rs(r), b);
+        if (!kernel) {
+                unsigned char src[4096];
+
+                r = memset8_async(va, 0x00, 4096, NULL);
+                if (r == GP_CUDA_SUCCESS)
+                        rs2 = cu.cuCtxSynchronize();
+                printf("[%s] write 4 KiB (cuMemsetD8Async, legacy stream): %s; cuCtxSynchronize: %s   "
+                       "<- test_vmm_objects wants CUDA_ERROR_ILLEGAL_ADDRESS from one of them\n", who, rs(r),
+                       rs2 == -1 ? "-" : rs(rs2));
+                memset(src, 0x11, sizeof(src));
+                printf("[%s] write 4 KiB at +1 MiB (cuMemcpyHtoD): %s\n", who, rs(htod(va + MiB, src, sizeof(src))));
+        } else if (!mod_load || !mod_func || !launch) {
+                printf("[%s] cuModuleLoadData/cuLaunchKernel absent: no kernel write\n", who);
+        } else {
+                void *mod = NULL, *fn = NULL, *args[1] = { &va };
+
+                r = mod_load(&mod, ptx);
+                if (r == GP_CUDA_SUCCESS)
+                        r = mod_func(&fn, mod, "poke");
+                if (r == GP_CUDA_SUCCESS)
+                        r = launch(fn, 1, 1, 1, 1, 1, 1, 0, NULL, args, NULL);
+                if (r == GP_CUDA_SUCCESS)
+                        rs2 = cu.cuCtxSynchronize();
+                printf("[%s] write 4 bytes from a kernel (st.global): launch %s; cuCtxSynchronize: %s\n", who, rs(r),
+                       rs2 == -1 ? "-" : rs(rs2));
+        }
+        r = dtoh(&b, va, 1);
+        printf("[%s] read back byte 0: %s 0x%02x (%s)\n", who, rs(r), b,
+               r != GP_CUDA_SUCCESS ? "context gone" : b == 0xab ? "unchanged: the write did not land" :
+               "CHANGED: the write landed, read-only not enforced");
+        return 0;
+}
+
+int main(void) {
+        int sv[3][2], status, fd1 = -1, fd2 = -1, fd3 = -1, n0, n1;
+        gp_cu_mem_handle h, hother, hfab;
+        gp_cu_deviceptr va;
+        size_t gmin = 0, grec = 0;
+        pid_t pid[3];
+        int vmm = -1, posix = -1, fabric = -1;
+        gp_cu_result r;
+        double t0;
+
+        setvbuf(stdout, NULL, _IOLBF, 0);
+        for (int i = 0; i < 3; i++) {
+                if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv[i]) < 0)
+                        return 1;
+                if ((pid[i] = fork()) == 0) {
+                        close(sv[i][0]);
+                        alarm(50);
+                        _exit(i == 0 ? importer(sv[i][1]) : reader(sv[i][1], i == 2));
+                }
+                close(sv[i][1]);
+        }
+        who = "A";
+        alarm(55);
+        if (cuda_up() < 0)
+                return 1;
+        {
+                char name[128] = "?";
+                gp_cu_device dev;
+
+                (void) cu.cuDeviceGet(&dev, 0);
+                (void) cu.cuDeviceGetName(name, sizeof(name), dev);
+                (void) cu.cuDeviceGetAttribute(&vmm, GP_CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, dev);
+                (void) cu.cuDeviceGetAttribute(&posix, GP_CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED, dev);
+                (void) cu.cuDeviceGetAttribute(&fabric, ATTR_FABRIC_SUPPORTED, dev);
+                (void) cu.cuMemGetAllocationGranularity(&gmin, &base_prop, GP_CU_MEM_ALLOC_GRANULARITY_MINIMUM);
+                (void) cu.cuMemGetAllocationGranularity(&grec, &base_prop, GP_CU_MEM_ALLOC_GRANULARITY_RECOMMENDED);
+                printf("[A] driver %d, GPU 0 %s: VMM %d, POSIX fd %d, FABRIC %d; granularity min %zu recommended %zu\n",
+                       cu.driver_version, name, vmm, posix, fabric, gmin, grec);
+        }
+        r = cu.cuMemCreate(&h, 4 * MiB, &base_prop, 0);
+        printf("[A] cuMemCreate 4 MiB (POSIX fd): %s\n", rs(r));
+        if (r != GP_CUDA_SUCCESS || cu.cuMemCreate(&hother, 2 * MiB, &base_prop, 0) != GP_CUDA_SUCCESS)
+                return 1;
+        print_props("created handle's properties", h);
+        if ((va = map_at("own mapping", h, 4 * MiB, 4 * MiB, GP_CU_MEM_ACCESS_FLAGS_PROT_READWRITE)))
+                {
+                        r = memset8(va, 0xab, 4 * MiB);
+                        printf("[A] fill 0xab: %s, cuCtxSynchronize %s\n", rs(r), rs(cu.cuCtxSynchronize()));
+                }
+        if (va)
+                ptr_attrs("own mapping", va);
+        {
+                int fd = -1;
+                gp_cu_mem_handle hi = 0;
+                gp_cu_deviceptr vai;
+
+                r = cu.cuMemExportToShareableHandle(&fd, h, GP_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+                if (r == GP_CUDA_SUCCESS)
+                        r = cu.cuMemImportFromShareableHandle(&hi, (void *) (uintptr_t) fd, GP_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+                printf("[A] import of its own export: %s, handle 0x%llx (created 0x%llx)\n", rs(r), hi, h);
+                if (fd >= 0)
+                        close(fd);
+                if (r == GP_CUDA_SUCCESS) {
+                        print_props("own re-imported handle's properties", hi);
+                        if ((vai = map_at("own re-import", hi, 4 * MiB, 4 * MiB, GP_CU_MEM_ACCESS_FLAGS_PROT_READWRITE)))
+                                ptr_attrs("own re-import's mapping (MEMORY_BLOCK_ID as the own mapping's?)", vai);
+                        (void) cu.cuMemRelease(hi);
+                }
+        }
+        n0 = open_fds();
+        r = cu.cuMemExportToShareableHandle(&fd1, h, GP_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+        printf("[A] export #1: %s\n", rs(r));
+        r = cu.cuMemExportToShareableHandle(&fd2, h, GP_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+        printf("[A] export #2 of the same handle: %s\n", rs(r));
+        (void) cu.cuMemExportToShareableHandle(&fd3, hother, GP_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+        n1 = open_fds();
+        print_fd("export #1", fd1);
+        print_fd("export #2", fd2);
+        print_fd("another allocation's export", fd3);
+        printf("[A] kcmp(KCMP_FILE) export #1 vs #2: %ld (0: one file; each export a file of its own otherwise); "
+               "open fds +%d for 3 exports\n",
+               syscall(SYS_kcmp, getpid(), getpid(), KCMP_FILE, (unsigned long) fd1, (unsigned long) fd2), n1 - n0);
+        t0 = now_ns();
+        for (int i = 0; i < 1000; i++) {
+                int fd = -1;
+
+                if (cu.cuMemExportToShareableHandle(&fd, h, GP_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0) != GP_CUDA_SUCCESS)
+                        break;
+                close(fd);
+        }
+        printf("[A] cuMemExportToShareableHandle + close: %.1f us each (1000)\n", (now_ns() - t0) / 1000 / 1e3);
+        {
+                gp_cu_mem_prop fp = base_prop;
+                unsigned char f1[64], f2[64];
+
+                fp.requested_handle_types = FABRIC;
+                r = cu.cuMemCreate(&hfab, 2 * MiB, &fp, 0);
+                printf("[A] cuMemCreate with CU_MEM_HANDLE_TYPE_FABRIC: %s\n", rs(r));
+                if (r == GP_CUDA_SUCCESS) {
+                        gp_cu_result e1 = cu.cuMemExportToShareableHandle(f1, hfab, FABRIC, 0);
+                        gp_cu_result e2 = cu.cuMemExportToShareableHandle(f2, hfab, FABRIC, 0);
+
+                        printf("[A] fabric exports: %s, %s; the two 64-byte handles are %s\n", rs(e1), rs(e2),
+                               memcmp(f1, f2, 64) ? "different" : "IDENTICAL (an identity without descriptors)");
+                        (void) cu.cuMemRelease(hfab);
+                }
+        }
+        /* B gets both exports of h and one of hother; C1 and C2 one each of h. */
+        {
+                int three[3] = { fd1, fd2, fd3 };
+
+                (void) send_fds(sv[0][0], "m", 1, three, 3);
+        }
+        waitpid(pid[0], &status, 0);
+        printf("[A] B exited %d\n", WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+        for (int i = 1; i < 3; i++) {
+                int fd = -1;
+
+                (void) cu.cuMemExportToShareableHandle(&fd, h, GP_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+                (void) send_fds(sv[i][0], "m", 1, &fd, 1);
+                close(fd);
+                waitpid(pid[i], &status, 0);
+                printf("[A] C%d exited %d\n", i, WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+        }
+        if (va) {
+                unsigned char b = 0;
+
+                r = dtoh(&b, va, 1);
+                printf("[A] creator reads byte 0 after the readers: %s 0x%02x\n", rs(r), b);
+        }
+        return 0;
+}
