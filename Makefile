@@ -14,6 +14,7 @@
 #   make bench-instructions   instructions per alloc+free of the allocator core (callgrind)
 #   make bench-frag           fragmentation of gpupool, PyTorch-, CuPy-, no-cache policies and growth models on traces
 #   make bench-replay         traces through libgpupool and a private gpupoold: round trips, imports, ns/op
+#   make bench-replay-vmm     the same on cuda-vmm, whole and growing in place (GPU, or the fake driver's costs)
 #   make bench-lag            traces on a fake GPU that runs behind the CPU: memory held with stream-ordered frees
 #   make bench-adopt          adoption after a daemon restart next to leasing the memory anew
 #   make bench-objects        attaching a named object next to loading the same bytes from the page cache
@@ -367,6 +368,20 @@ bench-replay: all $(BENCH_REPLAY)
 	@mkdir -p bench/results
 	$(Q)$(BENCH_REPLAY) --build $(B) $(TRACES) | tee bench/results/replay-$$(date -u +%Y-%m-%d).txt
 
+# The same traces through libgpupool on cuda-vmm, whole segments and growing in place: on the GPU
+# where nvidia-smi finds one, else on the fake driver with the VMM calls' costs an H200 measured
+# (its memory in /dev/shm, sparse: nothing is touched). The mean ns/op is what first touches cost.
+bench-replay-vmm: all $(BENCH_REPLAY) $(FAKECUDA)
+	@mkdir -p bench/results
+	$(Q)out=bench/results/replay-vmm-$$(date -u +%Y-%m-%d-%H%M%S)-$$(git rev-parse --short HEAD 2>/dev/null || echo unknown); \
+	if nvidia-smi -L >/dev/null 2>&1; then \
+		out=$$out-gpu.txt; $(BENCH_REPLAY) --build $(B) --backend cuda-vmm $(TRACES) >$$out; st=$$?; \
+	else \
+		out=$$out-fake-driver.txt; dir=$$(mktemp -d -p /dev/shm gpupool-replay-fake.XXXXXX) || exit 1; \
+		GPUPOOL_LIBCUDA=$$PWD/$(FAKECUDA) FAKECUDA_DIR=$$dir FAKECUDA_MEM=80G \
+			$(BENCH_REPLAY) --build $(B) --backend cuda-vmm $(TRACES) >$$out; st=$$?; rm -rf "$$dir"; \
+	fi; cat $$out; exit $$st
+
 # The traces on one stream of the fake driver's GPU, running 0 to all operations behind the CPU
 # (bench/lag.c): what a lagging GPU costs in memory held with stream-ordered frees.
 bench-lag: all $(BENCH_LAG) $(FAKECUDA)
@@ -625,7 +640,7 @@ clean:
 
 FORCE:
 
-.PHONY: FORCE all install uninstall test layers bench-objects check-gpu gpu-tools gpu-validate bench-gpu bench-pending bench-driver bench-frameworks stress fuzz fuzz-seeds bench bench-frag bench-replay bench-lag bench-adopt bench-instructions valgrind deps deps-fuzz deps-deploy check-deploy run clean
+.PHONY: FORCE all install uninstall test layers bench-objects check-gpu gpu-tools gpu-validate bench-gpu bench-pending bench-driver bench-frameworks stress fuzz fuzz-seeds bench bench-frag bench-replay bench-replay-vmm bench-lag bench-adopt bench-instructions valgrind deps deps-fuzz deps-deploy check-deploy run clean
 
 .SECONDARY:
 

@@ -56,9 +56,12 @@
 #define MiB (1ULL << 20)
 
 static char dir[64], sock_path[128];
+static const char *backend = "host";
 
 static pid_t start_daemon(const char *build) {
-        return private_daemon_start(build, dir, sock_path, "16G");
+        if (strcmp(backend, "host") == 0)
+                return private_daemon_start(build, dir, sock_path, "16G");
+        return private_daemon_start_backend(build, dir, sock_path, backend, NULL);
 }
 
 static void stop_daemon(pid_t pid) {
@@ -70,7 +73,7 @@ struct result {
         size_t ops;
         uint64_t trips, trips_half, imports, imports_half;
         uint64_t maps, maps_half, unmaps, unmaps_half;          /* granules, grow only */
-        double median_ns, p99_ns;
+        double median_ns, p99_ns, mean_ns;      /* mean: the whole trace's time over its operations */
         uint64_t peak_leased, peak_in_use;
 };
 
@@ -132,6 +135,8 @@ static int replay(const struct trace *t, struct result *res) {
                 res->trips_half = st.round_trips - half.round_trips;
                 res->imports = st.segments_imported;
                 res->imports_half = st.segments_imported - half.segments_imported;
+                for (size_t i = 0; i < timed; i++)
+                        res->mean_ns += ns[i] / (double) timed;
                 qsort(ns, timed, sizeof(*ns), cmp_double);
                 res->median_ns = timed ? ns[timed / 2] : 0;
                 res->p99_ns = timed ? ns[timed * 99 / 100] : 0;
@@ -170,6 +175,8 @@ static int replay_malloc(const struct trace *t, struct result *res) {
                         ptrs[o->id] = NULL;
                 }
         }
+        for (size_t i = 0; i < timed; i++)
+                res->mean_ns += ns[i] / (double) timed;
         qsort(ns, timed, sizeof(*ns), cmp_double);
         res->median_ns = timed ? ns[timed / 2] : 0;
         res->p99_ns = timed ? ns[timed * 99 / 100] : 0;
@@ -191,21 +198,25 @@ static const char *trace_name(const char *path, char *buf, size_t size) {
 }
 
 int main(int argc, char **argv) {
-        static const struct option longopts[] = { { "build", required_argument, NULL, 'b' }, { NULL, 0, NULL, 0 } };
+        static const struct option longopts[] = { { "build", required_argument, NULL, 'b' },
+                                                  { "backend", required_argument, NULL, 'B' }, { NULL, 0, NULL, 0 } };
         static const char *defaults[] = { "GPUPOOL_TIMEOUT", "GPUPOOL_IDLE_RETURN", "GPUPOOL_SEGMENTS" };
         static const char *const ways[] = { "process", "grow" };
         const char *build = NULL;
         int opt, failed = 0;
 
         while ((opt = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
-                if (opt != 'b') {
-                        fprintf(stderr, "usage: replay --build DIR TRACE.csv...\n");
+                if (opt == 'b')
+                        build = optarg;
+                else if (opt == 'B' && (strcmp(optarg, "host") == 0 || strcmp(optarg, "cuda-vmm") == 0))
+                        backend = optarg;
+                else {
+                        fprintf(stderr, "usage: replay --build DIR [--backend host|cuda-vmm] TRACE.csv...\n");
                         return 2;
                 }
-                build = optarg;
         }
         if (!build || optind == argc) {
-                fprintf(stderr, "usage: replay --build DIR TRACE.csv...\n");
+                fprintf(stderr, "usage: replay --build DIR [--backend host|cuda-vmm] TRACE.csv...\n");
                 return 2;
         }
         for (size_t i = 0; i < sizeof(defaults) / sizeof(defaults[0]); i++)
@@ -216,10 +227,11 @@ int main(int argc, char **argv) {
                 return 1;
         }
         snprintf(sock_path, sizeof(sock_path), "%s/gpupool.sock", dir);
-        printf("%-14s %-8s %7s %17s %15s %15s %12s %12s %6s %15s %15s\n", "trace", "pool", "ops", "round trips", "imports",
+        printf("# backend %s\n", backend);
+        printf("%-14s %-8s %7s %17s %15s %23s %12s %12s %6s %15s %15s\n", "trace", "pool", "ops", "round trips", "imports",
                "ns/op", "peak leased", "peak in use", "ratio", "granule maps", "unmaps");
-        printf("%-14s %-8s %7s %8s %8s %7s %7s %7s %7s %12s %12s %6s %7s %7s %7s %7s\n", "", "", "", "all", "2nd half", "all",
-               "2nd half", "median", "p99", "MiB", "MiB", "", "all", "2nd half", "all", "2nd half");
+        printf("%-14s %-8s %7s %8s %8s %7s %7s %7s %7s %7s %12s %12s %6s %7s %7s %7s %7s\n", "", "", "", "all", "2nd half", "all",
+               "2nd half", "median", "p99", "mean", "MiB", "MiB", "", "all", "2nd half", "all", "2nd half");
         for (int a = optind; a < argc; a++) {
                 struct trace t;
                 struct result res;
@@ -233,9 +245,9 @@ int main(int argc, char **argv) {
                         continue;
                 }
                 if (replay_malloc(&t, &res) == 0)
-                        printf("%-14s %-8s %7zu %8s %8s %7s %7s %7.0f %7.0f %12s %12s %6s %7s %7s %7s %7s\n",
+                        printf("%-14s %-8s %7zu %8s %8s %7s %7s %7.0f %7.0f %7.0f %12s %12s %6s %7s %7s %7s %7s\n",
                                trace_name(argv[a], name, sizeof(name)), "malloc", res.ops, "-", "-", "-", "-", res.median_ns,
-                               res.p99_ns, "-", "-", "-", "-", "-", "-", "-");
+                               res.p99_ns, res.mean_ns, "-", "-", "-", "-", "-", "-", "-");
                 for (int w = 0; w < 2; w++) {
                         if (w == 1)
                                 setenv("GPUPOOL_SEGMENTS", "grow", 1);
@@ -246,12 +258,12 @@ int main(int argc, char **argv) {
                         if (r < 0)
                                 failed = 1;
                         else
-                                printf("%-14s %-8s %7zu %8llu %8llu %7llu %7llu %7.0f %7.0f %12.1f %12.1f %6.3f %7llu %7llu "
-                                       "%7llu %7llu\n",
+                                printf("%-14s %-8s %7zu %8llu %8llu %7llu %7llu %7.0f %7.0f %7.0f %12.1f %12.1f %6.3f %7llu "
+                                       "%7llu %7llu %7llu\n",
                                        trace_name(argv[a], name, sizeof(name)), ways[w], res.ops,
                                        (unsigned long long) res.trips, (unsigned long long) res.trips_half,
                                        (unsigned long long) res.imports, (unsigned long long) res.imports_half,
-                                       res.median_ns, res.p99_ns, (double) res.peak_leased / MiB,
+                                       res.median_ns, res.p99_ns, res.mean_ns, (double) res.peak_leased / MiB,
                                        (double) res.peak_in_use / MiB,
                                        res.peak_in_use ? (double) res.peak_leased / (double) res.peak_in_use : 0,
                                        (unsigned long long) res.maps, (unsigned long long) res.maps_half,

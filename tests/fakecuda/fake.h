@@ -108,6 +108,10 @@ uint64_t parse_bytes(const char *s, uint64_t dflt);
 
 /* fakecuda_mem.c: reads its knobs at cuInit, locked. */
 void mem_init(void);
+/* fakecuda_vmm.c: reads $FAKECUDA_VMM_COSTS. At cuInit, locked. */
+void vmm_init(void);
+/* Spends ns nanoseconds asleep, as a driver call that takes that long (never under the fake's lock). */
+void fake_spend(uint64_t ns);
 /*
  * The host bytes behind [p, p + n) (an allocation, or a mapping made accessible) in *ret, for
  * reading or (write) writing too. Returns CUDA_SUCCESS, CUDA_ERROR_INVALID_VALUE (not device
