@@ -25,7 +25,8 @@
  *
  * Per trace and lag it prints the most the process held mapped (peak leased, MiB), the most
  * the trace held live (peak in use, sizes rounded to 512 B) and their ratio, the round trips to
- * the daemon and the segments imported. Each trace and lag has a gpupoold of its own (the
+ * the daemon, the segments imported, the trace's frees and the events the process recorded
+ * meanwhile (cuEventRecord, counted by the fake driver). Each trace and lag has a gpupoold of its own (the
  * build's, --backend cuda, an empty config) and a handle of its own, so that no run finds
  * another's segments in the daemon's cache.
  *
@@ -60,12 +61,14 @@ struct lag {
         struct gp_cuda cu;
         gp_cu_deviceptr scratch;        /* what each operation's stand-in kernel writes */
         int (*hold)(gp_cu_stream s, int hold);          /* the fake driver's */
+        unsigned long long (*event_records)(void);      /* the fake driver's: events this process recorded */
         const char *build;
         char dir[64], sock[128];
 };
 
 struct result {
         uint64_t peak_leased, peak_in_use, trips, imports;
+        uint64_t events, frees;         /* events recorded during the trace, and its frees */
         unsigned late;          /* catch-ups after which frees were still pending after 200 ms */
 };
 
@@ -114,6 +117,7 @@ static int replay(struct lag *l, const struct trace *t, long lag, struct result 
                 exit(1);
         }
         trace_live_init(&live, t);
+        res->events = l->event_records();
         for (size_t i = 0; i < t->n; i++) {
                 const struct op *o = &t->ops[i];
                 void *p = NULL;
@@ -142,6 +146,7 @@ static int replay(struct lag *l, const struct trace *t, long lag, struct result 
                                 (unsigned long long) (o->alloc ? o->size : live.sizes[o->id]), why);
                         break;
                 }
+                res->frees += !o->alloc;
                 trace_live_done(&live, o, p);
                 res->peak_in_use = live.peak;
                 if (gpupool_stats(c, &st) < 0)
@@ -149,6 +154,7 @@ static int replay(struct lag *l, const struct trace *t, long lag, struct result 
                 if (st.mapped_bytes > res->peak_leased)
                         res->peak_leased = st.mapped_bytes;
         }
+        res->events = l->event_records() - res->events;
         if (r >= 0 && gpupool_stats(c, &st) == 0) {
                 res->trips = st.round_trips;
                 res->imports = st.segments_imported;
@@ -222,7 +228,8 @@ int main(int argc, char **argv) {
         snprintf(l.sock, sizeof(l.sock), "%s/sock", l.dir);
         bench_gpu_open(&l.cu, NULL, "lag");
         *(void **) &l.hold = dlsym(l.cu.lib, "fakecuda_stream_hold");
-        if (!l.hold) {
+        *(void **) &l.event_records = dlsym(l.cu.lib, "fakecuda_event_records");
+        if (!l.hold || !l.event_records) {
                 fprintf(stderr, "lag: runs on the fake driver only (tests/fakecuda, $GPUPOOL_LIBCUDA): it holds a "
                                 "stream's work with fakecuda_stream_hold()\n");
                 return 2;
@@ -233,8 +240,8 @@ int main(int argc, char **argv) {
         }
         printf("# the fake driver; one stream; lag: how many operations the GPU may run behind (sync: frees at once);\n"
                "# the run of median peak leased of %u, each with a gpupoold of its own, and the range of the ratio\n", runs);
-        printf("%-16s %6s %7s %14s %14s %7s %12s %12s %8s\n", "trace", "lag", "ops", "peak leased", "peak in use", "ratio",
-               "range", "round trips", "imports");
+        printf("%-16s %6s %7s %14s %14s %7s %12s %12s %8s %8s %8s\n", "trace", "lag", "ops", "peak leased", "peak in use", "ratio",
+               "range", "round trips", "imports", "frees", "events");
         for (int i = optind; i < argc; i++) {
                 const char *base = strrchr(argv[i], '/') ? strrchr(argv[i], '/') + 1 : argv[i];
                 char name[64], lags[256], *save = NULL;
@@ -267,10 +274,11 @@ int main(int argc, char **argv) {
                         }
                         /* The runs sorted by what they held: the median's row, and the range. */
                         qsort(res, runs, sizeof(res[0]), cmp_leased);
-                        printf("%-16s %6s %7zu %10.1f MiB %10.1f MiB %7.3f %6.3f-%5.3f %12llu %8llu", name, tok, t.n,
-                               (double) res[runs / 2].peak_leased / MiB, (double) res[runs / 2].peak_in_use / MiB,
+                        printf("%-16s %6s %7zu %10.1f MiB %10.1f MiB %7.3f %6.3f-%5.3f %12llu %8llu %8llu %8llu", name, tok,
+                               t.n, (double) res[runs / 2].peak_leased / MiB, (double) res[runs / 2].peak_in_use / MiB,
                                ratio(&res[runs / 2]), ratio(&res[0]), ratio(&res[runs - 1]),
-                               (unsigned long long) res[runs / 2].trips, (unsigned long long) res[runs / 2].imports);
+                               (unsigned long long) res[runs / 2].trips, (unsigned long long) res[runs / 2].imports,
+                               (unsigned long long) res[runs / 2].frees, (unsigned long long) res[runs / 2].events);
                         if (late)
                                 printf("  (%u catch-ups found frees still pending after 200 ms)", late);
                         printf("\n");

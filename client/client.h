@@ -115,7 +115,7 @@ struct deferred {
         struct block *block;            /* NULL once reused on its stream before the work ended */
         struct stream_queue *queue;
         uint64_t seq;                   /* the handle's count of stream-ordered frees: oldest first */
-        gp_cu_event event;
+        gp_cu_event event;              /* its fence, shared with the frees queued before it since the last; NULL: none yet */
         struct gp_rb_node by_fit;       /* in the handle's pending tree while block is set */
 };
 
@@ -129,6 +129,10 @@ struct stream_queue {
         unsigned device;
         struct deferred **ring;         /* cap entries, a power of two; the oldest at first */
         unsigned cap, first, count;
+        unsigned unfenced;              /* the newest frees, with no fence recorded after them yet */
+        uint64_t unfenced_since_ns;     /* when the oldest of them was queued (client_now_ns()) */
+        void *stream;                   /* the handle the latest free came with: a later fence goes there, if still this stream */
+        bool gone;                      /* that handle is another stream's now: no fence can follow its unfenced frees */
 };
 
 /* A daemon device as this process sees it. */
@@ -254,6 +258,14 @@ static inline uint64_t client_now_ms(void) {
 
         clock_gettime(CLOCK_MONOTONIC, &ts);
         return (uint64_t) ts.tv_sec * 1000 + (uint64_t) ts.tv_nsec / 1000000;
+}
+
+/* CLOCK_MONOTONIC in nanoseconds. */
+static inline uint64_t client_now_ns(void) {
+        struct timespec ts;
+
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        return (uint64_t) ts.tv_sec * 1000000000u + (uint64_t) ts.tv_nsec;
 }
 
 #endif

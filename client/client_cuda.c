@@ -413,6 +413,36 @@ static gp_cu_result event_get(gpupool_client *c, struct client_device *d, gp_cu_
         return r;
 }
 
+int client_cuda_fence(gpupool_client *c, struct client_device *d, void *stream, unsigned long long id, gp_cu_event *ret) {
+        unsigned long long now_id = 0;
+        gp_cu_event e = NULL;
+        int err, capturing;
+        gp_cu_result r;
+
+        err = push(c, d);
+        if (err < 0)
+                return err;
+        r = capture_or_id(c, stream, &capturing, &now_id);
+        if (r != GP_CUDA_SUCCESS || capturing || now_id != id) {
+                /* Capturing (a later fence), or the handle is another stream's now (none). */
+                pop(c);
+                return capturing ? 1 : 2;
+        }
+        r = event_get(c, d, &e);
+        if (r == GP_CUDA_SUCCESS) {
+                r = c->cu.cuEventRecord(e, (gp_cu_stream) stream);
+                if (r != GP_CUDA_SUCCESS)
+                        client_cuda_event_put(c, d, e);
+        }
+        pop(c);
+        if (r != GP_CUDA_SUCCESS) {
+                client_set_error(c, "cannot record an event on the stream: %s", gp_cuda_error_name(&c->cu, r));
+                return r == GP_CUDA_ERROR_OUT_OF_MEMORY ? -ENOMEM : -EIO;
+        }
+        *ret = e;
+        return 0;
+}
+
 int client_cuda_record(gpupool_client *c, struct client_device *d, void *stream, gp_cu_event *ret,
                        unsigned long long *ret_stream_id) {
         gp_cu_event e = NULL;

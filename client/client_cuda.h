@@ -62,6 +62,14 @@ int client_cuda_unmap(gpupool_client *c, struct client_device *d, uint8_t *va, u
 int client_cuda_stream_id(gpupool_client *c, struct client_device *d, void *stream, unsigned long long *ret);
 
 /*
+ * Records an event on stream (of id, as cuStreamGetId named it) in d's primary context after the
+ * work queued so far: one fence for the frees queued on it before. Returns 0; recording
+ * nothing, 1 when the stream is capturing a graph, 2 when the handle is no longer that stream's
+ * (it was destroyed, or its handle came back for another); or a negative errno with the error set.
+ */
+int client_cuda_fence(gpupool_client *c, struct client_device *d, void *stream, unsigned long long id, gp_cu_event *ret);
+
+/*
  * Records an event on stream in d's primary context after the work queued so far (a spare
  * one, or a new one), and sets the stream's id (as client_cuda_stream_id()). Returns 0, or a
  * negative errno with the error set: -EBUSY when the stream is capturing a CUDA graph.

@@ -17,11 +17,11 @@
 void client_stream_init(gpupool_client *c, int (*free_block)(gpupool_client *c, struct block *b));
 
 /*
- * Records an event on stream after the work queued so far and queues b's free behind it. b is
- * out of the live table; it goes back there marked freeing, where an allocation on the same
- * stream may take it at once (client_stream_take()). On error b is untouched (the caller puts
- * it back): -EBUSY for a stream capturing a CUDA graph, -EINVAL for a stream of another
- * context, -ENOMEM, -EIO.
+ * Queues b's free on stream after the work queued so far, fenced with the frees around it by
+ * one event (after STREAM_FENCE_FREES of them, or at client_stream_fence_all()). b is out of the live table; it goes back there marked freeing,
+ * where an allocation on the same stream may take it at once (client_stream_take()). On error
+ * b is untouched (the caller puts it back): -EBUSY for a stream capturing a CUDA graph,
+ * -EINVAL for a stream of another context, -ENOMEM.
  */
 int client_stream_defer_free(gpupool_client *c, struct block *b, void *stream);
 
@@ -33,9 +33,18 @@ int client_stream_defer_free(gpupool_client *c, struct block *b, void *stream);
 struct block *client_stream_take(gpupool_client *c, unsigned d, uint64_t rsize, void *stream);
 
 /*
- * Frees the deferred blocks whose work is done, stopping on each stream at the first that is
- * not. With wait, waits for all of them first, and returns -EIO when the driver could not
- * prove that some work ended (those blocks stay pending); 0 otherwise.
+ * Records a fence on every stream with frees queued since its last (a stream capturing a graph,
+ * or destroyed, gets none): called by a thread of the application's, never the reaper, before an
+ * allocation asks the daemon for memory the pending frees may hold.
+ */
+void client_stream_fence_all(gpupool_client *c);
+
+/*
+ * Frees the deferred blocks whose fence has completed, stopping on each stream at the first
+ * that has not (or has no fence yet). With wait, waits for all the fenced ones first, and
+ * returns -EIO when the driver could not prove that some work ended (those blocks stay
+ * pending); 0 otherwise. Frees with no fence stay pending: at disconnect the process's work
+ * ends first (cuCtxSynchronize), and they go with the live table.
  */
 int client_stream_reap(gpupool_client *c, bool wait);
 

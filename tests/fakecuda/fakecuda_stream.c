@@ -74,6 +74,7 @@ static struct stream *streams;
 static struct event *events;
 static struct event *destroyed_events;      /* kept for the process's life (see cuEventDestroy) */
 static unsigned long long event_queries;        /* cuEventQuery calls (test hook) */
+static unsigned long long event_records;        /* cuEventRecord calls that recorded (test hook) */
 static CUresult event_failure;                  /* what event queries and waits return instead (test hook) */
 
 /* Capture sequences begun in CU_STREAM_CAPTURE_MODE_GLOBAL and not yet ended, all threads'. */
@@ -669,6 +670,7 @@ CUresult fk_EventRecord(gp_cu_event he, gp_cu_stream hs) {
         /* The event completes when everything queued on s so far has run. */
         e->stream = e->captured ? NULL : s;
         e->seq = s ? s->submitted : 0;
+        event_records++;
         pthread_mutex_unlock(&lock);
         return GP_CUDA_SUCCESS;
 }
@@ -798,6 +800,11 @@ EXPORT void fakecuda_release_all(void) {
                 s->held = false;
         pthread_cond_broadcast(&cond);
         pthread_mutex_unlock(&lock);
+}
+
+/* How many events this process recorded (cuEventRecord that succeeded). */
+EXPORT unsigned long long fakecuda_event_records(void) {
+        return counted(&event_records);
 }
 
 /* How many times cuEventQuery was called in this process. */

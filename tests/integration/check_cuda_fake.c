@@ -210,13 +210,14 @@ END_TEST
 
 /*
  * A batch of completed frees costs a few event queries, not one each: of 1,000 frees pending
- * on one stream, each behind its own work, the fake runs exactly the work of the first 500
- * (while the reaper waits on an older free of another stream, held for good); an allocation
- * the pool cannot serve then returns those 500 and no other, having searched the queue for
- * where the completed ones end.
+ * on one stream, each behind its own work and fenced 64 at a time, the fake runs exactly the
+ * work of the first 512 (while the reaper waits on an older free of another stream, held for
+ * good); an allocation the pool cannot serve then returns those 512 and no other, having
+ * searched the queue for where the completed ones end.
  */
 static int batch_client(struct testd *d, void *arg) {
-        enum { PENDING = 1000, DONE = 500, SIZE = 64 * 1024 };
+        /* DONE a multiple of the 64 frees one fence covers: what comes back is what DONE operations fenced. */
+        enum { PENDING = 1000, DONE = 512, SIZE = 64 * 1024 };
         void *fail_page = arg;
         static void *blocks[PENDING];
         gpupool_client *c = NULL;
@@ -271,6 +272,55 @@ static int batch_client(struct testd *d, void *arg) {
         gpupool_disconnect(c);
         return 0;
 }
+
+/*
+ * One fence covers many frees: 1,000 frees on one stream, each behind work of its own, record
+ * at most one event per 64 of them (PyTorch frees hundreds of blocks a step, and each event is
+ * a command on the stream); and once the work has run, every one comes back with no further
+ * call of the process's (the last, fewer than 64, fenced by the reaper in time).
+ */
+static int fence_client(struct testd *d, void *arg) {
+        enum { FREES = 1000, SIZE = 64 * 1024 };
+        void *fail_page = arg;
+        static void *blocks[FREES];
+        gpupool_client *c = NULL;
+        unsigned long long events;
+        struct gpupool_stats st;
+        gp_cu_stream s;
+        struct gpu g;
+        int i;
+
+        if (gpu_open(&g) < 0 || gpupool_connect(d->sock, "fences", &c) < 0 ||
+            g.cu.cuStreamCreate(&s, GP_CU_STREAM_NON_BLOCKING) != GP_CUDA_SUCCESS || g.hold(s, 1) < 0)
+                FAIL();
+        for (i = 0; i < FREES; i++)
+                if (gpupool_alloc(c, 0, SIZE, &blocks[i]) < 0)
+                        FAIL();
+        events = g.event_records();
+        for (i = 0; i < FREES; i++)
+                if (g.memset_d8_async(dptr(blocks[i]), 0x5a, SIZE, s) != GP_CUDA_SUCCESS ||
+                    gpupool_free_async(c, blocks[i], s) < 0)
+                        FAIL();
+        events = g.event_records() - events;
+        if (events > FREES / 64 + 1) {
+                fprintf(stderr, "fence_client: %llu events for %d frees\n", events, FREES);
+                FAIL();
+        }
+        release_work(&g, s);
+        for (double t0 = now_s(); gpupool_stats(c, &st) == 0 && st.live_bytes && now_s() - t0 < 5; nap_ms(5))
+                ;
+        if (gpupool_stats(c, &st) < 0 || st.live_bytes != 0) {
+                fprintf(stderr, "fence_client: %llu bytes still live once the work ran\n", (unsigned long long) st.live_bytes);
+                FAIL();
+        }
+        gpupool_disconnect(c);
+        return 0;
+}
+
+START_TEST(test_fake_one_fence_for_many_frees) {
+        run_client(fence_client, "fence_client");
+}
+END_TEST
 
 START_TEST(test_fake_reaping_a_batch_costs_few_queries) {
         run_client(batch_client, "batch_client");
@@ -684,6 +734,7 @@ void cuda_fake_add(TCase *tc) {
         tcase_add_test(tc, test_fake_stream_aware_cache);
         tcase_add_test(tc, test_fake_reaping_stops_at_pending_work);
         tcase_add_test(tc, test_fake_reaping_a_batch_costs_few_queries);
+        tcase_add_test(tc, test_fake_one_fence_for_many_frees);
         tcase_add_test(tc, test_fake_stream_handle_reused);
         tcase_add_test(tc, test_fake_event_error_is_not_done);
         tcase_add_test(tc, test_fake_compute_modes);

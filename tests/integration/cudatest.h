@@ -42,6 +42,7 @@ struct gpu {
         struct { gp_cu_stream s; int gate; } held[16];
         int (*open_handles)(void);              /* fake only */
         unsigned long long (*event_queries)(void);      /* fake only */
+        unsigned long long (*event_records)(void);      /* fake only: events this process recorded */
         unsigned long long (*set_access_calls)(void);   /* fake only */
         void (*fail_events)(int r);             /* fake only */
         void (*release_all)(void);              /* fake only */
