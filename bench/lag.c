@@ -73,28 +73,31 @@ struct result {
 };
 
 /*
- * Lets the held stream's queued work run to its end, holds it again, and waits (up to 200 ms)
- * until the library's reaper has returned every completed free to the process's pool, as it
- * does within a millisecond of the GPU's progress: nothing is pending once what the process
- * maps is all live or free. Returns 0, or -ETIMEDOUT if the reaper did not.
+ * Lets the held stream's work run, and waits (up to 200 ms) while it runs until the library has
+ * returned every free to the process's pool, as it does within a few milliseconds of the GPU's
+ * progress (a stream's latest frees get their fence from the reaper after 2 ms): nothing is
+ * pending once what the process maps is all live or free. Then holds the stream again, its work
+ * run to the end. Returns 0, or -ETIMEDOUT if the library did not.
  */
 static int catch_up(struct lag *l, gp_cu_stream s, gpupool_client *c) {
         struct gpupool_stats st;
+        int r = -ETIMEDOUT;
 
         l->hold(s, 0);
+        for (int i = 0; i < 200 && r < 0; i++) {
+                if (gpupool_stats(c, &st) < 0)
+                        abort();
+                if (st.live_bytes + st.cached_bytes >= st.mapped_bytes)
+                        r = 0;
+                else
+                        usleep(1000);
+        }
         if (l->cu.cuStreamSynchronize(s) != GP_CUDA_SUCCESS) {
                 fprintf(stderr, "lag: cuStreamSynchronize failed\n");
                 exit(1);
         }
         l->hold(s, 1);
-        for (int i = 0; i < 200; i++) {
-                if (gpupool_stats(c, &st) < 0)
-                        abort();
-                if (st.live_bytes + st.cached_bytes >= st.mapped_bytes)
-                        return 0;
-                usleep(1000);
-        }
-        return -ETIMEDOUT;
+        return r;
 }
 
 static int replay(struct lag *l, const struct trace *t, long lag, struct result *res) {

@@ -231,6 +231,8 @@ struct gpupool_client {
         pthread_t reaper;
         bool reaper_started, stopping;
         bool reaper_idle;               /* waiting for a free to be queued: only then is it signalled */
+        gp_cu_event reaper_event;       /* the event the reaper waits for, unlocked: never reused meanwhile */
+        bool reaper_event_done;         /* its frees completed meanwhile: the reaper recycles it after its wait */
 };
 
 /* Sets the handle's error (gpupool_last_error()), at any layer. */

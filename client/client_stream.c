@@ -248,6 +248,18 @@ struct block *client_stream_take(gpupool_client *c, unsigned d, uint64_t rsize, 
 }
 
 /*
+ * Recycles fence e of device d once no free needs it: unless the reaper is waiting for it
+ * unlocked, which would then wait for whatever it was recorded for next (another window of a
+ * stream's work); the reaper recycles it after its wait. Locked.
+ */
+static void fence_put(gpupool_client *c, unsigned d, gp_cu_event e) {
+        if (e == c->reaper_event)
+                c->reaper_event_done = true;
+        else
+                client_cuda_event_put(c, &c->devices[d], e);
+}
+
+/*
  * Takes the oldest free off sq, frees its block (into the process's pool), and recycles its
  * fence once no later free shares it. Locked.
  */
@@ -257,7 +269,7 @@ static void complete(gpupool_client *c, struct stream_queue *sq) {
         sq->first = (sq->first + 1) & (sq->cap - 1);
         sq->count--;
         if (q->event && !(sq->count && queue_at(sq, 0)->event == q->event))
-                client_cuda_event_put(c, &c->devices[sq->device], q->event);
+                fence_put(c, sq->device, q->event);
         if (q->block) {
                 gp_rb_remove(&c->pending, &q->by_fit);
                 (void) c->free_deferred(c, q->block);
@@ -287,8 +299,8 @@ int client_stream_reap(gpupool_client *c, bool wait) {
                 if (done < 0 && wait)
                         r = done;
                 if (done == 1) {
-                        while (sq->count)
-                                complete(c, sq);
+                        for (unsigned i = 0; i < n; i++)
+                                complete(c, sq);        /* the fenced ones: the rest have no fence yet */
                         continue;
                 }
                 if (wait || n == 1 || client_cuda_event_done(c, d, queue_at(sq, 0)->event, false) != 1)
@@ -395,12 +407,17 @@ static void *reaper_main(void *arg) {
                 e = q->event;
                 /*
                  * Wait without the lock, so the application's calls go on meanwhile. Another
-                 * thread may complete this free and record the event again meanwhile, which only
-                 * makes this wait end sooner or later; no event is destroyed before we are joined.
+                 * thread may complete these frees meanwhile: the event is then not recorded
+                 * again until this wait has ended (fence_put()).
                  */
+                c->reaper_event = e;
+                c->reaper_event_done = false;
                 pthread_mutex_unlock(&c->lock);
                 done = client_cuda_event_wait(c, d, e);
                 pthread_mutex_lock(&c->lock);
+                c->reaper_event = NULL;
+                if (c->reaper_event_done)
+                        client_cuda_event_put(c, d, e);
                 (void) client_stream_reap(c, false);
                 if (c->stopping)
                         break;

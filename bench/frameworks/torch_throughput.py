@@ -67,9 +67,12 @@ def run_model(a, model, allocators, extra, runs, processes):
                 processes.setdefault((model, x), []).extend(results)
         if a.profile_steps:                 # last: the profiler may leave costs behind
             for x in allocators:
+                # One process at a time, the others idle: a profile of two processes at once
+                # counts the other's kernel slices as this one's.
+                profiled = []
                 for w in group[x]:
                     w.send("profile")
-                profiled = [json.loads(w.read()) for w in group[x]]
+                    profiled.append(json.loads(w.read()))
                 print(f"profile {model:<11} {x:<15} {json.dumps(profiled)}", flush=True)
                 for r in processes[(model, x)]:
                     r["kernel_ms_per_step"] = statistics.median(p["kernel_ms_per_step"] for p in profiled)

@@ -7,10 +7,12 @@ measure at the same time: after the warm-up steps it prints "ready" and waits; a
 times --chunks chunks of --chunk-steps steps (synchronizing at the end of each) and prints one
 JSON line with the samples per second of each chunk and their median, and what tells the
 allocators apart: the GPU time of each step (CUDA events around it, median), the process's
-CPU time per step, the allocations per step (where PyTorch counts them: its own allocator, and
+CPU time per step while it queued the steps (every thread's; the chunk's closing synchronize,
+where the CUDA runtime spins, left out), the allocations per step (where PyTorch counts them: its own allocator, and
 gpupool's "mempool" mode) and the memory held. With --profile-steps N, "profile" runs N more
 steps under torch.profiler and prints the kernels' GPU time per step, which leaves out the gaps
-where the GPU waited for the CPU; "quit" ends it.
+where the GPU waited for the CPU (torch_throughput.py profiles one process at a time, so that
+no other's kernels share the GPU meanwhile); "quit" ends it.
 
 --allocator: torch (PyTorch's own), gpupool (gpupool.use_with_torch(), gpupool the allocator)
 or gpupool-mempool (gpupool.use_with_torch("mempool"): PyTorch's allocator over gpupool's
@@ -72,7 +74,9 @@ def build(torch, a):
             self.register_buffer("mask", torch.triu(torch.full((seq, seq), float("-inf")), diagonal=1))
 
         def forward(self, x):
-            return self.head(self.enc(self.emb(x) + self.pos, mask=self.mask))
+            # is_causal said, not detected: detecting it from the mask copies the mask to the host
+            # every forward, a sync that would put the allocator's CPU cost on this model's path.
+            return self.head(self.enc(self.emb(x) + self.pos, mask=self.mask, is_causal=True))
 
         def batch(self, n, device):
             x = torch.randint(0, self.vocab, (n, self.seq), device=device)
@@ -233,10 +237,11 @@ def timed(torch, gpupool, a, step, sync):
     before = gpupool.stats() if gpupool is not None and a.device == "cuda" else None
     grow_before = gpupool.grow_stats() if before is not None else None
     allocs_before = allocations(torch, a)
-    rates, gpu_ms, launch_ms, cpu = [], [], [], time.process_time()
+    rates, gpu_ms, launch_ms, cpu = [], [], [], 0.0
     for _ in range(a.chunks):
         events = []
         t0 = time.perf_counter()
+        c0 = time.process_time()
         for _ in range(a.chunk_steps):
             if a.device == "cuda":
                 events.append((torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)))
@@ -246,6 +251,9 @@ def timed(torch, gpupool, a, step, sync):
             launch_ms.append((time.perf_counter() - t1) * 1000)
             if a.device == "cuda":
                 events[-1][1].record()
+        # The process's CPU time (every thread: gpupool's reaper and control thread too) while it
+        # queued the steps; not the chunk's closing synchronize, where the CUDA runtime spins.
+        cpu += time.process_time() - c0
         sync()
         rates.append(a.batch * a.chunk_steps / (time.perf_counter() - t0))
         gpu_ms += [start.elapsed_time(end) for start, end in events]
@@ -253,7 +261,7 @@ def timed(torch, gpupool, a, step, sync):
     result = {
         "pid": os.getpid(), "allocator": a.allocator, "model": a.model, "batch": a.batch,
         "samples_per_s": statistics.median(rates), "chunks": [round(r, 2) for r in rates],
-        "cpu_ms_per_step": round((time.process_time() - cpu) * 1000 / steps, 3),
+        "cpu_ms_per_step": round(cpu * 1000 / steps, 3),
         # How long the Python thread took to queue a step (the GPU ran behind it unless this
         # comes near the GPU's time), and how unsteady the chunks were (the spread of rates).
         "launch_ms_per_step": round(statistics.median(launch_ms), 3),

@@ -276,11 +276,17 @@ static int batch_client(struct testd *d, void *arg) {
 /*
  * One fence covers many frees: 1,000 frees on one stream, each behind work of its own, record
  * at most one event per 64 of them (PyTorch frees hundreds of blocks a step, and each event is
- * a command on the stream); and once the work has run, every one comes back with no further
- * call of the process's (the last, fewer than 64, fenced by the reaper in time).
+ * a command on the stream); a free comes back only once the work before it has run, fenced or
+ * not; and once all the work has run, every one comes back with no further call of the
+ * process's (the last, fewer than 64, fenced by the reaper in time).
  */
+/* What a process maps that is neither live nor free: its stream-ordered frees still pending. */
+static uint64_t pending(const struct gpupool_stats *st) {
+        return st->mapped_bytes - st->live_bytes - st->cached_bytes;
+}
+
 static int fence_client(struct testd *d, void *arg) {
-        enum { FREES = 1000, SIZE = 64 * 1024 };
+        enum { FREES = 1000, FENCED = 960, SIZE = 64 * 1024 };
         void *fail_page = arg;
         static void *blocks[FREES];
         gpupool_client *c = NULL;
@@ -304,6 +310,20 @@ static int fence_client(struct testd *d, void *arg) {
         events = g.event_records() - events;
         if (events > FREES / 64 + 1) {
                 fprintf(stderr, "fence_client: %llu events for %d frees\n", events, FREES);
+                FAIL();
+        }
+        /*
+         * The work of the first 960 runs, the last 64-fence's: those frees come back, and never the
+         * 40 after, whose work has not run (nor their fence, which the reaper records in time).
+         */
+        if (g.run(s, FENCED) < 0)
+                FAIL();
+        for (double t0 = now_s(); gpupool_stats(c, &st) == 0 && pending(&st) > (FREES - FENCED) * SIZE && now_s() - t0 < 5;
+             nap_ms(5))
+                ;
+        if (gpupool_stats(c, &st) < 0 || pending(&st) != (FREES - FENCED) * SIZE) {
+                fprintf(stderr, "fence_client: %llu bytes pending, not the %d frees whose work has not run\n",
+                        (unsigned long long) pending(&st), FREES - FENCED);
                 FAIL();
         }
         release_work(&g, s);
