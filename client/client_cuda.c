@@ -386,7 +386,7 @@ int client_cuda_stream_id(gpupool_client *c, struct client_device *d, void *stre
 
 void client_cuda_event_put(gpupool_client *c, struct client_device *d, gp_cu_event e) {
         (void) c;
-        /* client_cuda_record() made room for every event it made. */
+        /* event_get() made room for every event it made. */
         d->spare_events[d->spare_count++] = e;
 }
 
@@ -438,42 +438,6 @@ int client_cuda_fence(gpupool_client *c, struct client_device *d, void *stream, 
         if (r != GP_CUDA_SUCCESS) {
                 client_set_error(c, "cannot record an event on the stream: %s", gp_cuda_error_name(&c->cu, r));
                 return r == GP_CUDA_ERROR_OUT_OF_MEMORY ? -ENOMEM : -EIO;
-        }
-        *ret = e;
-        return 0;
-}
-
-int client_cuda_record(gpupool_client *c, struct client_device *d, void *stream, gp_cu_event *ret,
-                       unsigned long long *ret_stream_id) {
-        gp_cu_event e = NULL;
-        int err, capturing;
-        gp_cu_result r;
-
-        err = push(c, d);
-        if (err < 0)
-                return err;
-        r = capture_or_id(c, stream, &capturing, ret_stream_id);
-        if (capturing) {
-                pop(c);
-                client_set_error(c, "the stream is capturing a CUDA graph: a block freed inside a capture belongs to "
-                                    "the graph, and gpupool cannot order its reuse; free it after the capture ends "
-                                    "(the block stays allocated)");
-                return -EBUSY;
-        }
-        if (r == GP_CUDA_SUCCESS)
-                r = event_get(c, d, &e);
-        if (r == GP_CUDA_SUCCESS) {
-                r = c->cu.cuEventRecord(e, (gp_cu_stream) stream);
-                if (r != GP_CUDA_SUCCESS)
-                        client_cuda_event_put(c, d, e);
-        }
-        pop(c);
-        if (r != GP_CUDA_SUCCESS) {
-                /* Typically a stream of another context than the GPU's primary one. */
-                client_set_error(c, "cannot record an event on the stream: %s (the block stays allocated)",
-                                 gp_cuda_error_name(&c->cu, r));
-                return r == GP_CUDA_ERROR_INVALID_HANDLE || r == GP_CUDA_ERROR_INVALID_CONTEXT ? -EINVAL :
-                       r == GP_CUDA_ERROR_OUT_OF_MEMORY ? -ENOMEM : -EIO;
         }
         *ret = e;
         return 0;

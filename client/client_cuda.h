@@ -70,20 +70,12 @@ int client_cuda_stream_id(gpupool_client *c, struct client_device *d, void *stre
 int client_cuda_fence(gpupool_client *c, struct client_device *d, void *stream, unsigned long long id, gp_cu_event *ret);
 
 /*
- * Records an event on stream in d's primary context after the work queued so far (a spare
- * one, or a new one), and sets the stream's id (as client_cuda_stream_id()). Returns 0, or a
- * negative errno with the error set: -EBUSY when the stream is capturing a CUDA graph.
- */
-int client_cuda_record(gpupool_client *c, struct client_device *d, void *stream, gp_cu_event *ret,
-                       unsigned long long *ret_stream_id);
-
-/*
  * 1 when event e of d has completed, 0 when not yet; with wait, waits for it first, asleep.
  * -EIO, with the error set, when the driver fails: never taken for done.
  */
 int client_cuda_event_done(gpupool_client *c, struct client_device *d, gp_cu_event e, bool wait);
 
-/* Keeps an event of d for reuse (one client_cuda_record() made). Cannot fail. */
+/* Keeps an event of d for reuse (one client_cuda_fence() made). Cannot fail. */
 void client_cuda_event_put(gpupool_client *c, struct client_device *d, gp_cu_event e);
 
 /* Unlocked, for the reaper thread: waits asleep for e. 0 when it completed, -EIO when the driver failed. */

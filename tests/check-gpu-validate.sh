@@ -28,7 +28,7 @@ EOF
 chmod +x "$tmp/bin/nvidia-smi"
 
 validate() {
-        PATH="$tmp/bin:$PATH" GPU_VALIDATE_RESULTS="$tmp/results" GPUPOOL_LIBCUDA="$PWD/$B/tests/libfakecuda.so" \
+        PATH="$tmp/bin:$PATH" GPU_VALIDATE_RESULTS="$tmp/results" FAKECUDA_DIR="$tmp" GPUPOOL_LIBCUDA="$PWD/$B/tests/libfakecuda.so" \
                 GPUPOOL_COMMIT=abc1234 sh bench/gpu-validate.sh "$B" >"$tmp/out" 2>&1
 }
 

@@ -85,6 +85,21 @@ const char *build_dir(void) {
         return b && *b ? b : "build";
 }
 
+int open_fds(pid_t pid) {
+        char path[64];
+        struct dirent *e;
+        DIR *dir;
+        int n = 0;
+
+        snprintf(path, sizeof(path), "/proc/%d/fd", (int) pid);
+        dir = opendir(path);
+        ck_assert_ptr_nonnull(dir);
+        while ((e = readdir(dir)))
+                n += e->d_name[0] != '.';
+        closedir(dir);
+        return n - (pid == getpid());   /* the directory's own */
+}
+
 double now_s(void) {
         struct timespec ts;
 

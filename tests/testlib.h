@@ -49,6 +49,8 @@ const char *build_dir(void);
 
 /* Seconds on the monotonic clock. */
 double now_s(void);
+/* The descriptors process pid has open (this process's less the one that lists them). */
+int open_fds(pid_t pid);
 
 /* Sleeps ms milliseconds. */
 void nap_ms(long ms);

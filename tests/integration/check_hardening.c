@@ -216,31 +216,15 @@ START_TEST(test_check_config_warns_of_name_before_uid) {
 }
 END_TEST
 
-/* Open descriptors of process pid. */
-static int count_fds(pid_t pid) {
-        char path[64];
-        struct dirent *e;
-        DIR *dir;
-        int n = 0;
-
-        snprintf(path, sizeof(path), "/proc/%d/fd", (int) pid);
-        dir = opendir(path);
-        ck_assert_ptr_nonnull(dir);
-        while ((e = readdir(dir)))
-                n += e->d_name[0] != '.';
-        closedir(dir);
-        return n;
-}
-
 /* Open descriptors of pid once they stop changing (connections that just closed are gone). */
 static int settled_fds(pid_t pid) {
-        int n = count_fds(pid), same = 0;
+        int n = open_fds(pid), same = 0;
 
         for (double t0 = now_s(); same < 3 && now_s() - t0 < 10;) {
                 int m;
 
                 usleep(100000);
-                m = count_fds(pid);
+                m = open_fds(pid);
                 same = m == n ? same + 1 : 0;
                 n = m;
         }
