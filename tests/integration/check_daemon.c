@@ -508,7 +508,10 @@ START_TEST(test_stale_socket_and_second_daemon) {
                 testd_start(&d2, NULL);
                 ck_assert_int_eq(testd_stop(&d2), 0);
         }
-        rmdir(d.dir);
+        /* Nothing of the killed daemon's left behind: its stale socket, its log, its directory. */
+        unlink(d.sock);
+        unlink(d.log);
+        ck_assert_int_eq(rmdir(d.dir), 0);
 }
 END_TEST
 
