@@ -268,7 +268,7 @@ static int64_t granule_new(struct client_grow *g, uint64_t id, int fd) {
                 close(fd);
                 return r;
         }
-        if (c->mem->keeps_fds)
+        if (!c->mem->export)
                 g->granules[i].fd = client_fd_keep(fd);        /* for a daemon after this one to adopt */
         else
                 close(fd);      /* the handle holds the memory; a daemon after this one is sent an export of it */

@@ -179,7 +179,6 @@ const struct client_mem_ops client_mem_host = {
         .outlives_daemon = true,
         .grows = true,
         .parks = true,
-        .keeps_fds = true,
         .segment_map = host_segment_map,
         .segment_unmap = host_segment_unmap,
         .reserve = host_reserve,

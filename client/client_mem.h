@@ -30,12 +30,6 @@ struct client_mem_ops {
         bool outlives_daemon;           /* what the process maps lives while it maps it, daemon or not */
         bool grows;                     /* ranges and granules: segments may grow in place (the calls below) */
         bool parks;                     /* an imported granule takes a parking spot in the device's reservation */
-        /*
-         * The descriptor a segment came with is kept for a daemon after this one (host: the
-         * memfd is the memory); else, where the memory outlives the daemon, export() makes one
-         * when it is asked for, so that the process holds no descriptor per segment (cuda-vmm).
-         */
-        bool keeps_fds;
 
         /*
          * A whole segment: maps what the daemon handed over (m->size bytes of device m->device),
@@ -78,10 +72,11 @@ struct client_mem_ops {
         /* Unmaps what map_read() mapped, or a segment's mapping protect() made read-only. */
         void (*unmap_read)(gpupool_client *c, unsigned d, uint8_t *base, uint64_t size);
         /*
-         * Where memory outlives the daemon and keeps_fds is false: a descriptor of the memory of
-         * device d mapped at base (a whole segment), or (base NULL) of granule h, for a daemon
-         * after this one to adopt; made now, the caller's to close. Returns it or a negative
-         * errno with the error set.
+         * A descriptor of the memory of device d mapped at base (a whole segment), or (base NULL)
+         * of granule h, for a daemon after this one to adopt; made now, the caller's to close.
+         * Returns it or a negative errno with the error set. NULL where segments come as
+         * descriptors that are the memory itself (host): the one a segment came with is kept
+         * instead (client_keep.c). With it (cuda-vmm) the process keeps none per segment.
          */
         int (*export)(gpupool_client *c, unsigned d, uint8_t *base, client_mem_handle h);
 };

@@ -389,10 +389,8 @@ static int grow_map_block(gpupool_client *c, unsigned d, struct heap_block *hb) 
                         /* Blocks the threads' caches park, and stream-ordered frees done, may leave granules idle. */
                         drained = true;
                         client_pool_drain(c, true);
-                        if (c->pending.count) {
-                                client_stream_fence_all(c);
-                                (void) client_stream_reap(c, false);
-                        }
+                        if (c->pending.count)
+                                (void) client_stream_collect(c);
                         continue;
                 }
                 /*
@@ -493,8 +491,7 @@ int client_pool_alloc(gpupool_client *c, unsigned d, int device, uint64_t rsize,
         }
         if (!hb && c->pending.count) {
                 /* Stream-ordered frees whose work has ended, not reaped yet: before asking the daemon. */
-                client_stream_fence_all(c);
-                (void) client_stream_reap(c, false);
+                (void) client_stream_collect(c);
                 hb = heap_alloc(&dev->heap, class, rsize);
         }
         while (!hb && c->conn_busy) {

@@ -82,14 +82,12 @@ static int adopt_batch(gpupool_client *c, unsigned d, struct client_kept **k, si
         return 0;
 }
 
-/* Closes the descriptors made for a batch (export()), once it has gone. */
-static void batch_done(struct client_kept **batch, size_t n) {
-        for (size_t i = 0; i < n; i++)
-                if (batch[i]->made) {
-                        close(batch[i]->fd);
-                        batch[i]->fd = -1;
-                        batch[i]->made = false;
-                }
+/* Closes the descriptors exported for a batch once it has gone (none where they are kept: host). */
+static void batch_done(gpupool_client *c, struct client_kept **batch, size_t n) {
+        for (size_t i = 0; i < n && c->mem->export; i++) {
+                close(batch[i]->fd);
+                batch[i]->fd = -1;
+        }
 }
 
 /*
@@ -100,13 +98,11 @@ static void batch_done(struct client_kept **batch, size_t n) {
 static int adopt_device(gpupool_client *c, unsigned d, struct client_kept *k, size_t n) {
         struct client_kept *batch[GP_MAX_LEASE_GRANULES];
         size_t b = 0;
-        int r = 0, fd;
+        int r = 0;
 
         for (size_t i = 0; i < n && r == 0; i++) {
-                if (k[i].fd < 0 && c->mem->export && (fd = c->mem->export(c, d, k[i].base, k[i].handle)) >= 0) {
-                        k[i].fd = fd;
-                        k[i].made = true;
-                }
+                if (c->mem->export)
+                        k[i].fd = c->mem->export(c, d, k[i].base, k[i].handle);
                 if (k[i].fd < 0) {
                         k[i].renamed = orphan_id();
                         continue;
@@ -114,13 +110,13 @@ static int adopt_device(gpupool_client *c, unsigned d, struct client_kept *k, si
                 batch[b++] = &k[i];
                 if (b == GP_MAX_LEASE_GRANULES) {
                         r = adopt_batch(c, d, batch, b);
-                        batch_done(batch, b);
+                        batch_done(c, batch, b);
                         b = 0;
                 }
         }
         if (r == 0 && b)
                 r = adopt_batch(c, d, batch, b);
-        batch_done(batch, b);
+        batch_done(c, batch, b);
         return r;
 }
 

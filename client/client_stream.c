@@ -3,15 +3,15 @@
  * stream and returns; the block goes back to the process's pool once an event recorded on that
  * stream after the free (its fence) has completed. One fence covers many frees: it is recorded
  * after STREAM_FENCE_FREES frees on a stream, or when an allocation finds nothing free
- * (client_stream_fence_all()), never once per free: an event is a command on the
- * stream and, made with CU_EVENT_BLOCKING_SYNC, an interrupt, and PyTorch frees hundreds of
- * blocks a training step. A stream's latest frees (fewer than STREAM_FENCE_FREES) wait for the
- * next free on it, an allocation that finds nothing free, or STREAM_FENCE_AGE_NS, when the
- * reaper fences them. The reaper records only on a stream that is not capturing a graph; a
- * capture that begins on it between its check and its record (a window of a driver call) would
- * take the event as a node of the graph, which records nothing of the application's, and leave
- * those frees' blocks pending until the disconnect. Until its fence, a block is reused only by an allocation on its own
- * stream, which the stream orders after the work queued before.
+ * (client_stream_collect()), never once per free: an event is a command on the stream and,
+ * made with CU_EVENT_BLOCKING_SYNC, an interrupt, and PyTorch frees hundreds of blocks a
+ * training step. A stream's latest frees (fewer than STREAM_FENCE_FREES) wait for the next free
+ * on it, an allocation that finds nothing free, or STREAM_FENCE_AGE_NS, when the reaper fences
+ * them. The reaper records only on a stream that is not capturing a graph; a capture that
+ * begins on it between its check and its record (a window of a driver call) would take the
+ * event as a node of the graph, which records nothing of the application's, and leave those
+ * frees' blocks pending until the disconnect. Until its fence, a block is reused only by an
+ * allocation on its own stream, which the stream orders after the work queued before.
  *
  * Pending frees are kept per stream, in the order they were queued. A stream runs its work in
  * that order, so the frees whose events have completed are a prefix of its queue, found with
@@ -167,11 +167,6 @@ static int fence(gpupool_client *c, struct stream_queue *sq) {
         return 0;
 }
 
-void client_stream_fence_all(gpupool_client *c) {
-        for (struct stream_queue *sq = c->queues; sq; sq = sq->next)
-                (void) fence(c, sq);
-}
-
 int client_stream_defer_free(gpupool_client *c, struct block *b, void *stream) {
         unsigned d = b->mapping->device;
         struct client_device *dev = &c->devices[d];
@@ -247,6 +242,11 @@ struct block *client_stream_take(gpupool_client *c, unsigned d, uint64_t rsize, 
         return b;
 }
 
+/* Whether the i-th oldest free of sq is the last its fence covers (a fence covers a run of them). */
+static bool fence_ends_at(const struct stream_queue *sq, unsigned i) {
+        return queue_at(sq, i)->event && !(i + 1 < sq->count && queue_at(sq, i + 1)->event == queue_at(sq, i)->event);
+}
+
 /*
  * Recycles fence e of device d once no free needs it: unless the reaper is waiting for it
  * unlocked, which would then wait for whatever it was recorded for next (another window of a
@@ -266,10 +266,10 @@ static void fence_put(gpupool_client *c, unsigned d, gp_cu_event e) {
 static void complete(gpupool_client *c, struct stream_queue *sq) {
         struct deferred *q = queue_at(sq, 0);
 
+        if (fence_ends_at(sq, 0))
+                fence_put(c, sq->device, q->event);
         sq->first = (sq->first + 1) & (sq->cap - 1);
         sq->count--;
-        if (q->event && !(sq->count && queue_at(sq, 0)->event == q->event))
-                fence_put(c, sq->device, q->event);
         if (q->block) {
                 gp_rb_remove(&c->pending, &q->by_fit);
                 (void) c->free_deferred(c, q->block);
@@ -329,6 +329,12 @@ int client_stream_reap(gpupool_client *c, bool wait) {
         return r;
 }
 
+int client_stream_collect(gpupool_client *c) {
+        for (struct stream_queue *sq = c->queues; sq; sq = sq->next)
+                (void) fence(c, sq);
+        return client_stream_reap(c, false);
+}
+
 /* The oldest pending free that has a fence, or NULL. Locked. */
 static struct deferred *oldest(gpupool_client *c) {
         struct deferred *best = NULL;
@@ -339,16 +345,12 @@ static struct deferred *oldest(gpupool_client *c) {
         return best;
 }
 
-/* Whether some stream has frees with no fence yet; with ret_oldest_ns, since when the oldest of them. Locked. */
-static bool unfenced(const gpupool_client *c, uint64_t *ret_oldest_ns) {
-        bool any = false;
-
+/* Whether some stream has frees with no fence yet that one may still follow. Locked. */
+static bool unfenced(const gpupool_client *c) {
         for (const struct stream_queue *sq = c->queues; sq; sq = sq->next)
-                if (sq->unfenced && !sq->gone && (!any || sq->unfenced_since_ns < *ret_oldest_ns)) {
-                        any = true;
-                        *ret_oldest_ns = sq->unfenced_since_ns;
-                }
-        return any;
+                if (sq->unfenced && !sq->gone)
+                        return true;
+        return false;
 }
 
 /* The reaper's: fences the streams whose frees have waited STREAM_FENCE_AGE_NS for one. Locked. */
@@ -390,9 +392,7 @@ static void *reaper_main(void *arg) {
 
                 c->reaper_idle = true;
                 while (!c->stopping && !(q = oldest(c))) {
-                        uint64_t since;
-
-                        if (!unfenced(c, &since)) {
+                        if (!unfenced(c)) {
                                 pthread_cond_wait(&c->deferred_cond, &c->lock);
                                 continue;
                         }
@@ -437,7 +437,7 @@ void client_stream_forget(gpupool_client *c) {
                 for (unsigned i = 0; i < sq->count; i++) {
                         q = queue_at(sq, i);
                         /* Its block, live and marked freeing, goes with the live table (client_live_forget()). */
-                        if (q->event && !(i + 1 < sq->count && queue_at(sq, i + 1)->event == q->event))
+                        if (fence_ends_at(sq, i))
                                 client_cuda_event_put(c, &c->devices[sq->device], q->event);
                         free(q);
                 }

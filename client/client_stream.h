@@ -18,10 +18,10 @@ void client_stream_init(gpupool_client *c, int (*free_block)(gpupool_client *c, 
 
 /*
  * Queues b's free on stream after the work queued so far, fenced with the frees around it by
- * one event (after STREAM_FENCE_FREES of them, or at client_stream_fence_all()). b is out of the live table; it goes back there marked freeing,
- * where an allocation on the same stream may take it at once (client_stream_take()). On error
- * b is untouched (the caller puts it back): -EBUSY for a stream capturing a CUDA graph,
- * -EINVAL for a stream of another context, -ENOMEM.
+ * one event (after STREAM_FENCE_FREES of them, or at client_stream_collect()). b is out of the
+ * live table; it goes back there marked freeing, where an allocation on the same stream may
+ * take it at once (client_stream_take()). On error b is untouched (the caller puts it back):
+ * -EBUSY for a stream capturing a CUDA graph, -EINVAL for a stream of another context, -ENOMEM.
  */
 int client_stream_defer_free(gpupool_client *c, struct block *b, void *stream);
 
@@ -33,11 +33,12 @@ int client_stream_defer_free(gpupool_client *c, struct block *b, void *stream);
 struct block *client_stream_take(gpupool_client *c, unsigned d, uint64_t rsize, void *stream);
 
 /*
- * Records a fence on every stream with frees queued since its last (a stream capturing a graph,
- * or destroyed, gets none): called by a thread of the application's, never the reaper, before an
- * allocation asks the daemon for memory the pending frees may hold.
+ * Before an allocation asks the daemon for memory the pending frees may hold: records a fence on
+ * every stream with frees queued since its last (a stream capturing a graph, or destroyed, gets
+ * none), then frees what has completed (client_stream_reap() without waiting). Called by a thread
+ * of the application's, never the reaper.
  */
-void client_stream_fence_all(gpupool_client *c);
+int client_stream_collect(gpupool_client *c);
 
 /*
  * Frees the deferred blocks whose fence has completed, stopping on each stream at the first

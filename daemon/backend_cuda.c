@@ -355,7 +355,7 @@ int backend_cuda_open(uint64_t headroom_bytes, bool vmm, struct backend **ret, c
         c->base.ops = &c->ops;
         c->base.name = vmm ? "cuda-vmm" : "cuda";
         c->base.ipc_handles = !vmm;
-        c->base.no_adopt_why = "its segments lived in the daemon's context and went with it";
+        c->base.no_adopt_why = vmm ? NULL : "its segments lived in the daemon's context and went with it";
         c->vmm = vmm;
         c->ops.mem_seal = cuda_legacy_seal;
         if (vmm)

@@ -12,7 +12,6 @@
 #define _GNU_SOURCE
 #include "backend_cuda.h"
 
-#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -284,12 +283,6 @@ static int vmm_mem_export(struct backend *b, unsigned device, const struct backe
         r = c->cu.cuMemExportToShareableHandle(&fd, mem->vmm_handle, GP_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
         cuda_pop(c);
         if (r != GP_CUDA_SUCCESS) {
-                /* The driver opens a file for it: out of descriptors is the likely cause. */
-                err = fcntl(0, F_DUPFD_CLOEXEC, 0);
-                if (err >= 0)
-                        close(err);
-                else if (errno == EMFILE || errno == ENFILE)
-                        return -errno;
                 log_err("cuda-vmm: %s: exporting a segment as a descriptor: %s", d->name, gp_cuda_error_name(&c->cu, r));
                 return -EIO;
         }
@@ -335,7 +328,6 @@ void cuda_vmm_setup(struct cuda_backend *c) {
         c->ops.mem_seal = vmm_mem_seal;
         c->ops.mem_adopt = vmm_mem_adopt;
         c->ops.mem_export = vmm_mem_export;
-        c->base.no_adopt_why = NULL;
 }
 
 /*

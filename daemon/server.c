@@ -441,10 +441,6 @@ int server_fit_fd_limit(struct options *o, const struct backend *backend, char *
 
         if (getrlimit(RLIMIT_NOFILE, &rl) < 0)
                 return -errno;
-        if (rl.rlim_cur == RLIM_INFINITY || rl.rlim_cur >= need) {
-                grow_fd_table(need);
-                return 0;
-        }
         if (rl.rlim_max != RLIM_INFINITY && rl.rlim_max < need) {
                 fit = clients_fitting(o, backend, rl.rlim_max);
                 /* max_clients as it comes is a ceiling, not a demand: fit it to the limit the node gives. */
@@ -467,7 +463,7 @@ int server_fit_fd_limit(struct options *o, const struct backend *backend, char *
                         return -EMFILE;
                 }
         }
-        if (rl.rlim_cur >= need) {
+        if (rl.rlim_cur == RLIM_INFINITY || rl.rlim_cur >= need) {
                 grow_fd_table(need);
                 return 0;
         }

@@ -442,7 +442,8 @@ static const char *send_error(int r) {
         if (r == -ENOENT)
                 return "it returned a segment its lease's reply had not brought yet";
         if (r == -EMFILE || r == -ENFILE)
-                return "the daemon is out of file descriptors for the segments' (raise LimitNOFILE= or lower max_clients)";
+                return "the daemon is out of file descriptors for the segments it sends (raise LimitNOFILE= or lower "
+                       "max_clients)";
         return strerror(-r);
 }
 

@@ -40,7 +40,7 @@ if ! LAYERS_ROOT="$tmp/root" bash tests/check-layers.sh "$B" >/dev/null 2>&1; th
         fail=1
 fi
 broken client/LAYERS 's/^client_pool /client_poolX /; s/^client_stream /client_pool /; s/^client_poolX /client_stream /'
-expect "two layers swapped" "client/client_pool.c calls up to client/client_stream.c (client_stream_reap)"
+expect "two layers swapped" "client/client_pool.c calls up to client/client_stream.c (client_stream_collect)"
 broken client/LAYERS '/^client_keep /d'
 expect "a file left out" "client/client_keep.c is in no layer of"
 broken daemon/LAYERS '$a ghost'

@@ -485,17 +485,22 @@ START_TEST(test_vmm_adopting_a_frozen_fuse_file) {
 }
 END_TEST
 
+/* The last place needle stands in text, or NULL. */
+static const char *last_of(const char *text, const char *needle) {
+        const char *last = NULL;
+
+        for (const char *p = text; (p = strstr(p, needle)); p++)
+                last = p;
+        return last;
+}
+
 /* The last word a cuda-vmm daemon's log has on whether the driver names allocations (it says at start). */
 static bool vmm_names_allocations(struct testd *d) {
         static char log[1 << 20];
-        const char *named, *unnamed, *text = read_text(d->log, log, sizeof(log));
+        const char *text = read_text(d->log, log, sizeof(log));
+        const char *named = last_of(text, "the driver names allocations");
+        const char *unnamed = last_of(text, "cannot tell two descriptors of one allocation apart");
 
-        named = strstr(text, "the driver names allocations");
-        unnamed = strstr(text, "cannot tell two descriptors of one allocation apart");
-        while (named && strstr(named + 1, "the driver names allocations"))
-                named = strstr(named + 1, "the driver names allocations");
-        while (unnamed && strstr(unnamed + 1, "cannot tell two descriptors of one allocation apart"))
-                unnamed = strstr(unnamed + 1, "cannot tell two descriptors of one allocation apart");
         ck_assert_msg(named || unnamed, "the daemon's log does not say whether the driver names allocations");
         return named > unnamed;
 }
