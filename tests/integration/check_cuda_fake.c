@@ -313,17 +313,20 @@ static int fence_client(struct testd *d, void *arg) {
                 FAIL();
         }
         /*
-         * The work of the first 960 runs, the last 64-fence's: those frees come back, and never the
-         * 40 after, whose work has not run (nor their fence, which the reaper records in time).
+         * The work of the first 960 runs: the frees a fence at or before it covers come back, never
+         * the 40 after, whose work has not run. A fence covers at most 64, but the reaper may
+         * record one early (after 2 ms), so up to 63 before the 961st may wait with them for a
+         * fence after it.
          */
         if (g.run(s, FENCED) < 0)
                 FAIL();
-        for (double t0 = now_s(); gpupool_stats(c, &st) == 0 && pending(&st) > (FREES - FENCED) * SIZE && now_s() - t0 < 5;
-             nap_ms(5))
+        for (double t0 = now_s(); gpupool_stats(c, &st) == 0 && pending(&st) > (FREES - FENCED + 63) * SIZE &&
+             now_s() - t0 < 5; nap_ms(5))
                 ;
-        if (gpupool_stats(c, &st) < 0 || pending(&st) != (FREES - FENCED) * SIZE) {
-                fprintf(stderr, "fence_client: %llu bytes pending, not the %d frees whose work has not run\n",
-                        (unsigned long long) pending(&st), FREES - FENCED);
+        if (gpupool_stats(c, &st) < 0 || pending(&st) < (FREES - FENCED) * SIZE ||
+            pending(&st) > (FREES - FENCED + 63) * SIZE) {
+                fprintf(stderr, "fence_client: %llu bytes pending, not the %d frees whose work has not run and at most "
+                        "63 more\n", (unsigned long long) pending(&st), FREES - FENCED);
                 FAIL();
         }
         release_work(&g, s);
