@@ -4,10 +4,10 @@
  *
  * PyTorch's CPU queues work far ahead of its GPU, and frees blocks on the stream that will
  * reuse them: its own allocator hands such a block to the next allocation on that stream at
- * once (the stream orders the work). gpupool_free_async() records an event instead, and the
- * block is any allocation's once the event has completed; before that only an allocation on
- * the same stream of about the block's size (up to a quarter more) may take it. How much more
- * memory a process then holds depends on how far the GPU lags. This replays allocation traces
+ * once (the stream orders the work). gpupool_free_async() does the same for that stream, and
+ * makes the block any allocation's once an event recorded after it (one for many frees) has
+ * completed. What a process holds beyond frees at once, and the events it records, may depend
+ * on how far the GPU lags. This replays allocation traces
  * (bench/traces/README.md) on one stream through gpupool_alloc_async() and
  * gpupool_free_async(), against a gpupoold on the fake driver (tests/fakecuda, whose
  * fakecuda_stream_hold() holds a stream's work), each operation queueing a 1-byte memset on
@@ -33,7 +33,11 @@
  * With a lag the results vary from run to run (the sync rows do not): each trace and lag runs
  * --runs times (5), and the row is the run of median peak leased, with the range of the ratio.
  *
- * Usage: lag --build DIR [--lags sync,16,256,4096,held] [--runs N] TRACE.csv...
+ * --api cupy makes the lags' calls through CuPy's hooks instead (gpupool_cupy_stream() saying the
+ * stream, gpupool_cupy_malloc() and gpupool_cupy_free(), which name none); sync stays
+ * gpupool_free().
+ *
+ * Usage: lag --build DIR [--lags sync,16,256,4096,held] [--runs N] [--api torch|cupy] TRACE.csv...
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -63,6 +67,7 @@ struct lag {
         int (*hold)(gp_cu_stream s, int hold);          /* the fake driver's */
         unsigned long long (*event_records)(void);      /* the fake driver's: events this process recorded */
         const char *build;
+        bool cupy;                      /* --api cupy: through CuPy's hooks (the allocation's stream said once) */
         char dir[64], sock[128];
 };
 
@@ -137,14 +142,26 @@ static int replay(struct lag *l, const struct trace *t, long lag, struct result 
                                 break;
                         continue;
                 }
-                if (!o->alloc)
+                if (lag != LAG_SYNC && l->cupy) {
+                        /* CuPy's allocator interface: no stream in the calls, the current one said before. */
+                        gpupool_cupy_stream((struct CUstream_st *) s);
+                        if (!o->alloc)
+                                gpupool_cupy_free(c, live.ptrs[o->id], 0);
+                        else
+                                p = gpupool_cupy_malloc(c, o->size, 0);
+                        r = gpupool_hook_last_error(NULL, 0);
+                } else if (!o->alloc) {
                         r = lag == LAG_SYNC ? gpupool_free(c, live.ptrs[o->id]) : gpupool_free_async(c, live.ptrs[o->id], s);
-                else
+                } else {
                         r = gpupool_alloc_async(c, 0, o->size, s, &p);
+                }
                 if (r < 0) {
                         char why[256];
 
-                        gpupool_last_error(c, why, sizeof(why));
+                        if (lag != LAG_SYNC && l->cupy)
+                                gpupool_hook_last_error(why, sizeof(why));
+                        else
+                                gpupool_last_error(c, why, sizeof(why));
                         fprintf(stderr, "lag: %s %llu bytes: %s\n", o->alloc ? "allocating" : "freeing",
                                 (unsigned long long) (o->alloc ? o->size : live.sizes[o->id]), why);
                         break;
@@ -203,7 +220,7 @@ static long parse_lag(const char *s) {
 int main(int argc, char **argv) {
         static const struct option opts[] = {
                 { "build", required_argument, NULL, 'b' }, { "lags", required_argument, NULL, 'l' },
-                { "runs", required_argument, NULL, 'r' }, { 0 },
+                { "runs", required_argument, NULL, 'r' }, { "api", required_argument, NULL, 'a' }, { 0 },
         };
         char lags_arg[256] = "sync,16,256,4096,held";
         struct lag l = { 0 };
@@ -215,12 +232,20 @@ int main(int argc, char **argv) {
                 case 'b': l.build = optarg; break;
                 case 'r': runs = (unsigned) strtoul(optarg, NULL, 10); break;
                 case 'l': snprintf(lags_arg, sizeof(lags_arg), "%s", optarg); break;
+                case 'a':
+                        if (strcmp(optarg, "cupy") != 0 && strcmp(optarg, "torch") != 0) {
+                                fprintf(stderr, "lag: --api is torch (gpupool_alloc_async, gpupool_free_async) or cupy "
+                                                "(CuPy's hooks), not '%s'\n", optarg);
+                                return 2;
+                        }
+                        l.cupy = strcmp(optarg, "cupy") == 0;
+                        break;
                 default: return 2;
                 }
         }
         if (!l.build || optind >= argc || runs < 1 || runs > MAX_RUNS) {
-                fprintf(stderr, "usage: lag --build DIR [--lags sync,16,256,4096,held] [--runs 1-%d] TRACE.csv...\n",
-                        MAX_RUNS);
+                fprintf(stderr, "usage: lag --build DIR [--lags sync,16,256,4096,held] [--runs 1-%d] [--api torch|cupy] "
+                                "TRACE.csv...\n", MAX_RUNS);
                 return 2;
         }
         snprintf(l.dir, sizeof(l.dir), "/tmp/gpupool-lag-XXXXXX");
@@ -242,7 +267,11 @@ int main(int argc, char **argv) {
                 return 1;
         }
         printf("# the fake driver; one stream; lag: how many operations the GPU may run behind (sync: frees at once);\n"
-               "# the run of median peak leased of %u, each with a gpupoold of its own, and the range of the ratio\n", runs);
+               "# the lags' calls: %s\n"
+               "# the run of median peak leased of %u, each with a gpupoold of its own, and the range of the ratio\n",
+               l.cupy ? "CuPy's hooks (gpupool_cupy_stream, gpupool_cupy_malloc, gpupool_cupy_free)"
+                      : "gpupool_alloc_async, gpupool_free_async",
+               runs);
         printf("%-16s %6s %7s %14s %14s %7s %12s %12s %8s %8s %8s\n", "trace", "lag", "ops", "peak leased", "peak in use", "ratio",
                "range", "round trips", "imports", "frees", "events");
         for (int i = optind; i < argc; i++) {

@@ -153,7 +153,7 @@ GPUPOOL_EXPORT int gpupool_connect(const char *socket_path, const char *client_n
         pthread_cond_init(&c->conn_idle, NULL);
         pthread_cond_init(&c->control_wake, NULL);
         client_segments_init(c);
-        client_stream_init(c, client_free_block);
+        client_stream_init(c);
         c->epoch = 1;
         c->idle_return_ms = idle_return_ms;
         c->grow_wanted = segments && strcmp(segments, "grow") == 0;
@@ -211,7 +211,7 @@ GPUPOOL_EXPORT void gpupool_disconnect(gpupool_client *c) {
 
                 /* Both, whatever the first says: the mappings close next. */
                 device_done = client_cuda_synchronize(c) == 0 && reaped == 0;
-                /* The queues, and frees still pending if the driver failed us (their blocks go with the live table). */
+                /* The fences, and frees still held if the driver failed us (their blocks go with the heaps). */
                 client_stream_forget(c);
         }
         drop_everything(c);
@@ -291,6 +291,7 @@ static int alloc_on(gpupool_client *c, int device, size_t size, void *stream, bo
             (b = client_tcache_take(c, device, rsize))) {
                 void *ptr = b->ptr;
 
+                b->stream = on_stream ? stream : NULL;
                 /* Once live, another thread's gpupool_reconnect() may forget (free) it: ptr is read first. */
                 r = client_live_insert(c, b);
                 if (r == 0) {
@@ -324,14 +325,10 @@ static int alloc_on(gpupool_client *c, int device, size_t size, void *stream, bo
                 client_set_error(c, "cannot allocate %zu bytes: a request is 1 byte to 64 TiB", size);
                 r = -EINVAL;
         } else {
-                if (on_stream && c->mem->streams && (b = client_stream_take(c, (unsigned) d, rsize, stream))) {
-                        b->local_device = device;
-                        b->scope = c->scope_depth ? c->scopes[c->scope_depth - 1] : 0;
-                        *ret_ptr = b->ptr;
-                        r = 0;
-                } else {
-                        r = client_pool_alloc(c, (unsigned) d, device, rsize, ret_ptr);
-                }
+                /* A block held for this stream's lane is this allocation's at once: the stream orders the work. */
+                uint32_t lane = on_stream && c->mem->streams ? client_stream_lane(c, (unsigned) d, stream) : 0;
+
+                r = client_pool_alloc(c, (unsigned) d, device, rsize, on_stream ? stream : NULL, lane, ret_ptr);
         }
         pthread_mutex_unlock(&c->lock);
         return r;
@@ -376,7 +373,7 @@ GPUPOOL_EXPORT int gpupool_free_async(gpupool_client *c, void *ptr, void *stream
         if (!c)
                 return -EINVAL;
         /* Host memory: no device queues work on it, so there is nothing to wait for. */
-        if (!stream && !__atomic_load_n(&c->mem, __ATOMIC_ACQUIRE)->streams)
+        if ((!stream || stream == GPUPOOL_STREAM_OF_ALLOC) && !__atomic_load_n(&c->mem, __ATOMIC_ACQUIRE)->streams)
                 return free_now(c, ptr);
         pthread_mutex_lock(&c->lock);
         b = client_live_take(c, ptr);
@@ -387,7 +384,7 @@ GPUPOOL_EXPORT int gpupool_free_async(gpupool_client *c, void *ptr, void *stream
                         client_set_error(c, "a stream was given for a block of host memory");
                         r = -EINVAL;
                 } else {
-                        r = client_stream_defer_free(c, b, stream);
+                        r = client_stream_defer_free(c, b, stream == GPUPOOL_STREAM_OF_ALLOC ? b->stream : stream);
                 }
                 if (r < 0)
                         (void) client_live_insert(c, b);        /* not freed: still the application's */
@@ -431,8 +428,6 @@ GPUPOOL_EXPORT int gpupool_stats(gpupool_client *c, struct gpupool_stats *ret) {
                 for (struct gp_rb_node *n = gp_rb_first(&c->live[i].blocks); n; n = gp_rb_next(n)) {
                         const struct block *b = gp_rb_entry(n, struct block, node);
 
-                        if (b->freeing)
-                                continue;       /* freed with a stream: the application's no more */
                         st.live_blocks++;
                         st.live_bytes += b->size;
                 }

@@ -10,8 +10,8 @@
  *   client_resume.c                            the new daemon adopting what the process holds
  *   client_objects.c                           named objects: publish, attach, detach, unpublish
  *   client_pool.c                              the process's own pool over the leased segments
- *   client_stream.c                            stream-ordered frees and their reaper thread,
- *                                              freeing through the function the pool gives it
+ *   client_stream.c                            stream-ordered frees (held in the pool's heap for
+ *                                              their stream's lane), fences and their reaper thread
  *   client_return.c                            what it tells the daemon it holds, and gives back
  *   client_grow.c                              segments that grow in place: granules under ranges
  *   client_tcache.c                            each thread's cache of the small blocks it freed
@@ -95,7 +95,7 @@ struct block {
         uint64_t size;                  /* as the pool rounded it */
         struct mapping *mapping;        /* its segment, and through it its device */
         struct heap_block *hb;          /* the process's pool's record of it */
-        bool freeing;                   /* gpupool_free_async() queued it */
+        void *stream;                   /* gpupool_alloc_async()'s stream (NULL: gpupool_alloc()'s, the legacy one) */
         uint32_t scope;                 /* the scope it was allocated in, 0: none */
         int local_device;               /* the device number the application asked for */
         uint64_t epoch;                 /* the handle's session it belongs to (gpupool_reconnect() starts a new one) */
@@ -108,27 +108,27 @@ struct live_shard {
         struct gp_rb_tree blocks;
 } __attribute__((aligned(64)));
 
-/* A block whose free waits for the device work queued before it (gpupool_free_async). */
-struct deferred {
-        struct deferred *next;          /* in the handle's spare list, once completed */
-        struct block *block;            /* NULL once reused on its stream before the work ended */
-        struct stream_queue *queue;
-        uint64_t seq;                   /* the handle's count of stream-ordered frees: oldest first */
-        gp_cu_event event;              /* its fence, shared with the frees queued before it since the last; NULL: none yet */
-        struct gp_rb_node by_fit;       /* in the handle's pending tree while block is set */
+/* A fence recorded on a stream: the frees held for its lane until then are everyone's once its event has completed. */
+struct stream_fence {
+        gp_cu_event event;
+        uint64_t number;                /* the lane's count of fences: heap_release() up to it */
+        uint64_t seq;                   /* the handle's count of fences: oldest first across streams */
 };
 
 /*
- * The pending frees of one stream, in the order they were queued, in a ring: the stream runs
- * its work in that order, so those whose events have completed are a prefix, found by search.
+ * The fences of one stream, in the order they were recorded, in a ring: the stream runs its
+ * work in that order, so those whose events have completed are a prefix, found by search. Its
+ * frees are held in the device's heap for its lane (heap_free_held()).
  */
 struct stream_queue {
         struct stream_queue *next;
         unsigned long long stream_id;   /* cuStreamGetId: a handle may come back for a new stream, an id never */
         unsigned device;
-        struct deferred **ring;         /* cap entries, a power of two; the oldest at first */
+        uint32_t lane;                  /* the heap's name for this stream: unique in the handle */
+        struct stream_fence *ring;      /* cap entries, a power of two; the oldest at first */
         unsigned cap, first, count;
         unsigned unfenced;              /* the newest frees, with no fence recorded after them yet */
+        uint64_t next_fence;            /* the number of the fence they wait for */
         uint64_t unfenced_since_ns;     /* when the oldest of them was queued (client_now_ns()) */
         void *stream;                   /* the handle the latest free came with: a later fence goes there, if still this stream */
         bool gone;                      /* that handle is another stream's now: no fence can follow its unfenced frees */
@@ -218,14 +218,12 @@ struct gpupool_client {
         bool resume_refused;            /* locked: the daemon that came back has other devices or another backend */
         pthread_cond_t control_wake;    /* signalled with control_stopping */
         /*
-         * Stream-ordered frees: a queue per stream, and the pending blocks by (stream, device,
-         * size) for an allocation on the same stream; the thread that completes them.
+         * Stream-ordered frees: a queue of fences per stream (its frees are held in the
+         * device's heap for its lane), and the thread that completes them.
          */
         struct stream_queue *queues;
-        struct gp_rb_tree pending;
-        int (*free_deferred)(gpupool_client *c, struct block *b);      /* frees a block whose work ended: the pool's */
-        uint64_t deferred_seq;
-        struct deferred *spare_deferred;        /* completed ones, for the next free */
+        uint32_t last_lane;
+        uint64_t fence_seq;
         pthread_cond_t deferred_cond;
         pthread_t reaper;
         bool reaper_started, stopping;

@@ -213,6 +213,9 @@ int client_grow_start(gpupool_client *c, unsigned d) {
                 /* Ids of its own, above any the daemon gives: they order equal free blocks only. */
                 if (r == 0)
                         r = heap_add(&dev->heap, &m->hs, UINT64_MAX - (uint64_t) k, g->range_bytes, (enum heap_class) k);
+                /* A block freed on a stream keeps its granules until its fence: held whole, never merged or split. */
+                if (r == 0)
+                        heap_hold_whole(&m->hs);
                 if (r < 0) {
                         grow_free(g);
                         return r;

@@ -219,11 +219,19 @@ GPUPOOL_EXPORT void gpupool_torch_free(void *ptr, ssize_t size, int device, stru
         hook_free(NULL, ptr, stream);
 }
 
+/* CuPy's current stream on this thread, as gpupool_cupy_stream() last said (NULL: the legacy one). */
+static __thread void *cupy_stream;
+
+GPUPOOL_EXPORT void gpupool_cupy_stream(struct CUstream_st *stream) {
+        cupy_stream = stream;
+}
+
 GPUPOOL_EXPORT void *gpupool_cupy_malloc(void *param, size_t size, int device) {
-        return hook_alloc(param, size, device, NULL, false);
+        return hook_alloc(param, size, device, cupy_stream, true);
 }
 
 GPUPOOL_EXPORT void gpupool_cupy_free(void *param, void *ptr, int device) {
         (void) device;
-        hook_free(param, ptr, NULL);
+        /* CuPy's free names no stream: its pool orders a free on the allocation's stream, and so does this. */
+        hook_free(param, ptr, GPUPOOL_STREAM_OF_ALLOC);
 }

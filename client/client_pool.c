@@ -25,8 +25,10 @@
 #include "client_tcache.h"
 
 int client_pool_trim(gpupool_client *c, int device, uint64_t want) {
-        /* What the threads' caches hold may be all that keeps a segment from emptying. */
+        /* What the threads' caches hold may be all that keeps a segment from emptying, and blocks held for a stream. */
         client_pool_drain(c, true);
+        if (client_stream_pending(c))
+                (void) client_stream_collect(c);
         return client_return_empty(c, device, want, UINT64_MAX);
 }
 
@@ -40,9 +42,11 @@ uint64_t client_pool_free_bytes(gpupool_client *c) {
         uint64_t bytes;
 
         client_tcache_bytes(c, NULL, &bytes);
+        /* Not what is held for a stream until its fence: it is no one else's yet. */
         for (unsigned d = 0; d < c->device_count; d++)
-                bytes += c->grow ? client_grow_held(c, d) * GP_GRANULE_BYTES - c->devices[d].heap.in_use_bytes :
-                                   heap_free_bytes(&c->devices[d].heap);
+                bytes += (c->grow ? client_grow_held(c, d) * GP_GRANULE_BYTES - c->devices[d].heap.in_use_bytes :
+                                    heap_free_bytes(&c->devices[d].heap)) -
+                         c->devices[d].heap.held_bytes;
         return bytes;
 }
 
@@ -389,7 +393,7 @@ static int grow_map_block(gpupool_client *c, unsigned d, struct heap_block *hb) 
                         /* Blocks the threads' caches park, and stream-ordered frees done, may leave granules idle. */
                         drained = true;
                         client_pool_drain(c, true);
-                        if (c->pending.count)
+                        if (client_stream_pending(c))
                                 (void) client_stream_collect(c);
                         continue;
                 }
@@ -442,19 +446,26 @@ static int range_full(gpupool_client *c, unsigned d, uint64_t rsize) {
         return -ENOMEM;
 }
 
-/* Carves a block of rsize bytes of class from device d's ranges and maps it. Locked. */
-static struct heap_block *grow_alloc(gpupool_client *c, unsigned d, enum heap_class class, uint64_t rsize, int *ret) {
+/*
+ * Carves a block of rsize bytes of class from device d's ranges, or what lane holds there, and
+ * maps what it lacks (a held block has its granules mapped). Locked.
+ */
+static struct heap_block *grow_alloc(gpupool_client *c, unsigned d, enum heap_class class, uint64_t rsize, uint32_t lane,
+                                     int *ret) {
         struct client_device *dev = &c->devices[d];
         struct heap_block *hb;
+        bool held;
 
         *ret = client_grow_start(c, d);
         if (*ret < 0)
                 return NULL;
-        hb = heap_alloc(&dev->heap, class, rsize);
+        hb = heap_alloc_on(&dev->heap, class, rsize, lane, &held);
         if (!hb) {
                 *ret = range_full(c, d, rsize);
                 return NULL;
         }
+        if (held)
+                return hb;
         *ret = grow_map_block(c, d, hb);
         if (*ret < 0) {
                 /* Its granules stay as they are, idle or spare, for the next. */
@@ -464,7 +475,15 @@ static struct heap_block *grow_alloc(gpupool_client *c, unsigned d, enum heap_cl
         return hb;
 }
 
-int client_pool_alloc(gpupool_client *c, unsigned d, int device, uint64_t rsize, void **ret_ptr) {
+/* A block from the heap of device d: free, or held for lane. Locked. */
+static struct heap_block *carve(gpupool_client *c, unsigned d, enum heap_class class, uint64_t rsize, uint32_t lane) {
+        bool held;
+
+        return heap_alloc_on(&c->devices[d].heap, class, rsize, lane, &held);
+}
+
+int client_pool_alloc(gpupool_client *c, unsigned d, int device, uint64_t rsize, void *stream, uint32_t lane,
+                      void **ret_ptr) {
         struct client_device *dev = &c->devices[d];
         enum heap_class class = heap_class_of(rsize);
         struct heap_block *hb;
@@ -476,28 +495,28 @@ int client_pool_alloc(gpupool_client *c, unsigned d, int device, uint64_t rsize,
         if (!b)
                 return -ENOMEM;
         if (c->grow) {
-                hb = grow_alloc(c, d, class, rsize, &r);
+                hb = grow_alloc(c, d, class, rsize, lane, &r);
                 if (!hb) {
                         free(b);
                         return r;
                 }
         } else {
-                hb = heap_alloc(&dev->heap, class, rsize);
+                hb = carve(c, d, class, rsize, lane);
         }
         if (!hb && c->tcaches) {
                 /* Blocks parked in the threads' caches may be what splits the free range it needs. */
                 client_pool_drain(c, true);
-                hb = heap_alloc(&dev->heap, class, rsize);
+                hb = carve(c, d, class, rsize, lane);
         }
-        if (!hb && c->pending.count) {
-                /* Stream-ordered frees whose work has ended, not reaped yet: before asking the daemon. */
+        if (!hb && client_stream_pending(c)) {
+                /* Stream-ordered frees held for their streams: fenced, and released where their work has ended. */
                 (void) client_stream_collect(c);
-                hb = heap_alloc(&dev->heap, class, rsize);
+                hb = carve(c, d, class, rsize, lane);
         }
         while (!hb && c->conn_busy) {
                 /* Another thread's lease is out: what it brings may serve this one too. */
                 client_conn_wait(c);
-                hb = heap_alloc(&dev->heap, class, rsize);
+                hb = carve(c, d, class, rsize, lane);
         }
         if (!hb) {
                 r = lease(c, d, rsize, class);
@@ -519,6 +538,7 @@ int client_pool_alloc(gpupool_client *c, unsigned d, int device, uint64_t rsize,
         b->size = hb->size;
         b->mapping = m;
         b->local_device = device;
+        b->stream = stream;
         b->epoch = c->epoch;
         b->scope = c->scope_depth ? c->scopes[c->scope_depth - 1] : 0;
         r = client_live_insert(c, b);
@@ -556,11 +576,6 @@ int client_free_unlinked(gpupool_client *c, struct block *b) {
 
 void client_pool_drain(gpupool_client *c, bool all) {
         client_tcache_drain(c, all, client_free_unlinked);
-}
-
-int client_free_block(gpupool_client *c, struct block *b) {
-        client_live_remove(c, b);
-        return client_free_unlinked(c, b);
 }
 
 GPUPOOL_EXPORT int gpupool_trim(gpupool_client *c) {

@@ -11,8 +11,13 @@
 
 #include "client.h"
 
-/* Allocates a block of rsize (rounded) bytes on daemon device d from the pool, leasing a segment if need be. */
-int client_pool_alloc(gpupool_client *c, unsigned d, int device, uint64_t rsize, void **ret_ptr);
+/*
+ * Allocates a block of rsize (rounded) bytes on daemon device d from the pool, leasing a
+ * segment if need be; an allocation on stream (NULL: none, or the legacy one) may carve what
+ * is held for its lane (client_stream_lane(); 0: none).
+ */
+int client_pool_alloc(gpupool_client *c, unsigned d, int device, uint64_t rsize, void *stream, uint32_t lane,
+                      void **ret_ptr);
 
 /* Frees a block out of the live table into the pool; its segment stays mapped. */
 int client_pool_free(gpupool_client *c, struct block *b);
@@ -29,10 +34,7 @@ void client_pool_tick(gpupool_client *c, uint64_t now_ms);
 /* Empties the threads' caches into the pool: all of them, or (not all) those idle since the last time. */
 void client_pool_drain(gpupool_client *c, bool all);
 
-/* Frees a block the application gave up (the device is done with it) into the process's pool. */
-int client_free_block(gpupool_client *c, struct block *b);
-
-/* The same for a block already out of the live table (client_live_take()). */
+/* Frees a block the application gave up (the device is done with it), out of the live table (client_live_take()), into the process's pool. */
 int client_free_unlinked(gpupool_client *c, struct block *b);
 
 #endif

@@ -42,7 +42,6 @@ GPUPOOL_EXPORT int gpupool_scope_end(gpupool_client *c) {
         }
         scope = c->scopes[c->scope_depth - 1];
         __atomic_store_n(&c->scope_depth, c->scope_depth - 1, __ATOMIC_RELEASE);
-        /* Blocks freed with a stream are the reaper's; the scope leaves them be. */
         for (unsigned i = 0; i < CLIENT_SHARDS; i++) {
                 struct live_shard *s = &c->live[i];
                 struct gp_rb_node *x, *next;
@@ -52,7 +51,7 @@ GPUPOOL_EXPORT int gpupool_scope_end(gpupool_client *c) {
                         struct block *b = gp_rb_entry(x, struct block, node);
 
                         next = gp_rb_next(x);
-                        if (b->scope == scope && !b->freeing) {
+                        if (b->scope == scope) {
                                 gp_rb_remove(&s->blocks, x);
                                 (void) client_free_unlinked(c, b);
                         }

@@ -78,7 +78,7 @@ struct block *client_live_take(gpupool_client *c, const void *ptr) {
 
         pthread_mutex_lock(&s->lock);
         n = gp_rb_find(&s->blocks, &key.node);
-        if (n && !gp_rb_entry(n, struct block, node)->freeing) {
+        if (n) {
                 b = gp_rb_entry(n, struct block, node);
                 gp_rb_remove(&s->blocks, n);
         }

@@ -18,7 +18,7 @@ void client_segments_destroy(gpupool_client *c);
 /* The live-block table. Each takes the block's shard lock; callable with or without the handle's. */
 int client_live_insert(gpupool_client *c, struct block *b);            /* -EEXIST: its address is live already */
 void client_live_remove(gpupool_client *c, struct block *b);
-/* Takes the live block at ptr out of the table for freeing; NULL if none (or being freed already). */
+/* Takes the live block at ptr out of the table for freeing; NULL if none. */
 struct block *client_live_take(gpupool_client *c, const void *ptr);
 
 /*

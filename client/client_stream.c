@@ -1,35 +1,38 @@
 /*
- * client_stream.c: stream-ordered frees. gpupool_free_async() queues the block on the caller's
- * stream and returns; the block goes back to the process's pool once an event recorded on that
- * stream after the free (its fence) has completed. One fence covers many frees: it is recorded
- * after STREAM_FENCE_FREES frees on a stream, or when an allocation finds nothing free
- * (client_stream_collect()), never once per free: an event is a command on the stream and,
- * made with CU_EVENT_BLOCKING_SYNC, an interrupt, and PyTorch frees hundreds of blocks a
- * training step. A stream's latest frees (fewer than STREAM_FENCE_FREES) wait for the next free
- * on it, an allocation that finds nothing free, or STREAM_FENCE_AGE_NS, when the reaper fences
- * them. The reaper records only on a stream that is not capturing a graph; a capture that
- * begins on it between its check and its record (a window of a driver call) would take the
- * event as a node of the graph, which records nothing of the application's, and leave those
- * frees' blocks pending until the disconnect. Until its fence, a block is reused only by an
- * allocation on its own stream, which the stream orders after the work queued before.
+ * client_stream.c: stream-ordered frees. gpupool_free_async() frees the block at once for the
+ * caller's stream and no one else: it is held in the device's heap for the stream's lane
+ * (heap_free_held()), where an allocation on that same stream carves it, split and merged
+ * with its neighbours, as any free block (the stream orders the new work after the old: this
+ * is PyTorch's rule for a block freed on the stream that reuses it, and no event is needed for
+ * it). The block is everyone's once a fence, an event recorded on the stream after the free,
+ * has completed (heap_release()). One fence covers many frees: it is recorded after
+ * STREAM_FENCE_FREES frees on a stream, or when something else needs the memory (an
+ * allocation that finds nothing free, a lease, a return: client_stream_collect()), never once
+ * per free: an event is a command on the stream and, made with CU_EVENT_BLOCKING_SYNC, an
+ * interrupt, and PyTorch frees hundreds of blocks a training step. A stream's latest frees
+ * (fewer than STREAM_FENCE_FREES) wait for the next free on it, something that needs the
+ * memory, or STREAM_FENCE_AGE_NS, when the reaper fences them. The reaper records only on a
+ * stream that is not capturing a graph; a capture that begins on it between its check and its
+ * record (a window of a driver call) would take the event as a node of the graph, which
+ * records nothing of the application's, and leave those frees' blocks held until the
+ * disconnect.
  *
- * Pending frees are kept per stream, in the order they were queued. A stream runs its work in
- * that order, so the frees whose events have completed are a prefix of its queue, found with
- * a few event queries (client_stream_reap()): with PyTorch's CPU thousands of frees ahead of
- * the GPU, reaping costs a few queries per stream, not one per pending free. An allocation on the same stream may take a pending
- * block at once (the stream orders the new work after the old); those are found in a tree by
- * (stream, device, size). Streams are told apart by cuStreamGetId, never by their handle: a
- * destroyed stream's handle may come back for a new stream while the old one's work still runs.
+ * Fences are kept per stream, in the order they were recorded. A stream runs its work in that
+ * order, so the fences that have completed are a prefix of its queue, found with a few event
+ * queries (client_stream_reap()): with PyTorch's CPU thousands of frees ahead of the GPU,
+ * reaping costs a few queries per stream. Streams are told apart by cuStreamGetId, never by
+ * their handle: a destroyed stream's handle may come back for a new stream while the old
+ * one's work still runs.
  *
- * A reaper thread (started on the first such free) waits, asleep, for the oldest pending
- * event (CU_EVENT_BLOCKING_SYNC: an event without it spins the waiting core), then frees
- * every block whose event has completed, at most once per REAP_INTERVAL_NS so that a GPU
- * finishing work event by event does not wake it (and take the lock) per free; it is
- * signalled only when it waits with nothing pending. An allocation that the process's pool
- * cannot serve frees the completed ones itself before it asks the daemon; nothing else on the
- * fast path queries an event. Only CUDA_SUCCESS counts as done: a driver error (an event
- * recorded in a graph capture, a context lost) leaves the block pending, where the memory
- * stays the process's until it exits; never is a block handed out again on an error's word. Nothing the caller
+ * A reaper thread (started on the first such free) waits, asleep, for the oldest fence
+ * (CU_EVENT_BLOCKING_SYNC: an event without it spins the waiting core), then releases every
+ * fence that has completed, at most once per REAP_INTERVAL_NS so that a GPU finishing work
+ * fence by fence does not wake it (and take the lock) each time; it is signalled only when it
+ * waits with nothing pending. An allocation that the process's pool cannot serve releases the
+ * completed ones itself before it asks the daemon; nothing else on the fast path queries an
+ * event. Only CUDA_SUCCESS counts as done: a driver error (an event recorded in a graph
+ * capture, a context lost) leaves the blocks held, where the memory stays the process's until
+ * it exits; never is a block handed to another stream on an error's word. Nothing the caller
  * calls waits for the device, except gpupool_disconnect().
  */
 #define _GNU_SOURCE
@@ -41,9 +44,8 @@
 #include <time.h>
 
 #include "client_cuda.h"
+#include "client_grow.h"
 #include "client_segment.h"
-
-#define CMP(a, b) ((a) < (b) ? -1 : (a) > (b))
 
 /* The reaper's shortest interval between two reaps: it frees in batches. */
 #define REAP_INTERVAL_NS 1000000L
@@ -61,57 +63,42 @@
 
 static void *reaper_main(void *arg);
 
-/* By stream, device, size, then age: the lower bound of (stream, device, size) fits best. */
-static int cmp_fit(const struct gp_rb_node *x, const struct gp_rb_node *y) {
-        const struct deferred *a = gp_rb_entry(x, struct deferred, by_fit);
-        const struct deferred *b = gp_rb_entry(y, struct deferred, by_fit);
-
-        if (a->queue->stream_id != b->queue->stream_id)
-                return CMP(a->queue->stream_id, b->queue->stream_id);
-        if (a->queue->device != b->queue->device)
-                return CMP(a->queue->device, b->queue->device);
-        if (a->block->size != b->block->size)
-                return CMP(a->block->size, b->block->size);
-        return CMP(a->seq, b->seq);
+/* The i-th oldest fence of sq. */
+static struct stream_fence *fence_at(const struct stream_queue *sq, unsigned i) {
+        return &sq->ring[(sq->first + i) & (sq->cap - 1)];
 }
 
-/* The i-th oldest pending free of sq. */
-static struct deferred *queue_at(const struct stream_queue *sq, unsigned i) {
-        return sq->ring[(sq->first + i) & (sq->cap - 1)];
-}
+/* Makes room in sq's ring for one more fence. -ENOMEM when it cannot grow. Locked. */
+static int queue_reserve(struct stream_queue *sq) {
+        unsigned cap = sq->cap ? sq->cap * 2 : 16;
+        struct stream_fence *ring;
 
-/* Appends q to sq. -ENOMEM when the ring cannot grow. Locked. */
-static int queue_push(struct stream_queue *sq, struct deferred *q) {
-        if (sq->count == sq->cap) {
-                unsigned cap = sq->cap ? sq->cap * 2 : 16;
-                struct deferred **ring = malloc(cap * sizeof(*ring));
-
-                if (!ring || cap < sq->cap) {
-                        free(ring);
-                        return -ENOMEM;
-                }
-                for (unsigned i = 0; i < sq->count; i++)
-                        ring[i] = queue_at(sq, i);
-                free(sq->ring);
-                sq->ring = ring;
-                sq->cap = cap;
-                sq->first = 0;
+        if (sq->count < sq->cap)
+                return 0;
+        ring = malloc(cap * sizeof(*ring));
+        if (!ring || cap < sq->cap) {
+                free(ring);
+                return -ENOMEM;
         }
-        sq->ring[(sq->first + sq->count++) & (sq->cap - 1)] = q;
+        for (unsigned i = 0; i < sq->count; i++)
+                ring[i] = *fence_at(sq, i);
+        free(sq->ring);
+        sq->ring = ring;
+        sq->cap = cap;
+        sq->first = 0;
         return 0;
 }
 
-void client_stream_init(gpupool_client *c, int (*free_block)(gpupool_client *c, struct block *b)) {
-        gp_rb_init(&c->pending, cmp_fit);
-        c->free_deferred = free_block;
+void client_stream_init(gpupool_client *c) {
+        c->queues = NULL;
 }
 
-/* Frees the queues left empty. Locked. */
+/* Frees the queues with nothing held: no fence pending and no free waiting for one. Locked. */
 static void prune_queues(gpupool_client *c) {
         struct stream_queue **pp = &c->queues, *sq;
 
         while ((sq = *pp)) {
-                if (sq->count) {
+                if (sq->count || sq->unfenced) {
                         pp = &sq->next;
                         continue;
                 }
@@ -121,32 +108,53 @@ static void prune_queues(gpupool_client *c) {
         }
 }
 
-/*
- * The queue of a stream on device d, made on first use. NULL when out of memory. Locked. An
- * emptied queue stays for its stream's next free; those of streams gone are freed when a new
- * stream's queue is made, so there are never many more than the streams with frees pending.
- */
-static struct stream_queue *queue_of(gpupool_client *c, unsigned d, unsigned long long stream_id) {
-        struct stream_queue *sq;
+/* Whether a queue has lane. Locked. */
+static bool queue_find_lane(const gpupool_client *c, uint32_t lane) {
+        for (const struct stream_queue *sq = c->queues; sq; sq = sq->next)
+                if (sq->lane == lane)
+                        return true;
+        return false;
+}
 
-        for (sq = c->queues; sq; sq = sq->next)
+/* The queue of a stream on device d, or NULL. Locked. */
+static struct stream_queue *queue_find(gpupool_client *c, unsigned d, unsigned long long stream_id) {
+        for (struct stream_queue *sq = c->queues; sq; sq = sq->next)
                 if (sq->stream_id == stream_id && sq->device == d)
                         return sq;
+        return NULL;
+}
+
+/*
+ * The queue of a stream on device d, made on first use with a lane of its own. NULL when out
+ * of memory. Locked. An emptied queue stays for its stream's next free; those of streams gone
+ * are freed when a new stream's queue is made, so there are never many more than the streams
+ * with frees held.
+ */
+static struct stream_queue *queue_of(gpupool_client *c, unsigned d, unsigned long long stream_id) {
+        struct stream_queue *sq = queue_find(c, d, stream_id);
+
+        if (sq)
+                return sq;
         prune_queues(c);
         sq = calloc(1, sizeof(*sq));
         if (!sq)
                 return NULL;
         sq->stream_id = stream_id;
         sq->device = d;
+        /* Lanes are never reused while a queue has one: a pruned queue held nothing. */
+        do
+                sq->lane = ++c->last_lane;
+        while (!sq->lane || queue_find_lane(c, sq->lane));
+        sq->next_fence = 1;
         sq->next = c->queues;
         c->queues = sq;
         return sq;
 }
 
 /*
- * Records one fence after sq's unfenced frees, on the stream their latest free came with, and
- * hands it to each. Nothing when the stream is capturing or its handle is another stream's now:
- * they wait for a later fence (or the end of the process's work at disconnect). Locked.
+ * Records one fence after sq's unfenced frees, on the stream their latest free came with.
+ * Nothing when the stream is capturing or its handle is another stream's now: they wait for a
+ * later fence (or the end of the process's work at disconnect). Locked.
  */
 static int fence(gpupool_client *c, struct stream_queue *sq) {
         gp_cu_event e;
@@ -154,12 +162,14 @@ static int fence(gpupool_client *c, struct stream_queue *sq) {
 
         if (!sq->unfenced || sq->gone)
                 return 0;
+        if (queue_reserve(sq) < 0)
+                return -ENOMEM;         /* they wait for a later fence */
         r = client_cuda_fence(c, &c->devices[sq->device], sq->stream, sq->stream_id, &e);
         sq->gone = r == 2;      /* its frees wait for the disconnect's end of all work */
         if (r != 0)
                 return r < 0 ? r : 0;
-        for (unsigned i = sq->count - sq->unfenced; i < sq->count; i++)
-                queue_at(sq, i)->event = e;
+        sq->ring[(sq->first + sq->count++) & (sq->cap - 1)] =
+                (struct stream_fence) { .event = e, .number = sq->next_fence++, .seq = ++c->fence_seq };
         sq->unfenced = 0;
         /* A reaper waiting with nothing fenced waits for this one now. */
         if (c->reaper_idle)
@@ -170,8 +180,7 @@ static int fence(gpupool_client *c, struct stream_queue *sq) {
 int client_stream_defer_free(gpupool_client *c, struct block *b, void *stream) {
         unsigned d = b->mapping->device;
         struct client_device *dev = &c->devices[d];
-        struct deferred *q = c->spare_deferred;
-        struct stream_queue *sq = NULL;
+        struct stream_queue *sq;
         unsigned long long id;
         int err;
 
@@ -184,33 +193,18 @@ int client_stream_defer_free(gpupool_client *c, struct block *b, void *stream) {
         }
         if (err < 0)
                 return err;
-        if (q)
-                c->spare_deferred = q->next;
-        else if (!(q = malloc(sizeof(*q))))
+        if (!(sq = queue_of(c, d, id)))
                 return -ENOMEM;
-        memset(q, 0, sizeof(*q));
-        if (!(sq = queue_of(c, d, id)) || queue_push(sq, q) < 0) {
-                q->next = c->spare_deferred;
-                c->spare_deferred = q;
-                return -ENOMEM;
-        }
-        q->queue = sq;
-        q->block = b;
-        q->seq = ++c->deferred_seq;
+        /* Its granules (segments that grow in place) stay counted until the release: work may still touch them. */
+        heap_free_held(&dev->heap, b->hb, sq->lane, sq->next_fence);
+        free(b);
         sq->stream = stream;
         sq->gone = false;
         if (!sq->unfenced++)
                 sq->unfenced_since_ns = client_now_ns();
-        /*
-         * Live until its work ends, but nobody's to free again, nor the scope's; an allocation
-         * on this same stream may take it at once (the stream orders the new work after the old).
-         */
-        b->freeing = true;
-        (void) client_live_insert(c, b);
-        gp_rb_insert(&c->pending, &q->by_fit);
         if (!c->reaper_started && pthread_create(&c->reaper, NULL, reaper_main, c) == 0)
                 c->reaper_started = true;
-        /* Without a reaper thread an allocation that needs the memory still frees the block. */
+        /* Without a reaper thread an allocation that needs the memory still releases the blocks. */
         if (sq->unfenced >= STREAM_FENCE_FREES)
                 (void) fence(c, sq);
         else if (c->reaper_idle)
@@ -218,39 +212,28 @@ int client_stream_defer_free(gpupool_client *c, struct block *b, void *stream) {
         return 0;
 }
 
-struct block *client_stream_take(gpupool_client *c, unsigned d, uint64_t rsize, void *stream) {
-        struct stream_queue key_queue;
-        struct block key_block = { .size = rsize };
-        struct deferred key = { .queue = &key_queue, .block = &key_block, .seq = 0 }, *q;
-        struct gp_rb_node *n;
-        struct block *b;
-
-        /* Not on a capturing stream: its work is the graph's, ordered when the graph runs. */
-        if (!c->pending.count || client_cuda_stream_id(c, &c->devices[d], stream, &key_queue.stream_id) != 0)
-                return NULL;
-        key_queue.device = d;
-        n = gp_rb_lower_bound(&c->pending, &key.by_fit);
-        if (!n)
-                return NULL;
-        q = gp_rb_entry(n, struct deferred, by_fit);
-        b = q->block;
-        if (q->queue->stream_id != key_queue.stream_id || q->queue->device != d || b->size > rsize + rsize / 4)
-                return NULL;
-        gp_rb_remove(&c->pending, n);
-        q->block = NULL;        /* its event ends nothing now */
-        b->freeing = false;
-        return b;
+bool client_stream_pending(const gpupool_client *c) {
+        for (const struct stream_queue *sq = c->queues; sq; sq = sq->next)
+                if (sq->count || sq->unfenced)
+                        return true;
+        return false;
 }
 
-/* Whether the i-th oldest free of sq is the last its fence covers (a fence covers a run of them). */
-static bool fence_ends_at(const struct stream_queue *sq, unsigned i) {
-        return queue_at(sq, i)->event && !(i + 1 < sq->count && queue_at(sq, i + 1)->event == queue_at(sq, i)->event);
+uint32_t client_stream_lane(gpupool_client *c, unsigned d, void *stream) {
+        struct stream_queue *sq;
+        unsigned long long id;
+
+        /* Not on a capturing stream: its work is the graph's, ordered when the graph runs. */
+        if (!client_stream_pending(c) || client_cuda_stream_id(c, &c->devices[d], stream, &id) != 0)
+                return 0;
+        sq = queue_find(c, d, id);
+        return sq ? sq->lane : 0;
 }
 
 /*
- * Recycles fence e of device d once no free needs it: unless the reaper is waiting for it
- * unlocked, which would then wait for whatever it was recorded for next (another window of a
- * stream's work); the reaper recycles it after its wait. Locked.
+ * Recycles fence e of device d: unless the reaper is waiting for it unlocked, which would
+ * then wait for whatever it was recorded for next (another window of a stream's work); the
+ * reaper recycles it after its wait. Locked.
  */
 static void fence_put(gpupool_client *c, unsigned d, gp_cu_event e) {
         if (e == c->reaper_event)
@@ -259,57 +242,63 @@ static void fence_put(gpupool_client *c, unsigned d, gp_cu_event e) {
                 client_cuda_event_put(c, &c->devices[d], e);
 }
 
-/*
- * Takes the oldest free off sq, frees its block (into the process's pool), and recycles its
- * fence once no later free shares it. Locked.
- */
-static void complete(gpupool_client *c, struct stream_queue *sq) {
-        struct deferred *q = queue_at(sq, 0);
+/* A held block is everyone's now: its granules no live block touches become idle (segments that grow in place). */
+static void on_released(void *ctx, struct heap_block *hb) {
+        struct mapping *m = gp_rb_entry(hb->segment, struct mapping, hs);
 
-        if (fence_ends_at(sq, 0))
-                fence_put(c, sq->device, q->event);
-        sq->first = (sq->first + 1) & (sq->cap - 1);
-        sq->count--;
-        if (q->block) {
-                gp_rb_remove(&c->pending, &q->by_fit);
-                (void) c->free_deferred(c, q->block);
-        }
-        q->next = c->spare_deferred;
-        c->spare_deferred = q;
+        if (m->grow)
+                client_grow_give(ctx, hb->segment, hb->offset, hb->size);
+}
+
+static void on_emptied(void *ctx, struct heap_segment *s) {
+        (void) ctx;
+        gp_rb_entry(s, struct mapping, hs)->emptied_ms = client_now_ms();
+}
+
+static const struct heap_release_ops release_ops = { on_released, on_emptied };
+
+/* Takes sq's n oldest fences off, completed, and makes what they held everyone's. Locked. */
+static void complete(gpupool_client *c, struct stream_queue *sq, unsigned n) {
+        uint64_t upto = fence_at(sq, n - 1)->number;
+
+        for (unsigned i = 0; i < n; i++)
+                fence_put(c, sq->device, fence_at(sq, i)->event);
+        sq->first = (sq->first + n) & (sq->cap - 1);
+        sq->count -= n;
+        (void) heap_release(&c->devices[sq->device].heap, sq->lane, upto, &release_ops, c);
 }
 
 /*
- * Stream order makes one query answer for many: once a free's event has completed, so have
- * those of every earlier free on its stream, so the completed frees of a stream are a prefix
- * of its queue. The newest is asked first (all done), then the oldest (none done), and else
- * the end of the prefix is found by an exponential and then a binary search: a few queries
- * however many frees a batch completes, not one each.
+ * Stream order makes one query answer for many: once a fence has completed, so have the
+ * earlier ones on its stream, so the completed fences of a stream are a prefix of its queue.
+ * The newest is asked first (all done), then the oldest (none done), and else the end of the
+ * prefix is found by an exponential and then a binary search: a few queries however many
+ * fences a batch completes, not one each.
  */
 int client_stream_reap(gpupool_client *c, bool wait) {
         int r = 0;
 
         for (struct stream_queue *sq = c->queues; sq; sq = sq->next) {
                 struct client_device *d = &c->devices[sq->device];
-                unsigned n = sq->count - sq->unfenced, done_to, not_done, step;     /* the fenced ones */
+                unsigned n = sq->count, done_to, not_done, step;
                 int done;
 
                 if (!n)
                         continue;
-                done = client_cuda_event_done(c, d, queue_at(sq, n - 1)->event, wait);
+                done = client_cuda_event_done(c, d, fence_at(sq, n - 1)->event, wait);
                 if (done < 0 && wait)
                         r = done;
                 if (done == 1) {
-                        for (unsigned i = 0; i < n; i++)
-                                complete(c, sq);        /* the fenced ones: the rest have no fence yet */
+                        complete(c, sq, n);
                         continue;
                 }
-                if (wait || n == 1 || client_cuda_event_done(c, d, queue_at(sq, 0)->event, false) != 1)
+                if (wait || n == 1 || client_cuda_event_done(c, d, fence_at(sq, 0)->event, false) != 1)
                         continue;       /* none done (or, waiting, the driver failed us) */
                 /* Entry done_to is done and not_done is not: probe 1, 2, 4... past the oldest, then halve. */
                 done_to = 0;
                 not_done = n - 1;
                 for (step = 1; done_to + step < not_done; step *= 2) {
-                        if (client_cuda_event_done(c, d, queue_at(sq, done_to + step)->event, false) != 1) {
+                        if (client_cuda_event_done(c, d, fence_at(sq, done_to + step)->event, false) != 1) {
                                 not_done = done_to + step;
                                 break;
                         }
@@ -318,13 +307,12 @@ int client_stream_reap(gpupool_client *c, bool wait) {
                 while (not_done - done_to > 1) {
                         unsigned mid = done_to + (not_done - done_to) / 2;
 
-                        if (client_cuda_event_done(c, d, queue_at(sq, mid)->event, false) == 1)
+                        if (client_cuda_event_done(c, d, fence_at(sq, mid)->event, false) == 1)
                                 done_to = mid;
                         else
                                 not_done = mid;
                 }
-                for (unsigned i = 0; i <= done_to; i++)
-                        complete(c, sq);
+                complete(c, sq, done_to + 1);
         }
         return r;
 }
@@ -335,13 +323,13 @@ int client_stream_collect(gpupool_client *c) {
         return client_stream_reap(c, false);
 }
 
-/* The oldest pending free that has a fence, or NULL. Locked. */
-static struct deferred *oldest(gpupool_client *c) {
-        struct deferred *best = NULL;
+/* The queue whose oldest fence is the oldest of all, or NULL. Locked. */
+static struct stream_queue *oldest(gpupool_client *c) {
+        struct stream_queue *best = NULL;
 
         for (struct stream_queue *sq = c->queues; sq; sq = sq->next)
-                if (sq->count > sq->unfenced && (!best || queue_at(sq, 0)->seq < best->seq))
-                        best = queue_at(sq, 0);
+                if (sq->count && (!best || fence_at(sq, 0)->seq < fence_at(best, 0)->seq))
+                        best = sq;
         return best;
 }
 
@@ -385,13 +373,13 @@ static void *reaper_main(void *arg) {
         client_cuda_thread_relaxed(c);
         pthread_mutex_lock(&c->lock);
         for (;;) {
-                struct deferred *q = NULL;
+                struct stream_queue *sq = NULL;
                 struct client_device *d;
                 gp_cu_event e;
                 int done;
 
                 c->reaper_idle = true;
-                while (!c->stopping && !(q = oldest(c))) {
+                while (!c->stopping && !(sq = oldest(c))) {
                         if (!unfenced(c)) {
                                 pthread_cond_wait(&c->deferred_cond, &c->lock);
                                 continue;
@@ -403,11 +391,11 @@ static void *reaper_main(void *arg) {
                 c->reaper_idle = false;
                 if (c->stopping)
                         break;
-                d = &c->devices[q->queue->device];
-                e = q->event;
+                d = &c->devices[sq->device];
+                e = fence_at(sq, 0)->event;
                 /*
                  * Wait without the lock, so the application's calls go on meanwhile. Another
-                 * thread may complete these frees meanwhile: the event is then not recorded
+                 * thread may complete this fence meanwhile: the event is then not recorded
                  * again until this wait has ended (fence_put()).
                  */
                 c->reaper_event = e;
@@ -431,25 +419,15 @@ static void *reaper_main(void *arg) {
 
 void client_stream_forget(gpupool_client *c) {
         struct stream_queue *sq;
-        struct deferred *q;
 
+        /* The blocks they held go with the heaps (client_mappings_forget()). */
         while ((sq = c->queues)) {
-                for (unsigned i = 0; i < sq->count; i++) {
-                        q = queue_at(sq, i);
-                        /* Its block, live and marked freeing, goes with the live table (client_live_forget()). */
-                        if (fence_ends_at(sq, i))
-                                client_cuda_event_put(c, &c->devices[sq->device], q->event);
-                        free(q);
-                }
+                for (unsigned i = 0; i < sq->count; i++)
+                        client_cuda_event_put(c, &c->devices[sq->device], fence_at(sq, i)->event);
                 c->queues = sq->next;
                 free(sq->ring);
                 free(sq);
         }
-        while ((q = c->spare_deferred)) {
-                c->spare_deferred = q->next;
-                free(q);
-        }
-        gp_rb_init(&c->pending, cmp_fit);
 }
 
 void client_stream_stop(gpupool_client *c) {

@@ -16,6 +16,18 @@
  * until its holder takes it out (heap_remove()), and the heap lists the empty ones in the
  * order they emptied, oldest first, for whoever gives idle memory back.
  *
+ * A block may also be freed "held" (heap_free_held()): free for one lane (the caller's name
+ * for a stream of work, 1 or more) at once, and for everyone else once the lane's fence of a
+ * given number has passed (heap_release()). That is PyTorch's rule for a block freed on the
+ * stream that reuses it: the stream orders the new work after the old, so no event is needed
+ * until another stream, or the holder giving memory back, needs the block. Allocations on the
+ * lane (heap_alloc_on()) carve held blocks as they carve free ones, and a held block merges
+ * with its free neighbours and with those held for the same lane (the later fence wins); an
+ * allocation on no lane or another one never sees it, and a segment holding one is not empty.
+ * In a segment marked heap_hold_whole() a held block is neither merged nor split (its holder
+ * counts what backs a block by the block's own span: client_grow.c), and serves only requests
+ * of up to a quarter less than its size.
+ *
  * Nothing here locks: the caller serializes every call on one heap.
  */
 #ifndef GP_HEAP_H
@@ -51,8 +63,11 @@ struct heap_block {
         uint64_t size;                  /* a multiple of HEAP_BLOCK_ALIGN */
         uint64_t asked;                 /* live: the rounded size it was carved for (size, or less by a rest kept) */
         bool free;
+        uint32_t lane;                  /* free and held: for this lane until fence has passed; else 0 */
+        uint64_t fence;
         struct heap_block *prev, *next; /* address order within the segment */
-        struct gp_rb_node node;         /* free: the heap's free index; live: the segment's live tree */
+        struct gp_rb_node node;         /* free: the heap's free index (held: its held index); live: the segment's live tree */
+        struct gp_rb_node by_fence;     /* held: the heap's held blocks by (lane, fence) */
 };
 
 /*
@@ -65,6 +80,8 @@ struct heap_segment {
         enum heap_class class;
         uint64_t live_blocks;
         uint64_t live_bytes;
+        uint64_t held_blocks;           /* free blocks held for a lane (heap_free_held()) */
+        bool hold_whole;                /* held blocks neither merge nor split (heap_hold_whole()) */
         struct heap_block *first;       /* the blocks in address order, tiling the segment */
         struct gp_rb_tree live;         /* live blocks by offset */
         struct heap *heap;              /* NULL while in no heap */
@@ -74,6 +91,8 @@ struct heap_segment {
 
 struct heap {
         struct gp_rb_tree free_index[HEAP_CLASS_COUNT];
+        struct gp_rb_tree held_index[HEAP_CLASS_COUNT];        /* held blocks by (lane, size, segment id, offset) */
+        struct gp_rb_tree held_fences;                          /* held blocks by (lane, fence, segment id, offset) */
         struct heap_segment *segments;
         struct heap_segment *empty_head, *empty_tail;   /* oldest emptied first */
         uint64_t segment_count;
@@ -83,6 +102,7 @@ struct heap {
         uint64_t blocks;                /* live blocks */
         uint64_t empty_count;
         uint64_t empty_bytes;           /* sum of the empty segments' sizes */
+        uint64_t held_bytes;            /* sum of the held blocks' sizes (free for their lanes only) */
 };
 
 /* size rounded up to HEAP_BLOCK_ALIGN, or 0 for 0 or a size over HEAP_MAX_REQUEST. */
@@ -106,7 +126,7 @@ void heap_init(struct heap *heap);
  */
 int heap_add(struct heap *heap, struct heap_segment *s, uint64_t id, uint64_t size, enum heap_class class);
 
-/* Takes an empty segment out of its heap. Returns 0, or -EBUSY while it holds a live block. */
+/* Takes an empty segment out of its heap. Returns 0, or -EBUSY while it holds a live or held block. */
 int heap_remove(struct heap_segment *s);
 
 /*
@@ -134,18 +154,47 @@ struct heap_block *heap_find_live(const struct heap_segment *s, uint64_t offset)
  */
 bool heap_free(struct heap *heap, struct heap_block *b);
 
+/*
+ * Frees a live block for lane (1 or more) at once and for the others once fence has passed
+ * (heap_release()), merging it with its free neighbours and those held for the same lane
+ * (the merged block waits for the later fence), but in a segment that holds whole.
+ */
+void heap_free_held(struct heap *heap, struct heap_block *b, uint32_t lane, uint64_t fence);
+
+/*
+ * heap_alloc() for an allocation on lane (0: none): the best fit among the free blocks and
+ * those held for lane, by the same order (size, segment id, offset); in a segment that holds whole, a held block only
+ * of at most a quarter more than rsize, carved whole. *ret_held says whether it was held.
+ */
+struct heap_block *heap_alloc_on(struct heap *heap, enum heap_class class, uint64_t rsize, uint32_t lane, bool *ret_held);
+
+/* What heap_release() tells its caller; either may be NULL. */
+struct heap_release_ops {
+        /* Block b, held, is free for all now (called before it merges with its free neighbours). */
+        void (*released)(void *ctx, struct heap_block *b);
+        /* Segment s holds no live block and no held one any more (it joined the empty list, newest). */
+        void (*emptied)(void *ctx, struct heap_segment *s);
+};
+
+/* Frees for all every block held for lane until a fence of at most fence. Returns how many. */
+uint64_t heap_release(struct heap *heap, uint32_t lane, uint64_t fence, const struct heap_release_ops *ops, void *ctx);
+
+/* Marks s as holding whole (see above), before any block of it is held. */
+void heap_hold_whole(struct heap_segment *s);
+
 /* The segment that has been empty longest, or NULL. */
 struct heap_segment *heap_oldest_empty(const struct heap *heap);
 
-/* Bytes held in free blocks (the heap's size less what is in use). */
+/* Bytes in free blocks, held ones among them (the heap's size less what is in use). */
 static inline uint64_t heap_free_bytes(const struct heap *heap) {
         return heap->size_bytes - heap->in_use_bytes;
 }
 
 /*
- * Checks every invariant: blocks tile each segment without overlap, no two free neighbours,
- * the free index holds exactly the free blocks and each segment's live tree its live ones, the
- * empty list exactly the segments without a live block, and every sum. Returns 0, or
+ * Checks every invariant: blocks tile each segment without overlap, no two free neighbours that
+ * should have merged, the free and held indexes hold exactly the free and held blocks and each
+ * segment's live tree its live ones, the empty list exactly the segments with neither, and
+ * every sum. Returns 0, or
  * -EUCLEAN with what is wrong in why.
  */
 int heap_check(const struct heap *heap, char *why, size_t why_size);

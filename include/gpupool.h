@@ -112,27 +112,35 @@ GPUPOOL_EXPORT int gpupool_alloc(gpupool_client *client, int device, size_t size
 GPUPOOL_EXPORT int gpupool_free(gpupool_client *client, void *ptr);
 
 /*
- * gpupool_alloc() for use on stream: it may also be given a block freed with
- * gpupool_free_async() on the same stream whose work has not ended yet, since the stream runs
- * the new work after the old. Other allocations get such a block only once that work is done.
+ * gpupool_alloc() for use on stream: it may also be given memory freed with
+ * gpupool_free_async() on the same stream whose work has not ended yet (split from such a
+ * block, or merged with its neighbours), since the stream runs the new work after the old.
+ * Other allocations get it only once that work is done.
  */
 GPUPOOL_EXPORT int gpupool_alloc_async(gpupool_client *client, int device, size_t size, void *stream, void **ret_ptr);
 
 /*
  * Frees a block from gpupool_alloc() once the work queued on stream (a CUstream or
  * cudaStream_t of the block's GPU's primary context; NULL for the legacy default stream)
- * before this call has completed. Returns at once: the library records an event on stream.
- * Until the event has completed nobody can be given the block except gpupool_alloc_async() on
- * the same stream, which the stream orders after that work; then it goes back to the
- * process's pool. On the host
+ * before this call has completed. Returns at once. The block is free at once for
+ * gpupool_alloc_async() on the same stream, which the stream orders after that work, and for
+ * nobody else until an event the library records on stream after it has completed (one event
+ * for up to 64 frees on a stream, or for those made when something else needs the memory: an
+ * allocation the pool cannot serve, a trim; the library's thread records one for frees left
+ * 2 ms without). On the host
  * backend stream must be NULL and the block is freed at once. -ENOENT as gpupool_free();
  * -EINVAL when no event can be recorded on stream (a stream of another context); -EBUSY when
  * stream is capturing a CUDA graph (a block freed inside a capture is the graph's: free it
  * after the capture ends). The block stays allocated on any error. Only a completed event
- * gives the block back: if the driver fails to say (a faulted context), it stays pending
- * until the process exits. gpupool_disconnect() waits for such pending frees.
+ * makes the block anyone's: if the driver fails to say (a faulted context), it stays the
+ * stream's until the process exits. gpupool_disconnect() waits for such pending frees.
  */
 GPUPOOL_EXPORT int gpupool_free_async(gpupool_client *client, void *ptr, void *stream);
+/*
+ * As gpupool_free_async()'s stream: the stream the block was allocated on (gpupool_alloc_async()'s;
+ * the legacy default stream for gpupool_alloc()'s), for a caller that does not keep it.
+ */
+#define GPUPOOL_STREAM_OF_ALLOC ((void *) -1)
 
 /*
  * Scopes: every block allocated through this handle between gpupool_scope_begin() and the
@@ -184,8 +192,10 @@ GPUPOOL_EXPORT const char *gpupool_backend(gpupool_client *client);
  * has been empty for $GPUPOOL_IDLE_RETURN (a duration; default 10s; 0: never), an allocation
  * needs room under a limit or on a full device, gpupool_trim(), or disconnect. The same thread
  * tells the daemon what the process holds in use and free, at most once a second when it
- * changed. gpupool_trim() gives back every empty segment now; gpupool_cached_bytes() is what
- * the pool holds free (in empty segments and between live blocks).
+ * changed. gpupool_trim() gives back every empty segment now (after the stream-ordered
+ * frees whose work has ended); gpupool_cached_bytes() is what the pool holds free for any
+ * allocation (in empty segments and between live blocks; not what is free only for the stream
+ * it was freed on).
  *
  * Each thread parks the blocks of at most 16 KiB it frees without a stream (at most 32 and
  * 256 KiB) and takes them back for its next allocations of the same size and device, outside
@@ -255,7 +265,8 @@ GPUPOOL_EXPORT int gpupool_unpublish(gpupool_client *client, const char *name);
 /*
  * What this handle holds now, counted when asked: live_blocks and live_bytes are the blocks
  * the application holds (rounded sizes; a gpupool_free_async() counts as freed at once),
- * cached_bytes what the process's pool holds free, and mapped_segments and mapped_bytes the
+ * cached_bytes what the process's pool holds free for any allocation (what mapped_bytes
+ * holds beyond the two is free only for the stream it was freed on), and mapped_segments and mapped_bytes the
  * segments mapped in this process (with $GPUPOOL_SEGMENTS=grow, the 2 MiB granules it holds,
  * each a segment of the daemon's), which is what the daemon counts as this client's reserved
  * bytes.
@@ -311,15 +322,19 @@ GPUPOOL_EXPORT int gpupool_grow_stats(gpupool_client *client, struct gpupool_gro
  * what cudaStream_t and CUstream are.
  *
  * gpupool_cupy_malloc() and gpupool_cupy_free() take param as a handle from
- * gpupool_connect(), or NULL for the shared one. The free is ordered after the work queued on
- * the legacy default stream, which waits for every blocking stream of the device; work on a
- * non-blocking stream (cudaStreamNonBlocking) must be synchronized by the application first.
+ * gpupool_connect(), or NULL for the shared one. CuPy's allocator interface names no stream,
+ * so the calling thread says which stream is CuPy's current one with gpupool_cupy_stream()
+ * (use_with_cupy() does, whenever it changes; NULL, the legacy default stream, until then):
+ * gpupool_cupy_malloc() is gpupool_alloc_async() on it, and gpupool_cupy_free() frees
+ * stream-ordered on the stream the block was allocated on (GPUPOOL_STREAM_OF_ALLOC), as
+ * CuPy's own pool orders a free on the allocation's stream.
  */
 struct CUstream_st;
 GPUPOOL_EXPORT void *gpupool_torch_alloc(ssize_t size, int device, struct CUstream_st *stream);
 GPUPOOL_EXPORT void gpupool_torch_free(void *ptr, ssize_t size, int device, struct CUstream_st *stream);
 GPUPOOL_EXPORT void *gpupool_cupy_malloc(void *param, size_t size, int device);
 GPUPOOL_EXPORT void gpupool_cupy_free(void *param, void *ptr, int device);
+GPUPOOL_EXPORT void gpupool_cupy_stream(struct CUstream_st *stream);
 
 /*
  * The negative errno of the calling thread's latest failed hook call (0: none since the last

@@ -1,5 +1,6 @@
 """Installing gpupool as PyTorch's and CuPy's allocator."""
 import os
+import threading
 import warnings
 
 from ._lib import function_address, hook_last_error, lib, library_path
@@ -126,9 +127,10 @@ def use_with_cupy(client=None):
     """Makes CuPy take its device memory from gpupool (through the shared handle, or client,
     a gpupool.Client). CuPy's own memory pool is bypassed: every allocation and free goes to
     gpupool, whose own pool in the process keeps repeats cheap. A refusal raises
-    cupy.cuda.memory.OutOfMemoryError with gpupoold's reason. Frees are ordered after the work
-    on the legacy default stream; synchronize non-blocking streams before dropping arrays used
-    on them. Returns the allocating function given to cupy.cuda.set_allocator().
+    cupy.cuda.memory.OutOfMemoryError with gpupoold's reason. As with CuPy's own pool, an
+    allocation is made on CuPy's current stream, and its free is ordered after the work queued
+    on that stream: the stream's next allocations may reuse it at once, others once that work
+    has ended. Returns the allocating function given to cupy.cuda.set_allocator().
     """
     try:
         import cupy
@@ -144,7 +146,18 @@ def use_with_cupy(client=None):
         client if client is not None else lib,
     )
 
+    # CuPy's allocator interface names no stream: tell the library this thread's current one
+    # when it changes (a thread-local there too), before the allocation.
+    current_stream = getattr(cupy.cuda, "get_current_stream", None)
+    set_stream = lib.gpupool_cupy_stream
+    said = threading.local()
+
     def malloc(size):
+        if current_stream is not None:
+            stream = current_stream().ptr
+            if getattr(said, "stream", 0) != stream:
+                set_stream(stream)
+                said.stream = stream
         mem = c_allocator.malloc(size)
         if size and not mem.ptr:
             err, reason = hook_last_error()

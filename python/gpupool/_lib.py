@@ -90,6 +90,7 @@ def _load():
         "gpupool_torch_free": (None, [p, ctypes.c_ssize_t, i, p]),
         "gpupool_cupy_malloc": (p, [p, sz, i]),
         "gpupool_cupy_free": (None, [p, p, i]),
+        "gpupool_cupy_stream": (None, [p]),
         "gpupool_publish": (i, [p, ctypes.c_char_p, p, sz]),
         "gpupool_publish_to": (i, [p, ctypes.c_char_p, p, sz, ctypes.c_char_p]),
         "gpupool_attach": (i, [p, ctypes.c_char_p, ctypes.POINTER(p), ctypes.POINTER(sz)]),

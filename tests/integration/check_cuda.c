@@ -401,6 +401,10 @@ END_TEST
  * The framework hooks on the CUDA side: PyTorch's free is ordered on the stream it names, so
  * the block is not handed to another allocation (CuPy's here) while the work queued before
  * the free runs; the hooks connect by $GPUPOOL_SOCKET and take the process's device ordinal.
+ * CuPy's free names no stream: it is ordered on the stream the block was allocated on (the
+ * current one gpupool_cupy_stream() said), so CuPy's next allocation on that stream takes it
+ * at once, and one on the legacy stream (which does not wait for a non-blocking stream) does
+ * not.
  */
 static int hooks_client(struct testd *d, void *arg) {
         const size_t size = 64 * MiB;
@@ -409,7 +413,7 @@ static int hooks_client(struct testd *d, void *arg) {
         gp_cu_stream s;
         gp_cu_event done;
         struct gpu g;
-        void *a, *b;
+        void *a, *b, *other;
 
         setenv("GPUPOOL_SOCKET", d->sock, 1);
         setenv("GPUPOOL_CLIENT_NAME", "torch-hooked", 1);
@@ -429,6 +433,25 @@ static int hooks_client(struct testd *d, void *arg) {
         if (g.cu.cuStreamSynchronize(s) != GP_CUDA_SUCCESS)
                 FAIL();
         gpupool_cupy_free(NULL, b, 0);
+        if (gpupool_hook_last_error(NULL, 0) != 0)
+                FAIL();
+        gpupool_cupy_stream((struct CUstream_st *) s);
+        b = gpupool_cupy_malloc(NULL, size, 0);
+        if (!b || queue_work(&g, s, b, size) < 0 || g.cu.cuEventRecord(done, s) != GP_CUDA_SUCCESS)
+                FAIL();
+        gpupool_cupy_free(NULL, b, 0);
+        gpupool_cupy_stream(NULL);
+        a = gpupool_cupy_malloc(NULL, size, 0);
+        gpupool_cupy_stream((struct CUstream_st *) s);
+        other = gpupool_cupy_malloc(NULL, size, 0);
+        if (!a || a == b || other != b || g.cu.cuEventQuery(done) != GP_CUDA_ERROR_NOT_READY)
+                FAIL();         /* the legacy stream's allocation got it under running work, or s's did not */
+        release_work(&g, s);
+        if (g.cu.cuStreamSynchronize(s) != GP_CUDA_SUCCESS)
+                FAIL();
+        gpupool_cupy_free(NULL, other, 0);
+        gpupool_cupy_stream(NULL);
+        gpupool_cupy_free(NULL, a, 0);
         if (gpupool_hook_last_error(NULL, 0) != 0)
                 FAIL();
         /* Everything goes back without another call of ours. */

@@ -1,7 +1,8 @@
 /*
  * check_heap.c: the allocator core (common/heap.c) through its header: rounding and classes,
- * best fit with its tie-break, split and merge, the empty list, and random churn against a
- * model of which bytes are live, with heap_check() after every step.
+ * best fit with its tie-break, split and merge, the empty list, blocks held for a lane, and
+ * random churn against a model of which bytes are live (and held for which lane, until which
+ * fence), with heap_check() after every step.
  */
 #include <errno.h>
 #include <stdlib.h>
@@ -217,6 +218,346 @@ START_TEST(test_random_churn) {
 }
 END_TEST
 
+
+static unsigned emptied_count;
+static uint64_t released_bytes;
+
+static void on_released(void *ctx, struct heap_block *b) {
+        (void) ctx;
+        released_bytes += b->size;
+}
+
+static void on_emptied(void *ctx, struct heap_segment *s) {
+        (void) ctx, (void) s;
+        emptied_count++;
+}
+
+static const struct heap_release_ops release_ops = { on_released, on_emptied };
+
+/* A segment of 2 MiB in h, carved into a and b of 512 KiB and c of 1 MiB, in that order. */
+static void three_blocks(struct heap *h, struct heap_segment *seg, struct heap_block **a, struct heap_block **b,
+                         struct heap_block **c) {
+        heap_init(h);
+        ck_assert_int_eq(heap_add(h, seg, 1, 2 * MiB, HEAP_CLASS_SMALL), 0);
+        *a = heap_alloc(h, HEAP_CLASS_SMALL, 512 * 1024);
+        *b = heap_alloc(h, HEAP_CLASS_SMALL, 512 * 1024);
+        *c = heap_alloc(h, HEAP_CLASS_SMALL, 1024 * 1024);
+        ck_assert_ptr_nonnull(*c);
+}
+
+/* A held block: its lane's at once, split and merged there; nobody else's until its fence. */
+START_TEST(test_held_for_a_lane) {
+        struct heap_segment seg;
+        struct heap_block *a, *b, *c, *x;
+        struct heap h;
+        bool held;
+
+        three_blocks(&h, &seg, &a, &b, &c);
+        heap_free_held(&h, b, 1, 7);
+        check_ok(&h);
+        ck_assert_uint_eq(seg.held_blocks, 1);
+        /* Nobody else's: neither an allocation on no lane nor one on lane 2. */
+        ck_assert_ptr_null(heap_alloc(&h, HEAP_CLASS_SMALL, 512));
+        ck_assert_ptr_null(heap_alloc_on(&h, HEAP_CLASS_SMALL, 512, 2, &held));
+        /* Lane 1's at once, split: the rest stays held. */
+        x = heap_alloc_on(&h, HEAP_CLASS_SMALL, 4096, 1, &held);
+        ck_assert_ptr_nonnull(x);
+        ck_assert(held);
+        ck_assert_uint_eq(x->offset, 512 * 1024);
+        ck_assert_uint_eq(x->size, 4096);
+        ck_assert_uint_eq(seg.held_blocks, 1);
+        check_ok(&h);
+        /* Freed held again, it merges with the held rest (fence 9 now), and with a and c held for lane 1. */
+        heap_free_held(&h, x, 1, 9);
+        ck_assert_uint_eq(seg.held_blocks, 1);
+        heap_free_held(&h, a, 1, 8);
+        ck_assert_uint_eq(seg.held_blocks, 1);
+        check_ok(&h);
+        ck_assert_uint_eq(h.empty_count, 0);
+        /* Held is not empty: it cannot go. */
+        ck_assert_int_eq(heap_remove(&seg), -EBUSY);
+        heap_free_held(&h, c, 1, 9);
+        ck_assert_ptr_null(seg.first->next);
+        ck_assert_uint_eq(seg.first->fence, 9);
+        ck_assert_uint_eq(h.empty_count, 0);
+        /* Not before the latest fence of what merged, nor for another lane. */
+        emptied_count = 0;
+        released_bytes = 0;
+        ck_assert_uint_eq(heap_release(&h, 1, 8, &release_ops, NULL), 0);
+        ck_assert_uint_eq(heap_release(&h, 2, UINT64_MAX, &release_ops, NULL), 0);
+        ck_assert_uint_eq(heap_release(&h, 1, 9, &release_ops, NULL), 1);
+        ck_assert_uint_eq(released_bytes, 2 * MiB);
+        ck_assert_uint_eq(emptied_count, 1);
+        ck_assert_uint_eq(h.empty_count, 1);
+        check_ok(&h);
+        ck_assert_int_eq(heap_remove(&seg), 0);
+        check_ok(&h);
+}
+END_TEST
+
+/* Free and held blocks side by side: a free block never swallows a held one, a held one swallows free ones. */
+START_TEST(test_held_and_free_neighbours) {
+        struct heap_segment seg;
+        struct heap_block *a, *b, *c, *x;
+        struct heap h;
+        bool held;
+
+        three_blocks(&h, &seg, &a, &b, &c);
+        heap_free_held(&h, b, 1, 1);
+        ck_assert(!heap_free(&h, a));
+        ck_assert_ptr_eq(seg.first->next, b);   /* a did not merge into b */
+        check_ok(&h);
+        /* Lane 2 fits in a, not in b. */
+        x = heap_alloc_on(&h, HEAP_CLASS_SMALL, 512 * 1024, 2, &held);
+        ck_assert_ptr_nonnull(x);
+        ck_assert(!held);
+        ck_assert_uint_eq(x->offset, 0);
+        ck_assert(!heap_free(&h, x));
+        /* c held for lane 1 takes b, held for lane 1 too, and through it a, free: the fence is the later one. */
+        heap_free_held(&h, c, 1, 2);
+        check_ok(&h);
+        ck_assert_uint_eq(seg.held_blocks, 1);
+        ck_assert_ptr_null(seg.first->next);
+        ck_assert_uint_eq(seg.first->lane, 1);
+        ck_assert_uint_eq(seg.first->fence, 2);
+        ck_assert_uint_eq(heap_release(&h, 1, 1, NULL, NULL), 0);
+        ck_assert_uint_eq(heap_release(&h, 1, 2, NULL, NULL), 1);
+        check_ok(&h);
+        /* Held for two lanes side by side: no merge; a free block beside them takes neither. */
+        a = heap_alloc(&h, HEAP_CLASS_SMALL, 512 * 1024);
+        b = heap_alloc(&h, HEAP_CLASS_SMALL, 512 * 1024);
+        c = heap_alloc(&h, HEAP_CLASS_SMALL, 1024 * 1024);
+        heap_free_held(&h, a, 1, 3);
+        heap_free_held(&h, b, 3, 1);
+        ck_assert(!heap_free(&h, c));
+        ck_assert_uint_eq(seg.held_blocks, 2);
+        ck_assert_uint_eq(h.empty_count, 0);
+        check_ok(&h);
+        ck_assert_uint_eq(heap_release(&h, 1, 3, NULL, NULL), 1);
+        ck_assert_uint_eq(heap_release(&h, 3, 1, NULL, NULL), 1);
+        ck_assert_ptr_null(seg.first->next);
+        ck_assert_uint_eq(h.empty_count, 1);
+        check_ok(&h);
+        ck_assert_int_eq(heap_remove(&seg), 0);
+}
+END_TEST
+
+/* A segment that holds whole: held blocks neither merge nor split, and serve a quarter less at most. */
+START_TEST(test_held_whole) {
+        struct heap_segment seg;
+        struct heap_block *a, *b, *x;
+        struct heap h;
+        bool held;
+
+        heap_init(&h);
+        ck_assert_int_eq(heap_add(&h, &seg, 1, 2 * MiB, HEAP_CLASS_SMALL), 0);
+        heap_hold_whole(&seg);
+        a = heap_alloc(&h, HEAP_CLASS_SMALL, 512 * 1024);
+        b = heap_alloc(&h, HEAP_CLASS_SMALL, 512 * 1024);
+        heap_free_held(&h, a, 1, 1);
+        heap_free_held(&h, b, 1, 1);
+        ck_assert_uint_eq(seg.held_blocks, 2);
+        check_ok(&h);
+        /* Too small for a quarter less: the free rest serves it. */
+        x = heap_alloc_on(&h, HEAP_CLASS_SMALL, 256 * 1024, 1, &held);
+        ck_assert(!held);
+        ck_assert_uint_eq(x->offset, 1024 * 1024);
+        ck_assert(!heap_free(&h, x));
+        /* Within a quarter: carved whole. */
+        x = heap_alloc_on(&h, HEAP_CLASS_SMALL, 448 * 1024, 1, &held);
+        ck_assert(held);
+        ck_assert_uint_eq(x->size, 512 * 1024);
+        ck_assert_uint_eq(x->asked, 448 * 1024);
+        ck_assert_uint_eq(seg.held_blocks, 1);
+        check_ok(&h);
+        (void) heap_free(&h, x);
+        ck_assert_uint_eq(heap_release(&h, 1, 1, NULL, NULL), 1);
+        ck_assert_ptr_null(seg.first->next);
+        check_ok(&h);
+        ck_assert_int_eq(heap_remove(&seg), 0);
+}
+END_TEST
+
+#define LANES 3
+
+/*
+ * Random allocations on lanes 0 to LANES, frees at once or held for a lane, and releases,
+ * against a map of each 512 bytes: live, free, or held for a lane until a fence. An allocation
+ * never gets bytes live or held for another lane whose fence has not been released.
+ */
+START_TEST(test_random_churn_lanes) {
+        static uint8_t map[SEGMENTS][20 * MiB / 512];           /* 0 free, 1 live, 2 + lane held */
+        static uint32_t fence_of[SEGMENTS][20 * MiB / 512];
+        struct heap_segment segs[SEGMENTS];
+        struct heap_block *live[LIVE_MAX];
+        uint32_t fence_next[LANES + 1] = { 0 }, released[LANES + 1] = { 0 };
+        size_t n = 0;
+        unsigned seed = 777;
+        struct heap h;
+
+        heap_init(&h);
+        memset(map, 0, sizeof(map));
+        for (int i = 0; i < SEGMENTS; i++) {
+                ck_assert_int_eq(heap_add(&h, &segs[i], (uint64_t) i + 1, i < 3 ? 2 * MiB : 20 * MiB,
+                                          i < 3 ? HEAP_CLASS_SMALL : HEAP_CLASS_LARGE), 0);
+                if (i == 2 || i == 5)
+                        heap_hold_whole(&segs[i]);
+        }
+        for (uint32_t l = 1; l <= LANES; l++)
+                fence_next[l] = 1;
+        for (int step = 0; step < 30000; step++) {
+                unsigned what = (unsigned) rand_r(&seed) % 16;
+
+                if (what < 7 && n < LIVE_MAX) {
+                        uint64_t size = rand_r(&seed) % 4 ? 1 + (uint64_t) rand_r(&seed) % (256 * 1024)
+                                                          : MiB + (uint64_t) rand_r(&seed) % (4 * MiB);
+                        uint64_t rsize = heap_round(size);
+                        uint32_t lane = (uint32_t) rand_r(&seed) % (LANES + 1);
+                        bool held = false;
+                        struct heap_block *b = heap_alloc_on(&h, heap_class_of(rsize), rsize, lane, &held);
+                        int s;
+
+                        if (!b)
+                                continue;
+                        s = (int) (b->segment - segs);
+                        if (b->size < rsize || b->offset + b->size > segs[s].size ||
+                            (held && b->segment->hold_whole ? b->size > rsize + rsize / 4
+                                                            : b->size > rsize + (heap_class_of(rsize) == HEAP_CLASS_SMALL
+                                                                                         ? 0
+                                                                                         : HEAP_SMALL_REQUEST)))
+                                ck_abort_msg("step %d: a block of %llu at %llu for %llu bytes", step,
+                                             (unsigned long long) b->size, (unsigned long long) b->offset,
+                                             (unsigned long long) rsize);
+                        for (uint64_t u = b->offset / 512; u < (b->offset + b->size) / 512; u++) {
+                                if (map[s][u] == 1)
+                                        ck_abort_msg("step %d: block overlaps a live one", step);
+                                if (map[s][u] >= 2 && map[s][u] != 2 + lane)
+                                        ck_abort_msg("step %d: lane %u got bytes held for lane %u until fence %u", step,
+                                                     lane, map[s][u] - 2, fence_of[s][u]);
+                                map[s][u] = 1;
+                        }
+                        live[n++] = b;
+                } else if (what < 14 && n) {
+                        size_t i = (size_t) rand_r(&seed) % n;
+                        struct heap_block *b = live[i];
+                        int s = (int) (b->segment - segs);
+                        uint32_t lane = (uint32_t) rand_r(&seed) % (LANES + 1);
+
+                        for (uint64_t u = b->offset / 512; u < (b->offset + b->size) / 512; u++) {
+                                map[s][u] = lane ? 2 + lane : 0;
+                                fence_of[s][u] = lane ? fence_next[lane] : 0;
+                        }
+                        if (lane)
+                                heap_free_held(&h, b, lane, fence_next[lane]);
+                        else
+                                (void) heap_free(&h, b);
+                        live[i] = live[--n];
+                } else if (what == 14) {
+                        /* A lane's fence recorded: later frees wait for the next. */
+                        uint32_t lane = 1 + (uint32_t) rand_r(&seed) % LANES;
+
+                        fence_next[lane]++;
+                } else {
+                        /* A lane's fences completed up to one recorded. */
+                        uint32_t lane = 1 + (uint32_t) rand_r(&seed) % LANES;
+                        uint32_t upto = fence_next[lane] - 1;
+
+                        if (upto <= released[lane])
+                                continue;
+                        upto = released[lane] + 1 + (uint32_t) rand_r(&seed) % (upto - released[lane]);
+                        (void) heap_release(&h, lane, upto, NULL, NULL);
+                        released[lane] = upto;
+                        for (int s = 0; s < SEGMENTS; s++)
+                                for (uint64_t u = 0; u < segs[s].size / 512; u++)
+                                        if (map[s][u] == 2 + lane && fence_of[s][u] <= upto)
+                                                map[s][u] = 0;
+                }
+                if (step % 16 == 0)
+                        check_ok(&h);
+        }
+        while (n)
+                (void) heap_free(&h, live[--n]);
+        for (uint32_t l = 1; l <= LANES; l++)
+                (void) heap_release(&h, l, UINT64_MAX, NULL, NULL);
+        check_ok(&h);
+        ck_assert_uint_eq(h.held_fences.count, 0);
+        ck_assert_uint_eq(h.empty_count, SEGMENTS);
+        for (int i = 0; i < SEGMENTS; i++) {
+                ck_assert_ptr_null(segs[i].first->next);
+                ck_assert_int_eq(heap_remove(&segs[i]), 0);
+        }
+        check_ok(&h);
+}
+END_TEST
+
+/*
+ * One lane is served as with every free at once: a heap whose frees are all held for lane 1
+ * (fenced and released now and then) hands out the very blocks a heap of plain frees does,
+ * step by step (PyTorch's one stream, whatever the GPU's lag).
+ */
+START_TEST(test_one_lane_as_free) {
+        struct heap_segment segs_a[SEGMENTS], segs_b[SEGMENTS];
+        struct heap_block *live_a[LIVE_MAX], *live_b[LIVE_MAX];
+        uint64_t fence = 1, released = 0;
+        size_t n = 0;
+        unsigned seed = 99;
+        struct heap a, b;
+
+        heap_init(&a);
+        heap_init(&b);
+        for (int i = 0; i < SEGMENTS; i++) {
+                uint64_t size = i < 3 ? 2 * MiB : 20 * MiB;
+                enum heap_class class = i < 3 ? HEAP_CLASS_SMALL : HEAP_CLASS_LARGE;
+
+                ck_assert_int_eq(heap_add(&a, &segs_a[i], (uint64_t) i + 1, size, class), 0);
+                ck_assert_int_eq(heap_add(&b, &segs_b[i], (uint64_t) i + 1, size, class), 0);
+        }
+        for (int step = 0; step < 20000; step++) {
+                unsigned what = (unsigned) rand_r(&seed) % 16;
+
+                if (what < 7 && n < LIVE_MAX) {
+                        uint64_t size = rand_r(&seed) % 4 ? 1 + (uint64_t) rand_r(&seed) % (256 * 1024)
+                                                          : MiB + (uint64_t) rand_r(&seed) % (4 * MiB);
+                        uint64_t rsize = heap_round(size);
+                        bool held;
+                        struct heap_block *x = heap_alloc_on(&a, heap_class_of(rsize), rsize, 1, &held);
+                        struct heap_block *y = heap_alloc(&b, heap_class_of(rsize), rsize);
+
+                        if (!x != !y || (x && (x->segment - segs_a != y->segment - segs_b || x->offset != y->offset ||
+                                               x->size != y->size)))
+                                ck_abort_msg("step %d: the held heap gave another block than the plain one", step);
+                        if (x) {
+                                live_a[n] = x;
+                                live_b[n++] = y;
+                        }
+                } else if (what < 14 && n) {
+                        size_t i = (size_t) rand_r(&seed) % n;
+
+                        heap_free_held(&a, live_a[i], 1, fence);
+                        (void) heap_free(&b, live_b[i]);
+                        live_a[i] = live_a[--n];
+                        live_b[i] = live_b[n];
+                } else if (what == 14) {
+                        fence++;
+                } else if (fence - 1 > released) {
+                        released += 1 + (uint64_t) rand_r(&seed) % (fence - 1 - released);
+                        (void) heap_release(&a, 1, released, NULL, NULL);
+                }
+                if (step % 64 == 0) {
+                        check_ok(&a);
+                        check_ok(&b);
+                }
+        }
+        check_ok(&a);
+        for (int i = 0; i < SEGMENTS; i++) {
+                (void) heap_drop(&segs_a[i]);
+                (void) heap_drop(&segs_b[i]);
+        }
+        check_ok(&a);
+        ck_assert_uint_eq(a.held_bytes, 0);
+}
+END_TEST
+
 Suite *suite_heap(void) {
         Suite *s = suite_create("heap");
         TCase *tc = tcase_create("core");
@@ -226,6 +567,11 @@ Suite *suite_heap(void) {
         tcase_add_test(tc, test_remove_and_drop);
         tcase_add_test(tc, test_check_catches_corruption);
         tcase_add_test(tc, test_random_churn);
+        tcase_add_test(tc, test_held_for_a_lane);
+        tcase_add_test(tc, test_held_and_free_neighbours);
+        tcase_add_test(tc, test_held_whole);
+        tcase_add_test(tc, test_random_churn_lanes);
+        tcase_add_test(tc, test_one_lane_as_free);
         tcase_set_timeout(tc, 60);
         suite_add_tcase(s, tc);
         return s;

@@ -1,8 +1,8 @@
 """A stand-in for CuPy's allocator interface, for the host-backend tests of gpupool's Python
 package: CFunctionAllocator calls the C functions exactly as cupy/cuda/memory.pyx does
 (malloc(param, size, device) for size > 0, free(param, ptr, device) when the memory dies
-with a non-zero pointer), set_allocator keeps the function. It is not CuPy; the real one is
-tested on a GPU machine."""
+with a non-zero pointer), set_allocator keeps the function, get_current_stream gives the
+legacy default stream (ptr 0). It is not CuPy; the real one is tested on a GPU machine."""
 import ctypes
 import types
 
@@ -53,10 +53,26 @@ def _get_allocator():
     return _allocator
 
 
+class Stream:
+    """cupy.cuda.Stream as the allocator sees it: ptr (0: the legacy default stream)."""
+
+    def __init__(self, ptr=0):
+        self.ptr = ptr
+
+
+_current_stream = Stream()
+
+
+def _get_current_stream():
+    return _current_stream
+
+
 cuda = types.SimpleNamespace(
     memory=types.SimpleNamespace(OutOfMemoryError=OutOfMemoryError, CFunctionAllocator=CFunctionAllocator),
     set_allocator=_set_allocator,
     get_allocator=_get_allocator,
+    get_current_stream=_get_current_stream,
+    Stream=Stream,
 )
 
 
