@@ -97,6 +97,7 @@ static void handle_free(gpupool_client *c) {
         pthread_cond_destroy(&c->deferred_cond);
         pthread_cond_destroy(&c->conn_idle);
         pthread_cond_destroy(&c->control_wake);
+        pthread_cond_destroy(&c->release_cond);
         pthread_mutex_destroy(&c->lock);
         free(c);
 }
@@ -152,6 +153,7 @@ GPUPOOL_EXPORT int gpupool_connect(const char *socket_path, const char *client_n
         pthread_cond_init(&c->deferred_cond, NULL);
         pthread_cond_init(&c->conn_idle, NULL);
         pthread_cond_init(&c->control_wake, NULL);
+        pthread_cond_init(&c->release_cond, NULL);
         client_segments_init(c);
         client_stream_init(c);
         c->epoch = 1;
@@ -200,6 +202,11 @@ GPUPOOL_EXPORT void gpupool_disconnect(gpupool_client *c) {
         /* The control thread takes the lock: stop it before taking it here. */
         client_control_close(c);
         pthread_mutex_lock(&c->lock);
+        /* A framework's thread waiting to be asked for memory leaves first: the handle goes. */
+        c->release_closing = true;
+        pthread_cond_broadcast(&c->release_cond);
+        while (c->release_waiters)
+                pthread_cond_wait(&c->release_cond, &c->lock);
         client_conn_wait(c);    /* a lease of another thread is out: its reply comes first */
         /*
          * The memory goes back with bye, and the daemon may hand it to another uid at once: the
@@ -403,6 +410,56 @@ GPUPOOL_EXPORT int gpupool_grow_stats(gpupool_client *c, struct gpupool_grow_sta
         pthread_mutex_unlock(&c->lock);
         *ret = st;
         return 0;
+}
+
+GPUPOOL_EXPORT int gpupool_release_wait(gpupool_client *c, int timeout_ms) {
+        struct timespec at;
+        int r = 0;
+
+        if (!c || timeout_ms < 0)
+                return -EINVAL;
+        gp_deadline_after_ms((uint64_t) timeout_ms, &at);
+        pthread_mutex_lock(&c->lock);
+        c->release_waiters++;
+        while (!c->release_asked && !c->release_closing && r == 0)
+                r = pthread_cond_timedwait(&c->release_cond, &c->lock, &at) == ETIMEDOUT ? 1 : 0;
+        if (c->release_closing) {
+                r = -ECANCELED;
+        } else if (c->release_asked) {
+                c->release_asked = false;       /* this thread's to serve */
+                r = 1;
+        } else {
+                r = 0;
+        }
+        if (--c->release_waiters == 0 && c->release_closing)
+                pthread_cond_broadcast(&c->release_cond);
+        pthread_mutex_unlock(&c->lock);
+        return r;
+}
+
+GPUPOOL_EXPORT int gpupool_release_done(gpupool_client *c) {
+        if (!c)
+                return -EINVAL;
+        pthread_mutex_lock(&c->lock);
+        c->release_done_seq++;
+        pthread_cond_broadcast(&c->release_cond);
+        pthread_mutex_unlock(&c->lock);
+        return 0;
+}
+
+GPUPOOL_EXPORT int gpupool_release_report(gpupool_client *c, int device, uint64_t bytes) {
+        int d;
+
+        if (!c || device < 0)
+                return -EINVAL;
+        pthread_mutex_lock(&c->lock);
+        d = daemon_device(c, device);
+        if (d >= 0)
+                c->devices[d].framework_free = bytes;
+        else
+                client_set_error(c, "no device %d of this process is one gpupoold serves", device);
+        pthread_mutex_unlock(&c->lock);
+        return d < 0 ? -ENODEV : 0;
 }
 
 GPUPOOL_EXPORT int gpupool_stats(gpupool_client *c, struct gpupool_stats *ret) {

@@ -149,6 +149,7 @@ struct client_device {
         uint64_t total_bytes;           /* as hello said */
         struct client_grow *grow;       /* segments that grow in place: its ranges, once used */
         uint64_t reported_in_use, reported_held_free;   /* as the daemon last heard (client_usage()) */
+        uint64_t framework_free;        /* what a framework's own cache holds unused of its blocks (gpupool_release_report()) */
 };
 
 struct tcache;
@@ -217,6 +218,15 @@ struct gpupool_client {
         bool control_stopping;          /* locked: client_control_close() ends the thread's wait for a daemon */
         bool resume_refused;            /* locked: the daemon that came back has other devices or another backend */
         pthread_cond_t control_wake;    /* signalled with control_stopping */
+        /*
+         * A framework's cache over the handle's blocks (gpupool_release_wait()): the threads
+         * waiting to be asked, whether the control thread asks now, how many releases ended
+         * (gpupool_release_done()), and whether the handle is closing; all with release_cond.
+         */
+        unsigned release_waiters;
+        bool release_asked, release_closing;
+        uint64_t release_done_seq;
+        pthread_cond_t release_cond;
         /*
          * Stream-ordered frees: a queue of fences per stream (its frees are held in the
          * device's heap for its lane), and the thread that completes them.

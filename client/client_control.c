@@ -19,6 +19,7 @@
 #include "client_resume.h"
 #include "client_return.h"
 #include "client_segment.h"
+#include "client_stream.h"
 #include "size.h"
 
 /* Sends env (its body set) on the control channel, where nothing answers. Returns 0 or -1. */
@@ -36,6 +37,48 @@ static int control_send(gpupool_client *c, Gpupool__Envelope *env) {
  * answers each at once, whatever the application is doing: it unmaps empty segments on the
  * device asked, worth the bytes asked, and says which, with what the process holds now.
  */
+/*
+ * How long the control thread waits, before it answers, for a framework to free what its own
+ * cache holds (gpupool_release_wait()) and for that work to end: within half the daemon's
+ * default reclaim_timeout (100 ms), the time those asked first have before others are asked.
+ */
+#define RELEASE_WAIT_MS 40
+
+/*
+ * Asks the framework's thread waiting in gpupool_release_wait() to free what its cache holds
+ * unused, waits (the lock let go) until it has said it is done or RELEASE_WAIT_MS have passed,
+ * and until then takes the segments on device (-1: all) its frees emptied, as their work ends
+ * (a framework frees stream-ordered: each look fences them first), up to want bytes. A framework
+ * that comes later still frees: what that empties goes back at the idle time, or at the next
+ * request. Adds the segments' ids to ids[*n, max), their bytes to *got. Locked.
+ */
+static void release_framework(gpupool_client *c, int device, uint64_t want, uint64_t *ids, size_t *n, size_t max,
+                              uint64_t *got) {
+        uint64_t seq = c->release_done_seq, more;
+        struct timespec at, step;
+
+        gp_deadline_after_ms(RELEASE_WAIT_MS, &at);
+        c->release_asked = true;
+        pthread_cond_broadcast(&c->release_cond);
+        while (c->release_done_seq == seq && !c->release_closing &&
+               pthread_cond_timedwait(&c->release_cond, &c->lock, &at) != ETIMEDOUT)
+                ;
+        for (;;) {
+                client_pool_drain(c, true);
+                if (client_stream_pending(c))
+                        (void) client_stream_collect(c);
+                *n += client_take_empty(c, device, want - *got, UINT64_MAX, ids + *n, max - *n, &more);
+                *got += more;
+                if (*got >= want || *n == max || !client_stream_pending(c))
+                        break;
+                /* Their fences have not completed yet: look again in a millisecond, until the deadline. */
+                gp_deadline_after_ms(1, &step);
+                if (step.tv_sec > at.tv_sec || (step.tv_sec == at.tv_sec && step.tv_nsec >= at.tv_nsec))
+                        break;
+                (void) pthread_cond_timedwait(&c->release_cond, &c->lock, &step);
+        }
+}
+
 /* What client_control_open() hands the thread: the handle, and the semaphore it posts once it runs. */
 struct control_start {
         gpupool_client *client;
@@ -102,7 +145,15 @@ static void serve(gpupool_client *c) {
                 want = push->reclaim->has_bytes ? push->reclaim->bytes : UINT64_MAX;
                 pthread_mutex_lock(&c->lock);
                 client_pool_drain(c, true);     /* a parked block may be all that keeps a segment */
+                if (client_stream_pending(c))
+                        (void) client_stream_collect(c);        /* and blocks held for their streams */
                 rr.n_segment_ids = client_take_empty(c, device, want, UINT64_MAX, ids, CLIENT_RETURN_BATCH, &got);
+                /*
+                 * A framework's cache may hold what is asked: its thread frees it, unless a lease is
+                 * out (the framework may hold its own lock while it waits on that lease).
+                 */
+                if (got < want && rr.n_segment_ids < CLIENT_RETURN_BATCH && c->release_waiters && !c->conn_busy)
+                        release_framework(c, device, want, ids, &rr.n_segment_ids, CLIENT_RETURN_BATCH, &got);
                 /*
                  * More than one answer names: the rest goes back on the main connection first,
                  * unless a lease has it out: then this answer is all the asker gets.

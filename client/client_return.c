@@ -20,9 +20,23 @@
 
 #define RETURN_WINDOW (CLIENT_PIPELINE * CLIENT_RETURN_BATCH)
 
-/* What the pool holds free on device d that it could give back whole: empty segments, or granules no block touches. */
-static uint64_t held_free(gpupool_client *c, unsigned d) {
-        return c->grow ? client_grow_free(c, d) * GP_GRANULE_BYTES : c->devices[d].heap.empty_bytes;
+/*
+ * What a framework's cache holds unused of device d's blocks, as it last said
+ * (gpupool_release_report()), within what is in use there (parked: in the threads' caches).
+ */
+static uint64_t framework_free(gpupool_client *c, unsigned d, uint64_t parked) {
+        uint64_t in_use = c->devices[d].heap.in_use_bytes - parked;
+
+        return c->devices[d].framework_free < in_use ? c->devices[d].framework_free : in_use;
+}
+
+/*
+ * What the process holds free on device d that it could give back when asked: empty segments,
+ * or granules no block touches, and what a framework's cache would free (gpupool_release_wait()).
+ */
+static uint64_t held_free(gpupool_client *c, unsigned d, uint64_t parked) {
+        return (c->grow ? client_grow_free(c, d) * GP_GRANULE_BYTES : c->devices[d].heap.empty_bytes) +
+               framework_free(c, d, parked);
 }
 
 size_t client_usage(gpupool_client *c, Gpupool__Usage *u, Gpupool__Usage **ptrs) {
@@ -40,8 +54,8 @@ size_t client_usage(gpupool_client *c, Gpupool__Usage *u, Gpupool__Usage **ptrs)
                         continue;
                 gpupool__usage__init(&u[n]);
                 u[n].device = d;
-                u[n].in_use_bytes = h->in_use_bytes - parked[d];
-                u[n].held_free_bytes = held_free(c, d);
+                u[n].in_use_bytes = h->in_use_bytes - parked[d] - framework_free(c, d, parked[d]);
+                u[n].held_free_bytes = held_free(c, d, parked[d]);
                 dev->reported_in_use = u[n].in_use_bytes;
                 dev->reported_held_free = u[n].held_free_bytes;
                 ptrs[n] = &u[n];
@@ -57,7 +71,8 @@ bool client_usage_changed(gpupool_client *c) {
         for (unsigned d = 0; d < c->device_count; d++) {
                 const struct client_device *dev = &c->devices[d];
 
-                if (dev->heap.in_use_bytes - parked[d] != dev->reported_in_use || held_free(c, d) != dev->reported_held_free)
+                if (dev->heap.in_use_bytes - parked[d] - framework_free(c, d, parked[d]) != dev->reported_in_use ||
+                    held_free(c, d, parked[d]) != dev->reported_held_free)
                         return true;
         }
         return false;

@@ -212,6 +212,25 @@ GPUPOOL_EXPORT int gpupool_trim(gpupool_client *client);
 GPUPOOL_EXPORT size_t gpupool_cached_bytes(gpupool_client *client);
 
 /*
+ * A framework that caches blocks of its own over this handle's (PyTorch's caching allocator in
+ * use_with_torch("mempool")) holds memory the library cannot give back: the framework can. A
+ * thread of the framework's glue waits in gpupool_release_wait(), which returns 1 when the
+ * daemon asks this process for memory its pool does not hold free, 0 after timeout_ms, or
+ * -ECANCELED once gpupool_disconnect() has begun (which waits for waiting threads to leave);
+ * -EINVAL for a negative timeout. The thread then frees what its cache holds unused (from
+ * its own thread, never under the library's lock) and calls gpupool_release_done(): the
+ * library waits up to 40 ms for that, and answers the daemon with the segments that emptied
+ * (it asks no thread while a lease of this handle is out: the framework may hold its own lock
+ * waiting for it). gpupool_release_report() says how many bytes of its blocks on the process's
+ * device the framework's cache holds unused: the library reports them to the daemon as free
+ * (not in use), so that the daemon asks this process among the first; -ENODEV for a device
+ * the daemon does not serve (or, on a GPU backend, none allocated on yet).
+ */
+GPUPOOL_EXPORT int gpupool_release_wait(gpupool_client *client, int timeout_ms);
+GPUPOOL_EXPORT int gpupool_release_done(gpupool_client *client);
+GPUPOOL_EXPORT int gpupool_release_report(gpupool_client *client, int device, uint64_t bytes);
+
+/*
  * Named objects: memory that outlives the process that made it, for many processes to map
  * read-only without a copy (model weights that every worker loads).
  *

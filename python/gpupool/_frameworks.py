@@ -1,6 +1,8 @@
 """Installing gpupool as PyTorch's and CuPy's allocator."""
+import ctypes
 import os
 import threading
+import time
 import warnings
 
 from ._lib import function_address, hook_last_error, lib, library_path
@@ -40,10 +42,16 @@ def use_with_torch(mode=None):
     routed to it (torch._C._cuda_beginAllocateToPool; PyTorch 2.8 or later). Blocks, streams,
     record_stream(), memory_stats(), snapshots and cuDNN's benchmark mode are PyTorch's own; a
     refusal is PyTorch's torch.cuda.OutOfMemoryError (gpupool.last_error() has gpupoold's
-    reason). What it gives up: PyTorch keeps the segments it has in its cache, so gpupoold can
-    take back only what torch.cuda.empty_cache() or PyTorch itself returns; and CUDA graphs
-    must not be captured (their allocations would land in this pool, not the graph's). It may
-    be called after CUDA is in use; only later allocations come from gpupool.
+    reason). What PyTorch keeps in its cache goes back when gpupoold asks: a thread of this
+    package, woken by the library (gpupool_release_wait()), moves allocations to a new pool
+    and drops the old one, whose cached segments PyTorch then frees (torch.cuda.empty_cache()
+    frees only pools nobody uses), and tells the library every 0.1 s what PyTorch holds unused
+    (reserved less allocated), which gpupoold sees as this process's free memory. The price of
+    a release: the new pool starts empty (its first allocations come from gpupool's pool in
+    the process, or a lease), and the old pool's blocks still in use go back only as they are
+    dropped, at the next release. CUDA graphs must not be captured (their allocations would
+    land in this pool, not the graph's). It may be called after CUDA is in use; only later
+    allocations come from gpupool.
 
     A process has one mode: a second call returns the same allocator, and one with the other
     mode raises RuntimeError.
@@ -110,6 +118,56 @@ def _use_torch_mempool(torch, allocator):
         begin(device, pool.id)
         pools.append(pool)
     _torch_pools.extend(pools)
+    end = getattr(torch._C, "_cuda_endAllocateToPool", None)
+    release = getattr(torch._C, "_cuda_releasePool", None)
+    if end is None or release is None:
+        warnings.warn(f"gpupool: PyTorch {torch.__version__} has no torch._C._cuda_endAllocateToPool or "
+                      "_cuda_releasePool: what its cache holds does not go back when gpupoold asks",
+                      RuntimeWarning, stacklevel=3)
+        return
+    threading.Thread(target=_torch_releases, args=(torch, allocator, mem_pool, begin, end, release),
+                     name="gpupool-torch-release", daemon=True).start()
+
+
+# How often the release thread tells the library what PyTorch's cache holds unused.
+_RELEASE_REPORT_MS = 100
+
+
+def _torch_rotate(torch, allocator, mem_pool, begin, end, release):
+    """Routes each device's allocations to a new pool and drops the old one: PyTorch frees what
+    the old one caches (its MemPool's destructor empties its cache once nobody uses it), and the
+    rest of it as its blocks are dropped, at the next torch.cuda.empty_cache()."""
+    for i, old in enumerate(_torch_pools):
+        with torch.cuda.device(old.device):
+            new = mem_pool(allocator.allocator())
+        begin(old.device, new.id)
+        end(old.device, old.id)
+        release(old.device, old.id)     # the routing's use; the MemPool's own goes with it below
+        _torch_pools[i] = new
+        del old
+    torch.cuda.empty_cache()            # and what older pools' blocks left since
+
+
+def _torch_releases(torch, allocator, mem_pool, begin, end, release):
+    """The release thread of mode "mempool" (see use_with_torch)."""
+    said, handle = {}, ctypes.c_void_p()
+    # The hooks' handle, once it connects (a daemon that is not up yet is tried again, as the hooks do).
+    while lib.gpupool_hook_client(ctypes.byref(handle)) < 0:
+        time.sleep(1)
+    handle = handle.value
+    while True:
+        r = lib.gpupool_release_wait(handle, _RELEASE_REPORT_MS)
+        if r < 0:
+            return
+        if r == 1:
+            try:
+                _torch_rotate(torch, allocator, mem_pool, begin, end, release)
+            finally:
+                lib.gpupool_release_done(handle)
+        for device in range(torch.cuda.device_count()):
+            unused = max(torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device), 0)
+            if said.get(device) != unused and lib.gpupool_release_report(handle, device, unused) == 0:
+                said[device] = unused
 
 
 def _cupy_out_of_memory(cupy, size, reason):

@@ -237,6 +237,97 @@ START_TEST(test_parked_lease_still_answers_reclaim) {
 }
 END_TEST
 
+/* Process A of the framework test: a framework's cache of 700 MiB over its blocks, and its thread that frees it when asked. */
+struct framework {
+        gpupool_client *c;
+        void *blocks[11];
+        int ready[2], go[2];
+        int asked, last;        /* the waiting thread's: times it was asked, and its last answer */
+};
+
+static void *framework_thread(void *arg) {
+        struct framework *f = arg;
+
+        while ((f->last = gpupool_release_wait(f->c, 10000)) >= 0) {
+                if (f->last == 0)
+                        continue;
+                f->asked++;
+                /* The framework frees what its cache holds unused, from its own thread, then says so. */
+                for (size_t i = 0; i < 11; i++)
+                        if (f->blocks[i] && gpupool_free(f->c, f->blocks[i]) == 0)
+                                f->blocks[i] = NULL;
+                (void) gpupool_release_report(f->c, 0, 0);
+                (void) gpupool_release_done(f->c);
+        }
+        return NULL;
+}
+
+static int framework_main(struct testd *d, void *arg) {
+        struct framework *f = arg;
+        pthread_t thread;
+        char ch = 'y';
+
+        setenv("GPUPOOL_IDLE_RETURN", "0", 1);  /* nothing goes back by itself: only when asked */
+        if (gpupool_connect(d->sock, "framework", &f->c) < 0)
+                return 1;
+        for (size_t i = 0; i < 11; i++)
+                if (gpupool_alloc(f->c, 0, 64 * MiB, &f->blocks[i]) < 0)
+                        ch = 'n';
+        if (gpupool_release_report(f->c, 0, 11 * 64 * MiB) < 0 || gpupool_release_report(f->c, 1, 1) != -ENODEV ||
+            pthread_create(&thread, NULL, framework_thread, f) != 0)
+                ch = 'n';
+        if (write(f->ready[1], &ch, 1) != 1 || read(f->go[0], &ch, 1) != 1)
+                return 2;
+        /* Disconnecting lets the waiting thread go first: it is told the handle is closing. */
+        gpupool_disconnect(f->c);
+        if (pthread_join(thread, NULL) != 0 || f->last != -ECANCELED)
+                return 3;
+        return f->asked == 1 ? 0 : 4;
+}
+
+/*
+ * A framework's own cache (PyTorch's allocator over gpupool's blocks) holds memory only the
+ * framework can free: the process reports it as free, so the daemon asks it, and its thread
+ * waiting in gpupool_release_wait() frees it; the answer to the daemon carries what emptied.
+ */
+START_TEST(test_framework_cache_goes_back) {
+        struct framework f = { 0 };
+        gpupool_client *b;
+        struct testd d;
+        double t0, took;
+        char ready;
+        void *p;
+        pid_t pid;
+
+        testd_start(&d, "--host-capacity", "1G", NULL);
+        ck_assert_int_eq(pipe(f.ready), 0);
+        ck_assert_int_eq(pipe(f.go), 0);
+        pid = spawn(framework_main, &d, &f);
+        ck_assert_int_eq(read(f.ready[0], &ready, 1), 1);
+        ck_assert_int_eq(ready, 'y');
+        /* Reported within a second (the control thread's usage report): free, not in use. */
+        for (t0 = now_s(); testd_client_field(&d, 0, "framework", "held_free_bytes") < 11 * 64 * (long long) MiB &&
+                           now_s() - t0 < 5;)
+                nap_ms(20);
+        ck_assert_int_eq(testd_client_field(&d, 0, "framework", "held_free_bytes"), 11 * 64 * (long long) MiB);
+        ck_assert_int_eq(testd_client_field(&d, 0, "framework", "in_use_bytes"), 0);
+        /* B's 700 MiB fits only with the framework's cache freed. */
+        b = connect_leasing(&d, "needy");
+        t0 = now_s();
+        ck_assert_int_eq(gpupool_alloc(b, 0, 700 * MiB, &p), 0);
+        took = now_s() - t0;
+        ck_assert_msg(took < 1.0, "took %.3f s", took);
+        ck_assert_int_lt(testd_client_field(&d, 0, "framework", "reserved_bytes"), 324 * MiB);
+        ck_assert_int_eq(gpupool_free(b, p), 0);
+        gpupool_disconnect(b);
+        ck_assert_int_eq(write(f.go[1], "g", 1), 1);
+        ck_assert_int_eq(reap(pid), 0);
+        close(f.ready[0]), close(f.ready[1]), close(f.go[0]), close(f.go[1]);
+        json_decref(testd_ctl(&d, "check"));
+        ck_assert_int_eq(testd_stop(&d), 0);
+}
+END_TEST
+
 START_TEST(test_idle_segments_go_back) {
         gpupool_client *c;
         struct testd d;
@@ -413,6 +504,7 @@ Suite *suite_process_pool(void) {
         tcase_add_test(tc, test_elasticity_1m_blocks);
         tcase_add_test(tc, test_elasticity_64m_blocks);
         tcase_add_test(tc, test_parked_lease_still_answers_reclaim);
+        tcase_add_test(tc, test_framework_cache_goes_back);
         tcase_add_test(tc, test_idle_segments_go_back);
         tcase_add_test(tc, test_limit_makes_room_from_empty_segments);
         tcase_add_test(tc, test_thread_caches);

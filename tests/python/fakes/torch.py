@@ -13,13 +13,22 @@ device's size is $FAKE_TORCH_TOTAL_MEMORY (default 1 GiB, the host backend's def
 For gpupool.use_with_torch(mode="mempool") it has torch.cuda.MemPool over a pluggable
 allocator, made on the current device once torch.cuda.init() has run (a real PyTorch process
 ends when a pool is routed before its CUDA state exists), and
-torch._C._cuda_beginAllocateToPool, which routes
-every later allocation on a device to a pool, as PyTorch 2.8 and later do
+torch._C._cuda_beginAllocateToPool, _cuda_endAllocateToPool and _cuda_releasePool, which route
+every later allocation on a device to a pool and stop, as PyTorch 2.8 and later do
 ($FAKE_TORCH_NO_MEMPOOL=1 plays an older PyTorch without them). A routed tensor's memory comes
 from the pool's allocator (PyTorch's own allocator would carve it from segments it asked for),
-and a NULL raises torch.cuda.OutOfMemoryError, as PyTorch's allocator does."""
+and a NULL raises torch.cuda.OutOfMemoryError, as PyTorch's allocator does. What a pool's
+tensors drop stays in the pool, for its next tensors of that size, as PyTorch's allocator keeps
+it (c10/cuda/CUDACachingAllocator.cpp). A pool counts its uses (its MemPool, and each routing
+begun and not released: PyTorch's use_count); torch.cuda.empty_cache() frees what is cached
+only in pools nobody uses any more (release_cached_blocks() frees graph_pools_freeable, the
+pools whose use_count is 0), and so does PyTorch's own retry after a NULL; dropping a MemPool
+releases it (~MemPool: releasePool, then emptyCache of its id, which PyTorch 2.8 asserts
+is done with a use count of 1). torch.cuda.memory_reserved() and memory_allocated() count
+every pool's."""
 import ctypes
 import os
+import sys
 import types
 
 _ALLOC = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p)
@@ -65,23 +74,100 @@ class MemPool:
         self.id, self.allocator, self.device = (0, MemPool._ids), allocator, _device
 
 
-routed = {}             # device: the MemPool every allocation on it goes to
+class _Pool:
+    """PyTorch's PrivatePool: its uses, its segments (ptr: size) and what is cached free (size: [ptr])."""
+
+    def __init__(self, allocator, device):
+        self.allocator, self.device, self.use_count, self.segments, self.cached = allocator, device, 1, {}, {}
+
+    def alloc(self, size):
+        if self.cached.get(size):
+            return self.cached[size].pop()
+        ptr = self.allocator.alloc(size, self.device, None)
+        if not ptr:
+            _release_cached()          # PyTorch's retry after a NULL: what no one uses, then once more
+            ptr = self.allocator.alloc(size, self.device, None)
+        if ptr:
+            self.segments[ptr] = size
+        return ptr
+
+    def release_cached(self):
+        for size, ptrs in self.cached.items():
+            for ptr in ptrs:
+                self.allocator.free(ptr, size, self.device, None)
+                del self.segments[ptr]
+        self.cached = {}
+
+
+_state = {}             # pool id: _Pool, while it has segments or uses
+routed = {}             # device: the pools allocations on it go to, the first that was begun first
+
+
+def _release_cached():
+    for pool_id, pool in list(_state.items()):
+        if pool.use_count == 0:
+            pool.release_cached()
+            if not pool.segments:
+                del _state[pool_id]
+
+
+def _pool_of(pool_id):
+    if pool_id not in _state:
+        raise RuntimeError(f"no pool {pool_id}")
+    return _state[pool_id]
 
 
 def _begin_allocate_to_pool(device, pool_id):
-    pools = [p for p in _pools if p.id == pool_id and p.device == device]
-    if not pools:
+    pool = _pool_of(pool_id)
+    if pool.device != device:
         raise RuntimeError(f"no pool {pool_id} on device {device}")
-    routed[device] = pools[0]
+    pool.use_count += 1
+    routed.setdefault(device, []).append((pool_id, pool))
 
 
-_pools = []
+def _end_allocate_to_pool(device, pool_id):
+    routed[device] = [(i, p) for i, p in routed.get(device, []) if i != pool_id]
+    if not routed[device]:
+        del routed[device]
+
+
+def _release_pool(device, pool_id):
+    pool = _pool_of(pool_id)
+    pool.use_count -= 1
+    if pool.use_count < 0:
+        raise RuntimeError(f"pool {pool_id} released more often than used")
 
 
 class _MemPool(MemPool):
     def __init__(self, allocator=None):
         super().__init__(allocator)
-        _pools.append(self)
+        _state[self.id] = _Pool(allocator, self.device)
+
+    def use_count(self):
+        return _state[self.id].use_count
+
+    def __del__(self):
+        pool = _state.get(self.id)
+        if pool is None:
+            return
+        # PyTorch 2.8's ~MemPool asserts it, and the process ends (not checked as the interpreter exits).
+        if pool.use_count != 1 and not sys.is_finalizing():
+            os._exit(134)
+        pool.use_count = 0
+        _release_cached()
+
+
+def _empty_cache():
+    _release_cached()
+
+
+def _memory_reserved(device=None):
+    return sum(sum(p.segments.values()) for p in _state.values() if device in (None, p.device))
+
+
+def _memory_allocated(device=None):
+    return _memory_reserved(device) - sum(size * len(ptrs) for p in _state.values() if device in (None, p.device)
+                                          for size, ptrs in p.cached.items())
 
 
 class _DeviceGuard:
@@ -110,13 +196,14 @@ float32 = "float32"
 class _Tensor:
     def __init__(self, n):
         global initialized
-        self._allocator = routed[0].allocator if 0 in routed else current
+        self._pool = routed[0][0][1] if 0 in routed else None
+        self._allocator = self._pool.allocator if self._pool else current
         if self._allocator is None:
             raise RuntimeError("the stand-in has no native allocator: install a pluggable one first")
         initialized = True
         self._bytes = n * 4
-        if 0 in routed:
-            self._ptr = self._allocator.alloc(self._bytes, 0, None) if n else 0
+        if self._pool:
+            self._ptr = self._pool.alloc(self._bytes) if n else 0
             if n and not self._ptr:
                 raise OutOfMemoryError(f"CUDA out of memory. Tried to allocate {self._bytes} bytes")
             return
@@ -142,9 +229,11 @@ class _Tensor:
         return float(ctypes.c_ubyte.from_address(self._ptr + self._bytes - 1).value)
 
     def __del__(self):
-        if self._ptr:
+        if self._ptr and self._pool:
+            self._pool.cached.setdefault(self._bytes, []).append(self._ptr)     # PyTorch's cache keeps it
+        elif self._ptr:
             self._allocator.free(self._ptr, self._bytes, 0, None)
-            self._ptr = 0
+        self._ptr = 0
 
 
 def empty(n, dtype=float32, device="cuda"):
@@ -166,6 +255,9 @@ cuda = types.SimpleNamespace(
     get_device_properties=lambda device: types.SimpleNamespace(
         total_memory=int(os.environ.get("FAKE_TORCH_TOTAL_MEMORY", 1 << 30))),
     synchronize=lambda: None,
+    empty_cache=_empty_cache,
+    memory_reserved=_memory_reserved,
+    memory_allocated=_memory_allocated,
 )
 
 
@@ -195,3 +287,5 @@ if not os.environ.get("FAKE_TORCH_NO_MEMPOOL"):
     cuda.memory.MemPool = _MemPool
     cuda.MemPool = _MemPool
     _C._cuda_beginAllocateToPool = _begin_allocate_to_pool
+    _C._cuda_endAllocateToPool = _end_allocate_to_pool
+    _C._cuda_releasePool = _release_pool
