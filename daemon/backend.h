@@ -123,6 +123,12 @@ struct backend {
          * /proc), so that a named object's attacher can map it no other way.
          */
         bool reopens_read_only;
+        /*
+         * Its mem_seal may wait on what a client controls (host: the kernel waits, up to about
+         * 150 ms, for pages pinned by vmsplice(2) or io_uring before it refuses): the daemon
+         * calls it off its loop, on a copy of the segment's mem with a descriptor of its own.
+         */
+        bool seal_waits;
         uint64_t fd_bytes;              /* memory it keeps as a descriptor per segment (host): the fd limit's */
         const char *no_adopt_why;       /* where mem_adopt is NULL: why, told to a client that asks */
 };

@@ -229,6 +229,7 @@ int backend_host_open(uint64_t capacity_bytes, struct backend **ret) {
         h->base.data = h;
         h->base.fd_bytes = capacity_bytes;      /* a memfd per segment */
         h->base.reopens_read_only = true;
+        h->base.seal_waits = true;
         h->capacity_bytes = capacity_bytes;
         *ret = &h->base;
         return 0;

@@ -20,7 +20,28 @@ struct identity_pod {
 #define POD_BIT (1ULL << 62)
 #define OWN_BIT (1ULL << 63)
 
-int identity_read_cgroup(pid_t pid, char buf[IDENTITY_MAX_CGROUP]) {
+/* Where the daemon's cgroup namespace lies (identity_view_init()). */
+static struct {
+        int depth;                              /* its root's levels below the host's: 0 in the host's namespace */
+        char pod[IDENTITY_POD_UID_LEN + 1];     /* the pod the daemon runs in ($GPUPOOL_POD_UID), or "" */
+} view;
+
+static bool uid_at(const char *s, char ret[IDENTITY_POD_UID_LEN + 1]);
+
+/* How many "/.." the path starts with (the levels it climbs above the reader's cgroup namespace root); *rest after them. */
+static int climbs(const char *path, const char **rest) {
+        int m = 0;
+
+        while (strncmp(path, "/..", 3) == 0 && (path[3] == '/' || path[3] == '\0')) {
+                path += 3;
+                m++;
+        }
+        *rest = path;
+        return m;
+}
+
+/* Reads pid's "0::" line of /proc/PID/cgroup into buf, as the daemon's cgroup namespace shows it. */
+static int read_raw(pid_t pid, char buf[IDENTITY_MAX_CGROUP]) {
         char path[64], line[IDENTITY_MAX_CGROUP + 64];
         int r = -ENOENT;
         FILE *f;
@@ -49,6 +70,86 @@ int identity_read_cgroup(pid_t pid, char buf[IDENTITY_MAX_CGROUP]) {
         return r;
 }
 
+void identity_view_set(int depth, const char *pod) {
+        view.depth = depth;
+        snprintf(view.pod, sizeof(view.pod), "%s", pod ? pod : "");
+}
+
+int identity_view_init(char *what, size_t what_size) {
+        char init[IDENTITY_MAX_CGROUP], pod[IDENTITY_POD_UID_LEN + 1] = "";
+        const char *env = getenv("GPUPOOL_POD_UID"), *rest;
+        int depth = 0;
+
+        /* The host's init is in the host's root (or a child of it): how far up it lies is how deep the namespace is. */
+        if (read_raw(1, init) == 0)
+                depth = climbs(init, &rest);
+        if (env && *env && (strlen(env) != IDENTITY_POD_UID_LEN || !uid_at(env, pod))) {
+                snprintf(what, what_size, "$GPUPOOL_POD_UID is '%.64s', not a pod's UID (8-4-4-4-12 hex digits)", env);
+                return -EINVAL;
+        }
+        identity_view_set(depth, pod);
+        if (!depth)
+                snprintf(what, what_size, "cgroups: in the host's cgroup namespace");
+        else if (pod[0])
+                snprintf(what, what_size, "cgroups: in a cgroup namespace %d levels below the host's root, in pod %s "
+                         "($GPUPOOL_POD_UID): other pods' cgroups are read by the systemd driver's slice names", depth, pod);
+        else
+                snprintf(what, what_size, "cgroups: in a cgroup namespace %d levels below the host's root and "
+                         "$GPUPOOL_POD_UID unset: only clients outside it are told apart by pod (the DaemonSet sets it)",
+                         depth);
+        return 0;
+}
+
+int identity_resolve(const char *raw, char buf[IDENTITY_MAX_CGROUP]) {
+        const char *rest, *first, *end;
+        int m = climbs(raw, &rest), n = 0;
+
+        if (!view.depth || m == view.depth) {
+                /* From the host's root (above it, there is nothing to climb to). */
+                snprintf(buf, IDENTITY_MAX_CGROUP, "%s", view.depth && !*rest ? "/" : rest);
+                return 0;
+        }
+        first = rest[0] == '/' ? rest + 1 : rest;
+        end = strchrnul(first, '/');
+        /*
+         * Below a level the daemon's namespace hides, in the daemon's own pod: the kubelet's tree.
+         * A systemd slice's name says where it is ("kubepods-besteffort-pod<UID>.slice" is in
+         * kubepods-besteffort.slice, in kubepods.slice): the path from the host's root follows.
+         */
+        if (m < view.depth && m >= 2 && view.pod[0] && strncmp(first, "kubepods", 8) == 0 && end - first > 6 &&
+            strncmp(end - 6, ".slice", 6) == 0) {
+                /* Each prefix up to a dash, and the whole name, is a slice of its own: "/a.slice/a-b.slice/a-b-c.slice". */
+                for (const char *q = first, *base_end = end - 6;; q++)
+                        if (q == base_end || *q == '-') {
+                                n += snprintf(buf + n, IDENTITY_MAX_CGROUP - (size_t) n, "/%.*s.slice", (int) (q - first),
+                                              first);
+                                if (n >= IDENTITY_MAX_CGROUP)
+                                        return -ENAMETOOLONG;
+                                if (q == base_end)
+                                        break;
+                        }
+                n += snprintf(buf + n, IDENTITY_MAX_CGROUP - (size_t) n, "%s", end);
+                return n < IDENTITY_MAX_CGROUP ? 0 : -ENAMETOOLONG;
+        }
+        /* Else relative to the namespace's root, and said so: "." for it, "../x" for a sibling. */
+        n = snprintf(buf, IDENTITY_MAX_CGROUP, "%s", m ? "" : ".");
+        for (int i = 0; i < m; i++)
+                n += snprintf(buf + n, IDENTITY_MAX_CGROUP - (size_t) n, "%s..", i ? "/" : "");
+        n += snprintf(buf + n, IDENTITY_MAX_CGROUP - (size_t) n, "%s", strcmp(rest, "/") == 0 ? "" : rest);
+        return n < IDENTITY_MAX_CGROUP ? 0 : -ENAMETOOLONG;
+}
+
+int identity_read_cgroup(pid_t pid, char buf[IDENTITY_MAX_CGROUP]) {
+        char raw[IDENTITY_MAX_CGROUP];
+        int r = read_raw(pid, raw);
+
+        if (r == 0)
+                r = identity_resolve(raw, buf);
+        if (r < 0)
+                buf[0] = '\0';
+        return r;
+}
+
 /* Whether s starts with a pod UID (dashes or, in systemd's unit names, underscores); copies it, dashed, into ret. */
 static bool uid_at(const char *s, char ret[IDENTITY_POD_UID_LEN + 1]) {
         for (int i = 0; i < IDENTITY_POD_UID_LEN; i++) {
@@ -65,6 +166,19 @@ static bool uid_at(const char *s, char ret[IDENTITY_POD_UID_LEN + 1]) {
 bool identity_pod_uid(const char *cgroup, char ret[IDENTITY_POD_UID_LEN + 1]) {
         const char *p;
 
+        /*
+         * Relative to the daemon's cgroup namespace (identity_resolve()): its own container, or
+         * a sibling of it, is the daemon's pod, when it knows which; nothing else is known.
+         */
+        if (cgroup[0] == '.') {
+                bool own = strcmp(cgroup, ".") == 0 || strncmp(cgroup, "./", 2) == 0 ||
+                           (strncmp(cgroup, "../", 3) == 0 && strncmp(cgroup, "../..", 5) != 0) || strcmp(cgroup, "..") == 0;
+
+                if (!own || !view.pod[0])
+                        return false;
+                memcpy(ret, view.pod, sizeof(view.pod));
+                return true;
+        }
         /* Only the kubelet's tree names pods: a path elsewhere that says "pod" is not one. */
         if (strncmp(cgroup, "/kubepods", 9) != 0 || (cgroup[9] != '/' && cgroup[9] != '.' && cgroup[9] != '\0'))
                 return false;
@@ -81,14 +195,38 @@ bool identity_pod_uid(const char *cgroup, char ret[IDENTITY_POD_UID_LEN + 1]) {
         return false;
 }
 
-/* Whether process pid is in the daemon's PID namespace (the same inode of /proc/PID/ns/pid). */
-static bool same_pid_ns(pid_t pid) {
-        struct stat mine, its;
-        char path[64];
+unsigned identity_pid_ns_depth(pid_t pid) {
+        char path[64], line[256];
+        unsigned depth = 0;
+        FILE *f;
 
-        snprintf(path, sizeof(path), "/proc/%d/ns/pid", (int) pid);
-        return stat("/proc/self/ns/pid", &mine) == 0 && stat(path, &its) == 0 && mine.st_ino == its.st_ino &&
-               mine.st_dev == its.st_dev;
+        if (pid > 0)
+                snprintf(path, sizeof(path), "/proc/%d/status", (int) pid);
+        else
+                snprintf(path, sizeof(path), "/proc/self/status");
+        f = fopen(path, "re");
+        if (!f)
+                return 0;
+        while (fgets(line, sizeof(line), f))
+                if (strncmp(line, "NSpid:", 6) == 0) {
+                        for (char *save, *p = strtok_r(line + 6, " \t\n", &save); p; p = strtok_r(NULL, " \t\n", &save))
+                                depth++;
+                        break;
+                }
+        fclose(f);
+        return depth;
+}
+
+/*
+ * Whether process pid, a peer the daemon's PID namespace sees (SO_PEERCRED gave its pid: it is
+ * in that namespace or one below it), is in that namespace itself: as deep as the daemon. From
+ * /proc/PID/status, which anyone may read, not /proc/PID/ns/pid, which needs ptrace rights over
+ * the process: the unit's user has none over root's processes.
+ */
+static bool same_pid_ns(pid_t pid) {
+        unsigned theirs = identity_pid_ns_depth(pid);
+
+        return theirs && theirs == identity_pid_ns_depth(0);
 }
 
 bool identity_is_operator(uid_t uid, pid_t pid, const char *cgroup, char *why, size_t why_size) {

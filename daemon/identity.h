@@ -23,10 +23,31 @@
 #define IDENTITY_MAX_PODS 65536
 
 /*
+ * Where the daemon's cgroup namespace lies, read once at start: how many levels below the
+ * host's cgroup root (the host's init, /proc/1/cgroup, seen from inside: a container runtime
+ * gives an unprivileged container a namespace of its own on cgroup v2), and the pod the
+ * daemon runs in ($GPUPOOL_POD_UID, the DaemonSet's downward API). Says which in what.
+ * Returns 0, or -EINVAL for a $GPUPOOL_POD_UID that is no pod UID (what says so).
+ */
+int identity_view_init(char *what, size_t what_size);
+/* The same, told (tests). */
+void identity_view_set(int depth, const char *pod);
+
+/*
+ * A cgroup path as the daemon's namespace shows it ("/../../kubepods-besteffort-pod<UID>.slice/
+ * x.scope" in a namespace of its own) into buf, from the host's root where that can be known:
+ * in the host's namespace, or climbing to its root, as it is; in the daemon's own pod (the
+ * kubelet's tree), a systemd slice's path from its name. Else relative to the namespace's root,
+ * starting with "." ("." the daemon's own cgroup, "../x" a sibling), which names no pod but the
+ * daemon's own (identity_pod_uid()). Returns 0 or -ENAMETOOLONG.
+ */
+int identity_resolve(const char *raw, char buf[IDENTITY_MAX_CGROUP]);
+
+/*
  * Reads process pid's cgroup v2 path (/proc/PID/cgroup, the "0::" line, which a hybrid
- * hierarchy has too) into buf. Returns 0, -ESRCH for pid 0 (a process the daemon's PID
- * namespace cannot see), -ENAMETOOLONG for a path longer than IDENTITY_MAX_CGROUP - 1, or
- * another negative errno.
+ * hierarchy has too) into buf, resolved (identity_resolve()). Returns 0, -ESRCH for pid 0 (a
+ * process the daemon's PID namespace cannot see), -ENAMETOOLONG for a path longer than
+ * IDENTITY_MAX_CGROUP - 1, or another negative errno.
  */
 int identity_read_cgroup(pid_t pid, char buf[IDENTITY_MAX_CGROUP]);
 
@@ -34,9 +55,16 @@ int identity_read_cgroup(pid_t pid, char buf[IDENTITY_MAX_CGROUP]);
  * The pod UID in a kubelet's cgroup path, with either cgroup driver's naming
  * ("/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod<UID>.slice/...", UID's
  * dashes as underscores; "/kubepods/besteffort/pod<UID>/..."), into ret (lower case, with
- * dashes, NUL-terminated). Returns whether the path is a pod's.
+ * dashes, NUL-terminated), or, for a path relative to the daemon's cgroup namespace in its own
+ * container or pod, the daemon's own pod where it knows it. Returns whether the path is a pod's.
  */
 bool identity_pod_uid(const char *cgroup, char ret[IDENTITY_POD_UID_LEN + 1]);
+
+/*
+ * How many PID namespaces deep process pid (0: the daemon) is, as /proc sees it: the count of
+ * its NSpid entries (/proc/PID/status, readable without ptrace rights). 0 when unknown.
+ */
+unsigned identity_pid_ns_depth(pid_t pid);
 
 /*
  * Whether a client of uid and process pid is the node's operator: root or the daemon's own

@@ -11,6 +11,7 @@
 #include "backend.h"
 #include "closer.h"
 #include "config.h"
+#include "identity.h"
 #include "log.h"
 #include "notify.h"
 #include "options.h"
@@ -93,6 +94,12 @@ int main(int argc, char **argv) {
                 log_info("config: %s (%u file%s, %u tenant%s)", config.options.config_path, config.file_count,
                          config.file_count == 1 ? "" : "s", config.tenant_count, config.tenant_count == 1 ? "" : "s");
 
+        /* Where its cgroup namespace lies, before any client's cgroup is read. */
+        if (identity_view_init(err, sizeof(err)) < 0) {
+                log_err("%s", err);
+                return 1;
+        }
+        log_info("%s", err);
         r = open_backend(&config.options, &backend);
         if (r < 0)
                 return 1;

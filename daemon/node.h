@@ -115,6 +115,8 @@ struct node {
         unsigned evicted_next;
         unsigned pid_limit_count;
         bool stopping;                  /* the daemon stops: nothing more follows a change */
+        unsigned seals_in_flight;       /* publishes whose seal runs on libuv's threads (request_objects.c) */
+        bool close_when_sealed;         /* stopped with seals in flight: node_close() once the last ends */
         uint8_t recv_buf[GP_MAX_REQUEST_BYTES];
         struct gp_wire_arena arena;     /* the current request's decoded structures */
         /*

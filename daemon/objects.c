@@ -190,7 +190,7 @@ static void object_link(struct node *node, struct object *o, uint64_t segment_id
 
 struct object *objects_publish(struct node *node, const char *name, unsigned device, struct pool_owner *owner,
                                uint64_t segment_id, uint64_t offset, uint64_t size, struct tenant *t, uint32_t uid,
-                               char *const *readers, size_t n_readers, int *ret_err) {
+                               char *const *readers, size_t n_readers, bool sealed, int *ret_err) {
         struct pool *pool = node->pools[device];
         struct object *o;
         uint64_t segment_size;
@@ -209,7 +209,7 @@ struct object *objects_publish(struct node *node, const char *name, unsigned dev
         if (r == 0 && (size == 0 || offset > segment_size || size > segment_size - offset))
                 r = -EINVAL;    /* not within the segment */
         /* Immutable from now on, for everyone: the publisher has made its own mapping read-only first. */
-        if (r == 0)
+        if (r == 0 && !sealed)
                 r = pool_seal(pool, &o->owner, segment_id);
         if (r < 0 && r != -ENOENT)
                 (void) pool_transfer(pool, &o->owner, owner, segment_id, &segment_size);    /* the client's again */

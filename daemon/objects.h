@@ -62,11 +62,12 @@ struct object *objects_find(struct node *node, const char *name);
  * by readers too (checked: objects_readers_valid()). Returns it, or
  * NULL with *ret_err: -ENOENT (no such segment of owner's), -EINVAL (offset and size not within
  * it), -EBUSY (still mapped writable), -EOPNOTSUPP (a backend that cannot seal), -ENOSPC
- * (OBJECTS_MAX), -ENOMEM.
+ * (OBJECTS_MAX), -ENOMEM. sealed: the segment was sealed already (pool_seal_begin(), off the
+ * loop): it is not sealed again.
  */
 struct object *objects_publish(struct node *node, const char *name, unsigned device, struct pool_owner *owner,
                                uint64_t segment_id, uint64_t offset, uint64_t size, struct tenant *t, uint32_t uid,
-                               char *const *readers, size_t n_readers, int *ret_err);
+                               char *const *readers, size_t n_readers, bool sealed, int *ret_err);
 
 /* Whether readers (n of them, each checked: gp_wire_reader_is_valid()) may be an object's. */
 bool objects_readers_valid(char *const *readers, size_t n);

@@ -12,6 +12,7 @@
 #include "pool.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -32,6 +33,7 @@ struct segment {
         uint64_t last_principal;
         bool has_principal;
         bool to_backend;                /* reclaimed by a flush: straight back to the backend once released */
+        bool sealing, sealed;           /* a seal under way off the loop, or done: back to the backend once released */
         bool zeroing;
         uint64_t cache_seq;
         uint64_t cached_at_ms;          /* when it entered the cache */
@@ -295,7 +297,8 @@ static struct pool_owner *segment_take_back(struct segment *s) {
 static void segment_to_cache(struct pool *p, struct segment *s) {
         struct pool_owner *o = segment_take_back(s);
 
-        if (s->to_backend) {
+        /* A segment that is, or may come out, sealed against writing is nobody's again. */
+        if (s->to_backend || s->sealing || s->sealed) {
                 segment_destroy(p, s);
                 return;
         }
@@ -557,6 +560,32 @@ int pool_seal(struct pool *p, const struct pool_owner *o, uint64_t segment_id) {
         if (!p->backend->ops->mem_seal)
                 return -EOPNOTSUPP;
         return p->backend->ops->mem_seal(p->backend, p->device, &s->mem, s->size);
+}
+
+int pool_seal_begin(struct pool *p, const struct pool_owner *o, uint64_t segment_id, struct backend_mem *ret_mem) {
+        struct segment *s = segment_find(p, segment_id);
+
+        if (!s || s->owner != o)
+                return -ENOENT;
+        if (!p->backend->ops->mem_seal)
+                return -EOPNOTSUPP;
+        if (s->sealing)
+                return -EBUSY;
+        *ret_mem = s->mem;
+        if (s->mem.fd >= 0 && (ret_mem->fd = fcntl(s->mem.fd, F_DUPFD_CLOEXEC, 3)) < 0)
+                return -errno;
+        s->sealing = true;
+        return 0;
+}
+
+void pool_seal_end(struct pool *p, uint64_t segment_id, bool sealed) {
+        struct segment *s = segment_find(p, segment_id);
+
+        /* Gone meanwhile (released, so destroyed): nothing of it is left to mark. */
+        if (!s)
+                return;
+        s->sealing = false;
+        s->sealed |= sealed;
 }
 
 const struct backend_mem *pool_leased_mem(const struct pool *p, const struct pool_owner *o, uint64_t segment_id) {

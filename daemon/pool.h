@@ -205,6 +205,17 @@ int pool_transfer(struct pool *pool, struct pool_owner *from, struct pool_owner 
 int pool_seal(struct pool *pool, const struct pool_owner *owner, uint64_t segment_id);
 
 /*
+ * A seal of segment_id of o that runs off the loop (backend seal_waits): *ret_mem becomes a copy
+ * of its mem, with a descriptor of its own (the caller's to close), for the backend's mem_seal
+ * on another thread. Until pool_seal_end() says how it went, and for good once sealed, the
+ * segment goes back to the backend, never to the cache, whenever it is released: it may come
+ * out sealed against writing. Returns 0, -ENOENT (not o's), -EOPNOTSUPP, -EBUSY (a seal of it
+ * under way), or an errno of the descriptor's duplication.
+ */
+int pool_seal_begin(struct pool *p, const struct pool_owner *o, uint64_t segment_id, struct backend_mem *ret_mem);
+void pool_seal_end(struct pool *p, uint64_t segment_id, bool sealed);
+
+/*
  * A descriptor of a segment leased to the owner, made now and the caller's to close once sent
  * (read_only: opened for reading only, where the backend reopens files); -ENOENT when the owner
  * leases no such segment, -EOPNOTSUPP where the backend passes no descriptors, or another

@@ -46,6 +46,7 @@ struct reply {
         bool disconnect;        /* drop the client after sending */
         bool none;              /* nothing to send: the message was an answer, not a request */
         bool parked;            /* no reply yet: the request waits (session_park()) */
+        bool held;              /* no reply yet: its work runs off the loop (session_hold()) */
         uint8_t inline_bytes[REPLY_INLINE_BYTES];
 };
 

@@ -17,37 +17,12 @@
 
 #include "log.h"
 #include "node.h"
+#include "identity.h"
 #include "reclaim.h"
 #include "session.h"
 #include "size.h"
 
 _Static_assert(POOL_BLOCK_ALIGN == GP_BLOCK_ALIGN, "the pool rounds blocks as the protocol says");
-
-/*
- * How many PID namespaces deep pid is, as /proc sees it: the count of its NSpid entries
- * (/proc/PID/status, readable without ptrace rights, unlike /proc/PID/ns/pid). 0 when unknown.
- */
-static unsigned pid_namespace_depth(pid_t pid) {
-        char path[64], line[256];
-        unsigned depth = 0;
-        FILE *f;
-
-        if (pid > 0)
-                snprintf(path, sizeof(path), "/proc/%d/status", (int) pid);
-        else
-                snprintf(path, sizeof(path), "/proc/self/status");
-        f = fopen(path, "re");
-        if (!f)
-                return 0;
-        while (fgets(line, sizeof(line), f))
-                if (strncmp(line, "NSpid:", 6) == 0) {
-                        for (char *save, *p = strtok_r(line + 6, " \t\n", &save); p; p = strtok_r(NULL, " \t\n", &save))
-                                depth++;
-                        break;
-                }
-        fclose(f);
-        return depth;
-}
 
 static void handle_hello(struct session *s, const Gpupool__Envelope *req, struct reply *ret) {
         struct node *node = s->node;
@@ -72,10 +47,10 @@ static void handle_hello(struct session *s, const Gpupool__Envelope *req, struct
          */
         if (node->backend->ipc_handles && !req->hello->admin) {
                 static unsigned mine;   /* the daemon's own: read once */
-                unsigned theirs = pid_namespace_depth(s->pid);
+                unsigned theirs = identity_pid_ns_depth(s->pid);
 
                 if (!mine)
-                        mine = pid_namespace_depth(0);
+                        mine = identity_pid_ns_depth(0);
                 if (s->pid <= 0 || (mine && theirs && theirs != mine)) {
                         session_log(s, LOG_LEVEL_WARN, "client %llu (pid %d) refused: it runs in a PID namespace of its "
                                     "own, and IPC handles cannot be opened across PID namespaces",
@@ -366,6 +341,8 @@ void request_serve(struct session *s, const Gpupool__Envelope *req) {
         request_handle(s, req, &rep);
         if (rep.parked)
                 session_park(s);
+        else if (rep.held)
+                session_hold(s);
         else
                 (void) session_send(s, &rep);  /* which may end the session */
         node_after_change(node);

@@ -10,9 +10,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "closer.h"
 #include "log.h"
 #include "node.h"
 #include "objects.h"
+#include "pool.h"
 #include "session.h"
 #include "size.h"
 
@@ -77,14 +79,173 @@ static bool may_attach(const struct session *s, const struct object *obj) {
                objects_reader(obj, s->tenant ? s->tenant->conf.name : NULL);
 }
 
+/* Says why a publish failed with err, into why. */
+static void publish_error(int err, const Gpupool__PublishRequest *p, char *why, size_t why_size) {
+        if (err == -ENOENT)
+                snprintf(why, why_size, "segment %" PRIu64 " is not leased to this client on device %u", p->segment_id,
+                         p->device);
+        else if (err == -EINVAL)
+                snprintf(why, why_size, "an object of %" PRIu64 " bytes at offset %" PRIu64 " is not within its segment",
+                         p->size, p->offset);
+        else if (err == -ENOSPC)
+                snprintf(why, why_size, "the node holds %d objects, the most it may", OBJECTS_MAX);
+        else if (err == -EBUSY)
+                snprintf(why, why_size, "segment %" PRIu64 " is still mapped writable somewhere, or pinned (vmsplice, "
+                         "io_uring): an object is sealed against writing, and the kernel refuses while it is", p->segment_id);
+        else if (err == -EEXIST)
+                snprintf(why, why_size, "an object named '%s' exists already", p->name);
+        else
+                snprintf(why, why_size, "out of memory for an object");
+}
+
+/* Publishes p for s, its segment sealed already or not (sealed), and replies (or says why not). */
+static void publish_now(struct session *s, const Gpupool__PublishRequest *p, uint64_t request_id, bool sealed,
+                        struct reply *ret) {
+        struct node *node = s->node;
+        char why[GP_MAX_OBJECT_NAME_BYTES + 200], b[GP_SIZE_FORMAT_MAX];
+        Gpupool__PublishReply pr = GPUPOOL__PUBLISH_REPLY__INIT;
+        Gpupool__Envelope env;
+        struct object *obj;
+        int err;
+
+        /* Checked again after a seal off the loop: another client may have taken the name meanwhile. */
+        err = objects_find(node, p->name) ? -EEXIST : attach_room(s);
+        obj = err < 0 ? NULL : objects_publish(node, p->name, p->device, &s->owners[p->device], p->segment_id, p->offset,
+                                               p->size, s->tenant, (uint32_t) s->uid, p->readers, p->n_readers, sealed, &err);
+        if (!obj) {
+                publish_error(err, p, why, sizeof(why));
+                reply_error(request_id, err == -ENOSPC ? -EDQUOT : err == -EBUSY || err == -EEXIST ? -EINVAL : err, false,
+                            why, ret);
+                return;
+        }
+        attach_to(s, obj);
+        session_log(s, LOG_LEVEL_INFO, "client %llu ('%s', pid %d, tenant %s) published '%s': %s on device %u",
+                    (unsigned long long) s->id, s->name, (int) s->pid, obj->tenant, obj->name,
+                    gp_size_format(obj->size, b, sizeof(b)), obj->device);
+        pr.has_id = true;
+        pr.id = obj->id;
+        reply_ok(&env, request_id);
+        env.body_case = GPUPOOL__ENVELOPE__BODY_PUBLISH_REPLY;
+        env.publish_reply = &pr;
+        (void) reply_pack(&env, false, ret);
+}
+
+/*
+ * A publish whose seal runs on libuv's threads (the backend's seal_waits): the request, copied
+ * (the one read is gone once the handler returns), and the segment's mem with a descriptor of
+ * its own.
+ */
+struct seal_job {
+        uv_work_t work;
+        struct node *node;
+        uint64_t session_id, request_id;
+        Gpupool__PublishRequest req;
+        char name[GP_MAX_OBJECT_NAME_BYTES + 1];
+        char readers[GP_MAX_OBJECT_READERS][GP_MAX_READER_BYTES + 1];
+        char *reader_ptrs[GP_MAX_OBJECT_READERS];
+        struct backend_mem mem;
+        int result;
+};
+
+/* On a thread of libuv's: the seal, which may wait (about 150 ms) for pages a client pinned. */
+static void seal_work(uv_work_t *w) {
+        struct seal_job *job = w->data;
+        struct backend *b = job->node->backend;
+
+        job->result = b->ops->mem_seal(b, job->req.device, &job->mem, 0);
+}
+
+/* Back on the loop: the publish goes on if its client is still there; the segment says how the seal went. */
+static void seal_done(uv_work_t *w, int status) {
+        struct seal_job *job = w->data;
+        struct node *node = job->node;
+        struct session *s = session_find(node, job->session_id);
+        struct reply rep = { 0 };
+        char why[GP_MAX_OBJECT_NAME_BYTES + 200];
+
+        if (job->mem.fd >= 0)
+                closer_close(job->mem.fd);
+        if (status < 0 && job->result == 0)
+                job->result = -ECANCELED;       /* the loop is closing: it never ran */
+        node->seals_in_flight--;
+        pool_seal_end(node->pools[job->req.device], job->req.segment_id, job->result == 0);
+        if (s && s->held) {
+                session_resume(s);
+                if (job->result == 0) {
+                        publish_now(s, &job->req, job->request_id, true, &rep);
+                } else {
+                        publish_error(job->result, &job->req, why, sizeof(why));
+                        reply_error(job->request_id, job->result == -EBUSY ? -EINVAL : job->result, false, why, &rep);
+                }
+                (void) session_send(s, &rep);   /* which may end the session */
+        }
+        free(job);
+        if (node->close_when_sealed && !node->seals_in_flight)
+                node_close(node);       /* the daemon stopped meanwhile (server_stop()) */
+        else
+                node_after_change(node);
+}
+
+/* Whether a client of uid has a seal under way: one at a time per user, so that no user takes libuv's threads. */
+static bool uid_sealing(const struct node *node, uid_t uid) {
+        SESSION_FOREACH(c, node)
+                if (c->held && c->uid == uid)
+                        return true;
+        return false;
+}
+
+/* Starts p's seal off the loop and holds s until it ends (seal_done()); else replies why not. */
+static void publish_later(struct session *s, const Gpupool__PublishRequest *p, uint64_t request_id, struct reply *ret) {
+        struct node *node = s->node;
+        struct seal_job *job;
+        char why[GP_MAX_OBJECT_NAME_BYTES + 200];
+        int err;
+
+        if (uid_sealing(node, s->uid)) {
+                snprintf(why, sizeof(why), "a publish of uid %u is being sealed: one at a time per user; try again "
+                         "once it is answered", (unsigned) s->uid);
+                reply_error(request_id, -EDQUOT, false, why, ret);
+                return;
+        }
+        job = calloc(1, sizeof(*job));
+        if (!job) {
+                reply_error(request_id, -ENOMEM, false, "out of memory for an object", ret);
+                return;
+        }
+        job->node = node;
+        job->session_id = s->id;
+        job->request_id = request_id;
+        job->req = *p;
+        snprintf(job->name, sizeof(job->name), "%s", p->name);
+        job->req.name = job->name;
+        for (size_t i = 0; i < p->n_readers; i++) {
+                snprintf(job->readers[i], sizeof(job->readers[i]), "%s", p->readers[i]);
+                job->reader_ptrs[i] = job->readers[i];
+        }
+        job->req.readers = job->reader_ptrs;
+        job->work.data = job;
+        err = pool_seal_begin(node->pools[p->device], &s->owners[p->device], p->segment_id, &job->mem);
+        if (err == 0) {
+                err = uv_queue_work(node->loop, &job->work, seal_work, seal_done);
+                if (err == 0) {
+                        node->seals_in_flight++;
+                        *ret = (struct reply) { .held = true };
+                        return;
+                }
+                /* Not begun after all: its descriptor closed, the segment as it was. */
+                if (job->mem.fd >= 0)
+                        closer_close(job->mem.fd);
+                pool_seal_end(node->pools[p->device], p->segment_id, false);
+        }
+        publish_error(err, p, why, sizeof(why));
+        reply_error(request_id, err == -EBUSY ? -EINVAL : err, false, why, ret);
+        free(job);
+}
+
 void request_publish(struct session *s, const Gpupool__Envelope *req, struct reply *ret) {
         const Gpupool__PublishRequest *p = req->publish;
         struct node *node = s->node;
-        struct object *obj;
-        char why[GP_MAX_OBJECT_NAME_BYTES + 200], b[GP_SIZE_FORMAT_MAX];
-        Gpupool__Envelope env;
-        Gpupool__PublishReply pr = GPUPOOL__PUBLISH_REPLY__INIT;
-        int err;
+        char why[GP_MAX_OBJECT_NAME_BYTES + 200];
 
         if (!name_ok(p->name, req->id, ret))
                 return;
@@ -110,36 +271,11 @@ void request_publish(struct session *s, const Gpupool__Envelope *req, struct rep
                 reply_error(req->id, -EINVAL, false, why, ret);
                 return;
         }
-        err = attach_room(s);
-        obj = err < 0 ? NULL : objects_publish(node, p->name, p->device, &s->owners[p->device], p->segment_id, p->offset,
-                                               p->size, s->tenant, (uint32_t) s->uid, p->readers, p->n_readers, &err);
-        if (!obj) {
-                if (err == -ENOENT)
-                        snprintf(why, sizeof(why), "segment %" PRIu64 " is not leased to this client on device %u",
-                                 p->segment_id, p->device);
-                else if (err == -EINVAL)
-                        snprintf(why, sizeof(why), "an object of %" PRIu64 " bytes at offset %" PRIu64 " is not within "
-                                 "its segment", p->size, p->offset);
-                else if (err == -ENOSPC)
-                        snprintf(why, sizeof(why), "the node holds %d objects, the most it may", OBJECTS_MAX);
-                else if (err == -EBUSY)
-                        snprintf(why, sizeof(why), "segment %" PRIu64 " is still mapped writable somewhere: an object is "
-                                 "sealed against writing, and the kernel refuses while it is", p->segment_id);
-                else
-                        snprintf(why, sizeof(why), "out of memory for an object");
-                reply_error(req->id, err == -ENOSPC ? -EDQUOT : err == -EBUSY ? -EINVAL : err, false, why, ret);
-                return;
-        }
-        attach_to(s, obj);
-        session_log(s, LOG_LEVEL_INFO, "client %llu ('%s', pid %d, tenant %s) published '%s': %s on device %u",
-                    (unsigned long long) s->id, s->name, (int) s->pid, obj->tenant, obj->name,
-                    gp_size_format(obj->size, b, sizeof(b)), obj->device);
-        pr.has_id = true;
-        pr.id = obj->id;
-        reply_ok(&env, req->id);
-        env.body_case = GPUPOOL__ENVELOPE__BODY_PUBLISH_REPLY;
-        env.publish_reply = &pr;
-        (void) reply_pack(&env, false, ret);
+        /* The loop never waits on what a client controls: a seal that may wait runs on another thread. */
+        if (node->backend->seal_waits)
+                publish_later(s, p, req->id, ret);
+        else
+                publish_now(s, p, req->id, false, ret);
 }
 
 void request_attach(struct session *s, const Gpupool__Envelope *req, struct reply *ret) {

@@ -621,6 +621,10 @@ void server_stop(struct server *server) {
         }
         session_destroy_all(&server->node);
         objects_destroy_all(&server->node);
-        node_close(&server->node);
+        /* A seal on libuv's threads uses the backend and its pool: they close once it has ended (the loop runs on until then). */
+        if (server->node.seals_in_flight)
+                server->node.close_when_sealed = true;
+        else
+                node_close(&server->node);
 }
 

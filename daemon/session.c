@@ -537,6 +537,17 @@ void session_unpark(struct session *s) {
                 uv_poll_start(&s->poll, UV_READABLE, on_readable);
 }
 
+void session_hold(struct session *s) {
+        s->held = true;
+        uv_poll_stop(&s->poll);
+}
+
+void session_resume(struct session *s) {
+        s->held = false;
+        if (s->fd >= 0 && !s->pending && !s->parked)
+                uv_poll_start(&s->poll, UV_READABLE, on_readable);
+}
+
 int session_push(struct session *s, Gpupool__Envelope *env) {
         uint8_t buf[GP_MAX_REQUEST_BYTES];
         int n;
@@ -564,7 +575,8 @@ static void flush_pending(struct session *s) {
                 session_disconnect(s, send_error(r));
                 return;
         }
-        uv_poll_start(&s->poll, UV_READABLE, on_readable);
+        if (!s->held)
+                uv_poll_start(&s->poll, UV_READABLE, on_readable);
 }
 
 /* Closes the descriptors of the request just read that no handler kept: through the closer, never close(2) in the loop. */
@@ -590,8 +602,8 @@ static void on_readable(uv_poll_t *handle, int status, int events) {
                         flush_pending(s);
                 return;
         }
-        /* A parked allocation is this client's one request in flight: nothing to read until it is answered. */
-        if (s->parked)
+        /* A parked allocation (or a held request) is this client's one request in flight: nothing to read until it is answered. */
+        if (s->parked || s->held)
                 return;
         /*
          * One request per wake-up. Clients wait for each reply, so a wake-up finds one: reading

@@ -75,6 +75,7 @@ struct session {
         uint64_t reclaim_asked_for;     /* the parked lease's round it was last asked for (parked_round) */
         /* A lease waiting for other clients to give memory back (ladder step 3). */
         bool parked;
+        bool held;                      /* its request's work runs off the loop (session_hold()) */
         uint64_t parked_id;
         uint32_t parked_device;
         uint64_t parked_size;
@@ -184,6 +185,13 @@ bool session_send(struct session *session, struct reply *rep);
 /* Parks the session's current request: nothing more is read from it until session_unpark(). */
 void session_park(struct session *session);
 void session_unpark(struct session *session);
+
+/*
+ * Holds the session's current request while work for it runs off the loop (a seal): nothing
+ * more is read from it until session_resume(), which the work's end calls with its reply.
+ */
+void session_hold(struct session *session);
+void session_resume(struct session *session);
 
 /* Sends a message the daemon pushes (id 0) without blocking. Returns 0 or a negative errno. */
 int session_push(struct session *session, Gpupool__Envelope *env);

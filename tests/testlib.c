@@ -7,6 +7,8 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <grp.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -212,6 +214,24 @@ static void launch(struct testd *d) {
                 dup2(fd, 2);
                 if (d->store)
                         fdstore_pass(d->store);
+                if (d->cgroup_dir[0]) {
+                        char procs[600];
+                        FILE *f;
+
+                        snprintf(procs, sizeof(procs), "%s/cgroup.procs", d->cgroup_dir);
+                        if (!(f = fopen(procs, "we")) || fprintf(f, "%d\n", (int) getpid()) < 0 || fclose(f) != 0 ||
+                            unshare(CLONE_NEWCGROUP) < 0) {
+                                fprintf(stderr, "cannot run in cgroup %s, in a namespace of its own: %s\n", d->cgroup_dir,
+                                        strerror(errno));
+                                _exit(126);
+                        }
+                        if (d->pod_uid[0])
+                                setenv("GPUPOOL_POD_UID", d->pod_uid, 1);
+                }
+                if (d->run_as && (setgroups(0, NULL) < 0 || setgid(d->run_as) < 0 || setuid(d->run_as) < 0)) {
+                        fprintf(stderr, "cannot run as uid %u: %s\n", d->run_as, strerror(errno));
+                        _exit(126);
+                }
                 execvp(d->argv[0], d->argv);
                 fprintf(stderr, "exec %s: %s\n", d->argv[0], strerror(errno));
                 _exit(127);
@@ -236,14 +256,21 @@ static void launch(struct testd *d) {
         ck_abort_msg("gpupoold did not listen on %s within 30 s", d->sock);
 }
 
-static void testd_startv(struct testd *d, int stderr_fd, va_list ap) {
+static void testd_startv(struct testd *d, int stderr_fd, const char *cgroup_dir, const char *pod_uid, unsigned run_as,
+                         va_list ap) {
         char *wrapper;
         int argc = 0;
 
         memset(d, 0, sizeof(*d));
+        snprintf(d->cgroup_dir, sizeof(d->cgroup_dir), "%s", cgroup_dir ? cgroup_dir : "");
+        snprintf(d->pod_uid, sizeof(d->pod_uid), "%s", pod_uid ? pod_uid : "");
+        d->run_as = run_as;
         d->stderr_fd = stderr_fd;
         strcpy(d->dir, "/tmp/gpupool-test-XXXXXX");
         ck_assert_ptr_nonnull(mkdtemp(d->dir));
+        /* The daemon's user makes its socket there; everyone else may reach it. */
+        if (run_as)
+                ck_assert(chown(d->dir, run_as, run_as) == 0 && chmod(d->dir, 0755) == 0);
         snprintf(d->sock, sizeof(d->sock), "%s/gpupool.sock", d->dir);
         snprintf(d->log, sizeof(d->log), "%s/gpupoold.log", d->dir);
         snprintf(d->path, sizeof(d->path), "%s/gpupoold", build_dir());
@@ -274,7 +301,23 @@ void testd_start(struct testd *d, ...) {
         va_list ap;
 
         va_start(ap, d);
-        testd_startv(d, -1, ap);
+        testd_startv(d, -1, NULL, NULL, 0, ap);
+        va_end(ap);
+}
+
+void testd_start_in_pod(struct testd *d, const char *cgroup_dir, const char *pod_uid, ...) {
+        va_list ap;
+
+        va_start(ap, pod_uid);
+        testd_startv(d, -1, cgroup_dir, pod_uid, 0, ap);
+        va_end(ap);
+}
+
+void testd_start_as(struct testd *d, unsigned uid, ...) {
+        va_list ap;
+
+        va_start(ap, uid);
+        testd_startv(d, -1, NULL, NULL, uid, ap);
         va_end(ap);
 }
 
@@ -282,7 +325,7 @@ void testd_start_stderr(struct testd *d, int fd, ...) {
         va_list ap;
 
         va_start(ap, fd);
-        testd_startv(d, fd, ap);
+        testd_startv(d, fd, NULL, NULL, 0, ap);
         va_end(ap);
 }
 

@@ -22,6 +22,9 @@ struct testd {
         char *argv[40];         /* points into the above and at the caller's strings */
         int stderr_fd;          /* the daemon's stderr when >= 0 (testd_start_stderr), else the log file */
         struct fdstore *store;  /* systemd's descriptor store, played by the test; set before testd_relaunch() */
+        char cgroup_dir[512];   /* testd_start_in_pod(): the cgroup the daemon runs in, a namespace of its own rooted there */
+        char pod_uid[40];       /* and its $GPUPOOL_POD_UID ("": unset) */
+        unsigned run_as;        /* testd_start_as(): the uid (and gid) the daemon runs as; 0: the test's own */
 };
 
 /* systemd's descriptor store, played by the tests (tests/fdstore.h). */
@@ -88,6 +91,16 @@ void testd_start(struct testd *d, ...);
 
 /* testd_start() with the daemon's stderr on fd (a pipe, say) instead of the log file. */
 void testd_start_stderr(struct testd *d, int fd, ...);
+
+/*
+ * testd_start() as an unprivileged DaemonSet's container runs it on cgroup v2: in cgroup
+ * cgroup_dir (a directory of the cgroup v2 mount), in a cgroup namespace rooted there, with
+ * $GPUPOOL_POD_UID pod_uid (NULL: unset). Needs root.
+ */
+void testd_start_in_pod(struct testd *d, const char *cgroup_dir, const char *pod_uid, ...);
+
+/* testd_start() as the systemd unit runs it: as user uid (group uid too), not root. Needs root. */
+void testd_start_as(struct testd *d, unsigned uid, ...);
 
 /*
  * Waits (up to 10 s) for text to appear in the daemon's log: lines written while it serves go

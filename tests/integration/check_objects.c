@@ -7,12 +7,14 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -328,6 +330,112 @@ START_TEST(test_unpublished_object_goes_when_the_last_attacher_dies) {
 }
 END_TEST
 
+/* The attacker of the pinned-publish test: its handles and blocks, and its two publishes' results at once. */
+struct pinned {
+        gpupool_client *c, *c2;
+        unsigned char *p, *p2;
+        int results[2];
+};
+
+static void *second_publish(void *arg) {
+        struct pinned *a = arg;
+
+        a->results[1] = gpupool_publish(a->c2, "pinned-too", a->p2, OBJ);
+        return NULL;
+}
+
+/*
+ * Pins a page of its block (vmsplice into a pipe it never reads: the kernel then waits about
+ * 160 ms before it refuses a seal against writing) and publishes it, six times: each refused,
+ * saying so, after the kernel's wait. Then two publishes of one uid at once: one is refused
+ * at once ("one at a time per user", -EDQUOT), the other waits for the kernel's refusal.
+ */
+static int pinned_publisher(struct testd *d, void *arg) {
+        struct pinned a = { 0 };
+        char why[512];
+        int pipes[2][2];
+        pthread_t t;
+
+        (void) arg;
+        if (gpupool_connect(d->sock, "pinner", &a.c) < 0 || gpupool_connect(d->sock, "pinner-2", &a.c2) < 0 ||
+            gpupool_alloc(a.c, 0, OBJ, (void **) &a.p) < 0 || gpupool_alloc(a.c2, 0, OBJ, (void **) &a.p2) < 0 ||
+            pipe(pipes[0]) < 0 || pipe(pipes[1]) < 0)
+                return 2;
+        memset(a.p, 1, OBJ);
+        memset(a.p2, 1, OBJ);
+        if (vmsplice(pipes[0][1], &(struct iovec) { a.p, 4096 }, 1, 0) != 4096 ||
+            vmsplice(pipes[1][1], &(struct iovec) { a.p2, 4096 }, 1, 0) != 4096)
+                return 3;
+        for (int i = 0; i < 6; i++) {
+                double t0 = now_s();
+                int r = gpupool_publish(a.c, "pinned", a.p, OBJ);
+
+                gpupool_last_error(a.c, why, sizeof(why));
+                if (r != -EINVAL || !strstr(why, "pinned") || now_s() - t0 < 0.1) {
+                        fprintf(stderr, "pinned publish %d: %d after %.3f s: %s\n", i, r, now_s() - t0, why);
+                        return 4;
+                }
+        }
+        if (pthread_create(&t, NULL, second_publish, &a) != 0)
+                return 5;
+        a.results[0] = gpupool_publish(a.c, "pinned", a.p, OBJ);
+        pthread_join(t, NULL);
+        if (!((a.results[0] == -EDQUOT && a.results[1] == -EINVAL) || (a.results[0] == -EINVAL && a.results[1] == -EDQUOT))) {
+                fprintf(stderr, "two publishes of one uid at once: %d and %d\n", a.results[0], a.results[1]);
+                return 6;
+        }
+        gpupool_disconnect(a.c);
+        gpupool_disconnect(a.c2);
+        return 0;
+}
+
+/*
+ * A client that pins pages of its segment and asks to publish it stalls nobody: the seal, which
+ * the kernel makes wait for the pins, runs off the loop, so another client's round trips keep
+ * their time: it waits a small part of the attack's time (on the loop, each publish held every
+ * client ~160 ms, and the bystander waited most of it).
+ */
+START_TEST(test_pinned_publisher_stalls_nothing) {
+        double lat[2000], t0, took, waited = 0;
+        Gpupool__Envelope *rep;
+        size_t n = 0;
+        struct testd d;
+        pid_t pid, reaped = 0;
+        int sock, status = 0;
+
+        testd_start(&d, "--host-capacity", "256M", NULL);
+        sock = raw_hello(&d, "bystander");
+        pid = spawn(pinned_publisher, &d, NULL);
+        /* Round trips of a lease and its return, for as long as the attacker runs. */
+        for (t0 = now_s(); n < 2000 && (reaped = waitpid(pid, &status, WNOHANG)) == 0 && now_s() - t0 < 20; n++) {
+                uint64_t id;
+                double t = now_s();
+
+                rep = raw_lease(sock, 0, 2 * MiB);
+                ck_assert_int_eq(rep->status, GPUPOOL__STATUS__STATUS_OK);
+                id = rep->lease_reply->segment_id;
+                gpupool__envelope__free_unpacked(rep, NULL);
+                rep = raw_return(sock, &id, 1, NULL);
+                gpupool__envelope__free_unpacked(rep, NULL);
+                lat[n] = now_s() - t;
+                nap_ms(2);
+        }
+        if (reaped != pid)
+                ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+        took = now_s() - t0;
+        ck_assert_uint_gt(n, 10);
+        /* Each publish held the loop ~160 ms when the seal ran there (8 of them): the bystander waited most of the time. */
+        for (size_t i = 0; i < n; i++)
+                waited += lat[i];
+        ck_assert_msg(waited < took / 4, "a bystander waited %.0f ms of %.0f in %zu round trips while a client's "
+                      "publishes waited on pinned pages", waited * 1e3, took * 1e3, n);
+        ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0, "the pinned publisher failed: %d", status);
+        close(sock);
+        check_ok(&d);
+        ck_assert_int_eq(testd_stop(&d), 0);
+}
+END_TEST
+
 START_TEST(test_object_bad_input) {
         char why[GP_MAX_ERROR_BYTES], name[300];
         gpupool_client *c;
@@ -621,6 +729,7 @@ Suite *suite_objects(void) {
         tcase_add_test(tc, test_object_outlives_its_publisher);
         tcase_add_test(tc, test_unpublished_object_goes_when_the_last_attacher_dies);
         tcase_add_test(tc, test_object_bad_input);
+        tcase_add_test(tc, test_pinned_publisher_stalls_nothing);
         tcase_add_test(tc, test_foreign_object_refused);
         tcase_add_test(tc, test_idle_object_evicted_under_pressure);
         tcase_add_test(tc, test_tenant_shares_its_objects);

@@ -26,6 +26,7 @@
 #define MiB (1ULL << 20)
 #define POD_A "0c1f2e3d-4b5a-6978-8a9b-acbdcedf0f1e"
 #define POD_B "11111111-2222-3333-4444-555555555555"
+#define POD_D "d0d0d0d0-e1e1-f2f2-a3a3-b4b4b4b4b4b4"   /* the daemon's own, in a cgroup namespace of its own */
 #define MARK 0xa5
 
 /* Where the cgroup v2 hierarchy is mounted (/sys/fs/cgroup, or its unified mount on a hybrid one), into buf. */
@@ -66,10 +67,10 @@ static void pod_dir(const char *mnt, const char *uid, int depth, char *buf, size
 
 /* Makes both pods' cgroups; false, test skipped saying why, where this machine cannot. */
 static bool make_pods(const char *test, const char *mnt) {
-        const char *pods[] = { POD_A, POD_B };
+        const char *pods[] = { POD_A, POD_B, POD_D };
         char dir[1024];
 
-        for (int p = 0; p < 2; p++)
+        for (int p = 0; p < 3; p++)
                 for (int depth = 1; depth <= 4; depth++) {
                         pod_dir(mnt, pods[p], depth, dir, sizeof(dir));
                         if (mkdir(dir, 0755) < 0 && errno != EEXIST) {
@@ -81,10 +82,10 @@ static bool make_pods(const char *test, const char *mnt) {
 }
 
 static void remove_pods(const char *mnt) {
-        const char *pods[] = { POD_A, POD_B };
+        const char *pods[] = { POD_A, POD_B, POD_D };
         char dir[1024];
 
-        for (int p = 0; p < 2; p++)
+        for (int p = 0; p < 3; p++)
                 for (int depth = 4; depth >= 1; depth--) {
                         pod_dir(mnt, pods[p], depth, dir, sizeof(dir));
                         (void) rmdir(dir);
@@ -171,24 +172,105 @@ static void run_in_pod(struct testd *d, const char *mnt, const char *pod, bool w
 }
 
 /*
+ * Starts the daemon as the node runs it: in the host's cgroup namespace, or (in_pod) as the
+ * DaemonSet's unprivileged container on cgroup v2, in pod D's container cgroup with a cgroup
+ * namespace rooted there (what containerd, CRI-O and podman give it) and $GPUPOOL_POD_UID.
+ */
+static void start_daemon(struct testd *d, const char *mnt, bool in_pod, const char *config) {
+        char dir[1024];
+
+        pod_dir(mnt, POD_D, 4, dir, sizeof(dir));
+        /* One segment's worth, all of it cacheable: the one segment goes from client to client. */
+        if (in_pod)
+                testd_start_in_pod(d, dir, POD_D, "--host-capacity", "16M", "--max-cached", "100%", "--config", config, NULL);
+        else
+                testd_start(d, "--host-capacity", "16M", "--max-cached", "100%", "--config", config, NULL);
+}
+
+/*
  * Root in pod A marks 16 MiB and leaves; root in pod A again gets that memory back unzeroed
  * (one principal), marks it and leaves; root in pod B then gets it without a byte of the mark.
  * A tenant by match_cgroup holds pod A's clients, and pod B's fall to the default.
  */
-START_TEST(test_pods_of_one_uid_see_nothing_of_each_other) {
+static void pods_see_nothing_of_each_other(const char *test, bool in_pod) {
         char mnt[512];
         struct testd d;
 
-        if (!pods_ready(__func__, mnt, sizeof(mnt)))
+        if (!pods_ready(test, mnt, sizeof(mnt)))
                 return;
-        /* One segment's worth, all of it cacheable: the one segment goes from client to client. */
-        testd_start(&d, "--host-capacity", "16M", "--max-cached", "100%", "--config",
-                    conf_new("[tenant:pod-a]\nmatch_cgroup = /kubepods.slice/*-pod0c1f2e3d_4b5a_*\n"), NULL);
+        start_daemon(&d, mnt, in_pod, conf_new("[tenant:pod-a]\nmatch_cgroup = /kubepods.slice/*-pod0c1f2e3d_4b5a_*\n"));
         run_in_pod(&d, mnt, POD_A, false, "pod-a");
         run_in_pod(&d, mnt, POD_A, true, NULL);
         run_in_pod(&d, mnt, POD_B, false, "default");
         ck_assert_int_eq(testd_stop(&d), 0);
         conf_remove();
+        remove_pods(mnt);
+}
+
+START_TEST(test_pods_of_one_uid_see_nothing_of_each_other) {
+        pods_see_nothing_of_each_other(__func__, false);
+}
+END_TEST
+
+/* The same, with the daemon as the DaemonSet runs it: its clients' cgroups read from a cgroup namespace of its own. */
+START_TEST(test_pods_seen_from_the_daemonsets_cgroup_namespace) {
+        pods_see_nothing_of_each_other(__func__, true);
+}
+END_TEST
+
+/* In cgroup dir (under mnt), a client that says which pod status gives it ("" for none), and leaves. */
+static int pod_of_client(struct testd *d, void *arg) {
+        const char *dir = arg;
+        char path[1100], pid[32];
+        gpupool_client *c;
+        json_t *st, *me;
+        FILE *f;
+        int r;
+
+        snprintf(path, sizeof(path), "%s/cgroup.procs", dir);
+        snprintf(pid, sizeof(pid), "%d\n", (int) getpid());
+        if (!(f = fopen(path, "we")) || fputs(pid, f) < 0 || fclose(f) != 0)
+                return 2;
+        if (gpupool_connect(d->sock, "pretender", &c) < 0)
+                return 3;
+        st = testd_ctl(d, "status");
+        me = status_client_by_pid(st, getpid());
+        r = !me ? 4 : json_is_string(json_object_get(me, "pod_uid")) ? 5 : 0;
+        json_decref(st);
+        gpupool_disconnect(c);
+        return r;
+}
+
+/*
+ * A user's own cgroup (systemd delegates user@UID.service's subtree to the user) named like a
+ * pod is no pod, from either namespace: it is not in the kubelet's tree.
+ */
+START_TEST(test_a_cgroup_named_like_a_pod_is_none) {
+        static const char *const levels_user[] = { "user.slice", "user-1000.slice", "user@1000.service",
+                                                   "kubepods-besteffort-pod0c1f2e3d_4b5a_6978_8a9b_acbdcedf0f1e.slice",
+                                                   "cri-containerd-fake.scope" };
+        char mnt[512], dir[1024];
+        struct testd d;
+        size_t n;
+
+        if (!pods_ready(__func__, mnt, sizeof(mnt)))
+                return;
+        n = (size_t) snprintf(dir, sizeof(dir), "%s", mnt);
+        for (size_t i = 0; i < 5; i++) {
+                n += (size_t) snprintf(dir + n, sizeof(dir) - n, "/%s", levels_user[i]);
+                ck_assert_msg(mkdir(dir, 0755) == 0 || errno == EEXIST, "%s: %s", dir, strerror(errno));
+        }
+        for (int in_pod = 0; in_pod <= 1; in_pod++) {
+                start_daemon(&d, mnt, in_pod, conf_new(""));
+                ck_assert_msg(reap(spawn(pod_of_client, &d, dir)) == 0, "a user's cgroup passed for pod A (%s namespace)",
+                              in_pod ? "the DaemonSet's" : "the host's");
+                ck_assert_int_eq(testd_stop(&d), 0);
+                conf_remove();
+        }
+        for (size_t i = 5; i-- > 0;) {
+                (void) rmdir(dir);
+                *strrchr(dir, '/') = '\0';
+        }
         remove_pods(mnt);
 }
 END_TEST
@@ -248,6 +330,26 @@ START_TEST(test_root_in_a_pod_is_no_operator) {
         ck_assert_int_eq(run_capture(cmd, out, sizeof(out)), 0);
         gpupool_disconnect(c);
         ck_assert_int_eq(testd_stop(&d), 0);
+        remove_pods(mnt);
+}
+END_TEST
+
+/*
+ * The same from the DaemonSet's cgroup namespace: root in pod A is refused, saying its pod;
+ * root in the daemon's own container (kubectl exec) is the operator.
+ */
+START_TEST(test_root_in_a_pod_is_no_operator_from_a_cgroup_namespace) {
+        char mnt[512], out[8192];
+        struct testd d;
+
+        if (!pods_ready(__func__, mnt, sizeof(mnt)))
+                return;
+        start_daemon(&d, mnt, true, conf_new(""));
+        ck_assert_int_ne(ctl_in_pod(&d, mnt, POD_A, "check", out, sizeof(out)), 0);
+        ck_assert_msg(strstr(out, "not a process in a pod (pod " POD_A ")"), "%s", out);
+        ck_assert_msg(ctl_in_pod(&d, mnt, POD_D, "check", out, sizeof(out)) == 0, "%s", out);
+        ck_assert_int_eq(testd_stop(&d), 0);
+        conf_remove();
         remove_pods(mnt);
 }
 END_TEST
@@ -350,7 +452,10 @@ Suite *suite_pods(void) {
         TCase *tc = tcase_create("pods");
 
         tcase_add_test(tc, test_pods_of_one_uid_see_nothing_of_each_other);
+        tcase_add_test(tc, test_pods_seen_from_the_daemonsets_cgroup_namespace);
+        tcase_add_test(tc, test_a_cgroup_named_like_a_pod_is_none);
         tcase_add_test(tc, test_root_in_a_pod_is_no_operator);
+        tcase_add_test(tc, test_root_in_a_pod_is_no_operator_from_a_cgroup_namespace);
         tcase_add_test(tc, test_a_client_seen_as_pid_0_is_its_own_principal);
         tcase_set_timeout(tc, 60);
         suite_add_tcase(s, tc);

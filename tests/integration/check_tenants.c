@@ -308,6 +308,31 @@ START_TEST(test_set_limit_needs_root) {
 }
 END_TEST
 
+/*
+ * Under the unit's user (User=gpupool, not root) root is still the node's operator: whether it
+ * runs in the daemon's PID namespace is read without ptrace rights over it, which that user has
+ * not over root's processes. Root in a PID namespace of its own (a container's) is not.
+ */
+START_TEST(test_root_is_the_operator_under_the_units_user) {
+        char cmd[768], out[4096];
+        struct testd d;
+
+        if (geteuid() != 0) {
+                TEST_SKIP("running the daemon as another user needs root");
+                return;
+        }
+        testd_start_as(&d, 65534, NULL);
+        snprintf(cmd, sizeof(cmd), "%s/gpupoolctl --socket %s check 2>&1", build_dir(), d.sock);
+        ck_assert_msg(run_capture(cmd, out, sizeof(out)) == 0, "%s", out);
+        snprintf(cmd, sizeof(cmd), "%s/gpupoolctl --socket %s set-limit --tenant default max=1G 2>&1", build_dir(), d.sock);
+        ck_assert_msg(run_capture(cmd, out, sizeof(out)) == 0, "%s", out);
+        snprintf(cmd, sizeof(cmd), "unshare --pid --fork %s/gpupoolctl --socket %s check 2>&1", build_dir(), d.sock);
+        ck_assert_int_ne(run_capture(cmd, out, sizeof(out)), 0);
+        ck_assert_msg(strstr(out, "not a process in a container"), "%s", out);
+        ck_assert_int_eq(testd_stop(&d), 0);
+}
+END_TEST
+
 START_TEST(test_status_and_check_config) {
         char cmd[512], out[4096], dir[128];
         const char *path;
@@ -833,6 +858,7 @@ Suite *suite_tenants(void) {
         tcase_add_test(tc, test_cache_counters_decay_and_watermark);
         tcase_add_test(tc, test_reload_and_runtime_limits);
         tcase_add_test(tc, test_set_limit_needs_root);
+        tcase_add_test(tc, test_root_is_the_operator_under_the_units_user);
         tcase_add_test(tc, test_status_and_check_config);
         tcase_add_test(tc, test_granule_lease_waits_for_reclaim);
         tcase_add_test(tc, test_reclaim_from_a_client_that_makes_no_call);

@@ -10,8 +10,9 @@
  * milliseconds and starts another, and hostile peers connect: clients that never read their
  * replies, clients that say nothing, clients that send garbage, clients that claim memory
  * free and give none back (answering with nothing, or never), clients that connect, lease
- * and close over and over (sessions left exiting), and clients that hand over a write-sealed
- * memfd for adoption (which must be refused). --daemon-kills times the
+ * and close over and over (sessions left exiting), clients that hand over a write-sealed
+ * memfd for adoption (which must be refused), and clients that ask to publish blocks whose
+ * pages they pinned (which must be refused, the loop never waiting on the pins). --daemon-kills times the
  * parent SIGKILLs the daemon itself and starts a new one a moment later, as systemd would:
  * the workers go on within what they hold (a lease fails with -ECONNRESET meanwhile), check
  * their data throughout, and reconnect on their own; the new daemon adopts what they hold,
@@ -37,6 +38,7 @@
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -716,6 +718,34 @@ static int sealed_adopter_peer(void) {
         return 0;
 }
 
+/*
+ * Pins a page of a block of its own (vmsplice into a pipe it never reads) and asks to publish
+ * it, three times: each must be refused (the kernel will not seal pinned pages), the daemon's
+ * loop never waiting for the pins meanwhile.
+ */
+static int pinned_publisher_peer(void) {
+        gpupool_client *c;
+        unsigned char *p;
+        int pipefd[2], r = 0;
+
+        if (gpupool_connect(sock_path, "pinned-publisher", &c) < 0)
+                return 0;       /* refused (a limit) or no daemon: as it may be */
+        if (gpupool_alloc(c, 0, 12 * MiB, (void **) &p) < 0 || pipe(pipefd) < 0) {
+                gpupool_disconnect(c);
+                return 0;
+        }
+        memset(p, 0x5a, 12 * MiB);
+        if (vmsplice(pipefd[1], &(struct iovec) { p, 4096 }, 1, 0) != 4096)
+                r = 1;
+        for (int i = 0; r == 0 && i < 3; i++)
+                if (gpupool_publish(c, "pinned-object", p, 12 * MiB) == 0) {
+                        fprintf(stderr, "stress: a block with pinned pages was published\n");
+                        r = 1;
+                }
+        gpupool_disconnect(c);
+        return r;
+}
+
 /* ---- the run ---- */
 
 static long rss_kib(pid_t pid) {
@@ -762,7 +792,7 @@ int main(int argc, char **argv) {
         long max_rss_mib = 64, rss;
         pid_t pids[MAX_CLIENTS];
         static pid_t hostile_pids[8192];
-        unsigned long kinds[7] = { 0 };         /* hostile peers of each kind, in the switch's order */
+        unsigned long kinds[8] = { 0 };         /* hostile peers of each kind, in the switch's order */
         size_t nhostile = 0;
         unsigned seed = 12345;
         unsigned long kills = 0, spawned = 0, hostile = 0, restarts = 0, adoptions, adopted, taken_over, objects = 0;
@@ -833,14 +863,15 @@ int main(int argc, char **argv) {
                         unsigned g = rand_r(&seed);
                         pid_t p;
 
-                        kinds[g % 7]++;
-                        switch (g % 7) {
+                        kinds[g % 8]++;
+                        switch (g % 8) {
                         case 0: p = spawn_fn(deaf_peer); break;
                         case 1: p = spawn_fn(silent_peer); break;
                         case 2: p = spawn_fn(liar_peer); break;
                         case 3: p = spawn_fn(silent_control_peer); break;
                         case 4: p = spawn_fn(churn_peer); break;
                         case 5: p = spawn_fn(sealed_adopter_peer); break;
+                        case 6: p = spawn_fn(pinned_publisher_peer); break;
                         default:
                                 p = fork();
                                 if (p == 0)
@@ -922,12 +953,12 @@ int main(int argc, char **argv) {
         fdstore_free(store);
         printf("stress: OK: %d clients x %.0f s, %lu worker processes, %lu killed with SIGKILL, %lu hostile peers "
                "(%lu deaf, %lu silent, %lu liars, %lu silent control channels, %lu churning, %lu write-sealed adoptions, "
-               "%lu garbage), %llu faults injected (the last daemon's), over %llu invariant checks, daemon killed %lu times "
+               "%lu pinned publishers, %lu garbage), %llu faults injected (the last daemon's), over %llu invariant checks, daemon killed %lu times "
                "and its successors adopted %lu segments in %lu requests and took over %lu named objects from systemd's store, "
                "%lu named objects published and %lu attached and checked (%lu left, unpublished at the end), 0 bytes lost, "
                "daemon RSS %ld KiB (bound %ld MiB)\n",
                clients, seconds, spawned, kills, hostile, kinds[0], kinds[1], kinds[2], kinds[3], kinds[4], kinds[5],
-               kinds[6], (unsigned long long) faults_injected,
+               kinds[6], kinds[7], (unsigned long long) faults_injected,
                (unsigned long long) (checks_earlier + checks),
                restarts, adopted, adoptions, taken_over, object_counts[0], object_counts[1], objects, rss, max_rss_mib);
         unlink(conf_path);

@@ -40,6 +40,66 @@ START_TEST(test_pod_uid_from_cgroup_paths) {
 }
 END_TEST
 
+/* Resolves path as a daemon whose cgroup namespace is depth below the host's root, in pod (NULL: none), sees it. */
+static const char *resolved(int depth, const char *pod, const char *path) {
+        static char buf[IDENTITY_MAX_CGROUP];
+
+        identity_view_set(depth, pod);
+        ck_assert_int_eq(identity_resolve(path, buf), 0);
+        return buf;
+}
+
+#define D "d0d0d0d0-e1e1-f2f2-a3a3-b4b4b4b4b4b4"
+#define A_SLICE "kubepods-besteffort-pod0c1f2e3d_4b5a_6978_8a9b_acbdcedf0f1e.slice"
+
+/*
+ * Paths read from a cgroup namespace of the daemon's own (the DaemonSet's container, 4 levels
+ * down in pod D): resolved from the host's root where that can be known, the pod they name.
+ */
+START_TEST(test_cgroup_paths_from_a_namespace) {
+        char pod[IDENTITY_POD_UID_LEN + 1];
+
+        /* In the host's namespace: as read. */
+        ck_assert_str_eq(resolved(0, NULL, "/kubepods.slice/x.scope"), "/kubepods.slice/x.scope");
+        /* Another pod of the same QoS class: its slices from its name. */
+        ck_assert_str_eq(resolved(4, D, "/../../" A_SLICE "/cri-containerd-a.scope"),
+                         "/kubepods.slice/kubepods-besteffort.slice/" A_SLICE "/cri-containerd-a.scope");
+        ck_assert(identity_pod_uid(resolved(4, D, "/../../" A_SLICE "/cri-containerd-a.scope"), pod));
+        ck_assert_str_eq(pod, UID);
+        /* Another class, a guaranteed pod: one level further up. */
+        ck_assert_str_eq(resolved(4, D, "/../../../kubepods-burstable.slice/kubepods-burstable-pod0c1f2e3d_4b5a_6978_8a9b_"
+                                        "acbdcedf0f1e.slice/c.scope"),
+                         "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod0c1f2e3d_4b5a_6978_8a9b_acbdcedf0f1e"
+                         ".slice/c.scope");
+        ck_assert_str_eq(resolved(4, D, "/../../../kubepods-pod0c1f2e3d_4b5a_6978_8a9b_acbdcedf0f1e.slice/c.scope"),
+                         "/kubepods.slice/kubepods-pod0c1f2e3d_4b5a_6978_8a9b_acbdcedf0f1e.slice/c.scope");
+        /* Up to the root: the rest is the path. A user's cgroup named like a pod is none. */
+        ck_assert_str_eq(resolved(4, D, "/../../../../user.slice/user-1000.slice/user@1000.service/" A_SLICE),
+                         "/user.slice/user-1000.slice/user@1000.service/" A_SLICE);
+        ck_assert(!identity_pod_uid(resolved(4, D, "/../../../../user.slice/user-1000.slice/user@1000.service/" A_SLICE), pod));
+        ck_assert_str_eq(resolved(4, D, "/../../../../init.scope"), "/init.scope");
+        ck_assert_str_eq(resolved(4, D, "/../../../.."), "/");
+        /* The daemon's own container, or a sibling in its pod: relative, and pod D. */
+        ck_assert_str_eq(resolved(4, D, "/"), ".");
+        ck_assert(identity_pod_uid(".", pod));
+        ck_assert_str_eq(pod, D);
+        ck_assert_str_eq(resolved(4, D, "/sub"), "./sub");
+        ck_assert(identity_pod_uid("./sub", pod));
+        ck_assert_str_eq(resolved(4, D, "/../cri-containerd-other.scope"), "../cri-containerd-other.scope");
+        ck_assert(identity_pod_uid("../cri-containerd-other.scope", pod));
+        ck_assert_str_eq(pod, D);
+        /* Names that say nothing of where they are stay relative, and name no pod. */
+        ck_assert_str_eq(resolved(4, D, "/../../besteffort/pod" UID "/c"), "../../besteffort/pod" UID "/c");
+        ck_assert(!identity_pod_uid("../../besteffort/pod" UID "/c", pod));
+        ck_assert_str_eq(resolved(4, D, "/../../system-" A_SLICE "/c"), "../../system-" A_SLICE "/c");
+        /* Without $GPUPOOL_POD_UID nothing below the hidden levels is known: no slice is read, no pod is the daemon's. */
+        ck_assert_str_eq(resolved(4, NULL, "/../../" A_SLICE "/c.scope"), "../../" A_SLICE "/c.scope");
+        ck_assert(!identity_pod_uid("../../" A_SLICE "/c.scope", pod));
+        ck_assert(!identity_pod_uid(".", pod));
+        identity_view_set(0, NULL);
+}
+END_TEST
+
 START_TEST(test_principals) {
         struct identity_table t = { 0 };
         uint64_t a, b, a_other_uid, a_again;
@@ -70,6 +130,7 @@ Suite *suite_identity(void) {
         TCase *tc = tcase_create("identity");
 
         tcase_add_test(tc, test_pod_uid_from_cgroup_paths);
+        tcase_add_test(tc, test_cgroup_paths_from_a_namespace);
         tcase_add_test(tc, test_principals);
         suite_add_tcase(s, tc);
         return s;
