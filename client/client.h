@@ -165,6 +165,9 @@ struct client_attachment {
         unsigned count;                 /* attaches not yet detached */
         unsigned device;                /* the daemon's index */
         uint64_t id;                    /* the object's, as the daemon said (0: it did not) */
+        uint32_t publisher_uid;         /* who published it, as the daemon said (its own uid's for a publish here) */
+        char publisher_tenant[GP_MAX_TENANT_NAME_BYTES + 1];
+        bool named;                     /* attached naming its publisher (gpupool_attach_of()), not by name alone */
         bool unknown;                   /* the daemon now does not count it: attached from one before, which it did not take over */
         int fd;                         /* published here: the segment's descriptor, kept (else -1) */
 };

@@ -41,9 +41,11 @@ static int name_ok(gpupool_client *c, const char *name) {
         return -EINVAL;
 }
 
-static struct client_attachment *by_name(gpupool_client *c, const char *name) {
+/* What this process has attached as name: by name alone (publisher -1), or naming that publisher. */
+static struct client_attachment *by_name(gpupool_client *c, const char *name, int64_t publisher) {
         for (struct client_attachment *a = c->attachments; a; a = a->next)
-                if (strcmp(a->name, name) == 0)
+                if (strcmp(a->name, name) == 0 &&
+                    (publisher < 0 ? !a->named : a->named && a->publisher_uid == (uint32_t) publisher))
                         return a;
         return NULL;
 }
@@ -67,23 +69,32 @@ static int ask(gpupool_client *c, Gpupool__Envelope *req, Gpupool__Envelope__Bod
         return r;
 }
 
-/* Asks the daemon to attach name: the reply, and the descriptor that came with it (-1: none). Locked. */
-static int ask_attach(gpupool_client *c, const char *name, Gpupool__Envelope **ret, int *ret_fd) {
+/*
+ * Asks the daemon to attach name, of publisher (-1: the daemon's default, this uid's or its
+ * tenant's): the reply, and the descriptor that came with it (-1: none). Locked.
+ */
+static int ask_attach(gpupool_client *c, const char *name, int64_t publisher, Gpupool__Envelope **ret, int *ret_fd) {
         Gpupool__Envelope req = GPUPOOL__ENVELOPE__INIT;
         Gpupool__AttachRequest ar = GPUPOOL__ATTACH_REQUEST__INIT;
 
         ar.name = (char *) name;
+        if (publisher >= 0) {
+                ar.has_publisher_uid = true;
+                ar.publisher_uid = (uint32_t) publisher;
+        }
         req.body_case = GPUPOOL__ENVELOPE__BODY_ATTACH;
         req.attach = &ar;
         return ask(c, &req, GPUPOOL__ENVELOPE__BODY_ATTACH_REPLY, ret, ret_fd);
 }
 
-/* Tells the daemon this process no longer has name attached. Locked. */
-static int ask_detach(gpupool_client *c, const char *name) {
+/* Tells the daemon this process no longer has name (the object id, where known) attached. Locked. */
+static int ask_detach(gpupool_client *c, const char *name, uint64_t id) {
         Gpupool__Envelope req = GPUPOOL__ENVELOPE__INIT;
         Gpupool__DetachRequest dr = GPUPOOL__DETACH_REQUEST__INIT;
 
         dr.name = (char *) name;
+        dr.has_id = id != 0;
+        dr.id = id;
         req.body_case = GPUPOOL__ENVELOPE__BODY_DETACH;
         req.detach = &dr;
         return ask(c, &req, GPUPOOL__ENVELOPE__BODY_DETACH_REPLY, NULL, NULL);
@@ -183,6 +194,7 @@ static int publish_block(gpupool_client *c, const char *name, struct block *b, u
         a->count = 1;
         a->device = m->device;
         a->id = rep->publish_reply->has_id ? rep->publish_reply->id : 0;
+        a->publisher_uid = (uint32_t) getuid();
         gpupool__envelope__free_unpacked(rep, NULL);
         a->fd = m->fd;
         a->next = c->attachments;
@@ -222,7 +234,8 @@ GPUPOOL_EXPORT int gpupool_publish(gpupool_client *c, const char *name, void *pt
         return gpupool_publish_to(c, name, ptr, size, NULL);
 }
 
-GPUPOOL_EXPORT int gpupool_attach(gpupool_client *c, const char *name, const void **ret_ptr, size_t *ret_size) {
+/* gpupool_attach() and gpupool_attach_of(): publisher -1 for the daemon's default. */
+static int attach(gpupool_client *c, const char *name, int64_t publisher, const void **ret_ptr, size_t *ret_size) {
         Gpupool__Envelope *rep = NULL;
         struct client_attachment *a;
         const Gpupool__AttachReply *reply;
@@ -233,11 +246,11 @@ GPUPOOL_EXPORT int gpupool_attach(gpupool_client *c, const char *name, const voi
         pthread_mutex_lock(&c->lock);
         if ((r = name_ok(c, name)) < 0 || (r = objects_built(c)) < 0)
                 goto out;
-        if ((a = by_name(c, name))) {
+        if ((a = by_name(c, name, publisher))) {
                 a->count++;
                 goto found;
         }
-        if ((r = ask_attach(c, name, &rep, &fd)) < 0)
+        if ((r = ask_attach(c, name, publisher, &rep, &fd)) < 0)
                 goto out;
         reply = rep->attach_reply;
         a = calloc(1, sizeof(*a));
@@ -260,6 +273,10 @@ GPUPOOL_EXPORT int gpupool_attach(gpupool_client *c, const char *name, const voi
         a->count = 1;
         a->device = reply->device;
         a->id = reply->has_id ? reply->id : 0;
+        a->named = publisher >= 0;
+        a->publisher_uid = reply->has_publisher_uid ? reply->publisher_uid : (uint32_t) publisher;
+        snprintf(a->publisher_tenant, sizeof(a->publisher_tenant), "%s",
+                 reply->publisher_tenant ? reply->publisher_tenant : "");
         a->fd = -1;
         a->next = c->attachments;
         c->attachments = a;
@@ -272,6 +289,36 @@ out:
                 close(fd);
         if (rep)
                 gpupool__envelope__free_unpacked(rep, NULL);
+        pthread_mutex_unlock(&c->lock);
+        return r;
+}
+
+GPUPOOL_EXPORT int gpupool_attach(gpupool_client *c, const char *name, const void **ret_ptr, size_t *ret_size) {
+        return attach(c, name, -1, ret_ptr, ret_size);
+}
+
+GPUPOOL_EXPORT int gpupool_attach_of(gpupool_client *c, const char *name, unsigned publisher_uid, const void **ret_ptr,
+                                     size_t *ret_size) {
+        return attach(c, name, publisher_uid, ret_ptr, ret_size);
+}
+
+GPUPOOL_EXPORT int gpupool_object_publisher(gpupool_client *c, const void *ptr, unsigned *ret_uid, char *tenant,
+                                            size_t tenant_size) {
+        int r = -ENOENT;
+
+        if (!c || !ret_uid)
+                return -EINVAL;
+        pthread_mutex_lock(&c->lock);
+        for (struct client_attachment *a = c->attachments; a; a = a->next)
+                if (a->ptr == ptr) {
+                        *ret_uid = a->publisher_uid;
+                        if (tenant_size)
+                                snprintf(tenant, tenant_size, "%s", a->publisher_tenant);
+                        r = 0;
+                        break;
+                }
+        if (r < 0)
+                client_set_error(c, "%p is not where an object this client attached starts", ptr);
         pthread_mutex_unlock(&c->lock);
         return r;
 }
@@ -296,7 +343,7 @@ GPUPOOL_EXPORT int gpupool_detach(gpupool_client *c, const void *ptr) {
                 /* Unmapped first: once the daemon hears of it, the memory may go. */
                 attachment_unmap(c, a);
                 if (!a->unknown)
-                        r = ask_detach(c, a->name);
+                        r = ask_detach(c, a->name, a->id);
                 free(a);
         }
         pthread_mutex_unlock(&c->lock);
@@ -336,7 +383,7 @@ static void attach_again(gpupool_client *c, struct client_attachment *a) {
         const Gpupool__AttachReply *reply;
         int fd = -1;
 
-        if (!a->id || ask_attach(c, a->name, &rep, &fd) < 0)
+        if (!a->id || ask_attach(c, a->name, a->publisher_uid, &rep, &fd) < 0)
                 return;         /* gone with the daemon before (no store kept it), or not this process's to attach */
         if (fd >= 0)
                 close(fd);      /* mapped already */
@@ -344,7 +391,7 @@ static void attach_again(gpupool_client *c, struct client_attachment *a) {
         if (reply->has_id && reply->id == a->id && reply->size == a->size && reply->segment_size == a->segment_size) {
                 a->unknown = false;
         } else {
-                (void) ask_detach(c, a->name);  /* another object of that name: not this process's mapping */
+                (void) ask_detach(c, a->name, reply->has_id ? reply->id : 0);   /* another object of that name: not this process's mapping */
         }
         gpupool__envelope__free_unpacked(rep, NULL);
 }

@@ -272,10 +272,34 @@ bool gp_wire_name_is_valid(const char *name) {
         return len > 0 && len <= GP_MAX_NAME_BYTES && gp_wire_text_is_valid(name);
 }
 
-bool gp_wire_object_name_is_valid(const char *name) {
-        size_t len = name ? strlen(name) : 0;
+/*
+ * Whether cp shows nothing, or reorders what follows, where names are listed: soft hyphen,
+ * zero-width and joiner characters, bidirectional marks, embeddings, overrides and isolates,
+ * word joiner and invisible operators, the byte order mark. A name holding one looks like
+ * another (U+202E turns "llama" into what reads as another name; U+200B hides inside one).
+ */
+static bool invisible(uint32_t cp) {
+        return cp == 0xad || (cp >= 0x200b && cp <= 0x200f) || (cp >= 0x202a && cp <= 0x202e) ||
+               (cp >= 0x2060 && cp <= 0x2064) || (cp >= 0x2066 && cp <= 0x2069) || cp == 0xfeff || cp == 0x061c ||
+               cp == 0x180e;
+}
 
-        return len > 0 && len <= GP_MAX_OBJECT_NAME_BYTES && gp_wire_text_is_valid(name);
+bool gp_wire_object_name_is_valid(const char *name) {
+        const unsigned char *p = (const unsigned char *) name;
+        size_t len = name ? strlen(name) : 0, left = len;
+
+        if (len == 0 || len > GP_MAX_OBJECT_NAME_BYTES || !gp_wire_text_is_valid(name))
+                return false;
+        while (left) {
+                uint32_t cp;
+                size_t n = utf8_decode(p, left, &cp);
+
+                if (invisible(cp))
+                        return false;
+                p += n;
+                left -= n;
+        }
+        return true;
 }
 
 bool gp_wire_tenant_name_is_valid(const char *name) {

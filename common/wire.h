@@ -107,7 +107,11 @@ bool gp_wire_text_is_valid(const char *text);
 
 /* Whether name is a valid client name: 1 to 63 bytes of valid text (gp_wire_text_is_valid()). */
 bool gp_wire_name_is_valid(const char *name);
-/* Whether name is a valid object name: 1 to GP_MAX_OBJECT_NAME_BYTES bytes of UTF-8, no control characters. */
+/*
+ * Whether name is a valid object name: 1 to GP_MAX_OBJECT_NAME_BYTES bytes of UTF-8, no
+ * control characters, and none that shows nothing or reorders text (zero-width, bidirectional
+ * controls: a look-alike of another name).
+ */
 bool gp_wire_object_name_is_valid(const char *name);
 /* Whether name is a tenant's name as the config spells one: 1 to 63 letters, digits, '-', '_', '.'. */
 bool gp_wire_tenant_name_is_valid(const char *name);

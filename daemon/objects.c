@@ -53,6 +53,7 @@ static int record_memfd(struct node *node, const struct object *o) {
         r.size = o->size;
         r.tenant = (char *) o->tenant;
         r.uid = o->uid;
+        r.pod_uid = o->pod[0] ? (char *) o->pod : NULL;
         r.id = o->id;
         r.published_unix_ms = unix_ms() - (uv_now(node->loop) - o->published_ms);
         for (unsigned i = 0; i < o->n_readers; i++)
@@ -126,11 +127,28 @@ static void object_unstore(const struct object *o) {
                         "stays there until gpupoold restarts or the unit stops", o->name, strerror(-r));
 }
 
-struct object *objects_find(struct node *node, const char *name) {
+struct object *objects_find(struct node *node, uint32_t uid, const char *name) {
         for (struct object *o = node->objects; o; o = o->next)
-                if (!o->unpublished && strcmp(o->name, name) == 0)
+                if (!o->unpublished && o->uid == uid && strcmp(o->name, name) == 0)
                         return o;
         return NULL;
+}
+
+unsigned objects_publishers(struct node *node, const char *name, uint32_t but, char *buf, size_t size) {
+        unsigned n = 0;
+        size_t len = 0;
+
+        buf[0] = '\0';
+        for (struct object *o = node->objects; o; o = o->next) {
+                if (o->unpublished || o->uid == but || strcmp(o->name, name) != 0)
+                        continue;
+                if (n < 8 && len < size)
+                        len += (size_t) snprintf(buf + len, size - len, "%s%u", n ? ", " : "", (unsigned) o->uid);
+                else if (n == 8 && len < size)
+                        len += (size_t) snprintf(buf + len, size - len, ", ...");
+                n++;
+        }
+        return n;
 }
 
 bool objects_readers_valid(char *const *readers, size_t n) {
@@ -190,7 +208,7 @@ static void object_link(struct node *node, struct object *o, uint64_t segment_id
 
 struct object *objects_publish(struct node *node, const char *name, unsigned device, struct pool_owner *owner,
                                uint64_t segment_id, uint64_t offset, uint64_t size, struct tenant *t, uint32_t uid,
-                               char *const *readers, size_t n_readers, bool sealed, int *ret_err) {
+                               const char *pod, char *const *readers, size_t n_readers, bool sealed, int *ret_err) {
         struct pool *pool = node->pools[device];
         struct object *o;
         uint64_t segment_size;
@@ -205,6 +223,7 @@ struct object *objects_publish(struct node *node, const char *name, unsigned dev
                 *ret_err = -ENOMEM;
                 return NULL;
         }
+        snprintf(o->pod, sizeof(o->pod), "%s", pod ? pod : "");
         r = pool_transfer(pool, owner, &o->owner, segment_id, &segment_size);
         if (r == 0 && (size == 0 || offset > segment_size || size > segment_size - offset))
                 r = -EINVAL;    /* not within the segment */
@@ -261,6 +280,14 @@ void objects_detach(struct node *node, struct object *obj) {
 
 void objects_unpublish(struct node *node, struct object *obj) {
         obj->unpublished = true;
+        /*
+         * Out of systemd's store now, not when the last process detaches: a daemon after a crash
+         * would take the record over as published, the revoked bytes attachable by name again
+         * and a new object of that name dropped for it. The attached processes keep their
+         * mappings; after such a crash the memory is theirs, uncounted, until they detach.
+         */
+        object_unstore(obj);
+        obj->stored = false;
         if (!obj->attachments)
                 object_destroy(node, obj, true);
 }
@@ -400,8 +427,8 @@ static int object_take(struct node *node, const Gpupool__ObjectRecord *r, int *f
                 snprintf(why, why_size, "it was on another GPU than this daemon's device %u", r->device);
                 return -1;
         }
-        if (objects_find(node, r->name)) {
-                snprintf(why, why_size, "an object of that name was taken over already");
+        if (objects_find(node, r->uid, r->name)) {
+                snprintf(why, why_size, "an object of that name and uid was taken over already");
                 return -1;
         }
         if (node->object_count >= OBJECTS_MAX) {
@@ -422,14 +449,16 @@ static int object_take(struct node *node, const Gpupool__ObjectRecord *r, int *f
                 log_info("object '%s': its tenant %s is not in the config; it counts to default now", r->name, r->tenant);
                 t = &node->policy.tenants[0];
         }
+        /* Its publisher's principal again: the uid, and the pod where it published from one. */
         o = object_new(node, r->name, r->device, r->offset, r->size, t, r->uid,
-                       identity_principal(&node->identities, r->uid, true, NULL, 0), r->readers, r->n_readers);
+                       identity_principal(&node->identities, r->uid, true, r->pod_uid, 0), r->readers, r->n_readers);
         if (!o) {
                 b->ops->mem_destroy(b, r->device, &mem, r->segment_size);
                 snprintf(why, why_size, "out of memory");
                 return -1;
         }
         o->id = r->id;
+        snprintf(o->pod, sizeof(o->pod), "%s", r->pod_uid ? r->pod_uid : "");
         /* Memory the device holds already: no headroom applies, only the pool's capacity. */
         if (pool_adopt(node->pools[o->device], &o->owner, &mem, r->segment_size, UINT64_MAX, &lease) < 0) {
                 b->ops->mem_destroy(b, r->device, &mem, r->segment_size);

@@ -16,6 +16,7 @@
 #include <stdint.h>
 
 #include "config.h"
+#include "identity.h"
 #include "pool.h"
 #include "wire.h"
 
@@ -42,6 +43,7 @@ struct object {
         struct pool_owner owner;                /* holds the segment, in its tenant's group */
         char tenant[CONFIG_NAME_MAX + 1];       /* the publisher's, by name: a reload maps it again */
         uint32_t uid;                           /* the publisher's */
+        char pod[IDENTITY_POD_UID_LEN + 1];     /* the publisher's pod ("": none); its principal is the owner's */
         unsigned attachments;                   /* sessions that have it attached */
         uint64_t published_ms;
         uint64_t idle_since_ms;                 /* when attachments last fell to 0 (eviction's clock) */
@@ -53,8 +55,17 @@ struct object {
         bool stored;                            /* its descriptors are in systemd's store (objects_restore()) */
 };
 
-/* The object called name that is not unpublished, or NULL. */
-struct object *objects_find(struct node *node, const char *name);
+/*
+ * The object called name that uid published, not unpublished, or NULL. Names are each uid's:
+ * another uid's object of the same name is another object.
+ */
+struct object *objects_find(struct node *node, uint32_t uid, const char *name);
+
+/*
+ * Says in buf (", "-separated uids, at most 8, then "..."), which uids other than but publish
+ * an object called name; "" for none. Returns how many do.
+ */
+unsigned objects_publishers(struct node *node, const char *name, uint32_t but, char *buf, size_t size);
 
 /*
  * Makes the object name of the segment segment_id that owner leases on device: the segment
@@ -67,7 +78,7 @@ struct object *objects_find(struct node *node, const char *name);
  */
 struct object *objects_publish(struct node *node, const char *name, unsigned device, struct pool_owner *owner,
                                uint64_t segment_id, uint64_t offset, uint64_t size, struct tenant *t, uint32_t uid,
-                               char *const *readers, size_t n_readers, bool sealed, int *ret_err);
+                               const char *pod, char *const *readers, size_t n_readers, bool sealed, int *ret_err);
 
 /* Whether readers (n of them, each checked: gp_wire_reader_is_valid()) may be an object's. */
 bool objects_readers_valid(char *const *readers, size_t n);

@@ -70,11 +70,13 @@ static bool detach_from(struct session *s, struct object *obj) {
 }
 
 /*
- * Who may attach obj: its publisher's uid, the node's operator, and the clients of its tenant
- * where that is a tenant of the config (default is everyone else, not a group anyone chose).
+ * Who may attach obj: its publisher's principal (its uid, and its pod where it published from
+ * one: the rule memory follows between clients), the node's operator, and the clients of its
+ * tenant where that is a tenant of the config (default is everyone else, not a group anyone
+ * chose), and its readers.
  */
 static bool may_attach(const struct session *s, const struct object *obj) {
-        return s->uid == obj->uid || s->operator ||
+        return s->principal == obj->owner.principal || s->operator ||
                (s->tenant && s->tenant != &s->node->policy.tenants[0] && strcmp(s->tenant->conf.name, obj->tenant) == 0) ||
                objects_reader(obj, s->tenant ? s->tenant->conf.name : NULL);
 }
@@ -93,7 +95,7 @@ static void publish_error(int err, const Gpupool__PublishRequest *p, char *why, 
                 snprintf(why, why_size, "segment %" PRIu64 " is still mapped writable somewhere, or pinned (vmsplice, "
                          "io_uring): an object is sealed against writing, and the kernel refuses while it is", p->segment_id);
         else if (err == -EEXIST)
-                snprintf(why, why_size, "an object named '%s' exists already", p->name);
+                snprintf(why, why_size, "this uid has an object named '%s' already", p->name);
         else
                 snprintf(why, why_size, "out of memory for an object");
 }
@@ -109,9 +111,10 @@ static void publish_now(struct session *s, const Gpupool__PublishRequest *p, uin
         int err;
 
         /* Checked again after a seal off the loop: another client may have taken the name meanwhile. */
-        err = objects_find(node, p->name) ? -EEXIST : attach_room(s);
+        err = objects_find(node, (uint32_t) s->uid, p->name) ? -EEXIST : attach_room(s);
         obj = err < 0 ? NULL : objects_publish(node, p->name, p->device, &s->owners[p->device], p->segment_id, p->offset,
-                                               p->size, s->tenant, (uint32_t) s->uid, p->readers, p->n_readers, sealed, &err);
+                                               p->size, s->tenant, (uint32_t) s->uid, s->pod_uid, p->readers, p->n_readers,
+                                               sealed, &err);
         if (!obj) {
                 publish_error(err, p, why, sizeof(why));
                 reply_error(request_id, err == -ENOSPC ? -EDQUOT : err == -EBUSY || err == -EEXIST ? -EINVAL : err, false,
@@ -266,8 +269,9 @@ void request_publish(struct session *s, const Gpupool__Envelope *req, struct rep
                 reply_error(req->id, -EINVAL, false, why, ret);
                 return;
         }
-        if (objects_find(node, p->name)) {
-                snprintf(why, sizeof(why), "an object named '%s' exists already", p->name);
+        /* Names are each uid's: another uid's object of this name is no obstacle, and never what this uid's name means. */
+        if (objects_find(node, (uint32_t) s->uid, p->name)) {
+                snprintf(why, sizeof(why), "this uid has an object named '%s' already", p->name);
                 reply_error(req->id, -EINVAL, false, why, ret);
                 return;
         }
@@ -278,32 +282,79 @@ void request_publish(struct session *s, const Gpupool__Envelope *req, struct rep
                 publish_now(s, p, req->id, false, ret);
 }
 
+/*
+ * The object an attach means: the named publisher's (publisher_uid); else the caller's own
+ * uid's; else, for a client of a tenant of the config, the one of that name its tenant
+ * published (several: none, saying so). Never another uid's by name alone: a name is no
+ * proof of who made the bytes, and anyone may publish any name first. NULL with why set
+ * where more is to say than that there is none ("" otherwise).
+ */
+static struct object *attach_target(struct session *s, const Gpupool__AttachRequest *a, char *why, size_t why_size,
+                                    int *ret_err) {
+        struct node *node = s->node;
+        struct object *found = NULL;
+        char uids[128];
+        unsigned n = 0;
+
+        why[0] = '\0';
+        *ret_err = -ENOENT;
+        if (a->has_publisher_uid)
+                return objects_find(node, a->publisher_uid, a->name);
+        if ((found = objects_find(node, (uint32_t) s->uid, a->name)))
+                return found;
+        if (s->tenant && s->tenant != &node->policy.tenants[0])
+                for (struct object *o = node->objects; o; o = o->next)
+                        if (!o->unpublished && strcmp(o->name, a->name) == 0 && strcmp(o->tenant, s->tenant->conf.name) == 0) {
+                                found = o;
+                                n++;
+                        }
+        if (n == 1)
+                return found;
+        if (n > 1) {
+                (void) objects_publishers(node, a->name, (uint32_t) s->uid, uids, sizeof(uids));
+                snprintf(why, why_size, "several uids of tenant %s publish an object named '%s' (%s): name the publisher",
+                         s->tenant->conf.name, a->name, uids);
+                *ret_err = -EINVAL;
+                return NULL;
+        }
+        if (objects_publishers(node, a->name, (uint32_t) s->uid, uids, sizeof(uids)))
+                snprintf(why, why_size, "no object named '%s' of uid %u%s%s; uid %s publish%s one: name the publisher to "
+                         "attach another uid's (gpupool_attach_of())", a->name, (unsigned) s->uid,
+                         s->tenant && s->tenant != &node->policy.tenants[0] ? " or of tenant " : "",
+                         s->tenant && s->tenant != &node->policy.tenants[0] ? s->tenant->conf.name : "", uids,
+                         strchr(uids, ',') ? "" : "es");
+        return NULL;
+}
+
 void request_attach(struct session *s, const Gpupool__Envelope *req, struct reply *ret) {
         struct node *node = s->node;
         Gpupool__AttachReply ar = GPUPOOL__ATTACH_REPLY__INIT;
         const struct backend_mem *mem;
-        char why[GP_MAX_OBJECT_NAME_BYTES + 200];
+        char why[GP_MAX_OBJECT_NAME_BYTES + 300];
         Gpupool__Envelope env;
         struct object *obj;
+        int err;
 
         if (!name_ok(req->attach->name, req->id, ret))
                 return;
-        obj = objects_find(node, req->attach->name);
+        obj = attach_target(s, req->attach, why, sizeof(why), &err);
         if (!obj) {
                 uint64_t at;
 
-                if (objects_evicted(node, req->attach->name, &at))
+                if (!why[0] && objects_evicted(node, req->attach->name, &at))
                         snprintf(why, sizeof(why), "object '%s' was evicted %llu ms ago: nobody had it attached for "
                                  "idle_objects and a lease needed the memory", req->attach->name,
                                  (unsigned long long) (uv_now(node->loop) - at));
-                else
+                else if (!why[0])
                         snprintf(why, sizeof(why), "no object named '%s' (see gpupoolctl objects)", req->attach->name);
-                reply_error(req->id, -ENOENT, false, why, ret);
+                reply_error(req->id, err, false, why, ret);
                 return;
         }
         if (!may_attach(s, obj)) {
-                snprintf(why, sizeof(why), "object '%s' is for uid %u and tenant %s: not for uid %u of tenant %s", obj->name,
-                         (unsigned) obj->uid, obj->tenant, (unsigned) s->uid, s->tenant ? s->tenant->conf.name : "-");
+                snprintf(why, sizeof(why), "object '%s' is for uid %u%s%s and tenant %s: not for uid %u%s%s of tenant %s",
+                         obj->name, (unsigned) obj->uid, obj->pod[0] ? " in pod " : "", obj->pod, obj->tenant,
+                         (unsigned) s->uid, s->pod_uid[0] ? " in pod " : "", s->pod_uid,
+                         s->tenant ? s->tenant->conf.name : "-");
                 reply_error(req->id, -EACCES, false, why, ret);
                 return;
         }
@@ -323,6 +374,9 @@ void request_attach(struct session *s, const Gpupool__Envelope *req, struct repl
         ar.size = obj->size;
         ar.has_id = true;
         ar.id = obj->id;
+        ar.has_publisher_uid = true;
+        ar.publisher_uid = obj->uid;
+        ar.publisher_tenant = obj->tenant;
         mem = pool_leased_mem(node->pools[obj->device], &obj->owner, obj->segment_id);
         if (mem->ipc_handle_len) {
                 ar.has_ipc_handle = true;
@@ -345,10 +399,10 @@ void request_attach(struct session *s, const Gpupool__Envelope *req, struct repl
         ret->fds.n = 1;
 }
 
-/* The object name as s has it attached (unpublished ones too), or NULL. */
-static struct object *attached_by_name(const struct session *s, const char *name) {
+/* The object name (with id, that one) as s has it attached (unpublished ones too), or NULL. */
+static struct object *attached_by_name(const struct session *s, const char *name, bool has_id, uint64_t id) {
         for (unsigned i = 0; i < s->attached_count; i++)
-                if (strcmp(s->attached[i]->name, name) == 0)
+                if (strcmp(s->attached[i]->name, name) == 0 && (!has_id || s->attached[i]->id == id))
                         return s->attached[i];
         return NULL;
 }
@@ -361,7 +415,7 @@ void request_detach(struct session *s, const Gpupool__Envelope *req, struct repl
 
         if (!name_ok(req->detach->name, req->id, ret))
                 return;
-        obj = attached_by_name(s, req->detach->name);
+        obj = attached_by_name(s, req->detach->name, req->detach->has_id, req->detach->id);
         if (!obj) {
                 snprintf(why, sizeof(why), "this client has no object named '%s' attached", req->detach->name);
                 reply_error(req->id, -ENOENT, false, why, ret);
@@ -382,15 +436,32 @@ void request_unpublish(struct session *s, const Gpupool__Envelope *req, struct r
 
         if (!name_ok(req->unpublish->name, req->id, ret))
                 return;
-        obj = objects_find(s->node, req->unpublish->name);
+        if (req->unpublish->has_publisher_uid && req->unpublish->publisher_uid != (uint32_t) s->uid && !s->operator) {
+                snprintf(why, sizeof(why), "uid %u's objects are uid %u's to unpublish (or the node's operator's), not uid "
+                         "%u's", (unsigned) req->unpublish->publisher_uid, (unsigned) req->unpublish->publisher_uid,
+                         (unsigned) s->uid);
+                reply_error(req->id, -EACCES, false, why, ret);
+                return;
+        }
+        obj = objects_find(s->node, req->unpublish->has_publisher_uid ? req->unpublish->publisher_uid : (uint32_t) s->uid,
+                           req->unpublish->name);
         if (!obj) {
-                snprintf(why, sizeof(why), "no object named '%s' (see gpupoolctl objects)", req->unpublish->name);
+                char uids[128];
+
+                if (!req->unpublish->has_publisher_uid &&
+                    objects_publishers(s->node, req->unpublish->name, (uint32_t) s->uid, uids, sizeof(uids)))
+                        snprintf(why, sizeof(why), "no object named '%s' of uid %u; uid %s publish%s one (the node's "
+                                 "operator may name the publisher: gpupoolctl unpublish --uid)", req->unpublish->name,
+                                 (unsigned) s->uid, uids, strchr(uids, ',') ? "" : "es");
+                else
+                        snprintf(why, sizeof(why), "no object named '%s' (see gpupoolctl objects)", req->unpublish->name);
                 reply_error(req->id, -ENOENT, false, why, ret);
                 return;
         }
-        if (s->uid != obj->uid && !s->operator) {
-                snprintf(why, sizeof(why), "object '%s' is uid %u's to unpublish (or the node's operator's), not uid %u's",
-                         obj->name, (unsigned) obj->uid, (unsigned) s->uid);
+        if (s->principal != obj->owner.principal && !s->operator) {
+                snprintf(why, sizeof(why), "object '%s' is uid %u%s%s's to unpublish (or the node's operator's), not this "
+                         "client's (uid %u%s%s)", obj->name, (unsigned) obj->uid, obj->pod[0] ? " in pod " : "", obj->pod,
+                         (unsigned) s->uid, s->pod_uid[0] ? " in pod " : "", s->pod_uid);
                 reply_error(req->id, -EACCES, false, why, ret);
                 return;
         }
@@ -403,24 +474,42 @@ void request_unpublish(struct session *s, const Gpupool__Envelope *req, struct r
         (void) reply_pack(&env, false, ret);
 }
 
+static int cmp_object_id(const void *x, const void *y) {
+        uint64_t a = (*(const struct object *const *) x)->id, b = (*(const struct object *const *) y)->id;
+
+        return a < b ? -1 : a > b;
+}
+
 void request_objects(struct session *s, const Gpupool__Envelope *req, struct reply *ret) {
         struct node *node = s->node;
         Gpupool__ObjectsReply orep = GPUPOOL__OBJECTS_REPLY__INIT;
+        uint64_t after = req->objects->has_after_id ? req->objects->after_id : 0, now = uv_now(node->loop);
+        struct object **all = calloc(node->object_count + 1, sizeof(*all));
         Gpupool__ObjectStatus *st = calloc(node->object_count + 1, sizeof(*st));
         Gpupool__ObjectStatus **ptrs = calloc(node->object_count + 1, sizeof(*ptrs));
         char **readers = calloc((size_t) node->object_count * GP_MAX_OBJECT_READERS + 1, sizeof(*readers));
-        uint64_t now = uv_now(node->loop);
+        size_t n = 0, count = 0, room, first;
         Gpupool__Envelope env;
-        size_t n = 0;
 
-        if (!st || !ptrs || !readers) {
+        if (!all || !st || !ptrs || !readers) {
+                free(all);
                 free(st);
                 free(ptrs);
                 free(readers);
                 reply_error(req->id, -EIO, false, "out of memory listing the objects", ret);
                 return;
         }
-        for (struct object *o = node->objects; o; o = o->next) {
+        for (struct object *o = node->objects; o; o = o->next)
+                all[count++] = o;
+        qsort(all, count, sizeof(*all), cmp_object_id);
+        for (first = 0; first < count && all[first]->id <= after; first++)
+                ;
+        /* A page that fits a reply: what the envelope and the count take aside, each object's packed size. */
+        room = GP_MAX_REPLY_BYTES - 256;
+        for (size_t k = first; k < count; k++) {
+                struct object *o = all[k];
+                size_t size;
+
                 gpupool__object_status__init(&st[n]);
                 st[n].name = o->name;
                 st[n].device = o->device;
@@ -435,15 +524,24 @@ void request_objects(struct session *s, const Gpupool__Envelope *req, struct rep
                 st[n].n_readers = o->n_readers;
                 for (unsigned i = 0; i < o->n_readers; i++)
                         st[n].readers[i] = o->readers[i];
+                st[n].has_id = true;
+                st[n].id = o->id;
+                size = gpupool__object_status__get_packed_size(&st[n]) + 8;
+                if (size > room)
+                        break;
+                room -= size;
                 ptrs[n] = &st[n];
                 n++;
         }
         orep.n_objects = n;
         orep.objects = ptrs;
+        orep.has_objects_left_out = true;
+        orep.objects_left_out = (uint32_t) (count - first - n);
         reply_ok(&env, req->id);
         env.body_case = GPUPOOL__ENVELOPE__BODY_OBJECTS_REPLY;
         env.objects_reply = &orep;
         (void) reply_pack(&env, false, ret);
+        free(all);
         free(st);
         free(ptrs);
         free(readers);

@@ -234,8 +234,12 @@ GPUPOOL_EXPORT int gpupool_release_report(gpupool_client *client, int device, ui
  * Named objects: memory that outlives the process that made it, for many processes to map
  * read-only without a copy (model weights that every worker loads).
  *
+ * Names are each publisher's uid's: the object name of uid 1000 and the object name of uid
+ * 2000 are two objects, and nobody can take a name another uid means to use first.
+ *
  * gpupool_publish() makes the block at ptr (the start of a live block) the object name (1 to
- * 255 bytes of UTF-8, no control characters, not taken): its first size bytes (at most the
+ * 255 bytes of UTF-8, no control characters, none that shows nothing or turns text around,
+ * such as U+200B or U+202E; not taken by this uid): its first size bytes (at most the
  * block's) are the object's. The block must have its segment to itself (a block over 10 MiB
  * always has; the threads' caches are emptied first), whose other bytes are zeroed. It stops
  * being the process's block: it is not freed, it counts against the publisher's tenant until
@@ -243,7 +247,12 @@ GPUPOOL_EXPORT int gpupool_release_report(gpupool_client *client, int device, ui
  * read-only at ptr (a write there faults) until it detaches it. Refused (-EINVAL) for a block that shares its segment, a name taken or
  * invalid, a size of 0 or over the block; -ENOENT for a pointer that is no live block.
  *
- * gpupool_attach() maps the object name read-only and returns where and how large. Host
+ * gpupool_attach() maps the object name read-only and returns where and how large: the one
+ * this process's uid published, else (for a client of a tenant of the config) the one its
+ * tenant published; never another uid's by its name alone (-ENOENT, naming the uids that
+ * publish one: a name is no proof of who wrote the bytes). gpupool_attach_of() attaches the
+ * object name that uid publisher_uid published. gpupool_object_publisher() says who published
+ * the object attached at ptr: its uid, and its tenant into tenant (tenant_size bytes). Host
  * backend: the daemon sealed its memory against writing at publish, so nobody can write it,
  * whatever descriptor they hold. cuda-vmm: the driver cannot seal; every mapping the library
  * makes (the publisher's after publishing included) has read access only, and a write through
@@ -251,8 +260,9 @@ GPUPOOL_EXPORT int gpupool_release_report(gpupool_client *client, int device, ui
  * device's work first, cuCtxSynchronize). cuda (legacy IPC handles): not read-only at all, since
  * an IPC handle opens read-write; nothing stops a write, and the object dies with the daemon.
  * Returns -ENOENT for no such object, -EACCES for one that is not for this process (its
- * publisher's uid, the node's operator, the clients of its tenant where that is a tenant of
- * the config, not default, and its readers may attach it). Attaching one the handle has
+ * publisher's principal, that is its uid and its pod where it published from one, the node's
+ * operator, the clients of its tenant where that is a tenant of the config, not default, and
+ * its readers may attach it). Attaching one the handle has
  * attached already returns the same mapping, counted: each attach takes one gpupool_detach().
  * gpupool_detach() unmaps it.
  *
@@ -261,9 +271,9 @@ GPUPOOL_EXPORT int gpupool_release_report(gpupool_client *client, int device, ui
  * enforces it: that is all they get), or tenants' names ("inference,eval": their clients).
  * At most 16; NULL or "" for none. A bad list is -EINVAL, saying why.
  *
- * gpupool_unpublish() ends the object name (its publisher's uid, or the node's operator): no
- * one attaches it from then on, its name is free at once, and its memory goes back once the
- * last process has detached (or exited).
+ * gpupool_unpublish() ends this uid's object name: no one attaches it from then on, its name
+ * is free at once, and its memory goes back once the last process has detached (or exited).
+ * The node's operator ends another uid's with gpupoolctl unpublish --uid.
  *
  * With idle_objects set (gpupoold.conf(5)), an object nobody has attached that long may be
  * evicted under memory pressure: a later attach is -ENOENT saying it was evicted and when.
@@ -278,6 +288,10 @@ GPUPOOL_EXPORT int gpupool_publish(gpupool_client *client, const char *name, voi
 GPUPOOL_EXPORT int gpupool_publish_to(gpupool_client *client, const char *name, void *ptr, size_t size,
                                       const char *readers);
 GPUPOOL_EXPORT int gpupool_attach(gpupool_client *client, const char *name, const void **ret_ptr, size_t *ret_size);
+GPUPOOL_EXPORT int gpupool_attach_of(gpupool_client *client, const char *name, unsigned publisher_uid, const void **ret_ptr,
+                                     size_t *ret_size);
+GPUPOOL_EXPORT int gpupool_object_publisher(gpupool_client *client, const void *ptr, unsigned *ret_uid, char *tenant,
+                                            size_t tenant_size);
 GPUPOOL_EXPORT int gpupool_detach(gpupool_client *client, const void *ptr);
 GPUPOOL_EXPORT int gpupool_unpublish(gpupool_client *client, const char *name);
 

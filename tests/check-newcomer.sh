@@ -75,7 +75,7 @@ checks=(
         "docs/protocol.md|a return of over {CLIENT_RETURN_BATCH} segments"
         "docs/protocol.md|at most {METRICS_TEXT_MAX / 1024} KiB (\`METRICS_TEXT_MAX\`)"
         "docs/protocol.md|at most {OBJECTS_MAX} objects on a node"
-        "docs/protocol.md|(1 to {GP_MAX_OBJECT_NAME_BYTES} bytes of UTF-8, no control characters, not taken)"
+        "docs/protocol.md|(1 to {GP_MAX_OBJECT_NAME_BYTES} bytes of UTF-8, no control characters nor any"
         "docs/design.md|At most {OBJECTS_MAX} objects on a node."
 )
 for c in "${checks[@]}"; do

@@ -174,14 +174,19 @@ class Client:
         # Attached here read-only by the publish: this process does not need it mapped.
         self._check(lib.gpupool_detach(self._live(), ptr))
 
-    def attach(self, name):
+    def attach(self, name, publisher=None):
         """Maps the named object name without a copy, detached when what this returns (and every
-        array made over it) is gone. Host backend: a read-only memoryview of its bytes. cuda
-        and cuda-vmm: a DeviceBuffer, its bytes in device memory (__cuda_array_interface__;
-        read-only on cuda-vmm, where a write is an illegal address)."""
+        array made over it) is gone: this uid's object of that name (names are each publisher
+        uid's), else its tenant's; with publisher (a uid), that uid's. Host backend: a read-only
+        memoryview of its bytes. cuda and cuda-vmm: a DeviceBuffer, its bytes in device memory
+        (__cuda_array_interface__; read-only on cuda-vmm, where a write is an illegal address)."""
         ptr, size = ctypes.c_void_p(), ctypes.c_size_t()
         backend = self.backend
-        self._check(lib.gpupool_attach(self._live(), name.encode(), ctypes.byref(ptr), ctypes.byref(size)))
+        if publisher is None:
+            self._check(lib.gpupool_attach(self._live(), name.encode(), ctypes.byref(ptr), ctypes.byref(size)))
+        else:
+            self._check(lib.gpupool_attach_of(self._live(), name.encode(), int(publisher), ctypes.byref(ptr),
+                                              ctypes.byref(size)))
         handle = self._handle
 
         def detach(ptr=ptr.value):
@@ -276,14 +281,15 @@ def publish(name, data, readers=None):
     Client._shared().publish(name, data, readers=readers)
 
 
-def attach(name, dtype=None, shape=None, like=None):
-    """Client.attach() on the handle the hooks share: the named object name, without a copy.
+def attach(name, dtype=None, shape=None, like=None, publisher=None):
+    """Client.attach() on the handle the hooks share: the named object name (of uid publisher,
+    where given), without a copy.
     Host backend: with dtype (and shape), a read-only NumPy array over it. cuda and cuda-vmm:
     with dtype (and shape), a PyTorch tensor (like="torch"), a CuPy array (like="cupy"), or
     where like is None whichever of the two this process has imported, else a DeviceBuffer;
     neither framework has read-only arrays, so theirs look writable (on cuda-vmm a write is an
     illegal address that ends the process's CUDA context; on cuda it changes the object)."""
-    view = Client._shared().attach(name)
+    view = Client._shared().attach(name, publisher)
     if dtype is None:
         return view
     if isinstance(view, DeviceBuffer):

@@ -97,6 +97,7 @@ def _load():
         "gpupool_publish": (i, [p, ctypes.c_char_p, p, sz]),
         "gpupool_publish_to": (i, [p, ctypes.c_char_p, p, sz, ctypes.c_char_p]),
         "gpupool_attach": (i, [p, ctypes.c_char_p, ctypes.POINTER(p), ctypes.POINTER(sz)]),
+        "gpupool_attach_of": (i, [p, ctypes.c_char_p, ctypes.c_uint, ctypes.POINTER(p), ctypes.POINTER(sz)]),
         "gpupool_detach": (i, [p, p]),
         "gpupool_unpublish": (i, [p, ctypes.c_char_p]),
     }

@@ -284,6 +284,93 @@ START_TEST(test_object_outlives_daemon_restart) {
 }
 END_TEST
 
+/*
+ * An unpublish holds across a crash: v1 unpublished while a process still has it attached
+ * leaves systemd's store at once, so that after a kill -9 the next daemon takes over v2, the
+ * object now published under that name, and never the revoked v1.
+ */
+START_TEST(test_unpublish_survives_a_crash) {
+        struct fdstore *store = fdstore_new();
+        gpupool_client *c, *holder;
+        const unsigned char *q, *r;
+        unsigned char *p1, *p2;
+        struct testd d;
+        size_t size;
+
+        testd_start(&d, NULL);
+        d.store = store;
+        ck_assert_int_eq(gpupool_connect(d.sock, "publisher", &c), 0);
+        ck_assert_int_eq(gpupool_alloc(c, 0, OBJ, (void **) &p1), 0);
+        memset(p1, 1, OBJ);
+        ck_assert_int_eq(gpupool_publish(c, "model", p1, OBJ), 0);
+        ck_assert_int_eq(gpupool_connect(d.sock, "holder", &holder), 0);
+        ck_assert_int_eq(gpupool_attach(holder, "model", (const void **) &q, &size), 0);
+        ck_assert_int_eq(gpupool_unpublish(c, "model"), 0);
+        ck_assert_uint_eq(fdstore_count(store), 0);     /* revoked: out of the store, though still attached */
+        ck_assert_int_eq(gpupool_alloc(c, 0, OBJ, (void **) &p2), 0);
+        memset(p2, 2, OBJ);
+        ck_assert_int_eq(gpupool_publish(c, "model", p2, OBJ), 0);
+        ck_assert_uint_eq(fdstore_count(store), 2);
+        gpupool_disconnect(c);
+
+        testd_crash(&d);
+        testd_relaunch(&d);
+        ck_assert(testd_log_wait(&d, "object 'model' (16.0 MiB on device 0, tenant default) taken over"));
+        ck_assert_int_eq(gpupool_connect(d.sock, "reader", &c), 0);
+        ck_assert_int_eq(gpupool_attach(c, "model", (const void **) &r, &size), 0);
+        ck_assert_int_eq(r[4242], 2);   /* v2's bytes, not the revoked v1's */
+        ck_assert_int_eq(q[4242], 1);   /* the holder's mapping is its own still */
+        ck_assert_int_eq(gpupool_detach(c, r), 0);
+        ck_assert_int_eq(gpupool_unpublish(c, "model"), 0);
+        gpupool_disconnect(c);
+        gpupool_disconnect(holder);
+        ck_assert_uint_eq(fdstore_count(store), 0);
+        check_ok(&d);
+        ck_assert_int_eq(testd_stop(&d), 0);
+        fdstore_free(store);
+}
+END_TEST
+
+/*
+ * The objects list works at any count: 130 objects with 255-byte names and 16 readers of 63
+ * bytes each pass the 160 KiB of one reply, and gpupoolctl objects (and --json) lists every
+ * one, the daemon's replies in pages.
+ */
+START_TEST(test_objects_list_in_pages) {
+        enum { COUNT = 130 };
+        char name[256], readers[16 * 64 + 1], *out;
+        gpupool_client *c;
+        struct testd d;
+        json_t *j;
+        size_t n = 0;
+        void *p;
+
+        testd_start(&d, "--host-capacity", "2G", NULL);
+        ck_assert_int_eq(gpupool_connect(d.sock, "many", &c), 0);
+        for (int r = 0; r < 16; r++)
+                n += (size_t) snprintf(readers + n, sizeof(readers) - n, "%s%c%062d", r ? "," : "", 'a' + r, r);
+        for (int i = 0; i < COUNT; i++) {
+                snprintf(name, sizeof(name), "%03d-%0251d", i, i);
+                ck_assert_int_eq(gpupool_alloc(c, 0, 11 * MiB, &p), 0);
+                ck_assert_msg(gpupool_publish_to(c, name, p, 11 * MiB, readers) == 0, "object %d", i);
+        }
+        j = testd_ctl(&d, "objects");
+        ck_assert_ptr_nonnull(j);
+        ck_assert_uint_eq(json_array_size(json_object_get(j, "objects")), COUNT);
+        json_decref(j);
+        out = malloc(1 << 20);
+        ck_assert_ptr_nonnull(out);
+        snprintf(out, 1 << 20, "%s/gpupoolctl --socket %s objects", build_dir(), d.sock);
+        ck_assert_int_eq(run_capture(out, out, 1 << 20), 0);
+        snprintf(name, sizeof(name), "%03d-%0251d", COUNT - 1, COUNT - 1);
+        ck_assert_msg(strstr(out, "129-000") && strstr(out, "000-000"), "%.300s", out);
+        free(out);
+        gpupool_disconnect(c);
+        check_ok(&d);
+        ck_assert_int_eq(testd_stop(&d), 0);
+}
+END_TEST
+
 /* Holds "kept" attached, then waits to be killed. */
 static int attach_and_wait(struct testd *d, void *arg) {
         int *ready = arg;
@@ -509,7 +596,7 @@ START_TEST(test_object_bad_input) {
         ck_assert_int_eq(gpupool_alloc(c, 0, OBJ, &big), 0);
         ck_assert_int_eq(gpupool_publish(c, "taken", big, OBJ), -EINVAL);
         gpupool_last_error(c, why, sizeof(why));
-        ck_assert_msg(strstr(why, "an object named 'taken' exists already"), "%s", why);
+        ck_assert_msg(strstr(why, "this uid has an object named 'taken' already"), "%s", why);
         ck_assert_int_eq(gpupool_free(c, big), 0);
         ck_assert_int_eq(gpupool_free(c, small1), 0);
         ck_assert_int_eq(gpupool_free(c, small2), 0);
@@ -621,21 +708,29 @@ static int foreign(struct testd *d, void *arg) {
         if (gpupool_connect(d->sock, "stranger", &c) < 0)
                 return 41;
         int r = gpupool_attach(c, "private", &p, &size);
+        unsigned uid;
 
+        /* Another uid's object is never found by its name alone: the name is this uid's to use. */
         gpupool_last_error(c, why, sizeof(why));
-        if (r != -EACCES) {
-                fprintf(stderr, "foreign attach: %d: %s\n", r, why);
+        if (r != -ENOENT || !strstr(why, "no object named 'private' of uid 65534; uid 0 publishes one")) {
+                fprintf(stderr, "foreign attach by name: %d: %s\n", r, why);
                 return 42;
         }
-        if (!strstr(why, "object 'private' is for uid 0 and tenant default: not for uid 65534"))
+        r = gpupool_attach_of(c, "private", 0, &p, &size);
+        gpupool_last_error(c, why, sizeof(why));
+        if (r != -EACCES || !strstr(why, "object 'private' is for uid 0 and tenant default: not for uid 65534")) {
+                fprintf(stderr, "foreign attach of uid 0: %d: %s\n", r, why);
                 return 43;
-        if (gpupool_unpublish(c, "private") != -EACCES)
+        }
+        if (gpupool_unpublish(c, "private") != -ENOENT)
                 return 44;
-        /* Published for every client ("*"): attached, read-only as for anyone. */
-        if (gpupool_attach(c, "open", &p, &size) != 0 || size != 4096 || gpupool_detach(c, p) != 0)
+        /* Published for every client ("*"): attached naming its publisher, read-only as for anyone, and said whose. */
+        if (gpupool_attach(c, "open", &p, &size) != -ENOENT || gpupool_attach_of(c, "open", 0, &p, &size) != 0 ||
+            size != 4096 || gpupool_object_publisher(c, p, &uid, why, sizeof(why)) != 0 || uid != 0 ||
+            strcmp(why, "default") != 0 || gpupool_detach(c, p) != 0)
                 return 45;
         /* For tenant ml's clients: this one is default's. */
-        if (gpupool_attach(c, "for-ml", &p, &size) != -EACCES)
+        if (gpupool_attach_of(c, "for-ml", 0, &p, &size) != -EACCES)
                 return 46;
         gpupool_disconnect(c);
         return 0;
@@ -662,6 +757,92 @@ START_TEST(test_foreign_object_refused) {
         ck_assert_int_eq(reap(spawn(foreign, &d, NULL)), 0);
         ck_assert_int_eq(object_field(&d, "private", "attachments"), 1);
         gpupool_disconnect(c);
+        ck_assert_int_eq(testd_stop(&d), 0);
+}
+END_TEST
+
+/* As uid 65534, before the real job: publishes the job's object name, for every client, with bytes of its own. */
+static int squatter(struct testd *d, void *arg) {
+        int *ready = arg;
+        gpupool_client *c;
+        unsigned char *p;
+        char x = 's';
+
+        if (setgid(65534) < 0 || setuid(65534) < 0)
+                return 50;
+        if (gpupool_connect(d->sock, "squatter", &c) < 0 || gpupool_alloc(c, 0, OBJ, (void **) &p) < 0)
+                return 51;
+        memset(p, 0xee, OBJ);
+        if (gpupool_publish_to(c, "llama-70b-weights", p, OBJ, "*") < 0)
+                return 52;
+        /* A look-alike of the name (a right-to-left override in it) is refused. */
+        if (gpupool_alloc(c, 0, OBJ, (void **) &p) < 0 ||
+            gpupool_publish_to(c, "llama-70b\xe2\x80\xae-weights", p, OBJ, "*") != -EINVAL)
+                return 53;
+        if (write(ready[1], &x, 1) != 1)
+                return 54;
+        pause();
+        return 0;
+}
+
+/*
+ * Names cannot be squatted: another uid publishing the job's object name first (for every
+ * client) takes nothing from the job, whose publish of that name succeeds and whose workers
+ * attach exactly its bytes, learning who published them; the squatter's object is reached
+ * only by naming its publisher.
+ */
+START_TEST(test_object_names_cannot_be_squatted) {
+        const unsigned char *q;
+        gpupool_client *c, *w;
+        char tenant[64], why[GP_MAX_ERROR_BYTES];
+        unsigned char *p;
+        struct testd d;
+        unsigned uid;
+        int ready[2];
+        size_t size;
+        pid_t pid;
+        char x;
+
+        if (geteuid() != 0) {
+                TEST_SKIP("switching uid needs root");
+                return;
+        }
+        testd_start(&d, "--host-capacity", "256M", NULL);
+        ck_assert_int_eq(chmod(d.dir, 0755), 0);
+        ck_assert_int_eq(pipe(ready), 0);
+        pid = spawn(squatter, &d, ready);
+        ck_assert_int_eq(read(ready[0], &x, 1), 1);
+        /* The real job (root) publishes its weights under the name the squatter took first. */
+        ck_assert_int_eq(gpupool_connect(d.sock, "job", &c), 0);
+        ck_assert_int_eq(gpupool_alloc(c, 0, OBJ, (void **) &p), 0);
+        memset(p, 0x11, OBJ);
+        ck_assert_int_eq(gpupool_publish_to(c, "llama-70b-weights", p, OBJ, "*"), 0);
+        /* Its worker gets its bytes, and can tell whose they are. */
+        ck_assert_int_eq(gpupool_connect(d.sock, "worker", &w), 0);
+        ck_assert_int_eq(gpupool_attach(w, "llama-70b-weights", (const void **) &q, &size), 0);
+        ck_assert_int_eq(q[12345], 0x11);
+        ck_assert_int_eq(gpupool_object_publisher(w, q, &uid, tenant, sizeof(tenant)), 0);
+        ck_assert_uint_eq(uid, getuid());
+        ck_assert_int_eq(gpupool_detach(w, q), 0);
+        /* The squatter's is reached only by naming it. */
+        ck_assert_int_eq(gpupool_attach_of(w, "llama-70b-weights", 65534, (const void **) &q, &size), 0);
+        ck_assert_int_eq(q[12345], 0xee);
+        ck_assert_int_eq(gpupool_detach(w, q), 0);
+        /* The operator ends the squatter's object by its publisher; the job's stays. */
+        snprintf(why, sizeof(why), "%s/gpupoolctl --socket %s unpublish llama-70b-weights --uid 65534 >/dev/null 2>&1",
+                 build_dir(), d.sock);
+        ck_assert_int_eq(system(why), 0);
+        ck_assert_int_eq(gpupool_attach_of(w, "llama-70b-weights", 65534, (const void **) &q, &size), -ENOENT);
+        ck_assert_int_eq(gpupool_attach(w, "llama-70b-weights", (const void **) &q, &size), 0);
+        ck_assert_int_eq(q[12345], 0x11);
+        ck_assert_int_eq(gpupool_detach(w, q), 0);
+        gpupool_disconnect(w);
+        gpupool_disconnect(c);
+        kill(pid, SIGKILL);
+        (void) reap(pid);
+        close(ready[0]);
+        close(ready[1]);
+        check_ok(&d);
         ck_assert_int_eq(testd_stop(&d), 0);
 }
 END_TEST
@@ -730,7 +911,10 @@ Suite *suite_objects(void) {
         tcase_add_test(tc, test_unpublished_object_goes_when_the_last_attacher_dies);
         tcase_add_test(tc, test_object_bad_input);
         tcase_add_test(tc, test_pinned_publisher_stalls_nothing);
+        tcase_add_test(tc, test_unpublish_survives_a_crash);
+        tcase_add_test(tc, test_objects_list_in_pages);
         tcase_add_test(tc, test_foreign_object_refused);
+        tcase_add_test(tc, test_object_names_cannot_be_squatted);
         tcase_add_test(tc, test_idle_object_evicted_under_pressure);
         tcase_add_test(tc, test_tenant_shares_its_objects);
         tcase_add_test(tc, test_object_outlives_daemon_restart);

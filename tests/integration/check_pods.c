@@ -354,6 +354,69 @@ START_TEST(test_root_in_a_pod_is_no_operator_from_a_cgroup_namespace) {
 }
 END_TEST
 
+/* In pod's cgroup: publishes "pod-weights" (what = 'p'), or attaches and unpublishes it expecting err (what = 'a'). */
+struct pod_object {
+        const char *mnt, *pod;
+        char what;
+        int err;
+};
+
+static int pod_object_client(struct testd *d, void *arg) {
+        struct pod_object *po = arg;
+        char dir[1024], path[1100], pid[32];
+        gpupool_client *c;
+        const void *q;
+        size_t size;
+        void *p;
+        FILE *f;
+
+        pod_dir(po->mnt, po->pod, 4, dir, sizeof(dir));
+        snprintf(path, sizeof(path), "%s/cgroup.procs", dir);
+        snprintf(pid, sizeof(pid), "%d\n", (int) getpid());
+        if (!(f = fopen(path, "we")) || fputs(pid, f) < 0 || fclose(f) != 0)
+                return 2;
+        if (gpupool_connect(d->sock, "pod-object", &c) < 0)
+                return 3;
+        if (po->what == 'p') {
+                if (gpupool_alloc(c, 0, 12 * MiB, &p) < 0 || gpupool_publish(c, "pod-weights", p, 12 * MiB) < 0)
+                        return 4;
+        } else {
+                int r = gpupool_attach(c, "pod-weights", &q, &size);
+
+                if (r != po->err)
+                        return 5;
+                if (r == 0 && gpupool_detach(c, q) < 0)
+                        return 6;
+                if (po->err && gpupool_unpublish(c, "pod-weights") != po->err)
+                        return 7;
+        }
+        gpupool_disconnect(c);
+        return 0;
+}
+
+/*
+ * Objects follow the rule memory follows: root in pod B (the same uid as root in pod A, as
+ * every job of client-job.yaml) can neither attach nor unpublish pod A's object, which names no
+ * readers; root in pod A can.
+ */
+START_TEST(test_pods_of_one_uid_share_no_objects) {
+        struct pod_object a = { .pod = POD_A, .what = 'p' }, b = { .pod = POD_B, .what = 'a', .err = -EACCES },
+                          again = { .pod = POD_A, .what = 'a', .err = 0 };
+        char mnt[512];
+        struct testd d;
+
+        if (!pods_ready(__func__, mnt, sizeof(mnt)))
+                return;
+        a.mnt = b.mnt = again.mnt = mnt;
+        testd_start(&d, "--host-capacity", "64M", NULL);
+        ck_assert_int_eq(reap(spawn(pod_object_client, &d, &a)), 0);
+        ck_assert_int_eq(reap(spawn(pod_object_client, &d, &b)), 0);
+        ck_assert_int_eq(reap(spawn(pod_object_client, &d, &again)), 0);
+        ck_assert_int_eq(testd_stop(&d), 0);
+        remove_pods(mnt);
+}
+END_TEST
+
 /* Connects, allocates 16 MiB and checks it holds no byte of the mark, marks it and leaves (goodbye). */
 static int marks_fresh_memory(struct testd *d, void *arg) {
         gpupool_client *c;
@@ -454,6 +517,7 @@ Suite *suite_pods(void) {
         tcase_add_test(tc, test_pods_of_one_uid_see_nothing_of_each_other);
         tcase_add_test(tc, test_pods_seen_from_the_daemonsets_cgroup_namespace);
         tcase_add_test(tc, test_a_cgroup_named_like_a_pod_is_none);
+        tcase_add_test(tc, test_pods_of_one_uid_share_no_objects);
         tcase_add_test(tc, test_root_in_a_pod_is_no_operator);
         tcase_add_test(tc, test_root_in_a_pod_is_no_operator_from_a_cgroup_namespace);
         tcase_add_test(tc, test_a_client_seen_as_pid_0_is_its_own_principal);

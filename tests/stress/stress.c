@@ -11,8 +11,10 @@
  * replies, clients that say nothing, clients that send garbage, clients that claim memory
  * free and give none back (answering with nothing, or never), clients that connect, lease
  * and close over and over (sessions left exiting), clients that hand over a write-sealed
- * memfd for adoption (which must be refused), and clients that ask to publish blocks whose
- * pages they pinned (which must be refused, the loop never waiting on the pins). --daemon-kills times the
+ * memfd for adoption (which must be refused), clients that ask to publish blocks whose
+ * pages they pinned (which must be refused, the loop never waiting on the pins), and clients
+ * of another uid that publish the workers' object names first (the workers must still attach
+ * exactly their own). --daemon-kills times the
  * parent SIGKILLs the daemon itself and starts a new one a moment later, as systemd would:
  * the workers go on within what they hold (a lease fails with -ECONNRESET meanwhile), check
  * their data throughout, and reconnect on their own; the new daemon adopts what they hold,
@@ -125,6 +127,9 @@ static void start_daemon(const char *build, const char *faults) {
         strcpy(dir, "/tmp/gpupool-stress-XXXXXX");
         if (!mkdtemp(dir))
                 fail("mkdtemp: %s", strerror(errno));
+        /* Another uid's peers (object squatters, where the run is root's) reach the socket too. */
+        if (chmod(dir, 0755) < 0)
+                fail("chmod %s: %s", dir, strerror(errno));
         snprintf(sock_path, sizeof(sock_path), "%s/gpupool.sock", dir);
         snprintf(log_path, sizeof(log_path), "%s/gpupoold.log", dir);
         snprintf(conf_path, sizeof(conf_path), "%s/gpupoold.conf", dir);
@@ -255,8 +260,9 @@ static void check(const char *when) {
 }
 
 /*
- * After the run: every named object the workers left is unpublished (nobody has one attached
- * now, so each goes at once). Returns how many there were.
+ * After the run: every named object the workers (and squatters) left is unpublished, as the
+ * operator, naming its publisher (nobody has one attached now, so each goes at once). Returns
+ * how many there were (one page: the daemon holds at most 256, short names).
  */
 static unsigned long unpublish_all(void) {
         Gpupool__Envelope req = GPUPOOL__ENVELOPE__INIT, *rep;
@@ -279,6 +285,8 @@ static unsigned long unpublish_all(void) {
                 if (o->attachments)
                         fail("object %s has %u attachments after every worker exited", o->name, o->attachments);
                 ur.name = o->name;
+                ur.has_publisher_uid = 1;       /* names are each publisher uid's: the squatters' too */
+                ur.publisher_uid = o->uid;
                 ureq.body_case = GPUPOOL__ENVELOPE__BODY_UNPUBLISH;
                 ureq.unpublish = &ur;
                 urep = ask(&ureq, GPUPOOL__ENVELOPE__BODY_UNPUBLISH_REPLY, &r, why, sizeof(why));
@@ -746,6 +754,38 @@ static int pinned_publisher_peer(void) {
         return r;
 }
 
+/*
+ * As another uid (65534, where the run is root's), publishes the workers' object names first,
+ * for every client, with bytes of its own: the workers must still attach exactly theirs (names
+ * are each publisher uid's), which they check byte by byte against the name.
+ */
+static int object_squatter_peer(void) {
+        gpupool_client *c;
+        char name[40];
+        uint8_t *block;
+
+        if (geteuid() == 0 && (setgid(65534) < 0 || setuid(65534) < 0))
+                return 1;
+        if (gpupool_connect(sock_path, "object-squatter", &c) < 0)
+                return 0;       /* refused (a limit) or no daemon: as it may be */
+        for (int i = 0; i < 4; i++) {
+                snprintf(name, sizeof(name), "obj-%d-%d", i, i % 2);
+                if (gpupool_alloc(c, 0, 11 * MiB, (void **) &block) < 0)
+                        break;
+                memset(block, 0xee, 11 * MiB);
+                if (gpupool_publish_to(c, name, block, 11 * MiB, "*") < 0)
+                        (void) gpupool_free(c, block);
+        }
+        nap_ms(300);
+        /* Its objects outlive it until it unpublishes them (none attached them by name). */
+        for (int i = 0; i < 4; i++) {
+                snprintf(name, sizeof(name), "obj-%d-%d", i, i % 2);
+                (void) gpupool_unpublish(c, name);
+        }
+        gpupool_disconnect(c);
+        return 0;
+}
+
 /* ---- the run ---- */
 
 static long rss_kib(pid_t pid) {
@@ -792,7 +832,7 @@ int main(int argc, char **argv) {
         long max_rss_mib = 64, rss;
         pid_t pids[MAX_CLIENTS];
         static pid_t hostile_pids[8192];
-        unsigned long kinds[8] = { 0 };         /* hostile peers of each kind, in the switch's order */
+        unsigned long kinds[9] = { 0 };         /* hostile peers of each kind, in the switch's order */
         size_t nhostile = 0;
         unsigned seed = 12345;
         unsigned long kills = 0, spawned = 0, hostile = 0, restarts = 0, adoptions, adopted, taken_over, objects = 0;
@@ -863,8 +903,8 @@ int main(int argc, char **argv) {
                         unsigned g = rand_r(&seed);
                         pid_t p;
 
-                        kinds[g % 8]++;
-                        switch (g % 8) {
+                        kinds[g % 9]++;
+                        switch (g % 9) {
                         case 0: p = spawn_fn(deaf_peer); break;
                         case 1: p = spawn_fn(silent_peer); break;
                         case 2: p = spawn_fn(liar_peer); break;
@@ -872,6 +912,7 @@ int main(int argc, char **argv) {
                         case 4: p = spawn_fn(churn_peer); break;
                         case 5: p = spawn_fn(sealed_adopter_peer); break;
                         case 6: p = spawn_fn(pinned_publisher_peer); break;
+                        case 7: p = spawn_fn(object_squatter_peer); break;
                         default:
                                 p = fork();
                                 if (p == 0)
@@ -953,12 +994,12 @@ int main(int argc, char **argv) {
         fdstore_free(store);
         printf("stress: OK: %d clients x %.0f s, %lu worker processes, %lu killed with SIGKILL, %lu hostile peers "
                "(%lu deaf, %lu silent, %lu liars, %lu silent control channels, %lu churning, %lu write-sealed adoptions, "
-               "%lu pinned publishers, %lu garbage), %llu faults injected (the last daemon's), over %llu invariant checks, daemon killed %lu times "
+               "%lu pinned publishers, %lu object squatters, %lu garbage), %llu faults injected (the last daemon's), over %llu invariant checks, daemon killed %lu times "
                "and its successors adopted %lu segments in %lu requests and took over %lu named objects from systemd's store, "
                "%lu named objects published and %lu attached and checked (%lu left, unpublished at the end), 0 bytes lost, "
                "daemon RSS %ld KiB (bound %ld MiB)\n",
                clients, seconds, spawned, kills, hostile, kinds[0], kinds[1], kinds[2], kinds[3], kinds[4], kinds[5],
-               kinds[6], kinds[7], (unsigned long long) faults_injected,
+               kinds[6], kinds[7], kinds[8], (unsigned long long) faults_injected,
                (unsigned long long) (checks_earlier + checks),
                restarts, adopted, adoptions, taken_over, object_counts[0], object_counts[1], objects, rss, max_rss_mib);
         unlink(conf_path);

@@ -179,6 +179,14 @@ START_TEST(test_names) {
         ck_assert(!gp_wire_name_is_valid("cut-\xc3"));                /* a sequence cut short */
         ck_assert(!gp_wire_name_is_valid("\xc0\xaf"));                /* overlong '/' */
         ck_assert(!gp_wire_name_is_valid("\xed\xa0\x80"));            /* a UTF-16 surrogate */
+        /* Object names: none that shows nothing or turns text around (a look-alike of another name). */
+        ck_assert(gp_wire_object_name_is_valid("llama-70b-weights"));
+        ck_assert(gp_wire_object_name_is_valid("mod\xc3\xa8le"));
+        ck_assert(!gp_wire_object_name_is_valid("llama-70b\xe2\x80\xae-weights"));   /* U+202E, right-to-left override */
+        ck_assert(!gp_wire_object_name_is_valid("llama\xe2\x80\x8b-70b"));          /* U+200B, zero width space */
+        ck_assert(!gp_wire_object_name_is_valid("\xef\xbb\xbfweights"));           /* U+FEFF */
+        ck_assert(!gp_wire_object_name_is_valid("soft\xc2\xadhyphen"));             /* U+00AD */
+        ck_assert(!gp_wire_object_name_is_valid("iso\xe2\x81\xa6late"));           /* U+2066 */
         ck_assert(!gp_wire_name_is_valid("\xf4\x90\x80\x80"));        /* past U+10FFFF */
         ck_assert(!gp_wire_name_is_valid("c1-\xc2\x85"));             /* U+0085, a C1 control */
         ck_assert(!gp_wire_name_is_valid("\x80"));                    /* a continuation byte alone */
