@@ -311,3 +311,26 @@ void node_after_change(struct node *node) {
                 abort();
         }
 }
+
+unsigned node_distrust_get(const struct node *node, uint64_t principal) {
+        for (size_t i = 0; i < sizeof(node->distrusted) / sizeof(node->distrusted[0]); i++)
+                if (node->distrusted[i].distrust && node->distrusted[i].principal == principal)
+                        return node->distrusted[i].distrust;
+        return 0;
+}
+
+void node_distrust_set(struct node *node, uint64_t principal, unsigned distrust) {
+        size_t n = sizeof(node->distrusted) / sizeof(node->distrusted[0]);
+
+        for (size_t i = 0; i < n; i++)
+                if (node->distrusted[i].distrust && node->distrusted[i].principal == principal) {
+                        node->distrusted[i].distrust = distrust;
+                        return;
+                }
+        if (!distrust)
+                return;
+        /* A full table forgets the oldest distrusted. */
+        node->distrusted[node->distrusted_next].principal = principal;
+        node->distrusted[node->distrusted_next].distrust = distrust;
+        node->distrusted_next = (node->distrusted_next + 1) % (unsigned) n;
+}

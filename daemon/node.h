@@ -107,6 +107,9 @@ struct node {
         uint64_t zeroings_ended;        /* zeroings seen to end, all devices: wakes the leases waiting for one */
         unsigned reclaim_outstanding;   /* reclaim requests no client has answered yet */
         struct identity_table identities;       /* the (uid, pod) principals seen */
+        /* Principals whose reports of free memory are trusted less (node_distrust_get()), the last 16. */
+        struct { uint64_t principal; unsigned distrust; } distrusted[16];
+        unsigned distrusted_next;
         uint64_t reclaim_rounds;        /* parked leases that asked clients for memory, ever (their rounds' names) */
         struct pid_limit pid_limits[NODE_MAX_PID_LIMITS];       /* set-limit --pid, until a reload */
         struct object *objects;         /* named objects (objects.h), newest first */
@@ -176,5 +179,13 @@ int node_check(struct node *node, char *why, size_t why_size);
  * --check-invariants checks everything (aborting on a broken invariant).
  */
 void node_after_change(struct node *node);
+
+/*
+ * How far principal's reports of free memory are trusted (reclaim.c: its sessions' reports
+ * count >> distrust), kept across its sessions so that one that lied does not start trusted
+ * again by reconnecting. The table holds the last 16 principals distrusted; others get 0.
+ */
+unsigned node_distrust_get(const struct node *node, uint64_t principal);
+void node_distrust_set(struct node *node, uint64_t principal, unsigned distrust);
 
 #endif

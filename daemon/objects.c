@@ -134,6 +134,23 @@ struct object *objects_find(struct node *node, uint32_t uid, const char *name) {
         return NULL;
 }
 
+uint64_t objects_principal_bytes(const struct node *node, uint64_t principal, unsigned device) {
+        uint64_t bytes = 0;
+
+        for (const struct object *o = node->objects; o; o = o->next)
+                if (o->owner.principal == principal && o->device == device)
+                        bytes += o->segment_size;
+        return bytes;
+}
+
+unsigned objects_principal_count(const struct node *node, uint64_t principal) {
+        unsigned n = 0;
+
+        for (const struct object *o = node->objects; o; o = o->next)
+                n += o->owner.principal == principal;
+        return n;
+}
+
 unsigned objects_publishers(struct node *node, const char *name, uint32_t but, char *buf, size_t size) {
         unsigned n = 0;
         size_t len = 0;

@@ -26,6 +26,8 @@ struct tenant;
 
 /* The most objects a node holds at once (a reply lists them all). */
 #define OBJECTS_MAX 256
+/* The most one principal may hold: no one takes all of the node's. */
+#define OBJECTS_PER_PRINCIPAL 64
 /* Evicted names remembered, for the sentence of a later attach. */
 #define OBJECTS_EVICTED_KEPT 64
 
@@ -60,6 +62,10 @@ struct object {
  * another uid's object of the same name is another object.
  */
 struct object *objects_find(struct node *node, uint32_t uid, const char *name);
+
+/* The bytes the objects of principal hold on device (their segments), and how many it holds on any device. */
+uint64_t objects_principal_bytes(const struct node *node, uint64_t principal, unsigned device);
+unsigned objects_principal_count(const struct node *node, uint64_t principal);
 
 /*
  * Says in buf (", "-separated uids, at most 8, then "..."), which uids other than but publish

@@ -129,7 +129,7 @@ static void bound_by(struct policy_admission *a, enum policy_bound bound, uint64
 }
 
 void policy_admit(const struct policy *p, const struct tenant *t, uint64_t override_bytes, uint64_t process_other_bytes,
-                  const struct pool_owner *owner, unsigned device, const struct pool_stats *st,
+                  uint64_t object_bytes, const struct pool_owner *owner, unsigned device, const struct pool_stats *st,
                   struct policy_admission *ret) {
         uint64_t held = policy_held_for_others(p, t, device);
         enum policy_limit_source from;
@@ -141,7 +141,8 @@ void policy_admit(const struct policy *p, const struct tenant *t, uint64_t overr
                 .held_back_bytes = held,
                 .client_limit_from = from,
         };
-        bound_by(ret, POLICY_CLIENT, limit, owner->reserved_bytes + (from == POLICY_LIMIT_PID ? process_other_bytes : 0));
+        bound_by(ret, POLICY_CLIENT, limit,
+                 owner->reserved_bytes + object_bytes + (from == POLICY_LIMIT_PID ? process_other_bytes : 0));
         bound_by(ret, POLICY_TENANT, t->max_bytes, t->sums[device].reserved_bytes);
         /* What clients hold is theirs; what is cached can be released; the rest, less what is held back, is ours. */
         if (held)

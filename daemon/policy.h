@@ -127,9 +127,12 @@ uint64_t policy_client_limit(const struct policy *p, const struct tenant *t, uin
  * POLICY_NO_OVERRIDE) may reserve on device, given the device's stats; *ret says which limit
  * gave the answer and what it met. A set-limit --pid bounds the process, not the connection:
  * process_other_bytes, what its other connections reserve on device, counts against it too.
+ * object_bytes, what the named objects its principal published hold on device, counts against
+ * the client's limit whichever it is: a publish moves a segment out of the client's lease, not
+ * out of what it holds.
  */
 void policy_admit(const struct policy *p, const struct tenant *t, uint64_t override_bytes, uint64_t process_other_bytes,
-                  const struct pool_owner *owner, unsigned device, const struct pool_stats *st,
+                  uint64_t object_bytes, const struct pool_owner *owner, unsigned device, const struct pool_stats *st,
                   struct policy_admission *ret);
 
 /*

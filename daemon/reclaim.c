@@ -57,7 +57,7 @@ static uint64_t ask(struct node *node, struct session *c, unsigned device, uint6
 
 /*
  * A round of c's requests is over (all answered, or written off): whether it gave back at least
- * half of what it claimed decides how far its next reports are trusted.
+ * half of what it claimed decides how far its next reports, and its principal's, are trusted.
  */
 static void judge(struct session *c) {
         char b1[GP_SIZE_FORMAT_MAX], b2[GP_SIZE_FORMAT_MAX];
@@ -75,6 +75,7 @@ static void judge(struct session *c) {
                 c->reclaim_distrust--;
         }
         c->reclaim_claimed_bytes = c->reclaim_given_bytes = 0;
+        node_distrust_set(c->node, c->principal, c->reclaim_distrust);
 }
 
 void reclaim_write_off(struct session *c) {

@@ -64,9 +64,18 @@ static void limit_message(const struct session *s, unsigned d, uint64_t seg, con
                                  gp_size_format(a->limit_bytes, b3, sizeof(b3)));
                         return;
                 }
-                snprintf(why, why_size, "would take client '%s' (pid %d, tenant %s) to %s reserved, over its limit of %s (%s)",
-                         s->name, (int) s->pid, t->conf.name, gp_size_format(a->used_bytes + seg, b2, sizeof(b2)),
-                         gp_size_format(a->limit_bytes, b3, sizeof(b3)), limit_from[a->client_limit_from]);
+                {
+                        uint64_t objects = objects_principal_bytes(s->node, s->principal, d);
+                        int n = snprintf(why, why_size, "would take client '%s' (pid %d, tenant %s) to %s reserved, over its "
+                                         "limit of %s (%s)", s->name, (int) s->pid, t->conf.name,
+                                         gp_size_format(a->used_bytes + seg, b2, sizeof(b2)),
+                                         gp_size_format(a->limit_bytes, b3, sizeof(b3)), limit_from[a->client_limit_from]);
+
+                        /* Named objects it published count too: say how much, or the sum looks wrong. */
+                        if (objects && n > 0 && (size_t) n < why_size)
+                                snprintf(why + n, why_size - (size_t) n, "; %s of it in named objects it published",
+                                         gp_size_format(objects, b4, sizeof(b4)));
+                }
                 return;
         case POLICY_TENANT:
                 snprintf(why, why_size, "would take tenant %s (%u client%s) to %s reserved, over its max of %s%s", t->conf.name,
@@ -397,8 +406,8 @@ static bool lease_attempt(struct session *s, uint64_t id, uint32_t device, uint6
         int r;
 
         pool_get_stats(node->pools[device], &st);
-        policy_admit(&node->policy, s->tenant, s->limit_override_bytes, process_others(s, device), &s->owners[device],
-                     device, &st, &adm);
+        policy_admit(&node->policy, s->tenant, s->limit_override_bytes, process_others(s, device),
+                     objects_principal_bytes(node, s->principal, device), &s->owners[device], device, &st, &adm);
         s->parked_zeroing = false;
         r = lease_take(s, device, size, granules, ahead, adm.headroom_bytes, leases);
         if (r >= 0) {
@@ -600,7 +609,8 @@ void request_adopt(struct session *s, const Gpupool__Envelope *req, struct reply
                 struct pool_stats st;
 
                 pool_get_stats(node->pools[device], &st);
-                policy_admit(&node->policy, s->tenant, s->limit_override_bytes, process_others(s, device), owner, device, &st,
+                policy_admit(&node->policy, s->tenant, s->limit_override_bytes, process_others(s, device),
+                             objects_principal_bytes(node, s->principal, device), owner, device, &st,
                      &adm);
                 r = pool_adopt(node->pools[device], owner, &mems[i], rq->sizes[i], adm.headroom_bytes, &lease);
                 if (r == -EDQUOT) {

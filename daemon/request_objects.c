@@ -275,6 +275,14 @@ void request_publish(struct session *s, const Gpupool__Envelope *req, struct rep
                 reply_error(req->id, -EINVAL, false, why, ret);
                 return;
         }
+        /* No one principal takes all of the node's objects. */
+        if (objects_principal_count(node, s->principal) >= OBJECTS_PER_PRINCIPAL) {
+                snprintf(why, sizeof(why), "this client's principal (uid %u%s%s) holds %d named objects, the most one may "
+                         "(of the node's %d): unpublish one first", (unsigned) s->uid, s->pod_uid[0] ? " in pod " : "",
+                         s->pod_uid, OBJECTS_PER_PRINCIPAL, OBJECTS_MAX);
+                reply_error(req->id, -EDQUOT, false, why, ret);
+                return;
+        }
         /* The loop never waits on what a client controls: a seal that may wait runs on another thread. */
         if (node->backend->seal_waits)
                 publish_later(s, p, req->id, ret);

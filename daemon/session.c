@@ -109,6 +109,8 @@ int session_start(struct node *node, int fd, enum session_admission how, bool pa
                 s->pod_uid[0] = '\0';
         s->principal = identity_principal(&node->identities, (uint32_t) cred.uid, s->cgroup_known,
                                           s->pod_uid[0] ? s->pod_uid : NULL, s->id);
+        /* A client that lied about its free memory before, from this principal, is not trusted afresh by reconnecting. */
+        s->reclaim_distrust = node_distrust_get(node, s->principal);
         s->operator = identity_is_operator(cred.uid, cred.pid, s->cgroup_known ? s->cgroup : NULL, s->not_operator_why,
                                            sizeof(s->not_operator_why));
         for (unsigned d = 0; d < node->device_count; d++)

@@ -23,6 +23,8 @@
 #include "testlib.h"
 #include "wire.h"
 
+#define OBJECTS_PER_PRINCIPAL 64       /* daemon/objects.h */
+
 #define MiB (1ULL << 20)
 #define OBJ (16 * MiB)          /* over 10 MiB: a segment of its own */
 
@@ -331,28 +333,62 @@ START_TEST(test_unpublish_survives_a_crash) {
 }
 END_TEST
 
+/* As uid (0: the test's own), publishes objects from to from + count - 1, long names and 16 long readers each, and stays. */
+struct many {
+        unsigned uid;
+        int from, count;
+        int ready[2];
+};
+
+static int publish_many(struct testd *d, void *arg) {
+        struct many *m = arg;
+        char name[256], readers[16 * 64 + 1];
+        gpupool_client *c;
+        size_t n = 0;
+        void *p;
+        char x = 'y';
+
+        if (m->uid && (setgid(m->uid) < 0 || setuid(m->uid) < 0))
+                return 60;
+        if (gpupool_connect(d->sock, "many", &c) < 0)
+                return 61;
+        for (int r = 0; r < 16; r++)
+                n += (size_t) snprintf(readers + n, sizeof(readers) - n, "%s%c%062d", r ? "," : "", 'a' + r, r);
+        for (int i = m->from; i < m->from + m->count; i++) {
+                snprintf(name, sizeof(name), "%03d-%0251d", i, i);
+                if (gpupool_alloc(c, 0, 11 * MiB, &p) < 0 || gpupool_publish_to(c, name, p, 11 * MiB, readers) < 0)
+                        return 62;
+        }
+        if (write(m->ready[1], &x, 1) != 1)
+                return 63;
+        pause();
+        return 0;
+}
+
 /*
- * The objects list works at any count: 130 objects with 255-byte names and 16 readers of 63
- * bytes each pass the 160 KiB of one reply, and gpupoolctl objects (and --json) lists every
- * one, the daemon's replies in pages.
+ * The objects list works at any count: 130 objects (three uids' worth: one holds at most 64)
+ * with 255-byte names and 16 readers of 63 bytes each pass the 160 KiB of one reply, and
+ * gpupoolctl objects (and --json) lists every one, the daemon's replies in pages.
  */
 START_TEST(test_objects_list_in_pages) {
         enum { COUNT = 130 };
-        char name[256], readers[16 * 64 + 1], *out;
-        gpupool_client *c;
+        struct many m[3] = { { .uid = 0, .from = 0, .count = 50 }, { .uid = 65534, .from = 50, .count = 50 },
+                             { .uid = 65533, .from = 100, .count = 30 } };
+        pid_t pids[3];
         struct testd d;
+        char *out, x;
         json_t *j;
-        size_t n = 0;
-        void *p;
 
+        if (geteuid() != 0) {
+                TEST_SKIP("publishing as three uids (one holds at most 64 objects) needs root");
+                return;
+        }
         testd_start(&d, "--host-capacity", "2G", NULL);
-        ck_assert_int_eq(gpupool_connect(d.sock, "many", &c), 0);
-        for (int r = 0; r < 16; r++)
-                n += (size_t) snprintf(readers + n, sizeof(readers) - n, "%s%c%062d", r ? "," : "", 'a' + r, r);
-        for (int i = 0; i < COUNT; i++) {
-                snprintf(name, sizeof(name), "%03d-%0251d", i, i);
-                ck_assert_int_eq(gpupool_alloc(c, 0, 11 * MiB, &p), 0);
-                ck_assert_msg(gpupool_publish_to(c, name, p, 11 * MiB, readers) == 0, "object %d", i);
+        ck_assert_int_eq(chmod(d.dir, 0755), 0);
+        for (int i = 0; i < 3; i++) {
+                ck_assert_int_eq(pipe(m[i].ready), 0);
+                pids[i] = spawn(publish_many, &d, &m[i]);
+                ck_assert_msg(read(m[i].ready[0], &x, 1) == 1, "publisher %d failed: %d", i, reap(pids[i]));
         }
         j = testd_ctl(&d, "objects");
         ck_assert_ptr_nonnull(j);
@@ -362,9 +398,66 @@ START_TEST(test_objects_list_in_pages) {
         ck_assert_ptr_nonnull(out);
         snprintf(out, 1 << 20, "%s/gpupoolctl --socket %s objects", build_dir(), d.sock);
         ck_assert_int_eq(run_capture(out, out, 1 << 20), 0);
-        snprintf(name, sizeof(name), "%03d-%0251d", COUNT - 1, COUNT - 1);
         ck_assert_msg(strstr(out, "129-000") && strstr(out, "000-000"), "%.300s", out);
         free(out);
+        for (int i = 0; i < 3; i++) {
+                kill(pids[i], SIGKILL);
+                (void) reap(pids[i]);
+                close(m[i].ready[0]);
+                close(m[i].ready[1]);
+        }
+        check_ok(&d);
+        ck_assert_int_eq(testd_stop(&d), 0);
+}
+END_TEST
+
+/*
+ * Objects count against their publisher's limits: under --client-limit 64M, what one client
+ * published counts with what it leases (a publish moves a segment out of its lease, not out
+ * of what it holds), so it cannot publish its way past the limit; and one principal holds at
+ * most 64 objects, so no one takes all of the node's 256.
+ */
+START_TEST(test_objects_count_against_their_publisher) {
+        char why[GP_MAX_ERROR_BYTES], name[32];
+        gpupool_client *c;
+        struct testd d;
+        void *p;
+        int i, r;
+
+        testd_start(&d, "--host-capacity", "1G", "--client-limit", "64M", NULL);
+        ck_assert_int_eq(gpupool_connect(d.sock, "publisher", &c), 0);
+        for (i = 0; i < 10; i++) {
+                snprintf(name, sizeof(name), "part-%d", i);
+                if ((r = gpupool_alloc(c, 0, 11 * MiB, &p)) < 0)
+                        break;
+                ck_assert_int_eq(gpupool_publish(c, name, p, 11 * MiB), 0);
+        }
+        /* Five segments of 12 MiB are 60 MiB; a sixth would be 72. */
+        ck_assert_int_eq(i, 5);
+        ck_assert_int_eq(r, -EDQUOT);
+        gpupool_last_error(c, why, sizeof(why));
+        ck_assert_msg(strstr(why, "over its limit of 64.0 MiB") && strstr(why, "60.0 MiB of it in named objects it published"),
+                      "%s", why);
+        for (i = 0; i < 5; i++) {
+                snprintf(name, sizeof(name), "part-%d", i);
+                ck_assert_int_eq(gpupool_unpublish(c, name), 0);
+        }
+        gpupool_disconnect(c);
+        ck_assert_int_eq(testd_stop(&d), 0);
+
+        testd_start(&d, "--host-capacity", "1G", NULL);
+        ck_assert_int_eq(gpupool_connect(d.sock, "hoarder", &c), 0);
+        for (i = 0; i < OBJECTS_PER_PRINCIPAL + 1; i++) {
+                snprintf(name, sizeof(name), "hoard-%d", i);
+                ck_assert_int_eq(gpupool_alloc(c, 0, 11 * MiB, &p), 0);
+                if ((r = gpupool_publish(c, name, p, 11 * MiB)) < 0)
+                        break;
+        }
+        ck_assert_int_eq(i, OBJECTS_PER_PRINCIPAL);
+        ck_assert_int_eq(r, -EDQUOT);
+        gpupool_last_error(c, why, sizeof(why));
+        ck_assert_msg(strstr(why, "holds 64 named objects, the most one may (of the node's 256)"), "%s", why);
+        ck_assert_int_eq(gpupool_free(c, p), 0);
         gpupool_disconnect(c);
         check_ok(&d);
         ck_assert_int_eq(testd_stop(&d), 0);
@@ -913,6 +1006,7 @@ Suite *suite_objects(void) {
         tcase_add_test(tc, test_pinned_publisher_stalls_nothing);
         tcase_add_test(tc, test_unpublish_survives_a_crash);
         tcase_add_test(tc, test_objects_list_in_pages);
+        tcase_add_test(tc, test_objects_count_against_their_publisher);
         tcase_add_test(tc, test_foreign_object_refused);
         tcase_add_test(tc, test_object_names_cannot_be_squatted);
         tcase_add_test(tc, test_idle_object_evicted_under_pressure);

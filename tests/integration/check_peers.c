@@ -162,6 +162,52 @@ static void check_liar(bool silent) {
         ck_assert_int_eq(testd_stop(&d), 0);
 }
 
+/* In a child: the liar's control channel answers the next request for memory back with nothing. */
+static pid_t lie_once(int control) {
+        pid_t pid = fork();
+
+        ck_assert_int_ge(pid, 0);
+        if (pid == 0) {
+                answer_with_nothing(control);
+                _exit(0);
+        }
+        return pid;
+}
+
+/*
+ * A liar does not start trusted again by reconnecting: its distrust is its principal's. The
+ * second time the same principal answers with nothing, from a new connection, its reports
+ * count for a quarter, not a half afresh.
+ */
+START_TEST(test_liar_reconnecting_stays_distrusted) {
+        gpupool_client *needy;
+        struct testd d;
+        int liar, control;
+        pid_t pid;
+        void *p;
+
+        testd_start(&d, "--host-capacity", "64M", "--reclaim-timeout", "500ms", NULL);
+        liar = raw_keeper(&d, "liar", 12 * MiB, 1, NULL, &control);
+        ck_assert_int_eq(gpupool_connect(d.sock, "needy", &needy), 0);
+        pid = lie_once(control);
+        ck_assert_int_eq(gpupool_alloc(needy, 0, 56 * MiB, &p), -ENOMEM);
+        ck_assert_int_eq(reap(pid), 0);
+        ck_assert(testd_log_wait(&d, "what it reports free counts for 1/2 in whom to ask"));
+        close(control);
+        close(liar);
+        /* Again, from a new connection of the same principal (its first one's memory stays its process's). */
+        liar = raw_keeper(&d, "liar", 12 * MiB, 1, NULL, &control);
+        pid = lie_once(control);
+        ck_assert_int_eq(gpupool_alloc(needy, 0, 44 * MiB, &p), -ENOMEM);
+        ck_assert_int_eq(reap(pid), 0);
+        ck_assert(testd_log_wait(&d, "what it reports free counts for 1/4 in whom to ask"));
+        gpupool_disconnect(needy);
+        close(control);
+        close(liar);
+        ck_assert_int_eq(testd_stop(&d), 0);
+}
+END_TEST
+
 START_TEST(test_liar_answering_nothing_diverts_no_reclaim) {
         check_liar(false);
 }
@@ -392,6 +438,7 @@ Suite *suite_peers(void) {
         tcase_add_test(tc, test_adopting_a_frozen_fuse_file_stalls_nothing);
         tcase_add_test(tc, test_liar_answering_nothing_diverts_no_reclaim);
         tcase_add_test(tc, test_silent_liar_diverts_no_reclaim);
+        tcase_add_test(tc, test_liar_reconnecting_stays_distrusted);
         tcase_add_test(tc, test_flush_loop_floods_no_log);
         tcase_add_test(tc, test_pid_limit_sums_connections);
         tcase_add_test(tc, test_exiting_sessions_count_against_the_uid);

@@ -93,46 +93,46 @@ START_TEST(test_admit) {
         /* The client's limit binds first: 30G less its 2G, and the refusal names it and where it comes from. */
         train->sums[0].reserved_bytes = 2 * GiB;
         st.reserved_bytes = 2 * GiB;
-        policy_admit(&p, train, POLICY_NO_OVERRIDE, 0, &owner, 0, &st, &a);
+        policy_admit(&p, train, POLICY_NO_OVERRIDE, 0, 0, &owner, 0, &st, &a);
         ck_assert_uint_eq(a.headroom_bytes, 28 * GiB);
         ck_assert_int_eq(a.bound, POLICY_CLIENT);
         ck_assert_uint_eq(a.limit_bytes, 30 * GiB);
         ck_assert_uint_eq(a.used_bytes, 2 * GiB);
         ck_assert_int_eq(a.client_limit_from, POLICY_LIMIT_TENANT);
-        policy_admit(&p, train, 3 * GiB, 0, &owner, 0, &st, &a);
+        policy_admit(&p, train, 3 * GiB, 0, 0, &owner, 0, &st, &a);
         ck_assert_uint_eq(a.headroom_bytes, 1 * GiB);
         ck_assert_int_eq(a.client_limit_from, POLICY_LIMIT_PID);
         /* A set-limit --pid is the process's: its other connections' bytes count against it, and only against it. */
-        policy_admit(&p, train, 3 * GiB, 1 * GiB, &owner, 0, &st, &a);
+        policy_admit(&p, train, 3 * GiB, 1 * GiB, 0, &owner, 0, &st, &a);
         ck_assert_uint_eq(a.headroom_bytes, 0);
         ck_assert_uint_eq(a.used_bytes, 3 * GiB);
-        policy_admit(&p, train, POLICY_NO_OVERRIDE, 1 * GiB, &owner, 0, &st, &a);
+        policy_admit(&p, train, POLICY_NO_OVERRIDE, 1 * GiB, 0, &owner, 0, &st, &a);
         ck_assert_uint_eq(a.headroom_bytes, 28 * GiB);
         /* A set-limit --pid of 0 is no limit: the tenant's max binds instead. */
-        policy_admit(&p, train, 0, 0, &owner, 0, &st, &a);
+        policy_admit(&p, train, 0, 0, 0, &owner, 0, &st, &a);
         ck_assert_int_eq(a.bound, POLICY_TENANT);
         ck_assert_uint_eq(a.headroom_bytes, 38 * GiB);
-        policy_admit(&p, &p.tenants[0], POLICY_NO_OVERRIDE, 0, &owner, 0, &st, &a);
+        policy_admit(&p, &p.tenants[0], POLICY_NO_OVERRIDE, 0, 0, &owner, 0, &st, &a);
         ck_assert_uint_eq(a.headroom_bytes, 6 * GiB);
         ck_assert_int_eq(a.client_limit_from, POLICY_LIMIT_DEFAULT);
         /* Then the tenant's max, over all its clients. */
         train->sums[0].reserved_bytes = 35 * GiB;
         st.reserved_bytes = 35 * GiB;
-        policy_admit(&p, train, POLICY_NO_OVERRIDE, 0, &owner, 0, &st, &a);
+        policy_admit(&p, train, POLICY_NO_OVERRIDE, 0, 0, &owner, 0, &st, &a);
         ck_assert_uint_eq(a.headroom_bytes, 5 * GiB);
         ck_assert_int_eq(a.bound, POLICY_TENANT);
         ck_assert_uint_eq(a.limit_bytes, 40 * GiB);
         ck_assert_uint_eq(a.used_bytes, 35 * GiB);
         /* Over it (a reload lowered it): no room at all, never a wrapped one. */
         train->sums[0].reserved_bytes = 45 * GiB;
-        policy_admit(&p, train, POLICY_NO_OVERRIDE, 0, &owner, 0, &st, &a);
+        policy_admit(&p, train, POLICY_NO_OVERRIDE, 0, 0, &owner, 0, &st, &a);
         ck_assert_uint_eq(a.headroom_bytes, 0);
         train->sums[0].reserved_bytes = 35 * GiB;
         /* Then serve's unused 20G guarantee: default may not eat into it. */
         owner.reserved_bytes = 0;
         st.reserved_bytes = 55 * GiB;
         st.cached_bytes = 2 * GiB;      /* the cache can be released: it does not count */
-        policy_admit(&p, &p.tenants[0], POLICY_NO_OVERRIDE, 0, &owner, 0, &st, &a);
+        policy_admit(&p, &p.tenants[0], POLICY_NO_OVERRIDE, 0, 0, &owner, 0, &st, &a);
         ck_assert_uint_eq(a.headroom_bytes, 80 * GiB - 53 * GiB - 20 * GiB);
         ck_assert_int_eq(a.bound, POLICY_GUARANTEES);
         ck_assert_uint_eq(a.held_back_bytes, 20 * GiB);
@@ -146,7 +146,7 @@ START_TEST(test_admit) {
         serve->sums[0].reserved_bytes = 0;
         /* ... while nothing of policy's holds serve back: the device's free memory is the limit. */
         p.client_limit_bytes = 0;
-        policy_admit(&p, serve, POLICY_NO_OVERRIDE, 0, &owner, 0, &st, &a);
+        policy_admit(&p, serve, POLICY_NO_OVERRIDE, 0, 0, &owner, 0, &st, &a);
         ck_assert_uint_eq(a.headroom_bytes, UINT64_MAX);
         ck_assert_int_eq(a.bound, POLICY_UNBOUND);
         /* Guarantees beyond a device are refused. */
