@@ -34,16 +34,19 @@ static void object_show(const struct cli *cli, const Gpupool__ObjectStatus *x, j
         char a[GP_SIZE_FORMAT_MAX], b[GP_SIZE_FORMAT_MAX];
 
         if (cli->json) {
-                json_t *readers = json_array();
+                json_t *readers = json_array(), *pids = json_array();
 
                 for (size_t k = 0; k < x->n_readers; k++)
                         json_array_append_new(readers, json_string(x->readers[k]));
-                json_array_append_new(list, json_pack("{s:s, s:I, s:I, s:I, s:s, s:I, s:I, s:I, s:b, s:o}", "name", x->name,
-                                                      "device", (json_int_t) x->device, "size_bytes", (json_int_t) x->size,
-                                                      "reserved_bytes", (json_int_t) x->reserved_bytes, "tenant", x->tenant,
-                                                      "uid", (json_int_t) x->uid, "attachments",
-                                                      (json_int_t) x->attachments, "age_ms", (json_int_t) x->age_ms,
-                                                      "unpublished", x->unpublished, "readers", readers));
+                for (size_t k = 0; k < x->n_attached_pids; k++)
+                        json_array_append_new(pids, json_integer(x->attached_pids[k]));
+                json_array_append_new(list, json_pack("{s:s, s:I, s:I, s:I, s:s, s:I, s:I, s:I, s:b, s:o, s:o}", "name",
+                                                      x->name, "device", (json_int_t) x->device, "size_bytes",
+                                                      (json_int_t) x->size, "reserved_bytes",
+                                                      (json_int_t) x->reserved_bytes, "tenant", x->tenant, "uid",
+                                                      (json_int_t) x->uid, "attachments", (json_int_t) x->attachments,
+                                                      "age_ms", (json_int_t) x->age_ms, "unpublished", x->unpublished,
+                                                      "readers", readers, "attached_pids", pids));
                 return;
         }
         printf("%-32.32s %6u %12s %12s %-16.16s %8u %8u %7" PRIu64 "s%s", x->name, x->device,
@@ -51,6 +54,8 @@ static void object_show(const struct cli *cli, const Gpupool__ObjectStatus *x, j
                x->attachments, x->age_ms / 1000, x->unpublished ? "  (unpublished: goes at the last detach)" : "");
         for (size_t k = 0; k < x->n_readers; k++)
                 printf("%s%s", k ? "," : "  readers: ", x->readers[k]);
+        for (size_t k = 0; k < x->n_attached_pids; k++)
+                printf("%s%d", k ? "," : "  attached by pids: ", (int) x->attached_pids[k]);
         printf("\n");
 }
 

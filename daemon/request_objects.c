@@ -482,6 +482,9 @@ void request_unpublish(struct session *s, const Gpupool__Envelope *req, struct r
         (void) reply_pack(&env, false, ret);
 }
 
+/* The processes an object's listing names that have it attached: the first seen. */
+#define OBJECTS_LISTED_PIDS 16
+
 static int cmp_object_id(const void *x, const void *y) {
         uint64_t a = (*(const struct object *const *) x)->id, b = (*(const struct object *const *) y)->id;
 
@@ -496,14 +499,16 @@ void request_objects(struct session *s, const Gpupool__Envelope *req, struct rep
         Gpupool__ObjectStatus *st = calloc(node->object_count + 1, sizeof(*st));
         Gpupool__ObjectStatus **ptrs = calloc(node->object_count + 1, sizeof(*ptrs));
         char **readers = calloc((size_t) node->object_count * GP_MAX_OBJECT_READERS + 1, sizeof(*readers));
+        int32_t *pids = calloc((size_t) node->object_count * OBJECTS_LISTED_PIDS + 1, sizeof(*pids));
         size_t n = 0, count = 0, room, first;
         Gpupool__Envelope env;
 
-        if (!all || !st || !ptrs || !readers) {
+        if (!all || !st || !ptrs || !readers || !pids) {
                 free(all);
                 free(st);
                 free(ptrs);
                 free(readers);
+                free(pids);
                 reply_error(req->id, -EIO, false, "out of memory listing the objects", ret);
                 return;
         }
@@ -534,6 +539,12 @@ void request_objects(struct session *s, const Gpupool__Envelope *req, struct rep
                         st[n].readers[i] = o->readers[i];
                 st[n].has_id = true;
                 st[n].id = o->id;
+                /* Who holds it: an operator ends an unpublished object a reader keeps by ending that process. */
+                st[n].attached_pids = pids + n * OBJECTS_LISTED_PIDS;
+                SESSION_FOREACH(c, node)
+                        for (unsigned i = 0; i < c->attached_count && st[n].n_attached_pids < OBJECTS_LISTED_PIDS; i++)
+                                if (c->attached[i] == o)
+                                        st[n].attached_pids[st[n].n_attached_pids++] = (int32_t) c->pid;
                 size = gpupool__object_status__get_packed_size(&st[n]) + 8;
                 if (size > room)
                         break;
@@ -553,4 +564,5 @@ void request_objects(struct session *s, const Gpupool__Envelope *req, struct rep
         free(st);
         free(ptrs);
         free(readers);
+        free(pids);
 }

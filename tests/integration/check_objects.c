@@ -498,6 +498,14 @@ START_TEST(test_unpublished_object_goes_when_the_last_attacher_dies) {
         ck_assert_int_eq(gpupool_detach(c, p), 0);
         ck_assert_int_eq(gpupool_unpublish(c, "kept"), 0);
         ck_assert_int_eq(object_field(&d, "kept", "attachments"), 1);
+        /* The operator sees what keeps it, and which process: ending that process ends it. */
+        {
+                json_t *j = testd_ctl(&d, "objects"), *o = json_array_get(json_object_get(j, "objects"), 0);
+
+                ck_assert(json_is_true(json_object_get(o, "unpublished")));
+                ck_assert_int_eq(json_integer_value(json_array_get(json_object_get(o, "attached_pids"), 0)), pid);
+                json_decref(j);
+        }
         kill(pid, SIGKILL);
         ck_assert_int_eq(reap(pid), 128 + SIGKILL);
         ck_assert(testd_device_becomes(&d, 0, "reserved_bytes", 0));
