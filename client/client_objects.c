@@ -177,10 +177,19 @@ static int publish_block(gpupool_client *c, const char *name, struct block *b, u
         req.publish = &pr;
         r = ask(c, &req, GPUPOOL__ENVELOPE__BODY_PUBLISH_REPLY, &rep, NULL);
         if (r < 0) {
-                /* Still the process's block: writable again, in place. */
-                (void) c->mem->protect(c, m, true);
                 free(a);
-                return r;
+                /* Still the process's block: writable again, in place. */
+                if (c->mem->protect(c, m, true) == 0)
+                        return r;
+                /*
+                 * It cannot be: the daemon sealed the segment against writing and went before it
+                 * answered (killed between its seal and its reply). The block stays allocated in the
+                 * pool, read-only, never handed out again, and is no longer the application's.
+                 */
+                client_set_error(c, "the publish of '%s' got no answer (%s), and gpupoold had sealed the block's segment "
+                                    "against writing already: the block is read-only now and no longer this process's "
+                                    "to write or free", name, strerror(-r));
+                return -EROFS;
         }
         /* The object's now, not the pool's: out of the heap and the trees, mapped read-only. */
         if (heap_free(&c->devices[m->device].heap, b->hb))
@@ -223,7 +232,9 @@ GPUPOOL_EXPORT int gpupool_publish_to(gpupool_client *c, const char *name, void 
                 client_set_error(c, "%p is not a live block of this client (freed already, never allocated, or not the "
                                     "start of a block)", ptr);
                 r = -ENOENT;
-        } else if ((r = publish_block(c, name, b, size, list, n)) < 0) {
+        } else if ((r = publish_block(c, name, b, size, list, n)) == -EROFS) {
+                free(b);        /* its memory stays allocated in the pool, out of use for good */
+        } else if (r < 0) {
                 (void) client_live_insert(c, b);        /* not published: still the application's */
         }
         pthread_mutex_unlock(&c->lock);

@@ -245,7 +245,10 @@ GPUPOOL_EXPORT int gpupool_release_report(gpupool_client *client, int device, ui
  * being the process's block: it is not freed, it counts against the publisher's tenant until
  * unpublished, it is sealed against writing for good, and the process has it attached
  * read-only at ptr (a write there faults) until it detaches it. Refused (-EINVAL) for a block that shares its segment, a name taken or
- * invalid, a size of 0 or over the block; -ENOENT for a pointer that is no live block.
+ * invalid, a size of 0 or over the block; -ENOENT for a pointer that is no live block. On any
+ * failure the block is still the application's, writable, but for -EROFS: gpupoold sealed its
+ * segment and went (killed) before it answered; the block is then read-only and no longer the
+ * application's to write or free (the library keeps it out of use).
  *
  * gpupool_attach() maps the object name read-only and returns where and how large: the one
  * this process's uid published, else (for a client of a tenant of the config) the one its
