@@ -202,6 +202,20 @@ static void dump_log(const struct testd *d) {
         fclose(f);
 }
 
+int cgroup_join(const char *dir, pid_t pid) {
+        char path[1100];
+        FILE *f;
+        int r;
+
+        snprintf(path, sizeof(path), "%s/cgroup.procs", dir);
+        if (!(f = fopen(path, "we")))
+                return -errno;
+        r = fprintf(f, "%d\n", (int) (pid ? pid : getpid())) < 0 ? -EIO : 0;
+        if (fclose(f) != 0 && r == 0)
+                r = -errno;
+        return r;
+}
+
 /* Forks and execs the daemon of d (its argv is d->argv) and waits until it listens. */
 static void launch(struct testd *d) {
         if (d->store)
@@ -215,12 +229,7 @@ static void launch(struct testd *d) {
                 if (d->store)
                         fdstore_pass(d->store);
                 if (d->cgroup_dir[0]) {
-                        char procs[600];
-                        FILE *f;
-
-                        snprintf(procs, sizeof(procs), "%s/cgroup.procs", d->cgroup_dir);
-                        if (!(f = fopen(procs, "we")) || fprintf(f, "%d\n", (int) getpid()) < 0 || fclose(f) != 0 ||
-                            unshare(CLONE_NEWCGROUP) < 0) {
+                        if (cgroup_join(d->cgroup_dir, 0) < 0 || unshare(CLONE_NEWCGROUP) < 0) {
                                 fprintf(stderr, "cannot run in cgroup %s, in a namespace of its own: %s\n", d->cgroup_dir,
                                         strerror(errno));
                                 _exit(126);

@@ -99,6 +99,9 @@ void testd_start_stderr(struct testd *d, int fd, ...);
  */
 void testd_start_in_pod(struct testd *d, const char *cgroup_dir, const char *pod_uid, ...);
 
+/* Moves process pid (0: the caller) into cgroup v2 directory dir (its cgroup.procs). Returns 0 or a negative errno. */
+int cgroup_join(const char *dir, pid_t pid);
+
 /* testd_start() as the systemd unit runs it: as user uid (group uid too), not root. Needs root. */
 void testd_start_as(struct testd *d, unsigned uid, ...);
 

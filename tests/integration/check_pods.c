@@ -114,16 +114,13 @@ struct pod_client {
 /* In pod's cgroup: allocates 16 MiB, checks the mark is (or is not) there, marks it, says so, waits, and leaves. */
 static int pod_client(struct testd *d, void *arg) {
         struct pod_client *pc = arg;
-        char dir[1024], path[1100], pid[32];
+        char dir[1024];
         gpupool_client *c;
         unsigned char *p;
-        FILE *f;
         char b;
 
         pod_dir(pc->mnt, pc->pod, 4, dir, sizeof(dir));
-        snprintf(path, sizeof(path), "%s/cgroup.procs", dir);
-        snprintf(pid, sizeof(pid), "%d\n", (int) getpid());
-        if (!(f = fopen(path, "we")) || fputs(pid, f) < 0 || fclose(f) != 0)
+        if (cgroup_join(dir, 0) < 0)
                 return 2;
         if (gpupool_connect(d->sock, pc->pod == (const char *) POD_A ? "in-pod-a" : "in-pod-b", &c) < 0 ||
             gpupool_alloc(c, 0, 16 * MiB, (void **) &p) < 0)
@@ -221,15 +218,11 @@ END_TEST
 /* In cgroup dir (under mnt), a client that says which pod status gives it ("" for none), and leaves. */
 static int pod_of_client(struct testd *d, void *arg) {
         const char *dir = arg;
-        char path[1100], pid[32];
         gpupool_client *c;
         json_t *st, *me;
-        FILE *f;
         int r;
 
-        snprintf(path, sizeof(path), "%s/cgroup.procs", dir);
-        snprintf(pid, sizeof(pid), "%d\n", (int) getpid());
-        if (!(f = fopen(path, "we")) || fputs(pid, f) < 0 || fclose(f) != 0)
+        if (cgroup_join(dir, 0) < 0)
                 return 2;
         if (gpupool_connect(d->sock, "pretender", &c) < 0)
                 return 3;
@@ -311,13 +304,10 @@ START_TEST(test_root_in_a_pod_is_no_operator) {
         ck_assert_int_eq(ctl_in_pod(&d, mnt, POD_A, "status", out, sizeof(out)), 0);
         /* The daemon's own pod is the operator's (kubectl exec into its container), and no other pod. */
         {
-                char dir[1024], path[1100], pid[32];
-                FILE *f;
+                char dir[1024];
 
                 pod_dir(mnt, POD_B, 4, dir, sizeof(dir));
-                snprintf(path, sizeof(path), "%s/cgroup.procs", dir);
-                snprintf(pid, sizeof(pid), "%d\n", (int) d.pid);
-                ck_assert((f = fopen(path, "we")) && fputs(pid, f) >= 0 && fclose(f) == 0);
+                ck_assert_int_eq(cgroup_join(dir, d.pid), 0);
                 ck_assert_msg(ctl_in_pod(&d, mnt, POD_B, "check", out, sizeof(out)) == 0, "%s", out);
                 ck_assert_int_ne(ctl_in_pod(&d, mnt, POD_A, "check", out, sizeof(out)), 0);
         }
@@ -363,17 +353,14 @@ struct pod_object {
 
 static int pod_object_client(struct testd *d, void *arg) {
         struct pod_object *po = arg;
-        char dir[1024], path[1100], pid[32];
+        char dir[1024];
         gpupool_client *c;
         const void *q;
         size_t size;
         void *p;
-        FILE *f;
 
         pod_dir(po->mnt, po->pod, 4, dir, sizeof(dir));
-        snprintf(path, sizeof(path), "%s/cgroup.procs", dir);
-        snprintf(pid, sizeof(pid), "%d\n", (int) getpid());
-        if (!(f = fopen(path, "we")) || fputs(pid, f) < 0 || fclose(f) != 0)
+        if (cgroup_join(dir, 0) < 0)
                 return 2;
         if (gpupool_connect(d->sock, "pod-object", &c) < 0)
                 return 3;
