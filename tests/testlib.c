@@ -280,9 +280,16 @@ static void testd_startv(struct testd *d, int stderr_fd, const char *cgroup_dir,
         /* The daemon's user makes its socket there; everyone else may reach it. */
         if (run_as)
                 ck_assert(chown(d->dir, run_as, run_as) == 0 && chmod(d->dir, 0755) == 0);
+        snprintf(d->path, sizeof(d->path), "%s/gpupoold", build_dir());
         snprintf(d->sock, sizeof(d->sock), "%s/gpupool.sock", d->dir);
         snprintf(d->log, sizeof(d->log), "%s/gpupoold.log", d->dir);
-        snprintf(d->path, sizeof(d->path), "%s/gpupoold", build_dir());
+        /* Its user may not reach the build (a checkout in a directory of mode 0700): a copy it can run. */
+        if (run_as) {
+                char build[sizeof(d->path)];
+
+                snprintf(build, sizeof(build), "%s", d->path);
+                testd_copy_for_others(d, build, d->path, sizeof(d->path));
+        }
         /* $GPUPOOL_DAEMON_WRAPPER (e.g. "valgrind -q --error-exitcode=99") runs the daemon under a tool. */
         if (getenv("GPUPOOL_DAEMON_WRAPPER")) {
                 snprintf(d->wrapper, sizeof(d->wrapper), "%s", getenv("GPUPOOL_DAEMON_WRAPPER"));
@@ -375,6 +382,8 @@ int testd_stop(struct testd *d) {
                 dump_log(d);
         unlink(d->log);
         unlink(d->sock);
+        if (d->run_as)
+                unlink(d->path);        /* the copy its user could run */
         rmdir(d->dir);
         return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
