@@ -541,7 +541,7 @@ valgrind: all $(TEST_BIN) $(FAKECUDA) $(HOOKS_THROW)
 		$(VALGRIND) $(TEST_BIN)
 
 DEBS := gcc g++ make pkg-config libuv1-dev libprotobuf-c-dev protobuf-c-compiler check libsubunit-dev libjansson-dev libinih-dev \
-        scdoc systemd
+        scdoc systemd python3 python3-venv
 
 # Another apt or dpkg (unattended upgrades at a fresh machine's boot) may hold the lock: wait.
 APT_LOCK_WAIT := 600

@@ -41,9 +41,18 @@ def _sources():
     for dirpath, dirnames, filenames in os.walk(os.path.join(ROOT, NAME)):
         dirnames[:] = sorted(d for d in dirnames if d != "__pycache__")
         for f in sorted(filenames):
-            if f.endswith(".py"):
+            if f.endswith(".py") and f != "_built.py":
                 out.append(os.path.relpath(os.path.join(dirpath, f), ROOT))
     return out
+
+
+def _built():
+    """gpupool/_built.py of the wheel: the library of the checkout the package is built from
+    ($GPUPOOL_BUILD_DIR, else build/ beside python/), which the package loads before the
+    dynamic loader's, so that "pip install ./python" after "make" works with nothing installed."""
+    build = os.environ.get("GPUPOOL_BUILD_DIR") or os.path.join(os.path.dirname(ROOT), "build")
+    library = os.path.join(os.path.abspath(build), "libgpupool.so.1")
+    return (f'"""Written by gpupool_build.py when this wheel was built."""\nLIBRARY = {library!r}\n').encode()
 
 
 def _record_line(path, data):
@@ -79,6 +88,10 @@ def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
                 data = f.read()
             whl.writestr(rel, data)
             records.append(_record_line(rel, data))
+        rel = f"{NAME}/_built.py"
+        data = _built()
+        whl.writestr(rel, data)
+        records.append(_record_line(rel, data))
         for name, text in (("METADATA", _metadata()), ("WHEEL", _WHEEL)):
             data = text.encode()
             whl.writestr(f"{dist_info}/{name}", data)

@@ -44,32 +44,77 @@ class GrowStats(_Counts):
     ]
 
 
+# make install's default prefix: the dynamic loader finds a library there only after ldconfig.
+INSTALL_DEFAULT = os.path.join("/usr/local/lib", SONAME)
+
+
 def checkout_library():
     """The libgpupool.so.1 that "make" builds in the source checkout this package sits in
-    (python/gpupool/ beside build/), whether it exists or not."""
+    (python/gpupool/ beside build/, as with PYTHONPATH=python), whether it exists or not."""
     package = os.path.dirname(os.path.abspath(__file__))
     return os.path.join(os.path.dirname(os.path.dirname(package)), "build", SONAME)
 
 
+def installed_from_library():
+    """The library of the checkout "pip install ./python" built this package from (recorded in
+    the wheel by python/gpupool_build.py: $GPUPOOL_BUILD_DIR, else the checkout's build/), or
+    None when the package was not installed that way."""
+    try:
+        from . import _built
+    except ImportError:
+        return None
+    return _built.LIBRARY
+
+
+def _candidates():
+    """(what to load, where it comes from) in the order they are tried: the checkout the package
+    sits in, the checkout it was installed from (the library of its own version), the dynamic
+    loader (make install, then ldconfig; a distribution's package), make install's default
+    prefix."""
+    yield checkout_library(), "this checkout's build"
+    built = installed_from_library()
+    if built:
+        yield built, "the checkout this package was installed from"
+    yield SONAME, "the dynamic loader"
+    yield INSTALL_DEFAULT, "make install's default prefix"
+
+
+_loaded = None
+
+
 def library_path():
-    """What to load: $GPUPOOL_LIBRARY, else the library built in this package's source checkout
-    when there is one, else the soname (found where "make install" put it)."""
+    """The library this package loaded: $GPUPOOL_LIBRARY, else the first of the candidates
+    (_candidates()) that loads; a path, or the soname where the dynamic loader found it."""
+    return _loaded
+
+
+def _open():
+    """(path, CDLL) of the library to use, or ImportError listing what was tried and why."""
     if os.environ.get(LIBRARY_ENV):
-        return os.environ[LIBRARY_ENV]
-    return checkout_library() if os.path.isfile(checkout_library()) else SONAME
+        path = os.environ[LIBRARY_ENV]
+        try:
+            return path, ctypes.CDLL(path)
+        except OSError as e:
+            raise ImportError(f"gpupool: cannot load libgpupool: ${LIBRARY_ENV}={path}: {e}") from e
+    tried = [f"${LIBRARY_ENV} (unset)"]
+    for path, where in _candidates():
+        if os.path.isabs(path) and not os.path.isfile(path):
+            tried.append(f"{path} ({where}: not built)" if "checkout" in where else f"{path} ({where}: not there)")
+            continue
+        try:
+            return path, ctypes.CDLL(path)
+        except OSError as e:
+            tried.append(f"{path} ({where}: {e})")
+    raise ImportError(
+        "gpupool: cannot load libgpupool: tried " + "; ".join(tried) + ". Build it (make, in the checkout "
+        f"the package was installed from), install it (make install, then ldconfig), or set ${LIBRARY_ENV} to "
+        f"the path of {SONAME}")
 
 
 def _load():
-    path = library_path()
-    try:
-        lib = ctypes.CDLL(path)
-    except OSError as e:
-        tried = (f"${LIBRARY_ENV}={path}" if os.environ.get(LIBRARY_ENV) else
-                 f"${LIBRARY_ENV} (unset), {checkout_library()} (not built) and {SONAME} through the dynamic loader")
-        raise ImportError(
-            f"gpupool: cannot load libgpupool: tried {tried}: {e}. Build it (make), install it (make install, "
-            f"then ldconfig), or set ${LIBRARY_ENV} to the path of libgpupool.so.1"
-        ) from e
+    global _loaded
+    path, lib = _open()
+    _loaded = path
     p, i, sz = ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t
     protos = {
         "gpupool_connect": (i, [ctypes.c_char_p, ctypes.c_char_p, ctypes.POINTER(p)]),

@@ -16,6 +16,7 @@ import tempfile
 import textwrap
 import time
 import unittest
+import zipfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TREE = os.path.dirname(os.path.dirname(HERE))
@@ -104,8 +105,40 @@ class TestLibraryLookup(unittest.TestCase):
             if r.returncode == 0:
                 self.skipTest("libgpupool.so.1 is installed on this machine")
             self.assertIn("ImportError", r.stderr)
-            self.assertIn(os.path.join("build", "libgpupool.so.1") + " (not built)", r.stderr)
+            self.assertIn(os.path.join("build", "libgpupool.so.1") + " (this checkout's build: not built)", r.stderr)
             self.assertIn("$GPUPOOL_LIBRARY (unset)", r.stderr)
+
+
+    def test_installed_package_finds_its_checkout(self):
+        """A wheel built from a checkout (pip install ./python) loads that checkout's library
+        from anywhere, and says so when it is gone."""
+        with tempfile.TemporaryDirectory() as root:
+            build = os.path.join(root, "build")
+            os.mkdir(build)
+            subprocess.run(["cp", os.path.join(BUILD, "libgpupool.so.1"), build], check=True)
+            env = dict(os.environ, GPUPOOL_BUILD_DIR=build)
+            made = subprocess.run([sys.executable, "-c", "import sys, gpupool_build; print(gpupool_build.build_wheel(sys.argv[1]))",
+                                   root], capture_output=True, text=True, env=env, cwd=os.path.join(TREE, "python"))
+            self.assertEqual(made.returncode, 0, made.stderr)
+            site = os.path.join(root, "venv", "lib", "site-packages")  # not beside build/
+            with zipfile.ZipFile(os.path.join(root, made.stdout.strip())) as whl:
+                whl.extractall(site)
+            r = self._run_site(site)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            self.assertEqual(r.stdout.strip(), os.path.join(build, "libgpupool.so.1"))
+            os.unlink(os.path.join(build, "libgpupool.so.1"))
+            r = self._run_site(site)
+            if r.returncode == 0:
+                self.skipTest("libgpupool.so.1 is installed on this machine")
+            self.assertIn(os.path.join(build, "libgpupool.so.1") + " (the checkout this package was installed from: not built)",
+                          r.stderr)
+            self.assertIn("make install", r.stderr)
+
+    def _run_site(self, site):
+        env = {k: v for k, v in os.environ.items() if k not in ("GPUPOOL_LIBRARY", "LD_LIBRARY_PATH")}
+        env["PYTHONPATH"] = site
+        return subprocess.run([sys.executable, "-c", "import gpupool; print(gpupool.library_path())"],
+                              capture_output=True, text=True, env=env, cwd="/")
 
 
 class TestClient(unittest.TestCase):
