@@ -12,6 +12,7 @@
 struct cli {
         const char *socket_path;
         bool json;
+        bool connected;                 /* at the first call, once the arguments were found good */
         struct gp_conn conn;
 };
 
@@ -19,6 +20,7 @@ struct cli_command {
         const char *name;
         const char *usage;
         const char *summary;
+        const char *help;               /* what "COMMAND --help" adds: its arguments, what it prints */
         bool takes_args;                /* else anything after the name but --json is refused */
         /* Runs the command; returns the process exit code. */
         int (*run)(struct cli *cli, int argc, char **argv);
@@ -36,11 +38,14 @@ extern const struct cli_command cli_cmd_metrics;
 extern const struct cli_command cli_cmd_reload;
 
 /*
- * Sends a request (its body set by the caller) and waits for the reply carrying body want;
+ * Sends a request (its body set by the caller), connecting first at the first call, and waits for the reply carrying body want;
  * prints why and returns a negative errno on failure. Free the reply with
  * gpupool__envelope__free_unpacked().
  */
 int cli_call(struct cli *cli, Gpupool__Envelope *req, Gpupool__Envelope__BodyCase want, Gpupool__Envelope **ret_reply);
+
+/* Says what is wrong with a command's arguments, its usage and where to read more; returns 2. */
+int cli_usage_error(const struct cli_command *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 struct json_t;
 

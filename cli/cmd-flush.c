@@ -27,15 +27,15 @@ static int run(struct cli *cli, int argc, char **argv) {
                         fr.tenant = argv[++i];
                         continue;
                 }
-                if (strcmp(argv[i], "--device") != 0 || i + 1 >= argc) {
-                        fprintf(stderr, "gpupoolctl flush: unexpected '%s'\nUsage: gpupoolctl %s\n", argv[i], cli_cmd_flush.usage);
-                        return 2;
-                }
+                if (strcmp(argv[i], "--device") == 0 && i + 1 >= argc)
+                        return cli_usage_error(&cli_cmd_flush, "--device needs a value");
+                if (strcmp(argv[i], "--tenant") == 0)
+                        return cli_usage_error(&cli_cmd_flush, "--tenant needs a value");
+                if (strcmp(argv[i], "--device") != 0)
+                        return cli_usage_error(&cli_cmd_flush, "unexpected argument '%s'", argv[i]);
                 d = strtol(argv[++i], &end, 10);
-                if (*end || d < 0 || d > 255) {
-                        fprintf(stderr, "gpupoolctl flush: '%s' is not a device index\n", argv[i]);
-                        return 2;
-                }
+                if (!*argv[i] || *end || d < 0 || d > 255)
+                        return cli_usage_error(&cli_cmd_flush, "'%s' is not a device index (0 to 255)", argv[i]);
                 fr.has_device = 1;
                 fr.device = (uint32_t) d;
         }
@@ -76,6 +76,11 @@ const struct cli_command cli_cmd_flush = {
         .name = "flush",
         .usage = "flush [--device N] [--tenant NAME]",
         .summary = "release cached segments (or a tenant's kept ones) to the backend",
+        .help = "  --device N          device N only (default: every device)\n"
+                "  --tenant NAME       leave the cache; ask the tenant's clients for the segments they keep\n"
+                "                      free, which go straight back to the backend\n\n"
+                "Prints per device the segments and bytes released. Memory clients hold is not touched.\n"
+                "Root or the daemon's user only.\n",
         .takes_args = true,
         .run = run,
 };

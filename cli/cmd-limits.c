@@ -29,5 +29,7 @@ const struct cli_command cli_cmd_limits = {
         .name = "limits",
         .usage = "limits [--json]",
         .summary = "show tenants: rules, limits, guarantees and use",
+        .help = "Every tenant with the rules that select its clients, its clients, reserved and in-use bytes,\n"
+                "max, guarantee and client max ('-' for none); (set-limit) marks values changed at run time.\n",
         .run = run,
 };

@@ -34,5 +34,7 @@ const struct cli_command cli_cmd_metrics = {
         .name = "metrics",
         .usage = "metrics",
         .summary = "print the metrics in the Prometheus text format",
+        .help = "The text gpupoold --metrics-listen serves over HTTP (format 0.0.4), for node_exporter's textfile\n"
+                "collector where there is no endpoint. --json does not apply: status --json has the numbers.\n",
         .run = run,
 };

@@ -106,28 +106,35 @@ static int unpublish(struct cli *cli, int argc, char **argv) {
         const char *name = NULL;
         char *end;
 
+        bool names_only = false;
+
         for (int i = 1; i < argc; i++) {
-                if (strcmp(argv[i], "--uid") == 0 && i + 1 < argc) {
+                if (!names_only && strcmp(argv[i], "--") == 0) {
+                        names_only = true;
+                } else if (names_only) {
+                        if (name)
+                                return cli_usage_error(&cli_cmd_unpublish, "one object at a time: '%s', then '%s'", name, argv[i]);
+                        name = argv[i];
+                } else if (strcmp(argv[i], "--uid") == 0 && i + 1 < argc) {
                         unsigned long uid = strtoul(argv[++i], &end, 10);
 
-                        if (!*argv[i] || *end || uid > UINT32_MAX) {
-                                fprintf(stderr, "gpupoolctl unpublish: --uid takes a uid (a number), not '%s'\n", argv[i]);
-                                return 2;
-                        }
+                        if (!*argv[i] || *end || uid > UINT32_MAX)
+                                return cli_usage_error(&cli_cmd_unpublish, "--uid takes a uid (a number), not '%s'", argv[i]);
                         ur.has_publisher_uid = 1;
                         ur.publisher_uid = (uint32_t) uid;
-                } else if (!name && argv[i][0] != '-') {
-                        name = argv[i];
+                } else if (strcmp(argv[i], "--uid") == 0) {
+                        return cli_usage_error(&cli_cmd_unpublish, "--uid needs a value");
+                } else if (argv[i][0] == '-') {
+                        return cli_usage_error(&cli_cmd_unpublish, "unexpected argument '%s' (a name that starts with "
+                                               "'-' goes after --)", argv[i]);
+                } else if (name) {
+                        return cli_usage_error(&cli_cmd_unpublish, "one object at a time: '%s', then '%s'", name, argv[i]);
                 } else {
-                        name = NULL;
-                        break;
+                        name = argv[i];
                 }
         }
-        if (!name) {
-                fprintf(stderr, "gpupoolctl unpublish: name one object (and, for another uid's, --uid UID)\nUsage: "
-                        "gpupoolctl %s\n", cli_cmd_unpublish.usage);
-                return 2;
-        }
+        if (!name)
+                return cli_usage_error(&cli_cmd_unpublish, "name one object (and, for another uid's, --uid UID)");
         ur.name = (char *) name;
         req.body_case = GPUPOOL__ENVELOPE__BODY_UNPUBLISH;
         req.unpublish = &ur;
@@ -145,13 +152,20 @@ const struct cli_command cli_cmd_objects = {
         .name = "objects",
         .usage = "objects [--json]",
         .summary = "show the named objects: size, tenant, attachments, age, readers",
+        .help = "Name, device, size, tenant, the publisher's uid, attachments, age, readers, and the pids that\n"
+                "have it attached: an unpublished object a reader keeps goes when those processes end.\n"
+                "Listed page by page whatever the count.\n",
         .run = objects,
 };
 
 const struct cli_command cli_cmd_unpublish = {
         .name = "unpublish",
-        .usage = "unpublish NAME [--uid UID]",
+        .usage = "unpublish [--uid UID] [--] NAME",
         .summary = "end a named object, this uid's or (operator) uid UID's (it goes at its last detach)",
+        .help = "  NAME                the object (names are each publisher uid's); after -- when it starts with -\n"
+                "  --uid UID           another uid's object, for the node's operator (root or the daemon's user)\n\n"
+                "Nobody attaches it from now on and its name is free; its memory goes back once the last\n"
+                "process has detached it or exited.\n",
         .takes_args = true,
         .run = unpublish,
 };

@@ -29,5 +29,7 @@ const struct cli_command cli_cmd_reload = {
         .name = "reload",
         .usage = "reload",
         .summary = "have the daemon read its config again; exit 1 saying why if refused",
+        .help = "As SIGHUP does. Prints the files and tenants loaded, or why the reload was refused (the running\n"
+                "config stays; exit 1). Root or the daemon's user only.\n",
         .run = run,
 };

@@ -11,12 +11,7 @@
 #include "cli.h"
 #include "size.h"
 
-static int bad(const char *fmt, const char *arg) {
-        fprintf(stderr, "gpupoolctl set-limit: ");
-        fprintf(stderr, fmt, arg);
-        fprintf(stderr, "\nUsage: gpupoolctl %s\n", cli_cmd_set_limit.usage);
-        return 2;
-}
+#define bad(...) cli_usage_error(&cli_cmd_set_limit, __VA_ARGS__)
 
 static int run(struct cli *cli, int argc, char **argv) {
         Gpupool__Envelope req = GPUPOOL__ENVELOPE__INIT, *rep;
@@ -43,14 +38,16 @@ static int run(struct cli *cli, int argc, char **argv) {
                         if (gp_size_parse(a + 10, &sl.guarantee_bytes) < 0)
                                 return bad("guarantee: '%s' is not a size", a + 10);
                         sl.has_guarantee_bytes = 1;
+                } else if (strcmp(a, "--tenant") == 0 || strcmp(a, "--pid") == 0) {
+                        return bad("%s needs a value", a);
                 } else {
-                        return bad("unexpected '%s'", a);
+                        return bad("unexpected argument '%s'", a);
                 }
         }
         if (!sl.tenant == !sl.has_pid)
-                return bad("%sname one tenant (--tenant) or one client (--pid)", "");
+                return bad("name one tenant (--tenant) or one client (--pid)");
         if (!sl.has_max_bytes && !sl.has_guarantee_bytes)
-                return bad("%sgive max=SIZE, guarantee=SIZE or both", "");
+                return bad("give max=SIZE, guarantee=SIZE or both");
         req.body_case = GPUPOOL__ENVELOPE__BODY_SET_LIMIT;
         req.set_limit = &sl;
         if (cli_call(cli, &req, GPUPOOL__ENVELOPE__BODY__NOT_SET, &rep) < 0)
@@ -65,6 +62,12 @@ const struct cli_command cli_cmd_set_limit = {
         .name = "set-limit",
         .usage = "set-limit --tenant NAME|--pid PID [max=SIZE] [guarantee=SIZE]",
         .summary = "change limits in the running daemon (until reload)",
+        .help = "  --tenant NAME       a tenant's max and guarantee\n"
+                "  --pid PID           one client process's per-device max\n"
+                "  max=SIZE            the most bytes (0: no limit); SIZE as 512M, 4G, 1.5GiB\n"
+                "  guarantee=SIZE      bytes kept for the tenant\n\n"
+                "Until the next reload or restart, which restore the config file's. Root or the daemon's user\n"
+                "only. Exit 1 when refused (saying why), 2 for a bad command line.\n",
         .takes_args = true,
         .run = run,
 };

@@ -243,5 +243,8 @@ const struct cli_command cli_cmd_status = {
         .name = "status",
         .usage = "status [--json]",
         .summary = "show devices, pools, tenants and clients",
+        .help = "Per device: its backend, total, reserved, in use and cached bytes, and its counters; per\n"
+                "tenant its clients and use; per client its pid, uid, name, tenant and what it holds.\n"
+                "Any local user who may connect may read it. --json: the same as one JSON object.\n",
         .run = run,
 };

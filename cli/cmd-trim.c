@@ -13,11 +13,6 @@
 #include "cli.h"
 #include "size.h"
 
-static int usage_error(const char *what) {
-        fprintf(stderr, "gpupoolctl trim: %s\nUsage: gpupoolctl %s\n", what, cli_cmd_trim.usage);
-        return 2;
-}
-
 static int run(struct cli *cli, int argc, char **argv) {
         Gpupool__Envelope req = GPUPOOL__ENVELOPE__INIT, *rep;
         Gpupool__TrimRequest tr = GPUPOOL__TRIM_REQUEST__INIT;
@@ -30,17 +25,19 @@ static int run(struct cli *cli, int argc, char **argv) {
                         long pid = strtol(argv[++i], &end, 10);
 
                         if (*end || pid <= 0 || pid > INT32_MAX)
-                                return usage_error("--pid takes a process id");
+                                return cli_usage_error(&cli_cmd_trim, "--pid takes a process id, not '%s'", argv[i]);
                         tr.has_pid = 1;
                         tr.pid = (int32_t) pid;
                 } else if (strcmp(argv[i], "--tenant") == 0 && i + 1 < argc) {
                         tr.tenant = argv[++i];
+                } else if (strcmp(argv[i], "--pid") == 0 || strcmp(argv[i], "--tenant") == 0) {
+                        return cli_usage_error(&cli_cmd_trim, "%s needs a value", argv[i]);
                 } else {
-                        return usage_error("unexpected argument");
+                        return cli_usage_error(&cli_cmd_trim, "unexpected argument '%s'", argv[i]);
                 }
         }
         if (!tr.tenant == !tr.has_pid)
-                return usage_error("name one process (--pid) or one tenant (--tenant)");
+                return cli_usage_error(&cli_cmd_trim, "name one process (--pid) or one tenant (--tenant)");
         req.body_case = GPUPOOL__ENVELOPE__BODY_TRIM;
         req.trim = &tr;
         if (cli_call(cli, &req, GPUPOOL__ENVELOPE__BODY_TRIM_REPLY, &rep) < 0)
@@ -60,6 +57,10 @@ const struct cli_command cli_cmd_trim = {
         .name = "trim",
         .usage = "trim --pid PID|--tenant NAME",
         .summary = "ask clients to give back the segments they keep free",
+        .help = "  --pid PID           the clients of one process\n"
+                "  --tenant NAME       the clients of one tenant\n\n"
+                "Their library answers on its own thread; the segments go to the daemon's cache. Prints how\n"
+                "many clients were asked and what they held free as last known. Root or the daemon's user only.\n",
         .takes_args = true,
         .run = run,
 };

@@ -50,7 +50,7 @@ const char options_usage[] =
         "  --metrics-listen ADDR  serve Prometheus metrics at http://ADDR/metrics: IP:PORT,\n"
         "                         [IPV6]:PORT or PORT alone for 127.0.0.1 (default: off)\n"
         "  --check-invariants     check the pools after every request (slow; for tests)\n"
-        "  --help                 show this text\n"
+        "  -h, --help             show this text\n"
         "  --version              show the version\n"
         "\n"
         "SIZE is bytes, or a number with K, M, G, T (powers of 1024; \"KiB\" and \"KB\" too),\n"
@@ -331,7 +331,7 @@ int options_parse_over(int argc, char **argv, const struct options *base, struct
 
         optind = 0;     /* glibc: start over, so that tests (and reloads) can parse many command lines */
         opterr = 0;
-        while ((c = getopt_long(argc, argv, ":", long_options, NULL)) != -1) {
+        while ((c = getopt_long(argc, argv, ":h", long_options, NULL)) != -1) {
                 if (c >= OPT_SETTING && c < OPT_SETTING + (int) NSETTINGS) {
                         const struct setting *s = &settings[c - OPT_SETTING];
 
@@ -354,6 +354,7 @@ int options_parse_over(int argc, char **argv, const struct options *base, struct
                         o.action = OPTIONS_CHECK_CONFIG;
                         break;
                 case OPT_HELP:
+                case 'h':
                         o.action = OPTIONS_HELP;
                         break;
                 case OPT_VERSION:

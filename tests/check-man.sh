@@ -29,11 +29,11 @@ for p in docs/man/*.scd; do
         scdoc <"$p" >/dev/null || { echo "check-man: scdoc rejects $p" >&2; fail=1; }
 done
 
-"$B/gpupoold" --help | grep -oE '^  --[a-z-]+' | sed 's/^ *//' >"$dir/d.prog"
-section gpupoold.8.scd OPTIONS | grep -oE '^\*--[a-z-]+\*' | tr -d '*' >"$dir/d.page"
+# An option's line may name its short form first: "  -h, --help".
+"$B/gpupoold" --help | grep -oE '^  (-[a-z], )?--[a-z-]+' | sed 's/^ *//; s/^-[a-z], //' >"$dir/d.prog"
+section gpupoold.8.scd OPTIONS | grep -oE '^\*(-[a-z]\*, \*)?--[a-z-]+\*' | sed 's/^\*-[a-z]\*, //' | tr -d '*' >"$dir/d.page"
 same "gpupoold's options and gpupoold(8)" "$dir/d.prog" "$dir/d.page"
 
-# An option's line may name its short form first: "  -h, --help".
 "$B/gpupoolctl" --help | awk '/^Options:/ { on = 1; next } on' | grep -oE '^  (-[a-z], )?--[a-z-]+' | sed 's/^ *//; s/^-[a-z], //' >"$dir/c.prog"
 section gpupoolctl.1.scd OPTIONS | grep -oE '^\*(-[a-z]\*, \*)?--[a-z-]+\*' | sed 's/^\*-[a-z]\*, //' | tr -d '*' >"$dir/c.page"
 same "gpupoolctl's options and gpupoolctl(1)" "$dir/c.prog" "$dir/c.page"

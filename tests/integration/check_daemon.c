@@ -621,6 +621,62 @@ START_TEST(test_cli) {
 }
 END_TEST
 
+/*
+ * Every command answers --help, -h and "help COMMAND" with its usage, and a bad argument is
+ * named with the usage, all without a daemon (the socket does not exist); gpupoold -h is --help.
+ */
+START_TEST(test_cli_help_everywhere) {
+        static const char *const bad[][2] = {
+                { "trim --bogus", "gpupoolctl trim: unexpected argument '--bogus'" },
+                { "trim --pid", "gpupoolctl trim: --pid needs a value" },
+                { "status extra", "gpupoolctl status: unexpected argument 'extra'" },
+                { "unpublish a b", "gpupoolctl unpublish: one object at a time: 'a', then 'b'" },
+                { "unpublish --uid", "gpupoolctl unpublish: --uid needs a value" },
+                { "flush --device x", "gpupoolctl flush: 'x' is not a device index" },
+                { "set-limit --tenant t bogus", "gpupoolctl set-limit: unexpected argument 'bogus'" },
+                { "help status trim", "gpupoolctl help: one command at a time" },
+                { "help nosuch", "gpupoolctl help: unknown command 'nosuch'" },
+        };
+        const char *b = build_dir();
+        char cmd[512], out[8192], names[4096], *save = NULL;
+        int commands = 0;
+
+        snprintf(cmd, sizeof(cmd), "%s/gpupoolctl --help | awk '/^Commands:/ { on = 1; next } /^$/ { on = 0 } "
+                 "on && /^  [a-z]/ { print $1 }'", b);
+        ck_assert_int_eq(run_capture(cmd, names, sizeof(names)), 0);
+        for (char *name = strtok_r(names, "\n", &save); name; name = strtok_r(NULL, "\n", &save)) {
+                static const char *const forms[] = { "%s/gpupoolctl --socket /nonexistent/sock %s --help",
+                                                     "%s/gpupoolctl --socket /nonexistent/sock %s -h",
+                                                     "%s/gpupoolctl --socket /nonexistent/sock help %s" };
+                char want[128];
+
+                if (strcmp(name, "help") == 0)
+                        continue;
+                snprintf(want, sizeof(want), "Usage: gpupoolctl [--socket PATH] [--json] %s", name);
+                for (size_t f = 0; f < sizeof(forms) / sizeof(forms[0]); f++) {
+                        snprintf(cmd, sizeof(cmd), forms[f], b, name);
+                        strcat(cmd, " 2>&1");
+                        ck_assert_msg(run_capture(cmd, out, sizeof(out)) == 0, "%s: %s", cmd, out);
+                        ck_assert_msg(strncmp(out, want, strlen(want)) == 0 && strchr(out, '.'), "%s: %s", cmd, out);
+                }
+                commands++;
+        }
+        ck_assert_int_ge(commands, 10);
+        for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+                snprintf(cmd, sizeof(cmd), "%s/gpupoolctl --socket /nonexistent/sock %s 2>&1", b, bad[i][0]);
+                ck_assert_msg(run_capture(cmd, out, sizeof(out)) == 2, "%s: %s", cmd, out);
+                ck_assert_msg(strncmp(out, bad[i][1], strlen(bad[i][1])) == 0 && strstr(out, "Usage: gpupoolctl"), "%s: %s",
+                              cmd, out);
+        }
+        snprintf(cmd, sizeof(cmd), "%s/gpupoolctl help", b);
+        ck_assert_int_eq(run_capture(cmd, out, sizeof(out)), 0);
+        ck_assert_msg(strstr(out, "Commands:") && strstr(out, "help [COMMAND]"), "%s", out);
+        snprintf(cmd, sizeof(cmd), "%s/gpupoold -h", b);
+        ck_assert_int_eq(run_capture(cmd, out, sizeof(out)), 0);
+        ck_assert_msg(strstr(out, "Usage: gpupoold") && strstr(out, "-h, --help"), "%s", out);
+}
+END_TEST
+
 /* As uid 65534, with the daemon at --max-clients: gpupoolctl is refused, and says why. */
 static int nobody_refused(struct testd *d, void *arg) {
         const char *ctl = arg;
@@ -854,6 +910,7 @@ Suite *suite_daemon(void) {
         tcase_add_test(tc, test_segment_zeroed_across_uids);
         tcase_add_test(tc, test_kept_descriptor_reads_nothing);
         tcase_add_test(tc, test_cli);
+        tcase_add_test(tc, test_cli_help_everywhere);
         tcase_add_test(tc, test_cli_refused_over_max_clients);
         tcase_add_test(tc, test_daemon_command_line_errors);
         tcase_set_timeout(tc, 120);

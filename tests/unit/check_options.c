@@ -60,6 +60,8 @@ START_TEST(test_all_options) {
         ck_assert_uint_eq(o.headroom_bytes, 0);
         ck_assert_int_eq(parse(&o, err, "--help", NULL), 0);
         ck_assert_int_eq(o.action, OPTIONS_HELP);
+        ck_assert_int_eq(parse(&o, err, "-h", NULL), 0);
+        ck_assert_int_eq(o.action, OPTIONS_HELP);
         ck_assert_int_eq(parse(&o, err, "--version", NULL), 0);
         ck_assert_int_eq(o.action, OPTIONS_VERSION);
 }
