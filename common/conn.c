@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "size.h"
@@ -184,12 +185,35 @@ int gp_conn_call(struct gp_conn *c, Gpupool__Envelope *req, Gpupool__Envelope__B
         return r;
 }
 
+/* What is at path, which connect(2) refused, when it is not a socket: "a directory", or NULL. */
+static const char *not_a_socket(const char *path) {
+        struct stat st;
+
+        if (stat(path, &st) < 0 || S_ISSOCK(st.st_mode))
+                return NULL;
+        if (S_ISDIR(st.st_mode))
+                return "a directory";
+        if (S_ISREG(st.st_mode))
+                return "a regular file";
+        if (S_ISFIFO(st.st_mode))
+                return "a FIFO";
+        if (S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode))
+                return "a device file";
+        return "not a socket";
+}
+
 /* Why a connect to path failed, and what to do, for whoever reads the error first: a newcomer, often. */
 static void connect_error(struct gp_conn *c, const char *path, int r) {
-        if (r == -ENOENT || r == -ECONNREFUSED)
+        const char *what = r == -ECONNREFUSED ? not_a_socket(path) : NULL;
+
+        if (what)
+                snprintf(c->error, sizeof(c->error), "%s is %s, not gpupoold's socket: set $GPUPOOL_SOCKET to the socket "
+                         "gpupoold listens on (default " GP_DEFAULT_SOCKET ")", path, what);
+        else if (r == -ENOENT || r == -ECONNREFUSED)
                 snprintf(c->error, sizeof(c->error), "no gpupoold listens at %s (%s): start it, or set $GPUPOOL_SOCKET to "
                          "the socket it listens on", path, r == -ENOENT ? "there is no such socket" :
-                                                             "the socket is there, and nobody accepts on it");
+                                                             "the socket is there, and nobody accepts on it: "
+                                                             "a daemon that stopped left it");
         else if (r == -EACCES)
                 snprintf(c->error, sizeof(c->error), "may not connect to gpupoold at %s: %s (is this user in group "
                          "gpupool?)", path, strerror(-r));

@@ -595,6 +595,27 @@ START_TEST(test_cli) {
         ck_assert_int_eq(run_capture(cmd, out, sizeof(out)), 1);
         ck_assert_msg(strstr(out, "gpupoolctl: no gpupoold listens at ") && strstr(out, "/none (there is no such socket)") &&
                       strstr(out, "start it, or set $GPUPOOL_SOCKET"), "%s", out);
+        /* What is there when it is not a socket: a directory, a file; a socket nobody accepts on. */
+        snprintf(cmd, sizeof(cmd), "%s/gpupoolctl --socket %s status 2>&1", b, d.dir);
+        ck_assert_int_eq(run_capture(cmd, out, sizeof(out)), 1);
+        ck_assert_msg(strstr(out, " is a directory, not gpupoold's socket: set $GPUPOOL_SOCKET"), "%s", out);
+        snprintf(cmd, sizeof(cmd), "touch %s/file && %s/gpupoolctl --socket %s/file status 2>&1", d.dir, b, d.dir);
+        ck_assert_int_eq(run_capture(cmd, out, sizeof(out)), 1);
+        ck_assert_msg(strstr(out, "/file is a regular file, not gpupoold's socket"), "%s", out);
+        {
+                struct sockaddr_un sa = { .sun_family = AF_UNIX };
+                int s = socket(AF_UNIX, SOCK_STREAM, 0);
+
+                snprintf(sa.sun_path, sizeof(sa.sun_path), "%s/dead.sock", d.dir);
+                ck_assert_int_eq(bind(s, (struct sockaddr *) &sa, sizeof(sa)), 0);
+                close(s);
+                snprintf(cmd, sizeof(cmd), "%s/gpupoolctl --socket %s status 2>&1", b, sa.sun_path);
+                ck_assert_int_eq(run_capture(cmd, out, sizeof(out)), 1);
+                ck_assert_msg(strstr(out, "(the socket is there, and nobody accepts on it: a daemon that stopped left it)"),
+                              "%s", out);
+                unlink(sa.sun_path);
+        }
+        unlink(strcat(strcpy(cmd, d.dir), "/file"));
         snprintf(cmd, sizeof(cmd), "%s/gpupoolctl --socket %s frobnicate 2>&1", b, d.sock);
         ck_assert_int_eq(run_capture(cmd, out, sizeof(out)), 2);
         ck_assert_msg(strstr(out, "unknown command 'frobnicate'"), "%s", out);
