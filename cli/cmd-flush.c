@@ -61,12 +61,13 @@ static int run(struct cli *cli, int argc, char **argv) {
                                 "index", (json_int_t) f->devices[i]->index,
                                 "released_segments", (json_int_t) f->devices[i]->segments,
                                 "released_bytes", (json_int_t) f->devices[i]->bytes));
-                                json_object_set_new(root, "devices", devices);
+                json_object_set_new(root, "devices", devices);
                 cli_print_json(root);
         } else {
                 for (size_t i = 0; i < f->n_devices; i++)
-                        printf("device %u: released %" PRIu64 " cached segments, %s\n", f->devices[i]->index,
-                               f->devices[i]->segments, gp_size_format(f->devices[i]->bytes, size, sizeof(size)));
+                        printf("device %u: released %" PRIu64 " cached segment%s, %s\n", f->devices[i]->index,
+                               f->devices[i]->segments, f->devices[i]->segments == 1 ? "" : "s",
+                               gp_size_format(f->devices[i]->bytes, size, sizeof(size)));
         }
         gpupool__envelope__free_unpacked(rep, NULL);
         return 0;

@@ -69,7 +69,7 @@ static json_t *head_json(const Gpupool__StatusReply *sr) {
                         "in_use_bytes", (json_int_t) d->in_use_bytes, "cached_bytes", (json_int_t) d->cached_bytes,
                         "max_cached_bytes", (json_int_t) d->max_cached_bytes,
                         "evictions_total", (json_int_t) d->evictions_total, "reclaims_total", (json_int_t) d->reclaims_total,
-                        "decay_releases_total", (json_int_t) d->decay_releases_total,
+                        "idle_releases_total", (json_int_t) d->idle_releases_total,
                         "watermark_releases_total", (json_int_t) d->watermark_releases_total,
                         "zeroing_bytes", (json_int_t) d->zeroing_bytes);
                 /* null: the backend cannot tell (host). */
@@ -123,14 +123,14 @@ static int print_table(const Gpupool__StatusReply *sr) {
         char a[GP_SIZE_FORMAT_MAX], b[GP_SIZE_FORMAT_MAX], c[GP_SIZE_FORMAT_MAX], d[GP_SIZE_FORMAT_MAX],
                 e[GP_SIZE_FORMAT_MAX];
 
-        printf("%-6s %-8s %12s %12s %12s %12s %10s %10s %10s %12s\n", "DEVICE", "BACKEND", "TOTAL", "RESERVED", "IN USE",
-               "CACHED", "EVICTIONS", "DECAYED", "WATERMARK", "GPU FREE");
+        printf("%-6s %-8s %12s %12s %12s %12s %10s %13s %10s %12s\n", "DEVICE", "BACKEND", "TOTAL", "RESERVED", "IN USE",
+               "CACHED", "EVICTIONS", "IDLE RELEASES", "WATERMARK", "GPU FREE");
         for (size_t i = 0; i < sr->n_devices; i++) {
                 const Gpupool__DeviceStatus *dev = sr->devices[i];
 
-                printf("%-6u %-8s %12s %12s %12s %12s %10" PRIu64 " %10" PRIu64 " %10" PRIu64 " %12s\n", dev->index,
+                printf("%-6u %-8s %12s %12s %12s %12s %10" PRIu64 " %13" PRIu64 " %10" PRIu64 " %12s\n", dev->index,
                        dev->backend, SZ(dev->total_bytes, a), SZ(dev->reserved_bytes, b), SZ(dev->in_use_bytes, c),
-                       SZ(dev->cached_bytes, d), dev->evictions_total, dev->decay_releases_total,
+                       SZ(dev->cached_bytes, d), dev->evictions_total, dev->idle_releases_total,
                        dev->watermark_releases_total, dev->has_gpu_free_bytes ? SZ(dev->gpu_free_bytes, e) : "-");
         }
         printf("\n");

@@ -102,23 +102,6 @@ static void handle_free(gpupool_client *c) {
         free(c);
 }
 
-/*
- * The calling thread's latest failed gpupool_connect(), for gpupool_last_error(NULL): a refused
- * connection leaves no handle to keep the daemon's sentence in.
- */
-static __thread char connect_error[GP_MAX_ERROR_BYTES];
-
-/* Fails gpupool_connect() with err, saying why for gpupool_last_error(NULL). */
-static int connect_failed(int err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static int connect_failed(int err, const char *fmt, ...) {
-        va_list ap;
-
-        va_start(ap, fmt);
-        vsnprintf(connect_error, sizeof(connect_error), fmt, ap);
-        va_end(ap);
-        return err;
-}
-
 GPUPOOL_EXPORT int gpupool_connect(const char *socket_path, const char *client_name, gpupool_client **ret_client) {
         const char *idle_return = getenv("GPUPOOL_IDLE_RETURN"), *segments = getenv("GPUPOOL_SEGMENTS");
         uint64_t idle_return_ms = GPUPOOL_DEFAULT_IDLE_RETURN_MS;
@@ -126,22 +109,22 @@ GPUPOOL_EXPORT int gpupool_connect(const char *socket_path, const char *client_n
         gpupool_client *c;
         int r;
 
-        connect_error[0] = '\0';
+        (void) client_thread_failed(0, "%s", "");
         if (!ret_client)
-                return connect_failed(-EINVAL, "gpupool_connect() needs a place for the handle");
+                return client_thread_failed(-EINVAL, "gpupool_connect() needs a place for the handle");
         if (client_name && !gp_wire_name_is_valid(client_name))
-                return connect_failed(-EINVAL, "a client name is 1 to %d bytes of UTF-8 without control characters",
+                return client_thread_failed(-EINVAL, "a client name is 1 to %d bytes of UTF-8 without control characters",
                                       GP_MAX_NAME_BYTES);
         if (socket_path && strlen(socket_path) >= sizeof(c->socket_path))
-                return connect_failed(-ENAMETOOLONG, "the socket path is longer than a Unix socket's address allows");
+                return client_thread_failed(-ENAMETOOLONG, "the socket path is longer than a Unix socket's address allows");
         if (idle_return && *idle_return && gp_duration_parse(idle_return, &idle_return_ms) < 0)
-                return connect_failed(-EINVAL, "$GPUPOOL_IDLE_RETURN: '%.64s' is not a duration (e.g. 30s, 2min)",
+                return client_thread_failed(-EINVAL, "$GPUPOOL_IDLE_RETURN: '%.64s' is not a duration (e.g. 30s, 2min)",
                                       idle_return);
         if (segments && *segments && strcmp(segments, "grow") != 0 && strcmp(segments, "whole") != 0)
-                return connect_failed(-EINVAL, "$GPUPOOL_SEGMENTS: '%.64s' is neither grow nor whole", segments);
+                return client_thread_failed(-EINVAL, "$GPUPOOL_SEGMENTS: '%.64s' is neither grow nor whole", segments);
         c = calloc(1, sizeof(*c));
         if (!c)
-                return connect_failed(-ENOMEM, "out of memory for a handle");
+                return client_thread_failed(-ENOMEM, "out of memory for a handle");
         c->serial = __atomic_add_fetch(&next_serial, 1, __ATOMIC_RELAXED);
         c->conn.sock = -1;
         c->mem = &client_mem_host;
@@ -165,7 +148,7 @@ GPUPOOL_EXPORT int gpupool_connect(const char *socket_path, const char *client_n
         r = session_open(c);
         if (r < 0) {
                 /* No handle to read the message from: the thread keeps it (gpupool_last_error(NULL)). */
-                (void) connect_failed(r, "%s", c->error[0] ? c->error : strerror(-r));
+                (void) client_thread_failed(r, "%s", c->error[0] ? c->error : strerror(-r));
                 handle_free(c);
                 return r;
         }
@@ -241,7 +224,7 @@ GPUPOOL_EXPORT int gpupool_reconnect(gpupool_client *c) {
         int r;
 
         if (!c)
-                return -EINVAL;
+                return client_invalid(NULL, "%s: no handle (NULL): gpupool_connect() gives one", __func__);
         client_control_close(c);
         pthread_mutex_lock(&c->lock);
         client_conn_wait(c);
@@ -291,8 +274,14 @@ static int alloc_on(gpupool_client *c, int device, size_t size, void *stream, bo
         struct block *b = NULL;
         int r, d;
 
-        if (!c || !ret_ptr || device < 0 || size == 0)
-                return -EINVAL;
+        if (!c)
+                return client_invalid(NULL, "gpupool_alloc: no handle (NULL): gpupool_connect() gives one");
+        if (!ret_ptr)
+                return client_invalid(c, "gpupool_alloc: no place for the pointer (ret_ptr is NULL)");
+        if (device < 0)
+                return client_invalid(c, "gpupool_alloc: device %d: devices are numbered from 0", device);
+        if (size == 0)
+                return client_invalid(c, "cannot allocate 0 bytes: a request is 1 byte to 64 TiB");
         /* This thread's cache first, without the handle's lock (never inside a scope: its blocks are the scope's). */
         if (rsize && !client_memory_lost(c) && !__atomic_load_n(&c->scope_depth, __ATOMIC_ACQUIRE) &&
             (b = client_tcache_take(c, device, rsize))) {
@@ -369,7 +358,7 @@ static int free_now(gpupool_client *c, void *ptr) {
 
 GPUPOOL_EXPORT int gpupool_free(gpupool_client *c, void *ptr) {
         if (!c)
-                return -EINVAL;
+                return client_invalid(NULL, "%s: no handle (NULL): gpupool_connect() gives one", __func__);
         return free_now(c, ptr);
 }
 
@@ -378,7 +367,7 @@ GPUPOOL_EXPORT int gpupool_free_async(gpupool_client *c, void *ptr, void *stream
         int r;
 
         if (!c)
-                return -EINVAL;
+                return client_invalid(NULL, "%s: no handle (NULL): gpupool_connect() gives one", __func__);
         /* Host memory: no device queues work on it, so there is nothing to wait for. */
         if ((!stream || stream == GPUPOOL_STREAM_OF_ALLOC) && !__atomic_load_n(&c->mem, __ATOMIC_ACQUIRE)->streams)
                 return free_now(c, ptr);
@@ -403,8 +392,10 @@ GPUPOOL_EXPORT int gpupool_free_async(gpupool_client *c, void *ptr, void *stream
 GPUPOOL_EXPORT int gpupool_grow_stats(gpupool_client *c, struct gpupool_grow_stats *ret) {
         struct gpupool_grow_stats st;
 
-        if (!c || !ret)
-                return -EINVAL;
+        if (!c)
+                return client_invalid(NULL, "%s: no handle (NULL): gpupool_connect() gives one", __func__);
+        if (!ret)
+                return client_invalid(c, "%s: no place for the figures (ret is NULL)", __func__);
         pthread_mutex_lock(&c->lock);
         client_grow_stats(c, &st);
         pthread_mutex_unlock(&c->lock);
@@ -416,8 +407,10 @@ GPUPOOL_EXPORT int gpupool_release_wait(gpupool_client *c, int timeout_ms) {
         struct timespec at;
         int r = 0;
 
-        if (!c || timeout_ms < 0)
-                return -EINVAL;
+        if (!c)
+                return client_invalid(NULL, "%s: no handle (NULL): gpupool_connect() gives one", __func__);
+        if (timeout_ms < 0)
+                return client_invalid(c, "gpupool_release_wait: a timeout of %d ms: 0 or more", timeout_ms);
         gp_deadline_after_ms((uint64_t) timeout_ms, &at);
         pthread_mutex_lock(&c->lock);
         c->release_waiters++;
@@ -439,7 +432,7 @@ GPUPOOL_EXPORT int gpupool_release_wait(gpupool_client *c, int timeout_ms) {
 
 GPUPOOL_EXPORT int gpupool_release_done(gpupool_client *c) {
         if (!c)
-                return -EINVAL;
+                return client_invalid(NULL, "%s: no handle (NULL): gpupool_connect() gives one", __func__);
         pthread_mutex_lock(&c->lock);
         c->release_done_seq++;
         pthread_cond_broadcast(&c->release_cond);
@@ -450,8 +443,10 @@ GPUPOOL_EXPORT int gpupool_release_done(gpupool_client *c) {
 GPUPOOL_EXPORT int gpupool_release_report(gpupool_client *c, int device, uint64_t bytes) {
         int d;
 
-        if (!c || device < 0)
-                return -EINVAL;
+        if (!c)
+                return client_invalid(NULL, "%s: no handle (NULL): gpupool_connect() gives one", __func__);
+        if (device < 0)
+                return client_invalid(c, "gpupool_release_report: device %d: devices are numbered from 0", device);
         pthread_mutex_lock(&c->lock);
         d = daemon_device(c, device);
         if (d >= 0)
@@ -465,8 +460,10 @@ GPUPOOL_EXPORT int gpupool_release_report(gpupool_client *c, int device, uint64_
 GPUPOOL_EXPORT int gpupool_stats(gpupool_client *c, struct gpupool_stats *ret) {
         struct gpupool_stats st = { 0 };
 
-        if (!c || !ret)
-                return -EINVAL;
+        if (!c)
+                return client_invalid(NULL, "%s: no handle (NULL): gpupool_connect() gives one", __func__);
+        if (!ret)
+                return client_invalid(c, "%s: no place for the figures (ret is NULL)", __func__);
         /* Counted now rather than on every allocation. */
         pthread_mutex_lock(&c->lock);
         for (struct gp_rb_node *n = gp_rb_first(&c->by_id); n; n = gp_rb_next(n)) {
@@ -507,8 +504,8 @@ GPUPOOL_EXPORT size_t gpupool_last_error(gpupool_client *c, char *buf, size_t si
 
         if (!c) {
                 if (size)
-                        snprintf(buf, size, "%s", connect_error);
-                return strlen(connect_error);
+                        snprintf(buf, size, "%s", client_thread_error());
+                return strlen(client_thread_error());
         }
         pthread_mutex_lock(&c->lock);
         len = strlen(c->error);

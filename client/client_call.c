@@ -6,7 +6,43 @@
  */
 #include "client_call.h"
 
+#include <errno.h>
+#include <stdarg.h>
 #include <stdio.h>
+
+/*
+ * The calling thread's latest failure that left no handle to keep its sentence in: a refused
+ * gpupool_connect(), or a call given no handle. gpupool_last_error(NULL) reads it.
+ */
+static __thread char thread_error[GP_MAX_ERROR_BYTES];
+
+int client_thread_failed(int err, const char *fmt, ...) {
+        va_list ap;
+
+        va_start(ap, fmt);
+        vsnprintf(thread_error, sizeof(thread_error), fmt, ap);
+        va_end(ap);
+        return err;
+}
+
+const char *client_thread_error(void) {
+        return thread_error;
+}
+
+int client_invalid(gpupool_client *c, const char *fmt, ...) {
+        va_list ap;
+
+        va_start(ap, fmt);
+        if (c) {
+                pthread_mutex_lock(&c->lock);
+                vsnprintf(c->error, sizeof(c->error), fmt, ap);
+                pthread_mutex_unlock(&c->lock);
+        } else {
+                vsnprintf(thread_error, sizeof(thread_error), fmt, ap);
+        }
+        va_end(ap);
+        return -EINVAL;
+}
 
 void client_conn_wait(gpupool_client *c) {
         while (c->conn_busy)

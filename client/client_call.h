@@ -10,6 +10,19 @@
 #include "client.h"
 
 /* Waits (letting go of the lock meanwhile) until no lease has the main connection out. Locked. */
+/*
+ * Fails with err, keeping why for gpupool_last_error(NULL): for failures that leave no handle
+ * (a refused gpupool_connect(), a call given none). client_thread_error() is the latest.
+ */
+int client_thread_failed(int err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+const char *client_thread_error(void);
+
+/*
+ * Fails a call of the API for a bad argument: returns -EINVAL, saying why in c's error (taking
+ * its lock: call it unlocked), or with c NULL in the thread's (gpupool_last_error(NULL)).
+ */
+int client_invalid(gpupool_client *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
 void client_conn_wait(gpupool_client *c);
 
 /*

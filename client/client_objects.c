@@ -219,7 +219,7 @@ GPUPOOL_EXPORT int gpupool_publish_to(gpupool_client *c, const char *name, void 
         int r, n;
 
         if (!c)
-                return -EINVAL;
+                return client_invalid(NULL, "%s: no handle (NULL): gpupool_connect() gives one", __func__);
         pthread_mutex_lock(&c->lock);
         if ((r = name_ok(c, name)) < 0 || (r = objects_built(c)) < 0 || (r = n = readers_parse(c, readers, buf, list)) < 0) {
                 pthread_mutex_unlock(&c->lock);
@@ -252,8 +252,10 @@ static int attach(gpupool_client *c, const char *name, int64_t publisher, const 
         const Gpupool__AttachReply *reply;
         int fd = -1, r;
 
-        if (!c || !ret_ptr || !ret_size)
-                return -EINVAL;
+        if (!c)
+                return client_invalid(NULL, "%s: no handle (NULL): gpupool_connect() gives one", "gpupool_attach");
+        if (!ret_ptr || !ret_size)
+                return client_invalid(c, "%s: no place for the pointer or the size (NULL)", "gpupool_attach");
         pthread_mutex_lock(&c->lock);
         if ((r = name_ok(c, name)) < 0 || (r = objects_built(c)) < 0)
                 goto out;
@@ -317,8 +319,10 @@ GPUPOOL_EXPORT int gpupool_object_publisher(gpupool_client *c, const void *ptr, 
                                             size_t tenant_size) {
         int r = -ENOENT;
 
-        if (!c || !ret_uid)
-                return -EINVAL;
+        if (!c)
+                return client_invalid(NULL, "%s: no handle (NULL): gpupool_connect() gives one", __func__);
+        if (!ret_uid)
+                return client_invalid(c, "gpupool_object_publisher: no place for the uid (ret_uid is NULL)");
         pthread_mutex_lock(&c->lock);
         for (struct client_attachment *a = c->attachments; a; a = a->next)
                 if (a->ptr == ptr) {
@@ -339,7 +343,7 @@ GPUPOOL_EXPORT int gpupool_detach(gpupool_client *c, const void *ptr) {
         int r = 0;
 
         if (!c)
-                return -EINVAL;
+                return client_invalid(NULL, "%s: no handle (NULL): gpupool_connect() gives one", __func__);
         pthread_mutex_lock(&c->lock);
         for (pp = &c->attachments; *pp; pp = &(*pp)->next)
                 if ((*pp)->ptr == ptr) {
@@ -367,7 +371,7 @@ GPUPOOL_EXPORT int gpupool_unpublish(gpupool_client *c, const char *name) {
         int r;
 
         if (!c)
-                return -EINVAL;
+                return client_invalid(NULL, "%s: no handle (NULL): gpupool_connect() gives one", __func__);
         pthread_mutex_lock(&c->lock);
         if ((r = name_ok(c, name)) == 0) {
                 ur.name = (char *) name;

@@ -8,6 +8,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 
+#include "client_call.h"
 #include "client_pool.h"
 #include "client_segment.h"
 
@@ -15,7 +16,7 @@ GPUPOOL_EXPORT int gpupool_scope_begin(gpupool_client *c) {
         int r = 0;
 
         if (!c)
-                return -EINVAL;
+                return client_invalid(NULL, "%s: no handle (NULL): gpupool_connect() gives one", __func__);
         pthread_mutex_lock(&c->lock);
         if (c->scope_depth == CLIENT_MAX_SCOPES) {
                 client_set_error(c, "scopes nest at most %d deep", CLIENT_MAX_SCOPES);
@@ -33,7 +34,7 @@ GPUPOOL_EXPORT int gpupool_scope_end(gpupool_client *c) {
         uint32_t scope;
 
         if (!c)
-                return -EINVAL;
+                return client_invalid(NULL, "%s: no handle (NULL): gpupool_connect() gives one", __func__);
         pthread_mutex_lock(&c->lock);
         if (!c->scope_depth) {
                 client_set_error(c, "gpupool_scope_end without gpupool_scope_begin");
@@ -72,8 +73,12 @@ GPUPOOL_EXPORT int gpupool_arena_create(gpupool_client *c, int device, size_t by
         gpupool_arena *a;
         int r;
 
-        if (!c || !ret_arena || bytes == 0)
-                return -EINVAL;
+        if (!c)
+                return client_invalid(NULL, "%s: no handle (NULL): gpupool_connect() gives one", __func__);
+        if (!ret_arena)
+                return client_invalid(c, "gpupool_arena_create: no place for the arena (ret_arena is NULL)");
+        if (bytes == 0)
+                return client_invalid(c, "gpupool_arena_create: an arena of 0 bytes: it is 1 byte or more");
         a = calloc(1, sizeof(*a));
         if (!a)
                 return -ENOMEM;
@@ -91,8 +96,14 @@ GPUPOOL_EXPORT int gpupool_arena_create(gpupool_client *c, int device, size_t by
 GPUPOOL_EXPORT int gpupool_arena_alloc(gpupool_arena *a, size_t size, size_t align, void **ret_ptr) {
         uintptr_t at, end;
 
-        if (!a || !ret_ptr || size == 0 || (align & (align - 1)))
-                return -EINVAL;
+        if (!a)
+                return client_invalid(NULL, "gpupool_arena_alloc: no arena (NULL): gpupool_arena_create() gives one");
+        if (!ret_ptr)
+                return client_invalid(a->client, "gpupool_arena_alloc: no place for the pointer (ret_ptr is NULL)");
+        if (size == 0)
+                return client_invalid(a->client, "gpupool_arena_alloc: cannot allocate 0 bytes");
+        if (align & (align - 1))
+                return client_invalid(a->client, "gpupool_arena_alloc: an alignment of %zu: a power of two (0: 256)", align);
         if (!align)
                 align = 256;
         at = ((uintptr_t) a->base + a->used + align - 1) & ~(uintptr_t) (align - 1);

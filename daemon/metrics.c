@@ -136,7 +136,7 @@ static uint64_t device_value(const struct node *node, unsigned d, const struct p
         case F_RECLAIMS:
                 return node->reclaims_total[d];
         case F_IDLE_RELEASES:
-                return st->decay_releases_total;
+                return st->idle_releases_total;
         case F_WATERMARK_RELEASES:
                 return st->watermark_releases_total;
         case F_GPU_FREE:

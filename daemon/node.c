@@ -80,9 +80,9 @@ int node_init(struct node *node, uv_loop_t *loop, const struct config *config, s
                 log_err("%s", why);
                 return r;
         }
-        uv_timer_init(loop, &node->decay_timer);
-        node->decay_timer.data = node;
-        node->decay_timer_open = true;
+        uv_timer_init(loop, &node->idle_release_timer);
+        node->idle_release_timer.data = node;
+        node->idle_release_timer_open = true;
         uv_timer_init(loop, &node->reclaim_timer);
         node->reclaim_timer.data = node;
         node->reclaim_timer_open = true;
@@ -99,9 +99,9 @@ int node_init(struct node *node, uv_loop_t *loop, const struct config *config, s
 
 void node_close(struct node *node) {
         node->stopping = true;
-        if (node->decay_timer_open) {
-                uv_close((uv_handle_t *) &node->decay_timer, NULL);
-                node->decay_timer_open = false;
+        if (node->idle_release_timer_open) {
+                uv_close((uv_handle_t *) &node->idle_release_timer, NULL);
+                node->idle_release_timer_open = false;
         }
         if (node->reclaim_timer_open) {
                 uv_close((uv_handle_t *) &node->reclaim_timer, NULL);
@@ -238,7 +238,7 @@ int node_check(struct node *node, char *why, size_t why_size) {
         return node->hooks.check ? node->hooks.check(node, why, why_size) : 0;
 }
 
-static void on_decay_timer(uv_timer_t *timer) {
+static void on_idle_release_timer(uv_timer_t *timer) {
         struct node *node = timer->data;
         char b[GP_SIZE_FORMAT_MAX];
 
@@ -300,11 +300,11 @@ void node_after_change(struct node *node) {
                 if (next < due)
                         due = next;
         }
-        if (node->decay_timer_open) {
+        if (node->idle_release_timer_open) {
                 if (node->options->idle_release_ms && due != UINT64_MAX)
-                        uv_timer_start(&node->decay_timer, on_decay_timer, due, 0);
+                        uv_timer_start(&node->idle_release_timer, on_idle_release_timer, due, 0);
                 else
-                        uv_timer_stop(&node->decay_timer);
+                        uv_timer_stop(&node->idle_release_timer);
         }
         if (node->options->check_invariants && node_check(node, why, sizeof(why)) < 0) {
                 log_err("invariant broken: %s", why);

@@ -93,8 +93,8 @@ struct node {
         bool reclaim_timer_open;
         uv_timer_t zero_timer;          /* polls zeroings under way (NODE_ZERO_POLL_MS) */
         bool zero_timer_open;
-        uv_timer_t decay_timer;         /* fires when the oldest cached segment has idled idle_release */
-        bool decay_timer_open;
+        uv_timer_t idle_release_timer;         /* fires when the oldest cached segment has idled idle_release */
+        bool idle_release_timer_open;
         uv_timer_t headroom_timer;      /* keeps each device's headroom free (NODE_HEADROOM_POLL_MS) */
         bool headroom_timer_open;
         /* The sessions (session.h's registry keeps the list; the node only holds its head and counts). */

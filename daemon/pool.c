@@ -54,7 +54,7 @@ struct pool {
         uint64_t cached_bytes;
         uint64_t next_id;
         uint64_t cache_seq;
-        uint64_t evictions, decay_releases, watermark_releases;
+        uint64_t evictions, idle_releases, watermark_releases;
         uint64_t (*clock_ms)(void *ctx);
         void *clock_ctx;
         struct gp_rb_tree segments_by_id;
@@ -668,7 +668,7 @@ void pool_get_stats(const struct pool *p, struct pool_stats *ret) {
                 .headroom_bytes = p->gpu.headroom_bytes,
                 .headroom_releases_total = p->headroom_releases,
                 .evictions_total = p->evictions,
-                .decay_releases_total = p->decay_releases,
+                .idle_releases_total = p->idle_releases,
                 .watermark_releases_total = p->watermark_releases,
         };
 }
@@ -688,7 +688,7 @@ uint64_t pool_release_idle(struct pool *p, uint64_t idle_ms, uint64_t *ret_next_
                 }
                 bytes += s->size;
                 cache_release_oldest(p);
-                p->decay_releases++;
+                p->idle_releases++;
         }
         if (ret_next_ms)
                 *ret_next_ms = UINT64_MAX;

@@ -74,7 +74,7 @@ struct pool_stats {
         uint64_t cached_segments;
         uint64_t zeroing_bytes;         /* segments being zeroed on the device, for a lease that waits */
         uint64_t evictions_total;               /* cached segments released to make room */
-        uint64_t decay_releases_total;          /* cached segments idle too long */
+        uint64_t idle_releases_total;          /* cached segments idle too long */
         uint64_t watermark_releases_total;      /* cached segments over the watermark */
         /* The device as the driver saw it at the last reading (gpu_known: the backend tells it). */
         bool gpu_known;

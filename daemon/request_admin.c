@@ -143,12 +143,12 @@ void request_status(struct session *s, const Gpupool__Envelope *req, struct repl
                 devs[d].cached_bytes = st.cached_bytes;
                 devs[d].segments = st.segments;
                 devs[d].has_max_cached_bytes = devs[d].has_evictions_total = devs[d].has_reclaims_total = 1;
-                devs[d].has_decay_releases_total = devs[d].has_watermark_releases_total = devs[d].has_zeroing_bytes = 1;
+                devs[d].has_idle_releases_total = devs[d].has_watermark_releases_total = devs[d].has_zeroing_bytes = 1;
                 devs[d].zeroing_bytes = st.zeroing_bytes;
                 devs[d].max_cached_bytes = policy_max_cached(&node->policy, d);
                 devs[d].evictions_total = st.evictions_total;
                 devs[d].reclaims_total = node->reclaims_total[d];
-                devs[d].decay_releases_total = st.decay_releases_total;
+                devs[d].idle_releases_total = st.idle_releases_total;
                 devs[d].watermark_releases_total = st.watermark_releases_total;
                 if (st.gpu_known) {
                         devs[d].has_gpu_free_bytes = devs[d].has_gpu_total_bytes = devs[d].has_headroom_bytes = 1;

@@ -464,6 +464,7 @@ void request_lease(struct session *s, const Gpupool__Envelope *req, struct reply
         struct node *node = s->node;
         uint32_t device = req->lease->device, granules = req->lease->granules, ahead = req->lease->granules_ahead;
         uint64_t size = req->lease->size, id = req->id;
+        struct pool_stats st;
         char why[200];
 
         if (device >= node->device_count) {
@@ -500,6 +501,17 @@ void request_lease(struct session *s, const Gpupool__Envelope *req, struct reply
                         return;
                 }
                 size = (uint64_t) granules * GP_GRANULE_BYTES;
+        }
+        /* More than the device holds in all: no eviction can serve it, so nobody is asked. */
+        pool_get_stats(node->pools[device], &st);
+        if (pool_min_segment_bytes(size) > st.total_bytes) {
+                char b1[GP_SIZE_FORMAT_MAX], b2[GP_SIZE_FORMAT_MAX];
+
+                snprintf(why, sizeof(why), "device %u can never fit %" PRIu64 " bytes (%s): it holds %s in all "
+                         "(its pool's capacity)", device, size, gp_size_format(pool_min_segment_bytes(size), b1, sizeof(b1)),
+                         gp_size_format(st.total_bytes, b2, sizeof(b2)));
+                refuse(s, id, -ENOMEM, POLICY_REFUSED_DEVICE_FULL, device, size, why, ret);
+                return;
         }
         (void) lease_attempt(s, id, device, size, granules, ahead, ATTEMPT_FIRST, ret);
 }

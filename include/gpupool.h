@@ -170,9 +170,11 @@ GPUPOOL_EXPORT int gpupool_arena_destroy(gpupool_arena *arena);
 /*
  * Copies the daemon's message about this handle's latest failed call into buf (always
  * NUL-terminated when size > 0); "" when there is none. Returns the message's length.
- * With a NULL client: the calling thread's latest failed gpupool_connect(), which leaves no
- * handle: why the daemon refused it (its limits, its protocol version, a PID namespace of its
- * own on the legacy cuda backend, ...) or why it could not be reached, with the socket's path.
+ * Every failure has one, a bad argument's too. With a NULL client: the calling thread's
+ * latest failure that left no handle to keep it in, a call given a NULL handle or a failed
+ * gpupool_connect(): why the daemon refused it (its limits, its protocol version, a PID
+ * namespace of its own on the legacy cuda backend, ...) or why it could not be reached, with
+ * the socket's path.
  */
 GPUPOOL_EXPORT size_t gpupool_last_error(gpupool_client *client, char *buf, size_t size);
 

@@ -289,13 +289,21 @@ def attach(name, dtype=None, shape=None, like=None, publisher=None):
     where like is None whichever of the two this process has imported, else a DeviceBuffer;
     neither framework has read-only arrays, so theirs look writable (on cuda-vmm a write is an
     illegal address that ends the process's CUDA context; on cuda it changes the object)."""
-    view = Client._shared().attach(name, publisher)
+    client = Client._shared()
+    numpy = None
+    if dtype is not None and client.backend == "host":
+        # Before attaching: a refusal leaves nothing attached.
+        try:
+            import numpy
+        except ImportError as e:
+            raise ImportError(
+                f"gpupool.attach({name!r}, dtype=...) on the host backend gives a NumPy array, and NumPy is not "
+                "installed (pip install numpy); attach() without dtype gives a read-only memoryview") from e
+    view = client.attach(name, publisher)
     if dtype is None:
         return view
     if isinstance(view, DeviceBuffer):
         return view.as_array(dtype, shape, like)
-    import numpy
-
     array = numpy.frombuffer(view, dtype=dtype)
     return array.reshape(shape) if shape is not None else array
 

@@ -323,19 +323,29 @@ START_TEST(test_refusals) {
         ck_assert_int_eq(gpupool_connect(d.sock, "bad\nname", &c), -EINVAL);
         ck_assert_int_eq(gpupool_connect(d.sock, "", &c), -EINVAL);
         ck_assert_int_eq(gpupool_connect(d.sock, "a", &c), 0);
+        /* Every refusal has its sentence: a bad argument's too, in the thread's error with no handle. */
         ck_assert_int_eq(gpupool_alloc(c, 0, 0, &p), -EINVAL);
+        gpupool_last_error(c, msg, sizeof(msg));
+        ck_assert_str_eq(msg, "cannot allocate 0 bytes: a request is 1 byte to 64 TiB");
         ck_assert_int_eq(gpupool_alloc(c, -1, 64, &p), -EINVAL);
+        gpupool_last_error(c, msg, sizeof(msg));
+        ck_assert_str_eq(msg, "gpupool_alloc: device -1: devices are numbered from 0");
+        ck_assert_int_eq(gpupool_free(NULL, p), -EINVAL);
+        gpupool_last_error(NULL, msg, sizeof(msg));
+        ck_assert_str_eq(msg, "gpupool_free: no handle (NULL): gpupool_connect() gives one");
         ck_assert_int_eq(gpupool_alloc(c, 1, 64, &p), -ENODEV);
         ck_assert_int_eq(gpupool_alloc(c, 0, (size_t) 1 << 47, &p), -EINVAL);
+        /* More than the device holds in all can never fit, and says so (nobody is asked for memory). */
         ck_assert_int_eq(gpupool_alloc(c, 0, 600 * MiB, &p), -ENOMEM);         /* capacity is 512M */
         gpupool_last_error(c, msg, sizeof(msg));
-        ck_assert_msg(strstr(msg, "device 0 is full"), "message: %s", msg);
+        ck_assert_msg(strstr(msg, "device 0 can never fit 629145600 bytes (600.0 MiB): it holds 512.0 MiB in all"),
+                      "message: %s", msg);
         /* --max-blocks is obsolete: the daemon said so at start, and bounds nothing. */
         ck_assert(testd_log_wait(&d, "max_blocks (--max-blocks) is obsolete and ignored"));
         for (int i = 0; i < 11; i++)
                 ck_assert_int_eq(gpupool_alloc(c, 0, 64, &p), 0);
         /* A full device's refusal says who holds it, with what each reported. */
-        ck_assert_int_eq(gpupool_alloc(c, 0, 600 * MiB, &p), -ENOMEM);
+        ck_assert_int_eq(gpupool_alloc(c, 0, 511 * MiB, &p), -ENOMEM);
         gpupool_last_error(c, msg, sizeof(msg));
         ck_assert_msg(strstr(msg, "; no other client could give back memory that would serve") &&
                       strstr(msg, "; it is leased to client ") && strstr(msg, " 'a' (pid ") && strstr(msg, "tenant default): 2.0 MiB, "),
@@ -637,6 +647,11 @@ START_TEST(test_cli) {
         snprintf(cmd, sizeof(cmd), "%s/gpupoolctl --socket %s flush", b, d.sock);
         ck_assert_int_eq(run_capture(cmd, out, sizeof(out)), 0);
         ck_assert_msg(strstr(out, "device 0: released 0 cached segments"), "%s", out);
+        /* One segment is one: the client's emptied segment goes to the cache, and flush says so. */
+        ck_assert_int_eq(gpupool_free(c, p), 0);
+        ck_assert_int_eq(gpupool_trim(c), 0);
+        ck_assert_int_eq(run_capture(cmd, out, sizeof(out)), 0);
+        ck_assert_msg(strstr(out, "device 0: released 1 cached segment, "), "%s", out);
         gpupool_disconnect(c);
         ck_assert_int_eq(testd_stop(&d), 0);
 }

@@ -184,9 +184,9 @@ START_TEST(test_cache_counters_decay_and_watermark) {
         ck_assert_int_eq(gpupool_trim(c), 0);
         ck_assert_int_eq(testd_device(&d, 0, "cached_bytes"), 12 * MiB);
         t0 = now_s();
-        while (now_s() - t0 < 10 && testd_device(&d, 0, "decay_releases_total") < 1)
+        while (now_s() - t0 < 10 && testd_device(&d, 0, "idle_releases_total") < 1)
                 ;
-        ck_assert_int_eq(testd_device(&d, 0, "decay_releases_total"), 1);
+        ck_assert_int_eq(testd_device(&d, 0, "idle_releases_total"), 1);
         ck_assert_int_eq(testd_device(&d, 0, "cached_bytes"), 0);
         ck_assert_msg(now_s() - t0 > 0.5, "released before it was idle for a second");
         ck_assert_int_eq(testd_device(&d, 0, "reserved_bytes"), 0);

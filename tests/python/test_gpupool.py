@@ -276,6 +276,28 @@ class TestObjects(unittest.TestCase):
                 c.attach("weights")
 
 
+    def test_attach_dtype_without_numpy(self):
+        """attach(dtype=) without NumPy says what is missing and what works without it, and leaves
+        nothing attached."""
+        with gpupool.Client(self.d.sock, name="publisher") as c:
+            c.publish("weights", b"w" * 4096)
+        r = run_python(
+            """
+            import sys
+            sys.modules["numpy"] = None     # as where NumPy is not installed
+            import gpupool
+            try:
+                gpupool.attach("weights", dtype="float32")
+            except ImportError as e:
+                print(e)
+            print(bytes(gpupool.attach("weights")[:2]))
+            """, self.d.sock)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("gives a NumPy array, and NumPy is not installed (pip install numpy); attach() without dtype "
+                      "gives a read-only memoryview", r.stdout)
+        self.assertIn("b'ww'", r.stdout)
+
+
 class TestDeviceObjects(unittest.TestCase):
     """Named objects on cuda-vmm, the daemon and this package's library on the fake driver:
     what attach gives Python (a DeviceBuffer, PyTorch and CuPy views through their stand-ins),

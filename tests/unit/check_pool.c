@@ -421,7 +421,7 @@ START_TEST(test_idle_release_by_age) {
         ck_assert_uint_eq(pool_release_idle(pool, 5000, &next), 14 * MiB);
         ck_assert_uint_eq(next, UINT64_MAX);
         pool_get_stats(pool, &st);
-        ck_assert_uint_eq(st.decay_releases_total, 2);
+        ck_assert_uint_eq(st.idle_releases_total, 2);
         ck_assert_uint_eq(st.cached_bytes, 0);
         ck_assert_uint_eq(st.evictions_total + st.watermark_releases_total, 0);
         ck_assert_int_eq(fake.live, 0);
