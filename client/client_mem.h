@@ -1,7 +1,10 @@
 /*
  * client_mem.h: the library's memory seam (client_mem.c), as daemon/backend.h is the daemon's:
  * how this process maps what a backend leases. The layers above say what to map and where;
- * one table per backend says how, and nothing above asks which backend it is.
+ * one table per backend says how. Above it, code asks what a backend can do, never its name:
+ * the stream layer and the public API whether its devices are CUDA's (streams: stream-ordered
+ * frees, events), the objects whether it exports descriptors or IPC handles (ipc), resume
+ * whether mappings outlive the daemon, the pool whether segments grow (grows).
  *
  *   host      a memfd per segment, mmap()ed; ranges are address space reserved PROT_NONE, a
  *             granule is parked at a spot of its own and mapped under blocks with mremap()

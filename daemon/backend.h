@@ -3,8 +3,9 @@
  *
  * A backend owns devices and makes, zeroes and destroys segments of memory on them; the pool
  * never touches memory itself. "host" makes memfd segments exported as file descriptors;
- * "cuda" makes cuMemAlloc_v2 segments exported as 64-byte IPC handles. Tests plug in a
- * counting backend of their own.
+ * "cuda" makes cuMemAlloc_v2 segments exported as 64-byte IPC handles; "cuda-vmm" makes
+ * cuMemCreate allocations exported as file descriptors (backend_cuda_vmm.c). Tests plug in a
+ * counting backend of their own, and a fault-injecting wrapper (backend_fault.c).
  */
 #ifndef GP_BACKEND_H
 #define GP_BACKEND_H
@@ -113,7 +114,7 @@ struct backend_ops {
 
 struct backend {
         const struct backend_ops *ops;
-        const char *name;       /* "host", "cuda": shown by status */
+        const char *name;       /* "host", "cuda", "cuda-vmm": shown by status */
         unsigned device_count;
         void *data;
         uint64_t faults_injected;       /* by the test-only fault wrapper; 0 otherwise */
