@@ -6,7 +6,8 @@
 #     them from the headers, and each sentence below must appear, with those values, in its file
 #     (whitespace and line breaks aside).
 #   - The README's C example, built with the README's flags, run with no daemon, says where it
-#     looked and what to do; run against a daemon, it allocates and frees and exits 0.
+#     looked and what to do; run against a daemon, it allocates and frees, says so, and exits 0.
+#   - CK_RUN_SUITE names a known suite, and one suite runs from outside the checkout.
 # Environment: B (the build directory), CC, SANITIZER (as make test's), MAKE.
 set -euo pipefail
 B=${B:-build}
@@ -114,7 +115,23 @@ for _ in $(seq 100); do [ -S "$tmp/gpupool.sock" ] && break; sleep 0.05; done
 if ! out=$(GPUPOOL_SOCKET="$tmp/gpupool.sock" "$tmp/example" 2>&1); then
         echo "check-newcomer: the README's example failed against a daemon: $out" >&2
         fail=1
+elif [[ $out != "allocated 1 MiB at 0x"*" on device 0 (host backend)"$'\n'"freed it" ]]; then
+        echo "check-newcomer: against a daemon the README's example printed: $out" >&2
+        fail=1
 fi
 
-[ "$fail" = 0 ] && echo "check-newcomer: a second make does nothing; ${#checks[@]} statements of limits in the docs match the code; the README's example runs with and without a daemon"
+# The suites' runner: an unknown CK_RUN_SUITE is an error naming the suites; run from outside
+# the checkout with no GPUPOOL_BUILD_DIR, it finds its build from its own path.
+if out=$(CK_RUN_SUITE=nosuch "$B/tests/check_gpupool" 2>&1) || [[ $out != *"no suite named 'nosuch'"*" daemon "* ]]; then
+        echo "check-newcomer: CK_RUN_SUITE=nosuch said: $out" >&2
+        fail=1
+fi
+abs_b=$(cd "$B" && pwd)
+if ! out=$(cd "$tmp" && env -u GPUPOOL_BUILD_DIR CK_RUN_SUITE=daemon "$abs_b/tests/check_gpupool" 2>&1) ||
+        [[ $out != *"100%: Checks: "* ]]; then
+        echo "check-newcomer: the daemon suite run from outside the checkout: $out" >&2
+        fail=1
+fi
+
+[ "$fail" = 0 ] && echo "check-newcomer: a second make does nothing; ${#checks[@]} statements of limits in the docs match the code; the README's example runs with and without a daemon; one suite runs from anywhere, an unknown one is refused"
 exit "$fail"
