@@ -535,9 +535,9 @@ $(B)/tests/make_seeds: $(B)/obj/tests/fuzz/make_seeds.o $(COMMON_O)
 	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LIBS_PROTOBUF) -ldl
 
 # The suites under valgrind, the daemons they start too. Slow (minutes); not part of "make test".
-VALGRIND := valgrind -q --error-exitcode=99 --leak-check=full --errors-for-leak-kinds=definite
+VALGRIND := valgrind -q --error-exitcode=99 --leak-check=full --errors-for-leak-kinds=definite --show-leak-kinds=definite
 valgrind: all $(TEST_BIN) $(FAKECUDA) $(HOOKS_THROW)
-	$(Q)GPUPOOL_BUILD_DIR=$(B) GPUPOOL_DAEMON_WRAPPER="$(VALGRIND)" CK_DEFAULT_TIMEOUT=600 CK_TIMEOUT_MULTIPLIER=5 \
+	$(Q)GPUPOOL_BUILD_DIR=$(B) GPUPOOL_DAEMON_WRAPPER="$(VALGRIND)" GPUPOOL_TEST_VALGRIND=1 CK_DEFAULT_TIMEOUT=120 CK_TIMEOUT_MULTIPLIER=5 \
 		$(VALGRIND) $(TEST_BIN)
 
 DEBS := gcc g++ make pkg-config libuv1-dev libprotobuf-c-dev protobuf-c-compiler check libsubunit-dev libjansson-dev libinih-dev \

@@ -57,10 +57,25 @@ static double now_ms(void) {
         return now_ns() / 1e6;
 }
 
+/* Nothing left behind: the socket, the empty config, the log, the directory. */
+static void remove_dir(void) {
+        static const char *const names[] = { "gpupool.sock", "empty.conf", "gpupoold.log" };
+        char path[128];
+
+        if (!dir[0])
+                return;
+        for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
+                snprintf(path, sizeof(path), "%s/%s", dir, names[i]);
+                unlink(path);
+        }
+        rmdir(dir);
+}
+
 static void die(const char *what, const char *why) {
         fprintf(stderr, "adopt: %s: %s\n", what, why);
         if (daemon_pid > 0)
                 kill(daemon_pid, SIGKILL);
+        remove_dir();
         exit(1);
 }
 
@@ -343,5 +358,6 @@ int main(int argc, char **argv) {
         }
         kill(daemon_pid, SIGTERM);
         close(launch_req[1]);   /* the launcher ends */
+        remove_dir();
         return 0;
 }

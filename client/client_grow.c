@@ -93,7 +93,8 @@ static int grow_map(void *ctx, struct granule_range *r, uint64_t k, uint64_t phy
         struct client_grow *g = ctx;
         gpupool_client *c = g->client;
 
-        return c->mem->map(c, g->device, granule_addr(g, r, k), G, g->granules[phys].handle);   /* grow_access() follows */
+        /* grow_access() follows */
+        return c->mem->map(c, g->device, granule_addr(g, r, k), G, g->granules[phys].handle, g->granules[phys].fd);
 }
 
 static void grow_unmap(void *ctx, struct granule_range *r, uint64_t k, uint64_t phys) {

@@ -95,9 +95,14 @@ static void host_release(gpupool_client *c, unsigned d, client_mem_handle h, uin
         reserve_again((uint8_t *) (uintptr_t) h, size);
 }
 
-/* A second mapping of the parked pages, over the reservation (mremap() of a shared mapping with an old size of 0). */
-static int host_map(gpupool_client *c, unsigned d, uint8_t *va, uint64_t size, client_mem_handle h) {
-        if (mremap((void *) (uintptr_t) h, 0, size, MREMAP_MAYMOVE | MREMAP_FIXED, va) == MAP_FAILED) {
+/*
+ * A second mapping of the parked pages, over the reservation: mremap() of a shared mapping with
+ * an old size of 0, which needs no descriptor; where that is refused (EINVAL: valgrind, which
+ * does not emulate it), the memfd kept for the granule mapped again at va.
+ */
+static int host_map(gpupool_client *c, unsigned d, uint8_t *va, uint64_t size, client_mem_handle h, int fd) {
+        if (mremap((void *) (uintptr_t) h, 0, size, MREMAP_MAYMOVE | MREMAP_FIXED, va) == MAP_FAILED &&
+            (errno != EINVAL || fd < 0 || client_fd_map(fd, size, va, PROT_READ | PROT_WRITE) == MAP_FAILED)) {
                 client_set_error(c, "cannot map a granule of device %u into this process: %m", d);
                 return -ENOMEM;
         }
@@ -270,7 +275,8 @@ static void vmm_release(gpupool_client *c, unsigned d, client_mem_handle h, uint
         client_cuda_release(c, &c->devices[d], (gp_cu_mem_handle) h);
 }
 
-static int vmm_map(gpupool_client *c, unsigned d, uint8_t *va, uint64_t size, client_mem_handle h) {
+static int vmm_map(gpupool_client *c, unsigned d, uint8_t *va, uint64_t size, client_mem_handle h, int fd) {
+        (void) fd;      /* cuda-vmm keeps no descriptor: the handle holds the memory */
         return client_cuda_map(c, &c->devices[d], va, size, (gp_cu_mem_handle) h);
 }
 
@@ -296,7 +302,7 @@ static int vmm_map_whole(gpupool_client *c, unsigned d, int fd, uint64_t size, b
                 return r;
         r = vmm_reserve(c, d, size, 0, &va);
         /* The whole allocation, which must be the size the daemon described. */
-        if (r == 0 && (r = vmm_map(c, d, va, size, h)) == 0 &&
+        if (r == 0 && (r = vmm_map(c, d, va, size, h, -1)) == 0 &&
             (r = client_cuda_access(c, &c->devices[d], va, size, writable)) < 0)
                 (void) vmm_unmap(c, d, va, size);
         if (r < 0 && va)

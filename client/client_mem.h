@@ -52,9 +52,10 @@ struct client_mem_ops {
         void (*release)(gpupool_client *c, unsigned d, client_mem_handle h, uint64_t size);
         /*
          * Maps h at va (size bytes), not accessible until access() makes it readable and
-         * writable: mappings side by side are made so in one call.
+         * writable: mappings side by side are made so in one call. fd is the descriptor the
+         * granule came with where the process keeps it (host), else -1.
          */
-        int (*map)(gpupool_client *c, unsigned d, uint8_t *va, uint64_t size, client_mem_handle h);
+        int (*map)(gpupool_client *c, unsigned d, uint8_t *va, uint64_t size, client_mem_handle h, int fd);
         int (*access)(gpupool_client *c, unsigned d, uint8_t *va, uint64_t size);
         /* Unmaps what map() mapped, the reservation kept. Returns 0, or -EIO when refused (then va stays taken). */
         int (*unmap)(gpupool_client *c, unsigned d, uint8_t *va, uint64_t size);

@@ -329,6 +329,17 @@ static void refuse_full(struct session *s, uint64_t id, uint32_t device, uint64_
         refuse(s, id, -ENOMEM, POLICY_REFUSED_DEVICE_FULL, device, size, why, ret);
 }
 
+/* Refuses a lease larger than the device's whole pool: it can never fit, whoever gives memory back. */
+static void refuse_never_fits(struct session *s, uint64_t id, uint32_t device, uint64_t size, const struct pool_stats *st,
+                              struct reply *ret) {
+        char why[GP_MAX_ERROR_BYTES], b1[GP_SIZE_FORMAT_MAX], b2[GP_SIZE_FORMAT_MAX];
+
+        snprintf(why, sizeof(why), "device %u can never fit %" PRIu64 " bytes (%s): it holds %s in all (its pool's capacity)",
+                 device, size, gp_size_format(pool_min_segment_bytes(size), b1, sizeof(b1)),
+                 gp_size_format(st->total_bytes, b2, sizeof(b2)));
+        refuse(s, id, -ENOMEM, POLICY_REFUSED_DEVICE_FULL, device, size, why, ret);
+}
+
 /* Refuses a lease the backend failed (err), as -EIO, and logs it as an error. */
 static void refuse_backend(struct session *s, uint64_t id, uint32_t device, uint64_t size, int err, struct reply *ret) {
         struct node *node = s->node;
@@ -437,6 +448,11 @@ static bool lease_attempt(struct session *s, uint64_t id, uint32_t device, uint6
                         return false;
                 break;
         case -ENOMEM:
+                /* More than the device holds in all (within the limits): no eviction can serve it, so nobody is asked. */
+                if (pool_min_segment_bytes(size) > st.total_bytes) {
+                        refuse_never_fits(s, id, device, size, &st, ret);
+                        return true;
+                }
                 if (attempt == ATTEMPT_RETRY)
                         return false;
                 /* After the cache, before asking anyone: named objects nobody attached for idle_objects. */
@@ -464,7 +480,6 @@ void request_lease(struct session *s, const Gpupool__Envelope *req, struct reply
         struct node *node = s->node;
         uint32_t device = req->lease->device, granules = req->lease->granules, ahead = req->lease->granules_ahead;
         uint64_t size = req->lease->size, id = req->id;
-        struct pool_stats st;
         char why[200];
 
         if (device >= node->device_count) {
@@ -501,17 +516,6 @@ void request_lease(struct session *s, const Gpupool__Envelope *req, struct reply
                         return;
                 }
                 size = (uint64_t) granules * GP_GRANULE_BYTES;
-        }
-        /* More than the device holds in all: no eviction can serve it, so nobody is asked. */
-        pool_get_stats(node->pools[device], &st);
-        if (pool_min_segment_bytes(size) > st.total_bytes) {
-                char b1[GP_SIZE_FORMAT_MAX], b2[GP_SIZE_FORMAT_MAX];
-
-                snprintf(why, sizeof(why), "device %u can never fit %" PRIu64 " bytes (%s): it holds %s in all "
-                         "(its pool's capacity)", device, size, gp_size_format(pool_min_segment_bytes(size), b1, sizeof(b1)),
-                         gp_size_format(st.total_bytes, b2, sizeof(b2)));
-                refuse(s, id, -ENOMEM, POLICY_REFUSED_DEVICE_FULL, device, size, why, ret);
-                return;
         }
         (void) lease_attempt(s, id, device, size, granules, ahead, ATTEMPT_FIRST, ret);
 }

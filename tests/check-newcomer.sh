@@ -7,7 +7,8 @@
 #     (whitespace and line breaks aside).
 #   - The README's C example, built with the README's flags, run with no daemon, says where it
 #     looked and what to do; run against a daemon, it allocates and frees, says so, and exits 0.
-#   - CK_RUN_SUITE names a known suite, and one suite runs from outside the checkout.
+#   - CK_RUN_SUITE names a known suite, and one suite runs from outside the checkout; tests
+#     that fail with a daemon up leave no process and no file behind.
 # Environment: B (the build directory), CC, SANITIZER (as make test's), MAKE.
 set -euo pipefail
 B=${B:-build}
@@ -127,11 +128,24 @@ if out=$(CK_RUN_SUITE=nosuch "$B/tests/check_gpupool" 2>&1) || [[ $out != *"no s
         fail=1
 fi
 abs_b=$(cd "$B" && pwd)
-if ! out=$(cd "$tmp" && env -u GPUPOOL_BUILD_DIR CK_RUN_SUITE=daemon "$abs_b/tests/check_gpupool" 2>&1) ||
+mkdir "$tmp/t"
+chmod 755 "$tmp" "$tmp/t"   # the suites switch to other uids, which must reach their sockets
+if ! out=$(cd "$tmp" && env -u GPUPOOL_BUILD_DIR TMPDIR="$tmp/t" CK_RUN_SUITE=daemon "$abs_b/tests/check_gpupool" 2>&1) ||
         [[ $out != *"100%: Checks: "* ]]; then
         echo "check-newcomer: the daemon suite run from outside the checkout: $out" >&2
         fail=1
 fi
+# Tests that fail with their daemon up leave no process and no file: the runner's directory goes.
+shm_before=$(ls -d /dev/shm/gpupool-run-* 2>/dev/null || true)
+out=$(TMPDIR="$tmp/t" GPUPOOL_TEST_FAIL_AT_START=1 CK_RUN_SUITE=daemon "$B/tests/check_gpupool" 2>&1) || true
+shm_after=$(ls -d /dev/shm/gpupool-run-* 2>/dev/null || true)
+if [[ $out != *"failing on purpose after the daemon started"* ]]; then
+        echo "check-newcomer: the daemon suite did not fail on purpose: $out" >&2
+        fail=1
+elif [ -n "$(ls -A "$tmp/t")" ] || [ "$shm_after" != "$shm_before" ] || pgrep -f "gpupoold --socket $tmp/t/" >/dev/null; then
+        echo "check-newcomer: failed tests left behind: $(ls -A "$tmp/t") $shm_after $(pgrep -af "gpupoold --socket $tmp/t/")" >&2
+        fail=1
+fi
 
-[ "$fail" = 0 ] && echo "check-newcomer: a second make does nothing; ${#checks[@]} statements of limits in the docs match the code; the README's example runs with and without a daemon; one suite runs from anywhere, an unknown one is refused"
+[ "$fail" = 0 ] && echo "check-newcomer: a second make does nothing; ${#checks[@]} statements of limits in the docs match the code; the README's example runs with and without a daemon; one suite runs from anywhere, an unknown one is refused, failed tests leave nothing"
 exit "$fail"

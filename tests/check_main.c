@@ -4,12 +4,18 @@
  * CK_RUN_SUITE=name runs one suite; an unknown name is an error that lists them. The build the
  * integration suites run (gpupoold, gpupoolctl, the fake driver) is $GPUPOOL_BUILD_DIR, else
  * the build directory this binary sits in (BUILD/tests/check_gpupool), from any directory.
+ * The tests make their files in directories of the run's own (testlib.h: test_tmp()), which
+ * the runner removes after the last suite: a test that fails, or is killed at its timeout
+ * (Check ends its process group), leaves nothing behind.
  */
+#define _GNU_SOURCE
+#include <ftw.h>
 #include <libgen.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "suites.h"
@@ -53,6 +59,32 @@ static int find_build(void) {
         return 0;
 }
 
+static char run_tmp[64], run_shm[64];    /* under $TMPDIR (under 32 bytes; else /tmp) and /dev/shm */
+
+static int remove_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw) {
+        (void) st, (void) flag, (void) ftw;
+        if (remove(path) < 0)
+                fprintf(stderr, "check_gpupool: cannot remove %s: %m\n", path);
+        return 0;
+}
+
+/* Makes the run's directory from template into dir, open to the uids the tests switch to, and names it in env. */
+static void run_dir(char *dir, size_t size, const char *template, const char *env) {
+        snprintf(dir, size, "%s", template);
+        if (!mkdtemp(dir) || chmod(dir, 0755) < 0) {
+                dir[0] = '\0';
+                return;
+        }
+        setenv(env, dir, 1);
+}
+
+static void run_dirs_remove(void) {
+        if (run_tmp[0])
+                nftw(run_tmp, remove_entry, 16, FTW_DEPTH | FTW_PHYS | FTW_MOUNT);
+        if (run_shm[0])
+                nftw(run_shm, remove_entry, 16, FTW_DEPTH | FTW_PHYS | FTW_MOUNT);
+}
+
 int main(void) {
         const char *only = getenv("CK_RUN_SUITE");
         SRunner *sr = NULL;
@@ -72,6 +104,19 @@ int main(void) {
         }
         if (find_build() < 0)
                 return 2;
+        {
+                const char *t = getenv("TMPDIR");
+                char template[sizeof(run_tmp)];
+
+                snprintf(template, sizeof(template), "%s/gpupool-run-XXXXXX", t && *t && strlen(t) < 32 ? t : "/tmp");
+                run_dir(run_tmp, sizeof(run_tmp), template, "GPUPOOL_TEST_TMP");
+                if (!run_tmp[0]) {
+                        fprintf(stderr, "check_gpupool: cannot make %s: %m\n", template);
+                        return 2;
+                }
+        }
+        if (access("/dev/shm", W_OK) == 0)
+                run_dir(run_shm, sizeof(run_shm), "/dev/shm/gpupool-run-XXXXXX", "GPUPOOL_TEST_SHM");
 
         for (size_t i = 0; i < sizeof(suites) / sizeof(suites[0]); i++) {
                 Suite *s = suites[i].make();
@@ -96,5 +141,6 @@ int main(void) {
         srunner_print(sr, CK_NORMAL);
         failed = srunner_ntests_failed(sr);
         srunner_free(sr);
+        run_dirs_remove();
         return failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }

@@ -37,7 +37,9 @@ struct fdstore *fdstore_new(void) {
 
         if (!s)
                 fdstore_fail("out of memory");
-        snprintf(s->path, sizeof(s->path), "/tmp/gpupool-fdstore-%d", (int) getpid());
+        snprintf(s->path, sizeof(s->path), "%s/gpupool-fdstore-%d",
+                 getenv("GPUPOOL_TEST_TMP") && *getenv("GPUPOOL_TEST_TMP") ? getenv("GPUPOOL_TEST_TMP") : "/tmp",
+                 (int) getpid());
         unlink(s->path);
         s->sock = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
         if (s->sock < 0)

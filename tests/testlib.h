@@ -14,7 +14,7 @@
 
 struct testd {
         pid_t pid;
-        char dir[64];
+        char dir[96];
         char sock[128];
         char log[128];
         char path[256];
@@ -49,6 +49,24 @@ unsigned skips_report(void);
 
 /* $GPUPOOL_BUILD_DIR, where the binaries under test are, else "build". */
 const char *build_dir(void);
+
+/*
+ * Where a test makes its files: the run's own directory ($GPUPOOL_TEST_TMP, made by the runner,
+ * which removes it after the last suite whatever failed), else /tmp. test_mkdtemp() makes a
+ * directory gpupool-TAG-XXXXXX there into buf; test_mkdtemp_shm() the same under the run's
+ * directory on /dev/shm ($GPUPOOL_TEST_SHM), false where there is none.
+ */
+const char *test_tmp(void);
+
+/*
+ * Whether the suites run under valgrind (make valgrind sets $GPUPOOL_TEST_VALGRIND), where a
+ * few checks cannot hold: valgrind runs one thread at a time (a loop that must not wait on
+ * another thread's work), keeps descriptors of its own at the top of the table, and does not
+ * let a process raise its descriptor limit. Those tests are skipped there, saying which.
+ */
+bool under_valgrind(void);
+void test_mkdtemp(char *buf, size_t size, const char *tag);
+bool test_mkdtemp_shm(char *buf, size_t size, const char *tag);
 
 /* Seconds on the monotonic clock. */
 double now_s(void);

@@ -172,7 +172,7 @@ static int oversize_client(struct testd *d, void *arg) {
         if (gpupool_alloc(c, 0, (size_t) total + 2 * MiB, &b) != -ENOMEM)
                 return 2;
         gpupool_last_error(c, msg, sizeof(msg));
-        if (!strstr(msg, "is full"))
+        if (!strstr(msg, "can never fit") || !strstr(msg, "in all"))
                 return 3;
         if (gpupool_free(c, a) < 0)
                 return 4;
@@ -303,6 +303,10 @@ static int fork_keeps_nothing_client(struct testd *d, void *arg) {
 
 START_TEST(test_cuda_fork_keeps_no_descriptor) {
         BACKEND_OF_LOOP;
+        if (under_valgrind()) {
+                TEST_SKIP("valgrind keeps descriptors of its own at the top of the table");
+                return;
+        }
         run_client(fork_keeps_nothing_client, "fork_keeps_nothing_client");
 }
 END_TEST

@@ -785,7 +785,7 @@ static int notify_listener(const char *path) {
 static int start_notified(struct testd *d, const char *tag, const char *watchdog_usec, char *path, size_t path_size) {
         int fd;
 
-        snprintf(path, path_size, "/tmp/gpupool-%s-%d", tag, (int) getpid());
+        snprintf(path, path_size, "%s/gpupool-%s-%d", test_tmp(), tag, (int) getpid());
         unlink(path);
         fd = notify_listener(path);
         setenv("NOTIFY_SOCKET", path, 1);
@@ -883,13 +883,13 @@ static pid_t start_activated(int listen_fd, const char *sock, const char *log, c
 }
 
 START_TEST(test_socket_activation) {
-        char dir[] = "/tmp/gpupool-act-XXXXXX", sock[100], log[128], out[4096];
+        char dir[96], sock[128], log[128], out[4096];
         gpupool_client *c;
         int lfd, status;
         pid_t pid;
         void *p;
 
-        ck_assert_ptr_nonnull(mkdtemp(dir));
+        test_mkdtemp(dir, sizeof(dir), "act");
         snprintf(sock, sizeof(sock), "%s/gpupool.sock", dir);
         snprintf(log, sizeof(log), "%s/gpupoold.log", dir);
         lfd = listen_seqpacket(sock);

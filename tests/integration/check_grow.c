@@ -505,15 +505,16 @@ static int idler_main(struct testd *d, void *arg) {
         void *p[700];
         gpupool_client *c;
         char ch = 'y';
+        int n;
 
         setenv("GPUPOOL_SEGMENTS", "grow", 1);
         setenv("GPUPOOL_IDLE_RETURN", "0", 1);
         if (gpupool_connect(d->sock, "idler", &c) < 0)
                 return 1;
-        for (int i = 0; i < 700; i++)
-                if (gpupool_alloc(c, 0, MiB, &p[i]) < 0)
-                        ch = 'n';
-        for (int i = 0; i < 700; i++)
+        for (n = 0; n < 700 && ch == 'y'; n++)
+                if (gpupool_alloc(c, 0, MiB, &p[n]) < 0)
+                        ch = 'n', n--;
+        for (int i = 0; i < n; i++)     /* only what it got: the rest of p was never written */
                 if (gpupool_free(c, p[i]) < 0)
                         ch = 'n';
         if (write(pipes[1], &ch, 1) != 1 || read(pipes[2], &ch, 1) != 1)
@@ -668,6 +669,11 @@ START_TEST(test_forked_child_keeps_no_descriptor) {
         struct testd d;
         void *p, *q;
         int kept;
+
+        if (under_valgrind()) {
+                TEST_SKIP("valgrind keeps descriptors of its own at the top of the table");
+                return;
+        }
 
         testd_start(&d, NULL);
         for (int m = 0; m < 2; m++) {

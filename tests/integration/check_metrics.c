@@ -270,13 +270,13 @@ END_TEST
 /* Tenants and refusal reasons each get their own series. */
 START_TEST(test_metrics_tenants_and_reasons) {
         static char text[METRICS_TEXT_MAX];
-        char conf[128], dir[] = "/tmp/gpupool-metrics-XXXXXX";
+        char conf[128], dir[96];
         gpupool_client *c;
         struct testd d;
         void *p;
         FILE *f;
 
-        ck_assert_ptr_nonnull(mkdtemp(dir));
+        test_mkdtemp(dir, sizeof(dir), "metrics");
         snprintf(conf, sizeof(conf), "%s/gpupoold.conf", dir);
         f = fopen(conf, "w");
         ck_assert_ptr_nonnull(f);
@@ -501,14 +501,14 @@ END_TEST
 START_TEST(test_metrics_listen_taken) {
         struct sockaddr_in a = { .sin_family = AF_INET };
         socklen_t len = sizeof(a);
-        char cmd[512], out[4096], dir[] = "/tmp/gpupool-metrics-XXXXXX";
+        char cmd[512], out[4096], dir[96];
         int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
 
         a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
         ck_assert_int_eq(bind(fd, (struct sockaddr *) &a, sizeof(a)), 0);
         ck_assert_int_eq(listen(fd, 1), 0);
         ck_assert_int_eq(getsockname(fd, (struct sockaddr *) &a, &len), 0);
-        ck_assert_ptr_nonnull(mkdtemp(dir));
+        test_mkdtemp(dir, sizeof(dir), "metrics");
         snprintf(cmd, sizeof(cmd), "%s/gpupoold --backend host --socket %s/s --metrics-listen 127.0.0.1:%d 2>&1",
                  build_dir(), dir, ntohs(a.sin_port));
         ck_assert_int_eq(run_capture(cmd, out, sizeof(out)), 1);

@@ -444,8 +444,7 @@ START_TEST(test_a_client_seen_as_pid_0_is_its_own_principal) {
                 TEST_SKIP("a daemon in a PID namespace of its own needs root");
                 return;
         }
-        strcpy(d.dir, "/tmp/gpupool-test-XXXXXX");
-        ck_assert_ptr_nonnull(mkdtemp(d.dir));
+        test_mkdtemp(d.dir, sizeof(d.dir), "test");
         snprintf(d.sock, sizeof(d.sock), "%s/gpupool.sock", d.dir);
         /* The daemon as pid 1 of a PID namespace of its own, under a parent that hands it SIGTERM. */
         pid = fork();

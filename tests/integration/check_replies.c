@@ -59,7 +59,7 @@ struct seen {
 };
 
 struct fake {
-        char dir[64], path[128];
+        char dir[96], path[128];
         pid_t pid;
         struct seen *seen;
         int held[2], go[2];     /* AHEAD_HELD: a byte when it holds one, a byte to answer it */
@@ -236,8 +236,7 @@ static void fake_main(int listen_sock, enum scenario s, struct seen *seen, const
 static void fake_start(struct fake *f, enum scenario s) {
         int sock;
 
-        strcpy(f->dir, "/tmp/gpupool-replies-XXXXXX");
-        ck_assert_ptr_nonnull(mkdtemp(f->dir));
+        test_mkdtemp(f->dir, sizeof(f->dir), "replies");
         snprintf(f->path, sizeof(f->path), "%s/gpupool.sock", f->dir);
         f->seen = mmap(NULL, sizeof(*f->seen), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
         ck_assert_ptr_ne(f->seen, MAP_FAILED);

@@ -19,7 +19,7 @@
 #include "cudatest.h"
 
 bool on_gpu;            /* the real driver (make check-gpu) */
-char fake_dir[64];      /* the fake node's directory, $FAKECUDA_DIR */
+char fake_dir[96];      /* the fake node's directory, $FAKECUDA_DIR */
 
 /* In a client process: the driver, and device 0's primary context made current. */
 int gpu_open(struct gpu *g) {
@@ -153,11 +153,8 @@ void fake_node_new(void) {
         if (on_gpu)
                 return;
         /* In memory where there is a tmpfs, as the fake's own default: a disk's inodes make every cuMemCreate slow. */
-        strcpy(fake_dir, "/dev/shm/gpupool-fakecuda-XXXXXX");
-        if (!mkdtemp(fake_dir)) {
-                strcpy(fake_dir, "/tmp/gpupool-fakecuda-XXXXXX");
-                ck_assert_ptr_nonnull(mkdtemp(fake_dir));
-        }
+        if (!test_mkdtemp_shm(fake_dir, sizeof(fake_dir), "fakecuda"))
+                test_mkdtemp(fake_dir, sizeof(fake_dir), "fakecuda");
         ck_assert_int_eq(chmod(fake_dir, 0777), 0);
         setenv("FAKECUDA_DIR", fake_dir, 1);
 }

@@ -19,7 +19,7 @@
 #define MiB (1ULL << 20)
 
 extern bool on_gpu;                     /* the real driver (make check-gpu), set by the suite */
-extern char fake_dir[64];               /* on the fake: the node's directory ($FAKECUDA_DIR) */
+extern char fake_dir[96];               /* on the fake: the node's directory ($FAKECUDA_DIR) */
 
 /* What a client process needs of the driver beyond what libgpupool uses. */
 struct gpu {

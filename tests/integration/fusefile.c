@@ -2,6 +2,13 @@
  * fusefile.c: a FUSE server that answers just enough to open one file, then nothing (see
  * fusefile.h). The requests and replies are the kernel's (linux/fuse.h); attributes are never
  * cached (valid for 0 s), so every fstat(2) of the file goes to the server.
+ *
+ * The server is a process of its own, the only holder of /dev/fuse's descriptor, and it dies
+ * with the process that mounted (PR_SET_PDEATHSIG). When it goes, the kernel aborts the
+ * connection and every request waiting on it fails: a process that held the file (one exiting,
+ * whose close asks the server; the daemon's closer) is never left waiting for a server that is
+ * gone. A server thread in the holder's own process could not promise that: at the holder's
+ * exit the thread dies first, and the close of the file then waits forever, unkillable.
  */
 #define _GNU_SOURCE
 #include "fusefile.h"
@@ -13,7 +20,6 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <linux/fuse.h>
-#include <pthread.h>
 #include <sched.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -21,15 +27,17 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mount.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include "testlib.h"
 
-static int fuse_fd = -1;
+static int fuse_fd = -1;                /* the server's */
 static unsigned long long file_size;
-/* While frozen, the requests heard and not answered (answered -EIO on a thaw). */
-static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static int ctl = -1;                    /* the mounting process's end of the server's control socket */
+/* In the server, while frozen: the requests heard and not answered (answered -EIO on a thaw). */
 static bool frozen;
 static uint64_t unanswered[256];
 static unsigned unanswered_count;
@@ -59,27 +67,49 @@ static void answer(uint64_t unique, int error, const void *payload, size_t len) 
         (void) !write(fuse_fd, buf, h->len);
 }
 
-static void *serve(void *arg) {
+/* A command on the control socket: 'F' freeze, 'T' thaw (what was heard fails with EIO); each acknowledged. */
+static void command(int sock, char c) {
+        if (c == 'T') {
+                for (unsigned k = 0; k < unanswered_count; k++)
+                        answer(unanswered[k], -EIO, NULL, 0);
+                unanswered_count = 0;
+        }
+        frozen = c == 'F';
+        (void) !write(sock, &c, 1);
+}
+
+/* The server process: answers the kernel, or while frozen hears it only, until the mounting process is gone. */
+static void serve(int sock) {
         static uint8_t buf[1 << 20 | 8192];
 
-        (void) arg;
         for (;;) {
-                ssize_t n = read(fuse_fd, buf, sizeof(buf));
+                struct pollfd p[2] = { { .fd = fuse_fd, .events = POLLIN }, { .fd = sock, .events = POLLIN } };
                 const struct fuse_in_header *in = (const struct fuse_in_header *) buf;
+                ssize_t n;
+                char c;
 
-                if (n < 0 && errno == EINTR)
+                if (poll(p, 2, -1) < 0) {
+                        if (errno == EINTR)
+                                continue;
+                        return;
+                }
+                if (p[1].revents) {
+                        if (read(sock, &c, 1) != 1)
+                                return;         /* the mounting process is gone */
+                        command(sock, c);
+                        continue;
+                }
+                n = read(fuse_fd, buf, sizeof(buf));
+                if (n < 0 && (errno == EINTR || errno == EAGAIN))
                         continue;
                 if (n < (ssize_t) sizeof(*in))
-                        return NULL;
-                pthread_mutex_lock(&lock);
+                        return;
                 if (frozen) {
                         if (unanswered_count < sizeof(unanswered) / sizeof(unanswered[0]) && in->opcode != FUSE_FORGET &&
                             in->opcode != FUSE_BATCH_FORGET)
                                 unanswered[unanswered_count++] = in->unique;
-                        pthread_mutex_unlock(&lock);
                         continue;       /* heard, not answered */
                 }
-                pthread_mutex_unlock(&lock);
                 switch (in->opcode) {
                 case FUSE_INIT: {
                         const struct fuse_init_in *ii = (const void *) (in + 1);
@@ -118,17 +148,24 @@ static void *serve(void *arg) {
         }
 }
 
+/* Sends the server a command and waits for its acknowledgement; false if it is gone. */
+static bool tell(char c) {
+        char ack;
+
+        return write(ctl, &c, 1) == 1 && read(ctl, &ack, 1) == 1 && ack == c;
+}
+
 int fusefile_open_frozen(const char *dir, unsigned long long size, char *why, size_t why_size) {
         char opts[128], path[300];
-        pthread_t thread;
-        int fd;
+        pid_t parent = getpid(), pid;
+        int fd, sv[2];
 
         file_size = size;
         if (geteuid() != 0) {
                 snprintf(why, why_size, "mounting FUSE needs root");
                 return -1;
         }
-        if (unshare(CLONE_NEWNS) < 0 || mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0) {
+        if (unshare(CLONE_NEWNS) < 0 || mount("none", "/", "none", MS_REC | MS_PRIVATE, NULL) < 0) {
                 snprintf(why, why_size, "no mount namespace of its own: %s", strerror(errno));
                 return -1;
         }
@@ -139,31 +176,49 @@ int fusefile_open_frozen(const char *dir, unsigned long long size, char *why, si
         snprintf(opts, sizeof(opts), "fd=%d,rootmode=40000,user_id=0,group_id=0", fuse_fd);
         if (mount("gpupool-test", dir, "fuse", MS_NOSUID | MS_NODEV, opts) < 0) {
                 snprintf(why, why_size, "mounting FUSE: %s", strerror(errno));
+                close(fuse_fd);
                 return -1;
         }
-        if (pthread_create(&thread, NULL, serve, NULL) != 0) {
-                snprintf(why, why_size, "no thread for the FUSE server");
+        if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) < 0 || (pid = fork()) < 0) {
+                snprintf(why, why_size, "no server process for FUSE: %s", strerror(errno));
+                umount2(dir, MNT_DETACH);
+                close(fuse_fd);
                 return -1;
         }
+        if (pid == 0) {
+                /* The server: nothing but /dev/fuse and its control socket; it goes with the mounting process. */
+                if (prctl(PR_SET_PDEATHSIG, SIGKILL) < 0 || getppid() != parent)
+                        _exit(0);
+                close(sv[0]);
+                serve(sv[1]);
+                _exit(0);
+        }
+        close(sv[1]);
+        close(fuse_fd);         /* the server's alone: when it goes, the connection is aborted */
+        fuse_fd = -1;
+        ctl = sv[0];
         snprintf(path, sizeof(path), "%s/file", dir);
+        /*
+         * A close asks the server to flush, and waits for its answer, unless the server has
+         * said it does not flush (ENOSYS, the kernel's no_flush): one open and close while it
+         * still answers says so, and no close of the file waits on the frozen server after.
+         */
+        fd = open(path, O_RDONLY | O_CLOEXEC);
+        if (fd >= 0)
+                close(fd);
         fd = open(path, O_RDWR | O_CLOEXEC);
-        if (fd < 0) {
-                snprintf(why, why_size, "opening a file on FUSE: %s", strerror(errno));
+        if (fd < 0 || !tell('F')) {
+                snprintf(why, why_size, "opening a file on FUSE: %s", fd < 0 ? strerror(errno) : "the server is gone");
+                if (fd >= 0)
+                        close(fd);
                 return -1;
         }
-        pthread_mutex_lock(&lock);
-        frozen = true;
-        pthread_mutex_unlock(&lock);
         return fd;
 }
 
 void fusefile_thaw(void) {
-        pthread_mutex_lock(&lock);
-        frozen = false;
-        for (unsigned i = 0; i < unanswered_count; i++)
-                answer(unanswered[i], -EIO, NULL, 0);
-        unanswered_count = 0;
-        pthread_mutex_unlock(&lock);
+        if (ctl >= 0)
+                (void) tell('T');
 }
 
 /*
@@ -207,6 +262,8 @@ static int fuse_adopter(struct testd *d, void *arg) {
                                strstr(rep->error, "a file on a fuse file system");
 
                 (void) !write(report[1], refused ? "R" : "X", 1);
+                if (rep)
+                        gpupool__envelope__free_unpacked(rep, NULL);
         } else {
                 (void) !write(report[1], "T", 1);
         }
@@ -229,6 +286,8 @@ void check_frozen_fuse_adoption(const char *test, struct testd *d) {
         ck_assert_int_eq(pipe(report), 0);
         ck_assert_int_eq(pipe(report + 2), 0);
         pid = spawn(fuse_adopter, d, report);
+        close(report[1]);       /* the adopter's ends: if it dies, the reads below end */
+        close(report[2]);
         ck_assert_int_eq(read(report[0], &c, 1), 1);
         if (c == 'S') {
                 char why[200] = "";
@@ -246,7 +305,7 @@ void check_frozen_fuse_adoption(const char *test, struct testd *d) {
         }
         ck_assert_int_eq(write(report[3], "t", 1), 1);
         ck_assert_int_eq(reap(pid), 0);
-        for (int i = 0; i < 4; i++)
-                close(report[i]);
+        close(report[0]);
+        close(report[3]);
         rmdir(dir);
 }

@@ -12,9 +12,11 @@ struct testd;
 
 /*
  * In a child process (it unshares its mount namespace): mounts a FUSE file system on dir (an
- * empty directory) with one regular file of size bytes, opens it read-write, and from then on the server answers
- * nothing, so that fstat(2) or anything else that asks the server waits until
- * fusefile_thaw(). Returns the open descriptor, or -1 with why (a reason to skip: no root, no FUSE).
+ * empty directory) with one regular file of size bytes, served by a process of its own that
+ * dies with the caller, opens it read-write, and from then on the server answers nothing, so
+ * that fstat(2) or anything else that asks the server waits until fusefile_thaw(), or until
+ * the caller exits (the server goes with it, and the kernel fails what waited). Returns the
+ * open descriptor, or -1 with why (a reason to skip: no root, no FUSE).
  */
 int fusefile_open_frozen(const char *dir, unsigned long long size, char *why, size_t why_size);
 

@@ -13,15 +13,15 @@
 
 #include "config.h"
 #include "suites.h"
+#include "testlib.h"
 
 #define MiB (1ULL << 20)
 #define GiB (1ULL << 30)
 
-static char dir[64], path[128];
+static char dir[96], path[128];
 
 static void setup(void) {
-        strcpy(dir, "/tmp/gpupool-config-XXXXXX");
-        ck_assert_ptr_nonnull(mkdtemp(dir));
+        test_mkdtemp(dir, sizeof(dir), "config");
         snprintf(path, sizeof(path), "%s/gpupoold.conf", dir);
 }
 
