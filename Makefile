@@ -4,7 +4,7 @@
 #   make run                  install missing packages, build, run gpupoold in the foreground
 #   make test                 build and run the Check suites (unit and integration)
 #   make test SANITIZER=address,undefined
-#   make valgrind             the suites, and the daemons they start, under valgrind
+#   make valgrind             the suites, and the daemons they start, under valgrind (make deps-valgrind installs it)
 #   make fuzz                 the libFuzzer targets, FUZZ_SECONDS (60) each (needs clang)
 #   make stress               32 clients for 60 s with kills, daemon restarts, hostile peers and injected faults
 #                             (STRESS_CLIENTS=N STRESS_SECONDS=S STRESS_DAEMON_KILLS=N)
@@ -570,6 +570,10 @@ $(error the build needs packages that are not installed:$(DEPS_MISSING). Run "ma
 endif
 endif
 
+# What "make valgrind" needs beyond the build.
+deps-valgrind:
+	$(Q)$(MAKE) --no-print-directory deps DEBS="valgrind"
+
 # What "make fuzz" needs beyond the build (Debian 12's clang is 14).
 FUZZ_DEBS := clang libclang-rt-14-dev
 
@@ -640,7 +644,7 @@ clean:
 
 FORCE:
 
-.PHONY: FORCE all install uninstall test layers bench-objects check-gpu gpu-tools gpu-validate bench-gpu bench-pending bench-driver bench-frameworks stress fuzz fuzz-seeds bench bench-frag bench-replay bench-replay-vmm bench-lag bench-adopt bench-instructions valgrind deps deps-fuzz deps-deploy check-deploy run clean
+.PHONY: FORCE all install uninstall test layers bench-objects check-gpu gpu-tools gpu-validate bench-gpu bench-pending bench-driver bench-frameworks stress fuzz fuzz-seeds bench bench-frag bench-replay bench-replay-vmm bench-lag bench-adopt bench-instructions valgrind deps deps-fuzz deps-valgrind deps-deploy check-deploy run clean
 
 .SECONDARY:
 
