@@ -1,7 +1,7 @@
 /*
  * client.c: libgpupool's public API (gpupool.h): the handle's session with gpupoold
  * (connect, reconnect, disconnect) and the allocation calls, which go down to the layers
- * below (client.h lists them).
+ * below (client_common.h lists them).
  *
  * Blocks are carved in the process, from the segments it leases whole (client_pool.c); a
  * request to the daemon is made only to lease a segment, to give segments back, and for
@@ -9,7 +9,7 @@
  * through its cache without the handle's lock (client_tcache.c).
  */
 #define _GNU_SOURCE
-#include "client.h"
+#include "client_common.h"
 
 #include <errno.h>
 #include <stdarg.h>

@@ -7,7 +7,7 @@
 
 #include <stddef.h>
 
-#include "client.h"
+#include "client_common.h"
 
 /* Waits (letting go of the lock meanwhile) until no lease has the main connection out. Locked. */
 /*

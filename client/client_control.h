@@ -9,7 +9,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "client.h"
+#include "client_common.h"
 
 /* Opens the control channel of client id and starts its thread. Locked or private. Returns 0 or a negative errno. */
 int client_control_open(gpupool_client *c, const char *socket_path, const char *name, uint64_t id);

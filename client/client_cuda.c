@@ -26,7 +26,7 @@
 #define _GNU_SOURCE
 #include "client_cuda.h"
 
-#include "client.h"
+#include "client_common.h"
 
 #include <errno.h>
 #include <stdlib.h>

@@ -9,7 +9,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "client.h"
+#include "client_common.h"
 
 /* Loads the driver and matches the daemon's GPUs (hello's devices) to this process's by UUID. */
 int client_cuda_setup(gpupool_client *c, const Gpupool__HelloReply *hello);

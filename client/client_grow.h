@@ -11,7 +11,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "client.h"
+#include "client_common.h"
 #include "granule.h"
 
 /* Sets up device d's ranges and adds them to its heap, the first time. Returns 0 or a negative errno, the error set. */

@@ -14,7 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "client.h"
+#include "client_common.h"
 #include "size.h"
 
 #define HOOK_ERROR_MAX GP_MAX_ERROR_BYTES

@@ -20,7 +20,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "client.h"
+#include "client_common.h"
 
 /* An imported granule: cuda-vmm its CUmemGenericAllocationHandle, host its parking spot's address. */
 typedef uint64_t client_mem_handle;

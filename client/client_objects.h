@@ -5,7 +5,7 @@
 #ifndef GP_CLIENT_OBJECTS_H
 #define GP_CLIENT_OBJECTS_H
 
-#include "client.h"
+#include "client_common.h"
 
 /* Unmaps every object the handle has attached, telling nobody (the session is over). Locked. */
 void client_objects_forget(gpupool_client *c);

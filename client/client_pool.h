@@ -9,7 +9,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "client.h"
+#include "client_common.h"
 
 /*
  * Allocates a block of rsize (rounded) bytes on daemon device d from the pool, leasing a

@@ -5,7 +5,7 @@
 #ifndef GP_CLIENT_RESUME_H
 #define GP_CLIENT_RESUME_H
 
-#include "client.h"
+#include "client_common.h"
 
 /*
  * After the daemon died (host and cuda-vmm backends), the first half, unlocked: says hello to

@@ -9,7 +9,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "client.h"
+#include "client_common.h"
 
 /*
  * What the process holds per device where it leases anything, or leased anything when it last

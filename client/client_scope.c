@@ -2,7 +2,7 @@
  * client_scope.c: scopes and arenas. A scope frees what was allocated in it and not freed,
  * into the process's pool; an arena is one block of the pool, bump-allocated.
  */
-#include "client.h"
+#include "client_common.h"
 
 #include <errno.h>
 #include <pthread.h>

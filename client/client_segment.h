@@ -9,7 +9,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "client.h"
+#include "client_common.h"
 
 /* The handle's trees of mappings and its live-block table, empty; and their locks' end. */
 void client_segments_init(gpupool_client *c);

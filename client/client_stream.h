@@ -8,7 +8,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "client.h"
+#include "client_common.h"
 
 /* No stream-ordered frees yet, at connect. */
 void client_stream_init(gpupool_client *c);

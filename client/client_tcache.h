@@ -9,7 +9,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "client.h"
+#include "client_common.h"
 
 /* A block of rsize bytes on the caller's device from this thread's cache, out of the live table; or NULL. */
 struct block *client_tcache_take(gpupool_client *c, int device, uint64_t rsize);

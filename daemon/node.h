@@ -50,7 +50,20 @@ struct pid_limit {
         uint64_t max_bytes;             /* per device; 0: no limit */
 };
 
-/* What the layers above the node do for it (set by the server before the first client). */
+/*
+ * What the layers above the node do for it: the only calls that go up, each one function the
+ * server plugs in before the first client (server_init() in server.c), each called from one
+ * place. grep for the function finds its caller here:
+ *
+ *   hook           the function                     called from
+ *   request        request_serve() (request.c)      session.c, on each request read
+ *   retry_parked   request_retry_parked()           node_after_change() (node.c), after every change
+ *                  (request_lease.c)
+ *   check          session_check_tenants()          node_check() (node.c)
+ *                  (session.c)
+ *   reload         reload_hook() (server.c)         request_admin.c, gpupoolctl reload
+ *   reclaim_ask    reclaim_ask() (reclaim.c)        on_headroom_timer() (node.c), keeping the headroom
+ */
 struct node_hooks {
         /* Serves one request of session (the request layer): replies, parks or ends it. */
         void (*request)(struct session *session, const Gpupool__Envelope *req);

@@ -334,6 +334,7 @@ static void request_handle(struct session *s, const Gpupool__Envelope *req, stru
                 take_usage(s, req);
 }
 
+/* Called by session.c for each request it reads, through node->hooks.request (node.h lists the hooks). */
 void request_serve(struct session *s, const Gpupool__Envelope *req) {
         struct node *node = s->node;
         struct reply rep = { 0 };

@@ -704,6 +704,7 @@ static bool is_parked(const struct session *c, const void *arg) {
         return c->parked;
 }
 
+/* Called by node_after_change() through node->hooks.retry_parked (node.h lists the hooks). */
 uint64_t request_retry_parked(struct node *node, uint64_t now_ms) {
         struct session **parked;
         uint64_t next = UINT64_MAX;

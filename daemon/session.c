@@ -659,7 +659,7 @@ static void on_readable(uv_poll_t *handle, int status, int events) {
                 session_disconnect(s, "unparsable message");
                 return;
         }
-        /* The request layer replies, parks or ends the session: s may be gone after this. */
+        /* request_serve() (node.h's hooks): replies, parks or ends the session: s may be gone after this. */
         node->hooks.request(s, req);
         gp_wire_arena_release(&node->arena, req);
         drop_fds(node);

@@ -31,7 +31,7 @@ fi
 
 cat >"$tmp/constants.c" <<'PROG'
 #include <stdio.h>
-#include "client.h"
+#include "client_common.h"
 #include "metrics.h"
 #include "node.h"
 #include "objects.h"

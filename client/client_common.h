@@ -1,5 +1,6 @@
 /*
- * client.h: libgpupool's handle, the data every layer of the library shares. Each layer has
+ * client_common.h: libgpupool's internal header (as libuv's uv-common.h is its): the handle,
+ * the data every layer of the library shares, included by every file of client/. Each layer has
  * its own header, and calls go down only, with no circle among the files (client/LAYERS holds
  * the order; make layers checks it against the objects):
  *
@@ -21,8 +22,8 @@
  *   client_cuda.c                              the CUDA driver: UUIDs, contexts, IPC handles, VMM, events
  *   client_keep.c                              the descriptors kept for a daemon after this one
  */
-#ifndef GP_CLIENT_H
-#define GP_CLIENT_H
+#ifndef GP_CLIENT_COMMON_H
+#define GP_CLIENT_COMMON_H
 
 #include <pthread.h>
 #include <stdarg.h>
