@@ -88,6 +88,12 @@ struct mapping {
         /* Leased whole: the process's pool carves it (client_pool.c). */
         struct heap_segment hs;
         uint64_t emptied_ms;            /* when it last held no live block (client_now_ms()) */
+        /*
+         * Sealed against writing by a publish whose answer was lost (client_objects.c): out of
+         * the heap, so that nothing is carved from it again, and offered to no later daemon
+         * (which would refuse it, and every segment sent with it).
+         */
+        bool sealed;
 };
 
 /* One live block handed to the application. */

@@ -189,6 +189,10 @@ static int publish_block(gpupool_client *c, const char *name, struct block *b, u
                 client_set_error(c, "the publish of '%s' got no answer (%s), and gpupoold had sealed the block's segment "
                                     "against writing already: the block is read-only now and no longer this process's "
                                     "to write or free", name, strerror(-r));
+                /* All of the segment is read-only: none of it may be carved again, the free rest included. */
+                if (heap_free(&c->devices[m->device].heap, b->hb))
+                        (void) heap_remove(&m->hs);
+                m->sealed = true;
                 return -EROFS;
         }
         /* The object's now, not the pool's: out of the heap and the trees, mapped read-only. */
@@ -233,7 +237,7 @@ GPUPOOL_EXPORT int gpupool_publish_to(gpupool_client *c, const char *name, void 
                                     "start of a block)", ptr);
                 r = -ENOENT;
         } else if ((r = publish_block(c, name, b, size, list, n)) == -EROFS) {
-                free(b);        /* its memory stays allocated in the pool, out of use for good */
+                free(b);        /* its segment stays this process's, out of the pool and of use for good */
         } else if (r < 0) {
                 (void) client_live_insert(c, b);        /* not published: still the application's */
         }

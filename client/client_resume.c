@@ -152,7 +152,7 @@ static int adopt_all(gpupool_client *c) {
                 first[d] = at;
                 at += client_grow_kept(c, d, k + at, n + whole - at);
                 for (size_t i = 0; i < whole; i++)
-                        if (maps[i]->device == d)
+                        if (maps[i]->device == d && !maps[i]->sealed)
                                 k[at++] = (struct client_kept) { .id = &maps[i]->segment_id, .fd = maps[i]->fd,
                                                                  .size = maps[i]->size, .renamed = maps[i]->segment_id,
                                                                  .base = maps[i]->base };
@@ -168,6 +168,10 @@ static int adopt_all(gpupool_client *c) {
                 client_grow_index(c, d, false);
         for (size_t i = 0; i < first[c->device_count]; i++)
                 *k[i].id = k[i].renamed;
+        /* A segment sealed by a lost publish is offered to no daemon: the process's own from now on. */
+        for (size_t i = 0; i < whole; i++)
+                if (maps[i]->sealed)
+                        maps[i]->segment_id = orphan_id();
         for (unsigned d = 0; d < c->device_count; d++)
                 client_grow_index(c, d, true);
         for (size_t i = 0; i < whole; i++)

@@ -250,7 +250,8 @@ GPUPOOL_EXPORT int gpupool_release_report(gpupool_client *client, int device, ui
  * invalid, a size of 0 or over the block; -ENOENT for a pointer that is no live block. On any
  * failure the block is still the application's, writable, but for -EROFS: gpupoold sealed its
  * segment and went (killed) before it answered; the block is then read-only and no longer the
- * application's to write or free (the library keeps it out of use).
+ * application's to write or free (the library keeps its whole segment out of use, and offers it
+ * to no later daemon).
  *
  * gpupool_attach() maps the object name read-only and returns where and how large: the one
  * this process's uid published, else (for a client of a tenant of the config) the one its

@@ -11,7 +11,9 @@
  * why, every segment it took went, and the replies after it are read, the connection in step.
  * And one that holds a lease of granules ahead only while another thread of the process takes
  * the idle granules the block counted on: the block leases what it then lacks. And hellos of
- * a backend the library does not know, or of two: the connect fails, saying so.
+ * a backend the library does not know, or of two: the connect fails, saying so. And one that
+ * seals a segment for a publish and then fails it, as a daemon killed between its seal and its
+ * reply leaves it: no allocation comes from that segment again, its free rest included.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -28,6 +30,7 @@
 #include <unistd.h>
 
 #include "gpupool.h"
+#include "heap.h"
 #include "suites.h"
 #include "testlib.h"
 #include "wire.h"
@@ -51,6 +54,7 @@ enum scenario {
         AHEAD_HELD,             /* leases right, but one of granules ahead only is held, then brings none */
         HELLO_UNKNOWN_BACKEND,  /* hello names a backend no libgpupool knows */
         HELLO_TWO_BACKENDS,     /* hello names two devices of two backends */
+        PUBLISH_SEALED,         /* leases right; a publish seals the segment against writing, then fails */
 };
 
 /* What the fake daemon saw, on a shared page: segment ids its lease replies named, and those the library gave back. */
@@ -85,7 +89,7 @@ static int memory(uint64_t size) {
                 close(p[1]);
                 return p[0];
         }
-        fd = memfd_create("fake-segment", MFD_CLOEXEC);
+        fd = memfd_create("fake-segment", MFD_CLOEXEC | MFD_ALLOW_SEALING);
         if (fd < 0 || ftruncate(fd, (off_t) size) < 0)
                 _exit(4);
         return fd;
@@ -116,7 +120,8 @@ static size_t answer_lease(enum scenario s, const Gpupool__LeaseRequest *req, Gp
                 return 0;
         }
         if (!req->has_granules) {
-                granule_size = fd_size = req->size;
+                /* The class's segment, as gpupoold leases it (a rest after the block), or just the block. */
+                granule_size = fd_size = s == PUBLISH_SEALED ? heap_segment_bytes(req->size) : req->size;
                 if (s == WHOLE_TOO_SMALL)
                         granule_size = fd_size = req->size / 2;
                 if (s == WHOLE_SHORT)
@@ -139,6 +144,7 @@ static size_t answer_lease(enum scenario s, const Gpupool__LeaseRequest *req, Gp
 /* The fake daemon: serves hello, leases (as the scenario says), returns and bye, until killed. */
 static void fake_main(int listen_sock, enum scenario s, struct seen *seen, const struct fake *f) {
         struct pollfd p[16] = { { .fd = listen_sock, .events = POLLIN } };
+        int last = -1;          /* PUBLISH_SEALED: the latest segment leased, to seal */
         nfds_t n = 1;
 
         for (;;) {
@@ -207,6 +213,18 @@ static void fake_main(int listen_sock, enum scenario s, struct seen *seen, const
                                 }
                                 rep.body_case = GPUPOOL__ENVELOPE__BODY_LEASE_REPLY;
                                 rep.lease_reply = &lr;
+                                if (s == PUBLISH_SEALED && out) {
+                                        if (last >= 0)
+                                                close(last);
+                                        last = dup(fds[0]);
+                                }
+                                break;
+                        case GPUPOOL__ENVELOPE__BODY_PUBLISH:
+                                /* Sealed as gpupoold seals, then no publish: as when it is killed before it answers. */
+                                if (last < 0 || fcntl(last, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE) < 0)
+                                        _exit(7);
+                                rep.status = GPUPOOL__STATUS__STATUS_INTERNAL;
+                                rep.error = "the fake daemon sealed the segment, then failed the publish";
                                 break;
                         case GPUPOOL__ENVELOPE__BODY_RETURN_SEGMENTS:
                                 seen->returned += (unsigned) req->return_segments->n_segment_ids;
@@ -312,6 +330,43 @@ START_TEST(test_wrong_lease_replies) {
         unsetenv("GPUPOOL_SEGMENTS");
         fake_stop(&f);
         ck_assert_msg(fds_from(0) == before, "case %d: %d descriptors open before, %d after", k, before, fds_from(0));
+}
+END_TEST
+
+/*
+ * A publish that fails after the daemon sealed the segment: -EROFS, the block no longer the
+ * application's; and every allocation after it, of any size, comes from other segments and is
+ * writable (the segment's free rest, as read-only as the block, would fault where written).
+ */
+START_TEST(test_sealed_publish_leaves_its_segment) {
+        gpupool_client *c;
+        struct fake f;
+        char err[GP_MAX_ERROR_BYTES];
+        uint8_t *big, *small[64];
+
+        fake_start(&f, PUBLISH_SEALED);
+        c = connect_segments(f.path, "sealed", "whole");
+        /* 10 MiB and 64 KiB in a segment of 12 MiB of its own: a free rest of 1.9 MiB after it. */
+        ck_assert_int_eq(gpupool_alloc(c, 0, 10 * MiB + 64 * 1024, (void **) &big), 0);
+        memset(big, 7, 10 * MiB + 64 * 1024);
+        ck_assert_int_eq(gpupool_publish(c, "weights", big, 10 * MiB + 64 * 1024), -EROFS);
+        gpupool_last_error(c, err, sizeof(err));
+        ck_assert_msg(strstr(err, "had sealed the block's segment against writing already"), "%s", err);
+        /* Small ones, and large ones the free rest would fit (over 1 MiB: the class of large segments). */
+        for (int i = 0; i < 64; i++) {
+                size_t size = i % 2 ? (size_t) (i % 8 + 1) * 16 * 1024 : MiB + (size_t) (i % 8 + 1) * 64 * 1024;
+
+                ck_assert_int_eq(gpupool_alloc(c, 0, size, (void **) &small[i]), 0);
+                ck_assert_msg(small[i] + size <= big || small[i] >= big + 12 * MiB, "block %d at %p is in the sealed segment at %p",
+                              i, (void *) small[i], (void *) big);
+                memset(small[i], i, size);
+        }
+        for (int i = 0; i < 64; i++)
+                ck_assert_int_eq(gpupool_free(c, small[i]), 0);
+        ck_assert_int_eq(gpupool_free(c, big), -ENOENT);        /* not the application's any more */
+        gpupool_disconnect(c);
+        unsetenv("GPUPOOL_SEGMENTS");
+        fake_stop(&f);
 }
 END_TEST
 
@@ -438,6 +493,7 @@ Suite *suite_replies(void) {
 
         tcase_add_loop_test(tc, test_wrong_lease_replies, 0, (int) (sizeof(cases) / sizeof(cases[0])));
         tcase_add_test(tc, test_refused_return);
+        tcase_add_test(tc, test_sealed_publish_leaves_its_segment);
         tcase_add_test(tc, test_idle_taken_while_ahead_out);
         tcase_add_loop_test(tc, test_hello_of_unknown_backends, 0, 2);
         suite_add_tcase(s, tc);
