@@ -109,12 +109,12 @@ static int unpublish(struct cli *cli, int argc, char **argv) {
         bool names_only = false;
 
         for (int i = 1; i < argc; i++) {
-                if (!names_only && strcmp(argv[i], "--") == 0) {
-                        names_only = true;
-                } else if (names_only) {
+                if (names_only || argv[i][0] != '-') {
                         if (name)
                                 return cli_usage_error(&cli_cmd_unpublish, "one object at a time: '%s', then '%s'", name, argv[i]);
                         name = argv[i];
+                } else if (strcmp(argv[i], "--") == 0) {
+                        names_only = true;
                 } else if (strcmp(argv[i], "--uid") == 0 && i + 1 < argc) {
                         unsigned long uid = strtoul(argv[++i], &end, 10);
 
@@ -124,13 +124,9 @@ static int unpublish(struct cli *cli, int argc, char **argv) {
                         ur.publisher_uid = (uint32_t) uid;
                 } else if (strcmp(argv[i], "--uid") == 0) {
                         return cli_usage_error(&cli_cmd_unpublish, "--uid needs a value");
-                } else if (argv[i][0] == '-') {
+                } else {
                         return cli_usage_error(&cli_cmd_unpublish, "unexpected argument '%s' (a name that starts with "
                                                "'-' goes after --)", argv[i]);
-                } else if (name) {
-                        return cli_usage_error(&cli_cmd_unpublish, "one object at a time: '%s', then '%s'", name, argv[i]);
-                } else {
-                        name = argv[i];
                 }
         }
         if (!name)

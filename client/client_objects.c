@@ -127,6 +127,12 @@ static int readers_parse(gpupool_client *c, const char *text, char buf[GP_MAX_OB
         return n < 0 ? -EINVAL : n;
 }
 
+/* Takes m's segment out of the process's pool, its one live block b and its free rest alike. Locked. */
+static void leave_pool(gpupool_client *c, struct mapping *m, struct block *b) {
+        if (heap_free(&c->devices[m->device].heap, b->hb))
+                (void) heap_remove(&m->hs);
+}
+
 /* Publishes live block b, out of the live table, of mapping m; on failure b is put back. Locked. */
 static int publish_block(gpupool_client *c, const char *name, struct block *b, uint64_t size, char **readers,
                          int n_readers) {
@@ -190,14 +196,12 @@ static int publish_block(gpupool_client *c, const char *name, struct block *b, u
                                     "against writing already: the block is read-only now and no longer this process's "
                                     "to write or free", name, strerror(-r));
                 /* All of the segment is read-only: none of it may be carved again, the free rest included. */
-                if (heap_free(&c->devices[m->device].heap, b->hb))
-                        (void) heap_remove(&m->hs);
+                leave_pool(c, m, b);
                 m->sealed = true;
                 return -EROFS;
         }
         /* The object's now, not the pool's: out of the heap and the trees, mapped read-only. */
-        if (heap_free(&c->devices[m->device].heap, b->hb))
-                (void) heap_remove(&m->hs);
+        leave_pool(c, m, b);
         client_mapping_unlink(c, m);
         snprintf(a->name, sizeof(a->name), "%s", name);
         a->base = m->base;

@@ -67,16 +67,16 @@ def installed_from_library():
 
 
 def _candidates():
-    """(what to load, where it comes from) in the order they are tried: the checkout the package
-    sits in, the checkout it was installed from (the library of its own version), the dynamic
-    loader (make install, then ldconfig; a distribution's package), make install's default
-    prefix."""
-    yield checkout_library(), "this checkout's build"
+    """(what to load, where it comes from, what a missing file is) in the order they are tried:
+    the checkout the package sits in, the checkout it was installed from (the library of its own
+    version), the dynamic loader (make install, then ldconfig; a distribution's package), make
+    install's default prefix."""
+    yield checkout_library(), "this checkout's build", "not built"
     built = installed_from_library()
     if built:
-        yield built, "the checkout this package was installed from"
-    yield SONAME, "the dynamic loader"
-    yield INSTALL_DEFAULT, "make install's default prefix"
+        yield built, "the checkout this package was installed from", "not built"
+    yield SONAME, "the dynamic loader", None
+    yield INSTALL_DEFAULT, "make install's default prefix", "not there"
 
 
 _loaded = None
@@ -97,9 +97,9 @@ def _open():
         except OSError as e:
             raise ImportError(f"gpupool: cannot load libgpupool: ${LIBRARY_ENV}={path}: {e}") from e
     tried = [f"${LIBRARY_ENV} (unset)"]
-    for path, where in _candidates():
-        if os.path.isabs(path) and not os.path.isfile(path):
-            tried.append(f"{path} ({where}: not built)" if "checkout" in where else f"{path} ({where}: not there)")
+    for path, where, missing in _candidates():
+        if missing and not os.path.isfile(path):
+            tried.append(f"{path} ({where}: {missing})")
             continue
         try:
             return path, ctypes.CDLL(path)
