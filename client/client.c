@@ -21,7 +21,6 @@
 
 #include "client_call.h"
 #include "client_control.h"
-#include "client_cuda.h"
 #include "client_grow.h"
 #include "client_keep.h"
 #include "client_mem.h"
@@ -75,7 +74,7 @@ static int session_open(gpupool_client *c) {
         c->grow = c->grow_wanted && mem->grows;
         client_id = hello->hello_reply->client_id;
         c->round_trips = c->conn.trips;
-        r = mem->streams ? client_cuda_setup(c, hello->hello_reply) : 0;
+        r = mem->driver ? mem->driver->setup(c, hello->hello_reply) : 0;
         gpupool__envelope__free_unpacked(hello, NULL);
         /*
          * Before the control thread starts: the process may have one thread yet, and then growing
@@ -86,8 +85,11 @@ static int session_open(gpupool_client *c) {
         /* The daemon asks for empty segments back on it; the idle return and usage reports run on its thread. */
         if (r == 0)
                 r = client_control_open(c, path, c->name, client_id);
-        if (r < 0)
+        if (r < 0) {
+                if (mem->driver)
+                        mem->driver->teardown(c);       /* nothing mapped yet: only what setup made */
                 gp_conn_close(&c->conn);
+        }
         return r;
 }
 
@@ -169,9 +171,9 @@ static void drop_everything(gpupool_client *c) {
         client_mappings_forget(c);
         for (unsigned d = 0; d < CLIENT_MAX_DEVICES; d++)
                 c->devices[d].reported_in_use = c->devices[d].reported_held_free = 0;
-        if (c->mem->streams) {
+        if (c->mem->driver) {
                 client_stream_stop(c);
-                client_cuda_teardown(c);
+                c->mem->driver->teardown(c);
         }
 }
 
@@ -196,11 +198,11 @@ GPUPOOL_EXPORT void gpupool_disconnect(gpupool_client *c) {
          * work this process queued on it must have ended first, not only the work before
          * stream-ordered frees (kernels may still write blocks the application never freed).
          */
-        if (c->mem->streams) {
+        if (c->mem->driver) {
                 int reaped = client_stream_reap(c, true);
 
                 /* Both, whatever the first says: the mappings close next. */
-                device_done = client_cuda_synchronize(c) == 0 && reaped == 0;
+                device_done = c->mem->driver->synchronize(c) == 0 && reaped == 0;
                 /* The fences, and frees still held if the driver failed us (their blocks go with the heaps). */
                 client_stream_forget(c);
         }
@@ -229,7 +231,7 @@ GPUPOOL_EXPORT int gpupool_reconnect(gpupool_client *c) {
         pthread_mutex_lock(&c->lock);
         client_conn_wait(c);
         /* The old daemon's memory is gone with it: forget every block and mapping, wait for no event. */
-        if (c->mem->streams)
+        if (c->mem->driver)
                 client_stream_forget(c);
         drop_everything(c);
         r = session_open(c);
@@ -241,7 +243,7 @@ GPUPOOL_EXPORT int gpupool_reconnect(gpupool_client *c) {
 
 /* The daemon's index for the caller's device number (its own CUDA ordinal on the cuda backend), or -1. */
 static int daemon_device(gpupool_client *c, int device) {
-        if (!c->mem->streams)
+        if (!c->mem->driver)
                 return (unsigned) device < c->device_count ? device : -1;
         return device < c->local_count ? c->local_to_daemon[device] : -1;
 }
@@ -310,7 +312,7 @@ static int alloc_on(gpupool_client *c, int device, size_t size, void *stream, bo
         d = daemon_device(c, device);
         if (d < 0) {
                 r = -ENODEV;
-                if (c->mem->streams)
+                if (c->mem->driver)
                         client_set_error(c, "CUDA device %d of this process is not one gpupoold serves "
                                             "(no GPU of the daemon has its UUID)", device);
                 else
@@ -322,7 +324,7 @@ static int alloc_on(gpupool_client *c, int device, size_t size, void *stream, bo
                 r = -EINVAL;
         } else {
                 /* A block held for this stream's lane is this allocation's at once: the stream orders the work. */
-                uint32_t lane = on_stream && c->mem->streams ? client_stream_lane(c, (unsigned) d, stream) : 0;
+                uint32_t lane = on_stream && c->mem->driver ? client_stream_lane(c, (unsigned) d, stream) : 0;
 
                 r = client_pool_alloc(c, (unsigned) d, device, rsize, on_stream ? stream : NULL, lane, ret_ptr);
         }
@@ -369,14 +371,14 @@ GPUPOOL_EXPORT int gpupool_free_async(gpupool_client *c, void *ptr, void *stream
         if (!c)
                 return client_invalid(NULL, "%s: no handle (NULL): gpupool_connect() gives one", __func__);
         /* Host memory: no device queues work on it, so there is nothing to wait for. */
-        if ((!stream || stream == GPUPOOL_STREAM_OF_ALLOC) && !__atomic_load_n(&c->mem, __ATOMIC_ACQUIRE)->streams)
+        if ((!stream || stream == GPUPOOL_STREAM_OF_ALLOC) && !__atomic_load_n(&c->mem, __ATOMIC_ACQUIRE)->driver)
                 return free_now(c, ptr);
         pthread_mutex_lock(&c->lock);
         b = client_live_take(c, ptr);
         if (!b) {
                 r = not_a_block(c, ptr);
         } else {
-                if (!c->mem->streams) {
+                if (!c->mem->driver) {
                         client_set_error(c, "a stream was given for a block of host memory");
                         r = -EINVAL;
                 } else {

@@ -33,7 +33,6 @@
 #include <time.h>
 
 #include "conn.h"
-#include "cudadrv.h"
 #include "gpupool.h"
 #include "heap.h"
 #include "rbtree.h"
@@ -42,6 +41,10 @@
 #define CLIENT_MAX_SCOPES 16
 #define CLIENT_SHARDS 32        /* live-block table shards: threads freeing different blocks rarely meet */
 #define CLIENT_RETURN_BATCH 256 /* segments per ReturnRequest or ReclaimReply: what the daemon takes in one */
+#define CLIENT_IPC_HANDLE_BYTES 64      /* a segment's IPC handle, as the wire carries it (mem->ipc) */
+
+/* An event of a GPU's driver (client_mem.h's driver table; a CUevent): one fence on a stream. */
+typedef void *client_event;
 
 /*
  * Requests sent back to back on the main connection, at most this many unanswered, their
@@ -81,7 +84,7 @@ struct mapping {
         unsigned device;                /* the daemon's index */
         bool grow;                      /* a range that grows in place (client_grow.c), in no tree */
         int fd;                         /* its descriptor, kept for a later daemon to adopt (-1: none) */
-        uint8_t handle[GP_CU_IPC_HANDLE_SIZE];  /* where segments come as IPC handles (mem->ipc) */
+        uint8_t handle[CLIENT_IPC_HANDLE_BYTES];        /* where segments come as IPC handles (mem->ipc) */
         struct gp_rb_node by_addr;
         struct gp_rb_node by_id;
         struct gp_rb_node by_handle;    /* mem->ipc only */
@@ -117,7 +120,7 @@ struct live_shard {
 
 /* A fence recorded on a stream: the frees held for its lane until then are everyone's once its event has completed. */
 struct stream_fence {
-        gp_cu_event event;
+        client_event event;
         uint64_t number;                /* the lane's count of fences: heap_release() up to it */
         uint64_t seq;                   /* the handle's count of fences: oldest first across streams */
 };
@@ -143,15 +146,6 @@ struct stream_queue {
 
 /* A daemon device as this process sees it. */
 struct client_device {
-        bool visible;                   /* the GPU with this UUID is visible here */
-        gp_cu_device dev;               /* this process's handle for it */
-        gp_cu_context ctx;              /* its primary context, retained on first use */
-        /*
-         * Recorded-and-done events kept for reuse. Room for every event made is kept, so that
-         * putting one back never fails (and never destroys one the reaper may wait for).
-         */
-        gp_cu_event *spare_events;
-        unsigned spare_count, spare_cap, event_count;
         struct heap heap;               /* the process's pool on this device: every segment it leases */
         uint64_t total_bytes;           /* as hello said */
         struct client_grow *grow;       /* segments that grow in place: its ranges, once used */
@@ -203,9 +197,11 @@ struct gpupool_client {
         const struct client_mem_ops *mem;
         bool grow_wanted;               /* $GPUPOOL_SEGMENTS is "grow" */
         bool grow;                      /* segments grow in place: granules leased under ranges of ours (mem->grows) */
-        struct gp_cuda cu;
+        /* The GPU driver's own state (mem->driver; client_cuda.c's), from its setup to its teardown. */
+        void *driver_state;
         struct client_device devices[CLIENT_MAX_DEVICES];
-        int local_to_daemon[CLIENT_MAX_DEVICES];        /* this process's CUDA ordinal -> daemon index, or -1 */
+        /* This process's CUDA ordinal -> daemon index, or -1: filled by the driver's setup (mem->driver). */
+        int local_to_daemon[CLIENT_MAX_DEVICES];
         int local_count;
         struct gp_rb_tree by_addr, by_id, by_handle;
         /* Live blocks the application holds, by address; a shard's lock nests inside the handle's. */
@@ -248,7 +244,7 @@ struct gpupool_client {
         pthread_t reaper;
         bool reaper_started, stopping;
         bool reaper_idle;               /* waiting for a free to be queued: only then is it signalled */
-        gp_cu_event reaper_event;       /* the event the reaper waits for, unlocked: never reused meanwhile */
+        client_event reaper_event;      /* the event the reaper waits for, unlocked: never reused meanwhile */
         bool reaper_event_done;         /* its frees completed meanwhile: the reaper recycles it after its wait */
 };
 

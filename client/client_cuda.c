@@ -33,11 +33,41 @@
 #include <string.h>
 #include <unistd.h>
 
-static int push(gpupool_client *c, struct client_device *d) {
-        gp_cu_result r = c->cu.cuCtxPushCurrent(d->ctx);
+_Static_assert(CLIENT_IPC_HANDLE_BYTES == GP_CU_IPC_HANDLE_SIZE, "the wire's IPC handle is CUDA's");
+_Static_assert(sizeof(client_event) == sizeof(gp_cu_event), "a fence's event is a CUevent");
+
+/* What the driver keeps of one of the daemon's devices in this process. */
+struct cuda_device {
+        bool visible;                   /* the GPU with this UUID is visible here */
+        gp_cu_device dev;               /* this process's handle for it */
+        gp_cu_context ctx;              /* its primary context, retained on first use */
+        /*
+         * Recorded-and-done events kept for reuse. Room for every event made is kept, so that
+         * putting one back never fails (and never destroys one the reaper may wait for).
+         */
+        gp_cu_event *spare_events;
+        unsigned spare_count, spare_cap, event_count;
+};
+
+/* The handle's driver state (c->driver_state), from setup() to teardown(). */
+struct cuda_state {
+        struct gp_cuda cu;              /* the driver's entry points */
+        struct cuda_device devices[CLIENT_MAX_DEVICES];
+};
+
+static inline struct gp_cuda *cu(gpupool_client *c) {
+        return &((struct cuda_state *) c->driver_state)->cu;
+}
+
+static inline struct cuda_device *device_of(gpupool_client *c, unsigned d) {
+        return &((struct cuda_state *) c->driver_state)->devices[d];
+}
+
+static int push(gpupool_client *c, struct cuda_device *d) {
+        gp_cu_result r = cu(c)->cuCtxPushCurrent(d->ctx);
 
         if (r != GP_CUDA_SUCCESS) {
-                client_set_error(c, "cuCtxPushCurrent: %s", gp_cuda_error_name(&c->cu, r));
+                client_set_error(c, "cuCtxPushCurrent: %s", gp_cuda_error_name(cu(c), r));
                 return gp_cuda_errno(r);
         }
         return 0;
@@ -46,25 +76,25 @@ static int push(gpupool_client *c, struct client_device *d) {
 static void pop(gpupool_client *c) {
         gp_cu_context ctx;
 
-        (void) c->cu.cuCtxPopCurrent(&ctx);
+        (void) cu(c)->cuCtxPopCurrent(&ctx);
 }
 
 /* Lets this thread make calls that a graph capture under way forbids; returns its mode, for unrelax(). */
 static int relax(gpupool_client *c) {
         int mode = GP_CU_STREAM_CAPTURE_MODE_RELAXED;
 
-        if (c->cu.cuThreadExchangeStreamCaptureMode(&mode) != GP_CUDA_SUCCESS)
+        if (cu(c)->cuThreadExchangeStreamCaptureMode(&mode) != GP_CUDA_SUCCESS)
                 return -1;
         return mode;
 }
 
 static void unrelax(gpupool_client *c, int mode) {
         if (mode >= 0)
-                (void) c->cu.cuThreadExchangeStreamCaptureMode(&mode);
+                (void) cu(c)->cuThreadExchangeStreamCaptureMode(&mode);
 }
 
 /* d's context made current and the thread relaxed, for a call a capture would forbid (pair with leave()). */
-static int enter(gpupool_client *c, struct client_device *d, int *ret_mode) {
+static int enter(gpupool_client *c, struct cuda_device *d, int *ret_mode) {
         int err = push(c, d);
 
         *ret_mode = err == 0 ? relax(c) : -1;
@@ -83,8 +113,8 @@ static void match_devices(gpupool_client *c, const Gpupool__HelloReply *hello, i
                 gp_cu_uuid uuid;
 
                 map[i] = -1;
-                if (i >= c->local_count || c->cu.cuDeviceGet(&dev, i) != GP_CUDA_SUCCESS ||
-                    c->cu.cuDeviceGetUuid(&uuid, dev) != GP_CUDA_SUCCESS)
+                if (i >= c->local_count || cu(c)->cuDeviceGet(&dev, i) != GP_CUDA_SUCCESS ||
+                    cu(c)->cuDeviceGetUuid(&uuid, dev) != GP_CUDA_SUCCESS)
                         continue;
                 for (size_t d = 0; d < hello->n_devices && d < CLIENT_MAX_DEVICES; d++) {
                         const Gpupool__DeviceInfo *info = hello->devices[d];
@@ -96,40 +126,45 @@ static void match_devices(gpupool_client *c, const Gpupool__HelloReply *hello, i
         }
 }
 
-int client_cuda_setup(gpupool_client *c, const Gpupool__HelloReply *hello) {
+static void cuda_teardown(gpupool_client *c);
+
+static int cuda_setup(gpupool_client *c, const Gpupool__HelloReply *hello) {
+        struct cuda_state *s;
         char err[256];
         int count = 0, r;
 
         for (int i = 0; i < CLIENT_MAX_DEVICES; i++)
                 c->local_to_daemon[i] = -1;
+        c->local_count = 0;
         /* The CUDA side of each device starts afresh; the process's pool on it is not ours to touch. */
-        for (int i = 0; i < CLIENT_MAX_DEVICES; i++) {
-                struct client_device *d = &c->devices[i];
-
-                d->visible = false;
-                d->dev = 0;
-                d->ctx = NULL;
-                d->spare_events = NULL;
-                d->spare_count = d->spare_cap = d->event_count = 0;
+        cuda_teardown(c);
+        s = calloc(1, sizeof(*s));
+        if (!s) {
+                client_set_error(c, "out of memory for the CUDA driver's state");
+                return -ENOMEM;
         }
-        r = gp_cuda_load(&c->cu, err, sizeof(err));
+        r = gp_cuda_load(&s->cu, err, sizeof(err));
         if (r < 0) {
+                free(s);
                 client_set_error(c, "%s", err);
                 return r;
         }
-        if (c->cu.cuDeviceGetCount(&count) != GP_CUDA_SUCCESS)
+        c->driver_state = s;
+        if (cu(c)->cuDeviceGetCount(&count) != GP_CUDA_SUCCESS)
                 count = 0;
         c->local_count = count < CLIENT_MAX_DEVICES ? count : CLIENT_MAX_DEVICES;
         match_devices(c, hello, c->local_to_daemon);
         for (int i = 0; i < c->local_count; i++)
                 if (c->local_to_daemon[i] >= 0) {
-                        c->devices[c->local_to_daemon[i]].visible = true;
-                        (void) c->cu.cuDeviceGet(&c->devices[c->local_to_daemon[i]].dev, i);
+                        struct cuda_device *d = device_of(c, (unsigned) c->local_to_daemon[i]);
+
+                        d->visible = true;
+                        (void) cu(c)->cuDeviceGet(&d->dev, i);
                 }
         return 0;
 }
 
-bool client_cuda_same_devices(gpupool_client *c, const Gpupool__HelloReply *hello) {
+static bool cuda_same_devices(gpupool_client *c, const Gpupool__HelloReply *hello) {
         int map[CLIENT_MAX_DEVICES];
 
         if (hello->n_devices != c->device_count)
@@ -139,15 +174,15 @@ bool client_cuda_same_devices(gpupool_client *c, const Gpupool__HelloReply *hell
 }
 
 /* The device's primary context, retained on first use. */
-static int device_ready(gpupool_client *c, struct client_device *d) {
+static int device_ready(gpupool_client *c, struct cuda_device *d) {
         gp_cu_result r;
 
         if (d->ctx)
                 return 0;
-        r = c->cu.cuDevicePrimaryCtxRetain(&d->ctx, d->dev);
+        r = cu(c)->cuDevicePrimaryCtxRetain(&d->ctx, d->dev);
         if (r != GP_CUDA_SUCCESS) {
                 d->ctx = NULL;
-                client_set_error(c, "cuDevicePrimaryCtxRetain: %s", gp_cuda_error_name(&c->cu, r));
+                client_set_error(c, "cuDevicePrimaryCtxRetain: %s", gp_cuda_error_name(cu(c), r));
                 return gp_cuda_errno(r);
         }
         return 0;
@@ -157,7 +192,7 @@ static int device_ready(gpupool_client *c, struct client_device *d) {
  * The device a leased segment is on, with its context retained and made current for mapping
  * the segment (pair with pop()). Returns 0 or a negative errno with the error set.
  */
-static int segment_device_enter(gpupool_client *c, struct client_device *d) {
+static int segment_device_enter(gpupool_client *c, struct cuda_device *d) {
         int err;
 
         if (!d->visible) {
@@ -168,7 +203,8 @@ static int segment_device_enter(gpupool_client *c, struct client_device *d) {
         return err < 0 ? err : push(c, d);
 }
 
-int client_cuda_open(gpupool_client *c, struct client_device *d, struct mapping *m) {
+int client_cuda_open(gpupool_client *c, struct mapping *m) {
+        struct cuda_device *d = device_of(c, m->device);
         gp_cu_ipc_mem_handle handle;
         gp_cu_deviceptr base = 0, range_base = 0;
         size_t range_size = 0;
@@ -180,19 +216,19 @@ int client_cuda_open(gpupool_client *c, struct client_device *d, struct mapping 
                 return err;
         memcpy(handle.reserved, m->handle, sizeof(handle.reserved));
         mode = relax(c);
-        r = c->cu.cuIpcOpenMemHandle(&base, handle, GP_CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
+        r = cu(c)->cuIpcOpenMemHandle(&base, handle, GP_CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
         unrelax(c, mode);
         if (r != GP_CUDA_SUCCESS) {
                 pop(c);
                 client_set_error(c, "cuIpcOpenMemHandle_v2 of a %llu-byte segment: %s", (unsigned long long) m->size,
-                                 gp_cuda_error_name(&c->cu, r));
+                                 gp_cuda_error_name(cu(c), r));
                 return r == GP_CUDA_ERROR_OUT_OF_MEMORY ? -ENOMEM : -EIO;
         }
         /* The handle opens the whole allocation: it must hold the segment the daemon described. */
-        r = c->cu.cuMemGetAddressRange(&range_base, &range_size, base);
+        r = cu(c)->cuMemGetAddressRange(&range_base, &range_size, base);
         if (r != GP_CUDA_SUCCESS || range_base != base || range_size < m->size) {
                 mode = relax(c);
-                (void) c->cu.cuIpcCloseMemHandle(base);
+                (void) cu(c)->cuIpcCloseMemHandle(base);
                 leave(c, mode);
                 client_set_error(c, "the IPC handle of segment %llu opens %zu bytes, not the %llu gpupoold described",
                                  (unsigned long long) m->segment_id, range_size, (unsigned long long) m->size);
@@ -203,22 +239,24 @@ int client_cuda_open(gpupool_client *c, struct client_device *d, struct mapping 
         return 0;
 }
 
-void client_cuda_close(gpupool_client *c, struct client_device *d, struct mapping *m) {
+void client_cuda_close(gpupool_client *c, struct mapping *m) {
+        struct cuda_device *d = device_of(c, m->device);
         int mode;
 
         if (enter(c, d, &mode) < 0)
                 return;
-        (void) c->cu.cuIpcCloseMemHandle((gp_cu_deviceptr) (uintptr_t) m->base);
+        (void) cu(c)->cuIpcCloseMemHandle((gp_cu_deviceptr) (uintptr_t) m->base);
         leave(c, mode);
 }
 
 /* A driver call's failure as the error, and its errno. */
 static int vmm_failed(gpupool_client *c, const char *what, uint64_t size, gp_cu_result r) {
-        client_set_error(c, "cuda-vmm: %s of %llu bytes: %s", what, (unsigned long long) size, gp_cuda_error_name(&c->cu, r));
+        client_set_error(c, "cuda-vmm: %s of %llu bytes: %s", what, (unsigned long long) size, gp_cuda_error_name(cu(c), r));
         return r == GP_CUDA_ERROR_OUT_OF_MEMORY ? -ENOMEM : -EIO;
 }
 
-int client_cuda_reserve(gpupool_client *c, struct client_device *d, uint64_t bytes, uint64_t align, uint8_t **ret) {
+int client_cuda_reserve(gpupool_client *c, unsigned i, uint64_t bytes, uint64_t align, uint8_t **ret) {
+        struct cuda_device *d = device_of(c, i);
         gp_cu_deviceptr va = 0;
         gp_cu_result r;
         int err, mode;
@@ -227,7 +265,7 @@ int client_cuda_reserve(gpupool_client *c, struct client_device *d, uint64_t byt
         if (err < 0)
                 return err;
         mode = relax(c);
-        r = c->cu.cuMemAddressReserve(&va, bytes, align, 0, 0);
+        r = cu(c)->cuMemAddressReserve(&va, bytes, align, 0, 0);
         leave(c, mode);
         if (r != GP_CUDA_SUCCESS)
                 return vmm_failed(c, "cuMemAddressReserve", bytes, r);
@@ -235,16 +273,18 @@ int client_cuda_reserve(gpupool_client *c, struct client_device *d, uint64_t byt
         return 0;
 }
 
-void client_cuda_unreserve(gpupool_client *c, struct client_device *d, uint8_t *base, uint64_t bytes) {
+void client_cuda_unreserve(gpupool_client *c, unsigned i, uint8_t *base, uint64_t bytes) {
+        struct cuda_device *d = device_of(c, i);
         int mode;
 
         if (enter(c, d, &mode) < 0)
                 return;
-        (void) c->cu.cuMemAddressFree((gp_cu_deviceptr) (uintptr_t) base, bytes);
+        (void) cu(c)->cuMemAddressFree((gp_cu_deviceptr) (uintptr_t) base, bytes);
         leave(c, mode);
 }
 
-int client_cuda_import(gpupool_client *c, struct client_device *d, int fd, uint64_t size, gp_cu_mem_handle *ret) {
+int client_cuda_import(gpupool_client *c, unsigned i, int fd, uint64_t size, gp_cu_mem_handle *ret) {
+        struct cuda_device *d = device_of(c, i);
         gp_cu_result r;
         int err, mode;
 
@@ -253,12 +293,13 @@ int client_cuda_import(gpupool_client *c, struct client_device *d, int fd, uint6
                 return err;
         mode = relax(c);
         /* The descriptor by value, as the driver takes it; the handle holds the memory from here. */
-        r = c->cu.cuMemImportFromShareableHandle(ret, (void *) (uintptr_t) fd, GP_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+        r = cu(c)->cuMemImportFromShareableHandle(ret, (void *) (uintptr_t) fd, GP_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
         leave(c, mode);
         return r == GP_CUDA_SUCCESS ? 0 : vmm_failed(c, "cuMemImportFromShareableHandle", size, r);
 }
 
-int client_cuda_export(gpupool_client *c, struct client_device *d, uint8_t *va, gp_cu_mem_handle h, int *ret_fd) {
+int client_cuda_export(gpupool_client *c, unsigned i, uint8_t *va, gp_cu_mem_handle h, int *ret_fd) {
+        struct cuda_device *d = device_of(c, i);
         gp_cu_mem_handle held = 0;
         gp_cu_result r = GP_CUDA_SUCCESS;
         int err, mode, fd = -1;
@@ -268,43 +309,46 @@ int client_cuda_export(gpupool_client *c, struct client_device *d, uint8_t *va, 
                 return err;
         mode = relax(c);
         /* A whole segment's handle was let go once mapped: the mapping gives it back, retained once more. */
-        if (va && (r = c->cu.cuMemRetainAllocationHandle(&held, va)) == GP_CUDA_SUCCESS)
+        if (va && (r = cu(c)->cuMemRetainAllocationHandle(&held, va)) == GP_CUDA_SUCCESS)
                 h = held;
         if (r == GP_CUDA_SUCCESS)
-                r = c->cu.cuMemExportToShareableHandle(&fd, h, GP_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+                r = cu(c)->cuMemExportToShareableHandle(&fd, h, GP_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
         if (held)
-                (void) c->cu.cuMemRelease(held);
+                (void) cu(c)->cuMemRelease(held);
         leave(c, mode);
         if (r != GP_CUDA_SUCCESS) {
                 client_set_error(c, "cuda-vmm: %s of memory this process holds, for gpupoold to adopt: %s",
                                  va && !held ? "cuMemRetainAllocationHandle" : "cuMemExportToShareableHandle",
-                                 gp_cuda_error_name(&c->cu, r));
+                                 gp_cuda_error_name(cu(c), r));
                 return r == GP_CUDA_ERROR_OUT_OF_MEMORY ? -ENOMEM : -EIO;
         }
         *ret_fd = fd;
         return 0;
 }
 
-void client_cuda_release(gpupool_client *c, struct client_device *d, gp_cu_mem_handle h) {
+void client_cuda_release(gpupool_client *c, unsigned i, gp_cu_mem_handle h) {
+        struct cuda_device *d = device_of(c, i);
         if (push(c, d) < 0)
                 return;
-        (void) c->cu.cuMemRelease(h);
+        (void) cu(c)->cuMemRelease(h);
         pop(c);
 }
 
-int client_cuda_map(gpupool_client *c, struct client_device *d, uint8_t *va, uint64_t size, gp_cu_mem_handle h) {
+int client_cuda_map(gpupool_client *c, unsigned i, uint8_t *va, uint64_t size, gp_cu_mem_handle h) {
+        struct cuda_device *d = device_of(c, i);
         gp_cu_result r;
         int err, mode;
 
         err = enter(c, d, &mode);
         if (err < 0)
                 return err;
-        r = c->cu.cuMemMap((gp_cu_deviceptr) (uintptr_t) va, size, 0, h, 0);
+        r = cu(c)->cuMemMap((gp_cu_deviceptr) (uintptr_t) va, size, 0, h, 0);
         leave(c, mode);
         return r == GP_CUDA_SUCCESS ? 0 : vmm_failed(c, "cuMemMap", size, r);
 }
 
-int client_cuda_access(gpupool_client *c, struct client_device *d, uint8_t *va, uint64_t size, bool writable) {
+int client_cuda_access(gpupool_client *c, unsigned i, uint8_t *va, uint64_t size, bool writable) {
+        struct cuda_device *d = device_of(c, i);
         gp_cu_mem_access_desc rw = {
                 .location = { .type = GP_CU_MEM_LOCATION_TYPE_DEVICE, .id = (int) d->dev },
                 .flags = writable ? GP_CU_MEM_ACCESS_FLAGS_PROT_READWRITE : GP_CU_MEM_ACCESS_FLAGS_PROT_READ,
@@ -315,12 +359,13 @@ int client_cuda_access(gpupool_client *c, struct client_device *d, uint8_t *va, 
         err = enter(c, d, &mode);
         if (err < 0)
                 return err;
-        r = c->cu.cuMemSetAccess((gp_cu_deviceptr) (uintptr_t) va, size, &rw, 1);
+        r = cu(c)->cuMemSetAccess((gp_cu_deviceptr) (uintptr_t) va, size, &rw, 1);
         leave(c, mode);
         return r == GP_CUDA_SUCCESS ? 0 : vmm_failed(c, "cuMemSetAccess", size, r);
 }
 
-int client_cuda_zero(gpupool_client *c, struct client_device *d, uint8_t *p, uint64_t n) {
+int client_cuda_zero(gpupool_client *c, unsigned i, uint8_t *p, uint64_t n) {
+        struct cuda_device *d = device_of(c, i);
         gp_cu_result r = GP_CUDA_SUCCESS;
         int err, mode;
 
@@ -329,25 +374,26 @@ int client_cuda_zero(gpupool_client *c, struct client_device *d, uint8_t *p, uin
                 return err;
         /* On the legacy stream, then everything the context has queued: nothing writes after. */
         if (n)
-                r = c->cu.cuMemsetD8Async((gp_cu_deviceptr) (uintptr_t) p, 0, n, NULL);
+                r = cu(c)->cuMemsetD8Async((gp_cu_deviceptr) (uintptr_t) p, 0, n, NULL);
         if (r == GP_CUDA_SUCCESS)
-                r = c->cu.cuCtxSynchronize();
+                r = cu(c)->cuCtxSynchronize();
         leave(c, mode);
         if (r != GP_CUDA_SUCCESS) {
                 client_set_error(c, "cuda-vmm: zeroing %llu bytes on GPU %d: %s", (unsigned long long) n, (int) d->dev,
-                                 gp_cuda_error_name(&c->cu, r));
+                                 gp_cuda_error_name(cu(c), r));
                 return -EIO;
         }
         return 0;
 }
 
-int client_cuda_unmap(gpupool_client *c, struct client_device *d, uint8_t *va, uint64_t size) {
+int client_cuda_unmap(gpupool_client *c, unsigned i, uint8_t *va, uint64_t size) {
+        struct cuda_device *d = device_of(c, i);
         gp_cu_result r;
         int mode;
 
         if (enter(c, d, &mode) < 0)
                 return -EIO;
-        r = c->cu.cuMemUnmap((gp_cu_deviceptr) (uintptr_t) va, size);
+        r = cu(c)->cuMemUnmap((gp_cu_deviceptr) (uintptr_t) va, size);
         leave(c, mode);
         return r == GP_CUDA_SUCCESS ? 0 : -EIO;
 }
@@ -358,16 +404,17 @@ int client_cuda_unmap(gpupool_client *c, struct client_device *d, uint8_t *va, u
  */
 static gp_cu_result capture_or_id(gpupool_client *c, void *stream, int *ret_capturing, unsigned long long *ret_id) {
         int status = GP_CU_STREAM_CAPTURE_STATUS_NONE;
-        gp_cu_result r = c->cu.cuStreamIsCapturing((gp_cu_stream) stream, &status);
+        gp_cu_result r = cu(c)->cuStreamIsCapturing((gp_cu_stream) stream, &status);
 
         /* The legacy default stream while another stream captures in global mode: capturing too. */
         *ret_capturing = r == GP_CUDA_ERROR_STREAM_CAPTURE_IMPLICIT || (r == GP_CUDA_SUCCESS && status != GP_CU_STREAM_CAPTURE_STATUS_NONE);
         if (*ret_capturing)
                 return GP_CUDA_SUCCESS;
-        return r == GP_CUDA_SUCCESS ? c->cu.cuStreamGetId((gp_cu_stream) stream, ret_id) : r;
+        return r == GP_CUDA_SUCCESS ? cu(c)->cuStreamGetId((gp_cu_stream) stream, ret_id) : r;
 }
 
-int client_cuda_stream_id(gpupool_client *c, struct client_device *d, void *stream, unsigned long long *ret) {
+static int cuda_stream_id(gpupool_client *c, unsigned i, void *stream, unsigned long long *ret) {
+        struct cuda_device *d = device_of(c, i);
         gp_cu_result r;
         int err, capturing;
 
@@ -378,20 +425,21 @@ int client_cuda_stream_id(gpupool_client *c, struct client_device *d, void *stre
         r = capture_or_id(c, stream, &capturing, ret);
         pop(c);
         if (r != GP_CUDA_SUCCESS) {
-                client_set_error(c, "cuStreamGetId: %s (not a stream of this process?)", gp_cuda_error_name(&c->cu, r));
+                client_set_error(c, "cuStreamGetId: %s (not a stream of this process?)", gp_cuda_error_name(cu(c), r));
                 return -EINVAL;
         }
         return capturing;
 }
 
-void client_cuda_event_put(gpupool_client *c, struct client_device *d, gp_cu_event e) {
-        (void) c;
+static void cuda_event_put(gpupool_client *c, unsigned i, client_event e) {
+        struct cuda_device *d = device_of(c, i);
+
         /* event_get() made room for every event it made. */
         d->spare_events[d->spare_count++] = e;
 }
 
 /* A spare event of d, or a new one (with room kept to put it back). Pushed. */
-static gp_cu_result event_get(gpupool_client *c, struct client_device *d, gp_cu_event *ret) {
+static gp_cu_result event_get(gpupool_client *c, struct cuda_device *d, gp_cu_event *ret) {
         gp_cu_result r;
 
         if (d->spare_count) {
@@ -407,13 +455,14 @@ static gp_cu_result event_get(gpupool_client *c, struct client_device *d, gp_cu_
                 d->spare_events = n;
                 d->spare_cap = cap;
         }
-        r = c->cu.cuEventCreate(ret, GP_CU_EVENT_BLOCKING_SYNC | GP_CU_EVENT_DISABLE_TIMING);
+        r = cu(c)->cuEventCreate(ret, GP_CU_EVENT_BLOCKING_SYNC | GP_CU_EVENT_DISABLE_TIMING);
         if (r == GP_CUDA_SUCCESS)
                 d->event_count++;
         return r;
 }
 
-int client_cuda_fence(gpupool_client *c, struct client_device *d, void *stream, unsigned long long id, gp_cu_event *ret) {
+static int cuda_fence(gpupool_client *c, unsigned i, void *stream, unsigned long long id, client_event *ret) {
+        struct cuda_device *d = device_of(c, i);
         unsigned long long now_id = 0;
         gp_cu_event e = NULL;
         int err, capturing;
@@ -430,26 +479,27 @@ int client_cuda_fence(gpupool_client *c, struct client_device *d, void *stream, 
         }
         r = event_get(c, d, &e);
         if (r == GP_CUDA_SUCCESS) {
-                r = c->cu.cuEventRecord(e, (gp_cu_stream) stream);
+                r = cu(c)->cuEventRecord(e, (gp_cu_stream) stream);
                 if (r != GP_CUDA_SUCCESS)
-                        client_cuda_event_put(c, d, e);
+                        cuda_event_put(c, i, e);
         }
         pop(c);
         if (r != GP_CUDA_SUCCESS) {
-                client_set_error(c, "cannot record an event on the stream: %s", gp_cuda_error_name(&c->cu, r));
+                client_set_error(c, "cannot record an event on the stream: %s", gp_cuda_error_name(cu(c), r));
                 return r == GP_CUDA_ERROR_OUT_OF_MEMORY ? -ENOMEM : -EIO;
         }
         *ret = e;
         return 0;
 }
 
-int client_cuda_event_done(gpupool_client *c, struct client_device *d, gp_cu_event e, bool wait) {
+static int cuda_event_done(gpupool_client *c, unsigned i, client_event e, bool wait) {
+        struct cuda_device *d = device_of(c, i);
         gp_cu_result r;
         int mode;
 
         if (enter(c, d, &mode) < 0)
                 return -EIO;
-        r = wait ? c->cu.cuEventSynchronize(e) : c->cu.cuEventQuery(e);
+        r = wait ? cu(c)->cuEventSynchronize(e) : cu(c)->cuEventQuery(e);
         leave(c, mode);
         if (r == GP_CUDA_SUCCESS)
                 return 1;
@@ -457,60 +507,75 @@ int client_cuda_event_done(gpupool_client *c, struct client_device *d, gp_cu_eve
                 return 0;
         /* Not proof that the work ended: what waits on it stays where it is. */
         client_set_error(c, "the driver cannot tell whether device work on a freed block ended: %s "
-                            "(the block stays pending until the process exits)", gp_cuda_error_name(&c->cu, r));
+                            "(the block stays pending until the process exits)", gp_cuda_error_name(cu(c), r));
         return -EIO;
 }
 
-void client_cuda_thread_relaxed(gpupool_client *c) {
+static void cuda_thread_relaxed(gpupool_client *c) {
         (void) relax(c);
 }
 
-int client_cuda_event_wait(gpupool_client *c, struct client_device *d, gp_cu_event e) {
+static int cuda_event_wait(gpupool_client *c, unsigned i, client_event e) {
+        struct cuda_device *d = device_of(c, i);
         gp_cu_context ctx;
         gp_cu_result r;
 
         /* Called unlocked: the driver directly, nothing of the handle's. */
-        if (c->cu.cuCtxPushCurrent(d->ctx) != GP_CUDA_SUCCESS)
+        if (cu(c)->cuCtxPushCurrent(d->ctx) != GP_CUDA_SUCCESS)
                 return -EIO;
-        r = c->cu.cuEventSynchronize(e);
-        (void) c->cu.cuCtxPopCurrent(&ctx);
+        r = cu(c)->cuEventSynchronize(e);
+        (void) cu(c)->cuCtxPopCurrent(&ctx);
         return r == GP_CUDA_SUCCESS ? 0 : -EIO;
 }
 
-int client_cuda_synchronize(gpupool_client *c) {
+static int cuda_synchronize(gpupool_client *c) {
         int err = 0;
 
-        for (unsigned i = 0; i < c->device_count; i++) {
-                struct client_device *d = &c->devices[i];
+        for (unsigned i = 0; c->driver_state && i < c->device_count; i++) {
+                struct cuda_device *d = device_of(c, i);
                 gp_cu_result r;
                 int mode;
 
                 if (!d->ctx || enter(c, d, &mode) < 0)
                         continue;
-                r = c->cu.cuCtxSynchronize();
+                r = cu(c)->cuCtxSynchronize();
                 leave(c, mode);
                 if (r != GP_CUDA_SUCCESS) {
-                        client_set_error(c, "cuCtxSynchronize on GPU %u: %s", i, gp_cuda_error_name(&c->cu, r));
+                        client_set_error(c, "cuCtxSynchronize on GPU %u: %s", i, gp_cuda_error_name(cu(c), r));
                         err = -EIO;
                 }
         }
         return err;
 }
 
-void client_cuda_teardown(gpupool_client *c) {
-        for (unsigned i = 0; i < c->device_count; i++) {
-                struct client_device *d = &c->devices[i];
+static void cuda_teardown(gpupool_client *c) {
+        if (!c->driver_state)
+                return;
+        for (unsigned i = 0; i < CLIENT_MAX_DEVICES; i++) {
+                struct cuda_device *d = device_of(c, i);
 
                 if (d->ctx && push(c, d) == 0) {
                         for (unsigned k = 0; k < d->spare_count; k++)
-                                (void) c->cu.cuEventDestroy(d->spare_events[k]);
+                                (void) cu(c)->cuEventDestroy(d->spare_events[k]);
                         pop(c);
                 }
                 free(d->spare_events);
-                d->spare_events = NULL;
-                d->spare_count = d->spare_cap = d->event_count = 0;
                 if (d->ctx)
-                        (void) c->cu.cuDevicePrimaryCtxRelease(d->dev);
-                d->ctx = NULL;
+                        (void) cu(c)->cuDevicePrimaryCtxRelease(d->dev);
         }
+        free(c->driver_state);
+        c->driver_state = NULL;
 }
+
+const struct client_driver_ops client_driver_cuda = {
+        .setup = cuda_setup,
+        .same_devices = cuda_same_devices,
+        .stream_id = cuda_stream_id,
+        .fence = cuda_fence,
+        .event_done = cuda_event_done,
+        .event_put = cuda_event_put,
+        .event_wait = cuda_event_wait,
+        .thread_relaxed = cuda_thread_relaxed,
+        .synchronize = cuda_synchronize,
+        .teardown = cuda_teardown,
+};

@@ -202,16 +202,16 @@ const struct client_mem_ops client_mem_host = {
 /* cuda: the segment's IPC handle (m->handle), opened in the device's primary context. */
 static int ipc_segment_map(gpupool_client *c, struct mapping *m, int fd) {
         (void) fd;
-        return client_cuda_open(c, &c->devices[m->device], m);
+        return client_cuda_open(c, m);
 }
 
 static void ipc_segment_unmap(gpupool_client *c, struct mapping *m) {
-        client_cuda_close(c, &c->devices[m->device], m);
+        client_cuda_close(c, m);
 }
 
 /* Zeroes on the device, as cuda-vmm does (client_cuda.c). */
 static int cuda_zero(gpupool_client *c, unsigned d, uint8_t *p, uint64_t n) {
-        return client_cuda_zero(c, &c->devices[d], p, n);
+        return client_cuda_zero(c, d, p, n);
 }
 
 /* An IPC handle opens read-write, whatever one asks: a named object stays as it is. */
@@ -226,7 +226,7 @@ static int ipc_map_read(gpupool_client *c, unsigned d, int fd, const uint8_t *ip
 
         (void) fd;
         memcpy(m.handle, ipc_handle, sizeof(m.handle));
-        if ((r = client_cuda_open(c, &c->devices[d], &m)) == 0)
+        if ((r = client_cuda_open(c, &m)) == 0)
                 *ret = m.base;
         return r;
 }
@@ -234,13 +234,13 @@ static int ipc_map_read(gpupool_client *c, unsigned d, int fd, const uint8_t *ip
 static void ipc_unmap_read(gpupool_client *c, unsigned d, uint8_t *base, uint64_t size) {
         struct mapping m = { .device = d, .size = size, .base = base };
 
-        client_cuda_close(c, &c->devices[d], &m);
+        client_cuda_close(c, &m);
 }
 
 const struct client_mem_ops client_mem_cuda = {
         .backend = "cuda",
         .memory = "memory",
-        .streams = true,
+        .driver = &client_driver_cuda,
         .ipc = true,
         .segment_map = ipc_segment_map,
         .segment_unmap = ipc_segment_unmap,
@@ -252,11 +252,11 @@ const struct client_mem_ops client_mem_cuda = {
 
 /* cuda-vmm: the driver's calls, each in the device's context (client_cuda.c). */
 static int vmm_reserve(gpupool_client *c, unsigned d, uint64_t bytes, uint64_t align, uint8_t **ret) {
-        return client_cuda_reserve(c, &c->devices[d], bytes, align, ret);
+        return client_cuda_reserve(c, d, bytes, align, ret);
 }
 
 static void vmm_unreserve(gpupool_client *c, unsigned d, uint8_t *base, uint64_t bytes) {
-        client_cuda_unreserve(c, &c->devices[d], base, bytes);
+        client_cuda_unreserve(c, d, base, bytes);
 }
 
 static int vmm_import(gpupool_client *c, unsigned d, int fd, uint64_t size, uint8_t *park, client_mem_handle *ret) {
@@ -264,7 +264,7 @@ static int vmm_import(gpupool_client *c, unsigned d, int fd, uint64_t size, uint
         int r;
 
         (void) park;
-        r = client_cuda_import(c, &c->devices[d], fd, size, &h);
+        r = client_cuda_import(c, d, fd, size, &h);
         if (r == 0)
                 *ret = (client_mem_handle) h;
         return r;
@@ -272,20 +272,20 @@ static int vmm_import(gpupool_client *c, unsigned d, int fd, uint64_t size, uint
 
 static void vmm_release(gpupool_client *c, unsigned d, client_mem_handle h, uint64_t size) {
         (void) size;
-        client_cuda_release(c, &c->devices[d], (gp_cu_mem_handle) h);
+        client_cuda_release(c, d, (gp_cu_mem_handle) h);
 }
 
 static int vmm_map(gpupool_client *c, unsigned d, uint8_t *va, uint64_t size, client_mem_handle h, int fd) {
         (void) fd;      /* cuda-vmm keeps no descriptor: the handle holds the memory */
-        return client_cuda_map(c, &c->devices[d], va, size, (gp_cu_mem_handle) h);
+        return client_cuda_map(c, d, va, size, (gp_cu_mem_handle) h);
 }
 
 static int vmm_access(gpupool_client *c, unsigned d, uint8_t *va, uint64_t size) {
-        return client_cuda_access(c, &c->devices[d], va, size, true);
+        return client_cuda_access(c, d, va, size, true);
 }
 
 static int vmm_unmap(gpupool_client *c, unsigned d, uint8_t *va, uint64_t size) {
-        return client_cuda_unmap(c, &c->devices[d], va, size);
+        return client_cuda_unmap(c, d, va, size);
 }
 
 /*
@@ -303,7 +303,7 @@ static int vmm_map_whole(gpupool_client *c, unsigned d, int fd, uint64_t size, b
         r = vmm_reserve(c, d, size, 0, &va);
         /* The whole allocation, which must be the size the daemon described. */
         if (r == 0 && (r = vmm_map(c, d, va, size, h, -1)) == 0 &&
-            (r = client_cuda_access(c, &c->devices[d], va, size, writable)) < 0)
+            (r = client_cuda_access(c, d, va, size, writable)) < 0)
                 (void) vmm_unmap(c, d, va, size);
         if (r < 0 && va)
                 vmm_unreserve(c, d, va, size);
@@ -328,7 +328,7 @@ static void vmm_segment_unmap(gpupool_client *c, struct mapping *m) {
 }
 
 static int vmm_protect(gpupool_client *c, struct mapping *m, bool writable) {
-        return client_cuda_access(c, &c->devices[m->device], m->base, m->size, writable);
+        return client_cuda_access(c, m->device, m->base, m->size, writable);
 }
 
 static int vmm_map_read(gpupool_client *c, unsigned d, int fd, const uint8_t *ipc_handle, uint64_t size, uint8_t **ret) {
@@ -337,7 +337,7 @@ static int vmm_map_read(gpupool_client *c, unsigned d, int fd, const uint8_t *ip
 }
 
 static int vmm_export(gpupool_client *c, unsigned d, uint8_t *base, client_mem_handle h) {
-        int fd = -1, r = client_cuda_export(c, &c->devices[d], base, (gp_cu_mem_handle) h, &fd);
+        int fd = -1, r = client_cuda_export(c, d, base, (gp_cu_mem_handle) h, &fd);
 
         return r < 0 ? r : fd;
 }
@@ -345,7 +345,7 @@ static int vmm_export(gpupool_client *c, unsigned d, uint8_t *base, client_mem_h
 const struct client_mem_ops client_mem_vmm = {
         .backend = "cuda-vmm",
         .memory = "cuda-vmm memory",
-        .streams = true,
+        .driver = &client_driver_cuda,
         .outlives_daemon = true,
         .grows = true,
         .segment_map = vmm_segment_map,

@@ -1,10 +1,14 @@
 /*
  * client_mem.h: the library's memory seam (client_mem.c), as daemon/backend.h is the daemon's:
- * how this process maps what a backend leases. The layers above say what to map and where;
- * one table per backend says how. Above it, code asks what a backend can do, never its name:
- * the stream layer and the public API whether its devices are CUDA's (streams: stream-ordered
- * frees, events), the objects whether it exports descriptors or IPC handles (ipc), resume
- * whether mappings outlive the daemon, the pool whether segments grow (grows).
+ * how this process maps what a backend leases, and the GPU driver behind it. The layers above
+ * say what to map and where; one table per backend says how, and a GPU backend's table points
+ * at its vendor's driver table (devices, streams, events). Above it, code asks what a backend
+ * can do, never its name: the stream layer and the public API whether its devices queue work
+ * (driver: stream-ordered frees, fences), the objects whether it exports descriptors or IPC
+ * handles (ipc), resume whether mappings outlive the daemon, the pool whether segments grow
+ * (grows). Nothing above this seam includes a driver's header or names a driver's type: a
+ * second vendor's backend (HIP's IPC and VMM calls mirror CUDA's) is one more memory table and
+ * one driver file (as client_cuda.c is CUDA's) with its driver table.
  *
  *   host      a memfd per segment, mmap()ed; ranges are address space reserved PROT_NONE, a
  *             granule is parked at a spot of its own and mapped under blocks with mremap()
@@ -25,10 +29,52 @@
 /* An imported granule: cuda-vmm its CUmemGenericAllocationHandle, host its parking spot's address. */
 typedef uint64_t client_mem_handle;
 
+/*
+ * A GPU vendor's driver as the library uses it: the process's devices matched to the daemon's,
+ * their contexts, streams and events. d is the daemon's index of a device. Called locked, but
+ * event_wait() (the reaper thread's) and thread_relaxed().
+ */
+struct client_driver_ops {
+        /*
+         * Loads the driver and matches the daemon's devices (hello's, by UUID) to this process's
+         * (c->local_to_daemon); the driver's state starts afresh. Returns 0 or a negative errno
+         * with the error set.
+         */
+        int (*setup)(gpupool_client *c, const Gpupool__HelloReply *hello);
+        /* Whether a daemon's hello names the same devices, each the same GPU of this process, as setup's did. */
+        bool (*same_devices)(gpupool_client *c, const Gpupool__HelloReply *hello);
+        /*
+         * The driver's id of stream (cuStreamGetId: a destroyed stream's handle may come back for
+         * another stream, an id never). Returns 0; 1, with no id, when the stream is capturing a
+         * graph; or -EINVAL with the error set (not a stream of this process's device d).
+         */
+        int (*stream_id)(gpupool_client *c, unsigned d, void *stream, unsigned long long *ret);
+        /*
+         * Records an event on stream (of id) after the work queued so far: one fence for the
+         * frees queued on it before. Returns 0; recording nothing, 1 when the stream is capturing
+         * a graph, 2 when the handle is no longer that stream's; or a negative errno with the
+         * error set.
+         */
+        int (*fence)(gpupool_client *c, unsigned d, void *stream, unsigned long long id, client_event *ret);
+        /* 1 when e has completed, 0 when not yet; with wait, waits asleep first. -EIO (error set): never taken for done. */
+        int (*event_done)(gpupool_client *c, unsigned d, client_event e, bool wait);
+        /* Keeps an event fence() made for reuse. Cannot fail. */
+        void (*event_put)(gpupool_client *c, unsigned d, client_event e);
+        /* Unlocked, the reaper's: waits asleep for e. 0 when it completed, -EIO when the driver failed. */
+        int (*event_wait)(gpupool_client *c, unsigned d, client_event e);
+        /* The calling thread (the reaper) may wait while the application captures a graph, for good. */
+        void (*thread_relaxed)(gpupool_client *c);
+        /* Waits for all of this process's work on the devices it used. 0, or -EIO with the error set. */
+        int (*synchronize)(gpupool_client *c);
+        /* Once every mapping is closed and the reaper stopped: the events, the contexts, the state. Idempotent. */
+        void (*teardown)(gpupool_client *c);
+};
+
 struct client_mem_ops {
         const char *backend;            /* as the daemon names it in hello */
         const char *memory;             /* what the application is told it holds: "memory", "cuda-vmm memory" */
-        bool streams;                   /* CUDA devices: ordinals by UUID, stream-ordered frees, work to wait for */
+        /* A GPU's: its devices queue work (ordinals by UUID, stream-ordered frees, fences); NULL: host memory. */
+        const struct client_driver_ops *driver;
         bool ipc;                       /* segments come as IPC handles (one open per process), not descriptors */
         bool outlives_daemon;           /* what the process maps lives while it maps it, daemon or not */
         bool grows;                     /* ranges and granules: segments may grow in place (the calls below) */
@@ -70,7 +116,7 @@ struct client_mem_ops {
         /*
          * Maps an object's segment of size bytes of device d, read-only where the backend can
          * (not cuda: an IPC handle opens read-write), at *ret: fd (still the caller's), or
-         * where segments come as IPC handles, ipc_handle (GP_CU_IPC_HANDLE_SIZE bytes).
+         * where segments come as IPC handles, ipc_handle (CLIENT_IPC_HANDLE_BYTES).
          */
         int (*map_read)(gpupool_client *c, unsigned d, int fd, const uint8_t *ipc_handle, uint64_t size, uint8_t **ret);
         /* Unmaps what map_read() mapped, or a segment's mapping protect() made read-only. */

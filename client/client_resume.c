@@ -17,7 +17,6 @@
 #include <unistd.h>
 
 #include "client_call.h"
-#include "client_cuda.h"
 #include "client_grow.h"
 #include "client_objects.h"
 #include "client_mem.h"
@@ -212,8 +211,8 @@ int client_resume(gpupool_client *c, struct gp_conn *conn, Gpupool__Envelope *he
         same = hr->n_devices == c->device_count;
         for (size_t d = 0; same && d < hr->n_devices; d++)
                 same = strcmp(hr->devices[d]->backend, c->mem->backend) == 0;
-        if (same && c->mem->streams)
-                same = client_cuda_same_devices(c, hr);
+        if (same && c->mem->driver)
+                same = c->mem->driver->same_devices(c, hr);
         client_id = hr->client_id;
         gpupool__envelope__free_unpacked(hello, NULL);
         /* The next lease says so (daemon_gone_error()); the thread tries again, for a daemon after this one. */

@@ -43,9 +43,14 @@
 #include <string.h>
 #include <time.h>
 
-#include "client_cuda.h"
 #include "client_grow.h"
+#include "client_mem.h"
 #include "client_segment.h"
+
+/* The GPU driver under the handle's memory (client_mem.h): its streams and events. */
+static inline const struct client_driver_ops *drv(const gpupool_client *c) {
+        return c->mem->driver;
+}
 
 /* The reaper's shortest interval between two reaps: it frees in batches. */
 #define REAP_INTERVAL_NS 1000000L
@@ -157,14 +162,14 @@ static struct stream_queue *queue_of(gpupool_client *c, unsigned d, unsigned lon
  * later fence (or the end of the process's work at disconnect). Locked.
  */
 static int fence(gpupool_client *c, struct stream_queue *sq) {
-        gp_cu_event e;
+        client_event e;
         int r;
 
         if (!sq->unfenced || sq->gone)
                 return 0;
         if (queue_reserve(sq) < 0)
                 return -ENOMEM;         /* they wait for a later fence */
-        r = client_cuda_fence(c, &c->devices[sq->device], sq->stream, sq->stream_id, &e);
+        r = drv(c)->fence(c, sq->device, sq->stream, sq->stream_id, &e);
         sq->gone = r == 2;      /* its frees wait for the disconnect's end of all work */
         if (r != 0)
                 return r < 0 ? r : 0;
@@ -184,7 +189,7 @@ int client_stream_defer_free(gpupool_client *c, struct block *b, void *stream) {
         unsigned long long id;
         int err;
 
-        err = client_cuda_stream_id(c, dev, stream, &id);
+        err = drv(c)->stream_id(c, d, stream, &id);
         if (err == 1) {
                 client_set_error(c, "the stream is capturing a CUDA graph: a block freed inside a capture belongs to "
                                     "the graph, and gpupool cannot order its reuse; free it after the capture ends "
@@ -224,7 +229,7 @@ uint32_t client_stream_lane(gpupool_client *c, unsigned d, void *stream) {
         unsigned long long id;
 
         /* Not on a capturing stream: its work is the graph's, ordered when the graph runs. */
-        if (!client_stream_pending(c) || client_cuda_stream_id(c, &c->devices[d], stream, &id) != 0)
+        if (!client_stream_pending(c) || drv(c)->stream_id(c, d, stream, &id) != 0)
                 return 0;
         sq = queue_find(c, d, id);
         return sq ? sq->lane : 0;
@@ -235,11 +240,11 @@ uint32_t client_stream_lane(gpupool_client *c, unsigned d, void *stream) {
  * then wait for whatever it was recorded for next (another window of a stream's work); the
  * reaper recycles it after its wait. Locked.
  */
-static void fence_put(gpupool_client *c, unsigned d, gp_cu_event e) {
+static void fence_put(gpupool_client *c, unsigned d, client_event e) {
         if (e == c->reaper_event)
                 c->reaper_event_done = true;
         else
-                client_cuda_event_put(c, &c->devices[d], e);
+                drv(c)->event_put(c, d, e);
 }
 
 /* A held block is everyone's now: its granules no live block touches become idle (segments that grow in place). */
@@ -279,26 +284,25 @@ int client_stream_reap(gpupool_client *c, bool wait) {
         int r = 0;
 
         for (struct stream_queue *sq = c->queues; sq; sq = sq->next) {
-                struct client_device *d = &c->devices[sq->device];
-                unsigned n = sq->count, done_to, not_done, step;
+                unsigned d = sq->device, n = sq->count, done_to, not_done, step;
                 int done;
 
                 if (!n)
                         continue;
-                done = client_cuda_event_done(c, d, fence_at(sq, n - 1)->event, wait);
+                done = drv(c)->event_done(c, d, fence_at(sq, n - 1)->event, wait);
                 if (done < 0 && wait)
                         r = done;
                 if (done == 1) {
                         complete(c, sq, n);
                         continue;
                 }
-                if (wait || n == 1 || client_cuda_event_done(c, d, fence_at(sq, 0)->event, false) != 1)
+                if (wait || n == 1 || drv(c)->event_done(c, d, fence_at(sq, 0)->event, false) != 1)
                         continue;       /* none done (or, waiting, the driver failed us) */
                 /* Entry done_to is done and not_done is not: probe 1, 2, 4... past the oldest, then halve. */
                 done_to = 0;
                 not_done = n - 1;
                 for (step = 1; done_to + step < not_done; step *= 2) {
-                        if (client_cuda_event_done(c, d, fence_at(sq, done_to + step)->event, false) != 1) {
+                        if (drv(c)->event_done(c, d, fence_at(sq, done_to + step)->event, false) != 1) {
                                 not_done = done_to + step;
                                 break;
                         }
@@ -307,7 +311,7 @@ int client_stream_reap(gpupool_client *c, bool wait) {
                 while (not_done - done_to > 1) {
                         unsigned mid = done_to + (not_done - done_to) / 2;
 
-                        if (client_cuda_event_done(c, d, fence_at(sq, mid)->event, false) == 1)
+                        if (drv(c)->event_done(c, d, fence_at(sq, mid)->event, false) == 1)
                                 done_to = mid;
                         else
                                 not_done = mid;
@@ -370,12 +374,12 @@ static void *reaper_main(void *arg) {
         unsigned backoff_ms = 0;
 
         /* Our own thread: its waits must not disturb a graph capture of the application's. */
-        client_cuda_thread_relaxed(c);
         pthread_mutex_lock(&c->lock);
+        drv(c)->thread_relaxed(c);
         for (;;) {
                 struct stream_queue *sq = NULL;
-                struct client_device *d;
-                gp_cu_event e;
+                client_event e;
+                unsigned d;
                 int done;
 
                 c->reaper_idle = true;
@@ -391,7 +395,7 @@ static void *reaper_main(void *arg) {
                 c->reaper_idle = false;
                 if (c->stopping)
                         break;
-                d = &c->devices[sq->device];
+                d = sq->device;
                 e = fence_at(sq, 0)->event;
                 /*
                  * Wait without the lock, so the application's calls go on meanwhile. Another
@@ -401,11 +405,11 @@ static void *reaper_main(void *arg) {
                 c->reaper_event = e;
                 c->reaper_event_done = false;
                 pthread_mutex_unlock(&c->lock);
-                done = client_cuda_event_wait(c, d, e);
+                done = drv(c)->event_wait(c, d, e);
                 pthread_mutex_lock(&c->lock);
                 c->reaper_event = NULL;
                 if (c->reaper_event_done)
-                        client_cuda_event_put(c, d, e);
+                        drv(c)->event_put(c, d, e);
                 (void) client_stream_reap(c, false);
                 if (c->stopping)
                         break;
@@ -423,7 +427,7 @@ void client_stream_forget(gpupool_client *c) {
         /* The blocks they held go with the heaps (client_mappings_forget()). */
         while ((sq = c->queues)) {
                 for (unsigned i = 0; i < sq->count; i++)
-                        client_cuda_event_put(c, &c->devices[sq->device], fence_at(sq, i)->event);
+                        drv(c)->event_put(c, sq->device, fence_at(sq, i)->event);
                 c->queues = sq->next;
                 free(sq->ring);
                 free(sq);

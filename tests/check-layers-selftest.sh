@@ -1,7 +1,8 @@
 #!/bin/bash
 # check-layers-selftest.sh: make layers fails where it must, on copies of the LAYERS files broken
 # on purpose (the real objects): a call up the order (two of the library's layers swapped), a
-# file no layer names, a name with no object, and a file docs/design.md does not name; and it
+# file no layer names, a name with no object, a file docs/design.md does not name, and the CUDA
+# driver's header included above the library's seam; and it
 # passes on the copies as they are. Environment: B (the build directory, its objects made).
 set -uo pipefail
 B=${B:-build}
@@ -15,7 +16,7 @@ broken() {
         mkdir -p "$tmp/root/docs"
         for d in common daemon client; do
                 mkdir -p "$tmp/root/$d"
-                cp "$d/LAYERS" "$tmp/root/$d/LAYERS"
+                cp "$d/LAYERS" "$d"/*.[ch] "$tmp/root/$d/"
         done
         cp docs/design.md "$tmp/root/docs/design.md"
         [ -n "$1" ] && sed -i "$2" "$tmp/root/$1"
@@ -47,6 +48,8 @@ broken daemon/LAYERS '$a ghost'
 expect "a name with no object" "names ghost, which $B/obj/daemon has no object of"
 broken docs/design.md 's/\bobjects\.c\b//g'
 expect "a file the docs leave out" "docs/design.md does not name daemon/objects.c"
+broken client/client_stream.c 's/^#include "client_grow.h"/#include "client_cuda.h"\n&/'
+expect "the driver above the seam" "client/client_stream.c names the CUDA driver above the seam"
 
-[ "$fail" = 0 ] && echo "check-layers-selftest: make layers refuses a call up its order, a file left out, a name with no object and a file the docs leave out"
+[ "$fail" = 0 ] && echo "check-layers-selftest: make layers refuses a call up its order, a file left out, a name with no object, a file the docs leave out and the driver above a seam"
 exit "$fail"

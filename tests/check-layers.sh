@@ -7,10 +7,11 @@
 #   - a file of the directory its LAYERS leaves out (or one LAYERS names that is not there),
 #   - a name of another directory used where the directories' order forbids it: common/ uses
 #     nothing of the others, and daemon/ and client/ nothing of each other,
-#   - a file of a LAYERS that docs/design.md's tables of layers do not name.
+#   - a file of a LAYERS that docs/design.md's tables of layers do not name,
+#   - a file above a seam that includes the CUDA driver's header or names its types.
 # Calls through a table of functions (backend.h, client_mem.h) are not names and are not seen.
-# Usage: tests/check-layers.sh BUILD_DIR. $LAYERS_ROOT (default .) is where the LAYERS files and
-# docs/design.md are read from: tests/check-layers-selftest.sh points it at broken copies.
+# Usage: tests/check-layers.sh BUILD_DIR. $LAYERS_ROOT (default .) is where the LAYERS files,
+# the sources the seam rule reads and docs/design.md are read from: tests/check-layers-selftest.sh points it at broken copies.
 set -uo pipefail
 B=${1:-build}
 R=${LAYERS_ROOT:-.}
@@ -94,6 +95,24 @@ for dir in common daemon client; do
                         exit bad
                 }' "$tmp/$dir.order" "$tmp/edges" || fail=1
 done
+
+# The GPU driver stays below each directory's seam (client_mem.h, backend.h): only the driver's
+# own files, and the seam's file whose tables point at them, include its header or name its
+# types, so that a second vendor's backend is one more table and one more driver file.
+while read -r dir allowed; do
+        for src in "$R/$dir"/*.[ch]; do
+                [ -e "$src" ] || continue
+                f=$(basename "${src%.*}")
+                [[ " $allowed " == *" $f "* ]] && continue
+                if hit=$(grep -n -m1 -E 'cudadrv\.h|client_cuda\.h|backend_cuda\.h|\b(gp_cu_|GP_CU_|gp_cuda|GP_CUDA_)' "$src"); then
+                        echo "layers: $dir/$(basename "$src") names the CUDA driver above the seam (line ${hit%%:*}): only $allowed may"
+                        fail=1
+                fi
+        done
+done <<'SEAMS'
+client client_mem client_cuda
+daemon backend_cuda backend_cuda_vmm
+SEAMS
 
 # docs/design.md's tables of layers name every file the LAYERS files do.
 for dir in common daemon client; do
