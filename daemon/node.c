@@ -14,36 +14,12 @@
 #include "log.h"
 #include "size.h"
 
-/*
- * Others took part of a device's headroom (a process started, a library allocated, a program
- * without gpupool runs): give them the cache back, and then what clients keep free, so that
- * the next CUDA process still starts.
- */
+/* Others took part of a device's headroom: the eviction ladder's headroom rungs (evict_keep_headroom()). */
 static void on_headroom_timer(uv_timer_t *timer) {
         struct node *node = timer->data;
-        char b[GP_SIZE_FORMAT_MAX], f[GP_SIZE_FORMAT_MAX], h[GP_SIZE_FORMAT_MAX];
-        bool released = false;
 
-        for (unsigned d = 0; d < node->device_count; d++) {
-                uint64_t short_bytes, bytes = pool_keep_headroom(node->pools[d], &short_bytes);
-                struct pool_stats st;
-
-                /* Still short with the cache empty: clients give back what they keep free (ladder step 3). */
-                if (short_bytes && node->hooks.reclaim_ask) {
-                        unsigned clients;
-
-                        (void) node->hooks.reclaim_ask(node, NULL, d, short_bytes, 0, &clients);
-                }
-                if (!bytes)
-                        continue;
-                released = true;
-                pool_get_stats(node->pools[d], &st);
-                log_info("device %u: released %s of cache: others had taken part of the %s headroom (%s free on the GPU now)",
-                         d, gp_size_format(bytes, b, sizeof(b)), gp_size_format(st.headroom_bytes, h, sizeof(h)),
-                         gp_size_format(st.gpu_free_bytes, f, sizeof(f)));
-        }
-        if (released)
-                node_after_change(node);
+        if (node->hooks.keep_headroom)
+                node->hooks.keep_headroom(node);
 }
 
 int node_init(struct node *node, uv_loop_t *loop, const struct config *config, struct backend *backend) {

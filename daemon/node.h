@@ -62,7 +62,7 @@ struct pid_limit {
  *   check          session_check_tenants()          node_check() (node.c)
  *                  (session.c)
  *   reload         reload_hook() (server.c)         request_admin.c, gpupoolctl reload
- *   reclaim_ask    reclaim_ask() (reclaim.c)        on_headroom_timer() (node.c), keeping the headroom
+ *   keep_headroom  evict_keep_headroom() (evict.c)  on_headroom_timer() (node.c), each NODE_HEADROOM_POLL_MS
  */
 struct node_hooks {
         /* Serves one request of session (the request layer): replies, parks or ends it. */
@@ -76,9 +76,8 @@ struct node_hooks {
         int (*check)(struct node *node, char *why, size_t why_size);
         /* Reads the config again and applies it (the server's: it has the command line). */
         int (*reload)(struct node *node, char *why, size_t why_size);
-        /* Asks clients for memory (reclaim_ask(): requester NULL and round 0 for the headroom). */
-        uint64_t (*reclaim_ask)(struct node *node, struct session *requester, unsigned device, uint64_t want_bytes,
-                                uint64_t round, unsigned *ret_clients);
+        /* Frees what others took of the devices' headroom: the cache, then what clients keep free. */
+        void (*keep_headroom)(struct node *node);
 };
 
 /* How often the loop asks the GPU whether a segment's zeroing has ended: it never waits for it. */

@@ -383,25 +383,23 @@ static int segment_create(struct pool *p, uint64_t size, struct segment **ret) {
 }
 
 /*
- * Finds or makes a segment for a request of rsize bytes, by policy's rules (policy.h): the
- * class size if the headroom allows, else the smallest that serves. The cache comes first,
- * then free capacity, then releasing cached segments (least recently cached first) to make room.
+ * Finds or makes a segment for a request of rsize bytes from one source (pool.h), by policy's
+ * rules (policy.h): the class size if the headroom allows, else the smallest that serves.
+ * -ENOENT: none from this source.
  */
-static int segment_obtain(struct pool *p, uint64_t rsize, uint64_t headroom, struct segment **ret) {
+static int segment_obtain(struct pool *p, enum pool_source from, uint64_t rsize, uint64_t headroom, struct segment **ret) {
         uint64_t want = policy_segment_bytes(rsize, headroom), min = heap_min_segment_bytes(rsize), left;
-        struct segment *s;
         int64_t room = 0;
         bool bounded;
         int r;
 
         if (min > headroom)
                 return -EDQUOT;
-        s = cache_take(p, want, headroom);
-        if (!s && min < want)
-                s = cache_take(p, min, headroom);
-        if (s) {
-                *ret = s;
-                return 0;
+        if (from == POOL_FROM_CACHE) {
+                *ret = cache_take(p, want, headroom);
+                if (!*ret && min < want)
+                        *ret = cache_take(p, min, headroom);
+                return *ret ? 0 : -ENOENT;
         }
         /* The device's headroom bounds the pool as its capacity does: others took part of it, or not. */
         bounded = device_room(p, &room);
@@ -409,13 +407,20 @@ static int segment_obtain(struct pool *p, uint64_t rsize, uint64_t headroom, str
         if (bounded && (room < 0 || (uint64_t) room < left))
                 left = room < 0 ? 0 : (uint64_t) room;
         want = policy_segment_bytes(rsize, headroom < left ? headroom : left);
+        if (from == POOL_FROM_FREE) {
+                if (p->reserved_bytes + want > p->capacity_bytes || (bounded && (int64_t) want > room))
+                        return -ENOENT;
+                r = segment_create(p, want, ret);
+                /* The backend is fuller than our count says, or out of descriptors: the cache, released, may serve. */
+                return (r == -ENOMEM || r == -EMFILE || r == -ENFILE) && p->cached_bytes ? -ENOENT : r;
+        }
         if (!make_room(p, want, bounded, room))
                 return -ENOMEM;
         r = segment_create(p, want, ret);
         if ((r == -ENOMEM || r == -EMFILE || r == -ENFILE) && p->cached_bytes) {
                 /*
                  * The backend is fuller than our count says (other users), or out of
-                 * descriptors (a host segment is one): make room and retry.
+                 * descriptors (a host segment is one): the whole cache goes, and a retry.
                  */
                 while (cache_release_oldest(p))
                         p->evictions++;
@@ -492,14 +497,15 @@ static void segment_give(struct pool_owner *o, struct segment *s, struct pool_le
         };
 }
 
-int pool_lease(struct pool *p, struct pool_owner *o, uint64_t size, uint64_t headroom_bytes, struct pool_lease *ret) {
+int pool_lease(struct pool *p, struct pool_owner *o, enum pool_source from, uint64_t size, uint64_t headroom_bytes,
+               struct pool_lease *ret) {
         uint64_t rsize = heap_round(size);
         struct segment *s;
         int r;
 
         if (!rsize || rsize > POOL_MAX_REQUEST)
                 return -EINVAL;
-        r = segment_obtain(p, rsize, headroom_bytes, &s);
+        r = segment_obtain(p, from, rsize, headroom_bytes, &s);
         if (r < 0)
                 return r;
         r = segment_zero_for(p, o, s);
@@ -537,12 +543,6 @@ void pool_adopt_undo(struct pool *p, struct pool_owner *o, uint64_t segment_id) 
                 return;
         (void) segment_take_back(s);
         segment_destroy(p, s);
-}
-
-int pool_lease_granule(struct pool *p, struct pool_owner *o, uint64_t headroom_bytes, struct pool_lease *ret) {
-        /* A request of the small class takes a segment of exactly the granule, its class size and its least. */
-        _Static_assert(HEAP_SMALL_SEGMENT == GP_GRANULE_BYTES, "a small request's segment is one granule");
-        return pool_lease(p, o, HEAP_SMALL_REQUEST, headroom_bytes, ret);
 }
 
 void pool_lease_undo(struct pool *p, struct pool_owner *o, uint64_t segment_id) {

@@ -148,26 +148,32 @@ uint64_t pool_owner_detach(struct pool_owner *owner);
 void pool_owner_report(struct pool_owner *owner, uint64_t in_use_bytes, uint64_t held_free_bytes, uint64_t now_ms);
 
 /*
- * Leases owner a whole segment for a block of size bytes, which the owner carves itself: the
- * class's segment if headroom_bytes allows (how many more bytes the owner may reserve;
- * UINT64_MAX: no limit), else the smallest that serves; from the cache (a segment of at most a
- * quarter more; zeroed when it changes tenant), else free capacity, else the backend after
- * releasing cached segments, oldest first. A new segment must fit both the capacity and what
- * the device has free beyond its headroom (where the backend tells it). Returns 0 and fills
- * *ret, -EINVAL for a size of 0 or over POOL_MAX_REQUEST, -EDQUOT when the smallest segment
- * that would serve exceeds headroom_bytes, -ENOMEM when the device is full after releasing the cache,
- * -EINPROGRESS when the segment it found must be zeroed for this owner's tenant and the
- * zeroing runs on the device (ask again once pool_poll_zeroing() has seen it end: the
- * segment is then in the cache, zero), or the backend's error.
+ * Where a lease's segment comes from: the pool's rungs of the eviction ladder, which evict.c
+ * climbs in this order.
  */
-int pool_lease(struct pool *pool, struct pool_owner *owner, uint64_t size, uint64_t headroom_bytes,
-               struct pool_lease *ret);
+enum pool_source {
+        POOL_FROM_CACHE,        /* a cached segment that serves (policy_cache_serves(): at most a quarter more) */
+        POOL_FROM_FREE,         /* a new one in free capacity, and in what the device has free beyond its headroom */
+        POOL_FROM_EVICTION,     /* a new one once cached segments, least recently cached first, went back to the backend */
+};
 
 /*
- * A granule lease's one segment: exactly GP_GRANULE_BYTES, else as pool_lease() (which
- * headroom_bytes bounds). The granule lease takes several, undoing them on a failure.
+ * Leases owner a whole segment for a block of size bytes, which the owner carves itself, from
+ * one source: the class's segment if headroom_bytes allows (how many more bytes the owner may
+ * reserve; UINT64_MAX: no limit), else the smallest that serves; zeroed when it last belonged
+ * to another principal. A new segment must fit both the capacity and what the device has free
+ * beyond its headroom (where the backend tells it); a request of HEAP_SMALL_REQUEST takes
+ * exactly one granule (a granule lease's segments). Returns 0 and fills *ret; -ENOENT when the
+ * source has none (the cache none that serves; free capacity too little, or the backend
+ * fuller than counted with segments cached); -EINVAL for a size of 0 or over
+ * POOL_MAX_REQUEST; -EDQUOT when the smallest segment that would serve exceeds
+ * headroom_bytes; -ENOMEM when the device is full with the cache released (POOL_FROM_EVICTION);
+ * -EINPROGRESS when the segment it found must be zeroed for this owner's principal and the
+ * zeroing runs on the device (ask again once pool_poll_zeroing() has seen it end: the segment
+ * is then in the cache, zero); or the backend's error.
  */
-int pool_lease_granule(struct pool *pool, struct pool_owner *owner, uint64_t headroom_bytes, struct pool_lease *ret);
+int pool_lease(struct pool *pool, struct pool_owner *owner, enum pool_source from, uint64_t size, uint64_t headroom_bytes,
+               struct pool_lease *ret);
 
 /*
  * Takes memory a client holds from a daemon before this one (mem, the backend's mem_adopt made

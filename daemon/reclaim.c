@@ -24,7 +24,7 @@ static uint64_t ask(struct node *node, struct session *c, unsigned device, uint6
         uint64_t claim;
         int r;
 
-        if (c->reclaim_outstanding >= RECLAIM_MAX_OUTSTANDING)
+        if (c->reclaim.outstanding >= RECLAIM_MAX_OUTSTANDING)
                 return 0;       /* it has not answered that many: asking more would not help */
         if (!o->reserved_bytes)
                 return 0;       /* it leases nothing there */
@@ -44,15 +44,15 @@ static uint64_t ask(struct node *node, struct session *c, unsigned device, uint6
                     (unsigned long long) c->id, (int) c->pid, device);
         *ret_asked = true;
         if (to_backend)
-                c->reclaim_to_backend |= 1ULL << c->reclaim_outstanding;
-        if (!c->reclaim_outstanding)
-                c->reclaim_since_ms = uv_now(node->loop);
-        c->reclaim_outstanding++;
+                c->reclaim.to_backend |= 1ULL << c->reclaim.outstanding;
+        if (!c->reclaim.outstanding)
+                c->reclaim.since_ms = uv_now(node->loop);
+        c->reclaim.outstanding++;
         node->reclaim_outstanding++;
         claim = o->reported_held_free_bytes < want ? o->reported_held_free_bytes : want;
-        c->reclaim_claimed_bytes += claim;
+        c->reclaim.claimed_bytes += claim;
         /* As far as it is trusted: one that did not honour its claims covers less of the request. */
-        return claim >> c->reclaim_distrust;
+        return claim >> c->reclaim.distrust;
 }
 
 /*
@@ -62,24 +62,24 @@ static uint64_t ask(struct node *node, struct session *c, unsigned device, uint6
 static void judge(struct session *c) {
         char b1[GP_SIZE_FORMAT_MAX], b2[GP_SIZE_FORMAT_MAX];
 
-        if (!c->reclaim_claimed_bytes)
+        if (!c->reclaim.claimed_bytes)
                 return;
-        if (c->reclaim_given_bytes * 2 < c->reclaim_claimed_bytes) {
-                if (c->reclaim_distrust < RECLAIM_MAX_DISTRUST)
-                        c->reclaim_distrust++;
+        if (c->reclaim.given_bytes * 2 < c->reclaim.claimed_bytes) {
+                if (c->reclaim.distrust < RECLAIM_MAX_DISTRUST)
+                        c->reclaim.distrust++;
                 session_log(c, LOG_LEVEL_INFO, "client %llu ('%s', pid %d) gave back %s of the %s it reported free when "
                             "asked: what it reports free counts for 1/%u in whom to ask", (unsigned long long) c->id,
-                            c->name, (int) c->pid, gp_size_format(c->reclaim_given_bytes, b1, sizeof(b1)),
-                            gp_size_format(c->reclaim_claimed_bytes, b2, sizeof(b2)), 1u << c->reclaim_distrust);
-        } else if (c->reclaim_given_bytes >= c->reclaim_claimed_bytes && c->reclaim_distrust) {
-                c->reclaim_distrust--;
+                            c->name, (int) c->pid, gp_size_format(c->reclaim.given_bytes, b1, sizeof(b1)),
+                            gp_size_format(c->reclaim.claimed_bytes, b2, sizeof(b2)), 1u << c->reclaim.distrust);
+        } else if (c->reclaim.given_bytes >= c->reclaim.claimed_bytes && c->reclaim.distrust) {
+                c->reclaim.distrust--;
         }
-        c->reclaim_claimed_bytes = c->reclaim_given_bytes = 0;
-        node_distrust_set(c->node, c->principal, c->reclaim_distrust);
+        c->reclaim.claimed_bytes = c->reclaim.given_bytes = 0;
+        node_distrust_set(c->node, c->principal, c->reclaim.distrust);
 }
 
 void reclaim_write_off(struct session *c) {
-        if (!c->reclaim_outstanding)
+        if (!c->reclaim.outstanding)
                 return;
         session_forget_reclaims(c);
         judge(c);
@@ -91,10 +91,10 @@ void reclaim_expire(struct node *node, uint64_t now_ms) {
         if (!node->reclaim_outstanding)
                 return;
         SESSION_FOREACH(c, node)
-                if (c->reclaim_outstanding && now_ms - c->reclaim_since_ms >= timeout) {
+                if (c->reclaim.outstanding && now_ms - c->reclaim.since_ms >= timeout) {
                         session_log(c, LOG_LEVEL_INFO, "client %llu ('%s', pid %d) did not answer %u request%s for memory "
                                     "back within %llu ms (reclaim_timeout): written off", (unsigned long long) c->id,
-                                    c->name, (int) c->pid, c->reclaim_outstanding, c->reclaim_outstanding == 1 ? "" : "s",
+                                    c->name, (int) c->pid, c->reclaim.outstanding, c->reclaim.outstanding == 1 ? "" : "s",
                                     (unsigned long long) timeout);
                         reclaim_write_off(c);
                 }
@@ -104,7 +104,7 @@ bool reclaim_pending_for(const struct node *node, uint64_t round) {
         if (!node->reclaim_outstanding)
                 return false;
         SESSION_FOREACH(c, node)
-                if (c->reclaim_outstanding && c->reclaim_asked_for == round)
+                if (c->reclaim.outstanding && c->reclaim.asked_for == round)
                         return true;
         return false;
 }
@@ -127,17 +127,17 @@ static uint64_t ask_in_order(struct node *node, struct session *requester, unsig
         /* Asking pushes a message and ends no session: the candidates stay valid while they are asked. */
         *ret_clients = 0;
         SESSION_FOREACH(c, node)
-                n += askable(c, requester, device) && (!round || c->reclaim_asked_for != round);
+                n += askable(c, requester, device) && (!round || c->reclaim.asked_for != round);
         candidates = n ? calloc(n, sizeof(*candidates)) : NULL;
         if (!candidates)
                 return 0;
         n = 0;
         SESSION_FOREACH(c, node)
-                if (askable(c, requester, device) && (!round || c->reclaim_asked_for != round))
+                if (askable(c, requester, device) && (!round || c->reclaim.asked_for != round))
                         candidates[n++] = (struct policy_candidate) {
                                 /* Reports of a client that did not honour its claims count for less. */
                                 .tenant = c->tenant,
-                                .held_free_bytes = c->owners[device].reported_held_free_bytes >> c->reclaim_distrust,
+                                .held_free_bytes = c->owners[device].reported_held_free_bytes >> c->reclaim.distrust,
                                 .client = c,
                         };
         /* Whom to ask, and in what order, is policy's: those whose memory would serve, over their guarantee and largest first. */
@@ -150,7 +150,7 @@ static uint64_t ask_in_order(struct node *node, struct session *requester, unsig
                 asked += ask(node, c, device, want_bytes - asked, to_backend, &pushed);
                 *ret_clients += pushed;
                 if (pushed && round)
-                        c->reclaim_asked_for = round;
+                        c->reclaim.asked_for = round;
         }
         free(candidates);
         return asked;
@@ -195,15 +195,15 @@ void reclaim_answered(struct session *control, const Gpupool__ReclaimReply *repl
 
         if (!c)
                 return;
-        bool counted = c->reclaim_outstanding;
+        bool counted = c->reclaim.outstanding;
 
         if (counted) {
                 /* Answers come in the order asked: this one is the lowest bit's. */
-                to_backend = c->reclaim_to_backend & 1;
-                c->reclaim_to_backend >>= 1;
-                c->reclaim_outstanding--;
+                to_backend = c->reclaim.to_backend & 1;
+                c->reclaim.to_backend >>= 1;
+                c->reclaim.outstanding--;
                 node->reclaim_outstanding--;
-                c->reclaim_since_ms = uv_now(node->loop);       /* the next one waits from now, at most */
+                c->reclaim.since_ms = uv_now(node->loop);       /* the next one waits from now, at most */
         }
         for (size_t i = 0; i < reply->n_segment_ids && i < RECLAIM_MAX_SEGMENTS; i++) {
                 uint64_t id = reply->segment_ids[i], d = id >> 56;
@@ -211,9 +211,9 @@ void reclaim_answered(struct session *control, const Gpupool__ReclaimReply *repl
 
                 if (session_return(c, id, to_backend) == 0) {
                         node->reclaims_total[d]++;
-                        c->reclaim_given_bytes += before - c->owners[d].reserved_bytes;
+                        c->reclaim.given_bytes += before - c->owners[d].reserved_bytes;
                 }
         }
-        if (counted && !c->reclaim_outstanding)
+        if (counted && !c->reclaim.outstanding)
                 judge(c);
 }

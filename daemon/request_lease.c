@@ -1,6 +1,6 @@
 /*
- * request_lease.c: the requests that hand a client memory: leases (the eviction ladder,
- * parking while others give memory back, the refusals' sentences) and adoptions of what a
+ * request_lease.c: the requests that hand a client memory: leases (sent down the eviction
+ * ladder, evict.c; parked while it waits; the refusals' sentences) and adoptions of what a
  * process kept from a daemon before this one.
  */
 #include "request.h"
@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "evict.h"
 #include "log.h"
 #include "node.h"
 #include "objects.h"
@@ -27,21 +28,6 @@ static void refuse(struct session *s, uint64_t id, int err, enum policy_refusal 
                     (unsigned long long) s->id, s->name, (int) s->pid, s->tenant ? s->tenant->conf.name : "-", size, device,
                     why);
         reply_error(id, err, false, why, ret);
-}
-
-/*
- * What the client's process reserves on device through its other connections, exiting ones
- * included: a set-limit --pid is the process's limit. 0 without one (nothing to sum).
- */
-static uint64_t process_others(const struct session *s, unsigned device) {
-        uint64_t bytes = 0;
-
-        if (s->limit_override_bytes == POLICY_NO_OVERRIDE)
-                return 0;
-        SESSION_FOREACH(c, s->node)
-                if (c != s && c->pid == s->pid && c->owners)
-                        bytes += c->owners[device].reserved_bytes;
-        return bytes;
 }
 
 /* The part of a refusal that says which limit a segment of seg bytes met: "would take client ... over its limit of ...". */
@@ -182,12 +168,6 @@ static bool segment_handle(const struct backend_mem *mem, protobuf_c_boolean *re
         return false;
 }
 
-enum attempt {
-        ATTEMPT_FIRST,          /* a new request: may park to ask others for memory */
-        ATTEMPT_RETRY,          /* parked: memory came back; keep waiting if it still does not fit */
-        ATTEMPT_FINAL,          /* parked, and its time is up */
-};
-
 /*
  * Where the GPU itself is what is short (others took part of the headroom, so the pool may not
  * grow by segment bytes even under its capacity), says so in buf; else buf is empty.
@@ -207,89 +187,6 @@ static void headroom_text(const struct pool_stats *st, uint64_t segment, char *b
                  gp_size_format(outside, o, sizeof(o)));
 }
 
-/*
- * Holds lease request id back (the reply waits, parked) until memory comes back or
- * reclaim_timeout passes: asked bytes from clients (reclaim), or none (a zeroing under way).
- */
-static void park(struct session *s, uint64_t id, uint32_t device, uint64_t size, unsigned granules, unsigned ahead,
-                 uint64_t asked, unsigned clients, const struct pool_stats *st, struct reply *ret) {
-        s->parked_id = id;
-        s->parked_device = device;
-        s->parked_size = size;
-        s->parked_granules = granules;
-        s->parked_ahead = ahead;
-        s->parked_asked_bytes = asked;
-        s->parked_asked_clients = clients;
-        uint64_t now = uv_now(s->node->loop), timeout = s->node->options->reclaim_timeout_ms;
-
-        s->parked_cached_before = st->cached_bytes;
-        s->parked_deadline_ms = now + timeout;
-        /* Those asked have half the time to give back enough; then the next ones are asked too. */
-        s->parked_ask_more_ms = now + timeout / 2;
-        *ret = (struct reply) { .parked = true };
-}
-
-/*
- * Whether a lease of another session waits on device for memory that clients were asked to
- * give back: what comes back is for it, so no one is given granules ahead meanwhile (they
- * would take it, and the waiting lease would wait on, or fail, for memory nobody needed).
- */
-static bool others_wait_for_memory(const struct session *s, uint32_t device) {
-        if (!s->node->parked)
-                return false;
-        SESSION_FOREACH(c, s->node)
-                if (c != s && c->parked && c->parked_device == device && !c->parked_zeroing)
-                        return true;
-        return false;
-}
-
-/*
- * A granule lease's n segments, all of them or none (those leased before one failed go back
- * to the cache), then up to ahead more as long as each fits at once (no one is asked for any,
- * nothing waits), into leases. Each may take what is left of headroom once those before it are
- * counted. Returns how many were leased (n to n + ahead), or a negative errno.
- */
-static int lease_granules(struct pool *p, struct pool_owner *o, unsigned n, unsigned ahead, uint64_t headroom,
-                          struct pool_lease *leases) {
-        unsigned i;
-
-        /* Over a limit as a whole: refused before any granule is made (the device's own room is found granule by granule). */
-        if ((uint64_t) n * GP_GRANULE_BYTES > headroom)
-                return -EDQUOT;
-        for (i = 0; i < n + ahead; i++) {
-                uint64_t taken = (uint64_t) i * GP_GRANULE_BYTES;
-                int r = pool_lease_granule(p, o, headroom > taken ? headroom - taken : 0, &leases[i]);
-
-                /* One asked ahead that does not fit, or is being zeroed (-EINPROGRESS; it goes to the cache), ends them. */
-                if (r < 0 && i >= n)
-                        break;
-                if (r < 0) {
-                        while (i--)
-                                pool_lease_undo(p, o, leases[i].segment_id);
-                        return r;
-                }
-        }
-        return (int) i;
-}
-
-/*
- * Takes what a lease asks of device, within headroom bytes: a segment for size bytes, or
- * granules (and up to ahead more). Returns how many segments it leased (1 for a segment; 0 to
- * granules + ahead), or a negative errno: -EDQUOT over a limit, -ENOMEM when the device is
- * full, -EINPROGRESS when the segment is being zeroed for the client, another the backend's.
- */
-static int lease_take(struct session *s, uint32_t device, uint64_t size, unsigned granules, unsigned ahead,
-                      uint64_t headroom, struct pool_lease *leases) {
-        struct pool *p = s->node->pools[device];
-        int r;
-
-        if (!granules && !ahead)
-                return (r = pool_lease(p, &s->owners[device], size, headroom, &leases[0])) < 0 ? r : 1;
-        if (ahead && others_wait_for_memory(s, device))
-                ahead = 0;
-        return lease_granules(p, &s->owners[device], granules, ahead, headroom, leases);
-}
-
 /* Refuses a lease over a limit: which limit, and what it met. */
 static void refuse_quota(struct session *s, uint64_t id, uint32_t device, uint64_t size, const struct policy_admission *adm,
                          struct reply *ret) {
@@ -300,19 +197,19 @@ static void refuse_quota(struct session *s, uint64_t id, uint32_t device, uint64
 }
 
 /* Refuses a lease the device has no room for after the eviction ladder: what was tried, who holds the memory. */
-static void refuse_full(struct session *s, uint64_t id, uint32_t device, uint64_t size, enum attempt attempt,
-                        struct reply *ret) {
+static void refuse_full(struct session *s, const struct evict_lease *l, enum evict_attempt attempt, struct reply *ret) {
+        uint64_t id = l->id, size = l->size;
+        uint32_t device = l->device;
         struct node *node = s->node;
         char why[GP_MAX_ERROR_BYTES], b1[GP_SIZE_FORMAT_MAX], b2[GP_SIZE_FORMAT_MAX], b3[GP_SIZE_FORMAT_MAX];
         /* Sized so that the refusal's parts fit in why together (gcc checks the sum). */
         char tried[160] = "", holders[384], gpu[200];
         struct pool_stats st;
 
-        if (attempt == ATTEMPT_FINAL)
+        if (attempt == EVICT_FINAL)
                 snprintf(tried, sizeof(tried), "; asked %u client%s for %s they reported free, and not enough "
                          "came back within %llu ms (reclaim_timeout)",
-                         s->parked_asked_clients, s->parked_asked_clients == 1 ? "" : "s",
-                         gp_size_format(s->parked_asked_bytes, b1, sizeof(b1)),
+                         l->asked_clients, l->asked_clients == 1 ? "" : "s", gp_size_format(l->asked_bytes, b1, sizeof(b1)),
                          (unsigned long long) node->options->reclaim_timeout_ms);
         else
                 snprintf(tried, sizeof(tried), "; no other client could give back memory that would serve "
@@ -400,78 +297,34 @@ static void lease_granted(struct session *s, uint64_t id, uint32_t device, const
 }
 
 /*
- * One try at a lease, of request id: a segment for size bytes, or (granules) that many
- * granules, size being their bytes, or (granules 0, some ahead) granules ahead only. Fills
- * *ret with the reply and returns true, or returns false when the request waits (parked) for
- * other clients to give memory back, or for a segment being zeroed for it (never one of
- * granules ahead only).
+ * One try at lease l down the eviction ladder (evict.c). Fills *ret with the reply and returns
+ * true, or returns false when the lease waits (parked) for other clients to give memory back,
+ * or for a segment being zeroed for it (never one of granules ahead only).
  */
-static bool lease_attempt(struct session *s, uint64_t id, uint32_t device, uint64_t size, unsigned granules,
-                          unsigned ahead, enum attempt attempt, struct reply *ret) {
-        struct node *node = s->node;
-        struct pool_lease leases[GP_MAX_LEASE_GRANULES];
-        struct policy_admission adm;
-        struct pool_stats st;
-        unsigned clients = 0;
-        uint64_t round, asked;
-        int r;
+static bool lease_attempt(struct session *s, struct evict_lease *l, enum evict_attempt attempt, struct reply *ret) {
+        struct evict_result r;
 
-        pool_get_stats(node->pools[device], &st);
-        policy_admit(&node->policy, s->tenant, s->limit_override_bytes, process_others(s, device),
-                     objects_principal_bytes(node, s->principal, device), &s->owners[device], device, &st, &adm);
-        s->parked_zeroing = false;
-        r = lease_take(s, device, size, granules, ahead, adm.headroom_bytes, leases);
-        if (r >= 0) {
-                lease_granted(s, id, device, leases, (unsigned) r, ret);
+        switch (evict_lease(s, l, attempt, &r)) {
+        case EVICT_LEASED:
+                lease_granted(s, l->id, l->device, r.leases, r.count, ret);
                 return true;
-        }
-        switch (r) {
-        case -EDQUOT:
-                refuse_quota(s, id, device, size, &adm, ret);
+        case EVICT_OVER_LIMIT:
+                refuse_quota(s, l->id, l->device, l->size, &r.admission, ret);
                 return true;
-        case -EINPROGRESS:
-                /*
-                 * The segment is being zeroed for this tenant, on the GPU: wait for it parked, as
-                 * for a reclaim, while the loop serves everyone else. Up to reclaim_timeout: a
-                 * GPU that does not finish a memset in that time is stuck.
-                 */
-                s->parked_zeroing = true;
-                s->parked_zero_seq = node->zeroings_ended;
-                if (attempt == ATTEMPT_FIRST) {
-                        s->parked_round = ++node->reclaim_rounds;
-                        park(s, id, device, size, granules, ahead, 0, 0, &st, ret);
-                        session_log(s, LOG_LEVEL_DEBUG, "client %llu: lease of %" PRIu64 " bytes on device %u waits "
-                                    "for a segment being zeroed", (unsigned long long) s->id, size, device);
-                        return false;
-                }
-                if (uv_now(node->loop) < s->parked_deadline_ms)
-                        return false;
+        case EVICT_NEVER_FITS:
+                refuse_never_fits(s, l->id, l->device, l->size, &r.stats, ret);
+                return true;
+        case EVICT_WAITS:
+                if (attempt == EVICT_FIRST)
+                        *ret = (struct reply) { .parked = true };
+                return false;
+        case EVICT_FULL:
+                refuse_full(s, l, attempt, ret);
+                return true;
+        case EVICT_FAILED:
                 break;
-        case -ENOMEM:
-                /* More than the device holds in all (within the limits): no eviction can serve it, so nobody is asked. */
-                if (pool_min_segment_bytes(size) > st.total_bytes) {
-                        refuse_never_fits(s, id, device, size, &st, ret);
-                        return true;
-                }
-                if (attempt == ATTEMPT_RETRY)
-                        return false;
-                /* After the cache, before asking anyone: named objects nobody attached for idle_objects. */
-                if (objects_evict_idle(node, device, pool_min_segment_bytes(size), s->tenant))
-                        return lease_attempt(s, id, device, size, granules, ahead, attempt, ret);
-                if (attempt == ATTEMPT_FIRST) {
-                        /* Ladder step 3: clients over their guarantee give back segments they keep free. */
-                        round = ++node->reclaim_rounds;
-                        asked = reclaim_ask(node, s, device, pool_min_segment_bytes(size), round, &clients);
-                        if (clients) {
-                                s->parked_round = round;
-                                park(s, id, device, size, granules, ahead, asked, clients, &st, ret);
-                                return false;
-                        }
-                }
-                refuse_full(s, id, device, size, attempt, ret);
-                return true;
         }
-        refuse_backend(s, id, device, size, r, ret);
+        refuse_backend(s, l->id, l->device, l->size, r.err, ret);
         return true;
 }
 
@@ -517,7 +370,12 @@ void request_lease(struct session *s, const Gpupool__Envelope *req, struct reply
                 }
                 size = (uint64_t) granules * GP_GRANULE_BYTES;
         }
-        (void) lease_attempt(s, id, device, size, granules, ahead, ATTEMPT_FIRST, ret);
+        if (!s->lease && !(s->lease = calloc(1, sizeof(*s->lease)))) {
+                reply_error(id, -ENOMEM, false, "the daemon is out of memory for a lease", ret);
+                return;
+        }
+        *s->lease = (struct evict_lease) { .id = id, .device = device, .size = size, .granules = granules, .ahead = ahead };
+        (void) lease_attempt(s, s->lease, EVICT_FIRST, ret);
 }
 
 /* Room for an adoption's segments: as many as a granule lease's, their descriptors in one packet. */
@@ -625,9 +483,7 @@ void request_adopt(struct session *s, const Gpupool__Envelope *req, struct reply
                 struct pool_stats st;
 
                 pool_get_stats(node->pools[device], &st);
-                policy_admit(&node->policy, s->tenant, s->limit_override_bytes, process_others(s, device),
-                             objects_principal_bytes(node, s->principal, device), owner, device, &st,
-                     &adm);
+                evict_admit(s, device, &st, &adm);
                 r = pool_adopt(node->pools[device], owner, &mems[i], rq->sizes[i], adm.headroom_bytes, &lease);
                 if (r == -EDQUOT) {
                         int k = snprintf(why, sizeof(why), "adopting a segment of %s on device %u ",
@@ -669,36 +525,6 @@ void request_adopt(struct session *s, const Gpupool__Envelope *req, struct reply
                         pool_adopt_undo(node->pools[device], &s->owners[device], ids[i]);
 }
 
-/*
- * A parked lease that still does not fit: once every client asked for it has answered (or was
- * written off) and gave back too little, or once half its time is gone with answers missing,
- * the clients not asked yet are asked too, within the same deadline: a client that claims more
- * free memory than it gives back cannot make the lease fail while others hold what it needs.
- * Returns whether it still waits for someone; false: nobody is left to ask.
- */
-static bool ask_more(struct session *s, uint64_t now_ms) {
-        struct node *node = s->node;
-        bool pending = reclaim_pending_for(node, s->parked_round);
-        uint64_t asked;
-        unsigned clients = 0;
-
-        if (pending && now_ms < s->parked_ask_more_ms)
-                return true;
-        asked = reclaim_ask(node, s, s->parked_device, pool_min_segment_bytes(s->parked_size), s->parked_round, &clients);
-        if (!clients) {
-                /* Nobody left to ask: only an answer (which retries it) or the deadline moves it now. */
-                s->parked_ask_more_ms = UINT64_MAX;
-                return pending;
-        }
-        /* Half of what is left again, and never now: the loop's timers would run it again at once. */
-        s->parked_ask_more_ms = now_ms + ((s->parked_deadline_ms - now_ms) / 2 ?: 1);
-        s->parked_asked_bytes += asked;
-        s->parked_asked_clients += clients;
-        session_log(s, LOG_LEVEL_DEBUG, "client %llu: those asked gave back too little %s: asked %u more",
-                    (unsigned long long) s->id, pending ? "in time" : "of what they claimed", clients);
-        return true;
-}
-
 static bool is_parked(const struct session *c, const void *arg) {
         (void) arg;
         return c->parked;
@@ -719,29 +545,26 @@ uint64_t request_retry_parked(struct node *node, uint64_t now_ms) {
         reclaim_expire(node, now_ms);
         for (ssize_t i = 0; i < n; i++) {
                 struct session *c = parked[i];
+                struct evict_lease *l = c->lease;
                 struct reply rep = { 0 };
-                bool final = now_ms >= c->parked_deadline_ms;
+                bool final = now_ms >= l->deadline_ms;
 
                 /* Waiting for a zeroing: asking again before one ends would only start another. */
-                if (c->parked_zeroing && c->parked_zero_seq == node->zeroings_ended && now_ms < c->parked_deadline_ms) {
-                        if (c->parked_deadline_ms < next)
-                                next = c->parked_deadline_ms;
+                if (l->zeroing && l->zero_seq == node->zeroings_ended && now_ms < l->deadline_ms) {
+                        if (l->deadline_ms < next)
+                                next = l->deadline_ms;
                         continue;
                 }
-
-                if (lease_attempt(c, c->parked_id, c->parked_device, c->parked_size, c->parked_granules, c->parked_ahead,
-                                  final ? ATTEMPT_FINAL : ATTEMPT_RETRY, &rep) ||
-                    (!c->parked_zeroing && !ask_more(c, now_ms) &&
-                     lease_attempt(c, c->parked_id, c->parked_device, c->parked_size, c->parked_granules, c->parked_ahead,
-                                   ATTEMPT_FINAL, &rep))) {
+                if (lease_attempt(c, l, final ? EVICT_FINAL : EVICT_RETRY, &rep) ||
+                    (!l->zeroing && !evict_ask_more(c, l, now_ms) && lease_attempt(c, l, EVICT_FINAL, &rep))) {
                         session_unpark(c);
                         (void) session_send(c, &rep);
                         continue;
                 }
-                if (c->parked_deadline_ms < next)
-                        next = c->parked_deadline_ms;
-                if (!c->parked_zeroing && c->parked_ask_more_ms < next)
-                        next = c->parked_ask_more_ms;
+                if (l->deadline_ms < next)
+                        next = l->deadline_ms;
+                if (!l->zeroing && l->ask_more_ms < next)
+                        next = l->ask_more_ms;
         }
         free(parked);
         return next;

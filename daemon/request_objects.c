@@ -32,37 +32,37 @@ static bool name_ok(const char *name, uint64_t id, struct reply *ret) {
 
 /* Whether s has obj attached. */
 static bool attached(const struct session *s, const struct object *obj) {
-        for (unsigned i = 0; i < s->attached_count; i++)
-                if (s->attached[i] == obj)
+        for (unsigned i = 0; i < s->attached.count; i++)
+                if (s->attached.list[i] == obj)
                         return true;
         return false;
 }
 
 /* Room on s's list for one more attachment, made before anything changes. Returns 0 or -ENOMEM. */
 static int attach_room(struct session *s) {
-        unsigned cap = s->attached_cap ? s->attached_cap * 2 : 4;
+        unsigned cap = s->attached.cap ? s->attached.cap * 2 : 4;
         struct object **n;
 
-        if (s->attached_count < s->attached_cap)
+        if (s->attached.count < s->attached.cap)
                 return 0;
-        if (!(n = realloc(s->attached, cap * sizeof(*n))))
+        if (!(n = realloc(s->attached.list, cap * sizeof(*n))))
                 return -ENOMEM;
-        s->attached = n;
-        s->attached_cap = cap;
+        s->attached.list = n;
+        s->attached.cap = cap;
         return 0;
 }
 
 /* s has obj attached (attach_room() made the room). */
 static void attach_to(struct session *s, struct object *obj) {
-        s->attached[s->attached_count++] = obj;
+        s->attached.list[s->attached.count++] = obj;
         objects_attach(obj);
 }
 
 /* Takes obj off s's list; false when s did not have it attached. */
 static bool detach_from(struct session *s, struct object *obj) {
-        for (unsigned i = 0; i < s->attached_count; i++)
-                if (s->attached[i] == obj) {
-                        s->attached[i] = s->attached[--s->attached_count];
+        for (unsigned i = 0; i < s->attached.count; i++)
+                if (s->attached.list[i] == obj) {
+                        s->attached.list[i] = s->attached.list[--s->attached.count];
                         objects_detach(s->node, obj);
                         return true;
                 }
@@ -409,9 +409,9 @@ void request_attach(struct session *s, const Gpupool__Envelope *req, struct repl
 
 /* The object name (with id, that one) as s has it attached (unpublished ones too), or NULL. */
 static struct object *attached_by_name(const struct session *s, const char *name, bool has_id, uint64_t id) {
-        for (unsigned i = 0; i < s->attached_count; i++)
-                if (strcmp(s->attached[i]->name, name) == 0 && (!has_id || s->attached[i]->id == id))
-                        return s->attached[i];
+        for (unsigned i = 0; i < s->attached.count; i++)
+                if (strcmp(s->attached.list[i]->name, name) == 0 && (!has_id || s->attached.list[i]->id == id))
+                        return s->attached.list[i];
         return NULL;
 }
 
@@ -542,8 +542,8 @@ void request_objects(struct session *s, const Gpupool__Envelope *req, struct rep
                 /* Who holds it: an operator ends an unpublished object a reader keeps by ending that process. */
                 st[n].attached_pids = pids + n * OBJECTS_LISTED_PIDS;
                 SESSION_FOREACH(c, node)
-                        for (unsigned i = 0; i < c->attached_count && st[n].n_attached_pids < OBJECTS_LISTED_PIDS; i++)
-                                if (c->attached[i] == o)
+                        for (unsigned i = 0; i < c->attached.count && st[n].n_attached_pids < OBJECTS_LISTED_PIDS; i++)
+                                if (c->attached.list[i] == o)
                                         st[n].attached_pids[st[n].n_attached_pids++] = (int32_t) c->pid;
                 size = gpupool__object_status__get_packed_size(&st[n]) + 8;
                 if (size > room)

@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include "closer.h"
+#include "evict.h"
 #include "identity.h"
 #include "log.h"
 #include "notify.h"
@@ -318,7 +319,7 @@ int server_init(struct server *server, uv_loop_t *loop, const struct config *con
                 .retry_parked = request_retry_parked,
                 .check = session_check_tenants,
                 .reload = reload_hook,
-                .reclaim_ask = reclaim_ask,
+                .keep_headroom = evict_keep_headroom,
         };
         uv_timer_init(loop, &server->stuck_timer);
         server->stuck_timer.data = server;

@@ -110,7 +110,7 @@ int session_start(struct node *node, int fd, enum session_admission how, bool pa
         s->principal = identity_principal(&node->identities, (uint32_t) cred.uid, s->cgroup_known,
                                           s->pod_uid[0] ? s->pod_uid : NULL, s->id);
         /* A client that lied about its free memory before, from this principal, is not trusted afresh by reconnecting. */
-        s->reclaim_distrust = node_distrust_get(node, s->principal);
+        s->reclaim.distrust = node_distrust_get(node, s->principal);
         s->operator = identity_is_operator(cred.uid, cred.pid, s->cgroup_known ? s->cgroup : NULL, s->not_operator_why,
                                            sizeof(s->not_operator_why));
         for (unsigned d = 0; d < node->device_count; d++)
@@ -172,9 +172,9 @@ int session_return(struct session *s, uint64_t segment_id, bool to_backend) {
 }
 
 void session_forget_reclaims(struct session *s) {
-        s->node->reclaim_outstanding -= s->reclaim_outstanding;
-        s->reclaim_outstanding = 0;
-        s->reclaim_to_backend = 0;
+        s->node->reclaim_outstanding -= s->reclaim.outstanding;
+        s->reclaim.outstanding = 0;
+        s->reclaim.to_backend = 0;
 }
 
 void session_set_tenant(struct session *s, struct tenant *t) {
@@ -188,6 +188,7 @@ void session_set_tenant(struct session *s, struct tenant *t) {
 }
 
 static void session_free(struct session *s) {
+        free(s->lease);
         free(s->pending);
         free(s->pending_fds);
         free(s->owners);
@@ -241,11 +242,11 @@ void session_destroy(struct session *s) {
         session_forget_reclaims(s);     /* it will not answer now */
         session_release_all(s);
         /* Its process has exited, or said bye having unmapped everything: it has nothing attached now. */
-        while (s->attached_count)
-                objects_detach(node, s->attached[--s->attached_count]);
-        free(s->attached);
-        s->attached = NULL;
-        s->attached_cap = 0;
+        while (s->attached.count)
+                objects_detach(node, s->attached.list[--s->attached.count]);
+        free(s->attached.list);
+        s->attached.list = NULL;
+        s->attached.cap = 0;
         session_set_tenant(s, NULL);
         if (s->control_of) {
                 struct session *c = s->control_of;

@@ -21,12 +21,38 @@
 #include "wire.h"
 
 struct node;
+struct evict_lease;
 
 enum session_state {
         SESSION_NEW,            /* connected, no hello yet */
         SESSION_READY,          /* hello done */
         SESSION_EXITING,        /* socket closed; waiting for the process to exit */
         SESSION_CLOSED,         /* everything released; handles closing */
+};
+
+/*
+ * What reclaim.c keeps of a client it asks for memory back: its file's alone, but for the
+ * trust a new session starts with (its principal's, session_start()) and the session's end,
+ * which drops what it left unanswered (session_forget_reclaims()).
+ */
+struct session_reclaim {
+        unsigned outstanding;           /* requests it has not answered yet */
+        /*
+         * Of those, oldest in the lowest bit: the ones whose segments go back to the backend,
+         * not to the cache (flush --tenant). It answers in order, so the first answer is the
+         * lowest bit's. At most RECLAIM_MAX_OUTSTANDING are asked at a time.
+         */
+        uint64_t to_backend;
+        uint64_t since_ms;              /* loop clock: since when its oldest unanswered request has waited, about */
+        /* What it claimed to hold free for the requests outstanding (as asked), and what it gave back of it. */
+        uint64_t claimed_bytes, given_bytes;
+        /*
+         * How far its reports are trusted in whom to ask: its held-free bytes count as
+         * reported >> distrust. One more for each round of requests it did not honour (gave
+         * back less than half its claim, or let expire), one less for each it honoured.
+         */
+        unsigned distrust;
+        uint64_t asked_for;             /* the waiting lease's round it was last asked for (evict_lease.round) */
 };
 
 struct session {
@@ -45,9 +71,14 @@ struct session {
         bool operator;                  /* the node's operator (identity_is_operator()): administrative requests */
         char not_operator_why[160];     /* else why not, for the refusal */
         struct tenant *tenant;          /* from hello on; NULL before, and for a control channel */
-        /* The named objects it has attached (objects.h), each once; detached when it ends. */
-        struct object **attached;
-        unsigned attached_count, attached_cap;
+        /*
+         * The named objects it has attached (objects.h), each once: request_objects.c's, but
+         * for the session's end, which detaches them.
+         */
+        struct {
+                struct object **list;
+                unsigned count, cap;
+        } attached;
         struct session *control;        /* its control channel (reclaim requests), or NULL */
         struct session *control_of;     /* for a control channel: the client it serves */
         bool uncounted;                 /* a control channel: not one of --max-clients */
@@ -56,39 +87,17 @@ struct session {
         bool control_only;              /* let in past the limits as a client's control channel: its hello must say so */
         bool past_uid_cap;              /* for admin_only: past max_clients_per_uid, else past --max-clients */
         uint64_t connected_ms;          /* when it connected (loop clock), for the hello deadline */
-        unsigned reclaim_outstanding;   /* reclaim requests it has not answered yet */
-        /*
-         * Of those, oldest in the lowest bit: the ones whose segments go back to the backend,
-         * not to the cache (flush --tenant). It answers in order, so the first answer is the
-         * lowest bit's. At most RECLAIM_MAX_OUTSTANDING are asked at a time.
-         */
-        uint64_t reclaim_to_backend;
-        uint64_t reclaim_since_ms;      /* loop clock: since when its oldest unanswered request has waited, about */
-        /* What it claimed to hold free for the requests outstanding (as asked), and what it gave back of it. */
-        uint64_t reclaim_claimed_bytes, reclaim_given_bytes;
-        /*
-         * How far its reports are trusted in whom to ask: its held-free bytes count as
-         * reported >> reclaim_distrust. One more for each round of requests it did not honour
-         * (gave back less than half its claim, or let expire), one less for each it honoured.
-         */
-        unsigned reclaim_distrust;
-        uint64_t reclaim_asked_for;     /* the parked lease's round it was last asked for (parked_round) */
-        /* A lease waiting for other clients to give memory back (ladder step 3). */
+        /* Asked for memory back: reclaim.c's (struct session_reclaim). */
+        struct session_reclaim reclaim;
+        /* Its lease waiting (parked) for memory to come back, or for a zeroing (evict.c's ladder). */
         bool parked;
         bool held;                      /* its request's work runs off the loop (session_hold()) */
-        uint64_t parked_id;
-        uint32_t parked_device;
-        uint64_t parked_size;
-        unsigned parked_granules;       /* a granule lease's count (parked_size their bytes), or 0 */
-        unsigned parked_ahead;          /* and how many more it would take where they fit */
-        uint64_t parked_deadline_ms;    /* on the loop's clock */
-        uint64_t parked_round;          /* names this lease to the clients asked for it (node->reclaim_rounds) */
-        uint64_t parked_ask_more_ms;    /* when it asks the next clients if those asked have not given enough */
-        uint64_t parked_asked_bytes;
-        unsigned parked_asked_clients;
-        uint64_t parked_cached_before;  /* the device's cached bytes when it parked */
-        bool parked_zeroing;            /* waits for a zeroing: tried again only once one has ended */
-        uint64_t parked_zero_seq;       /* node->zeroings_ended when it last tried */
+        /*
+         * The lease it asked for last, on its way down the eviction ladder (evict.h): the
+         * request layer's (request_lease.c) and the ladder's, made at its first lease and
+         * freed with the session; NULL before.
+         */
+        struct evict_lease *lease;
         uint64_t limit_override_bytes;  /* gpupoolctl set-limit --pid (0: no limit); POLICY_NO_OVERRIDE: none */
         int fd;
         int pidfd;              /* -1 when the kernel gave none */

@@ -18,7 +18,7 @@ struct fake {
         uint64_t capacity;
         int live, created, destroyed, zeroed;
         uint64_t live_bytes;
-        int fail_create;        /* the next create fails with this */
+        int fail_create;        /* creates fail with this until a segment is destroyed (a device full of others' memory) */
 };
 
 static int fake_info(struct backend *b, unsigned d, struct backend_device_info *ret) {
@@ -31,12 +31,8 @@ static int fake_create(struct backend *b, unsigned d, uint64_t size, struct back
         struct fake *f = (struct fake *) b;
 
         (void) d;
-        if (f->fail_create) {
-                int r = f->fail_create;
-
-                f->fail_create = 0;
-                return r;
-        }
+        if (f->fail_create)
+                return f->fail_create;
         memset(ret, 0, sizeof(*ret));
         ret->fd = -1;
         ret->addr = 0x100000000ULL + (uint64_t) f->created * (1ULL << 32);
@@ -50,6 +46,7 @@ static void fake_destroy(struct backend *b, unsigned d, struct backend_mem *mem,
         struct fake *f = (struct fake *) b;
 
         (void) d, (void) mem;
+        f->fail_create = 0;
         f->live--;
         f->destroyed++;
         f->live_bytes -= size;
@@ -83,10 +80,21 @@ static void check(void) {
         ck_assert_msg(pool_check(pool, why, sizeof(why)) == 0, "pool_check: %s", why);
 }
 
+/* The pool's rungs of the eviction ladder, in evict.c's order: the cache, free capacity, eviction. */
+static int lease(struct pool *p, struct pool_owner *o, uint64_t size, uint64_t headroom, struct pool_lease *ret) {
+        int r = pool_lease(p, o, POOL_FROM_CACHE, size, headroom, ret);
+
+        if (r == -ENOENT)
+                r = pool_lease(p, o, POOL_FROM_FREE, size, headroom, ret);
+        if (r == -ENOENT)
+                r = pool_lease(p, o, POOL_FROM_EVICTION, size, headroom, ret);
+        return r;
+}
+
 static struct pool_lease lease_ok(struct pool_owner *o, uint64_t size) {
         struct pool_lease l;
 
-        ck_assert_int_eq(pool_lease(pool, o, size, UINT64_MAX, &l), 0);
+        ck_assert_int_eq(lease(pool, o, size, UINT64_MAX, &l), 0);
         check();
         return l;
 }
@@ -197,11 +205,11 @@ START_TEST(test_headroom) {
         setup_capacity(1ULL << 30);
         pool_owner_attach(pool, &o, 1);
         /* 4 MiB would take a 20 MiB segment; with 8 MiB of headroom it gets the smallest that serves. */
-        ck_assert_int_eq(pool_lease(pool, &o, 4 * MiB, 8 * MiB, &l), 0);
+        ck_assert_int_eq(lease(pool, &o, 4 * MiB, 8 * MiB, &l), 0);
         ck_assert_uint_eq(l.segment_size, 4 * MiB);
-        ck_assert_int_eq(pool_lease(pool, &o, 4 * MiB, 4 * MiB, &l), 0);
-        ck_assert_int_eq(pool_lease(pool, &o, 3 * MiB, 2 * MiB, &l), -EDQUOT);
-        ck_assert_int_eq(pool_lease(pool, &o, 1, 0, &l), -EDQUOT);
+        ck_assert_int_eq(lease(pool, &o, 4 * MiB, 4 * MiB, &l), 0);
+        ck_assert_int_eq(lease(pool, &o, 3 * MiB, 2 * MiB, &l), -EDQUOT);
+        ck_assert_int_eq(lease(pool, &o, 1, 0, &l), -EDQUOT);
         check();
         ck_assert_uint_eq(o.reserved_bytes, 8 * MiB);
         pool_owner_detach(&o);
@@ -219,7 +227,7 @@ START_TEST(test_capacity_and_ladder) {
         pool_owner_attach(pool, &b, 2);
         for (int i = 0; i < 4; i++)
                 l[i] = lease_ok(&a, 2 * MiB);
-        ck_assert_int_eq(pool_lease(pool, &b, 512, UINT64_MAX, &x), -ENOMEM);
+        ck_assert_int_eq(lease(pool, &b, 512, UINT64_MAX, &x), -ENOMEM);
         check();
         /* a returns two: those segments are cached, and b's request reuses... */
         for (int i = 0; i < 2; i++)
@@ -229,7 +237,7 @@ START_TEST(test_capacity_and_ladder) {
         ck_assert_uint_eq(x.segment_id, l[1].segment_id);       /* most recently cached first */
         ck_assert_int_eq(fake.zeroed, 1);
         /* A 4 MiB request does not fit: the last cached segment is released to make room... */
-        ck_assert_int_eq(pool_lease(pool, &b, 4 * MiB, UINT64_MAX, &x), -ENOMEM);
+        ck_assert_int_eq(lease(pool, &b, 4 * MiB, UINT64_MAX, &x), -ENOMEM);
         check();
         pool_get_stats(pool, &st);
         ck_assert_uint_eq(st.cached_bytes, 0);
@@ -258,11 +266,61 @@ START_TEST(test_backend_full_releases_cache) {
         ck_assert_int_eq(fake.destroyed, 1);
         /* A failure with nothing cached is reported as it is. */
         fake.fail_create = -ENOMEM;
-        ck_assert_int_eq(pool_lease(pool, &o, 30 * MiB, UINT64_MAX, &l), -ENOMEM);
+        ck_assert_int_eq(lease(pool, &o, 30 * MiB, UINT64_MAX, &l), -ENOMEM);
         fake.fail_create = -EIO;
-        ck_assert_int_eq(pool_lease(pool, &o, 30 * MiB, UINT64_MAX, &l), -EIO);
+        ck_assert_int_eq(lease(pool, &o, 30 * MiB, UINT64_MAX, &l), -EIO);
         check();
         pool_owner_detach(&o);
+        teardown();
+}
+END_TEST
+
+/* Each rung alone: the cache takes nothing new, free capacity releases nothing, eviction releases the oldest first. */
+START_TEST(test_sources_one_at_a_time) {
+        struct pool_owner a, b;
+        struct pool_lease l[4], x;
+        struct pool_stats st;
+
+        setup_capacity(8 * MiB);
+        pool_owner_attach(pool, &a, 1);
+        pool_owner_attach(pool, &b, 1);
+        for (int i = 0; i < 4; i++)
+                l[i] = lease_ok(&a, 2 * MiB);
+        return_ok(&a, &l[0]);
+        return_ok(&a, &l[1]);
+        /* No cached segment serves 4 MiB, and none is made. */
+        ck_assert_int_eq(pool_lease(pool, &b, POOL_FROM_CACHE, 4 * MiB, UINT64_MAX, &x), -ENOENT);
+        ck_assert_int_eq(fake.created, 4);
+        /* The capacity is all reserved: free capacity has none, and releases nothing to make some. */
+        ck_assert_int_eq(pool_lease(pool, &b, POOL_FROM_FREE, 4 * MiB, UINT64_MAX, &x), -ENOENT);
+        pool_get_stats(pool, &st);
+        ck_assert_uint_eq(st.cached_bytes, 4 * MiB);
+        ck_assert_uint_eq(st.evictions_total, 0);
+        check();
+        /* Eviction releases both cached segments and makes one of 4 MiB. */
+        ck_assert_int_eq(pool_lease(pool, &b, POOL_FROM_EVICTION, 4 * MiB, UINT64_MAX, &x), 0);
+        pool_get_stats(pool, &st);
+        ck_assert_uint_eq(st.cached_bytes, 0);
+        ck_assert_uint_eq(st.evictions_total, 2);
+        ck_assert_uint_eq(x.segment_size, 4 * MiB);
+        check();
+        /* Nothing left to release: the device is full. */
+        ck_assert_int_eq(pool_lease(pool, &b, POOL_FROM_EVICTION, 2 * MiB, UINT64_MAX, &x), -ENOMEM);
+        pool_owner_detach(&a);
+        pool_owner_detach(&b);
+        teardown();
+        /* A backend fuller than counted, with a segment cached: free capacity leaves it to eviction, which releases it. */
+        setup_capacity(1ULL << 30);
+        pool_owner_attach(pool, &a, 1);
+        x = lease_ok(&a, 100);
+        return_ok(&a, &x);
+        fake.fail_create = -ENOMEM;
+        ck_assert_int_eq(pool_lease(pool, &a, POOL_FROM_FREE, 8 * MiB, UINT64_MAX, &x), -ENOENT);
+        ck_assert_int_eq(fake.destroyed, 0);
+        ck_assert_int_eq(pool_lease(pool, &a, POOL_FROM_EVICTION, 8 * MiB, UINT64_MAX, &x), 0);
+        ck_assert_int_eq(fake.destroyed, 1);
+        check();
+        pool_owner_detach(&a);
         teardown();
 }
 END_TEST
@@ -274,9 +332,9 @@ START_TEST(test_refusals) {
         setup_capacity(1ULL << 30);
         pool_owner_attach(pool, &a, 1);
         pool_owner_attach(pool, &b, 1);
-        ck_assert_int_eq(pool_lease(pool, &a, 0, UINT64_MAX, &l), -EINVAL);
-        ck_assert_int_eq(pool_lease(pool, &a, POOL_MAX_REQUEST + 1, UINT64_MAX, &l), -EINVAL);
-        ck_assert_int_eq(pool_lease(pool, &a, UINT64_MAX, UINT64_MAX, &l), -EINVAL);
+        ck_assert_int_eq(lease(pool, &a, 0, UINT64_MAX, &l), -EINVAL);
+        ck_assert_int_eq(lease(pool, &a, POOL_MAX_REQUEST + 1, UINT64_MAX, &l), -EINVAL);
+        ck_assert_int_eq(lease(pool, &a, UINT64_MAX, UINT64_MAX, &l), -EINVAL);
         l = lease_ok(&a, 4096);
         m = lease_ok(&a, 4096);
         ck_assert_uint_ne(l.segment_id, m.segment_id);         /* a segment is leased whole, once */
@@ -338,7 +396,7 @@ START_TEST(test_random_leases) {
                         uint64_t r = (uint64_t) rand_r(&seed), size = kind < 80 ? 1 + r % (256 * 1024) :
                                         kind < 97 ? 1 + r % (8 * MiB) : 11 * MiB + r % (16 * MiB);
                         uint64_t headroom = kind % 7 == 0 ? 16 * MiB : UINT64_MAX;
-                        int e = pool_lease(pool, &owners[o], size, headroom, lv);
+                        int e = lease(pool, &owners[o], size, headroom, lv);
 
                         ck_assert_msg(e == 0 || e == -EDQUOT || e == -ENOMEM, "lease: %d", e);
                         if (e == 0)
@@ -463,15 +521,15 @@ START_TEST(test_lease_and_return) {
         pool_owner_attach(pool, &a, 1);
         pool_owner_attach(pool, &b, 2);
         /* The class's segment: 2 MiB for a small block, 20 MiB up to 10 MiB, else rounded to 2 MiB. */
-        ck_assert_int_eq(pool_lease(pool, &a, 4096, UINT64_MAX, &l1), 0);
+        ck_assert_int_eq(lease(pool, &a, 4096, UINT64_MAX, &l1), 0);
         ck_assert_uint_eq(l1.segment_size, 2 * MiB);
-        ck_assert_int_eq(pool_lease(pool, &a, 3 * MiB, UINT64_MAX, &l2), 0);
+        ck_assert_int_eq(lease(pool, &a, 3 * MiB, UINT64_MAX, &l2), 0);
         ck_assert_uint_eq(l2.segment_size, 20 * MiB);
         /* With 12 MiB of headroom left, the smallest segment that serves. */
-        ck_assert_int_eq(pool_lease(pool, &a, 3 * MiB, 12 * MiB, &l3), 0);
+        ck_assert_int_eq(lease(pool, &a, 3 * MiB, 12 * MiB, &l3), 0);
         ck_assert_uint_eq(l3.segment_size, 4 * MiB);
-        ck_assert_int_eq(pool_lease(pool, &a, 13 * MiB, 12 * MiB, &l4), -EDQUOT);
-        ck_assert_int_eq(pool_lease(pool, &a, 0, UINT64_MAX, &l4), -EINVAL);
+        ck_assert_int_eq(lease(pool, &a, 13 * MiB, 12 * MiB, &l4), -EDQUOT);
+        ck_assert_int_eq(lease(pool, &a, 0, UINT64_MAX, &l4), -EINVAL);
         ck_assert_uint_eq(a.reserved_bytes, 26 * MiB);
         ck_assert_uint_eq(a.segments, 3);
         check();
@@ -501,7 +559,7 @@ START_TEST(test_lease_and_return) {
         pool_owner_report(&a, 30 * MiB, 4 * MiB, 3);
         ck_assert_uint_eq(a.reported_in_use_bytes, 20 * MiB);
         check();
-        ck_assert_int_eq(pool_lease(pool, &b, 512, UINT64_MAX, &l4), 0);
+        ck_assert_int_eq(lease(pool, &b, 512, UINT64_MAX, &l4), 0);
         ck_assert_uint_eq(l4.segment_size, 2 * MiB);
         ck_assert_int_eq(fake.zeroed, 1);
         check();
@@ -531,6 +589,7 @@ Suite *suite_pool(void) {
         tcase_add_test(tc, test_headroom);
         tcase_add_test(tc, test_capacity_and_ladder);
         tcase_add_test(tc, test_backend_full_releases_cache);
+        tcase_add_test(tc, test_sources_one_at_a_time);
         tcase_add_test(tc, test_refusals);
         tcase_add_test(tc, test_detach_with_leases);
         tcase_add_test(tc, test_random_leases);
