@@ -96,10 +96,10 @@ static int session_open(gpupool_client *c) {
 /* Frees a handle no thread uses any more: its locks and the handle itself (what it held is gone already). */
 static void handle_free(gpupool_client *c) {
         client_segments_destroy(c);
-        pthread_cond_destroy(&c->deferred_cond);
+        client_stream_fini(c);
         pthread_cond_destroy(&c->conn_idle);
-        pthread_cond_destroy(&c->control_wake);
-        pthread_cond_destroy(&c->release_cond);
+        pthread_cond_destroy(&c->control.wake);
+        pthread_cond_destroy(&c->release.cond);
         pthread_mutex_destroy(&c->lock);
         free(c);
 }
@@ -135,10 +135,9 @@ GPUPOOL_EXPORT int gpupool_connect(const char *socket_path, const char *client_n
                 strcpy(c->name, "client");
         snprintf(c->socket_path, sizeof(c->socket_path), "%s", socket_path ? socket_path : "");
         pthread_mutex_init(&c->lock, NULL);
-        pthread_cond_init(&c->deferred_cond, NULL);
         pthread_cond_init(&c->conn_idle, NULL);
-        pthread_cond_init(&c->control_wake, NULL);
-        pthread_cond_init(&c->release_cond, NULL);
+        pthread_cond_init(&c->control.wake, NULL);
+        pthread_cond_init(&c->release.cond, NULL);
         client_segments_init(c);
         client_stream_init(c);
         c->epoch = 1;
@@ -188,10 +187,10 @@ GPUPOOL_EXPORT void gpupool_disconnect(gpupool_client *c) {
         client_control_close(c);
         pthread_mutex_lock(&c->lock);
         /* A framework's thread waiting to be asked for memory leaves first: the handle goes. */
-        c->release_closing = true;
-        pthread_cond_broadcast(&c->release_cond);
-        while (c->release_waiters)
-                pthread_cond_wait(&c->release_cond, &c->lock);
+        c->release.closing = true;
+        pthread_cond_broadcast(&c->release.cond);
+        while (c->release.waiters)
+                pthread_cond_wait(&c->release.cond, &c->lock);
         client_conn_wait(c);    /* a lease of another thread is out: its reply comes first */
         /*
          * The memory goes back with bye, and the daemon may hand it to another uid at once: the
@@ -415,19 +414,19 @@ GPUPOOL_EXPORT int gpupool_release_wait(gpupool_client *c, int timeout_ms) {
                 return client_invalid(c, "gpupool_release_wait: a timeout of %d ms: 0 or more", timeout_ms);
         gp_deadline_after_ms((uint64_t) timeout_ms, &at);
         pthread_mutex_lock(&c->lock);
-        c->release_waiters++;
-        while (!c->release_asked && !c->release_closing && r == 0)
-                r = pthread_cond_timedwait(&c->release_cond, &c->lock, &at) == ETIMEDOUT ? 1 : 0;
-        if (c->release_closing) {
+        c->release.waiters++;
+        while (!c->release.asked && !c->release.closing && r == 0)
+                r = pthread_cond_timedwait(&c->release.cond, &c->lock, &at) == ETIMEDOUT ? 1 : 0;
+        if (c->release.closing) {
                 r = -ECANCELED;
-        } else if (c->release_asked) {
-                c->release_asked = false;       /* this thread's to serve */
+        } else if (c->release.asked) {
+                c->release.asked = false;       /* this thread's to serve */
                 r = 1;
         } else {
                 r = 0;
         }
-        if (--c->release_waiters == 0 && c->release_closing)
-                pthread_cond_broadcast(&c->release_cond);
+        if (--c->release.waiters == 0 && c->release.closing)
+                pthread_cond_broadcast(&c->release.cond);
         pthread_mutex_unlock(&c->lock);
         return r;
 }
@@ -436,8 +435,8 @@ GPUPOOL_EXPORT int gpupool_release_done(gpupool_client *c) {
         if (!c)
                 return client_invalid(NULL, "%s: no handle (NULL): gpupool_connect() gives one", __func__);
         pthread_mutex_lock(&c->lock);
-        c->release_done_seq++;
-        pthread_cond_broadcast(&c->release_cond);
+        c->release.done_seq++;
+        pthread_cond_broadcast(&c->release.cond);
         pthread_mutex_unlock(&c->lock);
         return 0;
 }

@@ -173,6 +173,49 @@ struct client_attachment {
         int fd;                         /* published here: the segment's descriptor, kept (else -1) */
 };
 
+/*
+ * The control channel (client_control.c's): the daemon's reclaim requests, answered by the
+ * control thread, which also reaches a daemon that came back. client.c makes and destroys the
+ * condition with the handle; client_resume.c reads stopping.
+ */
+struct client_control {
+        struct gp_conn *conn;
+        pthread_t thread;
+        bool started;
+        bool stopping;                  /* locked: client_control_close() ends the thread's wait for a daemon */
+        pthread_cond_t wake;            /* signalled with stopping */
+};
+
+/*
+ * A framework's cache over the handle's blocks (gpupool_release_wait() in client.c; the
+ * control thread asks): the threads waiting to be asked, whether the control thread asks now,
+ * how many releases ended (gpupool_release_done()), and whether the handle is closing; all
+ * with cond, under the handle's lock.
+ */
+struct client_release {
+        unsigned waiters;
+        bool asked, closing;
+        uint64_t done_seq;
+        pthread_cond_t cond;
+};
+
+/*
+ * Stream-ordered frees (client_stream.c's alone, under the handle's lock): a queue of fences
+ * per stream (its frees are held in the device's heap for its lane), and the reaper thread
+ * that completes them.
+ */
+struct client_streams {
+        struct stream_queue *queues;
+        uint32_t last_lane;
+        uint64_t fence_seq;
+        pthread_cond_t cond;            /* the reaper's: a fence to wait for, or stop */
+        pthread_t reaper;
+        bool reaper_started, stopping;
+        bool reaper_idle;               /* waiting for a free to be queued: only then is it signalled */
+        client_event reaper_event;      /* the event the reaper waits for, unlocked: never reused meanwhile */
+        bool reaper_event_done;         /* its frees completed meanwhile: the reaper recycles it after its wait */
+};
+
 struct gpupool_client {
         uint64_t serial;                /* unique in the process: a thread's cache names its handle by it */
         pthread_mutex_t lock;           /* everything below but what conn_busy lends out */
@@ -216,36 +259,11 @@ struct gpupool_client {
         struct tcache *tcaches;         /* the threads' caches of freed small blocks (client_tcache.c) */
         struct client_attachment *attachments;  /* named objects attached (client_objects.c) */
         uint64_t idle_return_ms;        /* empty segments go back after this long ($GPUPOOL_IDLE_RETURN; 0: never) */
-        /* The control channel: the daemon's reclaim requests, answered by the control thread. */
-        struct gp_conn *control;
+        struct client_control control;  /* the control channel and its thread: client_control.c's */
         bool daemon_gone;               /* atomic: the control channel closed under us (then the pool serves nothing, but on cuda-vmm) */
-        pthread_t control_thread;
-        bool control_started;
-        bool control_stopping;          /* locked: client_control_close() ends the thread's wait for a daemon */
         bool resume_refused;            /* locked: the daemon that came back has other devices or another backend */
-        pthread_cond_t control_wake;    /* signalled with control_stopping */
-        /*
-         * A framework's cache over the handle's blocks (gpupool_release_wait()): the threads
-         * waiting to be asked, whether the control thread asks now, how many releases ended
-         * (gpupool_release_done()), and whether the handle is closing; all with release_cond.
-         */
-        unsigned release_waiters;
-        bool release_asked, release_closing;
-        uint64_t release_done_seq;
-        pthread_cond_t release_cond;
-        /*
-         * Stream-ordered frees: a queue of fences per stream (its frees are held in the
-         * device's heap for its lane), and the thread that completes them.
-         */
-        struct stream_queue *queues;
-        uint32_t last_lane;
-        uint64_t fence_seq;
-        pthread_cond_t deferred_cond;
-        pthread_t reaper;
-        bool reaper_started, stopping;
-        bool reaper_idle;               /* waiting for a free to be queued: only then is it signalled */
-        client_event reaper_event;      /* the event the reaper waits for, unlocked: never reused meanwhile */
-        bool reaper_event_done;         /* its frees completed meanwhile: the reaper recycles it after its wait */
+        struct client_release release;  /* a framework's cache over the handle's blocks: client.c's and the control thread's */
+        struct client_streams streams;  /* stream-ordered frees: client_stream.c's alone */
 };
 
 /* Sets the handle's error (gpupool_last_error()), at any layer. */

@@ -29,7 +29,7 @@ static int control_send(gpupool_client *c, Gpupool__Envelope *env) {
 
         env->version = GP_PROTOCOL_VERSION;
         n = gp_wire_pack(env, out, sizeof(out));
-        return n < 0 || gp_wire_send_packet(c->control->sock, out, (size_t) n, -1) < 0 ? -1 : 0;
+        return n < 0 || gp_wire_send_packet(c->control.conn->sock, out, (size_t) n, -1) < 0 ? -1 : 0;
 }
 
 /*
@@ -54,14 +54,14 @@ static int control_send(gpupool_client *c, Gpupool__Envelope *env) {
  */
 static void release_framework(gpupool_client *c, int device, uint64_t want, uint64_t *ids, size_t *n, size_t max,
                               uint64_t *got) {
-        uint64_t seq = c->release_done_seq, more;
+        uint64_t seq = c->release.done_seq, more;
         struct timespec at, step;
 
         gp_deadline_after_ms(RELEASE_WAIT_MS, &at);
-        c->release_asked = true;
-        pthread_cond_broadcast(&c->release_cond);
-        while (c->release_done_seq == seq && !c->release_closing &&
-               pthread_cond_timedwait(&c->release_cond, &c->lock, &at) != ETIMEDOUT)
+        c->release.asked = true;
+        pthread_cond_broadcast(&c->release.cond);
+        while (c->release.done_seq == seq && !c->release.closing &&
+               pthread_cond_timedwait(&c->release.cond, &c->lock, &at) != ETIMEDOUT)
                 ;
         for (;;) {
                 client_pool_drain(c, true);
@@ -75,7 +75,7 @@ static void release_framework(gpupool_client *c, int device, uint64_t want, uint
                 gp_deadline_after_ms(1, &step);
                 if (step.tv_sec > at.tv_sec || (step.tv_sec == at.tv_sec && step.tv_nsec >= at.tv_nsec))
                         break;
-                (void) pthread_cond_timedwait(&c->release_cond, &c->lock, &step);
+                (void) pthread_cond_timedwait(&c->release.cond, &c->lock, &step);
         }
 }
 
@@ -109,14 +109,14 @@ static void serve(gpupool_client *c) {
                 Gpupool__UsageReport report = GPUPOOL__USAGE_REPORT__INIT;
                 Gpupool__Usage usage[CLIENT_MAX_DEVICES], *usage_ptrs[CLIENT_MAX_DEVICES];
                 uint64_t ids[CLIENT_RETURN_BATCH], want, got;
-                struct pollfd pfd = { .fd = c->control->sock, .events = POLLIN };
+                struct pollfd pfd = { .fd = c->control.conn->sock, .events = POLLIN };
                 int n, device;
 
                 /* A tick a second when nothing comes (poll's timeout: a receive timeout did not always fire under valgrind). */
                 n = poll(&pfd, 1, 1000);
                 if (n < 0 && errno == EINTR)
                         continue;
-                n = n == 0 ? -EAGAIN : gp_wire_recv_packet(c->control->sock, buf, sizeof(buf), NULL);
+                n = n == 0 ? -EAGAIN : gp_wire_recv_packet(c->control.conn->sock, buf, sizeof(buf), NULL);
                 if (n == -EAGAIN || n == -EWOULDBLOCK) {
                         pthread_mutex_lock(&c->lock);
                         /* Never wait on a lease that is out: the daemon may be waiting on this thread. */
@@ -152,7 +152,7 @@ static void serve(gpupool_client *c) {
                  * A framework's cache may hold what is asked: its thread frees it, unless a lease is
                  * out (the framework may hold its own lock while it waits on that lease).
                  */
-                if (got < want && rr.n_segment_ids < CLIENT_RETURN_BATCH && c->release_waiters && !c->conn_busy)
+                if (got < want && rr.n_segment_ids < CLIENT_RETURN_BATCH && c->release.waiters && !c->conn_busy)
                         release_framework(c, device, want, ids, &rr.n_segment_ids, CLIENT_RETURN_BATCH, &got);
                 /*
                  * More than one answer names: the rest goes back on the main connection first,
@@ -195,15 +195,15 @@ static bool wait_for_daemon(gpupool_client *c) {
         bool resumed = false;
 
         pthread_mutex_lock(&c->lock);
-        while (!c->control_stopping && client_memory_outlives_daemon(c) && !resumed) {
+        while (!c->control.stopping && client_memory_outlives_daemon(c) && !resumed) {
                 struct gp_conn *control, *fresh;
                 Gpupool__Envelope *hello;
                 struct timespec at;
                 int r;
 
                 gp_deadline_after_ms(wait_ms, &at);
-                (void) pthread_cond_timedwait(&c->control_wake, &c->lock, &at);
-                if (c->control_stopping || c->conn_busy || !(fresh = malloc(sizeof(*fresh))))
+                (void) pthread_cond_timedwait(&c->control.wake, &c->lock, &at);
+                if (c->control.stopping || c->conn_busy || !(fresh = malloc(sizeof(*fresh))))
                         continue;
                 /* The hello without the lock: a daemon still starting must not stop the application's threads. */
                 pthread_mutex_unlock(&c->lock);
@@ -213,9 +213,9 @@ static bool wait_for_daemon(gpupool_client *c) {
                         r = client_resume(c, fresh, hello, &control);
                 free(fresh);
                 if (r == 0) {
-                        gp_conn_close(c->control);
-                        free(c->control);
-                        c->control = control;
+                        gp_conn_close(c->control.conn);
+                        free(c->control.conn);
+                        c->control.conn = control;
                         __atomic_store_n(&c->daemon_gone, false, __ATOMIC_RELEASE);
                         resumed = true;
                 }
@@ -230,18 +230,18 @@ int client_control_open(gpupool_client *c, const char *socket_path, const char *
         struct control_start start = { .client = c };
         int r;
 
-        c->control = calloc(1, sizeof(*c->control));
-        if (!c->control)
+        c->control.conn = calloc(1, sizeof(*c->control.conn));
+        if (!c->control.conn)
                 return -ENOMEM;
         __atomic_store_n(&c->daemon_gone, false, __ATOMIC_RELEASE);
-        c->control_stopping = false;
+        c->control.stopping = false;
         hello.name = (char *) name;
         hello.has_control_for = 1;
         hello.control_for = id;
-        r = gp_conn_open(c->control, socket_path, &hello, NULL);
+        r = gp_conn_open(c->control.conn, socket_path, &hello, NULL);
         sem_init(&start.running, 0, 0);
-        if (r == 0 && pthread_create(&c->control_thread, NULL, control_main, &start) != 0) {
-                gp_conn_close(c->control);
+        if (r == 0 && pthread_create(&c->control.thread, NULL, control_main, &start) != 0) {
+                gp_conn_close(c->control.conn);
                 r = -EAGAIN;
         }
         /*
@@ -254,28 +254,28 @@ int client_control_open(gpupool_client *c, const char *socket_path, const char *
                         ;
         sem_destroy(&start.running);
         if (r < 0) {
-                client_set_error(c, "%s", c->control->error[0] ? c->control->error : "cannot start the control thread");
-                free(c->control);
-                c->control = NULL;
+                client_set_error(c, "%s", c->control.conn->error[0] ? c->control.conn->error : "cannot start the control thread");
+                free(c->control.conn);
+                c->control.conn = NULL;
                 return r;
         }
-        c->control_started = true;
+        c->control.started = true;
         return 0;
 }
 
 void client_control_close(gpupool_client *c) {
-        if (!c->control)
+        if (!c->control.conn)
                 return;
         /* Serving, the thread wakes to the shutdown; waiting for the daemon, to the flag. */
         pthread_mutex_lock(&c->lock);
-        c->control_stopping = true;
-        pthread_cond_broadcast(&c->control_wake);
-        shutdown(c->control->sock, SHUT_RDWR);
+        c->control.stopping = true;
+        pthread_cond_broadcast(&c->control.wake);
+        shutdown(c->control.conn->sock, SHUT_RDWR);
         pthread_mutex_unlock(&c->lock);
-        if (c->control_started)
-                pthread_join(c->control_thread, NULL);
-        c->control_started = false;
-        gp_conn_close(c->control);
-        free(c->control);
-        c->control = NULL;
+        if (c->control.started)
+                pthread_join(c->control.thread, NULL);
+        c->control.started = false;
+        gp_conn_close(c->control.conn);
+        free(c->control.conn);
+        c->control.conn = NULL;
 }

@@ -197,7 +197,7 @@ int client_resume(gpupool_client *c, struct gp_conn *conn, Gpupool__Envelope *he
         int r;
 
         /* The handle closing, or its main connection lent out, while the hello was out: not now. */
-        if (c->control_stopping || c->conn_busy) {
+        if (c->control.stopping || c->conn_busy) {
                 gpupool__envelope__free_unpacked(hello, NULL);
                 gp_conn_close(conn);
                 return -ECANCELED;

@@ -95,12 +95,17 @@ static int queue_reserve(struct stream_queue *sq) {
 }
 
 void client_stream_init(gpupool_client *c) {
-        c->queues = NULL;
+        c->streams = (struct client_streams) { .queues = NULL };
+        pthread_cond_init(&c->streams.cond, NULL);
+}
+
+void client_stream_fini(gpupool_client *c) {
+        pthread_cond_destroy(&c->streams.cond);
 }
 
 /* Frees the queues with nothing held: no fence pending and no free waiting for one. Locked. */
 static void prune_queues(gpupool_client *c) {
-        struct stream_queue **pp = &c->queues, *sq;
+        struct stream_queue **pp = &c->streams.queues, *sq;
 
         while ((sq = *pp)) {
                 if (sq->count || sq->unfenced) {
@@ -115,7 +120,7 @@ static void prune_queues(gpupool_client *c) {
 
 /* Whether a queue has lane. Locked. */
 static bool queue_find_lane(const gpupool_client *c, uint32_t lane) {
-        for (const struct stream_queue *sq = c->queues; sq; sq = sq->next)
+        for (const struct stream_queue *sq = c->streams.queues; sq; sq = sq->next)
                 if (sq->lane == lane)
                         return true;
         return false;
@@ -123,7 +128,7 @@ static bool queue_find_lane(const gpupool_client *c, uint32_t lane) {
 
 /* The queue of a stream on device d, or NULL. Locked. */
 static struct stream_queue *queue_find(gpupool_client *c, unsigned d, unsigned long long stream_id) {
-        for (struct stream_queue *sq = c->queues; sq; sq = sq->next)
+        for (struct stream_queue *sq = c->streams.queues; sq; sq = sq->next)
                 if (sq->stream_id == stream_id && sq->device == d)
                         return sq;
         return NULL;
@@ -148,11 +153,11 @@ static struct stream_queue *queue_of(gpupool_client *c, unsigned d, unsigned lon
         sq->device = d;
         /* Lanes are never reused while a queue has one: a pruned queue held nothing. */
         do
-                sq->lane = ++c->last_lane;
+                sq->lane = ++c->streams.last_lane;
         while (!sq->lane || queue_find_lane(c, sq->lane));
         sq->next_fence = 1;
-        sq->next = c->queues;
-        c->queues = sq;
+        sq->next = c->streams.queues;
+        c->streams.queues = sq;
         return sq;
 }
 
@@ -174,11 +179,11 @@ static int fence(gpupool_client *c, struct stream_queue *sq) {
         if (r != 0)
                 return r < 0 ? r : 0;
         sq->ring[(sq->first + sq->count++) & (sq->cap - 1)] =
-                (struct stream_fence) { .event = e, .number = sq->next_fence++, .seq = ++c->fence_seq };
+                (struct stream_fence) { .event = e, .number = sq->next_fence++, .seq = ++c->streams.fence_seq };
         sq->unfenced = 0;
         /* A reaper waiting with nothing fenced waits for this one now. */
-        if (c->reaper_idle)
-                pthread_cond_signal(&c->deferred_cond);
+        if (c->streams.reaper_idle)
+                pthread_cond_signal(&c->streams.cond);
         return 0;
 }
 
@@ -207,18 +212,18 @@ int client_stream_defer_free(gpupool_client *c, struct block *b, void *stream) {
         sq->gone = false;
         if (!sq->unfenced++)
                 sq->unfenced_since_ns = client_now_ns();
-        if (!c->reaper_started && pthread_create(&c->reaper, NULL, reaper_main, c) == 0)
-                c->reaper_started = true;
+        if (!c->streams.reaper_started && pthread_create(&c->streams.reaper, NULL, reaper_main, c) == 0)
+                c->streams.reaper_started = true;
         /* Without a reaper thread an allocation that needs the memory still releases the blocks. */
         if (sq->unfenced >= STREAM_FENCE_FREES)
                 (void) fence(c, sq);
-        else if (c->reaper_idle)
-                pthread_cond_signal(&c->deferred_cond);         /* it fences these in time */
+        else if (c->streams.reaper_idle)
+                pthread_cond_signal(&c->streams.cond);         /* it fences these in time */
         return 0;
 }
 
 bool client_stream_pending(const gpupool_client *c) {
-        for (const struct stream_queue *sq = c->queues; sq; sq = sq->next)
+        for (const struct stream_queue *sq = c->streams.queues; sq; sq = sq->next)
                 if (sq->count || sq->unfenced)
                         return true;
         return false;
@@ -241,8 +246,8 @@ uint32_t client_stream_lane(gpupool_client *c, unsigned d, void *stream) {
  * reaper recycles it after its wait. Locked.
  */
 static void fence_put(gpupool_client *c, unsigned d, client_event e) {
-        if (e == c->reaper_event)
-                c->reaper_event_done = true;
+        if (e == c->streams.reaper_event)
+                c->streams.reaper_event_done = true;
         else
                 drv(c)->event_put(c, d, e);
 }
@@ -283,7 +288,7 @@ static void complete(gpupool_client *c, struct stream_queue *sq, unsigned n) {
 int client_stream_reap(gpupool_client *c, bool wait) {
         int r = 0;
 
-        for (struct stream_queue *sq = c->queues; sq; sq = sq->next) {
+        for (struct stream_queue *sq = c->streams.queues; sq; sq = sq->next) {
                 unsigned d = sq->device, n = sq->count, done_to, not_done, step;
                 int done;
 
@@ -322,7 +327,7 @@ int client_stream_reap(gpupool_client *c, bool wait) {
 }
 
 int client_stream_collect(gpupool_client *c) {
-        for (struct stream_queue *sq = c->queues; sq; sq = sq->next)
+        for (struct stream_queue *sq = c->streams.queues; sq; sq = sq->next)
                 (void) fence(c, sq);
         return client_stream_reap(c, false);
 }
@@ -331,7 +336,7 @@ int client_stream_collect(gpupool_client *c) {
 static struct stream_queue *oldest(gpupool_client *c) {
         struct stream_queue *best = NULL;
 
-        for (struct stream_queue *sq = c->queues; sq; sq = sq->next)
+        for (struct stream_queue *sq = c->streams.queues; sq; sq = sq->next)
                 if (sq->count && (!best || fence_at(sq, 0)->seq < fence_at(best, 0)->seq))
                         best = sq;
         return best;
@@ -339,7 +344,7 @@ static struct stream_queue *oldest(gpupool_client *c) {
 
 /* Whether some stream has frees with no fence yet that one may still follow. Locked. */
 static bool unfenced(const gpupool_client *c) {
-        for (const struct stream_queue *sq = c->queues; sq; sq = sq->next)
+        for (const struct stream_queue *sq = c->streams.queues; sq; sq = sq->next)
                 if (sq->unfenced && !sq->gone)
                         return true;
         return false;
@@ -349,7 +354,7 @@ static bool unfenced(const gpupool_client *c) {
 static void fence_aged(gpupool_client *c) {
         uint64_t now = client_now_ns();
 
-        for (struct stream_queue *sq = c->queues; sq; sq = sq->next)
+        for (struct stream_queue *sq = c->streams.queues; sq; sq = sq->next)
                 if (sq->unfenced && now - sq->unfenced_since_ns >= STREAM_FENCE_AGE_NS)
                         (void) fence(c, sq);
 }
@@ -365,7 +370,7 @@ static void reaper_pause(gpupool_client *c, long ns) {
         ts.tv_nsec += ns;
         ts.tv_sec += ts.tv_nsec / 1000000000L;
         ts.tv_nsec %= 1000000000L;
-        while (!c->stopping && pthread_cond_timedwait(&c->deferred_cond, &c->lock, &ts) == 0)
+        while (!c->streams.stopping && pthread_cond_timedwait(&c->streams.cond, &c->lock, &ts) == 0)
                 ;
 }
 
@@ -382,18 +387,18 @@ static void *reaper_main(void *arg) {
                 unsigned d;
                 int done;
 
-                c->reaper_idle = true;
-                while (!c->stopping && !(sq = oldest(c))) {
+                c->streams.reaper_idle = true;
+                while (!c->streams.stopping && !(sq = oldest(c))) {
                         if (!unfenced(c)) {
-                                pthread_cond_wait(&c->deferred_cond, &c->lock);
+                                pthread_cond_wait(&c->streams.cond, &c->lock);
                                 continue;
                         }
                         /* Only frees with no fence yet: they get one once they have waited long enough. */
                         reaper_pause(c, (long) STREAM_FENCE_AGE_NS);
                         fence_aged(c);
                 }
-                c->reaper_idle = false;
-                if (c->stopping)
+                c->streams.reaper_idle = false;
+                if (c->streams.stopping)
                         break;
                 d = sq->device;
                 e = fence_at(sq, 0)->event;
@@ -402,16 +407,16 @@ static void *reaper_main(void *arg) {
                  * thread may complete this fence meanwhile: the event is then not recorded
                  * again until this wait has ended (fence_put()).
                  */
-                c->reaper_event = e;
-                c->reaper_event_done = false;
+                c->streams.reaper_event = e;
+                c->streams.reaper_event_done = false;
                 pthread_mutex_unlock(&c->lock);
                 done = drv(c)->event_wait(c, d, e);
                 pthread_mutex_lock(&c->lock);
-                c->reaper_event = NULL;
-                if (c->reaper_event_done)
+                c->streams.reaper_event = NULL;
+                if (c->streams.reaper_event_done)
                         drv(c)->event_put(c, d, e);
                 (void) client_stream_reap(c, false);
-                if (c->stopping)
+                if (c->streams.stopping)
                         break;
                 /* A driver error: look again later, not in a loop that pins a core. Else the next batch. */
                 backoff_ms = done < 0 ? (backoff_ms ? (backoff_ms < 500 ? backoff_ms * 2 : 1000) : 10) : 0;
@@ -425,23 +430,23 @@ void client_stream_forget(gpupool_client *c) {
         struct stream_queue *sq;
 
         /* The blocks they held go with the heaps (client_mappings_forget()). */
-        while ((sq = c->queues)) {
+        while ((sq = c->streams.queues)) {
                 for (unsigned i = 0; i < sq->count; i++)
                         drv(c)->event_put(c, sq->device, fence_at(sq, i)->event);
-                c->queues = sq->next;
+                c->streams.queues = sq->next;
                 free(sq->ring);
                 free(sq);
         }
 }
 
 void client_stream_stop(gpupool_client *c) {
-        if (!c->reaper_started)
+        if (!c->streams.reaper_started)
                 return;
-        c->stopping = true;
-        pthread_cond_broadcast(&c->deferred_cond);
+        c->streams.stopping = true;
+        pthread_cond_broadcast(&c->streams.cond);
         pthread_mutex_unlock(&c->lock);
-        pthread_join(c->reaper, NULL);
+        pthread_join(c->streams.reaper, NULL);
         pthread_mutex_lock(&c->lock);
-        c->reaper_started = false;
-        c->stopping = false;    /* a reconnected handle's next stream-ordered free starts a new one */
+        c->streams.reaper_started = false;
+        c->streams.stopping = false;    /* a reconnected handle's next stream-ordered free starts a new one */
 }

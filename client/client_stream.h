@@ -13,6 +13,9 @@
 /* No stream-ordered frees yet, at connect. */
 void client_stream_init(gpupool_client *c);
 
+/* The handle goes: what client_stream_init() made (the reaper stopped, the queues forgotten). */
+void client_stream_fini(gpupool_client *c);
+
 /*
  * Frees b, out of the live table, for an allocation on stream at once (held in its device's
  * heap for the stream's lane; b is gone), and for any other once a fence recorded after it
