@@ -284,7 +284,7 @@ static int alloc_on(gpupool_client *c, int device, size_t size, void *stream, bo
         if (size == 0)
                 return client_invalid(c, "cannot allocate 0 bytes: a request is 1 byte to 64 TiB");
         /* This thread's cache first, without the handle's lock (never inside a scope: its blocks are the scope's). */
-        if (rsize && !client_memory_lost(c) && !__atomic_load_n(&c->scope_depth, __ATOMIC_ACQUIRE) &&
+        if (rsize && !client_memory_lost(c) && !__atomic_load_n(&c->scope.depth, __ATOMIC_ACQUIRE) &&
             (b = client_tcache_take(c, device, rsize))) {
                 void *ptr = b->ptr;
 

@@ -251,11 +251,19 @@ struct gpupool_client {
         struct live_shard live[CLIENT_SHARDS];
         uint64_t epoch;                 /* atomic; written locked: bumped when every block is forgotten */
         uint64_t segments_imported;     /* segments mapped since connect */
-        uint64_t granules_mapped, granules_unmapped;    /* grow: those of the ranges of sessions before this one */
-        /* Open scopes, innermost last (gpupool_scope_begin/end). */
-        uint32_t scopes[CLIENT_MAX_SCOPES];
-        unsigned scope_depth;           /* written locked, read atomically (the threads' fast path) */
-        uint32_t next_scope;
+        /* Grow: the granules the ranges of sessions before this one mapped and unmapped (client_grow.c's). */
+        struct {
+                uint64_t mapped, unmapped;
+        } granules_before;
+        /*
+         * Open scopes, innermost last (gpupool_scope_begin/end): client_scope.c's; the pool
+         * tags a block with the innermost, and the threads' fast path reads depth.
+         */
+        struct {
+                uint32_t ids[CLIENT_MAX_SCOPES];
+                unsigned depth;         /* written locked, read atomically (the threads' fast path) */
+                uint32_t next;
+        } scope;
         struct tcache *tcaches;         /* the threads' caches of freed small blocks (client_tcache.c) */
         struct client_attachment *attachments;  /* named objects attached (client_objects.c) */
         uint64_t idle_return_ms;        /* empty segments go back after this long ($GPUPOOL_IDLE_RETURN; 0: never) */

@@ -143,8 +143,8 @@ static void grow_free(struct client_grow *g) {
         gpupool_client *c = g->client;
 
         /* Its maps and unmaps stay counted (gpupool_grow_stats()). */
-        c->granules_mapped += g->set.maps;
-        c->granules_unmapped += g->set.unmaps;
+        c->granules_before.mapped += g->set.maps;
+        c->granules_before.unmapped += g->set.unmaps;
         for (int k = 0; k < HEAP_CLASS_COUNT; k++) {
                 struct granule_range *r = &g->range[k];
 
@@ -412,7 +412,7 @@ void client_grow_index(gpupool_client *c, unsigned d, bool in) {
 }
 
 void client_grow_stats(gpupool_client *c, struct gpupool_grow_stats *st) {
-        *st = (struct gpupool_grow_stats) { .granules_mapped = c->granules_mapped, .granules_unmapped = c->granules_unmapped };
+        *st = (struct gpupool_grow_stats) { .granules_mapped = c->granules_before.mapped, .granules_unmapped = c->granules_before.unmapped };
         for (unsigned d = 0; d < c->device_count; d++) {
                 struct client_grow *g = c->devices[d].grow;
 

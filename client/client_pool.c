@@ -540,7 +540,7 @@ int client_pool_alloc(gpupool_client *c, unsigned d, int device, uint64_t rsize,
         b->local_device = device;
         b->stream = stream;
         b->epoch = c->epoch;
-        b->scope = c->scope_depth ? c->scopes[c->scope_depth - 1] : 0;
+        b->scope = c->scope.depth ? c->scope.ids[c->scope.depth - 1] : 0;
         r = client_live_insert(c, b);
         if (r < 0) {
                 /* Only a bug of ours puts two live blocks at one address. */

@@ -18,13 +18,13 @@ GPUPOOL_EXPORT int gpupool_scope_begin(gpupool_client *c) {
         if (!c)
                 return client_invalid(NULL, "%s: no handle (NULL): gpupool_connect() gives one", __func__);
         pthread_mutex_lock(&c->lock);
-        if (c->scope_depth == CLIENT_MAX_SCOPES) {
+        if (c->scope.depth == CLIENT_MAX_SCOPES) {
                 client_set_error(c, "scopes nest at most %d deep", CLIENT_MAX_SCOPES);
                 r = -EINVAL;
         } else {
-                c->scopes[c->scope_depth] = ++c->next_scope;
+                c->scope.ids[c->scope.depth] = ++c->scope.next;
                 /* The threads' fast path reads it unlocked: it serves no allocation inside a scope. */
-                __atomic_store_n(&c->scope_depth, c->scope_depth + 1, __ATOMIC_RELEASE);
+                __atomic_store_n(&c->scope.depth, c->scope.depth + 1, __ATOMIC_RELEASE);
         }
         pthread_mutex_unlock(&c->lock);
         return r;
@@ -36,13 +36,13 @@ GPUPOOL_EXPORT int gpupool_scope_end(gpupool_client *c) {
         if (!c)
                 return client_invalid(NULL, "%s: no handle (NULL): gpupool_connect() gives one", __func__);
         pthread_mutex_lock(&c->lock);
-        if (!c->scope_depth) {
+        if (!c->scope.depth) {
                 client_set_error(c, "gpupool_scope_end without gpupool_scope_begin");
                 pthread_mutex_unlock(&c->lock);
                 return -EINVAL;
         }
-        scope = c->scopes[c->scope_depth - 1];
-        __atomic_store_n(&c->scope_depth, c->scope_depth - 1, __ATOMIC_RELEASE);
+        scope = c->scope.ids[c->scope.depth - 1];
+        __atomic_store_n(&c->scope.depth, c->scope.depth - 1, __ATOMIC_RELEASE);
         for (unsigned i = 0; i < CLIENT_SHARDS; i++) {
                 struct live_shard *s = &c->live[i];
                 struct gp_rb_node *x, *next;
