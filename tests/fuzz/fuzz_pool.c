@@ -144,11 +144,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                         struct pool_lease l;
                         int r;
 
+                        /* One source alone, or the three in the eviction ladder's order (evict.c). */
+                        int step = data[1] / OWNERS % 4, last = step == 3 ? POOL_FROM_EVICTION : step;
+
                         if (m->n == MAX_LEASES)
                                 break;
-                        r = pool_lease(pool, &owners[o], want, headroom, &l);
+                        r = -ENOENT;
+                        for (int from = step == 3 ? POOL_FROM_CACHE : step; r == -ENOENT && from <= last; from++)
+                                r = pool_lease(pool, &owners[o], (enum pool_source) from, want, headroom, &l);
                         if (r < 0) {
-                                CHECK(r == -ENOMEM || r == -EDQUOT, "lease: unexpected %d", r);
+                                CHECK(r == -ENOMEM || r == -EDQUOT || (r == -ENOENT && last != POOL_FROM_EVICTION),
+                                      "lease from source %d: unexpected %d", step, r);
                                 break;
                         }
                         CHECK(l.segment_size >= want && l.segment_size % (2 * MiB) == 0 && l.segment_size <= headroom,
