@@ -41,7 +41,6 @@
 #define CLIENT_MAX_SCOPES 16
 #define CLIENT_SHARDS 32        /* live-block table shards: threads freeing different blocks rarely meet */
 #define CLIENT_RETURN_BATCH 256 /* segments per ReturnRequest or ReclaimReply: what the daemon takes in one */
-#define CLIENT_IPC_HANDLE_BYTES 64      /* a segment's IPC handle, as the wire carries it (mem->ipc) */
 
 /* An event of a GPU's driver (client_mem.h's driver table; a CUevent): one fence on a stream. */
 typedef void *client_event;
@@ -84,7 +83,7 @@ struct mapping {
         unsigned device;                /* the daemon's index */
         bool grow;                      /* a range that grows in place (client_grow.c), in no tree */
         int fd;                         /* its descriptor, kept for a later daemon to adopt (-1: none) */
-        uint8_t handle[CLIENT_IPC_HANDLE_BYTES];        /* where segments come as IPC handles (mem->ipc) */
+        uint8_t handle[GP_IPC_HANDLE_BYTES];        /* where segments come as IPC handles (mem->ipc) */
         struct gp_rb_node by_addr;
         struct gp_rb_node by_id;
         struct gp_rb_node by_handle;    /* mem->ipc only */

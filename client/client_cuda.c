@@ -33,7 +33,7 @@
 #include <string.h>
 #include <unistd.h>
 
-_Static_assert(CLIENT_IPC_HANDLE_BYTES == GP_CU_IPC_HANDLE_SIZE, "the wire's IPC handle is CUDA's");
+_Static_assert(GP_IPC_HANDLE_BYTES == GP_CU_IPC_HANDLE_SIZE, "the wire's IPC handle is CUDA's");
 _Static_assert(sizeof(client_event) == sizeof(gp_cu_event), "a fence's event is a CUevent");
 
 /* What the driver keeps of one of the daemon's devices in this process. */
@@ -126,8 +126,6 @@ static void match_devices(gpupool_client *c, const Gpupool__HelloReply *hello, i
         }
 }
 
-static void cuda_teardown(gpupool_client *c);
-
 static int cuda_setup(gpupool_client *c, const Gpupool__HelloReply *hello) {
         struct cuda_state *s;
         char err[256];
@@ -136,8 +134,7 @@ static int cuda_setup(gpupool_client *c, const Gpupool__HelloReply *hello) {
         for (int i = 0; i < CLIENT_MAX_DEVICES; i++)
                 c->local_to_daemon[i] = -1;
         c->local_count = 0;
-        /* The CUDA side of each device starts afresh; the process's pool on it is not ours to touch. */
-        cuda_teardown(c);
+        /* A fresh state: the last session's went with its teardown (drop_everything()). */
         s = calloc(1, sizeof(*s));
         if (!s) {
                 client_set_error(c, "out of memory for the CUDA driver's state");

@@ -116,7 +116,7 @@ struct client_mem_ops {
         /*
          * Maps an object's segment of size bytes of device d, read-only where the backend can
          * (not cuda: an IPC handle opens read-write), at *ret: fd (still the caller's), or
-         * where segments come as IPC handles, ipc_handle (CLIENT_IPC_HANDLE_BYTES).
+         * where segments come as IPC handles, ipc_handle (GP_IPC_HANDLE_BYTES).
          */
         int (*map_read)(gpupool_client *c, unsigned d, int fd, const uint8_t *ipc_handle, uint64_t size, uint8_t **ret);
         /* Unmaps what map_read() mapped, or a segment's mapping protect() made read-only. */

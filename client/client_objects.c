@@ -275,7 +275,7 @@ static int attach(gpupool_client *c, const char *name, int64_t publisher, const 
                 goto out;
         reply = rep->attach_reply;
         a = calloc(1, sizeof(*a));
-        if (!a || (c->mem->ipc ? !reply->has_ipc_handle || reply->ipc_handle.len != CLIENT_IPC_HANDLE_BYTES : fd < 0) ||
+        if (!a || (c->mem->ipc ? !reply->has_ipc_handle || reply->ipc_handle.len != GP_IPC_HANDLE_BYTES : fd < 0) ||
             reply->device >= c->device_count || reply->offset > reply->segment_size ||
             reply->size > reply->segment_size - reply->offset) {
                 client_set_error(c, "gpupoold attached '%s' without a segment that holds it", name);

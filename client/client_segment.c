@@ -33,7 +33,7 @@ static int cmp_id(const struct gp_rb_node *x, const struct gp_rb_node *y) {
 
 static int cmp_handle(const struct gp_rb_node *x, const struct gp_rb_node *y) {
         return memcmp(gp_rb_entry(x, struct mapping, by_handle)->handle, gp_rb_entry(y, struct mapping, by_handle)->handle,
-                      CLIENT_IPC_HANDLE_BYTES);
+                      GP_IPC_HANDLE_BYTES);
 }
 
 static int cmp_block(const struct gp_rb_node *x, const struct gp_rb_node *y) {
@@ -130,11 +130,11 @@ void client_mapping_drop(gpupool_client *c, struct mapping *m) {
 
 /* What identifies a segment that comes as an IPC handle: one open per allocation per process. Returns 0 or -EPROTO. */
 static int take_handle(gpupool_client *c, struct mapping *m, const ProtobufCBinaryData *ipc_handle) {
-        if (!ipc_handle || ipc_handle->len != CLIENT_IPC_HANDLE_BYTES) {
+        if (!ipc_handle || ipc_handle->len != GP_IPC_HANDLE_BYTES) {
                 client_set_error(c, "gpupoold sent a CUDA segment without its IPC handle");
                 return -EPROTO;
         }
-        memcpy(m->handle, ipc_handle->data, CLIENT_IPC_HANDLE_BYTES);
+        memcpy(m->handle, ipc_handle->data, GP_IPC_HANDLE_BYTES);
         /* A handle we hold already means we disagree with the daemon. */
         if (gp_rb_find(&c->by_handle, &m->by_handle)) {
                 client_set_error(c, "gpupoold handed over a segment this process already has open");

@@ -44,6 +44,9 @@
 /* Packs env into buf. Returns the length, or -EMSGSIZE when it does not fit in size bytes. */
 int gp_wire_pack(const Gpupool__Envelope *env, uint8_t *buf, size_t size);
 
+/* A segment's legacy CUDA IPC handle (cuIpcGetMemHandle), as the wire carries it: the cuda backend's. */
+#define GP_IPC_HANDLE_BYTES 64
+
 /* The granule of segments that grow in place: a granule lease's segments are this size. */
 #define GP_GRANULE_BYTES (2ULL << 20)
 /* The most granules one lease brings (a descriptor each, in one packet). */

@@ -14,8 +14,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "wire.h"
+
 #define BACKEND_MAX_DEVICES 64
-#define BACKEND_IPC_HANDLE_BYTES 64
 
 /* One segment of backend memory, as the backend made it. */
 struct backend_mem {
@@ -23,7 +24,7 @@ struct backend_mem {
         uint64_t addr;          /* cuda: device pointer (cuda-vmm: the daemon's own mapping); 0 otherwise */
         uint64_t vmm_handle;    /* cuda-vmm: the physical allocation (CUmemGenericAllocationHandle) */
         uint64_t ident;         /* cuda-vmm: the driver's name for the allocation (mem_ident), 0: none */
-        uint8_t ipc_handle[BACKEND_IPC_HANDLE_BYTES];   /* cuda: exported handle */
+        uint8_t ipc_handle[GP_IPC_HANDLE_BYTES];        /* cuda: exported handle */
         size_t ipc_handle_len;  /* 0 when the backend exports a file descriptor */
         void *zeroing;          /* cuda: the event a zeroing under way will complete, or NULL */
 };

@@ -38,6 +38,8 @@
 
 #include "size.h"
 
+_Static_assert(GP_IPC_HANDLE_BYTES == GP_CU_IPC_HANDLE_SIZE, "the wire's IPC handle is CUDA's");
+
 void backend_uuid_text(const uint8_t u[16], bool mig, char buf[BACKEND_UUID_TEXT_MAX]) {
         snprintf(buf, BACKEND_UUID_TEXT_MAX, "%s-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x",
                  mig ? "MIG" : "GPU", u[0], u[1], u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12],

@@ -169,12 +169,17 @@ static uint64_t cache_release_oldest(struct pool *p) {
         return size;
 }
 
+/* Whether size more bytes fit the capacity and, where bounded, room (what the device has free beyond its headroom). */
+static bool fits(const struct pool *p, uint64_t size, bool bounded, int64_t room) {
+        return p->reserved_bytes + size <= p->capacity_bytes && (!bounded || (int64_t) size <= room);
+}
+
 /*
- * Evicts cached segments, oldest first, until size more bytes fit the capacity and, where
- * bounded, room (the device's own, which each release adds to). False if the cache runs out.
+ * Evicts cached segments, oldest first, until size more bytes fit (fits(); each release adds
+ * to room). False if the cache runs out.
  */
 static bool make_room(struct pool *p, uint64_t size, bool bounded, int64_t room) {
-        while (p->reserved_bytes + size > p->capacity_bytes || (bounded && (int64_t) size > room)) {
+        while (!fits(p, size, bounded, room)) {
                 uint64_t released = cache_release_oldest(p);
 
                 if (!released)
@@ -383,6 +388,15 @@ static int segment_create(struct pool *p, uint64_t size, struct segment **ret) {
 }
 
 /*
+ * Whether the backend's failure r to make a segment may be the cache's doing: it is fuller than
+ * our count says (other users), or out of descriptors (a host segment is one), with segments
+ * cached that, released, make room.
+ */
+static bool backend_short(const struct pool *p, int r) {
+        return (r == -ENOMEM || r == -EMFILE || r == -ENFILE) && p->cached_bytes;
+}
+
+/*
  * Finds or makes a segment for a request of rsize bytes from one source (pool.h), by policy's
  * rules (policy.h): the class size if the headroom allows, else the smallest that serves.
  * -ENOENT: none from this source.
@@ -408,20 +422,16 @@ static int segment_obtain(struct pool *p, enum pool_source from, uint64_t rsize,
                 left = room < 0 ? 0 : (uint64_t) room;
         want = policy_segment_bytes(rsize, headroom < left ? headroom : left);
         if (from == POOL_FROM_FREE) {
-                if (p->reserved_bytes + want > p->capacity_bytes || (bounded && (int64_t) want > room))
+                if (!fits(p, want, bounded, room))
                         return -ENOENT;
                 r = segment_create(p, want, ret);
-                /* The backend is fuller than our count says, or out of descriptors: the cache, released, may serve. */
-                return (r == -ENOMEM || r == -EMFILE || r == -ENFILE) && p->cached_bytes ? -ENOENT : r;
+                return backend_short(p, r) ? -ENOENT : r;      /* the cache, released, may serve */
         }
         if (!make_room(p, want, bounded, room))
                 return -ENOMEM;
         r = segment_create(p, want, ret);
-        if ((r == -ENOMEM || r == -EMFILE || r == -ENFILE) && p->cached_bytes) {
-                /*
-                 * The backend is fuller than our count says (other users), or out of
-                 * descriptors (a host segment is one): the whole cache goes, and a retry.
-                 */
+        if (backend_short(p, r)) {
+                /* The whole cache goes, and a retry. */
                 while (cache_release_oldest(p))
                         p->evictions++;
                 r = segment_create(p, want, ret);
