@@ -21,7 +21,8 @@
 #   make bench-gpu            allocation latency: driver, driver pool, gpupool (needs a GPU)
 #   make bench-pending        allocation cost with 10,000 stream-ordered frees pending (GPU or fake driver)
 #   make bench-driver         each driver call of the stream-ordered path, a granule move, the capture rules (GPU or fake driver)
-#   make gpu-validate         on a GPU machine: check-gpu, bench-gpu, bench-pending, bench-driver, bench-frameworks(-grow), bench-objects; logs in bench/results
+#   make gpu-validate         on a GPU machine: vmm-probe, check-gpu, bench-frameworks(-grow, -elastic), bench-objects, bench-gpu,
+#                             bench-driver, bench-pending, replay; logs in bench/results (GPU_VALIDATE_BUDGET bounds the run)
 #   make STATIC=1             link libuv, protobuf-c, jansson, inih and Check statically
 #   make V=1                  show the commands
 #   make deps                 install the Debian/Ubuntu packages the build needs
@@ -259,7 +260,7 @@ $(HOOKS_THROW): tests/hooks_throw.cc include/gpupool.h $(LIB_SO)
 # The units (systemd-analyze verify), install into a temporary DESTDIR (a program built against
 # it with pkg-config), the man pages against the programs' options and the Python package come
 # first; the Check suites last, so that their summary ends the output.
-test: all $(TEST_BIN) $(FAKECUDA) $(BENCH_PENDING) $(BENCH_LAG) $(HOOKS_THROW) $(CUDA_ABI_OK) $(B)/obj/daemon/main.o $(DAEMON_TEST_O)
+test: all $(TEST_BIN) $(FAKECUDA) $(BENCH_PENDING) $(BENCH_LAG) $(BENCH_REPLAY) $(HOOKS_THROW) $(CUDA_ABI_OK) $(B)/obj/daemon/main.o $(DAEMON_TEST_O)
 	$(Q)B=$(B) tests/check-units.sh
 	$(Q)B=$(B) MAKE="$(MAKE)" MAKEFLAGS= tests/check-install.sh "SANITIZER=$(SANITIZER)" "STATIC=$(STATIC)"
 	$(Q)B=$(B) tests/check-man.sh
@@ -445,12 +446,14 @@ bench-driver: all $(BENCH_DRIVER) $(FAKECUDA)
 	$(call bench_gpu_or_fake,$(BENCH_DRIVER),driver)
 
 # Everything gpu-validate runs, built (with STATIC=1 to carry it to a machine without the libraries).
-gpu-tools: all $(GPU_TEST_BIN) $(BENCH_GPU) $(BENCH_PENDING) $(BENCH_DRIVER) $(BENCH_OBJECTS) $(VMM_PROBE)
+gpu-tools: all $(GPU_TEST_BIN) $(BENCH_GPU) $(BENCH_PENDING) $(BENCH_DRIVER) $(BENCH_OBJECTS) $(VMM_PROBE) $(BENCH_REPLAY)
 
-# On a GPU machine: check-gpu, bench-gpu, bench-pending, bench-driver, bench-frameworks and its
-# throughput with GPUPOOL_SEGMENTS=grow on cuda-vmm against build/ as it is
-# (bench/gpu-validate.sh builds nothing), one log per part in bench/results/, named by the run's
-# time, commit and GPU (never overwritten); GPU_VALIDATE_PARTS="check-gpu bench-gpu" runs some.
+# On a GPU machine: the driver's answers (vmm-probe), check-gpu, bench-frameworks with its
+# throughput with GPUPOOL_SEGMENTS=grow on cuda-vmm and its elasticity, bench-objects,
+# bench-gpu, bench-driver, bench-pending and the traces replayed on both cuda backends, against
+# build/ as it is (bench/gpu-validate.sh builds nothing), one log per part in bench/results/,
+# named by the run's time, commit and GPU (never overwritten); GPU_VALIDATE_PARTS="check-gpu
+# bench-gpu" runs some, GPU_VALIDATE_BUDGET=SECONDS stops the run in time to write its logs.
 gpu-validate:
 	$(Q)sh bench/gpu-validate.sh $(B)
 

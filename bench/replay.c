@@ -11,7 +11,8 @@
  *                 ns/op (it leases and maps nothing, so only its times are printed);
  *   process       libgpupool: the process's own pool over segments leased from the daemon whole;
  *   grow          the same with GPUPOOL_SEGMENTS=grow: segments that grow in place, over 2 MiB
- *                 granules leased up to 128 at a time (a granule counts as a segment imported).
+ *                 granules leased up to 128 at a time (a granule counts as a segment imported);
+ *                 not on the legacy cuda backend, whose segments are always whole.
  *
  * Per trace and way it prints:
  *
@@ -32,7 +33,10 @@
  * Memory is never touched: the host backend's segments are memfds that cost no RAM until
  * written.
  *
- * Usage: replay --build DIR TRACE.csv...
+ * With --backend cuda or cuda-vmm the daemon leases GPU 0's memory (cuda: legacy IPC handles,
+ * one cuIpcOpenMemHandle per import; cuda-vmm: descriptors) and the figures are the driver's.
+ *
+ * Usage: replay --build DIR [--backend host|cuda|cuda-vmm] TRACE.csv...
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -203,22 +207,25 @@ int main(int argc, char **argv) {
         static const char *defaults[] = { "GPUPOOL_TIMEOUT", "GPUPOOL_IDLE_RETURN", "GPUPOOL_SEGMENTS" };
         static const char *const ways[] = { "process", "grow" };
         const char *build = NULL;
-        int opt, failed = 0;
+        int opt, failed = 0, nways;
 
         while ((opt = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
                 if (opt == 'b')
                         build = optarg;
-                else if (opt == 'B' && (strcmp(optarg, "host") == 0 || strcmp(optarg, "cuda-vmm") == 0))
+                else if (opt == 'B' && (strcmp(optarg, "host") == 0 || strcmp(optarg, "cuda") == 0 ||
+                                        strcmp(optarg, "cuda-vmm") == 0))
                         backend = optarg;
                 else {
-                        fprintf(stderr, "usage: replay --build DIR [--backend host|cuda-vmm] TRACE.csv...\n");
+                        fprintf(stderr, "usage: replay --build DIR [--backend host|cuda|cuda-vmm] TRACE.csv...\n");
                         return 2;
                 }
         }
         if (!build || optind == argc) {
-                fprintf(stderr, "usage: replay --build DIR [--backend host|cuda-vmm] TRACE.csv...\n");
+                fprintf(stderr, "usage: replay --build DIR [--backend host|cuda|cuda-vmm] TRACE.csv...\n");
                 return 2;
         }
+        /* The legacy cuda backend's segments are whole: a grow row would be the process row again. */
+        nways = strcmp(backend, "cuda") == 0 ? 1 : 2;
         for (size_t i = 0; i < sizeof(defaults) / sizeof(defaults[0]); i++)
                 unsetenv(defaults[i]);
         snprintf(dir, sizeof(dir), "/tmp/gpupool-replay.XXXXXX");
@@ -227,7 +234,7 @@ int main(int argc, char **argv) {
                 return 1;
         }
         snprintf(sock_path, sizeof(sock_path), "%s/gpupool.sock", dir);
-        printf("# backend %s\n", backend);
+        printf("# backend %s%s\n", backend, nways == 1 ? " (whole segments only: it does not grow them in place)" : "");
         printf("%-14s %-8s %7s %17s %15s %23s %12s %12s %6s %15s %15s\n", "trace", "pool", "ops", "round trips", "imports",
                "ns/op", "peak leased", "peak in use", "ratio", "granule maps", "unmaps");
         printf("%-14s %-8s %7s %8s %8s %7s %7s %7s %7s %7s %12s %12s %6s %7s %7s %7s %7s\n", "", "", "", "all", "2nd half", "all",
@@ -248,7 +255,7 @@ int main(int argc, char **argv) {
                         printf("%-14s %-8s %7zu %8s %8s %7s %7s %7.0f %7.0f %7.0f %12s %12s %6s %7s %7s %7s %7s\n",
                                trace_name(argv[a], name, sizeof(name)), "malloc", res.ops, "-", "-", "-", "-", res.median_ns,
                                res.p99_ns, res.mean_ns, "-", "-", "-", "-", "-", "-", "-");
-                for (int w = 0; w < 2; w++) {
+                for (int w = 0; w < nways; w++) {
                         if (w == 1)
                                 setenv("GPUPOOL_SEGMENTS", "grow", 1);
                         pid = start_daemon(build);
