@@ -1,5 +1,6 @@
 /*
- * pool.c: the node's segments on one device (see pool.h for the model).
+ * pool.c: the node's segments on one device (see pool.h for the model; the segment and the pool
+ * are in pool_internal.h, shared with pool_check.c, the invariants).
  *
  * Data structures, all intrusive red-black trees so that no operation scans:
  *   pool->segments_by_id         every segment the pool holds from the backend
@@ -10,6 +11,7 @@
  *                                adoption checks, so that no memory is the pool's twice
  */
 #include "pool.h"
+#include "pool_internal.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -21,53 +23,6 @@
 
 #include "policy.h"
 #include "wire.h"
-
-/*
- * A segment is leased to its owner (owner set), in the pool's cache, or being zeroed (owner
- * NULL, zeroing set: in pool->zeroing until the backend says it is zero, then cached clean).
- */
-struct segment {
-        uint64_t id;
-        uint64_t size;
-        struct pool_owner *owner;
-        uint64_t last_principal;
-        bool has_principal;
-        bool to_backend;                /* reclaimed by a flush: straight back to the backend once released */
-        bool sealing, sealed;           /* a seal under way off the loop, or done: back to the backend once released */
-        bool zeroing;
-        uint64_t cache_seq;
-        uint64_t cached_at_ms;          /* when it entered the cache */
-        uint64_t ident;                 /* the backend's name for its memory (mem_ident), 0: none */
-        struct backend_mem mem;
-        struct gp_rb_node by_id;        /* pool->segments_by_id */
-        struct gp_rb_node owner_node;   /* owner->segments_by_id, pool->cache_by_size or pool->zeroing */
-        struct gp_rb_node age_node;     /* pool->cache_by_age */
-        struct gp_rb_node ident_node;   /* pool->by_ident, where ident is set */
-};
-
-struct pool {
-        struct backend *backend;
-        unsigned device;
-        uint64_t capacity_bytes;
-        uint64_t reserved_bytes;
-        uint64_t reported_in_use_bytes; /* what owners report */
-        uint64_t cached_bytes;
-        uint64_t next_id;
-        uint64_t cache_seq;
-        uint64_t evictions, idle_releases, watermark_releases;
-        uint64_t (*clock_ms)(void *ctx);
-        void *clock_ctx;
-        struct gp_rb_tree segments_by_id;
-        struct gp_rb_tree cache_by_size;
-        struct gp_rb_tree cache_by_age;
-        struct gp_rb_tree zeroing;      /* by id: segments whose zeroing runs on the device */
-        struct gp_rb_tree by_ident;     /* segments by ident, those with one */
-        uint64_t zeroing_bytes;
-        struct backend_device_memory gpu;       /* the device's memory at the last reading */
-        bool gpu_known;                         /* the backend tells it (pool_read_device) */
-        uint64_t headroom_releases;
-        struct pool_owner *owners;
-};
 
 #define CMP(a, b) ((a) < (b) ? -1 : (a) > (b))
 
@@ -725,79 +680,4 @@ uint64_t pool_trim_cache(struct pool *p, uint64_t max_cached_bytes) {
                 p->watermark_releases++;
         }
         return bytes;
-}
-
-#define FAIL(...)                                       \
-        do {                                            \
-                snprintf(why, why_size, __VA_ARGS__);   \
-                return -EUCLEAN;                        \
-        } while (0)
-
-int pool_check(const struct pool *p, char *why, size_t why_size) {
-        uint64_t reserved = 0, cached = 0, cached_count = 0, owned = 0, reported = 0, zeroing = 0, idents = 0;
-
-        if (gp_rb_verify(&p->segments_by_id) || gp_rb_verify(&p->cache_by_size) ||
-            gp_rb_verify(&p->cache_by_age))
-                FAIL("a pool index is not a valid red-black tree");
-        for (struct gp_rb_node *n = gp_rb_first(&p->segments_by_id); n; n = gp_rb_next(n)) {
-                const struct segment *s = gp_rb_entry(n, struct segment, by_id);
-
-                reserved += s->size;
-                if (s->ident && gp_rb_find(&p->by_ident, &s->ident_node) != &s->ident_node)
-                        FAIL("segment %" PRIu64 " is not found by its memory's name", s->id);
-                idents += s->ident != 0;
-                if (s->zeroing) {
-                        if (s->owner || gp_rb_find(&p->zeroing, &s->owner_node) != &s->owner_node)
-                                FAIL("segment %" PRIu64 " is being zeroed but not in the pool's list", s->id);
-                        zeroing += s->size;
-                } else if (!s->owner) {
-                        if (gp_rb_find(&p->cache_by_age, &s->age_node) != &s->age_node)
-                                FAIL("segment %" PRIu64 " is neither leased nor cached", s->id);
-                        cached += s->size;
-                        cached_count++;
-                } else if (s->owner->pool != p) {
-                        FAIL("segment %" PRIu64 " is leased to no owner of this pool", s->id);
-                } else {
-                        owned++;
-                }
-        }
-        if (reserved != p->reserved_bytes || cached != p->cached_bytes ||
-            cached_count != p->cache_by_size.count || cached_count != p->cache_by_age.count)
-                FAIL("device %u: reserved %" PRIu64 " (counted %" PRIu64 "), cached %" PRIu64 " (counted %" PRIu64 ")",
-                     p->device, reserved, p->reserved_bytes, cached, p->cached_bytes);
-        if (zeroing != p->zeroing_bytes || gp_rb_verify(&p->zeroing))
-                FAIL("device %u: %" PRIu64 " bytes being zeroed (counted %" PRIu64 ")", p->device, zeroing, p->zeroing_bytes);
-        if (idents != p->by_ident.count || gp_rb_verify(&p->by_ident))
-                FAIL("device %u: %" PRIu64 " segments named by their memory, %zu in the index", p->device, idents,
-                     p->by_ident.count);
-        if (p->reserved_bytes > p->capacity_bytes)
-                FAIL("device %u: reserved %" PRIu64 " over capacity %" PRIu64, p->device, p->reserved_bytes, p->capacity_bytes);
-
-        for (const struct pool_owner *o = p->owners; o; o = o->next) {
-                uint64_t o_reserved = 0;
-
-                reported += o->reported_in_use_bytes;
-                if (o->reported_in_use_bytes + o->reported_held_free_bytes > o->reserved_bytes)
-                        FAIL("owner: reports %" PRIu64 " in use and %" PRIu64 " free of %" PRIu64 " leased",
-                             o->reported_in_use_bytes, o->reported_held_free_bytes, o->reserved_bytes);
-                if (gp_rb_verify(&o->segments_by_id))
-                        FAIL("an owner's segment index is not a valid red-black tree");
-                for (struct gp_rb_node *n = gp_rb_first(&o->segments_by_id); n; n = gp_rb_next(n)) {
-                        const struct segment *s = gp_rb_entry(n, struct segment, owner_node);
-
-                        if (s->owner != o)
-                                FAIL("segment %" PRIu64 " is in an owner's index but not its", s->id);
-                        o_reserved += s->size;
-                        owned--;
-                }
-                if (o_reserved != o->reserved_bytes || o->segments != o->segments_by_id.count)
-                        FAIL("owner: reserved %" PRIu64 "/%" PRIu64 ", segments %" PRIu64 "/%zu", o_reserved,
-                             o->reserved_bytes, o->segments, o->segments_by_id.count);
-        }
-        if (owned != 0)
-                FAIL("device %u: %" PRIu64 " leased segments belong to no attached owner", p->device, owned);
-        if (reported != p->reported_in_use_bytes)
-                FAIL("device %u: reported in use %" PRIu64 ", counted %" PRIu64, p->device, reported,
-                     p->reported_in_use_bytes);
-        return 0;
 }
