@@ -52,7 +52,7 @@ done
 [ -n "$(echo $parts)" ] || { echo "gpu-validate: GPU_VALIDATE_PARTS names no part; the parts: $all_parts" >&2; exit 2; }
 budget=${GPU_VALIDATE_BUDGET:-}
 case $budget in
-''|*[!0-9]*) [ -z "$budget" ] || { echo "gpu-validate: GPU_VALIDATE_BUDGET '$budget' is not a number of seconds" >&2; exit 2; } ;;
+*[!0-9]*) echo "gpu-validate: GPU_VALIDATE_BUDGET '$budget' is not a number of seconds" >&2; exit 2 ;;
 esac
 traces=${GPU_VALIDATE_TRACES:-$(ls bench/traces/*.csv ../shared/traces/*.csv 2>/dev/null)}
 # What each chosen part runs from the build.
