@@ -23,7 +23,7 @@ struct identity_pod {
 /* Where the daemon's cgroup namespace lies (identity_view_init()). */
 static struct {
         int depth;                              /* its root's levels below the host's: 0 in the host's namespace */
-        char pod[IDENTITY_POD_UID_LEN + 1];     /* the pod the daemon runs in ($GPUPOOL_POD_UID), or "" */
+        char pod[IDENTITY_POD_UID_LEN + 1];     /* the pod the daemon runs in ($GPUPOOL_POD_UID), or "": a claim, for the log */
 } view;
 
 static bool uid_at(const char *s, char ret[IDENTITY_POD_UID_LEN + 1]);
@@ -75,6 +75,18 @@ void identity_view_set(int depth, const char *pod) {
         snprintf(view.pod, sizeof(view.pod), "%s", pod ? pod : "");
 }
 
+/*
+ * Whether pod is the one the daemon's own cgroup names, where the kernel shows it (in the
+ * host's namespace): the one pod whose clients are the daemon's own. Never taken from
+ * $GPUPOOL_POD_UID, which only says that the daemon runs in a pod (and may be wrong).
+ */
+static bool own_pod_is(const char *pod) {
+        char mine[IDENTITY_MAX_CGROUP], own[IDENTITY_POD_UID_LEN + 1];
+
+        return !view.depth && read_raw(getpid(), mine) == 0 && mine[0] == '/' && identity_pod_uid(mine, own) &&
+               strcmp(own, pod) == 0;
+}
+
 int identity_view_init(char *what, size_t what_size) {
         char init[IDENTITY_MAX_CGROUP], pod[IDENTITY_POD_UID_LEN + 1] = "";
         const char *env = getenv("GPUPOOL_POD_UID"), *rest;
@@ -89,14 +101,18 @@ int identity_view_init(char *what, size_t what_size) {
         }
         identity_view_set(depth, pod);
         if (!depth)
-                snprintf(what, what_size, "cgroups: in the host's cgroup namespace");
+                snprintf(what, what_size, "cgroups: in the host's cgroup namespace; pods by the kubelet's cgroup names "
+                         "(systemd and cgroupfs drivers)");
         else if (pod[0])
-                snprintf(what, what_size, "cgroups: in a cgroup namespace %d levels below the host's root, in pod %s "
-                         "($GPUPOOL_POD_UID): other pods' cgroups are read by the systemd driver's slice names", depth, pod);
+                snprintf(what, what_size, "cgroups: in a cgroup namespace %d levels below the host's root, in a pod "
+                         "($GPUPOOL_POD_UID %s): other pods by the kubelet's cgroup names (systemd and cgroupfs drivers); "
+                         "a client whose cgroup names none is a principal of its own and never the operator", depth, pod);
         else
                 snprintf(what, what_size, "cgroups: in a cgroup namespace %d levels below the host's root and "
-                         "$GPUPOOL_POD_UID unset: only clients outside it are told apart by pod (the DaemonSet sets it)",
-                         depth);
+                         "$GPUPOOL_POD_UID unset: pods by the kubelet's cgroup names (systemd and cgroupfs drivers); the "
+                         "daemon's own container is its own, and a client beside it (another container of its pod, or "
+                         "of no pod) cannot be placed: a principal of its own, never the operator (the DaemonSet sets "
+                         "$GPUPOOL_POD_UID)", depth);
         return 0;
 }
 
@@ -112,11 +128,13 @@ int identity_resolve(const char *raw, char buf[IDENTITY_MAX_CGROUP]) {
         first = rest[0] == '/' ? rest + 1 : rest;
         end = strchrnul(first, '/');
         /*
-         * Below a level the daemon's namespace hides, in the daemon's own pod: the kubelet's tree.
-         * A systemd slice's name says where it is ("kubepods-besteffort-pod<UID>.slice" is in
-         * kubepods-besteffort.slice, in kubepods.slice): the path from the host's root follows.
+         * Below a level the daemon's namespace hides, two or more above its own cgroup: the
+         * kubelet's tree, where the daemon runs in a pod. A systemd slice's name says where it
+         * is ("kubepods-besteffort-pod<UID>.slice" is in kubepods-besteffort.slice, in
+         * kubepods.slice): the path from the host's root follows. Only root makes cgroups there
+         * (a user's delegated subtree is under user.slice, which a path from the root shows).
          */
-        if (m < view.depth && m >= 2 && view.pod[0] && strncmp(first, "kubepods", 8) == 0 && end - first > 6 &&
+        if (m < view.depth && m >= 2 && strncmp(first, "kubepods", 8) == 0 && end - first > 6 &&
             strncmp(end - 6, ".slice", 6) == 0) {
                 /* Each prefix up to a dash, and the whole name, is a slice of its own: "/a.slice/a-b.slice/a-b-c.slice". */
                 for (const char *q = first, *base_end = end - 6;; q++)
@@ -163,21 +181,61 @@ static bool uid_at(const char *s, char ret[IDENTITY_POD_UID_LEN + 1]) {
         return true;
 }
 
+/*
+ * How many levels a path relative to the daemon's cgroup namespace climbs ("." none, ".." one,
+ * "../.." two), and the rest after them ("" or "/..."); -1 for a path from the host's root.
+ */
+static int relative_climbs(const char *cgroup, const char **rest) {
+        int m = 0;
+
+        if (cgroup[0] != '.')
+                return -1;
+        if (cgroup[1] != '.') {
+                *rest = cgroup + 1;
+                return 0;
+        }
+        for (;;) {
+                m++;
+                cgroup += 2;
+                if (strncmp(cgroup, "/..", 3) != 0 || (cgroup[3] != '/' && cgroup[3] != '\0'))
+                        break;
+                cgroup++;
+        }
+        *rest = cgroup;
+        return m;
+}
+
+/* Whether the path element at s (up to end) is exactly "pod<UID>" (the cgroupfs driver's); the UID into ret. */
+static bool cgroupfs_pod_at(const char *s, const char *end, char ret[IDENTITY_POD_UID_LEN + 1]) {
+        return end - s == 3 + IDENTITY_POD_UID_LEN && strncmp(s, "pod", 3) == 0 && uid_at(s + 3, ret);
+}
+
 bool identity_pod_uid(const char *cgroup, char ret[IDENTITY_POD_UID_LEN + 1]) {
-        const char *p;
+        const char *p, *rest;
+        int m = relative_climbs(cgroup, &rest);
 
         /*
-         * Relative to the daemon's cgroup namespace (identity_resolve()): its own container, or
-         * a sibling of it, is the daemon's pod, when it knows which; nothing else is known.
+         * Relative to the daemon's cgroup namespace, two or more levels above its own cgroup:
+         * the kubelet's cgroupfs driver's tree, which a path cannot be rebuilt from (the QoS
+         * class of the daemon's pod is hidden), in its shapes: a pod beside the daemon's
+         * ("../../pod<UID>/c"), in another QoS class ("../../../burstable/pod<UID>/c"), or a
+         * guaranteed pod (".../../pod<UID>/c"). The systemd driver's slices were rebuilt into a
+         * path from the root (identity_resolve()). Nothing else relative names a pod.
          */
-        if (cgroup[0] == '.') {
-                bool own = strcmp(cgroup, ".") == 0 || strncmp(cgroup, "./", 2) == 0 ||
-                           (strncmp(cgroup, "../", 3) == 0 && strncmp(cgroup, "../..", 5) != 0) || strcmp(cgroup, "..") == 0;
+        if (m >= 0) {
+                const char *first, *end;
 
-                if (!own || !view.pod[0])
+                if (m < 2 || rest[0] != '/')
                         return false;
-                memcpy(ret, view.pod, sizeof(view.pod));
-                return true;
+                first = rest + 1;
+                end = strchrnul(first, '/');
+                if (cgroupfs_pod_at(first, end, ret))
+                        return true;
+                if (*end != '/' || !((end - first == 9 && strncmp(first, "burstable", 9) == 0) ||
+                                     (end - first == 10 && strncmp(first, "besteffort", 10) == 0)))
+                        return false;
+                first = end + 1;
+                return cgroupfs_pod_at(first, strchrnul(first, '/'), ret);
         }
         /* Only the kubelet's tree names pods: a path elsewhere that says "pod" is not one. */
         if (strncmp(cgroup, "/kubepods", 9) != 0 || (cgroup[9] != '/' && cgroup[9] != '.' && cgroup[9] != '\0'))
@@ -193,6 +251,33 @@ bool identity_pod_uid(const char *cgroup, char ret[IDENTITY_POD_UID_LEN + 1]) {
                                 return true;
         }
         return false;
+}
+
+enum identity_place identity_place(const char *cgroup, char ret_pod[IDENTITY_POD_UID_LEN + 1]) {
+        const char *rest;
+        int m;
+
+        ret_pod[0] = '\0';
+        if (!cgroup || !cgroup[0])
+                return IDENTITY_UNPLACED;
+        m = relative_climbs(cgroup, &rest);
+        /* The daemon's own container (kubectl exec lands there), whatever $GPUPOOL_POD_UID says. */
+        if (m == 0)
+                return IDENTITY_DAEMON_POD;
+        /* Beside it: another container of its pod where it runs in one (the kubelet's layout), else unknown. */
+        if (m == 1)
+                return view.pod[0] ? IDENTITY_DAEMON_POD : IDENTITY_UNPLACED;
+        if (identity_pod_uid(cgroup, ret_pod)) {
+                /* Seen from the host's namespace, the daemon's own pod is known by its own path. */
+                if (m < 0 && own_pod_is(ret_pod)) {
+                        ret_pod[0] = '\0';
+                        return IDENTITY_DAEMON_POD;
+                }
+                return IDENTITY_POD;
+        }
+        ret_pod[0] = '\0';
+        /* From the host's root and in no pod: the node's. Relative and naming no pod: nobody can say whose. */
+        return m < 0 ? IDENTITY_NODE : IDENTITY_UNPLACED;
 }
 
 unsigned identity_pid_ns_depth(pid_t pid) {
@@ -241,15 +326,17 @@ bool identity_is_operator(uid_t uid, pid_t pid, const char *cgroup, char *why, s
                          "(pid %d, its cgroup unreadable)", (int) pid);
                 return false;
         }
-        if (identity_pod_uid(cgroup, pod)) {
-                char mine[IDENTITY_MAX_CGROUP], my_pod[IDENTITY_POD_UID_LEN + 1];
-
-                /* The daemon's own pod is the operator's (kubectl exec into the daemon's container): no other pod is. */
-                if (identity_read_cgroup(getpid(), mine) == 0 && identity_pod_uid(mine, my_pod) && strcmp(pod, my_pod) == 0 &&
-                    same_pid_ns(pid))
-                        return true;
+        switch (identity_place(cgroup, pod)) {
+        case IDENTITY_POD:
                 snprintf(why, why_size, "for the node's operator, not a process in a pod (pod %s)", pod);
                 return false;
+        case IDENTITY_UNPLACED:
+                snprintf(why, why_size, "for the node's operator, and the daemon cannot place this process's cgroup "
+                         "(%.96s): neither the node's, the daemon's own container's nor a pod's", cgroup);
+                return false;
+        case IDENTITY_NODE:
+        case IDENTITY_DAEMON_POD:
+                break;
         }
         if (!same_pid_ns(pid)) {
                 snprintf(why, why_size, "for the node's operator, not a process in a container (a PID namespace of its own)");
@@ -264,11 +351,11 @@ static int cmp_pod(uint32_t uid, const char *pod, const struct identity_pod *x) 
         return strcmp(pod, x->pod);
 }
 
-uint64_t identity_principal(struct identity_table *t, uint32_t uid, bool cgroup_known, const char *pod_uid,
+uint64_t identity_principal(struct identity_table *t, uint32_t uid, bool placed, const char *pod_uid,
                             uint64_t client_id) {
         size_t lo = 0, hi = t->count;
 
-        if (!cgroup_known)
+        if (!placed)
                 return OWN_BIT | client_id;
         if (!pod_uid)
                 return uid;

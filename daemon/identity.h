@@ -52,13 +52,38 @@ int identity_resolve(const char *raw, char buf[IDENTITY_MAX_CGROUP]);
 int identity_read_cgroup(pid_t pid, char buf[IDENTITY_MAX_CGROUP]);
 
 /*
- * The pod UID in a kubelet's cgroup path, with either cgroup driver's naming
- * ("/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod<UID>.slice/...", UID's
- * dashes as underscores; "/kubepods/besteffort/pod<UID>/..."), into ret (lower case, with
- * dashes, NUL-terminated), or, for a path relative to the daemon's cgroup namespace in its own
- * container or pod, the daemon's own pod where it knows it. Returns whether the path is a pod's.
+ * The pod UID in a kubelet's cgroup path, with either cgroup driver's naming, into ret (lower
+ * case, with dashes, NUL-terminated): from the host's root
+ * ("/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod<UID>.slice/...", the
+ * UID's dashes as underscores; "/kubepods/besteffort/pod<UID>/..."), or relative to the
+ * daemon's cgroup namespace two or more levels up in the cgroupfs driver's shapes
+ * ("../../pod<UID>/...", "../../../burstable/pod<UID>/..."). Returns whether the path is a pod's.
  */
 bool identity_pod_uid(const char *cgroup, char ret[IDENTITY_POD_UID_LEN + 1]);
+
+/* Where a client's cgroup puts it: what its principal is, and whether it may be the node's operator. */
+enum identity_place {
+        /*
+         * Its cgroup unreadable, or a path the daemon cannot place (relative to its namespace
+         * and naming no pod: beside the daemon's container with $GPUPOOL_POD_UID unset, or a
+         * layout it does not know): a principal of its own, always zeroed, never the operator.
+         */
+        IDENTITY_UNPLACED,
+        IDENTITY_NODE,          /* from the host's root, in no pod: its uid */
+        /*
+         * In the daemon's own container ("." and below), beside it in its pod ($GPUPOOL_POD_UID
+         * set), or, seen from the host's namespace, in the pod the daemon's own cgroup names:
+         * its uid, as on the node. $GPUPOOL_POD_UID's value decides nothing.
+         */
+        IDENTITY_DAEMON_POD,
+        IDENTITY_POD,           /* in another pod, named by the kubelet's cgroups: (uid, pod) */
+};
+
+/*
+ * Where a resolved cgroup path (identity_read_cgroup(); NULL: unreadable) puts its client,
+ * with the pod's UID into ret_pod for IDENTITY_POD ("" else).
+ */
+enum identity_place identity_place(const char *cgroup, char ret_pod[IDENTITY_POD_UID_LEN + 1]);
 
 /*
  * How many PID namespaces deep process pid (0: the daemon) is, as /proc sees it: the count of
@@ -68,9 +93,10 @@ unsigned identity_pid_ns_depth(pid_t pid);
 
 /*
  * Whether a client of uid and process pid is the node's operator: root or the daemon's own
- * user, on the node itself: in no pod (but the daemon's own, where kubectl exec lands), in the
- * daemon's PID namespace (not a container's), its cgroup known. Root in another pod or a
- * container is root only there. cgroup is the one identity_read_cgroup() gave for pid (NULL:
+ * user, on the node itself: on the node or in the daemon's own container or pod
+ * (identity_place(): kubectl exec lands there), in the daemon's PID namespace (not a
+ * container's). Root in another pod, in a cgroup the daemon cannot place, or in a container is
+ * root only there. cgroup is the one identity_read_cgroup() gave for pid (NULL:
  * it could not be read). Else says why not in why.
  */
 bool identity_is_operator(uid_t uid, pid_t pid, const char *cgroup, char *why, size_t why_size);
@@ -82,11 +108,12 @@ struct identity_table {
 };
 
 /*
- * The principal of a client of uid, with cgroup (NULL: unknown) and its pod UID (NULL: not
- * in a pod), or with neither known its own, made from client_id. Never fails: where the table
+ * The principal of a client of uid, placed (identity_place() gave other than
+ * IDENTITY_UNPLACED) and with its pod UID (NULL: not in another pod), or unplaced its own,
+ * made from client_id. Never fails: where the table
  * is full or out of memory, the client is a principal of its own.
  */
-uint64_t identity_principal(struct identity_table *t, uint32_t uid, bool cgroup_known, const char *pod_uid,
+uint64_t identity_principal(struct identity_table *t, uint32_t uid, bool placed, const char *pod_uid,
                             uint64_t client_id);
 
 /* Frees the table. */

@@ -65,6 +65,7 @@ void session_log_write(struct session *s, enum log_level level, const char *fmt,
 
 int session_start(struct node *node, int fd, enum session_admission how, bool past_uid_cap) {
         bool admin_only = how == SESSION_ADMIT_ADMIN_ONLY;
+        enum identity_place place;
         struct ucred cred;
         socklen_t len = sizeof(cred);
         struct session *s;
@@ -101,14 +102,19 @@ int session_start(struct node *node, int fd, enum session_admission how, bool pa
         s->connected_ms = uv_now(node->loop);
         /*
          * Its principal: the uid, and the pod its cgroup names. A cgroup that cannot be read
-         * (pid 0: a process the daemon's PID namespace cannot see; /proc hidden) makes it a
-         * principal of its own, whose memory is zeroed whichever way it moves.
+         * (pid 0: a process the daemon's PID namespace cannot see; /proc hidden) or placed (a
+         * path relative to the daemon's namespace that names no pod) makes it a principal of its
+         * own, whose memory is zeroed whichever way it moves, and never the operator.
          */
         s->cgroup_known = identity_read_cgroup(cred.pid, s->cgroup) == 0;
-        if (!s->cgroup_known || !identity_pod_uid(s->cgroup, s->pod_uid))
-                s->pod_uid[0] = '\0';
-        s->principal = identity_principal(&node->identities, (uint32_t) cred.uid, s->cgroup_known,
-                                          s->pod_uid[0] ? s->pod_uid : NULL, s->id);
+        place = identity_place(s->cgroup_known ? s->cgroup : NULL, s->pod_uid);
+        s->principal = identity_principal(&node->identities, (uint32_t) cred.uid, place != IDENTITY_UNPLACED,
+                                          place == IDENTITY_POD ? s->pod_uid : NULL, s->id);
+        if (place == IDENTITY_UNPLACED && s->cgroup_known)
+                session_log(s, LOG_LEVEL_WARN, "client %llu (pid %d, uid %u): cgroup %s is neither the node's, the "
+                            "daemon's own container's nor a pod's by the kubelet's names: a principal of its own (its "
+                            "memory always zeroed), never the operator", (unsigned long long) s->id, (int) cred.pid,
+                            (unsigned) cred.uid, s->cgroup);
         /* A client that lied about its free memory before, from this principal, is not trusted afresh by reconnecting. */
         s->reclaim.distrust = node_distrust_get(node, s->principal);
         s->operator = identity_is_operator(cred.uid, cred.pid, s->cgroup_known ? s->cgroup : NULL, s->not_operator_why,

@@ -46,33 +46,46 @@ static bool cgroup2_mount(char *buf, size_t size) {
 }
 
 static const char *const levels[] = { "kubepods.slice", "kubepods-besteffort.slice" };
+static const char *const levels_cgroupfs[] = { "kubepods", "besteffort" };
 
-/* The directory of the pod's container scope, under mnt, the UID's dashes as underscores (the systemd driver's naming). */
-static void pod_dir(const char *mnt, const char *uid, int depth, char *buf, size_t size) {
+/* Whether pod_dir() lays pods out as the kubelet's cgroupfs driver does, else as its systemd driver does. */
+static bool cgroupfs_layout;
+
+/*
+ * The directory of the pod's container scope, under mnt: the systemd driver's naming
+ * (/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod<UID>.slice/
+ * cri-containerd-test.scope, the UID's dashes as underscores), or the cgroupfs driver's
+ * (/kubepods/besteffort/pod<UID>/0123456789abcdef).
+ */
+static void pod_dir_in(bool cgroupfs, const char *mnt, const char *uid, int depth, char *buf, size_t size) {
         char u[64];
         int n;
 
         snprintf(u, sizeof(u), "%s", uid);
-        for (char *p = u; *p; p++)
+        for (char *p = u; *p && !cgroupfs; p++)
                 if (*p == '-')
                         *p = '_';
         n = snprintf(buf, size, "%s", mnt);
         for (int i = 0; i < depth && i < 2; i++)
-                n += snprintf(buf + n, size - (size_t) n, "/%s", levels[i]);
+                n += snprintf(buf + n, size - (size_t) n, "/%s", cgroupfs ? levels_cgroupfs[i] : levels[i]);
         if (depth >= 3)
-                n += snprintf(buf + n, size - (size_t) n, "/kubepods-besteffort-pod%s.slice", u);
+                n += snprintf(buf + n, size - (size_t) n, cgroupfs ? "/pod%s" : "/kubepods-besteffort-pod%s.slice", u);
         if (depth >= 4)
-                snprintf(buf + n, size - (size_t) n, "/cri-containerd-test.scope");
+                snprintf(buf + n, size - (size_t) n, cgroupfs ? "/0123456789abcdef" : "/cri-containerd-test.scope");
 }
 
-/* Makes both pods' cgroups; false, test skipped saying why, where this machine cannot. */
+static void pod_dir(const char *mnt, const char *uid, int depth, char *buf, size_t size) {
+        pod_dir_in(cgroupfs_layout, mnt, uid, depth, buf, size);
+}
+
+/* Makes the pods' cgroups, in both drivers' layouts; false, test skipped saying why, where this machine cannot. */
 static bool make_pods(const char *test, const char *mnt) {
         const char *pods[] = { POD_A, POD_B, POD_D };
         char dir[1024];
 
-        for (int p = 0; p < 3; p++)
+        for (int p = 0; p < 6; p++)
                 for (int depth = 1; depth <= 4; depth++) {
-                        pod_dir(mnt, pods[p], depth, dir, sizeof(dir));
+                        pod_dir_in(p >= 3, mnt, pods[p % 3], depth, dir, sizeof(dir));
                         if (mkdir(dir, 0755) < 0 && errno != EEXIST) {
                                 test_skipped(test, "cannot make cgroup %s: %s", dir, strerror(errno));
                                 return false;
@@ -85,9 +98,9 @@ static void remove_pods(const char *mnt) {
         const char *pods[] = { POD_A, POD_B, POD_D };
         char dir[1024];
 
-        for (int p = 0; p < 3; p++)
+        for (int p = 0; p < 6; p++)
                 for (int depth = 4; depth >= 1; depth--) {
-                        pod_dir(mnt, pods[p], depth, dir, sizeof(dir));
+                        pod_dir_in(p >= 3, mnt, pods[p % 3], depth, dir, sizeof(dir));
                         (void) rmdir(dir);
                 }
 }
@@ -422,11 +435,80 @@ static int marks_fresh_memory(struct testd *d, void *arg) {
 }
 
 /*
- * A daemon in a PID namespace of its own sees its clients as pid 0 (as one in a pod without
- * hostPID would): it cannot read their cgroups, so each is a principal of its own, and memory
- * that moves from one such client to the next, of the same uid and even the same process, is
- * fresh; status says the cgroup is unknown.
+ * Every layout and configuration of the DaemonSet's cgroup namespace: the kubelet's systemd
+ * and cgroupfs drivers, $GPUPOOL_POD_UID right, unset and wrong (naming pod A). Root in pod A
+ * marks its memory; root in pod A again may see it, root in pod B never does; root in pod A
+ * (a hostPID pod: the test's own PID namespace) is never the operator, and root in the daemon's
+ * own container always is.
  */
+START_TEST(test_pods_apart_in_every_layout_and_configuration) {
+        static const char *const envs[] = { POD_D, NULL, POD_A };
+        char mnt[512], out[8192], dir[1024];
+        struct testd d;
+
+        if (!pods_ready(__func__, mnt, sizeof(mnt)))
+                return;
+        for (int layout = 0; layout < 2; layout++)
+                for (size_t e = 0; e < sizeof(envs) / sizeof(envs[0]); e++) {
+                        const char *how = e == 0 ? "right" : e == 1 ? "unset" : "wrong";
+
+                        cgroupfs_layout = layout;
+                        pod_dir(mnt, POD_D, 4, dir, sizeof(dir));
+                        testd_start_in_pod(&d, dir, envs[e], "--host-capacity", "16M", "--max-cached", "100%", NULL);
+                        run_in_pod(&d, mnt, POD_A, false, NULL);
+                        run_in_pod(&d, mnt, POD_B, false, NULL);
+                        run_in_pod(&d, mnt, POD_A, false, NULL);
+                        run_in_pod(&d, mnt, POD_A, true, NULL);
+                        ck_assert_msg(ctl_in_pod(&d, mnt, POD_A, "set-limit --tenant default max=1G", out, sizeof(out)) != 0,
+                                      "%s layout, $GPUPOOL_POD_UID %s: root in pod A is the operator: %s",
+                                      layout ? "cgroupfs" : "systemd", how, out);
+                        ck_assert_msg(strstr(out, "not a process in a pod (pod " POD_A ")"), "%s", out);
+                        ck_assert_msg(ctl_in_pod(&d, mnt, POD_D, "check", out, sizeof(out)) == 0,
+                                      "%s layout, $GPUPOOL_POD_UID %s: root in the daemon's container: %s",
+                                      layout ? "cgroupfs" : "systemd", how, out);
+                        ck_assert_int_eq(testd_stop(&d), 0);
+                }
+        cgroupfs_layout = false;
+        remove_pods(mnt);
+}
+END_TEST
+
+/*
+ * A client beside the daemon's container, where the daemon cannot tell whether it is of its
+ * pod ($GPUPOOL_POD_UID unset), is a principal of its own: zeroed against root on the node and
+ * in the daemon's own container, never the operator, and the log says why.
+ */
+static int beside_client(struct testd *d, void *arg) {
+        if (cgroup_join(arg, 0) < 0)
+                return 2;
+        return marks_fresh_memory(d, NULL);
+}
+
+START_TEST(test_a_client_the_daemon_cannot_place_is_its_own) {
+        char mnt[512], out[8192], dir[1024], cmd[2048];
+        struct testd d;
+
+        if (!pods_ready(__func__, mnt, sizeof(mnt)))
+                return;
+        pod_dir(mnt, POD_D, 4, dir, sizeof(dir));
+        testd_start_in_pod(&d, dir, NULL, "--host-capacity", "16M", "--max-cached", "100%", NULL);
+        /* A sibling of the daemon's container: pod D's own cgroup dir holds it. */
+        pod_dir(mnt, POD_D, 3, dir, sizeof(dir));
+        snprintf(dir + strlen(dir), sizeof(dir) - strlen(dir), "/beside");
+        ck_assert(mkdir(dir, 0755) == 0 || errno == EEXIST);
+        for (int i = 0; i < 2; i++)
+                ck_assert_int_eq(reap(spawn(beside_client, &d, dir)), 0);
+        snprintf(cmd, sizeof(cmd), "sh -c 'echo $$ > %s/cgroup.procs && exec %s/gpupoolctl --socket %s check' 2>&1", dir,
+                 build_dir(), d.sock);
+        ck_assert_int_ne(run_capture(cmd, out, sizeof(out)), 0);
+        ck_assert_msg(strstr(out, "cannot place this process's cgroup (../beside)"), "%s", out);
+        ck_assert(testd_log_wait(&d, "cgroup ../beside is neither the node's"));
+        ck_assert_int_eq(testd_stop(&d), 0);
+        ck_assert_int_eq(rmdir(dir), 0);
+        remove_pods(mnt);
+}
+END_TEST
+
 static volatile sig_atomic_t namespaced_daemon;
 
 static void forward_term(int sig) {
@@ -434,6 +516,12 @@ static void forward_term(int sig) {
                 kill(namespaced_daemon, sig);
 }
 
+/*
+ * A daemon in a PID namespace of its own sees its clients as pid 0 (as one in a pod without
+ * hostPID would): it cannot read their cgroups, so each is a principal of its own, and memory
+ * that moves from one such client to the next, of the same uid and even the same process, is
+ * fresh; status says the cgroup is unknown.
+ */
 START_TEST(test_a_client_seen_as_pid_0_is_its_own_principal) {
         struct testd d = { 0 };
         int status, sock;
@@ -507,6 +595,8 @@ Suite *suite_pods(void) {
         tcase_add_test(tc, test_root_in_a_pod_is_no_operator);
         tcase_add_test(tc, test_root_in_a_pod_is_no_operator_from_a_cgroup_namespace);
         tcase_add_test(tc, test_a_client_seen_as_pid_0_is_its_own_principal);
+        tcase_add_test(tc, test_pods_apart_in_every_layout_and_configuration);
+        tcase_add_test(tc, test_a_client_the_daemon_cannot_place_is_its_own);
         tcase_set_timeout(tc, 60);
         suite_add_tcase(s, tc);
         return s;

@@ -79,23 +79,68 @@ START_TEST(test_cgroup_paths_from_a_namespace) {
         ck_assert(!identity_pod_uid(resolved(4, D, "/../../../../user.slice/user-1000.slice/user@1000.service/" A_SLICE), pod));
         ck_assert_str_eq(resolved(4, D, "/../../../../init.scope"), "/init.scope");
         ck_assert_str_eq(resolved(4, D, "/../../../.."), "/");
-        /* The daemon's own container, or a sibling in its pod: relative, and pod D. */
+        /* The daemon's own container, or a sibling in its pod: relative, the daemon's own (as the node's). */
         ck_assert_str_eq(resolved(4, D, "/"), ".");
-        ck_assert(identity_pod_uid(".", pod));
-        ck_assert_str_eq(pod, D);
+        ck_assert_int_eq(identity_place(".", pod), IDENTITY_DAEMON_POD);
+        ck_assert_str_eq(pod, "");
         ck_assert_str_eq(resolved(4, D, "/sub"), "./sub");
-        ck_assert(identity_pod_uid("./sub", pod));
+        ck_assert_int_eq(identity_place("./sub", pod), IDENTITY_DAEMON_POD);
         ck_assert_str_eq(resolved(4, D, "/../cri-containerd-other.scope"), "../cri-containerd-other.scope");
-        ck_assert(identity_pod_uid("../cri-containerd-other.scope", pod));
-        ck_assert_str_eq(pod, D);
-        /* Names that say nothing of where they are stay relative, and name no pod. */
-        ck_assert_str_eq(resolved(4, D, "/../../besteffort/pod" UID "/c"), "../../besteffort/pod" UID "/c");
-        ck_assert(!identity_pod_uid("../../besteffort/pod" UID "/c", pod));
+        ck_assert_int_eq(identity_place("../cri-containerd-other.scope", pod), IDENTITY_DAEMON_POD);
+        /* Names that say nothing of where they are stay relative, name no pod, and cannot be placed. */
         ck_assert_str_eq(resolved(4, D, "/../../system-" A_SLICE "/c"), "../../system-" A_SLICE "/c");
-        /* Without $GPUPOOL_POD_UID nothing below the hidden levels is known: no slice is read, no pod is the daemon's. */
-        ck_assert_str_eq(resolved(4, NULL, "/../../" A_SLICE "/c.scope"), "../../" A_SLICE "/c.scope");
-        ck_assert(!identity_pod_uid("../../" A_SLICE "/c.scope", pod));
-        ck_assert(!identity_pod_uid(".", pod));
+        ck_assert_int_eq(identity_place("../../system-" A_SLICE "/c", pod), IDENTITY_UNPLACED);
+        ck_assert_int_eq(identity_place("../../../../..", pod), IDENTITY_UNPLACED);
+        /* From the root, in no pod: the node's. */
+        ck_assert_int_eq(identity_place(resolved(4, D, "/../../../../init.scope"), pod), IDENTITY_NODE);
+        /* Unreadable: nobody's. */
+        ck_assert_int_eq(identity_place(NULL, pod), IDENTITY_UNPLACED);
+        /*
+         * Without $GPUPOOL_POD_UID the slices are read all the same (its value decides
+         * nothing); a sibling of the daemon's container may be of no pod, and is placed nowhere.
+         */
+        ck_assert_str_eq(resolved(4, NULL, "/../../" A_SLICE "/c.scope"),
+                         "/kubepods.slice/kubepods-besteffort.slice/" A_SLICE "/c.scope");
+        ck_assert_int_eq(identity_place(resolved(4, NULL, "/../../" A_SLICE "/c.scope"), pod), IDENTITY_POD);
+        ck_assert_str_eq(pod, UID);
+        ck_assert_int_eq(identity_place(resolved(4, NULL, "/"), pod), IDENTITY_DAEMON_POD);
+        ck_assert_int_eq(identity_place(resolved(4, NULL, "/../other.scope"), pod), IDENTITY_UNPLACED);
+        /* A wrong $GPUPOOL_POD_UID (pod A's) makes pod A nobody's but its own. */
+        ck_assert_int_eq(identity_place(resolved(4, UID, "/../../" A_SLICE "/c.scope"), pod), IDENTITY_POD);
+        ck_assert_str_eq(pod, UID);
+        identity_view_set(0, NULL);
+}
+END_TEST
+
+/*
+ * The kubelet's cgroupfs driver (containerd's default, k3s) seen from the DaemonSet's cgroup
+ * namespace, 4 levels down (/kubepods/besteffort/pod<D>/<container>) or 3 (a guaranteed pod,
+ * /kubepods/pod<D>/<container>): a path cannot be rebuilt, but every shape names its pod.
+ */
+START_TEST(test_cgroupfs_paths_from_a_namespace) {
+        char pod[IDENTITY_POD_UID_LEN + 1];
+
+        /* A pod of the daemon's QoS class, of another class, a guaranteed one; and from the root. */
+        ck_assert_str_eq(resolved(4, D, "/../../pod" UID "/0123abcd"), "../../pod" UID "/0123abcd");
+        ck_assert_int_eq(identity_place("../../pod" UID "/0123abcd", pod), IDENTITY_POD);
+        ck_assert_str_eq(pod, UID);
+        ck_assert_int_eq(identity_place(resolved(4, NULL, "/../../../burstable/pod" UID "/c"), pod), IDENTITY_POD);
+        ck_assert_str_eq(pod, UID);
+        ck_assert_int_eq(identity_place(resolved(4, NULL, "/../../../pod" UID "/c"), pod), IDENTITY_POD);
+        ck_assert_str_eq(pod, UID);
+        ck_assert_str_eq(resolved(4, NULL, "/../../../../kubepods/besteffort/pod" UID "/c"), "/kubepods/besteffort/pod" UID "/c");
+        ck_assert_int_eq(identity_place("/kubepods/besteffort/pod" UID "/c", pod), IDENTITY_POD);
+        /* From a guaranteed pod: one level less to the root, the QoS classes beside the daemon's pod. */
+        ck_assert_int_eq(identity_place(resolved(3, NULL, "/../../besteffort/pod" UID "/c"), pod), IDENTITY_POD);
+        ck_assert_int_eq(identity_place(resolved(3, NULL, "/../../../kubepods/besteffort/pod" UID "/c"), pod), IDENTITY_POD);
+        ck_assert_int_eq(identity_place(resolved(3, NULL, "/../../pod" UID "/c"), pod), IDENTITY_POD);
+        /* Look-alikes name none: a pod element with more or less, a QoS class as deep as a pod. */
+        ck_assert_int_eq(identity_place(resolved(4, D, "/../../pod" UID "0/c"), pod), IDENTITY_UNPLACED);
+        ck_assert_int_eq(identity_place(resolved(4, D, "/../../xpod" UID "/c"), pod), IDENTITY_UNPLACED);
+        ck_assert_int_eq(identity_place(resolved(4, D, "/../../guaranteed/pod" UID "/c"), pod), IDENTITY_UNPLACED);
+        /* Beside the daemon's container: its pod's, where it knows it runs in one. */
+        ck_assert_int_eq(identity_place(resolved(4, D, "/../fedcba98"), pod), IDENTITY_DAEMON_POD);
+        ck_assert_int_eq(identity_place(resolved(4, NULL, "/../fedcba98"), pod), IDENTITY_UNPLACED);
         identity_view_set(0, NULL);
 }
 END_TEST
@@ -117,7 +162,7 @@ START_TEST(test_principals) {
         /* Ids stay as they were when pairs that sort before them come. */
         ck_assert_uint_eq(identity_principal(&t, 0, true, "00000000-0000-0000-0000-000000000000", 5) != a, 1);
         ck_assert_uint_eq(identity_principal(&t, 0, true, UID, 6), a);
-        /* A client whose cgroup is unknown is no one else, and itself only. */
+        /* A client whose cgroup is unknown or unplaced is no one else, and itself only. */
         ck_assert_uint_ne(identity_principal(&t, 0, false, NULL, 8), identity_principal(&t, 0, false, NULL, 9));
         ck_assert_uint_eq(identity_principal(&t, 0, false, NULL, 8), identity_principal(&t, 0, false, NULL, 8));
         ck_assert_uint_ne(identity_principal(&t, 0, false, NULL, 8), 0);
@@ -131,6 +176,7 @@ Suite *suite_identity(void) {
 
         tcase_add_test(tc, test_pod_uid_from_cgroup_paths);
         tcase_add_test(tc, test_cgroup_paths_from_a_namespace);
+        tcase_add_test(tc, test_cgroupfs_paths_from_a_namespace);
         tcase_add_test(tc, test_principals);
         suite_add_tcase(s, tc);
         return s;
