@@ -9,6 +9,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/resource.h>
 #include <string.h>
 
 #include "log.h"
@@ -20,6 +21,20 @@ static void on_headroom_timer(uv_timer_t *timer) {
 
         if (node->hooks.keep_headroom)
                 node->hooks.keep_headroom(node);
+}
+
+/*
+ * How many descriptors sent may wait unread, node-wide: half the soft RLIMIT_NOFILE (the
+ * kernel refuses the daemon's sends past all of it, unix_inflight), the rest for its other
+ * senders and a packet's overshoot; at least two full pipelines of granule leases.
+ */
+static uint64_t node_unread_budget(void) {
+        struct rlimit rl;
+        uint64_t cur = 1 << 20;
+
+        if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY)
+                cur = rl.rlim_cur;
+        return cur / 2 > NODE_UNREAD_MIN ? cur / 2 : NODE_UNREAD_MIN;
 }
 
 int node_init(struct node *node, uv_loop_t *loop, const struct config *config, struct backend *backend) {
@@ -68,6 +83,10 @@ int node_init(struct node *node, uv_loop_t *loop, const struct config *config, s
         uv_timer_init(loop, &node->headroom_timer);
         node->headroom_timer.data = node;
         node->headroom_timer_open = true;
+        uv_timer_init(loop, &node->unread_timer);
+        node->unread_timer.data = node;
+        node->unread_timer_open = true;
+        node->unread_budget = node_unread_budget();
         if (backend->ops->device_memory)
                 uv_timer_start(&node->headroom_timer, on_headroom_timer, NODE_HEADROOM_POLL_MS, NODE_HEADROOM_POLL_MS);
         return 0;
@@ -90,6 +109,10 @@ void node_close(struct node *node) {
         if (node->headroom_timer_open) {
                 uv_close((uv_handle_t *) &node->headroom_timer, NULL);
                 node->headroom_timer_open = false;
+        }
+        if (node->unread_timer_open) {
+                uv_close((uv_handle_t *) &node->unread_timer, NULL);
+                node->unread_timer_open = false;
         }
         node_forget_pid_limits(node);
         identity_table_free(&node->identities);

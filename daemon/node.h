@@ -24,6 +24,7 @@
 #include "config.h"
 #include "identity.h"
 #include "log.h"
+#include "unread.h"
 #include "options.h"
 #include "policy.h"
 #include "pool.h"
@@ -83,6 +84,15 @@ struct node_hooks {
 /* How often the loop asks the GPU whether a segment's zeroing has ended: it never waits for it. */
 #define NODE_ZERO_POLL_MS 1
 
+/* The least of the node's budget of descriptors unread (node.c): two full pipelines of granule leases. */
+#define NODE_UNREAD_MIN (2 * 16 * GP_MAX_LEASE_GRANULES)
+
+/* How often the loop looks whether the clients whose replies wait on their unread descriptors have read them (unread.h). */
+#define NODE_UNREAD_POLL_MS 1
+
+/* How often it looks at the sockets of ended sessions kept open while their peers have descriptors unread. */
+#define NODE_DRAIN_POLL_MS 100
+
 /* How often the loop reads each GPU's free memory to keep its headroom (a cuMemGetInfo_v2 each). */
 #define NODE_HEADROOM_POLL_MS 1000
 
@@ -109,6 +119,18 @@ struct node {
         bool idle_release_timer_open;
         uv_timer_t headroom_timer;      /* keeps each device's headroom free (NODE_HEADROOM_POLL_MS) */
         bool headroom_timer_open;
+        /*
+         * Descriptors sent that peers have not read (unread.h; session.c's): all of them, the
+         * most the node lets be (half the soft RLIMIT_NOFILE, against which the kernel counts
+         * them), the sessions whose reply waits for their client to read, the sockets of ended
+         * sessions kept open until their peers read or close, and the timer that looks.
+         */
+        uint64_t unread_fds, unread_budget;
+        unsigned unread_waiting;
+        struct unread_socket *draining;
+        unsigned draining_count;
+        uv_timer_t unread_timer;
+        bool unread_timer_open;
         /* The sessions (session.h's registry keeps the list; the node only holds its head and counts). */
         struct session *sessions;       /* connected and exiting clients */
         unsigned connected;             /* sessions with an open socket, of --max-clients */

@@ -90,6 +90,9 @@ static unsigned uid_connections(const struct server *server, uid_t uid) {
 
         SESSION_FOREACH(c, &server->node)
                 n += c->uid == uid && (c->fd >= 0 || c->state == SESSION_EXITING) && !c->uncounted;
+        /* A socket kept open for what its peer has not read is one of its user's (unread.h). */
+        for (const struct unread_socket *u = server->node.draining; u; u = u->next)
+                n += u->uid == uid;
         return n;
 }
 
@@ -128,7 +131,7 @@ static int admit(struct server *server, int fd, bool *ret_per_uid) {
                 return -1;
         }
         *ret_per_uid = false;
-        if (server->node.connected + server->node.exiting < o->max_clients) {
+        if (server->node.connected + server->node.exiting + server->node.draining_count < o->max_clients) {
                 *ret_per_uid = uid_connections(server, cred.uid) >= o->max_clients_per_uid;
                 if (!*ret_per_uid)
                         return SESSION_ADMIT_CLIENT;

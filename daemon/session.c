@@ -213,6 +213,39 @@ static void on_handle_closed(uv_handle_t *handle) {
                 session_free(s);
 }
 
+static void unread_arm(struct node *node);
+
+/*
+ * Closes the session's socket, or, while its peer has descriptors unread, keeps it open and
+ * counted among the node's draining sockets (its user's connections too) until the peer reads
+ * them or closes: closing ours would leave them charged to the daemon, uncounted.
+ */
+static void drop_socket(struct session *s) {
+        struct node *node = s->node;
+        struct unread_socket *u;
+
+        if (s->unread_wait) {
+                s->unread_wait = false;
+                node->unread_waiting--;
+        }
+        if (!unread_update(&s->unread, s->fd, &node->unread_fds) || node->stopping || !(u = calloc(1, sizeof(*u)))) {
+                node->unread_fds -= s->unread.fds;
+                closer_close(s->fd);    /* its queue may hold descriptors in flight, dropped with it */
+                return;
+        }
+        u->fd = s->fd;
+        u->uid = s->uid;
+        snprintf(u->pod, sizeof(u->pod), "%s", s->pod_uid);
+        u->unread = s->unread;
+        u->next = node->draining;
+        node->draining = u;
+        node->draining_count++;
+        session_log(s, LOG_LEVEL_WARN, "client %llu (pid %d, uid %u): %u descriptors sent to it unread; its socket stays "
+                    "open, one of its user's connections, until it reads them or closes it",
+                    (unsigned long long) s->id, (int) s->pid, (unsigned) s->uid, s->unread.fds);
+        unread_arm(node);
+}
+
 /* Stops watching the socket and closes it. */
 static void close_socket(struct session *s) {
         if (s->fd < 0)
@@ -222,7 +255,7 @@ static void close_socket(struct session *s) {
         else if (!s->uncounted)
                 s->node->connected--;
         uv_close((uv_handle_t *) &s->poll, on_handle_closed);
-        closer_close(s->fd);    /* its queue may hold descriptors in flight, dropped with it */
+        drop_socket(s);
         s->fd = -1;
         /* A reply that waited for the client has nowhere to go now. */
         free(s->pending);
@@ -315,6 +348,16 @@ ssize_t session_collect(const struct node *node, bool (*pick)(const struct sessi
 void session_destroy_all(struct node *node) {
         while (node->sessions)
                 session_destroy(node->sessions);
+        /* The daemon stops: what its peers left unread goes with its sockets. */
+        while (node->draining) {
+                struct unread_socket *u = node->draining;
+
+                node->draining = u->next;
+                node->unread_fds -= u->unread.fds;
+                closer_close(u->fd);
+                free(u);
+        }
+        node->draining_count = 0;
 }
 
 /* Invariant 4's bookkeeping: each tenant's sums are its clients' reserved and in-use bytes. */
@@ -426,11 +469,44 @@ static void on_process_exit(uv_poll_t *handle, int status, int events) {
  * client no longer leases (it returned it on its control channel while the reply waited) is never
  * sent (-ENOENT).
  */
-static int send_with_fds(struct session *s, const uint8_t *buf, size_t len, const struct reply_fds *rf) {
-        int fds[GP_MAX_LEASE_GRANULES];
-        unsigned n = rf ? rf->n : 0, made = 0;
-        int r = 0;
+/* Whether u (a session's socket or a draining one) is of the group of uid and pod (its pod; outside pods, its uid). */
+static bool same_group(uid_t u_uid, const char *u_pod, uid_t uid, const char *pod) {
+        return pod[0] ? strcmp(u_pod, pod) == 0 : !u_pod[0] && u_uid == uid;
+}
 
+/*
+ * Whether n descriptors more may go to s now: within what it may have unread, what its group
+ * may (SESSION_UNREAD_FDS) and what the node may (node->unread_budget). Its own count is read
+ * afresh from its socket; the others' as last read (the timer reads them while a reply waits).
+ */
+static bool unread_admits(struct session *s, unsigned n) {
+        struct node *node = s->node;
+        uint64_t group_cap = node->unread_budget / 8, mine = group_cap < SESSION_UNREAD_FDS ? group_cap : SESSION_UNREAD_FDS;
+        uint64_t group = 0;
+
+        unread_update(&s->unread, s->fd, &node->unread_fds);
+        if (!unread_room(&s->unread) || s->unread.fds + n > mine || node->unread_fds + n > node->unread_budget)
+                return false;
+        if (node->unread_fds + n <= group_cap)
+                return true;            /* no group can be past it */
+        SESSION_FOREACH(c, node)
+                if (c->fd >= 0 && same_group(c->uid, c->pod_uid, s->uid, s->pod_uid))
+                        group += c->unread.fds;
+        for (const struct unread_socket *u = node->draining; u; u = u->next)
+                if (same_group(u->uid, u->pod, s->uid, s->pod_uid))
+                        group += u->unread.fds;
+        return group + n <= group_cap;
+}
+
+static int send_with_fds(struct session *s, const uint8_t *buf, size_t len, const struct reply_fds *rf) {
+        int fds[GP_MAX_LEASE_GRANULES] = { 0 };  /* (gcc 12 cannot tell that only those made are sent) */
+        unsigned n = rf ? rf->n : 0, made = 0;
+        int r = 0, queued = 0;
+
+        /* Past what the client may leave unread, the reply waits for it to read (-EBUSY). */
+        if (n && !unread_admits(s, n))
+                return -EBUSY;
+        queued = n ? unread_queue_bytes(s->fd) : 0;
         for (; made < n; made++) {
                 const struct pool_owner *o = rf->owner ? rf->owner : &s->owners[rf->device];
 
@@ -441,6 +517,8 @@ static int send_with_fds(struct session *s, const uint8_t *buf, size_t len, cons
         }
         if (r == 0)
                 r = gp_wire_send_packet_fds(s->fd, buf, len, fds, n);
+        if (r == 0 && n)
+                unread_sent(&s->unread, s->fd, queued, n, &s->node->unread_fds);
         while (made--)
                 close(fds[made]);
         return r;
@@ -456,13 +534,78 @@ static const char *send_error(int r) {
         return strerror(-r);
 }
 
+static void flush_pending(struct session *s);
+
+static bool pick_unread_wait(const struct session *c, const void *arg) {
+        (void) arg;
+        return c->unread_wait;
+}
+
+/*
+ * Every NODE_UNREAD_POLL_MS while a reply waits for its client to read, else every
+ * NODE_DRAIN_POLL_MS while a socket drains: reads what each peer has read since, closes the
+ * draining sockets read to the end (or closed by their peers), and sends the waiting replies
+ * that fit now.
+ */
+static void on_unread_timer(uv_timer_t *timer) {
+        struct node *node = timer->data;
+        struct unread_socket **at = &node->draining;
+        struct session **waiting;
+        ssize_t n;
+
+        SESSION_FOREACH(c, node)
+                if (c->fd >= 0 && c->unread.count)
+                        (void) unread_update(&c->unread, c->fd, &node->unread_fds);
+        while (*at) {
+                struct unread_socket *u = *at;
+
+                if (unread_update(&u->unread, u->fd, &node->unread_fds)) {
+                        at = &u->next;
+                        continue;
+                }
+                *at = u->next;
+                node->draining_count--;
+                closer_close(u->fd);
+                free(u);
+        }
+        if (node->unread_waiting && (n = session_collect(node, pick_unread_wait, NULL, &waiting)) > 0) {
+                for (ssize_t i = 0; i < n; i++)
+                        flush_pending(waiting[i]);      /* may end that session, never another */
+                free(waiting);
+        }
+        unread_arm(node);
+}
+
+static void unread_arm(struct node *node) {
+        uint64_t ms = node->unread_waiting ? NODE_UNREAD_POLL_MS : node->draining ? NODE_DRAIN_POLL_MS : 0;
+
+        if (!node->unread_timer_open || node->stopping)
+                return;
+        if (!ms) {
+                uv_timer_stop(&node->unread_timer);
+                return;
+        }
+        if (!uv_is_active((uv_handle_t *) &node->unread_timer) || uv_timer_get_repeat(&node->unread_timer) != ms)
+                uv_timer_start(&node->unread_timer, on_unread_timer, ms, ms);
+}
+
+/* The session's pending reply waits for its client to read what it was sent: nothing more is read from it meanwhile. */
+static void unread_wait(struct session *s) {
+        s->unread_wait = true;
+        s->node->unread_waiting++;
+        uv_poll_stop(&s->poll);
+        session_log(s, LOG_LEVEL_DEBUG, "client %llu (pid %d): %u descriptors sent to it unread; its next reply waits "
+                    "until it reads", (unsigned long long) s->id, (int) s->pid, s->unread.fds);
+        unread_arm(s->node);
+}
+
 bool session_send(struct session *s, struct reply *rep) {
         int r;
 
         if (rep->none)
                 return true;
         r = send_with_fds(s, reply_bytes(rep), rep->len, &rep->fds);
-        if (r == -EAGAIN) {
+        if (r == -EAGAIN || r == -EBUSY) {
                 /* The reply's bytes wait with the session: taken over when they are the reply's own memory. */
                 s->pending = rep->heap ? rep->heap : malloc(rep->len);
                 if (!s->pending) {
@@ -485,7 +628,10 @@ bool session_send(struct session *s, struct reply *rep) {
                         *s->pending_fds = rep->fds;
                 }
                 /* Stop reading until the client reads: one pending reply per client at most. */
-                uv_poll_start(&s->poll, UV_WRITABLE, on_readable);
+                if (r == -EBUSY)
+                        unread_wait(s);
+                else
+                        uv_poll_start(&s->poll, UV_WRITABLE, on_readable);
                 return true;
         }
         reply_release(rep);
@@ -574,8 +720,20 @@ int session_push(struct session *s, Gpupool__Envelope *env) {
 static void flush_pending(struct session *s) {
         int r = send_with_fds(s, s->pending, s->pending_len, s->pending_fds);
 
-        if (r == -EAGAIN)
+        /* Waiting for the client to read some descriptors, or, those read, for room in its socket. */
+        if (r == -EBUSY) {
+                if (!s->unread_wait)
+                        unread_wait(s);
                 return;
+        }
+        if (s->unread_wait) {
+                s->unread_wait = false;
+                s->node->unread_waiting--;
+        }
+        if (r == -EAGAIN) {
+                uv_poll_start(&s->poll, UV_WRITABLE, on_readable);
+                return;
+        }
         free(s->pending);
         s->pending = NULL;
         free(s->pending_fds);
@@ -614,6 +772,7 @@ static void on_readable(uv_poll_t *handle, int status, int events) {
         /* A parked allocation (or a held request) is this client's one request in flight: nothing to read until it is answered. */
         if (s->parked || s->held)
                 return;
+        (void) unread_update(&s->unread, s->fd, &node->unread_fds);
         /*
          * One request per wake-up. Clients wait for each reply, so a wake-up finds one: reading
          * on until EAGAIN would cost a system call per request for nothing. A client that sends

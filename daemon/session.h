@@ -18,6 +18,7 @@
 #include "pool.h"
 #include "node.h"
 #include "reply.h"
+#include "unread.h"
 #include "wire.h"
 
 struct node;
@@ -110,6 +111,13 @@ struct session {
         uint64_t pending_since_ms;      /* loop clock */
         size_t pending_len;
         struct reply_fds *pending_fds;  /* the descriptors that go with it, or NULL */
+        /*
+         * What the client has not read of the descriptors sent to it (unread.h), and whether its
+         * pending reply waits for it to read some (past its bound, its group's or the node's)
+         * rather than for room in its socket.
+         */
+        struct unread unread;
+        bool unread_wait;
         struct pool_owner *owners;      /* one per device */
         struct log_ratelimit log;       /* what this client may make the daemon log */
         struct session *prev, *next;
@@ -171,6 +179,15 @@ void session_destroy_all(struct node *node);
  * device. Returns 0, or -EUCLEAN with what is wrong in why (the node's check hook).
  */
 int session_check_tenants(struct node *node, char *why, size_t why_size);
+
+/*
+ * The most descriptors one client may have sent to it and not read: a full pipeline of the
+ * library's granule leases (CLIENT_PIPELINE of GP_MAX_LEASE_GRANULES), or an eighth of the
+ * node's budget where that is less. A client's group (its pod, or its uid outside pods) may have
+ * an eighth of the node's budget; past either, its next reply with descriptors waits until it
+ * reads (unread.h), and is dropped with the client after --send-timeout.
+ */
+#define SESSION_UNREAD_FDS (16 * GP_MAX_LEASE_GRANULES)
 
 /* Sums of a session's parts over all devices. */
 void session_totals(const struct session *session, uint64_t *ret_reserved, uint64_t *ret_in_use, uint64_t *ret_segments);

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <stdio.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -373,6 +374,148 @@ START_TEST(test_client_that_never_reads) {
 }
 END_TEST
 
+/*
+ * What a client leaves unread (round five): a client of another uid leases 128 granules on each
+ * of 3 connections, then pipelines "give them back" and "lease 128 again" on each, never
+ * reading a reply. Each reply's 128 descriptors wait in its socket, charged by the kernel to the
+ * daemon's user; past the daemon's RLIMIT_NOFILE (16384 here, as the red team ran it) every send
+ * with descriptors failed ETOOMANYREFS and every client that asked for memory was dropped. Now
+ * the daemon holds each such reply back at the client's bound, so another client leases whole
+ * segments and granules throughout, and the hoarder's sockets, once it is dropped, stay counted.
+ */
+struct hoarder {
+        int up[2], go[2];
+};
+
+static int hoard_unread(struct testd *d, void *arg) {
+        uint64_t ids[3][GP_MAX_LEASE_GRANULES];
+        struct hoarder *h = arg;
+        int socks[3];
+        char b;
+
+        if (setgid(65533) < 0 || setuid(65533) < 0)
+                return 2;
+        /* 128 granules on each connection, read: their ids. */
+        for (int c = 0; c < 3; c++) {
+                int fds[GP_WIRE_MAX_FDS];
+                Gpupool__Envelope *rep;
+                size_t nfds;
+
+                socks[c] = raw_hello(d, "hoarder");
+                rep = raw_lease_granules(socks[c], 0, GP_MAX_LEASE_GRANULES, GP_GRANULE_BYTES, fds, &nfds);
+                if (rep->status != GPUPOOL__STATUS__STATUS_OK || nfds != GP_MAX_LEASE_GRANULES)
+                        return 3;
+                ids[c][0] = rep->lease_reply->segment_id;
+                for (size_t i = 0; i < rep->lease_reply->n_more_segment_ids; i++)
+                        ids[c][i + 1] = rep->lease_reply->more_segment_ids[i];
+                for (size_t i = 0; i < nfds; i++)
+                        close(fds[i]);
+                gpupool__envelope__free_unpacked(rep, NULL);
+        }
+        /* Then, on each, "give them back" and "lease 128" back to back, never reading a reply. */
+        for (int c = 0; c < 3; c++) {
+                Gpupool__Envelope env = GPUPOOL__ENVELOPE__INIT, lease = GPUPOOL__ENVELOPE__INIT;
+                Gpupool__ReturnRequest rr = GPUPOOL__RETURN_REQUEST__INIT;
+                Gpupool__LeaseRequest lr = GPUPOOL__LEASE_REQUEST__INIT;
+                uint8_t ret_buf[GP_MAX_REQUEST_BYTES], lease_buf[GP_MAX_REQUEST_BYTES];
+                int ret_len, lease_len;
+
+                rr.segment_ids = ids[c];
+                rr.n_segment_ids = GP_MAX_LEASE_GRANULES;
+                env.version = lease.version = GP_PROTOCOL_VERSION;
+                env.id = 8;
+                env.body_case = GPUPOOL__ENVELOPE__BODY_RETURN_SEGMENTS;
+                env.return_segments = &rr;
+                lr.device = 0;
+                lr.size = GP_GRANULE_BYTES;
+                lr.has_granules = true;
+                lr.granules = GP_MAX_LEASE_GRANULES;
+                lease.id = 9;
+                lease.body_case = GPUPOOL__ENVELOPE__BODY_LEASE;
+                lease.lease = &lr;
+                ret_len = gp_wire_pack(&env, ret_buf, sizeof(ret_buf));
+                lease_len = gp_wire_pack(&lease, lease_buf, sizeof(lease_buf));
+                fcntl(socks[c], F_SETFL, O_NONBLOCK);
+                for (int i = 0, idle = 0; i < 2000 && idle < 20; i++) {
+                        if (gp_wire_send_packet(socks[c], ret_buf, (size_t) ret_len, -1) < 0 ||
+                            gp_wire_send_packet(socks[c], lease_buf, (size_t) lease_len, -1) < 0) {
+                                usleep(10000);
+                                idle++;
+                                continue;
+                        }
+                        idle = 0;
+                }
+        }
+        if (write(h->up[1], "h", 1) != 1 || read(h->go[0], &b, 1) != 1)
+                return 4;
+        return 0;               /* its sockets close with it */
+}
+
+START_TEST(test_unread_descriptors_stop_no_one_else) {
+        struct hoarder h;
+        struct rlimit old, rl;
+        gpupool_client *good;
+        struct testd d;
+        pid_t child;
+        int sock;
+        char b;
+        void *p;
+
+        if (geteuid() != 0) {
+                TEST_SKIP("needs root: the hoarder is another uid");
+                return;
+        }
+        /* The daemon's soft limit, which the kernel counts descriptors in flight against. */
+        ck_assert_int_eq(getrlimit(RLIMIT_NOFILE, &old), 0);
+        rl = (struct rlimit) { 16384, old.rlim_max };
+        ck_assert_int_eq(setrlimit(RLIMIT_NOFILE, &rl), 0);
+        /* As the unit runs it: an unprivileged user, without CAP_SYS_RESOURCE, which would exempt it. */
+        testd_start_as(&d, 65534, "--host-capacity", "2G", "--send-timeout", "60s", NULL);
+        ck_assert_int_eq(setrlimit(RLIMIT_NOFILE, &old), 0);
+        ck_assert_int_eq(chmod(d.dir, 0755), 0);        /* let the other uid reach the socket */
+        ck_assert_int_eq(pipe(h.up), 0);
+        ck_assert_int_eq(pipe(h.go), 0);
+        child = spawn(hoard_unread, &d, &h);
+        ck_assert_msg(read(h.up[0], &b, 1) == 1, "the hoarder failed with %d", reap(child));
+        /* Another uid's client gets whole segments and granules while the hoarder sits on its replies. */
+        ck_assert_int_eq(gpupool_connect(d.sock, "patient", &good), 0);
+        sock = raw_hello(&d, "granules");
+        for (int i = 0; i < 8; i++) {
+                int r = gpupool_alloc(good, 0, 64ULL << 20, &p), fds[GP_WIRE_MAX_FDS];
+                uint64_t ids[GP_MAX_LEASE_GRANULES];
+                Gpupool__Envelope *rep;
+                char why[512] = "";
+                size_t nfds;
+
+                if (r < 0)
+                        gpupool_last_error(good, why, sizeof(why));
+                ck_assert_msg(r == 0, "%d: %s", r, why);
+                ck_assert_int_eq(gpupool_free(good, p), 0);
+                ck_assert_int_eq(gpupool_trim(good), 0);
+                rep = raw_lease_granules(sock, 0, GP_MAX_LEASE_GRANULES, GP_GRANULE_BYTES, fds, &nfds);
+                ck_assert_msg(rep->status == GPUPOOL__STATUS__STATUS_OK, "%s", rep->error);
+                ck_assert_uint_eq(nfds, GP_MAX_LEASE_GRANULES);
+                ids[0] = rep->lease_reply->segment_id;
+                for (size_t j = 0; j < rep->lease_reply->n_more_segment_ids; j++)
+                        ids[j + 1] = rep->lease_reply->more_segment_ids[j];
+                for (size_t j = 0; j < nfds; j++)
+                        close(fds[j]);
+                gpupool__envelope__free_unpacked(rep, NULL);
+                rep = raw_return(sock, ids, GP_MAX_LEASE_GRANULES, NULL);
+                ck_assert_int_eq(rep->status, GPUPOOL__STATUS__STATUS_OK);
+                gpupool__envelope__free_unpacked(rep, NULL);
+        }
+        close(sock);
+        ck_assert(testd_alive(&d));
+        ck_assert_int_eq(write(h.go[1], "g", 1), 1);
+        ck_assert_int_eq(reap(child), 0);
+        ck_assert_int_eq(gpupool_alloc(good, 0, 64ULL << 20, &p), 0);
+        gpupool_disconnect(good);
+        close(h.up[0]), close(h.up[1]), close(h.go[0]), close(h.go[1]);
+        ck_assert_int_eq(testd_stop(&d), 0);
+}
+END_TEST
+
 /* Sends a hello-less packet carrying two descriptors. */
 static bool send_two_fds(int sock) {
         char ctl[CMSG_SPACE(2 * sizeof(int))] = { 0 };
@@ -459,6 +602,7 @@ Suite *suite_hostile(void) {
         tcase_add_test(tc, test_client_that_never_reads);
         tcase_add_test(tc, test_slow_reader_gets_every_reply);
         tcase_add_test(tc, test_too_many_descriptors);
+        tcase_add_test(tc, test_unread_descriptors_stop_no_one_else);
         tcase_set_timeout(tc, 120);
         suite_add_tcase(s, tc);
         return s;
