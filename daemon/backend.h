@@ -132,6 +132,12 @@ struct backend {
          */
         bool seal_waits;
         uint64_t fd_bytes;              /* memory it keeps as a descriptor per segment (host): the fd limit's */
+        /*
+         * Memory it adopts was not free when it read its capacity (cuda-vmm: the GPU's free
+         * memory at start, which leaves out what clients of a daemon before it still hold), so
+         * adopting a segment makes the device's capacity as much larger (node_adopted()).
+         */
+        bool adopt_grows;
         const char *no_adopt_why;       /* where mem_adopt is NULL: why, told to a client that asks */
 };
 

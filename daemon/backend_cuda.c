@@ -364,6 +364,7 @@ int backend_cuda_open(uint64_t headroom_bytes, bool vmm, struct backend **ret, c
                 cuda_vmm_setup(c);
         c->base.data = c;
         c->headroom_bytes = headroom_bytes;
+        c->base.adopt_grows = vmm;
         r = gp_cuda_load(&c->cu, err, err_size);
         if (r < 0) {
                 free(c);

@@ -37,6 +37,17 @@ static uint64_t node_unread_budget(void) {
         return cur / 2 > NODE_UNREAD_MIN ? cur / 2 : NODE_UNREAD_MIN;
 }
 
+void node_adopted(struct node *node, unsigned device, uint64_t bytes, bool grow) {
+        struct pool_stats st;
+
+        if (!node->backend->adopt_grows)
+                return;
+        pool_get_stats(node->pools[device], &st);
+        pool_set_capacity(node->pools[device], grow ? st.total_bytes + bytes : st.total_bytes - bytes);
+        pool_get_stats(node->pools[device], &st);
+        node->policy.capacity_bytes[device] = st.total_bytes;
+}
+
 int node_init(struct node *node, uv_loop_t *loop, const struct config *config, struct backend *backend) {
         char why[256];
         int r;

@@ -184,6 +184,13 @@ int node_set_pid_limit(struct node *node, pid_t pid, uint64_t max_bytes);
 /* The set-limit of a new connection of pid: POLICY_NO_OVERRIDE when its process has none. */
 uint64_t node_pid_limit(struct node *node, pid_t pid);
 
+/*
+ * Memory of bytes on device about to be adopted (grow) or not adopted after all (!grow): where
+ * the backend's capacity left it out (backend.adopt_grows), the pool's and policy's capacity
+ * grow or shrink by it, so that memory a client held across a restart is counted once.
+ */
+void node_adopted(struct node *node, unsigned device, uint64_t bytes, bool grow);
+
 /* Forgets every set-limit --pid (a reload, a stop). */
 void node_forget_pid_limits(struct node *node);
 

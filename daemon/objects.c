@@ -476,8 +476,10 @@ static int object_take(struct node *node, const Gpupool__ObjectRecord *r, int *f
         }
         o->id = r->id;
         snprintf(o->pod, sizeof(o->pod), "%s", r->pod_uid ? r->pod_uid : "");
-        /* Memory the device holds already: no headroom applies, only the pool's capacity. */
+        /* Memory the device holds already: no headroom applies, only the pool's capacity, which it joins (node_adopted()). */
+        node_adopted(node, o->device, r->segment_size, true);
         if (pool_adopt(node->pools[o->device], &o->owner, &mem, r->segment_size, UINT64_MAX, &lease) < 0) {
+                node_adopted(node, o->device, r->segment_size, false);
                 b->ops->mem_destroy(b, r->device, &mem, r->segment_size);
                 (void) pool_owner_detach(&o->owner);
                 free(o);

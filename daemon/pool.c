@@ -495,6 +495,10 @@ int pool_adopt(struct pool *p, struct pool_owner *o, const struct backend_mem *m
         return 0;
 }
 
+void pool_set_capacity(struct pool *p, uint64_t capacity_bytes) {
+        p->capacity_bytes = capacity_bytes > p->reserved_bytes ? capacity_bytes : p->reserved_bytes;
+}
+
 bool pool_holds(const struct pool *p, uint64_t ident) {
         struct segment key = { .ident = ident };
 

@@ -248,6 +248,9 @@ void pool_flush(struct pool *pool, uint64_t *ret_segments, uint64_t *ret_bytes);
 
 void pool_get_stats(const struct pool *pool, struct pool_stats *ret);
 
+/* Changes the pool's capacity (memory adopted that was not in it: node_adopted()). Never below what it reserves. */
+void pool_set_capacity(struct pool *pool, uint64_t capacity_bytes);
+
 /* The smallest segment a request of size bytes can be served from (for error messages). */
 uint64_t pool_min_segment_bytes(uint64_t size);
 

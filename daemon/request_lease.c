@@ -482,9 +482,13 @@ void request_adopt(struct session *s, const Gpupool__Envelope *req, struct reply
                 struct pool_lease lease;
                 struct pool_stats st;
 
+                /* On cuda-vmm its memory was left out of the capacity at start: counted once, in it (node_adopted()). */
+                node_adopted(node, device, rq->sizes[i], true);
                 pool_get_stats(node->pools[device], &st);
                 evict_admit(s, device, &st, &adm);
                 r = pool_adopt(node->pools[device], owner, &mems[i], rq->sizes[i], adm.headroom_bytes, &lease);
+                if (r < 0)
+                        node_adopted(node, device, rq->sizes[i], false);
                 if (r == -EDQUOT) {
                         int k = snprintf(why, sizeof(why), "adopting a segment of %s on device %u ",
                                          gp_size_format(rq->sizes[i], b1, sizeof(b1)), device);
@@ -521,8 +525,10 @@ void request_adopt(struct session *s, const Gpupool__Envelope *req, struct reply
         env.body_case = GPUPOOL__ENVELOPE__BODY_ADOPT_REPLY;
         env.adopt_reply = &ar;
         if (reply_pack(&env, false, ret) < 0)
-                for (i = 0; i < ar.n_segment_ids; i++)
+                for (i = 0; i < ar.n_segment_ids; i++) {
                         pool_adopt_undo(node->pools[device], &s->owners[device], ids[i]);
+                        node_adopted(node, device, rq->sizes[i], false);
+                }
 }
 
 static bool is_parked(const struct session *c, const void *arg) {

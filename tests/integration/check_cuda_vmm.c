@@ -880,6 +880,69 @@ static int node_holder(struct testd *d, void *arg) {
 }
 
 /*
+ * Round five: a restarted cuda-vmm daemon reads its capacity from the GPU's free memory, which
+ * leaves out what clients still hold, and adoption took that memory out of the capacity again:
+ * a client holding 600 MiB of a 1 GiB GPU got 3 of its 6 segments adopted ("device 0 is full"),
+ * and once it exited the pool stayed at 328 MiB while the GPU had 1,008 MiB free. Now every
+ * segment is adopted, each byte counted once, and once they are freed the pool is the GPU's
+ * size again (less the context the client held at the restart).
+ */
+static int holds_six_segments(struct testd *d, void *arg) {
+        struct survivor *w = arg;
+        gpupool_client *c;
+        void *p[6];
+        char b;
+
+        if (gpupool_connect(d->sock, "holder", &c) < 0)
+                return 1;
+        for (int i = 0; i < 6; i++)
+                if (gpupool_alloc(c, 0, 100 * MiB, &p[i]) < 0)
+                        return 2;
+        if (write(w->up[1], "r", 1) != 1 || read(w->go[0], &b, 1) != 1)
+                return 3;
+        /* Adopted by the daemon after the restart: within a few seconds its control thread has said hello. */
+        for (double t0 = now_s(); leased_on(d, 0) < (long long) (600 * MiB); nap_ms(50))
+                if (now_s() - t0 > 20)
+                        return 4;
+        for (int i = 0; i < 6; i++)
+                if (gpupool_free(c, p[i]) < 0)
+                        return 5;
+        if (gpupool_trim(c) < 0)
+                return 6;
+        gpupool_disconnect(c);
+        return 0;
+}
+
+START_TEST(test_fake_vmm_restart_counts_adopted_memory_once) {
+        struct survivor w = { 0 };
+        long long total, after;
+        struct testd d;
+        pid_t pid;
+        char b;
+
+        setenv("FAKECUDA_MEM", "1G", 1);
+        cuda_backend = "cuda-vmm";
+        cuda_start(&d, "--headroom", "8M");      /* the default of 1 GiB would leave nothing */
+        total = testd_device(&d, 0, "total_bytes");
+        ck_assert(pipe(w.up) == 0 && pipe(w.go) == 0);
+        pid = spawn(holds_six_segments, &d, &w);
+        ck_assert_int_eq(read(w.up[0], &b, 1), 1);
+        testd_crash_and_restart(&d);
+        ck_assert_int_eq(write(w.go[1], "g", 1), 1);
+        ck_assert(testd_log_wait(&d, "adopted 6 of 6 segments"));
+        ck_assert_int_eq(reap(pid), 0);
+        json_decref(testd_ctl(&d, "check"));
+        after = testd_device(&d, 0, "total_bytes");
+        ck_assert_msg(after >= total - (long long) (16 * MiB) && after <= total, "capacity %lld after, %lld before", after,
+                      total);
+        ck_assert_int_eq(testd_device(&d, 0, "reserved_bytes") - testd_device(&d, 0, "cached_bytes"), 0);
+        close(w.up[0]), close(w.up[1]), close(w.go[0]), close(w.go[1]);
+        cuda_stop(&d);
+        unsetenv("FAKECUDA_MEM");
+}
+END_TEST
+
+/*
  * gpupoold --backend cuda-vmm with default options on a node of eight GPUs of 141 GB under a
  * hard limit of 4096 descriptors: it starts, fitting max_clients to the limit; offers at least
  * 120 GiB of each GPU; holds at most 1,024 descriptors while three processes hold 14 GiB each
@@ -964,4 +1027,5 @@ void cuda_vmm_add_fake(TCase *tc) {
         tcase_add_test(tc, test_fake_granule_leases);
         tcase_add_test(tc, test_fake_vmm_object_on_another_gpu);
         tcase_add_test(tc, test_fake_vmm_node_scale);
+        tcase_add_test(tc, test_fake_vmm_restart_counts_adopted_memory_once);
 }
