@@ -1,6 +1,6 @@
 /*
- * closer.c: a thread that closes what a peer sent, so that the loop never blocks in close(2)
- * (see closer.h).
+ * closer.c: threads that close what a peer sent, so that the loop never blocks in close(2),
+ * and no close that never returns stops the others (see closer.h).
  */
 #include "closer.h"
 
@@ -8,6 +8,7 @@
 #include <pthread.h>
 #include <signal.h>
 #include <stdbool.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -17,15 +18,29 @@
 #include "log.h"
 #include "size.h"
 
+/* The daemon's own descriptors (client sockets): no sender's, never held back. */
+#define OWN ((uid_t) -1)
+
+/* A thread's stack: close(2) needs little (ASan's instrumentation more than the call itself). */
+#define CLOSER_STACK_BYTES (256 * 1024)
+
+struct waiting {
+        int fd;
+        uid_t sender;
+};
+
 static struct {
         pthread_mutex_t lock;
         pthread_cond_t wake;            /* work to do, or stop */
         pthread_cond_t idle;            /* the queue emptied */
-        pthread_t thread;
-        bool started, stopping, failed;
-        int *fds;                       /* waiting to be closed: a stack, order does not matter */
+        pthread_t threads[CLOSER_THREADS];
+        uid_t closing_for[CLOSER_THREADS];      /* whose descriptor each thread is closing; OWN also when idle */
+        bool in_close[CLOSER_THREADS];
+        unsigned started, free_threads;
+        bool stopping, failed;
+        struct waiting *fds;            /* waiting to be closed, oldest first */
         unsigned count, size;
-        unsigned closing;               /* taken by the thread, in close(2) */
+        unsigned closing;               /* taken by the threads, in close(2) */
 } closer = { .lock = PTHREAD_MUTEX_INITIALIZER, .wake = PTHREAD_COND_INITIALIZER, .idle = PTHREAD_COND_INITIALIZER };
 
 /* A lingering socket would hold the thread for its linger time: a peer's socket is closed at once. */
@@ -35,22 +50,51 @@ static void no_linger(int fd) {
         (void) setsockopt(fd, SOL_SOCKET, SO_LINGER, &off, sizeof(off));       /* ENOTSOCK for the rest */
 }
 
+/* How many threads are closing what sender sent. Locked. */
+static unsigned closing_for(uid_t sender) {
+        unsigned n = 0;
+
+        for (unsigned t = 0; t < closer.started; t++)
+                n += closer.in_close[t] && closer.closing_for[t] == sender;
+        return n;
+}
+
+/* The oldest waiting descriptor whose sender has room for one more close, or -1. Locked. */
+static int next_index(void) {
+        for (unsigned i = 0; i < closer.count; i++)
+                if (closer.fds[i].sender == OWN || closing_for(closer.fds[i].sender) < CLOSER_PER_SENDER)
+                        return (int) i;
+        return -1;
+}
+
 static void *closer_main(void *arg) {
-        (void) arg;
+        unsigned me = (unsigned) (uintptr_t) arg;
+
         pthread_mutex_lock(&closer.lock);
         for (;;) {
-                int fd;
+                struct waiting w;
+                int i;
 
-                while (closer.count == 0 && !closer.stopping)
+                while ((i = next_index()) < 0 && !closer.stopping)
                         pthread_cond_wait(&closer.wake, &closer.lock);
-                if (closer.count == 0)
+                if (i < 0)
                         break;
-                fd = closer.fds[--closer.count];
+                w = closer.fds[i];
+                memmove(&closer.fds[i], &closer.fds[i + 1], (closer.count - (unsigned) i - 1) * sizeof(*closer.fds));
+                closer.count--;
                 closer.closing++;
+                closer.free_threads--;
+                closer.in_close[me] = true;
+                closer.closing_for[me] = w.sender;
                 pthread_mutex_unlock(&closer.lock);
-                (void) close(fd);       /* may block: that is why it is here */
+                (void) close(w.fd);     /* may block, even forever: that is why it is here */
                 pthread_mutex_lock(&closer.lock);
+                closer.in_close[me] = false;
                 closer.closing--;
+                closer.free_threads++;
+                /* Its sender may have more waiting that another thread held back for it. */
+                if (closer.count)
+                        pthread_cond_broadcast(&closer.wake);
                 if (closer.count == 0 && closer.closing == 0)
                         pthread_cond_broadcast(&closer.idle);
         }
@@ -58,50 +102,82 @@ static void *closer_main(void *arg) {
         return NULL;
 }
 
-/* Starts the thread, its signals blocked (the loop takes them). Locked. */
-static bool start_locked(void) {
+/*
+ * Starts one more thread, its signals blocked (the loop takes them), where descriptors wait
+ * and no thread is free to take them. Locked. Returns whether any thread runs.
+ */
+static bool grow_locked(void) {
+        pthread_attr_t attr;
         sigset_t all, old;
         int r;
 
-        if (closer.started || closer.failed)
-                return closer.started;
+        if (closer.failed || closer.started == CLOSER_THREADS || (closer.started && closer.free_threads))
+                return closer.started > 0;
         sigfillset(&all);
+        pthread_attr_init(&attr);
+        pthread_attr_setstacksize(&attr, CLOSER_STACK_BYTES);
         pthread_sigmask(SIG_SETMASK, &all, &old);
-        r = pthread_create(&closer.thread, NULL, closer_main, NULL);
+        r = pthread_create(&closer.threads[closer.started], &attr, closer_main, (void *) (uintptr_t) closer.started);
         pthread_sigmask(SIG_SETMASK, &old, NULL);
+        pthread_attr_destroy(&attr);
         if (r != 0) {
-                closer.failed = true;
-                log_err("cannot start the thread that closes clients' descriptors (%s): closing them on the loop",
-                        strerror(r));
-                return false;
+                if (!closer.started) {
+                        closer.failed = true;
+                        log_err("cannot start a thread that closes clients' descriptors (%s): closing them on the loop",
+                                strerror(r));
+                } else {
+                        log_warn("cannot start another thread that closes clients' descriptors (%s): %u close, one may "
+                                 "be stuck", strerror(r), closer.started);
+                }
+                return closer.started > 0;
         }
-        closer.started = true;
+        closer.closing_for[closer.started] = OWN;
+        closer.in_close[closer.started] = false;
+        closer.started++;
+        closer.free_threads++;
+        if (closer.started > 1)
+                log_warn("closing clients' descriptors on %u threads: a close(2) waits (a FUSE or network file system "
+                         "that does not answer, or a socket that lingers)", closer.started);
         return true;
 }
 
-void closer_close(int fd) {
+void closer_close_from(int fd, uid_t sender) {
         if (fd < 0)
                 return;
         no_linger(fd);
         pthread_mutex_lock(&closer.lock);
-        if (!closer.stopping && start_locked()) {
+        if (!closer.stopping && grow_locked()) {
                 if (closer.count == closer.size) {
                         unsigned size = closer.size ? closer.size * 2 : 64;
-                        int *fds = realloc(closer.fds, size * sizeof(*fds));
+                        struct waiting *fds = realloc(closer.fds, size * sizeof(*fds));
 
                         if (!fds)
                                 goto now;
                         closer.fds = fds;
                         closer.size = size;
                 }
-                closer.fds[closer.count++] = fd;
-                pthread_cond_signal(&closer.wake);
+                closer.fds[closer.count++] = (struct waiting) { fd, sender };
+                pthread_cond_broadcast(&closer.wake);
                 pthread_mutex_unlock(&closer.lock);
                 return;
         }
 now:
         pthread_mutex_unlock(&closer.lock);
         (void) close(fd);
+}
+
+void closer_close(int fd) {
+        closer_close_from(fd, OWN);
+}
+
+unsigned closer_backlog(uid_t sender) {
+        unsigned n = 0;
+
+        pthread_mutex_lock(&closer.lock);
+        for (unsigned i = 0; i < closer.count; i++)
+                n += closer.fds[i].sender == sender;
+        pthread_mutex_unlock(&closer.lock);
+        return n;
 }
 
 unsigned closer_stop(unsigned wait_ms) {
@@ -115,11 +191,12 @@ unsigned closer_stop(unsigned wait_ms) {
                 ;
         left = closer.count + closer.closing;
         closer.stopping = true;
-        pthread_cond_signal(&closer.wake);
+        pthread_cond_broadcast(&closer.wake);
         pthread_mutex_unlock(&closer.lock);
         if (closer.started && left == 0) {
-                pthread_join(closer.thread, NULL);
-                closer.started = false;
+                for (unsigned t = 0; t < closer.started; t++)
+                        pthread_join(closer.threads[t], NULL);
+                closer.started = closer.free_threads = 0;
                 free(closer.fds);
                 closer.fds = NULL;
                 closer.size = 0;

@@ -131,6 +131,16 @@ static int admit(struct server *server, int fd, bool *ret_per_uid) {
                 return -1;
         }
         *ret_per_uid = false;
+        /* A user whose descriptors wait to be closed behind closes that do not return may send no more (closer.h). */
+        if (closer_backlog(cred.uid) >= CLOSER_BACKLOG_MAX) {
+                snprintf(why, sizeof(why), "%u descriptors uid %u sent wait to be closed behind closes that do not "
+                         "return (a FUSE or network file system that does not answer?)", closer_backlog(cred.uid),
+                         (unsigned) cred.uid);
+                node_log(&server->node, LOG_LEVEL_WARN, "refusing a client (pid %d, uid %u): %s", (int) cred.pid,
+                         (unsigned) cred.uid, why);
+                refuse_client(fd, -EAGAIN, why);
+                return -1;
+        }
         if (server->node.connected + server->node.exiting + server->node.draining_count < o->max_clients) {
                 *ret_per_uid = uid_connections(server, cred.uid) >= o->max_clients_per_uid;
                 if (!*ret_per_uid)

@@ -746,11 +746,14 @@ static void flush_pending(struct session *s) {
                 uv_poll_start(&s->poll, UV_READABLE, on_readable);
 }
 
-/* Closes the descriptors of the request just read that no handler kept: through the closer, never close(2) in the loop. */
-static void drop_fds(struct node *node) {
+/*
+ * Closes the descriptors of the request just read that no handler kept: through the closer,
+ * never close(2) in the loop, counted as sender's (closer.h).
+ */
+static void drop_fds(struct node *node, uid_t sender) {
         for (size_t i = 0; i < node->recv_nfds; i++)
                 if (node->recv_fds[i] >= 0)
-                        closer_close(node->recv_fds[i]);
+                        closer_close_from(node->recv_fds[i], sender);
         node->recv_nfds = 0;
 }
 
@@ -758,6 +761,7 @@ static void on_readable(uv_poll_t *handle, int status, int events) {
         struct session *s = handle->data;
         struct node *node = s->node;
         Gpupool__Envelope *req = NULL;
+        unsigned backlog;
         int n, r;
 
         if (status < 0) {
@@ -774,13 +778,25 @@ static void on_readable(uv_poll_t *handle, int status, int events) {
                 return;
         (void) unread_update(&s->unread, s->fd, &node->unread_fds);
         /*
+         * What its user sent waits to be closed behind closes that do not return (the closer
+         * holds its closes to CLOSER_PER_SENDER threads): nothing more is taken from it.
+         */
+        if ((backlog = closer_backlog(s->uid)) >= CLOSER_BACKLOG_MAX) {
+                session_log(s, LOG_LEVEL_WARN, "client %llu (pid %d, uid %u): %u descriptors its user sent wait to be "
+                            "closed behind closes that do not return (a FUSE or network file system that does not "
+                            "answer?); disconnecting it", (unsigned long long) s->id, (int) s->pid, (unsigned) s->uid,
+                            backlog);
+                session_disconnect(s, "what its user sent waits to be closed");
+                return;
+        }
+        /*
          * One request per wake-up. Clients wait for each reply, so a wake-up finds one: reading
          * on until EAGAIN would cost a system call per request for nothing. A client that sends
          * several at once is served one per turn of the loop (the poll is level-triggered).
          */
         n = gp_wire_recv_packet_fds(s->fd, node->recv_buf, sizeof(node->recv_buf), node->recv_fds, &node->recv_nfds);
         if (n <= 0)
-                drop_fds(node);
+                drop_fds(node, s->uid);
         if (n == -EAGAIN)
                 return;
         if (n == 0) {
@@ -799,10 +815,10 @@ static void on_readable(uv_poll_t *handle, int status, int events) {
         r = gp_wire_unpack_with(node->recv_buf, (size_t) n, &node->arena.allocator, &req);
         /* Only an adoption carries descriptors: with any other request they make the packet malformed. */
         if (r < 0)
-                drop_fds(node);
+                drop_fds(node, s->uid);
         if (r == 0 && node->recv_nfds && req->body_case != GPUPOOL__ENVELOPE__BODY_ADOPT) {
                 gp_wire_arena_release(&node->arena, req);
-                drop_fds(node);
+                drop_fds(node, s->uid);
                 session_log(s, LOG_LEVEL_WARN, "client %llu (pid %d): malformed packet (descriptors with a request "
                             "other than an adoption); disconnecting it", (unsigned long long) s->id, (int) s->pid);
                 session_disconnect(s, "bad packet");
@@ -828,5 +844,5 @@ static void on_readable(uv_poll_t *handle, int status, int events) {
         /* request_serve() (node.h's hooks): replies, parks or ends the session: s may be gone after this. */
         node->hooks.request(s, req);
         gp_wire_arena_release(&node->arena, req);
-        drop_fds(node);
+        drop_fds(node, s->uid);
 }

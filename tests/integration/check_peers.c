@@ -18,6 +18,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "closer.h"
 #include "fusefile.h"
 #include "gpupool.h"
 #include "suites.h"
@@ -91,6 +92,164 @@ START_TEST(test_adopting_a_frozen_fuse_file_stalls_nothing) {
 
         testd_start(&d, NULL);
         check_frozen_fuse_adoption(__func__, &d);
+        ck_assert_int_eq(testd_stop(&d), 0);
+}
+END_TEST
+
+/*
+ * Round five: the daemon refuses a descriptor on a FUSE file system, but closes it, and that
+ * close waits forever on a server that does not answer FLUSH. On one closer thread nothing was
+ * closed after it: 156 adoptions of 128 /dev/null descriptors filled the table, new clients
+ * were refused and leases dropped their clients. Here a user (another uid, the daemon as the
+ * unit runs it: unprivileged) hands over three such descriptors: two closes stick, on two
+ * threads; 200 other clients come and go, and their sockets are closed at once. Then the same
+ * user floods descriptors, which wait behind its stuck closes: at CLOSER_BACKLOG_MAX it is
+ * dropped and refused, and nobody else is. Once the server answers, every descriptor goes.
+ */
+struct stuck_closer {
+        int up[2], go[2];
+};
+
+/* Sends an adoption of n segments of 2 MiB with fds, and reads its answer; false when the daemon dropped us. */
+static bool adopt_fds(int sock, const int *fds, size_t n) {
+        Gpupool__Envelope env = GPUPOOL__ENVELOPE__INIT, *rep;
+        Gpupool__AdoptRequest ar = GPUPOOL__ADOPT_REQUEST__INIT;
+        uint64_t sizes[GP_WIRE_MAX_FDS];
+        bool ok;
+
+        for (size_t i = 0; i < n; i++)
+                sizes[i] = 2 * MiB;
+        ar.device = 0;
+        ar.sizes = sizes;
+        ar.n_sizes = n;
+        env.id = 7;
+        env.body_case = GPUPOOL__ENVELOPE__BODY_ADOPT;
+        env.adopt = &ar;
+        raw_send_fds(sock, &env, fds, n);
+        rep = raw_recv(sock);
+        ok = rep && rep->status != GPUPOOL__STATUS__STATUS_OK;      /* refused, as it must be */
+        if (rep)
+                gpupool__envelope__free_unpacked(rep, NULL);
+        return ok;
+}
+
+static int stick_closes(struct testd *d, void *arg) {
+        struct stuck_closer *sc = arg;
+        int fd, fds[3], nulls[128], sock;
+        char why[200], dir[300], b;
+        bool dropped = false;
+
+        snprintf(dir, sizeof(dir), "%s/fuse", d->dir);
+        fd = fusefile_open_frozen_flushing(dir, 2 * MiB, why, sizeof(why));
+        if (fd < 0) {
+                (void) !write(sc->up[1], "S", 1);
+                (void) !write(sc->up[1], why, strlen(why) + 1);
+                return 0;
+        }
+        if (setgid(65533) < 0 || setuid(65533) < 0)
+                return 2;
+        sock = raw_hello(d, "stuck-closer");
+        fds[0] = fd;
+        fds[1] = dup(fd);
+        fds[2] = dup(fd);
+        if (!adopt_fds(sock, fds, 3))
+                return 3;
+        /* Ours stay open until the thaw: closing one here would wait on the server as the daemon's do. */
+        if (write(sc->up[1], "A", 1) != 1 || read(sc->go[0], &b, 1) != 1)
+                return 4;
+        /* Descriptors that close at once, but wait behind this user's stuck closes. */
+        for (int i = 0; i < 128; i++)
+                nulls[i] = open("/dev/null", O_RDONLY | O_CLOEXEC);
+        for (int i = 0; i < 40 && !dropped; i++)
+                dropped = !adopt_fds(sock, nulls, 128);
+        for (int i = 0; i < 128; i++)
+                close(nulls[i]);
+        close(sock);
+        if (!dropped || write(sc->up[1], "D", 1) != 1 || read(sc->go[0], &b, 1) != 1)
+                return 5;
+        /* Refused while its descriptors wait. */
+        {
+                gpupool_client *c;
+
+                if (gpupool_connect(d->sock, "stuck-closer-again", &c) == 0)
+                        return 6;
+        }
+        if (write(sc->up[1], "R", 1) != 1 || read(sc->go[0], &b, 1) != 1)
+                return 7;
+        fusefile_thaw();
+        close(fds[2]);
+        close(fds[1]);
+        close(fd);
+        return 0;
+}
+
+/* Waits up to 5 s for the daemon to hold at most want descriptors; returns what it holds. */
+static int fds_settle(struct testd *d, int want) {
+        int n = open_fds(d->pid);
+
+        for (double t0 = now_s(); n > want && now_s() - t0 < 5; nap_ms(20))
+                n = open_fds(d->pid);
+        return n;
+}
+
+START_TEST(test_a_close_stuck_on_fuse_stops_no_other) {
+        struct stuck_closer sc;
+        char dir[300], c = 0;
+        gpupool_client *cl;
+        int base, n;
+        struct testd d;
+        pid_t pid;
+        void *p;
+
+        testd_start_as(&d, 65534, NULL);       /* as the unit runs it */
+        snprintf(dir, sizeof(dir), "%s/fuse", d.dir);
+        ck_assert_int_eq(mkdir(dir, 0755), 0);
+        ck_assert_int_eq(pipe(sc.up), 0);
+        ck_assert_int_eq(pipe(sc.go), 0);
+        ck_assert_int_eq(gpupool_connect(d.sock, "before", &cl), 0);
+        gpupool_disconnect(cl);
+        base = fds_settle(&d, 0);
+        pid = spawn(stick_closes, &d, &sc);
+        ck_assert_int_eq(read(sc.up[0], &c, 1), 1);
+        if (c == 'S') {
+                char why[200] = "";
+
+                (void) !read(sc.up[0], why, sizeof(why) - 1);
+                TEST_SKIP("a close stuck on FUSE: %s", why);
+                ck_assert_int_eq(reap(pid), 0);
+                goto out;
+        }
+        ck_assert_int_eq(c, 'A');
+        /* Two closes stick; 200 clients of another user come and go, and their sockets close at once. */
+        for (int i = 0; i < 200; i++) {
+                ck_assert_int_eq(gpupool_connect(d.sock, "comes-and-goes", &cl), 0);
+                gpupool_disconnect(cl);
+        }
+        /* Beyond what it held: the stuck user's socket and pidfd, and its third descriptor, waiting. */
+        n = fds_settle(&d, base + 3);
+        ck_assert_msg(n <= base + 3, "the daemon holds %d descriptors, %d before: its closes wait", n, base);
+        ck_assert(testd_log_wait(&d, "closing clients' descriptors on 2 threads"));
+        /* The same user's flood waits behind its own stuck closes, bounded, and then it is dropped. */
+        ck_assert_int_eq(write(sc.go[1], "g", 1), 1);
+        ck_assert_msg(read(sc.up[0], &c, 1) == 1 && c == 'D', "the flooder was not dropped (%d)", reap(pid));
+        n = open_fds(d.pid);
+        ck_assert_msg(n <= base + 3 + CLOSER_BACKLOG_MAX + GP_WIRE_MAX_FDS, "the daemon holds %d descriptors", n);
+        ck_assert_int_eq(write(sc.go[1], "g", 1), 1);
+        ck_assert_int_eq(read(sc.up[0], &c, 1), 1);
+        ck_assert_int_eq(c, 'R');
+        /* Everyone else is served meanwhile. */
+        ck_assert_int_eq(gpupool_connect(d.sock, "served", &cl), 0);
+        ck_assert_int_eq(gpupool_alloc(cl, 0, 4 * MiB, &p), 0);
+        ck_assert_int_eq(gpupool_free(cl, p), 0);
+        gpupool_disconnect(cl);
+        /* The server answers: every descriptor goes (but the segment "served" leased, cached: the host backend keeps its memfd). */
+        ck_assert_int_eq(write(sc.go[1], "g", 1), 1);
+        ck_assert_int_eq(reap(pid), 0);
+        n = fds_settle(&d, base + 1);
+        ck_assert_msg(n <= base + 1, "the daemon holds %d descriptors after the thaw, %d before", n, base);
+out:
+        close(sc.up[0]), close(sc.up[1]), close(sc.go[0]), close(sc.go[1]);
+        rmdir(dir);
         ck_assert_int_eq(testd_stop(&d), 0);
 }
 END_TEST
@@ -438,6 +597,7 @@ Suite *suite_peers(void) {
 
         tcase_add_test(tc, test_deaf_client_keeps_its_live_memory);
         tcase_add_test(tc, test_adopting_a_frozen_fuse_file_stalls_nothing);
+        tcase_add_test(tc, test_a_close_stuck_on_fuse_stops_no_other);
         tcase_add_test(tc, test_liar_answering_nothing_diverts_no_reclaim);
         tcase_add_test(tc, test_silent_liar_diverts_no_reclaim);
         tcase_add_test(tc, test_liar_reconnecting_stays_distrusted);

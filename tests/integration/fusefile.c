@@ -155,7 +155,7 @@ static bool tell(char c) {
         return write(ctl, &c, 1) == 1 && read(ctl, &ack, 1) == 1 && ack == c;
 }
 
-int fusefile_open_frozen(const char *dir, unsigned long long size, char *why, size_t why_size) {
+static int open_frozen(const char *dir, unsigned long long size, bool flushes, char *why, size_t why_size) {
         char opts[128], path[300];
         pid_t parent = getpid(), pid;
         int fd, sv[2];
@@ -203,9 +203,11 @@ int fusefile_open_frozen(const char *dir, unsigned long long size, char *why, si
          * said it does not flush (ENOSYS, the kernel's no_flush): one open and close while it
          * still answers says so, and no close of the file waits on the frozen server after.
          */
-        fd = open(path, O_RDONLY | O_CLOEXEC);
-        if (fd >= 0)
-                close(fd);
+        if (!flushes) {
+                fd = open(path, O_RDONLY | O_CLOEXEC);
+                if (fd >= 0)
+                        close(fd);
+        }
         fd = open(path, O_RDWR | O_CLOEXEC);
         if (fd < 0 || !tell('F')) {
                 snprintf(why, why_size, "opening a file on FUSE: %s", fd < 0 ? strerror(errno) : "the server is gone");
@@ -214,6 +216,14 @@ int fusefile_open_frozen(const char *dir, unsigned long long size, char *why, si
                 return -1;
         }
         return fd;
+}
+
+int fusefile_open_frozen(const char *dir, unsigned long long size, char *why, size_t why_size) {
+        return open_frozen(dir, size, false, why, why_size);
+}
+
+int fusefile_open_frozen_flushing(const char *dir, unsigned long long size, char *why, size_t why_size) {
+        return open_frozen(dir, size, true, why, why_size);
 }
 
 void fusefile_thaw(void) {

@@ -21,6 +21,13 @@ struct testd;
 int fusefile_open_frozen(const char *dir, unsigned long long size, char *why, size_t why_size);
 
 /*
+ * The same, with a server that has never said it does not flush: every close of the file, in
+ * any process that holds it, then waits for an answer to its FLUSH that does not come (and
+ * cannot be killed, once the server has read it), until fusefile_thaw() or the caller's exit.
+ */
+int fusefile_open_frozen_flushing(const char *dir, unsigned long long size, char *why, size_t why_size);
+
+/*
  * The server answers again: what it heard while frozen fails with EIO, and the rest is served,
  * so that every process holding the file can close it (a close asks the server too).
  */
