@@ -143,11 +143,11 @@ uint64_t objects_principal_bytes(const struct node *node, uint64_t principal, un
         return bytes;
 }
 
-unsigned objects_principal_count(const struct node *node, uint64_t principal) {
+unsigned objects_holder_count(const struct node *node, uint32_t uid, const char *pod) {
         unsigned n = 0;
 
         for (const struct object *o = node->objects; o; o = o->next)
-                n += o->owner.principal == principal;
+                n += pod[0] ? strcmp(o->pod, pod) == 0 : !o->pod[0] && o->uid == uid;
         return n;
 }
 

@@ -26,8 +26,11 @@ struct tenant;
 
 /* The most objects a node holds at once (a reply lists them all). */
 #define OBJECTS_MAX 256
-/* The most one principal may hold: no one takes all of the node's. */
-#define OBJECTS_PER_PRINCIPAL 64
+/*
+ * The most one holder may have: a pod, whatever uids its processes take (a pod may pick any),
+ * or a uid outside pods. No one takes all of the node's: filling them takes four pods or users.
+ */
+#define OBJECTS_PER_HOLDER 64
 /* Evicted names remembered, for the sentence of a later attach. */
 #define OBJECTS_EVICTED_KEPT 64
 
@@ -65,7 +68,8 @@ struct object *objects_find(struct node *node, uint32_t uid, const char *name);
 
 /* The bytes the objects of principal hold on device (their segments), and how many it holds on any device. */
 uint64_t objects_principal_bytes(const struct node *node, uint64_t principal, unsigned device);
-unsigned objects_principal_count(const struct node *node, uint64_t principal);
+/* How many objects a holder has (OBJECTS_PER_HOLDER): pod's, any uid's, or, with pod "", uid's outside pods. */
+unsigned objects_holder_count(const struct node *node, uint32_t uid, const char *pod);
 
 /*
  * Says in buf (", "-separated uids, at most 8, then "..."), which uids other than but publish

@@ -275,11 +275,15 @@ void request_publish(struct session *s, const Gpupool__Envelope *req, struct rep
                 reply_error(req->id, -EINVAL, false, why, ret);
                 return;
         }
-        /* No one principal takes all of the node's objects. */
-        if (objects_principal_count(node, s->principal) >= OBJECTS_PER_PRINCIPAL) {
-                snprintf(why, sizeof(why), "this client's principal (uid %u%s%s) holds %d named objects, the most one may "
-                         "(of the node's %d): unpublish one first", (unsigned) s->uid, s->pod_uid[0] ? " in pod " : "",
-                         s->pod_uid, OBJECTS_PER_PRINCIPAL, OBJECTS_MAX);
+        /* No one pod, whatever uids it takes, nor one uid outside pods, takes all of the node's objects. */
+        if (objects_holder_count(node, (uint32_t) s->uid, s->pod_uid) >= OBJECTS_PER_HOLDER) {
+                if (s->pod_uid[0])
+                        snprintf(why, sizeof(why), "pod %s holds %d named objects (published by any of its uids), the "
+                                 "most one pod may (of the node's %d): unpublish one first", s->pod_uid, OBJECTS_PER_HOLDER,
+                                 OBJECTS_MAX);
+                else
+                        snprintf(why, sizeof(why), "uid %u holds %d named objects, the most one may (of the node's %d): "
+                                 "unpublish one first", (unsigned) s->uid, OBJECTS_PER_HOLDER, OBJECTS_MAX);
                 reply_error(req->id, -EDQUOT, false, why, ret);
                 return;
         }

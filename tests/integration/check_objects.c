@@ -23,7 +23,7 @@
 #include "testlib.h"
 #include "wire.h"
 
-#define OBJECTS_PER_PRINCIPAL 64       /* daemon/objects.h */
+#define OBJECTS_PER_HOLDER 64  /* daemon/objects.h */
 
 #define MiB (1ULL << 20)
 #define OBJ (16 * MiB)          /* over 10 MiB: a segment of its own */
@@ -447,13 +447,13 @@ START_TEST(test_objects_count_against_their_publisher) {
 
         testd_start(&d, "--host-capacity", "1G", NULL);
         ck_assert_int_eq(gpupool_connect(d.sock, "hoarder", &c), 0);
-        for (i = 0; i < OBJECTS_PER_PRINCIPAL + 1; i++) {
+        for (i = 0; i < OBJECTS_PER_HOLDER + 1; i++) {
                 snprintf(name, sizeof(name), "hoard-%d", i);
                 ck_assert_int_eq(gpupool_alloc(c, 0, 11 * MiB, &p), 0);
                 if ((r = gpupool_publish(c, name, p, 11 * MiB)) < 0)
                         break;
         }
-        ck_assert_int_eq(i, OBJECTS_PER_PRINCIPAL);
+        ck_assert_int_eq(i, OBJECTS_PER_HOLDER);
         ck_assert_int_eq(r, -EDQUOT);
         gpupool_last_error(c, why, sizeof(why));
         ck_assert_msg(strstr(why, "holds 64 named objects, the most one may (of the node's 256)"), "%s", why);

@@ -509,6 +509,69 @@ START_TEST(test_a_client_the_daemon_cannot_place_is_its_own) {
 }
 END_TEST
 
+/* In pod (under mnt) as uid, publishes n objects of 1 MiB ("<uid>-<i>"); 0, or the step that failed (10 + i: -EDQUOT at i). */
+struct pod_publisher {
+        const char *mnt, *pod;
+        unsigned uid, n;
+};
+
+static int publish_in_pod(struct testd *d, void *arg) {
+        struct pod_publisher *pp = arg;
+        char dir[1024], name[64];
+        gpupool_client *c;
+        void *p;
+
+        pod_dir(pp->mnt, pp->pod, 4, dir, sizeof(dir));
+        if (cgroup_join(dir, 0) < 0 || setgid(pp->uid) < 0 || setuid(pp->uid) < 0)
+                return 2;
+        if (gpupool_connect(d->sock, "publisher", &c) < 0)
+                return 3;
+        for (unsigned i = 0; i < pp->n; i++) {
+                int r;
+
+                snprintf(name, sizeof(name), "%u-%u", pp->uid, i);
+                if (gpupool_alloc(c, 0, MiB, &p) < 0)
+                        return 4;
+                if ((r = gpupool_publish(c, name, p, MiB)) < 0) {
+                        char why[512];
+
+                        gpupool_last_error(c, why, sizeof(why));
+                        return r == -EDQUOT && strstr(why, "pod " POD_A " holds 64 named objects (published by any of its "
+                                                     "uids)") ? 10 + (int) i : 5;
+                }
+        }
+        gpupool_disconnect(c);
+        return 0;
+}
+
+/*
+ * The node's 256 objects against one pod of many uids (a pod may pick any): each uid held 64
+ * of its own, so one pod filled the table. Now a pod holds 64, whatever uids publish them: the
+ * fifth uid of pod A is refused its first, and a client of pod B is not.
+ */
+START_TEST(test_one_pod_of_many_uids_fills_no_table) {
+        struct pod_publisher pp = { 0 };
+        char mnt[512];
+        struct testd d;
+
+        if (!pods_ready(__func__, mnt, sizeof(mnt)))
+                return;
+        testd_start(&d, "--host-capacity", "1G", NULL);
+        ck_assert_int_eq(chmod(d.dir, 0755), 0);        /* let the other uids reach the socket */
+        pp.mnt = mnt;
+        pp.pod = POD_A;
+        pp.n = 16;
+        for (pp.uid = 2000; pp.uid < 2004; pp.uid++)
+                ck_assert_int_eq(reap(spawn(publish_in_pod, &d, &pp)), 0);
+        pp.n = 1;
+        ck_assert_int_eq(reap(spawn(publish_in_pod, &d, &pp)), 10);
+        pp.pod = POD_B;
+        ck_assert_int_eq(reap(spawn(publish_in_pod, &d, &pp)), 0);
+        ck_assert_int_eq(testd_stop(&d), 0);
+        remove_pods(mnt);
+}
+END_TEST
+
 static volatile sig_atomic_t namespaced_daemon;
 
 static void forward_term(int sig) {
@@ -597,6 +660,7 @@ Suite *suite_pods(void) {
         tcase_add_test(tc, test_a_client_seen_as_pid_0_is_its_own_principal);
         tcase_add_test(tc, test_pods_apart_in_every_layout_and_configuration);
         tcase_add_test(tc, test_a_client_the_daemon_cannot_place_is_its_own);
+        tcase_add_test(tc, test_one_pod_of_many_uids_fills_no_table);
         tcase_set_timeout(tc, 60);
         suite_add_tcase(s, tc);
         return s;
