@@ -260,7 +260,7 @@ $(HOOKS_THROW): tests/hooks_throw.cc include/gpupool.h $(LIB_SO)
 # The units (systemd-analyze verify), install into a temporary DESTDIR (a program built against
 # it with pkg-config), the man pages against the programs' options and the Python package come
 # first; the Check suites last, so that their summary ends the output.
-test: all $(TEST_BIN) $(FAKECUDA) $(BENCH_PENDING) $(BENCH_LAG) $(BENCH_REPLAY) $(HOOKS_THROW) $(CUDA_ABI_OK) $(B)/obj/daemon/main.o $(DAEMON_TEST_O)
+test: all $(TEST_BIN) $(FAULTS_BIN) $(FAKECUDA) $(BENCH_PENDING) $(BENCH_LAG) $(BENCH_REPLAY) $(HOOKS_THROW) $(CUDA_ABI_OK) $(B)/obj/daemon/main.o $(DAEMON_TEST_O)
 	$(Q)B=$(B) tests/check-units.sh
 	$(Q)B=$(B) MAKE="$(MAKE)" MAKEFLAGS= tests/check-install.sh "SANITIZER=$(SANITIZER)" "STATIC=$(STATIC)"
 	$(Q)B=$(B) tests/check-man.sh
@@ -503,7 +503,7 @@ FB           := build/fuzz
 FUZZ_FLAGS   := -g -O1 -std=gnu11 -MMD -MP -fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=all \
                 -DGPUPOOL_VERSION='"$(VERSION)"' -Iinclude -Icommon -Idaemon -Itests -I$(B)/proto
 FUZZ_SRC     := $(DAEMON) $(COMMON) $(PROTO_C)
-FUZZ_TARGETS := $(FB)/fuzz_protocol $(FB)/fuzz_pool
+FUZZ_TARGETS := $(FB)/fuzz_protocol $(FB)/fuzz_pool $(FB)/fuzz_identity
 
 $(FB)/obj/%.o: %.c $(PROTO_H)
 	@mkdir -p $(dir $@)
@@ -520,7 +520,7 @@ $(FB)/fuzz_%: $(FB)/obj/tests/fuzz/fuzz_%.o $(patsubst %.c,$(FB)/obj/%.o,$(DAEMO
 	$(Q)$(FUZZ_CC) -fsanitize=fuzzer,address,undefined -o $@ $^ $(LIBS_UV) $(LIBS_PROTOBUF) $(LIBS_INIH) -ldl -lpthread
 
 fuzz: $(FUZZ_TARGETS)
-	$(Q)for t in protocol pool; do \
+	$(Q)for t in protocol pool identity; do \
 		mkdir -p $(FB)/corpus/$$t && cp -n tests/fuzz/corpus/$$t/* $(FB)/corpus/$$t/ 2>/dev/null; \
 		echo "fuzz_$$t: $(FUZZ_SECONDS) s"; \
 		$(FB)/fuzz_$$t -max_total_time=$(FUZZ_SECONDS) -max_len=8192 -print_final_stats=1 \
@@ -539,7 +539,7 @@ $(B)/tests/make_seeds: $(B)/obj/tests/fuzz/make_seeds.o $(COMMON_O)
 
 # The suites under valgrind, the daemons they start too. Slow (minutes); not part of "make test".
 VALGRIND := valgrind -q --error-exitcode=99 --leak-check=full --errors-for-leak-kinds=definite --show-leak-kinds=definite
-valgrind: all $(TEST_BIN) $(FAKECUDA) $(HOOKS_THROW)
+valgrind: all $(TEST_BIN) $(FAULTS_BIN) $(FAKECUDA) $(HOOKS_THROW)
 	$(Q)GPUPOOL_BUILD_DIR=$(B) GPUPOOL_DAEMON_WRAPPER="$(VALGRIND)" GPUPOOL_TEST_VALGRIND=1 CK_DEFAULT_TIMEOUT=120 CK_TIMEOUT_MULTIPLIER=5 \
 		$(VALGRIND) $(TEST_BIN)
 

@@ -222,6 +222,9 @@ GPUPOOL_EXPORT void gpupool_disconnect(gpupool_client *c) {
 }
 
 GPUPOOL_EXPORT int gpupool_reconnect(gpupool_client *c) {
+        Gpupool__Envelope req = GPUPOOL__ENVELOPE__INIT, *rep;
+        Gpupool__ByeRequest bye = GPUPOOL__BYE_REQUEST__INIT;
+        bool live, device_done = true;
         int r;
 
         if (!c)
@@ -229,10 +232,24 @@ GPUPOOL_EXPORT int gpupool_reconnect(gpupool_client *c) {
         client_control_close(c);
         pthread_mutex_lock(&c->lock);
         client_conn_wait(c);
-        /* The old daemon's memory is gone with it: forget every block and mapping, wait for no event. */
-        if (c->mem->driver)
+        /*
+         * A daemon that is there (this one, or one that came back and adopted what the process
+         * held: the control thread resumes on its own) is told bye once everything is unmapped,
+         * as at a disconnect, so that what it holds of ours is not left reserved until the
+         * process exits; and, where a device may still run our work on it, only once that
+         * work has ended. A daemon that is gone took its memory with it: no event is waited for.
+         */
+        live = !c->conn.broken && !__atomic_load_n(&c->daemon_gone, __ATOMIC_ACQUIRE);
+        if (c->mem->driver) {
+                if (live)
+                        device_done = client_stream_reap(c, true) == 0 && c->mem->driver->synchronize(c) == 0;
                 client_stream_forget(c);
+        }
         drop_everything(c);
+        req.body_case = GPUPOOL__ENVELOPE__BODY_BYE;
+        req.bye = &bye;
+        if (live && device_done && client_call(c, &req, GPUPOOL__ENVELOPE__BODY__NOT_SET, &rep, NULL) == 0)
+                gpupool__envelope__free_unpacked(rep, NULL);
         r = session_open(c);
         if (r < 0)
                 client_set_error(c, "%s", c->error[0] ? c->error : "cannot reconnect to gpupoold");

@@ -212,6 +212,18 @@ static bool wait_for_daemon(gpupool_client *c) {
                 if (r == 0)
                         r = client_resume(c, fresh, hello, &control);
                 free(fresh);
+                /*
+                 * The handle closed the channel while the adoption was out (it lets go of the
+                 * lock for each request): the channel just opened is not served, or nothing
+                 * would shut it and client_control_close() would wait for this thread forever.
+                 * The main connection stays the new daemon's, for the closer to say bye on.
+                 */
+                if (r == 0 && c->control.stopping) {
+                        gp_conn_close(control);
+                        free(control);
+                        __atomic_store_n(&c->daemon_gone, false, __ATOMIC_RELEASE);
+                        break;
+                }
                 if (r == 0) {
                         gp_conn_close(c->control.conn);
                         free(c->control.conn);

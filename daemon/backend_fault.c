@@ -2,7 +2,9 @@
  * backend_fault.c: TEST ONLY. Wraps a backend and makes a chosen fraction of its segment
  * creations, exports and zeroings fail, so that the stress run (tests/stress) proves every
  * failure path returns its memory and keeps the invariants. Enabled by $GPUPOOL_TEST_FAULTS,
- * e.g. "create=0.05,export=0.02,zero=0.1,seed=7"; the daemon says so loudly at start. It is
+ * e.g. "create=0.05,export=0.02,zero=0.1,seed=7"; the daemon says so loudly at start. And
+ * "adopt_ms=N" makes each adoption of a segment wait N ms first, the loop blocked: a daemon
+ * slow to adopt, for the tests of what a client does meanwhile. It is
  * linked into the test daemon build/tests/gpupoold-faults (and the test and fuzz programs)
  * only: the shipped gpupoold has none of it.
  */
@@ -12,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "log.h"
 
@@ -20,6 +23,7 @@ struct fault_backend {
         struct backend *inner;
         struct backend_ops ops;         /* fault_ops, less what the inner backend does not do */
         double create, export_, zero;   /* probabilities of failure */
+        unsigned adopt_ms;              /* each adoption of a segment waits this long first, the loop blocked */
         uint64_t rng;
 };
 
@@ -90,9 +94,13 @@ static int fault_device_memory(struct backend *b, unsigned device, struct backen
 
 static int fault_mem_adopt(struct backend *b, unsigned device, int fd, uint64_t size, bool sealed, struct backend_mem *ret, char *why,
                            size_t why_size) {
-        struct backend *inner = fault_of(b)->inner;
+        struct fault_backend *f = fault_of(b);
 
-        return inner->ops->mem_adopt(inner, device, fd, size, sealed, ret, why, why_size);
+        if (f->adopt_ms) {
+                log_warn("TEST ONLY: an adoption waits %u ms ($GPUPOOL_TEST_FAULTS adopt_ms)", f->adopt_ms);
+                usleep(f->adopt_ms * 1000);
+        }
+        return f->inner->ops->mem_adopt(f->inner, device, fd, size, sealed, ret, why, why_size);
 }
 
 static uint64_t fault_mem_ident(struct backend *b, unsigned device, const struct backend_mem *mem) {
@@ -156,7 +164,7 @@ int backend_fault_wrap(struct backend *inner, const char *spec, struct backend *
                 }
                 *eq = '\0';
                 v = strtod(eq + 1, &end);
-                if (*end || v < 0 || (strcmp(kv, "seed") != 0 && v > 1)) {
+                if (*end || v < 0 || (strcmp(kv, "seed") != 0 && strcmp(kv, "adopt_ms") != 0 && v > 1) || v > 60000) {
                         snprintf(err, err_size, "$GPUPOOL_TEST_FAULTS: %s=%s is not a probability from 0 to 1", kv, eq + 1);
                         free(f);
                         return -EINVAL;
@@ -167,10 +175,12 @@ int backend_fault_wrap(struct backend *inner, const char *spec, struct backend *
                         f->export_ = v;
                 else if (strcmp(kv, "zero") == 0)
                         f->zero = v;
+                else if (strcmp(kv, "adopt_ms") == 0)
+                        f->adopt_ms = (unsigned) v;
                 else if (strcmp(kv, "seed") == 0)
                         f->rng = (uint64_t) v * 0x9e3779b97f4a7c15ULL + 1;
                 else {
-                        snprintf(err, err_size, "$GPUPOOL_TEST_FAULTS: unknown key '%s' (create, export, zero, seed)", kv);
+                        snprintf(err, err_size, "$GPUPOOL_TEST_FAULTS: unknown key '%s' (create, export, zero, adopt_ms, seed)", kv);
                         free(f);
                         return -EINVAL;
                 }

@@ -89,7 +89,9 @@ GPUPOOL_EXPORT void gpupool_disconnect(gpupool_client *client);
  * and mapping of the old daemon, which are invalid from now on (on the cuda backend the memory
  * died with the process that owned it; on host and cuda-vmm it is let go: on host the handle
  * reconnects by itself and keeps it instead, unless this is called), and connects again with
- * the same socket and name.
+ * the same socket and name. A daemon that is there (the handle had reconnected by itself, or
+ * never lost it) is told goodbye first, once the device has finished this process's work, so
+ * that what it holds of this process goes back at once rather than at the process's exit.
  * Returns 0, or connect's errors (-ECONNREFUSED while no daemon listens: call again later);
  * the handle stays usable for gpupool_reconnect() and gpupool_disconnect() either way.
  */

@@ -502,6 +502,48 @@ START_TEST(test_daemon_crash_and_reconnect) {
 }
 END_TEST
 
+/*
+ * gpupool_reconnect() while the control thread has the daemon that came back adopt what the
+ * process holds (the test daemon's adoptions wait 1.5 s: $GPUPOOL_TEST_FAULTS adopt_ms). The
+ * thread let go of the handle's lock for the adoption, the reconnect closed the channel then,
+ * and the thread went on to serve a channel it opened after: nothing shut that one, and the
+ * reconnect waited for the thread forever (make valgrind's one hang, where a slow daemon made
+ * the window wide). Now the reconnect returns once the adoption has, and says bye to the
+ * daemon that adopted, so that what it adopted is not left reserved until this process exits.
+ */
+START_TEST(test_reconnect_while_the_daemon_adopts) {
+        gpupool_client *c;
+        struct testd d;
+        json_t *st;
+        void *p, *q;
+        double t0;
+
+        testd_start(&d, NULL);
+        ck_assert_int_eq(gpupool_connect(d.sock, "survivor", &c), 0);
+        ck_assert_int_eq(gpupool_alloc(c, 0, 4096, &p), 0);
+        testd_crash(&d);
+        ck_assert(sees_daemon_gone(c));
+        /* The next daemon is the test build, slow to adopt (argv[...] points at d.path). */
+        snprintf(d.path, sizeof(d.path), "%s/tests/gpupoold-faults", build_dir());
+        setenv("GPUPOOL_TEST_FAULTS", "adopt_ms=1500", 1);
+        testd_relaunch(&d);
+        unsetenv("GPUPOOL_TEST_FAULTS");
+        ck_assert(testd_log_wait(&d, "TEST ONLY: an adoption waits 1500 ms"));
+        t0 = now_s();
+        ck_assert_int_eq(gpupool_reconnect(c), 0);
+        ck_assert_msg(now_s() - t0 < 20, "the reconnect took %.1f s", now_s() - t0);
+        ck_assert_int_eq(gpupool_free(c, p), -ENOENT);
+        ck_assert_int_eq(gpupool_alloc(c, 0, 4096, &q), 0);
+        /* The new session's small-block segment, and nothing of the adopted one left reserved. */
+        st = testd_ctl(&d, "status");
+        ck_assert_int_eq(status_device(st, "reserved_bytes") - status_device(st, "cached_bytes"), 2 * MiB);
+        json_decref(st);
+        ck_assert_int_eq(gpupool_free(c, q), 0);
+        gpupool_disconnect(c);
+        ck_assert_int_eq(testd_stop(&d), 0);
+}
+END_TEST
+
 START_TEST(test_stale_socket_and_second_daemon) {
         char cmd[512], out[2048];
         struct testd d;
@@ -947,6 +989,7 @@ Suite *suite_daemon(void) {
         tcase_add_test(tc, test_threads_share_a_handle);
         tcase_add_test(tc, test_daemon_gone);
         tcase_add_test(tc, test_daemon_crash_and_reconnect);
+        tcase_add_test(tc, test_reconnect_while_the_daemon_adopts);
         tcase_add_test(tc, test_stale_socket_and_second_daemon);
         tcase_add_test(tc, test_segment_zeroed_across_uids);
         tcase_add_test(tc, test_kept_descriptor_reads_nothing);
