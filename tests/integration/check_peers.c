@@ -201,6 +201,15 @@ START_TEST(test_a_close_stuck_on_fuse_stops_no_other) {
         pid_t pid;
         void *p;
 
+        /*
+         * Valgrind runs one thread at a time and keeps its lock through a close(2), so the stuck
+         * close stops the daemon whole there; its --sim-hints=fuse-compatible, which would let
+         * go, stops valgrind 3.19 itself on this close (an assertion in vgPlain_client_syscall).
+         */
+        if (under_valgrind()) {
+                TEST_SKIP("valgrind holds its one lock through a close(2) that waits on FUSE");
+                return;
+        }
         testd_start_as(&d, 65534, NULL);       /* as the unit runs it */
         snprintf(dir, sizeof(dir), "%s/fuse", d.dir);
         ck_assert_int_eq(mkdir(dir, 0755), 0);
