@@ -529,6 +529,16 @@ fuzz: $(FUZZ_TARGETS)
 		test $${PIPESTATUS[0]} -eq 0 || exit 1; \
 	done
 
+# A long campaign that grows the committed corpus (tests/fuzz/campaign.sh; not in CI): FUZZ_RUNS
+# inputs per target (of up to FUZZ_MAX_LEN bytes) over FUZZ_JOBS processes, merged back into
+# tests/fuzz/corpus.
+FUZZ_RUNS ?= 10000000
+FUZZ_JOBS ?= 2
+FUZZ_MAX_LEN ?= 8192
+fuzz-campaign: $(FUZZ_TARGETS)
+	$(Q)FB=$(FB) RUNS=$(FUZZ_RUNS) JOBS=$(FUZZ_JOBS) MAX_LEN=$(FUZZ_MAX_LEN) tests/fuzz/campaign.sh \
+		$(or $(FUZZ_ONLY),protocol pool identity)
+
 # Writes the protocol fuzzer's seed corpus (committed; run again when the protocol grows).
 fuzz-seeds: $(B)/tests/make_seeds
 	$(Q)$(B)/tests/make_seeds tests/fuzz/corpus/protocol
@@ -647,7 +657,7 @@ clean:
 
 FORCE:
 
-.PHONY: FORCE all install uninstall test layers bench-objects check-gpu gpu-tools gpu-validate bench-gpu bench-pending bench-driver bench-frameworks stress fuzz fuzz-seeds bench bench-frag bench-replay bench-replay-vmm bench-lag bench-adopt bench-instructions valgrind deps deps-fuzz deps-valgrind deps-deploy check-deploy run clean
+.PHONY: FORCE all install uninstall test layers bench-objects check-gpu gpu-tools gpu-validate bench-gpu bench-pending bench-driver bench-frameworks stress fuzz fuzz-campaign fuzz-seeds bench bench-frag bench-replay bench-replay-vmm bench-lag bench-adopt bench-instructions valgrind deps deps-fuzz deps-valgrind deps-deploy check-deploy run clean
 
 .SECONDARY:
 

@@ -32,6 +32,7 @@ fi
 cat >"$tmp/constants.c" <<'PROG'
 #include <stdio.h>
 #include "client_common.h"
+#include "closer.h"
 #include "metrics.h"
 #include "node.h"
 #include "objects.h"
@@ -45,6 +46,7 @@ int main(void) {
         SHOW(NODE_OPERATOR_ROOM); SHOW(GP_MAX_REQUEST_BYTES); SHOW(GP_MAX_NAME_BYTES);
         SHOW(GP_MAX_LEASE_GRANULES); SHOW(RECLAIM_MAX_SEGMENTS); SHOW(CLIENT_RETURN_BATCH); SHOW(CLIENT_PIPELINE);
         SHOW(METRICS_TEXT_MAX / 1024); SHOW(OBJECTS_MAX); SHOW(GP_MAX_OBJECT_NAME_BYTES);
+        SHOW(OBJECTS_PER_HOLDER); SHOW(CLOSER_THREADS); SHOW(CLOSER_PER_SENDER);
         return 0;
 }
 PROG
@@ -79,6 +81,9 @@ checks=(
         "docs/protocol.md|at most {OBJECTS_MAX} objects on a node"
         "docs/protocol.md|(1 to {GP_MAX_OBJECT_NAME_BYTES} bytes of UTF-8, no control characters nor any"
         "docs/design.md|At most {OBJECTS_MAX} objects on a node."
+        "docs/design.md|One holder has at most {OBJECTS_PER_HOLDER} of them (\`OBJECTS_PER_HOLDER\`)"
+        "docs/design.md|(up to {CLOSER_THREADS}, each with a 256 KiB stack)"
+        "docs/design.md|closes what one user sent on at most {CLOSER_PER_SENDER} threads at once"
 )
 for c in "${checks[@]}"; do
         file=${c%%|*}
