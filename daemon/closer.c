@@ -41,6 +41,7 @@ static struct {
         struct waiting *fds;            /* waiting to be closed, oldest first */
         unsigned count, size;
         unsigned closing;               /* taken by the threads, in close(2) */
+        unsigned waiting;               /* count, for closer_backlog() without the lock (written under it) */
 } closer = { .lock = PTHREAD_MUTEX_INITIALIZER, .wake = PTHREAD_COND_INITIALIZER, .idle = PTHREAD_COND_INITIALIZER };
 
 /* A lingering socket would hold the thread for its linger time: a peer's socket is closed at once. */
@@ -82,6 +83,7 @@ static void *closer_main(void *arg) {
                 w = closer.fds[i];
                 memmove(&closer.fds[i], &closer.fds[i + 1], (closer.count - (unsigned) i - 1) * sizeof(*closer.fds));
                 closer.count--;
+                __atomic_store_n(&closer.waiting, closer.count, __ATOMIC_RELAXED);
                 closer.closing++;
                 closer.free_threads--;
                 closer.in_close[me] = true;
@@ -157,6 +159,7 @@ void closer_close_from(int fd, uid_t sender) {
                         closer.size = size;
                 }
                 closer.fds[closer.count++] = (struct waiting) { fd, sender };
+                __atomic_store_n(&closer.waiting, closer.count, __ATOMIC_RELAXED);
                 pthread_cond_broadcast(&closer.wake);
                 pthread_mutex_unlock(&closer.lock);
                 return;
@@ -173,6 +176,9 @@ void closer_close(int fd) {
 unsigned closer_backlog(uid_t sender) {
         unsigned n = 0;
 
+        /* Asked before every request a session reads: nothing waiting (always, but under a stuck close) takes no lock. */
+        if (!__atomic_load_n(&closer.waiting, __ATOMIC_RELAXED))
+                return 0;
         pthread_mutex_lock(&closer.lock);
         for (unsigned i = 0; i < closer.count; i++)
                 n += closer.fds[i].sender == sender;
