@@ -73,6 +73,8 @@ CFLAGS += -std=gnu11 -Wall -Wextra -Wshadow -Wstrict-prototypes -Wno-unused-para
 # Each directory sees its own headers, the API's, common/'s and the messages'; the tests and
 # benchmarks see every one. The library and the CLI cannot include a daemon's or a test's.
 $(B)/obj/tests/%.o $(B)/obj/bench/%.o: CFLAGS += -Idaemon -Iclient -Itests
+# The fake driver counts the calls of its entry points (fakecuda_calls()) by instrumenting its functions.
+$(B)/obj/tests/fakecuda/%.o: CFLAGS += -finstrument-functions
 LDFLAGS ?=
 ifneq ($(SANITIZER),)
 CFLAGS  += -fsanitize=$(SANITIZER) -fno-sanitize-recover=all -fno-omit-frame-pointer -O1

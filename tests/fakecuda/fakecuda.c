@@ -37,6 +37,10 @@
  *     of cuThreadExchangeStreamCaptureMode, fails with CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED
  *     and invalidates the capture; so does cuStreamGetId on a capturing stream, in any mode;
  *     an event recorded in a capture cannot be queried (CUDA_ERROR_CAPTURED_EVENT);
+ *   - the default streams are the current context's: a call naming one without a current
+ *     context fails (CUDA_ERROR_INVALID_CONTEXT), each context's has an id of its own, and
+ *     cuStreamIsCapturing of the legacy stream while a blocking stream of its context
+ *     captures says CUDA_ERROR_STREAM_CAPTURE_IMPLICIT (cuda.h);
  *   - compute modes: no context on a PROHIBITED GPU, one process's at a time on an
  *     EXCLUSIVE_PROCESS one (CUDA_ERROR_DEVICE_UNAVAILABLE);
  *   - cuIpcOpenMemHandle costs time that grows with the allocation's size (what an H100
@@ -86,7 +90,8 @@
  * $FAKECUDA_DIR also holds fakecuda-ledger, the node's memory use by process.
  *
  * This file has cuInit, the devices and contexts, the entry-point table and the test hooks
- * that count calls. Device memory and IPC handles are in fakecuda_mem.c; the node's ledger is
+ * that count calls: fakecuda_calls() counts every call of each entry point handed out, by
+ * thread and in all (the fake is built with -finstrument-functions for it). Device memory and IPC handles are in fakecuda_mem.c; the node's ledger is
  * in fakecuda_ledger.c; streams, events and memsets are in fakecuda_stream.c; virtual memory
  * management (cuMemCreate and the rest) is in fakecuda_vmm.c; what the files share is in
  * fake.h.
@@ -520,6 +525,7 @@ static CUresult fk_GetErrorName(CUresult r, const char **name) {
                 { GP_CUDA_ERROR_ILLEGAL_ADDRESS, "CUDA_ERROR_ILLEGAL_ADDRESS" },
                 { GP_CUDA_ERROR_ILLEGAL_STATE, "CUDA_ERROR_ILLEGAL_STATE" },
                 { GP_CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED" },
+                { GP_CUDA_ERROR_STREAM_CAPTURE_IMPLICIT, "CUDA_ERROR_STREAM_CAPTURE_IMPLICIT" },
                 { GP_CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED" },
                 { GP_CUDA_ERROR_CAPTURED_EVENT, "CUDA_ERROR_CAPTURED_EVENT" },
                 { GP_CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD, "CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD" },
@@ -626,6 +632,33 @@ EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int version,
         return GP_CUDA_SUCCESS;
 }
 
+/*
+ * The calls of the entry points cuGetProcAddress_v2 hands out, counted for fakecuda_calls():
+ * the fake is built with -finstrument-functions, and a function entered with no other of the
+ * fake's under way on its thread is a call from outside, counted when it is an entry point.
+ */
+#define NSYMBOLS (sizeof(symbols) / sizeof(symbols[0]))
+static __thread unsigned call_depth;
+static __thread unsigned long long calls_mine[NSYMBOLS];
+static unsigned long long calls_all[NSYMBOLS];          /* atomic */
+
+__attribute__((no_instrument_function)) void __cyg_profile_func_enter(void *fn, void *site) {
+        (void) site;
+        if (call_depth++)
+                return;
+        for (size_t i = 0; i < NSYMBOLS; i++)
+                if (symbols[i].fn == fn) {
+                        calls_mine[i]++;
+                        __atomic_add_fetch(&calls_all[i], 1, __ATOMIC_RELAXED);
+                        return;
+                }
+}
+
+__attribute__((no_instrument_function)) void __cyg_profile_func_exit(void *fn, void *site) {
+        (void) fn, (void) site;
+        call_depth--;
+}
+
 /* The unversioned names, exported as the real driver exports them: the 32-bit ABI. */
 EXPORT CUresult cuInit(unsigned flags) { return fk_Init(flags); }
 EXPORT CUresult cuMemAlloc(unsigned *dptr, unsigned size) { return fk_MemAlloc_v1(dptr, size); }
@@ -642,6 +675,32 @@ unsigned long long counted(const unsigned long long *counter) {
         n = *counter;
         pthread_mutex_unlock(&lock);
         return n;
+}
+
+/*
+ * Calls of the entry point name (every version of it; NULL: of all entry points) made through
+ * the pointers cuGetProcAddress_v2 handed out, by the calling thread (mine) or the process.
+ */
+EXPORT unsigned long long fakecuda_calls(const char *name, int mine) {
+        unsigned long long n = 0;
+
+        for (size_t i = 0; i < NSYMBOLS; i++)
+                if (!name || strcmp(symbols[i].name, name) == 0)
+                        n += mine ? calls_mine[i] : __atomic_load_n(&calls_all[i], __ATOMIC_RELAXED);
+        return n;
+}
+
+/* The i-th entry point's name, each name once; NULL past the last. */
+EXPORT const char *fakecuda_call_name(unsigned i) {
+        for (size_t k = 0; k < NSYMBOLS; k++) {
+                bool first = true;
+
+                for (size_t j = 0; j < k && first; j++)
+                        first = strcmp(symbols[j].name, symbols[k].name) != 0;
+                if (first && i-- == 0)
+                        return symbols[k].name;
+        }
+        return NULL;
 }
 
 /* How many times cuMemSetAccess was called in this process. */

@@ -410,10 +410,9 @@ CUresult fk_StreamGetId(gp_cu_stream hs, unsigned long long *id) {
                 return r;
         if (!id)
                 return GP_CUDA_ERROR_INVALID_VALUE;
-        if (IS_DEFAULT_STREAM(hs)) {
-                *id = (uintptr_t) hs == 2 ? ~0ULL - (unsigned long long) gettid() : 0;
-                return GP_CUDA_SUCCESS;
-        }
+        /* A default stream is the current context's: none without one. Each has an id of its own. */
+        if (IS_DEFAULT_STREAM(hs) && !current())
+                return GP_CUDA_ERROR_INVALID_CONTEXT;
         pthread_mutex_lock(&lock);
         s = stream_of(hs);
         if (s && s->capture != CAPTURE_NONE) {
@@ -525,6 +524,14 @@ CUresult fk_StreamEndCapture(gp_cu_stream hs, void **graph) {
         return was == CAPTURE_ACTIVE ? GP_CUDA_SUCCESS : GP_CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
 }
 
+/* Whether a blocking stream of the legacy stream s's context is capturing. Call locked. */
+static bool legacy_captured(const struct stream *s) {
+        for (const struct stream *t = streams; t; t = t->next)
+                if (t != s && t->ctx == s->ctx && t->blocking && t->capture == CAPTURE_ACTIVE)
+                        return true;
+        return false;
+}
+
 CUresult fk_StreamIsCapturing(gp_cu_stream hs, int *status) {
         struct stream *s;
         CUresult r = ready();
@@ -533,12 +540,15 @@ CUresult fk_StreamIsCapturing(gp_cu_stream hs, int *status) {
                 return r;
         if (!status)
                 return GP_CUDA_ERROR_INVALID_VALUE;
-        if (IS_DEFAULT_STREAM(hs)) {
-                *status = GP_CU_STREAM_CAPTURE_STATUS_NONE;
-                return GP_CUDA_SUCCESS;
-        }
+        if (IS_DEFAULT_STREAM(hs) && !current())
+                return GP_CUDA_ERROR_INVALID_CONTEXT;
         pthread_mutex_lock(&lock);
         s = stream_of(hs);
+        /* As cuda.h says: the legacy stream while a blocking stream of its context captures (which goes on). */
+        if (s && s->legacy && legacy_captured(s)) {
+                pthread_mutex_unlock(&lock);
+                return GP_CUDA_ERROR_STREAM_CAPTURE_IMPLICIT;
+        }
         if (s)
                 *status = s->capture == CAPTURE_ACTIVE ? GP_CU_STREAM_CAPTURE_STATUS_ACTIVE :
                           s->capture == CAPTURE_INVALIDATED ? GP_CU_STREAM_CAPTURE_STATUS_INVALIDATED :
