@@ -101,6 +101,26 @@ static gp_cu_result call_pair(void) {
         return GP_CUDA_SUCCESS;
 }
 
+/* The same pair on a handle with both promises (gpupool_promise()), and through PyTorch's hooks, which make them. */
+static gpupool_client *promised;
+
+static gp_cu_result call_pair_promised(void) {
+        void *p;
+
+        if (gpupool_alloc_async(promised, 0, 64 * 1024, s, &p) < 0 || gpupool_free_async(promised, p, s) < 0)
+                return GP_CUDA_ERROR_UNKNOWN;
+        return GP_CUDA_SUCCESS;
+}
+
+static gp_cu_result call_pair_torch(void) {
+        void *p = gpupool_torch_alloc(64 * 1024, 0, (struct CUstream_st *) s);
+
+        if (!p)
+                return GP_CUDA_ERROR_UNKNOWN;
+        gpupool_torch_free(p, 64 * 1024, 0, (struct CUstream_st *) s);
+        return gpupool_hook_last_error(NULL, 0) ? GP_CUDA_ERROR_UNKNOWN : GP_CUDA_SUCCESS;
+}
+
 static void time_call(const char *name, gp_cu_result (*fn)(void)) {
         double *r = calloc(rounds, sizeof(*r));
 
@@ -287,6 +307,118 @@ out:
 #undef TRY
 }
 
+/* ---- how many driver calls a pair makes (the fake driver counts them: fakecuda_calls()) ---- */
+
+#define COUNT_WARMUP 2000
+#define COUNT_PAIRS 20000
+
+static unsigned long long (*fake_calls)(const char *name, int mine);
+static const char *(*fake_call_name)(unsigned i);
+
+enum count_path { PATH_C, PATH_PROMISED, PATH_TORCH };
+
+/* One pair of size bytes on stream st by path; 0 or -1. */
+static int count_pair(enum count_path path, size_t size, gp_cu_stream st) {
+        void *p = NULL;
+
+        if (path == PATH_TORCH) {
+                if (!(p = gpupool_torch_alloc((ssize_t) size, 0, (struct CUstream_st *) st)))
+                        return -1;
+                gpupool_torch_free(p, (ssize_t) size, 0, (struct CUstream_st *) st);
+                return gpupool_hook_last_error(NULL, 0) ? -1 : 0;
+        }
+        gpupool_client *h = path == PATH_C ? client : promised;
+
+        return gpupool_alloc_async(h, 0, size, st, &p) < 0 || gpupool_free_async(h, p, st) < 0 ? -1 : 0;
+}
+
+/*
+ * Pairs by path: the i-th on streams[i % nstreams], of sizes[i % nsizes]; after COUNT_WARMUP
+ * of them, the calls per pair of COUNT_PAIRS more, on this thread (exact from run to run) and in
+ * all the process's threads (the library's reaper thread's waits and queries too, which vary),
+ * and this thread's calls by entry point.
+ */
+static void count_calls(const char *what, enum count_path path, const size_t *sizes, unsigned nsizes,
+                        const gp_cu_stream *streams, unsigned nstreams) {
+        unsigned long long mine, all, each[128];
+        char why[256];
+        unsigned n = 0;
+
+        for (unsigned i = 0; i < COUNT_WARMUP; i++)
+                if (count_pair(path, sizes[i % nsizes], streams[i % nstreams]) < 0)
+                        goto failed;
+        mine = fake_calls(NULL, 1);
+        all = fake_calls(NULL, 0);
+        for (n = 0; n < 128 && fake_call_name(n); n++)
+                each[n] = fake_calls(fake_call_name(n), 1);
+        for (unsigned i = 0; i < COUNT_PAIRS; i++)
+                if (count_pair(path, sizes[i % nsizes], streams[i % nstreams]) < 0)
+                        goto failed;
+        printf("  %-46s %6.2f %6.2f ", what, (double) (fake_calls(NULL, 1) - mine) / COUNT_PAIRS,
+               (double) (fake_calls(NULL, 0) - all) / COUNT_PAIRS);
+        for (unsigned k = 0, first = 1; k < n; k++) {
+                unsigned long long d = fake_calls(fake_call_name(k), 1) - each[k];
+
+                if (d) {
+                        printf("%s%s %.2f", first ? " " : ", ", fake_call_name(k), (double) d / COUNT_PAIRS);
+                        first = 0;
+                }
+        }
+        printf("\n");
+        return;
+failed:
+        gpupool_last_error(path == PATH_C ? client : promised, why, sizeof(why));
+        printf("  %-46s failed: %s\n", what, path == PATH_TORCH ? "see gpupool_hook_last_error()" : why);
+}
+
+static void count_paths(void) {
+        static const size_t one[] = { 1u << 20 };
+        static const size_t eight[] = { 256u << 10, 512u << 10, 1u << 20, 3u << 19, 2u << 20, 3u << 20, 5u << 20, 8u << 20 };
+        static const struct { const char *name; enum count_path path; } paths[] = {
+                { "gpupool_alloc_async + gpupool_free_async", PATH_C },
+                { "the same, both promises (gpupool_promise)", PATH_PROMISED },
+                { "gpupool_torch_alloc + gpupool_torch_free", PATH_TORCH },
+        };
+        gp_cu_stream two[2] = { s, other };
+        char what[96];
+
+        printf("driver calls per alloc+free pair after %d pairs, of %d pairs: this thread, all threads, this thread's by entry point\n",
+               COUNT_WARMUP, COUNT_PAIRS);
+        for (unsigned k = 0; k < sizeof(paths) / sizeof(paths[0]); k++) {
+                printf("%s:\n", paths[k].name);
+                count_calls("1 MiB, one stream", paths[k].path, one, 1, &s, 1);
+                count_calls("8 sizes (256 KiB to 8 MiB) in turn, one stream", paths[k].path, eight, 8, &s, 1);
+                snprintf(what, sizeof(what), "1 MiB, two streams alternating");
+                count_calls(what, paths[k].path, one, 1, two, 2);
+                count_calls("8 sizes in turn, two streams alternating", paths[k].path, eight, 8, two, 2);
+        }
+}
+
+/*
+ * What the stream calls of the library's path return with no context current: on a stream
+ * the caller made, and on the legacy default stream (the current context's).
+ */
+static void context_rules(void) {
+        unsigned long long id;
+        gp_cu_context c;
+        gp_cu_result r;
+        int st;
+
+        if (cu.cuCtxPopCurrent(&c) != GP_CUDA_SUCCESS)
+                return;
+        printf("no context current:\n");
+#define SHOW(what, call) do { r = (call); printf("  %-44s %s\n", what, gp_cuda_error_name(&cu, r)); } while (0)
+        SHOW("cuStreamIsCapturing(s)", cu.cuStreamIsCapturing(s, &st));
+        SHOW("cuStreamGetId(s)", cu.cuStreamGetId(s, &id));
+        SHOW("cuEventRecord(ev, s)", cu.cuEventRecord(ev, s));
+        SHOW("cuEventQuery(ev)", cu.cuEventQuery(ev));
+        SHOW("cuStreamIsCapturing(NULL)", cu.cuStreamIsCapturing(NULL, &st));
+        SHOW("cuStreamGetId(NULL)", cu.cuStreamGetId(NULL, &id));
+#undef SHOW
+        (void) cu.cuCtxPushCurrent(ctx);
+        (void) cu.cuStreamSynchronize(s);
+}
+
 /* What each call returns during a global capture on s, in mode (the thread's). */
 static void capture_rules(int mode) {
         unsigned long long id;
@@ -378,12 +510,28 @@ int main(int argc, char **argv) {
                         fprintf(stderr, "bench_driver: cannot connect to %s\n", sock);
                         return 1;
                 }
+                /* The hooks' shared handle connects to the same daemon, promised as use_with_torch() does. */
+                setenv("GPUPOOL_SOCKET", sock, 1);
+                if (gpupool_connect(sock, "bench-driver", &promised) < 0 ||
+                    gpupool_promise(promised, GPUPOOL_STREAMS_KEPT | GPUPOOL_CAPTURES_TOLD) < 0 ||
+                    gpupool_torch_promise(GPUPOOL_STREAMS_KEPT | GPUPOOL_CAPTURES_TOLD) < 0) {
+                        fprintf(stderr, "bench_driver: cannot connect to %s with promises\n", sock);
+                        return 1;
+                }
                 time_call("gpupool_alloc + gpupool_free (64 KiB)", call_pair);
                 time_call("gpupool_alloc_async + gpupool_free_async (64 KiB)", call_pair_async);
-                if (cu.cuStreamSynchronize(s) != GP_CUDA_SUCCESS)
+                time_call("the same, both promises (gpupool_promise)", call_pair_promised);
+                time_call("gpupool_torch_alloc + gpupool_torch_free", call_pair_torch);
+                *(void **) &fake_calls = dlsym(cu.lib, "fakecuda_calls");
+                *(void **) &fake_call_name = dlsym(cu.lib, "fakecuda_call_name");
+                if (fake_calls && fake_call_name)
+                        count_paths();
+                if (cu.cuStreamSynchronize(s) != GP_CUDA_SUCCESS || cu.cuStreamSynchronize(other) != GP_CUDA_SUCCESS)
                         return 1;
+                gpupool_disconnect(promised);
                 gpupool_disconnect(client);
         }
+        context_rules();
         granule_moves();
         capture_rules(GP_CU_STREAM_CAPTURE_MODE_GLOBAL);
         capture_rules(GP_CU_STREAM_CAPTURE_MODE_RELAXED);

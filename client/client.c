@@ -264,7 +264,8 @@ static int daemon_device(gpupool_client *c, int device) {
         return device < c->local_count ? c->local_to_daemon[device] : -1;
 }
 
-static int alloc_on(gpupool_client *c, int device, size_t size, void *stream, bool on_stream, void **ret_ptr);
+static int alloc_on(gpupool_client *c, int device, size_t size, void *stream, bool on_stream, unsigned promises,
+                    void **ret_ptr);
 
 /*
  * Whether what the process leases went with the daemon (client_memory_lost()); says so. The
@@ -279,14 +280,19 @@ static bool memory_is_lost(gpupool_client *c) {
 }
 
 GPUPOOL_EXPORT int gpupool_alloc(gpupool_client *c, int device, size_t size, void **ret_ptr) {
-        return alloc_on(c, device, size, NULL, false, ret_ptr);
+        return alloc_on(c, device, size, NULL, false, 0, ret_ptr);
 }
 
 GPUPOOL_EXPORT int gpupool_alloc_async(gpupool_client *c, int device, size_t size, void *stream, void **ret_ptr) {
-        return alloc_on(c, device, size, stream, true, ret_ptr);
+        return alloc_on(c, device, size, stream, true, 0, ret_ptr);
 }
 
-static int alloc_on(gpupool_client *c, int device, size_t size, void *stream, bool on_stream, void **ret_ptr) {
+int client_alloc_async(gpupool_client *c, int device, size_t size, void *stream, unsigned promises, void **ret_ptr) {
+        return alloc_on(c, device, size, stream, true, promises, ret_ptr);
+}
+
+static int alloc_on(gpupool_client *c, int device, size_t size, void *stream, bool on_stream, unsigned promises,
+                    void **ret_ptr) {
         /* The size as the pool rounds it (0: too large to round). */
         uint64_t rsize = size <= UINT64_MAX - GP_BLOCK_ALIGN ? (size + GP_BLOCK_ALIGN - 1) & ~(GP_BLOCK_ALIGN - 1) : 0;
         struct block *b = NULL;
@@ -340,7 +346,7 @@ static int alloc_on(gpupool_client *c, int device, size_t size, void *stream, bo
                 r = -EINVAL;
         } else {
                 /* A block held for this stream's lane is this allocation's at once: the stream orders the work. */
-                uint32_t lane = on_stream && c->mem->driver ? client_stream_lane(c, (unsigned) d, stream) : 0;
+                uint32_t lane = on_stream && c->mem->driver ? client_stream_lane(c, (unsigned) d, stream, promises) : 0;
 
                 r = client_pool_alloc(c, (unsigned) d, device, rsize, on_stream ? stream : NULL, lane, ret_ptr);
         }
@@ -381,6 +387,10 @@ GPUPOOL_EXPORT int gpupool_free(gpupool_client *c, void *ptr) {
 }
 
 GPUPOOL_EXPORT int gpupool_free_async(gpupool_client *c, void *ptr, void *stream) {
+        return client_free_async(c, ptr, stream, 0);
+}
+
+int client_free_async(gpupool_client *c, void *ptr, void *stream, unsigned promises) {
         struct block *b;
         int r;
 
@@ -398,13 +408,44 @@ GPUPOOL_EXPORT int gpupool_free_async(gpupool_client *c, void *ptr, void *stream
                         client_set_error(c, "a stream was given for a block of host memory");
                         r = -EINVAL;
                 } else {
-                        r = client_stream_defer_free(c, b, stream == GPUPOOL_STREAM_OF_ALLOC ? b->stream : stream);
+                        r = client_stream_defer_free(c, b, stream == GPUPOOL_STREAM_OF_ALLOC ? b->stream : stream, promises);
                 }
                 if (r < 0)
                         (void) client_live_insert(c, b);        /* not freed: still the application's */
         }
         pthread_mutex_unlock(&c->lock);
         return r;
+}
+
+GPUPOOL_EXPORT int gpupool_promise(gpupool_client *c, unsigned promises) {
+        int r;
+
+        if (!c)
+                return client_invalid(NULL, "%s: no handle (NULL): gpupool_connect() gives one", __func__);
+        pthread_mutex_lock(&c->lock);
+        r = client_stream_promise(c, promises);
+        pthread_mutex_unlock(&c->lock);
+        return r;
+}
+
+/* A capture the caller tells of begins or ends: the captures under way after it. */
+static int capture(gpupool_client *c, bool begin, const char *fn) {
+        int r;
+
+        if (!c)
+                return client_invalid(NULL, "%s: no handle (NULL): gpupool_connect() gives one", fn);
+        pthread_mutex_lock(&c->lock);
+        r = client_stream_capture(c, begin);
+        pthread_mutex_unlock(&c->lock);
+        return r;
+}
+
+GPUPOOL_EXPORT int gpupool_capture_begin(gpupool_client *c) {
+        return capture(c, true, __func__);
+}
+
+GPUPOOL_EXPORT int gpupool_capture_end(gpupool_client *c) {
+        return capture(c, false, __func__);
 }
 
 GPUPOOL_EXPORT int gpupool_grow_stats(gpupool_client *c, struct gpupool_grow_stats *ret) {

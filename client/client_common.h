@@ -141,6 +141,7 @@ struct stream_queue {
         uint64_t unfenced_since_ns;     /* when the oldest of them was queued (client_now_ns()) */
         void *stream;                   /* the handle the latest free came with: a later fence goes there, if still this stream */
         bool gone;                      /* that handle is another stream's now: no fence can follow its unfenced frees */
+        unsigned promises;              /* what every one of the unfenced frees promised (gpupool_promise()) */
 };
 
 /* A daemon device as this process sees it. */
@@ -213,6 +214,8 @@ struct client_streams {
         bool reaper_idle;               /* waiting for a free to be queued: only then is it signalled */
         client_event reaper_event;      /* the event the reaper waits for, unlocked: never reused meanwhile */
         bool reaper_event_done;         /* its frees completed meanwhile: the reaper recycles it after its wait */
+        unsigned promises;              /* the caller's, about its streams (gpupool_promise()): GPUPOOL_STREAMS_KEPT... */
+        unsigned captures;              /* graph captures the caller said are under way (gpupool_capture_begin()) */
 };
 
 struct gpupool_client {
@@ -272,6 +275,14 @@ struct gpupool_client {
         struct client_release release;  /* a framework's cache over the handle's blocks: client.c's and the control thread's */
         struct client_streams streams;  /* stream-ordered frees: client_stream.c's alone */
 };
+
+/*
+ * client.c's gpupool_alloc_async() and gpupool_free_async() for a caller that makes promises
+ * about the stream (gpupool_promise()'s) for this call alone, besides the handle's: the hooks,
+ * whose shared handle serves PyTorch's calls, which promise, and CuPy's, which do not.
+ */
+int client_alloc_async(gpupool_client *c, int device, size_t size, void *stream, unsigned promises, void **ret_ptr);
+int client_free_async(gpupool_client *c, void *ptr, void *stream, unsigned promises);
 
 /* Sets the handle's error (gpupool_last_error()), at any layer. */
 static inline __attribute__((format(printf, 2, 3))) void client_set_error(gpupool_client *c, const char *fmt, ...) {

@@ -66,7 +66,7 @@ static void release_framework(gpupool_client *c, int device, uint64_t want, uint
         for (;;) {
                 client_pool_drain(c, true);
                 if (client_stream_pending(c))
-                        (void) client_stream_collect(c);
+                        (void) client_stream_collect(c, 1);
                 *n += client_take_empty(c, device, want - *got, UINT64_MAX, ids + *n, max - *n, &more);
                 *got += more;
                 if (*got >= want || *n == max || !client_stream_pending(c))
@@ -146,7 +146,7 @@ static void serve(gpupool_client *c) {
                 pthread_mutex_lock(&c->lock);
                 client_pool_drain(c, true);     /* a parked block may be all that keeps a segment */
                 if (client_stream_pending(c))
-                        (void) client_stream_collect(c);        /* and blocks held for their streams */
+                        (void) client_stream_collect(c, 1);        /* and blocks held for their streams */
                 rr.n_segment_ids = client_take_empty(c, device, want, UINT64_MAX, ids, CLIENT_RETURN_BATCH, &got);
                 /*
                  * A framework's cache may hold what is asked: its thread frees it, unless a lease is

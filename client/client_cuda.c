@@ -11,8 +11,12 @@
  * cuIpcOpenMemHandle_v2(CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS) in the primary context, and
  * closed when the daemon says the segment holds no live block of ours.
  *
+ * Streams: the caller's are asked whether they capture and what their id is with no context
+ * made current (a stream is of the context it was made in); the default streams are the
+ * current context's, so the GPU's primary context is pushed for them.
+ *
  * Events: stream-ordered frees (client_stream.c) record one on the caller's stream in the
- * GPU's primary context; done ones are kept per device for reuse. They are made with
+ * GPU's primary context, made current for it; done ones are kept per device for reuse. They are made with
  * CU_EVENT_BLOCKING_SYNC: waiting for an event without it spins the waiting thread's core
  * (cuda.h, cuEventCreate), and a training loop nearly always has a free pending.
  *
@@ -29,6 +33,7 @@
 #include "client_common.h"
 
 #include <errno.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -395,34 +400,55 @@ int client_cuda_unmap(gpupool_client *c, unsigned i, uint8_t *va, uint64_t size)
         return r == GP_CUDA_SUCCESS ? 0 : -EIO;
 }
 
-/*
- * Whether stream is capturing a graph (1, or 0), and if not its id. Pushed. cuStreamGetId on a
- * capturing stream fails and invalidates the capture, in every capture mode: ask first.
- */
-static gp_cu_result capture_or_id(gpupool_client *c, void *stream, int *ret_capturing, unsigned long long *ret_id) {
-        int status = GP_CU_STREAM_CAPTURE_STATUS_NONE;
-        gp_cu_result r = cu(c)->cuStreamIsCapturing((gp_cu_stream) stream, &status);
-
-        /* The legacy default stream while another stream captures in global mode: capturing too. */
-        *ret_capturing = r == GP_CUDA_ERROR_STREAM_CAPTURE_IMPLICIT || (r == GP_CUDA_SUCCESS && status != GP_CU_STREAM_CAPTURE_STATUS_NONE);
-        if (*ret_capturing)
-                return GP_CUDA_SUCCESS;
-        return r == GP_CUDA_SUCCESS ? cu(c)->cuStreamGetId((gp_cu_stream) stream, ret_id) : r;
+/* CUstream handles that name a stream of the current context: NULL, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD. */
+static bool is_default_stream(const void *stream) {
+        return (uintptr_t) stream <= 2;
 }
 
-static int cuda_stream_id(gpupool_client *c, unsigned i, void *stream, unsigned long long *ret) {
+/*
+ * What ask says, of stream: whether it is capturing a graph (*ret_capturing), and if not its
+ * id. cuStreamGetId on a capturing stream fails and invalidates the capture, in every capture
+ * mode: ask first.
+ */
+static gp_cu_result ask_stream(gpupool_client *c, void *stream, unsigned ask, int *ret_capturing, unsigned long long *ret_id) {
+        int status = GP_CU_STREAM_CAPTURE_STATUS_NONE;
+        gp_cu_result r;
+
+        *ret_capturing = 0;
+        if (ask & CLIENT_ASK_CAPTURE) {
+                r = cu(c)->cuStreamIsCapturing((gp_cu_stream) stream, &status);
+                /* The legacy default stream while a blocking stream captures: capturing too. */
+                *ret_capturing = r == GP_CUDA_ERROR_STREAM_CAPTURE_IMPLICIT ||
+                                 (r == GP_CUDA_SUCCESS && status != GP_CU_STREAM_CAPTURE_STATUS_NONE);
+                if (*ret_capturing || r != GP_CUDA_SUCCESS)
+                        return *ret_capturing ? GP_CUDA_SUCCESS : r;
+        }
+        return ask & CLIENT_ASK_ID ? cu(c)->cuStreamGetId((gp_cu_stream) stream, ret_id) : GP_CUDA_SUCCESS;
+}
+
+/*
+ * Neither call needs the library's context for a stream the caller made: a stream is of the
+ * context it was made in. A default stream is the current context's, so d's is made current
+ * for one; and should the driver refuse the calls without it, they are made again with it.
+ */
+static int cuda_stream_id(gpupool_client *c, unsigned i, void *stream, unsigned ask, unsigned long long *ret) {
         struct cuda_device *d = device_of(c, i);
+        bool pushed = is_default_stream(stream);
         gp_cu_result r;
         int err, capturing;
 
-        /* The default streams are the current context's: make the device's current. */
-        err = push(c, d);
-        if (err < 0)
+        if (pushed && (err = push(c, d)) < 0)
                 return err;
-        r = capture_or_id(c, stream, &capturing, ret);
-        pop(c);
+        r = ask_stream(c, stream, ask, &capturing, ret);
+        if (r != GP_CUDA_SUCCESS && !pushed && push(c, d) == 0) {
+                pushed = true;
+                r = ask_stream(c, stream, ask, &capturing, ret);
+        }
+        if (pushed)
+                pop(c);
         if (r != GP_CUDA_SUCCESS) {
-                client_set_error(c, "cuStreamGetId: %s (not a stream of this process?)", gp_cuda_error_name(cu(c), r));
+                client_set_error(c, "%s: %s (not a stream of this process?)",
+                                 ask & CLIENT_ASK_CAPTURE ? "cuStreamIsCapturing" : "cuStreamGetId", gp_cuda_error_name(cu(c), r));
                 return -EINVAL;
         }
         return capturing;
@@ -458,17 +484,19 @@ static gp_cu_result event_get(gpupool_client *c, struct cuda_device *d, gp_cu_ev
         return r;
 }
 
-static int cuda_fence(gpupool_client *c, unsigned i, void *stream, unsigned long long id, client_event *ret) {
+/* An event is of the context it was made in, and is recorded with that context current. */
+static int cuda_fence(gpupool_client *c, unsigned i, void *stream, unsigned long long id, unsigned ask, client_event *ret) {
         struct cuda_device *d = device_of(c, i);
-        unsigned long long now_id = 0;
+        unsigned long long now_id = id;
         gp_cu_event e = NULL;
-        int err, capturing;
-        gp_cu_result r;
+        int err, capturing = 0;
+        gp_cu_result r = GP_CUDA_SUCCESS;
 
         err = push(c, d);
         if (err < 0)
                 return err;
-        r = capture_or_id(c, stream, &capturing, &now_id);
+        if (ask)
+                r = ask_stream(c, stream, ask, &capturing, &now_id);
         if (r != GP_CUDA_SUCCESS || capturing || now_id != id) {
                 /* Capturing (a later fence), or the handle is another stream's now (none). */
                 pop(c);

@@ -8,6 +8,7 @@
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <errno.h>
+#include <limits.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -23,6 +24,8 @@ static pthread_mutex_t hook_lock = PTHREAD_MUTEX_INITIALIZER;
 static gpupool_client *hook_handle;     /* atomic; set once under hook_lock, dropped in a forked child */
 static gpupool_client *volatile hook_inherited;        /* in a forked child: the parent's handle, kept, never freed */
 static pthread_once_t hook_fork_once = PTHREAD_ONCE_INIT;
+static unsigned torch_promises;         /* atomic: PyTorch's hooks' promises (gpupool_torch_promise) */
+static unsigned hook_captures;          /* hook_lock: captures under way (gpupool_hook_capture) */
 
 static __thread int hook_errno;
 static __thread char hook_error[HOOK_ERROR_MAX];
@@ -87,8 +90,12 @@ GPUPOOL_EXPORT int gpupool_hook_client(gpupool_client **ret_client) {
                 /* The library's sentence names the socket and what to do; the daemon's reason where it refused us. */
                 if (gpupool_last_error(NULL, why, sizeof(why)) == 0)
                         snprintf(why, sizeof(why), "%s", gpupool_strerror(r));
-                if (r == 0)
+                if (r == 0) {
+                        /* Captures the glue told of before the handle existed, said before any allocation. */
+                        for (unsigned i = 0; i < hook_captures; i++)
+                                (void) gpupool_capture_begin(c);
                         __atomic_store_n(&hook_handle, c, __ATOMIC_RELEASE);
+                }
                 else
                         hook_fail(r, "%s%s", why, r == -EINVAL ? " (check $GPUPOOL_CLIENT_NAME and the $GPUPOOL_* settings)" : "");
         }
@@ -96,6 +103,29 @@ GPUPOOL_EXPORT int gpupool_hook_client(gpupool_client **ret_client) {
         pthread_mutex_unlock(&hook_lock);
         if (r == 0)
                 *ret_client = c;
+        return r;
+}
+
+GPUPOOL_EXPORT int gpupool_torch_promise(unsigned promises) {
+        if (promises & ~(GPUPOOL_STREAMS_KEPT | GPUPOOL_CAPTURES_TOLD))
+                return -EINVAL;
+        __atomic_or_fetch(&torch_promises, promises, __ATOMIC_RELEASE);
+        return 0;
+}
+
+GPUPOOL_EXPORT int gpupool_hook_capture(int begin) {
+        int r;
+
+        pthread_mutex_lock(&hook_lock);
+        if (begin ? hook_captures == INT_MAX : !hook_captures) {
+                r = -EINVAL;
+        } else {
+                hook_captures += begin ? 1 : -1;
+                r = (int) hook_captures;
+                if (hook_handle)
+                        (void) (begin ? gpupool_capture_begin(hook_handle) : gpupool_capture_end(hook_handle));
+        }
+        pthread_mutex_unlock(&hook_lock);
         return r;
 }
 
@@ -113,8 +143,8 @@ static void fail_on(gpupool_client *c, int err, const char *what) {
         hook_fail(err, "%s: %s%s%s", what, gpupool_strerror(err), why[0] ? ": " : "", why);
 }
 
-/* An allocation of size bytes on device, for a hook; NULL and the reason kept on failure. */
-static void *hook_alloc(gpupool_client *c, size_t size, int device, void *stream, bool on_stream) {
+/* An allocation of size bytes on device, for a hook making promises; NULL and the reason kept on failure. */
+static void *hook_alloc(gpupool_client *c, size_t size, int device, void *stream, bool on_stream, unsigned promises) {
         char what[96], b[GP_SIZE_FORMAT_MAX];
         void *p = NULL;
         int r;
@@ -125,7 +155,7 @@ static void *hook_alloc(gpupool_client *c, size_t size, int device, void *stream
         }
         if (!c && gpupool_hook_client(&c) < 0)
                 return NULL;
-        r = on_stream ? gpupool_alloc_async(c, device, size, stream, &p) : gpupool_alloc(c, device, size, &p);
+        r = on_stream ? client_alloc_async(c, device, size, stream, promises, &p) : gpupool_alloc(c, device, size, &p);
         if (r < 0) {
                 snprintf(what, sizeof(what), "allocating %s (%zu bytes) on device %d", gp_size_format(size, b, sizeof(b)), size,
                          device);
@@ -136,7 +166,7 @@ static void *hook_alloc(gpupool_client *c, size_t size, int device, void *stream
         return p;
 }
 
-static void hook_free(gpupool_client *c, void *ptr, void *stream) {
+static void hook_free(gpupool_client *c, void *ptr, void *stream, unsigned promises) {
         int r;
 
         if (!ptr) {
@@ -149,7 +179,7 @@ static void hook_free(gpupool_client *c, void *ptr, void *stream) {
                 hook_fail(-ENOENT, "freeing %p: this process has no gpupool allocations (never connected)", ptr);
                 return;
         }
-        r = gpupool_free_async(c, ptr, stream);
+        r = client_free_async(c, ptr, stream, promises);
         if (r < 0) {
                 char what[64];
 
@@ -208,7 +238,7 @@ GPUPOOL_EXPORT void *gpupool_torch_alloc(ssize_t size, int device, struct CUstre
                 throw_refusal();
                 return NULL;
         }
-        p = hook_alloc(NULL, (size_t) size, device, stream, true);
+        p = hook_alloc(NULL, (size_t) size, device, stream, true, __atomic_load_n(&torch_promises, __ATOMIC_ACQUIRE));
         if (!p && hook_errno)
                 throw_refusal();
         return p;
@@ -216,7 +246,7 @@ GPUPOOL_EXPORT void *gpupool_torch_alloc(ssize_t size, int device, struct CUstre
 
 GPUPOOL_EXPORT void gpupool_torch_free(void *ptr, ssize_t size, int device, struct CUstream_st *stream) {
         (void) size, (void) device;     /* the library knows each block's size and device */
-        hook_free(NULL, ptr, stream);
+        hook_free(NULL, ptr, stream, __atomic_load_n(&torch_promises, __ATOMIC_ACQUIRE));
 }
 
 /* CuPy's current stream on this thread, as gpupool_cupy_stream() last said (NULL: the legacy one). */
@@ -227,11 +257,11 @@ GPUPOOL_EXPORT void gpupool_cupy_stream(struct CUstream_st *stream) {
 }
 
 GPUPOOL_EXPORT void *gpupool_cupy_malloc(void *param, size_t size, int device) {
-        return hook_alloc(param, size, device, cupy_stream, true);
+        return hook_alloc(param, size, device, cupy_stream, true, 0);
 }
 
 GPUPOOL_EXPORT void gpupool_cupy_free(void *param, void *ptr, int device) {
         (void) device;
         /* CuPy's free names no stream: its pool orders a free on the allocation's stream, and so does this. */
-        hook_free(param, ptr, GPUPOOL_STREAM_OF_ALLOC);
+        hook_free(param, ptr, GPUPOOL_STREAM_OF_ALLOC, 0);
 }

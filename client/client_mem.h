@@ -34,6 +34,10 @@ typedef uint64_t client_mem_handle;
  * their contexts, streams and events. d is the daemon's index of a device. Called locked, but
  * event_wait() (the reaper thread's) and thread_relaxed().
  */
+/* What stream_id() and fence() ask the driver of a stream: whether it captures a graph, its id. */
+#define CLIENT_ASK_CAPTURE 1u
+#define CLIENT_ASK_ID 2u
+
 struct client_driver_ops {
         /*
          * Loads the driver and matches the daemon's devices (hello's, by UUID) to this process's
@@ -44,18 +48,20 @@ struct client_driver_ops {
         /* Whether a daemon's hello names the same devices, each the same GPU of this process, as setup's did. */
         bool (*same_devices)(gpupool_client *c, const Gpupool__HelloReply *hello);
         /*
-         * The driver's id of stream (cuStreamGetId: a destroyed stream's handle may come back for
-         * another stream, an id never). Returns 0; 1, with no id, when the stream is capturing a
-         * graph; or -EINVAL with the error set (not a stream of this process's device d).
+         * What ask (CLIENT_ASK_*) says to ask the driver of stream: whether it is capturing a
+         * graph, and its id (cuStreamGetId: a destroyed stream's handle may come back for
+         * another stream, an id never), set in *ret. Returns 0; 1, with no id, when the stream
+         * is capturing; or -EINVAL with the error set (not a stream of this process's device d).
          */
-        int (*stream_id)(gpupool_client *c, unsigned d, void *stream, unsigned long long *ret);
+        int (*stream_id)(gpupool_client *c, unsigned d, void *stream, unsigned ask, unsigned long long *ret);
         /*
-         * Records an event on stream (of id) after the work queued so far: one fence for the
-         * frees queued on it before. Returns 0; recording nothing, 1 when the stream is capturing
-         * a graph, 2 when the handle is no longer that stream's; or a negative errno with the
-         * error set.
+         * Records an event on stream after the work queued so far: one fence for the frees
+         * queued on it before; first, as ask says, whether the stream captures and whether it
+         * is still the stream of id. Returns 0; recording nothing, 1 when the stream is
+         * capturing a graph, 2 when the handle is no longer that stream's; or a negative errno
+         * with the error set.
          */
-        int (*fence)(gpupool_client *c, unsigned d, void *stream, unsigned long long id, client_event *ret);
+        int (*fence)(gpupool_client *c, unsigned d, void *stream, unsigned long long id, unsigned ask, client_event *ret);
         /* 1 when e has completed, 0 when not yet; with wait, waits asleep first. -EIO (error set): never taken for done. */
         int (*event_done)(gpupool_client *c, unsigned d, client_event e, bool wait);
         /* Keeps an event fence() made for reuse. Cannot fail. */

@@ -28,7 +28,7 @@ int client_pool_trim(gpupool_client *c, int device, uint64_t want) {
         /* What the threads' caches hold may be all that keeps a segment from emptying, and blocks held for a stream. */
         client_pool_drain(c, true);
         if (client_stream_pending(c))
-                (void) client_stream_collect(c);
+                (void) client_stream_collect(c, 1);
         return client_return_empty(c, device, want, UINT64_MAX);
 }
 
@@ -382,7 +382,7 @@ static void return_leased(gpupool_client *c, unsigned d, uint64_t size, uint64_t
 static int grow_map_block(gpupool_client *c, unsigned d, struct heap_block *hb) {
         struct granule_plan p;
         uint64_t obtained = 0, got;
-        bool drained = false, leased = false;
+        bool drained = false, leased = false, fenced_all = false;
         int r;
 
         /* Counted again after each lease: while it was out, other threads may have taken granules, or freed some. */
@@ -394,7 +394,7 @@ static int grow_map_block(gpupool_client *c, unsigned d, struct heap_block *hb) 
                         drained = true;
                         client_pool_drain(c, true);
                         if (client_stream_pending(c))
-                                (void) client_stream_collect(c);
+                                (void) client_stream_collect(c, STREAM_FENCE_MISS_FREES);
                         continue;
                 }
                 /*
@@ -406,6 +406,13 @@ static int grow_map_block(gpupool_client *c, unsigned d, struct heap_block *hb) 
                 leased = true;
                 if (r < 0 && !p.must) {
                         client_grow_wanted(c, d, false);        /* a daemon without room at once, or none */
+                        continue;
+                }
+                if ((r == -EDQUOT || r == -ENOMEM) && !fenced_all && client_stream_pending(c)) {
+                        /* Refused: every stream's frees fenced now, and what has completed may leave granules idle. */
+                        fenced_all = true;
+                        obtained += got;
+                        (void) client_stream_collect(c, 1);
                         continue;
                 }
                 if (r < 0) {
@@ -510,7 +517,7 @@ int client_pool_alloc(gpupool_client *c, unsigned d, int device, uint64_t rsize,
         }
         if (!hb && client_stream_pending(c)) {
                 /* Stream-ordered frees held for their streams: fenced, and released where their work has ended. */
-                (void) client_stream_collect(c);
+                (void) client_stream_collect(c, STREAM_FENCE_MISS_FREES);
                 hb = carve(c, d, class, rsize, lane);
         }
         while (!hb && c->conn_busy) {
@@ -520,7 +527,13 @@ int client_pool_alloc(gpupool_client *c, unsigned d, int device, uint64_t rsize,
         }
         if (!hb) {
                 r = lease(c, d, rsize, class);
-                if (r == -EDQUOT || r == -ENOMEM) {
+                if ((r == -EDQUOT || r == -ENOMEM) && client_stream_pending(c)) {
+                        /* Refused: every stream's frees fenced now, and what has completed may serve it. */
+                        (void) client_stream_collect(c, 1);
+                        if ((hb = carve(c, d, class, rsize, lane)))
+                                r = 0;
+                }
+                if (!hb && (r == -EDQUOT || r == -ENOMEM)) {
                         /* client_pool_trim() empties the threads' caches first. */
                         /* What this process holds empty counts against its limit and the device: give it back, ask again. */
                         if (dev->heap.empty_bytes && client_pool_trim(c, (int) d, UINT64_MAX) == 0)
@@ -530,7 +543,8 @@ int client_pool_alloc(gpupool_client *c, unsigned d, int device, uint64_t rsize,
                         free(b);
                         return r;
                 }
-                hb = heap_alloc(&dev->heap, class, rsize);
+                if (!hb)
+                        hb = heap_alloc(&dev->heap, class, rsize);
         }
         m = gp_rb_entry(hb->segment, struct mapping, hs);
         b->hb = hb;

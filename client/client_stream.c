@@ -6,9 +6,12 @@
  * is PyTorch's rule for a block freed on the stream that reuses it, and no event is needed for
  * it). The block is everyone's once a fence, an event recorded on the stream after the free,
  * has completed (heap_release()). One fence covers many frees: it is recorded after
- * STREAM_FENCE_FREES frees on a stream, or when something else needs the memory (an
- * allocation that finds nothing free, a lease, a return: client_stream_collect()), never once
- * per free: an event is a command on the stream and, made with CU_EVENT_BLOCKING_SYNC, an
+ * STREAM_FENCE_FREES frees on a stream, or when something else needs the memory (a lease the
+ * daemon refused, a trim, a return: client_stream_collect()), never once per free; an
+ * allocation that finds nothing free fences only the streams with STREAM_FENCE_MISS_FREES
+ * frees waiting (a fence it cannot wait for serves later allocations, and one for a handful
+ * of frees would make a fence of nearly every miss where blocks of many sizes come and go),
+ * and reaps what has completed: an event is a command on the stream and, made with CU_EVENT_BLOCKING_SYNC, an
  * interrupt, and PyTorch frees hundreds of blocks a training step. A stream's latest frees
  * (fewer than STREAM_FENCE_FREES) wait for the next free on it, something that needs the
  * memory, or STREAM_FENCE_AGE_NS, when the reaper fences them. The reaper records only on a
@@ -20,9 +23,12 @@
  * Fences are kept per stream, in the order they were recorded. A stream runs its work in that
  * order, so the fences that have completed are a prefix of its queue, found with a few event
  * queries (client_stream_reap()): with PyTorch's CPU thousands of frees ahead of the GPU,
- * reaping costs a few queries per stream. Streams are told apart by cuStreamGetId, never by
+ * reaping costs a few queries per stream. Streams are told apart by cuStreamGetId, not by
  * their handle: a destroyed stream's handle may come back for a new stream while the old
- * one's work still runs.
+ * one's work still runs. A caller that promises that none it names is destroyed
+ * (GPUPOOL_STREAMS_KEPT), and that it tells of every graph capture (GPUPOOL_CAPTURES_TOLD),
+ * has its streams named by handle and asked nothing while no capture it told of is under way
+ * (stream_ask()): an allocation or free then makes no driver call.
  *
  * A reaper thread (started on the first such free) waits, asleep, for the oldest fence
  * (CU_EVENT_BLOCKING_SYNC: an event without it spins the waiting core), then releases every
@@ -39,6 +45,7 @@
 #include "client_stream.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -161,12 +168,46 @@ static struct stream_queue *queue_of(gpupool_client *c, unsigned d, unsigned lon
         return sq;
 }
 
+/* A stream's key when its handle names it (GPUPOOL_STREAMS_KEPT): never a driver's id, which counts from 1. */
+#define STREAM_KEY_HANDLE (1ULL << 63)
+
+/*
+ * What the driver must be asked of stream to name it and to know that it is not capturing a
+ * graph (CLIENT_ASK_*): nothing under both of the caller's promises (gpupool_promise()) while
+ * no capture it told of is under way. CU_STREAM_PER_THREAD is a stream of each thread: its
+ * handle never names one stream. Locked.
+ */
+static unsigned stream_ask(const gpupool_client *c, const void *stream, unsigned promises) {
+        unsigned ask = 0;
+
+        promises |= c->streams.promises;
+        if (!(promises & GPUPOOL_STREAMS_KEPT) || (uintptr_t) stream == 2)
+                ask |= CLIENT_ASK_ID;
+        if (!(promises & GPUPOOL_CAPTURES_TOLD) || c->streams.captures)
+                ask |= CLIENT_ASK_CAPTURE;
+        return ask;
+}
+
+/*
+ * stream's key on device d (its id, or its handle's key), as the driver's stream_id() returns,
+ * for a call that makes promises besides the handle's. Locked.
+ */
+static int stream_key(gpupool_client *c, unsigned d, void *stream, unsigned promises, unsigned long long *ret) {
+        unsigned ask = stream_ask(c, stream, promises);
+
+        if (!(ask & CLIENT_ASK_ID))     /* NULL and CU_STREAM_LEGACY are one stream */
+                *ret = STREAM_KEY_HANDLE | ((uintptr_t) stream == 1 ? 0 : (uintptr_t) stream);
+        return ask ? drv(c)->stream_id(c, d, stream, ask, ret) : 0;
+}
+
 /*
  * Records one fence after sq's unfenced frees, on the stream their latest free came with.
  * Nothing when the stream is capturing or its handle is another stream's now: they wait for a
- * later fence (or the end of the process's work at disconnect). Locked.
+ * later fence (or the end of the process's work at disconnect). checked: the caller has just
+ * asked the driver what stream_key() asks, under the lock held since. Locked.
  */
-static int fence(gpupool_client *c, struct stream_queue *sq) {
+static int fence(gpupool_client *c, struct stream_queue *sq, bool checked) {
+        unsigned ask = checked ? 0 : stream_ask(c, sq->stream, sq->promises);
         client_event e;
         int r;
 
@@ -174,7 +215,10 @@ static int fence(gpupool_client *c, struct stream_queue *sq) {
                 return 0;
         if (queue_reserve(sq) < 0)
                 return -ENOMEM;         /* they wait for a later fence */
-        r = drv(c)->fence(c, sq->device, sq->stream, sq->stream_id, &e);
+        /* A queue named by its stream's id before the promise was made is asked for it still. */
+        if (!checked && !(sq->stream_id & STREAM_KEY_HANDLE))
+                ask |= CLIENT_ASK_ID;
+        r = drv(c)->fence(c, sq->device, sq->stream, sq->stream_id, ask, &e);
         sq->gone = r == 2;      /* its frees wait for the disconnect's end of all work */
         if (r != 0)
                 return r < 0 ? r : 0;
@@ -187,14 +231,14 @@ static int fence(gpupool_client *c, struct stream_queue *sq) {
         return 0;
 }
 
-int client_stream_defer_free(gpupool_client *c, struct block *b, void *stream) {
+int client_stream_defer_free(gpupool_client *c, struct block *b, void *stream, unsigned promises) {
         unsigned d = b->mapping->device;
         struct client_device *dev = &c->devices[d];
         struct stream_queue *sq;
         unsigned long long id;
         int err;
 
-        err = drv(c)->stream_id(c, d, stream, &id);
+        err = stream_key(c, d, stream, promises, &id);
         if (err == 1) {
                 client_set_error(c, "the stream is capturing a CUDA graph: a block freed inside a capture belongs to "
                                     "the graph, and gpupool cannot order its reuse; free it after the capture ends "
@@ -210,13 +254,15 @@ int client_stream_defer_free(gpupool_client *c, struct block *b, void *stream) {
         free(b);
         sq->stream = stream;
         sq->gone = false;
+        /* A later fence asks what the least promised of the frees it covers did not promise. */
+        sq->promises = sq->unfenced ? sq->promises & promises : promises;
         if (!sq->unfenced++)
                 sq->unfenced_since_ns = client_now_ns();
         if (!c->streams.reaper_started && pthread_create(&c->streams.reaper, NULL, reaper_main, c) == 0)
                 c->streams.reaper_started = true;
         /* Without a reaper thread an allocation that needs the memory still releases the blocks. */
         if (sq->unfenced >= STREAM_FENCE_FREES)
-                (void) fence(c, sq);
+                (void) fence(c, sq, true);     /* stream_key() just asked */
         else if (c->streams.reaper_idle)
                 pthread_cond_signal(&c->streams.cond);         /* it fences these in time */
         return 0;
@@ -229,12 +275,12 @@ bool client_stream_pending(const gpupool_client *c) {
         return false;
 }
 
-uint32_t client_stream_lane(gpupool_client *c, unsigned d, void *stream) {
+uint32_t client_stream_lane(gpupool_client *c, unsigned d, void *stream, unsigned promises) {
         struct stream_queue *sq;
         unsigned long long id;
 
         /* Not on a capturing stream: its work is the graph's, ordered when the graph runs. */
-        if (!client_stream_pending(c) || drv(c)->stream_id(c, d, stream, &id) != 0)
+        if (!client_stream_pending(c) || stream_key(c, d, stream, promises, &id) != 0)
                 return 0;
         sq = queue_find(c, d, id);
         return sq ? sq->lane : 0;
@@ -326,9 +372,10 @@ int client_stream_reap(gpupool_client *c, bool wait) {
         return r;
 }
 
-int client_stream_collect(gpupool_client *c) {
+int client_stream_collect(gpupool_client *c, unsigned fewest) {
         for (struct stream_queue *sq = c->streams.queues; sq; sq = sq->next)
-                (void) fence(c, sq);
+                if (sq->unfenced >= (fewest ? fewest : 1))
+                        (void) fence(c, sq, false);
         return client_stream_reap(c, false);
 }
 
@@ -356,7 +403,7 @@ static void fence_aged(gpupool_client *c) {
 
         for (struct stream_queue *sq = c->streams.queues; sq; sq = sq->next)
                 if (sq->unfenced && now - sq->unfenced_since_ns >= STREAM_FENCE_AGE_NS)
-                        (void) fence(c, sq);
+                        (void) fence(c, sq, false);
 }
 
 /*
@@ -449,4 +496,24 @@ void client_stream_stop(gpupool_client *c) {
         pthread_mutex_lock(&c->lock);
         c->streams.reaper_started = false;
         c->streams.stopping = false;    /* a reconnected handle's next stream-ordered free starts a new one */
+}
+
+int client_stream_promise(gpupool_client *c, unsigned promises) {
+        if (promises & ~(GPUPOOL_STREAMS_KEPT | GPUPOOL_CAPTURES_TOLD)) {
+                client_set_error(c, "gpupool_promise: unknown promises 0x%x (GPUPOOL_STREAMS_KEPT, GPUPOOL_CAPTURES_TOLD)",
+                                 promises & ~(GPUPOOL_STREAMS_KEPT | GPUPOOL_CAPTURES_TOLD));
+                return -EINVAL;
+        }
+        c->streams.promises |= promises;
+        return 0;
+}
+
+int client_stream_capture(gpupool_client *c, bool begin) {
+        if (begin ? c->streams.captures == INT_MAX : !c->streams.captures) {
+                client_set_error(c, begin ? "gpupool_capture_begin: %d captures under way already" :
+                                            "gpupool_capture_end: no capture begun (gpupool_capture_begin()) is under way", INT_MAX);
+                return -EINVAL;
+        }
+        c->streams.captures += begin ? 1 : -1;
+        return (int) c->streams.captures;
 }

@@ -128,8 +128,9 @@ GPUPOOL_EXPORT int gpupool_alloc_async(gpupool_client *client, int device, size_
  * gpupool_alloc_async() on the same stream, which the stream orders after that work, and for
  * nobody else until an event the library records on stream after it has completed (one event
  * for up to 64 frees on a stream, or for those made when something else needs the memory: an
- * allocation the pool cannot serve, a trim; the library's thread records one for frees left
- * 2 ms without). On the host
+ * allocation the pool cannot serve, once 32 wait, a trim, a lease refused; the library's
+ * thread records one for frees left 2 ms without). It asks the driver whether stream is
+ * capturing and what its id is (gpupool_promise() spares both). On the host
  * backend stream must be NULL and the block is freed at once. -ENOENT as gpupool_free();
  * -EINVAL when no event can be recorded on stream (a stream of another context); -EBUSY when
  * stream is capturing a CUDA graph (a block freed inside a capture is the graph's: free it
@@ -143,6 +144,42 @@ GPUPOOL_EXPORT int gpupool_free_async(gpupool_client *client, void *ptr, void *s
  * the legacy default stream for gpupool_alloc()'s), for a caller that does not keep it.
  */
 #define GPUPOOL_STREAM_OF_ALLOC ((void *) -1)
+
+/*
+ * Promises about the streams given to this handle's stream-ordered calls, which spare the
+ * driver calls that otherwise check each stream: cuStreamIsCapturing and cuStreamGetId, on
+ * every gpupool_alloc_async() that may take a block held for its stream and every
+ * gpupool_free_async(). With both, and no capture told of under way, those calls make no
+ * driver call at all; a fence (one per 64 frees) still records an event.
+ *
+ *   GPUPOOL_STREAMS_KEPT   no stream given is destroyed while a block freed on it may be
+ *                          pending (before gpupool_disconnect()): streams are told apart by
+ *                          handle, not by cuStreamGetId. A stream destroyed early, whose handle
+ *                          then comes back for a new stream, would have the new stream's
+ *                          allocations take blocks the old stream's work may still use.
+ *                          PyTorch's streams (its pool's, never destroyed) keep it.
+ *                          CU_STREAM_PER_THREAD, a stream of each thread, is still asked.
+ *   GPUPOOL_CAPTURES_TOLD  every CUDA graph capture in the process begins after a
+ *                          gpupool_capture_begin() on this handle and ends before the matching
+ *                          gpupool_capture_end(): the driver is asked whether a stream
+ *                          captures only while one is under way. A capture not told of would
+ *                          take a free's event as a node of its graph, and a block its graph
+ *                          uses could be handed out before the graph runs.
+ *
+ * Promises add up and hold for the life of the handle (gpupool_reconnect() keeps them); none
+ * is taken back. -EINVAL for a bit that is none of these.
+ */
+#define GPUPOOL_STREAMS_KEPT 1u
+#define GPUPOOL_CAPTURES_TOLD 2u
+GPUPOOL_EXPORT int gpupool_promise(gpupool_client *client, unsigned promises);
+/*
+ * Around each graph capture, for GPUPOOL_CAPTURES_TOLD: gpupool_capture_begin() before the
+ * capture begins (cuStreamBeginCapture), gpupool_capture_end() once it has ended or failed to
+ * begin. Captures nest and overlap. They return how many are under way after the call;
+ * gpupool_capture_end() with none is -EINVAL.
+ */
+GPUPOOL_EXPORT int gpupool_capture_begin(gpupool_client *client);
+GPUPOOL_EXPORT int gpupool_capture_end(gpupool_client *client);
 
 /*
  * Scopes: every block allocated through this handle between gpupool_scope_begin() and the
@@ -386,6 +423,19 @@ GPUPOOL_EXPORT int gpupool_hook_last_error(char *buf, size_t size);
 
 /* The hooks' shared handle, connecting it if need be, for gpupool_stats() and gpupool_trim(). As gpupool_connect(). */
 GPUPOOL_EXPORT int gpupool_hook_client(gpupool_client **ret_client);
+
+/*
+ * gpupool_torch_promise() makes gpupool_promise()'s promises for the calls of
+ * gpupool_torch_alloc() and gpupool_torch_free() alone (the shared handle also serves CuPy's
+ * hooks, which make none: CuPy destroys a stream when it is collected); they add up, and
+ * -EINVAL for a bit that is no promise. gpupool_hook_capture() is gpupool_capture_begin()
+ * (begin 1, before a capture begins) and gpupool_capture_end() (0, once it has ended) for the
+ * shared handle, said to it when it connects if it has not yet; it returns the captures under
+ * way after it (-EINVAL for an end with none). use_with_torch() makes both promises and tells
+ * of every capture of torch.cuda.CUDAGraph.
+ */
+GPUPOOL_EXPORT int gpupool_torch_promise(unsigned promises);
+GPUPOOL_EXPORT int gpupool_hook_capture(int begin);
 
 /*
  * PyTorch does not check its allocator's result: a NULL would become a tensor whose first use

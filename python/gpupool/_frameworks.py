@@ -70,6 +70,7 @@ def use_with_torch(mode=None):
                                f"already; a process has one mode, not {mode!r} too")
         return _torch_installed["allocator"]
     _name_the_client()
+    _promise_torch_streams(torch)
     allocator = torch.cuda.memory.CUDAPluggableAllocator(library_path(), "gpupool_torch_alloc", "gpupool_torch_free")
     if mode == "mempool":
         _use_torch_mempool(torch, allocator)
@@ -94,6 +95,46 @@ def use_with_torch(mode=None):
         ) from e
     _torch_installed.update(mode=mode, allocator=allocator)
     return allocator
+
+
+# gpupool.h: GPUPOOL_STREAMS_KEPT | GPUPOOL_CAPTURES_TOLD
+_TORCH_PROMISES = 1 | 2
+
+
+def _promise_torch_streams(torch):
+    """Tells the library what PyTorch guarantees of the streams its hooks are given, so that an
+    allocation or free asks the driver nothing: they are PyTorch's (from its pool, never
+    destroyed), and every graph capture goes through torch.cuda.CUDAGraph (torch.cuda.graph,
+    make_graphed_callables, torch.compile's CUDA graphs), whose capture_begin and capture_end
+    are wrapped to say so. A capture begun some other way (cudaStreamBeginCapture through
+    another library) while the hooks allocate breaks the promise, as it breaks PyTorch's own
+    allocator."""
+    graph = getattr(torch.cuda, "CUDAGraph", None)
+    if graph is None or not hasattr(graph, "capture_begin") or not hasattr(graph, "capture_end"):
+        warnings.warn(f"gpupool: PyTorch {torch.__version__} has no torch.cuda.CUDAGraph.capture_begin/capture_end: "
+                      "the library asks the driver about each stream", RuntimeWarning, stacklevel=3)
+        return
+    begin, end = graph.capture_begin, graph.capture_end
+    if getattr(begin, "_gpupool", False):
+        return
+
+    def capture_begin(self, *args, **kwargs):
+        lib.gpupool_hook_capture(1)
+        try:
+            return begin(self, *args, **kwargs)
+        except BaseException:
+            lib.gpupool_hook_capture(0)     # it never began
+            raise
+
+    def capture_end(self, *args, **kwargs):
+        try:
+            return end(self, *args, **kwargs)
+        finally:
+            lib.gpupool_hook_capture(0)
+
+    capture_begin._gpupool = capture_end._gpupool = True
+    graph.capture_begin, graph.capture_end = capture_begin, capture_end
+    lib.gpupool_torch_promise(_TORCH_PROMISES)      # PyTorch's hooks' calls alone, not CuPy's
 
 
 def _use_torch_mempool(torch, allocator):

@@ -130,6 +130,8 @@ def _load():
         "gpupool_strerror": (ctypes.c_char_p, [i]),
         "gpupool_hook_client": (i, [ctypes.POINTER(p)]),
         "gpupool_hook_last_error": (i, [ctypes.c_char_p, sz]),
+        "gpupool_torch_promise": (i, [ctypes.c_uint]),
+        "gpupool_hook_capture": (i, [i]),
         "gpupool_torch_set_throw": (i, [i]),
         "gpupool_torch_alloc": (p, [ctypes.c_ssize_t, i, p]),
         "gpupool_torch_free": (None, [p, ctypes.c_ssize_t, i, p]),

@@ -387,6 +387,161 @@ START_TEST(test_fake_stream_handle_reused) {
 }
 END_TEST
 
+/* This thread's calls of the stream calls and of all entry points since *since, which it moves on. */
+struct call_count {
+        unsigned long long id, capturing, push, all;
+};
+
+static struct call_count calls_since(struct gpu *g, struct call_count *since) {
+        struct call_count now = { g->calls("cuStreamGetId", 1), g->calls("cuStreamIsCapturing", 1),
+                                  g->calls("cuCtxPushCurrent", 1), g->calls(NULL, 1) };
+        struct call_count d = { now.id - since->id, now.capturing - since->capturing, now.push - since->push,
+                                now.all - since->all };
+
+        *since = now;
+        return d;
+}
+
+/* pairs stream-ordered pairs of 1 MiB on c, on s and t in turn. 0 or -1. */
+static int pairs_on(gpupool_client *c, gp_cu_stream s, gp_cu_stream t, unsigned pairs) {
+        void *p;
+
+        for (unsigned i = 0; i < pairs; i++) {
+                gp_cu_stream on = i % 2 ? t : s;
+
+                if (gpupool_alloc_async(c, 0, 1 * MiB, on, &p) < 0 || gpupool_free_async(c, p, on) < 0)
+                        return -1;
+        }
+        return 0;
+}
+
+/*
+ * The stream-ordered path's driver calls, counted by the fake: a pair asks each stream's id and
+ * capture status once per call (4 calls) and makes no context current for a stream the caller
+ * made; under both promises a pair makes none, and so does one through PyTorch's hooks once
+ * gpupool_torch_promise() has promised for them (CuPy's, on the same shared handle, still
+ * ask); a fence (one per 64 frees) pushes the context, records, pops. Captures told of are asked about again, and a free in one is still refused.
+ * The default streams are the current context's: a free on the legacy stream works with no
+ * context current (the library makes its own current for it), and one while a blocking
+ * stream captures is refused (the driver says CUDA_ERROR_STREAM_CAPTURE_IMPLICIT).
+ */
+static int promise_client(struct testd *d, void *arg) {
+        enum { PAIRS = 640, FENCES = 2 * PAIRS / 64 + 2 };
+        void *fail_page = arg, *graph = NULL, *x, *y;
+        gpupool_client *c = NULL, *p = NULL;
+        struct call_count since = { 0 }, n;
+        gp_cu_stream s, t, blocking;
+        gp_cu_context ctx;
+        struct gpu g;
+
+        if (gpu_open(&g) < 0 || !g.calls || gpupool_connect(d->sock, "asks", &c) < 0 ||
+            gpupool_connect(d->sock, "promises", &p) < 0 ||
+            gpupool_promise(p, GPUPOOL_STREAMS_KEPT | GPUPOOL_CAPTURES_TOLD) < 0 ||
+            g.cu.cuStreamCreate(&s, GP_CU_STREAM_NON_BLOCKING) != GP_CUDA_SUCCESS ||
+            g.cu.cuStreamCreate(&t, GP_CU_STREAM_NON_BLOCKING) != GP_CUDA_SUCCESS ||
+            g.cu.cuStreamCreate(&blocking, 0) != GP_CUDA_SUCCESS)
+                FAIL();
+        if (gpupool_promise(p, 4) != -EINVAL || gpupool_capture_end(p) != -EINVAL)
+                FAIL();
+        /* Warm: each handle's pool holds what the two streams use. */
+        if (pairs_on(c, s, t, 200) < 0 || pairs_on(p, s, t, 200) < 0)
+                FAIL();
+        (void) calls_since(&g, &since);
+        if (pairs_on(c, s, t, PAIRS) < 0)
+                FAIL();
+        n = calls_since(&g, &since);
+        if (n.id != 2 * PAIRS || n.capturing != 2 * PAIRS || n.push > FENCES || n.all > 4 * PAIRS + 3 * FENCES) {
+                fprintf(stderr, "promise_client: %llu calls (%llu ids, %llu capture checks, %llu pushes) for %d pairs\n",
+                        n.all, n.id, n.capturing, n.push, PAIRS);
+                FAIL();
+        }
+        if (pairs_on(p, s, t, PAIRS) < 0)
+                FAIL();
+        n = calls_since(&g, &since);
+        if (n.id || n.capturing || n.push > FENCES || n.all > 3 * FENCES) {
+                fprintf(stderr, "promise_client: %llu calls (%llu ids, %llu capture checks, %llu pushes) for %d promised pairs\n",
+                        n.all, n.id, n.capturing, n.push, PAIRS);
+                FAIL();
+        }
+        /* PyTorch's hooks, promised before their shared handle connects (as use_with_torch() does). */
+        setenv("GPUPOOL_SOCKET", d->sock, 1);
+        if (gpupool_torch_promise(8) != -EINVAL || gpupool_torch_promise(GPUPOOL_STREAMS_KEPT | GPUPOOL_CAPTURES_TOLD) < 0)
+                FAIL();
+        for (int k = 0; k < 2; k++) {
+                (void) calls_since(&g, &since);
+                for (unsigned i = 0; i < PAIRS; i++) {
+                        gp_cu_stream on = i % 2 ? t : s;
+
+                        if (!(x = gpupool_torch_alloc(1 * MiB, 0, (struct CUstream_st *) on)))
+                                FAIL();
+                        gpupool_torch_free(x, 1 * MiB, 0, (struct CUstream_st *) on);
+                        if (gpupool_hook_last_error(NULL, 0) < 0)
+                                FAIL();
+                }
+                n = calls_since(&g, &since);
+        }
+        if (n.id || n.capturing || n.push > FENCES || n.all > 3 * FENCES) {
+                fprintf(stderr, "promise_client: %llu calls (%llu ids, %llu capture checks) for %d pairs of the hooks\n",
+                        n.all, n.id, n.capturing, PAIRS);
+                FAIL();
+        }
+        /* CuPy's hooks, on the same shared handle, promise nothing: each call asks. */
+        gpupool_cupy_stream((struct CUstream_st *) s);
+        (void) calls_since(&g, &since);
+        for (unsigned i = 0; i < 64; i++) {
+                if (!(x = gpupool_cupy_malloc(NULL, 1 * MiB, 0)))
+                        FAIL();
+                gpupool_cupy_free(NULL, x, 0);
+        }
+        n = calls_since(&g, &since);
+        if (n.id != 2 * 64 || n.capturing != 2 * 64) {
+                fprintf(stderr, "promise_client: CuPy's hooks asked %llu ids and %llu capture checks for 64 pairs\n",
+                        n.id, n.capturing);
+                FAIL();
+        }
+        /* A capture told of: the driver is asked, and a free in it refused. */
+        if (gpupool_alloc_async(p, 0, 1 * MiB, s, &x) < 0 || gpupool_capture_begin(p) != 1 ||
+            g.begin_capture(s, GP_CU_STREAM_CAPTURE_MODE_GLOBAL) != GP_CUDA_SUCCESS)
+                FAIL();
+        if (gpupool_free_async(p, x, s) != -EBUSY || gpupool_alloc_async(p, 0, 1 * MiB, s, &y) < 0)
+                FAIL();
+        if (g.end_capture(s, &graph) != GP_CUDA_SUCCESS || !graph || gpupool_capture_end(p) != 0)
+                FAIL();         /* the library's calls invalidated the capture */
+        (void) g.graph_destroy(graph);
+        graph = NULL;
+        if (gpupool_free_async(p, x, s) < 0 || gpupool_free(p, y) < 0)
+                FAIL();
+        /* The legacy stream while a blocking stream captures: capturing too. */
+        if (gpupool_alloc_async(c, 0, 1 * MiB, NULL, &x) < 0 ||
+            g.begin_capture(blocking, GP_CU_STREAM_CAPTURE_MODE_RELAXED) != GP_CUDA_SUCCESS)
+                FAIL();
+        if (gpupool_free_async(c, x, NULL) != -EBUSY || g.end_capture(blocking, &graph) != GP_CUDA_SUCCESS || !graph)
+                FAIL();
+        (void) g.graph_destroy(graph);
+        /* No context current: a stream of the caller's needs none, the legacy stream the library's. */
+        if (g.cu.cuCtxPopCurrent(&ctx) != GP_CUDA_SUCCESS)
+                FAIL();
+        {
+                unsigned long long id;
+
+                if (g.cu.cuStreamGetId(NULL, &id) != GP_CUDA_ERROR_INVALID_CONTEXT)
+                        FAIL();         /* the fake's default streams are the current context's */
+        }
+        if (gpupool_free_async(c, x, NULL) < 0 || pairs_on(c, s, NULL, 10) < 0 || pairs_on(p, s, NULL, 10) < 0)
+                FAIL();
+        if (g.cu.cuCtxPushCurrent(ctx) != GP_CUDA_SUCCESS || g.cu.cuStreamSynchronize(s) != GP_CUDA_SUCCESS ||
+            g.cu.cuStreamSynchronize(t) != GP_CUDA_SUCCESS)
+                FAIL();
+        gpupool_disconnect(p);
+        gpupool_disconnect(c);
+        return 0;
+}
+
+START_TEST(test_fake_stream_calls_and_promises) {
+        run_client(promise_client, "promise_client");
+}
+END_TEST
+
 /*
  * A driver error is never taken for "the work is done": the block stays pending (nobody gets
  * it), and gpupool_disconnect() then says no bye, so the daemon keeps the memory until the
@@ -405,6 +560,13 @@ static int event_error_client(struct testd *d, void *arg) {
                 FAIL();
         if (gpupool_alloc(c, 0, 1 * MiB, &a) < 0 || queue_work(&g, s, a, 1 * MiB) < 0 || gpupool_free_async(c, a, s) < 0)
                 FAIL();
+        /* Enough frees on s that an allocation the pool cannot serve fences them (STREAM_FENCE_MISS_FREES). */
+        for (int i = 1; i < 32; i++) {
+                void *small;
+
+                if (gpupool_alloc(c, 0, 64 * 1024, &small) < 0 || gpupool_free_async(c, small, s) < 0)
+                        FAIL();
+        }
         g.fail_events(719);     /* CUDA_ERROR_LAUNCH_FAILED: the context is lost */
         release_work(&g, s);
         if (gpupool_alloc(c, 0, 1 * MiB, &b) < 0 || b == a)
@@ -762,6 +924,7 @@ void cuda_fake_add(TCase *tc) {
         tcase_add_test(tc, test_fake_reaping_a_batch_costs_few_queries);
         tcase_add_test(tc, test_fake_one_fence_for_many_frees);
         tcase_add_test(tc, test_fake_stream_handle_reused);
+        tcase_add_test(tc, test_fake_stream_calls_and_promises);
         tcase_add_test(tc, test_fake_event_error_is_not_done);
         tcase_add_test(tc, test_fake_compute_modes);
         tcase_add_test(tc, test_fake_pid_namespace_refused);

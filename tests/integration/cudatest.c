@@ -43,6 +43,7 @@ int gpu_open(struct gpu *g) {
                 *(void **) &g->event_queries = dlsym(g->cu.lib, "fakecuda_event_queries");
                 *(void **) &g->event_records = dlsym(g->cu.lib, "fakecuda_event_records");
                 *(void **) &g->set_access_calls = dlsym(g->cu.lib, "fakecuda_set_access_calls");
+                *(void **) &g->calls = dlsym(g->cu.lib, "fakecuda_calls");
                 *(void **) &g->fail_events = dlsym(g->cu.lib, "fakecuda_fail_events");
                 *(void **) &g->release_all = dlsym(g->cu.lib, "fakecuda_release_all");
                 *(void **) &g->run = dlsym(g->cu.lib, "fakecuda_stream_run");

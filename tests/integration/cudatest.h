@@ -44,6 +44,7 @@ struct gpu {
         unsigned long long (*event_queries)(void);      /* fake only */
         unsigned long long (*event_records)(void);      /* fake only: events this process recorded */
         unsigned long long (*set_access_calls)(void);   /* fake only */
+        unsigned long long (*calls)(const char *name, int mine);        /* fake only: entry points' calls (fakecuda_calls) */
         void (*fail_events)(int r);             /* fake only */
         void (*release_all)(void);              /* fake only */
         int (*run)(gp_cu_stream s, unsigned n); /* fake only: n more operations of a held stream */

@@ -445,6 +445,16 @@ class TestFrameworks(unittest.TestCase):
             gpupool._lib.lib.gpupool_torch_set_throw(0)
             print("refused", a.alloc(12 << 20, 0, None), gpupool.last_error())
             print("again", gpupool.use_with_torch() is a)
+            # Captures through torch.cuda.CUDAGraph are told to the library (its count after each call).
+            lib, g = gpupool._lib.lib, torch.cuda.CUDAGraph()
+            g.capture_begin()
+            print("capturing", lib.gpupool_hook_capture(1), lib.gpupool_hook_capture(0))
+            g.capture_end()
+            try:
+                g.capture_begin(capture_error_mode="bad")
+            except RuntimeError:
+                pass
+            print("captures", lib.gpupool_hook_capture(0), lib.gpupool_torch_promise(8))
         """, self.d.sock))
         # A process whose PyTorch allocated before the call.
         out += self.check(run_python("""
@@ -463,6 +473,8 @@ class TestFrameworks(unittest.TestCase):
         self.assertIn("after free 0\n", out)
         self.assertIn('refused None (122, "allocating 12.0 MiB', out)
         self.assertIn("again True\n", out)             # installed once: the same allocator
+        self.assertIn("capturing 2 1\n", out)
+        self.assertIn("captures -22 -22\n", out)      # none under way (a failed begin undone); no promise 8
         self.assertIn("late: gpupool.use_with_torch(): Can't swap an already initialized allocator: call it before", out)
 
     def test_torch_mempool(self):

@@ -242,7 +242,24 @@ def empty(n, dtype=float32, device="cuda"):
     return _Tensor(n)
 
 
+class CUDAGraph:
+    """torch.cuda.CUDAGraph's capture calls, which record that a capture is under way (and, as
+    PyTorch's, end one that did not begin with an error)."""
+    capturing = 0
+
+    def capture_begin(self, pool=None, capture_error_mode="global"):
+        if capture_error_mode not in ("global", "thread_local", "relaxed"):
+            raise RuntimeError(f"unknown capture_error_mode {capture_error_mode!r}")
+        CUDAGraph.capturing += 1
+
+    def capture_end(self):
+        if not CUDAGraph.capturing:
+            raise RuntimeError("no capture under way")
+        CUDAGraph.capturing -= 1
+
+
 cuda = types.SimpleNamespace(
+    CUDAGraph=CUDAGraph,
     memory=types.SimpleNamespace(
         CUDAPluggableAllocator=CUDAPluggableAllocator, change_current_allocator=_change_current_allocator
     ),
