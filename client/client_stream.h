@@ -46,8 +46,8 @@ int client_stream_collect(gpupool_client *c, unsigned fewest);
 /*
  * An allocation the process's pool cannot serve fences a stream's frees only once this many
  * wait for a fence (client_stream_collect()'s fewest): bench-lag's traces record 1 fence per
- * 27 to 49 frees at a lag of 256 with every stream fenced at a miss, 1 per 44 to 60 with this,
- * and hold the same (bench/results/lag-*). A refusal of the daemon fences every stream.
+ * 28 to 49 frees at a lag of 256 with every stream fenced at a miss, 1 per 45 to 60 with this,
+ * and hold the same (docs/performance.md). A refusal of the daemon fences every stream.
  */
 #define STREAM_FENCE_MISS_FREES 32
 

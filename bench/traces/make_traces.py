@@ -100,7 +100,65 @@ def random_sizes(rng):
     t.write()
 
 
+def gpt_training(rng):
+    """A GPT-style training step of large blocks, as a model without fused attention makes it:
+    12 layers of width 1024 (16 heads), a batch of 4 sequences of 1,024 tokens, a vocabulary of
+    50,257, fp16. Weights, gradients and Adam state live throughout. Each of 8 steps saves per
+    layer the layer norm's output, q/k/v (24 MiB), the attention scores and their softmax
+    (128 MiB each), the attention output and the MLP's 4x activations (32 MiB each), with
+    temporaries freed at once; then the logits (fp32, 785 MiB) and their gradient; then the
+    backward pass frees each layer's activations in reverse while it allocates and frees
+    gradients of their sizes."""
+    t = Trace("gpt_training")
+    b, seq, d, h, vocab, layers = 4, 1024, 1024, 16, 50257, 12
+    tokens = b * seq
+    params = [d * 3 * d * 2, d * d * 2, d * 4 * d * 2, 4 * d * d * 2]          # per layer, fp16
+    keep = [t.alloc(vocab * d * 2)]                                             # embeddings
+    for _ in range(layers):
+        for p in params:
+            keep += [t.alloc(p), t.alloc(p), t.alloc(2 * p), t.alloc(2 * p)]   # weight, grad, Adam m and v (fp32)
+    for _ in range(8):
+        saved = []
+        x = t.alloc(tokens * d * 2)
+        for _ in range(layers):
+            acts = [t.alloc(tokens * d * 2),                # layer norm
+                    t.alloc(tokens * 3 * d * 2),            # q, k, v
+                    t.alloc(b * h * seq * seq * 2),         # scores
+                    t.alloc(b * h * seq * seq * 2),         # softmax
+                    t.alloc(tokens * d * 2)]                # attention output
+            tmp = t.alloc(tokens * d * 2)                   # the projection before the residual
+            t.free(tmp)
+            acts += [t.alloc(tokens * d * 2), t.alloc(tokens * 4 * d * 2), t.alloc(tokens * 4 * d * 2)]
+            saved.append(acts)
+        logits = t.alloc(tokens * vocab * 4)
+        loss = t.alloc(rng.choice([512, 1024]))
+        dlogits = t.alloc(tokens * vocab * 4)
+        t.free(logits)
+        t.free(loss)
+        grad = t.alloc(tokens * d * 2)
+        t.free(dlogits)
+        for acts in reversed(saved):
+            for a in reversed(acts):
+                g = t.alloc(t_size(t, a))
+                t.free(a)
+                t.free(grad)
+                grad = g
+            ws = t.alloc(rng.randrange(1, 64) * 4096)       # a reduction's workspace
+            t.free(ws)
+        t.free(grad)
+        t.free(x)
+    for k in keep:
+        t.free(k)
+    t.write()
+
+
+def t_size(t, i):
+    """The size allocation i of trace t was made with."""
+    return next(r[3] for r in t.rows if r[1] == "a" and r[2] == i)
+
+
 if __name__ == "__main__":
     training(random.Random(1))
     inference(random.Random(2))
     random_sizes(random.Random(3))
+    gpt_training(random.Random(4))
