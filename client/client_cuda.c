@@ -410,11 +410,13 @@ static bool is_default_stream(const void *stream) {
  * id. cuStreamGetId on a capturing stream fails and invalidates the capture, in every capture
  * mode: ask first.
  */
-static gp_cu_result ask_stream(gpupool_client *c, void *stream, unsigned ask, int *ret_capturing, unsigned long long *ret_id) {
+static gp_cu_result ask_stream(gpupool_client *c, void *stream, unsigned ask, int *ret_capturing, unsigned long long *ret_id,
+                               const char **ret_call) {
         int status = GP_CU_STREAM_CAPTURE_STATUS_NONE;
         gp_cu_result r;
 
         *ret_capturing = 0;
+        *ret_call = "cuStreamIsCapturing";
         if (ask & CLIENT_ASK_CAPTURE) {
                 r = cu(c)->cuStreamIsCapturing((gp_cu_stream) stream, &status);
                 /* The legacy default stream while a blocking stream captures: capturing too. */
@@ -423,6 +425,7 @@ static gp_cu_result ask_stream(gpupool_client *c, void *stream, unsigned ask, in
                 if (*ret_capturing || r != GP_CUDA_SUCCESS)
                         return *ret_capturing ? GP_CUDA_SUCCESS : r;
         }
+        *ret_call = "cuStreamGetId";
         return ask & CLIENT_ASK_ID ? cu(c)->cuStreamGetId((gp_cu_stream) stream, ret_id) : GP_CUDA_SUCCESS;
 }
 
@@ -434,21 +437,21 @@ static gp_cu_result ask_stream(gpupool_client *c, void *stream, unsigned ask, in
 static int cuda_stream_id(gpupool_client *c, unsigned i, void *stream, unsigned ask, unsigned long long *ret) {
         struct cuda_device *d = device_of(c, i);
         bool pushed = is_default_stream(stream);
+        const char *call;
         gp_cu_result r;
         int err, capturing;
 
         if (pushed && (err = push(c, d)) < 0)
                 return err;
-        r = ask_stream(c, stream, ask, &capturing, ret);
+        r = ask_stream(c, stream, ask, &capturing, ret, &call);
         if (r != GP_CUDA_SUCCESS && !pushed && push(c, d) == 0) {
                 pushed = true;
-                r = ask_stream(c, stream, ask, &capturing, ret);
+                r = ask_stream(c, stream, ask, &capturing, ret, &call);
         }
         if (pushed)
                 pop(c);
         if (r != GP_CUDA_SUCCESS) {
-                client_set_error(c, "%s: %s (not a stream of this process?)",
-                                 ask & CLIENT_ASK_CAPTURE ? "cuStreamIsCapturing" : "cuStreamGetId", gp_cuda_error_name(cu(c), r));
+                client_set_error(c, "%s: %s (not a stream of this process?)", call, gp_cuda_error_name(cu(c), r));
                 return -EINVAL;
         }
         return capturing;
@@ -488,6 +491,7 @@ static gp_cu_result event_get(gpupool_client *c, struct cuda_device *d, gp_cu_ev
 static int cuda_fence(gpupool_client *c, unsigned i, void *stream, unsigned long long id, unsigned ask, client_event *ret) {
         struct cuda_device *d = device_of(c, i);
         unsigned long long now_id = id;
+        const char *call;
         gp_cu_event e = NULL;
         int err, capturing = 0;
         gp_cu_result r = GP_CUDA_SUCCESS;
@@ -496,7 +500,7 @@ static int cuda_fence(gpupool_client *c, unsigned i, void *stream, unsigned long
         if (err < 0)
                 return err;
         if (ask)
-                r = ask_stream(c, stream, ask, &capturing, &now_id);
+                r = ask_stream(c, stream, ask, &capturing, &now_id, &call);
         if (r != GP_CUDA_SUCCESS || capturing || now_id != id) {
                 /* Capturing (a later fence), or the handle is another stream's now (none). */
                 pop(c);

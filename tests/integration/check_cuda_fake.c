@@ -10,6 +10,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -443,6 +444,16 @@ static int promise_client(struct testd *d, void *arg) {
                 FAIL();
         if (gpupool_promise(p, 4) != -EINVAL || gpupool_capture_end(p) != -EINVAL)
                 FAIL();
+        /* No stream: refused, saying which call refused it, and the block stays the application's. */
+        {
+                char err[512];
+
+                if (gpupool_alloc(c, 0, 1 * MiB, &x) < 0 || gpupool_free_async(c, x, (void *) (uintptr_t) 0x1000) != -EINVAL)
+                        FAIL();
+                gpupool_last_error(c, err, sizeof(err));
+                if (!strstr(err, "cuStreamIsCapturing: CUDA_ERROR_INVALID_HANDLE") || gpupool_free(c, x) < 0)
+                        FAIL();
+        }
         /* Warm: each handle's pool holds what the two streams use. */
         if (pairs_on(c, s, t, 200) < 0 || pairs_on(p, s, t, 200) < 0)
                 FAIL();
