@@ -461,7 +461,9 @@ static int promise_client(struct testd *d, void *arg) {
         if (pairs_on(c, s, t, PAIRS) < 0)
                 FAIL();
         n = calls_since(&g, &since);
-        if (n.id != 2 * PAIRS || n.capturing != 2 * PAIRS || n.push > FENCES || n.all > 4 * PAIRS + 3 * FENCES) {
+        /* An allocation asks nothing while no free waits anywhere: after a fence the reaper completed at once. */
+        if (n.id > 2 * PAIRS || n.id + FENCES < 2 * PAIRS || n.capturing != n.id || n.push > FENCES ||
+            n.all > 4 * PAIRS + 3 * FENCES) {
                 fprintf(stderr, "promise_client: %llu calls (%llu ids, %llu capture checks, %llu pushes) for %d pairs\n",
                         n.all, n.id, n.capturing, n.push, PAIRS);
                 FAIL();
@@ -505,7 +507,7 @@ static int promise_client(struct testd *d, void *arg) {
                 gpupool_cupy_free(NULL, x, 0);
         }
         n = calls_since(&g, &since);
-        if (n.id != 2 * 64 || n.capturing != 2 * 64) {
+        if (n.id > 2 * 64 || n.id + 2 < 2 * 64 || n.capturing != n.id) {
                 fprintf(stderr, "promise_client: CuPy's hooks asked %llu ids and %llu capture checks for 64 pairs\n",
                         n.id, n.capturing);
                 FAIL();
