@@ -16,6 +16,12 @@
 #include "cudadrv.h"
 
 #define EXPORT __attribute__((visibility("default")))
+/*
+ * Exports entry point fn under name, as libcuda.so.1 exports each of its entry points by
+ * name (the ABI version's: cuMemAlloc_v2), for programs linked with -lcuda and those that
+ * dlsym() them. In the file that defines fn.
+ */
+#define FK_EXPORT(name, fn) extern __typeof__(fn) name __attribute__((alias(#fn), visibility("default")))
 #define MAX_GPUS 8
 
 typedef gp_cu_result CUresult;

@@ -5,9 +5,11 @@
  * documented rules that bite a GPU memory service, so that breaking one fails in CI rather
  * than on a customer's GPU:
  *
- *   - entry points are found through cuGetProcAddress_v2 by base name and ABI version; the
- *     unversioned exports (cuMemAlloc, cuMemFree, cuMemGetInfo) are the 32-bit ABI of CUDA
- *     2.0, as in the real libcuda, and truncate 64-bit pointers and sizes;
+ *   - entry points are found through cuGetProcAddress_v2 by base name and ABI version, and
+ *     are exported by name as libcuda.so.1 exports them (cuMemAlloc_v2, cuStreamDestroy_v2:
+ *     FK_EXPORT), for programs linked with -lcuda or that dlsym() them; the unversioned
+ *     exports (cuMemAlloc, cuMemFree, cuMemGetInfo) are the 32-bit ABI of CUDA 2.0, as in the
+ *     real libcuda, and truncate 64-bit pointers and sizes;
  *   - device memory is not host memory: a CUdeviceptr points at an inaccessible (PROT_NONE)
  *     reservation, so dereferencing one faults; cuMemcpy and cuMemset reach the bytes;
  *   - cuIpcGetMemHandle wants the base of an allocation (an interior pointer is refused);
@@ -313,6 +315,20 @@ static CUresult fk_DeviceGet(gp_cu_device *d, int ordinal) {
         return GP_CUDA_SUCCESS;
 }
 
+/* The device's memory: what $FAKECUDA_MEM gives each GPU. */
+static CUresult fk_DeviceTotalMem_v2(size_t *bytes, gp_cu_device d) {
+        CUresult r = ready();
+
+        if (r)
+                return r;
+        if (!bytes)
+                return GP_CUDA_ERROR_INVALID_VALUE;
+        if (d < 0 || d >= nvisible)
+                return GP_CUDA_ERROR_INVALID_DEVICE;
+        *bytes = capacity;
+        return GP_CUDA_SUCCESS;
+}
+
 static CUresult fk_DeviceGetName(char *name, int len, gp_cu_device d) {
         CUresult r = ready();
 
@@ -453,6 +469,36 @@ static CUresult fk_CtxPopCurrent(gp_cu_context *c) {
         return GP_CUDA_SUCCESS;
 }
 
+static CUresult fk_CtxGetCurrent(gp_cu_context *c) {
+        CUresult r = ready();
+
+        if (r)
+                return r;
+        if (!c)
+                return GP_CUDA_ERROR_INVALID_VALUE;
+        *c = (gp_cu_context) current();
+        return GP_CUDA_SUCCESS;
+}
+
+/* The current context's device, as this process numbers it. */
+static CUresult fk_CtxGetDevice(gp_cu_device *d) {
+        struct ctx *x;
+        CUresult r = ready();
+
+        if (r)
+                return r;
+        if (!d)
+                return GP_CUDA_ERROR_INVALID_VALUE;
+        if (!(x = current()))
+                return GP_CUDA_ERROR_INVALID_CONTEXT;
+        for (int o = 0; o < nvisible; o++)
+                if (visible[o] == x->gpu) {
+                        *d = o;
+                        return GP_CUDA_SUCCESS;
+                }
+        return GP_CUDA_ERROR_INVALID_CONTEXT;
+}
+
 static CUresult fk_CtxSetCurrent(gp_cu_context c) {
         CUresult r = ready();
 
@@ -562,6 +608,9 @@ static const struct symbol symbols[] = {
         SYM("cuCtxPushCurrent", 4000, fk_CtxPushCurrent),
         SYM("cuCtxPopCurrent", 4000, fk_CtxPopCurrent),
         SYM("cuCtxSetCurrent", 4000, fk_CtxSetCurrent),
+        SYM("cuCtxGetCurrent", 4000, fk_CtxGetCurrent),
+        SYM("cuCtxGetDevice", 2000, fk_CtxGetDevice),
+        SYM("cuDeviceTotalMem", 3020, fk_DeviceTotalMem_v2),
         SYM("cuCtxSynchronize", 2000, fk_CtxSynchronize),
         SYM("cuMemAlloc", 2000, fk_MemAlloc_v1),
         SYM("cuMemAlloc", 3020, fk_MemAlloc_v2),
@@ -659,6 +708,11 @@ __attribute__((no_instrument_function)) void __cyg_profile_func_exit(void *fn, v
         call_depth--;
 }
 
+/* CUDA 11.3's cuGetProcAddress, without the symbol's status, as libcuda.so.1 still exports it. */
+EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int version, uint64_t flags) {
+        return cuGetProcAddress_v2(symbol, pfn, version, flags, NULL);
+}
+
 /* The unversioned names, exported as the real driver exports them: the 32-bit ABI. */
 EXPORT CUresult cuInit(unsigned flags) { return fk_Init(flags); }
 EXPORT CUresult cuMemAlloc(unsigned *dptr, unsigned size) { return fk_MemAlloc_v1(dptr, size); }
@@ -707,3 +761,26 @@ EXPORT const char *fakecuda_call_name(unsigned i) {
 EXPORT unsigned long long fakecuda_set_access_calls(void) {
         return counted(&set_access_calls);
 }
+
+/* The entry points above under the names libcuda.so.1 exports them by (fake.h, FK_EXPORT). */
+FK_EXPORT(cuDriverGetVersion, fk_DriverGetVersion);
+FK_EXPORT(cuGetErrorName, fk_GetErrorName);
+FK_EXPORT(cuDeviceGetCount, fk_DeviceGetCount);
+FK_EXPORT(cuDeviceGet, fk_DeviceGet);
+FK_EXPORT(cuDeviceGetName, fk_DeviceGetName);
+FK_EXPORT(cuDeviceGetUuid, fk_DeviceGetUuid);
+FK_EXPORT(cuDeviceGetUuid_v2, fk_DeviceGetUuid);
+FK_EXPORT(cuDeviceGetAttribute, fk_DeviceGetAttribute);
+FK_EXPORT(cuDevicePrimaryCtxRetain, fk_DevicePrimaryCtxRetain);
+FK_EXPORT(cuDevicePrimaryCtxRelease_v2, fk_DevicePrimaryCtxRelease);
+FK_EXPORT(cuCtxPushCurrent_v2, fk_CtxPushCurrent);
+FK_EXPORT(cuCtxPopCurrent_v2, fk_CtxPopCurrent);
+FK_EXPORT(cuCtxSetCurrent, fk_CtxSetCurrent);
+FK_EXPORT(cuCtxGetCurrent, fk_CtxGetCurrent);
+FK_EXPORT(cuCtxGetDevice, fk_CtxGetDevice);
+FK_EXPORT(cuDeviceTotalMem_v2, fk_DeviceTotalMem_v2);
+FK_EXPORT(cuMemAllocAsync, fk_MemAllocAsync);
+FK_EXPORT(cuMemFreeAsync, fk_MemFreeAsync);
+FK_EXPORT(cuDeviceGetDefaultMemPool, fk_DeviceGetDefaultMemPool);
+FK_EXPORT(cuMemPoolSetAttribute, fk_MemPoolSetAttribute);
+FK_EXPORT(cuMemPoolTrimTo, fk_MemPoolTrimTo);

@@ -448,3 +448,14 @@ EXPORT int fakecuda_open_handles(void) {
         pthread_mutex_unlock(&lock);
         return n;
 }
+
+/* The entry points above under the names libcuda.so.1 exports them by (fake.h, FK_EXPORT). */
+FK_EXPORT(cuIpcGetMemHandle, fk_IpcGetMemHandle);
+FK_EXPORT(cuIpcOpenMemHandle_v2, fk_IpcOpenMemHandle_v2);
+FK_EXPORT(cuIpcCloseMemHandle, fk_IpcCloseMemHandle);
+FK_EXPORT(cuMemAlloc_v2, fk_MemAlloc_v2);
+FK_EXPORT(cuMemFree_v2, fk_MemFree_v2);
+FK_EXPORT(cuMemGetInfo_v2, fk_MemGetInfo_v2);
+FK_EXPORT(cuMemGetAddressRange_v2, fk_MemGetAddressRange_v2);
+FK_EXPORT(cuMemcpyHtoD_v2, fk_MemcpyHtoD_v2);
+FK_EXPORT(cuMemcpyDtoH_v2, fk_MemcpyDtoH_v2);

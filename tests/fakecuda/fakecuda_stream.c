@@ -829,3 +829,24 @@ EXPORT void fakecuda_fail_events(int r) {
         pthread_cond_broadcast(&cond);
         pthread_mutex_unlock(&lock);
 }
+
+/* The entry points above under the names libcuda.so.1 exports them by (fake.h, FK_EXPORT). */
+FK_EXPORT(cuCtxSynchronize, fk_CtxSynchronize);
+FK_EXPORT(cuEventCreate, fk_EventCreate);
+FK_EXPORT(cuEventDestroy_v2, fk_EventDestroy_v2);
+FK_EXPORT(cuEventQuery, fk_EventQuery);
+FK_EXPORT(cuEventRecord, fk_EventRecord);
+FK_EXPORT(cuEventSynchronize, fk_EventSynchronize);
+FK_EXPORT(cuGraphDestroy, fk_GraphDestroy);
+FK_EXPORT(cuMemsetD32Async, fk_MemsetD32Async);
+FK_EXPORT(cuMemsetD32_v2, fk_MemsetD32_v2);
+FK_EXPORT(cuMemsetD8Async, fk_MemsetD8Async);
+FK_EXPORT(cuMemsetD8_v2, fk_MemsetD8_v2);
+FK_EXPORT(cuStreamBeginCapture_v2, fk_StreamBeginCapture);
+FK_EXPORT(cuStreamCreate, fk_StreamCreate);
+FK_EXPORT(cuStreamDestroy_v2, fk_StreamDestroy_v2);
+FK_EXPORT(cuStreamEndCapture, fk_StreamEndCapture);
+FK_EXPORT(cuStreamGetId, fk_StreamGetId);
+FK_EXPORT(cuStreamIsCapturing, fk_StreamIsCapturing);
+FK_EXPORT(cuStreamSynchronize, fk_StreamSynchronize);
+FK_EXPORT(cuThreadExchangeStreamCaptureMode, fk_ThreadExchangeStreamCaptureMode);

@@ -589,3 +589,18 @@ CUresult fk_PointerGetAttribute(void *data, int attribute, CUdeviceptr ptr) {
         pthread_mutex_unlock(&lock);
         return m ? GP_CUDA_SUCCESS : GP_CUDA_ERROR_INVALID_VALUE;
 }
+
+/* The entry points above under the names libcuda.so.1 exports them by (fake.h, FK_EXPORT). */
+FK_EXPORT(cuMemAddressFree, fk_MemAddressFree);
+FK_EXPORT(cuMemAddressReserve, fk_MemAddressReserve);
+FK_EXPORT(cuMemCreate, fk_MemCreate);
+FK_EXPORT(cuMemExportToShareableHandle, fk_MemExportToShareableHandle);
+FK_EXPORT(cuMemGetAllocationGranularity, fk_MemGetAllocationGranularity);
+FK_EXPORT(cuMemGetAllocationPropertiesFromHandle, fk_MemGetAllocationPropertiesFromHandle);
+FK_EXPORT(cuMemImportFromShareableHandle, fk_MemImportFromShareableHandle);
+FK_EXPORT(cuMemMap, fk_MemMap);
+FK_EXPORT(cuMemRelease, fk_MemRelease);
+FK_EXPORT(cuMemRetainAllocationHandle, fk_MemRetainAllocationHandle);
+FK_EXPORT(cuMemSetAccess, fk_MemSetAccess);
+FK_EXPORT(cuMemUnmap, fk_MemUnmap);
+FK_EXPORT(cuPointerGetAttribute, fk_PointerGetAttribute);
