@@ -1,6 +1,7 @@
 # gpupool: one non-recursive Makefile for the daemon, the client library, the CLI and the tests.
 #
-#   make                      build/gpupoold, build/gpupoolctl, build/libgpupool.so.1, build/libgpupool.a
+#   make                      build/gpupoold, build/gpupoolctl, build/libgpupool.so.1, build/libgpupool.a,
+#                             build/gpupool-run and build/libgpupool-run.so
 #   make run                  install missing packages, build, run gpupoold in the foreground
 #   make test                 build and run the Check suites (unit and integration)
 #   make test SANITIZER=address,undefined
@@ -115,6 +116,8 @@ TESTS_O   := $(call obj,$(sort $(TESTS)))
 
 DAEMON_BIN := $(B)/gpupoold
 CLI_BIN    := $(B)/gpupoolctl
+RUN_BIN    := $(B)/gpupool-run
+RUN_LIB    := $(B)/libgpupool-run.so
 LIB_SO     := $(B)/libgpupool.so.1
 LIB_A      := $(B)/libgpupool.a
 TEST_BIN   := $(B)/tests/check_gpupool
@@ -132,12 +135,16 @@ BENCH_OBJECTS := $(B)/bench/objects
 BENCH_LAG  := $(B)/bench/lag
 VMM_PROBE  := $(B)/bench/vmm_probe
 FAKECUDA   := $(B)/tests/libfakecuda.so
+# The fake as a program finds the driver (libcuda.so.1 on the library path), and programs that
+# know nothing of gpupool, for gpupool-run's tests (tests/run/cuprog.c).
+CUDALIB    := $(B)/tests/cudalib/libcuda.so.1
+CUPROGS    := $(B)/tests/cuprog-linked $(B)/tests/cuprog-dynamic
 
 GENERATED := $(B)/systemd/gpupoold.service $(B)/gpupool.pc
 MAN_SRC   := $(wildcard docs/man/*.scd)
 MAN_PAGES := $(patsubst docs/man/%.scd,$(B)/man/%,$(MAN_SRC))
 
-all: $(DAEMON_BIN) $(CLI_BIN) $(LIB_SO) $(B)/libgpupool.so $(LIB_A) $(GENERATED) $(MAN_PAGES)
+all: $(DAEMON_BIN) $(CLI_BIN) $(LIB_SO) $(B)/libgpupool.so $(LIB_A) $(RUN_BIN) $(RUN_LIB) $(GENERATED) $(MAN_PAGES)
 
 # Files that hold install paths are remade when the paths change (a stamp rewritten only then).
 stamp = @mkdir -p $(B); echo '$(1)' | cmp -s - $@ || echo '$(1)' > $@
@@ -205,6 +212,17 @@ $(CLI_BIN): $(CLI_O) $(COMMON_O)
 	@echo "  LD      $@"
 	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LIBS_PROTOBUF) $(LIBS_JANSSON)
 
+# gpupool-run and the library it preloads (run/): the public API only; the library finds
+# libgpupool.so.1 beside it ($ORIGIN), in the build tree and where both are installed.
+$(RUN_BIN): $(B)/obj/run/gpupool_run.o
+	@echo "  LD      $@"
+	$(Q)$(CC) $(LDFLAGS) -o $@ $^ -ldl
+
+$(RUN_LIB): $(B)/obj/run/preload.o $(LIB_SO)
+	@echo "  LD      $@"
+	$(Q)$(CC) $(LDFLAGS) -shared -Wl,--no-undefined -o $@ $(B)/obj/run/preload.o -L$(B) -l:libgpupool.so.1 \
+		-Wl,-rpath,'$$ORIGIN' -ldl -lpthread
+
 $(LIB_SO): $(CLIENT_O) $(COMMON_O) client/libgpupool.map
 	@echo "  LD      $@"
 	$(Q)$(CC) $(LDFLAGS) -shared -Wl,-soname,libgpupool.so.1 -Wl,--version-script=client/libgpupool.map \
@@ -235,7 +253,19 @@ $(GPU_TEST_BIN): $(B)/obj/tests/gpu/check_gpu_main.o $(filter-out $(B)/obj/tests
 $(FAKECUDA): $(patsubst %,$(B)/obj/tests/fakecuda/%.o,fakecuda fakecuda_ledger fakecuda_mem fakecuda_stream fakecuda_vmm)
 	@mkdir -p $(dir $@)
 	@echo "  LD      $@"
-	$(Q)$(CC) $(LDFLAGS) -shared -Wl,--no-undefined -Wl,-z,nodelete -o $@ $^ -lpthread
+	$(Q)$(CC) $(LDFLAGS) -shared -Wl,-soname,libcuda.so.1 -Wl,--no-undefined -Wl,-z,nodelete -o $@ $^ -lpthread
+
+$(CUDALIB): $(FAKECUDA)
+	@mkdir -p $(dir $@)
+	$(Q)ln -sf ../libfakecuda.so $@ && ln -sf ../libfakecuda.so $(dir $@)libcuda.so
+
+$(B)/tests/cuprog-linked: tests/run/cuprog.c $(CUDALIB)
+	@echo "  LD      $@"
+	$(Q)$(CC) $(CFLAGS) -DCUPROG_LINKED -o $@ $< -L$(dir $(CUDALIB)) -lcuda
+
+$(B)/tests/cuprog-dynamic: tests/run/cuprog.c
+	@echo "  LD      $@"
+	$(Q)$(CC) $(CFLAGS) -o $@ $< -ldl
 
 # Where the CUDA toolkit is installed, check common/cudadrv.h against its cuda.h.
 CUDA_INCLUDE ?= /usr/local/cuda/include
@@ -262,7 +292,7 @@ $(HOOKS_THROW): tests/hooks_throw.cc include/gpupool.h $(LIB_SO)
 # The units (systemd-analyze verify), install into a temporary DESTDIR (a program built against
 # it with pkg-config), the man pages against the programs' options and the Python package come
 # first; the Check suites last, so that their summary ends the output.
-test: all $(TEST_BIN) $(FAULTS_BIN) $(FAKECUDA) $(BENCH_PENDING) $(BENCH_LAG) $(BENCH_REPLAY) $(HOOKS_THROW) $(CUDA_ABI_OK) $(B)/obj/daemon/main.o $(DAEMON_TEST_O)
+test: all $(TEST_BIN) $(FAULTS_BIN) $(FAKECUDA) $(CUPROGS) $(BENCH_PENDING) $(BENCH_LAG) $(BENCH_REPLAY) $(HOOKS_THROW) $(CUDA_ABI_OK) $(B)/obj/daemon/main.o $(DAEMON_TEST_O)
 	$(Q)B=$(B) tests/check-units.sh
 	$(Q)B=$(B) MAKE="$(MAKE)" MAKEFLAGS= tests/check-install.sh "SANITIZER=$(SANITIZER)" "STATIC=$(STATIC)"
 	$(Q)B=$(B) tests/check-man.sh
@@ -551,7 +581,7 @@ $(B)/tests/make_seeds: $(B)/obj/tests/fuzz/make_seeds.o $(COMMON_O)
 
 # The suites under valgrind, the daemons they start too. Slow (minutes); not part of "make test".
 VALGRIND := valgrind -q --error-exitcode=99 --leak-check=full --errors-for-leak-kinds=definite --show-leak-kinds=definite
-valgrind: all $(TEST_BIN) $(FAULTS_BIN) $(FAKECUDA) $(HOOKS_THROW)
+valgrind: all $(TEST_BIN) $(FAULTS_BIN) $(FAKECUDA) $(CUPROGS) $(HOOKS_THROW)
 	$(Q)GPUPOOL_BUILD_DIR=$(B) GPUPOOL_DAEMON_WRAPPER="$(VALGRIND)" GPUPOOL_TEST_VALGRIND=1 CK_DEFAULT_TIMEOUT=120 CK_TIMEOUT_MULTIPLIER=5 \
 		$(VALGRIND) $(TEST_BIN)
 
@@ -634,6 +664,8 @@ install: all
 	ln -sf libgpupool.so.$(VERSION) $(DESTDIR)$(LIBDIR)/libgpupool.so.1
 	ln -sf libgpupool.so.1 $(DESTDIR)$(LIBDIR)/libgpupool.so
 	$(INSTALL) -m 0644 $(LIB_A) $(DESTDIR)$(LIBDIR)/libgpupool.a
+	$(INSTALL) -m 0755 $(RUN_BIN) $(DESTDIR)$(BINDIR)/gpupool-run
+	$(INSTALL) -m 0755 $(RUN_LIB) $(DESTDIR)$(LIBDIR)/libgpupool-run.so
 	$(INSTALL) -m 0644 include/gpupool.h $(DESTDIR)$(INCLUDEDIR)/gpupool.h
 	$(INSTALL) -m 0644 $(B)/gpupool.pc $(DESTDIR)$(PKGCONFIGDIR)/gpupool.pc
 	$(INSTALL) -m 0644 $(B)/systemd/gpupoold.service systemd/gpupoold.socket $(DESTDIR)$(SYSTEMDUNITDIR)/
@@ -648,6 +680,7 @@ uninstall:
 	rm -f $(DESTDIR)$(SBINDIR)/gpupoold $(DESTDIR)$(BINDIR)/gpupoolctl \
 		$(DESTDIR)$(LIBDIR)/libgpupool.so.$(VERSION) $(DESTDIR)$(LIBDIR)/libgpupool.so.1 \
 		$(DESTDIR)$(LIBDIR)/libgpupool.so $(DESTDIR)$(LIBDIR)/libgpupool.a $(DESTDIR)$(INCLUDEDIR)/gpupool.h \
+		$(DESTDIR)$(BINDIR)/gpupool-run $(DESTDIR)$(LIBDIR)/libgpupool-run.so \
 		$(DESTDIR)$(PKGCONFIGDIR)/gpupool.pc $(DESTDIR)$(SYSTEMDUNITDIR)/gpupoold.service \
 		$(DESTDIR)$(SYSTEMDUNITDIR)/gpupoold.socket $(DESTDIR)$(TMPFILESDIR)/gpupool.conf \
 		$(DESTDIR)$(SYSUSERSDIR)/gpupool.conf $(DESTDIR)$(SYSCONFDIR)/gpupool/gpupoold.conf.example

@@ -73,6 +73,7 @@ static int session_open(gpupool_client *c) {
         /* Segments grow in place where asked and the seam maps granules at our addresses. */
         c->grow = c->grow_wanted && mem->grows;
         client_id = hello->hello_reply->client_id;
+        c->limit_bytes = hello->hello_reply->has_limit_bytes ? hello->hello_reply->limit_bytes : 0;
         c->round_trips = c->conn.trips;
         r = mem->driver ? mem->driver->setup(c, hello->hello_reply) : 0;
         gpupool__envelope__free_unpacked(hello, NULL);
@@ -446,6 +447,50 @@ GPUPOOL_EXPORT int gpupool_capture_begin(gpupool_client *c) {
 
 GPUPOOL_EXPORT int gpupool_capture_end(gpupool_client *c) {
         return capture(c, false, __func__);
+}
+
+GPUPOOL_EXPORT int gpupool_device_memory(gpupool_client *c, int device, uint64_t *ret_free, uint64_t *ret_total) {
+        uint64_t total, used;
+        int d;
+
+        if (!c)
+                return client_invalid(NULL, "%s: no handle (NULL): gpupool_connect() gives one", __func__);
+        if (!ret_free || !ret_total)
+                return client_invalid(c, "%s: no place for the figures (NULL)", __func__);
+        pthread_mutex_lock(&c->lock);
+        d = device < 0 ? -1 : daemon_device(c, device);
+        if (d < 0) {
+                client_set_error(c, "no device %d of this process is one gpupoold serves", device);
+                pthread_mutex_unlock(&c->lock);
+                return -ENODEV;
+        }
+        total = c->devices[d].total_bytes;
+        if (c->limit_bytes && c->limit_bytes < total)
+                total = c->limit_bytes;
+        used = c->devices[d].heap.in_use_bytes;
+        pthread_mutex_unlock(&c->lock);
+        *ret_total = total;
+        *ret_free = used < total ? total - used : 0;
+        return 0;
+}
+
+GPUPOOL_EXPORT int gpupool_block_range(gpupool_client *c, const void *ptr, void **ret_base, size_t *ret_size) {
+        uint64_t size;
+        void *base;
+
+        if (!c)
+                return client_invalid(NULL, "%s: no handle (NULL): gpupool_connect() gives one", __func__);
+        if (!ret_base || !ret_size)
+                return client_invalid(c, "%s: no place for the range (NULL)", __func__);
+        if (client_live_range(c, ptr, &base, &size) < 0) {
+                pthread_mutex_lock(&c->lock);
+                client_set_error(c, "%p lies in no live block of this client", ptr);
+                pthread_mutex_unlock(&c->lock);
+                return -ENOENT;
+        }
+        *ret_base = base;
+        *ret_size = (size_t) size;
+        return 0;
 }
 
 GPUPOOL_EXPORT int gpupool_grow_stats(gpupool_client *c, struct gpupool_grow_stats *ret) {

@@ -232,6 +232,7 @@ struct gpupool_client {
         pthread_cond_t conn_idle;       /* signalled when conn_busy clears */
         uint64_t round_trips;           /* conn.trips as of the latest call's end */
         char error[GP_MAX_ERROR_BYTES]; /* why the latest call failed (gpupool_last_error()) */
+        uint64_t limit_bytes;           /* the daemon's limit on this client per device, as hello said (0: none) */
         char socket_path[108];          /* as given to connect, for reconnect ("" = the default) */
         char name[64];
         unsigned device_count;

@@ -86,6 +86,33 @@ struct block *client_live_take(gpupool_client *c, const void *ptr) {
         return b;
 }
 
+int client_live_range(gpupool_client *c, const void *ptr, void **ret_base, uint64_t *ret_size) {
+        struct block key = { .ptr = (uint8_t *) ptr };
+        const struct block *best = NULL;
+
+        /* Sharded by start: the block holding ptr starts at or below it, in whichever shard. */
+        for (unsigned i = 0; i < CLIENT_SHARDS; i++) {
+                struct live_shard *s = &c->live[i];
+                struct gp_rb_node *n;
+
+                pthread_mutex_lock(&s->lock);
+                n = gp_rb_floor(&s->blocks, &key.node);
+                if (n) {
+                        const struct block *b = gp_rb_entry(n, struct block, node);
+
+                        if ((uintptr_t) ptr - (uintptr_t) b->ptr < b->size && (!best || b->ptr > best->ptr)) {
+                                *ret_base = b->ptr;
+                                *ret_size = b->size;
+                                best = b;
+                        }
+                }
+                pthread_mutex_unlock(&s->lock);
+                if (best)
+                        return 0;
+        }
+        return -ENOENT;
+}
+
 void client_segments_init(gpupool_client *c) {
         gp_rb_init(&c->by_addr, cmp_addr);
         gp_rb_init(&c->by_id, cmp_id);

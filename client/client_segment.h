@@ -22,6 +22,12 @@ void client_live_remove(gpupool_client *c, struct block *b);
 struct block *client_live_take(gpupool_client *c, const void *ptr);
 
 /*
+ * The live block ptr lies in (its start or inside it): its start and size, as the pool rounded
+ * it. -ENOENT for none. Unlocked: each shard's lock in turn.
+ */
+int client_live_range(gpupool_client *c, const void *ptr, void **ret_base, uint64_t *ret_size);
+
+/*
  * Forgets every live block. The epoch goes first: a block another thread has in hand (taken
  * out of the table, not yet freed) is then seen as stale wherever it lands, and freed there.
  */

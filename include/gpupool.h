@@ -366,6 +366,22 @@ struct gpupool_stats {
 GPUPOOL_EXPORT int gpupool_stats(gpupool_client *client, struct gpupool_stats *ret);
 
 /*
+ * The device's memory as this client may use it (what cuMemGetInfo tells a program under
+ * gpupool-run): *ret_total is the daemon's limit on this client per device where it has one
+ * (as it said at connect), else the device's size; *ret_free is that less what the process's
+ * blocks on the device hold (those its pool holds free count as free). What other clients
+ * hold of the device is not subtracted. device as gpupool_alloc()'s; -ENODEV for one the
+ * daemon does not serve.
+ */
+GPUPOOL_EXPORT int gpupool_device_memory(gpupool_client *client, int device, uint64_t *ret_free, uint64_t *ret_total);
+
+/*
+ * The live block ptr lies in (at its start or inside it): its start and size as the pool
+ * rounded it (512-byte multiples). -ENOENT for a pointer in no live block of this client.
+ */
+GPUPOOL_EXPORT int gpupool_block_range(gpupool_client *client, const void *ptr, void **ret_base, size_t *ret_size);
+
+/*
  * With $GPUPOOL_SEGMENTS=grow, what lies under the process's ranges (all 0 in whole mode):
  * granules_held the 2 MiB granules it holds now (as mapped_segments counts them) and
  * granules_free those no live block touches (idle under the ranges, or spare); and since

@@ -42,6 +42,11 @@ same "gpupoolctl's options and gpupoolctl(1)" "$dir/c.prog" "$dir/c.page"
 section gpupoolctl.1.scd COMMANDS | grep -oE '^\*[a-z-]+\*' | tr -d '*' >"$dir/cc.page"
 same "gpupoolctl's commands and gpupoolctl(1)" "$dir/cc.prog" "$dir/cc.page"
 
+# gpupool-run's usage names each option in brackets; --help is the page's too.
+{ "$B/gpupool-run" --help | grep -oE '\[--[a-z-]+' | tr -d '['; echo --help; } | sort >"$dir/r.prog"
+section gpupool-run.1.scd OPTIONS | grep -oE '^\*(-[a-z]\*, \*)?--[a-z-]+\*' | sed 's/^\*-[a-z]\*, //' | tr -d '*' | sort >"$dir/r.page"
+same "gpupool-run's options and gpupool-run(1)" "$dir/r.prog" "$dir/r.page"
+
 # Config keys: the page's [section] keys against the example file's; then every documented key,
 # set to a sample value, must pass gpupoold --check-config (an unknown key is an error there).
 awk '/^# \[(daemon|pool|limits)\]$/ { s = substr($2, 2, length($2) - 2); next }
@@ -80,4 +85,4 @@ section libgpupool.3.scd ENVIRONMENT | grep -oE '^\*GPUPOOL_[A-Z_]+\*' | tr -d '
 same "the environment libgpupool reads and libgpupool(3)" "$dir/e.prog" "$dir/e.page"
 
 [ $fail = 0 ] || exit 1
-echo "check-man: gpupoold(8), gpupoolctl(1), gpupoold.conf(5) and libgpupool(3) match the programs"
+echo "check-man: gpupoold(8), gpupoolctl(1), gpupool-run(1), gpupoold.conf(5) and libgpupool(3) match the programs"

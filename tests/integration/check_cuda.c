@@ -840,6 +840,7 @@ Suite *suite_cuda_fake(void) {
         cuda_fake_add(tc);
         cuda_vmm_add_fake(tc);
         cuda_node_add(tc);
+        cuda_run_add(tc);
         tcase_set_timeout(tc, 120);
         suite_add_tcase(s, tc);
         return s;

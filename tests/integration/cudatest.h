@@ -104,5 +104,6 @@ void cuda_fake_add(TCase *tc);          /* check_cuda_fake.c: the fake driver's 
 void cuda_vmm_add_common(TCase *tc);    /* check_cuda_vmm.c: on the fake and on a GPU */
 void cuda_vmm_add_fake(TCase *tc);      /* check_cuda_vmm.c: on the fake only */
 void cuda_node_add(TCase *tc);          /* check_cuda_node.c: the node's memory */
+void cuda_run_add(TCase *tc);           /* check_run.c: gpupool-run and programs that know nothing of gpupool */
 
 #endif

@@ -1,0 +1,175 @@
+/*
+ * cuprog.c: a CUDA program that knows nothing of gpupool, for gpupool-run's tests, in the three
+ * ways a program reaches the driver. Built twice: cuprog-linked is linked with -lcuda and calls
+ * the driver by name (cuda.h's names: cuMemAlloc_v2...); cuprog-dynamic dlopen()s libcuda.so.1
+ * and finds each entry point with dlsym() ("dlsym") or, as the CUDA runtime does, through
+ * cuGetProcAddress_v2 ("procaddr").
+ *
+ * Usage: cuprog-linked ACTION... | cuprog-dynamic dlsym|procaddr ACTION...
+ *   fill N     allocates 1 MiB blocks, up to N, until the driver refuses; checks the data
+ *              written to the first, its range, cuMemGetInfo_v2; prints what it saw; frees all
+ *   hold N     allocates N MiB, says "held", waits for a line on stdin, frees, says "freed"
+ * Each line it prints is "key value..." for the test to read.
+ */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+typedef int CUresult;
+typedef int CUdevice;
+typedef void *CUcontext;
+typedef unsigned long long CUdeviceptr;
+
+#define MiB (1ULL << 20)
+
+static struct {
+        CUresult (*init)(unsigned flags);
+        CUresult (*device_get)(CUdevice *d, int ordinal);
+        CUresult (*ctx_retain)(CUcontext *c, CUdevice d);
+        CUresult (*ctx_set)(CUcontext c);
+        CUresult (*mem_alloc)(CUdeviceptr *p, size_t size);
+        CUresult (*mem_free)(CUdeviceptr p);
+        CUresult (*mem_get_info)(size_t *free_bytes, size_t *total_bytes);
+        CUresult (*address_range)(CUdeviceptr *base, size_t *size, CUdeviceptr p);
+        CUresult (*htod)(CUdeviceptr dst, const void *src, size_t n);
+        CUresult (*dtoh)(void *dst, CUdeviceptr src, size_t n);
+} cu;
+
+#ifdef CUPROG_LINKED
+CUresult cuInit(unsigned flags);
+CUresult cuDeviceGet(CUdevice *d, int ordinal);
+CUresult cuDevicePrimaryCtxRetain(CUcontext *c, CUdevice d);
+CUresult cuCtxSetCurrent(CUcontext c);
+CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t size);
+CUresult cuMemFree_v2(CUdeviceptr p);
+CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes);
+CUresult cuMemGetAddressRange_v2(CUdeviceptr *base, size_t *size, CUdeviceptr p);
+CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void *src, size_t n);
+CUresult cuMemcpyDtoH_v2(void *dst, CUdeviceptr src, size_t n);
+
+static int find(int argc, char **argv) {
+        cu.init = cuInit;
+        cu.device_get = cuDeviceGet;
+        cu.ctx_retain = cuDevicePrimaryCtxRetain;
+        cu.ctx_set = cuCtxSetCurrent;
+        cu.mem_alloc = cuMemAlloc_v2;
+        cu.mem_free = cuMemFree_v2;
+        cu.mem_get_info = cuMemGetInfo_v2;
+        cu.address_range = cuMemGetAddressRange_v2;
+        cu.htod = cuMemcpyHtoD_v2;
+        cu.dtoh = cuMemcpyDtoH_v2;
+        (void) argc, (void) argv;
+        printf("kind linked\n");
+        return 1;
+}
+#else
+static int find(int argc, char **argv) {
+        static const struct { const char *name; int version; void **slot; } fns[] = {
+                { "cuInit", 2000, (void **) &cu.init }, { "cuDeviceGet", 2000, (void **) &cu.device_get },
+                { "cuDevicePrimaryCtxRetain", 7000, (void **) &cu.ctx_retain },
+                { "cuCtxSetCurrent", 4000, (void **) &cu.ctx_set }, { "cuMemAlloc", 3020, (void **) &cu.mem_alloc },
+                { "cuMemFree", 3020, (void **) &cu.mem_free }, { "cuMemGetInfo", 3020, (void **) &cu.mem_get_info },
+                { "cuMemGetAddressRange", 3020, (void **) &cu.address_range },
+                { "cuMemcpyHtoD", 3020, (void **) &cu.htod }, { "cuMemcpyDtoH", 3020, (void **) &cu.dtoh },
+        };
+        /* The names libcuda.so.1 exports them by: cuda.h's #define of each. */
+        static const char *const exported[] = { "cuInit", "cuDeviceGet", "cuDevicePrimaryCtxRetain", "cuCtxSetCurrent",
+                                                "cuMemAlloc_v2", "cuMemFree_v2", "cuMemGetInfo_v2",
+                                                "cuMemGetAddressRange_v2", "cuMemcpyHtoD_v2", "cuMemcpyDtoH_v2" };
+        CUresult (*gpa)(const char *, void **, int, uint64_t, int *) = NULL;
+        void *lib;
+
+        if (argc < 2 || (strcmp(argv[1], "dlsym") != 0 && strcmp(argv[1], "procaddr") != 0)) {
+                fprintf(stderr, "cuprog-dynamic: dlsym or procaddr first\n");
+                exit(2);
+        }
+        lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+        if (!lib) {
+                fprintf(stderr, "cuprog: %s\n", dlerror());
+                exit(1);
+        }
+        if (strcmp(argv[1], "procaddr") == 0)
+                *(void **) &gpa = dlsym(lib, "cuGetProcAddress_v2");
+        for (size_t i = 0; i < sizeof(fns) / sizeof(fns[0]); i++) {
+                int status = -1;
+
+                if (gpa ? gpa(fns[i].name, fns[i].slot, fns[i].version, 0, &status) != 0 :
+                          !(*fns[i].slot = dlsym(lib, exported[i]))) {
+                        fprintf(stderr, "cuprog: no %s\n", fns[i].name);
+                        exit(1);
+                }
+        }
+        printf("kind %s\n", argv[1]);
+        return 2;
+}
+#endif
+
+#define TRY(call) do { CUresult r_ = (call); if (r_) { printf("error %s %d\n", #call, r_); return 1; } } while (0)
+
+int main(int argc, char **argv) {
+        int a = find(argc, argv);
+        static CUdeviceptr blocks[4096];
+        unsigned char out[4096], in[4096];
+        CUdeviceptr base = 0;
+        size_t f, t, size = 0;
+        unsigned long n;
+        CUcontext ctx;
+        CUdevice dev;
+        unsigned i;
+
+        if (argc < a + 2 || (n = strtoul(argv[a + 1], NULL, 10)) == 0 || n > 4096) {
+                fprintf(stderr, "usage: cuprog [dlsym|procaddr] fill|hold N\n");
+                return 2;
+        }
+        TRY(cu.init(0));
+        TRY(cu.device_get(&dev, 0));
+        TRY(cu.ctx_retain(&ctx, dev));
+        TRY(cu.ctx_set(ctx));
+        TRY(cu.mem_get_info(&f, &t));
+        printf("info %zu %zu\n", f, t);
+        printf("pid %d\n", (int) getpid());
+        if (strcmp(argv[a], "hold") == 0) {
+                char line[16];
+
+                for (i = 0; i < n; i++)
+                        TRY(cu.mem_alloc(&blocks[i], MiB));
+                TRY(cu.mem_get_info(&f, &t));
+                printf("held %zu %zu\n", f, t);
+                fflush(stdout);
+                if (!fgets(line, sizeof(line), stdin))
+                        return 1;
+                for (i = 0; i < n; i++)
+                        TRY(cu.mem_free(blocks[i]));
+                printf("freed\n");
+                return 0;
+        }
+        for (i = 0; i < n; i++) {
+                CUresult r = cu.mem_alloc(&blocks[i], MiB);
+
+                if (r) {
+                        printf("refused %u %d\n", i, r);
+                        break;
+                }
+        }
+        if (i == n)
+                printf("allocated %u\n", i);
+        if (i) {
+                for (size_t k = 0; k < sizeof(out); k++)
+                        out[k] = (unsigned char) (k * 7 + 3);
+                TRY(cu.htod(blocks[0] + 1000, out, sizeof(out)));
+                TRY(cu.dtoh(in, blocks[0] + 1000, sizeof(in)));
+                printf("data %s\n", memcmp(in, out, sizeof(in)) == 0 ? "ok" : "wrong");
+                TRY(cu.address_range(&base, &size, blocks[0] + 100));
+                printf("range %s %zu\n", base == blocks[0] ? "base" : "elsewhere", size);
+        }
+        TRY(cu.mem_get_info(&f, &t));
+        printf("full %zu %zu\n", f, t);
+        while (i)
+                TRY(cu.mem_free(blocks[--i]));
+        printf("freed\n");
+        return 0;
+}
