@@ -218,6 +218,9 @@ $(RUN_BIN): $(B)/obj/run/gpupool_run.o
 	@echo "  LD      $@"
 	$(Q)$(CC) $(LDFLAGS) -o $@ $^ -ldl
 
+# The preloaded library's functions (its dlsym) may be called before a sanitizer's runtime has
+# started (the runtime looks up what it intercepts with dlsym): never instrumented.
+$(B)/obj/run/preload.o: CFLAGS := $(filter-out -fsanitize=% -fno-sanitize-recover=all,$(CFLAGS))
 $(RUN_LIB): $(B)/obj/run/preload.o $(LIB_SO)
 	@echo "  LD      $@"
 	$(Q)$(CC) $(LDFLAGS) -shared -Wl,--no-undefined -o $@ $(B)/obj/run/preload.o -L$(B) -l:libgpupool.so.1 \

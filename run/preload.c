@@ -19,16 +19,19 @@
  * caller's address says whose they are), and the driver's cuGetProcAddress_v2 hands it the
  * driver's entry points.
  *
- * Served from the pool: cuMemAlloc_v2 (a refusal by a limit or a full device is
- * CUDA_ERROR_OUT_OF_MEMORY, and gpupoold's sentence goes to standard error), cuMemFree_v2 (the
- * block freed after the work queued before on the legacy stream and the blocking streams, as
- * the driver orders a free: gpupool_free_async() on the legacy stream), cuMemGetInfo_v2 and
- * cuDeviceTotalMem_v2 (the client's view: gpupool_device_memory()), cuMemGetAddressRange_v2
- * (the block's own range: gpupool_block_range()). Memory the pool did not hand out goes to the
- * driver. Not intercepted yet, and so the driver's as before: the stream-ordered allocator
- * (cuMemAllocAsync, cuMemFreeAsync, cuMemAllocFromPoolAsync), cuMemAllocPitch_v2,
- * cuPointerGetAttribute(s), cuMemCreate and the rest of virtual memory management, IPC
- * handles, managed memory.
+ * Served from the pool: cuMemAlloc_v2 and cuMemAllocPitch_v2 (a refusal by a limit or a full
+ * device is CUDA_ERROR_OUT_OF_MEMORY, and gpupoold's sentence goes to standard error),
+ * cuMemFree_v2 (the block freed after the work queued before on the legacy stream and the
+ * blocking streams, as the driver orders a free: gpupool_free_async() on the legacy stream),
+ * cuMemAllocAsync, cuMemFreeAsync and cuMemAllocFromPoolAsync on the default pool, and their
+ * per-thread-stream variants (gpupool_alloc_async(), gpupool_free_async() on the stream),
+ * cuMemGetInfo_v2 and cuDeviceTotalMem_v2 (the client's view: gpupool_device_memory()),
+ * cuMemGetAddressRange_v2 and cuPointerGetAttribute(s)'s range (the block's own:
+ * gpupool_block_range()). cuIpcGetMemHandle of a block is refused (CUDA_ERROR_NOT_SUPPORTED):
+ * the handle would open its whole segment. Memory the pool did not hand out goes to the
+ * driver. Not intercepted, and so the driver's as before, outside the client's limits: a pool
+ * the program made (cuMemPoolCreate), cuMemCreate and the rest of virtual memory management,
+ * managed memory.
  *
  * The handle connects at the first allocation (the runtime may ask for entry points before
  * cuInit), with $GPUPOOL_SOCKET and $GPUPOOL_CLIENT_NAME; a forked child connects its own.
@@ -56,6 +59,8 @@
 typedef int CUresult;
 typedef int CUdevice;
 typedef unsigned long long CUdeviceptr;
+typedef void *CUstream;
+typedef void *CUmemoryPool;
 enum {
         CUDA_SUCCESS = 0,
         CUDA_ERROR_INVALID_VALUE = 1,
@@ -63,8 +68,14 @@ enum {
         CUDA_ERROR_NOT_INITIALIZED = 3,
         CUDA_ERROR_INVALID_CONTEXT = 201,
         CUDA_ERROR_NOT_FOUND = 500,
+        CUDA_ERROR_NOT_SUPPORTED = 801,
         CUDA_ERROR_UNKNOWN = 999,
 };
+#define CU_STREAM_PER_THREAD ((CUstream) 0x2)
+#define CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM 2
+#define CU_POINTER_ATTRIBUTE_RANGE_START_ADDR 11
+#define CU_POINTER_ATTRIBUTE_RANGE_SIZE 12
+#define CU_IPC_HANDLE_SIZE 64
 
 typedef CUresult (*gpa2_fn)(const char *symbol, void **pfn, int version, uint64_t flags, int *status);
 typedef CUresult (*gpa_fn)(const char *symbol, void **pfn, int version, uint64_t flags);
@@ -83,6 +94,15 @@ static struct {
         CUresult (*mem_get_address_range)(CUdeviceptr *base, size_t *size, CUdeviceptr dptr);
         CUresult (*device_total_mem)(size_t *bytes, CUdevice dev);
         CUresult (*ctx_get_device)(CUdevice *dev);
+        CUresult (*mem_alloc_async)(CUdeviceptr *dptr, size_t size, CUstream s);
+        CUresult (*mem_alloc_async_ptsz)(CUdeviceptr *dptr, size_t size, CUstream s);
+        CUresult (*mem_free_async)(CUdeviceptr dptr, CUstream s);
+        CUresult (*mem_free_async_ptsz)(CUdeviceptr dptr, CUstream s);
+        CUresult (*mem_alloc_from_pool_async)(CUdeviceptr *dptr, size_t size, CUmemoryPool pool, CUstream s);
+        CUresult (*mem_alloc_from_pool_async_ptsz)(CUdeviceptr *dptr, size_t size, CUmemoryPool pool, CUstream s);
+        CUresult (*device_get_default_mem_pool)(CUmemoryPool *pool, CUdevice dev);
+        CUresult (*pointer_get_attribute)(void *data, int attribute, CUdeviceptr ptr);
+        CUresult (*ipc_get_mem_handle)(void *handle, CUdeviceptr dptr);
 } drv = { .once = PTHREAD_ONCE_INIT };
 
 /* The handle, connected at the first allocation. */
@@ -119,13 +139,17 @@ static dlsym_fn libc_dlsym(void) {
 /* This thread is loading the driver: its dlsym() calls meanwhile are the driver's own. */
 static __thread bool loading;
 
-static void *driver_symbol(const char *name, int version) {
+static void *driver_symbol_with(const char *name, int version, uint64_t flags) {
         void *pfn = NULL;
         int status = 0;
 
-        if (drv.get_proc_address_v2 && drv.get_proc_address_v2(name, &pfn, version, 0, &status) == CUDA_SUCCESS)
+        if (drv.get_proc_address_v2 && drv.get_proc_address_v2(name, &pfn, version, flags, &status) == CUDA_SUCCESS)
                 return pfn;
         return NULL;
+}
+
+static void *driver_symbol(const char *name, int version) {
+        return driver_symbol_with(name, version, 0);
 }
 
 static void load_driver(void) {
@@ -148,6 +172,17 @@ static void load_driver(void) {
         *(void **) &drv.mem_get_address_range = driver_symbol("cuMemGetAddressRange", 3020);
         *(void **) &drv.device_total_mem = driver_symbol("cuDeviceTotalMem", 3020);
         *(void **) &drv.ctx_get_device = driver_symbol("cuCtxGetDevice", 2000);
+        *(void **) &drv.mem_alloc_async = driver_symbol("cuMemAllocAsync", 11020);
+        *(void **) &drv.mem_free_async = driver_symbol("cuMemFreeAsync", 11020);
+        *(void **) &drv.mem_alloc_from_pool_async = driver_symbol("cuMemAllocFromPoolAsync", 11020);
+        /* The per-thread default stream's: what a program built for it asks for (its NULL is that stream). */
+        *(void **) &drv.mem_alloc_async_ptsz = driver_symbol_with("cuMemAllocAsync", 11020, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM);
+        *(void **) &drv.mem_free_async_ptsz = driver_symbol_with("cuMemFreeAsync", 11020, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM);
+        *(void **) &drv.mem_alloc_from_pool_async_ptsz =
+                driver_symbol_with("cuMemAllocFromPoolAsync", 11020, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM);
+        *(void **) &drv.device_get_default_mem_pool = driver_symbol("cuDeviceGetDefaultMemPool", 11020);
+        *(void **) &drv.pointer_get_attribute = driver_symbol("cuPointerGetAttribute", 4000);
+        *(void **) &drv.ipc_get_mem_handle = driver_symbol("cuIpcGetMemHandle", 4010);
 }
 
 static void driver(void) {
@@ -314,23 +349,212 @@ EXPORT CUresult cuMemGetAddressRange_v2(CUdeviceptr *base, size_t *size, CUdevic
         return drv.mem_get_address_range ? drv.mem_get_address_range(base, size, dptr) : CUDA_ERROR_NOT_INITIALIZED;
 }
 
+/*
+ * Rows of width bytes, each starting at a multiple of 512 bytes (the pitch), as the driver's
+ * pitch works with cuMemcpy2D: the block is pitch * height bytes of the pool.
+ */
+EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t width, size_t height, unsigned element_size) {
+        size_t p;
+        CUresult r;
+
+        if (!dptr || !pitch || !width || !height || (element_size != 4 && element_size != 8 && element_size != 16))
+                return CUDA_ERROR_INVALID_VALUE;
+        p = (width + 511) & ~(size_t) 511;
+        if (p < width || height > SIZE_MAX / p)
+                return CUDA_ERROR_INVALID_VALUE;
+        r = cuMemAlloc_v2(dptr, p * height);
+        if (r == CUDA_SUCCESS)
+                *pitch = p;
+        return r;
+}
+
+/*
+ * The stream-ordered allocator, on the default pool: gpupool_alloc_async() and
+ * gpupool_free_async() on the stream, which free a block for that stream at once and for
+ * others once the work queued before has run, as the driver's pool does. ptsz: the program
+ * asked for the per-thread default stream's variant, whose NULL is CU_STREAM_PER_THREAD.
+ */
+static CUresult alloc_async(CUdeviceptr *dptr, size_t size, CUstream s, bool ptsz,
+                            CUresult (*driver_fn)(CUdeviceptr *, size_t, CUstream)) {
+        gpupool_client *c;
+        CUdevice dev;
+        CUresult res;
+        void *p;
+        int r;
+
+        driver();
+        if (!dptr || size == 0)
+                return CUDA_ERROR_INVALID_VALUE;
+        if ((res = current_device(&dev)) != CUDA_SUCCESS)
+                return res;
+        if (!(c = client()) && refuse_without_daemon)
+                return CUDA_ERROR_OUT_OF_MEMORY;
+        if (!c)
+                return driver_fn ? driver_fn(dptr, size, s) : CUDA_ERROR_NOT_INITIALIZED;
+        r = gpupool_alloc_async(c, dev, size, !s && ptsz ? CU_STREAM_PER_THREAD : s, &p);
+        if (r == 0) {
+                *dptr = (CUdeviceptr) (uintptr_t) p;
+                return CUDA_SUCCESS;
+        }
+        if (r == -ENODEV)
+                return driver_fn ? driver_fn(dptr, size, s) : CUDA_ERROR_NOT_INITIALIZED;
+        {
+                char why[512];
+
+                gpupool_last_error(c, why, sizeof(why));
+                say("cuMemAllocAsync of %zu bytes on device %d: %s: %s", size, dev, gpupool_strerror(r), why);
+        }
+        return r == -EINVAL ? CUDA_ERROR_INVALID_VALUE : r == -EIO ? CUDA_ERROR_UNKNOWN : CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+static CUresult free_async(CUdeviceptr dptr, CUstream s, bool ptsz, CUresult (*driver_fn)(CUdeviceptr, CUstream)) {
+        gpupool_client *c = connected();
+        int r;
+
+        driver();
+        if (c && dptr) {
+                r = gpupool_free_async(c, (void *) (uintptr_t) dptr, !s && ptsz ? CU_STREAM_PER_THREAD : s);
+                if (r == 0)
+                        return CUDA_SUCCESS;
+                if (r != -ENOENT) {
+                        char why[512];
+
+                        gpupool_last_error(c, why, sizeof(why));
+                        say("cuMemFreeAsync of %#llx: %s: %s", dptr, gpupool_strerror(r), why);
+                        return r == -EBUSY || r == -EINVAL ? CUDA_ERROR_INVALID_VALUE : CUDA_ERROR_UNKNOWN;
+                }
+        }
+        return driver_fn ? driver_fn(dptr, s) : CUDA_ERROR_NOT_INITIALIZED;
+}
+
+EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t size, CUstream s) {
+        driver();
+        return alloc_async(dptr, size, s, false, drv.mem_alloc_async);
+}
+
+EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t size, CUstream s) {
+        driver();
+        return alloc_async(dptr, size, s, true, drv.mem_alloc_async_ptsz);
+}
+
+EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream s) {
+        driver();
+        return free_async(dptr, s, false, drv.mem_free_async);
+}
+
+EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream s) {
+        driver();
+        return free_async(dptr, s, true, drv.mem_free_async_ptsz);
+}
+
+/* Whether pool is the current device's default pool, the one cuMemAllocAsync takes from. */
+static bool default_pool(CUmemoryPool pool) {
+        CUmemoryPool dflt = NULL;
+        CUdevice dev;
+
+        return pool && current_device(&dev) == CUDA_SUCCESS && drv.device_get_default_mem_pool &&
+               drv.device_get_default_mem_pool(&dflt, dev) == CUDA_SUCCESS && dflt == pool;
+}
+
+static CUresult alloc_from_pool_async(CUdeviceptr *dptr, size_t size, CUmemoryPool pool, CUstream s, bool ptsz,
+                                      CUresult (*driver_fn)(CUdeviceptr *, size_t, CUmemoryPool, CUstream)) {
+        /* A pool the program made keeps its own attributes (its limits, its sharing): the driver's. */
+        if (!default_pool(pool))
+                return driver_fn ? driver_fn(dptr, size, pool, s) : CUDA_ERROR_NOT_INITIALIZED;
+        return alloc_async(dptr, size, s, ptsz, NULL);
+}
+
+EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t size, CUmemoryPool pool, CUstream s) {
+        driver();
+        return alloc_from_pool_async(dptr, size, pool, s, false, drv.mem_alloc_from_pool_async);
+}
+
+EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t size, CUmemoryPool pool, CUstream s) {
+        driver();
+        return alloc_from_pool_async(dptr, size, pool, s, true, drv.mem_alloc_from_pool_async_ptsz);
+}
+
+/* A block's range, as cuMemGetAddressRange_v2 gives it; every other attribute is the driver's. */
+EXPORT CUresult cuPointerGetAttribute(void *data, int attribute, CUdeviceptr ptr) {
+        gpupool_client *c = connected();
+        size_t n;
+        void *b;
+
+        driver();
+        if (c && data && (attribute == CU_POINTER_ATTRIBUTE_RANGE_START_ADDR || attribute == CU_POINTER_ATTRIBUTE_RANGE_SIZE) &&
+            gpupool_block_range(c, (void *) (uintptr_t) ptr, &b, &n) == 0) {
+                if (attribute == CU_POINTER_ATTRIBUTE_RANGE_START_ADDR)
+                        *(CUdeviceptr *) data = (CUdeviceptr) (uintptr_t) b;
+                else
+                        *(size_t *) data = n;
+                return CUDA_SUCCESS;
+        }
+        return drv.pointer_get_attribute ? drv.pointer_get_attribute(data, attribute, ptr) : CUDA_ERROR_NOT_INITIALIZED;
+}
+
+EXPORT CUresult cuPointerGetAttributes(unsigned count, int *attributes, void **data, CUdeviceptr ptr) {
+        driver();
+        if (!attributes || !data)
+                return CUDA_ERROR_INVALID_VALUE;
+        for (unsigned i = 0; i < count; i++) {
+                CUresult r = cuPointerGetAttribute(data[i], attributes[i], ptr);
+
+                if (r != CUDA_SUCCESS && r != CUDA_ERROR_INVALID_VALUE)
+                        return r;
+        }
+        return CUDA_SUCCESS;
+}
+
+/*
+ * An IPC handle opens a whole allocation: a block's would open its segment, other blocks of
+ * the pool's included, at another address. Refused, saying so; the driver's own memory is the
+ * driver's.
+ */
+EXPORT CUresult cuIpcGetMemHandle(void *handle, CUdeviceptr dptr) {
+        gpupool_client *c = connected();
+        size_t n;
+        void *b;
+
+        driver();
+        if (c && gpupool_block_range(c, (void *) (uintptr_t) dptr, &b, &n) == 0) {
+                say("cuIpcGetMemHandle of %#llx: a block of gpupool's pool cannot be exported by an IPC handle "
+                    "(it would open the whole segment): CUDA_ERROR_NOT_SUPPORTED; share memory between processes "
+                    "with gpupool's named objects (libgpupool(3))", dptr);
+                return CUDA_ERROR_NOT_SUPPORTED;
+        }
+        return drv.ipc_get_mem_handle ? drv.ipc_get_mem_handle(handle, dptr) : CUDA_ERROR_NOT_INITIALIZED;
+}
+
 /* What this library hands out in place of the driver's: a base name, from which ABI version, and under which exported name. */
 static const struct hook {
         const char *base;
         int from_version;
         const char *exported;
         void *fn;
+        void *fn_ptsz;                  /* asked with CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, if it differs */
 } hooks[] = {
-        { "cuMemAlloc", 3020, "cuMemAlloc_v2", (void *) cuMemAlloc_v2 },
-        { "cuMemFree", 3020, "cuMemFree_v2", (void *) cuMemFree_v2 },
-        { "cuMemGetInfo", 3020, "cuMemGetInfo_v2", (void *) cuMemGetInfo_v2 },
-        { "cuMemGetAddressRange", 3020, "cuMemGetAddressRange_v2", (void *) cuMemGetAddressRange_v2 },
-        { "cuDeviceTotalMem", 3020, "cuDeviceTotalMem_v2", (void *) cuDeviceTotalMem_v2 },
-        { "cuGetProcAddress", 12000, "cuGetProcAddress_v2", NULL },     /* set below: defined after */
-        { "cuGetProcAddress", 11030, "cuGetProcAddress", NULL },
+        { "cuMemAlloc", 3020, "cuMemAlloc_v2", (void *) cuMemAlloc_v2, NULL },
+        { "cuMemAllocPitch", 3020, "cuMemAllocPitch_v2", (void *) cuMemAllocPitch_v2, NULL },
+        { "cuMemAllocAsync", 11020, "cuMemAllocAsync", (void *) cuMemAllocAsync, (void *) cuMemAllocAsync_ptsz },
+        { "cuMemAllocAsync", 11020, "cuMemAllocAsync_ptsz", (void *) cuMemAllocAsync_ptsz, (void *) cuMemAllocAsync_ptsz },
+        { "cuMemFreeAsync", 11020, "cuMemFreeAsync", (void *) cuMemFreeAsync, (void *) cuMemFreeAsync_ptsz },
+        { "cuMemFreeAsync", 11020, "cuMemFreeAsync_ptsz", (void *) cuMemFreeAsync_ptsz, (void *) cuMemFreeAsync_ptsz },
+        { "cuMemAllocFromPoolAsync", 11020, "cuMemAllocFromPoolAsync", (void *) cuMemAllocFromPoolAsync,
+          (void *) cuMemAllocFromPoolAsync_ptsz },
+        { "cuMemAllocFromPoolAsync", 11020, "cuMemAllocFromPoolAsync_ptsz", (void *) cuMemAllocFromPoolAsync_ptsz,
+          (void *) cuMemAllocFromPoolAsync_ptsz },
+        { "cuPointerGetAttribute", 4000, "cuPointerGetAttribute", (void *) cuPointerGetAttribute, NULL },
+        { "cuPointerGetAttributes", 7000, "cuPointerGetAttributes", (void *) cuPointerGetAttributes, NULL },
+        { "cuIpcGetMemHandle", 4010, "cuIpcGetMemHandle", (void *) cuIpcGetMemHandle, NULL },
+        { "cuMemFree", 3020, "cuMemFree_v2", (void *) cuMemFree_v2, NULL },
+        { "cuMemGetInfo", 3020, "cuMemGetInfo_v2", (void *) cuMemGetInfo_v2, NULL },
+        { "cuMemGetAddressRange", 3020, "cuMemGetAddressRange_v2", (void *) cuMemGetAddressRange_v2, NULL },
+        { "cuDeviceTotalMem", 3020, "cuDeviceTotalMem_v2", (void *) cuDeviceTotalMem_v2, NULL },
+        { "cuGetProcAddress", 12000, "cuGetProcAddress_v2", NULL, NULL },      /* set in hook_for(): defined after */
+        { "cuGetProcAddress", 11030, "cuGetProcAddress", NULL, NULL },
 };
 
-static void *hook_for(const char *base, int version);
+static void *hook_for(const char *base, int version, uint64_t flags);
 
 EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int version, uint64_t flags, int *status) {
         CUresult r;
@@ -341,7 +565,7 @@ EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int version,
                 return CUDA_ERROR_NOT_INITIALIZED;
         r = drv.get_proc_address_v2(symbol, pfn, version, flags, status);
         /* Only where the driver has the function at that ABI: otherwise its answer stands. */
-        if (r == CUDA_SUCCESS && pfn && *pfn && symbol && (h = hook_for(symbol, version)))
+        if (r == CUDA_SUCCESS && pfn && *pfn && symbol && (h = hook_for(symbol, version, flags)))
                 *pfn = h;
         return r;
 }
@@ -354,33 +578,39 @@ EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int version, ui
         if (!drv.get_proc_address)
                 return CUDA_ERROR_NOT_INITIALIZED;
         r = drv.get_proc_address(symbol, pfn, version, flags);
-        if (r == CUDA_SUCCESS && pfn && *pfn && symbol && (h = hook_for(symbol, version)))
+        if (r == CUDA_SUCCESS && pfn && *pfn && symbol && (h = hook_for(symbol, version, flags)))
                 *pfn = h;
         return r;
 }
 
-/* This library's function for base at ABI version, or NULL: the highest of its versions the version reaches. */
-static void *hook_for(const char *base, int version) {
+/* Hook h's function, as asked with flags. */
+static void *hook_fn(const struct hook *h, uint64_t flags) {
+        if (strcmp(h->exported, "cuGetProcAddress_v2") == 0)
+                return (void *) cuGetProcAddress_v2;
+        if (strcmp(h->exported, "cuGetProcAddress") == 0)
+                return (void *) cuGetProcAddress;
+        return (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) && h->fn_ptsz ? h->fn_ptsz : h->fn;
+}
+
+/*
+ * This library's function for base at ABI version, asked with flags, or NULL: the highest of
+ * its versions the version reaches (the first of a base name's entries is its own name's).
+ */
+static void *hook_for(const char *base, int version, uint64_t flags) {
         const struct hook *best = NULL;
 
         for (size_t i = 0; i < sizeof(hooks) / sizeof(hooks[0]); i++)
                 if (strcmp(hooks[i].base, base) == 0 && version >= hooks[i].from_version &&
                     (!best || hooks[i].from_version > best->from_version))
                         best = &hooks[i];
-        if (!best)
-                return NULL;
-        if (strcmp(best->exported, "cuGetProcAddress_v2") == 0)
-                return (void *) cuGetProcAddress_v2;
-        if (strcmp(best->exported, "cuGetProcAddress") == 0)
-                return (void *) cuGetProcAddress;
-        return best->fn;
+        return best ? hook_fn(best, flags) : NULL;
 }
 
 /* This library's function exported as name (the driver's exported name), or NULL. */
 static void *hook_named(const char *name) {
         for (size_t i = 0; i < sizeof(hooks) / sizeof(hooks[0]); i++)
                 if (strcmp(hooks[i].exported, name) == 0)
-                        return hook_for(hooks[i].base, hooks[i].from_version);
+                        return hook_fn(&hooks[i], 0);
         return NULL;
 }
 

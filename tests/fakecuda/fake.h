@@ -128,6 +128,7 @@ CUresult bytes_at(CUdeviceptr p, size_t n, bool write, uint8_t **ret);
 
 /* The entry points of device memory, copies and IPC handles, for the entry-point table. */
 CUresult fk_MemAlloc_v2(CUdeviceptr *dptr, size_t size);
+CUresult fk_MemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t width, size_t height, unsigned element_size);
 CUresult fk_MemFree_v2(CUdeviceptr dptr);
 CUresult fk_MemGetInfo_v2(size_t *free_bytes, size_t *total_bytes);
 CUresult fk_MemGetAddressRange_v2(CUdeviceptr *base, size_t *size, CUdeviceptr dptr);

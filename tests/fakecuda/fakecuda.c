@@ -614,6 +614,7 @@ static const struct symbol symbols[] = {
         SYM("cuCtxSynchronize", 2000, fk_CtxSynchronize),
         SYM("cuMemAlloc", 2000, fk_MemAlloc_v1),
         SYM("cuMemAlloc", 3020, fk_MemAlloc_v2),
+        SYM("cuMemAllocPitch", 3020, fk_MemAllocPitch_v2),
         SYM("cuMemFree", 2000, fk_MemFree_v1),
         SYM("cuMemFree", 3020, fk_MemFree_v2),
         SYM("cuMemGetInfo", 2000, fk_MemGetInfo_v1),

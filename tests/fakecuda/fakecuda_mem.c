@@ -449,6 +449,20 @@ EXPORT int fakecuda_open_handles(void) {
         return n;
 }
 
+/* Rows of width bytes at a pitch of a multiple of 512 bytes, as the driver's works with its 2D copies. */
+CUresult fk_MemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t width, size_t height, unsigned element_size) {
+        size_t p = (width + 511) & ~(size_t) 511;
+        CUresult r;
+
+        if (!dptr || !pitch || !width || !height || (element_size != 4 && element_size != 8 && element_size != 16) ||
+            p < width || height > SIZE_MAX / p)
+                return GP_CUDA_ERROR_INVALID_VALUE;
+        r = fk_MemAlloc_v2(dptr, p * height);
+        if (r == GP_CUDA_SUCCESS)
+                *pitch = p;
+        return r;
+}
+
 /* The entry points above under the names libcuda.so.1 exports them by (fake.h, FK_EXPORT). */
 FK_EXPORT(cuIpcGetMemHandle, fk_IpcGetMemHandle);
 FK_EXPORT(cuIpcOpenMemHandle_v2, fk_IpcOpenMemHandle_v2);
@@ -459,3 +473,4 @@ FK_EXPORT(cuMemGetInfo_v2, fk_MemGetInfo_v2);
 FK_EXPORT(cuMemGetAddressRange_v2, fk_MemGetAddressRange_v2);
 FK_EXPORT(cuMemcpyHtoD_v2, fk_MemcpyHtoD_v2);
 FK_EXPORT(cuMemcpyDtoH_v2, fk_MemcpyDtoH_v2);
+FK_EXPORT(cuMemAllocPitch_v2, fk_MemAllocPitch_v2);

@@ -574,12 +574,29 @@ CUresult fk_MemRetainAllocationHandle(gp_cu_mem_handle *handle, void *addr) {
 }
 
 #define FK_POINTER_ATTRIBUTE_MEMORY_BLOCK_ID 20
+#define FK_POINTER_ATTRIBUTE_RANGE_START_ADDR 11
+#define FK_POINTER_ATTRIBUTE_RANGE_SIZE 12
 
-/* Of the pointer attributes, the one gpupoold asks of cuMemCreate memory mapped here: which allocation it is. */
+/*
+ * Of the pointer attributes, the one gpupoold asks of cuMemCreate memory mapped here (which
+ * allocation it is), and an allocation's range (its start and size).
+ */
 CUresult fk_PointerGetAttribute(void *data, int attribute, CUdeviceptr ptr) {
         struct vmap *m;
 
         NEED_CTX();
+        /* An allocation's range, as cuMemGetAddressRange_v2 gives it. */
+        if (data && (attribute == FK_POINTER_ATTRIBUTE_RANGE_START_ADDR || attribute == FK_POINTER_ATTRIBUTE_RANGE_SIZE)) {
+                CUdeviceptr base;
+                size_t size;
+                CUresult r = fk_MemGetAddressRange_v2(&base, &size, ptr);
+
+                if (r == GP_CUDA_SUCCESS && attribute == FK_POINTER_ATTRIBUTE_RANGE_START_ADDR)
+                        *(CUdeviceptr *) data = base;
+                else if (r == GP_CUDA_SUCCESS)
+                        *(size_t *) data = size;
+                return r;
+        }
         if (!data || attribute != FK_POINTER_ATTRIBUTE_MEMORY_BLOCK_ID)
                 return GP_CUDA_ERROR_INVALID_VALUE;
         pthread_mutex_lock(&lock);

@@ -70,6 +70,18 @@ START_TEST(test_run_programs_of_every_kind_on_the_pool) {
                 ck_assert_msg((v = field(out, "data")) && strncmp(v, "ok", 2) == 0, "data did not read back: %s", out);
                 ck_assert_msg((v = field(out, "range")) && strncmp(v, "base 1048576\n", 13) == 0,
                               "cuMemGetAddressRange_v2 is not the block's: %s", out);
+                ck_assert_msg((v = field(out, "attribute")) && strncmp(v, "base 1048576\n", 13) == 0,
+                              "cuPointerGetAttribute's range is not the block's: %s", out);
+                ck_assert_msg((v = field(out, "ipc")) && strncmp(v, "801\n", 4) == 0 && strstr(out, "cuIpcGetMemHandle of"),
+                              "an IPC handle of a block was not refused, saying why: %s", out);
+                ck_assert_msg(field(out, "freed"), "%s", out);
+                ck_assert_msg(testd_device_becomes(&d, 0, "in_use_bytes", 0), "%s's memory did not come back", kinds[k][0]);
+                /* The stream-ordered allocator: the same limit; a pitch of 512-byte multiples. */
+                snprintf(cmd, sizeof(cmd), "%s %s/tests/%s %s async 100 2>&1", prefix, build_dir(), kinds[k][0], kinds[k][1]);
+                ck_assert_msg(run_capture(cmd, out, sizeof(out)) == 0, "%s: %s", cmd, out);
+                ck_assert_msg((v = field(out, "refused")) && strncmp(v, "64 2\n", 5) == 0 && strstr(out, "cuMemAllocAsync of"),
+                              "the 65th MiB on a stream was not CUDA_ERROR_OUT_OF_MEMORY: %s", out);
+                ck_assert_msg((v = field(out, "pitch")) && strncmp(v, "1024 65536\n", 11) == 0, "cuMemAllocPitch_v2: %s", out);
                 ck_assert_msg(field(out, "freed"), "%s", out);
                 ck_assert_msg(testd_device_becomes(&d, 0, "in_use_bytes", 0), "%s's memory did not come back", kinds[k][0]);
         }
@@ -114,6 +126,43 @@ START_TEST(test_run_program_is_a_client) {
 }
 END_TEST
 
+/*
+ * Memory a program under gpupool-run freed and its pool keeps idle goes back when another
+ * client needs it: the daemon asks the program's library for it, as it asks any client's.
+ */
+START_TEST(test_run_program_gives_idle_memory_back) {
+        char cmd[2048], prefix[1024], path[512], out[8192];
+        long long pool;
+        unsigned want;
+        struct testd d;
+        FILE *in;
+
+        cuda_start(&d, NULL, NULL);
+        pool = testd_device(&d, 0, "total_bytes");
+        ck_assert_msg(pool > (long long) (64 * MiB), "a pool of %lld bytes", pool);
+        /* The first program caches most of the pool; the second wants more than is left. */
+        want = (unsigned) (pool * 3 / 4 / MiB);
+        run_prefix(&d, prefix, sizeof(prefix), "--name cacher");
+        snprintf(path, sizeof(path), "%s/run-cache.out", test_tmp());
+        snprintf(cmd, sizeof(cmd), "%s %s/tests/cuprog-linked cache %u > %s 2>&1", prefix, build_dir(), want, path);
+        in = popen(cmd, "w");
+        ck_assert_ptr_nonnull(in);
+        for (double t0 = now_s(); !field(read_text(path, out, sizeof(out)), "cached") && now_s() - t0 < 10; nap_ms(10))
+                ;
+        ck_assert_msg(field(out, "cached"), "%s", out);
+        ck_assert_msg(testd_client_field(&d, 0, "cacher", "reserved_bytes") >= (long long) want * (long long) MiB,
+                      "the first program does not hold what it freed");
+        run_prefix(&d, prefix, sizeof(prefix), "--name wanter");
+        snprintf(cmd, sizeof(cmd), "%s %s/tests/cuprog-dynamic procaddr fill %u 2>&1", prefix, build_dir(), want);
+        ck_assert_msg(run_capture(cmd, out, sizeof(out)) == 0 && field(out, "allocated"),
+                      "the second program did not get the memory the first kept idle: %s", out);
+        fputs("\n", in);
+        ck_assert_int_eq(pclose(in), 0);
+        ck_assert_msg(testd_device_becomes(&d, 0, "in_use_bytes", 0), "the programs' memory did not come back");
+        cuda_stop(&d);
+}
+END_TEST
+
 /* Without a daemon: the driver's memory, said once, or (--without-daemon refuse) every allocation refused. */
 START_TEST(test_run_without_a_daemon) {
         char cmd[2048], out[8192], dir[512];
@@ -150,5 +199,6 @@ END_TEST
 void cuda_run_add(TCase *tc) {
         tcase_add_test(tc, test_run_programs_of_every_kind_on_the_pool);
         tcase_add_test(tc, test_run_program_is_a_client);
+        tcase_add_test(tc, test_run_program_gives_idle_memory_back);
         tcase_add_test(tc, test_run_without_a_daemon);
 }

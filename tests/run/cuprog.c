@@ -9,6 +9,9 @@
  *   fill N     allocates 1 MiB blocks, up to N, until the driver refuses; checks the data
  *              written to the first, its range, cuMemGetInfo_v2; prints what it saw; frees all
  *   hold N     allocates N MiB, says "held", waits for a line on stdin, frees, says "freed"
+ *   cache N    allocates N MiB, frees it, says "cached", waits for a line on stdin
+ *   async N    the same as fill on a stream (cuMemAllocAsync, cuMemFreeAsync), then a pitched
+ *              allocation
  * Each line it prints is "key value..." for the test to read.
  */
 #define _GNU_SOURCE
@@ -37,6 +40,13 @@ static struct {
         CUresult (*address_range)(CUdeviceptr *base, size_t *size, CUdeviceptr p);
         CUresult (*htod)(CUdeviceptr dst, const void *src, size_t n);
         CUresult (*dtoh)(void *dst, CUdeviceptr src, size_t n);
+        CUresult (*pointer_attribute)(void *data, int attribute, CUdeviceptr p);
+        CUresult (*ipc_handle)(void *handle, CUdeviceptr p);
+        CUresult (*stream_create)(void **s, unsigned flags);
+        CUresult (*stream_sync)(void *s);
+        CUresult (*alloc_async)(CUdeviceptr *p, size_t size, void *s);
+        CUresult (*free_async)(CUdeviceptr p, void *s);
+        CUresult (*alloc_pitch)(CUdeviceptr *p, size_t *pitch, size_t width, size_t height, unsigned element);
 } cu;
 
 #ifdef CUPROG_LINKED
@@ -50,6 +60,13 @@ CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes);
 CUresult cuMemGetAddressRange_v2(CUdeviceptr *base, size_t *size, CUdeviceptr p);
 CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void *src, size_t n);
 CUresult cuMemcpyDtoH_v2(void *dst, CUdeviceptr src, size_t n);
+CUresult cuPointerGetAttribute(void *data, int attribute, CUdeviceptr p);
+CUresult cuIpcGetMemHandle(void *handle, CUdeviceptr p);
+CUresult cuStreamCreate(void **s, unsigned flags);
+CUresult cuStreamSynchronize(void *s);
+CUresult cuMemAllocAsync(CUdeviceptr *p, size_t size, void *s);
+CUresult cuMemFreeAsync(CUdeviceptr p, void *s);
+CUresult cuMemAllocPitch_v2(CUdeviceptr *p, size_t *pitch, size_t width, size_t height, unsigned element);
 
 static int find(int argc, char **argv) {
         cu.init = cuInit;
@@ -62,6 +79,13 @@ static int find(int argc, char **argv) {
         cu.address_range = cuMemGetAddressRange_v2;
         cu.htod = cuMemcpyHtoD_v2;
         cu.dtoh = cuMemcpyDtoH_v2;
+        cu.pointer_attribute = cuPointerGetAttribute;
+        cu.ipc_handle = cuIpcGetMemHandle;
+        cu.stream_create = cuStreamCreate;
+        cu.stream_sync = cuStreamSynchronize;
+        cu.alloc_async = cuMemAllocAsync;
+        cu.free_async = cuMemFreeAsync;
+        cu.alloc_pitch = cuMemAllocPitch_v2;
         (void) argc, (void) argv;
         printf("kind linked\n");
         return 1;
@@ -75,11 +99,20 @@ static int find(int argc, char **argv) {
                 { "cuMemFree", 3020, (void **) &cu.mem_free }, { "cuMemGetInfo", 3020, (void **) &cu.mem_get_info },
                 { "cuMemGetAddressRange", 3020, (void **) &cu.address_range },
                 { "cuMemcpyHtoD", 3020, (void **) &cu.htod }, { "cuMemcpyDtoH", 3020, (void **) &cu.dtoh },
+                { "cuPointerGetAttribute", 4000, (void **) &cu.pointer_attribute },
+                { "cuIpcGetMemHandle", 4010, (void **) &cu.ipc_handle },
+                { "cuStreamCreate", 2000, (void **) &cu.stream_create },
+                { "cuStreamSynchronize", 2000, (void **) &cu.stream_sync },
+                { "cuMemAllocAsync", 11020, (void **) &cu.alloc_async }, { "cuMemFreeAsync", 11020, (void **) &cu.free_async },
+                { "cuMemAllocPitch", 3020, (void **) &cu.alloc_pitch },
         };
         /* The names libcuda.so.1 exports them by: cuda.h's #define of each. */
         static const char *const exported[] = { "cuInit", "cuDeviceGet", "cuDevicePrimaryCtxRetain", "cuCtxSetCurrent",
                                                 "cuMemAlloc_v2", "cuMemFree_v2", "cuMemGetInfo_v2",
-                                                "cuMemGetAddressRange_v2", "cuMemcpyHtoD_v2", "cuMemcpyDtoH_v2" };
+                                                "cuMemGetAddressRange_v2", "cuMemcpyHtoD_v2", "cuMemcpyDtoH_v2",
+                                                "cuPointerGetAttribute", "cuIpcGetMemHandle", "cuStreamCreate",
+                                                "cuStreamSynchronize", "cuMemAllocAsync", "cuMemFreeAsync",
+                                                "cuMemAllocPitch_v2" };
         CUresult (*gpa)(const char *, void **, int, uint64_t, int *) = NULL;
         void *lib;
 
@@ -122,7 +155,7 @@ int main(int argc, char **argv) {
         unsigned i;
 
         if (argc < a + 2 || (n = strtoul(argv[a + 1], NULL, 10)) == 0 || n > 4096) {
-                fprintf(stderr, "usage: cuprog [dlsym|procaddr] fill|hold N\n");
+                fprintf(stderr, "usage: cuprog [dlsym|procaddr] fill|hold|cache|async N\n");
                 return 2;
         }
         TRY(cu.init(0));
@@ -132,11 +165,47 @@ int main(int argc, char **argv) {
         TRY(cu.mem_get_info(&f, &t));
         printf("info %zu %zu\n", f, t);
         printf("pid %d\n", (int) getpid());
-        if (strcmp(argv[a], "hold") == 0) {
+        if (strcmp(argv[a], "async") == 0) {
+                void *s;
+
+                /* On a stream: until refused; then a pitched allocation; then every block freed on the stream. */
+                TRY(cu.stream_create(&s, 1 /* CU_STREAM_NON_BLOCKING */));
+                for (i = 0; i < n; i++) {
+                        CUresult r = cu.alloc_async(&blocks[i], MiB, s);
+
+                        if (r) {
+                                printf("refused %u %d\n", i, r);
+                                break;
+                        }
+                }
+                while (i)
+                        TRY(cu.free_async(blocks[--i], s));
+                TRY(cu.stream_sync(s));
+                {
+                        CUdeviceptr p;
+                        size_t pitch;
+
+                        TRY(cu.alloc_pitch(&p, &pitch, 1000, 64, 4));
+                        TRY(cu.address_range(&base, &size, p));
+                        printf("pitch %zu %zu\n", pitch, size);
+                        TRY(cu.mem_free(p));
+                }
+                printf("freed\n");
+                return 0;
+        }
+        if (strcmp(argv[a], "hold") == 0 || strcmp(argv[a], "cache") == 0) {
                 char line[16];
 
                 for (i = 0; i < n; i++)
                         TRY(cu.mem_alloc(&blocks[i], MiB));
+                if (strcmp(argv[a], "cache") == 0) {
+                        /* Freed, and kept by the process's pool, idle, until the daemon asks for it. */
+                        while (i)
+                                TRY(cu.mem_free(blocks[--i]));
+                        printf("cached\n");
+                        fflush(stdout);
+                        return fgets(line, sizeof(line), stdin) ? 0 : 1;
+                }
                 TRY(cu.mem_get_info(&f, &t));
                 printf("held %zu %zu\n", f, t);
                 fflush(stdout);
@@ -165,6 +234,12 @@ int main(int argc, char **argv) {
                 printf("data %s\n", memcmp(in, out, sizeof(in)) == 0 ? "ok" : "wrong");
                 TRY(cu.address_range(&base, &size, blocks[0] + 100));
                 printf("range %s %zu\n", base == blocks[0] ? "base" : "elsewhere", size);
+                base = 0;
+                size = 0;
+                TRY(cu.pointer_attribute(&base, 11 /* CU_POINTER_ATTRIBUTE_RANGE_START_ADDR */, blocks[0] + 100));
+                TRY(cu.pointer_attribute(&size, 12 /* CU_POINTER_ATTRIBUTE_RANGE_SIZE */, blocks[0] + 100));
+                printf("attribute %s %zu\n", base == blocks[0] ? "base" : "elsewhere", size);
+                printf("ipc %d\n", cu.ipc_handle(out, blocks[0]));
         }
         TRY(cu.mem_get_info(&f, &t));
         printf("full %zu %zu\n", f, t);
