@@ -14,6 +14,10 @@
 #                             bench-frameworks);
 #   bench-frameworks-grow     the same throughput with GPUPOOL_SEGMENTS=grow on cuda-vmm;
 #   bench-frameworks-elastic  two processes whose peaks together exceed the GPU;
+#   run-torch                 PyTorch with no change under gpupool-run: its limit as
+#                             torch.cuda.mem_get_info()'s total, OutOfMemoryError past it, and its
+#                             training throughput natively and under gpupool-run, with PyTorch's
+#                             allocator and with backend:cudaMallocAsync;
 #   bench-objects             attaching a 4 GiB named object against loading it from the page
 #                             cache, on cuda-vmm and on the legacy cuda backend;
 #   bench-gpu                 allocation latency (make bench-gpu);
@@ -41,7 +45,7 @@
 # is no GPU, no build, an unknown part name, a bad budget or no trace to replay.
 set -u
 B=${1:-build}
-all_parts="vmm-probe check-gpu bench-frameworks bench-frameworks-grow bench-frameworks-elastic bench-objects bench-gpu bench-driver bench-pending replay"
+all_parts="vmm-probe check-gpu bench-frameworks bench-frameworks-grow bench-frameworks-elastic run-torch bench-objects bench-gpu bench-driver bench-pending replay"
 parts=${GPU_VALIDATE_PARTS:-$all_parts}
 for p in $parts; do
         case " $all_parts " in
@@ -65,6 +69,7 @@ for p in $parts; do
         bench-pending) need="$need bench/bench_pending" ;;
         bench-driver) need="$need bench/bench_driver" ;;
         bench-objects) need="$need bench/objects" ;;
+        run-torch) need="$need gpupool-run libgpupool-run.so" ;;
         replay) need="$need bench/replay" ;;
         esac
 done
@@ -153,6 +158,9 @@ part bench-frameworks-grow sh -c "GPUPOOLD_ARGS='--backend cuda-vmm --log-level 
 # Two processes whose peaks together exceed the GPU, with each allocator.
 part bench-frameworks-elastic sh bench/with-gpupoold.sh "$B" python3 bench/frameworks/torch_elastic.py \
         --modes torch,gpupool,gpupool-mempool
+# PyTorch with no change under gpupool-run, its client limited to 32 GiB.
+part run-torch env GPUPOOLD_ARGS="--backend cuda --log-level warn --client-limit 32G" \
+        sh bench/with-gpupoold.sh "$B" sh bench/frameworks/torch_unmodified.sh "$B" 34359738368
 # Named objects: attaching 4 GiB against loading it from the page cache onto the GPU, on each
 # cuda backend; both run, and the part fails if either does.
 part bench-objects sh -c "'$B/bench/objects' --build '$B' --backend cuda-vmm --size 4294967296; c=\$?; \

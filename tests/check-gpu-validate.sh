@@ -40,7 +40,7 @@ for run in 1 2; do
         GPU_VALIDATE_PARTS=bench-pending validate
         rc=$?
         [ $rc -eq 0 ] || { say "run $run of bench-pending exited $rc:"; cat "$tmp/out" >&2; }
-        grep -q "^gpu-validate: ran 1 of 10 parts; passed: bench-pending; failed: none; not run: vmm-probe check-gpu bench-frameworks bench-frameworks-grow bench-frameworks-elastic bench-objects bench-gpu bench-driver replay$" "$tmp/out" ||
+        grep -q "^gpu-validate: ran 1 of 11 parts; passed: bench-pending; failed: none; not run: vmm-probe check-gpu bench-frameworks bench-frameworks-grow bench-frameworks-elastic run-torch bench-objects bench-gpu bench-driver replay$" "$tmp/out" ||
                 { say "run $run: the closing line does not name exactly what ran:"; tail -3 "$tmp/out" >&2; }
 done
 logs=$(ls "$tmp/results"/gpu-validate-*-abc1234-Fake-GPU-80GB*-bench-pending.txt 2>/dev/null | wc -l)

@@ -116,6 +116,16 @@ START_TEST(test_run_program_is_a_client) {
         ck_assert_int_eq(pclose(in), 0);
         ck_assert_msg(field(read_text(path, out, sizeof(out)), "freed"), "%s", out);
         ck_assert_msg(testd_device_becomes(&d, 0, "in_use_bytes", 0), "the program's memory did not come back");
+        /* A child CMD starts (here through a shell) is on the pool too: its total is the pool's, not the GPU's. */
+        snprintf(cmd, sizeof(cmd), "%s sh -c '%s/tests/cuprog-linked fill 4' 2>&1", prefix, build_dir());
+        {
+                unsigned long long free_bytes, total;
+                const char *v;
+
+                ck_assert_msg(run_capture(cmd, out, sizeof(out)) == 0 && (v = field(out, "info")) &&
+                              sscanf(v, "%llu %llu", &free_bytes, &total) == 2 &&
+                              (long long) total == testd_device(&d, 0, "total_bytes"), "a child of CMD: %s", out);
+        }
         cached = testd_device(&d, 0, "cached_bytes");
         ck_assert_msg(cached >= (long long) (8 * MiB), "the daemon caches %lld bytes of the program's", cached);
         /* The next program's blocks come from that cache: the daemon's memory does not grow. */
