@@ -449,8 +449,35 @@ GPUPOOL_EXPORT int gpupool_capture_end(gpupool_client *c) {
         return capture(c, false, __func__);
 }
 
+/*
+ * What the daemon says this client may still lease on daemon device d now: the least of what its
+ * limits leave and what no client holds. UINT64_MAX where the daemon cannot be asked (gone): the
+ * process's own view then. Locked.
+ */
+static uint64_t may_lease(gpupool_client *c, unsigned d) {
+        Gpupool__Envelope req = GPUPOOL__ENVELOPE__INIT, *rep = NULL;
+        Gpupool__MemInfoRequest mr = GPUPOOL__MEM_INFO_REQUEST__INIT;
+        uint64_t bytes = UINT64_MAX;
+
+        if (client_memory_lost(c) || client_daemon_gone(c))
+                return bytes;
+        mr.device = d;
+        req.body_case = GPUPOOL__ENVELOPE__BODY_MEM_INFO;
+        req.mem_info = &mr;
+        if (client_call(c, &req, GPUPOOL__ENVELOPE__BODY_MEM_INFO_REPLY, &rep, NULL) == 0) {
+                const Gpupool__MemInfoReply *r = rep->mem_info_reply;
+
+                bytes = r->unheld_bytes;
+                if (r->has_may_lease_bytes && r->may_lease_bytes < bytes)
+                        bytes = r->may_lease_bytes;
+        }
+        if (rep)
+                gpupool__envelope__free_unpacked(rep, NULL);
+        return bytes;
+}
+
 GPUPOOL_EXPORT int gpupool_device_memory(gpupool_client *c, int device, uint64_t *ret_free, uint64_t *ret_total) {
-        uint64_t total, used;
+        uint64_t total, used, mapped, more, free_bytes;
         int d;
 
         if (!c)
@@ -468,9 +495,18 @@ GPUPOOL_EXPORT int gpupool_device_memory(gpupool_client *c, int device, uint64_t
         if (c->limit_bytes && c->limit_bytes < total)
                 total = c->limit_bytes;
         used = c->devices[d].heap.in_use_bytes;
+        /* Segments that grow in place map granules under ranges: the granules it holds, not the ranges. */
+        mapped = c->grow ? client_grow_held(c, (unsigned) d) * GP_GRANULE_BYTES : c->devices[d].heap.size_bytes;
+        if (mapped < used)
+                mapped = used;
+        /* What its pool holds free, and what the daemon would lease it more. */
+        more = may_lease(c, (unsigned) d);
         pthread_mutex_unlock(&c->lock);
+        free_bytes = used < total ? total - used : 0;
+        if (more != UINT64_MAX && mapped - used + more < free_bytes)
+                free_bytes = mapped - used + more;
         *ret_total = total;
-        *ret_free = used < total ? total - used : 0;
+        *ret_free = free_bytes;
         return 0;
 }
 

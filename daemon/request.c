@@ -15,6 +15,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "evict.h"
 #include "log.h"
 #include "node.h"
 #include "identity.h"
@@ -163,6 +164,36 @@ static void handle_usage_report(struct session *s, const Gpupool__Envelope *req,
         *ret = (struct reply) { .none = true };
 }
 
+static void handle_mem_info(struct session *s, const Gpupool__Envelope *req, struct reply *ret) {
+        Gpupool__MemInfoReply mr = GPUPOOL__MEM_INFO_REPLY__INIT;
+        uint32_t d = req->mem_info->device;
+        struct policy_admission adm;
+        Gpupool__Envelope env;
+        struct pool_stats st;
+        uint64_t held;
+
+        if (d >= s->node->device_count) {
+                char why[96];
+
+                snprintf(why, sizeof(why), "no device %u: this daemon has %u", d, s->node->device_count);
+                reply_error(req->id, -ENODEV, false, why, ret);
+                return;
+        }
+        pool_get_stats(s->node->pools[d], &st);
+        evict_admit(s, d, &st, &adm);
+        if (adm.headroom_bytes != UINT64_MAX) {
+                mr.has_may_lease_bytes = 1;
+                mr.may_lease_bytes = adm.headroom_bytes;
+        }
+        /* What clients hold is theirs; the cache is anyone's to take. */
+        held = st.reserved_bytes - st.cached_bytes;
+        mr.unheld_bytes = st.total_bytes > held ? st.total_bytes - held : 0;
+        reply_ok(&env, req->id);
+        env.body_case = GPUPOOL__ENVELOPE__BODY_MEM_INFO_REPLY;
+        env.mem_info_reply = &mr;
+        (void) reply_pack(&env, false, ret);
+}
+
 static void handle_bye(struct session *s, const Gpupool__Envelope *req, struct reply *ret) {
         Gpupool__Envelope env;
 
@@ -246,6 +277,7 @@ static const struct request_kind kinds[] = {
         { GPUPOOL__ENVELOPE__BODY_RELOAD, request_reload, ROLE_ADMIN_ROOM | ROLE_OPERATOR, "reload", NULL },
         { GPUPOOL__ENVELOPE__BODY_LEASE, request_lease, 0, "a lease", NULL },
         { GPUPOOL__ENVELOPE__BODY_RETURN_SEGMENTS, handle_return, 0, "a return", NULL },
+        { GPUPOOL__ENVELOPE__BODY_MEM_INFO, handle_mem_info, 0, "a memory query", NULL },
         { GPUPOOL__ENVELOPE__BODY_ADOPT, request_adopt, 0, "an adoption", NULL },
         { GPUPOOL__ENVELOPE__BODY_PUBLISH, request_publish, 0, "a publish", NULL },
         { GPUPOOL__ENVELOPE__BODY_ATTACH, request_attach, 0, "an attach", NULL },

@@ -368,10 +368,11 @@ GPUPOOL_EXPORT int gpupool_stats(gpupool_client *client, struct gpupool_stats *r
 /*
  * The device's memory as this client may use it (what cuMemGetInfo tells a program under
  * gpupool-run): *ret_total is the daemon's limit on this client per device where it has one
- * (as it said at connect), else the device's size; *ret_free is that less what the process's
- * blocks on the device hold (those its pool holds free count as free). What other clients
- * hold of the device is not subtracted. device as gpupool_alloc()'s; -ENODEV for one the
- * daemon does not serve.
+ * (as it said at connect), else the device's size; *ret_free is what the process may still
+ * allocate there now: what its pool holds free and what the daemon would lease it more (its
+ * limits, its tenant's and others' guarantees, and what no other client holds: a round trip),
+ * never more than the total less its blocks. Without a daemon to ask, the total less its
+ * blocks. device as gpupool_alloc()'s; -ENODEV for one the daemon does not serve.
  */
 GPUPOOL_EXPORT int gpupool_device_memory(gpupool_client *client, int device, uint64_t *ret_free, uint64_t *ret_total);
 

@@ -234,6 +234,39 @@ START_TEST(test_client_limit) {
         /* Within the segments it has, the client still allocates. */
         ck_assert_int_eq(gpupool_free(c, p[1]), 0);
         ck_assert_int_eq(gpupool_alloc(c, 0, 6 * MiB, &p[1]), 0);
+        /* The device as the client may use it: its limit, and nothing more to take once at it. */
+        {
+                uint64_t free_bytes, total;
+
+                ck_assert_int_eq(gpupool_device_memory(c, 0, &free_bytes, &total), 0);
+                ck_assert_uint_eq(total, 16 * MiB);
+                ck_assert_uint_le(free_bytes, 16 * MiB - 12 * MiB);
+                ck_assert_int_eq(gpupool_device_memory(c, 7, &free_bytes, &total), -ENODEV);
+                ck_assert_int_eq(gpupool_device_memory(c, 0, NULL, &total), -EINVAL);
+        }
+        /* A query for a device the daemon does not have: refused, saying so, and the session goes on. */
+        {
+                Gpupool__Envelope env = GPUPOOL__ENVELOPE__INIT, *rep;
+                Gpupool__MemInfoRequest mr = GPUPOOL__MEM_INFO_REQUEST__INIT;
+                int sock = raw_hello(&d, "asker");
+
+                mr.device = 99;
+                env.id = 2;
+                env.body_case = GPUPOOL__ENVELOPE__BODY_MEM_INFO;
+                env.mem_info = &mr;
+                rep = raw_call(sock, &env);
+                ck_assert_int_eq(rep->status, GPUPOOL__STATUS__STATUS_NO_DEVICE);
+                ck_assert_msg(rep->error && strstr(rep->error, "no device 99"), "%s", rep->error);
+                gpupool__envelope__free_unpacked(rep, NULL);
+                mr.device = 0;
+                env.id = 3;
+                rep = raw_call(sock, &env);
+                ck_assert_int_eq(rep->status, GPUPOOL__STATUS__STATUS_OK);
+                ck_assert_int_eq(rep->body_case, GPUPOOL__ENVELOPE__BODY_MEM_INFO_REPLY);
+                ck_assert(rep->mem_info_reply->has_may_lease_bytes && rep->mem_info_reply->may_lease_bytes == 16 * MiB);
+                gpupool__envelope__free_unpacked(rep, NULL);
+                close(sock);
+        }
         st = testd_ctl(&d, "status");
         cl = status_client_by_pid(st, getpid());
         ck_assert_ptr_nonnull(cl);

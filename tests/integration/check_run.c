@@ -166,6 +166,15 @@ START_TEST(test_run_program_gives_idle_memory_back) {
         snprintf(cmd, sizeof(cmd), "%s %s/tests/cuprog-dynamic procaddr fill %u 2>&1", prefix, build_dir(), want);
         ck_assert_msg(run_capture(cmd, out, sizeof(out)) == 0 && field(out, "allocated"),
                       "the second program did not get the memory the first kept idle: %s", out);
+        /* cuMemGetInfo_v2's free counts what the other holds: only what no client holds is free at once. */
+        {
+                unsigned long long free_bytes, total;
+                const char *v = field(out, "info");
+
+                ck_assert_msg(v && sscanf(v, "%llu %llu", &free_bytes, &total) == 2 && (long long) total == pool &&
+                              (long long) free_bytes <= pool - (long long) want * (long long) MiB,
+                              "the second program was told %s", v ? v : out);
+        }
         fputs("\n", in);
         ck_assert_int_eq(pclose(in), 0);
         ck_assert_msg(testd_device_becomes(&d, 0, "in_use_bytes", 0), "the programs' memory did not come back");
