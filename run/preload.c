@@ -33,6 +33,10 @@
  * the program made (cuMemPoolCreate), cuMemCreate and the rest of virtual memory management,
  * managed memory.
  *
+ * The pool serves a program working in a GPU's primary context, the CUDA runtime's (and
+ * libgpupool's, where the pool's memory is mapped): a context the program made itself
+ * (cuCtxCreate) is the driver's, since memory mapped in one context is not another's.
+ *
  * The handle connects at the first allocation (the runtime may ask for entry points before
  * cuInit), with $GPUPOOL_SOCKET and $GPUPOOL_CLIENT_NAME; a forked child connects its own.
  * With no daemon to connect to, $GPUPOOL_RUN_WITHOUT_DAEMON says what happens: "driver" (the
@@ -94,6 +98,10 @@ static struct {
         CUresult (*mem_get_address_range)(CUdeviceptr *base, size_t *size, CUdeviceptr dptr);
         CUresult (*device_total_mem)(size_t *bytes, CUdevice dev);
         CUresult (*ctx_get_device)(CUdevice *dev);
+        CUresult (*ctx_get_current)(void **ctx);
+        CUresult (*primary_ctx_get_state)(CUdevice dev, unsigned *flags, int *active);
+        CUresult (*primary_ctx_retain)(void **ctx, CUdevice dev);
+        CUresult (*primary_ctx_release)(CUdevice dev);
         CUresult (*mem_alloc_async)(CUdeviceptr *dptr, size_t size, CUstream s);
         CUresult (*mem_alloc_async_ptsz)(CUdeviceptr *dptr, size_t size, CUstream s);
         CUresult (*mem_free_async)(CUdeviceptr dptr, CUstream s);
@@ -172,6 +180,10 @@ static void load_driver(void) {
         *(void **) &drv.mem_get_address_range = driver_symbol("cuMemGetAddressRange", 3020);
         *(void **) &drv.device_total_mem = driver_symbol("cuDeviceTotalMem", 3020);
         *(void **) &drv.ctx_get_device = driver_symbol("cuCtxGetDevice", 2000);
+        *(void **) &drv.ctx_get_current = driver_symbol("cuCtxGetCurrent", 4000);
+        *(void **) &drv.primary_ctx_get_state = driver_symbol("cuDevicePrimaryCtxGetState", 7000);
+        *(void **) &drv.primary_ctx_retain = driver_symbol("cuDevicePrimaryCtxRetain", 7000);
+        *(void **) &drv.primary_ctx_release = driver_symbol("cuDevicePrimaryCtxRelease", 11000);
         *(void **) &drv.mem_alloc_async = driver_symbol("cuMemAllocAsync", 11020);
         *(void **) &drv.mem_free_async = driver_symbol("cuMemFreeAsync", 11020);
         *(void **) &drv.mem_alloc_from_pool_async = driver_symbol("cuMemAllocFromPoolAsync", 11020);
@@ -238,11 +250,43 @@ static gpupool_client *connected(void) {
         return __atomic_load_n(&shared, __ATOMIC_ACQUIRE);
 }
 
-/* The current context's device; CUDA's error where there is none. */
+/* The primary context of each device as last seen active (atomic): where the pool's memory is mapped. */
+#define MAX_DEVICES 64
+static void *primaries[MAX_DEVICES];
+
+/*
+ * The current context's device, where the pool may serve it: CUDA_SUCCESS and the device when
+ * the current context is the device's primary context (the CUDA runtime's, and libgpupool's,
+ * where the pool's memory is mapped); CUDA_ERROR_NOT_FOUND for a context the program made
+ * itself, which the driver serves (memory mapped in one context is not another's); CUDA's
+ * error where there is no context. One call when the primary context is the one last seen.
+ */
 static CUresult current_device(CUdevice *dev) {
-        if (!drv.ctx_get_device)
+        void *cur = NULL, *primary = NULL;
+        unsigned flags;
+        CUresult r;
+        int active = 0;
+
+        if (!drv.ctx_get_device || !drv.ctx_get_current)
                 return CUDA_ERROR_NOT_INITIALIZED;
-        return drv.ctx_get_device(dev);
+        if ((r = drv.ctx_get_current(&cur)) != CUDA_SUCCESS)
+                return r;
+        if (!cur)
+                return CUDA_ERROR_INVALID_CONTEXT;
+        if ((r = drv.ctx_get_device(dev)) != CUDA_SUCCESS)
+                return r;
+        if (*dev < 0 || *dev >= MAX_DEVICES)
+                return CUDA_ERROR_NOT_FOUND;
+        if (__atomic_load_n(&primaries[*dev], __ATOMIC_ACQUIRE) == cur)
+                return CUDA_SUCCESS;
+        /* Only an active primary context may be the current one: asking for it then creates nothing. */
+        if (!drv.primary_ctx_get_state || !drv.primary_ctx_retain || !drv.primary_ctx_release ||
+            drv.primary_ctx_get_state(*dev, &flags, &active) != CUDA_SUCCESS || !active ||
+            drv.primary_ctx_retain(&primary, *dev) != CUDA_SUCCESS)
+                return CUDA_ERROR_NOT_FOUND;
+        (void) drv.primary_ctx_release(*dev);
+        __atomic_store_n(&primaries[*dev], primary, __ATOMIC_RELEASE);
+        return primary == cur ? CUDA_SUCCESS : CUDA_ERROR_NOT_FOUND;
 }
 
 EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t size) {
@@ -255,7 +299,9 @@ EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t size) {
         driver();
         if (!dptr || size == 0)
                 return CUDA_ERROR_INVALID_VALUE;
-        if ((res = current_device(&dev)) != CUDA_SUCCESS)
+        if ((res = current_device(&dev)) == CUDA_ERROR_NOT_FOUND)
+                return drv.mem_alloc ? drv.mem_alloc(dptr, size) : CUDA_ERROR_NOT_INITIALIZED;   /* a context of the program's */
+        if (res != CUDA_SUCCESS)
                 return res;
         if (!(c = client())) {
                 if (refuse_without_daemon)
@@ -308,9 +354,9 @@ EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes) {
         driver();
         if (!free_bytes || !total_bytes)
                 return CUDA_ERROR_INVALID_VALUE;
-        if ((res = current_device(&dev)) != CUDA_SUCCESS)
+        if ((res = current_device(&dev)) != CUDA_SUCCESS && res != CUDA_ERROR_NOT_FOUND)
                 return res;
-        if ((c = client()) && gpupool_device_memory(c, dev, &f, &t) == 0) {
+        if (res == CUDA_SUCCESS && (c = client()) && gpupool_device_memory(c, dev, &f, &t) == 0) {
                 *free_bytes = (size_t) f;
                 *total_bytes = (size_t) t;
                 return CUDA_SUCCESS;
@@ -385,7 +431,9 @@ static CUresult alloc_async(CUdeviceptr *dptr, size_t size, CUstream s, bool pts
         driver();
         if (!dptr || size == 0)
                 return CUDA_ERROR_INVALID_VALUE;
-        if ((res = current_device(&dev)) != CUDA_SUCCESS)
+        if ((res = current_device(&dev)) == CUDA_ERROR_NOT_FOUND)
+                return driver_fn ? driver_fn(dptr, size, s) : CUDA_ERROR_NOT_INITIALIZED;        /* a context of the program's */
+        if (res != CUDA_SUCCESS)
                 return res;
         if (!(c = client()) && refuse_without_daemon)
                 return CUDA_ERROR_OUT_OF_MEMORY;
@@ -452,14 +500,16 @@ static bool default_pool(CUmemoryPool pool) {
         CUmemoryPool dflt = NULL;
         CUdevice dev;
 
-        return pool && current_device(&dev) == CUDA_SUCCESS && drv.device_get_default_mem_pool &&
+        return pool && drv.ctx_get_device && drv.ctx_get_device(&dev) == CUDA_SUCCESS && drv.device_get_default_mem_pool &&
                drv.device_get_default_mem_pool(&dflt, dev) == CUDA_SUCCESS && dflt == pool;
 }
 
 static CUresult alloc_from_pool_async(CUdeviceptr *dptr, size_t size, CUmemoryPool pool, CUstream s, bool ptsz,
                                       CUresult (*driver_fn)(CUdeviceptr *, size_t, CUmemoryPool, CUstream)) {
-        /* A pool the program made keeps its own attributes (its limits, its sharing): the driver's. */
-        if (!default_pool(pool))
+        CUdevice dev;
+
+        /* A pool the program made keeps its own attributes (its limits, its sharing): the driver's; so is a context of its own. */
+        if (!default_pool(pool) || current_device(&dev) != CUDA_SUCCESS)
                 return driver_fn ? driver_fn(dptr, size, pool, s) : CUDA_ERROR_NOT_INITIALIZED;
         return alloc_async(dptr, size, s, ptsz, NULL);
 }

@@ -420,6 +420,23 @@ static CUresult fk_DevicePrimaryCtxRetain(gp_cu_context *c, gp_cu_device d) {
         return GP_CUDA_SUCCESS;
 }
 
+/* Whether the device's primary context is active (retained by someone in this process); no flags are set. */
+static CUresult fk_DevicePrimaryCtxGetState(gp_cu_device d, unsigned *flags, int *active) {
+        CUresult r = ready();
+
+        if (r)
+                return r;
+        if (!flags || !active)
+                return GP_CUDA_ERROR_INVALID_VALUE;
+        if (d < 0 || d >= nvisible)
+                return GP_CUDA_ERROR_INVALID_DEVICE;
+        pthread_mutex_lock(&lock);
+        *flags = 0;
+        *active = ctxs[visible[d]].retained > 0;
+        pthread_mutex_unlock(&lock);
+        return GP_CUDA_SUCCESS;
+}
+
 static CUresult fk_DevicePrimaryCtxRelease(gp_cu_device d) {
         CUresult r = ready();
 
@@ -609,6 +626,7 @@ static const struct symbol symbols[] = {
         SYM("cuCtxPopCurrent", 4000, fk_CtxPopCurrent),
         SYM("cuCtxSetCurrent", 4000, fk_CtxSetCurrent),
         SYM("cuCtxGetCurrent", 4000, fk_CtxGetCurrent),
+        SYM("cuDevicePrimaryCtxGetState", 7000, fk_DevicePrimaryCtxGetState),
         SYM("cuCtxGetDevice", 2000, fk_CtxGetDevice),
         SYM("cuDeviceTotalMem", 3020, fk_DeviceTotalMem_v2),
         SYM("cuCtxSynchronize", 2000, fk_CtxSynchronize),
@@ -778,6 +796,7 @@ FK_EXPORT(cuCtxPushCurrent_v2, fk_CtxPushCurrent);
 FK_EXPORT(cuCtxPopCurrent_v2, fk_CtxPopCurrent);
 FK_EXPORT(cuCtxSetCurrent, fk_CtxSetCurrent);
 FK_EXPORT(cuCtxGetCurrent, fk_CtxGetCurrent);
+FK_EXPORT(cuDevicePrimaryCtxGetState, fk_DevicePrimaryCtxGetState);
 FK_EXPORT(cuCtxGetDevice, fk_CtxGetDevice);
 FK_EXPORT(cuDeviceTotalMem_v2, fk_DeviceTotalMem_v2);
 FK_EXPORT(cuMemAllocAsync, fk_MemAllocAsync);
