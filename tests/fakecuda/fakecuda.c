@@ -39,6 +39,8 @@
  *     of cuThreadExchangeStreamCaptureMode, fails with CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED
  *     and invalidates the capture; so does cuStreamGetId on a capturing stream, in any mode;
  *     an event recorded in a capture cannot be queried (CUDA_ERROR_CAPTURED_EVENT);
+ *   - a process may make contexts of its own besides the primary ones (cuCtxCreate_v2,
+ *     made current; cuCtxDestroy_v2), each taking device memory as a context does;
  *   - the default streams are the current context's: a call naming one without a current
  *     context fails (CUDA_ERROR_INVALID_CONTEXT), each context's has an id of its own, and
  *     cuStreamIsCapturing of the legacy stream while a blocking stream of its context
@@ -129,7 +131,9 @@ int visible[MAX_GPUS], nvisible;        /* ordinal -> physical */
 uint64_t capacity;                      /* bytes per GPU ($FAKECUDA_MEM) */
 static uint64_t context_bytes;          /* what a context takes of its GPU ($FAKECUDA_CONTEXT_MEM) */
 
-static struct ctx ctxs[MAX_GPUS];
+static struct ctx ctxs[MAX_GPUS];              /* each GPU's primary context */
+#define MAX_USER_CTXS 16
+static struct ctx user_ctxs[MAX_USER_CTXS];     /* cuCtxCreate's: retained (1) while they live */
 unsigned long long set_access_calls;            /* cuMemSetAccess calls (test hook) */
 static __thread struct ctx *ctx_stack[16];
 static __thread int ctx_depth;
@@ -459,7 +463,61 @@ static CUresult fk_DevicePrimaryCtxRelease(gp_cu_device d) {
 static bool valid_ctx(gp_cu_context c) {
         struct ctx *x = (struct ctx *) c;
 
-        return x >= ctxs && x < ctxs + MAX_GPUS && x->retained > 0;
+        return ((x >= ctxs && x < ctxs + MAX_GPUS) || (x >= user_ctxs && x < user_ctxs + MAX_USER_CTXS)) && x->retained > 0;
+}
+
+/*
+ * A context of the program's own on device d, besides its primary one, made current (pushed),
+ * as cuCtxCreate makes it; it takes device memory as a primary context does. Its streams,
+ * events and default streams are its own. (The compute modes bind primary contexts only here.)
+ */
+static CUresult fk_CtxCreate_v2(gp_cu_context *c, unsigned flags, gp_cu_device d) {
+        struct ctx *x = NULL;
+        CUresult r = ready();
+
+        (void) flags;
+        if (r)
+                return r;
+        if (!c)
+                return GP_CUDA_ERROR_INVALID_VALUE;
+        if (d < 0 || d >= nvisible)
+                return GP_CUDA_ERROR_INVALID_DEVICE;
+        if (compute_modes[visible[d]] == MODE_PROHIBITED)
+                return GP_CUDA_ERROR_DEVICE_UNAVAILABLE;
+        pthread_mutex_lock(&lock);
+        for (int i = 0; i < MAX_USER_CTXS && !x; i++)
+                if (user_ctxs[i].retained == 0)
+                        x = &user_ctxs[i];
+        if (!x || ctx_depth == 16 || !ledger_charge(visible[d], context_bytes)) {
+                pthread_mutex_unlock(&lock);
+                return GP_CUDA_ERROR_OUT_OF_MEMORY;
+        }
+        *x = (struct ctx) { .gpu = visible[d], .retained = 1, .exclusive_fd = -1 };
+        pthread_mutex_unlock(&lock);
+        ctx_stack[ctx_depth++] = x;
+        *c = (gp_cu_context) x;
+        return GP_CUDA_SUCCESS;
+}
+
+/* Ends a context cuCtxCreate made; it is no longer current to this thread. */
+static CUresult fk_CtxDestroy_v2(gp_cu_context c) {
+        struct ctx *x = (struct ctx *) c;
+        int k = 0;
+        CUresult r = ready();
+
+        if (r)
+                return r;
+        if (!(x >= user_ctxs && x < user_ctxs + MAX_USER_CTXS) || x->retained == 0)
+                return GP_CUDA_ERROR_INVALID_CONTEXT;
+        pthread_mutex_lock(&lock);
+        x->retained = 0;
+        ledger_uncharge(x->gpu, context_bytes);
+        pthread_mutex_unlock(&lock);
+        for (int i = 0; i < ctx_depth; i++)
+                if (ctx_stack[i] != x)
+                        ctx_stack[k++] = ctx_stack[i];
+        ctx_depth = k;
+        return GP_CUDA_SUCCESS;
 }
 
 static CUresult fk_CtxPushCurrent(gp_cu_context c) {
@@ -626,6 +684,8 @@ static const struct symbol symbols[] = {
         SYM("cuCtxPopCurrent", 4000, fk_CtxPopCurrent),
         SYM("cuCtxSetCurrent", 4000, fk_CtxSetCurrent),
         SYM("cuCtxGetCurrent", 4000, fk_CtxGetCurrent),
+        SYM("cuCtxCreate", 3020, fk_CtxCreate_v2),
+        SYM("cuCtxDestroy", 4000, fk_CtxDestroy_v2),
         SYM("cuDevicePrimaryCtxGetState", 7000, fk_DevicePrimaryCtxGetState),
         SYM("cuCtxGetDevice", 2000, fk_CtxGetDevice),
         SYM("cuDeviceTotalMem", 3020, fk_DeviceTotalMem_v2),
@@ -796,6 +856,8 @@ FK_EXPORT(cuCtxPushCurrent_v2, fk_CtxPushCurrent);
 FK_EXPORT(cuCtxPopCurrent_v2, fk_CtxPopCurrent);
 FK_EXPORT(cuCtxSetCurrent, fk_CtxSetCurrent);
 FK_EXPORT(cuCtxGetCurrent, fk_CtxGetCurrent);
+FK_EXPORT(cuCtxCreate_v2, fk_CtxCreate_v2);
+FK_EXPORT(cuCtxDestroy_v2, fk_CtxDestroy_v2);
 FK_EXPORT(cuDevicePrimaryCtxGetState, fk_DevicePrimaryCtxGetState);
 FK_EXPORT(cuCtxGetDevice, fk_CtxGetDevice);
 FK_EXPORT(cuDeviceTotalMem_v2, fk_DeviceTotalMem_v2);

@@ -76,6 +76,11 @@ START_TEST(test_run_programs_of_every_kind_on_the_pool) {
                               "an IPC handle of a block was not refused, saying why: %s", out);
                 ck_assert_msg(field(out, "freed"), "%s", out);
                 ck_assert_msg(testd_device_becomes(&d, 0, "in_use_bytes", 0), "%s's memory did not come back", kinds[k][0]);
+                /* A context of the program's own is the driver's: past the limit, the GPU's size for its total. */
+                snprintf(cmd, sizeof(cmd), "%s %s/tests/%s %s ownctx 100 2>&1", prefix, build_dir(), kinds[k][0], kinds[k][1]);
+                ck_assert_msg(run_capture(cmd, out, sizeof(out)) == 0 && field(out, "allocated") &&
+                              (v = field(out, "ownctx")) && sscanf(v, "%llu %llu", &free_bytes, &total) == 2 && total > LIMIT,
+                              "a context of the program's own: %s", out);
                 /* The stream-ordered allocator: the same limit; a pitch of 512-byte multiples. */
                 snprintf(cmd, sizeof(cmd), "%s %s/tests/%s %s async 100 2>&1", prefix, build_dir(), kinds[k][0], kinds[k][1]);
                 ck_assert_msg(run_capture(cmd, out, sizeof(out)) == 0, "%s: %s", cmd, out);

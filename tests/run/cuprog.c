@@ -10,6 +10,7 @@
  *              written to the first, its range, cuMemGetInfo_v2; prints what it saw; frees all
  *   hold N     allocates N MiB, says "held", waits for a line on stdin, frees, says "freed"
  *   cache N    allocates N MiB, frees it, says "cached", waits for a line on stdin
+ *   ownctx N   allocates N MiB in a context of its own (cuCtxCreate_v2), then frees them
  *   async N    the same as fill on a stream (cuMemAllocAsync, cuMemFreeAsync), then a pitched
  *              allocation
  * Each line it prints is "key value..." for the test to read.
@@ -47,6 +48,8 @@ static struct {
         CUresult (*alloc_async)(CUdeviceptr *p, size_t size, void *s);
         CUresult (*free_async)(CUdeviceptr p, void *s);
         CUresult (*alloc_pitch)(CUdeviceptr *p, size_t *pitch, size_t width, size_t height, unsigned element);
+        CUresult (*ctx_create)(CUcontext *c, unsigned flags, CUdevice d);
+        CUresult (*ctx_destroy)(CUcontext c);
 } cu;
 
 #ifdef CUPROG_LINKED
@@ -67,6 +70,8 @@ CUresult cuStreamSynchronize(void *s);
 CUresult cuMemAllocAsync(CUdeviceptr *p, size_t size, void *s);
 CUresult cuMemFreeAsync(CUdeviceptr p, void *s);
 CUresult cuMemAllocPitch_v2(CUdeviceptr *p, size_t *pitch, size_t width, size_t height, unsigned element);
+CUresult cuCtxCreate_v2(CUcontext *c, unsigned flags, CUdevice d);
+CUresult cuCtxDestroy_v2(CUcontext c);
 
 static int find(int argc, char **argv) {
         cu.init = cuInit;
@@ -86,6 +91,8 @@ static int find(int argc, char **argv) {
         cu.alloc_async = cuMemAllocAsync;
         cu.free_async = cuMemFreeAsync;
         cu.alloc_pitch = cuMemAllocPitch_v2;
+        cu.ctx_create = cuCtxCreate_v2;
+        cu.ctx_destroy = cuCtxDestroy_v2;
         (void) argc, (void) argv;
         printf("kind linked\n");
         return 1;
@@ -105,6 +112,7 @@ static int find(int argc, char **argv) {
                 { "cuStreamSynchronize", 2000, (void **) &cu.stream_sync },
                 { "cuMemAllocAsync", 11020, (void **) &cu.alloc_async }, { "cuMemFreeAsync", 11020, (void **) &cu.free_async },
                 { "cuMemAllocPitch", 3020, (void **) &cu.alloc_pitch },
+                { "cuCtxCreate", 3020, (void **) &cu.ctx_create }, { "cuCtxDestroy", 4000, (void **) &cu.ctx_destroy },
         };
         /* The names libcuda.so.1 exports them by: cuda.h's #define of each. */
         static const char *const exported[] = { "cuInit", "cuDeviceGet", "cuDevicePrimaryCtxRetain", "cuCtxSetCurrent",
@@ -112,7 +120,7 @@ static int find(int argc, char **argv) {
                                                 "cuMemGetAddressRange_v2", "cuMemcpyHtoD_v2", "cuMemcpyDtoH_v2",
                                                 "cuPointerGetAttribute", "cuIpcGetMemHandle", "cuStreamCreate",
                                                 "cuStreamSynchronize", "cuMemAllocAsync", "cuMemFreeAsync",
-                                                "cuMemAllocPitch_v2" };
+                                                "cuMemAllocPitch_v2", "cuCtxCreate_v2", "cuCtxDestroy_v2" };
         CUresult (*gpa)(const char *, void **, int, uint64_t, int *) = NULL;
         void *lib;
 
@@ -155,7 +163,7 @@ int main(int argc, char **argv) {
         unsigned i;
 
         if (argc < a + 2 || (n = strtoul(argv[a + 1], NULL, 10)) == 0 || n > 4096) {
-                fprintf(stderr, "usage: cuprog [dlsym|procaddr] fill|hold|cache|async N\n");
+                fprintf(stderr, "usage: cuprog [dlsym|procaddr] fill|hold|cache|ownctx|async N\n");
                 return 2;
         }
         TRY(cu.init(0));
@@ -165,6 +173,26 @@ int main(int argc, char **argv) {
         TRY(cu.mem_get_info(&f, &t));
         printf("info %zu %zu\n", f, t);
         printf("pid %d\n", (int) getpid());
+        if (strcmp(argv[a], "ownctx") == 0) {
+                CUcontext own;
+
+                /* In a context of its own: the driver's memory, as many blocks as the GPU has. */
+                TRY(cu.ctx_create(&own, 0, dev));
+                TRY(cu.mem_get_info(&f, &t));
+                printf("ownctx %zu %zu\n", f, t);
+                for (i = 0; i < n; i++)
+                        if (cu.mem_alloc(&blocks[i], MiB)) {
+                                printf("refused %u\n", i);
+                                break;
+                        }
+                if (i == n)
+                        printf("allocated %u\n", i);
+                while (i)
+                        TRY(cu.mem_free(blocks[--i]));
+                TRY(cu.ctx_destroy(own));
+                printf("freed\n");
+                return 0;
+        }
         if (strcmp(argv[a], "async") == 0) {
                 void *s;
 
