@@ -53,9 +53,21 @@ static bool vmm_reads(struct gpu *g, gp_cu_deviceptr p, unsigned char value) {
         return true;
 }
 
+/*
+ * The two processes of test_fake_vmm_rules: a socket pair between them, and a pipe on which the
+ * test tells the importer that the exporter has exited and been reaped, so that the node's
+ * memory no longer counts the exporter's context when the importer measures it (a closed
+ * socket says only that the exporter is exiting).
+ */
+struct vmm_pair {
+        int sv[2];
+        int reaped[2];
+};
+
 /* Makes 4 MiB, checks the rules on it, shares it by descriptor over sock, and lets go of it first. */
 static int vmm_exporter(struct testd *d, void *arg) {
-        int *sv = arg, sock = sv[0], fd = -1;
+        struct vmm_pair *pair = arg;
+        int *sv = pair->sv, sock = sv[0], fd = -1;
         size_t granularity = 0, free0, free1, total;
         unsigned char fill[64], byte;
         gp_cu_deviceptr va;
@@ -65,6 +77,8 @@ static int vmm_exporter(struct testd *d, void *arg) {
 
         (void) d;
         close(sv[1]);   /* the importer's end: its exit must reach us */
+        close(pair->reaped[0]);
+        close(pair->reaped[1]);
         memset(fill, 0xab, sizeof(fill));
         plain.requested_handle_types = GP_CU_MEM_HANDLE_TYPE_NONE;
         if (gpu_open(&g) < 0 || g.cu.cuMemGetInfo(&free0, &total) != GP_CUDA_SUCCESS)
@@ -110,7 +124,8 @@ static int vmm_exporter(struct testd *d, void *arg) {
 }
 
 static int vmm_importer(struct testd *d, void *arg) {
-        int *sv = arg, sock = sv[1], fd = -1, junk;
+        struct vmm_pair *pair = arg;
+        int *sv = pair->sv, sock = sv[1], fd = -1, junk;
         unsigned char fill[64], buf[8];
         size_t free1, free2, total;
         gp_cu_mem_handle h, bad;
@@ -120,6 +135,7 @@ static int vmm_importer(struct testd *d, void *arg) {
 
         (void) d;
         close(sv[0]);   /* the exporter's end: its exit must reach us */
+        close(pair->reaped[1]);
         memset(fill, 0xcd, sizeof(fill));
         /* The GPU opened only now: our context would count in what the exporter measures. */
         if (gp_wire_recv_packet(sock, buf, sizeof(buf), &fd) != 1 || fd < 0 || gpu_open(&g) < 0)
@@ -142,8 +158,8 @@ static int vmm_importer(struct testd *d, void *arg) {
                 return 4;       /* released while mapped: the mapping keeps it */
         if (!vmm_reads(&g, va, 0xab) || g.htod(va, fill, sizeof(fill)) != GP_CUDA_SUCCESS || write(sock, "w", 1) != 1)
                 return 5;
-        /* The exporter let go and exited: the memory lives while this mapping does. */
-        if (read(sock, buf, 1) != 0)
+        /* The exporter let go and exited (and was reaped): the memory lives while this mapping does. */
+        if (read(sock, buf, 1) != 0 || read(pair->reaped[0], buf, 1) != 1)
                 return 6;
         if (!vmm_reads(&g, va, 0xcd) || g.cu.cuMemGetInfo(&free1, &total) != GP_CUDA_SUCCESS)
                 return 7;
@@ -163,16 +179,27 @@ static int vmm_importer(struct testd *d, void *arg) {
 }
 
 START_TEST(test_fake_vmm_rules) {
+        struct vmm_pair pair;
         pid_t exporter, importer;
-        int sv[2], e, i;
+        int e, i;
 
         fake_node_new();
-        ck_assert_int_eq(socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv), 0);
-        exporter = spawn(vmm_exporter, NULL, sv);
-        importer = spawn(vmm_importer, NULL, sv);
-        close(sv[0]);
-        close(sv[1]);
+        ck_assert_int_eq(socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, pair.sv), 0);
+        ck_assert_int_eq(pipe2(pair.reaped, O_CLOEXEC), 0);
+        exporter = spawn(vmm_exporter, NULL, &pair);
+        importer = spawn(vmm_importer, NULL, &pair);
+        close(pair.sv[0]);
+        close(pair.sv[1]);
+        close(pair.reaped[0]);
         e = reap(exporter);
+        /* An importer that failed before reading is gone: no SIGPIPE for the test then. */
+        {
+                void (*was)(int) = signal(SIGPIPE, SIG_IGN);
+
+                (void) !write(pair.reaped[1], "r", 1);
+                signal(SIGPIPE, was);
+        }
+        close(pair.reaped[1]);
         i = reap(importer);
         ck_assert_msg(e == 0, "the exporter's side of the VMM rules failed at step %d", e);
         ck_assert_msg(i == 0, "the importer's side of the VMM rules failed at step %d", i);
