@@ -273,12 +273,16 @@ static CUresult current_device(CUdevice *dev) {
                 return r;
         if (!cur)
                 return CUDA_ERROR_INVALID_CONTEXT;
+        /* A primary context seen before names its device: no more driver calls on an allocation. */
+        for (int d = 0; d < MAX_DEVICES; d++)
+                if (__atomic_load_n(&primaries[d], __ATOMIC_ACQUIRE) == cur) {
+                        *dev = d;
+                        return CUDA_SUCCESS;
+                }
         if ((r = drv.ctx_get_device(dev)) != CUDA_SUCCESS)
                 return r;
         if (*dev < 0 || *dev >= MAX_DEVICES)
                 return CUDA_ERROR_NOT_FOUND;
-        if (__atomic_load_n(&primaries[*dev], __ATOMIC_ACQUIRE) == cur)
-                return CUDA_SUCCESS;
         /* Only an active primary context may be the current one: asking for it then creates nothing. */
         if (!drv.primary_ctx_get_state || !drv.primary_ctx_retain || !drv.primary_ctx_release ||
             drv.primary_ctx_get_state(*dev, &flags, &active) != CUDA_SUCCESS || !active ||
@@ -289,7 +293,42 @@ static CUresult current_device(CUdevice *dev) {
         return primary == cur ? CUDA_SUCCESS : CUDA_ERROR_NOT_FOUND;
 }
 
-EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t size) {
+/* The driver's entry point an allocation or free goes to where the pool does not serve it, with its stream and pool. */
+struct by_driver {
+        CUresult (*sync)(CUdeviceptr *dptr, size_t size);
+        CUresult (*async)(CUdeviceptr *dptr, size_t size, CUstream s);
+        CUresult (*free_sync)(CUdeviceptr dptr);
+        CUresult (*free_async)(CUdeviceptr dptr, CUstream s);
+        CUresult (*from_pool)(CUdeviceptr *dptr, size_t size, CUmemoryPool pool, CUstream s);
+        CUmemoryPool pool;
+        CUstream s;
+};
+
+static CUresult driver_alloc(const struct by_driver *d, CUdeviceptr *dptr, size_t size) {
+        return d->from_pool ? d->from_pool(dptr, size, d->pool, d->s) : d->async ? d->async(dptr, size, d->s) :
+               d->sync ? d->sync(dptr, size) : CUDA_ERROR_NOT_INITIALIZED;
+}
+
+static CUresult driver_free(const struct by_driver *d, CUdeviceptr dptr) {
+        return d->free_async ? d->free_async(dptr, d->s) : d->free_sync ? d->free_sync(dptr) : CUDA_ERROR_NOT_INITIALIZED;
+}
+
+/* Says why libgpupool refused call, with gpupoold's sentence. */
+static void say_refused(gpupool_client *c, const char *call, int r) {
+        char why[512];
+
+        gpupool_last_error(c, why, sizeof(why));
+        say("%s: %s: %s", call, gpupool_strerror(r), why);
+}
+
+/*
+ * A block of size bytes from the pool, at once or (on_stream) ordered on stream, for call (the
+ * entry point's name): the driver's where the pool does not serve the current context or the
+ * device, or there is no daemon (unless refused without one).
+ */
+static CUresult pool_alloc(const char *call, CUdeviceptr *dptr, size_t size, bool on_stream, CUstream stream,
+                           const struct by_driver *by) {
+        char what[128];
         gpupool_client *c;
         CUdevice dev;
         CUresult res;
@@ -300,49 +339,51 @@ EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t size) {
         if (!dptr || size == 0)
                 return CUDA_ERROR_INVALID_VALUE;
         if ((res = current_device(&dev)) == CUDA_ERROR_NOT_FOUND)
-                return drv.mem_alloc ? drv.mem_alloc(dptr, size) : CUDA_ERROR_NOT_INITIALIZED;   /* a context of the program's */
+                return driver_alloc(by, dptr, size);    /* a context of the program's */
         if (res != CUDA_SUCCESS)
                 return res;
-        if (!(c = client())) {
-                if (refuse_without_daemon)
-                        return CUDA_ERROR_OUT_OF_MEMORY;
-                return drv.mem_alloc ? drv.mem_alloc(dptr, size) : CUDA_ERROR_NOT_INITIALIZED;
-        }
-        r = gpupool_alloc(c, dev, size, &p);
+        if (!(c = client()))
+                return refuse_without_daemon ? CUDA_ERROR_OUT_OF_MEMORY : driver_alloc(by, dptr, size);
+        r = on_stream ? gpupool_alloc_async(c, dev, size, stream, &p) : gpupool_alloc(c, dev, size, &p);
         if (r == 0) {
                 *dptr = (CUdeviceptr) (uintptr_t) p;
                 return CUDA_SUCCESS;
         }
         if (r == -ENODEV)
-                return drv.mem_alloc ? drv.mem_alloc(dptr, size) : CUDA_ERROR_NOT_INITIALIZED;    /* a GPU gpupoold does not serve */
-        {
-                char why[512];
-
-                gpupool_last_error(c, why, sizeof(why));
-                say("cuMemAlloc of %zu bytes on device %d: %s: %s", size, dev, gpupool_strerror(r), why);
-        }
+                return driver_alloc(by, dptr, size);    /* a GPU gpupoold does not serve */
+        snprintf(what, sizeof(what), "%s of %zu bytes on device %d", call, size, dev);
+        say_refused(c, what, r);
         return r == -EINVAL ? CUDA_ERROR_INVALID_VALUE : r == -EIO ? CUDA_ERROR_UNKNOWN : CUDA_ERROR_OUT_OF_MEMORY;
 }
 
-EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr) {
+/*
+ * Frees a block of the pool after the work queued before on stream (NULL: the legacy stream,
+ * which waits for every blocking stream's, as the driver orders cuMemFree); memory the pool
+ * did not hand out is the driver's.
+ */
+static CUresult pool_free(const char *call, CUdeviceptr dptr, CUstream stream, const struct by_driver *by) {
         gpupool_client *c = connected();
+        char what[96];
         int r;
 
         driver();
-        if (c && dptr) {
-                /* After the work queued before on the legacy stream, which waits for every blocking stream's. */
-                r = gpupool_free_async(c, (void *) (uintptr_t) dptr, NULL);
-                if (r == 0)
-                        return CUDA_SUCCESS;
-                if (r != -ENOENT) {
-                        char why[512];
+        if (!c || !dptr || (r = gpupool_free_async(c, (void *) (uintptr_t) dptr, stream)) == -ENOENT)
+                return driver_free(by, dptr);
+        if (r == 0)
+                return CUDA_SUCCESS;
+        snprintf(what, sizeof(what), "%s of %#llx", call, dptr);
+        say_refused(c, what, r);
+        return r == -EBUSY || r == -EINVAL ? CUDA_ERROR_INVALID_VALUE : CUDA_ERROR_UNKNOWN;
+}
 
-                        gpupool_last_error(c, why, sizeof(why));
-                        say("cuMemFree of %#llx: %s: %s", dptr, gpupool_strerror(r), why);
-                        return r == -EBUSY ? CUDA_ERROR_INVALID_VALUE : CUDA_ERROR_UNKNOWN;
-                }
-        }
-        return drv.mem_free ? drv.mem_free(dptr) : CUDA_ERROR_NOT_INITIALIZED;
+EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t size) {
+        driver();
+        return pool_alloc("cuMemAlloc", dptr, size, false, NULL, &(struct by_driver) { .sync = drv.mem_alloc });
+}
+
+EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr) {
+        driver();
+        return pool_free("cuMemFree", dptr, NULL, &(struct by_driver) { .free_sync = drv.mem_free });
 }
 
 EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes) {
@@ -417,82 +458,32 @@ EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t widt
 /*
  * The stream-ordered allocator, on the default pool: gpupool_alloc_async() and
  * gpupool_free_async() on the stream, which free a block for that stream at once and for
- * others once the work queued before has run, as the driver's pool does. ptsz: the program
- * asked for the per-thread default stream's variant, whose NULL is CU_STREAM_PER_THREAD.
+ * others once the work queued before has run, as the driver's pool does. The _ptsz variants
+ * are the per-thread default stream's, whose NULL is CU_STREAM_PER_THREAD.
  */
-static CUresult alloc_async(CUdeviceptr *dptr, size_t size, CUstream s, bool ptsz,
-                            CUresult (*driver_fn)(CUdeviceptr *, size_t, CUstream)) {
-        gpupool_client *c;
-        CUdevice dev;
-        CUresult res;
-        void *p;
-        int r;
-
-        driver();
-        if (!dptr || size == 0)
-                return CUDA_ERROR_INVALID_VALUE;
-        if ((res = current_device(&dev)) == CUDA_ERROR_NOT_FOUND)
-                return driver_fn ? driver_fn(dptr, size, s) : CUDA_ERROR_NOT_INITIALIZED;        /* a context of the program's */
-        if (res != CUDA_SUCCESS)
-                return res;
-        if (!(c = client()) && refuse_without_daemon)
-                return CUDA_ERROR_OUT_OF_MEMORY;
-        if (!c)
-                return driver_fn ? driver_fn(dptr, size, s) : CUDA_ERROR_NOT_INITIALIZED;
-        r = gpupool_alloc_async(c, dev, size, !s && ptsz ? CU_STREAM_PER_THREAD : s, &p);
-        if (r == 0) {
-                *dptr = (CUdeviceptr) (uintptr_t) p;
-                return CUDA_SUCCESS;
-        }
-        if (r == -ENODEV)
-                return driver_fn ? driver_fn(dptr, size, s) : CUDA_ERROR_NOT_INITIALIZED;
-        {
-                char why[512];
-
-                gpupool_last_error(c, why, sizeof(why));
-                say("cuMemAllocAsync of %zu bytes on device %d: %s: %s", size, dev, gpupool_strerror(r), why);
-        }
-        return r == -EINVAL ? CUDA_ERROR_INVALID_VALUE : r == -EIO ? CUDA_ERROR_UNKNOWN : CUDA_ERROR_OUT_OF_MEMORY;
-}
-
-static CUresult free_async(CUdeviceptr dptr, CUstream s, bool ptsz, CUresult (*driver_fn)(CUdeviceptr, CUstream)) {
-        gpupool_client *c = connected();
-        int r;
-
-        driver();
-        if (c && dptr) {
-                r = gpupool_free_async(c, (void *) (uintptr_t) dptr, !s && ptsz ? CU_STREAM_PER_THREAD : s);
-                if (r == 0)
-                        return CUDA_SUCCESS;
-                if (r != -ENOENT) {
-                        char why[512];
-
-                        gpupool_last_error(c, why, sizeof(why));
-                        say("cuMemFreeAsync of %#llx: %s: %s", dptr, gpupool_strerror(r), why);
-                        return r == -EBUSY || r == -EINVAL ? CUDA_ERROR_INVALID_VALUE : CUDA_ERROR_UNKNOWN;
-                }
-        }
-        return driver_fn ? driver_fn(dptr, s) : CUDA_ERROR_NOT_INITIALIZED;
+static CUstream per_thread(CUstream s) {
+        return s ? s : CU_STREAM_PER_THREAD;
 }
 
 EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t size, CUstream s) {
         driver();
-        return alloc_async(dptr, size, s, false, drv.mem_alloc_async);
+        return pool_alloc("cuMemAllocAsync", dptr, size, true, s, &(struct by_driver) { .async = drv.mem_alloc_async, .s = s });
 }
 
 EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t size, CUstream s) {
         driver();
-        return alloc_async(dptr, size, s, true, drv.mem_alloc_async_ptsz);
+        return pool_alloc("cuMemAllocAsync", dptr, size, true, per_thread(s),
+                          &(struct by_driver) { .async = drv.mem_alloc_async_ptsz, .s = s });
 }
 
 EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream s) {
         driver();
-        return free_async(dptr, s, false, drv.mem_free_async);
+        return pool_free("cuMemFreeAsync", dptr, s, &(struct by_driver) { .free_async = drv.mem_free_async, .s = s });
 }
 
 EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream s) {
         driver();
-        return free_async(dptr, s, true, drv.mem_free_async_ptsz);
+        return pool_free("cuMemFreeAsync", dptr, per_thread(s), &(struct by_driver) { .free_async = drv.mem_free_async_ptsz, .s = s });
 }
 
 /* Whether pool is the current device's default pool, the one cuMemAllocAsync takes from. */
@@ -504,24 +495,24 @@ static bool default_pool(CUmemoryPool pool) {
                drv.device_get_default_mem_pool(&dflt, dev) == CUDA_SUCCESS && dflt == pool;
 }
 
-static CUresult alloc_from_pool_async(CUdeviceptr *dptr, size_t size, CUmemoryPool pool, CUstream s, bool ptsz,
+/* A pool the program made keeps its own attributes (its limits, its sharing): the driver's. */
+static CUresult alloc_from_pool_async(CUdeviceptr *dptr, size_t size, CUmemoryPool pool, CUstream s, CUstream on,
                                       CUresult (*driver_fn)(CUdeviceptr *, size_t, CUmemoryPool, CUstream)) {
-        CUdevice dev;
+        struct by_driver by = { .from_pool = driver_fn, .pool = pool, .s = s };
 
-        /* A pool the program made keeps its own attributes (its limits, its sharing): the driver's; so is a context of its own. */
-        if (!default_pool(pool) || current_device(&dev) != CUDA_SUCCESS)
-                return driver_fn ? driver_fn(dptr, size, pool, s) : CUDA_ERROR_NOT_INITIALIZED;
-        return alloc_async(dptr, size, s, ptsz, NULL);
+        if (!default_pool(pool))
+                return driver_alloc(&by, dptr, size);
+        return pool_alloc("cuMemAllocFromPoolAsync", dptr, size, true, on, &by);
 }
 
 EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t size, CUmemoryPool pool, CUstream s) {
         driver();
-        return alloc_from_pool_async(dptr, size, pool, s, false, drv.mem_alloc_from_pool_async);
+        return alloc_from_pool_async(dptr, size, pool, s, s, drv.mem_alloc_from_pool_async);
 }
 
 EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t size, CUmemoryPool pool, CUstream s) {
         driver();
-        return alloc_from_pool_async(dptr, size, pool, s, true, drv.mem_alloc_from_pool_async_ptsz);
+        return alloc_from_pool_async(dptr, size, pool, s, per_thread(s), drv.mem_alloc_from_pool_async_ptsz);
 }
 
 /* A block's range, as cuMemGetAddressRange_v2 gives it; every other attribute is the driver's. */
