@@ -122,8 +122,8 @@ int identity_resolve(const char *raw, char buf[IDENTITY_MAX_CGROUP]) {
 
         if (!view.depth || m == view.depth) {
                 /* From the host's root (above it, there is nothing to climb to). */
-                snprintf(buf, IDENTITY_MAX_CGROUP, "%s", view.depth && !*rest ? "/" : rest);
-                return 0;
+                n = snprintf(buf, IDENTITY_MAX_CGROUP, "%s", view.depth && !*rest ? "/" : rest);
+                return n < IDENTITY_MAX_CGROUP ? 0 : -ENAMETOOLONG;
         }
         first = rest[0] == '/' ? rest + 1 : rest;
         end = strchrnul(first, '/');
@@ -151,8 +151,11 @@ int identity_resolve(const char *raw, char buf[IDENTITY_MAX_CGROUP]) {
         }
         /* Else relative to the namespace's root, and said so: "." for it, "../x" for a sibling. */
         n = snprintf(buf, IDENTITY_MAX_CGROUP, "%s", m ? "" : ".");
-        for (int i = 0; i < m; i++)
+        /* A path that climbs further than the namespace is deep (more than the kernel writes) may not fit. */
+        for (int i = 0; i < m && n < IDENTITY_MAX_CGROUP; i++)
                 n += snprintf(buf + n, IDENTITY_MAX_CGROUP - (size_t) n, "%s..", i ? "/" : "");
+        if (n >= IDENTITY_MAX_CGROUP)
+                return -ENAMETOOLONG;
         n += snprintf(buf + n, IDENTITY_MAX_CGROUP - (size_t) n, "%s", strcmp(rest, "/") == 0 ? "" : rest);
         return n < IDENTITY_MAX_CGROUP ? 0 : -ENAMETOOLONG;
 }

@@ -3,6 +3,8 @@
  * names, under either cgroup driver, and the principals memory is zeroed between.
  */
 #include <check.h>
+#include <errno.h>
+#include <stdio.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -113,6 +115,42 @@ START_TEST(test_cgroup_paths_from_a_namespace) {
 END_TEST
 
 /*
+ * Paths that do not fit the buffer, however they are shaped (the kernel writes none, but
+ * identity_resolve() takes any string): -ENAMETOOLONG, and nothing written past the buffer.
+ */
+START_TEST(test_overlong_paths) {
+        char raw[3 * IDENTITY_MAX_CGROUP + 2], buf[IDENTITY_MAX_CGROUP + 16];
+        int n = 0;
+
+        /* Climbing far above a namespace 4 levels deep, from the host's root, and a long name. */
+        while (n < 3 * IDENTITY_MAX_CGROUP)
+                n += snprintf(raw + n, sizeof(raw) - (size_t) n, "/..");
+        for (int depth = 1; depth <= 4; depth += 3) {
+                identity_view_set(depth, D);
+                memset(buf, 0x5a, sizeof(buf));
+                ck_assert_int_eq(identity_resolve(raw, buf), -ENAMETOOLONG);
+                for (size_t i = IDENTITY_MAX_CGROUP; i < sizeof(buf); i++)
+                        ck_assert_int_eq(buf[i], 0x5a);
+        }
+        memset(raw, 'x', sizeof(raw) - 1);
+        raw[0] = '/';
+        raw[sizeof(raw) - 1] = '\0';
+        for (int depth = 0; depth <= 4; depth += 4) {
+                identity_view_set(depth, D);
+                memset(buf, 0x5a, sizeof(buf));
+                ck_assert_int_eq(identity_resolve(raw, buf), -ENAMETOOLONG);
+                for (size_t i = IDENTITY_MAX_CGROUP; i < sizeof(buf); i++)
+                        ck_assert_int_eq(buf[i], 0x5a);
+        }
+        /* The longest that fits still resolves. */
+        raw[IDENTITY_MAX_CGROUP - 1] = '\0';
+        identity_view_set(0, NULL);
+        ck_assert_int_eq(identity_resolve(raw, buf), 0);
+        ck_assert_uint_eq(strlen(buf), IDENTITY_MAX_CGROUP - 1);
+}
+END_TEST
+
+/*
  * The kubelet's cgroupfs driver (containerd's default, k3s) seen from the DaemonSet's cgroup
  * namespace, 4 levels down (/kubepods/besteffort/pod<D>/<container>) or 3 (a guaranteed pod,
  * /kubepods/pod<D>/<container>): a path cannot be rebuilt, but every shape names its pod.
@@ -176,6 +214,7 @@ Suite *suite_identity(void) {
 
         tcase_add_test(tc, test_pod_uid_from_cgroup_paths);
         tcase_add_test(tc, test_cgroup_paths_from_a_namespace);
+        tcase_add_test(tc, test_overlong_paths);
         tcase_add_test(tc, test_cgroupfs_paths_from_a_namespace);
         tcase_add_test(tc, test_principals);
         suite_add_tcase(s, tc);
