@@ -21,6 +21,7 @@
 #include "node.h"
 #include "objects.h"
 #include "reply.h"
+#include "session_unread.h"
 
 #ifndef SO_PEERPIDFD
 #define SO_PEERPIDFD 77
@@ -215,35 +216,18 @@ static void on_handle_closed(uv_handle_t *handle) {
 
 static void unread_arm(struct node *node);
 
-/*
- * Closes the session's socket, or, while its peer has descriptors unread, keeps it open and
- * counted among the node's draining sockets (its user's connections too) until the peer reads
- * them or closes: closing ours would leave them charged to the daemon, uncounted.
- */
+/* Closes the session's socket, or keeps it open, draining, while its peer has descriptors unread. */
 static void drop_socket(struct session *s) {
-        struct node *node = s->node;
-        struct unread_socket *u;
-
         if (s->unread_wait) {
                 s->unread_wait = false;
-                node->unread_waiting--;
+                s->node->unread_waiting--;
         }
-        if (!unread_update(&s->unread, s->fd, &node->unread_fds) || node->stopping || !(u = calloc(1, sizeof(*u)))) {
-                node->unread_fds -= s->unread.fds;
-                closer_close(s->fd);    /* its queue may hold descriptors in flight, dropped with it */
+        if (!session_unread_keep_socket(s))
                 return;
-        }
-        u->fd = s->fd;
-        u->uid = s->uid;
-        snprintf(u->pod, sizeof(u->pod), "%s", s->pod_uid);
-        u->unread = s->unread;
-        u->next = node->draining;
-        node->draining = u;
-        node->draining_count++;
         session_log(s, LOG_LEVEL_WARN, "client %llu (pid %d, uid %u): %u descriptors sent to it unread; its socket stays "
                     "open, one of its user's connections, until it reads them or closes it",
                     (unsigned long long) s->id, (int) s->pid, (unsigned) s->uid, s->unread.fds);
-        unread_arm(node);
+        unread_arm(s->node);
 }
 
 /* Stops watching the socket and closes it. */
@@ -469,42 +453,13 @@ static void on_process_exit(uv_poll_t *handle, int status, int events) {
  * client no longer leases (it returned it on its control channel while the reply waited) is never
  * sent (-ENOENT).
  */
-/* Whether u (a session's socket or a draining one) is of the group of uid and pod (its pod; outside pods, its uid). */
-static bool same_group(uid_t u_uid, const char *u_pod, uid_t uid, const char *pod) {
-        return pod[0] ? strcmp(u_pod, pod) == 0 : !u_pod[0] && u_uid == uid;
-}
-
-/*
- * Whether n descriptors more may go to s now: within what it may have unread, what its group
- * may (SESSION_UNREAD_FDS) and what the node may (node->unread_budget). Its own count is read
- * afresh from its socket; the others' as last read (the timer reads them while a reply waits).
- */
-static bool unread_admits(struct session *s, unsigned n) {
-        struct node *node = s->node;
-        uint64_t group_cap = node->unread_budget / 8, mine = group_cap < SESSION_UNREAD_FDS ? group_cap : SESSION_UNREAD_FDS;
-        uint64_t group = 0;
-
-        unread_update(&s->unread, s->fd, &node->unread_fds);
-        if (!unread_room(&s->unread) || s->unread.fds + n > mine || node->unread_fds + n > node->unread_budget)
-                return false;
-        if (node->unread_fds + n <= group_cap)
-                return true;            /* no group can be past it */
-        SESSION_FOREACH(c, node)
-                if (c->fd >= 0 && same_group(c->uid, c->pod_uid, s->uid, s->pod_uid))
-                        group += c->unread.fds;
-        for (const struct unread_socket *u = node->draining; u; u = u->next)
-                if (same_group(u->uid, u->pod, s->uid, s->pod_uid))
-                        group += u->unread.fds;
-        return group + n <= group_cap;
-}
-
 static int send_with_fds(struct session *s, const uint8_t *buf, size_t len, const struct reply_fds *rf) {
         int fds[GP_MAX_LEASE_GRANULES] = { 0 };  /* (gcc 12 cannot tell that only those made are sent) */
         unsigned n = rf ? rf->n : 0, made = 0;
         int r = 0, queued = 0;
 
         /* Past what the client may leave unread, the reply waits for it to read (-EBUSY). */
-        if (n && !unread_admits(s, n))
+        if (n && !session_unread_admits(s, n))
                 return -EBUSY;
         queued = n ? unread_queue_bytes(s->fd) : 0;
         for (; made < n; made++) {
@@ -549,25 +504,10 @@ static bool pick_unread_wait(const struct session *c, const void *arg) {
  */
 static void on_unread_timer(uv_timer_t *timer) {
         struct node *node = timer->data;
-        struct unread_socket **at = &node->draining;
         struct session **waiting;
         ssize_t n;
 
-        SESSION_FOREACH(c, node)
-                if (c->fd >= 0 && c->unread.count)
-                        (void) unread_update(&c->unread, c->fd, &node->unread_fds);
-        while (*at) {
-                struct unread_socket *u = *at;
-
-                if (unread_update(&u->unread, u->fd, &node->unread_fds)) {
-                        at = &u->next;
-                        continue;
-                }
-                *at = u->next;
-                node->draining_count--;
-                closer_close(u->fd);
-                free(u);
-        }
+        session_unread_drain(node);
         if (node->unread_waiting && (n = session_collect(node, pick_unread_wait, NULL, &waiting)) > 0) {
                 for (ssize_t i = 0; i < n; i++)
                         flush_pending(waiting[i]);      /* may end that session, never another */

@@ -8,8 +8,9 @@
  * the daemon counts, per socket, what it sent and the peer has not read, from the socket's own
  * send queue (SIOCOUTQ: the bytes of the packets it sent that the peer has not taken), and
  * holds a reply back while its client, its client's group or the node is at its bound
- * (session.c). A socket whose session ends with descriptors unread stays open, counted, until
- * the peer reads them or closes (its queue goes with it): closing ours would not take them back.
+ * (session.c, session_unread.c). A socket whose session ends with descriptors unread stays
+ * open, counted, until the peer reads them or closes (its queue goes with it): closing ours would
+ * not take them back.
  */
 #ifndef GP_UNREAD_H
 #define GP_UNREAD_H
