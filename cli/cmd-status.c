@@ -23,12 +23,13 @@ json_t *cli_tenants_json(const Gpupool__StatusReply *sr) {
         for (size_t i = 0; i < sr->n_tenants; i++) {
                 const Gpupool__TenantStatus *t = sr->tenants[i];
 
-                json_array_append_new(tenants, json_pack("{s:s, s:s, s:I, s:I, s:I, s:I, s:b, s:o, s:o}",
+                json_array_append_new(tenants, json_pack("{s:s, s:s, s:I, s:I, s:I, s:I, s:b, s:o, s:o, s:o}",
                         "name", t->name, "rules", t->rules, "clients", (json_int_t) t->clients,
                         "max_bytes", (json_int_t) t->max_bytes, "guarantee_bytes", (json_int_t) t->guarantee_bytes,
                         "client_max_bytes", (json_int_t) t->client_max_bytes, "overridden", t->has_overridden && t->overridden,
                         "reserved_bytes", per_device(t->reserved_bytes, t->n_reserved_bytes),
-                        "in_use_bytes", per_device(t->in_use_bytes, t->n_in_use_bytes)));
+                        "in_use_bytes", per_device(t->in_use_bytes, t->n_in_use_bytes),
+                        "charged_bytes", per_device(t->charged_bytes, t->n_charged_bytes)));
         }
         return tenants;
 }
@@ -51,6 +52,8 @@ static void clients_json(const Gpupool__StatusReply *sr, json_t *clients) {
                 /* null: the daemon could not read its cgroup (then it is a principal of its own); not in a pod. */
                 json_object_set_new(o, "cgroup", c->cgroup ? json_string(c->cgroup) : json_null());
                 json_object_set_new(o, "pod_uid", c->pod_uid ? json_string(c->pod_uid) : json_null());
+                /* Memory outside the pool (gpupool-run's cuMemCreate) counted against its limits. */
+                json_object_set_new(o, "charged_bytes", json_integer((json_int_t) c->charged_bytes));
                 json_array_append_new(clients, o);
         }
 }

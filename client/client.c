@@ -12,6 +12,7 @@
 #include "client_common.h"
 
 #include <errno.h>
+#include <inttypes.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -494,7 +495,8 @@ GPUPOOL_EXPORT int gpupool_device_memory(gpupool_client *c, int device, uint64_t
         total = c->devices[d].total_bytes;
         if (c->limit_bytes && c->limit_bytes < total)
                 total = c->limit_bytes;
-        used = c->devices[d].heap.in_use_bytes;
+        /* Memory outside the pool it charged is used too (the daemon's answer counts it already). */
+        used = c->devices[d].heap.in_use_bytes + c->devices[d].charged;
         /* Segments that grow in place map granules under ranges: the granules it holds, not the ranges. */
         mapped = c->grow ? client_grow_held(c, (unsigned) d) * GP_GRANULE_BYTES : c->devices[d].heap.size_bytes;
         if (mapped < used)
@@ -509,6 +511,90 @@ GPUPOOL_EXPORT int gpupool_device_memory(gpupool_client *c, int device, uint64_t
         *ret_free = free_bytes;
         return 0;
 }
+
+/*
+ * A ChargeRequest for bytes of daemon device d: a charge, or a release. Locked. Returns 0
+ * (*ret_charged: the client's charge there now), or a negative errno with the sentence.
+ */
+static int charge_call(gpupool_client *c, unsigned d, uint64_t bytes, bool release) {
+        Gpupool__Envelope req = GPUPOOL__ENVELOPE__INIT, *rep = NULL;
+        Gpupool__ChargeRequest cr = GPUPOOL__CHARGE_REQUEST__INIT;
+        int r;
+
+        cr.device = d;
+        cr.bytes = bytes;
+        cr.has_release = release;
+        cr.release = release;
+        req.body_case = GPUPOOL__ENVELOPE__BODY_CHARGE;
+        req.charge = &cr;
+        r = client_call(c, &req, GPUPOOL__ENVELOPE__BODY_CHARGE_REPLY, &rep, NULL);
+        if (rep)
+                gpupool__envelope__free_unpacked(rep, NULL);
+        return r;
+}
+
+/* The daemon's index of the process's device, for a charge; -ENODEV saying so. Locked. */
+static int charge_device(gpupool_client *c, int device) {
+        int d = device < 0 ? -1 : daemon_device(c, device);
+
+        if (d < 0)
+                client_set_error(c, "no device %d of this process is one gpupoold serves", device);
+        return d < 0 ? -ENODEV : d;
+}
+
+GPUPOOL_EXPORT int gpupool_charge(gpupool_client *c, int device, uint64_t bytes) {
+        struct client_device *dev;
+        int d, r = 0;
+
+        if (!c)
+                return client_invalid(NULL, "%s: no handle (NULL): gpupool_connect() gives one", __func__);
+        if (bytes == 0 || bytes > HEAP_MAX_REQUEST)
+                return client_invalid(c, "%s: %" PRIu64 " bytes: a charge is 1 byte to 64 TiB", __func__, bytes);
+        pthread_mutex_lock(&c->lock);
+        if ((d = charge_device(c, device)) < 0) {
+                pthread_mutex_unlock(&c->lock);
+                return d;
+        }
+        dev = &c->devices[d];
+        /* Without a daemon nothing counts it now; the next daemon is told (client_resume.c). */
+        if (!client_daemon_gone(c) && (r = charge_call(c, (unsigned) d, bytes, false)) == 0)
+                dev->charge_counted += bytes;
+        if (r == 0 || (r != -EDQUOT && client_daemon_gone(c))) {
+                dev->charged += bytes;
+                r = 0;
+        }
+        pthread_mutex_unlock(&c->lock);
+        return r;
+}
+
+GPUPOOL_EXPORT int gpupool_uncharge(gpupool_client *c, int device, uint64_t bytes) {
+        struct client_device *dev;
+        uint64_t counted;
+        int d;
+
+        if (!c)
+                return client_invalid(NULL, "%s: no handle (NULL): gpupool_connect() gives one", __func__);
+        pthread_mutex_lock(&c->lock);
+        if ((d = charge_device(c, device)) < 0) {
+                pthread_mutex_unlock(&c->lock);
+                return d;
+        }
+        dev = &c->devices[d];
+        if (bytes == 0 || bytes > dev->charged) {
+                pthread_mutex_unlock(&c->lock);
+                return client_invalid(c, "%s: %" PRIu64 " bytes of device %d, of which %" PRIu64 " are charged", __func__,
+                                      bytes, device, dev->charged);
+        }
+        /* What is uncounted goes first: the daemon counts the rest. */
+        counted = bytes > dev->charged - dev->charge_counted ? bytes - (dev->charged - dev->charge_counted) : 0;
+        dev->charged -= bytes;
+        dev->charge_counted -= counted;
+        if (counted && !client_daemon_gone(c))
+                (void) charge_call(c, (unsigned) d, counted, true);     /* a daemon gone with it counts nothing */
+        pthread_mutex_unlock(&c->lock);
+        return 0;
+}
+
 
 GPUPOOL_EXPORT int gpupool_block_range(gpupool_client *c, const void *ptr, void **ret_base, size_t *ret_size) {
         uint64_t size;

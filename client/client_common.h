@@ -151,6 +151,12 @@ struct client_device {
         struct client_grow *grow;       /* segments that grow in place: its ranges, once used */
         uint64_t reported_in_use, reported_held_free;   /* as the daemon last heard (client_usage()) */
         uint64_t framework_free;        /* what a framework's own cache holds unused of its blocks (gpupool_release_report()) */
+        /*
+         * Memory the process allocated outside the pool and charged (gpupool_charge()): all of
+         * it, and what the daemon counts of it (less where it was gone, or a daemon after it
+         * would not count it all).
+         */
+        uint64_t charged, charge_counted;
 };
 
 struct tcache;

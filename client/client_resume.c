@@ -12,6 +12,7 @@
 #include "client_resume.h"
 
 #include <errno.h>
+#include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -78,6 +79,42 @@ static int adopt_batch(gpupool_client *c, unsigned d, struct client_kept **k, si
         }
         for (size_t i = adopted; i < n; i++)
                 k[i]->renamed = orphan_id();
+        return 0;
+}
+
+/*
+ * The memory outside the pool the process charged (gpupool_charge()), charged to this daemon:
+ * where it will not count a device's (a limit), the process keeps it uncounted, as a refused
+ * adoption. The lock is let go while each request is out (adopt_all() holds the connection).
+ * Returns 0, or a negative errno when the daemon could not be asked.
+ */
+static int charge_all(gpupool_client *c) {
+        for (unsigned d = 0; d < c->device_count; d++) {
+                Gpupool__Envelope req = GPUPOOL__ENVELOPE__INIT, *rep = NULL;
+                Gpupool__ChargeRequest cr = GPUPOOL__CHARGE_REQUEST__INIT;
+                uint64_t bytes = c->devices[d].charged;
+                int r;
+
+                c->devices[d].charge_counted = 0;
+                if (!bytes)
+                        continue;
+                cr.device = d;
+                cr.bytes = bytes;
+                req.body_case = GPUPOOL__ENVELOPE__BODY_CHARGE;
+                req.charge = &cr;
+                pthread_mutex_unlock(&c->lock);
+                r = gp_conn_call(&c->conn, &req, GPUPOOL__ENVELOPE__BODY_CHARGE_REPLY, &rep, NULL);
+                pthread_mutex_lock(&c->lock);
+                if (r < 0 && c->conn.broken)
+                        return client_call_done(c, r);
+                if (r == 0)
+                        c->devices[d].charge_counted = bytes < c->devices[d].charged ? bytes : c->devices[d].charged;
+                else
+                        client_set_error(c, "gpupoold does not count the %" PRIu64 " bytes of device %u this process "
+                                         "allocated outside the pool: %s", bytes, d, c->conn.error);
+                if (rep)
+                        gpupool__envelope__free_unpacked(rep, NULL);
+        }
         return 0;
 }
 
@@ -160,6 +197,8 @@ static int adopt_all(gpupool_client *c) {
         client_conn_take(c);
         for (unsigned d = 0; d < c->device_count && r == 0; d++)
                 r = adopt_device(c, d, k + first[d], first[d + 1] - first[d]);
+        if (r == 0)
+                r = charge_all(c);
         client_conn_give(c);
         for (size_t i = 0; i < whole; i++)
                 gp_rb_remove(&c->by_id, &maps[i]->by_id);

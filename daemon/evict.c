@@ -57,7 +57,8 @@ void evict_admit(struct session *s, unsigned device, const struct pool_stats *st
         struct node *node = s->node;
 
         policy_admit(&node->policy, s->tenant, s->limit_override_bytes, process_others(s, device),
-                     objects_principal_bytes(node, s->principal, device), &s->owners[device], device, st, ret);
+                     objects_principal_bytes(node, s->principal, device) + s->charged_bytes[device], &s->owners[device],
+                     device, st, ret);
 }
 
 /* Steps 1 to 2b, in one device's pool: a segment for size bytes, within headroom bytes. */

@@ -129,7 +129,7 @@ static void bound_by(struct policy_admission *a, enum policy_bound bound, uint64
 }
 
 void policy_admit(const struct policy *p, const struct tenant *t, uint64_t override_bytes, uint64_t process_other_bytes,
-                  uint64_t object_bytes, const struct pool_owner *owner, unsigned device, const struct pool_stats *st,
+                  uint64_t other_bytes, const struct pool_owner *owner, unsigned device, const struct pool_stats *st,
                   struct policy_admission *ret) {
         uint64_t held = policy_held_for_others(p, t, device);
         enum policy_limit_source from;
@@ -142,8 +142,8 @@ void policy_admit(const struct policy *p, const struct tenant *t, uint64_t overr
                 .client_limit_from = from,
         };
         bound_by(ret, POLICY_CLIENT, limit,
-                 owner->reserved_bytes + object_bytes + (from == POLICY_LIMIT_PID ? process_other_bytes : 0));
-        bound_by(ret, POLICY_TENANT, t->max_bytes, t->sums[device].reserved_bytes);
+                 owner->reserved_bytes + other_bytes + (from == POLICY_LIMIT_PID ? process_other_bytes : 0));
+        bound_by(ret, POLICY_TENANT, t->max_bytes, t->sums[device].reserved_bytes + t->charged_bytes[device]);
         /* What clients hold is theirs; what is cached can be released; the rest, less what is held back, is ours. */
         if (held)
                 bound_by(ret, POLICY_GUARANTEES, st->total_bytes, st->reserved_bytes - st->cached_bytes + held);

@@ -33,6 +33,8 @@ struct tenant {
         uint64_t guarantee_bytes;
         bool overridden;                /* set-limit changed it; a reload restores the file's */
         struct pool_group sums[BACKEND_MAX_DEVICES];    /* its clients' reserved bytes, kept by the pool */
+        /* What its clients charged of memory outside the pool (ChargeRequest), kept by the sessions. */
+        uint64_t charged_bytes[BACKEND_MAX_DEVICES];
         unsigned clients;
 };
 
@@ -127,12 +129,13 @@ uint64_t policy_client_limit(const struct policy *p, const struct tenant *t, uin
  * POLICY_NO_OVERRIDE) may reserve on device, given the device's stats; *ret says which limit
  * gave the answer and what it met. A set-limit --pid bounds the process, not the connection:
  * process_other_bytes, what its other connections reserve on device, counts against it too.
- * object_bytes, what the named objects its principal published hold on device, counts against
- * the client's limit whichever it is: a publish moves a segment out of the client's lease, not
- * out of what it holds.
+ * other_bytes counts against the client's limit whichever it is: what the named objects its
+ * principal published hold on device (a publish moves a segment out of the client's lease, not
+ * out of what it holds), and what it charged of memory outside the pool. The tenant's charges
+ * count against its max.
  */
 void policy_admit(const struct policy *p, const struct tenant *t, uint64_t override_bytes, uint64_t process_other_bytes,
-                  uint64_t object_bytes, const struct pool_owner *owner, unsigned device, const struct pool_stats *st,
+                  uint64_t other_bytes, const struct pool_owner *owner, unsigned device, const struct pool_stats *st,
                   struct policy_admission *ret);
 
 /*

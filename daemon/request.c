@@ -278,6 +278,7 @@ static const struct request_kind kinds[] = {
         { GPUPOOL__ENVELOPE__BODY_LEASE, request_lease, 0, "a lease", NULL },
         { GPUPOOL__ENVELOPE__BODY_RETURN_SEGMENTS, handle_return, 0, "a return", NULL },
         { GPUPOOL__ENVELOPE__BODY_MEM_INFO, handle_mem_info, 0, "a memory query", NULL },
+        { GPUPOOL__ENVELOPE__BODY_CHARGE, request_charge, 0, "a charge", NULL },
         { GPUPOOL__ENVELOPE__BODY_ADOPT, request_adopt, 0, "an adoption", NULL },
         { GPUPOOL__ENVELOPE__BODY_PUBLISH, request_publish, 0, "a publish", NULL },
         { GPUPOOL__ENVELOPE__BODY_ATTACH, request_attach, 0, "an attach", NULL },

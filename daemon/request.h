@@ -35,9 +35,10 @@ void request_serve(struct session *session, const Gpupool__Envelope *req);
  */
 uint64_t request_retry_parked(struct node *node, uint64_t now_ms);
 
-/* The requests that hand a client memory (request_lease.c): a lease, an adoption. */
+/* The requests that hand a client memory (request_lease.c): a lease, an adoption, a charge of memory outside the pool. */
 void request_lease(struct session *session, const Gpupool__Envelope *req, struct reply *ret);
 void request_adopt(struct session *session, const Gpupool__Envelope *req, struct reply *ret);
+void request_charge(struct session *session, const Gpupool__Envelope *req, struct reply *ret);
 
 /* Named objects (request_objects.c). */
 void request_publish(struct session *session, const Gpupool__Envelope *req, struct reply *ret);

@@ -99,6 +99,8 @@ static void tenants_status(struct session *s, Gpupool__StatusReply *sr, struct t
                 ts->reserved_bytes = reserved[i];
                 ts->n_in_use_bytes = node->device_count;
                 ts->in_use_bytes = in_use[i];
+                ts->n_charged_bytes = node->device_count;
+                ts->charged_bytes = t->charged_bytes;
                 ptrs[i] = ts;
         }
         sr->n_tenants = p->tenant_count;
@@ -192,6 +194,9 @@ void request_status(struct session *s, const Gpupool__Envelope *req, struct repl
                 cs->name = c->name;
                 cs->has_segments = 1;
                 session_totals(c, &cs->reserved_bytes, &cs->in_use_bytes, &cs->segments);
+                for (unsigned d = 0; d < node->device_count; d++)
+                        cs->charged_bytes += c->charged_bytes[d];
+                cs->has_charged_bytes = cs->charged_bytes != 0;
                 cs->limit_bytes = c->tenant ? policy_client_limit(&node->policy, c->tenant, c->limit_override_bytes) :
                                               node->policy.client_limit_bytes;
                 if (c->tenant)

@@ -1,7 +1,8 @@
 /*
  * request_lease.c: the requests that hand a client memory: leases (sent down the eviction
- * ladder, evict.c; parked while it waits; the refusals' sentences) and adoptions of what a
- * process kept from a daemon before this one.
+ * ladder, evict.c; parked while it waits; the refusals' sentences), adoptions of what a
+ * process kept from a daemon before this one, and charges of memory it allocated outside the
+ * pool.
  */
 #include "request.h"
 
@@ -574,4 +575,63 @@ uint64_t request_retry_parked(struct node *node, uint64_t now_ms) {
         }
         free(parked);
         return next;
+}
+
+/*
+ * Counts memory the process allocated outside the pool against its limits (a charge), or stops
+ * counting it (a release). A charge is admitted as a lease of as many bytes is by the limits,
+ * at once: it never waits, and no client is asked for memory for it.
+ */
+void request_charge(struct session *s, const Gpupool__Envelope *req, struct reply *ret) {
+        Gpupool__ChargeReply cr = GPUPOOL__CHARGE_REPLY__INIT;
+        const Gpupool__ChargeRequest *c = req->charge;
+        struct node *node = s->node;
+        uint64_t bytes = c->bytes;
+        uint32_t d = c->device;
+        Gpupool__Envelope env;
+        char why[GP_MAX_ERROR_BYTES], b1[GP_SIZE_FORMAT_MAX], b2[GP_SIZE_FORMAT_MAX];
+
+        if (d >= node->device_count) {
+                snprintf(why, sizeof(why), "no device %u: this daemon has %u", d, node->device_count);
+                reply_error(req->id, -ENODEV, false, why, ret);
+                return;
+        }
+        if (bytes == 0 || bytes > POOL_MAX_REQUEST) {
+                snprintf(why, sizeof(why), "cannot charge %" PRIu64 " bytes: a charge is 1 byte to 64 TiB", bytes);
+                reply_error(req->id, -EINVAL, false, why, ret);
+                return;
+        }
+        if (c->has_release && c->release) {
+                if (bytes > s->charged_bytes[d]) {
+                        snprintf(why, sizeof(why), "cannot release %s on device %u: the client has %s charged there",
+                                 gp_size_format(bytes, b1, sizeof(b1)), d,
+                                 gp_size_format(s->charged_bytes[d], b2, sizeof(b2)));
+                        reply_error(req->id, -EINVAL, false, why, ret);
+                        return;
+                }
+                s->charged_bytes[d] -= bytes;
+                s->tenant->charged_bytes[d] -= bytes;
+        } else {
+                struct policy_admission adm;
+                struct pool_stats st;
+
+                pool_get_stats(node->pools[d], &st);
+                evict_admit(s, d, &st, &adm);
+                if (bytes > adm.headroom_bytes) {
+                        int n = snprintf(why, sizeof(why), "memory of %s on device %u allocated outside the pool, ",
+                                         gp_size_format(bytes, b1, sizeof(b1)), d);
+
+                        if (n > 0 && (size_t) n < sizeof(why))
+                                limit_message(s, d, bytes, &adm, why + n, sizeof(why) - (size_t) n);
+                        refuse(s, req->id, -EDQUOT, policy_refusal_of(adm.bound), d, bytes, why, ret);
+                        return;
+                }
+                s->charged_bytes[d] += bytes;
+                s->tenant->charged_bytes[d] += bytes;
+        }
+        cr.charged_bytes = s->charged_bytes[d];
+        reply_ok(&env, req->id);
+        env.body_case = GPUPOOL__ENVELOPE__BODY_CHARGE_REPLY;
+        env.charge_reply = &cr;
+        (void) reply_pack(&env, false, ret);
 }

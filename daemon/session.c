@@ -185,13 +185,18 @@ void session_forget_reclaims(struct session *s) {
 }
 
 void session_set_tenant(struct session *s, struct tenant *t) {
+        for (unsigned d = 0; d < s->node->device_count; d++) {
+                if (s->tenant)
+                        s->tenant->charged_bytes[d] -= s->charged_bytes[d];
+                if (t)
+                        t->charged_bytes[d] += s->charged_bytes[d];
+                pool_owner_set_group(&s->owners[d], t ? &t->sums[d] : NULL);
+        }
         if (s->tenant)
                 s->tenant->clients--;
         s->tenant = t;
         if (t)
                 t->clients++;
-        for (unsigned d = 0; d < s->node->device_count; d++)
-                pool_owner_set_group(&s->owners[d], t ? &t->sums[d] : NULL);
 }
 
 static void session_free(struct session *s) {
@@ -344,7 +349,7 @@ void session_destroy_all(struct node *node) {
         node->draining_count = 0;
 }
 
-/* Invariant 4's bookkeeping: each tenant's sums are its clients' reserved and in-use bytes. */
+/* Invariant 4's bookkeeping: each tenant's sums are its clients' reserved, in-use and charged bytes. */
 int session_check_tenants(struct node *node, char *why, size_t why_size) {
         for (unsigned i = 0; i < node->policy.tenant_count; i++) {
                 struct tenant *t = &node->policy.tenants[i];
@@ -357,7 +362,7 @@ int session_check_tenants(struct node *node, char *why, size_t why_size) {
                         return -EUCLEAN;
                 }
                 for (unsigned d = 0; d < node->device_count; d++) {
-                        uint64_t sum = 0, in_use = 0;
+                        uint64_t sum = 0, in_use = 0, charged = 0;
 
                         /* Its named objects count to it as its clients do. */
                         objects_tenant_sums(node, t, d, &sum, &in_use);
@@ -365,7 +370,14 @@ int session_check_tenants(struct node *node, char *why, size_t why_size) {
                                 if (c->tenant == t) {
                                         sum += c->owners[d].reserved_bytes;
                                         in_use += c->owners[d].reported_in_use_bytes;
+                                        charged += c->charged_bytes[d];
                                 }
+                        if (charged != t->charged_bytes[d]) {
+                                snprintf(why, why_size, "tenant %s counts %llu bytes charged on device %u, its clients %llu",
+                                         t->conf.name, (unsigned long long) t->charged_bytes[d], d,
+                                         (unsigned long long) charged);
+                                return -EUCLEAN;
+                        }
                         if (sum != t->sums[d].reserved_bytes || in_use != t->sums[d].in_use_bytes) {
                                 snprintf(why, why_size, "tenant %s counts %llu bytes (%llu in use) on device %u, its clients "
                                          "hold %llu (%llu in use)", t->conf.name,
@@ -392,6 +404,9 @@ static void session_disconnect(struct session *s, const char *why) {
         if (s->state == SESSION_EXITING || s->state == SESSION_CLOSED)
                 return;
         session_totals(s, &reserved, &in_use, &segments);
+        /* Memory it charged from outside the pool is its process's while that lives: held too. */
+        for (unsigned d = 0; d < s->node->device_count; d++)
+                reserved += s->charged_bytes[d];
         /* At info only for a client whose hello was logged at info: the pair of lines. */
         if (s->control_of || !s->tenant || s->admin_tool)
                 session_log(s, LOG_LEVEL_DEBUG, "client %llu (pid %d) closed: %s",

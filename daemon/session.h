@@ -119,6 +119,12 @@ struct session {
         struct unread unread;
         bool unread_wait;
         struct pool_owner *owners;      /* one per device */
+        /*
+         * Memory its process allocated outside the pool, from the driver (cuMemCreate under
+         * gpupool-run), that it charged to its limits (ChargeRequest): counted against them and
+         * its tenant's (tenant->charged_bytes), never in the pool, gone with the session.
+         */
+        uint64_t charged_bytes[BACKEND_MAX_DEVICES];
         struct log_ratelimit log;       /* what this client may make the daemon log */
         struct session *prev, *next;
 };

@@ -377,6 +377,20 @@ GPUPOOL_EXPORT int gpupool_stats(gpupool_client *client, struct gpupool_stats *r
 GPUPOOL_EXPORT int gpupool_device_memory(gpupool_client *client, int device, uint64_t *ret_free, uint64_t *ret_total);
 
 /*
+ * Memory the process allocated outside the pool, from the driver (cuMemCreate, as gpupool-run
+ * does for a program), counted against this client's limit and its tenant's max on device as
+ * leased memory is, until gpupool_uncharge() or the handle's end: what the daemon's limits are
+ * for is the process's use of the GPU, not only the pool's part of it. Charge before
+ * allocating: -EDQUOT (gpupool_last_error() saying which limit) where a limit has no room, and
+ * the caller should not allocate. Without a daemon it is counted when one comes back (where that
+ * one's limits have no room, it stays uncounted). gpupool_uncharge() takes back bytes charged
+ * before (-EINVAL past what is charged). device as gpupool_alloc()'s; 1 byte to 64 TiB.
+ * gpupool_device_memory()'s free leaves charged memory out.
+ */
+GPUPOOL_EXPORT int gpupool_charge(gpupool_client *client, int device, uint64_t bytes);
+GPUPOOL_EXPORT int gpupool_uncharge(gpupool_client *client, int device, uint64_t bytes);
+
+/*
  * The live block ptr lies in (at its start or inside it): its start and size as the pool
  * rounded it (512-byte multiples). -ENOENT for a pointer in no live block of this client.
  */

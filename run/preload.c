@@ -29,9 +29,10 @@
  * cuMemGetAddressRange_v2 and cuPointerGetAttribute(s)'s range (the block's own:
  * gpupool_block_range()). cuIpcGetMemHandle of a block is refused (CUDA_ERROR_NOT_SUPPORTED):
  * the handle would open its whole segment. Memory the pool did not hand out goes to the
- * driver. Not intercepted, and so the driver's as before, outside the client's limits: a pool
- * the program made (cuMemPoolCreate), cuMemCreate and the rest of virtual memory management,
- * managed memory.
+ * driver. cuMemCreate on a GPU is the driver's, charged to the client's limits until its
+ * cuMemRelease (gpupool_charge()): refused, CUDA_ERROR_OUT_OF_MEMORY, where a limit has no room.
+ * Not intercepted, and so the driver's as before, outside the client's limits: a pool the
+ * program made (cuMemPoolCreate), managed memory.
  *
  * The pool serves a program working in a GPU's primary context, the CUDA runtime's (and
  * libgpupool's, where the pool's memory is mapped): a context the program made itself
@@ -65,6 +66,17 @@ typedef int CUdevice;
 typedef unsigned long long CUdeviceptr;
 typedef void *CUstream;
 typedef void *CUmemoryPool;
+typedef unsigned long long CUmemGenericAllocationHandle;
+/* cuMemCreate's properties, as far as this library reads them (cuda.h's CUmemAllocationProp starts so). */
+typedef struct {
+        int type;
+        int requested_handle_types;
+        struct {
+                int type;
+                int id;
+        } location;
+} CUmemAllocationProp_head;
+#define CU_MEM_LOCATION_TYPE_DEVICE 1
 enum {
         CUDA_SUCCESS = 0,
         CUDA_ERROR_INVALID_VALUE = 1,
@@ -111,6 +123,9 @@ static struct {
         CUresult (*device_get_default_mem_pool)(CUmemoryPool *pool, CUdevice dev);
         CUresult (*pointer_get_attribute)(void *data, int attribute, CUdeviceptr ptr);
         CUresult (*ipc_get_mem_handle)(void *handle, CUdeviceptr dptr);
+        CUresult (*mem_create)(CUmemGenericAllocationHandle *handle, size_t size, const void *prop,
+                               unsigned long long flags);
+        CUresult (*mem_release)(CUmemGenericAllocationHandle handle);
 } drv = { .once = PTHREAD_ONCE_INIT };
 
 /* The handle, connected at the first allocation. */
@@ -118,6 +133,7 @@ static pthread_mutex_t handle_lock = PTHREAD_MUTEX_INITIALIZER;
 static gpupool_client *shared;          /* atomic once set */
 static bool no_daemon;                  /* handle_lock: a connect failed; the driver's or refused, as said */
 static bool refuse_without_daemon;
+static pthread_mutex_t created_lock = PTHREAD_MUTEX_INITIALIZER;      /* cuMemCreate's handles (created[]) */
 
 static void say(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 static void say(const char *fmt, ...) {
@@ -195,6 +211,8 @@ static void load_driver(void) {
         *(void **) &drv.device_get_default_mem_pool = driver_symbol("cuDeviceGetDefaultMemPool", 11020);
         *(void **) &drv.pointer_get_attribute = driver_symbol("cuPointerGetAttribute", 4000);
         *(void **) &drv.ipc_get_mem_handle = driver_symbol("cuIpcGetMemHandle", 4010);
+        *(void **) &drv.mem_create = driver_symbol("cuMemCreate", 10020);
+        *(void **) &drv.mem_release = driver_symbol("cuMemRelease", 10020);
 }
 
 static void driver(void) {
@@ -206,6 +224,7 @@ static void forget_in_child(void) {
         shared = NULL;
         no_daemon = false;
         pthread_mutex_init(&handle_lock, NULL);
+        pthread_mutex_init(&created_lock, NULL);        /* the parent's handles are not the child's */
 }
 
 __attribute__((constructor)) static void preload_init(void) {
@@ -566,6 +585,105 @@ EXPORT CUresult cuIpcGetMemHandle(void *handle, CUdeviceptr dptr) {
         return drv.ipc_get_mem_handle ? drv.ipc_get_mem_handle(handle, dptr) : CUDA_ERROR_NOT_INITIALIZED;
 }
 
+/*
+ * Memory the program made with cuMemCreate on a GPU, charged to the client's limits
+ * (gpupool_charge()) until cuMemRelease: each handle's device and size, by handle.
+ */
+#define CREATED_BUCKETS 1024
+struct created {
+        struct created *next;
+        CUmemGenericAllocationHandle handle;
+        CUdevice dev;
+        size_t size;
+};
+static struct created *created[CREATED_BUCKETS];
+
+static struct created **created_at(CUmemGenericAllocationHandle handle) {
+        struct created **at = &created[(handle ^ handle >> 17) % CREATED_BUCKETS];
+
+        while (*at && (*at)->handle != handle)
+                at = &(*at)->next;
+        return at;
+}
+
+/*
+ * Memory made outside the pool (virtual memory management) passes through to the driver but
+ * counts against the client's limits, as what the pool leases does: charged before the driver
+ * makes it, refused (CUDA_ERROR_OUT_OF_MEMORY, gpupoold's sentence on standard error) where a
+ * limit has no room. Host memory and a GPU gpupoold does not serve are the driver's alone.
+ */
+EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const void *prop,
+                            unsigned long long flags) {
+        const CUmemAllocationProp_head *head = prop;
+        struct created *e = NULL;
+        gpupool_client *c = NULL;
+        char what[128];
+        CUresult res;
+        int r = -ENODEV;
+
+        driver();
+        if (!drv.mem_create)
+                return CUDA_ERROR_NOT_INITIALIZED;
+        if (!handle || !head || size == 0)
+                return drv.mem_create(handle, size, prop, flags);       /* the driver's error */
+        if (head->location.type == CU_MEM_LOCATION_TYPE_DEVICE) {
+                if (!(c = client()) && refuse_without_daemon)
+                        return CUDA_ERROR_OUT_OF_MEMORY;
+                if (c && (r = gpupool_charge(c, head->location.id, size)) < 0 && r != -ENODEV) {
+                        snprintf(what, sizeof(what), "cuMemCreate of %zu bytes on device %d", size, head->location.id);
+                        say_refused(c, what, r);
+                        return r == -EINVAL ? CUDA_ERROR_INVALID_VALUE : CUDA_ERROR_OUT_OF_MEMORY;
+                }
+        }
+        if (r == 0 && !(e = malloc(sizeof(*e)))) {
+                (void) gpupool_uncharge(c, head->location.id, size);
+                return CUDA_ERROR_OUT_OF_MEMORY;
+        }
+        res = drv.mem_create(handle, size, prop, flags);
+        if (!e)
+                return res;
+        if (res != CUDA_SUCCESS) {
+                (void) gpupool_uncharge(c, head->location.id, size);
+                free(e);
+                return res;
+        }
+        *e = (struct created) { .handle = *handle, .dev = head->location.id, .size = size };
+        pthread_mutex_lock(&created_lock);
+        e->next = *created_at(*handle);
+        *created_at(*handle) = e;
+        pthread_mutex_unlock(&created_lock);
+        return res;
+}
+
+/*
+ * The charge ends with the handle: the driver frees the memory once it is also unmapped, which
+ * a program does first (a mapping left after the release stays uncounted until unmapped).
+ */
+EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
+        struct created **at, *e = NULL;
+        CUresult res;
+
+        driver();
+        if (!drv.mem_release)
+                return CUDA_ERROR_NOT_INITIALIZED;
+        if ((res = drv.mem_release(handle)) != CUDA_SUCCESS)
+                return res;
+        pthread_mutex_lock(&created_lock);
+        if (*(at = created_at(handle))) {
+                e = *at;
+                *at = e->next;
+        }
+        pthread_mutex_unlock(&created_lock);
+        if (e) {
+                gpupool_client *c = connected();
+
+                if (c)
+                        (void) gpupool_uncharge(c, e->dev, e->size);
+                free(e);
+        }
+        return res;
+}
+
 /* What this library hands out in place of the driver's: a base name, from which ABI version, and under which exported name. */
 static const struct hook {
         const char *base;
@@ -591,6 +709,8 @@ static const struct hook {
         { "cuMemGetInfo", 3020, "cuMemGetInfo_v2", (void *) cuMemGetInfo_v2, NULL },
         { "cuMemGetAddressRange", 3020, "cuMemGetAddressRange_v2", (void *) cuMemGetAddressRange_v2, NULL },
         { "cuDeviceTotalMem", 3020, "cuDeviceTotalMem_v2", (void *) cuDeviceTotalMem_v2, NULL },
+        { "cuMemCreate", 10020, "cuMemCreate", (void *) cuMemCreate, NULL },
+        { "cuMemRelease", 10020, "cuMemRelease", (void *) cuMemRelease, NULL },
         { "cuGetProcAddress", 12000, "cuGetProcAddress_v2", NULL, NULL },      /* set in hook_for(): defined after */
         { "cuGetProcAddress", 11030, "cuGetProcAddress", NULL, NULL },
 };

@@ -308,6 +308,52 @@ START_TEST(test_adopt_past_a_new_limit) {
 }
 END_TEST
 
+/*
+ * Memory a process charged (outside the pool, gpupool_charge()) is charged to the daemon that
+ * comes back; where that one's limit has no room for it, the process keeps it uncounted, and
+ * its release takes back nothing the daemon does not count.
+ */
+START_TEST(test_charges_after_restart) {
+        gpupool_client *c;
+        struct testd d;
+        void *p, *q;
+        int r;
+
+        testd_start(&d, "--config", conf_new(""), NULL);
+        c = connect_segments(d.sock, "charger", "whole");
+        ck_assert_int_eq(gpupool_alloc(c, 0, 1 * MiB, &p), 0);       /* a 2 MiB segment */
+        ck_assert_int_eq(gpupool_charge(c, 0, 6 * MiB), 0);
+        testd_crash(&d);
+        conf_write("[limits]\nclient_max = 40M\n");
+        testd_relaunch(&d);
+        ck_assert(testd_client_becomes(&d, getpid(), "charger", "charged_bytes", 6 * MiB));
+        ck_assert(testd_client_becomes(&d, getpid(), "charger", "reserved_bytes", 2 * MiB));
+        ck_assert_int_eq(gpupool_uncharge(c, 0, 2 * MiB), 0);
+        ck_assert_int_eq(testd_client_field(&d, getpid(), "charger", "charged_bytes"), 4 * MiB);
+        json_decref(testd_ctl(&d, "check"));
+
+        /* A daemon whose limit has room for the segment but not the charge too. */
+        testd_crash(&d);
+        conf_write("[limits]\nclient_max = 4M\n");
+        testd_relaunch(&d);
+        ck_assert(testd_client_becomes(&d, getpid(), "charger", "reserved_bytes", 2 * MiB));
+        for (double t0 = now_s(); (r = gpupool_alloc(c, 0, 2 * MiB, &q)) == -ECONNRESET && now_s() - t0 < 10;)
+                usleep(20 * 1000);
+        ck_assert_int_eq(r, 0);         /* its own segment and one more: 4 MiB, the charge left uncounted */
+        ck_assert_int_eq(testd_client_field(&d, getpid(), "charger", "reserved_bytes"), 4 * MiB);
+        ck_assert_int_eq(testd_client_field(&d, getpid(), "charger", "charged_bytes"), 0);
+        ck_assert_int_eq(gpupool_uncharge(c, 0, 4 * MiB), 0);
+        ck_assert_int_eq(gpupool_uncharge(c, 0, 1), -EINVAL);   /* nothing charged any more */
+        ck_assert_int_eq(gpupool_charge(c, 0, 1), -EDQUOT);
+        ck_assert_int_eq(gpupool_free(c, q), 0);
+        ck_assert_int_eq(gpupool_free(c, p), 0);
+        gpupool_disconnect(c);
+        json_decref(testd_ctl(&d, "check"));
+        ck_assert_int_eq(testd_stop(&d), 0);
+        conf_remove();
+}
+END_TEST
+
 Suite *suite_adopt(void) {
         Suite *s = suite_create("adopt");
         TCase *tc = tcase_create("host");
@@ -316,6 +362,7 @@ Suite *suite_adopt(void) {
         tcase_add_test(tc, test_adopt_refusals);
         tcase_add_test(tc, test_adopt_within_limits);
         tcase_add_test(tc, test_adopt_past_a_new_limit);
+        tcase_add_test(tc, test_charges_after_restart);
         tcase_set_timeout(tc, 60);
         suite_add_tcase(s, tc);
         return s;

@@ -283,6 +283,133 @@ START_TEST(test_client_limit) {
 }
 END_TEST
 
+/* A ChargeRequest on sock: device, bytes, a release or not; the reply's status (its sentence into why). */
+static int raw_charge(int sock, uint64_t id, uint32_t device, uint64_t bytes, bool release, char *why, size_t why_size) {
+        Gpupool__Envelope env = GPUPOOL__ENVELOPE__INIT, *rep;
+        Gpupool__ChargeRequest cr = GPUPOOL__CHARGE_REQUEST__INIT;
+        int status;
+
+        cr.device = device;
+        cr.bytes = bytes;
+        cr.has_release = release;
+        cr.release = release;
+        env.id = id;
+        env.body_case = GPUPOOL__ENVELOPE__BODY_CHARGE;
+        env.charge = &cr;
+        rep = raw_call(sock, &env);
+        ck_assert_ptr_nonnull(rep);
+        status = rep->status;
+        snprintf(why, why_size, "%s", rep->error ? rep->error : "");
+        if (status == GPUPOOL__STATUS__STATUS_OK)
+                ck_assert_int_eq(rep->body_case, GPUPOOL__ENVELOPE__BODY_CHARGE_REPLY);
+        gpupool__envelope__free_unpacked(rep, NULL);
+        return status;
+}
+
+/* The default tenant's charged bytes on device 0, as "limits --json" says. */
+static long long default_charged(struct testd *d) {
+        json_t *j = testd_ctl(d, "limits"), *t;
+        long long v = -1;
+        size_t i;
+
+        json_array_foreach(json_object_get(j, "tenants"), i, t)
+                if (strcmp(json_string_value(json_object_get(t, "name")), "default") == 0)
+                        v = json_integer_value(json_array_get(json_object_get(t, "charged_bytes"), 0));
+        json_decref(j);
+        return v;
+}
+
+/*
+ * Memory a process allocated outside the pool (gpupool-run's cuMemCreate) and charged counts
+ * against its limit as leased memory does, in its status and its tenant's, until released or
+ * its session ends; bad charges are refused, saying why, and the session goes on.
+ */
+START_TEST(test_charges_count_against_limits) {
+        uint64_t free_bytes, total;
+        gpupool_client *c;
+        char msg[512];
+        struct testd d;
+        json_t *st, *cl;
+        void *p, *q;
+        int sock;
+
+        testd_start(&d, "--client-limit", "16M", NULL);
+        ck_assert_int_eq(gpupool_connect(d.sock, "charger", &c), 0);
+        ck_assert_int_eq(gpupool_alloc(c, 0, 6 * MiB, &p), 0);
+        ck_assert_int_eq(gpupool_charge(c, 0, 8 * MiB), 0);
+        /* 6 MiB leased and 8 charged: 4 more fit neither way. */
+        ck_assert_int_eq(gpupool_charge(c, 0, 4 * MiB), -EDQUOT);
+        gpupool_last_error(c, msg, sizeof(msg));
+        ck_assert_msg(strstr(msg, "allocated outside the pool") && strstr(msg, "limit of 16.0 MiB"), "%s", msg);
+        ck_assert_int_eq(gpupool_alloc(c, 0, 4 * MiB, &q), -EDQUOT);
+        ck_assert_int_eq(gpupool_device_memory(c, 0, &free_bytes, &total), 0);
+        ck_assert_uint_eq(total, 16 * MiB);
+        ck_assert_uint_le(free_bytes, 2 * MiB);
+        st = testd_ctl(&d, "status");
+        cl = status_client_by_pid(st, getpid());
+        ck_assert_ptr_nonnull(cl);
+        ck_assert_int_eq(json_integer_value(json_object_get(cl, "charged_bytes")), 8 * MiB);
+        json_decref(st);
+        ck_assert_int_eq(default_charged(&d), 8 * MiB);
+        /* Bad arguments: refused by the library. */
+        ck_assert_int_eq(gpupool_charge(c, 0, 0), -EINVAL);
+        ck_assert_int_eq(gpupool_charge(c, 7, MiB), -ENODEV);
+        ck_assert_int_eq(gpupool_uncharge(c, 0, 9 * MiB), -EINVAL);
+        /* Released: the room comes back. */
+        ck_assert_int_eq(gpupool_uncharge(c, 0, 8 * MiB), 0);
+        ck_assert_int_eq(gpupool_alloc(c, 0, 4 * MiB, &q), 0);
+        ck_assert_int_eq(default_charged(&d), 0);
+        /* The daemon's own refusals, on a raw session that goes on after each. */
+        sock = raw_hello(&d, "raw-charger");
+        ck_assert_int_eq(raw_charge(sock, 2, 99, MiB, false, msg, sizeof(msg)), GPUPOOL__STATUS__STATUS_NO_DEVICE);
+        ck_assert_msg(strstr(msg, "no device 99"), "%s", msg);
+        ck_assert_int_eq(raw_charge(sock, 3, 0, 0, false, msg, sizeof(msg)), GPUPOOL__STATUS__STATUS_INVALID);
+        ck_assert_msg(strstr(msg, "1 byte to 64 TiB"), "%s", msg);
+        ck_assert_int_eq(raw_charge(sock, 4, 0, 1ULL << 47, false, msg, sizeof(msg)), GPUPOOL__STATUS__STATUS_INVALID);
+        ck_assert_int_eq(raw_charge(sock, 5, 0, MiB, true, msg, sizeof(msg)), GPUPOOL__STATUS__STATUS_INVALID);
+        ck_assert_msg(strstr(msg, "cannot release"), "%s", msg);
+        ck_assert_int_eq(raw_charge(sock, 6, 0, 17 * MiB, false, msg, sizeof(msg)), GPUPOOL__STATUS__STATUS_QUOTA);
+        ck_assert_int_eq(raw_charge(sock, 7, 0, 4 * MiB, false, msg, sizeof(msg)), GPUPOOL__STATUS__STATUS_OK);
+        ck_assert_int_eq(default_charged(&d), 4 * MiB);
+        json_decref(testd_ctl(&d, "check"));
+        ck_assert_int_eq(raw_charge(sock, 8, 0, 4 * MiB, true, msg, sizeof(msg)), GPUPOOL__STATUS__STATUS_OK);
+        ck_assert_int_eq(default_charged(&d), 0);
+        close(sock);
+        /* A process's charges last while it lives, its socket closed or not, and end with it. */
+        {
+                int ready[2], go[2];
+                pid_t pid;
+                char ch;
+
+                ck_assert_int_eq(pipe(ready), 0);
+                ck_assert_int_eq(pipe(go), 0);
+                pid = fork();
+                ck_assert_int_ge(pid, 0);
+                if (pid == 0) {
+                        int s2 = raw_hello(&d, "raw-charger");
+
+                        if (raw_charge(s2, 2, 0, 4 * MiB, false, msg, sizeof(msg)) != GPUPOOL__STATUS__STATUS_OK)
+                                _exit(1);
+                        close(s2);
+                        if (write(ready[1], "x", 1) != 1 || read(go[0], &ch, 1) != 1)
+                                _exit(1);
+                        _exit(0);
+                }
+                ck_assert_int_eq(read(ready[0], &ch, 1), 1);
+                ck_assert_int_eq(default_charged(&d), 4 * MiB);
+                ck_assert_int_eq(write(go[1], "x", 1), 1);
+                ck_assert_int_eq(reap(pid), 0);
+                for (double t0 = now_s(); default_charged(&d) != 0 && now_s() - t0 < 5.0;)
+                        usleep(10000);
+                ck_assert_int_eq(default_charged(&d), 0);
+                close(ready[0]), close(ready[1]), close(go[0]), close(go[1]);
+        }
+        json_decref(testd_ctl(&d, "check"));
+        gpupool_disconnect(c);
+        ck_assert_int_eq(testd_stop(&d), 0);
+}
+END_TEST
+
 START_TEST(test_flush_and_bye) {
         gpupool_client *c;
         void *p[5];
@@ -1013,6 +1140,7 @@ Suite *suite_daemon(void) {
         tcase_add_test(tc, test_kill9_memory_returns);
         tcase_add_test(tc, test_memory_held_until_process_exits);
         tcase_add_test(tc, test_client_limit);
+        tcase_add_test(tc, test_charges_count_against_limits);
         tcase_add_test(tc, test_flush_and_bye);
         tcase_add_test(tc, test_bad_frees);
         tcase_add_test(tc, test_systemd_notify);

@@ -45,7 +45,8 @@ static const char *field(const char *out, const char *key) {
 /*
  * Each kind fills its 64 MiB limit with 1 MiB blocks: the 65th is CUDA_ERROR_OUT_OF_MEMORY;
  * cuMemGetInfo_v2 says the limit is the total; data written reads back; a block's address
- * range is the block's own; all of it goes back to the pool when freed.
+ * range is the block's own; all of it goes back to the pool when freed. cuMemCreate's memory,
+ * the driver's, counts against the same limit until cuMemRelease.
  */
 START_TEST(test_run_programs_of_every_kind_on_the_pool) {
         char cmd[2048], out[8192], prefix[1024];
@@ -81,6 +82,20 @@ START_TEST(test_run_programs_of_every_kind_on_the_pool) {
                 ck_assert_msg(run_capture(cmd, out, sizeof(out)) == 0 && field(out, "allocated") &&
                               (v = field(out, "ownctx")) && sscanf(v, "%llu %llu", &free_bytes, &total) == 2 && total > LIMIT,
                               "a context of the program's own: %s", out);
+                /* cuMemCreate is the driver's, counted against the same limit until released. */
+                snprintf(cmd, sizeof(cmd), "%s %s/tests/%s %s create 100 2>&1", prefix, build_dir(), kinds[k][0], kinds[k][1]);
+                ck_assert_msg(run_capture(cmd, out, sizeof(out)) == 0, "%s: %s", cmd, out);
+                ck_assert_msg((v = field(out, "refused")) && strncmp(v, "32 2\n", 5) == 0 &&
+                              strstr(out, "cuMemCreate of 2097152 bytes on device 0") && strstr(out, "outside the pool"),
+                              "the 33rd 2 MiB of cuMemCreate was not CUDA_ERROR_OUT_OF_MEMORY, saying why: %s", out);
+                ck_assert_msg((v = field(out, "full")) && sscanf(v, "%llu %llu", &free_bytes, &total) == 2 &&
+                              free_bytes == 0 && total == LIMIT, "cuMemGetInfo_v2 at the limit by cuMemCreate: %s", out);
+                ck_assert_msg((v = field(out, "alloc")) && strncmp(v, "2\n", 2) == 0,
+                              "cuMemAlloc_v2 past the limit cuMemCreate's memory took: %s", out);
+                ck_assert_msg((v = field(out, "alloc-after-release")) && strncmp(v, "0\n", 2) == 0,
+                              "cuMemAlloc_v2 once cuMemRelease gave room: %s", out);
+                ck_assert_msg((v = field(out, "released")) && sscanf(v, "%llu %llu", &free_bytes, &total) == 2 &&
+                              free_bytes == LIMIT, "cuMemGetInfo_v2 once all is released: %s", out);
                 /* The stream-ordered allocator: the same limit; a pitch of 512-byte multiples. */
                 snprintf(cmd, sizeof(cmd), "%s %s/tests/%s %s async 100 2>&1", prefix, build_dir(), kinds[k][0], kinds[k][1]);
                 ck_assert_msg(run_capture(cmd, out, sizeof(out)) == 0, "%s: %s", cmd, out);

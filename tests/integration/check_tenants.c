@@ -110,6 +110,10 @@ START_TEST(test_tenant_max_across_processes) {
         ck_assert_int_eq(gpupool_alloc(c, 0, 4 * MiB, &p), -EDQUOT);
         gpupool_last_error(c, msg, sizeof(msg));
         ck_assert_msg(strstr(msg, "tenant jobs (3 clients) to 28.0 MiB reserved, over its max of 24.0 MiB"), "%s", msg);
+        /* Memory outside the pool it charges meets the same max. */
+        ck_assert_int_eq(gpupool_charge(c, 0, 4 * MiB), -EDQUOT);
+        gpupool_last_error(c, msg, sizeof(msg));
+        ck_assert_msg(strstr(msg, "outside the pool") && strstr(msg, "over its max of 24.0 MiB"), "%s", msg);
         /* Another tenant is not held back by it. */
         {
                 gpupool_client *other;
@@ -121,6 +125,12 @@ START_TEST(test_tenant_max_across_processes) {
         /* When one of the tenant leaves, the third gets its share. */
         release(&a, pa);
         ck_assert_int_eq(gpupool_alloc(c, 0, 4 * MiB, &p), 0);
+        /* 12 leased by b, 4 by c, and 4 charged: the max has 4 left, not 8. */
+        ck_assert_int_eq(gpupool_charge(c, 0, 4 * MiB), 0);
+        ck_assert_int_eq(tenant_field(&d, "jobs", "charged_bytes"), 4 * MiB);
+        ck_assert_int_eq(gpupool_charge(c, 0, 8 * MiB), -EDQUOT);
+        ck_assert_int_eq(gpupool_uncharge(c, 0, 4 * MiB), 0);
+        ck_assert_int_eq(tenant_field(&d, "jobs", "charged_bytes"), 0);
         gpupool_disconnect(c);
         release(&b, pb);
         ck_assert_int_eq(tenant_field(&d, "jobs", "reserved_bytes"), 0);
@@ -231,6 +241,7 @@ START_TEST(test_reload_and_runtime_limits) {
         ck_assert_int_eq(run_capture(cmd, out, sizeof(out)), 2);
 
         /* Reload: the file's values come back, runtime ones go, and nobody is disconnected. */
+        ck_assert_int_eq(gpupool_charge(c, 0, 1 * MiB), 0);
         write_conf("[tenant:jobs]\nmatch_name = job\nmax = 32M\n");
         kill(d.pid, SIGHUP);
         {
@@ -242,6 +253,8 @@ START_TEST(test_reload_and_runtime_limits) {
         ck_assert_int_eq(tenant_field(&d, "jobs", "max_bytes"), 32 * MiB);
         ck_assert_int_eq(tenant_field(&d, "jobs", "reserved_bytes"), 6 * MiB);  /* the client is still counted */
         ck_assert_int_eq(gpupool_alloc(c, 0, 6 * MiB, &q), 0);                 /* and its pid limit is gone */
+        ck_assert_int_eq(tenant_field(&d, "jobs", "charged_bytes"), 1 * MiB);   /* its charge moved with it */
+        json_decref(testd_ctl(&d, "check"));
 
         /* A config that does not load is refused; the running one stays. */
         write_conf("[tenant:jobs]\nmatch_name = job\nmax = lots\n");

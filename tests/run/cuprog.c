@@ -13,6 +13,9 @@
  *   ownctx N   allocates N MiB in a context of its own (cuCtxCreate_v2), then frees them
  *   async N    the same as fill on a stream (cuMemAllocAsync, cuMemFreeAsync), then a pitched
  *              allocation
+ *   create N   makes 2 MiB allocations with cuMemCreate, up to N, until the driver refuses;
+ *              then cuMemGetInfo_v2 and a 1 MiB cuMemAlloc_v2; releases one, allocates again;
+ *              releases all
  * Each line it prints is "key value..." for the test to read.
  */
 #define _GNU_SOURCE
@@ -50,7 +53,19 @@ static struct {
         CUresult (*alloc_pitch)(CUdeviceptr *p, size_t *pitch, size_t width, size_t height, unsigned element);
         CUresult (*ctx_create)(CUcontext *c, unsigned flags, CUdevice d);
         CUresult (*ctx_destroy)(CUcontext c);
+        CUresult (*mem_create)(unsigned long long *handle, size_t size, const void *prop, unsigned long long flags);
+        CUresult (*mem_release)(unsigned long long handle);
 } cu;
+
+/* cuda.h's CUmemAllocationProp: pinned memory on device 0, no handle type to share it by. */
+static const struct {
+        int type, handle_types;
+        struct {
+                int type, id;
+        } location;
+        void *win32;
+        unsigned char flags[8];
+} on_gpu0 = { .type = 1 /* CU_MEM_ALLOCATION_TYPE_PINNED */, .location = { 1 /* CU_MEM_LOCATION_TYPE_DEVICE */, 0 } };
 
 #ifdef CUPROG_LINKED
 CUresult cuInit(unsigned flags);
@@ -72,6 +87,8 @@ CUresult cuMemFreeAsync(CUdeviceptr p, void *s);
 CUresult cuMemAllocPitch_v2(CUdeviceptr *p, size_t *pitch, size_t width, size_t height, unsigned element);
 CUresult cuCtxCreate_v2(CUcontext *c, unsigned flags, CUdevice d);
 CUresult cuCtxDestroy_v2(CUcontext c);
+CUresult cuMemCreate(unsigned long long *handle, size_t size, const void *prop, unsigned long long flags);
+CUresult cuMemRelease(unsigned long long handle);
 
 static int find(int argc, char **argv) {
         cu.init = cuInit;
@@ -93,6 +110,8 @@ static int find(int argc, char **argv) {
         cu.alloc_pitch = cuMemAllocPitch_v2;
         cu.ctx_create = cuCtxCreate_v2;
         cu.ctx_destroy = cuCtxDestroy_v2;
+        cu.mem_create = cuMemCreate;
+        cu.mem_release = cuMemRelease;
         (void) argc, (void) argv;
         printf("kind linked\n");
         return 1;
@@ -113,6 +132,7 @@ static int find(int argc, char **argv) {
                 { "cuMemAllocAsync", 11020, (void **) &cu.alloc_async }, { "cuMemFreeAsync", 11020, (void **) &cu.free_async },
                 { "cuMemAllocPitch", 3020, (void **) &cu.alloc_pitch },
                 { "cuCtxCreate", 3020, (void **) &cu.ctx_create }, { "cuCtxDestroy", 4000, (void **) &cu.ctx_destroy },
+                { "cuMemCreate", 10020, (void **) &cu.mem_create }, { "cuMemRelease", 10020, (void **) &cu.mem_release },
         };
         /* The names libcuda.so.1 exports them by: cuda.h's #define of each. */
         static const char *const exported[] = { "cuInit", "cuDeviceGet", "cuDevicePrimaryCtxRetain", "cuCtxSetCurrent",
@@ -120,7 +140,8 @@ static int find(int argc, char **argv) {
                                                 "cuMemGetAddressRange_v2", "cuMemcpyHtoD_v2", "cuMemcpyDtoH_v2",
                                                 "cuPointerGetAttribute", "cuIpcGetMemHandle", "cuStreamCreate",
                                                 "cuStreamSynchronize", "cuMemAllocAsync", "cuMemFreeAsync",
-                                                "cuMemAllocPitch_v2", "cuCtxCreate_v2", "cuCtxDestroy_v2" };
+                                                "cuMemAllocPitch_v2", "cuCtxCreate_v2", "cuCtxDestroy_v2",
+                                                "cuMemCreate", "cuMemRelease" };
         CUresult (*gpa)(const char *, void **, int, uint64_t, int *) = NULL;
         void *lib;
 
@@ -163,7 +184,7 @@ int main(int argc, char **argv) {
         unsigned i;
 
         if (argc < a + 2 || (n = strtoul(argv[a + 1], NULL, 10)) == 0 || n > 4096) {
-                fprintf(stderr, "usage: cuprog [dlsym|procaddr] fill|hold|cache|ownctx|async N\n");
+                fprintf(stderr, "usage: cuprog [dlsym|procaddr] fill|hold|cache|ownctx|async|create N\n");
                 return 2;
         }
         TRY(cu.init(0));
@@ -191,6 +212,36 @@ int main(int argc, char **argv) {
                         TRY(cu.mem_free(blocks[--i]));
                 TRY(cu.ctx_destroy(own));
                 printf("freed\n");
+                return 0;
+        }
+        if (strcmp(argv[a], "create") == 0) {
+                static unsigned long long handles[4096];
+                CUdeviceptr p;
+                CUresult r;
+
+                /* Virtual memory management's allocations: the driver's, counted against the client's limit. */
+                for (i = 0; i < n; i++)
+                        if ((r = cu.mem_create(&handles[i], 2 * MiB, &on_gpu0, 0))) {
+                                printf("refused %u %d\n", i, r);
+                                break;
+                        }
+                if (i == n)
+                        printf("created %u\n", i);
+                TRY(cu.mem_get_info(&f, &t));
+                printf("full %zu %zu\n", f, t);
+                printf("alloc %d\n", r = cu.mem_alloc(&p, MiB));
+                if (r == 0)
+                        TRY(cu.mem_free(p));
+                if (i) {
+                        TRY(cu.mem_release(handles[--i]));
+                        printf("alloc-after-release %d\n", r = cu.mem_alloc(&p, MiB));
+                        if (r == 0)
+                                TRY(cu.mem_free(p));
+                }
+                while (i)
+                        TRY(cu.mem_release(handles[--i]));
+                TRY(cu.mem_get_info(&f, &t));
+                printf("released %zu %zu\n", f, t);
                 return 0;
         }
         if (strcmp(argv[a], "async") == 0) {
