@@ -452,7 +452,7 @@ GPUPOOL_EXPORT int gpupool_capture_end(gpupool_client *c) {
 
 /*
  * What the daemon says this client may still lease on daemon device d now: the least of what its
- * limits leave and what no client holds. UINT64_MAX where the daemon cannot be asked (gone): the
+ * limits leave and what no client holds or others keep free for the daemon to ask back. UINT64_MAX where the daemon cannot be asked (gone): the
  * process's own view then. Locked.
  */
 static uint64_t may_lease(gpupool_client *c, unsigned d) {
@@ -468,7 +468,8 @@ static uint64_t may_lease(gpupool_client *c, unsigned d) {
         if (client_call(c, &req, GPUPOOL__ENVELOPE__BODY_MEM_INFO_REPLY, &rep, NULL) == 0) {
                 const Gpupool__MemInfoReply *r = rep->mem_info_reply;
 
-                bytes = r->unheld_bytes;
+                /* What no client holds, and what others keep free that the daemon would ask back for it. */
+                bytes = r->unheld_bytes + (r->has_reclaimable_bytes ? r->reclaimable_bytes : 0);
                 if (r->has_may_lease_bytes && r->may_lease_bytes < bytes)
                         bytes = r->may_lease_bytes;
         }

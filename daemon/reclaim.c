@@ -115,17 +115,17 @@ static bool askable(const struct session *c, const struct session *requester, un
 }
 
 /*
- * Asks, in policy's order, clients other than requester (NULL: none) for want_bytes on device;
- * with a round (not 0), only those not asked for it yet, and each asked is marked with it.
+ * The clients other than requester (NULL: none) that may be asked for memory on device for it,
+ * in policy's order (those whose memory would serve it, over their guarantee and largest
+ * first); with a round (not 0), only those not asked for it yet. Into *ret (free it), how many
+ * returned; 0 and NULL for none (or no memory to list them).
  */
-static uint64_t ask_in_order(struct node *node, struct session *requester, unsigned device, uint64_t want_bytes,
-                             bool to_backend, uint64_t round, unsigned *ret_clients) {
+static size_t candidates_for(const struct node *node, const struct session *requester, unsigned device, uint64_t round,
+                             struct policy_candidate **ret) {
         struct policy_candidate *candidates;
-        uint64_t asked = 0;
         size_t n = 0;
 
-        /* Asking pushes a message and ends no session: the candidates stay valid while they are asked. */
-        *ret_clients = 0;
+        *ret = NULL;
         SESSION_FOREACH(c, node)
                 n += askable(c, requester, device) && (!round || c->reclaim.asked_for != round);
         candidates = n ? calloc(n, sizeof(*candidates)) : NULL;
@@ -140,8 +140,34 @@ static uint64_t ask_in_order(struct node *node, struct session *requester, unsig
                                 .held_free_bytes = c->owners[device].reported_held_free_bytes >> c->reclaim.distrust,
                                 .client = c,
                         };
-        /* Whom to ask, and in what order, is policy's: those whose memory would serve, over their guarantee and largest first. */
-        n = policy_reclaim_order(requester ? requester->tenant : NULL, device, candidates, n);
+        *ret = candidates;
+        return policy_reclaim_order(requester ? requester->tenant : NULL, device, candidates, n);
+}
+
+uint64_t reclaim_askable_bytes(const struct node *node, const struct session *requester, unsigned device) {
+        struct policy_candidate *candidates;
+        size_t n = candidates_for(node, requester, device, 0, &candidates);
+        uint64_t bytes = 0;
+
+        for (size_t i = 0; i < n; i++)
+                bytes += candidates[i].held_free_bytes;
+        free(candidates);
+        return bytes;
+}
+
+/*
+ * Asks, in policy's order, clients other than requester (NULL: none) for want_bytes on device;
+ * with a round (not 0), only those not asked for it yet, and each asked is marked with it.
+ */
+static uint64_t ask_in_order(struct node *node, struct session *requester, unsigned device, uint64_t want_bytes,
+                             bool to_backend, uint64_t round, unsigned *ret_clients) {
+        struct policy_candidate *candidates;
+        uint64_t asked = 0;
+        size_t n;
+
+        /* Asking pushes a message and ends no session: the candidates stay valid while they are asked. */
+        *ret_clients = 0;
+        n = candidates_for(node, requester, device, round, &candidates);
         for (size_t i = 0; i < n && asked < want_bytes; i++) {
                 bool pushed = false;
 

@@ -43,6 +43,13 @@ struct session;
 uint64_t reclaim_ask(struct node *node, struct session *requester, unsigned device, uint64_t want_bytes, uint64_t round,
                      unsigned *ret_clients);
 
+/*
+ * What reclaim_ask() could ask back for requester on device now: the segments the clients it
+ * would ask keep free, as far as their reports are trusted. What the daemon tells a client it
+ * may take (MemInfoReply), never what it lets it have.
+ */
+uint64_t reclaim_askable_bytes(const struct node *node, const struct session *requester, unsigned device);
+
 /* Whether a client asked for the parked lease named round has not answered yet. */
 bool reclaim_pending_for(const struct node *node, uint64_t round);
 

@@ -188,6 +188,8 @@ static void handle_mem_info(struct session *s, const Gpupool__Envelope *req, str
         /* What clients hold is theirs; the cache is anyone's to take. */
         held = st.reserved_bytes - st.cached_bytes;
         mr.unheld_bytes = st.total_bytes > held ? st.total_bytes - held : 0;
+        mr.reclaimable_bytes = reclaim_askable_bytes(s->node, s, d);
+        mr.has_reclaimable_bytes = mr.reclaimable_bytes != 0;
         reply_ok(&env, req->id);
         env.body_case = GPUPOOL__ENVELOPE__BODY_MEM_INFO_REPLY;
         env.mem_info_reply = &mr;

@@ -370,7 +370,8 @@ GPUPOOL_EXPORT int gpupool_stats(gpupool_client *client, struct gpupool_stats *r
  * gpupool-run): *ret_total is the daemon's limit on this client per device where it has one
  * (as it said at connect), else the device's size; *ret_free is what the process may still
  * allocate there now: what its pool holds free and what the daemon would lease it more (its
- * limits, its tenant's and others' guarantees, and what no other client holds: a round trip),
+ * limits, its tenant's and others' guarantees, and what no other client holds or keeps free
+ * that the daemon would ask back for it: a round trip),
  * never more than the total less its blocks. Without a daemon to ask, the total less its
  * blocks. device as gpupool_alloc()'s; -ENODEV for one the daemon does not serve.
  */
