@@ -23,7 +23,8 @@
  * device is CUDA_ERROR_OUT_OF_MEMORY, and gpupoold's sentence goes to standard error),
  * cuMemFree_v2 (the block freed after the work queued before on the legacy stream and the
  * blocking streams, as the driver orders a free: gpupool_free_async() on the legacy stream),
- * cuMemAllocAsync, cuMemFreeAsync and cuMemAllocFromPoolAsync on the default pool, and their
+ * cuMemAllocAsync, cuMemFreeAsync and cuMemAllocFromPoolAsync on the default pool (of the
+ * stream's device, its context's, as the driver allocates), and their
  * per-thread-stream variants (gpupool_alloc_async(), gpupool_free_async() on the stream),
  * cuMemGetInfo_v2 and cuDeviceTotalMem_v2 (the client's view: gpupool_device_memory()),
  * cuMemGetAddressRange_v2 and cuPointerGetAttribute(s)'s range (the block's own:
@@ -126,6 +127,9 @@ static struct {
         CUresult (*mem_create)(CUmemGenericAllocationHandle *handle, size_t size, const void *prop,
                                unsigned long long flags);
         CUresult (*mem_release)(CUmemGenericAllocationHandle handle);
+        CUresult (*stream_get_ctx)(CUstream s, void **ctx);
+        CUresult (*ctx_push)(void *ctx);
+        CUresult (*ctx_pop)(void **ctx);
 } drv = { .once = PTHREAD_ONCE_INIT };
 
 /* The handle, connected at the first allocation. */
@@ -213,6 +217,9 @@ static void load_driver(void) {
         *(void **) &drv.ipc_get_mem_handle = driver_symbol("cuIpcGetMemHandle", 4010);
         *(void **) &drv.mem_create = driver_symbol("cuMemCreate", 10020);
         *(void **) &drv.mem_release = driver_symbol("cuMemRelease", 10020);
+        *(void **) &drv.stream_get_ctx = driver_symbol("cuStreamGetCtx", 9020);
+        *(void **) &drv.ctx_push = driver_symbol("cuCtxPushCurrent", 4000);
+        *(void **) &drv.ctx_pop = driver_symbol("cuCtxPopCurrent", 4000);
 }
 
 static void driver(void) {
@@ -312,6 +319,38 @@ static CUresult current_device(CUdevice *dev) {
         return primary == cur ? CUDA_SUCCESS : CUDA_ERROR_NOT_FOUND;
 }
 
+/* A default stream: NULL, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD, the current context's. */
+static bool default_stream(CUstream s) {
+        return (uintptr_t) s <= 2;
+}
+
+/*
+ * The device a stream-ordered allocation on s is for, where the pool may serve it: as the
+ * driver allocates, from the pool of the stream's device, which is its context's (a default
+ * stream's is the current context), so current_device() of that context. One driver call for
+ * a stream of a primary context seen before.
+ */
+static CUresult stream_device(CUstream s, CUdevice *dev) {
+        void *ctx = NULL, *popped;
+        CUresult r;
+
+        if (default_stream(s) || !drv.stream_get_ctx || !drv.ctx_push || !drv.ctx_pop)
+                return current_device(dev);
+        if ((r = drv.stream_get_ctx(s, &ctx)) != CUDA_SUCCESS)
+                return r;
+        for (int d = 0; d < MAX_DEVICES; d++)
+                if (__atomic_load_n(&primaries[d], __ATOMIC_ACQUIRE) == ctx) {
+                        *dev = d;
+                        return CUDA_SUCCESS;
+                }
+        /* A context not seen yet: asked with it current. */
+        if ((r = drv.ctx_push(ctx)) != CUDA_SUCCESS)
+                return r;
+        r = current_device(dev);
+        (void) drv.ctx_pop(&popped);
+        return r;
+}
+
 /* The driver's entry point an allocation or free goes to where the pool does not serve it, with its stream and pool. */
 struct by_driver {
         CUresult (*sync)(CUdeviceptr *dptr, size_t size);
@@ -357,7 +396,7 @@ static CUresult pool_alloc(const char *call, CUdeviceptr *dptr, size_t size, boo
         driver();
         if (!dptr || size == 0)
                 return CUDA_ERROR_INVALID_VALUE;
-        if ((res = current_device(&dev)) == CUDA_ERROR_NOT_FOUND)
+        if ((res = on_stream ? stream_device(stream, &dev) : current_device(&dev)) == CUDA_ERROR_NOT_FOUND)
                 return driver_alloc(by, dptr, size);    /* a context of the program's */
         if (res != CUDA_SUCCESS)
                 return res;
@@ -505,12 +544,12 @@ EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream s) {
         return pool_free("cuMemFreeAsync", dptr, per_thread(s), &(struct by_driver) { .free_async = drv.mem_free_async_ptsz, .s = s });
 }
 
-/* Whether pool is the current device's default pool, the one cuMemAllocAsync takes from. */
-static bool default_pool(CUmemoryPool pool) {
+/* Whether pool is the default pool of the device of stream s, the one cuMemAllocAsync on s takes from. */
+static bool default_pool(CUmemoryPool pool, CUstream s) {
         CUmemoryPool dflt = NULL;
         CUdevice dev;
 
-        return pool && drv.ctx_get_device && drv.ctx_get_device(&dev) == CUDA_SUCCESS && drv.device_get_default_mem_pool &&
+        return pool && stream_device(s, &dev) == CUDA_SUCCESS && drv.device_get_default_mem_pool &&
                drv.device_get_default_mem_pool(&dflt, dev) == CUDA_SUCCESS && dflt == pool;
 }
 
@@ -519,7 +558,7 @@ static CUresult alloc_from_pool_async(CUdeviceptr *dptr, size_t size, CUmemoryPo
                                       CUresult (*driver_fn)(CUdeviceptr *, size_t, CUmemoryPool, CUstream)) {
         struct by_driver by = { .from_pool = driver_fn, .pool = pool, .s = s };
 
-        if (!default_pool(pool))
+        if (!default_pool(pool, on))
                 return driver_alloc(&by, dptr, size);
         return pool_alloc("cuMemAllocFromPoolAsync", dptr, size, true, on, &by);
 }

@@ -150,6 +150,7 @@ CUresult fk_StreamCreate(gp_cu_stream *ret, unsigned flags);
 CUresult fk_StreamDestroy_v2(gp_cu_stream hs);
 CUresult fk_StreamSynchronize(gp_cu_stream hs);
 CUresult fk_StreamGetId(gp_cu_stream hs, unsigned long long *id);
+CUresult fk_StreamGetCtx(gp_cu_stream hs, gp_cu_context *ret);
 CUresult fk_StreamBeginCapture(gp_cu_stream hs, int mode);
 CUresult fk_StreamEndCapture(gp_cu_stream hs, void **graph);
 CUresult fk_StreamIsCapturing(gp_cu_stream hs, int *status);

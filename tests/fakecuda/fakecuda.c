@@ -711,6 +711,7 @@ static const struct symbol symbols[] = {
         SYM("cuStreamDestroy", 4000, fk_StreamDestroy_v2),
         SYM("cuStreamSynchronize", 2000, fk_StreamSynchronize),
         SYM("cuStreamGetId", 12000, fk_StreamGetId),
+        SYM("cuStreamGetCtx", 9020, fk_StreamGetCtx),
         SYM("cuStreamBeginCapture", 10010, fk_StreamBeginCapture),
         SYM("cuStreamEndCapture", 10000, fk_StreamEndCapture),
         SYM("cuStreamIsCapturing", 10000, fk_StreamIsCapturing),

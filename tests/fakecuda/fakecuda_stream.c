@@ -427,6 +427,24 @@ CUresult fk_StreamGetId(gp_cu_stream hs, unsigned long long *id) {
         return s ? GP_CUDA_SUCCESS : GP_CUDA_ERROR_INVALID_HANDLE;
 }
 
+/* The context a stream was made in; a default stream's is the current context (none: INVALID_CONTEXT). */
+CUresult fk_StreamGetCtx(gp_cu_stream hs, gp_cu_context *ret) {
+        struct stream *s;
+        CUresult r = ready();
+
+        if (r)
+                return r;
+        if (!ret)
+                return GP_CUDA_ERROR_INVALID_VALUE;
+        if (IS_DEFAULT_STREAM(hs) && !current())
+                return GP_CUDA_ERROR_INVALID_CONTEXT;
+        pthread_mutex_lock(&lock);
+        if ((s = stream_of(hs)))
+                *ret = (gp_cu_context) s->ctx;
+        pthread_mutex_unlock(&lock);
+        return s ? GP_CUDA_SUCCESS : GP_CUDA_ERROR_INVALID_HANDLE;
+}
+
 CUresult fk_StreamSynchronize(gp_cu_stream hs) {
         struct stream *s;
         CUresult r = ready();
@@ -847,6 +865,7 @@ FK_EXPORT(cuStreamCreate, fk_StreamCreate);
 FK_EXPORT(cuStreamDestroy_v2, fk_StreamDestroy_v2);
 FK_EXPORT(cuStreamEndCapture, fk_StreamEndCapture);
 FK_EXPORT(cuStreamGetId, fk_StreamGetId);
+FK_EXPORT(cuStreamGetCtx, fk_StreamGetCtx);
 FK_EXPORT(cuStreamIsCapturing, fk_StreamIsCapturing);
 FK_EXPORT(cuStreamSynchronize, fk_StreamSynchronize);
 FK_EXPORT(cuThreadExchangeStreamCaptureMode, fk_ThreadExchangeStreamCaptureMode);

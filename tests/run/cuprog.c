@@ -13,6 +13,8 @@
  *   ownctx N   allocates N MiB in a context of its own (cuCtxCreate_v2), then frees them
  *   async N    the same as fill on a stream (cuMemAllocAsync, cuMemFreeAsync), then a pitched
  *              allocation
+ *   stream1 N  with GPU 0's primary context current, allocates N MiB with cuMemAllocAsync on a
+ *              stream of GPU 1's, says "held", waits for a line on stdin, frees them there
  *   create N   makes 2 MiB allocations with cuMemCreate, up to N, until the driver refuses;
  *              then cuMemGetInfo_v2 and a 1 MiB cuMemAlloc_v2; releases one, allocates again;
  *              releases all
@@ -184,7 +186,7 @@ int main(int argc, char **argv) {
         unsigned i;
 
         if (argc < a + 2 || (n = strtoul(argv[a + 1], NULL, 10)) == 0 || n > 4096) {
-                fprintf(stderr, "usage: cuprog [dlsym|procaddr] fill|hold|cache|ownctx|async|create N\n");
+                fprintf(stderr, "usage: cuprog [dlsym|procaddr] fill|hold|cache|ownctx|async|stream1|create N\n");
                 return 2;
         }
         TRY(cu.init(0));
@@ -211,6 +213,31 @@ int main(int argc, char **argv) {
                 while (i)
                         TRY(cu.mem_free(blocks[--i]));
                 TRY(cu.ctx_destroy(own));
+                printf("freed\n");
+                return 0;
+        }
+        if (strcmp(argv[a], "stream1") == 0) {
+                CUcontext ctx1;
+                CUdevice dev1;
+                char line[16];
+                void *s;
+
+                /* The stream is GPU 1's; the allocation is for its device, whatever context is current. */
+                TRY(cu.device_get(&dev1, 1));
+                TRY(cu.ctx_retain(&ctx1, dev1));
+                TRY(cu.ctx_set(ctx1));
+                TRY(cu.stream_create(&s, 1 /* CU_STREAM_NON_BLOCKING */));
+                TRY(cu.ctx_set(ctx));
+                for (i = 0; i < n; i++)
+                        TRY(cu.alloc_async(&blocks[i], MiB, s));
+                TRY(cu.stream_sync(s));
+                printf("held\n");
+                fflush(stdout);
+                if (!fgets(line, sizeof(line), stdin))
+                        return 1;
+                while (i)
+                        TRY(cu.free_async(blocks[--i], s));
+                TRY(cu.stream_sync(s));
                 printf("freed\n");
                 return 0;
         }
