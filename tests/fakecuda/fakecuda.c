@@ -89,8 +89,9 @@
  * virtual memory management or descriptor handles), $FAKECUDA_IPC_OPEN_NS and $FAKECUDA_IPC_OPEN_NS_PER_MIB (what a first cuIpcOpenMemHandle of
  * an allocation takes: default 50 us and 50 ns per MiB, as on an H100 with driver 580).
  * $FAKECUDA_VMM_COSTS=0 makes the virtual memory calls free, which otherwise take what an H200
- * took (fakecuda_vmm.c: cuMemCreate 20 us, an export 33 us, an import 28 us, a map 30 us and
- * 60 ns per MiB, an unmap 28 us and 28 ns per MiB).
+ * took, each call apart (fakecuda_vmm.c: cuMemCreate 20 us, an export 33 us, an import 28 us,
+ * a reserve 0.8 us, a map 1.1 us, cuMemSetAccess 28 us and 62 ns per MiB, an unmap 19 us and
+ * 29 ns per MiB, a release 9 us).
  * $FAKECUDA_DIR also holds fakecuda-ledger, the node's memory use by process.
  *
  * This file has cuInit, the devices and contexts, the entry-point table and the test hooks

@@ -53,14 +53,21 @@ struct reservation {
 };
 
 /*
- * What each call takes, as an H200 with driver 580.159.04 took it (bench-gpu at 48e6b6b,
- * bench/results/2026-11-27-H200-48e6b6b/bench-gpu.txt, medians): cuMemCreate 16-27 us,
- * cuMemExportToShareableHandle 33 us, cuMemImportFromShareableHandle 27-31 us, a reserve, map and
- * access 30 us for 2 MiB to 93 us for 1 GiB (charged to cuMemMap), an unmap and free 28 us to
- * 57 us (charged to cuMemUnmap). $FAKECUDA_VMM_COSTS=0 makes them free.
+ * What each call takes, as an H200 with driver 580.159.04 took it, each call charged apart so
+ * that a change in which calls a program makes shows in what it costs. Medians of bench-gpu
+ * and bench-driver at 48e6b6b (bench/results/2026-11-27-H200-48e6b6b/): cuMemCreate 20 us for
+ * 2 MiB to 27 us for 1 GiB, cuMemExportToShareableHandle 33 us, cuMemImportFromShareableHandle
+ * 27-31 us; of a 2 MiB granule's move (bench-driver), cuMemMap 1.1 us, cuMemSetAccess 28 us and
+ * cuMemUnmap 19 us. bench-gpu timed only sums beyond that: a reserve, map and access 30 us for
+ * 2 MiB to 93 us for 1 GiB, an unmap, release and address free 28 us to 57 us. The rest of each
+ * sum goes to the call not timed alone (the reserve 0.8 us; the release and address free 9 us,
+ * charged to cuMemRelease), and the growth with size to cuMemSetAccess and cuMemUnmap, which
+ * walk the range's page tables (an assumption: no run timed map and access apart past 2 MiB).
+ * $FAKECUDA_VMM_COSTS=0 makes them free.
  */
 static struct {
-        uint64_t create, export_, import, map, map_per_mib, unmap, unmap_per_mib;
+        uint64_t create, create_per_mib, export_, import, reserve, map, access, access_per_mib, unmap, unmap_per_mib,
+                release;
 } cost;
 
 void vmm_init(void) {
@@ -69,12 +76,16 @@ void vmm_init(void) {
         if (v && strcmp(v, "0") == 0)
                 return;
         cost.create = 20000;
+        cost.create_per_mib = 7;
         cost.export_ = 33000;
         cost.import = 28000;
-        cost.map = 30000;
-        cost.map_per_mib = 60;
-        cost.unmap = 28000;
-        cost.unmap_per_mib = 28;
+        cost.reserve = 800;
+        cost.map = 1100;
+        cost.access = 28000;
+        cost.access_per_mib = 62;
+        cost.unmap = 18600;
+        cost.unmap_per_mib = 29;
+        cost.release = 9000;
 }
 
 static struct phys *physes;
@@ -235,7 +246,7 @@ CUresult fk_MemCreate(gp_cu_mem_handle *handle, size_t size, const gp_cu_mem_pro
                 unlink(path);
         ledger_unlock();
         pthread_mutex_unlock(&lock);
-        fake_spend(cost.create);
+        fake_spend(cost.create + cost.create_per_mib * (size >> 20));
         return r;
 }
 
@@ -253,6 +264,7 @@ CUresult fk_MemRelease(gp_cu_mem_handle handle) {
         if (--p->handles == 0 && p->maps == 0)
                 phys_drop(p);
         pthread_mutex_unlock(&lock);
+        fake_spend(cost.release);
         return GP_CUDA_SUCCESS;
 }
 
@@ -379,6 +391,7 @@ CUresult fk_MemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignment, C
         reservations = v;
         pthread_mutex_unlock(&lock);
         *ptr = v->base;
+        fake_spend(cost.reserve);
         return GP_CUDA_SUCCESS;
 }
 
@@ -454,7 +467,7 @@ CUresult fk_MemMap(CUdeviceptr ptr, size_t size, size_t offset, gp_cu_mem_handle
         m->next = vmaps;
         vmaps = m;
         pthread_mutex_unlock(&lock);
-        fake_spend(cost.map + cost.map_per_mib * (size >> 20));
+        fake_spend(cost.map);
         return GP_CUDA_SUCCESS;
 }
 
@@ -530,6 +543,7 @@ CUresult fk_MemSetAccess(CUdeviceptr ptr, size_t size, const gp_cu_mem_access_de
                                 if (visible[desc[i].location.id] == m->phys->gpu)
                                         m->access = desc[i].flags;
         pthread_mutex_unlock(&lock);
+        fake_spend(cost.access + cost.access_per_mib * (size >> 20));
         return GP_CUDA_SUCCESS;
 }
 
