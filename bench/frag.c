@@ -34,6 +34,14 @@
  *            granule_ahead() more, leased and taken as spares before the block is mapped
  *            (the daemon here has every granule asked at once).
  *
+ *   big      a study, not libgpupool: grow, but a block of BIG bytes or more (-b MiB each, 64
+ *            MiB unless given) is an allocation of its own (a piece, its size rounded to the
+ *            granule: one lease, one import, one map), kept idle once freed for a block it
+ *            fits within a 24th, and given back, the largest idle first, where a new piece
+ *            would take what the process holds (granules and pieces) past a 24th over its
+ *            peak in use; the granules' budget is that less what the pieces hold (see
+ *            struct pieces below).
+ *
  *   runs     a study, not libgpupool: each run of granules a block lacks leased as one physical
  *            allocation (a piece, imported and mapped whole), and runs-adapt, which gives back
  *            idle pieces a block would mostly waste and leases granule by granule under
@@ -49,7 +57,8 @@
  *            allocator pays nothing: on cuda-vmm a map is a cuMemMap and a cuMemSetAccess, an
  *            unmap a cuMemUnmap).
  *
- * Usage: frag [-g GRANULE_MIB] TRACE.csv...   (the models' granule, 2 MiB unless given)
+ * Usage: frag [-g GRANULE_MIB] [-b BIG_MIB...] TRACE.csv...   (the models' granule, 2 MiB unless
+ *        given; -b, which may be given more than once, the big model's sizes, 64 MiB unless given)
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -342,12 +351,78 @@ struct leases {
 };
 
 /*
+ * The big model's pieces: each block of big_bytes or more has an allocation of its own (a
+ * piece, leased, imported and mapped whole), kept idle once freed. A piece serves a later
+ * block it fits within a GRANULE_KEEP_DIVISOR-th; else a new one is leased, idle pieces going
+ * back first, the largest first, then granules no block touches, while the new one would take
+ * what the process holds past that share over its peak in use.
+ */
+struct pieces {
+        uint64_t big_bytes;
+        uint64_t *size;                 /* each piece's (0: given back) */
+        bool *busy;
+        size_t n, cap;
+        uint64_t *of;                   /* per live block id: its piece + 1, or 0 */
+        uint64_t held, in_use;          /* bytes of the pieces held; of the blocks on them */
+        uint64_t leases, returns, leases_half, returns_half;
+        uint64_t granules_back;         /* granules given back to make room for pieces */
+};
+
+/* A piece for block id of rsize bytes, within cap bytes held with the granules of g. */
+static void piece_take(struct pieces *pc, struct granule_set *g, uint64_t id, uint64_t rsize, uint64_t cap) {
+        uint64_t want = (rsize + granule_bytes - 1) / granule_bytes * granule_bytes;
+        size_t best = SIZE_MAX;
+
+        for (size_t i = 0; i < pc->n; i++)
+                if (pc->size[i] && !pc->busy[i] && pc->size[i] >= rsize &&
+                    pc->size[i] - rsize <= rsize / GRANULE_KEEP_DIVISOR && (best == SIZE_MAX || pc->size[i] < pc->size[best]))
+                        best = i;
+        if (best == SIZE_MAX) {
+                while (g->held * granule_bytes + pc->held + want > cap) {
+                        size_t largest = SIZE_MAX;
+
+                        for (size_t i = 0; i < pc->n; i++)
+                                if (pc->size[i] && !pc->busy[i] && (largest == SIZE_MAX || pc->size[i] > pc->size[largest]))
+                                        largest = i;
+                        if (largest == SIZE_MAX)
+                                break;
+                        pc->held -= pc->size[largest];
+                        pc->size[largest] = 0;
+                        pc->returns++;
+                }
+                if (g->held * granule_bytes + pc->held + want > cap) {
+                        uint64_t over = (g->held * granule_bytes + pc->held + want - cap + granule_bytes - 1) / granule_bytes;
+                        uint64_t *phys = malloc(over * sizeof(*phys));
+
+                        if (!phys)
+                                exit(1);
+                        pc->granules_back += granule_release(g, phys, over, UINT64_MAX);
+                        free(phys);
+                }
+                if (pc->n == pc->cap) {
+                        pc->cap = pc->cap ? 2 * pc->cap : 64;
+                        pc->size = realloc(pc->size, pc->cap * sizeof(*pc->size));
+                        pc->busy = realloc(pc->busy, pc->cap * sizeof(*pc->busy));
+                        if (!pc->size || !pc->busy)
+                                exit(1);
+                }
+                best = pc->n++;
+                pc->size[best] = want;
+                pc->held += want;
+                pc->leases++;
+        }
+        pc->busy[best] = true;
+        pc->of[id] = best + 1;
+        pc->in_use += rsize;
+}
+
+/*
  * expand: each class's range is mapped up to the end of the highest block it ever held.
  * granule and grow: common/granule.c keeps what backs the ranges (grow leasing as libgpupool
  * does). Leaves the granule models' counts in g, and at the second half's start in half.
  */
 static struct result run_growing(const struct op *ops, size_t n, uint64_t max_id, enum model model, struct granule_set *g,
-                                 struct granule_set *half, struct leases *leases) {
+                                 struct granule_set *half, struct leases *leases, struct pieces *pc) {
         bool remap = model != EXPAND;
         struct heap_block **live = calloc(max_id + 1, sizeof(*live));
         uint64_t *sizes = calloc(max_id + 1, sizeof(*sizes)), in_use = 0, extent[HEAP_CLASS_COUNT] = { 0 }, held = 0;
@@ -368,8 +443,24 @@ static struct result run_growing(const struct op *ops, size_t n, uint64_t max_id
                 if (i == n / 2) {
                         *half = *g;     /* the counts at the second half's start */
                         leases->half = leases->all;
+                        if (pc) {
+                                pc->leases_half = pc->leases;
+                                pc->returns_half = pc->returns;
+                        }
                 }
-                if (ops[i].alloc) {
+                if (ops[i].alloc && pc && heap_round(ops[i].size) >= pc->big_bytes) {
+                        uint64_t rsize = heap_round(ops[i].size);
+                        uint64_t peak = in_use + rsize > r.peak_in_use ? in_use + rsize : r.peak_in_use;
+
+                        piece_take(pc, g, ops[i].id, rsize, peak + peak / GRANULE_KEEP_DIVISOR);
+                        sizes[ops[i].id] = rsize;
+                        in_use += rsize;
+                } else if (!ops[i].alloc && pc && pc->of[ops[i].id]) {
+                        pc->busy[pc->of[ops[i].id] - 1] = false;
+                        pc->of[ops[i].id] = 0;
+                        pc->in_use -= sizes[ops[i].id];
+                        in_use -= sizes[ops[i].id];
+                } else if (ops[i].alloc) {
                         uint64_t rsize = heap_round(ops[i].size);
                         enum heap_class class = heap_class_of(rsize);
                         struct heap_block *b = heap_alloc(&h, class, rsize);
@@ -384,7 +475,16 @@ static struct result run_growing(const struct op *ops, size_t n, uint64_t max_id
                                 uint64_t lack;  /* granule: what granule_take() will obtain; grow: the lease */
 
                                 if (model == GROW) {
-                                        granule_plan(&range[class], b->offset, b->size, peak, in_use + rsize, &plan);
+                                        uint64_t granule_peak = peak, granule_in_use = in_use + rsize;
+
+                                        /* The big model: the granules' budget is what the pieces leave of it. */
+                                        if (pc) {
+                                                uint64_t off = pc->held * GRANULE_KEEP_DIVISOR / (GRANULE_KEEP_DIVISOR + 1);
+
+                                                granule_peak = granule_peak > off ? granule_peak - off : 0;
+                                                granule_in_use -= pc->in_use;
+                                        }
+                                        granule_plan(&range[class], b->offset, b->size, granule_peak, granule_in_use, &plan);
                                         lack = plan.must + plan.ahead;
                                         if (lack)
                                                 lease_spares(g, &next_phys, lack);
@@ -412,8 +512,8 @@ static struct result run_growing(const struct op *ops, size_t n, uint64_t max_id
                 }
                 if (remap)
                         held = g->held;
-                if (held * granule_bytes > r.peak_reserved)
-                        r.peak_reserved = r.peak_held = held * granule_bytes;
+                if (held * granule_bytes + (pc ? pc->held : 0) > r.peak_reserved)
+                        r.peak_reserved = r.peak_held = held * granule_bytes + (pc ? pc->held : 0);
                 if (in_use > r.peak_in_use)
                         r.peak_in_use = in_use;
         }
@@ -727,20 +827,32 @@ static void row(const char *trace, const char *name, struct result r) {
 }
 
 int main(int argc, char **argv) {
-        if (argc > 2 && strcmp(argv[1], "-g") == 0) {
+        uint64_t big[8] = { 64 * MiB };
+        size_t nbig = 0;
+
+        while (argc > 2 && (strcmp(argv[1], "-g") == 0 || strcmp(argv[1], "-b") == 0)) {
                 char *end;
                 unsigned long mib = strtoul(argv[2], &end, 10);
 
-                if (*end || mib == 0 || mib > 1024) {
-                        fprintf(stderr, "frag: -g takes a granule of 1 to 1024 MiB, not '%s'\n", argv[2]);
+                if (*end || mib == 0 || mib > (argv[1][1] == 'g' ? 1024UL : 1UL << 20)) {
+                        fprintf(stderr, "frag: %s takes %s, not '%s'\n", argv[1],
+                                argv[1][1] == 'g' ? "a granule of 1 to 1024 MiB" : "a size of 1 MiB to 1 TiB", argv[2]);
                         return 2;
                 }
-                granule_bytes = (uint64_t) mib << 20;
+                if (argv[1][1] == 'g') {
+                        granule_bytes = (uint64_t) mib << 20;
+                } else if (nbig == sizeof(big) / sizeof(big[0])) {
+                        fprintf(stderr, "frag: -b at most %zu times\n", sizeof(big) / sizeof(big[0]));
+                        return 2;
+                } else {
+                        big[nbig++] = (uint64_t) mib << 20;
+                }
                 argc -= 2;
                 argv += 2;
         }
+        nbig = nbig ? nbig : 1;
         if (argc < 2) {
-                fprintf(stderr, "usage: frag [-g GRANULE_MIB] TRACE.csv...\n");
+                fprintf(stderr, "usage: frag [-g GRANULE_MIB] [-b BIG_MIB...] TRACE.csv...\n");
                 return 2;
         }
         printf("%-12s %-13s %14s %14s %14s %8s\n", "trace", "policy", "peak reserved", "peak held", "peak in use", "ratio");
@@ -768,16 +880,37 @@ int main(int argc, char **argv) {
                 row(name, "pytorch", run_segalloc(&pytorch, ops, n, max_id));
                 row(name, "cupy", run_segalloc(&cupy, ops, n, max_id));
                 row(name, "none", run_none(ops, n, max_id));
-                row(name, "expand", run_growing(ops, n, max_id, EXPAND, &g, &half, &leases));
+                row(name, "expand", run_growing(ops, n, max_id, EXPAND, &g, &half, &leases, NULL));
                 for (int m = GRANULE; m <= GROW; m++) {
                         leases = (struct leases) { 0 };
                         row(name, m == GRANULE ? "granule" : "grow", run_growing(ops, n, max_id, (enum model) m, &g, &half,
-                                                                                 &leases));
+                                                                                 &leases, NULL));
                         printf("%-12s %-13s %" PRIu64 " leases of %" PRIu64 " granules, %" PRIu64 " maps, %" PRIu64
                                " unmaps, for %zu ops\n", "", "", leases.all, g.obtained, g.maps, g.unmaps, n);
                         printf("%-12s %-13s second half: %" PRIu64 " leases of %" PRIu64 " granules, %" PRIu64 " maps, %"
                                PRIu64 " unmaps, for %zu ops\n", "", "", leases.all - leases.half, g.obtained - half.obtained,
                                g.maps - half.maps, g.unmaps - half.unmaps, n - n / 2);
+                }
+                for (size_t k = 0; k < nbig; k++) {
+                        struct pieces pc = { .big_bytes = big[k], .of = calloc(max_id + 1, sizeof(*pc.of)) };
+                        char label[32];
+
+                        if (!pc.of)
+                                return 1;
+                        leases = (struct leases) { 0 };
+                        snprintf(label, sizeof(label), "big-%" PRIu64, (uint64_t) (big[k] / MiB));
+                        row(name, label, run_growing(ops, n, max_id, GROW, &g, &half, &leases, &pc));
+                        printf("%-12s %-13s %" PRIu64 " leases, %" PRIu64 " imports (%" PRIu64 " pieces, %" PRIu64
+                               " given back, and %" PRIu64 " granules), %" PRIu64 " maps, %" PRIu64 " unmaps; second half: %"
+                               PRIu64 " leases, %" PRIu64 " imports, %" PRIu64 " maps, %" PRIu64 " unmaps\n", "", "",
+                               leases.all + pc.leases, g.obtained + pc.leases, pc.leases, pc.returns, pc.granules_back,
+                               g.maps + pc.leases, g.unmaps + pc.returns,
+                               leases.all - leases.half + pc.leases - pc.leases_half,
+                               g.obtained - half.obtained + pc.leases - pc.leases_half,
+                               g.maps - half.maps + pc.leases - pc.leases_half, g.unmaps - half.unmaps + pc.returns - pc.returns_half);
+                        free(pc.of);
+                        free(pc.size);
+                        free(pc.busy);
                 }
                 for (int adapt = 0; adapt <= 1; adapt++) {
                         struct runs_counts all = { 0 }, second = { 0 };
