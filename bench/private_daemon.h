@@ -36,15 +36,22 @@ static inline void private_daemon_wait(const char *sock_path, const char *log) {
  * GPU backend: the GPUs' memory), its config and log in dir. Returns its pid; exits the
  * benchmark, saying why, if it does not listen in 10 s.
  */
+/* What the private daemon's config file says (NULL: nothing), for a benchmark that sets one before starting it. */
+static const char *private_daemon_conf;
+
 static inline pid_t private_daemon_start_backend(const char *build, const char *dir, const char *sock_path,
                                                  const char *backend, const char *capacity) {
         char path[256], log[160], conf[160];
         pid_t pid;
+        int cfd;
 
         snprintf(path, sizeof(path), "%s/gpupoold", build);
         snprintf(log, sizeof(log), "%s/gpupoold.log", dir);
         snprintf(conf, sizeof(conf), "%s/empty.conf", dir);
-        close(open(conf, O_WRONLY | O_CREAT | O_TRUNC, 0644));
+        cfd = open(conf, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        if (cfd >= 0 && private_daemon_conf && write(cfd, private_daemon_conf, strlen(private_daemon_conf)) < 0)
+                perror("private daemon: its config");
+        close(cfd);
         unlink(sock_path);
         pid = fork();
         if (pid == 0) {

@@ -12,7 +12,9 @@
  *   process       libgpupool: the process's own pool over segments leased from the daemon whole;
  *   grow          the same with GPUPOOL_SEGMENTS=grow: segments that grow in place, over 2 MiB
  *                 granules leased up to 128 at a time (a granule counts as a segment imported);
- *                 not on the legacy cuda backend, whose segments are always whole.
+ *                 not on the legacy cuda backend, whose segments are always whole;
+ *   grow+stock    grow against a daemon with granule_stock = 128: the granules a lease takes
+ *                 are made ahead of the next lease, between requests (gpupoold.conf(5)).
  *
  * Per trace and way it prints:
  *
@@ -205,7 +207,7 @@ int main(int argc, char **argv) {
         static const struct option longopts[] = { { "build", required_argument, NULL, 'b' },
                                                   { "backend", required_argument, NULL, 'B' }, { NULL, 0, NULL, 0 } };
         static const char *defaults[] = { "GPUPOOL_TIMEOUT", "GPUPOOL_IDLE_RETURN", "GPUPOOL_SEGMENTS" };
-        static const char *const ways[] = { "process", "grow" };
+        static const char *const ways[] = { "process", "grow", "grow+stock" };
         const char *build = NULL;
         int opt, failed = 0, nways;
 
@@ -225,7 +227,7 @@ int main(int argc, char **argv) {
                 return 2;
         }
         /* The legacy cuda backend's segments are whole: a grow row would be the process row again. */
-        nways = strcmp(backend, "cuda") == 0 ? 1 : 2;
+        nways = strcmp(backend, "cuda") == 0 ? 1 : 3;
         for (size_t i = 0; i < sizeof(defaults) / sizeof(defaults[0]); i++)
                 unsetenv(defaults[i]);
         snprintf(dir, sizeof(dir), "/tmp/gpupool-replay.XXXXXX");
@@ -256,8 +258,9 @@ int main(int argc, char **argv) {
                                trace_name(argv[a], name, sizeof(name)), "malloc", res.ops, "-", "-", "-", "-", res.median_ns,
                                res.p99_ns, res.mean_ns, "-", "-", "-", "-", "-", "-", "-");
                 for (int w = 0; w < nways; w++) {
-                        if (w == 1)
+                        if (w >= 1)
                                 setenv("GPUPOOL_SEGMENTS", "grow", 1);
+                        private_daemon_conf = w == 2 ? "[pool]\ngranule_stock = 128\n" : NULL;
                         pid = start_daemon(build);
                         r = replay(&t, &res);
                         stop_daemon(pid);

@@ -66,7 +66,7 @@ static json_t *head_json(const Gpupool__StatusReply *sr) {
                 const Gpupool__DeviceStatus *d = sr->devices[i];
                 json_t *o;
 
-                o = json_pack("{s:I, s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}",
+                o = json_pack("{s:I, s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}",
                         "index", (json_int_t) d->index, "backend", d->backend,
                         "total_bytes", (json_int_t) d->total_bytes, "reserved_bytes", (json_int_t) d->reserved_bytes,
                         "in_use_bytes", (json_int_t) d->in_use_bytes, "cached_bytes", (json_int_t) d->cached_bytes,
@@ -74,7 +74,7 @@ static json_t *head_json(const Gpupool__StatusReply *sr) {
                         "evictions_total", (json_int_t) d->evictions_total, "reclaims_total", (json_int_t) d->reclaims_total,
                         "idle_releases_total", (json_int_t) d->idle_releases_total,
                         "watermark_releases_total", (json_int_t) d->watermark_releases_total,
-                        "zeroing_bytes", (json_int_t) d->zeroing_bytes);
+                        "zeroing_bytes", (json_int_t) d->zeroing_bytes, "stocked_total", (json_int_t) d->stocked_total);
                 /* null: the backend cannot tell (host). */
 #define GPU_FIELD(name) json_object_set_new(o, #name, d->has_##name ? json_integer((json_int_t) d->name) : json_null())
                 GPU_FIELD(gpu_free_bytes);

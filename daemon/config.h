@@ -3,7 +3,7 @@
  * the drop-ins gpupoold.conf.d/NAME.conf in name order, each overriding what came before.
  *
  *   [daemon]       socket, backend, host_capacity, log_level, max_clients, check_invariants
- *   [pool]         headroom, idle_release, max_cached, reclaim_timeout
+ *   [pool]         headroom, idle_release, max_cached, granule_stock, reclaim_timeout
  *   [limits]       client_max (max_blocks: obsolete, accepted and ignored with a warning)
  *   [tenant:NAME]  match_uid, match_gid, match_name (a glob over the client's declared name),
  *                  match_cgroup (a glob over its cgroup v2 path, '*' crossing '/'), max,

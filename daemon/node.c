@@ -97,6 +97,9 @@ int node_init(struct node *node, uv_loop_t *loop, const struct config *config, s
         uv_timer_init(loop, &node->unread_timer);
         node->unread_timer.data = node;
         node->unread_timer_open = true;
+        uv_timer_init(loop, &node->stock_timer);
+        node->stock_timer.data = node;
+        node->stock_timer_open = true;
         node->unread_budget = node_unread_budget();
         if (backend->ops->device_memory)
                 uv_timer_start(&node->headroom_timer, on_headroom_timer, NODE_HEADROOM_POLL_MS, NODE_HEADROOM_POLL_MS);
@@ -124,6 +127,10 @@ void node_close(struct node *node) {
         if (node->unread_timer_open) {
                 uv_close((uv_handle_t *) &node->unread_timer, NULL);
                 node->unread_timer_open = false;
+        }
+        if (node->stock_timer_open) {
+                uv_close((uv_handle_t *) &node->stock_timer, NULL);
+                node->stock_timer_open = false;
         }
         node_forget_pid_limits(node);
         identity_table_free(&node->identities);
@@ -279,6 +286,41 @@ static void on_zero_timer(uv_timer_t *timer) {
                 uv_timer_start(&node->zero_timer, on_zero_timer, NODE_ZERO_POLL_MS, 0);
 }
 
+void node_stock_want(struct node *node, unsigned device, unsigned n) {
+        node->stock_want[device] = n < node->options->granule_stock ? n : node->options->granule_stock;
+}
+
+/* Whether a device makes granule segments ahead now: it has fewer than wanted, and no allocation waits. */
+static bool stock_short(const struct node *node) {
+        if (node->parked)
+                return false;
+        for (unsigned d = 0; d < node->device_count; d++)
+                if (pool_stocked(node->pools[d]) < node->stock_want[d])
+                        return true;
+        return false;
+}
+
+/* Makes one granule segment ahead on each device short of its stock; a device without room stops until its next lease. */
+static void on_stock_timer(uv_timer_t *timer) {
+        struct node *node = timer->data;
+
+        for (unsigned d = 0; d < node->device_count && !node->parked; d++) {
+                int r;
+
+                if (pool_stocked(node->pools[d]) >= node->stock_want[d])
+                        continue;
+                if ((r = pool_stock(node->pools[d], policy_max_cached(&node->policy, d))) < 0) {
+                        if (r != -ENOSPC && r != -ENOMEM)
+                                log_warn("device %u: making a granule segment ahead: %s", d, strerror(-r));
+                        node->stock_want[d] = 0;
+                }
+                /* Made: what takes them from here on (leases, eviction, a flush) is not made again until the next lease. */
+                if (pool_stocked(node->pools[d]) >= node->stock_want[d])
+                        node->stock_want[d] = 0;
+        }
+        node_after_change(node);        /* the cache's timers, and the next one if still short */
+}
+
 void node_after_change(struct node *node) {
         uint64_t due = UINT64_MAX;
         char why[256];
@@ -310,6 +352,9 @@ void node_after_change(struct node *node) {
                 if (next < due)
                         due = next;
         }
+        /* Between requests: the timer runs once the loop has served what is ready. */
+        if (node->stock_timer_open && !uv_is_active((uv_handle_t *) &node->stock_timer) && stock_short(node))
+                uv_timer_start(&node->stock_timer, on_stock_timer, 0, 0);
         if (node->idle_release_timer_open) {
                 if (node->options->idle_release_ms && due != UINT64_MAX)
                         uv_timer_start(&node->idle_release_timer, on_idle_release_timer, due, 0);

@@ -120,6 +120,14 @@ struct node {
         uv_timer_t headroom_timer;      /* keeps each device's headroom free (NODE_HEADROOM_POLL_MS) */
         bool headroom_timer_open;
         /*
+         * The stock of granule segments each device makes ahead (--granule-stock): how many the
+         * last granule lease there took (at most the option's), and the timer that makes them
+         * one at a time between requests while fewer are cached (node_stock_want()).
+         */
+        unsigned stock_want[BACKEND_MAX_DEVICES];
+        uv_timer_t stock_timer;
+        bool stock_timer_open;
+        /*
          * Descriptors sent that peers have not read (unread.h; session.c's): all of them, the
          * most the node lets be (half the soft RLIMIT_NOFILE, against which the kernel counts
          * them), the sessions whose reply waits for their client to read, the sockets of ended
@@ -219,6 +227,14 @@ int node_check(struct node *node, char *why, size_t why_size);
  * first deadline), holds the cache to its watermark, arms the idle-release timer, and with
  * --check-invariants checks everything (aborting on a broken invariant).
  */
+/*
+ * A granule lease on device took n segments: the device makes as many (at most
+ * --granule-stock) ahead for the next, one at a time between requests, in free capacity only
+ * (pool_stock()), and not while an allocation waits for memory. Until the next such lease,
+ * nothing is made again of what leases, eviction, idle release or a flush take.
+ */
+void node_stock_want(struct node *node, unsigned device, unsigned n);
+
 void node_after_change(struct node *node);
 
 /*

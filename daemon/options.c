@@ -34,6 +34,8 @@ const char options_usage[] =
         "  --idle-release TIME    give cached memory idle this long back (default 5min;\n"
         "                         0: never)\n"
         "  --max-cached SIZE|N%   most memory the cache may hold (default 25%)\n"
+        "  --granule-stock N      2 MiB segments made ahead per device, 0 to 4096, for the\n"
+        "                         granule leases of segments that grow in place (default 0)\n"
         "  --idle-objects TIME    a named object nobody attached this long may be evicted\n"
         "                         under memory pressure (default 0: never)\n"
         "  --reclaim-timeout TIME how long an allocation waits for clients to give memory\n"
@@ -67,6 +69,7 @@ enum kind {
         K_DURATION,
         K_SIZE_OR_PERCENT,
         K_CLIENTS,
+        K_GRANULES,             /* 0 to OPTIONS_MAX_GRANULE_STOCK */
         K_OBSOLETE_COUNT,       /* still parsed as a positive number, then ignored with a warning */
         K_LEVEL,
         K_BOOL,
@@ -98,6 +101,7 @@ static const struct setting settings[] = {
         { "idle-release", "pool", "idle_release", K_DURATION, AT(idle_release_ms) },
         { "idle-objects", "pool", "idle_objects", K_DURATION, AT(idle_objects_ms) },
         { "max-cached", "pool", "max_cached", K_SIZE_OR_PERCENT, AT(max_cached_bytes) },
+        { "granule-stock", "pool", "granule_stock", K_GRANULES, AT(granule_stock) },
         { "reclaim-timeout", "pool", "reclaim_timeout", K_DURATION, AT(reclaim_timeout_ms) },
         { "client-limit", "limits", "client_max", K_SIZE, AT(client_limit_bytes) },
         { "max-blocks", "limits", "max_blocks", K_OBSOLETE_COUNT, AT(obsolete_max_blocks) },
@@ -216,6 +220,13 @@ static int set(struct options *o, const struct setting *s, const char *v, char *
         case K_CLIENTS:
                 if (parse_count(v, 1, 1024, &n) < 0) {
                         snprintf(err, err_size, "'%s' is not a number from 1 to 1024", v);
+                        return -EINVAL;
+                }
+                *(unsigned *) field = n;
+                return 0;
+        case K_GRANULES:
+                if (parse_count(v, 0, OPTIONS_MAX_GRANULE_STOCK, &n) < 0) {
+                        snprintf(err, err_size, "'%s' is not a number from 0 to %d", v, OPTIONS_MAX_GRANULE_STOCK);
                         return -EINVAL;
                 }
                 *(unsigned *) field = n;

@@ -41,6 +41,7 @@ enum options_action {
 #define OPTIONS_DEFAULT_SEND_TIMEOUT_MS 10000
 #define OPTIONS_DEFAULT_HELLO_TIMEOUT_MS 10000
 #define OPTIONS_DEFAULT_MAX_CLIENTS_PER_UID 256
+#define OPTIONS_MAX_GRANULE_STOCK 4096
 #define OPTIONS_PATH_MAX 4096
 
 /*
@@ -72,6 +73,7 @@ struct options {
         uint64_t idle_objects_ms;       /* a named object unattached this long may be evicted under pressure; 0: never */
         uint64_t max_cached_bytes;      /* cache watermark in bytes, when max_cached_percent is 0 ... */
         unsigned max_cached_percent;    /* ... else in percent of the device (1 to 100) */
+        unsigned granule_stock;         /* 2 MiB segments made ahead per device for granule leases; 0: none */
         uint64_t reclaim_timeout_ms;    /* how long an allocation waits for clients to give memory back */
         uint64_t send_timeout_ms;       /* how long a reply may wait for its client to read it */
         uint64_t hello_timeout_ms;      /* how long a new connection may take to say hello; 0: forever */

@@ -119,6 +119,7 @@ static uint64_t cache_release_oldest(struct pool *p) {
         gp_rb_remove(&p->cache_by_age, &s->age_node);
         gp_rb_remove(&p->cache_by_size, &s->owner_node);
         p->cached_bytes -= s->size;
+        p->fresh_granules -= pool_fresh_granule(s);
         size = s->size;
         segment_destroy(p, s);
         return size;
@@ -238,6 +239,7 @@ static void cache_insert(struct pool *p, struct segment *s) {
         gp_rb_insert(&p->cache_by_size, &s->owner_node);
         gp_rb_insert(&p->cache_by_age, &s->age_node);
         p->cached_bytes += s->size;
+        p->fresh_granules += pool_fresh_granule(s);
 }
 
 /* Takes a segment from its owner; returns the owner. */
@@ -310,6 +312,7 @@ static struct segment *cache_take(struct pool *p, uint64_t size, uint64_t limit)
         gp_rb_remove(&p->cache_by_size, &s->owner_node);
         gp_rb_remove(&p->cache_by_age, &s->age_node);
         p->cached_bytes -= s->size;
+        p->fresh_granules -= pool_fresh_granule(s);
         return s;
 }
 
@@ -392,6 +395,28 @@ static int segment_obtain(struct pool *p, enum pool_source from, uint64_t rsize,
                 r = segment_create(p, want, ret);
         }
         return r;
+}
+
+int pool_stock(struct pool *p, uint64_t max_cached_bytes) {
+        struct segment *s;
+        int64_t room = 0;
+        bool bounded;
+        int r;
+
+        if (p->cached_bytes + GP_GRANULE_BYTES > max_cached_bytes)
+                return -ENOSPC;
+        bounded = device_room(p, &room);
+        if (!fits(p, GP_GRANULE_BYTES, bounded, room))
+                return -ENOSPC;
+        if ((r = segment_create(p, GP_GRANULE_BYTES, &s)) < 0)
+                return r;
+        cache_insert(p, s);
+        p->stocked++;
+        return 0;
+}
+
+uint64_t pool_stocked(const struct pool *p) {
+        return p->fresh_granules;
 }
 
 /*
@@ -639,6 +664,7 @@ void pool_get_stats(const struct pool *p, struct pool_stats *ret) {
                 .evictions_total = p->evictions,
                 .idle_releases_total = p->idle_releases,
                 .watermark_releases_total = p->watermark_releases,
+                .stocked_total = p->stocked,
         };
 }
 

@@ -76,6 +76,7 @@ struct pool_stats {
         uint64_t evictions_total;               /* cached segments released to make room */
         uint64_t idle_releases_total;          /* cached segments idle too long */
         uint64_t watermark_releases_total;      /* cached segments over the watermark */
+        uint64_t stocked_total;                 /* granule segments made ahead (pool_stock()) */
         /* The device as the driver saw it at the last reading (gpu_known: the backend tells it). */
         bool gpu_known;
         uint64_t gpu_free_bytes;                /* free on the device, every process counted */
@@ -83,6 +84,18 @@ struct pool_stats {
         uint64_t headroom_bytes;                /* what the pool leaves free on the device */
         uint64_t headroom_releases_total;       /* cached segments released because others took the headroom */
 };
+
+/*
+ * The stock: segments of one granule (GP_GRANULE_BYTES) made ahead of the leases that will ask
+ * for them (a granule lease's), so that such a lease finds them in the cache instead of
+ * waiting for the backend to make each. pool_stock() makes one into the cache, fresh (held by
+ * no principal: anyone's, unzeroed), where the capacity, the device's room beyond its headroom
+ * and max_cached_bytes allow it without evicting anything: 0, -ENOSPC without room, or the
+ * backend's error. They are cached segments like any other (leased, evicted, released idle or
+ * past the watermark, flushed). pool_stocked() counts the fresh granules in the cache.
+ */
+int pool_stock(struct pool *pool, uint64_t max_cached_bytes);
+uint64_t pool_stocked(const struct pool *pool);
 
 /* Makes a pool for one device of backend, of capacity_bytes. Returns 0 or -ENOMEM. */
 int pool_new(struct backend *backend, unsigned device, uint64_t capacity_bytes, struct pool **ret);

@@ -17,7 +17,7 @@
         } while (0)
 
 int pool_check(const struct pool *p, char *why, size_t why_size) {
-        uint64_t reserved = 0, cached = 0, cached_count = 0, owned = 0, reported = 0, zeroing = 0, idents = 0;
+        uint64_t reserved = 0, cached = 0, cached_count = 0, owned = 0, reported = 0, zeroing = 0, idents = 0, fresh = 0;
 
         if (gp_rb_verify(&p->segments_by_id) || gp_rb_verify(&p->cache_by_size) ||
             gp_rb_verify(&p->cache_by_age))
@@ -38,6 +38,7 @@ int pool_check(const struct pool *p, char *why, size_t why_size) {
                                 FAIL("segment %" PRIu64 " is neither leased nor cached", s->id);
                         cached += s->size;
                         cached_count++;
+                        fresh += pool_fresh_granule(s);
                 } else if (s->owner->pool != p) {
                         FAIL("segment %" PRIu64 " is leased to no owner of this pool", s->id);
                 } else {
@@ -48,6 +49,8 @@ int pool_check(const struct pool *p, char *why, size_t why_size) {
             cached_count != p->cache_by_size.count || cached_count != p->cache_by_age.count)
                 FAIL("device %u: reserved %" PRIu64 " (counted %" PRIu64 "), cached %" PRIu64 " (counted %" PRIu64 ")",
                      p->device, reserved, p->reserved_bytes, cached, p->cached_bytes);
+        if (fresh != p->fresh_granules)
+                FAIL("device %u: %" PRIu64 " fresh granules cached (counted %" PRIu64 ")", p->device, fresh, p->fresh_granules);
         if (zeroing != p->zeroing_bytes || gp_rb_verify(&p->zeroing))
                 FAIL("device %u: %" PRIu64 " bytes being zeroed (counted %" PRIu64 ")", p->device, zeroing, p->zeroing_bytes);
         if (idents != p->by_ident.count || gp_rb_verify(&p->by_ident))

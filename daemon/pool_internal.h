@@ -10,6 +10,7 @@
 #include "backend.h"
 #include "pool.h"
 #include "rbtree.h"
+#include "wire.h"
 
 /*
  * A segment is leased to its owner (owner set), in the pool's cache, or being zeroed (owner
@@ -44,6 +45,8 @@ struct pool {
         uint64_t next_id;
         uint64_t cache_seq;
         uint64_t evictions, idle_releases, watermark_releases;
+        uint64_t fresh_granules;        /* cached segments of one granule that no principal held: the stock */
+        uint64_t stocked;               /* segments made ahead (pool_stock()) */
         uint64_t (*clock_ms)(void *ctx);
         void *clock_ctx;
         struct gp_rb_tree segments_by_id;
@@ -57,3 +60,8 @@ struct pool {
         uint64_t headroom_releases;
         struct pool_owner *owners;
 };
+
+/* Whether cached segment s is a segment of the stock: one granule, held by no principal since it was made. */
+static inline bool pool_fresh_granule(const struct segment *s) {
+        return s->size == GP_GRANULE_BYTES && !s->has_principal;
+}

@@ -308,6 +308,8 @@ static bool lease_attempt(struct session *s, struct evict_lease *l, enum evict_a
         switch (evict_lease(s, l, attempt, &r)) {
         case EVICT_LEASED:
                 lease_granted(s, l->id, l->device, r.leases, r.count, ret);
+                if (l->granules || l->ahead)
+                        node_stock_want(s->node, l->device, r.count);
                 return true;
         case EVICT_OVER_LIMIT:
                 refuse_quota(s, l->id, l->device, l->size, &r.admission, ret);

@@ -3,7 +3,7 @@
  * client: a lease of many granules in one reply, each its own memory and descriptor, given
  * back one by one; impossible leases refused with a sentence, and one over the limit leasing
  * none; granules asked for ahead coming as far as the limit allows, never refused for it and
- * never waiting on a reclaim.
+ * never waiting on a reclaim; the granule stock (--granule-stock) made ahead of the next lease.
  */
 #define _GNU_SOURCE
 #include <stdbool.h>
@@ -216,6 +216,56 @@ START_TEST(test_granules_ahead_only_never_wait) {
 }
 END_TEST
 
+/* A granule lease of n on sock, its descriptors closed; returns its status. */
+static int lease_granules(int sock, uint32_t n) {
+        int fds[GP_WIRE_MAX_FDS], status;
+        Gpupool__Envelope *rep;
+        size_t nfds = 0;
+
+        rep = raw_lease_granules(sock, 0, n, 2 * MiB, fds, &nfds);
+        status = rep->status;
+        gpupool__envelope__free_unpacked(rep, NULL);
+        while (nfds)
+                close(fds[--nfds]);
+        return status;
+}
+
+/*
+ * --granule-stock: after a granule lease the daemon makes as many granule segments ahead (at
+ * most the option's), fresh, into the cache, in free capacity only, for the next lease to take
+ * there instead of waiting for each to be made; a flush gives them back like any cached one.
+ */
+START_TEST(test_granule_stock) {
+        struct testd d;
+        int sock;
+
+        testd_start(&d, "--granule-stock", "3", "--host-capacity", "20M", "--max-cached", "100%", NULL);
+        sock = raw_hello(&d, "stocker");
+        ck_assert_int_eq(lease_granules(sock, 4), GPUPOOL__STATUS__STATUS_OK);
+        /* Three (the option's most) made ahead of the next. */
+        ck_assert(testd_device_becomes(&d, 0, "stocked_total", 3));
+        ck_assert_int_eq(testd_device(&d, 0, "cached_bytes"), 6 * MiB);
+        ck_assert_int_eq(testd_device(&d, 0, "reserved_bytes"), 14 * MiB);
+        json_decref(testd_ctl(&d, "check"));
+        /* The next takes two of them; as many are wanted ahead again, and one more is made. */
+        ck_assert_int_eq(lease_granules(sock, 2), GPUPOOL__STATUS__STATUS_OK);
+        ck_assert(testd_device_becomes(&d, 0, "stocked_total", 4));
+        ck_assert_int_eq(testd_device(&d, 0, "cached_bytes"), 4 * MiB);
+        ck_assert_int_eq(testd_device(&d, 0, "reserved_bytes") - testd_device(&d, 0, "cached_bytes"), 12 * MiB);
+        /* The capacity bounds it: 3 more leased (2 of the stock, 1 new) leave room for one ahead, of 3 wanted. */
+        ck_assert_int_eq(lease_granules(sock, 3), GPUPOOL__STATUS__STATUS_OK);
+        ck_assert(testd_device_becomes(&d, 0, "stocked_total", 5));
+        ck_assert_int_eq(testd_device(&d, 0, "reserved_bytes"), 20 * MiB);
+        ck_assert_int_eq(testd_device(&d, 0, "cached_bytes"), 2 * MiB);
+        /* Under pressure the stock is the cache's: a lease that needs its room takes it. */
+        ck_assert_int_eq(lease_granules(sock, 1), GPUPOOL__STATUS__STATUS_OK);
+        ck_assert_int_eq(testd_device(&d, 0, "reserved_bytes") - testd_device(&d, 0, "cached_bytes"), 20 * MiB);
+        json_decref(testd_ctl(&d, "check"));
+        close(sock);
+        ck_assert_int_eq(testd_stop(&d), 0);
+}
+END_TEST
+
 Suite *suite_leases(void) {
         Suite *s = suite_create("leases");
         TCase *tc = tcase_create("host");
@@ -224,6 +274,7 @@ Suite *suite_leases(void) {
         tcase_add_test(tc, test_granule_lease_refusals);
         tcase_add_test(tc, test_granules_ahead);
         tcase_add_test(tc, test_granules_ahead_only_never_wait);
+        tcase_add_test(tc, test_granule_stock);
         tcase_set_timeout(tc, 120);
         suite_add_tcase(s, tc);
         return s;

@@ -58,6 +58,9 @@ START_TEST(test_all_options) {
         ck_assert_uint_eq(o.headroom_bytes, 2ULL << 30);
         ck_assert_int_eq(parse(&o, err, "--headroom", "0", NULL), 0);
         ck_assert_uint_eq(o.headroom_bytes, 0);
+        ck_assert_uint_eq(o.granule_stock, 0);
+        ck_assert_int_eq(parse(&o, err, "--granule-stock", "128", NULL), 0);
+        ck_assert_uint_eq(o.granule_stock, 128);
         ck_assert_int_eq(parse(&o, err, "--help", NULL), 0);
         ck_assert_int_eq(o.action, OPTIONS_HELP);
         ck_assert_int_eq(parse(&o, err, "-h", NULL), 0);
@@ -83,6 +86,8 @@ START_TEST(test_refusals) {
                 { { "--max-clients", "0" }, "--max-clients" },
                 { { "--max-clients", "1025" }, "--max-clients" },
                 { { "--max-clients", "-3" }, "--max-clients" },
+                { { "--granule-stock", "4097" }, "--granule-stock: '4097' is not a number from 0 to 4096" },
+                { { "--granule-stock", "some" }, "--granule-stock" },
                 { { "--max-blocks", "x" }, "--max-blocks" },
                 { { "--socket", "" }, "--socket" },
                 { { "--frobnicate" }, "--frobnicate" },
