@@ -368,6 +368,22 @@ struct pieces {
         uint64_t granules_back;         /* granules given back to make room for pieces */
 };
 
+/* Gives idle pieces back, the largest first, while the granules of g, the pieces and more bytes pass cap. */
+static void pieces_make_room(struct pieces *pc, const struct granule_set *g, uint64_t more, uint64_t cap) {
+        while (g->held * granule_bytes + pc->held + more > cap) {
+                size_t largest = SIZE_MAX;
+
+                for (size_t i = 0; i < pc->n; i++)
+                        if (pc->size[i] && !pc->busy[i] && (largest == SIZE_MAX || pc->size[i] > pc->size[largest]))
+                                largest = i;
+                if (largest == SIZE_MAX)
+                        return;
+                pc->held -= pc->size[largest];
+                pc->size[largest] = 0;
+                pc->returns++;
+        }
+}
+
 /* A piece for block id of rsize bytes, within cap bytes held with the granules of g. */
 static void piece_take(struct pieces *pc, struct granule_set *g, uint64_t id, uint64_t rsize, uint64_t cap) {
         uint64_t want = (rsize + granule_bytes - 1) / granule_bytes * granule_bytes;
@@ -378,18 +394,7 @@ static void piece_take(struct pieces *pc, struct granule_set *g, uint64_t id, ui
                     pc->size[i] - rsize <= rsize / GRANULE_KEEP_DIVISOR && (best == SIZE_MAX || pc->size[i] < pc->size[best]))
                         best = i;
         if (best == SIZE_MAX) {
-                while (g->held * granule_bytes + pc->held + want > cap) {
-                        size_t largest = SIZE_MAX;
-
-                        for (size_t i = 0; i < pc->n; i++)
-                                if (pc->size[i] && !pc->busy[i] && (largest == SIZE_MAX || pc->size[i] > pc->size[largest]))
-                                        largest = i;
-                        if (largest == SIZE_MAX)
-                                break;
-                        pc->held -= pc->size[largest];
-                        pc->size[largest] = 0;
-                        pc->returns++;
-                }
+                pieces_make_room(pc, g, want, cap);
                 if (g->held * granule_bytes + pc->held + want > cap) {
                         uint64_t over = (g->held * granule_bytes + pc->held + want - cap + granule_bytes - 1) / granule_bytes;
                         uint64_t *phys = malloc(over * sizeof(*phys));
@@ -477,10 +482,17 @@ static struct result run_growing(const struct op *ops, size_t n, uint64_t max_id
                                 if (model == GROW) {
                                         uint64_t granule_peak = peak, granule_in_use = in_use + rsize;
 
-                                        /* The big model: the granules' budget is what the pieces leave of it. */
+                                        /*
+                                         * The big model: the granules' budget is what the pieces leave of it,
+                                         * and idle pieces go back first where the granules a block must have
+                                         * would pass it.
+                                         */
                                         if (pc) {
-                                                uint64_t off = pc->held * GRANULE_KEEP_DIVISOR / (GRANULE_KEEP_DIVISOR + 1);
+                                                uint64_t off;
 
+                                                pieces_make_room(pc, g, granule_shortfall(&range[class], b->offset, b->size) *
+                                                                 granule_bytes, peak + peak / GRANULE_KEEP_DIVISOR);
+                                                off = pc->held * GRANULE_KEEP_DIVISOR / (GRANULE_KEEP_DIVISOR + 1);
                                                 granule_peak = granule_peak > off ? granule_peak - off : 0;
                                                 granule_in_use -= pc->in_use;
                                         }
