@@ -287,7 +287,9 @@ static void on_zero_timer(uv_timer_t *timer) {
 }
 
 void node_stock_want(struct node *node, unsigned device, unsigned n) {
-        node->stock_want[device] = n < node->options->granule_stock ? n : node->options->granule_stock;
+        uint64_t want = (uint64_t) node->stock_want[device] + n;
+
+        node->stock_want[device] = want < node->options->granule_stock ? (unsigned) want : node->options->granule_stock;
 }
 
 /* Whether a device makes granule segments ahead now: it has fewer than wanted, and no allocation waits. */

@@ -121,8 +121,9 @@ struct node {
         bool headroom_timer_open;
         /*
          * The stock of granule segments each device makes ahead (--granule-stock): how many the
-         * last granule lease there took (at most the option's), and the timer that makes them
-         * one at a time between requests while fewer are cached (node_stock_want()).
+         * granule leases there took since it was last made up (at most the option's), and the
+         * timer that makes them one at a time between requests while fewer are cached
+         * (node_stock_want()).
          */
         unsigned stock_want[BACKEND_MAX_DEVICES];
         uv_timer_t stock_timer;
@@ -228,8 +229,9 @@ int node_check(struct node *node, char *why, size_t why_size);
  * --check-invariants checks everything (aborting on a broken invariant).
  */
 /*
- * A granule lease on device took n segments: the device makes as many (at most
- * --granule-stock) ahead for the next, one at a time between requests, in free capacity only
+ * A granule lease on device took n segments: the device makes as many ahead for the next
+ * (with what the leases took since its stock was last made up, at most --granule-stock: the
+ * leases of one burst add up), one at a time between requests, in free capacity only
  * (pool_stock()), and not while an allocation waits for memory. Until the next such lease,
  * nothing is made again of what leases, eviction, idle release or a flush take.
  */
