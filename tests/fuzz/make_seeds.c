@@ -124,6 +124,32 @@ int main(int argc, char **argv) {
         lease_granules(6, 1);           /* the cached one again */
         fclose(out);
 
+        /* Memory queries, and charges of memory outside the pool: good, refused, and released. */
+        begin(dir, "meminfo-charges");
+        hello(0);
+        {
+                Gpupool__MemInfoRequest mi = GPUPOOL__MEM_INFO_REQUEST__INIT;
+                Gpupool__ChargeRequest cr = GPUPOOL__CHARGE_REQUEST__INIT;
+
+                simple(2, GPUPOOL__ENVELOPE__BODY_MEM_INFO, &mi);
+                cr.bytes = 4u << 20;
+                simple(3, GPUPOOL__ENVELOPE__BODY_CHARGE, &cr);
+                cr.bytes = 0;
+                simple(4, GPUPOOL__ENVELOPE__BODY_CHARGE, &cr);        /* refused: nothing */
+                cr.device = 9;
+                cr.bytes = 1;
+                simple(5, GPUPOOL__ENVELOPE__BODY_CHARGE, &cr);        /* refused: no such device */
+                cr.device = 0;
+                cr.has_release = cr.release = 1;
+                cr.bytes = 2u << 20;
+                simple(6, GPUPOOL__ENVELOPE__BODY_CHARGE, &cr);
+                cr.bytes = 8u << 20;
+                simple(7, GPUPOOL__ENVELOPE__BODY_CHARGE, &cr);        /* refused: more than charged */
+                lease(8, 4096);
+                simple(9, GPUPOOL__ENVELOPE__BODY_MEM_INFO, &mi);
+        }
+        fclose(out);
+
         begin(dir, "status-flush-check");
         hello(0);
         lease(2, 12u << 20);
