@@ -583,7 +583,10 @@ $(B)/tests/make_seeds: $(B)/obj/tests/fuzz/make_seeds.o $(COMMON_O)
 	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LIBS_PROTOBUF) -ldl
 
 # The suites under valgrind, the daemons they start too. Slow (minutes); not part of "make test".
-VALGRIND := valgrind -q --error-exitcode=99 --leak-check=full --errors-for-leak-kinds=definite --show-leak-kinds=definite
+# --vgdb=no: no gdbserver file per process in /tmp, which a process killed by a signal leaves
+# behind and which a later daemon run as another uid with the same pid cannot replace (it then
+# exits at start).
+VALGRIND := valgrind -q --vgdb=no --error-exitcode=99 --leak-check=full --errors-for-leak-kinds=definite --show-leak-kinds=definite
 valgrind: all $(TEST_BIN) $(FAULTS_BIN) $(FAKECUDA) $(CUPROGS) $(HOOKS_THROW)
 	$(Q)GPUPOOL_BUILD_DIR=$(B) GPUPOOL_DAEMON_WRAPPER="$(VALGRIND)" GPUPOOL_TEST_VALGRIND=1 CK_DEFAULT_TIMEOUT=120 CK_TIMEOUT_MULTIPLIER=5 \
 		$(VALGRIND) $(TEST_BIN)
