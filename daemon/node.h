@@ -61,7 +61,7 @@ struct pid_limit {
  *   retry_parked   request_retry_parked()           node_after_change() (node.c), after every change
  *                  (request_lease.c)
  *   check          session_check_tenants()          node_check() (node.c)
- *                  (session.c)
+ *                  (session_account.c)
  *   reload         reload_hook() (server.c)         request_admin.c, gpupoolctl reload
  *   keep_headroom  evict_keep_headroom() (evict.c)  on_headroom_timer() (node.c), each NODE_HEADROOM_POLL_MS
  */

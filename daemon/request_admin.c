@@ -195,9 +195,7 @@ void request_status(struct session *s, const Gpupool__Envelope *req, struct repl
                 cs->uid = c->uid;
                 cs->name = c->name;
                 cs->has_segments = 1;
-                session_totals(c, &cs->reserved_bytes, &cs->in_use_bytes, &cs->segments);
-                for (unsigned d = 0; d < node->device_count; d++)
-                        cs->charged_bytes += c->charged_bytes[d];
+                session_totals(c, &cs->reserved_bytes, &cs->in_use_bytes, &cs->segments, &cs->charged_bytes);
                 cs->has_charged_bytes = cs->charged_bytes != 0;
                 cs->limit_bytes = c->tenant ? policy_client_limit(&node->policy, c->tenant, c->limit_override_bytes) :
                                               node->policy.client_limit_bytes;

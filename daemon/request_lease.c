@@ -604,15 +604,13 @@ void request_charge(struct session *s, const Gpupool__Envelope *req, struct repl
                 return;
         }
         if (c->has_release && c->release) {
-                if (bytes > s->charged_bytes[d]) {
+                if (session_charge(s, d, bytes, true) < 0) {
                         snprintf(why, sizeof(why), "cannot release %s on device %u: the client has %s charged there",
                                  gp_size_format(bytes, b1, sizeof(b1)), d,
                                  gp_size_format(s->charged_bytes[d], b2, sizeof(b2)));
                         reply_error(req->id, -EINVAL, false, why, ret);
                         return;
                 }
-                s->charged_bytes[d] -= bytes;
-                s->tenant->charged_bytes[d] -= bytes;
         } else {
                 struct policy_admission adm;
                 struct pool_stats st;
@@ -628,8 +626,7 @@ void request_charge(struct session *s, const Gpupool__Envelope *req, struct repl
                         refuse(s, req->id, -EDQUOT, policy_refusal_of(adm.bound), d, bytes, why, ret);
                         return;
                 }
-                s->charged_bytes[d] += bytes;
-                s->tenant->charged_bytes[d] += bytes;
+                (void) session_charge(s, d, bytes, false);
         }
         cr.charged_bytes = s->charged_bytes[d];
         reply_ok(&env, req->id);

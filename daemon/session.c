@@ -150,19 +150,6 @@ int session_start(struct node *node, int fd, enum session_admission how, bool pa
         return 0;
 }
 
-void session_totals(const struct session *s, uint64_t *ret_reserved, uint64_t *ret_in_use, uint64_t *ret_segments) {
-        uint64_t reserved = 0, in_use = 0, segments = 0;
-
-        for (unsigned d = 0; d < s->node->device_count; d++) {
-                reserved += s->owners[d].reserved_bytes;
-                in_use += s->owners[d].reported_in_use_bytes;
-                segments += s->owners[d].segments;
-        }
-        *ret_reserved = reserved;
-        *ret_in_use = in_use;
-        *ret_segments = segments;
-}
-
 void session_release_all(struct session *s) {
         /* Its segments leave its tenant's sums as they go to the cache. */
         for (unsigned d = 0; d < s->node->device_count; d++)
@@ -182,21 +169,6 @@ void session_forget_reclaims(struct session *s) {
         s->node->reclaim_outstanding -= s->reclaim.outstanding;
         s->reclaim.outstanding = 0;
         s->reclaim.to_backend = 0;
-}
-
-void session_set_tenant(struct session *s, struct tenant *t) {
-        for (unsigned d = 0; d < s->node->device_count; d++) {
-                if (s->tenant)
-                        s->tenant->charged_bytes[d] -= s->charged_bytes[d];
-                if (t)
-                        t->charged_bytes[d] += s->charged_bytes[d];
-                pool_owner_set_group(&s->owners[d], t ? &t->sums[d] : NULL);
-        }
-        if (s->tenant)
-                s->tenant->clients--;
-        s->tenant = t;
-        if (t)
-                t->clients++;
 }
 
 static void session_free(struct session *s) {
@@ -349,64 +321,21 @@ void session_destroy_all(struct node *node) {
         node->draining_count = 0;
 }
 
-/* Invariant 4's bookkeeping: each tenant's sums are its clients' reserved, in-use and charged bytes. */
-int session_check_tenants(struct node *node, char *why, size_t why_size) {
-        for (unsigned i = 0; i < node->policy.tenant_count; i++) {
-                struct tenant *t = &node->policy.tenants[i];
-                unsigned clients = 0;
-
-                SESSION_FOREACH(c, node)
-                        clients += c->tenant == t;
-                if (clients != t->clients) {
-                        snprintf(why, why_size, "tenant %s counts %u clients, has %u", t->conf.name, t->clients, clients);
-                        return -EUCLEAN;
-                }
-                for (unsigned d = 0; d < node->device_count; d++) {
-                        uint64_t sum = 0, in_use = 0, charged = 0;
-
-                        /* Its named objects count to it as its clients do. */
-                        objects_tenant_sums(node, t, d, &sum, &in_use);
-                        SESSION_FOREACH(c, node)
-                                if (c->tenant == t) {
-                                        sum += c->owners[d].reserved_bytes;
-                                        in_use += c->owners[d].reported_in_use_bytes;
-                                        charged += c->charged_bytes[d];
-                                }
-                        if (charged != t->charged_bytes[d]) {
-                                snprintf(why, why_size, "tenant %s counts %llu bytes charged on device %u, its clients %llu",
-                                         t->conf.name, (unsigned long long) t->charged_bytes[d], d,
-                                         (unsigned long long) charged);
-                                return -EUCLEAN;
-                        }
-                        if (sum != t->sums[d].reserved_bytes || in_use != t->sums[d].in_use_bytes) {
-                                snprintf(why, why_size, "tenant %s counts %llu bytes (%llu in use) on device %u, its clients "
-                                         "hold %llu (%llu in use)", t->conf.name,
-                                         (unsigned long long) t->sums[d].reserved_bytes,
-                                         (unsigned long long) t->sums[d].in_use_bytes, d, (unsigned long long) sum,
-                                         (unsigned long long) in_use);
-                                return -EUCLEAN;
-                        }
-                }
-        }
-        return 0;
-}
-
 /*
  * The socket is gone. After a goodbye, or with nothing held, the session ends now. Otherwise
  * its memory waits for the process to exit; without a pidfd there is nothing to wait on, and
  * the memory goes back now (logged, since the process may still be running).
  */
 static void session_disconnect(struct session *s, const char *why) {
-        uint64_t reserved, in_use, segments;
+        uint64_t reserved, in_use, segments, charged;
         int r;
 
         /* Once only: an exiting session's memory is its live process's until the pidfd says it exited. */
         if (s->state == SESSION_EXITING || s->state == SESSION_CLOSED)
                 return;
-        session_totals(s, &reserved, &in_use, &segments);
+        session_totals(s, &reserved, &in_use, &segments, &charged);
         /* Memory it charged from outside the pool is its process's while that lives: held too. */
-        for (unsigned d = 0; d < s->node->device_count; d++)
-                reserved += s->charged_bytes[d];
+        reserved += charged;
         /* At info only for a client whose hello was logged at info: the pair of lines. */
         if (s->control_of || !s->tenant || s->admin_tool)
                 session_log(s, LOG_LEVEL_DEBUG, "client %llu (pid %d) closed: %s",
@@ -446,9 +375,9 @@ static void session_disconnect(struct session *s, const char *why) {
 /* The process of an exiting session has exited: its memory goes back. */
 static void session_exited(struct session *s) {
         struct node *node = s->node;
-        uint64_t reserved, in_use, segments;
+        uint64_t reserved, in_use, segments, charged;
 
-        session_totals(s, &reserved, &in_use, &segments);
+        session_totals(s, &reserved, &in_use, &segments, &charged);
         session_log(s, LOG_LEVEL_INFO, "client %llu (%s, pid %d) exited holding %llu segment%s; %llu bytes return to the cache",
                     (unsigned long long) s->id, s->name, (int) s->pid, (unsigned long long) segments,
                     segments == 1 ? "" : "s", (unsigned long long) reserved);

@@ -195,8 +195,16 @@ int session_check_tenants(struct node *node, char *why, size_t why_size);
  */
 #define SESSION_UNREAD_FDS (16 * GP_MAX_LEASE_GRANULES)
 
-/* Sums of a session's parts over all devices. */
-void session_totals(const struct session *session, uint64_t *ret_reserved, uint64_t *ret_in_use, uint64_t *ret_segments);
+/* Sums of a session's parts over all devices (session_account.c): leased, reported in use, segments, charged. */
+void session_totals(const struct session *session, uint64_t *ret_reserved, uint64_t *ret_in_use, uint64_t *ret_segments,
+                    uint64_t *ret_charged);
+
+/*
+ * Counts bytes of memory outside the pool on device to the session and its tenant (a
+ * ChargeRequest), or (release) stops counting them: -EINVAL, nothing changed, for more than
+ * the session has charged there.
+ */
+int session_charge(struct session *session, unsigned device, uint64_t bytes, bool release);
 
 /* Releases everything the client holds (it unmapped all, or its process is gone). */
 void session_release_all(struct session *session);

@@ -280,6 +280,16 @@ static gpupool_client *connected(void) {
 #define MAX_DEVICES 64
 static void *primaries[MAX_DEVICES];
 
+/* Whether ctx is a device's primary context as last seen active: its device into *dev. */
+static bool seen_primary(const void *ctx, CUdevice *dev) {
+        for (int d = 0; d < MAX_DEVICES; d++)
+                if (__atomic_load_n(&primaries[d], __ATOMIC_ACQUIRE) == ctx) {
+                        *dev = d;
+                        return true;
+                }
+        return false;
+}
+
 /*
  * The current context's device, where the pool may serve it: CUDA_SUCCESS and the device when
  * the current context is the device's primary context (the CUDA runtime's, and libgpupool's,
@@ -300,11 +310,8 @@ static CUresult current_device(CUdevice *dev) {
         if (!cur)
                 return CUDA_ERROR_INVALID_CONTEXT;
         /* A primary context seen before names its device: no more driver calls on an allocation. */
-        for (int d = 0; d < MAX_DEVICES; d++)
-                if (__atomic_load_n(&primaries[d], __ATOMIC_ACQUIRE) == cur) {
-                        *dev = d;
-                        return CUDA_SUCCESS;
-                }
+        if (seen_primary(cur, dev))
+                return CUDA_SUCCESS;
         if ((r = drv.ctx_get_device(dev)) != CUDA_SUCCESS)
                 return r;
         if (*dev < 0 || *dev >= MAX_DEVICES)
@@ -338,11 +345,8 @@ static CUresult stream_device(CUstream s, CUdevice *dev) {
                 return current_device(dev);
         if ((r = drv.stream_get_ctx(s, &ctx)) != CUDA_SUCCESS)
                 return r;
-        for (int d = 0; d < MAX_DEVICES; d++)
-                if (__atomic_load_n(&primaries[d], __ATOMIC_ACQUIRE) == ctx) {
-                        *dev = d;
-                        return CUDA_SUCCESS;
-                }
+        if (seen_primary(ctx, dev))
+                return CUDA_SUCCESS;
         /* A context not seen yet: asked with it current. */
         if ((r = drv.ctx_push(ctx)) != CUDA_SUCCESS)
                 return r;
