@@ -430,17 +430,17 @@ static struct result run_growing(const struct op *ops, size_t n, uint64_t max_id
                                  struct granule_set *half, struct leases *leases, struct pieces *pc) {
         bool remap = model != EXPAND;
         struct heap_block **live = calloc(max_id + 1, sizeof(*live));
-        uint64_t *sizes = calloc(max_id + 1, sizeof(*sizes)), in_use = 0, extent[HEAP_CLASS_COUNT] = { 0 }, held = 0;
+        uint64_t *sizes = calloc(max_id + 1, sizeof(*sizes)), in_use = 0, extent[HEAP_CARVED_CLASSES] = { 0 }, held = 0;
         uint64_t next_phys = 0;
-        struct granule_range range[HEAP_CLASS_COUNT];
-        struct heap_segment seg[HEAP_CLASS_COUNT];
+        struct granule_range range[HEAP_CARVED_CLASSES];
+        struct heap_segment seg[HEAP_CARVED_CLASSES];
         struct result r = { 0 };
         struct heap h;
 
         heap_init(&h);
         if (!live || !sizes || granule_set_init(g, granule_bytes, &model_ops, &next_phys) < 0)
                 exit(1);
-        for (int c = 0; c < HEAP_CLASS_COUNT; c++)
+        for (int c = 0; c < HEAP_CARVED_CLASSES; c++)
                 if (heap_add(&h, &seg[c], (uint64_t) c + 1, RANGE, (enum heap_class) c) < 0 ||
                     (remap && granule_range_init(g, &range[c], RANGE) < 0))
                         exit(1);
@@ -536,7 +536,7 @@ static struct result run_growing(const struct op *ops, size_t n, uint64_t max_id
                         fprintf(stderr, "frag: %s\n", why);
                         exit(1);
                 }
-                for (int c = 0; c < HEAP_CLASS_COUNT; c++)
+                for (int c = 0; c < HEAP_CARVED_CLASSES; c++)
                         granule_range_destroy(&range[c]);
         }
         granule_set_destroy(g);
@@ -573,8 +573,8 @@ struct runs {
         bool adapt;
         struct piece *p;
         size_t n, cap;
-        int64_t *at[HEAP_CLASS_COUNT];  /* the piece mapped at each granule, or -1 */
-        uint32_t *refs[HEAP_CLASS_COUNT];       /* live blocks touching each granule */
+        int64_t *at[HEAP_CARVED_CLASSES];  /* the piece mapped at each granule, or -1 */
+        uint32_t *refs[HEAP_CARVED_CLASSES];       /* live blocks touching each granule */
         uint64_t held, threshold;       /* granules held; runs shorter than threshold are leased granule by granule */
         struct runs_counts {
                 uint64_t leases, imports, moves, returns;       /* imports: pieces leased */
@@ -686,12 +686,12 @@ static struct result run_runs(const struct op *ops, size_t n, uint64_t max_id, b
         struct heap_block **live = calloc(max_id + 1, sizeof(*live));
         uint64_t *sizes = calloc(max_id + 1, sizeof(*sizes)), in_use = 0;
         struct runs m = { .adapt = adapt, .threshold = 1 };
-        struct heap_segment seg[HEAP_CLASS_COUNT];
+        struct heap_segment seg[HEAP_CARVED_CLASSES];
         struct result r = { 0 };
         struct heap h;
 
         heap_init(&h);
-        for (int c = 0; c < HEAP_CLASS_COUNT; c++) {
+        for (int c = 0; c < HEAP_CARVED_CLASSES; c++) {
                 m.at[c] = malloc(RANGE_GRANULES * sizeof(*m.at[c]));
                 m.refs[c] = calloc(RANGE_GRANULES, sizeof(*m.refs[c]));
                 if (!live || !sizes || !m.at[c] || !m.refs[c] ||
@@ -760,7 +760,7 @@ static struct result run_runs(const struct op *ops, size_t n, uint64_t max_id, b
         runs_check(&m);
         *all = m.count;
         r.segments = m.count.imports;
-        for (int c = 0; c < HEAP_CLASS_COUNT; c++) {
+        for (int c = 0; c < HEAP_CARVED_CLASSES; c++) {
                 free(m.at[c]);
                 free(m.refs[c]);
         }

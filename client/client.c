@@ -108,7 +108,8 @@ static void handle_free(gpupool_client *c) {
 
 GPUPOOL_EXPORT int gpupool_connect(const char *socket_path, const char *client_name, gpupool_client **ret_client) {
         const char *idle_return = getenv("GPUPOOL_IDLE_RETURN"), *segments = getenv("GPUPOOL_SEGMENTS");
-        uint64_t idle_return_ms = GPUPOOL_DEFAULT_IDLE_RETURN_MS;
+        const char *piece = getenv("GPUPOOL_GROW_PIECE");
+        uint64_t idle_return_ms = GPUPOOL_DEFAULT_IDLE_RETURN_MS, piece_bytes = GROW_PIECE_BYTES;
         static uint64_t next_serial;
         gpupool_client *c;
         int r;
@@ -126,6 +127,11 @@ GPUPOOL_EXPORT int gpupool_connect(const char *socket_path, const char *client_n
                                       idle_return);
         if (segments && *segments && strcmp(segments, "grow") != 0 && strcmp(segments, "whole") != 0)
                 return client_thread_failed(-EINVAL, "$GPUPOOL_SEGMENTS: '%.64s' is neither grow nor whole", segments);
+        if (piece && strcmp(piece, "off") == 0)
+                piece_bytes = UINT64_MAX;
+        else if (piece && *piece && (gp_size_parse(piece, &piece_bytes) < 0 || piece_bytes < GROW_PIECE_MIN_BYTES))
+                return client_thread_failed(-EINVAL, "$GPUPOOL_GROW_PIECE: '%.64s' is neither a size of 64M or more nor off",
+                                            piece);
         c = calloc(1, sizeof(*c));
         if (!c)
                 return client_thread_failed(-ENOMEM, "out of memory for a handle");
@@ -145,6 +151,7 @@ GPUPOOL_EXPORT int gpupool_connect(const char *socket_path, const char *client_n
         c->epoch = 1;
         c->idle_return_ms = idle_return_ms;
         c->grow_wanted = segments && strcmp(segments, "grow") == 0;
+        c->piece_bytes = piece_bytes;
         /* Empty until the first lease, and empty again after drop_everything() on a reconnect. */
         for (unsigned d = 0; d < CLIENT_MAX_DEVICES; d++)
                 heap_init(&c->devices[d].heap);
@@ -498,8 +505,13 @@ GPUPOOL_EXPORT int gpupool_device_memory(gpupool_client *c, int device, uint64_t
                 total = c->limit_bytes;
         /* Memory outside the pool it charged is used too (the daemon's answer counts it already). */
         used = c->devices[d].heap.in_use_bytes + c->devices[d].charged;
-        /* Segments that grow in place map granules under ranges: the granules it holds, not the ranges. */
-        mapped = c->grow ? client_grow_held(c, (unsigned) d) * GP_GRANULE_BYTES : c->devices[d].heap.size_bytes;
+        /* Segments that grow in place map granules under ranges: the granules it holds and its pieces, not the ranges. */
+        if (c->grow) {
+                client_grow_pieces(c, (unsigned) d, &mapped, NULL, NULL);
+                mapped += client_grow_held(c, (unsigned) d) * GP_GRANULE_BYTES;
+        } else {
+                mapped = c->devices[d].heap.size_bytes;
+        }
         if (mapped < used)
                 mapped = used;
         /* What its pool holds free, and what the daemon would lease it more. */

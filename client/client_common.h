@@ -248,6 +248,7 @@ struct gpupool_client {
          */
         const struct client_mem_ops *mem;
         bool grow_wanted;               /* $GPUPOOL_SEGMENTS is "grow" */
+        uint64_t piece_bytes;           /* grow: blocks this large or larger are pieces ($GPUPOOL_GROW_PIECE; UINT64_MAX: none) */
         bool grow;                      /* segments grow in place: granules leased under ranges of ours (mem->grows) */
         /* The GPU driver's own state (mem->driver; client_cuda.c's), from its setup to its teardown. */
         void *driver_state;

@@ -53,13 +53,14 @@ struct client_grow {
         gpupool_client *client;
         unsigned device;
         struct granule_set set;
-        struct granule_range range[HEAP_CLASS_COUNT];
-        struct mapping view[HEAP_CLASS_COUNT];  /* each range as its blocks see it: hs is in the device's heap */
+        struct granule_range range[HEAP_CARVED_CLASSES];
+        struct mapping view[HEAP_CARVED_CLASSES];  /* each range as its blocks see it: hs is in the device's heap */
         uint8_t *base;                  /* the reservation: the ranges, then the parking spots (mem->parks) */
         uint64_t range_bytes, reserved_bytes;
         uint8_t *park;                  /* mem->parks: granule i is parked at park + i * G */
         struct grow_granule *granules;  /* one per parking spot: as many as the device has granules */
         uint64_t granule_cap, free_head;
+        uint64_t used;                  /* entries ever taken: those past it are free, and untouched (calloc()'s pages) */
         struct gp_rb_tree by_id;        /* the held granules by segment id (but while an adoption renames them) */
         uint64_t peak_in_use;           /* the most the device's blocks held since granules last went back */
         bool want_none;                 /* the daemon had fewer granules to spare than wanted: ask again after a return */
@@ -145,7 +146,7 @@ static void grow_free(struct client_grow *g) {
         /* Its maps and unmaps stay counted (gpupool_grow_stats()). */
         c->granules_before.mapped += g->set.maps;
         c->granules_before.unmapped += g->set.unmaps;
-        for (int k = 0; k < HEAP_CLASS_COUNT; k++) {
+        for (int k = 0; k < HEAP_CARVED_CLASSES; k++) {
                 struct granule_range *r = &g->range[k];
 
                 if (g->view[k].hs.heap)
@@ -156,7 +157,7 @@ static void grow_free(struct client_grow *g) {
                                 (void) c->mem->unmap(c, g->device, granule_addr(g, r, i), G);
                 granule_range_destroy(r);
         }
-        for (uint64_t i = 0; i < g->granule_cap; i++)
+        for (uint64_t i = 0; i < g->used; i++)
                 if (g->granules[i].held)
                         granule_let_go(g, i);
         c->mem->unreserve(c, g->device, g->base, g->reserved_bytes);
@@ -186,23 +187,22 @@ int client_grow_start(gpupool_client *c, unsigned d) {
         gp_rb_init(&g->by_id, cmp_id);
         /* Twice the device per class: room for what the heap's best fit leaves between blocks. */
         g->range_bytes = 2 * granules * G;
-        g->reserved_bytes = HEAP_CLASS_COUNT * g->range_bytes + (c->mem->parks ? granules * G : 0);
+        g->reserved_bytes = HEAP_CARVED_CLASSES * g->range_bytes + (c->mem->parks ? granules * G : 0);
         g->granules = calloc(granules, sizeof(*g->granules));
         if (!g->granules) {
                 free(g);
                 return -ENOMEM;
         }
-        for (uint64_t i = 0; i < granules; i++)
-                g->granules[i] = (struct grow_granule) { .next_free = i + 1 < granules ? i + 1 : UINT64_MAX, .fd = -1 };
+        g->free_head = UINT64_MAX;     /* entries are taken from used up, then from those freed */
         r = c->mem->reserve(c, d, g->reserved_bytes, G, &g->base);
         if (r < 0) {
                 free(g->granules);
                 free(g);
                 return r;
         }
-        g->park = g->base + HEAP_CLASS_COUNT * g->range_bytes;
+        g->park = g->base + HEAP_CARVED_CLASSES * g->range_bytes;
         (void) granule_set_init(&g->set, G, &grow_ops, g);
-        for (int k = 0; k < HEAP_CLASS_COUNT; k++) {
+        for (int k = 0; k < HEAP_CARVED_CLASSES; k++) {
                 struct mapping *m = &g->view[k];
 
                 m->base = g->base + (uint64_t) k * g->range_bytes;
@@ -226,15 +226,65 @@ int client_grow_start(gpupool_client *c, unsigned d) {
         return 0;
 }
 
-uint64_t client_grow_plan(gpupool_client *c, const struct heap_block *hb, struct granule_plan *p) {
-        struct client_device *dev = &c->devices[gp_rb_entry(hb->segment, struct mapping, hs)->device];
+void client_grow_pieces(gpupool_client *c, unsigned d, uint64_t *ret_held, uint64_t *ret_asked, uint64_t *ret_empty) {
+        uint64_t held = 0, asked = 0, empty = 0;
+
+        /* A few at most (each is gigabytes): the heap's segments are the ranges and the pieces. */
+        for (const struct heap_segment *s = c->devices[d].heap.segments; s; s = s->next) {
+                if (s->class != HEAP_CLASS_PIECE)
+                        continue;
+                held += s->size;
+                if (s->live_blocks)
+                        asked += s->first->asked;       /* its one block */
+                else if (!s->held_blocks)
+                        empty += s->size;
+        }
+        if (ret_held)
+                *ret_held = held;
+        if (ret_asked)
+                *ret_asked = asked;
+        if (ret_empty)
+                *ret_empty = empty;
+}
+
+/* The most device d's blocks held since granules last went back, now counted in. */
+static uint64_t peak_of(struct client_device *dev) {
         struct client_grow *g = dev->grow;
 
         /* What its blocks were carved for, as bench/frag.c's model counts it (the blocks the threads' caches park too). */
         if (dev->heap.asked_bytes > g->peak_in_use)
                 g->peak_in_use = dev->heap.asked_bytes;
-        granule_plan(range_of(g, hb->segment), hb->offset, hb->size, g->want_none ? 0 : g->peak_in_use,
-                     dev->heap.asked_bytes, p);
+        return g->peak_in_use;
+}
+
+uint64_t client_grow_over(gpupool_client *c, unsigned d, uint64_t more, uint64_t in_use_more) {
+        struct client_device *dev = &c->devices[d];
+        uint64_t peak = peak_of(dev), pieces, held, cap;
+
+        if (dev->heap.asked_bytes + in_use_more > peak)
+                peak = dev->heap.asked_bytes + in_use_more;
+        client_grow_pieces(c, d, &pieces, NULL, NULL);
+        cap = peak + peak / GRANULE_KEEP_DIVISOR;
+        held = dev->grow->set.held * G + pieces + more;
+        return held > cap ? held - cap : 0;
+}
+
+uint64_t client_grow_plan(gpupool_client *c, const struct heap_block *hb, struct granule_plan *p) {
+        unsigned d = gp_rb_entry(hb->segment, struct mapping, hs)->device;
+        struct client_device *dev = &c->devices[d];
+        struct client_grow *g = dev->grow;
+        uint64_t peak = peak_of(dev), pieces, asked, off;
+
+        /*
+         * The granules' budget is what the pieces leave of it: over the peak less the pieces'
+         * bytes (so that the two together keep within the budget over the peak), for the blocks
+         * on granules alone.
+         */
+        client_grow_pieces(c, d, &pieces, &asked, NULL);
+        off = pieces * GRANULE_KEEP_DIVISOR / (GRANULE_KEEP_DIVISOR + 1);
+        peak = peak > off ? peak - off : 0;
+        granule_plan(range_of(g, hb->segment), hb->offset, hb->size, g->want_none ? 0 : peak,
+                     dev->heap.asked_bytes - asked, p);
         return p->must + p->ahead;
 }
 
@@ -253,10 +303,10 @@ static void granule_drop(struct client_grow *g, uint64_t i) {
 /* Takes a free entry for segment id and fills it from fd (closed). Returns its index, or a negative errno. */
 static int64_t granule_new(struct client_grow *g, uint64_t id, int fd) {
         gpupool_client *c = g->client;
-        uint64_t i = g->free_head;
+        uint64_t i = g->free_head != UINT64_MAX ? g->free_head : g->used;
         int r = 0;
 
-        if (i == UINT64_MAX) {
+        if (i == g->granule_cap) {
                 close(fd);
                 client_set_error(c, "gpupoold leased more granules of device %u than it has", g->device);
                 return -EPROTO;
@@ -272,11 +322,15 @@ static int64_t granule_new(struct client_grow *g, uint64_t id, int fd) {
                 close(fd);
                 return r;
         }
+        g->granules[i].fd = -1;
         if (!c->mem->export)
                 g->granules[i].fd = client_fd_keep(fd);        /* for a daemon after this one to adopt */
         else
                 close(fd);      /* the handle holds the memory; a daemon after this one is sent an export of it */
-        g->free_head = g->granules[i].next_free;
+        if (i == g->used)
+                g->used++;
+        else
+                g->free_head = g->granules[i].next_free;
         g->granules[i].held = true;
         g->granules[i].segment_id = id;
         (void) gp_rb_insert(&g->by_id, &g->granules[i].by_id);   /* not there: looked for above */
@@ -390,7 +444,7 @@ size_t client_grow_kept(gpupool_client *c, unsigned d, struct client_kept *out, 
         struct client_grow *g = c->devices[d].grow;
         size_t n = 0;
 
-        for (uint64_t i = 0; g && i < g->granule_cap && n < max; i++)
+        for (uint64_t i = 0; g && i < g->used && n < max; i++)
                 if (g->granules[i].held)
                         out[n++] = (struct client_kept) { .id = &g->granules[i].segment_id, .fd = g->granules[i].fd,
                                                           .size = G, .renamed = g->granules[i].segment_id,
@@ -401,7 +455,7 @@ size_t client_grow_kept(gpupool_client *c, unsigned d, struct client_kept *out, 
 void client_grow_index(gpupool_client *c, unsigned d, bool in) {
         struct client_grow *g = c->devices[d].grow;
 
-        for (uint64_t i = 0; g && i < g->granule_cap; i++) {
+        for (uint64_t i = 0; g && i < g->used; i++) {
                 if (!g->granules[i].held)
                         continue;
                 if (in)

@@ -14,6 +14,25 @@
 #include "client_common.h"
 #include "granule.h"
 
+/*
+ * A block of c->piece_bytes ($GPUPOOL_GROW_PIECE, GROW_PIECE_BYTES by default) or more is a
+ * piece instead: a segment leased for it alone, the heap's HEAP_CLASS_PIECE, imported and
+ * mapped whole (client_pool.c), so that a block of gigabytes (a KV cache, a model's weights)
+ * costs what a whole segment costs, not a lease and an import per granule. Granules and pieces
+ * together keep within the budget of granule_plan() over the peak in use.
+ */
+#define GROW_PIECE_BYTES (4ULL << 30)       /* the default ($GPUPOOL_GROW_PIECE) */
+#define GROW_PIECE_MIN_BYTES (64ULL << 20)  /* the least it may be: a piece is a lease and an import of its own */
+
+/* Device d's pieces: the bytes they hold, what their blocks were carved for, and the bytes of those empty. */
+void client_grow_pieces(gpupool_client *c, unsigned d, uint64_t *ret_held, uint64_t *ret_asked, uint64_t *ret_empty);
+
+/*
+ * How many bytes what device d holds (granules and pieces) and more would take past the budget
+ * over its peak in use (that and in_use_more counted in): 0 within it.
+ */
+uint64_t client_grow_over(gpupool_client *c, unsigned d, uint64_t more, uint64_t in_use_more);
+
 /* Sets up device d's ranges and adds them to its heap, the first time. Returns 0 or a negative errno, the error set. */
 int client_grow_start(gpupool_client *c, unsigned d);
 

@@ -43,10 +43,15 @@ uint64_t client_pool_free_bytes(gpupool_client *c) {
 
         client_tcache_bytes(c, NULL, &bytes);
         /* Not what is held for a stream until its fence: it is no one else's yet. */
-        for (unsigned d = 0; d < c->device_count; d++)
-                bytes += (c->grow ? client_grow_held(c, d) * GP_GRANULE_BYTES - c->devices[d].heap.in_use_bytes :
+        for (unsigned d = 0; d < c->device_count; d++) {
+                uint64_t pieces = 0;
+
+                if (c->grow)
+                        client_grow_pieces(c, d, &pieces, NULL, NULL);
+                bytes += (c->grow ? client_grow_held(c, d) * GP_GRANULE_BYTES + pieces - c->devices[d].heap.in_use_bytes :
                                     heap_free_bytes(&c->devices[d].heap)) -
                          c->devices[d].heap.held_bytes;
+        }
         return bytes;
 }
 
@@ -134,9 +139,10 @@ static void return_refused(gpupool_client *c, const Gpupool__LeaseReply *l) {
 
 /*
  * Leases a segment on device d for a block of rsize bytes and adds it to the device's heap,
- * in class. Returns 0 or a negative errno with the error set. Locked.
+ * in class (*ret_m: its mapping, if asked). Returns 0 or a negative errno with the error set.
+ * Locked.
  */
-static int lease(gpupool_client *c, unsigned d, uint64_t rsize, enum heap_class class) {
+static int lease(gpupool_client *c, unsigned d, uint64_t rsize, enum heap_class class, struct mapping **ret_m) {
         const Gpupool__LeaseReply *l;
         Gpupool__Envelope *rep;
         struct mapping *m;
@@ -173,6 +179,8 @@ static int lease(gpupool_client *c, unsigned d, uint64_t rsize, enum heap_class 
                 goto out;
         }
         m->emptied_ms = client_now_ms();
+        if (ret_m)
+                *ret_m = m;
 out:
         gpupool__envelope__free_unpacked(rep, NULL);
         return r;
@@ -397,6 +405,9 @@ static int grow_map_block(gpupool_client *c, unsigned d, struct heap_block *hb) 
                                 (void) client_stream_collect(c, STREAM_FENCE_MISS_FREES);
                         continue;
                 }
+                /* Idle pieces go back first where the granules it must have would pass the budget with them. */
+                if (p.must && client_grow_over(c, d, p.must * GP_GRANULE_BYTES, 0))
+                        (void) client_return_pieces(c, d, client_grow_over(c, d, p.must * GP_GRANULE_BYTES, 0));
                 /*
                  * Only what it must have can be refused or waited for; the rest comes where the
                  * daemon has it at once (with nothing it must have, the request asks for granules
@@ -453,9 +464,65 @@ static int range_full(gpupool_client *c, unsigned d, uint64_t rsize) {
         return -ENOMEM;
 }
 
+/* Granules no block touches on device *arg, to give back (client_return_taken()). */
+static size_t take_granules(gpupool_client *c, const void *arg, uint64_t want, uint64_t *ids, size_t max, uint64_t *ret_bytes) {
+        return client_grow_take_free(c, (int) *(const unsigned *) arg, want, UINT64_MAX, ids, max, ret_bytes);
+}
+
+/*
+ * A piece for a block of rsize bytes (c->piece_bytes or more) on device d: an idle one it
+ * fits (or one lane holds), else a new one, leased once what the device holds leaves room for
+ * it within the budget: idle pieces go back first, the largest first, then granules no block
+ * touches. A lease refused for want of room is asked again after every stream's frees are
+ * fenced, then after what the process holds empty has gone back. Locked.
+ */
+static struct heap_block *piece_alloc(gpupool_client *c, unsigned d, uint64_t rsize, uint32_t lane, int *ret) {
+        struct heap *h = &c->devices[d].heap;
+        uint64_t want = heap_min_segment_bytes(rsize), over;
+        struct heap_block *hb;
+        struct mapping *m = NULL;
+        bool held;
+
+        *ret = 0;
+        if ((hb = heap_alloc_on(h, HEAP_CLASS_PIECE, rsize, lane, &held)))
+                return hb;
+        if (client_stream_pending(c)) {
+                (void) client_stream_collect(c, STREAM_FENCE_MISS_FREES);
+                if ((hb = heap_alloc_on(h, HEAP_CLASS_PIECE, rsize, lane, &held)))
+                        return hb;
+        }
+        if (client_grow_over(c, d, want, rsize))
+                (void) client_return_pieces(c, d, client_grow_over(c, d, want, rsize));
+        if ((over = client_grow_over(c, d, want, rsize)))
+                (void) client_return_taken(c, take_granules, &d, over);
+        *ret = lease(c, d, rsize, HEAP_CLASS_PIECE, &m);
+        if ((*ret == -EDQUOT || *ret == -ENOMEM) && client_stream_pending(c)) {
+                (void) client_stream_collect(c, 1);
+                if ((hb = heap_alloc_on(h, HEAP_CLASS_PIECE, rsize, lane, &held))) {
+                        *ret = 0;
+                        return hb;
+                }
+                *ret = lease(c, d, rsize, HEAP_CLASS_PIECE, &m);
+        }
+        if ((*ret == -EDQUOT || *ret == -ENOMEM) && client_pool_trim(c, (int) d, UINT64_MAX) == 0)
+                *ret = lease(c, d, rsize, HEAP_CLASS_PIECE, &m);
+        if (*ret < 0)
+                return NULL;
+        /* The daemon's cache may serve a segment up to a quarter larger: it is this block's all the same. */
+        hb = heap_alloc_in(h, &m->hs, rsize);
+        if (!hb) {
+                /* Another thread took it while the lease was out? Only a bug of ours: it is added under the lock. */
+                client_set_error(c, "the process's pool lost the piece it had just leased for %llu bytes",
+                                 (unsigned long long) rsize);
+                *ret = -EPROTO;
+        }
+        return hb;
+}
+
 /*
  * Carves a block of rsize bytes of class from device d's ranges, or what lane holds there, and
- * maps what it lacks (a held block has its granules mapped). Locked.
+ * maps what it lacks (a held block has its granules mapped); a block of c->piece_bytes or more
+ * is a piece (piece_alloc()). Locked.
  */
 static struct heap_block *grow_alloc(gpupool_client *c, unsigned d, enum heap_class class, uint64_t rsize, uint32_t lane,
                                      int *ret) {
@@ -466,6 +533,8 @@ static struct heap_block *grow_alloc(gpupool_client *c, unsigned d, enum heap_cl
         *ret = client_grow_start(c, d);
         if (*ret < 0)
                 return NULL;
+        if (rsize >= c->piece_bytes)
+                return piece_alloc(c, d, rsize, lane, ret);
         hb = heap_alloc_on(&dev->heap, class, rsize, lane, &held);
         if (!hb) {
                 *ret = range_full(c, d, rsize);
@@ -526,7 +595,7 @@ int client_pool_alloc(gpupool_client *c, unsigned d, int device, uint64_t rsize,
                 hb = carve(c, d, class, rsize, lane);
         }
         if (!hb) {
-                r = lease(c, d, rsize, class);
+                r = lease(c, d, rsize, class, NULL);
                 if ((r == -EDQUOT || r == -ENOMEM) && client_stream_pending(c)) {
                         /* Refused: every stream's frees fenced now, and what has completed may serve it. */
                         (void) client_stream_collect(c, 1);
@@ -537,7 +606,7 @@ int client_pool_alloc(gpupool_client *c, unsigned d, int device, uint64_t rsize,
                         /* client_pool_trim() empties the threads' caches first. */
                         /* What this process holds empty counts against its limit and the device: give it back, ask again. */
                         if (dev->heap.empty_bytes && client_pool_trim(c, (int) d, UINT64_MAX) == 0)
-                                r = lease(c, d, rsize, class);
+                                r = lease(c, d, rsize, class, NULL);
                 }
                 if (r < 0) {
                         free(b);

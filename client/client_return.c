@@ -35,8 +35,13 @@ static uint64_t framework_free(gpupool_client *c, unsigned d, uint64_t parked) {
  * or granules no block touches, and what a framework's cache would free (gpupool_release_wait()).
  */
 static uint64_t held_free(gpupool_client *c, unsigned d, uint64_t parked) {
-        return (c->grow ? client_grow_free(c, d) * GP_GRANULE_BYTES : c->devices[d].heap.empty_bytes) +
-               framework_free(c, d, parked);
+        uint64_t empty = c->devices[d].heap.empty_bytes;
+
+        if (c->grow) {
+                client_grow_pieces(c, d, NULL, NULL, &empty);
+                empty += client_grow_free(c, d) * GP_GRANULE_BYTES;
+        }
+        return empty + framework_free(c, d, parked);
 }
 
 size_t client_usage(gpupool_client *c, Gpupool__Usage *u, Gpupool__Usage **ptrs) {
@@ -148,13 +153,61 @@ static size_t daemon_ids(uint64_t *ids, size_t n) {
         return kept;
 }
 
+/* Takes empty piece s out of the pool: its id into ids[*n], its bytes added to *bytes. */
+static void take_piece(gpupool_client *c, struct heap_segment *s, uint64_t *ids, size_t *n, uint64_t *bytes) {
+        struct mapping *m = gp_rb_entry(s, struct mapping, hs);
+
+        (void) heap_remove(s);
+        ids[(*n)++] = m->segment_id;
+        *bytes += m->size;
+        client_mapping_drop(c, m);
+}
+
+size_t client_take_pieces(gpupool_client *c, int device, uint64_t want, uint64_t before_ms, bool largest, uint64_t *ids,
+                          size_t max, uint64_t *ret_bytes) {
+        uint64_t bytes = 0;
+        size_t n = 0;
+
+        for (unsigned d = 0; d < c->device_count && n < max && bytes < want; d++) {
+                if (device >= 0 && (unsigned) device != d)
+                        continue;
+                while (n < max && bytes < want) {
+                        struct heap_segment *pick = NULL;
+
+                        /* The empty list is oldest emptied first; the ranges in it are no pieces. */
+                        for (struct heap_segment *s = c->devices[d].heap.empty_head; s; s = s->empty_next) {
+                                if (s->class != HEAP_CLASS_PIECE || gp_rb_entry(s, struct mapping, hs)->emptied_ms > before_ms)
+                                        continue;
+                                if (!pick || (largest && s->size > pick->size))
+                                        pick = s;
+                                if (!largest)
+                                        break;
+                        }
+                        if (!pick)
+                                break;
+                        take_piece(c, pick, ids, &n, &bytes);
+                }
+        }
+        *ret_bytes = bytes;
+        return n;
+}
+
 size_t client_take_empty(gpupool_client *c, int device, uint64_t want, uint64_t before_ms, uint64_t *ids, size_t max,
                          uint64_t *ret_bytes) {
         uint64_t bytes = 0;
         size_t n = 0;
 
-        if (c->grow)
-                return daemon_ids(ids, client_grow_take_free(c, device, want, before_ms, ids, max, ret_bytes ? ret_bytes : &bytes));
+        if (c->grow) {
+                uint64_t more = 0;
+
+                /* Pieces first: one is gigabytes, where granules go back 2 MiB at a time. */
+                n = client_take_pieces(c, device, want, before_ms, false, ids, max, &bytes);
+                if (n < max && bytes < want)
+                        n += client_grow_take_free(c, device, want - bytes, before_ms, ids + n, max - n, &more);
+                if (ret_bytes)
+                        *ret_bytes = bytes + more;
+                return daemon_ids(ids, n);
+        }
         for (unsigned d = 0; d < c->device_count && n < max && bytes < want; d++) {
                 struct heap *h = &c->devices[d].heap;
                 struct heap_segment *s;
@@ -226,6 +279,20 @@ int client_return_empty(gpupool_client *c, int device, uint64_t want, uint64_t b
         if (client_daemon_gone(c))
                 return -ECONNRESET;
         return client_return_taken(c, take_empty, &t, want);
+}
+
+/* Empty pieces of a device, the largest first (client_return_pieces()). */
+static size_t take_largest(gpupool_client *c, const void *arg, uint64_t want, uint64_t *ids, size_t max, uint64_t *ret_bytes) {
+        size_t n = client_take_pieces(c, (int) *(const unsigned *) arg, want, UINT64_MAX, true, ids, max, ret_bytes);
+
+        return daemon_ids(ids, n);
+}
+
+int client_return_pieces(gpupool_client *c, unsigned d, uint64_t want) {
+        client_conn_wait(c);
+        if (client_daemon_gone(c))
+                return -ECONNRESET;
+        return client_return_taken(c, take_largest, &d, want);
 }
 
 void client_returns_add(struct client_returns *b, uint64_t id) {

@@ -30,6 +30,13 @@ size_t client_take_empty(gpupool_client *c, int d, uint64_t want, uint64_t befor
                          uint64_t *ret_bytes);
 
 /*
+ * Segments that grow in place: the empty pieces of device d (-1: all) as client_take_empty()
+ * takes segments, but the largest first where largest (else the oldest emptied first).
+ */
+size_t client_take_pieces(gpupool_client *c, int d, uint64_t want, uint64_t before_ms, bool largest, uint64_t *ids,
+                          size_t max, uint64_t *ret_bytes);
+
+/*
  * Tells the daemon these n segments, unmapped, are back: a ReturnRequest per
  * CLIENT_RETURN_BATCH, sent back to back (CLIENT_PIPELINE unanswered at most), the usage with
  * the last. After a failure the rest still go and every reply is read. Returns 0, or the first
@@ -57,6 +64,9 @@ int client_return_taken(gpupool_client *c, client_take_fn take, const void *arg,
  * with the daemon gone.
  */
 int client_return_empty(gpupool_client *c, int d, uint64_t want, uint64_t before_ms);
+
+/* Gives back empty pieces of device d, the largest first, until want bytes, as client_return_empty() does. */
+int client_return_pieces(gpupool_client *c, unsigned d, uint64_t want);
 
 /* Segment ids gathered to give back once the connection is free again (client_returns_send()). */
 struct client_returns {

@@ -233,6 +233,8 @@ uint64_t heap_drop(struct heap_segment *s) {
  * segment from ever being whole again.
  */
 static bool should_split(enum heap_class class, uint64_t rest) {
+        if (class == HEAP_CLASS_PIECE)
+                return false;   /* a piece is one block */
         return class == HEAP_CLASS_SMALL ? rest >= HEAP_BLOCK_ALIGN : rest > HEAP_SMALL_REQUEST;
 }
 
@@ -290,6 +292,9 @@ static struct heap_block *best_fit(struct heap *h, enum heap_class class, uint64
         b = gp_rb_entry(n, struct heap_block, node);
         if (b->lane != lane || (lane && b->segment->hold_whole && b->size > rsize + rsize / 4))
                 return NULL;
+        /* The smallest piece is too large: all are. */
+        if (class == HEAP_CLASS_PIECE && b->size > rsize + rsize / HEAP_PIECE_FIT_DIVISOR)
+                return NULL;
         return b;
 }
 
@@ -310,6 +315,15 @@ struct heap_block *heap_alloc_on(struct heap *h, enum heap_class class, uint64_t
                 b = held;
         if (b)
                 block_carve(h, b, rsize);
+        return b;
+}
+
+struct heap_block *heap_alloc_in(struct heap *h, struct heap_segment *s, uint64_t rsize) {
+        struct heap_block *b = s->first;
+
+        if (s->heap != h || !is_empty(s) || b->size < rsize || !rsize || rsize % HEAP_BLOCK_ALIGN)
+                return NULL;
+        block_carve(h, b, rsize);
         return b;
 }
 

@@ -10,7 +10,10 @@
  * small segments and never split a large one: requests of at most HEAP_SMALL_REQUEST are
  * small. The segment sizes of the classes (heap_segment_bytes()) follow PyTorch's caching
  * allocator: 2 MiB for small requests, 20 MiB for those up to 10 MiB, else the request
- * rounded up to 2 MiB.
+ * rounded up to 2 MiB. A third class, never given by heap_class_of(), is for pieces: a
+ * segment leased for one block alone (segments that grow in place give a block of gigabytes
+ * one, client_grow.h): a block carved there takes the whole segment, and a free piece serves
+ * again only a block it fits within a HEAP_PIECE_FIT_DIVISOR-th.
  *
  * A segment with no live block is "empty": it stays in the heap and serves the next requests
  * until its holder takes it out (heap_remove()), and the heap lists the empty ones in the
@@ -51,8 +54,14 @@
 enum heap_class {
         HEAP_CLASS_SMALL,       /* blocks of at most HEAP_SMALL_REQUEST, from small segments */
         HEAP_CLASS_LARGE,       /* everything else */
+        HEAP_CLASS_PIECE,       /* one block alone in a segment of its own, asked for by the caller */
         HEAP_CLASS_COUNT,
 };
+
+/* The classes heap_class_of() gives. */
+#define HEAP_CARVED_CLASSES HEAP_CLASS_PIECE
+/* A free piece serves a block of rsize bytes if it is at most rsize / HEAP_PIECE_FIT_DIVISOR larger (granule.h's budget). */
+#define HEAP_PIECE_FIT_DIVISOR 24
 
 struct heap_segment;
 
@@ -167,6 +176,9 @@ void heap_free_held(struct heap *heap, struct heap_block *b, uint32_t lane, uint
  * of at most a quarter more than rsize, carved whole. *ret_held says whether it was held.
  */
 struct heap_block *heap_alloc_on(struct heap *heap, enum heap_class class, uint64_t rsize, uint32_t lane, bool *ret_held);
+
+/* heap_alloc() from empty segment s (of heap, a piece just added): its first block. NULL if s is not empty or too small. */
+struct heap_block *heap_alloc_in(struct heap *heap, struct heap_segment *s, uint64_t rsize);
 
 /* What heap_release() tells its caller; either may be NULL. */
 struct heap_release_ops {

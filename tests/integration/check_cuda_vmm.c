@@ -341,10 +341,11 @@ END_TEST
  * is back, is adopted by it on its own, counted once, its data still intact.
  */
 static int survivor_client(struct testd *d, void *arg) {
-        enum { N = 6 };
-        static const size_t sizes[N] = { 4096, 100000, 1 * MiB, 3 * MiB, 3 * MiB, 8 * MiB };
+        enum { N = 7 };
         struct survivor *w = arg;
         gpupool_client *c = NULL;
+        /* Growing in place, the last block is a piece ($GPUPOOL_GROW_PIECE), adopted as a segment is. */
+        size_t sizes[N] = { 4096, 100000, 1 * MiB, 3 * MiB, 3 * MiB, 8 * MiB, w->index % 2 ? 4096 : 64 * MiB };
         struct gpupool_stats held;
         char err[512], b;
         void *p[N], *big;
@@ -352,6 +353,7 @@ static int survivor_client(struct testd *d, void *arg) {
         int r;
 
         setenv("GPUPOOL_SEGMENTS", w->index % 2 ? "whole" : "grow", 1);
+        setenv("GPUPOOL_GROW_PIECE", "64M", 1);
         if (gpu_open(&g) < 0 || gpupool_connect(d->sock, "survivor", &c) < 0)
                 return 1;
         for (int i = 0; i < N; i++)

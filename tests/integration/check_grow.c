@@ -3,7 +3,8 @@
  * end to end on the host backend: blocks side by side in one range, granules leased many at a
  * time and moved where they are needed, a block of more granules than one lease brings (its
  * leases sent together), the limit and a full device leaving nothing leased, idle granules
- * given back, another process's reclaim, threads growing the ranges at once, the descriptors
+ * given back, another process's reclaim, threads growing the ranges at once, blocks of
+ * gigabytes given pieces of their own, the descriptors
  * kept for adoption (the table grown once, none in a forked child), and a bad setting.
  * Processes that outlive their daemon are in check_survive.c.
  */
@@ -313,6 +314,7 @@ START_TEST(test_grow_leases_sent_together) {
         void *p, *q;
 
         testd_start(&d, "--host-capacity", "5G", "--client-limit", "4700M", NULL);
+        setenv("GPUPOOL_GROW_PIECE", "off", 1);        /* every block on granules, as large as it is */
         c = connect_growing(&d, "together");
         before = client_stats(c);
         /*
@@ -363,6 +365,7 @@ START_TEST(test_grow_trim_together) {
         void *p, *q;
 
         testd_start(&d, "--host-capacity", "10G", NULL);
+        setenv("GPUPOOL_GROW_PIECE", "off", 1);        /* every block on granules, as large as it is */
         c = connect_growing(&d, "trimmer");
         ck_assert_int_eq(gpupool_alloc(c, 0, 64 * KiB, &q), 0);
         /*
@@ -703,8 +706,115 @@ START_TEST(test_grow_bad_setting) {
         testd_start(&d, NULL);
         setenv("GPUPOOL_SEGMENTS", "sideways", 1);
         ck_assert_int_eq(gpupool_connect(d.sock, "bad", &c), -EINVAL);
+        setenv("GPUPOOL_SEGMENTS", "grow", 1);
+        for (int i = 0; i < 3; i++) {
+                static const char *const bad[] = { "big", "63M", "4Q" };
+                char msg[256];
+
+                setenv("GPUPOOL_GROW_PIECE", bad[i], 1);
+                ck_assert_int_eq(gpupool_connect(d.sock, "bad", &c), -EINVAL);
+                gpupool_last_error(NULL, msg, sizeof(msg));
+                ck_assert_msg(strstr(msg, "$GPUPOOL_GROW_PIECE") && strstr(msg, "neither a size of 64M or more nor off"), "%s", msg);
+        }
+        setenv("GPUPOOL_GROW_PIECE", "off", 1);
+        ck_assert_int_eq(gpupool_connect(d.sock, "off", &c), 0);
+        gpupool_disconnect(c);
+        setenv("GPUPOOL_GROW_PIECE", "64M", 1);
+        ck_assert_int_eq(gpupool_connect(d.sock, "least", &c), 0);
+        gpupool_disconnect(c);
+        unsetenv("GPUPOOL_GROW_PIECE");
         setenv("GPUPOOL_SEGMENTS", "whole", 1);
         ck_assert_int_eq(gpupool_connect(d.sock, "whole", &c), 0);
+        gpupool_disconnect(c);
+        ck_assert_int_eq(testd_stop(&d), 0);
+}
+END_TEST
+
+/* Writes a byte at each end of block p of size bytes (a piece is gigabytes: its pages are touched only there). */
+static void ends_fill(char *p, uint64_t size, char v) {
+        p[0] = v;
+        p[size - 1] = v;
+}
+
+/*
+ * A block of GROW_PIECE_BYTES (4 GiB) or more is a piece: one segment leased for it alone,
+ * one import and one map, outside the ranges, where granules would be 2,048 leases' worth.
+ * An idle piece serves a later block it fits within a 24th, with no request; one that does not
+ * fit goes back before a new one is leased, where holding both would pass the budget over the
+ * peak in use; trim, the limit and the daemon's view count it.
+ */
+START_TEST(test_grow_pieces) {
+        const uint64_t GiB = 1ULL << 30, P = 4 * GiB + 100 * MiB;
+        struct gpupool_stats st, before;
+        uint64_t total, free_bytes;
+        gpupool_client *c;
+        struct testd d;
+        char *a, *p, *q, msg[512];
+
+        testd_start(&d, "--host-capacity", "16G", NULL);
+        c = connect_growing(&d, "pieces");
+        ck_assert_int_eq(gpupool_alloc(c, 0, 6 * MiB, (void **) &a), 0);
+        before = client_stats(c);
+        ck_assert_int_eq(gpupool_alloc(c, 0, P, (void **) &p), 0);
+        st = client_stats(c);
+        ck_assert_uint_eq(st.round_trips, before.round_trips + 1);
+        ck_assert_uint_eq(st.segments_imported, before.segments_imported + 1);
+        ck_assert_uint_eq(st.mapped_segments, before.mapped_segments + 1);
+        ck_assert_uint_eq(st.mapped_bytes, before.mapped_bytes + P);
+        ck_assert_uint_eq(grow_stats(c).granules_held, before.mapped_segments);     /* no granule for it */
+        ck_assert(p < a || p >= a + 16 * GiB);  /* not in a's range */
+        ends_fill(p, P, 7);
+        ck_assert_int_eq(testd_client_field(&d, 0, "pieces", "reserved_bytes"), (int64_t) (before.mapped_bytes + P));
+        /* What the process may still use counts the piece as used. */
+        ck_assert_int_eq(gpupool_device_memory(c, 0, &free_bytes, &total), 0);
+        ck_assert_uint_eq(total, 16 * GiB);
+        ck_assert_uint_le(free_bytes, total - P - 6 * MiB);
+        st = client_stats(c);   /* that asked the daemon */
+
+        /* Freed, it stays for the next, counted free here and by the daemon. */
+        ck_assert_int_eq(gpupool_free(c, p), 0);
+        ck_assert_uint_eq(gpupool_cached_bytes(c), before.mapped_bytes - 6 * MiB + P);
+        ck_assert(testd_client_becomes(&d, 0, "pieces", "held_free_bytes",
+                                       (int64_t) (before.mapped_bytes - 6 * MiB + P)));
+        /* 4 GiB fits it within a 24th: the same piece, no request. */
+        ck_assert_int_eq(gpupool_alloc(c, 0, 4 * GiB, (void **) &q), 0);
+        ck_assert_ptr_eq(q, p);
+        ck_assert(q[0] == 7 && q[P - 1] == 7);
+        ck_assert_uint_eq(client_stats(c).round_trips, st.round_trips);
+        ck_assert_int_eq(gpupool_free(c, q), 0);
+        /*
+         * 5 GiB does not fit it: a new piece, and the idle one goes back first, since holding
+         * both would pass the budget over the peak in use (a return and a lease).
+         */
+        ck_assert_int_eq(gpupool_alloc(c, 0, 5 * GiB, (void **) &p), 0);
+        ck_assert_ptr_ne(p, q);
+        ck_assert_uint_eq(client_stats(c).round_trips, st.round_trips + 2);
+        ck_assert_uint_eq(client_stats(c).mapped_bytes, before.mapped_bytes + 5 * GiB);
+        ck_assert_int_eq(testd_client_field(&d, 0, "pieces", "reserved_bytes"), (int64_t) (before.mapped_bytes + 5 * GiB));
+        ends_fill(p, 5 * GiB, 8);
+        ck_assert_int_eq(gpupool_free(c, p), 0);
+        /* Granules a block must have that would pass the budget with an idle piece: the piece goes back first. */
+        ck_assert_int_eq(gpupool_alloc(c, 0, 2 * GiB, (void **) &q), 0);
+        ck_assert_uint_eq(client_stats(c).mapped_bytes, grow_stats(c).granules_held * 2 * MiB);
+        ck_assert_int_eq(testd_client_field(&d, 0, "pieces", "reserved_bytes"),
+                         (int64_t) (grow_stats(c).granules_held * 2 * MiB));
+        ck_assert_int_eq(gpupool_free(c, q), 0);
+
+        /* Larger than the device: the daemon's refusal, nothing left leased for it. */
+        ck_assert_int_eq(gpupool_alloc(c, 0, 20 * GiB, (void **) &p), -ENOMEM);
+        gpupool_last_error(c, msg, sizeof(msg));
+        ck_assert_msg(strstr(msg, "can never fit 21474836480 bytes"), "%s", msg);
+        json_decref(testd_ctl(&d, "check"));
+        /* A piece live stays through a trim; freed, it goes back with the granules. */
+        ck_assert_int_eq(gpupool_alloc(c, 0, 4 * GiB, (void **) &p), 0);
+        ck_assert_int_eq(gpupool_trim(c), 0);
+        ck_assert_int_eq(testd_client_field(&d, 0, "pieces", "reserved_bytes"), (int64_t) (4 * GiB + 6 * MiB));
+        ck_assert_int_eq(gpupool_free(c, p), 0);
+        ck_assert_int_eq(gpupool_free(c, a), 0);
+        ck_assert_int_eq(gpupool_trim(c), 0);
+        ck_assert_uint_eq(client_stats(c).mapped_bytes, 0);
+        ck_assert_int_eq(testd_client_field(&d, 0, "pieces", "reserved_bytes"), 0);
+        json_decref(testd_ctl(&d, "check"));
         gpupool_disconnect(c);
         ck_assert_int_eq(testd_stop(&d), 0);
 }
@@ -729,6 +839,7 @@ Suite *suite_grow(void) {
         tcase_add_test(tc, test_grow_descriptor_table_grown_at_connect);
         tcase_add_test(tc, test_forked_child_keeps_no_descriptor);
         tcase_add_test(tc, test_grow_bad_setting);
+        tcase_add_test(tc, test_grow_pieces);
         tcase_set_timeout(tc, 60);
         suite_add_tcase(s, tc);
         return s;

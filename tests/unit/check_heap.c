@@ -94,6 +94,44 @@ START_TEST(test_best_fit_split_merge) {
 }
 END_TEST
 
+/* Pieces: a block takes its whole segment, a free piece serves only a block it fits within a 24th, and heap_alloc_in() carves a given one. */
+START_TEST(test_pieces) {
+        struct heap h;
+        struct heap_segment a, b, l;
+        struct heap_block *x, *y;
+
+        heap_init(&h);
+        ck_assert_int_eq(heap_add(&h, &a, 1, 4800 * MiB, HEAP_CLASS_PIECE), 0);
+        ck_assert_int_eq(heap_add(&h, &l, 3, 8192 * MiB, HEAP_CLASS_LARGE), 0);
+        /* 4,800 is more than 4,096 and a 24th: no piece serves, and no large segment either. */
+        ck_assert_ptr_null(heap_alloc(&h, HEAP_CLASS_PIECE, 4096 * MiB));
+        x = heap_alloc(&h, HEAP_CLASS_PIECE, 4700 * MiB);
+        ck_assert_ptr_eq(x->segment, &a);
+        ck_assert_uint_eq(x->size, 4800 * MiB);         /* never split: the rest stays the block's */
+        ck_assert_uint_eq(x->asked, 4700 * MiB);
+        ck_assert_uint_eq(h.asked_bytes, 4700 * MiB);
+        check_ok(&h);
+        /* A piece holds one block: nothing else is carved from it, and the large class never sees it. */
+        ck_assert_ptr_null(heap_alloc(&h, HEAP_CLASS_PIECE, 64 * MiB));
+        y = heap_alloc(&h, HEAP_CLASS_LARGE, 4700 * MiB);
+        ck_assert_ptr_eq(y->segment, &l);
+        ck_assert(heap_free(&h, x));
+        ck_assert(heap_free(&h, y));
+        /* heap_alloc_in(): the piece just added, whatever its fit; none from one that is not empty or too small. */
+        ck_assert_int_eq(heap_add(&h, &b, 2, 6144 * MiB, HEAP_CLASS_PIECE), 0);
+        x = heap_alloc_in(&h, &b, 4700 * MiB);
+        ck_assert_ptr_eq(x->segment, &b);
+        ck_assert_uint_eq(x->size, 6144 * MiB);
+        ck_assert_ptr_null(heap_alloc_in(&h, &b, 512));
+        ck_assert_ptr_null(heap_alloc_in(&h, &a, 4801 * MiB));
+        check_ok(&h);
+        ck_assert(heap_free(&h, x));
+        ck_assert_uint_eq(h.empty_count, 3);
+        check_ok(&h);
+        ck_assert_uint_eq(heap_drop(&a) + heap_drop(&b) + heap_drop(&l), 0);
+}
+END_TEST
+
 START_TEST(test_remove_and_drop) {
         struct heap h;
         struct heap_segment a, b;
@@ -565,6 +603,7 @@ Suite *suite_heap(void) {
         tcase_add_test(tc, test_rounding_and_classes);
         tcase_add_test(tc, test_best_fit_split_merge);
         tcase_add_test(tc, test_remove_and_drop);
+        tcase_add_test(tc, test_pieces);
         tcase_add_test(tc, test_check_catches_corruption);
         tcase_add_test(tc, test_random_churn);
         tcase_add_test(tc, test_held_for_a_lane);
