@@ -253,7 +253,7 @@ $(GPU_TEST_BIN): $(B)/obj/tests/gpu/check_gpu_main.o $(filter-out $(B)/obj/tests
 	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LIBS_CHECK) $(LIBS_UV) $(LIBS_PROTOBUF) $(LIBS_JANSSON) $(LIBS_INIH) -lpthread -ldl
 
 # The fake CUDA driver the cuda backend's tests load through $GPUPOOL_LIBCUDA.
-$(FAKECUDA): $(patsubst %,$(B)/obj/tests/fakecuda/%.o,fakecuda fakecuda_ledger fakecuda_mem fakecuda_stream fakecuda_vmm)
+$(FAKECUDA): $(patsubst %,$(B)/obj/tests/fakecuda/%.o,fakecuda fakecuda_ledger fakecuda_mem fakecuda_stream fakecuda_vmm) $(B)/obj/common/rbtree.o
 	@mkdir -p $(dir $@)
 	@echo "  LD      $@"
 	$(Q)$(CC) $(LDFLAGS) -shared -Wl,-soname,libcuda.so.1 -Wl,--no-undefined -Wl,-z,nodelete -o $@ $^ -lpthread

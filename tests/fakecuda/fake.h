@@ -14,6 +14,7 @@
 #include <stdint.h>
 
 #include "cudadrv.h"
+#include "rbtree.h"
 
 #define EXPORT __attribute__((visibility("default")))
 /*
@@ -118,6 +119,9 @@ void mem_init(void);
 void vmm_init(void);
 /* Spends ns nanoseconds asleep, as a driver call that takes that long (never under the fake's lock). */
 void fake_spend(uint64_t ns);
+/* The same for a call that began at start (fake_now_ns()): its own work counts in the time it takes. */
+void fake_spend_since(uint64_t start, uint64_t ns);
+uint64_t fake_now_ns(void);
 /*
  * The host bytes behind [p, p + n) (an allocation, or a mapping made accessible) in *ret, for
  * reading or (write) writing too. Returns CUDA_SUCCESS, CUDA_ERROR_INVALID_VALUE (not device
@@ -169,7 +173,7 @@ CUresult fk_MemsetD32Async(CUdeviceptr p, unsigned v, size_t n, gp_cu_stream s);
 /* fakecuda_vmm.c: the mappings of this process, and the host bytes behind device addresses mapped there. */
 /* A physical allocation mapped into a reservation: the device address faults on the CPU; host reaches the bytes. */
 struct vmap {
-        struct vmap *next;
+        struct gp_rb_node by_ptr;       /* in vmaps */
         CUdeviceptr ptr;
         size_t size;
         struct phys *phys;
@@ -177,7 +181,9 @@ struct vmap {
         int access;                     /* CU_MEM_ACCESS_FLAGS_*: none until cuMemSetAccess */
 };
 
-extern struct vmap *vmaps;
+/* This process's mappings by address (logarithmic lookups: the driver's take no longer with many), and how many. */
+extern struct gp_rb_tree vmaps;
+extern size_t vmap_count;
 /*
  * The host bytes behind [p, p + n): mapped and accessible throughout, or NULL; *ret_read_only
  * set when some of it is mapped for reading only. Call locked.

@@ -72,17 +72,25 @@ static uint64_t mono_ns(void) {
         return (uint64_t) t.tv_sec * 1000000000u + (uint64_t) t.tv_nsec;
 }
 
+uint64_t fake_now_ns(void) {
+        return mono_ns();
+}
+
+void fake_spend(uint64_t ns) {
+        fake_spend_since(mono_ns(), ns);
+}
+
 /*
  * Asleep for all but the last 15 us, with the thread's timer slack at 1 ns meanwhile (the
  * default 50 us would triple a 28 us call), then spinning to the end: a driver call's time, not
- * the scheduler's.
+ * the scheduler's. From the call's start: what the fake did meanwhile is part of the time.
  */
-void fake_spend(uint64_t ns) {
-        uint64_t end = mono_ns() + ns, slack;
+void fake_spend_since(uint64_t start, uint64_t ns) {
+        uint64_t end = start + ns, slack;
 
         if (!ns)
                 return;
-        if (ns > 15000) {
+        if (end > mono_ns() + 15000) {
                 uint64_t wake = end - 15000;
                 struct timespec ts = { .tv_sec = (time_t) (wake / 1000000000u), .tv_nsec = (long) (wake % 1000000000u) };
 
@@ -443,8 +451,7 @@ EXPORT int fakecuda_open_handles(void) {
         pthread_mutex_lock(&lock);
         for (struct alloc *a = allocs; a; a = a->next)
                 n += a->imported;
-        for (struct vmap *m = vmaps; m; m = m->next)
-                n++;            /* another process's memory mapped here, or ours: a mapping each */
+        n += (int) vmap_count;  /* another process's memory mapped here, or ours: a mapping each */
         pthread_mutex_unlock(&lock);
         return n;
 }

@@ -27,7 +27,8 @@
  * by a lock on the allocation's byte of the node's holds file (vmm_hold()).
  */
 struct phys {
-        struct phys *next;
+        struct gp_rb_node by_handle;    /* in physes */
+        struct gp_rb_node by_id;        /* in phys_ids */
         char path[256];
         uint64_t id;                    /* the node's number for the allocation */
         uint64_t block_id;              /* what CU_POINTER_ATTRIBUTE_MEMORY_BLOCK_ID says of its mappings here */
@@ -40,7 +41,7 @@ struct phys {
 };
 
 struct reservation {
-        struct reservation *next;
+        struct gp_rb_node by_base;      /* in reservations */
         CUdeviceptr base;
         size_t size;
         void *mapped;                   /* the PROT_NONE reservation (aligned inside) */
@@ -63,7 +64,8 @@ struct reservation {
  * sum goes to the call not timed alone (the reserve 0.8 us; the release and address free 9 us,
  * charged to cuMemRelease), and the growth with size to cuMemSetAccess and cuMemUnmap, which
  * walk the range's page tables (an assumption: no run timed map and access apart past 2 MiB).
- * $FAKECUDA_VMM_COSTS=0 makes them free.
+ * A call takes that long from its start, the fake's own work (files, mappings) within it, not
+ * on top of it. $FAKECUDA_VMM_COSTS=0 makes them free.
  */
 static struct {
         uint64_t create, create_per_mib, export_, import, reserve, map, access, access_per_mib, unmap, unmap_per_mib,
@@ -88,15 +90,45 @@ void vmm_init(void) {
         cost.release = 9000;
 }
 
-static struct phys *physes;
-static struct reservation *reservations;
-struct vmap *vmaps;
+/*
+ * What this process holds, in trees: a lookup takes a few steps however many there are, as
+ * the driver's take no longer with thousands (lists made a program of 4,000 granules pay the
+ * fake's own scans on every call).
+ */
+static int cmp_handle(const struct gp_rb_node *a, const struct gp_rb_node *b) {
+        return (a > b) - (a < b);       /* the node is the phys's first member: its address orders */
+}
+
+static int cmp_phys_id(const struct gp_rb_node *a, const struct gp_rb_node *b) {
+        const struct phys *x = gp_rb_entry(a, struct phys, by_id), *y = gp_rb_entry(b, struct phys, by_id);
+
+        if (x->id != y->id)
+                return x->id < y->id ? -1 : 1;
+        return (x > y) - (x < y);
+}
+
+static int cmp_base(const struct gp_rb_node *a, const struct gp_rb_node *b) {
+        CUdeviceptr x = gp_rb_entry(a, struct reservation, by_base)->base, y = gp_rb_entry(b, struct reservation, by_base)->base;
+
+        return (x > y) - (x < y);
+}
+
+static int cmp_vmap(const struct gp_rb_node *a, const struct gp_rb_node *b) {
+        CUdeviceptr x = gp_rb_entry(a, struct vmap, by_ptr)->ptr, y = gp_rb_entry(b, struct vmap, by_ptr)->ptr;
+
+        return (x > y) - (x < y);
+}
+
+static struct gp_rb_tree physes = { .cmp = cmp_handle }, phys_ids = { .cmp = cmp_phys_id };
+static struct gp_rb_tree reservations = { .cmp = cmp_base };
+struct gp_rb_tree vmaps = { .cmp = cmp_vmap };
+size_t vmap_count;
 
 static struct phys *phys_of(gp_cu_mem_handle h) {
-        for (struct phys *p = physes; p; p = p->next)
-                if ((gp_cu_mem_handle) (uintptr_t) p == h && p->handles + p->maps > 0)
-                        return p;
-        return NULL;
+        struct gp_rb_node *n = gp_rb_find(&physes, (const struct gp_rb_node *) (uintptr_t) h);
+        struct phys *p = n ? gp_rb_entry(n, struct phys, by_handle) : NULL;
+
+        return p && p->handles + p->maps > 0 ? p : NULL;
 }
 
 /* A valid prop for a device allocation of ours; its physical GPU in *gpu. */
@@ -166,10 +198,14 @@ bool vmm_held(uint64_t id) {
 
 /* Whether this process holds allocation id already, by another handle. Call locked. */
 static bool phys_holds(uint64_t id) {
-        for (struct phys *p = physes; p; p = p->next)
-                if (p->id == id)
-                        return true;
-        return false;
+        struct phys key = { .id = id };
+        struct gp_rb_node *n = gp_rb_lower_bound(&phys_ids, &key.by_id);
+
+        /* The tree orders by (id, address): a phys of id is the first after the key's place, or the last before it. */
+        if (n && gp_rb_entry(n, struct phys, by_id)->id == id)
+                return true;
+        n = gp_rb_floor(&phys_ids, &key.by_id);
+        return n && gp_rb_entry(n, struct phys, by_id)->id == id;
 }
 
 /* Holds allocation id (file path) as a handle of this process. Call locked. */
@@ -191,19 +227,16 @@ static CUresult phys_hold(const char *path, uint64_t id, int gpu, uint64_t size,
         p->size = size;
         p->exportable = exportable;
         p->handles = 1;
-        p->next = physes;
-        physes = p;
+        (void) gp_rb_insert(&physes, &p->by_handle);
+        (void) gp_rb_insert(&phys_ids, &p->by_id);
         *ret = (gp_cu_mem_handle) (uintptr_t) p;
         return GP_CUDA_SUCCESS;
 }
 
 /* This process lets go of p (no handle, no mapping left): freed once nobody holds it. Call locked. */
 static void phys_drop(struct phys *p) {
-        for (struct phys **pp = &physes; *pp; pp = &(*pp)->next)
-                if (*pp == p) {
-                        *pp = p->next;
-                        break;
-                }
+        gp_rb_remove(&physes, &p->by_handle);
+        gp_rb_remove(&phys_ids, &p->by_id);
         ledger_lock();
         if (!phys_holds(p->id))
                 (void) holds_lock(p->id, F_UNLCK);
@@ -213,6 +246,7 @@ static void phys_drop(struct phys *p) {
 }
 
 CUresult fk_MemCreate(gp_cu_mem_handle *handle, size_t size, const gp_cu_mem_prop *prop, unsigned long long flags) {
+        uint64_t t0 = fake_now_ns();
         unsigned long long id;
         char path[256];
         CUresult r;
@@ -246,11 +280,12 @@ CUresult fk_MemCreate(gp_cu_mem_handle *handle, size_t size, const gp_cu_mem_pro
                 unlink(path);
         ledger_unlock();
         pthread_mutex_unlock(&lock);
-        fake_spend(cost.create + cost.create_per_mib * (size >> 20));
+        fake_spend_since(t0, cost.create + cost.create_per_mib * (size >> 20));
         return r;
 }
 
 CUresult fk_MemRelease(gp_cu_mem_handle handle) {
+        uint64_t t0 = fake_now_ns();
         struct phys *p;
 
         NEED_CTX();
@@ -264,12 +299,13 @@ CUresult fk_MemRelease(gp_cu_mem_handle handle) {
         if (--p->handles == 0 && p->maps == 0)
                 phys_drop(p);
         pthread_mutex_unlock(&lock);
-        fake_spend(cost.release);
+        fake_spend_since(t0, cost.release);
         return GP_CUDA_SUCCESS;
 }
 
 CUresult fk_MemExportToShareableHandle(void *shareable, gp_cu_mem_handle handle, gp_cu_mem_handle_type type,
                                        unsigned long long flags) {
+        uint64_t t0 = fake_now_ns();
         struct phys *p;
         int fd;
 
@@ -292,12 +328,13 @@ CUresult fk_MemExportToShareableHandle(void *shareable, gp_cu_mem_handle handle,
         pthread_mutex_unlock(&lock);
         if (fd < 0)
                 return GP_CUDA_ERROR_OUT_OF_MEMORY;
-        fake_spend(cost.export_);
+        fake_spend_since(t0, cost.export_);
         *(int *) shareable = fd;
         return GP_CUDA_SUCCESS;
 }
 
 CUresult fk_MemImportFromShareableHandle(gp_cu_mem_handle *handle, void *os_handle, gp_cu_mem_handle_type type) {
+        uint64_t t0 = fake_now_ns();
         int fd = (int) (uintptr_t) os_handle, gpu;
         char link[64], path[256], prefix[280];
         unsigned long long id;
@@ -323,7 +360,7 @@ CUresult fk_MemImportFromShareableHandle(gp_cu_mem_handle *handle, void *os_hand
         if (r == GP_CUDA_SUCCESS)
                 ((struct phys *) (uintptr_t) *handle)->imported = true;
         pthread_mutex_unlock(&lock);
-        fake_spend(cost.import);
+        fake_spend_since(t0, cost.import);
         return r;
 }
 
@@ -360,6 +397,7 @@ CUresult fk_MemGetAllocationPropertiesFromHandle(gp_cu_mem_prop *prop, gp_cu_mem
 
 CUresult fk_MemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignment, CUdeviceptr addr,
                               unsigned long long flags) {
+        uint64_t t0 = fake_now_ns();
         struct reservation *v;
         size_t align = alignment ? alignment : VMM_GRANULE;
         uint8_t *m;
@@ -387,51 +425,76 @@ CUresult fk_MemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignment, C
         v->base = (CUdeviceptr) (uintptr_t) m;
         v->size = size;
         pthread_mutex_lock(&lock);
-        v->next = reservations;
-        reservations = v;
+        (void) gp_rb_insert(&reservations, &v->by_base);
         pthread_mutex_unlock(&lock);
         *ptr = v->base;
-        fake_spend(cost.reserve);
+        fake_spend_since(t0, cost.reserve);
         return GP_CUDA_SUCCESS;
 }
 
+/* The reservation [p, p + n) lies in (reservations never overlap), or NULL. Call locked. */
 static struct reservation *reservation_of(CUdeviceptr p, size_t n) {
-        for (struct reservation *v = reservations; v; v = v->next)
-                if (within(p, n, v->base, v->size))
-                        return v;
-        return NULL;
+        struct reservation key = { .base = p };
+        struct gp_rb_node *x = gp_rb_floor(&reservations, &key.by_base);
+        struct reservation *v = x ? gp_rb_entry(x, struct reservation, by_base) : NULL;
+
+        return v && within(p, n, v->base, v->size) ? v : NULL;
+}
+
+/* The first mapping at or after address at, or NULL. Call locked. */
+static struct vmap *vmap_from(CUdeviceptr at) {
+        struct vmap key = { .ptr = at };
+        struct gp_rb_node *x = gp_rb_lower_bound(&vmaps, &key.by_ptr);
+
+        return x ? gp_rb_entry(x, struct vmap, by_ptr) : NULL;
+}
+
+static struct vmap *vmap_next(struct vmap *m) {
+        struct gp_rb_node *x = gp_rb_next(&m->by_ptr);
+
+        return x ? gp_rb_entry(x, struct vmap, by_ptr) : NULL;
+}
+
+/* The mapping containing address at, or NULL (mappings never overlap). Call locked. */
+static struct vmap *vmap_at(CUdeviceptr at) {
+        struct vmap key = { .ptr = at };
+        struct gp_rb_node *x = gp_rb_floor(&vmaps, &key.by_ptr);
+        struct vmap *m = x ? gp_rb_entry(x, struct vmap, by_ptr) : NULL;
+
+        return m && at < m->ptr + m->size ? m : NULL;
 }
 
 /* Whether any mapping overlaps [p, p + n). */
 static bool mapped_in(CUdeviceptr p, size_t n) {
-        for (struct vmap *m = vmaps; m; m = m->next)
-                if (m->ptr < p + n && p < m->ptr + m->size)
-                        return true;
-        return false;
+        struct vmap *m = vmap_at(p);
+
+        if (m)
+                return true;
+        m = vmap_from(p);
+        return m && m->ptr < p + n;
 }
 
 CUresult fk_MemAddressFree(CUdeviceptr ptr, size_t size) {
         NEED_CTX();
-        pthread_mutex_lock(&lock);
-        for (struct reservation **pp = &reservations; *pp; pp = &(*pp)->next) {
-                struct reservation *v = *pp;
+        struct reservation *v;
 
-                if (v->base != ptr || v->size != size)
-                        continue;
-                if (mapped_in(ptr, size))
-                        break;  /* unmap first: the documented order is unmap, release, free */
-                *pp = v->next;
+        pthread_mutex_lock(&lock);
+        v = reservation_of(ptr, size);
+        /* The whole reservation, and nothing mapped in it: the documented order is unmap, release, free. */
+        if (!v || v->base != ptr || v->size != size || mapped_in(ptr, size)) {
                 pthread_mutex_unlock(&lock);
-                munmap(v->mapped, v->mapped_size);
-                munmap(v->shadow, v->size);
-                free(v);
-                return GP_CUDA_SUCCESS;
+                return GP_CUDA_ERROR_INVALID_VALUE;
         }
+        gp_rb_remove(&reservations, &v->by_base);
         pthread_mutex_unlock(&lock);
-        return GP_CUDA_ERROR_INVALID_VALUE;
+        munmap(v->mapped, v->mapped_size);
+        munmap(v->shadow, v->size);
+        free(v);
+        return GP_CUDA_SUCCESS;
 }
 
 CUresult fk_MemMap(CUdeviceptr ptr, size_t size, size_t offset, gp_cu_mem_handle handle, unsigned long long flags) {
+        uint64_t t0 = fake_now_ns();
         struct reservation *v;
         struct phys *p;
         struct vmap *m;
@@ -464,19 +527,11 @@ CUresult fk_MemMap(CUdeviceptr ptr, size_t size, size_t offset, gp_cu_mem_handle
         m->phys = p;
         m->access = GP_CU_MEM_ACCESS_FLAGS_PROT_NONE;   /* mapped is not accessible: cuMemSetAccess */
         p->maps++;
-        m->next = vmaps;
-        vmaps = m;
+        (void) gp_rb_insert(&vmaps, &m->by_ptr);
+        vmap_count++;
         pthread_mutex_unlock(&lock);
-        fake_spend(cost.map);
+        fake_spend_since(t0, cost.map);
         return GP_CUDA_SUCCESS;
-}
-
-/* The mapping containing address at, or NULL (mappings never overlap). Call locked. */
-static struct vmap *vmap_at(CUdeviceptr at) {
-        for (struct vmap *m = vmaps; m; m = m->next)
-                if (at >= m->ptr && at < m->ptr + m->size)
-                        return m;
-        return NULL;
 }
 
 /* Whether mappings exactly cover [ptr, ptr + size), one after another: no cut, no hole. Call locked. */
@@ -494,20 +549,17 @@ static bool whole_mappings(CUdeviceptr ptr, size_t size) {
 }
 
 CUresult fk_MemUnmap(CUdeviceptr ptr, size_t size) {
+        uint64_t t0 = fake_now_ns();
         NEED_CTX();
         pthread_mutex_lock(&lock);
         if (!whole_mappings(ptr, size)) {
                 pthread_mutex_unlock(&lock);
                 return GP_CUDA_ERROR_INVALID_VALUE;    /* "cuMemUnmap cannot unmap a sub-range" */
         }
-        for (struct vmap **pp = &vmaps; *pp;) {
-                struct vmap *m = *pp;
-
-                if (m->ptr < ptr || m->ptr >= ptr + size) {
-                        pp = &m->next;
-                        continue;
-                }
-                *pp = m->next;
+        for (struct vmap *m = vmap_from(ptr), *next; m && m->ptr < ptr + size; m = next) {
+                next = vmap_next(m);
+                gp_rb_remove(&vmaps, &m->by_ptr);
+                vmap_count--;
                 /* Its place in the reservation's shadow stays reserved, unreachable. */
                 (void) mmap(m->host, m->size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
                 if (--m->phys->maps == 0 && m->phys->handles == 0)
@@ -515,11 +567,12 @@ CUresult fk_MemUnmap(CUdeviceptr ptr, size_t size) {
                 free(m);
         }
         pthread_mutex_unlock(&lock);
-        fake_spend(cost.unmap + cost.unmap_per_mib * (size >> 20));
+        fake_spend_since(t0, cost.unmap + cost.unmap_per_mib * (size >> 20));
         return GP_CUDA_SUCCESS;
 }
 
 CUresult fk_MemSetAccess(CUdeviceptr ptr, size_t size, const gp_cu_mem_access_desc *desc, size_t count) {
+        uint64_t t0 = fake_now_ns();
         NEED_CTX();
         if (!desc || count == 0)
                 return GP_CUDA_ERROR_INVALID_VALUE;
@@ -537,13 +590,12 @@ CUresult fk_MemSetAccess(CUdeviceptr ptr, size_t size, const gp_cu_mem_access_de
                 pthread_mutex_unlock(&lock);
                 return GP_CUDA_ERROR_INVALID_VALUE;    /* "a fully mapped address range" */
         }
-        for (struct vmap *m = vmaps; m; m = m->next)
-                if (m->ptr >= ptr && m->ptr < ptr + size)
-                        for (size_t i = 0; i < count; i++)
-                                if (visible[desc[i].location.id] == m->phys->gpu)
-                                        m->access = desc[i].flags;
+        for (struct vmap *m = vmap_from(ptr); m && m->ptr < ptr + size; m = vmap_next(m))
+                for (size_t i = 0; i < count; i++)
+                        if (visible[desc[i].location.id] == m->phys->gpu)
+                                m->access = desc[i].flags;
         pthread_mutex_unlock(&lock);
-        fake_spend(cost.access + cost.access_per_mib * (size >> 20));
+        fake_spend_since(t0, cost.access + cost.access_per_mib * (size >> 20));
         return GP_CUDA_SUCCESS;
 }
 
