@@ -511,7 +511,7 @@ static struct heap_block *piece_alloc(gpupool_client *c, unsigned d, uint64_t rs
         /* The daemon's cache may serve a segment up to a quarter larger: it is this block's all the same. */
         hb = heap_alloc_in(h, &m->hs, rsize);
         if (!hb) {
-                /* Another thread took it while the lease was out? Only a bug of ours: it is added under the lock. */
+                /* Added to the heap and carved under the lock, never let go between: only a bug of ours. */
                 client_set_error(c, "the process's pool lost the piece it had just leased for %llu bytes",
                                  (unsigned long long) rsize);
                 *ret = -EPROTO;
