@@ -30,8 +30,8 @@
 # each against build/ as it is: nothing is built here, so a build made elsewhere with
 # make STATIC=1 gpu-tools runs where libuv, protobuf-c and Check are not installed.
 # GPU_VALIDATE_PARTS (names, space-separated) runs only those parts; GPU_VALIDATE_TRACES (files,
-# space-separated) are the traces replayed: bench/traces/*.csv and ../shared/traces/*.csv where
-# that folder is there.
+# space-separated) are the traces replayed: bench/traces/*.csv, the single blocks of
+# bench/traces/blocks/ (one of 16 GiB) and ../shared/traces/*.csv where that folder is there.
 #
 # Each part's full output goes to RESULTS/gpu-validate-DATE-TIME-COMMIT-GPU-PART.txt behind a
 # header (date, GPU, driver, commit; GPUPOOL_COMMIT names it where there is no .git), RESULTS
@@ -58,7 +58,7 @@ budget=${GPU_VALIDATE_BUDGET:-}
 case $budget in
 *[!0-9]*) echo "gpu-validate: GPU_VALIDATE_BUDGET '$budget' is not a number of seconds" >&2; exit 2 ;;
 esac
-traces=${GPU_VALIDATE_TRACES:-$(ls bench/traces/*.csv ../shared/traces/*.csv 2>/dev/null)}
+traces=${GPU_VALIDATE_TRACES:-$(ls bench/traces/*.csv bench/traces/blocks/*.csv ../shared/traces/*.csv 2>/dev/null)}
 # What each chosen part runs from the build.
 need="gpupoold gpupoolctl libgpupool.so.1"
 for p in $parts; do
