@@ -19,8 +19,8 @@
  * Per trace and way it prints:
  *
  *   ops           operations in the trace;
- *   round trips   the times the handle waited for the daemon (gpupool_stats().round_trips, the
- *                 hello included; a block's granule leases sent together count once), over
+ *   round trips   the times the handle waited for the daemon (gpupool_stats().round_trips, from
+ *                 the clock's start; a block's granule leases sent together count once), over
  *                 the whole trace and over its second half;
  *   imports       segments the process mapped (segments_imported: on a GPU each is a
  *                 cuIpcOpenMemHandle), likewise;
@@ -30,6 +30,11 @@
  *   granule maps  grow: the times a granule was mapped under blocks, and unmapped from there
  *   and unmaps    (gpupool_grow_stats(); on cuda-vmm a cuMemMap and a cuMemUnmap each), over the
  *                 whole trace and its second half (0 with whole segments).
+ *
+ * Before the clock starts, each handle allocates one block of 512 B, frees it and gives back
+ * what it holds (gpupool_trim()): what a process pays once, whatever it allocates (on a GPU
+ * the driver's context, a tenth of a second or more at the first import; with grow, the
+ * ranges' reservation), is then no operation's, and the counts start from there.
  *
  * The counters are read with gpupool_stats() after every operation, outside the timed part.
  * Memory is never touched: the host backend's segments are memfds that cost no RAM until
@@ -85,11 +90,12 @@ struct result {
 
 static int replay(const struct trace *t, struct result *res) {
         double *ns = calloc(t->n ? t->n : 1, sizeof(*ns));
-        struct gpupool_stats st, half = { 0 };
-        struct gpupool_grow_stats gs, ghalf = { 0 };
+        struct gpupool_stats st, half = { 0 }, base = { 0 };
+        struct gpupool_grow_stats gs, ghalf = { 0 }, gbase = { 0 };
         struct trace_live live;
         gpupool_client *c;
         size_t timed = 0;
+        void *warm;
         int r;
 
         if (!ns)
@@ -98,6 +104,14 @@ static int replay(const struct trace *t, struct result *res) {
         r = gpupool_connect(sock_path, "replay", &c);
         if (r < 0) {
                 fprintf(stderr, "replay: cannot connect: %s\n", gpupool_strerror(r));
+                free(ns);
+                return r;
+        }
+        /* What the process pays once, before the clock (above). */
+        if ((r = gpupool_alloc(c, 0, 512, &warm)) < 0 || (r = gpupool_free(c, warm)) < 0 || (r = gpupool_trim(c)) < 0 ||
+            (r = gpupool_stats(c, &base)) < 0 || (r = gpupool_grow_stats(c, &gbase)) < 0) {
+                fprintf(stderr, "replay: the block before the clock: %s\n", gpupool_strerror(r));
+                gpupool_disconnect(c);
                 free(ns);
                 return r;
         }
@@ -133,13 +147,13 @@ static int replay(const struct trace *t, struct result *res) {
                         res->peak_leased = st.mapped_bytes;
         }
         if (r >= 0 && gpupool_stats(c, &st) == 0 && gpupool_grow_stats(c, &gs) == 0) {
-                res->maps = gs.granules_mapped;
+                res->maps = gs.granules_mapped - gbase.granules_mapped;
                 res->maps_half = gs.granules_mapped - ghalf.granules_mapped;
-                res->unmaps = gs.granules_unmapped;
+                res->unmaps = gs.granules_unmapped - gbase.granules_unmapped;
                 res->unmaps_half = gs.granules_unmapped - ghalf.granules_unmapped;
-                res->trips = st.round_trips;
+                res->trips = st.round_trips - base.round_trips;
                 res->trips_half = st.round_trips - half.round_trips;
-                res->imports = st.segments_imported;
+                res->imports = st.segments_imported - base.segments_imported;
                 res->imports_half = st.segments_imported - half.segments_imported;
                 for (size_t i = 0; i < timed; i++)
                         res->mean_ns += ns[i] / (double) timed;
