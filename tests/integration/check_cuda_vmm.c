@@ -1048,6 +1048,73 @@ void cuda_vmm_add_common(TCase *tc) {
         tcase_add_test(tc, test_legacy_objects);
 }
 
+/*
+ * Growing in place on a GPU of 141 GB, a block of 16 GiB is a piece: one import, one map and
+ * one cuMemSetAccess, where granules would be 8,192 imports. Freed on a stream under running
+ * work, it is held for that stream: the next block of its size there takes it at once, one on
+ * another stream gets a piece of its own; trimmed, everything goes back.
+ */
+static int piece_client(struct testd *d, void *arg) {
+        const size_t big = 16ULL << 30, page = 4096;
+        struct gpupool_stats before, st;
+        gpupool_client *c = NULL;
+        unsigned long long access;
+        gp_cu_stream s, other;
+        void *p, *q, *r;
+        struct gpu g;
+
+        (void) arg;
+        setenv("GPUPOOL_SEGMENTS", "grow", 1);
+        if (gpu_open(&g) < 0 || gpupool_connect(d->sock, "piece", &c) < 0 ||
+            g.cu.cuStreamCreate(&s, GP_CU_STREAM_NON_BLOCKING) != GP_CUDA_SUCCESS ||
+            g.cu.cuStreamCreate(&other, GP_CU_STREAM_NON_BLOCKING) != GP_CUDA_SUCCESS)
+                return 1;
+        if (gpupool_alloc(c, 0, 3 * MiB, &q) < 0 || gpupool_stats(c, &before) < 0)
+                return 2;
+        access = g.set_access_calls();
+        if (gpupool_alloc_async(c, 0, big, s, &p) < 0 || gpupool_stats(c, &st) < 0)
+                return 3;
+        if (st.segments_imported != before.segments_imported + 1 || st.mapped_bytes != before.mapped_bytes + big ||
+            g.set_access_calls() != access + 1)
+                return 4;
+        /* Its ends written and read through the driver (16 GiB of bytes would be 16 GiB of this machine's memory). */
+        if (write_pattern(&g, p, page, 31) < 0 || write_pattern(&g, (char *) p + big - page, page, 32) < 0 ||
+            !pattern_intact(&g, p, page, 31) || !pattern_intact(&g, (char *) p + big - page, page, 32))
+                return 5;
+        if (queue_work(&g, s, p, page) < 0 || gpupool_free_async(c, p, s) < 0)
+                return 6;
+        if (gpupool_alloc_async(c, 0, big, s, &r) < 0 || r != p || gpupool_stats(c, &st) < 0 ||
+            st.segments_imported != before.segments_imported + 1)
+                return 7;       /* held for s: taken again there, nothing leased */
+        if (gpupool_free_async(c, r, s) < 0 || gpupool_alloc_async(c, 0, big, other, &r) < 0 || r == p)
+                return 8;       /* another stream does not see it while s runs */
+        release_work(&g, s);
+        if (g.cu.cuStreamSynchronize(s) != GP_CUDA_SUCCESS || gpupool_free(c, r) < 0 || gpupool_free(c, q) < 0 ||
+            gpupool_trim(c) < 0 || gpupool_stats(c, &st) < 0 || st.mapped_bytes != 0 || g.open_handles() != 0)
+                return 9;
+        gpupool_disconnect(c);
+        return 0;
+}
+
+START_TEST(test_fake_vmm_piece_on_a_node_sized_gpu) {
+        struct testd d;
+        int r;
+
+        if (under_valgrind()) {
+                TEST_SKIP("valgrind cannot reserve the address ranges of a 141 GB GPU growing in place (564 GB)");
+                return;
+        }
+        setenv("FAKECUDA_MEM", "141000000000", 1);
+        vmm_start(&d);
+        r = reap(spawn(piece_client, &d, NULL));
+        ck_assert_msg(r == 0, "the piece client failed at step %d", r);
+        json_decref(testd_ctl(&d, "check"));
+        ck_assert_int_eq(testd_device(&d, 0, "reserved_bytes") - testd_device(&d, 0, "cached_bytes"), 0);
+        cuda_stop(&d);
+        unsetenv("FAKECUDA_MEM");
+}
+END_TEST
+
 void cuda_vmm_add_fake(TCase *tc) {
         tcase_add_test(tc, test_fake_vmm_rules);
         tcase_add_test(tc, test_fake_vmm_serves_pid_namespace);
@@ -1057,4 +1124,5 @@ void cuda_vmm_add_fake(TCase *tc) {
         tcase_add_test(tc, test_fake_vmm_object_on_another_gpu);
         tcase_add_test(tc, test_fake_vmm_node_scale);
         tcase_add_test(tc, test_fake_vmm_restart_counts_adopted_memory_once);
+        tcase_add_test(tc, test_fake_vmm_piece_on_a_node_sized_gpu);
 }

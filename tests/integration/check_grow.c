@@ -526,6 +526,63 @@ static int idler_main(struct testd *d, void *arg) {
         return 0;
 }
 
+/* Holds an idle piece of 300 MiB ($GPUPOOL_GROW_PIECE 64M) and a block of 1 MiB, until told to go. */
+static int piece_idler_main(struct testd *d, void *arg) {
+        int *pipes = arg;
+        void *piece, *small;
+        gpupool_client *c;
+        char ch = 'y';
+
+        setenv("GPUPOOL_SEGMENTS", "grow", 1);
+        setenv("GPUPOOL_GROW_PIECE", "64M", 1);
+        setenv("GPUPOOL_IDLE_RETURN", "0", 1);
+        if (gpupool_connect(d->sock, "idler", &c) < 0)
+                return 1;
+        if (gpupool_alloc(c, 0, MiB, &small) < 0 || gpupool_alloc(c, 0, 300 * MiB, &piece) < 0 || gpupool_free(c, piece) < 0)
+                ch = 'n';
+        if (write(pipes[1], &ch, 1) != 1 || read(pipes[2], &ch, 1) != 1)
+                return 2;
+        /* What it kept serves still: the small block's granule. */
+        ((volatile char *) small)[MiB - 1] = 1;
+        if (gpupool_free(c, small) < 0)
+                return 3;
+        gpupool_disconnect(c);
+        return 0;
+}
+
+/* Another process's lease takes an idle piece back first, in the answer to the daemon's reclaim. */
+START_TEST(test_grow_piece_reclaim) {
+        int ready[2], go[2], pipes[3];
+        gpupool_client *b;
+        struct testd d;
+        char ch;
+        void *p;
+        pid_t pid;
+
+        testd_start(&d, "--host-capacity", "1G", NULL);
+        ck_assert_int_eq(pipe(ready), 0);
+        ck_assert_int_eq(pipe(go), 0);
+        pipes[0] = ready[0], pipes[1] = ready[1], pipes[2] = go[0];
+        pid = spawn(piece_idler_main, &d, pipes);
+        ck_assert_int_eq(read(ready[0], &ch, 1), 1);
+        ck_assert_int_eq(ch, 'y');
+        ck_assert_int_ge(testd_client_field(&d, 0, "idler", "reserved_bytes"), 302 * MiB);
+        ck_assert(testd_client_becomes(&d, 0, "idler", "held_free_bytes",
+                                       testd_client_field(&d, 0, "idler", "reserved_bytes") - 2 * MiB));
+        /* 800 MiB fits only with the idler's piece back. */
+        b = connect_segments(d.sock, "needy", "whole");
+        ck_assert_int_eq(gpupool_alloc(b, 0, 800 * MiB, &p), 0);
+        ck_assert_int_lt(testd_client_field(&d, 0, "idler", "reserved_bytes"), 300 * MiB);
+        json_decref(testd_ctl(&d, "check"));
+        ck_assert_int_eq(gpupool_free(b, p), 0);
+        ck_assert_int_eq(write(go[1], "g", 1), 1);
+        ck_assert_int_eq(reap(pid), 0);
+        gpupool_disconnect(b);
+        close(ready[0]), close(ready[1]), close(go[0]), close(go[1]);
+        ck_assert_int_eq(testd_stop(&d), 0);
+}
+END_TEST
+
 START_TEST(test_grow_reclaim) {
         int ready[2], go[2], pipes[3];
         long long held;
@@ -839,6 +896,7 @@ Suite *suite_grow(void) {
         tcase_add_test(tc, test_forked_child_keeps_no_descriptor);
         tcase_add_test(tc, test_grow_bad_setting);
         tcase_add_test(tc, test_grow_pieces);
+        tcase_add_test(tc, test_grow_piece_reclaim);
         tcase_set_timeout(tc, 60);
         suite_add_tcase(s, tc);
         return s;
