@@ -140,13 +140,13 @@ static void ptr_attrs(const char *what, gp_cu_deviceptr va) {
                what, rs(r1), types, rs(r2), flags, rs(r3), size, rs(r4), id);
 }
 
-/* A range of its own with h mapped (map_size of it) and made accessible with flags; 0 on failure (said). */
+/* A range of its own with h mapped (map_size of it) and made accessible with flags (-1: access never set); 0 on failure (said). */
 static gp_cu_deviceptr map_at(const char *what, gp_cu_mem_handle h, uint64_t reserve, uint64_t map_size, int flags) {
         gp_cu_mem_access_desc a = { .location = base_prop.location, .flags = flags };
         gp_cu_deviceptr va = 0;
         gp_cu_result r = cu.cuMemAddressReserve(&va, reserve, 0, 0, 0), r2 = -1;
 
-        if (r == GP_CUDA_SUCCESS && (r = cu.cuMemMap(va, map_size, 0, h, 0)) == GP_CUDA_SUCCESS)
+        if (r == GP_CUDA_SUCCESS && (r = cu.cuMemMap(va, map_size, 0, h, 0)) == GP_CUDA_SUCCESS && flags >= 0)
                 r2 = cu.cuMemSetAccess(va, map_size, &a, 1);
         printf("[%s] %s: cuMemMap %llu MiB: %s; cuMemSetAccess(flags %d): %s\n", who, what,
                (unsigned long long) (map_size / MiB), rs(r), flags, r2 == -1 ? "-" : rs(r2));
@@ -430,6 +430,19 @@ int main(void) {
                 }
         if (va)
                 ptr_attrs("own mapping", va);
+        {
+                /*
+                 * gpupoold maps each segment it makes to name it by its block id (and to zero it);
+                 * were the id given without cuMemSetAccess, a granule it makes would not need one.
+                 */
+                gp_cu_deviceptr van = map_at("mapping with no access set", hother, 2 * MiB, 2 * MiB, -1);
+
+                if (van) {
+                        ptr_attrs("mapping with no access set (MEMORY_BLOCK_ID given?)", van);
+                        printf("[A] cuMemUnmap of it: %s; cuMemAddressFree: %s\n", rs(cu.cuMemUnmap(van, 2 * MiB)),
+                               rs(cu.cuMemAddressFree(van, 2 * MiB)));
+                }
+        }
         {
                 int fd = -1;
                 gp_cu_mem_handle hi = 0;
