@@ -89,12 +89,13 @@ static int daemon_gone_error(gpupool_client *c) {
 }
 
 /*
- * Sends a LeaseRequest for a segment for size bytes on device d (granules go through
- * lease_granules()) and waits for its reply and up to max_fds descriptors. The daemon may
+ * Sends a LeaseRequest for a segment for size bytes on device d (exact: of that size rounded to
+ * 2 MiB and no larger; granules go through lease_granules()) and waits for its reply and up to
+ * max_fds descriptors. The daemon may
  * park it while other processes give memory back: the lock must not wait with it. Returns 0,
  * or a negative errno with the error set. Locked.
  */
-static int lease_call(gpupool_client *c, unsigned d, uint64_t size, Gpupool__Envelope **ret_reply, int *fds,
+static int lease_call(gpupool_client *c, unsigned d, uint64_t size, bool exact, Gpupool__Envelope **ret_reply, int *fds,
                       size_t max_fds, size_t *ret_nfds) {
         Gpupool__Envelope req = GPUPOOL__ENVELOPE__INIT;
         Gpupool__LeaseRequest lr = GPUPOOL__LEASE_REQUEST__INIT;
@@ -106,6 +107,8 @@ static int lease_call(gpupool_client *c, unsigned d, uint64_t size, Gpupool__Env
                 return daemon_gone_error(c);
         lr.device = d;
         lr.size = size;
+        lr.has_exact = exact;
+        lr.exact = exact;
         req.body_case = GPUPOOL__ENVELOPE__BODY_LEASE;
         req.lease = &lr;
         req.n_usage = client_usage(c, u, ptrs);
@@ -149,7 +152,8 @@ static int lease(gpupool_client *c, unsigned d, uint64_t rsize, enum heap_class 
         size_t nfds;
         int r, fd = -1;
 
-        r = lease_call(c, d, rsize, &rep, &fd, 1, &nfds);
+        /* A piece holds no more than its block: the cache's larger segments do not serve it. */
+        r = lease_call(c, d, rsize, class == HEAP_CLASS_PIECE, &rep, &fd, 1, &nfds);
         if (r < 0)
                 return r;
         l = rep->lease_reply;
@@ -450,7 +454,7 @@ static int range_full(gpupool_client *c, unsigned d, uint64_t rsize) {
         size_t nfds;
         int r, fd = -1;
 
-        r = lease_call(c, d, rsize, &rep, &fd, 1, &nfds);
+        r = lease_call(c, d, rsize, false, &rep, &fd, 1, &nfds);
         if (r < 0)
                 return r;
         id = rep->lease_reply->segment_id;
@@ -508,7 +512,7 @@ static struct heap_block *piece_alloc(gpupool_client *c, unsigned d, uint64_t rs
                 *ret = lease(c, d, rsize, HEAP_CLASS_PIECE, &m);
         if (*ret < 0)
                 return NULL;
-        /* The daemon's cache may serve a segment up to a quarter larger: it is this block's all the same. */
+        /* Of the size asked (exact), or, from a daemon before exact, up to a quarter larger: this block's either way. */
         hb = heap_alloc_in(h, &m->hs, rsize);
         if (!hb) {
                 /* Added to the heap and carved under the lock, never let go between: only a bug of ours. */

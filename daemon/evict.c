@@ -131,8 +131,14 @@ static int from_device(struct session *s, const struct evict_lease *l, uint64_t 
         unsigned ahead = l->ahead;
         int r;
 
-        if (!l->granules && !ahead)
+        if (!l->granules && !ahead) {
+                uint64_t least = heap_min_segment_bytes(heap_round(l->size));
+
+                /* Exact: the headroom bounds what the cache may serve (and a new segment is that size already). */
+                if (l->exact && headroom > least)
+                        headroom = least;
                 return (r = from_pool(p, &s->owners[l->device], l->size, headroom, &leases[0])) < 0 ? r : 1;
+        }
         if (ahead && others_wait_for_memory(s, l->device))
                 ahead = 0;
         return lease_granules(p, &s->owners[l->device], l->granules, ahead, headroom, leases);

@@ -27,6 +27,7 @@ struct evict_lease {
         uint64_t size;                  /* a segment for size bytes, or the granules' bytes */
         unsigned granules;              /* a granule lease's count, or 0 */
         unsigned ahead;                 /* and how many more it would take where they fit at once */
+        bool exact;                     /* a segment of the size rounded to 2 MiB, not a larger one from the cache */
         /* While it waits: */
         uint64_t deadline_ms;           /* on the loop's clock: then it is tried a last time */
         uint64_t round;                 /* names it to the clients asked for it (node->reclaim_rounds) */

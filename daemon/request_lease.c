@@ -355,6 +355,11 @@ void request_lease(struct session *s, const Gpupool__Envelope *req, struct reply
                 reply_error(id, -EINVAL, false, why, ret);
                 return;
         }
+        if (req->lease->has_exact && req->lease->exact && req->lease->has_granules) {
+                snprintf(why, sizeof(why), "exact is for a segment lease: a granule lease's segments are each the granule");
+                reply_error(id, -EINVAL, false, why, ret);
+                return;
+        }
         if (req->lease->has_granules) {
                 /* Granules 0 asks for granules ahead only (none: a lease of nothing). */
                 if ((granules == 0 && ahead == 0) || granules > GP_MAX_LEASE_GRANULES || size != GP_GRANULE_BYTES) {
@@ -377,7 +382,8 @@ void request_lease(struct session *s, const Gpupool__Envelope *req, struct reply
                 reply_error(id, -ENOMEM, false, "the daemon is out of memory for a lease", ret);
                 return;
         }
-        *s->lease = (struct evict_lease) { .id = id, .device = device, .size = size, .granules = granules, .ahead = ahead };
+        *s->lease = (struct evict_lease) { .id = id, .device = device, .size = size, .granules = granules, .ahead = ahead,
+                                           .exact = req->lease->has_exact && req->lease->exact };
         (void) lease_attempt(s, s->lease, EVICT_FIRST, ret);
 }
 

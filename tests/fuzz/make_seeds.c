@@ -59,6 +59,21 @@ static void lease(uint64_t id, uint64_t size) {
         packet(0, &env);
 }
 
+/* A lease with exact set: a segment of the size rounded to 2 MiB, not a larger cached one. */
+static void lease_exact(uint64_t id, uint64_t size, bool granule) {
+        Gpupool__Envelope env = GPUPOOL__ENVELOPE__INIT;
+        Gpupool__LeaseRequest l = GPUPOOL__LEASE_REQUEST__INIT;
+
+        l.size = size;
+        l.has_exact = l.exact = 1;
+        l.has_granules = granule;
+        l.granules = granule;
+        env.id = id;
+        env.body_case = GPUPOOL__ENVELOPE__BODY_LEASE;
+        env.lease = &l;
+        packet(0, &env);
+}
+
 static void lease_granules(uint64_t id, uint32_t granules) {
         Gpupool__Envelope env = GPUPOOL__ENVELOPE__INIT;
         Gpupool__LeaseRequest l = GPUPOOL__LEASE_REQUEST__INIT;
@@ -122,6 +137,15 @@ int main(int argc, char **argv) {
         lease_granules(4, 129);         /* refused: too many */
         return_segment(5, seg);
         lease_granules(6, 1);           /* the cached one again */
+        fclose(out);
+
+        begin(dir, "exact-leases");
+        hello(0);
+        lease(2, 24u << 20);
+        return_segment(3, seg);
+        lease_exact(4, 20u << 20, false);       /* not the cached 24 MiB */
+        lease_exact(5, 23u << 20, false);       /* the cached one: 24 MiB exactly */
+        lease_exact(6, 2u << 20, true);         /* refused: a granule lease */
         fclose(out);
 
         /* Memory queries, and charges of memory outside the pool: good, refused, and released. */

@@ -808,7 +808,8 @@ START_TEST(test_grow_pieces) {
         struct testd d;
         char *a, *p, *q, msg[512];
 
-        testd_start(&d, "--host-capacity", "10G", NULL);       /* its ranges reserve 50 GiB; valgrind refused the 80 of 16G */
+        /* 10 GiB: its ranges reserve 50 GiB (valgrind refused the 80 of 16G); a cache that keeps what goes back. */
+        testd_start(&d, "--host-capacity", "10G", "--max-cached", "100%", NULL);
         c = connect_growing(&d, "pieces");
         ck_assert_int_eq(gpupool_alloc(c, 0, 6 * MiB, (void **) &a), 0);
         before = client_stats(c);
@@ -855,6 +856,14 @@ START_TEST(test_grow_pieces) {
         ck_assert_int_eq(testd_client_field(&d, 0, "pieces", "reserved_bytes"),
                          (int64_t) (grow_stats(c).granules_held * 2 * MiB));
         ck_assert_int_eq(gpupool_free(c, q), 0);
+        /*
+         * 4 GiB is leased exact: not a piece the daemon's cache holds (4.1 or 5 GiB, within the
+         * quarter more the cache serves otherwise), which would hold past the budget, but 4 GiB.
+         */
+        ck_assert_int_ge(testd_device(&d, 0, "cached_bytes"), (int64_t) P);
+        ck_assert_int_eq(gpupool_alloc(c, 0, 4 * GiB, (void **) &p), 0);
+        ck_assert_uint_eq(client_stats(c).mapped_bytes - grow_stats(c).granules_held * 2 * MiB, 4 * GiB);
+        ck_assert_int_eq(gpupool_free(c, p), 0);
 
         /* Larger than the device: the daemon's refusal, nothing left leased for it. */
         ck_assert_int_eq(gpupool_alloc(c, 0, 20 * GiB, (void **) &p), -ENOMEM);

@@ -266,6 +266,77 @@ START_TEST(test_granule_stock) {
 }
 END_TEST
 
+/* A LeaseRequest for a segment of size bytes, exact or not; its reply (the descriptor closed), the segment's id and size out. */
+static Gpupool__Envelope *lease_exact(int sock, uint64_t size, bool exact, bool granule) {
+        Gpupool__Envelope env = GPUPOOL__ENVELOPE__INIT, *rep;
+        Gpupool__LeaseRequest lr = GPUPOOL__LEASE_REQUEST__INIT;
+        int fd = -1;
+
+        lr.device = 0;
+        lr.size = size;
+        lr.has_exact = true;
+        lr.exact = exact;
+        lr.has_granules = granule;
+        lr.granules = granule ? 1 : 0;
+        env.id = 9;
+        env.body_case = GPUPOOL__ENVELOPE__BODY_LEASE;
+        env.lease = &lr;
+        rep = raw_call_fd(sock, &env, &fd);
+        ck_assert_ptr_nonnull(rep);
+        if (fd >= 0)
+                close(fd);
+        return rep;
+}
+
+/*
+ * exact: the cache serves a lease only with a segment of its size rounded to 2 MiB, where it
+ * would otherwise take one of up to a quarter more; a new segment is that size. Not for a
+ * granule lease: refused, saying why.
+ */
+START_TEST(test_exact_lease) {
+        Gpupool__Envelope *rep;
+        struct testd d;
+        uint64_t id;
+        int sock;
+
+        testd_start(&d, NULL);
+        sock = raw_hello(&d, "exact");
+        rep = lease_exact(sock, 24 * MiB, false, false);
+        ck_assert_int_eq(rep->status, GPUPOOL__STATUS__STATUS_OK);
+        id = rep->lease_reply->segment_id;
+        gpupool__envelope__free_unpacked(rep, NULL);
+        gpupool__envelope__free_unpacked(raw_return(sock, &id, 1, NULL), NULL);
+        ck_assert_int_eq(testd_device(&d, 0, "cached_bytes"), 24 * MiB);
+        /* 20 MiB exact: not the cached 24, a new 20. */
+        rep = lease_exact(sock, 20 * MiB, true, false);
+        ck_assert_int_eq(rep->status, GPUPOOL__STATUS__STATUS_OK);
+        ck_assert_uint_eq(rep->lease_reply->segment_size, 20 * MiB);
+        ck_assert_uint_ne(rep->lease_reply->segment_id, id);
+        gpupool__envelope__free_unpacked(rep, NULL);
+        ck_assert_int_eq(testd_device(&d, 0, "cached_bytes"), 24 * MiB);
+        /* Not exact, 20 MiB takes the cached 24 (a sixth more). */
+        rep = lease_exact(sock, 20 * MiB, false, false);
+        ck_assert_int_eq(rep->status, GPUPOOL__STATUS__STATUS_OK);
+        ck_assert_uint_eq(rep->lease_reply->segment_size, 24 * MiB);
+        ck_assert_uint_eq(rep->lease_reply->segment_id, id);
+        gpupool__envelope__free_unpacked(rep, NULL);
+        gpupool__envelope__free_unpacked(raw_return(sock, &id, 1, NULL), NULL);
+        /* 23 MiB exact rounds up to 24: the cached one serves. */
+        rep = lease_exact(sock, 23 * MiB, true, false);
+        ck_assert_int_eq(rep->status, GPUPOOL__STATUS__STATUS_OK);
+        ck_assert_uint_eq(rep->lease_reply->segment_id, id);
+        gpupool__envelope__free_unpacked(rep, NULL);
+        /* A granule lease is each the granule: exact there is a mistake. */
+        rep = lease_exact(sock, 2 * MiB, true, true);
+        ck_assert_int_eq(rep->status, GPUPOOL__STATUS__STATUS_INVALID);
+        ck_assert_msg(strstr(rep->error, "exact is for a segment lease"), "%s", rep->error);
+        gpupool__envelope__free_unpacked(rep, NULL);
+        json_decref(testd_ctl(&d, "check"));
+        close(sock);
+        ck_assert_int_eq(testd_stop(&d), 0);
+}
+END_TEST
+
 Suite *suite_leases(void) {
         Suite *s = suite_create("leases");
         TCase *tc = tcase_create("host");
@@ -275,6 +346,7 @@ Suite *suite_leases(void) {
         tcase_add_test(tc, test_granules_ahead);
         tcase_add_test(tc, test_granules_ahead_only_never_wait);
         tcase_add_test(tc, test_granule_stock);
+        tcase_add_test(tc, test_exact_lease);
         tcase_set_timeout(tc, 120);
         suite_add_tcase(s, tc);
         return s;
