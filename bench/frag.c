@@ -45,7 +45,9 @@
  *   runs     a study, not libgpupool: each run of granules a block lacks leased as one physical
  *            allocation (a piece, imported and mapped whole), and runs-adapt, which gives back
  *            idle pieces a block would mostly waste and leases granule by granule under
- *            pressure (see run_runs() below): what fewer imports would cost in memory.
+ *            pressure, and runs-budget, which leases a run as one piece only where the budget
+ *            has room for it and granule by granule where not (see run_runs() below): what
+ *            fewer imports would cost in memory.
  *
  *   bound    not a policy: the fewest leases (and so imports) that any process can take
  *            whose policy never holds more than 1.05 of its peak in use so far, placement
@@ -571,6 +573,7 @@ struct piece {
 
 struct runs {
         bool adapt;
+        bool budget;                    /* runs-budget: a run as one piece only where the budget has room for it */
         struct piece *p;
         size_t n, cap;
         int64_t *at[HEAP_CARVED_CLASSES];  /* the piece mapped at each granule, or -1 */
@@ -648,6 +651,12 @@ static bool runs_fill(struct runs *m, int class, uint64_t first, uint64_t last, 
         }
         if (!need)
                 return false;
+        if (m->budget) {
+                /* runs-budget: one piece where it fits the budget, else granule by granule (each moves alone later). */
+                for (uint64_t len = need <= room ? need : 1; need; first += len, need -= len)
+                        piece_lease(m, class, first, len);
+                return true;
+        }
         for (uint64_t len = need < m->threshold ? 1 : need; need; first += len, need -= len)
                 piece_lease(m, class, first, len);
         return true;
@@ -681,11 +690,11 @@ static void runs_check(const struct runs *m) {
 }
 
 /* Leaves the counts in all, and at the second half's start in half. */
-static struct result run_runs(const struct op *ops, size_t n, uint64_t max_id, bool adapt, struct runs_counts *all,
-                              struct runs_counts *half) {
+static struct result run_runs(const struct op *ops, size_t n, uint64_t max_id, bool adapt, bool by_budget,
+                              struct runs_counts *all, struct runs_counts *half) {
         struct heap_block **live = calloc(max_id + 1, sizeof(*live));
         uint64_t *sizes = calloc(max_id + 1, sizeof(*sizes)), in_use = 0;
-        struct runs m = { .adapt = adapt, .threshold = 1 };
+        struct runs m = { .adapt = adapt, .budget = by_budget, .threshold = 1 };
         struct heap_segment seg[HEAP_CARVED_CLASSES];
         struct result r = { 0 };
         struct heap h;
@@ -924,10 +933,11 @@ int main(int argc, char **argv) {
                         free(pc.size);
                         free(pc.busy);
                 }
-                for (int adapt = 0; adapt <= 1; adapt++) {
+                for (int way = 0; way <= 2; way++) {
+                        static const char *const names[] = { "runs", "runs-adapt", "runs-budget" };
                         struct runs_counts all = { 0 }, second = { 0 };
 
-                        row(name, adapt ? "runs-adapt" : "runs", run_runs(ops, n, max_id, adapt, &all, &second));
+                        row(name, names[way], run_runs(ops, n, max_id, way == 1, way == 2, &all, &second));
                         printf("%-12s %-13s %" PRIu64 " leases, %" PRIu64 " imports, %" PRIu64 " moves, %" PRIu64
                                " given back; second half: %" PRIu64 " leases, %" PRIu64 " imports, %" PRIu64 " moves\n", "", "",
                                all.leases, all.imports, all.moves, all.returns, all.leases - second.leases,
