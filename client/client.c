@@ -506,12 +506,7 @@ GPUPOOL_EXPORT int gpupool_device_memory(gpupool_client *c, int device, uint64_t
         /* Memory outside the pool it charged is used too (the daemon's answer counts it already). */
         used = c->devices[d].heap.in_use_bytes + c->devices[d].charged;
         /* Segments that grow in place map granules under ranges: the granules it holds and its pieces, not the ranges. */
-        if (c->grow) {
-                client_grow_pieces(c, (unsigned) d, &mapped, NULL, NULL);
-                mapped += client_grow_held(c, (unsigned) d) * GP_GRANULE_BYTES;
-        } else {
-                mapped = c->devices[d].heap.size_bytes;
-        }
+        mapped = c->grow ? client_grow_mapped(c, (unsigned) d) : c->devices[d].heap.size_bytes;
         if (mapped < used)
                 mapped = used;
         /* What its pool holds free, and what the daemon would lease it more. */
@@ -525,10 +520,7 @@ GPUPOOL_EXPORT int gpupool_device_memory(gpupool_client *c, int device, uint64_t
         return 0;
 }
 
-/*
- * A ChargeRequest for bytes of daemon device d: a charge, or a release. Locked. Returns 0
- * (*ret_charged: the client's charge there now), or a negative errno with the sentence.
- */
+/* A ChargeRequest for bytes of daemon device d: a charge, or a release. Locked. Returns 0, or a negative errno with the sentence. */
 static int charge_call(gpupool_client *c, unsigned d, uint64_t bytes, bool release) {
         Gpupool__Envelope req = GPUPOOL__ENVELOPE__INIT, *rep = NULL;
         Gpupool__ChargeRequest cr = GPUPOOL__CHARGE_REQUEST__INIT;
@@ -607,7 +599,6 @@ GPUPOOL_EXPORT int gpupool_uncharge(gpupool_client *c, int device, uint64_t byte
         pthread_mutex_unlock(&c->lock);
         return 0;
 }
-
 
 GPUPOOL_EXPORT int gpupool_block_range(gpupool_client *c, const void *ptr, void **ret_base, size_t *ret_size) {
         uint64_t size;

@@ -226,11 +226,16 @@ int client_grow_start(gpupool_client *c, unsigned d) {
         return 0;
 }
 
-void client_grow_pieces(gpupool_client *c, unsigned d, uint64_t *ret_held, uint64_t *ret_asked, uint64_t *ret_empty) {
+/* Device d's pieces: the bytes they hold, what their blocks were carved for, and the bytes of those empty. */
+static void pieces_of(gpupool_client *c, unsigned d, uint64_t *ret_held, uint64_t *ret_asked, uint64_t *ret_empty) {
+        const struct heap *h = &c->devices[d].heap;
         uint64_t held = 0, asked = 0, empty = 0;
 
-        /* A few at most (each is gigabytes): the heap's segments are the ranges and the pieces. */
-        for (const struct heap_segment *s = c->devices[d].heap.segments; s; s = s->next) {
+        /*
+         * The heap's segments are the ranges and the pieces, a few at most (each is gigabytes);
+         * with none (the ranges alone), nothing to look at: every allocation plans its granules.
+         */
+        for (const struct heap_segment *s = h->segment_count > HEAP_CARVED_CLASSES ? h->segments : NULL; s; s = s->next) {
                 if (s->class != HEAP_CLASS_PIECE)
                         continue;
                 held += s->size;
@@ -263,7 +268,7 @@ uint64_t client_grow_over(gpupool_client *c, unsigned d, uint64_t more, uint64_t
 
         if (dev->heap.asked_bytes + in_use_more > peak)
                 peak = dev->heap.asked_bytes + in_use_more;
-        client_grow_pieces(c, d, &pieces, NULL, NULL);
+        pieces_of(c, d, &pieces, NULL, NULL);
         cap = peak + peak / GRANULE_KEEP_DIVISOR;
         held = dev->grow->set.held * G + pieces + more;
         return held > cap ? held - cap : 0;
@@ -280,7 +285,7 @@ uint64_t client_grow_plan(gpupool_client *c, const struct heap_block *hb, struct
          * bytes (so that the two together keep within the budget over the peak), for the blocks
          * on granules alone.
          */
-        client_grow_pieces(c, d, &pieces, &asked, NULL);
+        pieces_of(c, d, &pieces, &asked, NULL);
         off = pieces * GRANULE_KEEP_DIVISOR / (GRANULE_KEEP_DIVISOR + 1);
         peak = peak > off ? peak - off : 0;
         granule_plan(range_of(g, hb->segment), hb->offset, hb->size, g->want_none ? 0 : peak,
@@ -483,8 +488,18 @@ uint64_t client_grow_held(gpupool_client *c, unsigned d) {
         return c->devices[d].grow ? c->devices[d].grow->set.held : 0;
 }
 
-uint64_t client_grow_free(gpupool_client *c, unsigned d) {
-        return c->devices[d].grow ? granule_free_count(&c->devices[d].grow->set) : 0;
+uint64_t client_grow_mapped(gpupool_client *c, unsigned d) {
+        uint64_t pieces;
+
+        pieces_of(c, d, &pieces, NULL, NULL);
+        return client_grow_held(c, d) * G + pieces;
+}
+
+uint64_t client_grow_free_bytes(gpupool_client *c, unsigned d) {
+        uint64_t empty;
+
+        pieces_of(c, d, NULL, NULL, &empty);
+        return (c->devices[d].grow ? granule_free_count(&c->devices[d].grow->set) * G : 0) + empty;
 }
 
 void client_grow_forget(gpupool_client *c) {

@@ -24,9 +24,6 @@
 #define GROW_PIECE_BYTES (4ULL << 30)       /* the default ($GPUPOOL_GROW_PIECE) */
 #define GROW_PIECE_MIN_BYTES (64ULL << 20)  /* the least it may be: a piece is a lease and an import of its own */
 
-/* Device d's pieces: the bytes they hold, what their blocks were carved for, and the bytes of those empty. */
-void client_grow_pieces(gpupool_client *c, unsigned d, uint64_t *ret_held, uint64_t *ret_asked, uint64_t *ret_empty);
-
 /*
  * How many bytes what device d holds (granules and pieces) and more would take past the budget
  * over its peak in use (that and in_use_more counted in): 0 within it.
@@ -84,9 +81,12 @@ void client_grow_index(gpupool_client *c, unsigned d, bool in);
 /* gpupool_grow_stats(): the granules held and free on every device, and the maps and unmaps since connect. */
 void client_grow_stats(gpupool_client *c, struct gpupool_grow_stats *st);
 
-/* Granules held on d, and of them those no live block touches. */
+/* Granules held on d. */
 uint64_t client_grow_held(gpupool_client *c, unsigned d);
-uint64_t client_grow_free(gpupool_client *c, unsigned d);
+
+/* Bytes mapped on d: its granules and its pieces; and of them, those no live block touches. */
+uint64_t client_grow_mapped(gpupool_client *c, unsigned d);
+uint64_t client_grow_free_bytes(gpupool_client *c, unsigned d);
 
 /* Unmaps and forgets everything of every device (the session is over), its blocks with it. */
 void client_grow_forget(gpupool_client *c);

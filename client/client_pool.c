@@ -43,15 +43,10 @@ uint64_t client_pool_free_bytes(gpupool_client *c) {
 
         client_tcache_bytes(c, NULL, &bytes);
         /* Not what is held for a stream until its fence: it is no one else's yet. */
-        for (unsigned d = 0; d < c->device_count; d++) {
-                uint64_t pieces = 0;
-
-                if (c->grow)
-                        client_grow_pieces(c, d, &pieces, NULL, NULL);
-                bytes += (c->grow ? client_grow_held(c, d) * GP_GRANULE_BYTES + pieces - c->devices[d].heap.in_use_bytes :
+        for (unsigned d = 0; d < c->device_count; d++)
+                bytes += (c->grow ? client_grow_mapped(c, d) - c->devices[d].heap.in_use_bytes :
                                     heap_free_bytes(&c->devices[d].heap)) -
                          c->devices[d].heap.held_bytes;
-        }
         return bytes;
 }
 
@@ -393,7 +388,7 @@ static void return_leased(gpupool_client *c, unsigned d, uint64_t size, uint64_t
  */
 static int grow_map_block(gpupool_client *c, unsigned d, struct heap_block *hb) {
         struct granule_plan p;
-        uint64_t obtained = 0, got;
+        uint64_t obtained = 0, got, over;
         bool drained = false, leased = false, fenced_all = false;
         int r;
 
@@ -410,8 +405,8 @@ static int grow_map_block(gpupool_client *c, unsigned d, struct heap_block *hb) 
                         continue;
                 }
                 /* Idle pieces go back first where the granules it must have would pass the budget with them. */
-                if (p.must && client_grow_over(c, d, p.must * GP_GRANULE_BYTES, 0))
-                        (void) client_return_pieces(c, d, client_grow_over(c, d, p.must * GP_GRANULE_BYTES, 0));
+                if (p.must && (over = client_grow_over(c, d, p.must * GP_GRANULE_BYTES, 0)))
+                        (void) client_return_pieces(c, d, over);
                 /*
                  * Only what it must have can be refused or waited for; the rest comes where the
                  * daemon has it at once (with nothing it must have, the request asks for granules
@@ -495,8 +490,8 @@ static struct heap_block *piece_alloc(gpupool_client *c, unsigned d, uint64_t rs
                 if ((hb = heap_alloc_on(h, HEAP_CLASS_PIECE, rsize, lane, &held)))
                         return hb;
         }
-        if (client_grow_over(c, d, want, rsize))
-                (void) client_return_pieces(c, d, client_grow_over(c, d, want, rsize));
+        if ((over = client_grow_over(c, d, want, rsize)))
+                (void) client_return_pieces(c, d, over);
         if ((over = client_grow_over(c, d, want, rsize)))
                 (void) client_return_taken(c, take_granules, &d, over);
         *ret = lease(c, d, rsize, HEAP_CLASS_PIECE, &m);

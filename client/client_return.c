@@ -35,13 +35,7 @@ static uint64_t framework_free(gpupool_client *c, unsigned d, uint64_t parked) {
  * or granules no block touches, and what a framework's cache would free (gpupool_release_wait()).
  */
 static uint64_t held_free(gpupool_client *c, unsigned d, uint64_t parked) {
-        uint64_t empty = c->devices[d].heap.empty_bytes;
-
-        if (c->grow) {
-                client_grow_pieces(c, d, NULL, NULL, &empty);
-                empty += client_grow_free(c, d) * GP_GRANULE_BYTES;
-        }
-        return empty + framework_free(c, d, parked);
+        return (c->grow ? client_grow_free_bytes(c, d) : c->devices[d].heap.empty_bytes) + framework_free(c, d, parked);
 }
 
 size_t client_usage(gpupool_client *c, Gpupool__Usage *u, Gpupool__Usage **ptrs) {
@@ -267,9 +261,8 @@ static size_t take_empty(gpupool_client *c, const void *arg, uint64_t want, uint
         return client_take_empty(c, t->device, want, t->before_ms, ids, max, ret_bytes);
 }
 
-int client_return_empty(gpupool_client *c, int device, uint64_t want, uint64_t before_ms) {
-        struct take_empty t = { device, before_ms };
-
+/* client_return_taken() once the connection is free; -ECONNRESET with the daemon gone. */
+static int return_when_free(gpupool_client *c, client_take_fn take, const void *arg, uint64_t want) {
         /*
          * The connection first: an adoption under way renames what it would take (and a lease
          * out may bring more). From here on the lock is not let go until the ids have gone.
@@ -278,7 +271,13 @@ int client_return_empty(gpupool_client *c, int device, uint64_t want, uint64_t b
         /* Nobody to give it to: cuda-vmm memory stays the process's until it reconnects. */
         if (client_daemon_gone(c))
                 return -ECONNRESET;
-        return client_return_taken(c, take_empty, &t, want);
+        return client_return_taken(c, take, arg, want);
+}
+
+int client_return_empty(gpupool_client *c, int device, uint64_t want, uint64_t before_ms) {
+        struct take_empty t = { device, before_ms };
+
+        return return_when_free(c, take_empty, &t, want);
 }
 
 /* Empty pieces of a device, the largest first (client_return_pieces()). */
@@ -289,10 +288,7 @@ static size_t take_largest(gpupool_client *c, const void *arg, uint64_t want, ui
 }
 
 int client_return_pieces(gpupool_client *c, unsigned d, uint64_t want) {
-        client_conn_wait(c);
-        if (client_daemon_gone(c))
-                return -ECONNRESET;
-        return client_return_taken(c, take_largest, &d, want);
+        return return_when_free(c, take_largest, &d, want);
 }
 
 void client_returns_add(struct client_returns *b, uint64_t id) {

@@ -181,9 +181,8 @@ struct vmap {
         int access;                     /* CU_MEM_ACCESS_FLAGS_*: none until cuMemSetAccess */
 };
 
-/* This process's mappings by address (logarithmic lookups: the driver's take no longer with many), and how many. */
+/* This process's mappings by address (logarithmic lookups: the driver's take no longer with many). */
 extern struct gp_rb_tree vmaps;
-extern size_t vmap_count;
 /*
  * The host bytes behind [p, p + n): mapped and accessible throughout, or NULL; *ret_read_only
  * set when some of it is mapped for reading only. Call locked.

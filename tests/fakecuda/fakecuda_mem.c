@@ -451,7 +451,7 @@ EXPORT int fakecuda_open_handles(void) {
         pthread_mutex_lock(&lock);
         for (struct alloc *a = allocs; a; a = a->next)
                 n += a->imported;
-        n += (int) vmap_count;  /* another process's memory mapped here, or ours: a mapping each */
+        n += (int) vmaps.count; /* another process's memory mapped here, or ours: a mapping each */
         pthread_mutex_unlock(&lock);
         return n;
 }

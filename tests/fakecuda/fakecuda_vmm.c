@@ -122,7 +122,6 @@ static int cmp_vmap(const struct gp_rb_node *a, const struct gp_rb_node *b) {
 static struct gp_rb_tree physes = { .cmp = cmp_handle }, phys_ids = { .cmp = cmp_phys_id };
 static struct gp_rb_tree reservations = { .cmp = cmp_base };
 struct gp_rb_tree vmaps = { .cmp = cmp_vmap };
-size_t vmap_count;
 
 static struct phys *phys_of(gp_cu_mem_handle h) {
         struct gp_rb_node *n = gp_rb_find(&physes, (const struct gp_rb_node *) (uintptr_t) h);
@@ -528,7 +527,6 @@ CUresult fk_MemMap(CUdeviceptr ptr, size_t size, size_t offset, gp_cu_mem_handle
         m->access = GP_CU_MEM_ACCESS_FLAGS_PROT_NONE;   /* mapped is not accessible: cuMemSetAccess */
         p->maps++;
         (void) gp_rb_insert(&vmaps, &m->by_ptr);
-        vmap_count++;
         pthread_mutex_unlock(&lock);
         fake_spend_since(t0, cost.map);
         return GP_CUDA_SUCCESS;
@@ -559,7 +557,6 @@ CUresult fk_MemUnmap(CUdeviceptr ptr, size_t size) {
         for (struct vmap *m = vmap_from(ptr), *next; m && m->ptr < ptr + size; m = next) {
                 next = vmap_next(m);
                 gp_rb_remove(&vmaps, &m->by_ptr);
-                vmap_count--;
                 /* Its place in the reservation's shadow stays reserved, unreachable. */
                 (void) mmap(m->host, m->size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
                 if (--m->phys->maps == 0 && m->phys->handles == 0)

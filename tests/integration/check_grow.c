@@ -550,22 +550,40 @@ static int piece_idler_main(struct testd *d, void *arg) {
         return 0;
 }
 
+/* A process holding memory (idler_main, piece_idler_main) until told to go: its pipes and pid. */
+struct idler {
+        int ready[2], go[2], pipes[3];
+        pid_t pid;
+};
+
+/* Starts fn on d and waits until it says it holds what it should ('y'). */
+static void idler_start(struct testd *d, int (*fn)(struct testd *, void *), struct idler *w) {
+        char ch;
+
+        ck_assert_int_eq(pipe(w->ready), 0);
+        ck_assert_int_eq(pipe(w->go), 0);
+        w->pipes[0] = w->ready[0], w->pipes[1] = w->ready[1], w->pipes[2] = w->go[0];
+        w->pid = spawn(fn, d, w->pipes);
+        ck_assert_int_eq(read(w->ready[0], &ch, 1), 1);
+        ck_assert_int_eq(ch, 'y');
+}
+
+/* Tells it to go, and checks that it ended well. */
+static void idler_stop(struct idler *w) {
+        ck_assert_int_eq(write(w->go[1], "g", 1), 1);
+        ck_assert_int_eq(reap(w->pid), 0);
+        close(w->ready[0]), close(w->ready[1]), close(w->go[0]), close(w->go[1]);
+}
+
 /* Another process's lease takes an idle piece back first, in the answer to the daemon's reclaim. */
 START_TEST(test_grow_piece_reclaim) {
-        int ready[2], go[2], pipes[3];
+        struct idler w;
         gpupool_client *b;
         struct testd d;
-        char ch;
         void *p;
-        pid_t pid;
 
         testd_start(&d, "--host-capacity", "1G", NULL);
-        ck_assert_int_eq(pipe(ready), 0);
-        ck_assert_int_eq(pipe(go), 0);
-        pipes[0] = ready[0], pipes[1] = ready[1], pipes[2] = go[0];
-        pid = spawn(piece_idler_main, &d, pipes);
-        ck_assert_int_eq(read(ready[0], &ch, 1), 1);
-        ck_assert_int_eq(ch, 'y');
+        idler_start(&d, piece_idler_main, &w);
         ck_assert_int_ge(testd_client_field(&d, 0, "idler", "reserved_bytes"), 302 * MiB);
         ck_assert(testd_client_becomes(&d, 0, "idler", "held_free_bytes",
                                        testd_client_field(&d, 0, "idler", "reserved_bytes") - 2 * MiB));
@@ -575,30 +593,21 @@ START_TEST(test_grow_piece_reclaim) {
         ck_assert_int_lt(testd_client_field(&d, 0, "idler", "reserved_bytes"), 300 * MiB);
         json_decref(testd_ctl(&d, "check"));
         ck_assert_int_eq(gpupool_free(b, p), 0);
-        ck_assert_int_eq(write(go[1], "g", 1), 1);
-        ck_assert_int_eq(reap(pid), 0);
+        idler_stop(&w);
         gpupool_disconnect(b);
-        close(ready[0]), close(ready[1]), close(go[0]), close(go[1]);
         ck_assert_int_eq(testd_stop(&d), 0);
 }
 END_TEST
 
 START_TEST(test_grow_reclaim) {
-        int ready[2], go[2], pipes[3];
+        struct idler w;
         long long held;
         gpupool_client *b;
         struct testd d;
-        char ch;
         void *p;
-        pid_t pid;
 
         testd_start(&d, "--host-capacity", "1G", NULL);
-        ck_assert_int_eq(pipe(ready), 0);
-        ck_assert_int_eq(pipe(go), 0);
-        pipes[0] = ready[0], pipes[1] = ready[1], pipes[2] = go[0];
-        pid = spawn(idler_main, &d, pipes);
-        ck_assert_int_eq(read(ready[0], &ch, 1), 1);
-        ck_assert_int_eq(ch, 'y');
+        idler_start(&d, idler_main, &w);
         /*
          * 350 granules, and ahead at each lease what brings those held to a 32nd more than in
          * use, or at least a 192nd of them: at most 22 and 4 granules more.
@@ -615,10 +624,8 @@ START_TEST(test_grow_reclaim) {
         ck_assert_int_le(testd_client_field(&d, 0, "idler", "reserved_bytes"), 1024 * MiB - 700 * MiB);
         json_decref(testd_ctl(&d, "check"));
         ck_assert_int_eq(gpupool_free(b, p), 0);
-        ck_assert_int_eq(write(go[1], "g", 1), 1);
-        ck_assert_int_eq(reap(pid), 0);
+        idler_stop(&w);
         gpupool_disconnect(b);
-        close(ready[0]), close(ready[1]), close(go[0]), close(go[1]);
         ck_assert_int_eq(testd_stop(&d), 0);
 }
 END_TEST
