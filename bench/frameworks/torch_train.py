@@ -124,7 +124,12 @@ def build(torch, a):
         def loss(self, out, y):
             return nn.functional.cross_entropy(out, y)
 
-    return Transformer() if a.model == "transformer" else ResNet18()
+    if a.model != "transformer":
+        return ResNet18()
+    # The longest sequence: the training batches' length, or what a caller that passes seq
+    # (bench/frameworks/record_traces.py's inference loop) sends at most.
+    seq = getattr(a, "seq", 0)
+    return Transformer(seq=seq) if seq else Transformer()
 
 
 def memory(torch, gpupool, a):
