@@ -16,7 +16,7 @@ def _name_the_client():
 
 
 TORCH_MODES = ("allocator", "mempool")
-_torch_pools = []       # mode "mempool": one torch.cuda.MemPool per device, kept for the process's life
+_torch_pools = []       # mode "mempool": (device, torch.cuda.MemPool) per device, kept for the process's life
 _torch_installed = {}   # "mode" and "allocator", once use_with_torch() has installed one
 
 
@@ -157,7 +157,7 @@ def _use_torch_mempool(torch, allocator):
         with torch.cuda.device(device):
             pool = mem_pool(allocator.allocator())
         begin(device, pool.id)
-        pools.append(pool)
+        pools.append((device, pool))    # a MemPool does not say its device (PyTorch 2.11)
     _torch_pools.extend(pools)
     end = getattr(torch._C, "_cuda_endAllocateToPool", None)
     release = getattr(torch._C, "_cuda_releasePool", None)
@@ -178,13 +178,13 @@ def _torch_rotate(torch, allocator, mem_pool, begin, end, release):
     """Routes each device's allocations to a new pool and drops the old one: PyTorch frees what
     the old one caches (its MemPool's destructor empties its cache once nobody uses it), and the
     rest of it as its blocks are dropped, at the next torch.cuda.empty_cache()."""
-    for i, old in enumerate(_torch_pools):
-        with torch.cuda.device(old.device):
+    for i, (device, old) in enumerate(_torch_pools):
+        with torch.cuda.device(device):
             new = mem_pool(allocator.allocator())
-        begin(old.device, new.id)
-        end(old.device, old.id)
-        release(old.device, old.id)     # the routing's use; the MemPool's own goes with it below
-        _torch_pools[i] = new
+        begin(device, new.id)
+        end(device, old.id)
+        release(device, old.id)         # the routing's use; the MemPool's own goes with it below
+        _torch_pools[i] = (device, new)
         del old
     torch.cuda.empty_cache()            # and what older pools' blocks left since
 

@@ -481,7 +481,7 @@ class TestFrameworks(unittest.TestCase):
         out = self.check(run_python("""
             import os, gpupool, torch
             a = gpupool.use_with_torch()            # the mode from $GPUPOOL_TORCH_MODE
-            print("pools", [(p.device, p.allocator is a) for p in gpupool._frameworks._torch_pools])
+            print("pools", [(d, p.allocator is a) for d, p in gpupool._frameworks._torch_pools])
             print("routed", sorted((d, [i for i, _ in p]) for d, p in torch.routed.items()))
             print("nccl", os.environ.get("TORCH_NCCL_AVOID_RECORD_STREAMS"))
             t = torch.empty(1024)

@@ -71,7 +71,8 @@ class MemPool:
             raise RuntimeError("the stand-in's CUDA is not initialized: a pool made before torch.cuda.init() "
                                "ends a real PyTorch process")
         MemPool._ids += 1
-        self.id, self.allocator, self.device = (0, MemPool._ids), allocator, _device
+        # As PyTorch 2.11's: an id and an allocator, no device (its pool's device is where it was made).
+        self.id, self.allocator = (0, MemPool._ids), allocator
 
 
 class _Pool:
@@ -141,7 +142,7 @@ def _release_pool(device, pool_id):
 class _MemPool(MemPool):
     def __init__(self, allocator=None):
         super().__init__(allocator)
-        _state[self.id] = _Pool(allocator, self.device)
+        _state[self.id] = _Pool(allocator, _device)        # made on the current device
 
     def use_count(self):
         return _state[self.id].use_count
