@@ -82,7 +82,7 @@ static int session_open(gpupool_client *c) {
          * Before the control thread starts: the process may have one thread yet, and then growing
          * costs no wait. A descriptor kept per segment (host), at most one per granule.
          */
-        if (r == 0 && !mem->ipc && !mem->export)
+        if (r == 0 && !mem->ipc && !mem->adopted_held)
                 client_fd_room(c->conn.sock, granules);
         /* The daemon asks for empty segments back on it; the idle return and usage reports run on its thread. */
         if (r == 0)

@@ -68,11 +68,9 @@ typedef void *client_event;
  */
 struct client_kept {
         uint64_t *id;
-        int fd;                 /* kept (host), or exported for the adoption (cuda-vmm: from base or handle); -1: none */
+        int fd;                 /* kept (host); -1: none (cuda-vmm: adopted by the process's word) */
         uint64_t size;
         uint64_t renamed;
-        uint8_t *base;          /* a whole segment's mapping, where no descriptor is kept */
-        uint64_t handle;        /* a granule's handle (client_mem_handle), where no descriptor is kept */
 };
 
 /* One segment this process maps, as the handle's memory seam mapped it (client_mem.h). */

@@ -300,34 +300,6 @@ int client_cuda_import(gpupool_client *c, unsigned i, int fd, uint64_t size, gp_
         return r == GP_CUDA_SUCCESS ? 0 : vmm_failed(c, "cuMemImportFromShareableHandle", size, r);
 }
 
-int client_cuda_export(gpupool_client *c, unsigned i, uint8_t *va, gp_cu_mem_handle h, int *ret_fd) {
-        struct cuda_device *d = device_of(c, i);
-        gp_cu_mem_handle held = 0;
-        gp_cu_result r = GP_CUDA_SUCCESS;
-        int err, mode, fd = -1;
-
-        err = segment_device_enter(c, d);
-        if (err < 0)
-                return err;
-        mode = relax(c);
-        /* A whole segment's handle was let go once mapped: the mapping gives it back, retained once more. */
-        if (va && (r = cu(c)->cuMemRetainAllocationHandle(&held, va)) == GP_CUDA_SUCCESS)
-                h = held;
-        if (r == GP_CUDA_SUCCESS)
-                r = cu(c)->cuMemExportToShareableHandle(&fd, h, GP_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
-        if (held)
-                (void) cu(c)->cuMemRelease(held);
-        leave(c, mode);
-        if (r != GP_CUDA_SUCCESS) {
-                client_set_error(c, "cuda-vmm: %s of memory this process holds, for gpupoold to adopt: %s",
-                                 va && !held ? "cuMemRetainAllocationHandle" : "cuMemExportToShareableHandle",
-                                 gp_cuda_error_name(cu(c), r));
-                return r == GP_CUDA_ERROR_OUT_OF_MEMORY ? -ENOMEM : -EIO;
-        }
-        *ret_fd = fd;
-        return 0;
-}
-
 void client_cuda_release(gpupool_client *c, unsigned i, gp_cu_mem_handle h) {
         struct cuda_device *d = device_of(c, i);
         if (push(c, d) < 0)

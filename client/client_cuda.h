@@ -37,12 +37,6 @@ int client_cuda_import(gpupool_client *c, unsigned d, int fd, uint64_t size, gp_
 /* Lets go of an imported handle: the memory goes once nothing maps it either. */
 void client_cuda_release(gpupool_client *c, unsigned d, gp_cu_mem_handle h);
 /*
- * cuda-vmm: a descriptor of the memory mapped at va (a whole segment, whose handle was let go:
- * cuMemRetainAllocationHandle), or where va is NULL of handle h, exported now for a daemon
- * after this one to adopt; the caller closes *ret_fd. Returns 0 or a negative errno, the error set.
- */
-int client_cuda_export(gpupool_client *c, unsigned d, uint8_t *va, gp_cu_mem_handle h, int *ret_fd);
-/*
  * Maps handle h at va (size bytes), not usable yet; and access to [va, va + size), mappings
  * side by side (one call for all): readable and writable, or (!writable) readable only.
  */

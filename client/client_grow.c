@@ -328,10 +328,10 @@ static int64_t granule_new(struct client_grow *g, uint64_t id, int fd) {
                 return r;
         }
         g->granules[i].fd = -1;
-        if (!c->mem->export)
+        if (!c->mem->adopted_held)
                 g->granules[i].fd = client_fd_keep(fd);        /* for a daemon after this one to adopt */
         else
-                close(fd);      /* the handle holds the memory; a daemon after this one is sent an export of it */
+                close(fd);      /* the handle holds the memory; a daemon after this one adopts it by our word */
         if (i == g->used)
                 g->used++;
         else
@@ -452,8 +452,7 @@ size_t client_grow_kept(gpupool_client *c, unsigned d, struct client_kept *out, 
         for (uint64_t i = 0; g && i < g->used && n < max; i++)
                 if (g->granules[i].held)
                         out[n++] = (struct client_kept) { .id = &g->granules[i].segment_id, .fd = g->granules[i].fd,
-                                                          .size = G, .renamed = g->granules[i].segment_id,
-                                                          .handle = g->granules[i].handle };
+                                                          .size = G, .renamed = g->granules[i].segment_id };
         return n;
 }
 

@@ -336,12 +336,6 @@ static int vmm_map_read(gpupool_client *c, unsigned d, int fd, const uint8_t *ip
         return vmm_map_whole(c, d, fd, size, false, ret);
 }
 
-static int vmm_export(gpupool_client *c, unsigned d, uint8_t *base, client_mem_handle h) {
-        int fd = -1, r = client_cuda_export(c, d, base, (gp_cu_mem_handle) h, &fd);
-
-        return r < 0 ? r : fd;
-}
-
 const struct client_mem_ops client_mem_vmm = {
         .backend = "cuda-vmm",
         .memory = "cuda-vmm memory",
@@ -361,7 +355,7 @@ const struct client_mem_ops client_mem_vmm = {
         .protect = vmm_protect,
         .map_read = vmm_map_read,
         .unmap_read = vmm_unmap_read,
-        .export = vmm_export,
+        .adopted_held = true,
 };
 
 const struct client_mem_ops *client_mem_of(const char *backend) {

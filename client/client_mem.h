@@ -128,13 +128,13 @@ struct client_mem_ops {
         /* Unmaps what map_read() mapped, or a segment's mapping protect() made read-only. */
         void (*unmap_read)(gpupool_client *c, unsigned d, uint8_t *base, uint64_t size);
         /*
-         * A descriptor of the memory of device d mapped at base (a whole segment), or (base NULL)
-         * of granule h, for a daemon after this one to adopt; made now, the caller's to close.
-         * Returns it or a negative errno with the error set. NULL where segments come as
-         * descriptors that are the memory itself (host): the one a segment came with is kept
-         * instead (client_keep.c). With it (cuda-vmm) the process keeps none per segment.
+         * A daemon after this one adopts what the process holds by the process's word
+         * (AdoptRequest.held), and the process keeps no descriptor per segment (cuda-vmm: the
+         * driver exports no imported memory, as an H200 showed, so there is none to hand over).
+         * Else (host) the descriptor a segment came with, the memory itself, is kept and handed
+         * over (client_keep.c).
          */
-        int (*export)(gpupool_client *c, unsigned d, uint8_t *base, client_mem_handle h);
+        bool adopted_held;
 };
 
 extern const struct client_mem_ops client_mem_host, client_mem_cuda, client_mem_vmm;

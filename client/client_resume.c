@@ -1,13 +1,13 @@
 /*
  * client_resume.c: a handle's session with the daemon that came back. On the host and cuda-vmm
  * backends a process's memory outlives gpupoold (a memfd lives while it is mapped, cuMemCreate
- * memory while a handle or a mapping of it is held), and the process keeps each segment's
- * descriptor (client_fd_keep()). Once a daemon listens again, the
- * control thread says hello to it and hands it every segment the process holds, with its
- * descriptor (AdoptRequest, 128 at a time): each the daemon adopts is leased to the process
- * again, under a new id; one it refuses (a limit, the capacity) stays the process's own
- * (CLIENT_ORPHAN), given back to nobody once it empties. Blocks, data and addresses never
- * change: only the ids under them.
+ * memory while a handle or a mapping of it is held). Once a daemon listens again, the control
+ * thread says hello to it and tells it every segment the process holds (AdoptRequest, 128 at a
+ * time): on the host backend with each segment's descriptor, which the process kept
+ * (client_fd_keep()); on cuda-vmm by the process's word (held), as the driver exports no
+ * imported memory. Each the daemon adopts is leased to the process again, under a new id; one
+ * it refuses (a limit, the capacity) stays the process's own (CLIENT_ORPHAN), given back to
+ * nobody once it empties. Blocks, data and addresses never change: only the ids under them.
  */
 #include "client_resume.h"
 
@@ -35,13 +35,13 @@ static uint64_t orphan_id(void) {
 }
 
 /*
- * Asks the daemon to adopt n kept segments of device d (their descriptors all kept, n at
- * most 128) and gives each its new id, or an orphan's where it was refused, to take once the
- * adoption is over (renamed). The lock is let go while the request is out (adopt_all() holds
- * the connection). Returns 0, or a negative errno when the daemon could not be asked (the ids
- * are left as they were).
+ * Asks the daemon to adopt n kept segments of device d (n at most 128), with their descriptors
+ * or (held) by the process's word, and gives each its new id, or an orphan's where it was
+ * refused, to take once the adoption is over (renamed). The lock is let go while the request is
+ * out (adopt_all() holds the connection). Returns 0, or a negative errno when the daemon could
+ * not be asked (the ids are left as they were).
  */
-static int adopt_batch(gpupool_client *c, unsigned d, struct client_kept **k, size_t n) {
+static int adopt_batch(gpupool_client *c, unsigned d, struct client_kept **k, size_t n, bool held) {
         Gpupool__Envelope req = GPUPOOL__ENVELOPE__INIT, *rep = NULL;
         Gpupool__AdoptRequest ar = GPUPOOL__ADOPT_REQUEST__INIT;
         uint64_t sizes[GP_MAX_LEASE_GRANULES];
@@ -56,10 +56,12 @@ static int adopt_batch(gpupool_client *c, unsigned d, struct client_kept **k, si
         ar.device = d;
         ar.sizes = sizes;
         ar.n_sizes = n;
+        ar.has_held = held;
+        ar.held = held;
         req.body_case = GPUPOOL__ENVELOPE__BODY_ADOPT;
         req.adopt = &ar;
         pthread_mutex_unlock(&c->lock);
-        r = gp_conn_call_passing(&c->conn, &req, fds, n, GPUPOOL__ENVELOPE__BODY_ADOPT_REPLY, &rep);
+        r = gp_conn_call_passing(&c->conn, &req, fds, held ? 0 : n, GPUPOOL__ENVELOPE__BODY_ADOPT_REPLY, &rep);
         pthread_mutex_lock(&c->lock);
         if (r < 0 && c->conn.broken)
                 return client_call_done(c, r);
@@ -118,41 +120,30 @@ static int charge_all(gpupool_client *c) {
         return 0;
 }
 
-/* Closes the descriptors exported for a batch once it has gone (none where they are kept: host). */
-static void batch_done(gpupool_client *c, struct client_kept **batch, size_t n) {
-        for (size_t i = 0; i < n && c->mem->export; i++) {
-                close(batch[i]->fd);
-                batch[i]->fd = -1;
-        }
-}
-
 /*
- * Has the daemon adopt every segment of device d in k (n of them): each with its kept descriptor,
- * or one the memory seam makes of it now (at most a batch's at once); those with neither are
- * orphans at once.
+ * Has the daemon adopt every segment of device d in k (n of them): each with its kept
+ * descriptor (host; one without is an orphan at once), or every one by the process's word
+ * where the memory seam says so (cuda-vmm).
  */
 static int adopt_device(gpupool_client *c, unsigned d, struct client_kept *k, size_t n) {
         struct client_kept *batch[GP_MAX_LEASE_GRANULES];
+        bool held = c->mem->adopted_held;
         size_t b = 0;
         int r = 0;
 
         for (size_t i = 0; i < n && r == 0; i++) {
-                if (c->mem->export)
-                        k[i].fd = c->mem->export(c, d, k[i].base, k[i].handle);
-                if (k[i].fd < 0) {
+                if (!held && k[i].fd < 0) {
                         k[i].renamed = orphan_id();
                         continue;
                 }
                 batch[b++] = &k[i];
                 if (b == GP_MAX_LEASE_GRANULES) {
-                        r = adopt_batch(c, d, batch, b);
-                        batch_done(c, batch, b);
+                        r = adopt_batch(c, d, batch, b, held);
                         b = 0;
                 }
         }
         if (r == 0 && b)
-                r = adopt_batch(c, d, batch, b);
-        batch_done(c, batch, b);
+                r = adopt_batch(c, d, batch, b, held);
         return r;
 }
 
@@ -190,8 +181,7 @@ static int adopt_all(gpupool_client *c) {
                 for (size_t i = 0; i < whole; i++)
                         if (maps[i]->device == d && !maps[i]->sealed)
                                 k[at++] = (struct client_kept) { .id = &maps[i]->segment_id, .fd = maps[i]->fd,
-                                                                 .size = maps[i]->size, .renamed = maps[i]->segment_id,
-                                                                 .base = maps[i]->base };
+                                                                 .size = maps[i]->size, .renamed = maps[i]->segment_id };
                 first[d + 1] = at;
         }
         client_conn_take(c);

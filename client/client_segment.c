@@ -206,10 +206,10 @@ int client_mapping_add(gpupool_client *c, unsigned device, uint64_t segment_id, 
         }
         if (mem->ipc)
                 gp_rb_insert(&c->by_handle, &m->by_handle);
-        if (fd >= 0 && !mem->export)
+        if (fd >= 0 && !mem->adopted_held)
                 m->fd = client_fd_keep(fd);     /* for a daemon after this one to adopt */
         else if (fd >= 0)
-                close(fd);      /* the mapping holds the memory; a daemon after this one is sent an export of it */
+                close(fd);      /* the mapping holds the memory; a daemon after this one adopts it by our word */
         gp_rb_insert(&c->by_addr, &m->by_addr);
         gp_rb_insert(&c->by_id, &m->by_id);
         c->segments_imported++;

@@ -27,6 +27,11 @@ struct backend_mem {
         uint8_t ipc_handle[GP_IPC_HANDLE_BYTES];        /* cuda: exported handle */
         size_t ipc_handle_len;  /* 0 when the backend exports a file descriptor */
         void *zeroing;          /* cuda: the event a zeroing under way will complete, or NULL */
+        /*
+         * Memory a process holds that the daemon was not handed (AdoptRequest.held, where the
+         * backend adopts_held): none of the above is set, and there is nothing to destroy.
+         */
+        bool held;
 };
 
 struct backend_device_info {
@@ -138,6 +143,14 @@ struct backend {
          * adopting a segment makes the device's capacity as much larger (node_adopted()).
          */
         bool adopt_grows;
+        /*
+         * What it adopts it cannot pass on (cuda-vmm: the driver exports no imported memory, as
+         * an H200 showed), and a process cannot hand it the memory it holds either (the
+         * process's is imported too): a process has it adopt segments by its word, with no
+         * descriptor (AdoptRequest.held: mem.held), counted as the process's like any other;
+         * and every adopted segment goes back to the backend when released, never to the cache.
+         */
+        bool adopts_held;
         const char *no_adopt_why;       /* where mem_adopt is NULL: why, told to a client that asks */
 };
 

@@ -365,6 +365,7 @@ int backend_cuda_open(uint64_t headroom_bytes, bool vmm, struct backend **ret, c
         c->base.data = c;
         c->headroom_bytes = headroom_bytes;
         c->base.adopt_grows = vmm;
+        c->base.adopts_held = vmm;
         r = gp_cuda_load(&c->cu, err, err_size);
         if (r < 0) {
                 free(c);

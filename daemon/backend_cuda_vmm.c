@@ -4,13 +4,18 @@
  * sent (vmm_mem_export), so that the daemon holds allocation handles, not a descriptor per
  * segment: its descriptors do not grow with the GPUs (one per 2 MiB granule would be ~72,000 on
  * one H200, more than a container's usual hard limit). Such memory outlives the daemon (clients
- * hold handles and mappings of it), and a daemon after this one adopts what clients hand back
- * (vmm_mem_adopt), knowing an allocation by the driver's name for it where the driver gives one
- * (cuda_vmm_identify()). A named object's segment is made read-only in the daemon's mapping
- * (vmm_mem_seal): the driver has no seal.
+ * hold handles and mappings of it). The driver exports no imported memory, so a client cannot
+ * hand a daemon after this one what it holds: that one counts it by the client's word
+ * (adopts_held); it adopts descriptors (vmm_mem_adopt) of named objects from systemd's store,
+ * and of memory a client made itself, knowing an allocation by the driver's name for it where
+ * the driver gives one (cuda_vmm_identify()). A named object's segment is made read-only in the
+ * daemon's mapping (vmm_mem_seal): the driver has no seal.
  */
 #define _GNU_SOURCE
 #include "backend_cuda.h"
+
+#include <errno.h>
+#include <fcntl.h>
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -134,6 +139,10 @@ void cuda_vmm_destroy(struct cuda_backend *c, struct cuda_device *d, struct back
         if (r != GP_CUDA_SUCCESS)
                 log_err("cuda-vmm: %s: cuMemAddressFree: %s", d->name, gp_cuda_error_name(&c->cu, r));
         mem->addr = 0;
+        if (mem->fd >= 0) {
+                close(mem->fd);         /* an adopted object's descriptor (vmm_mem_adopt()) */
+                mem->fd = -1;
+        }
 }
 
 /*
@@ -161,10 +170,14 @@ int cuda_vmm_fresh(struct cuda_backend *c, struct cuda_device *d, struct backend
 /*
  * cuda-vmm: a segment a client kept from a daemon before this one: a descriptor the driver
  * exported of memory on this GPU that maps as size bytes. It is imported, mapped in a range of
- * the daemon's (for zeroing) and named by the driver's name for it, where there is one; the
- * descriptor stays the caller's, to close. Memory the client made itself passes too, and is
- * counted as the client's like any other. The driver does not say an allocation's size: one
- * larger than size maps as size bytes, and the rest is the client's own.
+ * the daemon's (for zeroing) and named by the driver's name for it, where there is one. The
+ * driver exports no imported memory again (an H200, driver 580.159.04: CUDA_ERROR_INVALID_VALUE,
+ * bench/results/2026-11-28-H200-d2ec017/), so a named object's descriptor (sealed: from
+ * systemd's store) is kept, *ret's, for the attachers' copies (vmm_mem_export()); any other
+ * stays the caller's, to close, and its segment is nobody's after its process's (adopts_held).
+ * Memory the client made itself passes too, and is counted as the client's like any other. The
+ * driver does not say an allocation's size: one larger than size maps as size bytes, and the
+ * rest is the client's own.
  */
 static int vmm_mem_adopt(struct backend *b, unsigned device, int fd, uint64_t size, bool sealed, struct backend_mem *ret,
                           char *why, size_t why_size) {
@@ -228,7 +241,7 @@ static int vmm_mem_adopt(struct backend *b, unsigned device, int fd, uint64_t si
                 return -EINVAL;
         }
         memset(ret, 0, sizeof(*ret));
-        ret->fd = -1;
+        ret->fd = sealed ? fd : -1;
         ret->addr = va;
         ret->vmm_handle = h;
         ret->ident = vmm_block_id(c, va);
@@ -248,6 +261,8 @@ static int vmm_mem_seal(struct backend *b, unsigned device, struct backend_mem *
         gp_cu_result r;
         int err;
 
+        if (mem->held)
+                return -EPERM;          /* the process's memory, adopted by its word: the daemon has none of it */
         if (!(d = cuda_enter(c, device, &err)))
                 return err;
         r = vmm_read_only(c, d, mem->addr, size);
@@ -267,7 +282,8 @@ static uint64_t vmm_mem_ident(struct backend *b, unsigned device, const struct b
 
 /*
  * cuda-vmm: a descriptor of the segment's memory, exported now for one send (a named object's
- * too: read-only is the attacher's mapping, not the file). The caller closes it.
+ * too: read-only is the attacher's mapping, not the file), or a copy of the one an adopted
+ * object came with, which the driver would not export again. The caller closes it.
  */
 static int vmm_mem_export(struct backend *b, unsigned device, const struct backend_mem *mem, bool read_only) {
         struct cuda_backend *c = cuda_of(b);
@@ -276,6 +292,8 @@ static int vmm_mem_export(struct backend *b, unsigned device, const struct backe
         int err, fd = -1;
 
         (void) read_only;
+        if (mem->fd >= 0)
+                return (fd = fcntl(mem->fd, F_DUPFD_CLOEXEC, 3)) < 0 ? -errno : fd;
         if (!mem->vmm_handle)
                 return -ENOENT;
         if (!(d = cuda_enter(c, device, &err)))

@@ -516,6 +516,8 @@ int pool_adopt(struct pool *p, struct pool_owner *o, const struct backend_mem *m
                 return -ENOMEM;
         if (!(s = segment_add(p, size, mem)))
                 return -ENOMEM;
+        /* Memory the backend cannot pass on (cuda-vmm's is imported, or the process's own): nobody's after its owner's. */
+        s->to_backend = p->backend->adopts_held;
         segment_give(o, s, ret);
         return 0;
 }
@@ -563,6 +565,8 @@ int pool_seal_begin(struct pool *p, const struct pool_owner *o, uint64_t segment
                 return -ENOENT;
         if (!p->backend->ops->mem_seal)
                 return -EOPNOTSUPP;
+        if (s->mem.held)
+                return -EPERM;          /* adopted by its process's word: the daemon has no memory to seal or send */
         if (s->sealing)
                 return -EBUSY;
         *ret_mem = s->mem;
@@ -639,7 +643,7 @@ int pool_return(struct pool *p, struct pool_owner *o, uint64_t segment_id, bool 
         if (!s || !o || s->owner != o)
                 return -ENOENT;
         size = s->size;
-        s->to_backend = to_backend;
+        s->to_backend |= to_backend;    /* an adopted one goes back to the backend all the same (pool_adopt()) */
         segment_to_cache(p, s);         /* s is gone when it went to the backend */
         /* Only a segment with no live block comes back: it was part of what the owner held free. */
         owner_set_report(o, o->reported_in_use_bytes,

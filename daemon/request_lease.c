@@ -440,6 +440,34 @@ static int adopt_check(struct session *s, uint32_t device, const uint64_t *sizes
 }
 
 /*
+ * The segments of an adoption by the process's word (AdoptRequest.held; adopts_held: cuda-vmm),
+ * as memory of none of the backend's, in mems. Their sizes may not take the device's capacity,
+ * which each adopted grows (node_adopted()), past the GPU's memory: more than that no process
+ * can hold. Returns 0, or a negative errno with the reason in why: nothing adopted.
+ */
+static int held_check(struct node *node, uint32_t device, const uint64_t *sizes, size_t n, struct backend_mem *mems,
+                      char *why, size_t why_size) {
+        struct backend *b = node->backend;
+        struct backend_device_memory dm;
+        struct pool_stats st;
+        uint64_t sum = 0;
+        char b1[GP_SIZE_FORMAT_MAX], b2[GP_SIZE_FORMAT_MAX], b3[GP_SIZE_FORMAT_MAX];
+
+        for (size_t i = 0; i < n; i++) {
+                mems[i] = (struct backend_mem) { .fd = -1, .held = true };
+                sum += sizes[i];
+        }
+        pool_get_stats(node->pools[device], &st);
+        if (b->ops->device_memory && b->ops->device_memory(b, device, &dm) == 0 && st.total_bytes + sum > dm.total_bytes) {
+                snprintf(why, why_size, "an adoption of %s held on device %u would take its capacity of %s past the GPU's "
+                         "memory (%s): nothing adopted", gp_size_format(sum, b1, sizeof(b1)), device,
+                         gp_size_format(st.total_bytes, b2, sizeof(b2)), gp_size_format(dm.total_bytes, b3, sizeof(b3)));
+                return -EINVAL;
+        }
+        return 0;
+}
+
+/*
  * Adopts the segments a process kept from a daemon before this one (AdoptRequest), leasing
  * them to it in order while its limits and the capacity allow; the rest stay the process's own.
  */
@@ -453,6 +481,7 @@ void request_adopt(struct session *s, const Gpupool__Envelope *req, struct reply
         uint32_t device = rq->device;
         Gpupool__Envelope env;
         size_t n = rq->n_sizes, i;
+        bool held = rq->has_held && rq->held;
         int r = 0;
 
         if (device >= node->device_count) {
@@ -460,7 +489,13 @@ void request_adopt(struct session *s, const Gpupool__Envelope *req, struct reply
                 reply_error(req->id, -ENODEV, false, why, ret);
                 return;
         }
-        if (n == 0 || n > ADOPT_MAX || n != node->recv_nfds) {
+        if (held && (n == 0 || n > ADOPT_MAX || node->recv_nfds)) {
+                snprintf(why, sizeof(why), "an adoption of held memory names 1 to %d segments and no descriptor, not %zu "
+                         "with %zu", ADOPT_MAX, n, node->recv_nfds);
+                reply_error(req->id, -EINVAL, false, why, ret);
+                return;
+        }
+        if (!held && (n == 0 || n > ADOPT_MAX || n != node->recv_nfds)) {
                 snprintf(why, sizeof(why), "an adoption names 1 to %d segments, each with its descriptor, not %zu with %zu",
                          ADOPT_MAX, n, node->recv_nfds);
                 reply_error(req->id, -EINVAL, false, why, ret);
@@ -479,7 +514,17 @@ void request_adopt(struct session *s, const Gpupool__Envelope *req, struct reply
                 reply_error(req->id, -EINVAL, false, why, ret);
                 return;
         }
-        if ((r = adopt_check(s, device, rq->sizes, n, mems, why, sizeof(why))) < 0) {
+        if (held && !node->backend->adopts_held) {
+                snprintf(why, sizeof(why), "the %s backend adopts a segment only with its descriptor, which is its memory",
+                         node->backend->name);
+                reply_error(req->id, -EINVAL, false, why, ret);
+                return;
+        }
+        if (held)
+                r = held_check(node, device, rq->sizes, n, mems, why, sizeof(why));
+        else
+                r = adopt_check(s, device, rq->sizes, n, mems, why, sizeof(why));
+        if (r < 0) {
                 session_log(s, LOG_LEVEL_WARN, "client %llu (pid %d): adoption refused: %s", (unsigned long long) s->id,
                             (int) s->pid, why);
                 reply_error(req->id, r, false, why, ret);
@@ -520,9 +565,9 @@ void request_adopt(struct session *s, const Gpupool__Envelope *req, struct reply
         /* What was not adopted stays the process's alone: the daemon lets go of its descriptors. */
         for (size_t j = i; j < n; j++)
                 node->backend->ops->mem_destroy(node->backend, device, &mems[j], rq->sizes[j]);
-        session_log(s, LOG_LEVEL_INFO, "client %llu ('%s', pid %d): adopted %zu of %zu segments (%s) on device %u%s%s",
+        session_log(s, LOG_LEVEL_INFO, "client %llu ('%s', pid %d): adopted %zu of %zu segments (%s) on device %u%s%s%s",
                     (unsigned long long) s->id, s->name, (int) s->pid, i, n, gp_size_format(bytes, b1, sizeof(b1)), device,
-                    i < n ? "; the rest refused: " : "", i < n ? why : "");
+                    held ? ", held by the process (by its word)" : "", i < n ? "; the rest refused: " : "", i < n ? why : "");
         reply_ok(&env, req->id);
         ar.segment_ids = ids;
         ar.n_segment_ids = i;

@@ -96,6 +96,10 @@ static void publish_error(int err, const Gpupool__PublishRequest *p, char *why, 
                          "io_uring): an object is sealed against writing, and the kernel refuses while it is", p->segment_id);
         else if (err == -EEXIST)
                 snprintf(why, why_size, "this uid has an object named '%s' already", p->name);
+        else if (err == -EPERM)
+                snprintf(why, why_size, "segment %" PRIu64 " is memory this process held through a restart of gpupoold, "
+                         "adopted by its word: the daemon cannot share it (the driver exports no imported memory); "
+                         "publish from a segment leased since", p->segment_id);
         else
                 snprintf(why, why_size, "out of memory for an object");
 }

@@ -565,7 +565,7 @@ void raw_send(int sock, Gpupool__Envelope *env) {
         raw_send_fds(sock, env, NULL, 0);
 }
 
-Gpupool__Envelope *raw_adopt(int sock, uint32_t device, uint64_t *sizes, size_t n, const int *fds, size_t nfds) {
+static Gpupool__Envelope *adopt(int sock, uint32_t device, uint64_t *sizes, size_t n, const int *fds, size_t nfds, bool held) {
         Gpupool__Envelope env = GPUPOOL__ENVELOPE__INIT, *rep;
         Gpupool__AdoptRequest rq = GPUPOOL__ADOPT_REQUEST__INIT;
 
@@ -573,12 +573,22 @@ Gpupool__Envelope *raw_adopt(int sock, uint32_t device, uint64_t *sizes, size_t 
         rq.device = device;
         rq.sizes = sizes;
         rq.n_sizes = n;
+        rq.has_held = held;
+        rq.held = held;
         env.body_case = GPUPOOL__ENVELOPE__BODY_ADOPT;
         env.adopt = &rq;
         raw_send_fds(sock, &env, fds, nfds);
         rep = raw_recv(sock);
         ck_assert_ptr_nonnull(rep);
         return rep;
+}
+
+Gpupool__Envelope *raw_adopt(int sock, uint32_t device, uint64_t *sizes, size_t n, const int *fds, size_t nfds) {
+        return adopt(sock, device, sizes, n, fds, nfds, false);
+}
+
+Gpupool__Envelope *raw_adopt_held(int sock, uint32_t device, uint64_t *sizes, size_t n, const int *fds, size_t nfds) {
+        return adopt(sock, device, sizes, n, fds, nfds, true);
 }
 
 /*

@@ -249,6 +249,8 @@ Gpupool__Envelope *raw_lease_ahead(int sock, uint32_t device, uint64_t size, boo
                                    uint32_t ahead, int *fds, size_t *ret_nfds);
 /* An AdoptRequest of n segments of sizes on device, nfds descriptors riding with it, and its reply. */
 Gpupool__Envelope *raw_adopt(int sock, uint32_t device, uint64_t *sizes, size_t n, const int *fds, size_t nfds);
+/* The same, by the process's word (AdoptRequest.held): nfds should be 0. */
+Gpupool__Envelope *raw_adopt_held(int sock, uint32_t device, uint64_t *sizes, size_t n, const int *fds, size_t nfds);
 /*
  * Queues status requests (ids 2, 3, ...) on a non-blocking sock until the daemon stops taking
  * them for good (idle_ticks of 10 ms without room): a client that never reads. Returns how many went.

@@ -35,7 +35,6 @@ struct ctx {
         int gpu;                        /* physical index */
         int retained;
         int exclusive_fd;               /* EXCLUSIVE_PROCESS: the device's lock file, held while retained */
-        bool faulted;                   /* wrote where it may only read: unusable, as after a fault on a GPU */
 };
 
 /* fakecuda.c: the process's driver state, guarded by lock. */
@@ -95,8 +94,6 @@ bool within(CUdeviceptr p, size_t n, CUdeviceptr base, size_t size);
                         return r_;                              \
                 if (!current())                                 \
                         return GP_CUDA_ERROR_INVALID_CONTEXT;   \
-                if (current()->faulted)                         \
-                        return GP_CUDA_ERROR_ILLEGAL_ADDRESS;   \
         } while (0)
 
 /* Returns CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED from a potentially unsafe call made during a capture. */
@@ -124,9 +121,9 @@ void fake_spend_since(uint64_t start, uint64_t ns);
 uint64_t fake_now_ns(void);
 /*
  * The host bytes behind [p, p + n) (an allocation, or a mapping made accessible) in *ret, for
- * reading or (write) writing too. Returns CUDA_SUCCESS, CUDA_ERROR_INVALID_VALUE (not device
- * memory this process can reach), or CUDA_ERROR_ILLEGAL_ADDRESS (a write where only reading
- * is allowed: the current context is faulted from then on). Takes lock.
+ * reading or (write) writing too. Returns CUDA_SUCCESS or CUDA_ERROR_INVALID_VALUE (not device
+ * memory this process can reach, or a write where only reading is allowed: refused at the
+ * call, the context unharmed, as the driver refuses it). Takes lock.
  */
 CUresult bytes_at(CUdeviceptr p, size_t n, bool write, uint8_t **ret);
 
@@ -189,6 +186,10 @@ extern struct gp_rb_tree vmaps;
  */
 uint8_t *vmap_bytes(CUdeviceptr p, size_t n, bool *ret_read_only);
 
+/* CU_MEM_HANDLE_TYPE_FABRIC and CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED (cuda.h). */
+#define FK_MEM_HANDLE_TYPE_FABRIC 0x8
+#define FK_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED 128
+
 /* The entry points of virtual memory management, for the entry-point table. */
 CUresult fk_MemGetAllocationGranularity(size_t *granularity, const gp_cu_mem_prop *prop, gp_cu_mem_granularity_flags option);
 CUresult fk_MemCreate(gp_cu_mem_handle *handle, size_t size, const gp_cu_mem_prop *prop, unsigned long long flags);
@@ -203,5 +204,6 @@ CUresult fk_PointerGetAttribute(void *data, int attribute, CUdeviceptr ptr);
 CUresult fk_MemMap(CUdeviceptr ptr, size_t size, size_t offset, gp_cu_mem_handle handle, unsigned long long flags);
 CUresult fk_MemUnmap(CUdeviceptr ptr, size_t size);
 CUresult fk_MemSetAccess(CUdeviceptr ptr, size_t size, const gp_cu_mem_access_desc *desc, size_t count);
+CUresult fk_MemGetAccess(unsigned long long *flags, const gp_cu_mem_location *location, CUdeviceptr ptr);
 
 #endif

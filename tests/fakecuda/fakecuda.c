@@ -57,16 +57,19 @@
  *     reservation not mapped yet; mappings side by side are one range of addresses (a copy or
  *     memset may span them); a mapping is not accessible until cuMemSetAccess, and one made
  *     read-only (CU_MEM_ACCESS_FLAGS_PROT_READ) is read by copies but a copy or memset into
- *     it is an illegal address, sticky as the driver's is: every later call that needs that
- *     context fails with CUDA_ERROR_ILLEGAL_ADDRESS; unmapping
+ *     it is refused at the call (CUDA_ERROR_INVALID_VALUE; the context lives); unmapping
  *     takes whole mappings, and a reservation is freed only unmapped; the memory lives while
  *     any process holds a handle, a descriptor or a mapping of it (its creator's exit
  *     included), and is freed with the last; a process keeps no descriptor per allocation it
  *     holds (the driver keeps none), so only the exports it holds count against its limit; an
- *     imported handle's properties carry no requested handle types; cuPointerGetAttribute's
- *     CU_POINTER_ATTRIBUTE_MEMORY_BLOCK_ID of a mapping is its handle's own unless
- *     $FAKECUDA_BLOCK_IDS=allocation gives every import of an allocation one id (which of the
- *     two the driver does, no GPU has answered yet: bench/vmm_probe.c asks);
+ *     imported handle's properties carry no requested handle types, and it cannot be exported
+ *     again (CUDA_ERROR_INVALID_VALUE); cuMemMap of a size not the handle's is
+ *     CUDA_ERROR_NOT_SUPPORTED; cuPointerGetAttribute gives a mapping's allowed handle types,
+ *     access flags, size and CU_POINTER_ATTRIBUTE_MEMORY_BLOCK_ID, its handle's own, counted
+ *     per process from small numbers (before cuMemSetAccess too), unless
+ *     $FAKECUDA_BLOCK_IDS=allocation gives every import of an allocation one id; cuMemGetAccess
+ *     answers; a fabric handle is supported but not permitted (CUDA_ERROR_NOT_PERMITTED): all
+ *     as an H200 answered bench/vmm_probe.c (bench/results/2026-11-28-H200-d2ec017/);
  *   - a GPU's memory is the node's: every process's allocations and contexts count against
  *     it (a context takes memory too, so on a full GPU cuDevicePrimaryCtxRetain fails with
  *     CUDA_ERROR_OUT_OF_MEMORY), cuMemGetInfo reports what all processes leave free, and what
@@ -378,6 +381,8 @@ static CUresult fk_DeviceGetAttribute(int *value, int attribute, gp_cu_device d)
                 return GP_CUDA_SUCCESS;
         case GP_CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED:
         case GP_CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED:
+        case FK_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED:
+                /* Fabric handles too, as an H200 said, though cuMemCreate of one is not permitted here. */
                 *value = !vmm_off;
                 return GP_CUDA_SUCCESS;
         default:
@@ -646,6 +651,8 @@ static CUresult fk_GetErrorName(CUresult r, const char **name) {
                 { GP_CUDA_ERROR_NOT_READY, "CUDA_ERROR_NOT_READY" },
                 { GP_CUDA_ERROR_ILLEGAL_ADDRESS, "CUDA_ERROR_ILLEGAL_ADDRESS" },
                 { GP_CUDA_ERROR_ILLEGAL_STATE, "CUDA_ERROR_ILLEGAL_STATE" },
+                { GP_CUDA_ERROR_NOT_PERMITTED, "CUDA_ERROR_NOT_PERMITTED" },
+                { GP_CUDA_ERROR_NOT_SUPPORTED, "CUDA_ERROR_NOT_SUPPORTED" },
                 { GP_CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED" },
                 { GP_CUDA_ERROR_STREAM_CAPTURE_IMPLICIT, "CUDA_ERROR_STREAM_CAPTURE_IMPLICIT" },
                 { GP_CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED" },
@@ -728,6 +735,7 @@ static const struct symbol symbols[] = {
         SYM("cuDeviceGetDefaultMemPool", 11020, fk_DeviceGetDefaultMemPool),
         SYM("cuMemPoolSetAttribute", 11020, fk_MemPoolSetAttribute),
         SYM("cuMemPoolTrimTo", 11020, fk_MemPoolTrimTo),
+        SYM("cuMemGetAccess", 10020, fk_MemGetAccess),
         SYM("cuMemGetAllocationGranularity", 10020, fk_MemGetAllocationGranularity),
         SYM("cuMemCreate", 10020, fk_MemCreate),
         SYM("cuMemRelease", 10020, fk_MemRelease),

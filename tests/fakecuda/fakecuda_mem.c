@@ -289,12 +289,15 @@ CUresult bytes_at(CUdeviceptr p, size_t n, bool write, uint8_t **ret) {
         pthread_mutex_lock(&lock);
         a = find(p, n);
         *ret = a ? a->host + (p - a->dptr) : vmap_bytes(p, n, &read_only);
-        /* A fault on the GPU: the context is lost, as the driver's sticky errors leave it. */
+        /*
+         * A copy or memset into a read-only mapping is refused when it is called, and the
+         * context lives: what an H200 did (driver 580.159.04, bench/results/2026-11-28-H200-d2ec017/).
+         * Only a kernel's store faults there, and no kernel runs here.
+         */
         if (*ret && write && read_only) {
-                current()->faulted = true;
                 *ret = NULL;
                 pthread_mutex_unlock(&lock);
-                return GP_CUDA_ERROR_ILLEGAL_ADDRESS;
+                return GP_CUDA_ERROR_INVALID_VALUE;
         }
         pthread_mutex_unlock(&lock);
         return *ret ? GP_CUDA_SUCCESS : GP_CUDA_ERROR_INVALID_VALUE;

@@ -220,8 +220,12 @@ static CUresult phys_hold(const char *path, uint64_t id, int gpu, uint64_t size,
         }
         snprintf(p->path, sizeof(p->path), "%s", path);
         p->id = id;
-        /* $FAKECUDA_BLOCK_IDS=allocation: one id for every import of an allocation; else each its own. */
-        p->block_id = block_ids_by_allocation ? id : ++last_block_id | 1ULL << 62;
+        /*
+         * $FAKECUDA_BLOCK_IDS=allocation: one id for every import of an allocation. Else each
+         * handle its own, counted in this process from small numbers, as an H200 gave them
+         * (another process's ids are the same numbers for other memory).
+         */
+        p->block_id = block_ids_by_allocation ? id : ++last_block_id;
         p->gpu = gpu;
         p->size = size;
         p->exportable = exportable;
@@ -253,6 +257,8 @@ CUresult fk_MemCreate(gp_cu_mem_handle *handle, size_t size, const gp_cu_mem_pro
 
         NEED_CTX();
         NO_UNSAFE_CALL_IN_CAPTURE();
+        if (prop && (prop->requested_handle_types & FK_MEM_HANDLE_TYPE_FABRIC) && !vmm_off)
+                return GP_CUDA_ERROR_NOT_PERMITTED;    /* no fabric (IMEX) channel to this process, as on an H200 */
         r = check_prop(prop, &gpu);
         if (r)
                 return r;
@@ -355,7 +361,12 @@ CUresult fk_MemImportFromShareableHandle(gp_cu_mem_handle *handle, void *os_hand
             gpu >= gpus)
                 return GP_CUDA_ERROR_INVALID_VALUE;
         pthread_mutex_lock(&lock);
-        r = phys_hold(path, id, gpu, (uint64_t) st.st_size, true, handle);
+        /*
+         * Not exportable: an H200 refused to export an imported handle (CUDA_ERROR_INVALID_VALUE,
+         * driver 580.159.04, bench/results/2026-11-28-H200-d2ec017/), so memory goes on from the
+         * process that made it only.
+         */
+        r = phys_hold(path, id, gpu, (uint64_t) st.st_size, false, handle);
         if (r == GP_CUDA_SUCCESS)
                 ((struct phys *) (uintptr_t) *handle)->imported = true;
         pthread_mutex_unlock(&lock);
@@ -506,8 +517,14 @@ CUresult fk_MemMap(CUdeviceptr ptr, size_t size, size_t offset, gp_cu_mem_handle
         p = phys_of(handle);
         v = reservation_of(ptr, size);
         if (!p || p->handles == 0 || size != p->size || !v || mapped_in(ptr, size)) {
+                CUresult r = GP_CUDA_ERROR_INVALID_VALUE;
+
+                if (p && mapped_in(ptr, size))
+                        r = GP_CUDA_ERROR_ALREADY_MAPPED;
+                else if (p && p->handles && v && size != p->size)
+                        r = GP_CUDA_ERROR_NOT_SUPPORTED;       /* part of it, or more: as an H200 answered */
                 pthread_mutex_unlock(&lock);
-                return p && mapped_in(ptr, size) ? GP_CUDA_ERROR_ALREADY_MAPPED : GP_CUDA_ERROR_INVALID_VALUE;
+                return r;
         }
         m = calloc(1, sizeof(*m));
         /* Mapped through a descriptor opened for the call: the mapping holds the pages, the byte lock the memory. */
@@ -596,6 +613,23 @@ CUresult fk_MemSetAccess(CUdeviceptr ptr, size_t size, const gp_cu_mem_access_de
         return GP_CUDA_SUCCESS;
 }
 
+/* The access a device has to the mapping at ptr, as cuMemSetAccess left it (0: none yet). */
+CUresult fk_MemGetAccess(unsigned long long *flags, const gp_cu_mem_location *location, CUdeviceptr ptr) {
+        struct vmap *m;
+
+        NEED_CTX();
+        if (!flags || !location || location->type != GP_CU_MEM_LOCATION_TYPE_DEVICE)
+                return GP_CUDA_ERROR_INVALID_VALUE;
+        if (location->id < 0 || location->id >= nvisible)
+                return GP_CUDA_ERROR_INVALID_DEVICE;
+        pthread_mutex_lock(&lock);
+        m = vmap_at(ptr);
+        if (m)
+                *flags = visible[location->id] == m->phys->gpu ? (unsigned long long) m->access : 0;
+        pthread_mutex_unlock(&lock);
+        return m ? GP_CUDA_SUCCESS : GP_CUDA_ERROR_INVALID_VALUE;
+}
+
 /* The host bytes behind [p, p + n): mapped and accessible throughout, across mappings side by side. Call locked. */
 uint8_t *vmap_bytes(CUdeviceptr p, size_t n, bool *ret_read_only) {
         struct reservation *v = reservation_of(p, n ? n : 1);
@@ -636,6 +670,9 @@ CUresult fk_MemRetainAllocationHandle(gp_cu_mem_handle *handle, void *addr) {
         return GP_CUDA_SUCCESS;
 }
 
+#define FK_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES 14
+#define FK_POINTER_ATTRIBUTE_ACCESS_FLAGS 16
+#define FK_POINTER_ATTRIBUTE_MAPPING_SIZE 18
 #define FK_POINTER_ATTRIBUTE_MEMORY_BLOCK_ID 20
 #define FK_POINTER_ATTRIBUTE_RANGE_START_ADDR 11
 #define FK_POINTER_ATTRIBUTE_RANGE_SIZE 12
@@ -660,12 +697,33 @@ CUresult fk_PointerGetAttribute(void *data, int attribute, CUdeviceptr ptr) {
                         *(size_t *) data = size;
                 return r;
         }
-        if (!data || attribute != FK_POINTER_ATTRIBUTE_MEMORY_BLOCK_ID)
+        if (!data)
                 return GP_CUDA_ERROR_INVALID_VALUE;
+        /*
+         * Of a mapping, as an H200 answered them (bench/results/2026-11-28-H200-d2ec017/): the
+         * handle types it may be exported as (none once imported), its access (0 before
+         * cuMemSetAccess), its size, and its memory block id (given before cuMemSetAccess too).
+         */
         pthread_mutex_lock(&lock);
         m = vmap_at(ptr);
-        if (m)
-                *(unsigned long long *) data = m->phys->block_id;
+        if (m) {
+                switch (attribute) {
+                case FK_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES:
+                        *(unsigned long long *) data = m->phys->exportable ? GP_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR : 0;
+                        break;
+                case FK_POINTER_ATTRIBUTE_ACCESS_FLAGS:
+                        *(unsigned long long *) data = (unsigned long long) m->access;
+                        break;
+                case FK_POINTER_ATTRIBUTE_MAPPING_SIZE:
+                        *(size_t *) data = m->size;
+                        break;
+                case FK_POINTER_ATTRIBUTE_MEMORY_BLOCK_ID:
+                        *(unsigned long long *) data = m->phys->block_id;
+                        break;
+                default:
+                        m = NULL;               /* not one the fake knows */
+                }
+        }
         pthread_mutex_unlock(&lock);
         return m ? GP_CUDA_SUCCESS : GP_CUDA_ERROR_INVALID_VALUE;
 }
@@ -675,6 +733,7 @@ FK_EXPORT(cuMemAddressFree, fk_MemAddressFree);
 FK_EXPORT(cuMemAddressReserve, fk_MemAddressReserve);
 FK_EXPORT(cuMemCreate, fk_MemCreate);
 FK_EXPORT(cuMemExportToShareableHandle, fk_MemExportToShareableHandle);
+FK_EXPORT(cuMemGetAccess, fk_MemGetAccess);
 FK_EXPORT(cuMemGetAllocationGranularity, fk_MemGetAllocationGranularity);
 FK_EXPORT(cuMemGetAllocationPropertiesFromHandle, fk_MemGetAllocationPropertiesFromHandle);
 FK_EXPORT(cuMemImportFromShareableHandle, fk_MemImportFromShareableHandle);

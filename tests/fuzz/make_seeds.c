@@ -148,6 +148,25 @@ int main(int argc, char **argv) {
         lease_exact(6, 2u << 20, true);         /* refused: a granule lease */
         fclose(out);
 
+        /* Adoptions by the process's word (cuda-vmm's): refused on the host backend the fuzzer runs, and malformed. */
+        begin(dir, "held-adoptions");
+        hello(0);
+        {
+                Gpupool__AdoptRequest ar = GPUPOOL__ADOPT_REQUEST__INIT;
+                uint64_t sizes[2] = { 2u << 20, 4u << 20 };
+
+                ar.sizes = sizes;
+                ar.n_sizes = 2;
+                ar.has_held = ar.held = true;
+                simple(2, GPUPOOL__ENVELOPE__BODY_ADOPT, &ar);
+                ar.n_sizes = 0;
+                simple(3, GPUPOOL__ENVELOPE__BODY_ADOPT, &ar);
+                ar.n_sizes = 1;
+                sizes[0] = 3u << 20;            /* no segment's size */
+                simple(4, GPUPOOL__ENVELOPE__BODY_ADOPT, &ar);
+        }
+        fclose(out);
+
         /* Memory queries, and charges of memory outside the pool: good, refused, and released. */
         begin(dir, "meminfo-charges");
         hello(0);

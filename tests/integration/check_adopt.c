@@ -144,6 +144,12 @@ START_TEST(test_adopt_refusals) {
         fds[0] = good, fds[1] = pipe_fds[0];
         adopt_refused(sock, sizes, 2, fds, 2, GPUPOOL__STATUS__STATUS_INVALID, "descriptor 1 of the adoption (a segment "
                       "of 2.0 MiB on device 0) is not a memfd: nothing adopted");
+        /* By the process's word (cuda-vmm's way): here the descriptors are the memory, and none came. */
+        rep = raw_adopt_held(sock, 0, sizes, 2, NULL, 0);
+        ck_assert_int_eq(rep->status, GPUPOOL__STATUS__STATUS_INVALID);
+        ck_assert_msg(strstr(rep->error, "the host backend adopts a segment only with its descriptor, which is its memory"),
+                      "%s", rep->error);
+        gpupool__envelope__free_unpacked(rep, NULL);
         fds[1] = segment_like(2 * MiB, 0);
         adopt_refused(sock, sizes, 2, fds, 2, GPUPOOL__STATUS__STATUS_INVALID, "not sealed as a segment is");
         close(fds[1]);

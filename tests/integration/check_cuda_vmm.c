@@ -98,10 +98,11 @@ static int vmm_exporter(struct testd *d, void *arg) {
                 return 5;       /* only what was made for descriptors exports as one */
         if (g.cu.cuMemAddressReserve(&va, 8 * MiB, 0, 0, 0) != GP_CUDA_SUCCESS ||
             g.cu.cuMemMap(va, 4 * MiB, 2 * MiB, h, 0) != GP_CUDA_ERROR_INVALID_VALUE ||
-            g.cu.cuMemMap(va + 4 * MiB, 2 * MiB, 0, h, 0) != GP_CUDA_ERROR_INVALID_VALUE ||
+            g.cu.cuMemMap(va + 4 * MiB, 2 * MiB, 0, h, 0) != GP_CUDA_ERROR_NOT_SUPPORTED ||
+            g.cu.cuMemMap(va, 6 * MiB, 0, h, 0) != GP_CUDA_ERROR_NOT_SUPPORTED ||
             g.cu.cuMemMap(va, 4 * MiB, 0, h, 0) != GP_CUDA_SUCCESS ||
             g.cu.cuMemMap(va, 4 * MiB, 0, h, 0) != GP_CUDA_ERROR_ALREADY_MAPPED)
-                return 6;       /* offset 0, the whole allocation, on a range not mapped yet */
+                return 6;       /* offset 0, the whole allocation (part or more: not supported, as on an H200), on a range not mapped yet */
         if (g.htod(va, fill, sizeof(fill)) != GP_CUDA_ERROR_INVALID_VALUE)
                 return 7;       /* mapped is not accessible before cuMemSetAccess */
         if (g.cu.cuMemSetAccess(va, 2 * MiB, &vmm_rw, 1) != GP_CUDA_ERROR_INVALID_VALUE ||
@@ -149,6 +150,10 @@ static int vmm_importer(struct testd *d, void *arg) {
             GP_CUDA_SUCCESS)
                 return 3;
         close(fd);      /* as NCCL does: the handle holds the memory now */
+        /* An imported handle is not exported again (as on an H200): only its maker can share it. */
+        if (g.cu.cuMemExportToShareableHandle(&junk, h, GP_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0) !=
+            GP_CUDA_ERROR_INVALID_VALUE)
+                return 3;
         /* An imported handle says where the memory is, not how it was made (as on an H200). */
         if (g.cu.cuMemGetAllocationPropertiesFromHandle(&prop, h) != GP_CUDA_SUCCESS ||
             prop.location.type != GP_CU_MEM_LOCATION_TYPE_DEVICE || prop.location.id != 0 || prop.requested_handle_types != 0)
@@ -166,14 +171,15 @@ static int vmm_importer(struct testd *d, void *arg) {
         if (g.cu.cuMemUnmap(va, 4 * MiB) != GP_CUDA_SUCCESS || g.cu.cuMemAddressFree(va, 4 * MiB) != GP_CUDA_SUCCESS ||
             g.cu.cuMemGetInfo(&free2, &total) != GP_CUDA_SUCCESS || free2 != free1 + 4 * MiB)
                 return 8;       /* nobody holds it any more: freed */
-        /* Mapped for reading only: copies read it; a write is an illegal address, and the context is lost after it. */
+        /* Mapped for reading only: copies read it; a write is refused at the call, the context unharmed (as on an H200). */
         if (g.cu.cuMemCreate(&h, 2 * MiB, &vmm_prop, 0) != GP_CUDA_SUCCESS ||
             g.cu.cuMemAddressReserve(&va, 2 * MiB, 0, 0, 0) != GP_CUDA_SUCCESS || g.cu.cuMemMap(va, 2 * MiB, 0, h, 0) != GP_CUDA_SUCCESS ||
             g.cu.cuMemSetAccess(va, 2 * MiB, &vmm_rw, 1) != GP_CUDA_SUCCESS || g.htod(va, fill, sizeof(fill)) != GP_CUDA_SUCCESS ||
             g.cu.cuMemSetAccess(va, 2 * MiB, &vmm_ro, 1) != GP_CUDA_SUCCESS || !vmm_reads(&g, va, 0xcd))
                 return 9;
-        if (g.htod(va, fill, sizeof(fill)) != GP_CUDA_ERROR_ILLEGAL_ADDRESS ||
-            g.cu.cuMemGetInfo(&free1, &total) != GP_CUDA_ERROR_ILLEGAL_ADDRESS)
+        memset(fill, 0xee, sizeof(fill));
+        if (g.htod(va, fill, sizeof(fill)) != GP_CUDA_ERROR_INVALID_VALUE || !vmm_reads(&g, va, 0xcd) ||
+            g.cu.cuMemGetInfo(&free1, &total) != GP_CUDA_SUCCESS)
                 return 10;
         return 0;       /* and exits: what it held goes with it */
 }
@@ -640,16 +646,104 @@ START_TEST(test_vmm_adoption) {
 }
 END_TEST
 
+/* An adoption by the process's word of n segments of device, refused whole with STATUS_INVALID, saying text. */
+static void vmm_held_refused(int sock, uint32_t device, uint64_t *sizes, size_t n, const int *fds, size_t nfds,
+                             const char *text) {
+        Gpupool__Envelope *rep = raw_adopt_held(sock, device, sizes, n, fds, nfds);
+
+        ck_assert_int_eq(rep->status, GPUPOOL__STATUS__STATUS_INVALID);
+        ck_assert_msg(rep->error && strstr(rep->error, text), "%s", rep->error ? rep->error : "(no message)");
+        gpupool__envelope__free_unpacked(rep, NULL);
+}
+
+/*
+ * The driver exports no imported memory (an H200, bench/results/2026-11-28-H200-d2ec017/), so a
+ * process cannot hand a cuda-vmm daemon after a restart what it maps: it tells the daemon what it
+ * holds (AdoptRequest.held), over the raw protocol here. Refused: with a descriptor, with no
+ * segment, past the GPU's memory. Adopted: counted as the client's, the capacity as much larger;
+ * given back, to the driver with the process's mapping, never to the cache or another client
+ * (the capacity stays: the memory is free on the GPU then); never published, saying why.
+ */
+START_TEST(test_vmm_adoption_by_word) {
+        uint64_t three[3] = { 2 * MiB, 2 * MiB, 2 * MiB }, huge = 1ULL << 42, ids[3];
+        Gpupool__Envelope env = GPUPOOL__ENVELOPE__INIT, *rep;
+        Gpupool__PublishRequest pr = GPUPOOL__PUBLISH_REQUEST__INIT;
+        int fds[GP_WIRE_MAX_FDS], sock;
+        long long total, after;
+        struct testd d;
+        size_t nfds;
+
+        vmm_start(&d);
+        sock = raw_hello(&d, "before");
+        rep = raw_lease_granules(sock, 0, 3, 2 * MiB, fds, &nfds);
+        ck_assert_int_eq(rep->status, GPUPOOL__STATUS__STATUS_OK);
+        ck_assert_uint_eq(nfds, 3);
+        gpupool__envelope__free_unpacked(rep, NULL);
+        testd_crash_and_restart(&d);
+        close(sock);
+        sock = raw_hello(&d, "after");
+        total = testd_device(&d, 0, "total_bytes");
+
+        vmm_held_refused(sock, 0, three, 1, fds, 1, "names 1 to 128 segments and no descriptor, not 1 with 1");
+        vmm_held_refused(sock, 0, three, 0, NULL, 0, "names 1 to 128 segments and no descriptor, not 0 with 0");
+        vmm_held_refused(sock, 0, &huge, 1, NULL, 0, "past the GPU's memory");
+        ck_assert_int_eq(testd_device(&d, 0, "reserved_bytes"), 0);
+        ck_assert_int_eq(testd_device(&d, 0, "total_bytes"), total);
+
+        rep = raw_adopt_held(sock, 0, three, 3, NULL, 0);
+        ck_assert_msg(rep->status == GPUPOOL__STATUS__STATUS_OK, "%s", rep->error ? rep->error : "");
+        ck_assert_uint_eq(rep->adopt_reply->n_segment_ids, 3);
+        memcpy(ids, rep->adopt_reply->segment_ids, sizeof(ids));
+        gpupool__envelope__free_unpacked(rep, NULL);
+        ck_assert(testd_log_wait(&d, "adopted 3 of 3 segments (6.0 MiB) on device 0, held by the process (by its word)"));
+        ck_assert_int_eq(testd_client_field(&d, getpid(), "after", "reserved_bytes"), 6 * MiB);
+        ck_assert_int_eq(testd_device(&d, 0, "total_bytes"), total + 6 * MiB);
+        json_decref(testd_ctl(&d, "check"));
+
+        /* Never an object: the daemon has none of its memory to seal or send. */
+        env.id = 7;
+        pr.name = "held";
+        pr.segment_id = ids[0];
+        pr.size = 4096;
+        env.body_case = GPUPOOL__ENVELOPE__BODY_PUBLISH;
+        env.publish = &pr;
+        rep = raw_call(sock, &env);
+        ck_assert_int_ne(rep->status, GPUPOOL__STATUS__STATUS_OK);
+        ck_assert_msg(rep->error && strstr(rep->error, "adopted by its word: the daemon cannot share it"), "%s",
+                      rep->error ? rep->error : "(no message)");
+        gpupool__envelope__free_unpacked(rep, NULL);
+
+        /* Given back: to the driver with the process's mapping, not to the cache; the capacity stays. */
+        rep = raw_return(sock, ids, 1, NULL);
+        ck_assert_uint_eq(rep->return_reply->returned, 1);
+        gpupool__envelope__free_unpacked(rep, NULL);
+        ck_assert_int_eq(testd_device(&d, 0, "cached_bytes"), 0);
+        ck_assert_int_eq(testd_client_field(&d, getpid(), "after", "reserved_bytes"), 4 * MiB);
+        after = testd_device(&d, 0, "total_bytes");
+        ck_assert_int_eq(after, total + 6 * MiB);
+        json_decref(testd_ctl(&d, "check"));
+        rep = raw_return(sock, ids + 1, 2, NULL);
+        ck_assert_uint_eq(rep->return_reply->returned, 2);
+        gpupool__envelope__free_unpacked(rep, NULL);
+        ck_assert_int_eq(testd_device(&d, 0, "reserved_bytes"), 0);
+        ck_assert_int_eq(testd_device(&d, 0, "cached_bytes"), 0);
+        close(sock);
+        for (int i = 0; i < 3; i++)
+                close(fds[i]);
+        cuda_stop(&d);
+}
+END_TEST
+
 /* ---- named objects: published once, mapped read-only by others, outliving the publisher ---- */
 
 #define VMM_OBJ (16 * MiB)      /* over 10 MiB: a segment of its own */
 
 /*
  * Whether a write of 4 KiB at p, into an object of size bytes that holds pattern tag, is kept out
- * of memory mapped read-only: refused when it is queued, faulting at the sync (the fake answers
- * CUDA_ERROR_ILLEGAL_ADDRESS, and the context is lost), or neither and the bytes still as they
- * were. Which one the driver gave goes to the test's log: a real driver has not been seen to
- * answer, only not to fault (H200, driver 580.159.04, at 48e6b6b: bench/results/2026-11-27-H200-48e6b6b/).
+ * of memory mapped read-only: refused when it is queued (what an H200 answered, driver 580.159.04:
+ * CUDA_ERROR_INVALID_VALUE, bench/results/2026-11-28-H200-d2ec017/, and so does the fake),
+ * faulting at the sync, or neither and the bytes still as they were. Which one the driver gave
+ * goes to the test's log.
  */
 static bool write_kept_out(struct gpu *g, const void *p, size_t size, unsigned tag) {
         gp_cu_result queued = g->memset_d8_async(dptr((void *) p), 0, 4096, NULL), synced = GP_CUDA_SUCCESS;
@@ -711,7 +805,7 @@ static const void *attach_weights(struct testd *d, struct gpu *g, gpupool_client
         return p;
 }
 
-/* Attaches "weights" twice over (one mapping), reads it, and finds a write refused, which ends its context. */
+/* Attaches "weights" twice over (one mapping), reads it, and finds a write refused. */
 static int vmm_attacher(struct testd *d, void *arg) {
         void *fail_page = arg;
         gpupool_client *c = NULL;
@@ -1043,6 +1137,7 @@ END_TEST
 void cuda_vmm_add_common(TCase *tc) {
         tcase_add_test(tc, test_vmm_survives_daemon_kill);
         tcase_add_test(tc, test_vmm_adoption);
+        tcase_add_test(tc, test_vmm_adoption_by_word);
         tcase_add_test(tc, test_vmm_adopting_a_frozen_fuse_file);
         tcase_add_test(tc, test_vmm_objects);
         tcase_add_test(tc, test_legacy_objects);
