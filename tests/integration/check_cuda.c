@@ -137,6 +137,94 @@ START_TEST(test_cuda_killed_client_memory_returns) {
 }
 END_TEST
 
+/*
+ * A process killed while its device work runs on gpupool memory: it queues memsets over a
+ * block, about a second of them on a GPU, and is killed while they run. Its memory goes back;
+ * a process of the same uid takes that very segment from the cache and writes its own bytes;
+ * once the dead one's work would have ended they are intact and its context sound. On a GPU
+ * the driver must have stopped the dead process's work before its exit completed (the pidfd
+ * the daemon watches); on the fake driver the work, held, dies with the process's threads.
+ */
+#define KILLED_BLOCK (on_gpu ? 1024 * MiB : 16 * MiB)
+#define KILLED_MEMSETS (on_gpu ? 3000 : 50)
+
+static int busy_victim(struct testd *d, void *arg) {
+        int *fds = arg;
+        gpupool_client *c = NULL;
+        gp_cu_stream s;
+        gp_cu_event e;
+        struct gpu g;
+        void *p;
+
+        if (gpu_open(&g) < 0 || gpupool_connect(d->sock, "busy-victim", &c) < 0 ||
+            gpupool_alloc(c, 0, KILLED_BLOCK, &p) < 0 || g.cu.cuStreamCreate(&s, GP_CU_STREAM_NON_BLOCKING) != GP_CUDA_SUCCESS ||
+            g.cu.cuEventCreate(&e, 0) != GP_CUDA_SUCCESS)
+                return 1;
+        /* On the fake the stream is held: its memsets are still to run when it is killed. */
+        if (!on_gpu && gpu_hold(&g, s, 1) < 0)
+                return 1;
+        for (int i = 0; i < KILLED_MEMSETS; i++)
+                if (g.memset_d8_async(dptr(p), 0xaa, KILLED_BLOCK, s) != GP_CUDA_SUCCESS)
+                        return 2;
+        if (g.cu.cuEventRecord(e, s) != GP_CUDA_SUCCESS || g.cu.cuEventQuery(e) != GP_CUDA_ERROR_NOT_READY)
+                return 3;       /* it must still be running when it is killed */
+        if (write(fds[1], "x", 1) != 1)
+                return 4;
+        for (;;)
+                pause();
+}
+
+static int after_victim(struct testd *d, void *arg) {
+        long long *cached = arg;
+        gpupool_client *c = NULL;
+        struct gpu g;
+        void *p;
+
+        if (gpu_open(&g) < 0 || gpupool_connect(d->sock, "after-victim", &c) < 0 ||
+            gpupool_alloc(c, 0, KILLED_BLOCK, &p) < 0)
+                return 1;
+        /* The dead one's memory, from the cache (a process growing in place may lease granules ahead too). */
+        if (testd_device(d, 0, "cached_bytes") > *cached - (long long) KILLED_BLOCK) {
+                fprintf(stderr, "after the killed client: %lld bytes cached, %lld before\n", testd_device(d, 0, "cached_bytes"),
+                        *cached);
+                return 2;
+        }
+        if (write_pattern(&g, p, KILLED_BLOCK, 11) < 0 || g.cu.cuCtxSynchronize() != GP_CUDA_SUCCESS)
+                return 3;
+        usleep(on_gpu ? 1500 * 1000 : 200 * 1000);     /* longer than the dead one's work would have run */
+        if (!pattern_intact(&g, p, KILLED_BLOCK, 11))
+                return 4;       /* the dead process's memsets landed after its death */
+        if (g.cu.cuCtxSynchronize() != GP_CUDA_SUCCESS || gpupool_free(c, p) < 0)
+                return 5;
+        gpupool_disconnect(c);
+        return 0;
+}
+
+START_TEST(test_cuda_killed_with_work_running) {
+        BACKEND_OF_LOOP;
+        long long cached;
+        struct testd d;
+        int fds[2], status;
+        char ch;
+        pid_t pid;
+
+        cuda_start(&d, NULL, NULL);
+        ck_assert_int_eq(pipe(fds), 0);
+        pid = spawn(busy_victim, &d, fds);
+        ck_assert_msg(read(fds[0], &ch, 1) == 1, "the victim failed at step %d", reap(pid));
+        kill(pid, SIGKILL);
+        ck_assert_int_eq(reap(pid), 128 + SIGKILL);
+        ck_assert_msg(testd_device_becomes(&d, 0, "in_use_bytes", 0), "the killed client's memory did not return");
+        cached = testd_device(&d, 0, "cached_bytes");
+        ck_assert_int_ge(cached, (long long) KILLED_BLOCK);
+        status = reap(spawn(after_victim, &d, &cached));
+        ck_assert_msg(status == 0, "the process after the killed one failed at step %d", status);
+        close(fds[0]);
+        close(fds[1]);
+        cuda_stop(&d);
+}
+END_TEST
+
 /* ---- limits ---- */
 
 static int limit_client(struct testd *d, void *arg) {
@@ -800,6 +888,7 @@ END_TEST
 static void add_common(TCase *tc) {
         tcase_add_loop_test(tc, test_cuda_clients_data_intact, 0, BACKEND_LOOPS);
         tcase_add_loop_test(tc, test_cuda_killed_client_memory_returns, 0, BACKEND_LOOPS);
+        tcase_add_loop_test(tc, test_cuda_killed_with_work_running, 0, BACKEND_LOOPS);
         tcase_add_loop_test(tc, test_cuda_limits_hold, 0, BACKEND_LOOPS);
         tcase_add_loop_test(tc, test_cuda_free_async_waits_for_stream, 0, BACKEND_LOOPS);
         tcase_add_loop_test(tc, test_cuda_disconnect_keeps_no_descriptor, 0, BACKEND_LOOPS);
