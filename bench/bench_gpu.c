@@ -237,7 +237,7 @@ static const size_t import_sizes[] = { 2 * MiB, 20 * MiB, 64 * MiB, 256 * MiB, 1
 
 /* What the exporter measured of making and exporting cuMemCreate memory, sent after the descriptors. */
 struct vmm_made {
-        double create_us[NSIZES][64], export_us[NSIZES][64];
+        double create_us[NSIZES][64], map_us[NSIZES][64], access_us[NSIZES][64], export_us[NSIZES][64];
         int n[NSIZES];
 };
 
@@ -259,6 +259,8 @@ static int exporter(int reps, int out, int in, int sock) {
         gp_cu_device dev;
         gp_cu_deviceptr *p = calloc(NSIZES * (size_t) reps, sizeof(*p));
         gp_cu_mem_handle *h = calloc(NSIZES * (size_t) reps, sizeof(*h));
+        gp_cu_deviceptr *va = calloc(NSIZES * (size_t) reps, sizeof(*va));
+        gp_cu_mem_access_desc rw = { .location = vmm_prop.location, .flags = GP_CU_MEM_ACCESS_FLAGS_PROT_READWRITE };
         static struct vmm_made made;
         char err[256], ch;
 
@@ -278,18 +280,34 @@ static int exporter(int reps, int out, int in, int sock) {
         for (size_t s = 0; s < NSIZES; s++)
                 for (int r = 0; r < reps; r++) {
                         gp_cu_mem_handle *hh = &h[s * (size_t) reps + (size_t) r];
-                        double t = now_us(), t1;
+                        gp_cu_deviceptr *v = &va[s * (size_t) reps + (size_t) r];
+                        double t = now_us(), t1, t2, t3;
                         int fd = -1;
 
+                        /*
+                         * As gpupoold makes a segment: created, mapped in a range of its own and made
+                         * accessible (fresh memory: the first mapping of it), then exported to send.
+                         */
                         if (cu.cuMemCreate(hh, import_sizes[s], &vmm_prop, 0)) {
                                 *hh = 0;
                         } else {
                                 t1 = now_us();
+                                if (cu.cuMemAddressReserve(v, import_sizes[s], 0, 0, 0) ||
+                                    cu.cuMemMap(*v, import_sizes[s], 0, *hh, 0)) {
+                                        *v = 0;
+                                        t2 = t3 = now_us();
+                                } else {
+                                        t2 = now_us();
+                                        (void) cu.cuMemSetAccess(*v, import_sizes[s], &rw, 1);
+                                        t3 = now_us();
+                                }
                                 if (cu.cuMemExportToShareableHandle(&fd, *hh, GP_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0))
                                         fd = -1;
-                                else if (made.n[s] < 64) {
+                                else if (made.n[s] < 64 && *v) {
                                         made.create_us[s][made.n[s]] = t1 - t;
-                                        made.export_us[s][made.n[s]++] = now_us() - t1;
+                                        made.map_us[s][made.n[s]] = t2 - t1;
+                                        made.access_us[s][made.n[s]] = t3 - t2;
+                                        made.export_us[s][made.n[s]++] = now_us() - t3;
                                 }
                         }
                         if (gp_wire_send_packet(sock, (const uint8_t *) (fd >= 0 ? "m" : "x"), 1, fd) < 0)
@@ -304,6 +322,8 @@ static int exporter(int reps, int out, int in, int sock) {
         for (size_t i = 0; i < NSIZES * (size_t) reps; i++) {
                 if (p[i])
                         (void) cu.cuMemFree(p[i]);
+                if (va[i] && cu.cuMemUnmap(va[i], import_sizes[i / (size_t) reps]) == GP_CUDA_SUCCESS)
+                        (void) cu.cuMemAddressFree(va[i], import_sizes[i / (size_t) reps]);
                 if (h[i])
                         (void) cu.cuMemRelease(h[i]);
         }
@@ -400,6 +420,8 @@ static void bench_vmm_import(struct gp_cuda *cu, int reps, int in, int sock) {
 
                 snprintf(name, sizeof(name), "segment of %zu MiB", (size_t) (import_sizes[s] / MiB));
                 report(name, "create", made.create_us[s], (size_t) made.n[s]);
+                report(name, "map", made.map_us[s], (size_t) made.n[s]);       /* reserve and map, fresh memory */
+                report(name, "access", made.access_us[s], (size_t) made.n[s]);  /* its first cuMemSetAccess */
                 report(name, "export", made.export_us[s], (size_t) made.n[s]);
         }
 }
