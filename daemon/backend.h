@@ -21,7 +21,8 @@
 /* One segment of backend memory, as the backend made it. */
 struct backend_mem {
         int fd;                 /* host: the memfd, the memory itself; -1 otherwise (cuda-vmm keeps no descriptor) */
-        uint64_t addr;          /* cuda: device pointer (cuda-vmm: the daemon's own mapping); 0 otherwise */
+        uint64_t addr;          /* cuda: device pointer (cuda-vmm: the daemon's own range, mapped where vmm_mapped); 0 otherwise */
+        bool vmm_mapped;        /* cuda-vmm: the daemon has mapped the memory at addr (to name, zero or seal it) */
         uint64_t vmm_handle;    /* cuda-vmm: the physical allocation (CUmemGenericAllocationHandle) */
         uint64_t ident;         /* cuda-vmm: the driver's name for the allocation (mem_ident), 0: none */
         uint8_t ipc_handle[GP_IPC_HANDLE_BYTES];        /* cuda: exported handle */

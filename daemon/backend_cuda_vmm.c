@@ -87,14 +87,16 @@ static gp_cu_result vmm_make(struct cuda_backend *c, struct cuda_device *d, uint
         return GP_CUDA_SUCCESS;
 }
 
-/* Lets go of a segment's physical memory: the daemon's mapping and its handle. Pushed. */
+/* Lets go of a segment's physical memory: the daemon's mapping, where it made one, and its handle. Pushed. */
 static void vmm_unmake(struct cuda_backend *c, struct cuda_device *d, struct backend_mem *mem, uint64_t size) {
-        gp_cu_result r;
+        gp_cu_result r = GP_CUDA_SUCCESS;
 
         mem->ident = 0;
         if (!mem->vmm_handle)
                 return;         /* it has none (fresh memory for it could not be made) */
-        r = c->cu.cuMemUnmap(mem->addr, size);
+        if (mem->vmm_mapped)
+                r = c->cu.cuMemUnmap(mem->addr, size);
+        mem->vmm_mapped = false;
         if (r == GP_CUDA_SUCCESS)
                 r = c->cu.cuMemRelease(mem->vmm_handle);
         if (r != GP_CUDA_SUCCESS)
@@ -103,14 +105,24 @@ static void vmm_unmake(struct cuda_backend *c, struct cuda_device *d, struct bac
         mem->vmm_handle = 0;
 }
 
+/*
+ * A new segment: its memory made, and a range of the daemon's for it. The daemon maps it there
+ * only where the driver's block ids name allocations (to know the segment by its id; the id is
+ * given before any cuMemSetAccess, as an H200 answered bench/vmm_probe.c), and otherwise when it
+ * must zero or seal it (cuda_vmm_fresh(), vmm_mem_seal()): on the request's path a segment costs
+ * its create, and its export when it is sent, not a mapping and an access nobody uses.
+ */
 int cuda_vmm_create(struct cuda_backend *c, struct cuda_device *d, uint64_t size, struct backend_mem *ret) {
+        gp_cu_mem_prop prop = vmm_prop(d);
         gp_cu_deviceptr va = 0;
         gp_cu_mem_handle h = 0;
         gp_cu_result r;
 
         r = c->cu.cuMemAddressReserve(&va, size, 0, 0, 0);
         if (r == GP_CUDA_SUCCESS) {
-                r = vmm_make(c, d, size, va, &h);
+                r = c->cu.cuMemCreate(&h, size, &prop, 0);
+                if (r == GP_CUDA_SUCCESS && c->block_ids && (r = c->cu.cuMemMap(va, size, 0, h, 0)) != GP_CUDA_SUCCESS)
+                        (void) c->cu.cuMemRelease(h);
                 if (r != GP_CUDA_SUCCESS)
                         (void) c->cu.cuMemAddressFree(va, size);
         }
@@ -127,7 +139,8 @@ int cuda_vmm_create(struct cuda_backend *c, struct cuda_device *d, uint64_t size
         ret->fd = -1;
         ret->addr = va;
         ret->vmm_handle = h;
-        ret->ident = vmm_block_id(c, va);
+        ret->vmm_mapped = c->block_ids;
+        ret->ident = c->block_ids ? vmm_block_id(c, va) : 0;
         return 0;
 }
 
@@ -163,6 +176,7 @@ int cuda_vmm_fresh(struct cuda_backend *c, struct cuda_device *d, struct backend
                 return r == GP_CUDA_ERROR_OUT_OF_MEMORY ? -ENOMEM : -EIO;
         }
         mem->vmm_handle = h;
+        mem->vmm_mapped = true;         /* and accessible, to be zeroed */
         mem->ident = vmm_block_id(c, mem->addr);
         return 0;
 }
@@ -244,6 +258,7 @@ static int vmm_mem_adopt(struct backend *b, unsigned device, int fd, uint64_t si
         ret->fd = sealed ? fd : -1;
         ret->addr = va;
         ret->vmm_handle = h;
+        ret->vmm_mapped = true;
         ret->ident = vmm_block_id(c, va);
         cuda_pop(c);
         return 0;
@@ -265,7 +280,12 @@ static int vmm_mem_seal(struct backend *b, unsigned device, struct backend_mem *
                 return -EPERM;          /* the process's memory, adopted by its word: the daemon has none of it */
         if (!(d = cuda_enter(c, device, &err)))
                 return err;
-        r = vmm_read_only(c, d, mem->addr, size);
+        /* Mapped here for the first time where it was never zeroed or named: read-only from the start. */
+        r = mem->vmm_mapped ? GP_CUDA_SUCCESS : c->cu.cuMemMap(mem->addr, size, 0, mem->vmm_handle, 0);
+        if (r == GP_CUDA_SUCCESS)
+                mem->vmm_mapped = true;
+        if (r == GP_CUDA_SUCCESS)
+                r = vmm_read_only(c, d, mem->addr, size);
         cuda_pop(c);
         if (r != GP_CUDA_SUCCESS) {
                 log_err("cuda-vmm: %s: making a %llu-byte object read-only: %s", d->name, (unsigned long long) size,
