@@ -42,6 +42,11 @@
  *
  * With --backend cuda or cuda-vmm the daemon leases GPU 0's memory (cuda: legacy IPC handles,
  * one cuIpcOpenMemHandle per import; cuda-vmm: descriptors) and the figures are the driver's.
+ * Before the traces it then times a whole segment's lease step by step (lease_steps()), in a
+ * process of its own over the raw protocol, for 2 MiB to 1 GiB: the daemon's reply to a lease of
+ * a new segment and of one from its cache (the difference is what making one costs it), then
+ * what the process does with it (cuda-vmm: the import, the range's reserve and map, the
+ * access; cuda: the IPC open), and its return; medians of LEASE_REPS.
  *
  * Usage: replay --build DIR [--backend host|cuda|cuda-vmm] TRACE.csv...
  */
@@ -59,12 +64,15 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "conn.h"
+#include "cudadrv.h"
 #include "gpupool.h"
 #include "measure.h"
 #include "private_daemon.h"
 #include "trace.h"
 
 #define MiB (1ULL << 20)
+#define LEASE_REPS 8
 
 static char dir[64], sock_path[128];
 static const char *backend = "host";
@@ -78,6 +86,175 @@ static pid_t start_daemon(const char *build) {
 static void stop_daemon(pid_t pid) {
         kill(pid, SIGTERM);
         waitpid(pid, NULL, 0);
+}
+
+/* ---- a whole segment's lease, step by step (cuda and cuda-vmm) ---- */
+
+/* One step's times, in µs. The steps: import, map, access, unmap, lease new, lease cached, return. */
+struct step {
+        double us[LEASE_REPS];
+        int n;
+};
+
+/* A lease of size on device 0 over c (exact: never a larger segment from the cache), its reply in *rep. */
+static int raw_lease(struct gp_conn *c, uint64_t size, Gpupool__Envelope **rep, int *fd) {
+        Gpupool__Envelope req = GPUPOOL__ENVELOPE__INIT;
+        Gpupool__LeaseRequest lr = GPUPOOL__LEASE_REQUEST__INIT;
+
+        lr.device = 0;
+        lr.size = size;
+        lr.has_exact = lr.exact = true;
+        req.body_case = GPUPOOL__ENVELOPE__BODY_LEASE;
+        req.lease = &lr;
+        return gp_conn_call(c, &req, GPUPOOL__ENVELOPE__BODY_LEASE_REPLY, rep, fd);
+}
+
+static int raw_return(struct gp_conn *c, uint64_t *ids, size_t n) {
+        Gpupool__Envelope req = GPUPOOL__ENVELOPE__INIT, *rep = NULL;
+        Gpupool__ReturnRequest rr = GPUPOOL__RETURN_REQUEST__INIT;
+        int r;
+
+        rr.segment_ids = ids;
+        rr.n_segment_ids = n;
+        req.body_case = GPUPOOL__ENVELOPE__BODY_RETURN_SEGMENTS;
+        req.return_segments = &rr;
+        r = gp_conn_call(c, &req, GPUPOOL__ENVELOPE__BODY_RETURN_REPLY, &rep, NULL);
+        if (rep)
+                gpupool__envelope__free_unpacked(rep, NULL);
+        return r;
+}
+
+/*
+ * What the process does with a leased segment of size, timed into steps from *k on: maps it
+ * (cuda-vmm: imports fd, reserves, maps, sets access; cuda: opens the IPC handle), then undoes
+ * that. Returns 0 or -1.
+ */
+static int map_steps(struct gp_cuda *cu, const Gpupool__LeaseReply *lr, int fd, uint64_t size, struct step *s) {
+        gp_cu_mem_access_desc rw = { .location = { .type = GP_CU_MEM_LOCATION_TYPE_DEVICE, .id = 0 },
+                                     .flags = GP_CU_MEM_ACCESS_FLAGS_PROT_READWRITE };
+        gp_cu_deviceptr va = 0;
+        gp_cu_mem_handle h;
+        double t = now_ns();
+
+        if (fd < 0) {
+                gp_cu_ipc_mem_handle ih;
+
+                if (!lr->has_ipc_handle || lr->ipc_handle.len != sizeof(ih.reserved))
+                        return -1;
+                memcpy(ih.reserved, lr->ipc_handle.data, sizeof(ih.reserved));
+                if (cu->cuIpcOpenMemHandle(&va, ih, GP_CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS) != GP_CUDA_SUCCESS)
+                        return -1;
+                s[0].us[s[0].n++] = (now_ns() - t) / 1e3;
+                t = now_ns();
+                (void) cu->cuIpcCloseMemHandle(va);
+                s[3].us[s[3].n++] = (now_ns() - t) / 1e3;
+                return 0;
+        }
+        if (cu->cuMemImportFromShareableHandle(&h, (void *) (uintptr_t) fd, GP_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) !=
+            GP_CUDA_SUCCESS)
+                return -1;
+        s[0].us[s[0].n++] = (now_ns() - t) / 1e3;
+        t = now_ns();
+        if (cu->cuMemAddressReserve(&va, size, 0, 0, 0) != GP_CUDA_SUCCESS || cu->cuMemMap(va, size, 0, h, 0) != GP_CUDA_SUCCESS) {
+                (void) cu->cuMemRelease(h);
+                return -1;
+        }
+        s[1].us[s[1].n++] = (now_ns() - t) / 1e3;
+        t = now_ns();
+        (void) cu->cuMemSetAccess(va, size, &rw, 1);
+        s[2].us[s[2].n++] = (now_ns() - t) / 1e3;
+        t = now_ns();
+        (void) cu->cuMemUnmap(va, size);
+        (void) cu->cuMemAddressFree(va, size);
+        (void) cu->cuMemRelease(h);
+        s[3].us[s[3].n++] = (now_ns() - t) / 1e3;
+        return 0;
+}
+
+/* In a process of its own (the parent's CUDA context is made later): the steps of LEASE_REPS leases per size. */
+static int lease_steps_child(void) {
+        static const uint64_t sizes[] = { 2 * MiB, 64 * MiB, 256 * MiB, 1024 * MiB };
+        Gpupool__Hello hello = GPUPOOL__HELLO__INIT;
+        struct gp_conn c = { .sock = -1 };
+        struct gp_cuda cu;
+        gp_cu_context ctx;
+        gp_cu_device dev;
+        char err[256];
+
+        if (gp_cuda_load(&cu, err, sizeof(err)) < 0 || cu.cuDeviceGet(&dev, 0) != GP_CUDA_SUCCESS ||
+            cu.cuDevicePrimaryCtxRetain(&ctx, dev) != GP_CUDA_SUCCESS || cu.cuCtxPushCurrent(ctx) != GP_CUDA_SUCCESS) {
+                fprintf(stderr, "replay: lease steps: no GPU 0: %s\n", err);
+                return 1;
+        }
+        hello.name = "lease-steps";
+        if (gp_conn_open(&c, sock_path, &hello, NULL) < 0) {
+                fprintf(stderr, "replay: lease steps: %s\n", c.error);
+                return 1;
+        }
+        printf("# a whole segment's lease, step by step (a process of its own, the raw protocol), median us of %d\n",
+               LEASE_REPS);
+        printf("%-10s %10s %10s %10s %10s %10s %10s %10s\n", "segment", "lease new", "lease cached", "import",
+               "map", "access", "unmap", "return");
+        for (size_t z = 0; z < sizeof(sizes) / sizeof(sizes[0]); z++) {
+                struct step s[7];
+                uint64_t ids[LEASE_REPS];
+
+                memset(s, 0, sizeof(s));
+
+                /* New: held until all are made, so that each is made; then returned, and leased again from the cache. */
+                for (int pass = 0; pass < 2; pass++) {
+                        int n = 0;
+
+                        for (int r = 0; r < LEASE_REPS; r++) {
+                                Gpupool__Envelope *rep = NULL;
+                                int fd = -1;
+                                double t = now_ns();
+
+                                if (raw_lease(&c, sizes[z], &rep, &fd) < 0)
+                                        break;
+                                s[4 + pass].us[s[4 + pass].n++] = (now_ns() - t) / 1e3;
+                                ids[n++] = rep->lease_reply->segment_id;
+                                if (pass == 0 && map_steps(&cu, rep->lease_reply, fd, sizes[z], s) < 0)
+                                        fprintf(stderr, "replay: lease steps: a %llu MiB segment did not map\n",
+                                                (unsigned long long) (sizes[z] / MiB));
+                                if (fd >= 0)
+                                        close(fd);
+                                gpupool__envelope__free_unpacked(rep, NULL);
+                        }
+                        double t = now_ns();
+
+                        if (n && raw_return(&c, ids, (size_t) n) == 0 && pass == 1)
+                                s[6].us[s[6].n++] = (now_ns() - t) / 1e3 / n;
+                }
+                printf("%7llu MiB", (unsigned long long) (sizes[z] / MiB));
+                for (int k = 0; k < 7; k++) {
+                        static const int order[7] = { 4, 5, 0, 1, 2, 3, 6 };
+                        const struct step *st = &s[order[k]];
+
+                        if (st->n)
+                                printf(" %10.1f", median((double *) st->us, (size_t) st->n));
+                        else
+                                printf(" %10s", "-");   /* not a step of this backend */
+                }
+                printf("\n");
+        }
+        fflush(stdout);
+        gp_conn_close(&c);
+        return 0;
+}
+
+static int lease_steps(const char *build) {
+        pid_t daemon = start_daemon(build), child;
+        int status = 1;
+
+        fflush(stdout);
+        child = fork();
+        if (child == 0)
+                _exit(lease_steps_child());
+        if (child > 0)
+                waitpid(child, &status, 0);
+        stop_daemon(daemon);
+        return child > 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0 ? 0 : -1;
 }
 
 struct result {
@@ -250,6 +427,8 @@ int main(int argc, char **argv) {
                 return 1;
         }
         snprintf(sock_path, sizeof(sock_path), "%s/gpupool.sock", dir);
+        if (strcmp(backend, "host") != 0 && lease_steps(build) < 0)
+                failed = 1;
         printf("# backend %s%s\n", backend, nways == 1 ? " (whole segments only: it does not grow them in place)" : "");
         printf("%-14s %-8s %7s %17s %15s %23s %12s %12s %6s %15s %15s\n", "trace", "pool", "ops", "round trips", "imports",
                "ns/op", "peak leased", "peak in use", "ratio", "granule maps", "unmaps");
