@@ -647,3 +647,50 @@ class TestChunks(unittest.TestCase):
             run = subprocess.run([sys.executable, os.path.join(TREE, "bench/frameworks/chunks.py"), log],
                                  capture_output=True, text=True)
             self.assertIn("no torch_throughput.py result lines", run.stderr)
+
+
+class TestRecordTraces(unittest.TestCase):
+    """bench/frameworks/record_traces.py: its conversion of PyTorch's memory history, and a clear end without a GPU."""
+
+    def load(self):
+        import importlib.util
+
+        spec = importlib.util.spec_from_file_location("record_traces", os.path.join(TREE, "bench/frameworks/record_traces.py"))
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)        # imports torch only in the child that records
+        return mod
+
+    def test_converts_a_history(self):
+        import io
+
+        rt = self.load()
+        trace = [
+            {"action": "segment_alloc", "addr": 0, "size": 2 << 20, "stream": 0},     # the allocator's own: dropped
+            {"action": "alloc", "addr": 10, "size": 512, "stream": 0},
+            {"action": "alloc", "addr": 20, "size": 1024, "stream": 0},
+            {"action": "free_requested", "addr": 10, "size": 512, "stream": 0},       # the completed free counts
+            {"action": "free_completed", "addr": 10, "size": 512, "stream": 0},
+            {"action": "free_completed", "addr": 99, "size": 5, "stream": 0},         # never allocated here: skipped
+            {"action": "alloc", "addr": 20, "size": 2048, "stream": 7},               # over a live block: a lost free
+            {"action": "alloc", "addr": 10, "size": 4096, "stream": 7},
+        ]
+        out = io.StringIO()
+        st = rt.convert(trace, out)
+        self.assertEqual(out.getvalue(), "time,op,id,size,stream\n1,a,1,512,0\n2,a,2,1024,0\n3,f,1,0,0\n"
+                                         "4,f,2,0,1\n5,a,3,2048,1\n6,a,4,4096,1\n")
+        self.assertEqual((st["allocs"], st["frees"], st["skipped_frees"], st["implicit_frees"], st["live_at_end"],
+                          st["streams"], st["peak_in_use_bytes"]), (4, 1, 1, 1, 2, 2, 6144))
+
+    def test_unknown_program_and_no_gpu(self):
+        run = subprocess.run([sys.executable, os.path.join(TREE, "bench/frameworks/record_traces.py"), "/nonexistent",
+                              "--programs", "lenet"], capture_output=True, text=True)
+        self.assertEqual(run.returncode, 2)
+        self.assertIn("no program named 'lenet'", run.stderr)
+        with tempfile.TemporaryDirectory() as tmp:
+            # Without PyTorch, or without a GPU for it, each program's process fails and the run says so.
+            run = subprocess.run([sys.executable, os.path.join(TREE, "bench/frameworks/record_traces.py"), tmp,
+                                  "--programs", "resnet18_train"], capture_output=True, text=True,
+                                 env=dict(os.environ, CUDA_VISIBLE_DEVICES=""))
+            self.assertEqual(run.returncode, 1, run.stdout + run.stderr)
+            self.assertIn("record_traces.py: no trace from resnet18_train", run.stderr)
+            self.assertEqual(os.listdir(tmp), [])
