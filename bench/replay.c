@@ -90,11 +90,18 @@ static void stop_daemon(pid_t pid) {
 
 /* ---- a whole segment's lease, step by step (cuda and cuda-vmm) ---- */
 
-/* One step's times, in µs. The steps: import, map, access, unmap, lease new, lease cached, return. */
+/* The steps of a lease, in the order they are printed, and one step's times, in µs. */
+enum { STEP_NEW, STEP_CACHED, STEP_IMPORT, STEP_MAP, STEP_ACCESS, STEP_UNMAP, STEP_RETURN, STEPS };
+
 struct step {
         double us[LEASE_REPS];
         int n;
 };
+
+/* Adds the time since t (ns) to step st. */
+static void step_took(struct step *st, double t) {
+        st->us[st->n++] = (now_ns() - t) / 1e3;
+}
 
 /* A lease of size on device 0 over c (exact: never a larger segment from the cache), its reply in *rep. */
 static int raw_lease(struct gp_conn *c, uint64_t size, Gpupool__Envelope **rep, int *fd) {
@@ -125,7 +132,7 @@ static int raw_return(struct gp_conn *c, uint64_t *ids, size_t n) {
 }
 
 /*
- * What the process does with a leased segment of size, timed into steps from *k on: maps it
+ * What the process does with a leased segment of size, each step's time added to s: maps it
  * (cuda-vmm: imports fd, reserves, maps, sets access; cuda: opens the IPC handle), then undoes
  * that. Returns 0 or -1.
  */
@@ -144,30 +151,30 @@ static int map_steps(struct gp_cuda *cu, const Gpupool__LeaseReply *lr, int fd, 
                 memcpy(ih.reserved, lr->ipc_handle.data, sizeof(ih.reserved));
                 if (cu->cuIpcOpenMemHandle(&va, ih, GP_CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS) != GP_CUDA_SUCCESS)
                         return -1;
-                s[0].us[s[0].n++] = (now_ns() - t) / 1e3;
+                step_took(&s[STEP_IMPORT], t);
                 t = now_ns();
                 (void) cu->cuIpcCloseMemHandle(va);
-                s[3].us[s[3].n++] = (now_ns() - t) / 1e3;
+                step_took(&s[STEP_UNMAP], t);
                 return 0;
         }
         if (cu->cuMemImportFromShareableHandle(&h, (void *) (uintptr_t) fd, GP_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) !=
             GP_CUDA_SUCCESS)
                 return -1;
-        s[0].us[s[0].n++] = (now_ns() - t) / 1e3;
+        step_took(&s[STEP_IMPORT], t);
         t = now_ns();
         if (cu->cuMemAddressReserve(&va, size, 0, 0, 0) != GP_CUDA_SUCCESS || cu->cuMemMap(va, size, 0, h, 0) != GP_CUDA_SUCCESS) {
                 (void) cu->cuMemRelease(h);
                 return -1;
         }
-        s[1].us[s[1].n++] = (now_ns() - t) / 1e3;
+        step_took(&s[STEP_MAP], t);
         t = now_ns();
         (void) cu->cuMemSetAccess(va, size, &rw, 1);
-        s[2].us[s[2].n++] = (now_ns() - t) / 1e3;
+        step_took(&s[STEP_ACCESS], t);
         t = now_ns();
         (void) cu->cuMemUnmap(va, size);
         (void) cu->cuMemAddressFree(va, size);
         (void) cu->cuMemRelease(h);
-        s[3].us[s[3].n++] = (now_ns() - t) / 1e3;
+        step_took(&s[STEP_UNMAP], t);
         return 0;
 }
 
@@ -196,7 +203,7 @@ static int lease_steps_child(void) {
         printf("%-10s %10s %10s %10s %10s %10s %10s %10s\n", "segment", "lease new", "lease cached", "import",
                "map", "access", "unmap", "return");
         for (size_t z = 0; z < sizeof(sizes) / sizeof(sizes[0]); z++) {
-                struct step s[7];
+                struct step s[STEPS];
                 uint64_t ids[LEASE_REPS];
 
                 memset(s, 0, sizeof(s));
@@ -212,7 +219,7 @@ static int lease_steps_child(void) {
 
                                 if (raw_lease(&c, sizes[z], &rep, &fd) < 0)
                                         break;
-                                s[4 + pass].us[s[4 + pass].n++] = (now_ns() - t) / 1e3;
+                                step_took(&s[pass ? STEP_CACHED : STEP_NEW], t);
                                 ids[n++] = rep->lease_reply->segment_id;
                                 if (pass == 0 && map_steps(&cu, rep->lease_reply, fd, sizes[z], s) < 0)
                                         fprintf(stderr, "replay: lease steps: a %llu MiB segment did not map\n",
@@ -224,15 +231,12 @@ static int lease_steps_child(void) {
                         double t = now_ns();
 
                         if (n && raw_return(&c, ids, (size_t) n) == 0 && pass == 1)
-                                s[6].us[s[6].n++] = (now_ns() - t) / 1e3 / n;
+                                s[STEP_RETURN].us[s[STEP_RETURN].n++] = (now_ns() - t) / 1e3 / n;
                 }
                 printf("%7llu MiB", (unsigned long long) (sizes[z] / MiB));
-                for (int k = 0; k < 7; k++) {
-                        static const int order[7] = { 4, 5, 0, 1, 2, 3, 6 };
-                        const struct step *st = &s[order[k]];
-
-                        if (st->n)
-                                printf(" %10.1f", median((double *) st->us, (size_t) st->n));
+                for (int k = 0; k < STEPS; k++) {
+                        if (s[k].n)
+                                printf(" %10.1f", median(s[k].us, (size_t) s[k].n));
                         else
                                 printf(" %10s", "-");   /* not a step of this backend */
                 }

@@ -463,11 +463,6 @@ static int range_full(gpupool_client *c, unsigned d, uint64_t rsize) {
         return -ENOMEM;
 }
 
-/* Granules no block touches on device *arg, to give back (client_return_taken()). */
-static size_t take_granules(gpupool_client *c, const void *arg, uint64_t want, uint64_t *ids, size_t max, uint64_t *ret_bytes) {
-        return client_grow_take_free(c, (int) *(const unsigned *) arg, want, UINT64_MAX, ids, max, ret_bytes);
-}
-
 /*
  * A piece for a block of rsize bytes (c->piece_bytes or more) on device d: an idle one it
  * fits (or one lane holds), else a new one, leased once what the device holds leaves room for
@@ -493,7 +488,7 @@ static struct heap_block *piece_alloc(gpupool_client *c, unsigned d, uint64_t rs
         if ((over = client_grow_over(c, d, want, rsize)))
                 (void) client_return_pieces(c, d, over);
         if ((over = client_grow_over(c, d, want, rsize)))
-                (void) client_return_taken(c, take_granules, &d, over);
+                (void) client_return_granules(c, d, over);
         *ret = lease(c, d, rsize, HEAP_CLASS_PIECE, &m);
         if ((*ret == -EDQUOT || *ret == -ENOMEM) && client_stream_pending(c)) {
                 (void) client_stream_collect(c, 1);

@@ -280,6 +280,17 @@ int client_return_empty(gpupool_client *c, int device, uint64_t want, uint64_t b
         return return_when_free(c, take_empty, &t, want);
 }
 
+/* Granules no block touches on a device (client_return_granules()). */
+static size_t take_granules(gpupool_client *c, const void *arg, uint64_t want, uint64_t *ids, size_t max, uint64_t *ret_bytes) {
+        size_t n = client_grow_take_free(c, (int) *(const unsigned *) arg, want, UINT64_MAX, ids, max, ret_bytes);
+
+        return daemon_ids(ids, n);
+}
+
+int client_return_granules(gpupool_client *c, unsigned d, uint64_t want) {
+        return return_when_free(c, take_granules, &d, want);
+}
+
 /* Empty pieces of a device, the largest first (client_return_pieces()). */
 static size_t take_largest(gpupool_client *c, const void *arg, uint64_t want, uint64_t *ids, size_t max, uint64_t *ret_bytes) {
         size_t n = client_take_pieces(c, (int) *(const unsigned *) arg, want, UINT64_MAX, true, ids, max, ret_bytes);

@@ -65,8 +65,12 @@ int client_return_taken(gpupool_client *c, client_take_fn take, const void *arg,
  */
 int client_return_empty(gpupool_client *c, int d, uint64_t want, uint64_t before_ms);
 
-/* Gives back empty pieces of device d, the largest first, until want bytes, as client_return_empty() does. */
+/*
+ * Segments that grow in place: gives back empty pieces of device d, the largest first, or
+ * granules no block touches there, until want bytes, as client_return_empty() does.
+ */
 int client_return_pieces(gpupool_client *c, unsigned d, uint64_t want);
+int client_return_granules(gpupool_client *c, unsigned d, uint64_t want);
 
 /* Segment ids gathered to give back once the connection is free again (client_returns_send()). */
 struct client_returns {

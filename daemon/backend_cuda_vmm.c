@@ -276,16 +276,14 @@ static int vmm_mem_seal(struct backend *b, unsigned device, struct backend_mem *
         gp_cu_result r;
         int err;
 
-        if (mem->held)
-                return -EPERM;          /* the process's memory, adopted by its word: the daemon has none of it */
         if (!(d = cuda_enter(c, device, &err)))
                 return err;
         /* Mapped here for the first time where it was never zeroed or named: read-only from the start. */
         r = mem->vmm_mapped ? GP_CUDA_SUCCESS : c->cu.cuMemMap(mem->addr, size, 0, mem->vmm_handle, 0);
-        if (r == GP_CUDA_SUCCESS)
+        if (r == GP_CUDA_SUCCESS) {
                 mem->vmm_mapped = true;
-        if (r == GP_CUDA_SUCCESS)
                 r = vmm_read_only(c, d, mem->addr, size);
+        }
         cuda_pop(c);
         if (r != GP_CUDA_SUCCESS) {
                 log_err("cuda-vmm: %s: making a %llu-byte object read-only: %s", d->name, (unsigned long long) size,

@@ -548,17 +548,8 @@ void pool_lease_undo(struct pool *p, struct pool_owner *o, uint64_t segment_id) 
                 segment_to_cache(p, s);
 }
 
-int pool_seal(struct pool *p, const struct pool_owner *o, uint64_t segment_id) {
-        struct segment *s = segment_find(p, segment_id);
-
-        if (!s || s->owner != o)
-                return -ENOENT;
-        if (!p->backend->ops->mem_seal)
-                return -EOPNOTSUPP;
-        return p->backend->ops->mem_seal(p->backend, p->device, &s->mem, s->size);
-}
-
-int pool_seal_begin(struct pool *p, const struct pool_owner *o, uint64_t segment_id, struct backend_mem *ret_mem) {
+/* o's segment segment_id in *ret, if it may be sealed: 0, -ENOENT, -EOPNOTSUPP or -EPERM. */
+static int sealable(struct pool *p, const struct pool_owner *o, uint64_t segment_id, struct segment **ret) {
         struct segment *s = segment_find(p, segment_id);
 
         if (!s || s->owner != o)
@@ -567,6 +558,23 @@ int pool_seal_begin(struct pool *p, const struct pool_owner *o, uint64_t segment
                 return -EOPNOTSUPP;
         if (s->mem.held)
                 return -EPERM;          /* adopted by its process's word: the daemon has no memory to seal or send */
+        *ret = s;
+        return 0;
+}
+
+int pool_seal(struct pool *p, const struct pool_owner *o, uint64_t segment_id) {
+        struct segment *s;
+        int r = sealable(p, o, segment_id, &s);
+
+        return r < 0 ? r : p->backend->ops->mem_seal(p->backend, p->device, &s->mem, s->size);
+}
+
+int pool_seal_begin(struct pool *p, const struct pool_owner *o, uint64_t segment_id, struct backend_mem *ret_mem) {
+        struct segment *s;
+        int r = sealable(p, o, segment_id, &s);
+
+        if (r < 0)
+                return r;
         if (s->sealing)
                 return -EBUSY;
         *ret_mem = s->mem;

@@ -217,8 +217,9 @@ int pool_transfer(struct pool *pool, struct pool_owner *from, struct pool_owner 
 
 /*
  * Makes the segment segment_id that owner leases immutable for good (a named object's, through
- * the backend's mem_seal). Returns 0, -ENOENT, -EOPNOTSUPP where the backend cannot, -EBUSY
- * while it is mapped writable somewhere, or another negative errno. Give it back to the backend,
+ * the backend's mem_seal). Returns 0, -ENOENT, -EOPNOTSUPP where the backend cannot, -EPERM
+ * where the daemon has none of its memory (mem.held), -EBUSY while it is mapped writable
+ * somewhere, or another negative errno. Give it back to the backend,
  * not the cache, when its owner is done with it.
  */
 int pool_seal(struct pool *pool, const struct pool_owner *owner, uint64_t segment_id);
@@ -228,8 +229,8 @@ int pool_seal(struct pool *pool, const struct pool_owner *owner, uint64_t segmen
  * of its mem, with a descriptor of its own (the caller's to close), for the backend's mem_seal
  * on another thread. Until pool_seal_end() says how it went, and for good once sealed, the
  * segment goes back to the backend, never to the cache, whenever it is released: it may come
- * out sealed against writing. Returns 0, -ENOENT (not o's), -EOPNOTSUPP, -EBUSY (a seal of it
- * under way), or an errno of the descriptor's duplication.
+ * out sealed against writing. Returns 0, -ENOENT (not o's), -EOPNOTSUPP, -EPERM (as pool_seal()),
+ * -EBUSY (a seal of it under way), or an errno of the descriptor's duplication.
  */
 int pool_seal_begin(struct pool *p, const struct pool_owner *o, uint64_t segment_id, struct backend_mem *ret_mem);
 void pool_seal_end(struct pool *p, uint64_t segment_id, bool sealed);

@@ -489,15 +489,11 @@ void request_adopt(struct session *s, const Gpupool__Envelope *req, struct reply
                 reply_error(req->id, -ENODEV, false, why, ret);
                 return;
         }
-        if (held && (n == 0 || n > ADOPT_MAX || node->recv_nfds)) {
-                snprintf(why, sizeof(why), "an adoption of held memory names 1 to %d segments and no descriptor, not %zu "
-                         "with %zu", ADOPT_MAX, n, node->recv_nfds);
-                reply_error(req->id, -EINVAL, false, why, ret);
-                return;
-        }
-        if (!held && (n == 0 || n > ADOPT_MAX || n != node->recv_nfds)) {
-                snprintf(why, sizeof(why), "an adoption names 1 to %d segments, each with its descriptor, not %zu with %zu",
-                         ADOPT_MAX, n, node->recv_nfds);
+        /* Each with its descriptor, or (held) none. */
+        if (n == 0 || n > ADOPT_MAX || node->recv_nfds != (held ? 0 : n)) {
+                snprintf(why, sizeof(why), "an adoption%s names 1 to %d segments%s, not %zu with %zu",
+                         held ? " of held memory" : "", ADOPT_MAX, held ? " and no descriptor" : ", each with its descriptor", n,
+                         node->recv_nfds);
                 reply_error(req->id, -EINVAL, false, why, ret);
                 return;
         }

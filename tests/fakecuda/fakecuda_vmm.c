@@ -34,8 +34,7 @@ struct phys {
         uint64_t block_id;              /* what CU_POINTER_ATTRIBUTE_MEMORY_BLOCK_ID says of its mappings here */
         int gpu;
         uint64_t size;
-        bool exportable;                /* made with CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR */
-        bool imported;                  /* from a descriptor: its properties do not say how it was made */
+        bool exportable;                /* made with CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR (an import is not) */
         int handles;                    /* cuMemCreate or import, less cuMemRelease */
         int maps;                       /* mappings made with it */
 };
@@ -367,8 +366,6 @@ CUresult fk_MemImportFromShareableHandle(gp_cu_mem_handle *handle, void *os_hand
          * process that made it only.
          */
         r = phys_hold(path, id, gpu, (uint64_t) st.st_size, false, handle);
-        if (r == GP_CUDA_SUCCESS)
-                ((struct phys *) (uintptr_t) *handle)->imported = true;
         pthread_mutex_unlock(&lock);
         fake_spend_since(t0, cost.import);
         return r;
@@ -398,7 +395,7 @@ CUresult fk_MemGetAllocationPropertiesFromHandle(gp_cu_mem_prop *prop, gp_cu_mem
                         ordinal = i;
         memset(prop, 0, sizeof(*prop));
         prop->type = GP_CU_MEM_ALLOCATION_TYPE_PINNED;
-        prop->requested_handle_types = p->exportable && !p->imported ? GP_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR : 0;
+        prop->requested_handle_types = p->exportable ? GP_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR : 0;
         prop->location.type = GP_CU_MEM_LOCATION_TYPE_DEVICE;
         prop->location.id = ordinal;
         pthread_mutex_unlock(&lock);

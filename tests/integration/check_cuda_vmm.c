@@ -489,13 +489,29 @@ START_TEST(test_fake_vmm_resume_refused_other_gpus) {
 }
 END_TEST
 
-/* An adoption of n segments of device refused whole with STATUS_INVALID, saying text. */
-static void vmm_adopt_refused(int sock, uint32_t device, uint64_t *sizes, size_t n, const int *fds, const char *text) {
-        Gpupool__Envelope *rep = raw_adopt(sock, device, sizes, n, fds, n);
-
+/* An adoption's reply that must be a refusal whole with STATUS_INVALID, saying text; freed. */
+static void refused_with(Gpupool__Envelope *rep, const char *text) {
         ck_assert_int_eq(rep->status, GPUPOOL__STATUS__STATUS_INVALID);
         ck_assert_msg(rep->error && strstr(rep->error, text), "%s", rep->error ? rep->error : "(no message)");
         gpupool__envelope__free_unpacked(rep, NULL);
+}
+
+/* An adoption of n segments of device, each with its descriptor, refused whole, saying text. */
+static void vmm_adopt_refused(int sock, uint32_t device, uint64_t *sizes, size_t n, const int *fds, const char *text) {
+        refused_with(raw_adopt(sock, device, sizes, n, fds, n), text);
+}
+
+/* A connection named "before" to d, holding three granules of device 0 (their descriptors in fds). */
+static int vmm_three_granules(struct testd *d, int *fds) {
+        Gpupool__Envelope *rep;
+        int sock = raw_hello(d, "before");
+        size_t nfds;
+
+        rep = raw_lease_granules(sock, 0, 3, 2 * MiB, fds, &nfds);
+        ck_assert_int_eq(rep->status, GPUPOOL__STATUS__STATUS_OK);
+        ck_assert_uint_eq(nfds, 3);
+        gpupool__envelope__free_unpacked(rep, NULL);
+        return sock;
 }
 
 /* Adopts n segments of device that must all be adopted. */
@@ -561,11 +577,7 @@ START_TEST(test_vmm_adoption) {
         if (!on_gpu)
                 setenv("FAKECUDA_BLOCK_IDS", "allocation", 1);
         vmm_start(&d);
-        sock = raw_hello(&d, "before");
-        rep = raw_lease_granules(sock, 0, 3, 2 * MiB, fds, &nfds);
-        ck_assert_int_eq(rep->status, GPUPOOL__STATUS__STATUS_OK);
-        ck_assert_uint_eq(nfds, 3);
-        gpupool__envelope__free_unpacked(rep, NULL);
+        sock = vmm_three_granules(&d, fds);
         if (two_gpus) {
                 rep = raw_lease_granules(sock, 1, 1, 2 * MiB, other, &nfds);
                 ck_assert_uint_eq(nfds, 1);
@@ -646,14 +658,10 @@ START_TEST(test_vmm_adoption) {
 }
 END_TEST
 
-/* An adoption by the process's word of n segments of device, refused whole with STATUS_INVALID, saying text. */
+/* An adoption by the process's word of n segments of device, with nfds descriptors, refused whole, saying text. */
 static void vmm_held_refused(int sock, uint32_t device, uint64_t *sizes, size_t n, const int *fds, size_t nfds,
                              const char *text) {
-        Gpupool__Envelope *rep = raw_adopt_held(sock, device, sizes, n, fds, nfds);
-
-        ck_assert_int_eq(rep->status, GPUPOOL__STATUS__STATUS_INVALID);
-        ck_assert_msg(rep->error && strstr(rep->error, text), "%s", rep->error ? rep->error : "(no message)");
-        gpupool__envelope__free_unpacked(rep, NULL);
+        refused_with(raw_adopt_held(sock, device, sizes, n, fds, nfds), text);
 }
 
 /*
@@ -671,14 +679,9 @@ START_TEST(test_vmm_adoption_by_word) {
         int fds[GP_WIRE_MAX_FDS], sock;
         long long total, after;
         struct testd d;
-        size_t nfds;
 
         vmm_start(&d);
-        sock = raw_hello(&d, "before");
-        rep = raw_lease_granules(sock, 0, 3, 2 * MiB, fds, &nfds);
-        ck_assert_int_eq(rep->status, GPUPOOL__STATUS__STATUS_OK);
-        ck_assert_uint_eq(nfds, 3);
-        gpupool__envelope__free_unpacked(rep, NULL);
+        sock = vmm_three_granules(&d, fds);
         testd_crash_and_restart(&d);
         close(sock);
         sock = raw_hello(&d, "after");
