@@ -17,8 +17,9 @@
  * cuIpcCloseMemHandle) on each, as a client does on its first block of a new segment on the
  * cuda backend; and the same sizes of cuMemCreate memory exported as file descriptors, which
  * this one imports, maps in a range it reserves and makes accessible, as a client does on the
- * cuda-vmm backend (and unmaps and frees), each call timed; the exporter's side, cuMemCreate
- * and the export, is timed too.
+ * cuda-vmm backend (and unmaps and frees), each call timed, and the close of the descriptor
+ * once imported (the export's last reference); the exporter's side, cuMemCreate, the export
+ * and the close of its descriptor once sent (as gpupoold's), is timed too.
  *
  * Usage: bench_gpu --socket PATH [--ops N] [--live N] [--import-reps N] [--skip-direct]
  */
@@ -238,6 +239,7 @@ static const size_t import_sizes[] = { 2 * MiB, 20 * MiB, 64 * MiB, 256 * MiB, 1
 /* What the exporter measured of making and exporting cuMemCreate memory, sent after the descriptors. */
 struct vmm_made {
         double create_us[NSIZES][64], map_us[NSIZES][64], access_us[NSIZES][64], export_us[NSIZES][64];
+        double close_us[NSIZES][64];    /* its descriptor's close once sent (the message holds it still) */
         int n[NSIZES];
 };
 
@@ -282,6 +284,7 @@ static int exporter(int reps, int out, int in, int sock) {
                         gp_cu_mem_handle *hh = &h[s * (size_t) reps + (size_t) r];
                         gp_cu_deviceptr *v = &va[s * (size_t) reps + (size_t) r];
                         double t = now_us(), t1, t2, t3;
+                        bool timed = false;
                         int fd = -1;
 
                         /*
@@ -308,12 +311,17 @@ static int exporter(int reps, int out, int in, int sock) {
                                         made.map_us[s][made.n[s]] = t2 - t1;
                                         made.access_us[s][made.n[s]] = t3 - t2;
                                         made.export_us[s][made.n[s]++] = now_us() - t3;
+                                        timed = true;
                                 }
                         }
                         if (gp_wire_send_packet(sock, (const uint8_t *) (fd >= 0 ? "m" : "x"), 1, fd) < 0)
                                 return 4;
-                        if (fd >= 0)
+                        if (fd >= 0) {
+                                t = now_us();
                                 close(fd);
+                                if (timed)
+                                        made.close_us[s][made.n[s] - 1] = now_us() - t;
+                        }
                 }
         if (write(out, &made, sizeof(made)) != (ssize_t) sizeof(made))
                 return 5;
@@ -360,7 +368,7 @@ static bool read_all(int fd, void *buf, size_t n) {
 /* The cuda-vmm import: each descriptor imported, mapped in a reserved range, made accessible, then undone. */
 static void bench_vmm_import(struct gp_cuda *cu, int reps, int in, int sock) {
         double *import_us = calloc((size_t) reps, sizeof(double)), *map_us = calloc((size_t) reps, sizeof(double));
-        double *unmap_us = calloc((size_t) reps, sizeof(double));
+        double *unmap_us = calloc((size_t) reps, sizeof(double)), *close_us = calloc((size_t) reps, sizeof(double));
         gp_cu_mem_access_desc rw = { .location = vmm_prop.location, .flags = GP_CU_MEM_ACCESS_FLAGS_PROT_READWRITE };
         static struct vmm_made made;
 
@@ -389,7 +397,9 @@ static void bench_vmm_import(struct gp_cuda *cu, int reps, int in, int sock) {
                                 continue;
                         }
                         import_us[n] = now_us() - t;
-                        close(fd);
+                        t = now_us();
+                        close(fd);      /* the last reference to the export: the exporter closed its own */
+                        close_us[n] = now_us() - t;
                         t = now_us();
                         if (cu->cuMemAddressReserve(&va, import_sizes[s], 0, 0, 0) || cu->cuMemMap(va, import_sizes[s], 0, h, 0) ||
                             cu->cuMemSetAccess(va, import_sizes[s], &rw, 1)) {
@@ -405,12 +415,14 @@ static void bench_vmm_import(struct gp_cuda *cu, int reps, int in, int sock) {
                 }
                 snprintf(name, sizeof(name), "segment of %zu MiB", (size_t) (import_sizes[s] / MiB));
                 report(name, "import", import_us, (size_t) n);
+                report(name, "close", close_us, (size_t) n);
                 report(name, "map", map_us, (size_t) n);
                 report(name, "unmap", unmap_us, (size_t) n);
         }
         free(import_us);
         free(map_us);
         free(unmap_us);
+        free(close_us);
         if (!read_all(in, &made, sizeof(made)))
                 return;
         printf("\n%-34s %-6s %10s %12s %12s %12s\n", "cuda-vmm making a segment", "call", "n", "median_us", "p99_us",
@@ -423,6 +435,7 @@ static void bench_vmm_import(struct gp_cuda *cu, int reps, int in, int sock) {
                 report(name, "map", made.map_us[s], (size_t) made.n[s]);       /* reserve and map, fresh memory */
                 report(name, "access", made.access_us[s], (size_t) made.n[s]);  /* its first cuMemSetAccess */
                 report(name, "export", made.export_us[s], (size_t) made.n[s]);
+                report(name, "close", made.close_us[s], (size_t) made.n[s]);   /* as gpupoold's, once sent */
         }
 }
 

@@ -40,12 +40,19 @@ def use_with_torch(mode=None):
     "mempool": PyTorch's own caching allocator stays, and takes its segments from gpupool: one
     torch.cuda.MemPool per device over the pluggable allocator, every allocation on the device
     routed to it (torch._C._cuda_beginAllocateToPool; PyTorch 2.8 or later). Blocks, streams,
-    record_stream(), memory_stats(), snapshots and cuDNN's benchmark mode are PyTorch's own; a
-    refusal is PyTorch's torch.cuda.OutOfMemoryError (gpupool.last_error() has gpupoold's
-    reason). What PyTorch keeps in its cache goes back when gpupoold asks: a thread of this
-    package, woken by the library (gpupool_release_wait()), moves allocations to a new pool
-    and drops the old one, whose cached segments PyTorch then frees (torch.cuda.empty_cache()
-    frees only pools nobody uses), and tells the library every 0.1 s what PyTorch holds unused
+    memory_stats(), snapshots and cuDNN's benchmark mode are PyTorch's own; a refusal is
+    PyTorch's torch.cuda.OutOfMemoryError (gpupool.last_error() has gpupoold's reason). While a
+    pool is routed PyTorch does less of its own (c10/cuda/CUDACachingAllocator.cpp, 2.8 to
+    2.11), and in this mode one always is: a NULL raises at once, without PyTorch freeing its
+    cache and trying again (gpupoold asks the process for it instead, below); and a block used
+    on another stream (Tensor.record_stream()) is never reused or freed, its end deferred until
+    no pool is routed. So, as in mode "allocator", this sets TORCH_NCCL_AVOID_RECORD_STREAMS=1
+    unless it is set already, and a tensor used on a side stream is waited for instead. What
+    PyTorch keeps in its cache goes back when gpupoold asks: a thread of this package, woken by
+    the library (gpupool_release_wait()), moves allocations to a new pool and releases the old
+    one, whose cached segments torch.cuda.empty_cache() then frees (it frees only pools nobody
+    uses; its MemPool object is kept, since PyTorch's destructor would end the process while
+    a pool is routed), and tells the library every 0.1 s what PyTorch holds unused
     (reserved less allocated), which gpupoold sees as this process's free memory. The price of
     a release: the new pool starts empty (its first allocations come from gpupool's pool in
     the process, or a lease), and the old pool's blocks still in use go back only as they are
@@ -145,9 +152,12 @@ def _use_torch_mempool(torch, allocator):
             f"gpupool.use_with_torch(mode='mempool'): PyTorch {torch.__version__} has no torch.cuda.MemPool "
             "or torch._C._cuda_beginAllocateToPool (PyTorch 2.8 or later): use mode='allocator'"
         )
-    # PyTorch's allocator checks for NULL: it frees its cache, tries again, then raises its own
-    # torch.cuda.OutOfMemoryError. A C++ exception from the hook would skip all of that.
+    # PyTorch's allocator checks for NULL and raises its own torch.cuda.OutOfMemoryError (it
+    # would free its cache and try again first, but not while a pool is routed). A C++
+    # exception from the hook would skip its bookkeeping.
     lib.gpupool_torch_set_throw(0)
+    # Blocks used on another stream are never freed while a pool is routed (see use_with_torch).
+    os.environ.setdefault("TORCH_NCCL_AVOID_RECORD_STREAMS", "1")
     # The caching allocator's per-device state is made at CUDA's lazy initialization: a pool
     # routed before it, as the process's first CUDA use, ends the process (reported by another
     # project that routes a MemPool so; not yet seen here).
@@ -156,6 +166,7 @@ def _use_torch_mempool(torch, allocator):
     for device in range(torch.cuda.device_count()):
         with torch.cuda.device(device):
             pool = mem_pool(allocator.allocator())
+        _keep(pool)
         begin(device, pool.id)
         pools.append((device, pool))    # a MemPool does not say its device (PyTorch 2.11)
     _torch_pools.extend(pools)
@@ -174,19 +185,44 @@ def _use_torch_mempool(torch, allocator):
 _RELEASE_REPORT_MS = 100
 
 
+def _keep(pool):
+    """Keeps a MemPool for the life of the process: its destructor never runs. PyTorch's
+    (~MemPool) releases the pool, then empties its cache by its id, which syncs the pool's events
+    and asserts that no pool is routed (captures_underway.empty() in synchronize_and_free_events,
+    PyTorch 2.8 to 2.11): in this mode one always is, so the destructor would end the process,
+    at a rotation or as the interpreter exits."""
+    ctypes.pythonapi.Py_IncRef(ctypes.py_object(pool))
+
+
 def _torch_rotate(torch, allocator, mem_pool, begin, end, release):
-    """Routes each device's allocations to a new pool and drops the old one: PyTorch frees what
-    the old one caches (its MemPool's destructor empties its cache once nobody uses it), and the
-    rest of it as its blocks are dropped, at the next torch.cuda.empty_cache()."""
+    """Routes each device's allocations to a new pool and lets the old one go: both its uses
+    released here (the routing's, and its MemPool's, which is kept: see _keep), so that it is a
+    pool nobody uses, whose cache torch.cuda.empty_cache() frees while another pool is routed
+    (release_cached_blocks() frees those without syncing); what its blocks still in use hold
+    goes back as they are dropped, at the next torch.cuda.empty_cache()."""
     for i, (device, old) in enumerate(_torch_pools):
         with torch.cuda.device(device):
             new = mem_pool(allocator.allocator())
+        _keep(new)
         begin(device, new.id)
         end(device, old.id)
-        release(device, old.id)         # the routing's use; the MemPool's own goes with it below
+        release(device, old.id)         # the routing's use
         _torch_pools[i] = (device, new)
-        del old
-    torch.cuda.empty_cache()            # and what older pools' blocks left since
+        if old.use_count() == 1:        # its MemPool's alone: nobody else holds it
+            release(device, old.id)
+        else:
+            _warn_once(f"gpupool: a PyTorch memory pool of gpupool's is used by something else too (use count "
+                       f"{old.use_count()}): what it caches stays there")
+    torch.cuda.empty_cache()            # what the old pools cache, and what older pools' blocks left since
+
+
+_warned = set()
+
+
+def _warn_once(message):
+    if message not in _warned:
+        _warned.add(message)
+        warnings.warn(message, RuntimeWarning, stacklevel=2)
 
 
 def _torch_releases(torch, allocator, mem_pool, begin, end, release):

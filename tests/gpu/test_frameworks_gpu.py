@@ -244,6 +244,36 @@ class TestTorchMempool(GpuCase):
         self.assertIn("reserved True from gpupool True", out)
         self.assertIn("stats True\n", out)
 
+    def test_release_frees_the_cache_and_the_process_lives(self):
+        """What the release thread does when gpupoold asks: the cache of the pool it leaves goes
+        back (PyTorch ends the process where its MemPool is destroyed while a pool is routed),
+        the memory still in use goes back once dropped, and the process goes on and exits 0."""
+        out = self.run_ok("""
+            import gpupool, torch
+            from gpupool import _frameworks as f
+            a = gpupool.use_with_torch("mempool")
+            def release():
+                f._torch_rotate(torch, a, torch.cuda.MemPool, torch._C._cuda_beginAllocateToPool,
+                                torch._C._cuda_endAllocateToPool, torch._C._cuda_releasePool)
+            x = torch.ones(64 << 20, dtype=torch.uint8, device="cuda")
+            y = torch.ones(32 << 20, dtype=torch.uint8, device="cuda")
+            del x
+            torch.cuda.synchronize()
+            held = torch.cuda.memory_reserved()
+            release()
+            print("cache freed", torch.cuda.memory_reserved() <= held - (64 << 20), gpupool.stats()["live_bytes"] < held)
+            print("y", int(y.sum()) == 32 << 20)
+            del y
+            release()
+            print("all back", torch.cuda.memory_reserved(), gpupool.stats()["live_bytes"])
+            z = torch.ones(1 << 20, device="cuda")
+            print("z", float(z.sum()))
+        """)
+        self.assertIn("cache freed True True\n", out)
+        self.assertIn("y True\n", out)
+        self.assertIn("all back 0 0\n", out)
+        self.assertIn("z 1048576.0\n", out)
+
     def test_refusal_is_torch_out_of_memory(self):
         out = self.run_ok("""
             import gpupool, torch

@@ -500,7 +500,7 @@ class TestFrameworks(unittest.TestCase):
         """, self.d.sock, GPUPOOL_TORCH_MODE="mempool", FAKE_TORCH_DEVICES="2"))
         self.assertIn("pools [(0, True), (1, True)]\n", out)
         self.assertIn("routed [(0, [(0, 1)]), (1, [(0, 2)])]\n", out)
-        self.assertIn("nccl None\n", out)        # record_stream() is PyTorch's own here
+        self.assertIn("nccl 1\n", out)           # PyTorch never frees a record_stream()'s block while a pool is routed
         self.assertIn("live 4096\n", out)
         self.assertIn("after del 4096 4096 0\n", out)  # in PyTorch's cache: gpupool's block, PyTorch's free memory
         self.assertIn('oom OutOfMemoryError (122, "allocating 12.0 MiB', out)

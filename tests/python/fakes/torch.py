@@ -22,10 +22,11 @@ tensors drop stays in the pool, for its next tensors of that size, as PyTorch's 
 it (c10/cuda/CUDACachingAllocator.cpp). A pool counts its uses (its MemPool, and each routing
 begun and not released: PyTorch's use_count); torch.cuda.empty_cache() frees what is cached
 only in pools nobody uses any more (release_cached_blocks() frees graph_pools_freeable, the
-pools whose use_count is 0), and so does PyTorch's own retry after a NULL; dropping a MemPool
-releases it (~MemPool: releasePool, then emptyCache of its id, which PyTorch 2.8 asserts
-is done with a use count of 1). torch.cuda.memory_reserved() and memory_allocated() count
-every pool's."""
+pools whose use_count is 0), and so does PyTorch's own retry after a NULL, which it skips while
+a pool is routed on the device; dropping a MemPool releases it (~MemPool: releasePool, then
+emptyCache of its id, which syncs the pool's events where nobody uses it any more: PyTorch
+2.8 to 2.11 assert there that no pool is routed, and the process ends, as an H200 with PyTorch
+2.11 showed). torch.cuda.memory_reserved() and memory_allocated() count every pool's."""
 import ctypes
 import os
 import sys
@@ -85,8 +86,8 @@ class _Pool:
         if self.cached.get(size):
             return self.cached[size].pop()
         ptr = self.allocator.alloc(size, self.device, None)
-        if not ptr:
-            _release_cached()          # PyTorch's retry after a NULL: what no one uses, then once more
+        if not ptr and not routed.get(self.device):
+            _release_cached()          # PyTorch's retry after a NULL (none while a pool is routed)
             ptr = self.allocator.alloc(size, self.device, None)
         if ptr:
             self.segments[ptr] = size
@@ -148,14 +149,29 @@ class _MemPool(MemPool):
         return _state[self.id].use_count
 
     def __del__(self):
-        pool = _state.get(self.id)
-        if pool is None:
+        if sys.is_finalizing():         # not checked as the interpreter exits
             return
-        # PyTorch 2.8's ~MemPool asserts it, and the process ends (not checked as the interpreter exits).
-        if pool.use_count != 1 and not sys.is_finalizing():
-            os._exit(134)
-        pool.use_count = 0
-        _release_cached()
+        pool = _state.get(self.id)
+        # PyTorch 2.11's ~MemPool: releasePool(), which asserts that the pool exists and that its
+        # use count stays at 0 or more, then emptyCache() of its id, which (where the pool is then
+        # unused) syncs its events, asserting that no pool is routed on the device.
+        if pool is None or pool.use_count < 1:
+            _assert_failed("it != graph_pools.end()" if pool is None else "uc >= 0")
+        pool.use_count -= 1
+        if pool.use_count == 0:
+            if routed.get(pool.device):
+                _assert_failed("captures_underway.empty()")
+            pool.release_cached()
+            if not pool.segments:
+                del _state[self.id]
+
+
+def _assert_failed(what):
+    """A TORCH_INTERNAL_ASSERT of PyTorch's allocator: the process ends (a C++ exception out of a destructor)."""
+    sys.stderr.write("terminate called after throwing an instance of 'c10::Error'\n"
+                     f"  what():  {what} INTERNAL ASSERT FAILED at \"c10/cuda/CUDACachingAllocator.cpp\" (the stand-in)\n")
+    sys.stderr.flush()
+    os._exit(134)
 
 
 def _empty_cache():
