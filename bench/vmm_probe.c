@@ -11,6 +11,7 @@
  *   B  importer  a fresh process, as a restarted gpupoold adopting a client's descriptor
  *   C1 reader    maps it CU_MEM_ACCESS_FLAGS_PROT_READ, writes with cuMemsetD8Async (test_vmm_objects)
  *   C2 reader    the same, writing from a kernel (PTX, JIT) instead of a memset
+ *   D  client    imports what A exports in gpupoold's pattern, to time A's exports (daemon_pattern)
  * Every line is "[who] what: result". Exit 0 unless the driver would not load.
  */
 #define _GNU_SOURCE
@@ -442,24 +443,130 @@ static void export_costs(void) {
         }
 }
 
+/*
+ * D: gpupoold's client, for daemon_pattern(): for each descriptor A sends, does what the byte
+ * says ('c' closes it; 'i' imports it and keeps the import; 'm' imports, maps, sets access,
+ * unmaps and releases, as a client's first block of a segment does), closes it, and answers.
+ */
+static int partner(int sock) {
+        gp_cu_mem_access_desc rw = { .location = base_prop.location, .flags = GP_CU_MEM_ACCESS_FLAGS_PROT_READWRITE };
+        gp_cu_mem_handle kept[256];
+        int nkept = 0;
+
+        who = "D";
+        if (cuda_up() < 0)
+                return 1;
+        for (;;) {
+                char mode = 0;
+                int fd = -1;
+                gp_cu_mem_handle h;
+                gp_cu_deviceptr va = 0;
+
+                if (recv_fds(sock, &mode, 1, &fd, 1) < 0 || mode == 'q')
+                        break;
+                if (fd >= 0 && mode != 'c' &&
+                    cu.cuMemImportFromShareableHandle(&h, (void *) (uintptr_t) fd, GP_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) ==
+                            GP_CUDA_SUCCESS) {
+                        if (mode == 'i' && nkept < 256) {
+                                kept[nkept++] = h;
+                        } else {
+                                if (cu.cuMemAddressReserve(&va, 2 * MiB, 0, 0, 0) == GP_CUDA_SUCCESS) {
+                                        if (cu.cuMemMap(va, 2 * MiB, 0, h, 0) == GP_CUDA_SUCCESS) {
+                                                (void) cu.cuMemSetAccess(va, 2 * MiB, &rw, 1);
+                                                (void) cu.cuMemUnmap(va, 2 * MiB);
+                                        }
+                                        (void) cu.cuMemAddressFree(va, 2 * MiB);
+                                }
+                                (void) cu.cuMemRelease(h);
+                        }
+                }
+                if (fd >= 0)
+                        close(fd);
+                if (send_fds(sock, "a", 1, NULL, 0) < 0)
+                        break;
+        }
+        while (nkept)
+                (void) cu.cuMemRelease(kept[--nkept]);
+        return 0;
+}
+
+/*
+ * gpupoold's pattern: it exports a segment, sends the descriptor, closes its own, and the client
+ * does something with it before the next export. Each mode's exports timed (20, medians), the
+ * first left out: 'n' nothing sent (closed here), 'c' the client closes it, 'i' it imports and
+ * keeps the import, 'm' it imports, maps and lets go; 'f' as 'm', of a fresh allocation each time.
+ */
+static void daemon_pattern(int sock) {
+        static const char modes[] = "ncimf";
+        gp_cu_mem_access_desc rw = { .location = base_prop.location, .flags = GP_CU_MEM_ACCESS_FLAGS_PROT_READWRITE };
+
+        for (const char *m = modes; *m; m++) {
+                double us[20];
+                int n = 0;
+                gp_cu_mem_handle h = 0;
+                gp_cu_deviceptr va = 0;
+
+                for (int i = 0; i <= 20; i++) {
+                        char mode = *m == 'f' ? 'm' : *m, ack;
+                        int fd = -1, got = -1, none = -1;
+                        double t;
+
+                        if (!h || *m == 'f') {
+                                if (h) {
+                                        (void) cu.cuMemUnmap(va, 2 * MiB);
+                                        (void) cu.cuMemAddressFree(va, 2 * MiB);
+                                        (void) cu.cuMemRelease(h);
+                                }
+                                if (cu.cuMemCreate(&h, 2 * MiB, &base_prop, 0) != GP_CUDA_SUCCESS ||
+                                    cu.cuMemAddressReserve(&va, 2 * MiB, 0, 0, 0) != GP_CUDA_SUCCESS ||
+                                    cu.cuMemMap(va, 2 * MiB, 0, h, 0) != GP_CUDA_SUCCESS) {
+                                        printf("[A] daemon pattern: no memory\n");
+                                        return;
+                                }
+                                (void) cu.cuMemSetAccess(va, 2 * MiB, &rw, 1);
+                        }
+                        t = now_ns();
+                        if (cu.cuMemExportToShareableHandle(&fd, h, GP_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0) != GP_CUDA_SUCCESS)
+                                break;
+                        if (i)
+                                us[n++] = (now_ns() - t) / 1e3;
+                        if (mode != 'n' && send_fds(sock, &mode, 1, &fd, 1) == 0)
+                                got = recv_fds(sock, &ack, 1, &none, 1);
+                        close(fd);
+                        if (mode != 'n' && got < 0)
+                                break;
+                }
+                if (h) {
+                        (void) cu.cuMemUnmap(va, 2 * MiB);
+                        (void) cu.cuMemAddressFree(va, 2 * MiB);
+                        (void) cu.cuMemRelease(h);
+                }
+                printf("[A] export after the last one was %s: %.1f us (median of %d)\n",
+                       *m == 'n' ? "closed here, never sent" : *m == 'c' ? "sent, and closed by the client" :
+                       *m == 'i' ? "sent, imported and kept by the client" : *m == 'm' ? "sent, imported, mapped and let go by the client" :
+                       "of a fresh allocation, each sent, imported, mapped and let go", median_of(us, n), n);
+        }
+        (void) send_fds(sock, "q", 1, NULL, 0);
+}
+
 int main(void) {
-        int sv[3][2], status, fd1 = -1, fd2 = -1, fd3 = -1, n0, n1;
+        int sv[4][2], status, fd1 = -1, fd2 = -1, fd3 = -1, n0, n1;
         gp_cu_mem_handle h, hother, hfab;
         gp_cu_deviceptr va;
         size_t gmin = 0, grec = 0;
-        pid_t pid[3];
+        pid_t pid[4];
         int vmm = -1, posix = -1, fabric = -1;
         gp_cu_result r;
         double t0;
 
         setvbuf(stdout, NULL, _IOLBF, 0);
-        for (int i = 0; i < 3; i++) {
+        for (int i = 0; i < 4; i++) {
                 if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv[i]) < 0)
                         return 1;
                 if ((pid[i] = fork()) == 0) {
                         close(sv[i][0]);
                         alarm(50);
-                        _exit(i == 0 ? importer(sv[i][1]) : reader(sv[i][1], i == 2));
+                        _exit(i == 0 ? importer(sv[i][1]) : i == 3 ? partner(sv[i][1]) : reader(sv[i][1], i == 2));
                 }
                 close(sv[i][1]);
         }
@@ -547,6 +654,8 @@ int main(void) {
         }
         printf("[A] cuMemExportToShareableHandle + close: %.1f us each (1000)\n", (now_ns() - t0) / 1000 / 1e3);
         export_costs();
+        daemon_pattern(sv[3][0]);
+        waitpid(pid[3], NULL, 0);
         {
                 gp_cu_mem_prop fp = base_prop;
                 unsigned char f1[64], f2[64];
