@@ -12,6 +12,7 @@
  *   C1 reader    maps it CU_MEM_ACCESS_FLAGS_PROT_READ, writes with cuMemsetD8Async (test_vmm_objects)
  *   C2 reader    the same, writing from a kernel (PTX, JIT) instead of a memset
  *   D  client    imports what A exports in gpupoold's pattern, to time A's exports (daemon_pattern)
+ *   E  daemon    gpupoold's start step by step, an export timed after each (daemon_start)
  * Every line is "[who] what: result". Exit 0 unless the driver would not load.
  */
 #define _GNU_SOURCE
@@ -549,23 +550,138 @@ static void daemon_pattern(int sock) {
         (void) send_fds(sock, "q", 1, NULL, 0);
 }
 
+/*
+ * The median time of 20 exports (each closed) of a fresh 2 MiB allocation, in us, pause_us apart
+ * (gpupoold's come milliseconds apart, this probe's other loops' microseconds); -1 where none
+ * could be made.
+ */
+static double export_median(bool push, gp_cu_context ctx, unsigned pause_us) {
+        gp_cu_mem_handle h;
+        double us[20];
+        int n = 0;
+
+        if (push && cu.cuCtxPushCurrent(ctx) != GP_CUDA_SUCCESS)
+                return -1;
+        if (cu.cuMemCreate(&h, 2 * MiB, &base_prop, 0) != GP_CUDA_SUCCESS) {
+                if (push)
+                        (void) cu.cuCtxPopCurrent(&ctx);
+                return -1;
+        }
+        if (push)
+                (void) cu.cuCtxPopCurrent(&ctx);
+        for (int i = 0; i < 20; i++) {
+                int fd = -1;
+                double t;
+                gp_cu_result r;
+
+                if (pause_us)
+                        usleep(pause_us);
+                t = now_ns();
+                if (push)
+                        (void) cu.cuCtxPushCurrent(ctx);
+                r = cu.cuMemExportToShareableHandle(&fd, h, GP_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+                if (push)
+                        (void) cu.cuCtxPopCurrent(&ctx);
+                if (r != GP_CUDA_SUCCESS)
+                        break;
+                us[n++] = (now_ns() - t) / 1e3;
+                close(fd);
+        }
+        (void) cu.cuMemRelease(h);
+        return n ? median_of(us, n) : -1;
+}
+
+/*
+ * E: gpupoold's start, step by step, with the time of an export after each (an H200 gave gpupoold
+ * exports of about 0.6 ms, and this probe's of about 20 us): its primary context retained and
+ * current; cuMemGetInfo and a non-blocking stream; the allocations, exports, imports of its own
+ * exports and mappings of its block id check (vmm_block_ids_name_allocations()); then each
+ * export between a push and a pop of the context (cuda_enter()), and so again 0.1 to 30 ms
+ * after the last.
+ */
+static int daemon_start(void) {
+        gp_cu_mem_prop prop = base_prop;
+        gp_cu_context ctx = NULL;
+        gp_cu_stream stream;
+        gp_cu_device dev;
+        size_t fr, tot;
+        char err[256];
+
+        who = "E";
+        if (gp_cuda_load(&cu, err, sizeof(err)) < 0 || cu.cuDeviceGet(&dev, 0) != GP_CUDA_SUCCESS ||
+            cu.cuDevicePrimaryCtxRetain(&ctx, dev) != GP_CUDA_SUCCESS || cu.cuCtxPushCurrent(ctx) != GP_CUDA_SUCCESS)
+                return 1;
+        *(void **) &ptr_attr = gp_cuda_symbol(&cu, "cuPointerGetAttribute", 4000);
+        printf("[E] export with the primary context retained and current: %.1f us\n", export_median(false, NULL, 0));
+        printf("[E] cuMemGetInfo %s, cuStreamCreate(NON_BLOCKING) %s\n", rs(cu.cuMemGetInfo(&fr, &tot)),
+               rs(cu.cuStreamCreate(&stream, GP_CU_STREAM_NON_BLOCKING)));
+        printf("[E] export after them: %.1f us\n", export_median(false, NULL, 0));
+        {
+                gp_cu_mem_handle h[4] = { 0 };
+                gp_cu_deviceptr va = 0;
+                int fds[2] = { -1, -1 }, mapped = 0;
+                gp_cu_result r = cu.cuMemAddressReserve(&va, 8 * MiB, 0, 0, 0);
+
+                if (r == GP_CUDA_SUCCESS)
+                        r = cu.cuMemCreate(&h[0], 2 * MiB, &prop, 0);
+                if (r == GP_CUDA_SUCCESS)
+                        r = cu.cuMemCreate(&h[3], 2 * MiB, &prop, 0);
+                for (int i = 0; i < 2 && r == GP_CUDA_SUCCESS; i++)
+                        r = cu.cuMemExportToShareableHandle(&fds[i], h[0], GP_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+                for (int i = 0; i < 2 && r == GP_CUDA_SUCCESS; i++)
+                        r = cu.cuMemImportFromShareableHandle(&h[1 + i], (void *) (uintptr_t) fds[i],
+                                                              GP_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+                for (; mapped < 4 && r == GP_CUDA_SUCCESS; mapped++)
+                        r = cu.cuMemMap(va + (uint64_t) mapped * 2 * MiB, 2 * MiB, 0, h[mapped], 0);
+                for (int i = 0; i < 4 && r == GP_CUDA_SUCCESS && ptr_attr; i++) {
+                        unsigned long long id = 0;
+
+                        r = ptr_attr(&id, 20 /* MEMORY_BLOCK_ID */, va + (uint64_t) i * 2 * MiB);
+                }
+                printf("[E] gpupoold's block id check: %s\n", rs(r));
+                while (mapped--)
+                        (void) cu.cuMemUnmap(va + (uint64_t) mapped * 2 * MiB, 2 * MiB);
+                for (int i = 0; i < 4; i++)
+                        if (h[i])
+                                (void) cu.cuMemRelease(h[i]);
+                for (int i = 0; i < 2; i++)
+                        if (fds[i] >= 0)
+                                close(fds[i]);
+                if (va)
+                        (void) cu.cuMemAddressFree(va, 8 * MiB);
+        }
+        printf("[E] export after it: %.1f us\n", export_median(false, NULL, 0));
+        (void) cu.cuCtxPopCurrent(&ctx);
+        printf("[E] export between a push and a pop of the context: %.1f us\n", export_median(true, ctx, 0));
+        for (unsigned pause = 100; pause <= 10000; pause *= 10)
+                for (unsigned k = 1; k <= 3; k *= 3)
+                        printf("[E] export %u us after the last: %.1f us\n", pause * k,
+                               export_median(true, ctx, pause * k));
+        return 0;
+}
+
 int main(void) {
-        int sv[4][2], status, fd1 = -1, fd2 = -1, fd3 = -1, n0, n1;
+        int sv[5][2], status, fd1 = -1, fd2 = -1, fd3 = -1, n0, n1;
         gp_cu_mem_handle h, hother, hfab;
         gp_cu_deviceptr va;
         size_t gmin = 0, grec = 0;
-        pid_t pid[4];
+        pid_t pid[5];
         int vmm = -1, posix = -1, fabric = -1;
         gp_cu_result r;
         double t0;
 
         setvbuf(stdout, NULL, _IOLBF, 0);
-        for (int i = 0; i < 4; i++) {
+        for (int i = 0; i < 5; i++) {
                 if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv[i]) < 0)
                         return 1;
                 if ((pid[i] = fork()) == 0) {
                         close(sv[i][0]);
                         alarm(50);
+                        if (i == 4) {      /* alone on the GPU: started once A is done */
+                                char go;
+
+                                _exit(read(sv[i][1], &go, 1) == 1 ? daemon_start() : 1);
+                        }
                         _exit(i == 0 ? importer(sv[i][1]) : i == 3 ? partner(sv[i][1]) : reader(sv[i][1], i == 2));
                 }
                 close(sv[i][1]);
@@ -694,6 +810,10 @@ int main(void) {
 
                 r = dtoh(&b, va, 1);
                 printf("[A] creator reads byte 0 after the readers: %s 0x%02x\n", rs(r), b);
+        }
+        if (write(sv[4][0], "g", 1) == 1) {
+                waitpid(pid[4], &status, 0);
+                printf("[A] E exited %d\n", WIFEXITED(status) ? WEXITSTATUS(status) : -1);
         }
         return 0;
 }
