@@ -447,7 +447,8 @@ static void export_costs(void) {
 /*
  * D: gpupoold's client, for daemon_pattern(): for each descriptor A sends, does what the byte
  * says ('c' closes it; 'i' imports it and keeps the import; 'm' imports, maps, sets access,
- * unmaps and releases, as a client's first block of a segment does), closes it, and answers.
+ * unmaps and releases, as a client's first block of a segment does), closes it, and answers
+ * with how long the close took (us, a double).
  */
 static int partner(int sock) {
         gp_cu_mem_access_desc rw = { .location = base_prop.location, .flags = GP_CU_MEM_ACCESS_FLAGS_PROT_READWRITE };
@@ -481,9 +482,12 @@ static int partner(int sock) {
                                 (void) cu.cuMemRelease(h);
                         }
                 }
+                double t = now_ns(), us;
+
                 if (fd >= 0)
                         close(fd);
-                if (send_fds(sock, "a", 1, NULL, 0) < 0)
+                us = (now_ns() - t) / 1e3;
+                if (send_fds(sock, &us, sizeof(us), NULL, 0) < 0)
                         break;
         }
         while (nkept)
@@ -502,13 +506,14 @@ static void daemon_pattern(int sock) {
         gp_cu_mem_access_desc rw = { .location = base_prop.location, .flags = GP_CU_MEM_ACCESS_FLAGS_PROT_READWRITE };
 
         for (const char *m = modes; *m; m++) {
-                double us[20];
-                int n = 0;
+                double us[20], close_us[20];
+                int n = 0, nc = 0;
                 gp_cu_mem_handle h = 0;
                 gp_cu_deviceptr va = 0;
 
                 for (int i = 0; i <= 20; i++) {
-                        char mode = *m == 'f' ? 'm' : *m, ack;
+                        char mode = *m == 'f' ? 'm' : *m;
+                        double closed = 0;
                         int fd = -1, got = -1, none = -1;
                         double t;
 
@@ -532,10 +537,12 @@ static void daemon_pattern(int sock) {
                         if (i)
                                 us[n++] = (now_ns() - t) / 1e3;
                         if (mode != 'n' && send_fds(sock, &mode, 1, &fd, 1) == 0)
-                                got = recv_fds(sock, &ack, 1, &none, 1);
+                                got = recv_fds(sock, &closed, sizeof(closed), &none, 1);
                         close(fd);
                         if (mode != 'n' && got < 0)
                                 break;
+                        if (mode != 'n' && i)
+                                close_us[nc++] = closed;
                 }
                 if (h) {
                         (void) cu.cuMemUnmap(va, 2 * MiB);
@@ -546,6 +553,8 @@ static void daemon_pattern(int sock) {
                        *m == 'n' ? "closed here, never sent" : *m == 'c' ? "sent, and closed by the client" :
                        *m == 'i' ? "sent, imported and kept by the client" : *m == 'm' ? "sent, imported, mapped and let go by the client" :
                        "of a fresh allocation, each sent, imported, mapped and let go", median_of(us, n), n);
+                if (nc)
+                        printf("[D] its close of the descriptor there: %.1f us (median of %d)\n", median_of(close_us, nc), nc);
         }
         (void) send_fds(sock, "q", 1, NULL, 0);
 }
