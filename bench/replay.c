@@ -45,8 +45,8 @@
  * Before the traces it then times a whole segment's lease step by step (lease_steps()), in a
  * process of its own over the raw protocol, for 2 MiB to 1 GiB: the daemon's reply to a lease of
  * a new segment and of one from its cache (the difference is what making one costs it), then
- * what the process does with it (cuda-vmm: the import, the range's reserve and map, the
- * access; cuda: the IPC open), and its return; medians of LEASE_REPS.
+ * what the process does with it (cuda-vmm: the import, the close of the descriptor, the range's
+ * reserve and map, the access; cuda: the IPC open), and its return; medians of LEASE_REPS.
  *
  * Usage: replay --build DIR [--backend host|cuda|cuda-vmm] TRACE.csv...
  */
@@ -91,7 +91,7 @@ static void stop_daemon(pid_t pid) {
 /* ---- a whole segment's lease, step by step (cuda and cuda-vmm) ---- */
 
 /* The steps of a lease, in the order they are printed, and one step's times, in µs. */
-enum { STEP_NEW, STEP_CACHED, STEP_IMPORT, STEP_MAP, STEP_ACCESS, STEP_UNMAP, STEP_RETURN, STEPS };
+enum { STEP_NEW, STEP_CACHED, STEP_IMPORT, STEP_CLOSE, STEP_MAP, STEP_ACCESS, STEP_UNMAP, STEP_RETURN, STEPS };
 
 struct step {
         double us[LEASE_REPS];
@@ -133,8 +133,8 @@ static int raw_return(struct gp_conn *c, uint64_t *ids, size_t n) {
 
 /*
  * What the process does with a leased segment of size, each step's time added to s: maps it
- * (cuda-vmm: imports fd, reserves, maps, sets access; cuda: opens the IPC handle), then undoes
- * that. Returns 0 or -1.
+ * (cuda-vmm: imports fd and closes it, as libgpupool does, then reserves, maps, sets access;
+ * cuda: opens the IPC handle), then undoes that. fd is closed on every way out. Returns 0 or -1.
  */
 static int map_steps(struct gp_cuda *cu, const Gpupool__LeaseReply *lr, int fd, uint64_t size, struct step *s) {
         gp_cu_mem_access_desc rw = { .location = { .type = GP_CU_MEM_LOCATION_TYPE_DEVICE, .id = 0 },
@@ -158,9 +158,14 @@ static int map_steps(struct gp_cuda *cu, const Gpupool__LeaseReply *lr, int fd, 
                 return 0;
         }
         if (cu->cuMemImportFromShareableHandle(&h, (void *) (uintptr_t) fd, GP_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) !=
-            GP_CUDA_SUCCESS)
+            GP_CUDA_SUCCESS) {
+                close(fd);
                 return -1;
+        }
         step_took(&s[STEP_IMPORT], t);
+        t = now_ns();
+        close(fd);
+        step_took(&s[STEP_CLOSE], t);
         t = now_ns();
         if (cu->cuMemAddressReserve(&va, size, 0, 0, 0) != GP_CUDA_SUCCESS || cu->cuMemMap(va, size, 0, h, 0) != GP_CUDA_SUCCESS) {
                 (void) cu->cuMemRelease(h);
@@ -200,8 +205,8 @@ static int lease_steps_child(void) {
         }
         printf("# a whole segment's lease, step by step (a process of its own, the raw protocol), median us of %d\n",
                LEASE_REPS);
-        printf("%-10s %10s %10s %10s %10s %10s %10s %10s\n", "segment", "lease new", "lease cached", "import",
-               "map", "access", "unmap", "return");
+        printf("%-10s %10s %10s %10s %10s %10s %10s %10s %10s\n", "segment", "lease new", "lease cached", "import",
+               "close", "map", "access", "unmap", "return");
         for (size_t z = 0; z < sizeof(sizes) / sizeof(sizes[0]); z++) {
                 struct step s[STEPS];
                 uint64_t ids[LEASE_REPS];
@@ -221,11 +226,13 @@ static int lease_steps_child(void) {
                                         break;
                                 step_took(&s[pass ? STEP_CACHED : STEP_NEW], t);
                                 ids[n++] = rep->lease_reply->segment_id;
-                                if (pass == 0 && map_steps(&cu, rep->lease_reply, fd, sizes[z], s) < 0)
-                                        fprintf(stderr, "replay: lease steps: a %llu MiB segment did not map\n",
-                                                (unsigned long long) (sizes[z] / MiB));
-                                if (fd >= 0)
+                                if (pass == 0) {
+                                        if (map_steps(&cu, rep->lease_reply, fd, sizes[z], s) < 0)     /* closes fd */
+                                                fprintf(stderr, "replay: lease steps: a %llu MiB segment did not map\n",
+                                                        (unsigned long long) (sizes[z] / MiB));
+                                } else if (fd >= 0) {
                                         close(fd);
+                                }
                                 gpupool__envelope__free_unpacked(rep, NULL);
                         }
                         double t = now_ns();
