@@ -561,10 +561,10 @@ static void daemon_pattern(int sock) {
 
 /*
  * The median time of 20 exports (each closed) of a fresh 2 MiB allocation, in us, pause_us apart
- * (gpupoold's come milliseconds apart, this probe's other loops' microseconds); -1 where none
- * could be made.
+ * (gpupoold's come milliseconds apart, this probe's other loops' microseconds), each after a
+ * cuMemGetInfo where info_first; -1 where none could be made.
  */
-static double export_median(bool push, gp_cu_context ctx, unsigned pause_us) {
+static double export_median(bool push, gp_cu_context ctx, unsigned pause_us, bool info_first) {
         gp_cu_mem_handle h;
         double us[20];
         int n = 0;
@@ -585,6 +585,15 @@ static double export_median(bool push, gp_cu_context ctx, unsigned pause_us) {
 
                 if (pause_us)
                         usleep(pause_us);
+                if (info_first) {       /* as a lease: gpupoold asks what is free first (pool_read_device()) */
+                        size_t fr, tot;
+
+                        if (push)
+                                (void) cu.cuCtxPushCurrent(ctx);
+                        (void) cu.cuMemGetInfo(&fr, &tot);
+                        if (push)
+                                (void) cu.cuCtxPopCurrent(&ctx);
+                }
                 t = now_ns();
                 if (push)
                         (void) cu.cuCtxPushCurrent(ctx);
@@ -605,8 +614,8 @@ static double export_median(bool push, gp_cu_context ctx, unsigned pause_us) {
  * exports of about 0.6 ms, and this probe's of about 20 us): its primary context retained and
  * current; cuMemGetInfo and a non-blocking stream; the allocations, exports, imports of its own
  * exports and mappings of its block id check (vmm_block_ids_name_allocations()); then each
- * export between a push and a pop of the context (cuda_enter()), and so again 0.1 to 30 ms
- * after the last.
+ * export between a push and a pop of the context (cuda_enter()), right after a cuMemGetInfo as a
+ * lease asks first, and 0.1 to 30 ms after the last.
  */
 static int daemon_start(void) {
         gp_cu_mem_prop prop = base_prop;
@@ -621,10 +630,10 @@ static int daemon_start(void) {
             cu.cuDevicePrimaryCtxRetain(&ctx, dev) != GP_CUDA_SUCCESS || cu.cuCtxPushCurrent(ctx) != GP_CUDA_SUCCESS)
                 return 1;
         *(void **) &ptr_attr = gp_cuda_symbol(&cu, "cuPointerGetAttribute", 4000);
-        printf("[E] export with the primary context retained and current: %.1f us\n", export_median(false, NULL, 0));
+        printf("[E] export with the primary context retained and current: %.1f us\n", export_median(false, NULL, 0, false));
         printf("[E] cuMemGetInfo %s, cuStreamCreate(NON_BLOCKING) %s\n", rs(cu.cuMemGetInfo(&fr, &tot)),
                rs(cu.cuStreamCreate(&stream, GP_CU_STREAM_NON_BLOCKING)));
-        printf("[E] export after them: %.1f us\n", export_median(false, NULL, 0));
+        printf("[E] export after them: %.1f us\n", export_median(false, NULL, 0, false));
         {
                 gp_cu_mem_handle h[4] = { 0 };
                 gp_cu_deviceptr va = 0;
@@ -659,13 +668,15 @@ static int daemon_start(void) {
                 if (va)
                         (void) cu.cuMemAddressFree(va, 8 * MiB);
         }
-        printf("[E] export after it: %.1f us\n", export_median(false, NULL, 0));
+        printf("[E] export after it: %.1f us\n", export_median(false, NULL, 0, false));
         (void) cu.cuCtxPopCurrent(&ctx);
-        printf("[E] export between a push and a pop of the context: %.1f us\n", export_median(true, ctx, 0));
+        printf("[E] export between a push and a pop of the context: %.1f us\n", export_median(true, ctx, 0, false));
+        printf("[E] export right after cuMemGetInfo, as a lease: %.1f us\n", export_median(true, ctx, 0, true));
+        printf("[E] so, 3000 us after the last: %.1f us\n", export_median(true, ctx, 3000, true));
         for (unsigned pause = 100; pause <= 10000; pause *= 10)
                 for (unsigned k = 1; k <= 3; k *= 3)
                         printf("[E] export %u us after the last: %.1f us\n", pause * k,
-                               export_median(true, ctx, pause * k));
+                               export_median(true, ctx, pause * k, false));
         return 0;
 }
 
