@@ -48,7 +48,11 @@
  * what the process does with it (cuda-vmm: the import, the close of the descriptor, the range's
  * reserve and map, the access; cuda: the IPC open), and its return; medians of LEASE_REPS.
  *
+ * --lease-steps times only that, with no trace; --daemon-conf FILE gives its daemon that config
+ * (to tell which of gpupoold's settings a step's time depends on).
+ *
  * Usage: replay --build DIR [--backend host|cuda|cuda-vmm] TRACE.csv...
+ *        replay --build DIR --backend cuda|cuda-vmm --lease-steps [--daemon-conf FILE]
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -405,9 +409,36 @@ static const char *trace_name(const char *path, char *buf, size_t size) {
         return buf;
 }
 
+static const char usage[] =
+        "usage: replay --build DIR [--backend host|cuda|cuda-vmm] TRACE.csv...\n"
+        "       replay --build DIR --backend cuda|cuda-vmm --lease-steps [--daemon-conf FILE]\n";
+
+/* Reads the config file path (at most size - 1 bytes) into buf, for the lease steps' daemon. Returns 0 or -1, saying why. */
+static int read_conf(const char *path, char *buf, size_t size) {
+        FILE *f = fopen(path, "r");
+        size_t n;
+
+        if (!f) {
+                fprintf(stderr, "replay: --daemon-conf %s: %s\n", path, strerror(errno));
+                return -1;
+        }
+        n = fread(buf, 1, size - 1, f);
+        buf[n] = 0;
+        if (!feof(f)) {
+                fprintf(stderr, "replay: --daemon-conf %s: more than %zu bytes\n", path, size - 1);
+                n = 0;
+        }
+        fclose(f);
+        return n ? 0 : -1;
+}
+
 int main(int argc, char **argv) {
         static const struct option longopts[] = { { "build", required_argument, NULL, 'b' },
-                                                  { "backend", required_argument, NULL, 'B' }, { NULL, 0, NULL, 0 } };
+                                                  { "backend", required_argument, NULL, 'B' },
+                                                  { "lease-steps", no_argument, NULL, 'l' },
+                                                  { "daemon-conf", required_argument, NULL, 'c' }, { NULL, 0, NULL, 0 } };
+        static char conf_text[4096];
+        bool steps_only = false;
         static const char *defaults[] = { "GPUPOOL_TIMEOUT", "GPUPOOL_IDLE_RETURN", "GPUPOOL_SEGMENTS" };
         static const char *const ways[] = { "process", "grow", "grow+stock" };
         const char *build = NULL;
@@ -419,13 +450,17 @@ int main(int argc, char **argv) {
                 else if (opt == 'B' && (strcmp(optarg, "host") == 0 || strcmp(optarg, "cuda") == 0 ||
                                         strcmp(optarg, "cuda-vmm") == 0))
                         backend = optarg;
+                else if (opt == 'l')
+                        steps_only = true;
+                else if (opt == 'c' && read_conf(optarg, conf_text, sizeof(conf_text)) == 0)
+                        private_daemon_conf = conf_text;
                 else {
-                        fprintf(stderr, "usage: replay --build DIR [--backend host|cuda|cuda-vmm] TRACE.csv...\n");
+                        fprintf(stderr, "%s", usage);
                         return 2;
                 }
         }
-        if (!build || optind == argc) {
-                fprintf(stderr, "usage: replay --build DIR [--backend host|cuda|cuda-vmm] TRACE.csv...\n");
+        if (!build || (steps_only ? optind != argc || strcmp(backend, "host") == 0 : optind == argc)) {
+                fprintf(stderr, "%s", usage);
                 return 2;
         }
         /* The legacy cuda backend's segments are whole: a grow row would be the process row again. */
@@ -440,6 +475,11 @@ int main(int argc, char **argv) {
         snprintf(sock_path, sizeof(sock_path), "%s/gpupool.sock", dir);
         if (strcmp(backend, "host") != 0 && lease_steps(build) < 0)
                 failed = 1;
+        private_daemon_conf = NULL;     /* --daemon-conf is the lease steps' daemon's only */
+        if (steps_only) {
+                private_daemon_remove(dir, sock_path);
+                return failed;
+        }
         printf("# backend %s%s\n", backend, nways == 1 ? " (whole segments only: it does not grow them in place)" : "");
         printf("%-14s %-8s %7s %17s %15s %23s %12s %12s %6s %15s %15s\n", "trace", "pool", "ops", "round trips", "imports",
                "ns/op", "peak leased", "peak in use", "ratio", "granule maps", "unmaps");
