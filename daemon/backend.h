@@ -28,6 +28,9 @@ struct backend_mem {
         uint8_t ipc_handle[GP_IPC_HANDLE_BYTES];        /* cuda: exported handle */
         size_t ipc_handle_len;  /* 0 when the backend exports a file descriptor */
         void *zeroing;          /* cuda: the event a zeroing under way will complete, or NULL */
+        /* cuda-vmm: a descriptor exported ahead (mem_export_ahead), which the next mem_export hands over */
+        bool exported_ahead;
+        int export_fd;          /* while exported_ahead */
         /*
          * Memory a process holds that the daemon was not handed (AdoptRequest.held, where the
          * backend adopts_held): none of the above is set, and there is nothing to destroy.
@@ -116,8 +119,19 @@ struct backend_ops {
          * cuda-vmm: a new export, so that the daemon holds no descriptor per segment). Returns
          * it, or a negative errno.
          */
-        int (*mem_export)(struct backend *b, unsigned device, const struct backend_mem *mem, bool read_only);
+        int (*mem_export)(struct backend *b, unsigned device, struct backend_mem *mem, bool read_only);
+        /*
+         * Optional: exports the segment's descriptor now, off a request's path (the granule
+         * stock's, as it is made), and keeps it for the next mem_export, which hands it over;
+         * at most exports_ahead_max held per device, let go with the memory. Returns 0 (or 0
+         * with none made, where the segment has nothing to export), -ENOSPC at that most, or
+         * another negative errno, nothing held.
+         */
+        int (*mem_export_ahead)(struct backend *b, unsigned device, struct backend_mem *mem);
 };
+
+/* The most descriptors a backend holds ahead per device, whatever --granule-stock says (the fd limit counts them). */
+#define BACKEND_EXPORTS_AHEAD_MAX 128
 
 struct backend {
         const struct backend_ops *ops;
@@ -138,6 +152,8 @@ struct backend {
          */
         bool seal_waits;
         uint64_t fd_bytes;              /* memory it keeps as a descriptor per segment (host): the fd limit's */
+        /* Per device, how many descriptors its mem_export_ahead may hold: set with the fd limit (server_fit_fd_limit()). */
+        unsigned exports_ahead_max;
         /*
          * Memory it adopts was not free when it read its capacity (cuda-vmm: the GPU's free
          * memory at start, which leaves out what clients of a daemon before it still hold), so

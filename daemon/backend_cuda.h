@@ -21,6 +21,7 @@ struct cuda_device {
         gp_cu_context ctx;              /* the primary context, retained */
         gp_cu_stream stream;            /* for zeroing: polled by an event, never synchronized */
         uint64_t capacity_bytes;
+        unsigned exports_ahead;         /* cuda-vmm: descriptors held ahead of their send (mem_export_ahead) */
         gp_cu_uuid uuid;
         char name[96];
 };

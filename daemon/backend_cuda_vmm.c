@@ -87,10 +87,15 @@ static gp_cu_result vmm_make(struct cuda_backend *c, struct cuda_device *d, uint
         return GP_CUDA_SUCCESS;
 }
 
-/* Lets go of a segment's physical memory: the daemon's mapping, where it made one, and its handle. Pushed. */
+/* Lets go of a segment's physical memory: its descriptor held ahead, the daemon's mapping, where it made one, and its handle. Pushed. */
 static void vmm_unmake(struct cuda_backend *c, struct cuda_device *d, struct backend_mem *mem, uint64_t size) {
         gp_cu_result r = GP_CUDA_SUCCESS;
 
+        if (mem->exported_ahead) {
+                close(mem->export_fd);
+                mem->exported_ahead = false;
+                d->exports_ahead--;
+        }
         mem->ident = 0;
         if (!mem->vmm_handle)
                 return;         /* it has none (fresh memory for it could not be made) */
@@ -299,17 +304,23 @@ static uint64_t vmm_mem_ident(struct backend *b, unsigned device, const struct b
 }
 
 /*
- * cuda-vmm: a descriptor of the segment's memory, exported now for one send (a named object's
- * too: read-only is the attacher's mapping, not the file), or a copy of the one an adopted
- * object came with, which the driver would not export again. The caller closes it.
+ * cuda-vmm: a descriptor of the segment's memory for one send (a named object's too: read-only
+ * is the attacher's mapping, not the file): the one exported ahead, handed over, else exported
+ * now; or a copy of the one an adopted object came with, which the driver would not export
+ * again. The caller closes it.
  */
-static int vmm_mem_export(struct backend *b, unsigned device, const struct backend_mem *mem, bool read_only) {
+static int vmm_mem_export(struct backend *b, unsigned device, struct backend_mem *mem, bool read_only) {
         struct cuda_backend *c = cuda_of(b);
         struct cuda_device *d;
         gp_cu_result r;
         int err, fd = -1;
 
         (void) read_only;
+        if (mem->exported_ahead && device < b->device_count) {
+                mem->exported_ahead = false;
+                c->devs[device].exports_ahead--;
+                return mem->export_fd;
+        }
         if (mem->fd >= 0)
                 return (fd = fcntl(mem->fd, F_DUPFD_CLOEXEC, 3)) < 0 ? -errno : fd;
         if (!mem->vmm_handle)
@@ -360,10 +371,33 @@ int cuda_vmm_supported(struct cuda_backend *c, struct cuda_device *d, gp_cu_resu
         return 0;
 }
 
+/*
+ * cuda-vmm: the segment's descriptor exported now, kept for its next send (vmm_mem_export()), so
+ * that a granule of the stock costs its lease no export: at most exports_ahead_max per device.
+ */
+static int vmm_mem_export_ahead(struct backend *b, unsigned device, struct backend_mem *mem) {
+        struct cuda_backend *c = cuda_of(b);
+        int fd;
+
+        if (device >= b->device_count)
+                return -ENODEV;
+        if (mem->exported_ahead || !mem->vmm_handle || mem->fd >= 0)
+                return 0;       /* held already, or nothing of its own to export (an adopted object's descriptor) */
+        if (c->devs[device].exports_ahead >= b->exports_ahead_max)
+                return -ENOSPC;
+        if ((fd = vmm_mem_export(b, device, mem, false)) < 0)
+                return fd;
+        mem->export_fd = fd;
+        mem->exported_ahead = true;
+        c->devs[device].exports_ahead++;
+        return 0;
+}
+
 void cuda_vmm_setup(struct cuda_backend *c) {
         c->ops.mem_seal = vmm_mem_seal;
         c->ops.mem_adopt = vmm_mem_adopt;
         c->ops.mem_export = vmm_mem_export;
+        c->ops.mem_export_ahead = vmm_mem_export_ahead;
 }
 
 /*

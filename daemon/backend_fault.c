@@ -115,10 +115,17 @@ static int fault_mem_seal(struct backend *b, unsigned device, struct backend_mem
         return inner->ops->mem_seal(inner, device, mem, size);
 }
 
-static int fault_mem_export(struct backend *b, unsigned device, const struct backend_mem *mem, bool read_only) {
+static int fault_mem_export(struct backend *b, unsigned device, struct backend_mem *mem, bool read_only) {
         struct backend *inner = fault_of(b)->inner;
 
         return inner->ops->mem_export(inner, device, mem, read_only);
+}
+
+static int fault_mem_export_ahead(struct backend *b, unsigned device, struct backend_mem *mem) {
+        struct backend *inner = fault_of(b)->inner;
+
+        inner->exports_ahead_max = b->exports_ahead_max;        /* set on this one (server_fit_fd_limit()) */
+        return inner->ops->mem_export_ahead(inner, device, mem);
 }
 
 static void fault_close(struct backend *b) {
@@ -141,6 +148,7 @@ static const struct backend_ops fault_ops = {
         .mem_ident = fault_mem_ident,
         .mem_seal = fault_mem_seal,
         .mem_export = fault_mem_export,
+        .mem_export_ahead = fault_mem_export_ahead,
 };
 
 int backend_fault_wrap(struct backend *inner, const char *spec, struct backend **ret, char *err, size_t err_size) {
@@ -198,6 +206,8 @@ int backend_fault_wrap(struct backend *inner, const char *spec, struct backend *
                 f->ops.mem_seal = NULL;
         if (!inner->ops->mem_export)
                 f->ops.mem_export = NULL;
+        if (!inner->ops->mem_export_ahead)
+                f->ops.mem_export_ahead = NULL;
         f->base.ops = &f->ops;
         f->base.faults_injected = 0;
         log_warn("TEST ONLY: fault injection is on ($GPUPOOL_TEST_FAULTS=%s): segment creations fail at %.3f, "

@@ -186,7 +186,7 @@ static uint64_t host_mem_ident(struct backend *b, unsigned device, const struct 
         return ((uint64_t) st.st_dev << 32) ^ (uint64_t) st.st_ino;
 }
 
-static int host_mem_export(struct backend *b, unsigned device, const struct backend_mem *mem, bool read_only) {
+static int host_mem_export(struct backend *b, unsigned device, struct backend_mem *mem, bool read_only) {
         char path[64];
         int fd;
 

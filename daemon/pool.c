@@ -410,6 +410,9 @@ int pool_stock(struct pool *p, uint64_t max_cached_bytes) {
                 return -ENOSPC;
         if ((r = segment_create(p, GP_GRANULE_BYTES, &s)) < 0)
                 return r;
+        /* Its descriptor too, where the backend keeps one ahead: its lease then exports nothing (else it does). */
+        if (p->backend->ops->mem_export_ahead)
+                (void) p->backend->ops->mem_export_ahead(p->backend, p->device, &s->mem);
         cache_insert(p, s);
         p->stocked++;
         return 0;
@@ -600,14 +603,14 @@ const struct backend_mem *pool_leased_mem(const struct pool *p, const struct poo
         return s && s->owner == o ? &s->mem : NULL;
 }
 
-int pool_leased_export(const struct pool *p, const struct pool_owner *o, uint64_t segment_id, bool read_only) {
-        const struct backend_mem *mem = pool_leased_mem(p, o, segment_id);
+int pool_leased_export(struct pool *p, const struct pool_owner *o, uint64_t segment_id, bool read_only) {
+        struct segment *s = segment_find(p, segment_id);
 
-        if (!mem)
+        if (!s || s->owner != o)
                 return -ENOENT;
         if (!p->backend->ops->mem_export)
                 return -EOPNOTSUPP;
-        return p->backend->ops->mem_export(p->backend, p->device, mem, read_only);
+        return p->backend->ops->mem_export(p->backend, p->device, &s->mem, read_only);
 }
 
 /* Sets the owner's report, held to what it leases (held free first), and the pool's sum. */

@@ -236,12 +236,13 @@ int pool_seal_begin(struct pool *p, const struct pool_owner *o, uint64_t segment
 void pool_seal_end(struct pool *p, uint64_t segment_id, bool sealed);
 
 /*
- * A descriptor of a segment leased to the owner, made now and the caller's to close once sent
- * (read_only: opened for reading only, where the backend reopens files); -ENOENT when the owner
+ * A descriptor of a segment leased to the owner, made now (or the one made ahead, handed over:
+ * backend mem_export_ahead) and the caller's to close once sent (read_only: opened for reading
+ * only, where the backend reopens files); -ENOENT when the owner
  * leases no such segment, -EOPNOTSUPP where the backend passes no descriptors, or another
  * negative errno (-EMFILE: the daemon is out of descriptors).
  */
-int pool_leased_export(const struct pool *pool, const struct pool_owner *owner, uint64_t segment_id, bool read_only);
+int pool_leased_export(struct pool *pool, const struct pool_owner *owner, uint64_t segment_id, bool read_only);
 /* The memory of a segment leased to the owner (its IPC handle, say), or NULL. */
 const struct backend_mem *pool_leased_mem(const struct pool *pool, const struct pool_owner *owner, uint64_t segment_id);
 

@@ -436,19 +436,31 @@ static void grow_fd_table(uint64_t need) {
         close(base);
 }
 
+/* How many descriptors backend may hold ahead per device with the settings o: one per granule of the stock, to a most. */
+static unsigned exports_ahead(const struct options *o, const struct backend *backend) {
+        if (!backend->ops->mem_export_ahead)
+                return 0;
+        return o->granule_stock < BACKEND_EXPORTS_AHEAD_MAX ? o->granule_stock : BACKEND_EXPORTS_AHEAD_MAX;
+}
+
+/* The memory backend keeps as descriptors with the settings o (options_fds_needed()): its own, and the exports ahead. */
+static uint64_t fd_bytes(const struct options *o, const struct backend *backend) {
+        return backend->fd_bytes + (uint64_t) backend->device_count * exports_ahead(o, backend) * GP_GRANULE_BYTES;
+}
+
 /* The most clients a hard limit of max descriptors leaves room for, with the rest of what o needs. */
 static unsigned clients_fitting(const struct options *o, const struct backend *backend, uint64_t max) {
         struct options none = *o;
         uint64_t base;
 
         none.max_clients = 0;
-        base = options_fds_needed(&none, backend->fd_bytes);
+        base = options_fds_needed(&none, fd_bytes(o, backend));
         return max > base ? (unsigned) ((max - base) / OPTIONS_FDS_PER_CLIENT) : 0;
 }
 
-int server_fit_fd_limit(struct options *o, const struct backend *backend, char *why, size_t why_size) {
+int server_fit_fd_limit(struct options *o, struct backend *backend, char *why, size_t why_size) {
         bool host = strcmp(backend->name, "host") == 0;
-        uint64_t need = options_fds_needed(o, backend->fd_bytes);
+        uint64_t need = options_fds_needed(o, fd_bytes(o, backend));
         char cap[GP_SIZE_FORMAT_MAX], lower[64];
         struct rlimit rl;
         unsigned fit;
@@ -463,7 +475,7 @@ int server_fit_fd_limit(struct options *o, const struct backend *backend, char *
                                  "client takes %d (raise LimitNOFILE= or ulimit -Hn for more)", fit, o->max_clients,
                                  (unsigned long long) rl.rlim_max, OPTIONS_FDS_PER_CLIENT);
                         o->max_clients = fit;
-                        need = options_fds_needed(o, backend->fd_bytes);
+                        need = options_fds_needed(o, fd_bytes(o, backend));
                 } else {
                         if (fit)
                                 snprintf(lower, sizeof(lower), " or lower max_clients to %u", fit);
@@ -479,6 +491,7 @@ int server_fit_fd_limit(struct options *o, const struct backend *backend, char *
         }
         if (rl.rlim_cur == RLIM_INFINITY || rl.rlim_cur >= need) {
                 grow_fd_table(need);
+                backend->exports_ahead_max = exports_ahead(o, backend);
                 return 0;
         }
         rl.rlim_cur = need;
@@ -489,6 +502,7 @@ int server_fit_fd_limit(struct options *o, const struct backend *backend, char *
         }
         log_info("file descriptor limit raised to %llu for max_clients %u", (unsigned long long) need, o->max_clients);
         grow_fd_table(need);
+        backend->exports_ahead_max = exports_ahead(o, backend);
         return 0;
 }
 

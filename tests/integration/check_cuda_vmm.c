@@ -16,6 +16,7 @@
 #include <dirent.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -320,6 +321,68 @@ START_TEST(test_fake_granule_leases) {
         ck_assert_msg(strstr(rep->error, "granule leases need the host or cuda-vmm backend"), "%s", rep->error);
         gpupool__envelope__free_unpacked(rep, NULL);
         ck_assert_int_eq(testd_device(&d, 0, "reserved_bytes"), 0);
+        close(sock);
+        cuda_stop(&d);
+}
+END_TEST
+
+/* How many exports the fake node has made: a byte of $FAKECUDA_DIR/fakecuda-exports each. */
+static long long fake_exports(void) {
+        char path[sizeof(fake_dir) + 32];
+        struct stat st;
+
+        snprintf(path, sizeof(path), "%s/fakecuda-exports", fake_dir);
+        return stat(path, &st) == 0 ? (long long) st.st_size : 0;
+}
+
+/* Leases 3 granules on sock; their descriptors, imported and mapped in another process, then closed. */
+static void lease_three_imported(int sock) {
+        int fds[GP_WIRE_MAX_FDS];
+        Gpupool__Envelope *rep;
+        size_t nfds;
+        int r;
+
+        rep = raw_lease_granules(sock, 0, 3, 2 * MiB, fds, &nfds);
+        ck_assert_int_eq(rep->status, GPUPOOL__STATUS__STATUS_OK);
+        ck_assert_uint_eq(nfds, 3);
+        gpupool__envelope__free_unpacked(rep, NULL);
+        r = reap(spawn(import_granules, NULL, fds));
+        ck_assert_msg(r == 0, "the granules' descriptors did not import (step %d)", r);
+        for (size_t i = 0; i < nfds; i++)
+                close(fds[i]);
+}
+
+/*
+ * --granule-stock on cuda-vmm: each granule of the stock is exported as it is made, off any
+ * request's path, and a lease that takes it from the cache sends that descriptor instead of
+ * exporting one: the daemon holds one per granule of the stock (its fd limit counts them), and
+ * lets go of those it holds with their memory (a flush).
+ */
+START_TEST(test_fake_vmm_stock_exported_ahead) {
+        struct testd d;
+        long long exports;
+        int sock, before;
+
+        cuda_backend = "cuda-vmm";
+        cuda_start(&d, "--granule-stock", "3");
+        sock = raw_hello(&d, "stocker");
+        before = open_fds(d.pid);
+        exports = fake_exports();
+        lease_three_imported(sock);
+        /* Three made ahead of the next lease, and exported as they were made. */
+        ck_assert(testd_device_becomes(&d, 0, "stocked_total", 3));
+        ck_assert_int_eq(fake_exports(), exports + 3 + 3);
+        ck_assert_int_eq(open_fds(d.pid), before + 3);
+        /* The next takes them with their descriptors: only the three made again are exported. */
+        lease_three_imported(sock);
+        ck_assert(testd_device_becomes(&d, 0, "stocked_total", 6));
+        ck_assert_int_eq(fake_exports(), exports + 3 + 3 + 3);
+        ck_assert_int_eq(open_fds(d.pid), before + 3);
+        json_decref(testd_ctl(&d, "check"));
+        /* A flush gives the stock back, and with it the descriptors held for it. */
+        json_decref(testd_ctl(&d, "flush"));
+        ck_assert_int_eq(testd_device(&d, 0, "cached_bytes"), 0);
+        ck_assert_int_eq(open_fds(d.pid), before);
         close(sock);
         cuda_stop(&d);
 }
@@ -1069,6 +1132,32 @@ START_TEST(test_fake_vmm_restart_counts_adopted_memory_once) {
 END_TEST
 
 /*
+ * The descriptors held ahead for the granule stock count in the fd limit: on eight GPUs under a
+ * hard limit of 4096, --granule-stock 128 leaves room for 688 clients (4096 less 320 and 128 per
+ * GPU, 4 each) where the default fits 944; 1000 asks no more than the most held, 128 per GPU.
+ */
+START_TEST(test_fake_vmm_stock_in_the_fd_limit) {
+        struct rlimit rl = { .rlim_cur = 4096, .rlim_max = 4096 };
+        static const char *const stocks[] = { "128", "1000" };
+        struct testd d;
+
+        if (under_valgrind()) {
+                TEST_SKIP("valgrind does not let a process raise its descriptor limit");
+                return;
+        }
+        ck_assert_int_eq(setrlimit(RLIMIT_NOFILE, &rl), 0);    /* this test's process only, and what it starts */
+        setenv("FAKECUDA_DEVICES", "8", 1);
+        for (int i = 0; i < 2; i++) {
+                cuda_backend = "cuda-vmm";
+                cuda_start(&d, "--granule-stock", stocks[i]);
+                ck_assert(testd_log_wait(&d, "max_clients 688, not the default 1024: the hard file descriptor limit is 4096"));
+                cuda_stop(&d);
+        }
+        unsetenv("FAKECUDA_DEVICES");
+}
+END_TEST
+
+/*
  * gpupoold --backend cuda-vmm with default options on a node of eight GPUs of 141 GB under a
  * hard limit of 4096 descriptors: it starts, fitting max_clients to the limit; offers at least
  * 120 GiB of each GPU; holds at most 1,024 descriptors while three processes hold 14 GiB each
@@ -1219,6 +1308,8 @@ void cuda_vmm_add_fake(TCase *tc) {
         tcase_add_test(tc, test_fake_vmm_kept_descriptor_reads_nothing);
         tcase_add_test(tc, test_fake_vmm_resume_refused_other_gpus);
         tcase_add_test(tc, test_fake_granule_leases);
+        tcase_add_test(tc, test_fake_vmm_stock_exported_ahead);
+        tcase_add_test(tc, test_fake_vmm_stock_in_the_fd_limit);
         tcase_add_test(tc, test_fake_vmm_object_on_another_gpu);
         tcase_add_test(tc, test_fake_vmm_node_scale);
         tcase_add_test(tc, test_fake_vmm_restart_counts_adopted_memory_once);
