@@ -581,6 +581,7 @@ int pool_seal_begin(struct pool *p, const struct pool_owner *o, uint64_t segment
         if (s->sealing)
                 return -EBUSY;
         *ret_mem = s->mem;
+        ret_mem->exported_ahead = false;        /* the segment's own, never the copy's */
         if (s->mem.fd >= 0 && (ret_mem->fd = fcntl(s->mem.fd, F_DUPFD_CLOEXEC, 3)) < 0)
                 return -errno;
         s->sealing = true;
