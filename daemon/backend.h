@@ -123,11 +123,11 @@ struct backend_ops {
         /*
          * Optional: exports the segment's descriptor now, off a request's path (the granule
          * stock's, as it is made), and keeps it for the next mem_export, which hands it over;
-         * at most exports_ahead_max held per device, let go with the memory. Returns 0 (or 0
-         * with none made, where the segment has nothing to export), -ENOSPC at that most, or
-         * another negative errno, nothing held.
+         * at most most held per device (backend_exports_ahead()), let go with the memory.
+         * Returns 0 (or 0 with none made, where the segment has nothing to export), -ENOSPC at
+         * that most, or another negative errno, nothing held.
          */
-        int (*mem_export_ahead)(struct backend *b, unsigned device, struct backend_mem *mem);
+        int (*mem_export_ahead)(struct backend *b, unsigned device, struct backend_mem *mem, unsigned most);
 };
 
 /* The most descriptors a backend holds ahead per device, whatever --granule-stock says (the fd limit counts them). */
@@ -152,8 +152,6 @@ struct backend {
          */
         bool seal_waits;
         uint64_t fd_bytes;              /* memory it keeps as a descriptor per segment (host): the fd limit's */
-        /* Per device, how many descriptors its mem_export_ahead may hold: set with the fd limit (server_fit_fd_limit()). */
-        unsigned exports_ahead_max;
         /*
          * Memory it adopts was not free when it read its capacity (cuda-vmm: the GPU's free
          * memory at start, which leaves out what clients of a daemon before it still hold), so
@@ -170,6 +168,17 @@ struct backend {
         bool adopts_held;
         const char *no_adopt_why;       /* where mem_adopt is NULL: why, told to a client that asks */
 };
+
+/*
+ * How many descriptors b holds ahead per device with a granule stock of granule_stock: one per
+ * granule of it, at most BACKEND_EXPORTS_AHEAD_MAX; 0 where it exports none ahead. The fd
+ * limit counts them (server_fit_fd_limit()), and the stock holds them to it (pool_stock()).
+ */
+static inline unsigned backend_exports_ahead(const struct backend *b, unsigned granule_stock) {
+        if (!b->ops->mem_export_ahead)
+                return 0;
+        return granule_stock < BACKEND_EXPORTS_AHEAD_MAX ? granule_stock : BACKEND_EXPORTS_AHEAD_MAX;
+}
 
 /* The host backend: one device of capacity_bytes of memfd memory. Returns 0 or a negative errno. */
 int backend_host_open(uint64_t capacity_bytes, struct backend **ret);

@@ -87,15 +87,22 @@ static gp_cu_result vmm_make(struct cuda_backend *c, struct cuda_device *d, uint
         return GP_CUDA_SUCCESS;
 }
 
+/* The descriptor held ahead for mem (vmm_mem_export_ahead()), now the caller's; -1 where none is held. */
+static int take_ahead(struct cuda_device *d, struct backend_mem *mem) {
+        if (!mem->exported_ahead)
+                return -1;
+        mem->exported_ahead = false;
+        d->exports_ahead--;
+        return mem->export_fd;
+}
+
 /* Lets go of a segment's physical memory: its descriptor held ahead, the daemon's mapping, where it made one, and its handle. Pushed. */
 static void vmm_unmake(struct cuda_backend *c, struct cuda_device *d, struct backend_mem *mem, uint64_t size) {
         gp_cu_result r = GP_CUDA_SUCCESS;
+        int ahead = take_ahead(d, mem);
 
-        if (mem->exported_ahead) {
-                close(mem->export_fd);
-                mem->exported_ahead = false;
-                d->exports_ahead--;
-        }
+        if (ahead >= 0)
+                close(ahead);
         mem->ident = 0;
         if (!mem->vmm_handle)
                 return;         /* it has none (fresh memory for it could not be made) */
@@ -316,11 +323,8 @@ static int vmm_mem_export(struct backend *b, unsigned device, struct backend_mem
         int err, fd = -1;
 
         (void) read_only;
-        if (mem->exported_ahead && device < b->device_count) {
-                mem->exported_ahead = false;
-                c->devs[device].exports_ahead--;
-                return mem->export_fd;
-        }
+        if (mem->exported_ahead && device < b->device_count)
+                return take_ahead(&c->devs[device], mem);
         if (mem->fd >= 0)
                 return (fd = fcntl(mem->fd, F_DUPFD_CLOEXEC, 3)) < 0 ? -errno : fd;
         if (!mem->vmm_handle)
@@ -373,9 +377,9 @@ int cuda_vmm_supported(struct cuda_backend *c, struct cuda_device *d, gp_cu_resu
 
 /*
  * cuda-vmm: the segment's descriptor exported now, kept for its next send (vmm_mem_export()), so
- * that a granule of the stock costs its lease no export: at most exports_ahead_max per device.
+ * that a granule of the stock costs its lease no export: at most most per device.
  */
-static int vmm_mem_export_ahead(struct backend *b, unsigned device, struct backend_mem *mem) {
+static int vmm_mem_export_ahead(struct backend *b, unsigned device, struct backend_mem *mem, unsigned most) {
         struct cuda_backend *c = cuda_of(b);
         int fd;
 
@@ -383,7 +387,7 @@ static int vmm_mem_export_ahead(struct backend *b, unsigned device, struct backe
                 return -ENODEV;
         if (mem->exported_ahead || !mem->vmm_handle || mem->fd >= 0)
                 return 0;       /* held already, or nothing of its own to export (an adopted object's descriptor) */
-        if (c->devs[device].exports_ahead >= b->exports_ahead_max)
+        if (c->devs[device].exports_ahead >= most)
                 return -ENOSPC;
         if ((fd = vmm_mem_export(b, device, mem, false)) < 0)
                 return fd;

@@ -121,11 +121,10 @@ static int fault_mem_export(struct backend *b, unsigned device, struct backend_m
         return inner->ops->mem_export(inner, device, mem, read_only);
 }
 
-static int fault_mem_export_ahead(struct backend *b, unsigned device, struct backend_mem *mem) {
+static int fault_mem_export_ahead(struct backend *b, unsigned device, struct backend_mem *mem, unsigned most) {
         struct backend *inner = fault_of(b)->inner;
 
-        inner->exports_ahead_max = b->exports_ahead_max;        /* set on this one (server_fit_fd_limit()) */
-        return inner->ops->mem_export_ahead(inner, device, mem);
+        return inner->ops->mem_export_ahead(inner, device, mem, most);
 }
 
 static void fault_close(struct backend *b) {

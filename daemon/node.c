@@ -311,7 +311,8 @@ static void on_stock_timer(uv_timer_t *timer) {
 
                 if (pool_stocked(node->pools[d]) >= node->stock_want[d])
                         continue;
-                if ((r = pool_stock(node->pools[d], policy_max_cached(&node->policy, d))) < 0) {
+                if ((r = pool_stock(node->pools[d], policy_max_cached(&node->policy, d),
+                                    backend_exports_ahead(node->backend, node->options->granule_stock))) < 0) {
                         if (r != -ENOSPC && r != -ENOMEM)
                                 log_warn("device %u: making a granule segment ahead: %s", d, strerror(-r));
                         node->stock_want[d] = 0;

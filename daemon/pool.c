@@ -298,6 +298,13 @@ static struct segment *segment_find(const struct pool *p, uint64_t id) {
         return n ? gp_rb_entry(n, struct segment, by_id) : NULL;
 }
 
+/* o's segment segment_id, or NULL where o leases no such segment. */
+static struct segment *leased(const struct pool *p, const struct pool_owner *o, uint64_t segment_id) {
+        struct segment *s = segment_find(p, segment_id);
+
+        return s && s->owner == o ? s : NULL;
+}
+
 /* The smallest cached segment that serves one of size bytes (policy_cache_serves()), within limit. */
 static struct segment *cache_take(struct pool *p, uint64_t size, uint64_t limit) {
         struct segment key = { .size = size, .cache_seq = UINT64_MAX };
@@ -397,7 +404,7 @@ static int segment_obtain(struct pool *p, enum pool_source from, uint64_t rsize,
         return r;
 }
 
-int pool_stock(struct pool *p, uint64_t max_cached_bytes) {
+int pool_stock(struct pool *p, uint64_t max_cached_bytes, unsigned exports_ahead) {
         struct segment *s;
         int64_t room = 0;
         bool bounded;
@@ -412,7 +419,7 @@ int pool_stock(struct pool *p, uint64_t max_cached_bytes) {
                 return r;
         /* Its descriptor too, where the backend keeps one ahead: its lease then exports nothing (else it does). */
         if (p->backend->ops->mem_export_ahead)
-                (void) p->backend->ops->mem_export_ahead(p->backend, p->device, &s->mem);
+                (void) p->backend->ops->mem_export_ahead(p->backend, p->device, &s->mem, exports_ahead);
         cache_insert(p, s);
         p->stocked++;
         return 0;
@@ -536,26 +543,26 @@ bool pool_holds(const struct pool *p, uint64_t ident) {
 }
 
 void pool_adopt_undo(struct pool *p, struct pool_owner *o, uint64_t segment_id) {
-        struct segment *s = segment_find(p, segment_id);
+        struct segment *s = leased(p, o, segment_id);
 
-        if (!s || s->owner != o)
+        if (!s)
                 return;
         (void) segment_take_back(s);
         segment_destroy(p, s);
 }
 
 void pool_lease_undo(struct pool *p, struct pool_owner *o, uint64_t segment_id) {
-        struct segment *s = segment_find(p, segment_id);
+        struct segment *s = leased(p, o, segment_id);
 
-        if (s && s->owner == o)
+        if (s)
                 segment_to_cache(p, s);
 }
 
 /* o's segment segment_id in *ret, if it may be sealed: 0, -ENOENT, -EOPNOTSUPP or -EPERM. */
 static int sealable(struct pool *p, const struct pool_owner *o, uint64_t segment_id, struct segment **ret) {
-        struct segment *s = segment_find(p, segment_id);
+        struct segment *s = leased(p, o, segment_id);
 
-        if (!s || s->owner != o)
+        if (!s)
                 return -ENOENT;
         if (!p->backend->ops->mem_seal)
                 return -EOPNOTSUPP;
@@ -599,15 +606,15 @@ void pool_seal_end(struct pool *p, uint64_t segment_id, bool sealed) {
 }
 
 const struct backend_mem *pool_leased_mem(const struct pool *p, const struct pool_owner *o, uint64_t segment_id) {
-        struct segment *s = segment_find(p, segment_id);
+        struct segment *s = leased(p, o, segment_id);
 
-        return s && s->owner == o ? &s->mem : NULL;
+        return s ? &s->mem : NULL;
 }
 
 int pool_leased_export(struct pool *p, const struct pool_owner *o, uint64_t segment_id, bool read_only) {
-        struct segment *s = segment_find(p, segment_id);
+        struct segment *s = leased(p, o, segment_id);
 
-        if (!s || s->owner != o)
+        if (!s)
                 return -ENOENT;
         if (!p->backend->ops->mem_export)
                 return -EOPNOTSUPP;
@@ -649,10 +656,10 @@ void pool_owner_report(struct pool_owner *o, uint64_t in_use, uint64_t held_free
 }
 
 int pool_return(struct pool *p, struct pool_owner *o, uint64_t segment_id, bool to_backend) {
-        struct segment *s = segment_find(p, segment_id);
+        struct segment *s = o ? leased(p, o, segment_id) : NULL;
         uint64_t size;
 
-        if (!s || !o || s->owner != o)
+        if (!s)
                 return -ENOENT;
         size = s->size;
         s->to_backend |= to_backend;    /* an adopted one goes back to the backend all the same (pool_adopt()) */

@@ -92,9 +92,11 @@ struct pool_stats {
  * no principal: anyone's, unzeroed), where the capacity, the device's room beyond its headroom
  * and max_cached_bytes allow it without evicting anything: 0, -ENOSPC without room, or the
  * backend's error. They are cached segments like any other (leased, evicted, released idle or
- * past the watermark, flushed). pool_stocked() counts the fresh granules in the cache.
+ * past the watermark, flushed). Where the backend exports descriptors ahead, it exports the
+ * new one's too, while it holds fewer than exports_ahead on the device (backend_exports_ahead()),
+ * so that its lease exports nothing. pool_stocked() counts the fresh granules in the cache.
  */
-int pool_stock(struct pool *pool, uint64_t max_cached_bytes);
+int pool_stock(struct pool *pool, uint64_t max_cached_bytes, unsigned exports_ahead);
 uint64_t pool_stocked(const struct pool *pool);
 
 /* Makes a pool for one device of backend, of capacity_bytes. Returns 0 or -ENOMEM. */

@@ -436,16 +436,9 @@ static void grow_fd_table(uint64_t need) {
         close(base);
 }
 
-/* How many descriptors backend may hold ahead per device with the settings o: one per granule of the stock, to a most. */
-static unsigned exports_ahead(const struct options *o, const struct backend *backend) {
-        if (!backend->ops->mem_export_ahead)
-                return 0;
-        return o->granule_stock < BACKEND_EXPORTS_AHEAD_MAX ? o->granule_stock : BACKEND_EXPORTS_AHEAD_MAX;
-}
-
 /* The memory backend keeps as descriptors with the settings o (options_fds_needed()): its own, and the exports ahead. */
 static uint64_t fd_bytes(const struct options *o, const struct backend *backend) {
-        return backend->fd_bytes + (uint64_t) backend->device_count * exports_ahead(o, backend) * GP_GRANULE_BYTES;
+        return backend->fd_bytes + (uint64_t) backend->device_count * backend_exports_ahead(backend, o->granule_stock) * GP_GRANULE_BYTES;
 }
 
 /* The most clients a hard limit of max descriptors leaves room for, with the rest of what o needs. */
@@ -458,7 +451,7 @@ static unsigned clients_fitting(const struct options *o, const struct backend *b
         return max > base ? (unsigned) ((max - base) / OPTIONS_FDS_PER_CLIENT) : 0;
 }
 
-int server_fit_fd_limit(struct options *o, struct backend *backend, char *why, size_t why_size) {
+int server_fit_fd_limit(struct options *o, const struct backend *backend, char *why, size_t why_size) {
         bool host = strcmp(backend->name, "host") == 0;
         uint64_t need = options_fds_needed(o, fd_bytes(o, backend));
         char cap[GP_SIZE_FORMAT_MAX], lower[64];
@@ -491,7 +484,6 @@ int server_fit_fd_limit(struct options *o, struct backend *backend, char *why, s
         }
         if (rl.rlim_cur == RLIM_INFINITY || rl.rlim_cur >= need) {
                 grow_fd_table(need);
-                backend->exports_ahead_max = exports_ahead(o, backend);
                 return 0;
         }
         rl.rlim_cur = need;
@@ -502,7 +494,6 @@ int server_fit_fd_limit(struct options *o, struct backend *backend, char *why, s
         }
         log_info("file descriptor limit raised to %llu for max_clients %u", (unsigned long long) need, o->max_clients);
         grow_fd_table(need);
-        backend->exports_ahead_max = exports_ahead(o, backend);
         return 0;
 }
 

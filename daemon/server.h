@@ -65,14 +65,13 @@ int server_reload(struct server *server, char *why, size_t why_size);
 
 /*
  * Makes room for every descriptor the settings o can need with backend
- * (options_fds_needed(), with the descriptors the backend may hold ahead for the granule
- * stock: at most BACKEND_EXPORTS_AHEAD_MAX per device): raises the soft limit up to the hard
- * one, and sets backend->exports_ahead_max to what it made room for. Where the hard limit is
+ * (options_fds_needed(), with the descriptors the backend holds ahead for the granule stock:
+ * backend_exports_ahead()): raises the soft limit up to the hard one. Where the hard limit is
  * too low for max_clients at its default, lowers o->max_clients to what fits and logs it
  * (never below OPTIONS_MIN_FITTED_CLIENTS). Returns 0, or a negative errno with why (a hard
  * limit too low for a max_clients that was chosen says what to raise or lower).
  */
-int server_fit_fd_limit(struct options *o, struct backend *backend, char *why, size_t why_size);
+int server_fit_fd_limit(struct options *o, const struct backend *backend, char *why, size_t why_size);
 
 /* Begins an orderly stop: closes every handle, so that uv_run() returns. */
 void server_stop(struct server *server);

@@ -114,8 +114,8 @@ const char *build_dir(void) {
         return b && *b ? b : "build";
 }
 
-int open_fds(pid_t pid) {
-        char path[64];
+int open_fds_to(pid_t pid, const char *target) {
+        char path[64], link[64 + 256], to[512];
         struct dirent *e;
         DIR *dir;
         int n = 0;
@@ -123,10 +123,28 @@ int open_fds(pid_t pid) {
         snprintf(path, sizeof(path), "/proc/%d/fd", (int) pid);
         dir = opendir(path);
         ck_assert_ptr_nonnull(dir);
-        while ((e = readdir(dir)))
-                n += e->d_name[0] != '.';
+        while ((e = readdir(dir))) {
+                ssize_t len;
+
+                if (e->d_name[0] == '.')
+                        continue;
+                if (!target) {
+                        n++;
+                        continue;
+                }
+                snprintf(link, sizeof(link), "%s/%s", path, e->d_name);
+                len = readlink(link, to, sizeof(to) - 1);
+                if (len > 0) {
+                        to[len] = 0;
+                        n += strstr(to, target) != NULL;
+                }
+        }
         closedir(dir);
-        return n - (pid == getpid());   /* the directory's own */
+        return n - (pid == getpid() && !target);        /* the directory's own */
+}
+
+int open_fds(pid_t pid) {
+        return open_fds_to(pid, NULL);
 }
 
 double now_s(void) {

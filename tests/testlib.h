@@ -72,6 +72,8 @@ bool test_mkdtemp_shm(char *buf, size_t size, const char *tag);
 double now_s(void);
 /* The descriptors process pid has open (this process's less the one that lists them). */
 int open_fds(pid_t pid);
+/* How many of them lead to a file whose path holds target. */
+int open_fds_to(pid_t pid, const char *target);
 
 /* Sleeps ms milliseconds. */
 void nap_ms(long ms);

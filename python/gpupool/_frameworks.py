@@ -210,19 +210,10 @@ def _torch_rotate(torch, allocator, mem_pool, begin, end, release):
         _torch_pools[i] = (device, new)
         if old.use_count() == 1:        # its MemPool's alone: nobody else holds it
             release(device, old.id)
-        else:
-            _warn_once(f"gpupool: a PyTorch memory pool of gpupool's is used by something else too (use count "
-                       f"{old.use_count()}): what it caches stays there")
+        else:                           # (shown once: the warnings module's default)
+            warnings.warn("gpupool: a PyTorch memory pool of gpupool's is used by something else too: "
+                          "what it caches stays there", RuntimeWarning, stacklevel=2)
     torch.cuda.empty_cache()            # what the old pools cache, and what older pools' blocks left since
-
-
-_warned = set()
-
-
-def _warn_once(message):
-    if message not in _warned:
-        _warned.add(message)
-        warnings.warn(message, RuntimeWarning, stacklevel=2)
 
 
 def _torch_releases(torch, allocator, mem_pool, begin, end, release):

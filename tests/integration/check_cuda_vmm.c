@@ -13,7 +13,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sched.h>
-#include <dirent.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -335,30 +334,6 @@ static long long fake_exports(void) {
         return stat(path, &st) == 0 ? (long long) st.st_size : 0;
 }
 
-/* How many descriptors process pid holds of the fake's cuMemCreate memory (its files, fakecuda-vmm-*). */
-static int memory_fds(pid_t pid) {
-        char dir_path[64], path[64 + 256], target[512];
-        struct dirent *e;
-        int n = 0;
-        DIR *dir;
-
-        snprintf(dir_path, sizeof(dir_path), "/proc/%d/fd", (int) pid);
-        if (!(dir = opendir(dir_path)))
-                return -1;
-        while ((e = readdir(dir))) {
-                ssize_t len;
-
-                snprintf(path, sizeof(path), "%s/%s", dir_path, e->d_name);
-                len = readlink(path, target, sizeof(target) - 1);
-                if (len > 0) {
-                        target[len] = 0;
-                        n += strstr(target, "/fakecuda-vmm-") != NULL;
-                }
-        }
-        closedir(dir);
-        return n;
-}
-
 /* Leases 3 granules on sock; their descriptors, imported and mapped in another process, then closed. */
 static void lease_three_imported(int sock) {
         int fds[GP_WIRE_MAX_FDS];
@@ -390,24 +365,23 @@ START_TEST(test_fake_vmm_stock_exported_ahead) {
         cuda_backend = "cuda-vmm";
         cuda_start(&d, "--granule-stock", "3");
         sock = raw_hello(&d, "stocker");
-        base = memory_fds(d.pid);       /* the fake's own, if any */
-        ck_assert_int_ge(base, 0);
+        base = open_fds_to(d.pid, "/fakecuda-vmm-");       /* the fake's own, if any */
         exports = fake_exports();
         lease_three_imported(sock);
         /* Three made ahead of the next lease, and exported as they were made. */
         ck_assert(testd_device_becomes(&d, 0, "stocked_total", 3));
         ck_assert_int_eq(fake_exports(), exports + 3 + 3);
-        ck_assert_int_eq(memory_fds(d.pid), base + 3);
+        ck_assert_int_eq(open_fds_to(d.pid, "/fakecuda-vmm-"), base + 3);
         /* The next takes them with their descriptors: only the three made again are exported. */
         lease_three_imported(sock);
         ck_assert(testd_device_becomes(&d, 0, "stocked_total", 6));
         ck_assert_int_eq(fake_exports(), exports + 3 + 3 + 3);
-        ck_assert_int_eq(memory_fds(d.pid), base + 3);
+        ck_assert_int_eq(open_fds_to(d.pid, "/fakecuda-vmm-"), base + 3);
         json_decref(testd_ctl(&d, "check"));
         /* A flush gives the stock back, and with it the descriptors held for it. */
         json_decref(testd_ctl(&d, "flush"));
         ck_assert_int_eq(testd_device(&d, 0, "cached_bytes"), 0);
-        ck_assert_int_eq(memory_fds(d.pid), base);
+        ck_assert_int_eq(open_fds_to(d.pid, "/fakecuda-vmm-"), base);
         close(sock);
         cuda_stop(&d);
 }
