@@ -514,13 +514,15 @@ static struct heap_block *piece_alloc(gpupool_client *c, unsigned d, uint64_t rs
 }
 
 /*
- * Carves a block of rsize bytes of class from device d's ranges, or what lane holds there, and
- * maps what it lacks (a held block has its granules mapped); a block of c->piece_bytes or more
- * is a piece (piece_alloc()). Locked.
+ * Carves a block of rsize bytes of class from device d's ranges, where the fewest of its
+ * granules are not mapped (client_grow_choice()), or what lane holds there, and maps what it
+ * lacks (a held block has its granules mapped); a block of c->piece_bytes or more is a piece
+ * (piece_alloc()). Locked.
  */
 static struct heap_block *grow_alloc(gpupool_client *c, unsigned d, enum heap_class class, uint64_t rsize, uint32_t lane,
                                      int *ret) {
         struct client_device *dev = &c->devices[d];
+        struct heap_choice choice;
         struct heap_block *hb;
         bool held;
 
@@ -529,7 +531,8 @@ static struct heap_block *grow_alloc(gpupool_client *c, unsigned d, enum heap_cl
                 return NULL;
         if (rsize >= c->piece_bytes)
                 return piece_alloc(c, d, rsize, lane, ret);
-        hb = heap_alloc_on(&dev->heap, class, rsize, lane, &held);
+        client_grow_choice(c, d, rsize, &choice);
+        hb = heap_alloc_cheapest(&dev->heap, class, rsize, lane, &held, &choice);
         if (!hb) {
                 *ret = range_full(c, d, rsize);
                 return NULL;

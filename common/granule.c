@@ -266,6 +266,24 @@ static uint64_t shortfall_of(const struct granule_range *r, uint64_t first, uint
         return need > s->spare_count + elsewhere ? need - s->spare_count - elsewhere : 0;
 }
 
+uint64_t granule_unmapped(const struct granule_range *r, uint64_t offset, uint64_t size) {
+        uint64_t first, last, mapped = 0;
+
+        if (!span(r, offset, size, &first, &last))
+                return 0;
+        /* A word at a time: a block of gigabytes is weighed in a few hundred steps, not thousands. */
+        for (uint64_t w = first / 64; w <= last / 64; w++) {
+                uint64_t word = r->mapped[w];
+
+                if (w == first / 64)
+                        word &= ~0ULL << (first % 64);
+                if (w == last / 64 && last % 64 != 63)
+                        word &= (1ULL << (last % 64 + 1)) - 1;
+                mapped += (uint64_t) __builtin_popcountll(word);
+        }
+        return last - first + 1 - mapped;
+}
+
 uint64_t granule_shortfall(const struct granule_range *r, uint64_t offset, uint64_t size) {
         uint64_t first, last, need;
 

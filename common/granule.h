@@ -98,6 +98,9 @@ void granule_give(struct granule_range *r, uint64_t offset, uint64_t size);
  */
 uint64_t granule_unmap_idle(struct granule_set *s, uint64_t want, uint64_t before);
 
+/* How many of the granules under [offset, offset + size) of r are not mapped (0 for a span outside r). */
+uint64_t granule_unmapped(const struct granule_range *r, uint64_t offset, uint64_t size);
+
 /*
  * How many physical granules granule_take() of the same block would obtain now: those of its
  * granules that are not mapped, less the spares and the idle granules elsewhere. A caller
@@ -147,6 +150,21 @@ void granule_plan(const struct granule_range *r, uint64_t offset, uint64_t size,
 #define GRANULE_SLACK_DIVISOR 32
 #define GRANULE_AHEAD_DIVISOR 192
 uint64_t granule_ahead(const struct granule_set *s, uint64_t shortfall, uint64_t in_use);
+
+/*
+ * Where a block lands in a range (libgpupool's placement, and bench/frag.c's model of it): not
+ * the best fit alone but, of the best fit and the free blocks after it in size order of at most
+ * granule_place_max() bytes, GRANULE_PLACE_TRIES in all, the first with the fewest granules
+ * under it not mapped (granule_unmapped(); heap_alloc_cheapest()). A hole whose granules are
+ * still mapped serves the block where the best fit would have it map granules there, moved
+ * from elsewhere or leased; only blocks up to twice the size are weighed, so that a block is
+ * not carved from the large free spans the blocks after it need whole. Measured by bench-frag
+ * and bench-replay (see docs/performance.md).
+ */
+#define GRANULE_PLACE_TRIES 16
+static inline uint64_t granule_place_max(uint64_t granule_bytes, uint64_t rsize) {
+        return rsize + (rsize > granule_bytes ? rsize : granule_bytes);
+}
 
 /* Adds n physical granules obtained by the caller to the spares, free from now on. Returns 0, or -ENOMEM with none added. */
 int granule_add_spares(struct granule_set *s, const uint64_t *phys, uint64_t n);

@@ -318,6 +318,47 @@ struct heap_block *heap_alloc_on(struct heap *h, enum heap_class class, uint64_t
         return b;
 }
 
+/*
+ * From free block b, the best fit, and the free blocks after it in the index (larger, or as
+ * large further on) of at most choice->max_size, choice->tries in all: the first that costs
+ * least by choice->cost(). A block that costs nothing ends the search.
+ */
+static struct heap_block *cheapest_from(struct heap_block *b, uint64_t rsize, const struct heap_choice *choice) {
+        struct heap_block *best = b;
+        uint64_t best_cost = choice->cost(choice->ctx, b, rsize);
+
+        for (unsigned i = 1; best_cost && i < choice->tries; i++) {
+                struct gp_rb_node *n = gp_rb_next(&b->node);
+                uint64_t cost;
+
+                if (!n)
+                        break;
+                b = gp_rb_entry(n, struct heap_block, node);
+                if (b->size > choice->max_size)
+                        break;
+                cost = choice->cost(choice->ctx, b, rsize);
+                if (cost < best_cost) {
+                        best = b;
+                        best_cost = cost;
+                }
+        }
+        return best;
+}
+
+struct heap_block *heap_alloc_cheapest(struct heap *h, enum heap_class class, uint64_t rsize, uint32_t lane, bool *ret_held,
+                                       const struct heap_choice *choice) {
+        struct heap_block *b = best_fit(h, class, rsize, 0), *held = lane ? best_fit(h, class, rsize, lane) : NULL;
+
+        *ret_held = held && (!b || cmp_free_block(&held->node, &b->node) < 0);
+        if (*ret_held)
+                b = held;
+        else if (b && class != HEAP_CLASS_PIECE)
+                b = cheapest_from(b, rsize, choice);
+        if (b)
+                block_carve(h, b, rsize);
+        return b;
+}
+
 struct heap_block *heap_alloc_in(struct heap *h, struct heap_segment *s, uint64_t rsize) {
         struct heap_block *b = s->first;
 

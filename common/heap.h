@@ -177,6 +177,26 @@ void heap_free_held(struct heap *heap, struct heap_block *b, uint32_t lane, uint
  */
 struct heap_block *heap_alloc_on(struct heap *heap, enum heap_class class, uint64_t rsize, uint32_t lane, bool *ret_held);
 
+/*
+ * How heap_alloc_cheapest() weighs free blocks beyond the best fit: cost() of carving rsize
+ * bytes from the front of b (for segments that grow in place: the granules there not mapped),
+ * for the best fit and the free blocks after it of at most max_size bytes, tries in all.
+ */
+struct heap_choice {
+        uint64_t (*cost)(void *ctx, const struct heap_block *b, uint64_t rsize);
+        void *ctx;
+        uint64_t max_size;
+        unsigned tries;
+};
+
+/*
+ * heap_alloc_on(), but where it would carve a free block, it carves the first of those choice
+ * weighs that costs least: the best fit unless a larger one costs less. A held block is taken
+ * as heap_alloc_on() takes it (it was live: nothing to weigh), and a piece is carved whole.
+ */
+struct heap_block *heap_alloc_cheapest(struct heap *heap, enum heap_class class, uint64_t rsize, uint32_t lane, bool *ret_held,
+                                       const struct heap_choice *choice);
+
 /* heap_alloc() from empty segment s (of heap, a piece just added): its first block. NULL if s is not empty or too small. */
 struct heap_block *heap_alloc_in(struct heap *heap, struct heap_segment *s, uint64_t rsize);
 

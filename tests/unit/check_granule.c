@@ -490,6 +490,85 @@ START_TEST(test_refusals) {
 END_TEST
 
 /* Random blocks of two ranges carved by the allocator core; every live block's granules stay mapped. */
+START_TEST(test_unmapped_counts) {
+        struct granule_range r;
+        struct granule_set s;
+        struct rec t;
+
+        start(&s, &r, &t, 200);
+        /* Granules 60..69 and 130 mapped: spans across words, and one granule. */
+        ck_assert_int_eq(granule_take(&r, 60 * G, 10 * G), 0);
+        ck_assert_int_eq(granule_take(&r, 130 * G + 100, 512), 0);
+        ck_assert_uint_eq(granule_unmapped(&r, 0, 200 * G), 189);
+        ck_assert_uint_eq(granule_unmapped(&r, 60 * G, 10 * G), 0);
+        ck_assert_uint_eq(granule_unmapped(&r, 59 * G, 12 * G), 2);
+        ck_assert_uint_eq(granule_unmapped(&r, 63 * G + 1, G), 0);     /* granules 63 and 64 */
+        ck_assert_uint_eq(granule_unmapped(&r, 127 * G, 4 * G), 3);
+        ck_assert_uint_eq(granule_unmapped(&r, 128 * G, 64 * G), 63);  /* one word exactly */
+        ck_assert_uint_eq(granule_unmapped(&r, 199 * G, G), 1);
+        /* Outside the range, or nothing: 0. */
+        ck_assert_uint_eq(granule_unmapped(&r, 199 * G, 2 * G), 0);
+        ck_assert_uint_eq(granule_unmapped(&r, 0, 0), 0);
+        finish(&s, &r);
+}
+END_TEST
+
+static uint64_t unmapped_under(void *ctx, const struct heap_block *b, uint64_t rsize) {
+        return granule_unmapped(ctx, b->offset, rsize);
+}
+
+START_TEST(test_placement_where_mapped) {
+        struct heap_block *b[5], *x;
+        struct granule_range r;
+        struct heap_segment seg;
+        struct granule_set s;
+        struct rec t;
+        struct heap h;
+        bool held;
+        struct heap_choice choice = { unmapped_under, &r, granule_place_max(G, 2 * G), GRANULE_PLACE_TRIES };
+        static const uint64_t sizes[5] = { 1, 3, 1, 2, 1 };     /* granules, side by side from 0 */
+
+        heap_init(&h);
+        start(&s, &r, &t, 64);
+        ck_assert_int_eq(heap_add(&h, &seg, 1, 64 * G, HEAP_CLASS_SMALL), 0);
+        for (int i = 0; i < 5; i++) {
+                ck_assert_ptr_nonnull(b[i] = heap_alloc(&h, HEAP_CLASS_SMALL, sizes[i] * G));
+                ck_assert_int_eq(granule_take(&r, b[i]->offset, b[i]->size), 0);
+        }
+        /* Holes of 3 granules at 1 and of 2 at 5, idle; the highest two, 5 and 6, moved out. */
+        for (int i = 1; i <= 3; i += 2) {
+                granule_give(&r, b[i]->offset, b[i]->size);
+                (void) heap_free(&h, b[i]);
+        }
+        ck_assert_uint_eq(granule_unmap_idle(&s, 2, UINT64_MAX), 2);
+        ck_assert_uint_eq(s.spare_count, 2);
+        check_ok(&s);
+
+        /* 2 granules: the best fit (at 5) lacks both; the hole at 1, still mapped, serves it as it is. */
+        x = heap_alloc_cheapest(&h, HEAP_CLASS_SMALL, 2 * G, 0, &held, &choice);
+        ck_assert_uint_eq(x->offset, 1 * G);
+        t.map_count = 0;
+        ck_assert_int_eq(granule_take(&r, x->offset, x->size), 0);
+        ck_assert_uint_eq(t.map_count, 0);
+        ck_assert_uint_eq(s.spare_count, 2);
+        check_ok(&s);
+
+        /* Where every fit lacks as much, the best fit. */
+        granule_give(&r, x->offset, x->size);
+        (void) heap_free(&h, x);
+        ck_assert_uint_eq(granule_unmap_idle(&s, 3, UINT64_MAX), 3);
+        x = heap_alloc_cheapest(&h, HEAP_CLASS_SMALL, 2 * G, 0, &held, &choice);
+        ck_assert_uint_eq(x->offset, 5 * G);
+        ck_assert_int_eq(granule_take(&r, x->offset, x->size), 0);
+        check_ok(&s);
+        finish(&s, &r);
+        for (int i = 0; i < 5; i += 2)
+                (void) heap_free(&h, b[i]);
+        (void) heap_free(&h, x);
+        ck_assert_int_eq(heap_remove(&seg), 0);
+}
+END_TEST
+
 START_TEST(test_random_churn) {
         enum { SLOTS = 200 };
         struct heap_block *live[SLOTS] = { NULL };
@@ -518,7 +597,11 @@ START_TEST(test_random_churn) {
                         /* Up to a granule in the one range, larger ones in the other. */
                         enum heap_class c = size <= G ? HEAP_CLASS_SMALL : HEAP_CLASS_LARGE;
 
-                        live[i] = heap_alloc(&h, c, size);
+                        struct heap_choice choice = { unmapped_under, &r[c], granule_place_max(G, size), GRANULE_PLACE_TRIES };
+                        bool held;
+
+                        /* Half placed as libgpupool places them, where the fewest granules are not mapped. */
+                        live[i] = step % 2 ? heap_alloc(&h, c, size) : heap_alloc_cheapest(&h, c, size, 0, &held, &choice);
                         ck_assert_ptr_nonnull(live[i]);
                         ck_assert_int_eq(granule_take(&r[c], live[i]->offset, live[i]->size), 0);
                 }
@@ -556,6 +639,8 @@ Suite *suite_granule(void) {
         tcase_add_test(tc, test_access_per_run);
         tcase_add_test(tc, test_spares_keep_their_age);
         tcase_add_test(tc, test_refusals);
+        tcase_add_test(tc, test_unmapped_counts);
+        tcase_add_test(tc, test_placement_where_mapped);
         tcase_add_test(tc, test_random_churn);
         suite_add_tcase(s, tc);
         return s;

@@ -1,8 +1,8 @@
 /*
  * check_heap.c: the allocator core (common/heap.c) through its header: rounding and classes,
- * best fit with its tie-break, split and merge, the empty list, blocks held for a lane, and
- * random churn against a model of which bytes are live (and held for which lane, until which
- * fence), with heap_check() after every step.
+ * best fit with its tie-break, split and merge, the empty list, blocks held for a lane, the
+ * cheapest of the fits by a caller's cost, and random churn against a model of which bytes
+ * are live (and held for which lane, until which fence), with heap_check() after every step.
  */
 #include <errno.h>
 #include <stdlib.h>
@@ -596,6 +596,105 @@ START_TEST(test_one_lane_as_free) {
 }
 END_TEST
 
+/* heap_choice's cost for the test: what costs[] says of a block's offset (in MiB), and how often it was asked. */
+struct costs {
+        uint64_t of[64];
+        unsigned asked;
+};
+
+static uint64_t cost_at(void *ctx, const struct heap_block *b, uint64_t rsize) {
+        struct costs *t = ctx;
+
+        (void) rsize;
+        t->asked++;
+        return t->of[b->offset / MiB];
+}
+
+START_TEST(test_cheapest_of_the_fits) {
+        struct costs t = { { 0 } };
+        struct heap_choice choice = { cost_at, &t, 8 * MiB, 16 };
+        struct heap_block *b[6], *x;
+        struct heap_segment s, p;
+        struct heap h;
+        bool held;
+
+        heap_init(&h);
+        ck_assert_int_eq(heap_add(&h, &s, 1, 64 * MiB, HEAP_CLASS_LARGE), 0);
+        /* Holes of 4 MiB at 0, 6 MiB at 6 and 8 MiB at 14, between blocks of 2 MiB, then the rest at 24. */
+        {
+                static const uint64_t sizes[6] = { 4, 2, 6, 2, 8, 2 };
+
+                for (int i = 0; i < 6; i++)
+                        ck_assert_ptr_nonnull(b[i] = heap_alloc(&h, HEAP_CLASS_LARGE, sizes[i] * MiB));
+        }
+        ck_assert(!heap_free(&h, b[0]));
+        ck_assert(!heap_free(&h, b[2]));
+        ck_assert(!heap_free(&h, b[4]));
+        check_ok(&h);
+
+        /* The best fit costs 3, the hole at 6 nothing: that one, and nothing after it is asked. */
+        t.of[0] = 3;
+        t.of[14] = 0;
+        x = heap_alloc_cheapest(&h, HEAP_CLASS_LARGE, 4 * MiB, 0, &held, &choice);
+        ck_assert(!held);
+        ck_assert_uint_eq(x->offset, 6 * MiB);
+        ck_assert_uint_eq(t.asked, 2);
+        (void) heap_free(&h, x);
+
+        /* Equal costs: the best fit, though every fit up to max_size was asked. */
+        t = (struct costs) { { [0] = 1, [6] = 1, [14] = 1 } };
+        x = heap_alloc_cheapest(&h, HEAP_CLASS_LARGE, 4 * MiB, 0, &held, &choice);
+        ck_assert_uint_eq(x->offset, 0);
+        ck_assert_uint_eq(t.asked, 3);  /* 4, 6 and 8 MiB; not the rest of 40 */
+        (void) heap_free(&h, x);
+
+        /* Past max_size nothing is weighed, nor past tries. */
+        t = (struct costs) { { [0] = 2, [6] = 1, [14] = 0 } };
+        choice.max_size = 6 * MiB;
+        x = heap_alloc_cheapest(&h, HEAP_CLASS_LARGE, 4 * MiB, 0, &held, &choice);
+        ck_assert_uint_eq(x->offset, 6 * MiB);
+        (void) heap_free(&h, x);
+        choice.max_size = 8 * MiB;
+        choice.tries = 1;
+        x = heap_alloc_cheapest(&h, HEAP_CLASS_LARGE, 4 * MiB, 0, &held, &choice);
+        ck_assert_uint_eq(x->offset, 0);
+        ck_assert_uint_eq(t.asked, 3);
+        (void) heap_free(&h, x);
+        choice.tries = 16;
+        check_ok(&h);
+
+        /* A block held for the lane, a better fit than any free one, is taken unweighed. */
+        {
+                struct heap_segment q;
+                struct heap hq;
+                struct heap_block *y;
+
+                heap_init(&hq);
+                ck_assert_int_eq(heap_add(&hq, &q, 1, 12 * MiB, HEAP_CLASS_LARGE), 0);
+                ck_assert_ptr_nonnull(heap_alloc(&hq, HEAP_CLASS_LARGE, 2 * MiB));
+                ck_assert_ptr_nonnull(y = heap_alloc(&hq, HEAP_CLASS_LARGE, 2 * MiB));
+                ck_assert_ptr_nonnull(heap_alloc(&hq, HEAP_CLASS_LARGE, 4 * MiB));
+                heap_free_held(&hq, y, 1, 7);  /* 2 MiB at 2, between live blocks; 4 MiB free at 8 */
+                t = (struct costs) { { [2] = 5, [8] = 0 } };
+                x = heap_alloc_cheapest(&hq, HEAP_CLASS_LARGE, 2 * MiB, 1, &held, &choice);
+                ck_assert(held);
+                ck_assert_uint_eq(x->offset, 2 * MiB);
+                ck_assert_uint_eq(t.asked, 0);
+                check_ok(&hq);
+                (void) heap_drop(&q);
+        }
+
+        /* A piece is carved whole from the best fit, never weighed. */
+        ck_assert_int_eq(heap_add(&h, &p, 2, 8 * MiB, HEAP_CLASS_PIECE), 0);
+        x = heap_alloc_cheapest(&h, HEAP_CLASS_PIECE, 8 * MiB, 0, &held, &choice);
+        ck_assert_ptr_eq(x->segment, &p);
+        ck_assert_uint_eq(t.asked, 0);
+        check_ok(&h);
+        (void) heap_drop(&p);
+        (void) heap_drop(&s);
+}
+END_TEST
+
 Suite *suite_heap(void) {
         Suite *s = suite_create("heap");
         TCase *tc = tcase_create("core");
@@ -611,6 +710,7 @@ Suite *suite_heap(void) {
         tcase_add_test(tc, test_held_whole);
         tcase_add_test(tc, test_random_churn_lanes);
         tcase_add_test(tc, test_one_lane_as_free);
+        tcase_add_test(tc, test_cheapest_of_the_fits);
         tcase_set_timeout(tc, 60);
         suite_add_tcase(s, tc);
         return s;
