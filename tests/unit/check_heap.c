@@ -611,7 +611,7 @@ static uint64_t cost_at(void *ctx, const struct heap_block *b, uint64_t rsize) {
 }
 
 START_TEST(test_cheapest_of_the_fits) {
-        struct costs t = { { 0 } };
+        struct costs t = { .asked = 0 };
         struct heap_choice choice = { cost_at, &t, 8 * MiB, 16 };
         struct heap_block *b[6], *x;
         struct heap_segment s, p;
@@ -642,14 +642,14 @@ START_TEST(test_cheapest_of_the_fits) {
         (void) heap_free(&h, x);
 
         /* Equal costs: the best fit, though every fit up to max_size was asked. */
-        t = (struct costs) { { [0] = 1, [6] = 1, [14] = 1 } };
+        t = (struct costs) { .of = { [0] = 1, [6] = 1, [14] = 1 } };
         x = heap_alloc_cheapest(&h, HEAP_CLASS_LARGE, 4 * MiB, 0, &held, &choice);
         ck_assert_uint_eq(x->offset, 0);
         ck_assert_uint_eq(t.asked, 3);  /* 4, 6 and 8 MiB; not the rest of 40 */
         (void) heap_free(&h, x);
 
         /* Past max_size nothing is weighed, nor past tries. */
-        t = (struct costs) { { [0] = 2, [6] = 1, [14] = 0 } };
+        t = (struct costs) { .of = { [0] = 2, [6] = 1, [14] = 0 } };
         choice.max_size = 6 * MiB;
         x = heap_alloc_cheapest(&h, HEAP_CLASS_LARGE, 4 * MiB, 0, &held, &choice);
         ck_assert_uint_eq(x->offset, 6 * MiB);
@@ -675,7 +675,7 @@ START_TEST(test_cheapest_of_the_fits) {
                 ck_assert_ptr_nonnull(y = heap_alloc(&hq, HEAP_CLASS_LARGE, 2 * MiB));
                 ck_assert_ptr_nonnull(heap_alloc(&hq, HEAP_CLASS_LARGE, 4 * MiB));
                 heap_free_held(&hq, y, 1, 7);  /* 2 MiB at 2, between live blocks; 4 MiB free at 8 */
-                t = (struct costs) { { [2] = 5, [8] = 0 } };
+                t = (struct costs) { .of = { [2] = 5, [8] = 0 } };
                 x = heap_alloc_cheapest(&hq, HEAP_CLASS_LARGE, 2 * MiB, 1, &held, &choice);
                 ck_assert(held);
                 ck_assert_uint_eq(x->offset, 2 * MiB);
