@@ -216,7 +216,7 @@ $(CLI_BIN): $(CLI_O) $(COMMON_O)
 # libgpupool.so.1 beside it ($ORIGIN), in the build tree and where both are installed.
 $(RUN_BIN): $(B)/obj/run/gpupool_run.o
 	@echo "  LD      $@"
-	$(Q)$(CC) $(LDFLAGS) -o $@ $^ -ldl
+	$(Q)$(CC) $(LDFLAGS) -o $@ $^ -ldl -lpthread
 
 # The preloaded library's functions (its dlsym) may be called before a sanitizer's runtime has
 # started (the runtime looks up what it intercepts with dlsym): never instrumented.
@@ -376,7 +376,7 @@ $(BENCH_OBJECTS): $(B)/obj/bench/objects.o $(CLIENT_O) $(COMMON_O)
 $(VMM_PROBE): $(B)/obj/bench/vmm_probe.o $(B)/obj/common/cudadrv.o
 	@mkdir -p $(dir $@)
 	@echo "  LD      $@"
-	$(Q)$(CC) $(LDFLAGS) -o $@ $^ -ldl
+	$(Q)$(CC) $(LDFLAGS) -o $@ $^ -ldl -lpthread
 
 # A named object attached against the same bytes loaded from the page cache (bench/objects.c;
 # BENCH_OBJECTS_SIZE, 4 GiB: 3 times that of memory is used at once). On a GPU machine,

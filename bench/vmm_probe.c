@@ -13,10 +13,14 @@
  *   C2 reader    the same, writing from a kernel (PTX, JIT) instead of a memset
  *   D  client    imports what A exports in gpupoold's pattern, to time A's exports (daemon_pattern)
  *   E  daemon    gpupoold's start step by step, an export timed after each (daemon_start)
+ *   F  many      what a granule's calls cost when several are made at once (many_at_once): imports
+ *                on 1 to 8 threads, one cuMemUnmap and one cuMemSetAccess over a run of granules
+ *                mapped side by side, against one call per granule; A exports on 1 to 8 threads
  * Every line is "[who] what: result". Exit 0 unless the driver would not load.
  */
 #define _GNU_SOURCE
 #include <dirent.h>
+#include <pthread.h>
 #include <stdbool.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -42,6 +46,7 @@
 #define PTR_MEMORY_BLOCK_ID 20
 
 static struct gp_cuda cu;
+static gp_cu_context probe_ctx;   /* the primary context cuda_up() made current, for threads */
 static const char *who = "?";
 static gp_cu_result (*retain)(gp_cu_mem_handle *, void *);
 static gp_cu_result (*get_access)(unsigned long long *, const gp_cu_mem_location *, gp_cu_deviceptr);
@@ -219,6 +224,7 @@ static int cuda_up(void) {
                 printf("[%s] no context on device 0\n", who);
                 return -1;
         }
+        probe_ctx = ctx;
         return 0;
 }
 
@@ -680,18 +686,189 @@ static int daemon_start(void) {
         return 0;
 }
 
+/*
+ * F and A: what a granule's calls cost when a process makes several at once. A lease of
+ * granules brings up to 128 descriptors, each an import (cuMemImportFromShareableHandle, 28 us
+ * on an H200 alone), and the daemon exports each: whether threads of one process import (or
+ * export) side by side or the driver takes them one at a time is what says whether a lease's
+ * imports can be spread over threads. And a move unmaps granules one call each (cuMemUnmap,
+ * 14 to 19 us): whether one call unmaps a run of them mapped side by side, and for how much.
+ */
+#define MANY 64
+
+struct many_job {
+        int op;                         /* 'i': import fds[]; 'e': export handles[] */
+        const int *fds;
+        const gp_cu_mem_handle *handles;
+        gp_cu_mem_handle *out;          /* 'i': the imports */
+        int n;
+        int failed;
+};
+
+static void *many_thread(void *arg) {
+        struct many_job *j = arg;
+
+        if (cu.cuCtxPushCurrent(probe_ctx) != GP_CUDA_SUCCESS) {
+                j->failed = j->n;
+                return NULL;
+        }
+        for (int i = 0; i < j->n; i++) {
+                int fd = -1;
+
+                if (j->op == 'i')
+                        j->failed += cu.cuMemImportFromShareableHandle(&j->out[i], (void *) (uintptr_t) j->fds[i],
+                                                                       GP_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) != GP_CUDA_SUCCESS;
+                else if (cu.cuMemExportToShareableHandle(&fd, j->handles[i], GP_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0) !=
+                         GP_CUDA_SUCCESS)
+                        j->failed++;
+                else
+                        close(fd);
+        }
+        (void) cu.cuCtxPopCurrent(NULL);
+        return NULL;
+}
+
+/* MANY imports of fds (op 'i', into out) or exports of handles ('e') split over threads; returns the wall time in us. */
+static double many_on(int op, int threads, const int *fds, const gp_cu_mem_handle *handles, gp_cu_mem_handle *out, int *failed) {
+        struct many_job jobs[8];
+        pthread_t tid[8];
+        double t = now_ns();
+        int per = MANY / threads;
+
+        *failed = 0;
+        for (int k = 0; k < threads; k++) {
+                jobs[k] = (struct many_job) { .op = op, .fds = fds ? fds + k * per : NULL,
+                                              .handles = handles ? handles + k * per : NULL, .out = out ? out + k * per : NULL,
+                                              .n = per };
+                if (pthread_create(&tid[k], NULL, many_thread, &jobs[k]) != 0)
+                        jobs[k].failed = per, tid[k] = 0;
+        }
+        for (int k = 0; k < threads; k++) {
+                if (tid[k])
+                        pthread_join(tid[k], NULL);
+                *failed += jobs[k].failed;
+        }
+        return (now_ns() - t) / 1e3;
+}
+
+/* A: MANY exports of its granules on 1 to 8 threads. */
+static void exports_at_once(const gp_cu_mem_handle *h) {
+        for (int threads = 1; threads <= 8; threads *= 2) {
+                double us[5];
+                int failed = 0, f;
+
+                for (int rep = 0; rep < 5; rep++) {
+                        us[rep] = many_on('e', threads, NULL, h, NULL, &f);
+                        failed += f;
+                }
+                printf("[A] %d exports on %d thread%s: %.1f us in all, %.1f us per export (median of 5); %d failed\n", MANY,
+                       threads, threads == 1 ? "" : "s", median_of(us, 5), median_of(us, 5) / MANY, failed);
+        }
+}
+
+/* F: a fresh process given MANY descriptors of 2 MiB granules, one message each. */
+static int many_at_once(int sock) {
+        gp_cu_mem_access_desc rw = { .location = base_prop.location, .flags = GP_CU_MEM_ACCESS_FLAGS_PROT_READWRITE };
+        gp_cu_mem_handle h[MANY];
+        gp_cu_deviceptr va = 0;
+        int fds[MANY], n = 0;
+
+        who = "F";
+        if (cuda_up() < 0)
+                return 1;
+        while (n < MANY) {
+                char b;
+
+                if (recv_fds(sock, &b, 1, &fds[n], 1) != 1)
+                        break;
+                n++;
+        }
+        printf("[F] %d descriptors of 2 MiB granules received\n", n);
+        if (n < MANY)
+                return 1;
+        for (int threads = 1; threads <= 8; threads *= 2) {
+                double us[5];
+                int failed = 0, f;
+
+                for (int rep = 0; rep < 5; rep++) {
+                        us[rep] = many_on('i', threads, fds, NULL, h, &f);
+                        failed += f;
+                        for (int i = 0; i < MANY && !f; i++)
+                                (void) cu.cuMemRelease(h[i]);
+                }
+                printf("[F] %d imports on %d thread%s: %.1f us in all, %.1f us per import (median of 5); %d failed\n", MANY,
+                       threads, threads == 1 ? "" : "s", median_of(us, 5), median_of(us, 5) / MANY, failed);
+        }
+        /* Runs of granules side by side: one cuMemUnmap and one cuMemSetAccess over the run, or one per granule. */
+        for (int i = 0; i < 16; i++)
+                if (cu.cuMemImportFromShareableHandle(&h[i], (void *) (uintptr_t) fds[i], GP_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) !=
+                    GP_CUDA_SUCCESS)
+                        return 1;
+        if (cu.cuMemAddressReserve(&va, 16 * 2 * MiB, 0, 0, 0) != GP_CUDA_SUCCESS)
+                return 1;
+        for (int run = 1; run <= 16; run *= 2) {
+                double one_access[5], each_access[5], one_unmap[5], each_unmap[5], t;
+                gp_cu_result r_access = GP_CUDA_SUCCESS, r_unmap = GP_CUDA_SUCCESS;
+                int reps = 0;
+
+                for (int rep = 0; rep < 5; rep++, reps++) {
+                        for (int way = 0; way < 2; way++) {
+                                gp_cu_result r;
+
+                                for (int i = 0; i < run; i++)
+                                        if (cu.cuMemMap(va + (uint64_t) i * 2 * MiB, 2 * MiB, 0, h[i], 0) != GP_CUDA_SUCCESS)
+                                                return 1;
+                                t = now_ns();
+                                if (way == 0) {
+                                        r = cu.cuMemSetAccess(va, (uint64_t) run * 2 * MiB, &rw, 1);
+                                        one_access[rep] = (now_ns() - t) / 1e3;
+                                        r_access = r != GP_CUDA_SUCCESS ? r : r_access;
+                                } else {
+                                        for (int i = 0; i < run; i++)
+                                                (void) cu.cuMemSetAccess(va + (uint64_t) i * 2 * MiB, 2 * MiB, &rw, 1);
+                                        each_access[rep] = (now_ns() - t) / 1e3;
+                                }
+                                t = now_ns();
+                                if (way == 0) {
+                                        r = cu.cuMemUnmap(va, (uint64_t) run * 2 * MiB);
+                                        one_unmap[rep] = (now_ns() - t) / 1e3;
+                                        if (r != GP_CUDA_SUCCESS) {
+                                                r_unmap = r;
+                                                for (int i = 0; i < run; i++)
+                                                        (void) cu.cuMemUnmap(va + (uint64_t) i * 2 * MiB, 2 * MiB);
+                                        }
+                                } else {
+                                        for (int i = 0; i < run; i++)
+                                                (void) cu.cuMemUnmap(va + (uint64_t) i * 2 * MiB, 2 * MiB);
+                                        each_unmap[rep] = (now_ns() - t) / 1e3;
+                                }
+                        }
+                }
+                printf("[F] a run of %2d granules side by side: one cuMemSetAccess %s %.1f us, one per granule %.1f us; "
+                       "one cuMemUnmap %s %.1f us, one per granule %.1f us (medians of %d)\n",
+                       run, rs(r_access), median_of(one_access, reps), median_of(each_access, reps), rs(r_unmap),
+                       median_of(one_unmap, reps), median_of(each_unmap, reps), reps);
+        }
+        (void) cu.cuMemAddressFree(va, 16 * 2 * MiB);
+        for (int i = 0; i < 16; i++)
+                (void) cu.cuMemRelease(h[i]);
+        for (int i = 0; i < MANY; i++)
+                close(fds[i]);
+        return 0;
+}
+
 int main(void) {
-        int sv[5][2], status, fd1 = -1, fd2 = -1, fd3 = -1, n0, n1;
+        int sv[6][2], status, fd1 = -1, fd2 = -1, fd3 = -1, n0, n1;
         gp_cu_mem_handle h, hother, hfab;
         gp_cu_deviceptr va;
         size_t gmin = 0, grec = 0;
-        pid_t pid[5];
+        pid_t pid[6];
         int vmm = -1, posix = -1, fabric = -1;
         gp_cu_result r;
         double t0;
 
         setvbuf(stdout, NULL, _IOLBF, 0);
-        for (int i = 0; i < 5; i++) {
+        for (int i = 0; i < 6; i++) {
                 if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv[i]) < 0)
                         return 1;
                 if ((pid[i] = fork()) == 0) {
@@ -702,6 +879,8 @@ int main(void) {
 
                                 _exit(read(sv[i][1], &go, 1) == 1 ? daemon_start() : 1);
                         }
+                        if (i == 5)
+                                _exit(many_at_once(sv[i][1]));
                         _exit(i == 0 ? importer(sv[i][1]) : i == 3 ? partner(sv[i][1]) : reader(sv[i][1], i == 2));
                 }
                 close(sv[i][1]);
@@ -834,6 +1013,33 @@ int main(void) {
         if (write(sv[4][0], "g", 1) == 1) {
                 waitpid(pid[4], &status, 0);
                 printf("[A] E exited %d\n", WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+        }
+        {
+                gp_cu_mem_handle g[MANY];
+                int made = 0;
+
+                for (; made < MANY; made++) {
+                        int fd = -1;
+
+                        if (cu.cuMemCreate(&g[made], 2 * MiB, &base_prop, 0) != GP_CUDA_SUCCESS)
+                                break;
+                        if (cu.cuMemExportToShareableHandle(&fd, g[made], GP_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0) !=
+                                    GP_CUDA_SUCCESS ||
+                            send_fds(sv[5][0], "g", 1, &fd, 1) < 0) {
+                                if (fd >= 0)
+                                        close(fd);
+                                (void) cu.cuMemRelease(g[made]);
+                                break;
+                        }
+                        close(fd);
+                }
+                close(sv[5][0]);        /* F sees the end if fewer came */
+                waitpid(pid[5], &status, 0);
+                printf("[A] F exited %d\n", WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+                if (made == MANY)
+                        exports_at_once(g);
+                while (made)
+                        (void) cu.cuMemRelease(g[--made]);
         }
         return 0;
 }
