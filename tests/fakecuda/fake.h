@@ -114,7 +114,7 @@ uint64_t parse_bytes(const char *s, uint64_t dflt);
 void mem_init(void);
 /* fakecuda_vmm.c: reads $FAKECUDA_VMM_COSTS. At cuInit, locked. */
 void vmm_init(void);
-/* Spends ns nanoseconds asleep, as a driver call that takes that long (never under the fake's lock). */
+/* Spends ns nanoseconds (asleep but for the last 100 us, spun), as a driver call that takes that long (never under the fake's lock). */
 void fake_spend(uint64_t ns);
 /* The same for a call that began at start (fake_now_ns()): its own work counts in the time it takes. */
 void fake_spend_since(uint64_t start, uint64_t ns);

@@ -17,6 +17,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "cudatest.h"
@@ -210,6 +211,89 @@ START_TEST(test_fake_vmm_rules) {
         ck_assert_msg(e == 0, "the exporter's side of the VMM rules failed at step %d", e);
         ck_assert_msg(i == 0, "the importer's side of the VMM rules failed at step %d", i);
         fake_node_done();       /* nothing left: the last holder freed it */
+}
+END_TEST
+
+static int cmp_double(const void *a, const void *b) {
+        double x = *(const double *) a, y = *(const double *) b;
+
+        return (x > y) - (x < y);
+}
+
+/*
+ * Times 31 exports and 31 imports of one 2 MiB allocation, and one access and unmap of a
+ * mapping of it 31 times; the medians must be the H200's prices (33, 28, 28 and 19 us) and
+ * not much more: a call that slept to its end took the scheduler's wake-up besides (a 28 us
+ * import took 35 on a 2-core machine), which made every granule's calls cost more on the fake
+ * than on the GPU. Returns the step that failed.
+ */
+static double us_since(const struct timespec *a) {
+        struct timespec b;
+
+        clock_gettime(CLOCK_MONOTONIC, &b);
+        return (double) (b.tv_sec - a->tv_sec) * 1e6 + (double) (b.tv_nsec - a->tv_nsec) / 1e3;
+}
+
+static int vmm_price_client(struct testd *d, void *arg) {
+        static const double price_us[4] = { 33.0, 28.0, 28.0, 18.6 };
+        static const char *const what[4] = { "export", "import", "access", "unmap" };
+        double us[4][31];
+        gp_cu_deviceptr va = 0;
+        gp_cu_mem_handle h, hi;
+        struct timespec t;
+        struct gpu g;
+        int fd;
+
+        (void) d, (void) arg;
+        if (gpu_open(&g) < 0 || g.cu.cuMemCreate(&h, 2 * MiB, &vmm_prop, 0) != GP_CUDA_SUCCESS ||
+            g.cu.cuMemAddressReserve(&va, 2 * MiB, 0, 0, 0) != GP_CUDA_SUCCESS)
+                return 1;
+        for (int i = 0; i < 31; i++) {
+                clock_gettime(CLOCK_MONOTONIC, &t);
+                if (g.cu.cuMemExportToShareableHandle(&fd, h, GP_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0) != GP_CUDA_SUCCESS)
+                        return 2;
+                us[0][i] = us_since(&t);
+                clock_gettime(CLOCK_MONOTONIC, &t);
+                if (g.cu.cuMemImportFromShareableHandle(&hi, (void *) (uintptr_t) fd, GP_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) !=
+                    GP_CUDA_SUCCESS)
+                        return 3;
+                us[1][i] = us_since(&t);
+                close(fd);
+                if (g.cu.cuMemRelease(hi) != GP_CUDA_SUCCESS || g.cu.cuMemMap(va, 2 * MiB, 0, h, 0) != GP_CUDA_SUCCESS)
+                        return 4;
+                clock_gettime(CLOCK_MONOTONIC, &t);
+                if (g.cu.cuMemSetAccess(va, 2 * MiB, &vmm_rw, 1) != GP_CUDA_SUCCESS)
+                        return 5;
+                us[2][i] = us_since(&t);
+                clock_gettime(CLOCK_MONOTONIC, &t);
+                if (g.cu.cuMemUnmap(va, 2 * MiB) != GP_CUDA_SUCCESS)
+                        return 6;
+                us[3][i] = us_since(&t);
+        }
+        for (int k = 0; k < 4; k++) {
+                qsort(us[k], 31, sizeof(us[k][0]), cmp_double);
+                if (us[k][15] < price_us[k] || us[k][15] > price_us[k] * 1.15 + 1.0) {
+                        fprintf(stderr, "vmm_price_client: %s took %.1f us (the median of 31), not about %.1f\n", what[k],
+                                us[k][15], price_us[k]);
+                        return 10 + k;
+                }
+        }
+        (void) g.cu.cuMemAddressFree(va, 2 * MiB);
+        (void) g.cu.cuMemRelease(h);
+        return 0;
+}
+
+START_TEST(test_fake_vmm_calls_take_their_price) {
+        int r;
+
+        if (under_valgrind()) {
+                fprintf(stderr, "test_fake_vmm_calls_take_their_price: skipped under valgrind (its own time is the fake's)\n");
+                return;
+        }
+        fake_node_new();
+        r = reap(spawn(vmm_price_client, NULL, NULL));
+        ck_assert_msg(r == 0, "the fake's VMM calls did not take their price (step %d)", r);
+        fake_node_done();
 }
 END_TEST
 
@@ -1303,6 +1387,7 @@ END_TEST
 
 void cuda_vmm_add_fake(TCase *tc) {
         tcase_add_test(tc, test_fake_vmm_rules);
+        tcase_add_test(tc, test_fake_vmm_calls_take_their_price);
         tcase_add_test(tc, test_fake_vmm_serves_pid_namespace);
         tcase_add_test(tc, test_fake_vmm_kept_descriptor_reads_nothing);
         tcase_add_test(tc, test_fake_vmm_resume_refused_other_gpus);
