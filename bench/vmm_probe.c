@@ -15,7 +15,8 @@
  *   E  daemon    gpupoold's start step by step, an export timed after each (daemon_start)
  *   F  many      what a granule's calls cost when several are made at once (many_at_once): imports
  *                on 1 to 8 threads, one cuMemUnmap and one cuMemSetAccess over a run of granules
- *                mapped side by side, against one call per granule; A exports on 1 to 8 threads
+ *                mapped side by side, against one call per granule, and imports while A exports;
+ *                A exports on 1 to 8 threads
  * Every line is "[who] what: result". Exit 0 unless the driver would not load.
  */
 #define _GNU_SOURCE
@@ -852,6 +853,23 @@ static int many_at_once(int sock) {
         (void) cu.cuMemAddressFree(va, 16 * 2 * MiB);
         for (int i = 0; i < 16; i++)
                 (void) cu.cuMemRelease(h[i]);
+        /*
+         * The daemon exports while a client imports: F imports MANY on one thread while A exports
+         * MANY of its own at the same time, each timed alone above. Side by side, each takes what
+         * it took alone; taken one at a time by the driver, each takes about the sum.
+         */
+        {
+                double us;
+                int failed;
+
+                if (write(sock, "g", 1) != 1)
+                        return 1;
+                us = many_on('i', 1, fds, NULL, h, &failed);
+                printf("[F] %d imports on 1 thread while A exports %d: %.1f us in all, %.1f us per import; %d failed\n", MANY,
+                       MANY, us, us / MANY, failed);
+                for (int i = 0; i < MANY && !failed; i++)
+                        (void) cu.cuMemRelease(h[i]);
+        }
         for (int i = 0; i < MANY; i++)
                 close(fds[i]);
         return 0;
@@ -1032,6 +1050,18 @@ int main(void) {
                                 break;
                         }
                         close(fd);
+                }
+                if (made == MANY) {
+                        char go;
+                        int failed;
+                        double us;
+
+                        /* F says when it starts its imports beside these exports. */
+                        if (read(sv[5][0], &go, 1) == 1) {
+                                us = many_on('e', 1, NULL, g, NULL, &failed);
+                                printf("[A] %d exports on 1 thread while F imports %d: %.1f us in all, %.1f us per export; "
+                                       "%d failed\n", MANY, MANY, us, us / MANY, failed);
+                        }
                 }
                 close(sv[5][0]);        /* F sees the end if fewer came */
                 waitpid(pid[5], &status, 0);
