@@ -1,7 +1,7 @@
 /*
  * check_grow.c: segments that grow in place ($GPUPOOL_SEGMENTS=grow, client/client_grow.c)
- * end to end on the host backend: blocks side by side in one range, granules leased many at a
- * time and moved where they are needed, a block of more granules than one lease brings (its
+ * end to end on the host backend: blocks side by side in one range, a block landing where
+ * granules are still mapped, granules leased many at a time and moved where they are needed, a block of more granules than one lease brings (its
  * leases sent together), the limit and a full device leaving nothing leased, idle granules
  * given back, another process's reclaim, threads growing the ranges at once, blocks of
  * gigabytes given pieces of their own, the descriptors
@@ -471,6 +471,56 @@ START_TEST(test_grow_idle_granules_go_back) {
 }
 END_TEST
 
+/*
+ * A block lands where its granules are still mapped rather than at the best fit whose granules
+ * went back: of two holes, 4 MiB whose granules were given back (idle past GPUPOOL_IDLE_RETURN)
+ * and 6 MiB still mapped, a block of 4 MiB takes the second, and maps, leases and moves nothing.
+ */
+START_TEST(test_grow_lands_where_mapped) {
+        struct gpupool_grow_stats gs;
+        struct gpupool_stats st;
+        char *p6, *q1, *p4, *q2, *x;
+        gpupool_client *c;
+        struct testd d;
+        uint64_t held;
+
+        testd_start(&d, NULL);
+        setenv("GPUPOOL_SEGMENTS", "grow", 1);
+        setenv("GPUPOOL_IDLE_RETURN", "300ms", 1);
+        ck_assert_int_eq(gpupool_connect(d.sock, "lander", &c), 0);
+        /* Side by side from the range's start, each on granules of its own: 6, 2, 4 and 2 MiB. */
+        ck_assert_int_eq(gpupool_alloc(c, 0, 6 * MiB, (void **) &p6), 0);
+        ck_assert_int_eq(gpupool_alloc(c, 0, 2 * MiB, (void **) &q1), 0);
+        ck_assert_int_eq(gpupool_alloc(c, 0, 4 * MiB, (void **) &p4), 0);
+        ck_assert_int_eq(gpupool_alloc(c, 0, 2 * MiB, (void **) &q2), 0);
+        ck_assert_ptr_eq(q1, p6 + 6 * MiB);
+        ck_assert_ptr_eq(p4, q1 + 2 * MiB);
+        ck_assert_ptr_eq(q2, p4 + 4 * MiB);
+        gs = grow_stats(c);
+        held = gs.granules_held - gs.granules_free;     /* the blocks' 7, without the spares leased ahead */
+        ck_assert_uint_eq(held, 7);
+        /* The 4 MiB block freed, and its granules and the spares given back once idle long enough. */
+        ck_assert_int_eq(gpupool_free(c, p4), 0);
+        ck_assert(testd_client_becomes(&d, 0, "lander", "reserved_bytes", (long long) (held - 2) * (long long) (2 * MiB)));
+        /* The 6 MiB block freed just now: its granules stay mapped, idle. */
+        ck_assert_int_eq(gpupool_free(c, p6), 0);
+        gs = grow_stats(c);
+        st = client_stats(c);
+        ck_assert_int_eq(gpupool_alloc(c, 0, 4 * MiB, (void **) &x), 0);
+        ck_assert_ptr_eq(x, p6);
+        ck_assert_uint_eq(grow_stats(c).granules_mapped, gs.granules_mapped);
+        ck_assert_uint_eq(grow_stats(c).granules_unmapped, gs.granules_unmapped);
+        ck_assert_uint_eq(client_stats(c).round_trips, st.round_trips);
+        page_fill(x, 4 * MiB, 5);
+        ck_assert(page_intact(x, 4 * MiB, 5));
+        ck_assert_int_eq(gpupool_free(c, x), 0);
+        ck_assert_int_eq(gpupool_free(c, q1), 0);
+        ck_assert_int_eq(gpupool_free(c, q2), 0);
+        gpupool_disconnect(c);
+        ck_assert_int_eq(testd_stop(&d), 0);
+}
+END_TEST
+
 /* A granule leased ahead is free from when it came: the idle time counts from then, not from the next tick. */
 START_TEST(test_grow_ahead_waits_its_idle_time) {
         gpupool_client *c;
@@ -906,6 +956,7 @@ Suite *suite_grow(void) {
         tcase_add_test(tc, test_grow_limit);
         tcase_add_test(tc, test_grow_idle_granules_go_back);
         tcase_add_test(tc, test_grow_ahead_waits_its_idle_time);
+        tcase_add_test(tc, test_grow_lands_where_mapped);
         tcase_add_test(tc, test_grow_reclaim);
         tcase_add_test(tc, test_grow_threads);
         tcase_add_test(tc, test_grow_descriptor_table_grown_at_connect);
