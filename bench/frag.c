@@ -22,7 +22,7 @@
  * And three models of segments that grow in place, each over one large virtual range per
  * class carved by the same allocator core (best fit, split, merge; granule and grow place a
  * block as libgpupool does, where the fewest of its granules are not mapped among the best fit
- * and the free blocks up to twice its size: granule.h's GRANULE_PLACE_TRIES):
+ * and the free blocks up to twice its size: granule_choice()):
  *
  *   expand   the range is backed by 2 MiB granules mapped at its end as it grows, never
  *            unmapped: PyTorch's expandable_segments without empty_cache();
@@ -427,13 +427,6 @@ static void piece_take(struct pieces *pc, struct granule_set *g, uint64_t id, ui
         pc->in_use += rsize;
 }
 
-/* Where a block lands in the granule models, as libgpupool places it: the granules of range[] under it not mapped. */
-static uint64_t unmapped_under(void *ctx, const struct heap_block *b, uint64_t rsize) {
-        const struct granule_range *range = ctx;
-
-        return granule_unmapped(&range[b->segment->class], b->offset, rsize);
-}
-
 /*
  * expand: each class's range is mapped up to the end of the highest block it ever held.
  * granule and grow: common/granule.c keeps what backs the ranges (grow leasing as libgpupool
@@ -481,12 +474,13 @@ static struct result run_growing(const struct op *ops, size_t n, uint64_t max_id
                 } else if (ops[i].alloc) {
                         uint64_t rsize = heap_round(ops[i].size);
                         enum heap_class class = heap_class_of(rsize);
-                        struct heap_choice choice = { .cost = unmapped_under, .ctx = range,
-                                                      .max_size = granule_place_max(granule_bytes, rsize),
-                                                      .tries = GRANULE_PLACE_TRIES };
+                        struct heap_choice choice;
+                        struct heap_block *b;
                         bool on_lane;
-                        struct heap_block *b = remap ? heap_alloc_cheapest(&h, class, rsize, 0, &on_lane, &choice)
-                                                     : heap_alloc(&h, class, rsize);
+
+                        if (remap)
+                                granule_choice(range, rsize, &choice);
+                        b = remap ? heap_alloc_cheapest(&h, class, rsize, 0, &on_lane, &choice) : heap_alloc(&h, class, rsize);
                         uint64_t end;
 
                         if (!b)

@@ -752,18 +752,26 @@ static double many_on(int op, int threads, const int *fds, const gp_cu_mem_handl
         return (now_ns() - t) / 1e3;
 }
 
-/* A: MANY exports of its granules on 1 to 8 threads. */
-static void exports_at_once(const gp_cu_mem_handle *h) {
+/*
+ * MANY imports of fds (op 'i', released after each round) or exports of handles ('e') on 1 to
+ * 8 threads, 5 rounds each: the medians, printed by who.
+ */
+static void many_by_threads(int op, const int *fds, const gp_cu_mem_handle *handles) {
+        const char *what = op == 'i' ? "import" : "export";
+        gp_cu_mem_handle out[MANY];
+
         for (int threads = 1; threads <= 8; threads *= 2) {
                 double us[5];
                 int failed = 0, f;
 
                 for (int rep = 0; rep < 5; rep++) {
-                        us[rep] = many_on('e', threads, NULL, h, NULL, &f);
+                        us[rep] = many_on(op, threads, fds, handles, op == 'i' ? out : NULL, &f);
                         failed += f;
+                        for (int i = 0; op == 'i' && i < MANY && !f; i++)
+                                (void) cu.cuMemRelease(out[i]);
                 }
-                printf("[A] %d exports on %d thread%s: %.1f us in all, %.1f us per export (median of 5); %d failed\n", MANY,
-                       threads, threads == 1 ? "" : "s", median_of(us, 5), median_of(us, 5) / MANY, failed);
+                printf("[%s] %d %ss on %d thread%s: %.1f us in all, %.1f us per %s (median of 5); %d failed\n", who, MANY,
+                       what, threads, threads == 1 ? "" : "s", median_of(us, 5), median_of(us, 5) / MANY, what, failed);
         }
 }
 
@@ -787,19 +795,7 @@ static int many_at_once(int sock) {
         printf("[F] %d descriptors of 2 MiB granules received\n", n);
         if (n < MANY)
                 return 1;
-        for (int threads = 1; threads <= 8; threads *= 2) {
-                double us[5];
-                int failed = 0, f;
-
-                for (int rep = 0; rep < 5; rep++) {
-                        us[rep] = many_on('i', threads, fds, NULL, h, &f);
-                        failed += f;
-                        for (int i = 0; i < MANY && !f; i++)
-                                (void) cu.cuMemRelease(h[i]);
-                }
-                printf("[F] %d imports on %d thread%s: %.1f us in all, %.1f us per import (median of 5); %d failed\n", MANY,
-                       threads, threads == 1 ? "" : "s", median_of(us, 5), median_of(us, 5) / MANY, failed);
-        }
+        many_by_threads('i', fds, NULL);
         /* Runs of granules side by side: one cuMemUnmap and one cuMemSetAccess over the run, or one per granule. */
         for (int i = 0; i < 16; i++)
                 if (cu.cuMemImportFromShareableHandle(&h[i], (void *) (uintptr_t) fds[i], GP_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) !=
@@ -1067,7 +1063,7 @@ int main(void) {
                 waitpid(pid[5], &status, 0);
                 printf("[A] F exited %d\n", WIFEXITED(status) ? WEXITSTATUS(status) : -1);
                 if (made == MANY)
-                        exports_at_once(g);
+                        many_by_threads('e', NULL, g);
                 while (made)
                         (void) cu.cuMemRelease(g[--made]);
         }

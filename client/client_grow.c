@@ -384,20 +384,8 @@ bool client_grow_holds(gpupool_client *c, uint64_t id) {
         return false;
 }
 
-/* heap_choice's cost on a device's heap: the granules of a range under rsize bytes from b's front that are not mapped. */
-static uint64_t unmapped_under(void *ctx, const struct heap_block *b, uint64_t rsize) {
-        struct client_grow *g = ctx;
-        const struct heap_segment *s = b->segment;
-
-        /* A segment leased whole (not one of the ranges) is mapped whole. */
-        if (s->class >= HEAP_CARVED_CLASSES || s != &g->view[s->class].hs)
-                return 0;
-        return granule_unmapped(range_of(g, s), b->offset, rsize);
-}
-
 void client_grow_choice(gpupool_client *c, unsigned d, uint64_t rsize, struct heap_choice *choice) {
-        *choice = (struct heap_choice) { .cost = unmapped_under, .ctx = c->devices[d].grow,
-                                         .max_size = granule_place_max(G, rsize), .tries = GRANULE_PLACE_TRIES };
+        granule_choice(c->devices[d].grow->range, rsize, choice);
 }
 
 int client_grow_take(gpupool_client *c, struct heap_block *hb) {

@@ -55,7 +55,7 @@ int client_grow_adopt(gpupool_client *c, unsigned d, const uint64_t *ids, const 
 /* Whether segment id is a granule this process holds, of any device. */
 bool client_grow_holds(gpupool_client *c, uint64_t id);
 
-/* How device d's heap weighs where a block of rsize bytes lands in its ranges (granule.h: GRANULE_PLACE_TRIES). */
+/* How device d's heap weighs where a block of rsize bytes lands in its ranges (granule_choice()). */
 void client_grow_choice(gpupool_client *c, unsigned d, uint64_t rsize, struct heap_choice *choice);
 
 /* Maps what a block lacks under it (granule_take(); nothing to obtain). Returns 0 or a negative errno, the error set. */

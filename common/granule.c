@@ -6,6 +6,7 @@
  * for every physical granule it holds in its spare array, so an unmap never needs memory.
  */
 #include "granule.h"
+#include "heap.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -282,6 +283,20 @@ uint64_t granule_unmapped(const struct granule_range *r, uint64_t offset, uint64
                 mapped += (uint64_t) __builtin_popcountll(word);
         }
         return last - first + 1 - mapped;
+}
+
+/* heap_choice's cost: the granules of ranges[] (by the block's segment class) under rsize bytes from b's front not mapped. */
+static uint64_t unmapped_under(void *ctx, const struct heap_block *b, uint64_t rsize) {
+        const struct granule_range *ranges = ctx;
+
+        return granule_unmapped(&ranges[b->segment->class], b->offset, rsize);
+}
+
+void granule_choice(struct granule_range *ranges, uint64_t rsize, struct heap_choice *ret) {
+        uint64_t g = ranges[0].set->granule_bytes;
+
+        *ret = (struct heap_choice) { .cost = unmapped_under, .ctx = ranges, .max_size = rsize + (rsize > g ? rsize : g),
+                                      .tries = GRANULE_PLACE_TRIES };
 }
 
 uint64_t granule_shortfall(const struct granule_range *r, uint64_t offset, uint64_t size) {

@@ -152,19 +152,19 @@ void granule_plan(const struct granule_range *r, uint64_t offset, uint64_t size,
 uint64_t granule_ahead(const struct granule_set *s, uint64_t shortfall, uint64_t in_use);
 
 /*
- * Where a block lands in a range (libgpupool's placement, and bench/frag.c's model of it): not
- * the best fit alone but, of the best fit and the free blocks after it in size order of at most
- * granule_place_max() bytes, GRANULE_PLACE_TRIES in all, the first with the fewest granules
- * under it not mapped (granule_unmapped(); heap_alloc_cheapest()). A hole whose granules are
- * still mapped serves the block where the best fit would have it map granules there, moved
- * from elsewhere or leased; only blocks up to twice the size are weighed, so that a block is
- * not carved from the large free spans the blocks after it need whole. Measured by bench-frag
- * and bench-replay (see docs/performance.md).
+ * Where a block lands in a set's ranges (libgpupool's placement, and bench/frag.c's model of
+ * it), for heap_alloc_cheapest() over a heap whose segments of class k are ranges[k]: not the
+ * best fit alone but, of the best fit and the free blocks after it in size order of at most
+ * twice rsize (or a granule more), GRANULE_PLACE_TRIES in all, the first with the fewest
+ * granules under it not mapped (granule_unmapped()). A hole whose granules are still mapped
+ * serves the block where the best fit would have it map granules there, moved from elsewhere
+ * or leased; only blocks up to twice the size are weighed, so that a block is not carved from
+ * the large free spans the blocks after it need whole. Measured by bench-frag and bench-replay
+ * (see docs/performance.md).
  */
 #define GRANULE_PLACE_TRIES 16
-static inline uint64_t granule_place_max(uint64_t granule_bytes, uint64_t rsize) {
-        return rsize + (rsize > granule_bytes ? rsize : granule_bytes);
-}
+struct heap_choice;
+void granule_choice(struct granule_range *ranges, uint64_t rsize, struct heap_choice *ret);
 
 /* Adds n physical granules obtained by the caller to the spares, free from now on. Returns 0, or -ENOMEM with none added. */
 int granule_add_spares(struct granule_set *s, const uint64_t *phys, uint64_t n);

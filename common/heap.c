@@ -306,18 +306,6 @@ struct heap_block *heap_alloc(struct heap *h, enum heap_class class, uint64_t rs
         return b;
 }
 
-struct heap_block *heap_alloc_on(struct heap *h, enum heap_class class, uint64_t rsize, uint32_t lane, bool *ret_held) {
-        struct heap_block *b = best_fit(h, class, rsize, 0), *held = lane ? best_fit(h, class, rsize, lane) : NULL;
-
-        /* The one a heap of both would pick: a stream with all its frees held is served as with all free. */
-        *ret_held = held && (!b || cmp_free_block(&held->node, &b->node) < 0);
-        if (*ret_held)
-                b = held;
-        if (b)
-                block_carve(h, b, rsize);
-        return b;
-}
-
 /*
  * From free block b, the best fit, and the free blocks after it in the index (larger, or as
  * large further on) of at most choice->max_size, choice->tries in all: the first that costs
@@ -345,18 +333,29 @@ static struct heap_block *cheapest_from(struct heap_block *b, uint64_t rsize, co
         return best;
 }
 
-struct heap_block *heap_alloc_cheapest(struct heap *h, enum heap_class class, uint64_t rsize, uint32_t lane, bool *ret_held,
-                                       const struct heap_choice *choice) {
+/* heap_alloc_cheapest(), choice NULL for heap_alloc_on(): one static body the compiler inlines into both. */
+static inline struct heap_block *alloc_on(struct heap *h, enum heap_class class, uint64_t rsize, uint32_t lane, bool *ret_held,
+                                          const struct heap_choice *choice) {
         struct heap_block *b = best_fit(h, class, rsize, 0), *held = lane ? best_fit(h, class, rsize, lane) : NULL;
 
+        /* The one a heap of both would pick: a stream with all its frees held is served as with all free. */
         *ret_held = held && (!b || cmp_free_block(&held->node, &b->node) < 0);
         if (*ret_held)
                 b = held;
-        else if (b && class != HEAP_CLASS_PIECE)
+        else if (b && choice && class != HEAP_CLASS_PIECE)
                 b = cheapest_from(b, rsize, choice);
         if (b)
                 block_carve(h, b, rsize);
         return b;
+}
+
+struct heap_block *heap_alloc_on(struct heap *h, enum heap_class class, uint64_t rsize, uint32_t lane, bool *ret_held) {
+        return alloc_on(h, class, rsize, lane, ret_held, NULL);
+}
+
+struct heap_block *heap_alloc_cheapest(struct heap *h, enum heap_class class, uint64_t rsize, uint32_t lane, bool *ret_held,
+                                       const struct heap_choice *choice) {
+        return alloc_on(h, class, rsize, lane, ret_held, choice);
 }
 
 struct heap_block *heap_alloc_in(struct heap *h, struct heap_segment *s, uint64_t rsize) {

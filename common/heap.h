@@ -191,8 +191,9 @@ struct heap_choice {
 
 /*
  * heap_alloc_on(), but where it would carve a free block, it carves the first of those choice
- * weighs that costs least: the best fit unless a larger one costs less. A held block is taken
- * as heap_alloc_on() takes it (it was live: nothing to weigh), and a piece is carved whole.
+ * weighs that costs least: the best fit unless a larger one costs less (choice NULL: the best
+ * fit, which is heap_alloc_on()). A held block is taken as heap_alloc_on() takes it (it was
+ * live: nothing to weigh), and a piece is carved whole.
  */
 struct heap_block *heap_alloc_cheapest(struct heap *heap, enum heap_class class, uint64_t rsize, uint32_t lane, bool *ret_held,
                                        const struct heap_choice *choice);

@@ -513,10 +513,6 @@ START_TEST(test_unmapped_counts) {
 }
 END_TEST
 
-static uint64_t unmapped_under(void *ctx, const struct heap_block *b, uint64_t rsize) {
-        return granule_unmapped(ctx, b->offset, rsize);
-}
-
 START_TEST(test_placement_where_mapped) {
         struct heap_block *b[5], *x;
         struct granule_range r;
@@ -525,12 +521,13 @@ START_TEST(test_placement_where_mapped) {
         struct rec t;
         struct heap h;
         bool held;
-        struct heap_choice choice = { unmapped_under, &r, granule_place_max(G, 2 * G), GRANULE_PLACE_TRIES };
+        struct heap_choice choice;
         static const uint64_t sizes[5] = { 1, 3, 1, 2, 1 };     /* granules, side by side from 0 */
 
         heap_init(&h);
         start(&s, &r, &t, 64);
         ck_assert_int_eq(heap_add(&h, &seg, 1, 64 * G, HEAP_CLASS_SMALL), 0);
+        granule_choice(&r, 2 * G, &choice);     /* the heap's one class, HEAP_CLASS_SMALL: the first range */
         for (int i = 0; i < 5; i++) {
                 ck_assert_ptr_nonnull(b[i] = heap_alloc(&h, HEAP_CLASS_SMALL, sizes[i] * G));
                 ck_assert_int_eq(granule_take(&r, b[i]->offset, b[i]->size), 0);
@@ -597,10 +594,11 @@ START_TEST(test_random_churn) {
                         /* Up to a granule in the one range, larger ones in the other. */
                         enum heap_class c = size <= G ? HEAP_CLASS_SMALL : HEAP_CLASS_LARGE;
 
-                        struct heap_choice choice = { unmapped_under, &r[c], granule_place_max(G, size), GRANULE_PLACE_TRIES };
+                        struct heap_choice choice;
                         bool held;
 
                         /* Half placed as libgpupool places them, where the fewest granules are not mapped. */
+                        granule_choice(r, size, &choice);
                         live[i] = step % 2 ? heap_alloc(&h, c, size) : heap_alloc_cheapest(&h, c, size, 0, &held, &choice);
                         ck_assert_ptr_nonnull(live[i]);
                         ck_assert_int_eq(granule_take(&r[c], live[i]->offset, live[i]->size), 0);
