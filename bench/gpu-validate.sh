@@ -25,7 +25,8 @@
 #   bench-pending             the cost of pending stream-ordered frees (make bench-pending);
 #   replay                    the traces through libgpupool (bench/replay.c) on the legacy cuda
 #                             backend (whole segments) and on cuda-vmm (whole, and growing in
-#                             place): round trips, imports, held/used, ns/op;
+#                             place): round trips, imports, held/used, ns/op; and cuda-vmm's
+#                             lease steps with no export kept open (export_keepalive = no);
 #
 # each against build/ as it is: nothing is built here, so a build made elsewhere with
 # make STATIC=1 gpu-tools runs where libuv, protobuf-c and Check are not installed.
@@ -169,10 +170,14 @@ part bench-gpu sh bench/bench-gpu.sh "$B"
 part bench-driver sh bench/with-gpupoold.sh "$B" sh -c 'exec "$0" --socket "$GPUPOOL_SOCKET"' "$B/bench/bench_driver"
 part bench-pending sh bench/with-gpupoold.sh "$B" sh -c 'exec "$0" --socket "$GPUPOOL_SOCKET"' "$B/bench/bench_pending"
 # The traces through libgpupool, one private daemon per trace and way: the legacy backend's
-# whole segments, then cuda-vmm's whole and growing ones; both run, and the part fails if
-# either does.
+# whole segments, then cuda-vmm's whole and growing ones; then cuda-vmm's lease steps again
+# with no export kept open (export_keepalive = no), to show what the kept one saves. All run,
+# and the part fails if any does.
 part replay sh -c "'$B/bench/replay' --build '$B' --backend cuda \$0 \"\$@\"; c=\$?; \
-        '$B/bench/replay' --build '$B' --backend cuda-vmm \$0 \"\$@\" && exit \$c" $traces
+        '$B/bench/replay' --build '$B' --backend cuda-vmm \$0 \"\$@\" || c=1; \
+        echo '# cuda-vmm lease steps with export_keepalive = no (bench/lease-steps-no-keepalive.conf):'; \
+        '$B/bench/replay' --build '$B' --backend cuda-vmm --lease-steps \
+                --daemon-conf bench/lease-steps-no-keepalive.conf || c=1; exit \$c" $traces
 # The closing lines name exactly what ran: a run of some parts never reads as a run of all.
 not_run=
 for p in $all_parts; do

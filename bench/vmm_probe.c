@@ -17,6 +17,9 @@
  *                on 1 to 8 threads, one cuMemUnmap and one cuMemSetAccess over a run of granules
  *                mapped side by side, against one call per granule, and imports while A exports;
  *                A exports on 1 to 8 threads
+ * A's first steps, before any other export exists on the node (export_count): what an export and
+ * its close cost with no other export open anywhere, with one, 10 and 1,000 open, and in
+ * gpupoold's pattern with D, with and without D holding one export of its own.
  * Every line is "[who] what: result". Exit 0 unless the driver would not load.
  */
 #define _GNU_SOURCE
@@ -28,6 +31,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -460,7 +464,7 @@ static void export_costs(void) {
 static int partner(int sock) {
         gp_cu_mem_access_desc rw = { .location = base_prop.location, .flags = GP_CU_MEM_ACCESS_FLAGS_PROT_READWRITE };
         gp_cu_mem_handle kept[256];
-        int nkept = 0;
+        int nkept = 0, kept_fd = -1;
 
         who = "D";
         if (cuda_up() < 0)
@@ -473,6 +477,16 @@ static int partner(int sock) {
 
                 if (recv_fds(sock, &mode, 1, &fd, 1) < 0 || mode == 'q')
                         break;
+                if (mode == 'k') {      /* an export to hold open until the end, doing nothing with it */
+                        double none = 0;
+
+                        if (kept_fd >= 0)
+                                close(kept_fd);
+                        kept_fd = fd;
+                        if (send_fds(sock, &none, sizeof(none), NULL, 0) < 0)
+                                break;
+                        continue;
+                }
                 if (fd >= 0 && mode != 'c' &&
                     cu.cuMemImportFromShareableHandle(&h, (void *) (uintptr_t) fd, GP_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) ==
                             GP_CUDA_SUCCESS) {
@@ -499,6 +513,8 @@ static int partner(int sock) {
         }
         while (nkept)
                 (void) cu.cuMemRelease(kept[--nkept]);
+        if (kept_fd >= 0)
+                close(kept_fd);
         return 0;
 }
 
@@ -564,6 +580,120 @@ static void daemon_pattern(int sock) {
                         printf("[D] its close of the descriptor there: %.1f us (median of %d)\n", median_of(close_us, nc), nc);
         }
         (void) send_fds(sock, "q", 1, NULL, 0);
+}
+
+/*
+ * n exports of h, each closed at once, with held exports of another allocation open meanwhile:
+ * the medians of the exports and of the closes, in us, in *export_us and *close_us. Returns how
+ * many were made.
+ */
+static int export_close(gp_cu_mem_handle h, int n, double *export_us, double *close_us) {
+        double e[200], c[200], t;
+        int made = 0;
+
+        for (; made < n && made < 200; made++) {
+                int fd = -1;
+
+                t = now_ns();
+                if (cu.cuMemExportToShareableHandle(&fd, h, GP_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0) != GP_CUDA_SUCCESS)
+                        break;
+                e[made] = (now_ns() - t) / 1e3;
+                t = now_ns();
+                close(fd);
+                c[made] = (now_ns() - t) / 1e3;
+        }
+        *export_us = median_of(e, made);
+        *close_us = median_of(c, made);
+        return made;
+}
+
+/*
+ * A, first of all, before any other export exists: the driver keeps one internal client for the
+ * whole host's exported objects, built when the host's count of open exports leaves zero and torn
+ * down when the last export descriptor anywhere closes (NVIDIA's open kernel modules, 580 branch,
+ * rmobjexportimport.c), a lead for gpupoold's 0.6 ms exports that no step of this probe could
+ * show while it kept an export open. Exports and closes with none open, with 1, 10 and 1,000 open
+ * here, and gpupoold's pattern with D (send, A's close, D's import, map and close) without and
+ * with D holding an export of its own.
+ */
+static void export_count(int sock) {
+        static const int held_counts[] = { 0, 1, 10, 1000 };
+        gp_cu_mem_handle h, hk;
+        double e, c;
+        int n, kept = -1;
+
+        if (cu.cuMemCreate(&h, 2 * MiB, &base_prop, 0) != GP_CUDA_SUCCESS ||
+            cu.cuMemCreate(&hk, 2 * MiB, &base_prop, 0) != GP_CUDA_SUCCESS) {
+                printf("[A] export count: no memory\n");
+                return;
+        }
+        n = export_close(h, 200, &e, &c);
+        printf("[A] export + close of 2 MiB, no other export open anywhere: export %.1f us, close %.1f us (medians of %d)\n",
+               e, c, n);
+        if (cu.cuMemExportToShareableHandle(&kept, hk, GP_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0) == GP_CUDA_SUCCESS) {
+                n = export_close(h, 200, &e, &c);
+                printf("[A] export + close of 2 MiB, one export of another allocation kept open: export %.1f us, close %.1f us "
+                       "(medians of %d)\n", e, c, n);
+                close(kept);
+        }
+        {
+                struct rlimit rl;
+
+                if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < 1100 && rl.rlim_max >= 1100) {
+                        rl.rlim_cur = 1100;
+                        (void) setrlimit(RLIMIT_NOFILE, &rl);
+                }
+        }
+        for (size_t k = 0; k < sizeof(held_counts) / sizeof(held_counts[0]); k++) {
+                static int held[1000];
+                int nheld = 0;
+
+                while (nheld < held_counts[k] &&
+                       cu.cuMemExportToShareableHandle(&held[nheld], hk, GP_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0) ==
+                               GP_CUDA_SUCCESS)
+                        nheld++;
+                n = export_close(h, 50, &e, &c);
+                printf("[A] export + close with %d export%s of another allocation open (%d asked): export %.1f us, close %.1f us "
+                       "(medians of %d)\n", nheld, nheld == 1 ? "" : "s", held_counts[k], e, c, n);
+                while (nheld)
+                        close(held[--nheld]);
+        }
+        for (int with = 0; with < 2; with++) {
+                double us[20], close_us[20];
+                int got = 0;
+
+                if (with) {     /* D holds an export of its own from now on */
+                        char mode = 'k';
+                        double none;
+                        int fd = -1, dummy = -1;
+
+                        if (cu.cuMemExportToShareableHandle(&fd, hk, GP_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0) != GP_CUDA_SUCCESS ||
+                            send_fds(sock, &mode, 1, &fd, 1) < 0 || recv_fds(sock, &none, sizeof(none), &dummy, 1) < 0)
+                                break;
+                        close(fd);
+                }
+                for (int i = 0; i < 20; i++) {
+                        char mode = 'm';
+                        double t, closed = 0;
+                        int fd = -1, none = -1;
+
+                        t = now_ns();
+                        if (cu.cuMemExportToShareableHandle(&fd, h, GP_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0) != GP_CUDA_SUCCESS)
+                                break;
+                        us[got] = (now_ns() - t) / 1e3;
+                        if (send_fds(sock, &mode, 1, &fd, 1) < 0 || recv_fds(sock, &closed, sizeof(closed), &none, 1) < 0) {
+                                close(fd);
+                                break;
+                        }
+                        close(fd);
+                        close_us[got++] = closed;
+                }
+                printf("[A] gpupoold's pattern (export, send, close; D imports, maps, lets go, closes), %s: export %.1f us, "
+                       "D's close %.1f us (medians of %d)\n", with ? "D holding one export open" : "no other export open",
+                       median_of(us, got), median_of(close_us, got), got);
+        }
+        (void) cu.cuMemRelease(hk);
+        (void) cu.cuMemRelease(h);
 }
 
 /*
@@ -917,6 +1047,7 @@ int main(void) {
                 printf("[A] driver %d, GPU 0 %s: VMM %d, POSIX fd %d, FABRIC %d; granularity min %zu recommended %zu\n",
                        cu.driver_version, name, vmm, posix, fabric, gmin, grec);
         }
+        export_count(sv[3][0]);
         r = cu.cuMemCreate(&h, 4 * MiB, &base_prop, 0);
         printf("[A] cuMemCreate 4 MiB (POSIX fd): %s\n", rs(r));
         if (r != GP_CUDA_SUCCESS || cu.cuMemCreate(&hother, 2 * MiB, &base_prop, 0) != GP_CUDA_SUCCESS)

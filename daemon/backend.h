@@ -188,9 +188,11 @@ int backend_host_open(uint64_t capacity_bytes, struct backend **ret);
  * vmm, the cuda-vmm backend (segments of cuMemCreate memory exported as file descriptors),
  * which every GPU must support. Returns 0, or a negative errno with a sentence in err: -ENOENT
  * no driver, -ENODEV no GPU, -ENOSYS a driver too old, -ENOTSUP a GPU without virtual memory
- * management or descriptor handles (vmm), -EIO or -EINVAL otherwise.
+ * management or descriptor handles (vmm), -EIO or -EINVAL otherwise. With vmm and keep_export,
+ * one export per GPU stays open for the backend's life (export_keepalive, gpupoold.conf(5)).
  */
-int backend_cuda_open(uint64_t headroom_bytes, bool vmm, struct backend **ret, char *err, size_t err_size);
+int backend_cuda_open(uint64_t headroom_bytes, bool vmm, bool keep_export, struct backend **ret, char *err,
+                      size_t err_size);
 
 /*
  * TEST ONLY: wraps inner (taken over) so that segment creations, exports and zeroings fail at

@@ -35,6 +35,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "size.h"
 
@@ -236,8 +237,10 @@ static void cuda_close(struct backend *b) {
         for (unsigned i = 0; i < b->device_count; i++) {
                 struct cuda_device *d = &c->devs[i];
 
-                if (d->stream && cuda_push(c, d) == 0) {
-                        (void) c->cu.cuStreamDestroy(d->stream);
+                if ((d->stream || d->kept_export_fd >= 0) && cuda_push(c, d) == 0) {
+                        if (d->stream)
+                                (void) c->cu.cuStreamDestroy(d->stream);
+                        cuda_vmm_drop_export(c, d);
                         cuda_pop(c);
                 }
                 if (d->ctx)
@@ -272,6 +275,7 @@ static int open_device(struct cuda_backend *c, unsigned index, int ordinal, uint
         gp_cu_result r;
 
         d->ordinal = ordinal;
+        d->kept_export_fd = -1;
         what = "cuDeviceGet";
         r = c->cu.cuDeviceGet(&d->dev, ordinal);
         if (r == GP_CUDA_SUCCESS) {
@@ -315,6 +319,8 @@ static int open_device(struct cuda_backend *c, unsigned index, int ordinal, uint
                 snprintf(err, err_size, "GPU %d (%s): cannot make its primary context current", ordinal, d->name);
                 return -EIO;
         }
+        if (c->vmm && c->keep_export)
+                cuda_vmm_keep_export(c, d);
         what = "cuMemGetInfo_v2";
         r = c->cu.cuMemGetInfo(&free_bytes, &total_bytes);
         if (r == GP_CUDA_SUCCESS) {
@@ -345,7 +351,8 @@ static int open_device(struct cuda_backend *c, unsigned index, int ordinal, uint
         return 0;
 }
 
-int backend_cuda_open(uint64_t headroom_bytes, bool vmm, struct backend **ret, char *err, size_t err_size) {
+int backend_cuda_open(uint64_t headroom_bytes, bool vmm, bool keep_export, struct backend **ret, char *err,
+                      size_t err_size) {
         struct cuda_backend *c = calloc(1, sizeof(*c));
         int count = 0, r;
 
@@ -359,6 +366,7 @@ int backend_cuda_open(uint64_t headroom_bytes, bool vmm, struct backend **ret, c
         c->base.ipc_handles = !vmm;
         c->base.no_adopt_why = vmm ? NULL : "its segments lived in the daemon's context and went with it";
         c->vmm = vmm;
+        c->keep_export = keep_export;
         c->ops.mem_seal = cuda_legacy_seal;
         if (vmm)
                 cuda_vmm_setup(c);

@@ -22,6 +22,8 @@ struct cuda_device {
         gp_cu_stream stream;            /* for zeroing: polled by an event, never synchronized */
         uint64_t capacity_bytes;
         unsigned exports_ahead;         /* cuda-vmm: descriptors held ahead of their send (mem_export_ahead) */
+        int kept_export_fd;             /* cuda-vmm: an export kept open for the daemon's life (cuda_vmm_keep_export()); -1: none */
+        gp_cu_mem_handle kept_export_handle;    /* its memory's handle, held with it */
         gp_cu_uuid uuid;
         char name[96];
 };
@@ -31,6 +33,7 @@ struct cuda_backend {
         struct gp_cuda cu;
         bool vmm;                       /* cuda-vmm: cuMemCreate segments, exported as descriptors */
         bool block_ids;                 /* cuda-vmm: the driver's memory block ids name allocations (cuda_vmm_identify()) */
+        bool keep_export;               /* cuda-vmm: keep one export open per GPU (export_keepalive) */
         gp_cu_result (*pointer_attribute)(void *data, int attribute, gp_cu_deviceptr p);      /* cuPointerGetAttribute */
         struct backend_ops ops;         /* cuda_ops, and cuda-vmm's */
         uint64_t headroom_bytes;        /* --headroom: left free on each GPU for everyone else */
@@ -82,6 +85,15 @@ void cuda_vmm_identify(struct cuda_backend *c);
 /* Whether GPU d has what cuda-vmm needs; as open_device() reports it (see backend_cuda_vmm.c). */
 int cuda_vmm_supported(struct cuda_backend *c, struct cuda_device *d, gp_cu_result *r, const char **what, char *err,
                        size_t err_size);
+/*
+ * Keeps one export of a 2 MiB allocation of GPU d open for the daemon's life, so that no lease's
+ * export finds none open on the host (the driver's price of that is in backend_cuda_vmm.c), and
+ * logs that it does; logs why where it cannot, and the daemon goes on without it. Before the
+ * device's capacity is read: the capacity leaves its 2 MiB out. cuda_vmm_drop_export() lets go
+ * of it (pushed), at the backend's close.
+ */
+void cuda_vmm_keep_export(struct cuda_backend *c, struct cuda_device *d);
+void cuda_vmm_drop_export(struct cuda_backend *c, struct cuda_device *d);
 /* A segment of size bytes: reserved, made, exported and mapped. Returns 0, -ENOMEM or -EIO. */
 int cuda_vmm_create(struct cuda_backend *c, struct cuda_device *d, uint64_t size, struct backend_mem *ret);
 /* Lets go of everything of the segment: its memory, its descriptor, its range. */

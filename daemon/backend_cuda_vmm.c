@@ -118,6 +118,48 @@ static void vmm_unmake(struct cuda_backend *c, struct cuda_device *d, struct bac
 }
 
 /*
+ * The driver copies every exported object into one internal client for the whole host, which it
+ * builds (a client, a device and a subdevice, each a round trip to the GPU's firmware) when the
+ * host's count of open exports leaves zero, and tears down when the last one anywhere is closed
+ * (NVIDIA's open kernel modules, 580 branch, rmobjexportimport.c). A lease's export is sent and
+ * closed, and the client closes its copy once imported: with no other export open, every lease
+ * paid the build and its client the teardown, about 0.6 ms each on an H200 where an export costs
+ * 20-35 us (bench/results/2026-11-28-H200-2813daa/). One export kept open keeps the count above
+ * zero. Its memory, the one granule it needs, is held by its handle too, as every segment's is,
+ * not by a descriptor alone (which the driver does not document as keeping memory alive).
+ */
+void cuda_vmm_keep_export(struct cuda_backend *c, struct cuda_device *d) {
+        gp_cu_mem_prop prop = vmm_prop(d);
+        gp_cu_mem_handle h;
+        gp_cu_result r;
+        int fd = -1;
+
+        r = c->cu.cuMemCreate(&h, 2ULL << 20, &prop, 0);
+        if (r == GP_CUDA_SUCCESS && (r = c->cu.cuMemExportToShareableHandle(&fd, h, GP_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+                                                                           0)) != GP_CUDA_SUCCESS)
+                (void) c->cu.cuMemRelease(h);
+        if (r != GP_CUDA_SUCCESS) {
+                log_warn("cuda-vmm: GPU %d (%s): no export kept open (%s): each lease's export may cost the driver's "
+                         "build of its export client, about 0.6 ms", d->ordinal, d->name, gp_cuda_error_name(&c->cu, r));
+                return;
+        }
+        (void) fcntl(fd, F_SETFD, FD_CLOEXEC);  /* the driver's descriptor: whether it is close-on-exec is not said */
+        d->kept_export_fd = fd;
+        d->kept_export_handle = h;
+        log_info("cuda-vmm: GPU %d (%s): one 2 MiB export kept open for the daemon's life (export_keepalive), so that "
+                 "a lease's export costs the driver's price, not the build of its export client", d->ordinal, d->name);
+}
+
+void cuda_vmm_drop_export(struct cuda_backend *c, struct cuda_device *d) {
+        if (d->kept_export_fd < 0)
+                return;
+        close(d->kept_export_fd);
+        (void) c->cu.cuMemRelease(d->kept_export_handle);
+        d->kept_export_fd = -1;
+        d->kept_export_handle = 0;
+}
+
+/*
  * A new segment: its memory made, and a range of the daemon's for it. The daemon maps it there
  * only where the driver's block ids name allocations (to know the segment by its id; the id is
  * given before any cuMemSetAccess, as an H200 answered bench/vmm_probe.c), and otherwise when it

@@ -24,7 +24,8 @@ static int open_backend(const struct options *o, struct backend **ret) {
 
         if (o->backend != BACKEND_HOST) {
                 /* auto: the legacy cuda backend, until cuda-vmm has run on a GPU. */
-                r = backend_cuda_open(o->headroom_bytes, o->backend == BACKEND_CUDA_VMM, ret, err, sizeof(err));
+                r = backend_cuda_open(o->headroom_bytes, o->backend == BACKEND_CUDA_VMM, o->export_keepalive, ret, err,
+                                      sizeof(err));
                 if (r == 0)
                         return 0;
                 if (o->backend == BACKEND_CUDA || o->backend == BACKEND_CUDA_VMM) {

@@ -36,6 +36,8 @@ const char options_usage[] =
         "  --max-cached SIZE|N%   most memory the cache may hold (default 25%)\n"
         "  --granule-stock N      2 MiB segments made ahead per device, 0 to 4096, for the\n"
         "                         granule leases of segments that grow in place (default 0)\n"
+        "  --export-keepalive[=yes|no]  cuda-vmm: keep one export per GPU open, so that\n"
+        "                         a lease's export costs no driver rebuild (default yes)\n"
         "  --idle-objects TIME    a named object nobody attached this long may be evicted\n"
         "                         under memory pressure (default 0: never)\n"
         "  --reclaim-timeout TIME how long an allocation waits for clients to give memory\n"
@@ -51,7 +53,8 @@ const char options_usage[] =
         "  --log-level LEVEL      err, warn, info or debug (default info)\n"
         "  --metrics-listen ADDR  serve Prometheus metrics at http://ADDR/metrics: IP:PORT,\n"
         "                         [IPV6]:PORT or PORT alone for 127.0.0.1 (default: off)\n"
-        "  --check-invariants     check the pools after every request (slow; for tests)\n"
+        "  --check-invariants[=yes|no]  check the pools after every request (slow; for\n"
+        "                         tests)\n"
         "  -h, --help             show this text\n"
         "  --version              show the version\n"
         "\n"
@@ -102,6 +105,7 @@ static const struct setting settings[] = {
         { "idle-objects", "pool", "idle_objects", K_DURATION, AT(idle_objects_ms) },
         { "max-cached", "pool", "max_cached", K_SIZE_OR_PERCENT, AT(max_cached_bytes) },
         { "granule-stock", "pool", "granule_stock", K_GRANULES, AT(granule_stock) },
+        { "export-keepalive", "pool", "export_keepalive", K_BOOL, AT(export_keepalive) },
         { "reclaim-timeout", "pool", "reclaim_timeout", K_DURATION, AT(reclaim_timeout_ms) },
         { "client-limit", "limits", "client_max", K_SIZE, AT(client_limit_bytes) },
         { "max-blocks", "limits", "max_blocks", K_OBSOLETE_COUNT, AT(obsolete_max_blocks) },
@@ -124,6 +128,7 @@ void options_defaults(struct options *o) {
         o->max_clients_per_uid = OPTIONS_DEFAULT_MAX_CLIENTS_PER_UID;
         o->log_level = LOG_LEVEL_INFO;
         o->max_clients = OPTIONS_DEFAULT_MAX_CLIENTS;
+        o->export_keepalive = true;
 }
 
 static int parse_count(const char *text, unsigned min, unsigned max, unsigned *ret) {
@@ -332,7 +337,7 @@ int options_parse_over(int argc, char **argv, const struct options *base, struct
 
         for (size_t i = 0; i < NSETTINGS; i++)
                 long_options[n++] = (struct option) { settings[i].option,
-                                                      settings[i].kind == K_BOOL ? no_argument : required_argument, NULL,
+                                                      settings[i].kind == K_BOOL ? optional_argument : required_argument, NULL,
                                                       OPT_SETTING + (int) i };
         long_options[n++] = (struct option) { "config", required_argument, NULL, OPT_CONFIG };
         long_options[n++] = (struct option) { "check-config", no_argument, NULL, OPT_CHECK_CONFIG };
@@ -346,7 +351,7 @@ int options_parse_over(int argc, char **argv, const struct options *base, struct
                 if (c >= OPT_SETTING && c < OPT_SETTING + (int) NSETTINGS) {
                         const struct setting *s = &settings[c - OPT_SETTING];
 
-                        if (set(&o, s, s->kind == K_BOOL ? "yes" : optarg, why, sizeof(why)) < 0) {
+                        if (set(&o, s, s->kind == K_BOOL && !optarg ? "yes" : optarg, why, sizeof(why)) < 0) {
                                 snprintf(err, err_size, "--%s: %s", s->option, why);
                                 return -EINVAL;
                         }

@@ -52,7 +52,7 @@ enum options_action {
 #define OPTIONS_FDS_PER_CLIENT 4
 /*
  * Descriptors held whatever the clients: stdio, the loop and its signals, the listening
- * sockets, metrics scrapes, the operators' connections beyond
+ * sockets, cuda-vmm's export kept open per GPU (export_keepalive), metrics scrapes, the operators' connections beyond
  * --max-clients, room for those the closer thread has not closed yet, and the most one reply
  * carries (GP_MAX_LEASE_GRANULES, made for the send and closed after it).
  */
@@ -74,6 +74,7 @@ struct options {
         uint64_t max_cached_bytes;      /* cache watermark in bytes, when max_cached_percent is 0 ... */
         unsigned max_cached_percent;    /* ... else in percent of the device (1 to 100) */
         unsigned granule_stock;         /* 2 MiB segments made ahead per device for granule leases; 0: none */
+        bool export_keepalive;          /* cuda-vmm: one export kept open per GPU, so that no lease's export finds none */
         uint64_t reclaim_timeout_ms;    /* how long an allocation waits for clients to give memory back */
         uint64_t send_timeout_ms;       /* how long a reply may wait for its client to read it */
         uint64_t hello_timeout_ms;      /* how long a new connection may take to say hello; 0: forever */

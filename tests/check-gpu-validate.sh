@@ -54,7 +54,7 @@ for f in "$tmp/results"/gpu-validate-*-bench-pending.txt; do
 done
 
 # The replay: one trace on the legacy backend (whole segments only) and on cuda-vmm (whole and
-# growing), in one log.
+# growing), and cuda-vmm's lease steps with no export kept open, in one log.
 GPU_VALIDATE_PARTS=replay GPU_VALIDATE_TRACES=bench/traces/inference.csv validate
 rc=$?
 [ $rc -eq 0 ] || { say "the replay exited $rc:"; cat "$tmp/out" >&2; }
@@ -64,6 +64,7 @@ if [ -z "$log" ]; then
 else
         grep -q "^# backend cuda (whole segments only" "$log" || say "$log: no legacy cuda replay"
         grep -q "^# backend cuda-vmm$" "$log" || say "$log: no cuda-vmm replay"
+        grep -q "^# cuda-vmm lease steps with export_keepalive = no" "$log" || say "$log: no lease steps without the kept export"
         n=$(grep -c "^inference  *process " "$log")
         [ "$n" -eq 2 ] || say "$log: $n whole-segment rows, not 2 (one per backend)"
         n=$(grep -c "^inference  *grow " "$log")

@@ -74,6 +74,12 @@ uint64_t ledger_vmm_id(void);
 /* fakecuda_vmm.c: whether any process holds a handle or a mapping of cuMemCreate allocation id. */
 bool vmm_held(uint64_t id);
 bool ledger_charge(int gpu, uint64_t size);
+/*
+ * Whether an exported descriptor of any cuMemCreate memory is open anywhere on the node, before
+ * an export of allocation id on gpu, which it records: the driver keeps one internal client for
+ * the whole host's exports, built when their count leaves zero. Under ledger_lock().
+ */
+bool ledger_export_alive(int gpu, uint64_t id);
 void ledger_uncharge(int gpu, uint64_t size);
 
 /* fakecuda.c: every call but cuInit and the pure lookups starts with ready(); current() is the context made current. */

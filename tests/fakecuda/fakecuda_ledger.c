@@ -20,6 +20,13 @@
 #include "fake.h"
 
 #define LEDGER_SLOTS 256
+/* Exports of the node that may still be open somewhere (ledger_export_alive()): more than 8 GPUs' stocks ahead. */
+#define LEDGER_EXPORTS 1024
+struct ledger_export {
+        uint64_t id;                    /* the allocation's number */
+        int32_t gpu;
+        int32_t pad;
+};
 struct ledger_slot {
         int32_t pid;                    /* 0: free */
         uint32_t vmm_holder;            /* it has held cuMemCreate memory: its exit may leave some unheld */
@@ -31,6 +38,9 @@ struct ledger_file {
         uint64_t vmm_last_id;           /* the node's last cuMemCreate allocation (its file's name, its byte in the holds) */
         uint64_t vmm_fd_only;           /* allocations last seen held by exported descriptors alone (see vmm_sweep) */
         uint64_t vmm_exits;             /* holders of cuMemCreate memory that exited since the last sweep */
+        uint32_t nexports;              /* exports[]' entries, oldest first */
+        uint32_t pad;
+        struct ledger_export exports[LEDGER_EXPORTS];
         struct ledger_slot slots[LEDGER_SLOTS];
 };
 static struct ledger_file *ledger;      /* shared */
@@ -231,4 +241,48 @@ bool ledger_charge(int gpu, uint64_t size) {
 
 void ledger_uncharge(int gpu, uint64_t size) {
         __atomic_sub_fetch(&my_slot->bytes[gpu], size, __ATOMIC_RELAXED);
+}
+
+/* Whether an exported descriptor of allocation e is open anywhere (its file holds a shared flock() of an export). */
+static bool export_open(const struct ledger_export *e) {
+        char path[512];
+        bool open_somewhere;
+        int fd;
+
+        snprintf(path, sizeof(path), "%s/fakecuda-vmm-%d-%llu", mem_dir(), (int) e->gpu, (unsigned long long) e->id);
+        fd = open(path, O_RDONLY | O_CLOEXEC);
+        if (fd < 0)
+                return false;           /* freed: nothing of it is open */
+        open_somewhere = flock(fd, LOCK_EX | LOCK_NB) < 0;
+        close(fd);                      /* and with it the lock, where it got one */
+        return open_somewhere;
+}
+
+/* Forgets exports[i]. */
+static void export_forget(uint32_t i) {
+        memmove(&ledger->exports[i], &ledger->exports[i + 1], (ledger->nexports - i - 1) * sizeof(ledger->exports[0]));
+        ledger->nexports--;
+}
+
+/*
+ * The node's exported descriptors: whether any is open anywhere, as the driver counts them in one
+ * count for the whole host. Exports are recorded as they are made; those whose every copy was
+ * closed since are forgotten as they are met, oldest first, up to the first still open. Then
+ * (gpu, id)'s export, about to be made, is recorded. Under ledger_lock().
+ */
+bool ledger_export_alive(int gpu, uint64_t id) {
+        struct ledger_export mine = { .id = id, .gpu = gpu };
+        bool alive = false, recorded = false;
+
+        while (ledger->nexports && !(alive = export_open(&ledger->exports[0])))
+                export_forget(0);
+        for (uint32_t i = 0; i < ledger->nexports && !recorded; i++)
+                recorded = ledger->exports[i].id == id;
+        if (!recorded && ledger->nexports == LEDGER_EXPORTS)
+                for (uint32_t i = LEDGER_EXPORTS; i-- > 1;)     /* full: forget every closed one (the first is open) */
+                        if (!export_open(&ledger->exports[i]))
+                                export_forget(i);
+        if (!recorded && ledger->nexports < LEDGER_EXPORTS)
+                ledger->exports[ledger->nexports++] = mine;
+        return alive;
 }

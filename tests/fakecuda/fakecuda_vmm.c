@@ -65,10 +65,22 @@ struct reservation {
  * walk the range's page tables (an assumption: no run timed map and access apart past 2 MiB).
  * A call takes that long from its start, the fake's own work (files, mappings) within it, not
  * on top of it. $FAKECUDA_VMM_COSTS=0 makes them free.
+ *
+ * An export when no exported descriptor is open anywhere on the node costs export_build more:
+ * the driver copies each exported object into one internal client for the whole host, built
+ * (a client, a device and a subdevice, each a round trip to the GPU's firmware, under the
+ * driver's lock) when the host's count of live exports leaves zero and torn down when the last
+ * such descriptor anywhere is closed (NVIDIA's open kernel modules, 580 branch,
+ * rmobjexportimport.c: hObjExportRmClient, objExportImportRefCount). gpupoold's pattern, each
+ * export sent and closed before the next, took that count to zero every time: on an H200 at
+ * 2813daa its exports took about 600 us in one ioctl (strace) where the probe's, with some
+ * export always open, took 20-35 us (bench/results/2026-11-28-H200-2813daa/). The teardown is
+ * paid by the last close() of such a descriptor, which the fake cannot see (a plain file's):
+ * it charges the build alone.
  */
 static struct {
-        uint64_t create, create_per_mib, export_, import, reserve, map, access, access_per_mib, unmap, unmap_per_mib,
-                release;
+        uint64_t create, create_per_mib, export_, export_build, import, reserve, map, access, access_per_mib, unmap,
+                unmap_per_mib, release;
 } cost;
 
 void vmm_init(void) {
@@ -79,6 +91,7 @@ void vmm_init(void) {
         cost.create = 20000;
         cost.create_per_mib = 7;
         cost.export_ = 33000;
+        cost.export_build = 570000;
         cost.import = 28000;
         cost.reserve = 800;
         cost.map = 1100;
@@ -307,12 +320,15 @@ CUresult fk_MemRelease(gp_cu_mem_handle handle) {
         return GP_CUDA_SUCCESS;
 }
 
-/* Counts an export node-wide, for the tests: a byte appended to $FAKECUDA_DIR/fakecuda-exports. */
-static void count_export(void) {
+/*
+ * Counts an export node-wide, for the tests: a byte appended to $FAKECUDA_DIR/fakecuda-exports
+ * for each, and to fakecuda-export-builds for each that found no other export open on the node.
+ */
+static void count_export(const char *name) {
         char path[4096];
         int fd;
 
-        snprintf(path, sizeof(path), "%s/fakecuda-exports", mem_dir());
+        snprintf(path, sizeof(path), "%s/%s", mem_dir(), name);
         fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0666);
         if (fd >= 0) {
                 if (write(fd, "e", 1) < 0) {
@@ -326,6 +342,7 @@ CUresult fk_MemExportToShareableHandle(void *shareable, gp_cu_mem_handle handle,
                                        unsigned long long flags) {
         uint64_t t0 = fake_now_ns();
         struct phys *p;
+        bool alive;
         int fd;
 
         NEED_CTX();
@@ -339,16 +356,21 @@ CUresult fk_MemExportToShareableHandle(void *shareable, gp_cu_mem_handle handle,
                 return GP_CUDA_ERROR_INVALID_VALUE;
         }
         /* A descriptor of its own, locked: the memory lives while any copy of it is open, in any process. */
+        ledger_lock();
+        alive = ledger_export_alive(p->gpu, p->id);
         fd = open(p->path, O_RDWR | O_CLOEXEC);
         if (fd >= 0 && flock(fd, LOCK_SH) < 0) {
                 close(fd);
                 fd = -1;
         }
+        ledger_unlock();
         pthread_mutex_unlock(&lock);
         if (fd < 0)
                 return GP_CUDA_ERROR_OUT_OF_MEMORY;
-        count_export();
-        fake_spend_since(t0, cost.export_);
+        count_export("fakecuda-exports");
+        if (!alive)
+                count_export("fakecuda-export-builds");
+        fake_spend_since(t0, cost.export_ + (alive ? 0 : cost.export_build));
         *(int *) shareable = fd;
         return GP_CUDA_SUCCESS;
 }

@@ -172,6 +172,8 @@ void fake_node_done(void) {
         (void) unlink(ledger);  /* which processes use what: no memory of its own */
         snprintf(ledger, sizeof(ledger), "%s/fakecuda-exports", fake_dir);
         (void) unlink(ledger);  /* the exports' count (fake_exports()) */
+        snprintf(ledger, sizeof(ledger), "%s/fakecuda-export-builds", fake_dir);
+        (void) unlink(ledger);  /* those that found no other export open */
         /* cuMemCreate memory nobody holds (its holders exited) is what the driver frees: only held memory is left. */
         dir = opendir(fake_dir);
         while (dir && (e = readdir(dir))) {

@@ -34,6 +34,7 @@ START_TEST(test_defaults) {
         ck_assert_uint_eq(o.max_clients, 1024);
         ck_assert_int_eq(o.action, OPTIONS_RUN);
         ck_assert(!o.check_invariants);
+        ck_assert(o.export_keepalive);
 }
 END_TEST
 
@@ -61,6 +62,14 @@ START_TEST(test_all_options) {
         ck_assert_uint_eq(o.granule_stock, 0);
         ck_assert_int_eq(parse(&o, err, "--granule-stock", "128", NULL), 0);
         ck_assert_uint_eq(o.granule_stock, 128);
+        /* A yes-or-no option alone is yes; =no turns one off whose default is yes. */
+        ck_assert_int_eq(parse(&o, err, "--export-keepalive=no", "--check-invariants=yes", NULL), 0);
+        ck_assert(!o.export_keepalive);
+        ck_assert(o.check_invariants);
+        ck_assert_int_eq(parse(&o, err, "--export-keepalive", NULL), 0);
+        ck_assert(o.export_keepalive);
+        ck_assert_int_eq(parse(&o, err, "--export-keepalive=maybe", NULL), -EINVAL);
+        ck_assert_msg(strstr(err, "--export-keepalive: 'maybe' is not yes or no"), "%s", err);
         ck_assert_int_eq(parse(&o, err, "--help", NULL), 0);
         ck_assert_int_eq(o.action, OPTIONS_HELP);
         ck_assert_int_eq(parse(&o, err, "-h", NULL), 0);
