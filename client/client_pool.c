@@ -529,6 +529,15 @@ static struct heap_block *grow_alloc(gpupool_client *c, unsigned d, enum heap_cl
         *ret = client_grow_start(c, d);
         if (*ret < 0)
                 return NULL;
+        /*
+         * Larger than the whole device: no granules would ever be enough, and leasing them first
+         * took the device's memory for nothing before a "device is full". The daemon's refusal of
+         * a segment that size says what a whole segment's would: a limit, or that it can never fit.
+         */
+        if (rsize > dev->total_bytes) {
+                *ret = range_full(c, d, rsize);
+                return NULL;
+        }
         if (rsize >= c->piece_bytes)
                 return piece_alloc(c, d, rsize, lane, ret);
         client_grow_choice(c, d, rsize, &choice);

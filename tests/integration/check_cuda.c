@@ -279,7 +279,9 @@ START_TEST(test_cuda_limits_hold) {
         ck_assert_int_eq(reap(spawn(limit_client, &d, &total)), 0);
         ck_assert_int_eq(testd_device(&d, 0, "in_use_bytes"), 0);
         cuda_stop(&d);
+        (void) choose_backend(_i);      /* the loop's backend again (cuda_stop() went back to the legacy one) */
         cuda_start(&d, NULL, NULL);
+        ck_assert_int_eq(testd_device(&d, 0, "total_bytes"), total);
         ck_assert_int_eq(reap(spawn(oversize_client, &d, &total)), 0);
         ck_assert_int_eq(testd_device(&d, 0, "in_use_bytes"), 0);
         cuda_stop(&d);

@@ -246,12 +246,12 @@ END_TEST
 
 START_TEST(test_grow_block_of_many_leases) {
         struct gpupool_stats before, st;
-        gpupool_client *c;
+        gpupool_client *c, *hog;
         struct testd d;
         char msg[512];
-        void *p, *small;
+        void *p, *small, *held;
 
-        testd_start(&d, NULL);          /* 512 MiB */
+        testd_start(&d, "--host-capacity", "1G", NULL);
         c = connect_growing(&d, "big");
         before = client_stats(c);
         /*
@@ -269,14 +269,27 @@ START_TEST(test_grow_block_of_many_leases) {
         ck_assert_int_eq(gpupool_trim(c), 0);
 
         /*
-         * More than the device: three leases at once, the second refused (the device is full),
-         * the third, already sent, granted. What the first and third brought goes back, and the
-         * daemon's sentence stays.
+         * More than the device has left (another client uses 600 MiB of its 1 GiB): three leases
+         * at once, the second refused (the device is full), the third, already sent, granted.
+         * What the first and third brought goes back, and the daemon's sentence stays.
          */
+        hog = connect_growing(&d, "hog");
+        ck_assert_int_eq(gpupool_alloc(hog, 0, 600 * MiB, &held), 0);
         ck_assert_int_eq(gpupool_alloc(c, 0, 64 * KiB, &small), 0);
         ck_assert_int_eq(gpupool_alloc(c, 0, 600 * MiB, &p), -ENOMEM);
         gpupool_last_error(c, msg, sizeof(msg));
         ck_assert_msg(strstr(msg, "cannot allocate 629145600 bytes on device 0") && strstr(msg, "device 0 is full"), "%s", msg);
+        ck_assert_uint_eq(client_stats(c).mapped_segments, 1);
+        ck_assert_int_eq(testd_client_field(&d, 0, "big", "reserved_bytes"), 2 * MiB);
+        ck_assert_int_eq(gpupool_free(hog, held), 0);
+        gpupool_disconnect(hog);
+        /*
+         * More than the whole device: no granule is leased for it (they would be given back
+         * after the device had been taken for nothing), and the daemon says it can never fit.
+         */
+        ck_assert_int_eq(gpupool_alloc(c, 0, 1100 * MiB, &p), -ENOMEM);
+        gpupool_last_error(c, msg, sizeof(msg));
+        ck_assert_msg(strstr(msg, "can never fit 1153433600 bytes") && strstr(msg, "in all"), "%s", msg);
         ck_assert_uint_eq(client_stats(c).mapped_segments, 1);
         ck_assert_int_eq(testd_client_field(&d, 0, "big", "reserved_bytes"), 2 * MiB);
         /* And what is left serves. */
