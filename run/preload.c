@@ -243,7 +243,12 @@ __attribute__((constructor)) static void preload_init(void) {
         (void) pthread_atfork(NULL, NULL, forget_in_child);
 }
 
-/* The handle, connecting it at first use; NULL without a daemon (said once). */
+/*
+ * The handle, connecting it at first use; NULL without a daemon (said once). A daemon whose
+ * backend hands out host memory ("host": a CPU-only node, or a GPU node whose driver failed to
+ * load in gpupoold) is no daemon here: its pointers are not this GPU's device memory, which the
+ * driver's copies and kernels would refuse, nor its pool this GPU's memory.
+ */
 static gpupool_client *client(void) {
         gpupool_client *c = __atomic_load_n(&shared, __ATOMIC_ACQUIRE);
         char why[512];
@@ -254,14 +259,25 @@ static gpupool_client *client(void) {
         pthread_mutex_lock(&handle_lock);
         if (!shared && !no_daemon) {
                 const char *name = getenv("GPUPOOL_CLIENT_NAME");
+                const char *backend = NULL;
 
                 r = gpupool_connect(NULL, name && *name ? name : NULL, &c);
+                if (r == 0 && (backend = gpupool_backend(c)) && strcmp(backend, "cuda") != 0 && strcmp(backend, "cuda-vmm") != 0) {
+                        snprintf(why, sizeof(why), "the gpupoold that answered serves %s memory (its backend is \"%s\"), "
+                                 "not this GPU's device memory", strcmp(backend, "host") == 0 ? "host" : "other", backend);
+                        gpupool_disconnect(c);
+                        c = NULL;
+                        r = -ENODEV;
+                } else if (r < 0) {
+                        gpupool_last_error(NULL, why, sizeof(why));
+                        if (!why[0])
+                                snprintf(why, sizeof(why), "%s", gpupool_strerror(r));
+                }
                 if (r == 0) {
                         __atomic_store_n(&shared, c, __ATOMIC_RELEASE);
                 } else {
                         no_daemon = true;
-                        gpupool_last_error(NULL, why, sizeof(why));
-                        say("no gpupoold to take memory from (%s): %s", why[0] ? why : gpupool_strerror(r),
+                        say("no gpupoold to take memory from (%s): %s", why,
                             refuse_without_daemon ? "every allocation is refused ($GPUPOOL_RUN_WITHOUT_DAEMON=refuse)" :
                                                     "allocating from the CUDA driver instead");
                 }

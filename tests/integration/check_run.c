@@ -272,10 +272,44 @@ START_TEST(test_run_without_a_daemon) {
 }
 END_TEST
 
+/*
+ * A daemon on the host backend (a node whose driver gpupoold could not load, or `make run`
+ * where it found none) serves host memory, which is no GPU's: the preload treats it as no
+ * daemon, saying why, and the program gets the driver's memory (or, refused, none), and
+ * cuMemGetInfo tells the GPU's memory, not the host pool's.
+ */
+START_TEST(test_run_against_a_host_daemon) {
+        char cmd[2048], out[8192], prefix[1024];
+        struct testd d;
+
+        fake_node_new();
+        testd_start(&d, "--backend", "host", "--host-capacity", "256M", NULL);
+        for (int refuse = 0; refuse < 2; refuse++) {
+                const char *info;
+
+                run_prefix(&d, prefix, sizeof(prefix), refuse ? "--without-daemon refuse" : "");
+                snprintf(cmd, sizeof(cmd), "%s %s/tests/cuprog-linked fill 4 2>&1", prefix, build_dir());
+                ck_assert_msg(run_capture(cmd, out, sizeof(out)) == 0, "%s", out);
+                ck_assert_msg(strstr(out, "no gpupoold to take memory from (the gpupoold that answered serves host memory "
+                                          "(its backend is \"host\")"), "%s", out);
+                ck_assert_msg((info = field(out, "info")) && !strstr(info, " 268435456\n"), "%s", out);
+                if (refuse)
+                        ck_assert_msg(field(out, "refused") && strncmp(field(out, "refused"), "0 2\n", 4) == 0, "%s", out);
+                else
+                        ck_assert_msg(field(out, "allocated") && field(out, "data") && strncmp(field(out, "data"), "ok", 2) == 0,
+                                      "%s", out);
+        }
+        ck_assert_int_eq(testd_device(&d, 0, "reserved_bytes"), 0);
+        ck_assert_int_eq(testd_stop(&d), 0);
+        fake_node_done();
+}
+END_TEST
+
 void cuda_run_add(TCase *tc) {
         tcase_add_test(tc, test_run_programs_of_every_kind_on_the_pool);
         tcase_add_test(tc, test_run_program_is_a_client);
         tcase_add_test(tc, test_run_program_gives_idle_memory_back);
         tcase_add_test(tc, test_run_stream_of_another_device);
         tcase_add_test(tc, test_run_without_a_daemon);
+        tcase_add_test(tc, test_run_against_a_host_daemon);
 }
