@@ -162,10 +162,19 @@ void node_log_write(struct node *node, enum log_level level, const char *fmt, ..
         va_end(ap);
 }
 
-void node_limit_text(const struct node *node, bool per_uid, uid_t uid, char *buf, size_t size) {
-        if (per_uid)
-                snprintf(buf, size, "uid %u already has %u connections, the most one uid may have (max_clients_per_uid; "
-                         "a closed one counts until its process exits)", (unsigned) uid, node->options->max_clients_per_uid);
+void node_limit_text(const struct node *node, bool per_uid, uid_t uid, uid_t user, const char *pod, char *buf, size_t size) {
+        if (per_uid && pod[0])
+                snprintf(buf, size, "pod %s already has %u connections, the most one pod may have, whatever uids its "
+                         "processes take (max_clients_per_uid; a closed one counts until its process exits)", pod,
+                         node->options->max_clients_per_uid);
+        else if (per_uid && user != uid)
+                snprintf(buf, size, "user %u already has %u connections, the most one user may have (max_clients_per_uid; "
+                         "uid %u is one of her subordinate uids; a closed one counts until its process exits)",
+                         (unsigned) user, node->options->max_clients_per_uid, (unsigned) uid);
+        else if (per_uid)
+                snprintf(buf, size, "uid %u already has %u connections, the most one user may have (max_clients_per_uid, "
+                         "with her subordinate uids; a closed one counts until its process exits)", (unsigned) uid,
+                         node->options->max_clients_per_uid);
         else
                 snprintf(buf, size, "the daemon already serves %u clients, its limit (--max-clients; %u of them closed, "
                          "held until their process exits)", node->options->max_clients, node->exiting);

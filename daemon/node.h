@@ -217,8 +217,11 @@ void node_log_write(struct node *node, enum log_level level, const char *fmt, ..
 void node_log_writev(struct node *node, enum log_level level, const char *fmt, va_list ap)
         __attribute__((format(printf, 3, 0)));
 
-/* Why a connection is over --max-clients, or (per_uid) over max_clients_per_uid for uid. */
-void node_limit_text(const struct node *node, bool per_uid, uid_t uid, char *buf, size_t size);
+/*
+ * Why a connection is over --max-clients, or (per_uid) over max_clients_per_uid for its group:
+ * pod ("" outside one), else user, the user its uid is (users.h).
+ */
+void node_limit_text(const struct node *node, bool per_uid, uid_t uid, uid_t user, const char *pod, char *buf, size_t size);
 
 /* Checks every pool, then what the sessions keep (hooks.check). Returns 0, or -EUCLEAN with what is wrong in why. */
 int node_check(struct node *node, char *why, size_t why_size);

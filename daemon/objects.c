@@ -20,6 +20,7 @@
 #include "notify.h"
 #include "policy.h"
 #include "size.h"
+#include "users.h"
 
 /* A record in the store is a few hundred bytes: anything larger is not ours. */
 #define RECORD_MAX 4096
@@ -143,11 +144,11 @@ uint64_t objects_principal_bytes(const struct node *node, uint64_t principal, un
         return bytes;
 }
 
-unsigned objects_holder_count(const struct node *node, uint32_t uid, const char *pod) {
+unsigned objects_holder_count(const struct node *node, uint32_t user, const char *pod) {
         unsigned n = 0;
 
         for (const struct object *o = node->objects; o; o = o->next)
-                n += pod[0] ? strcmp(o->pod, pod) == 0 : !o->pod[0] && o->uid == uid;
+                n += users_same_group(o->user, o->pod, user, pod);
         return n;
 }
 
@@ -476,6 +477,7 @@ static int object_take(struct node *node, const Gpupool__ObjectRecord *r, int *f
         }
         o->id = r->id;
         snprintf(o->pod, sizeof(o->pod), "%s", r->pod_uid ? r->pod_uid : "");
+        o->user = users_owner(r->uid, NULL);    /* by /etc/subuid: its publisher's cgroup is not kept */
         /* Memory the device holds already: no headroom applies, only the pool's capacity, which it joins (node_adopted()). */
         node_adopted(node, o->device, r->segment_size, true);
         if (pool_adopt(node->pools[o->device], &o->owner, &mem, r->segment_size, UINT64_MAX, &lease) < 0) {

@@ -48,6 +48,7 @@ struct object {
         struct pool_owner owner;                /* holds the segment, in its tenant's group */
         char tenant[CONFIG_NAME_MAX + 1];       /* the publisher's, by name: a reload maps it again */
         uint32_t uid;                           /* the publisher's */
+        uint32_t user;                          /* the user that uid is (users.h): what OBJECTS_PER_HOLDER counts */
         char pod[IDENTITY_POD_UID_LEN + 1];     /* the publisher's pod ("": none); its principal is the owner's */
         unsigned attachments;                   /* sessions that have it attached */
         uint64_t published_ms;
@@ -68,8 +69,11 @@ struct object *objects_find(struct node *node, uint32_t uid, const char *name);
 
 /* The bytes the objects of principal hold on device (their segments), and how many it holds on any device. */
 uint64_t objects_principal_bytes(const struct node *node, uint64_t principal, unsigned device);
-/* How many objects a holder has (OBJECTS_PER_HOLDER): pod's, any uid's, or, with pod "", uid's outside pods. */
-unsigned objects_holder_count(const struct node *node, uint32_t uid, const char *pod);
+/*
+ * How many objects a holder has (OBJECTS_PER_HOLDER): pod's, published by any uid, or, with pod
+ * "", user's outside pods, published by any of her uids (session_same_group()).
+ */
+unsigned objects_holder_count(const struct node *node, uint32_t user, const char *pod);
 
 /*
  * Says in buf (", "-separated uids, at most 8, then "..."), which uids other than but publish

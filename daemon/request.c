@@ -316,7 +316,7 @@ static bool allowed(struct session *s, const Gpupool__Envelope *req, const struc
         }
         /* Past the limits, only a connection whose hello says what it was let in as gets in. */
         if (hello && ((s->admin_only && !req->hello->admin) || (s->control_only && !req->hello->has_control_for))) {
-                node_limit_text(s->node, s->past_uid_cap, s->uid, why, sizeof(why));
+                node_limit_text(s->node, s->past_uid_cap, s->uid, s->user, s->pod_uid, why, sizeof(why));
                 reply_error(req->id, -EDQUOT, true, why, ret);
                 return false;
         }

@@ -125,6 +125,7 @@ static void publish_now(struct session *s, const Gpupool__PublishRequest *p, uin
                             why, ret);
                 return;
         }
+        obj->user = s->user;
         attach_to(s, obj);
         session_log(s, LOG_LEVEL_INFO, "client %llu ('%s', pid %d, tenant %s) published '%s': %s on device %u",
                     (unsigned long long) s->id, s->name, (int) s->pid, obj->tenant, obj->name,
@@ -280,14 +281,15 @@ void request_publish(struct session *s, const Gpupool__Envelope *req, struct rep
                 return;
         }
         /* No one pod, whatever uids it takes, nor one uid outside pods, takes all of the node's objects. */
-        if (objects_holder_count(node, (uint32_t) s->uid, s->pod_uid) >= OBJECTS_PER_HOLDER) {
+        if (objects_holder_count(node, s->user, s->pod_uid) >= OBJECTS_PER_HOLDER) {
                 if (s->pod_uid[0])
                         snprintf(why, sizeof(why), "pod %s holds %d named objects (published by any of its uids), the "
                                  "most one pod may (of the node's %d): unpublish one first", s->pod_uid, OBJECTS_PER_HOLDER,
                                  OBJECTS_MAX);
                 else
-                        snprintf(why, sizeof(why), "uid %u holds %d named objects, the most one may (of the node's %d): "
-                                 "unpublish one first", (unsigned) s->uid, OBJECTS_PER_HOLDER, OBJECTS_MAX);
+                        snprintf(why, sizeof(why), "user %u holds %d named objects (published by any of her uids), the "
+                                 "most one may (of the node's %d): unpublish one first", (unsigned) s->user,
+                                 OBJECTS_PER_HOLDER, OBJECTS_MAX);
                 reply_error(req->id, -EDQUOT, false, why, ret);
                 return;
         }

@@ -29,6 +29,7 @@
 #include "request.h"
 #include "session.h"
 #include "size.h"
+#include "users.h"
 
 static void on_connection(uv_poll_t *handle, int status, int events);
 
@@ -81,18 +82,20 @@ static void out_of_fds(struct server *server, int err) {
 }
 
 /*
- * Connections of uid that count against the limits: open ones, and closed ones whose process
- * has not exited (their memory is held for it), so that a process cannot leave sessions
- * behind without bound by connecting and closing.
+ * Connections of a group (users_same_group(): a pod, or a user outside pods) that count
+ * against max_clients_per_uid: open ones, and closed ones whose process has not exited (their
+ * memory is held for it), so that a process cannot leave sessions behind without bound by
+ * connecting and closing.
  */
-static unsigned uid_connections(const struct server *server, uid_t uid) {
+static unsigned group_connections(const struct server *server, uid_t user, const char *pod) {
         unsigned n = 0;
 
         SESSION_FOREACH(c, &server->node)
-                n += c->uid == uid && (c->fd >= 0 || c->state == SESSION_EXITING) && !c->uncounted;
-        /* A socket kept open for what its peer has not read is one of its user's (unread.h). */
+                n += users_same_group(c->user, c->pod_uid, user, pod) && (c->fd >= 0 || c->state == SESSION_EXITING) &&
+                     !c->uncounted;
+        /* A socket kept open for what its peer has not read is one of its group's (unread.h). */
         for (const struct unread_socket *u = server->node.draining; u; u = u->next)
-                n += u->uid == uid;
+                n += users_same_group(u->user, u->pod, user, pod);
         return n;
 }
 
@@ -122,41 +125,48 @@ static bool control_room(const struct server *server, pid_t pid) {
  */
 static int admit(struct server *server, int fd, bool *ret_per_uid) {
         const struct options *o = server->node.options;
+        char why[256], cgroup[IDENTITY_MAX_CGROUP], pod[IDENTITY_POD_UID_LEN + 1];
         struct ucred cred;
         socklen_t len = sizeof(cred);
-        char why[160];
+        bool known;
+        uid_t user;
 
         if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) < 0) {
                 closer_close(fd);
                 return -1;
         }
         *ret_per_uid = false;
+        /*
+         * Its group for the bounds per user: its pod, or its user, whatever subordinate uid she
+         * runs it as (users.h; /etc/subuid looked at again when it changed).
+         */
+        known = identity_read_cgroup(cred.pid, cgroup) == 0;
+        if (identity_place(known ? cgroup : NULL, pod) != IDENTITY_POD)
+                pod[0] = '\0';
+        users_refresh(USERS_SUBUID_PATH, uv_now(server->node.loop));
+        user = users_owner(cred.uid, known ? cgroup : NULL);
         /* A user whose descriptors wait to be closed behind closes that do not return may send no more (closer.h). */
-        if (closer_backlog(cred.uid) >= CLOSER_BACKLOG_MAX) {
-                snprintf(why, sizeof(why), "%u descriptors uid %u sent wait to be closed behind closes that do not "
-                         "return (a FUSE or network file system that does not answer?)", closer_backlog(cred.uid),
-                         (unsigned) cred.uid);
+        if (closer_backlog(user) >= CLOSER_BACKLOG_MAX) {
+                snprintf(why, sizeof(why), "%u descriptors user %u sent wait to be closed behind closes that do not "
+                         "return (a FUSE or network file system that does not answer?)", closer_backlog(user),
+                         (unsigned) user);
                 node_log(&server->node, LOG_LEVEL_WARN, "refusing a client (pid %d, uid %u): %s", (int) cred.pid,
                          (unsigned) cred.uid, why);
                 refuse_client(fd, -EAGAIN, why);
                 return -1;
         }
         if (server->node.connected + server->node.exiting + server->node.draining_count < o->max_clients) {
-                *ret_per_uid = uid_connections(server, cred.uid) >= o->max_clients_per_uid;
+                *ret_per_uid = group_connections(server, user, pod) >= o->max_clients_per_uid;
                 if (!*ret_per_uid)
                         return SESSION_ADMIT_CLIENT;
         }
         if (control_room(server, cred.pid))
                 return SESSION_ADMIT_CONTROL_ONLY;
         /* The node's operator's (root or the daemon's user, in no pod or container): in, but its hello must say it is an operator's tool. */
-        if (server->node.admin_connected < NODE_OPERATOR_ROOM) {
-                char cgroup[IDENTITY_MAX_CGROUP];
-                bool known = identity_read_cgroup(cred.pid, cgroup) == 0;
-
-                if (identity_is_operator(cred.uid, cred.pid, known ? cgroup : NULL, why, sizeof(why)))
-                        return SESSION_ADMIT_ADMIN_ONLY;
-        }
-        node_limit_text(&server->node, *ret_per_uid, cred.uid, why, sizeof(why));
+        if (server->node.admin_connected < NODE_OPERATOR_ROOM &&
+            identity_is_operator(cred.uid, cred.pid, known ? cgroup : NULL, why, sizeof(why)))
+                return SESSION_ADMIT_ADMIN_ONLY;
+        node_limit_text(&server->node, *ret_per_uid, cred.uid, user, pod, why, sizeof(why));
         node_log(&server->node, LOG_LEVEL_WARN, "refusing a client (pid %d, uid %u): %s", (int) cred.pid, (unsigned) cred.uid, why);
         refuse_client(fd, -EDQUOT, why);
         return -1;
@@ -366,6 +376,8 @@ int server_start(struct server *server, uv_loop_t *loop, const struct config *co
         server->signals_open = true;
         /* A client that vanishes mid-send must not kill the daemon (sends also use MSG_NOSIGNAL). */
         signal(SIGPIPE, SIG_IGN);
+        /* Which user each uid is (users.h), said once at start; read again as the file changes. */
+        users_refresh(USERS_SUBUID_PATH, uv_now(loop));
 
         /* Before the socket: once clients can connect, a scrape can too, and the log says where. */
         if (server->node.options->metrics_addr.ss_family != AF_UNSPEC) {

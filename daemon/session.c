@@ -22,6 +22,7 @@
 #include "objects.h"
 #include "reply.h"
 #include "session_unread.h"
+#include "users.h"
 
 #ifndef SO_PEERPIDFD
 #define SO_PEERPIDFD 77
@@ -109,6 +110,7 @@ int session_start(struct node *node, int fd, enum session_admission how, bool pa
          */
         s->cgroup_known = identity_read_cgroup(cred.pid, s->cgroup) == 0;
         place = identity_place(s->cgroup_known ? s->cgroup : NULL, s->pod_uid);
+        s->user = users_owner(cred.uid, s->cgroup_known ? s->cgroup : NULL);
         s->principal = identity_principal(&node->identities, (uint32_t) cred.uid, place != IDENTITY_UNPLACED,
                                           place == IDENTITY_POD ? s->pod_uid : NULL, s->id);
         if (place == IDENTITY_UNPLACED && s->cgroup_known)
@@ -665,7 +667,7 @@ static void on_readable(uv_poll_t *handle, int status, int events) {
          * What its user sent waits to be closed behind closes that do not return (the closer
          * holds its closes to CLOSER_PER_SENDER threads): nothing more is taken from it.
          */
-        if ((backlog = closer_backlog(s->uid)) >= CLOSER_BACKLOG_MAX) {
+        if ((backlog = closer_backlog(s->user)) >= CLOSER_BACKLOG_MAX) {
                 session_log(s, LOG_LEVEL_WARN, "client %llu (pid %d, uid %u): %u descriptors its user sent wait to be "
                             "closed behind closes that do not return (a FUSE or network file system that does not "
                             "answer?); disconnecting it", (unsigned long long) s->id, (int) s->pid, (unsigned) s->uid,
@@ -680,7 +682,7 @@ static void on_readable(uv_poll_t *handle, int status, int events) {
          */
         n = gp_wire_recv_packet_fds(s->fd, node->recv_buf, sizeof(node->recv_buf), node->recv_fds, &node->recv_nfds);
         if (n <= 0)
-                drop_fds(node, s->uid);
+                drop_fds(node, s->user);
         if (n == -EAGAIN)
                 return;
         if (n == 0) {
@@ -699,10 +701,10 @@ static void on_readable(uv_poll_t *handle, int status, int events) {
         r = gp_wire_unpack_with(node->recv_buf, (size_t) n, &node->arena.allocator, &req);
         /* Only an adoption carries descriptors: with any other request they make the packet malformed. */
         if (r < 0)
-                drop_fds(node, s->uid);
+                drop_fds(node, s->user);
         if (r == 0 && node->recv_nfds && req->body_case != GPUPOOL__ENVELOPE__BODY_ADOPT) {
                 gp_wire_arena_release(&node->arena, req);
-                drop_fds(node, s->uid);
+                drop_fds(node, s->user);
                 session_log(s, LOG_LEVEL_WARN, "client %llu (pid %d): malformed packet (descriptors with a request "
                             "other than an adoption); disconnecting it", (unsigned long long) s->id, (int) s->pid);
                 session_disconnect(s, "bad packet");
@@ -728,5 +730,5 @@ static void on_readable(uv_poll_t *handle, int status, int events) {
         /* request_serve() (node.h's hooks): replies, parks or ends the session: s may be gone after this. */
         node->hooks.request(s, req);
         gp_wire_arena_release(&node->arena, req);
-        drop_fds(node, s->uid);
+        drop_fds(node, s->user);
 }

@@ -62,6 +62,7 @@ struct session {
         enum session_state state;
         pid_t pid;
         uid_t uid;
+        uid_t user;                     /* the user uid is (users.h): what the bounds per user count */
         gid_t gid;
         char name[GP_MAX_NAME_BYTES + 1];
         /* Its cgroup v2 path and pod (identity.h), read at connect; unknown: a principal of its own. */
@@ -189,7 +190,7 @@ int session_check_tenants(struct node *node, char *why, size_t why_size);
 /*
  * The most descriptors one client may have sent to it and not read: a full pipeline of the
  * library's granule leases (CLIENT_PIPELINE of GP_MAX_LEASE_GRANULES), or an eighth of the
- * node's budget where that is less. A client's group (its pod, or its uid outside pods) may have
+ * node's budget where that is less. A client's group (users_same_group()) may have
  * an eighth of the node's budget; past either, its next reply with descriptors waits until it
  * reads (unread.h), and is dropped with the client after --send-timeout.
  */

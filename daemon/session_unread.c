@@ -16,11 +16,7 @@
 #include "node.h"
 #include "session.h"
 #include "unread.h"
-
-/* Whether u (a session's socket or a draining one) is of the group of uid and pod (its pod; outside pods, its uid). */
-static bool same_group(uid_t u_uid, const char *u_pod, uid_t uid, const char *pod) {
-        return pod[0] ? strcmp(u_pod, pod) == 0 : !u_pod[0] && u_uid == uid;
-}
+#include "users.h"
 
 /*
  * Whether n descriptors more may go to s now: within what it may have unread, what its group
@@ -38,10 +34,10 @@ bool session_unread_admits(struct session *s, unsigned n) {
         if (node->unread_fds + n <= group_cap)
                 return true;            /* no group can be past it */
         SESSION_FOREACH(c, node)
-                if (c->fd >= 0 && same_group(c->uid, c->pod_uid, s->uid, s->pod_uid))
+                if (c->fd >= 0 && users_same_group(c->user, c->pod_uid, s->user, s->pod_uid))
                         group += c->unread.fds;
         for (const struct unread_socket *u = node->draining; u; u = u->next)
-                if (same_group(u->uid, u->pod, s->uid, s->pod_uid))
+                if (users_same_group(u->user, u->pod, s->user, s->pod_uid))
                         group += u->unread.fds;
         return group + n <= group_cap;
 }
@@ -61,7 +57,7 @@ bool session_unread_keep_socket(struct session *s) {
                 return false;
         }
         u->fd = s->fd;
-        u->uid = s->uid;
+        u->user = s->user;
         snprintf(u->pod, sizeof(u->pod), "%s", s->pod_uid);
         u->unread = s->unread;
         u->next = node->draining;

@@ -60,7 +60,7 @@ void unread_sent(struct unread *u, int fd, int before_bytes, unsigned nfds, uint
 /* A socket kept open after its session ended, until its peer has read what it was sent. */
 struct unread_socket {
         int fd;
-        uid_t uid;
+        uid_t user;                     /* the user its client's uid is (users.h) */
         char pod[40];                   /* the pod of its client, "" outside one (identity.h) */
         struct unread unread;
         struct unread_socket *next;

@@ -15,6 +15,8 @@ Suite *suite_heap(void);
 Suite *suite_granule(void);
 Suite *suite_pool(void);
 Suite *suite_identity(void);
+Suite *suite_users(void);
+Suite *suite_subuids(void);
 Suite *suite_daemon(void);
 Suite *suite_leases(void);
 Suite *suite_hostile(void);

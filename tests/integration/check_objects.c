@@ -456,7 +456,7 @@ START_TEST(test_objects_count_against_their_publisher) {
         ck_assert_int_eq(i, OBJECTS_PER_HOLDER);
         ck_assert_int_eq(r, -EDQUOT);
         gpupool_last_error(c, why, sizeof(why));
-        ck_assert_msg(strstr(why, "holds 64 named objects, the most one may (of the node's 256)"), "%s", why);
+        ck_assert_msg(strstr(why, "user 0 holds 64 named objects (published by any of her uids), the most one may (of the node's 256)"), "%s", why);
         ck_assert_int_eq(gpupool_free(c, p), 0);
         gpupool_disconnect(c);
         check_ok(&d);

@@ -572,6 +572,92 @@ START_TEST(test_one_pod_of_many_uids_fills_no_table) {
 }
 END_TEST
 
+/* In pod (under mnt) as uid: n connections held until hold closes, then one more; 'y' or 'n' (refused as the pod's) a connection to report. */
+struct pod_connector {
+        const char *mnt, *pod;
+        unsigned uid, n;
+        int report[2], hold[2];
+};
+
+static int connect_in_pod(struct testd *d, void *arg) {
+        struct pod_connector *pc = arg;
+        gpupool_client *c[8] = { 0 };
+        char dir[1024], want[96], why[512], b;
+
+        close(pc->report[0]);
+        close(pc->hold[1]);
+        pod_dir(pc->mnt, pc->pod, 4, dir, sizeof(dir));
+        if (cgroup_join(dir, 0) < 0 || setgid(pc->uid) < 0 || setuid(pc->uid) < 0 || pc->n > 8)
+                return 2;
+        snprintf(want, sizeof(want), "pod %s already has", pc->pod);
+        for (unsigned i = 0; i < pc->n; i++) {
+                b = 'y';
+                if (gpupool_connect(d->sock, "connector", &c[i]) < 0) {
+                        gpupool_last_error(NULL, why, sizeof(why));
+                        b = strstr(why, want) ? 'n' : 'x';
+                        if (b == 'x')
+                                fprintf(stderr, "connect_in_pod: %s\n", why);
+                }
+                if (write(pc->report[1], &b, 1) != 1)
+                        return 3;
+        }
+        close(pc->report[1]);
+        while (read(pc->hold[0], &b, 1) > 0)
+                ;
+        for (unsigned i = 0; i < pc->n; i++)
+                if (c[i])
+                        gpupool_disconnect(c[i]);
+        return 0;
+}
+
+/* Starts connect_in_pod() for n connections of uid in pod; the bytes they reported into got (n + 1 bytes). */
+static pid_t pod_connections(struct testd *d, struct pod_connector *pc, const char *pod, unsigned n, char *got) {
+        pid_t pid;
+        unsigned k = 0;
+
+        pc->pod = pod;
+        pc->n = n;
+        ck_assert(pipe(pc->report) == 0 && pipe(pc->hold) == 0);
+        pid = spawn(connect_in_pod, d, pc);
+        close(pc->report[1]);
+        close(pc->hold[0]);
+        while (k < n && read(pc->report[0], &got[k], 1) == 1)
+                k++;
+        got[k] = '\0';
+        close(pc->report[0]);
+        return pid;
+}
+
+/*
+ * max_clients_per_uid counts a pod's connections, whatever uid its processes take, and not a
+ * uid's across pods: client-job.yaml runs every job as uid 1000, and one pod that opened the
+ * most one uid may have locked every other pod of that uid out. Pod A's third connection is
+ * refused under a bound of 2, saying it is the pod's; pod B, of the same uid, is let in.
+ */
+START_TEST(test_connections_are_counted_per_pod) {
+        struct pod_connector a = { .uid = 2000 }, b = { .uid = 2000 };
+        char mnt[512], got_a[8], got_b[8];
+        struct testd d;
+        pid_t pa, pb;
+
+        if (!pods_ready(__func__, mnt, sizeof(mnt)))
+                return;
+        testd_start(&d, "--max-clients-per-uid", "2", NULL);
+        ck_assert_int_eq(chmod(d.dir, 0755), 0);        /* let the other uids reach the socket */
+        a.mnt = b.mnt = mnt;
+        pa = pod_connections(&d, &a, POD_A, 3, got_a);
+        pb = pod_connections(&d, &b, POD_B, 1, got_b);
+        close(a.hold[1]);
+        close(b.hold[1]);
+        ck_assert_int_eq(reap(pa), 0);
+        ck_assert_int_eq(reap(pb), 0);
+        ck_assert_msg(strcmp(got_a, "yyn") == 0, "pod A, three connections under a bound of 2: %s", got_a);
+        ck_assert_msg(strcmp(got_b, "y") == 0, "pod B, of the same uid, after pod A's two: %s", got_b);
+        ck_assert_int_eq(testd_stop(&d), 0);
+        remove_pods(mnt);
+}
+END_TEST
+
 static volatile sig_atomic_t namespaced_daemon;
 
 static void forward_term(int sig) {
@@ -661,6 +747,7 @@ Suite *suite_pods(void) {
         tcase_add_test(tc, test_pods_apart_in_every_layout_and_configuration);
         tcase_add_test(tc, test_a_client_the_daemon_cannot_place_is_its_own);
         tcase_add_test(tc, test_one_pod_of_many_uids_fills_no_table);
+        tcase_add_test(tc, test_connections_are_counted_per_pod);
         tcase_set_timeout(tc, 60);
         suite_add_tcase(s, tc);
         return s;
