@@ -17,6 +17,7 @@
 #include "pool.h"
 #include "session.h"
 #include "size.h"
+#include "users.h"
 
 /* Checks an object's name; else refuses req with why. */
 static bool name_ok(const char *name, uint64_t id, struct reply *ret) {
@@ -194,10 +195,13 @@ static void seal_done(uv_work_t *w, int status) {
                 node_after_change(node);
 }
 
-/* Whether a client of uid has a seal under way: one at a time per user, so that no user takes libuv's threads. */
-static bool uid_sealing(const struct node *node, uid_t uid) {
-        SESSION_FOREACH(c, node)
-                if (c->held && c->uid == uid)
+/*
+ * Whether a client of s's group (users_same_group(): its pod, or its user with her subordinate
+ * uids) has a seal under way: one at a time per user, so that no user takes libuv's threads.
+ */
+static bool group_sealing(const struct session *s) {
+        SESSION_FOREACH(c, s->node)
+                if (c->held && users_same_group(c->user, c->pod_uid, s->user, s->pod_uid))
                         return true;
         return false;
 }
@@ -209,9 +213,13 @@ static void publish_later(struct session *s, const Gpupool__PublishRequest *p, u
         char why[GP_MAX_OBJECT_NAME_BYTES + 200];
         int err;
 
-        if (uid_sealing(node, s->uid)) {
-                snprintf(why, sizeof(why), "a publish of uid %u is being sealed: one at a time per user; try again "
-                         "once it is answered", (unsigned) s->uid);
+        if (group_sealing(s)) {
+                if (s->pod_uid[0])
+                        snprintf(why, sizeof(why), "a publish of pod %s is being sealed: one at a time per pod; try again "
+                                 "once it is answered", s->pod_uid);
+                else
+                        snprintf(why, sizeof(why), "a publish of user %u is being sealed: one at a time per user; try "
+                                 "again once it is answered", (unsigned) s->user);
                 reply_error(request_id, -EDQUOT, false, why, ret);
                 return;
         }
@@ -290,6 +298,17 @@ void request_publish(struct session *s, const Gpupool__Envelope *req, struct rep
                         snprintf(why, sizeof(why), "user %u holds %d named objects (published by any of her uids), the "
                                  "most one may (of the node's %d): unpublish one first", (unsigned) s->user,
                                  OBJECTS_PER_HOLDER, OBJECTS_MAX);
+                reply_error(req->id, -EDQUOT, false, why, ret);
+                return;
+        }
+        /*
+         * The node's table full, counting the publishes being sealed: refused before the seal,
+         * which cannot be undone (the block would stay read-only and be the publisher's no more).
+         */
+        if (node->object_count + node->seals_in_flight >= OBJECTS_MAX) {
+                snprintf(why, sizeof(why), "the node holds %u named objects%s, the most it may (%d): the operator's "
+                         "gpupoolctl unpublish, or idle_objects, makes room", node->object_count,
+                         node->seals_in_flight ? " with those being sealed" : "", OBJECTS_MAX);
                 reply_error(req->id, -EDQUOT, false, why, ret);
                 return;
         }

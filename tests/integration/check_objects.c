@@ -1009,6 +1009,61 @@ START_TEST(test_tenant_shares_its_objects) {
 }
 END_TEST
 
+/* As uid *arg: publishes 64 objects of 4 KiB, or (uid 3004) one more after the table is full; 0, or the step that failed. */
+static int publish_as(struct testd *d, void *arg) {
+        unsigned uid = *(unsigned *) arg;
+        gpupool_client *c;
+        char name[32], why[512];
+        unsigned n = uid == 3004 ? 1 : 64;
+        void *p;
+        int r;
+
+        if (setgid(uid) < 0 || setuid(uid) < 0 || gpupool_connect(d->sock, "filler", &c) < 0)
+                return 1;
+        for (unsigned k = 0; k < n; k++) {
+                snprintf(name, sizeof(name), "t%u-%u", uid, k);
+                if (gpupool_alloc(c, 0, 4096, &p) < 0)
+                        return 2;
+                memset(p, 7, 4096);
+                r = gpupool_publish(c, name, p, 4096);
+                if (uid != 3004 && r < 0)
+                        return 10;
+        }
+        if (uid == 3004) {
+                /* Refused before its seal: the block is still the process's, writable, and frees. */
+                gpupool_last_error(c, why, sizeof(why));
+                if (r != -EDQUOT || !strstr(why, "the node holds 256 named objects, the most it may (256)"))
+                        return 20;
+                memset(p, 9, 4096);
+                if (((unsigned char *) p)[4095] != 9 || gpupool_free(c, p) != 0)
+                        return 21;
+        }
+        gpupool_disconnect(c);
+        return 0;
+}
+
+/*
+ * A publish refused because the node's table is full is refused before its segment is sealed:
+ * it was refused after, and the publisher lost the block (read-only for good, -EROFS).
+ */
+START_TEST(test_full_table_refused_before_the_seal) {
+        struct testd d;
+        unsigned uid;
+
+        if (geteuid() != 0) {
+                TEST_SKIP("publishing as four other uids needs root");
+                return;
+        }
+        testd_start(&d, "--host-capacity", "1G", NULL);
+        ck_assert_int_eq(chmod(d.dir, 0755), 0);        /* let the other uids reach the socket */
+        for (uid = 3000; uid < 3004; uid++)
+                ck_assert_int_eq(reap(spawn(publish_as, &d, &uid)), 0);
+        ck_assert_int_eq(reap(spawn(publish_as, &d, &uid)), 0);
+        check_ok(&d);
+        ck_assert_int_eq(testd_stop(&d), 0);
+}
+END_TEST
+
 Suite *suite_objects(void) {
         Suite *s = suite_create("objects");
         TCase *tc = tcase_create("host");
@@ -1025,6 +1080,7 @@ Suite *suite_objects(void) {
         tcase_add_test(tc, test_idle_object_evicted_under_pressure);
         tcase_add_test(tc, test_tenant_shares_its_objects);
         tcase_add_test(tc, test_object_outlives_daemon_restart);
+        tcase_add_test(tc, test_full_table_refused_before_the_seal);
         tcase_set_timeout(tc, 30);     /* restarts and 16 MiB checked byte by byte, under a sanitizer too */
         suite_add_tcase(s, tc);
         return s;
