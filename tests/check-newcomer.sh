@@ -68,7 +68,7 @@ checks=(
         "docs/operations.md|The daemon holds {OPTIONS_FDS_FIXED} besides"
         "docs/operations.md|always have {NODE_OPERATOR_ROOM} connections"
         "docs/security.md|request packets ({GP_MAX_REQUEST_BYTES} bytes), names ({GP_MAX_NAME_BYTES} bytes of UTF-8)"
-        "docs/security.md|(\`--max-clients\`, {OPTIONS_DEFAULT_MAX_CLIENTS}), connections per uid (\`max_clients_per_uid\`, {OPTIONS_DEFAULT_MAX_CLIENTS_PER_UID})"
+        "docs/security.md|(\`--max-clients\`, {OPTIONS_DEFAULT_MAX_CLIENTS}), connections per user or pod (\`max_clients_per_uid\`, {OPTIONS_DEFAULT_MAX_CLIENTS_PER_UID})"
         "docs/security.md|\`max_clients_per_uid\` ({OPTIONS_DEFAULT_MAX_CLIENTS_PER_UID}) refuses the rest"
         "docs/security.md|\`hello_timeout\` ({OPTIONS_DEFAULT_HELLO_TIMEOUT_MS / 1000} s)"
         "docs/security.md|get {NODE_OPERATOR_ROOM} connections past both limits"
