@@ -39,8 +39,8 @@
 #include "size.h"
 
 /*
- * What the client's process reserves on device through its other connections, exiting ones
- * included: a set-limit --pid is the process's limit. 0 without one (nothing to sum).
+ * What the client's process reserves and charges on device through its other connections,
+ * exiting ones included: a set-limit --pid is the process's limit. 0 without one (nothing to sum).
  */
 static uint64_t process_others(const struct session *s, unsigned device) {
         uint64_t bytes = 0;
@@ -49,7 +49,7 @@ static uint64_t process_others(const struct session *s, unsigned device) {
                 return 0;
         SESSION_FOREACH(c, s->node)
                 if (c != s && c->pid == s->pid && c->owners)
-                        bytes += c->owners[device].reserved_bytes;
+                        bytes += c->owners[device].reserved_bytes + c->charged_bytes[device];
         return bytes;
 }
 

@@ -110,10 +110,20 @@ uint64_t policy_held_for_others(const struct policy *p, const struct tenant *t, 
         for (unsigned i = 0; i < p->tenant_count; i++) {
                 const struct tenant *o = &p->tenants[i];
 
-                if (o != t && o->guarantee_bytes > o->sums[device].reserved_bytes)
-                        held += o->guarantee_bytes - o->sums[device].reserved_bytes;
+                uint64_t used = o->sums[device].reserved_bytes + o->charged_bytes[device];
+
+                if (o != t && o->guarantee_bytes > used)
+                        held += o->guarantee_bytes - used;
         }
         return held;
+}
+
+uint64_t policy_charged_bytes(const struct policy *p, unsigned device) {
+        uint64_t charged = 0;
+
+        for (unsigned i = 0; i < p->tenant_count; i++)
+                charged += p->tenants[i].charged_bytes[device];
+        return charged;
 }
 
 /* Makes limit (0: none) against used the admission's bound when it leaves less room than the bound so far. */
@@ -144,9 +154,13 @@ void policy_admit(const struct policy *p, const struct tenant *t, uint64_t overr
         bound_by(ret, POLICY_CLIENT, limit,
                  owner->reserved_bytes + other_bytes + (from == POLICY_LIMIT_PID ? process_other_bytes : 0));
         bound_by(ret, POLICY_TENANT, t->max_bytes, t->sums[device].reserved_bytes + t->charged_bytes[device]);
-        /* What clients hold is theirs; what is cached can be released; the rest, less what is held back, is ours. */
+        /*
+         * What clients hold is theirs, leased or charged; what is cached can be released; the
+         * rest, less what is held back, is ours.
+         */
         if (held)
-                bound_by(ret, POLICY_GUARANTEES, st->total_bytes, st->reserved_bytes - st->cached_bytes + held);
+                bound_by(ret, POLICY_GUARANTEES, st->total_bytes,
+                         st->reserved_bytes - st->cached_bytes + policy_charged_bytes(p, device) + held);
 }
 
 static uint64_t excess(const struct tenant *t, unsigned device) {

@@ -182,8 +182,18 @@ bool policy_object_serves(const struct tenant *owner, const struct tenant *reque
 /* The most bytes device's cache may hold (the watermark). */
 uint64_t policy_max_cached(const struct policy *p, unsigned device);
 
-/* Bytes of device held back from tenant t for the other tenants' unused guarantees. */
+/*
+ * Bytes of device held back from tenant t for the other tenants' unused guarantees (what a
+ * tenant leases and charges uses its guarantee).
+ */
 uint64_t policy_held_for_others(const struct policy *p, const struct tenant *t, unsigned device);
+
+/*
+ * What every tenant's clients have charged on device: memory the driver made for them outside
+ * the pool (gpupool-run's cuMemCreate, PyTorch's expandable segments), which the device holds
+ * as it holds a lease of as many bytes, and which counts wherever such a lease would.
+ */
+uint64_t policy_charged_bytes(const struct policy *p, unsigned device);
 
 
 #endif

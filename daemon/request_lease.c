@@ -638,7 +638,7 @@ void request_charge(struct session *s, const Gpupool__Envelope *req, struct repl
         uint64_t bytes = c->bytes;
         uint32_t d = c->device;
         Gpupool__Envelope env;
-        char why[GP_MAX_ERROR_BYTES], b1[GP_SIZE_FORMAT_MAX], b2[GP_SIZE_FORMAT_MAX];
+        char why[GP_MAX_ERROR_BYTES], b1[GP_SIZE_FORMAT_MAX], b2[GP_SIZE_FORMAT_MAX], b3[GP_SIZE_FORMAT_MAX];
 
         if (d >= node->device_count) {
                 snprintf(why, sizeof(why), "no device %u: this daemon has %u", d, node->device_count);
@@ -662,8 +662,19 @@ void request_charge(struct session *s, const Gpupool__Envelope *req, struct repl
                 struct policy_admission adm;
                 struct pool_stats st;
 
+                uint64_t held;
+
                 pool_get_stats(node->pools[d], &st);
                 evict_admit(s, d, &st, &adm);
+                /* The device, as a lease of as many bytes finds it once the cache is released: leases and charges together. */
+                held = st.reserved_bytes - st.cached_bytes + policy_charged_bytes(&node->policy, d);
+                if (bytes <= adm.headroom_bytes && (held > st.total_bytes || bytes > st.total_bytes - held)) {
+                        snprintf(why, sizeof(why), "memory of %s on device %u allocated outside the pool: the device holds "
+                                 "%s in all, of which clients lease and charge %s", gp_size_format(bytes, b1, sizeof(b1)), d,
+                                 gp_size_format(st.total_bytes, b2, sizeof(b2)), gp_size_format(held, b3, sizeof(b3)));
+                        refuse(s, req->id, -ENOMEM, POLICY_REFUSED_DEVICE_FULL, d, bytes, why, ret);
+                        return;
+                }
                 if (bytes > adm.headroom_bytes) {
                         int n = snprintf(why, sizeof(why), "memory of %s on device %u allocated outside the pool, ",
                                          gp_size_format(bytes, b1, sizeof(b1)), d);

@@ -468,6 +468,34 @@ START_TEST(test_pid_limit_sums_connections) {
 }
 END_TEST
 
+/*
+ * set-limit --pid sums what every connection of the process charges too (memory the driver
+ * made for it outside the pool), not its leases alone: 200 MiB charged on one connection and
+ * 100 MiB asked on another pass a 256 MiB process limit no more (round six: 456 MiB held).
+ */
+START_TEST(test_pid_limit_sums_charges) {
+        gpupool_client *a, *b;
+        char cmd[64], msg[512];
+        struct testd d;
+        void *p;
+
+        testd_start(&d, NULL);
+        ck_assert_int_eq(gpupool_connect(d.sock, "charger", &a), 0);
+        ck_assert_int_eq(gpupool_connect(d.sock, "leaser", &b), 0);
+        snprintf(cmd, sizeof(cmd), "set-limit --pid %d max=256M", (int) getpid());
+        json_decref(testd_ctl(&d, cmd));
+        ck_assert_int_eq(gpupool_charge(a, 0, 200 * MiB), 0);
+        ck_assert_int_eq(gpupool_alloc(b, 0, 100 * MiB, &p), -EDQUOT);
+        gpupool_last_error(b, msg, sizeof(msg));
+        ck_assert_msg(strstr(msg, "over its limit of 256.0 MiB (set-limit --pid)"), "%s", msg);
+        ck_assert_int_eq(gpupool_alloc(b, 0, 40 * MiB, &p), 0);
+        ck_assert_int_eq(gpupool_free(b, p), 0);
+        gpupool_disconnect(a);
+        gpupool_disconnect(b);
+        ck_assert_int_eq(testd_stop(&d), 0);
+}
+END_TEST
+
 /* A 63-byte name, the longest a client may declare. */
 #define LONG_NAME "a-client-name-of-sixty-three-bytes-the-longest-that-hello-takes"
 
@@ -612,6 +640,7 @@ Suite *suite_peers(void) {
         tcase_add_test(tc, test_liar_reconnecting_stays_distrusted);
         tcase_add_test(tc, test_flush_loop_floods_no_log);
         tcase_add_test(tc, test_pid_limit_sums_connections);
+        tcase_add_test(tc, test_pid_limit_sums_charges);
         tcase_add_test(tc, test_exiting_sessions_count_against_the_uid);
         tcase_add_test(tc, test_status_at_a_thousand_exiting_clients);
         tcase_add_test(tc, test_refused_connect_says_why);

@@ -160,6 +160,43 @@ START_TEST(test_guarantee_holds_others_off) {
 }
 END_TEST
 
+/*
+ * Charges (memory the driver made for a process outside the pool, gpupool-run's cuMemCreate)
+ * count as leases of as many bytes would, one after another: against another tenant's
+ * guarantee, in the guaranteed tenant's use of it, and against the device. Round six: a second
+ * charge, and a lease after it, were admitted as if nothing had been charged.
+ */
+START_TEST(test_charges_count_as_leases) {
+        gpupool_client *greedy, *serve;
+        struct testd d;
+        char msg[512];
+        void *p, *q;
+
+        start(&d, "[tenant:serve]\nmatch_name = serve\nguarantee = 32M\n", "64M");
+        ck_assert_int_eq(gpupool_connect(d.sock, "greedy", &greedy), 0);
+        ck_assert_int_eq(gpupool_charge(greedy, 0, 20 * MiB), 0);
+        /* 20 charged and 32 held back of 64: not 20 more, charged or leased. */
+        ck_assert_int_eq(gpupool_charge(greedy, 0, 20 * MiB), -EDQUOT);
+        gpupool_last_error(greedy, msg, sizeof(msg));
+        ck_assert_msg(strstr(msg, "held back for other tenants' unused guarantees"), "%s", msg);
+        ck_assert_int_eq(gpupool_alloc(greedy, 0, 16 * MiB, &p), -EDQUOT);
+        ck_assert_int_eq(gpupool_alloc(greedy, 0, 10 * MiB, &p), 0);
+        /* The guaranteed tenant charges half its guarantee and leases the other half. */
+        ck_assert_int_eq(gpupool_connect(d.sock, "serve", &serve), 0);
+        ck_assert_int_eq(gpupool_charge(serve, 0, 16 * MiB), 0);
+        ck_assert_int_eq(gpupool_alloc(serve, 0, 16 * MiB, &q), 0);
+        /* Past the device, a charge is refused as a lease would be: 64 MiB hold 62 now. */
+        ck_assert_int_eq(gpupool_charge(serve, 0, 8 * MiB), -ENOMEM);
+        gpupool_last_error(serve, msg, sizeof(msg));
+        ck_assert_msg(strstr(msg, "the device holds 64.0 MiB in all"), "%s", msg);
+        ck_assert_int_eq(gpupool_free(serve, q), 0);
+        ck_assert_int_eq(gpupool_free(greedy, p), 0);
+        gpupool_disconnect(serve);
+        gpupool_disconnect(greedy);
+        stop(&d);
+}
+END_TEST
+
 START_TEST(test_cache_counters_decay_and_watermark) {
         gpupool_client *c;
         struct testd d;
@@ -868,6 +905,7 @@ Suite *suite_tenants(void) {
 
         tcase_add_test(tc, test_tenant_max_across_processes);
         tcase_add_test(tc, test_guarantee_holds_others_off);
+        tcase_add_test(tc, test_charges_count_as_leases);
         tcase_add_test(tc, test_cache_counters_decay_and_watermark);
         tcase_add_test(tc, test_reload_and_runtime_limits);
         tcase_add_test(tc, test_set_limit_needs_root);

@@ -144,6 +144,20 @@ START_TEST(test_admit) {
         ck_assert_uint_eq(policy_held_for_others(&p, &p.tenants[0], 0), 5 * GiB);
         ck_assert_uint_eq(policy_held_for_others(&p, serve, 0), 0);
         serve->sums[0].reserved_bytes = 0;
+        /*
+         * Charges count as leases of as many bytes would: serve's uses its guarantee, and every
+         * tenant's takes the device (round six: charges were admitted as if none came before).
+         */
+        serve->charged_bytes[0] = 15 * GiB;
+        ck_assert_uint_eq(policy_held_for_others(&p, &p.tenants[0], 0), 5 * GiB);
+        ck_assert_uint_eq(policy_charged_bytes(&p, 0), 15 * GiB);
+        serve->charged_bytes[0] = 0;
+        p.tenants[0].charged_bytes[0] = 4 * GiB;
+        ck_assert_uint_eq(policy_charged_bytes(&p, 0), 4 * GiB);
+        policy_admit(&p, &p.tenants[0], POLICY_NO_OVERRIDE, 0, 0, &owner, 0, &st, &a);
+        ck_assert_int_eq(a.bound, POLICY_GUARANTEES);
+        ck_assert_uint_eq(a.headroom_bytes, 80 * GiB - 53 * GiB - 4 * GiB - 20 * GiB);
+        p.tenants[0].charged_bytes[0] = 0;
         /* ... while nothing of policy's holds serve back: the device's free memory is the limit. */
         p.client_limit_bytes = 0;
         policy_admit(&p, serve, POLICY_NO_OVERRIDE, 0, 0, &owner, 0, &st, &a);
