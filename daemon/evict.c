@@ -245,9 +245,18 @@ void evict_keep_headroom(struct node *node) {
 
         for (unsigned d = 0; d < node->device_count; d++) {
                 /* The cache first, oldest first. */
-                uint64_t short_bytes, bytes = pool_keep_headroom(node->pools[d], &short_bytes);
+                uint64_t short_bytes, bytes = pool_keep_headroom(node->pools[d], &short_bytes), grown;
                 struct pool_stats st;
 
+                /* Memory others held when the capacity was read, free again: the pool's to use (docs/design.md). */
+                if ((grown = pool_follow_device(node->pools[d]))) {
+                        pool_get_stats(node->pools[d], &st);
+                        node->policy.capacity_bytes[d] = st.total_bytes;
+                        log_info("device %u: capacity %s, %s more: memory others held when it was read (contexts of "
+                                 "clients alive at a restart, programs that exited) is free again", d,
+                                 gp_size_format(st.total_bytes, f, sizeof(f)), gp_size_format(grown, b, sizeof(b)));
+                        released = true;
+                }
                 /* Still short with the cache empty: clients over their guarantee give back what they keep free. */
                 if (short_bytes) {
                         unsigned clients;

@@ -186,6 +186,21 @@ uint64_t pool_keep_headroom(struct pool *p, uint64_t *ret_short) {
         return bytes;
 }
 
+uint64_t pool_follow_device(struct pool *p) {
+        uint64_t target, seg = 2ULL << 20;
+
+        if (!p->gpu_known || p->gpu.free_bytes + p->reserved_bytes <= p->gpu.headroom_bytes)
+                return 0;
+        target = (p->gpu.free_bytes + p->reserved_bytes - p->gpu.headroom_bytes) & ~(seg - 1);
+        if (target > p->gpu.total_bytes)
+                target = p->gpu.total_bytes & ~(seg - 1);
+        if (target <= p->capacity_bytes)
+                return 0;
+        target -= p->capacity_bytes;
+        p->capacity_bytes += target;
+        return target;
+}
+
 void pool_flush(struct pool *p, uint64_t *ret_segments, uint64_t *ret_bytes) {
         uint64_t segments = 0, bytes = p->cached_bytes;
 

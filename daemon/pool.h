@@ -129,6 +129,15 @@ bool pool_read_device(struct pool *pool);
  */
 uint64_t pool_keep_headroom(struct pool *pool, uint64_t *ret_short);
 
+/*
+ * Grows the capacity to what the device would give a pool started now: its free memory and
+ * what the pool holds, less the headroom, in 2 MiB segments, where that is more (memory others
+ * held when the pool's capacity was read is free again: the contexts of clients alive at a
+ * restart, a program that exited). Never shrinks it. Reads the device as last read
+ * (pool_keep_headroom() reads it). Returns the bytes the capacity grew by.
+ */
+uint64_t pool_follow_device(struct pool *pool);
+
 /* Releases the oldest cached segments until at most max_cached_bytes are cached. Returns the bytes released. */
 uint64_t pool_trim_cache(struct pool *pool, uint64_t max_cached_bytes);
 

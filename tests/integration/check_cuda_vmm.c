@@ -1281,6 +1281,68 @@ START_TEST(test_fake_vmm_restart_counts_adopted_memory_once) {
 }
 END_TEST
 
+/* Holds a 100 MiB block (and a context of its own) through a restart, until told, then gives it back once the new daemon counts it. */
+static int holds_through_restart(struct testd *d, void *arg) {
+        struct survivor *w = arg;
+        gpupool_client *c;
+        void *p;
+        char b;
+
+        if (gpupool_connect(d->sock, "context", &c) < 0 || gpupool_alloc(c, 0, 100 * MiB, &p) < 0)
+                return 1;
+        if (write(w->up[1], "r", 1) != 1 || read(w->go[0], &b, 1) != 1)
+                return 2;
+        for (double t0 = now_s(); testd_client_field(d, getpid(), "context", "reserved_bytes") < (long long) (100 * MiB);
+             nap_ms(50))
+                if (now_s() - t0 > 20)
+                        return 3;
+        if (gpupool_free(c, p) < 0 || gpupool_trim(c) < 0)
+                return 4;
+        gpupool_disconnect(c);
+        return 0;
+}
+
+/*
+ * Round six: a restarted daemon read its capacity with the contexts of the clients alive then
+ * (300 MiB each here, as a real one takes hundreds) taken, and kept it that small for good. It
+ * grows back as that memory comes free: once the three have exited, within a few seconds.
+ */
+START_TEST(test_fake_vmm_capacity_grows_back) {
+        struct survivor w[3];
+        long long total, after;
+        struct testd d;
+        pid_t pid[3];
+        char b;
+
+        setenv("FAKECUDA_MEM", "3G", 1);
+        setenv("FAKECUDA_CONTEXT_MEM", "300M", 1);
+        cuda_backend = "cuda-vmm";
+        cuda_start(&d, "--headroom", "8M");
+        total = testd_device(&d, 0, "total_bytes");
+        for (int i = 0; i < 3; i++) {
+                memset(&w[i], 0, sizeof(w[i]));
+                ck_assert(pipe(w[i].up) == 0 && pipe(w[i].go) == 0);
+                pid[i] = spawn(holds_through_restart, &d, &w[i]);
+                ck_assert_int_eq(read(w[i].up[0], &b, 1), 1);
+        }
+        testd_crash_and_restart(&d);
+        after = testd_device(&d, 0, "total_bytes");
+        ck_assert_msg(after <= total - (long long) (800 * MiB), "capacity %lld after the restart, %lld before", after, total);
+        for (int i = 0; i < 3; i++) {
+                ck_assert_int_eq(write(w[i].go[1], "g", 1), 1);
+                ck_assert_int_eq(reap(pid[i]), 0);
+                close(w[i].up[0]), close(w[i].up[1]), close(w[i].go[0]), close(w[i].go[1]);
+        }
+        ck_assert_msg(testd_device_becomes(&d, 0, "total_bytes", total), "capacity %lld, not %lld again",
+                      testd_device(&d, 0, "total_bytes"), total);
+        ck_assert(testd_log_wait(&d, "is free again"));
+        json_decref(testd_ctl(&d, "check"));
+        cuda_stop(&d);
+        unsetenv("FAKECUDA_MEM");
+        unsetenv("FAKECUDA_CONTEXT_MEM");
+}
+END_TEST
+
 /*
  * The descriptors held ahead for the granule stock count in the fd limit: on eight GPUs under a
  * hard limit of 4096, --granule-stock 128 leaves room for 688 clients (4096 less 320 and 128 per
@@ -1465,5 +1527,6 @@ void cuda_vmm_add_fake(TCase *tc) {
         tcase_add_test(tc, test_fake_vmm_object_on_another_gpu);
         tcase_add_test(tc, test_fake_vmm_node_scale);
         tcase_add_test(tc, test_fake_vmm_restart_counts_adopted_memory_once);
+        tcase_add_test(tc, test_fake_vmm_capacity_grows_back);
         tcase_add_test(tc, test_fake_vmm_piece_on_a_node_sized_gpu);
 }
