@@ -44,11 +44,17 @@ static struct {
         unsigned waiting;               /* count, for closer_backlog() without the lock (written under it) */
 } closer = { .lock = PTHREAD_MUTEX_INITIALIZER, .wake = PTHREAD_COND_INITIALIZER, .idle = PTHREAD_COND_INITIALIZER };
 
-/* A lingering socket would hold the thread for its linger time: a peer's socket is closed at once. */
+/*
+ * A lingering socket would hold the thread for its linger time: a peer's socket is closed at
+ * once. And shut down now, never blocking, so that its peer sees the end at once although the
+ * close may wait behind its user's stuck closes (what its queue holds in flight is dropped only
+ * with the last close).
+ */
 static void no_linger(int fd) {
         struct linger off = { 0 };
 
         (void) setsockopt(fd, SOL_SOCKET, SO_LINGER, &off, sizeof(off));       /* ENOTSOCK for the rest */
+        (void) shutdown(fd, SHUT_RDWR);
 }
 
 /* How many threads are closing what sender sent. Locked. */
@@ -60,13 +66,21 @@ static unsigned closing_for(uid_t sender) {
         return n;
 }
 
-/* The oldest waiting descriptor whose sender has room for one more close, or -1. Locked. */
+/*
+ * The oldest waiting descriptor whose sender has room for one more close, or -1: the daemon's
+ * own always, a peer's while peers' closes hold fewer than all but CLOSER_OWN_THREADS. Locked.
+ */
 static int next_index(void) {
+        bool peers_room = closer.closing - closing_for(OWN) < CLOSER_THREADS - CLOSER_OWN_THREADS;
+
         for (unsigned i = 0; i < closer.count; i++)
-                if (closer.fds[i].sender == OWN || closing_for(closer.fds[i].sender) < CLOSER_PER_SENDER)
+                if (closer.fds[i].sender == OWN ||
+                    (peers_room && closing_for(closer.fds[i].sender) < CLOSER_PER_SENDER))
                         return (int) i;
         return -1;
 }
+
+static bool grow_locked(void);
 
 static void *closer_main(void *arg) {
         unsigned me = (unsigned) (uintptr_t) arg;
@@ -88,6 +102,8 @@ static void *closer_main(void *arg) {
                 closer.free_threads--;
                 closer.in_close[me] = true;
                 closer.closing_for[me] = w.sender;
+                if (closer.count && !closer.free_threads)
+                        (void) grow_locked();   /* the rest may wait on a thread as this close may never return */
                 pthread_mutex_unlock(&closer.lock);
                 (void) close(w.fd);     /* may block, even forever: that is why it is here */
                 pthread_mutex_lock(&closer.lock);
@@ -106,7 +122,9 @@ static void *closer_main(void *arg) {
 
 /*
  * Starts one more thread, its signals blocked (the loop takes them), where descriptors wait
- * and no thread is free to take them. Locked. Returns whether any thread runs.
+ * and no thread is free to take them: as one is handed over, and as a thread takes one while
+ * others wait (a burst would otherwise wait behind a close that never returns). Locked.
+ * Returns whether any thread runs.
  */
 static bool grow_locked(void) {
         pthread_attr_t attr;
@@ -184,6 +202,13 @@ unsigned closer_backlog(uid_t sender) {
                 n += closer.fds[i].sender == sender;
         pthread_mutex_unlock(&closer.lock);
         return n;
+}
+
+void closer_counts(unsigned *ret_closing, unsigned *ret_waiting) {
+        pthread_mutex_lock(&closer.lock);
+        *ret_closing = closer.closing;
+        *ret_waiting = closer.count;
+        pthread_mutex_unlock(&closer.lock);
 }
 
 unsigned closer_stop(unsigned wait_ms) {

@@ -16,6 +16,11 @@
  * CLOSER_BACKLOG_MAX waiting is sent nothing more to close: its connections are dropped and
  * refused (session.c, server.c). A stuck close holds no slot of the descriptor table (the
  * kernel takes the descriptor out of it before it flushes), only its thread.
+ *
+ * Peers' closes (and a client's socket, whose queue may hold what it sent) take at most
+ * CLOSER_THREADS - CLOSER_OWN_THREADS threads at once, whoever sent them: the rest are for the
+ * daemon's own descriptors, which never wait behind a peer's file however many senders have
+ * closes stuck (round six: 32 users with a FUSE server held every thread).
  */
 #ifndef GP_CLOSER_H
 #define GP_CLOSER_H
@@ -24,6 +29,10 @@
 
 /* The most threads that close; each holds a small stack. */
 #define CLOSER_THREADS 64
+/* The sender of a descriptor whose peer's credentials could not be read: a sender of its own. */
+#define CLOSER_UNKNOWN_SENDER ((uid_t) -2)
+/* Threads only the daemon's own descriptors may take (closer_close()). */
+#define CLOSER_OWN_THREADS 4
 /* The most threads closing what one user sent, at once. */
 #define CLOSER_PER_SENDER 2
 /* The most descriptors one user sent that may wait to be closed before it may send no more. */
@@ -37,11 +46,17 @@
  */
 void closer_close(int fd);
 
-/* The same for a descriptor that a peer of sender uid sent. */
+/*
+ * The same for a descriptor that a peer sent, or a client's socket: sender is the user (users.h)
+ * whose closes it counts among.
+ */
 void closer_close_from(int fd, uid_t sender);
 
 /* How many descriptors that sender sent wait to be closed (not yet on a thread). */
 unsigned closer_backlog(uid_t sender);
+
+/* How many closes are under way now (in close(2) on a thread), and how many wait for one. */
+void closer_counts(unsigned *ret_closing, unsigned *ret_waiting);
 
 /*
  * Waits up to wait_ms for every handed-over descriptor to be closed, then stops the threads.

@@ -34,16 +34,16 @@
 static void on_connection(uv_poll_t *handle, int status, int events);
 
 /*
- * Refuses a connection with one packet saying why, so the client reports it instead of a bare
- * reset. The packet is id 0: the client has not asked anything yet.
+ * Refuses a connection of user (users.h) with one packet saying why, so the client reports it
+ * instead of a bare reset. The packet is id 0: the client has not asked anything yet.
  */
-static void refuse_client(int fd, int err, const char *why) {
+static void refuse_client(int fd, uid_t user, int err, const char *why) {
         struct reply rep;
 
         reply_error(0, err, true, why, &rep);
         (void) gp_wire_send_packet(fd, reply_bytes(&rep), rep.len, -1);
         reply_release(&rep);
-        closer_close(fd);       /* what it queued before being refused may carry descriptors */
+        closer_close_from(fd, user);    /* what it queued before being refused may carry descriptors: its user's */
 }
 
 /* Accepting again, once the spare is back: without it the next refusal could not be made. */
@@ -74,8 +74,13 @@ static void out_of_fds(struct server *server, int err) {
                 close(server->spare_fd);
                 server->spare_fd = -1;
                 fd = accept4(server->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
-                if (fd >= 0)
-                        refuse_client(fd, -EIO, why);
+                if (fd >= 0) {
+                        struct ucred cred;
+                        socklen_t len = sizeof(cred);
+
+                        refuse_client(fd, getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0 ?
+                                      users_owner(cred.uid, NULL) : CLOSER_UNKNOWN_SENDER, -EIO, why);
+                }
         }
         uv_poll_stop(&server->listen_poll);
         uv_timer_start(&server->accept_timer, on_accept_timer, 100, 0);
@@ -152,7 +157,7 @@ static int admit(struct server *server, int fd, bool *ret_per_uid) {
                          (unsigned) user);
                 node_log(&server->node, LOG_LEVEL_WARN, "refusing a client (pid %d, uid %u): %s", (int) cred.pid,
                          (unsigned) cred.uid, why);
-                refuse_client(fd, -EAGAIN, why);
+                refuse_client(fd, user, -EAGAIN, why);
                 return -1;
         }
         if (server->node.connected + server->node.exiting + server->node.draining_count < o->max_clients) {
@@ -168,7 +173,7 @@ static int admit(struct server *server, int fd, bool *ret_per_uid) {
                 return SESSION_ADMIT_ADMIN_ONLY;
         node_limit_text(&server->node, *ret_per_uid, cred.uid, user, pod, why, sizeof(why));
         node_log(&server->node, LOG_LEVEL_WARN, "refusing a client (pid %d, uid %u): %s", (int) cred.pid, (unsigned) cred.uid, why);
-        refuse_client(fd, -EDQUOT, why);
+        refuse_client(fd, user, -EDQUOT, why);
         return -1;
 }
 

@@ -53,7 +53,7 @@ bool session_unread_keep_socket(struct session *s) {
 
         if (!unread_update(&s->unread, s->fd, &node->unread_fds) || node->stopping || !(u = calloc(1, sizeof(*u)))) {
                 node->unread_fds -= s->unread.fds;
-                closer_close(s->fd);    /* its queue may hold descriptors in flight, dropped with it */
+                closer_close_from(s->fd, s->user);      /* its queue may hold descriptors in flight, dropped with it: its user's */
                 return false;
         }
         u->fd = s->fd;
@@ -81,7 +81,7 @@ void session_unread_drain(struct node *node) {
                 }
                 *at = u->next;
                 node->draining_count--;
-                closer_close(u->fd);
+                closer_close_from(u->fd, u->user);
                 free(u);
         }
 }

@@ -183,6 +183,78 @@ static int stick_closes(struct testd *d, void *arg) {
         return 0;
 }
 
+/*
+ * In a process of its own (a FUSE mount's namespace), the closer as the daemon has it: two
+ * closes of a file whose FUSE server never answers its FLUSH from each of 32 senders, 64 in
+ * all, as many as the closer has threads; then one of the daemon's own descriptors (a pipe's
+ * end), which must close at once all the same. 0, 100 skipped (why on report), or the step.
+ */
+static int own_close_behind_peers(struct testd *d, void *arg) {
+        int *report = arg, p[2], fd;
+        unsigned closing = 0, waiting = 0;
+        char dir[300], why[200];
+        struct pollfd hup;
+        double t0;
+
+        snprintf(dir, sizeof(dir), "%s/fuse-own", d->dir);
+        if (mkdir(dir, 0755) < 0)
+                return 1;
+        fd = fusefile_open_frozen_flushing(dir, 4096, why, sizeof(why));
+        if (fd < 0) {
+                (void) !write(report[1], why, strlen(why) + 1);
+                return 100;
+        }
+        for (int i = 0; i < CLOSER_THREADS; i++)
+                closer_close_from(dup(fd), (uid_t) (5000 + i / CLOSER_PER_SENDER));
+        /* Every peer's close taken or held back: none waits for a thread to start. */
+        for (t0 = now_s(); now_s() - t0 < 10; nap_ms(10)) {
+                closer_counts(&closing, &waiting);
+                if (closing + waiting == CLOSER_THREADS && closing >= CLOSER_THREADS - CLOSER_OWN_THREADS)
+                        break;
+        }
+        if (closing < CLOSER_THREADS - CLOSER_OWN_THREADS)
+                return 2;
+        if (pipe(p) < 0)
+                return 3;
+        closer_close(p[1]);
+        hup = (struct pollfd) { .fd = p[0], .events = POLLIN };
+        if (poll(&hup, 1, 2000) != 1 || !(hup.revents & POLLHUP))
+                return 4;       /* the daemon's own waited behind the peers' */
+        fusefile_thaw();
+        close(fd);
+        close(p[0]);
+        return closer_stop(10000) == 0 ? 0 : 5;
+}
+
+/*
+ * Round six: with two closes stuck on FUSE from each of 32 users (or 32 subordinate uids, now
+ * one user), every closer thread waited, and nothing else was closed, the daemon's own
+ * descriptors included. Peers' closes now leave CLOSER_OWN_THREADS threads to the daemon's own.
+ */
+START_TEST(test_own_closes_never_wait_behind_peers) {
+        char why[200] = "";
+        struct testd d;
+        int report[2], r;
+
+        if (under_valgrind()) {
+                TEST_SKIP("valgrind holds its one lock through a close(2) that waits on FUSE");
+                return;
+        }
+        testd_start(&d, NULL);          /* for its directory: the closer under test is the child's own */
+        ck_assert_int_eq(pipe(report), 0);
+        r = reap(spawn(own_close_behind_peers, &d, report));
+        close(report[1]);
+        if (r == 100) {
+                (void) !read(report[0], why, sizeof(why) - 1);
+                TEST_SKIP("a close stuck on FUSE: %s", why);
+        } else {
+                ck_assert_msg(r == 0, "the daemon's own descriptor waited behind peers' stuck closes (step %d)", r);
+        }
+        close(report[0]);
+        ck_assert_int_eq(testd_stop(&d), 0);
+}
+END_TEST
+
 /* Waits up to 5 s for the daemon to hold at most want descriptors; returns what it holds. */
 static int fds_settle(struct testd *d, int want) {
         int n = open_fds(d->pid);
@@ -635,6 +707,7 @@ Suite *suite_peers(void) {
         tcase_add_test(tc, test_deaf_client_keeps_its_live_memory);
         tcase_add_test(tc, test_adopting_a_frozen_fuse_file_stalls_nothing);
         tcase_add_test(tc, test_a_close_stuck_on_fuse_stops_no_other);
+        tcase_add_test(tc, test_own_closes_never_wait_behind_peers);
         tcase_add_test(tc, test_liar_answering_nothing_diverts_no_reclaim);
         tcase_add_test(tc, test_silent_liar_diverts_no_reclaim);
         tcase_add_test(tc, test_liar_reconnecting_stays_distrusted);
