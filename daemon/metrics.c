@@ -20,10 +20,10 @@
 #define METRICS_LINE_MAX 128
 #define METRICS_DEVICE_FAMILIES 15
 #define METRICS_TENANT_FAMILIES 3
-#define METRICS_FAMILIES 25
+#define METRICS_FAMILIES 27
 #define METRICS_HEADER_MAX 320          /* a family's HELP and TYPE lines */
 _Static_assert((METRICS_DEVICE_FAMILIES * BACKEND_MAX_DEVICES + METRICS_TENANT_FAMILIES * CONFIG_MAX_TENANTS +
-                POLICY_REFUSAL_COUNT + 3) * METRICS_LINE_MAX + METRICS_FAMILIES * METRICS_HEADER_MAX <=
+                POLICY_REFUSAL_COUNT + 6) * METRICS_LINE_MAX + METRICS_FAMILIES * METRICS_HEADER_MAX <=
                        METRICS_TEXT_MAX,
                "the metrics of every device and tenant fit METRICS_TEXT_MAX");
 _Static_assert(METRICS_TEXT_MAX + 1024 <= GP_MAX_REPLY_BYTES, "a MetricsReply holds METRICS_TEXT_MAX");
@@ -34,6 +34,7 @@ static const char *const refusal_reasons[POLICY_REFUSAL_COUNT] = {
         [POLICY_REFUSED_GUARANTEES] = "guarantees",
         [POLICY_REFUSED_DEVICE_FULL] = "device_full",
         [POLICY_REFUSED_BACKEND_ERROR] = "backend_error",
+        [POLICY_REFUSED_UNREAD] = "unread_budget",
 };
 
 struct writer {
@@ -222,6 +223,15 @@ int metrics_format(const struct node *node, const struct session *asking, char *
         family(&w, "gpupool_refusals_total", "counter", "Leases refused, by reason.");
         for (unsigned r = 0; r < POLICY_REFUSAL_COUNT; r++)
                 emit(&w, "gpupool_refusals_total{reason=\"%s\"} %" PRIu64 "\n", refusal_reasons[r], node->refusals_total[r]);
+        family(&w, "gpupool_unread_descriptors", "gauge",
+               "Descriptors sent to clients (and to ended sessions' sockets kept open) that their peers have not read: the "
+               "kernel counts them against the daemon's RLIMIT_NOFILE.");
+        emit(&w, "gpupool_unread_descriptors %" PRIu64 "\n", node->unread_fds);
+        family(&w, "gpupool_unread_descriptors_limit", "gauge",
+               "The node's bounds on them: the budget any group may fill, and the ceiling past it for groups that hold little.");
+        emit(&w, "gpupool_unread_descriptors_limit{bound=\"budget\"} %" PRIu64 "\n"
+                 "gpupool_unread_descriptors_limit{bound=\"ceiling\"} %" PRIu64 "\n",
+             node->unread_budget, node->unread_ceiling);
         tenants(&w, node, asking);
         return w.full ? -ENOBUFS : (int) w.len;
 }

@@ -24,17 +24,20 @@ static void on_headroom_timer(uv_timer_t *timer) {
 }
 
 /*
- * How many descriptors sent may wait unread, node-wide: half the soft RLIMIT_NOFILE (the
- * kernel refuses the daemon's sends past all of it, unix_inflight), the rest for its other
- * senders and a packet's overshoot; at least two full pipelines of granule leases.
+ * How many descriptors sent may wait unread, node-wide (*budget): half the soft RLIMIT_NOFILE
+ * (the kernel refuses the daemon's sends past all of it, unix_inflight), at least two full
+ * pipelines of granule leases; and (*ceiling) the most past it, for groups that hold little
+ * (session_unread.c): seven eighths of the limit, the rest for a packet's overshoot and the
+ * daemon user's other senders.
  */
-static uint64_t node_unread_budget(void) {
+static void node_unread_limits(uint64_t *budget, uint64_t *ceiling) {
         struct rlimit rl;
         uint64_t cur = 1 << 20;
 
         if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY)
                 cur = rl.rlim_cur;
-        return cur / 2 > NODE_UNREAD_MIN ? cur / 2 : NODE_UNREAD_MIN;
+        *budget = cur / 2 > NODE_UNREAD_MIN ? cur / 2 : NODE_UNREAD_MIN;
+        *ceiling = cur / 8 * 7 > *budget ? cur / 8 * 7 : *budget;
 }
 
 void node_adopted(struct node *node, unsigned device, uint64_t bytes, bool grow) {
@@ -100,7 +103,7 @@ int node_init(struct node *node, uv_loop_t *loop, const struct config *config, s
         uv_timer_init(loop, &node->stock_timer);
         node->stock_timer.data = node;
         node->stock_timer_open = true;
-        node->unread_budget = node_unread_budget();
+        node_unread_limits(&node->unread_budget, &node->unread_ceiling);
         if (backend->ops->device_memory)
                 uv_timer_start(&node->headroom_timer, on_headroom_timer, NODE_HEADROOM_POLL_MS, NODE_HEADROOM_POLL_MS);
         return 0;

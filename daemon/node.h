@@ -131,10 +131,11 @@ struct node {
         /*
          * Descriptors sent that peers have not read (unread.h; session.c's): all of them, the
          * most the node lets be (half the soft RLIMIT_NOFILE, against which the kernel counts
-         * them), the sessions whose reply waits for their client to read, the sockets of ended
-         * sessions kept open until their peers read or close, and the timer that looks.
+         * them) and past that for groups that hold little (session_unread.c), the sessions
+         * whose reply waits for their client to read, the sockets of ended sessions kept open
+         * until their peers read or close, and the timer that looks.
          */
-        uint64_t unread_fds, unread_budget;
+        uint64_t unread_fds, unread_budget, unread_ceiling;
         unsigned unread_waiting;
         struct unread_socket *draining;
         unsigned draining_count;

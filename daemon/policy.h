@@ -52,6 +52,7 @@ enum policy_refusal {
         POLICY_REFUSED_GUARANTEES,      /* "guarantees": held back for other tenants' guarantees */
         POLICY_REFUSED_DEVICE_FULL,     /* "device_full": no memory left after the eviction ladder */
         POLICY_REFUSED_BACKEND_ERROR,   /* "backend_error": the backend failed */
+        POLICY_REFUSED_UNREAD,          /* "unread_budget": others' unread descriptors held its reply past send_timeout */
         POLICY_REFUSAL_COUNT,
 };
 

@@ -17,6 +17,8 @@ static void reply_set(struct reply *ret, size_t len, bool disconnect) {
         ret->fds.n = 0;
         ret->fds.owner = NULL;
         ret->fds.read_only = false;
+        ret->fds.request_id = 0;
+        ret->fds.object = NULL;
         ret->disconnect = disconnect;
         ret->none = ret->parked = false;
 }

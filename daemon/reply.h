@@ -25,12 +25,20 @@
  * channel while the reply waited is never sent.
  */
 struct pool_owner;
+struct object;
 
 struct reply_fds {
         unsigned n;
         uint32_t device;
         const struct pool_owner *owner;         /* whose segments they are: NULL, the session's; else a named object's */
         bool read_only;                         /* each opened anew for reading only (a named object's) */
+        /*
+         * What a reply refused instead undoes (session.c, where others' unread descriptors hold
+         * it too long): the request it answers, and the object it attaches (NULL: the
+         * segments are a lease, given back).
+         */
+        uint64_t request_id;
+        struct object *object;
         uint64_t segments[GP_MAX_LEASE_GRANULES];
 };
 

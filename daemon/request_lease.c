@@ -293,6 +293,7 @@ static void lease_granted(struct session *s, uint64_t id, uint32_t device, const
         }
         if (pass_fds) {
                 ret->fds.device = device;
+                ret->fds.request_id = id;
                 ret->fds.n = count;
         }
 }

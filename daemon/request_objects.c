@@ -59,17 +59,6 @@ static void attach_to(struct session *s, struct object *obj) {
         objects_attach(obj);
 }
 
-/* Takes obj off s's list; false when s did not have it attached. */
-static bool detach_from(struct session *s, struct object *obj) {
-        for (unsigned i = 0; i < s->attached.count; i++)
-                if (s->attached.list[i] == obj) {
-                        s->attached.list[i] = s->attached.list[--s->attached.count];
-                        objects_detach(s->node, obj);
-                        return true;
-                }
-        return false;
-}
-
 /*
  * Who may attach obj: its publisher's principal (its uid, and its pod where it published from
  * one: the rule memory follows between clients), the node's operator, and the clients of its
@@ -424,7 +413,7 @@ void request_attach(struct session *s, const Gpupool__Envelope *req, struct repl
         env.body_case = GPUPOOL__ENVELOPE__BODY_ATTACH_REPLY;
         env.attach_reply = &ar;
         if (reply_pack(&env, false, ret) < 0) {
-                (void) detach_from(s, obj);
+                (void) session_detach(s, obj);
                 return;
         }
         if (mem->ipc_handle_len)
@@ -432,6 +421,8 @@ void request_attach(struct session *s, const Gpupool__Envelope *req, struct repl
         ret->fds.device = obj->device;
         ret->fds.owner = &obj->owner;
         ret->fds.read_only = node->backend->reopens_read_only;
+        ret->fds.request_id = req->id;
+        ret->fds.object = obj;
         ret->fds.segments[0] = obj->segment_id;
         ret->fds.n = 1;
 }
@@ -458,7 +449,7 @@ void request_detach(struct session *s, const Gpupool__Envelope *req, struct repl
                 reply_error(req->id, -ENOENT, false, why, ret);
                 return;
         }
-        (void) detach_from(s, obj);
+        (void) session_detach(s, obj);
         reply_ok(&env, req->id);
         env.body_case = GPUPOOL__ENVELOPE__BODY_DETACH_REPLY;
         env.detach_reply = &dr;

@@ -167,6 +167,16 @@ int session_return(struct session *s, uint64_t segment_id, bool to_backend) {
         return pool_return(node->pools[d], &s->owners[d], segment_id, to_backend);
 }
 
+bool session_detach(struct session *s, struct object *obj) {
+        for (unsigned i = 0; i < s->attached.count; i++)
+                if (s->attached.list[i] == obj) {
+                        s->attached.list[i] = s->attached.list[--s->attached.count];
+                        objects_detach(s->node, obj);
+                        return true;
+                }
+        return false;
+}
+
 void session_forget_reclaims(struct session *s) {
         s->node->reclaim_outstanding -= s->reclaim.outstanding;
         s->reclaim.outstanding = 0;
@@ -404,8 +414,8 @@ static int send_with_fds(struct session *s, const uint8_t *buf, size_t len, cons
         unsigned n = rf ? rf->n : 0, made = 0;
         int r = 0, queued = 0;
 
-        /* Past what the client may leave unread, the reply waits for it to read (-EBUSY). */
-        if (n && !session_unread_admits(s, n))
+        /* Past what the client, its group or the node may leave unread, the reply waits (-EBUSY): s->unread_bound says which. */
+        if (n && (s->unread_bound = session_unread_bound(s, n)) != SESSION_UNREAD_GOES)
                 return -EBUSY;
         queued = n ? unread_queue_bytes(s->fd) : 0;
         for (; made < n; made++) {
@@ -532,6 +542,41 @@ bool session_send(struct session *s, struct reply *rep) {
         return true;
 }
 
+/*
+ * A reply that others' unread descriptors (its group's bound or the node's) held back for
+ * send_timeout: not its client's fault, which reads what it is sent. It is refused instead,
+ * saying why, and what it gave is taken back (a lease's segments to the pool, an attached
+ * object detached); the client keeps its connection and is read from again.
+ */
+static void refuse_held(struct session *s, uint64_t waited_ms) {
+        struct reply_fds *rf = s->pending_fds;
+        struct node *node = s->node;
+        char bound[GP_MAX_ERROR_BYTES - 96], why[GP_MAX_ERROR_BYTES];
+        struct reply rep;
+
+        session_unread_why(s, s->unread_bound, rf->n, bound, sizeof(bound));
+        snprintf(why, sizeof(why), "its reply's %u descriptor%s could not be sent in %llu ms (send_timeout): %s", rf->n,
+                 rf->n == 1 ? "" : "s", (unsigned long long) waited_ms, bound);
+        session_log(s, LOG_LEVEL_WARN, "client %llu (%s, pid %d, uid %u): refusing a request: %s",
+                    (unsigned long long) s->id, s->name, (int) s->pid, (unsigned) s->uid, why);
+        if (rf->object)
+                (void) session_detach(s, rf->object);
+        else
+                for (unsigned i = 0; i < rf->n; i++)
+                        pool_lease_undo(node->pools[rf->device], &s->owners[rf->device], rf->segments[i]);
+        node->refusals_total[POLICY_REFUSED_UNREAD]++;
+        reply_error(rf->request_id, -ENOMEM, false, why, &rep);
+        free(s->pending);
+        s->pending = NULL;
+        free(s->pending_fds);
+        s->pending_fds = NULL;
+        s->unread_wait = false;
+        node->unread_waiting--;
+        if (session_send(s, &rep) && !s->pending && !s->held)
+                uv_poll_start(&s->poll, UV_READABLE, on_readable);
+        node_after_change(node);        /* what came back may be what a parked lease waits for */
+}
+
 void session_expire_stuck(struct node *node) {
         uint64_t now = uv_now(node->loop), limit = node->options->send_timeout_ms;
         uint64_t hello = node->options->hello_timeout_ms;
@@ -554,6 +599,9 @@ void session_expire_stuck(struct node *node) {
 
                         if (poll(&pfd, 1, 0) > 0)
                                 session_exited(s);
+                } else if (s->fd >= 0 && s->pending && limit && now - s->pending_since_ms >= limit &&
+                           s->unread_wait && s->unread_bound != SESSION_UNREAD_OWN) {
+                        refuse_held(s, now - s->pending_since_ms);
                 } else if (s->fd >= 0 && s->pending && limit && now - s->pending_since_ms >= limit) {
                         session_log(s, LOG_LEVEL_WARN,
                                     "client %llu (%s, pid %d) has not read a reply for %llu ms; disconnecting it",

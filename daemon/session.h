@@ -18,6 +18,7 @@
 #include "pool.h"
 #include "node.h"
 #include "reply.h"
+#include "session_unread.h"
 #include "unread.h"
 #include "wire.h"
 
@@ -119,6 +120,7 @@ struct session {
          */
         struct unread unread;
         bool unread_wait;
+        enum session_unread_bound unread_bound;         /* which bound it waits for (its own: its fault) */
         struct pool_owner *owners;      /* one per device */
         /*
          * Memory its process allocated outside the pool, from the driver (cuMemCreate under
@@ -191,8 +193,9 @@ int session_check_tenants(struct node *node, char *why, size_t why_size);
  * The most descriptors one client may have sent to it and not read: a full pipeline of the
  * library's granule leases (CLIENT_PIPELINE of GP_MAX_LEASE_GRANULES), or an eighth of the
  * node's budget where that is less. A client's group (users_same_group()) may have
- * an eighth of the node's budget; past either, its next reply with descriptors waits until it
- * reads (unread.h), and is dropped with the client after --send-timeout.
+ * an eighth of the node's budget (session_unread.c); past either, or the node's, its next
+ * reply with descriptors waits (unread.h). After --send-timeout one held at its own bound is
+ * dropped with the client; one held at its group's or the node's is refused, saying why.
  */
 #define SESSION_UNREAD_FDS (16 * GP_MAX_LEASE_GRANULES)
 
@@ -206,6 +209,9 @@ void session_totals(const struct session *session, uint64_t *ret_reserved, uint6
  * the session has charged there.
  */
 int session_charge(struct session *session, unsigned device, uint64_t bytes, bool release);
+
+/* Takes obj off the session's attached objects, detaching it (objects_detach()); false where it had not attached it. */
+bool session_detach(struct session *session, struct object *obj);
 
 /* Releases everything the client holds (it unmapped all, or its process is gone). */
 void session_release_all(struct session *session);

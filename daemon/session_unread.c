@@ -8,38 +8,121 @@
 #define _GNU_SOURCE
 #include "session_unread.h"
 
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "closer.h"
+#include "identity.h"
 #include "node.h"
 #include "session.h"
 #include "unread.h"
 #include "users.h"
 
-/*
- * Whether n descriptors more may go to s now: within what it may have unread, what its group
- * may (SESSION_UNREAD_FDS) and what the node may (node->unread_budget). Its own count is read
- * afresh from its socket; the others' as last read (the timer reads them while a reply waits).
- */
-bool session_unread_admits(struct session *s, unsigned n) {
-        struct node *node = s->node;
-        uint64_t group_cap = node->unread_budget / 8, mine = group_cap < SESSION_UNREAD_FDS ? group_cap : SESSION_UNREAD_FDS;
+/* What the group of (user, pod) has not read: its sessions' and its draining sockets'. */
+static uint64_t group_unread(const struct node *node, uid_t user, const char *pod) {
         uint64_t group = 0;
 
-        unread_update(&s->unread, s->fd, &node->unread_fds);
-        if (!unread_room(&s->unread) || s->unread.fds + n > mine || node->unread_fds + n > node->unread_budget)
-                return false;
-        if (node->unread_fds + n <= group_cap)
-                return true;            /* no group can be past it */
         SESSION_FOREACH(c, node)
-                if (c->fd >= 0 && users_same_group(c->user, c->pod_uid, s->user, s->pod_uid))
+                if (c->fd >= 0 && users_same_group(c->user, c->pod_uid, user, pod))
                         group += c->unread.fds;
         for (const struct unread_socket *u = node->draining; u; u = u->next)
-                if (users_same_group(u->user, u->pod, s->user, s->pod_uid))
+                if (users_same_group(u->user, u->pod, user, pod))
                         group += u->unread.fds;
-        return group + n <= group_cap;
+        return group;
+}
+
+/*
+ * A group may have an eighth of the node's budget unread, and one client of it as much, or
+ * SESSION_UNREAD_FDS where that is less. Past the budget, up to its ceiling, only a group that
+ * holds little (a thirty-second of the budget, two granule leases at least) is sent more: eight
+ * groups that do not read fill the budget, and the rest of the node is still served; the
+ * groups that hold the most wait.
+ */
+static uint64_t group_cap(const struct node *node) {
+        return node->unread_budget / 8;
+}
+
+static uint64_t group_little(const struct node *node) {
+        uint64_t little = node->unread_budget / 32;
+
+        return little > 2 * GP_MAX_LEASE_GRANULES ? little : 2 * GP_MAX_LEASE_GRANULES;
+}
+
+/*
+ * Its own count is read afresh from its socket; the others' as last read (the timer reads them
+ * while a reply waits).
+ */
+enum session_unread_bound session_unread_bound(struct session *s, unsigned n) {
+        struct node *node = s->node;
+        uint64_t cap = group_cap(node), mine = cap < SESSION_UNREAD_FDS ? cap : SESSION_UNREAD_FDS, group;
+
+        unread_update(&s->unread, s->fd, &node->unread_fds);
+        if (!unread_room(&s->unread) || s->unread.fds + n > mine)
+                return SESSION_UNREAD_OWN;
+        if (node->unread_fds + n > node->unread_ceiling)
+                return SESSION_UNREAD_NODE;
+        if (node->unread_fds + n <= cap)
+                return SESSION_UNREAD_GOES;     /* no group can be past its cap */
+        group = group_unread(node, s->user, s->pod_uid);
+        if (group + n > cap)
+                return SESSION_UNREAD_GROUP;
+        if (node->unread_fds + n > node->unread_budget && group + n > group_little(node))
+                return SESSION_UNREAD_NODE;
+        return SESSION_UNREAD_GOES;
+}
+
+/* Names the group of (user, pod) into buf. */
+static const char *group_name(uid_t user, const char *pod, char *buf, size_t size) {
+        if (pod[0])
+                snprintf(buf, size, "pod %s", pod);
+        else
+                snprintf(buf, size, "user %u", (unsigned) user);
+        return buf;
+}
+
+void session_unread_why(struct session *s, enum session_unread_bound bound, unsigned n, char *why, size_t why_size) {
+        const struct node *node = s->node;
+        char name[IDENTITY_POD_UID_LEN + 8];
+
+        if (bound == SESSION_UNREAD_OWN) {
+                snprintf(why, why_size, "it has %u descriptors sent to it and not read (of %u replies), its bound",
+                         s->unread.fds, s->unread.count);
+        } else if (bound == SESSION_UNREAD_GROUP) {
+                snprintf(why, why_size, "the clients of %s have %" PRIu64 " descriptors sent to them and not read, "
+                         "an eighth of the node's budget of %" PRIu64 ", their bound; its %u more wait for them to read",
+                         group_name(s->user, s->pod_uid, name, sizeof(name)),
+                         group_unread(node, s->user, s->pod_uid), node->unread_budget, n);
+        } else {
+                /* The group that holds the most: theirs is the share that keeps this reply back. */
+                uid_t top_user = 0;
+                const char *top_pod = "";
+                uint64_t top = 0;
+
+                SESSION_FOREACH(c, node) {
+                        uint64_t g;
+
+                        if (c->fd >= 0 && c->unread.fds && (g = group_unread(node, c->user, c->pod_uid)) > top) {
+                                top = g;
+                                top_user = c->user;
+                                top_pod = c->pod_uid;
+                        }
+                }
+                for (const struct unread_socket *u = node->draining; u; u = u->next) {
+                        uint64_t g = group_unread(node, u->user, u->pod);
+
+                        if (g > top) {
+                                top = g;
+                                top_user = u->user;
+                                top_pod = u->pod;
+                        }
+                }
+                snprintf(why, why_size, "the node has %" PRIu64 " descriptors sent and not read, its budget (%" PRIu64
+                         ", and %" PRIu64 " for groups that hold little); the most are %s's (%" PRIu64 ")",
+                         node->unread_fds, node->unread_budget, node->unread_ceiling,
+                         group_name(top_user, top_pod, name, sizeof(name)), top);
+        }
 }
 
 /*

@@ -5,15 +5,32 @@
 #pragma once
 
 #include <stdbool.h>
+#include <stddef.h>
 
 struct node;
 struct session;
 
+/* Which bound holds a reply with descriptors back, if any. */
+enum session_unread_bound {
+        SESSION_UNREAD_GOES,            /* none: it may go now */
+        SESSION_UNREAD_OWN,             /* its client's: the client does not read (its fault) */
+        SESSION_UNREAD_GROUP,           /* its group's (its pod's, else its user's): others of the group do not read */
+        SESSION_UNREAD_NODE,            /* the node's: other groups do not read */
+};
+
 /*
- * Whether n descriptors more may go to s now: within what it may have unread, what its group
- * may (SESSION_UNREAD_FDS) and what the node may (node->unread_budget).
+ * Whether n descriptors more may go to s now, and else which bound holds them: what its client
+ * may have unread (SESSION_UNREAD_FDS, at most an eighth of the node's budget), what its group
+ * may (an eighth of the node's budget) and what the node may (node->unread_budget, and past it,
+ * for groups holding little, node->unread_ceiling).
  */
-bool session_unread_admits(struct session *s, unsigned n);
+enum session_unread_bound session_unread_bound(struct session *s, unsigned n);
+
+/*
+ * Says in why which bound holds s's reply of n descriptors, and where it is the node's, who
+ * holds the most unread: for the refusal and the log.
+ */
+void session_unread_why(struct session *s, enum session_unread_bound bound, unsigned n, char *why, size_t why_size);
 
 /*
  * An ending session's socket: kept open, draining, while its peer has descriptors unread

@@ -16,7 +16,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <stddef.h>
+#include <linux/sockios.h>
+#include <sys/ioctl.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <sys/syscall.h>
@@ -398,6 +401,17 @@ void testd_start_as(struct testd *d, unsigned uid, ...) {
         va_end(ap);
 }
 
+void testd_start_unread_bounded(struct testd *d, const char *host_capacity, const char *send_timeout) {
+        struct rlimit old, rl;
+
+        ck_assert_int_eq(getrlimit(RLIMIT_NOFILE, &old), 0);
+        rl = (struct rlimit) { 16384, old.rlim_max };
+        ck_assert_int_eq(setrlimit(RLIMIT_NOFILE, &rl), 0);
+        testd_start_as(d, 65534, "--host-capacity", host_capacity, "--send-timeout", send_timeout, NULL);
+        ck_assert_int_eq(setrlimit(RLIMIT_NOFILE, &old), 0);
+        ck_assert_int_eq(chmod(d->dir, 0755), 0);
+}
+
 void testd_start_stderr(struct testd *d, int fd, ...) {
         va_list ap;
 
@@ -732,6 +746,80 @@ Gpupool__Envelope *raw_lease(int sock, uint32_t device, uint64_t size) {
         return raw_lease_fd(sock, device, size, NULL);
 }
 
+void raw_lease_granule_ids(int sock, uint64_t *ids) {
+        int fds[GP_WIRE_MAX_FDS];
+        size_t nfds;
+        Gpupool__Envelope *rep = raw_lease_granules(sock, 0, GP_MAX_LEASE_GRANULES, GP_GRANULE_BYTES, fds, &nfds);
+
+        ck_assert_msg(rep->status == GPUPOOL__STATUS__STATUS_OK, "%s", rep->error);
+        ck_assert_uint_eq(nfds, GP_MAX_LEASE_GRANULES);
+        ids[0] = rep->lease_reply->segment_id;
+        for (size_t i = 0; i < rep->lease_reply->n_more_segment_ids; i++)
+                ids[i + 1] = rep->lease_reply->more_segment_ids[i];
+        for (size_t i = 0; i < nfds; i++)
+                close(fds[i]);
+        gpupool__envelope__free_unpacked(rep, NULL);
+}
+
+bool raw_lease_unread(int sock, const uint64_t *ids, unsigned pairs, unsigned wait_s) {
+        Gpupool__Envelope ret = GPUPOOL__ENVELOPE__INIT, lease = GPUPOOL__ENVELOPE__INIT;
+        Gpupool__ReturnRequest rr = GPUPOOL__RETURN_REQUEST__INIT;
+        Gpupool__LeaseRequest lr = GPUPOOL__LEASE_REQUEST__INIT;
+        uint8_t ret_buf[GP_MAX_REQUEST_BYTES], lease_buf[GP_MAX_REQUEST_BYTES];
+        int ret_len, lease_len, queued = -1;
+
+        rr.segment_ids = (uint64_t *) ids;
+        rr.n_segment_ids = GP_MAX_LEASE_GRANULES;
+        ret.version = lease.version = GP_PROTOCOL_VERSION;
+        ret.body_case = GPUPOOL__ENVELOPE__BODY_RETURN_SEGMENTS;
+        ret.return_segments = &rr;
+        lr.size = GP_GRANULE_BYTES;
+        lr.has_granules = true;
+        lr.granules = GP_MAX_LEASE_GRANULES;
+        lease.body_case = GPUPOOL__ENVELOPE__BODY_LEASE;
+        lease.lease = &lr;
+        for (unsigned i = 0; i < pairs; i++) {
+                ret.id = 100 + 2 * (uint64_t) i;
+                lease.id = ret.id + 1;
+                ret_len = ids ? gp_wire_pack(&ret, ret_buf, sizeof(ret_buf)) : 0;
+                lease_len = gp_wire_pack(&lease, lease_buf, sizeof(lease_buf));
+                if (ret_len < 0 || lease_len < 0 ||
+                    (ids && gp_wire_send_packet(sock, ret_buf, (size_t) ret_len, -1) < 0) ||
+                    gp_wire_send_packet(sock, lease_buf, (size_t) lease_len, -1) < 0)
+                        return false;
+        }
+        /* The daemon has taken a request off the socket once it answered it, or holds its reply. */
+        for (unsigned ms = 0; ms < wait_s * 1000; ms++) {
+                if (ioctl(sock, SIOCOUTQ, &queued) < 0 || queued == 0)
+                        break;
+                usleep(1000);
+        }
+        return queued == 0;
+}
+
+int raw_read_replies(int sock, int n, size_t *ret_fds, int *ret_refused, const char *refusal, char *why, size_t why_size) {
+        int fds[GP_WIRE_MAX_FDS], got = 0;
+
+        *ret_fds = 0;
+        *ret_refused = 0;
+        for (; got < n; got++) {
+                Gpupool__Envelope *rep;
+                size_t nfds;
+
+                if (!(rep = recv_fds(sock, fds, &nfds)))
+                        break;
+                *ret_fds += nfds;
+                for (size_t i = 0; i < nfds; i++)
+                        close(fds[i]);
+                if (rep->error && strstr(rep->error, refusal)) {
+                        (*ret_refused)++;
+                        snprintf(why, why_size, "%s", rep->error);
+                }
+                gpupool__envelope__free_unpacked(rep, NULL);
+        }
+        return got;
+}
+
 int queue_status_requests(int sock, int idle_ticks) {
         Gpupool__Envelope env = GPUPOOL__ENVELOPE__INIT;
         Gpupool__StatusRequest sr = GPUPOOL__STATUS_REQUEST__INIT;
@@ -835,6 +923,35 @@ int raw_hello(struct testd *d, const char *name) {
 
         hello.name = (char *) name;
         return raw_hello_with(d, &hello, NULL);
+}
+
+const char *testd_metrics(struct testd *d, char *buf, size_t size) {
+        char cmd[512];
+
+        snprintf(cmd, sizeof(cmd), "%s/gpupoolctl --socket %s metrics", build_dir(), d->sock);
+        ck_assert_int_eq(run_capture(cmd, buf, size), 0);
+        return buf;
+}
+
+double metrics_value(const char *text, const char *series) {
+        size_t len = strlen(series);
+
+        for (const char *p = text; p; p = strchr(p, '\n'), p = p ? p + 1 : NULL)
+                if (strncmp(p, series, len) == 0 && p[len] == ' ')
+                        return strtod(p + len + 1, NULL);
+        ck_abort_msg("no series %s in:\n%s", series, text);
+        return -1;
+}
+
+bool testd_metric_becomes(struct testd *d, const char *series, double want, unsigned wait_s) {
+        static char text[160 * 1024];
+
+        for (unsigned ms = 0; ms <= wait_s * 1000; ms += 10) {
+                if (metrics_value(testd_metrics(d, text, sizeof(text)), series) == want)
+                        return true;
+                usleep(10000);
+        }
+        return false;
 }
 
 pid_t spawn(int (*fn)(struct testd *d, void *arg), struct testd *d, void *arg) {

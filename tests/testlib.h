@@ -124,6 +124,12 @@ int cgroup_join(const char *dir, pid_t pid);
 
 /* testd_start() as the systemd unit runs it: as user uid (group uid too), not root. Needs root. */
 void testd_start_as(struct testd *d, unsigned uid, ...);
+/*
+ * As the unit runs it, against what the kernel counts descriptors in flight by: the daemon as
+ * uid 65534 without capabilities (CAP_SYS_RESOURCE would exempt it), with a soft RLIMIT_NOFILE
+ * of 16,384, a host pool of host_capacity and send_timeout; its directory open to other uids.
+ */
+void testd_start_unread_bounded(struct testd *d, const char *host_capacity, const char *send_timeout);
 
 /*
  * Waits (up to 10 s) for text to appear in the daemon's log: lines written while it serves go
@@ -187,6 +193,13 @@ void conf_remove(void);
 
 /* Runs "gpupoolctl --socket S --json CMD" and returns its parsed output (NULL on failure). */
 json_t *testd_ctl(struct testd *d, const char *cmd);
+
+/* The daemon's metrics text, through "gpupoolctl metrics", into buf; returns buf. */
+const char *testd_metrics(struct testd *d, char *buf, size_t size);
+/* The value of one series of a metrics text ("name{labels}" exactly as printed); the series must be there. */
+double metrics_value(const char *text, const char *series);
+/* Waits (wait_s at most, asking every 10 ms) for a series of the daemon's metrics to reach want; returns whether it did. */
+bool testd_metric_becomes(struct testd *d, const char *series, double want, unsigned wait_s);
 
 /* A device's or the first client's field from a status, or -1. */
 long long status_device(json_t *status, const char *key);
@@ -258,6 +271,26 @@ Gpupool__Envelope *raw_adopt_held(int sock, uint32_t device, uint64_t *sizes, si
  * them for good (idle_ticks of 10 ms without room): a client that never reads. Returns how many went.
  */
 int queue_status_requests(int sock, int idle_ticks);
+/*
+ * Leases GP_MAX_LEASE_GRANULES granules of 2 MiB on device 0 on sock and reads the reply, which
+ * must bring them: their segment ids into ids (room for GP_MAX_LEASE_GRANULES), their
+ * descriptors closed.
+ */
+void raw_lease_granule_ids(int sock, uint64_t *ids);
+/*
+ * A client that does not read: sends pairs times "give ids back" and "lease as many granules
+ * again" on sock back to back (ids 100, 101, ...; without ids, the leases alone), never
+ * reading a reply, then waits (wait_s at
+ * most) until the daemon has taken every request off the socket (SIOCOUTQ 0: it answered each,
+ * or holds the last one's reply). Returns whether it did.
+ */
+bool raw_lease_unread(int sock, const uint64_t *ids, unsigned pairs, unsigned wait_s);
+/*
+ * Reads n replies off sock (blocking), closing their descriptors: how many descriptors came into
+ * *ret_fds, how many replies' errors say refusal into *ret_refused (the last such error into
+ * why). Returns how many replies came before the daemon closed the socket.
+ */
+int raw_read_replies(int sock, int n, size_t *ret_fds, int *ret_refused, const char *refusal, char *why, size_t why_size);
 /* Raw protocol: sends env on sock with what it holds on device 0 reported (Usage), and returns the reply. */
 Gpupool__Envelope *call_reporting(int sock, Gpupool__Envelope *env, uint64_t in_use, uint64_t held_free);
 /*

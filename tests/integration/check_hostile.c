@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "gpupool.h"
+#include "metrics.h"
 #include "suites.h"
 #include "testlib.h"
 
@@ -397,20 +398,8 @@ static int hoard_unread(struct testd *d, void *arg) {
                 return 2;
         /* 128 granules on each connection, read: their ids. */
         for (int c = 0; c < 3; c++) {
-                int fds[GP_WIRE_MAX_FDS];
-                Gpupool__Envelope *rep;
-                size_t nfds;
-
                 socks[c] = raw_hello(d, "hoarder");
-                rep = raw_lease_granules(socks[c], 0, GP_MAX_LEASE_GRANULES, GP_GRANULE_BYTES, fds, &nfds);
-                if (rep->status != GPUPOOL__STATUS__STATUS_OK || nfds != GP_MAX_LEASE_GRANULES)
-                        return 3;
-                ids[c][0] = rep->lease_reply->segment_id;
-                for (size_t i = 0; i < rep->lease_reply->n_more_segment_ids; i++)
-                        ids[c][i + 1] = rep->lease_reply->more_segment_ids[i];
-                for (size_t i = 0; i < nfds; i++)
-                        close(fds[i]);
-                gpupool__envelope__free_unpacked(rep, NULL);
+                raw_lease_granule_ids(socks[c], ids[c]);
         }
         /* Then, on each, "give them back" and "lease 128" back to back, never reading a reply. */
         for (int c = 0; c < 3; c++) {
@@ -451,9 +440,19 @@ static int hoard_unread(struct testd *d, void *arg) {
         return 0;               /* its sockets close with it */
 }
 
+/* Leases 128 granules on sock, which must come at once with their descriptors, and gives them back. */
+static void lease_granules_and_return(int sock) {
+        uint64_t ids[GP_MAX_LEASE_GRANULES];
+        Gpupool__Envelope *rep;
+
+        raw_lease_granule_ids(sock, ids);
+        rep = raw_return(sock, ids, GP_MAX_LEASE_GRANULES, NULL);
+        ck_assert_int_eq(rep->status, GPUPOOL__STATUS__STATUS_OK);
+        gpupool__envelope__free_unpacked(rep, NULL);
+}
+
 START_TEST(test_unread_descriptors_stop_no_one_else) {
         struct hoarder h;
-        struct rlimit old, rl;
         gpupool_client *good;
         struct testd d;
         pid_t child;
@@ -465,14 +464,7 @@ START_TEST(test_unread_descriptors_stop_no_one_else) {
                 TEST_SKIP("needs root: the hoarder is another uid");
                 return;
         }
-        /* The daemon's soft limit, which the kernel counts descriptors in flight against. */
-        ck_assert_int_eq(getrlimit(RLIMIT_NOFILE, &old), 0);
-        rl = (struct rlimit) { 16384, old.rlim_max };
-        ck_assert_int_eq(setrlimit(RLIMIT_NOFILE, &rl), 0);
-        /* As the unit runs it: an unprivileged user, without CAP_SYS_RESOURCE, which would exempt it. */
-        testd_start_as(&d, 65534, "--host-capacity", "2G", "--send-timeout", "60s", NULL);
-        ck_assert_int_eq(setrlimit(RLIMIT_NOFILE, &old), 0);
-        ck_assert_int_eq(chmod(d.dir, 0755), 0);        /* let the other uid reach the socket */
+        testd_start_unread_bounded(&d, "2G", "60s");
         ck_assert_int_eq(pipe(h.up), 0);
         ck_assert_int_eq(pipe(h.go), 0);
         child = spawn(hoard_unread, &d, &h);
@@ -481,29 +473,15 @@ START_TEST(test_unread_descriptors_stop_no_one_else) {
         ck_assert_int_eq(gpupool_connect(d.sock, "patient", &good), 0);
         sock = raw_hello(&d, "granules");
         for (int i = 0; i < 8; i++) {
-                int r = gpupool_alloc(good, 0, 64ULL << 20, &p), fds[GP_WIRE_MAX_FDS];
-                uint64_t ids[GP_MAX_LEASE_GRANULES];
-                Gpupool__Envelope *rep;
+                int r = gpupool_alloc(good, 0, 64ULL << 20, &p);
                 char why[512] = "";
-                size_t nfds;
 
                 if (r < 0)
                         gpupool_last_error(good, why, sizeof(why));
                 ck_assert_msg(r == 0, "%d: %s", r, why);
                 ck_assert_int_eq(gpupool_free(good, p), 0);
                 ck_assert_int_eq(gpupool_trim(good), 0);
-                rep = raw_lease_granules(sock, 0, GP_MAX_LEASE_GRANULES, GP_GRANULE_BYTES, fds, &nfds);
-                ck_assert_msg(rep->status == GPUPOOL__STATUS__STATUS_OK, "%s", rep->error);
-                ck_assert_uint_eq(nfds, GP_MAX_LEASE_GRANULES);
-                ids[0] = rep->lease_reply->segment_id;
-                for (size_t j = 0; j < rep->lease_reply->n_more_segment_ids; j++)
-                        ids[j + 1] = rep->lease_reply->more_segment_ids[j];
-                for (size_t j = 0; j < nfds; j++)
-                        close(fds[j]);
-                gpupool__envelope__free_unpacked(rep, NULL);
-                rep = raw_return(sock, ids, GP_MAX_LEASE_GRANULES, NULL);
-                ck_assert_int_eq(rep->status, GPUPOOL__STATUS__STATUS_OK);
-                gpupool__envelope__free_unpacked(rep, NULL);
+                lease_granules_and_return(sock);
         }
         close(sock);
         ck_assert(testd_alive(&d));
@@ -512,6 +490,122 @@ START_TEST(test_unread_descriptors_stop_no_one_else) {
         ck_assert_int_eq(gpupool_alloc(good, 0, 64ULL << 20, &p), 0);
         gpupool_disconnect(good);
         close(h.up[0]), close(h.up[1]), close(h.go[0]), close(h.go[1]);
+        ck_assert_int_eq(testd_stop(&d), 0);
+}
+END_TEST
+
+/*
+ * Round six: groups that do not read fill the node's budget of descriptors unread, and cost no
+ * one else the connection. A user's client that does not read takes its group's share (an
+ * eighth of the budget: 1,024 descriptors at the soft limit of 16,384); its sibling's reply is
+ * then held at the group's bound, and after --send-timeout it is refused, saying why, its memory
+ * back in the pool, and the sibling keeps its connection. Seven more users fill the budget;
+ * a client whose group holds little is still served past it. Before, both replies waited and
+ * cost their clients the connection after --send-timeout, though they read everything.
+ */
+#define UNREAD_USER0 65500
+
+struct unread_user {
+        uid_t uid;
+        bool sibling;           /* the second client of its user: one lease, which must be refused */
+        int up[2], go[2];
+};
+
+/* One uid's client that does not read: 8 leases of 128 granules go (its bound), the ninth waits and costs it the connection. */
+static int unread_user(struct testd *d, void *arg) {
+        uint64_t ids[GP_MAX_LEASE_GRANULES];
+        struct unread_user *u = arg;
+        char b, want[96];
+        int sock;
+
+        if (setgid(u->uid) < 0 || setuid(u->uid) < 0)
+                return 2;
+        sock = raw_hello(d, u->sibling ? "sibling" : "unread");
+        if (!u->sibling) {
+                raw_lease_granule_ids(sock, ids);
+                if (!raw_lease_unread(sock, ids, 9, 10))
+                        return 3;
+        } else {
+                Gpupool__StatusRequest sr = GPUPOOL__STATUS_REQUEST__INIT;
+                Gpupool__Envelope env = GPUPOOL__ENVELOPE__INIT, *rep;
+                int fds[GP_WIRE_MAX_FDS];
+                size_t nfds;
+
+                rep = raw_lease_granules(sock, 0, GP_MAX_LEASE_GRANULES, GP_GRANULE_BYTES, fds, &nfds);
+                snprintf(want, sizeof(want), "the clients of user %u have 1024 descriptors", (unsigned) u->uid);
+                if (rep->status != GPUPOOL__STATUS__STATUS_NO_MEMORY || nfds || !strstr(rep->error, want) ||
+                    !strstr(rep->error, "(send_timeout)")) {
+                        fprintf(stderr, "the sibling's lease: status %d, %zu descriptors: %s\n", rep->status, nfds,
+                                rep->error ? rep->error : "");
+                        return 4;
+                }
+                gpupool__envelope__free_unpacked(rep, NULL);
+                /* Its connection stays. */
+                env.id = 3;
+                env.body_case = GPUPOOL__ENVELOPE__BODY_STATUS_REQUEST;
+                env.status_request = &sr;
+                rep = raw_call(sock, &env);
+                if (rep->status != GPUPOOL__STATUS__STATUS_OK)
+                        return 5;
+                gpupool__envelope__free_unpacked(rep, NULL);
+        }
+        if (write(u->up[1], "u", 1) != 1 || read(u->go[0], &b, 1) != 1)
+                return 6;
+        return 0;               /* its sockets close with it */
+}
+
+static pid_t unread_user_start(struct testd *d, struct unread_user *u, uid_t uid, bool sibling) {
+        pid_t pid;
+        char b;
+
+        u->uid = uid;
+        u->sibling = sibling;
+        ck_assert(pipe(u->up) == 0 && pipe(u->go) == 0);
+        pid = spawn(unread_user, d, u);
+        close(u->up[1]);        /* the child's: its end tells when it failed */
+        close(u->go[0]);
+        ck_assert_msg(read(u->up[0], &b, 1) == 1, "uid %u's client failed with %d", (unsigned) uid, reap(pid));
+        return pid;
+}
+
+START_TEST(test_unread_groups_cost_no_one_else_the_connection) {
+        static char text[METRICS_TEXT_MAX];
+        struct unread_user users[9];
+        pid_t pids[9];
+        struct testd d;
+        json_t *st;
+        int sock;
+
+        if (geteuid() != 0) {
+                TEST_SKIP("needs root: the clients are other uids");
+                return;
+        }
+        testd_start_unread_bounded(&d, "8G", "1s");
+        /* A user's client that does not read, then its sibling: refused after a second, not dropped. */
+        pids[0] = unread_user_start(&d, &users[0], UNREAD_USER0, false);
+        pids[1] = unread_user_start(&d, &users[1], UNREAD_USER0, true);
+        st = testd_ctl(&d, "status");
+        ck_assert_int_eq(json_integer_value(json_object_get(status_client_by_name(st, "sibling"), "reserved_bytes")), 0);
+        json_decref(st);
+        testd_metrics(&d, text, sizeof(text));
+        ck_assert(metrics_value(text, "gpupool_refusals_total{reason=\"unread_budget\"}") == 1);
+        /* Seven users more: the node's budget is full. */
+        for (int i = 2; i < 9; i++)
+                pids[i] = unread_user_start(&d, &users[i], UNREAD_USER0 + (uid_t) i - 1, false);
+        testd_metrics(&d, text, sizeof(text));
+        ck_assert(metrics_value(text, "gpupool_unread_descriptors_limit{bound=\"budget\"}") == 8192);
+        ck_assert(metrics_value(text, "gpupool_unread_descriptors") == 8192);
+        /* A client that reads what it is sent is served past it, lease after lease. */
+        sock = raw_hello(&d, "reader");
+        for (int i = 0; i < 4; i++)
+                lease_granules_and_return(sock);
+        close(sock);
+        ck_assert(testd_alive(&d));
+        for (int i = 0; i < 9; i++) {
+                ck_assert_int_eq(write(users[i].go[1], "g", 1), 1);
+                ck_assert_int_eq(reap(pids[i]), 0);
+                close(users[i].up[0]), close(users[i].go[1]);
+        }
         ck_assert_int_eq(testd_stop(&d), 0);
 }
 END_TEST
@@ -603,6 +697,7 @@ Suite *suite_hostile(void) {
         tcase_add_test(tc, test_slow_reader_gets_every_reply);
         tcase_add_test(tc, test_too_many_descriptors);
         tcase_add_test(tc, test_unread_descriptors_stop_no_one_else);
+        tcase_add_test(tc, test_unread_groups_cost_no_one_else_the_connection);
         tcase_set_timeout(tc, 120);
         suite_add_tcase(s, tc);
         return s;

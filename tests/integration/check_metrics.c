@@ -177,25 +177,6 @@ static int parse_exposition(const char *text) {
         return samples;
 }
 
-/* The value of one series ("name{labels}" exactly as printed); the series must be there. */
-static double value_of(const char *text, const char *series) {
-        size_t len = strlen(series);
-
-        for (const char *p = text; p; p = strchr(p, '\n'), p = p ? p + 1 : NULL)
-                if (strncmp(p, series, len) == 0 && p[len] == ' ')
-                        return strtod(p + len + 1, NULL);
-        ck_abort_msg("no series %s in:\n%s", series, text);
-        return -1;
-}
-
-static const char *ctl_metrics(struct testd *d, char *buf, size_t size) {
-        char cmd[512];
-
-        snprintf(cmd, sizeof(cmd), "%s/gpupoolctl --socket %s metrics", build_dir(), d->sock);
-        ck_assert_int_eq(run_capture(cmd, buf, size), 0);
-        return buf;
-}
-
 #define DEV "{device=\"0\",uuid=\"\"}"
 
 /* Both ways of asking say what the clients did, and every line parses. */
@@ -215,21 +196,21 @@ START_TEST(test_metrics_scrape) {
         /* A 12 MiB block needs a 20 MiB segment: over the client's 8 MiB. */
         ck_assert_int_eq(gpupool_alloc(c, 0, 12 * MiB, &big), -EDQUOT);
 
-        ctl_metrics(&d, text, sizeof(text));
+        testd_metrics(&d, text, sizeof(text));
         ck_assert_int_gt(parse_exposition(text), 20);
-        ck_assert(value_of(text, "gpupool_build_info{version=\"" GPUPOOL_VERSION "\",backend=\"host\"}") == 1);
-        ck_assert(value_of(text, "gpupool_clients{state=\"connected\"}") == 1);       /* not gpupoolctl itself */
-        ck_assert(value_of(text, "gpupool_device_total_bytes" DEV) == testd_device(&d, 0, "total_bytes"));
+        ck_assert(metrics_value(text, "gpupool_build_info{version=\"" GPUPOOL_VERSION "\",backend=\"host\"}") == 1);
+        ck_assert(metrics_value(text, "gpupool_clients{state=\"connected\"}") == 1);       /* not gpupoolctl itself */
+        ck_assert(metrics_value(text, "gpupool_device_total_bytes" DEV) == testd_device(&d, 0, "total_bytes"));
         /* The process's pool carved the four blocks from one segment it leased; in use is as it last reported. */
-        ck_assert(value_of(text, "gpupool_device_in_use_bytes" DEV) == testd_device(&d, 0, "in_use_bytes"));
-        ck_assert(value_of(text, "gpupool_device_reserved_bytes" DEV) == 2 * MiB);
-        ck_assert(value_of(text, "gpupool_device_cached_bytes" DEV) == 0);
-        ck_assert(value_of(text, "gpupool_leases_total" DEV) == 1);
-        ck_assert(value_of(text, "gpupool_refusals_total{reason=\"client_limit\"}") == 1);
-        ck_assert(value_of(text, "gpupool_refusals_total{reason=\"device_full\"}") == 0);
-        ck_assert(value_of(text, "gpupool_tenant_in_use_bytes{tenant=\"default\"}") ==
-                  value_of(text, "gpupool_device_in_use_bytes" DEV));
-        ck_assert(value_of(text, "gpupool_tenant_clients{tenant=\"default\"}") == 1);
+        ck_assert(metrics_value(text, "gpupool_device_in_use_bytes" DEV) == testd_device(&d, 0, "in_use_bytes"));
+        ck_assert(metrics_value(text, "gpupool_device_reserved_bytes" DEV) == 2 * MiB);
+        ck_assert(metrics_value(text, "gpupool_device_cached_bytes" DEV) == 0);
+        ck_assert(metrics_value(text, "gpupool_leases_total" DEV) == 1);
+        ck_assert(metrics_value(text, "gpupool_refusals_total{reason=\"client_limit\"}") == 1);
+        ck_assert(metrics_value(text, "gpupool_refusals_total{reason=\"device_full\"}") == 0);
+        ck_assert(metrics_value(text, "gpupool_tenant_in_use_bytes{tenant=\"default\"}") ==
+                  metrics_value(text, "gpupool_device_in_use_bytes" DEV));
+        ck_assert(metrics_value(text, "gpupool_tenant_clients{tenant=\"default\"}") == 1);
 
         /* Over HTTP: the same text (nothing changed), with the exposition format's content type. */
         http(port, "GET /metrics HTTP/1.1\r\nHost: localhost\r\nAccept: */*\r\n\r\n", answer, sizeof(answer));
@@ -254,10 +235,10 @@ START_TEST(test_metrics_scrape) {
         gpupool_disconnect(c);
         http(port, "GET /metrics HTTP/1.1\r\n\r\n", answer, sizeof(answer));
         ck_assert_int_gt(parse_exposition(body_of(answer)), 20);
-        ck_assert(value_of(answer, "gpupool_clients{state=\"connected\"}") == 0);
-        ck_assert(value_of(answer, "gpupool_device_in_use_bytes" DEV) == 0);
-        ck_assert(value_of(answer, "gpupool_device_cached_bytes" DEV) == 2 * MiB);
-        ck_assert(value_of(answer, "gpupool_leases_total" DEV) == 1);    /* a counter keeps counting */
+        ck_assert(metrics_value(answer, "gpupool_clients{state=\"connected\"}") == 0);
+        ck_assert(metrics_value(answer, "gpupool_device_in_use_bytes" DEV) == 0);
+        ck_assert(metrics_value(answer, "gpupool_device_cached_bytes" DEV) == 2 * MiB);
+        ck_assert(metrics_value(answer, "gpupool_leases_total" DEV) == 1);    /* a counter keeps counting */
 
         /* --json has no meaning for Prometheus text: said, not ignored. */
         snprintf(cmd, sizeof(cmd), "%s/gpupoolctl --socket %s metrics --json 2>&1", build_dir(), d.sock);
@@ -290,16 +271,16 @@ START_TEST(test_metrics_tenants_and_reasons) {
         ck_assert_int_eq(gpupool_alloc(c, 0, 1 * KiB, &p), 0);                 /* from the 2 MiB segment it holds */
         /* What the process holds in use reaches the daemon in its next report. */
         ck_assert(testd_client_becomes(&d, 0, "train-1", "in_use_bytes", 1 * MiB + 1 * KiB));
-        ctl_metrics(&d, text, sizeof(text));
+        testd_metrics(&d, text, sizeof(text));
         parse_exposition(text);
-        ck_assert(value_of(text, "gpupool_refusals_total{reason=\"tenant_limit\"}") == 2);
+        ck_assert(metrics_value(text, "gpupool_refusals_total{reason=\"tenant_limit\"}") == 2);
         ck_assert_ptr_null(strstr(text, "max_blocks"));        /* obsolete: no reason of that name */
-        ck_assert(value_of(text, "gpupool_refusals_total{reason=\"client_limit\"}") == 0);
-        ck_assert(value_of(text, "gpupool_tenant_clients{tenant=\"train\"}") == 1);
-        ck_assert(value_of(text, "gpupool_tenant_clients{tenant=\"default\"}") == 0);     /* gpupoolctl is not counted */
-        ck_assert(value_of(text, "gpupool_tenant_in_use_bytes{tenant=\"train\"}") == 1 * MiB + 1 * KiB);
-        ck_assert(value_of(text, "gpupool_tenant_reserved_bytes{tenant=\"train\"}") == 2 * MiB);
-        ck_assert(value_of(text, "gpupool_tenant_in_use_bytes{tenant=\"default\"}") == 0);
+        ck_assert(metrics_value(text, "gpupool_refusals_total{reason=\"client_limit\"}") == 0);
+        ck_assert(metrics_value(text, "gpupool_tenant_clients{tenant=\"train\"}") == 1);
+        ck_assert(metrics_value(text, "gpupool_tenant_clients{tenant=\"default\"}") == 0);     /* gpupoolctl is not counted */
+        ck_assert(metrics_value(text, "gpupool_tenant_in_use_bytes{tenant=\"train\"}") == 1 * MiB + 1 * KiB);
+        ck_assert(metrics_value(text, "gpupool_tenant_reserved_bytes{tenant=\"train\"}") == 2 * MiB);
+        ck_assert(metrics_value(text, "gpupool_tenant_in_use_bytes{tenant=\"default\"}") == 0);
         gpupool_disconnect(c);
         ck_assert_int_eq(testd_stop(&d), 0);
         unlink(conf);

@@ -122,10 +122,42 @@ struct subuid_job {
         const struct subuser *user;
         int n;
         int publish;            /* objects each client publishes, once let in: 'y' all, 'n' refused as the user's */
+        /*
+         * Leases of 128 granules each client sends, never reading, once let in ('y' once the
+         * daemon took them all); when the connections end, each reads its replies and writes
+         * "replies descriptors refusals" to result.
+         */
+        unsigned unread_leases;
+        int result[2];
+        /* Called once every client reported, before the connections end (may be NULL). */
+        void (*before_end)(struct testd *d, struct subuid_job *j);
         int report[2];          /* a byte a connection: 'y' let in, 'n' refused as one user's, 'x' refused otherwise */
         int step[2];            /* the same byte to the namespace's first process: the next may ask */
         int hold[2];            /* closed by the test: the connections end */
 };
+
+/* A client of j->unread_leases (its uid set): pipelines the leases, and once hold closes reads every reply. */
+static int subuid_unread_client(struct testd *d, struct subuid_job *j) {
+        int sock = raw_hello(d, "subuid"), refused, got;
+        char b, why[512] = "", line[64];
+        size_t fds;
+
+        b = raw_lease_unread(sock, NULL, j->unread_leases, 30) ? 'y' : 'x';
+        if (write(j->report[1], &b, 1) != 1 || write(j->step[1], &b, 1) != 1)
+                return 2;
+        close(j->report[1]);
+        close(j->step[1]);
+        while (read(j->hold[0], &b, 1) > 0)
+                ;
+        got = raw_read_replies(sock, (int) j->unread_leases, &fds, &refused, "could not be sent", why, sizeof(why));
+        snprintf(line, sizeof(line), "%d %zu %d\n", got, fds, refused);
+        if (write(j->result[1], line, strlen(line)) != (ssize_t) strlen(line))
+                return 3;
+        if (refused)
+                fprintf(stderr, "a subordinate uid's lease, refused: %s\n", why);
+        close(sock);
+        return 0;
+}
 
 /* The i-th client, in the namespace: uid i there, start + i on the host; holds its connection until hold closes. */
 static int subuid_client(struct testd *d, struct subuid_job *j, int i) {
@@ -134,6 +166,8 @@ static int subuid_client(struct testd *d, struct subuid_job *j, int i) {
 
         if (setresuid((uid_t) i, (uid_t) i, (uid_t) i) < 0)
                 return 1;
+        if (j->unread_leases)
+                return subuid_unread_client(d, j);
         if (gpupool_connect(d->sock, "subuid", &c) == 0) {
                 b = 'y';
                 for (int k = 0; k < j->publish && b == 'y'; k++) {
@@ -240,6 +274,8 @@ static void run_subuid_clients(struct testd *d, struct subuid_job *j, char *got)
         while (n < j->n && read(j->report[0], &got[n], 1) == 1)
                 n++;
         got[n] = '\0';
+        if (j->before_end)
+                j->before_end(d, j);
         close(j->hold[1]);
         ck_assert_int_eq(reap(pid), 0);
         close(j->report[0]);
@@ -291,6 +327,54 @@ START_TEST(test_subordinate_uids_share_one_object_quota) {
 }
 END_TEST
 
+/*
+ * Descriptors sent and not read count per user (round six, item 1): eight of one user's
+ * subordinate uids each pipeline two granule leases of 128 and read nothing. Her clients
+ * together get the user's share (an eighth of the node's budget: 1,024 at a soft limit of
+ * 16,384), the rest are refused after --send-timeout, saying why, and no client loses its
+ * connection (before, each uid had a share of its own: 2,048 sent, and eight uids filled the
+ * node's budget; then a reply held for the group was dropped with its client).
+ */
+/* Half of the sixteen leases were refused: none waits any more, and what the clients read is what was sent. */
+static void eight_refused(struct testd *d, struct subuid_job *j) {
+        (void) j;
+        ck_assert_msg(testd_metric_becomes(d, "gpupool_refusals_total{reason=\"unread_budget\"}", 8, 20),
+                      "eight leases refused for the user's unread descriptors");
+}
+
+START_TEST(test_subordinate_uids_share_one_unread_share) {
+        struct subuid_job j = { .n = 8, .unread_leases = 2, .before_end = eight_refused };
+        size_t fds_total = 0;
+        int refused_total = 0, got, refused;
+        struct subuser u;
+        char got_bytes[16];
+        struct testd d;
+        size_t fds;
+        FILE *f;
+
+        if (!subuser_make(&u, __func__))
+                return;
+        j.user = &u;
+        testd_start_unread_bounded(&d, "8G", "1s");
+        ck_assert_int_eq(pipe(j.result), 0);
+        run_subuid_clients(&d, &j, got_bytes);
+        close(j.result[1]);
+        ck_assert_msg(strcmp(got_bytes, "yyyyyyyy") == 0, "eight subordinate uids' pipelines: %s", got_bytes);
+        ck_assert_ptr_nonnull(f = fdopen(j.result[0], "r"));
+        for (int i = 0; i < j.n; i++) {
+                ck_assert_int_eq(fscanf(f, "%d %zu %d", &got, &fds, &refused), 3);
+                ck_assert_msg(got == 2, "a client read %d of its 2 replies: the daemon dropped it", got);
+                fds_total += fds;
+                refused_total += refused;
+        }
+        fclose(f);
+        ck_assert_uint_eq(fds_total, 1024);
+        ck_assert_int_eq(refused_total, 8);
+        ck_assert_int_eq(testd_stop(&d), 0);
+        subuser_remove(&u);
+}
+END_TEST
+
 Suite *suite_subuids(void) {
         Suite *s = suite_create("subuids");
         TCase *tc = tcase_create("subuids");
@@ -298,6 +382,7 @@ Suite *suite_subuids(void) {
         tcase_add_unchecked_fixture(tc, subuser_name_set, subuser_remove_name);
         tcase_add_test(tc, test_subordinate_uids_are_one_user);
         tcase_add_test(tc, test_subordinate_uids_share_one_object_quota);
+        tcase_add_test(tc, test_subordinate_uids_share_one_unread_share);
         tcase_set_timeout(tc, 60);
         suite_add_tcase(s, tc);
         return s;
