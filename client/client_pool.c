@@ -464,6 +464,24 @@ static int range_full(gpupool_client *c, unsigned d, uint64_t rsize) {
 }
 
 /*
+ * With no daemon to lease from, growing in place: the block carved from the smallest empty
+ * piece that holds it, however much larger (a piece's memory cannot become granules), so that a
+ * process that freed its blocks goes on allocating within what it holds, as its error says; or
+ * NULL. Locked.
+ */
+static struct heap_block *piece_without_daemon(gpupool_client *c, unsigned d, uint64_t rsize) {
+        struct heap *h = &c->devices[d].heap;
+        struct heap_segment *pick = NULL;
+
+        if (!client_daemon_gone(c))
+                return NULL;
+        for (struct heap_segment *s = h->empty_head; s; s = s->empty_next)
+                if (s->class == HEAP_CLASS_PIECE && s->size >= rsize && (!pick || s->size < pick->size))
+                        pick = s;
+        return pick ? heap_alloc_in(h, pick, rsize) : NULL;
+}
+
+/*
  * A piece for a block of rsize bytes (c->piece_bytes or more) on device d: an idle one it
  * fits (or one lane holds), else a new one, leased once what the device holds leaves room for
  * it within the budget: idle pieces go back first, the largest first, then granules no block
@@ -500,8 +518,10 @@ static struct heap_block *piece_alloc(gpupool_client *c, unsigned d, uint64_t rs
         }
         if ((*ret == -EDQUOT || *ret == -ENOMEM) && client_pool_trim(c, (int) d, UINT64_MAX) == 0)
                 *ret = lease(c, d, rsize, HEAP_CLASS_PIECE, &m);
-        if (*ret < 0)
-                return NULL;
+        if (*ret == -ECONNRESET && (hb = piece_without_daemon(c, d, rsize)))
+                *ret = 0;
+        if (*ret < 0 || hb)
+                return hb;
         /* Of the size asked (exact), or, from a daemon before exact, up to a quarter larger: this block's either way. */
         hb = heap_alloc_in(h, &m->hs, rsize);
         if (!hb) {
@@ -552,6 +572,10 @@ static struct heap_block *grow_alloc(gpupool_client *c, unsigned d, enum heap_cl
         if (*ret < 0) {
                 /* Its granules stay as they are, idle or spare, for the next. */
                 (void) heap_free(&dev->heap, hb);
+                if (*ret == -ECONNRESET && (hb = piece_without_daemon(c, d, rsize))) {
+                        *ret = 0;
+                        return hb;
+                }
                 return NULL;
         }
         return hb;
@@ -562,6 +586,22 @@ static struct heap_block *carve(gpupool_client *c, unsigned d, enum heap_class c
         bool held;
 
         return heap_alloc_on(&c->devices[d].heap, class, rsize, lane, &held);
+}
+
+/*
+ * With no daemon to lease from: the block from another class's free memory (a small block in a
+ * large segment, a large one in a small segment it fits), so that a process that freed its
+ * blocks goes on allocating within what it holds, as its error says; a daemon back serves each
+ * class from its own segments again. Locked.
+ */
+static struct heap_block *carve_any_class(gpupool_client *c, unsigned d, enum heap_class class, uint64_t rsize,
+                                          uint32_t lane) {
+        struct heap_block *hb = NULL;
+
+        for (int k = 0; k < HEAP_CARVED_CLASSES && !hb; k++)
+                if ((enum heap_class) k != class)
+                        hb = carve(c, d, (enum heap_class) k, rsize, lane);
+        return hb;
 }
 
 int client_pool_alloc(gpupool_client *c, unsigned d, int device, uint64_t rsize, void *stream, uint32_t lane,
@@ -614,6 +654,8 @@ int client_pool_alloc(gpupool_client *c, unsigned d, int device, uint64_t rsize,
                         if (dev->heap.empty_bytes && client_pool_trim(c, (int) d, UINT64_MAX) == 0)
                                 r = lease(c, d, rsize, class, NULL);
                 }
+                if (!hb && r == -ECONNRESET && client_daemon_gone(c) && (hb = carve_any_class(c, d, class, rsize, lane)))
+                        r = 0;
                 if (r < 0) {
                         free(b);
                         return r;

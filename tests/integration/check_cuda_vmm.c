@@ -627,6 +627,64 @@ START_TEST(test_vmm_survives_daemon_kill) {
 END_TEST
 
 /*
+ * Frees every block once the daemon is gone, then allocates blocks of other sizes from what it
+ * holds: the memory it freed serves them (round six: a program that freed its blocks could not
+ * allocate 1 MiB again, the message saying it "goes on allocating from the cuda-vmm memory it
+ * holds"). Whole segments serve blocks of another class; growing in place, idle granules move.
+ */
+static int freed_survivor(struct testd *d, void *arg) {
+        enum { N = 3 };
+        struct survivor *w = arg;
+        gpupool_client *c = NULL;
+        size_t sizes[N] = { 64 * MiB, 24 * MiB, 3 * MiB }, again[] = { 1 * MiB, 4096, 100000, 5 * MiB, 30 * MiB };
+        char err[512], b;
+        void *p[N], *q[sizeof(again) / sizeof(again[0])];
+        struct gpu g;
+
+        setenv("GPUPOOL_SEGMENTS", w->index % 2 ? "whole" : "grow", 1);
+        setenv("GPUPOOL_GROW_PIECE", "64M", 1);         /* growing in place, the 64 MiB block is a piece */
+        if (gpu_open(&g) < 0 || gpupool_connect(d->sock, "survivor", &c) < 0)
+                return 1;
+        for (int i = 0; i < N; i++)
+                if (gpupool_alloc(c, 0, sizes[i], &p[i]) < 0)
+                        return 2;
+        if (write(w->up[1], "r", 1) != 1 || read(w->go[0], &b, 1) != 1)
+                return 3;
+        for (int i = 0; i < N; i++)
+                if (gpupool_free(c, p[i]) != 0)
+                        return 4;
+        for (size_t i = 0; i < sizeof(again) / sizeof(again[0]); i++) {
+                int r = gpupool_alloc(c, 0, again[i], &q[i]);
+
+                if (r != 0) {
+                        gpupool_last_error(c, err, sizeof(err));
+                        fprintf(stderr, "survivor %d (%s), %zu bytes after freeing: %d: %s\n", w->index,
+                                w->index % 2 ? "whole" : "grow", again[i], r, err);
+                        return 5;
+                }
+                if (write_pattern(&g, q[i], again[i], (unsigned) i) < 0)
+                        return 6;
+        }
+        for (size_t i = 0; i < sizeof(again) / sizeof(again[0]); i++)
+                if (!pattern_intact(&g, q[i], again[i], (unsigned) i) || gpupool_free(c, q[i]) != 0)
+                        return 7;
+        if (!survivor_restarted(w))
+                return 8;
+        gpupool_disconnect(c);
+        return 0;
+}
+
+START_TEST(test_vmm_freed_memory_serves_without_a_daemon) {
+        struct testd d;
+
+        vmm_start(&d);
+        run_survivors(&d, 2, freed_survivor);
+        unsetenv("GPUPOOL_SEGMENTS");
+        cuda_stop(&d);
+}
+END_TEST
+
+/*
  * Holds a block on its device 0 while the daemon, which sees that GPU alone, is killed and
  * comes back seeing only the other GPU (the test relaunches it so): the process is refused
  * adoption and told why at its next lease, keeps its data and allocates within what it holds,
@@ -1440,6 +1498,7 @@ END_TEST
 
 void cuda_vmm_add_common(TCase *tc) {
         tcase_add_test(tc, test_vmm_survives_daemon_kill);
+        tcase_add_test(tc, test_vmm_freed_memory_serves_without_a_daemon);
         tcase_add_test(tc, test_vmm_adoption);
         tcase_add_test(tc, test_vmm_adoption_by_word);
         tcase_add_test(tc, test_vmm_adopting_a_frozen_fuse_file);
