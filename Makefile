@@ -538,7 +538,7 @@ FB           := build/fuzz
 FUZZ_FLAGS   := -g -O1 -std=gnu11 -MMD -MP -fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=all \
                 -DGPUPOOL_VERSION='"$(VERSION)"' -Iinclude -Icommon -Idaemon -Itests -I$(B)/proto
 FUZZ_SRC     := $(DAEMON) $(COMMON) $(PROTO_C)
-FUZZ_TARGETS := $(FB)/fuzz_protocol $(FB)/fuzz_pool $(FB)/fuzz_identity
+FUZZ_TARGETS := $(FB)/fuzz_protocol $(FB)/fuzz_pool $(FB)/fuzz_identity $(FB)/fuzz_users
 
 $(FB)/obj/%.o: %.c $(PROTO_H)
 	@mkdir -p $(dir $@)
@@ -555,7 +555,7 @@ $(FB)/fuzz_%: $(FB)/obj/tests/fuzz/fuzz_%.o $(patsubst %.c,$(FB)/obj/%.o,$(DAEMO
 	$(Q)$(FUZZ_CC) -fsanitize=fuzzer,address,undefined -o $@ $^ $(LIBS_UV) $(LIBS_PROTOBUF) $(LIBS_INIH) -ldl -lpthread
 
 fuzz: $(FUZZ_TARGETS)
-	$(Q)for t in protocol pool identity; do \
+	$(Q)for t in protocol pool identity users; do \
 		mkdir -p $(FB)/corpus/$$t && cp -n tests/fuzz/corpus/$$t/* $(FB)/corpus/$$t/ 2>/dev/null; \
 		echo "fuzz_$$t: $(FUZZ_SECONDS) s"; \
 		$(FB)/fuzz_$$t -max_total_time=$(FUZZ_SECONDS) -max_len=8192 -print_final_stats=1 \
@@ -572,7 +572,7 @@ FUZZ_JOBS ?= 2
 FUZZ_MAX_LEN ?= 8192
 fuzz-campaign: $(FUZZ_TARGETS)
 	$(Q)FB=$(FB) RUNS=$(FUZZ_RUNS) JOBS=$(FUZZ_JOBS) MAX_LEN=$(FUZZ_MAX_LEN) tests/fuzz/campaign.sh \
-		$(or $(FUZZ_ONLY),protocol pool identity)
+		$(or $(FUZZ_ONLY),protocol pool identity users)
 
 # Writes the protocol fuzzer's seed corpus (committed; run again when the protocol grows).
 fuzz-seeds: $(B)/tests/make_seeds
