@@ -66,10 +66,11 @@ static json_t *head_json(const Gpupool__StatusReply *sr) {
                 const Gpupool__DeviceStatus *d = sr->devices[i];
                 json_t *o;
 
-                o = json_pack("{s:I, s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}",
+                o = json_pack("{s:I, s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}",
                         "index", (json_int_t) d->index, "backend", d->backend,
                         "total_bytes", (json_int_t) d->total_bytes, "reserved_bytes", (json_int_t) d->reserved_bytes,
                         "in_use_bytes", (json_int_t) d->in_use_bytes, "cached_bytes", (json_int_t) d->cached_bytes,
+                        "charged_bytes", (json_int_t) d->charged_bytes,
                         "max_cached_bytes", (json_int_t) d->max_cached_bytes,
                         "evictions_total", (json_int_t) d->evictions_total, "reclaims_total", (json_int_t) d->reclaims_total,
                         "idle_releases_total", (json_int_t) d->idle_releases_total,
@@ -124,16 +125,16 @@ void cli_print_tenants(const Gpupool__StatusReply *sr, bool with_rules) {
 
 static int print_table(const Gpupool__StatusReply *sr) {
         char a[GP_SIZE_FORMAT_MAX], b[GP_SIZE_FORMAT_MAX], c[GP_SIZE_FORMAT_MAX], d[GP_SIZE_FORMAT_MAX],
-                e[GP_SIZE_FORMAT_MAX];
+                e[GP_SIZE_FORMAT_MAX], f[GP_SIZE_FORMAT_MAX];
 
-        printf("%-6s %-8s %12s %12s %12s %12s %10s %13s %10s %12s\n", "DEVICE", "BACKEND", "TOTAL", "RESERVED", "IN USE",
-               "CACHED", "EVICTIONS", "IDLE RELEASES", "WATERMARK", "GPU FREE");
+        printf("%-6s %-8s %12s %12s %12s %12s %12s %10s %13s %10s %12s\n", "DEVICE", "BACKEND", "TOTAL", "RESERVED",
+               "IN USE", "CACHED", "CHARGED", "EVICTIONS", "IDLE RELEASES", "WATERMARK", "GPU FREE");
         for (size_t i = 0; i < sr->n_devices; i++) {
                 const Gpupool__DeviceStatus *dev = sr->devices[i];
 
-                printf("%-6u %-8s %12s %12s %12s %12s %10" PRIu64 " %13" PRIu64 " %10" PRIu64 " %12s\n", dev->index,
+                printf("%-6u %-8s %12s %12s %12s %12s %12s %10" PRIu64 " %13" PRIu64 " %10" PRIu64 " %12s\n", dev->index,
                        dev->backend, SZ(dev->total_bytes, a), SZ(dev->reserved_bytes, b), SZ(dev->in_use_bytes, c),
-                       SZ(dev->cached_bytes, d), dev->evictions_total, dev->idle_releases_total,
+                       SZ(dev->cached_bytes, d), SZ(dev->charged_bytes, f), dev->evictions_total, dev->idle_releases_total,
                        dev->watermark_releases_total, dev->has_gpu_free_bytes ? SZ(dev->gpu_free_bytes, e) : "-");
         }
         printf("\n");

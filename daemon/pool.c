@@ -125,9 +125,20 @@ static uint64_t cache_release_oldest(struct pool *p) {
         return size;
 }
 
+/*
+ * What the capacity has left: less what the pool holds and, where the backend cannot tell the
+ * device's free memory (the host backend), less what clients charged outside the pool
+ * (pool_set_charged()); where it can, the device's room (device_room()) shows that already.
+ */
+static uint64_t capacity_left(const struct pool *p) {
+        uint64_t used = p->reserved_bytes + (p->backend->ops->device_memory ? 0 : p->charged_bytes);
+
+        return p->capacity_bytes > used ? p->capacity_bytes - used : 0;
+}
+
 /* Whether size more bytes fit the capacity and, where bounded, room (what the device has free beyond its headroom). */
 static bool fits(const struct pool *p, uint64_t size, bool bounded, int64_t room) {
-        return p->reserved_bytes + size <= p->capacity_bytes && (!bounded || (int64_t) size <= room);
+        return size <= capacity_left(p) && (!bounded || (int64_t) size <= room);
 }
 
 /*
@@ -397,7 +408,7 @@ static int segment_obtain(struct pool *p, enum pool_source from, uint64_t rsize,
         }
         /* The device's headroom bounds the pool as its capacity does: others took part of it, or not. */
         bounded = device_room(p, &room);
-        left = p->capacity_bytes > p->reserved_bytes ? p->capacity_bytes - p->reserved_bytes : 0;
+        left = capacity_left(p);
         if (bounded && (room < 0 || (uint64_t) room < left))
                 left = room < 0 ? 0 : (uint64_t) room;
         want = policy_segment_bytes(rsize, headroom < left ? headroom : left);
@@ -547,6 +558,10 @@ int pool_adopt(struct pool *p, struct pool_owner *o, const struct backend_mem *m
         return 0;
 }
 
+void pool_set_charged(struct pool *p, uint64_t charged_bytes) {
+        p->charged_bytes = charged_bytes;
+}
+
 void pool_set_capacity(struct pool *p, uint64_t capacity_bytes) {
         p->capacity_bytes = capacity_bytes > p->reserved_bytes ? capacity_bytes : p->reserved_bytes;
 }
@@ -688,6 +703,7 @@ int pool_return(struct pool *p, struct pool_owner *o, uint64_t segment_id, bool 
 void pool_get_stats(const struct pool *p, struct pool_stats *ret) {
         *ret = (struct pool_stats) {
                 .total_bytes = p->capacity_bytes,
+                .charged_bytes = p->charged_bytes,
                 .reserved_bytes = p->reserved_bytes,
                 .in_use_bytes = p->reported_in_use_bytes,
                 .cached_bytes = p->cached_bytes,

@@ -70,6 +70,7 @@ struct pool_stats {
         uint64_t reserved_bytes;        /* held from the backend */
         uint64_t in_use_bytes;          /* what owners report of their live blocks */
         uint64_t cached_bytes;          /* wholly free segments in the cache */
+        uint64_t charged_bytes;         /* what clients charged outside the pool (pool_set_charged()) */
         uint64_t segments;
         uint64_t cached_segments;
         uint64_t zeroing_bytes;         /* segments being zeroed on the device, for a lease that waits */
@@ -273,6 +274,13 @@ int pool_return(struct pool *pool, struct pool_owner *owner, uint64_t segment_id
 void pool_flush(struct pool *pool, uint64_t *ret_segments, uint64_t *ret_bytes);
 
 void pool_get_stats(const struct pool *pool, struct pool_stats *ret);
+
+/*
+ * What clients charged on the pool's device, memory outside the pool (a ChargeRequest): where
+ * the backend cannot tell the device's free memory (the host backend), it takes room from the
+ * capacity as leases do; where it can, the device's free memory shows it already.
+ */
+void pool_set_charged(struct pool *pool, uint64_t charged_bytes);
 
 /* Changes the pool's capacity (memory adopted that was not in it: node_adopted()). Never below what it reserves. */
 void pool_set_capacity(struct pool *pool, uint64_t capacity_bytes);

@@ -42,6 +42,7 @@ struct pool {
         uint64_t reserved_bytes;
         uint64_t reported_in_use_bytes; /* what owners report */
         uint64_t cached_bytes;
+        uint64_t charged_bytes;         /* clients' memory on the device outside the pool (pool_set_charged()) */
         uint64_t next_id;
         uint64_t cache_seq;
         uint64_t evictions, idle_releases, watermark_releases;

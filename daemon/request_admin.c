@@ -152,8 +152,9 @@ void request_status(struct session *s, const Gpupool__Envelope *req, struct repl
                 devs[d].reclaims_total = node->reclaims_total[d];
                 devs[d].idle_releases_total = st.idle_releases_total;
                 devs[d].watermark_releases_total = st.watermark_releases_total;
-                devs[d].has_stocked_total = 1;
+                devs[d].has_stocked_total = devs[d].has_charged_bytes = 1;
                 devs[d].stocked_total = st.stocked_total;
+                devs[d].charged_bytes = st.charged_bytes;
                 if (st.gpu_known) {
                         devs[d].has_gpu_free_bytes = devs[d].has_gpu_total_bytes = devs[d].has_headroom_bytes = 1;
                         devs[d].has_headroom_releases_total = 1;

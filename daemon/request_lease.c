@@ -204,7 +204,7 @@ static void refuse_full(struct session *s, const struct evict_lease *l, enum evi
         struct node *node = s->node;
         char why[GP_MAX_ERROR_BYTES], b1[GP_SIZE_FORMAT_MAX], b2[GP_SIZE_FORMAT_MAX], b3[GP_SIZE_FORMAT_MAX];
         /* Sized so that the refusal's parts fit in why together (gcc checks the sum). */
-        char tried[160] = "", holders[384], gpu[200];
+        char tried[160] = "", holders[384], gpu[200], charged[64] = "";
         struct pool_stats st;
 
         if (attempt == EVICT_FINAL)
@@ -218,11 +218,14 @@ static void refuse_full(struct session *s, const struct evict_lease *l, enum evi
         holders_text(node, device, holders, sizeof(holders));
         pool_get_stats(node->pools[device], &st);
         headroom_text(&st, pool_min_segment_bytes(size), gpu, sizeof(gpu));
+        if (st.charged_bytes)
+                snprintf(charged, sizeof(charged), " (and %s charged outside the pool)",
+                         gp_size_format(st.charged_bytes, b1, sizeof(b1)));
         snprintf(why, sizeof(why),
-                 "device %u is full: %" PRIu64 " bytes asked, %s of %s reserved and %s in use after "
+                 "device %u is full: %" PRIu64 " bytes asked, %s of %s reserved%s and %s in use after "
                  "releasing the cache%s%s%s",
                  device, size, gp_size_format(st.reserved_bytes, b1, sizeof(b1)),
-                 gp_size_format(st.total_bytes, b2, sizeof(b2)), gp_size_format(st.in_use_bytes, b3, sizeof(b3)),
+                 gp_size_format(st.total_bytes, b2, sizeof(b2)), charged, gp_size_format(st.in_use_bytes, b3, sizeof(b3)),
                  gpu, tried, holders);
         refuse(s, id, -ENOMEM, POLICY_REFUSED_DEVICE_FULL, device, size, why, ret);
 }

@@ -28,6 +28,11 @@ void session_totals(const struct session *s, uint64_t *ret_reserved, uint64_t *r
         *ret_charged = charged;
 }
 
+/* The pools learn what all clients charged on their device (pool_set_charged()): it takes room as leases do. */
+static void charges_changed(struct node *node, unsigned device) {
+        pool_set_charged(node->pools[device], policy_charged_bytes(&node->policy, device));
+}
+
 void session_set_tenant(struct session *s, struct tenant *t) {
         for (unsigned d = 0; d < s->node->device_count; d++) {
                 if (s->tenant)
@@ -35,6 +40,8 @@ void session_set_tenant(struct session *s, struct tenant *t) {
                 if (t)
                         t->charged_bytes[d] += s->charged_bytes[d];
                 pool_owner_set_group(&s->owners[d], t ? &t->sums[d] : NULL);
+                if (s->charged_bytes[d])
+                        charges_changed(s->node, d);
         }
         if (s->tenant)
                 s->tenant->clients--;
@@ -49,10 +56,11 @@ int session_charge(struct session *s, unsigned device, uint64_t bytes, bool rele
         s->charged_bytes[device] = release ? s->charged_bytes[device] - bytes : s->charged_bytes[device] + bytes;
         s->tenant->charged_bytes[device] = release ? s->tenant->charged_bytes[device] - bytes :
                                                      s->tenant->charged_bytes[device] + bytes;
+        charges_changed(s->node, device);
         return 0;
 }
 
-/* Invariant 4's bookkeeping: each tenant's sums are its clients' reserved, in-use and charged bytes. */
+/* Invariant 4's bookkeeping: each tenant's sums are its clients' reserved, in-use and charged bytes, and each pool's charges all tenants'. */
 int session_check_tenants(struct node *node, char *why, size_t why_size) {
         for (unsigned i = 0; i < node->policy.tenant_count; i++) {
                 struct tenant *t = &node->policy.tenants[i];
@@ -89,6 +97,17 @@ int session_check_tenants(struct node *node, char *why, size_t why_size) {
                                          (unsigned long long) in_use);
                                 return -EUCLEAN;
                         }
+                }
+        }
+        for (unsigned d = 0; d < node->device_count; d++) {
+                struct pool_stats st;
+
+                pool_get_stats(node->pools[d], &st);
+                if (st.charged_bytes != policy_charged_bytes(&node->policy, d)) {
+                        snprintf(why, why_size, "device %u's pool counts %llu bytes charged, its tenants %llu", d,
+                                 (unsigned long long) st.charged_bytes,
+                                 (unsigned long long) policy_charged_bytes(&node->policy, d));
+                        return -EUCLEAN;
                 }
         }
         return 0;

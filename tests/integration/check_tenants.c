@@ -197,6 +197,44 @@ START_TEST(test_charges_count_as_leases) {
 }
 END_TEST
 
+/*
+ * Without a guarantee anywhere, charges still take the device's room as leases do (round six,
+ * item 6): on the host backend, whose device the pool cannot read, 40 MiB charged of 64 leave
+ * a lease of 32 MiB no room (before, the pool counted its capacity alone and leased it); the
+ * device's row shows the charges, and room comes back with them.
+ */
+START_TEST(test_charges_take_room_without_guarantees) {
+        gpupool_client *outside, *leaser;
+        struct testd d;
+        char msg[512];
+        void *p, *q;
+
+        start(&d, "", "64M");
+        ck_assert_int_eq(gpupool_connect(d.sock, "outside", &outside), 0);
+        ck_assert_int_eq(gpupool_connect(d.sock, "leaser", &leaser), 0);
+        ck_assert_int_eq(gpupool_charge(outside, 0, 40 * MiB), 0);
+        ck_assert_int_eq(testd_device(&d, 0, "charged_bytes"), 40 * MiB);
+        ck_assert_int_eq(gpupool_alloc(leaser, 0, 32 * MiB, &p), -ENOMEM);
+        gpupool_last_error(leaser, msg, sizeof(msg));
+        ck_assert_msg(strstr(msg, "device 0 is full") && strstr(msg, "(and 40.0 MiB charged outside the pool)"), "%s", msg);
+        ck_assert_int_eq(gpupool_alloc(leaser, 0, 20 * MiB, &q), 0);
+        /* Taken back: the room comes back. */
+        ck_assert_int_eq(gpupool_uncharge(outside, 0, 40 * MiB), 0);
+        ck_assert_int_eq(testd_device(&d, 0, "charged_bytes"), 0);
+        ck_assert_int_eq(gpupool_alloc(leaser, 0, 32 * MiB, &p), 0);
+        ck_assert_int_eq(gpupool_free(leaser, p), 0);
+        ck_assert_int_eq(gpupool_free(leaser, q), 0);
+        ck_assert_int_eq(gpupool_trim(leaser), 0);
+        /* A charge that ends with its handle gives its room back too. */
+        ck_assert_int_eq(gpupool_charge(outside, 0, 40 * MiB), 0);
+        gpupool_disconnect(outside);
+        ck_assert_int_eq(testd_device(&d, 0, "charged_bytes"), 0);
+        json_decref(testd_ctl(&d, "check"));
+        gpupool_disconnect(leaser);
+        stop(&d);
+}
+END_TEST
+
 START_TEST(test_cache_counters_decay_and_watermark) {
         gpupool_client *c;
         struct testd d;
@@ -906,6 +944,7 @@ Suite *suite_tenants(void) {
         tcase_add_test(tc, test_tenant_max_across_processes);
         tcase_add_test(tc, test_guarantee_holds_others_off);
         tcase_add_test(tc, test_charges_count_as_leases);
+        tcase_add_test(tc, test_charges_take_room_without_guarantees);
         tcase_add_test(tc, test_cache_counters_decay_and_watermark);
         tcase_add_test(tc, test_reload_and_runtime_limits);
         tcase_add_test(tc, test_set_limit_needs_root);
