@@ -44,17 +44,11 @@ static struct {
         unsigned waiting;               /* count, for closer_backlog() without the lock (written under it) */
 } closer = { .lock = PTHREAD_MUTEX_INITIALIZER, .wake = PTHREAD_COND_INITIALIZER, .idle = PTHREAD_COND_INITIALIZER };
 
-/*
- * A lingering socket would hold the thread for its linger time: a peer's socket is closed at
- * once. And shut down now, never blocking, so that its peer sees the end at once although the
- * close may wait behind its user's stuck closes (what its queue holds in flight is dropped only
- * with the last close).
- */
+/* A lingering socket would hold the thread for its linger time: a peer's socket is closed at once. */
 static void no_linger(int fd) {
         struct linger off = { 0 };
 
         (void) setsockopt(fd, SOL_SOCKET, SO_LINGER, &off, sizeof(off));       /* ENOTSOCK for the rest */
-        (void) shutdown(fd, SHUT_RDWR);
 }
 
 /* How many threads are closing what sender sent. Locked. */
@@ -187,8 +181,20 @@ now:
         (void) close(fd);
 }
 
+void closer_close_socket(int fd, uid_t user) {
+        /*
+         * Shut down now, never blocking, so that its peer sees the end at once although the
+         * close may wait behind its user's stuck closes (what its queue holds in flight is
+         * dropped only with the last close). Only the daemon's own sockets: one a peer sent is
+         * shared with whoever else holds it.
+         */
+        if (fd >= 0)
+                (void) shutdown(fd, SHUT_RDWR);
+        closer_close_from(fd, user);
+}
+
 void closer_close(int fd) {
-        closer_close_from(fd, OWN);
+        closer_close_socket(fd, OWN);
 }
 
 unsigned closer_backlog(uid_t sender) {

@@ -47,10 +47,17 @@
 void closer_close(int fd);
 
 /*
- * The same for a descriptor that a peer sent, or a client's socket: sender is the user (users.h)
- * whose closes it counts among.
+ * The same for a descriptor that a peer sent: sender is the user (users.h) whose closes it
+ * counts among.
  */
 void closer_close_from(int fd, uid_t sender);
+
+/*
+ * The same for the daemon's socket to a client of user's (whose queue may hold descriptors the
+ * client sent, counted as that user's): shut down at once, so that the client sees the end
+ * although the close may wait.
+ */
+void closer_close_socket(int fd, uid_t user);
 
 /* How many descriptors that sender sent wait to be closed (not yet on a thread). */
 unsigned closer_backlog(uid_t sender);

@@ -43,7 +43,7 @@ static void refuse_client(int fd, uid_t user, int err, const char *why) {
         reply_error(0, err, true, why, &rep);
         (void) gp_wire_send_packet(fd, reply_bytes(&rep), rep.len, -1);
         reply_release(&rep);
-        closer_close_from(fd, user);    /* what it queued before being refused may carry descriptors: its user's */
+        closer_close_socket(fd, user);  /* what it queued before being refused may carry descriptors: its user's */
 }
 
 /* Accepting again, once the spare is back: without it the next refusal could not be made. */

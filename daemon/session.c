@@ -327,7 +327,7 @@ void session_destroy_all(struct node *node) {
 
                 node->draining = u->next;
                 node->unread_fds -= u->unread.fds;
-                closer_close_from(u->fd, u->user);
+                closer_close_socket(u->fd, u->user);
                 free(u);
         }
         node->draining_count = 0;

@@ -136,7 +136,7 @@ bool session_unread_keep_socket(struct session *s) {
 
         if (!unread_update(&s->unread, s->fd, &node->unread_fds) || node->stopping || !(u = calloc(1, sizeof(*u)))) {
                 node->unread_fds -= s->unread.fds;
-                closer_close_from(s->fd, s->user);      /* its queue may hold descriptors in flight, dropped with it: its user's */
+                closer_close_socket(s->fd, s->user);    /* its queue may hold descriptors in flight, dropped with it: its user's */
                 return false;
         }
         u->fd = s->fd;
@@ -164,7 +164,7 @@ void session_unread_drain(struct node *node) {
                 }
                 *at = u->next;
                 node->draining_count--;
-                closer_close_from(u->fd, u->user);
+                closer_close_socket(u->fd, u->user);
                 free(u);
         }
 }

@@ -669,6 +669,35 @@ START_TEST(test_slow_reader_gets_every_reply) {
 }
 END_TEST
 
+/*
+ * A socket a client sends where none belongs is closed, not shut down: its other holders keep
+ * it (before, the closer shut down every socket it was handed, the sender's own included).
+ */
+START_TEST(test_sent_socket_stays_its_senders) {
+        Gpupool__StatusRequest sr = GPUPOOL__STATUS_REQUEST__INIT;
+        Gpupool__Envelope env = GPUPOOL__ENVELOPE__INIT;
+        struct testd d;
+        int sock, sp[2];
+        char buf[64];
+
+        testd_start(&d, NULL);
+        ck_assert_int_eq(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sp), 0);
+        sock = raw_hello(&d, "sender");
+        env.id = 2;
+        env.body_case = GPUPOOL__ENVELOPE__BODY_STATUS_REQUEST;
+        env.status_request = &sr;
+        raw_send_fds(sock, &env, &sp[0], 1);
+        /* Dropped for the descriptor: the connection reads to its end. */
+        while (recv(sock, buf, sizeof(buf), 0) > 0)
+                ;
+        ck_assert_int_eq(send(sp[0], "x", 1, MSG_NOSIGNAL), 1);
+        ck_assert_int_eq(recv(sp[1], buf, sizeof(buf), MSG_DONTWAIT), 1);
+        close(sp[0]), close(sp[1]), close(sock);
+        ck_assert(testd_alive(&d));
+        ck_assert_int_eq(testd_stop(&d), 0);
+}
+END_TEST
+
 START_TEST(test_too_many_descriptors) {
         struct testd d;
         char buf[64];
@@ -696,6 +725,7 @@ Suite *suite_hostile(void) {
         tcase_add_test(tc, test_client_that_never_reads);
         tcase_add_test(tc, test_slow_reader_gets_every_reply);
         tcase_add_test(tc, test_too_many_descriptors);
+        tcase_add_test(tc, test_sent_socket_stays_its_senders);
         tcase_add_test(tc, test_unread_descriptors_stop_no_one_else);
         tcase_add_test(tc, test_unread_groups_cost_no_one_else_the_connection);
         tcase_set_timeout(tc, 120);
