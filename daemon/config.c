@@ -156,6 +156,25 @@ static void tenant_key(struct load *l, struct tenant_conf *t, const char *key, c
                 t->match_cgroup_set = true;
                 return;
         }
+        if (strcmp(key, "device") == 0) {
+                uint64_t v;
+                char *end;
+
+                if (is_default) {
+                        fail(l, "[tenant:default] takes no device: it holds every client no other tenant matches, on "
+                             "every device");
+                        return;
+                }
+                errno = 0;
+                v = strtoull(value, &end, 10);
+                if (!*value || *value < '0' || *value > '9' || *end || errno || v >= CONFIG_MAX_DEVICES) {
+                        fail(l, "device: '%s' is not a device index (0 to %d)", value, CONFIG_MAX_DEVICES - 1);
+                        return;
+                }
+                t->device = (uint32_t) v;
+                t->device_set = true;
+                return;
+        }
         if (strcmp(key, "max") == 0)
                 size = &t->max_bytes;
         else if (strcmp(key, "guarantee") == 0)
@@ -165,7 +184,7 @@ static void tenant_key(struct load *l, struct tenant_conf *t, const char *key, c
                 t->client_max_set = true;
         } else {
                 fail(l, "unknown key '%s' in [tenant:%s] (match_uid, match_gid, match_name, match_cgroup, max, guarantee, "
-                     "client_max)",
+                     "client_max, device)",
                      key, t->name);
                 return;
         }

@@ -24,6 +24,7 @@
 #include "options.h"
 
 #define CONFIG_MAX_TENANTS 64
+#define CONFIG_MAX_DEVICES 64   /* a tenant's device = is below it (BACKEND_MAX_DEVICES) */
 #define CONFIG_NAME_MAX 63
 #define CONFIG_CGROUP_MAX 255   /* a match_cgroup glob's bytes: a cgroup path the daemon keeps is shorter */
 #define CONFIG_DEFAULT_TENANT "default"
@@ -40,6 +41,12 @@ struct tenant_conf {
         uint64_t guarantee_bytes;       /* per device */
         uint64_t client_max_bytes;      /* per client and device; 0: none */
         bool client_max_set;            /* else [limits] client_max applies */
+        /*
+         * The one device its clients may hold memory on, its max and guarantee that device's
+         * (device = N; a reservation's GPU); unset: every device, each its own max and guarantee.
+         */
+        bool device_set;
+        uint32_t device;
 };
 
 struct config {

@@ -28,18 +28,31 @@ void policy_configure(struct policy *p, const struct config *c) {
         }
 }
 
+_Static_assert(CONFIG_MAX_DEVICES == BACKEND_MAX_DEVICES, "a tenant's device = is any device the daemon may have");
+
 int policy_check_guarantees(const struct policy *p, char *why, size_t why_size) {
         char b1[GP_SIZE_FORMAT_MAX], b2[GP_SIZE_FORMAT_MAX];
-        uint64_t sum = 0;
 
-        for (unsigned i = 0; i < p->tenant_count; i++)
-                sum += p->tenants[i].guarantee_bytes;
-        for (unsigned d = 0; d < p->device_count; d++)
-                if (sum > p->capacity_bytes[d]) {
-                        snprintf(why, why_size, "the tenants' guarantees add up to %s, more than device %u's capacity of %s",
-                                 gp_size_format(sum, b1, sizeof(b1)), d, gp_size_format(p->capacity_bytes[d], b2, sizeof(b2)));
+        for (unsigned i = 0; i < p->tenant_count; i++) {
+                const struct tenant_conf *c = &p->tenants[i].conf;
+
+                if (c->device_set && c->device >= p->device_count) {
+                        snprintf(why, why_size, "tenant %s is for device %u, and the daemon has %u device%s (0 to %u)", c->name,
+                                 c->device, p->device_count, p->device_count == 1 ? "" : "s", p->device_count - 1);
                         return -EINVAL;
                 }
+        }
+        for (unsigned d = 0; d < p->device_count; d++) {
+                uint64_t sum = 0;
+
+                for (unsigned i = 0; i < p->tenant_count; i++)
+                        sum += tenant_guarantee(&p->tenants[i], d);
+                if (sum > p->capacity_bytes[d]) {
+                        snprintf(why, why_size, "the tenants' guarantees on device %u add up to %s, more than its capacity of %s",
+                                 d, gp_size_format(sum, b1, sizeof(b1)), gp_size_format(p->capacity_bytes[d], b2, sizeof(b2)));
+                        return -EINVAL;
+                }
+        }
         return 0;
 }
 
@@ -112,8 +125,8 @@ uint64_t policy_held_for_others(const struct policy *p, const struct tenant *t, 
 
                 uint64_t used = o->sums[device].reserved_bytes + o->charged_bytes[device];
 
-                if (o != t && o->guarantee_bytes > used)
-                        held += o->guarantee_bytes - used;
+                if (o != t && tenant_guarantee(o, device) > used)
+                        held += tenant_guarantee(o, device) - used;
         }
         return held;
 }
@@ -151,6 +164,12 @@ void policy_admit(const struct policy *p, const struct tenant *t, uint64_t overr
                 .held_back_bytes = held,
                 .client_limit_from = from,
         };
+        if (!tenant_on(t, device)) {
+                /* Its tenant's memory is on its one device: none here, whatever the limits. */
+                ret->headroom_bytes = 0;
+                ret->bound = POLICY_OTHER_DEVICE;
+                return;
+        }
         bound_by(ret, POLICY_CLIENT, limit,
                  owner->reserved_bytes + other_bytes + (from == POLICY_LIMIT_PID ? process_other_bytes : 0));
         bound_by(ret, POLICY_TENANT, t->max_bytes, t->sums[device].reserved_bytes + t->charged_bytes[device]);
@@ -166,7 +185,7 @@ void policy_admit(const struct policy *p, const struct tenant *t, uint64_t overr
 static uint64_t excess(const struct tenant *t, unsigned device) {
         uint64_t r = t->sums[device].reserved_bytes;
 
-        return r > t->guarantee_bytes ? r - t->guarantee_bytes : 0;
+        return r > tenant_guarantee(t, device) ? r - tenant_guarantee(t, device) : 0;
 }
 
 static int by_rank(const void *a, const void *b) {
@@ -194,7 +213,7 @@ size_t policy_reclaim_order(const struct tenant *requester, unsigned device, str
 }
 
 enum policy_refusal policy_refusal_of(enum policy_bound bound) {
-        return bound == POLICY_TENANT ? POLICY_REFUSED_TENANT_LIMIT :
+        return bound == POLICY_TENANT || bound == POLICY_OTHER_DEVICE ? POLICY_REFUSED_TENANT_LIMIT :
                bound == POLICY_GUARANTEES ? POLICY_REFUSED_GUARANTEES : POLICY_REFUSED_CLIENT_LIMIT;
 }
 

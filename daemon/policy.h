@@ -43,6 +43,7 @@ enum policy_bound {
         POLICY_CLIENT,                  /* the client's limit */
         POLICY_TENANT,                  /* its tenant's max */
         POLICY_GUARANTEES,              /* other tenants' unused guarantees */
+        POLICY_OTHER_DEVICE,            /* its tenant holds memory on another device only (device =) */
 };
 
 /* Why a lease was refused: the label values of gpupool_refusals_total, in this order. */
@@ -95,6 +96,16 @@ struct policy {
         unsigned tenant_count;          /* tenants[0] is "default" */
         struct tenant tenants[CONFIG_MAX_TENANTS];
 };
+
+/* Whether tenant t's clients may hold memory on device: every device, or its one (device =). */
+static inline bool tenant_on(const struct tenant *t, unsigned device) {
+        return !t->conf.device_set || t->conf.device == device;
+}
+
+/* Tenant t's guarantee on device: none where it holds nothing. */
+static inline uint64_t tenant_guarantee(const struct tenant *t, unsigned device) {
+        return tenant_on(t, device) ? t->guarantee_bytes : 0;
+}
 
 /* Sets limits and tenants from a loaded config (a start, or a reload: runtime overrides go). */
 void policy_configure(struct policy *p, const struct config *c);

@@ -37,6 +37,8 @@ static void rules_text(const struct tenant_conf *t, char *buf, size_t size) {
                 n += snprintf(buf + n, size - (size_t) n, "name=%s ", t->match_name);
         if (t->match_cgroup_set && (size_t) n < size)
                 n += snprintf(buf + n, size - (size_t) n, "cgroup=%s ", t->match_cgroup);
+        if (t->device_set && (size_t) n < size)
+                n += snprintf(buf + n, size - (size_t) n, "device=%u ", t->device);
         if (n > 0 && (size_t) n <= size)
                 buf[n - 1] = '\0';
 }

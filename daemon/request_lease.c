@@ -78,6 +78,10 @@ static void limit_message(const struct session *s, unsigned d, uint64_t seg, con
                          gp_size_format(a->held_back_bytes, b4, sizeof(b4)), t->conf.name,
                          gp_size_format(t->sums[d].reserved_bytes, b1, sizeof(b1)));
                 return;
+        case POLICY_OTHER_DEVICE:
+                snprintf(why, why_size, "tenant %s holds memory on device %u only (device = in its config), not on "
+                         "device %u", t->conf.name, t->conf.device, d);
+                return;
         case POLICY_UNBOUND:
                 break;
         }

@@ -48,6 +48,62 @@ static int visible_client(struct testd *d, void *arg) {
 }
 
 /*
+ * A tenant of one GPU (device = 1) on a node of two: its clients lease and charge there, and
+ * are refused on the other, saying why; its guarantee is held back on its GPU alone, and the
+ * tenants' view names its device. A tenant for a GPU the node lacks stops the daemon's start.
+ */
+START_TEST(test_fake_tenant_of_one_gpu) {
+        gpupool_client *one, *other;
+        char msg[512], cmd[512], out[4096];
+        struct testd d;
+        void *p;
+
+        setenv("FAKECUDA_DEVICES", "2", 1);
+        cuda_start(&d, "--config", conf_new("[tenant:one]\nmatch_name = one-*\ndevice = 1\nguarantee = 256M\n"));
+        ck_assert_int_eq(gpupool_connect(d.sock, "one-a", &one), 0);
+        ck_assert_int_eq(gpupool_alloc(one, 1, 64 * MiB, &p), 0);
+        ck_assert_int_eq(gpupool_free(one, p), 0);
+        ck_assert_int_eq(gpupool_alloc(one, 0, 64 * MiB, &p), -EDQUOT);
+        gpupool_last_error(one, msg, sizeof(msg));
+        ck_assert_msg(strstr(msg, "tenant one holds memory on device 1 only (device = in its config), not on device 0"),
+                      "%s", msg);
+        ck_assert_int_eq(gpupool_charge(one, 0, 4 * MiB), -EDQUOT);
+        ck_assert_int_eq(gpupool_charge(one, 1, 4 * MiB), 0);
+        ck_assert_int_eq(gpupool_uncharge(one, 1, 4 * MiB), 0);
+        /* Its guarantee is GPU 1's: another tenant's client may lease 256 MiB less there than on GPU 0. */
+        ck_assert_int_eq(gpupool_connect(d.sock, "other", &other), 0);
+        {
+                uint64_t free0, free1, total;
+
+                ck_assert_int_eq(gpupool_device_memory(other, 0, &free0, &total), 0);
+                ck_assert_int_eq(gpupool_device_memory(other, 1, &free1, &total), 0);
+                ck_assert_msg(free0 - free1 == 256 * MiB, "device 0 leaves %llu, device 1 %llu", (unsigned long long) free0,
+                              (unsigned long long) free1);
+        }
+        snprintf(cmd, sizeof(cmd), "%s/gpupoolctl --socket %s limits", build_dir(), d.sock);
+        ck_assert_int_eq(run_capture(cmd, out, sizeof(out)), 0);
+        ck_assert_msg(strstr(out, "name=one-* device=1"), "%s", out);
+        gpupool_disconnect(other);
+        gpupool_disconnect(one);
+        cuda_stop(&d);
+        conf_remove();
+        /* GPU 2 of two: refused at start, saying so. */
+        fake_node_new();
+        {
+                const char *conf = conf_new("[tenant:two]\nmatch_name = two-*\ndevice = 2\n");
+
+                snprintf(cmd, sizeof(cmd), "%s/gpupoold --backend cuda --config %s --socket %s.sock 2>&1", build_dir(), conf,
+                         conf);
+        }
+        ck_assert_int_eq(run_capture(cmd, out, sizeof(out)), 1);
+        ck_assert_msg(strstr(out, "tenant two is for device 2, and the daemon has 2 devices (0 to 1)"), "%s", out);
+        fake_node_done();
+        conf_remove();
+        unsetenv("FAKECUDA_DEVICES");
+}
+END_TEST
+
+/*
  * By ordinal, by a unique start of a GPU's UUID, and by a MIG instance's UUID (the fake's GPU 1
  * is one here); the metrics label each device with its UUID as nvidia-smi -L writes it.
  */
@@ -931,6 +987,7 @@ END_TEST
 
 void cuda_fake_add(TCase *tc) {
         tcase_add_test(tc, test_fake_visible_devices_renumbered);
+        tcase_add_test(tc, test_fake_tenant_of_one_gpu);
         tcase_add_test(tc, test_fake_handle_opened_once_and_closed);
         tcase_add_test(tc, test_fake_stream_aware_cache);
         tcase_add_test(tc, test_fake_reaping_stops_at_pending_work);

@@ -459,7 +459,7 @@ START_TEST(test_status_and_check_config) {
         snprintf(cmd, sizeof(cmd), "%s/gpupoold --config %s --backend host --host-capacity 64M --socket %s/s.sock 2>&1", build_dir(),
                  path, dir);
         ck_assert_int_eq(run_capture(cmd, out, sizeof(out)), 1);
-        ck_assert_msg(strstr(out, "guarantees add up to 1.0 GiB, more than device 0's capacity of 64.0 MiB"), "%s", out);
+        ck_assert_msg(strstr(out, "guarantees on device 0 add up to 1.0 GiB, more than its capacity of 64.0 MiB"), "%s", out);
         unlink(path);
         snprintf(cmd, sizeof(cmd), "%s/gpupoold --config %s --check-config 2>&1", build_dir(), path);
         ck_assert_int_eq(run_capture(cmd, out, sizeof(out)), 1);

@@ -52,6 +52,7 @@ START_TEST(test_every_key) {
                          "[limits]\nclient_max = 8G ; inline comment\nmax_blocks = 99\n"
                          "[tenant:training]\nmatch_uid = 1000\nmatch_gid = 0\nmatch_name = train-*\nmax = 40G\n"
                          "guarantee = 10G\nclient_max = 4G\n"
+                         "[tenant:one-gpu]\nmatch_name = serve-*\ndevice = 1\nguarantee = 2G\n"
                          "[tenant:default]\nmax = 20G\n");
         ck_assert_msg(config_load(path, true, &conf, err, sizeof(err)) == 0, "%s", err);
         ck_assert_str_eq(conf.options.socket_path, "/tmp/x.sock");
@@ -74,7 +75,10 @@ START_TEST(test_every_key) {
                 ck_assert_uint_eq(config_warnings(&conf, warnings, sizeof(warnings)), 1);
                 ck_assert_msg(strstr(warnings, "max_blocks (--max-blocks) is obsolete and ignored"), "%s", warnings);
         }
-        ck_assert_uint_eq(conf.tenant_count, 2);
+        ck_assert_uint_eq(conf.tenant_count, 3);
+        ck_assert(!conf.tenants[1].device_set);
+        ck_assert_str_eq(conf.tenants[2].name, "one-gpu");
+        ck_assert(conf.tenants[2].device_set && conf.tenants[2].device == 1);
         ck_assert_str_eq(conf.tenants[0].name, "default");
         ck_assert_uint_eq(conf.tenants[0].max_bytes, 20 * GiB);
         ck_assert_str_eq(conf.tenants[1].name, "training");
@@ -162,6 +166,11 @@ START_TEST(test_refusals_name_file_and_line) {
                   ":4: guarantee = 2G: [tenant:a] guarantees more than its max" },
                 { "[tenant:a]\nmatch_name = x\nguarantee = 2G\nmax = 1G\n", ":4: max = 1G: [tenant:a] guarantees more than its max" },
                 { "[tenant:default]\nmatch_uid = 1\n", ":2: [tenant:default] takes no match rule" },
+                { "[tenant:default]\ndevice = 0\n", ":2: [tenant:default] takes no device" },
+                { "[tenant:a]\nmatch_name = x\ndevice = gpu0\n", ":3: device: 'gpu0' is not a device index (0 to 63)" },
+                { "[tenant:a]\nmatch_name = x\ndevice = 64\n", ":3: device: '64' is not a device index (0 to 63)" },
+                { "[tenant:a]\nmatch_name = x\ndevice = -1\n", ":3: device: '-1' is not a device index (0 to 63)" },
+                { "[tenant:a]\nmatch_name = x\ndevice =\n", ":3: device: '' is not a device index (0 to 63)" },
                 { "[tenant:a]\nmatch_uid = 1000\n[tenant:b]\nmatch_uid = 1000\nmatch_name = x*\n",
                   ":4: [tenant:b] overlaps [tenant:a]" },
                 { "[tenant:a]\nmatch_name = job-*\n[tenant:b]\nmatch_name = job-*\n", ":4: [tenant:b] overlaps [tenant:a]" },

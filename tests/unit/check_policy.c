@@ -166,7 +166,60 @@ START_TEST(test_admit) {
         /* Guarantees beyond a device are refused. */
         serve->guarantee_bytes = 81 * GiB;
         ck_assert_int_eq(policy_check_guarantees(&p, why, sizeof(why)), -EINVAL);
-        ck_assert_msg(strstr(why, "more than device 0's capacity"), "%s", why);
+        ck_assert_msg(strstr(why, "on device 0 add up to 81.0 GiB, more than its capacity"), "%s", why);
+}
+END_TEST
+
+/*
+ * A tenant of one device (device = 1, as a reservation is its pod's tenant on one GPU): its
+ * guarantee is held back on that device alone, its clients hold nothing on another, and the
+ * guarantees are summed per device.
+ */
+START_TEST(test_tenant_of_one_device) {
+        uint64_t cap[2] = { 80 * GiB, 80 * GiB };
+        struct pool_stats st = { .total_bytes = 80 * GiB };
+        struct pool_owner owner = { 0 };
+        struct policy_admission a;
+        struct tenant *one, *zero;
+        char why[256];
+
+        conf_reset();
+        conf_tenant("one", "one-*", 0, 60 * GiB, 0);
+        conf.tenants[1].device_set = true;
+        conf.tenants[1].device = 1;
+        conf_tenant("zero", "zero-*", 0, 60 * GiB, 0);
+        conf.tenants[2].device_set = true;
+        conf.tenants[2].device = 0;
+        policy_over(2, cap);
+        /* 60 on each device, not 120 on both. */
+        ck_assert_msg(policy_check_guarantees(&p, why, sizeof(why)) == 0, "%s", why);
+        one = policy_tenant_for(&p, 1000, 1000, "one-a", NULL);
+        zero = policy_tenant_for(&p, 1000, 1000, "zero-a", NULL);
+        ck_assert(tenant_on(one, 1) && !tenant_on(one, 0) && tenant_on(&p.tenants[0], 0));
+        ck_assert_uint_eq(tenant_guarantee(one, 0), 0);
+        ck_assert_uint_eq(tenant_guarantee(one, 1), 60 * GiB);
+        ck_assert_uint_eq(policy_held_for_others(&p, &p.tenants[0], 0), 60 * GiB);
+        ck_assert_uint_eq(policy_held_for_others(&p, &p.tenants[0], 1), 60 * GiB);
+        ck_assert_uint_eq(policy_held_for_others(&p, zero, 1), 60 * GiB);
+        ck_assert_uint_eq(policy_held_for_others(&p, zero, 0), 0);
+        /* On its device, as any tenant; on the other, no room, whatever the limits say. */
+        policy_admit(&p, one, POLICY_NO_OVERRIDE, 0, 0, &owner, 1, &st, &a);
+        ck_assert_int_eq(a.bound, POLICY_UNBOUND);
+        policy_admit(&p, one, POLICY_NO_OVERRIDE, 0, 0, &owner, 0, &st, &a);
+        ck_assert_uint_eq(a.headroom_bytes, 0);
+        ck_assert_int_eq(a.bound, POLICY_OTHER_DEVICE);
+        ck_assert_int_eq(policy_refusal_of(a.bound), POLICY_REFUSED_TENANT_LIMIT);
+        /* What it leases past its guarantee there is its excess there only. */
+        one->sums[1].reserved_bytes = 70 * GiB;
+        ck_assert_uint_eq(policy_reclaim_order(&p.tenants[0], 1, &(struct policy_candidate) { .tenant = one }, 1), 1);
+        /* A third guarantee on device 1 would pass it; a tenant for a device the daemon lacks is refused. */
+        one->guarantee_bytes = 81 * GiB;
+        ck_assert_int_eq(policy_check_guarantees(&p, why, sizeof(why)), -EINVAL);
+        ck_assert_msg(strstr(why, "on device 1 add up to 81.0 GiB"), "%s", why);
+        one->guarantee_bytes = 60 * GiB;
+        p.tenants[1].conf.device = 2;
+        ck_assert_int_eq(policy_check_guarantees(&p, why, sizeof(why)), -EINVAL);
+        ck_assert_msg(strstr(why, "tenant one is for device 2, and the daemon has 2 devices (0 to 1)"), "%s", why);
 }
 END_TEST
 
@@ -263,7 +316,7 @@ START_TEST(test_set_tenant_limits) {
         ck_assert(!train->overridden);
         /* 25G + 20G is more than the smaller device's 40G. */
         ck_assert_int_eq(policy_set_tenant_limits(&p, train, 40 * GiB, 25 * GiB, why, sizeof(why)), -EINVAL);
-        ck_assert_msg(strstr(why, "more than device 1's capacity"), "%s", why);
+        ck_assert_msg(strstr(why, "the tenants' guarantees on device 1 add up to 45.0 GiB, more than its capacity of 40.0 GiB"), "%s", why);
         ck_assert_uint_eq(train->guarantee_bytes, 10 * GiB);
         ck_assert_uint_eq(train->max_bytes, 40 * GiB);
         ck_assert(!train->overridden);
@@ -345,6 +398,7 @@ Suite *suite_policy(void) {
 
         tcase_add_test(tc, test_tenant_for);
         tcase_add_test(tc, test_admit);
+        tcase_add_test(tc, test_tenant_of_one_device);
         tcase_add_test(tc, test_refusal_of);
         tcase_add_test(tc, test_reclaim_order);
         tcase_add_test(tc, test_max_cached);
