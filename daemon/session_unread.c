@@ -95,31 +95,31 @@ void session_unread_why(struct session *s, enum session_unread_bound bound, unsi
                          group_name(s->user, s->pod_uid, name, sizeof(name)),
                          group_unread(node, s->user, s->pod_uid), node->unread_budget, n);
         } else {
-                /* The group that holds the most: theirs is the share that keeps this reply back. */
+                /*
+                 * Whose share keeps this reply back: the group of the client (or ended session's
+                 * socket) that holds the most, and what that group holds. One pass and one sum,
+                 * however many clients wait: each refusal costs the sessions once.
+                 */
                 uid_t top_user = 0;
                 const char *top_pod = "";
-                uint64_t top = 0;
+                uint64_t most = 0, top = 0;
 
-                SESSION_FOREACH(c, node) {
-                        uint64_t g;
-
-                        if (c->fd >= 0 && c->unread.fds && (g = group_unread(node, c->user, c->pod_uid)) > top) {
-                                top = g;
+                SESSION_FOREACH(c, node)
+                        if (c->fd >= 0 && c->unread.fds > most) {
+                                most = c->unread.fds;
                                 top_user = c->user;
                                 top_pod = c->pod_uid;
                         }
-                }
-                for (const struct unread_socket *u = node->draining; u; u = u->next) {
-                        uint64_t g = group_unread(node, u->user, u->pod);
-
-                        if (g > top) {
-                                top = g;
+                for (const struct unread_socket *u = node->draining; u; u = u->next)
+                        if (u->unread.fds > most) {
+                                most = u->unread.fds;
                                 top_user = u->user;
                                 top_pod = u->pod;
                         }
-                }
+                if (most)
+                        top = group_unread(node, top_user, top_pod);
                 snprintf(why, why_size, "the node has %" PRIu64 " descriptors sent and not read, its budget (%" PRIu64
-                         ", and %" PRIu64 " for groups that hold little); the most are %s's (%" PRIu64 ")",
+                         ", and %" PRIu64 " for groups that hold little); the most are a client's of %s, whose clients hold %" PRIu64,
                          node->unread_fds, node->unread_budget, node->unread_ceiling,
                          group_name(top_user, top_pod, name, sizeof(name)), top);
         }

@@ -27,8 +27,9 @@ enum session_unread_bound {
 enum session_unread_bound session_unread_bound(struct session *s, unsigned n);
 
 /*
- * Says in why which bound holds s's reply of n descriptors, and where it is the node's, who
- * holds the most unread: for the refusal and the log.
+ * Says in why which bound holds s's reply of n descriptors, and where it is the node's, the
+ * group of the client that holds the most unread and what that group holds: for the refusal
+ * and the log.
  */
 void session_unread_why(struct session *s, enum session_unread_bound bound, unsigned n, char *why, size_t why_size);
 

@@ -500,8 +500,10 @@ END_TEST
  * eighth of the budget: 1,024 descriptors at the soft limit of 16,384); its sibling's reply is
  * then held at the group's bound, and after --send-timeout it is refused, saying why, its memory
  * back in the pool, and the sibling keeps its connection. Seven more users fill the budget;
- * a client whose group holds little is still served past it. Before, both replies waited and
- * cost their clients the connection after --send-timeout, though they read everything.
+ * a client whose group holds little is still served past it, and once its group holds more
+ * than a little, refused after --send-timeout, naming whose share fills the node. Before,
+ * those replies waited and cost their clients the connection after --send-timeout, though
+ * they read everything.
  */
 #define UNREAD_USER0 65500
 
@@ -604,6 +606,26 @@ START_TEST(test_unread_groups_cost_no_one_else_the_connection) {
         sock = raw_hello(&d, "reader");
         for (int i = 0; i < 4; i++)
                 lease_granules_and_return(sock);
+        /*
+         * Past the budget, a group that holds more than a little waits: of three leases it does
+         * not read, two go (256 descriptors), the third is refused after a second, naming
+         * whose share fills the node.
+         */
+        {
+                int got, refused;
+                char why[512] = "";
+                size_t fds;
+
+                ck_assert(raw_lease_unread(sock, NULL, 3, 10));
+                ck_assert(testd_metric_becomes(&d, "gpupool_refusals_total{reason=\"unread_budget\"}", 2, 20));
+                got = raw_read_replies(sock, 3, &fds, &refused, "could not be sent", why, sizeof(why));
+                ck_assert_int_eq(got, 3);
+                ck_assert_uint_eq(fds, 2 * GP_MAX_LEASE_GRANULES);
+                ck_assert_int_eq(refused, 1);
+                ck_assert_msg(strstr(why, "the node has 8448 descriptors sent and not read, its budget (8192, and 14336 for "
+                                          "groups that hold little); the most are a client's of user 655") &&
+                              strstr(why, ", whose clients hold 1024"), "%s", why);
+        }
         close(sock);
         ck_assert(testd_alive(&d));
         for (int i = 0; i < 9; i++) {
