@@ -69,7 +69,7 @@ START_TEST(test_refused_reload_keeps_tenant_sums) {
                 /* gpupoolctl reload answers with the outcome: exit 1 and why. */
                 ck_assert_int_eq(ctl(&d, out, sizeof(out), "reload"), 1);
                 ck_assert_msg(strstr(out, "reload refused, the running config stays") &&
-                              strstr(out, "guarantees add up to 1.0 GiB"), "%s", out);
+                              strstr(out, "guarantees on device 0 add up to 1.0 GiB"), "%s", out);
         }
         kill(d.pid, SIGHUP);    /* the signal's path too */
         ck_assert_int_eq(ctl(&d, out, sizeof(out), "check"), 0);
