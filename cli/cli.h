@@ -36,6 +36,9 @@ extern const struct cli_command cli_cmd_trim;
 extern const struct cli_command cli_cmd_check;
 extern const struct cli_command cli_cmd_metrics;
 extern const struct cli_command cli_cmd_reload;
+extern const struct cli_command cli_cmd_reservations;
+extern const struct cli_command cli_cmd_reserve;
+extern const struct cli_command cli_cmd_unreserve;
 
 /*
  * Sends a request (its body set by the caller), connecting first at the first call, and waits for the reply carrying body want;
@@ -58,5 +61,9 @@ int cli_status(struct cli *cli, Gpupool__Envelope **ret_reply);
 /* The tenants of a status as a table (with their match rules if asked) or as JSON. */
 void cli_print_tenants(const Gpupool__StatusReply *sr, bool with_rules);
 struct json_t *cli_tenants_json(const Gpupool__StatusReply *sr);
+
+/* Reservations as a table or as JSON (cmd-reservations.c). */
+void cli_print_reservations(Gpupool__ReservationStatus *const *r, size_t n);
+struct json_t *cli_reservations_json(Gpupool__ReservationStatus *const *r, size_t n);
 
 #endif

@@ -88,6 +88,7 @@ static json_t *head_json(const Gpupool__StatusReply *sr) {
         json_object_set_new(root, "devices", devices);
         json_object_set_new(root, "clients", json_array());
         json_object_set_new(root, "tenants", cli_tenants_json(sr));
+        json_object_set_new(root, "reservations", cli_reservations_json(sr->reservations, sr->n_reservations));
         /* Absent from a daemon before paging: then the one page held every client. */
         json_object_set_new(root, "clients_total", json_integer((json_int_t) (sr->has_clients_total ? sr->clients_total :
                                                                                                       sr->n_clients)));
@@ -140,6 +141,10 @@ static int print_table(const Gpupool__StatusReply *sr) {
         printf("\n");
         cli_print_tenants(sr, false);
         printf("\n");
+        if (sr->n_reservations) {
+                cli_print_reservations(sr->reservations, sr->n_reservations);
+                printf("\n");
+        }
         if (sr->n_clients == 0) {
                 printf("no clients\n");
                 return 0;

@@ -44,6 +44,7 @@ static int session_open(gpupool_client *c) {
         gp_conn_close(&c->conn);
         c->resume_refused = false;
         hello_req.name = c->name;
+        hello_req.reservation = c->reservation[0] ? c->reservation : NULL;
         r = gp_conn_open(&c->conn, path, &hello_req, &hello);
         if (r < 0)
                 return client_call_done(c, r);
@@ -108,7 +109,7 @@ static void handle_free(gpupool_client *c) {
 
 GPUPOOL_EXPORT int gpupool_connect(const char *socket_path, const char *client_name, gpupool_client **ret_client) {
         const char *idle_return = getenv("GPUPOOL_IDLE_RETURN"), *segments = getenv("GPUPOOL_SEGMENTS");
-        const char *piece = getenv("GPUPOOL_GROW_PIECE");
+        const char *piece = getenv("GPUPOOL_GROW_PIECE"), *reservation = getenv("GPUPOOL_RESERVATION");
         uint64_t idle_return_ms = GPUPOOL_DEFAULT_IDLE_RETURN_MS, piece_bytes = GROW_PIECE_BYTES;
         static uint64_t next_serial;
         gpupool_client *c;
@@ -127,6 +128,9 @@ GPUPOOL_EXPORT int gpupool_connect(const char *socket_path, const char *client_n
                                       idle_return);
         if (segments && *segments && strcmp(segments, "grow") != 0 && strcmp(segments, "whole") != 0)
                 return client_thread_failed(-EINVAL, "$GPUPOOL_SEGMENTS: '%.64s' is neither grow nor whole", segments);
+        if (reservation && strlen(reservation) > GP_RESERVATION_TOKEN_MAX)
+                return client_thread_failed(-EINVAL, "$GPUPOOL_RESERVATION is longer than a reservation's token (%d bytes)",
+                                            GP_RESERVATION_TOKEN_MAX);
         if (piece && strcmp(piece, "off") == 0)
                 piece_bytes = UINT64_MAX;
         else if (piece && *piece && (gp_size_parse(piece, &piece_bytes) < 0 || piece_bytes < GROW_PIECE_MIN_BYTES))
@@ -135,6 +139,7 @@ GPUPOOL_EXPORT int gpupool_connect(const char *socket_path, const char *client_n
         c = calloc(1, sizeof(*c));
         if (!c)
                 return client_thread_failed(-ENOMEM, "out of memory for a handle");
+        snprintf(c->reservation, sizeof(c->reservation), "%s", reservation ? reservation : "");
         c->serial = __atomic_add_fetch(&next_serial, 1, __ATOMIC_RELAXED);
         c->conn.sock = -1;
         c->mem = &client_mem_host;

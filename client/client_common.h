@@ -239,6 +239,7 @@ struct gpupool_client {
         uint64_t limit_bytes;           /* the daemon's limit on this client per device, as hello said (0: none) */
         char socket_path[108];          /* as given to connect, for reconnect ("" = the default) */
         char name[64];
+        char reservation[GP_RESERVATION_TOKEN_MAX + 1];        /* $GPUPOOL_RESERVATION at connect, presented at every hello; "": none */
         unsigned device_count;
         /*
          * How this process maps what the daemon's backend leases (client_mem.h), set by hello;

@@ -214,6 +214,7 @@ int client_resume_hello(const gpupool_client *c, struct gp_conn *conn, Gpupool__
 
         *conn = (struct gp_conn) { .sock = -1 };
         hello_req.name = (char *) c->name;
+        hello_req.reservation = c->reservation[0] ? (char *) c->reservation : NULL;
         return gp_conn_open(conn, client_socket_path(c), &hello_req, ret_hello);
 }
 

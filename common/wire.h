@@ -24,7 +24,9 @@
 /* A request larger than this is a protocol violation: the daemon disconnects its sender. */
 #define GP_MAX_REQUEST_BYTES 4096
 /* The largest reply (a status of every client). Below the default SO_SNDBUF of AF_UNIX. */
-#define GP_MAX_REPLY_BYTES (160 * 1024)
+#define GP_MAX_REPLY_BYTES (192 * 1024)
+/* The longest reservation token (Hello.reservation, $GPUPOOL_RESERVATION). */
+#define GP_RESERVATION_TOKEN_MAX 128
 /* Every block's size is rounded up to this (AllocRequest); the client's cache is keyed on it. */
 #define GP_BLOCK_ALIGN 512ULL
 /* The longest sentence an error reply carries, with its NUL; the library keeps all of it. */

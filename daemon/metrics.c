@@ -20,12 +20,15 @@
 #define METRICS_LINE_MAX 128
 #define METRICS_DEVICE_FAMILIES 15
 #define METRICS_TENANT_FAMILIES 3
-#define METRICS_FAMILIES 27
+#define METRICS_RESERVATION_FAMILIES 3
+#define METRICS_RESERVATION_LINE_MAX 160        /* a key of 63 bytes and a device */
+#define METRICS_FAMILIES 31
 #define METRICS_HEADER_MAX 320          /* a family's HELP and TYPE lines */
 _Static_assert((METRICS_DEVICE_FAMILIES * BACKEND_MAX_DEVICES + METRICS_TENANT_FAMILIES * CONFIG_MAX_TENANTS +
-                POLICY_REFUSAL_COUNT + 6) * METRICS_LINE_MAX + METRICS_FAMILIES * METRICS_HEADER_MAX <=
-                       METRICS_TEXT_MAX,
-               "the metrics of every device and tenant fit METRICS_TEXT_MAX");
+                POLICY_REFUSAL_COUNT + 7) * METRICS_LINE_MAX +
+                METRICS_RESERVATION_FAMILIES * RESERVATIONS_MAX * METRICS_RESERVATION_LINE_MAX +
+                METRICS_FAMILIES * METRICS_HEADER_MAX <= METRICS_TEXT_MAX,
+               "the metrics of every device, tenant and reservation fit METRICS_TEXT_MAX");
 _Static_assert(METRICS_TEXT_MAX + 1024 <= GP_MAX_REPLY_BYTES, "a MetricsReply holds METRICS_TEXT_MAX");
 
 static const char *const refusal_reasons[POLICY_REFUSAL_COUNT] = {
@@ -181,22 +184,47 @@ static void tenants(struct writer *w, const struct node *node, const struct sess
         uint64_t reserved, in_use;
 
         family(w, "gpupool_tenant_clients", "gauge", "Clients of the tenant, connected or exiting.");
-        for (unsigned i = 0; i < p->tenant_count; i++)
+        for (unsigned i = 0; i < p->config_tenant_count; i++)
                 emit(w, "gpupool_tenant_clients{tenant=\"%s\"} %u\n", p->tenants[i].conf.name,
                      p->tenants[i].clients - (asking && asking->tenant == &p->tenants[i]));
         family(w, "gpupool_tenant_reserved_bytes", "gauge", "Bytes the tenant's clients hold, on all devices.");
-        for (unsigned i = 0; i < p->tenant_count; i++) {
+        for (unsigned i = 0; i < p->config_tenant_count; i++) {
                 reserved = 0;
                 for (unsigned d = 0; d < node->device_count; d++)
                         reserved += p->tenants[i].sums[d].reserved_bytes;
                 emit(w, "gpupool_tenant_reserved_bytes{tenant=\"%s\"} %" PRIu64 "\n", p->tenants[i].conf.name, reserved);
         }
         family(w, "gpupool_tenant_in_use_bytes", "gauge", "Bytes in blocks the tenant's clients hold, on all devices, as they last reported.");
-        for (unsigned i = 0; i < p->tenant_count; i++) {
+        for (unsigned i = 0; i < p->config_tenant_count; i++) {
                 in_use = 0;
                 for (unsigned d = 0; d < node->device_count; d++)
                         in_use += p->tenants[i].sums[d].in_use_bytes;
                 emit(w, "gpupool_tenant_in_use_bytes{tenant=\"%s\"} %" PRIu64 "\n", p->tenants[i].conf.name, in_use);
+        }
+}
+
+/* The reservations (a tenant's family would hold them too, but their number has a bound of its own). */
+static void reservations(struct writer *w, const struct node *node) {
+        static const struct {
+                const char *name, *help;
+        } families[METRICS_RESERVATION_FAMILIES] = {
+                { "gpupool_reservation_guarantee_bytes", "Bytes on its GPU the reservation keeps for its pods." },
+                { "gpupool_reservation_limit_bytes", "The most bytes its pods may hold on its GPU together." },
+                { "gpupool_reservation_reserved_bytes", "Bytes its pods' clients hold on its GPU (named objects too)." },
+        };
+        const struct policy *p = &node->policy;
+
+        family(w, "gpupool_reservations", "gauge", "Reservations kept, whether their GPU is among the daemon's or not (absent ones have no series below).");
+        emit(w, "gpupool_reservations %u\n", node->reservations.count);
+        for (unsigned f = 0; f < METRICS_RESERVATION_FAMILIES; f++) {
+                family(w, families[f].name, "gauge", families[f].help);
+                for (unsigned i = p->config_tenant_count; i < p->tenant_count; i++) {
+                        const struct tenant *t = &p->tenants[i];
+                        unsigned d = t->conf.device;
+                        uint64_t v = f == 0 ? t->guarantee_bytes : f == 1 ? t->max_bytes : t->sums[d].reserved_bytes;
+
+                        emit(w, "%s{reservation=\"%s\",device=\"%u\"} %" PRIu64 "\n", families[f].name, t->conf.name, d, v);
+                }
         }
 }
 
@@ -233,5 +261,6 @@ int metrics_format(const struct node *node, const struct session *asking, char *
                  "gpupool_unread_descriptors_limit{bound=\"ceiling\"} %" PRIu64 "\n",
              node->unread_budget, node->unread_ceiling);
         tenants(&w, node, asking);
+        reservations(&w, node);
         return w.full ? -ENOBUFS : (int) w.len;
 }

@@ -16,7 +16,7 @@ struct session;
  * The most bytes the metrics text takes: every device, tenant and reason at the longest
  * label and value. A protocol reply holds it (checked at build time in metrics.c).
  */
-#define METRICS_TEXT_MAX (154 * 1024)
+#define METRICS_TEXT_MAX (188 * 1024)
 
 /*
  * Writes the metrics of node into buf, NUL-terminated. asking is the session that asked

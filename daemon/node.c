@@ -51,6 +51,62 @@ void node_adopted(struct node *node, unsigned device, uint64_t bytes, bool grow)
         node->policy.capacity_bytes[device] = st.total_bytes;
 }
 
+int node_device_of(const struct node *node, const char *uuid, uint32_t index, bool by_uuid) {
+        char text[BACKEND_UUID_TEXT_MAX];
+
+        if (!by_uuid)
+                return index < node->device_count ? (int) index : -ENODEV;
+        for (unsigned d = 0; d < node->device_count; d++) {
+                if (!node->devices[d].has_uuid)
+                        continue;
+                backend_uuid_text(node->devices[d].uuid, node->devices[d].mig, text);
+                if (strcmp(text, uuid) == 0)
+                        return (int) d;
+        }
+        return -ENODEV;
+}
+
+/*
+ * Reads the reservations kept in the state directory and finds their GPUs, by UUID where they
+ * name one (a GPU gone is said, and its reservations kept: a tool deletes them). Guarantees
+ * that no longer fit (a GPU with less room than when they were made) are said, not refused:
+ * the pods' reservations stand, and a new one is refused until they fit.
+ */
+static int load_reservations(struct node *node) {
+        char err[600];
+        int r;
+
+        if (!node->options->state_dir[0])
+                return 0;
+        r = reservations_load(node->options->state_dir, &node->reservations, err, sizeof(err));
+        if (r < 0) {
+                log_err("%s", err);
+                return r;
+        }
+        for (unsigned i = 0; i < node->reservations.count; i++) {
+                struct reservation *rv = &node->reservations.r[i];
+                int d = node_device_of(node, rv->device_uuid, rv->device, rv->device_uuid[0] != '\0');
+
+                if (d < 0) {
+                        rv->absent = true;
+                        log_err("reservation %s: its GPU (device %u%s%s) is not among the daemon's %u: kept, and its pods "
+                                "belong to the config's tenants until it is deleted or the GPU is back", rv->key, rv->device,
+                                rv->device_uuid[0] ? ", " : "", rv->device_uuid, node->device_count);
+                        continue;
+                }
+                if ((unsigned) d != rv->device)
+                        log_info("reservation %s: its GPU %s is device %d now (was %u)", rv->key, rv->device_uuid, d, rv->device);
+                rv->device = (uint32_t) d;
+        }
+        policy_reserve(&node->policy, &node->reservations);
+        if (policy_check_guarantees(&node->policy, err, sizeof(err)) < 0)
+                log_err("%s: the reservations stand, and new ones on it are refused until they fit", err);
+        if (node->reservations.count)
+                log_info("%u reservation%s read from %s/%s", node->reservations.count,
+                         node->reservations.count == 1 ? "" : "s", node->options->state_dir, RESERVATIONS_FILE);
+        return 0;
+}
+
 int node_init(struct node *node, uv_loop_t *loop, const struct config *config, struct backend *backend) {
         char why[256];
         int r;
@@ -85,6 +141,9 @@ int node_init(struct node *node, uv_loop_t *loop, const struct config *config, s
                 log_err("%s", why);
                 return r;
         }
+        r = load_reservations(node);
+        if (r < 0)
+                return r;
         uv_timer_init(loop, &node->idle_release_timer);
         node->idle_release_timer.data = node;
         node->idle_release_timer_open = true;

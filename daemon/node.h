@@ -101,6 +101,7 @@ struct node {
         const struct options *options;  /* &config.options */
         struct config config;           /* as loaded, with the command line over it */
         struct policy policy;
+        struct reservations reservations;       /* the reservations' tenants point into it (policy_reserve()) */
         struct backend *backend;
         struct pool *pools[BACKEND_MAX_DEVICES];
         struct backend_device_info devices[BACKEND_MAX_DEVICES];   /* as the backend described them */
@@ -179,6 +180,12 @@ struct node {
  * it): a pool per device and the policy. Returns 0 or a negative errno, logged.
  */
 int node_init(struct node *node, uv_loop_t *loop, const struct config *config, struct backend *backend);
+
+/*
+ * The device of index or UUID text (as the backend describes it, "GPU-…"/"MIG-…"): its index,
+ * or -ENODEV.
+ */
+int node_device_of(const struct node *node, const char *uuid, uint32_t index, bool by_uuid);
 
 /* Closes the node's timers and frees its pools and backend; the sessions must be gone. */
 void node_close(struct node *node);

@@ -357,12 +357,17 @@ bool objects_evicted(const struct node *node, const char *name, uint64_t *ret_ms
         return found;
 }
 
+void objects_leave_tenants(struct node *node) {
+        for (struct object *o = node->objects; o; o = o->next)
+                pool_owner_set_group(&o->owner, NULL);
+}
+
 void objects_map_tenants(struct node *node) {
         for (struct object *o = node->objects; o; o = o->next) {
                 struct tenant *t = policy_tenant_by_name(&node->policy, o->tenant);
 
                 if (!t) {
-                        log_info("object '%s': its tenant %s is gone with the reload; it counts to default now", o->name,
+                        log_info("object '%s': its tenant %s is gone; it counts to default now", o->name,
                                  o->tenant);
                         t = &node->policy.tenants[0];
                         snprintf(o->tenant, sizeof(o->tenant), "%s", t->conf.name);

@@ -118,7 +118,10 @@ uint64_t objects_evict_idle(struct node *node, unsigned device, uint64_t want_by
 /* When the object name was evicted (loop clock), for the sentence of a later attach; false if it was not lately. */
 bool objects_evicted(const struct node *node, const char *name, uint64_t *ret_ms);
 
-/* After a reload: each object in its tenant's group again, by name (default where it is gone). */
+/* Before the tenants are made anew (a reload, a reservation): every object leaves its tenant's group. */
+void objects_leave_tenants(struct node *node);
+
+/* After: each object in its tenant's group again, by name (default where it is gone). */
 void objects_map_tenants(struct node *node);
 
 /* What the objects of tenant t hold on device, for the tenants' check. */

@@ -51,6 +51,9 @@ const char options_usage[] =
         "                         root and the daemon's user may exceed it and\n"
         "                         --max-clients by 8 for administrative requests\n"
         "  --log-level LEVEL      err, warn, info or debug (default info)\n"
+        "  --state-dir DIR        keep the reservations in DIR, across restarts (default\n"
+        "                         $STATE_DIRECTORY, as systemd sets it; else none, and\n"
+        "                         reservations are refused)\n"
         "  --metrics-listen ADDR  serve Prometheus metrics at http://ADDR/metrics: IP:PORT,\n"
         "                         [IPV6]:PORT or PORT alone for 127.0.0.1 (default: off)\n"
         "  --check-invariants[=yes|no]  check the pools after every request (slow; for\n"
@@ -77,6 +80,7 @@ enum kind {
         K_LEVEL,
         K_BOOL,
         K_LISTEN,
+        K_DIR,                  /* an absolute path, of OPTIONS_DIR_MAX bytes at most */
 };
 
 /* One setting: its option, its config key, and where its value goes. */
@@ -100,6 +104,7 @@ static const struct setting settings[] = {
         { "max-clients-per-uid", "daemon", "max_clients_per_uid", K_CLIENTS, AT(max_clients_per_uid) },
         { "check-invariants", "daemon", "check_invariants", K_BOOL, AT(check_invariants) },
         { "metrics-listen", "daemon", "metrics_listen", K_LISTEN, AT(metrics_addr) },
+        { "state-dir", "daemon", "state_dir", K_DIR, AT(state_dir) },
         { "headroom", "pool", "headroom", K_SIZE, AT(headroom_bytes) },
         { "idle-release", "pool", "idle_release", K_DURATION, AT(idle_release_ms) },
         { "idle-objects", "pool", "idle_objects", K_DURATION, AT(idle_objects_ms) },
@@ -113,6 +118,8 @@ static const struct setting settings[] = {
 #define NSETTINGS (sizeof(settings) / sizeof(settings[0]))
 
 void options_defaults(struct options *o) {
+        const char *sd;
+
         memset(o, 0, sizeof(*o));
         o->action = OPTIONS_RUN;
         snprintf(o->socket_path, sizeof(o->socket_path), "%s", GP_DEFAULT_SOCKET);
@@ -129,6 +136,9 @@ void options_defaults(struct options *o) {
         o->log_level = LOG_LEVEL_INFO;
         o->max_clients = OPTIONS_DEFAULT_MAX_CLIENTS;
         o->export_keepalive = true;
+        /* systemd's StateDirectory=: the first of its directories. */
+        if ((sd = getenv("STATE_DIRECTORY")) && sd[0] == '/' && strcspn(sd, ":") < sizeof(o->state_dir))
+                snprintf(o->state_dir, sizeof(o->state_dir), "%.*s", (int) strcspn(sd, ":"), sd);
 }
 
 static int parse_count(const char *text, unsigned min, unsigned max, unsigned *ret) {
@@ -258,6 +268,13 @@ static int set(struct options *o, const struct setting *s, const char *v, char *
                         snprintf(err, err_size, "'%s' is not yes or no", v);
                         return -EINVAL;
                 }
+                return 0;
+        case K_DIR:
+                if (v[0] != '/' || strlen(v) >= sizeof(o->state_dir)) {
+                        snprintf(err, err_size, "'%.64s' is not an absolute path of at most %zu bytes", v, sizeof(o->state_dir) - 1);
+                        return -EINVAL;
+                }
+                snprintf(field, sizeof(o->state_dir), "%s", v);
                 return 0;
         case K_LISTEN:
                 if (options_parse_listen(v, field) < 0) {

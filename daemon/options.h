@@ -43,6 +43,7 @@ enum options_action {
 #define OPTIONS_DEFAULT_MAX_CLIENTS_PER_UID 256
 #define OPTIONS_MAX_GRANULE_STOCK 4096
 #define OPTIONS_PATH_MAX 4096
+#define OPTIONS_DIR_MAX 1023    /* the state directory: its files' names fit after it */
 
 /*
  * Descriptors one client can make the daemon hold: its socket and pidfd, its control
@@ -83,6 +84,7 @@ struct options {
         unsigned max_clients;
         bool obsolete_max_blocks;       /* --max-blocks or max_blocks was given: warned about, ignored */
         bool check_invariants;          /* run pool_check() after every request */
+        char state_dir[OPTIONS_DIR_MAX + 1];    /* where the reservations are kept; "": nowhere (reservations refused) */
         struct sockaddr_storage metrics_addr;   /* GET /metrics here; ss_family AF_UNSPEC: not served */
 };
 

@@ -17,7 +17,7 @@ void policy_configure(struct policy *p, const struct config *c) {
         p->client_limit_bytes = c->options.client_limit_bytes;
         p->max_cached_bytes = c->options.max_cached_bytes;
         p->max_cached_percent = c->options.max_cached_percent;
-        p->tenant_count = c->tenant_count;
+        p->tenant_count = p->config_tenant_count = c->tenant_count;
         for (unsigned i = 0; i < c->tenant_count; i++) {
                 struct tenant *t = &p->tenants[i];
 
@@ -28,6 +28,28 @@ void policy_configure(struct policy *p, const struct config *c) {
         }
 }
 
+void policy_reserve(struct policy *p, const struct reservations *rs) {
+        p->tenant_count = p->config_tenant_count;
+        for (unsigned i = 0; i < rs->count; i++) {
+                const struct reservation *r = &rs->r[i];
+                struct tenant *t = &p->tenants[p->tenant_count];
+
+                if (r->absent)
+                        continue;
+                p->tenant_count++;
+                memset(t, 0, sizeof(*t));
+                snprintf(t->conf.name, sizeof(t->conf.name), "%s", r->key);
+                snprintf(t->conf.where, sizeof(t->conf.where), "reservation %s", r->key);
+                t->conf.device_set = true;
+                t->conf.device = r->device;
+                t->conf.max_bytes = t->max_bytes = r->limit_bytes;
+                t->conf.guarantee_bytes = t->guarantee_bytes = r->guarantee_bytes;
+                t->reservation = r;
+        }
+}
+
+_Static_assert(RESERVATION_KEY_MAX < sizeof(((struct tenant_conf *) 0)->name), "a reservation's key is its tenant's name");
+
 _Static_assert(CONFIG_MAX_DEVICES == BACKEND_MAX_DEVICES, "a tenant's device = is any device the daemon may have");
 
 int policy_check_guarantees(const struct policy *p, char *why, size_t why_size) {
@@ -37,27 +59,49 @@ int policy_check_guarantees(const struct policy *p, char *why, size_t why_size) 
                 const struct tenant_conf *c = &p->tenants[i].conf;
 
                 if (c->device_set && c->device >= p->device_count) {
-                        snprintf(why, why_size, "tenant %s is for device %u, and the daemon has %u device%s (0 to %u)", c->name,
-                                 c->device, p->device_count, p->device_count == 1 ? "" : "s", p->device_count - 1);
+                        snprintf(why, why_size, "%s %s is for device %u, and the daemon has %u device%s (0 to %u)",
+                                 p->tenants[i].reservation ? "reservation" : "tenant", c->name, c->device, p->device_count,
+                                 p->device_count == 1 ? "" : "s", p->device_count - 1);
                         return -EINVAL;
                 }
+                /* A reservation's key is its tenant's name: the config's tenants may not take it. */
+                for (unsigned j = 0; p->tenants[i].reservation && j < p->config_tenant_count; j++)
+                        if (strcmp(p->tenants[j].conf.name, c->name) == 0) {
+                                snprintf(why, why_size, "tenant %s (%s) has the key of a reservation: rename the tenant, or "
+                                         "delete the reservation", c->name, p->tenants[j].conf.where);
+                                return -EINVAL;
+                        }
         }
         for (unsigned d = 0; d < p->device_count; d++) {
-                uint64_t sum = 0;
+                uint64_t sum = 0, reserved = 0;
 
-                for (unsigned i = 0; i < p->tenant_count; i++)
+                for (unsigned i = 0; i < p->tenant_count; i++) {
                         sum += tenant_guarantee(&p->tenants[i], d);
+                        if (p->tenants[i].reservation)
+                                reserved += tenant_guarantee(&p->tenants[i], d);
+                }
                 if (sum > p->capacity_bytes[d]) {
-                        snprintf(why, why_size, "the tenants' guarantees on device %u add up to %s, more than its capacity of %s",
-                                 d, gp_size_format(sum, b1, sizeof(b1)), gp_size_format(p->capacity_bytes[d], b2, sizeof(b2)));
+                        char of_it[GP_SIZE_FORMAT_MAX + 40] = "";
+
+                        if (reserved)
+                                snprintf(of_it, sizeof(of_it), " (%s of it reservations')", gp_size_format(reserved, b1, sizeof(b1)));
+                        snprintf(why, why_size, "the tenants' guarantees on device %u add up to %s%s, more than its capacity "
+                                 "of %s", d, gp_size_format(sum, b1, sizeof(b1)), of_it,
+                                 gp_size_format(p->capacity_bytes[d], b2, sizeof(b2)));
                         return -EINVAL;
                 }
         }
         return 0;
 }
 
-struct tenant *policy_tenant_for(struct policy *p, uint32_t uid, uint32_t gid, const char *name, const char *cgroup) {
-        for (unsigned i = 1; i < p->tenant_count; i++)
+struct tenant *policy_tenant_for(struct policy *p, uint32_t uid, uint32_t gid, const char *name, const char *cgroup,
+                                 const char *pod_uid) {
+        if (pod_uid && *pod_uid)
+                for (unsigned i = p->config_tenant_count; i < p->tenant_count; i++)
+                        for (unsigned j = 0; j < p->tenants[i].reservation->pod_count; j++)
+                                if (strcmp(p->tenants[i].reservation->pods[j], pod_uid) == 0)
+                                        return &p->tenants[i];
+        for (unsigned i = 1; i < p->config_tenant_count; i++)
                 if (tenant_conf_matches(&p->tenants[i].conf, uid, gid, name, cgroup))
                         return &p->tenants[i];
         return &p->tenants[0];

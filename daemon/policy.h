@@ -26,6 +26,10 @@
 #include "backend.h"
 #include "config.h"
 #include "pool.h"
+#include "reservations.h"
+
+/* The config's tenants, then a tenant per reservation (policy_reserve()). */
+#define POLICY_MAX_TENANTS (CONFIG_MAX_TENANTS + RESERVATIONS_MAX)
 
 struct tenant {
         struct tenant_conf conf;        /* its rules and its limits as the config file says */
@@ -36,6 +40,8 @@ struct tenant {
         /* What its clients charged of memory outside the pool (ChargeRequest), kept by the sessions. */
         uint64_t charged_bytes[BACKEND_MAX_DEVICES];
         unsigned clients;
+        /* A reservation's tenant: the reservation (the node's table); NULL for the config's. */
+        const struct reservation *reservation;
 };
 
 enum policy_bound {
@@ -94,7 +100,8 @@ struct policy {
         unsigned device_count;
         uint64_t capacity_bytes[BACKEND_MAX_DEVICES];
         unsigned tenant_count;          /* tenants[0] is "default" */
-        struct tenant tenants[CONFIG_MAX_TENANTS];
+        unsigned config_tenant_count;   /* the config's, first; the reservations' after them */
+        struct tenant tenants[POLICY_MAX_TENANTS];
 };
 
 /* Whether tenant t's clients may hold memory on device: every device, or its one (device =). */
@@ -107,14 +114,35 @@ static inline uint64_t tenant_guarantee(const struct tenant *t, unsigned device)
         return tenant_on(t, device) ? t->guarantee_bytes : 0;
 }
 
-/* Sets limits and tenants from a loaded config (a start, or a reload: runtime overrides go). */
+/*
+ * Sets limits and tenants from a loaded config (a start, or a reload: runtime overrides go).
+ * The reservations' tenants go too: policy_reserve() makes them again.
+ */
 void policy_configure(struct policy *p, const struct config *c);
 
-/* Whether the tenants' guarantees fit every device. Returns 0, or -EINVAL saying which does not. */
+/*
+ * Makes a tenant of each reservation of rs whose GPU is there (not absent), after the config's,
+ * in place of those it had: for
+ * the reservation's pods, on its device only, its limit the tenant's max and its guarantee the
+ * tenant's. rs must outlive them. As policy_configure(), their sums start at zero: the caller
+ * maps every client to its tenant again. Check the guarantees after (policy_check_guarantees()).
+ */
+void policy_reserve(struct policy *p, const struct reservations *rs);
+
+/*
+ * Whether the tenants' guarantees fit every device, each tenant of one device names one the
+ * daemon has, and no tenant of the config has a reservation's key. Returns 0, or -EINVAL
+ * saying which does not.
+ */
 int policy_check_guarantees(const struct policy *p, char *why, size_t why_size);
 
-/* The tenant a client of uid, gid, declared name and cgroup (NULL: unknown) belongs to. */
-struct tenant *policy_tenant_for(struct policy *p, uint32_t uid, uint32_t gid, const char *name, const char *cgroup);
+/*
+ * The tenant a client of uid, gid, declared name, cgroup (NULL: unknown) and pod (its UID, as
+ * its cgroup names it; NULL or "": in no pod) belongs to: its pod's reservation, else the first
+ * of the config's tenants that matches, else default.
+ */
+struct tenant *policy_tenant_for(struct policy *p, uint32_t uid, uint32_t gid, const char *name, const char *cgroup,
+                                 const char *pod_uid);
 
 /* The tenant called name, or NULL. */
 struct tenant *policy_tenant_by_name(struct policy *p, const char *name);

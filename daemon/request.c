@@ -84,11 +84,22 @@ static void handle_hello(struct session *s, const Gpupool__Envelope *req, struct
         }
         if (name)
                 strcpy(s->name, name);
+        /* A reservation's token binds its pod at the first process that presents it (request_reservations.c). */
+        if (req->hello->reservation && !s->control_of) {
+                char why[400];
+                int r = request_reservation_present(s, req->hello->reservation, why, sizeof(why));
+
+                if (r < 0) {
+                        session_log(s, LOG_LEVEL_WARN, "client %llu (pid %d) refused: %s", (unsigned long long) s->id,
+                                    (int) s->pid, why);
+                        reply_error(req->id, r, true, why, ret);
+                        return;
+                }
+        }
         s->admin_tool = req->hello->admin;
         s->state = SESSION_READY;
         if (!s->control_of)
-                session_set_tenant(s, policy_tenant_for(&node->policy, s->uid, s->gid, s->name,
-                                                    s->cgroup_known ? s->cgroup : NULL));
+                session_set_tenant(s, session_tenant_of(s));
 
         for (unsigned d = 0; d < node->device_count; d++) {
                 struct pool_stats st;
@@ -277,6 +288,11 @@ static const struct request_kind kinds[] = {
         { GPUPOOL__ENVELOPE__BODY_CHECK, request_check, ROLE_ADMIN_ROOM | ROLE_OPERATOR, "check", NULL },
         { GPUPOOL__ENVELOPE__BODY_METRICS, request_metrics, ROLE_ADMIN_ROOM, "metrics", NULL },
         { GPUPOOL__ENVELOPE__BODY_RELOAD, request_reload, ROLE_ADMIN_ROOM | ROLE_OPERATOR, "reload", NULL },
+        { GPUPOOL__ENVELOPE__BODY_RESERVATION_PUT, request_reservation_put, ROLE_ADMIN_ROOM | ROLE_OPERATOR, "reserve",
+          NULL },
+        { GPUPOOL__ENVELOPE__BODY_RESERVATION_DELETE, request_reservation_delete, ROLE_ADMIN_ROOM | ROLE_OPERATOR,
+          "unreserve", NULL },
+        { GPUPOOL__ENVELOPE__BODY_RESERVATIONS, request_reservations, ROLE_ADMIN_ROOM, "reservations", NULL },
         { GPUPOOL__ENVELOPE__BODY_LEASE, request_lease, 0, "a lease", NULL },
         { GPUPOOL__ENVELOPE__BODY_RETURN_SEGMENTS, handle_return, 0, "a return", NULL },
         { GPUPOOL__ENVELOPE__BODY_MEM_INFO, handle_mem_info, 0, "a memory query", NULL },

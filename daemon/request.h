@@ -13,6 +13,7 @@
 #include <stdint.h>
 
 #include "reply.h"
+#include "reservations.h"
 #include "wire.h"
 
 struct node;
@@ -55,5 +56,25 @@ void request_trim(struct session *session, const Gpupool__Envelope *req, struct 
 void request_check(struct session *session, const Gpupool__Envelope *req, struct reply *ret);
 void request_metrics(struct session *session, const Gpupool__Envelope *req, struct reply *ret);
 void request_reload(struct session *session, const Gpupool__Envelope *req, struct reply *ret);
+
+/* Reservations (request_reservations.c): put, delete, list. */
+void request_reservation_put(struct session *session, const Gpupool__Envelope *req, struct reply *ret);
+void request_reservation_delete(struct session *session, const Gpupool__Envelope *req, struct reply *ret);
+void request_reservations(struct session *session, const Gpupool__Envelope *req, struct reply *ret);
+
+/*
+ * A client's hello presents token ($GPUPOOL_RESERVATION): 0 where the reservation that has it
+ * is its pod's (bound now if no pod had presented it), else -EACCES (or -EIO) with why: no
+ * such token, a process in no pod, a token another pod holds (logged, both pods named), a pod
+ * with another reservation.
+ */
+int request_reservation_present(struct session *session, const char *token, char *why, size_t why_size);
+
+/*
+ * The node's reservations as a status to asking says them (its own client not counted), into
+ * out (RESERVATIONS_MAX of them), their pods' UIDs pointed at from pods; *ret_n says how many.
+ */
+void request_reservations_status(struct session *asking, Gpupool__ReservationStatus *out,
+                                 char *(*pods)[RESERVATION_PODS_MAX], size_t *ret_n);
 
 #endif

@@ -64,14 +64,16 @@ static void client_report(const struct session *c, uint64_t now_ms, Gpupool__Cli
         }
 }
 
-/* What a status reply's tenants point into, for every tenant there may be: about 70 KiB, made per request. */
+/* What a status reply's tenants and reservations point into, for every one there may be: about 90 KiB, made per request. */
 struct tenants_text {
         Gpupool__TenantStatus tenants[CONFIG_MAX_TENANTS], *ptrs[CONFIG_MAX_TENANTS];
         char rules[CONFIG_MAX_TENANTS][RULES_TEXT_MAX];
         uint64_t in_use[CONFIG_MAX_TENANTS][BACKEND_MAX_DEVICES], reserved[CONFIG_MAX_TENANTS][BACKEND_MAX_DEVICES];
+        Gpupool__ReservationStatus reservations[RESERVATIONS_MAX], *reservation_ptrs[RESERVATIONS_MAX];
+        char *pods[RESERVATIONS_MAX][RESERVATION_PODS_MAX];
 };
 
-/* Fills the status reply's tenants, pointing into x. */
+/* Fills the status reply's tenants (the config's: a reservation's is in its own list), pointing into x. */
 static void tenants_status(struct session *s, Gpupool__StatusReply *sr, struct tenants_text *x) {
         struct node *node = s->node;
         struct policy *p = &node->policy;
@@ -79,7 +81,7 @@ static void tenants_status(struct session *s, Gpupool__StatusReply *sr, struct t
         char (*rules)[RULES_TEXT_MAX] = x->rules;
         uint64_t (*in_use)[BACKEND_MAX_DEVICES] = x->in_use, (*reserved)[BACKEND_MAX_DEVICES] = x->reserved;
 
-        for (unsigned i = 0; i < p->tenant_count; i++) {
+        for (unsigned i = 0; i < p->config_tenant_count; i++) {
                 struct tenant *t = &p->tenants[i];
                 Gpupool__TenantStatus *ts = &tenants[i];
 
@@ -105,8 +107,12 @@ static void tenants_status(struct session *s, Gpupool__StatusReply *sr, struct t
                 ts->charged_bytes = t->charged_bytes;
                 ptrs[i] = ts;
         }
-        sr->n_tenants = p->tenant_count;
+        sr->n_tenants = p->config_tenant_count;
         sr->tenants = ptrs;
+        request_reservations_status(s, x->reservations, x->pods, &sr->n_reservations);
+        for (size_t i = 0; i < sr->n_reservations; i++)
+                x->reservation_ptrs[i] = &x->reservations[i];
+        sr->reservations = x->reservation_ptrs;
 }
 
 void request_status(struct session *s, const Gpupool__Envelope *req, struct reply *ret) {
@@ -346,6 +352,12 @@ void request_set_limit(struct session *s, const Gpupool__Envelope *req, struct r
                 if (!t) {
                         snprintf(why, sizeof(why), "no tenant '%.64s' (see gpupoolctl limits)", l->tenant);
                         reply_error(req->id, -ENOENT, false, why, ret);
+                        return;
+                }
+                if (t->reservation) {
+                        snprintf(why, sizeof(why), "%s is a reservation: gpupoolctl reserve, with a higher generation, "
+                                 "changes its limit and guarantee", t->conf.name);
+                        reply_error(req->id, -EINVAL, false, why, ret);
                         return;
                 }
                 if (policy_set_tenant_limits(&node->policy, t, max, guarantee, why, sizeof(why)) < 0) {

@@ -65,6 +65,13 @@ static void limit_message(const struct session *s, unsigned d, uint64_t seg, con
                 }
                 return;
         case POLICY_TENANT:
+                if (t->reservation) {
+                        snprintf(why, why_size, "would take reservation %s (%u client%s of its pods) to %s reserved on device "
+                                 "%u, over its limit of %s", t->conf.name, t->clients, t->clients == 1 ? "" : "s",
+                                 gp_size_format(a->used_bytes + seg, b2, sizeof(b2)), d,
+                                 gp_size_format(a->limit_bytes, b3, sizeof(b3)));
+                        return;
+                }
                 snprintf(why, why_size, "would take tenant %s (%u client%s) to %s reserved, over its max of %s%s", t->conf.name,
                          t->clients, t->clients == 1 ? "" : "s", gp_size_format(a->used_bytes + seg, b2, sizeof(b2)),
                          gp_size_format(a->limit_bytes, b3, sizeof(b3)), t->overridden ? " (set-limit)" : "");
@@ -79,6 +86,11 @@ static void limit_message(const struct session *s, unsigned d, uint64_t seg, con
                          gp_size_format(t->sums[d].reserved_bytes, b1, sizeof(b1)));
                 return;
         case POLICY_OTHER_DEVICE:
+                if (t->reservation) {
+                        snprintf(why, why_size, "reservation %s is for device %u: its pods have memory there only, not on "
+                                 "device %u", t->conf.name, t->conf.device, d);
+                        return;
+                }
                 snprintf(why, why_size, "tenant %s holds memory on device %u only (device = in its config), not on "
                          "device %u", t->conf.name, t->conf.device, d);
                 return;

@@ -269,17 +269,6 @@ static int listen_on(const char *path, int *ret_fd, char *why, size_t why_size) 
         return 0;
 }
 
-/*
- * Maps every client to its tenant under a freshly configured policy (whose sums are zero),
- * carrying its reserved bytes. A control channel is part of its client and in no tenant.
- */
-static void map_clients(struct node *node) {
-        SESSION_FOREACH(c, node)
-                if ((c->state == SESSION_READY || c->state == SESSION_EXITING) && !c->control_of)
-                        session_set_tenant(c, policy_tenant_for(&node->policy, c->uid, c->gid, c->name,
-                                                                c->cgroup_known ? c->cgroup : NULL));
-}
-
 static void on_stuck_timer(uv_timer_t *timer) {
         struct server *server = timer->data;
 
@@ -518,8 +507,10 @@ int server_fit_fd_limit(struct options *o, const struct backend *backend, char *
 static void keep_fixed(const struct options *old, struct options *o) {
         if (strcmp(old->socket_path, o->socket_path) || old->backend != o->backend ||
             old->host_capacity_bytes != o->host_capacity_bytes || old->headroom_bytes != o->headroom_bytes ||
-            memcmp(&old->metrics_addr, &o->metrics_addr, sizeof(o->metrics_addr)))
-                log_warn("reload: socket, backend, host_capacity, headroom and metrics_listen take effect at the next start");
+            memcmp(&old->metrics_addr, &o->metrics_addr, sizeof(o->metrics_addr)) || strcmp(old->state_dir, o->state_dir))
+                log_warn("reload: socket, backend, host_capacity, headroom, metrics_listen and state_dir take effect at the "
+                         "next start");
+        snprintf(o->state_dir, sizeof(o->state_dir), "%s", old->state_dir);
         snprintf(o->socket_path, sizeof(o->socket_path), "%s", old->socket_path);
         o->backend = old->backend;
         o->host_capacity_bytes = old->host_capacity_bytes;
@@ -559,6 +550,7 @@ static int reload_with(struct server *server, struct reload_state *x, char *why,
                 keep_fixed(node->options, &x->next.options);
                 x->policy = node->policy;
                 policy_configure(&x->policy, &x->next);
+                policy_reserve(&x->policy, &node->reservations);
                 r = policy_check_guarantees(&x->policy, err, sizeof(err));
         }
         if (r == 0)
@@ -569,9 +561,7 @@ static int reload_with(struct server *server, struct reload_state *x, char *why,
                 return r;
         }
         /* Every client leaves its old tenant, whose sums go to zero, before the new tenants take their place. */
-        SESSION_FOREACH(c, node)
-                if (c->tenant)
-                        session_set_tenant(c, NULL);
+        session_leave_tenants(node);
         node->policy = x->policy;
         x->next.options.config_path[0] = '\0';
         snprintf(x->next.options.config_path, sizeof(x->next.options.config_path), "%s", node->options->config_path);
@@ -582,8 +572,7 @@ static int reload_with(struct server *server, struct reload_state *x, char *why,
         SESSION_FOREACH(c, node)
                 c->limit_override_bytes = POLICY_NO_OVERRIDE;
         log_open(node->options->log_level);
-        map_clients(node);
-        objects_map_tenants(node);
+        session_join_tenants(node);
         if (x->next.file_count)
                 snprintf(why, why_size, "reloaded %s: %u file%s, %u tenant%s", node->options->config_path, x->next.file_count,
                          x->next.file_count == 1 ? "" : "s", x->next.tenant_count, x->next.tenant_count == 1 ? "" : "s");

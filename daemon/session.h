@@ -255,4 +255,19 @@ void session_forget_reclaims(struct session *session);
 /* Moves the client to tenant t (NULL: none), carrying its reserved bytes along. */
 void session_set_tenant(struct session *session, struct tenant *t);
 
+/* The tenant the policy gives the client now: its pod's reservation, else the config's rules. */
+struct tenant *session_tenant_of(struct session *session);
+
+/*
+ * Before the policy's tenants are made anew (a reload, a reservation put or deleted): every
+ * client and named object leaves its tenant, whose sums go to zero.
+ */
+void session_leave_tenants(struct node *node);
+
+/*
+ * After: every client (a control channel is part of its client, in no tenant) and named object
+ * joins its tenant under the policy now, carrying its bytes.
+ */
+void session_join_tenants(struct node *node);
+
 #endif

@@ -50,6 +50,24 @@ void session_set_tenant(struct session *s, struct tenant *t) {
                 t->clients++;
 }
 
+struct tenant *session_tenant_of(struct session *s) {
+        return policy_tenant_for(&s->node->policy, s->uid, s->gid, s->name, s->cgroup_known ? s->cgroup : NULL, s->pod_uid);
+}
+
+void session_leave_tenants(struct node *node) {
+        SESSION_FOREACH(c, node)
+                if (c->tenant)
+                        session_set_tenant(c, NULL);
+        objects_leave_tenants(node);
+}
+
+void session_join_tenants(struct node *node) {
+        SESSION_FOREACH(c, node)
+                if ((c->state == SESSION_READY || c->state == SESSION_EXITING) && !c->control_of)
+                        session_set_tenant(c, session_tenant_of(c));
+        objects_map_tenants(node);
+}
+
 int session_charge(struct session *s, unsigned device, uint64_t bytes, bool release) {
         if (release && bytes > s->charged_bytes[device])
                 return -EINVAL;

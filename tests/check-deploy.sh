@@ -29,7 +29,12 @@ broken "a writable root" 's/readOnlyRootFilesystem: true/readOnlyRootFilesystem:
 broken "metrics on every address" 's/\$(POD_IP):9403/0.0.0.0:9403/' gpupoold-daemonset.yaml "not every address"
 broken "no startup or readiness probe" '/startupProbe:/,/failureThreshold/d; /readinessProbe:/,/timeoutSeconds: 5/d' \
         gpupoold-daemonset.yaml "a startup or readiness probe"
+broken "no state directory" 's/, "--state-dir", "\/var\/lib\/gpupool"//' gpupoold-daemonset.yaml \
+        "--state-dir on a writable hostPath volume"
+broken "a state directory in the pod" \
+        '/^        - name: state$/,/type: DirectoryOrCreate/{s/hostPath:/emptyDir: {}/;/path:/d;/type:/d}' \
+        gpupoold-daemonset.yaml "--state-dir on a writable hostPath volume"
 broken "a root client" 's/runAsUser: 1000/runAsUser: 0/' client-job.yaml "non-root uid"
 broken "a client without seccomp" '/seccompProfile:/,+1d' client-job.yaml "seccompProfile RuntimeDefault"
 broken "an unknown kind" 's/kind: PodMonitor/kind: PodWatcher/' gpupoold-daemonset.yaml "no kind PodWatcher"
-echo "check-deploy: 11 broken copies of the manifests refused, each saying why"
+echo "check-deploy: 13 broken copies of the manifests refused, each saying why"

@@ -60,7 +60,7 @@ awk '/^\[/ { s = substr($1, 2, length($1) - 2); next }
      t && /^#$/ { t = 0 }' systemd/gpupoold.conf.example >"$dir/k.example"
 same "the example config's keys and gpupoold.conf(5)" "$dir/k.example" "$dir/k.page"
 declare -A sample=([socket]="$dir/s.sock" [backend]=host [host_capacity]=64M [log_level]=info [max_clients]=8
-        [send_timeout]=10s [hello_timeout]=10s [max_clients_per_uid]=64 [check_invariants]=no [headroom]=512M [idle_release]=5min [idle_objects]=10min [max_cached]=25% [granule_stock]=64 [export_keepalive]=yes
+        [send_timeout]=10s [hello_timeout]=10s [max_clients_per_uid]=64 [check_invariants]=no [state_dir]="$dir" [headroom]=512M [idle_release]=5min [idle_objects]=10min [max_cached]=25% [granule_stock]=64 [export_keepalive]=yes
         [reclaim_timeout]=100ms [metrics_listen]=127.0.0.1:9464 [client_max]=1G [match_uid]=0 [match_gid]=0 [match_name]=x [match_cgroup]=/system.slice/x.service
         [max]=1G [guarantee]=0 [device]=0)
 cur=""

@@ -27,9 +27,9 @@ static const struct {
         const char *name;
         Suite *(*make)(void);
 } suites[] = {
-        SUITE(rbtree), SUITE(size), SUITE(wire), SUITE(options), SUITE(config), SUITE(policy), SUITE(heap),
+        SUITE(rbtree), SUITE(size), SUITE(wire), SUITE(options), SUITE(config), SUITE(policy), SUITE(reservations), SUITE(heap),
         SUITE(granule), SUITE(pool), SUITE(identity), SUITE(users), SUITE(daemon), SUITE(leases), SUITE(hostile), SUITE(hardening),
-        SUITE(tenants), SUITE(process_pool), SUITE(grow), SUITE(survive), SUITE(adopt), SUITE(peers), SUITE(subuids), SUITE(pods),
+        SUITE(tenants), SUITE(process_pool), SUITE(grow), SUITE(survive), SUITE(adopt), SUITE(peers), SUITE(subuids), SUITE(pods), SUITE(reserve),
         SUITE(replies), SUITE(objects), SUITE(scopes), SUITE(metrics), SUITE(hooks), { "cuda-fake", suite_cuda_fake },
 };
 

@@ -250,6 +250,72 @@ static void dump_log(const struct testd *d) {
         fclose(f);
 }
 
+/* Where the cgroup v2 hierarchy is mounted (/sys/fs/cgroup, or its unified mount on a hybrid one), into buf. */
+static bool cgroup2_mount(char *buf, size_t size) {
+        char line[1024], mnt[512];
+        bool found = false;
+        FILE *f = fopen("/proc/self/mountinfo", "re");
+
+        while (f && !found && fgets(line, sizeof(line), f))
+                if (strstr(line, " - cgroup2 ") && sscanf(line, "%*s %*s %*s %*s %511s", mnt) == 1) {
+                        snprintf(buf, size, "%s", mnt);
+                        found = true;
+                }
+        if (f)
+                fclose(f);
+        return found;
+}
+
+void pod_cgroup_dir(bool cgroupfs, const char *mnt, const char *uid, int depth, char *buf, size_t size) {
+        static const char *const levels[] = { "kubepods.slice", "kubepods-besteffort.slice" };
+        static const char *const levels_cgroupfs[] = { "kubepods", "besteffort" };
+        char u[64];
+        int n;
+
+        snprintf(u, sizeof(u), "%s", uid);
+        for (char *p = u; *p && !cgroupfs; p++)
+                if (*p == '-')
+                        *p = '_';
+        n = snprintf(buf, size, "%s", mnt);
+        for (int i = 0; i < depth && i < 2; i++)
+                n += snprintf(buf + n, size - (size_t) n, "/%s", cgroupfs ? levels_cgroupfs[i] : levels[i]);
+        if (depth >= 3)
+                n += snprintf(buf + n, size - (size_t) n, cgroupfs ? "/pod%s" : "/kubepods-besteffort-pod%s.slice", u);
+        if (depth >= 4)
+                snprintf(buf + n, size - (size_t) n, cgroupfs ? "/0123456789abcdef" : "/cri-containerd-test.scope");
+}
+
+static const char *const test_pods[] = { TEST_POD_A, TEST_POD_B, TEST_POD_D };
+
+void pods_remove(const char *mnt) {
+        char dir[1024];
+
+        for (int p = 0; p < 6; p++)
+                for (int depth = 4; depth >= 1; depth--) {
+                        pod_cgroup_dir(p >= 3, mnt, test_pods[p % 3], depth, dir, sizeof(dir));
+                        (void) rmdir(dir);
+                }
+}
+
+bool pods_ready(const char *test, char *mnt, size_t size) {
+        char dir[1024];
+
+        if (geteuid() != 0 || !cgroup2_mount(mnt, size)) {
+                test_skipped(test, "needs root and a cgroup v2 hierarchy");
+                return false;
+        }
+        for (int p = 0; p < 6; p++)
+                for (int depth = 1; depth <= 4; depth++) {
+                        pod_cgroup_dir(p >= 3, mnt, test_pods[p % 3], depth, dir, sizeof(dir));
+                        if (mkdir(dir, 0755) < 0 && errno != EEXIST) {
+                                test_skipped(test, "cannot make cgroup %s: %s", dir, strerror(errno));
+                                pods_remove(mnt);
+                                return false;
+                        }
+                }
+        return true;
+}
+
 int cgroup_join(const char *dir, pid_t pid) {
         char path[1100];
         FILE *f;

@@ -122,6 +122,28 @@ void testd_start_in_pod(struct testd *d, const char *cgroup_dir, const char *pod
 /* Moves process pid (0: the caller) into cgroup v2 directory dir (its cgroup.procs). Returns 0 or a negative errno. */
 int cgroup_join(const char *dir, pid_t pid);
 
+/* Pods as the kubelet's cgroups make them, for the tests: A and B of clients, D the daemon's own. */
+#define TEST_POD_A "0c1f2e3d-4b5a-6978-8a9b-acbdcedf0f1e"
+#define TEST_POD_B "11111111-2222-3333-4444-555555555555"
+#define TEST_POD_D "d0d0d0d0-e1e1-f2f2-a3a3-b4b4b4b4b4b4"
+
+/*
+ * Finds the cgroup v2 hierarchy (into mnt) and makes the three pods' cgroups there, in both of
+ * the kubelet's layouts; false (test skipped, saying why) without root or cgroup v2.
+ */
+bool pods_ready(const char *test, char *mnt, size_t size);
+
+/* Removes them. */
+void pods_remove(const char *mnt);
+
+/*
+ * The cgroup of a pod's container scope under mnt, depth levels deep (4: the scope): the
+ * kubelet's systemd driver's naming (/kubepods.slice/kubepods-besteffort.slice/
+ * kubepods-besteffort-pod<UID>.slice/cri-containerd-test.scope, the UID's dashes as
+ * underscores), or with cgroupfs its cgroupfs driver's (/kubepods/besteffort/pod<UID>/0123456789abcdef).
+ */
+void pod_cgroup_dir(bool cgroupfs, const char *mnt, const char *uid, int depth, char *buf, size_t size);
+
 /* testd_start() as the systemd unit runs it: as user uid (group uid too), not root. Needs root. */
 void testd_start_as(struct testd *d, unsigned uid, ...);
 /*

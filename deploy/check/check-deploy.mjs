@@ -87,6 +87,14 @@ for (const { where, obj } of daemons) {
     const listen = (c.args ?? []).join(" ").match(/--metrics-listen[ =](\S+)/);
     need(!listen || !/^(0\.0\.0\.0|\[::\]|:)/.test(listen[1]), where,
          `container ${c.name}: metrics bound to the pod's address or localhost, not every address`);
+    if (c.name === "gpupoold") {
+      // Reservations are kept in the state directory: on the pod's own filesystem they would go with the pod.
+      const stateDir = (c.args ?? []).join(" ").match(/--state-dir[ =](\S+)/)?.[1];
+      const mount = (c.volumeMounts ?? []).find((m) => stateDir && (stateDir === m.mountPath || stateDir.startsWith(`${m.mountPath}/`)));
+      const volume = mount && (spec.volumes ?? []).find((v) => v.name === mount.name);
+      need(volume?.hostPath && !mount.readOnly, where,
+           `container ${c.name}: --state-dir on a writable hostPath volume (reservations must outlive the pod)`);
+    }
   }
   const labels = obj.spec.template.metadata?.labels ?? {};
   const selects = (sel) => Object.entries(sel?.matchLabels ?? {}).every(([k, v]) => labels[k] === v);

@@ -27,11 +27,29 @@ static uv_loop_t loop;
 static struct server server;
 static struct config config;
 
+static char state_dir[] = "/tmp/gpupool-fuzz-XXXXXX";
+
+/* The reservations' file the inputs make, and its directory, go when the fuzzer exits. */
+static void remove_state(void) {
+        char path[sizeof(state_dir) + 32];
+
+        snprintf(path, sizeof(path), "%s/reservations", state_dir);
+        (void) unlink(path);
+        snprintf(path, sizeof(path), "%s/.reservations.new", state_dir);
+        (void) unlink(path);
+        (void) rmdir(state_dir);
+}
+
 static void setup(void) {
         struct backend *backend;
         static char *argv[] = { "gpupoold", NULL };
 
         options_defaults(&config.options);
+        /* Reservations are kept somewhere, so that their puts reach past the first refusal. */
+        if (!mkdtemp(state_dir))
+                abort();
+        atexit(remove_state);
+        snprintf(config.options.state_dir, sizeof(config.options.state_dir), "%s", state_dir);
         config.options.check_invariants = true;
         config.options.log_level = LOG_LEVEL_ERR;
         config.tenant_count = 1;

@@ -305,6 +305,42 @@ int main(int argc, char **argv) {
         }
         fclose(out);
 
+        /* An operator's reservations: put, the same again, by token, listed, deleted; a client presenting a token. */
+        begin(dir, "reservations");
+        {
+                Gpupool__Envelope env = GPUPOOL__ENVELOPE__INIT;
+                Gpupool__Hello h = GPUPOOL__HELLO__INIT;
+                Gpupool__ReservationPutRequest rp = GPUPOOL__RESERVATION_PUT_REQUEST__INIT;
+                Gpupool__ReservationDeleteRequest rd = GPUPOOL__RESERVATION_DELETE_REQUEST__INIT;
+                Gpupool__ReservationsRequest rl = GPUPOOL__RESERVATIONS_REQUEST__INIT;
+                char *pods[] = { "0c1f2e3d-4b5a-6978-8a9b-acbdcedf0f1e" };
+
+                hello(0);
+                rp.key = rd.key = "job-a";
+                rp.has_device = 1;
+                rp.guarantee_bytes = 4u << 20;
+                rp.has_limit_bytes = 1;
+                rp.limit_bytes = 8u << 20;
+                rp.n_pod_uids = 1;
+                rp.pod_uids = pods;
+                simple(2, GPUPOOL__ENVELOPE__BODY_RESERVATION_PUT, &rp);
+                simple(3, GPUPOOL__ENVELOPE__BODY_RESERVATION_PUT, &rp);
+                rp.key = "job-t";
+                rp.n_pod_uids = 0;
+                rp.token = "tok-0123456789abcdef";
+                simple(4, GPUPOOL__ENVELOPE__BODY_RESERVATION_PUT, &rp);
+                simple(5, GPUPOOL__ENVELOPE__BODY_RESERVATIONS, &rl);
+                simple(6, GPUPOOL__ENVELOPE__BODY_STATUS_REQUEST, &st);
+                simple(7, GPUPOOL__ENVELOPE__BODY_RESERVATION_DELETE, &rd);
+                h.name = "with-token";
+                h.reservation = "tok-0123456789abcdef";
+                env.id = 1;
+                env.body_case = GPUPOOL__ENVELOPE__BODY_HELLO;
+                env.hello = &h;
+                packet(2, &env);
+        }
+        fclose(out);
+
         begin(dir, "out-of-order");
         lease(1, 4096);         /* before hello */
         fclose(out);

@@ -215,8 +215,11 @@ static int not_an_operator(struct testd *d, void *arg) {
         Gpupool__ReloadRequest rr = GPUPOOL__RELOAD_REQUEST__INIT;
         Gpupool__FlushRequest fl = GPUPOOL__FLUSH_REQUEST__INIT, fl_tenant = GPUPOOL__FLUSH_REQUEST__INIT;
         Gpupool__StatusRequest st = GPUPOOL__STATUS_REQUEST__INIT;
-        Gpupool__Envelope env[7];
-        static const char *const what[] = { "set-limit", "trim", "check", "reload", "flush --tenant" };
+        Gpupool__ReservationPutRequest rp = GPUPOOL__RESERVATION_PUT_REQUEST__INIT;
+        Gpupool__ReservationDeleteRequest rd = GPUPOOL__RESERVATION_DELETE_REQUEST__INIT;
+        Gpupool__Envelope env[9];
+        static const char *const what[] = { "set-limit", "trim", "check", "reload", "flush --tenant", "reserve", "unreserve" };
+        char *pods[] = { "0c1f2e3d-4b5a-6978-8a9b-acbdcedf0f1e" };
         char why[256], want[96];
         int sock;
 
@@ -224,7 +227,7 @@ static int not_an_operator(struct testd *d, void *arg) {
         if (setgid(65534) < 0 || setuid(65534) < 0)
                 return 20;
         sock = raw_hello(d, "not-root");
-        for (int i = 0; i < 7; i++) {
+        for (int i = 0; i < 9; i++) {
                 gpupool__envelope__init(&env[i]);
                 env[i].id = (uint64_t) i + 2;
         }
@@ -240,9 +243,18 @@ static int not_an_operator(struct testd *d, void *arg) {
         env[4].body_case = GPUPOOL__ENVELOPE__BODY_FLUSH, env[4].flush = &fl_tenant;
         env[5].body_case = GPUPOOL__ENVELOPE__BODY_FLUSH, env[5].flush = &fl;
         env[6].body_case = GPUPOOL__ENVELOPE__BODY_STATUS_REQUEST, env[6].status_request = &st;
-        for (int i = 0; i < 5; i++) {
+        rp.key = rd.key = "job";
+        rp.has_device = 1;
+        rp.guarantee_bytes = 1;
+        rp.n_pod_uids = 1;
+        rp.pod_uids = pods;
+        env[7].body_case = GPUPOOL__ENVELOPE__BODY_RESERVATION_PUT, env[7].reservation_put = &rp;
+        env[8].body_case = GPUPOOL__ENVELOPE__BODY_RESERVATION_DELETE, env[8].reservation_delete = &rd;
+        for (int i = 0; i < 7; i++) {
+                int k = i < 5 ? i : i + 2;
+
                 snprintf(want, sizeof(want), "%s is for root or the daemon's own user", what[i]);
-                if (call_status(sock, &env[i], why, sizeof(why)) != GPUPOOL__STATUS__STATUS_DENIED || strcmp(why, want))
+                if (call_status(sock, &env[k], why, sizeof(why)) != GPUPOOL__STATUS__STATUS_DENIED || strcmp(why, want))
                         return 30 + i;
         }
         if (call_status(sock, &env[5], why, sizeof(why)) != GPUPOOL__STATUS__STATUS_OK)

@@ -24,98 +24,16 @@
 #include "testlib.h"
 
 #define MiB (1ULL << 20)
-#define POD_A "0c1f2e3d-4b5a-6978-8a9b-acbdcedf0f1e"
-#define POD_B "11111111-2222-3333-4444-555555555555"
-#define POD_D "d0d0d0d0-e1e1-f2f2-a3a3-b4b4b4b4b4b4"   /* the daemon's own, in a cgroup namespace of its own */
+#define POD_A TEST_POD_A
+#define POD_B TEST_POD_B
+#define POD_D TEST_POD_D        /* the daemon's own, in a cgroup namespace of its own */
 #define MARK 0xa5
-
-/* Where the cgroup v2 hierarchy is mounted (/sys/fs/cgroup, or its unified mount on a hybrid one), into buf. */
-static bool cgroup2_mount(char *buf, size_t size) {
-        char line[1024], mnt[512];
-        bool found = false;
-        FILE *f = fopen("/proc/self/mountinfo", "re");
-
-        while (f && !found && fgets(line, sizeof(line), f))
-                if (strstr(line, " - cgroup2 ") && sscanf(line, "%*s %*s %*s %*s %511s", mnt) == 1) {
-                        snprintf(buf, size, "%s", mnt);
-                        found = true;
-                }
-        if (f)
-                fclose(f);
-        return found;
-}
-
-static const char *const levels[] = { "kubepods.slice", "kubepods-besteffort.slice" };
-static const char *const levels_cgroupfs[] = { "kubepods", "besteffort" };
 
 /* Whether pod_dir() lays pods out as the kubelet's cgroupfs driver does, else as its systemd driver does. */
 static bool cgroupfs_layout;
 
-/*
- * The directory of the pod's container scope, under mnt: the systemd driver's naming
- * (/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod<UID>.slice/
- * cri-containerd-test.scope, the UID's dashes as underscores), or the cgroupfs driver's
- * (/kubepods/besteffort/pod<UID>/0123456789abcdef).
- */
-static void pod_dir_in(bool cgroupfs, const char *mnt, const char *uid, int depth, char *buf, size_t size) {
-        char u[64];
-        int n;
-
-        snprintf(u, sizeof(u), "%s", uid);
-        for (char *p = u; *p && !cgroupfs; p++)
-                if (*p == '-')
-                        *p = '_';
-        n = snprintf(buf, size, "%s", mnt);
-        for (int i = 0; i < depth && i < 2; i++)
-                n += snprintf(buf + n, size - (size_t) n, "/%s", cgroupfs ? levels_cgroupfs[i] : levels[i]);
-        if (depth >= 3)
-                n += snprintf(buf + n, size - (size_t) n, cgroupfs ? "/pod%s" : "/kubepods-besteffort-pod%s.slice", u);
-        if (depth >= 4)
-                snprintf(buf + n, size - (size_t) n, cgroupfs ? "/0123456789abcdef" : "/cri-containerd-test.scope");
-}
-
 static void pod_dir(const char *mnt, const char *uid, int depth, char *buf, size_t size) {
-        pod_dir_in(cgroupfs_layout, mnt, uid, depth, buf, size);
-}
-
-/* Makes the pods' cgroups, in both drivers' layouts; false, test skipped saying why, where this machine cannot. */
-static bool make_pods(const char *test, const char *mnt) {
-        const char *pods[] = { POD_A, POD_B, POD_D };
-        char dir[1024];
-
-        for (int p = 0; p < 6; p++)
-                for (int depth = 1; depth <= 4; depth++) {
-                        pod_dir_in(p >= 3, mnt, pods[p % 3], depth, dir, sizeof(dir));
-                        if (mkdir(dir, 0755) < 0 && errno != EEXIST) {
-                                test_skipped(test, "cannot make cgroup %s: %s", dir, strerror(errno));
-                                return false;
-                        }
-                }
-        return true;
-}
-
-static void remove_pods(const char *mnt) {
-        const char *pods[] = { POD_A, POD_B, POD_D };
-        char dir[1024];
-
-        for (int p = 0; p < 6; p++)
-                for (int depth = 4; depth >= 1; depth--) {
-                        pod_dir_in(p >= 3, mnt, pods[p % 3], depth, dir, sizeof(dir));
-                        (void) rmdir(dir);
-                }
-}
-
-/* Finds the hierarchy and makes both pods' cgroups; false (test skipped, saying why) without root or cgroup v2. */
-static bool pods_ready(const char *test, char *mnt, size_t size) {
-        if (geteuid() != 0 || !cgroup2_mount(mnt, size)) {
-                test_skipped(test, "needs root and a cgroup v2 hierarchy");
-                return false;
-        }
-        if (!make_pods(test, mnt)) {
-                remove_pods(mnt);
-                return false;
-        }
-        return true;
+        pod_cgroup_dir(cgroupfs_layout, mnt, uid, depth, buf, size);
 }
 
 struct pod_client {
@@ -214,7 +132,7 @@ static void pods_see_nothing_of_each_other(const char *test, bool in_pod) {
         run_in_pod(&d, mnt, POD_B, false, "default");
         ck_assert_int_eq(testd_stop(&d), 0);
         conf_remove();
-        remove_pods(mnt);
+        pods_remove(mnt);
 }
 
 START_TEST(test_pods_of_one_uid_see_nothing_of_each_other) {
@@ -277,7 +195,7 @@ START_TEST(test_a_cgroup_named_like_a_pod_is_none) {
                 (void) rmdir(dir);
                 *strrchr(dir, '/') = '\0';
         }
-        remove_pods(mnt);
+        pods_remove(mnt);
 }
 END_TEST
 
@@ -333,7 +251,7 @@ START_TEST(test_root_in_a_pod_is_no_operator) {
         ck_assert_int_eq(run_capture(cmd, out, sizeof(out)), 0);
         gpupool_disconnect(c);
         ck_assert_int_eq(testd_stop(&d), 0);
-        remove_pods(mnt);
+        pods_remove(mnt);
 }
 END_TEST
 
@@ -353,7 +271,7 @@ START_TEST(test_root_in_a_pod_is_no_operator_from_a_cgroup_namespace) {
         ck_assert_msg(ctl_in_pod(&d, mnt, POD_D, "check", out, sizeof(out)) == 0, "%s", out);
         ck_assert_int_eq(testd_stop(&d), 0);
         conf_remove();
-        remove_pods(mnt);
+        pods_remove(mnt);
 }
 END_TEST
 
@@ -413,7 +331,7 @@ START_TEST(test_pods_of_one_uid_share_no_objects) {
         ck_assert_int_eq(reap(spawn(pod_object_client, &d, &b)), 0);
         ck_assert_int_eq(reap(spawn(pod_object_client, &d, &again)), 0);
         ck_assert_int_eq(testd_stop(&d), 0);
-        remove_pods(mnt);
+        pods_remove(mnt);
 }
 END_TEST
 
@@ -469,7 +387,7 @@ START_TEST(test_pods_apart_in_every_layout_and_configuration) {
                         ck_assert_int_eq(testd_stop(&d), 0);
                 }
         cgroupfs_layout = false;
-        remove_pods(mnt);
+        pods_remove(mnt);
 }
 END_TEST
 
@@ -505,7 +423,7 @@ START_TEST(test_a_client_the_daemon_cannot_place_is_its_own) {
         ck_assert(testd_log_wait(&d, "cgroup ../beside is neither the node's"));
         ck_assert_int_eq(testd_stop(&d), 0);
         ck_assert_int_eq(rmdir(dir), 0);
-        remove_pods(mnt);
+        pods_remove(mnt);
 }
 END_TEST
 
@@ -568,7 +486,7 @@ START_TEST(test_one_pod_of_many_uids_fills_no_table) {
         pp.pod = POD_B;
         ck_assert_int_eq(reap(spawn(publish_in_pod, &d, &pp)), 0);
         ck_assert_int_eq(testd_stop(&d), 0);
-        remove_pods(mnt);
+        pods_remove(mnt);
 }
 END_TEST
 
@@ -654,7 +572,7 @@ START_TEST(test_connections_are_counted_per_pod) {
         ck_assert_msg(strcmp(got_a, "yyn") == 0, "pod A, three connections under a bound of 2: %s", got_a);
         ck_assert_msg(strcmp(got_b, "y") == 0, "pod B, of the same uid, after pod A's two: %s", got_b);
         ck_assert_int_eq(testd_stop(&d), 0);
-        remove_pods(mnt);
+        pods_remove(mnt);
 }
 END_TEST
 

@@ -937,6 +937,33 @@ START_TEST(test_trim_and_flush_tenant) {
 }
 END_TEST
 
+/*
+ * A reload makes the tenants anew: a named object's bytes leave the old tenant and join the new
+ * one like a client's, so that the tenant counts them once, not zero times.
+ */
+START_TEST(test_reload_keeps_objects_counted) {
+        gpupool_client *c;
+        struct testd d;
+        char cmd[512], out[4096];
+        long long held;
+        void *p;
+
+        start(&d, "[tenant:jobs]\nmatch_name = job\n", "64M");
+        ck_assert_int_eq(gpupool_connect(d.sock, "job", &c), 0);
+        ck_assert_int_eq(gpupool_alloc(c, 0, 2 * MiB, &p), 0);
+        ck_assert_int_eq(gpupool_publish(c, "weights", p, 2 * MiB), 0);
+        held = tenant_field(&d, "jobs", "reserved_bytes");
+        ck_assert_int_ge(held, 2 * MiB);
+        snprintf(cmd, sizeof(cmd), "%s/gpupoolctl --socket %s reload 2>&1", build_dir(), d.sock);
+        ck_assert_int_eq(run_capture(cmd, out, sizeof(out)), 0);
+        ck_assert_int_eq(tenant_field(&d, "jobs", "reserved_bytes"), held);
+        snprintf(cmd, sizeof(cmd), "%s/gpupoolctl --socket %s check 2>&1", build_dir(), d.sock);
+        ck_assert_msg(run_capture(cmd, out, sizeof(out)) == 0, "%s", out);
+        gpupool_disconnect(c);
+        stop(&d);
+}
+END_TEST
+
 Suite *suite_tenants(void) {
         Suite *s = suite_create("tenants");
         TCase *tc = tcase_create("host");
@@ -956,6 +983,7 @@ Suite *suite_tenants(void) {
         tcase_add_test(tc, test_lease_return_and_reclaim_by_bytes);
         tcase_add_test(tc, test_granules_ahead_leave_a_waiting_lease_its_memory);
         tcase_add_test(tc, test_trim_and_flush_tenant);
+        tcase_add_test(tc, test_reload_keeps_objects_counted);
         tcase_set_timeout(tc, 120);
         suite_add_tcase(s, tc);
         return s;

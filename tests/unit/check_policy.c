@@ -61,10 +61,10 @@ START_TEST(test_tenant_for) {
         by_uid->match_uid = 1000;
         policy_over(1, cap);
         /* The first tenant whose rules all hold, in the file's order; default when none does. */
-        ck_assert_str_eq(policy_tenant_for(&p, 1000, 1000, "train-a", NULL)->conf.name, "train");
-        ck_assert_str_eq(policy_tenant_for(&p, 1000, 1000, "trainer", NULL)->conf.name, "trainers");
-        ck_assert_str_eq(policy_tenant_for(&p, 1000, 1000, "serve", NULL)->conf.name, "uid1000");
-        ck_assert_str_eq(policy_tenant_for(&p, 1001, 1001, "serve", NULL)->conf.name, "default");
+        ck_assert_str_eq(policy_tenant_for(&p, 1000, 1000, "train-a", NULL, NULL)->conf.name, "train");
+        ck_assert_str_eq(policy_tenant_for(&p, 1000, 1000, "trainer", NULL, NULL)->conf.name, "trainers");
+        ck_assert_str_eq(policy_tenant_for(&p, 1000, 1000, "serve", NULL, NULL)->conf.name, "uid1000");
+        ck_assert_str_eq(policy_tenant_for(&p, 1001, 1001, "serve", NULL, NULL)->conf.name, "default");
         ck_assert_ptr_eq(policy_tenant_by_name(&p, "trainers"), &p.tenants[2]);
         ck_assert_ptr_null(policy_tenant_by_name(&p, "nobody"));
 }
@@ -84,8 +84,8 @@ START_TEST(test_admit) {
         conf_tenant("serve", "serve-*", 0, 20 * GiB, 0);
         policy_over(1, cap);
         ck_assert_int_eq(policy_check_guarantees(&p, why, sizeof(why)), 0);
-        train = policy_tenant_for(&p, 1000, 1000, "train-a", NULL);
-        serve = policy_tenant_for(&p, 1000, 1000, "serve-b", NULL);
+        train = policy_tenant_for(&p, 1000, 1000, "train-a", NULL, NULL);
+        serve = policy_tenant_for(&p, 1000, 1000, "serve-b", NULL, NULL);
         ck_assert_uint_eq(policy_client_limit(&p, train, POLICY_NO_OVERRIDE), 30 * GiB);
         ck_assert_uint_eq(policy_client_limit(&p, &p.tenants[0], POLICY_NO_OVERRIDE), 8 * GiB);
         ck_assert_uint_eq(policy_client_limit(&p, train, 1 * GiB), 1 * GiB);
@@ -193,8 +193,8 @@ START_TEST(test_tenant_of_one_device) {
         policy_over(2, cap);
         /* 60 on each device, not 120 on both. */
         ck_assert_msg(policy_check_guarantees(&p, why, sizeof(why)) == 0, "%s", why);
-        one = policy_tenant_for(&p, 1000, 1000, "one-a", NULL);
-        zero = policy_tenant_for(&p, 1000, 1000, "zero-a", NULL);
+        one = policy_tenant_for(&p, 1000, 1000, "one-a", NULL, NULL);
+        zero = policy_tenant_for(&p, 1000, 1000, "zero-a", NULL, NULL);
         ck_assert(tenant_on(one, 1) && !tenant_on(one, 0) && tenant_on(&p.tenants[0], 0));
         ck_assert_uint_eq(tenant_guarantee(one, 0), 0);
         ck_assert_uint_eq(tenant_guarantee(one, 1), 60 * GiB);
@@ -220,6 +220,66 @@ START_TEST(test_tenant_of_one_device) {
         p.tenants[1].conf.device = 2;
         ck_assert_int_eq(policy_check_guarantees(&p, why, sizeof(why)), -EINVAL);
         ck_assert_msg(strstr(why, "tenant one is for device 2, and the daemon has 2 devices (0 to 1)"), "%s", why);
+}
+END_TEST
+
+/* A reservation's tenant: its pods before any rule of the config, on its device alone, its guarantee counted there. */
+START_TEST(test_reservation_tenants) {
+        static const char pod_a[] = "0a1b2c3d-0000-4000-8000-00000000000a", pod_b[] = "0a1b2c3d-0000-4000-8000-00000000000b";
+        static struct reservations rs;
+        uint64_t cap[2] = { 80 * GiB, 80 * GiB };
+        struct reservation r = { .device = 1, .guarantee_bytes = 30 * GiB, .limit_bytes = 40 * GiB, .pod_count = 1 };
+        struct tenant *t;
+        char why[300];
+
+        conf_reset();
+        conf_tenant("train", "train-*", 0, 50 * GiB, 0);
+        policy_over(2, cap);
+        memset(&rs, 0, sizeof(rs));
+        strcpy(r.key, "job-a");
+        strcpy(r.pods[0], pod_a);
+        ck_assert_int_eq(reservations_put(&rs, &r, why, sizeof(why)), 1);
+        policy_reserve(&p, &rs);
+        ck_assert_uint_eq(p.tenant_count, 3);
+        ck_assert_uint_eq(p.config_tenant_count, 2);
+        ck_assert_msg(policy_check_guarantees(&p, why, sizeof(why)) == 0, "%s", why);
+        /* Its pod's clients are its, whatever their names say; another pod's and a client in no pod follow the rules. */
+        t = policy_tenant_for(&p, 0, 0, "train-a", NULL, pod_a);
+        ck_assert_str_eq(t->conf.name, "job-a");
+        ck_assert_ptr_eq(t->reservation, &rs.r[0]);
+        ck_assert_str_eq(policy_tenant_for(&p, 0, 0, "train-a", NULL, pod_b)->conf.name, "train");
+        ck_assert_str_eq(policy_tenant_for(&p, 0, 0, "serve", NULL, "")->conf.name, "default");
+        ck_assert_ptr_eq(policy_tenant_by_name(&p, "job-a"), t);
+        ck_assert(tenant_on(t, 1) && !tenant_on(t, 0));
+        ck_assert_uint_eq(t->max_bytes, 40 * GiB);
+        ck_assert_uint_eq(policy_held_for_others(&p, &p.tenants[0], 1), 80 * GiB);
+        ck_assert_uint_eq(policy_held_for_others(&p, &p.tenants[0], 0), 50 * GiB);
+
+        /* A guarantee that passes the device's capacity with the config's is refused, saying how much is reservations'. */
+        r.generation = 1;
+        r.guarantee_bytes = r.limit_bytes = 21 * GiB;
+        strcpy(r.key, "job-b");
+        strcpy(r.pods[0], pod_b);
+        ck_assert_int_eq(reservations_put(&rs, &r, why, sizeof(why)), 1);
+        policy_reserve(&p, &rs);
+        ck_assert_int_eq(policy_check_guarantees(&p, why, sizeof(why)), -EINVAL);
+        ck_assert_msg(strstr(why, "on device 1 add up to 101.0 GiB (51.0 GiB of it reservations'), more than its capacity of "
+                                  "80.0 GiB"), "%s", why);
+        /* A reservation whose GPU is gone makes no tenant; the others keep theirs. */
+        rs.r[0].absent = true;
+        policy_reserve(&p, &rs);
+        ck_assert_uint_eq(p.tenant_count, 3);
+        ck_assert_str_eq(p.tenants[2].conf.name, "job-b");
+        ck_assert_str_eq(policy_tenant_for(&p, 0, 0, "x", NULL, pod_a)->conf.name, "default");
+        ck_assert_msg(policy_check_guarantees(&p, why, sizeof(why)) == 0, "%s", why);
+        /* The config's tenants may not take a reservation's key. */
+        strcpy(p.tenants[1].conf.name, "job-b");
+        strcpy(p.tenants[1].conf.where, "gpupoold.conf:3");
+        ck_assert_int_eq(policy_check_guarantees(&p, why, sizeof(why)), -EINVAL);
+        ck_assert_msg(strstr(why, "tenant job-b (gpupoold.conf:3) has the key of a reservation"), "%s", why);
+        /* A reload's configure drops them: the caller reserves again. */
+        policy_configure(&p, &conf);
+        ck_assert_uint_eq(p.tenant_count, 2);
 }
 END_TEST
 
@@ -407,6 +467,7 @@ Suite *suite_policy(void) {
         tcase_add_test(tc, test_cache_serves);
         tcase_add_test(tc, test_object_evictable);
         tcase_add_test(tc, test_object_serves);
+        tcase_add_test(tc, test_reservation_tenants);
         suite_add_tcase(s, tc);
         return s;
 }
