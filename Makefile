@@ -141,10 +141,28 @@ CUDALIB    := $(B)/tests/cudalib/libcuda.so.1
 CUPROGS    := $(B)/tests/cuprog-linked $(B)/tests/cuprog-dynamic
 
 GENERATED := $(B)/systemd/gpupoold.service $(B)/gpupool.pc
+
+# The kubelet's plugins: Python on Debian's python3-grpcio (python/gpupool_kubelet), their
+# protocols compiled at build time (proto/kubelet/, written from Kubernetes' published API), and
+# a launcher that runs Debian's /usr/bin/python3 on the tree's modules, or the installed ones.
+KPY           := $(B)/kubelet-py
+KPY_GEN       := $(KPY)/gpupool_pb2.py $(KPY)/deviceplugin_pb2.py $(KPY)/deviceplugin_pb2_grpc.py \
+                 $(KPY)/podresources_pb2.py $(KPY)/podresources_pb2_grpc.py
+KPY_SRC       := $(wildcard python/gpupool_kubelet/*.py)
+DEVICE_PLUGIN := $(B)/gpupool-device-plugin
+PYLIBDIR      ?= $(PREFIX)/lib/gpupool/python
+SYSTEM_PYTHON ?= /usr/bin/python3
+GRPC_PYTHON_PLUGIN ?= /usr/bin/grpc_python_plugin
+# launcher PATHS: the script that runs the device plugin on the modules under PATHS (colon-separated).
+launcher = printf '%s\n' '\#!/bin/sh' \
+	'\# gpupool-device-plugin: the kubelet device plugin of gpupool (docs/operations.md). It runs on' \
+	'\# Debian'"'"'s $(SYSTEM_PYTHON), whose python3-grpcio and python3-protobuf it needs.' \
+	'exec $(SYSTEM_PYTHON) -s -c '"'"'import sys; sys.path[:0] = sys.argv.pop(1).split(":"); from gpupool_kubelet.deviceplugin import main; sys.exit(main())'"'"' "$(1)" "$$@"' 
 MAN_SRC   := $(wildcard docs/man/*.scd)
 MAN_PAGES := $(patsubst docs/man/%.scd,$(B)/man/%,$(MAN_SRC))
 
-all: $(DAEMON_BIN) $(CLI_BIN) $(LIB_SO) $(B)/libgpupool.so $(LIB_A) $(RUN_BIN) $(RUN_LIB) $(GENERATED) $(MAN_PAGES)
+all: $(DAEMON_BIN) $(CLI_BIN) $(LIB_SO) $(B)/libgpupool.so $(LIB_A) $(RUN_BIN) $(RUN_LIB) $(GENERATED) $(MAN_PAGES) \
+	$(DEVICE_PLUGIN)
 
 # Files that hold install paths are remade when the paths change (a stamp rewritten only then).
 stamp = @mkdir -p $(B); echo '$(1)' | cmp -s - $@ || echo '$(1)' > $@
@@ -166,6 +184,18 @@ $(B)/systemd/gpupoold.service: systemd/gpupoold.service.in $(B)/paths.stamp
 $(B)/gpupool.pc: client/gpupool.pc.in $(B)/paths.stamp
 	@mkdir -p $(dir $@)
 	$(Q)sed -e 's|@PREFIX@|$(PREFIX)|g; s|@LIBDIR@|$(LIBDIR)|g; s|@INCLUDEDIR@|$(INCLUDEDIR)|g; s|@VERSION@|$(VERSION)|g' $< > $@
+
+# One run of protoc for the Python modules (a grouped target).
+$(KPY_GEN) &: proto/gpupool.proto proto/kubelet/deviceplugin.proto proto/kubelet/podresources.proto
+	@mkdir -p $(KPY)
+	@echo "  PROTOC  proto/gpupool.proto proto/kubelet/*.proto (Python)"
+	$(Q)protoc -Iproto --python_out=$(KPY) proto/gpupool.proto
+	$(Q)protoc -Iproto/kubelet --python_out=$(KPY) --grpc_out=$(KPY) --plugin=protoc-gen-grpc=$(GRPC_PYTHON_PLUGIN) \
+		proto/kubelet/deviceplugin.proto proto/kubelet/podresources.proto
+
+$(DEVICE_PLUGIN): $(KPY_GEN) $(KPY_SRC)
+	@echo "  GEN     $@"
+	$(Q)$(call launcher,$(abspath $(KPY)):$(abspath python)) > $@ && chmod 0755 $@
 
 # Man pages: scdoc(5) sources in docs/man, e.g. gpupoold.8.scd -> gpupoold.8.
 $(B)/man/%: docs/man/%.scd
@@ -303,6 +333,7 @@ test: all $(TEST_BIN) $(FAULTS_BIN) $(FAKECUDA) $(CUPROGS) $(BENCH_PENDING) $(BE
 	$(Q)B=$(B) tests/check-gpu-validate.sh
 	$(Q)B=$(B) CC=$(CC) SANITIZER=$(SANITIZER) MAKE="$(MAKE)" MAKEFLAGS= tests/check-newcomer.sh "SANITIZER=$(SANITIZER)" "STATIC=$(STATIC)"
 	$(Q)B=$(B) SANITIZER=$(SANITIZER) CC=$(CC) tests/check-python.sh
+	$(Q)B=$(B) SANITIZER=$(SANITIZER) CC=$(CC) tests/check-kubelet.sh
 	$(Q)GPUPOOL_BUILD_DIR=$(B) $(TEST_BIN)
 
 # On a GPU machine: the cuda backend's tests on the real driver, then the framework hooks with
@@ -592,7 +623,7 @@ valgrind: all $(TEST_BIN) $(FAULTS_BIN) $(FAKECUDA) $(CUPROGS) $(HOOKS_THROW)
 		$(VALGRIND) $(TEST_BIN)
 
 DEBS := gcc g++ make pkg-config libuv1-dev libprotobuf-c-dev protobuf-c-compiler check libsubunit-dev libjansson-dev libinih-dev \
-        scdoc systemd python3 python3-venv
+        scdoc systemd python3 python3-venv python3-grpcio python3-protobuf protobuf-compiler protobuf-compiler-grpc
 
 # Another apt or dpkg (unattended upgrades at a fresh machine's boot) may hold the lock: wait.
 APT_LOCK_WAIT := 600
@@ -678,6 +709,11 @@ install: all
 	$(INSTALL) -m 0644 systemd/gpupool.tmpfiles $(DESTDIR)$(TMPFILESDIR)/gpupool.conf
 	$(INSTALL) -m 0644 systemd/gpupool.sysusers $(DESTDIR)$(SYSUSERSDIR)/gpupool.conf
 	$(INSTALL) -m 0644 systemd/gpupoold.conf.example $(DESTDIR)$(SYSCONFDIR)/gpupool/gpupoold.conf.example
+	$(INSTALL) -d $(DESTDIR)$(PYLIBDIR)/gpupool_kubelet
+	$(INSTALL) -m 0644 $(KPY_GEN) $(DESTDIR)$(PYLIBDIR)/
+	$(INSTALL) -m 0644 $(KPY_SRC) $(DESTDIR)$(PYLIBDIR)/gpupool_kubelet/
+	$(call launcher,$(PYLIBDIR)) > $(DESTDIR)$(BINDIR)/gpupool-device-plugin
+	chmod 0755 $(DESTDIR)$(BINDIR)/gpupool-device-plugin
 	for m in $(MAN_PAGES); do \
 		$(INSTALL) -m 0644 $$m $(DESTDIR)$(MANDIR)/man$${m##*.}/ || exit 1; \
 	done
@@ -689,7 +725,10 @@ uninstall:
 		$(DESTDIR)$(BINDIR)/gpupool-run $(DESTDIR)$(LIBDIR)/libgpupool-run.so \
 		$(DESTDIR)$(PKGCONFIGDIR)/gpupool.pc $(DESTDIR)$(SYSTEMDUNITDIR)/gpupoold.service \
 		$(DESTDIR)$(SYSTEMDUNITDIR)/gpupoold.socket $(DESTDIR)$(TMPFILESDIR)/gpupool.conf \
-		$(DESTDIR)$(SYSUSERSDIR)/gpupool.conf $(DESTDIR)$(SYSCONFDIR)/gpupool/gpupoold.conf.example
+		$(DESTDIR)$(SYSUSERSDIR)/gpupool.conf $(DESTDIR)$(SYSCONFDIR)/gpupool/gpupoold.conf.example \
+		$(DESTDIR)$(BINDIR)/gpupool-device-plugin
+	rm -rf $(DESTDIR)$(PYLIBDIR)
+	-rmdir $(DESTDIR)$(PREFIX)/lib/gpupool 2>/dev/null
 	for m in $(MAN_PAGES); do p=$${m##*/}; rm -f $(DESTDIR)$(MANDIR)/man$${p##*.}/$$p; done
 	-rmdir $(DESTDIR)$(SYSCONFDIR)/gpupool 2>/dev/null
 

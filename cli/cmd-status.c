@@ -83,6 +83,7 @@ static json_t *head_json(const Gpupool__StatusReply *sr) {
                 GPU_FIELD(headroom_bytes);
                 GPU_FIELD(headroom_releases_total);
 #undef GPU_FIELD
+                json_object_set_new(o, "uuid", d->uuid ? json_string(d->uuid) : json_null());
                 json_array_append_new(devices, o);
         }
         json_object_set_new(root, "devices", devices);

@@ -118,6 +118,7 @@ static void tenants_status(struct session *s, Gpupool__StatusReply *sr, struct t
 void request_status(struct session *s, const Gpupool__Envelope *req, struct reply *ret) {
         struct node *node = s->node;
         Gpupool__DeviceStatus devs[BACKEND_MAX_DEVICES], *dev_ptrs[BACKEND_MAX_DEVICES];
+        char uuids[BACKEND_MAX_DEVICES][BACKEND_UUID_TEXT_MAX];
         Gpupool__StatusReply sr = GPUPOOL__STATUS_REPLY__INIT;
         Gpupool__ClientStatus *clients = NULL, **client_ptrs = NULL;
         struct tenants_text *tenants = malloc(sizeof(*tenants));
@@ -163,6 +164,10 @@ void request_status(struct session *s, const Gpupool__Envelope *req, struct repl
                 devs[d].has_stocked_total = devs[d].has_charged_bytes = 1;
                 devs[d].stocked_total = st.stocked_total;
                 devs[d].charged_bytes = st.charged_bytes;
+                if (node->devices[d].has_uuid) {
+                        backend_uuid_text(node->devices[d].uuid, node->devices[d].mig, uuids[d]);
+                        devs[d].uuid = uuids[d];
+                }
                 if (st.gpu_known) {
                         devs[d].has_gpu_free_bytes = devs[d].has_gpu_total_bytes = devs[d].has_headroom_bytes = 1;
                         devs[d].has_headroom_releases_total = 1;

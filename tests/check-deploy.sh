@@ -36,5 +36,12 @@ broken "a state directory in the pod" \
         gpupoold-daemonset.yaml "--state-dir on a writable hostPath volume"
 broken "a root client" 's/runAsUser: 1000/runAsUser: 0/' client-job.yaml "non-root uid"
 broken "a client without seccomp" '/seccompProfile:/,+1d' client-job.yaml "seccompProfile RuntimeDefault"
+broken "a client with a hostPath" 's/^\(          \)resources:$/\1volumeMounts: [{name: s, mountPath: \/run\/gpupool}]\n\1resources:/; s/^\(      \)containers:$/\1volumes: [{name: s, hostPath: {path: \/run\/gpupool}}]\n\1containers:/' \
+        client-job.yaml "no hostPath volume"
+broken "a client that asks no memory" 's/gpupool.io\/memory: 8/nvidia.com\/gpu: 1/' client-job.yaml "asks for gpupool.io/memory"
+broken "no device plugin" 's/"\/usr\/bin\/gpupool-device-plugin"/"\/usr\/bin\/true"/' gpupoold-daemonset.yaml \
+        "a container running gpupool-device-plugin"
+broken "no kubelet directory" 's/path: \/var\/lib\/kubelet\/device-plugins/path: \/tmp\/dp/' gpupoold-daemonset.yaml \
+        "mounts the kubelet's /var/lib/kubelet/device-plugins"
 broken "an unknown kind" 's/kind: PodMonitor/kind: PodWatcher/' gpupoold-daemonset.yaml "no kind PodWatcher"
-echo "check-deploy: 13 broken copies of the manifests refused, each saying why"
+echo "check-deploy: 17 broken copies of the manifests refused, each saying why"

@@ -114,6 +114,24 @@ for (const { where, obj } of clients) {
     need(nonRoot === true && user !== 0 && user !== undefined, where, `container ${c.name}: runs as a non-root uid (runAsNonRoot, runAsUser)`);
     need(seccomp(spec, c), where, `container ${c.name}: seccompProfile RuntimeDefault`);
     need(c.securityContext?.allowPrivilegeEscalation === false, where, `container ${c.name}: allowPrivilegeEscalation false`);
+    need(c.resources?.limits?.["gpupool.io/memory"] !== undefined, where,
+         `container ${c.name}: asks for gpupool.io/memory (the device plugin mounts the socket and holds it to what it asked)`);
+  }
+  need(!(spec.volumes ?? []).some((v) => v.hostPath), where,
+       "no hostPath volume (the device plugin gives the socket: the namespace can stay at Pod Security baseline)");
+}
+// The device plugin beside the daemon: the kubelet's directories, and the daemon's socket.
+for (const { where, obj } of daemons) {
+  const spec = podSpec(obj);
+  const plugin = spec.containers.find((c) => (c.command ?? []).some((a) => a.endsWith("gpupool-device-plugin")));
+  need(plugin, where, "a container running gpupool-device-plugin");
+  if (plugin) {
+    const mounted = (path) => (plugin.volumeMounts ?? []).some((m) =>
+      m.mountPath === path && (spec.volumes ?? []).some((v) => v.name === m.name && v.hostPath?.path === path));
+    need(mounted("/var/lib/kubelet/device-plugins"), where,
+         "the device plugin's container mounts the kubelet's /var/lib/kubelet/device-plugins from the node");
+    need(mounted("/var/lib/kubelet/pod-resources"), where,
+         "the device plugin's container mounts the kubelet's /var/lib/kubelet/pod-resources from the node");
   }
 }
 
