@@ -73,14 +73,20 @@ class Gpus:
     def name_of(index, uuid):
         return uuid if uuid else "dev%d" % index
 
-    def poll(self):
-        """Reads the daemon's devices and the config's guarantees; returns whether what is advertised changed."""
-        before = (self.up, dict(self.units))
+    def read(self):
+        """The daemon's status now, or the DaemonError that says why there is none (no lock needed)."""
         try:
-            st = self.daemon.status()
+            return self.daemon.status()
         except DaemonError as e:
+            return e
+
+    def apply(self, st):
+        """Takes a read(): the units of each GPU from its capacity and the config's guarantees there.
+        Returns whether what is advertised changed."""
+        before = (self.up, dict(self.units))
+        if isinstance(st, DaemonError):
             if self.up:
-                log.warning("gpupoold is unreachable: units unhealthy until it is back (%s)", e)
+                log.warning("gpupoold is unreachable: units unhealthy until it is back (%s)", st)
             self.up = False
             return before != (self.up, self.units)
         by_name, units = {}, {}
@@ -132,8 +138,9 @@ class Plugin(dp_grpc.DevicePluginServicer):
     # --- the device list -------------------------------------------------------------------
 
     def refresh(self):
+        st = self.gpus.read()           # outside the lock: a slow daemon holds up no ListAndWatch
         with self.lock:
-            if self.gpus.poll():
+            if self.gpus.apply(st):
                 self.known |= {d.ID for d in self.gpus.devices(set())}
                 self.generation += 1
                 self.changed.notify_all()
