@@ -36,6 +36,8 @@ json_t *cli_reservations_json(Gpupool__ReservationStatus *const *r, size_t n) {
                                                       "absent", r[i]->has_absent && r[i]->absent));
                 json_object_set_new(json_array_get(list, json_array_size(list) - 1), "token",
                                     json_boolean(r[i]->has_token && r[i]->token));
+                json_object_set_new(json_array_get(list, json_array_size(list) - 1), "available_bytes",
+                                    r[i]->has_available_bytes ? json_integer((json_int_t) r[i]->available_bytes) : json_null());
         }
         return list;
 }

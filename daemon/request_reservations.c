@@ -18,6 +18,7 @@
 
 #include "log.h"
 #include "node.h"
+#include "pool.h"
 #include "session.h"
 #include "size.h"
 
@@ -50,6 +51,23 @@ void request_reservations_status(struct session *asking, Gpupool__ReservationSta
                 rs->n_pod_uids = r->pod_count;
                 rs->pod_uids = pods[i];
                 if (t) {
+                        struct pool_owner none = { 0 };
+                        struct policy_admission adm;
+                        struct pool_stats st;
+                        uint64_t held, room;
+
+                        /*
+                         * A new client of its pods, no limit of its own: the reservation's room, and
+                         * the device's (what clients hold, leased or charged, and what is held back
+                         * for others' guarantees are not; the cache is).
+                         */
+                        pool_get_stats(node->pools[r->device], &st);
+                        policy_admit(&node->policy, t, 0, 0, 0, &none, r->device, &st, &adm);
+                        held = st.reserved_bytes - st.cached_bytes + policy_charged_bytes(&node->policy, r->device) +
+                               policy_held_for_others(&node->policy, t, r->device);
+                        room = st.total_bytes > held ? st.total_bytes - held : 0;
+                        rs->has_available_bytes = 1;
+                        rs->available_bytes = adm.headroom_bytes < room ? adm.headroom_bytes : room;
                         rs->clients = t->clients - (asking->tenant == t);       /* not the one asking */
                         rs->reserved_bytes = t->sums[r->device].reserved_bytes;
                         rs->in_use_bytes = t->sums[r->device].in_use_bytes;

@@ -77,5 +77,9 @@ class Daemon:
             req.token = token
         return self.call(reservation_put=req).reservation_put_reply
 
+    def flush_tenant(self, tenant, device):
+        """Asks tenant's clients for the segments they keep free on device (ladder step 3): they go to the backend."""
+        return self.call(flush=pb.FlushRequest(tenant=tenant, device=device)).flush_reply
+
     def delete(self, key):
         return self.call(reservation_delete=pb.ReservationDeleteRequest(key=key)).reservation_delete_reply.deleted

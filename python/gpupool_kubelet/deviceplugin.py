@@ -67,6 +67,7 @@ class Gpus:
         self.unit = unit
         self.by_name = {}       # the name in device IDs (its UUID, else "dev<index>") -> (index, uuid or None)
         self.units = {}         # name -> units advertised
+        self.capacity = {}      # name -> the daemon's capacity there (bytes)
         self.up = False
 
     @staticmethod
@@ -89,7 +90,7 @@ class Gpus:
                 log.warning("gpupoold is unreachable: units unhealthy until it is back (%s)", st)
             self.up = False
             return before != (self.up, self.units)
-        by_name, units = {}, {}
+        by_name, units, capacity = {}, {}, {}
         for d in st.devices:
             name = self.name_of(d.index, d.uuid if d.HasField("uuid") else None)
             kept = 0
@@ -99,10 +100,11 @@ class Gpus:
                     kept += t.guarantee_bytes
             by_name[name] = (d.index, d.uuid if d.HasField("uuid") else None)
             units[name] = min(UNITS_MAX, max(0, d.total_bytes - kept) // self.unit)
+            capacity[name] = d.total_bytes
         if not self.up:
             log.info("gpupoold at %s: %s", self.daemon.path,
                      ", ".join("%s: %d units" % (n, u) for n, u in units.items()) or "no devices")
-        self.by_name, self.units, self.up = by_name, units, True
+        self.by_name, self.units, self.capacity, self.up = by_name, units, capacity, True
         return before != (self.up, self.units)
 
     def devices(self, known):
@@ -134,6 +136,7 @@ class Plugin(dp_grpc.DevicePluginServicer):
         self.known = set()      # every device ID advertised since start
         self.stopping = False
         self.seen = {}          # our reservation key -> when this plugin first saw it (monotonic s)
+        self.pending = set()    # keys whose Allocate has not answered yet
 
     # --- the device list -------------------------------------------------------------------
 
@@ -215,14 +218,29 @@ class Plugin(dp_grpc.DevicePluginServicer):
         key = unit_key(ids)
         token = secrets.token_urlsafe(24)
         size = len(ids) * self.args.unit
+        # With --burst its pods may use what no other tenant holds or is guaranteed, up to the GPU.
+        limit = max(size, self.gpus.capacity.get(gpu, size)) if self.args.burst else size
         try:
-            self.daemon.put(key, time.time_ns(), size, size, device=index, device_uuid=uuid, token=token)
+            self.daemon.put(key, time.time_ns(), size, limit, device=index, device_uuid=uuid, token=token)
         except DaemonError as e:
             log.warning("Allocate of %d units on %s refused: %s", len(ids), gpu, e)
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, "gpupoold refused %s of %s on GPU %s: %s" %
                           (fmt_size(size), RESOURCE, gpu, e))
         with self.lock:
-            self.seen[key] = time.monotonic()
+            self.pending.add(key)       # the reconcile leaves it alone while its Allocate runs
+        try:
+            why = self._ask_back(key, index, size)
+        finally:
+            with self.lock:
+                self.pending.discard(key)
+                self.seen[key] = time.monotonic()   # and for --grace after, until the kubelet lists it
+        if why:
+            try:
+                self.daemon.delete(key)
+            except DaemonError:
+                pass                # the reconcile deletes it: no container holds its units
+            log.warning("Allocate of %d units on %s failed: %s", len(ids), gpu, why)
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, "GPU %s: %s" % (gpu, why))
         log.info("reservation %s: %d units (%s) on %s for the container that presents its token", key, len(ids),
                  fmt_size(size), gpu)
         sock_dir = self.args.container_socket_dir
@@ -236,6 +254,52 @@ class Plugin(dp_grpc.DevicePluginServicer):
         elif uuid:
             resp.cdi_devices.add(name="%s=%s" % (self.args.cdi_kind, uuid))
         return resp
+
+    def _ask_back(self, key, index, size):
+        """Whether the new reservation's guarantee is there to lease: where others hold it (burst, or
+        tenants past their guarantee), asks them for what they keep free (ladder step 3) and waits up to
+        --burst-wait. Returns None, or why it is not there."""
+        def state():
+            rs = {r.key: r for r in self.daemon.reservations()}
+            return rs.get(key), rs, self.daemon.status()
+
+        end = time.monotonic() + self.args.burst_wait
+        asked = False
+        while True:
+            try:
+                mine, rs, st = state()
+            except DaemonError as e:
+                return "gpupoold: %s" % e
+            if mine is None:
+                return "the reservation was deleted while it waited for its memory"
+            log.debug("reservation %s: %s of %s available", key, mine.available_bytes if mine.HasField("available_bytes")
+                      else "?", size)
+            if not mine.HasField("available_bytes") or mine.available_bytes >= size:
+                return None
+            over = {r.key: r.reserved_bytes - r.guarantee_bytes for r in rs.values()
+                    if r.key != key and r.device == index and r.reserved_bytes > r.guarantee_bytes}
+            for t in st.tenants:
+                held = t.reserved_bytes[index] if index < len(t.reserved_bytes) else 0
+                if held > t.guarantee_bytes:
+                    over[t.name] = held - t.guarantee_bytes
+            holders = ["%s %s (%s over its guarantee)" % ("reservation" if k in rs else "tenant", k, fmt_size(b))
+                       for k, b in sorted(over.items(), key=lambda kv: -kv[1])]
+            if not asked:
+                for k in over:
+                    self._flush(k, index)
+                asked = True
+            if time.monotonic() >= end:
+                return ("only %s of the reservation's %s is free to lease: the rest is held by %s, which kept it in use "
+                        "for %g s after being asked for what they keep free" %
+                        (fmt_size(mine.available_bytes), fmt_size(size), ", ".join(holders) or "other processes",
+                         self.args.burst_wait))
+            time.sleep(0.1)
+
+    def _flush(self, tenant, index):
+        try:
+            self.daemon.flush_tenant(tenant, index)
+        except DaemonError as e:
+            log.debug("flush of %s on device %d: %s", tenant, index, e)
 
     def Allocate(self, request, context):
         out = dp.AllocateResponse()
@@ -270,7 +334,9 @@ class Plugin(dp_grpc.DevicePluginServicer):
             self.seen = {k: v for k, v in self.seen.items() if k in {r.key for r in ours}}
         for r in ours:
             # A reservation Allocate made moments ago may not be in the kubelet's list yet.
-            if r.key in held or now - self.seen.get(r.key, now) < self.args.grace:
+            with self.lock:
+                young = r.key in self.pending or now - self.seen.get(r.key, now) < self.args.grace
+            if r.key in held or young:
                 continue
             try:
                 if self.daemon.delete(r.key):
@@ -379,6 +445,11 @@ def parse_args(argv):
                    help="the CDI kind of the NVIDIA container toolkit's GPUs, given as KIND=UUID (default %(default)s)")
     p.add_argument("--device-nodes", action="store_true",
                    help="give the GPU's device nodes (/dev/nvidiaN and the control nodes) instead of its CDI name")
+    p.add_argument("--burst", action="store_true",
+                   help="let a container use memory of its GPU no one else holds or is guaranteed, beyond its units "
+                        "(off by default): docs/operations.md says what burst can and cannot promise")
+    p.add_argument("--burst-wait", type=float, default=10.0,
+                   help="seconds Allocate waits for others to give back memory its units need (default %(default)s)")
     p.add_argument("--poll", type=float, default=2.0, help="seconds between reads of the daemon (default %(default)s)")
     p.add_argument("--reconcile", type=float, default=5.0,
                    help="seconds between PodResources reconciles (default %(default)s)")

@@ -52,7 +52,7 @@ def cgroup2_mount():
 class Node:
     """A node for one test: gpupoold (the host backend unless env says otherwise), the fake kubelet and the plugin."""
 
-    def __init__(self, capacity="4G", unit="1G", env=None, backend="host"):
+    def __init__(self, capacity="4G", unit="1G", env=None, backend="host", plugin_args=()):
         self.tmp = tempfile.mkdtemp(prefix="gpupool-kubelet-")
         self.sock = os.path.join(self.tmp, "run", "gpupool.sock")
         self.state = os.path.join(self.tmp, "state")
@@ -64,6 +64,7 @@ class Node:
         self.daemon_args = [os.path.join(BUILD, "gpupoold"), "--backend", backend, "--host-capacity", capacity,
                             "--socket", self.sock, "--state-dir", self.state, "--check-invariants", "--log-level", "info"]
         self.unit = unit
+        self.plugin_args = list(plugin_args)
         self.daemon = self.plugin = None
         self.logs = []
         self.kubelet = FakeKubelet(self.plugin_dir, self.pod_resources)
@@ -86,7 +87,7 @@ class Node:
         self.plugin = subprocess.Popen(
             [os.path.join(BUILD, "gpupool-device-plugin"), "--socket", self.sock, "--device-plugin-dir", self.plugin_dir,
              "--pod-resources", self.pod_resources, "--unit", self.unit, "--poll", "0.2", "--reconcile", "0.3",
-             "--grace", "1", "--log-level", "debug"],
+             "--grace", "1", "--log-level", "debug", *self.plugin_args],
             env=self.env, stdout=log, stderr=subprocess.STDOUT)
 
     def stop_plugin(self, sig=signal.SIGTERM):
@@ -158,23 +159,13 @@ class DevicePluginTest(unittest.TestCase):
         self.assertNotEqual(again.envs["GPUPOOL_RESERVATION"], token)
         self.assertEqual(list(n.reservations()), [key])
 
-    @unittest.skipUnless(os.geteuid() == 0 and cgroup2_mount(), "needs root and a cgroup v2 hierarchy (pods as the kubelet's cgroups)")
-    def test_a_pod_given_two_units_is_held_to_two(self):
-        n = self.node(capacity="4G", unit="1G")
-        _, answer = n.kubelet.allocate("job", "main", 2)
-        env = {"GPUPOOL_SOCKET": n.sock, "GPUPOOL_RESERVATION": answer.envs["GPUPOOL_RESERVATION"]}
+    def pod_dirs(self, *uids):
+        """The container cgroups of pods, as the kubelet's systemd driver names them; removed after the test."""
         mnt = cgroup2_mount()
-        pods = []
-
-        def pod_dir(uid):
-            d = os.path.join(mnt, "kubepods.slice", "kubepods-besteffort.slice",
-                             "kubepods-besteffort-pod%s.slice" % uid.replace("-", "_"), "cri-containerd-test.scope")
-            os.makedirs(d, exist_ok=True)
-            pods.append(d)
-            return d
+        dirs = []
 
         def remove():
-            for d in pods:
+            for d in dirs:
                 while d != mnt:
                     try:
                         os.rmdir(d)
@@ -182,7 +173,19 @@ class DevicePluginTest(unittest.TestCase):
                         break
                     d = os.path.dirname(d)
         self.addCleanup(remove)
-        a, b = pod_dir(POD_A), pod_dir(POD_B)
+        for uid in uids:
+            d = os.path.join(mnt, "kubepods.slice", "kubepods-besteffort.slice",
+                             "kubepods-besteffort-pod%s.slice" % uid.replace("-", "_"), "cri-containerd-test.scope")
+            os.makedirs(d, exist_ok=True)
+            dirs.append(d)
+        return dirs
+
+    @unittest.skipUnless(os.geteuid() == 0 and cgroup2_mount(), "needs root and a cgroup v2 hierarchy (pods as the kubelet's cgroups)")
+    def test_a_pod_given_two_units_is_held_to_two(self):
+        n = self.node(capacity="4G", unit="1G")
+        _, answer = n.kubelet.allocate("job", "main", 2)
+        env = {"GPUPOOL_SOCKET": n.sock, "GPUPOOL_RESERVATION": answer.envs["GPUPOOL_RESERVATION"]}
+        a, b = self.pod_dirs(POD_A, POD_B)
         # Two processes of pod A lease 1 GiB each; the next byte is refused, naming the reservation.
         first = PodClient(a, env, GiB)
         self.addCleanup(first.close)
@@ -211,6 +214,58 @@ class DevicePluginTest(unittest.TestCase):
         fits = PodClient(b, {"GPUPOOL_SOCKET": n.sock}, 2 * GiB)
         self.assertEqual(fits.result, "0")
         fits.close()
+
+    @unittest.skipUnless(os.geteuid() == 0 and cgroup2_mount(), "needs root and a cgroup v2 hierarchy (pods as the kubelet's cgroups)")
+    def test_burst_lends_what_no_one_holds_and_gives_it_back(self):
+        n = self.node(capacity="4G", unit="1G", plugin_args=["--burst", "--burst-wait", "2"])
+        (a,) = self.pod_dirs(POD_A)
+        _, answer = n.kubelet.allocate("a", "main", 1)
+        (ra,) = n.reservations().values()
+        self.assertEqual((ra["guarantee_bytes"], ra["limit_bytes"]), (GiB, 4 * GiB))
+        # Pod A, given 1 unit, uses 3 GiB that no one else holds or is guaranteed.
+        env = {"GPUPOOL_SOCKET": n.sock, "GPUPOOL_RESERVATION": answer.envs["GPUPOOL_RESERVATION"]}
+        burst = PodClient(a, env, 3 * GiB)
+        self.addCleanup(burst.close)
+        self.assertEqual(burst.result, "0")
+        # In use, it is not taken back: a new pod's 3 units fail, after the wait, naming who holds them.
+        with self.assertRaises(grpc.RpcError) as e:
+            n.kubelet.allocate("b", "main", 3)
+        self.assertEqual(e.exception.code(), grpc.StatusCode.FAILED_PRECONDITION, n.log())
+        self.assertRegex(e.exception.details(), r"only 1\.0 GiB of the reservation's 3\.0 GiB is free to lease: the rest "
+                                                 r"is held by reservation %s \(2\.0 GiB over its guarantee\)" % ra["key"])
+        self.assertEqual(list(n.reservations()), [ra["key"]])
+        # Kept free in its process, it is asked back (ladder step 3) and the new pod's Allocate succeeds.
+        self.assertEqual(burst.free(), "0")
+        ids, _ = n.kubelet.allocate("b", "main", 3)
+        self.assertEqual(len(n.reservations()), 2)
+        self.assertTrue(wait_for(lambda: n.reservations()[ra["key"]]["reserved_bytes"] == 0))
+
+    @unittest.skipUnless(os.geteuid() == 0 and cgroup2_mount(), "needs root and a cgroup v2 hierarchy (pods as the kubelet's cgroups)")
+    def test_a_cuda_program_under_gpupool_run_is_held_to_its_units(self):
+        fake = os.path.join(BUILD, "tests", "libfakecuda.so")
+        prog = os.path.join(BUILD, "tests", "cuprog-linked")
+        if not (os.path.exists(fake) and os.path.exists(prog)):
+            self.skipTest("no fake driver or CUDA program built (make test builds them)")
+        tmp = tempfile.mkdtemp(prefix="gpupool-fakecuda-")
+        self.addCleanup(shutil.rmtree, tmp, True)
+        env = {"GPUPOOL_LIBCUDA": fake, "FAKECUDA_MEM": "2G", "FAKECUDA_DIR": tmp}
+        n = self.node(unit="256M", backend="cuda-vmm", env=env)
+        (a,) = self.pod_dirs(POD_A)
+        _, answer = n.kubelet.allocate("job", "main", 1)
+        # A program that knows nothing of gpupool, under gpupool-run, with what Allocate gave its container.
+        run = dict(n.env, GPUPOOL_RESERVATION=answer.envs["GPUPOOL_RESERVATION"],
+                   LD_LIBRARY_PATH=os.path.join(BUILD, "tests", "cudalib"))
+        preload = os.environ.get("GPUPOOL_TEST_PRELOAD", "").strip()
+        if preload:
+            run["ASAN_OPTIONS"] = "detect_leaks=0:verify_asan_link_order=0"
+        out = subprocess.run(["sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', a, os.path.join(BUILD, "gpupool-run"),
+                              "--socket", n.sock, "--", prog, "fill", "1000"], env=run, capture_output=True, text=True,
+                             timeout=60)
+        self.assertEqual(out.returncode, 0, out.stdout + out.stderr)
+        # Its 256 MiB in 1 MiB blocks, then CUDA_ERROR_OUT_OF_MEMORY (2), the reason naming the reservation.
+        self.assertIn("refused 256 2", out.stdout, out.stdout + out.stderr)
+        self.assertRegex(out.stdout + out.stderr, r"gpupool-run: .*would take reservation dp-[0-9a-f]+ .*over its limit of "
+                                                  r"256\.0 MiB")
 
     def test_reconcile_deletes_what_no_container_holds(self):
         n = self.node(capacity="4G", unit="1G")
@@ -315,7 +370,9 @@ if r == 0:
     r = lib.gpupool_alloc(c, 0, ctypes.c_size_t(int(sys.argv[3])), ctypes.byref(p))
 lib.gpupool_last_error(c if r != 0 and c.value else None, buf, 600)
 print(r if r == 0 else "%d %s" % (r, buf.value.decode()), flush=True)
-sys.stdin.read()
+for line in sys.stdin:
+    if line.strip() == "free":
+        print(lib.gpupool_free(c, p), flush=True)
 """
 
     def __init__(self, cgroup, env, size):
@@ -325,6 +382,12 @@ sys.stdin.read()
                                       str(size)], env=dict(os.environ, **env, **extra), stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, text=True)
         self.result = self.proc.stdout.readline().strip()
+
+    def free(self):
+        """Frees its block: the process keeps the segment free, for the daemon to ask back."""
+        self.proc.stdin.write("free\n")
+        self.proc.stdin.flush()
+        return self.proc.stdout.readline().strip()
 
     def close(self):
         if self.proc.poll() is None:
