@@ -195,6 +195,16 @@ static void bound_by(struct policy_admission *a, enum policy_bound bound, uint64
         }
 }
 
+uint64_t policy_device_held(const struct policy *p, unsigned device, const struct pool_stats *st) {
+        return st->reserved_bytes - st->cached_bytes + policy_charged_bytes(p, device);
+}
+
+uint64_t policy_device_room(const struct policy *p, const struct tenant *t, unsigned device, const struct pool_stats *st) {
+        uint64_t used = policy_device_held(p, device, st) + policy_held_for_others(p, t, device);
+
+        return st->total_bytes > used ? st->total_bytes - used : 0;
+}
+
 void policy_admit(const struct policy *p, const struct tenant *t, uint64_t override_bytes, uint64_t process_other_bytes,
                   uint64_t other_bytes, const struct pool_owner *owner, unsigned device, const struct pool_stats *st,
                   struct policy_admission *ret) {
@@ -222,8 +232,7 @@ void policy_admit(const struct policy *p, const struct tenant *t, uint64_t overr
          * rest, less what is held back, is ours.
          */
         if (held)
-                bound_by(ret, POLICY_GUARANTEES, st->total_bytes,
-                         st->reserved_bytes - st->cached_bytes + policy_charged_bytes(p, device) + held);
+                bound_by(ret, POLICY_GUARANTEES, st->total_bytes, policy_device_held(p, device, st) + held);
 }
 
 static uint64_t excess(const struct tenant *t, unsigned device) {

@@ -228,6 +228,16 @@ uint64_t policy_max_cached(const struct policy *p, unsigned device);
  */
 uint64_t policy_held_for_others(const struct policy *p, const struct tenant *t, unsigned device);
 
+/* What clients hold on device: leased (the cache can be released) or charged. */
+uint64_t policy_device_held(const struct policy *p, unsigned device, const struct pool_stats *st);
+
+/*
+ * What a client of tenant t could lease on device now, the device's side of it: its capacity
+ * less what clients hold (leased or charged; the cache can be released) and what is held back
+ * for the other tenants' unused guarantees. The limits are policy_admit()'s.
+ */
+uint64_t policy_device_room(const struct policy *p, const struct tenant *t, unsigned device, const struct pool_stats *st);
+
 /*
  * What every tenant's clients have charged on device: memory the driver made for them outside
  * the pool (gpupool-run's cuMemCreate, PyTorch's expandable segments), which the device holds

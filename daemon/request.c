@@ -197,7 +197,7 @@ static void handle_mem_info(struct session *s, const Gpupool__Envelope *req, str
                 mr.may_lease_bytes = adm.headroom_bytes;
         }
         /* What clients hold is theirs, leased or charged; the cache is anyone's to take. */
-        held = st.reserved_bytes - st.cached_bytes + policy_charged_bytes(&s->node->policy, d);
+        held = policy_device_held(&s->node->policy, d, &st);
         mr.unheld_bytes = st.total_bytes > held ? st.total_bytes - held : 0;
         mr.reclaimable_bytes = reclaim_askable_bytes(s->node, s, d);
         mr.has_reclaimable_bytes = mr.reclaimable_bytes != 0;

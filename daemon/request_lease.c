@@ -687,7 +687,7 @@ void request_charge(struct session *s, const Gpupool__Envelope *req, struct repl
                 pool_get_stats(node->pools[d], &st);
                 evict_admit(s, d, &st, &adm);
                 /* The device, as a lease of as many bytes finds it once the cache is released: leases and charges together. */
-                held = st.reserved_bytes - st.cached_bytes + policy_charged_bytes(&node->policy, d);
+                held = policy_device_held(&node->policy, d, &st);
                 if (bytes <= adm.headroom_bytes && (held > st.total_bytes || bytes > st.total_bytes - held)) {
                         snprintf(why, sizeof(why), "memory of %s on device %u allocated outside the pool: the device holds "
                                  "%s in all, of which clients lease and charge %s", gp_size_format(bytes, b1, sizeof(b1)), d,

@@ -54,18 +54,12 @@ void request_reservations_status(struct session *asking, Gpupool__ReservationSta
                         struct pool_owner none = { 0 };
                         struct policy_admission adm;
                         struct pool_stats st;
-                        uint64_t held, room;
+                        uint64_t room;
 
-                        /*
-                         * A new client of its pods, no limit of its own: the reservation's room, and
-                         * the device's (what clients hold, leased or charged, and what is held back
-                         * for others' guarantees are not; the cache is).
-                         */
+                        /* A new client of its pods, no limit of its own: the reservation's room, and the device's. */
                         pool_get_stats(node->pools[r->device], &st);
                         policy_admit(&node->policy, t, 0, 0, 0, &none, r->device, &st, &adm);
-                        held = st.reserved_bytes - st.cached_bytes + policy_charged_bytes(&node->policy, r->device) +
-                               policy_held_for_others(&node->policy, t, r->device);
-                        room = st.total_bytes > held ? st.total_bytes - held : 0;
+                        room = policy_device_room(&node->policy, t, r->device, &st);
                         rs->has_available_bytes = 1;
                         rs->available_bytes = adm.headroom_bytes < room ? adm.headroom_bytes : room;
                         rs->clients = t->clients - (asking->tenant == t);       /* not the one asking */
